@@ -1,0 +1,51 @@
+/* controller.h - adaptive speculation length.
+ *
+ * Keeps an exponential moving average of the acceptance rate alpha (per sequence)
+ * and of measured costs: the time of one draft step, and the time of one target
+ * verification as a function of the number of positions verified (a per-n EMA,
+ * interpolated linearly for unmeasured n).  Chooses k in [k_min, k_max] that
+ * maximises expected tokens per second:
+ *     E[tokens](k) = (1 - alpha^(k+1)) / (1 - alpha)     (k + 1 when alpha = 1)
+ *     rate(k)      = E[tokens](k) / (k * t_draft + t_verify(k + 1))
+ * Until costs are measured it uses a prior (t_verify(n) = t_verify(1), t_draft =
+ * t_verify(1) / 4 as a guess) so early choices are sensible.
+ */
+#ifndef TDM_CONTROLLER_H
+#define TDM_CONTROLLER_H
+
+#include <stdint.h>
+
+#define TDM_CTRL_MAX_K 32
+
+/* Shared, per-engine cost model (machine + model pair properties). */
+typedef struct tdm_cost_model {
+    double t_draft;                       /* seconds per draft step (EMA), 0 = unknown */
+    double t_verify[TDM_CTRL_MAX_K + 2];  /* [n] seconds to verify n positions (EMA), 0 = unknown */
+    double ema;                           /* smoothing weight of a new sample, default 0.1 */
+} tdm_cost_model;
+
+void tdm_cost_init(tdm_cost_model *c);
+void tdm_cost_observe_draft(tdm_cost_model *c, double seconds_per_step);
+void tdm_cost_observe_verify(tdm_cost_model *c, int32_t n_positions, double seconds);
+/* Estimated verify time for n positions (interpolated / extrapolated). */
+double tdm_cost_verify(const tdm_cost_model *c, int32_t n_positions);
+
+/* Per-sequence controller. */
+typedef struct tdm_spec_ctrl {
+    int32_t k_min, k_max;   /* 1 <= k_min <= k_max <= TDM_CTRL_MAX_K */
+    int32_t k_fixed;        /* > 0: always this k */
+    double alpha;           /* EMA of per-token acceptance probability */
+    double alpha_ema;       /* smoothing weight, default 0.2 */
+    int32_t k_last;
+} tdm_spec_ctrl;
+
+void tdm_ctrl_init(tdm_spec_ctrl *c, int32_t k_min, int32_t k_max, int32_t k_fixed);
+/* The k to draft next. */
+int32_t tdm_ctrl_choose_k(tdm_spec_ctrl *c, const tdm_cost_model *cost);
+/* Records a step: k drafted, n_accepted of them accepted.  A step that stopped
+ * early (p_min) counts only the tokens actually drafted. */
+void tdm_ctrl_observe(tdm_spec_ctrl *c, int32_t k, int32_t n_accepted);
+/* Expected tokens per step for acceptance alpha and k drafted. */
+double tdm_ctrl_expected_tokens(double alpha, int32_t k);
+
+#endif

@@ -1,0 +1,188 @@
+/* tandem.h - public C API of tandem, a speculative-decoding LLM inference runtime.
+ *
+ * Conventions
+ * - Opaque handles with paired open/close; close(NULL) is a no-op.
+ * - Parameter structs are filled with defaults by tandem_*_default_params(); every
+ *   default is documented next to its field.
+ * - Every fallible call returns a tandem_status.  When a call fails, a message that
+ *   names the problem is available from tandem_last_error() on the same thread
+ *   until the next failing call on that thread.
+ * - Ownership: memory returned through out-parameters is owned by the caller unless
+ *   stated otherwise and freed with the named function.
+ * - Thread safety: a tandem_model is immutable after open and may be shared by
+ *   several engines and threads.  A tandem_engine is NOT thread-safe: use one engine
+ *   per thread, or serialise calls on it.  tandem_status_str and tandem_last_error
+ *   may be called from any thread.
+ * - The library never calls abort() or exit(); bad input becomes a status code.
+ */
+#ifndef TANDEM_H
+#define TANDEM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TANDEM_VERSION "0.1.0"
+
+typedef enum tandem_status {
+    TANDEM_OK = 0,
+    TANDEM_ERR_INVALID_ARG,  /* a bad argument or request (NULL handle, out-of-range value) */
+    TANDEM_ERR_IO,           /* a file could not be opened, read or mapped */
+    TANDEM_ERR_FORMAT,       /* malformed or corrupt input (GGUF, JSON, config file) */
+    TANDEM_ERR_UNSUPPORTED,  /* well-formed but not supported (architecture, tensor type) */
+    TANDEM_ERR_NOMEM,        /* an allocation failed */
+    TANDEM_ERR_MISMATCH,     /* target and draft models are incompatible */
+    TANDEM_ERR_KV_FULL,      /* the paged KV cache has no free block */
+    TANDEM_ERR_BACKEND,      /* the compute backend failed or is unavailable */
+    TANDEM_ERR_CANCELLED,    /* a callback asked to stop */
+    TANDEM_ERR_INTERNAL,     /* a bug in tandem: please report it */
+} tandem_status;
+
+/* A static English description of a status ("ok", "format error", ...). */
+const char *tandem_status_str(tandem_status status);
+
+/* The message of the last failing call on this thread ("" if none). */
+const char *tandem_last_error(void);
+
+/* ---------------------------------------------------------------- models */
+
+typedef struct tandem_model tandem_model;
+
+typedef enum tandem_backend_kind {
+    TANDEM_BACKEND_CPU = 0,
+    TANDEM_BACKEND_CUDA = 1,
+} tandem_backend_kind;
+
+typedef struct tandem_model_params {
+    tandem_backend_kind backend; /* default TANDEM_BACKEND_CPU */
+    int n_threads;               /* CPU threads for this model's work; default 0 = all cores */
+} tandem_model_params;
+
+tandem_model_params tandem_model_default_params(void);
+
+/* Opens a GGUF model file (validated; tensor data memory-mapped). */
+tandem_status tandem_model_open(const char *path, const tandem_model_params *params,
+                                tandem_model **out);
+void tandem_model_close(tandem_model *model);
+
+typedef struct tandem_model_info {
+    const char *arch;     /* "llama", "qwen2"; owned by the model */
+    const char *name;     /* general.name or ""; owned by the model */
+    int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, n_ff;
+    int32_t bos, eos;     /* -1 when the model has none */
+    uint64_t n_params;
+    uint64_t weight_bytes;
+} tandem_model_info;
+
+tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out);
+
+/* Tokenizes text.  *out_ids is allocated with malloc (free with tandem_free).
+ * add_bos: prepend BOS when the model's tokenizer asks for it (add_bos_token).
+ * Text spelling a special token (e.g. "<|endoftext|>") becomes that token. */
+tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len,
+                              bool add_bos, int32_t **out_ids, size_t *out_n);
+
+/* Decodes token ids to UTF-8 text (malloc'ed, NUL-terminated; free with tandem_free). */
+tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n,
+                                char **out_text);
+
+void tandem_free(void *p);
+
+/* --------------------------------------------------------------- engines */
+
+/* An engine runs generation for a target model and, optionally, a draft model that
+ * shares its vocabulary.  Both share one paged KV cache. */
+typedef struct tandem_engine tandem_engine;
+
+typedef struct tandem_engine_params {
+    int n_threads;        /* CPU threads; default 0 = all cores */
+    size_t kv_bytes;      /* KV cache budget in bytes (both models); default 0 = enough for
+                             n_ctx tokens of n_seq_max sequences */
+    int n_ctx;            /* max tokens per sequence; default 0 = the target's training context */
+    int n_seq_max;        /* max concurrent sequences; default 1 */
+    int kv_block_size;    /* tokens per KV block; default 16 */
+} tandem_engine_params;
+
+tandem_engine_params tandem_engine_default_params(void);
+
+/* draft may be NULL (target-only decoding).  The engine borrows both models: they
+ * must outlive it.  Fails with TANDEM_ERR_MISMATCH when the vocabularies differ. */
+tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft,
+                                 const tandem_engine_params *params, tandem_engine **out);
+void tandem_engine_close(tandem_engine *engine);
+
+typedef enum tandem_finish_reason {
+    TANDEM_FINISH_NONE = 0,
+    TANDEM_FINISH_EOS,      /* the model produced an end-of-generation token */
+    TANDEM_FINISH_LENGTH,   /* max_tokens reached (or the context is full) */
+    TANDEM_FINISH_CANCELLED,/* the token callback returned false */
+} tandem_finish_reason;
+
+const char *tandem_finish_reason_str(tandem_finish_reason r); /* "eos", "length", ... */
+
+/* Called with each newly committed token and the text it completes (only whole
+ * UTF-8 characters; may be empty).  Return false to stop generation. */
+typedef bool (*tandem_token_cb)(int32_t token, const char *text, size_t text_len,
+                                void *user_data);
+
+typedef struct tandem_generate_params {
+    int max_tokens;       /* new tokens at most; default 128 */
+    float temperature;    /* 0 = greedy; default 0 */
+    int top_k;            /* 0 = off; default 0 */
+    float top_p;          /* 1 = off; default 1 */
+    float min_p;          /* 0 = off; default 0 */
+    uint64_t seed;        /* per-request generator seed; default 0 */
+    int spec_k;           /* drafted tokens per step: 0 = adaptive (needs a draft), >0 fixed;
+                             ignored without a draft; default 0 */
+    int spec_k_min;       /* adaptive lower bound; default 1 */
+    int spec_k_max;       /* adaptive upper bound; default 12 */
+    float spec_p_min;     /* stop drafting when the draft's top probability is below this;
+                             0 = never; default 0 */
+    tandem_token_cb on_token; /* optional streaming callback; default NULL */
+    void *user_data;          /* passed to on_token */
+} tandem_generate_params;
+
+tandem_generate_params tandem_generate_default_params(void);
+
+#define TANDEM_SPEC_HIST_MAX 33 /* histogram bins: accepted 0..32 tokens per step */
+
+typedef struct tandem_spec_stats {
+    uint64_t steps;          /* speculative steps (draft + verify) */
+    uint64_t drafted;        /* draft tokens proposed */
+    uint64_t accepted;       /* draft tokens accepted */
+    double acceptance_rate;  /* accepted / drafted */
+    double mean_accepted;    /* accepted / steps */
+    int k_final;             /* speculation length chosen for the last step */
+    uint64_t accept_hist[TANDEM_SPEC_HIST_MAX]; /* steps that accepted exactly i tokens */
+    double draft_ms, verify_ms, other_ms;       /* time spent in each phase */
+} tandem_spec_stats;
+
+typedef struct tandem_result {
+    int32_t *tokens;        /* generated tokens (malloc'ed; freed by tandem_result_free) */
+    size_t n_tokens;
+    char *text;             /* generated text, NUL-terminated (malloc'ed) */
+    size_t n_prompt_tokens;
+    tandem_finish_reason finish_reason;
+    double prefill_ms, decode_ms;
+    tandem_spec_stats spec; /* all zero without a draft */
+} tandem_result;
+
+/* Generates a completion of a text prompt (BOS added as the model asks).
+ * On success fills *out (free with tandem_result_free). */
+tandem_status tandem_generate(tandem_engine *engine, const char *prompt,
+                              const tandem_generate_params *params, tandem_result *out);
+
+/* The same from prompt token ids (used as given: no BOS is added). */
+tandem_status tandem_generate_ids(tandem_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                  const tandem_generate_params *params, tandem_result *out);
+
+void tandem_result_free(tandem_result *result);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,122 @@
+/* backend.h - the narrow op interface every compute backend implements.
+ *
+ * The model's forward pass (src/forward.c) is written once on top of this table.
+ * kernels/cpu implements it now; kernels/cuda will implement it with device
+ * memory.  All pointers passed to ops are backend memory (host memory for the CPU
+ * backend).  Every op returns a tandem_status; unsupported sizes or types return
+ * TANDEM_ERR_UNSUPPORTED with a message, never crash.
+ *
+ * Row-major everywhere.  "x[n][d]" means n rows of d contiguous floats.
+ */
+#ifndef TDM_BACKEND_H
+#define TDM_BACKEND_H
+
+#include "batch.h"
+#include "common.h"
+#include "dtype.h"
+#include "kv_cache.h"
+
+typedef struct tdm_backend tdm_backend;
+
+/* A weight matrix W[rows][cols] of any supported dtype, rows contiguous.  Used as
+ * y = x * W^T (each output element is a dot product of an input row and a W row). */
+typedef struct tdm_weight {
+    uint32_t type;     /* tdm_dtype */
+    int64_t rows;      /* output features */
+    int64_t cols;      /* input features (multiple of the type's block size) */
+    size_t row_bytes;  /* bytes of one row */
+    const void *data;  /* backend memory */
+} tdm_weight;
+
+typedef struct tdm_rope_params {
+    int32_t n_rot;       /* rotated dims per head (<= head_dim, even) */
+    float freq_base;     /* theta base, e.g. 10000 */
+    float freq_scale;    /* linear scaling: position multiplied by this (1 = none) */
+    bool neox;           /* false: GGUF "normal" layout, rotate adjacent pairs (2i, 2i+1);
+                            true: NEOX layout, rotate (i, i + n_rot/2) */
+} tdm_rope_params;
+
+/* Write K/V of batch rows into the paged cache of one layer. */
+typedef struct tdm_kv_write_args {
+    const tdm_batch *batch;
+    const tdm_kv_seq *const *seqs;   /* [n_seq] block tables, indexed by batch->seq */
+    const float *k;                  /* [n_rows][row_stride], K at offset 0 of each row */
+    const float *v;                  /* [n_rows][row_stride] */
+    int32_t row_stride;              /* floats between consecutive rows of k / v */
+    void *k_cache;                   /* [n_blocks][n_kv_head][block_size][head_dim] */
+    void *v_cache;                   /* same */
+    uint32_t cache_type;             /* TDM_F32 or TDM_F16 */
+    int32_t n_kv_head, head_dim, block_size;
+} tdm_kv_write_args;
+
+/* Attention of batch rows over the paged cache of one layer (after kv_write). */
+typedef struct tdm_attn_args {
+    const tdm_batch *batch;
+    const tdm_kv_seq *const *seqs;   /* [n_seq] block tables, indexed by batch->seq */
+    const float *q;                  /* [n_rows][q_stride], heads at offset h * head_dim */
+    int32_t q_stride;
+    float *out;                      /* [n_rows][n_head * head_dim] */
+    const void *k_cache;             /* [n_blocks][n_kv_head][block_size][head_dim] */
+    const void *v_cache;
+    uint32_t cache_type;             /* TDM_F32 or TDM_F16 */
+    int32_t n_head, n_kv_head, head_dim, block_size; /* n_head % n_kv_head == 0 (GQA) */
+    float scale;                     /* softmax scale, usually 1/sqrt(head_dim) */
+} tdm_attn_args;
+
+typedef struct tdm_backend_ops {
+    const char *name;
+    void (*destroy)(tdm_backend *b);
+
+    /* memory */
+    tandem_status (*alloc)(tdm_backend *b, size_t bytes, void **out, tdm_err *err); /* zeroed */
+    void (*free)(tdm_backend *b, void *p);
+    tandem_status (*upload)(tdm_backend *b, void *dst, const void *src, size_t n, tdm_err *err);
+    tandem_status (*download)(tdm_backend *b, void *dst, const void *src, size_t n, tdm_err *err);
+    tandem_status (*copy)(tdm_backend *b, void *dst, const void *src, size_t n, tdm_err *err);
+
+    /* out[n][w->cols] = rows ids[i] of w, converted to f32 (embedding lookup) */
+    tandem_status (*get_rows)(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n,
+                              float *out, tdm_err *err);
+    /* out[n][dim] = x / sqrt(mean(x^2) + eps) * gamma   (out may equal x) */
+    tandem_status (*rmsnorm)(tdm_backend *b, const float *x, const float *gamma, int32_t n,
+                             int32_t dim, float eps, float *out, tdm_err *err);
+    /* y[n][w->rows] = x[n][w->cols] * W^T, or += when accumulate.  Reads W once per
+     * call (not once per row) so a batch of n rows costs about one pass over W. */
+    tandem_status (*matmul)(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n,
+                            float *y, bool accumulate, tdm_err *err);
+    /* y[n][dim] += bias[dim] */
+    tandem_status (*add_bias)(tdm_backend *b, float *y, const float *bias, int32_t n, int32_t dim,
+                              tdm_err *err);
+    /* In-place RoPE on x[n][row_stride]: heads h in [0, n_head) at offset h * head_dim,
+     * row i rotated by position pos[i]. */
+    tandem_status (*rope)(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                          int32_t head_dim, const int32_t *pos, const tdm_rope_params *rp,
+                          tdm_err *err);
+    tandem_status (*kv_write)(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
+    tandem_status (*attention)(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+    /* out[n][ff] = silu(gate_up[i][j]) * gate_up[i][ff + j]   (gate_up is [n][2 * ff]) */
+    tandem_status (*swiglu)(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out,
+                            tdm_err *err);
+    /* Copies rows: out[i] = x[rows[i]] for i < n (dim floats each). */
+    tandem_status (*gather_rows)(tdm_backend *b, const float *x, const int32_t *rows, int32_t n,
+                                 int32_t dim, float *out, tdm_err *err);
+    /* Waits for queued work (a no-op for the CPU backend). */
+    tandem_status (*sync)(tdm_backend *b, tdm_err *err);
+} tdm_backend_ops;
+
+struct tdm_backend {
+    const tdm_backend_ops *ops;
+    int32_t n_threads; /* CPU threads used by ops (CPU backend) */
+    void *impl;
+};
+
+/* CPU backend with n_threads threads (0 = all cores). */
+tandem_status tdm_backend_cpu_create(int32_t n_threads, tdm_backend **out, tdm_err *err);
+/* CUDA backend (returns TANDEM_ERR_BACKEND when built without CUDA or no device). */
+tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **out, tdm_err *err);
+void tdm_backend_destroy(tdm_backend *b); /* NULL is a no-op */
+
+/* A description of the CPU features in use ("avx512", "avx2", "scalar"). */
+const char *tdm_cpu_features(void);
+
+#endif

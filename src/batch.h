@@ -1,0 +1,44 @@
+/* batch.h - a flat list of token rows for one forward pass of one model.
+ *
+ * A plain decode step, a prefill chunk, a verification chain and (later) a
+ * verification tree are all batches.  Each row names its sequence, its token, its
+ * RoPE position, the KV slot (logical position in the sequence's block table)
+ * where its K/V are written, and what it may attend to:
+ *   - slots [0, n_visible) of its sequence (for prefill/decode/chains: slot + 1), and
+ *   - optionally extra slots listed in CSR form (tree rows: ancestors beyond the
+ *     committed prefix).  extra_off == NULL means no row has extra slots.
+ * The forward first writes every row's K/V into its slot, then runs attention, so
+ * rows of one sequence see each other exactly through these visible sets.
+ */
+#ifndef TDM_BATCH_H
+#define TDM_BATCH_H
+
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct tdm_batch {
+    int32_t n_rows;
+    int32_t cap;           /* allocated rows */
+    int32_t *token;        /* [n_rows] token id */
+    int32_t *pos;          /* [n_rows] RoPE position */
+    int32_t *seq;          /* [n_rows] index into the seqs array given with the batch */
+    int32_t *slot;         /* [n_rows] KV slot to write (< the seq's reserved length) */
+    int32_t *n_visible;    /* [n_rows] attends to slots [0, n_visible) of its sequence */
+    int32_t *extra_off;    /* [n_rows + 1] CSR offsets into extra_slot, or NULL */
+    int32_t *extra_slot;   /* extra visible slots (each >= n_visible of its row) */
+    uint8_t *want_logits;  /* [n_rows] 1 = compute logits for this row */
+    int32_t n_extra_cap;
+} tdm_batch;
+
+tandem_status tdm_batch_init(tdm_batch *b, int32_t cap, tdm_err *err);
+void tdm_batch_free(tdm_batch *b);
+void tdm_batch_clear(tdm_batch *b);
+/* Appends a causal row (n_visible = slot + 1, no extras).  Returns the row index or
+ * -1 when full. */
+int32_t tdm_batch_add(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int32_t slot,
+                      bool want_logits);
+/* Number of rows with want_logits set. */
+int32_t tdm_batch_n_logits(const tdm_batch *b);
+
+#endif

@@ -1,0 +1,215 @@
+/* dtype.c - tensor element types: block layouts and scalar conversions. */
+#include "dtype.h"
+
+#include <math.h>
+
+bool tdm_dtype_supported(uint32_t type) {
+    switch (type) {
+    case TDM_F32: case TDM_F16: case TDM_BF16: case TDM_Q8_0: case TDM_Q4_0: return true;
+    default: return false;
+    }
+}
+
+const char *tdm_dtype_name(uint32_t type) {
+    switch (type) {
+    case TDM_F32: return "f32";
+    case TDM_F16: return "f16";
+    case TDM_BF16: return "bf16";
+    case TDM_Q8_0: return "q8_0";
+    case TDM_Q4_0: return "q4_0";
+    default: return "unknown";
+    }
+}
+
+uint32_t tdm_dtype_block_elems(uint32_t type) {
+    switch (type) {
+    case TDM_F32: case TDM_F16: case TDM_BF16: return 1;
+    case TDM_Q8_0: case TDM_Q4_0: return TDM_QK;
+    default: return 0;
+    }
+}
+
+uint32_t tdm_dtype_block_bytes(uint32_t type) {
+    switch (type) {
+    case TDM_F32: return 4;
+    case TDM_F16: case TDM_BF16: return 2;
+    case TDM_Q8_0: return sizeof(tdm_block_q8_0);
+    case TDM_Q4_0: return sizeof(tdm_block_q4_0);
+    default: return 0;
+    }
+}
+
+bool tdm_dtype_row_bytes(uint32_t type, uint64_t n, uint64_t *out) {
+    uint32_t be = tdm_dtype_block_elems(type), bb = tdm_dtype_block_bytes(type);
+    if (be == 0 || n % be != 0) return false;
+    return !__builtin_mul_overflow(n / be, (uint64_t)bb, out);
+}
+
+float tdm_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f;
+    uint32_t man = h & 0x3ff;
+    uint32_t u;
+    if (exp == 0) {
+        if (man == 0) {
+            u = sign;
+        } else { /* subnormal: normalise */
+            int e = -1;
+            do {
+                e++;
+                man <<= 1;
+            } while (!(man & 0x400));
+            u = sign | ((uint32_t)(127 - 15 - e) << 23) | ((man & 0x3ff) << 13);
+        }
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else {
+        u = sign | ((exp + 127 - 15) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t tdm_f32_to_f16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000;
+    uint32_t absx = x & 0x7fffffffu;
+    if (absx > 0x7f800000u) return (uint16_t)(sign | 0x7e00); /* NaN */
+    if (absx >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* overflow -> inf (>= 65520) */
+    if (absx < 0x38800000u) { /* below smallest normal half: subnormal or zero */
+        if (absx < 0x33000000u) return (uint16_t)sign; /* < 2^-25 rounds to 0 */
+        uint32_t e = absx >> 23;
+        uint32_t m = (absx & 0x7fffff) | 0x800000;
+        /* value = m * 2^(e - 150); a half subnormal is r * 2^-24, so r = m >> (126 - e) */
+        uint32_t shift = 126 - e; /* 14..24 */
+        uint32_t r = m >> shift;
+        uint32_t rem = m & ((1u << shift) - 1);
+        uint32_t half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1))) r++;
+        return (uint16_t)(sign | r);
+    }
+    /* normal */
+    uint32_t r = ((absx >> 13) - ((127 - 15) << 10));
+    uint32_t rem = absx & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (r & 1))) r++;
+    return (uint16_t)(sign | r);
+}
+
+uint16_t tdm_f32_to_bf16(float f) {
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40); /* quiet NaN */
+    uint32_t lsb = (x >> 16) & 1;
+    x += 0x7fff + lsb;
+    return (uint16_t)(x >> 16);
+}
+
+void tdm_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
+    switch (type) {
+    case TDM_F32:
+        memcpy(dst, src, (size_t)n * 4);
+        break;
+    case TDM_F16: {
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = tdm_f16_to_f32(h);
+        }
+        break;
+    }
+    case TDM_BF16: {
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = tdm_bf16_to_f32(h);
+        }
+        break;
+    }
+    case TDM_Q8_0: {
+        const uint8_t *s = src;
+        for (int64_t b = 0; b < n / TDM_QK; b++) {
+            tdm_block_q8_0 blk;
+            memcpy(&blk, s + b * sizeof blk, sizeof blk);
+            float d = tdm_f16_to_f32(blk.d);
+            for (int j = 0; j < TDM_QK; j++) dst[b * TDM_QK + j] = d * (float)blk.qs[j];
+        }
+        break;
+    }
+    case TDM_Q4_0: {
+        const uint8_t *s = src;
+        for (int64_t b = 0; b < n / TDM_QK; b++) {
+            tdm_block_q4_0 blk;
+            memcpy(&blk, s + b * sizeof blk, sizeof blk);
+            float d = tdm_f16_to_f32(blk.d);
+            for (int j = 0; j < TDM_QK / 2; j++) {
+                dst[b * TDM_QK + j] = d * (float)((blk.qs[j] & 15) - 8);
+                dst[b * TDM_QK + j + TDM_QK / 2] = d * (float)((blk.qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+void tdm_row_from_f32(uint32_t type, const float *src, void *dst, int64_t n) {
+    uint8_t *d8 = dst;
+    switch (type) {
+    case TDM_F32:
+        memcpy(dst, src, (size_t)n * 4);
+        break;
+    case TDM_F16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = tdm_f32_to_f16(src[i]);
+            memcpy(d8 + 2 * i, &h, 2);
+        }
+        break;
+    case TDM_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = tdm_f32_to_bf16(src[i]);
+            memcpy(d8 + 2 * i, &h, 2);
+        }
+        break;
+    case TDM_Q8_0:
+        for (int64_t b = 0; b < n / TDM_QK; b++) {
+            const float *x = src + b * TDM_QK;
+            float amax = 0;
+            for (int j = 0; j < TDM_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+            float d = amax / 127.0f, id = d ? 1.0f / d : 0.0f;
+            tdm_block_q8_0 blk;
+            blk.d = tdm_f32_to_f16(d);
+            for (int j = 0; j < TDM_QK; j++) blk.qs[j] = (int8_t)roundf(x[j] * id);
+            memcpy(d8 + b * sizeof blk, &blk, sizeof blk);
+        }
+        break;
+    case TDM_Q4_0:
+        for (int64_t b = 0; b < n / TDM_QK; b++) {
+            const float *x = src + b * TDM_QK;
+            float amax = 0, max = 0;
+            for (int j = 0; j < TDM_QK; j++) {
+                if (fabsf(x[j]) > amax) {
+                    amax = fabsf(x[j]);
+                    max = x[j];
+                }
+            }
+            float d = max / -8.0f, id = d ? 1.0f / d : 0.0f;
+            tdm_block_q4_0 blk;
+            blk.d = tdm_f32_to_f16(d);
+            for (int j = 0; j < TDM_QK / 2; j++) {
+                int a = (int)(x[j] * id + 8.5f), c = (int)(x[j + TDM_QK / 2] * id + 8.5f);
+                a = a < 0 ? 0 : a > 15 ? 15 : a;
+                c = c < 0 ? 0 : c > 15 ? 15 : c;
+                blk.qs[j] = (uint8_t)(a | (c << 4));
+            }
+            memcpy(d8 + b * sizeof blk, &blk, sizeof blk);
+        }
+        break;
+    default:
+        break;
+    }
+}

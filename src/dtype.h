@@ -1,0 +1,65 @@
+/* dtype.h - tensor element types (numbering from GGML/GGUF) and their block layouts.
+ *
+ * Block formats, as GGUF defines them:
+ *   F32   1 element,  4 bytes
+ *   F16   1 element,  2 bytes (IEEE half)
+ *   BF16  1 element,  2 bytes (upper half of an f32)
+ *   Q8_0  32 elements, 34 bytes: { f16 d; int8 qs[32]; }            x[i] = d * qs[i]
+ *   Q4_0  32 elements, 18 bytes: { f16 d; uint8 qs[16]; }           x[j]    = d * ((qs[j] & 15) - 8),
+ *                                                                   x[j+16] = d * ((qs[j] >> 4) - 8)
+ */
+#ifndef TDM_DTYPE_H
+#define TDM_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef enum tdm_dtype {
+    TDM_F32 = 0,
+    TDM_F16 = 1,
+    TDM_Q4_0 = 2,
+    TDM_Q8_0 = 8,
+    TDM_BF16 = 30,
+} tdm_dtype;
+
+#define TDM_QK 32 /* elements per Q8_0 / Q4_0 block */
+
+typedef struct tdm_block_q8_0 {
+    uint16_t d;           /* f16 scale */
+    int8_t qs[TDM_QK];
+} tdm_block_q8_0;
+
+typedef struct tdm_block_q4_0 {
+    uint16_t d;           /* f16 scale */
+    uint8_t qs[TDM_QK / 2];
+} tdm_block_q4_0;
+
+/* True for the types tandem supports. */
+bool tdm_dtype_supported(uint32_t type);
+const char *tdm_dtype_name(uint32_t type);   /* "f32", "q8_0", ... or "unknown" */
+uint32_t tdm_dtype_block_elems(uint32_t type); /* elements per block (0 if unsupported) */
+uint32_t tdm_dtype_block_bytes(uint32_t type); /* bytes per block (0 if unsupported) */
+/* Bytes of a row of n elements; returns false if n is not a multiple of the block
+ * size or the type is unsupported. */
+bool tdm_dtype_row_bytes(uint32_t type, uint64_t n, uint64_t *out);
+
+/* Scalar conversions (exact IEEE round-to-nearest-even for f32 -> f16/bf16). */
+float tdm_f16_to_f32(uint16_t h);
+uint16_t tdm_f32_to_f16(float f);
+static inline float tdm_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+uint16_t tdm_f32_to_bf16(float f);
+
+/* Dequantise / convert one row of n elements (n a multiple of the block size). */
+void tdm_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n);
+/* Quantise / convert one row from f32 (reference implementation, used by tests and
+ * by future quantisation tools). */
+void tdm_row_from_f32(uint32_t type, const float *src, void *dst, int64_t n);
+
+#endif

@@ -1,0 +1,53 @@
+/* sampling.h - logits processing, seeded random numbers, token sampling.
+ *
+ * The processed distribution (temperature, then top-k, top-p, min-p filters) is
+ * built as a dense probability vector over the vocabulary, because speculative
+ * sampling needs p and q for the same tokens.  temperature <= 0 means greedy: the
+ * distribution is one-hot on the argmax (lowest id on ties).
+ */
+#ifndef TDM_SAMPLING_H
+#define TDM_SAMPLING_H
+
+#include "common.h"
+
+typedef struct tdm_sampler_params {
+    float temperature;  /* <= 0: greedy */
+    int32_t top_k;      /* <= 0: off */
+    float top_p;        /* >= 1: off */
+    float min_p;        /* <= 0: off; keep tokens with p >= min_p * p_max */
+} tdm_sampler_params;
+
+/* xoshiro256** seeded by splitmix64: same seed, same stream, on every platform. */
+typedef struct tdm_rng {
+    uint64_t s[4];
+} tdm_rng;
+
+void tdm_rng_seed(tdm_rng *rng, uint64_t seed);
+uint64_t tdm_rng_next(tdm_rng *rng);
+double tdm_rng_uniform(tdm_rng *rng); /* [0, 1), 53 random bits */
+
+int32_t tdm_argmax(const float *logits, int32_t n); /* lowest index on ties */
+
+/* Scratch space for tdm_probs_from_logits (reusable; sized for n_vocab). */
+typedef struct tdm_sampler_scratch {
+    int32_t n_vocab;
+    int32_t *idx;   /* [n_vocab] */
+    float *val;     /* [n_vocab] */
+} tdm_sampler_scratch;
+
+tandem_status tdm_sampler_scratch_init(tdm_sampler_scratch *s, int32_t n_vocab, tdm_err *err);
+void tdm_sampler_scratch_free(tdm_sampler_scratch *s);
+
+/* probs[n_vocab] = the processed distribution (sums to 1; filtered tokens are 0). */
+void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampler_params *p,
+                           tdm_sampler_scratch *s, float *probs);
+
+/* Draws from a distribution (need not be normalised; sum must be > 0).
+ * Uses exactly one tdm_rng_uniform draw. */
+int32_t tdm_sample_probs(const float *probs, int32_t n, tdm_rng *rng);
+
+/* Convenience: greedy argmax when temperature <= 0, else process and sample. */
+int32_t tdm_sample_logits(const float *logits, int32_t n_vocab, const tdm_sampler_params *p,
+                          tdm_sampler_scratch *s, float *probs_tmp, tdm_rng *rng);
+
+#endif

@@ -1,0 +1,62 @@
+/* tokenizer.h - GGUF tokenizers: byte-level BPE ("gpt2") and SentencePiece ("llama").
+ *
+ * Built from a GGUF's tokenizer.ggml.* metadata (a vocabulary-only GGUF is
+ * enough).  Supported:
+ *   - tokenizer.ggml.model = "gpt2": byte-level BPE with merges; pre-tokenizers
+ *     (tokenizer.ggml.pre) "gpt-2" (also the default when absent), "llama-bpe",
+ *     "qwen2", "starcoder".
+ *   - tokenizer.ggml.model = "llama": SentencePiece BPE over scores, byte fallback
+ *     (<0xXX> tokens), the leading-space rule (add_space_prefix, default true).
+ * Special (control / user-defined) tokens written in the text become those tokens
+ * when parse_special is set.  BOS/EOS/EOT ids and add_bos_token come from metadata.
+ *
+ * Immutable after load: safe to share across threads.
+ */
+#ifndef TDM_TOKENIZER_H
+#define TDM_TOKENIZER_H
+
+#include "common.h"
+#include "gguf.h"
+
+typedef struct tdm_tokenizer tdm_tokenizer;
+
+tandem_status tdm_tokenizer_load(const tdm_gguf *g, tdm_tokenizer **out, tdm_err *err);
+void tdm_tokenizer_free(tdm_tokenizer *t); /* NULL is a no-op */
+
+int32_t tdm_tok_n_vocab(const tdm_tokenizer *t);
+int32_t tdm_tok_bos(const tdm_tokenizer *t);  /* -1 if none */
+int32_t tdm_tok_eos(const tdm_tokenizer *t);  /* -1 if none */
+bool tdm_tok_add_bos(const tdm_tokenizer *t); /* tokenizer.ggml.add_bos_token */
+/* True for end-of-generation tokens (EOS, EOT). */
+bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id);
+/* The raw vocabulary string of a token (as stored in the GGUF); NULL if out of range. */
+const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len);
+
+/* Encodes UTF-8 text (invalid UTF-8 is encoded byte-wise, never rejected).
+ * *ids is malloc'ed (free()).  add_bos prepends BOS if the vocabulary has one. */
+tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_bos,
+                           bool parse_special, int32_t **ids, size_t *n_ids, tdm_err *err);
+
+/* The bytes a token decodes to (byte-level BPE decoded; SentencePiece: U+2581 -> ' ',
+ * <0xXX> -> that byte; control tokens -> "" unless render_special).  Returns the
+ * byte count, which may exceed cap (then nothing is written beyond cap); -1 for an
+ * invalid id. */
+int32_t tdm_token_to_piece(const tdm_tokenizer *t, int32_t id, bool render_special, char *buf,
+                           int32_t cap);
+
+/* Streaming decoder: holds back incomplete UTF-8 sequences across tokens so it
+ * never emits half a code point. */
+typedef struct tdm_detok {
+    char pending[8];
+    int32_t n_pending;
+    bool first;        /* SentencePiece: strip the leading space of the first piece */
+} tdm_detok;
+
+void tdm_detok_init(tdm_detok *d, const tdm_tokenizer *t);
+/* Appends the token's bytes; writes the complete characters now available into out
+ * (cap >= 256 + 8 is always enough for one token) and returns their count. */
+int32_t tdm_detok_push(tdm_detok *d, const tdm_tokenizer *t, int32_t id, char *out, int32_t cap);
+/* Flushes what is held back (an incomplete sequence at the very end). */
+int32_t tdm_detok_flush(tdm_detok *d, char *out, int32_t cap);
+
+#endif

@@ -1,0 +1,73 @@
+/* testutil.c - shared helpers for the Criterion tests. */
+#include "testutil.h"
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *rot_path(const char *dir, const char *name) {
+    static char buf[4][4096];
+    static int k;
+    char *b = buf[k++ & 3];
+    snprintf(b, sizeof buf[0], "%s/%s", dir, name);
+    return b;
+}
+
+const char *tdm_test_data_path(const char *name) { return rot_path(TDM_TEST_DATA, name); }
+const char *tdm_test_model_path(const char *name) { return rot_path(TDM_MODELS, name); }
+
+tdm_json **tdm_test_jsonl(const char *path, size_t *n) {
+    char *text;
+    size_t len;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_read_file(path, &text, &len, &err), TANDEM_OK, "%s", err.msg);
+    size_t cap = 16, cnt = 0;
+    tdm_json **items = malloc(cap * sizeof *items);
+    char *p = text, *end = text + len;
+    int line = 0;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        char *le = nl ? nl : end;
+        line++;
+        if (le > p) {
+            tdm_json *j = NULL;
+            cr_assert_eq(tdm_json_parse(p, (size_t)(le - p), &j, &err), TANDEM_OK,
+                         "%s:%d: %s", path, line, err.msg);
+            if (cnt == cap) items = realloc(items, (cap *= 2) * sizeof *items);
+            items[cnt++] = j;
+        }
+        p = le + 1;
+    }
+    free(text);
+    *n = cnt;
+    return items;
+}
+
+void tdm_test_jsonl_free(tdm_json **items, size_t n) {
+    for (size_t i = 0; i < n; i++) tdm_json_free(items[i]);
+    free(items);
+}
+
+int32_t *tdm_test_json_ids(const tdm_json *arr, size_t *n) {
+    cr_assert(arr && arr->type == TDM_JSON_ARRAY, "expected a JSON array of ids");
+    int32_t *ids = malloc((arr->n + 1) * sizeof *ids);
+    for (size_t i = 0; i < arr->n; i++) {
+        int64_t v;
+        cr_assert(tdm_json_int(&arr->items[i], &v), "element %zu is not an integer", i);
+        ids[i] = (int32_t)v;
+    }
+    *n = arr->n;
+    return ids;
+}
+
+uint64_t tdm_test_rand(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+float tdm_test_randf(uint64_t *s, float lo, float hi) {
+    return lo + (hi - lo) * (float)((tdm_test_rand(s) >> 40) * (1.0 / 16777216.0));
+}

@@ -1,0 +1,24 @@
+/* testutil.h - shared helpers for the Criterion tests. */
+#ifndef TDM_TESTUTIL_H
+#define TDM_TESTUTIL_H
+
+#include "common.h"
+#include "json.h"
+
+/* Paths under tests/data and models/ (compiled in as TDM_TEST_DATA / TDM_MODELS). */
+const char *tdm_test_data_path(const char *name);  /* static buffer, rotating (4 slots) */
+const char *tdm_test_model_path(const char *name);
+
+/* Parses a JSON-lines file: one tdm_json per non-empty line.  Fails the test on error.
+ * Free with tdm_test_jsonl_free. */
+tdm_json **tdm_test_jsonl(const char *path, size_t *n);
+void tdm_test_jsonl_free(tdm_json **items, size_t n);
+
+/* Reads an array of integers from a JSON array (fails the test on a bad element). */
+int32_t *tdm_test_json_ids(const tdm_json *arr, size_t *n);
+
+/* Deterministic pseudo-random numbers for tests (splitmix64). */
+uint64_t tdm_test_rand(uint64_t *state);
+float tdm_test_randf(uint64_t *state, float lo, float hi);
+
+#endif
