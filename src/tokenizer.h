@@ -29,6 +29,8 @@ int32_t tdm_tok_eos(const tdm_tokenizer *t);  /* -1 if none */
 bool tdm_tok_add_bos(const tdm_tokenizer *t); /* tokenizer.ggml.add_bos_token */
 /* True for end-of-generation tokens (EOS, EOT). */
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id);
+/* Longest output of tdm_token_to_piece over the vocabulary (render_special = true). */
+int32_t tdm_tok_max_piece(const tdm_tokenizer *t);
 /* The raw vocabulary string of a token (as stored in the GGUF); NULL if out of range. */
 const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len);
 
@@ -54,9 +56,11 @@ typedef struct tdm_detok {
 
 void tdm_detok_init(tdm_detok *d, const tdm_tokenizer *t);
 /* Appends the token's bytes; writes the complete characters now available into out
- * (cap >= 256 + 8 is always enough for one token) and returns their count. */
+ * (cap >= tdm_tok_max_piece(t) + 8 is always enough for one token; 256 + 8 for
+ * usual vocabularies) and returns their count; -1 for an invalid id or a too small
+ * cap (then nothing is consumed).  Control tokens decode to "". */
 int32_t tdm_detok_push(tdm_detok *d, const tdm_tokenizer *t, int32_t id, char *out, int32_t cap);
-/* Flushes what is held back (an incomplete sequence at the very end). */
+/* Flushes what is held back (an incomplete sequence at the very end); cap >= 8. */
 int32_t tdm_detok_flush(tdm_detok *d, char *out, int32_t cap);
 
 #endif

@@ -1,0 +1,476 @@
+/* json.c - strict RFC 8259 JSON parser to a DOM, and a string writer.
+ *
+ * Recursive descent with an explicit depth limit (TDM_JSON_MAX_DEPTH).  Every
+ * error names line:column (1-based; columns count bytes).
+ */
+#include "json.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "unicode.h"
+
+typedef struct parser {
+    const uint8_t *s;   /* [len] input */
+    size_t len;
+    size_t pos;
+    tdm_err *err;
+    tandem_status status; /* first error, TANDEM_OK while fine */
+} parser;
+
+static void pos_to_linecol(const parser *p, size_t pos, size_t *line, size_t *col) {
+    size_t l = 1, c = 1;
+    for (size_t i = 0; i < pos && i < p->len; i++) {
+        if (p->s[i] == '\n') {
+            l++;
+            c = 1;
+        } else {
+            c++;
+        }
+    }
+    *line = l;
+    *col = c;
+}
+
+__attribute__((format(printf, 3, 4)))
+static bool fail_at(parser *p, size_t pos, const char *fmt, ...) {
+    if (p->status != TANDEM_OK) return false;
+    char what[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    size_t line, col;
+    pos_to_linecol(p, pos, &line, &col);
+    p->status = TANDEM_ERR_FORMAT;
+    tdm_seterr(p->err, TANDEM_ERR_FORMAT, "JSON %zu:%zu: %s", line, col, what);
+    return false;
+}
+
+static bool fail_nomem(parser *p) {
+    if (p->status != TANDEM_OK) return false;
+    p->status = TANDEM_ERR_NOMEM;
+    tdm_seterr(p->err, TANDEM_ERR_NOMEM, "JSON: out of memory at byte %zu", p->pos);
+    return false;
+}
+
+static void skip_ws(parser *p) {
+    while (p->pos < p->len) {
+        uint8_t c = p->s[p->pos];
+        if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
+        p->pos++;
+    }
+}
+
+static const char *describe(parser *p, char buf[16]) {
+    if (p->pos >= p->len) return "end of input";
+    uint8_t c = p->s[p->pos];
+    if (c >= 0x20 && c < 0x7F) snprintf(buf, 16, "'%c'", c);
+    else snprintf(buf, 16, "byte 0x%02X", c);
+    return buf;
+}
+
+/* ---- strings */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static bool sbuf_put(sbuf *b, const char *src, size_t n) {
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 32;
+        while (cap < b->n + n + 1) {
+            if (cap > SIZE_MAX / 2) return false;
+            cap *= 2;
+        }
+        char *np = realloc(b->p, cap);
+        if (!np) return false;
+        b->p = np;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+    b->p[b->n] = 0;
+    return true;
+}
+
+static int hexval(uint8_t c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static bool read_hex4(parser *p, size_t at, uint32_t *out) {
+    if (at + 4 > p->len) return fail_at(p, at, "truncated \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(p->s[at + i]);
+        if (h < 0) return fail_at(p, at + i, "bad hex digit in \\u escape");
+        v = (v << 4) | (uint32_t)h;
+    }
+    *out = v;
+    return true;
+}
+
+/* Parses a string literal at p->pos (which is '"'); the result is malloc'ed. */
+static bool parse_string(parser *p, char **out, size_t *out_len) {
+    size_t start = p->pos;
+    p->pos++; /* opening quote */
+    sbuf b = {0};
+    if (!sbuf_put(&b, "", 0)) return fail_nomem(p);
+    for (;;) {
+        if (p->pos >= p->len) {
+            free(b.p);
+            return fail_at(p, start, "unterminated string");
+        }
+        uint8_t c = p->s[p->pos];
+        if (c == '"') {
+            p->pos++;
+            break;
+        }
+        if (c < 0x20) {
+            free(b.p);
+            return fail_at(p, p->pos, "control character 0x%02X in string", c);
+        }
+        if (c == '\\') {
+            size_t esc = p->pos;
+            if (p->pos + 1 >= p->len) {
+                free(b.p);
+                return fail_at(p, esc, "unterminated escape");
+            }
+            uint8_t e = p->s[p->pos + 1];
+            char ch = 0;
+            switch (e) {
+            case '"': ch = '"'; break;
+            case '\\': ch = '\\'; break;
+            case '/': ch = '/'; break;
+            case 'b': ch = '\b'; break;
+            case 'f': ch = '\f'; break;
+            case 'n': ch = '\n'; break;
+            case 'r': ch = '\r'; break;
+            case 't': ch = '\t'; break;
+            case 'u': break;
+            default:
+                free(b.p);
+                return fail_at(p, esc, "invalid escape '\\%c'", e >= 0x20 && e < 0x7F ? e : '?');
+            }
+            if (e != 'u') {
+                p->pos += 2;
+                if (!sbuf_put(&b, &ch, 1)) {
+                    free(b.p);
+                    return fail_nomem(p);
+                }
+                continue;
+            }
+            uint32_t cp;
+            if (!read_hex4(p, p->pos + 2, &cp)) {
+                free(b.p);
+                return false;
+            }
+            p->pos += 6;
+            if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                free(b.p);
+                return fail_at(p, esc, "lone low surrogate \\u%04X", cp);
+            }
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                uint32_t lo;
+                if (p->pos + 1 >= p->len || p->s[p->pos] != '\\' || p->s[p->pos + 1] != 'u') {
+                    free(b.p);
+                    return fail_at(p, esc, "lone high surrogate \\u%04X", cp);
+                }
+                if (!read_hex4(p, p->pos + 2, &lo)) {
+                    free(b.p);
+                    return false;
+                }
+                if (lo < 0xDC00 || lo > 0xDFFF) {
+                    free(b.p);
+                    return fail_at(p, esc, "high surrogate \\u%04X not followed by a low surrogate", cp);
+                }
+                p->pos += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            char enc[4];
+            int n = tdm_utf8_encode(cp, enc);
+            if (!sbuf_put(&b, enc, (size_t)n)) {
+                free(b.p);
+                return fail_nomem(p);
+            }
+            continue;
+        }
+        /* raw UTF-8: copy a maximal run of plain bytes after validating */
+        uint32_t cp;
+        int n = tdm_utf8_decode(p->s + p->pos, p->len - p->pos, &cp);
+        if (cp & TDM_UTF8_INVALID) {
+            free(b.p);
+            return fail_at(p, p->pos, "invalid UTF-8 byte 0x%02X in string", c);
+        }
+        if (!sbuf_put(&b, (const char *)p->s + p->pos, (size_t)n)) {
+            free(b.p);
+            return fail_nomem(p);
+        }
+        p->pos += (size_t)n;
+    }
+    *out = b.p;
+    *out_len = b.n;
+    return true;
+}
+
+/* ---- numbers */
+
+static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
+
+static bool parse_number(parser *p, double *out) {
+    size_t start = p->pos, i = p->pos;
+    if (i < p->len && p->s[i] == '-') i++;
+    if (i >= p->len || !is_digit(p->s[i])) return fail_at(p, i, "expected a digit in number");
+    if (p->s[i] == '0') {
+        i++;
+        if (i < p->len && is_digit(p->s[i])) return fail_at(p, i, "leading zero in number");
+    } else {
+        while (i < p->len && is_digit(p->s[i])) i++;
+    }
+    if (i < p->len && p->s[i] == '.') {
+        i++;
+        if (i >= p->len || !is_digit(p->s[i])) return fail_at(p, i, "expected a digit after '.'");
+        while (i < p->len && is_digit(p->s[i])) i++;
+    }
+    if (i < p->len && (p->s[i] == 'e' || p->s[i] == 'E')) {
+        i++;
+        if (i < p->len && (p->s[i] == '+' || p->s[i] == '-')) i++;
+        if (i >= p->len || !is_digit(p->s[i])) return fail_at(p, i, "expected a digit in exponent");
+        while (i < p->len && is_digit(p->s[i])) i++;
+    }
+    size_t n = i - start;
+    char small[64];
+    char *tmp = n < sizeof small ? small : malloc(n + 1);
+    if (!tmp) return fail_nomem(p);
+    memcpy(tmp, p->s + start, n);
+    tmp[n] = 0;
+    *out = strtod(tmp, NULL); /* overflow gives +-HUGE_VAL: still a number */
+    if (tmp != small) free(tmp);
+    p->pos = i;
+    return true;
+}
+
+/* ---- values */
+
+static bool parse_value(parser *p, tdm_json *v, int depth);
+
+static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return true;
+    size_t nc = *cap ? *cap * 2 : 4;
+    if (nc < need) nc = need;
+    size_t bytes;
+    if (tdm_mul_overflow_size(nc, elem, &bytes)) return false;
+    void *np = realloc(*arr, bytes);
+    if (!np) return false;
+    *arr = np;
+    *cap = nc;
+    return true;
+}
+
+static bool parse_array(parser *p, tdm_json *v, int depth) {
+    size_t cap = 0;
+    v->type = TDM_JSON_ARRAY;
+    p->pos++; /* '[' */
+    skip_ws(p);
+    if (p->pos < p->len && p->s[p->pos] == ']') {
+        p->pos++;
+        return true;
+    }
+    for (;;) {
+        if (!grow((void **)&v->items, &cap, v->n + 1, sizeof *v->items)) return fail_nomem(p);
+        tdm_json *e = &v->items[v->n];
+        memset(e, 0, sizeof *e);
+        v->n++;
+        skip_ws(p);
+        if (!parse_value(p, e, depth + 1)) return false;
+        skip_ws(p);
+        char d[16];
+        if (p->pos < p->len && p->s[p->pos] == ',') {
+            p->pos++;
+            continue;
+        }
+        if (p->pos < p->len && p->s[p->pos] == ']') {
+            p->pos++;
+            return true;
+        }
+        return fail_at(p, p->pos, "expected ',' or ']' in array, got %s", describe(p, d));
+    }
+}
+
+static bool parse_object(parser *p, tdm_json *v, int depth) {
+    size_t cap = 0, kcap = 0;
+    v->type = TDM_JSON_OBJECT;
+    p->pos++; /* '{' */
+    skip_ws(p);
+    if (p->pos < p->len && p->s[p->pos] == '}') {
+        p->pos++;
+        return true;
+    }
+    for (;;) {
+        char d[16];
+        skip_ws(p);
+        if (p->pos >= p->len || p->s[p->pos] != '"')
+            return fail_at(p, p->pos, "expected a member name string, got %s", describe(p, d));
+        if (!grow((void **)&v->items, &cap, v->n + 1, sizeof *v->items) ||
+            !grow((void **)&v->keys, &kcap, v->n + 1, sizeof *v->keys))
+            return fail_nomem(p);
+        tdm_json *e = &v->items[v->n];
+        memset(e, 0, sizeof *e);
+        v->keys[v->n] = NULL;
+        v->n++;
+        size_t klen;
+        if (!parse_string(p, &v->keys[v->n - 1], &klen)) return false;
+        skip_ws(p);
+        if (p->pos >= p->len || p->s[p->pos] != ':')
+            return fail_at(p, p->pos, "expected ':' after member name, got %s", describe(p, d));
+        p->pos++;
+        skip_ws(p);
+        if (!parse_value(p, e, depth + 1)) return false;
+        skip_ws(p);
+        if (p->pos < p->len && p->s[p->pos] == ',') {
+            p->pos++;
+            continue;
+        }
+        if (p->pos < p->len && p->s[p->pos] == '}') {
+            p->pos++;
+            return true;
+        }
+        return fail_at(p, p->pos, "expected ',' or '}' in object, got %s", describe(p, d));
+    }
+}
+
+static bool match_word(parser *p, const char *w) {
+    size_t n = strlen(w);
+    if (p->len - p->pos < n || memcmp(p->s + p->pos, w, n) != 0) return false;
+    p->pos += n;
+    return true;
+}
+
+static bool parse_value(parser *p, tdm_json *v, int depth) {
+    char d[16];
+    if (depth > TDM_JSON_MAX_DEPTH)
+        return fail_at(p, p->pos, "nesting deeper than %d levels", TDM_JSON_MAX_DEPTH);
+    if (p->pos >= p->len) return fail_at(p, p->pos, "expected a value, got end of input");
+    uint8_t c = p->s[p->pos];
+    switch (c) {
+    case '{': return parse_object(p, v, depth);
+    case '[': return parse_array(p, v, depth);
+    case '"':
+        v->type = TDM_JSON_STRING;
+        return parse_string(p, &v->str, &v->str_len);
+    case 't':
+        if (!match_word(p, "true")) break;
+        v->type = TDM_JSON_BOOL;
+        v->b = true;
+        return true;
+    case 'f':
+        if (!match_word(p, "false")) break;
+        v->type = TDM_JSON_BOOL;
+        v->b = false;
+        return true;
+    case 'n':
+        if (!match_word(p, "null")) break;
+        v->type = TDM_JSON_NULL;
+        return true;
+    default:
+        if (c == '-' || is_digit(c)) {
+            v->type = TDM_JSON_NUMBER;
+            return parse_number(p, &v->num);
+        }
+        break;
+    }
+    return fail_at(p, p->pos, "unexpected %s, expected a value", describe(p, d));
+}
+
+static void free_contents(tdm_json *j) {
+    if (j->type == TDM_JSON_ARRAY || j->type == TDM_JSON_OBJECT) {
+        for (size_t i = 0; i < j->n; i++) {
+            free_contents(&j->items[i]);
+            if (j->keys) free(j->keys[i]);
+        }
+        free(j->items);
+        free(j->keys);
+    }
+    free(j->str);
+}
+
+void tdm_json_free(tdm_json *j) {
+    if (!j) return;
+    free_contents(j);
+    free(j);
+}
+
+tandem_status tdm_json_parse(const char *text, size_t len, tdm_json **out, tdm_err *err) {
+    *out = NULL;
+    if (!text && len) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "JSON: NULL text");
+    parser p = {.s = (const uint8_t *)text, .len = len, .err = err, .status = TANDEM_OK};
+    tdm_json *root = calloc(1, sizeof *root);
+    if (!root) return tdm_seterr(err, TANDEM_ERR_NOMEM, "JSON: out of memory");
+    skip_ws(&p);
+    bool ok = parse_value(&p, root, 1);
+    if (ok) {
+        skip_ws(&p);
+        char d[16];
+        if (p.pos < p.len) ok = fail_at(&p, p.pos, "trailing %s after the value", describe(&p, d));
+    }
+    if (!ok) {
+        tdm_json_free(root);
+        return p.status;
+    }
+    *out = root;
+    return TANDEM_OK;
+}
+
+const tdm_json *tdm_json_get(const tdm_json *j, const char *key) {
+    if (!j || j->type != TDM_JSON_OBJECT || !key) return NULL;
+    for (size_t i = 0; i < j->n; i++)
+        if (strcmp(j->keys[i], key) == 0) return &j->items[i];
+    return NULL;
+}
+
+bool tdm_json_int(const tdm_json *j, int64_t *out) {
+    if (!j || j->type != TDM_JSON_NUMBER) return false;
+    double v = j->num;
+    /* -2^63 <= v < 2^63 and integral */
+    if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0)) return false;
+    int64_t i = (int64_t)v;
+    if ((double)i != v) return false;
+    *out = i;
+    return true;
+}
+
+void tdm_json_write_str(FILE *f, const char *s, size_t len) {
+    const uint8_t *u = (const uint8_t *)s;
+    fputc('"', f);
+    size_t i = 0;
+    while (i < len) {
+        uint8_t c = u[i];
+        if (c < 0x80) {
+            switch (c) {
+            case '"': fputs("\\\"", f); break;
+            case '\\': fputs("\\\\", f); break;
+            case '\n': fputs("\\n", f); break;
+            case '\r': fputs("\\r", f); break;
+            case '\t': fputs("\\t", f); break;
+            case '\b': fputs("\\b", f); break;
+            case '\f': fputs("\\f", f); break;
+            default:
+                if (c < 0x20) fprintf(f, "\\u%04x", c);
+                else fputc(c, f);
+            }
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int n = tdm_utf8_decode(u + i, len - i, &cp);
+        if (cp & TDM_UTF8_INVALID) fputs("\xEF\xBF\xBD", f); /* U+FFFD */
+        else fwrite(u + i, 1, (size_t)n, f);
+        i += (size_t)n;
+    }
+    fputc('"', f);
+}
