@@ -65,7 +65,8 @@ int32_t tdm_kv_blocks_for(const tdm_kv_pool *pool, int32_t len);
  * sequence is unchanged. */
 tandem_status tdm_kv_seq_reserve(tdm_kv_pool *pool, tdm_kv_seq *seq, int32_t new_len, tdm_err *err);
 
-/* Rolls back to new_len positions (new_len <= len): frees the blocks past it. */
+/* Rolls back to new_len positions (new_len <= len): frees the blocks past it.
+ * A negative or larger new_len is ignored. */
 void tdm_kv_seq_truncate(tdm_kv_pool *pool, tdm_kv_seq *seq, int32_t new_len);
 
 /* dst (which must be empty) shares all of src's blocks. */

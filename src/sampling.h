@@ -4,6 +4,12 @@
  * built as a dense probability vector over the vocabulary, because speculative
  * sampling needs p and q for the same tokens.  temperature <= 0 means greedy: the
  * distribution is one-hot on the argmax (lowest id on ties).
+ *
+ * Order: softmax(logits / temperature); top-k keeps the k most probable tokens (ties:
+ * lower id first); top-p keeps the smallest prefix, by probability descending (ties:
+ * lower id first), whose mass is >= top_p times the mass that survived top-k (at least
+ * one token); min-p keeps tokens with p >= min_p * p_max; the survivors are
+ * renormalised and every filtered token is exactly 0.
  */
 #ifndef TDM_SAMPLING_H
 #define TDM_SAMPLING_H
@@ -26,7 +32,7 @@ void tdm_rng_seed(tdm_rng *rng, uint64_t seed);
 uint64_t tdm_rng_next(tdm_rng *rng);
 double tdm_rng_uniform(tdm_rng *rng); /* [0, 1), 53 random bits */
 
-int32_t tdm_argmax(const float *logits, int32_t n); /* lowest index on ties */
+int32_t tdm_argmax(const float *logits, int32_t n); /* lowest index on ties; NaN never wins; -1 if n <= 0 */
 
 /* Scratch space for tdm_probs_from_logits (reusable; sized for n_vocab). */
 typedef struct tdm_sampler_scratch {
@@ -43,7 +49,8 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
                            tdm_sampler_scratch *s, float *probs);
 
 /* Draws from a distribution (need not be normalised; sum must be > 0).
- * Uses exactly one tdm_rng_uniform draw. */
+ * Uses exactly one tdm_rng_uniform draw.  Never returns a token with probability <= 0;
+ * returns -1 when no entry is positive. */
 int32_t tdm_sample_probs(const float *probs, int32_t n, tdm_rng *rng);
 
 /* Convenience: greedy argmax when temperature <= 0, else process and sample. */

@@ -21,7 +21,10 @@
 int32_t tdm_accept_greedy(const int32_t *draft, int32_t k, const int32_t *target_argmax,
                           int32_t *next);
 
-/* Probability of accepting a drafted token with target prob px and draft prob qx. */
+/* Probability of accepting a drafted token with target prob px and draft prob qx:
+ * min(1, px/qx).  px <= 0: 0 (always reject).  qx <= 0 < px: 1 (the limit of px/qx;
+ * such a token cannot have been drawn from q, so this never changes the output
+ * distribution). */
 double tdm_accept_prob(float px, float qx);
 
 /* residual[n] = normalize(max(0, p - q)).  If p - q has no positive mass (p == q),
@@ -30,8 +33,9 @@ double tdm_accept_prob(float px, float qx);
 double tdm_residual_dist(const float *p, const float *q, int32_t n, float *residual);
 
 /* Sampling.  draft[k]; p: [k + 1][n_vocab] target distributions; q: [k][n_vocab] draft
- * distributions; scratch: [n_vocab].  Returns n_accepted in [0, k]; *next is the
- * correction or bonus token. */
+ * distributions; scratch: [n_vocab] (may be NULL).  Returns n_accepted in [0, k]; *next
+ * is the correction or bonus token.  Uses exactly one rng draw per accept decision (in
+ * order) plus one for the emitted token, so results are reproducible. */
 int32_t tdm_accept_sample(const int32_t *draft, int32_t k, const float *p, const float *q,
                           int32_t n_vocab, tdm_rng *rng, float *scratch, int32_t *next);
 

@@ -1,0 +1,329 @@
+/* sampling.c - seeded RNG (xoshiro256** / splitmix64), logits -> processed
+ * distribution (temperature, softmax, top-k, top-p, min-p), and drawing from a
+ * distribution.  See sampling.h.
+ *
+ * The filters work on a candidate list (scratch idx/val: the tokens with p > 0) under
+ * a strict total order: higher probability first, lower token id first among equal
+ * probabilities.  top-k and top-p select a prefix of that order with quickselect-style
+ * partitioning (expected O(n)), so no full sort of a 150k vocabulary is needed.
+ */
+#include "sampling.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------- rng */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void tdm_rng_seed(tdm_rng *rng, uint64_t seed) {
+    if (!rng) return;
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) rng->s[i] = splitmix64(&x);
+    /* splitmix64 is a bijection of distinct counters: the state cannot be all zero. */
+}
+
+uint64_t tdm_rng_next(tdm_rng *rng) {
+    if (!rng) return 0;
+    uint64_t *s = rng->s;
+    const uint64_t result = rotl64(s[1] * 5, 7) * 9;
+    const uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl64(s[3], 45);
+    return result;
+}
+
+double tdm_rng_uniform(tdm_rng *rng) {
+    return (double)(tdm_rng_next(rng) >> 11) * 0x1.0p-53;
+}
+
+/* ---------------------------------------------------------------- argmax */
+
+int32_t tdm_argmax(const float *logits, int32_t n) {
+    if (!logits || n <= 0) return -1;
+    int32_t best = 0;
+    float bv = logits[0];
+    for (int32_t i = 1; i < n; i++) {
+        float v = logits[i];
+        /* NaN never wins; a first NaN is replaced by any number. */
+        if (v > bv || (isnan(bv) && !isnan(v))) {
+            bv = v;
+            best = i;
+        }
+    }
+    return best;
+}
+
+/* --------------------------------------------------------------- scratch */
+
+tandem_status tdm_sampler_scratch_init(tdm_sampler_scratch *s, int32_t n_vocab, tdm_err *err) {
+    if (!s) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "sampler scratch: NULL pointer");
+    memset(s, 0, sizeof *s);
+    if (n_vocab <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "sampler scratch: n_vocab must be > 0 (got %d)",
+                          (int)n_vocab);
+    s->idx = tdm_mallocarray((size_t)n_vocab, sizeof *s->idx);
+    s->val = tdm_mallocarray((size_t)n_vocab, sizeof *s->val);
+    if (!s->idx || !s->val) {
+        tdm_sampler_scratch_free(s);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "sampler scratch: out of memory for %d tokens",
+                          (int)n_vocab);
+    }
+    s->n_vocab = n_vocab;
+    return TANDEM_OK;
+}
+
+void tdm_sampler_scratch_free(tdm_sampler_scratch *s) {
+    if (!s) return;
+    free(s->idx);
+    free(s->val);
+    s->idx = NULL;
+    s->val = NULL;
+    s->n_vocab = 0;
+}
+
+/* ------------------------------------------------------ candidate ordering */
+
+/* a before b in the candidate order: higher value, then lower token id. */
+static inline bool before(float va, int32_t ia, float vb, int32_t ib) {
+    return va > vb || (va == vb && ia < ib);
+}
+
+static inline void swap_cand(int32_t *idx, float *val, int32_t a, int32_t b) {
+    int32_t ti = idx[a];
+    idx[a] = idx[b];
+    idx[b] = ti;
+    float tv = val[a];
+    val[a] = val[b];
+    val[b] = tv;
+}
+
+/* Partitions [lo, hi) around a pseudo-random pivot: afterwards [lo, j) come before the
+ * pivot, the pivot is at j, and (j, hi) come after it.  Returns j. */
+static int32_t partition(int32_t *idx, float *val, int32_t lo, int32_t hi, uint64_t *rs) {
+    int32_t p = lo + (int32_t)(splitmix64(rs) % (uint64_t)(hi - lo));
+    swap_cand(idx, val, p, hi - 1);
+    const float pv = val[hi - 1];
+    const int32_t pi = idx[hi - 1];
+    int32_t j = lo;
+    for (int32_t i = lo; i < hi - 1; i++)
+        if (before(val[i], idx[i], pv, pi)) swap_cand(idx, val, i, j++);
+    swap_cand(idx, val, j, hi - 1);
+    return j;
+}
+
+/* Insertion sort of [lo, hi) into candidate order (small ranges). */
+static void sort_small(int32_t *idx, float *val, int32_t lo, int32_t hi) {
+    for (int32_t i = lo + 1; i < hi; i++) {
+        float v = val[i];
+        int32_t id = idx[i];
+        int32_t j = i;
+        while (j > lo && before(v, id, val[j - 1], idx[j - 1])) {
+            val[j] = val[j - 1];
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        val[j] = v;
+        idx[j] = id;
+    }
+}
+
+/* Moves the first k candidates (in candidate order) of [0, n) to [0, k), 0 < k < n. */
+static void select_top_k(int32_t *idx, float *val, int32_t n, int32_t k, uint64_t *rs) {
+    int32_t lo = 0, hi = n;
+    while (hi - lo > 1) {
+        int32_t j = partition(idx, val, lo, hi, rs);
+        if (j == k - 1 || j == k) return;
+        if (j < k) lo = j + 1;
+        else hi = j;
+    }
+}
+
+/* The smallest m such that the first m candidates (candidate order) of [0, n) have
+ * mass >= target; they are moved to [0, m).  Returns n when the whole mass falls short
+ * (rounding), and at least 1. */
+static int32_t select_top_p(int32_t *idx, float *val, int32_t n, double target, uint64_t *rs) {
+    int32_t lo = 0, hi = n; /* [0, lo) are confirmed kept; the answer lies in [lo, hi] */
+    double acc = 0.0;       /* mass of [0, lo) */
+    while (lo < hi) {
+        if (hi - lo <= 32) {
+            sort_small(idx, val, lo, hi);
+            for (int32_t i = lo; i < hi; i++) {
+                acc += val[i];
+                if (acc >= target) return i + 1;
+            }
+            return hi;
+        }
+        int32_t j = partition(idx, val, lo, hi, rs);
+        double upper = 0.0;
+        for (int32_t i = lo; i < j; i++) upper += val[i];
+        if (acc + upper >= target) {
+            hi = j;  /* the prefix ends before the pivot */
+        } else {
+            acc += upper + val[j];
+            if (acc >= target) return j + 1;
+            lo = j + 1;
+        }
+    }
+    return lo > 0 ? lo : 1;
+}
+
+/* ---------------------------------------------------------- distribution */
+
+static void one_hot(float *probs, int32_t n, int32_t tok) {
+    memset(probs, 0, (size_t)n * sizeof *probs);
+    if (tok >= 0 && tok < n) probs[tok] = 1.0f;
+}
+
+/* probs = softmax(logits / temperature) over the vocabulary.  Returns false when no
+ * token has a finite-or-+inf logit (all NaN or -inf). */
+static bool softmax_t(const float *logits, int32_t n, double temp, float *probs) {
+    float m = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        if (logits[i] > m) m = logits[i];
+    if (m == -INFINITY) return false;
+    if (m == INFINITY) { /* uniform over the +inf logits */
+        double cnt = 0;
+        for (int32_t i = 0; i < n; i++) cnt += logits[i] == INFINITY;
+        for (int32_t i = 0; i < n; i++) probs[i] = logits[i] == INFINITY ? (float)(1.0 / cnt) : 0.0f;
+        return true;
+    }
+    const double inv_t = 1.0 / temp;
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        float l = logits[i];
+        double e = (l > -INFINITY) ? exp(((double)l - (double)m) * inv_t) : 0.0; /* NaN -> 0 */
+        if (!(e >= 0.0)) e = 0.0; /* NaN from inf * 0 when temp is huge */
+        probs[i] = (float)e;
+        sum += e;
+    }
+    /* The max logit contributes exp(0) = 1, so sum >= 1 (or NaN / inf for absurd temps). */
+    if (!(sum >= 1.0) || isinf(sum)) {
+        int32_t a = tdm_argmax(logits, n);
+        one_hot(probs, n, a);
+        return true;
+    }
+    const double inv = 1.0 / sum;
+    for (int32_t i = 0; i < n; i++) probs[i] = (float)(probs[i] * inv);
+    return true;
+}
+
+void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampler_params *p,
+                           tdm_sampler_scratch *s, float *probs) {
+    if (!logits || !probs || n_vocab <= 0) return;
+    tdm_sampler_params dp = {1.0f, 0, 1.0f, 0.0f}; /* NULL params: plain softmax */
+    if (!p) p = &dp;
+    if (!(p->temperature > 0.0f)) { /* greedy (also NaN) */
+        one_hot(probs, n_vocab, tdm_argmax(logits, n_vocab));
+        return;
+    }
+    if (!softmax_t(logits, n_vocab, (double)p->temperature, probs)) {
+        one_hot(probs, n_vocab, 0); /* no usable logit: any token; 0 by convention */
+        return;
+    }
+    const bool use_k = p->top_k > 0 && p->top_k < n_vocab;
+    const bool use_p = p->top_p < 1.0f; /* NaN: off */
+    const bool use_min = p->min_p > 0.0f;
+    if (!use_k && !use_p && !use_min) return;
+
+    /* Candidate list in scratch (or a temporary one if the scratch is missing). */
+    tdm_sampler_scratch tmp = {0};
+    int32_t *idx;
+    float *val;
+    if (s && s->idx && s->val && s->n_vocab >= n_vocab) {
+        idx = s->idx;
+        val = s->val;
+    } else {
+        if (tdm_sampler_scratch_init(&tmp, n_vocab, NULL) != TANDEM_OK) {
+            one_hot(probs, n_vocab, tdm_argmax(logits, n_vocab)); /* out of memory: degrade */
+            return;
+        }
+        idx = tmp.idx;
+        val = tmp.val;
+    }
+    int32_t n = 0;
+    for (int32_t i = 0; i < n_vocab; i++)
+        if (probs[i] > 0.0f) {
+            idx[n] = i;
+            val[n] = probs[i];
+            n++;
+        }
+    uint64_t rs = 0x5eed5eedull ^ (uint64_t)n; /* pivot choice: deterministic */
+
+    /* 1. top-k */
+    if (use_k && p->top_k < n) {
+        select_top_k(idx, val, n, p->top_k, &rs);
+        n = p->top_k;
+    }
+    /* 2. top-p, relative to the mass that survived top-k */
+    if (use_p && n > 1) {
+        double kept = 0.0;
+        for (int32_t i = 0; i < n; i++) kept += val[i];
+        double target = (double)p->top_p * kept;
+        n = select_top_p(idx, val, n, target, &rs);
+    }
+    /* 3. min-p, relative to the largest probability (always kept by 1 and 2) */
+    if (use_min && n > 1) {
+        float pmax = 0.0f;
+        for (int32_t i = 0; i < n; i++) pmax = val[i] > pmax ? val[i] : pmax;
+        double thr = (double)p->min_p * (double)pmax;
+        int32_t w = 0;
+        for (int32_t i = 0; i < n; i++)
+            if ((double)val[i] >= thr) {
+                idx[w] = idx[i];
+                val[w] = val[i];
+                w++;
+            }
+        n = w;
+    }
+    /* Renormalise the survivors. */
+    double kept = 0.0;
+    for (int32_t i = 0; i < n; i++) kept += val[i];
+    memset(probs, 0, (size_t)n_vocab * sizeof *probs);
+    const double inv = 1.0 / kept; /* kept > 0: every candidate has p > 0 and n >= 1 */
+    for (int32_t i = 0; i < n; i++) probs[idx[i]] = (float)(val[i] * inv);
+    tdm_sampler_scratch_free(&tmp);
+}
+
+/* -------------------------------------------------------------- sampling */
+
+int32_t tdm_sample_probs(const float *probs, int32_t n, tdm_rng *rng) {
+    double u = rng ? tdm_rng_uniform(rng) : 0.0;
+    if (!probs || n <= 0) return -1;
+    double total = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (probs[i] > 0.0f) { /* negative and NaN entries count as 0 */
+            total += probs[i];
+            last = i;
+        }
+    if (last < 0) return -1;
+    const double target = u * total;
+    double cum = 0.0;
+    for (int32_t i = 0; i < last; i++)
+        if (probs[i] > 0.0f) {
+            cum += probs[i];
+            if (target < cum) return i;
+        }
+    return last; /* also the guard against rounding at the end */
+}
+
+int32_t tdm_sample_logits(const float *logits, int32_t n_vocab, const tdm_sampler_params *p,
+                          tdm_sampler_scratch *s, float *probs_tmp, tdm_rng *rng) {
+    if (!logits || n_vocab <= 0) return -1;
+    if (!p || !(p->temperature > 0.0f) || !probs_tmp) return tdm_argmax(logits, n_vocab);
+    tdm_probs_from_logits(logits, n_vocab, p, s, probs_tmp);
+    return tdm_sample_probs(probs_tmp, n_vocab, rng);
+}

@@ -1,0 +1,298 @@
+/* test_controller.c - adaptive speculation length: expected tokens, cost model
+ * interpolation, choice of k against brute force, acceptance-rate estimation. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "common.h"
+#include "controller.h"
+
+static uint64_t rnd(uint64_t *st) {
+    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double rndu(uint64_t *st) { return (double)(rnd(st) >> 11) * 0x1.0p-53; }
+
+/* 1 + a + ... + a^k: the expected tokens of a step, summed term by term. */
+static double series(double a, int k) {
+    double s = 0, t = 1;
+    for (int i = 0; i <= k; i++) {
+        s += t;
+        t *= a;
+    }
+    return s;
+}
+
+Test(controller, expected_tokens_formula) {
+    for (int k = 0; k <= TDM_CTRL_MAX_K; k++) {
+        cr_assert_float_eq(tdm_ctrl_expected_tokens(0.0, k), 1.0, 1e-12, "alpha 0, k %d", k);
+        cr_assert_float_eq(tdm_ctrl_expected_tokens(1.0, k), k + 1.0, 1e-12, "alpha 1, k %d", k);
+        cr_assert_float_eq(tdm_ctrl_expected_tokens(1.0 - 1e-9, k), k + 1.0, 1e-5, "alpha -> 1, k %d", k);
+        for (double a = 0.05; a < 1.0; a += 0.1)
+            cr_assert_float_eq(tdm_ctrl_expected_tokens(a, k), series(a, k), 1e-9, "alpha %g k %d", a, k);
+    }
+    cr_assert_float_eq(tdm_ctrl_expected_tokens(0.7, 0), 1.0, 1e-12, "k = 0: only the target's token");
+    cr_assert_float_eq(tdm_ctrl_expected_tokens(0.5, 1), 1.5, 1e-12);
+    cr_assert_float_eq(tdm_ctrl_expected_tokens(0.5, 2), 1.75, 1e-12);
+    cr_assert_float_eq(tdm_ctrl_expected_tokens(-0.3, 4), 1.0, 1e-12);
+    cr_assert_float_eq(tdm_ctrl_expected_tokens(NAN, 4), 1.0, 1e-12);
+}
+
+Test(controller, cost_interpolation_and_extrapolation) {
+    tdm_cost_model c;
+    tdm_cost_init(&c);
+    cr_assert_float_eq(c.ema, 0.1, 1e-12);
+    double prior = tdm_cost_verify(&c, 1);
+    cr_assert_gt(prior, 0);
+    cr_assert_float_eq(tdm_cost_verify(&c, 9), prior, 1e-12, "prior is flat");
+    tdm_cost_observe_verify(&c, 3, 0.030);
+    for (int n = 1; n <= 20; n++) cr_assert_float_eq(tdm_cost_verify(&c, n), 0.030, 1e-12, "one point: flat at n %d", n);
+    tdm_cost_observe_verify(&c, 7, 0.050);
+    cr_assert_float_eq(tdm_cost_verify(&c, 5), 0.040, 1e-12, "interpolated");
+    cr_assert_float_eq(tdm_cost_verify(&c, 4), 0.035, 1e-12);
+    cr_assert_float_eq(tdm_cost_verify(&c, 11), 0.070, 1e-12, "linear beyond: slope 0.005");
+    cr_assert_float_eq(tdm_cost_verify(&c, 1), 0.020, 1e-12, "linear below");
+    /* Clamps: extrapolation never goes below flat / above proportional. */
+    tdm_cost_init(&c);
+    tdm_cost_observe_verify(&c, 2, 0.010);
+    tdm_cost_observe_verify(&c, 3, 0.030); /* steep: slope 0.02 per position */
+    cr_assert_float_eq(tdm_cost_verify(&c, 9), 0.030 * 9 / 3, 1e-12, "clamped to proportional");
+    cr_assert_float_eq(tdm_cost_verify(&c, 1), 0.005, 1e-12, "clamped to proportional below");
+    tdm_cost_init(&c);
+    tdm_cost_observe_verify(&c, 4, 0.050);
+    tdm_cost_observe_verify(&c, 5, 0.040); /* noisy: decreasing */
+    cr_assert_float_eq(tdm_cost_verify(&c, 8), 0.040, 1e-12, "never cheaper than the last point");
+    /* EMA of repeated samples. */
+    tdm_cost_init(&c);
+    tdm_cost_observe_verify(&c, 2, 1.0);
+    tdm_cost_observe_verify(&c, 2, 2.0);
+    cr_assert_float_eq(c.t_verify[2], 1.1, 1e-12);
+    tdm_cost_observe_verify(&c, 0, 5.0);                   /* ignored */
+    tdm_cost_observe_verify(&c, TDM_CTRL_MAX_K + 2, 5.0);  /* ignored (out of range) */
+    tdm_cost_observe_verify(&c, 3, -1.0);                  /* ignored */
+    tdm_cost_observe_verify(&c, 3, NAN);                   /* ignored */
+    cr_assert_eq(c.t_verify[3], 0.0);
+    tdm_cost_observe_draft(&c, 0.004);
+    tdm_cost_observe_draft(&c, 0.014);
+    cr_assert_float_eq(c.t_draft, 0.005, 1e-12);
+}
+
+/* Brute-force optimum of E[tokens](k) / (k t_draft + t_verify(k + 1)), smaller k on ties. */
+static int brute_k(double alpha, int kmin, int kmax, double td, const double *tv) {
+    double a = alpha < 0 ? 0 : alpha > 0.999 ? 0.999 : alpha;
+    int best = kmin;
+    double br = -1;
+    for (int k = kmin; k <= kmax; k++) {
+        double r = series(a, k) / (k * td + tv[k + 1]);
+        if (r > br * (1 + 1e-12)) {
+            br = r;
+            best = k;
+        }
+    }
+    return best;
+}
+
+Test(controller, choose_k_matches_brute_force) {
+    uint64_t st = 5;
+    int checked = 0;
+    for (int curve = 0; curve < 5; curve++)
+        for (int trial = 0; trial < 400; trial++) {
+            double tv[TDM_CTRL_MAX_K + 2] = {0};
+            double base = 0.005 + 0.05 * rndu(&st), slope = 0.02 * rndu(&st) * base;
+            for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) {
+                switch (curve) {
+                case 0: tv[n] = base; break;                                  /* memory bound */
+                case 1: tv[n] = base + slope * n; break;                      /* overhead + linear */
+                case 2: tv[n] = base * n; break;                              /* compute bound */
+                case 3: tv[n] = base + slope * n * n * 0.1; break;            /* convex */
+                default: tv[n] = base * (1 + (n > 8) + (n > 16)); break;      /* steps (tiles) */
+                }
+            }
+            double td = base * (0.02 + 0.5 * rndu(&st));
+            tdm_cost_model c;
+            tdm_cost_init(&c);
+            for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tdm_cost_observe_verify(&c, n, tv[n]);
+            tdm_cost_observe_draft(&c, td);
+            int kmin = 1 + (int)(rnd(&st) % 3), kmax = kmin + (int)(rnd(&st) % (TDM_CTRL_MAX_K - kmin + 1));
+            tdm_spec_ctrl ctl;
+            tdm_ctrl_init(&ctl, kmin, kmax, 0);
+            ctl.alpha = trial % 10 == 0 ? 1.0 : rndu(&st); /* 1.0 exercises the 0.999 clamp */
+            int want = brute_k(ctl.alpha, kmin, kmax, td, tv);
+            int got = tdm_ctrl_choose_k(&ctl, &c);
+            cr_assert_eq(got, want, "curve %d alpha %g k in [%d, %d]: chose %d, best %d", curve, ctl.alpha, kmin,
+                         kmax, got, want);
+            cr_assert_eq(ctl.k_last, got);
+            checked++;
+        }
+    cr_assert_eq(checked, 2000);
+}
+
+Test(controller, choose_k_with_partial_measurements) {
+    /* Only n = 2 and n = 6 measured: the choice uses the interpolated curve. */
+    tdm_cost_model c;
+    tdm_cost_init(&c);
+    tdm_cost_observe_verify(&c, 2, 0.02);
+    tdm_cost_observe_verify(&c, 6, 0.06);
+    tdm_cost_observe_draft(&c, 0.001);
+    double tv[TDM_CTRL_MAX_K + 2];
+    for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tv[n] = tdm_cost_verify(&c, n);
+    for (double a = 0.0; a <= 1.0; a += 0.05) {
+        tdm_spec_ctrl ctl;
+        tdm_ctrl_init(&ctl, 1, 12, 0);
+        ctl.alpha = a;
+        cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), brute_k(a, 1, 12, 0.001, tv), "alpha %g", a);
+    }
+    /* No measurements at all: the prior (t_draft = t_verify(1) / 4, flat verify). */
+    tdm_cost_init(&c);
+    double p1 = tdm_cost_verify(&c, 1);
+    for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tv[n] = p1;
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 12, 0);
+    int k0 = tdm_ctrl_choose_k(&ctl, &c);
+    cr_assert_eq(k0, brute_k(ctl.alpha, 1, 12, p1 / 4, tv));
+    cr_assert(k0 >= 1 && k0 <= 12);
+    cr_assert_eq(tdm_ctrl_choose_k(&ctl, NULL), k0, "NULL cost model = the prior");
+}
+
+Test(controller, k_follows_alpha_and_costs) {
+    tdm_cost_model c;
+    tdm_cost_init(&c);
+    for (int n = 1; n <= 13; n++) tdm_cost_observe_verify(&c, n, 0.010 + 0.0002 * n); /* nearly flat */
+    tdm_cost_observe_draft(&c, 0.0005);                                               /* cheap drafts */
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 12, 0);
+    uint64_t st = 3;
+    /* High acceptance: k grows to the top of the range. */
+    for (int step = 0; step < 300; step++) {
+        int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
+        while (n < k && rndu(&st) < 0.95) n++;
+        tdm_ctrl_observe(&ctl, k, n);
+    }
+    int k_high = tdm_ctrl_choose_k(&ctl, &c);
+    cr_assert_geq(k_high, 8, "alpha ~0.95 with cheap drafts should draft long chains (k = %d, alpha %g)", k_high,
+                  ctl.alpha);
+    /* Low acceptance: k shrinks to k_min. */
+    for (int step = 0; step < 300; step++) {
+        int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
+        while (n < k && rndu(&st) < 0.1) n++;
+        tdm_ctrl_observe(&ctl, k, n);
+    }
+    int k_low = tdm_ctrl_choose_k(&ctl, &c);
+    cr_assert_eq(k_low, 1, "alpha ~0.1 should draft 1 token (k = %d, alpha %g)", k_low, ctl.alpha);
+    /* k is non-increasing as alpha falls, for fixed costs. */
+    int prev = 99;
+    for (double a = 0.999; a >= 0; a -= 0.01) {
+        ctl.alpha = a;
+        int k = tdm_ctrl_choose_k(&ctl, &c);
+        cr_assert_leq(k, prev, "k rose from %d to %d as alpha fell to %g", prev, k, a);
+        prev = k;
+    }
+    /* Expensive drafts (as costly as a verify) with the same high alpha: shorter chains. */
+    tdm_cost_model dear = c;
+    dear.t_draft = 0.012;
+    ctl.alpha = 0.95;
+    int k_cheap = tdm_ctrl_choose_k(&ctl, &c), k_dear = tdm_ctrl_choose_k(&ctl, &dear);
+    cr_assert_lt(k_dear, k_cheap, "expensive drafts: k %d should be below %d", k_dear, k_cheap);
+}
+
+/* Bernoulli acceptance process: each drafted token accepted with probability a, the
+ * step stops at the first rejection. */
+static double run_alpha(double a, double ema, int fixed_k, uint64_t seed, int steps) {
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 16, 0);
+    ctl.alpha_ema = ema;
+    uint64_t st = seed;
+    double sum = 0;
+    int cnt = 0;
+    for (int s = 0; s < steps; s++) {
+        int k = fixed_k ? fixed_k : 1 + (int)(rnd(&st) % 16);
+        int n = 0;
+        while (n < k && rndu(&st) < a) n++;
+        tdm_ctrl_observe(&ctl, k, n);
+        cr_assert(ctl.alpha >= 0 && ctl.alpha <= 1);
+        if (s >= steps / 4) {
+            sum += ctl.alpha;
+            cnt++;
+        }
+    }
+    return sum / cnt;
+}
+
+Test(controller, alpha_converges_to_true_rate) {
+    const double rates[] = {0.05, 0.3, 0.6, 0.8, 0.95};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(rates); i++) {
+        double a = rates[i];
+        double m_var = run_alpha(a, 0.02, 0, 100 + i, 40000);   /* k varies per step */
+        double m_k2 = run_alpha(a, 0.02, 2, 200 + i, 40000);    /* k = 2: a per-step ratio EMA is biased here */
+        double m_k8 = run_alpha(a, 0.02, 8, 300 + i, 40000);
+        cr_assert_lt(fabs(m_var - a), 0.01, "true %g, estimate %g (k varies)", a, m_var);
+        cr_assert_lt(fabs(m_k2 - a), 0.01, "true %g, estimate %g (k = 2)", a, m_k2);
+        cr_assert_lt(fabs(m_k8 - a), 0.01, "true %g, estimate %g (k = 8)", a, m_k8);
+    }
+    /* With the default weight the estimate also tracks the rate, just more noisily. */
+    cr_assert_lt(fabs(run_alpha(0.7, 0.2, 0, 7, 20000) - 0.7), 0.03);
+}
+
+Test(controller, alpha_tracks_a_change) {
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 8, 0);
+    for (int s = 0; s < 200; s++) tdm_ctrl_observe(&ctl, 4, 4); /* everything accepted */
+    cr_assert_gt(ctl.alpha, 0.99);
+    for (int s = 0; s < 200; s++) tdm_ctrl_observe(&ctl, 4, 0); /* everything rejected */
+    cr_assert_lt(ctl.alpha, 0.01);
+    double before = ctl.alpha;
+    tdm_ctrl_observe(&ctl, 0, 0); /* nothing drafted: no information */
+    cr_assert_eq(ctl.alpha, before);
+    tdm_ctrl_observe(&ctl, 3, 7); /* n_accepted clamped to k */
+    cr_assert_gt(ctl.alpha, before);
+}
+
+Test(controller, k_fixed_and_init_clamps) {
+    tdm_cost_model c;
+    tdm_cost_init(&c);
+    for (int n = 1; n <= 13; n++) tdm_cost_observe_verify(&c, n, 0.01);
+    tdm_cost_observe_draft(&c, 0.0001);
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 12, 5);
+    for (double a = 0; a <= 1.0; a += 0.25) {
+        ctl.alpha = a;
+        cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 5, "k_fixed must be honoured (alpha %g)", a);
+        cr_assert_eq(ctl.k_last, 5);
+    }
+    for (int s = 0; s < 50; s++) tdm_ctrl_observe(&ctl, 5, 5);
+    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 5);
+    tdm_ctrl_init(&ctl, 0, 100, 0);
+    cr_assert_eq(ctl.k_min, 1);
+    cr_assert_eq(ctl.k_max, TDM_CTRL_MAX_K);
+    ctl.alpha = 1.0;
+    int k = tdm_ctrl_choose_k(&ctl, &c);
+    cr_assert(k >= 1 && k <= TDM_CTRL_MAX_K);
+    tdm_ctrl_init(&ctl, 6, 3, 0);
+    cr_assert(ctl.k_min == 6 && ctl.k_max == 6);
+    ctl.alpha = 0.0;
+    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 6, "k stays within [k_min, k_max]");
+    tdm_ctrl_init(&ctl, 2, 9, 0);
+    cr_assert_float_eq(ctl.alpha_ema, 0.2, 1e-12);
+    ctl.alpha = 0.0;
+    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2, "alpha 0: every k gives one token, the smallest is cheapest");
+}
+
+Test(controller, exact_tie_prefers_smaller_k) {
+    /* alpha 0: one token for every k; k = 1 and k = 2 cost exactly the same
+     * (1 * 0.25 + 1.0 == 2 * 0.25 + 0.75), so the smaller k must win. */
+    tdm_cost_model c;
+    tdm_cost_init(&c);
+    tdm_cost_observe_verify(&c, 2, 1.0);
+    tdm_cost_observe_verify(&c, 3, 0.75);
+    tdm_cost_observe_draft(&c, 0.25);
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 6, 0);
+    ctl.alpha = 0.0;
+    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 1);
+    tdm_ctrl_init(&ctl, 2, 6, 0); /* the same tie one step up: k = 2 vs 3 */
+    tdm_cost_observe_verify(&c, 4, 0.5);
+    ctl.alpha = 0.0;
+    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2);
+}
