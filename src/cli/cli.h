@@ -1,0 +1,108 @@
+/* cli.h - private interface between the parts of the `tandem` command-line program.
+ *
+ * Exit codes: 0 success, 1 runtime error ("error: <message>" on stderr),
+ * 2 bad command line ("error: <message>" plus the usage text on stderr).
+ */
+#ifndef TDM_CLI_H
+#define TDM_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tandem.h"
+
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_ERROR 1
+#define CLI_EXIT_USAGE 2
+
+/* Subcommands: argv[0] is the subcommand name; return the exit code. */
+int cli_generate(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_info(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+
+/* ------------------------------------------------------------ messages */
+
+void cli_usage(FILE *f);
+/* Prints "error: <msg>" and the usage text to stderr; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints "error: <msg>" to stderr; returns CLI_EXIT_ERROR. */
+int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints "error: <what>: <tandem_last_error() or the status string>"; returns
+ * CLI_EXIT_ERROR.  what may be NULL. */
+int cli_status_error(tandem_status st, const char *what);
+
+/* ------------------------------------------------------ option parsing */
+
+/* Matches argv[*i] against a short (may be NULL) and a long option name that take
+ * a value, given as "-x V", "--long V" or "--long=V".  Returns true on a match and
+ * sets *val (advancing *i past a separate value); when the value is missing it
+ * prints a usage error, sets *val = NULL and *missing = true. */
+bool cli_take(int argc, char **argv, int *i, const char *short_name, const char *long_name,
+              const char **val, bool *missing);
+/* Prints the usage error for an unknown option or a stray argument; returns
+ * CLI_EXIT_USAGE. */
+int cli_unknown_arg(const char *arg);
+/* True when argv[i] is exactly the short or the long flag (no value). */
+bool cli_opt_flag(const char *arg, const char *short_name, const char *long_name);
+/* True for -h / --help. */
+bool cli_is_help(const char *arg);
+
+/* Strict number parsing: the whole string must be consumed and the value must lie
+ * in [lo, hi]; otherwise prints a usage error naming the option and returns false.
+ * opt is the option as written (a "--name=value" form is shown as "--name").
+ * A NULL s (value missing, already reported) returns false silently. */
+bool cli_parse_int(const char *opt, const char *s, long lo, long hi, int *out);
+bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
+bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float *out);
+/* "cpu" or "cuda". */
+bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out);
+/* "auto" -> 0 (adaptive), or a fixed length 1..32. */
+bool cli_parse_spec_k(const char *opt, const char *s, int *out);
+
+/* ------------------------------------------------------- prompt files */
+
+typedef enum cli_id_kind { CLI_ID_INT, CLI_ID_NUM, CLI_ID_STR } cli_id_kind;
+
+typedef struct cli_prompt {
+    int line;                /* 1-based line in the file (0 for -p TEXT) */
+    cli_id_kind id_kind;
+    int64_t id_int;          /* CLI_ID_INT */
+    double id_num;           /* CLI_ID_NUM (a non-integral number) */
+    char *id_str;            /* CLI_ID_STR: [id_len] bytes + NUL (heap) */
+    size_t id_len;
+    char *text;              /* the prompt: [len] bytes + NUL (heap; may hold NULs) */
+    size_t len;
+    bool has_seed;
+    uint64_t seed;
+    bool has_max_tokens;
+    int max_tokens;
+    bool has_temperature;
+    float temperature;
+} cli_prompt;
+
+typedef struct cli_prompts {
+    cli_prompt *items;       /* [n] */
+    size_t n;
+} cli_prompts;
+
+/* Reads a JSON-lines prompt file.  Blank lines are skipped.  On a bad line,
+ * writes "FILE:LINE: problem" into err and returns false (nothing allocated). */
+bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t err_cap);
+/* A single prompt from -p TEXT (id 0).  False on out of memory. */
+bool cli_prompts_single(const char *text, cli_prompts *out);
+void cli_prompts_free(cli_prompts *p);
+
+/* Writes the id: as JSON (strings quoted and escaped) or as plain text. */
+void cli_prompt_write_id(FILE *f, const cli_prompt *p, bool json);
+
+/* ---------------------------------------------------------------- misc */
+
+/* Writes a finite double as a JSON number (non-finite values become 0). */
+void cli_json_num(FILE *f, double x, int decimals);
+/* Tokens per second for n tokens in ms milliseconds (0 when ms <= 0). */
+double cli_tok_per_s(double n, double ms);
+
+#endif

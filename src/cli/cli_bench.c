@@ -1,0 +1,342 @@
+/* cli_bench.c - `tandem bench`: prefill and decode speed, greedy.
+ *
+ * Two modes:
+ *  - synthetic (default): a prompt of exactly P tokens (BOS, if the model has one,
+ *    then the ids of a built-in chunk of Python source repeated as needed), run
+ *    with tandem_generate_ids R times; the median of each rate is reported.
+ *  - --prompts FILE: every prompt of the file (at most --limit), -n new tokens each;
+ *    rates aggregate a whole pass (total tokens / total time); with R > 1 passes
+ *    the median over passes is reported.
+ * Speculative statistics are summed over every run. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "json.h"
+
+static const char bench_source[] =
+    "import os\n"
+    "import sys\n"
+    "from collections import defaultdict\n"
+    "\n"
+    "\n"
+    "class LineCounter:\n"
+    "    \"\"\"Counts lines, words and characters of the files under a directory.\"\"\"\n"
+    "\n"
+    "    def __init__(self, root, extensions=(\".py\", \".txt\")):\n"
+    "        self.root = root\n"
+    "        self.extensions = tuple(extensions)\n"
+    "        self.totals = defaultdict(int)\n"
+    "\n"
+    "    def files(self):\n"
+    "        for dirpath, dirnames, filenames in os.walk(self.root):\n"
+    "            dirnames[:] = [d for d in dirnames if not d.startswith(\".\")]\n"
+    "            for name in sorted(filenames):\n"
+    "                if name.endswith(self.extensions):\n"
+    "                    yield os.path.join(dirpath, name)\n"
+    "\n"
+    "    def count(self, path):\n"
+    "        lines = words = chars = 0\n"
+    "        with open(path, encoding=\"utf-8\", errors=\"replace\") as f:\n"
+    "            for line in f:\n"
+    "                lines += 1\n"
+    "                words += len(line.split())\n"
+    "                chars += len(line)\n"
+    "        return lines, words, chars\n"
+    "\n"
+    "    def run(self):\n"
+    "        for path in self.files():\n"
+    "            lines, words, chars = self.count(path)\n"
+    "            self.totals[\"lines\"] += lines\n"
+    "            self.totals[\"words\"] += words\n"
+    "            self.totals[\"chars\"] += chars\n"
+    "            print(f\"{lines:8d} {words:8d} {chars:8d} {path}\")\n"
+    "        return dict(self.totals)\n"
+    "\n"
+    "\n"
+    "def main(argv):\n"
+    "    root = argv[1] if len(argv) > 1 else \".\"\n"
+    "    totals = LineCounter(root).run()\n"
+    "    print(\"total:\", totals.get(\"lines\", 0), \"lines\")\n"
+    "    return 0\n"
+    "\n"
+    "\n"
+    "if __name__ == \"__main__\":\n"
+    "    sys.exit(main(sys.argv))\n";
+
+typedef struct bench_opts {
+    const char *model, *draft, *prompts_file;
+    int prompt_tokens;       /* -p, default 128 */
+    int new_tokens;          /* -n, default 128 */
+    int threads;
+    tandem_backend_kind backend;
+    int spec_k, spec_k_max;
+    int reps;                /* 0 = mode default */
+    int limit;               /* 0 = all prompts */
+    bool json;
+} bench_opts;
+
+/* One measured pass. */
+typedef struct bench_run {
+    double prompt_tokens, gen_tokens, prefill_ms, decode_ms;
+} bench_run;
+
+static int parse_args(int argc, char **argv, bench_opts *o) {
+    *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU};
+    bool have_p = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        bool ok = true, missing = false;
+        if (cli_is_help(a)) {
+            cli_usage(stdout);
+            return CLI_EXIT_OK;
+        }
+#define TAKE(s, l) cli_take(argc, argv, &i, (s), (l), &v, &missing)
+        if (cli_opt_flag(a, NULL, "--json")) o->json = true;
+        else if (TAKE("-m", "--model")) o->model = v;
+        else if (TAKE("-d", "--draft")) o->draft = v;
+        else if (TAKE(NULL, "--prompts")) o->prompts_file = v;
+        else if (TAKE("-p", "--prompt-tokens")) {
+            ok = cli_parse_int(a, v, 1, 1 << 20, &o->prompt_tokens);
+            have_p = true;
+        } else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 1, 1 << 20, &o->new_tokens);
+        else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, 4096, &o->threads);
+        else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
+        else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
+        else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, 32, &o->spec_k_max);
+        else if (TAKE(NULL, "--reps")) ok = cli_parse_int(a, v, 1, 10000, &o->reps);
+        else if (TAKE(NULL, "--limit")) ok = cli_parse_int(a, v, 1, 1 << 30, &o->limit);
+        else return cli_unknown_arg(a);
+#undef TAKE
+        if (missing || !ok) return CLI_EXIT_USAGE;
+    }
+    if (!o->model) return cli_usage_error("missing required option -m MODEL");
+    if (have_p && o->prompts_file) return cli_usage_error("give either -p or --prompts, not both");
+    if (o->reps == 0) o->reps = o->prompts_file ? 1 : 5;
+    return -1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Builds the synthetic prompt: [n] ids.  *out is malloc'ed. */
+static tandem_status build_prompt(const tandem_model *m, int n, int32_t **out) {
+    *out = NULL;
+    tandem_model_info info;
+    tandem_status s = tandem_model_get_info(m, &info);
+    if (s != TANDEM_OK) return s;
+    int32_t *chunk = NULL;
+    size_t n_chunk = 0;
+    s = tandem_tokenize(m, bench_source, sizeof bench_source - 1, false, &chunk, &n_chunk);
+    if (s != TANDEM_OK) return s;
+    int32_t *ids = malloc((size_t)n * sizeof *ids);
+    if (!ids || n_chunk == 0) {
+        free(ids);
+        tandem_free(chunk);
+        return ids ? TANDEM_ERR_INTERNAL : TANDEM_ERR_NOMEM;
+    }
+    int k = 0;
+    if (info.bos >= 0) ids[k++] = info.bos;
+    for (size_t j = 0; k < n; j = (j + 1) % n_chunk) ids[k++] = chunk[j];
+    tandem_free(chunk);
+    *out = ids;
+    return TANDEM_OK;
+}
+
+static void add_spec(tandem_spec_stats *acc, const tandem_spec_stats *s) {
+    acc->steps += s->steps;
+    acc->drafted += s->drafted;
+    acc->accepted += s->accepted;
+    acc->k_final = s->k_final;
+}
+
+/* Runs one generation and adds it to run / spec. */
+static tandem_status run_one(tandem_engine *eng, const int32_t *ids, size_t n_ids,
+                             const char *text, const tandem_generate_params *gp, bench_run *run,
+                             tandem_spec_stats *spec) {
+    tandem_result r;
+    memset(&r, 0, sizeof r);
+    tandem_status s = ids ? tandem_generate_ids(eng, ids, n_ids, gp, &r)
+                          : tandem_generate(eng, text, gp, &r);
+    if (s == TANDEM_OK) {
+        run->prompt_tokens += (double)r.n_prompt_tokens;
+        run->gen_tokens += (double)r.n_tokens;
+        run->prefill_ms += r.prefill_ms;
+        run->decode_ms += r.decode_ms;
+        if (spec) add_spec(spec, &r.spec);
+    }
+    tandem_result_free(&r);
+    return s;
+}
+
+static void print_report(const bench_opts *o, int threads, const bench_run *last, size_t n_prompts,
+                         double prefill_tps, double decode_tps, const tandem_spec_stats *spec) {
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    getrusage(RUSAGE_SELF, &ru);
+    double rss_mb = (double)ru.ru_maxrss / 1024.0;
+    double acc_rate = spec->drafted ? (double)spec->accepted / (double)spec->drafted : 0.0;
+    double mean_acc = spec->steps ? (double)spec->accepted / (double)spec->steps : 0.0;
+    if (o->json) {
+        fputs("{\"model\": ", stdout);
+        tdm_json_write_str(stdout, o->model, strlen(o->model));
+        fputs(", \"draft\": ", stdout);
+        if (o->draft)
+            tdm_json_write_str(stdout, o->draft, strlen(o->draft));
+        else
+            fputs("null", stdout);
+        printf(", \"threads\": %d, \"backend\": \"%s\", \"prompt_tokens\": %.0f, "
+               "\"new_tokens\": %d, \"generated_tokens\": %.0f",
+               threads, o->backend == TANDEM_BACKEND_CUDA ? "cuda" : "cpu", last->prompt_tokens,
+               o->new_tokens, last->gen_tokens);
+        if (o->prompts_file) printf(", \"n_prompts\": %zu", n_prompts);
+        fputs(", \"prefill_tok_s\": ", stdout);
+        cli_json_num(stdout, prefill_tps, 2);
+        fputs(", \"decode_tok_s\": ", stdout);
+        cli_json_num(stdout, decode_tps, 2);
+        fputs(", \"peak_rss_mb\": ", stdout);
+        cli_json_num(stdout, rss_mb, 1);
+        printf(", \"reps\": %d", o->reps);
+        if (o->draft) {
+            printf(", \"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, "
+                   "\"acceptance_rate\": ",
+                   (unsigned long long)spec->steps, (unsigned long long)spec->drafted,
+                   (unsigned long long)spec->accepted);
+            cli_json_num(stdout, acc_rate, 4);
+            fputs(", \"mean_accepted\": ", stdout);
+            cli_json_num(stdout, mean_acc, 4);
+            printf(", \"k_final\": %d}", spec->k_final);
+        }
+        fputs("}\n", stdout);
+    } else {
+        printf("model:    %s\n", o->model);
+        if (o->draft) printf("draft:    %s\n", o->draft);
+        printf("backend:  %s, %d threads\n", o->backend == TANDEM_BACKEND_CUDA ? "cuda" : "cpu",
+               threads);
+        if (o->prompts_file)
+            printf("prompts:  %zu from %s: %.0f prompt tokens, %.0f generated tokens per pass "
+                   "(-n %d)\n",
+                   n_prompts, o->prompts_file, last->prompt_tokens, last->gen_tokens,
+                   o->new_tokens);
+        else
+            printf("prompt:   %d tokens (synthetic), %d new tokens (%.0f generated)\n",
+                   o->prompt_tokens, o->new_tokens, last->gen_tokens);
+        printf("reps:     %d (median)\n", o->reps);
+        printf("prefill:  %.1f tok/s\n", prefill_tps);
+        printf("decode:   %.1f tok/s\n", decode_tps);
+        if (o->draft)
+            printf("spec:     acceptance %.3f, mean accepted %.2f/step, %llu steps, k_final %d\n",
+                   acc_rate, mean_acc, (unsigned long long)spec->steps, spec->k_final);
+        printf("peak RSS: %.1f MB\n", rss_mb);
+    }
+    fflush(stdout);
+}
+
+int cli_bench(int argc, char **argv) {
+    bench_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) return rc;
+
+    cli_prompts prompts = {0};
+    if (o.prompts_file) {
+        char err[512];
+        if (!cli_prompts_read(o.prompts_file, &prompts, err, sizeof err)) return cli_error("%s", err);
+        if (o.limit > 0 && prompts.n > (size_t)o.limit) {
+            for (size_t i = (size_t)o.limit; i < prompts.n; i++) {
+                free(prompts.items[i].text);
+                free(prompts.items[i].id_str);
+            }
+            prompts.n = (size_t)o.limit;
+        }
+        for (size_t i = 0; i < prompts.n; i++)
+            if (memchr(prompts.items[i].text, '\0', prompts.items[i].len)) {
+                cli_prompts_free(&prompts);
+                return cli_error("%s:%d: the prompt contains a NUL character", o.prompts_file,
+                                 prompts.items[i].line);
+            }
+    }
+
+    tandem_model *target = NULL, *draft = NULL;
+    tandem_engine *eng = NULL;
+    int32_t *ids = NULL;
+    double *prefill_v = calloc((size_t)o.reps, sizeof *prefill_v);
+    double *decode_v = calloc((size_t)o.reps, sizeof *decode_v);
+    tandem_status s = TANDEM_OK;
+    if (!prefill_v || !decode_v) {
+        rc = cli_error("out of memory");
+        goto done;
+    }
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = o.backend;
+    if ((s = tandem_model_open(o.model, &mp, &target)) != TANDEM_OK) goto fail;
+    if (o.draft && (s = tandem_model_open(o.draft, &mp, &draft)) != TANDEM_OK) goto fail;
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = o.threads;
+    if ((s = tandem_engine_open(target, draft, &ep, &eng)) != TANDEM_OK) goto fail;
+    if (!o.prompts_file && (s = build_prompt(target, o.prompt_tokens, &ids)) != TANDEM_OK) goto fail;
+
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = o.new_tokens;
+    gp.temperature = 0; /* greedy */
+    gp.spec_k = o.spec_k;
+    if (o.spec_k_max > 0) gp.spec_k_max = o.spec_k_max;
+    if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
+
+    /* Warm-up (not measured): touches the weights and the KV cache once. */
+    {
+        bench_run warm = {0};
+        tandem_generate_params wp = gp;
+        wp.max_tokens = gp.max_tokens < 8 ? gp.max_tokens : 8;
+        if (ids)
+            s = run_one(eng, ids, (size_t)o.prompt_tokens, NULL, &wp, &warm, NULL);
+        else
+            s = run_one(eng, NULL, 0, prompts.items[0].text, &wp, &warm, NULL);
+        if (s != TANDEM_OK) goto fail;
+    }
+
+    tandem_spec_stats spec;
+    memset(&spec, 0, sizeof spec);
+    bench_run run = {0};
+    for (int rep = 0; rep < o.reps; rep++) {
+        memset(&run, 0, sizeof run);
+        if (ids) {
+            s = run_one(eng, ids, (size_t)o.prompt_tokens, NULL, &gp, &run, &spec);
+        } else {
+            for (size_t i = 0; i < prompts.n && s == TANDEM_OK; i++)
+                s = run_one(eng, NULL, 0, prompts.items[i].text, &gp, &run, &spec);
+        }
+        if (s != TANDEM_OK) goto fail;
+        prefill_v[rep] = cli_tok_per_s(run.prompt_tokens, run.prefill_ms);
+        decode_v[rep] = cli_tok_per_s(run.gen_tokens, run.decode_ms);
+    }
+    int threads = o.threads;
+    if (threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = nc > 0 ? (int)nc : 1;
+    }
+    print_report(&o, threads, &run, prompts.n, median(prefill_v, o.reps), median(decode_v, o.reps),
+                 &spec);
+    rc = CLI_EXIT_OK;
+    goto done;
+
+fail:
+    rc = cli_status_error(s, NULL);
+done:
+    free(ids);
+    free(prefill_v);
+    free(decode_v);
+    tandem_engine_close(eng);
+    tandem_model_close(draft);
+    tandem_model_close(target);
+    cli_prompts_free(&prompts);
+    return rc;
+}

@@ -1,0 +1,231 @@
+/* cli_generate.c - `tandem generate`: completions of one prompt or a prompt file,
+ * streamed as text or written as JSON lines. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "json.h"
+
+typedef struct gen_opts {
+    const char *model, *draft, *prompt, *prompts_file;
+    int max_tokens;          /* default 128 */
+    float temp, top_p, min_p, p_min;
+    int top_k;
+    uint64_t seed;
+    int threads;             /* 0 = all cores */
+    tandem_backend_kind backend;
+    int spec_k;              /* 0 = adaptive */
+    int spec_k_max;          /* 0 = library default */
+    bool json;
+} gen_opts;
+
+/* Streaming state for the on_token callback. */
+typedef struct stream_state {
+    size_t written;          /* bytes of text written so far for this prompt */
+} stream_state;
+
+static bool on_token_print(int32_t token, const char *text, size_t len, void *user) {
+    (void)token;
+    stream_state *st = user;
+    if (len > 0) fwrite(text, 1, len, stdout);
+    fflush(stdout);
+    st->written += len;
+    return true;
+}
+
+/* Returns -1 to go on, else an exit code. */
+static int parse_args(int argc, char **argv, gen_opts *o) {
+    tandem_generate_params d = tandem_generate_default_params();
+    *o = (gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
+                    .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
+                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        bool ok = true, missing = false;
+        if (cli_is_help(a)) {
+            cli_usage(stdout);
+            return CLI_EXIT_OK;
+        }
+#define TAKE(s, l) cli_take(argc, argv, &i, (s), (l), &v, &missing)
+        if (cli_opt_flag(a, NULL, "--json")) o->json = true;
+        else if (TAKE("-m", "--model")) o->model = v;
+        else if (TAKE("-d", "--draft")) o->draft = v;
+        else if (TAKE("-p", "--prompt")) o->prompt = v;
+        else if (TAKE(NULL, "--prompts")) o->prompts_file = v;
+        else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 0, 1 << 30, &o->max_tokens);
+        else if (TAKE(NULL, "--temp")) ok = cli_parse_float(a, v, 0, 1e6, &o->temp);
+        else if (TAKE(NULL, "--top-k")) ok = cli_parse_int(a, v, 0, 1 << 30, &o->top_k);
+        else if (TAKE(NULL, "--top-p")) ok = cli_parse_float(a, v, 0, 1, &o->top_p);
+        else if (TAKE(NULL, "--min-p")) ok = cli_parse_float(a, v, 0, 1, &o->min_p);
+        else if (TAKE(NULL, "--seed")) ok = cli_parse_u64(a, v, &o->seed);
+        else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, 4096, &o->threads);
+        else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
+        else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
+        else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, 32, &o->spec_k_max);
+        else if (TAKE(NULL, "--p-min")) ok = cli_parse_float(a, v, 0, 1, &o->p_min);
+        else return cli_unknown_arg(a);
+#undef TAKE
+        if (missing || !ok) return CLI_EXIT_USAGE;
+    }
+    if (!o->model) return cli_usage_error("missing required option -m MODEL");
+    if (o->prompt && o->prompts_file) return cli_usage_error("give either -p or --prompts, not both");
+    if (!o->prompt && !o->prompts_file) return cli_usage_error("missing -p TEXT or --prompts FILE");
+    return -1;
+}
+
+static void print_json_result(const cli_prompt *p, const tandem_result *r, bool has_draft) {
+    fputs("{\"id\": ", stdout);
+    cli_prompt_write_id(stdout, p, true);
+    fputs(", \"text\": ", stdout);
+    tdm_json_write_str(stdout, r->text ? r->text : "", r->text ? strlen(r->text) : 0);
+    fputs(", \"tokens\": [", stdout);
+    for (size_t i = 0; i < r->n_tokens; i++) printf(i ? ", %d" : "%d", (int)r->tokens[i]);
+    printf("], \"finish_reason\": ");
+    const char *fr = tandem_finish_reason_str(r->finish_reason);
+    tdm_json_write_str(stdout, fr ? fr : "none", fr ? strlen(fr) : 4);
+    printf(", \"prompt_tokens\": %zu, \"timings\": {\"prefill_ms\": ", r->n_prompt_tokens);
+    cli_json_num(stdout, r->prefill_ms, 3);
+    fputs(", \"decode_ms\": ", stdout);
+    cli_json_num(stdout, r->decode_ms, 3);
+    fputs(", \"decode_tok_per_s\": ", stdout);
+    cli_json_num(stdout, cli_tok_per_s((double)r->n_tokens, r->decode_ms), 2);
+    fputc('}', stdout);
+    if (has_draft) {
+        const tandem_spec_stats *s = &r->spec;
+        printf(", \"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, "
+               "\"acceptance_rate\": ",
+               (unsigned long long)s->steps, (unsigned long long)s->drafted,
+               (unsigned long long)s->accepted);
+        cli_json_num(stdout, s->acceptance_rate, 4);
+        fputs(", \"mean_accepted\": ", stdout);
+        cli_json_num(stdout, s->mean_accepted, 4);
+        printf(", \"k_final\": %d}", s->k_final);
+    }
+    fputs("}\n", stdout);
+    fflush(stdout);
+}
+
+static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool has_draft) {
+    fputs("[id ", stderr);
+    cli_prompt_write_id(stderr, p, false);
+    fprintf(stderr,
+            "] %zu tokens, prompt %zu tokens: prefill %.1f ms (%.0f tok/s), "
+            "decode %.1f ms (%.0f tok/s)",
+            r->n_tokens, r->n_prompt_tokens, r->prefill_ms,
+            cli_tok_per_s((double)r->n_prompt_tokens, r->prefill_ms), r->decode_ms,
+            cli_tok_per_s((double)r->n_tokens, r->decode_ms));
+    if (has_draft)
+        fprintf(stderr, " spec: acceptance %.2f, mean accepted %.1f/step, k=%d",
+                r->spec.acceptance_rate, r->spec.mean_accepted, r->spec.k_final);
+    fputc('\n', stderr);
+}
+
+/* Runs one prompt; returns a tandem_status (the error is left in tandem_last_error). */
+static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
+                                const gen_opts *o, const cli_prompt *p, tandem_result *res) {
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = p->has_max_tokens ? p->max_tokens : o->max_tokens;
+    gp.temperature = p->has_temperature ? p->temperature : o->temp;
+    gp.seed = p->has_seed ? p->seed : o->seed;
+    gp.top_k = o->top_k;
+    gp.top_p = o->top_p;
+    gp.min_p = o->min_p;
+    gp.spec_k = o->spec_k;
+    if (o->spec_k_max > 0) gp.spec_k_max = o->spec_k_max;
+    if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
+    gp.spec_p_min = o->p_min;
+    stream_state st = {0};
+    if (!o->json) {
+        gp.on_token = on_token_print;
+        gp.user_data = &st;
+    }
+    memset(res, 0, sizeof *res);
+    tandem_status s;
+    if (memchr(p->text, '\0', p->len) == NULL) {
+        s = tandem_generate(eng, p->text, &gp, res);
+    } else {
+        /* The prompt holds NUL bytes: tokenize it with its length (BOS as the
+         * model asks), then generate from the ids. */
+        int32_t *ids = NULL;
+        size_t n = 0;
+        s = tandem_tokenize(target, p->text, p->len, true, &ids, &n);
+        if (s == TANDEM_OK) s = tandem_generate_ids(eng, ids, n, &gp, res);
+        tandem_free(ids);
+    }
+    if (s != TANDEM_OK && st.written > 0) {
+        fputc('\n', stdout); /* end the partial line */
+        fflush(stdout);
+    }
+    if (s == TANDEM_OK && !o->json) {
+        /* Write what the stream did not (e.g. a held-back incomplete character). */
+        size_t tl = res->text ? strlen(res->text) : 0;
+        if (st.written < tl) fwrite(res->text + st.written, 1, tl - st.written, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+    }
+    return s;
+}
+
+int cli_generate(int argc, char **argv) {
+    gen_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc >= 0) return rc;
+
+    cli_prompts prompts = {0};
+    if (o.prompts_file) {
+        char err[512];
+        if (!cli_prompts_read(o.prompts_file, &prompts, err, sizeof err)) return cli_error("%s", err);
+    } else if (!cli_prompts_single(o.prompt, &prompts)) {
+        return cli_error("out of memory");
+    }
+
+    tandem_model *target = NULL, *draft = NULL;
+    tandem_engine *eng = NULL;
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = o.backend;
+    tandem_status s = tandem_model_open(o.model, &mp, &target);
+    if (s != TANDEM_OK) {
+        rc = cli_status_error(s, NULL);
+        goto done;
+    }
+    if (o.draft) {
+        s = tandem_model_open(o.draft, &mp, &draft);
+        if (s != TANDEM_OK) {
+            rc = cli_status_error(s, NULL);
+            goto done;
+        }
+    }
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = o.threads;
+    s = tandem_engine_open(target, draft, &ep, &eng);
+    if (s != TANDEM_OK) {
+        rc = cli_status_error(s, NULL);
+        goto done;
+    }
+
+    rc = CLI_EXIT_OK;
+    for (size_t i = 0; i < prompts.n; i++) {
+        const cli_prompt *p = &prompts.items[i];
+        tandem_result res;
+        s = run_prompt(eng, target, &o, p, &res);
+        if (s != TANDEM_OK) {
+            char what[512];
+            snprintf(what, sizeof what, "%s:%d", o.prompts_file ? o.prompts_file : "", p->line);
+            rc = cli_status_error(s, p->line > 0 ? what : NULL);
+            tandem_result_free(&res);
+            break;
+        }
+        if (o.json)
+            print_json_result(p, &res, draft != NULL);
+        else
+            print_speed_line(p, &res, draft != NULL);
+        tandem_result_free(&res);
+    }
+
+done:
+    tandem_engine_close(eng);
+    tandem_model_close(draft);
+    tandem_model_close(target);
+    cli_prompts_free(&prompts);
+    return rc;
+}

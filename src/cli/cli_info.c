@@ -1,0 +1,99 @@
+/* cli_info.c - `tandem info MODEL`: the GGUF header, every metadata pair, a tensor
+ * table and totals.  Reads the file with the GGUF parser directly (no model load). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "common.h"
+#include "dtype.h"
+#include "gguf.h"
+
+#define INFO_MAX_ARRAY_ELEMS 8
+
+static void print_type(const tdm_gguf_value *v) {
+    if (v->type == TDM_GGUF_ARRAY)
+        printf("array[%s]", tdm_gguf_type_name(v->v.arr.type));
+    else
+        fputs(tdm_gguf_type_name(v->type), stdout);
+}
+
+static void print_shape(const tdm_gguf_tensor *t, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (uint32_t d = 0; d < t->n_dims && k < cap; d++) {
+        int w = snprintf(buf + k, cap - k, "%s%lld", d ? ", " : "[", (long long)t->ne[d]);
+        if (w < 0) break;
+        k += (size_t)w;
+    }
+    if (k < cap) snprintf(buf + k, cap - k, "]");
+}
+
+int cli_info(int argc, char **argv) {
+    const char *path = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        bool missing = false;
+        if (cli_is_help(a)) {
+            cli_usage(stdout);
+            return CLI_EXIT_OK;
+        }
+        if (cli_take(argc, argv, &i, "-m", "--model", &v, &missing)) {
+            if (missing) return CLI_EXIT_USAGE;
+        } else if (a[0] == '-' && a[1] != '\0') {
+            return cli_unknown_arg(a);
+        } else {
+            v = a;
+        }
+        if (path) return cli_usage_error("info takes one model file");
+        path = v;
+    }
+    if (!path) return cli_usage_error("missing model file (tandem info MODEL)");
+
+    tdm_gguf *g = NULL;
+    tdm_err err = {0};
+    tandem_status s = tdm_gguf_open(path, &g, &err);
+    if (s != TANDEM_OK) {
+        const char *msg = err.msg[0] ? err.msg : tandem_status_str(s);
+        if (strstr(msg, path)) return cli_error("%s", msg);
+        return cli_error("%s: %s", path, msg);
+    }
+
+    printf("file: %s\n", path);
+    printf("GGUF version: %u\n", g->version);
+    printf("alignment: %llu\n", (unsigned long long)g->alignment);
+    printf("metadata: %llu keys\n", (unsigned long long)g->n_kv);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const tdm_gguf_kv *kv = &g->kv[i];
+        printf("  %s: ", kv->key);
+        print_type(&kv->value);
+        fputs(" = ", stdout);
+        tdm_gguf_value_print(&kv->value, stdout, INFO_MAX_ARRAY_ELEMS);
+        fputc('\n', stdout);
+    }
+
+    size_t name_w = 4;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        size_t n = strlen(g->tensors[i].name);
+        if (n > name_w) name_w = n;
+    }
+    if (name_w > 64) name_w = 64;
+    printf("tensors: %llu\n", (unsigned long long)g->n_tensors);
+    printf("  %-*s  %-6s  %-24s  %s\n", (int)name_w, "name", "type", "shape", "bytes");
+    uint64_t n_params = 0, n_bytes = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tdm_gguf_tensor *t = &g->tensors[i];
+        char shape[128];
+        print_shape(t, shape, sizeof shape);
+        printf("  %-*s  %-6s  %-24s  %llu\n", (int)name_w, t->name, tdm_dtype_name(t->type),
+               shape, (unsigned long long)t->nbytes);
+        uint64_t ne = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) ne *= (uint64_t)t->ne[d];
+        n_params += ne;
+        n_bytes += t->nbytes;
+    }
+    printf("total: %llu tensors, %llu parameters, %llu bytes (%.2f MiB)\n",
+           (unsigned long long)g->n_tensors, (unsigned long long)n_params,
+           (unsigned long long)n_bytes, (double)n_bytes / (1024.0 * 1024.0));
+    tdm_gguf_close(g);
+    return CLI_EXIT_OK;
+}

@@ -1,0 +1,84 @@
+/* cli_tokenize.c - `tandem tokenize`: prints the token ids of a text (from --text or
+ * all of stdin) as a JSON array on one line. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/* Reads all of stdin into a heap buffer (NUL-terminated; may hold NULs). */
+static bool read_stdin(char **out, size_t *out_len) {
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return false;
+    for (;;) {
+        if (len + 1 >= cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                return false;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + len, 1, cap - len - 1, stdin);
+        len += r;
+        if (r == 0) break;
+    }
+    if (ferror(stdin)) {
+        free(buf);
+        return false;
+    }
+    buf[len] = 0;
+    *out = buf;
+    *out_len = len;
+    return true;
+}
+
+int cli_tokenize(int argc, char **argv) {
+    const char *model_path = NULL, *text = NULL;
+    bool add_bos = true;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        bool missing = false;
+        if (cli_is_help(a)) {
+            cli_usage(stdout);
+            return CLI_EXIT_OK;
+        }
+#define TAKE(s, l) cli_take(argc, argv, &i, (s), (l), &v, &missing)
+        if (cli_opt_flag(a, NULL, "--no-bos")) add_bos = false;
+        else if (TAKE("-m", "--model")) model_path = v;
+        else if (TAKE(NULL, "--text")) text = v;
+        else return cli_unknown_arg(a);
+#undef TAKE
+        if (missing) return CLI_EXIT_USAGE;
+    }
+    if (!model_path) return cli_usage_error("missing required option -m MODEL");
+
+    char *buf = NULL;
+    size_t len = 0;
+    if (text) {
+        len = strlen(text);
+    } else {
+        if (!read_stdin(&buf, &len)) return cli_error("cannot read standard input");
+        text = buf;
+    }
+
+    int rc = CLI_EXIT_OK;
+    tandem_model *model = NULL;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    tandem_model_params mp = tandem_model_default_params();
+    tandem_status s = tandem_model_open(model_path, &mp, &model);
+    if (s == TANDEM_OK) s = tandem_tokenize(model, text, len, add_bos, &ids, &n);
+    if (s != TANDEM_OK) {
+        rc = cli_status_error(s, NULL);
+    } else {
+        fputc('[', stdout);
+        for (size_t i = 0; i < n; i++) printf(i ? ", %d" : "%d", (int)ids[i]);
+        fputs("]\n", stdout);
+    }
+    tandem_free(ids);
+    tandem_model_close(model);
+    free(buf);
+    return rc;
+}

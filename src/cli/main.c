@@ -1,0 +1,239 @@
+/* main.c - the `tandem` program: subcommand dispatch, usage text, and the option
+ * parsing helpers shared by the subcommands. */
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char usage_text[] =
+    "usage: tandem <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  generate   generate completions (optionally with speculative decoding)\n"
+    "  tokenize   print the token ids of a text\n"
+    "  info       describe a GGUF file (metadata and tensors)\n"
+    "  bench      measure prefill and decode speed\n"
+    "  help       print this text\n"
+    "\n"
+    "tandem generate -m MODEL [-d DRAFT] (-p TEXT | --prompts FILE.jsonl) [options]\n"
+    "  -m, --model FILE      target model (GGUF)\n"
+    "  -d, --draft FILE      draft model for speculative decoding\n"
+    "  -p, --prompt TEXT     prompt text (id 0)\n"
+    "      --prompts FILE    JSON lines: {\"id\", \"prompt\"[, \"seed\", \"max_tokens\", \"temperature\"]}\n"
+    "  -n, --max-tokens N    new tokens at most (default 128)\n"
+    "      --temp T          temperature, 0 = greedy (default 0)\n"
+    "      --top-k K         top-k filter, 0 = off (default 0)\n"
+    "      --top-p P         nucleus filter, 1 = off (default 1)\n"
+    "      --min-p P         min-p filter, 0 = off (default 0)\n"
+    "      --seed S          sampling seed (default 0)\n"
+    "  -t, --threads N       CPU threads, 0 = all cores (default 0)\n"
+    "      --backend B       cpu or cuda (default cpu)\n"
+    "      --spec-k N|auto   draft tokens per step, auto = adaptive (default auto)\n"
+    "      --spec-k-max N    adaptive upper bound (default 12)\n"
+    "      --p-min P         stop drafting below this draft probability (default 0)\n"
+    "      --json            one JSON object per prompt on stdout\n"
+    "\n"
+    "tandem tokenize -m MODEL [--no-bos] [--text TEXT]\n"
+    "  reads stdin when --text is not given; prints the ids as a JSON array\n"
+    "\n"
+    "tandem info MODEL\n"
+    "\n"
+    "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
+    "             [-n N] [--threads N] [--backend B] [--spec-k N|auto] [--spec-k-max N]\n"
+    "             [--reps R] [--json]\n"
+    "  -p N                  synthetic prompt length in tokens (default 128)\n"
+    "  -n N                  new tokens per run (default 128)\n"
+    "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
+    "      --limit L         use at most L prompts of the file\n"
+    "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
+    "      --json            print one JSON object\n"
+    "\n"
+    "tandem --version | --help\n";
+
+void cli_usage(FILE *f) { fputs(usage_text, f); }
+
+int cli_usage_error(const char *fmt, ...) {
+    fputs("error: ", stderr);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs("\n\n", stderr);
+    cli_usage(stderr);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_error(const char *fmt, ...) {
+    fputs("error: ", stderr);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return CLI_EXIT_ERROR;
+}
+
+int cli_status_error(tandem_status st, const char *what) {
+    const char *msg = tandem_last_error();
+    if (!msg || !*msg) msg = tandem_status_str(st);
+    if (!msg) msg = "unknown error";
+    if (what)
+        return cli_error("%s: %s", what, msg);
+    return cli_error("%s", msg);
+}
+
+bool cli_take(int argc, char **argv, int *i, const char *short_name, const char *long_name,
+              const char **val, bool *missing) {
+    const char *a = argv[*i];
+    const char *name = NULL;
+    if (short_name && strcmp(a, short_name) == 0) name = short_name;
+    if (long_name && strcmp(a, long_name) == 0) name = long_name;
+    if (name) {
+        if (*i + 1 >= argc) {
+            cli_usage_error("option %s needs a value", name);
+            *val = NULL;
+            *missing = true;
+            return true;
+        }
+        *i += 1;
+        *val = argv[*i];
+        return true;
+    }
+    if (long_name) {
+        size_t n = strlen(long_name);
+        if (strncmp(a, long_name, n) == 0 && a[n] == '=') {
+            *val = a + n + 1;
+            return true;
+        }
+    }
+    return false;
+}
+
+int cli_unknown_arg(const char *arg) {
+    if (arg[0] == '-' && arg[1] != '\0') return cli_usage_error("unknown option '%s'", arg);
+    return cli_usage_error("unexpected argument '%s'", arg);
+}
+
+/* The length of the option name in "--name" or "--name=value". */
+static int opt_len(const char *opt) { return (int)strcspn(opt, "="); }
+
+bool cli_opt_flag(const char *arg, const char *short_name, const char *long_name) {
+    return (short_name && strcmp(arg, short_name) == 0) ||
+           (long_name && strcmp(arg, long_name) == 0);
+}
+
+bool cli_is_help(const char *arg) { return cli_opt_flag(arg, "-h", "--help"); }
+
+bool cli_parse_int(const char *opt, const char *s, long lo, long hi, int *out) {
+    if (!s) return false;
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    /* strtol skips leading blanks: demand a sign or a digit first. */
+    if (!(isdigit((unsigned char)*s) || *s == '-' || *s == '+') || end == s || *end != '\0' ||
+        errno == ERANGE) {
+        cli_usage_error("option %.*s: '%s' is not an integer", opt_len(opt), opt, s);
+        return false;
+    }
+    if (v < lo || v > hi || v < INT_MIN || v > INT_MAX) {
+        cli_usage_error("option %.*s: %ld is out of range [%ld, %ld]", opt_len(opt), opt, v, lo, hi);
+        return false;
+    }
+    *out = (int)v;
+    return true;
+}
+
+bool cli_parse_u64(const char *opt, const char *s, uint64_t *out) {
+    if (!s) return false;
+    char *end = NULL;
+    errno = 0;
+    if (*s < '0' || *s > '9') { /* rejects '-', '+', spaces and "" */
+        cli_usage_error("option %.*s: '%s' is not a non-negative integer", opt_len(opt), opt, s);
+        return false;
+    }
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*end != '\0' || errno == ERANGE) {
+        cli_usage_error("option %.*s: '%s' is not a non-negative 64-bit integer", opt_len(opt), opt, s);
+        return false;
+    }
+    *out = (uint64_t)v;
+    return true;
+}
+
+bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float *out) {
+    if (!s) return false;
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!(isdigit((unsigned char)*s) || *s == '-' || *s == '+' || *s == '.') || end == s ||
+        *end != '\0' || errno == ERANGE || !isfinite(v)) {
+        cli_usage_error("option %.*s: '%s' is not a number", opt_len(opt), opt, s);
+        return false;
+    }
+    if (v < lo || v > hi) {
+        cli_usage_error("option %.*s: %g is out of range [%g, %g]", opt_len(opt), opt, v, lo, hi);
+        return false;
+    }
+    *out = (float)v;
+    return true;
+}
+
+bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out) {
+    if (!s) return false;
+    if (strcmp(s, "cpu") == 0) {
+        *out = TANDEM_BACKEND_CPU;
+        return true;
+    }
+    if (strcmp(s, "cuda") == 0) {
+        *out = TANDEM_BACKEND_CUDA;
+        return true;
+    }
+    cli_usage_error("option %.*s: unknown backend '%s' (expected cpu or cuda)", opt_len(opt), opt, s);
+    return false;
+}
+
+bool cli_parse_spec_k(const char *opt, const char *s, int *out) {
+    if (!s) return false;
+    if (strcmp(s, "auto") == 0) {
+        *out = 0;
+        return true;
+    }
+    return cli_parse_int(opt, s, 1, 32, out);
+}
+
+void cli_json_num(FILE *f, double x, int decimals) {
+    if (!isfinite(x)) x = 0;
+    fprintf(f, "%.*f", decimals, x);
+}
+
+double cli_tok_per_s(double n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; }
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        fputs("error: missing command\n\n", stderr);
+        cli_usage(stderr);
+        return CLI_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "help") == 0 || cli_is_help(cmd)) {
+        cli_usage(stdout);
+        return CLI_EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0 || strcmp(cmd, "version") == 0) {
+        printf("tandem %s\n", TANDEM_VERSION);
+        return CLI_EXIT_OK;
+    }
+    int sub_argc = argc - 1;
+    char **sub_argv = argv + 1;
+    if (strcmp(cmd, "generate") == 0) return cli_generate(sub_argc, sub_argv);
+    if (strcmp(cmd, "tokenize") == 0) return cli_tokenize(sub_argc, sub_argv);
+    if (strcmp(cmd, "info") == 0) return cli_info(sub_argc, sub_argv);
+    if (strcmp(cmd, "bench") == 0) return cli_bench(sub_argc, sub_argv);
+    return cli_usage_error("unknown command '%s'", cmd);
+}

@@ -1,0 +1,327 @@
+#!/usr/bin/env bash
+# test_cli.sh - end-to-end checks of the `tandem` command line.
+#
+# usage: tests/test_cli.sh path/to/tandem
+# Uses $TDM_MODELS and $TDM_TEST_DATA when set (meson sets both), else the
+# models/ and tests/data/ directories next to this script.  Needs python3.
+# Exit status 0 when every check passes, 1 otherwise.
+set -u
+
+TANDEM=${1:?usage: test_cli.sh path/to/tandem}
+HERE=$(cd "$(dirname "$0")" && pwd)
+MODELS=${TDM_MODELS:-$HERE/../models}
+DATA=${TDM_TEST_DATA:-$HERE/data}
+TARGET=$MODELS/pycode-target-f16.gguf
+DRAFT=$MODELS/pycode-draft-s-f16.gguf
+export TANDEM TARGET DRAFT DATA
+
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/tandem-cli-test.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+
+n_fail=0
+n_pass=0
+pass() { n_pass=$((n_pass + 1)); echo "ok   - $1"; }
+fail() { n_fail=$((n_fail + 1)); echo "FAIL - $1"; }
+
+# expect_exit CODE DESCRIPTION CMD... : runs CMD, checks its exit status and, for a
+# non-zero CODE, that stderr starts with "error:" and stdout stays empty.
+expect_exit() {
+    local want=$1 desc=$2
+    shift 2
+    "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    local got=$?
+    if [ "$got" -ne "$want" ]; then
+        fail "$desc: exit $got, expected $want (stderr: $(head -c 300 "$TMP/err"))"
+        return
+    fi
+    if [ "$want" -ne 0 ]; then
+        if ! head -n 1 "$TMP/err" | grep -q '^error: '; then
+            fail "$desc: stderr does not start with 'error: ' ($(head -c 200 "$TMP/err"))"
+            return
+        fi
+        if [ -s "$TMP/out" ]; then
+            fail "$desc: unexpected output on stdout"
+            return
+        fi
+        if [ "$want" -eq 2 ] && ! grep -q '^usage: tandem' "$TMP/err"; then
+            fail "$desc: usage text missing from stderr"
+            return
+        fi
+    fi
+    pass "$desc"
+}
+
+for f in "$TANDEM" "$TARGET" "$DRAFT" "$DATA/tokenizer-cases.jsonl" "$DATA/prompts-dev.jsonl"; do
+    if [ ! -e "$f" ]; then
+        echo "FAIL - missing $f"
+        exit 1
+    fi
+done
+command -v python3 >/dev/null || { echo "FAIL - python3 not found"; exit 1; }
+
+# ------------------------------------------------------------ help, version
+"$TANDEM" --help >"$TMP/out" 2>"$TMP/err"
+if [ $? -eq 0 ] && grep -q '^usage: tandem' "$TMP/out" && [ ! -s "$TMP/err" ]; then
+    pass "--help prints usage on stdout, exit 0"
+else
+    fail "--help"
+fi
+"$TANDEM" help >"$TMP/out" 2>&1 && grep -q 'tandem generate' "$TMP/out" && pass "help" || fail "help"
+"$TANDEM" --version >"$TMP/out" 2>&1 && grep -Eq '^tandem [0-9]+\.[0-9]+\.[0-9]+' "$TMP/out" &&
+    pass "--version" || fail "--version"
+
+# -------------------------------------------------------- bad command lines: 2
+expect_exit 2 "no command" "$TANDEM"
+expect_exit 2 "unknown command" "$TANDEM" frobnicate
+expect_exit 2 "generate: unknown flag" "$TANDEM" generate -m "$TARGET" -p x --bogus
+expect_exit 2 "generate: missing value" "$TANDEM" generate -m "$TARGET" -p x -n
+expect_exit 2 "generate: bad number -n 12x" "$TANDEM" generate -m "$TARGET" -p x -n 12x
+expect_exit 2 "generate: bad number -n ''" "$TANDEM" generate -m "$TARGET" -p x -n ''
+expect_exit 2 "generate: negative -n" "$TANDEM" generate -m "$TARGET" -p x -n -3
+expect_exit 2 "generate: -n overflow" "$TANDEM" generate -m "$TARGET" -p x -n 99999999999999999999
+expect_exit 2 "generate: bad --temp" "$TANDEM" generate -m "$TARGET" -p x --temp 0.5.1
+expect_exit 2 "generate: --temp nan" "$TANDEM" generate -m "$TARGET" -p x --temp nan
+expect_exit 2 "generate: --top-p out of range" "$TANDEM" generate -m "$TARGET" -p x --top-p 1.5
+expect_exit 2 "generate: bad --seed" "$TANDEM" generate -m "$TARGET" -p x --seed -1
+expect_exit 2 "generate: --spec-k 0" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-k 0
+expect_exit 2 "generate: --spec-k 33" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-k 33
+expect_exit 2 "generate: bad --backend" "$TANDEM" generate -m "$TARGET" -p x --backend tpu
+expect_exit 2 "generate: missing -m" "$TANDEM" generate -p x
+expect_exit 2 "generate: no prompt" "$TANDEM" generate -m "$TARGET"
+expect_exit 2 "generate: both -p and --prompts" \
+    "$TANDEM" generate -m "$TARGET" -p x --prompts "$DATA/prompts-dev.jsonl"
+expect_exit 2 "generate: stray argument" "$TANDEM" generate -m "$TARGET" -p x extra
+expect_exit 2 "tokenize: missing -m" "$TANDEM" tokenize --text x
+expect_exit 2 "tokenize: unknown flag" "$TANDEM" tokenize -m "$TARGET" --bos
+expect_exit 2 "info: no file" "$TANDEM" info
+expect_exit 2 "bench: missing -m" "$TANDEM" bench -p 16
+expect_exit 2 "bench: bad --reps" "$TANDEM" bench -m "$TARGET" --reps 0
+expect_exit 2 "bench: bad -p" "$TANDEM" bench -m "$TARGET" -p abc
+
+# --------------------------------------------------- runtime errors: exit 1
+head -c 100 /dev/urandom >"$TMP/garbage.gguf"
+head -c 4096 "$TARGET" >"$TMP/truncated.gguf"
+: >"$TMP/empty.gguf"
+expect_exit 1 "generate: missing model file" "$TANDEM" generate -m "$TMP/nonexistent.gguf" -p x
+expect_exit 1 "generate: garbage model file" "$TANDEM" generate -m "$TMP/garbage.gguf" -p x
+expect_exit 1 "generate: truncated model file" "$TANDEM" generate -m "$TMP/truncated.gguf" -p x
+expect_exit 1 "generate: empty model file" "$TANDEM" generate -m "$TMP/empty.gguf" -p x
+expect_exit 1 "generate: missing draft file" "$TANDEM" generate -m "$TARGET" -d "$TMP/nope.gguf" -p x
+expect_exit 1 "tokenize: missing model file" "$TANDEM" tokenize -m "$TMP/nonexistent.gguf" --text x
+expect_exit 1 "tokenize: truncated model file" "$TANDEM" tokenize -m "$TMP/truncated.gguf" --text x
+expect_exit 1 "info: missing file" "$TANDEM" info "$TMP/nonexistent.gguf"
+expect_exit 1 "info: truncated file" "$TANDEM" info "$TMP/truncated.gguf"
+expect_exit 1 "info: garbage file" "$TANDEM" info "$TMP/garbage.gguf"
+expect_exit 1 "bench: missing model file" "$TANDEM" bench -m "$TMP/nonexistent.gguf"
+expect_exit 1 "generate: missing prompts file" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/none.jsonl"
+
+# A bad prompt line is reported with file and line before anything is generated.
+check_bad_prompts() {
+    local desc=$1 content=$2
+    printf '%s' "$content" >"$TMP/bad.jsonl"
+    expect_exit 1 "prompts: $desc" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/bad.jsonl" -n 2
+    if ! grep -q 'bad.jsonl:3' "$TMP/err"; then
+        fail "prompts: $desc: message does not name bad.jsonl:3 ($(head -c 200 "$TMP/err"))"
+    fi
+}
+GOOD='{"id": 1, "prompt": "def f(x):"}'
+check_bad_prompts "invalid JSON" "$GOOD"$'\n\n''{"id": 2, "prompt": "x"'$'\n'
+check_bad_prompts "missing prompt" "$GOOD"$'\n\n''{"id": 2}'$'\n'
+check_bad_prompts "prompt not a string" "$GOOD"$'\n\n''{"id": 2, "prompt": 7}'$'\n'
+check_bad_prompts "bad id type" "$GOOD"$'\n\n''{"id": [2], "prompt": "x"}'$'\n'
+check_bad_prompts "bad max_tokens" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "max_tokens": "9"}'$'\n'
+check_bad_prompts "negative seed" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "seed": -4}'$'\n'
+check_bad_prompts "bad temperature" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "temperature": null}'$'\n'
+check_bad_prompts "not an object" "$GOOD"$'\n\n''"x"'$'\n'
+
+# ------------------------------------------------------------------- info
+if "$TANDEM" info "$TARGET" >"$TMP/info" 2>"$TMP/err"; then
+    if grep -q 'token_embd.weight' "$TMP/info" && grep -q 'general.architecture' "$TMP/info" &&
+        grep -Eqi 'version' "$TMP/info"; then
+        pass "info lists metadata and token_embd.weight"
+    else
+        fail "info output lacks token_embd.weight / general.architecture / version"
+    fi
+else
+    fail "info $TARGET: exit $? ($(head -c 200 "$TMP/err"))"
+fi
+expect_exit 0 "info -m form" "$TANDEM" info -m "$DRAFT"
+
+# --------------------------------------------------------------- tokenize
+python3 - "$DATA/tokenizer-cases.jsonl" "$TMP/info" <<'EOF'
+import json, os, re, subprocess, sys
+tandem, target = os.environ["TANDEM"], os.environ["TARGET"]
+cases = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8") if l.strip()]
+info = open(sys.argv[2], encoding="utf-8", errors="replace").read()
+fails = 0
+def report(ok, what):
+    global fails
+    print(("ok   - " if ok else "FAIL - ") + what)
+    if not ok:
+        fails += 1
+def tok(args, stdin=None):
+    r = subprocess.run([tandem, "tokenize", "-m", target] + args, input=stdin,
+                       capture_output=True)
+    if r.returncode != 0:
+        return None, r.stderr.decode(errors="replace")
+    lines = r.stdout.decode().splitlines()
+    if len(lines) != 1:
+        return None, "expected one line, got %r" % r.stdout[:200]
+    return json.loads(lines[0]), None
+n_ok = 0
+for c in cases:
+    if "\0" in c["text"]:
+        continue
+    got, err = tok(["--no-bos", "--text", c["text"]])
+    if got != c["ids"]:
+        report(False, "tokenize --no-bos --text %r: got %s, want %s %s" % (c["text"], got, c["ids"], err or ""))
+    else:
+        n_ok += 1
+report(n_ok > 0 and fails == 0, "tokenize --no-bos: %d cases match tokenizer-cases.jsonl" % n_ok)
+# stdin gives the same ids as --text (a case with a newline in it).
+c = next(c for c in cases if "\n" in c["text"] and len(c["text"]) > 2)
+got, err = tok(["--no-bos"], c["text"].encode())
+report(got == c["ids"], "tokenize from stdin %r" % c["text"])
+# BOS: prepended without --no-bos when the model asks (metadata as shown by info).
+m_bos = re.search(r"tokenizer\.ggml\.bos_token_id: \w+ = (\d+)", info)
+m_add = re.search(r"tokenizer\.ggml\.add_bos_token: \w+ = (\w+)", info)
+c = next(c for c in cases if c["ids"])
+got, err = tok(["--text", c["text"]])
+if m_bos and m_add and m_add.group(1) == "true":
+    want = [int(m_bos.group(1))] + c["ids"]
+else:
+    want = c["ids"]
+report(got == want, "tokenize with BOS %r: got %s want %s" % (c["text"], got, want))
+got, err = tok(["--text", ""])
+report(got == want[:len(want) - len(c["ids"])], "tokenize --text '' gives only BOS (or nothing)")
+got, err = tok(["--no-bos", "--text", ""])
+report(got == [], "tokenize --no-bos --text '' gives []")
+sys.exit(1 if fails else 0)
+EOF
+[ $? -eq 0 ] && pass "tokenize checks" || fail "tokenize checks"
+
+# ---------------------------------------------------------- generate --json
+cat >"$TMP/prompts.jsonl" <<'EOF'
+{"id": 7, "prompt": "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"}
+
+{"id": "str-id \"q\"", "prompt": "import os\nimport sys\n\n\ndef main(", "max_tokens": 3}
+{"id": 9, "prompt": "class Stack:\n    def __init__(self):\n", "temperature": 0.8, "seed": 42}
+EOF
+python3 - "$TMP" <<'EOF'
+import json, os, subprocess, sys
+tandem, target, draft = os.environ["TANDEM"], os.environ["TARGET"], os.environ["DRAFT"]
+tmp = sys.argv[1]
+fails = 0
+def report(ok, what):
+    global fails
+    print(("ok   - " if ok else "FAIL - ") + what)
+    if not ok:
+        fails += 1
+def run(args):
+    r = subprocess.run([tandem, "generate"] + args, capture_output=True)
+    return r.returncode, r.stdout.decode("utf-8", errors="replace"), r.stderr.decode(errors="replace")
+def check_obj(o, n_max, spec, what):
+    ok = True
+    for k, t in [("id", (int, float, str)), ("text", str), ("tokens", list),
+                 ("finish_reason", str), ("prompt_tokens", int), ("timings", dict)]:
+        if not isinstance(o.get(k), t):
+            report(False, "%s: field %s missing or of wrong type: %r" % (what, k, o.get(k)))
+            return False
+    for k in ["prefill_ms", "decode_ms", "decode_tok_per_s"]:
+        v = o["timings"].get(k)
+        if not isinstance(v, (int, float)) or v < 0:
+            report(False, "%s: timings.%s = %r" % (what, k, v)); ok = False
+    if not all(isinstance(t, int) and t >= 0 for t in o["tokens"]):
+        report(False, "%s: tokens not non-negative ints" % what); ok = False
+    if o["finish_reason"] not in ("eos", "length"):
+        report(False, "%s: finish_reason %r" % (what, o["finish_reason"])); ok = False
+    if len(o["tokens"]) > n_max or (o["finish_reason"] == "length" and len(o["tokens"]) != n_max):
+        report(False, "%s: %d tokens with max %d and finish %s" % (what, len(o["tokens"]), n_max, o["finish_reason"])); ok = False
+    if o["prompt_tokens"] <= 0:
+        report(False, "%s: prompt_tokens %r" % (what, o["prompt_tokens"])); ok = False
+    if spec:
+        s = o.get("spec")
+        if not isinstance(s, dict):
+            report(False, "%s: spec missing" % what); return False
+        for k in ["steps", "drafted", "accepted", "acceptance_rate", "mean_accepted", "k_final"]:
+            if not isinstance(s.get(k), (int, float)) or s[k] < 0:
+                report(False, "%s: spec.%s = %r" % (what, k, s.get(k))); ok = False
+        if ok and (s["accepted"] > s["drafted"] or s["acceptance_rate"] > 1.0 + 1e-9):
+            report(False, "%s: spec accepted %r > drafted %r" % (what, s["accepted"], s["drafted"])); ok = False
+    elif "spec" in o:
+        report(False, "%s: spec present without a draft" % what); ok = False
+    return ok
+
+# -p with --json: one object, id 0, nothing but JSON on stdout.
+rc, out, err = run(["-m", target, "-p", "def add(a, b):\n", "-n", "8", "--json"])
+lines = out.splitlines()
+try:
+    objs = [json.loads(l) for l in lines]
+except ValueError as e:
+    objs = None
+report(rc == 0 and objs is not None and len(objs) == 1, "generate -p --json: exit 0, one JSON line (rc=%d, %s)" % (rc, err[:200]))
+if objs and len(objs) == 1:
+    report(check_obj(objs[0], 8, False, "generate -p --json") and objs[0]["id"] == 0, "generate -p --json fields, id 0")
+    single = objs[0]
+    # Without --json the same greedy completion streams to stdout (+ newline) and speed goes to stderr.
+    rc2, out2, err2 = run(["-m", target, "-p", "def add(a, b):\n", "-n", "8"])
+    report(rc2 == 0 and out2 == single["text"] + "\n", "generate text output equals the --json text (%r vs %r)" % (out2, single["text"]))
+    report("[id 0]" in err2 and "tok/s" in err2 and "prefill" in err2, "generate speed line on stderr: %r" % err2.strip()[:200])
+
+# prompts file with a draft: ids echoed, per-prompt max_tokens honoured.
+rc, out, err = run(["-m", target, "-d", draft, "--prompts", os.path.join(tmp, "prompts.jsonl"), "-n", "12", "--json"])
+try:
+    objs = [json.loads(l) for l in out.splitlines()]
+except ValueError:
+    objs = None
+report(rc == 0 and objs is not None and len(objs) == 3, "generate --prompts -d --json: 3 JSON lines (rc=%d, %s)" % (rc, err[:200]))
+if objs and len(objs) == 3:
+    report([o["id"] for o in objs] == [7, 'str-id "q"', 9], "ids echoed as given: %r" % [o["id"] for o in objs])
+    report(all(check_obj(o, n, True, "prompt %r" % o["id"]) for o, n in zip(objs, [12, 3, 12])),
+           "generate --prompts -d --json fields (spec included, max_tokens override)")
+
+# Fixed speculation length.
+rc, out, err = run(["-m", target, "-d", draft, "-p", "for i in range(10):\n", "-n", "10", "--spec-k", "3", "--json"])
+try:
+    o = json.loads(out)
+    # A fixed k drafts at most k tokens a step (the last steps may draft fewer: the
+    # engine never drafts past max_tokens).
+    ok = rc == 0 and check_obj(o, 10, True, "--spec-k 3")
+    ok = ok and 1 <= o["spec"]["k_final"] <= 3 and o["spec"]["steps"] > 0 and \
+        o["spec"]["drafted"] <= 3 * o["spec"]["steps"]
+    report(ok, "generate --spec-k 3: at most 3 drafted per step (%r)" % o.get("spec"))
+except ValueError:
+    report(False, "generate --spec-k 3: output is not JSON (rc=%d, %s)" % (rc, err[:200]))
+sys.exit(1 if fails else 0)
+EOF
+[ $? -eq 0 ] && pass "generate checks" || fail "generate checks"
+
+# ------------------------------------------------------------------- bench
+python3 - <<'EOF'
+import json, os, subprocess, sys
+tandem, target, draft = os.environ["TANDEM"], os.environ["TARGET"], os.environ["DRAFT"]
+r = subprocess.run([tandem, "bench", "-m", target, "-d", draft, "-p", "32", "-n", "8",
+                    "--reps", "2", "--json"], capture_output=True)
+ok = r.returncode == 0
+try:
+    o = json.loads(r.stdout)
+except ValueError:
+    o, ok = {}, False
+need = {"model": str, "threads": int, "prompt_tokens": int, "new_tokens": int,
+        "prefill_tok_s": (int, float), "decode_tok_s": (int, float), "peak_rss_mb": (int, float),
+        "reps": int, "spec": dict, "draft": str}
+for k, t in need.items():
+    if not isinstance(o.get(k), t):
+        print("FAIL - bench field %s = %r" % (k, o.get(k)))
+        ok = False
+if ok and not (o["prompt_tokens"] == 32 and o["new_tokens"] == 8 and o["reps"] == 2 and
+               o["prefill_tok_s"] > 0 and o["decode_tok_s"] > 0 and o["peak_rss_mb"] > 0):
+    print("FAIL - bench values: %r" % o)
+    ok = False
+print(("ok   - " if ok else "FAIL - ") + "bench --json (rc=%d %s)" % (r.returncode, r.stderr[:200]))
+sys.exit(0 if ok else 1)
+EOF
+[ $? -eq 0 ] && pass "bench checks" || fail "bench checks"
+
+echo "# $n_pass passed, $n_fail failed"
+[ "$n_fail" -eq 0 ]
