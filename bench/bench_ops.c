@@ -1,0 +1,228 @@
+/* bench_ops.c - matmul microbenchmark of the CPU backend.
+ *
+ * For each SIMD level, weight dtype and shape, times y[n][rows] = x[n][cols] * W^T at
+ * decode (n = 1) and prefill (n = 128) shapes and prints the median GFLOP/s and the
+ * weight bandwidth in GB/s.  Then a "target decode" run: every matmul of one decode
+ * step of the 15.7M-param target model (8 layers, dim 384, ff 1024, 6/2 heads of 64,
+ * vocab 8192 output head), f16 weights, as the forward would issue them.
+ *
+ * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds]
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu_internal.h"
+
+static uint64_t rng_state = 12345;
+static float frand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+}
+
+static tdm_weight make_weight(uint32_t type, int64_t rows, int64_t cols) {
+    uint64_t rb = 0;
+    tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
+    tdm_weight w = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb};
+    uint8_t *data = tdm_alloc_aligned((size_t)(rb * (uint64_t)rows), 64);
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!data || !row) {
+        fprintf(stderr, "out of memory\n");
+        exit(1);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < cols; k++) row[k] = frand();
+        tdm_row_from_f32(type, row, data + r * rb, cols);
+    }
+    free(row);
+    w.data = data;
+    return w;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median seconds of one call of fn over repeated runs lasting about `secs`. */
+typedef void (*bench_fn)(void *ctx);
+static double median_time(bench_fn fn, void *ctx, double secs) {
+    for (int i = 0; i < 3; i++) fn(ctx); /* warm up: caches, scratch, threads */
+    enum { MAX_REPS = 4000 };
+    static double t[MAX_REPS];
+    int n = 0;
+    double start = tdm_now();
+    while (n < MAX_REPS && (n < 15 || tdm_now() - start < secs)) {
+        double t0 = tdm_now();
+        fn(ctx);
+        t[n++] = tdm_now() - t0;
+    }
+    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    return t[n / 2];
+}
+
+typedef struct mm_ctx {
+    tdm_backend *b;
+    const tdm_weight *w;
+    int n_w;
+    const float *x;
+    int32_t n;
+    float *y;
+} mm_ctx;
+
+static void run_matmuls(void *p) {
+    mm_ctx *c = p;
+    for (int i = 0; i < c->n_w; i++) {
+        tdm_err err;
+        if (c->b->ops->matmul(c->b, &c->w[i], c->x, c->n, c->y, false, &err) != TANDEM_OK) {
+            fprintf(stderr, "matmul failed: %s\n", err.msg);
+            exit(1);
+        }
+    }
+}
+
+typedef struct attn_ctx {
+    tdm_backend *b;
+    tdm_attn_args a;
+} attn_ctx;
+
+static void run_attention(void *p) {
+    attn_ctx *c = p;
+    tdm_err err;
+    if (c->b->ops->attention(c->b, &c->a, &err) != TANDEM_OK) {
+        fprintf(stderr, "attention failed: %s\n", err.msg);
+        exit(1);
+    }
+}
+
+/* Attention of n rows at the end of a ctx-long sequence (6 heads / 2 kv heads of 64,
+ * blocks of 16), the target model's shapes. */
+static void bench_attention(tdm_backend *b, uint32_t ct, int32_t ctx, int32_t n, double secs) {
+    const int32_t bs = 16, nkv = 2, hd = 64, nh = 6, nb = (ctx + bs - 1) / bs;
+    size_t esz = ct == TDM_F16 ? 2 : 4, cache = (size_t)nb * nkv * bs * hd * esz;
+    uint8_t *kc = malloc(cache), *vc = malloc(cache);
+    for (size_t i = 0; i < cache / 2; i++) {
+        uint16_t h = tdm_f32_to_f16(frand());
+        memcpy(kc + 2 * i, &h, 2);
+        h = tdm_f32_to_f16(frand());
+        memcpy(vc + 2 * i, &h, 2);
+    }
+    if (ct == TDM_F32)
+        for (size_t i = 0; i < cache / 4; i++) {
+            ((float *)kc)[i] = frand();
+            ((float *)vc)[i] = frand();
+        }
+    int32_t *blocks = malloc((size_t)nb * sizeof(int32_t));
+    for (int32_t i = 0; i < nb; i++) blocks[i] = nb - 1 - i;
+    tdm_kv_seq seq = {blocks, nb, nb, ctx};
+    const tdm_kv_seq *seqs[1] = {&seq};
+    tdm_batch bt;
+    tdm_batch_init(&bt, n, NULL);
+    for (int32_t i = 0; i < n; i++) tdm_batch_add(&bt, 0, ctx - n + i, 0, ctx - n + i, true);
+    float *q = malloc((size_t)n * nh * hd * sizeof(float)), *out = malloc((size_t)n * nh * hd * sizeof(float));
+    for (int32_t i = 0; i < n * nh * hd; i++) q[i] = frand();
+    attn_ctx c = {b, {&bt, seqs, q, nh * hd, out, kc, vc, ct, nh, nkv, hd, bs, 0.125f}};
+    double sec = median_time(run_attention, &c, secs);
+    printf("%-7s attention %s cache, ctx %d, n=%d: %.1f us\n", tdm_cpu_level_name(tdm_backend_cpu_level(b)),
+           tdm_dtype_name(ct), ctx, n, sec * 1e6);
+    tdm_batch_free(&bt);
+    free(q);
+    free(out);
+    free(blocks);
+    free(kc);
+    free(vc);
+}
+
+static size_t weight_bytes(const tdm_weight *w) { return w->row_bytes * (size_t)w->rows; }
+
+int main(int argc, char **argv) {
+    int n_threads = 2;
+    int only_level = -1;
+    int only_type = -1;
+    double secs = 0.15;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-s") && i + 1 < argc) secs = atof(argv[++i]);
+        else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
+            const char *l = argv[++i];
+            only_level = !strcmp(l, "avx512") ? 2 : !strcmp(l, "avx2") ? 1 : 0;
+        } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
+            const char *d = argv[++i];
+            only_type = !strcmp(d, "f32") ? TDM_F32 : !strcmp(d, "f16") ? TDM_F16
+                      : !strcmp(d, "bf16") ? TDM_BF16 : !strcmp(d, "q8_0") ? TDM_Q8_0 : TDM_Q4_0;
+        } else {
+            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+    static const int64_t shapes[][2] = {{1024, 384}, {384, 1024}, {2048, 384}, {384, 384}, {8192, 384}};
+    static const int32_t ns[] = {1, 128};
+
+    float *x = malloc(128 * 1024 * sizeof(float));
+    float *y = malloc(128 * 8192 * sizeof(float));
+    for (int i = 0; i < 128 * 1024; i++) x[i] = frand();
+
+    printf("threads %d, best level %s\n", n_threads, tdm_cpu_level_name(tdm_cpu_best_level()));
+    printf("%-7s %-5s %-12s %4s %10s %9s %8s\n", "level", "dtype", "W shape", "n", "median us",
+           "GFLOP/s", "GB/s");
+    for (int lv = 0; lv <= (int)tdm_cpu_best_level(); lv++) {
+        if (only_level >= 0 && lv != only_level) continue;
+        tdm_backend *b = NULL;
+        tdm_err err;
+        if (tdm_backend_cpu_create_level(n_threads, (tdm_cpu_level)lv, &b, &err) != TANDEM_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+        for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+            if (only_type >= 0 && (int)types[t] != only_type) continue;
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+                tdm_weight w = make_weight(types[t], shapes[s][0], shapes[s][1]);
+                for (size_t k = 0; k < 2; k++) {
+                    mm_ctx c = {b, &w, 1, x, ns[k], y};
+                    double sec = median_time(run_matmuls, &c, lv == 0 ? secs / 3 : secs);
+                    double flop = 2.0 * (double)w.rows * (double)w.cols * ns[k];
+                    char shape[32];
+                    snprintf(shape, sizeof shape, "[%lld][%lld]", (long long)w.rows, (long long)w.cols);
+                    printf("%-7s %-5s %-12s %4d %10.1f %9.1f %8.1f\n", tdm_cpu_level_name(lv),
+                           tdm_dtype_name(types[t]), shape, ns[k], sec * 1e6, flop / sec * 1e-9,
+                           (double)weight_bytes(&w) / sec * 1e-9);
+                }
+                tdm_free_aligned((void *)w.data);
+            }
+        }
+
+        /* One decode step of the target model: 8 x (q, k, v, o, gate, up, down) + output. */
+        if (only_type < 0 || only_type == TDM_F16) {
+            enum { N_LAYER = 8, N_W = N_LAYER * 7 + 1 };
+            static const int64_t layer[7][2] = {{384, 384}, {128, 384}, {128, 384}, {384, 384},
+                                                {1024, 384}, {1024, 384}, {384, 1024}};
+            tdm_weight ws[N_W];
+            size_t bytes = 0;
+            for (int l = 0; l < N_LAYER; l++)
+                for (int m = 0; m < 7; m++) ws[l * 7 + m] = make_weight(TDM_F16, layer[m][0], layer[m][1]);
+            ws[N_W - 1] = make_weight(TDM_F16, 8192, 384);
+            for (int i = 0; i < N_W; i++) bytes += weight_bytes(&ws[i]);
+            for (int k = 0; k < 2; k++) {
+                int32_t n = k == 0 ? 1 : 4;
+                mm_ctx c = {b, ws, N_W, x, n, y};
+                double sec = median_time(run_matmuls, &c, 3 * secs);
+                printf("%-7s target model f16 (%.1f MB, %d matmuls) n=%d: %.1f us/step, %.1f GB/s, "
+                       "%.1f GFLOP/s\n",
+                       tdm_cpu_level_name(lv), bytes * 1e-6, N_W, n, sec * 1e6, bytes / sec * 1e-9,
+                       bytes * (double)n / sec * 1e-9);
+            }
+            for (int i = 0; i < N_W; i++) tdm_free_aligned((void *)ws[i].data);
+            bench_attention(b, TDM_F16, 1000, 1, secs);
+            bench_attention(b, TDM_F32, 1000, 1, secs);
+            bench_attention(b, TDM_F16, 256, 128, secs);
+        }
+        tdm_backend_destroy(b);
+    }
+    free(x);
+    free(y);
+    return 0;
+}

@@ -1,0 +1,191 @@
+/* bench_spec.c - speculative decoding sweep: target-only vs. each draft with
+ * k = 1..8 and auto, greedy, N new tokens per prompt over a prompts file.
+ *
+ * All configurations run in one process, interleaved within each repetition so
+ * that machine noise hits them alike; each figure is the median over repetitions
+ * of (generated tokens / decode time) summed over the prompts.
+ *
+ *   bench_spec -m TARGET -d DRAFT [-d DRAFT2] --prompts FILE [-n 128] [--threads 2]
+ *              [--reps 3] [--limit L] [--ks 1,2,3,4,5,6,7,8,0]   (0 = auto)
+ * Prints a markdown table and one JSON object per configuration (stdout).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+#include "json.h"
+#include "tandem.h"
+
+#define MAX_CFG 64
+#define MAX_REPS 32
+
+typedef struct cfg {
+    int draft;     /* -1 = none */
+    int k;         /* 0 = auto */
+    double tps[MAX_REPS];
+    double mean_acc, acc_rate, k_final_sum;
+    uint64_t steps, drafted, accepted, tokens;
+} cfg;
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(const double *v, int n) {
+    double t[MAX_REPS];
+    memcpy(t, v, (size_t)n * sizeof *t);
+    qsort(t, (size_t)n, sizeof *t, cmp_d);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "error: %s: %s\n", what, tandem_last_error());
+    exit(1);
+}
+
+int main(int argc, char **argv) {
+    const char *target_path = NULL, *prompts_path = NULL, *draft_paths[4];
+    int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30;
+    int ks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 0}, n_ks = 9;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "error: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "-m")) target_path = v;
+        else if (!strcmp(a, "-d") && n_drafts < 4) draft_paths[n_drafts++] = v;
+        else if (!strcmp(a, "--prompts")) prompts_path = v;
+        else if (!strcmp(a, "-n")) n_new = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--limit")) limit = atoi(v);
+        else if (!strcmp(a, "--ks")) {
+            n_ks = 0;
+            for (char *s = (char *)v; *s && n_ks < 16;) {
+                ks[n_ks++] = (int)strtol(s, &s, 10);
+                if (*s == ',') s++;
+            }
+        } else {
+            fprintf(stderr, "error: unknown flag %s\n", a);
+            return 2;
+        }
+        i++;
+    }
+    if (!target_path || !prompts_path || reps < 1 || reps > MAX_REPS) {
+        fprintf(stderr, "usage: bench_spec -m TARGET -d DRAFT --prompts FILE [-n N] [--threads T] [--reps R]\n");
+        return 2;
+    }
+
+    /* prompts */
+    char *text;
+    size_t len;
+    tdm_err err = {0};
+    if (tdm_read_file(prompts_path, &text, &len, &err)) {
+        fprintf(stderr, "error: %s\n", err.msg);
+        return 1;
+    }
+    char **prompts = NULL;
+    int n_prompts = 0;
+    for (char *line = strtok(text, "\n"); line && n_prompts < limit; line = strtok(NULL, "\n")) {
+        tdm_json *j;
+        if (tdm_json_parse(line, strlen(line), &j, &err)) {
+            fprintf(stderr, "error: %s: %s\n", prompts_path, err.msg);
+            return 1;
+        }
+        const tdm_json *p = tdm_json_get(j, "prompt");
+        if (p && p->type == TDM_JSON_STRING) {
+            prompts = realloc(prompts, (size_t)(n_prompts + 1) * sizeof *prompts);
+            prompts[n_prompts++] = strdup(p->str);
+        }
+        tdm_json_free(j);
+    }
+    free(text);
+
+    tandem_model *target, *drafts[4];
+    if (tandem_model_open(target_path, NULL, &target)) die(target_path);
+    for (int d = 0; d < n_drafts; d++)
+        if (tandem_model_open(draft_paths[d], NULL, &drafts[d])) die(draft_paths[d]);
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = threads;
+    tandem_engine *plain, *spec[4];
+    if (tandem_engine_open(target, NULL, &ep, &plain)) die("engine");
+    for (int d = 0; d < n_drafts; d++)
+        if (tandem_engine_open(target, drafts[d], &ep, &spec[d])) die("engine");
+
+    cfg cfgs[MAX_CFG];
+    int n_cfg = 0;
+    memset(cfgs, 0, sizeof cfgs);
+    cfgs[n_cfg++].draft = -1;
+    for (int d = 0; d < n_drafts; d++)
+        for (int k = 0; k < n_ks && n_cfg < MAX_CFG; k++) {
+            cfgs[n_cfg].draft = d;
+            cfgs[n_cfg++].k = ks[k];
+        }
+
+    for (int r = 0; r < reps; r++) {
+        for (int c = 0; c < n_cfg; c++) {
+            cfg *C = &cfgs[c];
+            tandem_engine *e = C->draft < 0 ? plain : spec[C->draft];
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = n_new;
+            gp.spec_k = C->k;
+            double decode_ms = 0;
+            uint64_t toks = 0;
+            for (int p = 0; p < n_prompts; p++) {
+                tandem_result res;
+                if (tandem_generate(e, prompts[p], &gp, &res)) die("generate");
+                decode_ms += res.decode_ms;
+                /* the first token comes from the prefill */
+                toks += res.n_tokens > 0 ? res.n_tokens - 1 : 0;
+                if (r == 0) {
+                    C->steps += res.spec.steps;
+                    C->drafted += res.spec.drafted;
+                    C->accepted += res.spec.accepted;
+                    C->k_final_sum += res.spec.k_final;
+                    C->tokens += res.n_tokens;
+                }
+                tandem_result_free(&res);
+            }
+            C->tps[r] = (double)toks / (decode_ms * 1e-3);
+            fprintf(stderr, "rep %d %s k=%d: %.0f tok/s\n", r, C->draft < 0 ? "none" : draft_paths[C->draft],
+                    C->k, C->tps[r]);
+        }
+    }
+
+    double base = median(cfgs[0].tps, reps);
+    printf("| draft | k | decode tok/s (median of %d) | speed-up | acceptance | mean accepted/step | mean k_final |\n",
+           reps);
+    printf("|---|---|---|---|---|---|---|\n");
+    for (int c = 0; c < n_cfg; c++) {
+        cfg *C = &cfgs[c];
+        double m = median(C->tps, reps);
+        const char *dn = C->draft < 0 ? "none" : strrchr(draft_paths[C->draft], '/') ? strrchr(draft_paths[C->draft], '/') + 1 : draft_paths[C->draft];
+        char kbuf[16];
+        if (C->draft < 0) snprintf(kbuf, sizeof kbuf, "-");
+        else if (C->k == 0) snprintf(kbuf, sizeof kbuf, "auto");
+        else snprintf(kbuf, sizeof kbuf, "%d", C->k);
+        printf("| %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f |\n", dn, kbuf, m, m / base,
+               C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
+               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts);
+    }
+    for (int c = 0; c < n_cfg; c++) {
+        cfg *C = &cfgs[c];
+        printf("{\"draft\": \"%s\", \"k\": %d, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
+               "\"mean_accepted\": %.3f}\n",
+               C->draft < 0 ? "none" : draft_paths[C->draft], C->k, median(C->tps, reps),
+               C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
+               C->steps ? (double)C->accepted / (double)C->steps : 0.0);
+    }
+    for (int p = 0; p < n_prompts; p++) free(prompts[p]);
+    free(prompts);
+    tandem_engine_close(plain);
+    for (int d = 0; d < n_drafts; d++) {
+        tandem_engine_close(spec[d]);
+        tandem_model_close(drafts[d]);
+    }
+    tandem_model_close(target);
+    return 0;
+}

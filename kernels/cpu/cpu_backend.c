@@ -1,0 +1,221 @@
+/* cpu_backend.c - the CPU backend: op table, creation, SIMD level selection. */
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#include "cpu_internal.h"
+
+/* ---- SIMD level ---------------------------------------------------------------- */
+
+tdm_cpu_level tdm_cpu_best_level(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    bool fma16 = __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+                 __builtin_cpu_supports("avx2");
+    if (fma16 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return TDM_CPU_AVX512;
+    if (fma16) return TDM_CPU_AVX2;
+#endif
+    return TDM_CPU_SCALAR;
+}
+
+tdm_cpu_level tdm_cpu_default_level(void) {
+    tdm_cpu_level best = tdm_cpu_best_level();
+    const char *env = getenv("TANDEM_CPU");
+    if (!env || !*env) return best;
+    tdm_cpu_level want = best;
+    if (strcasecmp(env, "scalar") == 0) want = TDM_CPU_SCALAR;
+    else if (strcasecmp(env, "avx2") == 0) want = TDM_CPU_AVX2;
+    else if (strcasecmp(env, "avx512") == 0) want = TDM_CPU_AVX512;
+    return want < best ? want : best; /* can only lower the level */
+}
+
+const char *tdm_cpu_level_name(tdm_cpu_level level) {
+    switch (level) {
+    case TDM_CPU_AVX512: return "avx512";
+    case TDM_CPU_AVX2: return "avx2";
+    default: return "scalar";
+    }
+}
+
+const tdm_cpu_kernels *tdm_cpu_kernels_for(tdm_cpu_level level) {
+#if defined(__x86_64__)
+    if (level == TDM_CPU_AVX512) return &tdm_cpu_kernels_avx512;
+    if (level == TDM_CPU_AVX2) return &tdm_cpu_kernels_avx2;
+#endif
+    (void)level;
+    return &tdm_cpu_kernels_scalar;
+}
+
+const char *tdm_cpu_features(void) { return tdm_cpu_level_name(tdm_cpu_default_level()); }
+
+/* ---- memory ops ---------------------------------------------------------------- */
+
+static tandem_status cpu_alloc(tdm_backend *b, size_t bytes, void **out, tdm_err *err) {
+    (void)b;
+    if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "alloc: NULL out pointer");
+    *out = NULL;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    if (rounded < bytes) return tdm_seterr(err, TANDEM_ERR_NOMEM, "alloc: %zu bytes overflow", bytes);
+    void *p = tdm_alloc_aligned(rounded ? rounded : 64, 64);
+    if (!p) return tdm_seterr(err, TANDEM_ERR_NOMEM, "alloc: out of memory for %zu bytes", bytes);
+    memset(p, 0, rounded ? rounded : 64);
+    *out = p;
+    return TANDEM_OK;
+}
+
+static void cpu_free(tdm_backend *b, void *p) {
+    (void)b;
+    tdm_free_aligned(p);
+}
+
+static tandem_status cpu_memcpy(const char *op, void *dst, const void *src, size_t n, tdm_err *err) {
+    if (n == 0) return TANDEM_OK;
+    if (!dst || !src) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL pointer", op);
+    memmove(dst, src, n);
+    return TANDEM_OK;
+}
+
+static tandem_status cpu_upload(tdm_backend *b, void *dst, const void *src, size_t n, tdm_err *err) {
+    (void)b;
+    return cpu_memcpy("upload", dst, src, n, err);
+}
+static tandem_status cpu_download(tdm_backend *b, void *dst, const void *src, size_t n,
+                                  tdm_err *err) {
+    (void)b;
+    return cpu_memcpy("download", dst, src, n, err);
+}
+static tandem_status cpu_copy(tdm_backend *b, void *dst, const void *src, size_t n, tdm_err *err) {
+    (void)b;
+    return cpu_memcpy("copy", dst, src, n, err);
+}
+static tandem_status cpu_sync(tdm_backend *b, tdm_err *err) {
+    (void)b;
+    (void)err;
+    return TANDEM_OK;
+}
+
+static void cpu_destroy(tdm_backend *b);
+
+static const tdm_backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .copy = cpu_copy,
+    .get_rows = tdm_cpu_get_rows,
+    .rmsnorm = tdm_cpu_rmsnorm,
+    .matmul = tdm_cpu_matmul,
+    .add_bias = tdm_cpu_add_bias,
+    .rope = tdm_cpu_rope,
+    .kv_write = tdm_cpu_kv_write,
+    .attention = tdm_cpu_attention,
+    .swiglu = tdm_cpu_swiglu,
+    .gather_rows = tdm_cpu_gather_rows,
+    .sync = cpu_sync,
+};
+
+tdm_cpu *tdm_cpu_of(tdm_backend *b, const char *op, tdm_err *err) {
+    if (!b || b->ops != &cpu_ops || !b->impl) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: not a CPU backend", op);
+        return NULL;
+    }
+    return b->impl;
+}
+
+int tdm_backend_cpu_level(const tdm_backend *b) {
+    if (!b || b->ops != &cpu_ops || !b->impl) return -1;
+    return (int)((const tdm_cpu *)b->impl)->level;
+}
+
+/* ---- scratch ------------------------------------------------------------------- */
+
+tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err) {
+    for (int t = 0; t < c->n_threads; t++) {
+        tdm_cpu_scratch *s = &c->scratch[t];
+        if (s->cap >= n) continue;
+        size_t cap = n + n / 4 + 1024;
+        size_t bytes;
+        if (tdm_mul_overflow_size(cap, sizeof(float), &bytes))
+            return tdm_seterr(err, TANDEM_ERR_NOMEM, "cpu scratch: %zu floats overflow", n);
+        float *p = tdm_alloc_aligned(bytes, 64);
+        if (!p) return tdm_seterr(err, TANDEM_ERR_NOMEM, "cpu scratch: out of memory (%zu bytes)", bytes);
+        tdm_free_aligned(s->buf);
+        s->buf = p;
+        s->cap = cap;
+    }
+    return TANDEM_OK;
+}
+
+/* ---- creation ------------------------------------------------------------------ */
+
+static void cpu_free_impl(tdm_cpu *c) {
+    if (!c) return;
+    tdm_threadpool_destroy(c->pool);
+    if (c->scratch)
+        for (int t = 0; t < c->n_threads; t++) tdm_free_aligned(c->scratch[t].buf);
+    free(c->scratch);
+    free(c);
+}
+
+static void cpu_destroy(tdm_backend *b) {
+    if (!b) return;
+    cpu_free_impl(b->impl);
+    free(b);
+}
+
+tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level level,
+                                           tdm_backend **out, tdm_err *err) {
+    if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "cpu backend: NULL out pointer");
+    *out = NULL;
+    if (n_threads < 0 || n_threads > 1024)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "cpu backend: bad thread count %d",
+                          (int)n_threads);
+    if ((int)level < 0 || level >= TDM_CPU_N_LEVELS || level > tdm_cpu_best_level())
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "cpu backend: SIMD level %d (%s) not available",
+                          (int)level, tdm_cpu_level_name(level));
+    if (n_threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = nc < 1 ? 1 : nc > 256 ? 256 : (int32_t)nc;
+    }
+    tdm_cpu *c = calloc(1, sizeof *c);
+    tdm_backend *b = calloc(1, sizeof *b);
+    if (!c || !b) {
+        free(c);
+        free(b);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "cpu backend: out of memory");
+    }
+    c->n_threads = n_threads;
+    c->level = level;
+    c->k = tdm_cpu_kernels_for(level);
+    c->scratch = calloc((size_t)n_threads, sizeof *c->scratch);
+    if (!c->scratch) {
+        free(b);
+        cpu_free_impl(c);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "cpu backend: out of memory");
+    }
+    tandem_status st = tdm_threadpool_create(n_threads, &c->pool, err);
+    if (st != TANDEM_OK) {
+        free(b);
+        cpu_free_impl(c);
+        return st;
+    }
+    b->ops = &cpu_ops;
+    b->n_threads = n_threads;
+    b->impl = c;
+    *out = b;
+    return TANDEM_OK;
+}
+
+tandem_status tdm_backend_cpu_create(int32_t n_threads, tdm_backend **out, tdm_err *err) {
+    return tdm_backend_cpu_create_level(n_threads, tdm_cpu_default_level(), out, err);
+}
+
+void tdm_backend_destroy(tdm_backend *b) {
+    if (!b || !b->ops || !b->ops->destroy) return;
+    b->ops->destroy(b);
+}

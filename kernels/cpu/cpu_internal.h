@@ -1,0 +1,132 @@
+/* cpu_internal.h - private declarations of the CPU backend (kernels/cpu).
+ *
+ * The backend picks a SIMD level at run time (tdm_cpu_level) and uses the kernel
+ * table of that level (tdm_cpu_kernels).  The tables live in matmul.c (scalar),
+ * matmul_avx2.c and matmul_avx512.c (compiled with their ISA flags).
+ *
+ * Determinism contract of every kernel table: the value of one matmul output
+ * element y[i][r] depends only on x[i], W row r and the SIMD level, never on n,
+ * on the thread count or on how rows are grouped.  Each (x row, W row) pair is
+ * accumulated in one vector accumulator (lanes over k, k in increasing steps of the
+ * vector width, masked tail) and reduced by a fixed tree.
+ */
+#ifndef TDM_CPU_INTERNAL_H
+#define TDM_CPU_INTERNAL_H
+
+#include "backend.h"
+#include "threadpool.h"
+
+typedef enum tdm_cpu_level {
+    TDM_CPU_SCALAR = 0,
+    TDM_CPU_AVX2 = 1,   /* AVX2 + FMA + F16C */
+    TDM_CPU_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + FMA + F16C */
+    TDM_CPU_N_LEVELS = 3,
+} tdm_cpu_level;
+
+/* Rows of W per conversion group: tiles are padded to a multiple of this. */
+#define TDM_MM_RB 4
+
+typedef struct tdm_cpu_kernels {
+    const char *name;
+    /* dst[i][0..cols) = W row r0 + i converted to f32, for i < nr; dst rows are ld
+     * floats apart (ld >= cols). */
+    void (*convert_rows)(const tdm_weight *w, int64_t r0, int64_t nr, float *dst, int64_t ld);
+    /* y[i][j] (=|+=) dot(x[i], wt[j]) for i < n, j < nr.
+     * x: [n][cols] (rows ldx apart), wt: [nr rounded up to TDM_MM_RB][ldw] f32 (rows
+     * past nr readable, values ignored), y: rows ldy apart. */
+    void (*gemm)(const float *x, int64_t ldx, int32_t n, const float *wt, int64_t ldw,
+                 int64_t nr, int64_t cols, float *y, int64_t ldy, bool acc);
+    /* Direct path (small n) for f32/f16/bf16 W, converting W on the fly:
+     * y[i][r] (=|+=) dot(x[i], W row r) for i < n, r in [r0, r1); x rows are w->cols
+     * apart, y rows ldy apart.  Returns false (and does nothing) for other types. */
+    bool (*gemv)(const tdm_weight *w, const float *x, int32_t n, int64_t r0, int64_t r1, float *y,
+                 int64_t ldy, bool acc);
+    /* Attention helpers over d floats. */
+    float (*dot_f32)(const float *a, const float *b, int32_t d);
+    float (*dot_f16)(const float *a, const uint16_t *b, int32_t d);
+    void (*axpy_f32)(float *y, float a, const float *x, int32_t d);   /* y += a * x */
+    void (*axpy_f16)(float *y, float a, const uint16_t *x, int32_t d);
+    /* acc[h][d] += sum_{i < cnt} p[h * ldp + i] * v[i][d] for h < nh, d < hd, summed in
+     * order of i; v: cnt contiguous rows of hd elements of type TDM_F32 or TDM_F16. */
+    void (*attn_pv)(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
+                    uint32_t type, int32_t cnt, int32_t hd);
+    /* x[i] = exp(x[i] - max(x)) for i < n (n >= 1); returns the sum of the new x. */
+    float (*softmax_num)(float *x, int32_t n);
+    /* o[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u for i < n. */
+    void (*swiglu)(const float *g, const float *u, float *o, int32_t n);
+    /* dst[i] = f16(src[i]) for i < n, IEEE round to nearest even (as tdm_f32_to_f16,
+     * NaN payloads aside). */
+    void (*to_f16)(const float *src, uint16_t *dst, int32_t n);
+} tdm_cpu_kernels;
+
+extern const tdm_cpu_kernels tdm_cpu_kernels_scalar;
+#if defined(__x86_64__)
+extern const tdm_cpu_kernels tdm_cpu_kernels_avx2;
+extern const tdm_cpu_kernels tdm_cpu_kernels_avx512;
+#endif
+
+/* Per-thread scratch memory (64-byte aligned floats), grown by the caller thread
+ * before a parallel region, so workers never allocate. */
+typedef struct tdm_cpu_scratch {
+    float *buf;
+    size_t cap; /* floats */
+} tdm_cpu_scratch;
+
+typedef struct tdm_cpu {
+    tdm_threadpool *pool;
+    int n_threads;
+    tdm_cpu_level level;
+    const tdm_cpu_kernels *k;
+    tdm_cpu_scratch *scratch; /* [n_threads] */
+} tdm_cpu;
+
+/* Highest level this CPU supports. */
+tdm_cpu_level tdm_cpu_best_level(void);
+/* Level tdm_backend_cpu_create uses now: the best one, lowered by TANDEM_CPU. */
+tdm_cpu_level tdm_cpu_default_level(void);
+const char *tdm_cpu_level_name(tdm_cpu_level level);
+const tdm_cpu_kernels *tdm_cpu_kernels_for(tdm_cpu_level level);
+
+/* Creates a CPU backend that uses exactly the given level (TANDEM_ERR_UNSUPPORTED if
+ * this CPU lacks it).  n_threads 0 = all cores.  Used by tests and benchmarks. */
+tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level level,
+                                           tdm_backend **out, tdm_err *err);
+/* The level a CPU backend runs at (-1 when b is not a CPU backend). */
+int tdm_backend_cpu_level(const tdm_backend *b);
+
+/* Ensures every thread's scratch holds at least n floats. */
+tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err);
+
+/* Threads to use for `work` units when each thread should get at least `min_work`. */
+static inline int tdm_cpu_nth(const tdm_cpu *c, int64_t work, int64_t min_work) {
+    int64_t t = min_work > 0 ? work / min_work : c->n_threads;
+    if (t < 1) t = 1;
+    return t < c->n_threads ? (int)t : c->n_threads;
+}
+
+/* Ops (ops.c, matmul.c, attention.c). */
+tandem_status tdm_cpu_get_rows(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n,
+                               float *out, tdm_err *err);
+tandem_status tdm_cpu_rmsnorm(tdm_backend *b, const float *x, const float *gamma, int32_t n,
+                              int32_t dim, float eps, float *out, tdm_err *err);
+tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n,
+                             float *y, bool accumulate, tdm_err *err);
+tandem_status tdm_cpu_add_bias(tdm_backend *b, float *y, const float *bias, int32_t n, int32_t dim,
+                               tdm_err *err);
+tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                           int32_t head_dim, const int32_t *pos, const tdm_rope_params *rp,
+                           tdm_err *err);
+tandem_status tdm_cpu_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
+tandem_status tdm_cpu_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+tandem_status tdm_cpu_swiglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff,
+                             float *out, tdm_err *err);
+tandem_status tdm_cpu_gather_rows(tdm_backend *b, const float *x, const int32_t *rows, int32_t n,
+                                  int32_t dim, float *out, tdm_err *err);
+
+/* Validates a weight descriptor (type, dims, row_bytes, data). */
+tandem_status tdm_cpu_check_weight(const tdm_weight *w, const char *op, tdm_err *err);
+
+/* The CPU state of a backend, or NULL (with an error) when b is not a CPU backend. */
+tdm_cpu *tdm_cpu_of(tdm_backend *b, const char *op, tdm_err *err);
+
+#endif

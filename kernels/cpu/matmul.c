@@ -1,0 +1,266 @@
+/* matmul.c - matmul dispatch (threads, tiles) and the portable scalar kernels.
+ *
+ * y[n][rows] = x[n][cols] * W^T.  Work is split into chunks of W rows (output
+ * columns) that threads claim dynamically; every output element is computed by one
+ * chunk with the same code whatever thread runs it, so results do not depend on the
+ * thread count.
+ *
+ *   n <= TDM_MM_DIRECT_MAX, W f32/f16/bf16: the direct kernel converts W on the fly
+ *   (decode and short verification batches: memory bound).
+ *   otherwise: each chunk of W rows is converted once to an f32 tile in the thread's
+ *   scratch, then all n input rows are multiplied against it (each W byte is read
+ *   once per call).
+ */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* Largest n that uses the direct (convert on the fly) path. */
+#ifndef TDM_MM_DIRECT_MAX
+#define TDM_MM_DIRECT_MAX 8
+#endif
+
+/* ---- scalar kernels ------------------------------------------------------------ */
+
+/* Lanes of the emulated vector accumulator (plain lane-wise arithmetic, which the
+ * compiler may vectorise without changing results). */
+#define SC_L 8
+
+static float sc_reduce(const float a[SC_L]) {
+    float s4[4], s2[2];
+    for (int l = 0; l < 4; l++) s4[l] = a[l] + a[l + 4];
+    for (int l = 0; l < 2; l++) s2[l] = s4[l] + s4[l + 2];
+    return s2[0] + s2[1];
+}
+
+/* f16 -> f32, bit-exact with tdm_f16_to_f32 (subnormals, inf, NaN payloads), written
+ * without branches so loops over it vectorise. */
+static inline float sc_h2f(uint16_t h) {
+    uint32_t o = (uint32_t)(h & 0x7fff) << 13, e = o & 0x0f800000u;
+    o += (uint32_t)(127 - 15) << 23;
+    o += e == 0x0f800000u ? (uint32_t)(128 - 16) << 23 : 0; /* inf / NaN */
+    float f, sub;
+    uint32_t o_sub = o + (1u << 23), magic = (uint32_t)113 << 23;
+    memcpy(&f, &o_sub, 4);
+    memcpy(&sub, &magic, 4);
+    f -= sub; /* renormalised subnormal */
+    uint32_t fs;
+    memcpy(&fs, &f, 4);
+    o = e == 0 ? fs : o;
+    o |= (uint32_t)(h & 0x8000) << 16;
+    memcpy(&f, &o, 4);
+    return f;
+}
+
+static void sc_h2f_row(const uint8_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * i, 2);
+        dst[i] = sc_h2f(h);
+    }
+}
+
+static float sc_dot(const float *x, const float *w, int64_t n) {
+    float acc[SC_L] = {0};
+    int64_t k = 0;
+    for (; k + SC_L <= n; k += SC_L)
+        for (int l = 0; l < SC_L; l++) acc[l] += x[k + l] * w[k + l];
+    for (int l = 0; k + l < n; l++) acc[l] += x[k + l] * w[k + l];
+    return sc_reduce(acc);
+}
+
+static void sc_convert_rows(const tdm_weight *w, int64_t r0, int64_t nr, float *dst, int64_t ld) {
+    const uint8_t *base = (const uint8_t *)w->data;
+    for (int64_t i = 0; i < nr; i++) {
+        const uint8_t *src = base + (size_t)(r0 + i) * w->row_bytes;
+        if (w->type == TDM_F16) sc_h2f_row(src, dst + i * ld, w->cols);
+        else tdm_row_to_f32(w->type, src, dst + i * ld, w->cols);
+    }
+}
+
+static void sc_gemm(const float *x, int64_t ldx, int32_t n, const float *wt, int64_t ldw,
+                    int64_t nr, int64_t cols, float *y, int64_t ldy, bool acc) {
+    for (int32_t i = 0; i < n; i++) {
+        const float *xi = x + i * ldx;
+        float *yi = y + i * ldy;
+        for (int64_t j = 0; j < nr; j++) {
+            float d = sc_dot(xi, wt + j * ldw, cols);
+            yi[j] = acc ? yi[j] + d : d;
+        }
+    }
+}
+
+static bool sc_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, int64_t r1,
+                    float *y, int64_t ldy, bool acc) {
+    if (w->type != TDM_F32) return false; /* others go through the tile path */
+    const uint8_t *base = (const uint8_t *)w->data;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *wr = (const float *)(const void *)(base + (size_t)r * w->row_bytes);
+        for (int32_t i = 0; i < n; i++) {
+            float d = sc_dot(x + i * w->cols, wr, w->cols);
+            y[i * ldy + r] = acc ? y[i * ldy + r] + d : d;
+        }
+    }
+    return true;
+}
+
+static float sc_dot_f16(const float *a, const uint16_t *b, int32_t d) {
+    float acc[SC_L] = {0};
+    int32_t k = 0;
+    for (; k + SC_L <= d; k += SC_L)
+        for (int l = 0; l < SC_L; l++) acc[l] += a[k + l] * sc_h2f(b[k + l]);
+    for (int l = 0; k + l < d; l++) acc[l] += a[k + l] * sc_h2f(b[k + l]);
+    return sc_reduce(acc);
+}
+
+static float sc_dot_f32(const float *a, const float *b, int32_t d) { return sc_dot(a, b, d); }
+
+static void sc_axpy_f32(float *y, float a, const float *x, int32_t d) {
+    for (int32_t k = 0; k < d; k++) y[k] += a * x[k];
+}
+
+static void sc_axpy_f16(float *y, float a, const uint16_t *x, int32_t d) {
+    for (int32_t k = 0; k < d; k++) y[k] += a * sc_h2f(x[k]);
+}
+
+static void sc_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
+                       uint32_t type, int32_t cnt, int32_t hd) {
+    for (int32_t i = 0; i < cnt; i++)
+        for (int32_t h = 0; h < nh; h++) {
+            if (type == TDM_F16) sc_axpy_f16(acc + h * hd, p[h * ldp + i], (const uint16_t *)v + (int64_t)i * hd, hd);
+            else sc_axpy_f32(acc + h * hd, p[h * ldp + i], (const float *)v + (int64_t)i * hd, hd);
+        }
+}
+
+static float sc_softmax_num(float *x, int32_t n) {
+    float m = x[0], acc[SC_L] = {0};
+    for (int32_t i = 1; i < n; i++) m = x[i] > m ? x[i] : m;
+    for (int32_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - m);
+        acc[i % SC_L] += x[i];
+    }
+    return sc_reduce(acc);
+}
+
+static void sc_swiglu(const float *g, const float *u, float *o, int32_t n) {
+    for (int32_t i = 0; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void sc_to_f16(const float *src, uint16_t *dst, int32_t n) {
+    for (int32_t i = 0; i < n; i++) dst[i] = tdm_f32_to_f16(src[i]);
+}
+
+const tdm_cpu_kernels tdm_cpu_kernels_scalar = {
+    .name = "scalar",
+    .convert_rows = sc_convert_rows,
+    .gemm = sc_gemm,
+    .gemv = sc_gemv,
+    .dot_f32 = sc_dot_f32,
+    .dot_f16 = sc_dot_f16,
+    .axpy_f32 = sc_axpy_f32,
+    .axpy_f16 = sc_axpy_f16,
+    .attn_pv = sc_attn_pv,
+    .softmax_num = sc_softmax_num,
+    .swiglu = sc_swiglu,
+    .to_f16 = sc_to_f16,
+};
+
+/* ---- validation ---------------------------------------------------------------- */
+
+tandem_status tdm_cpu_check_weight(const tdm_weight *w, const char *op, tdm_err *err) {
+    if (!w) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL weight", op);
+    if (!tdm_dtype_supported(w->type))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: unsupported weight type %u", op,
+                          (unsigned)w->type);
+    if (w->rows < 0 || w->cols <= 0 || w->cols > INT32_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: bad weight shape [%lld][%lld]", op,
+                          (long long)w->rows, (long long)w->cols);
+    uint64_t rb;
+    if (!tdm_dtype_row_bytes(w->type, (uint64_t)w->cols, &rb))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "%s: %s weight with %lld columns (not a multiple of %u)", op,
+                          tdm_dtype_name(w->type), (long long)w->cols,
+                          (unsigned)tdm_dtype_block_elems(w->type));
+    if (w->row_bytes < rb)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: row_bytes %zu < %llu for %s x %lld", op,
+                          w->row_bytes, (unsigned long long)rb, tdm_dtype_name(w->type),
+                          (long long)w->cols);
+    if (!w->data && w->rows > 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL weight data", op);
+    return TANDEM_OK;
+}
+
+/* ---- dispatch ------------------------------------------------------------------ */
+
+typedef struct mm_job {
+    tdm_cpu *c;
+    const tdm_weight *w;
+    const float *x;
+    int32_t n;
+    float *y;
+    bool acc;
+    int64_t chunk;   /* W rows per chunk (a multiple of TDM_MM_RB) */
+    int64_t ld;      /* floats per tile row */
+} mm_job;
+
+/* Small n: the direct kernel over a range of W rows. */
+static void mm_gemv_task(void *ctx, int64_t chunk, int ith) {
+    (void)ith;
+    mm_job *j = ctx;
+    int64_t r0 = chunk * j->chunk, r1 = TDM_MIN(r0 + j->chunk, j->w->rows);
+    j->c->k->gemv(j->w, j->x, j->n, r0, r1, j->y, j->w->rows, j->acc);
+}
+
+/* Tile path: convert a chunk of W rows, multiply every input row against it. */
+static void mm_tile_task(void *ctx, int64_t chunk, int ith) {
+    mm_job *j = ctx;
+    const tdm_cpu_kernels *k = j->c->k;
+    float *tile = j->c->scratch[ith].buf; /* [chunk][ld] */
+    int64_t rows = j->w->rows, cols = j->w->cols;
+    int64_t r0 = chunk * j->chunk, nr = TDM_MIN(j->chunk, rows - r0);
+    int64_t padded = (nr + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
+    k->convert_rows(j->w, r0, nr, tile, j->ld);
+    if (padded > nr) memset(tile + nr * j->ld, 0, (size_t)((padded - nr) * j->ld) * sizeof(float));
+    k->gemm(j->x, cols, j->n, tile, j->ld, nr, cols, j->y + r0, rows, j->acc);
+}
+
+tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n,
+                             float *y, bool accumulate, tdm_err *err) {
+    tdm_cpu *c = tdm_cpu_of(b, "matmul", err);
+    if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG;
+    tandem_status st = tdm_cpu_check_weight(w, "matmul", err);
+    if (st != TANDEM_OK) return st;
+    if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: n = %d", (int)n);
+    if (n == 0 || w->rows == 0) return TANDEM_OK;
+    if (!x || !y) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: NULL x or y");
+
+    mm_job j = {.c = c, .w = w, .x = x, .n = n, .y = y, .acc = accumulate};
+    int64_t rows = w->rows, cols = w->cols;
+    int64_t flops = rows * cols * (int64_t)n;
+
+    if (n <= TDM_MM_DIRECT_MAX && w->type != TDM_Q8_0 && w->type != TDM_Q4_0 &&
+        (w->type == TDM_F32 || c->level != TDM_CPU_SCALAR)) {
+        /* About 4 chunks per thread (claiming a chunk costs an atomic), >= 32 rows. */
+        j.chunk = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
+        j.chunk = TDM_MAX(32, (j.chunk + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB);
+        int64_t n_chunks = (rows + j.chunk - 1) / j.chunk;
+        int nth = tdm_cpu_nth(c, TDM_MIN(flops, n_chunks * 65536), 65536);
+        tdm_threadpool_run(c->pool, n_chunks, nth, mm_gemv_task, &j);
+        return TANDEM_OK;
+    }
+
+    /* Tile of about 32 KiB of f32 (L1 resident), at least TDM_MM_RB rows. */
+    j.ld = (cols + 15) & ~(int64_t)15;
+    int64_t chunk = (32768 / 4) / j.ld;
+    chunk = chunk / TDM_MM_RB * TDM_MM_RB;
+    if (chunk < TDM_MM_RB) chunk = TDM_MM_RB;
+    if (chunk > 64) chunk = 64;
+    j.chunk = chunk;
+    st = tdm_cpu_scratch_reserve(c, (size_t)(chunk * j.ld), err);
+    if (st != TANDEM_OK) return st;
+    int64_t n_chunks = (rows + chunk - 1) / chunk;
+    int nth = tdm_cpu_nth(c, TDM_MIN(flops, n_chunks * 65536), 65536);
+    tdm_threadpool_run(c->pool, n_chunks, nth, mm_tile_task, &j);
+    return TANDEM_OK;
+}

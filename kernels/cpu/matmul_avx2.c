@@ -1,0 +1,425 @@
+/* matmul_avx2.c - AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c).
+ *
+ * Accumulation scheme (see cpu_internal.h): one __m256 accumulator per (x row,
+ * W row) pair, k in steps of 8 with a masked tail, reduced by reduce4's tree.
+ * gemm uses a 2 x 4 register block (2 input rows x 4 W rows = 8 accumulators).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+#define V 8
+
+/* Lane mask with the first rem (< 8) lanes set. */
+static inline __m256i tail_mask(int64_t rem) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), lanes);
+}
+
+/* [sum(a), sum(b), sum(c), sum(d)]: per vector (l_i + l_{i+4}), then (0+1)+(2+3). */
+static inline __m128 reduce4(__m256 a, __m256 b, __m256 c, __m256 d) {
+    __m128 a4 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    __m128 b4 = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+    __m128 c4 = _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+    __m128 d4 = _mm_add_ps(_mm256_castps256_ps128(d), _mm256_extractf128_ps(d, 1));
+    return _mm_hadd_ps(_mm_hadd_ps(a4, b4), _mm_hadd_ps(c4, d4));
+}
+
+static inline float reduce1(__m256 a) { return _mm_cvtss_f32(reduce4(a, a, a, a)); }
+
+static inline void store4(float *y, __m128 s, int64_t nv, bool acc) {
+    if (nv == 4) {
+        if (acc) s = _mm_add_ps(_mm_loadu_ps(y), s);
+        _mm_storeu_ps(y, s);
+        return;
+    }
+    float t[4];
+    _mm_storeu_ps(t, s);
+    for (int64_t j = 0; j < nv; j++) y[j] = acc ? y[j] + t[j] : t[j];
+}
+
+/* ---- loads --------------------------------------------------------------------- */
+
+static inline __m256 load_f32(const void *p) { return _mm256_loadu_ps(p); }
+static inline __m256 load_f32_tail(const void *p, int64_t rem) {
+    return _mm256_maskload_ps(p, tail_mask(rem));
+}
+static inline __m256 load_f16(const void *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+static inline __m256 load_f16_tail(const void *p, int64_t rem) {
+    uint16_t t[V] = {0};
+    memcpy(t, p, (size_t)rem * 2);
+    return load_f16(t);
+}
+static inline __m256 load_bf16(const void *p) {
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+static inline __m256 load_bf16_tail(const void *p, int64_t rem) {
+    uint16_t t[V] = {0};
+    memcpy(t, p, (size_t)rem * 2);
+    return load_bf16(t);
+}
+
+/* ---- conversion ---------------------------------------------------------------- */
+
+static void convert_row(uint32_t type, const uint8_t *src, float *dst, int64_t cols) {
+    int64_t k = 0;
+    switch (type) {
+    case TDM_F32:
+        memcpy(dst, src, (size_t)cols * sizeof(float));
+        break;
+    case TDM_F16:
+        for (; k + V <= cols; k += V) _mm256_storeu_ps(dst + k, load_f16(src + 2 * k));
+        for (; k < cols; k++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * k, 2);
+            dst[k] = _cvtsh_ss(h);
+        }
+        break;
+    case TDM_BF16:
+        for (; k + V <= cols; k += V) _mm256_storeu_ps(dst + k, load_bf16(src + 2 * k));
+        for (; k < cols; k++) {
+            uint16_t h;
+            memcpy(&h, src + 2 * k, 2);
+            dst[k] = tdm_bf16_to_f32(h);
+        }
+        break;
+    case TDM_Q8_0:
+        for (int64_t b = 0; b < cols / TDM_QK; b++) {
+            const uint8_t *blk = src + b * sizeof(tdm_block_q8_0);
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
+            for (int q = 0; q < 4; q++) {
+                __m128i v = _mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * q));
+                _mm256_storeu_ps(dst + b * TDM_QK + 8 * q,
+                                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))));
+            }
+        }
+        break;
+    case TDM_Q4_0: {
+        const __m256i eight = _mm256_set1_epi32(8), low = _mm256_set1_epi32(15);
+        for (int64_t b = 0; b < cols / TDM_QK; b++) {
+            const uint8_t *blk = src + b * sizeof(tdm_block_q4_0);
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(dh));
+            for (int q = 0; q < 2; q++) {
+                __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * q)));
+                __m256i lo = _mm256_sub_epi32(_mm256_and_si256(v, low), eight);
+                __m256i hi = _mm256_sub_epi32(_mm256_srli_epi32(v, 4), eight);
+                _mm256_storeu_ps(dst + b * TDM_QK + 8 * q, _mm256_mul_ps(d, _mm256_cvtepi32_ps(lo)));
+                _mm256_storeu_ps(dst + b * TDM_QK + 16 + 8 * q,
+                                 _mm256_mul_ps(d, _mm256_cvtepi32_ps(hi)));
+            }
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void k_convert_rows(const tdm_weight *w, int64_t r0, int64_t nr, float *dst, int64_t ld) {
+    const uint8_t *base = (const uint8_t *)w->data;
+    for (int64_t i = 0; i < nr; i++)
+        convert_row(w->type, base + (size_t)(r0 + i) * w->row_bytes, dst + i * ld, w->cols);
+}
+
+/* ---- gemm: MR input rows x 4 W rows ------------------------------------------- */
+
+static inline __attribute__((always_inline)) void
+kern(const int MR, const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t cols,
+     float *y, int64_t ldy, int64_t nv, bool acc) {
+    __m256 s[2][4];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < 4; j++) s[i][j] = _mm256_setzero_ps();
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    int64_t k = 0;
+    for (; k + V <= cols; k += V) {
+        __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k);
+        __m256 b2 = _mm256_loadu_ps(w2 + k), b3 = _mm256_loadu_ps(w3 + k);
+        for (int i = 0; i < MR; i++) {
+            __m256 a = _mm256_loadu_ps(x + i * ldx + k);
+            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    if (k < cols) {
+        int64_t rem = cols - k;
+        __m256 b0 = load_f32_tail(w0 + k, rem), b1 = load_f32_tail(w1 + k, rem);
+        __m256 b2 = load_f32_tail(w2 + k, rem), b3 = load_f32_tail(w3 + k, rem);
+        for (int i = 0; i < MR; i++) {
+            __m256 a = load_f32_tail(x + i * ldx + k, rem);
+            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
+}
+
+static void k_gemm(const float *x, int64_t ldx, int32_t n, const float *wt, int64_t ldw,
+                   int64_t nr, int64_t cols, float *y, int64_t ldy, bool acc) {
+    int32_t i = 0;
+    for (; i + 2 <= n; i += 2)
+        for (int64_t j = 0; j < nr; j += 4)
+            kern(2, x + i * ldx, ldx, wt + j * ldw, ldw, cols, y + i * ldy + j, ldy,
+                 TDM_MIN(4, nr - j), acc);
+    for (; i < n; i++)
+        for (int64_t j = 0; j < nr; j += 4)
+            kern(1, x + i * ldx, ldx, wt + j * ldw, ldw, cols, y + i * ldy + j, ldy,
+                 TDM_MIN(4, nr - j), acc);
+}
+
+/* ---- direct path: small n, W converted on the fly ------------------------------ */
+
+static inline __attribute__((always_inline)) __m256 wload(const uint32_t type, const uint8_t *p,
+                                                          int64_t k) {
+    if (type == TDM_F16) return load_f16(p + 2 * k);
+    if (type == TDM_BF16) return load_bf16(p + 2 * k);
+    return _mm256_loadu_ps((const float *)(const void *)p + k);
+}
+
+static inline __attribute__((always_inline)) __m256 wload_tail(const uint32_t type, const uint8_t *p,
+                                                               int64_t k, int64_t rem) {
+    if (type == TDM_F16) return load_f16_tail(p + 2 * k, rem);
+    if (type == TDM_BF16) return load_bf16_tail(p + 2 * k, rem);
+    return load_f32_tail((const float *)(const void *)p + k, rem);
+}
+
+/* MR input rows x the 4 W rows p[0..3] (converted while loading). */
+static inline __attribute__((always_inline)) void
+dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float *x, int64_t ldx,
+      int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc) {
+    __m256 s[2][4];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < 4; j++) s[i][j] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + V <= cols; k += V) {
+        __m256 b0 = wload(type, p[0], k), b1 = wload(type, p[1], k);
+        __m256 b2 = wload(type, p[2], k), b3 = wload(type, p[3], k);
+        for (int i = 0; i < MR; i++) {
+            __m256 a = _mm256_loadu_ps(x + i * ldx + k);
+            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    if (k < cols) {
+        int64_t rem = cols - k;
+        __m256 b0 = wload_tail(type, p[0], k, rem), b1 = wload_tail(type, p[1], k, rem);
+        __m256 b2 = wload_tail(type, p[2], k, rem), b3 = wload_tail(type, p[3], k, rem);
+        for (int i = 0; i < MR; i++) {
+            __m256 a = load_f32_tail(x + i * ldx + k, rem);
+            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
+}
+
+static inline __attribute__((always_inline)) void
+direct_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n, int64_t r0,
+            int64_t r1, float *y, int64_t ldy, bool acc) {
+    const uint8_t *base = (const uint8_t *)w->data;
+    int64_t cols = w->cols, ldx = cols;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const uint8_t *p[4];
+        for (int j = 0; j < 4; j++) p[j] = base + (size_t)TDM_MIN(r + j, r1 - 1) * w->row_bytes;
+        int64_t nv = TDM_MIN(4, r1 - r);
+        int32_t i = 0;
+        for (; i + 2 <= n; i += 2) dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc);
+        if (i < n) dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc);
+    }
+}
+
+static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, int64_t r1, float *y,
+                   int64_t ldy, bool acc) {
+    switch (w->type) {
+    case TDM_F32: direct_rows(TDM_F32, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_F16: direct_rows(TDM_F16, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_BF16: direct_rows(TDM_BF16, w, x, n, r0, r1, y, ldy, acc); return true;
+    default: return false;
+    }
+}
+
+/* ---- attention helpers --------------------------------------------------------- */
+
+static float k_dot_f32(const float *a, const float *b, int32_t d) {
+    __m256 s = _mm256_setzero_ps();
+    int32_t k = 0;
+    for (; k + V <= d; k += V) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s);
+    if (k < d) s = _mm256_fmadd_ps(load_f32_tail(a + k, d - k), load_f32_tail(b + k, d - k), s);
+    return reduce1(s);
+}
+
+static float k_dot_f16(const float *a, const uint16_t *b, int32_t d) {
+    __m256 s = _mm256_setzero_ps();
+    int32_t k = 0;
+    for (; k + V <= d; k += V) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), load_f16(b + k), s);
+    if (k < d) s = _mm256_fmadd_ps(load_f32_tail(a + k, d - k), load_f16_tail(b + k, d - k), s);
+    return reduce1(s);
+}
+
+static void k_axpy_f32(float *y, float a, const float *x, int32_t d) {
+    __m256 va = _mm256_set1_ps(a);
+    int32_t k = 0;
+    for (; k + V <= d; k += V)
+        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
+    for (; k < d; k++) y[k] = fmaf(a, x[k], y[k]);
+}
+
+static void k_axpy_f16(float *y, float a, const uint16_t *x, int32_t d) {
+    __m256 va = _mm256_set1_ps(a);
+    int32_t k = 0;
+    for (; k + V <= d; k += V)
+        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(va, load_f16(x + k), _mm256_loadu_ps(y + k)));
+    for (; k < d; k++) y[k] = fmaf(a, _cvtsh_ss(x[k]), y[k]);
+}
+
+static inline __attribute__((always_inline)) void
+pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint8_t *v, int32_t hd) {
+    size_t esz = type == TDM_F16 ? 2 : 4, row = (size_t)hd * esz;
+    int32_t d = 0;
+    for (; d + 4 * V <= hd; d += 4 * V) {
+        __m256 s0 = _mm256_loadu_ps(acc + d), s1 = _mm256_loadu_ps(acc + d + V);
+        __m256 s2 = _mm256_loadu_ps(acc + d + 2 * V), s3 = _mm256_loadu_ps(acc + d + 3 * V);
+        const uint8_t *vp = v + (size_t)d * esz;
+        for (int32_t i = 0; i < cnt; i++, vp += row) {
+            __m256 pi = _mm256_set1_ps(p[i]);
+            s0 = _mm256_fmadd_ps(pi, wload(type, vp, 0), s0);
+            s1 = _mm256_fmadd_ps(pi, wload(type, vp, V), s1);
+            s2 = _mm256_fmadd_ps(pi, wload(type, vp, 2 * V), s2);
+            s3 = _mm256_fmadd_ps(pi, wload(type, vp, 3 * V), s3);
+        }
+        _mm256_storeu_ps(acc + d, s0);
+        _mm256_storeu_ps(acc + d + V, s1);
+        _mm256_storeu_ps(acc + d + 2 * V, s2);
+        _mm256_storeu_ps(acc + d + 3 * V, s3);
+    }
+    for (; d + V <= hd; d += V) {
+        __m256 s0 = _mm256_loadu_ps(acc + d);
+        const uint8_t *vp = v + (size_t)d * esz;
+        for (int32_t i = 0; i < cnt; i++, vp += row)
+            s0 = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), wload(type, vp, 0), s0);
+        _mm256_storeu_ps(acc + d, s0);
+    }
+    for (; d < hd; d++) {
+        float s0 = acc[d];
+        const uint8_t *vp = v + (size_t)d * esz;
+        for (int32_t i = 0; i < cnt; i++, vp += row) {
+            float x;
+            if (type == TDM_F16) {
+                uint16_t h;
+                memcpy(&h, vp, 2);
+                x = _cvtsh_ss(h);
+            } else {
+                memcpy(&x, vp, 4);
+            }
+            s0 = fmaf(p[i], x, s0);
+        }
+        acc[d] = s0;
+    }
+}
+
+static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
+                      uint32_t type, int32_t cnt, int32_t hd) {
+    for (int32_t h = 0; h < nh; h++) {
+        if (type == TDM_F16) pv_rows(TDM_F16, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
+        else pv_rows(TDM_F32, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
+    }
+}
+
+/* ---- exp, softmax, swiglu ------------------------------------------------------ */
+
+/* exp(x) to about 2 ulp: x clamped to [-87.3, 88.7], 2^n * poly(r) with
+ * n = round(x / ln 2) and r = x - n ln 2 (ln 2 in two parts). */
+static inline __m256 vexp(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.33654f)), _mm256_set1_ps(88.72283f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static float k_softmax_num(float *x, int32_t n) {
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + V <= n; i += V) vm = _mm256_max_ps(vm, _mm256_loadu_ps(x + i));
+    float m = ({ __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+                 h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+                 h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+                 _mm_cvtss_f32(h); });
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    __m256 s = _mm256_setzero_ps(), mm = _mm256_set1_ps(m);
+    for (i = 0; i + V <= n; i += V) {
+        __m256 e = vexp(_mm256_sub_ps(_mm256_loadu_ps(x + i), mm));
+        _mm256_storeu_ps(x + i, e);
+        s = _mm256_add_ps(s, e);
+    }
+    if (i < n) {
+        const __m256i lanes = tail_mask(n - i);
+        __m256 t = _mm256_maskload_ps(x + i, lanes);
+        __m256 e = vexp(_mm256_sub_ps(t, mm));
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(lanes)); /* zero the lanes past n */
+        _mm256_maskstore_ps(x + i, lanes, e);
+        s = _mm256_add_ps(s, e);
+    }
+    return reduce1(s);
+}
+
+static void k_swiglu(const float *g, const float *u, float *o, int32_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int32_t i = 0;
+    for (; i + V <= n; i += V) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 sig = _mm256_div_ps(gv, _mm256_add_ps(one, vexp(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(sig, _mm256_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void k_to_f16(const float *src, uint16_t *dst, int32_t n) {
+    int32_t i = 0;
+    for (; i + V <= n; i += V) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(dst + i), h);
+    }
+    for (; i < n; i++) dst[i] = tdm_f32_to_f16(src[i]);
+}
+
+const tdm_cpu_kernels tdm_cpu_kernels_avx2 = {
+    .name = "avx2",
+    .convert_rows = k_convert_rows,
+    .gemm = k_gemm,
+    .gemv = k_gemv,
+    .dot_f32 = k_dot_f32,
+    .dot_f16 = k_dot_f16,
+    .axpy_f32 = k_axpy_f32,
+    .axpy_f16 = k_axpy_f16,
+    .attn_pv = k_attn_pv,
+    .softmax_num = k_softmax_num,
+    .swiglu = k_swiglu,
+    .to_f16 = k_to_f16,
+};

@@ -1,0 +1,409 @@
+/* matmul_avx512.c - AVX-512 kernels (compiled with -mavx512f/bw/vl/dq -mfma -mf16c).
+ *
+ * Accumulation scheme (see cpu_internal.h): one __m512 accumulator per (x row,
+ * W row) pair, k in steps of 16 with a masked tail, reduced by reduce4's tree.
+ * gemm uses a 4 x 4 register block (4 input rows x 4 W rows = 16 accumulators).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+#define V 16
+
+static inline __mmask16 tail_mask(int64_t rem) { return (__mmask16)((1u << rem) - 1u); }
+
+/* [sum(a), sum(b), sum(c), sum(d)] with a fixed tree per vector:
+ * chunks (q0+q2)+(q1+q3), then lanes (l0+l2)+(l1+l3). */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    __m512 t = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    t = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, 0x4E));
+    t = _mm512_add_ps(t, _mm512_shuffle_ps(t, t, 0xB1));
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12, 0, 4, 8, 12);
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, t));
+}
+
+static inline float reduce1(__m512 a) { return _mm_cvtss_f32(reduce4(a, a, a, a)); }
+
+/* Stores 4 results to y[0..nv) (nv <= 4), adding when acc. */
+static inline void store4(float *y, __m128 s, int64_t nv, bool acc) {
+    if (nv == 4) {
+        if (acc) s = _mm_add_ps(_mm_loadu_ps(y), s);
+        _mm_storeu_ps(y, s);
+        return;
+    }
+    float t[4];
+    _mm_storeu_ps(t, s);
+    for (int64_t j = 0; j < nv; j++) y[j] = acc ? y[j] + t[j] : t[j];
+}
+
+/* ---- conversion ---------------------------------------------------------------- */
+
+static inline __m512 load_f16(const void *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+static inline __m512 load_f16_mask(const void *p, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+static inline __m512 load_bf16(const void *p) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+static inline __m512 load_bf16_mask(const void *p, __mmask16 m) {
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+static void convert_row(uint32_t type, const uint8_t *src, float *dst, int64_t cols) {
+    int64_t k = 0;
+    switch (type) {
+    case TDM_F32:
+        memcpy(dst, src, (size_t)cols * sizeof(float));
+        break;
+    case TDM_F16:
+        for (; k + V <= cols; k += V) _mm512_storeu_ps(dst + k, load_f16(src + 2 * k));
+        if (k < cols) _mm512_mask_storeu_ps(dst + k, tail_mask(cols - k),
+                                            load_f16_mask(src + 2 * k, tail_mask(cols - k)));
+        break;
+    case TDM_BF16:
+        for (; k + V <= cols; k += V) _mm512_storeu_ps(dst + k, load_bf16(src + 2 * k));
+        if (k < cols) _mm512_mask_storeu_ps(dst + k, tail_mask(cols - k),
+                                            load_bf16_mask(src + 2 * k, tail_mask(cols - k)));
+        break;
+    case TDM_Q8_0:
+        for (int64_t b = 0; b < cols / TDM_QK; b++) {
+            const uint8_t *blk = src + b * sizeof(tdm_block_q8_0);
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            __m512 d = _mm512_set1_ps(tdm_f16_to_f32(dh));
+            __m128i q0 = _mm_loadu_si128((const __m128i *)(blk + 2));
+            __m128i q1 = _mm_loadu_si128((const __m128i *)(blk + 18));
+            _mm512_storeu_ps(dst + b * TDM_QK, _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0))));
+            _mm512_storeu_ps(dst + b * TDM_QK + 16,
+                             _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1))));
+        }
+        break;
+    case TDM_Q4_0: {
+        const __m512i eight = _mm512_set1_epi32(8), low = _mm512_set1_epi32(15);
+        for (int64_t b = 0; b < cols / TDM_QK; b++) {
+            const uint8_t *blk = src + b * sizeof(tdm_block_q4_0);
+            uint16_t dh;
+            memcpy(&dh, blk, 2);
+            __m512 d = _mm512_set1_ps(tdm_f16_to_f32(dh));
+            __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+            __m512i lo = _mm512_sub_epi32(_mm512_and_si512(q, low), eight);
+            __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight);
+            _mm512_storeu_ps(dst + b * TDM_QK, _mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)));
+            _mm512_storeu_ps(dst + b * TDM_QK + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)));
+        }
+        break;
+    }
+    default:
+        break;
+    }
+}
+
+static void k_convert_rows(const tdm_weight *w, int64_t r0, int64_t nr, float *dst, int64_t ld) {
+    const uint8_t *base = (const uint8_t *)w->data;
+    for (int64_t i = 0; i < nr; i++)
+        convert_row(w->type, base + (size_t)(r0 + i) * w->row_bytes, dst + i * ld, w->cols);
+}
+
+/* ---- gemm: MR input rows x 4 W rows ------------------------------------------- */
+
+static inline __attribute__((always_inline)) void
+kern(const int MR, const float *x, int64_t ldx, const float *w, int64_t ldw, int64_t cols,
+     float *y, int64_t ldy, int64_t nv, bool acc) {
+    __m512 s[4][4];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < 4; j++) s[i][j] = _mm512_setzero_ps();
+    const float *w0 = w, *w1 = w + ldw, *w2 = w + 2 * ldw, *w3 = w + 3 * ldw;
+    int64_t k = 0;
+    for (; k + V <= cols; k += V) {
+        __m512 b0 = _mm512_loadu_ps(w0 + k), b1 = _mm512_loadu_ps(w1 + k);
+        __m512 b2 = _mm512_loadu_ps(w2 + k), b3 = _mm512_loadu_ps(w3 + k);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_loadu_ps(x + i * ldx + k);
+            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    if (k < cols) {
+        __mmask16 m = tail_mask(cols - k);
+        __m512 b0 = _mm512_maskz_loadu_ps(m, w0 + k), b1 = _mm512_maskz_loadu_ps(m, w1 + k);
+        __m512 b2 = _mm512_maskz_loadu_ps(m, w2 + k), b3 = _mm512_maskz_loadu_ps(m, w3 + k);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
+}
+
+static void k_gemm(const float *x, int64_t ldx, int32_t n, const float *wt, int64_t ldw,
+                   int64_t nr, int64_t cols, float *y, int64_t ldy, bool acc) {
+    int32_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        for (int64_t j = 0; j < nr; j += 4)
+            kern(4, x + i * ldx, ldx, wt + j * ldw, ldw, cols, y + i * ldy + j, ldy,
+                 TDM_MIN(4, nr - j), acc);
+    for (; i < n; i++)
+        for (int64_t j = 0; j < nr; j += 4)
+            kern(1, x + i * ldx, ldx, wt + j * ldw, ldw, cols, y + i * ldy + j, ldy,
+                 TDM_MIN(4, nr - j), acc);
+}
+
+/* ---- direct path: small n, W converted on the fly ------------------------------ */
+
+static inline __attribute__((always_inline)) __m512 wload(const uint32_t type, const uint8_t *p,
+                                                          int64_t k) {
+    if (type == TDM_F16) return load_f16(p + 2 * k);
+    if (type == TDM_BF16) return load_bf16(p + 2 * k);
+    return _mm512_loadu_ps((const float *)(const void *)p + k);
+}
+
+static inline __attribute__((always_inline)) __m512 wload_mask(const uint32_t type, const uint8_t *p,
+                                                               int64_t k, __mmask16 m) {
+    if (type == TDM_F16) return load_f16_mask(p + 2 * k, m);
+    if (type == TDM_BF16) return load_bf16_mask(p + 2 * k, m);
+    return _mm512_maskz_loadu_ps(m, (const float *)(const void *)p + k);
+}
+
+/* MR input rows x the 4 W rows p[0..3] (converted while loading). */
+static inline __attribute__((always_inline)) void
+dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float *x, int64_t ldx,
+      int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc) {
+    __m512 s[4][4];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < 4; j++) s[i][j] = _mm512_setzero_ps();
+    int64_t k = 0;
+    for (; k + V <= cols; k += V) {
+        __m512 b0 = wload(type, p[0], k), b1 = wload(type, p[1], k);
+        __m512 b2 = wload(type, p[2], k), b3 = wload(type, p[3], k);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_loadu_ps(x + i * ldx + k);
+            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    if (k < cols) {
+        __mmask16 m = tail_mask(cols - k);
+        __m512 b0 = wload_mask(type, p[0], k, m), b1 = wload_mask(type, p[1], k, m);
+        __m512 b2 = wload_mask(type, p[2], k, m), b3 = wload_mask(type, p[3], k, m);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
+            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
+            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
+            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
+}
+
+static inline __attribute__((always_inline)) void
+direct_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n, int64_t r0,
+            int64_t r1, float *y, int64_t ldy, bool acc) {
+    const uint8_t *base = (const uint8_t *)w->data;
+    int64_t cols = w->cols, ldx = cols;
+    for (int64_t r = r0; r < r1; r += 4) {
+        const uint8_t *p[4];
+        for (int j = 0; j < 4; j++) p[j] = base + (size_t)TDM_MIN(r + j, r1 - 1) * w->row_bytes;
+        int64_t nv = TDM_MIN(4, r1 - r);
+        int32_t i = 0;
+        for (; i + 4 <= n; i += 4) dkern(4, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc);
+        switch (n - i) {
+        case 3: dkern(3, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc); break;
+        case 2: dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc); break;
+        case 1: dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc); break;
+        default: break;
+        }
+    }
+}
+
+static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, int64_t r1, float *y,
+                   int64_t ldy, bool acc) {
+    switch (w->type) {
+    case TDM_F32: direct_rows(TDM_F32, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_F16: direct_rows(TDM_F16, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_BF16: direct_rows(TDM_BF16, w, x, n, r0, r1, y, ldy, acc); return true;
+    default: return false;
+    }
+}
+
+/* ---- attention helpers --------------------------------------------------------- */
+
+static float k_dot_f32(const float *a, const float *b, int32_t d) {
+    __m512 s = _mm512_setzero_ps();
+    int32_t k = 0;
+    for (; k + V <= d; k += V) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s);
+    if (k < d) {
+        __mmask16 m = tail_mask(d - k);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), s);
+    }
+    return reduce1(s);
+}
+
+static float k_dot_f16(const float *a, const uint16_t *b, int32_t d) {
+    __m512 s = _mm512_setzero_ps();
+    int32_t k = 0;
+    for (; k + V <= d; k += V) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), load_f16(b + k), s);
+    if (k < d) {
+        __mmask16 m = tail_mask(d - k);
+        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), load_f16_mask(b + k, m), s);
+    }
+    return reduce1(s);
+}
+
+static void k_axpy_f32(float *y, float a, const float *x, int32_t d) {
+    __m512 va = _mm512_set1_ps(a);
+    int32_t k = 0;
+    for (; k + V <= d; k += V)
+        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + k), _mm512_loadu_ps(y + k)));
+    if (k < d) {
+        __mmask16 m = tail_mask(d - k);
+        _mm512_mask_storeu_ps(y + k, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + k),
+                                                        _mm512_maskz_loadu_ps(m, y + k)));
+    }
+}
+
+static void k_axpy_f16(float *y, float a, const uint16_t *x, int32_t d) {
+    __m512 va = _mm512_set1_ps(a);
+    int32_t k = 0;
+    for (; k + V <= d; k += V)
+        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(va, load_f16(x + k), _mm512_loadu_ps(y + k)));
+    if (k < d) {
+        __mmask16 m = tail_mask(d - k);
+        _mm512_mask_storeu_ps(y + k, m, _mm512_fmadd_ps(va, load_f16_mask(x + k, m),
+                                                        _mm512_maskz_loadu_ps(m, y + k)));
+    }
+}
+
+static inline __attribute__((always_inline)) void
+pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint8_t *v, int32_t hd) {
+    size_t esz = type == TDM_F16 ? 2 : 4, row = (size_t)hd * esz;
+    int32_t d = 0;
+    for (; d + 4 * V <= hd; d += 4 * V) {
+        __m512 s0 = _mm512_loadu_ps(acc + d), s1 = _mm512_loadu_ps(acc + d + V);
+        __m512 s2 = _mm512_loadu_ps(acc + d + 2 * V), s3 = _mm512_loadu_ps(acc + d + 3 * V);
+        const uint8_t *vp = v + (size_t)d * esz;
+        for (int32_t i = 0; i < cnt; i++, vp += row) {
+            __m512 pi = _mm512_set1_ps(p[i]);
+            s0 = _mm512_fmadd_ps(pi, wload(type, vp, 0), s0);
+            s1 = _mm512_fmadd_ps(pi, wload(type, vp, V), s1);
+            s2 = _mm512_fmadd_ps(pi, wload(type, vp, 2 * V), s2);
+            s3 = _mm512_fmadd_ps(pi, wload(type, vp, 3 * V), s3);
+        }
+        _mm512_storeu_ps(acc + d, s0);
+        _mm512_storeu_ps(acc + d + V, s1);
+        _mm512_storeu_ps(acc + d + 2 * V, s2);
+        _mm512_storeu_ps(acc + d + 3 * V, s3);
+    }
+    for (; d < hd; d += V) {
+        __mmask16 m = tail_mask(TDM_MIN(V, hd - d));
+        if (hd - d >= V) m = 0xffff;
+        __m512 s0 = _mm512_maskz_loadu_ps(m, acc + d);
+        const uint8_t *vp = v + (size_t)d * esz;
+        for (int32_t i = 0; i < cnt; i++, vp += row)
+            s0 = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), wload_mask(type, vp, 0, m), s0);
+        _mm512_mask_storeu_ps(acc + d, m, s0);
+    }
+}
+
+static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
+                      uint32_t type, int32_t cnt, int32_t hd) {
+    for (int32_t h = 0; h < nh; h++) {
+        if (type == TDM_F16) pv_rows(TDM_F16, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
+        else pv_rows(TDM_F32, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
+    }
+}
+
+/* ---- exp, softmax, swiglu ------------------------------------------------------ */
+
+/* exp(x) to about 2 ulp: x clamped to [-87.3, 88.7], 2^n * poly(r) with
+ * n = round(x / ln 2) and r = x - n ln 2 (ln 2 in two parts). */
+static inline __m512 vexp(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+static float k_softmax_num(float *x, int32_t n) {
+    __m512 vm = _mm512_set1_ps(-INFINITY);
+    int32_t i = 0;
+    for (; i + V <= n; i += V) vm = _mm512_max_ps(vm, _mm512_loadu_ps(x + i));
+    float m = _mm512_reduce_max_ps(vm);
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    __m512 s = _mm512_setzero_ps(), mm = _mm512_set1_ps(m);
+    for (i = 0; i + V <= n; i += V) {
+        __m512 e = vexp(_mm512_sub_ps(_mm512_loadu_ps(x + i), mm));
+        _mm512_storeu_ps(x + i, e);
+        s = _mm512_add_ps(s, e);
+    }
+    if (i < n) {
+        const __m512i lanes = _mm512_maskz_set1_epi32(tail_mask(n - i), -1);
+        __m512 t = _mm512_maskz_loadu_ps(tail_mask(n - i), x + i);
+        __m512 e = vexp(_mm512_sub_ps(t, mm));
+        e = _mm512_and_ps(e, _mm512_castsi512_ps(lanes)); /* zero the lanes past n */
+        _mm512_mask_storeu_ps(x + i, tail_mask(n - i), e);
+        s = _mm512_add_ps(s, e);
+    }
+    return reduce1(s);
+}
+
+static void k_swiglu(const float *g, const float *u, float *o, int32_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    int32_t i = 0;
+    for (; i + V <= n; i += V) {
+        __m512 gv = _mm512_loadu_ps(g + i);
+        __m512 sig = _mm512_div_ps(gv, _mm512_add_ps(one, vexp(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
+        _mm512_storeu_ps(o + i, _mm512_mul_ps(sig, _mm512_loadu_ps(u + i)));
+    }
+    for (; i < n; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void k_to_f16(const float *src, uint16_t *dst, int32_t n) {
+    int32_t i = 0;
+    for (; i + V <= n; i += V) {
+        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i *)(dst + i), h);
+    }
+    for (; i < n; i++) dst[i] = tdm_f32_to_f16(src[i]);
+}
+
+const tdm_cpu_kernels tdm_cpu_kernels_avx512 = {
+    .name = "avx512",
+    .convert_rows = k_convert_rows,
+    .gemm = k_gemm,
+    .gemv = k_gemv,
+    .dot_f32 = k_dot_f32,
+    .dot_f16 = k_dot_f16,
+    .axpy_f32 = k_axpy_f32,
+    .axpy_f16 = k_axpy_f16,
+    .attn_pv = k_attn_pv,
+    .softmax_num = k_softmax_num,
+    .swiglu = k_swiglu,
+    .to_f16 = k_to_f16,
+};

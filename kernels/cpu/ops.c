@@ -1,0 +1,275 @@
+/* ops.c - the element-wise / row-wise CPU ops: get_rows, rmsnorm, add_bias, rope,
+ * swiglu, gather_rows, kv_write.  Each validates its arguments, then hands rows
+ * (one chunk each) to the thread pool when the work is large enough to pay for the
+ * dispatch. */
+#include <math.h>
+#include <string.h>
+
+#include "cpu_internal.h"
+
+/* Elements per thread below which an op stays on the calling thread. */
+#define MIN_WORK 16384
+
+#define GET_CPU(op)                                                     \
+    tdm_cpu *c = tdm_cpu_of(b, op, err);                                \
+    if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG
+
+/* ---- get_rows ------------------------------------------------------------------ */
+
+typedef struct get_rows_job {
+    const tdm_cpu *c;
+    const tdm_weight *w;
+    const int32_t *ids;
+    int32_t n;
+    float *out; /* [n][cols] */
+} get_rows_job;
+
+static void get_rows_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    get_rows_job *j = ctx;
+    j->c->k->convert_rows(j->w, j->ids[i], 1, j->out + i * j->w->cols, j->w->cols);
+}
+
+tandem_status tdm_cpu_get_rows(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n,
+                               float *out, tdm_err *err) {
+    GET_CPU("get_rows");
+    tandem_status st = tdm_cpu_check_weight(w, "get_rows", err);
+    if (st != TANDEM_OK) return st;
+    if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: n = %d", (int)n);
+    if (n == 0) return TANDEM_OK;
+    if (!ids || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: NULL ids or out");
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= w->rows)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: id %d at %d out of range [0, %lld)",
+                              (int)ids[i], (int)i, (long long)w->rows);
+    get_rows_job j = {c, w, ids, n, out};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * w->cols, MIN_WORK), get_rows_task, &j);
+    return TANDEM_OK;
+}
+
+/* ---- rmsnorm ------------------------------------------------------------------- */
+
+typedef struct rmsnorm_job {
+    const float *x, *gamma;
+    int32_t n, dim;
+    float eps;
+    float *out;
+} rmsnorm_job;
+
+static void rmsnorm_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    rmsnorm_job *j = ctx;
+    {
+        const float *x = j->x + i * j->dim;
+        float *o = j->out + i * j->dim;
+        double acc[4] = {0, 0, 0, 0};
+        int32_t k = 0;
+        for (; k + 4 <= j->dim; k += 4)
+            for (int l = 0; l < 4; l++) acc[l] += (double)x[k + l] * x[k + l];
+        for (; k < j->dim; k++) acc[0] += (double)x[k] * x[k];
+        double ss = (acc[0] + acc[2]) + (acc[1] + acc[3]);
+        float inv = (float)(1.0 / sqrt(ss / j->dim + (double)j->eps));
+        for (k = 0; k < j->dim; k++) o[k] = x[k] * inv * j->gamma[k];
+    }
+}
+
+tandem_status tdm_cpu_rmsnorm(tdm_backend *b, const float *x, const float *gamma, int32_t n,
+                              int32_t dim, float eps, float *out, tdm_err *err) {
+    GET_CPU("rmsnorm");
+    if (n < 0 || dim <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: n = %d, dim = %d", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !gamma || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: NULL pointer");
+    if (!(eps >= 0)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: eps %g", (double)eps);
+    rmsnorm_job j = {x, gamma, n, dim, eps, out};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, MIN_WORK), rmsnorm_task, &j);
+    return TANDEM_OK;
+}
+
+/* ---- add_bias ------------------------------------------------------------------ */
+
+tandem_status tdm_cpu_add_bias(tdm_backend *b, float *y, const float *bias, int32_t n, int32_t dim,
+                               tdm_err *err) {
+    GET_CPU("add_bias");
+    (void)c;
+    if (n < 0 || dim <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "add_bias: n = %d, dim = %d", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (!y || !bias) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "add_bias: NULL pointer");
+    for (int64_t i = 0; i < n; i++) {
+        float *yi = y + i * dim;
+        for (int32_t k = 0; k < dim; k++) yi[k] += bias[k];
+    }
+    return TANDEM_OK;
+}
+
+/* ---- rope ---------------------------------------------------------------------- */
+
+#define ROPE_MAX_ROT 1024
+
+typedef struct rope_job {
+    float *x;
+    int32_t n, row_stride, n_head, head_dim;
+    const int32_t *pos;
+    const tdm_rope_params *rp;
+    double inv_freq[ROPE_MAX_ROT / 2]; /* base^(-2i/n_rot) */
+} rope_job;
+
+static void rope_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    rope_job *j = ctx;
+    int32_t half = j->rp->n_rot / 2;
+    float cs[ROPE_MAX_ROT / 2][2]; /* cos, sin per pair */
+    {
+        double p = (double)j->pos[i] * (double)j->rp->freq_scale;
+        for (int32_t t = 0; t < half; t++) {
+            double theta = p * j->inv_freq[t];
+            cs[t][0] = (float)cos(theta);
+            cs[t][1] = (float)sin(theta);
+        }
+        for (int32_t h = 0; h < j->n_head; h++) {
+            float *v = j->x + i * j->row_stride + (int64_t)h * j->head_dim;
+            for (int32_t t = 0; t < half; t++) {
+                int32_t a = j->rp->neox ? t : 2 * t;
+                int32_t bb = j->rp->neox ? t + half : 2 * t + 1;
+                float x0 = v[a], x1 = v[bb];
+                v[a] = x0 * cs[t][0] - x1 * cs[t][1];
+                v[bb] = x0 * cs[t][1] + x1 * cs[t][0];
+            }
+        }
+    }
+}
+
+tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                           int32_t head_dim, const int32_t *pos, const tdm_rope_params *rp,
+                           tdm_err *err) {
+    GET_CPU("rope");
+    if (!rp) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL params");
+    if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "rope: n = %d, n_head = %d, head_dim = %d, row_stride = %d", (int)n,
+                          (int)n_head, (int)head_dim, (int)row_stride);
+    if (rp->n_rot <= 0 || rp->n_rot % 2 != 0 || rp->n_rot > head_dim)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: n_rot %d (head_dim %d)", (int)rp->n_rot,
+                          (int)head_dim);
+    if (rp->n_rot > ROPE_MAX_ROT)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope: n_rot %d > %d", (int)rp->n_rot,
+                          ROPE_MAX_ROT);
+    if (!(rp->freq_base > 0) || !isfinite(rp->freq_scale))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: freq_base %g, freq_scale %g",
+                          (double)rp->freq_base, (double)rp->freq_scale);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !pos) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x or pos");
+    rope_job j = {.x = x, .n = n, .row_stride = row_stride, .n_head = n_head, .head_dim = head_dim,
+                  .pos = pos, .rp = rp};
+    for (int32_t t = 0; t < rp->n_rot / 2; t++)
+        j.inv_freq[t] = pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
+    int64_t work = (int64_t)n * (n_head * rp->n_rot + 16 * rp->n_rot);
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, work, MIN_WORK), rope_task, &j);
+    return TANDEM_OK;
+}
+
+/* ---- swiglu -------------------------------------------------------------------- */
+
+typedef struct swiglu_job {
+    const tdm_cpu *c;
+    const float *gate_up; /* [n][2 * ff] */
+    int32_t n, ff;
+    float *out;           /* [n][ff] */
+} swiglu_job;
+
+static void swiglu_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    swiglu_job *j = ctx;
+    {
+        const float *g = j->gate_up + i * 2 * j->ff, *u = g + j->ff;
+        float *o = j->out + i * j->ff;
+        j->c->k->swiglu(g, u, o, j->ff);
+    }
+}
+
+tandem_status tdm_cpu_swiglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff,
+                             float *out, tdm_err *err) {
+    GET_CPU("swiglu");
+    if (n < 0 || ff <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: n = %d, ff = %d", (int)n, (int)ff);
+    if (n == 0) return TANDEM_OK;
+    if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: NULL pointer");
+    swiglu_job j = {c, gate_up, n, ff, out};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * ff * 8, MIN_WORK), swiglu_task, &j);
+    return TANDEM_OK;
+}
+
+/* ---- gather_rows --------------------------------------------------------------- */
+
+tandem_status tdm_cpu_gather_rows(tdm_backend *b, const float *x, const int32_t *rows, int32_t n,
+                                  int32_t dim, float *out, tdm_err *err) {
+    GET_CPU("gather_rows");
+    (void)c;
+    if (n < 0 || dim <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gather_rows: n = %d, dim = %d", (int)n,
+                          (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !rows || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gather_rows: NULL pointer");
+    for (int32_t i = 0; i < n; i++)
+        if (rows[i] < 0)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gather_rows: row %d at %d", (int)rows[i],
+                              (int)i);
+    for (int32_t i = 0; i < n; i++)
+        memmove(out + (int64_t)i * dim, x + (int64_t)rows[i] * dim, (size_t)dim * sizeof(float));
+    return TANDEM_OK;
+}
+
+/* ---- kv_write ------------------------------------------------------------------ */
+
+/* Element offset of (block, kv head g, position p) in a [n_blocks][n_kv_head][bs][hd] cache. */
+static inline int64_t kv_offset(int32_t block, int32_t g, int32_t p, int32_t n_kv_head,
+                                int32_t bs, int32_t hd) {
+    return (((int64_t)block * n_kv_head + g) * bs + p) * hd;
+}
+
+tandem_status tdm_cpu_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err) {
+    GET_CPU("kv_write");
+    if (!a || !a->batch) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: NULL args or batch");
+    const tdm_batch *bt = a->batch;
+    if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: n_rows %d", (int)bt->n_rows);
+    if (bt->n_rows == 0) return TANDEM_OK;
+    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "kv_write: cache type %s",
+                          tdm_dtype_name(a->cache_type));
+    if (a->n_kv_head <= 0 || a->head_dim <= 0 || a->block_size <= 0 ||
+        (int64_t)a->n_kv_head * a->head_dim > a->row_stride)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "kv_write: n_kv_head %d, head_dim %d, block_size %d, row_stride %d",
+                          (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->row_stride);
+    if (!a->seqs || !a->k || !a->v || !a->k_cache || !a->v_cache || !bt->seq || !bt->slot)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: NULL pointer");
+    int32_t bs = a->block_size, hd = a->head_dim, nkv = a->n_kv_head;
+    for (int32_t r = 0; r < bt->n_rows; r++) {
+        int32_t si = bt->seq[r], slot = bt->slot[r];
+        const tdm_kv_seq *s = si >= 0 ? a->seqs[si] : NULL;
+        if (!s || !s->blocks)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: row %d: bad sequence %d", (int)r,
+                              (int)si);
+        if (slot < 0 || slot >= s->len || slot / bs >= s->n_blocks || s->blocks[slot / bs] < 0)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                              "kv_write: row %d: slot %d outside the sequence (len %d, %d blocks)",
+                              (int)r, (int)slot, (int)s->len, (int)s->n_blocks);
+    }
+    for (int32_t r = 0; r < bt->n_rows; r++) {
+        const tdm_kv_seq *s = a->seqs[bt->seq[r]];
+        int32_t slot = bt->slot[r], block = s->blocks[slot / bs], p = slot % bs;
+        const float *k = a->k + (int64_t)r * a->row_stride, *v = a->v + (int64_t)r * a->row_stride;
+        for (int32_t g = 0; g < nkv; g++) {
+            int64_t off = kv_offset(block, g, p, nkv, bs, hd);
+            if (a->cache_type == TDM_F32) {
+                memcpy((float *)a->k_cache + off, k + (int64_t)g * hd, (size_t)hd * sizeof(float));
+                memcpy((float *)a->v_cache + off, v + (int64_t)g * hd, (size_t)hd * sizeof(float));
+            } else {
+                c->k->to_f16(k + (int64_t)g * hd, (uint16_t *)a->k_cache + off, hd);
+                c->k->to_f16(v + (int64_t)g * hd, (uint16_t *)a->v_cache + off, hd);
+            }
+        }
+    }
+    return TANDEM_OK;
+}

@@ -1,0 +1,40 @@
+/* threadpool.h - a fork-join thread pool with low dispatch overhead.
+ *
+ * tdm_threadpool_run(pool, n_chunks, max_threads, fn, ctx) calls fn(ctx, chunk, ith)
+ * once for every chunk in [0, n_chunks) and returns when all calls have finished.
+ * Chunks are claimed dynamically (one atomic word), by the calling thread (ith = 0)
+ * and by up to max_threads - 1 workers (ith = 1 ..), so a worker that the OS has
+ * descheduled simply does less work: the caller never waits for a thread that has
+ * not started a chunk.  Which thread runs a chunk must not change its result
+ * (callers make each chunk a self-contained unit of work), so results do not
+ * depend on the thread count or on scheduling.
+ *
+ * Idle workers spin on an atomic generation counter for a short while
+ * (TANDEM_SPIN_US microseconds, default 200) before sleeping on a condition
+ * variable, so back-to-back ops dispatch in well under a microsecond.
+ *
+ * One job at a time: run is not reentrant and must be called from one thread.
+ */
+#ifndef TDM_THREADPOOL_H
+#define TDM_THREADPOOL_H
+
+#include "common.h"
+
+typedef struct tdm_threadpool tdm_threadpool;
+/* ith: the thread running the chunk, in [0, pool size) (for per-thread scratch). */
+typedef void (*tdm_task_fn)(void *ctx, int64_t chunk, int ith);
+
+#define TDM_THREADPOOL_MAX_THREADS 1024
+#define TDM_THREADPOOL_MAX_CHUNKS ((int64_t)1 << 26)
+
+/* A pool of n_threads threads in all (the caller counts as one: n_threads - 1
+ * workers are started).  1 <= n_threads <= TDM_THREADPOOL_MAX_THREADS. */
+tandem_status tdm_threadpool_create(int n_threads, tdm_threadpool **out, tdm_err *err);
+void tdm_threadpool_destroy(tdm_threadpool *tp); /* NULL is a no-op */
+int tdm_threadpool_size(const tdm_threadpool *tp);
+/* Runs fn over n_chunks chunks on at most max_threads threads (clamped to [1, size]);
+ * 1 thread, or more than TDM_THREADPOOL_MAX_CHUNKS chunks, runs inline in order. */
+void tdm_threadpool_run(tdm_threadpool *tp, int64_t n_chunks, int max_threads, tdm_task_fn fn,
+                        void *ctx);
+
+#endif

@@ -1,0 +1,167 @@
+/* ref_ops.c - reference implementations of the backend ops (see ref_ops.h). */
+#include "ref_ops.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void ref_get_rows(const tdm_weight *w, const int32_t *ids, int32_t n, float *out) {
+    for (int32_t i = 0; i < n; i++)
+        tdm_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)ids[i] * w->row_bytes,
+                       out + (size_t)i * w->cols, w->cols);
+}
+
+void ref_rmsnorm(const float *x, const float *gamma, int32_t n, int32_t dim, float eps, float *out) {
+    for (int32_t i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * dim;
+        double ss = 0;
+        for (int32_t k = 0; k < dim; k++) ss += (double)xi[k] * xi[k];
+        double inv = 1.0 / sqrt(ss / dim + eps);
+        for (int32_t k = 0; k < dim; k++) out[(size_t)i * dim + k] = (float)(xi[k] * inv * gamma[k]);
+    }
+}
+
+void ref_matmul(const tdm_weight *w, const float *x, int32_t n, float *y, bool accumulate) {
+    float *row = malloc((size_t)w->cols * sizeof(float));
+    if (!row) return;
+    for (int64_t r = 0; r < w->rows; r++) {
+        tdm_row_to_f32(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, row, w->cols);
+        for (int32_t i = 0; i < n; i++) {
+            double s = 0;
+            for (int64_t k = 0; k < w->cols; k++) s += (double)x[(size_t)i * w->cols + k] * row[k];
+            float *yi = &y[(size_t)i * w->rows + r];
+            *yi = accumulate ? (float)(*yi + s) : (float)s;
+        }
+    }
+    free(row);
+}
+
+void ref_add_bias(float *y, const float *bias, int32_t n, int32_t dim) {
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t k = 0; k < dim; k++) y[(size_t)i * dim + k] += bias[k];
+}
+
+void ref_rope(float *x, int32_t n, int32_t row_stride, int32_t n_head, int32_t head_dim,
+              const int32_t *pos, const tdm_rope_params *rp) {
+    int32_t half = rp->n_rot / 2;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t h = 0; h < n_head; h++) {
+            float *v = x + (size_t)i * row_stride + (size_t)h * head_dim;
+            for (int32_t t = 0; t < half; t++) {
+                double theta = (double)pos[i] * (double)rp->freq_scale *
+                               pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
+                int32_t a = rp->neox ? t : 2 * t, b = rp->neox ? t + half : 2 * t + 1;
+                double x0 = v[a], x1 = v[b];
+                v[a] = (float)(x0 * cos(theta) - x1 * sin(theta));
+                v[b] = (float)(x0 * sin(theta) + x1 * cos(theta));
+            }
+        }
+}
+
+void ref_swiglu(const float *gate_up, int32_t n, int32_t ff, float *out) {
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t k = 0; k < ff; k++) {
+            double g = gate_up[(size_t)i * 2 * ff + k], u = gate_up[(size_t)i * 2 * ff + ff + k];
+            out[(size_t)i * ff + k] = (float)(g / (1.0 + exp(-g)) * u);
+        }
+}
+
+void ref_gather_rows(const float *x, const int32_t *rows, int32_t n, int32_t dim, float *out) {
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t k = 0; k < dim; k++) out[(size_t)i * dim + k] = x[(size_t)rows[i] * dim + k];
+}
+
+/* Index of (slot, kv head g, element d) of a sequence in a paged cache. */
+static size_t ref_cache_index(const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t d,
+                              int32_t n_kv_head, int32_t block_size, int32_t head_dim) {
+    size_t block = (size_t)s->blocks[slot / block_size];
+    size_t pos = (size_t)(slot % block_size);
+    return ((block * n_kv_head + g) * block_size + pos) * head_dim + d;
+}
+
+static float ref_cache_get(const void *cache, uint32_t type, size_t i) {
+    if (type == TDM_F16) return tdm_f16_to_f32(((const uint16_t *)cache)[i]);
+    return ((const float *)cache)[i];
+}
+
+void ref_kv_write(const tdm_kv_write_args *a) {
+    for (int32_t r = 0; r < a->batch->n_rows; r++) {
+        const tdm_kv_seq *s = a->seqs[a->batch->seq[r]];
+        for (int32_t g = 0; g < a->n_kv_head; g++)
+            for (int32_t d = 0; d < a->head_dim; d++) {
+                size_t ci = ref_cache_index(s, a->batch->slot[r], g, d, a->n_kv_head, a->block_size,
+                                            a->head_dim);
+                float kv = a->k[(size_t)r * a->row_stride + (size_t)g * a->head_dim + d];
+                float vv = a->v[(size_t)r * a->row_stride + (size_t)g * a->head_dim + d];
+                if (a->cache_type == TDM_F16) {
+                    ((uint16_t *)a->k_cache)[ci] = tdm_f32_to_f16(kv);
+                    ((uint16_t *)a->v_cache)[ci] = tdm_f32_to_f16(vv);
+                } else {
+                    ((float *)a->k_cache)[ci] = kv;
+                    ((float *)a->v_cache)[ci] = vv;
+                }
+            }
+    }
+}
+
+void ref_attention(const tdm_attn_args *a) {
+    const tdm_batch *bt = a->batch;
+    int32_t group = a->n_head / a->n_kv_head, hd = a->head_dim;
+    for (int32_t r = 0; r < bt->n_rows; r++) {
+        const tdm_kv_seq *s = a->seqs[bt->seq[r]];
+        int32_t n_extra = bt->extra_off ? bt->extra_off[r + 1] - bt->extra_off[r] : 0;
+        int32_t n_tot = bt->n_visible[r] + n_extra;
+        int32_t *slots = malloc((size_t)(n_tot + 1) * sizeof(int32_t));
+        double *p = malloc((size_t)(n_tot + 1) * sizeof(double));
+        if (!slots || !p) {
+            free(slots);
+            free(p);
+            return;
+        }
+        for (int32_t i = 0; i < bt->n_visible[r]; i++) slots[i] = i;
+        for (int32_t e = 0; e < n_extra; e++)
+            slots[bt->n_visible[r] + e] = bt->extra_slot[bt->extra_off[r] + e];
+        for (int32_t h = 0; h < a->n_head; h++) {
+            int32_t g = h / group;
+            const float *q = a->q + (size_t)r * a->q_stride + (size_t)h * hd;
+            float *out = a->out + (size_t)r * a->n_head * hd + (size_t)h * hd;
+            double m = -INFINITY, sum = 0;
+            for (int32_t i = 0; i < n_tot; i++) {
+                double dot = 0;
+                for (int32_t d = 0; d < hd; d++)
+                    dot += (double)q[d] *
+                           ref_cache_get(a->k_cache, a->cache_type,
+                                         ref_cache_index(s, slots[i], g, d, a->n_kv_head,
+                                                         a->block_size, hd));
+                p[i] = dot * a->scale;
+                if (p[i] > m) m = p[i];
+            }
+            for (int32_t i = 0; i < n_tot; i++) {
+                p[i] = exp(p[i] - m);
+                sum += p[i];
+            }
+            for (int32_t d = 0; d < hd; d++) {
+                double o = 0;
+                for (int32_t i = 0; i < n_tot; i++)
+                    o += p[i] * ref_cache_get(a->v_cache, a->cache_type,
+                                              ref_cache_index(s, slots[i], g, d, a->n_kv_head,
+                                                              a->block_size, hd));
+                out[d] = n_tot > 0 ? (float)(o / sum) : 0.0f;
+            }
+        }
+        free(slots);
+        free(p);
+    }
+}
+
+double ref_nrm_err(const float *a, const float *b, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(a[i]) != isnan(b[i])) return 1e30;
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    if (den == 0) return num == 0 ? 0 : 1e30;
+    return sqrt(num / den);
+}

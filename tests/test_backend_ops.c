@@ -1,0 +1,720 @@
+/* test_backend_ops.c - every CPU op, at every SIMD level this machine has, against
+ * the reference implementations in ref_ops.c; determinism across thread counts;
+ * argument validation. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu_internal.h"
+#include "ref_ops.h"
+#include "testutil.h"
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static int avail_levels(tdm_cpu_level out[TDM_CPU_N_LEVELS]) {
+    int n = 0;
+    for (int l = 0; l <= (int)tdm_cpu_best_level(); l++) out[n++] = (tdm_cpu_level)l;
+    return n;
+}
+
+static tdm_backend *mk_backend(tdm_cpu_level level, int nt) {
+    tdm_backend *b = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create_level(nt, level, &b, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(b->n_threads, nt);
+    cr_assert_eq(tdm_backend_cpu_level(b), (int)level);
+    return b;
+}
+
+static float *rand_vec(uint64_t *rng, size_t n, float lo, float hi) {
+    float *v = malloc(n * sizeof(float) + 64);
+    cr_assert(v);
+    for (size_t i = 0; i < n; i++) v[i] = tdm_test_randf(rng, lo, hi);
+    return v;
+}
+
+/* A random weight of the given type built with tdm_row_from_f32 (data malloc'd). */
+static tdm_weight mk_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng) {
+    uint64_t rb;
+    cr_assert(tdm_dtype_row_bytes(type, (uint64_t)cols, &rb));
+    tdm_weight w = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb};
+    uint8_t *data = malloc((size_t)(rb * (uint64_t)rows) + 64);
+    cr_assert(data);
+    float *row = rand_vec(rng, (size_t)cols, -1.0f, 1.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < cols; k++) row[k] = tdm_test_randf(rng, -1.0f, 1.0f);
+        tdm_row_from_f32(type, row, data + r * rb, cols);
+    }
+    free(row);
+    w.data = data;
+    return w;
+}
+
+static const uint32_t all_types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+
+static bool is_quant(uint32_t t) { return t == TDM_Q8_0 || t == TDM_Q4_0; }
+
+/* ---- matmul -------------------------------------------------------------------- */
+
+static void check_matmul(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols, int32_t n,
+                         bool acc, uint64_t seed) {
+    uint64_t rng = seed;
+    tdm_weight w = mk_weight(type, rows, cols, &rng);
+    float *x = rand_vec(&rng, (size_t)n * cols, -1, 1);
+    float *y = rand_vec(&rng, (size_t)n * rows, -1, 1);
+    float *yr = malloc((size_t)n * rows * sizeof(float) + 4);
+    memcpy(yr, y, (size_t)n * rows * sizeof(float));
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->matmul(b, &w, x, n, y, acc, &err), TANDEM_OK, "%s", err.msg);
+    ref_matmul(&w, x, n, yr, acc);
+    double e = ref_nrm_err(y, yr, (size_t)n * rows);
+    cr_assert(e < 1e-5, "matmul %s level %d [%lld][%lld] n=%d acc=%d: err %g", tdm_dtype_name(type),
+              tdm_backend_cpu_level(b), (long long)rows, (long long)cols, n, acc, e);
+    free((void *)w.data);
+    free(x);
+    free(y);
+    free(yr);
+}
+
+Test(matmul, all_levels_types_shapes) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    /* rows, cols, n */
+    static const int64_t shapes[][3] = {
+        {1, 32, 1},   {5, 64, 1},    {4, 32, 2},    {7, 96, 3},   {33, 160, 5},  {64, 384, 1},
+        {130, 128, 17}, {45, 256, 128}, {17, 32, 9}, {300, 64, 4}, {129, 1024, 2},
+    };
+    static const int64_t odd_shapes[][3] = {{3, 1, 1},  {9, 7, 2},   {11, 17, 5},
+                                            {6, 37, 1}, {21, 100, 6}, {40, 15, 33}};
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = mk_backend(lv[l], 2);
+        for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
+            for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+                for (int acc = 0; acc < 2; acc++)
+                    check_matmul(b, all_types[t], shapes[s][0], shapes[s][1], (int32_t)shapes[s][2],
+                                 acc, 1000 + s * 7 + t);
+            if (!is_quant(all_types[t]))
+                for (size_t s = 0; s < TDM_ARRAY_LEN(odd_shapes); s++)
+                    check_matmul(b, all_types[t], odd_shapes[s][0], odd_shapes[s][1],
+                                 (int32_t)odd_shapes[s][2], s & 1, 2000 + s);
+        }
+        tdm_backend_destroy(b);
+    }
+}
+
+/* Bit-identical across thread counts, and row i of a batched matmul equals the
+ * matmul of row i alone (decode and verification agree exactly). */
+Test(matmul, deterministic_threads_and_batch) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    const int64_t rows = 203, cols = 192;
+    const int32_t n = 11;
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *bs[3] = {mk_backend(lv[l], 1), mk_backend(lv[l], 2), mk_backend(lv[l], 3)};
+        for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
+            uint64_t rng = 77 + t;
+            tdm_weight w = mk_weight(all_types[t], rows, cols, &rng);
+            float *x = rand_vec(&rng, (size_t)n * cols, -2, 2);
+            float *y[3];
+            for (int k = 0; k < 3; k++) {
+                y[k] = calloc((size_t)n * rows, sizeof(float));
+                cr_assert_eq(bs[k]->ops->matmul(bs[k], &w, x, n, y[k], false, NULL), TANDEM_OK);
+            }
+            cr_assert(memcmp(y[0], y[1], (size_t)n * rows * 4) == 0, "1 vs 2 threads, %s level %d",
+                      tdm_dtype_name(all_types[t]), lv[l]);
+            cr_assert(memcmp(y[0], y[2], (size_t)n * rows * 4) == 0, "1 vs 3 threads, %s level %d",
+                      tdm_dtype_name(all_types[t]), lv[l]);
+            float *y1 = calloc((size_t)rows, sizeof(float));
+            for (int32_t i = 0; i < n; i++) {
+                cr_assert_eq(bs[1]->ops->matmul(bs[1], &w, x + i * cols, 1, y1, false, NULL), TANDEM_OK);
+                cr_assert(memcmp(y1, y[0] + i * rows, (size_t)rows * 4) == 0,
+                          "row %d alone differs from the batch, %s level %d", i,
+                          tdm_dtype_name(all_types[t]), lv[l]);
+            }
+            free(y1);
+            for (int k = 0; k < 3; k++) free(y[k]);
+            free(x);
+            free((void *)w.data);
+        }
+        for (int k = 0; k < 3; k++) tdm_backend_destroy(bs[k]);
+    }
+}
+
+Test(matmul, rejects_bad_args) {
+    tdm_backend *b = mk_backend(tdm_cpu_best_level(), 2);
+    uint64_t rng = 5;
+    tdm_weight w = mk_weight(TDM_F32, 4, 32, &rng);
+    float x[64] = {0}, y[8] = {0};
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->matmul(b, NULL, x, 1, y, false, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->matmul(b, &w, NULL, 1, y, false, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->matmul(b, &w, x, -1, y, false, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "matmul"), "%s", err.msg);
+    tdm_weight bad = w;
+    bad.type = 77;
+    cr_assert_eq(b->ops->matmul(b, &bad, x, 1, y, false, &err), TANDEM_ERR_UNSUPPORTED);
+    bad = w;
+    bad.type = TDM_Q8_0;
+    bad.cols = 33;
+    bad.row_bytes = 1000;
+    cr_assert_eq(b->ops->matmul(b, &bad, x, 1, y, false, &err), TANDEM_ERR_UNSUPPORTED);
+    cr_assert(strstr(err.msg, "multiple of 32"), "%s", err.msg);
+    bad = w;
+    bad.row_bytes = 8;
+    cr_assert_eq(b->ops->matmul(b, &bad, x, 1, y, false, &err), TANDEM_ERR_INVALID_ARG);
+    bad = w;
+    bad.data = NULL;
+    cr_assert_eq(b->ops->matmul(b, &bad, x, 1, y, false, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->matmul(b, &w, x, 0, y, false, &err), TANDEM_OK);
+    free((void *)w.data);
+    tdm_backend_destroy(b);
+}
+
+/* ---- get_rows, rmsnorm, add_bias, swiglu, gather_rows --------------------------- */
+
+Test(ops, get_rows_all_types) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = mk_backend(lv[l], 2);
+        for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
+            int64_t cols = is_quant(all_types[t]) ? 96 : 45;
+            uint64_t rng = 11 + t;
+            tdm_weight w = mk_weight(all_types[t], 50, cols, &rng);
+            int32_t ids[7] = {0, 49, 3, 3, 17, 25, 48};
+            float *out = calloc(7 * (size_t)cols, 4), *ref = calloc(7 * (size_t)cols, 4);
+            cr_assert_eq(b->ops->get_rows(b, &w, ids, 7, out, NULL), TANDEM_OK);
+            ref_get_rows(&w, ids, 7, ref);
+            cr_assert(memcmp(out, ref, 7 * (size_t)cols * 4) == 0, "get_rows %s level %d",
+                      tdm_dtype_name(all_types[t]), lv[l]);
+            int32_t bad = 50;
+            tdm_err err = {0};
+            cr_assert_eq(b->ops->get_rows(b, &w, &bad, 1, out, &err), TANDEM_ERR_INVALID_ARG);
+            free(out);
+            free(ref);
+            free((void *)w.data);
+        }
+        tdm_backend_destroy(b);
+    }
+}
+
+/* Every f16 bit pattern (subnormals, inf, NaN) converts exactly, at every level
+ * (bit-exact except NaN payloads). */
+Test(ops, get_rows_f16_exhaustive) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    uint16_t *h = malloc(65536 * 2);
+    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    tdm_weight w = {.type = TDM_F16, .rows = 1024, .cols = 64, .row_bytes = 128, .data = h};
+    int32_t ids[1024];
+    for (int i = 0; i < 1024; i++) ids[i] = 1023 - i;
+    float *out = malloc(65536 * 4), *ref = malloc(65536 * 4);
+    ref_get_rows(&w, ids, 1024, ref);
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = mk_backend(lv[l], 2);
+        cr_assert_eq(b->ops->get_rows(b, &w, ids, 1024, out, NULL), TANDEM_OK);
+        for (int i = 0; i < 65536; i++) {
+            /* F16C quiets signalling NaNs: NaNs need only stay NaN */
+            if (isnan(ref[i])) {
+                cr_assert(isnan(out[i]), "element %d: not NaN at level %d", i, lv[l]);
+                continue;
+            }
+            cr_assert(memcmp(&out[i], &ref[i], 4) == 0, "f16 conversion differs at level %d: %g vs %g",
+                      lv[l], (double)out[i], (double)ref[i]);
+        }
+        tdm_backend_destroy(b);
+    }
+    free(h);
+    free(out);
+    free(ref);
+}
+
+Test(ops, rmsnorm_bias_swiglu_gather) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    static const int32_t dims[][2] = {{1, 1}, {3, 7}, {5, 384}, {64, 1000}, {2, 33}};
+    for (int l = 0; l < nl; l++)
+        for (int nt = 1; nt <= 3; nt++) {
+            tdm_backend *b = mk_backend(lv[l], nt);
+            for (size_t s = 0; s < TDM_ARRAY_LEN(dims); s++) {
+                int32_t n = dims[s][0], dim = dims[s][1];
+                size_t nd = (size_t)n * dim;
+                uint64_t rng = 31 + s;
+                float *x = rand_vec(&rng, 2 * nd, -3, 3), *g = rand_vec(&rng, (size_t)dim * 2, -2, 2);
+                float *out = calloc(2 * nd, 4), *ref = calloc(2 * nd, 4);
+                /* rmsnorm, also in place */
+                cr_assert_eq(b->ops->rmsnorm(b, x, g, n, dim, 1e-5f, out, NULL), TANDEM_OK);
+                ref_rmsnorm(x, g, n, dim, 1e-5f, ref);
+                cr_assert(ref_nrm_err(out, ref, nd) < 1e-6, "rmsnorm n=%d dim=%d", n, dim);
+                memcpy(out, x, nd * 4);
+                cr_assert_eq(b->ops->rmsnorm(b, out, g, n, dim, 1e-5f, out, NULL), TANDEM_OK);
+                cr_assert(ref_nrm_err(out, ref, nd) < 1e-6, "rmsnorm in place n=%d dim=%d", n, dim);
+                /* add_bias */
+                memcpy(out, x, nd * 4);
+                memcpy(ref, x, nd * 4);
+                cr_assert_eq(b->ops->add_bias(b, out, g, n, dim, NULL), TANDEM_OK);
+                ref_add_bias(ref, g, n, dim);
+                cr_assert(memcmp(out, ref, nd * 4) == 0, "add_bias");
+                /* swiglu: x viewed as [n][2 * dim] */
+                cr_assert_eq(b->ops->swiglu(b, x, n, dim, out, NULL), TANDEM_OK);
+                ref_swiglu(x, n, dim, ref);
+                cr_assert(ref_nrm_err(out, ref, nd) < 1e-6, "swiglu n=%d ff=%d", n, dim);
+                /* gather_rows: reversed order with a repeat */
+                int32_t *rows = calloc((size_t)n + 1, sizeof(int32_t));
+                for (int32_t i = 0; i < n; i++) rows[i] = n - 1 - i;
+                rows[n] = 0;
+                cr_assert_eq(b->ops->gather_rows(b, x, rows, n + 1, dim, out, NULL), TANDEM_OK);
+                ref_gather_rows(x, rows, n + 1, dim, ref);
+                cr_assert(memcmp(out, ref, ((size_t)n + 1) * dim * 4) == 0, "gather_rows");
+                free(rows);
+                free(x);
+                free(g);
+                free(out);
+                free(ref);
+            }
+            tdm_err err = {0};
+            float v[4] = {0};
+            cr_assert_eq(b->ops->rmsnorm(b, NULL, v, 1, 4, 1e-5f, v, &err), TANDEM_ERR_INVALID_ARG);
+            cr_assert_eq(b->ops->rmsnorm(b, v, v, -1, 4, 1e-5f, v, &err), TANDEM_ERR_INVALID_ARG);
+            cr_assert_eq(b->ops->swiglu(b, v, 1, 0, v, &err), TANDEM_ERR_INVALID_ARG);
+            cr_assert_eq(b->ops->add_bias(b, v, NULL, 1, 4, &err), TANDEM_ERR_INVALID_ARG);
+            int32_t neg = -1;
+            cr_assert_eq(b->ops->gather_rows(b, v, &neg, 1, 4, v, &err), TANDEM_ERR_INVALID_ARG);
+            tdm_backend_destroy(b);
+        }
+}
+
+/* The vectorised exp inside swiglu over a wide range of inputs. */
+Test(ops, swiglu_wide_range) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    const int32_t n = 3, ff = 1001;
+    uint64_t rng = 99;
+    float *x = rand_vec(&rng, (size_t)n * 2 * ff, -1, 1);
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t k = 0; k < ff; k++) x[(size_t)i * 2 * ff + k] = -120.0f + 240.0f * (float)k / ff;
+    float *out = calloc((size_t)n * ff, 4), *ref = calloc((size_t)n * ff, 4);
+    ref_swiglu(x, n, ff, ref);
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = mk_backend(lv[l], 2);
+        cr_assert_eq(b->ops->swiglu(b, x, n, ff, out, NULL), TANDEM_OK);
+        for (size_t i = 0; i < (size_t)n * ff; i++)
+            cr_assert(fabsf(out[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-30f, "level %d: [%zu] %g vs %g",
+                      lv[l], i, (double)out[i], (double)ref[i]);
+        tdm_backend_destroy(b);
+    }
+    free(x);
+    free(out);
+    free(ref);
+}
+
+/* ---- rope ---------------------------------------------------------------------- */
+
+Test(ops, rope_layouts) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    static const tdm_rope_params params[] = {
+        {64, 10000.0f, 1.0f, false}, {64, 10000.0f, 1.0f, true}, {32, 500000.0f, 0.25f, false},
+        {16, 10000.0f, 1.0f, true},  {2, 100.0f, 2.0f, false},
+    };
+    const int32_t n = 13, n_head = 3, head_dim = 64, stride = 3 * 64 + 5;
+    int32_t pos[13];
+    for (int i = 0; i < n; i++) pos[i] = i * 77 % 1000;
+    for (int l = 0; l < nl; l++)
+        for (size_t p = 0; p < TDM_ARRAY_LEN(params); p++) {
+            uint64_t rng = 55 + p;
+            float *x = rand_vec(&rng, (size_t)n * stride, -2, 2);
+            float *ref = malloc((size_t)n * stride * 4), *y[3];
+            memcpy(ref, x, (size_t)n * stride * 4);
+            ref_rope(ref, n, stride, n_head, head_dim, pos, &params[p]);
+            for (int nt = 1; nt <= 3; nt++) {
+                tdm_backend *b = mk_backend(lv[l], nt);
+                y[nt - 1] = malloc((size_t)n * stride * 4);
+                memcpy(y[nt - 1], x, (size_t)n * stride * 4);
+                cr_assert_eq(b->ops->rope(b, y[nt - 1], n, stride, n_head, head_dim, pos, &params[p], NULL),
+                             TANDEM_OK);
+                tdm_backend_destroy(b);
+            }
+            double e = ref_nrm_err(y[0], ref, (size_t)n * stride);
+            cr_assert(e < 1e-6, "rope params %zu: err %g", p, e);
+            /* dims past n_rot and the row padding are untouched */
+            for (int i = 0; i < n; i++)
+                for (int k = n_head * head_dim; k < stride; k++)
+                    cr_assert_eq(y[0][i * stride + k], x[i * stride + k]);
+            cr_assert(memcmp(y[0], y[1], (size_t)n * stride * 4) == 0);
+            cr_assert(memcmp(y[0], y[2], (size_t)n * stride * 4) == 0);
+            for (int k = 0; k < 3; k++) free(y[k]);
+            free(x);
+            free(ref);
+        }
+    /* known value: position 1, pair (0, 1), theta = 1 rad */
+    tdm_backend *b = mk_backend(TDM_CPU_SCALAR, 1);
+    float v[2] = {1.0f, 0.0f};
+    int32_t one = 1;
+    tdm_rope_params rp = {2, 10000.0f, 1.0f, false};
+    cr_assert_eq(b->ops->rope(b, v, 1, 2, 1, 2, &one, &rp, NULL), TANDEM_OK);
+    cr_assert_float_eq(v[0], cosf(1.0f), 1e-6);
+    cr_assert_float_eq(v[1], sinf(1.0f), 1e-6);
+    tdm_err err = {0};
+    rp.n_rot = 3;
+    cr_assert_eq(b->ops->rope(b, v, 1, 2, 1, 2, &one, &rp, &err), TANDEM_ERR_INVALID_ARG);
+    tdm_backend_destroy(b);
+}
+
+/* ---- KV cache: kv_write + attention -------------------------------------------- */
+
+typedef struct kv_fixture {
+    int32_t n_seq;
+    tdm_kv_seq seqs[3];
+    const tdm_kv_seq *seq_ptrs[3];
+    int32_t n_blocks; /* in the cache */
+} kv_fixture;
+
+/* Sequences of the given lengths over a pool of blocks handed out in a shuffled
+ * order (block tables not in order, interleaved between sequences). */
+static void kv_fixture_init(kv_fixture *f, int32_t n_seq, const int32_t *lens, int32_t bs,
+                            uint64_t *rng) {
+    memset(f, 0, sizeof *f);
+    f->n_seq = n_seq;
+    int32_t total = 0;
+    for (int s = 0; s < n_seq; s++) total += (lens[s] + bs - 1) / bs;
+    f->n_blocks = total + 3;
+    int32_t *perm = malloc((size_t)f->n_blocks * sizeof(int32_t));
+    for (int32_t i = 0; i < f->n_blocks; i++) perm[i] = i;
+    for (int32_t i = f->n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(tdm_test_rand(rng) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int32_t next = 0;
+    for (int s = 0; s < n_seq; s++) {
+        int32_t nb = (lens[s] + bs - 1) / bs;
+        f->seqs[s].blocks = calloc((size_t)nb + 1, sizeof(int32_t));
+        f->seqs[s].n_blocks = nb;
+        f->seqs[s].cap_blocks = nb + 1;
+        f->seqs[s].len = lens[s];
+        f->seq_ptrs[s] = &f->seqs[s];
+    }
+    /* interleave: block b of every sequence in turn */
+    for (int32_t b = 0;; b++) {
+        bool any = false;
+        for (int s = 0; s < n_seq; s++)
+            if (b < f->seqs[s].n_blocks) {
+                f->seqs[s].blocks[b] = perm[next++];
+                any = true;
+            }
+        if (!any) break;
+    }
+    free(perm);
+}
+
+static void kv_fixture_free(kv_fixture *f) {
+    for (int s = 0; s < f->n_seq; s++) free(f->seqs[s].blocks);
+}
+
+/* Fills every slot of every sequence with random K/V through kv_write (checked
+ * against ref_kv_write), so attention has a full cache to read. */
+static void fill_cache(tdm_backend *b, kv_fixture *f, uint32_t ct, int32_t nkv, int32_t hd, int32_t bs,
+                       void *kc, void *vc, uint64_t *rng) {
+    size_t esz = ct == TDM_F16 ? 2 : 4, cache_bytes = (size_t)f->n_blocks * nkv * bs * hd * esz;
+    void *kr = calloc(1, cache_bytes), *vr = calloc(1, cache_bytes);
+    for (int s = 0; s < f->n_seq; s++) {
+        tdm_batch bt;
+        int32_t len = f->seqs[s].len;
+        cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
+        /* slots written in a scrambled order */
+        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, (i * 7 + 3) % len, false);
+        int32_t stride = nkv * hd + 3;
+        float *k = rand_vec(rng, (size_t)len * stride, -1, 1), *v = rand_vec(rng, (size_t)len * stride, -1, 1);
+        tdm_kv_write_args a = {&bt, f->seq_ptrs, k, v, stride, kc, vc, ct, nkv, hd, bs};
+        tdm_err err = {0};
+        cr_assert_eq(b->ops->kv_write(b, &a, &err), TANDEM_OK, "%s", err.msg);
+        a.k_cache = kr;
+        a.v_cache = vr;
+        ref_kv_write(&a);
+        free(k);
+        free(v);
+        tdm_batch_free(&bt);
+    }
+    cr_assert(memcmp(kc, kr, cache_bytes) == 0, "kv_write K differs from the reference");
+    cr_assert(memcmp(vc, vr, cache_bytes) == 0, "kv_write V differs from the reference");
+    free(kr);
+    free(vr);
+}
+
+/* kv_write at every level and both cache types, byte-exact against the reference,
+ * with values that exercise f16 rounding, subnormals and overflow. */
+Test(kv_write, all_levels_exact) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    const int32_t nkv = 2, hd = 40, bs = 8, lens[2] = {29, 11};
+    for (int l = 0; l < nl; l++)
+        for (int ct = 0; ct < 2; ct++) {
+            uint32_t type = ct ? TDM_F16 : TDM_F32;
+            uint64_t rng = 123 + ct;
+            kv_fixture f;
+            kv_fixture_init(&f, 2, lens, bs, &rng);
+            size_t bytes = (size_t)f.n_blocks * nkv * bs * hd * (ct ? 2 : 4);
+            void *kc = calloc(1, bytes), *vc = calloc(1, bytes), *kr = calloc(1, bytes), *vr = calloc(1, bytes);
+            tdm_batch bt;
+            cr_assert_eq(tdm_batch_init(&bt, 40, NULL), TANDEM_OK);
+            for (int s = 0; s < 2; s++)
+                for (int32_t i = 0; i < lens[s]; i++) tdm_batch_add(&bt, 0, i, s, lens[s] - 1 - i, false);
+            int32_t stride = nkv * hd + 1;
+            float *k = rand_vec(&rng, (size_t)bt.n_rows * stride, -2, 2);
+            float *v = rand_vec(&rng, (size_t)bt.n_rows * stride, -1e-5f, 1e-5f); /* f16 subnormals */
+            k[0] = 70000.0f;
+            k[1] = -65519.0f;
+            k[2] = 1.00048828125f; /* a tie: rounds to even */
+            tdm_kv_write_args a = {&bt, f.seq_ptrs, k, v, stride, kc, vc, type, nkv, hd, bs};
+            tdm_backend *b = mk_backend(lv[l], 2);
+            tdm_err err = {0};
+            cr_assert_eq(b->ops->kv_write(b, &a, &err), TANDEM_OK, "%s", err.msg);
+            tdm_backend_destroy(b);
+            a.k_cache = kr;
+            a.v_cache = vr;
+            ref_kv_write(&a);
+            cr_assert(memcmp(kc, kr, bytes) == 0, "K level %d type %s", lv[l], tdm_dtype_name(type));
+            cr_assert(memcmp(vc, vr, bytes) == 0, "V level %d type %s", lv[l], tdm_dtype_name(type));
+            free(k);
+            free(v);
+            free(kc);
+            free(vc);
+            free(kr);
+            free(vr);
+            tdm_batch_free(&bt);
+            kv_fixture_free(&f);
+        }
+}
+
+typedef struct attn_case {
+    int32_t n_head, n_kv_head, head_dim, block_size;
+    uint32_t cache_type;
+    int32_t n_seq;
+    int32_t lens[3];
+    bool tree; /* extra slots */
+} attn_case;
+
+static void run_attn_case(const attn_case *tc, uint64_t seed) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = avail_levels(lv);
+    uint64_t rng = seed;
+    kv_fixture f;
+    kv_fixture_init(&f, tc->n_seq, tc->lens, tc->block_size, &rng);
+    size_t esz = tc->cache_type == TDM_F16 ? 2 : 4;
+    size_t cache_bytes = (size_t)f.n_blocks * tc->n_kv_head * tc->block_size * tc->head_dim * esz;
+    void *kc = calloc(1, cache_bytes), *vc = calloc(1, cache_bytes);
+    tdm_backend *b0 = mk_backend(TDM_CPU_SCALAR, 2);
+    fill_cache(b0, &f, tc->cache_type, tc->n_kv_head, tc->head_dim, tc->block_size, kc, vc, &rng);
+    tdm_backend_destroy(b0);
+
+    /* Batch: for each sequence, the last few positions as causal rows; in tree mode
+     * the rows see a prefix plus scattered extra slots past it. */
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
+    int32_t extra_off[65] = {0}, extra_slot[512];
+    int32_t n_extra = 0;
+    for (int s = 0; s < tc->n_seq; s++) {
+        int32_t len = tc->lens[s];
+        for (int32_t p = TDM_MAX(0, len - 5); p < len; p++) {
+            int32_t r = tdm_batch_add(&bt, 0, p, s, p, false);
+            if (tc->tree) {
+                int32_t prefix = len / 2;
+                bt.n_visible[r] = prefix;
+                for (int32_t e = prefix; e <= p; e += 1 + (e % 3)) extra_slot[n_extra++] = e;
+            }
+            extra_off[r + 1] = n_extra;
+        }
+    }
+    if (tc->tree) {
+        bt.extra_off = malloc(sizeof extra_off);
+        bt.extra_slot = malloc(sizeof extra_slot);
+        memcpy(bt.extra_off, extra_off, sizeof extra_off);
+        memcpy(bt.extra_slot, extra_slot, sizeof extra_slot);
+    }
+    int32_t q_stride = tc->n_head * tc->head_dim + 2 * tc->n_kv_head * tc->head_dim;
+    float *q = rand_vec(&rng, (size_t)bt.n_rows * q_stride, -1.5f, 1.5f);
+    size_t n_out = (size_t)bt.n_rows * tc->n_head * tc->head_dim;
+    float *ref = calloc(n_out, 4);
+    tdm_attn_args a = {&bt, f.seq_ptrs, q, q_stride, ref, kc, vc, tc->cache_type,
+                       tc->n_head, tc->n_kv_head, tc->head_dim, tc->block_size,
+                       1.0f / sqrtf((float)tc->head_dim)};
+    ref_attention(&a);
+    for (int l = 0; l < nl; l++) {
+        float *out[3];
+        for (int nt = 1; nt <= 3; nt++) {
+            tdm_backend *b = mk_backend(lv[l], nt);
+            out[nt - 1] = calloc(n_out, 4);
+            a.out = out[nt - 1];
+            tdm_err err = {0};
+            cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_OK, "%s", err.msg);
+            tdm_backend_destroy(b);
+        }
+        double e = ref_nrm_err(out[0], ref, n_out);
+        cr_assert(e < 1e-5, "attention level %d heads %d/%d hd %d %s tree %d: err %g", lv[l], tc->n_head,
+                  tc->n_kv_head, tc->head_dim, tdm_dtype_name(tc->cache_type), tc->tree, e);
+        cr_assert(memcmp(out[0], out[1], n_out * 4) == 0, "attention 1 vs 2 threads");
+        cr_assert(memcmp(out[0], out[2], n_out * 4) == 0, "attention 1 vs 3 threads");
+        for (int k = 0; k < 3; k++) free(out[k]);
+    }
+    free(ref);
+    free(q);
+    free(kc);
+    free(vc);
+    tdm_batch_free(&bt);
+    kv_fixture_free(&f);
+}
+
+Test(attention, single_seq_mha_f32) {
+    attn_case tc = {4, 4, 64, 16, TDM_F32, 1, {37}, false};
+    run_attn_case(&tc, 1);
+}
+
+Test(attention, gqa_f16_multi_seq) {
+    attn_case tc = {6, 2, 64, 16, TDM_F16, 3, {50, 1, 23}, false};
+    run_attn_case(&tc, 2);
+}
+
+Test(attention, gqa_odd_head_dim_f32) {
+    attn_case tc = {4, 1, 13, 4, TDM_F32, 2, {9, 30}, false};
+    run_attn_case(&tc, 3);
+}
+
+Test(attention, tree_extra_slots) {
+    attn_case tc1 = {6, 2, 64, 8, TDM_F16, 2, {40, 19}, true};
+    run_attn_case(&tc1, 4);
+    attn_case tc2 = {2, 2, 24, 32, TDM_F32, 3, {70, 12, 33}, true};
+    run_attn_case(&tc2, 5);
+}
+
+Test(attention, rejects_bad_args) {
+    tdm_backend *b = mk_backend(tdm_cpu_best_level(), 2);
+    uint64_t rng = 9;
+    int32_t lens[1] = {8};
+    kv_fixture f;
+    kv_fixture_init(&f, 1, lens, 4, &rng);
+    float cache[4096] = {0}, q[256] = {0}, out[256];
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 4, NULL), TANDEM_OK);
+    tdm_batch_add(&bt, 0, 0, 0, 7, false);
+    tdm_attn_args a = {&bt, f.seq_ptrs, q, 64, out, cache, cache, TDM_F32, 2, 1, 32, 4, 0.1f};
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_OK, "%s", err.msg);
+    a.n_kv_head = 3;
+    cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_ERR_INVALID_ARG);
+    a.n_kv_head = 1;
+    a.cache_type = TDM_Q8_0;
+    cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_ERR_UNSUPPORTED);
+    a.cache_type = TDM_F32;
+    bt.n_visible[0] = 9; /* beyond the sequence */
+    cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "n_visible"), "%s", err.msg);
+    bt.n_visible[0] = 8;
+    a.q = NULL;
+    cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_ERR_INVALID_ARG);
+    a.q = q;
+    /* kv_write: slot past the sequence, bad cache type */
+    tdm_kv_write_args w = {&bt, f.seq_ptrs, q, q, 32, cache, cache, TDM_F32, 1, 32, 4};
+    cr_assert_eq(b->ops->kv_write(b, &w, &err), TANDEM_OK, "%s", err.msg);
+    bt.slot[0] = 8;
+    cr_assert_eq(b->ops->kv_write(b, &w, &err), TANDEM_ERR_INVALID_ARG);
+    bt.slot[0] = 7;
+    w.cache_type = TDM_BF16;
+    cr_assert_eq(b->ops->kv_write(b, &w, &err), TANDEM_ERR_UNSUPPORTED);
+    cr_assert_eq(b->ops->kv_write(b, NULL, &err), TANDEM_ERR_INVALID_ARG);
+    tdm_batch_free(&bt);
+    kv_fixture_free(&f);
+    tdm_backend_destroy(b);
+}
+
+/* ---- backend creation ---------------------------------------------------------- */
+
+Test(backend, create_levels_and_env) {
+    tdm_backend *b = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(0, &b, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_geq(b->n_threads, 1);
+    cr_assert_str_eq(b->ops->name, "cpu");
+    cr_assert_eq(tdm_backend_cpu_level(b), (int)tdm_cpu_best_level());
+    tdm_backend_destroy(b);
+    tdm_backend_destroy(NULL);
+
+    setenv("TANDEM_CPU", "scalar", 1);
+    cr_assert_str_eq(tdm_cpu_features(), "scalar");
+    cr_assert_eq(tdm_backend_cpu_create(2, &b, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_backend_cpu_level(b), TDM_CPU_SCALAR);
+    tdm_backend_destroy(b);
+    if (tdm_cpu_best_level() >= TDM_CPU_AVX2) {
+        setenv("TANDEM_CPU", "avx2", 1);
+        cr_assert_str_eq(tdm_cpu_features(), "avx2");
+    }
+    setenv("TANDEM_CPU", "avx512", 1); /* never raises the level */
+    cr_assert_str_eq(tdm_cpu_features(), tdm_cpu_level_name(tdm_cpu_best_level()));
+    unsetenv("TANDEM_CPU");
+
+    cr_assert_eq(tdm_backend_cpu_create(-1, &b, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_null(b);
+    if (tdm_cpu_best_level() < TDM_CPU_AVX512)
+        cr_assert_eq(tdm_backend_cpu_create_level(1, TDM_CPU_AVX512, &b, &err), TANDEM_ERR_UNSUPPORTED);
+    cr_assert_eq(tdm_backend_cuda_create(0, &b, &err), TANDEM_ERR_BACKEND);
+    cr_assert(strstr(err.msg, "without CUDA") || strlen(err.msg) > 0, "%s", err.msg);
+}
+
+Test(backend, memory_ops) {
+    tdm_backend *b = mk_backend(TDM_CPU_SCALAR, 1);
+    void *p = NULL, *q = NULL;
+    cr_assert_eq(b->ops->alloc(b, 1000, &p, NULL), TANDEM_OK);
+    cr_assert_eq(b->ops->alloc(b, 1000, &q, NULL), TANDEM_OK);
+    for (int i = 0; i < 1000; i++) cr_assert_eq(((uint8_t *)p)[i], 0);
+    cr_assert_eq((uintptr_t)p % 64, 0);
+    char src[1000], dst[1000];
+    for (int i = 0; i < 1000; i++) src[i] = (char)(i * 13);
+    cr_assert_eq(b->ops->upload(b, p, src, 1000, NULL), TANDEM_OK);
+    cr_assert_eq(b->ops->copy(b, q, p, 1000, NULL), TANDEM_OK);
+    cr_assert_eq(b->ops->download(b, dst, q, 1000, NULL), TANDEM_OK);
+    cr_assert(memcmp(src, dst, 1000) == 0);
+    cr_assert_eq(b->ops->upload(b, NULL, src, 10, NULL), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->sync(b, NULL), TANDEM_OK);
+    b->ops->free(b, p);
+    b->ops->free(b, q);
+    tdm_backend_destroy(b);
+}
+
+/* A counting task: each thread marks itself. */
+typedef struct count_ctx {
+    int hits[64];        /* per chunk */
+    _Atomic int by[3];   /* chunks run per thread */
+} count_ctx;
+
+static void count_task(void *c, int64_t chunk, int ith) {
+    count_ctx *x = c;
+    x->hits[chunk]++;
+    x->by[ith]++;
+}
+
+/* Many small back-to-back jobs through the pool (exercises spin and sleep paths). */
+Test(backend, threadpool_many_jobs) {
+    setenv("TANDEM_SPIN_US", "0", 1); /* force the sleep path */
+    for (int spin = 0; spin < 2; spin++) {
+        tdm_threadpool *tp = NULL;
+        cr_assert_eq(tdm_threadpool_create(3, &tp, NULL), TANDEM_OK);
+        unsetenv("TANDEM_SPIN_US");
+        cr_assert_eq(tdm_threadpool_size(tp), 3);
+        for (int it = 0; it < 2000; it++) {
+            count_ctx ctx;
+            memset(&ctx, 0, sizeof ctx);
+            int nth = 1 + it % 3, n_chunks = it % 64;
+            tdm_threadpool_run(tp, n_chunks, nth, count_task, &ctx);
+            for (int c = 0; c < 64; c++) cr_assert_eq(ctx.hits[c], c < n_chunks ? 1 : 0);
+            int total = 0;
+            for (int t = 0; t < 3; t++) {
+                total += ctx.by[t];
+                if (t >= nth) cr_assert_eq(ctx.by[t], 0, "thread %d ran with max %d", t, nth);
+            }
+            cr_assert_eq(total, n_chunks);
+        }
+        tdm_threadpool_destroy(tp);
+    }
+}
