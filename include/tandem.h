@@ -58,8 +58,8 @@ typedef enum tandem_backend_kind {
 } tandem_backend_kind;
 
 typedef struct tandem_model_params {
-    tandem_backend_kind backend; /* default TANDEM_BACKEND_CPU */
-    int n_threads;               /* CPU threads for this model's work; default 0 = all cores */
+    tandem_backend_kind backend; /* where the weights live; default TANDEM_BACKEND_CPU */
+    int cuda_device;             /* CUDA device index; default 0 */
 } tandem_model_params;
 
 tandem_model_params tandem_model_default_params(void);
@@ -99,7 +99,7 @@ void tandem_free(void *p);
 typedef struct tandem_engine tandem_engine;
 
 typedef struct tandem_engine_params {
-    int n_threads;        /* CPU threads; default 0 = all cores */
+    int n_threads;        /* CPU threads for compute; default 0 = all cores */
     size_t kv_bytes;      /* KV cache budget in bytes (both models); default 0 = enough for
                              n_ctx tokens of n_seq_max sequences */
     int n_ctx;            /* max tokens per sequence; default 0 = the target's training context */

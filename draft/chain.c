@@ -1,0 +1,51 @@
+/* chain.c - chain proposals: the draft model catches up on the committed tokens
+ * it has not seen, then proposes up to k tokens autoregressively.
+ *
+ * Greedy (temperature 0): each drafted token is the draft's argmax.  Sampling: it
+ * is drawn from q, the draft's distribution after the request's temperature /
+ * top-k / top-p / min-p processing; q rows are kept in e->qprobs for verification.
+ * Drafting stops early when the draft's top probability falls below p_min.
+ */
+#include <math.h>
+
+#include "engine.h"
+#include "kv_cache.h"
+
+/* Largest softmax probability of a logits row. */
+static float top_prob(const float *l, int32_t n) {
+    float mx = l[0];
+    for (int32_t i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < n; i++) sum += exp((double)(l[i] - mx));
+    return (float)(1.0 / sum);
+}
+
+tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t *draft, int32_t *n_drafted,
+                              tdm_err *err) {
+    const int32_t V = e->n_vocab;
+    const bool greedy = s->sp.temperature <= 0;
+    const int32_t n = s->n_tokens;
+    tandem_status st;
+    *n_drafted = 0;
+    /* catch up: rows [n_draft, n) -> the distribution of the token after them */
+    if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, e->logits_d, err))) return st;
+    for (int32_t i = 0; i < k; i++) {
+        const float *l = e->logits_d;
+        if (i > 0 && s->spec_p_min > 0 && top_prob(l, V) < s->spec_p_min) break;
+        int32_t x;
+        if (greedy) {
+            x = tdm_argmax(l, V);
+        } else {
+            float *q = e->qprobs + (size_t)i * (size_t)V;
+            tdm_probs_from_logits(l, V, &s->sp, &e->ss, q);
+            x = tdm_sample_probs(q, V, &s->rng);
+        }
+        draft[i] = x;
+        *n_drafted = i + 1;
+        if (i + 1 == k) break;
+        /* feed x at position n + i (stored after the committed tokens) */
+        s->tokens[n + i] = x;
+        if ((st = tdm_engine_feed(e, s, true, n + i, n + i + 1, true, e->logits_d, err))) return st;
+    }
+    return TANDEM_OK;
+}

@@ -1,0 +1,250 @@
+/* api.c - the public C API (include/tandem.h) over the internal objects. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "tandem.h"
+
+static _Thread_local char g_last_error[TDM_ERR_MSG_LEN];
+
+const char *tandem_last_error(void) { return g_last_error; }
+
+static tandem_status fail(const tdm_err *err, tandem_status st) {
+    if (err && err->msg[0])
+        snprintf(g_last_error, sizeof g_last_error, "%s", err->msg);
+    else
+        snprintf(g_last_error, sizeof g_last_error, "%s", tandem_status_str(st));
+    return st;
+}
+
+static tandem_status fail_msg(tandem_status st, const char *msg) {
+    snprintf(g_last_error, sizeof g_last_error, "%s", msg);
+    return st;
+}
+
+const char *tandem_status_str(tandem_status s) {
+    switch (s) {
+    case TANDEM_OK: return "ok";
+    case TANDEM_ERR_INVALID_ARG: return "invalid argument";
+    case TANDEM_ERR_IO: return "I/O error";
+    case TANDEM_ERR_FORMAT: return "format error";
+    case TANDEM_ERR_UNSUPPORTED: return "unsupported";
+    case TANDEM_ERR_NOMEM: return "out of memory";
+    case TANDEM_ERR_MISMATCH: return "target/draft mismatch";
+    case TANDEM_ERR_KV_FULL: return "KV cache full";
+    case TANDEM_ERR_BACKEND: return "backend error";
+    case TANDEM_ERR_CANCELLED: return "cancelled";
+    case TANDEM_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown status";
+}
+
+const char *tandem_finish_reason_str(tandem_finish_reason r) {
+    switch (r) {
+    case TANDEM_FINISH_EOS: return "eos";
+    case TANDEM_FINISH_LENGTH: return "length";
+    case TANDEM_FINISH_CANCELLED: return "cancelled";
+    default: return "none";
+    }
+}
+
+void tandem_free(void *p) { free(p); }
+
+/* ---------------------------------------------------------------- models */
+
+struct tandem_model {
+    tdm_model *m;
+    tdm_backend *be; /* holds the weights */
+    tandem_backend_kind kind;
+};
+
+tandem_model_params tandem_model_default_params(void) {
+    tandem_model_params p = {.backend = TANDEM_BACKEND_CPU, .cuda_device = 0};
+    return p;
+}
+
+tandem_status tandem_model_open(const char *path, const tandem_model_params *params, tandem_model **out) {
+    if (!out) return fail_msg(TANDEM_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    if (!path) return fail_msg(TANDEM_ERR_INVALID_ARG, "path is NULL");
+    tandem_model_params p = params ? *params : tandem_model_default_params();
+    tdm_err err = {0};
+    tandem_model *h = calloc(1, sizeof *h);
+    if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    h->kind = p.backend;
+    tandem_status st;
+    if (p.backend == TANDEM_BACKEND_CPU)
+        st = tdm_backend_cpu_create(1, &h->be, &err);
+    else if (p.backend == TANDEM_BACKEND_CUDA)
+        st = tdm_backend_cuda_create(p.cuda_device, &h->be, &err);
+    else
+        st = tdm_seterr(&err, TANDEM_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
+    if (!st) st = tdm_model_load(path, h->be, &h->m, &err);
+    if (st) {
+        tandem_model_close(h);
+        return fail(&err, st);
+    }
+    *out = h;
+    return TANDEM_OK;
+}
+
+void tandem_model_close(tandem_model *model) {
+    if (!model) return;
+    tdm_model_free(model->m);
+    tdm_backend_destroy(model->be);
+    free(model);
+}
+
+tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out) {
+    if (!model || !out) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    const tdm_model *m = model->m;
+    memset(out, 0, sizeof *out);
+    out->arch = m->hp.arch;
+    out->name = m->name;
+    out->n_vocab = m->hp.n_vocab;
+    out->n_ctx_train = m->hp.n_ctx_train;
+    out->n_embd = m->hp.n_embd;
+    out->n_layer = m->hp.n_layer;
+    out->n_head = m->hp.n_head;
+    out->n_head_kv = m->hp.n_head_kv;
+    out->n_ff = m->hp.n_ff;
+    out->bos = tdm_tok_bos(m->tok);
+    out->eos = tdm_tok_eos(m->tok);
+    out->n_params = m->n_params;
+    out->weight_bytes = m->weight_bytes;
+    return TANDEM_OK;
+}
+
+tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len, bool add_bos,
+                              int32_t **out_ids, size_t *out_n) {
+    if (!model || (!text && len) || !out_ids || !out_n) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    tdm_err err = {0};
+    bool bos = add_bos && tdm_tok_add_bos(model->m->tok);
+    tandem_status st = tdm_tokenize(model->m->tok, text ? text : "", len, bos, true, out_ids, out_n, &err);
+    return st ? fail(&err, st) : TANDEM_OK;
+}
+
+tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n, char **out_text) {
+    if (!model || (!ids && n) || !out_text) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    *out_text = NULL;
+    const tdm_tokenizer *tok = model->m->tok;
+    size_t cap = 64 + n * 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    tdm_detok d;
+    tdm_detok_init(&d, tok);
+    char piece[512];
+    for (size_t i = 0; i <= n; i++) {
+        int32_t k;
+        if (i < n) {
+            if (ids[i] < 0 || ids[i] >= tdm_tok_n_vocab(tok)) {
+                free(buf);
+                return fail_msg(TANDEM_ERR_INVALID_ARG, "token id out of range");
+            }
+            k = tdm_detok_push(&d, tok, ids[i], piece, (int32_t)sizeof piece);
+        } else {
+            k = tdm_detok_flush(&d, piece, (int32_t)sizeof piece);
+        }
+        if (k <= 0) continue;
+        if (len + (size_t)k + 1 > cap) {
+            cap = (len + (size_t)k + 1) * 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+            }
+            buf = nb;
+        }
+        memcpy(buf + len, piece, (size_t)k);
+        len += (size_t)k;
+    }
+    buf[len] = 0;
+    *out_text = buf;
+    return TANDEM_OK;
+}
+
+/* --------------------------------------------------------------- engines */
+
+struct tandem_engine {
+    tdm_engine *e;
+    tandem_model *target, *draft;
+};
+
+tandem_engine_params tandem_engine_default_params(void) {
+    tandem_engine_params p = {.n_threads = 0, .kv_bytes = 0, .n_ctx = 0, .n_seq_max = 1, .kv_block_size = 16};
+    return p;
+}
+
+tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, const tandem_engine_params *params,
+                                 tandem_engine **out) {
+    if (!out) return fail_msg(TANDEM_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    if (!target) return fail_msg(TANDEM_ERR_INVALID_ARG, "target model is NULL");
+    tandem_engine_params p = params ? *params : tandem_engine_default_params();
+    if (p.n_threads < 0 || p.n_ctx < 0 || p.n_seq_max < 0 || p.kv_block_size < 0 || p.kv_block_size > 4096)
+        return fail_msg(TANDEM_ERR_INVALID_ARG, "bad engine parameters");
+    if (draft && draft->kind != target->kind)
+        return fail_msg(TANDEM_ERR_MISMATCH, "target and draft are on different backends");
+    tdm_engine_cfg cfg = {
+        .n_threads = p.n_threads, .n_ctx = p.n_ctx, .n_seq_max = p.n_seq_max,
+        .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0,
+    };
+    tandem_engine *h = calloc(1, sizeof *h);
+    if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    tdm_err err = {0};
+    tandem_status st = tdm_engine_create(target->m, draft ? draft->m : NULL, &cfg, &h->e, &err);
+    if (st) {
+        free(h);
+        return fail(&err, st);
+    }
+    h->target = target;
+    h->draft = draft;
+    *out = h;
+    return TANDEM_OK;
+}
+
+void tandem_engine_close(tandem_engine *engine) {
+    if (!engine) return;
+    tdm_engine_free(engine->e);
+    free(engine);
+}
+
+tandem_generate_params tandem_generate_default_params(void) {
+    tandem_generate_params p = {
+        .max_tokens = 128, .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
+        .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .on_token = NULL, .user_data = NULL,
+    };
+    return p;
+}
+
+tandem_status tandem_generate_ids(tandem_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                  const tandem_generate_params *params, tandem_result *out) {
+    if (!engine || !out || (!prompt && n_prompt)) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    memset(out, 0, sizeof *out);
+    if (n_prompt > INT32_MAX) return fail_msg(TANDEM_ERR_INVALID_ARG, "prompt too long");
+    tandem_generate_params p = params ? *params : tandem_generate_default_params();
+    tdm_err err = {0};
+    tandem_status st = tdm_engine_generate(engine->e, prompt, (int32_t)n_prompt, &p, out, &err);
+    return st ? fail(&err, st) : TANDEM_OK;
+}
+
+tandem_status tandem_generate(tandem_engine *engine, const char *prompt, const tandem_generate_params *params,
+                              tandem_result *out) {
+    if (!engine || !prompt || !out) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    memset(out, 0, sizeof *out);
+    int32_t *ids;
+    size_t n;
+    tandem_status st = tandem_tokenize(engine->target, prompt, strlen(prompt), true, &ids, &n);
+    if (st) return st;
+    st = tandem_generate_ids(engine, ids, n, params, out);
+    free(ids);
+    return st;
+}
+
+void tandem_result_free(tandem_result *r) {
+    if (!r) return;
+    free(r->tokens);
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}

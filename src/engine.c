@@ -1,0 +1,342 @@
+/* engine.c - engine set-up, feeding tokens through a model, committing tokens,
+ * and the request loop (target-only or speculative). */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_cache.h"
+
+static void copy_block_cb(void *user, int32_t src, int32_t dst) {
+    tdm_engine *e = user;
+    tandem_status st = tdm_kv_store_copy_block(&e->kv_t, src, dst, &e->copy_err);
+    if (!st && e->draft) st = tdm_kv_store_copy_block(&e->kv_d, src, dst, &e->copy_err);
+    if (st && !e->copy_status) e->copy_status = st;
+}
+
+static tandem_status check_pair(const tdm_model *t, const tdm_model *d, tdm_err *err) {
+    if (t->hp.n_vocab != d->hp.n_vocab)
+        return tdm_seterr(err, TANDEM_ERR_MISMATCH, "target vocab size %d != draft vocab size %d",
+                          (int)t->hp.n_vocab, (int)d->hp.n_vocab);
+    int32_t nt = tdm_tok_n_vocab(t->tok), nd = tdm_tok_n_vocab(d->tok);
+    if (nt != nd)
+        return tdm_seterr(err, TANDEM_ERR_MISMATCH, "target tokenizer has %d tokens, draft has %d", (int)nt,
+                          (int)nd);
+    if (tdm_tok_bos(t->tok) != tdm_tok_bos(d->tok) || tdm_tok_eos(t->tok) != tdm_tok_eos(d->tok))
+        return tdm_seterr(err, TANDEM_ERR_MISMATCH, "BOS/EOS differ: target %d/%d, draft %d/%d",
+                          (int)tdm_tok_bos(t->tok), (int)tdm_tok_eos(t->tok), (int)tdm_tok_bos(d->tok),
+                          (int)tdm_tok_eos(d->tok));
+    for (int32_t i = 0; i < nt; i++) {
+        size_t la, lb;
+        const char *a = tdm_tok_text(t->tok, i, &la), *b = tdm_tok_text(d->tok, i, &lb);
+        if (la != lb || memcmp(a, b, la) != 0)
+            return tdm_seterr(err, TANDEM_ERR_MISMATCH, "vocabularies differ at token %d ('%.*s' vs '%.*s')",
+                              (int)i, (int)TDM_MIN(la, 40), a, (int)TDM_MIN(lb, 40), b);
+    }
+    return TANDEM_OK;
+}
+
+tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
+                                tdm_engine **out, tdm_err *err) {
+    *out = NULL;
+    tandem_status st;
+    if (draft && (st = check_pair(target, draft, err))) return st;
+    tdm_engine *e = calloc(1, sizeof *e);
+    if (!e) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    e->target = target;
+    e->draft = draft;
+    e->cfg = *cfg;
+    if (e->cfg.n_ctx <= 0) e->cfg.n_ctx = target->hp.n_ctx_train;
+    if (e->cfg.n_seq_max <= 0) e->cfg.n_seq_max = 1;
+    if (e->cfg.block_size <= 0) e->cfg.block_size = 16;
+    if (e->cfg.prefill_chunk <= 0) e->cfg.prefill_chunk = 256;
+    e->n_vocab = target->hp.n_vocab;
+    e->max_rows = TDM_MAX(e->cfg.prefill_chunk, TDM_CTRL_MAX_K + 2);
+
+    if ((st = tdm_backend_cpu_create(e->cfg.n_threads, &e->be, err))) goto fail;
+
+    /* KV pool: one block table per sequence, bytes per block counted for both models */
+    tdm_kv_layout lay[2] = {tdm_model_kv_layout(target, TDM_F32)};
+    int nm = 1;
+    if (draft) lay[nm++] = tdm_model_kv_layout(draft, TDM_F32);
+    int32_t bs = e->cfg.block_size;
+    size_t bpb = tdm_kv_bytes_per_block(lay, nm, bs);
+    if (bpb == 0) {
+        st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV block size overflows");
+        goto fail;
+    }
+    int64_t n_blocks;
+    if (e->cfg.kv_bytes > 0) {
+        n_blocks = (int64_t)(e->cfg.kv_bytes / bpb);
+    } else {
+        int64_t per_seq = ((int64_t)e->cfg.n_ctx + TDM_CTRL_MAX_K + 2 + bs - 1) / bs;
+        n_blocks = per_seq * e->cfg.n_seq_max;
+    }
+    if (n_blocks < 1 || n_blocks > INT32_MAX / 2) {
+        st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV budget of %zu bytes gives %lld blocks of %zu bytes",
+                        e->cfg.kv_bytes, (long long)n_blocks, bpb);
+        goto fail;
+    }
+    if ((st = tdm_kv_pool_create((int32_t)n_blocks, bs, &e->pool, err))) goto fail;
+    tdm_kv_pool_set_copy(e->pool, copy_block_cb, e);
+    if ((st = tdm_kv_store_init(&e->kv_t, target, e->be, TDM_F32, (int32_t)n_blocks, bs, err))) goto fail;
+    if (draft && (st = tdm_kv_store_init(&e->kv_d, draft, e->be, TDM_F32, (int32_t)n_blocks, bs, err)))
+        goto fail;
+    if ((st = tdm_batch_init(&e->batch, e->max_rows, err))) goto fail;
+
+    size_t lbytes = (size_t)e->max_rows * (size_t)e->n_vocab * sizeof(float);
+    void *p;
+    if ((st = e->be->ops->alloc(e->be, lbytes, &p, err))) goto fail;
+    e->logits_t = p;
+    if (draft) {
+        if ((st = e->be->ops->alloc(e->be, lbytes, &p, err))) goto fail;
+        e->logits_d = p;
+    }
+    e->probs = tdm_calloc((size_t)(TDM_CTRL_MAX_K + 1) * (size_t)e->n_vocab, sizeof(float));
+    e->qprobs = tdm_calloc((size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab, sizeof(float));
+    e->tmp = tdm_calloc((size_t)e->n_vocab, sizeof(float));
+    if (!e->probs || !e->qprobs || !e->tmp) {
+        st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = tdm_sampler_scratch_init(&e->ss, e->n_vocab, err))) goto fail;
+    e->piece_cap = tdm_tok_max_piece(target->tok) + 16;
+    e->piece = malloc((size_t)e->piece_cap);
+    if (!e->piece) {
+        st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    tdm_cost_init(&e->cost);
+    *out = e;
+    return TANDEM_OK;
+fail:
+    tdm_engine_free(e);
+    return st;
+}
+
+void tdm_engine_free(tdm_engine *e) {
+    if (!e) return;
+    if (e->be) {
+        tdm_fwd_scratch_free(&e->fs_t);
+        tdm_fwd_scratch_free(&e->fs_d);
+        if (e->logits_t) e->be->ops->free(e->be, e->logits_t);
+        if (e->logits_d) e->be->ops->free(e->be, e->logits_d);
+        tdm_kv_store_free(&e->kv_t);
+        tdm_kv_store_free(&e->kv_d);
+    }
+    tdm_kv_pool_free(e->pool);
+    tdm_batch_free(&e->batch);
+    free(e->probs);
+    free(e->qprobs);
+    free(e->tmp);
+    free(e->piece);
+    tdm_sampler_scratch_free(&e->ss);
+    tdm_backend_destroy(e->be);
+    free(e);
+}
+
+tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t from, int32_t to,
+                              bool want_last, float *out, tdm_err *err) {
+    const tdm_model *m = is_draft ? e->draft : e->target;
+    tdm_kv_store *kv = is_draft ? &e->kv_d : &e->kv_t;
+    tdm_fwd_scratch *fs = is_draft ? &e->fs_d : &e->fs_t;
+    const tdm_kv_seq *seqs[1] = {&s->kv};
+    tandem_status st;
+    if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, to, err))) return st;
+    if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
+    for (int32_t c = from; c < to; c += e->max_rows) {
+        int32_t end = TDM_MIN(to, c + e->max_rows);
+        tdm_batch_clear(&e->batch);
+        for (int32_t p = c; p < end; p++)
+            tdm_batch_add(&e->batch, s->tokens[p], p, 0, p, want_last && p == to - 1);
+        st = tdm_model_forward(m, e->be, kv, &e->batch, seqs, fs, out, err);
+        if (st) return st;
+    }
+    if (is_draft)
+        s->n_draft = to;
+    else
+        s->n_target = to;
+    return TANDEM_OK;
+}
+
+static bool append_text(tdm_seq *s, const char *t, size_t n) {
+    if (s->text_len + n + 1 > s->text_cap) {
+        size_t nc = TDM_MAX(s->text_cap * 2, s->text_len + n + 256);
+        char *nt = realloc(s->text, nc);
+        if (!nt) return false;
+        s->text = nt;
+        s->text_cap = nc;
+    }
+    memcpy(s->text + s->text_len, t, n);
+    s->text_len += n;
+    s->text[s->text_len] = 0;
+    return true;
+}
+
+bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token) {
+    if (s->done) return false;
+    s->tokens[s->n_tokens++] = token;
+    const tdm_tokenizer *tok = e->target->tok;
+    char *buf = e->piece;
+    int32_t nb = tdm_detok_push(&s->detok, tok, token, buf, e->piece_cap);
+    if (nb < 0) nb = 0;
+    append_text(s, buf, (size_t)nb);
+    int32_t n_gen = s->n_tokens - s->n_prompt;
+    if (tdm_tok_is_eog(tok, token)) {
+        s->done = true;
+        s->finish = TANDEM_FINISH_EOS;
+    } else if (n_gen >= s->max_new || s->n_tokens >= e->cfg.n_ctx) {
+        s->done = true;
+        s->finish = TANDEM_FINISH_LENGTH;
+    }
+    if (s->done) {
+        int32_t nf = tdm_detok_flush(&s->detok, buf + nb, e->piece_cap - nb);
+        if (nf > 0) {
+            append_text(s, buf + nb, (size_t)nf);
+            nb += nf;
+        }
+    }
+    if (s->on_token && !s->on_token(token, buf, (size_t)nb, s->user_data)) {
+        if (!s->done) s->finish = TANDEM_FINISH_CANCELLED;
+        s->done = true;
+    }
+    return !s->done;
+}
+
+static int32_t sample_row(tdm_engine *e, tdm_seq *s, const float *logits) {
+    return tdm_sample_logits(logits, e->n_vocab, &s->sp, &e->ss, e->tmp, &s->rng);
+}
+
+tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int32_t n_prompt,
+                              const tandem_generate_params *gp, tdm_err *err) {
+    memset(s, 0, sizeof *s);
+    if (n_prompt <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "empty prompt");
+    if (n_prompt >= e->cfg.n_ctx)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt of %d tokens does not fit the context of %d",
+                          (int)n_prompt, (int)e->cfg.n_ctx);
+    if (gp->max_tokens < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "max_tokens %d < 0", gp->max_tokens);
+    if (!(gp->temperature >= 0) || !(gp->top_p > 0 && gp->top_p <= 1) || !(gp->min_p >= 0 && gp->min_p <= 1) ||
+        gp->top_k < 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "bad sampling parameters (temperature %g, top_k %d, top_p %g, min_p %g)",
+                          gp->temperature, gp->top_k, gp->top_p, gp->min_p);
+    if (gp->spec_k < 0 || gp->spec_k > TDM_CTRL_MAX_K || gp->spec_k_min < 1 ||
+        gp->spec_k_max < gp->spec_k_min || gp->spec_k_max > TDM_CTRL_MAX_K)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "bad speculation length (k %d, min %d, max %d; limit %d)",
+                          gp->spec_k, gp->spec_k_min, gp->spec_k_max, TDM_CTRL_MAX_K);
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->n_vocab)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt token %d at index %d is out of range",
+                              (int)prompt[i], (int)i);
+    s->cap = e->cfg.n_ctx + TDM_CTRL_MAX_K + 2;
+    s->tokens = tdm_calloc((size_t)s->cap, sizeof(int32_t));
+    if (!s->tokens) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
+    s->n_tokens = s->n_prompt = n_prompt;
+    s->max_new = gp->max_tokens;
+    s->sp.temperature = gp->temperature;
+    s->sp.top_k = gp->top_k;
+    s->sp.top_p = gp->top_p;
+    s->sp.min_p = gp->min_p;
+    tdm_rng_seed(&s->rng, gp->seed);
+    tdm_ctrl_init(&s->ctrl, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
+    s->spec_p_min = gp->spec_p_min;
+    tdm_detok_init(&s->detok, e->target->tok);
+    s->detok.first = false; /* a continuation: keep the leading space of its first piece */
+    s->on_token = gp->on_token;
+    s->user_data = gp->user_data;
+    s->text = malloc(256);
+    if (!s->text) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    s->text[0] = 0;
+    s->text_cap = 256;
+    return TANDEM_OK;
+}
+
+void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
+    tdm_kv_seq_free(e->pool, &s->kv);
+    free(s->tokens);
+    free(s->text);
+}
+
+tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+    e->copy_status = TANDEM_OK;
+    if (s->max_new == 0) {
+        s->done = true;
+        s->finish = TANDEM_FINISH_LENGTH;
+        return TANDEM_OK;
+    }
+    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, e->logits_t, err);
+    if (!st && e->draft) st = tdm_engine_feed(e, s, true, 0, s->n_prompt, false, e->logits_d, err);
+    if (!st) tdm_seq_commit(e, s, sample_row(e, s, e->logits_t));
+    return st;
+}
+
+tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+    int32_t n = s->n_tokens;
+    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, e->logits_t, err);
+    if (!st) tdm_seq_commit(e, s, sample_row(e, s, e->logits_t));
+    return st;
+}
+
+tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+    if (s->done) return TANDEM_OK;
+    return e->draft ? tdm_spec_step(e, s, err) : tdm_seq_step_target(e, s, err);
+}
+
+tandem_status tdm_engine_generate(tdm_engine *e, const int32_t *prompt, int32_t n_prompt,
+                                  const tandem_generate_params *gp, tandem_result *res, tdm_err *err) {
+    memset(res, 0, sizeof *res);
+    tdm_seq s;
+    tandem_status st = tdm_seq_init(e, &s, prompt, n_prompt, gp, err);
+    if (st) {
+        tdm_seq_release(e, &s);
+        return st;
+    }
+    double t0 = tdm_now();
+    st = tdm_seq_prefill(e, &s, err);
+    double t1 = tdm_now();
+    while (!st && !s.done) st = tdm_seq_step(e, &s, err);
+    double t2 = tdm_now();
+    if (st) {
+        tdm_seq_release(e, &s);
+        return st;
+    }
+    int32_t n_gen = s.n_tokens - s.n_prompt;
+    res->tokens = tdm_mallocarray((size_t)TDM_MAX(n_gen, 1), sizeof(int32_t));
+    if (!res->tokens) {
+        tdm_seq_release(e, &s);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
+    memcpy(res->tokens, s.tokens + s.n_prompt, (size_t)n_gen * sizeof(int32_t));
+    res->n_tokens = (size_t)n_gen;
+    res->text = s.text;
+    s.text = NULL;
+    res->n_prompt_tokens = (size_t)n_prompt;
+    res->finish_reason = s.finish;
+    res->prefill_ms = (t1 - t0) * 1e3;
+    res->decode_ms = (t2 - t1) * 1e3;
+    res->spec = s.spec;
+    if (res->spec.drafted) res->spec.acceptance_rate = (double)res->spec.accepted / (double)res->spec.drafted;
+    if (res->spec.steps) res->spec.mean_accepted = (double)res->spec.accepted / (double)res->spec.steps;
+    if (e->draft) {
+        double other = res->decode_ms - res->spec.draft_ms - res->spec.verify_ms;
+        res->spec.other_ms = other > 0 ? other : 0;
+    }
+    tdm_seq_release(e, &s);
+    return TANDEM_OK;
+}
+
+tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *ids, int32_t n, float *out,
+                                    tdm_err *err) {
+    if (draft && !e->draft) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the engine has no draft model");
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 1;
+    tdm_seq s;
+    tandem_status st = tdm_seq_init(e, &s, ids, n, &gp, err);
+    if (!st) st = tdm_engine_feed(e, &s, draft, 0, n, true, draft ? e->logits_d : e->logits_t, err);
+    if (!st)
+        st = e->be->ops->download(e->be, out, draft ? e->logits_d : e->logits_t,
+                                  (size_t)e->n_vocab * sizeof(float), err);
+    tdm_seq_release(e, &s);
+    return st;
+}

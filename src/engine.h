@@ -1,0 +1,128 @@
+/* engine.h - the generation engine: a target model, an optional draft model, one
+ * paged KV cache shared by both (one block table per sequence, K/V storage per
+ * model), and the per-request state.
+ *
+ * Invariants of a running sequence (n = seq->n_tokens committed tokens):
+ *   - the target's K/V hold positions [0, n_target) with n_target = n - 1: the
+ *     last committed token is "pending" and is fed by the next step;
+ *   - the draft's K/V hold positions [0, n_draft), n_draft <= n - 1 (the draft
+ *     catches up on the tokens it has not seen at the start of each step);
+ *   - the block table backs max(n_target, n_draft) positions: after verification
+ *     one truncate rolls both models back, so no K/V entry of a rejected token
+ *     survives.
+ */
+#ifndef TDM_ENGINE_H
+#define TDM_ENGINE_H
+
+#include "controller.h"
+#include "model.h"
+#include "sampling.h"
+#include "tokenizer.h"
+
+typedef struct tdm_engine_cfg {
+    int32_t n_threads;
+    int32_t n_ctx;
+    int32_t n_seq_max;
+    int32_t block_size;
+    size_t kv_bytes;
+    int32_t prefill_chunk;   /* rows per prefill forward */
+} tdm_engine_cfg;
+
+typedef struct tdm_engine {
+    tdm_model *target;
+    tdm_model *draft;        /* NULL: target-only */
+    tdm_backend *be;         /* compute backend (owned) */
+    tdm_engine_cfg cfg;
+    tdm_kv_pool *pool;
+    tdm_kv_store kv_t;       /* target K/V */
+    tdm_kv_store kv_d;       /* draft K/V (draft only) */
+    tdm_batch batch;
+    tdm_fwd_scratch fs_t, fs_d;
+    int32_t n_vocab;
+    int32_t max_rows;        /* batch capacity */
+    float *logits_t;         /* [max_rows][n_vocab] (backend memory) */
+    float *logits_d;         /* [max_rows][n_vocab] */
+    float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
+    float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
+    float *tmp;              /* [n_vocab] host scratch */
+    tdm_sampler_scratch ss;
+    char *piece;             /* [piece_cap] decoded text of one token */
+    int32_t piece_cap;
+    tdm_cost_model cost;     /* measured draft / verify costs */
+    tandem_status copy_status;
+    tdm_err copy_err;
+} tdm_engine;
+
+/* Per-request state. */
+typedef struct tdm_seq {
+    tdm_kv_seq kv;
+    int32_t *tokens;         /* [cap] prompt + generated */
+    int32_t n_tokens, cap;
+    int32_t n_prompt;
+    int32_t n_target;        /* target K/V positions held */
+    int32_t n_draft;         /* draft K/V positions held */
+    int32_t max_new;         /* stop after this many generated tokens */
+    tdm_sampler_params sp;
+    tdm_rng rng;
+    tdm_spec_ctrl ctrl;
+    float spec_p_min;
+    bool done;
+    tandem_finish_reason finish;
+    /* streaming */
+    tdm_detok detok;
+    tandem_token_cb on_token;
+    void *user_data;
+    char *text;              /* all generated text so far */
+    size_t text_len, text_cap;
+    /* metrics */
+    tandem_spec_stats spec;
+} tdm_seq;
+
+tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
+                                tdm_engine **out, tdm_err *err);
+void tdm_engine_free(tdm_engine *e);
+
+/* Runs one whole request. */
+tandem_status tdm_engine_generate(tdm_engine *e, const int32_t *prompt, int32_t n_prompt,
+                                  const tandem_generate_params *gp, tandem_result *res, tdm_err *err);
+
+/* The request loop in pieces (tdm_engine_generate = init, prefill, step until
+ * done, release).  tdm_seq_init validates the request; tdm_seq_prefill runs the
+ * prompt through the target (and the draft) and commits the first token;
+ * tdm_seq_step runs one decode step (speculative when there is a draft);
+ * tdm_seq_release frees the sequence's blocks and buffers (safe after a failed init). */
+tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int32_t n_prompt,
+                           const tandem_generate_params *gp, tdm_err *err);
+tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err);
+tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
+/* A plain target-only decode step (also the fallback of a speculative step). */
+tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err);
+void tdm_seq_release(tdm_engine *e, tdm_seq *s);
+
+/* Internal steps, shared by the target-only and speculative paths. */
+/* Forward of model (target or draft) over rows tokens[from, to) of seq at positions
+ * from.., writing K/V; logits of the last row into out when want_last. */
+tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t from, int32_t to,
+                              bool want_last, float *out, tdm_err *err);
+/* Appends a token to the sequence (emits it, checks EOS / length).  Returns false
+ * when generation must stop (s->done is then set). */
+bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);
+
+/* One speculative step (draft/chain.c + verify/verify.c). */
+tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
+
+/* draft/chain.c: proposes up to k tokens after the committed sequence; fills
+ * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs. */
+tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t *draft, int32_t *n_drafted,
+                              tdm_err *err);
+/* verify/verify.c: scores the chain with one target forward, accepts a prefix,
+ * commits it plus one target token, rolls both models back. */
+tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k,
+                               int32_t *n_accepted, tdm_err *err);
+
+/* Logits after the last of n tokens for the target (or the draft), computed by
+ * prefilling a temporary sequence that is freed afterwards.  out: [n_vocab]. */
+tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *ids, int32_t n, float *out,
+                                    tdm_err *err);
+
+#endif

@@ -1,0 +1,140 @@
+/* forward.c - the llama-family forward pass over a batch, written once on top of
+ * the backend op table (kernels/backend.h).
+ *
+ * Per layer:  xb = rmsnorm(x);  qkv = xb Wqkv^T (+ b);  rope(q), rope(k);
+ *             write k, v to the paged cache;  att = attention(q, cache);
+ *             x += att Wo^T;  xb = rmsnorm(x);  gu = xb W13^T;  x += swiglu(gu) W2^T
+ * Then the rows that want logits are gathered, normed and projected.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
+    if (!s || !s->be) return;
+    float **bufs[] = {&s->x, &s->xb, &s->qkv, &s->att, &s->gate_up, &s->ff};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
+        if (*bufs[i]) s->be->ops->free(s->be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    free(s->ids);
+    s->ids = NULL;
+    s->cap_rows = 0;
+    s->cap_ids = 0;
+}
+
+static tandem_status scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const tdm_hparams *hp,
+                                     int32_t rows, tdm_err *err) {
+    if (s->be && s->be != be) tdm_fwd_scratch_free(s);
+    s->be = be;
+    if (rows > s->cap_ids) {
+        int32_t *ni = realloc(s->ids, (size_t)rows * sizeof *ni);
+        if (!ni) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        s->ids = ni;
+        s->cap_ids = rows;
+    }
+    if (rows <= s->cap_rows) return TANDEM_OK;
+    int32_t cap = TDM_MAX(rows, s->cap_rows * 2);
+    int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    int64_t width = TDM_MAX((int64_t)hp->n_embd, qd);
+    size_t sizes[] = {(size_t)width, (size_t)width, (size_t)(qd + 2 * kvd), (size_t)qd,
+                      (size_t)2 * (size_t)hp->n_ff, (size_t)hp->n_ff};
+    float **bufs[] = {&s->x, &s->xb, &s->qkv, &s->att, &s->gate_up, &s->ff};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
+        if (*bufs[i]) be->ops->free(be, *bufs[i]);
+        *bufs[i] = NULL;
+    }
+    s->cap_rows = 0;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
+        void *p;
+        tandem_status st = be->ops->alloc(be, sizes[i] * (size_t)cap * sizeof(float), &p, err);
+        if (st) return st;
+        *bufs[i] = p;
+    }
+    s->cap_rows = cap;
+    return TANDEM_OK;
+}
+
+/* Checks the batch against the model and the block tables (cheap, host side). */
+static tandem_status check_batch(const tdm_model *m, const tdm_kv_store *kv, const tdm_batch *b,
+                                 const tdm_kv_seq *const *seqs, tdm_err *err) {
+    if (b->n_rows <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "empty batch");
+    if (kv->n_layer != m->hp.n_layer || kv->n_kv_head != m->hp.n_head_kv || kv->head_dim != m->hp.head_dim)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV storage does not match the model");
+    for (int32_t i = 0; i < b->n_rows; i++) {
+        int32_t t = b->token[i];
+        if (t < 0 || t >= m->hp.n_vocab)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "token id %d out of range [0, %d)", (int)t,
+                              (int)m->hp.n_vocab);
+        const tdm_kv_seq *sq = seqs[b->seq[i]];
+        if (b->slot[i] < 0 || b->slot[i] >= sq->len || b->n_visible[i] > sq->len || b->n_visible[i] < 0)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                              "row %d: slot %d / visible %d outside the sequence's %d reserved positions",
+                              (int)i, (int)b->slot[i], (int)b->n_visible[i], (int)sq->len);
+        if (b->pos[i] < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "negative position");
+    }
+    return TANDEM_OK;
+}
+
+tandem_status tdm_model_forward(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                tdm_fwd_scratch *s, float *logits, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const tdm_backend_ops *op = be->ops;
+    tandem_status st;
+    if ((st = check_batch(m, kv, batch, seqs, err))) return st;
+    int32_t n = batch->n_rows;
+    if ((st = scratch_reserve(s, be, hp, n, err))) return st;
+
+    const int32_t E = hp->n_embd, F = hp->n_ff;
+    const int32_t qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    const int32_t qkv_w = qd + 2 * kvd;
+    const float scale = 1.0f / sqrtf((float)hp->head_dim);
+
+    if ((st = op->get_rows(be, &m->tok_embd, batch->token, n, s->x, err))) return st;
+
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        const tdm_layer *L = &m->layers[l];
+        if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
+        if ((st = op->matmul(be, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
+        if (L->bqkv && (st = op->add_bias(be, s->qkv, L->bqkv, n, qkv_w, err))) return st;
+        if ((st = op->rope(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, batch->pos, &hp->rope, err)))
+            return st;
+        if ((st = op->rope(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, batch->pos, &hp->rope,
+                           err)))
+            return st;
+        tdm_kv_write_args kw = {
+            .batch = batch, .seqs = seqs, .k = s->qkv + qd, .v = s->qkv + qd + kvd,
+            .row_stride = qkv_w, .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type,
+            .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = kv->block_size,
+        };
+        if ((st = op->kv_write(be, &kw, err))) return st;
+        tdm_attn_args aa = {
+            .batch = batch, .seqs = seqs, .q = s->qkv, .q_stride = qkv_w, .out = s->att,
+            .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type, .n_head = hp->n_head,
+            .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = kv->block_size,
+            .scale = scale,
+        };
+        if ((st = op->attention(be, &aa, err))) return st;
+        if ((st = op->matmul(be, &L->wo, s->att, n, s->x, true, err))) return st;
+        if ((st = op->rmsnorm(be, s->x, L->ffn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
+        if ((st = op->matmul(be, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
+        if ((st = op->swiglu(be, s->gate_up, n, F, s->ff, err))) return st;
+        if ((st = op->matmul(be, &L->w2, s->ff, n, s->x, true, err))) return st;
+    }
+
+    /* logits for the rows that want them */
+    int32_t nl = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (batch->want_logits[i]) s->ids[nl++] = i;
+    if (nl == 0) return TANDEM_OK;
+    const float *src = s->x;
+    if (nl != n) {
+        if ((st = op->gather_rows(be, s->x, s->ids, nl, E, s->xb, err))) return st;
+        src = s->xb;
+    }
+    if ((st = op->rmsnorm(be, src, m->out_norm, nl, E, hp->norm_eps, s->xb, err))) return st;
+    return op->matmul(be, &m->output, s->xb, nl, logits, false, err);
+}

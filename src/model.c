@@ -1,0 +1,469 @@
+/* model.c - hyperparameters, tensor validation and weight placement. */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Sane limits for hyperparameters read from an untrusted file. */
+#define MAX_EMBD   (1 << 16)
+#define MAX_LAYER  1024
+#define MAX_HEAD   1024
+#define MAX_FF     (1 << 20)
+#define MAX_VOCAB  (1 << 22)
+#define MAX_HDIM   1024
+
+static bool is_host_backend(const tdm_backend *be) { return strcmp(be->ops->name, "cpu") == 0; }
+
+static tandem_status get_u32_key(const tdm_gguf *g, const char *arch, const char *suffix,
+                                 bool required, uint32_t def, uint32_t *out, tdm_err *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (required) return tdm_gguf_get_u32(g, key, out, err);
+    return tdm_gguf_opt_u32(g, key, def, out, err);
+}
+
+static tandem_status get_f32_key(const tdm_gguf *g, const char *arch, const char *suffix,
+                                 bool required, float def, float *out, tdm_err *err) {
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    if (required) return tdm_gguf_get_f32(g, key, out, err);
+    return tdm_gguf_opt_f32(g, key, def, out, err);
+}
+
+static tandem_status check_range(const char *what, uint32_t v, uint32_t lo, uint32_t hi, tdm_err *err) {
+    if (v < lo || v > hi)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "hyperparameter %s = %u is out of range [%u, %u]",
+                          what, v, lo, hi);
+    return TANDEM_OK;
+}
+
+tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err) {
+    memset(hp, 0, sizeof *hp);
+    tdm_gguf_str arch;
+    tandem_status st = tdm_gguf_get_str(g, "general.architecture", &arch, err);
+    if (st) return st;
+    bool is_llama = arch.len == 5 && memcmp(arch.ptr, "llama", 5) == 0;
+    bool is_qwen2 = arch.len == 5 && memcmp(arch.ptr, "qwen2", 5) == 0;
+    if (!is_llama && !is_qwen2)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "unsupported architecture '%.*s' (supported: llama, qwen2)",
+                          (int)TDM_MIN(arch.len, 64), arch.ptr);
+    memcpy(hp->arch, arch.ptr, arch.len);
+    const char *a = hp->arch;
+
+    uint32_t n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv, n_rot, key_len, n_vocab;
+    if ((st = get_u32_key(g, a, "context_length", false, 4096, &n_ctx, err)) ||
+        (st = get_u32_key(g, a, "embedding_length", true, 0, &n_embd, err)) ||
+        (st = get_u32_key(g, a, "block_count", true, 0, &n_layer, err)) ||
+        (st = get_u32_key(g, a, "feed_forward_length", true, 0, &n_ff, err)) ||
+        (st = get_u32_key(g, a, "attention.head_count", true, 0, &n_head, err)))
+        return st;
+    if ((st = check_range("embedding_length", n_embd, 1, MAX_EMBD, err)) ||
+        (st = check_range("block_count", n_layer, 1, MAX_LAYER, err)) ||
+        (st = check_range("feed_forward_length", n_ff, 1, MAX_FF, err)) ||
+        (st = check_range("attention.head_count", n_head, 1, MAX_HEAD, err)) ||
+        (st = check_range("context_length", n_ctx, 1, 1u << 24, err)))
+        return st;
+    if ((st = get_u32_key(g, a, "attention.head_count_kv", false, n_head, &n_head_kv, err))) return st;
+    if ((st = check_range("attention.head_count_kv", n_head_kv, 1, n_head, err))) return st;
+    if (n_head % n_head_kv)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                          "head_count %u is not a multiple of head_count_kv %u", n_head, n_head_kv);
+    uint32_t def_hd = n_embd / n_head;
+    if ((st = get_u32_key(g, a, "attention.key_length", false, def_hd, &key_len, err))) return st;
+    if ((st = check_range("attention.key_length", key_len, 2, MAX_HDIM, err))) return st;
+    if (key_len % 2)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "head dimension %u is odd", key_len);
+    if ((st = get_u32_key(g, a, "rope.dimension_count", false, key_len, &n_rot, err))) return st;
+    if (n_rot > key_len || n_rot % 2 || n_rot == 0)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "rope.dimension_count %u invalid for head dim %u",
+                          n_rot, key_len);
+
+    const tdm_gguf_value *tokens = tdm_gguf_find(g, "tokenizer.ggml.tokens");
+    uint32_t def_vocab = 0;
+    if (tokens && tokens->type == TDM_GGUF_ARRAY && tokens->v.arr.n <= MAX_VOCAB)
+        def_vocab = (uint32_t)tokens->v.arr.n;
+    if ((st = get_u32_key(g, a, "vocab_size", def_vocab == 0, def_vocab, &n_vocab, err))) return st;
+    if ((st = check_range("vocab_size", n_vocab, 1, MAX_VOCAB, err))) return st;
+
+    float eps, freq_base, scale_factor = 1.0f;
+    if ((st = get_f32_key(g, a, "attention.layer_norm_rms_epsilon", false, 1e-5f, &eps, err)) ||
+        (st = get_f32_key(g, a, "rope.freq_base", false, 10000.0f, &freq_base, err)))
+        return st;
+    if (!(eps > 0 && eps < 1))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "layer_norm_rms_epsilon %g is out of range", eps);
+    if (!(freq_base > 0 && isfinite(freq_base)))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "rope.freq_base %g is invalid", freq_base);
+
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    const tdm_gguf_value *stype = tdm_gguf_find(g, key);
+    if (stype) {
+        tdm_gguf_str s;
+        if ((st = tdm_gguf_get_str(g, key, &s, err))) return st;
+        bool lin = s.len == 6 && memcmp(s.ptr, "linear", 6) == 0;
+        bool none = s.len == 4 && memcmp(s.ptr, "none", 4) == 0;
+        if (!lin && !none)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "unsupported rope scaling type '%.*s'",
+                              (int)TDM_MIN(s.len, 32), s.ptr);
+        if (lin) {
+            if ((st = get_f32_key(g, a, "rope.scaling.factor", true, 1.0f, &scale_factor, err))) return st;
+            if (!(scale_factor > 0 && isfinite(scale_factor)))
+                return tdm_seterr(err, TANDEM_ERR_FORMAT, "rope.scaling.factor %g is invalid", scale_factor);
+        }
+    }
+
+    hp->n_vocab = (int32_t)n_vocab;
+    hp->n_ctx_train = (int32_t)n_ctx;
+    hp->n_embd = (int32_t)n_embd;
+    hp->n_layer = (int32_t)n_layer;
+    hp->n_head = (int32_t)n_head;
+    hp->n_head_kv = (int32_t)n_head_kv;
+    hp->head_dim = (int32_t)key_len;
+    hp->n_ff = (int32_t)n_ff;
+    hp->norm_eps = eps;
+    hp->rope.n_rot = (int32_t)n_rot;
+    hp->rope.freq_base = freq_base;
+    hp->rope.freq_scale = 1.0f / scale_factor;
+    hp->rope.neox = is_qwen2;
+    hp->qkv_bias = is_qwen2;
+    hp->tied_output = tdm_gguf_find_tensor(g, "output.weight") == NULL;
+    return TANDEM_OK;
+}
+
+/* ------------------------------------------------------------ weights */
+
+static tandem_status own(tdm_model *m, void *p, tdm_err *err) {
+    if (m->n_owned == m->cap_owned) {
+        int32_t nc = m->cap_owned ? m->cap_owned * 2 : 64;
+        void **no = realloc(m->owned, (size_t)nc * sizeof *no);
+        if (!no) {
+            m->be->ops->free(m->be, p);
+            return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        }
+        m->owned = no;
+        m->cap_owned = nc;
+    }
+    m->owned[m->n_owned++] = p;
+    return TANDEM_OK;
+}
+
+static tandem_status alloc_owned(tdm_model *m, size_t bytes, void **out, tdm_err *err) {
+    tandem_status st = m->be->ops->alloc(m->be, bytes, out, err);
+    if (st) return st;
+    return own(m, *out, err);
+}
+
+/* Finds a tensor and checks its shape: ne0 x ne1 (ne1 = 0: a 1-D tensor). */
+static tandem_status find_tensor(const tdm_model *m, const char *name, int64_t ne0, int64_t ne1,
+                                 bool optional, const tdm_gguf_tensor **out, tdm_err *err) {
+    *out = NULL;
+    const tdm_gguf_tensor *t = tdm_gguf_find_tensor(m->gguf, name);
+    if (!t) {
+        if (optional) return TANDEM_OK;
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "missing tensor '%s'", name);
+    }
+    uint32_t want_dims = ne1 ? 2 : 1;
+    bool ok = t->ne[0] == ne0 && (ne1 ? t->ne[1] == ne1 : true) && t->ne[2] == 1 && t->ne[3] == 1 &&
+              (t->n_dims == want_dims || (ne1 == 0 && t->ne[1] == 1));
+    if (!ok)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                          "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld%s%lld]", name,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                          (long long)t->ne[3], (long long)ne0, ne1 ? ", " : "",
+                          ne1 ? (long long)ne1 : 0LL);
+    if (!tdm_dtype_supported(t->type))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "tensor '%s' has unsupported type %u", name,
+                          t->type);
+    *out = t;
+    return TANDEM_OK;
+}
+
+/* A 1-D vector converted to f32 in backend memory. */
+static tandem_status load_vec(tdm_model *m, const char *name, int64_t n, bool optional,
+                              const float **out, tdm_err *err) {
+    *out = NULL;
+    const tdm_gguf_tensor *t;
+    tandem_status st = find_tensor(m, name, n, 0, optional, &t, err);
+    if (st || !t) return st;
+    if (n % tdm_dtype_block_elems(t->type))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor '%s': size not a multiple of its block", name);
+    float *host = tdm_mallocarray((size_t)n, sizeof(float));
+    if (!host) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    tdm_row_to_f32(t->type, t->data, host, n);
+    void *dev;
+    st = alloc_owned(m, (size_t)n * sizeof(float), &dev, err);
+    if (!st) st = m->be->ops->upload(m->be, dev, host, (size_t)n * sizeof(float), err);
+    free(host);
+    if (st) return st;
+    m->n_params += (uint64_t)n;
+    m->weight_bytes += (uint64_t)n * sizeof(float);
+    *out = dev;
+    return TANDEM_OK;
+}
+
+/* A matrix [rows][cols] placed as is (zero-copy on the CPU backend). */
+static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows,
+                              tdm_weight *w, tdm_err *err) {
+    const tdm_gguf_tensor *t;
+    tandem_status st = find_tensor(m, name, cols, rows, false, &t, err);
+    if (st) return st;
+    uint64_t rb;
+    if (!tdm_dtype_row_bytes(t->type, (uint64_t)cols, &rb))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor '%s': row of %lld not a multiple of its block",
+                          name, (long long)cols);
+    w->type = t->type;
+    w->rows = rows;
+    w->cols = cols;
+    w->row_bytes = (size_t)rb;
+    if (is_host_backend(m->be)) {
+        w->data = t->data;
+    } else {
+        void *dev;
+        if ((st = alloc_owned(m, t->nbytes, &dev, err))) return st;
+        if ((st = m->be->ops->upload(m->be, dev, t->data, t->nbytes, err))) return st;
+        w->data = dev;
+    }
+    m->n_params += (uint64_t)rows * (uint64_t)cols;
+    m->weight_bytes += t->nbytes;
+    return TANDEM_OK;
+}
+
+/* Matrices with the same cols stacked by rows into one weight.  Parts of one type
+ * are copied as they are; mixed types are converted to f32. */
+static tandem_status load_fused(tdm_model *m, const char *const *names, const int64_t *rows, int n,
+                                int64_t cols, tdm_weight *w, tdm_err *err) {
+    const tdm_gguf_tensor *t[4];
+    tandem_status st;
+    int64_t total_rows = 0;
+    bool same = true;
+    for (int i = 0; i < n; i++) {
+        if ((st = find_tensor(m, names[i], cols, rows[i], false, &t[i], err))) return st;
+        total_rows += rows[i];
+        if (t[i]->type != t[0]->type) same = false;
+        uint64_t rb;
+        if (!tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &rb))
+            return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor '%s': row of %lld not a multiple of its block",
+                              names[i], (long long)cols);
+    }
+    uint32_t type = same ? t[0]->type : TDM_F32;
+    uint64_t rb;
+    tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
+    size_t bytes = (size_t)rb * (size_t)total_rows;
+    uint8_t *host = tdm_malloc(bytes);
+    float *tmp = same ? NULL : tdm_mallocarray((size_t)cols, sizeof(float));
+    if (!host || (!same && !tmp)) {
+        free(host);
+        free(tmp);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory fusing '%s'", names[0]);
+    }
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (same) {
+            memcpy(host + off, t[i]->data, t[i]->nbytes);
+            off += t[i]->nbytes;
+        } else {
+            uint64_t src_rb;
+            tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &src_rb);
+            for (int64_t r = 0; r < rows[i]; r++) {
+                tdm_row_to_f32(t[i]->type, (const uint8_t *)t[i]->data + r * src_rb, tmp, cols);
+                memcpy(host + off, tmp, (size_t)rb);
+                off += (size_t)rb;
+            }
+        }
+        m->n_params += (uint64_t)rows[i] * (uint64_t)cols;
+        m->weight_bytes += t[i]->nbytes;
+    }
+    free(tmp);
+    void *dev;
+    st = alloc_owned(m, bytes, &dev, err);
+    if (!st) st = m->be->ops->upload(m->be, dev, host, bytes, err);
+    free(host);
+    if (st) return st;
+    w->type = type;
+    w->rows = total_rows;
+    w->cols = cols;
+    w->row_bytes = (size_t)rb;
+    w->data = dev;
+    return TANDEM_OK;
+}
+
+static tandem_status load_weights(tdm_model *m, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    tandem_status st;
+    int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
+    int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+
+    if ((st = load_mat(m, "token_embd.weight", E, V, &m->tok_embd, err))) return st;
+    if ((st = load_vec(m, "output_norm.weight", E, false, &m->out_norm, err))) return st;
+    if (hp->tied_output) {
+        m->output = m->tok_embd;
+    } else if ((st = load_mat(m, "output.weight", E, V, &m->output, err))) {
+        return st;
+    }
+    m->layers = tdm_calloc((size_t)hp->n_layer, sizeof *m->layers);
+    if (!m->layers) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    char n0[96], n1[96], n2[96];
+    for (int32_t l = 0; l < hp->n_layer; l++) {
+        tdm_layer *L = &m->layers[l];
+#define NAME(buf, s) snprintf(buf, sizeof buf, "blk.%d." s, (int)l)
+        NAME(n0, "attn_norm.weight");
+        if ((st = load_vec(m, n0, E, false, &L->attn_norm, err))) return st;
+        NAME(n0, "attn_q.weight");
+        NAME(n1, "attn_k.weight");
+        NAME(n2, "attn_v.weight");
+        const char *qkv[3] = {n0, n1, n2};
+        int64_t qkv_rows[3] = {qd, kvd, kvd};
+        if ((st = load_fused(m, qkv, qkv_rows, 3, E, &L->wqkv, err))) return st;
+        if (hp->qkv_bias) {
+            const float *bq, *bk, *bv;
+            NAME(n0, "attn_q.bias");
+            NAME(n1, "attn_k.bias");
+            NAME(n2, "attn_v.bias");
+            if ((st = load_vec(m, n0, qd, false, &bq, err)) || (st = load_vec(m, n1, kvd, false, &bk, err)) ||
+                (st = load_vec(m, n2, kvd, false, &bv, err)))
+                return st;
+            /* concatenate the three f32 vectors */
+            size_t nb = (size_t)(qd + 2 * kvd) * sizeof(float);
+            float *host = tdm_malloc(nb);
+            if (!host) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+            st = m->be->ops->download(m->be, host, bq, (size_t)qd * 4, err);
+            if (!st) st = m->be->ops->download(m->be, host + qd, bk, (size_t)kvd * 4, err);
+            if (!st) st = m->be->ops->download(m->be, host + qd + kvd, bv, (size_t)kvd * 4, err);
+            void *dev = NULL;
+            if (!st) st = alloc_owned(m, nb, &dev, err);
+            if (!st) st = m->be->ops->upload(m->be, dev, host, nb, err);
+            free(host);
+            if (st) return st;
+            L->bqkv = dev;
+        }
+        NAME(n0, "attn_output.weight");
+        if ((st = load_mat(m, n0, qd, E, &L->wo, err))) return st;
+        NAME(n0, "ffn_norm.weight");
+        if ((st = load_vec(m, n0, E, false, &L->ffn_norm, err))) return st;
+        NAME(n0, "ffn_gate.weight");
+        NAME(n1, "ffn_up.weight");
+        const char *gu[2] = {n0, n1};
+        int64_t gu_rows[2] = {F, F};
+        if ((st = load_fused(m, gu, gu_rows, 2, E, &L->w13, err))) return st;
+        NAME(n0, "ffn_down.weight");
+        if ((st = load_mat(m, n0, F, E, &L->w2, err))) return st;
+#undef NAME
+    }
+    return TANDEM_OK;
+}
+
+tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out, tdm_err *err) {
+    *out = NULL;
+    tdm_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        tdm_gguf_close(g);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
+    m->gguf = g;
+    m->be = be;
+    tandem_status st = tdm_hparams_read(g, &m->hp, err);
+    if (!st) st = tdm_tokenizer_load(g, &m->tok, err);
+    if (!st && tdm_tok_n_vocab(m->tok) > m->hp.n_vocab)
+        st = tdm_seterr(err, TANDEM_ERR_FORMAT, "tokenizer has %d tokens but the model's vocab_size is %d",
+                        (int)tdm_tok_n_vocab(m->tok), (int)m->hp.n_vocab);
+    if (!st) st = load_weights(m, err);
+    if (st) {
+        tdm_model_free(m);
+        return st;
+    }
+    tdm_gguf_str name;
+    const tdm_gguf_value *nv = tdm_gguf_find(g, "general.name");
+    if (nv && nv->type == TDM_GGUF_STRING && tdm_gguf_get_str(g, "general.name", &name, NULL) == TANDEM_OK)
+        snprintf(m->name, sizeof m->name, "%.*s", (int)TDM_MIN(name.len, 127), name.ptr);
+    *out = m;
+    return TANDEM_OK;
+}
+
+tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out, tdm_err *err) {
+    *out = NULL;
+    tdm_gguf *g;
+    tandem_status st = tdm_gguf_open(path, &g, err);
+    if (st) return st;
+    return tdm_model_load_gguf(g, be, out, err);
+}
+
+void tdm_model_free(tdm_model *m) {
+    if (!m) return;
+    for (int32_t i = 0; i < m->n_owned; i++) m->be->ops->free(m->be, m->owned[i]);
+    free(m->owned);
+    free(m->layers);
+    tdm_tokenizer_free(m->tok);
+    tdm_gguf_close(m->gguf);
+    free(m);
+}
+
+/* ------------------------------------------------------------ KV storage */
+
+tdm_kv_layout tdm_model_kv_layout(const tdm_model *m, uint32_t type) {
+    tdm_kv_layout l = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, type == TDM_F16 ? 2 : 4};
+    return l;
+}
+
+tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend *be, uint32_t type,
+                                int32_t n_blocks, int32_t block_size, tdm_err *err) {
+    memset(s, 0, sizeof *s);
+    if (type != TDM_F32 && type != TDM_F16)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "KV cache type %s", tdm_dtype_name(type));
+    s->be = be;
+    s->type = type;
+    s->n_layer = m->hp.n_layer;
+    s->n_kv_head = m->hp.n_head_kv;
+    s->head_dim = m->hp.head_dim;
+    s->block_size = block_size;
+    s->n_blocks = n_blocks;
+    s->k = tdm_calloc((size_t)s->n_layer, sizeof(void *));
+    s->v = tdm_calloc((size_t)s->n_layer, sizeof(void *));
+    if (!s->k || !s->v) {
+        tdm_kv_store_free(s);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
+    size_t per_layer;
+    size_t elem = type == TDM_F16 ? 2 : 4;
+    if (tdm_mul_overflow_size((size_t)n_blocks * (size_t)block_size, (size_t)s->n_kv_head * (size_t)s->head_dim * elem,
+                              &per_layer)) {
+        tdm_kv_store_free(s);
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV cache size overflows");
+    }
+    for (int32_t l = 0; l < s->n_layer; l++) {
+        tandem_status st = be->ops->alloc(be, per_layer, &s->k[l], err);
+        if (!st) st = be->ops->alloc(be, per_layer, &s->v[l], err);
+        if (st) {
+            tdm_kv_store_free(s);
+            return st;
+        }
+    }
+    return TANDEM_OK;
+}
+
+void tdm_kv_store_free(tdm_kv_store *s) {
+    if (!s || !s->be) return;
+    for (int32_t l = 0; l < s->n_layer; l++) {
+        if (s->k && s->k[l]) s->be->ops->free(s->be, s->k[l]);
+        if (s->v && s->v[l]) s->be->ops->free(s->be, s->v[l]);
+    }
+    free(s->k);
+    free(s->v);
+    memset(s, 0, sizeof *s);
+}
+
+tandem_status tdm_kv_store_copy_block(tdm_kv_store *s, int32_t src, int32_t dst, tdm_err *err) {
+    size_t elem = s->type == TDM_F16 ? 2 : 4;
+    size_t bb = (size_t)s->n_kv_head * (size_t)s->block_size * (size_t)s->head_dim * elem;
+    for (int32_t l = 0; l < s->n_layer; l++) {
+        tandem_status st = s->be->ops->copy(s->be, (uint8_t *)s->k[l] + (size_t)dst * bb,
+                                            (const uint8_t *)s->k[l] + (size_t)src * bb, bb, err);
+        if (!st)
+            st = s->be->ops->copy(s->be, (uint8_t *)s->v[l] + (size_t)dst * bb,
+                                  (const uint8_t *)s->v[l] + (size_t)src * bb, bb, err);
+        if (st) return st;
+    }
+    return TANDEM_OK;
+}

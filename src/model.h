@@ -1,0 +1,113 @@
+/* model.h - a llama-family model: hyperparameters + weights placed on a backend.
+ *
+ * Architecture differences are data, not code paths: `llama` (GQA, tied or separate
+ * output, GGUF "normal" RoPE with adjacent pairs, freq_base, linear scaling) and
+ * `qwen2` (q/k/v biases, NEOX RoPE) run the same forward (forward.c).
+ *
+ * Weights are fused at load where that saves passes: wqkv = [wq; wk; wv] rows and
+ * w13 = [w_gate; w_up] rows, so one matmul reads each.
+ */
+#ifndef TDM_MODEL_H
+#define TDM_MODEL_H
+
+#include "backend.h"
+#include "gguf.h"
+#include "tokenizer.h"
+
+typedef struct tdm_hparams {
+    char arch[16];          /* "llama" or "qwen2" */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;       /* n_embd / n_head unless key_length says otherwise */
+    int32_t n_ff;
+    float norm_eps;         /* RMSNorm epsilon */
+    tdm_rope_params rope;
+    bool qkv_bias;          /* qwen2 */
+    bool tied_output;       /* output projection = token embedding */
+} tdm_hparams;
+
+typedef struct tdm_layer {
+    const float *attn_norm; /* [n_embd] */
+    tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v */
+    const float *bqkv;      /* [n_head*hd + 2*n_head_kv*hd] or NULL */
+    tdm_weight wo;          /* [n_embd][n_head*hd] */
+    const float *ffn_norm;  /* [n_embd] */
+    tdm_weight w13;         /* [2*n_ff][n_embd]: gate rows, then up rows */
+    tdm_weight w2;          /* [n_embd][n_ff] */
+} tdm_layer;
+
+typedef struct tdm_model {
+    tdm_gguf *gguf;
+    tdm_tokenizer *tok;
+    tdm_hparams hp;
+    tdm_backend *be;        /* owns the weight memory */
+    tdm_weight tok_embd;    /* [n_vocab][n_embd] */
+    const float *out_norm;  /* [n_embd] */
+    tdm_weight output;      /* [n_vocab][n_embd] (== tok_embd when tied) */
+    tdm_layer *layers;      /* [n_layer] */
+    void **owned;           /* backend buffers to free */
+    int32_t n_owned, cap_owned;
+    uint64_t n_params;
+    uint64_t weight_bytes;
+    char name[128];
+} tdm_model;
+
+/* Loads a model from a GGUF file onto a backend (the model keeps `be` but does not
+ * own it: the caller destroys it after the model). */
+tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out, tdm_err *err);
+/* The same from an already opened GGUF (ownership of g passes to the model, also
+ * on failure). */
+tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out, tdm_err *err);
+void tdm_model_free(tdm_model *m);
+
+/* Reads and validates hyperparameters from metadata (no weights). */
+tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err);
+
+/* ------------------------------------------------------------ KV storage */
+
+/* One model's K/V storage for all blocks of a pool (see kv_cache.h). */
+typedef struct tdm_kv_store {
+    tdm_backend *be;
+    uint32_t type;          /* TDM_F32 or TDM_F16 */
+    int32_t n_layer, n_kv_head, head_dim, block_size, n_blocks;
+    void **k;               /* [n_layer] -> [n_blocks][n_kv_head][block_size][head_dim] */
+    void **v;               /* same */
+} tdm_kv_store;
+
+tdm_kv_layout tdm_model_kv_layout(const tdm_model *m, uint32_t type);
+tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend *be, uint32_t type,
+                                int32_t n_blocks, int32_t block_size, tdm_err *err);
+void tdm_kv_store_free(tdm_kv_store *s);
+/* Copies one block (all layers, K and V). */
+tandem_status tdm_kv_store_copy_block(tdm_kv_store *s, int32_t src, int32_t dst, tdm_err *err);
+
+/* ------------------------------------------------------------- forward */
+
+/* Scratch activations, grown on demand (backend memory). */
+typedef struct tdm_fwd_scratch {
+    tdm_backend *be;
+    int32_t cap_rows;
+    float *x;       /* [rows][n_embd] residual stream */
+    float *xb;      /* [rows][n_embd] normed */
+    float *qkv;     /* [rows][q_dim + 2 kv_dim] */
+    float *att;     /* [rows][q_dim] */
+    float *gate_up; /* [rows][2 n_ff] */
+    float *ff;      /* [rows][n_ff] */
+    int32_t *ids;   /* [rows] tokens / logit rows (host) */
+    int32_t cap_ids;
+} tdm_fwd_scratch;
+
+void tdm_fwd_scratch_free(tdm_fwd_scratch *s);
+
+/* Runs the model over a batch.  K/V of every row is written into its slot (the
+ * sequences' block tables must already be reserved past every slot).  logits
+ * receives [n_logits][n_vocab] for the rows with want_logits, in row order. */
+tandem_status tdm_model_forward(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                tdm_fwd_scratch *s, float *logits, tdm_err *err);
+
+#endif

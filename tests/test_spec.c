@@ -1,0 +1,170 @@
+/* test_spec.c - speculative decoding is lossless under greedy decoding: for all
+ * 100 dev prompts, both drafts and k in {1, 2, 4, 8, auto}, the output equals
+ * target-only output token for token; rollback leaves exactly the blocks the
+ * accepted length needs, and nothing leaks. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "kv_cache.h"
+#include "testutil.h"
+
+#define N_NEW 64
+
+static tdm_backend *g_wbe;
+static tdm_model *g_target, *g_draft[2];
+static const char *g_draft_files[2] = {"pycode-draft-s-f16.gguf", "pycode-draft-xs-f16.gguf"};
+
+static void setup(void) {
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, &g_wbe, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-target-f16.gguf"), g_wbe, &g_target, &err), TANDEM_OK,
+                 "%s", err.msg);
+    for (int d = 0; d < 2; d++)
+        cr_assert_eq(tdm_model_load(tdm_test_model_path(g_draft_files[d]), g_wbe, &g_draft[d], &err), TANDEM_OK,
+                     "%s", err.msg);
+}
+
+static void teardown(void) {
+    tdm_model_free(g_draft[0]);
+    tdm_model_free(g_draft[1]);
+    tdm_model_free(g_target);
+    tdm_backend_destroy(g_wbe);
+}
+
+TestSuite(spec, .init = setup, .fini = teardown, .timeout = 3000);
+
+static tdm_engine *make_engine(tdm_model *draft) {
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = 2};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(g_target, draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    return e;
+}
+
+Test(spec, greedy_equals_target_only_all_prompts_drafts_and_k) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    cr_assert_eq(n_lines, 100);
+    tdm_engine *plain = make_engine(NULL);
+    tdm_engine *spec[2] = {make_engine(g_draft[0]), make_engine(g_draft[1])};
+    const int ks[] = {1, 2, 4, 8, 0 /* auto */};
+    tdm_err err = {0};
+    uint64_t drafted[2][5] = {{0}}, accepted[2][5] = {{0}};
+    for (size_t li = 0; li < n_lines; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = N_NEW;
+        tandem_result want;
+        cr_assert_eq(tdm_engine_generate(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        for (int d = 0; d < 2; d++) {
+            for (size_t ki = 0; ki < TDM_ARRAY_LEN(ks); ki++) {
+                gp.spec_k = ks[ki];
+                tandem_result got;
+                cr_assert_eq(tdm_engine_generate(spec[d], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s",
+                             err.msg);
+                size_t diff = 0;
+                while (diff < got.n_tokens && diff < want.n_tokens && got.tokens[diff] == want.tokens[diff]) diff++;
+                cr_assert(got.n_tokens == want.n_tokens && diff == want.n_tokens,
+                          "prompt %zu, %s, k=%d: output differs from target-only at token %zu (lengths %zu/%zu)",
+                          li, g_draft_files[d], ks[ki], diff, got.n_tokens, want.n_tokens);
+                cr_assert_eq(got.finish_reason, want.finish_reason);
+                cr_assert_str_eq(got.text, want.text);
+                cr_assert_eq(tdm_kv_pool_n_free(spec[d]->pool), tdm_kv_pool_n_blocks(spec[d]->pool),
+                             "KV blocks leaked");
+                cr_assert_leq(got.spec.accepted, got.spec.drafted);
+                if (ks[ki] > 0) cr_assert_leq(got.spec.drafted, (uint64_t)ks[ki] * got.spec.steps);
+                drafted[d][ki] += got.spec.drafted;
+                accepted[d][ki] += got.spec.accepted;
+                tandem_result_free(&got);
+            }
+        }
+        tandem_result_free(&want);
+        free(ids);
+    }
+    for (int d = 0; d < 2; d++)
+        for (size_t ki = 0; ki < TDM_ARRAY_LEN(ks); ki++) {
+            cr_log_info("%s k=%d: acceptance %.3f", g_draft_files[d], ks[ki],
+                        drafted[d][ki] ? (double)accepted[d][ki] / (double)drafted[d][ki] : 0.0);
+            cr_assert_gt(accepted[d][ki], 0, "no draft token was ever accepted");
+        }
+    tdm_engine_free(plain);
+    tdm_engine_free(spec[0]);
+    tdm_engine_free(spec[1]);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* After every step the shared block table holds exactly the accepted length:
+ * target positions n - 1, draft positions <= n - 1, blocks in use = blocks for n - 1. */
+Test(spec, rollback_keeps_exactly_the_accepted_length) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *e = make_engine(g_draft[0]);
+    tdm_err err = {0};
+    for (size_t li = 0; li < 10; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        for (int temp = 0; temp < 2; temp++) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = 80;
+            gp.temperature = temp ? 0.8f : 0.0f;
+            gp.seed = li;
+            gp.spec_k = (int)(li % 3) * 3; /* 0 (auto), 3, 6 */
+            tdm_seq s;
+            cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, &gp, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
+            int steps = 0;
+            while (!s.done) {
+                cr_assert_eq(tdm_seq_step(e, &s, &err), TANDEM_OK, "%s", err.msg);
+                steps++;
+                if (s.done) break;
+                int32_t held = s.n_tokens - 1;
+                cr_assert_eq(s.n_target, held);
+                cr_assert_leq(s.n_draft, held);
+                cr_assert_eq(s.kv.len, held, "block table holds %d positions, accepted length needs %d",
+                             (int)s.kv.len, (int)held);
+                int32_t used = tdm_kv_pool_n_blocks(e->pool) - tdm_kv_pool_n_free(e->pool);
+                cr_assert_eq(used, tdm_kv_blocks_for(e->pool, held), "%d blocks in use for %d positions",
+                             (int)used, (int)held);
+            }
+            cr_assert_gt(steps, 0);
+            tdm_seq_release(e, &s);
+            cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "leak after release");
+        }
+        free(ids);
+    }
+    tdm_engine_free(e);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* A request cancelled mid-way by its callback frees everything. */
+static bool cancel_at_10(int32_t tok, const char *t, size_t l, void *ud) {
+    (void)tok;
+    (void)t;
+    (void)l;
+    return ++*(int *)ud < 10;
+}
+
+Test(spec, cancel_frees_all_blocks) {
+    tdm_engine *e = make_engine(g_draft[1]);
+    size_t n_lines, n;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[0], "prompt_ids"), &n); /* 64 tokens without EOS */
+    int count = 0;
+    tdm_err err = {0};
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.on_token = cancel_at_10;
+    gp.user_data = &count;
+    tandem_result r;
+    cr_assert_eq(tdm_engine_generate(e, ids, (int32_t)n, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(r.finish_reason, TANDEM_FINISH_CANCELLED, "finish %s after %zu tokens (callback saw %d)",
+                 tandem_finish_reason_str(r.finish_reason), r.n_tokens, count);
+    cr_assert_eq(r.n_tokens, 10, "cancel at the 10th token: got %zu tokens", r.n_tokens);
+    cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool));
+    tandem_result_free(&r);
+    free(ids);
+    tdm_test_jsonl_free(refs, n_lines);
+    tdm_engine_free(e);
+}

@@ -1,0 +1,169 @@
+/* test_spec_stat.c - statistical losslessness of speculative sampling: with a
+ * small random-weight model pair made here, the empirical distribution of the
+ * generated tokens at positions 1..4 under speculative sampling matches
+ * target-only sampling (two-sample chi-square, p-value > 1e-3, fixed seeds). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "stats.h"
+#include "testutil.h"
+#include "tiny_model.h"
+
+#define N_RUNS 20000
+#define N_POS 4
+
+/* Two-sample chi-square test of homogeneity on counts a[n], b[n]; columns with an
+ * expected count below 5 in either row are pooled. */
+static double chi2_two_sample_pvalue(const uint64_t *a, const uint64_t *b, int32_t n) {
+    double na = 0, nb = 0;
+    for (int32_t i = 0; i < n; i++) {
+        na += (double)a[i];
+        nb += (double)b[i];
+    }
+    double tot = na + nb, stat = 0, pa = 0, pb = 0;
+    int bins = 0;
+    for (int32_t i = 0; i <= n; i++) {
+        double oa, ob;
+        if (i < n) {
+            oa = (double)a[i];
+            ob = (double)b[i];
+            double col = oa + ob;
+            if (col * na / tot < 5 || col * nb / tot < 5) {
+                pa += oa;
+                pb += ob;
+                continue;
+            }
+        } else {
+            oa = pa;
+            ob = pb;
+            if (oa + ob == 0) break;
+        }
+        double col = oa + ob, ea = col * na / tot, eb = col * nb / tot;
+        stat += (oa - ea) * (oa - ea) / ea + (ob - eb) * (ob - eb) / eb;
+        bins++;
+    }
+    if (bins < 2) return 1.0;
+    return tdm_stat_chi2_sf(stat, bins - 1);
+}
+
+typedef struct pair {
+    char *tpath, *dpath;
+    tdm_backend *wbe;
+    tdm_model *target, *draft;
+} pair;
+
+static void pair_open(pair *p, uint64_t dseed) {
+    tdm_err err = {0};
+    tdm_tiny_cfg tc = tdm_tiny_default();
+    tdm_tiny_cfg dc = tdm_tiny_default();
+    dc.seed = dseed;
+    dc.n_layer = 1;
+    dc.n_embd = 32;
+    dc.n_head = 2;
+    dc.n_head_kv = 1;
+    dc.n_ff = 64;
+    p->tpath = tdm_tiny_model_file(&tc);
+    p->dpath = tdm_tiny_model_file(&dc);
+    cr_assert_eq(tdm_backend_cpu_create(1, &p->wbe, &err), TANDEM_OK);
+    cr_assert_eq(tdm_model_load(p->tpath, p->wbe, &p->target, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(p->dpath, p->wbe, &p->draft, &err), TANDEM_OK, "%s", err.msg);
+}
+
+static void pair_close(pair *p) {
+    tdm_model_free(p->target);
+    tdm_model_free(p->draft);
+    tdm_backend_destroy(p->wbe);
+    unlink(p->tpath);
+    unlink(p->dpath);
+    free(p->tpath);
+    free(p->dpath);
+}
+
+/* counts[pos][token] over N_RUNS sampled continuations */
+static void sample_counts(tdm_engine *e, const tandem_generate_params *base, uint64_t seed0, int32_t V,
+                          uint64_t *counts, tandem_spec_stats *agg) {
+    int32_t prompt[] = {3, 7, 1};
+    tdm_err err = {0};
+    for (int r = 0; r < N_RUNS; r++) {
+        tandem_generate_params gp = *base;
+        gp.seed = seed0 + (uint64_t)r;
+        gp.max_tokens = N_POS;
+        tandem_result res;
+        cr_assert_eq(tdm_engine_generate(e, prompt, 3, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(res.n_tokens, N_POS);
+        for (int i = 0; i < N_POS; i++) counts[i * V + res.tokens[i]]++;
+        if (agg) {
+            agg->drafted += res.spec.drafted;
+            agg->accepted += res.spec.accepted;
+        }
+        tandem_result_free(&res);
+    }
+}
+
+static void check_lossless(float temp, int top_k, float top_p, int spec_k) {
+    pair p;
+    pair_open(&p, 2);
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = 1};
+    tdm_engine *plain, *spec;
+    cr_assert_eq(tdm_engine_create(p.target, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create(p.target, p.draft, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
+    int32_t V = p.target->hp.n_vocab;
+    uint64_t *a = calloc((size_t)(N_POS * V), 8), *b = calloc((size_t)(N_POS * V), 8);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.temperature = temp;
+    gp.top_k = top_k;
+    gp.top_p = top_p;
+    gp.spec_k = spec_k;
+    tandem_spec_stats agg = {0};
+    sample_counts(plain, &gp, 1000000, V, a, NULL);
+    sample_counts(spec, &gp, 2000000, V, b, &agg);
+    double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
+    cr_log_info("temp %.2f top_k %d top_p %.2f k %d: acceptance %.3f", temp, top_k, top_p, spec_k, acc);
+    /* the test is only meaningful when some drafts are accepted and some rejected */
+    cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: the pair does not exercise both outcomes", acc);
+    for (int i = 0; i < N_POS; i++) {
+        double pv = chi2_two_sample_pvalue(a + i * V, b + i * V, V);
+        cr_log_info("  position %d: p-value %.4f", i + 1, pv);
+        cr_assert_gt(pv, 1e-3, "position %d: speculative sampling differs from target-only (p = %.2g)", i + 1,
+                     pv);
+    }
+    free(a);
+    free(b);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    pair_close(&p);
+}
+
+Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3); }
+Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2); }
+Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0); }
+
+/* Sanity check of the test itself: a different model gives a detectably different
+ * distribution, so the chi-square test has power. */
+Test(spec_stat, test_detects_a_different_distribution, .timeout = 600) {
+    pair p;
+    pair_open(&p, 2);
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = 1};
+    tdm_engine *et, *ed;
+    cr_assert_eq(tdm_engine_create(p.target, NULL, &cfg, &et, &err), TANDEM_OK);
+    cr_assert_eq(tdm_engine_create(p.draft, NULL, &cfg, &ed, &err), TANDEM_OK);
+    int32_t V = p.target->hp.n_vocab;
+    uint64_t *a = calloc((size_t)(N_POS * V), 8), *b = calloc((size_t)(N_POS * V), 8);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.temperature = 1.0f;
+    sample_counts(et, &gp, 1, V, a, NULL);
+    sample_counts(ed, &gp, 2, V, b, NULL);
+    double pv = chi2_two_sample_pvalue(a, b, V);
+    cr_assert_lt(pv, 1e-3, "target and draft distributions not told apart (p = %.3g)", pv);
+    free(a);
+    free(b);
+    tdm_engine_free(et);
+    tdm_engine_free(ed);
+    pair_close(&p);
+}

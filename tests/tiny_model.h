@@ -1,0 +1,24 @@
+/* tiny_model.h - random-weight llama models built by the tests themselves
+ * (GGUF written in memory with gguf_write, then saved to a temp file). */
+#ifndef TDM_TINY_MODEL_H
+#define TDM_TINY_MODEL_H
+
+#include <stdint.h>
+
+typedef struct tdm_tiny_cfg {
+    int32_t n_vocab;      /* <= 90: token i is the single character '!' + i */
+    int32_t n_embd, n_layer, n_head, n_head_kv, n_ff;
+    uint32_t wtype;       /* weight dtype (tdm_dtype) for the matrices */
+    float scale;          /* matrix weights uniform in [-scale, scale] */
+    float emb_scale;      /* token embedding uniform in [-emb_scale, emb_scale] */
+    uint64_t seed;
+    const char *arch;     /* "llama" (default) or "qwen2" */
+    int32_t eos;          /* EOS token id, or -1 for none */
+} tdm_tiny_cfg;
+
+tdm_tiny_cfg tdm_tiny_default(void);
+
+/* Writes the model to a new temp file; returns its malloc'ed path (unlink + free). */
+char *tdm_tiny_model_file(const tdm_tiny_cfg *cfg);
+
+#endif

@@ -1,0 +1,53 @@
+/* verify.c - verification of a drafted chain: one target forward over the pending
+ * token and the k drafted tokens, the acceptance rule, commit and rollback.
+ *
+ * Rows: [last committed token, x_1, ..., x_k] at positions n-1 .. n+k-1.  Row i's
+ * logits are the target's distribution for the token after it, so row i judges
+ * x_{i+1} and row k gives the bonus token.  After acceptance of a prefix of length
+ * a, the target holds positions [0, n + a) and the draft [0, n + min(a, k - 1)); one
+ * truncate of the shared block table to n + a rolls both back.
+ */
+#include "accept.h"
+#include "engine.h"
+#include "kv_cache.h"
+
+tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k,
+                               int32_t *n_accepted, tdm_err *err) {
+    const int32_t V = e->n_vocab;
+    const int32_t n = s->n_tokens;
+    const tdm_kv_seq *seqs[1] = {&s->kv};
+    tandem_status st;
+    if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + k, err))) return st;
+    if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
+
+    tdm_batch *b = &e->batch;
+    tdm_batch_clear(b);
+    tdm_batch_add(b, s->tokens[n - 1], n - 1, 0, n - 1, true);
+    for (int32_t i = 0; i < k; i++) tdm_batch_add(b, draft[i], n + i, 0, n + i, true);
+    if ((st = tdm_model_forward(e->target, e->be, &e->kv_t, b, seqs, &e->fs_t, e->logits_t, err))) return st;
+
+    int32_t acc, next;
+    if (s->sp.temperature <= 0) {
+        int32_t am[TDM_CTRL_MAX_K + 1];
+        for (int32_t i = 0; i <= k; i++) am[i] = tdm_argmax(e->logits_t + (size_t)i * (size_t)V, V);
+        acc = tdm_accept_greedy(draft, k, am, &next);
+    } else {
+        for (int32_t i = 0; i <= k; i++)
+            tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss,
+                                  e->probs + (size_t)i * (size_t)V);
+        acc = tdm_accept_sample(draft, k, e->probs, e->qprobs, V, &s->rng, e->tmp, &next);
+    }
+
+    /* roll back both models to the accepted prefix with one truncate */
+    s->n_target = n + acc;
+    int32_t nd = n + (acc < k ? acc : k - 1);
+    if (s->n_draft > nd) s->n_draft = nd;
+    tdm_kv_seq_truncate(e->pool, &s->kv, n + acc);
+
+    /* commit the accepted tokens and the target's token */
+    bool go = true;
+    for (int32_t i = 0; i < acc && go; i++) go = tdm_seq_commit(e, s, draft[i]);
+    if (go) tdm_seq_commit(e, s, next);
+    *n_accepted = acc;
+    return TANDEM_OK;
+}
