@@ -11,6 +11,8 @@
 #include "cpu_internal.h"
 
 #define V 16
+#define PF_ROWS 16
+
 
 static inline __mmask16 tail_mask(int64_t rem) { return (__mmask16)((1u << rem) - 1u); }
 
@@ -181,12 +183,21 @@ static inline __attribute__((always_inline)) __m512 wload_mask(const uint32_t ty
 /* MR input rows x the 4 W rows p[0..3] (converted while loading). */
 static inline __attribute__((always_inline)) void
 dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float *x, int64_t ldx,
-      int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc) {
+      int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc, const uint8_t *pf, size_t pf_stride) {
+    const int64_t pf_esz = type == TDM_F32 ? 4 : 2;
     __m512 s[4][4];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < 4; j++) s[i][j] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + V <= cols; k += V) {
+        if (pf) {
+            /* software prefetch of the next W rows: keeps more memory requests in
+             * flight while the FMAs of this group run (decode is bandwidth bound) */
+            _mm_prefetch((const char *)pf + k * pf_esz, _MM_HINT_T0);
+            _mm_prefetch((const char *)pf + pf_stride + k * pf_esz, _MM_HINT_T0);
+            _mm_prefetch((const char *)pf + 2 * pf_stride + k * pf_esz, _MM_HINT_T0);
+            _mm_prefetch((const char *)pf + 3 * pf_stride + k * pf_esz, _MM_HINT_T0);
+        }
         __m512 b0 = wload(type, p[0], k), b1 = wload(type, p[1], k);
         __m512 b2 = wload(type, p[2], k), b3 = wload(type, p[3], k);
         for (int i = 0; i < MR; i++) {
@@ -222,12 +233,16 @@ direct_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n,
         const uint8_t *p[4];
         for (int j = 0; j < 4; j++) p[j] = base + (size_t)TDM_MIN(r + j, r1 - 1) * w->row_bytes;
         int64_t nv = TDM_MIN(4, r1 - r);
+        /* prefetch the next group of 4 rows during the first pass over this group */
+        const uint8_t *pf = r + PF_ROWS + 4 <= r1 ? base + (size_t)(r + PF_ROWS) * w->row_bytes : NULL;
+        size_t ps = w->row_bytes;
         int32_t i = 0;
-        for (; i + 4 <= n; i += 4) dkern(4, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc);
+        for (; i + 4 <= n; i += 4, pf = NULL)
+            dkern(4, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
         switch (n - i) {
-        case 3: dkern(3, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc); break;
-        case 2: dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc); break;
-        case 1: dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc); break;
+        case 3: dkern(3, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;
+        case 2: dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;
+        case 1: dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;
         default: break;
         }
     }
