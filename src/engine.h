@@ -112,7 +112,8 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
 
 /* draft/chain.c: proposes up to k tokens after the committed sequence; fills
- * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs. */
+ * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs.  It runs
+ * *n_drafted draft forward passes (a catch-up pass, then one per token but the last). */
 tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t *draft, int32_t *n_drafted,
                               tdm_err *err);
 /* verify/verify.c: scores the chain with one target forward, accepts a prefix,

@@ -22,8 +22,7 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     if ((st = tdm_verify_chain(e, s, draft, nd, &acc, err))) return st;
     double t2 = tdm_now();
 
-    /* draft forwards: one catch-up pass plus nd - 1 single-token passes */
-    tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)nd);
+    tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)nd); /* nd draft forwards */
     tdm_cost_observe_verify(&e->cost, nd + 1, t2 - t1);
     tdm_ctrl_observe(&s->ctrl, nd, acc);
 

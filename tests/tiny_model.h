@@ -3,6 +3,7 @@
 #ifndef TDM_TINY_MODEL_H
 #define TDM_TINY_MODEL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 typedef struct tdm_tiny_cfg {
@@ -14,6 +15,12 @@ typedef struct tdm_tiny_cfg {
     uint64_t seed;
     const char *arch;     /* "llama" (default) or "qwen2" */
     int32_t eos;          /* EOS token id, or -1 for none */
+    /* Optional extensions; the zero value of each keeps the default behaviour. */
+    bool untied_output;   /* write a separate random output.weight (default: tied to token_embd) */
+    float rope_scale;     /* > 0: write rope.scaling.type "linear" with this factor */
+    int32_t tok_offset;   /* token i is the character '!' + tok_offset + i (n_vocab + offset <= 94) */
+    const char *skip_tensor;      /* tensor name left out of the file (NULL: none) */
+    const char *bad_shape_tensor; /* tensor written with one extra row (NULL: none) */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);

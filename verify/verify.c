@@ -4,8 +4,9 @@
  * Rows: [last committed token, x_1, ..., x_k] at positions n-1 .. n+k-1.  Row i's
  * logits are the target's distribution for the token after it, so row i judges
  * x_{i+1} and row k gives the bonus token.  After acceptance of a prefix of length
- * a, the target holds positions [0, n + a) and the draft [0, n + min(a, k - 1)); one
- * truncate of the shared block table to n + a rolls both back.
+ * a, the target holds positions [0, n + a) and the draft at most as many (it may
+ * not have been fed the last drafted token); one truncate of the shared block table
+ * to n + a rolls both back.
  */
 #include "accept.h"
 #include "engine.h"
@@ -38,10 +39,10 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
         acc = tdm_accept_sample(draft, k, e->probs, e->qprobs, V, &s->rng, e->tmp, &next);
     }
 
-    /* roll back both models to the accepted prefix with one truncate */
+    /* roll back both models to the accepted prefix with one truncate: the target
+     * holds rows up to x_acc; the draft holds what it was fed, at most as much */
     s->n_target = n + acc;
-    int32_t nd = n + (acc < k ? acc : k - 1);
-    if (s->n_draft > nd) s->n_draft = nd;
+    if (s->n_draft > n + acc) s->n_draft = n + acc;
     tdm_kv_seq_truncate(e->pool, &s->kv, n + acc);
 
     /* commit the accepted tokens and the target's token */

@@ -155,6 +155,11 @@ tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err) {
 
 static void cpu_free_impl(tdm_cpu *c) {
     if (!c) return;
+    for (int i = 0; i < TDM_ROPE_CACHES; i++) {
+        free(c->rope[i].cs);
+        free(c->rope[i].valid);
+        free(c->rope[i].inv_freq);
+    }
     tdm_threadpool_destroy(c->pool);
     if (c->scratch)
         for (int t = 0; t < c->n_threads; t++) tdm_free_aligned(c->scratch[t].buf);

@@ -72,7 +72,21 @@ typedef struct tdm_cpu_scratch {
     size_t cap; /* floats */
 } tdm_cpu_scratch;
 
+/* cos/sin of RoPE angles per position for one set of rope parameters, filled
+ * lazily (values computed exactly as without the cache, so results are identical). */
+#define TDM_ROPE_CACHES 4
+typedef struct tdm_rope_cache {
+    int32_t n_rot;
+    float freq_base, freq_scale;
+    int32_t cap_pos;          /* positions [0, cap_pos) have room */
+    float *cs;                /* [cap_pos][n_rot / 2][2]: cos, sin */
+    uint8_t *valid;           /* [cap_pos] */
+    double *inv_freq;         /* [n_rot / 2] base^(-2i/n_rot) */
+} tdm_rope_cache;
+
 typedef struct tdm_cpu {
+    tdm_rope_cache rope[TDM_ROPE_CACHES];
+    int32_t rope_next;        /* round-robin replacement */
     tdm_threadpool *pool;
     int n_threads;
     tdm_cpu_level level;

@@ -18,7 +18,7 @@
 
 /* Largest n that uses the direct (convert on the fly) path. */
 #ifndef TDM_MM_DIRECT_MAX
-#define TDM_MM_DIRECT_MAX 8
+#define TDM_MM_DIRECT_MAX 16
 #endif
 
 /* ---- scalar kernels ------------------------------------------------------------ */

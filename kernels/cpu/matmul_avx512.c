@@ -185,7 +185,7 @@ static inline __attribute__((always_inline)) void
 dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float *x, int64_t ldx,
       int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc, const uint8_t *pf, size_t pf_stride) {
     const int64_t pf_esz = type == TDM_F32 ? 4 : 2;
-    __m512 s[4][4];
+    __m512 s[6][4];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < 4; j++) s[i][j] = _mm512_setzero_ps();
     int64_t k = 0;
@@ -237,9 +237,12 @@ direct_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n,
         const uint8_t *pf = r + PF_ROWS + 4 <= r1 ? base + (size_t)(r + PF_ROWS) * w->row_bytes : NULL;
         size_t ps = w->row_bytes;
         int32_t i = 0;
-        for (; i + 4 <= n; i += 4, pf = NULL)
-            dkern(4, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
+        /* up to 6 input rows share each converted W vector (24 accumulators) */
+        for (; i + 6 <= n; i += 6, pf = NULL)
+            dkern(6, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
         switch (n - i) {
+        case 5: dkern(5, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;
+        case 4: dkern(4, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;
         case 3: dkern(3, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;
         case 2: dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;
         case 1: dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps); break;

@@ -3,6 +3,7 @@
  * (one chunk each) to the thread pool when the work is large enough to pay for the
  * dispatch. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
@@ -106,38 +107,73 @@ tandem_status tdm_cpu_add_bias(tdm_backend *b, float *y, const float *bias, int3
 /* ---- rope ---------------------------------------------------------------------- */
 
 #define ROPE_MAX_ROT 1024
+#define ROPE_MAX_CACHED_POS (1 << 20)
 
 typedef struct rope_job {
     float *x;
-    int32_t n, row_stride, n_head, head_dim;
+    int32_t n, row_stride, n_head, head_dim, half;
     const int32_t *pos;
-    const tdm_rope_params *rp;
-    double inv_freq[ROPE_MAX_ROT / 2]; /* base^(-2i/n_rot) */
+    bool neox;
+    const float *cs; /* [pos][half][2] */
 } rope_job;
 
 static void rope_task(void *ctx, int64_t i, int ith) {
     (void)ith;
     rope_job *j = ctx;
-    int32_t half = j->rp->n_rot / 2;
-    float cs[ROPE_MAX_ROT / 2][2]; /* cos, sin per pair */
-    {
-        double p = (double)j->pos[i] * (double)j->rp->freq_scale;
+    int32_t half = j->half;
+    const float (*cs)[2] = (const float (*)[2])(j->cs + (size_t)j->pos[i] * (size_t)half * 2);
+    for (int32_t h = 0; h < j->n_head; h++) {
+        float *v = j->x + i * j->row_stride + (int64_t)h * j->head_dim;
         for (int32_t t = 0; t < half; t++) {
-            double theta = p * j->inv_freq[t];
-            cs[t][0] = (float)cos(theta);
-            cs[t][1] = (float)sin(theta);
-        }
-        for (int32_t h = 0; h < j->n_head; h++) {
-            float *v = j->x + i * j->row_stride + (int64_t)h * j->head_dim;
-            for (int32_t t = 0; t < half; t++) {
-                int32_t a = j->rp->neox ? t : 2 * t;
-                int32_t bb = j->rp->neox ? t + half : 2 * t + 1;
-                float x0 = v[a], x1 = v[bb];
-                v[a] = x0 * cs[t][0] - x1 * cs[t][1];
-                v[bb] = x0 * cs[t][1] + x1 * cs[t][0];
-            }
+            int32_t a = j->neox ? t : 2 * t;
+            int32_t bb = j->neox ? t + half : 2 * t + 1;
+            float x0 = v[a], x1 = v[bb];
+            v[a] = x0 * cs[t][0] - x1 * cs[t][1];
+            v[bb] = x0 * cs[t][1] + x1 * cs[t][0];
         }
     }
+}
+
+/* The cache for these parameters, grown to hold positions up to max_pos; NULL on
+ * allocation failure. */
+static tdm_rope_cache *rope_cache_get(tdm_cpu *c, const tdm_rope_params *rp, int32_t max_pos) {
+    int32_t half = rp->n_rot / 2;
+    tdm_rope_cache *rc = NULL;
+    for (int i = 0; i < TDM_ROPE_CACHES; i++) {
+        tdm_rope_cache *t = &c->rope[i];
+        if (t->inv_freq && t->n_rot == rp->n_rot && t->freq_base == rp->freq_base &&
+            t->freq_scale == rp->freq_scale) {
+            rc = t;
+            break;
+        }
+    }
+    if (!rc) {
+        rc = &c->rope[c->rope_next];
+        c->rope_next = (c->rope_next + 1) % TDM_ROPE_CACHES;
+        free(rc->cs);
+        free(rc->valid);
+        free(rc->inv_freq);
+        memset(rc, 0, sizeof *rc);
+        rc->inv_freq = malloc((size_t)half * sizeof(double));
+        if (!rc->inv_freq) return NULL;
+        rc->n_rot = rp->n_rot;
+        rc->freq_base = rp->freq_base;
+        rc->freq_scale = rp->freq_scale;
+        for (int32_t t = 0; t < half; t++) rc->inv_freq[t] = pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
+    }
+    if (max_pos >= rc->cap_pos) {
+        int32_t cap = rc->cap_pos ? rc->cap_pos : 1024;
+        while (cap <= max_pos) cap *= 2;
+        float *ncs = realloc(rc->cs, (size_t)cap * (size_t)half * 2 * sizeof(float));
+        if (!ncs) return NULL;
+        rc->cs = ncs;
+        uint8_t *nv = realloc(rc->valid, (size_t)cap);
+        if (!nv) return NULL;
+        memset(nv + rc->cap_pos, 0, (size_t)(cap - rc->cap_pos));
+        rc->valid = nv;
+        rc->cap_pos = cap;
+    }
+    return rc;
 }
 
 tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
@@ -160,11 +196,31 @@ tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stri
                           (double)rp->freq_base, (double)rp->freq_scale);
     if (n == 0) return TANDEM_OK;
     if (!x || !pos) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x or pos");
+    int32_t max_pos = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (pos[i] < 0 || pos[i] >= ROPE_MAX_CACHED_POS)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: position %d out of range [0, %d)",
+                              (int)pos[i], ROPE_MAX_CACHED_POS);
+        max_pos = pos[i] > max_pos ? pos[i] : max_pos;
+    }
+    tdm_rope_cache *rc = rope_cache_get(c, rp, max_pos);
+    if (!rc) return tdm_seterr(err, TANDEM_ERR_NOMEM, "rope: out of memory for the angle cache");
+    int32_t half = rp->n_rot / 2;
+    for (int32_t i = 0; i < n; i++) { /* fill missing positions (single-threaded) */
+        int32_t p = pos[i];
+        if (rc->valid[p]) continue;
+        double pf = (double)p * (double)rp->freq_scale;
+        float *cs = rc->cs + (size_t)p * (size_t)half * 2;
+        for (int32_t t = 0; t < half; t++) {
+            double theta = pf * rc->inv_freq[t];
+            cs[2 * t] = (float)cos(theta);
+            cs[2 * t + 1] = (float)sin(theta);
+        }
+        rc->valid[p] = 1;
+    }
     rope_job j = {.x = x, .n = n, .row_stride = row_stride, .n_head = n_head, .head_dim = head_dim,
-                  .pos = pos, .rp = rp};
-    for (int32_t t = 0; t < rp->n_rot / 2; t++)
-        j.inv_freq[t] = pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
-    int64_t work = (int64_t)n * (n_head * rp->n_rot + 16 * rp->n_rot);
+                  .half = half, .pos = pos, .neox = rp->neox, .cs = rc->cs};
+    int64_t work = (int64_t)n * n_head * rp->n_rot;
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, work, MIN_WORK), rope_task, &j);
     return TANDEM_OK;
 }
