@@ -11,6 +11,7 @@
 #include "cpu_internal.h"
 
 #define V 8
+#define PF_ROWS 16 /* prefetch distance in W rows */
 
 /* Lane mask with the first rem (< 8) lanes set. */
 static inline __m256i tail_mask(int64_t rem) {
@@ -199,12 +200,17 @@ static inline __attribute__((always_inline)) __m256 wload_tail(const uint32_t ty
 /* MR input rows x the 4 W rows p[0..3] (converted while loading). */
 static inline __attribute__((always_inline)) void
 dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float *x, int64_t ldx,
-      int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc) {
+      int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc, const uint8_t *pf, size_t pf_stride) {
+    const int64_t pf_esz = type == TDM_F32 ? 4 : 2;
     __m256 s[2][4];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < 4; j++) s[i][j] = _mm256_setzero_ps();
     int64_t k = 0;
     for (; k + V <= cols; k += V) {
+        if (pf && (k & 15) == 0) { /* one prefetch per 64-byte line of the next W rows */
+            for (int j = 0; j < 4; j++)
+                _mm_prefetch((const char *)pf + (size_t)j * pf_stride + k * pf_esz, _MM_HINT_T0);
+        }
         __m256 b0 = wload(type, p[0], k), b1 = wload(type, p[1], k);
         __m256 b2 = wload(type, p[2], k), b3 = wload(type, p[3], k);
         for (int i = 0; i < MR; i++) {
@@ -240,9 +246,13 @@ direct_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n,
         const uint8_t *p[4];
         for (int j = 0; j < 4; j++) p[j] = base + (size_t)TDM_MIN(r + j, r1 - 1) * w->row_bytes;
         int64_t nv = TDM_MIN(4, r1 - r);
+        /* software prefetch of W rows PF_ROWS ahead during the first pass (see avx512) */
+        const uint8_t *pf = r + PF_ROWS + 4 <= r1 ? base + (size_t)(r + PF_ROWS) * w->row_bytes : NULL;
+        size_t ps = w->row_bytes;
         int32_t i = 0;
-        for (; i + 2 <= n; i += 2) dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc);
-        if (i < n) dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc);
+        for (; i + 2 <= n; i += 2, pf = NULL)
+            dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
+        if (i < n) dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
     }
 }
 
