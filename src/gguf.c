@@ -13,6 +13,7 @@
  * anything is allocated for it.
  */
 #include "gguf.h"
+#include "json.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -725,25 +726,8 @@ int32_t tdm_gguf_arr_i32(const tdm_gguf_array *a, uint64_t i) {
 
 /* --------------------------------------------------------------- printing */
 
-static void print_str(FILE *f, const char *s, uint64_t n) {
-    fputc('"', f);
-    for (uint64_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)s[i];
-        switch (c) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        case '\b': fputs("\\b", f); break;
-        case '\f': fputs("\\f", f); break;
-        default:
-            if (c < 0x20 || c == 0x7f) fprintf(f, "\\u%04x", c);
-            else fputc(c, f);
-        }
-    }
-    fputc('"', f);
-}
+/* Strings print as JSON literals (escapes; invalid UTF-8 as U+FFFD). */
+static void print_str(FILE *f, const char *s, uint64_t n) { tdm_json_write_str(f, s, (size_t)n); }
 
 /* Shortest decimal that reads back to the same value (f32 or f64 precision). */
 static void print_float(FILE *f, double x, bool is_f32) {

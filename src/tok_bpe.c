@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_heap.h"
 #include "tok_internal.h"
 #include "unicode.h"
 
@@ -19,49 +20,11 @@ typedef struct bigram {
     int32_t result;
 } bigram;
 
-typedef struct heap {
-    bigram *v;
-    size_t n, cap;
-} heap;
-
 static bool before(const bigram *a, const bigram *b) {
     return a->rank < b->rank || (a->rank == b->rank && a->left < b->left);
 }
 
-static bool heap_push(heap *h, bigram x) {
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        bigram *nv = realloc(h->v, nc * sizeof *nv);
-        if (!nv) return false;
-        h->v = nv;
-        h->cap = nc;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!before(&x, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = x;
-    return true;
-}
-
-static bigram heap_pop(heap *h) {
-    bigram top = h->v[0];
-    bigram x = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && before(&h->v[c + 1], &h->v[c])) c++;
-        if (!before(&h->v[c], &x)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = x;
-    return top;
-}
+TDM_HEAP_DEFINE(heap, bigram, before)
 
 static const tok_merge_slot *merge_find(const tok_mergemap *m, int32_t l, int32_t r) {
     uint64_t key = ((uint64_t)(uint32_t)l << 32) | (uint32_t)r;

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_heap.h"
 #include "tok_internal.h"
 #include "unicode.h"
 
@@ -18,49 +19,11 @@ typedef struct sbigram {
     size_t size;         /* bytes of the merged text */
 } sbigram;
 
-typedef struct sheap {
-    sbigram *v;
-    size_t n, cap;
-} sheap;
-
 static bool better(const sbigram *a, const sbigram *b) {
     return a->score > b->score || (a->score == b->score && a->left < b->left);
 }
 
-static bool sheap_push(sheap *h, sbigram x) {
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        sbigram *nv = realloc(h->v, nc * sizeof *nv);
-        if (!nv) return false;
-        h->v = nv;
-        h->cap = nc;
-    }
-    size_t i = h->n++;
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!better(&x, &h->v[p])) break;
-        h->v[i] = h->v[p];
-        i = p;
-    }
-    h->v[i] = x;
-    return true;
-}
-
-static sbigram sheap_pop(sheap *h) {
-    sbigram top = h->v[0];
-    sbigram x = h->v[--h->n];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 2 * i + 1;
-        if (c >= h->n) break;
-        if (c + 1 < h->n && better(&h->v[c + 1], &h->v[c])) c++;
-        if (!better(&h->v[c], &x)) break;
-        h->v[i] = h->v[c];
-        i = c;
-    }
-    if (h->n) h->v[i] = x;
-    return top;
-}
+TDM_HEAP_DEFINE(sheap, sbigram, better)
 
 typedef struct ssym {
     size_t off, n;      /* bytes text[off .. off+n); n = 0 once merged away */
