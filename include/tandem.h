@@ -167,7 +167,8 @@ typedef struct tandem_result {
     char *text;             /* generated text, NUL-terminated (malloc'ed) */
     size_t n_prompt_tokens;
     tandem_finish_reason finish_reason;
-    double prefill_ms, decode_ms;
+    double prefill_ms;      /* prompt through the target (and the draft) + the first token */
+    double decode_ms;       /* every later token (n_tokens - 1 of them) */
     tandem_spec_stats spec; /* all zero without a draft */
 } tandem_result;
 

@@ -73,6 +73,11 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     return -1;
 }
 
+/* Tokens produced by the decode phase (the first comes out of the prefill). */
+static double decode_tokens(const tandem_result *r) {
+    return r->n_tokens > 0 ? (double)(r->n_tokens - 1) : 0.0;
+}
+
 static void print_json_result(const cli_prompt *p, const tandem_result *r, bool has_draft) {
     fputs("{\"id\": ", stdout);
     cli_prompt_write_id(stdout, p, true);
@@ -88,7 +93,7 @@ static void print_json_result(const cli_prompt *p, const tandem_result *r, bool 
     fputs(", \"decode_ms\": ", stdout);
     cli_json_num(stdout, r->decode_ms, 3);
     fputs(", \"decode_tok_per_s\": ", stdout);
-    cli_json_num(stdout, cli_tok_per_s((double)r->n_tokens, r->decode_ms), 2);
+    cli_json_num(stdout, cli_tok_per_s(decode_tokens(r), r->decode_ms), 2);
     fputc('}', stdout);
     if (has_draft) {
         const tandem_spec_stats *s = &r->spec;
@@ -113,7 +118,7 @@ static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool h
             "decode %.1f ms (%.0f tok/s)",
             r->n_tokens, r->n_prompt_tokens, r->prefill_ms,
             cli_tok_per_s((double)r->n_prompt_tokens, r->prefill_ms), r->decode_ms,
-            cli_tok_per_s((double)r->n_tokens, r->decode_ms));
+            cli_tok_per_s(decode_tokens(r), r->decode_ms));
     if (has_draft)
         fprintf(stderr, " spec: acceptance %.2f, mean accepted %.1f/step, k=%d",
                 r->spec.acceptance_rate, r->spec.mean_accepted, r->spec.k_final);
