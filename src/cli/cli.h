@@ -102,6 +102,13 @@ void cli_prompt_write_id(FILE *f, const cli_prompt *p, bool json);
 
 /* Writes a finite double as a JSON number (non-finite values become 0). */
 void cli_json_num(FILE *f, double x, int decimals);
+/* Writes `"spec": {...}` for speculative statistics: steps, drafted, accepted,
+ * acceptance_rate, mean_accepted, k_final, accept_hist (steps that accepted 0, 1, ...
+ * tokens, up to the last non-zero bin), draft_ms, verify_ms, other_ms.  Rates are
+ * recomputed from the counts, so summed statistics print correctly. */
+void cli_json_spec(FILE *f, const tandem_spec_stats *s);
+/* Adds b's counts and times into a (k_final taken from b). */
+void cli_spec_add(tandem_spec_stats *a, const tandem_spec_stats *b);
 /* Tokens per second for n tokens in ms milliseconds (0 when ms <= 0). */
 double cli_tok_per_s(double n, double ms);
 

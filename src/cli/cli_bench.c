@@ -152,13 +152,6 @@ static tandem_status build_prompt(const tandem_model *m, int n, int32_t **out) {
     return TANDEM_OK;
 }
 
-static void add_spec(tandem_spec_stats *acc, const tandem_spec_stats *s) {
-    acc->steps += s->steps;
-    acc->drafted += s->drafted;
-    acc->accepted += s->accepted;
-    acc->k_final = s->k_final;
-}
-
 /* Runs one generation and adds it to run / spec. */
 static tandem_status run_one(tandem_engine *eng, const int32_t *ids, size_t n_ids,
                              const char *text, const tandem_generate_params *gp, bench_run *run,
@@ -174,7 +167,7 @@ static tandem_status run_one(tandem_engine *eng, const int32_t *ids, size_t n_id
         run->decode_tokens += r.n_tokens > 0 ? (double)(r.n_tokens - 1) : 0.0;
         run->prefill_ms += r.prefill_ms;
         run->decode_ms += r.decode_ms;
-        if (spec) add_spec(spec, &r.spec);
+        if (spec) cli_spec_add(spec, &r.spec);
     }
     tandem_result_free(&r);
     return s;
@@ -209,14 +202,8 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
         cli_json_num(stdout, rss_mb, 1);
         printf(", \"reps\": %d", o->reps);
         if (o->draft) {
-            printf(", \"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, "
-                   "\"acceptance_rate\": ",
-                   (unsigned long long)spec->steps, (unsigned long long)spec->drafted,
-                   (unsigned long long)spec->accepted);
-            cli_json_num(stdout, acc_rate, 4);
-            fputs(", \"mean_accepted\": ", stdout);
-            cli_json_num(stdout, mean_acc, 4);
-            printf(", \"k_final\": %d}", spec->k_final);
+            fputs(", ", stdout);
+            cli_json_spec(stdout, spec);
         }
         fputs("}\n", stdout);
     } else {

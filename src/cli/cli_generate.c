@@ -96,15 +96,8 @@ static void print_json_result(const cli_prompt *p, const tandem_result *r, bool 
     cli_json_num(stdout, cli_tok_per_s(decode_tokens(r), r->decode_ms), 2);
     fputc('}', stdout);
     if (has_draft) {
-        const tandem_spec_stats *s = &r->spec;
-        printf(", \"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, "
-               "\"acceptance_rate\": ",
-               (unsigned long long)s->steps, (unsigned long long)s->drafted,
-               (unsigned long long)s->accepted);
-        cli_json_num(stdout, s->acceptance_rate, 4);
-        fputs(", \"mean_accepted\": ", stdout);
-        cli_json_num(stdout, s->mean_accepted, 4);
-        printf(", \"k_final\": %d}", s->k_final);
+        fputs(", ", stdout);
+        cli_json_spec(stdout, &r->spec);
     }
     fputs("}\n", stdout);
     fflush(stdout);

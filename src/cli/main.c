@@ -237,3 +237,36 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) return cli_bench(sub_argc, sub_argv);
     return cli_usage_error("unknown command '%s'", cmd);
 }
+
+void cli_json_spec(FILE *f, const tandem_spec_stats *s) {
+    double rate = s->drafted ? (double)s->accepted / (double)s->drafted : 0.0;
+    double mean = s->steps ? (double)s->accepted / (double)s->steps : 0.0;
+    fprintf(f, "\"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, \"acceptance_rate\": ",
+            (unsigned long long)s->steps, (unsigned long long)s->drafted, (unsigned long long)s->accepted);
+    cli_json_num(f, rate, 4);
+    fputs(", \"mean_accepted\": ", f);
+    cli_json_num(f, mean, 4);
+    fprintf(f, ", \"k_final\": %d, \"accept_hist\": [", s->k_final);
+    int last = 0;
+    for (int i = 0; i < TANDEM_SPEC_HIST_MAX; i++)
+        if (s->accept_hist[i]) last = i;
+    for (int i = 0; i <= last; i++) fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)s->accept_hist[i]);
+    fputs("], \"draft_ms\": ", f);
+    cli_json_num(f, s->draft_ms, 3);
+    fputs(", \"verify_ms\": ", f);
+    cli_json_num(f, s->verify_ms, 3);
+    fputs(", \"other_ms\": ", f);
+    cli_json_num(f, s->other_ms, 3);
+    fputc('}', f);
+}
+
+void cli_spec_add(tandem_spec_stats *a, const tandem_spec_stats *b) {
+    a->steps += b->steps;
+    a->drafted += b->drafted;
+    a->accepted += b->accepted;
+    a->k_final = b->k_final;
+    for (int i = 0; i < TANDEM_SPEC_HIST_MAX; i++) a->accept_hist[i] += b->accept_hist[i];
+    a->draft_ms += b->draft_ms;
+    a->verify_ms += b->verify_ms;
+    a->other_ms += b->other_ms;
+}
