@@ -84,7 +84,8 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         goto fail;
     if ((st = tdm_batch_init(&e->batch, e->max_rows, err))) goto fail;
 
-    size_t lbytes = (size_t)e->max_rows * (size_t)e->n_vocab * sizeof(float);
+    /* logits rows: a feed asks for its last row only, a verification for k + 1 rows */
+    size_t lbytes = (size_t)TDM_ENGINE_LOGIT_ROWS * (size_t)e->n_vocab * sizeof(float);
     void *p;
     if ((st = e->be->ops->alloc(e->be, lbytes, &p, err))) goto fail;
     e->logits_t = p;

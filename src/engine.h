@@ -19,6 +19,9 @@
 #include "sampling.h"
 #include "tokenizer.h"
 
+/* Most rows of one forward that want logits (a verification of the longest chain). */
+#define TDM_ENGINE_LOGIT_ROWS (TDM_CTRL_MAX_K + 1)
+
 typedef struct tdm_engine_cfg {
     int32_t n_threads;
     int32_t n_ctx;
@@ -40,8 +43,8 @@ typedef struct tdm_engine {
     tdm_fwd_scratch fs_t, fs_d;
     int32_t n_vocab;
     int32_t max_rows;        /* batch capacity */
-    float *logits_t;         /* [max_rows][n_vocab] (backend memory) */
-    float *logits_d;         /* [max_rows][n_vocab] */
+    float *logits_t;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] (backend memory) */
+    float *logits_d;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] */
     float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
     float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
     float *tmp;              /* [n_vocab] host scratch */
