@@ -69,6 +69,7 @@ typedef struct tdm_seq {
     tdm_rng rng;
     tdm_spec_ctrl ctrl;
     float spec_p_min;
+    int32_t n_spec_steps;    /* speculative steps so far (exploration schedule) */
     bool done;
     tandem_finish_reason finish;
     /* streaming */

@@ -9,6 +9,14 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     const int32_t n = s->n_tokens;
     const int32_t k_chosen = tdm_ctrl_choose_k(&s->ctrl, &e->cost);
     int32_t k = k_chosen;
+    /* Adaptive mode explores: every 8th step drafts one token more or fewer than the
+     * controller's choice, so the verify costs of the neighbouring lengths stay
+     * measured (an estimate that is never re-measured can keep a stale value). */
+    if (s->ctrl.k_fixed == 0 && (++s->n_spec_steps & 7) == 0) {
+        k += (s->n_spec_steps & 8) ? 1 : -1;
+        if (k < s->ctrl.k_min) k = TDM_MIN(k_chosen + 1, s->ctrl.k_max);
+        if (k > s->ctrl.k_max) k = TDM_MAX(k_chosen - 1, s->ctrl.k_min);
+    }
     int32_t room = s->max_new - (n - s->n_prompt) - 1; /* tokens beyond the one the target adds */
     int32_t ctx_room = e->cfg.n_ctx - n;
     if (k > room) k = room;
