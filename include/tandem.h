@@ -92,6 +92,20 @@ tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, s
 
 void tandem_free(void *p);
 
+/* ------------------------------------------------------------ tokenizers */
+
+/* A stand-alone tokenizer from any GGUF with tokenizer metadata: a whole model or a
+ * vocabulary-only file (no tensors needed).  Immutable after open: may be shared by
+ * threads.  encode/decode behave as tandem_tokenize/tandem_detokenize. */
+typedef struct tandem_tokenizer tandem_tokenizer;
+
+tandem_status tandem_tokenizer_open(const char *path, tandem_tokenizer **out);
+void tandem_tokenizer_close(tandem_tokenizer *tokenizer);
+tandem_status tandem_tokenizer_encode(const tandem_tokenizer *tokenizer, const char *text, size_t len,
+                                      bool add_bos, int32_t **out_ids, size_t *out_n);
+tandem_status tandem_tokenizer_decode(const tandem_tokenizer *tokenizer, const int32_t *ids, size_t n,
+                                      char **out_text);
+
 /* --------------------------------------------------------------- engines */
 
 /* An engine runs generation for a target model and, optionally, a draft model that

@@ -116,35 +116,41 @@ tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info
     return TANDEM_OK;
 }
 
-tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len, bool add_bos,
-                              int32_t **out_ids, size_t *out_n) {
-    if (!model || (!text && len) || !out_ids || !out_n) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+/* Shared by the model and the stand-alone tokenizer handles. */
+static tandem_status encode(const tdm_tokenizer *tok, const char *text, size_t len, bool add_bos,
+                            int32_t **out_ids, size_t *out_n) {
+    if ((!text && len) || !out_ids || !out_n) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
     tdm_err err = {0};
-    bool bos = add_bos && tdm_tok_add_bos(model->m->tok);
-    tandem_status st = tdm_tokenize(model->m->tok, text ? text : "", len, bos, true, out_ids, out_n, &err);
+    bool bos = add_bos && tdm_tok_add_bos(tok);
+    tandem_status st = tdm_tokenize(tok, text ? text : "", len, bos, true, out_ids, out_n, &err);
     return st ? fail(&err, st) : TANDEM_OK;
 }
 
-tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n, char **out_text) {
-    if (!model || (!ids && n) || !out_text) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+static tandem_status decode(const tdm_tokenizer *tok, const int32_t *ids, size_t n, char **out_text) {
+    if ((!ids && n) || !out_text) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
     *out_text = NULL;
-    const tdm_tokenizer *tok = model->m->tok;
     size_t cap = 64 + n * 16, len = 0;
     char *buf = malloc(cap);
-    if (!buf) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    int32_t pcap = tdm_tok_max_piece(tok) + 16;
+    char *piece = malloc((size_t)pcap);
+    if (!buf || !piece) {
+        free(buf);
+        free(piece);
+        return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    }
     tdm_detok d;
     tdm_detok_init(&d, tok);
-    char piece[512];
     for (size_t i = 0; i <= n; i++) {
         int32_t k;
         if (i < n) {
             if (ids[i] < 0 || ids[i] >= tdm_tok_n_vocab(tok)) {
                 free(buf);
+                free(piece);
                 return fail_msg(TANDEM_ERR_INVALID_ARG, "token id out of range");
             }
-            k = tdm_detok_push(&d, tok, ids[i], piece, (int32_t)sizeof piece);
+            k = tdm_detok_push(&d, tok, ids[i], piece, pcap);
         } else {
-            k = tdm_detok_flush(&d, piece, (int32_t)sizeof piece);
+            k = tdm_detok_flush(&d, piece, pcap);
         }
         if (k <= 0) continue;
         if (len + (size_t)k + 1 > cap) {
@@ -152,6 +158,7 @@ tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, s
             char *nb = realloc(buf, cap);
             if (!nb) {
                 free(buf);
+                free(piece);
                 return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
             }
             buf = nb;
@@ -159,9 +166,63 @@ tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, s
         memcpy(buf + len, piece, (size_t)k);
         len += (size_t)k;
     }
+    free(piece);
     buf[len] = 0;
     *out_text = buf;
     return TANDEM_OK;
+}
+
+tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len, bool add_bos,
+                              int32_t **out_ids, size_t *out_n) {
+    if (!model) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL model");
+    return encode(model->m->tok, text, len, add_bos, out_ids, out_n);
+}
+
+tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n, char **out_text) {
+    if (!model) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL model");
+    return decode(model->m->tok, ids, n, out_text);
+}
+
+/* ------------------------------------------------------------ tokenizers */
+
+struct tandem_tokenizer {
+    tdm_gguf *gguf;
+    tdm_tokenizer *tok;
+};
+
+tandem_status tandem_tokenizer_open(const char *path, tandem_tokenizer **out) {
+    if (!out) return fail_msg(TANDEM_ERR_INVALID_ARG, "out is NULL");
+    *out = NULL;
+    if (!path) return fail_msg(TANDEM_ERR_INVALID_ARG, "path is NULL");
+    tandem_tokenizer *h = calloc(1, sizeof *h);
+    if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    tdm_err err = {0};
+    tandem_status st = tdm_gguf_open(path, &h->gguf, &err);
+    if (!st) st = tdm_tokenizer_load(h->gguf, &h->tok, &err);
+    if (st) {
+        tandem_tokenizer_close(h);
+        return fail(&err, st);
+    }
+    *out = h;
+    return TANDEM_OK;
+}
+
+void tandem_tokenizer_close(tandem_tokenizer *t) {
+    if (!t) return;
+    tdm_tokenizer_free(t->tok);
+    tdm_gguf_close(t->gguf);
+    free(t);
+}
+
+tandem_status tandem_tokenizer_encode(const tandem_tokenizer *t, const char *text, size_t len, bool add_bos,
+                                      int32_t **out_ids, size_t *out_n) {
+    if (!t) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL tokenizer");
+    return encode(t->tok, text, len, add_bos, out_ids, out_n);
+}
+
+tandem_status tandem_tokenizer_decode(const tandem_tokenizer *t, const int32_t *ids, size_t n, char **out_text) {
+    if (!t) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL tokenizer");
+    return decode(t->tok, ids, n, out_text);
 }
 
 /* --------------------------------------------------------------- engines */

@@ -148,6 +148,10 @@ fi
 expect_exit 0 "info -m form" "$TANDEM" info -m "$DRAFT"
 
 # --------------------------------------------------------------- tokenize
+# a vocabulary-only GGUF (no tensors) is enough to tokenize
+vocab_out=$("$TANDEM" tokenize -m "$DATA/vocab/ggml-vocab-llama-spm.gguf" --no-bos --text "Hello world" 2>&1)
+if [ "$vocab_out" = "[15043, 3186]" ]; then pass "tokenize with a vocabulary-only GGUF"; else fail "tokenize with a vocabulary-only GGUF: got '$vocab_out'"; fi
+
 python3 - "$DATA/tokenizer-cases.jsonl" "$TMP/info" <<'EOF'
 import json, os, re, subprocess, sys
 tandem, target = os.environ["TANDEM"], os.environ["TARGET"]

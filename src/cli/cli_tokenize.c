@@ -64,12 +64,11 @@ int cli_tokenize(int argc, char **argv) {
     }
 
     int rc = CLI_EXIT_OK;
-    tandem_model *model = NULL;
+    tandem_tokenizer *tok = NULL; /* a vocabulary-only GGUF is enough */
     int32_t *ids = NULL;
     size_t n = 0;
-    tandem_model_params mp = tandem_model_default_params();
-    tandem_status s = tandem_model_open(model_path, &mp, &model);
-    if (s == TANDEM_OK) s = tandem_tokenize(model, text, len, add_bos, &ids, &n);
+    tandem_status s = tandem_tokenizer_open(model_path, &tok);
+    if (s == TANDEM_OK) s = tandem_tokenizer_encode(tok, text, len, add_bos, &ids, &n);
     if (s != TANDEM_OK) {
         rc = cli_status_error(s, NULL);
     } else {
@@ -78,7 +77,7 @@ int cli_tokenize(int argc, char **argv) {
         fputs("]\n", stdout);
     }
     tandem_free(ids);
-    tandem_model_close(model);
+    tandem_tokenizer_close(tok);
     free(buf);
     return rc;
 }
