@@ -4,7 +4,8 @@
  * Greedy (temperature 0): each drafted token is the draft's argmax.  Sampling: it
  * is drawn from q, the draft's distribution after the request's temperature /
  * top-k / top-p / min-p processing; q rows are kept in e->qprobs for verification.
- * Drafting stops early when the draft's top probability falls below p_min.
+ * Drafting stops early when the draft's top probability falls below p_min (greedy:
+ * of the softmax of its logits; sampling: of q, the processed distribution).
  */
 #include <math.h>
 
@@ -20,6 +21,12 @@ static float top_prob(const float *l, int32_t n) {
     return (float)(1.0 / sum);
 }
 
+static float max_of(const float *p, int32_t n) {
+    float m = 0;
+    for (int32_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m;
+    return m;
+}
+
 tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t *draft, int32_t *n_drafted,
                               tdm_err *err) {
     const int32_t V = e->n_vocab;
@@ -31,13 +38,16 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t *dra
     if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, e->logits_d, err))) return st;
     for (int32_t i = 0; i < k; i++) {
         const float *l = e->logits_d;
-        if (i > 0 && s->spec_p_min > 0 && top_prob(l, V) < s->spec_p_min) break;
+        /* p_min looks at the distribution only, never at the token drawn from it
+         * (deciding on the drawn token would bias what reaches verification) */
         int32_t x;
         if (greedy) {
+            if (i > 0 && s->spec_p_min > 0 && top_prob(l, V) < s->spec_p_min) break;
             x = tdm_argmax(l, V);
         } else {
             float *q = e->qprobs + (size_t)i * (size_t)V;
             tdm_probs_from_logits(l, V, &s->sp, &e->ss, q);
+            if (i > 0 && s->spec_p_min > 0 && max_of(q, V) < s->spec_p_min) break;
             x = tdm_sample_probs(q, V, &s->rng);
         }
         draft[i] = x;

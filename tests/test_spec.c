@@ -168,3 +168,38 @@ Test(spec, cancel_frees_all_blocks) {
     tdm_test_jsonl_free(refs, n_lines);
     tdm_engine_free(e);
 }
+
+/* Early stop by draft confidence (p_min): still exactly target-only output, and
+ * steps draft fewer tokens than k when the draft is unsure. */
+Test(spec, p_min_early_stop_keeps_greedy_equality) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft[0]);
+    tdm_err err = {0};
+    uint64_t steps = 0, drafted = 0;
+    for (size_t li = 0; li < 10; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = N_NEW;
+        tandem_result want, got;
+        cr_assert_eq(tdm_engine_generate(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        gp.spec_k = 8;
+        gp.spec_p_min = 0.6f;
+        cr_assert_eq(tdm_engine_generate(spec, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert(got.n_tokens == want.n_tokens &&
+                      memcmp(got.tokens, want.tokens, want.n_tokens * sizeof(int32_t)) == 0,
+                  "prompt %zu: p_min output differs from target-only", li);
+        steps += got.spec.steps;
+        drafted += got.spec.drafted;
+        tandem_result_free(&want);
+        tandem_result_free(&got);
+        free(ids);
+    }
+    cr_assert_lt(drafted, 8 * steps, "p_min never stopped drafting early (%llu drafted in %llu steps)",
+                 (unsigned long long)drafted, (unsigned long long)steps);
+    cr_assert_gt(drafted, steps, "p_min stopped every chain after one token");
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}

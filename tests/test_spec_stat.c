@@ -104,7 +104,7 @@ static void sample_counts(tdm_engine *e, const tandem_generate_params *base, uin
     }
 }
 
-static void check_lossless(float temp, int top_k, float top_p, int spec_k) {
+static void check_lossless(float temp, int top_k, float top_p, int spec_k, float p_min) {
     pair p;
     pair_open(&p, 2);
     tdm_err err = {0};
@@ -119,11 +119,13 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k) {
     gp.top_k = top_k;
     gp.top_p = top_p;
     gp.spec_k = spec_k;
+    gp.spec_p_min = p_min;
     tandem_spec_stats agg = {0};
     sample_counts(plain, &gp, 1000000, V, a, NULL);
     sample_counts(spec, &gp, 2000000, V, b, &agg);
     double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
-    cr_log_info("temp %.2f top_k %d top_p %.2f k %d: acceptance %.3f", temp, top_k, top_p, spec_k, acc);
+    cr_log_info("temp %.2f top_k %d top_p %.2f k %d p_min %.2f: acceptance %.3f, %.3f drafted per run", temp, top_k,
+                top_p, spec_k, p_min, acc, (double)agg.drafted / N_RUNS);
     /* the test is only meaningful when some drafts are accepted and some rejected */
     cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: the pair does not exercise both outcomes", acc);
     for (int i = 0; i < N_POS; i++) {
@@ -139,9 +141,11 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k) {
     pair_close(&p);
 }
 
-Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3); }
-Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2); }
-Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0); }
+Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3, 0.0f); }
+Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2, 0.0f); }
+Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0, 0.0f); }
+/* early stop by the draft's top probability (decided before drawing the token) */
+Test(spec_stat, p_min_early_stop_k4, .timeout = 600) { check_lossless(1.6f, 0, 1.0f, 4, 0.55f); }
 
 /* Sanity check of the test itself: a different model gives a detectably different
  * distribution, so the chi-square test has power. */
