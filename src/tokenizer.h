@@ -10,6 +10,10 @@
  * Special (control / user-defined) tokens written in the text become those tokens
  * when parse_special is set.  BOS/EOS/EOT ids and add_bos_token come from metadata.
  *
+ * Byte-level BPE needs a token for every byte of the text; a vocabulary without one
+ * for some byte (StarCoder's has none for 0xC0, 0xC1, 0xF1, 0xF5-0xFF) skips that
+ * byte when encoding, as the byte has no representation in it.
+ *
  * Immutable after load: safe to share across threads.
  */
 #ifndef TDM_TOKENIZER_H
