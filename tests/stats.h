@@ -86,4 +86,38 @@ static inline double tdm_stat_chi2_gof(const uint64_t *counts, const double *pro
     return tdm_stat_chi2_sf(stat, df);
 }
 
+/* Two-sample chi-square test of homogeneity on counts a[n], b[n]; columns with an
+ * expected count below 5 in either row are pooled. */
+static inline double tdm_stat_chi2_two_sample(const uint64_t *a, const uint64_t *b, int32_t n) {
+    double na = 0, nb = 0;
+    for (int32_t i = 0; i < n; i++) {
+        na += (double)a[i];
+        nb += (double)b[i];
+    }
+    double tot = na + nb, stat = 0, pa = 0, pb = 0;
+    int bins = 0;
+    for (int32_t i = 0; i <= n; i++) {
+        double oa, ob;
+        if (i < n) {
+            oa = (double)a[i];
+            ob = (double)b[i];
+            double col = oa + ob;
+            if (col * na / tot < 5 || col * nb / tot < 5) {
+                pa += oa;
+                pb += ob;
+                continue;
+            }
+        } else {
+            oa = pa;
+            ob = pb;
+            if (oa + ob == 0) break;
+        }
+        double col = oa + ob, ea = col * na / tot, eb = col * nb / tot;
+        stat += (oa - ea) * (oa - ea) / ea + (ob - eb) * (ob - eb) / eb;
+        bins++;
+    }
+    if (bins < 2) return 1.0;
+    return tdm_stat_chi2_sf(stat, bins - 1);
+}
+
 #endif

@@ -6,14 +6,8 @@
 
 #include "common.h"
 #include "controller.h"
+#include "testutil.h"
 
-static uint64_t rnd(uint64_t *st) {
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double rndu(uint64_t *st) { return (double)(rnd(st) >> 11) * 0x1.0p-53; }
 
 /* 1 + a + ... + a^k: the expected tokens of a step, summed term by term. */
 static double series(double a, int k) {
@@ -100,7 +94,7 @@ Test(controller, choose_k_matches_brute_force) {
     for (int curve = 0; curve < 5; curve++)
         for (int trial = 0; trial < 400; trial++) {
             double tv[TDM_CTRL_MAX_K + 2] = {0};
-            double base = 0.005 + 0.05 * rndu(&st), slope = 0.02 * rndu(&st) * base;
+            double base = 0.005 + 0.05 * tdm_test_randu(&st), slope = 0.02 * tdm_test_randu(&st) * base;
             for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) {
                 switch (curve) {
                 case 0: tv[n] = base; break;                                  /* memory bound */
@@ -110,15 +104,15 @@ Test(controller, choose_k_matches_brute_force) {
                 default: tv[n] = base * (1 + (n > 8) + (n > 16)); break;      /* steps (tiles) */
                 }
             }
-            double td = base * (0.02 + 0.5 * rndu(&st));
+            double td = base * (0.02 + 0.5 * tdm_test_randu(&st));
             tdm_cost_model c;
             tdm_cost_init(&c);
             for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tdm_cost_observe_verify(&c, n, tv[n]);
             tdm_cost_observe_draft(&c, td);
-            int kmin = 1 + (int)(rnd(&st) % 3), kmax = kmin + (int)(rnd(&st) % (TDM_CTRL_MAX_K - kmin + 1));
+            int kmin = 1 + (int)(tdm_test_rand(&st) % 3), kmax = kmin + (int)(tdm_test_rand(&st) % (TDM_CTRL_MAX_K - kmin + 1));
             tdm_spec_ctrl ctl;
             tdm_ctrl_init(&ctl, kmin, kmax, 0);
-            ctl.alpha = trial % 10 == 0 ? 1.0 : rndu(&st); /* 1.0 exercises the 0.999 clamp */
+            ctl.alpha = trial % 10 == 0 ? 1.0 : tdm_test_randu(&st); /* 1.0 exercises the 0.999 clamp */
             int want = brute_k(ctl.alpha, kmin, kmax, td, tv);
             int got = tdm_ctrl_choose_k(&ctl, &c);
             cr_assert_eq(got, want, "curve %d alpha %g k in [%d, %d]: chose %d, best %d", curve, ctl.alpha, kmin,
@@ -167,7 +161,7 @@ Test(controller, k_follows_alpha_and_costs) {
     /* High acceptance: k grows to the top of the range. */
     for (int step = 0; step < 300; step++) {
         int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
-        while (n < k && rndu(&st) < 0.95) n++;
+        while (n < k && tdm_test_randu(&st) < 0.95) n++;
         tdm_ctrl_observe(&ctl, k, n);
     }
     int k_high = tdm_ctrl_choose_k(&ctl, &c);
@@ -176,7 +170,7 @@ Test(controller, k_follows_alpha_and_costs) {
     /* Low acceptance: k shrinks to k_min. */
     for (int step = 0; step < 300; step++) {
         int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
-        while (n < k && rndu(&st) < 0.1) n++;
+        while (n < k && tdm_test_randu(&st) < 0.1) n++;
         tdm_ctrl_observe(&ctl, k, n);
     }
     int k_low = tdm_ctrl_choose_k(&ctl, &c);
@@ -207,9 +201,9 @@ static double run_alpha(double a, double ema, int fixed_k, uint64_t seed, int st
     double sum = 0;
     int cnt = 0;
     for (int s = 0; s < steps; s++) {
-        int k = fixed_k ? fixed_k : 1 + (int)(rnd(&st) % 16);
+        int k = fixed_k ? fixed_k : 1 + (int)(tdm_test_rand(&st) % 16);
         int n = 0;
-        while (n < k && rndu(&st) < a) n++;
+        while (n < k && tdm_test_randu(&st) < a) n++;
         tdm_ctrl_observe(&ctl, k, n);
         cr_assert(ctl.alpha >= 0 && ctl.alpha <= 1);
         if (s >= steps / 4) {

@@ -89,21 +89,13 @@ Test(generate, seeded_sampling_is_reproducible) {
     tandem_result_free(&c);
 }
 
-static bool stop_after_3(int32_t token, const char *text, size_t len, void *ud) {
-    (void)token;
-    (void)text;
-    (void)len;
-    int *count = ud;
-    return ++*count < 3;
-}
-
 Test(generate, callback_can_cancel_and_blocks_are_freed) {
     int32_t ids[] = {0, 490, 63, 3067, 8};
-    int count = 0;
+    tdm_test_stop stop = {0, 3};
     tdm_err err = {0};
     tandem_generate_params gp = tandem_generate_default_params();
-    gp.on_token = stop_after_3;
-    gp.user_data = &count;
+    gp.on_token = tdm_test_stop_cb;
+    gp.user_data = &stop;
     tandem_result r;
     cr_assert_eq(tdm_engine_generate(g_engine, ids, 5, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(r.n_tokens, 3);

@@ -96,8 +96,6 @@ Test(model, batch_split_invariance, .timeout = 300) {
     float *a = malloc((size_t)V * 4), *b = malloc((size_t)V * 4);
     cr_assert_eq(tdm_engine_score_last(e, false, ids, (int32_t)n, a, &err), TANDEM_OK, "%s", err.msg);
     /* same positions fed in chunks of 1, 3 and the rest */
-    tandem_generate_params gp = tandem_generate_default_params();
-    (void)gp;
     tdm_seq s;
     memset(&s, 0, sizeof s);
     s.tokens = ids;

@@ -7,6 +7,7 @@
 
 #include "sampling.h"
 #include "stats.h"
+#include "testutil.h"
 
 /* ------------------------------------------------------------------ rng */
 
@@ -166,19 +167,12 @@ static void check_against_naive(const float *logits, int32_t n, tdm_sampler_para
     free(want);
 }
 
-static uint64_t rnd(uint64_t *st) {
-    uint64_t z = (*st += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double rndu(uint64_t *st) { return (double)(rnd(st) >> 11) * 0x1.0p-53; }
 
 /* Random logits: continuous (gaussian-ish), or from a few levels (many exact ties). */
 static void random_logits(uint64_t *st, float *l, int32_t n, int kind) {
     for (int32_t i = 0; i < n; i++) {
-        if (kind == 0) l[i] = (float)((rndu(st) + rndu(st) + rndu(st) - 1.5) * 6.0);
-        else l[i] = (float)(rnd(st) % 5) * 0.75f;
+        if (kind == 0) l[i] = (float)((tdm_test_randu(st) + tdm_test_randu(st) + tdm_test_randu(st) - 1.5) * 6.0);
+        else l[i] = (float)(tdm_test_rand(st) % 5) * 0.75f;
     }
 }
 
@@ -346,7 +340,7 @@ Test(sampling, sample_probs_chi_square) {
     double pd[N];
     uint64_t st = 77;
     for (int i = 0; i < N; i++) {
-        probs[i] = (i % 5 == 3) ? 0.0f : (float)(0.01 + rndu(&st)) * (i == 0 ? 20.0f : 1.0f);
+        probs[i] = (i % 5 == 3) ? 0.0f : (float)(0.01 + tdm_test_randu(&st)) * (i == 0 ? 20.0f : 1.0f);
         pd[i] = probs[i];
     }
     probs[N - 1] = 0.0f; /* the last token is impossible: the rounding guard must not pick it */

@@ -140,27 +140,20 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
 }
 
 /* A request cancelled mid-way by its callback frees everything. */
-static bool cancel_at_10(int32_t tok, const char *t, size_t l, void *ud) {
-    (void)tok;
-    (void)t;
-    (void)l;
-    return ++*(int *)ud < 10;
-}
-
 Test(spec, cancel_frees_all_blocks) {
     tdm_engine *e = make_engine(g_draft[1]);
     size_t n_lines, n;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[0], "prompt_ids"), &n); /* 64 tokens without EOS */
-    int count = 0;
+    tdm_test_stop stop = {0, 10};
     tdm_err err = {0};
     tandem_generate_params gp = tandem_generate_default_params();
-    gp.on_token = cancel_at_10;
-    gp.user_data = &count;
+    gp.on_token = tdm_test_stop_cb;
+    gp.user_data = &stop;
     tandem_result r;
     cr_assert_eq(tdm_engine_generate(e, ids, (int32_t)n, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(r.finish_reason, TANDEM_FINISH_CANCELLED, "finish %s after %zu tokens (callback saw %d)",
-                 tandem_finish_reason_str(r.finish_reason), r.n_tokens, count);
+                 tandem_finish_reason_str(r.finish_reason), r.n_tokens, stop.count);
     cr_assert_eq(r.n_tokens, 10, "cancel at the 10th token: got %zu tokens", r.n_tokens);
     cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool));
     tandem_result_free(&r);

@@ -71,3 +71,13 @@ uint64_t tdm_test_rand(uint64_t *s) {
 float tdm_test_randf(uint64_t *s, float lo, float hi) {
     return lo + (hi - lo) * (float)((tdm_test_rand(s) >> 40) * (1.0 / 16777216.0));
 }
+
+double tdm_test_randu(uint64_t *s) { return (double)(tdm_test_rand(s) >> 11) * 0x1.0p-53; }
+
+bool tdm_test_stop_cb(int32_t token, const char *text, size_t len, void *user_data) {
+    (void)token;
+    (void)text;
+    (void)len;
+    tdm_test_stop *st = user_data;
+    return ++st->count < st->limit;
+}

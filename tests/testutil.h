@@ -20,5 +20,13 @@ int32_t *tdm_test_json_ids(const tdm_json *arr, size_t *n);
 /* Deterministic pseudo-random numbers for tests (splitmix64). */
 uint64_t tdm_test_rand(uint64_t *state);
 float tdm_test_randf(uint64_t *state, float lo, float hi);
+double tdm_test_randu(uint64_t *state); /* [0, 1), 53 random bits */
+
+/* A token callback for tandem_generate_params.on_token that stops generation at the
+ * limit-th token: user_data points to a tdm_test_stop {count, limit}. */
+typedef struct tdm_test_stop {
+    int count, limit;
+} tdm_test_stop;
+bool tdm_test_stop_cb(int32_t token, const char *text, size_t len, void *user_data);
 
 #endif
