@@ -206,8 +206,9 @@ int main(int argc, char **argv) {
                 for (int m = 0; m < 7; m++) ws[l * 7 + m] = make_weight(TDM_F16, layer[m][0], layer[m][1]);
             ws[N_W - 1] = make_weight(TDM_F16, 8192, 384);
             for (int i = 0; i < N_W; i++) bytes += weight_bytes(&ws[i]);
-            for (int k = 0; k < 2; k++) {
-                int32_t n = k == 0 ? 1 : 4;
+            static const int32_t step_ns[] = {1, 2, 3, 4, 5, 6, 8};
+            for (size_t k = 0; k < sizeof step_ns / sizeof step_ns[0]; k++) {
+                int32_t n = step_ns[k];
                 mm_ctx c = {b, ws, N_W, x, n, y};
                 double sec = median_time(run_matmuls, &c, 3 * secs);
                 printf("%-7s target model f16 (%.1f MB, %d matmuls) n=%d: %.1f us/step, %.1f GB/s, "
@@ -216,6 +217,8 @@ int main(int argc, char **argv) {
                        bytes * (double)n / sec * 1e-9);
             }
             for (int i = 0; i < N_W; i++) tdm_free_aligned((void *)ws[i].data);
+            bench_attention(b, TDM_F32, 200, 1, secs);
+            bench_attention(b, TDM_F32, 200, 4, secs);
             bench_attention(b, TDM_F16, 1000, 1, secs);
             bench_attention(b, TDM_F32, 1000, 1, secs);
             bench_attention(b, TDM_F16, 256, 128, secs);

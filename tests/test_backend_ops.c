@@ -557,6 +557,35 @@ static void run_attn_case(const attn_case *tc, uint64_t seed) {
                   tc->n_kv_head, tc->head_dim, tdm_dtype_name(tc->cache_type), tc->tree, e);
         cr_assert(memcmp(out[0], out[1], n_out * 4) == 0, "attention 1 vs 2 threads");
         cr_assert(memcmp(out[0], out[2], n_out * 4) == 0, "attention 1 vs 3 threads");
+        /* batch invariance: each row alone gives bit-identical output */
+        tdm_backend *b = mk_backend(lv[l], 2);
+        size_t row_out = (size_t)tc->n_head * tc->head_dim;
+        for (int32_t r = 0; r < bt.n_rows; r++) {
+            tdm_batch one;
+            cr_assert_eq(tdm_batch_init(&one, 1, NULL), TANDEM_OK);
+            tdm_batch_add(&one, 0, bt.pos[r], bt.seq[r], bt.slot[r], false);
+            one.n_visible[0] = bt.n_visible[r];
+            int32_t off1[2] = {0, 0};
+            if (bt.extra_off) {
+                off1[1] = bt.extra_off[r + 1] - bt.extra_off[r];
+                one.extra_off = off1;
+                one.extra_slot = bt.extra_slot + bt.extra_off[r];
+            }
+            float *o1 = calloc(row_out, 4);
+            tdm_attn_args a1 = a;
+            a1.batch = &one;
+            a1.q = q + (size_t)r * q_stride;
+            a1.out = o1;
+            tdm_err err = {0};
+            cr_assert_eq(b->ops->attention(b, &a1, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert(memcmp(o1, out[0] + (size_t)r * row_out, row_out * 4) == 0,
+                      "attention level %d: row %d alone differs from the batch", lv[l], (int)r);
+            one.extra_off = NULL;
+            one.extra_slot = NULL;
+            tdm_batch_free(&one);
+            free(o1);
+        }
+        tdm_backend_destroy(b);
         for (int k = 0; k < 3; k++) free(out[k]);
     }
     free(ref);
@@ -580,6 +609,15 @@ Test(attention, gqa_f16_multi_seq) {
 Test(attention, gqa_odd_head_dim_f32) {
     attn_case tc = {4, 1, 13, 4, TDM_F32, 2, {9, 30}, false};
     run_attn_case(&tc, 3);
+}
+
+Test(attention, wide_group_long_head) {
+    /* 8 query heads per kv head (more than the kernels block together), head_dim
+     * with a partial last vector */
+    attn_case tc = {8, 1, 100, 16, TDM_F32, 2, {45, 20}, false};
+    run_attn_case(&tc, 6);
+    attn_case tc2 = {8, 2, 72, 16, TDM_F16, 1, {33}, true};
+    run_attn_case(&tc2, 7);
 }
 
 Test(attention, tree_extra_slots) {

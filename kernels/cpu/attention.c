@@ -5,20 +5,36 @@
  *   extra_slot[extra_off[r] .. extra_off[r+1]) when extra_off != NULL;
  *   score_s = scale * q . K[s];  p = softmax(score) (max subtracted);
  *   out = sum_s p_s V[s].
- * Each (row, head) pair is one chunk of the thread pool, computed entirely by one
- * thread, so the result does not depend on the thread count.
+ * Every (row, head) output is computed entirely by one thread with the same
+ * operations whatever the thread count or the batch's other rows (see attn_slice).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cpu_internal.h"
 
+/* Rows are processed in slices: up to TDM_ATTN_SLICE consecutive rows of one
+ * sequence.  A chunk of the thread pool is one (slice, kv head) pair: every query
+ * vector of the slice in that kv group (rows x heads of the group) is scored against
+ * each K block in one small gemm, so K is read (and converted) once per chunk
+ * instead of once per (row, head).  The arithmetic of each (row, head) output is the
+ * same whatever slice it falls in, so results do not depend on the batch's other
+ * rows or on the thread count. */
+#define TDM_ATTN_SLICE 8
+
 typedef struct attn_job {
     tdm_cpu *c;
     const tdm_attn_args *a;
-    int32_t hpc;      /* heads per chunk: a divisor of the GQA group size */
-    int64_t n_tot_max; /* visible slots of the widest row */
+    const int32_t *slice;  /* [n_slices][2]: first row, row count */
+    int64_t n_tot_max;     /* visible slots of the widest row */
 } attn_job;
+
+/* Asks for bytes [p, p + n) to be brought into the cache (the K/V of a layer
+ * are usually evicted by the weights streamed since the previous step). */
+static inline void prefetch_range(const void *p, size_t n) {
+    for (size_t off = 0; off < n; off += 64) __builtin_prefetch((const char *)p + off, 0, 3);
+}
 
 static inline int32_t row_n_extra(const tdm_attn_args *a, int32_t r) {
     const int32_t *off = a->batch->extra_off;
@@ -33,82 +49,144 @@ static inline int64_t slot_offset(const tdm_attn_args *a, const tdm_kv_seq *s, i
            a->head_dim;
 }
 
-/* Heads [h0, h0 + nh) of row r, all in kv group g.  scores: [nh][n_tot_max],
- * acc: [nh][head_dim], kbuf: [block_size rounded up to TDM_MM_RB][head_dim]. */
-static void attn_heads(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t n_tot_max,
-                       int32_t r, int32_t h0, int32_t nh, float *scores, float *acc, float *kbuf) {
+/* Rows [r0, r0 + nr) (one sequence), the heads of kv group g.  Scratch:
+ * qbuf [nr * group][hd], scores [nr * group][n_tot_max], acc [nr * group][hd],
+ * kbuf [block_size rounded up to TDM_MM_RB][hd], inv [nr * group]. */
+static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t ld, int32_t r0,
+                       int32_t nr, int32_t g, float *qbuf, float *scores, float *acc, float *kbuf,
+                       float *inv) {
     const tdm_batch *bt = a->batch;
-    const tdm_kv_seq *s = a->seqs[bt->seq[r]];
-    int32_t hd = a->head_dim, g = h0 / (a->n_head / a->n_kv_head);
-    int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r), n_tot = n_vis + n_extra;
-    const int32_t *extra = n_extra ? bt->extra_slot + bt->extra_off[r] : NULL;
-    const float *q = a->q + (int64_t)r * a->q_stride + (int64_t)h0 * hd;
-    float *out = a->out + (int64_t)r * a->n_head * hd + (int64_t)h0 * hd;
+    const tdm_kv_seq *s = a->seqs[bt->seq[r0]];
+    const int32_t hd = a->head_dim, group = a->n_head / a->n_kv_head, bs = a->block_size;
+    const size_t esz = a->cache_type == TDM_F16 ? 2 : 4;
     const float scale = a->scale;
+    int32_t max_vis = 0;
+    for (int32_t i = 0; i < nr; i++) {
+        max_vis = TDM_MAX(max_vis, bt->n_visible[r0 + i]);
+        memcpy(qbuf + (int64_t)i * group * hd, a->q + (int64_t)(r0 + i) * a->q_stride + (int64_t)g * group * hd,
+               (size_t)group * hd * sizeof(float));
+    }
+    const int32_t nq = nr * group;
 
-    if (n_tot == 0) {
-        memset(out, 0, (size_t)nh * hd * sizeof(float));
-        return;
-    }
-    /* scores: per block of visible slots, K block (converted to f32) x q as a small
-     * gemm [nh][hd] x [cnt][hd]^T; extra slots one by one. */
-    size_t esz = a->cache_type == TDM_F16 ? 2 : 4;
-    tdm_weight kw = {.type = a->cache_type, .rows = a->block_size, .cols = hd,
-                     .row_bytes = (size_t)hd * esz, .data = NULL};
-    for (int32_t i = 0, b = 0; i < n_vis; b++) {
-        int32_t cnt = TDM_MIN(a->block_size, n_vis - i);
-        int32_t padded = (cnt + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
-        int64_t base = ((int64_t)s->blocks[b] * a->n_kv_head + g) * a->block_size * hd;
-        kw.data = (const uint8_t *)a->k_cache + (size_t)base * esz;
-        k->convert_rows(&kw, 0, cnt, kbuf, hd);
-        if (padded > cnt) memset(kbuf + (int64_t)cnt * hd, 0, (size_t)(padded - cnt) * hd * sizeof(float));
-        k->gemm(q, hd, nh, kbuf, hd, cnt, hd, scores + i, n_tot_max, false);
+    /* scores[qi][slot] for the visible slots of the widest row: K block x Q.  An f32
+     * cache block is used in place (rows past cnt are inside the block). */
+    tdm_weight kw = {.type = a->cache_type, .rows = bs, .cols = hd, .row_bytes = (size_t)hd * esz};
+    const bool in_place = a->cache_type == TDM_F32 && bs % TDM_MM_RB == 0;
+    const size_t blk_bytes = (size_t)bs * hd * esz;
+    if (max_vis > 0)
+        prefetch_range((const uint8_t *)a->k_cache + (size_t)(((int64_t)s->blocks[0] * a->n_kv_head + g) * bs * hd) * esz,
+                       blk_bytes);
+    for (int32_t i = 0, b = 0; i < max_vis; b++) {
+        int32_t cnt = TDM_MIN(bs, max_vis - i);
+        int64_t base = ((int64_t)s->blocks[b] * a->n_kv_head + g) * bs * hd;
+        /* the next K block and this V block arrive while this block is scored */
+        if (i + cnt < max_vis)
+            prefetch_range((const uint8_t *)a->k_cache +
+                               (size_t)(((int64_t)s->blocks[b + 1] * a->n_kv_head + g) * bs * hd) * esz,
+                           blk_bytes);
+        prefetch_range((const uint8_t *)a->v_cache + (size_t)base * esz, (size_t)cnt * hd * esz);
+        const float *kt = kbuf;
+        if (in_place) {
+            kt = (const float *)a->k_cache + base;
+        } else {
+            int32_t padded = (cnt + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
+            kw.data = (const uint8_t *)a->k_cache + (size_t)base * esz;
+            k->convert_rows(&kw, 0, cnt, kbuf, hd);
+            if (padded > cnt) memset(kbuf + (int64_t)cnt * hd, 0, (size_t)(padded - cnt) * hd * sizeof(float));
+        }
+        k->gemm(qbuf, hd, nq, kt, hd, cnt, hd, scores + i, ld, false);
         i += cnt;
     }
-    for (int32_t e = 0; e < n_extra; e++) {
-        int64_t off = slot_offset(a, s, extra[e], g);
-        for (int32_t h = 0; h < nh; h++)
-            scores[h * n_tot_max + n_vis + e] =
-                a->cache_type == TDM_F16 ? k->dot_f16(q + h * hd, (const uint16_t *)a->k_cache + off, hd)
-                                         : k->dot_f32(q + h * hd, (const float *)a->k_cache + off, hd);
+
+    /* per row: extra slots (one by one, after the row's own visible ones), scale,
+     * softmax numerators in place */
+    for (int32_t ri = 0; ri < nr; ri++) {
+        const int32_t r = r0 + ri;
+        const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r), n_tot = n_vis + n_extra;
+        const int32_t *extra = n_extra ? bt->extra_slot + bt->extra_off[r] : NULL;
+        const float *q = qbuf + (int64_t)ri * group * hd;
+        float *sc = scores + (int64_t)ri * group * ld; /* [group][ld] */
+        if (n_tot == 0) continue;
+        for (int32_t e = 0; e < n_extra; e++) {
+            int64_t off = slot_offset(a, s, extra[e], g);
+            for (int32_t h = 0; h < group; h++)
+                sc[h * ld + n_vis + e] =
+                    a->cache_type == TDM_F16 ? k->dot_f16(q + h * hd, (const uint16_t *)a->k_cache + off, hd)
+                                             : k->dot_f32(q + h * hd, (const float *)a->k_cache + off, hd);
+        }
+        for (int32_t h = 0; h < group; h++) {
+            float *sh = sc + h * ld;
+            for (int32_t i = 0; i < n_tot; i++) sh[i] *= scale;
+            inv[ri * group + h] = 1.0f / k->softmax_num(sh, n_tot);
+        }
     }
-    for (int32_t h = 0; h < nh; h++)
-        for (int32_t i = 0; i < n_tot; i++) scores[h * n_tot_max + i] *= scale;
-    /* softmax numerators, in place */
-    float inv[nh];
-    for (int32_t h = 0; h < nh; h++) inv[h] = 1.0f / k->softmax_num(scores + h * n_tot_max, n_tot);
-    /* weighted sum of V: per block of visible slots, then the extra slots */
-    memset(acc, 0, (size_t)nh * hd * sizeof(float));
-    for (int32_t i = 0, b = 0; i < n_vis; b++) {
-        int32_t cnt = TDM_MIN(a->block_size, n_vis - i);
-        int64_t base = ((int64_t)s->blocks[b] * a->n_kv_head + g) * a->block_size * hd;
-        k->attn_pv(acc, scores + i, n_tot_max, nh, (const uint8_t *)a->v_cache + (size_t)base * esz,
-                   a->cache_type, cnt, hd);
+
+    /* weighted sum of V, per block of visible slots: consecutive rows that see the
+     * whole block share one pass over it (their query vectors are consecutive in
+     * scores and acc); a row that sees part of it gets its own pass */
+    memset(acc, 0, (size_t)nq * hd * sizeof(float));
+    for (int32_t i = 0, b = 0; i < max_vis; b++) {
+        int32_t cnt = TDM_MIN(bs, max_vis - i);
+        const uint8_t *vb = (const uint8_t *)a->v_cache +
+                            (size_t)(((int64_t)s->blocks[b] * a->n_kv_head + g) * bs * hd) * esz;
+        for (int32_t ri = 0; ri < nr;) {
+            int32_t nv = bt->n_visible[r0 + ri], rj = ri + 1;
+            if (nv >= i + cnt) {
+                while (rj < nr && bt->n_visible[r0 + rj] >= i + cnt) rj++;
+                k->attn_pv(acc + (int64_t)ri * group * hd, scores + (int64_t)ri * group * ld + i, ld,
+                           (rj - ri) * group, vb, a->cache_type, cnt, hd);
+            } else if (nv > i) {
+                k->attn_pv(acc + (int64_t)ri * group * hd, scores + (int64_t)ri * group * ld + i, ld, group,
+                           vb, a->cache_type, nv - i, hd);
+            }
+            ri = rj;
+        }
         i += cnt;
     }
-    for (int32_t e = 0; e < n_extra; e++) {
-        int64_t off = slot_offset(a, s, extra[e], g);
-        k->attn_pv(acc, scores + n_vis + e, n_tot_max, nh, (const uint8_t *)a->v_cache + (size_t)off * esz,
-                   a->cache_type, 1, hd);
+
+    for (int32_t ri = 0; ri < nr; ri++) {
+        const int32_t r = r0 + ri;
+        const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r);
+        const float *sc = scores + (int64_t)ri * group * ld;
+        float *ar = acc + (int64_t)ri * group * hd;
+        float *out = a->out + (int64_t)r * a->n_head * hd + (int64_t)g * group * hd;
+        if (n_vis + n_extra == 0) {
+            memset(out, 0, (size_t)group * hd * sizeof(float));
+            continue;
+        }
+        for (int32_t e = 0; e < n_extra; e++) {
+            int64_t off = slot_offset(a, s, bt->extra_slot[bt->extra_off[r] + e], g);
+            k->attn_pv(ar, sc + n_vis + e, ld, group, (const uint8_t *)a->v_cache + (size_t)off * esz,
+                       a->cache_type, 1, hd);
+        }
+        for (int32_t h = 0; h < group; h++)
+            for (int32_t d = 0; d < hd; d++) out[h * hd + d] = ar[h * hd + d] * inv[ri * group + h];
     }
-    for (int32_t h = 0; h < nh; h++)
-        for (int32_t d = 0; d < hd; d++) out[h * hd + d] = acc[h * hd + d] * inv[h];
 }
 
 static inline int64_t attn_round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
-static inline int64_t attn_kbuf_floats(const tdm_attn_args *a) {
-    return (int64_t)(a->block_size + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB * a->head_dim;
+
+/* Scratch floats of one thread: acc, kbuf, qbuf, scores, inv (each 64-byte aligned). */
+enum { ATTN_PARTS = 5 };
+static void attn_scratch_parts(const tdm_attn_args *a, int64_t ld, int64_t parts[ATTN_PARTS]) {
+    int64_t group = a->n_head / a->n_kv_head, hd = a->head_dim;
+    parts[0] = attn_round16(TDM_ATTN_SLICE * group * hd);
+    parts[1] = attn_round16((int64_t)(a->block_size + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB * hd);
+    parts[2] = attn_round16(TDM_ATTN_SLICE * group * hd);
+    parts[3] = attn_round16(TDM_ATTN_SLICE * group * ld);
+    parts[4] = attn_round16(TDM_ATTN_SLICE * group);
 }
 
 static void attn_task(void *ctx, int64_t chunk, int ith) {
     attn_job *j = ctx;
     const tdm_attn_args *a = j->a;
-    int32_t per_row = a->n_head / j->hpc;
-    float *acc = j->c->scratch[ith].buf;                         /* [hpc][head_dim] */
-    float *kbuf = acc + attn_round16((int64_t)j->hpc * a->head_dim); /* [bs][head_dim] */
-    float *scores = kbuf + attn_round16(attn_kbuf_floats(a));       /* [hpc][n_tot_max] */
-    attn_heads(j->c->k, a, j->n_tot_max, (int32_t)(chunk / per_row),
-               (int32_t)(chunk % per_row) * j->hpc, j->hpc, scores, acc, kbuf);
+    int64_t parts[ATTN_PARTS];
+    attn_scratch_parts(a, j->n_tot_max, parts);
+    float *acc = j->c->scratch[ith].buf, *kbuf = acc + parts[0], *qbuf = kbuf + parts[1];
+    float *scores = qbuf + parts[2], *inv = scores + parts[3];
+    const int32_t *sl = j->slice + 2 * (chunk / a->n_kv_head);
+    attn_slice(j->c->k, a, j->n_tot_max, sl[0], sl[1], (int32_t)(chunk % a->n_kv_head), qbuf, scores,
+               acc, kbuf, inv);
 }
 
 /* Checks that every slot a row reads is backed by a block; returns the largest
@@ -188,22 +266,32 @@ tandem_status tdm_cpu_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err 
     int64_t max_tot = attn_validate_rows(a, err);
     if (max_tot < 0) return err ? err->status : TANDEM_ERR_INVALID_ARG;
 
-    /* Heads of one kv group are done together (one pass over K/V) unless that
-     * leaves too few chunks for the threads; per-head results do not depend on it. */
-    int32_t group = a->n_head / a->n_kv_head, hpc = group;
-    while (hpc > 1 && (int64_t)bt->n_rows * (a->n_head / hpc) < 2 * (int64_t)c->n_threads) {
-        int32_t d = hpc - 1;
-        while (group % d != 0) d--;
-        hpc = d;
+    /* Slices: runs of consecutive rows of one sequence, cut into pieces of at most
+     * TDM_ATTN_SLICE rows, smaller when that leaves too few chunks for the threads. */
+    int32_t n = bt->n_rows, per = TDM_ATTN_SLICE;
+    while (per > 1 && ((int64_t)n + per - 1) / per * a->n_kv_head < 2 * (int64_t)c->n_threads) per /= 2;
+    int32_t stack_sl[2 * 64], *sl = stack_sl, n_sl = 0;
+    if (n > 64 && !(sl = malloc((size_t)n * 2 * sizeof *sl)))
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "attention: out of memory");
+    for (int32_t r = 0; r < n;) {
+        int32_t len = 1;
+        while (r + len < n && len < per && bt->seq[r + len] == bt->seq[r]) len++;
+        sl[2 * n_sl] = r;
+        sl[2 * n_sl + 1] = len;
+        n_sl++;
+        r += len;
     }
-    attn_job j = {c, a, hpc, TDM_MAX(max_tot, 1)};
-    size_t need = (size_t)(attn_round16((int64_t)hpc * a->head_dim) + attn_round16(attn_kbuf_floats(a)) +
-                           hpc * j.n_tot_max + 16);
-    tandem_status st = tdm_cpu_scratch_reserve(c, need, err);
-    if (st != TANDEM_OK) return st;
-    int64_t n_chunks = (int64_t)bt->n_rows * (a->n_head / hpc);
-    int64_t work = (int64_t)bt->n_rows * a->n_head * (max_tot + 1) * a->head_dim; /* upper bound */
-    tdm_threadpool_run(c->pool, n_chunks, tdm_cpu_nth(c, TDM_MIN(work, n_chunks * 16384), 16384),
-                       attn_task, &j);
-    return TANDEM_OK;
+    attn_job j = {c, a, sl, TDM_MAX(max_tot, 1)};
+    int64_t parts[ATTN_PARTS], need = 0;
+    attn_scratch_parts(a, j.n_tot_max, parts);
+    for (int i = 0; i < ATTN_PARTS; i++) need += parts[i];
+    tandem_status st = tdm_cpu_scratch_reserve(c, (size_t)need, err);
+    if (st == TANDEM_OK) {
+        int64_t n_chunks = (int64_t)n_sl * a->n_kv_head;
+        int64_t work = (int64_t)n * a->n_head * (max_tot + 1) * a->head_dim; /* upper bound */
+        tdm_threadpool_run(c->pool, n_chunks, tdm_cpu_nth(c, TDM_MIN(work, n_chunks * 16384), 16384),
+                           attn_task, &j);
+    }
+    if (sl != stack_sl) free(sl);
+    return st;
 }

@@ -158,10 +158,15 @@ static void k_gemm(const float *x, int64_t ldx, int32_t n, const float *wt, int6
         for (int64_t j = 0; j < nr; j += 4)
             kern(4, x + i * ldx, ldx, wt + j * ldw, ldw, cols, y + i * ldy + j, ldy,
                  TDM_MIN(4, nr - j), acc);
-    for (; i < n; i++)
-        for (int64_t j = 0; j < nr; j += 4)
-            kern(1, x + i * ldx, ldx, wt + j * ldw, ldw, cols, y + i * ldy + j, ldy,
-                 TDM_MIN(4, nr - j), acc);
+    int32_t rest = n - i;
+    for (int64_t j = 0; rest > 0 && j < nr; j += 4) {
+        const float *xi = x + i * ldx, *wj = wt + j * ldw;
+        float *yij = y + i * ldy + j;
+        int64_t nv = TDM_MIN(4, nr - j);
+        if (rest == 3) kern(3, xi, ldx, wj, ldw, cols, yij, ldy, nv, acc);
+        else if (rest == 2) kern(2, xi, ldx, wj, ldw, cols, yij, ldy, nv, acc);
+        else kern(1, xi, ldx, wj, ldw, cols, yij, ldy, nv, acc);
+    }
 }
 
 /* ---- direct path: small n, W converted on the fly ------------------------------ */
@@ -309,43 +314,64 @@ static void k_axpy_f16(float *y, float a, const uint16_t *x, int32_t d) {
     }
 }
 
+/* acc[h][d] += sum_i p[h * ldp + i] v[i][d] for H <= PV_H heads at once and the
+ * NV * 16 columns from d0 (m: mask of the last vector): each V vector is loaded
+ * once for all the heads.  Every acc element sees the same FMAs in order of i
+ * whatever the number of heads blocked together. */
+#define PV_H 6
 static inline __attribute__((always_inline)) void
-pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint8_t *v, int32_t hd) {
-    size_t esz = type == TDM_F16 ? 2 : 4, row = (size_t)hd * esz;
-    int32_t d = 0;
-    for (; d + 4 * V <= hd; d += 4 * V) {
-        __m512 s0 = _mm512_loadu_ps(acc + d), s1 = _mm512_loadu_ps(acc + d + V);
-        __m512 s2 = _mm512_loadu_ps(acc + d + 2 * V), s3 = _mm512_loadu_ps(acc + d + 3 * V);
-        const uint8_t *vp = v + (size_t)d * esz;
-        for (int32_t i = 0; i < cnt; i++, vp += row) {
-            __m512 pi = _mm512_set1_ps(p[i]);
-            s0 = _mm512_fmadd_ps(pi, wload(type, vp, 0), s0);
-            s1 = _mm512_fmadd_ps(pi, wload(type, vp, V), s1);
-            s2 = _mm512_fmadd_ps(pi, wload(type, vp, 2 * V), s2);
-            s3 = _mm512_fmadd_ps(pi, wload(type, vp, 3 * V), s3);
+pv_block(const uint32_t type, const int H, const int NV, float *acc, int64_t hd, const float *p,
+         int64_t ldp, int32_t cnt, const uint8_t *v, size_t row, int32_t d0, __mmask16 m) {
+    __m512 s[PV_H][4];
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < NV; c++) s[h][c] = _mm512_maskz_loadu_ps(c == NV - 1 ? m : 0xffff, acc + h * hd + d0 + c * V);
+    const uint8_t *vp = v;
+    for (int32_t i = 0; i < cnt; i++, vp += row) {
+        __m512 b[4];
+        for (int c = 0; c < NV; c++) b[c] = c == NV - 1 ? wload_mask(type, vp, d0 + c * V, m) : wload(type, vp, d0 + c * V);
+        for (int h = 0; h < H; h++) {
+            __m512 pi = _mm512_set1_ps(p[h * ldp + i]);
+            for (int c = 0; c < NV; c++) s[h][c] = _mm512_fmadd_ps(pi, b[c], s[h][c]);
         }
-        _mm512_storeu_ps(acc + d, s0);
-        _mm512_storeu_ps(acc + d + V, s1);
-        _mm512_storeu_ps(acc + d + 2 * V, s2);
-        _mm512_storeu_ps(acc + d + 3 * V, s3);
     }
-    for (; d < hd; d += V) {
-        __mmask16 m = tail_mask(TDM_MIN(V, hd - d));
-        if (hd - d >= V) m = 0xffff;
-        __m512 s0 = _mm512_maskz_loadu_ps(m, acc + d);
-        const uint8_t *vp = v + (size_t)d * esz;
-        for (int32_t i = 0; i < cnt; i++, vp += row)
-            s0 = _mm512_fmadd_ps(_mm512_set1_ps(p[i]), wload_mask(type, vp, 0, m), s0);
-        _mm512_mask_storeu_ps(acc + d, m, s0);
+    for (int h = 0; h < H; h++)
+        for (int c = 0; c < NV; c++) _mm512_mask_storeu_ps(acc + h * hd + d0 + c * V, c == NV - 1 ? m : 0xffff, s[h][c]);
+}
+
+/* All heads for columns [d0, d0 + NV * 16): blocks of PV_H heads, then the rest. */
+static inline __attribute__((always_inline)) void
+pv_cols(const uint32_t type, const int NV, float *acc, const float *p, int64_t ldp, int32_t nh,
+        const uint8_t *v, size_t row, int32_t cnt, int32_t hd, int32_t d0, __mmask16 m) {
+    int32_t h = 0;
+    for (; h + PV_H <= nh; h += PV_H)
+        pv_block(type, PV_H, NV, acc + (int64_t)h * hd, hd, p + h * ldp, ldp, cnt, v, row, d0, m);
+    float *a = acc + (int64_t)h * hd;
+    const float *ph = p + h * ldp;
+    switch (nh - h) {
+    case 5: pv_block(type, 5, NV, a, hd, ph, ldp, cnt, v, row, d0, m); break;
+    case 4: pv_block(type, 4, NV, a, hd, ph, ldp, cnt, v, row, d0, m); break;
+    case 3: pv_block(type, 3, NV, a, hd, ph, ldp, cnt, v, row, d0, m); break;
+    case 2: pv_block(type, 2, NV, a, hd, ph, ldp, cnt, v, row, d0, m); break;
+    case 1: pv_block(type, 1, NV, a, hd, ph, ldp, cnt, v, row, d0, m); break;
+    default: break;
     }
+}
+
+static inline __attribute__((always_inline)) void
+pv_heads(const uint32_t type, float *acc, const float *p, int64_t ldp, int32_t nh, const uint8_t *v,
+         int32_t cnt, int32_t hd) {
+    size_t esz = type == TDM_F16 ? 2 : 4, row = (size_t)hd * esz;
+    int32_t d0 = 0;
+    for (; d0 + 4 * V <= hd; d0 += 4 * V) pv_cols(type, 4, acc, p, ldp, nh, v, row, cnt, hd, d0, 0xffff);
+    for (; d0 < hd; d0 += V) /* tail columns one vector at a time */
+        pv_cols(type, 1, acc, p, ldp, nh, v, row, cnt, hd, d0,
+                hd - d0 >= V ? (__mmask16)0xffff : tail_mask(hd - d0));
 }
 
 static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
                       uint32_t type, int32_t cnt, int32_t hd) {
-    for (int32_t h = 0; h < nh; h++) {
-        if (type == TDM_F16) pv_rows(TDM_F16, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
-        else pv_rows(TDM_F32, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
-    }
+    if (type == TDM_F16) pv_heads(TDM_F16, acc, p, ldp, nh, v, cnt, hd);
+    else pv_heads(TDM_F32, acc, p, ldp, nh, v, cnt, hd);
 }
 
 /* ---- exp, softmax, swiglu ------------------------------------------------------ */
