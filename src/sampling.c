@@ -53,17 +53,36 @@ double tdm_rng_uniform(tdm_rng *rng) {
 
 int32_t tdm_argmax(const float *logits, int32_t n) {
     if (!logits || n <= 0) return -1;
-    int32_t best = 0;
-    float bv = logits[0];
-    for (int32_t i = 1; i < n; i++) {
-        float v = logits[i];
-        /* NaN never wins; a first NaN is replaced by any number. */
-        if (v > bv || (isnan(bv) && !isnan(v))) {
-            bv = v;
-            best = i;
+    /* The first index of the largest non-NaN value (0 when all are NaN).  Pass 1
+     * takes the maximum of each chunk (a branch-free loop the compiler vectorises:
+     * NaN never compares greater) and remembers the first chunk that reaches the
+     * overall maximum; pass 2 finds the first index of that value in that chunk. */
+    enum { CH = 64 };
+    float best = -INFINITY;
+    int32_t best_chunk = -1;
+    for (int32_t c0 = 0; c0 < n; c0 += CH) {
+        int32_t c1 = n - c0 < CH ? n : c0 + CH;
+        float m = -INFINITY;
+        if (c1 - c0 == CH) {
+            float lane[8]; /* eight running maxima: plain SIMD max instructions */
+            for (int l = 0; l < 8; l++) lane[l] = -INFINITY;
+            for (int32_t i = c0; i < c1; i += 8)
+                for (int l = 0; l < 8; l++) lane[l] = logits[i + l] > lane[l] ? logits[i + l] : lane[l];
+            for (int l = 0; l < 8; l++) m = lane[l] > m ? lane[l] : m;
+        } else {
+            for (int32_t i = c0; i < c1; i++) m = logits[i] > m ? logits[i] : m;
+        }
+        bool has = m > best;
+        if (!has && best_chunk < 0) /* a chunk of -inf (and NaN) values */
+            for (int32_t i = c0; i < c1 && !has; i++) has = logits[i] == m;
+        if (has) {
+            best = m;
+            best_chunk = c0;
         }
     }
-    return best;
+    for (int32_t i = best_chunk; i >= 0 && i < n; i++)
+        if (logits[i] == best) return i;
+    return 0;
 }
 
 /* --------------------------------------------------------------- scratch */

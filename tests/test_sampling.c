@@ -261,6 +261,33 @@ Test(sampling, filter_semantics_by_hand) {
     tdm_sampler_scratch_free(&s);
 }
 
+/* The plain definition: the first index of the largest non-NaN value, 0 if none. */
+static int32_t ref_argmax(const float *l, int32_t n) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(l[i]) && (best < 0 || l[i] > l[best])) best = i;
+    return best < 0 ? 0 : best;
+}
+
+Test(sampling, argmax_matches_reference) {
+    /* values drawn from a small set so ties are common; NaN and infinities mixed in */
+    const float vals[] = {-INFINITY, -3.0f, -0.5f, 0.0f, 1.25f, 2.0f, INFINITY, NAN};
+    uint64_t st = 77;
+    float l[300];
+    for (int it = 0; it < 20000; it++) {
+        int32_t n = 1 + (int32_t)(tdm_test_rand(&st) % 300);
+        int mode = (int)(tdm_test_rand(&st) % 4); /* which values may appear */
+        int span = mode == 0 ? 8 : mode == 1 ? 6 : mode == 2 ? 2 : 1;
+        int lo = mode == 3 ? 7 : mode == 2 ? 0 : 0;
+        for (int32_t i = 0; i < n; i++) {
+            int v = lo + (int)(tdm_test_rand(&st) % (uint64_t)span);
+            if (mode == 2 && tdm_test_rand(&st) % 3 == 0) v = 7; /* -inf and NaN only */
+            l[i] = mode == 1 && tdm_test_rand(&st) % 4 == 0 ? (float)tdm_test_randu(&st) : vals[v];
+        }
+        cr_assert_eq(tdm_argmax(l, n), ref_argmax(l, n), "iteration %d, n %d, mode %d", it, (int)n, mode);
+    }
+}
+
 Test(sampling, greedy_and_ties) {
     const float l[6] = {1, 3, -2, 3, NAN, 2};
     cr_assert_eq(tdm_argmax(l, 6), 1);
