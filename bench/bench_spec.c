@@ -7,6 +7,7 @@
  *
  *   bench_spec -m TARGET -d DRAFT [-d DRAFT2] --prompts FILE [-n 128] [--threads 2]
  *              [--reps 3] [--limit L] [--ks 1,2,3,4,5,6,7,8,0]   (0 = auto)
+ *              [--ngram N]   (also run every draft configuration with spec_ngram = N)
  * Prints a markdown table and one JSON object per configuration (stdout).
  */
 #include <stdio.h>
@@ -23,9 +24,10 @@
 typedef struct cfg {
     int draft;     /* -1 = none */
     int k;         /* 0 = auto */
+    int ngram;     /* spec_ngram */
     double tps[MAX_REPS];
     double mean_acc, acc_rate, k_final_sum;
-    uint64_t steps, drafted, accepted, tokens;
+    uint64_t steps, drafted, accepted, tokens, ng_steps, ng_drafted, ng_accepted;
 } cfg;
 
 static int cmp_d(const void *a, const void *b) {
@@ -47,7 +49,7 @@ static void die(const char *what) {
 
 int main(int argc, char **argv) {
     const char *target_path = NULL, *prompts_path = NULL, *draft_paths[4];
-    int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30;
+    int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30, ngram = 0;
     int ks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 0}, n_ks = 9;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -62,6 +64,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--limit")) limit = atoi(v);
+        else if (!strcmp(a, "--ngram")) ngram = atoi(v);
         else if (!strcmp(a, "--ks")) {
             n_ks = 0;
             for (char *s = (char *)v; *s && n_ks < 16;) {
@@ -119,11 +122,13 @@ int main(int argc, char **argv) {
     int n_cfg = 0;
     memset(cfgs, 0, sizeof cfgs);
     cfgs[n_cfg++].draft = -1;
-    for (int d = 0; d < n_drafts; d++)
-        for (int k = 0; k < n_ks && n_cfg < MAX_CFG; k++) {
-            cfgs[n_cfg].draft = d;
-            cfgs[n_cfg++].k = ks[k];
-        }
+    for (int ng = 0; ng <= (ngram > 0); ng++)
+        for (int d = 0; d < n_drafts; d++)
+            for (int k = 0; k < n_ks && n_cfg < MAX_CFG; k++) {
+                cfgs[n_cfg].draft = d;
+                cfgs[n_cfg].ngram = ng ? ngram : 0;
+                cfgs[n_cfg++].k = ks[k];
+            }
 
     for (int r = 0; r < reps; r++) {
         for (int c = 0; c < n_cfg; c++) {
@@ -132,6 +137,7 @@ int main(int argc, char **argv) {
             tandem_generate_params gp = tandem_generate_default_params();
             gp.max_tokens = n_new;
             gp.spec_k = C->k;
+            gp.spec_ngram = C->ngram;
             double decode_ms = 0;
             uint64_t toks = 0;
             for (int p = 0; p < n_prompts; p++) {
@@ -146,19 +152,23 @@ int main(int argc, char **argv) {
                     C->accepted += res.spec.accepted;
                     C->k_final_sum += res.spec.k_final;
                     C->tokens += res.n_tokens;
+                    C->ng_steps += res.spec.ngram_steps;
+                    C->ng_drafted += res.spec.ngram_drafted;
+                    C->ng_accepted += res.spec.ngram_accepted;
                 }
                 tandem_result_free(&res);
             }
             C->tps[r] = (double)toks / (decode_ms * 1e-3);
-            fprintf(stderr, "rep %d %s k=%d: %.0f tok/s\n", r, C->draft < 0 ? "none" : draft_paths[C->draft],
-                    C->k, C->tps[r]);
+            fprintf(stderr, "rep %d %s k=%d ngram=%d: %.0f tok/s\n", r,
+                    C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, C->tps[r]);
         }
     }
 
     double base = median(cfgs[0].tps, reps);
-    printf("| draft | k | decode tok/s (median of %d) | speed-up | acceptance | mean accepted/step | mean k_final |\n",
+    printf("| draft | k | n-gram | decode tok/s (median of %d) | speed-up | acceptance | mean accepted/step | "
+           "mean k_final | n-gram steps / acceptance |\n",
            reps);
-    printf("|---|---|---|---|---|---|---|\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
         double m = median(C->tps, reps);
@@ -167,15 +177,20 @@ int main(int argc, char **argv) {
         if (C->draft < 0) snprintf(kbuf, sizeof kbuf, "-");
         else if (C->k == 0) snprintf(kbuf, sizeof kbuf, "auto");
         else snprintf(kbuf, sizeof kbuf, "%d", C->k);
-        printf("| %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f |\n", dn, kbuf, m, m / base,
+        char ngbuf[48] = "-";
+        if (C->ngram)
+            snprintf(ngbuf, sizeof ngbuf, "%.0f%% / %.3f", C->steps ? 100.0 * (double)C->ng_steps / (double)C->steps : 0.0,
+                     C->ng_drafted ? (double)C->ng_accepted / (double)C->ng_drafted : 0.0);
+        printf("| %s | %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f | %s |\n", dn, kbuf,
+               C->ngram ? (char[]){(char)('0' + C->ngram), 0} : "off", m, m / base,
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
-               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts);
+               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts, ngbuf);
     }
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
-        printf("{\"draft\": \"%s\", \"k\": %d, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
+        printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
                "\"mean_accepted\": %.3f}\n",
-               C->draft < 0 ? "none" : draft_paths[C->draft], C->k, median(C->tps, reps),
+               C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, median(C->tps, reps),
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
                C->steps ? (double)C->accepted / (double)C->steps : 0.0);
     }

@@ -95,7 +95,7 @@ double tdm_cost_verify(const tdm_cost_model *c, int32_t n) {
     return PRIOR_T_VERIFY;
 }
 
-static double cost_draft(const tdm_cost_model *c) {
+double tdm_cost_draft(const tdm_cost_model *c) {
     if (c && c->t_draft > 0.0) return c->t_draft;
     return tdm_cost_verify(c, 1) / 4.0;
 }
@@ -125,29 +125,38 @@ double tdm_ctrl_expected_tokens(double alpha, int32_t k) {
     return (1.0 - pow(alpha, (double)k + 1.0)) / (1.0 - alpha);
 }
 
-int32_t tdm_ctrl_choose_k(tdm_spec_ctrl *c, const tdm_cost_model *cost) {
+double tdm_ctrl_rate(const tdm_cost_model *cost, double alpha, double t_draft, int32_t k) {
+    double a = clampd(isnan(alpha) ? 0.0 : alpha, 0.0, ALPHA_CLAMP_MAX);
+    double t = (double)k * (t_draft > 0.0 ? t_draft : 0.0) + tdm_cost_verify(cost, k + 1);
+    if (!(t > 0.0)) t = 1e-30;
+    return tdm_ctrl_expected_tokens(a, k) / t;
+}
+
+int32_t tdm_ctrl_choose_k_cost(tdm_spec_ctrl *c, const tdm_cost_model *cost, double t_draft, double *rate) {
     if (!c) return 1;
     if (c->k_fixed > 0) {
         c->k_last = TDM_MIN(c->k_fixed, TDM_CTRL_MAX_K);
+        if (rate) *rate = tdm_ctrl_rate(cost, c->alpha, t_draft, c->k_last);
         return c->k_last;
     }
     int32_t lo = TDM_MIN(TDM_MAX(c->k_min, 1), TDM_CTRL_MAX_K);
     int32_t hi = TDM_MIN(TDM_MAX(c->k_max, lo), TDM_CTRL_MAX_K);
-    double a = clampd(isnan(c->alpha) ? 0.0 : c->alpha, 0.0, ALPHA_CLAMP_MAX);
-    double td = cost_draft(cost);
     int32_t best = lo;
     double best_rate = -1.0;
     for (int32_t k = lo; k <= hi; k++) {
-        double t = (double)k * td + tdm_cost_verify(cost, k + 1);
-        if (!(t > 0.0)) t = 1e-30;
-        double rate = tdm_ctrl_expected_tokens(a, k) / t;
-        if (rate > best_rate) { /* strict: ties keep the smaller k */
-            best_rate = rate;
+        double r = tdm_ctrl_rate(cost, c->alpha, t_draft, k);
+        if (r > best_rate) { /* strict: ties keep the smaller k */
+            best_rate = r;
             best = k;
         }
     }
     c->k_last = best;
+    if (rate) *rate = best_rate;
     return best;
+}
+
+int32_t tdm_ctrl_choose_k(tdm_spec_ctrl *c, const tdm_cost_model *cost) {
+    return tdm_ctrl_choose_k_cost(c, cost, tdm_cost_draft(cost), NULL);
 }
 
 void tdm_ctrl_observe(tdm_spec_ctrl *c, int32_t k, int32_t n_accepted) {

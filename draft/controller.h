@@ -42,6 +42,14 @@ typedef struct tdm_spec_ctrl {
 void tdm_ctrl_init(tdm_spec_ctrl *c, int32_t k_min, int32_t k_max, int32_t k_fixed);
 /* The k to draft next. */
 int32_t tdm_ctrl_choose_k(tdm_spec_ctrl *c, const tdm_cost_model *cost);
+/* The same for a proposer that costs t_draft seconds per drafted token (0 for one
+ * that runs no model, such as n-gram lookup); *rate (optional) receives the expected
+ * tokens per second of that k. */
+int32_t tdm_ctrl_choose_k_cost(tdm_spec_ctrl *c, const tdm_cost_model *cost, double t_draft, double *rate);
+/* Expected tokens per second when drafting k tokens at acceptance alpha. */
+double tdm_ctrl_rate(const tdm_cost_model *cost, double alpha, double t_draft, int32_t k);
+/* The draft-step cost the controller assumes (measured, or the prior). */
+double tdm_cost_draft(const tdm_cost_model *cost);
 /* Records a step: k drafted, n_accepted of them accepted.  A step that stopped
  * early (p_min) counts only the tokens actually drafted. */
 void tdm_ctrl_observe(tdm_spec_ctrl *c, int32_t k, int32_t n_accepted);

@@ -156,6 +156,11 @@ typedef struct tandem_generate_params {
     int spec_k_max;       /* adaptive upper bound; default 12 */
     float spec_p_min;     /* stop drafting when the draft's top probability is below this;
                              0 = never; default 0 */
+    int spec_ngram;       /* n-gram lookup proposals (needs a draft): 0 = off, N >= 2 =
+                             match the last N..2 tokens against earlier text and propose
+                             what followed, whenever the controller expects that to beat
+                             the draft model (lossless, no model forward); at most 8;
+                             default 0 */
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
     void *user_data;          /* passed to on_token */
 } tandem_generate_params;
@@ -173,6 +178,9 @@ typedef struct tandem_spec_stats {
     int k_final;             /* speculation length chosen for the last step */
     uint64_t accept_hist[TANDEM_SPEC_HIST_MAX]; /* steps that accepted exactly i tokens */
     double draft_ms, verify_ms, other_ms;       /* time spent in each phase */
+    uint64_t ngram_steps;    /* steps whose proposal came from n-gram lookup (in steps) */
+    uint64_t ngram_drafted;  /* tokens those steps proposed (in drafted) */
+    uint64_t ngram_accepted; /* of them accepted (in accepted) */
 } tandem_spec_stats;
 
 typedef struct tandem_result {

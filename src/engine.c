@@ -1,6 +1,7 @@
 /* engine.c - engine set-up, feeding tokens through a model, committing tokens,
  * and the request loop (target-only or speculative). */
 #include "engine.h"
+#include "ngram.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,9 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
         gp->spec_k_max < gp->spec_k_min || gp->spec_k_max > TDM_CTRL_MAX_K)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "bad speculation length (k %d, min %d, max %d; limit %d)",
                           gp->spec_k, gp->spec_k_min, gp->spec_k_max, TDM_CTRL_MAX_K);
+    if (gp->spec_ngram != 0 && (gp->spec_ngram < TDM_NGRAM_MIN || gp->spec_ngram > TDM_NGRAM_MAX))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "bad spec_ngram %d (0 = off, or %d..%d)", gp->spec_ngram,
+                          TDM_NGRAM_MIN, TDM_NGRAM_MAX);
     for (int32_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->n_vocab)
             return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt token %d at index %d is out of range",
@@ -242,6 +246,9 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     tdm_rng_seed(&s->rng, gp->seed);
     tdm_ctrl_init(&s->ctrl, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
     s->spec_p_min = gp->spec_p_min;
+    s->spec_ngram = gp->spec_ngram;
+    tdm_ctrl_init(&s->ctrl_ng, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
+    s->ctrl_ng.alpha = TDM_NGRAM_ALPHA_PRIOR;
     tdm_detok_init(&s->detok, e->target->tok);
     s->detok.first = false; /* a continuation: keep the leading space of its first piece */
     s->on_token = gp->on_token;

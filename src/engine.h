@@ -69,6 +69,9 @@ typedef struct tdm_seq {
     tdm_rng rng;
     tdm_spec_ctrl ctrl;
     float spec_p_min;
+    int32_t spec_ngram;      /* longest n-gram looked up, 0 = off */
+    tdm_spec_ctrl ctrl_ng;   /* acceptance / k of n-gram proposals */
+    int32_t n_ngram_skips;   /* matches passed over for the draft model (exploration) */
     int32_t n_spec_steps;    /* speculative steps so far (exploration schedule) */
     bool done;
     tandem_finish_reason finish;

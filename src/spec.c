@@ -1,8 +1,39 @@
 /* spec.c - one speculative step: choose k, draft a chain, verify it, adapt.
  *
  * The step never drafts more than the request can still use (max tokens, context),
- * and falls back to a plain target step when no draft token fits. */
+ * and falls back to a plain target step when no draft token fits.
+ *
+ * With n-gram lookup on, a step first looks for an n-gram proposal (draft/ngram.c).
+ * It is used when its expected rate, E[tokens] / t_verify (it runs no model), is at
+ * least the draft model's, E[tokens] / (k t_draft + t_verify), each with its own
+ * acceptance estimate; every TDM_NGRAM_EXPLORE-th match passed over is used anyway
+ * so that a low estimate can recover.  The draft model catches up on the tokens it skipped at its
+ * next step (one batched forward). */
+#include <string.h>
+
 #include "engine.h"
+#include "ngram.h"
+
+/* An n-gram proposal for this step, or 0 when the draft model should propose. */
+static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, int32_t k_draft, int32_t *draft) {
+    if (!s->spec_ngram) return 0;
+    int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&s->ctrl_ng, &e->cost, 0.0, NULL), k_limit);
+    if (k <= 0) return 0;
+    int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, s->spec_ngram, k, draft);
+    if (nd == 0) return 0;
+    double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, nd);
+    double rate_d = tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k_draft);
+    if (rate_ng < rate_d && ++s->n_ngram_skips % TDM_NGRAM_EXPLORE != 0) return 0;
+    if (s->sp.temperature > 0) { /* the proposal's distribution is one-hot */
+        const size_t V = (size_t)e->n_vocab;
+        for (int32_t i = 0; i < nd; i++) {
+            float *q = e->qprobs + (size_t)i * V;
+            memset(q, 0, V * sizeof(float));
+            q[draft[i]] = 1.0f;
+        }
+    }
+    return nd;
+}
 
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     tandem_status st;
@@ -25,19 +56,26 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     int32_t draft[TDM_CTRL_MAX_K];
     int32_t nd, acc;
     double t0 = tdm_now();
-    if ((st = tdm_draft_chain(e, s, k, draft, &nd, err))) return st;
+    int32_t n_ng = ngram_step(e, s, TDM_MIN(room, ctx_room), k, draft);
+    if (n_ng > 0) nd = n_ng;
+    else if ((st = tdm_draft_chain(e, s, k, draft, &nd, err))) return st;
     double t1 = tdm_now();
     if ((st = tdm_verify_chain(e, s, draft, nd, &acc, err))) return st;
     double t2 = tdm_now();
 
-    tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)nd); /* nd draft forwards */
+    if (n_ng == 0) tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)nd); /* nd draft forwards */
     tdm_cost_observe_verify(&e->cost, nd + 1, t2 - t1);
-    tdm_ctrl_observe(&s->ctrl, nd, acc);
+    tdm_ctrl_observe(n_ng > 0 ? &s->ctrl_ng : &s->ctrl, nd, acc);
 
     tandem_spec_stats *ss = &s->spec;
     ss->steps++;
     ss->drafted += (uint64_t)nd;
     ss->accepted += (uint64_t)acc;
+    if (n_ng > 0) {
+        ss->ngram_steps++;
+        ss->ngram_drafted += (uint64_t)nd;
+        ss->ngram_accepted += (uint64_t)acc;
+    }
     ss->accept_hist[acc < TANDEM_SPEC_HIST_MAX ? acc : TANDEM_SPEC_HIST_MAX - 1]++;
     ss->k_final = k_chosen; /* the controller's choice, before end-of-request clamping */
     ss->draft_ms += (t1 - t0) * 1e3;

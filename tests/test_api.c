@@ -106,6 +106,7 @@ Test(api, default_params_match_documentation) {
     cr_assert_eq(gp.spec_k_min, 1);
     cr_assert_eq(gp.spec_k_max, 12);
     cr_assert_eq(gp.spec_p_min, 0.0f);
+    cr_assert_eq(gp.spec_ngram, 0);
     cr_assert_null(gp.on_token);
     cr_assert_null(gp.user_data);
 }
@@ -594,6 +595,9 @@ static void bad_requests_on(tandem_engine *e) {
     BAD("spec_k_max 40", p.spec_k_max = 40);
     BAD("spec_k_min 0", p.spec_k_min = 0);
     BAD("max_tokens -1", p.max_tokens = -1);
+    BAD("spec_ngram 1", p.spec_ngram = 1);
+    BAD("spec_ngram 9", p.spec_ngram = 9);
+    BAD("spec_ngram -2", p.spec_ngram = -2);
 #undef BAD
     gp = tandem_generate_default_params();
     int32_t out_hi[] = {0, 490, 8192};

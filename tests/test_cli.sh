@@ -85,6 +85,9 @@ expect_exit 2 "generate: --top-p out of range" "$TANDEM" generate -m "$TARGET" -
 expect_exit 2 "generate: bad --seed" "$TANDEM" generate -m "$TARGET" -p x --seed -1
 expect_exit 2 "generate: --spec-k 0" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-k 0
 expect_exit 2 "generate: --spec-k 33" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-k 33
+expect_exit 2 "generate: --spec-ngram 1" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-ngram 1
+expect_exit 2 "generate: --spec-ngram 9" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-ngram 9
+expect_exit 2 "bench: --spec-ngram x" "$TANDEM" bench -m "$TARGET" -d "$DRAFT" --spec-ngram x
 expect_exit 2 "generate: bad --backend" "$TANDEM" generate -m "$TARGET" -p x --backend tpu
 expect_exit 2 "generate: missing -m" "$TANDEM" generate -p x
 expect_exit 2 "generate: no prompt" "$TANDEM" generate -m "$TARGET"
@@ -200,6 +203,7 @@ got, err = tok(["--text", ""])
 report(got == want[:len(want) - len(c["ids"])], "tokenize --text '' gives only BOS (or nothing)")
 got, err = tok(["--no-bos", "--text", ""])
 report(got == [], "tokenize --no-bos --text '' gives []")
+
 sys.exit(1 if fails else 0)
 EOF
 [ $? -eq 0 ] && pass "tokenize checks" || fail "tokenize checks"
@@ -296,6 +300,17 @@ try:
     report(ok, "generate --spec-k 3: at most 3 drafted per step (%r)" % o.get("spec"))
 except ValueError:
     report(False, "generate --spec-k 3: output is not JSON (rc=%d, %s)" % (rc, err[:200]))
+# n-gram lookup: a repetitive prompt gets n-gram proposals, reported in spec.
+rep = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"
+rc, out, err = run(["-m", target, "-d", draft, "-p", rep, "-n", "24", "--spec-ngram", "3", "--json"])
+try:
+    o = json.loads(out)
+    s = o.get("spec", {})
+    ok = rc == 0 and check_obj(o, 24, True, "--spec-ngram 3")
+    ok = ok and 0 < s.get("ngram_steps", 0) <= s["steps"] and s["ngram_accepted"] <= s["ngram_drafted"] <= s["drafted"]
+    report(ok, "generate --spec-ngram 3: n-gram steps reported (%r)" % s)
+except ValueError:
+    report(False, "generate --spec-ngram 3: output is not JSON (rc=%d, %s)" % (rc, err[:200]))
 sys.exit(1 if fails else 0)
 EOF
 [ $? -eq 0 ] && pass "generate checks" || fail "generate checks"

@@ -43,6 +43,21 @@ static tdm_engine *make_engine(tdm_model *draft) {
     return e;
 }
 
+static tandem_generate_params greedy_params(void) {
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = N_NEW;
+    return gp;
+}
+
+/* The prompt ids of a refs line and the target-only result for them (greedy). */
+static int32_t *target_only(tdm_engine *plain, const tdm_json *ref, const tandem_generate_params *gp, size_t *n,
+                            tandem_result *want) {
+    tdm_err err = {0};
+    int32_t *ids = tdm_test_json_ids(tdm_json_get(ref, "prompt_ids"), n);
+    cr_assert_eq(tdm_engine_generate(plain, ids, (int32_t)*n, gp, want, &err), TANDEM_OK, "%s", err.msg);
+    return ids;
+}
+
 Test(spec, greedy_equals_target_only_all_prompts_drafts_and_k) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
@@ -54,11 +69,9 @@ Test(spec, greedy_equals_target_only_all_prompts_drafts_and_k) {
     uint64_t drafted[2][5] = {{0}}, accepted[2][5] = {{0}};
     for (size_t li = 0; li < n_lines; li++) {
         size_t n;
-        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
-        tandem_generate_params gp = tandem_generate_default_params();
-        gp.max_tokens = N_NEW;
+        tandem_generate_params gp = greedy_params();
         tandem_result want;
-        cr_assert_eq(tdm_engine_generate(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        int32_t *ids = target_only(plain, refs[li], &gp, &n, &want);
         for (int d = 0; d < 2; d++) {
             for (size_t ki = 0; ki < TDM_ARRAY_LEN(ks); ki++) {
                 gp.spec_k = ks[ki];
@@ -112,6 +125,7 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
             gp.temperature = temp ? 0.8f : 0.0f;
             gp.seed = li;
             gp.spec_k = (int)(li % 3) * 3; /* 0 (auto), 3, 6 */
+            gp.spec_ngram = li % 2 ? 3 : 0;  /* n-gram proposals on odd prompts */
             tdm_seq s;
             cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, &gp, &err), TANDEM_OK, "%s", err.msg);
             cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
@@ -136,6 +150,53 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
         free(ids);
     }
     tdm_engine_free(e);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* With n-gram lookup on, the output is still exactly target-only output, n-gram
+ * proposals are made and accepted, and the draft model catches up afterwards. */
+Test(spec, ngram_greedy_equals_target_only) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft[1]);
+    tdm_err err = {0};
+    const int cfg[][2] = {{0, 3}, {4, 2}, {0, 8}}; /* {spec_k, spec_ngram} */
+    uint64_t ng_steps[3] = {0}, ng_acc[3] = {0}, model_steps[3] = {0};
+    for (size_t li = 0; li < n_lines; li++) {
+        size_t n;
+        tandem_generate_params gp = greedy_params();
+        tandem_result want;
+        int32_t *ids = target_only(plain, refs[li], &gp, &n, &want);
+        for (int c = 0; c < 3; c++) {
+            gp.spec_k = cfg[c][0];
+            gp.spec_ngram = cfg[c][1];
+            tandem_result got;
+            cr_assert_eq(tdm_engine_generate(spec, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert(got.n_tokens == want.n_tokens &&
+                          memcmp(got.tokens, want.tokens, want.n_tokens * sizeof(int32_t)) == 0,
+                      "prompt %zu, k=%d, ngram=%d: output differs from target-only", li, cfg[c][0], cfg[c][1]);
+            cr_assert_eq(tdm_kv_pool_n_free(spec->pool), tdm_kv_pool_n_blocks(spec->pool), "KV blocks leaked");
+            cr_assert_leq(got.spec.ngram_steps, got.spec.steps);
+            cr_assert_leq(got.spec.ngram_accepted, got.spec.ngram_drafted);
+            cr_assert_leq(got.spec.ngram_drafted, got.spec.drafted);
+            ng_steps[c] += got.spec.ngram_steps;
+            ng_acc[c] += got.spec.ngram_accepted;
+            model_steps[c] += got.spec.steps - got.spec.ngram_steps;
+            tandem_result_free(&got);
+        }
+        tandem_result_free(&want);
+        free(ids);
+    }
+    for (int c = 0; c < 3; c++) {
+        cr_log_info("k=%d ngram=%d: %llu n-gram steps, %llu accepted, %llu draft-model steps", cfg[c][0], cfg[c][1],
+                    (unsigned long long)ng_steps[c], (unsigned long long)ng_acc[c],
+                    (unsigned long long)model_steps[c]);
+        cr_assert_gt(ng_steps[c], 0, "no n-gram proposal was made");
+        cr_assert_gt(ng_acc[c], 0, "no n-gram token was accepted");
+        cr_assert_gt(model_steps[c], 0, "the draft model never proposed");
+    }
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
     tdm_test_jsonl_free(refs, n_lines);
 }
 

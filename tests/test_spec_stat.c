@@ -50,27 +50,29 @@ static void pair_close(pair *p) {
 }
 
 /* counts[pos][token] over N_RUNS sampled continuations */
-static void sample_counts(tdm_engine *e, const tandem_generate_params *base, uint64_t seed0, int32_t V,
-                          uint64_t *counts, tandem_spec_stats *agg) {
-    int32_t prompt[] = {3, 7, 1};
+static void sample_counts(tdm_engine *e, const tandem_generate_params *base, const int32_t *prompt,
+                          int32_t n_prompt, uint64_t seed0, int32_t V, uint64_t *counts, tandem_spec_stats *agg) {
     tdm_err err = {0};
     for (int r = 0; r < N_RUNS; r++) {
         tandem_generate_params gp = *base;
         gp.seed = seed0 + (uint64_t)r;
         gp.max_tokens = N_POS;
         tandem_result res;
-        cr_assert_eq(tdm_engine_generate(e, prompt, 3, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_engine_generate(e, prompt, n_prompt, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
         cr_assert_eq(res.n_tokens, N_POS);
         for (int i = 0; i < N_POS; i++) counts[i * V + res.tokens[i]]++;
         if (agg) {
             agg->drafted += res.spec.drafted;
             agg->accepted += res.spec.accepted;
+            agg->ngram_steps += res.spec.ngram_steps;
+            agg->ngram_drafted += res.spec.ngram_drafted;
+            agg->ngram_accepted += res.spec.ngram_accepted;
         }
         tandem_result_free(&res);
     }
 }
 
-static void check_lossless(float temp, int top_k, float top_p, int spec_k, float p_min) {
+static void check_lossless(float temp, int top_k, float top_p, int spec_k, float p_min, int ngram) {
     pair p;
     pair_open(&p, 2);
     tdm_err err = {0};
@@ -86,14 +88,37 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k, float
     gp.top_p = top_p;
     gp.spec_k = spec_k;
     gp.spec_p_min = p_min;
+    gp.spec_ngram = ngram;
+    /* the prompt; with n-gram lookup it is P + C + P where C is the target's greedy
+     * continuation of P, so lookups propose C whenever the first sampled token is
+     * C's first token (plausible proposals, accepted or rejected at random) */
+    int32_t prompt[16] = {3, 7, 1}, n_prompt = 3;
+    if (ngram) {
+        tandem_generate_params g0 = tandem_generate_default_params();
+        g0.max_tokens = 6;
+        tandem_result c;
+        cr_assert_eq(tdm_engine_generate(plain, prompt, 3, &g0, &c, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(c.n_tokens, 6);
+        memcpy(prompt + 3, c.tokens, 6 * sizeof(int32_t));
+        memcpy(prompt + 9, prompt, 3 * sizeof(int32_t));
+        n_prompt = 12;
+        tandem_result_free(&c);
+    }
     tandem_spec_stats agg = {0};
-    sample_counts(plain, &gp, 1000000, V, a, NULL);
-    sample_counts(spec, &gp, 2000000, V, b, &agg);
+    sample_counts(plain, &gp, prompt, n_prompt, 1000000, V, a, NULL);
+    sample_counts(spec, &gp, prompt, n_prompt, 2000000, V, b, &agg);
     double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
     cr_log_info("temp %.2f top_k %d top_p %.2f k %d p_min %.2f: acceptance %.3f, %.3f drafted per run", temp, top_k,
                 top_p, spec_k, p_min, acc, (double)agg.drafted / N_RUNS);
     /* the test is only meaningful when some drafts are accepted and some rejected */
     cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: the pair does not exercise both outcomes", acc);
+    if (ngram) {
+        double ng_acc = agg.ngram_drafted ? (double)agg.ngram_accepted / (double)agg.ngram_drafted : 0;
+        cr_log_info("  n-gram: %.3f steps per run, acceptance %.3f", (double)agg.ngram_steps / N_RUNS, ng_acc);
+        cr_assert(agg.ngram_accepted >= 200 && agg.ngram_drafted - agg.ngram_accepted >= 200,
+                  "n-gram proposals: %llu accepted of %llu, both outcomes not exercised",
+                  (unsigned long long)agg.ngram_accepted, (unsigned long long)agg.ngram_drafted);
+    }
     for (int i = 0; i < N_POS; i++) {
         double pv = tdm_stat_chi2_two_sample(a + i * V, b + i * V, V);
         cr_log_info("  position %d: p-value %.4f", i + 1, pv);
@@ -107,11 +132,13 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k, float
     pair_close(&p);
 }
 
-Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3, 0.0f); }
-Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2, 0.0f); }
-Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0, 0.0f); }
+Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3, 0.0f, 0); }
+Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2, 0.0f, 0); }
+Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0, 0.0f, 0); }
 /* early stop by the draft's top probability (decided before drawing the token) */
-Test(spec_stat, p_min_early_stop_k4, .timeout = 600) { check_lossless(1.6f, 0, 1.0f, 4, 0.55f); }
+Test(spec_stat, p_min_early_stop_k4, .timeout = 600) { check_lossless(1.6f, 0, 1.0f, 4, 0.55f, 0); }
+/* n-gram proposals (a one-hot draft distribution) mixed with the draft model's */
+Test(spec_stat, ngram_lookup_adaptive, .timeout = 600) { check_lossless(0.6f, 0, 1.0f, 0, 0.0f, 3); }
 
 /* Sanity check of the test itself: a different model gives a detectably different
  * distribution, so the chi-square test has power. */
@@ -127,8 +154,9 @@ Test(spec_stat, test_detects_a_different_distribution, .timeout = 600) {
     uint64_t *a = calloc((size_t)(N_POS * V), 8), *b = calloc((size_t)(N_POS * V), 8);
     tandem_generate_params gp = tandem_generate_default_params();
     gp.temperature = 1.0f;
-    sample_counts(et, &gp, 1, V, a, NULL);
-    sample_counts(ed, &gp, 2, V, b, NULL);
+    const int32_t prompt[] = {3, 7, 1};
+    sample_counts(et, &gp, prompt, 3, 1, V, a, NULL);
+    sample_counts(ed, &gp, prompt, 3, 2, V, b, NULL);
     double pv = tdm_stat_chi2_two_sample(a, b, V);
     cr_assert_lt(pv, 1e-3, "target and draft distributions not told apart (p = %.3g)", pv);
     free(a);

@@ -61,6 +61,8 @@ bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float
 bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out);
 /* "auto" -> 0 (adaptive), or a fixed length 1..32. */
 bool cli_parse_spec_k(const char *opt, const char *s, int *out);
+/* "off" or 0 -> 0, or an n-gram length 2..8 (--spec-ngram). */
+bool cli_parse_spec_ngram(const char *opt, const char *s, int *out);
 
 /* ------------------------------------------------------- prompt files */
 

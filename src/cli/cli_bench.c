@@ -72,7 +72,7 @@ typedef struct bench_opts {
     int new_tokens;          /* -n, default 128 */
     int threads;
     tandem_backend_kind backend;
-    int spec_k, spec_k_max;
+    int spec_k, spec_k_max, spec_ngram;
     int reps;                /* 0 = mode default */
     int limit;               /* 0 = all prompts */
     bool json;
@@ -106,6 +106,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, 32, &o->spec_k_max);
+        else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
         else if (TAKE(NULL, "--reps")) ok = cli_parse_int(a, v, 1, 10000, &o->reps);
         else if (TAKE(NULL, "--limit")) ok = cli_parse_int(a, v, 1, 1 << 30, &o->limit);
         else return cli_unknown_arg(a);
@@ -278,6 +279,7 @@ int cli_bench(int argc, char **argv) {
     gp.temperature = 0; /* greedy */
     gp.spec_k = o.spec_k;
     if (o.spec_k_max > 0) gp.spec_k_max = o.spec_k_max;
+    gp.spec_ngram = o.spec_ngram;
     if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
 
     /* Warm-up (not measured): touches the weights and the KV cache once. */

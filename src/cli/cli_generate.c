@@ -16,6 +16,7 @@ typedef struct gen_opts {
     tandem_backend_kind backend;
     int spec_k;              /* 0 = adaptive */
     int spec_k_max;          /* 0 = library default */
+    int spec_ngram;          /* 0 = off */
     bool json;
 } gen_opts;
 
@@ -38,7 +39,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     tandem_generate_params d = tandem_generate_default_params();
     *o = (gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
-                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0};
+                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = 0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true, missing = false;
@@ -63,6 +64,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, 32, &o->spec_k_max);
         else if (TAKE(NULL, "--p-min")) ok = cli_parse_float(a, v, 0, 1, &o->p_min);
+        else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
         else return cli_unknown_arg(a);
 #undef TAKE
         if (missing || !ok) return CLI_EXIT_USAGE;
@@ -132,6 +134,7 @@ static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
     if (o->spec_k_max > 0) gp.spec_k_max = o->spec_k_max;
     if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
     gp.spec_p_min = o->p_min;
+    gp.spec_ngram = o->spec_ngram;
     stream_state st = {0};
     if (!o->json) {
         gp.on_token = on_token_print;

@@ -37,6 +37,8 @@ static const char usage_text[] =
     "      --spec-k N|auto   draft tokens per step, auto = adaptive (default auto)\n"
     "      --spec-k-max N    adaptive upper bound (default 12)\n"
     "      --p-min P         stop drafting below this draft probability (default 0)\n"
+    "      --spec-ngram N    also propose by n-gram lookup in the text so far: match the\n"
+    "                        last N..2 tokens, 0 or off = never (default 0; 2..8)\n"
     "      --json            one JSON object per prompt on stdout\n"
     "\n"
     "tandem tokenize -m MODEL [--no-bos] [--text TEXT]\n"
@@ -46,7 +48,7 @@ static const char usage_text[] =
     "\n"
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
     "             [-n N] [--threads N] [--backend B] [--spec-k N|auto] [--spec-k-max N]\n"
-    "             [--reps R] [--json]\n"
+    "             [--spec-ngram N] [--reps R] [--json]\n"
     "  -p N                  synthetic prompt length in tokens (default 128)\n"
     "  -n N                  new tokens per run (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
@@ -207,6 +209,20 @@ bool cli_parse_spec_k(const char *opt, const char *s, int *out) {
     return cli_parse_int(opt, s, 1, 32, out);
 }
 
+bool cli_parse_spec_ngram(const char *opt, const char *s, int *out) {
+    if (!s) return false;
+    if (strcmp(s, "off") == 0) {
+        *out = 0;
+        return true;
+    }
+    if (!cli_parse_int(opt, s, 0, 8, out)) return false;
+    if (*out == 1) {
+        cli_usage_error("option %.*s: n-gram length 1 is not allowed (0 = off, or 2..8)", opt_len(opt), opt);
+        return false;
+    }
+    return true;
+}
+
 void cli_json_num(FILE *f, double x, int decimals) {
     if (!isfinite(x)) x = 0;
     fprintf(f, "%.*f", decimals, x);
@@ -251,7 +267,10 @@ void cli_json_spec(FILE *f, const tandem_spec_stats *s) {
     for (int i = 0; i < TANDEM_SPEC_HIST_MAX; i++)
         if (s->accept_hist[i]) last = i;
     for (int i = 0; i <= last; i++) fprintf(f, "%s%llu", i ? ", " : "", (unsigned long long)s->accept_hist[i]);
-    fputs("], \"draft_ms\": ", f);
+    fprintf(f, "], \"ngram_steps\": %llu, \"ngram_drafted\": %llu, \"ngram_accepted\": %llu",
+            (unsigned long long)s->ngram_steps, (unsigned long long)s->ngram_drafted,
+            (unsigned long long)s->ngram_accepted);
+    fputs(", \"draft_ms\": ", f);
     cli_json_num(f, s->draft_ms, 3);
     fputs(", \"verify_ms\": ", f);
     cli_json_num(f, s->verify_ms, 3);
@@ -269,4 +288,7 @@ void cli_spec_add(tandem_spec_stats *a, const tandem_spec_stats *b) {
     a->draft_ms += b->draft_ms;
     a->verify_ms += b->verify_ms;
     a->other_ms += b->other_ms;
+    a->ngram_steps += b->ngram_steps;
+    a->ngram_drafted += b->ngram_drafted;
+    a->ngram_accepted += b->ngram_accepted;
 }

@@ -1,0 +1,33 @@
+/* ngram.h - n-gram lookup proposals ("prompt lookup decoding").
+ *
+ * A proposer that costs no model forward: it finds the most recent earlier
+ * occurrence of the sequence's last n tokens (prompt and generated text alike)
+ * and proposes the tokens that followed it.  Code and structured text repeat
+ * themselves (identifiers, call patterns, whole lines), so such continuations are
+ * often what the target would write next.  The target verifies them like any
+ * draft, so the output is unchanged: greedy stays token-for-token identical, and
+ * sampling treats a proposal as a draft distribution that is one-hot on it.
+ */
+#ifndef TDM_NGRAM_H
+#define TDM_NGRAM_H
+
+#include <stdint.h>
+
+/* Longest n-gram tried (spec_ngram is clamped to it). */
+#define TDM_NGRAM_MAX 8
+/* Shortest n-gram matched: a single token repeats too often to be a good guess. */
+#define TDM_NGRAM_MIN 2
+/* Starting acceptance estimate of n-gram proposals: optimistic (a match in code is
+ * usually right), so that a request tries them early; it adapts per request. */
+#define TDM_NGRAM_ALPHA_PRIOR 0.8
+/* A match passed over for the draft model is used anyway once in this many, so that
+ * a low acceptance estimate can recover. */
+#define TDM_NGRAM_EXPLORE 8
+
+/* Looks up toks[len - n, len) for n = n_max down to TDM_NGRAM_MIN at earlier
+ * positions (most recent first) and copies up to max_out tokens that followed the
+ * first match found into out.  Returns the number proposed (0: no match, or
+ * n_max < TDM_NGRAM_MIN, or max_out <= 0). */
+int32_t tdm_ngram_propose(const int32_t *toks, int32_t len, int32_t n_max, int32_t max_out, int32_t *out);
+
+#endif
