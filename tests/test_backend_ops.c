@@ -110,7 +110,7 @@ Test(matmul, deterministic_threads_and_batch) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     int nl = avail_levels(lv);
     const int64_t rows = 203, cols = 192;
-    const int32_t n = 11;
+    for (int32_t n = 11; n <= 20; n += 9) /* 11: the direct path; 20: the tile path vs direct rows */
     for (int l = 0; l < nl; l++) {
         tdm_backend *bs[3] = {mk_backend(lv[l], 1), mk_backend(lv[l], 2), mk_backend(lv[l], 3)};
         for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {

@@ -41,6 +41,9 @@ typedef struct tdm_cpu_kernels {
      * apart, y rows ldy apart.  Returns false (and does nothing) for other types. */
     bool (*gemv)(const tdm_weight *w, const float *x, int32_t n, int64_t r0, int64_t r1, float *y,
                  int64_t ldy, bool acc);
+    /* Weight types gemv handles: bit (1 << type) set.  Its results are bit-identical
+     * to convert_rows + gemm, so the matmul dispatcher may pick either path. */
+    uint32_t gemv_types;
     /* Attention helpers over d floats. */
     float (*dot_f32)(const float *a, const float *b, int32_t d);
     float (*dot_f16)(const float *a, const uint16_t *b, int32_t d);

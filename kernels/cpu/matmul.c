@@ -5,8 +5,9 @@
  * chunk with the same code whatever thread runs it, so results do not depend on the
  * thread count.
  *
- *   n <= TDM_MM_DIRECT_MAX, W f32/f16/bf16: the direct kernel converts W on the fly
- *   (decode and short verification batches: memory bound).
+ *   n <= TDM_MM_DIRECT_MAX and a weight type the level's gemv handles: the direct
+ *   kernel converts W on the fly (decode and short verification batches: memory
+ *   bound).
  *   otherwise: each chunk of W rows is converted once to an f32 tile in the thread's
  *   scratch, then all n input rows are multiplied against it (each W byte is read
  *   once per call).
@@ -156,6 +157,7 @@ const tdm_cpu_kernels tdm_cpu_kernels_scalar = {
     .convert_rows = sc_convert_rows,
     .gemm = sc_gemm,
     .gemv = sc_gemv,
+    .gemv_types = 1u << TDM_F32,
     .dot_f32 = sc_dot_f32,
     .dot_f16 = sc_dot_f16,
     .axpy_f32 = sc_axpy_f32,
@@ -239,8 +241,7 @@ tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x
     int64_t rows = w->rows, cols = w->cols;
     int64_t flops = rows * cols * (int64_t)n;
 
-    if (n <= TDM_MM_DIRECT_MAX && w->type != TDM_Q8_0 && w->type != TDM_Q4_0 &&
-        (w->type == TDM_F32 || c->level != TDM_CPU_SCALAR)) {
+    if (n <= TDM_MM_DIRECT_MAX && w->type < 32 && (c->k->gemv_types >> w->type & 1u)) {
         /* About 4 chunks per thread (claiming a chunk costs an atomic), >= 32 rows. */
         j.chunk = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
         j.chunk = TDM_MAX(32, (j.chunk + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB);

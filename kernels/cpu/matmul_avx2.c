@@ -424,6 +424,7 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx2 = {
     .convert_rows = k_convert_rows,
     .gemm = k_gemm,
     .gemv = k_gemv,
+    .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16),
     .dot_f32 = k_dot_f32,
     .dot_f16 = k_dot_f16,
     .axpy_f32 = k_axpy_f32,

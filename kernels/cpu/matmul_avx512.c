@@ -171,8 +171,38 @@ static void k_gemm(const float *x, int64_t ldx, int32_t n, const float *wt, int6
 
 /* ---- direct path: small n, W converted on the fly ------------------------------ */
 
+/* Elements k .. k + 15 (k a multiple of 16) of a q8_0 / q4_0 row, dequantised
+ * exactly as convert_row does (d * q in f32). */
+static inline __m512 load_q8_0(const uint8_t *p, int64_t k) {
+    const uint8_t *blk = p + (size_t)(k >> 5) * sizeof(tdm_block_q8_0);
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
+    __m128i q = _mm_loadu_si128((const __m128i *)(blk + 2 + (k & 31)));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+}
+
+static inline __m512 load_q4_0(const uint8_t *p, int64_t k) {
+    const uint8_t *blk = p + (size_t)(k >> 5) * sizeof(tdm_block_q4_0);
+    uint16_t dh;
+    memcpy(&dh, blk, 2);
+    __m512 d = _mm512_set1_ps(_cvtsh_ss(dh));
+    __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+    q = (k & 16) ? _mm512_srli_epi32(q, 4) : _mm512_and_si512(q, _mm512_set1_epi32(15));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(q, _mm512_set1_epi32(8))));
+}
+
+/* Byte offset of element k (a multiple of 16) in a row. */
+static inline __attribute__((always_inline)) int64_t elem_offset(const uint32_t type, int64_t k) {
+    if (type == TDM_Q8_0) return (k >> 5) * (int64_t)sizeof(tdm_block_q8_0);
+    if (type == TDM_Q4_0) return (k >> 5) * (int64_t)sizeof(tdm_block_q4_0);
+    return k * (type == TDM_F32 ? 4 : 2);
+}
+
 static inline __attribute__((always_inline)) __m512 wload(const uint32_t type, const uint8_t *p,
                                                           int64_t k) {
+    if (type == TDM_Q8_0) return load_q8_0(p, k);
+    if (type == TDM_Q4_0) return load_q4_0(p, k);
     if (type == TDM_F16) return load_f16(p + 2 * k);
     if (type == TDM_BF16) return load_bf16(p + 2 * k);
     return _mm512_loadu_ps((const float *)(const void *)p + k);
@@ -185,23 +215,25 @@ static inline __attribute__((always_inline)) __m512 wload_mask(const uint32_t ty
     return _mm512_maskz_loadu_ps(m, (const float *)(const void *)p + k);
 }
 
-/* MR input rows x the 4 W rows p[0..3] (converted while loading). */
+/* MR input rows x the 4 W rows p[0..3] (converted while loading).  Quantised rows
+ * have a multiple of 32 columns, so they never reach the masked tail. */
 static inline __attribute__((always_inline)) void
 dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float *x, int64_t ldx,
       int64_t cols, float *y, int64_t ldy, int64_t nv, bool acc, const uint8_t *pf, size_t pf_stride) {
-    const int64_t pf_esz = type == TDM_F32 ? 4 : 2;
     __m512 s[6][4];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < 4; j++) s[i][j] = _mm512_setzero_ps();
     int64_t k = 0;
     for (; k + V <= cols; k += V) {
-        if (pf) {
+        /* about one prefetch per 64-byte line (quantised rows: one per 16 elements) */
+        if (pf && (type == TDM_F32 || type == TDM_Q8_0 || type == TDM_Q4_0 || (k & 31) == 0)) {
             /* software prefetch of the next W rows: keeps more memory requests in
              * flight while the FMAs of this group run (decode is bandwidth bound) */
-            _mm_prefetch((const char *)pf + k * pf_esz, _MM_HINT_T0);
-            _mm_prefetch((const char *)pf + pf_stride + k * pf_esz, _MM_HINT_T0);
-            _mm_prefetch((const char *)pf + 2 * pf_stride + k * pf_esz, _MM_HINT_T0);
-            _mm_prefetch((const char *)pf + 3 * pf_stride + k * pf_esz, _MM_HINT_T0);
+            const char *q = (const char *)pf + elem_offset(type, k);
+            _mm_prefetch(q, _MM_HINT_T0);
+            _mm_prefetch(q + pf_stride, _MM_HINT_T0);
+            _mm_prefetch(q + 2 * pf_stride, _MM_HINT_T0);
+            _mm_prefetch(q + 3 * pf_stride, _MM_HINT_T0);
         }
         __m512 b0 = wload(type, p[0], k), b1 = wload(type, p[1], k);
         __m512 b2 = wload(type, p[2], k), b3 = wload(type, p[3], k);
@@ -262,6 +294,8 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
     case TDM_F32: direct_rows(TDM_F32, w, x, n, r0, r1, y, ldy, acc); return true;
     case TDM_F16: direct_rows(TDM_F16, w, x, n, r0, r1, y, ldy, acc); return true;
     case TDM_BF16: direct_rows(TDM_BF16, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_Q8_0: direct_rows(TDM_Q8_0, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_Q4_0: direct_rows(TDM_Q4_0, w, x, n, r0, r1, y, ldy, acc); return true;
     default: return false;
     }
 }
@@ -442,6 +476,7 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx512 = {
     .convert_rows = k_convert_rows,
     .gemm = k_gemm,
     .gemv = k_gemv,
+    .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16) | (1u << TDM_Q8_0) | (1u << TDM_Q4_0),
     .dot_f32 = k_dot_f32,
     .dot_f16 = k_dot_f16,
     .axpy_f32 = k_axpy_f32,
