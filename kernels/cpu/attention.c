@@ -269,7 +269,7 @@ tandem_status tdm_cpu_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err 
     /* Slices: runs of consecutive rows of one sequence, cut into pieces of at most
      * TDM_ATTN_SLICE rows, smaller when that leaves too few chunks for the threads. */
     int32_t n = bt->n_rows, per = TDM_ATTN_SLICE;
-    while (per > 1 && ((int64_t)n + per - 1) / per * a->n_kv_head < 2 * (int64_t)c->n_threads) per /= 2;
+    while (per > 1 && ((int64_t)n + per - 1) / per * a->n_kv_head < (int64_t)c->n_threads) per /= 2;
     int32_t stack_sl[2 * 64], *sl = stack_sl, n_sl = 0;
     if (n > 64 && !(sl = malloc((size_t)n * 2 * sizeof *sl)))
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "attention: out of memory");
