@@ -156,11 +156,11 @@ typedef struct tandem_generate_params {
     int spec_k_max;       /* adaptive upper bound; default 12 */
     float spec_p_min;     /* stop drafting when the draft's top probability is below this;
                              0 = never; default 0 */
-    int spec_ngram;       /* n-gram lookup proposals (needs a draft): 0 = off, N >= 2 =
-                             match the last N..2 tokens against earlier text and propose
-                             what followed, whenever the controller expects that to beat
-                             the draft model (lossless, no model forward); at most 8;
-                             default 0 */
+    int spec_ngram;       /* n-gram lookup proposals beside the draft model (ignored
+                             without a draft): 0 = off, N in 2..8 = match the last N..2
+                             tokens against the earlier text and propose what followed,
+                             in the steps where the controller expects that to beat the
+                             draft model (lossless; runs no model); default 3 */
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
     void *user_data;          /* passed to on_token */
 } tandem_generate_params;

@@ -43,9 +43,11 @@ static tdm_engine *make_engine(tdm_model *draft) {
     return e;
 }
 
+/* Greedy, the draft model alone (n-gram lookup has its own tests). */
 static tandem_generate_params greedy_params(void) {
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = N_NEW;
+    gp.spec_ngram = 0;
     return gp;
 }
 
@@ -240,6 +242,7 @@ Test(spec, p_min_early_stop_keeps_greedy_equality) {
         cr_assert_eq(tdm_engine_generate(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
         gp.spec_k = 8;
         gp.spec_p_min = 0.6f;
+        gp.spec_ngram = 0;
         cr_assert_eq(tdm_engine_generate(spec, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
         cr_assert(got.n_tokens == want.n_tokens &&
                       memcmp(got.tokens, want.tokens, want.n_tokens * sizeof(int32_t)) == 0,

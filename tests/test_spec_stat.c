@@ -139,6 +139,7 @@ Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0, 0
 Test(spec_stat, p_min_early_stop_k4, .timeout = 600) { check_lossless(1.6f, 0, 1.0f, 4, 0.55f, 0); }
 /* n-gram proposals (a one-hot draft distribution) mixed with the draft model's */
 Test(spec_stat, ngram_lookup_adaptive, .timeout = 600) { check_lossless(0.6f, 0, 1.0f, 0, 0.0f, 3); }
+Test(spec_stat, ngram_lookup_top_k_top_p_k3, .timeout = 600) { check_lossless(0.9f, 6, 0.9f, 3, 0.0f, 2); }
 
 /* Sanity check of the test itself: a different model gives a detectably different
  * distribution, so the chi-square test has power. */

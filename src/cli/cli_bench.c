@@ -84,7 +84,8 @@ typedef struct bench_run {
 } bench_run;
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU};
+    *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU,
+                      .spec_ngram = tandem_generate_default_params().spec_ngram};
     bool have_p = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;

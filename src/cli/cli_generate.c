@@ -16,7 +16,7 @@ typedef struct gen_opts {
     tandem_backend_kind backend;
     int spec_k;              /* 0 = adaptive */
     int spec_k_max;          /* 0 = library default */
-    int spec_ngram;          /* 0 = off */
+    int spec_ngram;          /* 0 = off; default: the library's */
     bool json;
 } gen_opts;
 
@@ -39,7 +39,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     tandem_generate_params d = tandem_generate_default_params();
     *o = (gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
-                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = 0};
+                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true, missing = false;
