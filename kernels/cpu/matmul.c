@@ -242,11 +242,14 @@ tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x
     int64_t flops = rows * cols * (int64_t)n;
 
     if (n <= TDM_MM_DIRECT_MAX && w->type < 32 && (c->k->gemv_types >> w->type & 1u)) {
-        /* About 4 chunks per thread (claiming a chunk costs an atomic), >= 32 rows. */
+        /* About 4 chunks per thread (claiming a chunk costs an atomic), >= 32 rows.
+         * Small matrices still use two threads from 16 K multiply-adds on: in a
+         * speculative step the draft's weights come from memory (the target's
+         * verification evicted them), and two cores fetch them twice as fast. */
         j.chunk = (rows + 4 * c->n_threads - 1) / (4 * c->n_threads);
         j.chunk = TDM_MAX(32, (j.chunk + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB);
         int64_t n_chunks = (rows + j.chunk - 1) / j.chunk;
-        int nth = tdm_cpu_nth(c, TDM_MIN(flops, n_chunks * 65536), 65536);
+        int nth = tdm_cpu_nth(c, TDM_MIN(flops, n_chunks * 16384), 16384);
         tdm_threadpool_run(c->pool, n_chunks, nth, mm_gemv_task, &j);
         return TANDEM_OK;
     }
