@@ -1,9 +1,10 @@
 /* bench_spec.c - speculative decoding sweep: target-only vs. each draft with
  * k = 1..8 and auto, greedy, N new tokens per prompt over a prompts file.
  *
- * All configurations run in one process, interleaved within each repetition so
- * that machine noise hits them alike; each figure is the median over repetitions
- * of (generated tokens / decode time) summed over the prompts.
+ * All configurations run in one process, interleaved prompt by prompt (each prompt
+ * under every configuration back to back) so that machine noise hits them alike;
+ * each figure is the median over repetitions of (generated tokens / decode time)
+ * summed over the prompts.
  *
  *   bench_spec -m TARGET -d DRAFT [-d DRAFT2] --prompts FILE [-n 128] [--threads 2]
  *              [--reps 3] [--limit L] [--ks 1,2,3,4,5,6,7,8,0]   (0 = auto)
@@ -130,22 +131,24 @@ int main(int argc, char **argv) {
                 cfgs[n_cfg++].k = ks[k];
             }
 
+    /* Each prompt runs under every configuration back to back, so slow and fast
+     * phases of a shared machine fall on all configurations alike. */
     for (int r = 0; r < reps; r++) {
-        for (int c = 0; c < n_cfg; c++) {
-            cfg *C = &cfgs[c];
-            tandem_engine *e = C->draft < 0 ? plain : spec[C->draft];
-            tandem_generate_params gp = tandem_generate_default_params();
-            gp.max_tokens = n_new;
-            gp.spec_k = C->k;
-            gp.spec_ngram = C->ngram;
-            double decode_ms = 0;
-            uint64_t toks = 0;
-            for (int p = 0; p < n_prompts; p++) {
+        double decode_ms[MAX_CFG] = {0};
+        uint64_t toks[MAX_CFG] = {0};
+        for (int p = 0; p < n_prompts; p++)
+            for (int c = 0; c < n_cfg; c++) {
+                cfg *C = &cfgs[c];
+                tandem_engine *e = C->draft < 0 ? plain : spec[C->draft];
+                tandem_generate_params gp = tandem_generate_default_params();
+                gp.max_tokens = n_new;
+                gp.spec_k = C->k;
+                gp.spec_ngram = C->ngram;
                 tandem_result res;
                 if (tandem_generate(e, prompts[p], &gp, &res)) die("generate");
-                decode_ms += res.decode_ms;
+                decode_ms[c] += res.decode_ms;
                 /* the first token comes from the prefill */
-                toks += res.n_tokens > 0 ? res.n_tokens - 1 : 0;
+                toks[c] += res.n_tokens > 0 ? res.n_tokens - 1 : 0;
                 if (r == 0) {
                     C->steps += res.spec.steps;
                     C->drafted += res.spec.drafted;
@@ -158,7 +161,9 @@ int main(int argc, char **argv) {
                 }
                 tandem_result_free(&res);
             }
-            C->tps[r] = (double)toks / (decode_ms * 1e-3);
+        for (int c = 0; c < n_cfg; c++) {
+            cfg *C = &cfgs[c];
+            C->tps[r] = (double)toks[c] / (decode_ms[c] * 1e-3);
             fprintf(stderr, "rep %d %s k=%d ngram=%d: %.0f tok/s\n", r,
                     C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, C->tps[r]);
         }
