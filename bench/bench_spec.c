@@ -1,14 +1,15 @@
 /* bench_spec.c - speculative decoding sweep: target-only vs. each draft with
  * k = 1..8 and auto, greedy, N new tokens per prompt over a prompts file.
  *
- * All configurations run in one process, interleaved prompt by prompt (each prompt
- * under every configuration back to back) so that machine noise hits them alike;
+ * All configurations run in one process, interleaved in blocks of prompts (each
+ * block under every configuration in turn) so that machine noise hits them alike;
  * each figure is the median over repetitions of (generated tokens / decode time)
  * summed over the prompts.
  *
  *   bench_spec -m TARGET -d DRAFT [-d DRAFT2] --prompts FILE [-n 128] [--threads 2]
  *              [--reps 3] [--limit L] [--ks 1,2,3,4,5,6,7,8,0]   (0 = auto)
  *              [--ngram N]   (also run every draft configuration with spec_ngram = N)
+ *              [--block B]   (prompts per configuration turn, default 10)
  * Prints a markdown table and one JSON object per configuration (stdout).
  */
 #include <stdio.h>
@@ -50,7 +51,7 @@ static void die(const char *what) {
 
 int main(int argc, char **argv) {
     const char *target_path = NULL, *prompts_path = NULL, *draft_paths[4];
-    int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30, ngram = 0;
+    int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30, ngram = 0, block = 10;
     int ks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 0}, n_ks = 9;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -66,6 +67,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--limit")) limit = atoi(v);
         else if (!strcmp(a, "--ngram")) ngram = atoi(v);
+        else if (!strcmp(a, "--block")) block = atoi(v) > 0 ? atoi(v) : 1;
         else if (!strcmp(a, "--ks")) {
             n_ks = 0;
             for (char *s = (char *)v; *s && n_ks < 16;) {
@@ -131,36 +133,39 @@ int main(int argc, char **argv) {
                 cfgs[n_cfg++].k = ks[k];
             }
 
-    /* Each prompt runs under every configuration back to back, so slow and fast
-     * phases of a shared machine fall on all configurations alike. */
+    /* Blocks of `block` prompts run under every configuration in turn, so slow and
+     * fast phases of a shared machine fall on all configurations alike, while each
+     * configuration still runs several requests in a row as a user's job would (one
+     * prompt at a time would make every request start with cold caches). */
     for (int r = 0; r < reps; r++) {
         double decode_ms[MAX_CFG] = {0};
         uint64_t toks[MAX_CFG] = {0};
-        for (int p = 0; p < n_prompts; p++)
-            for (int c = 0; c < n_cfg; c++) {
-                cfg *C = &cfgs[c];
-                tandem_engine *e = C->draft < 0 ? plain : spec[C->draft];
-                tandem_generate_params gp = tandem_generate_default_params();
-                gp.max_tokens = n_new;
-                gp.spec_k = C->k;
-                gp.spec_ngram = C->ngram;
-                tandem_result res;
-                if (tandem_generate(e, prompts[p], &gp, &res)) die("generate");
-                decode_ms[c] += res.decode_ms;
-                /* the first token comes from the prefill */
-                toks[c] += res.n_tokens > 0 ? res.n_tokens - 1 : 0;
-                if (r == 0) {
-                    C->steps += res.spec.steps;
-                    C->drafted += res.spec.drafted;
-                    C->accepted += res.spec.accepted;
-                    C->k_final_sum += res.spec.k_final;
-                    C->tokens += res.n_tokens;
-                    C->ng_steps += res.spec.ngram_steps;
-                    C->ng_drafted += res.spec.ngram_drafted;
-                    C->ng_accepted += res.spec.ngram_accepted;
+        for (int p0 = 0; p0 < n_prompts; p0 += block)
+            for (int c = 0; c < n_cfg; c++)
+                for (int p = p0; p < n_prompts && p < p0 + block; p++) {
+                    cfg *C = &cfgs[c];
+                    tandem_engine *e = C->draft < 0 ? plain : spec[C->draft];
+                    tandem_generate_params gp = tandem_generate_default_params();
+                    gp.max_tokens = n_new;
+                    gp.spec_k = C->k;
+                    gp.spec_ngram = C->ngram;
+                    tandem_result res;
+                    if (tandem_generate(e, prompts[p], &gp, &res)) die("generate");
+                    decode_ms[c] += res.decode_ms;
+                    /* the first token comes from the prefill */
+                    toks[c] += res.n_tokens > 0 ? res.n_tokens - 1 : 0;
+                    if (r == 0) {
+                        C->steps += res.spec.steps;
+                        C->drafted += res.spec.drafted;
+                        C->accepted += res.spec.accepted;
+                        C->k_final_sum += res.spec.k_final;
+                        C->tokens += res.n_tokens;
+                        C->ng_steps += res.spec.ngram_steps;
+                        C->ng_drafted += res.spec.ngram_drafted;
+                        C->ng_accepted += res.spec.ngram_accepted;
+                    }
+                    tandem_result_free(&res);
                 }
-                tandem_result_free(&res);
-            }
         for (int c = 0; c < n_cfg; c++) {
             cfg *C = &cfgs[c];
             C->tps[r] = (double)toks[c] / (decode_ms[c] * 1e-3);
