@@ -8,7 +8,7 @@
  *
  *   bench_spec -m TARGET -d DRAFT [-d DRAFT2] --prompts FILE [-n 128] [--threads 2]
  *              [--reps 3] [--limit L] [--ks 1,2,3,4,5,6,7,8,0]   (0 = auto)
- *              [--ngram N]   (also run every draft configuration with spec_ngram = N)
+ *              [--ngram N[,N2..]]  (also run every draft configuration with spec_ngram = N, ...)
  *              [--block B]   (prompts per configuration turn, default 10)
  * Prints a markdown table and one JSON object per configuration (stdout).
  */
@@ -51,7 +51,8 @@ static void die(const char *what) {
 
 int main(int argc, char **argv) {
     const char *target_path = NULL, *prompts_path = NULL, *draft_paths[4];
-    int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30, ngram = 0, block = 10;
+    int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30, block = 10;
+    int ngrams[8] = {0}, n_ngrams = 1; /* 0 = off, always run */
     int ks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 0}, n_ks = 9;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -66,7 +67,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--reps")) reps = atoi(v);
         else if (!strcmp(a, "--limit")) limit = atoi(v);
-        else if (!strcmp(a, "--ngram")) ngram = atoi(v);
+        else if (!strcmp(a, "--ngram")) {
+            for (char *q = (char *)v; *q && n_ngrams < 8;) {
+                ngrams[n_ngrams++] = (int)strtol(q, &q, 10);
+                if (*q == ',') q++;
+                else if (*q) break;
+            }
+        }
         else if (!strcmp(a, "--block")) block = atoi(v) > 0 ? atoi(v) : 1;
         else if (!strcmp(a, "--ks")) {
             n_ks = 0;
@@ -125,11 +132,11 @@ int main(int argc, char **argv) {
     int n_cfg = 0;
     memset(cfgs, 0, sizeof cfgs);
     cfgs[n_cfg++].draft = -1;
-    for (int ng = 0; ng <= (ngram > 0); ng++)
+    for (int ng = 0; ng < n_ngrams; ng++)
         for (int d = 0; d < n_drafts; d++)
             for (int k = 0; k < n_ks && n_cfg < MAX_CFG; k++) {
                 cfgs[n_cfg].draft = d;
-                cfgs[n_cfg].ngram = ng ? ngram : 0;
+                cfgs[n_cfg].ngram = ngrams[ng];
                 cfgs[n_cfg++].k = ks[k];
             }
 

@@ -160,7 +160,7 @@ typedef struct tandem_generate_params {
                              without a draft): 0 = off, N in 2..8 = match the last N..2
                              tokens against the earlier text and propose what followed,
                              in the steps where the controller expects that to beat the
-                             draft model (lossless; runs no model); default 3 */
+                             draft model (lossless; runs no model); default 4 */
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
     void *user_data;          /* passed to on_token */
 } tandem_generate_params;

@@ -274,7 +274,7 @@ void tandem_engine_close(tandem_engine *engine) {
 tandem_generate_params tandem_generate_default_params(void) {
     tandem_generate_params p = {
         .max_tokens = 128, .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
-        .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .spec_ngram = 3, .on_token = NULL, .user_data = NULL,
+        .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .spec_ngram = 4, .on_token = NULL, .user_data = NULL,
     };
     return p;
 }

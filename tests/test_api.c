@@ -106,7 +106,7 @@ Test(api, default_params_match_documentation) {
     cr_assert_eq(gp.spec_k_min, 1);
     cr_assert_eq(gp.spec_k_max, 12);
     cr_assert_eq(gp.spec_p_min, 0.0f);
-    cr_assert_eq(gp.spec_ngram, 3);
+    cr_assert_eq(gp.spec_ngram, 4);
     cr_assert_null(gp.on_token);
     cr_assert_null(gp.user_data);
 }

@@ -38,7 +38,7 @@ static const char usage_text[] =
     "      --spec-k-max N    adaptive upper bound (default 12)\n"
     "      --p-min P         stop drafting below this draft probability (default 0)\n"
     "      --spec-ngram N    with a draft, also propose by n-gram lookup in the text so\n"
-    "                        far: match the last N..2 tokens; 0 or off = never (default 3)\n"
+    "                        far: match the last N..2 tokens; 0 or off = never (default 4)\n"
     "      --json            one JSON object per prompt on stdout\n"
     "\n"
     "tandem tokenize -m MODEL [--no-bos] [--text TEXT]\n"
