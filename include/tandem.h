@@ -178,8 +178,9 @@ typedef struct tandem_spec_stats {
     int k_final;             /* speculation length chosen for the last step */
     uint64_t accept_hist[TANDEM_SPEC_HIST_MAX]; /* steps that accepted exactly i tokens */
     double draft_ms, verify_ms, other_ms;       /* time spent in each phase */
-    uint64_t ngram_steps;    /* steps whose proposal came from n-gram lookup (in steps) */
-    uint64_t ngram_drafted;  /* tokens those steps proposed (in drafted) */
+    uint64_t ngram_steps;    /* steps whose whole proposal came from n-gram lookup (in steps) */
+    uint64_t ngram_drafted;  /* proposed tokens that came from lookup: those steps' and the
+                                lookup completions of drafted chains (in drafted) */
     uint64_t ngram_accepted; /* of them accepted (in accepted) */
 } tandem_spec_stats;
 

@@ -119,10 +119,16 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
 
 /* draft/chain.c: proposes up to k tokens after the committed sequence; fills
- * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs.  It runs
- * *n_drafted draft forward passes (a catch-up pass, then one per token but the last). */
-tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t *draft, int32_t *n_drafted,
-                              tdm_err *err);
+ * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs.  The first *n_model
+ * tokens come from the draft model, which runs *n_model forward passes (a catch-up
+ * pass, then one per token but the last).  With n-gram lookup on, once a drafted
+ * prefix makes a lookup match the chain is completed from the match instead (up to
+ * k_ext tokens in all) when the controller expects that to pay. */
+tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
+                              int32_t *n_drafted, int32_t *n_model, tdm_err *err);
+/* spec.c: fills the q rows [from, from + n) of e->qprobs one-hot on draft[from ..]
+ * (the distribution of a lookup proposal) when the request samples. */
+void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, int32_t from, int32_t n);
 /* verify/verify.c: scores the chain with one target forward, accepts a prefix,
  * commits it plus one target token, rolls both models back. */
 tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k,

@@ -24,15 +24,18 @@ static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, int32_t k_
     double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, nd);
     double rate_d = tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k_draft);
     if (rate_ng < rate_d && ++s->n_ngram_skips % TDM_NGRAM_EXPLORE != 0) return 0;
-    if (s->sp.temperature > 0) { /* the proposal's distribution is one-hot */
-        const size_t V = (size_t)e->n_vocab;
-        for (int32_t i = 0; i < nd; i++) {
-            float *q = e->qprobs + (size_t)i * V;
-            memset(q, 0, V * sizeof(float));
-            q[draft[i]] = 1.0f;
-        }
-    }
+    tdm_spec_onehot_q(e, s, draft, 0, nd);
     return nd;
+}
+
+void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, int32_t from, int32_t n) {
+    if (s->sp.temperature <= 0) return; /* greedy verification has no q */
+    const size_t V = (size_t)e->n_vocab;
+    for (int32_t i = from; i < from + n; i++) {
+        float *q = e->qprobs + (size_t)i * V;
+        memset(q, 0, V * sizeof(float));
+        q[draft[i]] = 1.0f;
+    }
 }
 
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
@@ -54,28 +57,39 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     if (k > ctx_room) k = ctx_room;
     if (k <= 0) return tdm_seq_step_target(e, s, err);
     int32_t draft[TDM_CTRL_MAX_K];
-    int32_t nd, acc;
+    int32_t nd, n_model = 0, acc;
+    const int32_t k_limit = TDM_MIN(room, ctx_room);
     double t0 = tdm_now();
-    int32_t n_ng = ngram_step(e, s, TDM_MIN(room, ctx_room), k, draft);
-    if (n_ng > 0) nd = n_ng;
-    else if ((st = tdm_draft_chain(e, s, k, draft, &nd, err))) return st;
+    int32_t n_ng = ngram_step(e, s, k_limit, k, draft);
+    if (n_ng > 0) {
+        nd = n_ng;
+    } else {
+        /* a lookup may complete the chain after a drafted prefix: up to the longer of
+         * the two controllers' lengths */
+        int32_t k_ext = s->spec_ngram ? TDM_MIN(TDM_MAX(k, s->ctrl_ng.k_last), k_limit) : k;
+        if ((st = tdm_draft_chain(e, s, k, k_ext, draft, &nd, &n_model, err))) return st;
+    }
     double t1 = tdm_now();
     if ((st = tdm_verify_chain(e, s, draft, nd, &acc, err))) return st;
     double t2 = tdm_now();
 
-    if (n_ng == 0) tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)nd); /* nd draft forwards */
+    /* the model-drafted prefix and the looked-up rest update their own estimates */
+    int32_t n_look = nd - n_model;
+    if (n_model > 0) {
+        tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)n_model); /* n_model forwards */
+        tdm_ctrl_observe(&s->ctrl, n_model, TDM_MIN(acc, n_model));
+    }
+    int32_t acc_look = TDM_MAX(acc - n_model, 0);
+    if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&s->ctrl_ng, n_look, acc_look);
     tdm_cost_observe_verify(&e->cost, nd + 1, t2 - t1);
-    tdm_ctrl_observe(n_ng > 0 ? &s->ctrl_ng : &s->ctrl, nd, acc);
 
     tandem_spec_stats *ss = &s->spec;
     ss->steps++;
     ss->drafted += (uint64_t)nd;
     ss->accepted += (uint64_t)acc;
-    if (n_ng > 0) {
-        ss->ngram_steps++;
-        ss->ngram_drafted += (uint64_t)nd;
-        ss->ngram_accepted += (uint64_t)acc;
-    }
+    if (n_ng > 0) ss->ngram_steps++;
+    ss->ngram_drafted += (uint64_t)n_look;
+    ss->ngram_accepted += (uint64_t)acc_look;
     ss->accept_hist[acc < TANDEM_SPEC_HIST_MAX ? acc : TANDEM_SPEC_HIST_MAX - 1]++;
     ss->k_final = k_chosen; /* the controller's choice, before end-of-request clamping */
     ss->draft_ms += (t1 - t0) * 1e3;

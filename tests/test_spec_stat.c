@@ -72,7 +72,51 @@ static void sample_counts(tdm_engine *e, const tandem_generate_params *base, con
     }
 }
 
-static void check_lossless(float temp, int top_k, float top_p, int spec_k, float p_min, int ngram) {
+/* Prompts: PLAIN {3, 7, 1}; REPEAT P + C + P where C is the target's greedy
+ * continuation of P, so a step-start lookup proposes C whenever the first sampled
+ * token is C's first (plausible proposals, accepted or rejected at random); DEBRUIJN:
+ * every bigram over tokens 0..14, then 15, which occurs nowhere before: a step-start
+ * lookup of "15 y" fails, so the draft model proposes x, and then "y x" always
+ * matches - the chain is completed by lookup after a drafted prefix. */
+enum { PROMPT_PLAIN, PROMPT_REPEAT, PROMPT_DEBRUIJN };
+
+static int32_t make_prompt(int kind, tdm_engine *plain, int32_t *prompt) {
+    prompt[0] = 3, prompt[1] = 7, prompt[2] = 1;
+    if (kind == PROMPT_REPEAT) {
+        tdm_err err = {0};
+        tandem_generate_params g0 = tandem_generate_default_params();
+        g0.max_tokens = 6;
+        tandem_result c;
+        cr_assert_eq(tdm_engine_generate(plain, prompt, 3, &g0, &c, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(c.n_tokens, 6);
+        memcpy(prompt + 3, c.tokens, 6 * sizeof(int32_t));
+        memcpy(prompt + 9, prompt, 3 * sizeof(int32_t));
+        tandem_result_free(&c);
+        return 12;
+    }
+    if (kind == PROMPT_DEBRUIJN) {
+        /* greedy "prefer the largest unused successor" walk from 0: a de Bruijn
+         * sequence of order 2 over 15 symbols (checked below) */
+        bool used[15][15] = {{false}};
+        int32_t n = 0;
+        prompt[n++] = 0;
+        for (;;) {
+            int32_t last = prompt[n - 1], next = -1;
+            for (int32_t t = 14; t >= 0 && next < 0; t--)
+                if (!used[last][t]) next = t;
+            if (next < 0) break;
+            used[last][next] = true;
+            prompt[n++] = next;
+        }
+        for (int32_t a = 0; a < 15; a++)
+            for (int32_t b = 0; b < 15; b++) cr_assert(used[a][b], "bigram %d %d missing", a, b);
+        prompt[n++] = 15;
+        return n;
+    }
+    return 3;
+}
+
+static void check_lossless(float temp, int top_k, float top_p, int spec_k, float p_min, int ngram, int kind) {
     pair p;
     pair_open(&p, 2);
     tdm_err err = {0};
@@ -89,21 +133,8 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k, float
     gp.spec_k = spec_k;
     gp.spec_p_min = p_min;
     gp.spec_ngram = ngram;
-    /* the prompt; with n-gram lookup it is P + C + P where C is the target's greedy
-     * continuation of P, so lookups propose C whenever the first sampled token is
-     * C's first token (plausible proposals, accepted or rejected at random) */
-    int32_t prompt[16] = {3, 7, 1}, n_prompt = 3;
-    if (ngram) {
-        tandem_generate_params g0 = tandem_generate_default_params();
-        g0.max_tokens = 6;
-        tandem_result c;
-        cr_assert_eq(tdm_engine_generate(plain, prompt, 3, &g0, &c, &err), TANDEM_OK, "%s", err.msg);
-        cr_assert_eq(c.n_tokens, 6);
-        memcpy(prompt + 3, c.tokens, 6 * sizeof(int32_t));
-        memcpy(prompt + 9, prompt, 3 * sizeof(int32_t));
-        n_prompt = 12;
-        tandem_result_free(&c);
-    }
+    int32_t prompt[240];
+    int32_t n_prompt = make_prompt(kind, plain, prompt);
     tandem_spec_stats agg = {0};
     sample_counts(plain, &gp, prompt, n_prompt, 1000000, V, a, NULL);
     sample_counts(spec, &gp, prompt, n_prompt, 2000000, V, b, &agg);
@@ -132,14 +163,20 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k, float
     pair_close(&p);
 }
 
-Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3, 0.0f, 0); }
-Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2, 0.0f, 0); }
-Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0, 0.0f, 0); }
+Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3, 0.0f, 0, PROMPT_PLAIN); }
+Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2, 0.0f, 0, PROMPT_PLAIN); }
+Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0, 0.0f, 0, PROMPT_PLAIN); }
 /* early stop by the draft's top probability (decided before drawing the token) */
-Test(spec_stat, p_min_early_stop_k4, .timeout = 600) { check_lossless(1.6f, 0, 1.0f, 4, 0.55f, 0); }
+Test(spec_stat, p_min_early_stop_k4, .timeout = 600) { check_lossless(1.6f, 0, 1.0f, 4, 0.55f, 0, PROMPT_PLAIN); }
 /* n-gram proposals (a one-hot draft distribution) mixed with the draft model's */
-Test(spec_stat, ngram_lookup_adaptive, .timeout = 600) { check_lossless(0.6f, 0, 1.0f, 0, 0.0f, 3); }
-Test(spec_stat, ngram_lookup_top_k_top_p_k3, .timeout = 600) { check_lossless(0.9f, 6, 0.9f, 3, 0.0f, 2); }
+Test(spec_stat, ngram_lookup_adaptive, .timeout = 600) { check_lossless(0.6f, 0, 1.0f, 0, 0.0f, 3, PROMPT_REPEAT); }
+Test(spec_stat, ngram_lookup_top_k_top_p_k3, .timeout = 600) {
+    check_lossless(0.9f, 6, 0.9f, 3, 0.0f, 2, PROMPT_REPEAT);
+}
+/* chains whose drafted prefix is completed by lookup */
+Test(spec_stat, ngram_completes_drafted_chains, .timeout = 600) {
+    check_lossless(2.5f, 0, 1.0f, 4, 0.0f, 2, PROMPT_DEBRUIJN);
+}
 
 /* Sanity check of the test itself: a different model gives a detectably different
  * distribution, so the chi-square test has power. */
