@@ -7,8 +7,9 @@
  * It is used when its expected rate, E[tokens] / t_verify (it runs no model), is at
  * least the draft model's, E[tokens] / (k t_draft + t_verify), each with its own
  * acceptance estimate; every TDM_NGRAM_EXPLORE-th match passed over is used anyway
- * so that a low estimate can recover.  The draft model catches up on the tokens it skipped at its
- * next step (one batched forward). */
+ * so that a low estimate can recover.  Otherwise the draft model proposes, and a
+ * lookup may complete its chain after any drafted token (draft/chain.c).  The draft
+ * model catches up on the tokens it skipped at its next step (one batched forward). */
 #include <string.h>
 
 #include "engine.h"
