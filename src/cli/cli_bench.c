@@ -225,8 +225,11 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
         printf("prefill:  %.1f tok/s\n", prefill_tps);
         printf("decode:   %.1f tok/s\n", decode_tps);
         if (o->draft)
-            printf("spec:     acceptance %.3f, mean accepted %.2f/step, %llu steps, k_final %d\n",
-                   acc_rate, mean_acc, (unsigned long long)spec->steps, spec->k_final);
+            printf("spec:     acceptance %.3f, mean accepted %.2f/step, %llu steps, k_final %d; "
+                   "n-gram lookup: %llu steps, %llu of %llu proposed tokens\n",
+                   acc_rate, mean_acc, (unsigned long long)spec->steps, spec->k_final,
+                   (unsigned long long)spec->ngram_steps, (unsigned long long)spec->ngram_drafted,
+                   (unsigned long long)spec->drafted);
         printf("peak RSS: %.1f MB\n", rss_mb);
     }
     fflush(stdout);

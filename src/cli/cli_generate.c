@@ -114,9 +114,14 @@ static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool h
             r->n_tokens, r->n_prompt_tokens, r->prefill_ms,
             cli_tok_per_s((double)r->n_prompt_tokens, r->prefill_ms), r->decode_ms,
             cli_tok_per_s(decode_tokens(r), r->decode_ms));
-    if (has_draft)
+    if (has_draft) {
         fprintf(stderr, " spec: acceptance %.2f, mean accepted %.1f/step, k=%d",
                 r->spec.acceptance_rate, r->spec.mean_accepted, r->spec.k_final);
+        if (r->spec.ngram_drafted)
+            fprintf(stderr, ", n-gram %llu of %llu steps, %llu of %llu proposed tokens",
+                    (unsigned long long)r->spec.ngram_steps, (unsigned long long)r->spec.steps,
+                    (unsigned long long)r->spec.ngram_drafted, (unsigned long long)r->spec.drafted);
+    }
     fputc('\n', stderr);
 }
 
