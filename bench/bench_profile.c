@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_prompts.h"
 #include "engine.h"
-#include "json.h"
 #include "tokenizer.h"
 
 enum { OP_GET_ROWS, OP_RMSNORM, OP_MATMUL, OP_LM_HEAD, OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SWIGLU, OP_GATHER, N_OPS };
@@ -130,36 +130,27 @@ int main(int argc, char **argv) {
     g_wrap.gather_rows = w_gather;
     e->be->ops = &g_wrap;
 
-    char *text;
-    size_t len;
-    if (tdm_read_file(ppath, &text, &len, &err)) die(ppath, &err);
-    int np = 0;
+    int n_prompts;
+    char **prompts = bench_prompts_read(ppath, limit, &n_prompts);
     double decode_ms = 0, draft_ms = 0, verify_ms = 0;
     long tokens = 0, steps = 0;
-    for (char *line = strtok(text, "\n"); line && np < limit; line = strtok(NULL, "\n")) {
-        tdm_json *j;
-        if (tdm_json_parse(line, strlen(line), &j, &err)) die(ppath, &err);
-        const tdm_json *p = tdm_json_get(j, "prompt");
-        if (!p || p->type != TDM_JSON_STRING) {
-            tdm_json_free(j);
-            continue;
-        }
+    for (int np = 0; np < n_prompts; np++) {
+        const char *text = prompts[np];
         int32_t *ids = NULL;
         size_t n_ids = 0; /* as tandem_generate encodes a prompt */
-        if (tdm_tokenize(target->tok, p->str, strlen(p->str), tdm_tok_add_bos(target->tok), true, &ids, &n_ids,
-                         &err))
+        if (tdm_tokenize(target->tok, text, strlen(text), tdm_tok_add_bos(target->tok), true, &ids, &n_ids, &err))
             die("tokenize", &err);
         tandem_generate_params gp = tandem_generate_default_params();
         gp.max_tokens = n_new;
         gp.spec_k = spec_k;
         gp.spec_ngram = ngram;
-        if (np == limit / 2) { /* the first half warmed up */
+        if (np == n_prompts / 2) { /* the first half warmed up */
             memset(g_sec, 0, sizeof g_sec);
             memset(g_calls, 0, sizeof g_calls);
         }
         tandem_result r;
         if (tdm_engine_generate(e, ids, (int32_t)n_ids, &gp, &r, &err)) die("generate", &err);
-        if (np >= limit / 2) {
+        if (np >= n_prompts / 2) {
             decode_ms += r.decode_ms;
             tokens += r.n_tokens > 0 ? (long)r.n_tokens - 1 : 0;
             draft_ms += r.spec.draft_ms;
@@ -168,10 +159,12 @@ int main(int argc, char **argv) {
         }
         tandem_result_free(&r);
         free(ids);
-        tdm_json_free(j);
-        np++;
     }
-    free(text);
+    bench_prompts_free(prompts, n_prompts);
+    if (tokens == 0) {
+        fprintf(stderr, "error: %s: fewer than 2 prompts\n", ppath);
+        return 1;
+    }
     double units = steps ? (double)steps : (double)tokens;
     printf("decode %.1f tok/s, %.4f ms per token", tokens / decode_ms * 1e3, decode_ms / tokens);
     if (steps)

@@ -16,8 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.h"
-#include "json.h"
+#include "bench_prompts.h"
 #include "tandem.h"
 
 #define MAX_CFG 64
@@ -92,30 +91,8 @@ int main(int argc, char **argv) {
         return 2;
     }
 
-    /* prompts */
-    char *text;
-    size_t len;
-    tdm_err err = {0};
-    if (tdm_read_file(prompts_path, &text, &len, &err)) {
-        fprintf(stderr, "error: %s\n", err.msg);
-        return 1;
-    }
-    char **prompts = NULL;
-    int n_prompts = 0;
-    for (char *line = strtok(text, "\n"); line && n_prompts < limit; line = strtok(NULL, "\n")) {
-        tdm_json *j;
-        if (tdm_json_parse(line, strlen(line), &j, &err)) {
-            fprintf(stderr, "error: %s: %s\n", prompts_path, err.msg);
-            return 1;
-        }
-        const tdm_json *p = tdm_json_get(j, "prompt");
-        if (p && p->type == TDM_JSON_STRING) {
-            prompts = realloc(prompts, (size_t)(n_prompts + 1) * sizeof *prompts);
-            prompts[n_prompts++] = strdup(p->str);
-        }
-        tdm_json_free(j);
-    }
-    free(text);
+    int n_prompts;
+    char **prompts = bench_prompts_read(prompts_path, limit, &n_prompts);
 
     tandem_model *target, *drafts[4];
     if (tandem_model_open(target_path, NULL, &target)) die(target_path);
@@ -211,8 +188,7 @@ int main(int argc, char **argv) {
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
                C->steps ? (double)C->accepted / (double)C->steps : 0.0);
     }
-    for (int p = 0; p < n_prompts; p++) free(prompts[p]);
-    free(prompts);
+    bench_prompts_free(prompts, n_prompts);
     tandem_engine_close(plain);
     for (int d = 0; d < n_drafts; d++) {
         tandem_engine_close(spec[d]);
