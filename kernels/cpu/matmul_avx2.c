@@ -131,6 +131,20 @@ static void k_convert_rows(const tdm_weight *w, int64_t r0, int64_t nr, float *d
         convert_row(w->type, base + (size_t)(r0 + i) * w->row_bytes, dst + i * ld, w->cols);
 }
 
+/* s[i][j] += x row i (8 floats from k; rem < 8: a tail of rem) * b_j, for i < MR: the
+ * register block shared by the tile kernel and the direct kernel. */
+static inline __attribute__((always_inline)) void
+fma_rows(const int MR, __m256 s[][4], __m256 b0, __m256 b1, __m256 b2, __m256 b3, const float *x,
+         int64_t ldx, int64_t k, int64_t rem) {
+    for (int i = 0; i < MR; i++) {
+        __m256 a = rem >= V ? _mm256_loadu_ps(x + i * ldx + k) : load_f32_tail(x + i * ldx + k, rem);
+        s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
+        s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
+        s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
+        s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
+    }
+}
+
 /* ---- gemm: MR input rows x 4 W rows ------------------------------------------- */
 
 static inline __attribute__((always_inline)) void
@@ -144,25 +158,13 @@ kern(const int MR, const float *x, int64_t ldx, const float *w, int64_t ldw, int
     for (; k + V <= cols; k += V) {
         __m256 b0 = _mm256_loadu_ps(w0 + k), b1 = _mm256_loadu_ps(w1 + k);
         __m256 b2 = _mm256_loadu_ps(w2 + k), b3 = _mm256_loadu_ps(w3 + k);
-        for (int i = 0; i < MR; i++) {
-            __m256 a = _mm256_loadu_ps(x + i * ldx + k);
-            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, V);
     }
     if (k < cols) {
         int64_t rem = cols - k;
         __m256 b0 = load_f32_tail(w0 + k, rem), b1 = load_f32_tail(w1 + k, rem);
         __m256 b2 = load_f32_tail(w2 + k, rem), b3 = load_f32_tail(w3 + k, rem);
-        for (int i = 0; i < MR; i++) {
-            __m256 a = load_f32_tail(x + i * ldx + k, rem);
-            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, rem);
     }
     for (int i = 0; i < MR; i++)
         store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
@@ -213,25 +215,13 @@ dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float 
         }
         __m256 b0 = wload(type, p[0], k), b1 = wload(type, p[1], k);
         __m256 b2 = wload(type, p[2], k), b3 = wload(type, p[3], k);
-        for (int i = 0; i < MR; i++) {
-            __m256 a = _mm256_loadu_ps(x + i * ldx + k);
-            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, V);
     }
     if (k < cols) {
         int64_t rem = cols - k;
         __m256 b0 = wload_tail(type, p[0], k, rem), b1 = wload_tail(type, p[1], k, rem);
         __m256 b2 = wload_tail(type, p[2], k, rem), b3 = wload_tail(type, p[3], k, rem);
-        for (int i = 0; i < MR; i++) {
-            __m256 a = load_f32_tail(x + i * ldx + k, rem);
-            s[i][0] = _mm256_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm256_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm256_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm256_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, rem);
     }
     for (int i = 0; i < MR; i++)
         store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);

@@ -114,6 +114,20 @@ static void k_convert_rows(const tdm_weight *w, int64_t r0, int64_t nr, float *d
         convert_row(w->type, base + (size_t)(r0 + i) * w->row_bytes, dst + i * ld, w->cols);
 }
 
+/* s[i][j] += x row i (16 floats from k; m masks a tail) * b_j, for i < MR: the
+ * register block shared by the tile kernel and the direct kernel. */
+static inline __attribute__((always_inline)) void
+fma_rows(const int MR, __m512 s[][4], __m512 b0, __m512 b1, __m512 b2, __m512 b3, const float *x,
+         int64_t ldx, int64_t k, __mmask16 m) {
+    for (int i = 0; i < MR; i++) {
+        __m512 a = m == 0xffff ? _mm512_loadu_ps(x + i * ldx + k) : _mm512_maskz_loadu_ps(m, x + i * ldx + k);
+        s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
+        s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
+        s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
+        s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
+    }
+}
+
 /* ---- gemm: MR input rows x 4 W rows ------------------------------------------- */
 
 static inline __attribute__((always_inline)) void
@@ -127,25 +141,13 @@ kern(const int MR, const float *x, int64_t ldx, const float *w, int64_t ldw, int
     for (; k + V <= cols; k += V) {
         __m512 b0 = _mm512_loadu_ps(w0 + k), b1 = _mm512_loadu_ps(w1 + k);
         __m512 b2 = _mm512_loadu_ps(w2 + k), b3 = _mm512_loadu_ps(w3 + k);
-        for (int i = 0; i < MR; i++) {
-            __m512 a = _mm512_loadu_ps(x + i * ldx + k);
-            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, 0xffff);
     }
     if (k < cols) {
         __mmask16 m = tail_mask(cols - k);
         __m512 b0 = _mm512_maskz_loadu_ps(m, w0 + k), b1 = _mm512_maskz_loadu_ps(m, w1 + k);
         __m512 b2 = _mm512_maskz_loadu_ps(m, w2 + k), b3 = _mm512_maskz_loadu_ps(m, w3 + k);
-        for (int i = 0; i < MR; i++) {
-            __m512 a = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, m);
     }
     for (int i = 0; i < MR; i++)
         store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
@@ -237,25 +239,13 @@ dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float 
         }
         __m512 b0 = wload(type, p[0], k), b1 = wload(type, p[1], k);
         __m512 b2 = wload(type, p[2], k), b3 = wload(type, p[3], k);
-        for (int i = 0; i < MR; i++) {
-            __m512 a = _mm512_loadu_ps(x + i * ldx + k);
-            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, 0xffff);
     }
     if (k < cols) {
         __mmask16 m = tail_mask(cols - k);
         __m512 b0 = wload_mask(type, p[0], k, m), b1 = wload_mask(type, p[1], k, m);
         __m512 b2 = wload_mask(type, p[2], k, m), b3 = wload_mask(type, p[3], k, m);
-        for (int i = 0; i < MR; i++) {
-            __m512 a = _mm512_maskz_loadu_ps(m, x + i * ldx + k);
-            s[i][0] = _mm512_fmadd_ps(a, b0, s[i][0]);
-            s[i][1] = _mm512_fmadd_ps(a, b1, s[i][1]);
-            s[i][2] = _mm512_fmadd_ps(a, b2, s[i][2]);
-            s[i][3] = _mm512_fmadd_ps(a, b3, s[i][3]);
-        }
+        fma_rows(MR, s, b0, b1, b2, b3, x, ldx, k, m);
     }
     for (int i = 0; i < MR; i++)
         store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
