@@ -47,8 +47,6 @@ typedef struct tdm_cpu_kernels {
     /* Attention helpers over d floats. */
     float (*dot_f32)(const float *a, const float *b, int32_t d);
     float (*dot_f16)(const float *a, const uint16_t *b, int32_t d);
-    void (*axpy_f32)(float *y, float a, const float *x, int32_t d);   /* y += a * x */
-    void (*axpy_f16)(float *y, float a, const uint16_t *x, int32_t d);
     /* acc[h][d] += sum_{i < cnt} p[h * ldp + i] * v[i][d] for h < nh, d < hd, summed in
      * order of i; v: cnt contiguous rows of hd elements of type TDM_F32 or TDM_F16. */
     void (*attn_pv)(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,

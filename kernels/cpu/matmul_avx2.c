@@ -274,22 +274,6 @@ static float k_dot_f16(const float *a, const uint16_t *b, int32_t d) {
     return reduce1(s);
 }
 
-static void k_axpy_f32(float *y, float a, const float *x, int32_t d) {
-    __m256 va = _mm256_set1_ps(a);
-    int32_t k = 0;
-    for (; k + V <= d; k += V)
-        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
-    for (; k < d; k++) y[k] = fmaf(a, x[k], y[k]);
-}
-
-static void k_axpy_f16(float *y, float a, const uint16_t *x, int32_t d) {
-    __m256 va = _mm256_set1_ps(a);
-    int32_t k = 0;
-    for (; k + V <= d; k += V)
-        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(va, load_f16(x + k), _mm256_loadu_ps(y + k)));
-    for (; k < d; k++) y[k] = fmaf(a, _cvtsh_ss(x[k]), y[k]);
-}
-
 static inline __attribute__((always_inline)) void
 pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint8_t *v, int32_t hd) {
     size_t esz = type == TDM_F16 ? 2 : 4, row = (size_t)hd * esz;
@@ -417,8 +401,6 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx2 = {
     .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16),
     .dot_f32 = k_dot_f32,
     .dot_f16 = k_dot_f16,
-    .axpy_f32 = k_axpy_f32,
-    .axpy_f16 = k_axpy_f16,
     .attn_pv = k_attn_pv,
     .softmax_num = k_softmax_num,
     .swiglu = k_swiglu,

@@ -314,30 +314,6 @@ static float k_dot_f16(const float *a, const uint16_t *b, int32_t d) {
     return reduce1(s);
 }
 
-static void k_axpy_f32(float *y, float a, const float *x, int32_t d) {
-    __m512 va = _mm512_set1_ps(a);
-    int32_t k = 0;
-    for (; k + V <= d; k += V)
-        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + k), _mm512_loadu_ps(y + k)));
-    if (k < d) {
-        __mmask16 m = tail_mask(d - k);
-        _mm512_mask_storeu_ps(y + k, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + k),
-                                                        _mm512_maskz_loadu_ps(m, y + k)));
-    }
-}
-
-static void k_axpy_f16(float *y, float a, const uint16_t *x, int32_t d) {
-    __m512 va = _mm512_set1_ps(a);
-    int32_t k = 0;
-    for (; k + V <= d; k += V)
-        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(va, load_f16(x + k), _mm512_loadu_ps(y + k)));
-    if (k < d) {
-        __mmask16 m = tail_mask(d - k);
-        _mm512_mask_storeu_ps(y + k, m, _mm512_fmadd_ps(va, load_f16_mask(x + k, m),
-                                                        _mm512_maskz_loadu_ps(m, y + k)));
-    }
-}
-
 /* acc[h][d] += sum_i p[h * ldp + i] v[i][d] for H <= PV_H heads at once and the
  * NV * 16 columns from d0 (m: mask of the last vector): each V vector is loaded
  * once for all the heads.  Every acc element sees the same FMAs in order of i
@@ -469,8 +445,6 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx512 = {
     .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16) | (1u << TDM_Q8_0) | (1u << TDM_Q4_0),
     .dot_f32 = k_dot_f32,
     .dot_f16 = k_dot_f16,
-    .axpy_f32 = k_axpy_f32,
-    .axpy_f16 = k_axpy_f16,
     .attn_pv = k_attn_pv,
     .softmax_num = k_softmax_num,
     .swiglu = k_swiglu,
