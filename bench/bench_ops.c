@@ -6,7 +6,8 @@
  * step of the 15.7M-param target model (8 layers, dim 384, ff 1024, 6/2 heads of 64,
  * vocab 8192 output head), f16 weights, as the forward would issue them.
  *
- * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds]
+ * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128]
+ *   -n: the input row counts of the single-shape runs (default 1,128)
  */
 #include <math.h>
 #include <stdio.h>
@@ -142,6 +143,8 @@ int main(int argc, char **argv) {
     int only_level = -1;
     int only_type = -1;
     double secs = 0.15;
+    int32_t ns[16] = {1, 128};
+    int n_ns = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) secs = atof(argv[++i]);
@@ -152,15 +155,22 @@ int main(int argc, char **argv) {
             const char *d = argv[++i];
             only_type = !strcmp(d, "f32") ? TDM_F32 : !strcmp(d, "f16") ? TDM_F16
                       : !strcmp(d, "bf16") ? TDM_BF16 : !strcmp(d, "q8_0") ? TDM_Q8_0 : TDM_Q4_0;
+        } else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
+            n_ns = 0;
+            for (char *q = argv[++i]; *q && n_ns < 16;) {
+                long v = strtol(q, &q, 10);
+                if (v < 1 || v > 128) break;
+                ns[n_ns++] = (int32_t)v;
+                if (*q == ',') q++;
+            }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds]\n",
+            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128]\n",
                     argv[0]);
             return 2;
         }
     }
     static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
     static const int64_t shapes[][2] = {{1024, 384}, {384, 1024}, {2048, 384}, {384, 384}, {8192, 384}};
-    static const int32_t ns[] = {1, 128};
 
     float *x = malloc(128 * 1024 * sizeof(float));
     float *y = malloc(128 * 8192 * sizeof(float));
@@ -181,7 +191,7 @@ int main(int argc, char **argv) {
             if (only_type >= 0 && (int)types[t] != only_type) continue;
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
                 tdm_weight w = make_weight(types[t], shapes[s][0], shapes[s][1]);
-                for (size_t k = 0; k < 2; k++) {
+                for (int k = 0; k < n_ns; k++) {
                     mm_ctx c = {b, &w, 1, x, ns[k], y};
                     double sec = median_time(run_matmuls, &c, lv == 0 ? secs / 3 : secs);
                     double flop = 2.0 * (double)w.rows * (double)w.cols * ns[k];
