@@ -16,6 +16,7 @@
 
 #include "backend.h"
 #include "cpu_internal.h"
+#include "qhead.h"
 
 static uint64_t rng_state = 12345;
 static float frand(void) {
@@ -136,6 +137,75 @@ static void bench_attention(tdm_backend *b, uint32_t ct, int32_t ctx, int32_t n,
     free(vc);
 }
 
+typedef struct head_ctx {
+    tdm_backend *b;
+    const tdm_weight *w;
+    const tdm_qhead *h;
+    const float *x;
+    int32_t n;
+    float *y;
+    int32_t *ids;
+} head_ctx;
+
+static void run_qhead(void *p) {
+    head_ctx *c = p;
+    tdm_err err;
+    if (c->b->ops->qhead_logits(c->b, c->h, c->x, c->n, c->y, &err) != TANDEM_OK) {
+        fprintf(stderr, "qhead_logits failed: %s\n", err.msg);
+        exit(1);
+    }
+}
+
+static void run_head_argmax(void *p) {
+    head_ctx *c = p;
+    tdm_err err;
+    if (c->b->ops->head_argmax(c->b, c->w, c->h, c->x, c->n, c->ids, &err) != TANDEM_OK) {
+        fprintf(stderr, "head_argmax failed: %s\n", err.msg);
+        exit(1);
+    }
+}
+
+/* The quantised output head (qhead.h) of a [V][E] f16 head: approximate logits and
+ * exact argmax, hot in the caches, against the f16 matmul of the same rows.  The x
+ * rows are made so that one logit stands out (as with a trained model) and a few
+ * come close. */
+static void bench_head(tdm_backend *b, int64_t V, int64_t E, double secs) {
+    if (!b->int8_dot) return;
+    tdm_weight w = make_weight(TDM_F16, V, E);
+    void *buf = tdm_alloc_aligned(tdm_qhead_bytes(V, E), 64);
+    tdm_qhead h;
+    tdm_err err;
+    tdm_qhead_place(&h, V, E, buf);
+    if (tdm_qhead_fill(&w, buf, &err) != TANDEM_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(1);
+    }
+    float *x = malloc((size_t)(8 * E) * sizeof(float)), *y = malloc((size_t)(8 * V) * sizeof(float));
+    float *row = malloc((size_t)E * sizeof(float));
+    int32_t ids[8];
+    for (int i = 0; i < 8; i++) { /* x = 0.3 * noise + 3 * (W row 17 i) */
+        tdm_row_to_f32(TDM_F16, (const uint8_t *)w.data + (size_t)(17 * i) * w.row_bytes, row, E);
+        for (int64_t k = 0; k < E; k++) x[i * E + k] = 0.3f * frand() + 3.0f * row[k];
+    }
+    static const int32_t ns[] = {1, 4};
+    for (size_t k = 0; k < 2; k++) {
+        head_ctx c = {b, &w, &h, x, ns[k], y, ids};
+        mm_ctx m = {b, &w, 1, x, ns[k], y};
+        double t_mm = median_time(run_matmuls, &m, secs), t_q = median_time(run_qhead, &c, secs);
+        double t_am = median_time(run_head_argmax, &c, secs);
+        tdm_cpu *cpu = b->impl;
+        printf("%-7s head f16 [%lld][%lld] n=%d: matmul %.1f us, qhead_logits %.1f us, head_argmax %.1f us "
+               "(%.1f exact logits per row)\n",
+               tdm_cpu_level_name(tdm_backend_cpu_level(b)), (long long)V, (long long)E, ns[k], t_mm * 1e6,
+               t_q * 1e6, t_am * 1e6, cpu->head_rows ? (double)cpu->head_cands / (double)cpu->head_rows : 0.0);
+    }
+    free(x);
+    free(y);
+    free(row);
+    tdm_free_aligned(buf);
+    tdm_free_aligned((void *)w.data);
+}
+
 static size_t weight_bytes(const tdm_weight *w) { return w->row_bytes * (size_t)w->rows; }
 
 int main(int argc, char **argv) {
@@ -227,6 +297,8 @@ int main(int argc, char **argv) {
                        bytes * (double)n / sec * 1e-9);
             }
             for (int i = 0; i < N_W; i++) tdm_free_aligned((void *)ws[i].data);
+            bench_head(b, 8192, 384, secs);
+            bench_head(b, 8192, 128, secs);
             bench_attention(b, TDM_F32, 200, 1, secs);
             bench_attention(b, TDM_F32, 200, 4, secs);
             bench_attention(b, TDM_F16, 1000, 1, secs);

@@ -19,9 +19,9 @@
 #include "engine.h"
 #include "tokenizer.h"
 
-enum { OP_GET_ROWS, OP_RMSNORM, OP_MATMUL, OP_LM_HEAD, OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SWIGLU, OP_GATHER, N_OPS };
+enum { OP_GET_ROWS, OP_RMSNORM, OP_MATMUL, OP_LM_HEAD, OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SWIGLU, OP_GATHER, OP_HEAD_ARGMAX, OP_QHEAD, N_OPS };
 static const char *op_names[N_OPS] = {"get_rows", "rmsnorm",  "matmul", "lm_head", "rope",
-                                      "kv_write", "attention", "swiglu", "gather"};
+                                      "kv_write", "attention", "swiglu", "gather", "head_argmax", "qhead_logits"};
 #define MAX_ROWS 17 /* calls with >= 16 rows share the last bin */
 
 static const tdm_backend_ops *g_real;
@@ -78,6 +78,14 @@ static tandem_status w_gather(tdm_backend *b, const float *x, const int32_t *r, 
                               tdm_err *e) {
     WRAP_CALL(OP_GATHER, n, g_real->gather_rows(b, x, r, n, d, o, e));
 }
+static tandem_status w_head_argmax(tdm_backend *b, const tdm_weight *w, const tdm_qhead *h, const float *x,
+                                   int32_t n, int32_t *ids, tdm_err *e) {
+    WRAP_CALL(OP_HEAD_ARGMAX, n, g_real->head_argmax(b, w, h, x, n, ids, e));
+}
+static tandem_status w_qhead(tdm_backend *b, const tdm_qhead *h, const float *x, int32_t n, float *y,
+                             tdm_err *e) {
+    WRAP_CALL(OP_QHEAD, n, g_real->qhead_logits(b, h, x, n, y, e));
+}
 
 static void die(const char *what, const tdm_err *err) {
     fprintf(stderr, "error: %s: %s\n", what, err->msg);
@@ -128,6 +136,8 @@ int main(int argc, char **argv) {
     g_wrap.attention = w_attention;
     g_wrap.swiglu = w_swiglu;
     g_wrap.gather_rows = w_gather;
+    if (g_real->head_argmax) g_wrap.head_argmax = w_head_argmax;
+    if (g_real->qhead_logits) g_wrap.qhead_logits = w_qhead;
     e->be->ops = &g_wrap;
 
     int n_prompts;

@@ -52,7 +52,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
     tandem_status st;
     *n_drafted = *n_model = 0;
     /* catch up: rows [n_draft, n) -> the distribution of the token after them */
-    if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, e->logits_d, err))) return st;
+    if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, TDM_FWD_LOGITS_APPROX, err))) return st;
     for (int32_t i = 0; i < k; i++) {
         const float *l = e->logits_d;
         /* p_min looks at the distribution only, never at the token drawn from it
@@ -77,7 +77,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
         }
         if (i + 1 == k) break;
         /* feed x at position n + i */
-        if ((st = tdm_engine_feed(e, s, true, n + i, n + i + 1, true, e->logits_d, err))) return st;
+        if ((st = tdm_engine_feed(e, s, true, n + i, n + i + 1, true, TDM_FWD_LOGITS_APPROX, err))) return st;
     }
     return TANDEM_OK;
 }

@@ -63,6 +63,28 @@ typedef struct tdm_attn_args {
     float scale;                     /* softmax scale, usually 1/sqrt(head_dim) */
 } tdm_attn_args;
 
+/* A row-quantised copy of an output projection W[rows][cols] (tdm_qhead_build,
+ * src/qhead.c) for cheap approximate logits with a rigorous error bound.  Laid out
+ * for int8 dot-product instructions: groups of 16 W rows, and in each group the 16
+ * rows' values of 4 consecutive columns stored together (64 bytes), so one
+ * instruction advances 16 rows by 4 columns and no horizontal sums are needed.
+ *
+ * With x quantised the same way (scale dx = max|x| / 127, qx = round(x / dx)), the
+ * approximate logit A = dx d[r] sum_k qx q[r][k] (the sum exact in integers) is
+ * within  L1(x) xcoef[r] + ex l1[r] + 1e-6 |A|  of what matmul computes for W row
+ * r, where L1(x) = sum |x_k| and ex = max |x_k - dx qx_k|. */
+typedef struct tdm_qhead {
+    int64_t rows, cols;         /* W's shape */
+    int64_t rows_pad, cols_pad; /* rows_pad: multiple of 64; cols_pad: multiple of 4 */
+    const int8_t *q;            /* [rows_pad/16][cols_pad/4][16][4]: round(w / d), |q| <= 127;
+                                   padding rows and columns are 0 */
+    const float *d;             /* [rows_pad] max_k |w[r][k]| / 127 (0 for zero and padding rows) */
+    const int32_t *qsum;        /* [rows_pad] sum_k q[r][k] */
+    const float *xcoef;         /* [rows_pad] max_k |w - d q| + gamma(cols) max_k |w|, rounded up
+                                   (gamma bounds matmul's own f32 rounding) */
+    const float *l1;            /* [rows_pad] sum_k |d q[r][k]|, rounded up */
+} tdm_qhead;
+
 typedef struct tdm_backend_ops {
     const char *name;
     void (*destroy)(tdm_backend *b);
@@ -100,6 +122,17 @@ typedef struct tdm_backend_ops {
     /* Copies rows: out[i] = x[rows[i]] for i < n (dim floats each). */
     tandem_status (*gather_rows)(tdm_backend *b, const float *x, const int32_t *rows, int32_t n,
                                  int32_t dim, float *out, tdm_err *err);
+    /* Optional (present when tdm_backend.int8_dot): the quantised output head.
+     * qhead_logits: y[n][qh->rows] = the approximate logits A of x[n][qh->cols] (see
+     * tdm_qhead): a cheap stand-in for matmul where an approximation serves (the
+     * draft model's proposals).
+     * head_argmax: ids[i] = the first index of the largest logit of row i of
+     * matmul(w, x), exactly as tdm_argmax finds it on matmul's output, computing
+     * only the logits the bounds of A cannot rule out (qh is w's quantised copy). */
+    tandem_status (*qhead_logits)(tdm_backend *b, const tdm_qhead *qh, const float *x, int32_t n,
+                                  float *y, tdm_err *err);
+    tandem_status (*head_argmax)(tdm_backend *b, const tdm_weight *w, const tdm_qhead *qh,
+                                 const float *x, int32_t n, int32_t *ids, tdm_err *err);
     /* Waits for queued work (a no-op for the CPU backend). */
     tandem_status (*sync)(tdm_backend *b, tdm_err *err);
 } tdm_backend_ops;
@@ -107,6 +140,7 @@ typedef struct tdm_backend_ops {
 struct tdm_backend {
     const tdm_backend_ops *ops;
     int32_t n_threads; /* CPU threads used by ops (CPU backend) */
+    bool int8_dot;     /* qhead_logits / head_argmax are implemented and fast here */
     void *impl;
 };
 

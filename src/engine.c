@@ -138,7 +138,8 @@ void tdm_engine_free(tdm_engine *e) {
 }
 
 tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t from, int32_t to,
-                              bool want_last, float *out, tdm_err *err) {
+                              bool want_last, tdm_fwd_kind kind, tdm_err *err) {
+    float *out = is_draft ? e->logits_d : e->logits_t;
     const tdm_model *m = is_draft ? e->draft : e->target;
     tdm_kv_store *kv = is_draft ? &e->kv_d : &e->kv_t;
     tdm_fwd_scratch *fs = is_draft ? &e->fs_d : &e->fs_t;
@@ -151,7 +152,7 @@ tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t 
         tdm_batch_clear(&e->batch);
         for (int32_t p = c; p < end; p++)
             tdm_batch_add(&e->batch, s->tokens[p], p, 0, p, want_last && p == to - 1);
-        st = tdm_model_forward(m, e->be, kv, &e->batch, seqs, fs, out, err);
+        st = tdm_model_forward_ex(m, e->be, kv, &e->batch, seqs, fs, kind, out, e->ids, err);
         if (st) return st;
     }
     if (is_draft)
@@ -205,8 +206,14 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token) {
     return !s->done;
 }
 
-static int32_t sample_row(tdm_engine *e, tdm_seq *s, const float *logits) {
-    return tdm_sample_logits(logits, e->n_vocab, &s->sp, &e->ss, e->tmp, &s->rng);
+/* The target's next token after a feed with want_last (greedy: its argmax, which
+ * the quantised head finds without most logits; sampling: drawn from the logits). */
+static tdm_fwd_kind target_kind(const tdm_seq *s) {
+    return s->sp.temperature <= 0 ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS;
+}
+static int32_t next_token(tdm_engine *e, tdm_seq *s) {
+    if (target_kind(s) == TDM_FWD_ARGMAX) return e->ids[0];
+    return tdm_sample_logits(e->logits_t, e->n_vocab, &s->sp, &e->ss, e->tmp, &s->rng);
 }
 
 tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int32_t n_prompt,
@@ -273,16 +280,17 @@ tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         s->finish = TANDEM_FINISH_LENGTH;
         return TANDEM_OK;
     }
-    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, e->logits_t, err);
-    if (!st && e->draft) st = tdm_engine_feed(e, s, true, 0, s->n_prompt, false, e->logits_d, err);
-    if (!st) tdm_seq_commit(e, s, sample_row(e, s, e->logits_t));
+    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, target_kind(s), err);
+    int32_t tok = st ? -1 : next_token(e, s);
+    if (!st && e->draft) st = tdm_engine_feed(e, s, true, 0, s->n_prompt, false, TDM_FWD_LOGITS, err);
+    if (!st) tdm_seq_commit(e, s, tok);
     return st;
 }
 
 tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     int32_t n = s->n_tokens;
-    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, e->logits_t, err);
-    if (!st) tdm_seq_commit(e, s, sample_row(e, s, e->logits_t));
+    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, target_kind(s), err);
+    if (!st) tdm_seq_commit(e, s, next_token(e, s));
     return st;
 }
 
@@ -341,7 +349,7 @@ tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *id
     gp.max_tokens = 1;
     tdm_seq s;
     tandem_status st = tdm_seq_init(e, &s, ids, n, &gp, err);
-    if (!st) st = tdm_engine_feed(e, &s, draft, 0, n, true, draft ? e->logits_d : e->logits_t, err);
+    if (!st) st = tdm_engine_feed(e, &s, draft, 0, n, true, TDM_FWD_LOGITS, err);
     if (!st)
         st = e->be->ops->download(e->be, out, draft ? e->logits_d : e->logits_t,
                                   (size_t)e->n_vocab * sizeof(float), err);

@@ -45,6 +45,7 @@ typedef struct tdm_engine {
     int32_t max_rows;        /* batch capacity */
     float *logits_t;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] (backend memory) */
     float *logits_d;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] */
+    int32_t ids[TDM_ENGINE_LOGIT_ROWS]; /* greedy forwards' argmax per logits row (host) */
     float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
     float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
     float *tmp;              /* [n_vocab] host scratch */
@@ -108,9 +109,10 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s);
 
 /* Internal steps, shared by the target-only and speculative paths. */
 /* Forward of model (target or draft) over rows tokens[from, to) of seq at positions
- * from.., writing K/V; logits of the last row into out when want_last. */
+ * from.., writing K/V; when want_last, the last row's output of the given kind:
+ * logits into e->logits_t / e->logits_d, or (TDM_FWD_ARGMAX) its argmax into e->ids[0]. */
 tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t from, int32_t to,
-                              bool want_last, float *out, tdm_err *err);
+                              bool want_last, tdm_fwd_kind kind, tdm_err *err);
 /* Appends a token to the sequence (emits it, checks EOS / length).  Returns false
  * when generation must stop (s->done is then set). */
 bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "sampling.h"
 
 void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     if (!s || !s->be) return;
@@ -81,6 +82,13 @@ static tandem_status check_batch(const tdm_model *m, const tdm_kv_store *kv, con
 tandem_status tdm_model_forward(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                 const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                 tdm_fwd_scratch *s, float *logits, tdm_err *err) {
+    return tdm_model_forward_ex(m, be, kv, batch, seqs, s, TDM_FWD_LOGITS, logits, NULL, err);
+}
+
+tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                   const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                   tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
+                                   tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
     const tdm_backend_ops *op = be->ops;
     tandem_status st;
@@ -136,5 +144,12 @@ tandem_status tdm_model_forward(const tdm_model *m, tdm_backend *be, tdm_kv_stor
         src = s->xb;
     }
     if ((st = op->rmsnorm(be, src, m->out_norm, nl, E, hp->norm_eps, s->xb, err))) return st;
-    return op->matmul(be, &m->output, s->xb, nl, logits, false, err);
+    if (kind == TDM_FWD_ARGMAX && !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "forward: NULL ids");
+    bool q = m->has_qhead && be->int8_dot;
+    if (kind == TDM_FWD_ARGMAX && q) return op->head_argmax(be, &m->output, &m->qhead, s->xb, nl, ids, err);
+    if (kind == TDM_FWD_LOGITS_APPROX && q) return op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err);
+    if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
+    if (kind == TDM_FWD_ARGMAX) /* (host-visible logits: the CPU backend) */
+        for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax(logits + (size_t)i * (size_t)hp->n_vocab, hp->n_vocab);
+    return TANDEM_OK;
 }

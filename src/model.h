@@ -49,6 +49,8 @@ typedef struct tdm_model {
     const float *out_norm;  /* [n_embd] */
     tdm_weight output;      /* [n_vocab][n_embd] (== tok_embd when tied) */
     tdm_layer *layers;      /* [n_layer] */
+    tdm_qhead qhead;        /* output's row-quantised copy (backend memory), when has_qhead */
+    bool has_qhead;         /* built at load on backends with int8 dot products */
     void **owned;           /* backend buffers to free */
     int32_t n_owned, cap_owned;
     uint64_t n_params;
@@ -103,6 +105,21 @@ typedef struct tdm_fwd_scratch {
 
 void tdm_fwd_scratch_free(tdm_fwd_scratch *s);
 
+/* What a forward returns for the rows that want logits (n_logits of them, in row
+ * order). */
+typedef enum tdm_fwd_kind {
+    TDM_FWD_LOGITS,        /* logits[n_logits][n_vocab], exact */
+    TDM_FWD_LOGITS_APPROX, /* the same from the quantised head (qhead) when the model has
+                              one, else exact: for the draft's proposals, where any
+                              distribution serves (verification keeps the output exact) */
+    TDM_FWD_ARGMAX,        /* ids[n_logits] = tdm_argmax of the exact logits, from the
+                              quantised head's bounds plus a few exact logits when the
+                              model has one (logits: scratch for models without) */
+} tdm_fwd_kind;
+tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                   const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                   tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
+                                   tdm_err *err);
 /* Runs the model over a batch.  K/V of every row is written into its slot (the
  * sequences' block tables must already be reserved past every slot).  logits
  * receives [n_logits][n_vocab] for the rows with want_logits, in row order. */

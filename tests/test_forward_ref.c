@@ -335,7 +335,7 @@ static float *eng_logits_rowwise(eng *x, const int32_t *tok, int n) {
     s.n_tokens = s.cap = n;
     tdm_err err = {0};
     for (int t = 0; t < n; t++) {
-        cr_assert_eq(tdm_engine_feed(x->e, &s, false, t, t + 1, true, x->e->logits_t, &err), TANDEM_OK, "%s",
+        cr_assert_eq(tdm_engine_feed(x->e, &s, false, t, t + 1, true, TDM_FWD_LOGITS, &err), TANDEM_OK, "%s",
                      err.msg);
         cr_assert_eq(x->e->be->ops->download(x->e->be, out + (size_t)t * V, x->e->logits_t,
                                              (size_t)V * sizeof(float), &err),

@@ -103,7 +103,7 @@ Test(model, batch_split_invariance, .timeout = 300) {
     s.cap = (int32_t)n;
     int32_t cuts[] = {0, 1, 4, 5, (int32_t)n};
     for (size_t c = 0; c + 1 < TDM_ARRAY_LEN(cuts); c++)
-        cr_assert_eq(tdm_engine_feed(e, &s, false, cuts[c], cuts[c + 1], true, e->logits_t, &err), TANDEM_OK,
+        cr_assert_eq(tdm_engine_feed(e, &s, false, cuts[c], cuts[c + 1], true, TDM_FWD_LOGITS, &err), TANDEM_OK,
                      "%s", err.msg);
     memcpy(b, e->logits_t, (size_t)V * 4);
     tdm_kv_seq_free(e->pool, &s.kv);

@@ -25,13 +25,15 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
     tdm_batch_clear(b);
     tdm_batch_add(b, s->tokens[n - 1], n - 1, 0, n - 1, true);
     for (int32_t i = 0; i < k; i++) tdm_batch_add(b, draft[i], n + i, 0, n + i, true);
-    if ((st = tdm_model_forward(e->target, e->be, &e->kv_t, b, seqs, &e->fs_t, e->logits_t, err))) return st;
+    const bool greedy = s->sp.temperature <= 0;
+    /* greedy needs only each row's argmax, which the quantised head finds exactly */
+    if ((st = tdm_model_forward_ex(e->target, e->be, &e->kv_t, b, seqs, &e->fs_t,
+                                   greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, e->logits_t, e->ids, err)))
+        return st;
 
     int32_t acc, next;
-    if (s->sp.temperature <= 0) {
-        int32_t am[TDM_CTRL_MAX_K + 1];
-        for (int32_t i = 0; i <= k; i++) am[i] = tdm_argmax(e->logits_t + (size_t)i * (size_t)V, V);
-        acc = tdm_accept_greedy(draft, k, am, &next);
+    if (greedy) {
+        acc = tdm_accept_greedy(draft, k, e->ids, &next);
     } else {
         for (int32_t i = 0; i <= k; i++)
             tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss,

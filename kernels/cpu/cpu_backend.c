@@ -116,6 +116,8 @@ static const tdm_backend_ops cpu_ops = {
     .attention = tdm_cpu_attention,
     .swiglu = tdm_cpu_swiglu,
     .gather_rows = tdm_cpu_gather_rows,
+    .qhead_logits = tdm_cpu_qhead_logits,
+    .head_argmax = tdm_cpu_head_argmax,
     .sync = cpu_sync,
 };
 
@@ -164,6 +166,7 @@ static void cpu_free_impl(tdm_cpu *c) {
     if (c->scratch)
         for (int t = 0; t < c->n_threads; t++) tdm_free_aligned(c->scratch[t].buf);
     free(c->scratch);
+    tdm_free_aligned(c->head_buf);
     free(c);
 }
 
@@ -209,8 +212,15 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
         cpu_free_impl(c);
         return st;
     }
+#if defined(__x86_64__)
+    if (level == TDM_CPU_AVX512 && __builtin_cpu_supports("avx512vnni")) {
+        c->k_dot = tdm_qhead_dot_vnni;
+        c->k_post = tdm_qhead_post_vnni;
+    }
+#endif
     b->ops = &cpu_ops;
     b->n_threads = n_threads;
+    b->int8_dot = c->k_dot != NULL;
     b->impl = c;
     *out = b;
     return TANDEM_OK;

@@ -85,6 +85,26 @@ typedef struct tdm_rope_cache {
     double *inv_freq;         /* [n_rot / 2] base^(-2i/n_rot) */
 } tdm_rope_cache;
 
+/* isum[i][r] = sum_k xq[i][k] q[r][k] (xq: [n][cols_pad] unsigned bytes; isum rows
+ * rows_pad apart) for the W rows of 64-row panels [p0, p1) of a quantised head. */
+typedef void (*tdm_qhead_dot_fn)(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0,
+                                 int64_t p1, int32_t *isum);
+void tdm_qhead_dot_ref(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0, int64_t p1,
+                       int32_t *isum);
+/* The approximate logits of W rows [r0, r1) for one x row from its integer sums
+ * (x bytes offset by 128): a[r] = dx d[r] (isum[r] - 128 qsum[r]); when b is not
+ * NULL also the bounds b[r], *lo = max(a - b) and the rows with a + b >= *lo in
+ * cand[1..] (cand[0] = their count, -1 when more than cap). */
+typedef void (*tdm_qhead_post_fn)(const tdm_qhead *h, const int32_t *isum, float dx, float l1x, float ex,
+                                  int64_t r0, int64_t r1, float *a, float *b, float *lo, int32_t *cand,
+                                  int32_t cap);
+#if defined(__x86_64__)
+void tdm_qhead_post_vnni(const tdm_qhead *h, const int32_t *isum, float dx, float l1x, float ex, int64_t r0,
+                         int64_t r1, float *a, float *b, float *lo, int32_t *cand, int32_t cap);
+void tdm_qhead_dot_vnni(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0, int64_t p1,
+                        int32_t *isum);
+#endif
+
 typedef struct tdm_cpu {
     tdm_rope_cache rope[TDM_ROPE_CACHES];
     int32_t rope_next;        /* round-robin replacement */
@@ -93,6 +113,12 @@ typedef struct tdm_cpu {
     tdm_cpu_level level;
     const tdm_cpu_kernels *k;
     tdm_cpu_scratch *scratch; /* [n_threads] */
+    /* quantised output head (head.c): the level's int8 dot kernel, NULL without one */
+    tdm_qhead_dot_fn k_dot;
+    tdm_qhead_post_fn k_post;
+    void *head_buf;           /* x bytes, integer sums, logits and bounds of a pass */
+    size_t head_cap;
+    uint64_t head_rows, head_cands; /* head_argmax: rows answered, exact logits computed */
 } tdm_cpu;
 
 /* Highest level this CPU supports. */
@@ -126,6 +152,10 @@ tandem_status tdm_cpu_rmsnorm(tdm_backend *b, const float *x, const float *gamma
                               int32_t dim, float eps, float *out, tdm_err *err);
 tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n,
                              float *y, bool accumulate, tdm_err *err);
+tandem_status tdm_cpu_qhead_logits(tdm_backend *b, const tdm_qhead *h, const float *x, int32_t n,
+                                   float *y, tdm_err *err);
+tandem_status tdm_cpu_head_argmax(tdm_backend *b, const tdm_weight *w, const tdm_qhead *h,
+                                  const float *x, int32_t n, int32_t *ids, tdm_err *err);
 tandem_status tdm_cpu_add_bias(tdm_backend *b, float *y, const float *bias, int32_t n, int32_t dim,
                                tdm_err *err);
 tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
