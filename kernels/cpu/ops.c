@@ -252,7 +252,7 @@ tandem_status tdm_cpu_swiglu(tdm_backend *b, const float *gate_up, int32_t n, in
     if (n == 0) return TANDEM_OK;
     if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: NULL pointer");
     swiglu_job j = {c, gate_up, n, ff, out};
-    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * ff * 8, MIN_WORK), swiglu_task, &j);
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * ff * 2, MIN_WORK), swiglu_task, &j);
     return TANDEM_OK;
 }
 
