@@ -72,6 +72,7 @@ typedef struct head_job {
     const xstat *xs;     /* [n] */
     int32_t n;
     int64_t chunk;       /* panels per task */
+    int64_t tasks;
     int32_t *isum;       /* [n][rows_pad] */
     float *a;            /* [n][lda] approximate logits */
     int64_t lda;
@@ -158,10 +159,9 @@ static tandem_status head_pass(tdm_cpu *c, const tdm_qhead *h, const float *x, i
     *j = (head_job){.c = c, .h = h, .xq = xq, .xs = st_rows, .n = n, .isum = isum, .a = a ? a : abuf,
                     .lda = a ? lda : h->rows_pad, .bound = b, .lo = lo, .cand = cand};
     j->chunk = (n_panels + nth - 1) / nth;
-    int64_t tasks = (n_panels + j->chunk - 1) / j->chunk;
-    tdm_threadpool_run(c->pool, tasks, nth, head_task, j);
+    j->tasks = (n_panels + j->chunk - 1) / j->chunk;
+    tdm_threadpool_run(c->pool, j->tasks, nth, head_task, j);
     j->xs = NULL; /* st_rows dies with this frame */
-    j->chunk = tasks; /* what the caller needs from here on: the task count */
     return TANDEM_OK;
 }
 
@@ -214,7 +214,7 @@ tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const td
             const float *a = j.a + i * h->rows_pad;
             float *b = j.bound + i * h->rows_pad; /* reused for the exact logits */
             float lo = -INFINITY;
-            for (int64_t t = 0; t < j.chunk; t++) lo = fmaxf(lo, j.lo[t * XCHUNK + i]);
+            for (int64_t t = 0; t < j.tasks; t++) lo = fmaxf(lo, j.lo[t * XCHUNK + i]);
             if (!ok[i] || !isfinite(lo)) { /* full logits */
                 if ((st = tdm_cpu_matmul(be, w, xi, 1, b, false, err))) return st;
                 ids[i0 + i] = first_max(b, h->rows);
@@ -224,8 +224,8 @@ tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const td
             int32_t idx = -1;
             int64_t n_cand = 0;
             bool scan = false;
-            for (int64_t t = 0; t < j.chunk; t++) scan |= j.cand[(t * XCHUNK + i) * (HEAD_CAND + 1)] < 0;
-            for (int64_t t = 0; t < (scan ? 1 : j.chunk); t++) {
+            for (int64_t t = 0; t < j.tasks; t++) scan |= j.cand[(t * XCHUNK + i) * (HEAD_CAND + 1)] < 0;
+            for (int64_t t = 0; t < (scan ? 1 : j.tasks); t++) {
                 const int32_t *cl = j.cand + (t * XCHUNK + i) * (HEAD_CAND + 1);
                 int64_t nr = scan ? h->rows : cl[0]; /* rows in increasing order */
                 for (int64_t u = 0; u < nr; u++) {
