@@ -1,7 +1,7 @@
-/* test_api.c - the public C API (include/tandem.h) as a user sees it: handles,
- * defaults, status strings, every way tandem_model_open / tandem_engine_open can
- * fail, tokenization, generation (greedy speculative == target-only, streaming,
- * bad requests) and a KV cache too small for the prompt. */
+/* test_api.c - the public C API (include/tandem.h) as a user sees it, up to generation: handles,
+ * defaults, status strings, per-thread errors, every way tandem_model_open / tandem_engine_open can
+ * fail (including a KV budget below one block), model info and tokenization.  Generation is tested
+ * in test_api_generate.c. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -9,32 +9,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api_testutil.h"
 #include "tandem.h"
 #include "testutil.h"
 #include "tiny_model.h"
 
-#define TARGET "pycode-target-f16.gguf"
-#define DRAFT "pycode-draft-xs-f16.gguf"
-
 /* ------------------------------------------------------------ helpers */
-
-static tandem_model *open_model(const char *file) {
-    tandem_model *m = NULL;
-    tandem_status st = tandem_model_open(tdm_test_model_path(file), NULL, &m);
-    cr_assert_eq(st, TANDEM_OK, "%s: %s", file, tandem_last_error());
-    cr_assert(m);
-    return m;
-}
-
-static tandem_engine *open_engine(tandem_model *t, tandem_model *d, const tandem_engine_params *p) {
-    tandem_engine_params def = tandem_engine_default_params();
-    def.n_threads = 2;
-    tandem_engine *e = NULL;
-    tandem_status st = tandem_engine_open(t, d, p ? p : &def, &e);
-    cr_assert_eq(st, TANDEM_OK, "engine: %s", tandem_last_error());
-    cr_assert(e);
-    return e;
-}
 
 /* Writes bytes to a new temp file; returns its malloc'ed path. */
 static char *write_temp(const void *data, size_t n) {
@@ -311,7 +291,7 @@ Test(api, engine_open_rejects_different_vocabularies) {
     dc.n_layer = 1;
     dc.n_embd = 32;
     tandem_model *same = open_tiny(&dc); /* control: same vocabulary, other weights */
-    tandem_engine *e = open_engine(t, same, NULL);
+    tandem_engine *e = api_open_engine(t, same, NULL);
     tandem_engine_close(e);
 
     dc.n_vocab = 20;
@@ -330,7 +310,7 @@ Test(api, engine_open_rejects_different_vocabularies) {
     tandem_model *other_eos = open_tiny(&dc);
     expect_mismatch(t, other_eos, "EOS differs");
 
-    tandem_model *real = open_model(TARGET);
+    tandem_model *real = api_open_model(TARGET);
     expect_mismatch(real, same, "pycode target with a tiny draft");
     expect_mismatch(same, real, "tiny target with the pycode model as draft");
 
@@ -352,10 +332,24 @@ Test(api, engine_open_rejects_different_vocabularies) {
     tandem_model_close(t);
 }
 
+/* A KV budget that does not hold one block cannot open an engine. */
+Test(api, kv_budget_below_one_block_is_rejected) {
+    tandem_model *t = api_open_model(TARGET);
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 1;
+    ep.kv_bytes = 100;
+    tandem_engine *e = (tandem_engine *)0x1;
+    tandem_status st = tandem_engine_open(t, NULL, &ep, &e);
+    cr_assert_neq(st, TANDEM_OK);
+    cr_assert_null(e);
+    cr_assert(tandem_last_error()[0]);
+    tandem_model_close(t);
+}
+
 /* ------------------------------------------------------------ tokenizer and info */
 
 Test(api, model_info_of_the_target) {
-    tandem_model *m = open_model(TARGET);
+    tandem_model *m = api_open_model(TARGET);
     tandem_model_info info;
     cr_assert_eq(tandem_model_get_info(m, &info), TANDEM_OK);
     cr_assert_str_eq(info.arch, "llama");
@@ -378,7 +372,7 @@ Test(api, model_info_of_the_target) {
 }
 
 Test(api, tokenize_detokenize_round_trip) {
-    tandem_model *m = open_model(TARGET);
+    tandem_model *m = api_open_model(TARGET);
     const char *texts[] = {
         "def foo(x):\n    return x + 1\n",
         "import numpy as np\n\nclass A(object):\n\tpass  # comment with ünïcödé and 漢字\n",
@@ -432,435 +426,4 @@ Test(api, tokenize_detokenize_round_trip) {
     cr_assert_str_eq(text, "");
     tandem_free(text);
     tandem_model_close(m);
-}
-
-/* ------------------------------------------------------------ generation */
-
-static char **dev_prompts(size_t want) {
-    size_t n;
-    tdm_json **items = tdm_test_jsonl(tdm_test_data_path("prompts-dev.jsonl"), &n);
-    cr_assert_geq(n, want);
-    char **out = calloc(want, sizeof *out);
-    for (size_t i = 0; i < want; i++) {
-        const tdm_json *p = tdm_json_get(items[i], "prompt");
-        cr_assert(p && p->type == TDM_JSON_STRING);
-        out[i] = strdup(p->str);
-    }
-    tdm_test_jsonl_free(items, n);
-    return out;
-}
-
-static void free_prompts(char **p, size_t n) {
-    for (size_t i = 0; i < n; i++) free(p[i]);
-    free(p);
-}
-
-/* Collects what the streaming callback sees. */
-typedef struct stream_log {
-    int32_t toks[512];
-    size_t n;
-    char text[16384];
-    size_t len;
-} stream_log;
-
-static bool on_token(int32_t token, const char *text, size_t len, void *ud) {
-    stream_log *s = ud;
-    cr_assert(s->n < 512);
-    s->toks[s->n++] = token;
-    cr_assert(len == 0 || text);
-    cr_assert(s->len + len < sizeof s->text);
-    memcpy(s->text + s->len, text, len);
-    s->len += len;
-    s->text[s->len] = 0;
-    return true;
-}
-
-static void expect_stream_equals_result(const stream_log *s, const tandem_result *r, const char *what) {
-    cr_assert_eq(s->n, r->n_tokens, "%s: callback saw %zu tokens, result has %zu", what, s->n, r->n_tokens);
-    cr_assert_eq(memcmp(s->toks, r->tokens, s->n * sizeof(int32_t)), 0, "%s: callback tokens differ", what);
-    cr_assert_str_eq(s->text, r->text, "%s: concatenated callback text differs from result.text", what);
-}
-
-#define N_GEN_PROMPTS 4
-
-Test(api, greedy_speculative_equals_target_only, .timeout = 300) {
-    tandem_model *t = open_model(TARGET), *d = open_model(DRAFT);
-    tandem_engine *plain = open_engine(t, NULL, NULL), *spec = open_engine(t, d, NULL);
-    char **prompts = dev_prompts(N_GEN_PROMPTS);
-    const int ks[] = {0, 1, 4};
-    uint64_t drafted = 0;
-    for (size_t i = 0; i < N_GEN_PROMPTS; i++) {
-        tandem_generate_params gp = tandem_generate_default_params();
-        gp.max_tokens = 40;
-        stream_log *lp = calloc(1, sizeof *lp);
-        gp.on_token = on_token;
-        gp.user_data = lp;
-        tandem_result want;
-        cr_assert_eq(tandem_generate(plain, prompts[i], &gp, &want), TANDEM_OK, "%s", tandem_last_error());
-        cr_assert_gt(want.n_tokens, 0);
-        cr_assert(want.n_prompt_tokens > 1);
-        cr_assert(want.finish_reason == TANDEM_FINISH_LENGTH || want.finish_reason == TANDEM_FINISH_EOS);
-        if (want.finish_reason == TANDEM_FINISH_LENGTH) cr_assert_eq(want.n_tokens, 40);
-        cr_assert_eq(want.spec.steps, 0, "target-only engine reports speculative steps");
-        expect_stream_equals_result(lp, &want, "target-only");
-        /* the text is the detokenized tokens */
-        char *txt;
-        cr_assert_eq(tandem_detokenize(t, want.tokens, want.n_tokens, &txt), TANDEM_OK);
-        cr_assert_str_eq(txt, want.text);
-        tandem_free(txt);
-        for (size_t k = 0; k < sizeof ks / sizeof ks[0]; k++) {
-            memset(lp, 0, sizeof *lp);
-            gp.spec_k = ks[k];
-            tandem_result got;
-            cr_assert_eq(tandem_generate(spec, prompts[i], &gp, &got), TANDEM_OK, "%s", tandem_last_error());
-            size_t diff = 0;
-            while (diff < got.n_tokens && diff < want.n_tokens && got.tokens[diff] == want.tokens[diff]) diff++;
-            cr_assert(got.n_tokens == want.n_tokens && diff == want.n_tokens,
-                      "prompt %zu, k=%d: speculative output differs at token %zu (lengths %zu / %zu)", i, ks[k],
-                      diff, got.n_tokens, want.n_tokens);
-            cr_assert_str_eq(got.text, want.text);
-            cr_assert_eq(got.finish_reason, want.finish_reason);
-            cr_assert_eq(got.n_prompt_tokens, want.n_prompt_tokens);
-            cr_assert_gt(got.spec.steps, 0);
-            cr_assert_leq(got.spec.accepted, got.spec.drafted);
-            if (ks[k] > 0) cr_assert_leq(got.spec.drafted, (uint64_t)ks[k] * got.spec.steps);
-            uint64_t hist = 0;
-            for (int b = 0; b < TANDEM_SPEC_HIST_MAX; b++) hist += got.spec.accept_hist[b];
-            cr_assert_eq(hist, got.spec.steps);
-            drafted += got.spec.drafted;
-            expect_stream_equals_result(lp, &got, "speculative");
-            tandem_result_free(&got);
-        }
-        free(lp);
-        tandem_result_free(&want);
-    }
-    cr_assert_gt(drafted, 0);
-    free_prompts(prompts, N_GEN_PROMPTS);
-    tandem_engine_close(spec);
-    tandem_engine_close(plain);
-    tandem_model_close(d);
-    tandem_model_close(t);
-}
-
-/* A request that must be rejected with INVALID_ARG (out stays empty). */
-static void expect_bad_request(tandem_engine *e, const int32_t *ids, size_t n, const tandem_generate_params *gp,
-                               const char *what) {
-    tandem_result r;
-    memset(&r, 0, sizeof r);
-    tandem_status st = tandem_generate_ids(e, ids, n, gp, &r);
-    cr_assert_eq(st, TANDEM_ERR_INVALID_ARG, "%s: status %d (%s)", what, (int)st, tandem_last_error());
-    cr_assert(tandem_last_error()[0], "%s: no message", what);
-    cr_assert_null(r.tokens, "%s", what);
-    cr_assert_null(r.text, "%s", what);
-    tandem_result_free(&r);
-}
-
-static void expect_same_result(tandem_engine *e, const int32_t *ids, size_t n, const tandem_result *want,
-                               const char *what) {
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = 12;
-    tandem_result r;
-    cr_assert_eq(tandem_generate_ids(e, ids, n, &gp, &r), TANDEM_OK, "after %s: %s", what, tandem_last_error());
-    cr_assert_eq(r.n_tokens, want->n_tokens, "after %s", what);
-    cr_assert_eq(memcmp(r.tokens, want->tokens, r.n_tokens * sizeof(int32_t)), 0, "after %s: output changed",
-                 what);
-    tandem_result_free(&r);
-}
-
-static void bad_requests_on(tandem_engine *e) {
-    int32_t ids[] = {0, 490, 63, 3067, 8};
-    size_t n = 5;
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = 12;
-    tandem_result good;
-    cr_assert_eq(tandem_generate_ids(e, ids, n, &gp, &good), TANDEM_OK, "%s", tandem_last_error());
-    cr_assert_eq(good.n_tokens, 12);
-
-#define BAD(desc, stmt)                                                  \
-    do {                                                                 \
-        tandem_generate_params p = tandem_generate_default_params();     \
-        p.max_tokens = 12;                                               \
-        stmt;                                                            \
-        expect_bad_request(e, ids, n, &p, desc);                         \
-        expect_same_result(e, ids, n, &good, desc);                      \
-    } while (0)
-    BAD("temperature -1", p.temperature = -1.0f);
-    BAD("temperature NaN", p.temperature = 0.0f / 0.0f);
-    BAD("top_p 0", p.top_p = 0.0f);
-    BAD("top_p 1.5", p.top_p = 1.5f);
-    BAD("top_k -1", p.top_k = -1);
-    BAD("min_p 2", p.min_p = 2.0f);
-    BAD("spec_k 33", p.spec_k = 33);
-    BAD("spec_k -1", p.spec_k = -1);
-    BAD("spec_k_max 40", p.spec_k_max = 40);
-    BAD("spec_k_min 0", p.spec_k_min = 0);
-    BAD("max_tokens -1", p.max_tokens = -1);
-    BAD("spec_ngram 1", p.spec_ngram = 1);
-    BAD("spec_ngram 9", p.spec_ngram = 9);
-    BAD("spec_ngram -2", p.spec_ngram = -2);
-#undef BAD
-    gp = tandem_generate_default_params();
-    int32_t out_hi[] = {0, 490, 8192};
-    expect_bad_request(e, out_hi, 3, &gp, "prompt id 8192");
-    expect_same_result(e, ids, n, &good, "prompt id 8192");
-    int32_t out_lo[] = {0, -1, 5};
-    expect_bad_request(e, out_lo, 3, &gp, "prompt id -1");
-    expect_bad_request(e, ids, 0, &gp, "empty prompt");
-    expect_bad_request(e, NULL, 3, &gp, "NULL prompt");
-    /* a rejected request leaves the result zeroed (safe to free) */
-    tandem_result r;
-    memset(&r, 0x5A, sizeof r);
-    gp.temperature = -1;
-    cr_assert_eq(tandem_generate_ids(e, ids, n, &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert_null(r.tokens);
-    cr_assert_null(r.text);
-    cr_assert_eq(r.n_tokens, 0);
-    tandem_result_free(&r);
-    gp.temperature = 0;
-    cr_assert_eq(tandem_generate_ids(NULL, ids, n, &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert_eq(tandem_generate_ids(e, ids, n, &gp, NULL), TANDEM_ERR_INVALID_ARG);
-    cr_assert_eq(tandem_generate(e, NULL, &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert_eq(tandem_generate(NULL, "x", &gp, &r), TANDEM_ERR_INVALID_ARG);
-    expect_same_result(e, ids, n, &good, "NULL arguments");
-
-    /* max_tokens = 0: nothing generated, finish "length" */
-    gp.max_tokens = 0;
-    cr_assert_eq(tandem_generate_ids(e, ids, n, &gp, &r), TANDEM_OK, "%s", tandem_last_error());
-    cr_assert_eq(r.n_tokens, 0);
-    cr_assert_eq(r.finish_reason, TANDEM_FINISH_LENGTH);
-    cr_assert_str_eq(tandem_finish_reason_str(r.finish_reason), "length");
-    cr_assert(r.text && r.text[0] == 0);
-    cr_assert_eq(r.n_prompt_tokens, n);
-    tandem_result_free(&r);
-    cr_assert_eq(tandem_generate(e, "def f():", &gp, &r), TANDEM_OK);
-    cr_assert_eq(r.n_tokens, 0);
-    cr_assert_eq(r.finish_reason, TANDEM_FINISH_LENGTH);
-    tandem_result_free(&r);
-    expect_same_result(e, ids, n, &good, "max_tokens 0");
-    tandem_result_free(&good);
-}
-
-Test(api, bad_requests_are_rejected_and_the_engine_still_works, .timeout = 300) {
-    tandem_model *t = open_model(TARGET), *d = open_model(DRAFT);
-    tandem_engine *plain = open_engine(t, NULL, NULL);
-    bad_requests_on(plain);
-    tandem_engine_close(plain);
-    tandem_engine *spec = open_engine(t, d, NULL);
-    bad_requests_on(spec);
-    tandem_engine_close(spec);
-    tandem_model_close(d);
-    tandem_model_close(t);
-}
-
-static bool stop_at_5(int32_t token, const char *text, size_t len, void *ud) {
-    (void)token, (void)text, (void)len;
-    return ++*(int *)ud < 5;
-}
-
-Test(api, callback_cancels, .timeout = 120) {
-    tandem_model *t = open_model(TARGET), *d = open_model(DRAFT);
-    tandem_engine *spec = open_engine(t, d, NULL);
-    int count = 0;
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = 50;
-    gp.on_token = stop_at_5;
-    gp.user_data = &count;
-    tandem_result r;
-    char **prompts = dev_prompts(1);
-    cr_assert_eq(tandem_generate(spec, prompts[0], &gp, &r), TANDEM_OK, "%s", tandem_last_error());
-    free_prompts(prompts, 1);
-    cr_assert_eq(count, 5);
-    cr_assert_eq(r.n_tokens, 5);
-    cr_assert_eq(r.finish_reason, TANDEM_FINISH_CANCELLED);
-    cr_assert_str_eq(tandem_finish_reason_str(r.finish_reason), "cancelled");
-    tandem_result_free(&r);
-    tandem_engine_close(spec);
-    tandem_model_close(d);
-    tandem_model_close(t);
-}
-
-/* ------------------------------------------------------------ KV budget */
-
-/* K and V bytes of one 16-token block of an f32 cache for a model. */
-static size_t kv_block_bytes(const tandem_model *m) {
-    tandem_model_info in;
-    cr_assert_eq(tandem_model_get_info(m, &in), TANDEM_OK);
-    return (size_t)in.n_layer * 2 * (size_t)in.n_head_kv * (size_t)(in.n_embd / in.n_head) * 4 * 16;
-}
-
-/* Generates greedily (max new tokens) and reports whether it ran to the length limit. */
-static bool runs_to_length(tandem_engine *e, const int32_t *ids, size_t n, int max_new) {
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = max_new;
-    tandem_result r;
-    cr_assert_eq(tandem_generate_ids(e, ids, n, &gp, &r), TANDEM_OK, "%s", tandem_last_error());
-    bool ok = r.finish_reason == TANDEM_FINISH_LENGTH && r.n_tokens == (size_t)max_new;
-    tandem_result_free(&r);
-    return ok;
-}
-
-/* Same tokens from e as from ref for this request. */
-static void expect_same_as(tandem_engine *e, tandem_engine *ref, const int32_t *ids, size_t n, int max_new,
-                           const char *what) {
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = max_new;
-    tandem_result a, b;
-    cr_assert_eq(tandem_generate_ids(ref, ids, n, &gp, &b), TANDEM_OK, "%s: %s", what, tandem_last_error());
-    cr_assert_eq(tandem_generate_ids(e, ids, n, &gp, &a), TANDEM_OK, "%s: %s", what, tandem_last_error());
-    cr_assert_eq(a.n_tokens, (size_t)max_new, "%s: %zu tokens (%s)", what, a.n_tokens,
-                 tandem_finish_reason_str(a.finish_reason));
-    cr_assert_eq(a.n_tokens, b.n_tokens, "%s", what);
-    cr_assert_eq(memcmp(a.tokens, b.tokens, a.n_tokens * sizeof(int32_t)), 0, "%s: output differs", what);
-    tandem_result_free(&a);
-    tandem_result_free(&b);
-}
-
-#define KV_SHORT 8   /* prompt 8 + 16 new: 2 blocks */
-#define KV_MEDIUM 40 /* prompt 40 + 20 new: 60 of the 64 positions */
-
-static void kv_full_on(tandem_model *t, tandem_model *d) {
-    tandem_engine *ref = open_engine(t, d, NULL);
-    /* 4 blocks of 16 positions */
-    tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = 2;
-    ep.kv_bytes = 4 * (kv_block_bytes(t) + (d ? kv_block_bytes(d) : 0));
-    tandem_engine *e = open_engine(t, d, &ep);
-
-    /* a dev prompt whose short and medium prefixes do not stop at EOS */
-    const size_t n_prompts = 10;
-    char **prompts = dev_prompts(n_prompts);
-    int32_t *ids = NULL;
-    size_t n_long = 0;
-    for (size_t i = 0; i < n_prompts && !ids; i++) {
-        int32_t *cand;
-        size_t n;
-        cr_assert_eq(tandem_tokenize(t, prompts[i], strlen(prompts[i]), true, &cand, &n), TANDEM_OK);
-        if (n > 80 && n < 1000 && runs_to_length(ref, cand, KV_SHORT, 16) && runs_to_length(ref, cand, KV_MEDIUM, 20)) {
-            ids = cand;
-            n_long = n;
-        } else {
-            tandem_free(cand);
-        }
-    }
-    free_prompts(prompts, n_prompts);
-    cr_assert(ids, "no dev prompt suits the test");
-
-    for (int round = 0; round < 3; round++) {
-        /* too long for 64 positions */
-        tandem_generate_params gp = tandem_generate_default_params();
-        gp.max_tokens = 16;
-        tandem_result r;
-        memset(&r, 0, sizeof r);
-        tandem_status st = tandem_generate_ids(e, ids, n_long, &gp, &r);
-        cr_assert_eq(st, TANDEM_ERR_KV_FULL, "round %d: prompt of %zu tokens gave %d (%s)", round, n_long, (int)st,
-                     tandem_last_error());
-        cr_assert(tandem_last_error()[0]);
-        cr_assert_null(r.tokens);
-        char what[64];
-        snprintf(what, sizeof what, "round %d, short request", round);
-        expect_same_as(e, ref, ids, KV_SHORT, 16, what);
-        /* nearly all blocks: fails if a failed request leaked one */
-        snprintf(what, sizeof what, "round %d, 60 positions", round);
-        expect_same_as(e, ref, ids, KV_MEDIUM, 20, what);
-    }
-    tandem_free(ids);
-    tandem_engine_close(e);
-    tandem_engine_close(ref);
-}
-
-Test(api, small_kv_budget_gives_kv_full_and_recovers, .timeout = 300) {
-    tandem_model *t = open_model(TARGET), *d = open_model(DRAFT);
-    kv_full_on(t, NULL);
-    kv_full_on(t, d);
-    tandem_model_close(d);
-    tandem_model_close(t);
-}
-
-Test(api, kv_budget_below_one_block_is_rejected) {
-    tandem_model *t = open_model(TARGET);
-    tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = 1;
-    ep.kv_bytes = 100;
-    tandem_engine *e = (tandem_engine *)0x1;
-    tandem_status st = tandem_engine_open(t, NULL, &ep, &e);
-    cr_assert_neq(st, TANDEM_OK);
-    cr_assert_null(e);
-    cr_assert(tandem_last_error()[0]);
-    tandem_model_close(t);
-}
-
-/* ------------------------------------------------------------ engine parameters */
-
-/* Greedy output does not depend on the thread count or the KV block size. */
-Test(api, threads_and_block_size_do_not_change_output, .timeout = 300) {
-    tandem_model *t = open_model(TARGET), *d = open_model(DRAFT);
-    char **prompts = dev_prompts(2);
-    struct { int threads, block; } cfgs[] = {{2, 16}, {1, 16}, {2, 7}, {2, 64}, {2, 1}};
-    for (int use_draft = 0; use_draft < 2; use_draft++) {
-        tandem_result want[2];
-        for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-            tandem_engine_params ep = tandem_engine_default_params();
-            ep.n_threads = cfgs[c].threads;
-            ep.kv_block_size = cfgs[c].block;
-            tandem_engine *e = open_engine(t, use_draft ? d : NULL, &ep);
-            for (int i = 0; i < 2; i++) {
-                tandem_generate_params gp = tandem_generate_default_params();
-                gp.max_tokens = 24;
-                tandem_result r;
-                cr_assert_eq(tandem_generate(e, prompts[i], &gp, &r), TANDEM_OK, "%s", tandem_last_error());
-                if (c == 0) {
-                    want[i] = r;
-                    continue;
-                }
-                cr_assert(r.n_tokens == want[i].n_tokens &&
-                              memcmp(r.tokens, want[i].tokens, r.n_tokens * sizeof(int32_t)) == 0,
-                          "%s, %d threads, block size %d, prompt %d: output differs from 2 threads / 16",
-                          use_draft ? "speculative" : "target-only", cfgs[c].threads, cfgs[c].block, i);
-                tandem_result_free(&r);
-            }
-            tandem_engine_close(e);
-        }
-        tandem_result_free(&want[0]);
-        tandem_result_free(&want[1]);
-    }
-    free_prompts(prompts, 2);
-    tandem_model_close(d);
-    tandem_model_close(t);
-}
-
-/* n_ctx bounds the prompt and the generation ("length" when the context is full). */
-Test(api, context_limit, .timeout = 120) {
-    tandem_model *t = open_model(TARGET), *d = open_model(DRAFT);
-    char **prompts = dev_prompts(1);
-    int32_t *ids;
-    size_t n;
-    cr_assert_eq(tandem_tokenize(t, prompts[0], strlen(prompts[0]), true, &ids, &n), TANDEM_OK);
-    cr_assert_gt(n, 64);
-    free_prompts(prompts, 1);
-    for (int use_draft = 0; use_draft < 2; use_draft++) {
-        tandem_engine_params ep = tandem_engine_default_params();
-        ep.n_threads = 2;
-        ep.n_ctx = 48;
-        tandem_engine *e = open_engine(t, use_draft ? d : NULL, &ep);
-        tandem_generate_params gp = tandem_generate_default_params();
-        gp.max_tokens = 100;
-        tandem_result r;
-        memset(&r, 0, sizeof r);
-        cr_assert_eq(tandem_generate_ids(e, ids, 64, &gp, &r), TANDEM_ERR_INVALID_ARG,
-                     "a 64-token prompt in a 48-token context");
-        cr_assert(tandem_last_error()[0]);
-        cr_assert_eq(tandem_generate_ids(e, ids, 48, &gp, &r), TANDEM_ERR_INVALID_ARG,
-                     "a 48-token prompt in a 48-token context");
-        cr_assert_eq(tandem_generate_ids(e, ids, 30, &gp, &r), TANDEM_OK, "%s", tandem_last_error());
-        cr_assert(r.n_tokens <= 18, "%zu tokens after a 30-token prompt in a 48-token context", r.n_tokens);
-        if (r.finish_reason != TANDEM_FINISH_EOS) {
-            cr_assert_eq(r.finish_reason, TANDEM_FINISH_LENGTH);
-            cr_assert_eq(r.n_tokens, 18, "the context was not used up: %zu tokens", r.n_tokens);
-        }
-        tandem_result_free(&r);
-        tandem_engine_close(e);
-    }
-    tandem_free(ids);
-    tandem_model_close(d);
-    tandem_model_close(t);
 }

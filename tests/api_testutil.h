@@ -1,0 +1,18 @@
+/* api_testutil.h - helpers shared by the public-API tests (test_api.c, test_api_generate.c). */
+#ifndef TDM_API_TESTUTIL_H
+#define TDM_API_TESTUTIL_H
+
+#include "tandem.h"
+
+/* Model files under models/ (see tdm_test_model_path). */
+#define TARGET "pycode-target-f16.gguf"
+#define DRAFT "pycode-draft-xs-f16.gguf"
+
+/* Opens a model file under models/ with default params; fails the test on an error. */
+tandem_model *api_open_model(const char *file);
+
+/* Opens an engine for target t and draft d (NULL: target only) with params p, or, when p is NULL,
+ * the defaults with 2 threads; fails the test on an error. */
+tandem_engine *api_open_engine(tandem_model *t, tandem_model *d, const tandem_engine_params *p);
+
+#endif
