@@ -206,12 +206,70 @@ static void one_hot(float *probs, int32_t n, int32_t tok) {
     if (tok >= 0 && tok < n) probs[tok] = 1.0f;
 }
 
+/* exp(x) in float for x <= 0 (Cody-Waite reduction, the Cephes degree-6 polynomial:
+ * about 1 ulp), subnormal results included (a scale of 2^(k+64) and one rounding
+ * multiply by 2^-64); 0 below -104 (where float rounds to 0) and for NaN.  Plain
+ * arithmetic and integer bit moves, so loops over it vectorise. */
+static inline float exp_nonpos(float x) {
+    float t = x * 1.44269504088896341f;
+    float kf = (t + 12582912.0f) - 12582912.0f; /* round to nearest (|t| < 2^22) */
+    float r = x - kf * 0.693359375f + kf * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t k = (int32_t)(kf > -160.0f ? kf : -160.0f);
+    int32_t adj = k < -125 ? 64 : 0;
+    uint32_t bits = (uint32_t)(k + adj + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    float e = p * scale;
+    e = adj ? e * 0x1p-64f : e;
+    return x >= -104.0f ? e : 0.0f; /* also NaN -> 0 */
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#define TDM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TDM_VECTOR_CLONES
+#endif
+
+/* probs[i] = exp((l[i] - m) * inv_t), 0 for -inf and NaN logits (m finite, the
+ * largest logit); returns the sum, accumulated in double over 16 lanes. */
+TDM_VECTOR_CLONES static double exp_shifted(const float *l, int32_t n, float m, float inv_t, float *probs) {
+    for (int32_t i = 0; i < n; i++) probs[i] = exp_nonpos((l[i] - m) * inv_t);
+    double acc[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)probs[i + j];
+    for (; i < n; i++) acc[0] += (double)probs[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* The largest value (NaN ignored; -inf when none), in 16 lanes. */
+TDM_VECTOR_CLONES static float max_of(const float *x, int32_t n) {
+    float lane[16];
+    for (int j = 0; j < 16; j++) lane[j] = -INFINITY;
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+    for (; i < n; i++) lane[0] = x[i] > lane[0] ? x[i] : lane[0];
+    float m = -INFINITY;
+    for (int j = 0; j < 16; j++) m = lane[j] > m ? lane[j] : m;
+    return m;
+}
+
+TDM_VECTOR_CLONES static void scale_probs(float *probs, int32_t n, double inv) {
+    for (int32_t i = 0; i < n; i++) probs[i] = (float)(probs[i] * inv);
+}
+
 /* probs = softmax(logits / temperature) over the vocabulary.  Returns false when no
  * token has a finite-or-+inf logit (all NaN or -inf). */
 static bool softmax_t(const float *logits, int32_t n, double temp, float *probs) {
-    float m = -INFINITY;
-    for (int32_t i = 0; i < n; i++)
-        if (logits[i] > m) m = logits[i];
+    float m = max_of(logits, n);
     if (m == -INFINITY) return false;
     if (m == INFINITY) { /* uniform over the +inf logits */
         double cnt = 0;
@@ -219,24 +277,80 @@ static bool softmax_t(const float *logits, int32_t n, double temp, float *probs)
         for (int32_t i = 0; i < n; i++) probs[i] = logits[i] == INFINITY ? (float)(1.0 / cnt) : 0.0f;
         return true;
     }
-    const double inv_t = 1.0 / temp;
-    double sum = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        float l = logits[i];
-        double e = (l > -INFINITY) ? exp(((double)l - (double)m) * inv_t) : 0.0; /* NaN -> 0 */
-        if (!(e >= 0.0)) e = 0.0; /* NaN from inf * 0 when temp is huge */
-        probs[i] = (float)e;
-        sum += e;
-    }
+    /* (a huge temperature makes inv_t 0: every finite logit then gets exp(0) = 1) */
+    double sum = exp_shifted(logits, n, m, (float)(1.0 / temp), probs);
     /* The max logit contributes exp(0) = 1, so sum >= 1 (or NaN / inf for absurd temps). */
     if (!(sum >= 1.0) || isinf(sum)) {
         int32_t a = tdm_argmax(logits, n);
         one_hot(probs, n, a);
         return true;
     }
-    const double inv = 1.0 / sum;
-    for (int32_t i = 0; i < n; i++) probs[i] = (float)(probs[i] * inv);
+    scale_probs(probs, n, 1.0 / sum);
     return true;
+}
+
+/* The sum (double, 8 lanes) and the largest of the positive entries. */
+TDM_VECTOR_CLONES static double positive_sum_max(const float *x, int32_t n, float *xmax) {
+    double acc[8] = {0};
+    float mx[8] = {0};
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) {
+            float v = x[i + l] > 0.0f ? x[i + l] : 0.0f;
+            acc[l] += (double)v;
+            mx[l] = v > mx[l] ? v : mx[l];
+        }
+    for (; i < n; i++) {
+        float v = x[i] > 0.0f ? x[i] : 0.0f;
+        acc[0] += (double)v;
+        mx[0] = v > mx[0] ? v : mx[0];
+    }
+    *xmax = 0;
+    for (int l = 0; l < 8; l++) *xmax = mx[l] > *xmax ? mx[l] : *xmax;
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
+/* The count and (float) mass of {p >= th}, in 16 lanes. */
+TDM_VECTOR_CLONES static void count_above(const float *probs, int32_t n, float th, int32_t *cnt, float *mass) {
+    int32_t c[16] = {0};
+    float m[16] = {0};
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) {
+            float v = probs[i + l];
+            c[l] += v >= th;
+            m[l] += v >= th ? v : 0.0f;
+        }
+    for (; i < n; i++) {
+        c[0] += probs[i] >= th;
+        m[0] += probs[i] >= th ? probs[i] : 0.0f;
+    }
+    *cnt = 0;
+    *mass = 0;
+    for (int l = 0; l < 16; l++) {
+        *cnt += c[l];
+        *mass += m[l];
+    }
+}
+
+/* A threshold theta such that {p >= theta} (a prefix of the filters' order) still
+ * holds everything the first active filter keeps, so the candidate list can skip the
+ * tail of the vocabulary: pmax / 16, / 256, ... until the set keeps enough (top-k:
+ * k tokens; top-p: the target mass with a margin far above the float rounding of
+ * the count; min-p: the threshold itself).  0 (keep all) after 8 tries. */
+static float candidate_threshold(const float *probs, int32_t n, const tdm_sampler_params *p, bool use_k,
+                                 bool use_p, float pmax, double total) {
+    if (!use_k && !use_p) return (float)((double)p->min_p * (double)pmax) * 0.999f;
+    const double target = (double)p->top_p * total * 1.001;
+    float th = pmax;
+    for (int t = 0; t < 8; t++) {
+        th *= 0.0625f;
+        int32_t cnt;
+        float mass;
+        count_above(probs, n, th, &cnt, &mass);
+        if (use_k ? cnt >= p->top_k : (double)mass * (1.0 - 1e-4) >= target) return th;
+    }
+    return 0.0f;
 }
 
 void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampler_params *p,
@@ -272,9 +386,12 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
         idx = tmp.idx;
         val = tmp.val;
     }
+    float pmax;
+    const double total = positive_sum_max(probs, n_vocab, &pmax);
+    const float theta = pmax > 0.0f ? candidate_threshold(probs, n_vocab, p, use_k, use_p, pmax, total) : 0.0f;
     int32_t n = 0;
     for (int32_t i = 0; i < n_vocab; i++)
-        if (probs[i] > 0.0f) {
+        if (probs[i] > 0.0f && probs[i] >= theta) {
             idx[n] = i;
             val[n] = probs[i];
             n++;
@@ -286,10 +403,15 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
         select_top_k(idx, val, n, p->top_k, &rs);
         n = p->top_k;
     }
-    /* 2. top-p, relative to the mass that survived top-k */
+    /* 2. top-p, relative to the mass that survived top-k (all of it without top-k,
+     * including the tail below theta) */
     if (use_p && n > 1) {
         double kept = 0.0;
-        for (int32_t i = 0; i < n; i++) kept += val[i];
+        if (use_k) {
+            for (int32_t i = 0; i < n; i++) kept += val[i];
+        } else {
+            kept = total;
+        }
         double target = (double)p->top_p * kept;
         n = select_top_p(idx, val, n, target, &rs);
     }

@@ -204,6 +204,40 @@ Test(sampling, filters_match_naive_random) {
     tdm_sampler_scratch_free(&s);
 }
 
+/* A model-sized vocabulary with a long tail (most tokens far below the top), where
+ * the candidate list skips the tail by a threshold, plus -inf logits (never kept)
+ * and ties at the top: the same results as the naive filters. */
+Test(sampling, filters_match_naive_large_vocab) {
+    enum { N = 8192 };
+    uint64_t st = 5;
+    const float temps[] = {0.3f, 0.8f, 1.5f};
+    const int32_t ks[] = {0, 1, 40, 500};
+    const float ps[] = {1.0f, 0.5f, 0.95f, 0.9999f};
+    const float mins[] = {0.0f, 0.01f, 0.2f};
+    tdm_sampler_scratch s;
+    cr_assert_eq(tdm_sampler_scratch_init(&s, N, NULL), TANDEM_OK);
+    float *l = malloc(N * sizeof *l);
+    for (int kind = 0; kind < 3; kind++) {
+        for (int32_t i = 0; i < N; i++) { /* a few strong tokens over a wide tail */
+            double u = tdm_test_randu(&st);
+            l[i] = (float)(kind == 2 ? 4.0 * u : -12.0 * u * u + (tdm_test_rand(&st) % 97 == 0 ? 9.0 : 0.0));
+        }
+        if (kind == 1) {
+            l[10] = l[20] = l[30] = 12.0f; /* tied top */
+            l[40] = l[50] = -INFINITY;
+        }
+        for (size_t b = 0; b < TDM_ARRAY_LEN(temps); b++)
+            for (size_t c = 0; c < TDM_ARRAY_LEN(ks); c++)
+                for (size_t d = 0; d < TDM_ARRAY_LEN(ps); d++)
+                    for (size_t e = 0; e < TDM_ARRAY_LEN(mins); e++) {
+                        tdm_sampler_params sp = {temps[b], ks[c], ps[d], mins[e]};
+                        check_against_naive(l, N, sp, &s, kind == 0 ? "tail" : kind == 1 ? "tail+special" : "flat");
+                    }
+    }
+    free(l);
+    tdm_sampler_scratch_free(&s);
+}
+
 Test(sampling, top_p_exact_boundaries) {
     /* Uniform over 256 tokens and top_p = m / 256: the cumulative mass hits top_p
      * exactly after m tokens, so exactly m must be kept (the lowest ids). */
