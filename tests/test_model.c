@@ -1,6 +1,8 @@
 /* test_model.c - the CPU forward pass against transformers (float32) references:
  * for every prompt of refs-dev.jsonl and each of the three models, the 8 largest
- * logits at the last prompt position are the same tokens with values within 1e-3. */
+ * logits at the last prompt position are the same tokens with values within 1e-3;
+ * batch-split invariance; and the quantised head's greedy argmax equals the argmax
+ * of the exact logits at every position of 20 prompts. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -116,3 +118,69 @@ Test(model, batch_split_invariance, .timeout = 300) {
     tdm_model_free(m);
     tdm_backend_destroy(wbe);
 }
+
+/* The greedy forward (TDM_FWD_ARGMAX: the quantised head's bounds plus a few exact
+ * logits) returns tdm_argmax of the exact logits at every prompt position of 20 dev
+ * prompts, for each of the three models; the approximate logits of the draft path
+ * (TDM_FWD_LOGITS_APPROX) pick the same top token at nearly every position. */
+static void check_argmax_head(const char *file) {
+    tdm_err err = {0};
+    tdm_backend *wbe;
+    cr_assert_eq(tdm_backend_cpu_create(1, &wbe, &err), TANDEM_OK);
+    tdm_model *m;
+    cr_assert_eq(tdm_model_load(tdm_test_model_path(file), wbe, &m, &err), TANDEM_OK, "%s", err.msg);
+    if (!m->has_qhead) {
+        tdm_model_free(m);
+        tdm_backend_destroy(wbe);
+        cr_skip_test("no AVX-512 VNNI: no quantised head on this CPU");
+    }
+    tdm_engine_cfg cfg = {.n_threads = 2};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(m, NULL, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    int32_t V = m->hp.n_vocab, checked = 0, same_top = 0;
+    double max_dev = 0;
+    for (size_t li = 0; li < n_lines && li < 20; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tdm_seq s;
+        memset(&s, 0, sizeof s);
+        s.tokens = ids;
+        s.n_tokens = s.cap = (int32_t)n;
+        for (int32_t t = 0; t < (int32_t)n; t++) {
+            /* the same position three times (its K/V rewritten with the same values) */
+            cr_assert_eq(tdm_engine_feed(e, &s, false, t, t + 1, true, TDM_FWD_ARGMAX, &err), TANDEM_OK, "%s",
+                         err.msg);
+            int32_t fast = e->ids[0];
+            cr_assert_eq(tdm_engine_feed(e, &s, false, t, t + 1, true, TDM_FWD_LOGITS_APPROX, &err), TANDEM_OK,
+                         "%s", err.msg);
+            float *approx = malloc((size_t)V * 4);
+            memcpy(approx, e->logits_t, (size_t)V * 4);
+            cr_assert_eq(tdm_engine_feed(e, &s, false, t, t + 1, true, TDM_FWD_LOGITS, &err), TANDEM_OK, "%s",
+                         err.msg);
+            int32_t want = tdm_argmax(e->logits_t, V);
+            cr_assert_eq(fast, want, "%s prompt %zu position %d: %d vs %d", file, li, (int)t, fast, want);
+            for (int32_t v = 0; v < V; v++) max_dev = fmax(max_dev, fabs((double)approx[v] - e->logits_t[v]));
+            same_top += tdm_argmax(approx, V) == want;
+            free(approx);
+            checked++;
+        }
+        tdm_kv_seq_free(e->pool, &s.kv);
+        free(ids);
+    }
+    cr_log_info("%s: %d positions, approximate top token = exact at %d, max |approximate - exact logit| %.3g",
+                file, checked, same_top, max_dev);
+    cr_assert_gt(checked, 2000);
+    cr_assert_geq(same_top, checked * 95 / 100, "%s: approximate top token right at %d of %d", file, same_top,
+                  checked);
+    cr_assert_lt(max_dev, 2.0, "%s: approximate logits off by %g", file, max_dev);
+    tdm_test_jsonl_free(refs, n_lines);
+    tdm_engine_free(e);
+    tdm_model_free(m);
+    tdm_backend_destroy(wbe);
+}
+
+Test(model, argmax_head_target, .timeout = 600) { check_argmax_head("pycode-target-f16.gguf"); }
+Test(model, argmax_head_draft_s, .timeout = 600) { check_argmax_head("pycode-draft-s-f16.gguf"); }
+Test(model, argmax_head_draft_xs, .timeout = 600) { check_argmax_head("pycode-draft-xs-f16.gguf"); }
