@@ -291,33 +291,24 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
     return TANDEM_OK;
 }
 
-/* The output head's quantised copy (qhead.h) on backends with int8 dot products.
- * Optional: a head it cannot bound (non-finite weights) is simply not copied. */
+/* The output head's quantised copy (qhead.h) on backends with int8 dot products,
+ * quantised in place (host backends only).  Optional: a head it cannot bound
+ * (non-finite weights) is simply not copied. */
 static tandem_status load_qhead(tdm_model *m, tdm_err *err) {
     if (!m->be->int8_dot || !is_host_backend(m->be)) return TANDEM_OK;
     size_t bytes = tdm_qhead_bytes(m->output.rows, m->output.cols);
     if (bytes == 0) return TANDEM_OK;
-    void *host = tdm_alloc_aligned(bytes, 64);
-    if (!host) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory quantising the output head");
+    void *buf;
+    tandem_status st = alloc_owned(m, bytes, &buf, err);
+    if (st) return st;
     tdm_err qerr;
-    tandem_status st = tdm_qhead_fill(&m->output, host, &qerr);
-    if (st == TANDEM_ERR_NOMEM) {
-        tdm_free_aligned(host);
-        return tdm_seterr(err, st, "%s", qerr.msg);
-    }
-    void *dev = NULL;
+    st = tdm_qhead_fill(&m->output, buf, &qerr);
+    if (st == TANDEM_ERR_NOMEM) return tdm_seterr(err, st, "%s", qerr.msg);
     if (st == TANDEM_OK) {
-        st = alloc_owned(m, bytes, &dev, err);
-        if (!st) st = m->be->ops->upload(m->be, dev, host, bytes, err);
-        if (!st) {
-            tdm_qhead_place(&m->qhead, m->output.rows, m->output.cols, dev);
-            m->has_qhead = true;
-        }
-    } else {
-        st = TANDEM_OK;
+        tdm_qhead_place(&m->qhead, m->output.rows, m->output.cols, buf);
+        m->has_qhead = true;
     }
-    tdm_free_aligned(host);
-    return st;
+    return TANDEM_OK; /* (the unused buffer is freed with the model) */
 }
 
 static tandem_status load_weights(tdm_model *m, tdm_err *err) {

@@ -18,6 +18,7 @@
 
 #include "cpu_internal.h"
 #include "qhead.h"
+#include "sampling.h"
 
 #define XCHUNK 16    /* x rows per pass */
 #define HEAD_CAND 32 /* candidates a task keeps per x row */
@@ -45,10 +46,10 @@ typedef struct xstat {
  * columns 128 (they meet zero weights).  false when x holds a non-finite value. */
 static bool quantize_x(const float *x, int64_t cols, int64_t cols_pad, uint8_t *xq, xstat *st) {
     float amax = 0;
-    for (int64_t k = 0; k < cols; k++) amax = fmaxf(amax, fabsf(x[k]));
-    if (!isfinite(amax)) return false;
-    for (int64_t k = 0; k < cols; k++)
-        if (x[k] != x[k]) return false;
+    for (int64_t k = 0; k < cols; k++) {
+        if (!(fabsf(x[k]) <= FLT_MAX)) return false; /* NaN or inf */
+        amax = fmaxf(amax, fabsf(x[k]));
+    }
     float dx = amax / 127.0f, inv = dx > 0 ? 1.0f / dx : 0.0f;
     double l1 = 0, ex = 0;
     for (int64_t k = 0; k < cols; k++) {
@@ -182,16 +183,33 @@ tandem_status tdm_cpu_qhead_logits(tdm_backend *be, const tdm_qhead *h, const fl
     return st;
 }
 
-/* tdm_argmax's rule: the first index of the largest non-NaN value; with none above
- * -inf, the first -inf; 0 when all are NaN. */
-static int32_t first_max(const float *v, int64_t n) {
-    float best = -INFINITY;
-    int64_t idx = -1;
-    for (int64_t r = 0; r < n; r++)
-        if (v[r] > best) best = v[r], idx = r;
-    for (int64_t r = 0; idx < 0 && r < n; r++)
-        if (v[r] == -INFINITY) idx = r;
-    return idx < 0 ? 0 : (int32_t)idx;
+/* The first of the largest exact logits among row i's candidates (rows whose upper
+ * bound reaches lo; the exact logits overwrite b), -1 when none is finite. */
+static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_job *j, int32_t i,
+                                    const float *xi, float lo, int32_t *out, tdm_err *err) {
+    const tdm_qhead *h = j->h;
+    const float *a = j->a + i * h->rows_pad;
+    float *b = j->bound + i * h->rows_pad, best = -INFINITY;
+    int32_t idx = -1;
+    int64_t n_cand = 0;
+    bool scan = false; /* a task found too many: scan the whole row */
+    for (int64_t t = 0; t < j->tasks; t++) scan |= j->cand[(t * XCHUNK + i) * (HEAD_CAND + 1)] < 0;
+    for (int64_t t = 0; t < (scan ? 1 : j->tasks); t++) {
+        const int32_t *cl = j->cand + (t * XCHUNK + i) * (HEAD_CAND + 1);
+        int64_t nr = scan ? h->rows : cl[0]; /* rows in increasing order */
+        for (int64_t u = 0; u < nr; u++) {
+            int64_t r = scan ? u : cl[1 + u];
+            if (!(a[r] + b[r] >= lo)) continue;
+            if (!c->k->gemv(w, xi, 1, r, r + 1, b, 0, false))
+                return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: %s weights", tdm_dtype_name(w->type));
+            n_cand++;
+            if (b[r] > best) best = b[r], idx = (int32_t)r;
+        }
+    }
+    c->head_rows++;
+    c->head_cands += (uint64_t)n_cand;
+    *out = idx;
+    return TANDEM_OK;
 }
 
 tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const tdm_qhead *h, const float *x,
@@ -211,38 +229,14 @@ tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const td
         if ((st = head_pass(c, h, x + i0 * h->cols, m, NULL, 0, true, &j, ok, err))) return st;
         for (int32_t i = 0; i < m; i++) {
             const float *xi = x + (i0 + i) * h->cols;
-            const float *a = j.a + i * h->rows_pad;
-            float *b = j.bound + i * h->rows_pad; /* reused for the exact logits */
             float lo = -INFINITY;
             for (int64_t t = 0; t < j.tasks; t++) lo = fmaxf(lo, j.lo[t * XCHUNK + i]);
-            if (!ok[i] || !isfinite(lo)) { /* full logits */
-                if ((st = tdm_cpu_matmul(be, w, xi, 1, b, false, err))) return st;
-                ids[i0 + i] = first_max(b, h->rows);
-                continue;
-            }
-            float best = -INFINITY;
             int32_t idx = -1;
-            int64_t n_cand = 0;
-            bool scan = false;
-            for (int64_t t = 0; t < j.tasks; t++) scan |= j.cand[(t * XCHUNK + i) * (HEAD_CAND + 1)] < 0;
-            for (int64_t t = 0; t < (scan ? 1 : j.tasks); t++) {
-                const int32_t *cl = j.cand + (t * XCHUNK + i) * (HEAD_CAND + 1);
-                int64_t nr = scan ? h->rows : cl[0]; /* rows in increasing order */
-                for (int64_t u = 0; u < nr; u++) {
-                    int64_t r = scan ? u : cl[1 + u];
-                    if (!(a[r] + b[r] >= lo)) continue;
-                    if (!c->k->gemv(w, xi, 1, r, r + 1, b, 0, false))
-                        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: %s weights",
-                                          tdm_dtype_name(w->type));
-                    n_cand++;
-                    if (b[r] > best) best = b[r], idx = (int32_t)r;
-                }
-            }
-            c->head_rows++;
-            c->head_cands += (uint64_t)n_cand;
-            if (idx < 0) { /* no finite candidate (overflow): full logits */
-                if ((st = tdm_cpu_matmul(be, w, xi, 1, b, false, err))) return st;
-                idx = first_max(b, h->rows);
+            if (ok[i] && isfinite(lo) && (st = best_candidate(c, w, &j, i, xi, lo, &idx, err))) return st;
+            if (idx < 0) { /* non-finite x, an overflowing bound or no finite candidate: every logit */
+                float *full = j.bound + i * h->rows_pad;
+                if ((st = tdm_cpu_matmul(be, w, xi, 1, full, false, err))) return st;
+                idx = tdm_argmax(full, (int32_t)h->rows);
             }
             ids[i0 + i] = idx;
         }
