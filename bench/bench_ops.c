@@ -43,6 +43,23 @@ static tdm_weight make_weight(uint32_t type, int64_t rows, int64_t cols) {
     return w;
 }
 
+/* A copy of w in the layout the backend's matmul prefers (w itself when that is the
+ * rows layout); free the copy's data when its layout differs from w's. */
+static tdm_weight layout_copy(tdm_backend *b, const tdm_weight *w) {
+    uint32_t lay = b->ops->weight_layout ? b->ops->weight_layout(b, w->type, w->rows, w->cols) : TDM_LAYOUT_ROWS;
+    if (lay == TDM_LAYOUT_ROWS) return *w;
+    tdm_weight p = *w;
+    size_t bytes = w->row_bytes * (size_t)w->rows;
+    void *d = tdm_alloc_aligned(bytes, 64);
+    if (!d || !tdm_weight_pack(lay, w->type, w->rows, w->cols, w->data, d)) {
+        fprintf(stderr, "cannot pack a weight\n");
+        exit(1);
+    }
+    p.data = d;
+    p.layout = lay;
+    return p;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -260,43 +277,57 @@ int main(int argc, char **argv) {
         for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
             if (only_type >= 0 && (int)types[t] != only_type) continue;
             for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
-                tdm_weight w = make_weight(types[t], shapes[s][0], shapes[s][1]);
-                for (int k = 0; k < n_ns; k++) {
-                    mm_ctx c = {b, &w, 1, x, ns[k], y};
-                    double sec = median_time(run_matmuls, &c, lv == 0 ? secs / 3 : secs);
-                    double flop = 2.0 * (double)w.rows * (double)w.cols * ns[k];
-                    char shape[32];
-                    snprintf(shape, sizeof shape, "[%lld][%lld]", (long long)w.rows, (long long)w.cols);
-                    printf("%-7s %-5s %-12s %4d %10.1f %9.1f %8.1f\n", tdm_cpu_level_name(lv),
-                           tdm_dtype_name(types[t]), shape, ns[k], sec * 1e6, flop / sec * 1e-9,
-                           (double)weight_bytes(&w) / sec * 1e-9);
-                }
-                tdm_free_aligned((void *)w.data);
+                tdm_weight wl[2];
+                wl[0] = make_weight(types[t], shapes[s][0], shapes[s][1]);
+                wl[1] = layout_copy(b, &wl[0]);
+                for (int li = 0; li < (wl[1].layout != wl[0].layout ? 2 : 1); li++)
+                    for (int k = 0; k < n_ns; k++) {
+                        const tdm_weight *w = &wl[li];
+                        mm_ctx c = {b, w, 1, x, ns[k], y};
+                        double sec = median_time(run_matmuls, &c, lv == 0 ? secs / 3 : secs);
+                        double flop = 2.0 * (double)w->rows * (double)w->cols * ns[k];
+                        char shape[32], dt[16];
+                        snprintf(shape, sizeof shape, "[%lld][%lld]", (long long)w->rows, (long long)w->cols);
+                        snprintf(dt, sizeof dt, "%s%s", tdm_dtype_name(types[t]), li ? "/p64" : "");
+                        printf("%-7s %-5s %-12s %4d %10.1f %9.1f %8.1f\n", tdm_cpu_level_name(lv), dt, shape,
+                               ns[k], sec * 1e6, flop / sec * 1e-9, (double)weight_bytes(w) / sec * 1e-9);
+                    }
+                if (wl[1].layout != wl[0].layout) tdm_free_aligned((void *)wl[1].data);
+                tdm_free_aligned((void *)wl[0].data);
             }
         }
 
-        /* One decode step of the target model: 8 x (q, k, v, o, gate, up, down) + output. */
+        /* One decode step of the target model as the engine loads it: 8 x (fused qkv,
+         * o, fused gate+up, down) + the output head (rows layout), with the layer
+         * weights in the rows layout and in the backend's preferred one. */
         if (only_type < 0 || only_type == TDM_F16) {
-            enum { N_LAYER = 8, N_W = N_LAYER * 7 + 1 };
-            static const int64_t layer[7][2] = {{384, 384}, {128, 384}, {128, 384}, {384, 384},
-                                                {1024, 384}, {1024, 384}, {384, 1024}};
-            tdm_weight ws[N_W];
+            enum { N_LAYER = 8, N_W = N_LAYER * 4 + 1 };
+            static const int64_t layer[4][2] = {{640, 384}, {384, 384}, {2048, 384}, {384, 1024}};
+            tdm_weight ws[2][N_W];
             size_t bytes = 0;
             for (int l = 0; l < N_LAYER; l++)
-                for (int m = 0; m < 7; m++) ws[l * 7 + m] = make_weight(TDM_F16, layer[m][0], layer[m][1]);
-            ws[N_W - 1] = make_weight(TDM_F16, 8192, 384);
-            for (int i = 0; i < N_W; i++) bytes += weight_bytes(&ws[i]);
+                for (int m = 0; m < 4; m++) {
+                    ws[0][l * 4 + m] = make_weight(TDM_F16, layer[m][0], layer[m][1]);
+                    ws[1][l * 4 + m] = layout_copy(b, &ws[0][l * 4 + m]);
+                }
+            ws[0][N_W - 1] = ws[1][N_W - 1] = make_weight(TDM_F16, 8192, 384);
+            for (int i = 0; i < N_W; i++) bytes += weight_bytes(&ws[0][i]);
+            int n_lay = ws[1][0].layout != ws[0][0].layout ? 2 : 1;
             static const int32_t step_ns[] = {1, 2, 3, 4, 5, 6, 8};
-            for (size_t k = 0; k < sizeof step_ns / sizeof step_ns[0]; k++) {
-                int32_t n = step_ns[k];
-                mm_ctx c = {b, ws, N_W, x, n, y};
-                double sec = median_time(run_matmuls, &c, 3 * secs);
-                printf("%-7s target model f16 (%.1f MB, %d matmuls) n=%d: %.1f us/step, %.1f GB/s, "
-                       "%.1f GFLOP/s\n",
-                       tdm_cpu_level_name(lv), bytes * 1e-6, N_W, n, sec * 1e6, bytes / sec * 1e-9,
-                       bytes * (double)n / sec * 1e-9);
+            for (size_t k = 0; k < sizeof step_ns / sizeof step_ns[0]; k++)
+                for (int li = 0; li < n_lay; li++) {
+                    int32_t n = step_ns[k];
+                    mm_ctx c = {b, ws[li], N_W, x, n, y};
+                    double sec = median_time(run_matmuls, &c, 3 * secs);
+                    printf("%-7s target model f16%s (%.1f MB, %d matmuls) n=%d: %.1f us/step, %.1f GB/s, "
+                           "%.1f GFLOP/s\n",
+                           tdm_cpu_level_name(lv), li ? " p64" : "", bytes * 1e-6, N_W, n, sec * 1e6,
+                           bytes / sec * 1e-9, bytes * (double)n / sec * 1e-9);
+                }
+            for (int i = 0; i < N_W; i++) {
+                if (n_lay == 2 && i < N_W - 1) tdm_free_aligned((void *)ws[1][i].data);
+                tdm_free_aligned((void *)ws[0][i].data);
             }
-            for (int i = 0; i < N_W; i++) tdm_free_aligned((void *)ws[i].data);
             bench_head(b, 8192, 384, secs);
             bench_head(b, 8192, 128, secs);
             bench_attention(b, TDM_F32, 200, 1, secs);

@@ -18,14 +18,18 @@
 
 typedef struct tdm_backend tdm_backend;
 
-/* A weight matrix W[rows][cols] of any supported dtype, rows contiguous.  Used as
- * y = x * W^T (each output element is a dot product of an input row and a W row). */
+/* A weight matrix W[rows][cols] of any supported dtype.  Used as y = x * W^T (each
+ * output element is a dot product of an input row and a W row).  Its layout
+ * (tdm_layout, dtype.h) is TDM_LAYOUT_ROWS (rows contiguous, row_bytes apart)
+ * unless a backend asked for another one when the model was loaded
+ * (tdm_backend_ops.weight_layout); only matmul reads other layouts. */
 typedef struct tdm_weight {
     uint32_t type;     /* tdm_dtype */
     int64_t rows;      /* output features */
     int64_t cols;      /* input features (multiple of the type's block size) */
-    size_t row_bytes;  /* bytes of one row */
+    size_t row_bytes;  /* bytes of one row (of the rows layout; the same total for others) */
     const void *data;  /* backend memory */
+    uint32_t layout;   /* tdm_layout; 0 = TDM_LAYOUT_ROWS */
 } tdm_weight;
 
 typedef struct tdm_rope_params {
@@ -102,6 +106,10 @@ typedef struct tdm_backend_ops {
     /* out[n][dim] = x / sqrt(mean(x^2) + eps) * gamma   (out may equal x) */
     tandem_status (*rmsnorm)(tdm_backend *b, const float *x, const float *gamma, int32_t n,
                              int32_t dim, float eps, float *out, tdm_err *err);
+    /* Optional (NULL: TDM_LAYOUT_ROWS always): the layout matmul reads fastest for a
+     * weight of this type and shape; the model loader packs its matmul weights
+     * into it (tdm_weight_pack).  A backend only names layouts its matmul reads. */
+    uint32_t (*weight_layout)(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols);
     /* y[n][w->rows] = x[n][w->cols] * W^T, or += when accumulate.  Reads W once per
      * call (not once per row) so a batch of n rows costs about one pass over W. */
     tandem_status (*matmul)(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n,

@@ -213,3 +213,60 @@ void tdm_row_from_f32(uint32_t type, const float *src, void *dst, int64_t n) {
         break;
     }
 }
+
+/* ---- weight layouts -------------------------------------------------------------- */
+
+static size_t elem_size(uint32_t type) {
+    return type == TDM_F32 ? 4 : (type == TDM_F16 || type == TDM_BF16) ? 2 : 0;
+}
+
+bool tdm_layout_fits(uint32_t layout, uint32_t type, int64_t rows, int64_t cols) {
+    if (layout == TDM_LAYOUT_ROWS) return tdm_dtype_supported(type);
+    if (layout == TDM_LAYOUT_P64)
+        return elem_size(type) != 0 && rows > 0 && cols > 0 && rows % TDM_LAYOUT_P64_ROWS == 0;
+    return false;
+}
+
+bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols, const void *src,
+                     void *dst) {
+    if (!tdm_layout_fits(layout, type, rows, cols) || !src || !dst) return false;
+    size_t es = elem_size(type);
+    if (layout == TDM_LAYOUT_ROWS) {
+        uint64_t rb;
+        tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
+        memcpy(dst, src, (size_t)rb * (size_t)rows);
+        return true;
+    }
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    const int64_t B = TDM_LAYOUT_P64_ROWS;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = s + (size_t)r * (size_t)cols * es;
+        uint8_t *col0 = d + ((size_t)(r / B) * (size_t)cols * B + (size_t)(r % B)) * es;
+        for (int64_t c = 0; c < cols; c++) memcpy(col0 + (size_t)c * B * es, row + (size_t)c * es, es);
+    }
+    return true;
+}
+
+float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_bytes, const void *data,
+                      int64_t r, int64_t c) {
+    const uint8_t *p = data;
+    if (layout == TDM_LAYOUT_P64) {
+        const int64_t B = TDM_LAYOUT_P64_ROWS;
+        size_t i = (size_t)((r / B) * cols + c) * (size_t)B + (size_t)(r % B);
+        const uint8_t *e = p + i * elem_size(type);
+        if (type == TDM_F32) {
+            float f;
+            memcpy(&f, e, 4);
+            return f;
+        }
+        uint16_t h;
+        memcpy(&h, e, 2);
+        return type == TDM_F16 ? tdm_f16_to_f32(h) : tdm_bf16_to_f32(h);
+    }
+    /* rows layout: convert the block holding c */
+    uint32_t be = tdm_dtype_block_elems(type), bb = tdm_dtype_block_bytes(type);
+    float tmp[TDM_QK]; /* the largest block */
+    tdm_row_to_f32(type, p + (size_t)r * row_bytes + (size_t)(c / be) * bb, tmp, be);
+    return tmp[c % be];
+}

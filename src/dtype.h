@@ -62,4 +62,27 @@ void tdm_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n);
  * by future quantisation tools). */
 void tdm_row_from_f32(uint32_t type, const float *src, void *dst, int64_t n);
 
+/* Memory layouts of a weight matrix W[rows][cols] (tdm_weight.layout). */
+typedef enum tdm_layout {
+    /* rows contiguous: element (r, c) of row r at r * row_bytes */
+    TDM_LAYOUT_ROWS = 0,
+    /* blocks of 64 rows, column by column: [rows / 64][cols][64] elements, so element
+     * (r, c) is at index ((r / 64) * cols + c) * 64 + r % 64.  For element types
+     * (f32, f16, bf16) and rows a multiple of 64: a matmul reads one sequential
+     * stream per block and gets 16 outputs per vector without horizontal sums. */
+    TDM_LAYOUT_P64 = 1,
+} tdm_layout;
+#define TDM_LAYOUT_P64_ROWS 64
+
+/* True when a weight of this type and shape can have the layout. */
+bool tdm_layout_fits(uint32_t layout, uint32_t type, int64_t rows, int64_t cols);
+/* dst = the rows-layout matrix src[rows][row_bytes] rearranged into layout (same
+ * byte count); false (dst untouched) when the layout does not fit. */
+bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols, const void *src,
+                     void *dst);
+/* Element (r, c) of a weight in any layout, as f32 (reference access for tests and
+ * slow paths). */
+float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_bytes, const void *data,
+                      int64_t r, int64_t c);
+
 #endif

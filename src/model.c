@@ -205,8 +205,41 @@ static tandem_status load_vec(tdm_model *m, const char *name, int64_t n, bool op
     return TANDEM_OK;
 }
 
-/* A matrix [rows][cols] placed as is (zero-copy on the CPU backend). */
-static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows,
+/* Places a matmul weight whose rows-layout bytes are at host memory src in backend
+ * memory, in the layout the backend asks for (zero-copy on the CPU backend when that
+ * is the rows layout and src is the mapped file, i.e. when src_owned is false). */
+static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned, uint32_t type, int64_t rows,
+                                  int64_t cols, size_t bytes, bool matmul_only, tdm_weight *w, tdm_err *err) {
+    tandem_status st;
+    uint32_t layout = TDM_LAYOUT_ROWS;
+    if (matmul_only && m->be->ops->weight_layout) layout = m->be->ops->weight_layout(m->be, type, rows, cols);
+    if (!tdm_layout_fits(layout, type, rows, cols)) layout = TDM_LAYOUT_ROWS;
+    w->layout = layout;
+    if (layout == TDM_LAYOUT_ROWS && is_host_backend(m->be) && !src_owned) {
+        w->data = src;
+        return TANDEM_OK;
+    }
+    void *dev;
+    if ((st = alloc_owned(m, bytes, &dev, err))) return st;
+    if (layout == TDM_LAYOUT_ROWS) {
+        st = m->be->ops->upload(m->be, dev, src, bytes, err);
+    } else if (is_host_backend(m->be)) {
+        tdm_weight_pack(layout, type, rows, cols, src, dev);
+    } else {
+        void *tmp = tdm_malloc(bytes);
+        if (!tmp) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory packing a weight");
+        tdm_weight_pack(layout, type, rows, cols, src, tmp);
+        st = m->be->ops->upload(m->be, dev, tmp, bytes, err);
+        free(tmp);
+    }
+    if (st) return st;
+    w->data = dev;
+    return TANDEM_OK;
+}
+
+/* A matrix [rows][cols]; matmul_only: read only by matmul, so the backend may ask
+ * for another layout (not the embedding or the output head). */
+static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows, bool matmul_only,
                               tdm_weight *w, tdm_err *err) {
     const tdm_gguf_tensor *t;
     tandem_status st = find_tensor(m, name, cols, rows, false, &t, err);
@@ -219,14 +252,7 @@ static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int6
     w->rows = rows;
     w->cols = cols;
     w->row_bytes = (size_t)rb;
-    if (is_host_backend(m->be)) {
-        w->data = t->data;
-    } else {
-        void *dev;
-        if ((st = alloc_owned(m, t->nbytes, &dev, err))) return st;
-        if ((st = m->be->ops->upload(m->be, dev, t->data, t->nbytes, err))) return st;
-        w->data = dev;
-    }
+    if ((st = place_weight(m, t->data, false, t->type, rows, cols, t->nbytes, matmul_only, w, err))) return st;
     m->n_params += (uint64_t)rows * (uint64_t)cols;
     m->weight_bytes += t->nbytes;
     return TANDEM_OK;
@@ -278,17 +304,13 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
         m->weight_bytes += t[i]->nbytes;
     }
     free(tmp);
-    void *dev;
-    st = alloc_owned(m, bytes, &dev, err);
-    if (!st) st = m->be->ops->upload(m->be, dev, host, bytes, err);
-    free(host);
-    if (st) return st;
     w->type = type;
     w->rows = total_rows;
     w->cols = cols;
     w->row_bytes = (size_t)rb;
-    w->data = dev;
-    return TANDEM_OK;
+    st = place_weight(m, host, true, type, total_rows, cols, bytes, true, w, err);
+    free(host);
+    return st;
 }
 
 /* The output head's quantised copy (qhead.h) on backends with int8 dot products,
@@ -317,11 +339,11 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
     int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
     int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
 
-    if ((st = load_mat(m, "token_embd.weight", E, V, &m->tok_embd, err))) return st;
+    if ((st = load_mat(m, "token_embd.weight", E, V, false, &m->tok_embd, err))) return st;
     if ((st = load_vec(m, "output_norm.weight", E, false, &m->out_norm, err))) return st;
     if (hp->tied_output) {
         m->output = m->tok_embd;
-    } else if ((st = load_mat(m, "output.weight", E, V, &m->output, err))) {
+    } else if ((st = load_mat(m, "output.weight", E, V, false, &m->output, err))) {
         return st;
     }
     if ((st = load_qhead(m, err))) return st;
@@ -362,7 +384,7 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
             L->bqkv = dev;
         }
         NAME(n0, "attn_output.weight");
-        if ((st = load_mat(m, n0, qd, E, &L->wo, err))) return st;
+        if ((st = load_mat(m, n0, qd, E, true, &L->wo, err))) return st;
         NAME(n0, "ffn_norm.weight");
         if ((st = load_vec(m, n0, E, false, &L->ffn_norm, err))) return st;
         NAME(n0, "ffn_gate.weight");
@@ -371,7 +393,7 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
         int64_t gu_rows[2] = {F, F};
         if ((st = load_fused(m, gu, gu_rows, 2, E, &L->w13, err))) return st;
         NAME(n0, "ffn_down.weight");
-        if ((st = load_mat(m, n0, F, E, &L->w2, err))) return st;
+        if ((st = load_mat(m, n0, F, E, true, &L->w2, err))) return st;
 #undef NAME
     }
     return TANDEM_OK;

@@ -36,6 +36,8 @@ void tdm_qhead_place(tdm_qhead *h, int64_t rows, int64_t cols, void *buf) {
 }
 
 tandem_status tdm_qhead_fill(const tdm_weight *w, void *buf, tdm_err *err) {
+    if (w->layout != TDM_LAYOUT_ROWS)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "quantised head: the weight is not in the rows layout");
     tdm_qhead h;
     tdm_qhead_place(&h, w->rows, w->cols, buf);
     memset(buf, 0, tdm_qhead_bytes(w->rows, w->cols));

@@ -7,50 +7,12 @@
 #include <string.h>
 
 #include "backend.h"
+#include "backend_testutil.h"
 #include "cpu_internal.h"
 #include "ref_ops.h"
 #include "testutil.h"
 
-/* ---- helpers ------------------------------------------------------------------- */
-
-static int avail_levels(tdm_cpu_level out[TDM_CPU_N_LEVELS]) {
-    int n = 0;
-    for (int l = 0; l <= (int)tdm_cpu_best_level(); l++) out[n++] = (tdm_cpu_level)l;
-    return n;
-}
-
-static tdm_backend *mk_backend(tdm_cpu_level level, int nt) {
-    tdm_backend *b = NULL;
-    tdm_err err = {0};
-    cr_assert_eq(tdm_backend_cpu_create_level(nt, level, &b, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(b->n_threads, nt);
-    cr_assert_eq(tdm_backend_cpu_level(b), (int)level);
-    return b;
-}
-
-static float *rand_vec(uint64_t *rng, size_t n, float lo, float hi) {
-    float *v = malloc(n * sizeof(float) + 64);
-    cr_assert(v);
-    for (size_t i = 0; i < n; i++) v[i] = tdm_test_randf(rng, lo, hi);
-    return v;
-}
-
-/* A random weight of the given type built with tdm_row_from_f32 (data malloc'd). */
-static tdm_weight mk_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng) {
-    uint64_t rb;
-    cr_assert(tdm_dtype_row_bytes(type, (uint64_t)cols, &rb));
-    tdm_weight w = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb};
-    uint8_t *data = malloc((size_t)(rb * (uint64_t)rows) + 64);
-    cr_assert(data);
-    float *row = rand_vec(rng, (size_t)cols, -1.0f, 1.0f);
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t k = 0; k < cols; k++) row[k] = tdm_test_randf(rng, -1.0f, 1.0f);
-        tdm_row_from_f32(type, row, data + r * rb, cols);
-    }
-    free(row);
-    w.data = data;
-    return w;
-}
+/* ---- helpers (and backend_testutil.h) --------------------------------------------- */
 
 static const uint32_t all_types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
 
@@ -61,26 +23,16 @@ static bool is_quant(uint32_t t) { return t == TDM_Q8_0 || t == TDM_Q4_0; }
 static void check_matmul(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols, int32_t n,
                          bool acc, uint64_t seed) {
     uint64_t rng = seed;
-    tdm_weight w = mk_weight(type, rows, cols, &rng);
-    float *x = rand_vec(&rng, (size_t)n * cols, -1, 1);
-    float *y = rand_vec(&rng, (size_t)n * rows, -1, 1);
-    float *yr = malloc((size_t)n * rows * sizeof(float) + 4);
-    memcpy(yr, y, (size_t)n * rows * sizeof(float));
-    tdm_err err = {0};
-    cr_assert_eq(b->ops->matmul(b, &w, x, n, y, acc, &err), TANDEM_OK, "%s", err.msg);
-    ref_matmul(&w, x, n, yr, acc);
-    double e = ref_nrm_err(y, yr, (size_t)n * rows);
+    tdm_weight w = tdm_test_weight(type, rows, cols, &rng);
+    double e = tdm_test_matmul_err(b, &w, &w, n, acc, &rng);
     cr_assert(e < 1e-5, "matmul %s level %d [%lld][%lld] n=%d acc=%d: err %g", tdm_dtype_name(type),
               tdm_backend_cpu_level(b), (long long)rows, (long long)cols, n, acc, e);
     free((void *)w.data);
-    free(x);
-    free(y);
-    free(yr);
 }
 
 Test(matmul, all_levels_types_shapes) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     /* rows, cols, n */
     static const int64_t shapes[][3] = {
         {1, 32, 1},   {5, 64, 1},    {4, 32, 2},    {7, 96, 3},   {33, 160, 5},  {64, 384, 1},
@@ -89,7 +41,7 @@ Test(matmul, all_levels_types_shapes) {
     static const int64_t odd_shapes[][3] = {{3, 1, 1},  {9, 7, 2},   {11, 17, 5},
                                             {6, 37, 1}, {21, 100, 6}, {40, 15, 33}};
     for (int l = 0; l < nl; l++) {
-        tdm_backend *b = mk_backend(lv[l], 2);
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
         for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
             for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
                 for (int acc = 0; acc < 2; acc++)
@@ -108,15 +60,15 @@ Test(matmul, all_levels_types_shapes) {
  * matmul of row i alone (decode and verification agree exactly). */
 Test(matmul, deterministic_threads_and_batch) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     const int64_t rows = 203, cols = 192;
     for (int32_t n = 11; n <= 20; n += 9) /* 11: the direct path; 20: the tile path vs direct rows */
     for (int l = 0; l < nl; l++) {
-        tdm_backend *bs[3] = {mk_backend(lv[l], 1), mk_backend(lv[l], 2), mk_backend(lv[l], 3)};
+        tdm_backend *bs[3] = {tdm_test_backend(lv[l], 1), tdm_test_backend(lv[l], 2), tdm_test_backend(lv[l], 3)};
         for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
             uint64_t rng = 77 + t;
-            tdm_weight w = mk_weight(all_types[t], rows, cols, &rng);
-            float *x = rand_vec(&rng, (size_t)n * cols, -2, 2);
+            tdm_weight w = tdm_test_weight(all_types[t], rows, cols, &rng);
+            float *x = tdm_test_rand_vec(&rng, (size_t)n * cols, -2, 2);
             float *y[3];
             for (int k = 0; k < 3; k++) {
                 y[k] = calloc((size_t)n * rows, sizeof(float));
@@ -143,9 +95,9 @@ Test(matmul, deterministic_threads_and_batch) {
 }
 
 Test(matmul, rejects_bad_args) {
-    tdm_backend *b = mk_backend(tdm_cpu_best_level(), 2);
+    tdm_backend *b = tdm_test_backend(tdm_cpu_best_level(), 2);
     uint64_t rng = 5;
-    tdm_weight w = mk_weight(TDM_F32, 4, 32, &rng);
+    tdm_weight w = tdm_test_weight(TDM_F32, 4, 32, &rng);
     float x[64] = {0}, y[8] = {0};
     tdm_err err = {0};
     cr_assert_eq(b->ops->matmul(b, NULL, x, 1, y, false, &err), TANDEM_ERR_INVALID_ARG);
@@ -176,13 +128,13 @@ Test(matmul, rejects_bad_args) {
 
 Test(ops, get_rows_all_types) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     for (int l = 0; l < nl; l++) {
-        tdm_backend *b = mk_backend(lv[l], 2);
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
         for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
             int64_t cols = is_quant(all_types[t]) ? 96 : 45;
             uint64_t rng = 11 + t;
-            tdm_weight w = mk_weight(all_types[t], 50, cols, &rng);
+            tdm_weight w = tdm_test_weight(all_types[t], 50, cols, &rng);
             int32_t ids[7] = {0, 49, 3, 3, 17, 25, 48};
             float *out = calloc(7 * (size_t)cols, 4), *ref = calloc(7 * (size_t)cols, 4);
             cr_assert_eq(b->ops->get_rows(b, &w, ids, 7, out, NULL), TANDEM_OK);
@@ -204,7 +156,7 @@ Test(ops, get_rows_all_types) {
  * (bit-exact except NaN payloads). */
 Test(ops, get_rows_f16_exhaustive) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     uint16_t *h = malloc(65536 * 2);
     for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
     tdm_weight w = {.type = TDM_F16, .rows = 1024, .cols = 64, .row_bytes = 128, .data = h};
@@ -213,7 +165,7 @@ Test(ops, get_rows_f16_exhaustive) {
     float *out = malloc(65536 * 4), *ref = malloc(65536 * 4);
     ref_get_rows(&w, ids, 1024, ref);
     for (int l = 0; l < nl; l++) {
-        tdm_backend *b = mk_backend(lv[l], 2);
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
         cr_assert_eq(b->ops->get_rows(b, &w, ids, 1024, out, NULL), TANDEM_OK);
         for (int i = 0; i < 65536; i++) {
             /* F16C quiets signalling NaNs: NaNs need only stay NaN */
@@ -233,16 +185,16 @@ Test(ops, get_rows_f16_exhaustive) {
 
 Test(ops, rmsnorm_bias_swiglu_gather) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     static const int32_t dims[][2] = {{1, 1}, {3, 7}, {5, 384}, {64, 1000}, {2, 33}};
     for (int l = 0; l < nl; l++)
         for (int nt = 1; nt <= 3; nt++) {
-            tdm_backend *b = mk_backend(lv[l], nt);
+            tdm_backend *b = tdm_test_backend(lv[l], nt);
             for (size_t s = 0; s < TDM_ARRAY_LEN(dims); s++) {
                 int32_t n = dims[s][0], dim = dims[s][1];
                 size_t nd = (size_t)n * dim;
                 uint64_t rng = 31 + s;
-                float *x = rand_vec(&rng, 2 * nd, -3, 3), *g = rand_vec(&rng, (size_t)dim * 2, -2, 2);
+                float *x = tdm_test_rand_vec(&rng, 2 * nd, -3, 3), *g = tdm_test_rand_vec(&rng, (size_t)dim * 2, -2, 2);
                 float *out = calloc(2 * nd, 4), *ref = calloc(2 * nd, 4);
                 /* rmsnorm, also in place */
                 cr_assert_eq(b->ops->rmsnorm(b, x, g, n, dim, 1e-5f, out, NULL), TANDEM_OK);
@@ -289,16 +241,16 @@ Test(ops, rmsnorm_bias_swiglu_gather) {
 /* The vectorised exp inside swiglu over a wide range of inputs. */
 Test(ops, swiglu_wide_range) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     const int32_t n = 3, ff = 1001;
     uint64_t rng = 99;
-    float *x = rand_vec(&rng, (size_t)n * 2 * ff, -1, 1);
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * 2 * ff, -1, 1);
     for (int32_t i = 0; i < n; i++)
         for (int32_t k = 0; k < ff; k++) x[(size_t)i * 2 * ff + k] = -120.0f + 240.0f * (float)k / ff;
     float *out = calloc((size_t)n * ff, 4), *ref = calloc((size_t)n * ff, 4);
     ref_swiglu(x, n, ff, ref);
     for (int l = 0; l < nl; l++) {
-        tdm_backend *b = mk_backend(lv[l], 2);
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
         cr_assert_eq(b->ops->swiglu(b, x, n, ff, out, NULL), TANDEM_OK);
         for (size_t i = 0; i < (size_t)n * ff; i++)
             cr_assert(fabsf(out[i] - ref[i]) <= 1e-6f * fabsf(ref[i]) + 1e-30f, "level %d: [%zu] %g vs %g",
@@ -314,7 +266,7 @@ Test(ops, swiglu_wide_range) {
 
 Test(ops, rope_layouts) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     static const tdm_rope_params params[] = {
         {64, 10000.0f, 1.0f, false}, {64, 10000.0f, 1.0f, true}, {32, 500000.0f, 0.25f, false},
         {16, 10000.0f, 1.0f, true},  {2, 100.0f, 2.0f, false},
@@ -325,12 +277,12 @@ Test(ops, rope_layouts) {
     for (int l = 0; l < nl; l++)
         for (size_t p = 0; p < TDM_ARRAY_LEN(params); p++) {
             uint64_t rng = 55 + p;
-            float *x = rand_vec(&rng, (size_t)n * stride, -2, 2);
+            float *x = tdm_test_rand_vec(&rng, (size_t)n * stride, -2, 2);
             float *ref = malloc((size_t)n * stride * 4), *y[3];
             memcpy(ref, x, (size_t)n * stride * 4);
             ref_rope(ref, n, stride, n_head, head_dim, pos, &params[p]);
             for (int nt = 1; nt <= 3; nt++) {
-                tdm_backend *b = mk_backend(lv[l], nt);
+                tdm_backend *b = tdm_test_backend(lv[l], nt);
                 y[nt - 1] = malloc((size_t)n * stride * 4);
                 memcpy(y[nt - 1], x, (size_t)n * stride * 4);
                 cr_assert_eq(b->ops->rope(b, y[nt - 1], n, stride, n_head, head_dim, pos, &params[p], NULL),
@@ -350,7 +302,7 @@ Test(ops, rope_layouts) {
             free(ref);
         }
     /* known value: position 1, pair (0, 1), theta = 1 rad */
-    tdm_backend *b = mk_backend(TDM_CPU_SCALAR, 1);
+    tdm_backend *b = tdm_test_backend(TDM_CPU_SCALAR, 1);
     float v[2] = {1.0f, 0.0f};
     int32_t one = 1;
     tdm_rope_params rp = {2, 10000.0f, 1.0f, false};
@@ -427,7 +379,7 @@ static void fill_cache(tdm_backend *b, kv_fixture *f, uint32_t ct, int32_t nkv, 
         /* slots written in a scrambled order */
         for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, (i * 7 + 3) % len, false);
         int32_t stride = nkv * hd + 3;
-        float *k = rand_vec(rng, (size_t)len * stride, -1, 1), *v = rand_vec(rng, (size_t)len * stride, -1, 1);
+        float *k = tdm_test_rand_vec(rng, (size_t)len * stride, -1, 1), *v = tdm_test_rand_vec(rng, (size_t)len * stride, -1, 1);
         tdm_kv_write_args a = {&bt, f->seq_ptrs, k, v, stride, kc, vc, ct, nkv, hd, bs};
         tdm_err err = {0};
         cr_assert_eq(b->ops->kv_write(b, &a, &err), TANDEM_OK, "%s", err.msg);
@@ -448,7 +400,7 @@ static void fill_cache(tdm_backend *b, kv_fixture *f, uint32_t ct, int32_t nkv, 
  * with values that exercise f16 rounding, subnormals and overflow. */
 Test(kv_write, all_levels_exact) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     const int32_t nkv = 2, hd = 40, bs = 8, lens[2] = {29, 11};
     for (int l = 0; l < nl; l++)
         for (int ct = 0; ct < 2; ct++) {
@@ -463,13 +415,13 @@ Test(kv_write, all_levels_exact) {
             for (int s = 0; s < 2; s++)
                 for (int32_t i = 0; i < lens[s]; i++) tdm_batch_add(&bt, 0, i, s, lens[s] - 1 - i, false);
             int32_t stride = nkv * hd + 1;
-            float *k = rand_vec(&rng, (size_t)bt.n_rows * stride, -2, 2);
-            float *v = rand_vec(&rng, (size_t)bt.n_rows * stride, -1e-5f, 1e-5f); /* f16 subnormals */
+            float *k = tdm_test_rand_vec(&rng, (size_t)bt.n_rows * stride, -2, 2);
+            float *v = tdm_test_rand_vec(&rng, (size_t)bt.n_rows * stride, -1e-5f, 1e-5f); /* f16 subnormals */
             k[0] = 70000.0f;
             k[1] = -65519.0f;
             k[2] = 1.00048828125f; /* a tie: rounds to even */
             tdm_kv_write_args a = {&bt, f.seq_ptrs, k, v, stride, kc, vc, type, nkv, hd, bs};
-            tdm_backend *b = mk_backend(lv[l], 2);
+            tdm_backend *b = tdm_test_backend(lv[l], 2);
             tdm_err err = {0};
             cr_assert_eq(b->ops->kv_write(b, &a, &err), TANDEM_OK, "%s", err.msg);
             tdm_backend_destroy(b);
@@ -499,14 +451,14 @@ typedef struct attn_case {
 
 static void run_attn_case(const attn_case *tc, uint64_t seed) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
-    int nl = avail_levels(lv);
+    int nl = tdm_test_levels(lv);
     uint64_t rng = seed;
     kv_fixture f;
     kv_fixture_init(&f, tc->n_seq, tc->lens, tc->block_size, &rng);
     size_t esz = tc->cache_type == TDM_F16 ? 2 : 4;
     size_t cache_bytes = (size_t)f.n_blocks * tc->n_kv_head * tc->block_size * tc->head_dim * esz;
     void *kc = calloc(1, cache_bytes), *vc = calloc(1, cache_bytes);
-    tdm_backend *b0 = mk_backend(TDM_CPU_SCALAR, 2);
+    tdm_backend *b0 = tdm_test_backend(TDM_CPU_SCALAR, 2);
     fill_cache(b0, &f, tc->cache_type, tc->n_kv_head, tc->head_dim, tc->block_size, kc, vc, &rng);
     tdm_backend_destroy(b0);
 
@@ -535,7 +487,7 @@ static void run_attn_case(const attn_case *tc, uint64_t seed) {
         memcpy(bt.extra_slot, extra_slot, sizeof extra_slot);
     }
     int32_t q_stride = tc->n_head * tc->head_dim + 2 * tc->n_kv_head * tc->head_dim;
-    float *q = rand_vec(&rng, (size_t)bt.n_rows * q_stride, -1.5f, 1.5f);
+    float *q = tdm_test_rand_vec(&rng, (size_t)bt.n_rows * q_stride, -1.5f, 1.5f);
     size_t n_out = (size_t)bt.n_rows * tc->n_head * tc->head_dim;
     float *ref = calloc(n_out, 4);
     tdm_attn_args a = {&bt, f.seq_ptrs, q, q_stride, ref, kc, vc, tc->cache_type,
@@ -545,7 +497,7 @@ static void run_attn_case(const attn_case *tc, uint64_t seed) {
     for (int l = 0; l < nl; l++) {
         float *out[3];
         for (int nt = 1; nt <= 3; nt++) {
-            tdm_backend *b = mk_backend(lv[l], nt);
+            tdm_backend *b = tdm_test_backend(lv[l], nt);
             out[nt - 1] = calloc(n_out, 4);
             a.out = out[nt - 1];
             tdm_err err = {0};
@@ -558,7 +510,7 @@ static void run_attn_case(const attn_case *tc, uint64_t seed) {
         cr_assert(memcmp(out[0], out[1], n_out * 4) == 0, "attention 1 vs 2 threads");
         cr_assert(memcmp(out[0], out[2], n_out * 4) == 0, "attention 1 vs 3 threads");
         /* batch invariance: each row alone gives bit-identical output */
-        tdm_backend *b = mk_backend(lv[l], 2);
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
         size_t row_out = (size_t)tc->n_head * tc->head_dim;
         for (int32_t r = 0; r < bt.n_rows; r++) {
             tdm_batch one;
@@ -628,7 +580,7 @@ Test(attention, tree_extra_slots) {
 }
 
 Test(attention, rejects_bad_args) {
-    tdm_backend *b = mk_backend(tdm_cpu_best_level(), 2);
+    tdm_backend *b = tdm_test_backend(tdm_cpu_best_level(), 2);
     uint64_t rng = 9;
     int32_t lens[1] = {8};
     kv_fixture f;
@@ -701,7 +653,7 @@ Test(backend, create_levels_and_env) {
 }
 
 Test(backend, memory_ops) {
-    tdm_backend *b = mk_backend(TDM_CPU_SCALAR, 1);
+    tdm_backend *b = tdm_test_backend(TDM_CPU_SCALAR, 1);
     void *p = NULL, *q = NULL;
     cr_assert_eq(b->ops->alloc(b, 1000, &p, NULL), TANDEM_OK);
     cr_assert_eq(b->ops->alloc(b, 1000, &q, NULL), TANDEM_OK);

@@ -99,6 +99,13 @@ static tandem_status cpu_sync(tdm_backend *b, tdm_err *err) {
 
 static void cpu_destroy(tdm_backend *b);
 
+/* P64 for the weights it fits when the level has its kernel, unless TANDEM_CPU_PACK=0. */
+static uint32_t cpu_weight_layout(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols) {
+    tdm_cpu *c = tdm_cpu_of(b, "weight_layout", NULL);
+    if (!c || !c->k->gemv_p64 || !c->pack) return TDM_LAYOUT_ROWS;
+    return tdm_layout_fits(TDM_LAYOUT_P64, type, rows, cols) ? TDM_LAYOUT_P64 : TDM_LAYOUT_ROWS;
+}
+
 static const tdm_backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -108,6 +115,7 @@ static const tdm_backend_ops cpu_ops = {
     .download = cpu_download,
     .copy = cpu_copy,
     .get_rows = tdm_cpu_get_rows,
+    .weight_layout = cpu_weight_layout,
     .rmsnorm = tdm_cpu_rmsnorm,
     .matmul = tdm_cpu_matmul,
     .add_bias = tdm_cpu_add_bias,
@@ -200,6 +208,8 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     c->n_threads = n_threads;
     c->level = level;
     c->k = tdm_cpu_kernels_for(level);
+    const char *pack = getenv("TANDEM_CPU_PACK");
+    c->pack = !(pack && strcmp(pack, "0") == 0);
     c->scratch = calloc((size_t)n_threads, sizeof *c->scratch);
     if (!c->scratch) {
         free(b);

@@ -5,10 +5,11 @@
  * matmul_avx2.c and matmul_avx512.c (compiled with their ISA flags).
  *
  * Determinism contract of every kernel table: the value of one matmul output
- * element y[i][r] depends only on x[i], W row r and the SIMD level, never on n,
- * on the thread count or on how rows are grouped.  Each (x row, W row) pair is
- * accumulated in one vector accumulator (lanes over k, k in increasing steps of the
- * vector width, masked tail) and reduced by a fixed tree.
+ * element y[i][r] depends only on x[i], W row r, the weight's layout and the SIMD
+ * level, never on n, on the thread count or on how rows are grouped.  In the rows
+ * layout each (x row, W row) pair is accumulated in one vector accumulator (lanes
+ * over k, k in increasing steps of the vector width, masked tail) and reduced by a
+ * fixed tree; in the P64 layout in one lane, k by k (gemv_p64).
  */
 #ifndef TDM_CPU_INTERNAL_H
 #define TDM_CPU_INTERNAL_H
@@ -44,6 +45,14 @@ typedef struct tdm_cpu_kernels {
     /* Weight types gemv handles: bit (1 << type) set.  Its results are bit-identical
      * to convert_rows + gemm, so the matmul dispatcher may pick either path. */
     uint32_t gemv_types;
+    /* Optional (NULL: the level keeps every weight in TDM_LAYOUT_ROWS): matmul of a
+     * TDM_LAYOUT_P64 weight of an element type (returns false for others):
+     * y[i][r] (=|+=) dot(x[i], W row r) for i < n (any n) and the rows of 64-row
+     * blocks [b0, b1); x rows are w->cols apart, y rows ldy apart.  Each output
+     * element is one f32 sum of x[i][k] W[r][k] in increasing k (one FMA per k), so
+     * the determinism contract holds with this accumulation scheme instead. */
+    bool (*gemv_p64)(const tdm_weight *w, const float *x, int32_t n, int64_t b0, int64_t b1, float *y,
+                     int64_t ldy, bool acc);
     /* Attention helpers over d floats. */
     float (*dot_f32)(const float *a, const float *b, int32_t d);
     float (*dot_f16)(const float *a, const uint16_t *b, int32_t d);
@@ -112,6 +121,7 @@ typedef struct tdm_cpu {
     int n_threads;
     tdm_cpu_level level;
     const tdm_cpu_kernels *k;
+    bool pack;                /* weight_layout may ask for P64 (TANDEM_CPU_PACK=0: never) */
     tdm_cpu_scratch *scratch; /* [n_threads] */
     /* quantised output head (head.c): the level's int8 dot kernel, NULL without one */
     tdm_qhead_dot_fn k_dot;

@@ -218,6 +218,8 @@ tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const td
     if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG;
     tandem_status st = check_head(c, h, x, n, ids, "head_argmax", err);
     if (!st) st = tdm_cpu_check_weight(w, "head_argmax", err);
+    if (!st && w->layout != TDM_LAYOUT_ROWS)
+        st = tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: the output weight is not in the rows layout");
     if (st) return st;
     if (w->rows != h->rows || w->cols != h->cols)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_argmax: head [%lld][%lld] is not W's [%lld][%lld]",

@@ -188,6 +188,10 @@ tandem_status tdm_cpu_check_weight(const tdm_weight *w, const char *op, tdm_err 
                           (long long)w->cols);
     if (!w->data && w->rows > 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL weight data", op);
+    if (w->layout != TDM_LAYOUT_ROWS && !tdm_layout_fits(w->layout, w->type, w->rows, w->cols))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: layout %u does not fit a %s weight [%lld][%lld]",
+                          op, (unsigned)w->layout, tdm_dtype_name(w->type), (long long)w->rows,
+                          (long long)w->cols);
     return TANDEM_OK;
 }
 
@@ -210,6 +214,14 @@ static void mm_gemv_task(void *ctx, int64_t chunk, int ith) {
     mm_job *j = ctx;
     int64_t r0 = chunk * j->chunk, r1 = TDM_MIN(r0 + j->chunk, j->w->rows);
     j->c->k->gemv(j->w, j->x, j->n, r0, r1, j->y, j->w->rows, j->acc);
+}
+
+/* P64 layout: a range of 64-row blocks (j->chunk blocks per chunk). */
+static void mm_p64_task(void *ctx, int64_t chunk, int ith) {
+    (void)ith;
+    mm_job *j = ctx;
+    int64_t b0 = chunk * j->chunk, b1 = TDM_MIN(b0 + j->chunk, j->w->rows / TDM_LAYOUT_P64_ROWS);
+    j->c->k->gemv_p64(j->w, j->x, j->n, b0, b1, j->y, j->w->rows, j->acc);
 }
 
 /* Tile path: convert a chunk of W rows, multiply every input row against it. */
@@ -238,6 +250,21 @@ tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x
     mm_job j = {.c = c, .w = w, .x = x, .n = n, .y = y, .acc = accumulate};
     int64_t rows = w->rows, cols = w->cols;
     int64_t flops = rows * cols * (int64_t)n;
+
+    if (w->layout != TDM_LAYOUT_ROWS) {
+        if (w->layout != TDM_LAYOUT_P64 || !c->k->gemv_p64 || !tdm_layout_fits(w->layout, w->type, rows, cols))
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                              "matmul: %s weight [%lld][%lld] in layout %u, which the %s kernels do not read",
+                              tdm_dtype_name(w->type), (long long)rows, (long long)cols, (unsigned)w->layout,
+                              c->k->name);
+        /* One contiguous range of 64-row blocks per thread (one sequential stream). */
+        int64_t blocks = rows / TDM_LAYOUT_P64_ROWS;
+        int nth = tdm_cpu_nth(c, flops, 16384);
+        if (nth > blocks) nth = (int)blocks;
+        j.chunk = (blocks + nth - 1) / nth; /* in blocks */
+        tdm_threadpool_run(c->pool, (blocks + j.chunk - 1) / j.chunk, nth, mm_p64_task, &j);
+        return TANDEM_OK;
+    }
 
     if (n <= TDM_MM_DIRECT_MAX && w->type < 32 && (c->k->gemv_types >> w->type & 1u)) {
         /* One contiguous range of W rows per thread, so that each thread's software

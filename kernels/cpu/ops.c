@@ -28,7 +28,15 @@ typedef struct get_rows_job {
 static void get_rows_task(void *ctx, int64_t i, int ith) {
     (void)ith;
     get_rows_job *j = ctx;
-    j->c->k->convert_rows(j->w, j->ids[i], 1, j->out + i * j->w->cols, j->w->cols);
+    const tdm_weight *w = j->w;
+    float *o = j->out + i * w->cols;
+    if (w->layout == TDM_LAYOUT_ROWS) {
+        j->c->k->convert_rows(w, j->ids[i], 1, o, w->cols);
+        return;
+    }
+    /* other layouts (matmul weights, not embeddings): element by element */
+    for (int64_t k = 0; k < w->cols; k++)
+        o[k] = tdm_weight_elem(w->type, w->layout, w->cols, w->row_bytes, w->data, j->ids[i], k);
 }
 
 tandem_status tdm_cpu_get_rows(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n,

@@ -1,0 +1,66 @@
+/* backend_testutil.c - see backend_testutil.h. */
+#include "backend_testutil.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ref_ops.h"
+
+#include "testutil.h"
+
+int tdm_test_levels(tdm_cpu_level out[TDM_CPU_N_LEVELS]) {
+    int n = 0;
+    for (int l = 0; l <= (int)tdm_cpu_best_level(); l++) out[n++] = (tdm_cpu_level)l;
+    return n;
+}
+
+tdm_backend *tdm_test_backend(tdm_cpu_level level, int nt) {
+    tdm_backend *b = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create_level(nt, level, &b, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(b->n_threads, nt);
+    cr_assert_eq(tdm_backend_cpu_level(b), (int)level);
+    return b;
+}
+
+float *tdm_test_rand_vec(uint64_t *rng, size_t n, float lo, float hi) {
+    float *v = malloc(n * sizeof(float) + 64);
+    cr_assert(v);
+    for (size_t i = 0; i < n; i++) v[i] = tdm_test_randf(rng, lo, hi);
+    return v;
+}
+
+tdm_weight tdm_test_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng) {
+    uint64_t rb;
+    cr_assert(tdm_dtype_row_bytes(type, (uint64_t)cols, &rb));
+    tdm_weight w = {.type = type, .rows = rows, .cols = cols, .row_bytes = rb};
+    uint8_t *data = malloc((size_t)(rb * (uint64_t)rows) + 64);
+    cr_assert(data);
+    float *row = tdm_test_rand_vec(rng, (size_t)cols, -1.0f, 1.0f);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t k = 0; k < cols; k++) row[k] = tdm_test_randf(rng, -1.0f, 1.0f);
+        tdm_row_from_f32(type, row, data + r * rb, cols);
+    }
+    free(row);
+    w.data = data;
+    return w;
+}
+
+double tdm_test_matmul_err(tdm_backend *b, const tdm_weight *w, const tdm_weight *ref, int32_t n, bool acc,
+                           uint64_t *rng) {
+    size_t ny = (size_t)n * (size_t)w->rows;
+    float *x = tdm_test_rand_vec(rng, (size_t)n * (size_t)w->cols, -1, 1);
+    float *y = tdm_test_rand_vec(rng, ny, -1, 1);
+    float *yr = malloc(ny * sizeof(float) + 4);
+    cr_assert(yr);
+    memcpy(yr, y, ny * sizeof(float));
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->matmul(b, w, x, n, y, acc, &err), TANDEM_OK, "%s", err.msg);
+    ref_matmul(ref, x, n, yr, acc);
+    double e = ref_nrm_err(y, yr, ny);
+    free(x);
+    free(y);
+    free(yr);
+    return e;
+}

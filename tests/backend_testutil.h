@@ -1,0 +1,25 @@
+/* backend_testutil.h - helpers of the CPU backend tests (test_backend_ops.c,
+ * test_layout.c): backends per SIMD level, random vectors and weights. */
+#ifndef TDM_BACKEND_TESTUTIL_H
+#define TDM_BACKEND_TESTUTIL_H
+
+#include "backend.h"
+#include "cpu_internal.h"
+
+/* The SIMD levels this machine has, lowest first; returns their count. */
+int tdm_test_levels(tdm_cpu_level out[TDM_CPU_N_LEVELS]);
+/* A CPU backend at exactly this level with nt threads (fails the test otherwise). */
+tdm_backend *tdm_test_backend(tdm_cpu_level level, int nt);
+/* n floats uniform in [lo, hi) (malloc'd, 64 spare bytes). */
+float *tdm_test_rand_vec(uint64_t *rng, size_t n, float lo, float hi);
+/* A random weight [rows][cols] of the given type in the rows layout, values in
+ * [-1, 1) rounded through tdm_row_from_f32 (data malloc'd). */
+tdm_weight tdm_test_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng);
+
+/* Normalised error of b's matmul of w (any layout) against ref_matmul of ref (the
+ * same matrix in the rows layout) on n random rows, accumulating into random y
+ * when acc. */
+double tdm_test_matmul_err(tdm_backend *b, const tdm_weight *w, const tdm_weight *ref, int32_t n, bool acc,
+                           uint64_t *rng);
+
+#endif
