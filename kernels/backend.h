@@ -80,8 +80,10 @@ typedef struct tdm_attn_args {
 typedef struct tdm_qhead {
     int64_t rows, cols;         /* W's shape */
     int64_t rows_pad, cols_pad; /* rows_pad: multiple of 64; cols_pad: multiple of 4 */
-    const int8_t *q;            /* [rows_pad/16][cols_pad/4][16][4]: round(w / d), |q| <= 127;
-                                   padding rows and columns are 0 */
+    const int8_t *q;            /* [rows_pad/64][cols_pad/4][4][16][4]: round(w / d), |q| <= 127
+                                   (panels of 64 rows; per 4 columns, 4 groups of 16 rows x 4
+                                   columns, so a panel is one sequential stream); padding rows
+                                   and columns are 0 */
     const float *d;             /* [rows_pad] max_k |w[r][k]| / 127 (0 for zero and padding rows) */
     const int32_t *qsum;        /* [rows_pad] sum_k q[r][k] */
     const float *xcoef;         /* [rows_pad] max_k |w - d q| + gamma(cols) max_k |w|, rounded up

@@ -63,7 +63,7 @@ static qh mk_qhead(const tdm_weight *w) {
 }
 
 static int8_t qval(const tdm_qhead *h, int64_t r, int64_t k) {
-    return h->q[(r / 16) * (h->cols_pad / 4) * 64 + (k / 4) * 64 + (r % 16) * 4 + k % 4];
+    return h->q[(r / 64) * (h->cols_pad / 4) * 256 + (k / 4) * 256 + (r % 64 / 16) * 64 + (r % 16) * 4 + k % 4];
 }
 
 static const uint32_t types[] = {TDM_F16, TDM_F32, TDM_BF16, TDM_Q8_0, TDM_Q4_0};

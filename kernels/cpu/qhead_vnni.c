@@ -5,7 +5,8 @@
  * One vpdpbusd multiplies 4 unsigned x bytes (broadcast) by the 4-column slice of
  * 16 W rows and adds each row's 4 products to its own 32-bit lane: the 16 lanes end
  * as 16 finished row sums, so no horizontal reduction is needed.  A panel of 64 rows
- * (4 groups) is swept for up to 4 x rows at a time (16 accumulators).  Integer sums
+ * (4 groups, contiguous per 4 columns: one sequential stream) is swept for up to 4 x
+ * rows at a time (16 accumulators).  Integer sums
  * are exact: results equal tdm_qhead_dot_ref bit for bit.
  */
 #include <float.h>
@@ -16,17 +17,17 @@
 #include "cpu_internal.h"
 
 static inline __attribute__((always_inline)) void
-panel(const int MR, const int8_t *g, int64_t gstride, int64_t c4, const uint8_t *xq, int64_t ldx,
-      int32_t *y, int64_t ldy, const int8_t *pf) {
+panel(const int MR, const int8_t *g, int64_t c4, const uint8_t *xq, int64_t ldx, int32_t *y, int64_t ldy,
+      const int8_t *pf) {
     __m512i s[4][4];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < 4; j++) s[i][j] = _mm512_setzero_si512();
     for (int64_t k = 0; k < c4; k++) {
         if (pf) /* the next panel, line for line (the head streams from memory) */
-            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(pf + j * gstride + k * 64), _MM_HINT_T0);
-        __m512i w0 = _mm512_loadu_si512(g + k * 64), w1 = _mm512_loadu_si512(g + gstride + k * 64);
-        __m512i w2 = _mm512_loadu_si512(g + 2 * gstride + k * 64);
-        __m512i w3 = _mm512_loadu_si512(g + 3 * gstride + k * 64);
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(pf + k * 256 + j * 64), _MM_HINT_T0);
+        const int8_t *gk = g + k * 256;
+        __m512i w0 = _mm512_loadu_si512(gk), w1 = _mm512_loadu_si512(gk + 64);
+        __m512i w2 = _mm512_loadu_si512(gk + 128), w3 = _mm512_loadu_si512(gk + 192);
         for (int i = 0; i < MR; i++) {
             int32_t x4;
             memcpy(&x4, xq + i * ldx + 4 * k, 4);
@@ -43,17 +44,17 @@ panel(const int MR, const int8_t *g, int64_t gstride, int64_t c4, const uint8_t 
 
 void tdm_qhead_dot_vnni(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0, int64_t p1,
                         int32_t *isum) {
-    const int64_t c4 = h->cols_pad / 4, gstride = c4 * 64, ldx = h->cols_pad, ldy = h->rows_pad;
+    const int64_t c4 = h->cols_pad / 4, pstride = c4 * 256, ldx = h->cols_pad, ldy = h->rows_pad;
     for (int64_t p = p0; p < p1; p++) {
-        const int8_t *g = h->q + p * 4 * gstride;
-        const int8_t *pf = p + 1 < p1 ? g + 4 * gstride : NULL; /* during the first pass only */
+        const int8_t *g = h->q + p * pstride;
+        const int8_t *pf = p + 1 < p1 ? g + pstride : NULL; /* during the first pass only */
         int32_t i = 0;
         for (; i + 4 <= n; i += 4, pf = NULL)
-            panel(4, g, gstride, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf);
+            panel(4, g, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf);
         switch (n - i) {
-        case 3: panel(3, g, gstride, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf); break;
-        case 2: panel(2, g, gstride, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf); break;
-        case 1: panel(1, g, gstride, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf); break;
+        case 3: panel(3, g, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf); break;
+        case 2: panel(2, g, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf); break;
+        case 1: panel(1, g, c4, xq + i * ldx, ldx, isum + i * ldy + p * 64, ldy, pf); break;
         default: break;
         }
     }
