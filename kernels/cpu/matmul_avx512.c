@@ -293,14 +293,20 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
 /* ---- P64 layout: [rows / 64][cols][64] ----------------------------------------- */
 
 /* Bytes ahead of the current column that the P64 kernel prefetches in its stream. */
+/* Software prefetch of the P64 stream: into L1 this many bytes ahead (of 0, 1 K, 4 K,
+ * 8 K, 16 K, 32 K, 64 K: 8 K best) and into L2 TDM_P64_PF2_BYTES ahead (of none,
+ * 16 K, 24 K, 48 K: 24 K best, -8 % on the target's matmuls at n = 1 and 4). */
 #ifndef TDM_P64_PF_BYTES
-#define TDM_P64_PF_BYTES 8192 /* of 0, 1 K, 4 K, 8 K, 16 K: 8 K and 16 K best, 4-row target matmuls */
+#define TDM_P64_PF_BYTES 8192
+#endif
+#ifndef TDM_P64_PF2_BYTES
+#define TDM_P64_PF2_BYTES 24576
 #endif
 
 /* MR input rows x one 64-row block (4 vectors of 16 outputs): s[i][v] +=
  * x[i][k] * W[k][v lanes] for k = 0, 1, ..., cols - 1 in order, one FMA per
  * column, so every output is one lane summed serially over k whatever MR is.  The
- * stream is prefetched TDM_P64_PF_BYTES ahead, up to pf_end. */
+ * stream is prefetched ahead (TDM_P64_PF_BYTES, TDM_P64_PF2_BYTES), up to pf_end. */
 static inline __attribute__((always_inline)) void
 p64_kern(const int MR, const uint32_t type, const uint8_t *blk, const float *x, int64_t cols, float *y,
          int64_t ldy, bool acc, const uint8_t *pf_end) {
@@ -310,8 +316,11 @@ p64_kern(const int MR, const uint32_t type, const uint8_t *blk, const float *x, 
         for (int v = 0; v < 4; v++) s[i][v] = _mm512_setzero_ps();
     for (int64_t k = 0; k < cols; k++) {
         const uint8_t *q = blk + (size_t)k * col_bytes + TDM_P64_PF_BYTES;
+        const uint8_t *q2 = blk + (size_t)k * col_bytes + TDM_P64_PF2_BYTES;
         if (q < pf_end)
             for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q + l, _MM_HINT_T0);
+        if (q2 < pf_end)
+            for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q2 + l, _MM_HINT_T1);
         __m512 w[4];
         for (int v = 0; v < 4; v++) w[v] = wload(type, blk, k * 64 + 16 * v);
         for (int i = 0; i < MR; i++) {
