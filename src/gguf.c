@@ -536,6 +536,16 @@ tandem_status tdm_gguf_open(const char *path, tdm_gguf **out, tdm_err *err) {
     return open_common(g, out, err);
 }
 
+void tdm_gguf_release(const tdm_gguf *g, const void *p, size_t n) {
+    if (!g || !g->map || !p || n == 0) return;
+    uintptr_t lo = (uintptr_t)p, hi = lo + n, m0 = (uintptr_t)g->map, m1 = m0 + g->map_size;
+    if (lo < m0 || hi > m1 || hi < lo) return;
+    long ps = sysconf(_SC_PAGESIZE);
+    if (ps <= 0) return;
+    uintptr_t a = (lo + (uintptr_t)ps - 1) / (uintptr_t)ps * (uintptr_t)ps, b = hi / (uintptr_t)ps * (uintptr_t)ps;
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice only: failure changes nothing */
+}
+
 void tdm_gguf_close(tdm_gguf *g) {
     if (!g) return;
     if (g->kv) {

@@ -104,6 +104,13 @@ typedef struct tdm_gguf {
     void *hash;            /* lookup index */
 } tdm_gguf;
 
+/* Says that bytes [p, p + n) of g's file will not be read again soon (their
+ * contents were copied elsewhere): the mapped pages they fill entirely are dropped
+ * from the process, so a model whose weights are repacked or fused does not keep
+ * both copies resident.  Reading them later maps them back in from the file.  A
+ * no-op for memory buffers and for ranges outside the mapping. */
+void tdm_gguf_release(const tdm_gguf *g, const void *p, size_t n);
+
 /* Opens and validates a file (mmap).  On failure *out is NULL and err names the
  * problem: TANDEM_ERR_IO (cannot open/map), TANDEM_ERR_FORMAT (corrupt), or
  * TANDEM_ERR_UNSUPPORTED (unknown version or tensor type). */

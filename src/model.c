@@ -233,6 +233,7 @@ static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned,
         free(tmp);
     }
     if (st) return st;
+    if (!src_owned) tdm_gguf_release(m->gguf, src, bytes); /* the file's copy is not read again */
     w->data = dev;
     return TANDEM_OK;
 }
@@ -291,6 +292,7 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
         if (same) {
             memcpy(host + off, t[i]->data, t[i]->nbytes);
             off += t[i]->nbytes;
+            tdm_gguf_release(m->gguf, t[i]->data, t[i]->nbytes);
         } else {
             uint64_t src_rb;
             tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &src_rb);

@@ -321,6 +321,25 @@ Test(gguf, real_models) {
     check_model("pycode-draft-xs-f16.gguf", 2, 128, 2 + 2 * 9);
 }
 
+/* Released pages of a mapped file read back unchanged; ranges outside the
+ * mapping and NULL are ignored. */
+Test(gguf, release_reads_back) {
+    tdm_gguf *g = open_path(tdm_test_model_path("pycode-target-f16.gguf"));
+    const tdm_gguf_tensor *t = tdm_gguf_find_tensor(g, "blk.3.ffn_up.weight");
+    cr_assert(t);
+    uint8_t *copy = malloc(t->nbytes);
+    cr_assert(copy);
+    memcpy(copy, t->data, t->nbytes);
+    tdm_gguf_release(g, t->data, t->nbytes);
+    cr_assert(memcmp(copy, t->data, t->nbytes) == 0, "released pages read back differently");
+    tdm_gguf_release(g, copy, t->nbytes); /* not in the mapping: ignored */
+    tdm_gguf_release(g, NULL, 10);
+    tdm_gguf_release(NULL, t->data, 10);
+    cr_assert(memcmp(copy, t->data, t->nbytes) == 0);
+    free(copy);
+    tdm_gguf_close(g);
+}
+
 Test(gguf, vocab_files) {
     static const struct {
         const char *file, *arch, *model;

@@ -215,6 +215,16 @@ Test(layout, model_loader_uses_backend_layout) {
         for (int64_t c = 0; c < a->cols; c += 5)
             cr_assert_eq(tdm_weight_elem(a->type, a->layout, a->cols, a->row_bytes, a->data, i, c),
                          tdm_weight_elem(r->type, r->layout, r->cols, r->row_bytes, r->data, i, c));
+    /* the file's bytes (their pages were released after packing: read back from the
+     * file) equal the packed weight, element for element */
+    const tdm_gguf_tensor *t = tdm_gguf_find_tensor(m[0]->gguf, "blk.1.ffn_down.weight");
+    cr_assert(t);
+    const tdm_weight *d = &m[0]->layers[1].w2;
+    cr_assert_eq(d->layout, want);
+    for (int64_t i = 0; i < d->rows; i++)
+        for (int64_t c = 0; c < d->cols; c++)
+            cr_assert_eq(tdm_weight_elem(d->type, d->layout, d->cols, d->row_bytes, d->data, i, c),
+                         tdm_weight_elem(d->type, TDM_LAYOUT_ROWS, d->cols, d->row_bytes, t->data, i, c));
     for (int k = 0; k < 2; k++) {
         tdm_model_free(m[k]);
         tdm_backend_destroy(b[k]);
