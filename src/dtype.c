@@ -277,6 +277,7 @@ float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_b
     }
     /* rows layout: convert the block holding c */
     uint32_t be = tdm_dtype_block_elems(type), bb = tdm_dtype_block_bytes(type);
+    if (be == 0 || be > TDM_QK || layout != TDM_LAYOUT_ROWS) return NAN; /* unsupported type or layout */
     float tmp[TDM_QK]; /* the largest block */
     tdm_row_to_f32(type, p + (size_t)r * row_bytes + (size_t)(c / be) * bb, tmp, be);
     return tmp[c % be];

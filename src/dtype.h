@@ -81,7 +81,7 @@ bool tdm_layout_fits(uint32_t layout, uint32_t type, int64_t rows, int64_t cols)
 bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols, const void *src,
                      void *dst);
 /* Element (r, c) of a weight in any layout, as f32 (reference access for tests and
- * slow paths). */
+ * slow paths); NaN for an unsupported type or layout. */
 float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_bytes, const void *data,
                       int64_t r, int64_t c);
 

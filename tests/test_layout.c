@@ -59,6 +59,8 @@ Test(layout, fits_pack_and_elements) {
     for (int c = 0; c < 64; c++)
         cr_assert_eq(tdm_weight_elem(TDM_Q8_0, TDM_LAYOUT_ROWS, 64, q.row_bytes, q.data, 2, c), row[c]);
     cr_assert(!tdm_weight_pack(TDM_LAYOUT_P64, TDM_Q8_0, 3, 64, q.data, row), "refused, dst untouched");
+    cr_assert(isnan(tdm_weight_elem(77, TDM_LAYOUT_ROWS, 64, q.row_bytes, q.data, 0, 0)), "unknown type");
+    cr_assert(isnan(tdm_weight_elem(TDM_Q8_0, 5, 64, q.row_bytes, q.data, 0, 0)), "unknown layout");
     free((void *)q.data);
 }
 
