@@ -91,6 +91,11 @@ typedef struct tdm_qhead {
     const float *l1;            /* [rows_pad] sum_k |d q[r][k]|, rounded up */
 } tdm_qhead;
 
+/* Index in tdm_qhead.q of row r, column k (c4 = cols_pad / 4). */
+static inline int64_t tdm_qhead_qidx(int64_t c4, int64_t r, int64_t k) {
+    return ((r / 64) * c4 + k / 4) * 256 + (r % 64 / 16) * 64 + (r % 16) * 4 + k % 4;
+}
+
 typedef struct tdm_backend_ops {
     const char *name;
     void (*destroy)(tdm_backend *b);

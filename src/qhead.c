@@ -64,11 +64,10 @@ tandem_status tdm_qhead_fill(const tdm_weight *w, void *buf, tdm_err *err) {
         float dr = amax / 127.0f, inv = dr > 0 ? 1.0f / dr : 0.0f;
         double emax = 0, sum_abs = 0;
         int32_t s = 0;
-        int8_t *grp = q + (r / 64) * c4 * 256 + (r % 64 / 16) * 64 + (r % 16) * 4;
         for (int64_t k = 0; k < cols; k++) {
             float t = rintf(row[k] * inv);
             int32_t qi = t > 127.0f ? 127 : t < -127.0f ? -127 : (int32_t)t;
-            grp[(k / 4) * 256 + k % 4] = (int8_t)qi;
+            q[tdm_qhead_qidx(c4, r, k)] = (int8_t)qi;
             s += qi;
             double wq = (double)dr * (double)qi; /* exact: 24 x 8 bits */
             emax = fmax(emax, fabs((double)row[k] - wq));

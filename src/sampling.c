@@ -237,6 +237,11 @@ static inline float exp_nonpos(float x) {
 #define TDM_VECTOR_CLONES
 #endif
 
+/* The 8 lane sums of a double accumulator, added by a fixed tree. */
+static inline double sum8(const double acc[8]) {
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+}
+
 /* probs[i] = exp((l[i] - m) * inv_t), 0 for -inf and NaN logits (m finite, the
  * largest logit); returns the sum, accumulated in double over 16 lanes. */
 TDM_VECTOR_CLONES static double exp_shifted(const float *l, int32_t n, float m, float inv_t, float *probs) {
@@ -246,7 +251,7 @@ TDM_VECTOR_CLONES static double exp_shifted(const float *l, int32_t n, float m, 
     for (; i + 8 <= n; i += 8)
         for (int j = 0; j < 8; j++) acc[j] += (double)probs[i + j];
     for (; i < n; i++) acc[0] += (double)probs[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return sum8(acc);
 }
 
 /* The largest value (NaN ignored; -inf when none), in 16 lanes. */
@@ -307,7 +312,7 @@ TDM_VECTOR_CLONES static double positive_sum_max(const float *x, int32_t n, floa
     }
     *xmax = 0;
     for (int l = 0; l < 8; l++) *xmax = mx[l] > *xmax ? mx[l] : *xmax;
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    return sum8(acc);
 }
 
 /* The count and (float) mass of {p >= th}, in 16 lanes. */

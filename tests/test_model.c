@@ -141,6 +141,8 @@ static void check_argmax_head(const char *file) {
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     int32_t V = m->hp.n_vocab, checked = 0, same_top = 0;
     double max_dev = 0;
+    float *approx = malloc((size_t)V * 4);
+    cr_assert(approx);
     for (size_t li = 0; li < n_lines && li < 20; li++) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
@@ -155,7 +157,6 @@ static void check_argmax_head(const char *file) {
             int32_t fast = e->ids[0];
             cr_assert_eq(tdm_engine_feed(e, &s, false, t, t + 1, true, TDM_FWD_LOGITS_APPROX, &err), TANDEM_OK,
                          "%s", err.msg);
-            float *approx = malloc((size_t)V * 4);
             memcpy(approx, e->logits_t, (size_t)V * 4);
             cr_assert_eq(tdm_engine_feed(e, &s, false, t, t + 1, true, TDM_FWD_LOGITS, &err), TANDEM_OK, "%s",
                          err.msg);
@@ -163,7 +164,6 @@ static void check_argmax_head(const char *file) {
             cr_assert_eq(fast, want, "%s prompt %zu position %d: %d vs %d", file, li, (int)t, fast, want);
             for (int32_t v = 0; v < V; v++) max_dev = fmax(max_dev, fabs((double)approx[v] - e->logits_t[v]));
             same_top += tdm_argmax(approx, V) == want;
-            free(approx);
             checked++;
         }
         tdm_kv_seq_free(e->pool, &s.kv);
@@ -175,6 +175,7 @@ static void check_argmax_head(const char *file) {
     cr_assert_geq(same_top, checked * 95 / 100, "%s: approximate top token right at %d of %d", file, same_top,
                   checked);
     cr_assert_lt(max_dev, 2.0, "%s: approximate logits off by %g", file, max_dev);
+    free(approx);
     tdm_test_jsonl_free(refs, n_lines);
     tdm_engine_free(e);
     tdm_model_free(m);

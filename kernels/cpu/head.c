@@ -28,10 +28,9 @@ void tdm_qhead_dot_ref(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t
     const int64_t c4 = h->cols_pad / 4;
     for (int32_t i = 0; i < n; i++)
         for (int64_t r = p0 * 64; r < p1 * 64; r++) {
-            const int8_t *g = h->q + (r / 64) * c4 * 256 + (r % 64 / 16) * 64 + (r % 16) * 4;
             int32_t s = 0;
             for (int64_t k = 0; k < h->cols_pad; k++)
-                s += (int32_t)xq[i * h->cols_pad + k] * (int32_t)g[(k / 4) * 256 + k % 4];
+                s += (int32_t)xq[i * h->cols_pad + k] * (int32_t)h->q[tdm_qhead_qidx(c4, r, k)];
             isum[i * h->rows_pad + r] = s;
         }
 }

@@ -252,7 +252,7 @@ tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x
     int64_t flops = rows * cols * (int64_t)n;
 
     if (w->layout != TDM_LAYOUT_ROWS) {
-        if (w->layout != TDM_LAYOUT_P64 || !c->k->gemv_p64 || !tdm_layout_fits(w->layout, w->type, rows, cols))
+        if (w->layout != TDM_LAYOUT_P64 || !c->k->gemv_p64) /* (fit checked by tdm_cpu_check_weight) */
             return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
                               "matmul: %s weight [%lld][%lld] in layout %u, which the %s kernels do not read",
                               tdm_dtype_name(w->type), (long long)rows, (long long)cols, (unsigned)w->layout,

@@ -292,7 +292,6 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
 
 /* ---- P64 layout: [rows / 64][cols][64] ----------------------------------------- */
 
-/* Bytes ahead of the current column that the P64 kernel prefetches in its stream. */
 /* Software prefetch of the P64 stream: into L1 this many bytes ahead (of 0, 1 K, 4 K,
  * 8 K, 16 K, 32 K, 64 K: 8 K best) and into L2 TDM_P64_PF2_BYTES ahead (of none,
  * 16 K, 24 K, 48 K: 24 K best, -8 % on the target's matmuls at n = 1 and 4). */

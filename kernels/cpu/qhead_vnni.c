@@ -6,8 +6,8 @@
  * 16 W rows and adds each row's 4 products to its own 32-bit lane: the 16 lanes end
  * as 16 finished row sums, so no horizontal reduction is needed.  A panel of 64 rows
  * (4 groups, contiguous per 4 columns: one sequential stream) is swept for up to 4 x
- * rows at a time (16 accumulators).  Integer sums
- * are exact: results equal tdm_qhead_dot_ref bit for bit.
+ * rows at a time (16 accumulators).  Integer sums are exact: results equal
+ * tdm_qhead_dot_ref bit for bit.
  */
 #include <float.h>
 #include <immintrin.h>
