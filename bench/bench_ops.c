@@ -204,8 +204,8 @@ static void bench_head(tdm_backend *b, int64_t V, int64_t E, double secs) {
         tdm_row_to_f32(TDM_F16, (const uint8_t *)w.data + (size_t)(17 * i) * w.row_bytes, row, E);
         for (int64_t k = 0; k < E; k++) x[i * E + k] = 0.3f * frand() + 3.0f * row[k];
     }
-    static const int32_t ns[] = {1, 4};
-    for (size_t k = 0; k < 2; k++) {
+    static const int32_t ns[] = {1, 4, 5};
+    for (size_t k = 0; k < 3; k++) {
         head_ctx c = {b, &w, &h, x, ns[k], y, ids};
         mm_ctx m = {b, &w, 1, x, ns[k], y};
         double t_mm = median_time(run_matmuls, &m, secs), t_q = median_time(run_qhead, &c, secs);

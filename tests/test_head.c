@@ -1,6 +1,6 @@
 /* test_head.c - the quantised output head (src/qhead.c, kernels/cpu/head.c):
- * the stored bounds hold, the int8 dot kernel equals the scalar reference bit for
- * bit, approximate logits stay within their bound of matmul's logits, and
+ * the stored bounds hold, the int8 approximation kernel equals the scalar reference
+ * bit for bit, approximate logits stay within their bound of matmul's logits, and
  * head_argmax equals tdm_argmax of matmul's logits exactly -- over weight types,
  * shapes, batch sizes, ties, near-ties, zero, huge and non-finite inputs.
  * Skipped (reported as such) on CPUs without AVX-512 VNNI. */
@@ -122,24 +122,45 @@ Test(head, fill_rejects_non_finite) {
     cr_assert_eq(tdm_qhead_bytes(10, (int64_t)1 << 20), 0);
 }
 
-Test(head, vnni_dot_equals_reference) {
+/* The VNNI kernel against tdm_qhead_approx_ref, bit for bit: logits, bounds and
+ * maxima; n = 1..13 covers every split of x rows into passes of at most 6; the
+ * panel ranges start and end anywhere; entries outside the call's rows untouched. */
+Test(head, vnni_approx_equals_reference) {
     tdm_backend *b = vnni_backend(2);
     tdm_backend_destroy(b);
     uint64_t rng = 5;
-    static const int64_t shapes[][2] = {{64, 4}, {100, 130}, {1000, 384}, {129, 7}, {320, 64}};
+    static const int64_t shapes[][2] = {{64, 4}, {100, 130}, {1000, 384}, {129, 7}, {320, 64}, {200, 8}};
     for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
         tdm_weight w = mk_weight(TDM_F16, shapes[s][0], shapes[s][1], &rng, 0, NULL);
         qh q = mk_qhead(&w);
-        for (int32_t n = 1; n <= 7; n++) {
-            size_t nx = (size_t)n * (size_t)q.h.cols_pad, ny = (size_t)n * (size_t)q.h.rows_pad;
+        const int64_t np = q.h.rows_pad / 64, ldo = q.h.rows_pad + 3;
+        for (int32_t n = 1; n <= 13; n++) {
+            size_t nx = (size_t)n * (size_t)q.h.cols_pad, ny = (size_t)n * (size_t)ldo;
             uint8_t *xq = malloc(nx);
-            int32_t *y = malloc(ny * 4), *yr = malloc(ny * 4);
+            float *y = malloc(ny * 4), *yr = malloc(ny * 4);
+            tdm_qhead_xstat xs[13];
             for (size_t i = 0; i < nx; i++) xq[i] = (uint8_t)(tdm_test_rand(&rng) & 255);
-            int64_t np = q.h.rows_pad / 64;
-            tdm_qhead_dot_vnni(&q.h, xq, n, 0, np, y);
-            tdm_qhead_dot_ref(&q.h, xq, n, 0, np, yr);
-            cr_assert_eq(memcmp(y, yr, ny * 4), 0, "[%lld][%lld] n=%d", (long long)shapes[s][0],
-                         (long long)shapes[s][1], n);
+            for (int32_t i = 0; i < n; i++)
+                xs[i] = (tdm_qhead_xstat){tdm_test_randf(&rng, 1e-3f, 1.0f), tdm_test_randf(&rng, 0.0f, 9.0f),
+                                          tdm_test_randf(&rng, 0.0f, 0.01f)};
+            int64_t p0 = (int64_t)(tdm_test_rand(&rng) % (uint64_t)np);
+            int64_t p1 = p0 + 1 + (int64_t)(tdm_test_rand(&rng) % (uint64_t)(np - p0));
+            for (int bound = 0; bound < 2; bound++) {
+                float lo[13], lor[13];
+                for (size_t i = 0; i < ny; i++) y[i] = yr[i] = -7.0f; /* untouched outside the rows */
+                for (int32_t i = 0; i < n; i++) lo[i] = lor[i] = i == 0 ? 1e30f : -INFINITY;
+                tdm_qhead_approx_vnni(&q.h, xq, xs, n, p0, p1, bound, y, ldo, lo);
+                tdm_qhead_approx_ref(&q.h, xq, xs, n, p0, p1, bound, yr, ldo, lor);
+                cr_assert_eq(memcmp(y, yr, ny * 4), 0, "[%lld][%lld] n=%d panels [%lld, %lld) bound %d",
+                             (long long)shapes[s][0], (long long)shapes[s][1], n, (long long)p0, (long long)p1,
+                             bound);
+                if (bound) cr_assert_eq(memcmp(lo, lor, sizeof(float) * (size_t)n), 0, "n=%d", n);
+                cr_assert_eq(lo[0], 1e30f); /* a maximum, not an assignment */
+                int64_t r_end = p1 * 64 < q.h.rows ? p1 * 64 : q.h.rows;
+                cr_assert_eq(y[p0 * 64 - (p0 ? 1 : 0)], p0 ? -7.0f : y[0]);
+                cr_assert_eq(y[r_end], -7.0f, "row past the call's rows written");
+                if (bound) cr_assert(isfinite(lor[1 % n]) || n == 1);
+            }
             free(xq);
             free(y);
             free(yr);

@@ -224,13 +224,12 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     }
 #if defined(__x86_64__)
     if (level == TDM_CPU_AVX512 && __builtin_cpu_supports("avx512vnni")) {
-        c->k_dot = tdm_qhead_dot_vnni;
-        c->k_post = tdm_qhead_post_vnni;
+        c->k_approx = tdm_qhead_approx_vnni;
     }
 #endif
     b->ops = &cpu_ops;
     b->n_threads = n_threads;
-    b->int8_dot = c->k_dot != NULL;
+    b->int8_dot = c->k_approx != NULL;
     b->impl = c;
     *out = b;
     return TANDEM_OK;

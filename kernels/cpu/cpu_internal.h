@@ -94,24 +94,30 @@ typedef struct tdm_rope_cache {
     double *inv_freq;         /* [n_rot / 2] base^(-2i/n_rot) */
 } tdm_rope_cache;
 
-/* isum[i][r] = sum_k xq[i][k] q[r][k] (xq: [n][cols_pad] unsigned bytes; isum rows
- * rows_pad apart) for the W rows of 64-row panels [p0, p1) of a quantised head. */
-typedef void (*tdm_qhead_dot_fn)(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0,
-                                 int64_t p1, int32_t *isum);
-void tdm_qhead_dot_ref(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0, int64_t p1,
-                       int32_t *isum);
-/* The approximate logits of W rows [r0, r1) for one x row from its integer sums
- * (x bytes offset by 128): a[r] = dx d[r] (isum[r] - 128 qsum[r]); when b is not
- * NULL also the bounds b[r], *lo = max(a - b) and the rows with a + b >= *lo in
- * cand[1..] (cand[0] = their count, -1 when more than cap). */
-typedef void (*tdm_qhead_post_fn)(const tdm_qhead *h, const int32_t *isum, float dx, float l1x, float ex,
-                                  int64_t r0, int64_t r1, float *a, float *b, float *lo, int32_t *cand,
-                                  int32_t cap);
+/* A quantised x row (head.c): scale dx (qx = round(x / dx), stored as qx + 128),
+ * l1 >= sum |x|, ex >= max |x - dx qx| (both rounded up). */
+typedef struct tdm_qhead_xstat {
+    float dx, l1, ex;
+} tdm_qhead_xstat;
+
+/* x rows an approximation call takes at most. */
+#define TDM_QHEAD_MAX_X 16
+
+/* For n <= TDM_QHEAD_MAX_X x rows xq[n][cols_pad] (unsigned bytes, qx + 128), xs
+ * their statistics, and the W rows r < h->rows of 64-row panels [p0, p1), with
+ * isum = sum_k xq[i][k] q[r][k] (exact in integers):
+ *   A = (dx d[r]) (isum - 128 qsum[r])                        the approximate logit
+ *   B = ((l1 xcoef[r] + ex l1[r]) + 1e-6 |A|) 1.00001 + FLT_MIN   its bound (tdm_qhead)
+ * bound false: out[i * ldo + r] = A;  bound true: out[i * ldo + r] = A + B and
+ * lo[i] = max(lo[i], A - B over those rows).  Other entries of out are untouched. */
+typedef void (*tdm_qhead_approx_fn)(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs,
+                                    int32_t n, int64_t p0, int64_t p1, bool bound, float *out, int64_t ldo,
+                                    float *lo);
+void tdm_qhead_approx_ref(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs, int32_t n,
+                          int64_t p0, int64_t p1, bool bound, float *out, int64_t ldo, float *lo);
 #if defined(__x86_64__)
-void tdm_qhead_post_vnni(const tdm_qhead *h, const int32_t *isum, float dx, float l1x, float ex, int64_t r0,
-                         int64_t r1, float *a, float *b, float *lo, int32_t *cand, int32_t cap);
-void tdm_qhead_dot_vnni(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0, int64_t p1,
-                        int32_t *isum);
+void tdm_qhead_approx_vnni(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs, int32_t n,
+                           int64_t p0, int64_t p1, bool bound, float *out, int64_t ldo, float *lo);
 #endif
 
 typedef struct tdm_cpu {
@@ -124,9 +130,8 @@ typedef struct tdm_cpu {
     bool pack;                /* weight_layout may ask for P64 (TANDEM_CPU_PACK=0: never) */
     tdm_cpu_scratch *scratch; /* [n_threads] */
     /* quantised output head (head.c): the level's int8 dot kernel, NULL without one */
-    tdm_qhead_dot_fn k_dot;
-    tdm_qhead_post_fn k_post;
-    void *head_buf;           /* x bytes, integer sums, logits and bounds of a pass */
+    tdm_qhead_approx_fn k_approx;
+    void *head_buf;           /* x bytes, logits or bounds, per-task maxima and candidates of a pass */
     size_t head_cap;
     uint64_t head_rows, head_cands; /* head_argmax: rows answered, exact logits computed */
 } tdm_cpu;

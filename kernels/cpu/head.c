@@ -23,27 +23,30 @@
 #define XCHUNK 16    /* x rows per pass */
 #define HEAD_CAND 32 /* candidates a task keeps per x row */
 
-void tdm_qhead_dot_ref(const tdm_qhead *h, const uint8_t *xq, int32_t n, int64_t p0, int64_t p1,
-                       int32_t *isum) {
-    const int64_t c4 = h->cols_pad / 4;
-    for (int32_t i = 0; i < n; i++)
-        for (int64_t r = p0 * 64; r < p1 * 64; r++) {
+void tdm_qhead_approx_ref(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs, int32_t n,
+                          int64_t p0, int64_t p1, bool bound, float *out, int64_t ldo, float *lo) {
+    const int64_t r1 = TDM_MIN(p1 * 64, h->rows), c4 = h->cols_pad / 4;
+    for (int32_t i = 0; i < n; i++) {
+        for (int64_t r = p0 * 64; r < r1; r++) {
             int32_t s = 0;
             for (int64_t k = 0; k < h->cols_pad; k++)
                 s += (int32_t)xq[i * h->cols_pad + k] * (int32_t)h->q[tdm_qhead_qidx(c4, r, k)];
-            isum[i * h->rows_pad + r] = s;
+            float a = (xs[i].dx * h->d[r]) * (float)(s - 128 * h->qsum[r]);
+            if (!bound) {
+                out[i * ldo + r] = a;
+                continue;
+            }
+            float b = (xs[i].l1 * h->xcoef[r] + xs[i].ex * h->l1[r]) + 1e-6f * fabsf(a);
+            b = b * 1.00001f + FLT_MIN;
+            out[i * ldo + r] = a + b;
+            lo[i] = fmaxf(lo[i], a - b);
         }
+    }
 }
-
-typedef struct xstat {
-    float dx;  /* scale */
-    float l1;  /* sum |x|, rounded up */
-    float ex;  /* max |x - dx qx|, rounded up */
-} xstat;
 
 /* qx = round(x / dx) stored as qx + 128 (unsigned bytes for vpdpbusd); padding
  * columns 128 (they meet zero weights).  false when x holds a non-finite value. */
-static bool quantize_x(const float *x, int64_t cols, int64_t cols_pad, uint8_t *xq, xstat *st) {
+static bool quantize_x(const float *x, int64_t cols, int64_t cols_pad, uint8_t *xq, tdm_qhead_xstat *st) {
     float amax = 0;
     for (int64_t k = 0; k < cols; k++) {
         if (!(fabsf(x[k]) <= FLT_MAX)) return false; /* NaN or inf */
@@ -68,45 +71,64 @@ static bool quantize_x(const float *x, int64_t cols, int64_t cols_pad, uint8_t *
 typedef struct head_job {
     tdm_cpu *c;
     const tdm_qhead *h;
-    const uint8_t *xq;   /* [n][cols_pad] */
-    const xstat *xs;     /* [n] */
+    const uint8_t *xq;          /* [n][cols_pad] */
+    const tdm_qhead_xstat *xs;  /* [n] */
     int32_t n;
-    int64_t chunk;       /* panels per task */
+    bool bound;                 /* out holds upper bounds A + B, lo and cand are filled */
+    int64_t chunk;              /* panels per task */
     int64_t tasks;
-    int32_t *isum;       /* [n][rows_pad] */
-    float *a;            /* [n][lda] approximate logits */
-    int64_t lda;
-    float *bound;        /* [n][rows_pad] or NULL (approximate logits only) */
-    float *lo;           /* [tasks][XCHUNK] max of a - bound over the task's rows */
-    int32_t *cand;       /* [tasks][XCHUNK][1 + HEAD_CAND]: count (-1: too many), rows */
+    float *out;                 /* [n][ldo] approximate logits A, or A + B */
+    int64_t ldo;
+    float *lo;                  /* [tasks][XCHUNK] max of A - B over the task's rows */
+    int32_t *cand;              /* [tasks][XCHUNK][1 + HEAD_CAND]: count (-1: too many), rows */
 } head_job;
+
+/* The rows r in [r0, r1) with ub[r] >= lo, in increasing order, into cand[1..] and
+ * their count into cand[0] (-1 past cap).  Candidates are rare, so blocks of 16 are
+ * tested branch-free first. */
+static void find_cands(const float *ub, int64_t r0, int64_t r1, float lo, int32_t *cand, int32_t cap) {
+    int32_t nc = 0;
+    for (int64_t q0 = r0; q0 < r1; q0 += 16) {
+        int64_t qe = TDM_MIN(q0 + 16, r1);
+        int any = 0;
+        for (int64_t r = q0; r < qe; r++) any |= ub[r] >= lo;
+        for (int64_t r = q0; any && r < qe; r++)
+            if (ub[r] >= lo) {
+                if (nc == cap) {
+                    cand[0] = -1;
+                    return;
+                }
+                cand[1 + nc++] = (int32_t)r;
+            }
+    }
+    cand[0] = nc;
+}
 
 static void head_task(void *ctx, int64_t t, int ith) {
     (void)ith;
     head_job *j = ctx;
     const tdm_qhead *h = j->h;
     int64_t p0 = t * j->chunk, p1 = TDM_MIN(p0 + j->chunk, h->rows_pad / 64);
-    j->c->k_dot(h, j->xq, j->n, p0, p1, j->isum);
-    const int64_t q0 = p0 * 64, r1 = TDM_MIN(p1 * 64, h->rows);
+    float lo[XCHUNK];
+    for (int32_t i = 0; i < j->n; i++) lo[i] = -INFINITY;
+    j->c->k_approx(h, j->xq, j->xs, j->n, p0, p1, j->bound, j->out, j->ldo, lo);
+    if (!j->bound) return;
     for (int32_t i = 0; i < j->n; i++) {
-        const xstat *xs = &j->xs[i];
-        int32_t *cand = j->bound ? j->cand + (t * XCHUNK + i) * (HEAD_CAND + 1) : NULL;
-        float lo = -INFINITY;
-        j->c->k_post(h, j->isum + i * h->rows_pad, xs->dx, xs->l1, xs->ex, q0, r1, j->a + i * j->lda,
-                     j->bound ? j->bound + i * h->rows_pad : NULL, &lo, cand, HEAD_CAND);
-        j->lo[t * XCHUNK + i] = lo;
+        find_cands(j->out + i * j->ldo, p0 * 64, TDM_MIN(p1 * 64, h->rows), lo[i],
+                   j->cand + (t * XCHUNK + i) * (HEAD_CAND + 1), HEAD_CAND);
+        j->lo[t * XCHUNK + i] = lo[i];
     }
 }
 
-/* Buffers of a pass over n <= XCHUNK x rows, in c->head_buf. */
+/* Buffers of a pass over n <= XCHUNK x rows, in c->head_buf: x bytes, and with
+ * bound the upper bounds [n][rows_pad], per-task maxima and candidates. */
 static tandem_status head_buffers(tdm_cpu *c, const tdm_qhead *h, int32_t n, bool bound, uint8_t **xq,
-                                  int32_t **isum, float **a, float **b, float **lo, int32_t **cand,
-                                  tdm_err *err) {
-    size_t sx = (size_t)n * (size_t)h->cols_pad, sv = (size_t)n * (size_t)h->rows_pad * 4;
+                                  float **ub, float **lo, int32_t **cand, tdm_err *err) {
+    size_t sx = (size_t)n * (size_t)h->cols_pad, sv = bound ? (size_t)n * (size_t)h->rows_pad * 4 : 0;
     size_t slo = (size_t)c->n_threads * XCHUNK * 4;
     size_t scand = (size_t)c->n_threads * XCHUNK * (HEAD_CAND + 1) * 4;
-    size_t off_isum = (sx + 63) & ~(size_t)63, off_a = off_isum + sv, off_b = off_a + sv;
-    size_t off_lo = off_b + (bound ? sv : 0), off_cand = off_lo + slo, total = off_cand + scand;
+    size_t off_ub = (sx + 63) & ~(size_t)63, off_lo = off_ub + sv, off_cand = off_lo + slo;
+    size_t total = off_cand + scand;
     if (total > c->head_cap) {
         void *p = tdm_alloc_aligned(total, 64);
         if (!p) return tdm_seterr(err, TANDEM_ERR_NOMEM, "head: out of memory (%zu bytes)", total);
@@ -116,9 +138,7 @@ static tandem_status head_buffers(tdm_cpu *c, const tdm_qhead *h, int32_t n, boo
     }
     uint8_t *base = c->head_buf;
     *xq = base;
-    *isum = (int32_t *)(void *)(base + off_isum);
-    *a = (float *)(void *)(base + off_a);
-    *b = bound ? (float *)(void *)(base + off_b) : NULL;
+    *ub = bound ? (float *)(void *)(base + off_ub) : NULL;
     *lo = (float *)(void *)(base + off_lo);
     *cand = (int32_t *)(void *)(base + off_cand);
     return TANDEM_OK;
@@ -126,7 +146,7 @@ static tandem_status head_buffers(tdm_cpu *c, const tdm_qhead *h, int32_t n, boo
 
 static tandem_status check_head(tdm_cpu *c, const tdm_qhead *h, const float *x, int32_t n, const void *out,
                                 const char *op, tdm_err *err) {
-    if (!c->k_dot)
+    if (!c->k_approx)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: needs AVX-512 VNNI (level %s)", op,
                           tdm_cpu_level_name(c->level));
     if (!h || !h->q || h->rows <= 0 || h->cols <= 0 || h->rows_pad % 64 || h->cols_pad % 4 ||
@@ -136,28 +156,28 @@ static tandem_status check_head(tdm_cpu *c, const tdm_qhead *h, const float *x, 
     return TANDEM_OK;
 }
 
-/* One pass: quantise x rows (false in ok[i] for a non-finite row), integer dots,
- * approximate logits into a (ld lda) and, when b, bounds and per-task maxima. */
+/* One pass: quantise x rows (false in ok[i] for a non-finite row), then approximate
+ * logits into a (ld lda) or, with bound, upper bounds, per-task maxima and
+ * candidates into c->head_buf (j describes them). */
 static tandem_status head_pass(tdm_cpu *c, const tdm_qhead *h, const float *x, int32_t n, float *a,
                                int64_t lda, bool bound, head_job *j, bool *ok, tdm_err *err) {
     uint8_t *xq = NULL;
-    int32_t *isum = NULL;
-    float *abuf = NULL, *b = NULL, *lo = NULL;
+    float *ub = NULL, *lo = NULL;
     int32_t *cand = NULL;
-    tandem_status st = head_buffers(c, h, n, bound, &xq, &isum, &abuf, &b, &lo, &cand, err);
+    tandem_status st = head_buffers(c, h, n, bound, &xq, &ub, &lo, &cand, err);
     if (st) return st;
-    xstat st_rows[XCHUNK];
+    tdm_qhead_xstat st_rows[XCHUNK];
     for (int32_t i = 0; i < n; i++) {
         ok[i] = quantize_x(x + i * h->cols, h->cols, h->cols_pad, xq + i * h->cols_pad, &st_rows[i]);
         if (!ok[i]) { /* any finite stand-in; the row's result is replaced */
             memset(xq + i * h->cols_pad, 128, (size_t)h->cols_pad);
-            st_rows[i] = (xstat){0, 0, 0};
+            st_rows[i] = (tdm_qhead_xstat){0, 0, 0};
         }
     }
     int64_t n_panels = h->rows_pad / 64;
     int nth = tdm_cpu_nth(c, n_panels * 64 * h->cols * n, 1 << 18);
-    *j = (head_job){.c = c, .h = h, .xq = xq, .xs = st_rows, .n = n, .isum = isum, .a = a ? a : abuf,
-                    .lda = a ? lda : h->rows_pad, .bound = b, .lo = lo, .cand = cand};
+    *j = (head_job){.c = c, .h = h, .xq = xq, .xs = st_rows, .n = n, .bound = bound,
+                    .out = bound ? ub : a, .ldo = bound ? h->rows_pad : lda, .lo = lo, .cand = cand};
     j->chunk = (n_panels + nth - 1) / nth;
     j->tasks = (n_panels + j->chunk - 1) / j->chunk;
     tdm_threadpool_run(c->pool, j->tasks, nth, head_task, j);
@@ -183,12 +203,11 @@ tandem_status tdm_cpu_qhead_logits(tdm_backend *be, const tdm_qhead *h, const fl
 }
 
 /* The first of the largest exact logits among row i's candidates (rows whose upper
- * bound reaches lo; the exact logits overwrite b), -1 when none is finite. */
+ * bound reaches lo; the exact logits overwrite their bounds), -1 when none is finite. */
 static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_job *j, int32_t i,
                                     const float *xi, float lo, int32_t *out, tdm_err *err) {
     const tdm_qhead *h = j->h;
-    const float *a = j->a + i * h->rows_pad;
-    float *b = j->bound + i * h->rows_pad, best = -INFINITY;
+    float *ub = j->out + i * j->ldo, best = -INFINITY; /* an exact logit replaces its bound */
     int32_t idx = -1;
     int64_t n_cand = 0;
     bool scan = false; /* a task found too many: scan the whole row */
@@ -198,11 +217,11 @@ static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_
         int64_t nr = scan ? h->rows : cl[0]; /* rows in increasing order */
         for (int64_t u = 0; u < nr; u++) {
             int64_t r = scan ? u : cl[1 + u];
-            if (!(a[r] + b[r] >= lo)) continue;
-            if (!c->k->gemv(w, xi, 1, r, r + 1, b, 0, false))
+            if (!(ub[r] >= lo)) continue;
+            if (!c->k->gemv(w, xi, 1, r, r + 1, ub, 0, false))
                 return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: %s weights", tdm_dtype_name(w->type));
             n_cand++;
-            if (b[r] > best) best = b[r], idx = (int32_t)r;
+            if (ub[r] > best) best = ub[r], idx = (int32_t)r;
         }
     }
     c->head_rows++;
@@ -235,7 +254,7 @@ tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const td
             int32_t idx = -1;
             if (ok[i] && isfinite(lo) && (st = best_candidate(c, w, &j, i, xi, lo, &idx, err))) return st;
             if (idx < 0) { /* non-finite x, an overflowing bound or no finite candidate: every logit */
-                float *full = j.bound + i * h->rows_pad;
+                float *full = j.out + i * j.ldo;
                 if ((st = tdm_cpu_matmul(be, w, xi, 1, full, false, err))) return st;
                 idx = tdm_argmax(full, (int32_t)h->rows);
             }
