@@ -20,7 +20,7 @@
 #include "qhead.h"
 #include "sampling.h"
 
-#define XCHUNK 16    /* x rows per pass */
+#define XCHUNK TDM_QHEAD_MAX_X /* x rows per pass (the most the kernel takes) */
 #define HEAD_CAND 32 /* candidates a task keeps per x row */
 
 void tdm_qhead_approx_ref(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs, int32_t n,
