@@ -244,17 +244,16 @@ bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols,
     for (int64_t b = 0; b < rows / B; b++)
         for (int64_t c0 = 0; c0 < cols; c0 += B) {
             int64_t c1 = c0 + B < cols ? c0 + B : cols;
-            if (es == 2) {
-                const uint16_t *sv = (const uint16_t *)src + (size_t)b * B * (size_t)cols;
-                uint16_t *dv = (uint16_t *)dst + (size_t)b * B * (size_t)cols;
-                for (int64_t r = 0; r < B; r++)
-                    for (int64_t c = c0; c < c1; c++) dv[(size_t)c * B + (size_t)r] = sv[(size_t)r * (size_t)cols + (size_t)c];
-            } else {
-                const uint32_t *sv = (const uint32_t *)src + (size_t)b * B * (size_t)cols;
-                uint32_t *dv = (uint32_t *)dst + (size_t)b * B * (size_t)cols;
-                for (int64_t r = 0; r < B; r++)
-                    for (int64_t c = c0; c < c1; c++) dv[(size_t)c * B + (size_t)r] = sv[(size_t)r * (size_t)cols + (size_t)c];
-            }
+#define PACK_TILE(T)                                                                               \
+    do {                                                                                           \
+        const T *sv = (const T *)src + (size_t)b * B * (size_t)cols;                               \
+        T *dv = (T *)dst + (size_t)b * B * (size_t)cols;                                           \
+        for (int64_t r = 0; r < B; r++)                                                            \
+            for (int64_t c = c0; c < c1; c++) dv[(size_t)c * B + (size_t)r] = sv[(size_t)r * (size_t)cols + (size_t)c]; \
+    } while (0)
+            if (es == 2) PACK_TILE(uint16_t);
+            else PACK_TILE(uint32_t);
+#undef PACK_TILE
         }
     return true;
 }

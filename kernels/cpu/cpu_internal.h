@@ -102,12 +102,16 @@ typedef struct tdm_qhead_xstat {
 
 /* x rows an approximation call takes at most. */
 #define TDM_QHEAD_MAX_X 16
+/* The bound's relative term (the f32 rounding of A itself) and the factor that
+ * widens the whole bound over the float arithmetic computing it. */
+#define TDM_QHEAD_REL_ERR 1e-6f
+#define TDM_QHEAD_WIDEN 1.00001f
 
 /* For n <= TDM_QHEAD_MAX_X x rows xq[n][cols_pad] (unsigned bytes, qx + 128), xs
  * their statistics, and the W rows r < h->rows of 64-row panels [p0, p1), with
  * isum = sum_k xq[i][k] q[r][k] (exact in integers):
  *   A = (dx d[r]) (isum - 128 qsum[r])                        the approximate logit
- *   B = ((l1 xcoef[r] + ex l1[r]) + 1e-6 |A|) 1.00001 + FLT_MIN   its bound (tdm_qhead)
+ *   B = ((l1 xcoef[r] + ex l1[r]) + REL_ERR |A|) WIDEN + FLT_MIN   its bound (tdm_qhead)
  * bound false: out[i * ldo + r] = A;  bound true: out[i * ldo + r] = A + B and
  * lo[i] = max(lo[i], A - B over those rows).  Other entries of out are untouched. */
 typedef void (*tdm_qhead_approx_fn)(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs,

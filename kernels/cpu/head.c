@@ -36,8 +36,8 @@ void tdm_qhead_approx_ref(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead
                 out[i * ldo + r] = a;
                 continue;
             }
-            float b = (xs[i].l1 * h->xcoef[r] + xs[i].ex * h->l1[r]) + 1e-6f * fabsf(a);
-            b = b * 1.00001f + FLT_MIN;
+            float b = (xs[i].l1 * h->xcoef[r] + xs[i].ex * h->l1[r]) + TDM_QHEAD_REL_ERR * fabsf(a);
+            b = b * TDM_QHEAD_WIDEN + FLT_MIN;
             out[i * ldo + r] = a + b;
             lo[i] = fmaxf(lo[i], a - b);
         }

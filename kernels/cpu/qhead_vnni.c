@@ -36,60 +36,43 @@ epilogue(const tdm_qhead *h, int64_t r, __m512i sum, const tdm_qhead_xstat *xs, 
     }
     __m512 b = _mm512_add_ps(_mm512_mul_ps(_mm512_set1_ps(xs->l1), _mm512_loadu_ps(h->xcoef + r)),
                              _mm512_mul_ps(_mm512_set1_ps(xs->ex), _mm512_loadu_ps(h->l1 + r)));
-    b = _mm512_add_ps(b, _mm512_mul_ps(_mm512_set1_ps(1e-6f), _mm512_abs_ps(a)));
-    b = _mm512_add_ps(_mm512_mul_ps(b, _mm512_set1_ps(1.00001f)), _mm512_set1_ps(FLT_MIN));
+    b = _mm512_add_ps(b, _mm512_mul_ps(_mm512_set1_ps(TDM_QHEAD_REL_ERR), _mm512_abs_ps(a)));
+    b = _mm512_add_ps(_mm512_mul_ps(b, _mm512_set1_ps(TDM_QHEAD_WIDEN)), _mm512_set1_ps(FLT_MIN));
     _mm512_mask_storeu_ps(out + r, m, _mm512_add_ps(a, b));
     *lov = _mm512_mask_max_ps(*lov, m, *lov, _mm512_sub_ps(a, b));
 }
 
 /* MR (<= 6) x rows against one panel (W rows [r, r + 64)): MR x 4 accumulators of
- * 16 rows.  With SPLIT, even and odd column groups go to separate accumulators
- * (added at the end), so one or two x rows still have 8 or 16 independent chains in
- * flight; integer sums are exact, so the split does not change a result. */
+ * 16 rows.  (Splitting the chains of one or two rows over two accumulator sets was
+ * measured: no faster, the sweep is bound by the panel's stream.) */
 static inline __attribute__((always_inline)) void
-panel(const int MR, const bool SPLIT, const tdm_qhead *h, int64_t r, const int8_t *g, int64_t c4,
-      const uint8_t *xq, int64_t ldx, const tdm_qhead_xstat *xs, bool bound, float *out, int64_t ldo,
-      __m512 *lov, const int8_t *pf) {
-    __m512i s[6][4], t[6][4];
+panel(const int MR, const tdm_qhead *h, int64_t r, const int8_t *g, int64_t c4, const uint8_t *xq,
+      int64_t ldx, const tdm_qhead_xstat *xs, bool bound, float *out, int64_t ldo, __m512 *lov,
+      const int8_t *pf) {
+    __m512i s[6][4];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < 4; j++) s[i][j] = _mm512_setzero_si512();
-    if (SPLIT)
-        for (int i = 0; i < MR; i++)
-            for (int j = 0; j < 4; j++) t[i][j] = _mm512_setzero_si512();
-/* one column group kk into accumulators ACC (a macro: the arrays stay in registers) */
-#define QH_STEP(ACC, kk)                                                                                    \
-    do {                                                                                                    \
-        if (pf) /* the next panel, line for line (the head streams from memory) */                          \
-            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(pf + (kk) * 256 + j * 64), _MM_HINT_T0); \
-        const int8_t *gk = g + (kk) * 256;                                                                  \
-        __m512i w0 = _mm512_loadu_si512(gk), w1 = _mm512_loadu_si512(gk + 64);                              \
-        __m512i w2 = _mm512_loadu_si512(gk + 128), w3 = _mm512_loadu_si512(gk + 192);                       \
-        for (int i = 0; i < MR; i++) {                                                                      \
-            int32_t x4;                                                                                     \
-            memcpy(&x4, xq + i * ldx + 4 * (kk), 4);                                                        \
-            __m512i xb = _mm512_set1_epi32(x4);                                                             \
-            ACC[i][0] = _mm512_dpbusd_epi32(ACC[i][0], xb, w0);                                             \
-            ACC[i][1] = _mm512_dpbusd_epi32(ACC[i][1], xb, w1);                                             \
-            ACC[i][2] = _mm512_dpbusd_epi32(ACC[i][2], xb, w2);                                             \
-            ACC[i][3] = _mm512_dpbusd_epi32(ACC[i][3], xb, w3);                                             \
-        }                                                                                                   \
-    } while (0)
-    int64_t k = 0;
-    if (SPLIT) {
-        for (; k + 2 <= c4; k += 2) {
-            QH_STEP(s, k);
-            QH_STEP(t, k + 1);
+    for (int64_t k = 0; k < c4; k++) {
+        if (pf) /* the next panel, line for line (the head streams from memory) */
+            for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(pf + k * 256 + j * 64), _MM_HINT_T0);
+        const int8_t *gk = g + k * 256;
+        __m512i w0 = _mm512_loadu_si512(gk), w1 = _mm512_loadu_si512(gk + 64);
+        __m512i w2 = _mm512_loadu_si512(gk + 128), w3 = _mm512_loadu_si512(gk + 192);
+        for (int i = 0; i < MR; i++) {
+            int32_t x4;
+            memcpy(&x4, xq + i * ldx + 4 * k, 4);
+            __m512i xb = _mm512_set1_epi32(x4);
+            s[i][0] = _mm512_dpbusd_epi32(s[i][0], xb, w0);
+            s[i][1] = _mm512_dpbusd_epi32(s[i][1], xb, w1);
+            s[i][2] = _mm512_dpbusd_epi32(s[i][2], xb, w2);
+            s[i][3] = _mm512_dpbusd_epi32(s[i][3], xb, w3);
         }
-        if (k < c4) QH_STEP(s, k);
-    } else {
-        for (; k < c4; k++) QH_STEP(s, k);
     }
-#undef QH_STEP
     /* through a small buffer: an epilogue loop too long to unroll would otherwise
      * index the accumulators and keep them in memory during the sweep */
     __m512i sums[6][4];
     for (int i = 0; i < MR; i++)
-        for (int j = 0; j < 4; j++) sums[i][j] = SPLIT ? _mm512_add_epi32(s[i][j], t[i][j]) : s[i][j];
+        for (int j = 0; j < 4; j++) sums[i][j] = s[i][j];
     for (int i = 0; i < MR; i++)
         for (int j = 0; j < 4; j++) epilogue(h, r + 16 * j, sums[i][j], &xs[i], bound, out + i * ldo, &lov[i]);
 }
@@ -110,12 +93,12 @@ void tdm_qhead_approx_vnni(const tdm_qhead *h, const uint8_t *xq, const tdm_qhea
             const tdm_qhead_xstat *st = xs + i;
             __m512 *lv = lov + i;
             switch (m) {
-            case 6: panel(6, false, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
-            case 5: panel(5, false, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
-            case 4: panel(4, false, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
-            case 3: panel(3, false, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
-            case 2: panel(2, true, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
-            case 1: panel(1, true, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
+            case 6: panel(6, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
+            case 5: panel(5, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
+            case 4: panel(4, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
+            case 3: panel(3, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
+            case 2: panel(2, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
+            case 1: panel(1, h, p * 64, g, c4, x, ldx, st, bound, o, ldo, lv, pf); break;
             default: break;
             }
             i += m;

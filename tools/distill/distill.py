@@ -225,7 +225,8 @@ def main():
     else:
         data = sample(target, a.n_seq, a.len, 2048, a.temp, dev, 1)
         held = sample(target, 256, a.len, 256, a.temp, dev, 2)
-    print("sampled %d + %d sequences of %d tokens in %.0f s" % (data.shape[0], held.shape[0], a.len, time.time() - t0),
+    print("%s: %d + %d (held out) sequences of %d tokens in %.0f s" %
+          ("corpus windows" if a.corpus else "sampled", data.shape[0], held.shape[0], a.len, time.time() - t0),
           flush=True)
     print("greedy agreement before: held-out samples %.4f, dev continuations %.4f" %
           (agreement(target, draft, held, 64), dev_agreement(target, draft, a.refs, dev)), flush=True)
