@@ -232,9 +232,11 @@ int main(int argc, char **argv) {
     double secs = 0.15;
     int32_t ns[16] = {1, 128};
     int n_ns = 2;
+    bool attn_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) secs = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--attention")) attn_only = true;
         else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
             const char *l = argv[++i];
             only_level = !strcmp(l, "avx512") ? 2 : !strcmp(l, "avx2") ? 1 : 0;
@@ -251,7 +253,7 @@ int main(int argc, char **argv) {
                 if (*q == ',') q++;
             }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128]\n",
+            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention]\n",
                     argv[0]);
             return 2;
         }
@@ -273,6 +275,11 @@ int main(int argc, char **argv) {
         if (tdm_backend_cpu_create_level(n_threads, (tdm_cpu_level)lv, &b, &err) != TANDEM_OK) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;
+        }
+        if (attn_only) { /* the target's attention over 200 slots, for the rows given by -n */
+            for (int k = 0; k < n_ns; k++) bench_attention(b, TDM_F32, 200, ns[k], secs);
+            tdm_backend_destroy(b);
+            continue;
         }
         for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
             if (only_type >= 0 && (int)types[t] != only_type) continue;

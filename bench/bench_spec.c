@@ -10,6 +10,8 @@
  *              [--reps 3] [--limit L] [--ks 1,2,3,4,5,6,7,8,0]   (0 = auto)
  *              [--ngram N[,N2..]]  (also run every draft configuration with spec_ngram = N, ...)
  *              [--block B]   (prompts per configuration turn, default 10)
+ *              [--p-min P[,P2..]]  (run every draft configuration with spec_p_min = P, ...;
+ *                                   default 0 = off)
  * Prints a markdown table and one JSON object per configuration (stdout).
  */
 #include <stdio.h>
@@ -26,6 +28,7 @@ typedef struct cfg {
     int draft;     /* -1 = none */
     int k;         /* 0 = auto */
     int ngram;     /* spec_ngram */
+    float p_min;   /* spec_p_min */
     double tps[MAX_REPS];
     double mean_acc, acc_rate, k_final_sum;
     uint64_t steps, drafted, accepted, tokens, ng_steps, ng_drafted, ng_accepted;
@@ -53,6 +56,8 @@ int main(int argc, char **argv) {
     int n_drafts = 0, n_new = 128, threads = 2, reps = 3, limit = 1 << 30, block = 10;
     int ngrams[8] = {0}, n_ngrams = 1; /* 0 = off, always run */
     int ks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 0}, n_ks = 9;
+    float pmins[8] = {0}; /* spec_p_min values */
+    int n_pmins = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -69,6 +74,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ngram")) {
             for (char *q = (char *)v; *q && n_ngrams < 8;) {
                 ngrams[n_ngrams++] = (int)strtol(q, &q, 10);
+                if (*q == ',') q++;
+                else if (*q) break;
+            }
+        }
+        else if (!strcmp(a, "--p-min")) {
+            n_pmins = 0;
+            for (char *q = (char *)v; *q && n_pmins < 8;) {
+                pmins[n_pmins++] = strtof(q, &q);
                 if (*q == ',') q++;
                 else if (*q) break;
             }
@@ -111,11 +124,13 @@ int main(int argc, char **argv) {
     cfgs[n_cfg++].draft = -1;
     for (int ng = 0; ng < n_ngrams; ng++)
         for (int d = 0; d < n_drafts; d++)
-            for (int k = 0; k < n_ks && n_cfg < MAX_CFG; k++) {
-                cfgs[n_cfg].draft = d;
-                cfgs[n_cfg].ngram = ngrams[ng];
-                cfgs[n_cfg++].k = ks[k];
-            }
+            for (int pm = 0; pm < n_pmins; pm++)
+                for (int k = 0; k < n_ks && n_cfg < MAX_CFG; k++) {
+                    cfgs[n_cfg].draft = d;
+                    cfgs[n_cfg].ngram = ngrams[ng];
+                    cfgs[n_cfg].p_min = pmins[pm];
+                    cfgs[n_cfg++].k = ks[k];
+                }
 
     /* Blocks of `block` prompts run under every configuration in turn, so slow and
      * fast phases of a shared machine fall on all configurations alike, while each
@@ -133,6 +148,7 @@ int main(int argc, char **argv) {
                     gp.max_tokens = n_new;
                     gp.spec_k = C->k;
                     gp.spec_ngram = C->ngram;
+                    gp.spec_p_min = C->p_min;
                     tandem_result res;
                     if (tandem_generate(e, prompts[p], &gp, &res)) die("generate");
                     decode_ms[c] += res.decode_ms;
@@ -167,10 +183,14 @@ int main(int argc, char **argv) {
         cfg *C = &cfgs[c];
         double m = median(C->tps, reps);
         const char *dn = C->draft < 0 ? "none" : strrchr(draft_paths[C->draft], '/') ? strrchr(draft_paths[C->draft], '/') + 1 : draft_paths[C->draft];
-        char kbuf[16];
+        char kbuf[40];
         if (C->draft < 0) snprintf(kbuf, sizeof kbuf, "-");
         else if (C->k == 0) snprintf(kbuf, sizeof kbuf, "auto");
         else snprintf(kbuf, sizeof kbuf, "%d", C->k);
+        if (C->draft >= 0 && C->p_min > 0) {
+            size_t len = strlen(kbuf);
+            snprintf(kbuf + len, sizeof kbuf - len, ", p_min %.2g", (double)C->p_min);
+        }
         char ngbuf[48] = "-";
         if (C->ngram)
             snprintf(ngbuf, sizeof ngbuf, "%.0f%% / %.3f", C->steps ? 100.0 * (double)C->ng_steps / (double)C->steps : 0.0,
@@ -182,9 +202,9 @@ int main(int argc, char **argv) {
     }
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
-        printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
+        printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"p_min\": %g, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
                "\"mean_accepted\": %.3f}\n",
-               C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, median(C->tps, reps),
+               C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, (double)C->p_min, median(C->tps, reps),
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
                C->steps ? (double)C->accepted / (double)C->steps : 0.0);
     }

@@ -13,15 +13,6 @@
 #include "kv_cache.h"
 #include "ngram.h"
 
-/* Largest softmax probability of a logits row. */
-static float top_prob(const float *l, int32_t n) {
-    float mx = l[0];
-    for (int32_t i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
-    double sum = 0;
-    for (int32_t i = 0; i < n; i++) sum += exp((double)(l[i] - mx));
-    return (float)(1.0 / sum);
-}
-
 static float max_of(const float *p, int32_t n) {
     float m = 0;
     for (int32_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m;
@@ -59,7 +50,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
          * (deciding on the drawn token would bias what reaches verification) */
         int32_t x;
         if (greedy) {
-            if (i > 0 && s->spec_p_min > 0 && top_prob(l, V) < s->spec_p_min) break;
+            if (i > 0 && s->spec_p_min > 0 && tdm_top_prob(l, V) < s->spec_p_min) break;
             x = tdm_argmax(l, V);
         } else {
             float *q = e->qprobs + (size_t)i * (size_t)V;

@@ -267,6 +267,35 @@ TDM_VECTOR_CLONES static float max_of(const float *x, int32_t n) {
     return m;
 }
 
+/* sum_i exp(l[i] - m) (m finite, the largest logit) without storing the terms:
+ * chunks of 256 go through a stack buffer, so the exp loop vectorises as
+ * exp_shifted's does. */
+TDM_VECTOR_CLONES static double exp_sum_shifted(const float *l, int32_t n, float m) {
+    float buf[256];
+    double acc[8] = {0};
+    for (int32_t c0 = 0; c0 < n; c0 += 256) {
+        const int32_t len = n - c0 < 256 ? n - c0 : 256;
+        for (int32_t i = 0; i < len; i++) buf[i] = exp_nonpos(l[c0 + i] - m);
+        int32_t i = 0;
+        for (; i + 8 <= len; i += 8)
+            for (int j = 0; j < 8; j++) acc[j] += (double)buf[i + j];
+        for (; i < len; i++) acc[0] += (double)buf[i];
+    }
+    return sum8(acc);
+}
+
+float tdm_top_prob(const float *logits, int32_t n) {
+    if (!logits || n <= 0) return 0.0f;
+    float m = max_of(logits, n);
+    if (m == -INFINITY) return 0.0f;
+    if (m == INFINITY) {
+        double cnt = 0;
+        for (int32_t i = 0; i < n; i++) cnt += logits[i] == INFINITY;
+        return (float)(1.0 / cnt);
+    }
+    return (float)(1.0 / exp_sum_shifted(logits, n, m)); /* the sum is >= 1: the max adds 1 */
+}
+
 TDM_VECTOR_CLONES static void scale_probs(float *probs, int32_t n, double inv) {
     for (int32_t i = 0; i < n; i++) probs[i] = (float)(probs[i] * inv);
 }

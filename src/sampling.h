@@ -34,6 +34,12 @@ double tdm_rng_uniform(tdm_rng *rng); /* [0, 1), 53 random bits */
 
 int32_t tdm_argmax(const float *logits, int32_t n); /* lowest index on ties; NaN never wins; -1 if n <= 0 */
 
+/* The largest probability of softmax(logits): 1 / sum_i exp(l_i - max), in one
+ * vectorised pass without writing the distribution (the draft's p_min test).  NaN
+ * and -inf logits count as 0; returns 0 when no logit is finite or +inf, and 1 /
+ * (count of +inf logits) when some are +inf. */
+float tdm_top_prob(const float *logits, int32_t n);
+
 /* Scratch space for tdm_probs_from_logits (reusable; sized for n_vocab). */
 typedef struct tdm_sampler_scratch {
     int32_t n_vocab;

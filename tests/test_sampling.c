@@ -322,6 +322,48 @@ Test(sampling, argmax_matches_reference) {
     }
 }
 
+/* The plain definition in double: 1 / sum exp(l_i - max) over the finite logits. */
+static double ref_top_prob(const float *l, int32_t n) {
+    double m = -INFINITY, sum = 0;
+    int32_t n_inf = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (l[i] == INFINITY) n_inf++;
+        else if (!isnan(l[i]) && l[i] > m) m = l[i];
+    }
+    if (n_inf) return 1.0 / n_inf;
+    if (m == -INFINITY) return 0.0;
+    for (int32_t i = 0; i < n; i++)
+        if (!isnan(l[i]) && l[i] != -INFINITY) sum += exp((double)l[i] - m);
+    return 1.0 / sum;
+}
+
+Test(sampling, top_prob_matches_reference) {
+    uint64_t st = 4242;
+    float *l = malloc(8192 * sizeof *l);
+    const int32_t sizes[] = {1, 2, 7, 8, 9, 15, 16, 17, 100, 8191, 8192};
+    for (size_t a = 0; a < TDM_ARRAY_LEN(sizes); a++)
+        for (int kind = 0; kind < 4; kind++) {
+            const int32_t n = sizes[a];
+            random_logits(&st, l, n, kind & 1);
+            if (kind >= 2) /* scaled: flat (0.01) or peaked (8) distributions */
+                for (int32_t i = 0; i < n; i++) l[i] *= kind == 2 ? 0.01f : 8.0f;
+            double want = ref_top_prob(l, n);
+            float got = tdm_top_prob(l, n);
+            cr_assert_leq(fabs(got - want), 1e-5 * want, "n %d kind %d: got %.9g want %.9g", (int)n, kind,
+                          (double)got, want);
+        }
+    /* NaN and -inf count as 0; +inf logits share the mass; nothing finite -> 0 */
+    const float odd[6] = {NAN, -INFINITY, 2.0f, 2.0f, -1000.0f, NAN};
+    cr_assert_float_eq(tdm_top_prob(odd, 6), 0.5f, 1e-6f);
+    const float infs[4] = {INFINITY, 1.0f, INFINITY, NAN};
+    cr_assert_float_eq(tdm_top_prob(infs, 4), 0.5f, 0.0f);
+    const float none[3] = {NAN, -INFINITY, NAN};
+    cr_assert_eq(tdm_top_prob(none, 3), 0.0f);
+    cr_assert_eq(tdm_top_prob(none, 0), 0.0f);
+    cr_assert_eq(tdm_top_prob(NULL, 4), 0.0f);
+    free(l);
+}
+
 Test(sampling, greedy_and_ties) {
     const float l[6] = {1, 3, -2, 3, NAN, 2};
     cr_assert_eq(tdm_argmax(l, 6), 1);
