@@ -153,13 +153,33 @@ def sample(target, n_seq, length, batch, temp, dev, seed):
     return torch.cat(out)
 
 
-def agreement(target, draft, data, batch):
+@torch.no_grad()
+def continue_greedy(target, prefixes, length, batch, dev):
+    """Each row of prefixes (BOS + real code), continued greedily by the target to
+    `length` tokens: the text a draft meets when it drafts for the greedy target."""
+    out = []
+    for b0 in range(0, prefixes.shape[0], batch):
+        pre = prefixes[b0:b0 + batch]
+        nb, p = pre.shape
+        ids = torch.zeros(nb, length, dtype=torch.long, device=dev)
+        ids[:, :p] = pre
+        cache = [[torch.zeros(nb, target.n_kv, length, target.hd, device=dev) for _ in range(2)]
+                 for _ in range(target.n_layer)]
+        for t in range(length - 1):
+            lg = target.step(ids[:, t], cache, t).float()
+            if t + 1 >= p:
+                ids[:, t + 1] = lg.argmax(-1)
+        out.append(ids)
+    return torch.cat(out)
+
+
+def agreement(target, draft, data, batch, lo=0):
     agree = tot = 0
     with torch.no_grad():
         for b0 in range(0, data.shape[0], batch):
             x = data[b0:b0 + batch]
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                t, d = target(x).argmax(-1), draft(x).argmax(-1)
+                t, d = target(x)[:, lo:].argmax(-1), draft(x)[:, lo:].argmax(-1)
             agree += (t == d).sum().item()
             tot += t.numel()
     return agree / tot
@@ -194,8 +214,11 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--temp", type=float, default=0.6, help="sampling temperature of the training text")
     ap.add_argument("--minutes", type=float, default=6.0, help="training time limit")
-    ap.add_argument("--corpus", default="", help="token ids (.npy, uint16) of real code: train on windows of it "
+    ap.add_argument("--corpus", default="", help="token ids (.npy, or .npz with 'tokens'; uint16) of real code: train on windows of it "
                     "(last 5 %% held out) instead of on sampled text")
+    ap.add_argument("--greedy-prefix", type=int, default=0,
+                    help="with --corpus: keep the first P tokens of each window (BOS + code) and let the "
+                    "target continue it greedily; train and measure on the continuation only")
     a = ap.parse_args()
     dev = "cuda"
     torch.manual_seed(0)
@@ -214,7 +237,10 @@ def main():
     print("cached step vs full forward: max abs diff %.2e" % (inc - full).abs().max().item(), flush=True)
     assert (inc - full).abs().max().item() < 1e-2
     if a.corpus:  # windows of real code, each after a BOS
-        toks = torch.from_numpy(np.load(a.corpus).astype(np.int64))
+        arr = np.load(a.corpus)
+        if a.corpus.endswith(".npz"):  # np.savez_compressed(tokens=...)
+            arr = arr["tokens"]
+        toks = torch.from_numpy(arr.astype(np.int64))
         cut = int(len(toks) * 0.95)
         def windows(lo, hi, n, seed):
             gen = torch.Generator().manual_seed(seed)
@@ -222,14 +248,19 @@ def main():
             w = torch.stack([toks[i:i + a.len - 1] for i in st.tolist()])
             return torch.cat([torch.zeros(n, 1, dtype=torch.long), w], 1).to(dev)
         data, held = windows(0, cut, a.n_seq, 1), windows(cut, len(toks), 256, 2)
+        if a.greedy_prefix:
+            P = a.greedy_prefix
+            data = continue_greedy(target, data[:, :P], a.len, 4096, dev)
+            held = continue_greedy(target, held[:, :P], a.len, 4096, dev)
     else:
         data = sample(target, a.n_seq, a.len, 2048, a.temp, dev, 1)
         held = sample(target, 256, a.len, 256, a.temp, dev, 2)
     print("%s: %d + %d (held out) sequences of %d tokens in %.0f s" %
           ("corpus windows" if a.corpus else "sampled", data.shape[0], held.shape[0], a.len, time.time() - t0),
           flush=True)
+    lo = a.greedy_prefix - 1 if a.greedy_prefix else 0  # first position judged
     print("greedy agreement before: held-out samples %.4f, dev continuations %.4f" %
-          (agreement(target, draft, held, 64), dev_agreement(target, draft, a.refs, dev)), flush=True)
+          (agreement(target, draft, held, 64, lo), dev_agreement(target, draft, a.refs, dev)), flush=True)
 
     opt = torch.optim.AdamW(draft.parameters(), lr=a.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 *
@@ -240,9 +271,9 @@ def main():
         idx = torch.randint(0, data.shape[0], (a.batch,), device=dev)
         x = data[idx]
         with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-            pt = torch.log_softmax(target(x).float(), -1)
+            pt = torch.log_softmax(target(x)[:, lo:].float(), -1)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            ld = draft(x).float()
+            ld = draft(x)[:, lo:].float()
         lq = torch.log_softmax(ld, -1)
         loss = (pt.exp() * (pt - lq)).sum(-1).mean()
         opt.zero_grad(set_to_none=True)
@@ -255,7 +286,7 @@ def main():
             print("step %d loss %.4f (%.0f s)" % (step, loss.item(), time.time() - t0), flush=True)
     print("trained %d steps in %.0f s" % (step, time.time() - t0), flush=True)
     print("greedy agreement after: held-out samples %.4f, dev continuations %.4f" %
-          (agreement(target, draft, held, 64), dev_agreement(target, draft, a.refs, dev)), flush=True)
+          (agreement(target, draft, held, 64, lo), dev_agreement(target, draft, a.refs, dev)), flush=True)
     check_refs({"target": target}, a.refs, dev)
 
     os.makedirs(a.out, exist_ok=True)
