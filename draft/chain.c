@@ -7,8 +7,6 @@
  * Drafting stops early when the draft's top probability falls below p_min (greedy:
  * of the softmax of its logits; sampling: of q, the processed distribution).
  */
-#include <math.h>
-
 #include "engine.h"
 #include "kv_cache.h"
 #include "ngram.h"

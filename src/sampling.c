@@ -242,15 +242,21 @@ static inline double sum8(const double acc[8]) {
     return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
 }
 
+/* acc[j] += p[i] for i = j mod 8 (the tail into acc[0]): the 8-lane double sum
+ * that exp_shifted and exp_sum_shifted share. */
+static inline void add_lanes(double acc[8], const float *p, int32_t n) {
+    int32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++) acc[j] += (double)p[i + j];
+    for (; i < n; i++) acc[0] += (double)p[i];
+}
+
 /* probs[i] = exp((l[i] - m) * inv_t), 0 for -inf and NaN logits (m finite, the
- * largest logit); returns the sum, accumulated in double over 16 lanes. */
+ * largest logit); returns the sum, accumulated in double over 8 lanes. */
 TDM_VECTOR_CLONES static double exp_shifted(const float *l, int32_t n, float m, float inv_t, float *probs) {
     for (int32_t i = 0; i < n; i++) probs[i] = exp_nonpos((l[i] - m) * inv_t);
     double acc[8] = {0};
-    int32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++) acc[j] += (double)probs[i + j];
-    for (; i < n; i++) acc[0] += (double)probs[i];
+    add_lanes(acc, probs, n);
     return sum8(acc);
 }
 
@@ -268,31 +274,31 @@ TDM_VECTOR_CLONES static float max_of(const float *x, int32_t n) {
 }
 
 /* sum_i exp(l[i] - m) (m finite, the largest logit) without storing the terms:
- * chunks of 256 go through a stack buffer, so the exp loop vectorises as
- * exp_shifted's does. */
+ * chunks of 256 (a multiple of 8, so the lanes see what exp_shifted's would) go
+ * through a stack buffer, so the exp loop vectorises as exp_shifted's does. */
 TDM_VECTOR_CLONES static double exp_sum_shifted(const float *l, int32_t n, float m) {
     float buf[256];
     double acc[8] = {0};
     for (int32_t c0 = 0; c0 < n; c0 += 256) {
         const int32_t len = n - c0 < 256 ? n - c0 : 256;
         for (int32_t i = 0; i < len; i++) buf[i] = exp_nonpos(l[c0 + i] - m);
-        int32_t i = 0;
-        for (; i + 8 <= len; i += 8)
-            for (int j = 0; j < 8; j++) acc[j] += (double)buf[i + j];
-        for (; i < len; i++) acc[0] += (double)buf[i];
+        add_lanes(acc, buf, len);
     }
     return sum8(acc);
+}
+
+/* How many logits are +inf. */
+static double count_pos_inf(const float *l, int32_t n) {
+    double cnt = 0;
+    for (int32_t i = 0; i < n; i++) cnt += l[i] == INFINITY;
+    return cnt;
 }
 
 float tdm_top_prob(const float *logits, int32_t n) {
     if (!logits || n <= 0) return 0.0f;
     float m = max_of(logits, n);
     if (m == -INFINITY) return 0.0f;
-    if (m == INFINITY) {
-        double cnt = 0;
-        for (int32_t i = 0; i < n; i++) cnt += logits[i] == INFINITY;
-        return (float)(1.0 / cnt);
-    }
+    if (m == INFINITY) return (float)(1.0 / count_pos_inf(logits, n));
     return (float)(1.0 / exp_sum_shifted(logits, n, m)); /* the sum is >= 1: the max adds 1 */
 }
 
@@ -306,8 +312,7 @@ static bool softmax_t(const float *logits, int32_t n, double temp, float *probs)
     float m = max_of(logits, n);
     if (m == -INFINITY) return false;
     if (m == INFINITY) { /* uniform over the +inf logits */
-        double cnt = 0;
-        for (int32_t i = 0; i < n; i++) cnt += logits[i] == INFINITY;
+        const double cnt = count_pos_inf(logits, n);
         for (int32_t i = 0; i < n; i++) probs[i] = logits[i] == INFINITY ? (float)(1.0 / cnt) : 0.0f;
         return true;
     }

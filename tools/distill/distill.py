@@ -138,25 +138,9 @@ def check_refs(models, refs_path, dev):
 
 
 @torch.no_grad()
-def sample(target, n_seq, length, batch, temp, dev, seed):
-    g = torch.Generator(device=dev).manual_seed(seed)
-    out = []
-    for b0 in range(0, n_seq, batch):
-        nb = min(batch, n_seq - b0)
-        ids = torch.zeros(nb, length, dtype=torch.long, device=dev)  # BOS, then samples
-        cache = [[torch.zeros(nb, target.n_kv, length, target.hd, device=dev) for _ in range(2)]
-                 for _ in range(target.n_layer)]
-        for t in range(length - 1):
-            lg = target.step(ids[:, t], cache, t).float()
-            ids[:, t + 1] = torch.multinomial(torch.softmax(lg / temp, -1), 1, generator=g)[:, 0]
-        out.append(ids)
-    return torch.cat(out)
-
-
-@torch.no_grad()
-def continue_greedy(target, prefixes, length, batch, dev):
-    """Each row of prefixes (BOS + real code), continued greedily by the target to
-    `length` tokens: the text a draft meets when it drafts for the greedy target."""
+def extend(target, prefixes, length, batch, temp, gen, dev):
+    """Each row of prefixes continued by the target to `length` tokens: sampled at
+    temperature temp from gen, or greedily when temp is 0."""
     out = []
     for b0 in range(0, prefixes.shape[0], batch):
         pre = prefixes[b0:b0 + batch]
@@ -167,10 +151,24 @@ def continue_greedy(target, prefixes, length, batch, dev):
                  for _ in range(target.n_layer)]
         for t in range(length - 1):
             lg = target.step(ids[:, t], cache, t).float()
-            if t + 1 >= p:
-                ids[:, t + 1] = lg.argmax(-1)
+            if t + 1 < p:
+                continue
+            ids[:, t + 1] = lg.argmax(-1) if temp == 0 else \
+                torch.multinomial(torch.softmax(lg / temp, -1), 1, generator=gen)[:, 0]
         out.append(ids)
     return torch.cat(out)
+
+
+def sample(target, n_seq, length, batch, temp, dev, seed):
+    """n_seq texts the target samples from BOS."""
+    g = torch.Generator(device=dev).manual_seed(seed)
+    return extend(target, torch.zeros(n_seq, 1, dtype=torch.long, device=dev), length, batch, temp, g, dev)
+
+
+def continue_greedy(target, prefixes, length, batch, dev):
+    """Each row of prefixes (BOS + real code), continued greedily by the target to
+    `length` tokens: the text a draft meets when it drafts for the greedy target."""
+    return extend(target, prefixes, length, batch, 0, None, dev)
 
 
 def agreement(target, draft, data, batch, lo=0):
@@ -242,9 +240,9 @@ def main():
             arr = arr["tokens"]
         toks = torch.from_numpy(arr.astype(np.int64))
         cut = int(len(toks) * 0.95)
-        def windows(lo, hi, n, seed):
+        def windows(start, stop, n, seed):
             gen = torch.Generator().manual_seed(seed)
-            st = torch.randint(lo, hi - a.len, (n,), generator=gen)
+            st = torch.randint(start, stop - a.len, (n,), generator=gen)
             w = torch.stack([toks[i:i + a.len - 1] for i in st.tolist()])
             return torch.cat([torch.zeros(n, 1, dtype=torch.long), w], 1).to(dev)
         data, held = windows(0, cut, a.n_seq, 1), windows(cut, len(toks), 256, 2)
