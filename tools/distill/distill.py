@@ -67,53 +67,59 @@ class Llama(torch.nn.Module):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * w
 
     def forward(self, ids):  # ids [B, T] -> logits [B, T, V]
-        B, T = ids.shape
+        return self.head(self.hidden(ids))
+
+    def features(self, ids):  # ids [B, T] -> the output head's input, norm(x) [B, T, dim]
+        return self.norm(self.hidden(ids), self.w("output_norm.weight"))
+
+    def out_weight(self):
+        return self.w("output.weight") if "output.weight" in self.names else self.w("token_embd.weight")
+
+    def block(self, l, x, pos, attend):
+        """Layer l on x [B, T, dim] at positions pos; attend(q, k, v) -> [B, n_head, T, hd]
+        gets q [B, n_head, T, hd] and k, v [B, n_kv, T, hd], RoPE applied."""
+        B, T, _ = x.shape
+        pre = "blk.%d." % l
+        h = self.norm(x, self.w(pre + "attn_norm.weight"))
+        q = (h @ self.w(pre + "attn_q.weight").T).view(B, T, self.n_head, self.hd).transpose(1, 2)
+        k = (h @ self.w(pre + "attn_k.weight").T).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        v = (h @ self.w(pre + "attn_v.weight").T).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        o = attend(self.rope(q, pos), self.rope(k, pos), v)
+        x = x + o.transpose(1, 2).reshape(B, T, self.dim) @ self.w(pre + "attn_output.weight").T
+        h = self.norm(x, self.w(pre + "ffn_norm.weight"))
+        g = h @ self.w(pre + "ffn_gate.weight").T
+        u = h @ self.w(pre + "ffn_up.weight").T
+        return x + (F.silu(g) * u) @ self.w(pre + "ffn_down.weight").T
+
+    def causal(self, q, k, v, is_causal=True):  # grouped-query attention over k, v
+        rep = self.n_head // self.n_kv
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                              is_causal=is_causal)
+
+    def hidden(self, ids):  # ids [B, T] -> the last layer's output, before the final norm
         x = self.w("token_embd.weight")[ids]
-        pos = torch.arange(T, device=ids.device)
+        pos = torch.arange(ids.shape[1], device=ids.device)
         for l in range(self.n_layer):
-            pre = "blk.%d." % l
-            h = self.norm(x, self.w(pre + "attn_norm.weight"))
-            q = (h @ self.w(pre + "attn_q.weight").T).view(B, T, self.n_head, self.hd).transpose(1, 2)
-            k = (h @ self.w(pre + "attn_k.weight").T).view(B, T, self.n_kv, self.hd).transpose(1, 2)
-            v = (h @ self.w(pre + "attn_v.weight").T).view(B, T, self.n_kv, self.hd).transpose(1, 2)
-            q, k = self.rope(q, pos), self.rope(k, pos)
-            rep = self.n_head // self.n_kv
-            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = x + o.transpose(1, 2).reshape(B, T, self.dim) @ self.w(pre + "attn_output.weight").T
-            h = self.norm(x, self.w(pre + "ffn_norm.weight"))
-            g = h @ self.w(pre + "ffn_gate.weight").T
-            u = h @ self.w(pre + "ffn_up.weight").T
-            x = x + (F.silu(g) * u) @ self.w(pre + "ffn_down.weight").T
-        return self.head(x)
+            x = self.block(l, x, pos, self.causal)
+        return x
 
     def head(self, x):
-        x = self.norm(x, self.w("output_norm.weight"))
-        out = self.w("output.weight") if "output.weight" in self.names else self.w("token_embd.weight")
-        return x @ out.T
+        return self.norm(x, self.w("output_norm.weight")) @ self.out_weight().T
 
     def step(self, ids, cache, t):
         """One new token per sequence at position t (ids [B]); cache: per layer [k, v]."""
-        B = ids.shape[0]
         x = self.w("token_embd.weight")[ids][:, None]
         pos = torch.tensor([t], device=ids.device)
+
+        def cached(l):
+            def attend(q, k, v):
+                cache[l][0][:, :, t] = k[:, :, 0]
+                cache[l][1][:, :, t] = v[:, :, 0]
+                return self.causal(q, cache[l][0][:, :, :t + 1], cache[l][1][:, :, :t + 1], False)
+            return attend
+
         for l in range(self.n_layer):
-            pre = "blk.%d." % l
-            h = self.norm(x, self.w(pre + "attn_norm.weight"))
-            q = (h @ self.w(pre + "attn_q.weight").T).view(B, 1, self.n_head, self.hd).transpose(1, 2)
-            k = (h @ self.w(pre + "attn_k.weight").T).view(B, 1, self.n_kv, self.hd).transpose(1, 2)
-            v = (h @ self.w(pre + "attn_v.weight").T).view(B, 1, self.n_kv, self.hd).transpose(1, 2)
-            q, k = self.rope(q, pos), self.rope(k, pos)
-            cache[l][0][:, :, t] = k[:, :, 0]
-            cache[l][1][:, :, t] = v[:, :, 0]
-            rep = self.n_head // self.n_kv
-            kk = cache[l][0][:, :, :t + 1].repeat_interleave(rep, 1)
-            vv = cache[l][1][:, :, :t + 1].repeat_interleave(rep, 1)
-            o = F.scaled_dot_product_attention(q, kk, vv)
-            x = x + o.transpose(1, 2).reshape(B, 1, self.dim) @ self.w(pre + "attn_output.weight").T
-            h = self.norm(x, self.w(pre + "ffn_norm.weight"))
-            x = x + (F.silu(h @ self.w(pre + "ffn_gate.weight").T) * (h @ self.w(pre + "ffn_up.weight").T)) @ \
-                self.w(pre + "ffn_down.weight").T
+            x = self.block(l, x, pos, cached(l))
         return self.head(x)[:, 0]
 
 
@@ -198,6 +204,27 @@ def dev_agreement(target, draft, refs_path, dev):
     return agree / tot
 
 
+def kl_forward(lp, lq):
+    """Forward KL(p || q) from log-probabilities [..., V], averaged over positions."""
+    return (lp.exp() * (lp - lq)).sum(-1).mean()
+
+
+def optimizer(params, lr, steps, warmup):
+    """AdamW with a linear warm-up and a cosine decay over `steps`."""
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 *
+                                              (1 + math.cos(math.pi * min(s, steps) / steps)))
+    return opt, sched
+
+
+def train_step(opt, sched, params, loss):
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    sched.step()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", required=True)
@@ -260,9 +287,7 @@ def main():
     print("greedy agreement before: held-out samples %.4f, dev continuations %.4f" %
           (agreement(target, draft, held, 64, lo), dev_agreement(target, draft, a.refs, dev)), flush=True)
 
-    opt = torch.optim.AdamW(draft.parameters(), lr=a.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 100) * 0.5 *
-                                              (1 + math.cos(math.pi * min(s, a.steps) / a.steps)))
+    opt, sched = optimizer(draft.parameters(), a.lr, a.steps, 100)
     t0 = time.time()
     step = 0
     while step < a.steps and time.time() - t0 < a.minutes * 60:
@@ -272,13 +297,8 @@ def main():
             pt = torch.log_softmax(target(x)[:, lo:].float(), -1)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             ld = draft(x)[:, lo:].float()
-        lq = torch.log_softmax(ld, -1)
-        loss = (pt.exp() * (pt - lq)).sum(-1).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = kl_forward(pt, torch.log_softmax(ld, -1))
+        train_step(opt, sched, draft.parameters(), loss)
         step += 1
         if step % 250 == 0:
             print("step %d loss %.4f (%.0f s)" % (step, loss.item(), time.time() - t0), flush=True)
