@@ -7,15 +7,79 @@
  * whether they stay in the cache between steps decides its speed: this program
  * shows where that boundary is and how far apart the two rates are.
  *
- * usage: bench_mem [-t threads] [-s MB,MB,...] [-r passes]
+ * --fma adds the rate of a register-only AVX-512 FMA loop on one thread and on all
+ * threads at once: on a host whose other tenants use the SMT siblings of these cores
+ * the second figure falls below twice the first, and compute-bound work (a
+ * speculative verification) slows with it.
+ *
+ * usage: bench_mem [-t threads] [-s MB,MB,...] [-r passes] [--fma]
  */
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_FMA_PROBE 1
+
+typedef struct fma_job {
+    pthread_barrier_t *bar;
+    double gflops;
+    float sink;
+} fma_job;
+
+/* 12 independent chains of zmm FMAs (enough to fill two FMA pipes of latency 4-6). */
+__attribute__((target("avx512f"))) static void *fma_worker(void *arg) {
+    fma_job *j = arg;
+    __m512 a[12], x = _mm512_set1_ps(1.0001f), y = _mm512_set1_ps(0.9999f);
+    for (int i = 0; i < 12; i++) a[i] = _mm512_setzero_ps();
+    if (j->bar) pthread_barrier_wait(j->bar);
+    const long iters = 4000000;
+    double t0 = tdm_now();
+    for (long it = 0; it < iters; it++) {
+        for (int i = 0; i < 12; i++) a[i] = _mm512_fmadd_ps(a[i], x, y);
+        __asm__ volatile("" : "+v"(x)); /* keeps the loop */
+    }
+    double dt = tdm_now() - t0;
+    __m512 s = a[0];
+    for (int i = 1; i < 12; i++) s = _mm512_add_ps(s, a[i]);
+    j->sink = _mm512_reduce_add_ps(s);
+    j->gflops = (double)iters * 12 * 32 / dt * 1e-9;
+    return NULL;
+}
+
+static void fma_probe(int nth) {
+    if (!__builtin_cpu_supports("avx512f")) {
+        printf("fma: no AVX-512 on this machine\n");
+        return;
+    }
+    fma_job one = {NULL, 0, 0};
+    fma_worker(&one);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, (unsigned)nth);
+    fma_job jobs[256];
+    pthread_t th[256];
+    for (int i = 1; i < nth; i++) {
+        jobs[i] = (fma_job){&bar, 0, 0};
+        pthread_create(&th[i], NULL, fma_worker, &jobs[i]);
+    }
+    jobs[0] = (fma_job){&bar, 0, 0};
+    fma_worker(&jobs[0]);
+    double tot = jobs[0].gflops;
+    for (int i = 1; i < nth; i++) {
+        pthread_join(th[i], NULL);
+        tot += jobs[i].gflops;
+    }
+    pthread_barrier_destroy(&bar);
+    printf("fma zmm: 1 thread %.0f GFLOP/s, %d threads %.0f GFLOP/s (%.2fx)\n", one.gflops, nth, tot,
+           tot / one.gflops);
+}
+#endif
 
 typedef struct mem_job {
     const float *p;
@@ -58,6 +122,7 @@ static int cmp_double(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     int nth = 2, passes = 0;
+    bool fma = false;
     double sizes[32] = {4, 8, 16, 24, 28, 30, 32, 34, 36, 40, 48, 64, 128};
     int n_sizes = 13;
     for (int i = 1; i < argc; i++) {
@@ -65,6 +130,8 @@ int main(int argc, char **argv) {
             nth = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "-r") && i + 1 < argc) {
             passes = atoi(argv[++i]);
+        } else if (!strcmp(argv[i], "--fma")) {
+            fma = true;
         } else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             n_sizes = 0;
             for (char *q = argv[++i]; *q && n_sizes < 32;) {
@@ -75,7 +142,7 @@ int main(int argc, char **argv) {
                 q = *end == ',' ? end + 1 : end;
             }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-s MB,MB,...] [-r passes]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t threads] [-s MB,MB,...] [-r passes] [--fma]\n", argv[0]);
             return 2;
         }
     }
@@ -83,6 +150,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_mem: bad arguments\n");
         return 2;
     }
+#ifdef HAVE_FMA_PROBE
+    if (fma) fma_probe(nth);
+#else
+    if (fma) printf("fma: probe not built for this machine\n");
+#endif
     printf("read bandwidth, %d threads, median of the passes after two warm-up passes\n", nth);
     for (int si = 0; si < n_sizes; si++) {
         size_t bytes = (size_t)(sizes[si] * 1048576.0) / (256 * (size_t)nth) * (256 * (size_t)nth);
