@@ -38,6 +38,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from distill import Llama, check_refs, continue_greedy, kl_forward, optimizer, train_step  # noqa: E402
 
 
+def shift_down(t, d, dim):
+    """t moved d rows down along dim (row p gets row p - d; zeros in the first d)."""
+    if d == 0:
+        return t
+    lead = t.narrow(dim, 0, t.shape[dim] - d)
+    return torch.cat([torch.zeros_like(t.narrow(dim, 0, d)), lead], dim)
+
+
 class FDraft(torch.nn.Module):
     def __init__(self, base, n_layer, feat_dim):
         super().__init__()
@@ -71,15 +79,14 @@ class FDraft(torch.nn.Module):
         dev = ids.device
         emb = self.w("token_embd.weight")[ids]
         pos = torch.arange(T, device=dev)
-        shift = lambda t: torch.cat([torch.zeros_like(t[:, :1]), t[:, :-1]], 1)  # row p gets row p-1
         Ks = [[] for _ in range(self.n_layer)]
         Vs = [[] for _ in range(self.n_layer)]
         outs, state = [], None
         for s in range(n_pass):
             if s == 0:
-                x = emb + shift(feats) @ self.w("feat_in.weight").T
+                x = emb + shift_down(feats, 1, 1) @ self.w("feat_in.weight").T
             else:
-                x = emb + shift(state) @ self.w("feat_self.weight").T
+                x = emb + shift_down(state, 1, 1) @ self.w("feat_self.weight").T
             for l in range(self.n_layer):
                 def attend(q, k, v, l=l, s=s):
                     Ks[l].append(k)
@@ -103,10 +110,8 @@ class FDraft(torch.nn.Module):
         extra, vals = [], []
         for j in range(1, s + 1):
             d = s - j  # the key sits d rows above the query
-            Kj, Vj = K[j].repeat_interleave(rep, 1), V[j].repeat_interleave(rep, 1)
-            if d:
-                Kj = torch.cat([torch.zeros_like(Kj[:, :, :d]), Kj[:, :, :-d]], 2)
-                Vj = torch.cat([torch.zeros_like(Vj[:, :, :d]), Vj[:, :, :-d]], 2)
+            Kj = shift_down(K[j].repeat_interleave(rep, 1), d, 2)
+            Vj = shift_down(V[j].repeat_interleave(rep, 1), d, 2)
             e = (q * Kj).sum(-1) * scale
             extra.append(e.masked_fill(~(p >= d), float("-inf"))[..., None])
             vals.append(Vj)
@@ -179,7 +184,7 @@ def main():
     ap.add_argument("--minutes", type=float, default=5.0)
     ap.add_argument("--out", required=True)
     ap.add_argument("--data", default="", help="cache of the greedy-continued windows (.pt), made if missing")
-    ap.add_argument("--check", action="store_true", help="check passes() against draft_chain() and stop")
+    ap.add_argument("--check", action="store_true", help="check passes() against drafting one row at a time, and stop")
     a = ap.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
