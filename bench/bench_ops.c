@@ -320,7 +320,7 @@ int main(int argc, char **argv) {
             ws[0][N_W - 1] = ws[1][N_W - 1] = make_weight(TDM_F16, 8192, 384);
             for (int i = 0; i < N_W; i++) bytes += weight_bytes(&ws[0][i]);
             int n_lay = ws[1][0].layout != ws[0][0].layout ? 2 : 1;
-            static const int32_t step_ns[] = {1, 2, 3, 4, 5, 6, 8};
+            static const int32_t step_ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16};
             for (size_t k = 0; k < sizeof step_ns / sizeof step_ns[0]; k++)
                 for (int li = 0; li < n_lay; li++) {
                     int32_t n = step_ns[k];

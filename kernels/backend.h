@@ -47,8 +47,10 @@ typedef struct tdm_kv_write_args {
     const float *k;                  /* [n_rows][row_stride], K at offset 0 of each row */
     const float *v;                  /* [n_rows][row_stride] */
     int32_t row_stride;              /* floats between consecutive rows of k / v */
-    void *k_cache;                   /* [n_blocks][n_kv_head][block_size][head_dim] */
-    void *v_cache;                   /* same */
+    void *k_cache;                   /* [n_blocks][n_kv_head][head_dim][block_size]: per block, the
+                                        keys side by side for each d (attention scores read
+                                        16 slots per vector) */
+    void *v_cache;                   /* [n_blocks][n_kv_head][block_size][head_dim] */
     uint32_t cache_type;             /* TDM_F32 or TDM_F16 */
     int32_t n_kv_head, head_dim, block_size;
 } tdm_kv_write_args;
@@ -60,8 +62,8 @@ typedef struct tdm_attn_args {
     const float *q;                  /* [n_rows][q_stride], heads at offset h * head_dim */
     int32_t q_stride;
     float *out;                      /* [n_rows][n_head * head_dim] */
-    const void *k_cache;             /* [n_blocks][n_kv_head][block_size][head_dim] */
-    const void *v_cache;
+    const void *k_cache;             /* [n_blocks][n_kv_head][head_dim][block_size] */
+    const void *v_cache;             /* [n_blocks][n_kv_head][block_size][head_dim] */
     uint32_t cache_type;             /* TDM_F32 or TDM_F16 */
     int32_t n_head, n_kv_head, head_dim, block_size; /* n_head % n_kv_head == 0 (GQA) */
     float scale;                     /* softmax scale, usually 1/sqrt(head_dim) */

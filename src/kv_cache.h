@@ -34,8 +34,10 @@ typedef struct tdm_kv_seq {
 /* Copies block src to block dst in every model's storage. */
 typedef void (*tdm_kv_copy_fn)(void *user_data, int32_t src_block, int32_t dst_block);
 
-/* K/V layout of one model: per layer, K and V each [n_blocks][n_kv_head][block_size][head_dim]
- * of elem_bytes each. */
+/* K/V layout of one model: per layer, K and V each n_blocks blocks of
+ * n_kv_head x block_size x head_dim elements of elem_bytes each (inside a block K is
+ * [n_kv_head][head_dim][block_size] and V [n_kv_head][block_size][head_dim]: see
+ * kernels/backend.h; the pool only copies whole blocks). */
 typedef struct tdm_kv_layout {
     int32_t n_layer;
     int32_t n_kv_head;

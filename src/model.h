@@ -76,8 +76,8 @@ typedef struct tdm_kv_store {
     tdm_backend *be;
     uint32_t type;          /* TDM_F32 or TDM_F16 */
     int32_t n_layer, n_kv_head, head_dim, block_size, n_blocks;
-    void **k;               /* [n_layer] -> [n_blocks][n_kv_head][block_size][head_dim] */
-    void **v;               /* same */
+    void **k;               /* [n_layer] -> [n_blocks][n_kv_head][head_dim][block_size] */
+    void **v;               /* [n_layer] -> [n_blocks][n_kv_head][block_size][head_dim] */
 } tdm_kv_store;
 
 tdm_kv_layout tdm_model_kv_layout(const tdm_model *m, uint32_t type);

@@ -72,11 +72,20 @@ void ref_gather_rows(const float *x, const int32_t *rows, int32_t n, int32_t dim
 }
 
 /* Index of (slot, kv head g, element d) of a sequence in a paged cache. */
+/* Element index of (slot, kv head g, d) in V ([n_blocks][n_kv_head][bs][hd]) and in K
+ * ([n_blocks][n_kv_head][hd][bs], backend.h). */
 static size_t ref_cache_index(const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t d,
                               int32_t n_kv_head, int32_t block_size, int32_t head_dim) {
     size_t block = (size_t)s->blocks[slot / block_size];
     size_t pos = (size_t)(slot % block_size);
     return ((block * n_kv_head + g) * block_size + pos) * head_dim + d;
+}
+
+static size_t ref_k_index(const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t d, int32_t n_kv_head,
+                          int32_t block_size, int32_t head_dim) {
+    size_t block = (size_t)s->blocks[slot / block_size];
+    size_t pos = (size_t)(slot % block_size);
+    return ((block * n_kv_head + g) * head_dim + d) * block_size + pos;
 }
 
 static float ref_cache_get(const void *cache, uint32_t type, size_t i) {
@@ -91,13 +100,15 @@ void ref_kv_write(const tdm_kv_write_args *a) {
             for (int32_t d = 0; d < a->head_dim; d++) {
                 size_t ci = ref_cache_index(s, a->batch->slot[r], g, d, a->n_kv_head, a->block_size,
                                             a->head_dim);
+                size_t ki = ref_k_index(s, a->batch->slot[r], g, d, a->n_kv_head, a->block_size,
+                                        a->head_dim);
                 float kv = a->k[(size_t)r * a->row_stride + (size_t)g * a->head_dim + d];
                 float vv = a->v[(size_t)r * a->row_stride + (size_t)g * a->head_dim + d];
                 if (a->cache_type == TDM_F16) {
-                    ((uint16_t *)a->k_cache)[ci] = tdm_f32_to_f16(kv);
+                    ((uint16_t *)a->k_cache)[ki] = tdm_f32_to_f16(kv);
                     ((uint16_t *)a->v_cache)[ci] = tdm_f32_to_f16(vv);
                 } else {
-                    ((float *)a->k_cache)[ci] = kv;
+                    ((float *)a->k_cache)[ki] = kv;
                     ((float *)a->v_cache)[ci] = vv;
                 }
             }
@@ -131,8 +142,7 @@ void ref_attention(const tdm_attn_args *a) {
                 for (int32_t d = 0; d < hd; d++)
                     dot += (double)q[d] *
                            ref_cache_get(a->k_cache, a->cache_type,
-                                         ref_cache_index(s, slots[i], g, d, a->n_kv_head,
-                                                         a->block_size, hd));
+                                         ref_k_index(s, slots[i], g, d, a->n_kv_head, a->block_size, hd));
                 p[i] = dot * a->scale;
                 if (p[i] > m) m = p[i];
             }

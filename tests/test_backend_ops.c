@@ -239,6 +239,50 @@ Test(ops, rmsnorm_bias_swiglu_gather) {
 }
 
 /* The vectorised exp inside swiglu over a wide range of inputs. */
+/* rmsnorm and rope promise the same floats at every level (cpu_internal.h): each
+ * level against the scalar level, bit for bit, over odd and vector-sized shapes. */
+Test(ops, rmsnorm_rope_same_at_every_level) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = tdm_test_levels(lv);
+    static const int32_t dims[] = {1, 7, 8, 33, 384, 1000};
+    static const tdm_rope_params params[] = {{64, 10000.0f, 1.0f, false}, {64, 10000.0f, 1.0f, true},
+                                             {48, 10000.0f, 1.0f, false}, {6, 100.0f, 1.0f, false}};
+    const int32_t n = 9, n_head = 3, head_dim = 64, stride = 3 * 64;
+    int32_t pos[9];
+    for (int i = 0; i < n; i++) pos[i] = i * 131 % 900;
+    uint64_t rng = 77;
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * 1000, -30, 30), *g = tdm_test_rand_vec(&rng, 1000, -2, 2);
+    float *out[TDM_CPU_N_LEVELS];
+    for (size_t d = 0; d < TDM_ARRAY_LEN(dims); d++) {
+        for (int l = 0; l < nl; l++) {
+            tdm_backend *b = tdm_test_backend(lv[l], 1);
+            out[l] = malloc((size_t)n * dims[d] * 4);
+            cr_assert_eq(b->ops->rmsnorm(b, x, g, n, dims[d], 1e-6f, out[l], NULL), TANDEM_OK);
+            tdm_backend_destroy(b);
+        }
+        for (int l = 1; l < nl; l++) {
+            cr_assert(memcmp(out[0], out[l], (size_t)n * dims[d] * 4) == 0, "rmsnorm dim %d: level %d differs",
+                      (int)dims[d], lv[l]);
+        }
+        for (int l = 0; l < nl; l++) free(out[l]);
+    }
+    for (size_t p = 0; p < TDM_ARRAY_LEN(params); p++) {
+        for (int l = 0; l < nl; l++) {
+            tdm_backend *b = tdm_test_backend(lv[l], 1);
+            out[l] = malloc((size_t)n * stride * 4);
+            memcpy(out[l], x, (size_t)n * stride * 4);
+            cr_assert_eq(b->ops->rope(b, out[l], n, stride, n_head, head_dim, pos, &params[p], NULL), TANDEM_OK);
+            tdm_backend_destroy(b);
+        }
+        for (int l = 1; l < nl; l++)
+            cr_assert(memcmp(out[0], out[l], (size_t)n * stride * 4) == 0, "rope params %zu: level %d differs", p,
+                      lv[l]);
+        for (int l = 0; l < nl; l++) free(out[l]);
+    }
+    free(x);
+    free(g);
+}
+
 Test(ops, swiglu_wide_range) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     int nl = tdm_test_levels(lv);

@@ -79,11 +79,13 @@ static void check_p64(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols,
 Test(layout, p64_matmul_matches_reference) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     int nl = tdm_test_levels(lv), tested = 0;
-    /* rows, cols, n: one to many blocks, odd and long columns, every row-group
-     * split (1..6 rows, 7 = 4 + 3, 13 = 5 + 4 + 4), prefill-sized n */
+    /* rows, cols, n: one to many blocks, odd and long columns, every kind of row
+     * group (1..6 rows in one pass, 7..12 in two half-block passes, 13 = 7 + 6,
+     * 16 = 8 + 8), prefill-sized n */
     static const int64_t shapes[][3] = {
-        {64, 32, 1},   {64, 1, 2},    {128, 17, 3},  {192, 96, 4},  {640, 384, 4}, {384, 1024, 5},
-        {256, 100, 6}, {128, 384, 7}, {320, 64, 13}, {64, 48, 16},  {128, 96, 40}, {2048, 384, 1},
+        {64, 32, 1},   {64, 1, 2},    {128, 17, 3},  {192, 96, 4},  {640, 384, 4},  {384, 1024, 5},
+        {256, 100, 6}, {128, 384, 7}, {192, 33, 10}, {128, 64, 12}, {320, 64, 13}, {64, 48, 16},
+        {128, 96, 40}, {2048, 384, 1},
     };
     for (int l = 0; l < nl; l++) {
         if (!level_reads_p64(lv[l])) continue;

@@ -41,19 +41,23 @@ static inline int32_t row_n_extra(const tdm_attn_args *a, int32_t r) {
     return off ? off[r + 1] - off[r] : 0;
 }
 
-/* Element offset of slot s of kv head g in a [n_blocks][n_kv_head][bs][hd] cache. */
-static inline int64_t slot_offset(const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot,
-                                  int32_t g) {
+/* Element offset of the block holding slot `slot` for kv head g (blocks of bs x hd
+ * elements: K [hd][bs], V [bs][hd]). */
+static inline int64_t k_block_offset(const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g) {
     int32_t block = s->blocks[slot / a->block_size];
-    return (((int64_t)block * a->n_kv_head + g) * a->block_size + slot % a->block_size) *
-           a->head_dim;
+    return ((int64_t)block * a->n_kv_head + g) * a->block_size * a->head_dim;
+}
+
+/* Element offset of slot `slot` of kv head g in the V cache. */
+static inline int64_t v_slot_offset(const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g) {
+    return k_block_offset(a, s, slot, g) + (int64_t)(slot % a->block_size) * a->head_dim;
 }
 
 /* Rows [r0, r0 + nr) (one sequence), the heads of kv group g.  Scratch:
  * qbuf [nr * group][hd], scores [nr * group][n_tot_max], acc [nr * group][hd],
- * kbuf [block_size rounded up to TDM_MM_RB][hd], inv [nr * group]. */
+ * kt [blocks of the widest row] (K block pointers), inv [nr * group]. */
 static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t ld, int32_t r0,
-                       int32_t nr, int32_t g, float *qbuf, float *scores, float *acc, float *kbuf,
+                       int32_t nr, int32_t g, float *qbuf, float *scores, float *acc, const void **kt,
                        float *inv) {
     const tdm_batch *bt = a->batch;
     const tdm_kv_seq *s = a->seqs[bt->seq[r0]];
@@ -68,38 +72,25 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t
     }
     const int32_t nq = nr * group;
 
-    /* scores[qi][slot] for the visible slots of the widest row: K block x Q.  An f32
-     * cache block is used in place (rows past cnt are inside the block). */
-    tdm_weight kw = {.type = a->cache_type, .rows = bs, .cols = hd, .row_bytes = (size_t)hd * esz};
-    const bool in_place = a->cache_type == TDM_F32 && bs % TDM_MM_RB == 0;
+    /* scores[qi][slot] = scale * q . K[slot] for the visible slots of the widest row,
+     * about 64 slots (a few K blocks) per call; the next K blocks and this call's V
+     * blocks are prefetched while these are scored */
     const size_t blk_bytes = (size_t)bs * hd * esz;
-    if (max_vis > 0)
-        prefetch_range((const uint8_t *)a->k_cache + (size_t)(((int64_t)s->blocks[0] * a->n_kv_head + g) * bs * hd) * esz,
-                       blk_bytes);
-    for (int32_t i = 0, b = 0; i < max_vis; b++) {
-        int32_t cnt = TDM_MIN(bs, max_vis - i);
-        int64_t base = ((int64_t)s->blocks[b] * a->n_kv_head + g) * bs * hd;
-        /* the next K block and this V block arrive while this block is scored */
-        if (i + cnt < max_vis)
-            prefetch_range((const uint8_t *)a->k_cache +
-                               (size_t)(((int64_t)s->blocks[b + 1] * a->n_kv_head + g) * bs * hd) * esz,
+    const int32_t n_blk = (max_vis + bs - 1) / bs, per = TDM_MAX(1, 64 / bs);
+    for (int32_t b = 0; b < n_blk; b++)
+        kt[b] = (const uint8_t *)a->k_cache + (size_t)(((int64_t)s->blocks[b] * a->n_kv_head + g) * bs * hd) * esz;
+    for (int32_t b = 0; b < TDM_MIN(per, n_blk); b++) prefetch_range(kt[b], blk_bytes);
+    for (int32_t b = 0; b < n_blk; b += per) {
+        int32_t nb = TDM_MIN(per, n_blk - b), i = b * bs, cnt = TDM_MIN(nb * bs, max_vis - i);
+        for (int32_t x = b + per; x < TDM_MIN(b + 2 * per, n_blk); x++) prefetch_range(kt[x], blk_bytes);
+        for (int32_t x = b; x < b + nb; x++)
+            prefetch_range((const uint8_t *)a->v_cache + ((const uint8_t *)kt[x] - (const uint8_t *)a->k_cache),
                            blk_bytes);
-        prefetch_range((const uint8_t *)a->v_cache + (size_t)base * esz, (size_t)cnt * hd * esz);
-        const float *kt = kbuf;
-        if (in_place) {
-            kt = (const float *)a->k_cache + base;
-        } else {
-            int32_t padded = (cnt + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
-            kw.data = (const uint8_t *)a->k_cache + (size_t)base * esz;
-            k->convert_rows(&kw, 0, cnt, kbuf, hd);
-            if (padded > cnt) memset(kbuf + (int64_t)cnt * hd, 0, (size_t)(padded - cnt) * hd * sizeof(float));
-        }
-        k->gemm(qbuf, hd, nq, kt, hd, cnt, hd, scores + i, ld, false);
-        i += cnt;
+        k->attn_qk(qbuf, hd, nq, kt + b, a->cache_type, bs, cnt, hd, scale, scores + i, ld);
     }
 
-    /* per row: extra slots (one by one, after the row's own visible ones), scale,
-     * softmax numerators in place */
+    /* per row: extra slots (one by one, after the row's own visible ones), softmax
+     * numerators in place */
     for (int32_t ri = 0; ri < nr; ri++) {
         const int32_t r = r0 + ri;
         const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r), n_tot = n_vis + n_extra;
@@ -108,17 +99,12 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t
         float *sc = scores + (int64_t)ri * group * ld; /* [group][ld] */
         if (n_tot == 0) continue;
         for (int32_t e = 0; e < n_extra; e++) {
-            int64_t off = slot_offset(a, s, extra[e], g);
-            for (int32_t h = 0; h < group; h++)
-                sc[h * ld + n_vis + e] =
-                    a->cache_type == TDM_F16 ? k->dot_f16(q + h * hd, (const uint16_t *)a->k_cache + off, hd)
-                                             : k->dot_f32(q + h * hd, (const float *)a->k_cache + off, hd);
+            /* the key's column of its block, read as a one-slot block */
+            const void *col = (const uint8_t *)a->k_cache +
+                              (size_t)(k_block_offset(a, s, extra[e], g) + extra[e] % bs) * esz;
+            k->attn_qk(q, hd, group, &col, a->cache_type, bs, 1, hd, scale, sc + n_vis + e, ld);
         }
-        for (int32_t h = 0; h < group; h++) {
-            float *sh = sc + h * ld;
-            for (int32_t i = 0; i < n_tot; i++) sh[i] *= scale;
-            inv[ri * group + h] = 1.0f / k->softmax_num(sh, n_tot);
-        }
+        for (int32_t h = 0; h < group; h++) inv[ri * group + h] = 1.0f / k->softmax_num(sc + h * ld, n_tot);
     }
 
     /* weighted sum of V, per block of visible slots: consecutive rows that see the
@@ -155,7 +141,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t
             continue;
         }
         for (int32_t e = 0; e < n_extra; e++) {
-            int64_t off = slot_offset(a, s, bt->extra_slot[bt->extra_off[r] + e], g);
+            int64_t off = v_slot_offset(a, s, bt->extra_slot[bt->extra_off[r] + e], g);
             k->attn_pv(ar, sc + n_vis + e, ld, group, (const uint8_t *)a->v_cache + (size_t)off * esz,
                        a->cache_type, 1, hd);
         }
@@ -166,12 +152,12 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t
 
 static inline int64_t attn_round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
-/* Scratch floats of one thread: acc, kbuf, qbuf, scores, inv (each 64-byte aligned). */
+/* Scratch floats of one thread: acc, kt, qbuf, scores, inv (each 64-byte aligned). */
 enum { ATTN_PARTS = 5 };
 static void attn_scratch_parts(const tdm_attn_args *a, int64_t ld, int64_t parts[ATTN_PARTS]) {
     int64_t group = a->n_head / a->n_kv_head, hd = a->head_dim;
     parts[0] = attn_round16(TDM_ATTN_SLICE * group * hd);
-    parts[1] = attn_round16((int64_t)(a->block_size + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB * hd);
+    parts[1] = attn_round16(((ld + a->block_size - 1) / a->block_size) * (int64_t)(sizeof(void *) / sizeof(float)));
     parts[2] = attn_round16(TDM_ATTN_SLICE * group * hd);
     parts[3] = attn_round16(TDM_ATTN_SLICE * group * ld);
     parts[4] = attn_round16(TDM_ATTN_SLICE * group);
@@ -182,11 +168,11 @@ static void attn_task(void *ctx, int64_t chunk, int ith) {
     const tdm_attn_args *a = j->a;
     int64_t parts[ATTN_PARTS];
     attn_scratch_parts(a, j->n_tot_max, parts);
-    float *acc = j->c->scratch[ith].buf, *kbuf = acc + parts[0], *qbuf = kbuf + parts[1];
+    float *acc = j->c->scratch[ith].buf, *ktf = acc + parts[0], *qbuf = ktf + parts[1];
     float *scores = qbuf + parts[2], *inv = scores + parts[3];
     const int32_t *sl = j->slice + 2 * (chunk / a->n_kv_head);
     attn_slice(j->c->k, a, j->n_tot_max, sl[0], sl[1], (int32_t)(chunk % a->n_kv_head), qbuf, scores,
-               acc, kbuf, inv);
+               acc, (const void **)(void *)ktf, inv);
 }
 
 /* Checks that every slot a row reads is backed by a block; returns the largest

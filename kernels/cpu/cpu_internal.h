@@ -53,15 +53,34 @@ typedef struct tdm_cpu_kernels {
      * the determinism contract holds with this accumulation scheme instead. */
     bool (*gemv_p64)(const tdm_weight *w, const float *x, int32_t n, int64_t b0, int64_t b1, float *y,
                      int64_t ldy, bool acc);
-    /* Attention helpers over d floats. */
-    float (*dot_f32)(const float *a, const float *b, int32_t d);
-    float (*dot_f16)(const float *a, const uint16_t *b, int32_t d);
+    /* Attention scores from K blocks in the CPU cache layout of K (per block and kv
+     * head [hd][bs]: the block's bs keys side by side for each d).  For q < nq and
+     * the first cnt slots j of the blocks kt[0], kt[1], ... (bs slots each; element
+     * type TDM_F32 or TDM_F16):
+     *   s[q * lds + j] = scale * sum_{d < hd} qv[q * ldq + d] * K_j[d],
+     *   K_j[d] = kt[j / bs][d * bs + j % bs],
+     * the sum formed in increasing d, one fused multiply-add per d starting from 0
+     * (the scalar level: a multiply and an add), then one multiply by scale.  So a
+     * score depends only on its query vector and key, never on nq, cnt or the tiling,
+     * and a single key (cnt = 1, kt[0] pointing at its column) gives the same value. */
+    void (*attn_qk)(const float *qv, int64_t ldq, int32_t nq, const void *const *kt, uint32_t type,
+                    int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds);
     /* acc[h][d] += sum_{i < cnt} p[h * ldp + i] * v[i][d] for h < nh, d < hd, summed in
      * order of i; v: cnt contiguous rows of hd elements of type TDM_F32 or TDM_F16. */
     void (*attn_pv)(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
                     uint32_t type, int32_t cnt, int32_t hd);
     /* x[i] = exp(x[i] - max(x)) for i < n (n >= 1); returns the sum of the new x. */
     float (*softmax_num)(float *x, int32_t n);
+    /* RMS norm of one row: ss = sum of (double) x[k]^2 in 8 lanes (lane k % 8, k
+     * increasing), lanes added as ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
+     * inv = (float) (1 / sqrt(ss / dim + eps)); o[k] = (x[k] * inv) * g[k] in f32.
+     * Every level computes exactly this (the squares are exact in double). */
+    void (*rmsnorm_row)(const float *x, const float *g, int32_t dim, float eps, float *o);
+    /* RoPE of n_head heads of head_dim floats at v (heads contiguous), rotating pairs
+     * (2t, 2t + 1) or, neox, (t, t + half) for t < half by cs[t] = (cos, sin):
+     * a' = a cos - b sin, b' = a sin + b cos, each product rounded, then the sum
+     * (no fused multiply-add), so every level gives the same floats. */
+    void (*rope_row)(float *v, int32_t n_head, int32_t head_dim, int32_t half, bool neox, const float *cs);
     /* o[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u for i < n. */
     void (*swiglu)(const float *g, const float *u, float *o, int32_t n);
     /* dst[i] = f16(src[i]) for i < n, IEEE round to nearest even (as tdm_f32_to_f16,
@@ -70,6 +89,9 @@ typedef struct tdm_cpu_kernels {
 } tdm_cpu_kernels;
 
 extern const tdm_cpu_kernels tdm_cpu_kernels_scalar;
+/* The scalar level's row kernels, for levels without their own. */
+void tdm_cpu_rmsnorm_row_scalar(const float *x, const float *g, int32_t dim, float eps, float *o);
+void tdm_cpu_rope_row_scalar(float *v, int32_t n_head, int32_t head_dim, int32_t half, bool neox, const float *cs);
 #if defined(__x86_64__)
 extern const tdm_cpu_kernels tdm_cpu_kernels_avx2;
 extern const tdm_cpu_kernels tdm_cpu_kernels_avx512;

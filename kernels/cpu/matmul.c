@@ -106,16 +106,23 @@ static bool sc_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, 
     return true;
 }
 
-static float sc_dot_f16(const float *a, const uint16_t *b, int32_t d) {
-    float acc[SC_L] = {0};
-    int32_t k = 0;
-    for (; k + SC_L <= d; k += SC_L)
-        for (int l = 0; l < SC_L; l++) acc[l] += a[k + l] * sc_h2f(b[k + l]);
-    for (int l = 0; k + l < d; l++) acc[l] += a[k + l] * sc_h2f(b[k + l]);
-    return sc_reduce(acc);
+/* Scores one multiply and one add per d, in increasing d (the contract's order). */
+static void sc_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *const *kt, uint32_t type,
+                       int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
+    for (int32_t j = 0; j < cnt; j++) {
+        const void *blk = kt[j / bs];
+        int32_t p = j % bs;
+        for (int32_t q = 0; q < nq; q++) {
+            float acc = 0.0f;
+            for (int32_t d = 0; d < hd; d++) {
+                size_t e = (size_t)d * bs + p;
+                float kv = type == TDM_F16 ? sc_h2f(((const uint16_t *)blk)[e]) : ((const float *)blk)[e];
+                acc += qv[q * ldq + d] * kv;
+            }
+            s[q * lds + j] = acc * scale;
+        }
+    }
 }
-
-static float sc_dot_f32(const float *a, const float *b, int32_t d) { return sc_dot(a, b, d); }
 
 static void sc_axpy_f32(float *y, float a, const float *x, int32_t d) {
     for (int32_t k = 0; k < d; k++) y[k] += a * x[k];
@@ -152,16 +159,35 @@ static void sc_to_f16(const float *src, uint16_t *dst, int32_t n) {
     for (int32_t i = 0; i < n; i++) dst[i] = tdm_f32_to_f16(src[i]);
 }
 
+void tdm_cpu_rmsnorm_row_scalar(const float *x, const float *g, int32_t dim, float eps, float *o) {
+    double l[8] = {0};
+    for (int32_t k = 0; k < dim; k++) l[k % 8] += (double)x[k] * x[k];
+    double ss = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    for (int32_t k = 0; k < dim; k++) o[k] = x[k] * inv * g[k];
+}
+
+void tdm_cpu_rope_row_scalar(float *v, int32_t n_head, int32_t head_dim, int32_t half, bool neox, const float *cs) {
+    for (int32_t h = 0; h < n_head; h++, v += head_dim)
+        for (int32_t t = 0; t < half; t++) {
+            int32_t a = neox ? t : 2 * t, b = neox ? t + half : 2 * t + 1;
+            float x0 = v[a], x1 = v[b], c = cs[2 * t], s = cs[2 * t + 1];
+            v[a] = x0 * c - x1 * s;
+            v[b] = x0 * s + x1 * c;
+        }
+}
+
 const tdm_cpu_kernels tdm_cpu_kernels_scalar = {
     .name = "scalar",
     .convert_rows = sc_convert_rows,
     .gemm = sc_gemm,
     .gemv = sc_gemv,
     .gemv_types = 1u << TDM_F32,
-    .dot_f32 = sc_dot_f32,
-    .dot_f16 = sc_dot_f16,
+    .attn_qk = sc_attn_qk,
     .attn_pv = sc_attn_pv,
     .softmax_num = sc_softmax_num,
+    .rmsnorm_row = tdm_cpu_rmsnorm_row_scalar,
+    .rope_row = tdm_cpu_rope_row_scalar,
     .swiglu = sc_swiglu,
     .to_f16 = sc_to_f16,
 };

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_keys.h"
 #include "cpu_internal.h"
 
 #define V 8
@@ -258,20 +259,64 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
 
 /* ---- attention helpers --------------------------------------------------------- */
 
-static float k_dot_f32(const float *a, const float *b, int32_t d) {
-    __m256 s = _mm256_setzero_ps();
-    int32_t k = 0;
-    for (; k + V <= d; k += V) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), s);
-    if (k < d) s = _mm256_fmadd_ps(load_f32_tail(a + k, d - k), load_f32_tail(b + k, d - k), s);
-    return reduce1(s);
+/* Scores of QB query vectors against 2 key vectors of up to 8 slots (len 0: none):
+ * acc[i][v] is one lane chain of FMAs over d = 0 .. hd - 1, as the kernel table's
+ * contract says, whatever QB or the tiling. */
+static inline __attribute__((always_inline)) void
+qk_tile(const int QB, const uint32_t type, const float *qv, int64_t ldq, const tdm_kvec kv2[2], int64_t qoff,
+        size_t dstride, int32_t hd, float scale, int64_t lds) {
+    __m256 acc[4][2];
+    for (int i = 0; i < QB; i++)
+        for (int v = 0; v < 2; v++) acc[i][v] = _mm256_setzero_ps();
+    for (int32_t d = 0; d < hd; d++) {
+        __m256 kv[2];
+        for (int v = 0; v < 2; v++) {
+            const uint8_t *p = kv2[v].k + d * dstride;
+            int32_t len = kv2[v].len;
+            if (len == V) kv[v] = type == TDM_F16 ? load_f16(p) : load_f32(p);
+            else if (len == 0) kv[v] = _mm256_setzero_ps();
+            else kv[v] = type == TDM_F16 ? load_f16_tail(p, len) : load_f32_tail(p, len);
+        }
+        for (int i = 0; i < QB; i++) {
+            __m256 a = _mm256_set1_ps(qv[i * ldq + d]);
+            for (int v = 0; v < 2; v++) acc[i][v] = _mm256_fmadd_ps(a, kv[v], acc[i][v]);
+        }
+    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (int i = 0; i < QB; i++)
+        for (int v = 0; v < 2; v++) {
+            float t[V];
+            _mm256_storeu_ps(t, _mm256_mul_ps(acc[i][v], vs));
+            memcpy(kv2[v].s + qoff + i * lds, t, (size_t)kv2[v].len * sizeof(float));
+        }
 }
 
-static float k_dot_f16(const float *a, const uint16_t *b, int32_t d) {
-    __m256 s = _mm256_setzero_ps();
-    int32_t k = 0;
-    for (; k + V <= d; k += V) s = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), load_f16(b + k), s);
-    if (k < d) s = _mm256_fmadd_ps(load_f32_tail(a + k, d - k), load_f16_tail(b + k, d - k), s);
-    return reduce1(s);
+static inline __attribute__((always_inline)) void
+qk_rows(const uint32_t type, const float *qv, int64_t ldq, int32_t nq, const void *const *kt, int32_t bs,
+        int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
+    const size_t esz = type == TDM_F16 ? 2 : 4;
+    int32_t groups, base, extra;
+    tdm_balanced_groups(nq, 4, &groups, &base, &extra);
+    tdm_kcursor cur = {kt, s, bs, cnt, V, 0, 0, esz};
+    tdm_kvec kv[2];
+    while (tdm_kcursor_next(&cur, 2, kv) > 0)
+        for (int32_t g = 0, i = 0; g < groups; g++) {
+            int32_t qb = base + (g < extra);
+            const float *qi = qv + (int64_t)i * ldq;
+            const int64_t qo = (int64_t)i * lds, ds = (int64_t)bs * (int64_t)esz;
+            if (qb == 4) qk_tile(4, type, qi, ldq, kv, qo, ds, hd, scale, lds);
+            else if (qb == 3) qk_tile(3, type, qi, ldq, kv, qo, ds, hd, scale, lds);
+            else if (qb == 2) qk_tile(2, type, qi, ldq, kv, qo, ds, hd, scale, lds);
+            else qk_tile(1, type, qi, ldq, kv, qo, ds, hd, scale, lds);
+            i += qb;
+        }
+}
+
+static void k_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *const *kt, uint32_t type,
+                      int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
+    if (nq <= 0) return;
+    if (type == TDM_F16) qk_rows(TDM_F16, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
+    else qk_rows(TDM_F32, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
 }
 
 static inline __attribute__((always_inline)) void
@@ -373,6 +418,26 @@ static float k_softmax_num(float *x, int32_t n) {
     return reduce1(s);
 }
 
+static void k_rmsnorm_row(const float *x, const float *g, int32_t dim, float eps, float *o) {
+    __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd(); /* lanes 0-3, 4-7 */
+    int32_t k = 0;
+    for (; k + 8 <= dim; k += 8) {
+        __m256d xa = _mm256_cvtps_pd(_mm_loadu_ps(x + k)), xb = _mm256_cvtps_pd(_mm_loadu_ps(x + k + 4));
+        a = _mm256_add_pd(a, _mm256_mul_pd(xa, xa));
+        b = _mm256_add_pd(b, _mm256_mul_pd(xb, xb));
+    }
+    double l[8];
+    _mm256_storeu_pd(l, a);
+    _mm256_storeu_pd(l + 4, b);
+    for (; k < dim; k++) l[k % 8] += (double)x[k] * x[k];
+    double ss = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (k = 0; k + V <= dim; k += V)
+        _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + k), vi), _mm256_loadu_ps(g + k)));
+    for (; k < dim; k++) o[k] = x[k] * inv * g[k];
+}
+
 static void k_swiglu(const float *g, const float *u, float *o, int32_t n) {
     const __m256 one = _mm256_set1_ps(1.0f);
     int32_t i = 0;
@@ -399,10 +464,11 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx2 = {
     .gemm = k_gemm,
     .gemv = k_gemv,
     .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16),
-    .dot_f32 = k_dot_f32,
-    .dot_f16 = k_dot_f16,
+    .attn_qk = k_attn_qk,
     .attn_pv = k_attn_pv,
     .softmax_num = k_softmax_num,
+    .rmsnorm_row = k_rmsnorm_row,
+    .rope_row = tdm_cpu_rope_row_scalar,
     .swiglu = k_swiglu,
     .to_f16 = k_to_f16,
 };

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "attn_keys.h"
 #include "cpu_internal.h"
 
 #define V 16
@@ -302,6 +303,17 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
 #define TDM_P64_PF2_BYTES 24576
 #endif
 
+/* The stream TDM_P64_PF_BYTES (into L1) and TDM_P64_PF2_BYTES (into L2) past
+ * column p of a block, up to pf_end. */
+static inline __attribute__((always_inline)) void p64_prefetch(const uint8_t *p, size_t col_bytes,
+                                                                const uint8_t *pf_end) {
+    const uint8_t *q = p + TDM_P64_PF_BYTES, *q2 = p + TDM_P64_PF2_BYTES;
+    if (q < pf_end)
+        for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q + l, _MM_HINT_T0);
+    if (q2 < pf_end)
+        for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q2 + l, _MM_HINT_T1);
+}
+
 /* MR input rows x one 64-row block (4 vectors of 16 outputs): s[i][v] +=
  * x[i][k] * W[k][v lanes] for k = 0, 1, ..., cols - 1 in order, one FMA per
  * column, so every output is one lane summed serially over k whatever MR is.  The
@@ -314,12 +326,7 @@ p64_kern(const int MR, const uint32_t type, const uint8_t *blk, const float *x, 
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < 4; v++) s[i][v] = _mm512_setzero_ps();
     for (int64_t k = 0; k < cols; k++) {
-        const uint8_t *q = blk + (size_t)k * col_bytes + TDM_P64_PF_BYTES;
-        const uint8_t *q2 = blk + (size_t)k * col_bytes + TDM_P64_PF2_BYTES;
-        if (q < pf_end)
-            for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q + l, _MM_HINT_T0);
-        if (q2 < pf_end)
-            for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q2 + l, _MM_HINT_T1);
+        p64_prefetch(blk + (size_t)k * col_bytes, col_bytes, pf_end);
         __m512 w[4];
         for (int v = 0; v < 4; v++) w[v] = wload(type, blk, k * 64 + 16 * v);
         for (int i = 0; i < MR; i++) {
@@ -334,9 +341,37 @@ p64_kern(const int MR, const uint32_t type, const uint8_t *blk, const float *x, 
         }
 }
 
+/* MR (7..12) input rows x half of a 64-row block (2 vectors: outputs 32 h .. 32 h +
+ * 31), with the same lane chains as p64_kern: twice the rows per converted weight
+ * vector.  The half h = 0 pass prefetches the stream; the h = 1 pass reads the
+ * block again from the caches. */
+static inline __attribute__((always_inline)) void
+p64_half(const int MR, const uint32_t type, const uint8_t *blk, int h, const float *x, int64_t cols, float *y,
+         int64_t ldy, bool acc, const uint8_t *pf_end) {
+    const size_t col_bytes = 64 * (type == TDM_F32 ? 4 : 2);
+    __m512 s[12][2];
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < 2; v++) s[i][v] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < cols; k++) {
+        if (h == 0) p64_prefetch(blk + (size_t)k * col_bytes, col_bytes, pf_end);
+        __m512 w0 = wload(type, blk, k * 64 + 32 * h), w1 = wload(type, blk, k * 64 + 32 * h + 16);
+        for (int i = 0; i < MR; i++) {
+            __m512 a = _mm512_set1_ps(x[i * cols + k]);
+            s[i][0] = _mm512_fmadd_ps(a, w0, s[i][0]);
+            s[i][1] = _mm512_fmadd_ps(a, w1, s[i][1]);
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int v = 0; v < 2; v++) {
+            float *o = y + i * ldy + 32 * h + 16 * v;
+            _mm512_storeu_ps(o, acc ? _mm512_add_ps(_mm512_loadu_ps(o), s[i][v]) : s[i][v]);
+        }
+}
+
 /* Blocks [b0, b1) against input rows [0, n): one block at a time (one sequential
  * stream per thread; two blocks at a time for one row measured 20 % slower on the
- * target's matmuls), rows in balanced groups of at most 6. */
+ * target's matmuls), rows in balanced groups of at most 6, or of at most 12 in two
+ * half-block passes when n > 6. */
 static inline __attribute__((always_inline)) void
 p64_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n, int64_t b0, int64_t b1,
          float *y, int64_t ldy, bool acc) {
@@ -344,13 +379,26 @@ p64_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n, in
     const size_t blk_bytes = (size_t)cols * 64 * (type == TDM_F32 ? 4 : 2);
     const uint8_t *base = (const uint8_t *)w->data;
     const uint8_t *end = base + (size_t)b1 * blk_bytes;
-    const int32_t groups = (n + 5) / 6, base_rows = n / groups, extra = n % groups;
+    int32_t groups, base_rows, extra;
+    tdm_balanced_groups(n, n > 6 ? 12 : 6, &groups, &base_rows, &extra);
     for (int64_t b = b0; b < b1; b++) {
         const uint8_t *p = base + (size_t)b * blk_bytes;
         for (int32_t g = 0, i = 0; g < groups; g++) {
             int32_t mr = base_rows + (g < extra);
             const float *xi = x + (int64_t)i * cols;
             float *yo = y + (int64_t)i * ldy + b * 64;
+            if (mr > 6) {
+                for (int h = 0; h < 2; h++) switch (mr) {
+                    case 12: p64_half(12, type, p, h, xi, cols, yo, ldy, acc, end); break;
+                    case 11: p64_half(11, type, p, h, xi, cols, yo, ldy, acc, end); break;
+                    case 10: p64_half(10, type, p, h, xi, cols, yo, ldy, acc, end); break;
+                    case 9: p64_half(9, type, p, h, xi, cols, yo, ldy, acc, end); break;
+                    case 8: p64_half(8, type, p, h, xi, cols, yo, ldy, acc, end); break;
+                    default: p64_half(7, type, p, h, xi, cols, yo, ldy, acc, end); break;
+                    }
+                i += mr;
+                continue;
+            }
             switch (mr) {
             case 6: p64_kern(6, type, p, xi, cols, yo, ldy, acc, end); break;
             case 5: p64_kern(5, type, p, xi, cols, yo, ldy, acc, end); break;
@@ -376,26 +424,64 @@ static bool k_gemv_p64(const tdm_weight *w, const float *x, int32_t n, int64_t b
 
 /* ---- attention helpers --------------------------------------------------------- */
 
-static float k_dot_f32(const float *a, const float *b, int32_t d) {
-    __m512 s = _mm512_setzero_ps();
-    int32_t k = 0;
-    for (; k + V <= d; k += V) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), s);
-    if (k < d) {
-        __mmask16 m = tail_mask(d - k);
-        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), _mm512_maskz_loadu_ps(m, b + k), s);
+/* Scores of QB query vectors against 4 key vectors of up to 16 slots (a vector
+ * with len 0 is masked out entirely: masked loads do not fault): acc[i][v] is one
+ * lane chain of FMAs over d = 0, 1, ..., hd - 1, so each score is formed exactly as
+ * the kernel table's contract says, whatever QB or the tiling. */
+static inline __attribute__((always_inline)) void
+qk_tile(const int QB, const uint32_t type, const float *qv, int64_t ldq, const tdm_kvec kv4[4], int64_t qoff,
+        size_t dstride, int32_t hd, __m512 scale, int64_t lds) {
+    __m512 acc[6][4];
+    __mmask16 km[4];
+    for (int v = 0; v < 4; v++) km[v] = kv4[v].len == 16 ? (__mmask16)0xffff : tail_mask(kv4[v].len);
+    for (int i = 0; i < QB; i++)
+        for (int v = 0; v < 4; v++) acc[i][v] = _mm512_setzero_ps();
+    for (int32_t d = 0; d < hd; d++) {
+        __m512 kv[4];
+        for (int v = 0; v < 4; v++)
+            kv[v] = type == TDM_F16 ? load_f16_mask(kv4[v].k + d * dstride, km[v])
+                                    : _mm512_maskz_loadu_ps(km[v], kv4[v].k + d * dstride);
+        for (int i = 0; i < QB; i++) {
+            __m512 a = _mm512_set1_ps(qv[i * ldq + d]);
+            for (int v = 0; v < 4; v++) acc[i][v] = _mm512_fmadd_ps(a, kv[v], acc[i][v]);
+        }
     }
-    return reduce1(s);
+    for (int i = 0; i < QB; i++)
+        for (int v = 0; v < 4; v++)
+            _mm512_mask_storeu_ps(kv4[v].s + qoff + i * lds, km[v], _mm512_mul_ps(acc[i][v], scale));
 }
 
-static float k_dot_f16(const float *a, const uint16_t *b, int32_t d) {
-    __m512 s = _mm512_setzero_ps();
-    int32_t k = 0;
-    for (; k + V <= d; k += V) s = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), load_f16(b + k), s);
-    if (k < d) {
-        __mmask16 m = tail_mask(d - k);
-        s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + k), load_f16_mask(b + k, m), s);
-    }
-    return reduce1(s);
+static inline __attribute__((always_inline)) void
+qk_rows(const uint32_t type, const float *qv, int64_t ldq, int32_t nq, const void *const *kt, int32_t bs,
+        int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
+    const size_t esz = type == TDM_F16 ? 2 : 4;
+    int32_t groups, base, extra;
+    tdm_balanced_groups(nq, 6, &groups, &base, &extra);
+    const __m512 vs = _mm512_set1_ps(scale);
+    tdm_kcursor cur = {kt, s, bs, cnt, 16, 0, 0, esz};
+    tdm_kvec kv[4];
+    while (tdm_kcursor_next(&cur, 4, kv) > 0)
+        for (int32_t g = 0, i = 0; g < groups; g++) {
+            int32_t qb = base + (g < extra);
+            const float *qi = qv + (int64_t)i * ldq;
+            const int64_t qo = (int64_t)i * lds, ds = (int64_t)bs * (int64_t)esz;
+            switch (qb) {
+            case 6: qk_tile(6, type, qi, ldq, kv, qo, ds, hd, vs, lds); break;
+            case 5: qk_tile(5, type, qi, ldq, kv, qo, ds, hd, vs, lds); break;
+            case 4: qk_tile(4, type, qi, ldq, kv, qo, ds, hd, vs, lds); break;
+            case 3: qk_tile(3, type, qi, ldq, kv, qo, ds, hd, vs, lds); break;
+            case 2: qk_tile(2, type, qi, ldq, kv, qo, ds, hd, vs, lds); break;
+            default: qk_tile(1, type, qi, ldq, kv, qo, ds, hd, vs, lds); break;
+            }
+            i += qb;
+        }
+}
+
+static void k_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *const *kt, uint32_t type,
+                      int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
+    if (nq <= 0) return;
+    if (type == TDM_F16) qk_rows(TDM_F16, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
+    else qk_rows(TDM_F32, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
 }
 
 /* acc[h][d] += sum_i p[h * ldp + i] v[i][d] for H <= PV_H heads at once and the
@@ -501,6 +587,49 @@ static float k_softmax_num(float *x, int32_t n) {
     return reduce1(s);
 }
 
+static void k_rmsnorm_row(const float *x, const float *g, int32_t dim, float eps, float *o) {
+    __m512d a = _mm512_setzero_pd(); /* lane l: k % 8 == l */
+    int32_t k = 0;
+    for (; k + 8 <= dim; k += 8) {
+        __m512d xv = _mm512_cvtps_pd(_mm256_loadu_ps(x + k));
+        a = _mm512_add_pd(a, _mm512_mul_pd(xv, xv));
+    }
+    double l[8];
+    _mm512_storeu_pd(l, a);
+    for (; k < dim; k++) l[k % 8] += (double)x[k] * x[k];
+    double ss = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    const __m512 vi = _mm512_set1_ps(inv);
+    for (k = 0; k + V <= dim; k += V)
+        _mm512_storeu_ps(o + k, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + k), vi), _mm512_loadu_ps(g + k)));
+    if (k < dim) {
+        __mmask16 m = tail_mask(dim - k);
+        _mm512_mask_storeu_ps(o + k, m, _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + k), vi),
+                                                      _mm512_maskz_loadu_ps(m, g + k)));
+    }
+}
+
+/* Interleaved pairs, 8 per vector: [a0 b0 a1 b1 ..] with cs = [c0 s0 c1 s1 ..]:
+ * a' = a c - b s and b' = a s + b c, as products then one add (swapped lanes). */
+static void k_rope_row(float *v, int32_t n_head, int32_t head_dim, int32_t half, bool neox, const float *cs) {
+    if (neox || half % 8 != 0) {
+        tdm_cpu_rope_row_scalar(v, n_head, head_dim, half, neox, cs);
+        return;
+    }
+    const __m512i swap = _mm512_setr_epi32(1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    const __mmask16 even = 0x5555;
+    for (int32_t h = 0; h < n_head; h++, v += head_dim)
+        for (int32_t t = 0; t < 2 * half; t += V) {
+            __m512 x = _mm512_loadu_ps(v + t), w = _mm512_loadu_ps(cs + t); /* [c s ..] */
+            __m512 xs = _mm512_permutexvar_ps(swap, x);                    /* [b a ..] */
+            __m512 c = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 12, 12, 14, 14), w);
+            __m512 s = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15), w);
+            __m512 p = _mm512_mul_ps(x, c), q = _mm512_mul_ps(xs, s); /* [a c, b c ..], [b s, a s ..] */
+            /* even lanes a c - b s, odd lanes b c + a s (= a s + b c: addition commutes) */
+            _mm512_storeu_ps(v + t, _mm512_mask_sub_ps(_mm512_add_ps(p, q), even, p, q));
+        }
+}
+
 static void k_swiglu(const float *g, const float *u, float *o, int32_t n) {
     const __m512 one = _mm512_set1_ps(1.0f);
     int32_t i = 0;
@@ -528,10 +657,11 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx512 = {
     .gemv = k_gemv,
     .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16) | (1u << TDM_Q8_0) | (1u << TDM_Q4_0),
     .gemv_p64 = k_gemv_p64,
-    .dot_f32 = k_dot_f32,
-    .dot_f16 = k_dot_f16,
+    .attn_qk = k_attn_qk,
     .attn_pv = k_attn_pv,
     .softmax_num = k_softmax_num,
+    .rmsnorm_row = k_rmsnorm_row,
+    .rope_row = k_rope_row,
     .swiglu = k_swiglu,
     .to_f16 = k_to_f16,
 };

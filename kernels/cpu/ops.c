@@ -59,6 +59,7 @@ tandem_status tdm_cpu_get_rows(tdm_backend *b, const tdm_weight *w, const int32_
 /* ---- rmsnorm ------------------------------------------------------------------- */
 
 typedef struct rmsnorm_job {
+    const tdm_cpu *c;
     const float *x, *gamma;
     int32_t n, dim;
     float eps;
@@ -68,18 +69,7 @@ typedef struct rmsnorm_job {
 static void rmsnorm_task(void *ctx, int64_t i, int ith) {
     (void)ith;
     rmsnorm_job *j = ctx;
-    {
-        const float *x = j->x + i * j->dim;
-        float *o = j->out + i * j->dim;
-        double acc[4] = {0, 0, 0, 0};
-        int32_t k = 0;
-        for (; k + 4 <= j->dim; k += 4)
-            for (int l = 0; l < 4; l++) acc[l] += (double)x[k + l] * x[k + l];
-        for (; k < j->dim; k++) acc[0] += (double)x[k] * x[k];
-        double ss = (acc[0] + acc[2]) + (acc[1] + acc[3]);
-        float inv = (float)(1.0 / sqrt(ss / j->dim + (double)j->eps));
-        for (k = 0; k < j->dim; k++) o[k] = x[k] * inv * j->gamma[k];
-    }
+    j->c->k->rmsnorm_row(j->x + i * j->dim, j->gamma, j->dim, j->eps, j->out + i * j->dim);
 }
 
 tandem_status tdm_cpu_rmsnorm(tdm_backend *b, const float *x, const float *gamma, int32_t n,
@@ -90,7 +80,7 @@ tandem_status tdm_cpu_rmsnorm(tdm_backend *b, const float *x, const float *gamma
     if (n == 0) return TANDEM_OK;
     if (!x || !gamma || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: NULL pointer");
     if (!(eps >= 0)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: eps %g", (double)eps);
-    rmsnorm_job j = {x, gamma, n, dim, eps, out};
+    rmsnorm_job j = {c, x, gamma, n, dim, eps, out};
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, MIN_WORK), rmsnorm_task, &j);
     return TANDEM_OK;
 }
@@ -118,6 +108,7 @@ tandem_status tdm_cpu_add_bias(tdm_backend *b, float *y, const float *bias, int3
 #define ROPE_MAX_CACHED_POS (1 << 20)
 
 typedef struct rope_job {
+    const tdm_cpu *c;
     float *x;
     int32_t n, row_stride, n_head, head_dim, half;
     const int32_t *pos;
@@ -128,18 +119,8 @@ typedef struct rope_job {
 static void rope_task(void *ctx, int64_t i, int ith) {
     (void)ith;
     rope_job *j = ctx;
-    int32_t half = j->half;
-    const float (*cs)[2] = (const float (*)[2])(j->cs + (size_t)j->pos[i] * (size_t)half * 2);
-    for (int32_t h = 0; h < j->n_head; h++) {
-        float *v = j->x + i * j->row_stride + (int64_t)h * j->head_dim;
-        for (int32_t t = 0; t < half; t++) {
-            int32_t a = j->neox ? t : 2 * t;
-            int32_t bb = j->neox ? t + half : 2 * t + 1;
-            float x0 = v[a], x1 = v[bb];
-            v[a] = x0 * cs[t][0] - x1 * cs[t][1];
-            v[bb] = x0 * cs[t][1] + x1 * cs[t][0];
-        }
-    }
+    j->c->k->rope_row(j->x + i * j->row_stride, j->n_head, j->head_dim, j->half, j->neox,
+                      j->cs + (size_t)j->pos[i] * (size_t)j->half * 2);
 }
 
 /* The cache for these parameters, grown to hold positions up to max_pos; NULL on
@@ -226,7 +207,7 @@ tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stri
         }
         rc->valid[p] = 1;
     }
-    rope_job j = {.x = x, .n = n, .row_stride = row_stride, .n_head = n_head, .head_dim = head_dim,
+    rope_job j = {.c = c, .x = x, .n = n, .row_stride = row_stride, .n_head = n_head, .head_dim = head_dim,
                   .half = half, .pos = pos, .neox = rp->neox, .cs = rc->cs};
     int64_t work = (int64_t)n * n_head * rp->n_rot;
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, work, MIN_WORK), rope_task, &j);
@@ -260,7 +241,8 @@ tandem_status tdm_cpu_swiglu(tdm_backend *b, const float *gate_up, int32_t n, in
     if (n == 0) return TANDEM_OK;
     if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: NULL pointer");
     swiglu_job j = {c, gate_up, n, ff, out};
-    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * ff * 2, MIN_WORK), swiglu_task, &j);
+    /* an exp and a division per element: two threads pay from about 4 rows of 1024 */
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * ff, 2048), swiglu_task, &j);
     return TANDEM_OK;
 }
 
@@ -286,10 +268,11 @@ tandem_status tdm_cpu_gather_rows(tdm_backend *b, const float *x, const int32_t 
 
 /* ---- kv_write ------------------------------------------------------------------ */
 
-/* Element offset of (block, kv head g, position p) in a [n_blocks][n_kv_head][bs][hd] cache. */
-static inline int64_t kv_offset(int32_t block, int32_t g, int32_t p, int32_t n_kv_head,
-                                int32_t bs, int32_t hd) {
-    return (((int64_t)block * n_kv_head + g) * bs + p) * hd;
+/* Element offset of (block, kv head g) in a cache of [n_blocks][n_kv_head] blocks of
+ * bs x hd elements: V [bs][hd] (position-major), K [hd][bs] (the CPU layout of K,
+ * see backend.h). */
+static inline int64_t kv_block_offset(int32_t block, int32_t g, int32_t n_kv_head, int32_t bs, int32_t hd) {
+    return ((int64_t)block * n_kv_head + g) * bs * hd;
 }
 
 tandem_status tdm_cpu_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err) {
@@ -325,13 +308,20 @@ tandem_status tdm_cpu_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_e
         int32_t slot = bt->slot[r], block = s->blocks[slot / bs], p = slot % bs;
         const float *k = a->k + (int64_t)r * a->row_stride, *v = a->v + (int64_t)r * a->row_stride;
         for (int32_t g = 0; g < nkv; g++) {
-            int64_t off = kv_offset(block, g, p, nkv, bs, hd);
+            int64_t off = kv_block_offset(block, g, nkv, bs, hd);
+            const float *kg = k + (int64_t)g * hd;
             if (a->cache_type == TDM_F32) {
-                memcpy((float *)a->k_cache + off, k + (int64_t)g * hd, (size_t)hd * sizeof(float));
-                memcpy((float *)a->v_cache + off, v + (int64_t)g * hd, (size_t)hd * sizeof(float));
+                float *kc = (float *)a->k_cache + off + p;
+                for (int32_t d = 0; d < hd; d++) kc[(int64_t)d * bs] = kg[d];
+                memcpy((float *)a->v_cache + off + (int64_t)p * hd, v + (int64_t)g * hd, (size_t)hd * sizeof(float));
             } else {
-                c->k->to_f16(k + (int64_t)g * hd, (uint16_t *)a->k_cache + off, hd);
-                c->k->to_f16(v + (int64_t)g * hd, (uint16_t *)a->v_cache + off, hd);
+                uint16_t *kc = (uint16_t *)a->k_cache + off + p, tmp[64];
+                for (int32_t d0 = 0; d0 < hd; d0 += 64) {
+                    int32_t n = TDM_MIN(64, hd - d0);
+                    c->k->to_f16(kg + d0, tmp, n);
+                    for (int32_t d = 0; d < n; d++) kc[(int64_t)(d0 + d) * bs] = tmp[d];
+                }
+                c->k->to_f16(v + (int64_t)g * hd, (uint16_t *)a->v_cache + off + (int64_t)p * hd, hd);
             }
         }
     }
