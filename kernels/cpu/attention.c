@@ -16,9 +16,10 @@
 
 /* Rows are processed in slices: up to TDM_ATTN_SLICE consecutive rows of one
  * sequence.  A chunk of the thread pool is one (slice, kv head) pair: every query
- * vector of the slice in that kv group (rows x heads of the group) is scored against
- * each K block in one small gemm, so K is read (and converted) once per chunk
- * instead of once per (row, head).  The arithmetic of each (row, head) output is the
+ * vector of the slice in that kv group (rows x heads of the group) is scored
+ * together against the K blocks (kernel table attn_qk: K is stored [hd][bs] per
+ * block, so 16 keys are one vector), so K is read once per chunk instead of once
+ * per (row, head).  The arithmetic of each (row, head) output is the
  * same whatever slice it falls in, so results do not depend on the batch's other
  * rows or on the thread count. */
 #define TDM_ATTN_SLICE 8
