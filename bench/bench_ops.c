@@ -7,7 +7,12 @@
  * vocab 8192 output head), f16 weights, as the forward would issue them.
  *
  * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128]
+ *                  [--attention] [--head] [--step rounds]
  *   -n: the input row counts of the single-shape runs (default 1,128)
+ *   --attention: only the target's attention over 200 slots, for the -n row counts
+ *   --head: only the quantised output heads ([8192][384] and [8192][128])
+ *   --step R: only the target's 32 layer matmuls (no head), for the -n row counts,
+ *             in R interleaved rounds
  */
 #include <math.h>
 #include <stdio.h>
@@ -225,6 +230,43 @@ static void bench_head(tdm_backend *b, int64_t V, int64_t E, double secs) {
 
 static size_t weight_bytes(const tdm_weight *w) { return w->row_bytes * (size_t)w->rows; }
 
+/* One decode step of the target model as the engine loads it: 8 x (fused qkv, o,
+ * fused gate+up, down), with_head + the output head as a rows-layout matmul (the
+ * engine's target uses the quantised head instead), the layer weights in the
+ * backend's preferred layout (and, with both_layouts, in the rows layout too):
+ * microseconds per step for each row count in ns, in `rounds` interleaved rounds. */
+static void bench_step(tdm_backend *b, const float *x, float *y, const int32_t *ns, int n_ns, int rounds,
+                       bool both_layouts, bool with_head, double secs) {
+    enum { N_LAYER = 8, N_W = N_LAYER * 4 + 1 };
+    static const int64_t layer[4][2] = {{640, 384}, {384, 384}, {2048, 384}, {384, 1024}};
+    const char *lv = tdm_cpu_level_name(tdm_backend_cpu_level(b));
+    tdm_weight ws[2][N_W];
+    size_t bytes = 0;
+    for (int l = 0; l < N_LAYER; l++)
+        for (int m = 0; m < 4; m++) {
+            ws[0][l * 4 + m] = make_weight(TDM_F16, layer[m][0], layer[m][1]);
+            ws[1][l * 4 + m] = layout_copy(b, &ws[0][l * 4 + m]);
+        }
+    ws[0][N_W - 1] = ws[1][N_W - 1] = make_weight(TDM_F16, 8192, 384);
+    const int n_w = with_head ? N_W : N_W - 1;
+    for (int i = 0; i < n_w; i++) bytes += weight_bytes(&ws[0][i]);
+    bool packed = ws[1][0].layout != ws[0][0].layout;
+    for (int r = 0; r < rounds; r++)
+        for (int k = 0; k < n_ns; k++)
+            for (int li = packed && !both_layouts; li < (packed ? 2 : 1); li++) {
+                mm_ctx c = {b, ws[li], n_w, x, ns[k], y};
+                double sec = median_time(run_matmuls, &c, secs);
+                printf("%-7s target model f16%s (%.1f MB, %d matmuls) n=%d: %.1f us/step, %.1f GB/s, "
+                       "%.1f GFLOP/s\n",
+                       lv, li ? " p64" : "", bytes * 1e-6, n_w, ns[k], sec * 1e6, bytes / sec * 1e-9,
+                       bytes * (double)ns[k] / sec * 1e-9);
+            }
+    for (int i = 0; i < N_W; i++) {
+        if (packed && i < N_W - 1) tdm_free_aligned((void *)ws[1][i].data);
+        tdm_free_aligned((void *)ws[0][i].data);
+    }
+}
+
 int main(int argc, char **argv) {
     int n_threads = 2;
     int only_level = -1;
@@ -233,10 +275,14 @@ int main(int argc, char **argv) {
     int32_t ns[16] = {1, 128};
     int n_ns = 2;
     bool attn_only = false;
+    int step_rounds = 0; /* --step R: only the target step's layer matmuls, -n rows, R rounds */
+    bool head_only = false; /* --head: only the quantised output head */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--step") && i + 1 < argc) step_rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) secs = atof(argv[++i]);
         else if (!strcmp(argv[i], "--attention")) attn_only = true;
+        else if (!strcmp(argv[i], "--head")) head_only = true;
         else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
             const char *l = argv[++i];
             only_level = !strcmp(l, "avx512") ? 2 : !strcmp(l, "avx2") ? 1 : 0;
@@ -253,7 +299,7 @@ int main(int argc, char **argv) {
                 if (*q == ',') q++;
             }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention]\n",
+            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention] [--head] [--step rounds]\n",
                     argv[0]);
             return 2;
         }
@@ -275,6 +321,17 @@ int main(int argc, char **argv) {
         if (tdm_backend_cpu_create_level(n_threads, (tdm_cpu_level)lv, &b, &err) != TANDEM_OK) {
             fprintf(stderr, "%s\n", err.msg);
             return 1;
+        }
+        if (step_rounds > 0) {
+            bench_step(b, x, y, ns, n_ns, step_rounds, false, false, secs);
+            tdm_backend_destroy(b);
+            continue;
+        }
+        if (head_only) {
+            bench_head(b, 8192, 384, secs);
+            bench_head(b, 8192, 128, secs);
+            tdm_backend_destroy(b);
+            continue;
         }
         if (attn_only) { /* the target's attention over 200 slots, for the rows given by -n */
             for (int k = 0; k < n_ns; k++) bench_attention(b, TDM_F32, 200, ns[k], secs);
@@ -304,37 +361,9 @@ int main(int argc, char **argv) {
             }
         }
 
-        /* One decode step of the target model as the engine loads it: 8 x (fused qkv,
-         * o, fused gate+up, down) + the output head (rows layout), with the layer
-         * weights in the rows layout and in the backend's preferred one. */
         if (only_type < 0 || only_type == TDM_F16) {
-            enum { N_LAYER = 8, N_W = N_LAYER * 4 + 1 };
-            static const int64_t layer[4][2] = {{640, 384}, {384, 384}, {2048, 384}, {384, 1024}};
-            tdm_weight ws[2][N_W];
-            size_t bytes = 0;
-            for (int l = 0; l < N_LAYER; l++)
-                for (int m = 0; m < 4; m++) {
-                    ws[0][l * 4 + m] = make_weight(TDM_F16, layer[m][0], layer[m][1]);
-                    ws[1][l * 4 + m] = layout_copy(b, &ws[0][l * 4 + m]);
-                }
-            ws[0][N_W - 1] = ws[1][N_W - 1] = make_weight(TDM_F16, 8192, 384);
-            for (int i = 0; i < N_W; i++) bytes += weight_bytes(&ws[0][i]);
-            int n_lay = ws[1][0].layout != ws[0][0].layout ? 2 : 1;
             static const int32_t step_ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16};
-            for (size_t k = 0; k < sizeof step_ns / sizeof step_ns[0]; k++)
-                for (int li = 0; li < n_lay; li++) {
-                    int32_t n = step_ns[k];
-                    mm_ctx c = {b, ws[li], N_W, x, n, y};
-                    double sec = median_time(run_matmuls, &c, 3 * secs);
-                    printf("%-7s target model f16%s (%.1f MB, %d matmuls) n=%d: %.1f us/step, %.1f GB/s, "
-                           "%.1f GFLOP/s\n",
-                           tdm_cpu_level_name(lv), li ? " p64" : "", bytes * 1e-6, N_W, n, sec * 1e6,
-                           bytes / sec * 1e-9, bytes * (double)n / sec * 1e-9);
-                }
-            for (int i = 0; i < N_W; i++) {
-                if (n_lay == 2 && i < N_W - 1) tdm_free_aligned((void *)ws[1][i].data);
-                tdm_free_aligned((void *)ws[0][i].data);
-            }
+            bench_step(b, x, y, step_ns, (int)(sizeof step_ns / sizeof step_ns[0]), 1, true, true, 3 * secs);
             bench_head(b, 8192, 384, secs);
             bench_head(b, 8192, 128, secs);
             bench_attention(b, TDM_F32, 200, 1, secs);
