@@ -4,7 +4,8 @@
  * All configurations run in one process, interleaved in blocks of prompts (each
  * block under every configuration in turn) so that machine noise hits them alike;
  * each figure is the median over repetitions of (generated tokens / decode time)
- * summed over the prompts.
+ * summed over the prompts; the last column gives the smallest and largest ratio of
+ * a configuration to target-only decode within one repetition.
  *
  *   bench_spec -m TARGET -d DRAFT [-d DRAFT2] --prompts FILE [-n 128] [--threads 2]
  *              [--reps 3] [--limit L] [--ks 1,2,3,4,5,6,7,8,0]   (0 = auto)
@@ -176,9 +177,9 @@ int main(int argc, char **argv) {
 
     double base = median(cfgs[0].tps, reps);
     printf("| draft | k | n-gram | decode tok/s (median of %d) | speed-up | acceptance | mean accepted/step | "
-           "mean k_final | n-gram steps / acceptance |\n",
+           "mean k_final | n-gram steps / acceptance | speed-up per repetition, min-max |\n",
            reps);
-    printf("|---|---|---|---|---|---|---|---|---|\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
         double m = median(C->tps, reps);
@@ -195,10 +196,18 @@ int main(int argc, char **argv) {
         if (C->ngram)
             snprintf(ngbuf, sizeof ngbuf, "%.0f%% / %.3f", C->steps ? 100.0 * (double)C->ng_steps / (double)C->steps : 0.0,
                      C->ng_drafted ? (double)C->ng_accepted / (double)C->ng_drafted : 0.0);
-        printf("| %s | %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f | %s |\n", dn, kbuf,
+        /* each repetition's ratio to target-only decode of the same repetition (the
+         * configurations of a repetition ran interleaved in blocks of prompts) */
+        double lo = 1e30, hi = 0;
+        for (int r = 0; r < reps; r++) {
+            double q = C->tps[r] / cfgs[0].tps[r];
+            lo = q < lo ? q : lo;
+            hi = q > hi ? q : hi;
+        }
+        printf("| %s | %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f | %s | %.2fx-%.2fx |\n", dn, kbuf,
                C->ngram ? (char[]){(char)('0' + C->ngram), 0} : "off", m, m / base,
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
-               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts, ngbuf);
+               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts, ngbuf, lo, hi);
     }
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
