@@ -13,6 +13,8 @@
  *              [--block B]   (prompts per configuration turn, default 10)
  *              [--p-min P[,P2..]]  (run every draft configuration with spec_p_min = P, ...;
  *                                   default 0 = off)
+ *              [--temp T] [--top-p P]  (sampling instead of greedy; prompt p of repetition
+ *                                       r is seeded with r * 1000 + p in every configuration)
  * Prints a markdown table and one JSON object per configuration (stdout).
  */
 #include <stdio.h>
@@ -59,6 +61,7 @@ int main(int argc, char **argv) {
     int ks[16] = {1, 2, 3, 4, 5, 6, 7, 8, 0}, n_ks = 9;
     float pmins[8] = {0}; /* spec_p_min values */
     int n_pmins = 1;
+    float temp = 0.0f, top_p = 1.0f; /* greedy by default */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -88,6 +91,8 @@ int main(int argc, char **argv) {
             }
         }
         else if (!strcmp(a, "--block")) block = atoi(v) > 0 ? atoi(v) : 1;
+        else if (!strcmp(a, "--temp")) temp = strtof(v, NULL);
+        else if (!strcmp(a, "--top-p")) top_p = strtof(v, NULL);
         else if (!strcmp(a, "--ks")) {
             n_ks = 0;
             for (char *s = (char *)v; *s && n_ks < 16;) {
@@ -150,6 +155,9 @@ int main(int argc, char **argv) {
                     gp.spec_k = C->k;
                     gp.spec_ngram = C->ngram;
                     gp.spec_p_min = C->p_min;
+                    gp.temperature = temp;
+                    gp.top_p = top_p;
+                    gp.seed = (uint64_t)r * 1000u + (uint64_t)p;
                     tandem_result res;
                     if (tandem_generate(e, prompts[p], &gp, &res)) die("generate");
                     decode_ms[c] += res.decode_ms;
@@ -176,6 +184,7 @@ int main(int argc, char **argv) {
     }
 
     double base = median(cfgs[0].tps, reps);
+    if (temp > 0) printf("sampling: temperature %g, top-p %g\n\n", (double)temp, (double)top_p);
     printf("| draft | k | n-gram | decode tok/s (median of %d) | speed-up | acceptance | mean accepted/step | "
            "mean k_final | n-gram steps / acceptance | speed-up per repetition, min-max |\n",
            reps);
