@@ -260,16 +260,34 @@ TDM_VECTOR_CLONES static double exp_shifted(const float *l, int32_t n, float m, 
     return sum8(acc);
 }
 
+/* 16-lane vectors (GCC / Clang vector extensions): the loops below keep one value
+ * per lane l for the entries i = l mod 16, as their scalar forms would, so results
+ * do not depend on the vector width the compiler picks.  (Written with lane arrays,
+ * gcc 12 compiled max_of to scalar code and count_above to 2 K instructions.) */
+typedef float tdm_v16f __attribute__((vector_size(64)));
+typedef int32_t tdm_v16i __attribute__((vector_size(64)));
+typedef float tdm_v16f_u __attribute__((vector_size(64), aligned(4), may_alias)); /* unaligned loads */
+
+/* (Macros, not functions: a function returning a 64-byte vector would change the
+ * ABI of the clones without AVX-512.) */
+#define V16_LOAD(p) (*(const tdm_v16f_u *)(const void *)(p))
+/* m ? a : b per lane (m: all ones or all zeros). */
+#define V16_SELECT(m, a, b) ((tdm_v16f)(((tdm_v16i)(a) & (m)) | ((tdm_v16i)(b) & ~(m))))
+
 /* The largest value (NaN ignored; -inf when none), in 16 lanes. */
 TDM_VECTOR_CLONES static float max_of(const float *x, int32_t n) {
-    float lane[16];
-    for (int j = 0; j < 16; j++) lane[j] = -INFINITY;
+    tdm_v16f lane = {0};
+    lane -= INFINITY; /* every lane -inf */
     int32_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int j = 0; j < 16; j++) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
-    for (; i < n; i++) lane[0] = x[i] > lane[0] ? x[i] : lane[0];
+    for (; i + 16 <= n; i += 16) {
+        tdm_v16f v = V16_LOAD(x + i);
+        lane = V16_SELECT(v > lane, v, lane);
+    }
+    float l[16];
+    memcpy(l, &lane, sizeof l);
+    for (; i < n; i++) l[0] = x[i] > l[0] ? x[i] : l[0];
     float m = -INFINITY;
-    for (int j = 0; j < 16; j++) m = lane[j] > m ? lane[j] : m;
+    for (int j = 0; j < 16; j++) m = l[j] > m ? l[j] : m;
     return m;
 }
 
@@ -306,14 +324,44 @@ TDM_VECTOR_CLONES static void scale_probs(float *probs, int32_t n, double inv) {
     for (int32_t i = 0; i < n; i++) probs[i] = (float)(probs[i] * inv);
 }
 
-/* probs = softmax(logits / temperature) over the vocabulary.  Returns false when no
- * token has a finite-or-+inf logit (all NaN or -inf). */
-static bool softmax_t(const float *logits, int32_t n, double temp, float *probs) {
+/* scale_probs, and in the same pass (chunks of 256, a multiple of 8, so each lane
+ * adds the same entries in the same order) the sum and the largest entry of the
+ * result: what positive_sum_max returns for entries that are all >= 0, bit for bit. */
+TDM_VECTOR_CLONES static double scale_sum_max(float *probs, int32_t n, double inv, float *xmax) {
+    double acc[8] = {0};
+    tdm_v16f mv = {0};
+    float m = 0;
+    for (int32_t c0 = 0; c0 < n; c0 += 256) {
+        const int32_t len = n - c0 < 256 ? n - c0 : 256;
+        float *q = probs + c0;
+        for (int32_t i = 0; i < len; i++) q[i] = (float)(q[i] * inv);
+        add_lanes(acc, q, len);
+        int32_t i = 0;
+        for (; i + 16 <= len; i += 16) {
+            tdm_v16f v = V16_LOAD(q + i);
+            mv = V16_SELECT(v > mv, v, mv);
+        }
+        for (; i < len; i++) m = q[i] > m ? q[i] : m;
+    }
+    float mx[16];
+    memcpy(mx, &mv, sizeof mx);
+    for (int l = 0; l < 16; l++) m = mx[l] > m ? mx[l] : m;
+    *xmax = m;
+    return sum8(acc);
+}
+
+static double positive_sum_max(const float *x, int32_t n, float *xmax);
+
+/* probs = softmax(logits / temperature) over the vocabulary; with total non-NULL
+ * also *total and *pmax = positive_sum_max(probs) (from the scaling pass when it
+ * can).  Returns false when no token has a finite-or-+inf logit (all NaN or -inf). */
+static bool softmax_t(const float *logits, int32_t n, double temp, float *probs, double *total, float *pmax) {
     float m = max_of(logits, n);
     if (m == -INFINITY) return false;
     if (m == INFINITY) { /* uniform over the +inf logits */
         const double cnt = count_pos_inf(logits, n);
         for (int32_t i = 0; i < n; i++) probs[i] = logits[i] == INFINITY ? (float)(1.0 / cnt) : 0.0f;
+        if (total) *total = positive_sum_max(probs, n, pmax);
         return true;
     }
     /* (a huge temperature makes inv_t 0: every finite logit then gets exp(0) = 1) */
@@ -322,9 +370,11 @@ static bool softmax_t(const float *logits, int32_t n, double temp, float *probs)
     if (!(sum >= 1.0) || isinf(sum)) {
         int32_t a = tdm_argmax(logits, n);
         one_hot(probs, n, a);
+        if (total) *total = positive_sum_max(probs, n, pmax);
         return true;
     }
-    scale_probs(probs, n, 1.0 / sum);
+    if (total) *total = scale_sum_max(probs, n, 1.0 / sum, pmax); /* exp terms are >= 0 */
+    else scale_probs(probs, n, 1.0 / sum);
     return true;
 }
 
@@ -351,15 +401,19 @@ TDM_VECTOR_CLONES static double positive_sum_max(const float *x, int32_t n, floa
 
 /* The count and (float) mass of {p >= th}, in 16 lanes. */
 TDM_VECTOR_CLONES static void count_above(const float *probs, int32_t n, float th, int32_t *cnt, float *mass) {
-    int32_t c[16] = {0};
-    float m[16] = {0};
+    tdm_v16i cv = {0};
+    tdm_v16f mv = {0};
     int32_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++) {
-            float v = probs[i + l];
-            c[l] += v >= th;
-            m[l] += v >= th ? v : 0.0f;
-        }
+    for (; i + 16 <= n; i += 16) {
+        tdm_v16f v = V16_LOAD(probs + i);
+        tdm_v16i ge = v >= th; /* -1 where v >= th */
+        cv -= ge;
+        mv += V16_SELECT(ge, v, (tdm_v16f){0});
+    }
+    int32_t c[16];
+    float m[16];
+    memcpy(c, &cv, sizeof c);
+    memcpy(m, &mv, sizeof m);
     for (; i < n; i++) {
         c[0] += probs[i] >= th;
         m[0] += probs[i] >= th ? probs[i] : 0.0f;
@@ -392,6 +446,38 @@ static float candidate_threshold(const float *probs, int32_t n, const tdm_sample
     return 0.0f;
 }
 
+/* Whether any of x[0 .. 16) (fewer at the end: n) is positive and >= th. */
+static inline bool any_candidate(const float *x, int32_t n, float th) {
+    int any = 0;
+    for (int32_t i = 0; i < n; i++) any |= (x[i] > 0.0f) & (x[i] >= th);
+    return any != 0;
+}
+
+/* The start of the first block of 16 at or after q0 (q0 a multiple of 16) that
+ * holds an entry x[i] > 0 with x[i] >= th, i < end; end when none does. */
+static int32_t next_block(const float *x, int32_t q0, int32_t end, float th) {
+    for (; q0 < end; q0 += 16)
+        if (any_candidate(x + q0, end - q0 < 16 ? end - q0 : 16, th)) return q0;
+    return end;
+}
+
+/* The entries with probs[i] > 0 and >= theta, in index order, into idx / val;
+ * returns their count.  Blocks of 16 are tested branch-free first: below a
+ * threshold most blocks hold no candidate. */
+TDM_VECTOR_CLONES static int32_t collect_candidates(const float *probs, int32_t n_vocab, float theta, int32_t *idx,
+                                                    float *val) {
+    int32_t n = 0;
+    for (int32_t q0 = next_block(probs, 0, n_vocab, theta); q0 < n_vocab;
+         q0 = next_block(probs, q0 + 16, n_vocab, theta))
+        for (int32_t i = q0; i < q0 + 16 && i < n_vocab; i++)
+            if (probs[i] > 0.0f && probs[i] >= theta) {
+                idx[n] = i;
+                val[n] = probs[i];
+                n++;
+            }
+    return n;
+}
+
 void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampler_params *p,
                            tdm_sampler_scratch *s, float *probs) {
     if (!logits || !probs || n_vocab <= 0) return;
@@ -401,14 +487,17 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
         one_hot(probs, n_vocab, tdm_argmax(logits, n_vocab));
         return;
     }
-    if (!softmax_t(logits, n_vocab, (double)p->temperature, probs)) {
-        one_hot(probs, n_vocab, 0); /* no usable logit: any token; 0 by convention */
-        return;
-    }
     const bool use_k = p->top_k > 0 && p->top_k < n_vocab;
     const bool use_p = p->top_p < 1.0f; /* NaN: off */
     const bool use_min = p->min_p > 0.0f;
-    if (!use_k && !use_p && !use_min) return;
+    const bool filter = use_k || use_p || use_min;
+    double total = 0.0;
+    float pmax = 0.0f;
+    if (!softmax_t(logits, n_vocab, (double)p->temperature, probs, filter ? &total : NULL, &pmax)) {
+        one_hot(probs, n_vocab, 0); /* no usable logit: any token; 0 by convention */
+        return;
+    }
+    if (!filter) return;
 
     /* Candidate list in scratch (or a temporary one if the scratch is missing). */
     tdm_sampler_scratch tmp = {0};
@@ -425,17 +514,10 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
         idx = tmp.idx;
         val = tmp.val;
     }
-    float pmax;
-    const double total = positive_sum_max(probs, n_vocab, &pmax);
     const float theta = pmax > 0.0f ? candidate_threshold(probs, n_vocab, p, use_k, use_p, pmax, total) : 0.0f;
-    int32_t n = 0;
-    for (int32_t i = 0; i < n_vocab; i++)
-        if (probs[i] > 0.0f && probs[i] >= theta) {
-            idx[n] = i;
-            val[n] = probs[i];
-            n++;
-        }
-    uint64_t rs = 0x5eed5eedull ^ (uint64_t)n; /* pivot choice: deterministic */
+    const int32_t n0 = collect_candidates(probs, n_vocab, theta, idx, val);
+    int32_t n = n0;
+    uint64_t rs = 0x5eed5eedull ^ (uint64_t)n0; /* pivot choice: deterministic */
 
     /* 1. top-k */
     if (use_k && p->top_k < n) {
@@ -482,21 +564,26 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
 int32_t tdm_sample_probs(const float *probs, int32_t n, tdm_rng *rng) {
     double u = rng ? tdm_rng_uniform(rng) : 0.0;
     if (!probs || n <= 0) return -1;
+    /* the positive entries in index order (negative and NaN ones count as 0); blocks
+     * of 16 without one are skipped after a branch-free test (filtered distributions
+     * are mostly zeros) */
     double total = 0.0;
     int32_t last = -1;
-    for (int32_t i = 0; i < n; i++)
-        if (probs[i] > 0.0f) { /* negative and NaN entries count as 0 */
-            total += probs[i];
-            last = i;
-        }
+    for (int32_t q0 = next_block(probs, 0, n, 0.0f); q0 < n; q0 = next_block(probs, q0 + 16, n, 0.0f))
+        for (int32_t i = q0; i < q0 + 16 && i < n; i++)
+            if (probs[i] > 0.0f) {
+                total += probs[i];
+                last = i;
+            }
     if (last < 0) return -1;
     const double target = u * total;
     double cum = 0.0;
-    for (int32_t i = 0; i < last; i++)
-        if (probs[i] > 0.0f) {
-            cum += probs[i];
-            if (target < cum) return i;
-        }
+    for (int32_t q0 = next_block(probs, 0, last, 0.0f); q0 < last; q0 = next_block(probs, q0 + 16, last, 0.0f))
+        for (int32_t i = q0; i < q0 + 16 && i < last; i++)
+            if (probs[i] > 0.0f) {
+                cum += probs[i];
+                if (target < cum) return i;
+            }
     return last; /* also the guard against rounding at the end */
 }
 

@@ -508,6 +508,44 @@ Test(sampling, sample_probs_one_draw_and_edges) {
     cr_assert_gt(tdm_stat_chi2_gof(c, pd, 2, NULL), 1e-3);
 }
 
+/* Sparse rows of every length around the 16-entry blocks tdm_sample_probs skips,
+ * with zero, negative and NaN entries: the token of each draw is the plain inverse
+ * CDF of the same uniform (positive entries summed in index order). */
+static int32_t inverse_cdf_ref(const float *p, int32_t n, double u) {
+    double total = 0.0;
+    int32_t last = -1;
+    for (int32_t i = 0; i < n; i++)
+        if (p[i] > 0.0f) total += p[i], last = i;
+    if (last < 0) return -1;
+    double cum = 0.0;
+    for (int32_t i = 0; i < last; i++)
+        if (p[i] > 0.0f && u * total < (cum += p[i])) return i;
+    return last;
+}
+
+Test(sampling, sample_probs_sparse_rows_match_inverse_cdf) {
+    enum { NMAX = 70 };
+    float p[NMAX];
+    uint64_t st = 21;
+    tdm_rng r;
+    tdm_rng_seed(&r, 4);
+    int checked = 0;
+    for (int32_t n = 1; n <= NMAX; n++)
+        for (int rep = 0; rep < 20; rep++) {
+            for (int32_t i = 0; i < n; i++) {
+                uint64_t k = tdm_test_rand(&st) % 16;
+                p[i] = k == 0 ? (float)tdm_test_randu(&st) : k == 1 ? -0.5f : k == 2 ? NAN : 0.0f;
+            }
+            for (int d = 0; d < 8; d++) {
+                tdm_rng before = r;
+                int32_t got = tdm_sample_probs(p, n, &r);
+                cr_assert_eq(got, inverse_cdf_ref(p, n, tdm_rng_uniform(&before)), "n %d", (int)n);
+                checked += got >= 0;
+            }
+        }
+    cr_assert_gt(checked, 5000);
+}
+
 Test(sampling, sample_logits_matches_processed_distribution) {
     enum { N = 12, DRAWS = 200000 };
     float l[N], pr[N];
