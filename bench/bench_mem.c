@@ -12,9 +12,16 @@
  * the second figure falls below twice the first, and compute-bound work (a
  * speculative verification) slows with it.
  *
- * usage: bench_mem [-t threads] [-s MB,MB,...] [-r passes] [--fma]
+ * --c2c adds the round trip of a cache line between two threads (one writes, the
+ * other answers, 100,000 times, median of 9 batches): when the host places our two
+ * vCPUs on cores that share a last-level cache it is short; when they sit on
+ * different core complexes it is several times longer, and every op whose input
+ * the other thread wrote (the row ops between matmuls) pays for it.
+ *
+ * usage: bench_mem [-t threads] [-s MB,MB,...] [-r passes] [--fma] [--c2c]
  */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -122,9 +129,49 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
+enum { C2C_TRIPS = 100000, C2C_BATCHES = 9 };
+static _Alignas(64) atomic_int c2c_flag;
+
+/* The answering side: waits for each odd value and writes the next even one. */
+static void *c2c_other(void *arg) {
+    (void)arg;
+    for (int b = 0; b < C2C_BATCHES; b++)
+        for (int i = 0; i < C2C_TRIPS; i++) {
+            int want = 2 * (b * C2C_TRIPS + i) + 1;
+            while (atomic_load_explicit(&c2c_flag, memory_order_acquire) != want) {
+            }
+            atomic_store_explicit(&c2c_flag, want + 1, memory_order_release);
+        }
+    return NULL;
+}
+
+static void c2c_probe(void) {
+    pthread_t th;
+    atomic_store(&c2c_flag, 0);
+    if (pthread_create(&th, NULL, c2c_other, NULL) != 0) {
+        printf("c2c: cannot start a thread\n");
+        return;
+    }
+    double t[C2C_BATCHES];
+    for (int b = 0; b < C2C_BATCHES; b++) {
+        double t0 = tdm_now();
+        for (int i = 0; i < C2C_TRIPS; i++) {
+            int v = 2 * (b * C2C_TRIPS + i) + 1;
+            atomic_store_explicit(&c2c_flag, v, memory_order_release);
+            while (atomic_load_explicit(&c2c_flag, memory_order_acquire) != v + 1) {
+            }
+        }
+        t[b] = (tdm_now() - t0) / C2C_TRIPS;
+    }
+    pthread_join(th, NULL);
+    qsort(t, C2C_BATCHES, sizeof t[0], cmp_double);
+    printf("c2c: round trip of a cache line between two threads %.0f ns (median of %d batches)\n",
+           t[C2C_BATCHES / 2] * 1e9, C2C_BATCHES);
+}
+
 int main(int argc, char **argv) {
     int nth = 2, passes = 0;
-    bool fma = false;
+    bool fma = false, c2c = false;
     double sizes[32] = {4, 8, 16, 24, 28, 30, 32, 34, 36, 40, 48, 64, 128};
     int n_sizes = 13;
     for (int i = 1; i < argc; i++) {
@@ -134,6 +181,8 @@ int main(int argc, char **argv) {
             passes = atoi(argv[++i]);
         } else if (!strcmp(argv[i], "--fma")) {
             fma = true;
+        } else if (!strcmp(argv[i], "--c2c")) {
+            c2c = true;
         } else if (!strcmp(argv[i], "-s") && i + 1 < argc) {
             n_sizes = 0;
             for (char *q = argv[++i]; *q && n_sizes < 32;) {
@@ -144,7 +193,7 @@ int main(int argc, char **argv) {
                 q = *end == ',' ? end + 1 : end;
             }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-s MB,MB,...] [-r passes] [--fma]\n", argv[0]);
+            fprintf(stderr, "usage: %s [-t threads] [-s MB,MB,...] [-r passes] [--fma] [--c2c]\n", argv[0]);
             return 2;
         }
     }
@@ -156,6 +205,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_mem: -r needs at least 3 passes (the first two are warm-up)\n");
         return 2;
     }
+    if (c2c) c2c_probe();
 #ifdef HAVE_FMA_PROBE
     if (fma) fma_probe(nth);
 #else
