@@ -19,9 +19,10 @@
 #include "engine.h"
 #include "tokenizer.h"
 
-enum { OP_GET_ROWS, OP_RMSNORM, OP_MATMUL, OP_LM_HEAD, OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SWIGLU, OP_GATHER, OP_HEAD_ARGMAX, OP_QHEAD, N_OPS };
+enum { OP_GET_ROWS, OP_RMSNORM, OP_MATMUL, OP_LM_HEAD, OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SWIGLU, OP_GATHER, OP_HEAD_ARGMAX, OP_QHEAD, OP_BLOCKS, N_OPS };
 static const char *op_names[N_OPS] = {"get_rows", "rmsnorm",  "matmul", "lm_head", "rope",
-                                      "kv_write", "attention", "swiglu", "gather", "head_argmax", "qhead_logits"};
+                                      "kv_write", "attention", "swiglu", "gather", "head_argmax", "qhead_logits",
+                                      "blocks"};
 #define MAX_ROWS 17 /* calls with >= 16 rows share the last bin */
 
 static const tdm_backend_ops *g_real;
@@ -87,6 +88,18 @@ static tandem_status w_qhead(tdm_backend *b, const tdm_qhead *h, const float *x,
     WRAP_CALL(OP_QHEAD, n, g_real->qhead_logits(b, h, x, n, y, e));
 }
 
+/* The tensor-parallel blocks (all layers in one call); calls it declines (the
+ * draft's shapes) are not counted. */
+static tandem_status w_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *e) {
+    g_model = a->n_embd == g_target_dim ? 0 : 1;
+    double t0 = tdm_now();
+    b->ops = g_real;
+    tandem_status st = g_real->blocks(b, a, e);
+    b->ops = &g_wrap;
+    if (st != TANDEM_ERR_UNSUPPORTED) account(OP_BLOCKS, a->batch->n_rows, t0);
+    return st;
+}
+
 static void die(const char *what, const tdm_err *err) {
     fprintf(stderr, "error: %s: %s\n", what, err->msg);
     exit(1);
@@ -138,6 +151,7 @@ int main(int argc, char **argv) {
     g_wrap.gather_rows = w_gather;
     if (g_real->head_argmax) g_wrap.head_argmax = w_head_argmax;
     if (g_real->qhead_logits) g_wrap.qhead_logits = w_qhead;
+    if (g_real->blocks) g_wrap.blocks = w_blocks;
     e->be->ops = &g_wrap;
 
     int n_prompts;

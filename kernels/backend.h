@@ -27,10 +27,21 @@ typedef struct tdm_weight {
     uint32_t type;     /* tdm_dtype */
     int64_t rows;      /* output features */
     int64_t cols;      /* input features (multiple of the type's block size) */
-    size_t row_bytes;  /* bytes of one row (of the rows layout; the same total for others) */
+    size_t row_bytes;  /* bytes of one row (of the rows layout; the same total for others).
+                          A view of columns [c0, c0 + cols) of a wider weight keeps the
+                          whole's row_bytes and points data at column c0 (rows layout:
+                          rows are row_bytes apart; P64: 64-row blocks 64 * row_bytes
+                          apart, data at element c0 * 64 of the first block) */
     const void *data;  /* backend memory */
     uint32_t layout;   /* tdm_layout; 0 = TDM_LAYOUT_ROWS */
 } tdm_weight;
+
+/* Views of part of a weight (no copy; kernels/weight_view.c): *v = rows [r0, r0 +
+ * nr) (P64: r0 and nr multiples of 64), or columns [c0, c0 + nc) (rows layout:
+ * whole quantisation blocks).  False, v untouched, when w's layout cannot express
+ * the view or it does not lie inside w. */
+bool tdm_weight_rows_view(const tdm_weight *w, int64_t r0, int64_t nr, tdm_weight *v);
+bool tdm_weight_cols_view(const tdm_weight *w, int64_t c0, int64_t nc, tdm_weight *v);
 
 typedef struct tdm_rope_params {
     int32_t n_rot;       /* rotated dims per head (<= head_dim, even) */
@@ -98,6 +109,34 @@ static inline int64_t tdm_qhead_qidx(int64_t c4, int64_t r, int64_t k) {
     return ((r / 64) * c4 + k / 4) * 256 + (r % 64 / 16) * 64 + (r % 16) * 4 + k % 4;
 }
 
+/* The weights of one llama-family transformer block (hd = head_dim). */
+typedef struct tdm_block_weights {
+    const float *attn_norm; /* [n_embd] */
+    tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v */
+    const float *bqkv;      /* [n_head*hd + 2*n_head_kv*hd] or NULL */
+    tdm_weight wo;          /* [n_embd][n_head*hd] */
+    const float *ffn_norm;  /* [n_embd] */
+    tdm_weight w13;         /* [2*n_ff][n_embd]: gate rows, then up rows */
+    tdm_weight w2;          /* [n_embd][n_ff] */
+} tdm_block_weights;
+
+/* Every transformer block of a forward pass over a batch (the `blocks` op): per
+ * block, what src/forward.c otherwise runs op by op. */
+typedef struct tdm_blocks_args {
+    const tdm_batch *batch;
+    const tdm_kv_seq *const *seqs;       /* [n_seq] block tables, indexed by batch->seq */
+    const tdm_block_weights *layers;     /* [n_layer] */
+    void *const *k_cache;                /* [n_layer] K caches (layout: tdm_kv_write_args) */
+    void *const *v_cache;                /* [n_layer] V caches */
+    uint32_t cache_type;                 /* TDM_F32 or TDM_F16 */
+    int32_t block_size;
+    int32_t n_layer, n_embd, n_ff, n_head, n_kv_head, head_dim;
+    float norm_eps;
+    const tdm_rope_params *rope;
+    float *x;                            /* [n_rows][n_embd]: in, the embeddings; out, the
+                                            residual stream after the last block */
+} tdm_blocks_args;
+
 typedef struct tdm_backend_ops {
     const char *name;
     void (*destroy)(tdm_backend *b);
@@ -150,6 +189,15 @@ typedef struct tdm_backend_ops {
                                   float *y, tdm_err *err);
     tandem_status (*head_argmax)(tdm_backend *b, const tdm_weight *w, const tdm_qhead *qh,
                                  const float *x, int32_t n, int32_t *ids, tdm_err *err);
+    /* Optional (NULL: forward.c runs the blocks op by op): all transformer blocks
+     * in one call, so a backend can keep data where it was computed between ops
+     * (the CPU backend splits heads and FFN features between its threads, tensor
+     * parallel).  Results equal the op sequence's up to rounding (partial sums are
+     * grouped differently), never depend on the batch's other rows, and are the same
+     * for every call with the same backend configuration.  Returns
+     * TANDEM_ERR_UNSUPPORTED, having touched nothing, for shapes or configurations it
+     * does not run; forward.c then runs the ops. */
+    tandem_status (*blocks)(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
     /* Waits for queued work (a no-op for the CPU backend). */
     tandem_status (*sync)(tdm_backend *b, tdm_err *err);
 } tdm_backend_ops;

@@ -263,7 +263,11 @@ float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_b
     const uint8_t *p = data;
     if (layout == TDM_LAYOUT_P64) {
         const int64_t B = TDM_LAYOUT_P64_ROWS;
-        size_t i = (size_t)((r / B) * cols + c) * (size_t)B + (size_t)(r % B);
+        /* blocks 64 rows of row_bytes apart: a view of some columns of a wider
+         * weight has row_bytes of the whole */
+        if (elem_size(type) == 0) return NAN;
+        int64_t stride = row_bytes ? (int64_t)(row_bytes / elem_size(type)) : cols;
+        size_t i = (size_t)((r / B) * stride + c) * (size_t)B + (size_t)(r % B);
         const uint8_t *e = p + i * elem_size(type);
         if (type == TDM_F32) {
             float f;

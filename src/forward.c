@@ -4,7 +4,9 @@
  * Per layer:  xb = rmsnorm(x);  qkv = xb Wqkv^T (+ b);  rope(q), rope(k);
  *             write k, v to the paged cache;  att = attention(q, cache);
  *             x += att Wo^T;  xb = rmsnorm(x);  gu = xb W13^T;  x += swiglu(gu) W2^T
- * Then the rows that want logits are gathered, normed and projected.
+ * Then the rows that want logits are gathered, normed and projected.  A backend
+ * with a `blocks` op runs all the layers in one call instead (the CPU backend:
+ * tensor parallel over its threads, kernels/cpu/blocks.c).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +26,7 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     s->ids = NULL;
     s->cap_rows = 0;
     s->cap_ids = 0;
+    s->blocks_declined = false;
 }
 
 static tandem_status scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const tdm_hparams *hp,
@@ -85,24 +88,17 @@ tandem_status tdm_model_forward(const tdm_model *m, tdm_backend *be, tdm_kv_stor
     return tdm_model_forward_ex(m, be, kv, batch, seqs, s, TDM_FWD_LOGITS, logits, NULL, err);
 }
 
-tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+/* Every block, op by op (backends without a `blocks` op, or shapes it does not run). */
+static tandem_status blocks_by_ops(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,
-                                   tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
-                                   tdm_err *err) {
+                                   tdm_fwd_scratch *s, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
     const tdm_backend_ops *op = be->ops;
     tandem_status st;
-    if ((st = check_batch(m, kv, batch, seqs, err))) return st;
-    int32_t n = batch->n_rows;
-    if ((st = scratch_reserve(s, be, hp, n, err))) return st;
-
-    const int32_t E = hp->n_embd, F = hp->n_ff;
+    const int32_t n = batch->n_rows, E = hp->n_embd, F = hp->n_ff;
     const int32_t qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
     const int32_t qkv_w = qd + 2 * kvd;
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
-
-    if ((st = op->get_rows(be, &m->tok_embd, batch->token, n, s->x, err))) return st;
-
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const tdm_layer *L = &m->layers[l];
         if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
@@ -132,6 +128,49 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         if ((st = op->swiglu(be, s->gate_up, n, F, s->ff, err))) return st;
         if ((st = op->matmul(be, &L->w2, s->ff, n, s->x, true, err))) return st;
     }
+
+    return TANDEM_OK;
+}
+
+/* Every block: the backend's `blocks` op when it runs this configuration, else op
+ * by op. */
+static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                tdm_fwd_scratch *s, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    if (be->ops->blocks && !s->blocks_declined) {
+        tdm_blocks_args a = {
+            .batch = batch, .seqs = seqs, .layers = m->layers, .k_cache = kv->k, .v_cache = kv->v,
+            .cache_type = kv->type, .block_size = kv->block_size, .n_layer = hp->n_layer,
+            .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
+            .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .x = s->x,
+        };
+        tdm_err probe = {0};
+        tandem_status st = be->ops->blocks(be, &a, &probe);
+        if (st != TANDEM_ERR_UNSUPPORTED) {
+            if (st && err) *err = probe;
+            return st;
+        }
+        s->blocks_declined = true;
+    }
+    return blocks_by_ops(m, be, kv, batch, seqs, s, err);
+}
+
+tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                   const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                   tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
+                                   tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const tdm_backend_ops *op = be->ops;
+    tandem_status st;
+    if ((st = check_batch(m, kv, batch, seqs, err))) return st;
+    int32_t n = batch->n_rows;
+    if ((st = scratch_reserve(s, be, hp, n, err))) return st;
+
+    const int32_t E = hp->n_embd;
+    if ((st = op->get_rows(be, &m->tok_embd, batch->token, n, s->x, err))) return st;
+
+    if ((st = run_blocks(m, be, kv, batch, seqs, s, err))) return st;
 
     /* logits for the rows that want them */
     int32_t nl = 0;

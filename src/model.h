@@ -30,15 +30,8 @@ typedef struct tdm_hparams {
     bool tied_output;       /* output projection = token embedding */
 } tdm_hparams;
 
-typedef struct tdm_layer {
-    const float *attn_norm; /* [n_embd] */
-    tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v */
-    const float *bqkv;      /* [n_head*hd + 2*n_head_kv*hd] or NULL */
-    tdm_weight wo;          /* [n_embd][n_head*hd] */
-    const float *ffn_norm;  /* [n_embd] */
-    tdm_weight w13;         /* [2*n_ff][n_embd]: gate rows, then up rows */
-    tdm_weight w2;          /* [n_embd][n_ff] */
-} tdm_layer;
+/* The weights of one block (the backend's description of them). */
+typedef tdm_block_weights tdm_layer;
 
 typedef struct tdm_model {
     tdm_gguf *gguf;
@@ -101,6 +94,8 @@ typedef struct tdm_fwd_scratch {
     float *ff;      /* [rows][n_ff] */
     int32_t *ids;   /* [rows] tokens / logit rows (host) */
     int32_t cap_ids;
+    bool blocks_declined; /* the backend's blocks op declined this model (a matter of
+                             shapes and configuration): the ops run one by one */
 } tdm_fwd_scratch;
 
 void tdm_fwd_scratch_free(tdm_fwd_scratch *s);

@@ -729,12 +729,18 @@ static void count_task(void *c, int64_t chunk, int ith) {
 }
 
 /* Many small back-to-back jobs through the pool (exercises spin and sleep paths). */
+/* A pool of n threads whose idle workers sleep at once (spin 0) or spin first. */
+static tdm_threadpool *test_pool(int n, int spin) {
+    if (!spin) setenv("TANDEM_SPIN_US", "0", 1); /* force the sleep path */
+    tdm_threadpool *tp = NULL;
+    cr_assert_eq(tdm_threadpool_create(n, &tp, NULL), TANDEM_OK);
+    unsetenv("TANDEM_SPIN_US");
+    return tp;
+}
+
 Test(backend, threadpool_many_jobs) {
-    setenv("TANDEM_SPIN_US", "0", 1); /* force the sleep path */
     for (int spin = 0; spin < 2; spin++) {
-        tdm_threadpool *tp = NULL;
-        cr_assert_eq(tdm_threadpool_create(3, &tp, NULL), TANDEM_OK);
-        unsetenv("TANDEM_SPIN_US");
+        tdm_threadpool *tp = test_pool(3, spin);
         cr_assert_eq(tdm_threadpool_size(tp), 3);
         for (int it = 0; it < 2000; it++) {
             count_ctx ctx;
@@ -752,3 +758,57 @@ Test(backend, threadpool_many_jobs) {
         tdm_threadpool_destroy(tp);
     }
 }
+
+/* A team task: each member counts its runs, then in every round adds one to a
+ * shared counter and checks, between two barriers, that all members did. */
+#define TEAM_ROUNDS 20
+typedef struct team_ctx {
+    tdm_threadpool *tp;
+    int n;
+    _Atomic int runs[4];     /* per member */
+    _Atomic int counter;
+    _Atomic int bad;         /* counts seen that a correct barrier rules out */
+    _Atomic int ith_ne_chunk;
+} team_ctx;
+
+static void team_task(void *c, int64_t chunk, int ith) {
+    team_ctx *x = c;
+    if (chunk != ith) x->ith_ne_chunk++;
+    x->runs[ith]++;
+    for (int r = 0; r < TEAM_ROUNDS; r++) {
+        x->counter++;
+        tdm_team_sync(x->tp, ith);
+        if (x->counter != (r + 1) * x->n) x->bad++;
+        tdm_team_sync(x->tp, ith);
+    }
+}
+
+/* Team jobs of every size, mixed with chunked jobs, through sleeping and spinning
+ * workers: every member runs exactly once per job and the barrier holds. */
+Test(backend, threadpool_team_jobs) {
+    for (int spin = 0; spin < 2; spin++) {
+        tdm_threadpool *tp = test_pool(4, spin);
+        team_ctx bad = {.tp = tp};
+        cr_assert(!tdm_threadpool_team(tp, 0, team_task, &bad), "a team of 0");
+        cr_assert(!tdm_threadpool_team(tp, 5, team_task, &bad), "a team larger than the pool");
+        cr_assert_eq(bad.runs[0], 0);
+        for (int it = 0; it < 400; it++) {
+            team_ctx ctx = {.tp = tp, .n = 1 + it % 4};
+            cr_assert(tdm_threadpool_team(tp, ctx.n, team_task, &ctx));
+            for (int t = 0; t < 4; t++)
+                cr_assert_eq(ctx.runs[t], t < ctx.n ? 1 : 0, "job %d (team of %d): member %d ran %d times", it,
+                             ctx.n, t, (int)ctx.runs[t]);
+            cr_assert_eq(ctx.counter, TEAM_ROUNDS * ctx.n);
+            cr_assert_eq(ctx.bad, 0, "job %d (team of %d): the barrier let a member through early", it, ctx.n);
+            cr_assert_eq(ctx.ith_ne_chunk, 0);
+            if (it % 3 == 0) { /* a chunked job in between */
+                count_ctx cc;
+                memset(&cc, 0, sizeof cc);
+                tdm_threadpool_run(tp, 1 + it % 64, 3, count_task, &cc);
+                for (int c = 0; c < 64; c++) cr_assert_eq(cc.hits[c], c < 1 + it % 64 ? 1 : 0);
+            }
+        }
+        tdm_threadpool_destroy(tp);
+    }
+}
+

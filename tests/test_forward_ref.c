@@ -9,7 +9,9 @@
  * use the same dequantised weights, so only f32 rounding separates them.
  *
  * Also: prefill in chunks vs. one row at a time gives bit-identical logits
- * (batch invariance) for every weight type.
+ * (batch invariance) for every weight type; the CPU backend's tensor-parallel
+ * blocks match the reference, the op-by-op forward and themselves across batch
+ * shapes, and run exactly where their shape rules say.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -18,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu_internal.h"
 #include "dtype.h"
 #include "engine.h"
 #include "gguf.h"
@@ -294,13 +297,20 @@ typedef struct eng {
     tdm_engine *e;
 } eng;
 
-static void eng_open(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk) {
+/* An engine of `threads` threads over the model; tp: whether its CPU backend may
+ * run the blocks tensor parallel (kernels/cpu/blocks.c). */
+static void eng_open_ex(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk, int threads, bool tp) {
     tdm_err err = {0};
     x->path = tdm_tiny_model_file(cfg);
     cr_assert_eq(tdm_backend_cpu_create(1, &x->wbe, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_model_load(x->path, x->wbe, &x->m, &err), TANDEM_OK, "%s", err.msg);
-    tdm_engine_cfg ec = {.n_threads = 2, .block_size = BLOCK_SIZE, .prefill_chunk = prefill_chunk};
+    tdm_engine_cfg ec = {.n_threads = threads, .block_size = BLOCK_SIZE, .prefill_chunk = prefill_chunk};
     cr_assert_eq(tdm_engine_create(x->m, NULL, &ec, &x->e, &err), TANDEM_OK, "%s", err.msg);
+    tdm_backend_cpu_set_tp(x->e->be, tp);
+}
+
+static void eng_open(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk) {
+    eng_open_ex(x, cfg, prefill_chunk, 2, true);
 }
 
 static void eng_close(eng *x) {
@@ -554,4 +564,91 @@ Test(forward_ref, batch_invariance_every_weight_type, .timeout = 300) {
         snprintf(what, sizeof what, "qwen2 %s", tdm_dtype_name(k_types[i]));
         check_batch_invariance(&c, what);
     }
+}
+
+/* ------------------------------------------------------------ tensor-parallel blocks */
+
+typedef struct tp_case {
+    const char *what;
+    int embd, head, head_kv, ff, threads;
+    uint32_t wtype;
+    const char *arch;
+    int runs; /* 1: the blocks op takes this shape; 0: it declines (the forward runs op by
+                 op); 2: it takes it iff the weights are in the rows layout (the P64
+                 layout cannot split into slices of 32 rows) */
+} tp_case;
+
+static void check_tp_case(const tp_case *tc, uint64_t seed) {
+    tdm_tiny_cfg c = base_cfg(seed);
+    c.n_embd = tc->embd;
+    c.n_head = tc->head;
+    c.n_head_kv = tc->head_kv;
+    c.n_ff = tc->ff;
+    c.wtype = tc->wtype;
+    c.arch = tc->arch;
+    c.untied_output = tc->arch && !strcmp(tc->arch, "qwen2");
+    eng tp, ops, tp7;
+    eng_open_ex(&tp, &c, 0, tc->threads, true);
+    eng_open_ex(&ops, &c, 0, tc->threads, false);
+    eng_open_ex(&tp7, &c, 7, tc->threads, true);
+    ref_model rm;
+    ref_load(tp.path, &rm);
+    int V = rm.V, worst;
+    int32_t tok[N_TOK];
+    random_tokens(tok, N_TOK, V, seed * 7 + 3);
+    uint64_t runs0 = tdm_backend_cpu_blocks_runs(tp.e->be);
+    float *a = eng_logits_prefixes(&tp, tok, N_TOK);
+    uint64_t runs = tdm_backend_cpu_blocks_runs(tp.e->be) - runs0;
+    bool want = tc->runs == 2 ? tp.m->layers[0].wqkv.layout == TDM_LAYOUT_ROWS : tc->runs == 1;
+    cr_assert_eq(runs > 0, want, "%s: the blocks op ran %llu forwards (expected it %s)", tc->what,
+                 (unsigned long long)runs, want ? "to run" : "to decline");
+    cr_assert_eq(tdm_backend_cpu_blocks_runs(ops.e->be), 0, "%s: blocks ran with tensor parallelism off", tc->what);
+
+    /* against the double-precision reference and the op-by-op forward */
+    double *ref = ref_forward(&rm, tok, N_TOK);
+    double e = max_rel_err(a, ref, N_TOK, V, &worst);
+    cr_log_info("%s: tensor parallel vs reference %.3g", tc->what, e);
+    cr_assert(e < TOL_QUANT, "%s: normalised logit error %.3g at position %d", tc->what, e, worst);
+    float *b = eng_logits_prefixes(&ops, tok, N_TOK);
+    double *bd = malloc((size_t)N_TOK * V * sizeof(double));
+    for (size_t i = 0; i < (size_t)N_TOK * V; i++) bd[i] = b[i];
+    e = max_rel_err(a, bd, N_TOK, V, &worst);
+    cr_assert(e < 1e-5, "%s: tensor parallel vs op by op %.3g at position %d", tc->what, e, worst);
+
+    /* one batch, chunks of 7 and one row at a time: the same bits */
+    float *a7 = eng_logits_prefixes(&tp7, tok, N_TOK);
+    float *r = eng_logits_rowwise(&tp, tok, N_TOK);
+    for (size_t k = 0; k < (size_t)N_TOK * V; k++) {
+        cr_assert(memcmp(&a[k], &r[k], 4) == 0, "%s: one batch vs one row at a time at %zu", tc->what, k);
+        cr_assert(memcmp(&a7[k], &r[k], 4) == 0, "%s: chunks of 7 vs one row at a time at %zu", tc->what, k);
+    }
+    free(a);
+    free(a7);
+    free(r);
+    free(b);
+    free(bd);
+    free(ref);
+    ref_free(&rm);
+    eng_close(&tp);
+    eng_close(&ops);
+    eng_close(&tp7);
+}
+
+Test(forward_ref, tensor_parallel_blocks, .timeout = 300) {
+    /* head_dim 64 with 4 / 2 heads and 256 FFN features split two ways: slices of
+     * 128 / 64 / 128 rows, so the P64 layout (element types) splits too */
+    const tp_case cases[] = {
+        {"f16 P64, 2 threads", 256, 4, 2, 256, 2, TDM_F16, "llama", 1},
+        {"f32 P64, 2 threads", 256, 4, 2, 256, 2, TDM_F32, "llama", 1},
+        {"bf16 P64, 2 threads", 256, 4, 2, 256, 2, TDM_BF16, "llama", 1},
+        {"qwen2 f16 (biases, NEOX rope), 2 threads", 256, 4, 2, 256, 2, TDM_F16, "qwen2", 1},
+        {"q8_0 rows layout, 2 threads", 256, 4, 2, 256, 2, TDM_Q8_0, "llama", 1},
+        {"q4_0 rows layout, 4 threads", 256, 8, 4, 256, 4, TDM_Q4_0, "llama", 1},
+        {"qwen2 q8_0 slices of 32 rows, 4 threads", 128, 4, 4, 128, 4, TDM_Q8_0, "qwen2", 1},
+        {"f16 slices of 32 rows, 4 threads", 128, 4, 4, 128, 4, TDM_F16, "llama", 2},
+        {"3 threads, 2 kv heads: declines", 256, 4, 2, 258, 3, TDM_F16, "llama", 0},
+        {"1 thread: declines", 256, 4, 2, 256, 1, TDM_F16, "llama", 0},
+        {"one kv head: declines", 256, 4, 1, 256, 2, TDM_F16, "llama", 0},
+    };
+    for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) check_tp_case(&cases[i], 90 + i);
 }

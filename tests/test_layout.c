@@ -102,6 +102,60 @@ Test(layout, p64_matmul_matches_reference) {
     if (tested == 0) cr_skip("no SIMD level here reads the P64 layout");
 }
 
+/* Views of rows and columns (tdm_weight_rows_view / _cols_view): the matmul of a
+ * view, in either layout, equals the reference matmul of that part of the matrix;
+ * element access agrees; views the layout cannot express are refused. */
+Test(layout, views_of_rows_and_columns) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = tdm_test_levels(lv);
+    static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+    const int64_t rows = 256, cols = 192;
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
+        for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++) {
+            uint64_t rng = 70 + t;
+            tdm_weight w = tdm_test_weight(types[t], rows, cols, &rng);
+            bool elem = tdm_dtype_block_elems(types[t]) == 1;
+            tdm_weight p = elem ? packed(&w) : w;
+            /* rows [64, 192), columns [32, 160), both */
+            tdm_weight rv, rp, cv, cp, bv, bp;
+            cr_assert(tdm_weight_rows_view(&w, 64, 128, &rv) && tdm_weight_cols_view(&w, 32, 128, &cv));
+            cr_assert(tdm_weight_rows_view(&cv, 64, 128, &bv));
+            const tdm_weight *want[3] = {&rv, &cv, &bv};
+            tdm_weight *got[3] = {&rp, &cp, &bp};
+            tdm_weight tmp;
+            cr_assert(tdm_weight_rows_view(&p, 64, 128, &rp) && tdm_weight_cols_view(&p, 32, 128, &cp));
+            cr_assert(tdm_weight_cols_view(&p, 32, 128, &tmp) && tdm_weight_rows_view(&tmp, 64, 128, &bp));
+            for (int v = 0; v < 3; v++) {
+                for (int64_t r = 0; r < want[v]->rows; r += 37)
+                    for (int64_t c = 0; c < want[v]->cols; c += 11) {
+                        float x = tdm_weight_elem(want[v]->type, want[v]->layout, want[v]->cols, want[v]->row_bytes,
+                                                  want[v]->data, r, c);
+                        float y = tdm_weight_elem(got[v]->type, got[v]->layout, got[v]->cols, got[v]->row_bytes,
+                                                  got[v]->data, r, c);
+                        cr_assert(memcmp(&x, &y, 4) == 0, "%s view %d (%lld, %lld)", tdm_dtype_name(w.type), v,
+                                  (long long)r, (long long)c);
+                    }
+                if (got[v]->layout == TDM_LAYOUT_P64 && !level_reads_p64(lv[l])) continue;
+                static const int32_t ns[] = {1, 5, 13, 20};
+                for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++) {
+                    double e = tdm_test_matmul_err(b, got[v], want[v], ns[k], k & 1, &rng);
+                    cr_assert(e < 1e-5, "%s %s view %d n=%d: err %g", tdm_cpu_level_name(lv[l]),
+                              tdm_dtype_name(w.type), v, ns[k], e);
+                }
+            }
+            /* refused: outside the matrix, empty, partial blocks, P64 rows off 64 */
+            cr_assert(!tdm_weight_rows_view(&w, 200, 64, &tmp) && !tdm_weight_rows_view(&w, -1, 2, &tmp));
+            cr_assert(!tdm_weight_cols_view(&w, 0, 0, &tmp) && !tdm_weight_cols_view(&w, 160, 64, &tmp));
+            if (!elem) cr_assert(!tdm_weight_cols_view(&w, 16, 32, &tmp), "half a quantisation block");
+            if (elem) cr_assert(!tdm_weight_rows_view(&p, 32, 64, &tmp), "P64 rows off a block");
+            if (elem) free((void *)p.data);
+            free((void *)w.data);
+        }
+        tdm_backend_destroy(b);
+    }
+}
+
 /* Bit-identical across thread counts, and each row of a batch equals that row
  * alone: a verification row gives exactly what decoding it alone gives. */
 Test(layout, p64_deterministic_threads_and_batch) {

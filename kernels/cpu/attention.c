@@ -22,7 +22,6 @@
  * per (row, head).  The arithmetic of each (row, head) output is the
  * same whatever slice it falls in, so results do not depend on the batch's other
  * rows or on the thread count. */
-#define TDM_ATTN_SLICE 8
 
 typedef struct attn_job {
     tdm_cpu *c;
@@ -54,12 +53,14 @@ static inline int64_t v_slot_offset(const tdm_attn_args *a, const tdm_kv_seq *s,
     return k_block_offset(a, s, slot, g) + (int64_t)(slot % a->block_size) * a->head_dim;
 }
 
-/* Rows [r0, r0 + nr) (one sequence), the heads of kv group g.  Scratch:
- * qbuf [nr * group][hd], scores [nr * group][n_tot_max], acc [nr * group][hd],
- * kt [blocks of the widest row] (K block pointers), inv [nr * group]. */
-static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t ld, int32_t r0,
-                       int32_t nr, int32_t g, float *qbuf, float *scores, float *acc, const void **kt,
-                       float *inv) {
+/* Rows [r0, r0 + nr) (one sequence), the heads of kv group g, whose query vectors
+ * are read and outputs written at kv group gq of io (q and out rows; gq = g for the
+ * op's own arguments).  Scratch (tdm_cpu_attn_scratch): qbuf [nr * group][hd],
+ * scores [nr * group][n_tot_max], acc [nr * group][hd], kt [blocks of the widest
+ * row] (K block pointers), inv [nr * group]. */
+static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const tdm_attn_io *io, int64_t ld,
+                       int32_t r0, int32_t nr, int32_t g, int32_t gq, float *qbuf, float *scores, float *acc,
+                       const void **kt, float *inv) {
     const tdm_batch *bt = a->batch;
     const tdm_kv_seq *s = a->seqs[bt->seq[r0]];
     const int32_t hd = a->head_dim, group = a->n_head / a->n_kv_head, bs = a->block_size;
@@ -68,7 +69,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t
     int32_t max_vis = 0;
     for (int32_t i = 0; i < nr; i++) {
         max_vis = TDM_MAX(max_vis, bt->n_visible[r0 + i]);
-        memcpy(qbuf + (int64_t)i * group * hd, a->q + (int64_t)(r0 + i) * a->q_stride + (int64_t)g * group * hd,
+        memcpy(qbuf + (int64_t)i * group * hd, io->q + (int64_t)(r0 + i) * io->q_stride + (int64_t)gq * group * hd,
                (size_t)group * hd * sizeof(float));
     }
     const int32_t nq = nr * group;
@@ -136,7 +137,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, int64_t
         const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r);
         const float *sc = scores + (int64_t)ri * group * ld;
         float *ar = acc + (int64_t)ri * group * hd;
-        float *out = a->out + (int64_t)r * a->n_head * hd + (int64_t)g * group * hd;
+        float *out = io->out + (int64_t)r * io->out_stride + (int64_t)gq * group * hd;
         if (n_vis + n_extra == 0) {
             memset(out, 0, (size_t)group * hd * sizeof(float));
             continue;
@@ -164,16 +165,30 @@ static void attn_scratch_parts(const tdm_attn_args *a, int64_t ld, int64_t parts
     parts[4] = attn_round16(TDM_ATTN_SLICE * group);
 }
 
+size_t tdm_cpu_attn_scratch(const tdm_attn_args *a, int64_t n_tot_max) {
+    int64_t parts[ATTN_PARTS], need = 0;
+    attn_scratch_parts(a, n_tot_max, parts);
+    for (int i = 0; i < ATTN_PARTS; i++) need += parts[i];
+    return (size_t)need;
+}
+
+void tdm_cpu_attn_run(const tdm_cpu_kernels *k, const tdm_attn_args *a, const tdm_attn_io *io,
+                      int64_t n_tot_max, const int32_t *slice, int32_t g, int32_t gq, float *scratch) {
+    int64_t parts[ATTN_PARTS];
+    attn_scratch_parts(a, n_tot_max, parts);
+    float *acc = scratch, *ktf = acc + parts[0], *qbuf = ktf + parts[1];
+    float *scores = qbuf + parts[2], *inv = scores + parts[3];
+    attn_slice(k, a, io, n_tot_max, slice[0], slice[1], g, gq, qbuf, scores, acc, (const void **)(void *)ktf,
+               inv);
+}
+
 static void attn_task(void *ctx, int64_t chunk, int ith) {
     attn_job *j = ctx;
     const tdm_attn_args *a = j->a;
-    int64_t parts[ATTN_PARTS];
-    attn_scratch_parts(a, j->n_tot_max, parts);
-    float *acc = j->c->scratch[ith].buf, *ktf = acc + parts[0], *qbuf = ktf + parts[1];
-    float *scores = qbuf + parts[2], *inv = scores + parts[3];
-    const int32_t *sl = j->slice + 2 * (chunk / a->n_kv_head);
-    attn_slice(j->c->k, a, j->n_tot_max, sl[0], sl[1], (int32_t)(chunk % a->n_kv_head), qbuf, scores,
-               acc, (const void **)(void *)ktf, inv);
+    const tdm_attn_io io = {a->q, a->q_stride, a->out, (int64_t)a->n_head * a->head_dim};
+    int32_t g = (int32_t)(chunk % a->n_kv_head);
+    tdm_cpu_attn_run(j->c->k, a, &io, j->n_tot_max, j->slice + 2 * (chunk / a->n_kv_head), g, g,
+                     j->c->scratch[ith].buf);
 }
 
 /* Checks that every slot a row reads is backed by a block; returns the largest
@@ -226,40 +241,48 @@ static int64_t attn_validate_rows(const tdm_attn_args *a, tdm_err *err) {
     return max_tot;
 }
 
-tandem_status tdm_cpu_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err) {
-    tdm_cpu *c = tdm_cpu_of(b, "attention", err);
-    if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG;
-    if (!a || !a->batch) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL args or batch");
+int64_t tdm_cpu_attn_check(const tdm_attn_args *a, tdm_err *err) {
+    if (!a || !a->batch) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL args or batch");
+        return -1;
+    }
     const tdm_batch *bt = a->batch;
-    if (bt->n_rows < 0)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: n_rows %d", (int)bt->n_rows);
-    if (bt->n_rows == 0) return TANDEM_OK;
-    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: cache type %s",
-                          tdm_dtype_name(a->cache_type));
+    if (bt->n_rows < 0) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: n_rows %d", (int)bt->n_rows);
+        return -1;
+    }
+    if (bt->n_rows == 0) return 0;
+    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16) {
+        tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: cache type %s", tdm_dtype_name(a->cache_type));
+        return -1;
+    }
     if (a->n_head <= 0 || a->n_kv_head <= 0 || a->n_head % a->n_kv_head != 0 || a->head_dim <= 0 ||
-        a->block_size <= 0 || (int64_t)a->n_head * a->head_dim > a->q_stride)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
-                          "attention: n_head %d, n_kv_head %d, head_dim %d, block_size %d, q_stride %d",
-                          (int)a->n_head, (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size,
-                          (int)a->q_stride);
-    if (a->n_head > 4096 || a->head_dim > 65536)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: n_head %d / head_dim %d too large",
-                          (int)a->n_head, (int)a->head_dim);
-    if (!a->seqs || !a->q || !a->out || !a->k_cache || !a->v_cache || !bt->seq || !bt->n_visible)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL pointer");
-    if (!isfinite(a->scale))
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: scale %g", (double)a->scale);
+        a->block_size <= 0 || (int64_t)a->n_head * a->head_dim > a->q_stride) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                   "attention: n_head %d, n_kv_head %d, head_dim %d, block_size %d, q_stride %d",
+                   (int)a->n_head, (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->q_stride);
+        return -1;
+    }
+    if (a->n_head > 4096 || a->head_dim > 65536) {
+        tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: n_head %d / head_dim %d too large", (int)a->n_head,
+                   (int)a->head_dim);
+        return -1;
+    }
+    if (!a->seqs || !a->q || !a->out || !a->k_cache || !a->v_cache || !bt->seq || !bt->n_visible) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL pointer");
+        return -1;
+    }
+    if (!isfinite(a->scale)) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: scale %g", (double)a->scale);
+        return -1;
+    }
     int64_t max_tot = attn_validate_rows(a, err);
-    if (max_tot < 0) return err ? err->status : TANDEM_ERR_INVALID_ARG;
+    return max_tot < 0 ? -1 : TDM_MAX(max_tot, 1);
+}
 
-    /* Slices: runs of consecutive rows of one sequence, cut into pieces of at most
-     * TDM_ATTN_SLICE rows, smaller when that leaves too few chunks for the threads. */
-    int32_t n = bt->n_rows, per = TDM_ATTN_SLICE;
-    while (per > 1 && ((int64_t)n + per - 1) / per * a->n_kv_head < (int64_t)c->n_threads) per /= 2;
-    int32_t stack_sl[2 * 64], *sl = stack_sl, n_sl = 0;
-    if (n > 64 && !(sl = malloc((size_t)n * 2 * sizeof *sl)))
-        return tdm_seterr(err, TANDEM_ERR_NOMEM, "attention: out of memory");
+int32_t *tdm_cpu_attn_slices(const tdm_batch *bt, int32_t per, int32_t *buf, int32_t cap, int32_t *n_slices) {
+    int32_t n = bt->n_rows, *sl = buf, n_sl = 0;
+    if (n > cap && !(sl = malloc((size_t)n * 2 * sizeof *sl))) return NULL;
     for (int32_t r = 0; r < n;) {
         int32_t len = 1;
         while (r + len < n && len < per && bt->seq[r + len] == bt->seq[r]) len++;
@@ -268,11 +291,26 @@ tandem_status tdm_cpu_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err 
         n_sl++;
         r += len;
     }
-    attn_job j = {c, a, sl, TDM_MAX(max_tot, 1)};
-    int64_t parts[ATTN_PARTS], need = 0;
-    attn_scratch_parts(a, j.n_tot_max, parts);
-    for (int i = 0; i < ATTN_PARTS; i++) need += parts[i];
-    tandem_status st = tdm_cpu_scratch_reserve(c, (size_t)need, err);
+    *n_slices = n_sl;
+    return sl;
+}
+
+tandem_status tdm_cpu_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err) {
+    tdm_cpu *c = tdm_cpu_of(b, "attention", err);
+    if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG;
+    int64_t max_tot = tdm_cpu_attn_check(a, err);
+    if (max_tot < 0) return err ? err->status : TANDEM_ERR_INVALID_ARG;
+    if (max_tot == 0) return TANDEM_OK; /* no rows */
+    const tdm_batch *bt = a->batch;
+
+    /* Slices: runs of consecutive rows of one sequence, cut into pieces of at most
+     * TDM_ATTN_SLICE rows, smaller when that leaves too few chunks for the threads. */
+    int32_t n = bt->n_rows, per = TDM_ATTN_SLICE, n_sl;
+    while (per > 1 && ((int64_t)n + per - 1) / per * a->n_kv_head < (int64_t)c->n_threads) per /= 2;
+    int32_t stack_sl[2 * 64], *sl = tdm_cpu_attn_slices(bt, per, stack_sl, 64, &n_sl);
+    if (!sl) return tdm_seterr(err, TANDEM_ERR_NOMEM, "attention: out of memory");
+    attn_job j = {c, a, sl, max_tot};
+    tandem_status st = tdm_cpu_scratch_reserve(c, tdm_cpu_attn_scratch(a, max_tot), err);
     if (st == TANDEM_OK) {
         int64_t n_chunks = (int64_t)n_sl * a->n_kv_head;
         int64_t work = (int64_t)n * a->n_head * (max_tot + 1) * a->head_dim; /* upper bound */

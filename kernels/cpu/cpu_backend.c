@@ -126,6 +126,7 @@ static const tdm_backend_ops cpu_ops = {
     .gather_rows = tdm_cpu_gather_rows,
     .qhead_logits = tdm_cpu_qhead_logits,
     .head_argmax = tdm_cpu_head_argmax,
+    .blocks = tdm_cpu_blocks,
     .sync = cpu_sync,
 };
 
@@ -137,6 +138,14 @@ tdm_cpu *tdm_cpu_of(tdm_backend *b, const char *op, tdm_err *err) {
     return b->impl;
 }
 
+void tdm_backend_cpu_set_tp(tdm_backend *b, bool on) {
+    if (b && b->ops == &cpu_ops && b->impl) ((tdm_cpu *)b->impl)->tp_mode = on ? 0 : -1;
+}
+
+uint64_t tdm_backend_cpu_blocks_runs(const tdm_backend *b) {
+    return b && b->ops == &cpu_ops && b->impl ? ((const tdm_cpu *)b->impl)->blocks_runs : 0;
+}
+
 int tdm_backend_cpu_level(const tdm_backend *b) {
     if (!b || b->ops != &cpu_ops || !b->impl) return -1;
     return (int)((const tdm_cpu *)b->impl)->level;
@@ -144,9 +153,9 @@ int tdm_backend_cpu_level(const tdm_backend *b) {
 
 /* ---- scratch ------------------------------------------------------------------- */
 
-tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err) {
-    for (int t = 0; t < c->n_threads; t++) {
-        tdm_cpu_scratch *s = &c->scratch[t];
+tandem_status tdm_cpu_scratch_grow(tdm_cpu_scratch *arr, int count, size_t n, tdm_err *err) {
+    for (int t = 0; t < count; t++) {
+        tdm_cpu_scratch *s = &arr[t];
         if (s->cap >= n) continue;
         size_t cap = n + n / 4 + 1024;
         size_t bytes;
@@ -161,6 +170,10 @@ tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err) {
     return TANDEM_OK;
 }
 
+tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err) {
+    return tdm_cpu_scratch_grow(c->scratch, c->n_threads, n, err);
+}
+
 /* ---- creation ------------------------------------------------------------------ */
 
 static void cpu_free_impl(tdm_cpu *c) {
@@ -171,9 +184,12 @@ static void cpu_free_impl(tdm_cpu *c) {
         free(c->rope[i].inv_freq);
     }
     tdm_threadpool_destroy(c->pool);
-    if (c->scratch)
-        for (int t = 0; t < c->n_threads; t++) tdm_free_aligned(c->scratch[t].buf);
-    free(c->scratch);
+    tdm_cpu_scratch *arrs[] = {c->scratch, c->team};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(arrs); i++) {
+        if (arrs[i])
+            for (int t = 0; t < c->n_threads; t++) tdm_free_aligned(arrs[i][t].buf);
+        free(arrs[i]);
+    }
     tdm_free_aligned(c->head_buf);
     free(c);
 }
@@ -210,8 +226,11 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     c->k = tdm_cpu_kernels_for(level);
     const char *pack = getenv("TANDEM_CPU_PACK");
     c->pack = !(pack && strcmp(pack, "0") == 0);
+    const char *tp = getenv("TANDEM_CPU_TP");
+    c->tp_mode = tp && strcmp(tp, "0") == 0 ? -1 : 0;
     c->scratch = calloc((size_t)n_threads, sizeof *c->scratch);
-    if (!c->scratch) {
+    c->team = calloc((size_t)n_threads, sizeof *c->team);
+    if (!c->scratch || !c->team) {
         free(b);
         cpu_free_impl(c);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "cpu backend: out of memory");

@@ -26,6 +26,10 @@ typedef enum tdm_cpu_level {
 
 /* Rows of W per conversion group: tiles are padded to a multiple of this. */
 #define TDM_MM_RB 4
+/* Largest n that uses the direct (convert on the fly) matmul path. */
+#ifndef TDM_MM_DIRECT_MAX
+#define TDM_MM_DIRECT_MAX 16
+#endif
 
 typedef struct tdm_cpu_kernels {
     const char *name;
@@ -160,6 +164,11 @@ typedef struct tdm_cpu {
     void *head_buf;           /* x bytes, logits or bounds, per-task maxima and candidates of a pass */
     size_t head_cap;
     uint64_t head_rows, head_cands; /* head_argmax: rows answered, exact logits computed */
+    /* tensor-parallel blocks (blocks.c) */
+    tdm_cpu_scratch *team;    /* [n_threads] per-thread activations */
+    uint64_t blocks_runs;     /* forward passes the blocks op ran */
+    int tp_mode;              /* 0: tensor-parallel blocks where they fit; -1: never
+                                 (TANDEM_CPU_TP=0, tdm_backend_cpu_set_tp) */
 } tdm_cpu;
 
 /* Highest level this CPU supports. */
@@ -178,6 +187,14 @@ int tdm_backend_cpu_level(const tdm_backend *b);
 
 /* Ensures every thread's scratch holds at least n floats. */
 tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err);
+/* The same for count scratch areas arr[0 .. count). */
+tandem_status tdm_cpu_scratch_grow(tdm_cpu_scratch *arr, int count, size_t n, tdm_err *err);
+/* Lets the `blocks` op run tensor parallel (the default, unless TANDEM_CPU_TP=0) or
+ * not (it then returns TANDEM_ERR_UNSUPPORTED: the ops run one by one).  For tests
+ * and benchmarks. */
+void tdm_backend_cpu_set_tp(tdm_backend *b, bool on);
+/* Forward passes a CPU backend's blocks op has run (0 when b is not one). */
+uint64_t tdm_backend_cpu_blocks_runs(const tdm_backend *b);
 
 /* Threads to use for `work` units when each thread should get at least `min_work`. */
 static inline int tdm_cpu_nth(const tdm_cpu *c, int64_t work, int64_t min_work) {
@@ -208,6 +225,51 @@ tandem_status tdm_cpu_swiglu(tdm_backend *b, const float *gate_up, int32_t n, in
                              float *out, tdm_err *err);
 tandem_status tdm_cpu_gather_rows(tdm_backend *b, const float *x, const int32_t *rows, int32_t n,
                                   int32_t dim, float *out, tdm_err *err);
+
+tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
+
+/* matmul on the calling thread (a validated weight, possibly a view):
+ * y[i][r] = dot(x[i], W row r) for i < n, every row r of w; x rows are w->cols
+ * apart, y rows ldy apart.  tile: tdm_cpu_matmul_local_scratch floats. */
+void tdm_cpu_matmul_local(const tdm_cpu *c, const tdm_weight *w, const float *x, int32_t n, float *y,
+                          int64_t ldy, float *tile);
+size_t tdm_cpu_matmul_local_scratch(const tdm_cpu *c, const tdm_weight *w, int32_t n);
+
+/* Pieces of the ops that the tensor-parallel blocks (blocks.c) run per thread. */
+
+/* Where attention reads query vectors and writes outputs: row r's kv group gq
+ * (its group heads) at q + r * q_stride + gq * group * hd, likewise out. */
+typedef struct tdm_attn_io {
+    const float *q;
+    int64_t q_stride;
+    float *out;
+    int64_t out_stride;
+} tdm_attn_io;
+/* Rows of one sequence per attention slice, at most. */
+#define TDM_ATTN_SLICE 8
+/* Validates attention arguments as the op does: the largest number of slots a row
+ * sees (at least 1), 0 for no rows, or -1 with err set. */
+int64_t tdm_cpu_attn_check(const tdm_attn_args *a, tdm_err *err);
+/* The batch's rows cut into slices ([n][2]: first row, count) of at most per rows
+ * of one sequence: buf when it holds cap slices, else malloc'ed (NULL when that
+ * fails); *n_slices set. */
+int32_t *tdm_cpu_attn_slices(const tdm_batch *bt, int32_t per, int32_t *buf, int32_t cap, int32_t *n_slices);
+/* Scratch floats one slice needs (n_tot_max from tdm_cpu_attn_check). */
+size_t tdm_cpu_attn_scratch(const tdm_attn_args *a, int64_t n_tot_max);
+/* Attention of one slice for kv head g of the cache, queries and outputs at kv
+ * group gq of io. */
+void tdm_cpu_attn_run(const tdm_cpu_kernels *k, const tdm_attn_args *a, const tdm_attn_io *io,
+                      int64_t n_tot_max, const int32_t *slice, int32_t g, int32_t gq, float *scratch);
+/* The RoPE angle table ([pos][n_rot / 2][2] cos, sin) filled for positions pos[0 ..
+ * n), after validating rp and the positions; NULL with err set on failure.  Not
+ * thread-safe (call before parallel work). */
+const float *tdm_cpu_rope_table(tdm_cpu *c, const tdm_rope_params *rp, int32_t head_dim, const int32_t *pos,
+                                int32_t n, tdm_err *err);
+/* kv_write's per-row checks (sequence, slot inside it). */
+tandem_status tdm_cpu_kv_write_check_rows(const tdm_kv_write_args *a, tdm_err *err);
+/* Writes kv heads [g0, g0 + ng) of every row; a->k and a->v rows hold those heads
+ * from offset 0. */
+void tdm_cpu_kv_write_heads(const tdm_cpu *c, const tdm_kv_write_args *a, int32_t g0, int32_t ng);
 
 /* Validates a weight descriptor (type, dims, row_bytes, data). */
 tandem_status tdm_cpu_check_weight(const tdm_weight *w, const char *op, tdm_err *err);

@@ -17,10 +17,6 @@
 
 #include "cpu_internal.h"
 
-/* Largest n that uses the direct (convert on the fly) path. */
-#ifndef TDM_MM_DIRECT_MAX
-#define TDM_MM_DIRECT_MAX 16
-#endif
 
 /* ---- scalar kernels ------------------------------------------------------------ */
 
@@ -234,6 +230,47 @@ typedef struct mm_job {
     int64_t ld;      /* floats per tile row */
 } mm_job;
 
+/* W rows per tile of about 32 KiB of f32 (L1 resident): a multiple of TDM_MM_RB,
+ * at most 64; *ld = floats per tile row. */
+static int64_t mm_tile_rows(int64_t cols, int64_t *ld) {
+    *ld = (cols + 15) & ~(int64_t)15;
+    int64_t chunk = (32768 / 4) / *ld;
+    chunk = chunk / TDM_MM_RB * TDM_MM_RB;
+    if (chunk < TDM_MM_RB) chunk = TDM_MM_RB;
+    return chunk > 64 ? 64 : chunk;
+}
+
+static bool mm_direct(const tdm_cpu *c, const tdm_weight *w, int32_t n) {
+    return n <= TDM_MM_DIRECT_MAX && w->type < 32 && (c->k->gemv_types >> w->type & 1u);
+}
+
+size_t tdm_cpu_matmul_local_scratch(const tdm_cpu *c, const tdm_weight *w, int32_t n) {
+    if (w->layout != TDM_LAYOUT_ROWS || mm_direct(c, w, n)) return 0;
+    int64_t ld, chunk = mm_tile_rows(w->cols, &ld);
+    return (size_t)(chunk * ld);
+}
+
+void tdm_cpu_matmul_local(const tdm_cpu *c, const tdm_weight *w, const float *x, int32_t n, float *y,
+                          int64_t ldy, float *tile) {
+    const tdm_cpu_kernels *k = c->k;
+    if (w->layout == TDM_LAYOUT_P64) {
+        k->gemv_p64(w, x, n, 0, w->rows / TDM_LAYOUT_P64_ROWS, y, ldy, false);
+        return;
+    }
+    if (mm_direct(c, w, n)) {
+        k->gemv(w, x, n, 0, w->rows, y, ldy, false);
+        return;
+    }
+    int64_t ld, chunk = mm_tile_rows(w->cols, &ld);
+    for (int64_t r0 = 0; r0 < w->rows; r0 += chunk) {
+        int64_t nr = TDM_MIN(chunk, w->rows - r0);
+        int64_t padded = (nr + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
+        k->convert_rows(w, r0, nr, tile, ld);
+        if (padded > nr) memset(tile + nr * ld, 0, (size_t)((padded - nr) * ld) * sizeof(float));
+        k->gemm(x, w->cols, n, tile, ld, nr, w->cols, y + r0, ldy, false);
+    }
+}
+
 /* Small n: the direct kernel over a range of W rows. */
 static void mm_gemv_task(void *ctx, int64_t chunk, int ith) {
     (void)ith;
@@ -292,7 +329,7 @@ tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x
         return TANDEM_OK;
     }
 
-    if (n <= TDM_MM_DIRECT_MAX && w->type < 32 && (c->k->gemv_types >> w->type & 1u)) {
+    if (mm_direct(c, w, n)) {
         /* One contiguous range of W rows per thread, so that each thread's software
          * prefetch runs ahead through all of its range (with 4 chunks claimed per
          * thread, the first rows of every chunk came unprefetched: target decode
@@ -309,12 +346,7 @@ tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x
         return TANDEM_OK;
     }
 
-    /* Tile of about 32 KiB of f32 (L1 resident), at least TDM_MM_RB rows. */
-    j.ld = (cols + 15) & ~(int64_t)15;
-    int64_t chunk = (32768 / 4) / j.ld;
-    chunk = chunk / TDM_MM_RB * TDM_MM_RB;
-    if (chunk < TDM_MM_RB) chunk = TDM_MM_RB;
-    if (chunk > 64) chunk = 64;
+    int64_t chunk = mm_tile_rows(cols, &j.ld);
     j.chunk = chunk;
     st = tdm_cpu_scratch_reserve(c, (size_t)(chunk * j.ld), err);
     if (st != TANDEM_OK) return st;

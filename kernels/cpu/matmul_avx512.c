@@ -303,30 +303,43 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
 #define TDM_P64_PF2_BYTES 24576
 #endif
 
-/* The stream TDM_P64_PF_BYTES (into L1) and TDM_P64_PF2_BYTES (into L2) past
- * column p of a block, up to pf_end. */
+/* Where a P64 stream goes on after a block: blocks are `stride` bytes apart and
+ * the stream reads the first `slice` bytes of each (a view of some columns: the
+ * rest, gap = stride - slice, belongs to other columns; gap = 0 for a whole
+ * weight).  The stream ends at `end`. */
+typedef struct p64_stream {
+    size_t gap;
+    const uint8_t *end;
+} p64_stream;
+
+/* Prefetches the stream TDM_P64_PF_BYTES (into L1) and TDM_P64_PF2_BYTES (into
+ * L2) past column p of a block whose slice ends at slice_end: an address past the
+ * slice moves on by the gap, into the next block's slice. */
 static inline __attribute__((always_inline)) void p64_prefetch(const uint8_t *p, size_t col_bytes,
-                                                                const uint8_t *pf_end) {
+                                                                const uint8_t *slice_end, p64_stream st) {
     const uint8_t *q = p + TDM_P64_PF_BYTES, *q2 = p + TDM_P64_PF2_BYTES;
-    if (q < pf_end)
+    if (q >= slice_end) q += st.gap;
+    if (q2 >= slice_end) q2 += st.gap;
+    if (q < st.end)
         for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q + l, _MM_HINT_T0);
-    if (q2 < pf_end)
+    if (q2 < st.end)
         for (size_t l = 0; l < col_bytes; l += 64) _mm_prefetch((const char *)q2 + l, _MM_HINT_T1);
 }
 
 /* MR input rows x one 64-row block (4 vectors of 16 outputs): s[i][v] +=
  * x[i][k] * W[k][v lanes] for k = 0, 1, ..., cols - 1 in order, one FMA per
  * column, so every output is one lane summed serially over k whatever MR is.  The
- * stream is prefetched ahead (TDM_P64_PF_BYTES, TDM_P64_PF2_BYTES), up to pf_end. */
+ * stream is prefetched ahead (TDM_P64_PF_BYTES, TDM_P64_PF2_BYTES; p64_stream). */
 static inline __attribute__((always_inline)) void
 p64_kern(const int MR, const uint32_t type, const uint8_t *blk, const float *x, int64_t cols, float *y,
-         int64_t ldy, bool acc, const uint8_t *pf_end) {
+         int64_t ldy, bool acc, p64_stream st) {
     const size_t col_bytes = 64 * (type == TDM_F32 ? 4 : 2);
     __m512 s[6][4];
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < 4; v++) s[i][v] = _mm512_setzero_ps();
+    const uint8_t *slice_end = blk + (size_t)cols * col_bytes;
     for (int64_t k = 0; k < cols; k++) {
-        p64_prefetch(blk + (size_t)k * col_bytes, col_bytes, pf_end);
+        p64_prefetch(blk + (size_t)k * col_bytes, col_bytes, slice_end, st);
         __m512 w[4];
         for (int v = 0; v < 4; v++) w[v] = wload(type, blk, k * 64 + 16 * v);
         for (int i = 0; i < MR; i++) {
@@ -347,13 +360,14 @@ p64_kern(const int MR, const uint32_t type, const uint8_t *blk, const float *x, 
  * block again from the caches. */
 static inline __attribute__((always_inline)) void
 p64_half(const int MR, const uint32_t type, const uint8_t *blk, int h, const float *x, int64_t cols, float *y,
-         int64_t ldy, bool acc, const uint8_t *pf_end) {
+         int64_t ldy, bool acc, p64_stream st) {
     const size_t col_bytes = 64 * (type == TDM_F32 ? 4 : 2);
     __m512 s[12][2];
     for (int i = 0; i < MR; i++)
         for (int v = 0; v < 2; v++) s[i][v] = _mm512_setzero_ps();
+    const uint8_t *slice_end = blk + (size_t)cols * col_bytes;
     for (int64_t k = 0; k < cols; k++) {
-        if (h == 0) p64_prefetch(blk + (size_t)k * col_bytes, col_bytes, pf_end);
+        if (h == 0) p64_prefetch(blk + (size_t)k * col_bytes, col_bytes, slice_end, st);
         __m512 w0 = wload(type, blk, k * 64 + 32 * h), w1 = wload(type, blk, k * 64 + 32 * h + 16);
         for (int i = 0; i < MR; i++) {
             __m512 a = _mm512_set1_ps(x[i * cols + k]);
@@ -376,9 +390,11 @@ static inline __attribute__((always_inline)) void
 p64_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n, int64_t b0, int64_t b1,
          float *y, int64_t ldy, bool acc) {
     const int64_t cols = w->cols;
-    const size_t blk_bytes = (size_t)cols * 64 * (type == TDM_F32 ? 4 : 2);
+    /* blocks 64 rows of row_bytes apart (a view of some columns of a wider weight
+     * reads the first cols columns of each) */
+    const size_t blk_bytes = 64 * w->row_bytes, slice = (size_t)cols * 64 * (type == TDM_F32 ? 4 : 2);
     const uint8_t *base = (const uint8_t *)w->data;
-    const uint8_t *end = base + (size_t)b1 * blk_bytes;
+    const p64_stream end = {blk_bytes - slice, base + (size_t)(b1 - 1) * blk_bytes + slice};
     int32_t groups, base_rows, extra;
     tdm_balanced_groups(n, n > 6 ? 12 : 6, &groups, &base_rows, &extra);
     for (int64_t b = b0; b < b1; b++) {

@@ -165,35 +165,43 @@ static tdm_rope_cache *rope_cache_get(tdm_cpu *c, const tdm_rope_params *rp, int
     return rc;
 }
 
-tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
-                           int32_t head_dim, const int32_t *pos, const tdm_rope_params *rp,
-                           tdm_err *err) {
-    GET_CPU("rope");
-    if (!rp) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL params");
-    if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
-                          "rope: n = %d, n_head = %d, head_dim = %d, row_stride = %d", (int)n,
-                          (int)n_head, (int)head_dim, (int)row_stride);
-    if (rp->n_rot <= 0 || rp->n_rot % 2 != 0 || rp->n_rot > head_dim)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: n_rot %d (head_dim %d)", (int)rp->n_rot,
-                          (int)head_dim);
-    if (rp->n_rot > ROPE_MAX_ROT)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope: n_rot %d > %d", (int)rp->n_rot,
-                          ROPE_MAX_ROT);
-    if (!(rp->freq_base > 0) || !isfinite(rp->freq_scale))
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: freq_base %g, freq_scale %g",
-                          (double)rp->freq_base, (double)rp->freq_scale);
-    if (n == 0) return TANDEM_OK;
-    if (!x || !pos) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x or pos");
+const float *tdm_cpu_rope_table(tdm_cpu *c, const tdm_rope_params *rp, int32_t head_dim, const int32_t *pos,
+                                int32_t n, tdm_err *err) {
+    if (!rp) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL params");
+        return NULL;
+    }
+    if (rp->n_rot <= 0 || rp->n_rot % 2 != 0 || rp->n_rot > head_dim) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: n_rot %d (head_dim %d)", (int)rp->n_rot, (int)head_dim);
+        return NULL;
+    }
+    if (rp->n_rot > ROPE_MAX_ROT) {
+        tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope: n_rot %d > %d", (int)rp->n_rot, ROPE_MAX_ROT);
+        return NULL;
+    }
+    if (!(rp->freq_base > 0) || !isfinite(rp->freq_scale)) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: freq_base %g, freq_scale %g", (double)rp->freq_base,
+                   (double)rp->freq_scale);
+        return NULL;
+    }
+    if (n > 0 && !pos) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL pos");
+        return NULL;
+    }
     int32_t max_pos = 0;
     for (int32_t i = 0; i < n; i++) {
-        if (pos[i] < 0 || pos[i] >= ROPE_MAX_CACHED_POS)
-            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: position %d out of range [0, %d)",
-                              (int)pos[i], ROPE_MAX_CACHED_POS);
+        if (pos[i] < 0 || pos[i] >= ROPE_MAX_CACHED_POS) {
+            tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: position %d out of range [0, %d)", (int)pos[i],
+                       ROPE_MAX_CACHED_POS);
+            return NULL;
+        }
         max_pos = pos[i] > max_pos ? pos[i] : max_pos;
     }
     tdm_rope_cache *rc = rope_cache_get(c, rp, max_pos);
-    if (!rc) return tdm_seterr(err, TANDEM_ERR_NOMEM, "rope: out of memory for the angle cache");
+    if (!rc) {
+        tdm_seterr(err, TANDEM_ERR_NOMEM, "rope: out of memory for the angle cache");
+        return NULL;
+    }
     int32_t half = rp->n_rot / 2;
     for (int32_t i = 0; i < n; i++) { /* fill missing positions (single-threaded) */
         int32_t p = pos[i];
@@ -207,8 +215,24 @@ tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stri
         }
         rc->valid[p] = 1;
     }
+    return rc->cs;
+}
+
+tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                           int32_t head_dim, const int32_t *pos, const tdm_rope_params *rp,
+                           tdm_err *err) {
+    GET_CPU("rope");
+    if (!rp) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL params");
+    if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "rope: n = %d, n_head = %d, head_dim = %d, row_stride = %d", (int)n,
+                          (int)n_head, (int)head_dim, (int)row_stride);
+    if (n > 0 && !x) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x or pos");
+    const float *cs = tdm_cpu_rope_table(c, rp, head_dim, pos, n, err);
+    if (!cs) return err ? err->status : TANDEM_ERR_INVALID_ARG;
+    if (n == 0) return TANDEM_OK;
     rope_job j = {.c = c, .x = x, .n = n, .row_stride = row_stride, .n_head = n_head, .head_dim = head_dim,
-                  .half = half, .pos = pos, .neox = rp->neox, .cs = rc->cs};
+                  .half = rp->n_rot / 2, .pos = pos, .neox = rp->neox, .cs = cs};
     int64_t work = (int64_t)n * n_head * rp->n_rot;
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, work, MIN_WORK), rope_task, &j);
     return TANDEM_OK;
@@ -275,6 +299,50 @@ static inline int64_t kv_block_offset(int32_t block, int32_t g, int32_t n_kv_hea
     return ((int64_t)block * n_kv_head + g) * bs * hd;
 }
 
+tandem_status tdm_cpu_kv_write_check_rows(const tdm_kv_write_args *a, tdm_err *err) {
+    const tdm_batch *bt = a->batch;
+    int32_t bs = a->block_size;
+    for (int32_t r = 0; r < bt->n_rows; r++) {
+        int32_t si = bt->seq[r], slot = bt->slot[r];
+        const tdm_kv_seq *s = si >= 0 ? a->seqs[si] : NULL;
+        if (!s || !s->blocks)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: row %d: bad sequence %d", (int)r,
+                              (int)si);
+        if (slot < 0 || slot >= s->len || slot / bs >= s->n_blocks || s->blocks[slot / bs] < 0)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                              "kv_write: row %d: slot %d outside the sequence (len %d, %d blocks)",
+                              (int)r, (int)slot, (int)s->len, (int)s->n_blocks);
+    }
+    return TANDEM_OK;
+}
+
+void tdm_cpu_kv_write_heads(const tdm_cpu *c, const tdm_kv_write_args *a, int32_t g0, int32_t ng) {
+    const tdm_batch *bt = a->batch;
+    int32_t bs = a->block_size, hd = a->head_dim, nkv = a->n_kv_head;
+    for (int32_t r = 0; r < bt->n_rows; r++) {
+        const tdm_kv_seq *s = a->seqs[bt->seq[r]];
+        int32_t slot = bt->slot[r], block = s->blocks[slot / bs], p = slot % bs;
+        const float *k = a->k + (int64_t)r * a->row_stride, *v = a->v + (int64_t)r * a->row_stride;
+        for (int32_t g = g0; g < g0 + ng; g++) {
+            int64_t off = kv_block_offset(block, g, nkv, bs, hd);
+            const float *kg = k + (int64_t)(g - g0) * hd, *vg = v + (int64_t)(g - g0) * hd;
+            if (a->cache_type == TDM_F32) {
+                float *kc = (float *)a->k_cache + off + p;
+                for (int32_t d = 0; d < hd; d++) kc[(int64_t)d * bs] = kg[d];
+                memcpy((float *)a->v_cache + off + (int64_t)p * hd, vg, (size_t)hd * sizeof(float));
+            } else {
+                uint16_t *kc = (uint16_t *)a->k_cache + off + p, tmp[64];
+                for (int32_t d0 = 0; d0 < hd; d0 += 64) {
+                    int32_t n = TDM_MIN(64, hd - d0);
+                    c->k->to_f16(kg + d0, tmp, n);
+                    for (int32_t d = 0; d < n; d++) kc[(int64_t)(d0 + d) * bs] = tmp[d];
+                }
+                c->k->to_f16(vg, (uint16_t *)a->v_cache + off + (int64_t)p * hd, hd);
+            }
+        }
+    }
+}
+
 tandem_status tdm_cpu_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err) {
     GET_CPU("kv_write");
     if (!a || !a->batch) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: NULL args or batch");
@@ -291,39 +359,8 @@ tandem_status tdm_cpu_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_e
                           (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->row_stride);
     if (!a->seqs || !a->k || !a->v || !a->k_cache || !a->v_cache || !bt->seq || !bt->slot)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: NULL pointer");
-    int32_t bs = a->block_size, hd = a->head_dim, nkv = a->n_kv_head;
-    for (int32_t r = 0; r < bt->n_rows; r++) {
-        int32_t si = bt->seq[r], slot = bt->slot[r];
-        const tdm_kv_seq *s = si >= 0 ? a->seqs[si] : NULL;
-        if (!s || !s->blocks)
-            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: row %d: bad sequence %d", (int)r,
-                              (int)si);
-        if (slot < 0 || slot >= s->len || slot / bs >= s->n_blocks || s->blocks[slot / bs] < 0)
-            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
-                              "kv_write: row %d: slot %d outside the sequence (len %d, %d blocks)",
-                              (int)r, (int)slot, (int)s->len, (int)s->n_blocks);
-    }
-    for (int32_t r = 0; r < bt->n_rows; r++) {
-        const tdm_kv_seq *s = a->seqs[bt->seq[r]];
-        int32_t slot = bt->slot[r], block = s->blocks[slot / bs], p = slot % bs;
-        const float *k = a->k + (int64_t)r * a->row_stride, *v = a->v + (int64_t)r * a->row_stride;
-        for (int32_t g = 0; g < nkv; g++) {
-            int64_t off = kv_block_offset(block, g, nkv, bs, hd);
-            const float *kg = k + (int64_t)g * hd;
-            if (a->cache_type == TDM_F32) {
-                float *kc = (float *)a->k_cache + off + p;
-                for (int32_t d = 0; d < hd; d++) kc[(int64_t)d * bs] = kg[d];
-                memcpy((float *)a->v_cache + off + (int64_t)p * hd, v + (int64_t)g * hd, (size_t)hd * sizeof(float));
-            } else {
-                uint16_t *kc = (uint16_t *)a->k_cache + off + p, tmp[64];
-                for (int32_t d0 = 0; d0 < hd; d0 += 64) {
-                    int32_t n = TDM_MIN(64, hd - d0);
-                    c->k->to_f16(kg + d0, tmp, n);
-                    for (int32_t d = 0; d < n; d++) kc[(int64_t)(d0 + d) * bs] = tmp[d];
-                }
-                c->k->to_f16(v + (int64_t)g * hd, (uint16_t *)a->v_cache + off + (int64_t)p * hd, hd);
-            }
-        }
-    }
+    tandem_status st = tdm_cpu_kv_write_check_rows(a, err);
+    if (st) return st;
+    tdm_cpu_kv_write_heads(c, a, 0, a->n_kv_head);
     return TANDEM_OK;
 }

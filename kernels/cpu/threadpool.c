@@ -17,10 +17,17 @@
 typedef struct tdm_worker {
     tdm_threadpool *tp;
     int ith;
+    uint64_t team_tag; /* the last team job this worker ran its part of */
     pthread_t thread;
 } tdm_worker;
 
-/* The job word: [63:52] max threads, [51:26] chunk count, [25:0] next chunk. */
+/* A team member's barrier count, alone in its cache line. */
+typedef struct tdm_team_slot {
+    _Alignas(64) atomic_uint epoch;
+} tdm_team_slot;
+
+/* The job word: [63:52] max threads, [51:26] chunk count, [25:0] next chunk.  A
+ * team job has chunk count 0 and its tag (a job number, never 0) as next chunk. */
 #define W_NEXT_BITS 26
 #define W_MASK (((uint64_t)1 << W_NEXT_BITS) - 1)
 static inline uint64_t w_pack(uint64_t maxth, uint64_t n, uint64_t next) {
@@ -49,6 +56,10 @@ struct tdm_threadpool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     double spin_s;          /* how long idle workers spin before sleeping */
+
+    int team_n;             /* members of the current team job */
+    uint64_t team_tag;      /* tag of the last team job */
+    tdm_team_slot *slots;   /* [n_threads] barrier counts of team members */
 };
 
 static double tp_now(void) {
@@ -88,11 +99,27 @@ static int64_t tp_claim(tdm_threadpool *tp, int ith) {
     }
 }
 
-static void tp_work(tdm_threadpool *tp, int ith) {
+/* Runs chunks of the current (chunked) job until none is left. */
+static void tp_chunks(tdm_threadpool *tp, int ith) {
     for (int64_t c; (c = tp_claim(tp, ith)) >= 0;) {
         tp->fn(tp->ctx, c, ith);
         atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
     }
+}
+
+/* A worker's part of the current job. */
+static void tp_work(tdm_threadpool *tp, tdm_worker *w) {
+    const int ith = w->ith;
+    uint64_t v = atomic_load_explicit(&tp->word, memory_order_acquire);
+    if (((v >> W_NEXT_BITS) & W_MASK) == 0) { /* a team job: run its part once */
+        uint64_t tag = v & W_MASK;
+        if ((uint64_t)ith >= v >> (2 * W_NEXT_BITS) || tag == w->team_tag) return;
+        w->team_tag = tag;
+        tp->fn(tp->ctx, ith, ith);
+        atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
+        return;
+    }
+    tp_chunks(tp, ith);
 }
 
 static void *tp_worker_main(void *arg) {
@@ -102,7 +129,7 @@ static void *tp_worker_main(void *arg) {
     for (;;) {
         seen = tp_wait_job(tp, seen);
         if (atomic_load(&tp->stop)) break;
-        tp_work(tp, w->ith);
+        tp_work(tp, w);
     }
     return NULL;
 }
@@ -151,6 +178,12 @@ tandem_status tdm_threadpool_create(int n_threads, tdm_threadpool **out, tdm_err
         free(tp);
         return tdm_seterr(err, TANDEM_ERR_INTERNAL, "thread pool: condvar init failed");
     }
+    tp->slots = tdm_alloc_aligned((size_t)n_threads * sizeof *tp->slots, 64);
+    if (!tp->slots) {
+        tdm_threadpool_destroy(tp);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "thread pool: out of memory");
+    }
+    for (int i = 0; i < n_threads; i++) atomic_init(&tp->slots[i].epoch, 0);
     if (n_threads > 1) {
         tp->workers = calloc((size_t)n_threads - 1, sizeof *tp->workers);
         if (!tp->workers) {
@@ -178,10 +211,19 @@ void tdm_threadpool_destroy(tdm_threadpool *tp) {
     pthread_cond_destroy(&tp->cv);
     pthread_mutex_destroy(&tp->mu);
     free(tp->workers);
+    tdm_free_aligned(tp->slots);
     free(tp);
 }
 
 int tdm_threadpool_size(const tdm_threadpool *tp) { return tp ? tp->n_threads : 1; }
+
+/* Waits until n chunks (or team parts) of the current job have finished. */
+static void tp_wait_done(tdm_threadpool *tp, int64_t n) {
+    for (unsigned it = 1; atomic_load_explicit(&tp->n_done, memory_order_acquire) < n; it++) {
+        TDM_CPU_RELAX();
+        if ((it & 1023) == 0) sched_yield(); /* a worker may have been descheduled */
+    }
+}
 
 void tdm_threadpool_run(tdm_threadpool *tp, int64_t n_chunks, int max_threads, tdm_task_fn fn,
                         void *ctx) {
@@ -198,10 +240,42 @@ void tdm_threadpool_run(tdm_threadpool *tp, int64_t n_chunks, int max_threads, t
     atomic_store_explicit(&tp->word, w_pack((uint64_t)max_threads, (uint64_t)n_chunks, 0),
                           memory_order_release);
     tp_bump(tp);
-    tp_work(tp, 0);
-    /* Wait for chunks other threads have claimed and not finished yet. */
-    for (unsigned it = 1; atomic_load_explicit(&tp->n_done, memory_order_acquire) < n_chunks; it++) {
-        TDM_CPU_RELAX();
-        if ((it & 1023) == 0) sched_yield(); /* the worker may have been descheduled */
+    tp_chunks(tp, 0);
+    tp_wait_done(tp, n_chunks);
+}
+
+bool tdm_threadpool_team(tdm_threadpool *tp, int n, tdm_task_fn fn, void *ctx) {
+    if (n < 1 || n > tp->n_threads || (n > 1 && tp->n_started != tp->n_threads - 1)) return false;
+    if (n == 1) {
+        tp->team_n = 1;
+        fn(ctx, 0, 0);
+        return true;
+    }
+    tp->fn = fn;
+    tp->ctx = ctx;
+    tp->team_n = n;
+    for (int i = 0; i < n; i++) atomic_store_explicit(&tp->slots[i].epoch, 0, memory_order_relaxed);
+    tp->team_tag = tp->team_tag % W_MASK + 1; /* 1 .. W_MASK, never 0 */
+    atomic_store_explicit(&tp->n_done, 0, memory_order_relaxed);
+    atomic_store_explicit(&tp->word, w_pack((uint64_t)n, 0, tp->team_tag), memory_order_release);
+    tp_bump(tp);
+    fn(ctx, 0, 0);
+    atomic_fetch_add_explicit(&tp->n_done, 1, memory_order_release);
+    tp_wait_done(tp, n);
+    return true;
+}
+
+void tdm_team_sync(tdm_threadpool *tp, int ith) {
+    const int n = tp->team_n;
+    if (n <= 1) return;
+    tdm_team_slot *s = tp->slots;
+    unsigned e = atomic_load_explicit(&s[ith].epoch, memory_order_relaxed) + 1;
+    atomic_store_explicit(&s[ith].epoch, e, memory_order_release);
+    for (int j = 0; j < n; j++) {
+        if (j == ith) continue;
+        for (unsigned it = 1; (int)(atomic_load_explicit(&s[j].epoch, memory_order_acquire) - e) < 0; it++) {
+            TDM_CPU_RELAX();
+            if ((it & 1023) == 0) sched_yield(); /* the member may have been descheduled */
+        }
     }
 }

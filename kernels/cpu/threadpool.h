@@ -13,7 +13,14 @@
  * (TANDEM_SPIN_US microseconds, default 200) before sleeping on a condition
  * variable, so back-to-back ops dispatch in well under a microsecond.
  *
- * One job at a time: run is not reentrant and must be called from one thread.
+ * tdm_threadpool_team(pool, n, fn, ctx) is the other kind of job: fn(ctx, ith, ith)
+ * runs exactly once on each of the threads ith = 0 .. n - 1 (the caller is 0), all
+ * at once, so the calls may wait for each other at tdm_team_sync.  A team member
+ * descheduled by the OS delays the others, so teams suit work whose parts must
+ * stay on the same thread from step to step (data a thread keeps in its caches).
+ *
+ * One job at a time: run and team are not reentrant and must be called from one
+ * thread.
  */
 #ifndef TDM_THREADPOOL_H
 #define TDM_THREADPOOL_H
@@ -36,5 +43,12 @@ int tdm_threadpool_size(const tdm_threadpool *tp);
  * 1 thread, or more than TDM_THREADPOOL_MAX_CHUNKS chunks, runs inline in order. */
 void tdm_threadpool_run(tdm_threadpool *tp, int64_t n_chunks, int max_threads, tdm_task_fn fn,
                         void *ctx);
+/* Runs fn(ctx, ith, ith) once on each thread ith in [0, n), concurrently; returns
+ * when all have returned (n = 1: inline).  Returns false, running nothing, unless
+ * 1 <= n <= the pool size. */
+bool tdm_threadpool_team(tdm_threadpool *tp, int n, tdm_task_fn fn, void *ctx);
+/* Inside a team job: waits until every member of the team has called it as many
+ * times as member ith has (a barrier; stores before it are visible after it). */
+void tdm_team_sync(tdm_threadpool *tp, int ith);
 
 #endif
