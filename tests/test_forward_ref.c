@@ -652,3 +652,18 @@ Test(forward_ref, tensor_parallel_blocks, .timeout = 300) {
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) check_tp_case(&cases[i], 90 + i);
 }
+
+/* The same at the lower SIMD levels (rows layout: the direct and tile kernels on
+ * views), where this CPU has them. */
+Test(forward_ref, tensor_parallel_blocks_lower_levels, .timeout = 300) {
+    const tp_case cases[] = {
+        {"f16, 2 threads", 256, 4, 2, 256, 2, TDM_F16, "llama", 1},
+        {"qwen2 q8_0, 4 threads", 128, 4, 4, 128, 4, TDM_Q8_0, "qwen2", 1},
+    };
+    static const char *levels[] = {"avx2", "scalar"};
+    for (size_t l = 0; l < TDM_ARRAY_LEN(levels); l++) {
+        setenv("TANDEM_CPU", levels[l], 1);
+        for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) check_tp_case(&cases[i], 120 + i + 10 * l);
+    }
+    unsetenv("TANDEM_CPU");
+}
