@@ -648,7 +648,9 @@ Test(forward_ref, tensor_parallel_blocks, .timeout = 300) {
         {"f16 slices of 32 rows, 4 threads", 128, 4, 4, 128, 4, TDM_F16, "llama", 2},
         {"3 threads, 2 kv heads: declines", 256, 4, 2, 258, 3, TDM_F16, "llama", 0},
         {"1 thread: declines", 256, 4, 2, 256, 1, TDM_F16, "llama", 0},
-        {"one kv head: declines", 256, 4, 1, 256, 2, TDM_F16, "llama", 0},
+        {"one kv head shared by 2 threads", 256, 4, 1, 256, 2, TDM_F16, "llama", 1},
+        {"qwen2 q8_0, 2 kv heads shared by 4 threads", 256, 4, 2, 256, 4, TDM_Q8_0, "qwen2", 1},
+        {"4 threads, 2 query heads on one kv head: declines", 128, 2, 1, 256, 4, TDM_F16, "llama", 0},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) check_tp_case(&cases[i], 90 + i);
 }

@@ -3,6 +3,10 @@
  *
  * Thread t of T owns a contiguous share of the heads (n_head / T query heads,
  * n_kv_head / T kv heads: whole GQA groups) and of the FFN features (n_ff / T).
+ * With fewer kv heads than threads (a draft with one kv head), T / n_kv_head
+ * threads share each kv head: each computes its K and V (a few rows of Wqkv), the
+ * first writes them to the cache, and a third barrier per block lets the others
+ * read them there.
  * Each thread keeps its own copy of the residual stream x[n][E].  Per block:
  *
  *   xb = rmsnorm(x)                                   every thread, whole rows
@@ -39,7 +43,10 @@ typedef struct blocks_job {
     const tdm_blocks_args *a;
     int T;
     int32_t n;                  /* batch rows */
-    int32_t qh, kh;             /* query heads, kv heads per thread */
+    int32_t qh, kh;             /* query heads, kv heads per thread (kh = 1 when replicated) */
+    int32_t share;              /* threads per kv head: 1, or T / n_kv_head when the kv heads
+                                   are fewer than the threads (replicated: each of them
+                                   computes the kv head, the first writes the cache) */
     int32_t ql, kl, qw, fl;     /* per thread: q width, k (= v) width, q+k+v width, FFN features */
     int64_t n_tot_max;          /* visible slots of the widest row */
     const int32_t *slice;       /* [n_slices][2] attention slices */
@@ -50,6 +57,9 @@ typedef struct blocks_job {
     size_t o_x, o_xb, o_qkv, o_att, o_gu, o_ff, o_part; /* o_part: [2][n][E] */
 } blocks_job;
 
+/* The first kv head of thread t. */
+static inline int32_t kv_head0(const blocks_job *j, int t) { return t / j->share * j->kh; }
+
 /* The views thread t multiplies with in block L. */
 typedef struct block_views {
     tdm_weight q, k, v, o, gate, up, down;
@@ -59,8 +69,8 @@ static bool make_views(const blocks_job *j, const tdm_block_weights *L, int t, b
     const tdm_blocks_args *a = j->a;
     const int64_t qd = (int64_t)a->n_head * a->head_dim, kvd = (int64_t)a->n_kv_head * a->head_dim;
     return tdm_weight_rows_view(&L->wqkv, t * j->ql, j->ql, &bv->q) &&
-           tdm_weight_rows_view(&L->wqkv, qd + t * j->kl, j->kl, &bv->k) &&
-           tdm_weight_rows_view(&L->wqkv, qd + kvd + t * j->kl, j->kl, &bv->v) &&
+           tdm_weight_rows_view(&L->wqkv, qd + kv_head0(j, t) * a->head_dim, j->kl, &bv->k) &&
+           tdm_weight_rows_view(&L->wqkv, qd + kvd + kv_head0(j, t) * a->head_dim, j->kl, &bv->v) &&
            tdm_weight_cols_view(&L->wo, t * j->ql, j->ql, &bv->o) &&
            tdm_weight_rows_view(&L->w13, (int64_t)t * j->fl, j->fl, &bv->gate) &&
            tdm_weight_rows_view(&L->w13, (int64_t)a->n_ff + t * j->fl, j->fl, &bv->up) &&
@@ -117,7 +127,8 @@ static void blocks_task(void *ctx, int64_t chunk, int t) {
         tdm_cpu_matmul_local(c, &bv.v, xb, n, qkv + ql + kl, qw, scratch);
         if (L->bqkv) {
             const int64_t qd = (int64_t)a->n_head * hd, kvd = (int64_t)a->n_kv_head * hd;
-            const float *bias[3] = {L->bqkv + t * ql, L->bqkv + qd + t * kl, L->bqkv + qd + kvd + t * kl};
+            const int64_t k0 = (int64_t)kv_head0(j, t) * hd;
+            const float *bias[3] = {L->bqkv + t * ql, L->bqkv + qd + k0, L->bqkv + qd + kvd + k0};
             const int32_t at[3] = {0, ql, ql + kl}, w[3] = {ql, kl, kl};
             for (int32_t i = 0; i < n; i++)
                 for (int p = 0; p < 3; p++)
@@ -133,17 +144,18 @@ static void blocks_task(void *ctx, int64_t chunk, int t) {
             .k_cache = a->k_cache[l], .v_cache = a->v_cache[l], .cache_type = a->cache_type,
             .n_kv_head = a->n_kv_head, .head_dim = hd, .block_size = a->block_size,
         };
-        tdm_cpu_kv_write_heads(c, &kw, t * j->kh, j->kh);
+        if (t % j->share == 0) tdm_cpu_kv_write_heads(c, &kw, kv_head0(j, t), j->kh);
+        if (j->share > 1) tdm_team_sync(c->pool, t); /* the kv head's writer is done */
         tdm_attn_args aa = {
             .batch = bt, .seqs = a->seqs, .q = qkv, .q_stride = qw, .out = att,
             .k_cache = a->k_cache[l], .v_cache = a->v_cache[l], .cache_type = a->cache_type,
-            .n_head = a->n_head, .n_kv_head = a->n_kv_head, .head_dim = hd, .block_size = a->block_size,
-            .scale = j->scale,
+            .n_head = a->n_kv_head * (j->qh / j->kh), /* (the heads a kv group has here) */
+            .n_kv_head = a->n_kv_head, .head_dim = hd, .block_size = a->block_size, .scale = j->scale,
         };
         const tdm_attn_io io = {qkv, qw, att, ql};
         for (int32_t g = 0; g < j->kh; g++)
             for (int32_t s = 0; s < j->n_slices; s++)
-                tdm_cpu_attn_run(k, &aa, &io, j->n_tot_max, j->slice + 2 * s, t * j->kh + g, g, scratch);
+                tdm_cpu_attn_run(k, &aa, &io, j->n_tot_max, j->slice + 2 * s, kv_head0(j, t) + g, g, scratch);
         tdm_cpu_matmul_local(c, &bv.o, att, n, part, E, scratch);
         tdm_team_sync(c->pool, t);
         add_partials(j, 0, x);
@@ -204,16 +216,20 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: n_layer %d, n_embd %d, n_ff %d, heads %d / %d, head_dim %d",
                           (int)a->n_layer, (int)a->n_embd, (int)a->n_ff, (int)a->n_head, (int)a->n_kv_head,
                           (int)a->head_dim);
-    if (a->n_kv_head % T != 0 || a->n_ff % T != 0)
+    /* whole kv heads per thread, or threads per kv head (each with whole query heads) */
+    const int32_t group = a->n_head / a->n_kv_head;
+    const bool split = a->n_kv_head % T == 0, shared = T % a->n_kv_head == 0 && group % (T / a->n_kv_head) == 0;
+    if (!(split || shared) || a->n_ff % T != 0)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
-                          "blocks: %d threads do not divide %d kv heads and %d FFN features", T,
-                          (int)a->n_kv_head, (int)a->n_ff);
+                          "blocks: %d threads split neither %d kv heads (%d query heads) nor %d FFN features", T,
+                          (int)a->n_kv_head, (int)a->n_head, (int)a->n_ff);
     const tdm_batch *bt = a->batch;
     if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: n_rows %d", (int)bt->n_rows);
 
     blocks_job j = {.c = c, .a = a, .T = T, .n = bt->n_rows};
     j.qh = a->n_head / T;
-    j.kh = a->n_kv_head / T;
+    j.share = split ? 1 : T / a->n_kv_head;
+    j.kh = split ? a->n_kv_head / T : 1;
     j.ql = j.qh * a->head_dim;
     j.kl = j.kh * a->head_dim;
     j.qw = j.ql + 2 * j.kl;
