@@ -669,3 +669,106 @@ Test(forward_ref, tensor_parallel_blocks_lower_levels, .timeout = 300) {
     }
     unsetenv("TANDEM_CPU");
 }
+
+/* Two sequences in one batch, one of them with tree rows (a sibling and its child:
+ * extra visible slots), through the tensor-parallel blocks: each row's logits equal,
+ * bit for bit, those of its path fed as a plain sequence, and those of the
+ * op-by-op forward to rounding. */
+static float *multi_seq_logits(eng *x, const int32_t *ta, const int32_t *tb, int32_t alt[2]) {
+    tdm_engine *e = x->e;
+    int V = x->m->hp.n_vocab;
+    tdm_err err = {0};
+    tdm_seq sa, sb;
+    memset(&sa, 0, sizeof sa);
+    memset(&sb, 0, sizeof sb);
+    sa.tokens = (int32_t *)ta;
+    sa.n_tokens = sa.cap = 19;
+    sb.tokens = (int32_t *)tb;
+    sb.n_tokens = sb.cap = 16;
+    cr_assert_eq(tdm_engine_feed(e, &sa, false, 0, 16, false, TDM_FWD_LOGITS, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_feed(e, &sb, false, 0, 14, false, TDM_FWD_LOGITS, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_kv_seq_reserve(e->pool, &sa.kv, 19, &err), TANDEM_OK);
+    cr_assert_eq(tdm_kv_seq_reserve(e->pool, &sb.kv, 18, &err), TANDEM_OK);
+    tdm_batch b;
+    cr_assert_eq(tdm_batch_init(&b, 8, &err), TANDEM_OK);
+    /* B first, then A: B at 14, 15; the sibling of 15 (token alt[0], slot 16) and its
+     * child (alt[1], position 16, slot 17) see [0, 15) plus their tree slots */
+    tdm_batch_add(&b, tb[14], 14, 1, 14, true);
+    tdm_batch_add(&b, tb[15], 15, 1, 15, true);
+    tdm_batch_add(&b, alt[0], 15, 1, 16, true);
+    tdm_batch_add(&b, alt[1], 16, 1, 17, true);
+    for (int p = 16; p < 19; p++) tdm_batch_add(&b, ta[p], p, 0, p, true);
+    b.n_visible[2] = b.n_visible[3] = 15;
+    b.extra_off = calloc(8, sizeof(int32_t));
+    b.extra_slot = malloc(3 * sizeof(int32_t));
+    b.extra_off[3] = 1; /* row 2: slot 16 */
+    b.extra_off[4] = b.extra_off[5] = b.extra_off[6] = b.extra_off[7] = 3; /* row 3: 16, 17 */
+    b.extra_slot[0] = 16;
+    b.extra_slot[1] = 16;
+    b.extra_slot[2] = 17;
+    const tdm_kv_seq *seqs[2] = {&sa.kv, &sb.kv};
+    float *out = malloc((size_t)b.n_rows * V * sizeof(float));
+    cr_assert_eq(tdm_model_forward(x->m, e->be, &e->kv_t, &b, seqs, &e->fs_t, out, &err), TANDEM_OK, "%s",
+                 err.msg);
+    tdm_batch_free(&b);
+    tdm_kv_seq_free(e->pool, &sa.kv);
+    tdm_kv_seq_free(e->pool, &sb.kv);
+    return out;
+}
+
+Test(forward_ref, tensor_parallel_multi_sequence_batch, .timeout = 120) {
+    tdm_tiny_cfg c = base_cfg(140);
+    c.n_embd = 256;
+    c.n_head = 4;
+    c.n_head_kv = 2;
+    c.n_ff = 256;
+    c.wtype = TDM_F16;
+    eng tp, ops;
+    eng_open_ex(&tp, &c, 0, 2, true);
+    eng_open_ex(&ops, &c, 0, 2, false);
+    int V = tp.m->hp.n_vocab;
+    int32_t ta[19], tb[16], alt[2];
+    random_tokens(ta, 19, V, 1401);
+    random_tokens(tb, 16, V, 1402);
+    random_tokens(alt, 2, V, 1403);
+    uint64_t runs0 = tdm_backend_cpu_blocks_runs(tp.e->be);
+    float *got = multi_seq_logits(&tp, ta, tb, alt);
+    cr_assert_gt(tdm_backend_cpu_blocks_runs(tp.e->be), runs0, "the blocks op did not run");
+    float *base = multi_seq_logits(&ops, ta, tb, alt);
+
+    /* each row's path as a plain sequence */
+    int32_t paths[7][19], lens[7];
+    for (int r = 0; r < 2; r++) {
+        memcpy(paths[r], tb, sizeof(int32_t) * (size_t)(15 + r));
+        lens[r] = 15 + r;
+    }
+    memcpy(paths[2], tb, sizeof(int32_t) * 15);
+    paths[2][15] = alt[0];
+    lens[2] = 16;
+    memcpy(paths[3], paths[2], sizeof(int32_t) * 16);
+    paths[3][16] = alt[1];
+    lens[3] = 17;
+    for (int r = 4; r < 7; r++) {
+        memcpy(paths[r], ta, sizeof(int32_t) * (size_t)(13 + r));
+        lens[r] = 13 + r;
+    }
+    float *one = malloc((size_t)V * sizeof(float));
+    double *bd = malloc((size_t)V * sizeof(double));
+    tdm_err err = {0};
+    for (int r = 0; r < 7; r++) {
+        cr_assert_eq(tdm_engine_score_last(tp.e, false, paths[r], lens[r], one, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert(memcmp(one, got + (size_t)r * V, (size_t)V * sizeof(float)) == 0,
+                  "row %d: the batch of two sequences differs from its path fed alone", r);
+        for (int i = 0; i < V; i++) bd[i] = base[(size_t)r * V + i];
+        int worst;
+        double e = max_rel_err(got + (size_t)r * V, bd, 1, V, &worst);
+        cr_assert(e < 1e-5, "row %d: tensor parallel vs op by op %.3g", r, e);
+    }
+    cr_assert_eq(tdm_kv_pool_n_free(tp.e->pool), tdm_kv_pool_n_blocks(tp.e->pool), "KV blocks leaked");
+    free(one);
+    free(bd);
+    free(got);
+    free(base);
+    eng_close(&tp);
+    eng_close(&ops);
+}
