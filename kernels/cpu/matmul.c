@@ -240,6 +240,16 @@ static int64_t mm_tile_rows(int64_t cols, int64_t *ld) {
     return chunk > 64 ? 64 : chunk;
 }
 
+/* W rows [r0, r0 + nr) converted into tile ([nr rounded up to TDM_MM_RB][ld], the
+ * padding zeroed), then every input row multiplied against them. */
+static void mm_tile_rows_run(const tdm_cpu_kernels *k, const tdm_weight *w, int64_t r0, int64_t nr, float *tile,
+                             int64_t ld, const float *x, int32_t n, float *y, int64_t ldy, bool acc) {
+    int64_t padded = (nr + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
+    k->convert_rows(w, r0, nr, tile, ld);
+    if (padded > nr) memset(tile + nr * ld, 0, (size_t)((padded - nr) * ld) * sizeof(float));
+    k->gemm(x, w->cols, n, tile, ld, nr, w->cols, y + r0, ldy, acc);
+}
+
 static bool mm_direct(const tdm_cpu *c, const tdm_weight *w, int32_t n) {
     return n <= TDM_MM_DIRECT_MAX && w->type < 32 && (c->k->gemv_types >> w->type & 1u);
 }
@@ -262,13 +272,8 @@ void tdm_cpu_matmul_local(const tdm_cpu *c, const tdm_weight *w, const float *x,
         return;
     }
     int64_t ld, chunk = mm_tile_rows(w->cols, &ld);
-    for (int64_t r0 = 0; r0 < w->rows; r0 += chunk) {
-        int64_t nr = TDM_MIN(chunk, w->rows - r0);
-        int64_t padded = (nr + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
-        k->convert_rows(w, r0, nr, tile, ld);
-        if (padded > nr) memset(tile + nr * ld, 0, (size_t)((padded - nr) * ld) * sizeof(float));
-        k->gemm(x, w->cols, n, tile, ld, nr, w->cols, y + r0, ldy, false);
-    }
+    for (int64_t r0 = 0; r0 < w->rows; r0 += chunk)
+        mm_tile_rows_run(k, w, r0, TDM_MIN(chunk, w->rows - r0), tile, ld, x, n, y, ldy, false);
 }
 
 /* Small n: the direct kernel over a range of W rows. */
@@ -290,14 +295,9 @@ static void mm_p64_task(void *ctx, int64_t chunk, int ith) {
 /* Tile path: convert a chunk of W rows, multiply every input row against it. */
 static void mm_tile_task(void *ctx, int64_t chunk, int ith) {
     mm_job *j = ctx;
-    const tdm_cpu_kernels *k = j->c->k;
-    float *tile = j->c->scratch[ith].buf; /* [chunk][ld] */
-    int64_t rows = j->w->rows, cols = j->w->cols;
-    int64_t r0 = chunk * j->chunk, nr = TDM_MIN(j->chunk, rows - r0);
-    int64_t padded = (nr + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
-    k->convert_rows(j->w, r0, nr, tile, j->ld);
-    if (padded > nr) memset(tile + nr * j->ld, 0, (size_t)((padded - nr) * j->ld) * sizeof(float));
-    k->gemm(j->x, cols, j->n, tile, j->ld, nr, cols, j->y + r0, rows, j->acc);
+    int64_t rows = j->w->rows, r0 = chunk * j->chunk;
+    mm_tile_rows_run(j->c->k, j->w, r0, TDM_MIN(j->chunk, rows - r0), j->c->scratch[ith].buf, j->ld, j->x, j->n,
+                     j->y, rows, j->acc);
 }
 
 tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n,

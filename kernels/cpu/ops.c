@@ -222,12 +222,11 @@ tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stri
                            int32_t head_dim, const int32_t *pos, const tdm_rope_params *rp,
                            tdm_err *err) {
     GET_CPU("rope");
-    if (!rp) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL params");
     if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
                           "rope: n = %d, n_head = %d, head_dim = %d, row_stride = %d", (int)n,
                           (int)n_head, (int)head_dim, (int)row_stride);
-    if (n > 0 && !x) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x or pos");
+    if (n > 0 && !x) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x");
     const float *cs = tdm_cpu_rope_table(c, rp, head_dim, pos, n, err);
     if (!cs) return err ? err->status : TANDEM_ERR_INVALID_ARG;
     if (n == 0) return TANDEM_OK;
