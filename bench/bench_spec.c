@@ -13,6 +13,7 @@
  *              [--block B]   (prompts per configuration turn, default 10)
  *              [--p-min P[,P2..]]  (run every draft configuration with spec_p_min = P, ...;
  *                                   default 0 = off)
+ *              [--backend cpu|cuda]  (where the models run; default cpu)
  *              [--temp T] [--top-p P]  (sampling instead of greedy; prompt p of repetition
  *                                       r is seeded with r * 1000 + p in every configuration)
  * Prints a markdown table and one JSON object per configuration (stdout).
@@ -62,6 +63,7 @@ int main(int argc, char **argv) {
     float pmins[8] = {0}; /* spec_p_min values */
     int n_pmins = 1;
     float temp = 0.0f, top_p = 1.0f; /* greedy by default */
+    tandem_model_params mp = tandem_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) {
@@ -91,6 +93,13 @@ int main(int argc, char **argv) {
             }
         }
         else if (!strcmp(a, "--block")) block = atoi(v) > 0 ? atoi(v) : 1;
+        else if (!strcmp(a, "--backend")) {
+            if (strcmp(v, "cpu") && strcmp(v, "cuda")) {
+                fprintf(stderr, "error: --backend cpu|cuda\n");
+                return 2;
+            }
+            mp.backend = strcmp(v, "cuda") ? TANDEM_BACKEND_CPU : TANDEM_BACKEND_CUDA;
+        }
         else if (!strcmp(a, "--temp")) temp = strtof(v, NULL);
         else if (!strcmp(a, "--top-p")) top_p = strtof(v, NULL);
         else if (!strcmp(a, "--ks")) {
@@ -106,7 +115,7 @@ int main(int argc, char **argv) {
         i++;
     }
     if (!target_path || !prompts_path || reps < 1 || reps > MAX_REPS) {
-        fprintf(stderr, "usage: bench_spec -m TARGET -d DRAFT --prompts FILE [-n N] [--threads T] [--reps R]\n");
+        fprintf(stderr, "usage: bench_spec -m TARGET -d DRAFT --prompts FILE [-n N] [--threads T] [--reps R] [--backend cpu|cuda]\n");
         return 2;
     }
 
@@ -114,9 +123,9 @@ int main(int argc, char **argv) {
     char **prompts = bench_prompts_read(prompts_path, limit, &n_prompts);
 
     tandem_model *target, *drafts[4];
-    if (tandem_model_open(target_path, NULL, &target)) die(target_path);
+    if (tandem_model_open(target_path, &mp, &target)) die(target_path);
     for (int d = 0; d < n_drafts; d++)
-        if (tandem_model_open(draft_paths[d], NULL, &drafts[d])) die(draft_paths[d]);
+        if (tandem_model_open(draft_paths[d], &mp, &drafts[d])) die(draft_paths[d]);
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = threads;
     tandem_engine *plain, *spec[4];

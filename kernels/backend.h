@@ -205,9 +205,15 @@ typedef struct tdm_backend_ops {
 struct tdm_backend {
     const tdm_backend_ops *ops;
     int32_t n_threads; /* CPU threads used by ops (CPU backend) */
+    bool host_memory;  /* backend memory is host memory (the CPU backend): the host may
+                          read op outputs directly; otherwise through download */
     bool int8_dot;     /* qhead_logits / head_argmax are implemented and fast here */
     void *impl;
 };
+
+/* Argument checks the backends share (kernels/op_check.c): every ids[i] of n in
+ * [0, limit), else TANDEM_ERR_INVALID_ARG naming op, the id and its index. */
+tandem_status tdm_check_ids(const int32_t *ids, int32_t n, int64_t limit, const char *op, tdm_err *err);
 
 /* CPU backend with n_threads threads (0 = all cores). */
 tandem_status tdm_backend_cpu_create(int32_t n_threads, tdm_backend **out, tdm_err *err);

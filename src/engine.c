@@ -54,7 +54,20 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     e->n_vocab = target->hp.n_vocab;
     e->max_rows = TDM_MAX(e->cfg.prefill_chunk, TDM_CTRL_MAX_K + 2);
 
-    if ((st = tdm_backend_cpu_create(e->cfg.n_threads, &e->be, err))) goto fail;
+    if (target->be && !target->be->host_memory) { /* a GPU: compute where the weights are */
+        if (draft && draft->be && draft->be->ops != target->be->ops) {
+            st = tdm_seterr(err, TANDEM_ERR_MISMATCH, "target (%s) and draft (%s) are on different backends",
+                            target->be->ops->name, draft->be->ops->name);
+            goto fail;
+        }
+        e->be = target->be;
+        e->be_borrowed = true;
+    } else if (draft && draft->be && !draft->be->host_memory) {
+        st = tdm_seterr(err, TANDEM_ERR_MISMATCH, "the draft is on %s, the target on the CPU", draft->be->ops->name);
+        goto fail;
+    } else if ((st = tdm_backend_cpu_create(e->cfg.n_threads, &e->be, err))) {
+        goto fail;
+    }
 
     /* KV pool: one block table per sequence, bytes per block counted for both models */
     tdm_kv_layout lay[2] = {tdm_model_kv_layout(target, TDM_F32)};
@@ -89,10 +102,21 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     size_t lbytes = (size_t)TDM_ENGINE_LOGIT_ROWS * (size_t)e->n_vocab * sizeof(float);
     void *p;
     if ((st = e->be->ops->alloc(e->be, lbytes, &p, err))) goto fail;
-    e->logits_t = p;
+    e->out_t = p;
     if (draft) {
         if ((st = e->be->ops->alloc(e->be, lbytes, &p, err))) goto fail;
-        e->logits_d = p;
+        e->out_d = p;
+    }
+    if (e->be->host_memory) {
+        e->logits_t = e->out_t;
+        e->logits_d = e->out_d;
+    } else {
+        e->logits_t = tdm_malloc(lbytes);
+        e->logits_d = draft ? tdm_malloc(lbytes) : NULL;
+        if (!e->logits_t || (draft && !e->logits_d)) {
+            st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
     }
     e->probs = tdm_calloc((size_t)(TDM_CTRL_MAX_K + 1) * (size_t)e->n_vocab, sizeof(float));
     e->qprobs = tdm_calloc((size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab, sizeof(float));
@@ -121,8 +145,12 @@ void tdm_engine_free(tdm_engine *e) {
     if (e->be) {
         tdm_fwd_scratch_free(&e->fs_t);
         tdm_fwd_scratch_free(&e->fs_d);
-        if (e->logits_t) e->be->ops->free(e->be, e->logits_t);
-        if (e->logits_d) e->be->ops->free(e->be, e->logits_d);
+        if (e->out_t) e->be->ops->free(e->be, e->out_t);
+        if (e->out_d) e->be->ops->free(e->be, e->out_d);
+        if (!e->be->host_memory) {
+            free(e->logits_t);
+            free(e->logits_d);
+        }
         tdm_kv_store_free(&e->kv_t);
         tdm_kv_store_free(&e->kv_d);
     }
@@ -133,16 +161,25 @@ void tdm_engine_free(tdm_engine *e) {
     free(e->tmp);
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
-    tdm_backend_destroy(e->be);
+    if (!e->be_borrowed) tdm_backend_destroy(e->be);
     free(e);
+}
+
+tandem_status tdm_engine_forward(tdm_engine *e, bool is_draft, const tdm_batch *b, const tdm_kv_seq *const *seqs,
+                                 tdm_fwd_kind kind, tdm_err *err) {
+    float *out = is_draft ? e->out_d : e->out_t, *host = is_draft ? e->logits_d : e->logits_t;
+    const tdm_model *m = is_draft ? e->draft : e->target;
+    tandem_status st = tdm_model_forward_ex(m, e->be, is_draft ? &e->kv_d : &e->kv_t, b, seqs,
+                                            is_draft ? &e->fs_d : &e->fs_t, kind, out, e->ids, err);
+    if (st || kind == TDM_FWD_ARGMAX || host == out) return st;
+    int32_t nl = tdm_batch_n_logits(b);
+    if (nl == 0) return TANDEM_OK;
+    /* the approximate kind is exact logits here (no quantised head on such backends) */
+    return e->be->ops->download(e->be, host, out, (size_t)nl * (size_t)e->n_vocab * sizeof(float), err);
 }
 
 tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t from, int32_t to,
                               bool want_last, tdm_fwd_kind kind, tdm_err *err) {
-    float *out = is_draft ? e->logits_d : e->logits_t;
-    const tdm_model *m = is_draft ? e->draft : e->target;
-    tdm_kv_store *kv = is_draft ? &e->kv_d : &e->kv_t;
-    tdm_fwd_scratch *fs = is_draft ? &e->fs_d : &e->fs_t;
     const tdm_kv_seq *seqs[1] = {&s->kv};
     tandem_status st;
     if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, to, err))) return st;
@@ -152,8 +189,7 @@ tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t 
         tdm_batch_clear(&e->batch);
         for (int32_t p = c; p < end; p++)
             tdm_batch_add(&e->batch, s->tokens[p], p, 0, p, want_last && p == to - 1);
-        st = tdm_model_forward_ex(m, e->be, kv, &e->batch, seqs, fs, kind, out, e->ids, err);
-        if (st) return st;
+        if ((st = tdm_engine_forward(e, is_draft, &e->batch, seqs, kind, err))) return st;
     }
     if (is_draft)
         s->n_draft = to;
@@ -350,9 +386,7 @@ tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *id
     tdm_seq s;
     tandem_status st = tdm_seq_init(e, &s, ids, n, &gp, err);
     if (!st) st = tdm_engine_feed(e, &s, draft, 0, n, true, TDM_FWD_LOGITS, err);
-    if (!st)
-        st = e->be->ops->download(e->be, out, draft ? e->logits_d : e->logits_t,
-                                  (size_t)e->n_vocab * sizeof(float), err);
+    if (!st) memcpy(out, draft ? e->logits_d : e->logits_t, (size_t)e->n_vocab * sizeof(float));
     tdm_seq_release(e, &s);
     return st;
 }

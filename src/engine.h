@@ -34,7 +34,10 @@ typedef struct tdm_engine_cfg {
 typedef struct tdm_engine {
     tdm_model *target;
     tdm_model *draft;        /* NULL: target-only */
-    tdm_backend *be;         /* compute backend (owned) */
+    tdm_backend *be;         /* compute backend: a CPU backend of n_threads (owned), or the
+                                target model's own when its memory is not host memory (a
+                                GPU: borrowed, be_borrowed) */
+    bool be_borrowed;
     tdm_engine_cfg cfg;
     tdm_kv_pool *pool;
     tdm_kv_store kv_t;       /* target K/V */
@@ -43,8 +46,12 @@ typedef struct tdm_engine {
     tdm_fwd_scratch fs_t, fs_d;
     int32_t n_vocab;
     int32_t max_rows;        /* batch capacity */
-    float *logits_t;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] (backend memory) */
-    float *logits_d;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] */
+    float *logits_t;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] host-readable: the latest
+                                target forward's logits rows */
+    float *logits_d;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] likewise for the draft */
+    float *out_t, *out_d;    /* where forwards write logits (backend memory): logits_t /
+                                logits_d themselves on a host-memory backend, else device
+                                buffers copied to them after each forward */
     int32_t ids[TDM_ENGINE_LOGIT_ROWS]; /* greedy forwards' argmax per logits row (host) */
     float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
     float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
@@ -113,6 +120,11 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s);
  * logits into e->logits_t / e->logits_d, or (TDM_FWD_ARGMAX) its argmax into e->ids[0]. */
 tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t from, int32_t to,
                               bool want_last, tdm_fwd_kind kind, tdm_err *err);
+/* One forward of the target or the draft over batch (e->batch or another), with
+ * outputs of the given kind for its want_logits rows: logits rows readable at
+ * e->logits_t / e->logits_d, or (TDM_FWD_ARGMAX) argmaxes in e->ids. */
+tandem_status tdm_engine_forward(tdm_engine *e, bool is_draft, const tdm_batch *b, const tdm_kv_seq *const *seqs,
+                                 tdm_fwd_kind kind, tdm_err *err);
 /* Appends a token to the sequence (emits it, checks EOS / length).  Returns false
  * when generation must stop (s->done is then set). */
 bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);

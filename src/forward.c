@@ -24,6 +24,9 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     }
     free(s->ids);
     s->ids = NULL;
+    free(s->host_logits);
+    s->host_logits = NULL;
+    s->cap_host = 0;
     s->cap_rows = 0;
     s->cap_ids = 0;
     s->blocks_declined = false;
@@ -188,7 +191,20 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if (kind == TDM_FWD_ARGMAX && q) return op->head_argmax(be, &m->output, &m->qhead, s->xb, nl, ids, err);
     if (kind == TDM_FWD_LOGITS_APPROX && q) return op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err);
     if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
-    if (kind == TDM_FWD_ARGMAX) /* (host-visible logits: the CPU backend) */
-        for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax(logits + (size_t)i * (size_t)hp->n_vocab, hp->n_vocab);
+    if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
+    const size_t V = (size_t)hp->n_vocab;
+    const float *hl = logits;
+    if (!be->host_memory) { /* the argmax reads a host copy */
+        if (nl > s->cap_host) {
+            float *nh = tdm_mallocarray((size_t)nl * V, sizeof(float));
+            if (!nh) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+            free(s->host_logits);
+            s->host_logits = nh;
+            s->cap_host = nl;
+        }
+        if ((st = op->download(be, s->host_logits, logits, (size_t)nl * V * sizeof(float), err))) return st;
+        hl = s->host_logits;
+    }
+    for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax(hl + (size_t)i * V, hp->n_vocab);
     return TANDEM_OK;
 }

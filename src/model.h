@@ -94,6 +94,8 @@ typedef struct tdm_fwd_scratch {
     float *ff;      /* [rows][n_ff] */
     int32_t *ids;   /* [rows] tokens / logit rows (host) */
     int32_t cap_ids;
+    float *host_logits; /* [cap_host][n_vocab] host copy of logits (backends without host memory) */
+    int32_t cap_host;
     bool blocks_declined; /* the backend's blocks op declined this model (a matter of
                              shapes and configuration): the ops run one by one */
 } tdm_fwd_scratch;

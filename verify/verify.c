@@ -27,9 +27,7 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
     for (int32_t i = 0; i < k; i++) tdm_batch_add(b, draft[i], n + i, 0, n + i, true);
     const bool greedy = s->sp.temperature <= 0;
     /* greedy needs only each row's argmax, which the quantised head finds exactly */
-    if ((st = tdm_model_forward_ex(e->target, e->be, &e->kv_t, b, seqs, &e->fs_t,
-                                   greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, e->logits_t, e->ids, err)))
-        return st;
+    if ((st = tdm_engine_forward(e, false, b, seqs, greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, err))) return st;
 
     int32_t acc, next;
     if (greedy) {

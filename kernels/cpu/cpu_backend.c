@@ -249,6 +249,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     b->ops = &cpu_ops;
     b->n_threads = n_threads;
     b->int8_dot = c->k_approx != NULL;
+    b->host_memory = true;
     b->impl = c;
     *out = b;
     return TANDEM_OK;

@@ -47,10 +47,7 @@ tandem_status tdm_cpu_get_rows(tdm_backend *b, const tdm_weight *w, const int32_
     if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: n = %d", (int)n);
     if (n == 0) return TANDEM_OK;
     if (!ids || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: NULL ids or out");
-    for (int32_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= w->rows)
-            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: id %d at %d out of range [0, %lld)",
-                              (int)ids[i], (int)i, (long long)w->rows);
+    if ((st = tdm_check_ids(ids, n, w->rows, "get_rows", err))) return st;
     get_rows_job j = {c, w, ids, n, out};
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * w->cols, MIN_WORK), get_rows_task, &j);
     return TANDEM_OK;

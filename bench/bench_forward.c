@@ -1,0 +1,117 @@
+/* bench_forward.c - one model's forward pass on a chosen backend, by batch shape.
+ *
+ * Loads a model on the CPU backend or the CUDA backend, fills a sequence's K/V with
+ * a prefill of P tokens (timed), then times forwards of n rows at positions P ..
+ * P + n - 1 for each n of -n (a decode step is n = 1; a verification of k drafted
+ * tokens is n = k + 1), each with logits for every row copied to the host, as the
+ * engine needs them.  Prints the median of R repetitions per shape, after warm-up.
+ *
+ * usage: bench_forward -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8]
+ *                      [-r R]
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void die(const char *what, const tdm_err *err) {
+    fprintf(stderr, "bench_forward: %s: %s\n", what, err ? err->msg : "");
+    exit(1);
+}
+
+int main(int argc, char **argv) {
+    const char *model = NULL, *backend = "cpu", *ns_arg = "1,2,3,4,5,6,8";
+    int threads = 2, prompt = 128, reps = 50;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-n") && i + 1 < argc) ns_arg = argv[++i];
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R]\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    int ns[32], n_ns = 0, n_max = 1;
+    for (char *s = (char *)ns_arg; *s && n_ns < 32;) {
+        ns[n_ns] = (int)strtol(s, &s, 10);
+        if (ns[n_ns] < 1 || ns[n_ns] > 64) {
+            fprintf(stderr, "bench_forward: -n values must be in 1..64\n");
+            return 2;
+        }
+        n_max = ns[n_ns] > n_max ? ns[n_ns] : n_max;
+        n_ns++;
+        if (*s == ',') s++;
+    }
+    if (!model || prompt < 1 || reps < 1 || prompt + n_max > 2048) {
+        fprintf(stderr, "bench_forward: need -m, 1 <= P (P + n <= 2048), R >= 1\n");
+        return 2;
+    }
+    tdm_err err = {0};
+    tdm_backend *be = NULL;
+    tandem_status st = !strcmp(backend, "cuda") ? tdm_backend_cuda_create(0, &be, &err)
+                                                : tdm_backend_cpu_create(threads, &be, &err);
+    if (st) die("backend", &err);
+    tdm_model *m = NULL;
+    if (tdm_model_load(model, be, &m, &err)) die("model", &err);
+    const int32_t bs = 16, n_blocks = (prompt + n_max + bs - 1) / bs, V = m->hp.n_vocab;
+    tdm_kv_store kv;
+    if (tdm_kv_store_init(&kv, m, be, TDM_F16, n_blocks, bs, &err)) die("kv", &err);
+    tdm_kv_seq seq = {calloc((size_t)n_blocks, 4), n_blocks, n_blocks, n_blocks * bs};
+    for (int32_t i = 0; i < n_blocks; i++) seq.blocks[i] = i;
+    const tdm_kv_seq *sp[1] = {&seq};
+    tdm_fwd_scratch fs = {0};
+    float *logits_d = NULL, *logits_h = malloc((size_t)n_max * V * 4);
+    if (be->ops->alloc(be, (size_t)(n_max > 1 ? n_max : 1) * V * 4, (void **)&logits_d, &err)) die("alloc", &err);
+    tdm_batch bt;
+    if (tdm_batch_init(&bt, prompt + n_max, &err)) die("batch", &err);
+
+    /* prefill (logits of the last row) */
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        tdm_batch_clear(&bt);
+        for (int32_t p = 0; p < prompt; p++) tdm_batch_add(&bt, (p * 7919) % V, p, 0, p, p == prompt - 1);
+        double t0 = tdm_now();
+        if (tdm_model_forward(m, be, &kv, &bt, sp, &fs, logits_d, &err)) die("prefill", &err);
+        if (be->ops->download(be, logits_h, logits_d, (size_t)V * 4, &err)) die("download", &err);
+        double t = tdm_now() - t0;
+        best = t < best ? t : best;
+    }
+    printf("%s %s: prefill %d tokens: %.1f us (%.0f tok/s, best of 3)\n", backend, model, prompt, best * 1e6,
+           prompt / best);
+
+    double *t = malloc((size_t)reps * sizeof(double));
+    for (int k = 0; k < n_ns; k++) {
+        const int n = ns[k];
+        for (int r = -5; r < reps; r++) { /* 5 warm-up runs */
+            tdm_batch_clear(&bt);
+            for (int32_t i = 0; i < n; i++) tdm_batch_add(&bt, (i * 31 + 7) % V, prompt + i, 0, prompt + i, true);
+            double t0 = tdm_now();
+            if (tdm_model_forward(m, be, &kv, &bt, sp, &fs, logits_d, &err)) die("forward", &err);
+            if (be->ops->download(be, logits_h, logits_d, (size_t)n * V * 4, &err)) die("download", &err);
+            if (r >= 0) t[r] = tdm_now() - t0;
+        }
+        qsort(t, (size_t)reps, sizeof *t, cmp_double);
+        printf("%s: %d rows: %.1f us per forward (median of %d; min %.1f, max %.1f)\n", backend, n,
+               t[reps / 2] * 1e6, reps, t[0] * 1e6, t[reps - 1] * 1e6);
+    }
+    free(t);
+    tdm_batch_free(&bt);
+    free(logits_h);
+    be->ops->free(be, logits_d);
+    tdm_fwd_scratch_free(&fs);
+    tdm_kv_store_free(&kv);
+    free(seq.blocks);
+    tdm_model_free(m);
+    tdm_backend_destroy(be);
+    return 0;
+}

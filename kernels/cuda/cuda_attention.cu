@@ -1,0 +1,335 @@
+/* cuda_attention.cu - kv_write and attention over the paged KV cache on the GPU.
+ *
+ * The cache layout is the op contract's (kernels/backend.h): per block and kv head,
+ * K as [head_dim][block_size] and V as [block_size][head_dim].  For a thread per
+ * key slot, K's layout makes a warp's loads of one d consecutive (coalesced); for a
+ * thread per output dimension, V's does.
+ *
+ * The host packs, per row, its visible count, extra slots and an offset into a flat
+ * copy of the block tables of the batch's sequences (checked there: every slot a
+ * row reads or writes is backed by a block), and uploads it once per op.
+ *
+ * attention runs two kernels: scores (a thread per (row, head, slot): scale * q.K,
+ * d in increasing order) into device scratch, then per (row, head) a block that
+ * takes the softmax (max subtracted) and the weighted sum of V.  Scores live in
+ * global memory, so any context length works; a fused single-pass kernel is the
+ * next step for speed.
+ */
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda_internal.h"
+
+#define ATT_THREADS 128
+
+/* ---- metadata ------------------------------------------------------------------ */
+
+/* Per row: [0] n_visible, [1] n_extra, [2] first extra (index into the extra list),
+ * [3] offset of the sequence's block table; then the extra slots, then the tables. */
+enum { ROW_INTS = 4 };
+
+typedef struct attn_meta {
+    const int32_t *rows;   /* [n_rows][ROW_INTS] */
+    const int32_t *extra;  /* extra slots */
+    const int32_t *tabs;   /* block tables */
+} attn_meta;
+
+/* Packs the batch's metadata into the host staging buffer and uploads it; checks
+ * that every visible or extra slot of every row is backed by a block (a row's
+ * n_visible may be 0).  Returns the device copy's pointers in *m and the widest
+ * row's slot count in *max_tot. */
+static tandem_status pack_meta(tdm_cuda *c, const tdm_batch *bt, const tdm_kv_seq *const *seqs, int32_t bs,
+                               const char *op, attn_meta *m, int32_t *max_tot, tdm_err *err) {
+    const int32_t n = bt->n_rows;
+    size_t n_extra = bt->extra_off ? (size_t)bt->extra_off[n] : 0;
+    if (bt->extra_off && (bt->extra_off[0] != 0 || bt->extra_off[n] < 0 || !bt->extra_slot))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: bad extra offsets", op);
+    /* distinct sequences in first-use order, and the table ints they need */
+    size_t n_tab = 0;
+    for (int32_t r = 0; r < n; r++) {
+        int32_t si = bt->seq[r];
+        const tdm_kv_seq *s = si >= 0 ? seqs[si] : NULL;
+        if (!s || !s->blocks)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: row %d: bad sequence %d", op, (int)r, (int)si);
+        bool seen = false;
+        for (int32_t q = 0; q < r && !seen; q++) seen = bt->seq[q] == si;
+        if (!seen) n_tab += (size_t)s->n_blocks;
+    }
+    const size_t ints = (size_t)n * ROW_INTS + n_extra + n_tab;
+    int32_t *h = (int32_t *)tdm_cuda_meta_host(c, ints * sizeof(int32_t), err);
+    if (!h) return err ? err->status : TANDEM_ERR_BACKEND;
+    int32_t *extra = h + (size_t)n * ROW_INTS, *tabs = extra + n_extra;
+    if (n_extra) memcpy(extra, bt->extra_slot, n_extra * sizeof(int32_t));
+    size_t used = 0;
+    int32_t widest = 0;
+    for (int32_t r = 0; r < n; r++) {
+        const int32_t si = bt->seq[r];
+        const tdm_kv_seq *s = seqs[si];
+        int32_t off = -1;
+        for (int32_t q = 0; q < r && off < 0; q++)
+            if (bt->seq[q] == si) off = h[(size_t)q * ROW_INTS + 3];
+        if (off < 0) {
+            off = (int32_t)used;
+            memcpy(tabs + used, s->blocks, (size_t)s->n_blocks * sizeof(int32_t));
+            used += (size_t)s->n_blocks;
+        }
+        const int64_t cap = TDM_MIN((int64_t)s->len, (int64_t)s->n_blocks * bs);
+        const int32_t nv = bt->n_visible[r];
+        if (nv < 0 || nv > cap)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                              "%s: row %d: n_visible %d outside the sequence (len %d, %d blocks)", op, (int)r,
+                              (int)nv, (int)s->len, (int)s->n_blocks);
+        for (int32_t blk = 0; blk < (nv + bs - 1) / bs; blk++)
+            if (s->blocks[blk] < 0)
+                return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: row %d: block %d has id %d", op, (int)r,
+                                  (int)blk, (int)s->blocks[blk]);
+        int32_t e0 = 0, e1 = 0;
+        if (bt->extra_off) {
+            e0 = bt->extra_off[r];
+            e1 = bt->extra_off[r + 1];
+            if (e0 < 0 || e1 < e0 || (size_t)e1 > n_extra)
+                return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: row %d: bad extra offsets [%d, %d)", op, (int)r,
+                                  (int)e0, (int)e1);
+            for (int32_t e = e0; e < e1; e++) {
+                int32_t slot = bt->extra_slot[e];
+                if (slot < 0 || slot >= cap || s->blocks[slot / bs] < 0)
+                    return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                                      "%s: row %d: extra slot %d outside the sequence (len %d)", op, (int)r,
+                                      (int)slot, (int)s->len);
+            }
+        }
+        int32_t *ri = h + (size_t)r * ROW_INTS;
+        ri[0] = nv;
+        ri[1] = e1 - e0;
+        ri[2] = e0;
+        ri[3] = off;
+        widest = TDM_MAX(widest, nv + (e1 - e0));
+    }
+    const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, ints * sizeof(int32_t), err);
+    if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
+    m->rows = d;
+    m->extra = d + (size_t)n * ROW_INTS;
+    m->tabs = m->extra + n_extra;
+    *max_tot = widest;
+    return TANDEM_OK;
+}
+
+/* ---- kv_write ------------------------------------------------------------------ */
+
+template <typename C> __device__ __forceinline__ C to_cache(float v);
+template <> __device__ __forceinline__ float to_cache<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half to_cache<__half>(float v) { return __float2half_rn(v); }
+
+/* Block (row r, kv head g): K and V of the row into its slot. */
+template <typename C>
+__global__ void k_kv_write(const float *k, const float *v, int32_t row_stride, const int32_t *dst, C *kc, C *vc,
+                           int32_t n_kv, int32_t hd, int32_t bs) {
+    const int32_t r = blockIdx.x, g = blockIdx.y;
+    const int64_t blk = dst[2 * r], p = dst[2 * r + 1];
+    const float *kr = k + (size_t)r * row_stride + (size_t)g * hd, *vr = v + (size_t)r * row_stride + (size_t)g * hd;
+    C *kb = kc + ((blk * n_kv + g) * hd) * bs + p;
+    C *vb = vc + ((blk * n_kv + g) * bs + p) * hd;
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        kb[(size_t)d * bs] = to_cache<C>(kr[d]);
+        vb[d] = to_cache<C>(vr[d]);
+    }
+}
+
+tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err) {
+    tdm_cuda *c = tdm_cuda_of(b, "kv_write", err);
+    if (!c) return TANDEM_ERR_INVALID_ARG;
+    if (!a || !a->batch) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: NULL args or batch");
+    const tdm_batch *bt = a->batch;
+    if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: n_rows %d", (int)bt->n_rows);
+    if (bt->n_rows == 0) return TANDEM_OK;
+    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "kv_write: cache type %s", tdm_dtype_name(a->cache_type));
+    if (a->n_kv_head <= 0 || a->head_dim <= 0 || a->block_size <= 0 ||
+        (int64_t)a->n_kv_head * a->head_dim > a->row_stride || a->n_kv_head > 65535)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: n_kv_head %d, head_dim %d, block_size %d, row_stride %d",
+                          (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->row_stride);
+    if (!a->seqs || !a->k || !a->v || !a->k_cache || !a->v_cache || !bt->seq || !bt->slot)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: NULL pointer");
+    const int32_t n = bt->n_rows, bs = a->block_size;
+    int32_t *h = (int32_t *)tdm_cuda_meta_host(c, (size_t)n * 2 * sizeof(int32_t), err);
+    if (!h) return err ? err->status : TANDEM_ERR_BACKEND;
+    for (int32_t r = 0; r < n; r++) {
+        int32_t si = bt->seq[r], slot = bt->slot[r];
+        const tdm_kv_seq *s = si >= 0 ? a->seqs[si] : NULL;
+        if (!s || !s->blocks)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: row %d: bad sequence %d", (int)r, (int)si);
+        if (slot < 0 || slot >= s->len || slot / bs >= s->n_blocks || s->blocks[slot / bs] < 0)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                              "kv_write: row %d: slot %d outside the sequence (len %d, %d blocks)", (int)r, (int)slot,
+                              (int)s->len, (int)s->n_blocks);
+        h[2 * r] = s->blocks[slot / bs];
+        h[2 * r + 1] = slot % bs;
+    }
+    const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * 2 * sizeof(int32_t), err);
+    if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
+    const dim3 grid((unsigned)n, (unsigned)a->n_kv_head);
+    const unsigned threads = (unsigned)TDM_MIN(a->head_dim, 256);
+    if (a->cache_type == TDM_F16)
+        k_kv_write<__half><<<grid, threads, 0, c->stream>>>(a->k, a->v, a->row_stride, d, (__half *)a->k_cache,
+                                                           (__half *)a->v_cache, a->n_kv_head, a->head_dim, bs);
+    else
+        k_kv_write<float><<<grid, threads, 0, c->stream>>>(a->k, a->v, a->row_stride, d, (float *)a->k_cache,
+                                                          (float *)a->v_cache, a->n_kv_head, a->head_dim, bs);
+    TDM_CU_LAUNCHED("kv_write");
+    return TANDEM_OK;
+}
+
+/* ---- attention ----------------------------------------------------------------- */
+
+template <typename C> __device__ __forceinline__ float from_cache(C v);
+template <> __device__ __forceinline__ float from_cache<float>(float v) { return v; }
+template <> __device__ __forceinline__ float from_cache<__half>(__half v) { return __half2float(v); }
+
+/* The cache slot of a row's j-th visible key (its own slots, then its extras). */
+__device__ __forceinline__ int32_t slot_of(const attn_meta &m, const int32_t *ri, int32_t j) {
+    return j < ri[0] ? j : m.extra[ri[2] + j - ri[0]];
+}
+
+/* Grid (row * n_head + head, slot chunk): scores[rh][j] = scale * q . K[slot j],
+ * d in increasing order; q staged in shared memory (hd floats). */
+template <typename C>
+__global__ void k_scores(const float *q, int32_t q_stride, const C *kc, attn_meta m, int32_t n_head, int32_t n_kv,
+                         int32_t hd, int32_t bs, float scale, float *scores, int32_t ld) {
+    extern __shared__ float qs[];
+    const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
+    const float *qv = q + (size_t)r * q_stride + (size_t)h * hd;
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) qs[d] = qv[d];
+    __syncthreads();
+    const int32_t *ri = m.rows + (size_t)r * ROW_INTS;
+    const int32_t j = blockIdx.y * blockDim.x + threadIdx.x;
+    if (j >= ri[0] + ri[1]) return;
+    const int32_t slot = slot_of(m, ri, j), g = h / (n_head / n_kv);
+    const int64_t blk = m.tabs[ri[3] + slot / bs];
+    const C *kb = kc + ((blk * n_kv + g) * hd) * bs + slot % bs;
+    float acc = 0.0f;
+#pragma unroll 16
+    for (int32_t d = 0; d < hd; d++) acc = fmaf(qs[d], from_cache<C>(kb[(size_t)d * bs]), acc);
+    scores[(size_t)rh * ld + j] = acc * scale;
+}
+
+__device__ float block_reduce(float v, bool is_max) {
+    __shared__ float part[32];
+    for (int o = 16; o > 0; o >>= 1) {
+        float t = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, t) : v + t;
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    float s = part[0];
+    for (int w = 1; w < nw; w++) s = is_max ? fmaxf(s, part[w]) : s + part[w];
+    return s;
+}
+
+#define PV_WARPS (ATT_THREADS / 32)
+#define PV_D 256 /* output dimensions per pass (8 per lane) */
+
+/* Block (row * n_head + head): softmax of the row's scores (in place, as
+ * numerators), then out = sum_j p_j V[slot j] / sum_j p_j.  Warp w sums the slots
+ * j = w, w + PV_WARPS, ... (lanes over d, so each V row is one coalesced read) and
+ * the warps' partial sums are added in warp order. */
+template <typename C>
+__global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n_kv, int32_t hd, int32_t bs,
+                             float *scores, int32_t ld, float *out) {
+    __shared__ float part[PV_WARPS][PV_D];
+    const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
+    const int32_t *ri = m.rows + (size_t)r * ROW_INTS;
+    const int32_t n_tot = ri[0] + ri[1], g = h / (n_head / n_kv);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float *sc = scores + (size_t)rh * ld, *o = out + (size_t)r * n_head * hd + (size_t)h * hd;
+    if (n_tot == 0) {
+        for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int32_t j = threadIdx.x; j < n_tot; j += blockDim.x) mx = fmaxf(mx, sc[j]);
+    mx = block_reduce(mx, true);
+    float sum = 0.0f;
+    for (int32_t j = threadIdx.x; j < n_tot; j += blockDim.x) {
+        float e = expf(sc[j] - mx);
+        sc[j] = e;
+        sum += e;
+    }
+    sum = block_reduce(sum, false); /* (its barriers also publish sc) */
+    const float inv = 1.0f / sum;
+    for (int32_t d0 = 0; d0 < hd; d0 += PV_D) {
+        float acc[PV_D / 32];
+#pragma unroll
+        for (int i = 0; i < PV_D / 32; i++) acc[i] = 0.0f;
+#pragma unroll 4
+        for (int32_t j = wid; j < n_tot; j += PV_WARPS) {
+            const int32_t slot = slot_of(m, ri, j);
+            const int64_t blk = m.tabs[ri[3] + slot / bs];
+            const C *vr = vc + ((blk * n_kv + g) * bs + slot % bs) * hd + d0;
+            const float p = sc[j];
+#pragma unroll
+            for (int i = 0; i < PV_D / 32; i++) {
+                const int32_t d = lane + 32 * i;
+                if (d0 + d < hd) acc[i] = fmaf(p, from_cache<C>(vr[d]), acc[i]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < PV_D / 32; i++) part[wid][lane + 32 * i] = acc[i];
+        __syncthreads();
+        for (int32_t d = threadIdx.x; d < PV_D && d0 + d < hd; d += blockDim.x) {
+            float t = part[0][d];
+            for (int w = 1; w < PV_WARPS; w++) t += part[w][d];
+            o[d0 + d] = t * inv;
+        }
+        __syncthreads();
+    }
+}
+
+tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err) {
+    tdm_cuda *c = tdm_cuda_of(b, "attention", err);
+    if (!c) return TANDEM_ERR_INVALID_ARG;
+    if (!a || !a->batch) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL args or batch");
+    const tdm_batch *bt = a->batch;
+    if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: n_rows %d", (int)bt->n_rows);
+    if (bt->n_rows == 0) return TANDEM_OK;
+    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: cache type %s", tdm_dtype_name(a->cache_type));
+    if (a->n_head <= 0 || a->n_kv_head <= 0 || a->n_head % a->n_kv_head != 0 || a->head_dim <= 0 ||
+        a->block_size <= 0 || (int64_t)a->n_head * a->head_dim > a->q_stride)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "attention: n_head %d, n_kv_head %d, head_dim %d, block_size %d, q_stride %d",
+                          (int)a->n_head, (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->q_stride);
+    if (!a->seqs || !a->q || !a->out || !a->k_cache || !a->v_cache || !bt->seq || !bt->n_visible)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL pointer");
+    if (!isfinite(a->scale)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: scale %g", (double)a->scale);
+    const int64_t rh = (int64_t)bt->n_rows * a->n_head;
+    if (rh > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld (row, head) pairs", (long long)rh);
+    attn_meta m;
+    int32_t max_tot = 0;
+    tandem_status st = pack_meta(c, bt, a->seqs, a->block_size, "attention", &m, &max_tot, err);
+    if (st) return st;
+    const int32_t ld = TDM_MAX(max_tot, 1);
+    float *scores = tdm_cuda_scratch(c, (size_t)rh * (size_t)ld, err);
+    if (!scores) return err ? err->status : TANDEM_ERR_BACKEND;
+    const unsigned chunks = (unsigned)((ld + ATT_THREADS - 1) / ATT_THREADS);
+    if (chunks > 65535u) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %d visible slots", (int)max_tot);
+    const dim3 g1((unsigned)rh, chunks);
+    const size_t qbytes = (size_t)a->head_dim * sizeof(float);
+    if (qbytes > 48 * 1024) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: head_dim %d", (int)a->head_dim);
+    if (a->cache_type == TDM_F16) {
+        k_scores<__half><<<g1, ATT_THREADS, qbytes, c->stream>>>(a->q, a->q_stride, (const __half *)a->k_cache, m, a->n_head,
+                                                           a->n_kv_head, a->head_dim, a->block_size, a->scale, scores, ld);
+        TDM_CU_LAUNCHED("attention scores");
+        k_softmax_pv<__half><<<(unsigned)rh, ATT_THREADS, 0, c->stream>>>(
+            (const __half *)a->v_cache, m, a->n_head, a->n_kv_head, a->head_dim, a->block_size, scores, ld, a->out);
+    } else {
+        k_scores<float><<<g1, ATT_THREADS, qbytes, c->stream>>>(a->q, a->q_stride, (const float *)a->k_cache, m, a->n_head,
+                                                          a->n_kv_head, a->head_dim, a->block_size, a->scale, scores, ld);
+        TDM_CU_LAUNCHED("attention scores");
+        k_softmax_pv<float><<<(unsigned)rh, ATT_THREADS, 0, c->stream>>>(
+            (const float *)a->v_cache, m, a->n_head, a->n_kv_head, a->head_dim, a->block_size, scores, ld, a->out);
+    }
+    TDM_CU_LAUNCHED("attention softmax and V");
+    return TANDEM_OK;
+}

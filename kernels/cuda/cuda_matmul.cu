@@ -1,0 +1,148 @@
+/* cuda_matmul.cu - y[n][rows] (+)= x[n][cols] * W^T on the GPU, any weight type of
+ * the rows layout.
+ *
+ * One warp per W row; the warp walks the row once per tile of up to TILE input rows
+ * (each lane every 32nd column, converting W on load), keeps one f32 accumulator
+ * per input row, and reduces them across the warp.  So a batch of up to TILE rows
+ * reads W once, as decode and verification batches need; larger batches read it
+ * once per tile.  Each output element is computed by the same sequence of
+ * operations whatever n is, so results do not depend on the batch's other rows.
+ *
+ * f16 and bf16 rows whose width is a multiple of 8 (and 16-byte aligned data) are
+ * read with 16-byte loads, 8 columns per lane (k_matmul_v8); other types and
+ * shapes one element per lane (k_matmul).  There is no tensor-core path for
+ * prefill-sized batches yet; bench/RESULTS.md says what these reach.
+ */
+#include "cuda_internal.h"
+#include "cuda_weights.cuh"
+
+#define TILE 8          /* input rows per pass over W */
+#define WARPS 8         /* W rows (warps) per thread block */
+
+/* What one warp computes: W row r against input rows i0 .. i0 + nt - 1. */
+struct warp_tile {
+    int32_t lane, r, i0, nt;
+};
+
+__device__ __forceinline__ warp_tile tile_of(int32_t n) {
+    warp_tile t;
+    t.lane = threadIdx.x & 31;
+    t.r = blockIdx.x * WARPS + (threadIdx.x >> 5);
+    t.i0 = blockIdx.y * TILE;
+    t.nt = min(TILE, n - t.i0);
+    return t;
+}
+
+/* Sums each row's per-lane partial sums across the warp (a fixed butterfly) and
+ * writes (or adds) them to y[i0 + i][r]. */
+__device__ __forceinline__ void store_tile(const warp_tile &t, const float s[TILE], float *y, int32_t rows,
+                                           bool acc) {
+#pragma unroll
+    for (int i = 0; i < TILE; i++) {
+        float v = s[i];
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (t.lane == 0 && i < t.nt) {
+            float *out = y + (size_t)(t.i0 + i) * rows + t.r;
+            *out = acc ? *out + v : v;
+        }
+    }
+}
+
+template <uint32_t T>
+__global__ void __launch_bounds__(WARPS * 32)
+k_matmul(const uint8_t *w, size_t row_bytes, int32_t rows, int32_t cols, const float *x, int32_t n, float *y,
+         bool acc) {
+    const warp_tile t = tile_of(n);
+    if (t.r >= rows) return;
+    const uint8_t *wr = w + (size_t)t.r * row_bytes;
+    const float *xt = x + (size_t)t.i0 * cols;
+    float s[TILE] = {0};
+    for (int32_t k = t.lane; k < cols; k += 32) {
+        const float wv = tdm_cu_wload<T>(wr, k);
+#pragma unroll
+        for (int i = 0; i < TILE; i++)
+            if (i < t.nt) s[i] = fmaf(wv, xt[(size_t)i * cols + k], s[i]);
+    }
+    store_tile(t, s, y, rows, acc);
+}
+
+/* 8 consecutive elements of a 16-bit row (f16 or bf16) as f32. */
+template <uint32_t T> __device__ __forceinline__ void load8(const uint4 &u, float f[8]) {
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint16_t lo = (uint16_t)(v[i] & 0xffffu), hi = (uint16_t)(v[i] >> 16);
+        if (T == TDM_F16) {
+            f[2 * i] = tdm_cu_h2f(lo);
+            f[2 * i + 1] = tdm_cu_h2f(hi);
+        } else {
+            f[2 * i] = __uint_as_float((uint32_t)lo << 16);
+            f[2 * i + 1] = __uint_as_float((uint32_t)hi << 16);
+        }
+    }
+}
+
+/* As k_matmul, for 16-bit types with cols % 8 == 0: lane l reads columns 8 l .. 8 l
+ * + 7 of each 256-column stretch with one 16-byte load (x likewise, as float4s). */
+template <uint32_t T>
+__global__ void __launch_bounds__(WARPS * 32)
+k_matmul_v8(const uint8_t *w, size_t row_bytes, int32_t rows, int32_t cols, const float *x, int32_t n, float *y,
+            bool acc) {
+    const warp_tile t = tile_of(n);
+    if (t.r >= rows) return;
+    const uint4 *wr = (const uint4 *)(w + (size_t)t.r * row_bytes);
+    const float *xt = x + (size_t)t.i0 * cols;
+    float s[TILE] = {0};
+    for (int32_t k8 = t.lane; k8 < cols / 8; k8 += 32) {
+        float wv[8];
+        load8<T>(wr[k8], wv);
+#pragma unroll
+        for (int i = 0; i < TILE; i++)
+            if (i < t.nt) {
+                const float4 *xp = (const float4 *)(xt + (size_t)i * cols) + 2 * k8;
+                const float4 a = xp[0], b = xp[1];
+                float u = s[i];
+                u = fmaf(wv[0], a.x, u), u = fmaf(wv[1], a.y, u), u = fmaf(wv[2], a.z, u), u = fmaf(wv[3], a.w, u);
+                u = fmaf(wv[4], b.x, u), u = fmaf(wv[5], b.y, u), u = fmaf(wv[6], b.z, u), u = fmaf(wv[7], b.w, u);
+                s[i] = u;
+            }
+    }
+    store_tile(t, s, y, rows, acc);
+}
+
+tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n, float *y,
+                              bool accumulate, tdm_err *err) {
+    tdm_cuda *c = tdm_cuda_of(b, "matmul", err);
+    if (!c) return TANDEM_ERR_INVALID_ARG;
+    tandem_status st = tdm_cuda_check_weight(w, "matmul", err);
+    if (st) return st;
+    if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: n = %d", (int)n);
+    if (n == 0 || w->rows == 0) return TANDEM_OK;
+    if (!x || !y) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: NULL x or y");
+    const unsigned tiles = (unsigned)((n + TILE - 1) / TILE);
+    if (tiles > 65535u) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "matmul: %d rows in one call", (int)n);
+    const dim3 grid((unsigned)((w->rows + WARPS - 1) / WARPS), tiles);
+    const uint8_t *wd = (const uint8_t *)w->data;
+    const int32_t rows = (int32_t)w->rows, cols = (int32_t)w->cols;
+    const bool v8 = (w->type == TDM_F16 || w->type == TDM_BF16) && cols % 8 == 0 && w->row_bytes % 16 == 0 &&
+                    (uintptr_t)wd % 16 == 0 && (uintptr_t)x % 16 == 0;
+    if (v8) {
+        if (w->type == TDM_F16)
+            k_matmul_v8<TDM_F16><<<grid, WARPS * 32, 0, c->stream>>>(wd, w->row_bytes, rows, cols, x, n, y, accumulate);
+        else
+            k_matmul_v8<TDM_BF16><<<grid, WARPS * 32, 0, c->stream>>>(wd, w->row_bytes, rows, cols, x, n, y, accumulate);
+        TDM_CU_LAUNCHED("matmul");
+        return TANDEM_OK;
+    }
+    switch (w->type) {
+#define CASE(T)                                                                                        \
+    case T:                                                                                            \
+        k_matmul<T><<<grid, WARPS * 32, 0, c->stream>>>(wd, w->row_bytes, rows, cols, x, n, y, accumulate); \
+        break;
+        TDM_CU_FOR_EACH_WTYPE(CASE)
+#undef CASE
+    default: break;
+    }
+    TDM_CU_LAUNCHED("matmul");
+    return TANDEM_OK;
+}

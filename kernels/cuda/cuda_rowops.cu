@@ -1,0 +1,200 @@
+/* cuda_rowops.cu - the row-wise ops on the GPU: get_rows (embedding lookup, any
+ * weight type), rmsnorm, add_bias, rope, swiglu, gather_rows.  One thread block
+ * per row (or per row and head); each computes what the CPU's op computes, in f32
+ * (rmsnorm's sum of squares in f64, RoPE's angles in f64, as the CPU does). */
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <math.h>
+
+#include "cuda_internal.h"
+#include "cuda_weights.cuh"
+
+#define GET_CUDA(op)                                                                   \
+    tdm_cuda *c = tdm_cuda_of(b, op, err);                                             \
+    if (!c) return TANDEM_ERR_INVALID_ARG
+
+/* ---- get_rows ------------------------------------------------------------------ */
+
+template <uint32_t T>
+__global__ void k_get_rows(const uint8_t *w, size_t row_bytes, int32_t cols, const int32_t *ids, float *out) {
+    const int32_t i = blockIdx.x;
+    const uint8_t *row = w + (size_t)ids[i] * row_bytes;
+    for (int32_t k = threadIdx.x; k < cols; k += blockDim.x) out[(size_t)i * cols + k] = tdm_cu_wload<T>(row, k);
+}
+
+tandem_status tdm_cuda_get_rows(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n, float *out,
+                                tdm_err *err) {
+    GET_CUDA("get_rows");
+    tandem_status st = tdm_cuda_check_weight(w, "get_rows", err);
+    if (st) return st;
+    if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: n = %d", (int)n);
+    if (n == 0) return TANDEM_OK;
+    if (!ids || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows: NULL ids or out");
+    if ((st = tdm_check_ids(ids, n, w->rows, "get_rows", err))) return st;
+    int32_t *h = (int32_t *)tdm_cuda_meta_host(c, (size_t)n * sizeof(int32_t), err);
+    if (!h) return err ? err->status : TANDEM_ERR_BACKEND;
+    memcpy(h, ids, (size_t)n * sizeof(int32_t));
+    const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * sizeof(int32_t), err);
+    if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
+    const uint8_t *wd = (const uint8_t *)w->data;
+    const int32_t cols = (int32_t)w->cols;
+    switch (w->type) {
+#define CASE(T)                                                                                  \
+    case T: k_get_rows<T><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, d, out); break;
+        TDM_CU_FOR_EACH_WTYPE(CASE)
+#undef CASE
+    default: break;
+    }
+    TDM_CU_LAUNCHED("get_rows");
+    return TANDEM_OK;
+}
+
+/* ---- rmsnorm ------------------------------------------------------------------- */
+
+/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024). */
+__device__ double block_sum(double v) {
+    __shared__ double part[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __syncthreads(); /* (part may still be read by an earlier call) */
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    double s = 0;
+    if (wid == 0) {
+        s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
+        if (lane == 0) part[0] = s;
+    }
+    __syncthreads();
+    return part[0];
+}
+
+__global__ void k_rmsnorm(const float *x, const float *g, int32_t dim, float eps, float *o) {
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    float *orow = o + (size_t)blockIdx.x * dim;
+    double ss = 0;
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) ss += (double)xr[k] * xr[k];
+    ss = block_sum(ss);
+    const float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) orow[k] = xr[k] * inv * g[k];
+}
+
+tandem_status tdm_cuda_rmsnorm(tdm_backend *b, const float *x, const float *gamma, int32_t n, int32_t dim,
+                               float eps, float *out, tdm_err *err) {
+    GET_CUDA("rmsnorm");
+    if (n < 0 || dim <= 0 || !(eps >= 0))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: n = %d, dim = %d, eps = %g", (int)n, (int)dim,
+                          (double)eps);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !gamma || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: NULL pointer");
+    k_rmsnorm<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, gamma, dim, eps, out);
+    TDM_CU_LAUNCHED("rmsnorm");
+    return TANDEM_OK;
+}
+
+/* ---- add_bias, swiglu, gather_rows --------------------------------------------- */
+
+__global__ void k_add_bias(float *y, const float *bias, int32_t dim) {
+    float *row = y + (size_t)blockIdx.x * dim;
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) row[k] += bias[k];
+}
+
+tandem_status tdm_cuda_add_bias(tdm_backend *b, float *y, const float *bias, int32_t n, int32_t dim,
+                                tdm_err *err) {
+    GET_CUDA("add_bias");
+    if (n < 0 || dim <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "add_bias: n = %d, dim = %d", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (!y || !bias) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "add_bias: NULL pointer");
+    k_add_bias<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(y, bias, dim);
+    TDM_CU_LAUNCHED("add_bias");
+    return TANDEM_OK;
+}
+
+__global__ void k_swiglu(const float *gu, int32_t ff, float *o) {
+    const float *g = gu + (size_t)blockIdx.x * 2 * ff, *u = g + ff;
+    float *orow = o + (size_t)blockIdx.x * ff;
+    for (int32_t k = threadIdx.x; k < ff; k += blockDim.x) orow[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+}
+
+tandem_status tdm_cuda_swiglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out,
+                              tdm_err *err) {
+    GET_CUDA("swiglu");
+    if (n < 0 || ff <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: n = %d, ff = %d", (int)n, (int)ff);
+    if (n == 0) return TANDEM_OK;
+    if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: NULL pointer");
+    k_swiglu<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(gate_up, ff, out);
+    TDM_CU_LAUNCHED("swiglu");
+    return TANDEM_OK;
+}
+
+__global__ void k_gather(const float *x, const int32_t *rows, int32_t dim, float *o) {
+    const float *src = x + (size_t)rows[blockIdx.x] * dim;
+    float *dst = o + (size_t)blockIdx.x * dim;
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = src[k];
+}
+
+tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t *rows, int32_t n, int32_t dim,
+                                   float *out, tdm_err *err) {
+    GET_CUDA("gather_rows");
+    if (n < 0 || dim <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gather_rows: n = %d, dim = %d", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !rows || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gather_rows: NULL pointer");
+    for (int32_t i = 0; i < n; i++)
+        if (rows[i] < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gather_rows: row %d at %d", (int)rows[i], (int)i);
+    int32_t *h = (int32_t *)tdm_cuda_meta_host(c, (size_t)n * sizeof(int32_t), err);
+    if (!h) return err ? err->status : TANDEM_ERR_BACKEND;
+    memcpy(h, rows, (size_t)n * sizeof(int32_t));
+    const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * sizeof(int32_t), err);
+    if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
+    k_gather<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, d, dim, out);
+    TDM_CU_LAUNCHED("gather_rows");
+    return TANDEM_OK;
+}
+
+/* ---- rope ---------------------------------------------------------------------- */
+
+/* Block (row i, head h): pairs t < half rotated by pos[i] * freq_scale *
+ * freq_base^(-2t / n_rot); normal layout pairs (2t, 2t + 1), NEOX (t, t + half). */
+__global__ void k_rope(float *x, int32_t row_stride, int32_t head_dim, const int32_t *pos, int32_t half,
+                       double freq_base, double freq_scale, bool neox) {
+    float *v = x + (size_t)blockIdx.x * row_stride + (size_t)blockIdx.y * head_dim;
+    const double pf = (double)pos[blockIdx.x] * freq_scale;
+    for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
+        const double theta = pf * pow(freq_base, -2.0 * t / (2.0 * half));
+        const float cs = (float)cos(theta), sn = (float)sin(theta);
+        const int32_t a = neox ? t : 2 * t, bb = neox ? t + half : 2 * t + 1;
+        const float x0 = v[a], x1 = v[bb];
+        v[a] = x0 * cs - x1 * sn;
+        v[bb] = x0 * sn + x1 * cs;
+    }
+}
+
+tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                            int32_t head_dim, const int32_t *pos, const tdm_rope_params *rp, tdm_err *err) {
+    GET_CUDA("rope");
+    if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: n = %d, n_head = %d, head_dim = %d, row_stride = %d",
+                          (int)n, (int)n_head, (int)head_dim, (int)row_stride);
+    if (!rp) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL params");
+    if (rp->n_rot <= 0 || rp->n_rot % 2 != 0 || rp->n_rot > head_dim)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: n_rot %d (head_dim %d)", (int)rp->n_rot, (int)head_dim);
+    if (!(rp->freq_base > 0) || !isfinite(rp->freq_scale))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: freq_base %g, freq_scale %g", (double)rp->freq_base,
+                          (double)rp->freq_scale);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !pos) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x or pos");
+    for (int32_t i = 0; i < n; i++)
+        if (pos[i] < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: position %d at %d", (int)pos[i], (int)i);
+    if (n_head > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope: %d heads", (int)n_head);
+    int32_t *h = (int32_t *)tdm_cuda_meta_host(c, (size_t)n * sizeof(int32_t), err);
+    if (!h) return err ? err->status : TANDEM_ERR_BACKEND;
+    memcpy(h, pos, (size_t)n * sizeof(int32_t));
+    const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * sizeof(int32_t), err);
+    if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
+    k_rope<<<dim3((unsigned)n, (unsigned)n_head), 64, 0, c->stream>>>(
+        x, row_stride, head_dim, d, rp->n_rot / 2, (double)rp->freq_base, (double)rp->freq_scale, rp->neox);
+    TDM_CU_LAUNCHED("rope");
+    return TANDEM_OK;
+}

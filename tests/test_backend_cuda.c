@@ -1,0 +1,496 @@
+/* test_backend_cuda.c - the CUDA backend against the reference ops (tests/ref_ops.c)
+ * and against the CPU backend on the real target model, by normalised error, as
+ * llama.cpp's test-backend-ops compares backends.
+ *
+ * Without a CUDA device (or in a build without CUDA) the program prints why and
+ * exits with 77, which meson reports as skipped. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_testutil.h"
+#include "model.h"
+#include "ref_ops.h"
+#include "sampling.h"
+#include "tandem.h"
+#include "testutil.h"
+
+static tdm_backend *gpu(void) {
+    tdm_backend *b = NULL;
+    tdm_err err = {0};
+#ifdef TDM_TEST_CUDA_ON_CPU
+    cr_assert_eq(tdm_backend_cpu_create(2, &b, &err), TANDEM_OK, "%s", err.msg);
+#else
+    cr_assert_eq(tdm_backend_cuda_create(0, &b, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_str_eq(b->ops->name, "cuda");
+#endif
+    return b;
+}
+
+/* A device copy of n bytes of host memory. */
+static void *put(tdm_backend *b, const void *host, size_t n) {
+    void *d = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->alloc(b, n, &d, &err), TANDEM_OK, "%s", err.msg);
+    if (host) cr_assert_eq(b->ops->upload(b, d, host, n, &err), TANDEM_OK, "%s", err.msg);
+    return d;
+}
+
+/* A host copy (malloc'd) of n bytes of device memory. */
+static void *get(tdm_backend *b, const void *dev, size_t n) {
+    void *h = malloc(n + 16);
+    tdm_err err = {0};
+    cr_assert(h);
+    cr_assert_eq(b->ops->download(b, h, dev, n, &err), TANDEM_OK, "%s", err.msg);
+    return h;
+}
+
+/* A device copy of a host weight (same type, shape and layout). */
+static tdm_weight put_weight(tdm_backend *b, const tdm_weight *w) {
+    tdm_weight d = *w;
+    d.data = put(b, w->data, (size_t)w->rows * w->row_bytes);
+    return d;
+}
+
+#define OK(call)                                                                        \
+    do {                                                                                \
+        tdm_err err_ = {0};                                                             \
+        tandem_status st_ = (call);                                                     \
+        cr_assert_eq(st_, TANDEM_OK, "%s: %s", #call, err_.msg);                        \
+    } while (0)
+
+Test(cuda_backend, memory_ops) {
+    tdm_backend *b = gpu();
+    tdm_err err = {0};
+    uint8_t src[1000], back[1000];
+    for (int i = 0; i < 1000; i++) src[i] = (uint8_t)(i * 7);
+    void *d1 = NULL, *d2 = NULL;
+    OK(b->ops->alloc(b, 1000, &d1, &err_));
+    uint8_t *z = get(b, d1, 1000);
+    for (int i = 0; i < 1000; i++) cr_assert_eq(z[i], 0, "alloc is not zeroed at %d", i);
+    free(z);
+    OK(b->ops->alloc(b, 1000, &d2, &err_));
+    OK(b->ops->upload(b, d1, src, 1000, &err_));
+    OK(b->ops->copy(b, d2, d1, 1000, &err_));
+    OK(b->ops->download(b, back, d2, 1000, &err_));
+    cr_assert(memcmp(src, back, 1000) == 0);
+    OK(b->ops->sync(b, &err_));
+    /* an impossible allocation is an error, not a crash */
+    void *huge = NULL;
+    cr_assert_neq(b->ops->alloc(b, (size_t)1 << 50, &huge, &err), TANDEM_OK);
+    cr_assert_null(huge);
+    b->ops->free(b, d1);
+    b->ops->free(b, d2);
+    b->ops->free(b, NULL);
+    tdm_backend_destroy(b);
+}
+
+static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+
+Test(cuda_ops, get_rows_all_types) {
+    tdm_backend *b = gpu();
+    uint64_t rng = 11;
+    for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++) {
+        tdm_weight w = tdm_test_weight(types[t], 50, 96, &rng);
+        tdm_weight dw = put_weight(b, &w);
+        int32_t ids[7] = {0, 49, 3, 3, 17, 48, 25};
+        float *out = put(b, NULL, 7 * 96 * 4), ref[7 * 96];
+        OK(b->ops->get_rows(b, &dw, ids, 7, out, &err_));
+        ref_get_rows(&w, ids, 7, ref);
+        float *h = get(b, out, sizeof ref);
+        cr_assert(memcmp(h, ref, sizeof ref) == 0, "get_rows %s differs", tdm_dtype_name(types[t]));
+        int32_t bad = 50;
+        tdm_err err = {0};
+        cr_assert_eq(b->ops->get_rows(b, &dw, &bad, 1, out, &err), TANDEM_ERR_INVALID_ARG);
+        free(h);
+        b->ops->free(b, out);
+        b->ops->free(b, (void *)dw.data);
+        free((void *)w.data);
+    }
+    tdm_backend_destroy(b);
+}
+
+Test(cuda_ops, row_ops) {
+    tdm_backend *b = gpu();
+    uint64_t rng = 5;
+    const int32_t n = 5, dim = 200, ff = 150, stride = 7 * 32 + 5;
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -3, 3), *g = tdm_test_rand_vec(&rng, dim, -2, 2);
+    float *gu = tdm_test_rand_vec(&rng, (size_t)n * 2 * ff, -12, 12);
+    float *q = tdm_test_rand_vec(&rng, (size_t)n * stride, -2, 2);
+    float *dx = put(b, x, (size_t)n * dim * 4), *dg = put(b, g, dim * 4), *dgu = put(b, gu, (size_t)n * 2 * ff * 4);
+    float *dout = put(b, NULL, (size_t)n * 2 * ff * 4), *ref = malloc((size_t)n * 2 * ff * 4);
+
+    OK(b->ops->rmsnorm(b, dx, dg, n, dim, 1e-5f, dout, &err_));
+    ref_rmsnorm(x, g, n, dim, 1e-5f, ref);
+    float *h = get(b, dout, (size_t)n * dim * 4);
+    cr_assert(ref_nrm_err(h, ref, (size_t)n * dim) < 1e-6, "rmsnorm");
+    free(h);
+
+    OK(b->ops->add_bias(b, dx, dg, n, dim, &err_));
+    memcpy(ref, x, (size_t)n * dim * 4);
+    ref_add_bias(ref, g, n, dim);
+    h = get(b, dx, (size_t)n * dim * 4);
+    cr_assert(memcmp(h, ref, (size_t)n * dim * 4) == 0, "add_bias");
+    free(h);
+
+    OK(b->ops->swiglu(b, dgu, n, ff, dout, &err_));
+    ref_swiglu(gu, n, ff, ref);
+    h = get(b, dout, (size_t)n * ff * 4);
+    cr_assert(ref_nrm_err(h, ref, (size_t)n * ff) < 1e-6, "swiglu");
+    free(h);
+
+    int32_t rows[3] = {4, 0, 4};
+    OK(b->ops->gather_rows(b, dx, rows, 3, dim, dout, &err_));
+    h = get(b, dout, 3 * dim * 4);
+    float *xb = get(b, dx, (size_t)n * dim * 4);
+    ref_gather_rows(xb, rows, 3, dim, ref);
+    cr_assert(memcmp(h, ref, 3 * dim * 4) == 0, "gather_rows");
+    free(h);
+    free(xb);
+
+    int32_t pos[5] = {0, 1, 17, 1000, 4095};
+    for (int neox = 0; neox < 2; neox++) {
+        tdm_rope_params rp = {.n_rot = 24, .freq_base = 10000, .freq_scale = 0.5f, .neox = neox};
+        float *dq = put(b, q, (size_t)n * stride * 4);
+        OK(b->ops->rope(b, dq, n, stride, 7, 32, pos, &rp, &err_));
+        memcpy(ref, q, (size_t)n * stride * 4);
+        ref_rope(ref, n, stride, 7, 32, pos, &rp);
+        h = get(b, dq, (size_t)n * stride * 4);
+        cr_assert(ref_nrm_err(h, ref, (size_t)n * stride) < 1e-6, "rope neox %d", neox);
+        free(h);
+        b->ops->free(b, dq);
+    }
+    /* bad arguments: clear errors */
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->rmsnorm(b, dx, dg, -1, dim, 1e-5f, dout, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->rope(b, dx, n, stride, 7, 32, NULL, &(tdm_rope_params){24, 1e4f, 1, false}, &err),
+                 TANDEM_ERR_INVALID_ARG);
+    tdm_backend *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
+    cr_assert_eq(b->ops->rmsnorm(cpu, x, g, n, dim, 1e-5f, ref, &err), TANDEM_ERR_INVALID_ARG,
+                 "a CUDA op given a CPU backend");
+    tdm_backend_destroy(cpu);
+
+    void *dev[] = {dx, dg, dgu, dout};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(x), free(g), free(gu), free(q), free(ref);
+    tdm_backend_destroy(b);
+}
+
+/* Every type and several shapes and batch sizes against ref_matmul; each row of a
+ * batch equals, bit for bit, the same row computed alone. */
+Test(cuda_matmul, types_shapes_batches) {
+    tdm_backend *b = gpu();
+    uint64_t rng = 3;
+    /* (cols % 8 != 0: the element-wise kernel for 16-bit types too) */
+    const int64_t shapes[][2] = {{1, 32}, {67, 96}, {384, 384}, {1030, 128}, {8, 1024}, {13, 100}};
+    const int32_t ns[] = {1, 3, 8, 9, 20};
+    for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++)
+        for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+            if ((types[t] == TDM_Q8_0 || types[t] == TDM_Q4_0) && shapes[s][1] % TDM_QK != 0) continue;
+            tdm_weight w = tdm_test_weight(types[t], shapes[s][0], shapes[s][1], &rng);
+            tdm_weight dw = put_weight(b, &w);
+            for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int32_t n = ns[k];
+                    const size_t ny = (size_t)n * w.rows;
+                    float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -1, 1), *y0 = tdm_test_rand_vec(&rng, ny, -1, 1);
+                    float *ref = malloc(ny * 4);
+                    memcpy(ref, y0, ny * 4);
+                    float *dx = put(b, x, (size_t)n * w.cols * 4), *dy = put(b, y0, ny * 4);
+                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
+                    ref_matmul(&w, x, n, ref, acc);
+                    float *y = get(b, dy, ny * 4);
+                    double e = ref_nrm_err(y, ref, ny);
+                    cr_assert(e < 2e-6, "matmul %s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type),
+                              (long long)w.rows, (long long)w.cols, (int)n, acc, e);
+                    if (!acc && n > 1) { /* the last row alone */
+                        float *dy1 = put(b, NULL, (size_t)w.rows * 4);
+                        OK(b->ops->matmul(b, &dw, dx + (size_t)(n - 1) * w.cols, 1, dy1, false, &err_));
+                        float *y1 = get(b, dy1, (size_t)w.rows * 4);
+                        cr_assert(memcmp(y1, y + (size_t)(n - 1) * w.rows, (size_t)w.rows * 4) == 0,
+                                  "matmul %s n %d: a row alone differs from the batch", tdm_dtype_name(w.type), n);
+                        free(y1);
+                        b->ops->free(b, dy1);
+                    }
+                    free(y), free(x), free(y0), free(ref);
+                    b->ops->free(b, dx);
+                    b->ops->free(b, dy);
+                }
+            b->ops->free(b, (void *)dw.data);
+            free((void *)w.data);
+        }
+    /* a layout or type it does not read is a clear error */
+    tdm_weight w = tdm_test_weight(TDM_F16, 64, 64, &rng);
+    tdm_weight dw = put_weight(b, &w);
+    dw.layout = TDM_LAYOUT_P64;
+    tdm_err err = {0};
+    float *dx = put(b, NULL, 64 * 4), *dy = put(b, NULL, 64 * 4);
+    cr_assert_eq(b->ops->matmul(b, &dw, dx, 1, dy, false, &err), TANDEM_ERR_UNSUPPORTED);
+    dw.layout = TDM_LAYOUT_ROWS;
+    dw.type = 999;
+    cr_assert_eq(b->ops->matmul(b, &dw, dx, 1, dy, false, &err), TANDEM_ERR_UNSUPPORTED);
+    b->ops->free(b, dx), b->ops->free(b, dy);
+    b->ops->free(b, (void *)dw.data);
+    free((void *)w.data);
+    tdm_backend_destroy(b);
+}
+
+/* ---- paged KV cache ------------------------------------------------------------ */
+
+typedef struct attn_case {
+    int32_t n_head, n_kv_head, head_dim, block_size;
+    uint32_t cache_type;
+    int32_t n_seq, lens[3];
+    bool tree;
+} attn_case;
+
+/* Sequences over shuffled, interleaved blocks; every slot written by kv_write
+ * (byte-exact against ref_kv_write); then the last rows of each sequence (tree:
+ * a prefix plus scattered extra slots) attend, against ref_attention. */
+static void run_attn(const attn_case *tc, uint64_t rng) {
+    tdm_backend *b = gpu();
+    const int32_t bs = tc->block_size, nkv = tc->n_kv_head, hd = tc->head_dim;
+    tdm_kv_seq seqs[3] = {0};
+    const tdm_kv_seq *sp[3];
+    int32_t total = 0;
+    for (int s = 0; s < tc->n_seq; s++) total += (tc->lens[s] + bs - 1) / bs;
+    const int32_t n_blocks = total + 2;
+    int32_t *perm = malloc((size_t)n_blocks * 4);
+    for (int32_t i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int32_t i = n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(tdm_test_rand(&rng) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int s = 0, next = 0; s < tc->n_seq; s++) {
+        int32_t nb = (tc->lens[s] + bs - 1) / bs;
+        seqs[s] = (tdm_kv_seq){calloc((size_t)nb, 4), nb, nb, tc->lens[s]};
+        for (int32_t k = 0; k < nb; k++) seqs[s].blocks[k] = perm[next++];
+        sp[s] = &seqs[s];
+    }
+    free(perm);
+    const size_t esz = tc->cache_type == TDM_F16 ? 2 : 4, cbytes = (size_t)n_blocks * nkv * bs * hd * esz;
+    void *kc = put(b, NULL, cbytes), *vc = put(b, NULL, cbytes);
+    void *kr = calloc(1, cbytes), *vr = calloc(1, cbytes);
+    for (int s = 0; s < tc->n_seq; s++) {
+        tdm_batch bt;
+        const int32_t len = tc->lens[s], stride = nkv * hd + 3;
+        cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
+        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, (i * 7 + 3) % len, false);
+        float *k = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2), *v = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2);
+        float *dk = put(b, k, (size_t)len * stride * 4), *dv = put(b, v, (size_t)len * stride * 4);
+        tdm_kv_write_args a = {&bt, sp, dk, dv, stride, kc, vc, tc->cache_type, nkv, hd, bs};
+        OK(b->ops->kv_write(b, &a, &err_));
+        tdm_kv_write_args ar = {&bt, sp, k, v, stride, kr, vr, tc->cache_type, nkv, hd, bs};
+        ref_kv_write(&ar);
+        b->ops->free(b, dk), b->ops->free(b, dv);
+        free(k), free(v);
+        tdm_batch_free(&bt);
+    }
+    void *kh = get(b, kc, cbytes), *vh = get(b, vc, cbytes);
+    cr_assert(memcmp(kh, kr, cbytes) == 0, "kv_write K differs from the reference");
+    cr_assert(memcmp(vh, vr, cbytes) == 0, "kv_write V differs from the reference");
+
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
+    int32_t extra_off[65] = {0}, extra_slot[2048], n_extra = 0;
+    for (int s = 0; s < tc->n_seq; s++)
+        for (int32_t p = TDM_MAX(0, tc->lens[s] - 5); p < tc->lens[s]; p++) {
+            int32_t r = tdm_batch_add(&bt, 0, p, s, p, false);
+            if (tc->tree) {
+                bt.n_visible[r] = tc->lens[s] / 2;
+                for (int32_t e = tc->lens[s] / 2; e <= p; e += 1 + (e % 3)) extra_slot[n_extra++] = e;
+            }
+            extra_off[r + 1] = n_extra;
+        }
+    if (tc->tree) bt.extra_off = extra_off, bt.extra_slot = extra_slot;
+    const int32_t q_stride = tc->n_head * hd + 2 * nkv * hd;
+    const size_t n_out = (size_t)bt.n_rows * tc->n_head * hd;
+    float *q = tdm_test_rand_vec(&rng, (size_t)bt.n_rows * q_stride, -1.5f, 1.5f), *ref = calloc(n_out, 4);
+    float *dq = put(b, q, (size_t)bt.n_rows * q_stride * 4), *dout = put(b, NULL, n_out * 4);
+    const float scale = 1.0f / sqrtf((float)hd);
+    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, tc->cache_type, tc->n_head, nkv, hd, bs, scale};
+    OK(b->ops->attention(b, &a, &err_));
+    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, tc->cache_type, tc->n_head, nkv, hd, bs, scale};
+    ref_attention(&ar);
+    float *out = get(b, dout, n_out * 4);
+    double e = ref_nrm_err(out, ref, n_out);
+    cr_assert(e < 1e-5, "attention heads %d/%d hd %d %s tree %d: err %g", tc->n_head, nkv, hd,
+              tdm_dtype_name(tc->cache_type), tc->tree, e);
+    /* a slot outside the sequence is a clear error */
+    bt.n_visible[0] = tc->lens[bt.seq[0]] + 1;
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "n_visible"), "%s", err.msg);
+    bt.extra_off = NULL, bt.extra_slot = NULL;
+    tdm_batch_free(&bt);
+    void *dev[] = {kc, vc, dq, dout};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(kh), free(vh), free(kr), free(vr), free(q), free(ref), free(out);
+    for (int s = 0; s < tc->n_seq; s++) free(seqs[s].blocks);
+    tdm_backend_destroy(b);
+}
+
+Test(cuda_attention, mha_f32) {
+    attn_case tc = {4, 4, 64, 16, TDM_F32, 1, {37}, false};
+    run_attn(&tc, 1);
+}
+Test(cuda_attention, gqa_f16_three_sequences) {
+    attn_case tc = {6, 2, 64, 16, TDM_F16, 3, {200, 17, 64}, false};
+    run_attn(&tc, 2);
+}
+Test(cuda_attention, tree_extra_slots_odd_shapes) {
+    attn_case tc = {8, 2, 40, 8, TDM_F16, 2, {45, 300}, true};
+    run_attn(&tc, 3);
+}
+
+/* ---- the real model ------------------------------------------------------------ */
+
+/* One model on one backend with its own K/V storage and one sequence whose block
+ * table is blocks 0, 1, 2, ... */
+typedef struct fwd_rig {
+    tdm_backend *be;
+    tdm_model *m;
+    tdm_kv_store kv;
+    tdm_kv_seq seq;
+    tdm_fwd_scratch fs;
+    float *logits; /* backend memory [64][n_vocab] */
+} fwd_rig;
+
+static void rig_open(fwd_rig *r, tdm_backend *be, const char *model) {
+    memset(r, 0, sizeof *r);
+    r->be = be;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_model_load(tdm_test_model_path(model), be, &r->m, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, be, TDM_F16, 8, 16, &err), TANDEM_OK, "%s", err.msg);
+    r->seq = (tdm_kv_seq){calloc(8, 4), 8, 8, 128};
+    for (int i = 0; i < 8; i++) r->seq.blocks[i] = 7 - i;
+    OK(be->ops->alloc(be, (size_t)64 * r->m->hp.n_vocab * 4, (void **)&r->logits, &err_));
+}
+
+static float *rig_forward(fwd_rig *r, const tdm_batch *bt) {
+    const tdm_kv_seq *sp[1] = {&r->seq};
+    OK(tdm_model_forward(r->m, r->be, &r->kv, bt, sp, &r->fs, r->logits, &err_));
+    size_t bytes = (size_t)tdm_batch_n_logits(bt) * r->m->hp.n_vocab * 4;
+    if (strcmp(r->be->ops->name, "cpu") == 0) {
+        float *h = malloc(bytes);
+        memcpy(h, r->logits, bytes);
+        return h;
+    }
+    return get(r->be, r->logits, bytes);
+}
+
+static void rig_close(fwd_rig *r) {
+    r->be->ops->free(r->be, r->logits);
+    tdm_fwd_scratch_free(&r->fs);
+    tdm_kv_store_free(&r->kv);
+    tdm_model_free(r->m);
+    free(r->seq.blocks);
+    tdm_backend_destroy(r->be);
+}
+
+/* A prefill of 40 tokens with logits for every row, then two decode steps: the
+ * CUDA forward's logits match the CPU backend's (op by op, one thread) by
+ * normalised error, and give the same argmax. */
+Test(cuda_forward, target_matches_cpu, .timeout = 300) {
+    tdm_backend *cpu = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK, "%s", err.msg);
+    fwd_rig rc, rg;
+    rig_open(&rc, cpu, "pycode-target-f16.gguf");
+    rig_open(&rg, gpu(), "pycode-target-f16.gguf");
+    const int32_t V = rc.m->hp.n_vocab;
+    uint64_t rng = 9;
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
+    for (int32_t p = 0; p < 40; p++) tdm_batch_add(&bt, (int32_t)(tdm_test_rand(&rng) % (uint64_t)V), p, 0, p, true);
+    for (int step = 0; step < 3; step++) {
+        float *lc = rig_forward(&rc, &bt), *lg = rig_forward(&rg, &bt);
+        const int32_t nl = tdm_batch_n_logits(&bt);
+        double e = ref_nrm_err(lg, lc, (size_t)nl * V);
+        cr_assert(e < 1e-4, "step %d (%d rows): logits err %g", step, (int)bt.n_rows, e);
+        for (int32_t i = 0; i < nl; i++) {
+            int32_t ac = tdm_argmax(lc + (size_t)i * V, V), ag = tdm_argmax(lg + (size_t)i * V, V);
+            float gap = fabsf(lc[(size_t)i * V + ac] - lc[(size_t)i * V + ag]);
+            cr_assert(ac == ag || gap < 1e-3f, "step %d row %d: argmax %d on the CPU, %d on CUDA", step, (int)i,
+                      (int)ac, (int)ag);
+        }
+        int32_t next = tdm_argmax(lc + (size_t)(nl - 1) * V, V), pos = bt.pos[bt.n_rows - 1] + 1;
+        free(lc), free(lg);
+        tdm_batch_clear(&bt);
+        tdm_batch_add(&bt, next, pos, 0, pos, true);
+    }
+    tdm_batch_free(&bt);
+    rig_close(&rc);
+    rig_close(&rg);
+}
+
+/* The whole engine on the GPU, through the public API: greedy decoding reproduces
+ * the transformers reference continuations as on the CPU (98 of 100 there), and
+ * speculative decoding (draft-xs, adaptive k, n-gram lookup) gives exactly the
+ * target-only tokens. */
+Test(cuda_engine, greedy_reference_and_speculative_equality, .timeout = 900) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    tandem_model *target = NULL, *draft = NULL;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
+                 tandem_last_error());
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-xs-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
+                 tandem_last_error());
+    tandem_engine *plain = NULL, *spec = NULL;
+    cr_assert_eq(tandem_engine_open(target, NULL, NULL, &plain), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_engine_open(target, draft, NULL, &spec), TANDEM_OK, "%s", tandem_last_error());
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    int matches = 0;
+    uint64_t accepted = 0, drafted = 0;
+    for (size_t li = 0; li < n_lines; li++) {
+        size_t n, n_ref;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        int32_t *want = tdm_test_json_ids(tdm_json_get(refs[li], "target_greedy_ids"), &n_ref);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = (int)n_ref;
+        tandem_result a, b;
+        cr_assert_eq(tandem_generate_ids(plain, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+        matches += a.n_tokens == n_ref && memcmp(a.tokens, want, n_ref * sizeof(int32_t)) == 0;
+        cr_assert(a.n_tokens == b.n_tokens && memcmp(a.tokens, b.tokens, a.n_tokens * sizeof(int32_t)) == 0,
+                  "prompt %zu: speculative decoding on the GPU differs from target-only decoding", li);
+        accepted += b.spec.accepted;
+        drafted += b.spec.drafted;
+        tandem_result_free(&a);
+        tandem_result_free(&b);
+        free(ids);
+        free(want);
+    }
+    cr_log_info("cuda: %d of %zu greedy continuations identical to the reference; acceptance %llu / %llu", matches,
+                n_lines, (unsigned long long)accepted, (unsigned long long)drafted);
+    printf("cuda: %d of %zu greedy continuations identical to the reference; acceptance %llu / %llu\n", matches,
+           n_lines, (unsigned long long)accepted, (unsigned long long)drafted);
+    cr_assert_gt(drafted, 0);
+    cr_assert_geq(matches, 98, "only %d of %zu greedy continuations match the reference", matches, n_lines);
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
+    tandem_model_close(draft);
+    tandem_model_close(target);
+}
+
+/* Skip the whole program (exit 77) where no CUDA device can be used. */
+int main(int argc, char *argv[]) {
+#ifndef TDM_TEST_CUDA_ON_CPU /* (a debugging build: the tests' own code on the CPU backend) */
+    tdm_backend *b = NULL;
+    tdm_err err = {0};
+    if (tdm_backend_cuda_create(0, &b, &err) != TANDEM_OK) {
+        printf("skipped: %s\n", err.msg);
+        return 77;
+    }
+    tdm_backend_destroy(b);
+#endif
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
+}
