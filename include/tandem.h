@@ -58,7 +58,10 @@ typedef enum tandem_backend_kind {
 } tandem_backend_kind;
 
 typedef struct tandem_model_params {
-    tandem_backend_kind backend; /* where the weights live; default TANDEM_BACKEND_CPU */
+    tandem_backend_kind backend; /* where the weights live, and so where an engine on this
+                                    model computes; default TANDEM_BACKEND_CPU.  CUDA fails with
+                                    TANDEM_ERR_BACKEND in a build without CUDA or where no
+                                    device can be used */
     int cuda_device;             /* CUDA device index; default 0 */
 } tandem_model_params;
 
@@ -113,7 +116,8 @@ tandem_status tandem_tokenizer_decode(const tandem_tokenizer *tokenizer, const i
 typedef struct tandem_engine tandem_engine;
 
 typedef struct tandem_engine_params {
-    int n_threads;        /* CPU threads for compute; default 0 = all cores */
+    int n_threads;        /* CPU threads for compute; default 0 = all cores (unused when the
+                             models are on the CUDA backend: the engine computes there) */
     size_t kv_bytes;      /* KV cache budget in bytes (both models); default 0 = enough for
                              n_ctx tokens of n_seq_max sequences */
     int n_ctx;            /* max tokens per sequence; default 0 = the target's training context */
@@ -124,7 +128,8 @@ typedef struct tandem_engine_params {
 tandem_engine_params tandem_engine_default_params(void);
 
 /* draft may be NULL (target-only decoding).  The engine borrows both models: they
- * must outlive it.  Fails with TANDEM_ERR_MISMATCH when the vocabularies differ. */
+ * must outlive it.  Fails with TANDEM_ERR_MISMATCH when the vocabularies differ or
+ * the two models are on different backends. */
 tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft,
                                  const tandem_engine_params *params, tandem_engine **out);
 void tandem_engine_close(tandem_engine *engine);
