@@ -79,6 +79,10 @@ typedef struct tandem_model_info {
     int32_t bos, eos;     /* -1 when the model has none */
     uint64_t n_params;
     uint64_t weight_bytes;
+    uint64_t decode_bytes;       /* weight bytes one decode step reads: every matrix and
+                                    norm, but one row of the token embedding */
+    uint64_t kv_bytes_per_token; /* K and V bytes per position, all layers, in the cache
+                                    type of the model's backend (f32 CPU, f16 CUDA) */
 } tandem_model_info;
 
 tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out);
@@ -134,6 +138,11 @@ tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft,
                                  const tandem_engine_params *params, tandem_engine **out);
 void tandem_engine_close(tandem_engine *engine);
 
+/* The most device memory in use at any time since the engine's backend was made, in
+ * bytes (the whole GPU as its driver reports it: every buffer of this process and
+ * the CUDA context); 0 for an engine on the CPU. */
+uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine);
+
 typedef enum tandem_finish_reason {
     TANDEM_FINISH_NONE = 0,
     TANDEM_FINISH_EOS,      /* the model produced an end-of-generation token */
@@ -168,6 +177,9 @@ typedef struct tandem_generate_params {
                              draft model (lossless; runs no model); default 4 */
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
     void *user_data;          /* passed to on_token */
+    bool ignore_eos;          /* generate max_tokens tokens whatever they are (an
+                                 end-of-generation token does not stop it): for
+                                 benchmarks; default false */
 } tandem_generate_params;
 
 tandem_generate_params tandem_generate_default_params(void);

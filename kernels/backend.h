@@ -235,6 +235,9 @@ tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **out, tdm_err
 /* A CUDA backend's forward-pass graphs so far: launches of captured graphs and
  * captures (both 0 for other backends and builds without CUDA). */
 void tdm_backend_cuda_graph_stats(tdm_backend *b, uint64_t *replays, uint64_t *captures);
+/* For benchmarks of the matmul op: 0 = pick the path by rows (the default), 1 = the
+ * row kernels wherever they read the weight (up to 64 rows), 2 = cuBLAS. */
+void tdm_backend_cuda_force_matmul(tdm_backend *b, int path);
 void tdm_backend_destroy(tdm_backend *b); /* NULL is a no-op */
 
 /* A description of the CPU features in use ("avx512", "avx2", "scalar"). */

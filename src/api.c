@@ -113,6 +113,17 @@ tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info
     out->eos = tdm_tok_eos(m->tok);
     out->n_params = m->n_params;
     out->weight_bytes = m->weight_bytes;
+    const uint64_t norms = (uint64_t)(2 * m->hp.n_layer + 1) * (uint64_t)m->hp.n_embd * sizeof(float);
+    uint64_t mats = (uint64_t)m->output.rows * m->output.row_bytes + m->tok_embd.row_bytes;
+    for (int32_t l = 0; l < m->hp.n_layer; l++) {
+        const tdm_layer *L = &m->layers[l];
+        const tdm_weight *w[] = {&L->wqkv, &L->wo, &L->w13, &L->w2};
+        for (size_t i = 0; i < TDM_ARRAY_LEN(w); i++) mats += (uint64_t)w[i]->rows * w[i]->row_bytes;
+    }
+    out->decode_bytes = mats + norms;
+    const tdm_kv_layout kl = tdm_model_kv_layout(m, m->be->kv_type);
+    out->kv_bytes_per_token = 2ull * (uint64_t)kl.n_layer * (uint64_t)kl.n_kv_head * (uint64_t)kl.head_dim *
+                              (uint64_t)kl.elem_bytes;
     return TANDEM_OK;
 }
 
@@ -271,10 +282,15 @@ void tandem_engine_close(tandem_engine *engine) {
     free(engine);
 }
 
+uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine) {
+    if (!engine || !engine->e || !engine->e->be->ops->mem_peak) return 0;
+    return (uint64_t)engine->e->be->ops->mem_peak(engine->e->be);
+}
+
 tandem_generate_params tandem_generate_default_params(void) {
     tandem_generate_params p = {
         .max_tokens = 128, .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
-        .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .spec_ngram = 4, .on_token = NULL, .user_data = NULL,
+        .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .spec_ngram = 4, .on_token = NULL, .user_data = NULL, .ignore_eos = false,
     };
     return p;
 }

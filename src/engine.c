@@ -50,7 +50,9 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     if (e->cfg.n_ctx <= 0) e->cfg.n_ctx = target->hp.n_ctx_train;
     if (e->cfg.n_seq_max <= 0) e->cfg.n_seq_max = 1;
     if (e->cfg.block_size <= 0) e->cfg.block_size = 16;
-    if (e->cfg.prefill_chunk <= 0) e->cfg.prefill_chunk = 256;
+    /* rows per prefill forward: 256 on the CPU; 512 on a GPU, where a larger product
+     * keeps the tensor cores busier */
+    if (e->cfg.prefill_chunk <= 0) e->cfg.prefill_chunk = target->be && !target->be->host_memory ? 512 : 256;
     e->n_vocab = target->hp.n_vocab;
     e->max_rows = TDM_MAX(e->cfg.prefill_chunk, TDM_CTRL_MAX_K + 2);
 
@@ -222,7 +224,7 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token) {
     if (nb < 0) nb = 0;
     append_text(s, buf, (size_t)nb);
     int32_t n_gen = s->n_tokens - s->n_prompt;
-    if (tdm_tok_is_eog(tok, token)) {
+    if (!s->ignore_eos && tdm_tok_is_eog(tok, token)) {
         s->done = true;
         s->finish = TANDEM_FINISH_EOS;
     } else if (n_gen >= s->max_new || s->n_tokens >= e->cfg.n_ctx) {
@@ -297,6 +299,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     s->detok.first = false; /* a continuation: keep the leading space of its first piece */
     s->on_token = gp->on_token;
     s->user_data = gp->user_data;
+    s->ignore_eos = gp->ignore_eos;
     s->text = malloc(256);
     if (!s->text) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     s->text[0] = 0;

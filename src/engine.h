@@ -81,6 +81,7 @@ typedef struct tdm_seq {
     tdm_spec_ctrl ctrl_ng;   /* acceptance / k of n-gram proposals */
     int32_t n_ngram_skips;   /* matches passed over for the draft model (exploration) */
     int32_t n_spec_steps;    /* speculative steps so far (exploration schedule) */
+    bool ignore_eos;         /* an end-of-generation token does not finish it */
     bool done;
     tandem_finish_reason finish;
     /* streaming */

@@ -378,9 +378,10 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
         const int32_t nl = tdm_batch_n_logits(&bt);
         double e = ref_nrm_err(lg, lc, (size_t)nl * V);
         /* a prefill of more rows than the row kernels take multiplies in f16 on tensor
-         * cores (activations rounded to f16); decode rows stay in f32 */
+         * cores (activations rounded to f16), and later rows read its K / V; decode
+         * rows themselves stay in f32 */
         const bool f16_acts = bt.n_rows > TDM_TEST_CUDA_GEMV_MAX_ROWS;
-        cr_assert(e < (f16_acts ? 3e-3 : 1e-4), "step %d (%d rows): logits err %g", step, (int)bt.n_rows, e);
+        cr_assert(e < (f16_acts ? 3e-3 : 1e-3), "step %d (%d rows): logits err %g", step, (int)bt.n_rows, e);
         for (int32_t i = 0; i < nl; i++) {
             int32_t ac = tdm_argmax(lc + (size_t)i * V, V), ag = tdm_argmax(lg + (size_t)i * V, V);
             float gap = fabsf(lc[(size_t)i * V + ac] - lc[(size_t)i * V + ag]);

@@ -325,7 +325,8 @@ static void rig_close(rig *r) {
 /* A prefill of 40 rows, then decode and verification batches of 1, 5 and 1 rows
  * three times each (direct, captured, replayed): the blocks op equals the op-by-op
  * forward on the GPU, comes close to the CPU's, and repeats exactly. */
-static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t n_ff) {
+static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t n_ff,
+                        bool graphs) {
     tdm_tiny_cfg tc = tdm_tiny_default();
     tc.wtype = wtype;
     tc.n_embd = n_embd, tc.n_head = n_head, tc.n_head_kv = n_head_kv, tc.n_ff = n_ff, tc.n_layer = 2;
@@ -360,9 +361,9 @@ static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t 
         const size_t nv = (size_t)nl * V;
         const double e_ops = ref_nrm_err(lg, lo, nv), e_cpu = ref_nrm_err(lg, lc, nv);
         const bool big = bt.n_rows > GEMV_MAX_ROWS;
-        /* f16 / bf16 activations on tensor cores for big batches; int8 activations for
-         * quantised weights on the row kernels */
-        const double tol_cpu = is_quant(wtype) ? 3e-2 : big ? (wtype == TDM_BF16 ? 2e-2 : 3e-3) : 1e-4;
+        /* f16 / bf16 activations on tensor cores for the prefill (and so in the K / V
+         * that later rows read); int8 activations for quantised weights */
+        const double tol_cpu = is_quant(wtype) ? 3e-2 : wtype == TDM_BF16 ? 2e-2 : big ? 3e-3 : 2e-3;
         cr_assert(e_ops < 1e-5, "%s step %zu (%d rows): fused vs ops err %g", tdm_dtype_name(wtype), k, (int)bt.n_rows,
                   e_ops);
         cr_assert(e_cpu < tol_cpu, "%s step %zu (%d rows): GPU vs CPU err %g", tdm_dtype_name(wtype), k, (int)bt.n_rows,
@@ -383,8 +384,12 @@ static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t 
     tdm_backend_cuda_graph_stats(rg.be, &replays, &captures);
     cr_log_info("%s: %llu graph captures, %llu replays", tdm_dtype_name(wtype), (unsigned long long)captures,
                 (unsigned long long)replays);
-    cr_assert_geq(captures, 2, "decode (1 row) and verification (5 rows) shapes are captured");
-    cr_assert_geq(replays, 2);
+    if (graphs) {
+        cr_assert_geq(captures, 2, "decode (1 row) and verification (5 rows) shapes are captured");
+        cr_assert_geq(replays, 2);
+    } else {
+        cr_assert_eq(captures, 0, "shapes the tiled attention does not run are not captured");
+    }
     for (int i = 0; i < 3; i++) free(first[i]);
     tdm_batch_free(&bt);
     rig_close(&rg);
@@ -394,12 +399,13 @@ static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t 
     free(path);
 }
 
-Test(cuda_fused, f16_gqa_hd128, .timeout = 300) { check_fused(TDM_F16, 512, 4, 1, 768); }
-Test(cuda_fused, bf16_mha_hd64, .timeout = 300) { check_fused(TDM_BF16, 256, 4, 4, 512); }
-Test(cuda_fused, q8_0_split_layout, .timeout = 300) { check_fused(TDM_Q8_0, 512, 4, 2, 768); }
-Test(cuda_fused, q4_0_split_layout, .timeout = 300) { check_fused(TDM_Q4_0, 512, 8, 2, 1024); }
-/* widths whose quantised rows are not 16-byte aligned: the generic kernels, rows layout */
-Test(cuda_fused, q8_0_odd_width_generic, .timeout = 300) { check_fused(TDM_Q8_0, 96, 2, 1, 160); }
+Test(cuda_fused, f16_gqa_hd128, .timeout = 300) { check_fused(TDM_F16, 512, 4, 1, 768, true); }
+Test(cuda_fused, bf16_mha_hd64, .timeout = 300) { check_fused(TDM_BF16, 256, 4, 4, 512, true); }
+Test(cuda_fused, q8_0_split_layout, .timeout = 300) { check_fused(TDM_Q8_0, 512, 4, 2, 768, true); }
+Test(cuda_fused, q4_0_split_layout, .timeout = 300) { check_fused(TDM_Q4_0, 512, 8, 2, 1024, true); }
+/* widths whose quantised rows are not 16-byte aligned (the generic kernels, rows
+ * layout) and a head dim the tiled attention does not know (48: the op's) */
+Test(cuda_fused, q8_0_odd_width_generic, .timeout = 300) { check_fused(TDM_Q8_0, 96, 2, 1, 160, false); }
 
 /* ---- argmax -------------------------------------------------------------------- */
 

@@ -307,7 +307,7 @@ static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err)
     fa.n_rows = n;
     fa.n_tiles = m.n_tiles;
     fa.n_splits = TDM_MAX(1, (m.max_kv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
-    fa.tile_rows = m.tile_rows;
+    fa.tile_rows = m.max_tile_rows;
     fa.q = a->q;
     fa.q_stride = a->q_stride;
     fa.k_cache = a->k_cache;

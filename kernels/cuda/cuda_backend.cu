@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "cuda_graph.h"
+#include "cuda_prof.h"
 #include "cuda_internal.h"
 
 tandem_status tdm_cuda_status(cudaError_t e, const char *what, tdm_err *err) {
@@ -236,6 +237,7 @@ static void cu_destroy(tdm_backend *b) {
         cudaFree(c->meta_d);
         cudaFreeHost(c->meta_h);
         cudaFree(c->scratch_d);
+        tdm_cuda_prof_report(c);
         tdm_cuda_graphs_free(c);
         tdm_cuda_gemm_destroy(c);
         tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf};
@@ -329,4 +331,9 @@ extern "C" void tdm_backend_cuda_graph_stats(tdm_backend *b, uint64_t *replays, 
     tdm_cuda *c = tdm_cuda_of(b, "graph_stats", NULL);
     *replays = *captures = 0;
     if (c) tdm_cuda_graph_stats(c, replays, captures);
+}
+
+extern "C" void tdm_backend_cuda_force_matmul(tdm_backend *b, int path) {
+    tdm_cuda *c = tdm_cuda_of(b, "force_matmul", NULL);
+    if (c) c->force_mm = path;
 }

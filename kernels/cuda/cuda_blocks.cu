@@ -29,6 +29,7 @@
 
 #include "cuda_fused.h"
 #include "cuda_graph.h"
+#include "cuda_prof.h"
 
 /* ---- buffers ----------------------------------------------------------------- */
 
@@ -166,7 +167,7 @@ static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo
         fa.n_rows = n;
         fa.n_tiles = f->fm.n_tiles;
         fa.n_splits = f->n_splits;
-        fa.tile_rows = f->fm.tile_rows;
+        fa.tile_rows = f->fm.max_tile_rows;
         fa.q = f->L.qkv;
         fa.q_stride = qkv_w;
         fa.k_cache = a->k_cache[l];
@@ -217,14 +218,21 @@ static tandem_status run_layers(const fwd_ctx *f, tdm_err *err) {
     if ((st = tdm_cuda_rope_table(c, f->rows_d, n, a->rope, f->L.cs, err))) return st;
     for (int32_t l = 0; l < a->n_layer; l++) {
         const tdm_block_weights *W = &a->layers[l];
+        tdm_cuda_prof_mark(c, TDM_PROF_NORM);
         if ((st = norm_for(f, W->attn_norm, &W->wqkv, &b, err))) return st;
+        tdm_cuda_prof_mark(c, TDM_PROF_QKV);
         if ((st = mm(c, &W->wqkv, f->rows_path, &b, n, f->L.qkv, qkv_w, TDM_EPI_STORE, err))) return st;
+        tdm_cuda_prof_mark(c, TDM_PROF_ROPE_KV);
         if ((st = tdm_cuda_rope_kv(c, f->L.qkv, n, qkv_w, W->bqkv, a->n_head, a->n_kv_head, a->head_dim, a->rope,
                                    f->L.cs, f->rows_d, a->k_cache[l], a->v_cache[l], a->cache_type, a->block_size, err)))
             return st;
+        tdm_cuda_prof_mark(c, TDM_PROF_ATTENTION);
         if ((st = attention(f, l, &W->wo, &b, err))) return st;
+        tdm_cuda_prof_mark(c, TDM_PROF_WO);
         if ((st = mm(c, &W->wo, f->rows_path, &b, n, a->x, E, TDM_EPI_ACCUM, err))) return st;
+        tdm_cuda_prof_mark(c, TDM_PROF_NORM2);
         if ((st = norm_for(f, W->ffn_norm, &W->w13, &b, err))) return st;
+        tdm_cuda_prof_mark(c, TDM_PROF_W13);
         if (f->rows_path) {
             if ((st = mm(c, &W->w13, true, &b, n, f->L.ff, F, TDM_EPI_SWIGLU, err))) return st;
             if ((st = prepare_input(f, &W->w2, f->L.ff, F, &b, err))) return st;
@@ -236,6 +244,7 @@ static tandem_status run_layers(const fwd_ctx *f, tdm_err *err) {
                                          err)))
                 return st;
         }
+        tdm_cuda_prof_mark(c, TDM_PROF_W2);
         if ((st = mm(c, &W->w2, f->rows_path, &b, n, a->x, E, TDM_EPI_ACCUM, err))) return st;
     }
     return TANDEM_OK;
@@ -284,9 +293,15 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     const uint8_t *meta = (const uint8_t *)tdm_cuda_graph_meta_upload(c, f.fm.bytes, err);
     if (!meta) return err ? err->status : TANDEM_ERR_BACKEND;
     tdm_cuda_meta_at(meta, n, &f.rows_d, &f.tiles_d, &f.tabs_d);
+    if (tdm_cuda_prof_on()) { /* stage times: direct, with events between the stages */
+        tdm_cuda_prof_begin(c, n, f.rows_path);
+        st = run_layers(&f, err);
+        tdm_cuda_prof_end(c);
+        return st;
+    }
     if (!f.rows_path || !f.flash) return run_layers(&f, err);
     /* decode / verification: replay a graph of this shape, or record one */
-    const uint64_t key[] = {(uint64_t)n, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits, (uint64_t)f.fm.tile_rows,
+    const uint64_t key[] = {(uint64_t)n, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits, (uint64_t)f.fm.max_tile_rows,
                             (uint64_t)(uintptr_t)a->x, (uint64_t)(uintptr_t)a->layers, (uint64_t)(uintptr_t)a->k_cache[0],
                             (uint64_t)(uintptr_t)base, (uint64_t)(uintptr_t)meta, (uint64_t)a->n_layer};
     return tdm_cuda_graph_run(c, key, TDM_ARRAY_LEN(key), (tandem_status(*)(const void *, tdm_err *))run_layers, &f, err);

@@ -28,7 +28,8 @@ typedef struct tdm_cuda_tile {
  * once) and copied to the device (cuda_meta.cu). */
 typedef struct tdm_cuda_meta {
     int32_t n_rows, n_tiles, n_tab; /* rows, tiles, table entries */
-    int32_t tile_rows;              /* rows per tile at most */
+    int32_t tile_rows;              /* rows per tile at most (the cap) */
+    int32_t max_tile_rows;          /* rows of the largest tile */
     int32_t max_kv;                 /* the largest tile's kv_len */
     size_t bytes;
 } tdm_cuda_meta;
@@ -56,7 +57,8 @@ typedef struct tdm_flash_args {
     const int32_t *tabs;         /* block tables, device */
     int32_t n_rows, n_tiles, n_splits; /* n_splits: the largest tile's kv_len in splits
                                           (a graph may launch more; the extra exit) */
-    int32_t tile_rows;           /* rows per tile at most (TDM_FLASH_QMAX / heads per block) */
+    int32_t tile_rows;           /* rows of the largest tile (at most TDM_FLASH_QMAX / heads
+                                    per block): picks the kernel's query-vector capacity */
     const float *q;              /* [n_rows][q_stride], heads at h * head_dim */
     int32_t q_stride;
     const void *k_cache, *v_cache; /* f16, the layouts of kernels/backend.h */

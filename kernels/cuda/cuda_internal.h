@@ -20,6 +20,7 @@
 
 typedef struct cublasContext *cublasHandle_t; /* (cublas_v2.h, included where used) */
 typedef struct tdm_cuda_graphs tdm_cuda_graphs; /* cuda_graph.cu */
+typedef struct tdm_cuda_prof tdm_cuda_prof;     /* cuda_prof.cu */
 
 extern "C" {
 #include "backend.h"
@@ -57,6 +58,9 @@ typedef struct tdm_cuda {
     /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
     tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf;
     tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
+    tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), when TANDEM_CUDA_PROFILE is set */
+    int force_mm;        /* benchmarks (tdm_backend_cuda_force_matmul): 0 = pick by rows,
+                            1 = the row kernels (up to 64 rows), 2 = cuBLAS */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
     size_t bytes_alloc, bytes_peak; /* device memory held through alloc / the buffers */
@@ -105,6 +109,7 @@ void tdm_cuda_buf_free(tdm_cuda *c, tdm_cuda_buf *b);
  * verification (at most TDM_CTRL_MAX_K + 1 rows) stay below it, so a speculative
  * step computes each row exactly as a target-only step does. */
 #define TDM_CUDA_GEMV_MAX_ROWS 16
+#define TDM_CUDA_GEMV_FORCED_MAX_ROWS 64 /* (when a benchmark forces the row kernels) */
 
 /* x quantised for the Q8_0 / Q4_0 kernels, per row and 32-element block:
  * q[n][cols] int8 = round(x / d), d[n][cols / 32] = max |x| / 127, qs[n][cols / 32]

@@ -160,7 +160,10 @@ tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *
     if (w->rows > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "matmul: %lld rows", (long long)w->rows);
     const int32_t cols = (int32_t)w->cols;
     const tdm_gemv_epi epi = accumulate ? TDM_EPI_ACCUM : TDM_EPI_STORE;
-    if (n <= TDM_CUDA_GEMV_MAX_ROWS && tdm_cuda_gemv_fast(w)) {
+    const bool rows_kernels = c->force_mm == 1   ? n <= TDM_CUDA_GEMV_FORCED_MAX_ROWS
+                              : c->force_mm == 2 ? false
+                                                 : n <= TDM_CUDA_GEMV_MAX_ROWS;
+    if (rows_kernels && tdm_cuda_gemv_fast(w)) {
         tdm_cuda_xq xq = {NULL, NULL, NULL};
         if (w->layout == TDM_LAYOUT_QSPLIT) {
             void *buf = tdm_cuda_buf_get(c, &c->xq_buf, tdm_cuda_xq_bytes(n, cols), "matmul: quantised x", err);
@@ -170,7 +173,7 @@ tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *
         }
         return tdm_cuda_gemv(c, w, x, &xq, n, y, (int32_t)w->rows, epi, err);
     }
-    if (n > TDM_CUDA_GEMV_MAX_ROWS && (w->layout == TDM_LAYOUT_QSPLIT || w->type == TDM_F16 || w->type == TDM_BF16)) {
+    if (!rows_kernels && (w->layout == TDM_LAYOUT_QSPLIT || w->type == TDM_F16 || w->type == TDM_BF16)) {
         const uint32_t at = tdm_cuda_gemm_act_type(w->type);
         void *xa = tdm_cuda_buf_get(c, &c->x16_buf, (size_t)n * (size_t)cols * 2, "matmul: 16-bit x", err);
         if (!xa) return err ? err->status : TANDEM_ERR_BACKEND;

@@ -90,7 +90,7 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
     for (int32_t s = 0; s < n_seq; s++)
         if (tab[s] >= 0) memcpy(tabs + tab[s], seqs[s]->blocks, (size_t)seqs[s]->n_blocks * sizeof(int32_t));
     const int32_t tile_rows = TDM_MAX(1, TDM_FLASH_QMAX / heads_per_block);
-    int32_t n_tiles = 0, max_kv = 0;
+    int32_t n_tiles = 0, max_kv = 0, max_tile = 0;
     tandem_status st = TANDEM_OK;
     for (int32_t r = 0; r < n && !st; r++) {
         const tdm_kv_seq *s = seqs[bt->seq[r]];
@@ -108,6 +108,7 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
             t->kv_len = 0;
         }
         t->n_rows++;
+        max_tile = TDM_MAX(max_tile, t->n_rows);
         t->kv_len = TDM_MAX(t->kv_len, rows[r].nv);
         max_kv = TDM_MAX(max_kv, rows[r].nv);
     }
@@ -117,6 +118,7 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
     m->n_tiles = n_tiles;
     m->n_tab = (int32_t)n_tab;
     m->tile_rows = tile_rows;
+    m->max_tile_rows = max_tile;
     m->max_kv = max_kv;
     m->bytes = bytes_for(n, n_tab);
     return TANDEM_OK;

@@ -59,22 +59,37 @@ tandem_status tdm_cuda_convert(tdm_cuda *c, const float *x, int64_t count, uint3
     return TANDEM_OK;
 }
 
-/* Grid (rows), 256 threads: row r of a QSPLIT Q8_0 / Q4_0 weight to f16 [cols]. */
-template <uint32_t T> __global__ void k_dequant_f16(const uint8_t *w, size_t row_bytes, int32_t cols, __half *o) {
-    const uint8_t *row = w + (size_t)blockIdx.x * row_bytes;
-    const uint16_t *scales = (const uint16_t *)(row + (T == TDM_Q8_0 ? cols : cols / 2));
-    __half *orow = o + (size_t)blockIdx.x * cols;
-    for (int32_t k = threadIdx.x; k < cols; k += blockDim.x) {
-        const int32_t b = k / TDM_QK, j = k % TDM_QK;
-        int v;
-        if (T == TDM_Q8_0) {
-            v = (int8_t)row[k];
-        } else {
-            const uint8_t byte = row[(size_t)b * 16 + (j & 15)];
-            v = (j < 16 ? (byte & 15) : (byte >> 4)) - 8;
+/* A thread per 32-element block of a QSPLIT Q8_0 / Q4_0 weight [rows][cols]: its
+ * quants (16-byte loads when the rows allow) times the block's scale, as 32 f16
+ * (four 16-byte stores). */
+template <uint32_t T>
+__global__ void k_dequant_f16(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_blocks, __half *o) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_blocks) return;
+    const int32_t nb = cols / TDM_QK;
+    const int64_t r = i / nb;
+    const int32_t b = (int32_t)(i % nb);
+    const uint8_t *row = w + (size_t)r * row_bytes;
+    const float d = tdm_cu_scale(row + (T == TDM_Q8_0 ? cols : cols / 2) + 2 * b);
+    int8_t q[TDM_QK];
+    if (T == TDM_Q8_0) {
+        const uint8_t *src = row + (size_t)b * TDM_QK;
+#pragma unroll
+        for (int j = 0; j < TDM_QK; j++) q[j] = (int8_t)src[j];
+    } else {
+        const uint8_t *src = row + (size_t)b * 16;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            q[j] = (int8_t)((src[j] & 15) - 8);
+            q[j + 16] = (int8_t)((src[j] >> 4) - 8);
         }
-        orow[k] = __float2half_rn(tdm_cu_h2f(scales[b]) * (float)v);
     }
+    __align__(16) __half h[TDM_QK];
+#pragma unroll
+    for (int j = 0; j < TDM_QK; j++) h[j] = __float2half_rn(d * (float)q[j]);
+    uint4 *dst = (uint4 *)(o + (size_t)r * cols + (size_t)b * TDM_QK);
+#pragma unroll
+    for (int k = 0; k < 4; k++) dst[k] = ((const uint4 *)h)[k];
 }
 
 tandem_status tdm_cuda_dequant_f16(tdm_cuda *c, const tdm_weight *w, void *out_v, tdm_err *err) {
@@ -82,12 +97,15 @@ tandem_status tdm_cuda_dequant_f16(tdm_cuda *c, const tdm_weight *w, void *out_v
     if (w->layout != TDM_LAYOUT_QSPLIT || (w->type != TDM_Q8_0 && w->type != TDM_Q4_0))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "dequant: %s weight in layout %u", tdm_dtype_name(w->type),
                           (unsigned)w->layout);
-    if (w->rows > 0x7fffffff) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "dequant: %lld rows", (long long)w->rows);
-    const unsigned g = (unsigned)w->rows;
+    const int64_t n_blocks = w->rows * (w->cols / TDM_QK);
+    if ((n_blocks + 255) / 256 > 0x7fffffff)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "dequant: %lld blocks", (long long)n_blocks);
+    const unsigned g = (unsigned)((n_blocks + 255) / 256);
+    const uint8_t *wd = (const uint8_t *)w->data;
     if (w->type == TDM_Q8_0)
-        k_dequant_f16<TDM_Q8_0><<<g, 256, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes, (int32_t)w->cols, out);
+        k_dequant_f16<TDM_Q8_0><<<g, 256, 0, c->stream>>>(wd, w->row_bytes, (int32_t)w->cols, n_blocks, out);
     else
-        k_dequant_f16<TDM_Q4_0><<<g, 256, 0, c->stream>>>((const uint8_t *)w->data, w->row_bytes, (int32_t)w->cols, out);
+        k_dequant_f16<TDM_Q4_0><<<g, 256, 0, c->stream>>>(wd, w->row_bytes, (int32_t)w->cols, n_blocks, out);
     TDM_CU_LAUNCHED("dequant");
     return TANDEM_OK;
 }

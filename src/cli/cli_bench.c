@@ -175,12 +175,17 @@ static tandem_status run_one(tandem_engine *eng, const int32_t *ids, size_t n_id
     return s;
 }
 
+/* What the report needs beside the rates: memory, and the bytes a decode step reads
+ * (target weights, plus its K / V at the run's mean context length). */
+typedef struct bench_mem {
+    double rss_mb, gpu_mb;
+    double decode_gb_s; /* bytes read per target decode step / its time (target-only runs) */
+} bench_mem;
+
 static void print_report(const bench_opts *o, int threads, const bench_run *last, size_t n_prompts,
-                         double prefill_tps, double decode_tps, const tandem_spec_stats *spec) {
-    struct rusage ru;
-    memset(&ru, 0, sizeof ru);
-    getrusage(RUSAGE_SELF, &ru);
-    double rss_mb = (double)ru.ru_maxrss / 1024.0;
+                         double prefill_tps, double decode_tps, const tandem_spec_stats *spec,
+                         const bench_mem *mem) {
+    const double rss_mb = mem->rss_mb;
     double acc_rate = spec->drafted ? (double)spec->accepted / (double)spec->drafted : 0.0;
     double mean_acc = spec->steps ? (double)spec->accepted / (double)spec->steps : 0.0;
     if (o->json) {
@@ -202,6 +207,12 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
         cli_json_num(stdout, decode_tps, 2);
         fputs(", \"peak_rss_mb\": ", stdout);
         cli_json_num(stdout, rss_mb, 1);
+        fputs(", \"peak_gpu_mb\": ", stdout);
+        cli_json_num(stdout, mem->gpu_mb, 1);
+        if (!o->draft) {
+            fputs(", \"decode_gb_s\": ", stdout);
+            cli_json_num(stdout, mem->decode_gb_s, 1);
+        }
         printf(", \"reps\": %d", o->reps);
         if (o->draft) {
             fputs(", ", stdout);
@@ -223,7 +234,8 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
                    o->prompt_tokens, o->new_tokens, last->gen_tokens);
         printf("reps:     %d (median)\n", o->reps);
         printf("prefill:  %.1f tok/s\n", prefill_tps);
-        printf("decode:   %.1f tok/s\n", decode_tps);
+        if (o->draft) printf("decode:   %.1f tok/s\n", decode_tps);
+        else printf("decode:   %.1f tok/s (%.1f GB/s of weights and K/V read)\n", decode_tps, mem->decode_gb_s);
         if (o->draft)
             printf("spec:     acceptance %.3f, mean accepted %.2f/step, %llu steps, k_final %d; "
                    "n-gram lookup: %llu steps, %llu of %llu proposed tokens\n",
@@ -231,6 +243,7 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
                    (unsigned long long)spec->ngram_steps, (unsigned long long)spec->ngram_drafted,
                    (unsigned long long)spec->drafted);
         printf("peak RSS: %.1f MB\n", rss_mb);
+        if (mem->gpu_mb > 0) printf("peak GPU: %.1f MB (device memory in use)\n", mem->gpu_mb);
     }
     fflush(stdout);
 }
@@ -285,6 +298,8 @@ int cli_bench(int argc, char **argv) {
     if (o.spec_k_max > 0) gp.spec_k_max = o.spec_k_max;
     gp.spec_ngram = o.spec_ngram;
     if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
+    /* synthetic runs generate exactly -n tokens, as llama-bench does */
+    gp.ignore_eos = !o.prompts_file;
 
     /* Warm-up (not measured): touches the weights and the KV cache once. */
     {
@@ -318,8 +333,23 @@ int cli_bench(int argc, char **argv) {
         long nc = sysconf(_SC_NPROCESSORS_ONLN);
         threads = nc > 0 ? (int)nc : 1;
     }
-    print_report(&o, threads, &run, prompts.n, median(prefill_v, o.reps), median(decode_v, o.reps),
-                 &spec);
+    const double decode_tps = median(decode_v, o.reps);
+    bench_mem mem;
+    memset(&mem, 0, sizeof mem);
+    struct rusage ru;
+    memset(&ru, 0, sizeof ru);
+    getrusage(RUSAGE_SELF, &ru);
+    mem.rss_mb = (double)ru.ru_maxrss / 1024.0;
+    mem.gpu_mb = (double)tandem_engine_device_peak_bytes(eng) / (1024.0 * 1024.0);
+    tandem_model_info ti;
+    if (tandem_model_get_info(target, &ti) == TANDEM_OK && run.gen_tokens > 0) {
+        /* a decode step at position p reads the weights and p positions of K / V */
+        const double runs = o.prompts_file ? (double)prompts.n : 1.0;
+        const double mean_ctx = run.prompt_tokens / runs + run.gen_tokens / runs / 2.0;
+        const double bytes = (double)ti.decode_bytes + mean_ctx * (double)ti.kv_bytes_per_token;
+        mem.decode_gb_s = bytes * decode_tps / 1e9;
+    }
+    print_report(&o, threads, &run, prompts.n, median(prefill_v, o.reps), decode_tps, &spec, &mem);
     rc = CLI_EXIT_OK;
     goto done;
 

@@ -1,0 +1,169 @@
+#!/usr/bin/env bash
+# bench/gpu.sh - tandem on an NVIDIA GPU, side by side with llama.cpp in the same run:
+# the GPU tests, synthetic models with real shapes (tandem synth), tandem's speed on
+# them, llama.cpp's llama-bench on the same files, and a summary (JSON, markdown
+# table, PNG plot of decode tok/s by model and type for both engines).
+#
+# usage: bench/gpu.sh [options] OUTDIR
+#   --bin DIR|TAR.xz   tandem binaries built elsewhere (bench/gpu-pack.sh makes the
+#                      tarball: tandem, bench_spec, the CUDA tests and the libraries they
+#                      need); default: build/ of this checkout (meson -Dcuda=enabled)
+#   --llama DIR|TAR.xz a llama.cpp source tree (a snapshot of ggerganov/llama.cpp,
+#                      trimmed as the README says); built here with CUDA for sm_90 in the
+#                      background while tandem runs.  Also $TANDEM_LLAMA_SRC.
+#   --llama-bin DIR    prebuilt llama.cpp binaries (llama-bench) instead
+#   --models DIR       where the synthetic models go (default /dev/shm/tandem-models
+#                      when it has room, else /tmp/tandem-models)
+#   --steps LIST       comma-separated subset of: tests,sanitize,synth,tandem,spec,llama,summary
+#                      (default tests,synth,tandem,spec,llama,summary)
+#   --reps N           repetitions per measurement (default 3)
+# Every step's output goes to OUTDIR (logs, one JSON per measurement); a failed step
+# is reported and the others still run.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+bin_src="" llama_src=${TANDEM_LLAMA_SRC:-} llama_bin="" models="" reps=3
+steps="tests,synth,tandem,spec,llama,summary"
+while [ $# -gt 1 ]; do
+  case "$1" in
+    --bin) bin_src=$2; shift 2 ;;
+    --llama) llama_src=$2; shift 2 ;;
+    --llama-bin) llama_bin=$2; shift 2 ;;
+    --models) models=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
+    *) echo "error: unknown option $1" >&2; exit 2 ;;
+  esac
+done
+[ $# -eq 1 ] || { echo "usage: bench/gpu.sh [options] OUTDIR" >&2; exit 2; }
+out=$(mkdir -p "$1" && cd "$1" && pwd)
+has() { case ",$steps," in *",$1,"*) return 0 ;; esac; return 1; }
+log() { echo "[$(date +%H:%M:%S)] $*" | tee -a "$out/run.log"; }
+t0=$(date +%s)
+
+# ---- binaries ----------------------------------------------------------------
+if [ -n "$bin_src" ]; then
+  bdir=/tmp/tandem-bin
+  rm -rf "$bdir" && mkdir -p "$bdir"
+  if [ -d "$bin_src" ]; then cp -r "$bin_src"/. "$bdir"/; else tar -xJf "$bin_src" -C "$bdir"; fi
+else
+  bdir="$here/build"
+  if [ ! -x "$bdir/tandem" ]; then
+    log "building tandem (meson, CUDA for sm_90)"
+    (cd "$here" && meson setup build -Dcuda=enabled >/dev/null && meson compile -C build) >"$out/build.log" 2>&1 ||
+      { log "build failed (build.log)"; exit 1; }
+  fi
+fi
+find_bin() { for d in "$bdir" "$bdir/bench" "$bdir/tests"; do [ -x "$d/$1" ] && { echo "$d/$1"; return; }; done; }
+TANDEM=$(find_bin tandem)
+[ -n "$TANDEM" ] || { log "no tandem binary in $bdir"; exit 1; }
+export LD_LIBRARY_PATH="$bdir/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+export TDM_MODELS="$here/models" TDM_TEST_DATA="$here/tests/data"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
+log "GPU: $(tail -n 1 "$out/gpu.txt")"
+
+# ---- llama.cpp, built in the background -----------------------------------------
+llama_pid=""
+LLAMA_BENCH=""
+if has llama; then
+  if [ -n "$llama_bin" ]; then
+    LLAMA_BENCH="$llama_bin/llama-bench"
+  elif [ -n "$llama_src" ]; then
+    src=/tmp/llama-src
+    if [ -d "$llama_src" ]; then src=$llama_src; else rm -rf "$src"; mkdir -p /tmp && tar -xJf "$llama_src" -C /tmp; fi
+    log "building llama.cpp ($src) with CUDA for sm_90 in the background"
+    (cmake -S "$src" -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+       -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release &&
+     cmake --build /tmp/lb -j"$(nproc)" --target llama-bench llama-batched-bench) >"$out/llama-build.log" 2>&1 &
+    llama_pid=$!
+    LLAMA_BENCH=/tmp/lb/bin/llama-bench
+  else
+    log "no llama.cpp source (--llama): the llama step is skipped"
+  fi
+fi
+
+# ---- tests -----------------------------------------------------------------------
+if has tests; then
+  for t in test_cuda_kernels test_backend_cuda; do
+    b=$(find_bin $t)
+    [ -n "$b" ] || { log "$t: not built"; continue; }
+    log "$t"
+    timeout 300 "$b" --jobs 1 >"$out/$t.log" 2>&1
+    log "$t: exit $? ($(grep -E 'Synthesis|Tested' "$out/$t.log" | tail -n 1))"
+  done
+fi
+if has sanitize && command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    b=$(find_bin test_cuda_kernels)
+    log "compute-sanitizer --tool $tool test_cuda_kernels"
+    timeout 1200 compute-sanitizer --tool $tool --error-exitcode 9 "$b" --jobs 1 >"$out/sanitize-$tool.log" 2>&1
+    log "$tool: exit $? ($(grep -E 'ERROR SUMMARY' "$out/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' '))"
+  done
+fi
+
+# ---- synthetic models -----------------------------------------------------------------
+if [ -z "$models" ]; then
+  models=/tmp/tandem-models
+  avail=$(df --output=avail -k /dev/shm 2>/dev/null | tail -n 1)
+  [ -n "$avail" ] && [ "$avail" -gt $((48 * 1024 * 1024)) ] && models=/dev/shm/tandem-models
+fi
+mkdir -p "$models"
+# name shape type
+MODELS="llama2-7b-f16 llama2-7b f16
+llama2-7b-q8_0 llama2-7b q8_0
+llama2-7b-q4_0 llama2-7b q4_0
+llama3-8b-f16 llama3-8b f16"
+if has synth; then
+  while read -r name shape type; do
+    [ -f "$models/$name.gguf" ] && continue
+    log "synth $shape $type"
+    "$TANDEM" synth --shape "$shape" --type "$type" "$models/$name.gguf" >>"$out/synth.log" 2>&1 || log "synth $name failed"
+  done <<<"$MODELS"
+fi
+
+# ---- tandem ----------------------------------------------------------------------------
+if has tandem; then
+  while read -r name shape type; do
+    [ -f "$models/$name.gguf" ] || continue
+    log "tandem bench $name"
+    "$TANDEM" bench -m "$models/$name.gguf" --backend cuda -p 512 -n 128 --reps "$reps" --json \
+      >"$out/tandem-$name.json" 2>"$out/tandem-$name.err" || log "tandem $name failed: $(tail -n 2 "$out/tandem-$name.err")"
+  done <<<"$MODELS"
+  log "tandem bench pycode-target"
+  "$TANDEM" bench -m "$here/models/pycode-target-f16.gguf" --backend cuda -p 128 -n 128 --reps "$reps" --json \
+    >"$out/tandem-pycode-target.json" 2>"$out/tandem-pycode-target.err"
+fi
+if has spec; then
+  b=$(find_bin bench_spec)
+  if [ -n "$b" ]; then
+    log "bench_spec pycode (greedy, 100 prompts)"
+    "$b" -m "$here/models/pycode-target-f16.gguf" -d "$here/models/pycode-draft-xs-f16.gguf" \
+      -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 \
+      --reps "$reps" --ks 0 --ngram 4 --backend cuda >"$out/spec.txt" 2>"$out/spec.err" || log "bench_spec failed"
+  fi
+fi
+
+# ---- llama.cpp -------------------------------------------------------------------------
+if has llama && [ -n "$LLAMA_BENCH" ]; then
+  if [ -n "$llama_pid" ]; then
+    log "waiting for the llama.cpp build"
+    wait "$llama_pid" || log "llama.cpp build failed (llama-build.log)"
+  fi
+  if [ -x "$LLAMA_BENCH" ]; then
+    while read -r name shape type; do
+      [ -f "$models/$name.gguf" ] || continue
+      log "llama-bench $name"
+      "$LLAMA_BENCH" -m "$models/$name.gguf" -p 512 -n 128 -ngl 99 -r "$reps" -o json >"$out/llama-$name.json" \
+        2>"$out/llama-$name.err" || log "llama-bench $name failed"
+    done <<<"$MODELS"
+    log "llama-bench pycode-target"
+    "$LLAMA_BENCH" -m "$here/models/pycode-target-f16.gguf" -p 128 -n 128 -ngl 99 -r "$reps" -o json \
+      >"$out/llama-pycode-target.json" 2>"$out/llama-pycode-target.err"
+  fi
+fi
+
+# ---- summary ---------------------------------------------------------------------------
+if has summary; then
+  python3 "$here/bench/gpu_summary.py" "$out" >"$out/summary.md" 2>"$out/summary.err" || log "summary failed"
+  cat "$out/summary.md"
+fi
+log "done in $(( $(date +%s) - t0 )) s"
