@@ -183,8 +183,9 @@ typedef struct tdm_backend_ops {
      * tdm_qhead): a cheap stand-in for matmul where an approximation serves (the
      * draft model's proposals).
      * head_argmax: ids[i] = the first index of the largest logit of row i of
-     * matmul(w, x), exactly as tdm_argmax finds it on matmul's output, computing
-     * only the logits the bounds of A cannot rule out (qh is w's quantised copy). */
+     * matmul(w, x), exactly as tdm_argmax_finite finds it on matmul's output (-1 when
+     * a logit of the row is NaN or infinite), computing only the logits the bounds of
+     * A cannot rule out (qh is w's quantised copy). */
     tandem_status (*qhead_logits)(tdm_backend *b, const tdm_qhead *qh, const float *x, int32_t n,
                                   float *y, tdm_err *err);
     tandem_status (*head_argmax)(tdm_backend *b, const tdm_weight *w, const tdm_qhead *qh,

@@ -205,6 +205,6 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         if ((st = op->download(be, s->host_logits, logits, (size_t)nl * V * sizeof(float), err))) return st;
         hl = s->host_logits;
     }
-    for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax(hl + (size_t)i * V, hp->n_vocab);
+    for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax_finite(hl + (size_t)i * V, hp->n_vocab);
     return TANDEM_OK;
 }
