@@ -327,15 +327,22 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
     return true;
 }
 
-static bool parse_array(parser *p, tdm_json *v, int depth) {
-    size_t cap = 0;
-    v->type = TDM_JSON_ARRAY;
-    p->pos++; /* '[' */
+/* Starts an array or object at its opening bracket; true when it is empty (the
+ * closing bracket consumed too). */
+static bool open_container(parser *p, tdm_json *v, tdm_json_type type, uint8_t close) {
+    v->type = type;
+    p->pos++; /* '[' or '{' */
     skip_ws(p);
-    if (p->pos < p->len && p->s[p->pos] == ']') {
+    if (p->pos < p->len && p->s[p->pos] == close) {
         p->pos++;
         return true;
     }
+    return false;
+}
+
+static bool parse_array(parser *p, tdm_json *v, int depth) {
+    size_t cap = 0;
+    if (open_container(p, v, TDM_JSON_ARRAY, ']')) return true;
     for (;;) {
         if (!grow((void **)&v->items, &cap, v->n + 1, sizeof *v->items)) return fail_nomem(p);
         tdm_json *e = &v->items[v->n];
@@ -432,13 +439,7 @@ static bool parse_members(parser *p, tdm_json *v, int depth, member_name **names
 }
 
 static bool parse_object(parser *p, tdm_json *v, int depth) {
-    v->type = TDM_JSON_OBJECT;
-    p->pos++; /* '{' */
-    skip_ws(p);
-    if (p->pos < p->len && p->s[p->pos] == '}') {
-        p->pos++;
-        return true;
-    }
+    if (open_container(p, v, TDM_JSON_OBJECT, '}')) return true;
     member_name *names = NULL;
     size_t ncap = 0;
     bool ok = parse_members(p, v, depth, &names, &ncap);
