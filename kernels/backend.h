@@ -22,7 +22,8 @@ typedef struct tdm_backend tdm_backend;
  * output element is a dot product of an input row and a W row).  Its layout
  * (tdm_layout, dtype.h) is TDM_LAYOUT_ROWS (rows contiguous, row_bytes apart)
  * unless a backend asked for another one when the model was loaded
- * (tdm_backend_ops.weight_layout); only matmul reads other layouts. */
+ * (tdm_backend_ops.weight_layout); only matmul reads other layouts, and get_rows
+ * too on backends with any_layout. */
 typedef struct tdm_weight {
     uint32_t type;     /* tdm_dtype */
     int64_t rows;      /* output features */
@@ -201,6 +202,13 @@ typedef struct tdm_backend_ops {
     tandem_status (*blocks)(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
     /* Waits for queued work (a no-op for the CPU backend). */
     tandem_status (*sync)(tdm_backend *b, tdm_err *err);
+    /* Optional (NULL: forward.c finds the argmax on a host copy): ids[i] = the first
+     * index of the largest value of x[i][0..dim) (NaN never largest; 0 when all are
+     * NaN), as tdm_argmax does; ids is host memory, x backend memory. */
+    tandem_status (*argmax)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err);
+    /* Optional: the most device memory in use at any point so far, in bytes (the
+     * whole device as the driver reports it), 0 when unknown. */
+    size_t (*mem_peak)(tdm_backend *b);
 } tdm_backend_ops;
 
 struct tdm_backend {
@@ -209,6 +217,11 @@ struct tdm_backend {
     bool host_memory;  /* backend memory is host memory (the CPU backend): the host may
                           read op outputs directly; otherwise through download */
     bool int8_dot;     /* qhead_logits / head_argmax are implemented and fast here */
+    bool any_layout;   /* every op that reads weights (get_rows too) reads every layout
+                          weight_layout names, so the loader may pack the embedding and
+                          the output head as well */
+    uint32_t kv_type;  /* element type of the K/V caches engines make here (TDM_F32 = 0
+                          on the CPU, TDM_F16 on the GPU) */
     void *impl;
 };
 
@@ -220,6 +233,9 @@ tandem_status tdm_check_ids(const int32_t *ids, int32_t n, int64_t limit, const 
 tandem_status tdm_backend_cpu_create(int32_t n_threads, tdm_backend **out, tdm_err *err);
 /* CUDA backend (returns TANDEM_ERR_BACKEND when built without CUDA or no device). */
 tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **out, tdm_err *err);
+/* A CUDA backend's forward-pass graphs so far: launches of captured graphs and
+ * captures (both 0 for other backends and builds without CUDA). */
+void tdm_backend_cuda_graph_stats(tdm_backend *b, uint64_t *replays, uint64_t *captures);
 void tdm_backend_destroy(tdm_backend *b); /* NULL is a no-op */
 
 /* A description of the CPU features in use ("avx512", "avx2", "scalar"). */

@@ -224,7 +224,22 @@ bool tdm_layout_fits(uint32_t layout, uint32_t type, int64_t rows, int64_t cols)
     if (layout == TDM_LAYOUT_ROWS) return tdm_dtype_supported(type);
     if (layout == TDM_LAYOUT_P64)
         return elem_size(type) != 0 && rows > 0 && cols > 0 && rows % TDM_LAYOUT_P64_ROWS == 0;
+    if (layout == TDM_LAYOUT_QSPLIT)
+        return (type == TDM_Q8_0 || type == TDM_Q4_0) && rows > 0 && cols > 0 && cols % TDM_QK == 0;
     return false;
+}
+
+/* Bytes of quants of one block in the QSPLIT layout (block bytes less the scale). */
+static size_t qsplit_quant_bytes(uint32_t type) { return tdm_dtype_block_bytes(type) - 2; }
+
+/* One row of nb blocks from the block format into quants-then-scales. */
+static void qsplit_row(uint32_t type, int64_t nb, const uint8_t *src, uint8_t *dst) {
+    const size_t bb = tdm_dtype_block_bytes(type), qb = qsplit_quant_bytes(type);
+    uint8_t *scales = dst + (size_t)nb * qb;
+    for (int64_t b = 0; b < nb; b++) {
+        memcpy(scales + 2 * b, src + b * bb, 2);
+        memcpy(dst + b * qb, src + b * bb + 2, qb);
+    }
 }
 
 bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols, const void *src,
@@ -235,6 +250,13 @@ bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols,
         uint64_t rb;
         tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
         memcpy(dst, src, (size_t)rb * (size_t)rows);
+        return true;
+    }
+    if (layout == TDM_LAYOUT_QSPLIT) {
+        uint64_t rb;
+        tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
+        for (int64_t r = 0; r < rows; r++)
+            qsplit_row(type, cols / TDM_QK, (const uint8_t *)src + r * rb, (uint8_t *)dst + r * rb);
         return true;
     }
     /* tile by tile (64 rows x 64 columns), so that reads and writes stay in L1:
@@ -278,8 +300,19 @@ float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_b
         memcpy(&h, e, 2);
         return type == TDM_F16 ? tdm_f16_to_f32(h) : tdm_bf16_to_f32(h);
     }
-    /* rows layout: convert the block holding c */
     uint32_t be = tdm_dtype_block_elems(type), bb = tdm_dtype_block_bytes(type);
+    if (layout == TDM_LAYOUT_QSPLIT) { /* rebuild the block holding c */
+        if (type != TDM_Q8_0 && type != TDM_Q4_0) return NAN;
+        const size_t qb = qsplit_quant_bytes(type);
+        const uint8_t *row = p + (size_t)r * row_bytes;
+        uint8_t blk[sizeof(tdm_block_q8_0)];
+        memcpy(blk, row + (size_t)(cols / TDM_QK) * qb + 2 * (size_t)(c / TDM_QK), 2);
+        memcpy(blk + 2, row + (size_t)(c / TDM_QK) * qb, qb);
+        float tmp[TDM_QK];
+        tdm_row_to_f32(type, blk, tmp, TDM_QK);
+        return tmp[c % TDM_QK];
+    }
+    /* rows layout: convert the block holding c */
     if (be == 0 || be > TDM_QK || layout != TDM_LAYOUT_ROWS) return NAN; /* unsupported type or layout */
     float tmp[TDM_QK]; /* the largest block */
     tdm_row_to_f32(type, p + (size_t)r * row_bytes + (size_t)(c / be) * bb, tmp, be);

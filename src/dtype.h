@@ -71,6 +71,12 @@ typedef enum tdm_layout {
      * (f32, f16, bf16) and rows a multiple of 64: a matmul reads one sequential
      * stream per block and gets 16 outputs per vector without horizontal sums. */
     TDM_LAYOUT_P64 = 1,
+    /* quantised rows split: each row (row_bytes apart, as in the rows layout) holds
+     * the quants of all its blocks first (32 int8 per Q8_0 block, 16 bytes of
+     * nibbles per Q4_0 block, in the block format's own order), then the blocks'
+     * f16 scales.  For Q8_0 and Q4_0: 16-byte loads of quants whatever the block
+     * size, and a row view is still a row range (the GPU's matmul reads it). */
+    TDM_LAYOUT_QSPLIT = 2,
 } tdm_layout;
 #define TDM_LAYOUT_P64_ROWS 64
 

@@ -70,9 +70,10 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     }
 
     /* KV pool: one block table per sequence, bytes per block counted for both models */
-    tdm_kv_layout lay[2] = {tdm_model_kv_layout(target, TDM_F32)};
+    const uint32_t kv_type = e->be->kv_type; /* f32 on the CPU, f16 on the GPU */
+    tdm_kv_layout lay[2] = {tdm_model_kv_layout(target, kv_type)};
     int nm = 1;
-    if (draft) lay[nm++] = tdm_model_kv_layout(draft, TDM_F32);
+    if (draft) lay[nm++] = tdm_model_kv_layout(draft, kv_type);
     int32_t bs = e->cfg.block_size;
     size_t bpb = tdm_kv_bytes_per_block(lay, nm, bs);
     if (bpb == 0) {
@@ -93,8 +94,8 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     }
     if ((st = tdm_kv_pool_create((int32_t)n_blocks, bs, &e->pool, err))) goto fail;
     tdm_kv_pool_set_copy(e->pool, copy_block_cb, e);
-    if ((st = tdm_kv_store_init(&e->kv_t, target, e->be, TDM_F32, (int32_t)n_blocks, bs, err))) goto fail;
-    if (draft && (st = tdm_kv_store_init(&e->kv_d, draft, e->be, TDM_F32, (int32_t)n_blocks, bs, err)))
+    if ((st = tdm_kv_store_init(&e->kv_t, target, e->be, kv_type, (int32_t)n_blocks, bs, err))) goto fail;
+    if (draft && (st = tdm_kv_store_init(&e->kv_d, draft, e->be, kv_type, (int32_t)n_blocks, bs, err)))
         goto fail;
     if ((st = tdm_batch_init(&e->batch, e->max_rows, err))) goto fail;
 

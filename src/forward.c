@@ -192,6 +192,9 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if (kind == TDM_FWD_LOGITS_APPROX && q) return op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err);
     if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
     if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
+    /* only the ids come back; a device argmax follows tdm_argmax (backend.h), so a row
+     * with NaN among finite logits is not reported there as the host path reports it */
+    if (op->argmax) return op->argmax(be, logits, nl, hp->n_vocab, ids, err);
     const size_t V = (size_t)hp->n_vocab;
     const float *hl = logits;
     if (!be->host_memory) { /* the argmax reads a host copy */

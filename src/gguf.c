@@ -38,7 +38,7 @@ const char *tdm_gguf_type_name(uint32_t type) {
 }
 
 /* Size in bytes of a scalar type; 0 for STRING, ARRAY and unknown types. */
-static uint64_t scalar_size(uint32_t type) {
+uint64_t tdm_gguf_scalar_size(uint32_t type) {
     switch (type) {
     case TDM_GGUF_UINT8: case TDM_GGUF_INT8: case TDM_GGUF_BOOL: return 1;
     case TDM_GGUF_UINT16: case TDM_GGUF_INT16: return 2;
@@ -54,10 +54,10 @@ static uint64_t rd_le(const uint8_t *p, unsigned n) {
     return v;
 }
 
-/* Decodes a scalar at p (scalar_size(type) bytes) into a value. */
+/* Decodes a scalar at p (tdm_gguf_scalar_size(type) bytes) into a value. */
 static void decode_scalar(uint32_t type, const uint8_t *p, tdm_gguf_value *out) {
     out->type = type;
-    uint64_t raw = rd_le(p, (unsigned)scalar_size(type));
+    uint64_t raw = rd_le(p, (unsigned)tdm_gguf_scalar_size(type));
     switch (type) {
     case TDM_GGUF_UINT8: case TDM_GGUF_UINT16: case TDM_GGUF_UINT32: case TDM_GGUF_UINT64:
         out->v.u64 = raw;
@@ -227,7 +227,7 @@ static tandem_status parse_array(parser *p, int depth, tdm_gguf_value *out) {
     if ((st = rd_u64(p, &n, "the array length"))) return st;
     /* Smallest encoding of one element: scalars their size, a string its u64 length,
      * a nested array its u32 type + u64 count. */
-    uint64_t min_elem = et == TDM_GGUF_STRING ? 8 : et == TDM_GGUF_ARRAY ? 12 : scalar_size(et);
+    uint64_t min_elem = et == TDM_GGUF_STRING ? 8 : et == TDM_GGUF_ARRAY ? 12 : tdm_gguf_scalar_size(et);
     uint64_t min_bytes;
     if (n > TDM_GGUF_MAX_ARRAY || tdm_mul_overflow_u64(n, min_elem, &min_bytes) ||
         min_bytes > remaining(p))
@@ -263,7 +263,7 @@ static tandem_status parse_value(parser *p, uint32_t type, int depth, tdm_gguf_v
     out->type = type;
     if (type == TDM_GGUF_STRING) return rd_str(p, &out->v.str, TDM_GGUF_MAX_STRING, "the string");
     if (type == TDM_GGUF_ARRAY) return parse_array(p, depth + 1, out);
-    uint64_t sz = scalar_size(type);
+    uint64_t sz = tdm_gguf_scalar_size(type);
     tandem_status st = need(p, sz, "the value");
     if (st) return st;
     if (type == TDM_GGUF_BOOL && (st = check_bools(p, p->buf + p->pos, 1, p->pos))) return st;
@@ -768,7 +768,7 @@ void tdm_gguf_value_print(const tdm_gguf_value *v, void *file, int max_elems) {
     }
     const tdm_gguf_array *a = &v->v.arr;
     uint64_t shown = max_elems < 0 || (uint64_t)max_elems >= a->n ? a->n : (uint64_t)max_elems;
-    uint64_t esz = scalar_size(a->type);
+    uint64_t esz = tdm_gguf_scalar_size(a->type);
     fputc('[', f);
     for (uint64_t i = 0; i < shown; i++) {
         if (i) fputs(", ", f);

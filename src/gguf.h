@@ -34,6 +34,8 @@ typedef enum tdm_gguf_type {
 } tdm_gguf_type;
 
 const char *tdm_gguf_type_name(uint32_t type); /* "u32", "string", ... or "unknown" */
+/* Bytes of one scalar value of the type (0 for STRING, ARRAY and unknown types). */
+uint64_t tdm_gguf_scalar_size(uint32_t type);
 
 /* Limits applied while parsing (a file beyond them is rejected as corrupt). */
 #define TDM_GGUF_MAX_STRING   (1u << 30)   /* bytes in one string */

@@ -212,7 +212,8 @@ static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned,
                                   int64_t cols, size_t bytes, bool matmul_only, tdm_weight *w, tdm_err *err) {
     tandem_status st;
     uint32_t layout = TDM_LAYOUT_ROWS;
-    if (matmul_only && m->be->ops->weight_layout) layout = m->be->ops->weight_layout(m->be, type, rows, cols);
+    if ((matmul_only || m->be->any_layout) && m->be->ops->weight_layout)
+        layout = m->be->ops->weight_layout(m->be, type, rows, cols);
     if (!tdm_layout_fits(layout, type, rows, cols)) layout = TDM_LAYOUT_ROWS;
     w->layout = layout;
     if (layout == TDM_LAYOUT_ROWS && is_host_backend(m->be) && !src_owned) {
@@ -239,7 +240,8 @@ static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned,
 }
 
 /* A matrix [rows][cols]; matmul_only: read only by matmul, so the backend may ask
- * for another layout (not the embedding or the output head). */
+ * for another layout (the embedding and the output head only on backends whose
+ * get_rows reads every layout too: any_layout). */
 static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows, bool matmul_only,
                               tdm_weight *w, tdm_err *err) {
     const tdm_gguf_tensor *t;

@@ -11,55 +11,17 @@
 #include <string.h>
 
 #include "backend_testutil.h"
+#include "cuda_testutil.h"
 #include "model.h"
 #include "ref_ops.h"
 #include "sampling.h"
 #include "tandem.h"
 #include "testutil.h"
 
-static tdm_backend *gpu(void) {
-    tdm_backend *b = NULL;
-    tdm_err err = {0};
-#ifdef TDM_TEST_CUDA_ON_CPU
-    cr_assert_eq(tdm_backend_cpu_create(2, &b, &err), TANDEM_OK, "%s", err.msg);
-#else
-    cr_assert_eq(tdm_backend_cuda_create(0, &b, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_str_eq(b->ops->name, "cuda");
-#endif
-    return b;
-}
-
-/* A device copy of n bytes of host memory. */
-static void *put(tdm_backend *b, const void *host, size_t n) {
-    void *d = NULL;
-    tdm_err err = {0};
-    cr_assert_eq(b->ops->alloc(b, n, &d, &err), TANDEM_OK, "%s", err.msg);
-    if (host) cr_assert_eq(b->ops->upload(b, d, host, n, &err), TANDEM_OK, "%s", err.msg);
-    return d;
-}
-
-/* A host copy (malloc'd) of n bytes of device memory. */
-static void *get(tdm_backend *b, const void *dev, size_t n) {
-    void *h = malloc(n + 16);
-    tdm_err err = {0};
-    cr_assert(h);
-    cr_assert_eq(b->ops->download(b, h, dev, n, &err), TANDEM_OK, "%s", err.msg);
-    return h;
-}
-
-/* A device copy of a host weight (same type, shape and layout). */
-static tdm_weight put_weight(tdm_backend *b, const tdm_weight *w) {
-    tdm_weight d = *w;
-    d.data = put(b, w->data, (size_t)w->rows * w->row_bytes);
-    return d;
-}
-
-#define OK(call)                                                                        \
-    do {                                                                                \
-        tdm_err err_ = {0};                                                             \
-        tandem_status st_ = (call);                                                     \
-        cr_assert_eq(st_, TANDEM_OK, "%s: %s", #call, err_.msg);                        \
-    } while (0)
+#define gpu tdm_cu_test_gpu
+#define put tdm_cu_test_put
+#define get tdm_cu_test_get
+#define put_weight tdm_cu_test_put_weight
 
 Test(cuda_backend, memory_ops) {
     tdm_backend *b = gpu();
@@ -178,8 +140,10 @@ Test(cuda_ops, row_ops) {
     tdm_backend_destroy(b);
 }
 
-/* Every type and several shapes and batch sizes against ref_matmul; each row of a
- * batch equals, bit for bit, the same row computed alone. */
+/* Every type and several shapes and batch sizes against ref_matmul; up to the row
+ * kernels' limit each row of a batch equals, bit for bit, the same row computed
+ * alone. */
+#define TDM_TEST_CUDA_GEMV_MAX_ROWS 16 /* (kernels/cuda/cuda_internal.h) */
 Test(cuda_matmul, types_shapes_batches) {
     tdm_backend *b = gpu();
     uint64_t rng = 3;
@@ -203,9 +167,13 @@ Test(cuda_matmul, types_shapes_batches) {
                     ref_matmul(&w, x, n, ref, acc);
                     float *y = get(b, dy, ny * 4);
                     double e = ref_nrm_err(y, ref, ny);
-                    cr_assert(e < 2e-6, "matmul %s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type),
+                    /* more rows than the row kernels take, 16-bit weights: cuBLAS, with x
+                     * rounded to the weight's type */
+                    const bool gemm = n > TDM_TEST_CUDA_GEMV_MAX_ROWS && (w.type == TDM_F16 || w.type == TDM_BF16);
+                    const double tol = !gemm ? 2e-6 : w.type == TDM_F16 ? 3e-3 : 2e-2;
+                    cr_assert(e < tol, "matmul %s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type),
                               (long long)w.rows, (long long)w.cols, (int)n, acc, e);
-                    if (!acc && n > 1) { /* the last row alone */
+                    if (!acc && n > 1 && n <= TDM_TEST_CUDA_GEMV_MAX_ROWS) { /* the last row alone */
                         float *dy1 = put(b, NULL, (size_t)w.rows * 4);
                         OK(b->ops->matmul(b, &dw, dx + (size_t)(n - 1) * w.cols, 1, dy1, false, &err_));
                         float *y1 = get(b, dy1, (size_t)w.rows * 4);
@@ -409,12 +377,15 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
         float *lc = rig_forward(&rc, &bt), *lg = rig_forward(&rg, &bt);
         const int32_t nl = tdm_batch_n_logits(&bt);
         double e = ref_nrm_err(lg, lc, (size_t)nl * V);
-        cr_assert(e < 1e-4, "step %d (%d rows): logits err %g", step, (int)bt.n_rows, e);
+        /* a prefill of more rows than the row kernels take multiplies in f16 on tensor
+         * cores (activations rounded to f16); decode rows stay in f32 */
+        const bool f16_acts = bt.n_rows > TDM_TEST_CUDA_GEMV_MAX_ROWS;
+        cr_assert(e < (f16_acts ? 3e-3 : 1e-4), "step %d (%d rows): logits err %g", step, (int)bt.n_rows, e);
         for (int32_t i = 0; i < nl; i++) {
             int32_t ac = tdm_argmax(lc + (size_t)i * V, V), ag = tdm_argmax(lg + (size_t)i * V, V);
             float gap = fabsf(lc[(size_t)i * V + ac] - lc[(size_t)i * V + ag]);
-            cr_assert(ac == ag || gap < 1e-3f, "step %d row %d: argmax %d on the CPU, %d on CUDA", step, (int)i,
-                      (int)ac, (int)ag);
+            cr_assert(ac == ag || gap < (f16_acts ? 3e-2f : 1e-3f), "step %d row %d: argmax %d on the CPU, %d on CUDA",
+                      step, (int)i, (int)ac, (int)ag);
         }
         int32_t next = tdm_argmax(lc + (size_t)(nl - 1) * V, V), pos = bt.pos[bt.n_rows - 1] + 1;
         free(lc), free(lg);
@@ -477,20 +448,4 @@ Test(cuda_engine, greedy_reference_and_speculative_equality, .timeout = 900) {
     tandem_model_close(target);
 }
 
-/* Skip the whole program (exit 77) where no CUDA device can be used. */
-int main(int argc, char *argv[]) {
-#ifndef TDM_TEST_CUDA_ON_CPU /* (a debugging build: the tests' own code on the CPU backend) */
-    tdm_backend *b = NULL;
-    tdm_err err = {0};
-    if (tdm_backend_cuda_create(0, &b, &err) != TANDEM_OK) {
-        printf("skipped: %s\n", err.msg);
-        return 77;
-    }
-    tdm_backend_destroy(b);
-#endif
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
-}
+int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

@@ -497,5 +497,110 @@ sys.exit(0 if ok else 1)
 EOF
 [ $? -eq 0 ] && pass "bench checks" || fail "bench checks"
 
+# ------------------------------------------------------------------- synth
+# Random-weight models with real shapes.  "tiny" (n_embd 256, 2 layers, vocab
+# 32000) keeps this fast; llama-160m f16 (~325 MB, under a second) is the one
+# full-size write.
+SPM=$DATA/vocab/ggml-vocab-llama-spm.gguf
+expect_exit 2 "synth: missing --shape" "$TANDEM" synth --type f16 "$TMP/s.gguf"
+expect_exit 2 "synth: unknown shape" "$TANDEM" synth --shape llama9-1t --type f16 "$TMP/s.gguf"
+grep -q "llama9-1t" "$TMP/err" && grep -q "llama2-7b" "$TMP/err" || fail "synth: unknown shape message lists the shapes"
+expect_exit 2 "synth: missing --type" "$TANDEM" synth --shape tiny "$TMP/s.gguf"
+expect_exit 2 "synth: unknown type" "$TANDEM" synth --shape tiny --type q5_1 "$TMP/s.gguf"
+expect_exit 2 "synth: missing OUT" "$TANDEM" synth --shape tiny --type f16
+expect_exit 2 "synth: two outputs" "$TANDEM" synth --shape tiny --type f16 "$TMP/a.gguf" "$TMP/b.gguf"
+expect_exit 2 "synth: bad --seed" "$TANDEM" synth --shape tiny --type f16 --seed x "$TMP/s.gguf"
+expect_exit 2 "synth: unknown flag" "$TANDEM" synth --shape tiny --type f16 --bogus "$TMP/s.gguf"
+expect_exit 2 "synth: --shape without a value" "$TANDEM" synth --type f16 "$TMP/s.gguf" --shape
+expect_exit 1 "synth: unwritable path" "$TANDEM" synth --shape tiny --type f16 "$TMP/no/such/dir/s.gguf"
+grep -q "no/such/dir/s.gguf" "$TMP/err" && grep -q "No such file or directory" "$TMP/err" ||
+    fail "synth: unwritable path message names the path and the OS error ($(head -c 200 "$TMP/err"))"
+expect_exit 1 "synth: missing tokenizer file" \
+    "$TANDEM" synth --shape tiny --type f16 --tokenizer-from "$TMP/none.gguf" "$TMP/s.gguf"
+expect_exit 1 "synth: tokenizer file not a GGUF" \
+    "$TANDEM" synth --shape tiny --type f16 --tokenizer-from "$TMP/garbage.gguf" "$TMP/s.gguf"
+expect_exit 1 "synth: tokenizer size mismatch" \
+    "$TANDEM" synth --shape llama3-8b --type q4_0 --tokenizer-from "$SPM" "$TMP/s.gguf"
+grep -q "32000" "$TMP/err" && grep -q "128256" "$TMP/err" ||
+    fail "synth: mismatch message names both sizes ($(head -c 200 "$TMP/err"))"
+[ ! -e "$TMP/s.gguf" ] && [ ! -e "$TMP/s.gguf.tmp" ] && pass "synth: failed runs leave no file" ||
+    fail "synth: a failed run left $TMP/s.gguf or its .tmp"
+
+# info of a synthetic model: "tensors: N", then one line per tensor: name type shape bytes
+check_synth_info() { # FILE TYPE N_TENSORS N_MATRICES DESC
+    local f=$1 ty=$2 nt=$3 nm=$4 desc=$5
+    if ! "$TANDEM" info "$f" >"$TMP/sinfo" 2>"$TMP/err"; then
+        fail "$desc: info failed ($(head -c 200 "$TMP/err"))"
+        return
+    fi
+    local got_nt got_nm got_f32
+    got_nt=$(sed -n 's/^tensors: //p' "$TMP/sinfo")
+    got_nm=$(awk -v t="$ty" '$2 == t && $1 ~ /weight$/' "$TMP/sinfo" | wc -l)
+    got_f32=$(awk '$2 == "f32" && $1 ~ /norm.weight$/' "$TMP/sinfo" | wc -l)
+    if [ "$got_nt" = "$nt" ] && [ "$got_nm" -eq "$nm" ] && [ "$got_f32" -eq $((nt - nm)) ] &&
+        grep -q 'general.architecture: string = "llama"' "$TMP/sinfo" &&
+        grep -q '^  output.weight ' "$TMP/sinfo"; then
+        pass "$desc: info lists $nt tensors, $nm of them $ty, the norms f32"
+    else
+        fail "$desc: info: tensors '$got_nt' (want $nt), $ty matrices $got_nm (want $nm), f32 norms $got_f32"
+    fi
+}
+declare -A FILE_TYPE=([f16]=1 [q8_0]=7 [q4_0]=2)
+for ty in f16 q8_0 q4_0; do
+    out=$TMP/tiny-$ty.gguf
+    expect_exit 0 "synth tiny $ty" "$TANDEM" synth --shape tiny --type "$ty" "$out"
+    grep -q "^wrote $out: tiny $ty, 21 tensors, .* bytes .* in .* s" "$TMP/out" ||
+        fail "synth tiny $ty: summary line ($(head -c 200 "$TMP/out"))"
+    check_synth_info "$out" "$ty" 21 16 "synth tiny $ty"
+    grep -q "general.file_type: u32 = ${FILE_TYPE[$ty]}\$" "$TMP/sinfo" ||
+        fail "synth tiny $ty: general.file_type is not ${FILE_TYPE[$ty]}"
+    size=$(stat -c %s "$out")
+    "$TANDEM" synth --shape tiny --type "$ty" --dry-run >"$TMP/dry" 2>&1
+    grep -q " $size bytes" "$TMP/dry" && pass "synth tiny $ty: --dry-run size = file size ($size)" ||
+        fail "synth tiny $ty: --dry-run says '$(cat "$TMP/dry")', the file has $size bytes"
+    expect_exit 0 "generate with synth tiny $ty" "$TANDEM" generate -m "$out" -p "hello" -n 4
+done
+expect_exit 0 "bench with synth tiny q4_0" "$TANDEM" bench -m "$TMP/tiny-q4_0.gguf" -p 8 -n 4 --reps 1
+expect_exit 1 "synth: refuses to overwrite" "$TANDEM" synth --shape tiny --type q4_0 "$TMP/tiny-q4_0.gguf"
+grep -q -- "--force" "$TMP/err" || fail "synth: the overwrite refusal mentions --force"
+cp "$TMP/tiny-q4_0.gguf" "$TMP/tiny-q4_0-seed0.gguf"
+expect_exit 0 "synth --force --seed 1" "$TANDEM" synth --shape tiny --type q4_0 --force --seed 1 "$TMP/tiny-q4_0.gguf"
+"$TANDEM" synth --shape tiny --type q4_0 --seed 0 "$TMP/again.gguf" >/dev/null 2>&1
+cmp -s "$TMP/again.gguf" "$TMP/tiny-q4_0-seed0.gguf" && ! cmp -s "$TMP/tiny-q4_0.gguf" "$TMP/again.gguf" &&
+    pass "synth: the same seed gives the same file, another seed another" ||
+    fail "synth: files are not deterministic in the seed"
+rm -f "$TMP"/tiny-*.gguf "$TMP/again.gguf"
+
+# the real Llama vocabulary: every tokenizer key copied, so it tokenizes like the vocab file
+expect_exit 0 "synth --tokenizer-from llama-spm" \
+    "$TANDEM" synth --shape tiny --type q8_0 --tokenizer-from "$SPM" "$TMP/tiny-spm.gguf"
+"$TANDEM" info "$SPM" | grep '^  tokenizer\.' >"$TMP/tok-want"
+"$TANDEM" info "$TMP/tiny-spm.gguf" | grep '^  tokenizer\.' >"$TMP/tok-got"
+cmp -s "$TMP/tok-want" "$TMP/tok-got" && pass "synth --tokenizer-from copies every tokenizer key" ||
+    fail "synth --tokenizer-from: tokenizer keys differ ($(diff "$TMP/tok-want" "$TMP/tok-got" | head -c 300))"
+got=$("$TANDEM" tokenize -m "$TMP/tiny-spm.gguf" --no-bos --text "Hello world" 2>&1)
+[ "$got" = "[15043, 3186]" ] && pass "synth --tokenizer-from: tokenizes with the Llama vocabulary" ||
+    fail "synth --tokenizer-from: tokenize gave '$got'"
+expect_exit 0 "generate with the llama-spm synth model" "$TANDEM" generate -m "$TMP/tiny-spm.gguf" -p "hello" -n 4
+expect_exit 1 "synth: tokenizer of another size (gpt-2, 50257)" \
+    "$TANDEM" synth --shape tiny --type q8_0 --tokenizer-from "$DATA/vocab/ggml-vocab-gpt-2.gguf" "$TMP/s.gguf"
+rm -f "$TMP/tiny-spm.gguf"
+
+# a real shape: llama-160m f16 (the 324 MB size is checked against the shape's arithmetic)
+expect_exit 0 "synth llama-160m f16" "$TANDEM" synth --shape llama-160m --type f16 "$TMP/l160.gguf"
+check_synth_info "$TMP/l160.gguf" f16 111 86 "synth llama-160m f16"
+# 2 + 7 * 12 matrices (embedding and output [768, 32000], q k v o [768, 768], gate up
+# [768, 3072], down [3072, 768]) and 1 + 2 * 12 norms [768]
+mparams=$((2 * 768 * 32000 + 12 * (4 * 768 * 768 + 3 * 768 * 3072)))
+params=$((mparams + 25 * 768))
+grep -q "^total: 111 tensors, $params parameters, $((2 * mparams + 4 * 25 * 768)) bytes" "$TMP/sinfo" &&
+    pass "synth llama-160m f16: $params parameters, all data accounted for" ||
+    fail "synth llama-160m f16: totals: $(grep '^total' "$TMP/sinfo")"
+rm -f "$TMP/l160.gguf"
+"$TANDEM" synth --shape llama2-7b --type q4_0 --dry-run >"$TMP/dry" 2>&1
+grep -q "^llama2-7b q4_0, 291 tensors, 6738415616 parameters" "$TMP/dry" &&
+    pass "synth --dry-run llama2-7b q4_0: 291 tensors, 6738415616 parameters" ||
+    fail "synth --dry-run llama2-7b: $(cat "$TMP/dry")"
+
 echo "# $n_pass passed, $n_fail failed"
 [ "$n_fail" -eq 0 ]

@@ -1,5 +1,6 @@
-/* test_gguf.c - GGUF loader and writer: round trips of every value and tensor type,
- * writer defaults, real model and vocabulary files, open errors, typed getters and
+/* test_gguf.c - GGUF loader and writer: round trips of every value and tensor type
+ * (in memory, through a file, copied value by value, streamed), writer defaults,
+ * streaming errors, real model and vocabulary files, open errors, typed getters and
  * value printing.  The corrupt-input corpus lives in test_gguf_corrupt.c. */
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -202,6 +203,68 @@ static void check_round(const tdm_gguf *g, uint32_t version, uint32_t alignment,
     }
 }
 
+/* A writer holding a copy of every key of g (tdm_gguf_w_value) and its tensors: with
+ * their data (stream false) or as infos to stream. */
+static tdm_gguf_writer *copy_writer(const tdm_gguf *g, bool stream) {
+    tdm_gguf_writer *w = tdm_gguf_writer_new(g->version, (uint32_t)g->alignment);
+    cr_assert(w);
+    for (uint64_t i = 0; i < g->n_kv; i++) tdm_gguf_w_value(w, g->kv[i].key, &g->kv[i].value);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const tdm_gguf_tensor *t = &g->tensors[i];
+        if (stream)
+            tdm_gguf_w_tensor_info(w, t->name, t->type, t->n_dims, t->ne, t->nbytes);
+        else
+            tdm_gguf_w_tensor(w, t->name, t->type, t->n_dims, t->ne, t->data, (size_t)t->nbytes);
+    }
+    return w;
+}
+
+/* Copying every value and tensor of g (the parse of f) gives f's bytes in memory,
+ * and streaming the data in pieces of odd sizes (across tensor boundaries) gives
+ * them again. */
+static void check_copies(const tdm_gguf *g, const file *f) {
+    static const size_t pieces[] = {1, 7, 100, 4096};
+    tdm_err err = {0};
+    file c = finish(copy_writer(g, false));
+    cr_assert(c.n == f->n && memcmp(c.p, f->p, f->n) == 0, "copied values differ");
+    free(c.p);
+    /* the data section: the tensors' bytes back to back, without padding */
+    uint8_t data[TDM_ARRAY_LEN(round_tensors) * 256];
+    size_t n_data = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        memcpy(data + n_data, g->tensors[i].data, g->tensors[i].nbytes);
+        n_data += g->tensors[i].nbytes;
+    }
+    for (size_t pi = 0; pi < TDM_ARRAY_LEN(pieces); pi++) {
+        tdm_gguf_writer *w = copy_writer(g, true);
+        uint64_t head = 0, total = 0;
+        cr_assert_eq(tdm_gguf_writer_sizes(w, &head, &total), TANDEM_OK);
+        cr_assert_eq(total, f->n);
+        cr_assert_eq(head, g->data_offset);
+        uint8_t *mem = NULL;
+        size_t n_mem = 0;
+        cr_assert_eq(tdm_gguf_writer_finish(w, &mem, &n_mem), TANDEM_ERR_INVALID_ARG,
+                     "streamed tensors cannot finish in memory");
+        FILE *out = tmpfile();
+        cr_assert(out);
+        cr_assert_eq(tdm_gguf_stream_begin(w, out, "tmpfile", &err), TANDEM_OK, "%s", err.msg);
+        for (size_t at = 0; at < n_data; at += pieces[pi]) {
+            size_t k = TDM_MIN(pieces[pi], n_data - at);
+            cr_assert_eq(tdm_gguf_stream_write(w, data + at, k, &err), TANDEM_OK, "%s", err.msg);
+        }
+        cr_assert_eq(tdm_gguf_stream_end(w, &err), TANDEM_OK, "%s", err.msg);
+        tdm_gguf_writer_free(w);
+        long size = ftell(out);
+        cr_assert_eq(size, (long)f->n, "pieces of %zu: %ld bytes, want %zu", pieces[pi], size, f->n);
+        uint8_t *back = malloc(f->n);
+        rewind(out);
+        cr_assert_eq(fread(back, 1, f->n, out), f->n);
+        cr_assert(memcmp(back, f->p, f->n) == 0, "pieces of %zu: bytes differ", pieces[pi]);
+        free(back);
+        fclose(out);
+    }
+}
+
 Test(gguf, round_trip_memory_and_file) {
     static const uint32_t aligns[] = {1, 32, 64, 256};
     for (uint32_t version = 2; version <= 3; version++) {
@@ -213,6 +276,7 @@ Test(gguf, round_trip_memory_and_file) {
             cr_assert_eq(tdm_gguf_open_memory(f.p, f.n, &g, &err), TANDEM_OK, "v%u a%u: %s", version,
                          aligns[ai], err.msg);
             check_round(g, version, aligns[ai], tdata);
+            check_copies(g, &f);
             tdm_gguf_close(g);
 
             char path[] = "/tmp/tdm_gguf_XXXXXX";
@@ -253,6 +317,60 @@ Test(gguf, writer_alignment_and_defaults) {
     cr_assert(g->n_kv == 0 && g->n_tensors == 0 && g->alignment == 32);
     tdm_gguf_close(g);
     free(f.p);
+}
+
+/* ------------------------------------------------------------ streaming */
+
+Test(gguf, stream_errors) {
+    int64_t ne[2] = {32, 2};
+    uint8_t data[200] = {0};
+    tdm_err err = {0};
+    /* more data than declared, then fewer */
+    tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
+    tdm_gguf_w_str(w, "k", "v");
+    tdm_gguf_w_tensor_info(w, "a", TDM_Q8_0, 2, ne, 2 * 34);
+    FILE *out = tmpfile();
+    cr_assert_eq(tdm_gguf_stream_begin(w, out, "tmpfile", &err), TANDEM_OK, "%s", err.msg);
+    tdm_gguf_w_str(w, "late", "x");
+    cr_assert_eq(tdm_gguf_stream_write(w, data, 69, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "more data"), "%s", err.msg);
+    tdm_gguf_writer_free(w);
+    fclose(out);
+
+    w = tdm_gguf_writer_new(3, 32);
+    tdm_gguf_w_tensor_info(w, "a", TDM_Q8_0, 2, ne, 2 * 34);
+    tdm_gguf_w_tensor_info(w, "b", TDM_Q8_0, 2, ne, 2 * 34);
+    out = tmpfile();
+    cr_assert_eq(tdm_gguf_stream_begin(w, out, "tmpfile", &err), TANDEM_OK);
+    cr_assert_eq(tdm_gguf_stream_write(w, data, 100, &err), TANDEM_OK);
+    cr_assert_eq(tdm_gguf_stream_end(w, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "'b' got 32 of its 68 bytes"), "%s", err.msg);
+    tdm_gguf_writer_free(w);
+    fclose(out);
+
+    /* a tensor with its data in memory cannot be streamed */
+    w = tdm_gguf_writer_new(3, 32);
+    tdm_gguf_w_tensor(w, "a", TDM_Q8_0, 2, ne, data, 2 * 34);
+    out = tmpfile();
+    cr_assert_eq(tdm_gguf_stream_begin(w, out, "tmpfile", &err), TANDEM_ERR_INVALID_ARG);
+    tdm_gguf_writer_free(w);
+    fclose(out);
+
+    /* a full disk: the OS error is reported with the name */
+    out = fopen("/dev/full", "wb");
+    if (!out) return;
+    w = tdm_gguf_writer_new(3, 32);
+    int64_t big[1] = {1 << 20};
+    tdm_gguf_w_tensor_info(w, "big", TDM_F32, 1, big, 4u << 20);
+    tandem_status st = tdm_gguf_stream_begin(w, out, "/dev/full", &err);
+    uint8_t *chunk = calloc(1, 4u << 20);
+    if (!st) st = tdm_gguf_stream_write(w, chunk, 4u << 20, &err);
+    if (!st) st = tdm_gguf_stream_end(w, &err);
+    cr_assert_eq(st, TANDEM_ERR_IO);
+    cr_assert(strstr(err.msg, "/dev/full") && strstr(err.msg, "No space left"), "%s", err.msg);
+    free(chunk);
+    tdm_gguf_writer_free(w);
+    fclose(out);
 }
 
 /* ------------------------------------------------------------ real files */

@@ -64,6 +64,37 @@ Test(layout, fits_pack_and_elements) {
     free((void *)q.data);
 }
 
+/* QSPLIT (quants then scales per row) keeps every element of Q8_0 and Q4_0 rows,
+ * and holds nothing else. */
+Test(layout, qsplit_pack_and_elements) {
+    cr_assert(tdm_layout_fits(TDM_LAYOUT_QSPLIT, TDM_Q8_0, 3, 64));
+    cr_assert(tdm_layout_fits(TDM_LAYOUT_QSPLIT, TDM_Q4_0, 1, 32));
+    cr_assert(!tdm_layout_fits(TDM_LAYOUT_QSPLIT, TDM_F16, 64, 64), "element types");
+    cr_assert(!tdm_layout_fits(TDM_LAYOUT_QSPLIT, TDM_Q8_0, 0, 64));
+    const uint32_t qt[] = {TDM_Q8_0, TDM_Q4_0};
+    for (size_t t = 0; t < TDM_ARRAY_LEN(qt); t++) {
+        uint64_t rng = 21 + t;
+        tdm_weight w = tdm_test_weight(qt[t], 5, 96, &rng);
+        uint8_t *d = malloc(w.row_bytes * 5);
+        cr_assert(tdm_weight_pack(TDM_LAYOUT_QSPLIT, w.type, w.rows, w.cols, w.data, d));
+        cr_assert(memcmp(d, w.data, w.row_bytes * 5) != 0, "packing moved nothing");
+        for (int64_t r = 0; r < w.rows; r++) {
+            /* the scales of row r are its last 2 * 3 bytes, in block order */
+            for (int b = 0; b < 3; b++)
+                cr_assert(memcmp(d + r * w.row_bytes + w.row_bytes - 6 + 2 * b,
+                                 (const uint8_t *)w.data + r * w.row_bytes + b * tdm_dtype_block_bytes(w.type), 2) == 0);
+            for (int64_t c = 0; c < w.cols; c++) {
+                float a = tdm_weight_elem(w.type, TDM_LAYOUT_ROWS, w.cols, w.row_bytes, w.data, r, c);
+                float b = tdm_weight_elem(w.type, TDM_LAYOUT_QSPLIT, w.cols, w.row_bytes, d, r, c);
+                cr_assert(memcmp(&a, &b, 4) == 0, "%s (%lld, %lld): %g vs %g", tdm_dtype_name(w.type),
+                          (long long)r, (long long)c, (double)a, (double)b);
+            }
+        }
+        free((void *)w.data);
+        free(d);
+    }
+}
+
 static void check_p64(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols, int32_t n, bool acc,
                       uint64_t seed) {
     uint64_t rng = seed;

@@ -1,7 +1,8 @@
 /* test_spec.c - speculative decoding is lossless under greedy decoding: for all
- * 100 dev prompts, both drafts and k in {1, 2, 4, 8, auto}, the output equals
- * target-only output token for token; rollback leaves exactly the blocks the
- * accepted length needs, and nothing leaks. */
+ * 100 dev prompts, both drafts and k in {1, 2, 4, 8, auto}, with n-gram lookup and
+ * with early stop by draft confidence, the output equals target-only output token
+ * for token; rollback leaves exactly the blocks the accepted length needs, and
+ * nothing leaks. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,51 +61,123 @@ static int32_t *target_only(tdm_engine *plain, const tdm_json *ref, const tandem
     return ids;
 }
 
-Test(spec, greedy_equals_target_only_all_prompts_drafts_and_k) {
+/* Greedy equality, all in one pass over the prompts so that each prompt's
+ * target-only output (the expensive fixture) is computed once and checked against:
+ *   (a) both drafts with k in {1, 2, 4, 8, auto}, the draft model alone;
+ *   (b) n-gram lookup beside draft-xs, three {k, n-gram length} configurations;
+ *   (c) early stop by draft confidence (p_min 0.6, k 8, draft-s) on the first ten
+ *       prompts: still equal, and steps draft fewer than k when the draft is unsure.
+ * Every step also checks that no KV block leaks.  A sanitizer build runs every check
+ * on every tenth prompt and k in {1, 4, auto} (TDM_TEST_SANITIZED). */
+typedef struct greedy_cmp {
+    const char *what;
+    int prompt, k, ngram;
+} greedy_cmp;
+
+static void expect_same(const tandem_result *got, const tandem_result *want, const tdm_engine *e,
+                        const greedy_cmp *c) {
+    size_t diff = 0;
+    while (diff < got->n_tokens && diff < want->n_tokens && got->tokens[diff] == want->tokens[diff]) diff++;
+    cr_assert(got->n_tokens == want->n_tokens && diff == want->n_tokens,
+              "prompt %d, %s, k=%d, ngram=%d: output differs from target-only at token %zu (lengths %zu/%zu)",
+              c->prompt, c->what, c->k, c->ngram, diff, got->n_tokens, want->n_tokens);
+    cr_assert_eq(got->finish_reason, want->finish_reason, "prompt %d, %s, k=%d: finish reason", c->prompt, c->what,
+                 c->k);
+    cr_assert_str_eq(got->text, want->text);
+    cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "prompt %d, %s, k=%d: KV blocks leaked",
+                 c->prompt, c->what, c->k);
+    cr_assert_leq(got->spec.accepted, got->spec.drafted);
+}
+
+Test(spec, greedy_outputs_equal_target_only) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     cr_assert_eq(n_lines, 100);
     tdm_engine *plain = make_engine(NULL);
     tdm_engine *spec[2] = {make_engine(g_draft[0]), make_engine(g_draft[1])};
-    const int ks[] = {1, 2, 4, 8, 0 /* auto */};
+    static const int ks_full[] = {1, 2, 4, 8, 0 /* auto */}, ks_quick[] = {1, 4, 0};
+    const bool quick = tdm_test_sanitized();
+    const int *ks = quick ? ks_quick : ks_full;
+    const size_t n_ks = quick ? TDM_ARRAY_LEN(ks_quick) : TDM_ARRAY_LEN(ks_full);
+    const size_t stride = quick ? 10 : 1;
+    static const int ng_cfg[][2] = {{0, 3}, {4, 2}, {0, 8}}; /* {spec_k, spec_ngram} */
     tdm_err err = {0};
     uint64_t drafted[2][5] = {{0}}, accepted[2][5] = {{0}};
-    for (size_t li = 0; li < n_lines; li++) {
+    uint64_t ng_steps[3] = {0}, ng_acc[3] = {0}, model_steps[3] = {0};
+    uint64_t pm_steps = 0, pm_drafted = 0;
+    int n_pmin = 0;
+    for (size_t li = 0; li < n_lines; li += stride) {
         size_t n;
         tandem_generate_params gp = greedy_params();
         tandem_result want;
         int32_t *ids = target_only(plain, refs[li], &gp, &n, &want);
+        /* (a) the draft models alone */
         for (int d = 0; d < 2; d++) {
-            for (size_t ki = 0; ki < TDM_ARRAY_LEN(ks); ki++) {
+            for (size_t ki = 0; ki < n_ks; ki++) {
+                gp = greedy_params();
                 gp.spec_k = ks[ki];
                 tandem_result got;
                 cr_assert_eq(tdm_engine_generate(spec[d], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s",
                              err.msg);
-                size_t diff = 0;
-                while (diff < got.n_tokens && diff < want.n_tokens && got.tokens[diff] == want.tokens[diff]) diff++;
-                cr_assert(got.n_tokens == want.n_tokens && diff == want.n_tokens,
-                          "prompt %zu, %s, k=%d: output differs from target-only at token %zu (lengths %zu/%zu)",
-                          li, g_draft_files[d], ks[ki], diff, got.n_tokens, want.n_tokens);
-                cr_assert_eq(got.finish_reason, want.finish_reason);
-                cr_assert_str_eq(got.text, want.text);
-                cr_assert_eq(tdm_kv_pool_n_free(spec[d]->pool), tdm_kv_pool_n_blocks(spec[d]->pool),
-                             "KV blocks leaked");
-                cr_assert_leq(got.spec.accepted, got.spec.drafted);
+                greedy_cmp c = {g_draft_files[d], (int)li, ks[ki], 0};
+                expect_same(&got, &want, spec[d], &c);
                 if (ks[ki] > 0) cr_assert_leq(got.spec.drafted, (uint64_t)ks[ki] * got.spec.steps);
                 drafted[d][ki] += got.spec.drafted;
                 accepted[d][ki] += got.spec.accepted;
                 tandem_result_free(&got);
             }
         }
+        /* (b) n-gram lookup beside draft-xs */
+        for (int c = 0; c < 3; c++) {
+            gp = greedy_params();
+            gp.spec_k = ng_cfg[c][0];
+            gp.spec_ngram = ng_cfg[c][1];
+            tandem_result got;
+            cr_assert_eq(tdm_engine_generate(spec[1], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+            greedy_cmp cmp = {"n-gram + draft-xs", (int)li, ng_cfg[c][0], ng_cfg[c][1]};
+            expect_same(&got, &want, spec[1], &cmp);
+            cr_assert_leq(got.spec.ngram_steps, got.spec.steps);
+            cr_assert_leq(got.spec.ngram_accepted, got.spec.ngram_drafted);
+            cr_assert_leq(got.spec.ngram_drafted, got.spec.drafted);
+            ng_steps[c] += got.spec.ngram_steps;
+            ng_acc[c] += got.spec.ngram_accepted;
+            model_steps[c] += got.spec.steps - got.spec.ngram_steps;
+            tandem_result_free(&got);
+        }
+        /* (c) early stop by draft confidence */
+        if (n_pmin < 10) {
+            gp = greedy_params();
+            gp.spec_k = 8;
+            gp.spec_p_min = 0.6f;
+            tandem_result got;
+            cr_assert_eq(tdm_engine_generate(spec[0], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+            greedy_cmp cmp = {"p_min 0.6 + draft-s", (int)li, 8, 0};
+            expect_same(&got, &want, spec[0], &cmp);
+            pm_steps += got.spec.steps;
+            pm_drafted += got.spec.drafted;
+            n_pmin++;
+            tandem_result_free(&got);
+        }
         tandem_result_free(&want);
         free(ids);
     }
     for (int d = 0; d < 2; d++)
-        for (size_t ki = 0; ki < TDM_ARRAY_LEN(ks); ki++) {
+        for (size_t ki = 0; ki < n_ks; ki++) {
             cr_log_info("%s k=%d: acceptance %.3f", g_draft_files[d], ks[ki],
                         drafted[d][ki] ? (double)accepted[d][ki] / (double)drafted[d][ki] : 0.0);
             cr_assert_gt(accepted[d][ki], 0, "no draft token was ever accepted");
         }
+    for (int c = 0; c < 3; c++) {
+        cr_log_info("k=%d ngram=%d: %llu n-gram steps, %llu accepted, %llu draft-model steps", ng_cfg[c][0],
+                    ng_cfg[c][1], (unsigned long long)ng_steps[c], (unsigned long long)ng_acc[c],
+                    (unsigned long long)model_steps[c]);
+        cr_assert_gt(ng_steps[c], 0, "no n-gram proposal was made");
+        cr_assert_gt(ng_acc[c], 0, "no n-gram token was accepted");
+        cr_assert_gt(model_steps[c], 0, "the draft model never proposed");
+    }
+    cr_assert_lt(pm_drafted, 8 * pm_steps, "p_min never stopped drafting early (%llu drafted in %llu steps)",
+                 (unsigned long long)pm_drafted, (unsigned long long)pm_steps);
+    cr_assert_gt(pm_drafted, pm_steps, "p_min stopped every chain after one token");
     tdm_engine_free(plain);
     tdm_engine_free(spec[0]);
     tdm_engine_free(spec[1]);
@@ -155,53 +228,6 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
     tdm_test_jsonl_free(refs, n_lines);
 }
 
-/* With n-gram lookup on, the output is still exactly target-only output, n-gram
- * proposals are made and accepted, and the draft model catches up afterwards. */
-Test(spec, ngram_greedy_equals_target_only) {
-    size_t n_lines;
-    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
-    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft[1]);
-    tdm_err err = {0};
-    const int cfg[][2] = {{0, 3}, {4, 2}, {0, 8}}; /* {spec_k, spec_ngram} */
-    uint64_t ng_steps[3] = {0}, ng_acc[3] = {0}, model_steps[3] = {0};
-    for (size_t li = 0; li < n_lines; li++) {
-        size_t n;
-        tandem_generate_params gp = greedy_params();
-        tandem_result want;
-        int32_t *ids = target_only(plain, refs[li], &gp, &n, &want);
-        for (int c = 0; c < 3; c++) {
-            gp.spec_k = cfg[c][0];
-            gp.spec_ngram = cfg[c][1];
-            tandem_result got;
-            cr_assert_eq(tdm_engine_generate(spec, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
-            cr_assert(got.n_tokens == want.n_tokens &&
-                          memcmp(got.tokens, want.tokens, want.n_tokens * sizeof(int32_t)) == 0,
-                      "prompt %zu, k=%d, ngram=%d: output differs from target-only", li, cfg[c][0], cfg[c][1]);
-            cr_assert_eq(tdm_kv_pool_n_free(spec->pool), tdm_kv_pool_n_blocks(spec->pool), "KV blocks leaked");
-            cr_assert_leq(got.spec.ngram_steps, got.spec.steps);
-            cr_assert_leq(got.spec.ngram_accepted, got.spec.ngram_drafted);
-            cr_assert_leq(got.spec.ngram_drafted, got.spec.drafted);
-            ng_steps[c] += got.spec.ngram_steps;
-            ng_acc[c] += got.spec.ngram_accepted;
-            model_steps[c] += got.spec.steps - got.spec.ngram_steps;
-            tandem_result_free(&got);
-        }
-        tandem_result_free(&want);
-        free(ids);
-    }
-    for (int c = 0; c < 3; c++) {
-        cr_log_info("k=%d ngram=%d: %llu n-gram steps, %llu accepted, %llu draft-model steps", cfg[c][0], cfg[c][1],
-                    (unsigned long long)ng_steps[c], (unsigned long long)ng_acc[c],
-                    (unsigned long long)model_steps[c]);
-        cr_assert_gt(ng_steps[c], 0, "no n-gram proposal was made");
-        cr_assert_gt(ng_acc[c], 0, "no n-gram token was accepted");
-        cr_assert_gt(model_steps[c], 0, "the draft model never proposed");
-    }
-    tdm_engine_free(plain);
-    tdm_engine_free(spec);
-    tdm_test_jsonl_free(refs, n_lines);
-}
-
 /* A request cancelled mid-way by its callback frees everything. */
 Test(spec, cancel_frees_all_blocks) {
     tdm_engine *e = make_engine(g_draft[1]);
@@ -223,40 +249,4 @@ Test(spec, cancel_frees_all_blocks) {
     free(ids);
     tdm_test_jsonl_free(refs, n_lines);
     tdm_engine_free(e);
-}
-
-/* Early stop by draft confidence (p_min): still exactly target-only output, and
- * steps draft fewer tokens than k when the draft is unsure. */
-Test(spec, p_min_early_stop_keeps_greedy_equality) {
-    size_t n_lines;
-    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
-    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft[0]);
-    tdm_err err = {0};
-    uint64_t steps = 0, drafted = 0;
-    for (size_t li = 0; li < 10; li++) {
-        size_t n;
-        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
-        tandem_generate_params gp = tandem_generate_default_params();
-        gp.max_tokens = N_NEW;
-        tandem_result want, got;
-        cr_assert_eq(tdm_engine_generate(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
-        gp.spec_k = 8;
-        gp.spec_p_min = 0.6f;
-        gp.spec_ngram = 0;
-        cr_assert_eq(tdm_engine_generate(spec, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
-        cr_assert(got.n_tokens == want.n_tokens &&
-                      memcmp(got.tokens, want.tokens, want.n_tokens * sizeof(int32_t)) == 0,
-                  "prompt %zu: p_min output differs from target-only", li);
-        steps += got.spec.steps;
-        drafted += got.spec.drafted;
-        tandem_result_free(&want);
-        tandem_result_free(&got);
-        free(ids);
-    }
-    cr_assert_lt(drafted, 8 * steps, "p_min never stopped drafting early (%llu drafted in %llu steps)",
-                 (unsigned long long)drafted, (unsigned long long)steps);
-    cr_assert_gt(drafted, steps, "p_min stopped every chain after one token");
-    tdm_engine_free(plain);
-    tdm_engine_free(spec);
-    tdm_test_jsonl_free(refs, n_lines);
 }

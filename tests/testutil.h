@@ -5,6 +5,16 @@
 #include "common.h"
 #include "json.h"
 
+/* TDM_TEST_SANITIZED (1 in a sanitizer build, set by tests/meson.build): the long
+ * end-to-end tests check the same things on a subset of their inputs there (fewer
+ * prompts, fewer speculation lengths, fewer statistical draws), where memory and
+ * undefined-behaviour errors are what the build looks for; the release build runs
+ * every input.  tdm_test_sanitized() is that flag as a value. */
+#ifndef TDM_TEST_SANITIZED
+#define TDM_TEST_SANITIZED 0
+#endif
+static inline bool tdm_test_sanitized(void) { return TDM_TEST_SANITIZED != 0; }
+
 /* Paths under tests/data and models/ (compiled in as TDM_TEST_DATA / TDM_MODELS). */
 const char *tdm_test_data_path(const char *name);  /* static buffer, rotating (4 slots) */
 const char *tdm_test_model_path(const char *name);

@@ -9,16 +9,18 @@
  * copy of the block tables of the batch's sequences (checked there: every slot a
  * row reads or writes is backed by a block), and uploads it once per op.
  *
- * attention runs two kernels: scores (a thread per (row, head, slot): scale * q.K,
- * d in increasing order) into device scratch, then per (row, head) a block that
- * takes the softmax (max subtracted) and the weighted sum of V.  Scores live in
- * global memory, so any context length works; a fused single-pass kernel is the
- * next step for speed.
+ * attention: batches without tree rows on an f16 cache of a head dim the tiled
+ * kernels know go to cuda_flash.cu (tiles of rows, split key ranges, online
+ * softmax).  The others (tree rows with extra slots, f32 caches, other head dims)
+ * run two kernels here: scores (a thread per (row, head, slot): scale * q.K, d in
+ * increasing order) into device scratch, then per (row, head) a block that takes
+ * the softmax (max subtracted) and the weighted sum of V.  Scores live in global
+ * memory, so any context length works.
  */
 #include <cuda_fp16.h>
 #include <math.h>
 
-#include "cuda_internal.h"
+#include "cuda_fused.h"
 
 #define ATT_THREADS 128
 
@@ -286,9 +288,51 @@ __global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n
     }
 }
 
+/* The attention op by tiles and splits (cuda_flash.cu), for batches without tree
+ * rows on an f16 cache of a head dim it knows: metadata through the ring. */
+static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
+    const tdm_batch *bt = a->batch;
+    const int32_t n = bt->n_rows, gh = tdm_flash_heads_per_block(a->n_head, a->n_kv_head);
+    size_t bytes;
+    tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &bytes, err);
+    if (st) return st;
+    void *h = tdm_cuda_meta_host(c, bytes, err);
+    if (!h) return err ? err->status : TANDEM_ERR_BACKEND;
+    tdm_cuda_meta m;
+    if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, h, &m, err))) return st;
+    const void *d = tdm_cuda_meta_upload(c, bytes, err);
+    if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
+    tdm_flash_args fa;
+    tdm_cuda_meta_at(d, n, &fa.rows, &fa.tiles, &fa.tabs);
+    fa.n_rows = n;
+    fa.n_tiles = m.n_tiles;
+    fa.n_splits = TDM_MAX(1, (m.max_kv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
+    fa.tile_rows = m.tile_rows;
+    fa.q = a->q;
+    fa.q_stride = a->q_stride;
+    fa.k_cache = a->k_cache;
+    fa.v_cache = a->v_cache;
+    fa.n_head = a->n_head;
+    fa.n_kv_head = a->n_kv_head;
+    fa.head_dim = a->head_dim;
+    fa.block_size = a->block_size;
+    fa.scale = a->scale;
+    fa.part = (float *)tdm_cuda_buf_get(c, &c->att_buf,
+                                        tdm_flash_part_floats(fa.n_splits, n, a->n_head, a->head_dim) * sizeof(float),
+                                        "attention partials", err);
+    if (!fa.part) return err ? err->status : TANDEM_ERR_BACKEND;
+    fa.out = a->out;
+    fa.out_type = TDM_F32;
+    return tdm_cuda_flash(c, &fa, err);
+}
+
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err) {
     tdm_cuda *c = tdm_cuda_of(b, "attention", err);
     if (!c) return TANDEM_ERR_INVALID_ARG;
+    return tdm_cuda_attention_on(c, a, err);
+}
+
+tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     if (!a || !a->batch) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL args or batch");
     const tdm_batch *bt = a->batch;
     if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: n_rows %d", (int)bt->n_rows);
@@ -305,6 +349,7 @@ tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err
     if (!isfinite(a->scale)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: scale %g", (double)a->scale);
     const int64_t rh = (int64_t)bt->n_rows * a->n_head;
     if (rh > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld (row, head) pairs", (long long)rh);
+    if (!bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type)) return flash_op(c, a, err);
     attn_meta m;
     int32_t max_tot = 0;
     tandem_status st = pack_meta(c, bt, a->seqs, a->block_size, "attention", &m, &max_tot, err);

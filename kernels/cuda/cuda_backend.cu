@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_graph.h"
 #include "cuda_internal.h"
 
 tandem_status tdm_cuda_status(cudaError_t e, const char *what, tdm_err *err) {
@@ -96,9 +97,10 @@ tandem_status tdm_cuda_check_weight(const tdm_weight *w, const char *op, tdm_err
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: weight type %s is not supported by the CUDA backend",
                           op, tdm_dtype_name(w->type));
     }
-    if (w->layout != TDM_LAYOUT_ROWS)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: the CUDA backend reads the rows layout only (got %u)",
-                          op, (unsigned)w->layout);
+    const bool q = w->type == TDM_Q8_0 || w->type == TDM_Q4_0;
+    if (w->layout != TDM_LAYOUT_ROWS && !(q && w->layout == TDM_LAYOUT_QSPLIT))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: the CUDA backend does not read %s weights in layout %u",
+                          op, tdm_dtype_name(w->type), (unsigned)w->layout);
     if (w->rows < 0 || w->cols <= 0 || w->cols > INT32_MAX || w->rows > INT32_MAX)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: bad weight shape [%lld][%lld]", op,
                           (long long)w->rows, (long long)w->cols);
@@ -107,6 +109,47 @@ tandem_status tdm_cuda_check_weight(const tdm_weight *w, const char *op, tdm_err
                           (long long)w->cols, tdm_dtype_name(w->type));
     if (w->rows > 0 && !w->data) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL weight data", op);
     return TANDEM_OK;
+}
+
+/* Device memory in use now (the whole device: this process's buffers and the CUDA
+ * context), remembered as the peak when larger. */
+static void note_memory(tdm_cuda *c) {
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    if (total - free_b > c->bytes_peak) c->bytes_peak = total - free_b;
+}
+
+void *tdm_cuda_buf_get(tdm_cuda *c, tdm_cuda_buf *b, size_t bytes, const char *what, tdm_err *err) {
+    if (bytes <= b->cap && b->p) return b->p;
+    if (c->capturing) {
+        tdm_seterr(err, TANDEM_ERR_BACKEND, "%s: %zu bytes needed during a graph capture", what, bytes);
+        return NULL;
+    }
+    tdm_cuda_buf_free(c, b);
+    const size_t cap = TDM_MAX(bytes + bytes / 4, (size_t)1 << 16);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, cap);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        tdm_seterr(err, e == cudaErrorMemoryAllocation ? TANDEM_ERR_NOMEM : TANDEM_ERR_BACKEND,
+                   "%s: %zu bytes of device memory: %s", what, cap, cudaGetErrorString(e));
+        return NULL;
+    }
+    b->p = p;
+    b->cap = cap;
+    note_memory(c);
+    return p;
+}
+
+void tdm_cuda_buf_free(tdm_cuda *c, tdm_cuda_buf *b) {
+    if (!b->p) return;
+    tdm_cuda_graphs_clear(c); /* (a graph may read it) */
+    cudaFree(b->p);
+    b->p = NULL;
+    b->cap = 0;
 }
 
 /* ---- memory -------------------------------------------------------------------- */
@@ -129,13 +172,31 @@ static tandem_status cu_alloc(tdm_backend *b, size_t bytes, void **out, tdm_err 
         cudaFree(p);
         return tdm_cuda_status(e, "alloc: zeroing", err);
     }
+    note_memory(c);
     *out = p;
     return TANDEM_OK;
 }
 
 static void cu_free(tdm_backend *b, void *p) {
-    if (!p || !tdm_cuda_of(b, "free", NULL)) return;
-    cudaFree(p); /* (waits for work using it) */
+    tdm_cuda *c = p ? tdm_cuda_of(b, "free", NULL) : NULL;
+    if (!c) return;
+    tdm_cuda_graphs_clear(c); /* (a captured graph may read p) */
+    cudaFree(p);              /* (waits for work using it) */
+}
+
+static size_t cu_mem_peak(tdm_backend *b) {
+    tdm_cuda *c = tdm_cuda_of(b, "mem_peak", NULL);
+    return c ? c->bytes_peak : 0;
+}
+
+/* QSPLIT for quantised weights whose rows stay 16-byte aligned (the row kernels'
+ * loads), the rows layout for everything else. */
+static uint32_t cu_weight_layout(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols) {
+    (void)b;
+    if ((type == TDM_Q8_0 || type == TDM_Q4_0) && cols % (8 * TDM_QK) == 0 &&
+        tdm_layout_fits(TDM_LAYOUT_QSPLIT, type, rows, cols))
+        return TDM_LAYOUT_QSPLIT;
+    return TDM_LAYOUT_ROWS;
 }
 
 static tandem_status cu_memcpy(tdm_backend *b, void *dst, const void *src, size_t n, cudaMemcpyKind kind,
@@ -175,6 +236,10 @@ static void cu_destroy(tdm_backend *b) {
         cudaFree(c->meta_d);
         cudaFreeHost(c->meta_h);
         cudaFree(c->scratch_d);
+        tdm_cuda_graphs_free(c);
+        tdm_cuda_gemm_destroy(c);
+        tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tdm_cuda_buf_free(c, bufs[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
     }
@@ -191,7 +256,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .copy = */ cu_copy,
     /* .get_rows = */ tdm_cuda_get_rows,
     /* .rmsnorm = */ tdm_cuda_rmsnorm,
-    /* .weight_layout = */ NULL,
+    /* .weight_layout = */ cu_weight_layout,
     /* .matmul = */ tdm_cuda_matmul,
     /* .add_bias = */ tdm_cuda_add_bias,
     /* .rope = */ tdm_cuda_rope,
@@ -201,8 +266,10 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .gather_rows = */ tdm_cuda_gather_rows,
     /* .qhead_logits = */ NULL,
     /* .head_argmax = */ NULL,
-    /* .blocks = */ NULL,
+    /* .blocks = */ tdm_cuda_blocks,
     /* .sync = */ cu_sync,
+    /* .argmax = */ tdm_cuda_argmax,
+    /* .mem_peak = */ cu_mem_peak,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {
@@ -239,12 +306,16 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "cuda backend: out of memory");
     }
     c->device = device;
+    c->n_sm = prop.multiProcessorCount;
+    c->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(c->name, sizeof c->name, "cuda:%d (%.64s)", (int)device, prop.name);
     b->ops = &cuda_ops_table;
     b->impl = c;
     b->n_threads = 1;
     b->int8_dot = false;
     b->host_memory = false;
+    b->any_layout = true;
+    b->kv_type = TDM_F16;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         cu_destroy(b);
@@ -252,4 +323,10 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     }
     *out = b;
     return TANDEM_OK;
+}
+
+extern "C" void tdm_backend_cuda_graph_stats(tdm_backend *b, uint64_t *replays, uint64_t *captures) {
+    tdm_cuda *c = tdm_cuda_of(b, "graph_stats", NULL);
+    *replays = *captures = 0;
+    if (c) tdm_cuda_graph_stats(c, replays, captures);
 }

@@ -18,9 +18,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
+typedef struct cublasContext *cublasHandle_t; /* (cublas_v2.h, included where used) */
+typedef struct tdm_cuda_graphs tdm_cuda_graphs; /* cuda_graph.cu */
+
 extern "C" {
 #include "backend.h"
 }
+
+/* A grown-on-demand device buffer (tdm_cuda_buf_get). */
+typedef struct tdm_cuda_buf {
+    void *p;
+    size_t cap;
+} tdm_cuda_buf;
 
 typedef struct tdm_cuda {
     int device;
@@ -40,6 +49,17 @@ typedef struct tdm_cuda {
     float *scratch_d;    /* attention scores [rows * heads][n_tot_max] */
     size_t scratch_cap;  /* floats */
     char name[96];       /* "cuda:0 (NVIDIA H200)" */
+    int n_sm;            /* multiprocessors */
+    size_t smem_optin;   /* most dynamic shared memory a block may ask for */
+    /* cuBLAS (cuda_gemm.cu): created at the first many-row matmul */
+    cublasHandle_t cublas;
+    void *cublas_ws;     /* its workspace (fixed, so GEMMs can be captured in graphs) */
+    /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
+    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf;
+    tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
+    bool capturing;      /* a stream capture is in progress: no synchronisation, no
+                            allocation (ops that would need one fail instead) */
+    size_t bytes_alloc, bytes_peak; /* device memory held through alloc / the buffers */
 } tdm_cuda;
 
 /* The backend's state, or NULL with err set when b is not a CUDA backend. */
@@ -68,8 +88,65 @@ void *tdm_cuda_meta_upload(tdm_cuda *c, size_t bytes, tdm_err *err);
 /* Device scratch of at least n floats (attention scores), NULL with err set. */
 float *tdm_cuda_scratch(tdm_cuda *c, size_t n, tdm_err *err);
 
-/* Checks a weight for the ops that read it (shape, type, data, rows layout). */
+/* Checks a weight for the ops that read it (shape, type, data, layout: rows, or
+ * QSPLIT for Q8_0 / Q4_0). */
 tandem_status tdm_cuda_check_weight(const tdm_weight *w, const char *op, tdm_err *err);
+
+/* A device buffer of at least `bytes` (grown, contents lost, when smaller; never
+ * during a capture), NULL with err set on failure. */
+void *tdm_cuda_buf_get(tdm_cuda *c, tdm_cuda_buf *b, size_t bytes, const char *what, tdm_err *err);
+void tdm_cuda_buf_free(tdm_cuda *c, tdm_cuda_buf *b);
+
+/* ---- matrix products (cuda_gemv.cu, cuda_gemm.cu, cuda_quant.cu) ---------------- */
+
+/* Rows up to which a matmul streams W once with the row-by-row kernels (batch
+ * invariant: an output row is computed by the same operations whatever the other
+ * rows); larger batches go through cuBLAS on tensor cores.  Decode and every
+ * verification (at most TDM_CTRL_MAX_K + 1 rows) stay below it, so a speculative
+ * step computes each row exactly as a target-only step does. */
+#define TDM_CUDA_GEMV_MAX_ROWS 16
+
+/* x quantised for the Q8_0 / Q4_0 kernels, per row and 32-element block:
+ * q[n][cols] int8 = round(x / d), d[n][cols / 32] = max |x| / 127, qs[n][cols / 32]
+ * = sum of the block's q.  One device buffer: q, then d, then qs. */
+typedef struct tdm_cuda_xq {
+    const int8_t *q;
+    const float *d;
+    const int32_t *qs;
+} tdm_cuda_xq;
+/* Bytes of the quantised copy of n rows of cols, and its parts within a buffer. */
+size_t tdm_cuda_xq_bytes(int32_t n, int32_t cols);
+tdm_cuda_xq tdm_cuda_xq_at(void *buf, int32_t n, int32_t cols);
+
+/* What a matmul does with its result: y = v, y += v, or (w = [gate; up], 2 * rows
+ * outputs) y[i][j] = silu(gate_j) * up_j. */
+typedef enum tdm_gemv_epi { TDM_EPI_STORE, TDM_EPI_ACCUM, TDM_EPI_SWIGLU } tdm_gemv_epi;
+
+/* True when the row kernels read w fast (16-byte loads): f16 / bf16 rows with cols
+ * a multiple of 8, or QSPLIT Q8_0 / Q4_0 whose rows are 16-byte aligned. */
+bool tdm_cuda_gemv_fast(const tdm_weight *w);
+/* y[n][ldy] (+)= x[n][w->cols] W^T with the row kernels, n <= TDM_CUDA_GEMV_MAX_ROWS
+ * (more rows run in tiles of 8).  QSPLIT weights read xq (x quantised, f32 x
+ * unused); the others read x.  w must be tdm_cuda_gemv_fast. */
+tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, const tdm_cuda_xq *xq, int32_t n,
+                            float *y, int32_t ldy, tdm_gemv_epi epi, tdm_err *err);
+/* xq = x[n][cols] quantised (cols a multiple of 32). */
+tandem_status tdm_cuda_quantize_x(tdm_cuda *c, const float *x, int32_t n, int32_t cols, const tdm_cuda_xq *xq,
+                                  tdm_err *err);
+/* The 16-bit type cuBLAS multiplies w in: TDM_BF16 for bf16 weights, else TDM_F16
+ * (f16, and quantised weights dequantised to f16); TDM_F32 for f32 weights. */
+uint32_t tdm_cuda_gemm_act_type(uint32_t wtype);
+/* y[n][w->rows] (+)= x W^T through cuBLAS: xa is x in tdm_cuda_gemm_act_type(w)
+ * ([n][w->cols], f16 / bf16, or f32); quantised weights are dequantised to f16 in
+ * a scratch buffer first. */
+tandem_status tdm_cuda_gemm(tdm_cuda *c, const tdm_weight *w, const void *xa, int32_t n, float *y, bool accumulate,
+                            tdm_err *err);
+/* out[w->rows][w->cols] f16 = a QSPLIT Q8_0 / Q4_0 weight dequantised (d * q,
+ * rounded to f16). */
+tandem_status tdm_cuda_dequant_f16(tdm_cuda *c, const tdm_weight *w, void *out, tdm_err *err);
+/* out[n][dim] = x converted to type (TDM_F16 / TDM_BF16 / TDM_F32). */
+tandem_status tdm_cuda_convert(tdm_cuda *c, const float *x, int64_t count, uint32_t type, void *out, tdm_err *err);
+void tdm_cuda_gemm_destroy(tdm_cuda *c);
 
 /* ---- ops (cuda_rowops.cu, cuda_matmul.cu, cuda_attention.cu) ---------------- */
 
@@ -87,8 +164,15 @@ tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t
                                    float *out, tdm_err *err);
 tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n, float *y,
                               bool accumulate, tdm_err *err);
+/* The generic matmul kernels (rows layout, any type and shape). */
+tandem_status tdm_cuda_matmul_rows(tdm_cuda *c, const tdm_weight *w, const float *x, int32_t n, float *y,
+                                   bool accumulate, tdm_err *err);
+/* The attention op on a backend's state (tdm_cuda_attention's body). */
+tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+tandem_status tdm_cuda_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
+tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err);
 
 /* Threads per block of the row kernels. */
 #define TDM_CUDA_THREADS 256

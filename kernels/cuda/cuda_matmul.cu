@@ -1,5 +1,6 @@
-/* cuda_matmul.cu - y[n][rows] (+)= x[n][cols] * W^T on the GPU, any weight type of
- * the rows layout.
+/* cuda_matmul.cu - the matmul op (which picks the row kernels, cuBLAS or these),
+ * and the generic kernels: y[n][rows] (+)= x[n][cols] * W^T for any weight type of
+ * the rows layout and any shape.
  *
  * One warp per W row; the warp walks the row once per tile of up to TILE input rows
  * (each lane every 32nd column, converting W on load), keeps one f32 accumulator
@@ -10,8 +11,8 @@
  *
  * f16 and bf16 rows whose width is a multiple of 8 (and 16-byte aligned data) are
  * read with 16-byte loads, 8 columns per lane (k_matmul_v8); other types and
- * shapes one element per lane (k_matmul).  There is no tensor-core path for
- * prefill-sized batches yet; bench/RESULTS.md says what these reach.
+ * shapes one element per lane (k_matmul).  They serve the shapes the fast paths do
+ * not (odd widths, f32 weights, quantised rows that are not 16-byte aligned).
  */
 #include "cuda_internal.h"
 #include "cuda_weights.cuh"
@@ -110,15 +111,11 @@ k_matmul_v8(const uint8_t *w, size_t row_bytes, int32_t rows, int32_t cols, cons
     store_tile(t, s, y, rows, acc);
 }
 
-tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n, float *y,
-                              bool accumulate, tdm_err *err) {
-    tdm_cuda *c = tdm_cuda_of(b, "matmul", err);
-    if (!c) return TANDEM_ERR_INVALID_ARG;
-    tandem_status st = tdm_cuda_check_weight(w, "matmul", err);
-    if (st) return st;
-    if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: n = %d", (int)n);
-    if (n == 0 || w->rows == 0) return TANDEM_OK;
-    if (!x || !y) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: NULL x or y");
+tandem_status tdm_cuda_matmul_rows(tdm_cuda *c, const tdm_weight *w, const float *x, int32_t n, float *y,
+                                   bool accumulate, tdm_err *err) {
+    if (w->layout != TDM_LAYOUT_ROWS)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "matmul: the generic kernels read the rows layout (got %u)",
+                          (unsigned)w->layout);
     const unsigned tiles = (unsigned)((n + TILE - 1) / TILE);
     if (tiles > 65535u) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "matmul: %d rows in one call", (int)n);
     const dim3 grid((unsigned)((w->rows + WARPS - 1) / WARPS), tiles);
@@ -145,4 +142,43 @@ tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *
     }
     TDM_CU_LAUNCHED("matmul");
     return TANDEM_OK;
+}
+
+/* The matmul op: the row kernels (cuda_gemv.cu) for up to TDM_CUDA_GEMV_MAX_ROWS
+ * rows of a weight they read fast, cuBLAS (cuda_gemm.cu) for more rows, and the
+ * generic kernels above otherwise.  x is converted (or quantised) into backend
+ * scratch as the chosen path needs. */
+tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n, float *y,
+                              bool accumulate, tdm_err *err) {
+    tdm_cuda *c = tdm_cuda_of(b, "matmul", err);
+    if (!c) return TANDEM_ERR_INVALID_ARG;
+    tandem_status st = tdm_cuda_check_weight(w, "matmul", err);
+    if (st) return st;
+    if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: n = %d", (int)n);
+    if (n == 0 || w->rows == 0) return TANDEM_OK;
+    if (!x || !y) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: NULL x or y");
+    if (w->rows > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "matmul: %lld rows", (long long)w->rows);
+    const int32_t cols = (int32_t)w->cols;
+    const tdm_gemv_epi epi = accumulate ? TDM_EPI_ACCUM : TDM_EPI_STORE;
+    if (n <= TDM_CUDA_GEMV_MAX_ROWS && tdm_cuda_gemv_fast(w)) {
+        tdm_cuda_xq xq = {NULL, NULL, NULL};
+        if (w->layout == TDM_LAYOUT_QSPLIT) {
+            void *buf = tdm_cuda_buf_get(c, &c->xq_buf, tdm_cuda_xq_bytes(n, cols), "matmul: quantised x", err);
+            if (!buf) return err ? err->status : TANDEM_ERR_BACKEND;
+            xq = tdm_cuda_xq_at(buf, n, cols);
+            if ((st = tdm_cuda_quantize_x(c, x, n, cols, &xq, err))) return st;
+        }
+        return tdm_cuda_gemv(c, w, x, &xq, n, y, (int32_t)w->rows, epi, err);
+    }
+    if (n > TDM_CUDA_GEMV_MAX_ROWS && (w->layout == TDM_LAYOUT_QSPLIT || w->type == TDM_F16 || w->type == TDM_BF16)) {
+        const uint32_t at = tdm_cuda_gemm_act_type(w->type);
+        void *xa = tdm_cuda_buf_get(c, &c->x16_buf, (size_t)n * (size_t)cols * 2, "matmul: 16-bit x", err);
+        if (!xa) return err ? err->status : TANDEM_ERR_BACKEND;
+        if ((st = tdm_cuda_convert(c, x, (int64_t)n * cols, at, xa, err))) return st;
+        return tdm_cuda_gemm(c, w, xa, n, y, accumulate, err);
+    }
+    if (w->layout == TDM_LAYOUT_QSPLIT)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "matmul: %s weight of %d columns in the split layout",
+                          tdm_dtype_name(w->type), (int)cols);
+    return tdm_cuda_matmul_rows(c, w, x, n, y, accumulate, err);
 }

@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "cuda_internal.h"
+#include "cuda_reduce.cuh"
 #include "cuda_weights.cuh"
 
 #define GET_CUDA(op)                                                                   \
@@ -20,6 +21,14 @@ __global__ void k_get_rows(const uint8_t *w, size_t row_bytes, int32_t cols, con
     const int32_t i = blockIdx.x;
     const uint8_t *row = w + (size_t)ids[i] * row_bytes;
     for (int32_t k = threadIdx.x; k < cols; k += blockDim.x) out[(size_t)i * cols + k] = tdm_cu_wload<T>(row, k);
+}
+
+template <uint32_t T>
+__global__ void k_get_rows_qsplit(const uint8_t *w, size_t row_bytes, int32_t cols, const int32_t *ids, float *out) {
+    const int32_t i = blockIdx.x;
+    const uint8_t *row = w + (size_t)ids[i] * row_bytes;
+    for (int32_t k = threadIdx.x; k < cols; k += blockDim.x)
+        out[(size_t)i * cols + k] = tdm_cu_wload_qsplit<T>(row, cols, k);
 }
 
 tandem_status tdm_cuda_get_rows(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n, float *out,
@@ -38,6 +47,14 @@ tandem_status tdm_cuda_get_rows(tdm_backend *b, const tdm_weight *w, const int32
     if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
     const uint8_t *wd = (const uint8_t *)w->data;
     const int32_t cols = (int32_t)w->cols;
+    if (w->layout == TDM_LAYOUT_QSPLIT) {
+        if (w->type == TDM_Q8_0)
+            k_get_rows_qsplit<TDM_Q8_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, d, out);
+        else
+            k_get_rows_qsplit<TDM_Q4_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, d, out);
+        TDM_CU_LAUNCHED("get_rows");
+        return TANDEM_OK;
+    }
     switch (w->type) {
 #define CASE(T)                                                                                  \
     case T: k_get_rows<T><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, d, out); break;
@@ -51,30 +68,12 @@ tandem_status tdm_cuda_get_rows(tdm_backend *b, const tdm_weight *w, const int32
 
 /* ---- rmsnorm ------------------------------------------------------------------- */
 
-/* Sum of v over the block (blockDim.x a multiple of 32, at most 1024). */
-__device__ double block_sum(double v) {
-    __shared__ double part[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    __syncthreads(); /* (part may still be read by an earlier call) */
-    if (lane == 0) part[wid] = v;
-    __syncthreads();
-    double s = 0;
-    if (wid == 0) {
-        s = lane < (int)(blockDim.x >> 5) ? part[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_down_sync(0xffffffffu, s, o);
-        if (lane == 0) part[0] = s;
-    }
-    __syncthreads();
-    return part[0];
-}
-
 __global__ void k_rmsnorm(const float *x, const float *g, int32_t dim, float eps, float *o) {
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *orow = o + (size_t)blockIdx.x * dim;
     double ss = 0;
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) ss += (double)xr[k] * xr[k];
-    ss = block_sum(ss);
+    ss = tdm_cu_block_sum(ss);
     const float inv = (float)(1.0 / sqrt(ss / dim + (double)eps));
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) orow[k] = xr[k] * inv * g[k];
 }
@@ -196,5 +195,60 @@ tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_str
     k_rope<<<dim3((unsigned)n, (unsigned)n_head), 64, 0, c->stream>>>(
         x, row_stride, head_dim, d, rp->n_rot / 2, (double)rp->freq_base, (double)rp->freq_scale, rp->neox);
     TDM_CU_LAUNCHED("rope");
+    return TANDEM_OK;
+}
+
+/* ---- argmax -------------------------------------------------------------------- */
+
+/* Block per row: the first index of the largest value (NaN never compares larger;
+ * all NaN: 0), as tdm_argmax finds it. */
+__global__ void k_argmax(const float *x, int32_t dim, int32_t *ids) {
+    __shared__ float bv[32];
+    __shared__ int32_t bi[32];
+    const float *row = x + (size_t)blockIdx.x * dim;
+    float best = -INFINITY;
+    int32_t idx = INT32_MAX;
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) {
+        const float v = row[k];
+        if (v > best || (v == best && k < idx)) {
+            best = v;
+            idx = k;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) {
+            best = ov;
+            idx = oi;
+        }
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (lane == 0) {
+        bv[wid] = best;
+        bi[wid] = idx;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (bv[w] > best || (bv[w] == best && bi[w] < idx)) {
+                best = bv[w];
+                idx = bi[w];
+            }
+        ids[blockIdx.x] = idx == INT32_MAX ? 0 : idx;
+    }
+}
+
+tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err) {
+    GET_CUDA("argmax");
+    if (n < 0 || dim <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax: n = %d, dim = %d", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax: NULL pointer");
+    int32_t *dev = (int32_t *)tdm_cuda_buf_get(c, &c->ids_buf, (size_t)n * sizeof(int32_t), "argmax", err);
+    if (!dev) return err ? err->status : TANDEM_ERR_BACKEND;
+    k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, dev);
+    TDM_CU_LAUNCHED("argmax");
+    TDM_CU(cudaMemcpyAsync(ids, dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
+    TDM_CU(cudaStreamSynchronize(c->stream));
     return TANDEM_OK;
 }

@@ -43,4 +43,13 @@ template <> __device__ __forceinline__ float tdm_cu_wload<TDM_Q4_0>(const uint8_
     return tdm_cu_scale(blk) * (float)((j < 16 ? (q & 15) : (q >> 4)) - 8);
 }
 
+/* Element k of a QSPLIT row of cols columns (Q8_0: [cols] int8 then [cols / 32] f16
+ * scales; Q4_0: [cols / 2] bytes of nibbles in block order, then the scales). */
+template <uint32_t T> __device__ __forceinline__ float tdm_cu_wload_qsplit(const uint8_t *row, int32_t cols, int32_t k) {
+    const int32_t b = k / TDM_QK, j = k % TDM_QK;
+    if (T == TDM_Q8_0) return tdm_cu_scale(row + cols + 2 * b) * (float)(int8_t)row[k];
+    const uint8_t q = row[16 * b + (j & 15)];
+    return tdm_cu_scale(row + cols / 2 + 2 * b) * (float)((j < 16 ? (q & 15) : (q >> 4)) - 8);
+}
+
 #endif

@@ -24,6 +24,7 @@ int cli_generate(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+int cli_synth(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 

@@ -26,6 +26,7 @@ static const char usage_text[] =
     "  tokenize   print the token ids of a text\n"
     "  info       describe a GGUF file (metadata and tensors)\n"
     "  bench      measure prefill and decode speed\n"
+    "  synth      write a random-weight model with the shapes of a real one\n"
     "  help       print this text\n"
     "\n"
     "tandem generate -m MODEL [-d DRAFT] (-p TEXT | --prompts FILE.jsonl) [options]\n"
@@ -64,6 +65,16 @@ static const char usage_text[] =
     "      --limit L         use at most L prompts of the file (needs --prompts)\n"
     "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
     "      --json            print one JSON object\n"
+    "\n"
+    "tandem synth --shape SHAPE --type TYPE [--tokenizer-from MODEL] [--seed S] [--force]\n"
+    "             [--dry-run] OUT.gguf\n"
+    "      --shape SHAPE     llama2-7b, llama3-8b, llama2-13b, tinyllama-1.1b or llama-160m\n"
+    "      --type TYPE       every matrix f16, q8_0 or q4_0 (norms f32)\n"
+    "      --tokenizer-from MODEL  copy the tokenizer of a GGUF with the shape's vocabulary\n"
+    "                        size (default: a synthetic SentencePiece vocabulary)\n"
+    "      --seed S          random seed (default 0)\n"
+    "      --force           replace OUT.gguf if it exists\n"
+    "      --dry-run         print the tensor count and file size, write nothing\n"
     "\n"
     "tandem --version | --help\n";
 
@@ -291,6 +302,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "tokenize") == 0) return cli_tokenize(sub_argc, sub_argv);
     if (strcmp(cmd, "info") == 0) return cli_info(sub_argc, sub_argv);
     if (strcmp(cmd, "bench") == 0) return cli_bench(sub_argc, sub_argv);
+    if (strcmp(cmd, "synth") == 0) return cli_synth(sub_argc, sub_argv);
     return cli_usage_error("unknown command '%s'", cmd);
 }
 

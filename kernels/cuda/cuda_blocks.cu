@@ -1,0 +1,293 @@
+/* cuda_blocks.cu - the `blocks` op on the GPU: every transformer block of a
+ * forward pass with fused kernels, the batch metadata uploaded once per forward,
+ * and (for decode and verification batches) the whole sequence of launches
+ * captured once per batch shape into a CUDA graph and replayed.
+ *
+ * Per block, for a batch of n rows:
+ *   n <= TDM_CUDA_GEMV_MAX_ROWS (decode, verification): the row kernels
+ *     (cuda_gemv.cu), which read each weight once and give each row the same
+ *     result whatever else is in the batch:
+ *       rmsnorm -> [int8 blocks] -> Wqkv -> bias + RoPE + K/V write -> attention
+ *       -> [int8] -> x += Wo att -> rmsnorm -> [int8] -> silu(gate) * up (one
+ *       kernel with W13) -> [int8] -> x += W2 ff
+ *   more rows (prefill chunks): cuBLAS with the activations in the weight's
+ *     16-bit type:
+ *       rmsnorm -> f16 -> Wqkv -> RoPE + K/V -> attention -> f16 -> x += Wo att
+ *       -> rmsnorm -> f16 -> W13 -> SwiGLU -> f16 -> x += W2 ff
+ * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 cache and the head dims it
+ * knows; batches with tree rows (extra visible slots) or other shapes use the op
+ * table's attention (not captured in graphs).
+ *
+ * Graphs: a batch shape (rows, tiles, attention splits rounded up to a power of
+ * two, buffers, weights) seen a second time is captured and then replayed.  Its
+ * kernels read the batch metadata from one fixed device buffer, which the host
+ * fills (through a pinned buffer) before each replay.  TANDEM_CUDA_GRAPHS=0 turns
+ * graphs off.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_fused.h"
+#include "cuda_graph.h"
+
+/* ---- buffers ----------------------------------------------------------------- */
+
+/* Where the pieces of one forward live inside c->fwd_buf. */
+typedef struct fwd_layout {
+    float *xb;       /* [n][wide] f32 activations (normed rows, attention output) */
+    void *a16;       /* [n][wide] 16-bit activations for cuBLAS */
+    float *qkv;      /* [n][qkv_w] */
+    float *att;      /* [n][qd] */
+    float *gu;       /* [n][2 ff] */
+    float *ff;       /* [n][ff] */
+    void *xq;        /* tdm_cuda_xq_bytes(n, wide) */
+    float2 *cs;      /* [n][n_rot / 2] RoPE cos / sin */
+    float *part;     /* attention partials */
+    size_t bytes;
+} fwd_layout;
+
+static size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+static fwd_layout plan_buffers(uint8_t *base, const tdm_blocks_args *a, int32_t n, int32_t n_splits) {
+    const int32_t qd = a->n_head * a->head_dim, kvd = a->n_kv_head * a->head_dim, F = a->n_ff, E = a->n_embd;
+    const size_t wide = (size_t)TDM_MAX(TDM_MAX(E, qd), F);
+    fwd_layout L;
+    size_t off = 0;
+#define CARVE(field, type, bytes)                                    \
+    do {                                                             \
+        L.field = (type)(base ? base + off : NULL);                  \
+        off += align256(bytes);                                      \
+    } while (0)
+    CARVE(xb, float *, (size_t)n * wide * 4);
+    CARVE(a16, void *, (size_t)n * wide * 2);
+    CARVE(qkv, float *, (size_t)n * (qd + 2 * kvd) * 4);
+    CARVE(att, float *, (size_t)n * qd * 4);
+    CARVE(gu, float *, (size_t)n * 2 * F * 4);
+    CARVE(ff, float *, (size_t)n * F * 4);
+    CARVE(xq, void *, tdm_cuda_xq_bytes(n, (int32_t)wide));
+    CARVE(cs, float2 *, (size_t)n * (a->rope->n_rot / 2) * sizeof(float2));
+    CARVE(part, float *, tdm_flash_part_floats(n_splits, n, a->n_head, a->head_dim) * 4);
+#undef CARVE
+    L.bytes = off;
+    return L;
+}
+
+/* ---- one matrix product, by the fastest path the weight allows -------------------- */
+
+/* What a product reads: f32 rows, 16-bit rows (cuBLAS), or int8 blocks. */
+typedef enum mm_in { IN_F32, IN_16, IN_Q8 } mm_in;
+
+static bool need_xq(const tdm_weight *w) { return w->layout == TDM_LAYOUT_QSPLIT && tdm_cuda_gemv_fast(w); }
+
+static bool gemm_ok(const tdm_weight *w) {
+    if (w->layout == TDM_LAYOUT_QSPLIT) return true;
+    return w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16 || w->type == TDM_F32);
+}
+
+/* The input kind a weight's product reads on the row path or the cuBLAS path. */
+static mm_in in_kind(const tdm_weight *w, bool rows_path) {
+    if (rows_path) return need_xq(w) ? IN_Q8 : IN_F32;
+    if (!gemm_ok(w)) return IN_F32;
+    return tdm_cuda_gemm_act_type(w->type) == TDM_F32 ? IN_F32 : IN_16;
+}
+
+/* The element type a producer writes for that input. */
+static uint32_t in_type(const tdm_weight *w, mm_in k) {
+    if (k == IN_Q8) return (uint32_t)TDM_Q8_0;
+    return k == IN_16 ? tdm_cuda_gemm_act_type(w->type) : (uint32_t)TDM_F32;
+}
+
+typedef struct mm_bufs {
+    const float *f32;   /* input as f32 */
+    const void *a16;    /* input in the weight's 16-bit type */
+    tdm_cuda_xq xq;     /* input as int8 blocks */
+    float *gu;          /* SwiGLU through a separate product: gate / up rows */
+} mm_bufs;
+
+/* y (+)= in W^T (epi), from the input kind in_kind(w, rows_path) prepared in b. */
+static tandem_status mm(tdm_cuda *c, const tdm_weight *w, bool rows_path, const mm_bufs *b, int32_t n, float *y,
+                        int32_t ldy, tdm_gemv_epi epi, tdm_err *err) {
+    const mm_in k = in_kind(w, rows_path);
+    tandem_status st;
+    if (rows_path && tdm_cuda_gemv_fast(w)) return tdm_cuda_gemv(c, w, b->f32, &b->xq, n, y, ldy, epi, err);
+    float *out = epi == TDM_EPI_SWIGLU ? b->gu : y;
+    if (k == IN_16 || (!rows_path && gemm_ok(w)))
+        st = tdm_cuda_gemm(c, w, k == IN_16 ? b->a16 : (const void *)b->f32, n, out, epi == TDM_EPI_ACCUM, err);
+    else
+        st = tdm_cuda_matmul_rows(c, w, b->f32, n, out, epi == TDM_EPI_ACCUM, err);
+    if (st || epi != TDM_EPI_SWIGLU) return st;
+    return tdm_cuda_swiglu_to(c, b->gu, n, (int32_t)(w->rows / 2), TDM_F32, y, err);
+}
+
+/* ---- the forward -------------------------------------------------------------------- */
+
+typedef struct fwd_ctx {
+    tdm_cuda *c;
+    const tdm_blocks_args *a;
+    fwd_layout L;
+    tdm_cuda_meta fm;
+    const tdm_cuda_row *rows_d;
+    const tdm_cuda_tile *tiles_d;
+    const int32_t *tabs_d;
+    int32_t n_splits;   /* launched (>= the batch's need) */
+    bool rows_path, flash;
+} fwd_ctx;
+
+/* Writes the activations a product of w reads (kind k) from f32 rows x[n][dim]:
+ * into b (pointing at the layout's buffers). */
+static tandem_status prepare_input(const fwd_ctx *f, const tdm_weight *w, const float *x, int32_t dim, mm_bufs *b,
+                                   tdm_err *err) {
+    const mm_in k = in_kind(w, f->rows_path);
+    const int32_t n = f->fm.n_rows;
+    b->f32 = x;
+    if (k == IN_Q8) return tdm_cuda_quantize_x(f->c, x, n, dim, &b->xq, err);
+    if (k == IN_16) return tdm_cuda_convert(f->c, x, (int64_t)n * dim, in_type(w, k), f->L.a16, err);
+    return TANDEM_OK;
+}
+
+/* rmsnorm of the residual into what w's product reads. */
+static tandem_status norm_for(const fwd_ctx *f, const float *gamma, const tdm_weight *w, mm_bufs *b, tdm_err *err) {
+    const tdm_blocks_args *a = f->a;
+    const mm_in k = in_kind(w, f->rows_path);
+    b->f32 = f->L.xb;
+    void *out = k == IN_16 ? f->L.a16 : (void *)f->L.xb;
+    return tdm_cuda_rmsnorm_to(f->c, a->x, gamma, f->fm.n_rows, a->n_embd, a->norm_eps, in_type(w, k), out, &b->xq, err);
+}
+
+static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo, mm_bufs *b, tdm_err *err) {
+    const tdm_blocks_args *a = f->a;
+    const int32_t n = f->fm.n_rows, qd = a->n_head * a->head_dim, qkv_w = qd + 2 * a->n_kv_head * a->head_dim;
+    const mm_in k = in_kind(wo, f->rows_path);
+    if (f->flash) {
+        tdm_flash_args fa;
+        fa.rows = f->rows_d;
+        fa.tiles = f->tiles_d;
+        fa.tabs = f->tabs_d;
+        fa.n_rows = n;
+        fa.n_tiles = f->fm.n_tiles;
+        fa.n_splits = f->n_splits;
+        fa.tile_rows = f->fm.tile_rows;
+        fa.q = f->L.qkv;
+        fa.q_stride = qkv_w;
+        fa.k_cache = a->k_cache[l];
+        fa.v_cache = a->v_cache[l];
+        fa.n_head = a->n_head;
+        fa.n_kv_head = a->n_kv_head;
+        fa.head_dim = a->head_dim;
+        fa.block_size = a->block_size;
+        fa.scale = 1.0f / sqrtf((float)a->head_dim);
+        fa.part = f->L.part;
+        fa.out_type = k == IN_16 ? in_type(wo, k) : (uint32_t)TDM_F32;
+        fa.out = k == IN_16 ? f->L.a16 : (void *)f->L.att;
+        tandem_status st = tdm_cuda_flash(f->c, &fa, err);
+        if (st) return st;
+        b->f32 = f->L.att;
+        return k == IN_Q8 ? tdm_cuda_quantize_x(f->c, f->L.att, n, qd, &b->xq, err) : TANDEM_OK;
+    }
+    tdm_attn_args aa;
+    memset(&aa, 0, sizeof aa);
+    aa.batch = a->batch;
+    aa.seqs = a->seqs;
+    aa.q = f->L.qkv;
+    aa.q_stride = qkv_w;
+    aa.out = f->L.att;
+    aa.k_cache = a->k_cache[l];
+    aa.v_cache = a->v_cache[l];
+    aa.cache_type = a->cache_type;
+    aa.n_head = a->n_head;
+    aa.n_kv_head = a->n_kv_head;
+    aa.head_dim = a->head_dim;
+    aa.block_size = a->block_size;
+    aa.scale = 1.0f / sqrtf((float)a->head_dim);
+    tandem_status st = tdm_cuda_attention_on(f->c, &aa, err);
+    if (st) return st;
+    return prepare_input(f, wo, f->L.att, qd, b, err);
+}
+
+static tandem_status run_layers(const fwd_ctx *f, tdm_err *err) {
+    const tdm_blocks_args *a = f->a;
+    tdm_cuda *c = f->c;
+    const int32_t n = f->fm.n_rows, E = a->n_embd, F = a->n_ff;
+    const int32_t qd = a->n_head * a->head_dim, qkv_w = qd + 2 * a->n_kv_head * a->head_dim;
+    tandem_status st;
+    mm_bufs b;
+    b.xq = tdm_cuda_xq_at(f->L.xq, n, TDM_MAX(TDM_MAX(E, qd), F));
+    b.gu = f->L.gu;
+    b.a16 = f->L.a16;
+    if ((st = tdm_cuda_rope_table(c, f->rows_d, n, a->rope, f->L.cs, err))) return st;
+    for (int32_t l = 0; l < a->n_layer; l++) {
+        const tdm_block_weights *W = &a->layers[l];
+        if ((st = norm_for(f, W->attn_norm, &W->wqkv, &b, err))) return st;
+        if ((st = mm(c, &W->wqkv, f->rows_path, &b, n, f->L.qkv, qkv_w, TDM_EPI_STORE, err))) return st;
+        if ((st = tdm_cuda_rope_kv(c, f->L.qkv, n, qkv_w, W->bqkv, a->n_head, a->n_kv_head, a->head_dim, a->rope,
+                                   f->L.cs, f->rows_d, a->k_cache[l], a->v_cache[l], a->cache_type, a->block_size, err)))
+            return st;
+        if ((st = attention(f, l, &W->wo, &b, err))) return st;
+        if ((st = mm(c, &W->wo, f->rows_path, &b, n, a->x, E, TDM_EPI_ACCUM, err))) return st;
+        if ((st = norm_for(f, W->ffn_norm, &W->w13, &b, err))) return st;
+        if (f->rows_path) {
+            if ((st = mm(c, &W->w13, true, &b, n, f->L.ff, F, TDM_EPI_SWIGLU, err))) return st;
+            if ((st = prepare_input(f, &W->w2, f->L.ff, F, &b, err))) return st;
+        } else {
+            if ((st = mm(c, &W->w13, false, &b, n, f->L.gu, 2 * F, TDM_EPI_STORE, err))) return st;
+            const mm_in k2 = in_kind(&W->w2, false);
+            b.f32 = f->L.ff;
+            if ((st = tdm_cuda_swiglu_to(c, f->L.gu, n, F, in_type(&W->w2, k2), k2 == IN_16 ? f->L.a16 : (void *)f->L.ff,
+                                         err)))
+                return st;
+        }
+        if ((st = mm(c, &W->w2, f->rows_path, &b, n, a->x, E, TDM_EPI_ACCUM, err))) return st;
+    }
+    return TANDEM_OK;
+}
+
+static int32_t pow2_at_least(int32_t v) {
+    int32_t p = 1;
+    while (p < v) p *= 2;
+    return p;
+}
+
+tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err *err) {
+    tdm_cuda *c = tdm_cuda_of(be, "blocks", err);
+    if (!c) return TANDEM_ERR_INVALID_ARG;
+    if (!a || !a->batch || !a->seqs || !a->layers || !a->k_cache || !a->v_cache || !a->x || !a->rope)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: NULL argument");
+    const tdm_batch *bt = a->batch;
+    const int32_t n = bt->n_rows;
+    if (n <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: %d rows", (int)n);
+    if (a->n_head <= 0 || a->n_kv_head <= 0 || a->n_head % a->n_kv_head || a->head_dim <= 0 || a->block_size <= 0 ||
+        a->rope->n_rot <= 0 || a->rope->n_rot % 2 || a->rope->n_rot > a->head_dim)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: heads %d / %d, head_dim %d, block_size %d, n_rot %d",
+                          (int)a->n_head, (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->rope->n_rot);
+    if (a->cache_type != TDM_F16 && a->cache_type != TDM_F32)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: cache type %s", tdm_dtype_name(a->cache_type));
+    fwd_ctx f;
+    memset(&f, 0, sizeof f);
+    f.c = c;
+    f.a = a;
+    f.rows_path = n <= TDM_CUDA_GEMV_MAX_ROWS;
+    f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type);
+    const int32_t gh = tdm_flash_heads_per_block(a->n_head, a->n_kv_head);
+    size_t meta_bytes;
+    tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &meta_bytes, err);
+    if (st) return st;
+    void *mh = tdm_cuda_graph_meta_host(c, meta_bytes, err);
+    if (!mh) return err ? err->status : TANDEM_ERR_BACKEND;
+    if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, mh, &f.fm, err))) return st;
+    const int32_t need_splits = TDM_MAX(1, (f.fm.max_kv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
+    f.n_splits = f.rows_path ? pow2_at_least(need_splits) : need_splits;
+    /* the buffers, at their final size before any capture */
+    const fwd_layout sz = plan_buffers(NULL, a, n, f.n_splits);
+    uint8_t *base = (uint8_t *)tdm_cuda_buf_get(c, &c->fwd_buf, sz.bytes, "forward buffers", err);
+    if (!base) return err ? err->status : TANDEM_ERR_BACKEND;
+    f.L = plan_buffers(base, a, n, f.n_splits);
+    const uint8_t *meta = (const uint8_t *)tdm_cuda_graph_meta_upload(c, f.fm.bytes, err);
+    if (!meta) return err ? err->status : TANDEM_ERR_BACKEND;
+    tdm_cuda_meta_at(meta, n, &f.rows_d, &f.tiles_d, &f.tabs_d);
+    if (!f.rows_path || !f.flash) return run_layers(&f, err);
+    /* decode / verification: replay a graph of this shape, or record one */
+    const uint64_t key[] = {(uint64_t)n, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits, (uint64_t)f.fm.tile_rows,
+                            (uint64_t)(uintptr_t)a->x, (uint64_t)(uintptr_t)a->layers, (uint64_t)(uintptr_t)a->k_cache[0],
+                            (uint64_t)(uintptr_t)base, (uint64_t)(uintptr_t)meta, (uint64_t)a->n_layer};
+    return tdm_cuda_graph_run(c, key, TDM_ARRAY_LEN(key), (tandem_status(*)(const void *, tdm_err *))run_layers, &f, err);
+}

@@ -1,0 +1,313 @@
+/* cuda_flash.cu - attention of a forward's rows over the paged KV cache, by tiles
+ * of rows and split key ranges (flash-decoding), for decode, verification and
+ * prefill alike.
+ *
+ * A thread block takes one tile (consecutive rows of one sequence), some heads of
+ * one kv head (its "query vectors": rows x heads, at most QN) and one split of
+ * TDM_FLASH_SPLIT keys, so the tile's K / V are read once per split whatever the
+ * number of rows and heads sharing them (grouped-query attention).  Its four warps
+ * take 32 keys each at a time: a warp stages them in its own shared memory (K as
+ * [d][key], V as [key][d], f16, 16-byte loads), each lane scores one key against
+ * every query vector (f32 FMAs, d in increasing order), the warp keeps a running
+ * maximum, sum and weighted sum of V per query vector (online softmax), and the
+ * warps' states are merged in warp order at the end.  A second kernel combines the
+ * splits of each (row, head) in split order.
+ *
+ * Every grouping of keys is fixed by the key's index alone (32-key chunks, splits
+ * of TDM_FLASH_SPLIT), and keys a row cannot see contribute exact zeros, so a row's
+ * output does not depend on which other rows share its tile or its batch.
+ * Invisible keys are masked (causal within the new rows: a row sees [0, nv)).
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda_fused.h"
+#include "cuda_quant.cuh"
+
+#define FL_WARPS 4
+#define FL_CHUNK 32 /* keys per warp step */
+
+int32_t tdm_flash_heads_per_block(int32_t n_head, int32_t n_kv_head) {
+    const int32_t g = n_head / n_kv_head;
+    for (int32_t d = TDM_MIN(g, TDM_FLASH_QMAX); d > 1; d--)
+        if (g % d == 0) return d;
+    return 1;
+}
+
+bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_type) {
+    const bool hd = head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
+    return hd && block_size > 0 && block_size % 8 == 0 && cache_type == TDM_F16;
+}
+
+size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, int32_t head_dim) {
+    return (size_t)n_splits * (size_t)n_rows * (size_t)n_head * (size_t)(head_dim + 2);
+}
+
+template <int HD, int QN> struct fl_smem {
+    static constexpr size_t q_bytes = (size_t)QN * HD * 4;
+    static constexpr size_t nv_bytes = (size_t)QN * 4;
+    static constexpr size_t kv_bytes = (size_t)FL_CHUNK * HD * 2; /* K or V of one warp */
+    static constexpr size_t p_bytes = (size_t)QN * FL_CHUNK * 4;
+    static constexpr size_t warp_bytes = 2 * kv_bytes + p_bytes;
+    static constexpr size_t total = q_bytes + nv_bytes + FL_WARPS * warp_bytes;
+    static_assert((size_t)QN * HD * 4 <= 2 * kv_bytes, "merge area fits a warp's K / V space");
+};
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int HD, int QN>
+__global__ void __launch_bounds__(FL_WARPS * 32)
+k_flash(const tdm_flash_args a, int32_t gh) {
+    typedef fl_smem<HD, QN> S;
+    constexpr int T = (HD + 63) / 64; /* pairs of output dims per lane */
+    extern __shared__ __align__(16) uint8_t smem[];
+    float *Qs = (float *)smem;                        /* [QN][HD] */
+    int32_t *NVs = (int32_t *)(smem + S::q_bytes);    /* [QN] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    uint8_t *wbase = smem + S::q_bytes + S::nv_bytes + (size_t)warp * S::warp_bytes;
+    __half *Ks = (__half *)wbase;                     /* [HD][32] */
+    __half *Vs = (__half *)(wbase + S::kv_bytes);     /* [32][HD] */
+    float *Ps = (float *)(wbase + 2 * S::kv_bytes);   /* [QN][32] */
+
+    const tdm_cuda_tile tile = a.tiles[blockIdx.x];
+    const int32_t split0 = (int32_t)blockIdx.z * TDM_FLASH_SPLIT;
+    if (split0 >= tile.kv_len) return; /* (the combine reads only splits with keys) */
+    const int32_t group = a.n_head / a.n_kv_head, hsplit = group / gh;
+    const int32_t kvh = (int32_t)blockIdx.y / hsplit, h0 = kvh * group + ((int32_t)blockIdx.y % hsplit) * gh;
+    const int32_t nq = tile.n_rows * gh;
+
+    for (int32_t i = threadIdx.x; i < QN * HD; i += blockDim.x) {
+        const int32_t qi = i / HD, d = i % HD;
+        float v = 0.0f;
+        if (qi < nq) v = a.q[(size_t)(tile.row0 + qi / gh) * a.q_stride + (size_t)(h0 + qi % gh) * HD + d];
+        Qs[i] = v;
+    }
+    for (int32_t qi = threadIdx.x; qi < QN; qi += blockDim.x) NVs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].nv : 0;
+    __syncthreads();
+
+    const __half *kc = (const __half *)a.k_cache, *vc = (const __half *)a.v_cache;
+    const int32_t bs = a.block_size, n_kv = a.n_kv_head;
+    const int32_t *tab = a.tabs + tile.tab;
+    float m[QN], l[QN];
+    float2 acc[QN][T];
+#pragma unroll
+    for (int qi = 0; qi < QN; qi++) {
+        m[qi] = -INFINITY;
+        l[qi] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < T; t++) acc[qi][t] = make_float2(0.0f, 0.0f);
+    }
+
+    for (int32_t u = warp; u < TDM_FLASH_SPLIT / FL_CHUNK; u += FL_WARPS) {
+        const int32_t base = split0 + u * FL_CHUNK;
+        if (base >= tile.kv_len) break;
+        /* stage K as [d][key] and V as [key][d]; keys past kv_len as zeros */
+        for (int32_t q = lane; q < 4 * HD; q += 32) {
+            const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (slot < tile.kv_len) {
+                const int64_t blk = tab[slot / bs];
+                v = *(const uint4 *)(kc + (((size_t)blk * n_kv + kvh) * HD + d) * bs + slot % bs);
+            }
+            *(uint4 *)(Ks + (size_t)d * FL_CHUNK + 8 * kg) = v;
+        }
+        for (int32_t q = lane; q < FL_CHUNK * (HD / 8); q += 32) {
+            const int32_t j = q / (HD / 8), dc = q % (HD / 8), slot = base + j;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (slot < tile.kv_len) {
+                const int64_t blk = tab[slot / bs];
+                v = *(const uint4 *)(vc + (((size_t)blk * n_kv + kvh) * bs + slot % bs) * HD + 8 * dc);
+            }
+            *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
+        }
+        __syncwarp();
+        /* scores: lane = key */
+        float s[QN];
+#pragma unroll
+        for (int qi = 0; qi < QN; qi++) s[qi] = 0.0f;
+        for (int32_t d = 0; d < HD; d += 4) {
+            float kf[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++) kf[e] = __half2float(Ks[(size_t)(d + e) * FL_CHUNK + lane]);
+#pragma unroll
+            for (int qi = 0; qi < QN; qi++) {
+                if (qi >= nq) continue;
+                const float4 q4 = *(const float4 *)(Qs + (size_t)qi * HD + d);
+                float v = s[qi];
+                v = fmaf(q4.x, kf[0], v);
+                v = fmaf(q4.y, kf[1], v);
+                v = fmaf(q4.z, kf[2], v);
+                v = fmaf(q4.w, kf[3], v);
+                s[qi] = v;
+            }
+        }
+        const int32_t key = base + lane;
+#pragma unroll
+        for (int qi = 0; qi < QN; qi++) {
+            if (qi >= nq) continue;
+            const float sc = key < NVs[qi] ? s[qi] * a.scale : -INFINITY;
+            const float mn = fmaxf(m[qi], warp_max(sc));
+            float p = 0.0f, corr = 1.0f;
+            if (mn != -INFINITY) {
+                corr = expf(m[qi] - mn);
+                p = expf(sc - mn);
+            }
+            l[qi] = l[qi] * corr + warp_sum(p);
+            m[qi] = mn;
+#pragma unroll
+            for (int t = 0; t < T; t++) acc[qi][t] = make_float2(acc[qi][t].x * corr, acc[qi][t].y * corr);
+            Ps[qi * FL_CHUNK + lane] = p;
+        }
+        __syncwarp();
+        /* weighted sum of V: lane owns dims 2 lane + 64 t */
+        for (int32_t j = 0; j < FL_CHUNK; j++) {
+            float2 v[T];
+#pragma unroll
+            for (int t = 0; t < T; t++) {
+                const int32_t dd = 2 * lane + 64 * t;
+                v[t] = dd < HD ? __half22float2(*(const __half2 *)(Vs + (size_t)j * HD + dd)) : make_float2(0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int qi = 0; qi < QN; qi++) {
+                if (qi >= nq) continue;
+                const float p = Ps[qi * FL_CHUNK + j];
+#pragma unroll
+                for (int t = 0; t < T; t++) acc[qi][t] = make_float2(fmaf(p, v[t].x, acc[qi][t].x), fmaf(p, v[t].y, acc[qi][t].y));
+            }
+        }
+        __syncwarp();
+    }
+
+    /* merge the warps in warp order: each warp's state into its own K / V space */
+    __syncthreads();
+    float *As = (float *)wbase; /* [QN][HD] */
+    float *Ms = Ps;             /* [QN] m, then [QN] l (the warp's P space) */
+#pragma unroll
+    for (int qi = 0; qi < QN; qi++) {
+        if (qi >= nq) continue;
+#pragma unroll
+        for (int t = 0; t < T; t++) {
+            const int32_t dd = 2 * lane + 64 * t;
+            if (dd < HD) {
+                As[(size_t)qi * HD + dd] = acc[qi][t].x;
+                As[(size_t)qi * HD + dd + 1] = acc[qi][t].y;
+            }
+        }
+        if (lane == 0) {
+            Ms[qi] = m[qi];
+            Ms[QN + qi] = l[qi];
+        }
+    }
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < nq * HD; i += blockDim.x) {
+        const int32_t qi = i / HD, d = i % HD;
+        float M = -INFINITY;
+        for (int w = 0; w < FL_WARPS; w++) {
+            const float *mw = (const float *)(smem + S::q_bytes + S::nv_bytes + (size_t)w * S::warp_bytes + 2 * S::kv_bytes);
+            M = fmaxf(M, mw[qi]);
+        }
+        float L = 0.0f, A = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < FL_WARPS; w++) {
+                const uint8_t *wb = smem + S::q_bytes + S::nv_bytes + (size_t)w * S::warp_bytes;
+                const float *mw = (const float *)(wb + 2 * S::kv_bytes);
+                const float e = expf(mw[qi] - M);
+                L = fmaf(e, mw[QN + qi], L);
+                A = fmaf(e, ((const float *)wb)[(size_t)qi * HD + d], A);
+            }
+        const int32_t r = tile.row0 + qi / gh, h = h0 + qi % gh;
+        float *pr = a.part + (((size_t)blockIdx.z * a.n_rows + r) * a.n_head + h) * (HD + 2);
+        pr[d] = A;
+        if (d == 0) {
+            pr[HD] = M;
+            pr[HD + 1] = L;
+        }
+    }
+}
+
+/* Block (row * n_head + head), HD threads at most: the splits holding the row's
+ * visible keys combined in split order. */
+template <typename O>
+__global__ void k_flash_combine(const tdm_cuda_row *rows, const float *part, int32_t n_rows, int32_t n_head,
+                                int32_t hd, O *out) {
+    const int32_t r = (int32_t)blockIdx.x / n_head, h = (int32_t)blockIdx.x % n_head;
+    const int32_t nv = rows[r].nv, ns = (nv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
+    const size_t stride = (size_t)n_rows * n_head * (hd + 2);
+    const float *p0 = part + ((size_t)r * n_head + h) * (hd + 2);
+    float M = -INFINITY;
+    for (int32_t s = 0; s < ns; s++) M = fmaxf(M, p0[s * stride + hd]);
+    float L = 0.0f;
+    for (int32_t s = 0; s < ns; s++)
+        if (p0[s * stride + hd] != -INFINITY) L = fmaf(expf(p0[s * stride + hd] - M), p0[s * stride + hd + 1], L);
+    O *o = out + (size_t)r * n_head * hd + (size_t)h * hd;
+    for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
+        float A = 0.0f;
+        for (int32_t s = 0; s < ns; s++)
+            if (p0[s * stride + hd] != -INFINITY) A = fmaf(expf(p0[s * stride + hd] - M), p0[s * stride + d], A);
+        o[d] = tdm_cu_from_f32<O>(L > 0.0f ? A / L : 0.0f);
+    }
+}
+
+template <int HD, int QN> static tandem_status launch_flash(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, int32_t gh,
+                                                             tdm_err *err) {
+    const size_t smem = fl_smem<HD, QN>::total;
+    if (smem > c->smem_optin)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: head_dim %d needs %zu bytes of shared memory (%zu)",
+                          HD, smem, c->smem_optin);
+    static bool raised = false; /* (per process: every device of a kind has the same limit) */
+    if (smem > 48 * 1024 && !raised) {
+        TDM_CU(cudaFuncSetAttribute(k_flash<HD, QN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        raised = true;
+    }
+    k_flash<HD, QN><<<grid, FL_WARPS * 32, smem, c->stream>>>(*a, gh);
+    TDM_CU_LAUNCHED("attention");
+    return TANDEM_OK;
+}
+
+template <int HD> static tandem_status launch_hd(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, int32_t gh,
+                                                  tdm_err *err) {
+    if (a->tile_rows * gh <= 4) return launch_flash<HD, 4>(c, a, grid, gh, err);
+    return launch_flash<HD, TDM_FLASH_QMAX>(c, a, grid, gh, err);
+}
+
+tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err) {
+    if (a->n_rows <= 0) return TANDEM_OK;
+    const int32_t gh = tdm_flash_heads_per_block(a->n_head, a->n_kv_head);
+    if (a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: %d rows x %d heads per tile", (int)a->tile_rows,
+                          (int)gh);
+    if (a->n_tiles > 0x7fffffff || a->n_splits > 65535 || (int64_t)a->n_kv_head * (a->n_head / a->n_kv_head / gh) > 65535)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: grid of %d tiles x %d splits", (int)a->n_tiles,
+                          (int)a->n_splits);
+    const dim3 grid((unsigned)a->n_tiles, (unsigned)(a->n_kv_head * (a->n_head / a->n_kv_head / gh)), (unsigned)a->n_splits);
+    tandem_status st;
+    switch (a->head_dim) {
+    case 64: st = launch_hd<64>(c, a, grid, gh, err); break;
+    case 80: st = launch_hd<80>(c, a, grid, gh, err); break;
+    case 96: st = launch_hd<96>(c, a, grid, gh, err); break;
+    case 128: st = launch_hd<128>(c, a, grid, gh, err); break;
+    case 256: st = launch_hd<256>(c, a, grid, gh, err); break;
+    default: return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: head_dim %d", (int)a->head_dim);
+    }
+    if (st) return st;
+    const unsigned blocks = (unsigned)(a->n_rows * a->n_head), th = (unsigned)TDM_MIN(a->head_dim, 256);
+    if (a->out_type == TDM_F16)
+        k_flash_combine<__half><<<blocks, th, 0, c->stream>>>(a->rows, a->part, a->n_rows, a->n_head, a->head_dim, (__half *)a->out);
+    else if (a->out_type == TDM_BF16)
+        k_flash_combine<__nv_bfloat16><<<blocks, th, 0, c->stream>>>(a->rows, a->part, a->n_rows, a->n_head, a->head_dim,
+                                                                       (__nv_bfloat16 *)a->out);
+    else
+        k_flash_combine<float><<<blocks, th, 0, c->stream>>>(a->rows, a->part, a->n_rows, a->n_head, a->head_dim, (float *)a->out);
+    TDM_CU_LAUNCHED("attention combine");
+    return TANDEM_OK;
+}

@@ -1,0 +1,172 @@
+/* cuda_fused.cu - the row kernels of the fused forward pass (cuda_blocks.cu), each
+ * doing in one launch what the op table does in several:
+ *   rmsnorm straight into what the next product reads (f32, f16, bf16, or int8
+ *     blocks for the quantised kernels);
+ *   the RoPE angles of a batch once per forward (shared by every layer and head);
+ *   q/k/v bias, RoPE of q (in place) and of k, and the K / V writes into the paged
+ *     cache, in one kernel;
+ *   SwiGLU into the next product's input type.
+ * Numerics follow the op kernels (cuda_rowops.cu): the sum of squares and the angles
+ * in f64, everything else in f32. */
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#include "cuda_fused.h"
+#include "cuda_quant.cuh"
+#include "cuda_reduce.cuh"
+
+/* ---- rmsnorm ------------------------------------------------------------------- */
+
+__device__ __forceinline__ float row_inv_rms(const float *xr, int32_t dim, float eps) {
+    double ss = 0;
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) ss += (double)xr[k] * xr[k];
+    ss = tdm_cu_block_sum(ss);
+    return (float)(1.0 / sqrt(ss / dim + (double)eps));
+}
+
+/* Block per row: o[row] = x * inv_rms * g in type O. */
+template <typename O> __global__ void k_rmsnorm_to(const float *x, const float *g, int32_t dim, float eps, O *o) {
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    const float inv = row_inv_rms(xr, dim, eps);
+    O *orow = o + (size_t)blockIdx.x * dim;
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) orow[k] = tdm_cu_from_f32<O>(xr[k] * inv * g[k]);
+}
+
+/* Block per row: the normed row quantised per 32-element block (a warp per block). */
+__global__ void k_rmsnorm_q8(const float *x, const float *g, int32_t dim, float eps, int8_t *q, float *d,
+                             int32_t *qs) {
+    const float *xr = x + (size_t)blockIdx.x * dim;
+    const float inv = row_inv_rms(xr, dim, eps);
+    const int32_t nb = dim / 32, lane = threadIdx.x & 31;
+    for (int32_t b = threadIdx.x >> 5; b < nb; b += blockDim.x >> 5) {
+        const int32_t k = b * 32 + lane;
+        const size_t at = (size_t)blockIdx.x * dim + k, bt = (size_t)blockIdx.x * nb + b;
+        tdm_cu_quant_block(xr[k] * inv * g[k], q + at, d + bt, qs + bt);
+    }
+}
+
+tandem_status tdm_cuda_rmsnorm_to(tdm_cuda *c, const float *x, const float *gamma, int32_t n, int32_t dim, float eps,
+                                  uint32_t type, void *out, const tdm_cuda_xq *xq, tdm_err *err) {
+    if (n <= 0) return TANDEM_OK;
+    const unsigned th = 256;
+    switch (type) {
+    case TDM_F32: k_rmsnorm_to<float><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (float *)out); break;
+    case TDM_F16: k_rmsnorm_to<__half><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (__half *)out); break;
+    case TDM_BF16:
+        k_rmsnorm_to<__nv_bfloat16><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (__nv_bfloat16 *)out);
+        break;
+    case TDM_Q8_0:
+        if (dim % 32 != 0) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rmsnorm: int8 blocks of a %d row", (int)dim);
+        k_rmsnorm_q8<<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (int8_t *)xq->q, (float *)xq->d, (int32_t *)xq->qs);
+        break;
+    default: return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rmsnorm: output %s", tdm_dtype_name(type));
+    }
+    TDM_CU_LAUNCHED("rmsnorm (fused)");
+    return TANDEM_OK;
+}
+
+/* ---- RoPE angles, and q / k / v into place ------------------------------------- */
+
+/* Block per row: cs[row][t] = (cos, sin) of pos * freq_scale * base^(-2t / n_rot). */
+__global__ void k_rope_table(const tdm_cuda_row *rows, int32_t half, double freq_base, double freq_scale,
+                             float2 *cs) {
+    const double pf = (double)rows[blockIdx.x].pos * freq_scale;
+    for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
+        const double theta = pf * pow(freq_base, -2.0 * t / (2.0 * half));
+        cs[(size_t)blockIdx.x * half + t] = make_float2((float)cos(theta), (float)sin(theta));
+    }
+}
+
+tandem_status tdm_cuda_rope_table(tdm_cuda *c, const tdm_cuda_row *rows, int32_t n, const tdm_rope_params *rp,
+                                  float2 *cs, tdm_err *err) {
+    if (n <= 0) return TANDEM_OK;
+    k_rope_table<<<n, 64, 0, c->stream>>>(rows, rp->n_rot / 2, (double)rp->freq_base, (double)rp->freq_scale, cs);
+    TDM_CU_LAUNCHED("rope table");
+    return TANDEM_OK;
+}
+
+/* The rotation partner of pair t: (2t, 2t + 1), or NEOX (t, t + half). */
+__device__ __forceinline__ void pair_of(int32_t t, int32_t half, bool neox, int32_t *a, int32_t *b) {
+    *a = neox ? t : 2 * t;
+    *b = neox ? t + half : 2 * t + 1;
+}
+
+/* Block per row: qkv (+)= bias; q heads rotated in place; k heads rotated into the
+ * K cache ([blk][g][d][off]); v heads into the V cache ([blk][g][off][d]). */
+template <typename C>
+__global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t n_head, int32_t n_kv, int32_t hd,
+                          int32_t half, bool neox, const float2 *cs, const tdm_cuda_row *rows, C *kc, C *vc,
+                          int32_t bs) {
+    float *row = qkv + (size_t)blockIdx.x * stride;
+    if (bias) {
+        for (int32_t j = threadIdx.x; j < stride; j += blockDim.x) row[j] += bias[j];
+        __syncthreads();
+    }
+    const float2 *rc = cs + (size_t)blockIdx.x * half;
+    for (int32_t i = threadIdx.x; i < n_head * half; i += blockDim.x) {
+        float *v = row + (size_t)(i / half) * hd;
+        int32_t a, b;
+        pair_of(i % half, half, neox, &a, &b);
+        const float2 r = rc[i % half], x0 = make_float2(v[a], v[b]);
+        v[a] = x0.x * r.x - x0.y * r.y;
+        v[b] = x0.x * r.y + x0.y * r.x;
+    }
+    const tdm_cuda_row m = rows[blockIdx.x];
+    const float *k = row + (size_t)n_head * hd, *vv = k + (size_t)n_kv * hd;
+    const int32_t rot = 2 * half;
+    for (int32_t i = threadIdx.x; i < n_kv * hd; i += blockDim.x) {
+        const int32_t g = i / hd, d = i % hd;
+        const float *kg = k + (size_t)g * hd;
+        float out = kg[d];
+        if (d < rot) {
+            /* d is one end of its pair: find the pair and which end */
+            const int32_t t = neox ? (d < half ? d : d - half) : d / 2;
+            int32_t a, b;
+            pair_of(t, half, neox, &a, &b);
+            const float2 r = rc[t];
+            out = d == a ? kg[a] * r.x - kg[b] * r.y : kg[a] * r.y + kg[b] * r.x;
+        }
+        kc[(((size_t)m.kv_blk * n_kv + g) * hd + d) * bs + m.kv_off] = tdm_cu_from_f32<C>(out);
+        vc[(((size_t)m.kv_blk * n_kv + g) * bs + m.kv_off) * hd + d] = tdm_cu_from_f32<C>(vv[(size_t)g * hd + d]);
+    }
+}
+
+tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t stride, const float *bias,
+                               int32_t n_head, int32_t n_kv, int32_t hd, const tdm_rope_params *rp, const float2 *cs,
+                               const tdm_cuda_row *rows, void *kc, void *vc, uint32_t cache_type, int32_t bs,
+                               tdm_err *err) {
+    if (n <= 0) return TANDEM_OK;
+    const int32_t half = rp->n_rot / 2;
+    if (cache_type == TDM_F16)
+        k_rope_kv<__half><<<n, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
+                                                    (__half *)kc, (__half *)vc, bs);
+    else if (cache_type == TDM_F32)
+        k_rope_kv<float><<<n, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
+                                                   (float *)kc, (float *)vc, bs);
+    else
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope_kv: cache type %s", tdm_dtype_name(cache_type));
+    TDM_CU_LAUNCHED("rope + kv write");
+    return TANDEM_OK;
+}
+
+/* ---- SwiGLU ---------------------------------------------------------------------- */
+
+template <typename O> __global__ void k_swiglu_to(const float *gu, int32_t ff, O *o) {
+    const float *g = gu + (size_t)blockIdx.x * 2 * ff, *u = g + ff;
+    O *orow = o + (size_t)blockIdx.x * ff;
+    for (int32_t k = threadIdx.x; k < ff; k += blockDim.x) orow[k] = tdm_cu_from_f32<O>(g[k] / (1.0f + expf(-g[k])) * u[k]);
+}
+
+tandem_status tdm_cuda_swiglu_to(tdm_cuda *c, const float *gate_up, int32_t n, int32_t ff, uint32_t type, void *out,
+                                 tdm_err *err) {
+    if (n <= 0) return TANDEM_OK;
+    switch (type) {
+    case TDM_F32: k_swiglu_to<float><<<n, 256, 0, c->stream>>>(gate_up, ff, (float *)out); break;
+    case TDM_F16: k_swiglu_to<__half><<<n, 256, 0, c->stream>>>(gate_up, ff, (__half *)out); break;
+    case TDM_BF16: k_swiglu_to<__nv_bfloat16><<<n, 256, 0, c->stream>>>(gate_up, ff, (__nv_bfloat16 *)out); break;
+    default: return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "swiglu: output %s", tdm_dtype_name(type));
+    }
+    TDM_CU_LAUNCHED("swiglu (fused)");
+    return TANDEM_OK;
+}

@@ -1,0 +1,92 @@
+/* cuda_fused.h - the fused forward pass on the GPU (cuda_blocks.cu) and its
+ * kernels: per-forward batch metadata in device memory, the fused row kernels
+ * (cuda_fused.cu) and attention over the paged cache by tiles of rows with split
+ * key ranges (cuda_flash.cu). */
+#ifndef TDM_CUDA_FUSED_H
+#define TDM_CUDA_FUSED_H
+
+#include "cuda_internal.h"
+
+/* One batch row, as the fused kernels read it. */
+typedef struct tdm_cuda_row {
+    int32_t pos;     /* RoPE position */
+    int32_t kv_blk;  /* physical block of the slot it writes */
+    int32_t kv_off;  /* slot % block_size */
+    int32_t nv;      /* visible slots [0, nv) of its sequence */
+} tdm_cuda_row;
+
+/* Consecutive rows of one sequence attended together: they read the sequence's
+ * K / V once.  Each row sees slots [0, its nv); kv_len = the largest nv. */
+typedef struct tdm_cuda_tile {
+    int32_t row0, n_rows;
+    int32_t tab;     /* offset of the sequence's block table in the tables array */
+    int32_t kv_len;
+} tdm_cuda_tile;
+
+/* A forward's metadata as the fused kernels read it, packed on the host into one
+ * buffer (rows, then tiles, then the block tables of the batch's sequences, each
+ * once) and copied to the device (cuda_meta.cu). */
+typedef struct tdm_cuda_meta {
+    int32_t n_rows, n_tiles, n_tab; /* rows, tiles, table entries */
+    int32_t tile_rows;              /* rows per tile at most */
+    int32_t max_kv;                 /* the largest tile's kv_len */
+    size_t bytes;
+} tdm_cuda_meta;
+/* Bytes the metadata of a batch needs (checks its sequence indices). */
+tandem_status tdm_cuda_meta_size(const tdm_batch *bt, const tdm_kv_seq *const *seqs, size_t *bytes, tdm_err *err);
+/* Packs it into host (tdm_cuda_meta_size bytes), tiles of at most TDM_FLASH_QMAX /
+ * heads_per_block rows, checking every slot the rows write or read against the
+ * block tables; fails (TANDEM_ERR_INVALID_ARG) naming the row. */
+tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *seqs, int32_t block_size,
+                                 int32_t heads_per_block, void *host, tdm_cuda_meta *m, tdm_err *err);
+/* The parts of a packed buffer (host or device copy) of n rows. */
+void tdm_cuda_meta_at(const void *buf, int32_t n, const tdm_cuda_row **rows, const tdm_cuda_tile **tiles,
+                      const int32_t **tabs);
+
+/* Keys per split (a thread block's share of a tile's keys).  Fixed, so a row's keys
+ * are always grouped the same way whatever else is in the batch. */
+#define TDM_FLASH_SPLIT 128
+/* Query vectors (rows x heads of one kv head) a thread block attends at most. */
+#define TDM_FLASH_QMAX 16
+
+/* The attention kernels' view of a forward's metadata and buffers. */
+typedef struct tdm_flash_args {
+    const tdm_cuda_row *rows;    /* [n_rows] device */
+    const tdm_cuda_tile *tiles;  /* [n_tiles] device */
+    const int32_t *tabs;         /* block tables, device */
+    int32_t n_rows, n_tiles, n_splits; /* n_splits: the largest tile's kv_len in splits
+                                          (a graph may launch more; the extra exit) */
+    int32_t tile_rows;           /* rows per tile at most (TDM_FLASH_QMAX / heads per block) */
+    const float *q;              /* [n_rows][q_stride], heads at h * head_dim */
+    int32_t q_stride;
+    const void *k_cache, *v_cache; /* f16, the layouts of kernels/backend.h */
+    int32_t n_head, n_kv_head, head_dim, block_size;
+    float scale;
+    float *part;                 /* [n_splits][n_rows][n_head][head_dim + 2] partials */
+    void *out;                   /* [n_rows][n_head * head_dim] */
+    uint32_t out_type;           /* TDM_F32, TDM_F16 or TDM_BF16 */
+} tdm_flash_args;
+
+/* Heads of one kv head that one thread block takes (a divisor of the group). */
+int32_t tdm_flash_heads_per_block(int32_t n_head, int32_t n_kv_head);
+/* Whether the kernels run this shape (head_dim 64, 80, 96, 128 or 256, block_size a
+ * multiple of 8, an f16 cache); else the op-table attention serves. */
+bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_type);
+/* Floats of partials the attention needs. */
+size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, int32_t head_dim);
+tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err);
+
+/* Fused row kernels (cuda_fused.cu).  type: the output's element type; TDM_Q8_0
+ * writes int8 blocks into xq instead of out. */
+tandem_status tdm_cuda_rmsnorm_to(tdm_cuda *c, const float *x, const float *gamma, int32_t n, int32_t dim, float eps,
+                                  uint32_t type, void *out, const tdm_cuda_xq *xq, tdm_err *err);
+tandem_status tdm_cuda_rope_table(tdm_cuda *c, const tdm_cuda_row *rows, int32_t n, const tdm_rope_params *rp,
+                                  float2 *cs, tdm_err *err);
+tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t stride, const float *bias,
+                               int32_t n_head, int32_t n_kv, int32_t hd, const tdm_rope_params *rp, const float2 *cs,
+                               const tdm_cuda_row *rows, void *kc, void *vc, uint32_t cache_type, int32_t bs,
+                               tdm_err *err);
+tandem_status tdm_cuda_swiglu_to(tdm_cuda *c, const float *gate_up, int32_t n, int32_t ff, uint32_t type, void *out,
+                                 tdm_err *err);
+
+#endif

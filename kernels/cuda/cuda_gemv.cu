@@ -1,0 +1,301 @@
+/* cuda_gemv.cu - matrix products of one to a few rows (decode, verification):
+ * y[n][ldy] (+)= x[n][cols] W^T, streaming W once per tile of up to 8 input rows,
+ * at close to memory bandwidth.
+ *
+ * Each warp owns two W rows (or, for the SwiGLU epilogue, gate row j and up row
+ * j + ff, so it can write silu(gate) * up itself) and walks them with 16-byte
+ * loads that bypass L1 (W is read once); x stays in L1 / L2 and is read with
+ * 16-byte loads too.  Every lane accumulates its columns in increasing order and the
+ * warp adds the lanes with a fixed butterfly, so an output element is computed by
+ * the same operations whatever the number of rows n and whatever the other rows
+ * are: decode and verification of the same row give identical results.
+ *
+ *   f16 / bf16 (rows layout, cols % 8 == 0): W converted to f32 in registers,
+ *     f32 FMAs with f32 x.
+ *   q8_0 / q4_0 (QSPLIT layout, rows 16-byte aligned): x quantised per 32-element
+ *     block to int8 (tdm_cuda_quantize_x), int8 dot products (dp4a) per block, then
+ *     acc += isum * (d_w * d_x) in f32; q4_0 subtracts its offset of 8 per block
+ *     exactly (isum - 8 * sum q_x).
+ */
+#include <cuda_fp16.h>
+
+#include "cuda_internal.h"
+#include "cuda_weights.cuh"
+
+#define GV_WARPS 4 /* warps per thread block */
+#define GV_TILE 8  /* input rows per pass over W */
+
+/* 16 bytes of W, not kept in L1 (each W byte is read once). */
+__device__ __forceinline__ uint4 ld_stream(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+/* 8 consecutive 16-bit elements (f16 or bf16) as f32. */
+template <uint32_t T> __device__ __forceinline__ void cvt8(const uint4 &u, float f[8]) {
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if (T == TDM_F16) {
+            const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&v[i]));
+            f[2 * i] = p.x;
+            f[2 * i + 1] = p.y;
+        } else {
+            f[2 * i] = __uint_as_float(v[i] << 16);
+            f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
+        }
+    }
+}
+
+/* The two W rows of a warp, and whether the second one exists (STORE / ACCUM: rows
+ * 2w and 2w + 1; SWIGLU: gate row w and up row w + ff). */
+struct gv_rows {
+    int32_t ra, rb;
+    bool has_b, active;
+};
+
+template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int32_t ff) {
+    const int32_t warp = blockIdx.x * GV_WARPS + (int32_t)(threadIdx.x >> 5);
+    gv_rows r;
+    if (EPI == TDM_EPI_SWIGLU) {
+        r.ra = warp;
+        r.rb = warp + ff;
+        r.active = warp < n_out;
+        r.has_b = true;
+    } else {
+        r.ra = 2 * warp;
+        r.rb = r.ra + 1;
+        r.active = r.ra < n_out;
+        r.has_b = r.rb < n_out;
+        if (!r.has_b) r.rb = r.ra;
+    }
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Reduces each input row's partial sums over the warp and writes them. */
+template <int NR, int EPI>
+__device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float sb[NR], float *y, int32_t ldy) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        const float a = warp_sum(sa[i]), b = warp_sum(sb[i]);
+        if (lane != 0) continue;
+        float *yr = y + (size_t)i * ldy;
+        if (EPI == TDM_EPI_SWIGLU) {
+            yr[r.ra] = a / (1.0f + expf(-a)) * b;
+        } else if (EPI == TDM_EPI_ACCUM) {
+            yr[r.ra] += a;
+            if (r.has_b) yr[r.rb] += b;
+        } else {
+            yr[r.ra] = a;
+            if (r.has_b) yr[r.rb] = b;
+        }
+    }
+}
+
+template <uint32_t T, int NR, int EPI>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
+         const float *__restrict__ x, float *y, int32_t ldy) {
+    const gv_rows r = rows_of<EPI>(n_out, ff);
+    if (!r.active) return;
+    const int32_t lane = (int32_t)(threadIdx.x & 31);
+    const uint4 *wa = (const uint4 *)(w + (size_t)r.ra * row_bytes);
+    const uint4 *wb = (const uint4 *)(w + (size_t)r.rb * row_bytes);
+    float sa[NR], sb[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
+    const int32_t n8 = cols / 8;
+#pragma unroll 2
+    for (int32_t k8 = lane; k8 < n8; k8 += 32) {
+        float fa[8], fb[8];
+        cvt8<T>(ld_stream(wa + k8), fa);
+        cvt8<T>(ld_stream(wb + k8), fb);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 2 * k8;
+            const float4 p = __ldg(xp), q = __ldg(xp + 1);
+            const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+            float u = sa[i], v = sb[i];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                u = fmaf(fa[e], xv[e], u);
+                v = fmaf(fb[e], xv[e], v);
+            }
+            sa[i] = u;
+            sb[i] = v;
+        }
+    }
+    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+}
+
+__device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
+
+/* q8_0, QSPLIT rows: [cols] int8 quants, then [cols / 32] f16 scales.  Lane chunks
+ * of 16 quants (half a block). */
+template <int NR, int EPI>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
+          tdm_cuda_xq xq, float *y, int32_t ldy) {
+    const gv_rows r = rows_of<EPI>(n_out, ff);
+    if (!r.active) return;
+    const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK;
+    const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
+    const uint16_t *da = (const uint16_t *)(rowa + cols), *db = (const uint16_t *)(rowb + cols);
+    float sa[NR], sb[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
+    const int32_t n16 = cols / 16;
+#pragma unroll 2
+    for (int32_t c = lane; c < n16; c += 32) {
+        const uint4 qa = ld_stream(rowa + 16 * (size_t)c), qb = ld_stream(rowb + 16 * (size_t)c);
+        const int32_t b = c >> 1;
+        const float dwa = tdm_cu_h2f(__ldg(da + b)), dwb = tdm_cu_h2f(__ldg(db + b));
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const uint4 xv = __ldg((const uint4 *)(xq.q + (size_t)i * cols) + c);
+            const float dx = __ldg(xq.d + (size_t)i * nb + b);
+            int ia = dp4a(qa.x, xv.x, 0), ib = dp4a(qb.x, xv.x, 0);
+            ia = dp4a(qa.y, xv.y, ia), ib = dp4a(qb.y, xv.y, ib);
+            ia = dp4a(qa.z, xv.z, ia), ib = dp4a(qb.z, xv.z, ib);
+            ia = dp4a(qa.w, xv.w, ia), ib = dp4a(qb.w, xv.w, ib);
+            sa[i] = fmaf((float)ia, dwa * dx, sa[i]);
+            sb[i] = fmaf((float)ib, dwb * dx, sb[i]);
+        }
+    }
+    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+}
+
+/* q4_0, QSPLIT rows: [cols / 2] bytes of nibbles (block b's 16 bytes: element j in
+ * the low nibble of byte j, element j + 16 in its high nibble), then the f16
+ * scales.  Lane chunks of one whole block. */
+template <int NR, int EPI>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
+          tdm_cuda_xq xq, float *y, int32_t ldy) {
+    const gv_rows r = rows_of<EPI>(n_out, ff);
+    if (!r.active) return;
+    const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK;
+    const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
+    const uint16_t *da = (const uint16_t *)(rowa + cols / 2), *db = (const uint16_t *)(rowb + cols / 2);
+    float sa[NR], sb[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
+    const uint32_t M = 0x0f0f0f0fu;
+#pragma unroll 2
+    for (int32_t b = lane; b < nb; b += 32) {
+        const uint4 qa = ld_stream(rowa + 16 * (size_t)b), qb = ld_stream(rowb + 16 * (size_t)b);
+        const uint32_t la[4] = {qa.x & M, qa.y & M, qa.z & M, qa.w & M};
+        const uint32_t ha[4] = {(qa.x >> 4) & M, (qa.y >> 4) & M, (qa.z >> 4) & M, (qa.w >> 4) & M};
+        const uint32_t lb[4] = {qb.x & M, qb.y & M, qb.z & M, qb.w & M};
+        const uint32_t hb[4] = {(qb.x >> 4) & M, (qb.y >> 4) & M, (qb.z >> 4) & M, (qb.w >> 4) & M};
+        const float dwa = tdm_cu_h2f(__ldg(da + b)), dwb = tdm_cu_h2f(__ldg(db + b));
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const uint4 *xp = (const uint4 *)(xq.q + (size_t)i * cols + (size_t)TDM_QK * b);
+            const uint4 xl = __ldg(xp), xh = __ldg(xp + 1);
+            const uint32_t xlo[4] = {xl.x, xl.y, xl.z, xl.w}, xhi[4] = {xh.x, xh.y, xh.z, xh.w};
+            int ia = 0, ib = 0;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                ia = dp4a(la[k], xlo[k], ia);
+                ib = dp4a(lb[k], xlo[k], ib);
+            }
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                ia = dp4a(ha[k], xhi[k], ia);
+                ib = dp4a(hb[k], xhi[k], ib);
+            }
+            const int32_t off = 8 * __ldg(xq.qs + (size_t)i * nb + b);
+            const float dx = __ldg(xq.d + (size_t)i * nb + b);
+            sa[i] = fmaf((float)(ia - off), dwa * dx, sa[i]);
+            sb[i] = fmaf((float)(ib - off), dwb * dx, sb[i]);
+        }
+    }
+    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+}
+
+bool tdm_cuda_gemv_fast(const tdm_weight *w) {
+    const uintptr_t a = (uintptr_t)w->data;
+    if (w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16))
+        return w->cols % 8 == 0 && w->row_bytes % 16 == 0 && a % 16 == 0;
+    if (w->layout == TDM_LAYOUT_QSPLIT && (w->type == TDM_Q8_0 || w->type == TDM_Q4_0))
+        return w->cols % TDM_QK == 0 && w->row_bytes % 16 == 0 && a % 16 == 0;
+    return false;
+}
+
+/* One launch: input rows [0, NR) of x / xq / y (already offset to the tile). */
+template <int NR, int EPI>
+static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out, int32_t ff, const float *x,
+                      const tdm_cuda_xq &xq, float *y, int32_t ldy) {
+    const uint8_t *wd = (const uint8_t *)w->data;
+    const int32_t cols = (int32_t)w->cols;
+    const unsigned th = GV_WARPS * 32;
+    switch (w->type) {
+    case TDM_F16:
+        k_gemv16<TDM_F16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        break;
+    case TDM_BF16:
+        k_gemv16<TDM_BF16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        break;
+    case TDM_Q8_0:
+        k_gemv_q8<NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, xq, y, ldy);
+        break;
+    default:
+        k_gemv_q4<NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, xq, y, ldy);
+        break;
+    }
+}
+
+template <int EPI>
+static void launch_epi(tdm_cuda *c, const tdm_weight *w, dim3 grid, int nr, int32_t n_out, int32_t ff,
+                       const float *x, const tdm_cuda_xq &xq, float *y, int32_t ldy) {
+    switch (nr) {
+#define NR_CASE(N) \
+    case N: launch_nr<N, EPI>(c, w, grid, n_out, ff, x, xq, y, ldy); break;
+        NR_CASE(1) NR_CASE(2) NR_CASE(3) NR_CASE(4) NR_CASE(5) NR_CASE(6) NR_CASE(7) NR_CASE(8)
+#undef NR_CASE
+    default: break;
+    }
+}
+
+tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, const tdm_cuda_xq *xq, int32_t n,
+                            float *y, int32_t ldy, tdm_gemv_epi epi, tdm_err *err) {
+    if (!tdm_cuda_gemv_fast(w))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %s weight [%lld][%lld] (layout %u) has no fast kernel",
+                          tdm_dtype_name(w->type), (long long)w->rows, (long long)w->cols, (unsigned)w->layout);
+    if (n <= 0 || n > TDM_CUDA_GEMV_MAX_ROWS)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: %d rows (1..%d)", (int)n, TDM_CUDA_GEMV_MAX_ROWS);
+    const bool quant = w->layout == TDM_LAYOUT_QSPLIT;
+    if (!y || (quant ? !xq || !xq->q : !x)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: NULL input or output");
+    if (epi == TDM_EPI_SWIGLU && w->rows % 2 != 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: SwiGLU over %lld rows (gate and up halves)",
+                          (long long)w->rows);
+    const int32_t ff = (int32_t)(w->rows / 2);
+    const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
+    if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
+    const int64_t warps = epi == TDM_EPI_SWIGLU ? n_out : ((int64_t)n_out + 1) / 2;
+    const dim3 grid((unsigned)((warps + GV_WARPS - 1) / GV_WARPS));
+    const int32_t cols = (int32_t)w->cols, nb = cols / TDM_QK;
+    for (int32_t i0 = 0; i0 < n; i0 += GV_TILE) {
+        const int nr = TDM_MIN(GV_TILE, n - i0);
+        tdm_cuda_xq xt = {0, 0, 0};
+        if (quant) xt = {xq->q + (size_t)i0 * cols, xq->d + (size_t)i0 * nb, xq->qs + (size_t)i0 * nb};
+        const float *xi = quant ? NULL : x + (size_t)i0 * cols;
+        float *yi = y + (size_t)i0 * ldy;
+        if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
+        else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
+        else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
+        TDM_CU_LAUNCHED("gemv");
+    }
+    return TANDEM_OK;
+}

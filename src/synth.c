@@ -1,0 +1,366 @@
+/* synth.c - random-weight llama models with real shapes (synth.h): the shape table,
+ * the metadata and tensor list, the random tiles and the streamed file.
+ *
+ * File layout (streamed with gguf_write): metadata, then the tensors in this order
+ * (GGUF ne order, ne[0] fastest = the row length):
+ *   token_embd.weight   [n_embd, n_vocab]   matrix type
+ *   output_norm.weight  [n_embd]            f32, 1.0
+ *   output.weight       [n_embd, n_vocab]   matrix type
+ *   per layer N:
+ *   blk.N.attn_norm.weight   [n_embd]                   f32, 1.0
+ *   blk.N.attn_q.weight      [n_embd, n_head * hd]      (hd = n_embd / n_head)
+ *   blk.N.attn_k.weight      [n_embd, n_head_kv * hd]
+ *   blk.N.attn_v.weight      [n_embd, n_head_kv * hd]
+ *   blk.N.attn_output.weight [n_head * hd, n_embd]
+ *   blk.N.ffn_norm.weight    [n_embd]                   f32, 1.0
+ *   blk.N.ffn_gate.weight    [n_embd, n_ff]
+ *   blk.N.ffn_up.weight      [n_embd, n_ff]
+ *   blk.N.ffn_down.weight    [n_ff, n_embd]
+ *
+ * Matrix data: one tile per distinct row length (ne[0]), at most tile_bytes of
+ * encoded blocks of values uniform in [-a, a], a = sqrt(3) * 0.5 / sqrt(ne[0]) (a
+ * standard deviation of 0.5 / sqrt(ne[0])).  Each matrix is its tile read
+ * circularly from a block chosen by the seed and the tensor's index.
+ */
+#include "synth.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "dtype.h"
+#include "gguf.h"
+
+/* The shapes of well-known llama-architecture models. */
+static const tdm_synth_shape shapes[] = {
+    /* name            n_embd layers heads kv  n_ff   n_vocab  n_ctx  rope base */
+    {"llama2-7b",      4096,  32,    32,   32, 11008, 32000,   4096,  10000.0f, false},
+    {"llama3-8b",      4096,  32,    32,   8,  14336, 128256,  8192,  500000.0f, false},
+    {"llama2-13b",     5120,  40,    40,   40, 13824, 32000,   4096,  10000.0f, false},
+    {"tinyllama-1.1b", 2048,  22,    32,   4,  5632,  32000,   2048,  10000.0f, false},
+    {"llama-160m",     768,   12,    12,   12, 3072,  32000,   2048,  10000.0f, false},
+    /* for tests: small and fast, with the vocabulary of the llama2 shapes */
+    {"tiny",           256,   2,     4,    2,  512,   32000,   2048,  10000.0f, true},
+};
+
+const tdm_synth_shape *tdm_synth_shapes(size_t *n) {
+    *n = TDM_ARRAY_LEN(shapes);
+    return shapes;
+}
+
+const tdm_synth_shape *tdm_synth_shape_find(const char *name) {
+    if (!name) return NULL;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(shapes); i++)
+        if (strcmp(shapes[i].name, name) == 0) return &shapes[i];
+    return NULL;
+}
+
+uint32_t tdm_synth_file_type(uint32_t type) {
+    switch (type) {
+    case TDM_F16: return 1;  /* MOSTLY_F16 */
+    case TDM_Q8_0: return 7; /* MOSTLY_Q8_0 */
+    case TDM_Q4_0: return 2; /* MOSTLY_Q4_0 */
+    default: return 0;
+    }
+}
+
+/* ------------------------------------------------------------ tensor list */
+
+typedef struct tdesc {
+    char name[48];
+    uint32_t type;
+    int64_t ne0, ne1; /* ne1 == 0: a vector of ne0 */
+    uint64_t nbytes;
+} tdesc;
+
+static void desc(tdesc *d, const char *name, uint32_t type, int64_t ne0, int64_t ne1) {
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->type = type;
+    d->ne0 = ne0;
+    d->ne1 = ne1;
+    uint64_t rb = 0;
+    tdm_dtype_row_bytes(type, (uint64_t)ne0, &rb); /* shapes are multiples of the block */
+    d->nbytes = rb * (uint64_t)(ne1 ? ne1 : 1);
+}
+
+/* The tensors in file order (*n = 3 + 9 * n_layer); NULL when out of memory. */
+static tdesc *tensor_list(const tdm_synth_shape *s, uint32_t type, size_t *n) {
+    size_t count = 3 + 9 * (size_t)s->n_layer;
+    tdesc *t = tdm_calloc(count, sizeof *t);
+    if (!t) return NULL;
+    int64_t E = s->n_embd, hd = s->n_embd / s->n_head;
+    int64_t qd = s->n_head * hd, kvd = s->n_head_kv * hd;
+    size_t k = 0;
+    desc(&t[k++], "token_embd.weight", type, E, s->n_vocab); /* [n_embd, n_vocab] */
+    desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);      /* [n_embd] */
+    desc(&t[k++], "output.weight", type, E, s->n_vocab);     /* [n_embd, n_vocab] */
+    char name[48];
+    for (int32_t l = 0; l < s->n_layer; l++) {
+#define NAME(x) (snprintf(name, sizeof name, "blk.%d." x, (int)l), name)
+        desc(&t[k++], NAME("attn_norm.weight"), TDM_F32, E, 0);  /* [n_embd] */
+        desc(&t[k++], NAME("attn_q.weight"), type, E, qd);       /* [n_embd, n_head * hd] */
+        desc(&t[k++], NAME("attn_k.weight"), type, E, kvd);      /* [n_embd, n_head_kv * hd] */
+        desc(&t[k++], NAME("attn_v.weight"), type, E, kvd);      /* [n_embd, n_head_kv * hd] */
+        desc(&t[k++], NAME("attn_output.weight"), type, qd, E);  /* [n_head * hd, n_embd] */
+        desc(&t[k++], NAME("ffn_norm.weight"), TDM_F32, E, 0);   /* [n_embd] */
+        desc(&t[k++], NAME("ffn_gate.weight"), type, E, s->n_ff); /* [n_embd, n_ff] */
+        desc(&t[k++], NAME("ffn_up.weight"), type, E, s->n_ff);   /* [n_embd, n_ff] */
+        desc(&t[k++], NAME("ffn_down.weight"), type, s->n_ff, E); /* [n_ff, n_embd] */
+#undef NAME
+    }
+    *n = k;
+    return t;
+}
+
+/* ------------------------------------------------------------ metadata */
+
+static tandem_status copy_tokenizer(tdm_gguf_writer *w, const char *path, const tdm_synth_shape *s,
+                                    tdm_err *err) {
+    tdm_gguf *g = NULL;
+    tdm_err e = {0};
+    tandem_status st = tdm_gguf_open(path, &g, &e);
+    if (st) {
+        if (strstr(e.msg, path)) return tdm_seterr(err, st, "%s", e.msg);
+        return tdm_seterr(err, st, "tokenizer file '%s': %s", path, e.msg[0] ? e.msg : tandem_status_str(st));
+    }
+    const tdm_gguf_array *toks;
+    if ((st = tdm_gguf_get_arr(g, "tokenizer.ggml.tokens", TDM_GGUF_STRING, &toks, &e))) {
+        tdm_gguf_close(g);
+        return tdm_seterr(err, st, "tokenizer file '%s' has no token list: %s", path, e.msg);
+    }
+    if (toks->n != (uint64_t)s->n_vocab) {
+        uint64_t n = toks->n;
+        tdm_gguf_close(g);
+        return tdm_seterr(err, TANDEM_ERR_MISMATCH,
+                          "the tokenizer of '%s' has %llu tokens, but shape %s has a vocabulary of %d", path,
+                          (unsigned long long)n, s->name, (int)s->n_vocab);
+    }
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        if (strncmp(g->kv[i].key, "tokenizer.", 10) == 0) tdm_gguf_w_value(w, g->kv[i].key, &g->kv[i].value);
+    tdm_gguf_close(g);
+    return TANDEM_OK;
+}
+
+static tandem_status write_metadata(tdm_gguf_writer *w, const tdm_synth_opts *o, tdm_err *err) {
+    const tdm_synth_shape *s = o->shape;
+    char text[160];
+    tdm_gguf_w_str(w, "general.architecture", "llama");
+    snprintf(text, sizeof text, "synth-%s-%s", s->name, tdm_dtype_name(o->type));
+    tdm_gguf_w_str(w, "general.name", text);
+    snprintf(text, sizeof text, "random weights with the shapes of %s, written by tandem synth (seed %llu)",
+             s->name, (unsigned long long)o->seed);
+    tdm_gguf_w_str(w, "general.description", text);
+    tdm_gguf_w_u32(w, "general.file_type", tdm_synth_file_type(o->type));
+    tdm_gguf_w_u32(w, "llama.context_length", (uint32_t)s->n_ctx);
+    tdm_gguf_w_u32(w, "llama.embedding_length", (uint32_t)s->n_embd);
+    tdm_gguf_w_u32(w, "llama.block_count", (uint32_t)s->n_layer);
+    tdm_gguf_w_u32(w, "llama.feed_forward_length", (uint32_t)s->n_ff);
+    tdm_gguf_w_u32(w, "llama.attention.head_count", (uint32_t)s->n_head);
+    tdm_gguf_w_u32(w, "llama.attention.head_count_kv", (uint32_t)s->n_head_kv);
+    tdm_gguf_w_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    tdm_gguf_w_f32(w, "llama.rope.freq_base", s->rope_base);
+    tdm_gguf_w_u32(w, "llama.rope.dimension_count", (uint32_t)(s->n_embd / s->n_head));
+    tdm_gguf_w_u32(w, "llama.vocab_size", (uint32_t)s->n_vocab);
+    if (o->tokenizer_from) return copy_tokenizer(w, o->tokenizer_from, s, err);
+    return tdm_synth_vocab(w, s->n_vocab, err);
+}
+
+tandem_status tdm_synth_plan(const tdm_synth_opts *o, tdm_gguf_writer **out, tdm_synth_info *info,
+                             tdm_err *err) {
+    *out = NULL;
+    if (!o || !o->shape) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: no shape");
+    if (!tdm_synth_file_type(o->type))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: matrix type %s is not f16, q8_0 or q4_0",
+                          tdm_dtype_name(o->type));
+    tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
+    size_t n = 0;
+    tdesc *t = tensor_list(o->shape, o->type, &n);
+    if (!w || !t) {
+        tdm_gguf_writer_free(w);
+        free(t);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
+    tandem_status st = write_metadata(w, o, err);
+    uint64_t n_params = 0;
+    for (size_t i = 0; i < n && !st; i++) {
+        int64_t ne[2] = {t[i].ne0, t[i].ne1};
+        tdm_gguf_w_tensor_info(w, t[i].name, t[i].type, t[i].ne1 ? 2 : 1, ne, t[i].nbytes);
+        n_params += (uint64_t)t[i].ne0 * (uint64_t)(t[i].ne1 ? t[i].ne1 : 1);
+    }
+    free(t);
+    uint64_t head = 0, total = 0;
+    if (!st && (st = tdm_gguf_writer_sizes(w, &head, &total)))
+        st = tdm_seterr(err, st, "synth: building the header: %s", tandem_status_str(st));
+    if (st) {
+        tdm_gguf_writer_free(w);
+        return st;
+    }
+    if (info) *info = (tdm_synth_info){.n_tensors = n, .n_params = n_params, .file_bytes = total};
+    *out = w;
+    return TANDEM_OK;
+}
+
+/* ------------------------------------------------------------ random tiles */
+
+static uint64_t splitmix(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+typedef struct tile {
+    int64_t cols;       /* the row length it serves */
+    uint8_t *data;      /* [n_blocks * block_bytes] */
+    size_t n_blocks, block_bytes;
+} tile;
+
+#define MAX_TILES 4
+#define GEN_CHUNK 4096 /* elements converted at a time (a multiple of the block) */
+
+/* Fills t with n_blocks blocks of `type` encoding uniform values for rows of cols. */
+static tandem_status tile_make(tile *t, uint32_t type, int64_t cols, size_t n_blocks, uint64_t seed, tdm_err *err) {
+    t->cols = cols;
+    t->block_bytes = tdm_dtype_block_bytes(type);
+    t->n_blocks = n_blocks;
+    t->data = tdm_mallocarray(n_blocks, t->block_bytes);
+    if (!t->data) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory for a %zu-block tile", n_blocks);
+    float buf[GEN_CHUNK];
+    uint64_t rng = seed ^ ((uint64_t)cols * 0xd1342543de82ef95ull);
+    double a = sqrt(3.0) * 0.5 / sqrt((double)cols);
+    size_t be = tdm_dtype_block_elems(type);
+    size_t n_elems = n_blocks * be;
+    for (size_t done = 0; done < n_elems;) {
+        size_t k = TDM_MIN((size_t)GEN_CHUNK, n_elems - done);
+        for (size_t i = 0; i < k; i += 2) {
+            uint64_t r = splitmix(&rng);
+            buf[i] = (float)(a * ((double)(r >> 40) * 0x1.0p-23 - 1.0));
+            if (i + 1 < k) buf[i + 1] = (float)(a * ((double)((r >> 8) & 0xffffff) * 0x1.0p-23 - 1.0));
+        }
+        tdm_row_from_f32(type, buf, t->data + done / be * t->block_bytes, (int64_t)k);
+        done += k;
+    }
+    return TANDEM_OK;
+}
+
+/* The tile for rows of cols: made on first use, as large as the largest tensor of
+ * that row length needs (at most tile_bytes). */
+static tandem_status tile_get(tile *tiles, size_t *n_tiles, const tdesc *list, size_t n, const tdm_synth_opts *o,
+                              int64_t cols, const tile **out, tdm_err *err) {
+    for (size_t i = 0; i < *n_tiles; i++)
+        if (tiles[i].cols == cols) {
+            *out = &tiles[i];
+            return TANDEM_OK;
+        }
+    if (*n_tiles == MAX_TILES) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "synth: too many row lengths");
+    size_t bb = tdm_dtype_block_bytes(o->type);
+    uint64_t need = 0;
+    for (size_t i = 0; i < n; i++)
+        if (list[i].type == o->type && list[i].ne0 == cols) need = TDM_MAX(need, list[i].nbytes / bb);
+    size_t cap = (o->tile_bytes ? o->tile_bytes : TDM_SYNTH_TILE_BYTES) / bb;
+    size_t n_blocks = (size_t)TDM_MAX((uint64_t)1, TDM_MIN(need, (uint64_t)cap));
+    tandem_status st = tile_make(&tiles[*n_tiles], o->type, cols, n_blocks, o->seed, err);
+    if (st) return st;
+    *out = &tiles[(*n_tiles)++];
+    return TANDEM_OK;
+}
+
+/* ------------------------------------------------------------ writing */
+
+static tandem_status write_chunk(tdm_gguf_writer *w, const void *p, size_t n, uint64_t *done, uint64_t total,
+                                 const tdm_synth_opts *o, tdm_err *err) {
+    tandem_status st = tdm_gguf_stream_write(w, p, n, err);
+    if (st) return st;
+    *done += n;
+    if (o->progress && !o->progress(o->progress_ctx, *done, total))
+        return tdm_seterr(err, TANDEM_ERR_CANCELLED, "cancelled");
+    return TANDEM_OK;
+}
+
+/* Streams every tensor's data. */
+static tandem_status write_data(tdm_gguf_writer *w, const tdm_synth_opts *o, uint64_t head, uint64_t total,
+                                tdm_err *err) {
+    size_t n = 0;
+    tdesc *list = tensor_list(o->shape, o->type, &n);
+    float *ones = tdm_mallocarray((size_t)o->shape->n_embd, sizeof *ones);
+    tile tiles[MAX_TILES] = {0};
+    size_t n_tiles = 0;
+    tandem_status st = TANDEM_OK;
+    if (!list || !ones) st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; !st && i < o->shape->n_embd; i++) ones[i] = 1.0f;
+    uint64_t done = head, rng = o->seed * 0x2545f4914f6cdd1dull + 1;
+    for (size_t i = 0; !st && i < n; i++) {
+        const tdesc *d = &list[i];
+        uint64_t start = splitmix(&rng);
+        if (d->type == TDM_F32) { /* a norm: [n_embd] of 1.0 */
+            st = write_chunk(w, ones, (size_t)d->nbytes, &done, total, o, err);
+            continue;
+        }
+        const tile *t = NULL;
+        if ((st = tile_get(tiles, &n_tiles, list, n, o, d->ne0, &t, err))) break;
+        size_t tile_bytes = t->n_blocks * t->block_bytes;
+        size_t pos = (size_t)(start % t->n_blocks) * t->block_bytes;
+        for (uint64_t left = d->nbytes; !st && left > 0;) {
+            size_t k = (size_t)TDM_MIN(left, (uint64_t)(tile_bytes - pos));
+            st = write_chunk(w, t->data + pos, k, &done, total, o, err);
+            left -= k;
+            pos = 0;
+        }
+    }
+    for (size_t i = 0; i < n_tiles; i++) free(tiles[i].data);
+    free(ones);
+    free(list);
+    return st;
+}
+
+tandem_status tdm_synth_write(const tdm_synth_opts *o, const char *path, tdm_synth_info *info, tdm_err *err) {
+    if (!path || !*path) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: no output path");
+    struct stat sb;
+    if (!o->overwrite && lstat(path, &sb) == 0)
+        return tdm_seterr(err, TANDEM_ERR_IO, "'%s' already exists", path);
+    tdm_gguf_writer *w;
+    tdm_synth_info inf;
+    tandem_status st = tdm_synth_plan(o, &w, &inf, err);
+    if (st) return st;
+    if (info) *info = inf;
+    uint64_t head = 0, total = 0;
+    tdm_gguf_writer_sizes(w, &head, &total);
+
+    size_t plen = strlen(path);
+    char *tmp = tdm_malloc(plen + 5);
+    if (!tmp) {
+        tdm_gguf_writer_free(w);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp", 5);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        st = tdm_seterr(err, TANDEM_ERR_IO, "cannot create '%s': %s", tmp, strerror(errno));
+        free(tmp);
+        tdm_gguf_writer_free(w);
+        return st;
+    }
+    struct statvfs vfs;
+    if (fstatvfs(fileno(f), &vfs) == 0 && vfs.f_frsize &&
+        (uint64_t)vfs.f_bavail < total / vfs.f_frsize + 1)
+        st = tdm_seterr(err, TANDEM_ERR_IO, "'%s': not enough free space (%llu bytes needed, %llu available)", tmp,
+                        (unsigned long long)total, (unsigned long long)vfs.f_bavail * vfs.f_frsize);
+    if (!st && o->progress && !o->progress(o->progress_ctx, 0, total))
+        st = tdm_seterr(err, TANDEM_ERR_CANCELLED, "cancelled");
+    if (!st) st = tdm_gguf_stream_begin(w, f, tmp, err);
+    if (!st) st = write_data(w, o, head, total, err);
+    if (!st) st = tdm_gguf_stream_end(w, err);
+    tdm_gguf_writer_free(w);
+    if (fclose(f) != 0 && !st) st = tdm_seterr(err, TANDEM_ERR_IO, "writing '%s': %s", tmp, strerror(errno));
+    if (!st && rename(tmp, path) != 0)
+        st = tdm_seterr(err, TANDEM_ERR_IO, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
+    if (st) unlink(tmp);
+    free(tmp);
+    return st;
+}

@@ -1,0 +1,427 @@
+/* test_cuda_kernels.c - the CUDA backend's fast paths against the reference ops
+ * (tests/ref_ops.c) by normalised error, with outputs poisoned (NaN) before each
+ * run so an unwritten element fails:
+ *   - the row kernels (decode and verification products) for f16, bf16 and the
+ *     split-layout q8_0 / q4_0, odd row counts, 1..16 input rows; every row of a
+ *     batch equal bit for bit to the same row alone;
+ *   - cuBLAS for many rows (each type, activations rounded to 16 bits);
+ *   - attention by tiles and splits: head dims 64, 80, 96, 128, 256, grouped
+ *     queries, block sizes 8 / 16 / 32, contexts that are not a multiple of the
+ *     block size, up to 4099 keys, many sequences of different lengths in a batch;
+ *     a row alone equal bit for bit to the same row in a batch;
+ *   - the fused forward (the blocks op, CUDA graphs) against the same model run op
+ *     by op on the GPU and on the CPU, for f16, bf16, q8_0 and q4_0 weights;
+ *   - argmax on the device against tdm_argmax.
+ * Without a CUDA device the program reports itself skipped (exit 77). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend_testutil.h"
+#include "cuda_testutil.h"
+#include "model.h"
+#include "ref_ops.h"
+#include "sampling.h"
+#include "testutil.h"
+#include "tiny_model.h"
+
+#define GEMV_MAX_ROWS 16 /* TDM_CUDA_GEMV_MAX_ROWS (kernels/cuda/cuda_internal.h) */
+
+static void poison(tdm_backend *b, void *dev, size_t floats) {
+    float *h = malloc(floats * sizeof(float));
+    for (size_t i = 0; i < floats; i++) h[i] = NAN;
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->upload(b, dev, h, floats * sizeof(float), &err), TANDEM_OK, "%s", err.msg);
+    free(h);
+}
+
+/* ---- matrix products ------------------------------------------------------------ */
+
+/* y (=|+=) x W^T with x quantised per 32-element block as the int8 kernels do
+ * (d = max |x| / 127, q = round half to even of x * 127 / max |x|). */
+static void ref_matmul_xq(const tdm_weight *w, const float *x, int32_t n, float *y, bool acc) {
+    const int64_t cols = w->cols;
+    float *wr = malloc((size_t)cols * sizeof(float)), *xq = malloc((size_t)cols * sizeof(float));
+    for (int32_t i = 0; i < n; i++) {
+        const float *xi = x + (size_t)i * cols;
+        for (int64_t b = 0; b < cols / TDM_QK; b++) {
+            float a = 0;
+            for (int j = 0; j < TDM_QK; j++) a = fmaxf(a, fabsf(xi[b * TDM_QK + j]));
+            const float id = a > 0 ? 127.0f / a : 0.0f, d = a / 127.0f;
+            for (int j = 0; j < TDM_QK; j++) {
+                float q = rintf(xi[b * TDM_QK + j] * id);
+                q = q > 127 ? 127 : q < -127 ? -127 : q;
+                xq[b * TDM_QK + j] = q * d;
+            }
+        }
+        for (int64_t r = 0; r < w->rows; r++) {
+            tdm_row_to_f32(w->type, (const uint8_t *)w->data + r * w->row_bytes, wr, cols);
+            double s = 0;
+            for (int64_t k = 0; k < cols; k++) s += (double)wr[k] * xq[k];
+            float *o = y + (size_t)i * w->rows + r;
+            *o = acc ? *o + (float)s : (float)s;
+        }
+    }
+    free(wr);
+    free(xq);
+}
+
+/* A device copy of w in the layout the CUDA backend loads it in. */
+static tdm_weight put_packed(tdm_backend *b, const tdm_weight *w) {
+    tdm_weight d = *w;
+    d.layout = b->ops->weight_layout ? b->ops->weight_layout(b, w->type, w->rows, w->cols) : TDM_LAYOUT_ROWS;
+    void *host = malloc((size_t)w->rows * w->row_bytes);
+    cr_assert(tdm_weight_pack(d.layout, w->type, w->rows, w->cols, w->data, host));
+    d.data = tdm_cu_test_put(b, host, (size_t)w->rows * w->row_bytes);
+    free(host);
+    return d;
+}
+
+static const uint32_t fast_types[] = {TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+
+static bool is_quant(uint32_t t) { return t == TDM_Q8_0 || t == TDM_Q4_0; }
+
+Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    uint64_t rng = 41;
+    const int64_t shapes[][2] = {{1, 256}, {67, 768}, {1031, 256}, {300, 4096}, {2, 11008}};
+    const int32_t ns[] = {1, 2, 5, 8, 9, 13, 16};
+    for (size_t t = 0; t < TDM_ARRAY_LEN(fast_types); t++)
+        for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+            tdm_weight w = tdm_test_weight(fast_types[t], shapes[s][0], shapes[s][1], &rng);
+            tdm_weight dw = put_packed(b, &w);
+            if (is_quant(w.type)) cr_assert_eq(dw.layout, TDM_LAYOUT_QSPLIT, "quantised weights load split");
+            for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int32_t n = ns[k];
+                    const size_t ny = (size_t)n * w.rows;
+                    float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -1, 1);
+                    float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1), *ref = malloc(ny * 4), *ref32 = malloc(ny * 4);
+                    memcpy(ref, y0, ny * 4);
+                    memcpy(ref32, y0, ny * 4);
+                    float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
+                    if (!acc) poison(b, dy, ny);
+                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
+                    float *y = tdm_cu_test_get(b, dy, ny * 4);
+                    ref_matmul(&w, x, n, ref32, acc);
+                    double e32 = ref_nrm_err(y, ref32, ny);
+                    if (is_quant(w.type)) { /* exact against x quantised the same way; close to f32 x */
+                        ref_matmul_xq(&w, x, n, ref, acc);
+                        double e = ref_nrm_err(y, ref, ny);
+                        cr_assert(e < 1e-5, "%s [%lld][%lld] n %d acc %d: err %g against quantised x",
+                                  tdm_dtype_name(w.type), (long long)w.rows, (long long)w.cols, n, acc, e);
+                        cr_assert(e32 < 2e-2, "%s n %d: err %g against f32 x", tdm_dtype_name(w.type), n, e32);
+                    } else {
+                        cr_assert(e32 < 2e-6, "%s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type),
+                                  (long long)w.rows, (long long)w.cols, n, acc, e32);
+                    }
+                    if (!acc && n > 1) { /* each of the first and last rows alone: bit for bit */
+                        const int32_t pick[2] = {0, n - 1};
+                        for (int p = 0; p < 2; p++) {
+                            float *dy1 = tdm_cu_test_put(b, NULL, (size_t)w.rows * 4);
+                            OK(b->ops->matmul(b, &dw, dx + (size_t)pick[p] * w.cols, 1, dy1, false, &err_));
+                            float *y1 = tdm_cu_test_get(b, dy1, (size_t)w.rows * 4);
+                            cr_assert(memcmp(y1, y + (size_t)pick[p] * w.rows, (size_t)w.rows * 4) == 0,
+                                      "%s n %d: row %d alone differs from the batch", tdm_dtype_name(w.type), n,
+                                      pick[p]);
+                            free(y1);
+                            b->ops->free(b, dy1);
+                        }
+                    }
+                    free(y), free(x), free(y0), free(ref), free(ref32);
+                    b->ops->free(b, dx);
+                    b->ops->free(b, dy);
+                }
+            b->ops->free(b, (void *)dw.data);
+            free((void *)w.data);
+        }
+    tdm_backend_destroy(b);
+}
+
+Test(cuda_gemm, many_rows_each_type, .timeout = 300) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    uint64_t rng = 43;
+    const int64_t shapes[][2] = {{96, 256}, {1030, 512}, {257, 4096}};
+    const int32_t ns[] = {17, 40, 130};
+    for (size_t t = 0; t < TDM_ARRAY_LEN(fast_types); t++)
+        for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+            tdm_weight w = tdm_test_weight(fast_types[t], shapes[s][0], shapes[s][1], &rng);
+            tdm_weight dw = put_packed(b, &w);
+            for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int32_t n = ns[k];
+                    const size_t ny = (size_t)n * w.rows;
+                    float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -1, 1);
+                    float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1), *ref = malloc(ny * 4);
+                    memcpy(ref, y0, ny * 4);
+                    float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
+                    if (!acc) poison(b, dy, ny);
+                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
+                    float *y = tdm_cu_test_get(b, dy, ny * 4);
+                    ref_matmul(&w, x, n, ref, acc);
+                    const double e = ref_nrm_err(y, ref, ny), tol = w.type == TDM_BF16 ? 2e-2 : 3e-3;
+                    cr_assert(e < tol, "%s [%lld][%lld] n %d acc %d: err %g (bound %g)", tdm_dtype_name(w.type),
+                              (long long)w.rows, (long long)w.cols, n, acc, e, tol);
+                    free(y), free(x), free(y0), free(ref);
+                    b->ops->free(b, dx);
+                    b->ops->free(b, dy);
+                }
+            b->ops->free(b, (void *)dw.data);
+            free((void *)w.data);
+        }
+    tdm_backend_destroy(b);
+}
+
+/* ---- attention ------------------------------------------------------------------ */
+
+typedef struct flash_case {
+    int32_t n_head, n_kv_head, head_dim, block_size;
+    int32_t n_seq, lens[4];
+    int32_t rows_per_seq; /* the last ones of each sequence attend (causal) */
+} flash_case;
+
+/* Caches written on the host (random K / V over shuffled blocks), uploaded; rows
+ * of every sequence attend through the attention op (tiles and splits), against
+ * ref_attention; then each sequence's last row alone, bit for bit. */
+static void run_flash(const flash_case *tc, uint64_t rng) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    const int32_t bs = tc->block_size, nkv = tc->n_kv_head, hd = tc->head_dim;
+    tdm_kv_seq seqs[4] = {0};
+    const tdm_kv_seq *sp[4];
+    int32_t total = 0;
+    for (int s = 0; s < tc->n_seq; s++) total += (tc->lens[s] + bs - 1) / bs;
+    const int32_t n_blocks = total + 3;
+    int32_t *perm = malloc((size_t)n_blocks * 4);
+    for (int32_t i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int32_t i = n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(tdm_test_rand(&rng) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int s = 0, next = 0; s < tc->n_seq; s++) {
+        int32_t nb = (tc->lens[s] + bs - 1) / bs;
+        seqs[s] = (tdm_kv_seq){calloc((size_t)nb, 4), nb, nb, tc->lens[s]};
+        for (int32_t k = 0; k < nb; k++) seqs[s].blocks[k] = perm[next++];
+        sp[s] = &seqs[s];
+    }
+    free(perm);
+    const size_t cbytes = (size_t)n_blocks * nkv * bs * hd * 2;
+    void *kr = calloc(1, cbytes), *vr = calloc(1, cbytes);
+    for (int s = 0; s < tc->n_seq; s++) {
+        tdm_batch bt;
+        const int32_t len = tc->lens[s], stride = nkv * hd;
+        cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
+        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, i, false);
+        float *k = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2), *v = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2);
+        tdm_kv_write_args ar = {&bt, sp, k, v, stride, kr, vr, TDM_F16, nkv, hd, bs};
+        ref_kv_write(&ar);
+        free(k), free(v);
+        tdm_batch_free(&bt);
+    }
+    void *kc = tdm_cu_test_put(b, kr, cbytes), *vc = tdm_cu_test_put(b, vr, cbytes);
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 256, NULL), TANDEM_OK);
+    for (int s = 0; s < tc->n_seq; s++)
+        for (int32_t p = TDM_MAX(0, tc->lens[s] - tc->rows_per_seq); p < tc->lens[s]; p++) tdm_batch_add(&bt, 0, p, s, p, false);
+    const int32_t q_stride = tc->n_head * hd + 2 * nkv * hd;
+    const size_t n_out = (size_t)bt.n_rows * tc->n_head * hd;
+    float *q = tdm_test_rand_vec(&rng, (size_t)bt.n_rows * q_stride, -1.5f, 1.5f), *ref = calloc(n_out, 4);
+    float *dq = tdm_cu_test_put(b, q, (size_t)bt.n_rows * q_stride * 4), *dout = tdm_cu_test_put(b, NULL, n_out * 4);
+    poison(b, dout, n_out);
+    const float scale = 1.0f / sqrtf((float)hd);
+    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, TDM_F16, tc->n_head, nkv, hd, bs, scale};
+    OK(b->ops->attention(b, &a, &err_));
+    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, TDM_F16, tc->n_head, nkv, hd, bs, scale};
+    ref_attention(&ar);
+    float *out = tdm_cu_test_get(b, dout, n_out * 4);
+    double e = ref_nrm_err(out, ref, n_out);
+    cr_assert(e < 1e-5, "attention heads %d/%d hd %d bs %d, %d rows: err %g", tc->n_head, nkv, hd, bs, (int)bt.n_rows, e);
+    /* each sequence's last row alone */
+    const size_t row_out = (size_t)tc->n_head * hd;
+    for (int32_t r = 0; r < bt.n_rows; r++) {
+        if (r + 1 < bt.n_rows && bt.seq[r + 1] == bt.seq[r]) continue;
+        tdm_batch one;
+        cr_assert_eq(tdm_batch_init(&one, 1, NULL), TANDEM_OK);
+        tdm_batch_add(&one, 0, bt.pos[r], bt.seq[r], bt.slot[r], false);
+        float *d1 = tdm_cu_test_put(b, NULL, row_out * 4);
+        tdm_attn_args a1 = a;
+        a1.batch = &one;
+        a1.q = dq + (size_t)r * q_stride;
+        a1.out = d1;
+        OK(b->ops->attention(b, &a1, &err_));
+        float *o1 = tdm_cu_test_get(b, d1, row_out * 4);
+        cr_assert(memcmp(o1, out + (size_t)r * row_out, row_out * 4) == 0,
+                  "hd %d: row %d alone differs from the batch", hd, (int)r);
+        free(o1);
+        b->ops->free(b, d1);
+        tdm_batch_free(&one);
+    }
+    tdm_batch_free(&bt);
+    void *dev[] = {kc, vc, dq, dout};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(kr), free(vr), free(q), free(ref), free(out);
+    for (int s = 0; s < tc->n_seq; s++) free(seqs[s].blocks);
+    tdm_backend_destroy(b);
+}
+
+Test(cuda_flash, decode_mha_hd128) { run_flash(&(flash_case){32, 32, 128, 16, 1, {300}, 1}, 1); }
+Test(cuda_flash, gqa_8_chains_three_sequences) { run_flash(&(flash_case){32, 8, 128, 16, 3, {1000, 37, 129}, 5}, 2); }
+Test(cuda_flash, prefill_64_rows_hd64) { run_flash(&(flash_case){12, 12, 64, 16, 1, {64}, 64}, 3); }
+Test(cuda_flash, hd80_block8) { run_flash(&(flash_case){8, 2, 80, 8, 2, {45, 300}, 3}, 4); }
+Test(cuda_flash, hd96_block32_verification) { run_flash(&(flash_case){6, 2, 96, 32, 1, {200}, 13}, 5); }
+Test(cuda_flash, hd256) { run_flash(&(flash_case){4, 1, 256, 16, 2, {257, 31}, 2}, 6); }
+Test(cuda_flash, long_context_4099) { run_flash(&(flash_case){32, 4, 64, 16, 1, {4099}, 1}, 7); }
+Test(cuda_flash, group_of_three_four_sequences) { run_flash(&(flash_case){6, 2, 64, 16, 4, {5, 130, 1, 77}, 4}, 8); }
+Test(cuda_flash, wide_group_split_across_blocks) { run_flash(&(flash_case){32, 1, 64, 16, 1, {100}, 3}, 9); }
+
+/* ---- the fused forward ---------------------------------------------------------- */
+
+/* A model file with these weights (tiny_model), loaded on a backend, with a K/V
+ * store and one sequence. */
+typedef struct rig {
+    tdm_backend *be;
+    tdm_model *m;
+    tdm_kv_store kv;
+    tdm_kv_seq seq;
+    tdm_fwd_scratch fs;
+    float *logits;
+} rig;
+
+static void rig_open(rig *r, tdm_backend *be, const char *path, uint32_t kv_type) {
+    memset(r, 0, sizeof *r);
+    r->be = be;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_model_load(path, be, &r->m, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, be, kv_type, 16, 16, &err), TANDEM_OK, "%s", err.msg);
+    r->seq = (tdm_kv_seq){calloc(16, 4), 16, 16, 256};
+    for (int i = 0; i < 16; i++) r->seq.blocks[i] = (i * 5 + 3) % 16;
+    OK(be->ops->alloc(be, (size_t)64 * r->m->hp.n_vocab * 4, (void **)&r->logits, &err_));
+}
+
+static float *rig_forward(rig *r, const tdm_batch *bt, bool by_ops) {
+    const tdm_kv_seq *sp[1] = {&r->seq};
+    r->fs.blocks_declined = by_ops; /* (forward.c runs the ops when declined) */
+    OK(tdm_model_forward(r->m, r->be, &r->kv, bt, sp, &r->fs, r->logits, &err_));
+    const size_t bytes = (size_t)tdm_batch_n_logits(bt) * r->m->hp.n_vocab * 4;
+    if (r->be->host_memory) {
+        float *h = malloc(bytes);
+        memcpy(h, r->logits, bytes);
+        return h;
+    }
+    return tdm_cu_test_get(r->be, r->logits, bytes);
+}
+
+static void rig_close(rig *r) {
+    r->be->ops->free(r->be, r->logits);
+    tdm_fwd_scratch_free(&r->fs);
+    tdm_kv_store_free(&r->kv);
+    tdm_model_free(r->m);
+    free(r->seq.blocks);
+    tdm_backend_destroy(r->be);
+}
+
+/* A prefill of 40 rows, then decode and verification batches of 1, 5 and 1 rows
+ * three times each (direct, captured, replayed): the blocks op equals the op-by-op
+ * forward on the GPU, comes close to the CPU's, and repeats exactly. */
+static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t n_ff) {
+    tdm_tiny_cfg tc = tdm_tiny_default();
+    tc.wtype = wtype;
+    tc.n_embd = n_embd, tc.n_head = n_head, tc.n_head_kv = n_head_kv, tc.n_ff = n_ff, tc.n_layer = 2;
+    tc.untied_output = true;
+    tc.seed = 5 + wtype;
+    char *path = tdm_tiny_model_file(&tc);
+    tdm_backend *cpu = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK, "%s", err.msg);
+    rig rg, ro, rc;
+    rig_open(&rg, tdm_cu_test_gpu(), path, TDM_F16);
+    rig_open(&ro, tdm_cu_test_gpu(), path, TDM_F16);
+    rig_open(&rc, cpu, path, TDM_F16);
+    const int32_t V = rg.m->hp.n_vocab;
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
+    const int32_t steps[] = {40, 1, 5, 1, 1, 5, 1, 1, 5, 1};
+    int32_t pos = 0;
+    float *first[3] = {NULL, NULL, NULL};
+    for (size_t k = 0; k < TDM_ARRAY_LEN(steps); k++) {
+        tdm_batch_clear(&bt);
+        /* steps 1-3 repeat as 4-6 and 7-9 at the same positions: same inputs, same slots */
+        if (k == 0) pos = 0;
+        else if ((k - 1) % 3 == 0) pos = 40;
+        for (int32_t i = 0; i < steps[k]; i++) {
+            const int32_t tok = (int32_t)((pos * 31 + 7) % V);
+            tdm_batch_add(&bt, tok, pos, 0, pos, true);
+            pos++;
+        }
+        const int32_t nl = tdm_batch_n_logits(&bt);
+        float *lg = rig_forward(&rg, &bt, false), *lo = rig_forward(&ro, &bt, true), *lc = rig_forward(&rc, &bt, false);
+        const size_t nv = (size_t)nl * V;
+        const double e_ops = ref_nrm_err(lg, lo, nv), e_cpu = ref_nrm_err(lg, lc, nv);
+        const bool big = bt.n_rows > GEMV_MAX_ROWS;
+        /* f16 / bf16 activations on tensor cores for big batches; int8 activations for
+         * quantised weights on the row kernels */
+        const double tol_cpu = is_quant(wtype) ? 3e-2 : big ? (wtype == TDM_BF16 ? 2e-2 : 3e-3) : 1e-4;
+        cr_assert(e_ops < 1e-5, "%s step %zu (%d rows): fused vs ops err %g", tdm_dtype_name(wtype), k, (int)bt.n_rows,
+                  e_ops);
+        cr_assert(e_cpu < tol_cpu, "%s step %zu (%d rows): GPU vs CPU err %g", tdm_dtype_name(wtype), k, (int)bt.n_rows,
+                  e_cpu);
+        if (k >= 1) {
+            const size_t slot = (k - 1) % 3;
+            if (!first[slot]) {
+                first[slot] = malloc(nv * 4);
+                memcpy(first[slot], lg, nv * 4);
+            } else {
+                cr_assert(memcmp(first[slot], lg, nv * 4) == 0, "%s step %zu: a repeated batch gives other logits",
+                          tdm_dtype_name(wtype), k);
+            }
+        }
+        free(lg), free(lo), free(lc);
+    }
+    uint64_t replays = 0, captures = 0;
+    tdm_backend_cuda_graph_stats(rg.be, &replays, &captures);
+    cr_log_info("%s: %llu graph captures, %llu replays", tdm_dtype_name(wtype), (unsigned long long)captures,
+                (unsigned long long)replays);
+    cr_assert_geq(captures, 2, "decode (1 row) and verification (5 rows) shapes are captured");
+    cr_assert_geq(replays, 2);
+    for (int i = 0; i < 3; i++) free(first[i]);
+    tdm_batch_free(&bt);
+    rig_close(&rg);
+    rig_close(&ro);
+    rig_close(&rc);
+    unlink(path);
+    free(path);
+}
+
+Test(cuda_fused, f16_gqa_hd128, .timeout = 300) { check_fused(TDM_F16, 512, 4, 1, 768); }
+Test(cuda_fused, bf16_mha_hd64, .timeout = 300) { check_fused(TDM_BF16, 256, 4, 4, 512); }
+Test(cuda_fused, q8_0_split_layout, .timeout = 300) { check_fused(TDM_Q8_0, 512, 4, 2, 768); }
+Test(cuda_fused, q4_0_split_layout, .timeout = 300) { check_fused(TDM_Q4_0, 512, 8, 2, 1024); }
+/* widths whose quantised rows are not 16-byte aligned: the generic kernels, rows layout */
+Test(cuda_fused, q8_0_odd_width_generic, .timeout = 300) { check_fused(TDM_Q8_0, 96, 2, 1, 160); }
+
+/* ---- argmax -------------------------------------------------------------------- */
+
+Test(cuda_ops, argmax_ties_nan_and_inf) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    enum { N = 5, D = 70001 };
+    uint64_t rng = 3;
+    float *x = tdm_test_rand_vec(&rng, (size_t)N * D, -5, 5);
+    x[0 * D + 70000] = 9, x[0 * D + 12345] = 9;          /* a tie: the first wins */
+    x[1 * D + 4] = NAN, x[1 * D + 5] = 7;                /* NaN never largest */
+    for (int k = 0; k < D; k++) x[2 * D + k] = -INFINITY; /* all -inf: the first */
+    for (int k = 0; k < D; k++) x[3 * D + k] = NAN;       /* all NaN: 0 */
+    x[4 * D + D - 1] = 100;
+    float *dx = tdm_cu_test_put(b, x, (size_t)N * D * 4);
+    int32_t ids[N];
+    OK(b->ops->argmax(b, dx, N, D, ids, &err_));
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(ids[i], tdm_argmax(x + (size_t)i * D, D), "row %d: %d vs %d", i, ids[i], tdm_argmax(x + (size_t)i * D, D));
+    cr_assert_eq(ids[0], 12345);
+    b->ops->free(b, dx);
+    free(x);
+    tdm_backend_destroy(b);
+}
+
+int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

@@ -1,0 +1,251 @@
+/* test_synth.c - synthetic models (synth.h): the shape table against the published
+ * parameter counts, the synthetic vocabulary (exact size, unique tokens, lossless
+ * round trips through tandem's tokenizer), tiny models of every type that load and
+ * give finite, moderate logits, and the file handling (no overwrite, cancellation
+ * and failures leave no file behind). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "gguf.h"
+#include "gguf_write.h"
+#include "synth.h"
+#include "tokenizer.h"
+
+static tdm_synth_opts opts(const char *shape, uint32_t type) {
+    tdm_synth_opts o = {.shape = tdm_synth_shape_find(shape), .type = type};
+    cr_assert(o.shape, "shape %s", shape);
+    return o;
+}
+
+static bool exists(const char *path) {
+    struct stat sb;
+    return lstat(path, &sb) == 0;
+}
+
+/* A fresh temporary directory (removed by rm_dir). */
+static char *tmp_dir(void) {
+    char *d = strdup("/tmp/tdm-synth-XXXXXX");
+    cr_assert(mkdtemp(d));
+    return d;
+}
+
+static char *path_in(const char *dir, const char *name) {
+    char *p = malloc(strlen(dir) + strlen(name) + 2);
+    sprintf(p, "%s/%s", dir, name);
+    return p;
+}
+
+Test(synth, shapes_have_the_published_sizes) {
+    static const struct {
+        const char *name;
+        uint64_t params;
+    } want[] = {
+        {"llama2-7b", 6738415616ull},  {"llama3-8b", 8030261248ull},     {"llama2-13b", 13015864320ull},
+        {"tinyllama-1.1b", 1100048384ull}, {"llama-160m", 162417408ull},
+    };
+    for (size_t i = 0; i < TDM_ARRAY_LEN(want); i++) {
+        tdm_synth_opts o = opts(want[i].name, TDM_Q4_0);
+        tdm_gguf_writer *w;
+        tdm_synth_info inf;
+        tdm_err err = {0};
+        cr_assert_eq(tdm_synth_plan(&o, &w, &inf, &err), TANDEM_OK, "%s: %s", want[i].name, err.msg);
+        cr_expect_eq(inf.n_params, want[i].params, "%s: %llu parameters", want[i].name,
+                     (unsigned long long)inf.n_params);
+        cr_expect_eq(inf.n_tensors, 3 + 9 * (uint64_t)o.shape->n_layer);
+        tdm_gguf_writer_free(w);
+    }
+    cr_assert_null(tdm_synth_shape_find("llama9"));
+    cr_assert(tdm_synth_shape_find("tiny")->hidden);
+    tdm_synth_opts o = opts("tiny", TDM_BF16);
+    tdm_gguf_writer *w;
+    cr_assert_eq(tdm_synth_plan(&o, &w, NULL, NULL), TANDEM_ERR_INVALID_ARG, "bf16 is not a synth type");
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+Test(synth, vocabulary) {
+    static const int32_t sizes[] = {260, 1000, 32000, 128256};
+    static const char text[] = "Hello, world! 42 \xc3\xbcn\xc3\xaf" "code\n\ttabs  and  spaces";
+    for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
+        int32_t n = sizes[si];
+        tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
+        tdm_err err = {0};
+        cr_assert_eq(tdm_synth_vocab(w, n, &err), TANDEM_OK, "%s", err.msg);
+        uint8_t *buf;
+        size_t len;
+        cr_assert_eq(tdm_gguf_writer_finish(w, &buf, &len), TANDEM_OK);
+        tdm_gguf_writer_free(w);
+        tdm_gguf *g;
+        cr_assert_eq(tdm_gguf_open_memory(buf, len, &g, &err), TANDEM_OK, "%s", err.msg);
+        const tdm_gguf_array *toks;
+        cr_assert_eq(tdm_gguf_get_arr(g, "tokenizer.ggml.tokens", TDM_GGUF_STRING, &toks, &err), TANDEM_OK);
+        cr_assert_eq(toks->n, (uint64_t)n);
+        /* unique (llama.cpp asserts it) */
+        char **s = malloc((size_t)n * sizeof *s);
+        for (int32_t i = 0; i < n; i++) s[i] = strndup(toks->strs[i].ptr, (size_t)toks->strs[i].len);
+        cr_assert_str_eq(s[0], "<unk>");
+        cr_assert_str_eq(s[3 + '\n'], "<0x0A>");
+        qsort(s, (size_t)n, sizeof *s, cmp_str);
+        for (int32_t i = 1; i < n; i++) cr_assert(strcmp(s[i - 1], s[i]) != 0, "duplicate token '%s'", s[i]);
+        for (int32_t i = 0; i < n; i++) free(s[i]);
+        free(s);
+
+        tdm_tokenizer *t;
+        cr_assert_eq(tdm_tokenizer_load(g, &t, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_tok_n_vocab(t), n);
+        cr_assert_eq(tdm_tok_bos(t), 1);
+        cr_assert_eq(tdm_tok_eos(t), 2);
+        cr_assert(tdm_tok_add_bos(t));
+        int32_t *ids;
+        size_t n_ids;
+        cr_assert_eq(tdm_tokenize(t, text, strlen(text), true, false, &ids, &n_ids, &err), TANDEM_OK);
+        cr_assert(n_ids > 1 && ids[0] == 1);
+        if (n >= 32000) cr_expect(n_ids < strlen(text) * 3 / 4, "pieces merge: %zu tokens", n_ids);
+        char out[256];
+        size_t k = 0;
+        tdm_detok d;
+        tdm_detok_init(&d, t);
+        for (size_t i = 0; i < n_ids; i++) {
+            int32_t m = tdm_detok_push(&d, t, ids[i], out + k, (int32_t)(sizeof out - k));
+            cr_assert(m >= 0);
+            k += (size_t)m;
+        }
+        k += (size_t)tdm_detok_flush(&d, out + k, (int32_t)(sizeof out - k));
+        cr_expect(k == strlen(text) && memcmp(out, text, k) == 0, "n_vocab %d: round trip gave '%.*s'", n, (int)k,
+                  out);
+        free(ids);
+        tdm_tokenizer_free(t);
+        tdm_gguf_close(g);
+        free(buf);
+    }
+    tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
+    cr_assert_eq(tdm_synth_vocab(w, 259, NULL), TANDEM_ERR_INVALID_ARG);
+    tdm_gguf_writer_free(w);
+}
+
+/* Loads a model and scores a prompt: every logit finite and moderate. */
+static void check_logits(const char *path, const char *what) {
+    tdm_err err = {0};
+    tdm_backend *be;
+    cr_assert_eq(tdm_backend_cpu_create(1, &be, &err), TANDEM_OK, "%s", err.msg);
+    tdm_model *m;
+    cr_assert_eq(tdm_model_load(path, be, &m, &err), TANDEM_OK, "%s: %s", what, err.msg);
+    cr_assert_eq(m->hp.n_embd, 256);
+    cr_assert(!m->hp.tied_output);
+    tdm_engine_cfg cfg = {.n_threads = 1};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(m, NULL, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    int32_t ids[24];
+    for (int i = 0; i < 24; i++) ids[i] = i == 0 ? 1 : 300 + 997 * i % 31000;
+    float *logits = malloc((size_t)m->hp.n_vocab * sizeof *logits);
+    cr_assert_eq(tdm_engine_score_last(e, false, ids, 24, logits, &err), TANDEM_OK, "%s", err.msg);
+    double sum2 = 0, amax = 0;
+    for (int32_t i = 0; i < m->hp.n_vocab; i++) {
+        cr_assert(isfinite(logits[i]), "%s: logit %d is %g", what, i, (double)logits[i]);
+        sum2 += (double)logits[i] * logits[i];
+        amax = fmax(amax, fabs((double)logits[i]));
+    }
+    double rms = sqrt(sum2 / m->hp.n_vocab);
+    cr_expect(rms > 0.05 && amax < 20, "%s: logits rms %g, max |logit| %g", what, rms, amax);
+    free(logits);
+    tdm_engine_free(e);
+    tdm_model_free(m);
+    tdm_backend_destroy(be);
+}
+
+Test(synth, tiny_models_load_and_give_finite_logits, .timeout = 120) {
+    static const uint32_t types[] = {TDM_F16, TDM_Q8_0, TDM_Q4_0};
+    char *dir = tmp_dir();
+    for (size_t i = 0; i < TDM_ARRAY_LEN(types); i++) {
+        tdm_synth_opts o = opts("tiny", types[i]);
+        o.tile_bytes = 1 << 20; /* tiles shorter than the embedding: wrapping is exercised */
+        char *path = path_in(dir, "m.gguf");
+        tdm_synth_info inf;
+        tdm_err err = {0};
+        cr_assert_eq(tdm_synth_write(&o, path, &inf, &err), TANDEM_OK, "%s", err.msg);
+        struct stat sb;
+        cr_assert_eq(stat(path, &sb), 0);
+        cr_assert_eq((uint64_t)sb.st_size, inf.file_bytes);
+        tdm_gguf *g;
+        cr_assert_eq(tdm_gguf_open(path, &g, &err), TANDEM_OK, "%s", err.msg);
+        uint32_t ft;
+        cr_assert_eq(tdm_gguf_get_u32(g, "general.file_type", &ft, &err), TANDEM_OK);
+        cr_assert_eq(ft, tdm_synth_file_type(types[i]));
+        for (uint64_t t = 0; t < g->n_tensors; t++) {
+            const tdm_gguf_tensor *x = &g->tensors[t];
+            bool norm = strstr(x->name, "norm") != NULL;
+            cr_assert_eq(x->type, norm ? (uint32_t)TDM_F32 : types[i], "%s", x->name);
+            if (norm) cr_assert_eq(((const float *)x->data)[7], 1.0f);
+        }
+        /* q and k start at different places of their tile */
+        const tdm_gguf_tensor *q = tdm_gguf_find_tensor(g, "blk.0.attn_q.weight");
+        const tdm_gguf_tensor *k = tdm_gguf_find_tensor(g, "blk.0.attn_k.weight");
+        cr_assert(memcmp(q->data, k->data, 64) != 0);
+        tdm_gguf_close(g);
+        check_logits(path, tdm_dtype_name(types[i]));
+        unlink(path);
+        free(path);
+    }
+    rmdir(dir);
+    free(dir);
+}
+
+static bool stop_at_first(void *ctx, uint64_t done, uint64_t total) {
+    (void)total;
+    int *calls = ctx;
+    ++*calls;
+    return done == 0;
+}
+
+Test(synth, files_are_never_left_partial) {
+    char *dir = tmp_dir();
+    char *path = path_in(dir, "m.gguf"), *tmp = path_in(dir, "m.gguf.tmp");
+    tdm_synth_opts o = opts("tiny", TDM_Q4_0);
+    tdm_err err = {0};
+    int calls = 0;
+    o.progress = stop_at_first;
+    o.progress_ctx = &calls;
+    cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_ERR_CANCELLED);
+    cr_assert(calls == 2, "%d progress calls", calls);
+    cr_assert(!exists(path) && !exists(tmp), "a cancelled run leaves nothing");
+
+    FILE *f = fopen(path, "w");
+    fputs("keep", f);
+    fclose(f);
+    o.progress = NULL;
+    cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_ERR_IO);
+    cr_assert(strstr(err.msg, "already exists"), "%s", err.msg);
+    struct stat sb;
+    cr_assert(stat(path, &sb) == 0 && sb.st_size == 4, "the existing file is untouched");
+    o.overwrite = true;
+    cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert(stat(path, &sb) == 0 && sb.st_size > 4 && !exists(tmp));
+
+    o.tokenizer_from = path; /* a tokenizer of 32000 tokens: the same as tiny's */
+    char *copy = path_in(dir, "copy.gguf");
+    cr_assert_eq(tdm_synth_write(&o, copy, NULL, &err), TANDEM_OK, "%s", err.msg);
+    o.shape = tdm_synth_shape_find("llama3-8b");
+    cr_assert_eq(tdm_synth_write(&o, copy, NULL, &err), TANDEM_ERR_MISMATCH);
+    cr_assert(strstr(err.msg, "32000") && strstr(err.msg, "128256"), "%s", err.msg);
+    unlink(copy);
+    free(copy);
+
+    o = opts("tiny", TDM_Q4_0);
+    char *bad = path_in(dir, "no/such/m.gguf");
+    cr_assert_eq(tdm_synth_write(&o, bad, NULL, &err), TANDEM_ERR_IO);
+    cr_assert(strstr(err.msg, "no/such/m.gguf") && strstr(err.msg, "No such file"), "%s", err.msg);
+    free(bad);
+    unlink(path);
+    rmdir(dir);
+    free(path);
+    free(tmp);
+    free(dir);
+}
