@@ -32,7 +32,8 @@ typedef enum tandem_status {
     TANDEM_OK = 0,
     TANDEM_ERR_INVALID_ARG,  /* a bad argument or request (NULL handle, out-of-range value) */
     TANDEM_ERR_IO,           /* a file could not be opened, read or mapped */
-    TANDEM_ERR_FORMAT,       /* malformed or corrupt input (GGUF, JSON, config file) */
+    TANDEM_ERR_FORMAT,       /* malformed or corrupt input (GGUF, JSON, config file), also a
+                                model whose weights give non-finite logits (NaN, infinity) */
     TANDEM_ERR_UNSUPPORTED,  /* well-formed but not supported (architecture, tensor type) */
     TANDEM_ERR_NOMEM,        /* an allocation failed */
     TANDEM_ERR_MISMATCH,     /* target and draft models are incompatible */
@@ -119,9 +120,13 @@ tandem_status tandem_tokenizer_decode(const tandem_tokenizer *tokenizer, const i
  * shares its vocabulary.  Both share one paged KV cache. */
 typedef struct tandem_engine tandem_engine;
 
+/* The most CPU threads an engine takes (tandem_engine_params.n_threads). */
+#define TANDEM_THREADS_MAX 1024
+
 typedef struct tandem_engine_params {
-    int n_threads;        /* CPU threads for compute; default 0 = all cores (unused when the
-                             models are on the CUDA backend: the engine computes there) */
+    int n_threads;        /* CPU threads for compute, in [0, TANDEM_THREADS_MAX]; default 0 =
+                             all cores (unused when the models are on the CUDA backend: the
+                             engine computes there) */
     size_t kv_bytes;      /* KV cache budget in bytes (both models); default 0 = enough for
                              n_ctx tokens of n_seq_max sequences */
     int n_ctx;            /* max tokens per sequence; default 0 = the target's training context */
@@ -157,24 +162,32 @@ const char *tandem_finish_reason_str(tandem_finish_reason r); /* "eos", "length"
 typedef bool (*tandem_token_cb)(int32_t token, const char *text, size_t text_len,
                                 void *user_data);
 
+/* Bounds of the speculation parameters (tandem_generate_params). */
+#define TANDEM_SPEC_K_MAX 32    /* spec_k, spec_k_min, spec_k_max at most this */
+#define TANDEM_SPEC_NGRAM_MIN 2 /* spec_ngram: 0, or in [TANDEM_SPEC_NGRAM_MIN, _MAX] */
+#define TANDEM_SPEC_NGRAM_MAX 8
+
+/* Each field's accepted range is given in brackets; tandem_generate fails with
+ * TANDEM_ERR_INVALID_ARG, naming the field, for a value outside it (or NaN). */
 typedef struct tandem_generate_params {
-    int max_tokens;       /* new tokens at most; default 128 */
-    float temperature;    /* 0 = greedy; default 0 */
-    int top_k;            /* 0 = off; default 0 */
-    float top_p;          /* 1 = off; default 1 */
-    float min_p;          /* 0 = off; default 0 */
-    uint64_t seed;        /* per-request generator seed; default 0 */
-    int spec_k;           /* drafted tokens per step: 0 = adaptive (needs a draft), >0 fixed;
-                             ignored without a draft; default 0 */
-    int spec_k_min;       /* adaptive lower bound; default 1 */
-    int spec_k_max;       /* adaptive upper bound; default 12 */
-    float spec_p_min;     /* stop drafting when the draft's top probability is below this;
-                             0 = never; default 0 */
+    int max_tokens;       /* new tokens at most, [0, INT_MAX]; default 128 */
+    float temperature;    /* [0, +inf], 0 = greedy; default 0 */
+    int top_k;            /* [0, INT_MAX], 0 = off; default 0 */
+    float top_p;          /* (0, 1], 1 = off; default 1 */
+    float min_p;          /* [0, 1], 0 = off; default 0 */
+    uint64_t seed;        /* per-request generator seed, any value; default 0 */
+    int spec_k;           /* drafted tokens per step, [0, TANDEM_SPEC_K_MAX]: 0 = adaptive
+                             (needs a draft), >0 fixed; ignored without a draft; default 0 */
+    int spec_k_min;       /* adaptive lower bound, [1, spec_k_max]; default 1 */
+    int spec_k_max;       /* adaptive upper bound, [spec_k_min, TANDEM_SPEC_K_MAX]; default 12 */
+    float spec_p_min;     /* stop drafting when the draft's top probability is below this,
+                             [0, 1]; 0 = never; default 0 */
     int spec_ngram;       /* n-gram lookup proposals beside the draft model (ignored
-                             without a draft): 0 = off, N in 2..8 = match the last N..2
-                             tokens against the earlier text and propose what followed,
-                             in the steps where the controller expects that to beat the
-                             draft model (lossless; runs no model); default 4 */
+                             without a draft): 0 = off, N in [TANDEM_SPEC_NGRAM_MIN,
+                             TANDEM_SPEC_NGRAM_MAX] = match the last N..2 tokens against
+                             the earlier text and propose what followed, in the steps
+                             where the controller expects that to beat the draft model
+                             (lossless; runs no model); default 4 */
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
     void *user_data;          /* passed to on_token */
     bool ignore_eos;          /* generate max_tokens tokens whatever they are (an
@@ -207,8 +220,9 @@ typedef struct tandem_result {
     char *text;             /* generated text, NUL-terminated (malloc'ed) */
     size_t n_prompt_tokens;
     tandem_finish_reason finish_reason;
-    double prefill_ms;      /* prompt through the target (and the draft) + the first token */
-    double decode_ms;       /* every later token (n_tokens - 1 of them) */
+    double prefill_ms;      /* prompt through the target (and the draft) + the first token;
+                               0 when no token was generated (max_tokens 0: nothing runs) */
+    double decode_ms;       /* every later token (n_tokens - 1 of them); 0 when there are none */
     tandem_spec_stats spec; /* all zero without a draft */
 } tandem_result;
 

@@ -184,8 +184,9 @@ typedef struct tdm_backend_ops {
      * tdm_qhead): a cheap stand-in for matmul where an approximation serves (the
      * draft model's proposals).
      * head_argmax: ids[i] = the first index of the largest logit of row i of
-     * matmul(w, x), exactly as tdm_argmax finds it on matmul's output, computing
-     * only the logits the bounds of A cannot rule out (qh is w's quantised copy). */
+     * matmul(w, x), exactly as tdm_argmax_finite finds it on matmul's output (-1 when
+     * a logit of the row is NaN or infinite), computing only the logits the bounds of
+     * A cannot rule out (qh is w's quantised copy). */
     tandem_status (*qhead_logits)(tdm_backend *b, const tdm_qhead *qh, const float *x, int32_t n,
                                   float *y, tdm_err *err);
     tandem_status (*head_argmax)(tdm_backend *b, const tdm_weight *w, const tdm_qhead *qh,
@@ -202,8 +203,8 @@ typedef struct tdm_backend_ops {
     /* Waits for queued work (a no-op for the CPU backend). */
     tandem_status (*sync)(tdm_backend *b, tdm_err *err);
     /* Optional (NULL: forward.c finds the argmax on a host copy): ids[i] = the first
-     * index of the largest value of x[i][0..dim) (NaN never largest; 0 when all are
-     * NaN), as tdm_argmax does; ids is host memory, x backend memory. */
+     * index of the largest value of x[i][0..dim), or -1 when the row holds a NaN or
+     * an infinity, as tdm_argmax_finite does; ids is host memory, x backend memory. */
     tandem_status (*argmax)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err);
     /* Optional: the most device memory in use at any point so far, in bytes (the
      * whole device as the driver reports it), 0 when unknown. */

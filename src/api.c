@@ -254,7 +254,12 @@ tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, cons
     *out = NULL;
     if (!target) return fail_msg(TANDEM_ERR_INVALID_ARG, "target model is NULL");
     tandem_engine_params p = params ? *params : tandem_engine_default_params();
-    if (p.n_threads < 0 || p.n_ctx < 0 || p.n_seq_max < 0 || p.kv_block_size < 0 || p.kv_block_size > 4096)
+    if (p.n_threads < 0 || p.n_threads > TANDEM_THREADS_MAX) {
+        snprintf(g_last_error, sizeof g_last_error, "n_threads %d is out of range [0, %d]", p.n_threads,
+                 TANDEM_THREADS_MAX);
+        return TANDEM_ERR_INVALID_ARG;
+    }
+    if (p.n_ctx < 0 || p.n_seq_max < 0 || p.kv_block_size < 0 || p.kv_block_size > 4096)
         return fail_msg(TANDEM_ERR_INVALID_ARG, "bad engine parameters");
     if (draft && draft->kind != target->kind)
         return fail_msg(TANDEM_ERR_MISMATCH, "target and draft are on different backends");

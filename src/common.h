@@ -48,7 +48,8 @@ char *tdm_strndup(const char *s, size_t n);
 /* Monotonic clock in seconds. */
 double tdm_now(void);
 
-/* Read a whole file into a NUL-terminated heap buffer. */
+/* Read a whole file into a NUL-terminated heap buffer, without a size limit: for
+ * trusted files (test data, benchmarks); untrusted input goes through input.h. */
 tandem_status tdm_read_file(const char *path, char **out, size_t *out_len, tdm_err *err);
 
 #define TDM_MIN(a, b) ((a) < (b) ? (a) : (b))

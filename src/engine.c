@@ -168,17 +168,39 @@ void tdm_engine_free(tdm_engine *e) {
     free(e);
 }
 
+/* Non-finite logits are a broken model (NaN or infinite weights, an overflow), never
+ * a token: every output row of a forward is checked, naming the model and the row's
+ * position.  Greedy rows arrive as argmaxes, -1 for such a row (forward.c and the
+ * backends' head_argmax check while they read the logits); logits rows are scanned. */
+static tandem_status check_outputs(const tdm_engine *e, bool is_draft, const tdm_batch *b, tdm_fwd_kind kind,
+                                   tdm_err *err) {
+    const float *host = is_draft ? e->logits_d : e->logits_t;
+    const size_t V = (size_t)e->n_vocab;
+    for (int32_t r = 0, i = 0; r < b->n_rows; r++) {
+        if (!b->want_logits[r]) continue;
+        bool ok = kind == TDM_FWD_ARGMAX ? e->ids[i] >= 0 : tdm_logits_finite(host + (size_t)i * V, e->n_vocab);
+        if (!ok)
+            return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity) at position %d",
+                              is_draft ? "draft" : "target", tdm_model_label(is_draft ? e->draft : e->target),
+                              (int)b->pos[r]);
+        i++;
+    }
+    return TANDEM_OK;
+}
+
 tandem_status tdm_engine_forward(tdm_engine *e, bool is_draft, const tdm_batch *b, const tdm_kv_seq *const *seqs,
                                  tdm_fwd_kind kind, tdm_err *err) {
     float *out = is_draft ? e->out_d : e->out_t, *host = is_draft ? e->logits_d : e->logits_t;
     const tdm_model *m = is_draft ? e->draft : e->target;
     tandem_status st = tdm_model_forward_ex(m, e->be, is_draft ? &e->kv_d : &e->kv_t, b, seqs,
                                             is_draft ? &e->fs_d : &e->fs_t, kind, out, e->ids, err);
-    if (st || kind == TDM_FWD_ARGMAX || host == out) return st;
+    if (st) return st;
     int32_t nl = tdm_batch_n_logits(b);
-    if (nl == 0) return TANDEM_OK;
     /* the approximate kind is exact logits here (no quantised head on such backends) */
-    return e->be->ops->download(e->be, host, out, (size_t)nl * (size_t)e->n_vocab * sizeof(float), err);
+    if (kind != TDM_FWD_ARGMAX && host != out && nl > 0 &&
+        (st = e->be->ops->download(e->be, host, out, (size_t)nl * (size_t)e->n_vocab * sizeof(float), err)))
+        return st;
+    return check_outputs(e, is_draft, b, kind, err);
 }
 
 tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t from, int32_t to,
@@ -255,6 +277,31 @@ static int32_t next_token(tdm_engine *e, tdm_seq *s) {
     return tdm_sample_logits(e->logits_t, e->n_vocab, &s->sp, &e->ss, e->tmp, &s->rng);
 }
 
+_Static_assert(TDM_CTRL_MAX_K == TANDEM_SPEC_K_MAX, "the controller's limit is the public one");
+_Static_assert(TDM_NGRAM_MIN == TANDEM_SPEC_NGRAM_MIN && TDM_NGRAM_MAX == TANDEM_SPEC_NGRAM_MAX,
+               "the n-gram lengths are the public ones");
+
+/* The ranges of tandem.h's tandem_generate_params, field by field (NaN fails each). */
+static tandem_status check_params(const tandem_generate_params *gp, tdm_err *err) {
+    const tandem_status bad = TANDEM_ERR_INVALID_ARG;
+    if (gp->max_tokens < 0) return tdm_seterr(err, bad, "max_tokens %d is out of range [0, INT_MAX]", gp->max_tokens);
+    if (!(gp->temperature >= 0))
+        return tdm_seterr(err, bad, "temperature %g is out of range [0, +inf]", gp->temperature);
+    if (gp->top_k < 0) return tdm_seterr(err, bad, "top_k %d is out of range [0, INT_MAX]", gp->top_k);
+    if (!(gp->top_p > 0 && gp->top_p <= 1)) return tdm_seterr(err, bad, "top_p %g is out of range (0, 1]", gp->top_p);
+    if (!(gp->min_p >= 0 && gp->min_p <= 1)) return tdm_seterr(err, bad, "min_p %g is out of range [0, 1]", gp->min_p);
+    if (!(gp->spec_p_min >= 0 && gp->spec_p_min <= 1))
+        return tdm_seterr(err, bad, "spec_p_min %g is out of range [0, 1]", gp->spec_p_min);
+    if (gp->spec_k < 0 || gp->spec_k > TDM_CTRL_MAX_K || gp->spec_k_min < 1 ||
+        gp->spec_k_max < gp->spec_k_min || gp->spec_k_max > TDM_CTRL_MAX_K)
+        return tdm_seterr(err, bad, "bad speculation length (spec_k %d, spec_k_min %d, spec_k_max %d; limit %d)",
+                          gp->spec_k, gp->spec_k_min, gp->spec_k_max, TDM_CTRL_MAX_K);
+    if (gp->spec_ngram != 0 && (gp->spec_ngram < TDM_NGRAM_MIN || gp->spec_ngram > TDM_NGRAM_MAX))
+        return tdm_seterr(err, bad, "spec_ngram %d is out of range (0 = off, or %d..%d)", gp->spec_ngram,
+                          TDM_NGRAM_MIN, TDM_NGRAM_MAX);
+    return TANDEM_OK;
+}
+
 tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int32_t n_prompt,
                               const tandem_generate_params *gp, tdm_err *err) {
     memset(s, 0, sizeof *s);
@@ -262,19 +309,8 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     if (n_prompt >= e->cfg.n_ctx)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt of %d tokens does not fit the context of %d",
                           (int)n_prompt, (int)e->cfg.n_ctx);
-    if (gp->max_tokens < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "max_tokens %d < 0", gp->max_tokens);
-    if (!(gp->temperature >= 0) || !(gp->top_p > 0 && gp->top_p <= 1) || !(gp->min_p >= 0 && gp->min_p <= 1) ||
-        gp->top_k < 0)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
-                          "bad sampling parameters (temperature %g, top_k %d, top_p %g, min_p %g)",
-                          gp->temperature, gp->top_k, gp->top_p, gp->min_p);
-    if (gp->spec_k < 0 || gp->spec_k > TDM_CTRL_MAX_K || gp->spec_k_min < 1 ||
-        gp->spec_k_max < gp->spec_k_min || gp->spec_k_max > TDM_CTRL_MAX_K)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "bad speculation length (k %d, min %d, max %d; limit %d)",
-                          gp->spec_k, gp->spec_k_min, gp->spec_k_max, TDM_CTRL_MAX_K);
-    if (gp->spec_ngram != 0 && (gp->spec_ngram < TDM_NGRAM_MIN || gp->spec_ngram > TDM_NGRAM_MAX))
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "bad spec_ngram %d (0 = off, or %d..%d)", gp->spec_ngram,
-                          TDM_NGRAM_MIN, TDM_NGRAM_MAX);
+    tandem_status st = check_params(gp, err);
+    if (st) return st;
     for (int32_t i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= e->n_vocab)
             return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt token %d at index %d is out of range",
@@ -369,8 +405,8 @@ tandem_status tdm_engine_generate(tdm_engine *e, const int32_t *prompt, int32_t 
     s.text = NULL;
     res->n_prompt_tokens = (size_t)n_prompt;
     res->finish_reason = s.finish;
-    res->prefill_ms = (t1 - t0) * 1e3;
-    res->decode_ms = (t2 - t1) * 1e3;
+    res->prefill_ms = n_gen > 0 ? (t1 - t0) * 1e3 : 0.0; /* no token: nothing ran */
+    res->decode_ms = n_gen > 1 ? (t2 - t1) * 1e3 : 0.0;  /* the first token is the prefill's */
     res->spec = s.spec;
     if (res->spec.drafted) res->spec.acceptance_rate = (double)res->spec.accepted / (double)res->spec.drafted;
     if (res->spec.steps) res->spec.mean_accepted = (double)res->spec.accepted / (double)res->spec.steps;

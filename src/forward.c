@@ -192,7 +192,8 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if (kind == TDM_FWD_LOGITS_APPROX && q) return op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err);
     if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
     if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
-    if (op->argmax) return op->argmax(be, logits, nl, hp->n_vocab, ids, err); /* only the ids come back */
+    /* only the ids come back (-1 for a row with non-finite logits, as below) */
+    if (op->argmax) return op->argmax(be, logits, nl, hp->n_vocab, ids, err);
     const size_t V = (size_t)hp->n_vocab;
     const float *hl = logits;
     if (!be->host_memory) { /* the argmax reads a host copy */
@@ -206,6 +207,6 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         if ((st = op->download(be, s->host_logits, logits, (size_t)nl * V * sizeof(float), err))) return st;
         hl = s->host_logits;
     }
-    for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax(hl + (size_t)i * V, hp->n_vocab);
+    for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax_finite(hl + (size_t)i * V, hp->n_vocab);
     return TANDEM_OK;
 }

@@ -222,7 +222,8 @@ static bool parse_string(parser *p, char **out, size_t *out_len) {
 
 static bool is_digit(uint8_t c) { return c >= '0' && c <= '9'; }
 
-static bool parse_number(parser *p, double *out) {
+/* Parses a number at p->pos into v: the literal (malloc'ed) and its nearest double. */
+static bool parse_number(parser *p, tdm_json *v) {
     size_t start = p->pos, i = p->pos;
     if (i < p->len && p->s[i] == '-') i++;
     if (i >= p->len || !is_digit(p->s[i])) return fail_at(p, i, "expected a digit in number");
@@ -244,14 +245,68 @@ static bool parse_number(parser *p, double *out) {
         while (i < p->len && is_digit(p->s[i])) i++;
     }
     size_t n = i - start;
-    char small[64];
-    char *tmp = n < sizeof small ? small : malloc(n + 1);
-    if (!tmp) return fail_nomem(p);
-    memcpy(tmp, p->s + start, n);
-    tmp[n] = 0;
-    *out = strtod(tmp, NULL); /* overflow gives +-HUGE_VAL: still a number */
-    if (tmp != small) free(tmp);
+    char *lit = malloc(n + 1);
+    if (!lit) return fail_nomem(p);
+    memcpy(lit, p->s + start, n);
+    lit[n] = 0;
+    v->str = lit;
+    v->str_len = n;
+    v->num = strtod(lit, NULL); /* overflow gives +-HUGE_VAL: still a number */
     p->pos = i;
+    return true;
+}
+
+/* A valid number literal as digits d[0..nd) times 10^exp10 (digits of the integer and
+ * the fraction part in one run).  The exponent saturates far beyond any integer. */
+typedef struct num_digits {
+    const char *ip, *fp; /* integer / fraction digits */
+    size_t ni, nf;
+    int64_t exp10;
+} num_digits;
+
+static char digit_at(const num_digits *d, size_t k) { return k < d->ni ? d->ip[k] : d->fp[k - d->ni]; }
+
+static bool split_literal(const char *s, size_t n, bool *neg, num_digits *d) {
+    size_t i = 0;
+    *neg = n > 0 && s[0] == '-';
+    if (*neg) i++;
+    *d = (num_digits){.ip = s + i};
+    while (i < n && is_digit((uint8_t)s[i])) i++, d->ni++;
+    if (i < n && s[i] == '.') {
+        d->fp = s + ++i;
+        while (i < n && is_digit((uint8_t)s[i])) i++, d->nf++;
+    }
+    int64_t e = 0;
+    bool eneg = false;
+    if (i < n && (s[i] == 'e' || s[i] == 'E')) {
+        i++;
+        if (i < n && (s[i] == '+' || s[i] == '-')) eneg = s[i++] == '-';
+        for (; i < n && is_digit((uint8_t)s[i]); i++)
+            if (e < 1000000000) e = e * 10 + (s[i] - '0');
+    }
+    if (i != n || d->ni == 0) return false; /* not a literal of parse_number */
+    d->exp10 = (eneg ? -e : e) - (int64_t)d->nf;
+    return true;
+}
+
+/* The exact magnitude of a number literal when it denotes an integer below 2^64. */
+static bool literal_integer(const tdm_json *j, bool *neg, uint64_t *mag) {
+    num_digits d;
+    if (!j || j->type != TDM_JSON_NUMBER || !j->str || !split_literal(j->str, j->str_len, neg, &d)) return false;
+    size_t nd = d.ni + d.nf, a = 0, b = nd;
+    while (a < nd && digit_at(&d, a) == '0') a++;
+    *mag = 0;
+    if (a == nd) return true; /* zero, in any spelling */
+    while (digit_at(&d, b - 1) == '0') b--;
+    int64_t e = d.exp10 + (int64_t)(nd - b); /* value = digits [a, b) * 10^e */
+    if (e < 0 || (int64_t)(b - a) + e > 20) return false;
+    uint64_t m = 0;
+    for (size_t k = a; k < b; k++)
+        if (__builtin_mul_overflow(m, 10, &m) || __builtin_add_overflow(m, (uint64_t)(digit_at(&d, k) - '0'), &m))
+            return false;
+    for (int64_t k = 0; k < e; k++)
+        if (__builtin_mul_overflow(m, 10, &m)) return false;
+    *mag = m;
     return true;
 }
 
@@ -272,15 +327,22 @@ static bool grow(void **arr, size_t *cap, size_t need, size_t elem) {
     return true;
 }
 
-static bool parse_array(parser *p, tdm_json *v, int depth) {
-    size_t cap = 0;
-    v->type = TDM_JSON_ARRAY;
-    p->pos++; /* '[' */
+/* Starts an array or object at its opening bracket; true when it is empty (the
+ * closing bracket consumed too). */
+static bool open_container(parser *p, tdm_json *v, tdm_json_type type, uint8_t close) {
+    v->type = type;
+    p->pos++; /* '[' or '{' */
     skip_ws(p);
-    if (p->pos < p->len && p->s[p->pos] == ']') {
+    if (p->pos < p->len && p->s[p->pos] == close) {
         p->pos++;
         return true;
     }
+    return false;
+}
+
+static bool parse_array(parser *p, tdm_json *v, int depth) {
+    size_t cap = 0;
+    if (open_container(p, v, TDM_JSON_ARRAY, ']')) return true;
     for (;;) {
         if (!grow((void **)&v->items, &cap, v->n + 1, sizeof *v->items)) return fail_nomem(p);
         tdm_json *e = &v->items[v->n];
@@ -302,29 +364,61 @@ static bool parse_array(parser *p, tdm_json *v, int depth) {
     }
 }
 
-static bool parse_object(parser *p, tdm_json *v, int depth) {
-    size_t cap = 0, kcap = 0;
-    v->type = TDM_JSON_OBJECT;
-    p->pos++; /* '{' */
-    skip_ws(p);
-    if (p->pos < p->len && p->s[p->pos] == '}') {
-        p->pos++;
-        return true;
+/* A member name of the object being parsed: where it starts, for the duplicate check. */
+typedef struct member_name {
+    const char *s;   /* the decoded name (owned by the object) */
+    size_t len;      /* its length (names may hold NUL bytes) */
+    size_t pos;      /* input offset of its opening quote */
+} member_name;
+
+static int cmp_member_name(const void *a, const void *b) {
+    const member_name *x = a, *y = b;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    int c = memcmp(x->s, y->s, x->len);
+    if (c) return c;
+    return (x->pos > y->pos) - (x->pos < y->pos);
+}
+
+/* Fails at the first repetition (in input order) of a name among names[0..n)
+ * (sorted in place: O(n log n), so a line of many members stays cheap). */
+static bool check_unique_names(parser *p, member_name *names, size_t n) {
+    if (n < 2) return true;
+    qsort(names, n, sizeof *names, cmp_member_name);
+    const member_name *dup = NULL;
+    for (size_t i = 1; i < n; i++) {
+        const member_name *a = &names[i - 1], *b = &names[i];
+        if (a->len == b->len && memcmp(a->s, b->s, a->len) == 0 && (!dup || b->pos < dup->pos)) dup = b;
     }
+    if (!dup) return true;
+    char shown[48]; /* the name, printable ASCII only, cut at 40 bytes */
+    size_t k = 0;
+    for (size_t i = 0; i < dup->len && k < 40; i++) {
+        uint8_t c = (uint8_t)dup->s[i];
+        shown[k++] = c >= 0x20 && c < 0x7F && c != '"' ? (char)c : '?';
+    }
+    shown[k] = 0;
+    return fail_at(p, dup->pos, "duplicate member name \"%s%s\"", shown, dup->len > k ? "..." : "");
+}
+
+static bool parse_members(parser *p, tdm_json *v, int depth, member_name **names, size_t *ncap) {
+    size_t cap = 0, kcap = 0;
     for (;;) {
         char d[16];
         skip_ws(p);
         if (p->pos >= p->len || p->s[p->pos] != '"')
             return fail_at(p, p->pos, "expected a member name string, got %s", describe(p, d));
         if (!grow((void **)&v->items, &cap, v->n + 1, sizeof *v->items) ||
-            !grow((void **)&v->keys, &kcap, v->n + 1, sizeof *v->keys))
+            !grow((void **)&v->keys, &kcap, v->n + 1, sizeof *v->keys) ||
+            !grow((void **)names, ncap, v->n + 1, sizeof **names))
             return fail_nomem(p);
         tdm_json *e = &v->items[v->n];
         memset(e, 0, sizeof *e);
         v->keys[v->n] = NULL;
         v->n++;
-        size_t klen;
-        if (!parse_string(p, &v->keys[v->n - 1], &klen)) return false;
+        member_name *nm = &(*names)[v->n - 1];
+        nm->pos = p->pos;
+        if (!parse_string(p, &v->keys[v->n - 1], &nm->len)) return false;
+        nm->s = v->keys[v->n - 1];
         skip_ws(p);
         if (p->pos >= p->len || p->s[p->pos] != ':')
             return fail_at(p, p->pos, "expected ':' after member name, got %s", describe(p, d));
@@ -338,10 +432,19 @@ static bool parse_object(parser *p, tdm_json *v, int depth) {
         }
         if (p->pos < p->len && p->s[p->pos] == '}') {
             p->pos++;
-            return true;
+            return check_unique_names(p, *names, v->n);
         }
         return fail_at(p, p->pos, "expected ',' or '}' in object, got %s", describe(p, d));
     }
+}
+
+static bool parse_object(parser *p, tdm_json *v, int depth) {
+    if (open_container(p, v, TDM_JSON_OBJECT, '}')) return true;
+    member_name *names = NULL;
+    size_t ncap = 0;
+    bool ok = parse_members(p, v, depth, &names, &ncap);
+    free(names);
+    return ok;
 }
 
 static bool match_word(parser *p, const char *w) {
@@ -380,7 +483,7 @@ static bool parse_value(parser *p, tdm_json *v, int depth) {
     default:
         if (c == '-' || is_digit(c)) {
             v->type = TDM_JSON_NUMBER;
-            return parse_number(p, &v->num);
+            return parse_number(p, v);
         }
         break;
     }
@@ -434,13 +537,19 @@ const tdm_json *tdm_json_get(const tdm_json *j, const char *key) {
 }
 
 bool tdm_json_int(const tdm_json *j, int64_t *out) {
-    if (!j || j->type != TDM_JSON_NUMBER) return false;
-    double v = j->num;
-    /* -2^63 <= v < 2^63 and integral */
-    if (!(v >= -9223372036854775808.0 && v < 9223372036854775808.0)) return false;
-    int64_t i = (int64_t)v;
-    if ((double)i != v) return false;
-    *out = i;
+    bool neg;
+    uint64_t m;
+    if (!literal_integer(j, &neg, &m)) return false;
+    if (m > (neg ? (uint64_t)INT64_MAX + 1 : (uint64_t)INT64_MAX)) return false;
+    *out = neg ? (int64_t)(0 - m) : (int64_t)m; /* 0 - 2^63 wraps to INT64_MIN's bits */
+    return true;
+}
+
+bool tdm_json_u64(const tdm_json *j, uint64_t *out) {
+    bool neg;
+    uint64_t m;
+    if (!literal_integer(j, &neg, &m) || (neg && m != 0)) return false;
+    *out = m;
     return true;
 }
 

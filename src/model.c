@@ -434,8 +434,16 @@ tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out,
     *out = NULL;
     tdm_gguf *g;
     tandem_status st = tdm_gguf_open(path, &g, err);
+    if (!st) st = tdm_model_load_gguf(g, be, out, err);
     if (st) return st;
-    return tdm_model_load_gguf(g, be, out, err);
+    const char *base = strrchr(path, '/');
+    snprintf((*out)->file, sizeof (*out)->file, "%s", base ? base + 1 : path);
+    return TANDEM_OK;
+}
+
+const char *tdm_model_label(const tdm_model *m) {
+    if (m->file[0]) return m->file;
+    return m->name[0] ? m->name : "unnamed";
 }
 
 void tdm_model_free(tdm_model *m) {

@@ -48,8 +48,12 @@ typedef struct tdm_model {
     int32_t n_owned, cap_owned;
     uint64_t n_params;
     uint64_t weight_bytes;
-    char name[128];
+    char name[128];         /* general.name, or "" */
+    char file[128];         /* the file's base name, or "" (loaded from an opened GGUF) */
 } tdm_model;
+
+/* How messages name the model: its file's base name, else general.name, else "unnamed". */
+const char *tdm_model_label(const tdm_model *m);
 
 /* Loads a model from a GGUF file onto a backend (the model keeps `be` but does not
  * own it: the caller destroys it after the model). */
@@ -109,9 +113,10 @@ typedef enum tdm_fwd_kind {
     TDM_FWD_LOGITS_APPROX, /* the same from the quantised head (qhead) when the model has
                               one, else exact: for the draft's proposals, where any
                               distribution serves (verification keeps the output exact) */
-    TDM_FWD_ARGMAX,        /* ids[n_logits] = tdm_argmax of the exact logits, from the
-                              quantised head's bounds plus a few exact logits when the
-                              model has one (logits: scratch for models without) */
+    TDM_FWD_ARGMAX,        /* ids[n_logits] = tdm_argmax_finite of the exact logits (-1
+                              for a row with a non-finite logit), from the quantised
+                              head's bounds plus a few exact logits when the model has
+                              one (logits: scratch for models without) */
 } tdm_fwd_kind;
 tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,

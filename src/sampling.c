@@ -291,6 +291,25 @@ TDM_VECTOR_CLONES static float max_of(const float *x, int32_t n) {
     return m;
 }
 
+/* x * 0 is 0 for a finite x and NaN for NaN and +-inf, so the sum of those products is
+ * 0 exactly when every x is finite: plain multiply-adds in 16 lanes, which vectorise
+ * at any optimisation level (a compare-and-or loop did not at -O2). */
+TDM_VECTOR_CLONES bool tdm_logits_finite(const float *x, int32_t n) {
+    if (!x || n <= 0) return true;
+    float acc[16] = {0};
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int l = 0; l < 16; l++) acc[l] += x[i + l] * 0.0f;
+    for (; i < n; i++) acc[0] += x[i] * 0.0f;
+    float s = 0;
+    for (int l = 0; l < 16; l++) s += acc[l];
+    return s == 0;
+}
+
+int32_t tdm_argmax_finite(const float *logits, int32_t n) {
+    return tdm_logits_finite(logits, n) ? tdm_argmax(logits, n) : -1;
+}
+
 /* sum_i exp(l[i] - m) (m finite, the largest logit) without storing the terms:
  * chunks of 256 (a multiple of 8, so the lanes see what exp_shifted's would) go
  * through a stack buffer, so the exp loop vectorises as exp_shifted's does. */

@@ -34,6 +34,11 @@ double tdm_rng_uniform(tdm_rng *rng); /* [0, 1), 53 random bits */
 
 int32_t tdm_argmax(const float *logits, int32_t n); /* lowest index on ties; NaN never wins; -1 if n <= 0 */
 
+/* Whether every logit is finite (no NaN, no infinity): one vectorised pass. */
+bool tdm_logits_finite(const float *logits, int32_t n);
+/* tdm_argmax, or -1 when a logit is not finite (a broken model: no token). */
+int32_t tdm_argmax_finite(const float *logits, int32_t n);
+
 /* The largest probability of softmax(logits): 1 / sum_i exp(l_i - max), in one
  * vectorised pass without writing the distribution (the draft's p_min test).  NaN
  * and -inf logits count as 0; returns 0 when no logit is finite or +inf, and 1 /

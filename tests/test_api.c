@@ -323,6 +323,10 @@ Test(api, engine_open_rejects_different_vocabularies) {
     bad.n_threads = -1;
     cr_assert_eq(tandem_engine_open(t, NULL, &bad, &e), TANDEM_ERR_INVALID_ARG);
     cr_assert_null(e);
+    bad.n_threads = TANDEM_THREADS_MAX + 1; /* the CLI's --threads range ends at the same limit */
+    cr_assert_eq(tandem_engine_open(t, NULL, &bad, &e), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(tandem_last_error(), "n_threads") && strstr(tandem_last_error(), "1024"), "%s",
+              tandem_last_error());
 
     tandem_model_close(real);
     tandem_model_close(other_eos);

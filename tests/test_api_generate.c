@@ -1,15 +1,17 @@
 /* test_api_generate.c - generation through the public C API (include/tandem.h): greedy
  * speculative == target-only, streaming callbacks, bad requests, cancellation from the callback,
- * a KV cache too small for the prompt, and engine parameters (threads, KV block size, n_ctx)
- * that must not change / must bound the output. */
+ * a KV cache too small for the prompt, engine parameters (threads, KV block size, n_ctx)
+ * that must not change / must bound the output, and models whose logits are not finite. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api_testutil.h"
 #include "tandem.h"
 #include "testutil.h"
+#include "tiny_model.h"
 
 /* ------------------------------------------------------------ generation */
 
@@ -175,7 +177,15 @@ static void bad_requests_on(tandem_engine *e) {
     BAD("spec_ngram 1", p.spec_ngram = 1);
     BAD("spec_ngram 9", p.spec_ngram = 9);
     BAD("spec_ngram -2", p.spec_ngram = -2);
+    BAD("spec_p_min 1.5", p.spec_p_min = 1.5f);
+    BAD("spec_p_min NaN", p.spec_p_min = 0.0f / 0.0f);
 #undef BAD
+    /* the message names the field and its range */
+    gp.top_p = 0;
+    expect_bad_request(e, ids, n, &gp, "top_p 0");
+    cr_assert(strstr(tandem_last_error(), "top_p") && strstr(tandem_last_error(), "(0, 1]"), "%s",
+              tandem_last_error());
+    gp.top_p = 1;
     gp = tandem_generate_default_params();
     int32_t out_hi[] = {0, 490, 8192};
     expect_bad_request(e, out_hi, 3, &gp, "prompt id 8192");
@@ -435,4 +445,73 @@ Test(api, context_limit, .timeout = 120) {
     tandem_free(ids);
     tandem_model_close(d);
     tandem_model_close(t);
+}
+
+/* ------------------------------------------------------------ non-finite logits */
+
+/* A tiny model file (the model keeps it mapped; unlinked here); *file: its base name. */
+static tandem_model *open_tiny_named(const tdm_tiny_cfg *c, char *file, size_t cap) {
+    char *path = tdm_tiny_model_file(c);
+    snprintf(file, cap, "%s", strrchr(path, '/') + 1);
+    tandem_model *m = NULL;
+    cr_assert_eq(tandem_model_open(path, NULL, &m), TANDEM_OK, "%s", tandem_last_error());
+    unlink(path);
+    free(path);
+    return m;
+}
+
+/* Generation fails with TANDEM_ERR_FORMAT naming the model (role and file), greedy and sampled. */
+static void expect_non_finite(tandem_model *t, tandem_model *d, const char *role, const char *file) {
+    tandem_engine *e = api_open_engine(t, d, NULL);
+    int32_t ids[] = {1, 2, 3, 4};
+    for (int k = 0; k < 2; k++) {
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 8;
+        gp.temperature = k ? 0.8f : 0.0f;
+        tandem_result r;
+        tandem_status st = tandem_generate_ids(e, ids, 4, &gp, &r);
+        const char *msg = tandem_last_error();
+        cr_assert_eq(st, TANDEM_ERR_FORMAT, "%s %s, temperature %g: status %d (%s)", role, file, gp.temperature,
+                     (int)st, msg);
+        cr_assert(strstr(msg, "non-finite logits") && strstr(msg, role) && strstr(msg, file),
+                  "message '%s' should name the %s model %s", msg, role, file);
+        cr_assert_null(r.tokens);
+        tandem_result_free(&r);
+    }
+    tandem_engine_close(e);
+}
+
+/* NaN weights (a norm, an embedding row) used to give token 0 and "eos"; now they are a
+ * model error, also when only the draft model is broken. */
+Test(api, non_finite_logits_are_a_model_error, .timeout = 120) {
+    char good_file[64], norm_file[64], emb_file[64], draft_file[64];
+    tdm_tiny_cfg c = tdm_tiny_default();
+    tandem_model *good = open_tiny_named(&c, good_file, sizeof good_file);
+    c.nan_tensor = "output_norm.weight";
+    tandem_model *nan_norm = open_tiny_named(&c, norm_file, sizeof norm_file);
+    c.nan_tensor = "token_embd.weight"; /* token 0's row: the tied output head's too */
+    tandem_model *nan_emb = open_tiny_named(&c, emb_file, sizeof emb_file);
+    c.nan_tensor = "output_norm.weight";
+    c.seed = 5;
+    tandem_model *nan_draft = open_tiny_named(&c, draft_file, sizeof draft_file);
+
+    expect_non_finite(nan_norm, NULL, "target model", norm_file);
+    expect_non_finite(nan_emb, NULL, "target model", emb_file);
+    expect_non_finite(nan_norm, good, "target model", norm_file);
+    expect_non_finite(good, nan_draft, "draft model", draft_file);
+
+    /* the sound pair still generates */
+    tandem_engine *e = api_open_engine(good, NULL, NULL);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 4;
+    tandem_result r;
+    int32_t ids[] = {1, 2, 3, 4};
+    cr_assert_eq(tandem_generate_ids(e, ids, 4, &gp, &r), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(r.n_tokens, 4);
+    tandem_result_free(&r);
+    tandem_engine_close(e);
+    tandem_model_close(nan_draft);
+    tandem_model_close(nan_emb);
+    tandem_model_close(nan_norm);
+    tandem_model_close(good);
 }

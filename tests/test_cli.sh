@@ -23,12 +23,13 @@ n_pass=0
 pass() { n_pass=$((n_pass + 1)); echo "ok   - $1"; }
 fail() { n_fail=$((n_fail + 1)); echo "FAIL - $1"; }
 
-# expect_exit CODE DESCRIPTION CMD... : runs CMD, checks its exit status and, for a
-# non-zero CODE, that stderr starts with "error:" and stdout stays empty.
+# expect_exit CODE DESCRIPTION CMD... : runs CMD (stdin: $STDIN, default /dev/null),
+# checks its exit status and, for a non-zero CODE, that stderr starts with "error:"
+# and stdout stays empty.
 expect_exit() {
     local want=$1 desc=$2
     shift 2
-    "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    "$@" >"$TMP/out" 2>"$TMP/err" <"${STDIN:-/dev/null}"
     local got=$?
     if [ "$got" -ne "$want" ]; then
         fail "$desc: exit $got, expected $want (stderr: $(head -c 300 "$TMP/err"))"
@@ -49,6 +50,15 @@ expect_exit() {
         fi
     fi
     pass "$desc"
+}
+
+# expect_err TEXT DESCRIPTION: the last command's stderr contains TEXT.
+expect_err() {
+    if grep -qF -- "$1" "$TMP/err"; then
+        pass "$2: names '$1'"
+    else
+        fail "$2: stderr does not contain '$1' ($(head -c 300 "$TMP/err"))"
+    fi
 }
 
 for f in "$TANDEM" "$TARGET" "$DRAFT" "$DATA/tokenizer-cases.jsonl" "$DATA/prompts-dev.jsonl"; do
@@ -136,6 +146,151 @@ check_bad_prompts "bad max_tokens" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "max_
 check_bad_prompts "negative seed" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "seed": -4}'$'\n'
 check_bad_prompts "bad temperature" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "temperature": null}'$'\n'
 check_bad_prompts "not an object" "$GOOD"$'\n\n''"x"'$'\n'
+
+# ------------------------------------------------- bad input (issue 23)
+# Readers stop at their stated limits: a line of 1 MiB, an input of 64 MiB.
+expect_exit 1 "prompts: /dev/zero" "$TANDEM" generate -m "$TARGET" --prompts /dev/zero
+expect_err "/dev/zero:1: line longer than the 1 MiB limit" "prompts: /dev/zero"
+head -c 1100000 /dev/zero | tr '\0' 'x' >"$TMP/nonl.jsonl"
+expect_exit 1 "prompts: a long file without a newline" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/nonl.jsonl"
+expect_err "nonl.jsonl:1: line longer than the 1 MiB limit" "prompts: no newline"
+{ echo "$GOOD"; head -c 1048577 /dev/zero | tr '\0' ' '; echo; } >"$TMP/long2.jsonl"
+expect_exit 1 "prompts: line 2 over the limit" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/long2.jsonl"
+expect_err "long2.jsonl:2: line longer than the 1 MiB limit" "prompts: line 2"
+truncate -s 65M "$TMP/huge.jsonl"
+expect_exit 1 "prompts: a 65 MiB file" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/huge.jsonl"
+expect_err "huge.jsonl: input larger than the 64 MiB limit" "prompts: 65 MiB file"
+rm -f "$TMP/huge.jsonl"
+expect_exit 1 "prompts: a directory" "$TANDEM" generate -m "$TARGET" --prompts "$TMP"
+expect_err "is a directory" "prompts: a directory"
+# a pipe is read as a stream, within the same limits
+expect_exit 0 "prompts: from a pipe" "$TANDEM" generate -m "$TARGET" -n 1 --prompts <(echo "$GOOD")
+line=$(head -c 100000 /dev/zero | tr '\0' ' ')
+expect_exit 1 "prompts: a pipe of 65 MiB" "$TANDEM" generate -m "$TARGET" \
+    --prompts <(yes "$line" | head -c 68000000)
+expect_err "input larger than the 64 MiB limit" "prompts: 65 MiB pipe"
+STDIN=/dev/zero expect_exit 1 "tokenize: stdin /dev/zero" "$TANDEM" tokenize -m "$TARGET"
+expect_err "stdin: input larger than the 64 MiB limit" "tokenize: stdin /dev/zero"
+
+# A numeric id must be one a double can hold (no infinity, no false 0) ...
+check_bad_prompts "id 1e400" "$GOOD"$'\n\n''{"id": 1e400, "prompt": "x"}'$'\n'
+expect_err '"id" 1e400 is outside the range of a double' "prompts: id 1e400"
+check_bad_prompts "id -1e400" "$GOOD"$'\n\n''{"id": -1e400, "prompt": "x"}'$'\n'
+check_bad_prompts "id 1e-400" "$GOOD"$'\n\n''{"id": 1e-400, "prompt": "x"}'$'\n'
+# ... and comes back exactly as written.
+printf '%s\n' '{"id": 9007199254740993, "prompt": "a"}' '{"id": 12345678901234567890123, "prompt": "b"}' \
+    '{"id": 1.50, "prompt": "c"}' '{"id": -0, "prompt": "d"}' >"$TMP/ids.jsonl"
+expect_exit 0 "prompts: big and fractional ids" "$TANDEM" generate -m "$TARGET" -n 1 --json --prompts "$TMP/ids.jsonl"
+got=$(sed -n 's/^{"id": \([^,]*\),.*/\1/p' "$TMP/out" | tr '\n' ' ')
+[ "$got" = "9007199254740993 12345678901234567890123 1.50 -0 " ] && pass "ids echoed verbatim" ||
+    fail "ids echoed verbatim: got '$got'"
+# A repeated member is an error naming it.
+check_bad_prompts "duplicate key" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "id": 3}'$'\n'
+expect_err 'duplicate member name "id"' "prompts: duplicate key"
+
+# Seeds: the whole 64-bit range, exactly, in a file as with --seed.
+seed_tokens() { # seed_tokens ARGS...: the tokens of sampled completions, one line each
+    "$TANDEM" generate -m "$TARGET" -n 6 --temp 1.5 --json "$@" 2>&1 |
+        sed -n 's/.*"tokens": \(\[[^]]*\]\).*/\1/p'
+}
+for s in 9007199254740993 9007199254740992 18446744073709551615; do
+    printf '{"prompt": "def f(x):", "seed": %s}\n' "$s"
+done >"$TMP/seeds.jsonl"
+seed_tokens --prompts "$TMP/seeds.jsonl" >"$TMP/seeds.out"
+for i in 1 3; do
+    s=$(sed -n "${i}s/.*\"seed\": \([0-9]*\).*/\1/p" "$TMP/seeds.jsonl")
+    a=$(sed -n "${i}p" "$TMP/seeds.out") b=$(seed_tokens -p "def f(x):" --seed "$s")
+    [ -n "$a" ] && [ "$a" = "$b" ] && pass "seed $s: file = --seed" || fail "seed $s: file $a, --seed $b"
+done
+[ "$(sed -n 1p "$TMP/seeds.out")" != "$(sed -n 2p "$TMP/seeds.out")" ] &&
+    pass "seeds 2^53 and 2^53 + 1 differ" || fail "seeds 2^53 and 2^53 + 1 give the same tokens"
+check_bad_prompts "seed 2^64" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "seed": 18446744073709551616}'$'\n'
+expect_exit 2 "generate: --seed 2^64" "$TANDEM" generate -m "$TARGET" -p x --seed 18446744073709551616
+
+# A flag's stated range is the library's: outside it is a usage error.
+expect_exit 2 "generate: --top-p 0" "$TANDEM" generate -m "$TARGET" -p x --top-p 0
+expect_err "(0, 1]" "generate: --top-p 0"
+expect_exit 2 "generate: --top-p 1e-50 (0 as a float)" "$TANDEM" generate -m "$TARGET" -p x --top-p 1e-50
+expect_exit 2 "generate: --temp 1e39 (infinite as a float)" "$TANDEM" generate -m "$TARGET" -p x --temp 1e39
+expect_exit 2 "generate: --min-p 1.5" "$TANDEM" generate -m "$TARGET" -p x --min-p 1.5
+expect_exit 2 "generate: --p-min 1.5" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --p-min 1.5
+expect_exit 2 "generate: --spec-k-max 33" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-k-max 33
+expect_exit 2 "generate: --top-k -1" "$TANDEM" generate -m "$TARGET" -p x --top-k -1
+expect_exit 2 "generate: --threads 1025" "$TANDEM" generate -m "$TARGET" -p x --threads 1025
+expect_err "[0, 1024]" "generate: --threads 1025"
+expect_exit 2 "bench: --threads 4096" "$TANDEM" bench -m "$TARGET" --threads 4096
+expect_exit 0 "generate: --top-p 1e-30 --temp 1 (the smallest kept)" \
+    "$TANDEM" generate -m "$TARGET" -p x -n 1 --temp 1 --top-p 1e-30
+
+# An option that takes effect only with another is refused without it.
+for opt in "--spec-k 3" "--spec-k-max 4" "--p-min 0.5" "--spec-ngram 3" "--spec-ngram=off"; do
+    expect_exit 2 "generate: $opt without -d" "$TANDEM" generate -m "$TARGET" -p x $opt
+    expect_err "option ${opt%%[ =]*} has no effect without -d DRAFT" "generate: $opt without -d"
+done
+expect_exit 2 "bench: --spec-k 3 without -d" "$TANDEM" bench -m "$TARGET" --spec-k 3
+expect_exit 2 "bench: --limit without --prompts" "$TANDEM" bench -m "$TARGET" --limit 2
+expect_err "option --limit has no effect without --prompts FILE" "bench: --limit without --prompts"
+
+# No rate for work not done.
+expect_exit 0 "generate -n 0" "$TANDEM" generate -m "$TARGET" -p "def f(x):" -n 0
+expect_err "prefill 0.0 ms (n/a), decode 0.0 ms (n/a)" "generate -n 0"
+expect_exit 0 "generate -n 1" "$TANDEM" generate -m "$TARGET" -p "def f(x):" -n 1
+expect_err "decode 0.0 ms (n/a)" "generate -n 1"
+expect_exit 0 "generate -n 0 --json" "$TANDEM" generate -m "$TARGET" -p "def f(x):" -n 0 --json
+grep -qF '"timings": {"prefill_ms": 0.000, "decode_ms": 0.000, "decode_tok_per_s": 0.00}' "$TMP/out" &&
+    pass "generate -n 0 --json: zero timings and rate" || fail "generate -n 0 --json: $(cat "$TMP/out")"
+expect_exit 0 "bench -n 1" "$TANDEM" bench -m "$TARGET" -p 4 -n 1 --reps 1
+grep -q '^decode: *n/a' "$TMP/out" && pass "bench -n 1: decode n/a" || fail "bench -n 1: $(cat "$TMP/out")"
+
+# A model whose weights hold NaN: an error naming it, not token 0 and "eos".
+nan_copy() { # nan_copy SRC DST: DST = SRC with output_norm.weight[0] = NaN
+    cp "$1" "$2" && python3 - "$2" <<'EOF'
+import struct, sys
+f = open(sys.argv[1], "r+b")
+b = f.read(8 << 20)  # the header (metadata and tensor infos) is far smaller
+pos = 4 + 4  # magic, version
+def take(fmt):
+    global pos
+    v = struct.unpack_from("<" + fmt, b, pos)[0]
+    pos += struct.calcsize("<" + fmt)
+    return v
+def string():
+    global pos
+    n = take("Q"); s = bytes(b[pos:pos + n]); pos += n
+    return s
+SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+def value(t):
+    if t == 8: return string()
+    if t == 9:
+        et, n = take("I"), take("Q")
+        return [value(et) for _ in range(n)]
+    return take(SCALAR[t])
+n_tensors, n_kv = take("Q"), take("Q")
+align = 32
+for _ in range(n_kv):
+    k = string(); v = value(take("I"))
+    if k == b"general.alignment": align = v
+tensors = {}
+for _ in range(n_tensors):
+    name = string(); dims = [take("Q") for _ in range(take("I"))]
+    tensors[name] = (take("I"), take("Q"))
+typ, off = tensors[b"output_norm.weight"]
+assert typ == 0, "output_norm.weight is not F32"
+f.seek((pos + align - 1) // align * align + off)
+f.write(struct.pack("<f", float("nan")))
+EOF
+}
+nan_copy "$TARGET" "$TMP/nan-target.gguf" && nan_copy "$DRAFT" "$TMP/nan-draft.gguf" ||
+    fail "writing NaN copies of the models"
+expect_exit 1 "generate: NaN target" "$TANDEM" generate -m "$TMP/nan-target.gguf" -p "def f(x):" -n 4 --json
+expect_err "target model 'nan-target.gguf': non-finite logits" "generate: NaN target"
+expect_exit 1 "generate: NaN target, sampling" "$TANDEM" generate -m "$TMP/nan-target.gguf" -p x -n 4 --temp 0.8
+expect_err "target model 'nan-target.gguf': non-finite logits" "generate: NaN target, sampling"
+expect_exit 1 "generate: NaN target with a draft" \
+    "$TANDEM" generate -m "$TMP/nan-target.gguf" -d "$DRAFT" -p "def f(x):" -n 4 --json
+expect_err "target model 'nan-target.gguf'" "generate: NaN target with a draft"
+expect_exit 1 "generate: NaN draft" "$TANDEM" generate -m "$TARGET" -d "$TMP/nan-draft.gguf" -p "def f(x):" -n 8 --json
+expect_err "draft model 'nan-draft.gguf': non-finite logits" "generate: NaN draft"
 
 # ------------------------------------------------------------------- info
 if "$TANDEM" info "$TARGET" >"$TMP/info" 2>"$TMP/err"; then

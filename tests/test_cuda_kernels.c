@@ -11,7 +11,7 @@
  *     a row alone equal bit for bit to the same row in a batch;
  *   - the fused forward (the blocks op, CUDA graphs) against the same model run op
  *     by op on the GPU and on the CPU, for f16, bf16, q8_0 and q4_0 weights;
- *   - argmax on the device against tdm_argmax.
+ *   - argmax on the device against tdm_argmax_finite.
  * Without a CUDA device the program reports itself skipped (exit 77). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -414,17 +414,21 @@ Test(cuda_ops, argmax_ties_nan_and_inf) {
     enum { N = 5, D = 70001 };
     uint64_t rng = 3;
     float *x = tdm_test_rand_vec(&rng, (size_t)N * D, -5, 5);
-    x[0 * D + 70000] = 9, x[0 * D + 12345] = 9;          /* a tie: the first wins */
-    x[1 * D + 4] = NAN, x[1 * D + 5] = 7;                /* NaN never largest */
-    for (int k = 0; k < D; k++) x[2 * D + k] = -INFINITY; /* all -inf: the first */
-    for (int k = 0; k < D; k++) x[3 * D + k] = NAN;       /* all NaN: 0 */
-    x[4 * D + D - 1] = 100;
+    x[0 * D + 70000] = 9, x[0 * D + 12345] = 9; /* a tie: the first wins */
+    x[1 * D + 4] = NAN, x[1 * D + 5] = 7;       /* a NaN: -1 (a model error) */
+    x[2 * D + 900] = -INFINITY;                 /* an infinity: -1 */
+    for (int k = 0; k < D; k++) x[3 * D + k] = NAN;
+    x[4 * D + D - 1] = 100;                     /* the last index */
     float *dx = tdm_cu_test_put(b, x, (size_t)N * D * 4);
     int32_t ids[N];
     OK(b->ops->argmax(b, dx, N, D, ids, &err_));
     for (int i = 0; i < N; i++)
-        cr_assert_eq(ids[i], tdm_argmax(x + (size_t)i * D, D), "row %d: %d vs %d", i, ids[i], tdm_argmax(x + (size_t)i * D, D));
+        cr_assert_eq(ids[i], tdm_argmax_finite(x + (size_t)i * D, D), "row %d: %d vs %d", i, ids[i],
+                     tdm_argmax_finite(x + (size_t)i * D, D));
     cr_assert_eq(ids[0], 12345);
+    cr_assert_eq(ids[1], -1);
+    cr_assert_eq(ids[2], -1);
+    cr_assert_eq(ids[4], D - 1);
     b->ops->free(b, dx);
     free(x);
     tdm_backend_destroy(b);

@@ -186,3 +186,93 @@ Test(json, write_invalid_utf8) {
     tdm_json_free(j);
     free(w);
 }
+
+Test(json, number_literal_is_kept) {
+    tdm_json *j = parse_ok("[-1.50e3, 9007199254740993, 0, 1e400]");
+    const char *want[] = {"-1.50e3", "9007199254740993", "0", "1e400"};
+    for (size_t i = 0; i < 4; i++) {
+        cr_expect_str_eq(j->items[i].str, want[i]);
+        cr_expect_eq(j->items[i].str_len, strlen(want[i]));
+    }
+    cr_expect_eq(j->items[0].num, -1500.0);
+    tdm_json_free(j);
+}
+
+/* Integers come from the literal, not through a double: 2^53 + 1 and 2^64 - 1 exactly. */
+Test(json, exact_integers) {
+    struct { const char *s; bool ok; int64_t v; } ints[] = {
+        {"9007199254740993", true, 9007199254740993LL},
+        {"-9007199254740993", true, -9007199254740993LL},
+        {"9223372036854775807", true, INT64_MAX},
+        {"-9223372036854775808", true, INT64_MIN},
+        {"9223372036854775808", false, 0},
+        {"-9223372036854775809", false, 0},
+        {"12345678901234567890123", false, 0},
+        {"1.2e1", true, 12}, {"120e-1", true, 12}, {"1.25e1", false, 0}, {"2.0", true, 2},
+        {"0.0", true, 0}, {"-0", true, 0}, {"0e999999999999", true, 0}, {"1e-999999999999", false, 0},
+        {"100000000000000000000e-2", true, 1000000000000000000LL}, {"1e18", true, 1000000000000000000LL},
+        {"0.0005e4", true, 5}, {"5e-1", false, 0},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) {
+        tdm_json *j = parse_ok(ints[i].s);
+        int64_t v = 0;
+        bool ok = tdm_json_int(j, &v);
+        cr_expect_eq(ok, ints[i].ok, "%s: int %d", ints[i].s, ok);
+        if (ok && ints[i].ok) cr_expect_eq(v, ints[i].v, "%s -> %lld", ints[i].s, (long long)v);
+        tdm_json_free(j);
+    }
+    struct { const char *s; bool ok; uint64_t v; } u64s[] = {
+        {"18446744073709551615", true, UINT64_MAX},
+        {"18446744073709551616", false, 0},
+        {"9223372036854775808", true, 9223372036854775808ULL},
+        {"9007199254740993", true, 9007199254740993ULL},
+        {"1e19", true, 10000000000000000000ULL}, {"1e20", false, 0},
+        {"-1", false, 0}, {"-0", true, 0}, {"0.5", false, 0},
+    };
+    for (size_t i = 0; i < sizeof u64s / sizeof *u64s; i++) {
+        tdm_json *j = parse_ok(u64s[i].s);
+        uint64_t v = 0;
+        bool ok = tdm_json_u64(j, &v);
+        cr_expect_eq(ok, u64s[i].ok, "%s: u64 %d", u64s[i].s, ok);
+        if (ok && u64s[i].ok) cr_expect_eq(v, u64s[i].v, "%s -> %llu", u64s[i].s, (unsigned long long)v);
+        tdm_json_free(j);
+    }
+    tdm_json *j = parse_ok("[\"7\", true, null]");
+    int64_t v;
+    uint64_t u;
+    for (size_t i = 0; i < 3; i++) cr_expect(!tdm_json_int(&j->items[i], &v) && !tdm_json_u64(&j->items[i], &u));
+    tdm_json_free(j);
+}
+
+static void expect_duplicate(const char *s, const char *where, const char *name) {
+    tdm_json *j = (tdm_json *)0x1;
+    tdm_err err = {0};
+    cr_expect_eq(tdm_json_parse(s, strlen(s), &j, &err), TANDEM_ERR_FORMAT, "'%s' accepted", s);
+    cr_expect_null(j);
+    cr_expect(strstr(err.msg, "duplicate member name") && strstr(err.msg, name) && strstr(err.msg, where),
+              "'%s': message '%s' should name %s at %s", s, err.msg, name, where);
+}
+
+Test(json, duplicate_member_names_are_rejected) {
+    expect_duplicate("{\"id\": 1, \"prompt\": \"x\", \"id\": 2}", "1:26", "\"id\"");
+    expect_duplicate("{\"a\": {\"b\": 1,\n \"b\": 2}}", "2:2", "\"b\"");
+    expect_duplicate("[{}, {\"k\": 1, \"j\": 2, \"k\": 3, \"j\": 4}]", "1:23", "\"k\"");
+    /* names that differ only after a NUL byte are different names */
+    tdm_json_free(parse_ok("{\"a\\u0000b\": 1, \"a\\u0000c\": 2, \"a\": 3}"));
+    /* many members: distinct ones parse, a repeat at the end is found */
+    size_t n = 20000;
+    char *s = malloc(n * 16 + 32), *p = s;
+    *p++ = '{';
+    for (size_t i = 0; i < n; i++) p += sprintf(p, "\"k%zu\": %zu,", i, i);
+    p[-1] = '}';
+    *p = 0;
+    tdm_json *j = parse_ok(s);
+    cr_expect_eq(j->n, n);
+    tdm_json_free(j);
+    strcpy(p - 1, ", \"k7\": 0}");
+    tdm_json *bad = NULL;
+    tdm_err err = {0};
+    cr_expect_eq(tdm_json_parse(s, strlen(s), &bad, &err), TANDEM_ERR_FORMAT);
+    cr_expect(strstr(err.msg, "duplicate member name \"k7\""), "%s", err.msg);
+    free(s);
+}

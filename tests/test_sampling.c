@@ -384,6 +384,32 @@ Test(sampling, greedy_and_ties) {
     cr_assert(!memcmp(&r, &before, sizeof r), "greedy must not consume random numbers");
 }
 
+/* The engine's check of every output row: one NaN or infinity anywhere (each vector
+ * lane, the scalar tail) makes a row non-finite, and its argmax -1. */
+Test(sampling, non_finite_logits_are_found) {
+    const int32_t n = 8192 + 5;
+    float *l = malloc((size_t)n * sizeof *l);
+    uint64_t st = 11;
+    random_logits(&st, l, n, 0);
+    cr_assert(tdm_logits_finite(l, n));
+    cr_assert_eq(tdm_argmax_finite(l, n), tdm_argmax(l, n));
+    const float bad[] = {NAN, INFINITY, -INFINITY};
+    const int32_t at[] = {0, 1, 15, 16, 31, 4095, 8191, 8192, n - 1};
+    for (size_t b = 0; b < TDM_ARRAY_LEN(bad); b++)
+        for (size_t k = 0; k < TDM_ARRAY_LEN(at); k++) {
+            float keep = l[at[k]];
+            l[at[k]] = bad[b];
+            cr_assert(!tdm_logits_finite(l, n), "%g at %d not found", bad[b], at[k]);
+            cr_assert_eq(tdm_argmax_finite(l, n), -1);
+            cr_assert(!tdm_logits_finite(l + at[k], 1));
+            l[at[k]] = keep;
+        }
+    const float big[3] = {3.4e38f, -3.4e38f, 0.0f}; /* large but finite */
+    cr_assert(tdm_logits_finite(big, 3));
+    cr_assert(tdm_logits_finite(l, 0) && tdm_logits_finite(NULL, 0));
+    free(l);
+}
+
 Test(sampling, extreme_temperatures_and_bad_logits) {
     const int32_t n = 100;
     float l[100], pr[100];

@@ -2,6 +2,7 @@
 #include "tiny_model.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,13 +19,15 @@ tdm_tiny_cfg tdm_tiny_default(void) {
 }
 
 /* Writes a random tensor [ne1][ne0] (ne1 == 1: a 1-D tensor of ne0).  skip: generate
- * the values but leave the tensor out; extra_row: write ne1 + 1 rows (a wrong shape). */
+ * the values but leave the tensor out; extra_row: write ne1 + 1 rows (a wrong shape);
+ * nan: its first value is NaN. */
 static void add_tensor_ex(tdm_gguf_writer *w, const char *name, uint32_t type, int64_t ne0, int64_t ne1,
-                          uint64_t *rng, float scale, float bias, bool skip, bool extra_row) {
+                          uint64_t *rng, float scale, float bias, bool skip, bool extra_row, bool nan) {
     int64_t rows = ne1 + (extra_row ? 1 : 0);
     int64_t n = ne0 * rows;
     float *f = malloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) f[i] = bias + tdm_test_randf(rng, -scale, scale);
+    if (nan) f[0] = NAN;
     uint64_t rb;
     cr_assert(tdm_dtype_row_bytes(type, (uint64_t)ne0, &rb));
     uint8_t *data = malloc((size_t)(rb * (uint64_t)rows));
@@ -35,12 +38,13 @@ static void add_tensor_ex(tdm_gguf_writer *w, const char *name, uint32_t type, i
     free(data);
 }
 
-/* The same, applying the config's skip_tensor / bad_shape_tensor to this name. */
+/* The same, applying the config's skip_tensor / bad_shape_tensor / nan_tensor to this name. */
 static void add_tensor(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *name, uint32_t type, int64_t ne0,
                        int64_t ne1, uint64_t *rng, float scale, float bias) {
     bool skip = c->skip_tensor && strcmp(c->skip_tensor, name) == 0;
     bool bad = c->bad_shape_tensor && strcmp(c->bad_shape_tensor, name) == 0;
-    add_tensor_ex(w, name, type, ne0, ne1, rng, scale, bias, skip, bad);
+    bool nan = c->nan_tensor && strcmp(c->nan_tensor, name) == 0;
+    add_tensor_ex(w, name, type, ne0, ne1, rng, scale, bias, skip, bad, nan);
 }
 
 char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {

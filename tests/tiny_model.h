@@ -21,6 +21,7 @@ typedef struct tdm_tiny_cfg {
     int32_t tok_offset;   /* token i is the character '!' + tok_offset + i (n_vocab + offset <= 94) */
     const char *skip_tensor;      /* tensor name left out of the file (NULL: none) */
     const char *bad_shape_tensor; /* tensor written with one extra row (NULL: none) */
+    const char *nan_tensor;       /* tensor whose first value is NaN (NULL: none) */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);

@@ -204,7 +204,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
                                            tdm_backend **out, tdm_err *err) {
     if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "cpu backend: NULL out pointer");
     *out = NULL;
-    if (n_threads < 0 || n_threads > 1024)
+    if (n_threads < 0 || n_threads > TANDEM_THREADS_MAX)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "cpu backend: bad thread count %d",
                           (int)n_threads);
     if ((int)level < 0 || level >= TDM_CPU_N_LEVELS || level > tdm_cpu_best_level())

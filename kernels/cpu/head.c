@@ -9,8 +9,9 @@
  * handful on real models) decide, first index on ties, as tdm_argmax does.  The
  * exact logits come from the level's gemv, whose value for (x row, W row) is the
  * one matmul computes (cpu_internal.h), so the answer is tdm_argmax of matmul's
- * logits, bit for bit.  Rows of x with a non-finite value, and bounds that
- * overflow, fall back to full logits.
+ * logits, bit for bit.  Rows of x with a non-finite value, bounds that overflow
+ * and a non-finite exact logit fall back to full logits, where tdm_argmax_finite
+ * reports the row as -1 (every logit is finite otherwise: a finite bound holds it).
  */
 #include <float.h>
 #include <math.h>
@@ -203,7 +204,7 @@ tandem_status tdm_cpu_qhead_logits(tdm_backend *be, const tdm_qhead *h, const fl
 }
 
 /* The first of the largest exact logits among row i's candidates (rows whose upper
- * bound reaches lo; the exact logits overwrite their bounds), -1 when none is finite. */
+ * bound reaches lo; the exact logits overwrite their bounds), -1 when one is not finite. */
 static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_job *j, int32_t i,
                                     const float *xi, float lo, int32_t *out, tdm_err *err) {
     const tdm_qhead *h = j->h;
@@ -211,19 +212,22 @@ static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_
     int32_t idx = -1;
     int64_t n_cand = 0;
     bool scan = false; /* a task found too many: scan the whole row */
+    bool finite = true;
     for (int64_t t = 0; t < j->tasks; t++) scan |= j->cand[(t * XCHUNK + i) * (HEAD_CAND + 1)] < 0;
-    for (int64_t t = 0; t < (scan ? 1 : j->tasks); t++) {
+    for (int64_t t = 0; finite && t < (scan ? 1 : j->tasks); t++) {
         const int32_t *cl = j->cand + (t * XCHUNK + i) * (HEAD_CAND + 1);
         int64_t nr = scan ? h->rows : cl[0]; /* rows in increasing order */
-        for (int64_t u = 0; u < nr; u++) {
+        for (int64_t u = 0; finite && u < nr; u++) {
             int64_t r = scan ? u : cl[1 + u];
             if (!(ub[r] >= lo)) continue;
             if (!c->k->gemv(w, xi, 1, r, r + 1, ub, 0, false))
                 return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: %s weights", tdm_dtype_name(w->type));
             n_cand++;
+            finite = isfinite(ub[r]); /* NaN / inf: the full logits decide (and report it) */
             if (ub[r] > best) best = ub[r], idx = (int32_t)r;
         }
     }
+    if (!finite) idx = -1;
     c->head_rows++;
     c->head_cands += (uint64_t)n_cand;
     *out = idx;
@@ -253,10 +257,10 @@ tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const td
             for (int64_t t = 0; t < j.tasks; t++) lo = fmaxf(lo, j.lo[t * XCHUNK + i]);
             int32_t idx = -1;
             if (ok[i] && isfinite(lo) && (st = best_candidate(c, w, &j, i, xi, lo, &idx, err))) return st;
-            if (idx < 0) { /* non-finite x, an overflowing bound or no finite candidate: every logit */
+            if (idx < 0) { /* non-finite x, an overflowing bound or a non-finite candidate: every logit */
                 float *full = j.out + i * j.ldo;
                 if ((st = tdm_cpu_matmul(be, w, xi, 1, full, false, err))) return st;
-                idx = tdm_argmax(full, (int32_t)h->rows);
+                idx = tdm_argmax_finite(full, (int32_t)h->rows);
             }
             ids[i0 + i] = idx;
         }

@@ -200,21 +200,24 @@ tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_str
 
 /* ---- argmax -------------------------------------------------------------------- */
 
-/* Block per row: the first index of the largest value (NaN never compares larger;
- * all NaN: 0), as tdm_argmax finds it. */
+/* Block per row: the first index of the largest value, as tdm_argmax_finite finds
+ * it: -1 when the row holds a NaN or an infinity. */
 __global__ void k_argmax(const float *x, int32_t dim, int32_t *ids) {
     __shared__ float bv[32];
     __shared__ int32_t bi[32];
     const float *row = x + (size_t)blockIdx.x * dim;
     float best = -INFINITY;
     int32_t idx = INT32_MAX;
+    int bad = 0;
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) {
         const float v = row[k];
+        bad |= !isfinite(v);
         if (v > best || (v == best && k < idx)) {
             best = v;
             idx = k;
         }
     }
+    bad = __syncthreads_or(bad);
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, best, o);
         const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -235,7 +238,7 @@ __global__ void k_argmax(const float *x, int32_t dim, int32_t *ids) {
                 best = bv[w];
                 idx = bi[w];
             }
-        ids[blockIdx.x] = idx == INT32_MAX ? 0 : idx;
+        ids[blockIdx.x] = bad ? -1 : idx;
     }
 }
 

@@ -6,6 +6,8 @@
 #ifndef TDM_CLI_H
 #define TDM_CLI_H
 
+#include <float.h>
+#include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,23 +60,40 @@ bool cli_is_help(const char *arg);
 bool cli_parse_int(const char *opt, const char *s, long lo, long hi, int *out);
 bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
 bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float *out);
+/* The same for the half-open range (lo, hi]. */
+bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, float *out);
+/* The usage error for an option given without the one it needs to take effect
+ * ("option --spec-k has no effect without -d DRAFT"); returns CLI_EXIT_USAGE.  An
+ * option that would be ignored is refused rather than silently dropped. */
+int cli_needs(const char *opt, const char *needed);
+/* True for the speculation options (--spec-k, --spec-k-max, --p-min, --spec-ngram, as
+ * "--name" or "--name=value"): they need -d DRAFT. */
+bool cli_is_spec_opt(const char *arg);
 /* "cpu" or "cuda". */
 bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out);
-/* "auto" -> 0 (adaptive), or a fixed length 1..32. */
+/* "auto" -> 0 (adaptive), or a fixed length 1..TANDEM_SPEC_K_MAX. */
 bool cli_parse_spec_k(const char *opt, const char *s, int *out);
-/* "off" or 0 -> 0, or an n-gram length 2..8 (--spec-ngram). */
+/* "off" or 0 -> 0, or an n-gram length TANDEM_SPEC_NGRAM_MIN..MAX (--spec-ngram). */
 bool cli_parse_spec_ngram(const char *opt, const char *s, int *out);
 
 /* ------------------------------------------------------- prompt files */
 
+/* The value ranges of the sampling options, shared by the flags (--temp, -n) and
+ * the prompt-file members (temperature, max_tokens): tandem.h's ranges, as far as a
+ * command line can write them.  Seeds take the whole 64-bit range in both. */
+#define CLI_TEMP_MAX FLT_MAX  /* --temp, "temperature": [0, FLT_MAX] */
+#define CLI_COUNT_MAX INT_MAX /* -n, --top-k, "max_tokens": [0, INT_MAX] */
+
+/* An id as given: CLI_ID_INT is a prompt's place (no id member: its 0-based index;
+ * -p TEXT: 0); a numeric id keeps the literal as written, echoed verbatim. */
 typedef enum cli_id_kind { CLI_ID_INT, CLI_ID_NUM, CLI_ID_STR } cli_id_kind;
 
 typedef struct cli_prompt {
     int line;                /* 1-based line in the file (0 for -p TEXT) */
     cli_id_kind id_kind;
     int64_t id_int;          /* CLI_ID_INT */
-    double id_num;           /* CLI_ID_NUM (a non-integral number) */
-    char *id_str;            /* CLI_ID_STR: [id_len] bytes + NUL (heap) */
+    char *id_str;            /* CLI_ID_NUM: the number's literal; CLI_ID_STR: the string;
+                                [id_len] bytes + NUL (heap) */
     size_t id_len;
     char *text;              /* the prompt: [len] bytes + NUL (heap; may hold NULs) */
     size_t len;
@@ -91,8 +110,10 @@ typedef struct cli_prompts {
     size_t n;
 } cli_prompts;
 
-/* Reads a JSON-lines prompt file.  Blank lines are skipped.  On a bad line,
- * writes "FILE:LINE: problem" into err and returns false (nothing allocated). */
+/* Reads a JSON-lines prompt file (any file, pipe or device) within input.h's limits:
+ * a line at most TDM_INPUT_LINE_MAX bytes, the file TDM_INPUT_TOTAL_MAX.  Blank lines
+ * are skipped.  On a bad line, writes "FILE:LINE: problem" into err and returns false
+ * (nothing allocated). */
 bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t err_cap);
 /* A single prompt from -p TEXT (id 0).  False on out of memory. */
 bool cli_prompts_single(const char *text, cli_prompts *out);
@@ -112,7 +133,10 @@ void cli_json_num(FILE *f, double x, int decimals);
 void cli_json_spec(FILE *f, const tandem_spec_stats *s);
 /* Adds b's counts and times into a (k_final taken from b). */
 void cli_spec_add(tandem_spec_stats *a, const tandem_spec_stats *b);
-/* Tokens per second for n tokens in ms milliseconds (0 when ms <= 0). */
+/* Tokens per second for n tokens in ms milliseconds; 0 when n or ms is 0: no rate
+ * for work not done. */
 double cli_tok_per_s(double n, double ms);
+/* The same as text: "123 tok/s", or "n/a" where cli_tok_per_s is 0 (buf: scratch). */
+const char *cli_rate_str(double n, double ms, char buf[32]);
 
 #endif

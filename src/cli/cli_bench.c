@@ -87,6 +87,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU,
                       .spec_ngram = tandem_generate_default_params().spec_ngram};
     bool have_p = false;
+    const char *spec_opt = NULL, *limit_opt = NULL; /* given: need -d / --prompts */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true, missing = false;
@@ -103,18 +104,24 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
             ok = cli_parse_int(a, v, 1, 1 << 20, &o->prompt_tokens);
             have_p = true;
         } else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 1, 1 << 20, &o->new_tokens);
-        else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, 4096, &o->threads);
+        else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
-        else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, 32, &o->spec_k_max);
+        else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
         else if (TAKE(NULL, "--reps")) ok = cli_parse_int(a, v, 1, 10000, &o->reps);
-        else if (TAKE(NULL, "--limit")) ok = cli_parse_int(a, v, 1, 1 << 30, &o->limit);
+        else if (TAKE(NULL, "--limit")) {
+            ok = cli_parse_int(a, v, 1, 1 << 30, &o->limit);
+            limit_opt = a;
+        }
         else return cli_unknown_arg(a);
 #undef TAKE
         if (missing || !ok) return CLI_EXIT_USAGE;
+        if (!spec_opt && cli_is_spec_opt(a)) spec_opt = a;
     }
     if (!o->model) return cli_usage_error("missing required option -m MODEL");
+    if (spec_opt && !o->draft) return cli_needs(spec_opt, "-d DRAFT");
+    if (limit_opt && !o->prompts_file) return cli_needs(limit_opt, "--prompts FILE");
     if (have_p && o->prompts_file) return cli_usage_error("give either -p or --prompts, not both");
     if (o->reps == 0) o->reps = o->prompts_file ? 1 : 5;
     return -1;
@@ -182,6 +189,14 @@ typedef struct bench_mem {
     double decode_gb_s; /* bytes read per target decode step / its time (target-only runs) */
 } bench_mem;
 
+/* A rate line; "n/a" for work not done (-n 1, or an EOS first, decodes nothing). */
+static void print_rate(const char *label, double tok_per_s) {
+    if (tok_per_s > 0)
+        printf("%s%.1f tok/s\n", label, tok_per_s);
+    else
+        printf("%sn/a (no tokens)\n", label);
+}
+
 static void print_report(const bench_opts *o, int threads, const bench_run *last, size_t n_prompts,
                          double prefill_tps, double decode_tps, const tandem_spec_stats *spec,
                          const bench_mem *mem) {
@@ -233,9 +248,10 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
             printf("prompt:   %d tokens (synthetic), %d new tokens (%.0f generated)\n",
                    o->prompt_tokens, o->new_tokens, last->gen_tokens);
         printf("reps:     %d (median)\n", o->reps);
-        printf("prefill:  %.1f tok/s\n", prefill_tps);
-        if (o->draft) printf("decode:   %.1f tok/s\n", decode_tps);
-        else printf("decode:   %.1f tok/s (%.1f GB/s of weights and K/V read)\n", decode_tps, mem->decode_gb_s);
+        print_rate("prefill:  ", prefill_tps);
+        print_rate("decode:   ", decode_tps);
+        if (!o->draft && decode_tps > 0)
+            printf("          %.1f GB/s of weights and K/V read per decode step\n", mem->decode_gb_s);
         if (o->draft)
             printf("spec:     acceptance %.3f, mean accepted %.2f/step, %llu steps, k_final %d; "
                    "n-gram lookup: %llu steps, %llu of %llu proposed tokens\n",

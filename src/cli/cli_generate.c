@@ -40,6 +40,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     *o = (gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
                     .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram};
+    const char *spec_opt = NULL; /* the first speculation option given: needs -d */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true, missing = false;
@@ -53,23 +54,25 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         else if (TAKE("-d", "--draft")) o->draft = v;
         else if (TAKE("-p", "--prompt")) o->prompt = v;
         else if (TAKE(NULL, "--prompts")) o->prompts_file = v;
-        else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 0, 1 << 30, &o->max_tokens);
-        else if (TAKE(NULL, "--temp")) ok = cli_parse_float(a, v, 0, 1e6, &o->temp);
-        else if (TAKE(NULL, "--top-k")) ok = cli_parse_int(a, v, 0, 1 << 30, &o->top_k);
-        else if (TAKE(NULL, "--top-p")) ok = cli_parse_float(a, v, 0, 1, &o->top_p);
+        else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 0, CLI_COUNT_MAX, &o->max_tokens);
+        else if (TAKE(NULL, "--temp")) ok = cli_parse_float(a, v, 0, CLI_TEMP_MAX, &o->temp);
+        else if (TAKE(NULL, "--top-k")) ok = cli_parse_int(a, v, 0, CLI_COUNT_MAX, &o->top_k);
+        else if (TAKE(NULL, "--top-p")) ok = cli_parse_float_gt(a, v, 0, 1, &o->top_p);
         else if (TAKE(NULL, "--min-p")) ok = cli_parse_float(a, v, 0, 1, &o->min_p);
         else if (TAKE(NULL, "--seed")) ok = cli_parse_u64(a, v, &o->seed);
-        else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, 4096, &o->threads);
+        else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
-        else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, 32, &o->spec_k_max);
+        else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--p-min")) ok = cli_parse_float(a, v, 0, 1, &o->p_min);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
         else return cli_unknown_arg(a);
 #undef TAKE
         if (missing || !ok) return CLI_EXIT_USAGE;
+        if (!spec_opt && cli_is_spec_opt(a)) spec_opt = a;
     }
     if (!o->model) return cli_usage_error("missing required option -m MODEL");
+    if (spec_opt && !o->draft) return cli_needs(spec_opt, "-d DRAFT");
     if (o->prompt && o->prompts_file) return cli_usage_error("give either -p or --prompts, not both");
     if (!o->prompt && !o->prompts_file) return cli_usage_error("missing -p TEXT or --prompts FILE");
     return -1;
@@ -94,7 +97,7 @@ static void print_json_result(const cli_prompt *p, const tandem_result *r, bool 
     cli_json_num(stdout, r->prefill_ms, 3);
     fputs(", \"decode_ms\": ", stdout);
     cli_json_num(stdout, r->decode_ms, 3);
-    fputs(", \"decode_tok_per_s\": ", stdout);
+    fputs(", \"decode_tok_per_s\": ", stdout); /* 0 with no decoded token */
     cli_json_num(stdout, cli_tok_per_s(decode_tokens(r), r->decode_ms), 2);
     fputc('}', stdout);
     if (has_draft) {
@@ -108,12 +111,12 @@ static void print_json_result(const cli_prompt *p, const tandem_result *r, bool 
 static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool has_draft) {
     fputs("[id ", stderr);
     cli_prompt_write_id(stderr, p, false);
-    fprintf(stderr,
-            "] %zu tokens, prompt %zu tokens: prefill %.1f ms (%.0f tok/s), "
-            "decode %.1f ms (%.0f tok/s)",
-            r->n_tokens, r->n_prompt_tokens, r->prefill_ms,
-            cli_tok_per_s((double)r->n_prompt_tokens, r->prefill_ms), r->decode_ms,
-            cli_tok_per_s(decode_tokens(r), r->decode_ms));
+    /* no token: the prompt did not run (max_tokens 0), so no prefill rate */
+    double prefilled = r->n_tokens > 0 ? (double)r->n_prompt_tokens : 0.0;
+    char b1[32], b2[32];
+    fprintf(stderr, "] %zu tokens, prompt %zu tokens: prefill %.1f ms (%s), decode %.1f ms (%s)", r->n_tokens,
+            r->n_prompt_tokens, r->prefill_ms, cli_rate_str(prefilled, r->prefill_ms, b1), r->decode_ms,
+            cli_rate_str(decode_tokens(r), r->decode_ms, b2));
     if (has_draft) {
         fprintf(stderr, " spec: acceptance %.2f, mean accepted %.1f/step, k=%d",
                 r->spec.acceptance_rate, r->spec.mean_accepted, r->spec.k_final);

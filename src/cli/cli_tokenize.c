@@ -1,38 +1,10 @@
 /* cli_tokenize.c - `tandem tokenize`: prints the token ids of a text (from --text or
- * all of stdin) as a JSON array on one line. */
+ * all of stdin, at most TDM_INPUT_TOTAL_MAX bytes) as a JSON array on one line. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
-
-/* Reads all of stdin into a heap buffer (NUL-terminated; may hold NULs). */
-static bool read_stdin(char **out, size_t *out_len) {
-    size_t cap = 1 << 16, len = 0;
-    char *buf = malloc(cap);
-    if (!buf) return false;
-    for (;;) {
-        if (len + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                return false;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + len, 1, cap - len - 1, stdin);
-        len += r;
-        if (r == 0) break;
-    }
-    if (ferror(stdin)) {
-        free(buf);
-        return false;
-    }
-    buf[len] = 0;
-    *out = buf;
-    *out_len = len;
-    return true;
-}
+#include "input.h"
 
 int cli_tokenize(int argc, char **argv) {
     const char *model_path = NULL, *text = NULL;
@@ -59,7 +31,9 @@ int cli_tokenize(int argc, char **argv) {
     if (text) {
         len = strlen(text);
     } else {
-        if (!read_stdin(&buf, &len)) return cli_error("cannot read standard input");
+        tdm_err err = {0};
+        if (tdm_input_read_all(stdin, "stdin", TDM_INPUT_TOTAL_MAX, &buf, &len, &err) != TANDEM_OK)
+            return cli_error("%s", err.msg);
         text = buf;
     }
 

@@ -10,6 +10,13 @@
 #include <string.h>
 
 #include "cli.h"
+#include "input.h"
+
+#define STR_(x) #x
+#define STR(x) STR_(x) /* a number macro as text, for the usage text */
+#define LINE_MIB STR(TDM_INPUT_LINE_MIB)
+#define TOTAL_MIB STR(TDM_INPUT_TOTAL_MIB)
+#define SPEC_K_MAX STR(TANDEM_SPEC_K_MAX)
 
 static const char usage_text[] =
     "usage: tandem <command> [options]\n"
@@ -27,33 +34,35 @@ static const char usage_text[] =
     "  -d, --draft FILE      draft model for speculative decoding\n"
     "  -p, --prompt TEXT     prompt text (id 0)\n"
     "      --prompts FILE    JSON lines: {\"id\", \"prompt\"[, \"seed\", \"max_tokens\", \"temperature\"]}\n"
-    "  -n, --max-tokens N    new tokens at most (default 128)\n"
-    "      --temp T          temperature, 0 = greedy (default 0)\n"
-    "      --top-k K         top-k filter, 0 = off (default 0)\n"
-    "      --top-p P         nucleus filter, 1 = off (default 1)\n"
-    "      --min-p P         min-p filter, 0 = off (default 0)\n"
-    "      --seed S          sampling seed (default 0)\n"
-    "  -t, --threads N       CPU threads, 0 = all cores (default 0)\n"
+    "                        (a line at most " LINE_MIB " MiB, the file at most " TOTAL_MIB " MiB)\n"
+    "  -n, --max-tokens N    new tokens at most, N >= 0 (default 128)\n"
+    "      --temp T          temperature, T >= 0, 0 = greedy (default 0)\n"
+    "      --top-k K         top-k filter, K >= 0, 0 = off (default 0)\n"
+    "      --top-p P         nucleus filter, 0 < P <= 1, 1 = off (default 1)\n"
+    "      --min-p P         min-p filter, 0 <= P <= 1, 0 = off (default 0)\n"
+    "      --seed S          sampling seed, 0 <= S <= 2^64-1 (default 0)\n"
+    "  -t, --threads N       CPU threads, 0.." STR(TANDEM_THREADS_MAX) ", 0 = all cores (default 0)\n"
     "      --backend B       cpu or cuda (default cpu)\n"
-    "      --spec-k N|auto   draft tokens per step, auto = adaptive (default auto)\n"
-    "      --spec-k-max N    adaptive upper bound (default 12)\n"
-    "      --p-min P         stop drafting below this draft probability (default 0)\n"
-    "      --spec-ngram N    with a draft, also propose by n-gram lookup in the text so\n"
-    "                        far: match the last N..2 tokens; 0 or off = never (default 4)\n"
     "      --json            one JSON object per prompt on stdout\n"
+    "  speculation (refused without -d):\n"
+    "      --spec-k N|auto   draft tokens per step, 1.." SPEC_K_MAX ", auto = adaptive (default auto)\n"
+    "      --spec-k-max N    adaptive upper bound, 1.." SPEC_K_MAX " (default 12)\n"
+    "      --p-min P         stop drafting below this draft probability, 0 <= P <= 1 (default 0)\n"
+    "      --spec-ngram N    also propose by n-gram lookup in the text so far: match the\n"
+    "                        last N..2 tokens, N = " STR(TANDEM_SPEC_NGRAM_MIN) ".." STR(TANDEM_SPEC_NGRAM_MAX) "; 0 or off = never (default 4)\n"
     "\n"
     "tandem tokenize -m MODEL [--no-bos] [--text TEXT]\n"
-    "  reads stdin when --text is not given; prints the ids as a JSON array\n"
+    "  reads stdin (at most " TOTAL_MIB " MiB) when --text is not given; prints the ids as a JSON array\n"
     "\n"
     "tandem info MODEL\n"
     "\n"
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
     "             [-n N] [--threads N] [--backend B] [--spec-k N|auto] [--spec-k-max N]\n"
     "             [--spec-ngram N] [--reps R] [--json]\n"
-    "  -p N                  synthetic prompt length in tokens (default 128)\n"
-    "  -n N                  new tokens per run (default 128)\n"
+    "  -p N                  synthetic prompt length in tokens, 1..2^20 (default 128)\n"
+    "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
-    "      --limit L         use at most L prompts of the file\n"
+    "      --limit L         use at most L prompts of the file (needs --prompts)\n"
     "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
     "      --json            print one JSON object\n"
     "\n"
@@ -179,22 +188,45 @@ bool cli_parse_u64(const char *opt, const char *s, uint64_t *out) {
     return true;
 }
 
-bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float *out) {
+/* A float in [lo, hi], or (lo, hi] when lo_open; the range applies to the value as a
+ * float, which is what the library receives (1e-50 is 0 there, 1e39 infinite). */
+static bool parse_float_range(const char *opt, const char *s, double lo, bool lo_open, double hi, float *out) {
     if (!s) return false;
     char *end = NULL;
     errno = 0;
     double v = strtod(s, &end);
     if (!(isdigit((unsigned char)*s) || *s == '-' || *s == '+' || *s == '.') || end == s ||
-        *end != '\0' || errno == ERANGE || !isfinite(v)) {
+        *end != '\0' || !isfinite(v)) { /* (an underflow is a number: the range decides) */
         cli_usage_error("option %.*s: '%s' is not a number", opt_len(opt), opt, s);
         return false;
     }
-    if (v < lo || v > hi) {
-        cli_usage_error("option %.*s: %g is out of range [%g, %g]", opt_len(opt), opt, v, lo, hi);
+    double f = fabs(v) > FLT_MAX ? v * INFINITY : (double)(float)v; /* (float)v would be undefined */
+    if (!(lo_open ? f > lo : f >= lo) || !(f <= hi)) {
+        cli_usage_error("option %.*s: %s is out of range %c%g, %g]", opt_len(opt), opt, s, lo_open ? '(' : '[',
+                        lo, hi);
         return false;
     }
     *out = (float)v;
     return true;
+}
+
+bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float *out) {
+    return parse_float_range(opt, s, lo, false, hi, out);
+}
+
+bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, float *out) {
+    return parse_float_range(opt, s, lo, true, hi, out);
+}
+
+bool cli_is_spec_opt(const char *arg) {
+    static const char *const names[] = {"--spec-k", "--spec-k-max", "--p-min", "--spec-ngram"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if ((int)strlen(names[i]) == opt_len(arg) && strncmp(arg, names[i], strlen(names[i])) == 0) return true;
+    return false;
+}
+
+int cli_needs(const char *opt, const char *needed) {
+    return cli_usage_error("option %.*s has no effect without %s", opt_len(opt), opt, needed);
 }
 
 bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out) {
@@ -217,7 +249,7 @@ bool cli_parse_spec_k(const char *opt, const char *s, int *out) {
         *out = 0;
         return true;
     }
-    return cli_parse_int(opt, s, 1, 32, out);
+    return cli_parse_int(opt, s, 1, TANDEM_SPEC_K_MAX, out);
 }
 
 bool cli_parse_spec_ngram(const char *opt, const char *s, int *out) {
@@ -226,9 +258,10 @@ bool cli_parse_spec_ngram(const char *opt, const char *s, int *out) {
         *out = 0;
         return true;
     }
-    if (!cli_parse_int(opt, s, 0, 8, out)) return false;
-    if (*out == 1) {
-        cli_usage_error("option %.*s: n-gram length 1 is not allowed (0 = off, or 2..8)", opt_len(opt), opt);
+    if (!cli_parse_int(opt, s, 0, TANDEM_SPEC_NGRAM_MAX, out)) return false;
+    if (*out > 0 && *out < TANDEM_SPEC_NGRAM_MIN) {
+        cli_usage_error("option %.*s: n-gram length %d is not allowed (0 = off, or %d..%d)", opt_len(opt), opt,
+                        *out, TANDEM_SPEC_NGRAM_MIN, TANDEM_SPEC_NGRAM_MAX);
         return false;
     }
     return true;
@@ -239,7 +272,14 @@ void cli_json_num(FILE *f, double x, int decimals) {
     fprintf(f, "%.*f", decimals, x);
 }
 
-double cli_tok_per_s(double n, double ms) { return ms > 0 ? n * 1000.0 / ms : 0.0; }
+double cli_tok_per_s(double n, double ms) { return n > 0 && ms > 0 ? n * 1000.0 / ms : 0.0; }
+
+const char *cli_rate_str(double n, double ms, char buf[32]) {
+    double r = cli_tok_per_s(n, ms);
+    if (r <= 0) return "n/a";
+    snprintf(buf, 32, "%.0f tok/s", r);
+    return buf;
+}
 
 int main(int argc, char **argv) {
     if (argc < 2) {

@@ -2,9 +2,14 @@
  *
  * One JSON object per line:
  *   {"id": <number|string>, "prompt": <string>,
- *    "seed": <int >= 0>?, "max_tokens": <int >= 0>?, "temperature": <number >= 0>?}
- * Other members are ignored; blank lines are skipped.  A missing id becomes the
- * 0-based index of the prompt.  Every line is checked before anything runs. */
+ *    "seed": <integer in [0, 2^64-1]>?, "max_tokens": <integer in [0, INT_MAX]>?,
+ *    "temperature": <number in [0, FLT_MAX]>?}
+ * (the ranges of --seed, -n and --temp).  Other members are ignored; a repeated
+ * member is an error (json.h); blank lines are skipped.  A missing id becomes the
+ * 0-based index of the prompt; a numeric id is echoed as written (9007199254740993,
+ * 1.50, 1e3 stay so) and must lie in a double's range, so that a reader of the
+ * output that parses numbers as doubles sees neither an infinity nor a false 0.
+ * Every line is checked before anything runs. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -12,9 +17,8 @@
 
 #include "cli.h"
 #include "common.h"
+#include "input.h"
 #include "json.h"
-
-#define CLI_MAX_TOKENS_LIMIT (1 << 30)
 
 static void prompt_free(cli_prompt *p) {
     free(p->id_str);
@@ -49,6 +53,16 @@ static bool is_blank(const char *s, size_t n) {
     return true;
 }
 
+/* Whether a number is one a double can hold: finite, and not a non-zero value that
+ * rounds to 0 (1e-400). */
+static bool in_double_range(const tdm_json *num) {
+    if (!isfinite(num->num)) return false;
+    if (num->num != 0) return true;
+    for (size_t i = 0; i < num->str_len && num->str[i] != 'e' && num->str[i] != 'E'; i++)
+        if (num->str[i] >= '1' && num->str[i] <= '9') return false;
+    return true;
+}
+
 /* Fills p from one parsed line; false with err set on a bad member. */
 static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, const char *path,
                              int line, char *err, size_t cap) {
@@ -65,12 +79,12 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
         p->id_len = id->str_len;
         if (!p->id_str) return line_err(err, cap, path, line, "out of memory");
     } else if (id->type == TDM_JSON_NUMBER) {
-        if (tdm_json_int(id, &p->id_int)) {
-            p->id_kind = CLI_ID_INT;
-        } else {
-            p->id_kind = CLI_ID_NUM;
-            p->id_num = id->num;
-        }
+        if (!in_double_range(id))
+            return line_err(err, cap, path, line, "\"id\" %.40s is outside the range of a double", id->str);
+        p->id_kind = CLI_ID_NUM;
+        p->id_str = tdm_strndup(id->str, id->str_len);
+        p->id_len = id->str_len;
+        if (!p->id_str) return line_err(err, cap, path, line, "out of memory");
     } else {
         return line_err(err, cap, path, line, "\"id\" must be a number or a string");
     }
@@ -85,81 +99,78 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
 
     const tdm_json *v = tdm_json_get(j, "seed");
     if (v) {
-        int64_t s;
-        if (v->type != TDM_JSON_NUMBER || !tdm_json_int(v, &s) || s < 0)
-            return line_err(err, cap, path, line, "\"seed\" must be a non-negative integer");
+        if (!tdm_json_u64(v, &p->seed))
+            return line_err(err, cap, path, line, "\"seed\" must be an integer in [0, %llu]",
+                            (unsigned long long)UINT64_MAX);
         p->has_seed = true;
-        p->seed = (uint64_t)s;
     }
     v = tdm_json_get(j, "max_tokens");
     if (v) {
         int64_t m;
-        if (v->type != TDM_JSON_NUMBER || !tdm_json_int(v, &m) || m < 0 ||
-            m > CLI_MAX_TOKENS_LIMIT)
-            return line_err(err, cap, path, line,
-                            "\"max_tokens\" must be an integer in [0, %d]", CLI_MAX_TOKENS_LIMIT);
+        if (!tdm_json_int(v, &m) || m < 0 || m > CLI_COUNT_MAX)
+            return line_err(err, cap, path, line, "\"max_tokens\" must be an integer in [0, %d]", CLI_COUNT_MAX);
         p->has_max_tokens = true;
         p->max_tokens = (int)m;
     }
     v = tdm_json_get(j, "temperature");
     if (v) {
-        if (v->type != TDM_JSON_NUMBER || !isfinite(v->num) || v->num < 0 || v->num > 1e6)
-            return line_err(err, cap, path, line, "\"temperature\" must be a number >= 0");
+        if (v->type != TDM_JSON_NUMBER || !(v->num >= 0 && v->num <= CLI_TEMP_MAX)) /* as --temp */
+            return line_err(err, cap, path, line, "\"temperature\" must be a number in [0, %g]", CLI_TEMP_MAX);
         p->has_temperature = true;
         p->temperature = (float)v->num;
     }
     return true;
 }
 
+/* Parses one non-blank line into ps (grown as needed); false with err set. */
+static bool add_line(cli_prompts *ps, size_t *items_cap, const char *text, size_t n, const char *path, int line,
+                     char *err, size_t cap) {
+    if (ps->n == *items_cap) {
+        size_t nc = *items_cap ? *items_cap * 2 : 16;
+        cli_prompt *ni = realloc(ps->items, nc * sizeof *ni);
+        if (!ni) return line_err(err, cap, path, line, "out of memory");
+        ps->items = ni;
+        *items_cap = nc;
+    }
+    tdm_json *j = NULL;
+    tdm_err jerr = {0};
+    if (tdm_json_parse(text, n, &j, &jerr) != TANDEM_OK)
+        return line_err(err, cap, path, line, "invalid JSON: %s", jerr.msg);
+    cli_prompt *pr = &ps->items[ps->n];
+    memset(pr, 0, sizeof *pr);
+    bool ok = prompt_from_json(j, pr, ps->n, path, line, err, cap);
+    if (ok)
+        ps->n++;
+    else
+        prompt_free(pr);
+    tdm_json_free(j);
+    return ok;
+}
+
 bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t cap) {
     out->items = NULL;
     out->n = 0;
-    char *text = NULL;
-    size_t len = 0;
+    tdm_lines r;
     tdm_err terr = {0};
-    if (tdm_read_file(path, &text, &len, &terr) != TANDEM_OK) {
+    if (tdm_lines_open(&r, path, TDM_INPUT_LINE_MAX, TDM_INPUT_TOTAL_MAX, &terr) != TANDEM_OK) {
         snprintf(err, cap, "%s", terr.msg);
         return false;
     }
     cli_prompts ps = {0};
     size_t items_cap = 0;
     bool ok = true;
-    int line = 0;
-    const char *p = text, *end = text + len;
-    while (ok && p < end) {
-        line++;
-        const char *nl = memchr(p, '\n', (size_t)(end - p));
-        const char *le = nl ? nl : end;
-        size_t n = (size_t)(le - p);
-        if (!is_blank(p, n)) {
-            if (ps.n == items_cap) {
-                size_t nc = items_cap ? items_cap * 2 : 16;
-                cli_prompt *ni = realloc(ps.items, nc * sizeof *ni);
-                if (!ni) {
-                    ok = line_err(err, cap, path, line, "out of memory");
-                    break;
-                }
-                ps.items = ni;
-                items_cap = nc;
-            }
-            tdm_json *j = NULL;
-            tdm_err jerr = {0};
-            if (tdm_json_parse(p, n, &j, &jerr) != TANDEM_OK) {
-                ok = line_err(err, cap, path, line, "invalid JSON: %s", jerr.msg);
-            } else {
-                cli_prompt *pr = &ps.items[ps.n];
-                memset(pr, 0, sizeof *pr);
-                ok = prompt_from_json(j, pr, ps.n, path, line, err, cap);
-                if (ok)
-                    ps.n++;
-                else
-                    prompt_free(pr);
-            }
-            tdm_json_free(j);
+    for (;;) {
+        const char *text;
+        size_t n;
+        bool got;
+        if (tdm_lines_next(&r, &text, &n, &got, &terr) != TANDEM_OK) {
+            snprintf(err, cap, "%s", terr.msg);
+            ok = false;
         }
-        p = nl ? nl + 1 : end;
+        if (!ok || !got) break;
+        if (!is_blank(text, n)) ok = add_line(&ps, &items_cap, text, n, path, r.line, err, cap);
     }
-    free(text);
+    tdm_lines_close(&r);
     if (ok && ps.n == 0) {
         snprintf(err, cap, "%s: no prompts in the file", path);
         ok = false;
@@ -195,8 +206,8 @@ void cli_prompt_write_id(FILE *f, const cli_prompt *p, bool json) {
     case CLI_ID_INT:
         fprintf(f, "%lld", (long long)p->id_int);
         break;
-    case CLI_ID_NUM:
-        fprintf(f, "%.17g", isfinite(p->id_num) ? p->id_num : 0.0);
+    case CLI_ID_NUM: /* the literal, valid JSON as it is */
+        fwrite(p->id_str, 1, p->id_len, f);
         break;
     case CLI_ID_STR:
         if (json)

@@ -26,10 +26,14 @@ static void walk(const tdm_json *j, int depth) {
     bool is_int = tdm_json_int(j, &iv);
     if (is_int && j->type != TDM_JSON_NUMBER) abort();
     if (is_int && (double)iv != j->num) abort(); /* "integral" must mean exact */
+    uint64_t uv;
+    if (tdm_json_u64(j, &uv) && (j->type != TDM_JSON_NUMBER || (double)uv != j->num)) abort();
     switch (j->type) {
+    case TDM_JSON_NUMBER:
+        if (!j->str || j->str_len == 0 || j->str[j->str_len] != 0) abort(); /* the literal */
+        /* fall through */
     case TDM_JSON_NULL:
     case TDM_JSON_BOOL:
-    case TDM_JSON_NUMBER:
         if (tdm_json_get(j, "a") != NULL) abort(); /* not an object */
         break;
     case TDM_JSON_STRING:
@@ -49,7 +53,8 @@ static void walk(const tdm_json *j, int depth) {
             if (null_out) tdm_json_write_str(null_out, k, strlen(k));
             const tdm_json *m = tdm_json_get(j, k);
             if (!m) abort();
-            /* first match: no earlier member may have the same name */
+            /* names are unique (a repeated one fails the parse), so no earlier
+             * member may have the same name */
             for (size_t e = 0; e < i && m == &j->items[i]; e++)
                 if (strcmp(j->keys[e], k) == 0) abort();
             walk(&j->items[i], depth + 1);
