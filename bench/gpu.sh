@@ -15,7 +15,8 @@
 #   --models DIR       where the synthetic models go (default /dev/shm/tandem-models
 #                      when it has room, else /tmp/tandem-models)
 #   --steps LIST       comma-separated subset of: tests,sanitize,synth,tandem,spec,llama,summary
-#                      (default tests,synth,tandem,spec,llama,summary)
+#                      (default tests,synth,tandem,spec,llama,summary; sanitize runs
+#                      compute-sanitizer's memcheck and racecheck on the forward's kernels)
 #   --reps N           repetitions per measurement (default 3)
 # Every step's output goes to OUTDIR (logs, one JSON per measurement); a failed step
 # is reported and the others still run.
@@ -73,7 +74,7 @@ if has llama; then
     log "building llama.cpp ($src) with CUDA for sm_90 in the background"
     (cmake -S "$src" -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
        -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release &&
-     cmake --build /tmp/lb -j"$(nproc)" --target llama-bench llama-batched-bench) >"$out/llama-build.log" 2>&1 &
+     cmake --build /tmp/lb -j"$(nproc)" --target llama-bench) >"$out/llama-build.log" 2>&1 &
     llama_pid=$!
     LLAMA_BENCH=/tmp/lb/bin/llama-bench
   else
@@ -92,11 +93,13 @@ if has tests; then
   done
 fi
 if has sanitize && command -v compute-sanitizer >/dev/null; then
+  # the kernels of the forward (attention, the fused blocks, argmax); ${TANDEM_SANITIZE_FILTER} to change
+  filter=${TANDEM_SANITIZE_FILTER:-cuda_f*/*}
   for tool in memcheck racecheck; do
     b=$(find_bin test_cuda_kernels)
-    log "compute-sanitizer --tool $tool test_cuda_kernels"
-    timeout 1200 compute-sanitizer --tool $tool --error-exitcode 9 "$b" --jobs 1 >"$out/sanitize-$tool.log" 2>&1
-    log "$tool: exit $? ($(grep -E 'ERROR SUMMARY' "$out/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' '))"
+    log "compute-sanitizer --tool $tool test_cuda_kernels --filter '$filter'"
+    timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$b" --jobs 1 --filter "$filter" >"$out/sanitize-$tool.log" 2>&1
+    log "$tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' '))"
   done
 fi
 

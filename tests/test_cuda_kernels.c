@@ -362,8 +362,9 @@ static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t 
         const double e_ops = ref_nrm_err(lg, lo, nv), e_cpu = ref_nrm_err(lg, lc, nv);
         const bool big = bt.n_rows > GEMV_MAX_ROWS;
         /* f16 / bf16 activations on tensor cores for the prefill (and so in the K / V
-         * that later rows read); int8 activations for quantised weights */
-        const double tol_cpu = is_quant(wtype) ? 3e-2 : wtype == TDM_BF16 ? 2e-2 : big ? 3e-3 : 2e-3;
+         * that later rows read); int8 activations (per 32-element block) for quantised
+         * weights, exact against their own reference in cuda_gemv above */
+        const double tol_cpu = is_quant(wtype) ? 8e-2 : wtype == TDM_BF16 ? 2e-2 : big ? 3e-3 : 2e-3;
         cr_assert(e_ops < 1e-5, "%s step %zu (%d rows): fused vs ops err %g", tdm_dtype_name(wtype), k, (int)bt.n_rows,
                   e_ops);
         cr_assert(e_cpu < tol_cpu, "%s step %zu (%d rows): GPU vs CPU err %g", tdm_dtype_name(wtype), k, (int)bt.n_rows,

@@ -10,8 +10,9 @@
  * [d][key], V as [key][d], f16, 16-byte loads), each lane scores one key against
  * every query vector (f32 FMAs, d in increasing order), the warp keeps a running
  * maximum, sum and weighted sum of V per query vector (online softmax), and the
- * warps' states are merged in warp order at the end.  A second kernel combines the
- * splits of each (row, head) in split order.
+ * warps' states are merged in warp order at the end.  A row whose keys fit one
+ * split gets its output there; for the others a second kernel combines the splits
+ * of each (row, head) in split order (giving a one-split row exactly the same).
  *
  * Every grouping of keys is fixed by the key's index alone (32-key chunks, splits
  * of TDM_FLASH_SPLIT), and keys a row cannot see contribute exact zeros, so a row's
@@ -81,7 +82,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
 
     const tdm_cuda_tile tile = a.tiles[blockIdx.x];
     const int32_t split0 = (int32_t)blockIdx.z * TDM_FLASH_SPLIT;
-    if (split0 >= tile.kv_len) return; /* (the combine reads only splits with keys) */
+    if (blockIdx.z > 0 && split0 >= tile.kv_len) return; /* (the combine reads only splits with keys) */
     const int32_t group = a.n_head / a.n_kv_head, hsplit = group / gh;
     const int32_t kvh = (int32_t)blockIdx.y / hsplit, h0 = kvh * group + ((int32_t)blockIdx.y % hsplit) * gh;
     const int32_t nq = tile.n_rows * gh;
@@ -226,6 +227,17 @@ k_flash(const tdm_flash_args a, int32_t gh) {
                 A = fmaf(e, ((const float *)wb)[(size_t)qi * HD + d], A);
             }
         const int32_t r = tile.row0 + qi / gh, h = h0 + qi % gh;
+        const int32_t ns_row = (NVs[qi] + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
+        if (ns_row <= 1 && blockIdx.z > 0) continue;
+        if (ns_row > 1 && (int32_t)blockIdx.z >= ns_row) continue; /* none of the row's keys here */
+        if (ns_row <= 1) { /* the row's only split (or none: 0): its output, as the combine gives it */
+            const size_t o = (size_t)r * a.n_head * HD + (size_t)h * HD + d;
+            const float v = L > 0.0f ? A / L : 0.0f;
+            if (a.out_type == TDM_F16) ((__half *)a.out)[o] = __float2half_rn(v);
+            else if (a.out_type == TDM_BF16) ((__nv_bfloat16 *)a.out)[o] = __float2bfloat16_rn(v);
+            else ((float *)a.out)[o] = v;
+            continue;
+        }
         float *pr = a.part + (((size_t)blockIdx.z * a.n_rows + r) * a.n_head + h) * (HD + 2);
         pr[d] = A;
         if (d == 0) {
@@ -242,6 +254,7 @@ __global__ void k_flash_combine(const tdm_cuda_row *rows, const float *part, int
                                 int32_t hd, O *out) {
     const int32_t r = (int32_t)blockIdx.x / n_head, h = (int32_t)blockIdx.x % n_head;
     const int32_t nv = rows[r].nv, ns = (nv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
+    if (ns <= 1) return; /* (k_flash wrote it: A / L of its one split, as below) */
     const size_t stride = (size_t)n_rows * n_head * (hd + 2);
     const float *p0 = part + ((size_t)r * n_head + h) * (hd + 2);
     float M = -INFINITY;
@@ -300,6 +313,7 @@ tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err)
     default: return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: head_dim %d", (int)a->head_dim);
     }
     if (st) return st;
+    if (a->n_splits <= 1) return TANDEM_OK; /* every row had one split: written by k_flash */
     const unsigned blocks = (unsigned)(a->n_rows * a->n_head), th = (unsigned)TDM_MIN(a->head_dim, 256);
     if (a->out_type == TDM_F16)
         k_flash_combine<__half><<<blocks, th, 0, c->stream>>>(a->rows, a->part, a->n_rows, a->n_head, a->head_dim, (__half *)a->out);

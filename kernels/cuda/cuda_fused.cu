@@ -49,7 +49,7 @@ __global__ void k_rmsnorm_q8(const float *x, const float *g, int32_t dim, float 
 tandem_status tdm_cuda_rmsnorm_to(tdm_cuda *c, const float *x, const float *gamma, int32_t n, int32_t dim, float eps,
                                   uint32_t type, void *out, const tdm_cuda_xq *xq, tdm_err *err) {
     if (n <= 0) return TANDEM_OK;
-    const unsigned th = 256;
+    const unsigned th = 1024; /* (a decode row is one block: as many threads as can help) */
     switch (type) {
     case TDM_F32: k_rmsnorm_to<float><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (float *)out); break;
     case TDM_F16: k_rmsnorm_to<__half><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (__half *)out); break;
@@ -92,19 +92,25 @@ __device__ __forceinline__ void pair_of(int32_t t, int32_t half, bool neox, int3
     *b = neox ? t + half : 2 * t + 1;
 }
 
-/* Block per row: qkv (+)= bias; q heads rotated in place; k heads rotated into the
- * K cache ([blk][g][d][off]); v heads into the V cache ([blk][g][off][d]). */
+#define ROPE_HEADS 4 /* heads (of q, k and v together) per thread block */
+
+/* Block (row, group of ROPE_HEADS heads of the row's q | k | v): + bias; q heads
+ * rotated in place (a thread per rotation pair); k heads rotated into the K cache
+ * ([blk][g][d][off]); v heads into the V cache ([blk][g][off][d]). */
 template <typename C>
 __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t n_head, int32_t n_kv, int32_t hd,
                           int32_t half, bool neox, const float2 *cs, const tdm_cuda_row *rows, C *kc, C *vc,
                           int32_t bs) {
     float *row = qkv + (size_t)blockIdx.x * stride;
+    const int32_t h0 = (int32_t)blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, n_head + 2 * n_kv);
     if (bias) {
-        for (int32_t j = threadIdx.x; j < stride; j += blockDim.x) row[j] += bias[j];
+        for (int32_t j = h0 * hd + threadIdx.x; j < h1 * hd; j += blockDim.x) row[j] += bias[j];
         __syncthreads();
     }
     const float2 *rc = cs + (size_t)blockIdx.x * half;
-    for (int32_t i = threadIdx.x; i < n_head * half; i += blockDim.x) {
+    const tdm_cuda_row m = rows[blockIdx.x];
+    const int32_t q1 = min(h1, n_head);
+    for (int32_t i = h0 * half + threadIdx.x; i < q1 * half; i += blockDim.x) { /* q: pairs in place */
         float *v = row + (size_t)(i / half) * hd;
         int32_t a, b;
         pair_of(i % half, half, neox, &a, &b);
@@ -112,23 +118,25 @@ __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t
         v[a] = x0.x * r.x - x0.y * r.y;
         v[b] = x0.x * r.y + x0.y * r.x;
     }
-    const tdm_cuda_row m = rows[blockIdx.x];
-    const float *k = row + (size_t)n_head * hd, *vv = k + (size_t)n_kv * hd;
-    const int32_t rot = 2 * half;
-    for (int32_t i = threadIdx.x; i < n_kv * hd; i += blockDim.x) {
-        const int32_t g = i / hd, d = i % hd;
-        const float *kg = k + (size_t)g * hd;
-        float out = kg[d];
-        if (d < rot) {
-            /* d is one end of its pair: find the pair and which end */
+    const int32_t rot = 2 * half, k0 = max(h0, n_head);
+    for (int32_t i = k0 * hd + threadIdx.x; i < h1 * hd; i += blockDim.x) { /* k and v: elements */
+        const int32_t h = i / hd, d = i % hd;
+        const float *v = row + (size_t)h * hd;
+        if (h >= n_head + n_kv) {
+            const int32_t g = h - n_head - n_kv;
+            vc[(((size_t)m.kv_blk * n_kv + g) * bs + m.kv_off) * hd + d] = tdm_cu_from_f32<C>(v[d]);
+            continue;
+        }
+        float out = v[d];
+        if (d < rot) { /* d is one end of its pair: find the pair and which end */
             const int32_t t = neox ? (d < half ? d : d - half) : d / 2;
             int32_t a, b;
             pair_of(t, half, neox, &a, &b);
             const float2 r = rc[t];
-            out = d == a ? kg[a] * r.x - kg[b] * r.y : kg[a] * r.y + kg[b] * r.x;
+            out = d == a ? v[a] * r.x - v[b] * r.y : v[a] * r.y + v[b] * r.x;
         }
+        const int32_t g = h - n_head;
         kc[(((size_t)m.kv_blk * n_kv + g) * hd + d) * bs + m.kv_off] = tdm_cu_from_f32<C>(out);
-        vc[(((size_t)m.kv_blk * n_kv + g) * bs + m.kv_off) * hd + d] = tdm_cu_from_f32<C>(vv[(size_t)g * hd + d]);
     }
 }
 
@@ -138,11 +146,12 @@ tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t strid
                                tdm_err *err) {
     if (n <= 0) return TANDEM_OK;
     const int32_t half = rp->n_rot / 2;
+    const dim3 grid((unsigned)n, (unsigned)((n_head + 2 * n_kv + ROPE_HEADS - 1) / ROPE_HEADS));
     if (cache_type == TDM_F16)
-        k_rope_kv<__half><<<n, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
+        k_rope_kv<__half><<<grid, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
                                                     (__half *)kc, (__half *)vc, bs);
     else if (cache_type == TDM_F32)
-        k_rope_kv<float><<<n, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
+        k_rope_kv<float><<<grid, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
                                                    (float *)kc, (float *)vc, bs);
     else
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope_kv: cache type %s", tdm_dtype_name(cache_type));

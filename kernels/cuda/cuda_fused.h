@@ -46,7 +46,7 @@ void tdm_cuda_meta_at(const void *buf, int32_t n, const tdm_cuda_row **rows, con
 
 /* Keys per split (a thread block's share of a tile's keys).  Fixed, so a row's keys
  * are always grouped the same way whatever else is in the batch. */
-#define TDM_FLASH_SPLIT 128
+#define TDM_FLASH_SPLIT 256
 /* Query vectors (rows x heads of one kv head) a thread block attends at most. */
 #define TDM_FLASH_QMAX 16
 

@@ -115,7 +115,7 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
 #pragma unroll
     for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
     const int32_t n8 = cols / 8;
-#pragma unroll 2
+#pragma unroll 4
     for (int32_t k8 = lane; k8 < n8; k8 += 32) {
         float fa[8], fb[8];
         cvt8<T>(ld_stream(wa + k8), fa);
@@ -155,7 +155,7 @@ k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
 #pragma unroll
     for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
     const int32_t n16 = cols / 16;
-#pragma unroll 2
+#pragma unroll 4
     for (int32_t c = lane; c < n16; c += 32) {
         const uint4 qa = ld_stream(rowa + 16 * (size_t)c), qb = ld_stream(rowb + 16 * (size_t)c);
         const int32_t b = c >> 1;
@@ -191,7 +191,7 @@ k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
 #pragma unroll
     for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
     const uint32_t M = 0x0f0f0f0fu;
-#pragma unroll 2
+#pragma unroll 4
     for (int32_t b = lane; b < nb; b += 32) {
         const uint4 qa = ld_stream(rowa + 16 * (size_t)b), qb = ld_stream(rowb + 16 * (size_t)b);
         const uint32_t la[4] = {qa.x & M, qa.y & M, qa.z & M, qa.w & M};
