@@ -292,7 +292,7 @@ __global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n
  * rows on an f16 cache of a head dim it knows: metadata through the ring. */
 static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
-    const int32_t n = bt->n_rows, gh = tdm_flash_heads_per_block(a->n_head, a->n_kv_head);
+    const int32_t n = bt->n_rows, gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head);
     size_t bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &bytes, err);
     if (st) return st;
@@ -308,6 +308,7 @@ static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err)
     fa.n_tiles = m.n_tiles;
     fa.n_splits = TDM_MAX(1, (m.max_kv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
     fa.tile_rows = m.max_tile_rows;
+    fa.heads_per_block = gh;
     fa.q = a->q;
     fa.q_stride = a->q_stride;
     fa.k_cache = a->k_cache;

@@ -131,6 +131,7 @@ typedef struct fwd_ctx {
     const tdm_cuda_tile *tiles_d;
     const int32_t *tabs_d;
     int32_t n_splits;   /* launched (>= the batch's need) */
+    int32_t gh;         /* heads per attention block */
     bool rows_path, flash;
 } fwd_ctx;
 
@@ -168,6 +169,7 @@ static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo
         fa.n_tiles = f->fm.n_tiles;
         fa.n_splits = f->n_splits;
         fa.tile_rows = f->fm.max_tile_rows;
+        fa.heads_per_block = f->gh;
         fa.q = f->L.qkv;
         fa.q_stride = qkv_w;
         fa.k_cache = a->k_cache[l];
@@ -276,13 +278,14 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     f.a = a;
     f.rows_path = n <= TDM_CUDA_GEMV_MAX_ROWS;
     f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type);
-    const int32_t gh = tdm_flash_heads_per_block(a->n_head, a->n_kv_head);
+    const int32_t gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head);
     size_t meta_bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &meta_bytes, err);
     if (st) return st;
     void *mh = tdm_cuda_graph_meta_host(c, meta_bytes, err);
     if (!mh) return err ? err->status : TANDEM_ERR_BACKEND;
     if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, mh, &f.fm, err))) return st;
+    f.gh = gh;
     const int32_t need_splits = TDM_MAX(1, (f.fm.max_kv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
     f.n_splits = f.rows_path ? pow2_at_least(need_splits) : need_splits;
     /* the buffers, at their final size before any capture */
@@ -301,7 +304,7 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     }
     if (!f.rows_path || !f.flash) return run_layers(&f, err);
     /* decode / verification: replay a graph of this shape, or record one */
-    const uint64_t key[] = {(uint64_t)n, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits, (uint64_t)f.fm.max_tile_rows,
+    const uint64_t key[] = {(uint64_t)n, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits, (uint64_t)f.fm.max_tile_rows * 1024 + (uint64_t)gh,
                             (uint64_t)(uintptr_t)a->x, (uint64_t)(uintptr_t)a->layers, (uint64_t)(uintptr_t)a->k_cache[0],
                             (uint64_t)(uintptr_t)base, (uint64_t)(uintptr_t)meta, (uint64_t)a->n_layer};
     return tdm_cuda_graph_run(c, key, TDM_ARRAY_LEN(key), (tandem_status(*)(const void *, tdm_err *))run_layers, &f, err);

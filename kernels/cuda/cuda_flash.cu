@@ -5,8 +5,8 @@
  * A thread block takes one tile (consecutive rows of one sequence), some heads of
  * one kv head (its "query vectors": rows x heads, at most QN) and one split of
  * TDM_FLASH_SPLIT keys, so the tile's K / V are read once per split whatever the
- * number of rows and heads sharing them (grouped-query attention).  Its four warps
- * take 32 keys each at a time: a warp stages them in its own shared memory (K as
+ * number of rows and heads sharing them (grouped-query attention).  Its warps (one
+ * per 32 keys of the split) take 32 keys each at a time: a warp stages them in its own shared memory (K as
  * [d][key], V as [key][d], f16, 16-byte loads), each lane scores one key against
  * every query vector (f32 FMAs, d in increasing order), the warp keeps a running
  * maximum, sum and weighted sum of V per query vector (online softmax), and the
@@ -26,10 +26,18 @@
 #include "cuda_fused.h"
 #include "cuda_quant.cuh"
 
-#define FL_WARPS 4
+/* Warps per thread block: one per 32-key chunk of a split, so that a short context
+ * is one step of every warp (four for head dim 256, whose K / V chunks are twice as
+ * large in shared memory). */
+template <int HD> struct fl_warps { static constexpr int n = HD >= 256 ? 4 : TDM_FLASH_SPLIT / 32; };
 #define FL_CHUNK 32 /* keys per warp step */
 
-int32_t tdm_flash_heads_per_block(int32_t n_head, int32_t n_kv_head) {
+int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head) {
+    int32_t max_nv = 0;
+    for (int32_t r = 0; r < bt->n_rows; r++) max_nv = TDM_MAX(max_nv, bt->n_visible[r]);
+    const int64_t splits = TDM_MAX(1, (max_nv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
+    const int64_t tiles = (bt->n_rows + TDM_FLASH_QMAX - 1) / TDM_FLASH_QMAX;
+    if (tiles * splits * n_kv_head < c->n_sm / 2) return 1;
     const int32_t g = n_head / n_kv_head;
     for (int32_t d = TDM_MIN(g, TDM_FLASH_QMAX); d > 1; d--)
         if (g % d == 0) return d;
@@ -51,7 +59,7 @@ template <int HD, int QN> struct fl_smem {
     static constexpr size_t kv_bytes = (size_t)FL_CHUNK * HD * 2; /* K or V of one warp */
     static constexpr size_t p_bytes = (size_t)QN * FL_CHUNK * 4;
     static constexpr size_t warp_bytes = 2 * kv_bytes + p_bytes;
-    static constexpr size_t total = q_bytes + nv_bytes + FL_WARPS * warp_bytes;
+    static constexpr size_t total = q_bytes + nv_bytes + fl_warps<HD>::n * warp_bytes;
     static_assert((size_t)QN * HD * 4 <= 2 * kv_bytes, "merge area fits a warp's K / V space");
 };
 
@@ -67,7 +75,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 template <int HD, int QN>
-__global__ void __launch_bounds__(FL_WARPS * 32)
+__global__ void __launch_bounds__(fl_warps<HD>::n * 32)
 k_flash(const tdm_flash_args a, int32_t gh) {
     typedef fl_smem<HD, QN> S;
     constexpr int T = (HD + 63) / 64; /* pairs of output dims per lane */
@@ -109,7 +117,8 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         for (int t = 0; t < T; t++) acc[qi][t] = make_float2(0.0f, 0.0f);
     }
 
-    for (int32_t u = warp; u < TDM_FLASH_SPLIT / FL_CHUNK; u += FL_WARPS) {
+    constexpr int W = fl_warps<HD>::n;
+    for (int32_t u = warp; u < TDM_FLASH_SPLIT / FL_CHUNK; u += W) {
         const int32_t base = split0 + u * FL_CHUNK;
         if (base >= tile.kv_len) break;
         /* stage K as [d][key] and V as [key][d]; keys past kv_len as zeros */
@@ -213,13 +222,13 @@ k_flash(const tdm_flash_args a, int32_t gh) {
     for (int32_t i = threadIdx.x; i < nq * HD; i += blockDim.x) {
         const int32_t qi = i / HD, d = i % HD;
         float M = -INFINITY;
-        for (int w = 0; w < FL_WARPS; w++) {
+        for (int w = 0; w < W; w++) {
             const float *mw = (const float *)(smem + S::q_bytes + S::nv_bytes + (size_t)w * S::warp_bytes + 2 * S::kv_bytes);
             M = fmaxf(M, mw[qi]);
         }
         float L = 0.0f, A = 0.0f;
         if (M != -INFINITY)
-            for (int w = 0; w < FL_WARPS; w++) {
+            for (int w = 0; w < W; w++) {
                 const uint8_t *wb = smem + S::q_bytes + S::nv_bytes + (size_t)w * S::warp_bytes;
                 const float *mw = (const float *)(wb + 2 * S::kv_bytes);
                 const float e = expf(mw[qi] - M);
@@ -282,7 +291,7 @@ template <int HD, int QN> static tandem_status launch_flash(tdm_cuda *c, const t
         TDM_CU(cudaFuncSetAttribute(k_flash<HD, QN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         raised = true;
     }
-    k_flash<HD, QN><<<grid, FL_WARPS * 32, smem, c->stream>>>(*a, gh);
+    k_flash<HD, QN><<<grid, fl_warps<HD>::n * 32, smem, c->stream>>>(*a, gh);
     TDM_CU_LAUNCHED("attention");
     return TANDEM_OK;
 }
@@ -295,8 +304,8 @@ template <int HD> static tandem_status launch_hd(tdm_cuda *c, const tdm_flash_ar
 
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err) {
     if (a->n_rows <= 0) return TANDEM_OK;
-    const int32_t gh = tdm_flash_heads_per_block(a->n_head, a->n_kv_head);
-    if (a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)
+    const int32_t gh = a->heads_per_block;
+    if (gh <= 0 || (a->n_head / a->n_kv_head) % gh != 0 || a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: %d rows x %d heads per tile", (int)a->tile_rows,
                           (int)gh);
     if (a->n_tiles > 0x7fffffff || a->n_splits > 65535 || (int64_t)a->n_kv_head * (a->n_head / a->n_kv_head / gh) > 65535)

@@ -59,6 +59,7 @@ typedef struct tdm_flash_args {
                                           (a graph may launch more; the extra exit) */
     int32_t tile_rows;           /* rows of the largest tile (at most TDM_FLASH_QMAX / heads
                                     per block): picks the kernel's query-vector capacity */
+    int32_t heads_per_block;     /* tdm_flash_heads_per_block, as the tiles were made for */
     const float *q;              /* [n_rows][q_stride], heads at h * head_dim */
     int32_t q_stride;
     const void *k_cache, *v_cache; /* f16, the layouts of kernels/backend.h */
@@ -69,8 +70,11 @@ typedef struct tdm_flash_args {
     uint32_t out_type;           /* TDM_F32, TDM_F16 or TDM_BF16 */
 } tdm_flash_args;
 
-/* Heads of one kv head that one thread block takes (a divisor of the group). */
-int32_t tdm_flash_heads_per_block(int32_t n_head, int32_t n_kv_head);
+/* Heads of one kv head that one thread block takes (a divisor of the group): the
+ * whole group (up to TDM_FLASH_QMAX), so its K / V are read once, unless the batch
+ * gives too few blocks to fill the GPU (a short decode or verification batch): then
+ * one head per block.  A row's result does not depend on it. */
+int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head);
 /* Whether the kernels run this shape (head_dim 64, 80, 96, 128 or 256, block_size a
  * multiple of 8, an f16 cache); else the op-table attention serves. */
 bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_type);
