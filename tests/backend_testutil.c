@@ -64,3 +64,25 @@ double tdm_test_matmul_err(tdm_backend *b, const tdm_weight *w, const tdm_weight
     free(yr);
     return e;
 }
+
+int32_t tdm_test_shuffled_seqs(uint64_t *rng, int n_seq, const int32_t *lens, int32_t bs, int32_t spare,
+                               tdm_kv_seq *seqs, const tdm_kv_seq **sp) {
+    int32_t total = 0;
+    for (int s = 0; s < n_seq; s++) total += (lens[s] + bs - 1) / bs;
+    const int32_t n_blocks = total + spare;
+    int32_t *perm = malloc((size_t)n_blocks * 4);
+    cr_assert(perm);
+    for (int32_t i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int32_t i = n_blocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(tdm_test_rand(rng) % (uint64_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    for (int s = 0, next = 0; s < n_seq; s++) {
+        const int32_t nb = (lens[s] + bs - 1) / bs;
+        seqs[s] = (tdm_kv_seq){calloc((size_t)nb, 4), nb, nb, lens[s]};
+        for (int32_t k = 0; k < nb; k++) seqs[s].blocks[k] = perm[next++];
+        sp[s] = &seqs[s];
+    }
+    free(perm);
+    return n_blocks;
+}

@@ -16,6 +16,13 @@ float *tdm_test_rand_vec(uint64_t *rng, size_t n, float lo, float hi);
  * [-1, 1) rounded through tdm_row_from_f32 (data malloc'd). */
 tdm_weight tdm_test_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng);
 
+/* Block tables for n_seq sequences of lens[s] positions (block size bs) over a
+ * random permutation of n_seq's blocks plus `spare` unused ones, so sequences
+ * interleave in the pool: seqs[s] is filled (blocks calloc'd; free each
+ * seqs[s].blocks) and sp[s] points at it.  Returns the pool's block count. */
+int32_t tdm_test_shuffled_seqs(uint64_t *rng, int n_seq, const int32_t *lens, int32_t bs, int32_t spare,
+                               tdm_kv_seq *seqs, const tdm_kv_seq **sp);
+
 /* Normalised error of b's matmul of w (any layout) against ref_matmul of ref (the
  * same matrix in the rows layout) on n random rows, accumulating into random y
  * when acc. */

@@ -191,22 +191,7 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
     const int32_t bs = tc->block_size, nkv = tc->n_kv_head, hd = tc->head_dim;
     tdm_kv_seq seqs[4] = {0};
     const tdm_kv_seq *sp[4];
-    int32_t total = 0;
-    for (int s = 0; s < tc->n_seq; s++) total += (tc->lens[s] + bs - 1) / bs;
-    const int32_t n_blocks = total + 3;
-    int32_t *perm = malloc((size_t)n_blocks * 4);
-    for (int32_t i = 0; i < n_blocks; i++) perm[i] = i;
-    for (int32_t i = n_blocks - 1; i > 0; i--) {
-        int32_t j = (int32_t)(tdm_test_rand(&rng) % (uint64_t)(i + 1)), t = perm[i];
-        perm[i] = perm[j], perm[j] = t;
-    }
-    for (int s = 0, next = 0; s < tc->n_seq; s++) {
-        int32_t nb = (tc->lens[s] + bs - 1) / bs;
-        seqs[s] = (tdm_kv_seq){calloc((size_t)nb, 4), nb, nb, tc->lens[s]};
-        for (int32_t k = 0; k < nb; k++) seqs[s].blocks[k] = perm[next++];
-        sp[s] = &seqs[s];
-    }
-    free(perm);
+    const int32_t n_blocks = tdm_test_shuffled_seqs(&rng, tc->n_seq, tc->lens, bs, 3, seqs, sp);
     const size_t cbytes = (size_t)n_blocks * nkv * bs * hd * 2;
     void *kr = calloc(1, cbytes), *vr = calloc(1, cbytes);
     for (int s = 0; s < tc->n_seq; s++) {

@@ -33,9 +33,11 @@ Test(generate, greedy_matches_reference_on_98_of_100) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     cr_assert_eq(n_lines, 100);
+    /* a sanitizer build: every fourth prompt, and the same allowance of 2 misses */
+    const size_t stride = tdm_test_sanitized() ? 4 : 1, n_run = (n_lines + stride - 1) / stride;
     int matches = 0;
     tdm_err err = {0};
-    for (size_t li = 0; li < n_lines; li++) {
+    for (size_t li = 0; li < n_lines; li += stride) {
         size_t n, n_ref;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
         int32_t *want = tdm_test_json_ids(tdm_json_get(refs[li], "target_greedy_ids"), &n_ref);
@@ -58,8 +60,9 @@ Test(generate, greedy_matches_reference_on_98_of_100) {
         free(ids);
         free(want);
     }
-    cr_log_info("greedy: %d of 100 continuations identical to the reference", matches);
-    cr_assert_geq(matches, 98, "only %d of 100 greedy continuations match the reference", matches);
+    cr_log_info("greedy: %d of %zu continuations identical to the reference", matches, n_run);
+    cr_assert_geq(matches, (int)n_run - 2, "only %d of %zu greedy continuations match the reference", matches,
+                  n_run);
     tdm_test_jsonl_free(refs, n_lines);
 }
 
