@@ -7,6 +7,7 @@
 #include <criterion/criterion.h>
 
 #include "backend.h"
+#include "model.h"
 
 /* The CUDA backend on device 0 (a test built with TDM_TEST_CUDA_ON_CPU: the CPU
  * backend, to debug the tests' own code). */
@@ -17,6 +18,22 @@ void *tdm_cu_test_put(tdm_backend *b, const void *host, size_t n);
 void *tdm_cu_test_get(tdm_backend *b, const void *dev, size_t n);
 /* A device copy of a host weight (same type, shape and layout). */
 tdm_weight tdm_cu_test_put_weight(tdm_backend *b, const tdm_weight *w);
+/* One model on one backend with its own K/V storage (f16, n_blocks blocks of 16)
+ * and one sequence of n_blocks * 16 reserved positions over a shuffled block table. */
+typedef struct tdm_cu_rig {
+    tdm_backend *be;
+    struct tdm_model *m;
+    tdm_kv_store kv;
+    tdm_kv_seq seq;
+    tdm_fwd_scratch fs;
+    float *logits; /* backend memory [64][n_vocab] */
+} tdm_cu_rig;
+void tdm_cu_rig_open(tdm_cu_rig *r, tdm_backend *be, const char *path, int32_t n_blocks);
+/* A forward of bt (by_ops: the op-by-op path instead of the backend's blocks op);
+ * returns a malloc'd host copy of the logits rows. */
+float *tdm_cu_rig_forward(tdm_cu_rig *r, const tdm_batch *bt, bool by_ops);
+void tdm_cu_rig_close(tdm_cu_rig *r); /* (destroys the backend too) */
+
 /* Runs the Criterion tests, or prints why not and returns 77 without a device. */
 int tdm_cu_test_main(int argc, char *argv[]);
 

@@ -300,49 +300,6 @@ Test(cuda_attention, tree_extra_slots_odd_shapes) {
 
 /* ---- the real model ------------------------------------------------------------ */
 
-/* One model on one backend with its own K/V storage and one sequence whose block
- * table is blocks 0, 1, 2, ... */
-typedef struct fwd_rig {
-    tdm_backend *be;
-    tdm_model *m;
-    tdm_kv_store kv;
-    tdm_kv_seq seq;
-    tdm_fwd_scratch fs;
-    float *logits; /* backend memory [64][n_vocab] */
-} fwd_rig;
-
-static void rig_open(fwd_rig *r, tdm_backend *be, const char *model) {
-    memset(r, 0, sizeof *r);
-    r->be = be;
-    tdm_err err = {0};
-    cr_assert_eq(tdm_model_load(tdm_test_model_path(model), be, &r->m, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, be, TDM_F16, 8, 16, &err), TANDEM_OK, "%s", err.msg);
-    r->seq = (tdm_kv_seq){calloc(8, 4), 8, 8, 128};
-    for (int i = 0; i < 8; i++) r->seq.blocks[i] = 7 - i;
-    OK(be->ops->alloc(be, (size_t)64 * r->m->hp.n_vocab * 4, (void **)&r->logits, &err_));
-}
-
-static float *rig_forward(fwd_rig *r, const tdm_batch *bt) {
-    const tdm_kv_seq *sp[1] = {&r->seq};
-    OK(tdm_model_forward(r->m, r->be, &r->kv, bt, sp, &r->fs, r->logits, &err_));
-    size_t bytes = (size_t)tdm_batch_n_logits(bt) * r->m->hp.n_vocab * 4;
-    if (strcmp(r->be->ops->name, "cpu") == 0) {
-        float *h = malloc(bytes);
-        memcpy(h, r->logits, bytes);
-        return h;
-    }
-    return get(r->be, r->logits, bytes);
-}
-
-static void rig_close(fwd_rig *r) {
-    r->be->ops->free(r->be, r->logits);
-    tdm_fwd_scratch_free(&r->fs);
-    tdm_kv_store_free(&r->kv);
-    tdm_model_free(r->m);
-    free(r->seq.blocks);
-    tdm_backend_destroy(r->be);
-}
-
 /* A prefill of 40 tokens with logits for every row, then two decode steps: the
  * CUDA forward's logits match the CPU backend's (op by op, one thread) by
  * normalised error, and give the same argmax. */
@@ -350,16 +307,16 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
     tdm_backend *cpu = NULL;
     tdm_err err = {0};
     cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK, "%s", err.msg);
-    fwd_rig rc, rg;
-    rig_open(&rc, cpu, "pycode-target-f16.gguf");
-    rig_open(&rg, gpu(), "pycode-target-f16.gguf");
+    tdm_cu_rig rc, rg;
+    tdm_cu_rig_open(&rc, cpu, tdm_test_model_path("pycode-target-f16.gguf"), 8);
+    tdm_cu_rig_open(&rg, gpu(), tdm_test_model_path("pycode-target-f16.gguf"), 8);
     const int32_t V = rc.m->hp.n_vocab;
     uint64_t rng = 9;
     tdm_batch bt;
     cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
     for (int32_t p = 0; p < 40; p++) tdm_batch_add(&bt, (int32_t)(tdm_test_rand(&rng) % (uint64_t)V), p, 0, p, true);
     for (int step = 0; step < 3; step++) {
-        float *lc = rig_forward(&rc, &bt), *lg = rig_forward(&rg, &bt);
+        float *lc = tdm_cu_rig_forward(&rc, &bt, false), *lg = tdm_cu_rig_forward(&rg, &bt, false);
         const int32_t nl = tdm_batch_n_logits(&bt);
         double e = ref_nrm_err(lg, lc, (size_t)nl * V);
         /* a prefill of more rows than the row kernels take multiplies in f16 on tensor
@@ -379,8 +336,8 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
         tdm_batch_add(&bt, next, pos, 0, pos, true);
     }
     tdm_batch_free(&bt);
-    rig_close(&rc);
-    rig_close(&rg);
+    tdm_cu_rig_close(&rc);
+    tdm_cu_rig_close(&rg);
 }
 
 /* The whole engine on the GPU, through the public API: greedy decoding reproduces

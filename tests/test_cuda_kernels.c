@@ -263,50 +263,6 @@ Test(cuda_flash, wide_group_split_across_blocks) { run_flash(&(flash_case){32, 1
 
 /* ---- the fused forward ---------------------------------------------------------- */
 
-/* A model file with these weights (tiny_model), loaded on a backend, with a K/V
- * store and one sequence. */
-typedef struct rig {
-    tdm_backend *be;
-    tdm_model *m;
-    tdm_kv_store kv;
-    tdm_kv_seq seq;
-    tdm_fwd_scratch fs;
-    float *logits;
-} rig;
-
-static void rig_open(rig *r, tdm_backend *be, const char *path, uint32_t kv_type) {
-    memset(r, 0, sizeof *r);
-    r->be = be;
-    tdm_err err = {0};
-    cr_assert_eq(tdm_model_load(path, be, &r->m, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, be, kv_type, 16, 16, &err), TANDEM_OK, "%s", err.msg);
-    r->seq = (tdm_kv_seq){calloc(16, 4), 16, 16, 256};
-    for (int i = 0; i < 16; i++) r->seq.blocks[i] = (i * 5 + 3) % 16;
-    OK(be->ops->alloc(be, (size_t)64 * r->m->hp.n_vocab * 4, (void **)&r->logits, &err_));
-}
-
-static float *rig_forward(rig *r, const tdm_batch *bt, bool by_ops) {
-    const tdm_kv_seq *sp[1] = {&r->seq};
-    r->fs.blocks_declined = by_ops; /* (forward.c runs the ops when declined) */
-    OK(tdm_model_forward(r->m, r->be, &r->kv, bt, sp, &r->fs, r->logits, &err_));
-    const size_t bytes = (size_t)tdm_batch_n_logits(bt) * r->m->hp.n_vocab * 4;
-    if (r->be->host_memory) {
-        float *h = malloc(bytes);
-        memcpy(h, r->logits, bytes);
-        return h;
-    }
-    return tdm_cu_test_get(r->be, r->logits, bytes);
-}
-
-static void rig_close(rig *r) {
-    r->be->ops->free(r->be, r->logits);
-    tdm_fwd_scratch_free(&r->fs);
-    tdm_kv_store_free(&r->kv);
-    tdm_model_free(r->m);
-    free(r->seq.blocks);
-    tdm_backend_destroy(r->be);
-}
-
 /* A prefill of 40 rows, then decode and verification batches of 1, 5 and 1 rows
  * three times each (direct, captured, replayed): the blocks op equals the op-by-op
  * forward on the GPU, comes close to the CPU's, and repeats exactly. */
@@ -321,10 +277,10 @@ static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t 
     tdm_backend *cpu = NULL;
     tdm_err err = {0};
     cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK, "%s", err.msg);
-    rig rg, ro, rc;
-    rig_open(&rg, tdm_cu_test_gpu(), path, TDM_F16);
-    rig_open(&ro, tdm_cu_test_gpu(), path, TDM_F16);
-    rig_open(&rc, cpu, path, TDM_F16);
+    tdm_cu_rig rg, ro, rc;
+    tdm_cu_rig_open(&rg, tdm_cu_test_gpu(), path, 16);
+    tdm_cu_rig_open(&ro, tdm_cu_test_gpu(), path, 16);
+    tdm_cu_rig_open(&rc, cpu, path, 16);
     const int32_t V = rg.m->hp.n_vocab;
     tdm_batch bt;
     cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
@@ -342,7 +298,8 @@ static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t 
             pos++;
         }
         const int32_t nl = tdm_batch_n_logits(&bt);
-        float *lg = rig_forward(&rg, &bt, false), *lo = rig_forward(&ro, &bt, true), *lc = rig_forward(&rc, &bt, false);
+        float *lg = tdm_cu_rig_forward(&rg, &bt, false), *lo = tdm_cu_rig_forward(&ro, &bt, true);
+        float *lc = tdm_cu_rig_forward(&rc, &bt, false);
         const size_t nv = (size_t)nl * V;
         const double e_ops = ref_nrm_err(lg, lo, nv), e_cpu = ref_nrm_err(lg, lc, nv);
         const bool big = bt.n_rows > GEMV_MAX_ROWS;
@@ -378,9 +335,9 @@ static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t 
     }
     for (int i = 0; i < 3; i++) free(first[i]);
     tdm_batch_free(&bt);
-    rig_close(&rg);
-    rig_close(&ro);
-    rig_close(&rc);
+    tdm_cu_rig_close(&rg);
+    tdm_cu_rig_close(&ro);
+    tdm_cu_rig_close(&rc);
     unlink(path);
     free(path);
 }
