@@ -25,6 +25,7 @@
 
 #include "cuda_fused.h"
 #include "cuda_quant.cuh"
+#include "cuda_reduce.cuh"
 
 /* Warps per thread block: one per 32-key chunk of a split, so that a short context
  * is one step of every warp (four for head dim 256, whose K / V chunks are twice as
@@ -62,17 +63,6 @@ template <int HD, int QN> struct fl_smem {
     static constexpr size_t total = q_bytes + nv_bytes + fl_warps<HD>::n * warp_bytes;
     static_assert((size_t)QN * HD * 4 <= 2 * kv_bytes, "merge area fits a warp's K / V space");
 };
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 template <int HD, int QN>
 __global__ void __launch_bounds__(fl_warps<HD>::n * 32)
@@ -166,13 +156,13 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         for (int qi = 0; qi < QN; qi++) {
             if (qi >= nq) continue;
             const float sc = key < NVs[qi] ? s[qi] * a.scale : -INFINITY;
-            const float mn = fmaxf(m[qi], warp_max(sc));
+            const float mn = fmaxf(m[qi], tdm_cu_warp_max(sc));
             float p = 0.0f, corr = 1.0f;
             if (mn != -INFINITY) {
                 corr = expf(m[qi] - mn);
                 p = expf(sc - mn);
             }
-            l[qi] = l[qi] * corr + warp_sum(p);
+            l[qi] = l[qi] * corr + tdm_cu_warp_sum(p);
             m[qi] = mn;
 #pragma unroll
             for (int t = 0; t < T; t++) acc[qi][t] = make_float2(acc[qi][t].x * corr, acc[qi][t].y * corr);

@@ -46,8 +46,6 @@ static tandem_status ensure_handle(tdm_cuda *c, tdm_err *err) {
     }
     c->cublas = h;
     c->cublas_ws = ws;
-    c->bytes_alloc += CUBLAS_WORKSPACE_BYTES;
-    if (c->bytes_alloc > c->bytes_peak) c->bytes_peak = c->bytes_alloc;
     return TANDEM_OK;
 }
 

@@ -20,6 +20,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda_internal.h"
+#include "cuda_reduce.cuh"
 #include "cuda_weights.cuh"
 
 #define GV_WARPS 4 /* warps per thread block */
@@ -75,19 +76,13 @@ template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int
     return r;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* Reduces each input row's partial sums over the warp and writes them. */
 template <int NR, int EPI>
 __device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float sb[NR], float *y, int32_t ldy) {
     const int lane = threadIdx.x & 31;
 #pragma unroll
     for (int i = 0; i < NR; i++) {
-        const float a = warp_sum(sa[i]), b = warp_sum(sb[i]);
+        const float a = tdm_cu_warp_sum(sa[i]), b = tdm_cu_warp_sum(sb[i]);
         if (lane != 0) continue;
         float *yr = y + (size_t)i * ldy;
         if (EPI == TDM_EPI_SWIGLU) {

@@ -63,7 +63,8 @@ typedef struct tdm_cuda {
                             1 = the row kernels (up to 64 rows), 2 = cuBLAS */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
-    size_t bytes_alloc, bytes_peak; /* device memory held through alloc / the buffers */
+    size_t bytes_peak;   /* the most device memory in use seen after an allocation (the
+                            whole device, as cudaMemGetInfo reports it) */
 } tdm_cuda;
 
 /* The backend's state, or NULL with err set when b is not a CUDA backend. */

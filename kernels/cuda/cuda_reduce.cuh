@@ -1,4 +1,4 @@
-/* cuda_reduce.cuh - block-wide reductions shared by the row kernels. */
+/* cuda_reduce.cuh - warp- and block-wide reductions shared by the kernels. */
 #ifndef TDM_CUDA_REDUCE_CUH
 #define TDM_CUDA_REDUCE_CUH
 
@@ -20,6 +20,19 @@ __device__ __forceinline__ double tdm_cu_block_sum(double v) {
     }
     __syncthreads();
     return part[0];
+}
+
+/* The maximum and the sum of v over a warp (all 32 lanes), in a fixed butterfly
+ * order, returned to every lane. */
+__device__ __forceinline__ float tdm_cu_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float tdm_cu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 #endif
