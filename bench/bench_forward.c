@@ -3,11 +3,12 @@
  * Loads a model on the CPU backend or the CUDA backend, fills a sequence's K/V with
  * a prefill of P tokens (timed), then times forwards of n rows at positions P ..
  * P + n - 1 for each n of -n (a decode step is n = 1; a verification of k drafted
- * tokens is n = k + 1), each with logits for every row copied to the host, as the
- * engine needs them.  Prints the median of R repetitions per shape, after warm-up.
+ * tokens is n = k + 1), each with logits for every row copied to the host, or with
+ * --argmax only each row's argmax (what a greedy step needs).  Prints the median of
+ * R repetitions per shape, after warm-up.
  *
  * usage: bench_forward -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8]
- *                      [-r R]
+ *                      [-r R] [--argmax]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@ static void die(const char *what, const tdm_err *err) {
 int main(int argc, char **argv) {
     const char *model = NULL, *backend = "cpu", *ns_arg = "1,2,3,4,5,6,8";
     int threads = 2, prompt = 128, reps = 50;
+    bool argmax = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
@@ -35,8 +37,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-p") && i + 1 < argc) prompt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) ns_arg = argv[++i];
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--argmax")) argmax = true;
         else {
-            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R]\n",
+            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax]\n",
                     argv[0]);
             return 2;
         }
@@ -86,6 +89,7 @@ int main(int argc, char **argv) {
         double t = tdm_now() - t0;
         best = t < best ? t : best;
     }
+    int32_t ids[64];
     printf("%s %s: prefill %d tokens: %.1f us (%.0f tok/s, best of 3)\n", backend, model, prompt, best * 1e6,
            prompt / best);
 
@@ -96,12 +100,17 @@ int main(int argc, char **argv) {
             tdm_batch_clear(&bt);
             for (int32_t i = 0; i < n; i++) tdm_batch_add(&bt, (i * 31 + 7) % V, prompt + i, 0, prompt + i, true);
             double t0 = tdm_now();
-            if (tdm_model_forward(m, be, &kv, &bt, sp, &fs, logits_d, &err)) die("forward", &err);
-            if (be->ops->download(be, logits_h, logits_d, (size_t)n * V * 4, &err)) die("download", &err);
+            if (argmax) {
+                if (tdm_model_forward_ex(m, be, &kv, &bt, sp, &fs, TDM_FWD_ARGMAX, logits_d, ids, &err))
+                    die("forward", &err);
+            } else {
+                if (tdm_model_forward(m, be, &kv, &bt, sp, &fs, logits_d, &err)) die("forward", &err);
+                if (be->ops->download(be, logits_h, logits_d, (size_t)n * V * 4, &err)) die("download", &err);
+            }
             if (r >= 0) t[r] = tdm_now() - t0;
         }
         qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        printf("%s: %d rows: %.1f us per forward (median of %d; min %.1f, max %.1f)\n", backend, n,
+        printf("%s%s: %d rows: %.1f us per forward (median of %d; min %.1f, max %.1f)\n", backend, argmax ? " argmax" : "", n,
                t[reps / 2] * 1e6, reps, t[0] * 1e6, t[reps - 1] * 1e6);
     }
     free(t);

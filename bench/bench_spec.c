@@ -36,6 +36,7 @@ typedef struct cfg {
     double tps[MAX_REPS];
     double mean_acc, acc_rate, k_final_sum;
     uint64_t steps, drafted, accepted, tokens, ng_steps, ng_drafted, ng_accepted;
+    double draft_ms, verify_ms, decode_ms; /* repetition 0's sums */
 } cfg;
 
 static int cmp_d(const void *a, const void *b) {
@@ -181,6 +182,9 @@ int main(int argc, char **argv) {
                         C->ng_steps += res.spec.ngram_steps;
                         C->ng_drafted += res.spec.ngram_drafted;
                         C->ng_accepted += res.spec.ngram_accepted;
+                        C->draft_ms += res.spec.draft_ms;
+                        C->verify_ms += res.spec.verify_ms;
+                        C->decode_ms += res.decode_ms;
                     }
                     tandem_result_free(&res);
                 }
@@ -230,10 +234,12 @@ int main(int argc, char **argv) {
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
         printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"p_min\": %g, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
-               "\"mean_accepted\": %.3f}\n",
+               "\"mean_accepted\": %.3f, \"us_per_step\": {\"draft\": %.1f, \"verify\": %.1f, \"all\": %.1f}}\n",
                C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, (double)C->p_min, median(C->tps, reps),
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
-               C->steps ? (double)C->accepted / (double)C->steps : 0.0);
+               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->steps ? 1e3 * C->draft_ms / (double)C->steps : 0.0,
+               C->steps ? 1e3 * C->verify_ms / (double)C->steps : 0.0,
+               1e3 * C->decode_ms / (double)(C->steps ? C->steps : (C->tokens > (uint64_t)n_prompts ? C->tokens - (uint64_t)n_prompts : 1)));
     }
     bench_prompts_free(prompts, n_prompts);
     tandem_engine_close(plain);

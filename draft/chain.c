@@ -33,15 +33,80 @@ static int32_t lookup_extension(tdm_engine *e, tdm_seq *s, int32_t len, int32_t 
     return m;
 }
 
+/* Greedy drafting where the backend keeps argmaxes in its memory (e->chain_dev):
+ * the catch-up forward and the k - 1 forwards after it are queued back to back,
+ * each embedding the token the one before chose, on the device; the host waits
+ * once, for the k tokens and their top probabilities.  p_min and the n-gram
+ * extension then cut the chain where the token-by-token loop below would have
+ * stopped (each decision depends only on the tokens before it), so the proposal is
+ * the same; the forwards past a cut are spent, and the draft's K/V count only up
+ * to it. */
+static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
+                                     int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err) {
+    const int32_t n = s->n_tokens;
+    const tdm_kv_seq *seqs[1] = {&s->kv};
+    int32_t *ids_d = e->chain_dev;
+    /* top probabilities only where p_min reads them */
+    float *top_d = s->spec_p_min > 0 ? (float *)(e->chain_dev + TDM_CTRL_MAX_K) : NULL;
+    tandem_status st;
+    /* the chain writes the draft's K/V up to position n + k - 2 */
+    if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + k - 1, err))) return st;
+    if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
+    tdm_batch *b = &e->batch;
+    /* catch up: rows [n_draft, n), the last one's argmax -> token 0 */
+    for (int32_t c = s->n_draft; c < n; c += e->max_rows) {
+        const int32_t end = TDM_MIN(n, c + e->max_rows);
+        tdm_batch_clear(b);
+        for (int32_t p = c; p < end; p++) tdm_batch_add(b, s->tokens[p], p, 0, p, p == n - 1);
+        st = end < n ? tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS, err)
+                     : tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, NULL, e->out_d, ids_d,
+                                             top_d, err);
+        if (st) return st;
+    }
+    /* token i + 1 after token i, at position n + i */
+    for (int32_t i = 0; i + 1 < k; i++) {
+        tdm_batch_clear(b);
+        tdm_batch_add(b, 0, n + i, 0, n + i, true); /* (the token is ids_d[i]) */
+        if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, ids_d + i, e->out_d,
+                                        ids_d + i + 1, top_d ? top_d + i + 1 : NULL, err)))
+            return st;
+    }
+    *n_forwards = k;
+    int32_t got[2 * TDM_CTRL_MAX_K];
+    if ((st = e->be->ops->download(e->be, got, e->chain_dev, sizeof got, err))) return st;
+    const float *top = (const float *)(got + TDM_CTRL_MAX_K);
+    for (int32_t i = 0; i < k; i++) {
+        if (got[i] < 0)
+            return tdm_seterr(err, TANDEM_ERR_FORMAT, "draft model '%s': non-finite logits (NaN or infinity) at position %d",
+                              tdm_model_label(e->draft), (int)(n - 1 + i));
+        if (i > 0 && s->spec_p_min > 0 && top[i] < s->spec_p_min) break;
+        draft[i] = got[i];
+        *n_drafted = *n_model = i + 1;
+        s->tokens[n + i] = got[i];
+        int32_t m = lookup_extension(e, s, i + 1, k, k_ext, draft);
+        if (m > 0) {
+            *n_drafted = i + 1 + m;
+            break;
+        }
+    }
+    /* the draft was fed token j at position n + j for j < k - 1: consistent with the
+     * chain up to its model-drafted prefix */
+    s->n_draft = n + TDM_MIN(*n_model, k - 1);
+    return TANDEM_OK;
+}
+
 tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
-                              int32_t *n_drafted, int32_t *n_model, tdm_err *err) {
+                              int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err) {
     const int32_t V = e->n_vocab;
     const bool greedy = s->sp.temperature <= 0;
     const int32_t n = s->n_tokens;
     tandem_status st;
-    *n_drafted = *n_model = 0;
+    *n_drafted = *n_model = *n_forwards = 0;
+    if (greedy && e->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K)
+        return chain_on_device(e, s, k, k_ext, draft, n_drafted, n_model, n_forwards, err);
     /* catch up: rows [n_draft, n) -> the distribution of the token after them */
     if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, TDM_FWD_LOGITS_APPROX, err))) return st;
+    *n_forwards = 1;
     for (int32_t i = 0; i < k; i++) {
         const float *l = e->logits_d;
         /* p_min looks at the distribution only, never at the token drawn from it
@@ -67,6 +132,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
         if (i + 1 == k) break;
         /* feed x at position n + i */
         if ((st = tdm_engine_feed(e, s, true, n + i, n + i + 1, true, TDM_FWD_LOGITS_APPROX, err))) return st;
+        ++*n_forwards;
     }
     return TANDEM_OK;
 }

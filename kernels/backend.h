@@ -209,6 +209,18 @@ typedef struct tdm_backend_ops {
     /* Optional: the most device memory in use at any point so far, in bytes (the
      * whole device as the driver reports it), 0 when unknown. */
     size_t (*mem_peak)(tdm_backend *b);
+    /* Optional (NULL on host-memory backends: there the engine reads ids directly):
+     * get_rows and argmax on ids in backend memory, so that forwards can feed each
+     * other's tokens without the host waiting in between (a draft chain).
+     * get_rows_dev: as get_rows with ids[n] in backend memory; an id outside [0,
+     * w->rows) gives a row of zeros (its producer reported it: argmax_dev's -1).
+     * argmax_dev: ids[i] (backend memory) as argmax computes it, and, when top is
+     * not NULL, top[i] (backend memory) = the largest probability of softmax(x[i])
+     * as tdm_top_prob computes it (0 for a row argmax marks -1); does not wait. */
+    tandem_status (*get_rows_dev)(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n, float *out,
+                                  tdm_err *err);
+    tandem_status (*argmax_dev)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, float *top,
+                                tdm_err *err);
 } tdm_backend_ops;
 
 struct tdm_backend {

@@ -121,6 +121,12 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
             goto fail;
         }
     }
+    /* greedy draft chains on the device (TANDEM_DRAFT_CHAIN=0: token by token) */
+    const char *dc = getenv("TANDEM_DRAFT_CHAIN");
+    if (draft && !e->be->host_memory && e->be->ops->argmax_dev && e->be->ops->get_rows_dev && !(dc && !strcmp(dc, "0"))) {
+        if ((st = e->be->ops->alloc(e->be, 2 * TDM_CTRL_MAX_K * sizeof(int32_t), &p, err))) goto fail;
+        e->chain_dev = p;
+    }
     e->probs = tdm_calloc((size_t)(TDM_CTRL_MAX_K + 1) * (size_t)e->n_vocab, sizeof(float));
     e->qprobs = tdm_calloc((size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab, sizeof(float));
     e->tmp = tdm_calloc((size_t)e->n_vocab, sizeof(float));
@@ -150,6 +156,7 @@ void tdm_engine_free(tdm_engine *e) {
         tdm_fwd_scratch_free(&e->fs_d);
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
+        if (e->chain_dev) e->be->ops->free(e->be, e->chain_dev);
         if (!e->be->host_memory) {
             free(e->logits_t);
             free(e->logits_d);

@@ -53,6 +53,10 @@ typedef struct tdm_engine {
                                 logits_d themselves on a host-memory backend, else device
                                 buffers copied to them after each forward */
     int32_t ids[TDM_ENGINE_LOGIT_ROWS]; /* greedy forwards' argmax per logits row (host) */
+    int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] backend memory: a greedy draft chain's
+                                tokens, then their top probabilities (as floats), when the
+                                backend keeps argmaxes on the device (draft/chain.c); else
+                                NULL */
     float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
     float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
     float *tmp;              /* [n_vocab] host scratch */
@@ -136,11 +140,12 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
 /* draft/chain.c: proposes up to k tokens after the committed sequence; fills
  * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs.  The first *n_model
  * tokens come from the draft model, which runs *n_model forward passes (a catch-up
- * pass, then one per token but the last).  With n-gram lookup on, once a drafted
+ * pass, then one per token but the last; *n_forwards of them in all, which is k on
+ * a backend that drafts on the device).  With n-gram lookup on, once a drafted
  * prefix makes a lookup match the chain is completed from the match instead (up to
  * k_ext tokens in all) when the controller expects that to pay. */
 tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
-                              int32_t *n_drafted, int32_t *n_model, tdm_err *err);
+                              int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err);
 /* spec.c: fills the q rows [from, from + n) of e->qprobs one-hot on draft[from ..]
  * (the distribution of a lookup proposal) when the request samples. */
 void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, int32_t from, int32_t n);

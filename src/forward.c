@@ -66,13 +66,13 @@ static tandem_status scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const 
 
 /* Checks the batch against the model and the block tables (cheap, host side). */
 static tandem_status check_batch(const tdm_model *m, const tdm_kv_store *kv, const tdm_batch *b,
-                                 const tdm_kv_seq *const *seqs, tdm_err *err) {
+                                 const tdm_kv_seq *const *seqs, bool tokens_on_host, tdm_err *err) {
     if (b->n_rows <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "empty batch");
     if (kv->n_layer != m->hp.n_layer || kv->n_kv_head != m->hp.n_head_kv || kv->head_dim != m->hp.head_dim)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV storage does not match the model");
     for (int32_t i = 0; i < b->n_rows; i++) {
         int32_t t = b->token[i];
-        if (t < 0 || t >= m->hp.n_vocab)
+        if (tokens_on_host && (t < 0 || t >= m->hp.n_vocab))
             return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "token id %d out of range [0, %d)", (int)t,
                               (int)m->hp.n_vocab);
         const tdm_kv_seq *sq = seqs[b->seq[i]];
@@ -159,19 +159,28 @@ static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
     return blocks_by_ops(m, be, kv, batch, seqs, s, err);
 }
 
-tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
-                                   const tdm_batch *batch, const tdm_kv_seq *const *seqs,
-                                   tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
-                                   tdm_err *err) {
+/* Embedding, blocks, and the final norm of the rows that want logits into s->xb;
+ * *n_logits = how many (0: nothing more to do).  Tokens from tok_dev (backend
+ * memory) when not NULL, else batch->token. */
+static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
+                                   const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, const int32_t *tok_dev,
+                                   int32_t *n_logits, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
     const tdm_backend_ops *op = be->ops;
     tandem_status st;
-    if ((st = check_batch(m, kv, batch, seqs, err))) return st;
+    *n_logits = 0;
+    if ((st = check_batch(m, kv, batch, seqs, !tok_dev, err))) return st;
     int32_t n = batch->n_rows;
     if ((st = scratch_reserve(s, be, hp, n, err))) return st;
 
     const int32_t E = hp->n_embd;
-    if ((st = op->get_rows(be, &m->tok_embd, batch->token, n, s->x, err))) return st;
+    if (tok_dev) {
+        if (!op->get_rows_dev)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: backend %s has no device token ids", op->name);
+        if ((st = op->get_rows_dev(be, &m->tok_embd, tok_dev, n, s->x, err))) return st;
+    } else if ((st = op->get_rows(be, &m->tok_embd, batch->token, n, s->x, err))) {
+        return st;
+    }
 
     if ((st = run_blocks(m, be, kv, batch, seqs, s, err))) return st;
 
@@ -186,6 +195,32 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         src = s->xb;
     }
     if ((st = op->rmsnorm(be, src, m->out_norm, nl, E, hp->norm_eps, s->xb, err))) return st;
+    *n_logits = nl;
+    return TANDEM_OK;
+}
+
+tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
+                                    const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, const int32_t *tok_dev,
+                                    float *logits, int32_t *ids_dev, float *top_dev, tdm_err *err) {
+    const tdm_backend_ops *op = be->ops;
+    if (!op->argmax_dev || !ids_dev || !logits)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: backend %s keeps no argmax on the device", op->name);
+    int32_t nl;
+    tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, tok_dev, &nl, err);
+    if (st || nl == 0) return st;
+    if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
+    return op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err);
+}
+
+tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                   const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                   tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
+                                   tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const tdm_backend_ops *op = be->ops;
+    int32_t nl;
+    tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, NULL, &nl, err);
+    if (st || nl == 0) return st;
     if (kind == TDM_FWD_ARGMAX && !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "forward: NULL ids");
     bool q = m->has_qhead && be->int8_dot;
     if (kind == TDM_FWD_ARGMAX && q) return op->head_argmax(be, &m->output, &m->qhead, s->xb, nl, ids, err);

@@ -122,6 +122,16 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                    tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
                                    tdm_err *err);
+/* A forward whose greedy outputs stay in backend memory, without waiting for
+ * them (the engine's draft chains; backends with argmax_dev): tokens from tok_dev
+ * ([n_rows] ids in backend memory) when not NULL, else batch->token (tokens from
+ * tok_dev are not checked: an id outside the vocabulary embeds as zeros); for the
+ * rows with want_logits, their logits into logits (backend memory, scratch), their
+ * argmax into ids_dev and the top softmax probability into top_dev (backend
+ * memory, as argmax_dev writes them; top_dev may be NULL). */
+tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
+                                    const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, const int32_t *tok_dev,
+                                    float *logits, int32_t *ids_dev, float *top_dev, tdm_err *err);
 /* Runs the model over a batch.  K/V of every row is written into its slot (the
  * sequences' block tables must already be reserved past every slot).  logits
  * receives [n_logits][n_vocab] for the rows with want_logits, in row order. */

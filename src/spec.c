@@ -58,7 +58,7 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     if (k > ctx_room) k = ctx_room;
     if (k <= 0) return tdm_seq_step_target(e, s, err);
     int32_t draft[TDM_CTRL_MAX_K];
-    int32_t nd, n_model = 0, acc;
+    int32_t nd, n_model = 0, n_fwd = 0, acc;
     const int32_t k_limit = TDM_MIN(room, ctx_room);
     double t0 = tdm_now();
     int32_t n_ng = ngram_step(e, s, k_limit, k, draft);
@@ -68,7 +68,7 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         /* a lookup may complete the chain after a drafted prefix: up to the longer of
          * the two controllers' lengths */
         int32_t k_ext = s->spec_ngram ? TDM_MIN(TDM_MAX(k, s->ctrl_ng.k_last), k_limit) : k;
-        if ((st = tdm_draft_chain(e, s, k, k_ext, draft, &nd, &n_model, err))) return st;
+        if ((st = tdm_draft_chain(e, s, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
     }
     double t1 = tdm_now();
     if ((st = tdm_verify_chain(e, s, draft, nd, &acc, err))) return st;
@@ -77,7 +77,7 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     /* the model-drafted prefix and the looked-up rest update their own estimates */
     int32_t n_look = nd - n_model;
     if (n_model > 0) {
-        tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)n_model); /* n_model forwards */
+        tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)TDM_MAX(n_fwd, 1)); /* per forward */
         tdm_ctrl_observe(&s->ctrl, n_model, TDM_MIN(acc, n_model));
     }
     int32_t acc_look = TDM_MAX(acc - n_model, 0);

@@ -391,4 +391,57 @@ Test(cuda_engine, greedy_reference_and_speculative_equality, .timeout = 900) {
     tandem_model_close(target);
 }
 
+/* Greedy drafting on the device (the chain's forwards queued back to back, one
+ * wait per chain) proposes exactly what token-by-token drafting proposes: with a
+ * fixed k the two engines draft and accept the same counts and emit the same
+ * tokens (TANDEM_DRAFT_CHAIN=0 selects the host loop when an engine opens). */
+Test(cuda_engine, device_draft_chain_equals_host_chain, .timeout = 300) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    tandem_model *target = NULL, *draft = NULL;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
+                 tandem_last_error());
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-s-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
+                 tandem_last_error());
+    tandem_engine *dev = NULL, *host = NULL;
+    cr_assert_eq(tandem_engine_open(target, draft, NULL, &dev), TANDEM_OK, "%s", tandem_last_error());
+    setenv("TANDEM_DRAFT_CHAIN", "0", 1);
+    cr_assert_eq(tandem_engine_open(target, draft, NULL, &host), TANDEM_OK, "%s", tandem_last_error());
+    unsetenv("TANDEM_DRAFT_CHAIN");
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    uint64_t drafted = 0;
+    for (size_t li = 0; li < n_lines; li += 5) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        for (int k = 3; k <= 6; k += 3) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = 64;
+            gp.spec_k = k;
+            gp.spec_ngram = 0;
+            tandem_result a, b;
+            cr_assert_eq(tandem_generate_ids(dev, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert_eq(tandem_generate_ids(host, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert(a.n_tokens == b.n_tokens && memcmp(a.tokens, b.tokens, a.n_tokens * sizeof(int32_t)) == 0,
+                      "prompt %zu, k %d: tokens differ", li, k);
+            cr_assert(a.spec.drafted == b.spec.drafted && a.spec.accepted == b.spec.accepted &&
+                          a.spec.steps == b.spec.steps,
+                      "prompt %zu, k %d: device chain drafted %llu / accepted %llu in %llu steps, host %llu / %llu / %llu",
+                      li, k, (unsigned long long)a.spec.drafted, (unsigned long long)a.spec.accepted,
+                      (unsigned long long)a.spec.steps, (unsigned long long)b.spec.drafted,
+                      (unsigned long long)b.spec.accepted, (unsigned long long)b.spec.steps);
+            drafted += a.spec.drafted;
+            tandem_result_free(&a);
+            tandem_result_free(&b);
+        }
+        free(ids);
+    }
+    cr_assert_gt(drafted, 0);
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(host);
+    tandem_engine_close(dev);
+    tandem_model_close(draft);
+    tandem_model_close(target);
+}
+
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

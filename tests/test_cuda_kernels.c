@@ -11,7 +11,9 @@
  *     a row alone equal bit for bit to the same row in a batch;
  *   - the fused forward (the blocks op, CUDA graphs) against the same model run op
  *     by op on the GPU and on the CPU, for f16, bf16, q8_0 and q4_0 weights;
- *   - argmax on the device against tdm_argmax_finite.
+ *   - argmax on the device against tdm_argmax_finite, with the top softmax
+ *     probability against tdm_top_prob; the embedding of device ids (zeros for an
+ *     id outside the vocabulary).
  * Without a CUDA device the program reports itself skipped (exit 77). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -374,6 +376,54 @@ Test(cuda_ops, argmax_ties_nan_and_inf) {
     cr_assert_eq(ids[4], D - 1);
     b->ops->free(b, dx);
     free(x);
+    tdm_backend_destroy(b);
+}
+
+/* argmax_dev: the same ids as argmax, kept on the device, and each row's top
+ * softmax probability; get_rows_dev embeds device ids, zeros for -1. */
+Test(cuda_ops, argmax_dev_top_prob_and_device_ids) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    enum { N = 4, D = 32000, E = 96 };
+    uint64_t rng = 11;
+    float *x = tdm_test_rand_vec(&rng, (size_t)N * D, -8, 8);
+    x[1 * D + 777] = 30;          /* a peaked row: top close to 1 */
+    x[2 * D + 5] = NAN;           /* a broken row: -1, top 0 */
+    for (int k = 0; k < D; k++) x[3 * D + k] = 0.5f; /* flat: the first index, top 1 / D */
+    float *dx = tdm_cu_test_put(b, x, (size_t)N * D * 4);
+    int32_t *dids = tdm_cu_test_put(b, NULL, N * 4);
+    float *dtop = tdm_cu_test_put(b, NULL, N * 4);
+    poison(b, dtop, N);
+    OK(b->ops->argmax_dev(b, dx, N, D, dids, dtop, &err_));
+    int32_t *ids = tdm_cu_test_get(b, dids, N * 4);
+    float *top = tdm_cu_test_get(b, dtop, N * 4);
+    for (int i = 0; i < N; i++) {
+        const float *xi = x + (size_t)i * D;
+        cr_assert_eq(ids[i], tdm_argmax_finite(xi, D), "row %d: %d", i, ids[i]);
+        const float want = ids[i] < 0 ? 0.0f : tdm_top_prob(xi, D);
+        cr_assert(fabsf(top[i] - want) <= 1e-5f * want, "row %d: top %g, want %g", i, top[i], want);
+    }
+    cr_assert_eq(ids[2], -1);
+    cr_assert_eq(ids[3], 0);
+    /* embed [ids[0], -1 (row 2's), ids[1]] from device memory */
+    float *wh = tdm_test_rand_vec(&rng, (size_t)D * E, -1, 1);
+    const tdm_weight wt = {TDM_F32, D, E, E * 4, wh, 0};
+    const tdm_weight emb_w = tdm_cu_test_put_weight(b, &wt);
+    int32_t want_ids[3] = {ids[0], -1, ids[1]};
+    int32_t *dwant = tdm_cu_test_put(b, want_ids, sizeof want_ids);
+    float *demb = tdm_cu_test_put(b, NULL, 3 * E * 4);
+    poison(b, demb, 3 * E);
+    OK(b->ops->get_rows_dev(b, &emb_w, dwant, 3, demb, &err_));
+    float *emb = tdm_cu_test_get(b, demb, 3 * E * 4);
+    int32_t host_ids[2] = {ids[0], ids[1]};
+    float *dref = tdm_cu_test_put(b, NULL, 2 * E * 4);
+    OK(b->ops->get_rows(b, &emb_w, host_ids, 2, dref, &err_));
+    float *ref = tdm_cu_test_get(b, dref, 2 * E * 4);
+    cr_assert(memcmp(emb, ref, E * 4) == 0 && memcmp(emb + 2 * E, ref + E, E * 4) == 0, "device ids embed as host ids");
+    for (int k = 0; k < E; k++) cr_assert_eq(emb[E + k], 0.0f, "id -1 embeds as zeros");
+    cr_assert(memcmp(ref, wh + (size_t)ids[0] * E, E * 4) == 0, "get_rows copies the row");
+    void *dev[] = {dx, dids, dtop, dwant, demb, dref, (void *)emb_w.data};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(x), free(ids), free(top), free(emb), free(ref), free(wh);
     tdm_backend_destroy(b);
 }
 

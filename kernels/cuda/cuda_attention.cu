@@ -292,14 +292,15 @@ __global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n
  * rows on an f16 cache of a head dim it knows: metadata through the ring. */
 static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
-    const int32_t n = bt->n_rows, gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head);
+    const int32_t n = bt->n_rows, max_q = tdm_flash_max_q(n);
+    const int32_t gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &bytes, err);
     if (st) return st;
     void *h = tdm_cuda_meta_host(c, bytes, err);
     if (!h) return err ? err->status : TANDEM_ERR_BACKEND;
     tdm_cuda_meta m;
-    if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, h, &m, err))) return st;
+    if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, max_q, h, &m, err))) return st;
     const void *d = tdm_cuda_meta_upload(c, bytes, err);
     if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
     tdm_flash_args fa;

@@ -272,6 +272,8 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .sync = */ cu_sync,
     /* .argmax = */ tdm_cuda_argmax,
     /* .mem_peak = */ cu_mem_peak,
+    /* .get_rows_dev = */ tdm_cuda_get_rows_dev,
+    /* .argmax_dev = */ tdm_cuda_argmax_dev,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

@@ -278,13 +278,14 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     f.a = a;
     f.rows_path = n <= TDM_CUDA_GEMV_MAX_ROWS;
     f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type);
-    const int32_t gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head);
+    const int32_t max_q = tdm_flash_max_q(n);
+    const int32_t gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t meta_bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &meta_bytes, err);
     if (st) return st;
     void *mh = tdm_cuda_graph_meta_host(c, meta_bytes, err);
     if (!mh) return err ? err->status : TANDEM_ERR_BACKEND;
-    if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, mh, &f.fm, err))) return st;
+    if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, max_q, mh, &f.fm, err))) return st;
     f.gh = gh;
     const int32_t need_splits = TDM_MAX(1, (f.fm.max_kv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
     f.n_splits = f.rows_path ? pow2_at_least(need_splits) : need_splits;

@@ -33,14 +33,15 @@
 template <int HD> struct fl_warps { static constexpr int n = HD >= 256 ? 4 : TDM_FLASH_SPLIT / 32; };
 #define FL_CHUNK 32 /* keys per warp step */
 
-int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head) {
+int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head,
+                                  int32_t max_q) {
     int32_t max_nv = 0;
     for (int32_t r = 0; r < bt->n_rows; r++) max_nv = TDM_MAX(max_nv, bt->n_visible[r]);
     const int64_t splits = TDM_MAX(1, (max_nv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
-    const int64_t tiles = (bt->n_rows + TDM_FLASH_QMAX - 1) / TDM_FLASH_QMAX;
+    const int64_t tiles = (bt->n_rows + max_q - 1) / max_q;
     if (tiles * splits * n_kv_head < c->n_sm / 2) return 1;
     const int32_t g = n_head / n_kv_head;
-    for (int32_t d = TDM_MIN(g, TDM_FLASH_QMAX); d > 1; d--)
+    for (int32_t d = TDM_MIN(g, max_q); d > 1; d--)
         if (g % d == 0) return d;
     return 1;
 }

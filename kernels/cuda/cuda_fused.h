@@ -35,11 +35,12 @@ typedef struct tdm_cuda_meta {
 } tdm_cuda_meta;
 /* Bytes the metadata of a batch needs (checks its sequence indices). */
 tandem_status tdm_cuda_meta_size(const tdm_batch *bt, const tdm_kv_seq *const *seqs, size_t *bytes, tdm_err *err);
-/* Packs it into host (tdm_cuda_meta_size bytes), tiles of at most TDM_FLASH_QMAX /
- * heads_per_block rows, checking every slot the rows write or read against the
+/* Packs it into host (tdm_cuda_meta_size bytes), tiles of at most max_q /
+ * heads_per_block rows (max_q: tdm_flash_max_q), checking every slot the rows write or read against the
  * block tables; fails (TANDEM_ERR_INVALID_ARG) naming the row. */
 tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *seqs, int32_t block_size,
-                                 int32_t heads_per_block, void *host, tdm_cuda_meta *m, tdm_err *err);
+                                 int32_t heads_per_block, int32_t max_q, void *host, tdm_cuda_meta *m,
+                                 tdm_err *err);
 /* The parts of a packed buffer (host or device copy) of n rows. */
 void tdm_cuda_meta_at(const void *buf, int32_t n, const tdm_cuda_row **rows, const tdm_cuda_tile **tiles,
                       const int32_t **tabs);
@@ -49,6 +50,15 @@ void tdm_cuda_meta_at(const void *buf, int32_t n, const tdm_cuda_row **rows, con
 #define TDM_FLASH_SPLIT 256
 /* Query vectors (rows x heads of one kv head) a thread block attends at most. */
 #define TDM_FLASH_QMAX 16
+/* ... in a batch of at most TDM_CUDA_GEMV_MAX_ROWS rows (decode, verification): the
+ * kernel of 4 query vectors, whose state fits in fewer registers, over more blocks
+ * (a short batch cannot fill the GPU anyway; the tiles' K / V come from L2). */
+#define TDM_FLASH_QMAX_SHORT 4
+/* The tile capacity in query vectors for a batch of n rows.  A row's result does
+ * not depend on it (nor on which rows share its tile). */
+static inline int32_t tdm_flash_max_q(int32_t n) {
+    return n <= TDM_CUDA_GEMV_MAX_ROWS ? TDM_FLASH_QMAX_SHORT : TDM_FLASH_QMAX;
+}
 
 /* The attention kernels' view of a forward's metadata and buffers. */
 typedef struct tdm_flash_args {
@@ -74,7 +84,8 @@ typedef struct tdm_flash_args {
  * whole group (up to TDM_FLASH_QMAX), so its K / V are read once, unless the batch
  * gives too few blocks to fill the GPU (a short decode or verification batch): then
  * one head per block.  A row's result does not depend on it. */
-int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head);
+int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head,
+                                  int32_t max_q);
 /* Whether the kernels run this shape (head_dim 64, 80, 96, 128 or 256, block_size a
  * multiple of 8, an f16 cache); else the op-table attention serves. */
 bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_type);

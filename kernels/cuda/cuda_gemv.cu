@@ -76,24 +76,29 @@ template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int
     return r;
 }
 
-/* Reduces each input row's partial sums over the warp and writes them. */
+/* Reduces each input row's partial sums over the warp (every lane gets the same
+ * sums) and writes them: lane i writes input row i's outputs, so the rows'
+ * read-modify-writes (ACCUM) wait on memory once, side by side, not one after
+ * another. */
 template <int NR, int EPI>
 __device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float sb[NR], float *y, int32_t ldy) {
     const int lane = threadIdx.x & 31;
+    float a = 0.0f, b = 0.0f;
 #pragma unroll
     for (int i = 0; i < NR; i++) {
-        const float a = tdm_cu_warp_sum(sa[i]), b = tdm_cu_warp_sum(sb[i]);
-        if (lane != 0) continue;
-        float *yr = y + (size_t)i * ldy;
-        if (EPI == TDM_EPI_SWIGLU) {
-            yr[r.ra] = a / (1.0f + expf(-a)) * b;
-        } else if (EPI == TDM_EPI_ACCUM) {
-            yr[r.ra] += a;
-            if (r.has_b) yr[r.rb] += b;
-        } else {
-            yr[r.ra] = a;
-            if (r.has_b) yr[r.rb] = b;
-        }
+        const float ai = tdm_cu_warp_sum(sa[i]), bi = tdm_cu_warp_sum(sb[i]);
+        if (lane == i) a = ai, b = bi;
+    }
+    if (lane >= NR) return;
+    float *yr = y + (size_t)lane * ldy;
+    if (EPI == TDM_EPI_SWIGLU) {
+        yr[r.ra] = a / (1.0f + expf(-a)) * b;
+    } else if (EPI == TDM_EPI_ACCUM) {
+        yr[r.ra] += a;
+        if (r.has_b) yr[r.rb] += b;
+    } else {
+        yr[r.ra] = a;
+        if (r.has_b) yr[r.rb] = b;
     }
 }
 

@@ -179,6 +179,10 @@ tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 tandem_status tdm_cuda_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
 tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err);
+tandem_status tdm_cuda_get_rows_dev(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n, float *out,
+                                    tdm_err *err);
+tandem_status tdm_cuda_argmax_dev(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, float *top,
+                                  tdm_err *err);
 
 /* Threads per block of the row kernels. */
 #define TDM_CUDA_THREADS 256

@@ -77,7 +77,8 @@ static tandem_status check_row(const tdm_batch *bt, const tdm_kv_seq *s, int32_t
 }
 
 tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *seqs, int32_t bs,
-                                 int32_t heads_per_block, void *host, tdm_cuda_meta *m, tdm_err *err) {
+                                 int32_t heads_per_block, int32_t max_q, void *host, tdm_cuda_meta *m,
+                                 tdm_err *err) {
     const int32_t n = bt->n_rows;
     const int32_t n_seq = seq_count(bt, seqs, err);
     if (n_seq < 0) return TANDEM_ERR_INVALID_ARG;
@@ -89,7 +90,8 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
     int32_t *tabs = (int32_t *)(tiles + n);
     for (int32_t s = 0; s < n_seq; s++)
         if (tab[s] >= 0) memcpy(tabs + tab[s], seqs[s]->blocks, (size_t)seqs[s]->n_blocks * sizeof(int32_t));
-    const int32_t tile_rows = TDM_MAX(1, TDM_FLASH_QMAX / heads_per_block);
+    if (max_q < 1 || max_q > TDM_FLASH_QMAX) max_q = TDM_FLASH_QMAX;
+    const int32_t tile_rows = TDM_MAX(1, max_q / heads_per_block);
     int32_t n_tiles = 0, max_kv = 0, max_tile = 0;
     tandem_status st = TANDEM_OK;
     for (int32_t r = 0; r < n && !st; r++) {

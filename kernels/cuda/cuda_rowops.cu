@@ -16,19 +16,48 @@
 
 /* ---- get_rows ------------------------------------------------------------------ */
 
+/* Row ids[i] of w (an id outside [0, n_w) gives zeros: get_rows_dev's contract;
+ * get_rows checks its ids on the host first). */
 template <uint32_t T>
-__global__ void k_get_rows(const uint8_t *w, size_t row_bytes, int32_t cols, const int32_t *ids, float *out) {
-    const int32_t i = blockIdx.x;
-    const uint8_t *row = w + (size_t)ids[i] * row_bytes;
-    for (int32_t k = threadIdx.x; k < cols; k += blockDim.x) out[(size_t)i * cols + k] = tdm_cu_wload<T>(row, k);
+__global__ void k_get_rows(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_w, const int32_t *ids, float *out) {
+    const int32_t i = blockIdx.x, id = ids[i];
+    const bool ok = id >= 0 && id < n_w;
+    const uint8_t *row = w + (size_t)(ok ? id : 0) * row_bytes;
+    for (int32_t k = threadIdx.x; k < cols; k += blockDim.x) out[(size_t)i * cols + k] = ok ? tdm_cu_wload<T>(row, k) : 0.0f;
 }
 
 template <uint32_t T>
-__global__ void k_get_rows_qsplit(const uint8_t *w, size_t row_bytes, int32_t cols, const int32_t *ids, float *out) {
-    const int32_t i = blockIdx.x;
-    const uint8_t *row = w + (size_t)ids[i] * row_bytes;
+__global__ void k_get_rows_qsplit(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_w, const int32_t *ids,
+                                  float *out) {
+    const int32_t i = blockIdx.x, id = ids[i];
+    const bool ok = id >= 0 && id < n_w;
+    const uint8_t *row = w + (size_t)(ok ? id : 0) * row_bytes;
     for (int32_t k = threadIdx.x; k < cols; k += blockDim.x)
-        out[(size_t)i * cols + k] = tdm_cu_wload_qsplit<T>(row, cols, k);
+        out[(size_t)i * cols + k] = ok ? tdm_cu_wload_qsplit<T>(row, cols, k) : 0.0f;
+}
+
+/* The get_rows kernels on device ids d[n]. */
+static tandem_status get_rows_launch(tdm_cuda *c, const tdm_weight *w, const int32_t *d, int32_t n, float *out,
+                                     tdm_err *err) {
+    const uint8_t *wd = (const uint8_t *)w->data;
+    const int32_t cols = (int32_t)w->cols;
+    if (w->layout == TDM_LAYOUT_QSPLIT) {
+        if (w->type == TDM_Q8_0)
+            k_get_rows_qsplit<TDM_Q8_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, w->rows, d, out);
+        else
+            k_get_rows_qsplit<TDM_Q4_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, w->rows, d, out);
+        TDM_CU_LAUNCHED("get_rows");
+        return TANDEM_OK;
+    }
+    switch (w->type) {
+#define CASE(T)                                                                                  \
+    case T: k_get_rows<T><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, w->rows, d, out); break;
+        TDM_CU_FOR_EACH_WTYPE(CASE)
+#undef CASE
+    default: break;
+    }
+    TDM_CU_LAUNCHED("get_rows");
+    return TANDEM_OK;
 }
 
 tandem_status tdm_cuda_get_rows(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n, float *out,
@@ -45,25 +74,18 @@ tandem_status tdm_cuda_get_rows(tdm_backend *b, const tdm_weight *w, const int32
     memcpy(h, ids, (size_t)n * sizeof(int32_t));
     const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * sizeof(int32_t), err);
     if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
-    const uint8_t *wd = (const uint8_t *)w->data;
-    const int32_t cols = (int32_t)w->cols;
-    if (w->layout == TDM_LAYOUT_QSPLIT) {
-        if (w->type == TDM_Q8_0)
-            k_get_rows_qsplit<TDM_Q8_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, d, out);
-        else
-            k_get_rows_qsplit<TDM_Q4_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, d, out);
-        TDM_CU_LAUNCHED("get_rows");
-        return TANDEM_OK;
-    }
-    switch (w->type) {
-#define CASE(T)                                                                                  \
-    case T: k_get_rows<T><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, d, out); break;
-        TDM_CU_FOR_EACH_WTYPE(CASE)
-#undef CASE
-    default: break;
-    }
-    TDM_CU_LAUNCHED("get_rows");
-    return TANDEM_OK;
+    return get_rows_launch(c, w, d, n, out, err);
+}
+
+tandem_status tdm_cuda_get_rows_dev(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n, float *out,
+                                    tdm_err *err) {
+    GET_CUDA("get_rows_dev");
+    tandem_status st = tdm_cuda_check_weight(w, "get_rows_dev", err);
+    if (st) return st;
+    if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows_dev: n = %d", (int)n);
+    if (n == 0) return TANDEM_OK;
+    if (!ids || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "get_rows_dev: NULL ids or out");
+    return get_rows_launch(c, w, ids, n, out, err);
 }
 
 /* ---- rmsnorm ------------------------------------------------------------------- */
@@ -201,10 +223,13 @@ tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_str
 /* ---- argmax -------------------------------------------------------------------- */
 
 /* Block per row: the first index of the largest value, as tdm_argmax_finite finds
- * it: -1 when the row holds a NaN or an infinity. */
-__global__ void k_argmax(const float *x, int32_t dim, int32_t *ids) {
+ * it: -1 when the row holds a NaN or an infinity; and when top is not NULL the
+ * largest probability of the row's softmax, 1 / sum exp(x - max) (0 for a -1 row). */
+__global__ void k_argmax(const float *x, int32_t dim, int32_t *ids, float *top) {
     __shared__ float bv[32];
     __shared__ int32_t bi[32];
+    __shared__ float s_best;
+    __shared__ double s_sum[32];
     const float *row = x + (size_t)blockIdx.x * dim;
     float best = -INFINITY;
     int32_t idx = INT32_MAX;
@@ -239,6 +264,21 @@ __global__ void k_argmax(const float *x, int32_t dim, int32_t *ids) {
                 idx = bi[w];
             }
         ids[blockIdx.x] = bad ? -1 : idx;
+        s_best = best;
+    }
+    if (!top) return;
+    __syncthreads();
+    const float mx = s_best;
+    double sum = 0.0;
+    if (!bad)
+        for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) sum += (double)expf(row[k] - mx);
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) s_sum[wid] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += s_sum[w];
+        top[blockIdx.x] = bad || !(t > 0.0) ? 0.0f : (float)(1.0 / t);
     }
 }
 
@@ -249,9 +289,20 @@ tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t
     if (!x || !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax: NULL pointer");
     int32_t *dev = (int32_t *)tdm_cuda_buf_get(c, &c->ids_buf, (size_t)n * sizeof(int32_t), "argmax", err);
     if (!dev) return err ? err->status : TANDEM_ERR_BACKEND;
-    k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, dev);
+    k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, dev, NULL);
     TDM_CU_LAUNCHED("argmax");
     TDM_CU(cudaMemcpyAsync(ids, dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     TDM_CU(cudaStreamSynchronize(c->stream));
+    return TANDEM_OK;
+}
+
+tandem_status tdm_cuda_argmax_dev(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, float *top,
+                                  tdm_err *err) {
+    GET_CUDA("argmax_dev");
+    if (n < 0 || dim <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax_dev: n = %d, dim = %d", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax_dev: NULL pointer");
+    k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, ids, top);
+    TDM_CU_LAUNCHED("argmax_dev");
     return TANDEM_OK;
 }
