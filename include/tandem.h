@@ -132,6 +132,13 @@ typedef struct tandem_engine_params {
     int n_ctx;            /* max tokens per sequence; default 0 = the target's training context */
     int n_seq_max;        /* max concurrent sequences; default 1 */
     int kv_block_size;    /* tokens per KV block; default 16 */
+    size_t gpu_mem;       /* device memory budget in bytes for an engine on a GPU: both
+                             models' weights, the engine's working buffers (an estimate from
+                             the shapes) and the KV cache, which gets the rest (kv_bytes, when
+                             also set, must fit in that rest).  TANDEM_ERR_NOMEM naming the
+                             figures when the weights and buffers leave no room for a block.
+                             Default 0 = no budget: kv_bytes or n_ctx size the cache.
+                             Ignored on the CPU */
 } tandem_engine_params;
 
 tandem_engine_params tandem_engine_default_params(void);

@@ -244,7 +244,8 @@ struct tandem_engine {
 };
 
 tandem_engine_params tandem_engine_default_params(void) {
-    tandem_engine_params p = {.n_threads = 0, .kv_bytes = 0, .n_ctx = 0, .n_seq_max = 1, .kv_block_size = 16};
+    tandem_engine_params p = {.n_threads = 0, .kv_bytes = 0, .n_ctx = 0, .n_seq_max = 1, .kv_block_size = 16,
+                              .gpu_mem = 0};
     return p;
 }
 
@@ -265,7 +266,7 @@ tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, cons
         return fail_msg(TANDEM_ERR_MISMATCH, "target and draft are on different backends");
     tdm_engine_cfg cfg = {
         .n_threads = p.n_threads, .n_ctx = p.n_ctx, .n_seq_max = p.n_seq_max,
-        .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0,
+        .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0, .gpu_mem = p.gpu_mem,
     };
     tandem_engine *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");

@@ -37,6 +37,49 @@ static tandem_status check_pair(const tdm_model *t, const tdm_model *d, tdm_err 
     return TANDEM_OK;
 }
 
+int64_t tdm_kv_budget_blocks(size_t budget, uint64_t weights, uint64_t work, size_t kv_bytes, size_t block_bytes,
+                             tdm_err *err) {
+    const double mib = 1024.0 * 1024.0;
+    if (block_bytes == 0) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV block size overflows");
+        return 0;
+    }
+    const uint64_t used = weights + work;
+    const uint64_t left = budget > used ? (uint64_t)budget - used : 0;
+    if (left < block_bytes) {
+        tdm_seterr(err, TANDEM_ERR_NOMEM,
+                   "gpu_mem of %.1f MiB leaves %.1f MiB for the KV cache after %.1f MiB of weights and %.1f MiB of "
+                   "working buffers; one KV block takes %.3f MiB",
+                   budget / mib, left / mib, weights / mib, work / mib, block_bytes / mib);
+        return 0;
+    }
+    if (kv_bytes > 0 && kv_bytes > left) {
+        tdm_seterr(err, TANDEM_ERR_NOMEM,
+                   "kv_bytes of %.1f MiB does not fit in the %.1f MiB gpu_mem of %.1f MiB leaves after %.1f MiB of "
+                   "weights and %.1f MiB of working buffers",
+                   kv_bytes / mib, left / mib, budget / mib, weights / mib, work / mib);
+        return 0;
+    }
+    return (int64_t)((kv_bytes > 0 ? kv_bytes : left) / block_bytes);
+}
+
+/* forward.c's scratch for `rows` rows, and as much again for the backend's own
+ * forward buffers (the CUDA backend's fused forward keeps its activations apart). */
+static uint64_t fwd_bytes(const tdm_model *m, int32_t rows) {
+    const tdm_hparams *hp = &m->hp;
+    const uint64_t qd = (uint64_t)hp->n_head * (uint64_t)hp->head_dim, kvd = (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
+    const uint64_t width = TDM_MAX((uint64_t)hp->n_embd, qd);
+    const uint64_t per_row = 2 * width + qd + 2 * kvd + qd + 3 * (uint64_t)hp->n_ff;
+    return 2 * per_row * (uint64_t)rows * sizeof(float);
+}
+
+uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk) {
+    const uint64_t logits = (uint64_t)TDM_ENGINE_LOGIT_ROWS * (uint64_t)target->hp.n_vocab * sizeof(float);
+    uint64_t b = fwd_bytes(target, prefill_chunk) + logits + (64ull << 20);
+    if (draft) b += fwd_bytes(draft, prefill_chunk) + logits;
+    return b;
+}
+
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err) {
     *out = NULL;
@@ -83,7 +126,16 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         goto fail;
     }
     int64_t n_blocks;
-    if (e->cfg.kv_bytes > 0) {
+    if (e->cfg.gpu_mem > 0 && !e->be->host_memory) {
+        const uint64_t weights = target->weight_bytes + (draft ? draft->weight_bytes : 0);
+        const uint64_t work = tdm_engine_work_bytes(target, draft, e->cfg.prefill_chunk);
+        n_blocks = tdm_kv_budget_blocks(e->cfg.gpu_mem, weights, work, e->cfg.kv_bytes, bpb, err);
+        if (n_blocks == 0) {
+            st = err ? err->status : TANDEM_ERR_NOMEM;
+            goto fail;
+        }
+        if (n_blocks > INT32_MAX / 2) n_blocks = INT32_MAX / 2;
+    } else if (e->cfg.kv_bytes > 0) {
         n_blocks = (int64_t)(e->cfg.kv_bytes / bpb);
     } else {
         int64_t per_seq = ((int64_t)e->cfg.n_ctx + TDM_CTRL_MAX_K + 2 + bs - 1) / bs;

@@ -29,7 +29,19 @@ typedef struct tdm_engine_cfg {
     int32_t block_size;
     size_t kv_bytes;
     int32_t prefill_chunk;   /* rows per prefill forward */
+    size_t gpu_mem;          /* device budget (tandem_engine_params.gpu_mem), 0 = none */
 } tdm_engine_cfg;
+
+/* The KV blocks a device budget leaves: (budget - weights - work) / block_bytes,
+ * capped by kv_bytes / block_bytes when kv_bytes > 0; 0 with err set (naming the
+ * figures, TANDEM_ERR_NOMEM) when not even one block fits or kv_bytes does not fit
+ * in what is left. */
+int64_t tdm_kv_budget_blocks(size_t budget, uint64_t weights, uint64_t work, size_t kv_bytes, size_t block_bytes,
+                             tdm_err *err);
+/* Device bytes an engine's working buffers take besides weights and KV cache (the
+ * forward buffers of its prefill chunk for each model, logits, and a fixed 64 MiB
+ * for the backend's workspaces): what tdm_kv_budget_blocks subtracts. */
+uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk);
 
 typedef struct tdm_engine {
     tdm_model *target;

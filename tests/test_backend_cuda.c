@@ -444,4 +444,29 @@ Test(cuda_engine, device_draft_chain_equals_host_chain, .timeout = 300) {
     tandem_model_close(target);
 }
 
+/* A device memory budget sizes the KV cache from what the weights and buffers
+ * leave; too small a budget fails to open, naming the figures. */
+Test(cuda_engine, gpu_mem_budget) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    tandem_model *target = NULL;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
+                 tandem_last_error());
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.gpu_mem = 40u << 20; /* the weights alone are 31 MB */
+    tandem_engine *e = NULL;
+    cr_assert_eq(tandem_engine_open(target, NULL, &ep, &e), TANDEM_ERR_NOMEM);
+    cr_assert(strstr(tandem_last_error(), "gpu_mem of 40.0 MiB"), "%s", tandem_last_error());
+    ep.gpu_mem = 512u << 20;
+    cr_assert_eq(tandem_engine_open(target, NULL, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 16;
+    tandem_result r;
+    cr_assert_eq(tandem_generate(e, "def add(a, b):", &gp, &r), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(r.n_tokens > 0, true);
+    tandem_result_free(&r);
+    tandem_engine_close(e);
+    tandem_model_close(target);
+}
+
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

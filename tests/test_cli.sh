@@ -89,6 +89,10 @@ expect_exit 2 "generate: bad number -n 12x" "$TANDEM" generate -m "$TARGET" -p x
 expect_exit 2 "generate: bad number -n ''" "$TANDEM" generate -m "$TARGET" -p x -n ''
 expect_exit 2 "generate: negative -n" "$TANDEM" generate -m "$TARGET" -p x -n -3
 expect_exit 2 "generate: -n overflow" "$TANDEM" generate -m "$TARGET" -p x -n 99999999999999999999
+expect_exit 2 "generate: --gpu-mem 12Q" "$TANDEM" generate -m "$TARGET" -p x --gpu-mem 12Q
+expect_err "'12Q' is not a size" "generate: --gpu-mem 12Q"
+expect_exit 2 "bench: --gpu-mem below 1M" "$TANDEM" bench -m "$TARGET" --gpu-mem 512K
+expect_exit 2 "bench: --gpu-mem overflow" "$TANDEM" bench -m "$TARGET" --gpu-mem 99999999999T
 expect_exit 2 "generate: bad --temp" "$TANDEM" generate -m "$TARGET" -p x --temp 0.5.1
 expect_exit 2 "generate: --temp nan" "$TANDEM" generate -m "$TARGET" -p x --temp nan
 expect_exit 2 "generate: --top-p out of range" "$TANDEM" generate -m "$TARGET" -p x --top-p 1.5

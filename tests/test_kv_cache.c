@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
 #include "kv_cache.h"
 
 #define MAX_SEQ 8
@@ -462,4 +463,28 @@ Test(kv_cache, bytes_per_block) {
     tdm_kv_layout half[2] = {{1 << 30, 1 << 30, 4, 1}, {1 << 30, 1 << 30, 4, 1}};
     cr_assert_eq(tdm_kv_bytes_per_block(half, 1, 1), (size_t)1 << 63);
     cr_assert_eq(tdm_kv_bytes_per_block(half, 2, 1), 0);
+}
+
+/* The KV blocks a device budget leaves (tandem_engine_params.gpu_mem): what the
+ * weights and buffers leave, in whole blocks; kv_bytes caps it and must fit; too
+ * small a budget is an error naming the figures. */
+Test(kv_cache, gpu_mem_budget_blocks) {
+    const uint64_t M = 1u << 20;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_kv_budget_blocks(1000 * M, 300 * M, 100 * M, 0, 2 * M, &err), 300);
+    cr_assert_eq(tdm_kv_budget_blocks(1000 * M + 1, 300 * M, 100 * M, 0, 2 * M, &err), 300); /* whole blocks */
+    cr_assert_eq(tdm_kv_budget_blocks(1000 * M, 300 * M, 100 * M, 64 * M, 2 * M, &err), 32); /* kv_bytes caps */
+    memset(&err, 0, sizeof err);
+    cr_assert_eq(tdm_kv_budget_blocks(1000 * M, 300 * M, 100 * M, 601 * M, 2 * M, &err), 0);
+    cr_assert_eq(err.status, TANDEM_ERR_NOMEM);
+    cr_assert(strstr(err.msg, "kv_bytes of 601.0 MiB") && strstr(err.msg, "600.0 MiB"), "%s", err.msg);
+    memset(&err, 0, sizeof err);
+    cr_assert_eq(tdm_kv_budget_blocks(350 * M, 300 * M, 100 * M, 0, 2 * M, &err), 0); /* less than the weights + work */
+    cr_assert_eq(err.status, TANDEM_ERR_NOMEM);
+    cr_assert(strstr(err.msg, "gpu_mem of 350.0 MiB leaves 0.0 MiB") && strstr(err.msg, "300.0 MiB of weights"), "%s",
+              err.msg);
+    memset(&err, 0, sizeof err);
+    cr_assert_eq(tdm_kv_budget_blocks(401 * M, 300 * M, 100 * M, 0, 2 * M, &err), 0); /* 1 MiB: not a block */
+    cr_assert(strstr(err.msg, "one KV block takes 2.000 MiB"), "%s", err.msg);
+    cr_assert_eq(tdm_kv_budget_blocks(402 * M, 300 * M, 100 * M, 0, 2 * M, &err), 1);
 }

@@ -59,6 +59,9 @@ bool cli_is_help(const char *arg);
  * A NULL s (value missing, already reported) returns false silently. */
 bool cli_parse_int(const char *opt, const char *s, long lo, long hi, int *out);
 bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
+/* A byte count: digits with an optional K, M, G or T suffix (powers of 1024), at
+ * least 1 MiB. */
+bool cli_parse_size(const char *opt, const char *s, size_t *out);
 bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float *out);
 /* The same for the half-open range (lo, hi]. */
 bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, float *out);

@@ -72,6 +72,7 @@ typedef struct bench_opts {
     int new_tokens;          /* -n, default 128 */
     int threads;
     tandem_backend_kind backend;
+    size_t gpu_mem;          /* 0 = no budget */
     int spec_k, spec_k_max, spec_ngram;
     int reps;                /* 0 = mode default */
     int limit;               /* 0 = all prompts */
@@ -106,6 +107,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         } else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 1, 1 << 20, &o->new_tokens);
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
+        else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
@@ -304,6 +306,7 @@ int cli_bench(int argc, char **argv) {
     if (o.draft && (s = tandem_model_open(o.draft, &mp, &draft)) != TANDEM_OK) goto fail;
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = o.threads;
+    ep.gpu_mem = o.gpu_mem;
     if ((s = tandem_engine_open(target, draft, &ep, &eng)) != TANDEM_OK) goto fail;
     if (!o.prompts_file && (s = build_prompt(target, o.prompt_tokens, &ids)) != TANDEM_OK) goto fail;
 

@@ -14,6 +14,7 @@ typedef struct gen_opts {
     uint64_t seed;
     int threads;             /* 0 = all cores */
     tandem_backend_kind backend;
+    size_t gpu_mem;          /* 0 = no budget */
     int spec_k;              /* 0 = adaptive */
     int spec_k_max;          /* 0 = library default */
     int spec_ngram;          /* 0 = off; default: the library's */
@@ -62,6 +63,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         else if (TAKE(NULL, "--seed")) ok = cli_parse_u64(a, v, &o->seed);
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
+        else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--p-min")) ok = cli_parse_float(a, v, 0, 1, &o->p_min);
@@ -206,6 +208,7 @@ int cli_generate(int argc, char **argv) {
     }
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = o.threads;
+    ep.gpu_mem = o.gpu_mem;
     s = tandem_engine_open(target, draft, &ep, &eng);
     if (s != TANDEM_OK) {
         rc = cli_status_error(s, NULL);

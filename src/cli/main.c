@@ -43,6 +43,8 @@ static const char usage_text[] =
     "      --seed S          sampling seed, 0 <= S <= 2^64-1 (default 0)\n"
     "  -t, --threads N       CPU threads, 0.." STR(TANDEM_THREADS_MAX) ", 0 = all cores (default 0)\n"
     "      --backend B       cpu or cuda (default cpu)\n"
+    "      --gpu-mem SIZE    device memory budget (e.g. 24G): weights, buffers, and the KV cache\n"
+    "                        in what is left (cuda only; default: a cache for one full context)\n"
     "      --json            one JSON object per prompt on stdout\n"
     "  speculation (refused without -d):\n"
     "      --spec-k N|auto   draft tokens per step, 1.." SPEC_K_MAX ", auto = adaptive (default auto)\n"
@@ -57,8 +59,8 @@ static const char usage_text[] =
     "tandem info MODEL\n"
     "\n"
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
-    "             [-n N] [--threads N] [--backend B] [--spec-k N|auto] [--spec-k-max N]\n"
-    "             [--spec-ngram N] [--reps R] [--json]\n"
+    "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--spec-k N|auto]\n"
+    "             [--spec-k-max N] [--spec-ngram N] [--reps R] [--json]\n"
     "  -p N                  synthetic prompt length in tokens, 1..2^20 (default 128)\n"
     "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
@@ -185,6 +187,28 @@ bool cli_parse_u64(const char *opt, const char *s, uint64_t *out) {
         return false;
     }
     *out = (uint64_t)v;
+    return true;
+}
+
+bool cli_parse_size(const char *opt, const char *s, size_t *out) {
+    if (!s) return false;
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = *s >= '0' && *s <= '9' ? strtoull(s, &end, 10) : 0;
+    int shift = -1;
+    if (end && end != s && errno != ERANGE) {
+        if (*end == '\0') shift = 0;
+        else if (end[1] == '\0' || ((end[1] == 'B' || end[1] == 'b') && end[2] == '\0') ||
+                 (end[1] == 'i' && end[2] == 'B' && end[3] == '\0'))
+            shift = *end == 'K' || *end == 'k' ? 10 : *end == 'M' || *end == 'm' ? 20 : *end == 'G' || *end == 'g' ? 30
+                  : *end == 'T' || *end == 't' ? 40 : -1;
+    }
+    if (shift < 0 || (shift > 0 && v > (SIZE_MAX >> shift)) || (v << shift) < (1ull << 20)) {
+        cli_usage_error("option %.*s: '%s' is not a size of at least 1M (digits with an optional K, M, G or T suffix)",
+                        opt_len(opt), opt, s);
+        return false;
+    }
+    *out = (size_t)(v << shift);
     return true;
 }
 
