@@ -33,21 +33,28 @@ static int32_t lookup_extension(tdm_engine *e, tdm_seq *s, int32_t len, int32_t 
     return m;
 }
 
-/* Greedy drafting where the backend keeps argmaxes in its memory (e->chain_dev):
- * the catch-up forward and the k - 1 forwards after it are queued back to back,
- * each embedding the token the one before chose, on the device; the host waits
- * once, for the k tokens and their top probabilities.  p_min and the n-gram
+/* Drafting where the backend keeps argmaxes (greedy) or samples (e->q_dev) in its
+ * memory (e->chain_dev): the catch-up forward and the k - 1 forwards after it are
+ * queued back to back, each embedding the token the one before chose, on the
+ * device; the host waits once, for the k tokens and their top probabilities (of
+ * the logits' softmax when greedy, of q when sampling).  p_min and the n-gram
  * extension then cut the chain where the token-by-token loop below would have
  * stopped (each decision depends only on the tokens before it), so the proposal is
  * the same; the forwards past a cut are spent, and the draft's K/V count only up
- * to it. */
+ * to it.  Sampling draws token i with the i-th uniform of the request's generator,
+ * and the generator moves on by the tokens kept, as the loop's draws would. */
 static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
                                      int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err) {
     const int32_t n = s->n_tokens;
     const tdm_kv_seq *seqs[1] = {&s->kv};
+    const bool sample = s->sp.temperature > 0;
+    const tdm_backend_ops *op = e->be->ops;
+    const int32_t V = e->n_vocab;
     int32_t *ids_d = e->chain_dev;
     /* top probabilities only where p_min reads them */
     float *top_d = s->spec_p_min > 0 ? (float *)(e->chain_dev + TDM_CTRL_MAX_K) : NULL;
+    double u[TDM_CTRL_MAX_K];
+    if (sample) tdm_engine_draws(s, k, u);
     tandem_status st;
     /* the chain writes the draft's K/V up to position n + k - 2 */
     if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + k - 1, err))) return st;
@@ -58,25 +65,37 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32
         const int32_t end = TDM_MIN(n, c + e->max_rows);
         tdm_batch_clear(b);
         for (int32_t p = c; p < end; p++) tdm_batch_add(b, s->tokens[p], p, 0, p, p == n - 1);
-        st = end < n ? tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS, err)
-                     : tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, NULL, e->out_d, ids_d,
-                                             top_d, err);
+        if (end < n) {
+            st = tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS_DEV, err);
+        } else {
+            st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, NULL, e->out_d,
+                                       sample ? NULL : ids_d, top_d, err);
+            if (!st && sample) st = op->probs_dev(e->be, e->out_d, 1, V, &s->sp, e->q_dev, e->samp_dev, err);
+            if (!st && sample) st = op->sample_dev(e->be, e->q_dev, 1, V, u, ids_d, top_d, err);
+        }
         if (st) return st;
     }
     /* token i + 1 after token i, at position n + i */
     for (int32_t i = 0; i + 1 < k; i++) {
         tdm_batch_clear(b);
         tdm_batch_add(b, 0, n + i, 0, n + i, true); /* (the token is ids_d[i]) */
+        float *top_i = top_d ? top_d + i + 1 : NULL;
         if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, ids_d + i, e->out_d,
-                                        ids_d + i + 1, top_d ? top_d + i + 1 : NULL, err)))
+                                        sample ? NULL : ids_d + i + 1, top_i, err)))
             return st;
+        if (sample) {
+            float *qi = e->q_dev + (size_t)(i + 1) * (size_t)V;
+            if ((st = op->probs_dev(e->be, e->out_d, 1, V, &s->sp, qi, e->samp_dev + i + 1, err))) return st;
+            if ((st = op->sample_dev(e->be, qi, 1, V, u + i + 1, ids_d + i + 1, top_i, err))) return st;
+        }
     }
     *n_forwards = k;
-    int32_t got[2 * TDM_CTRL_MAX_K];
-    if ((st = e->be->ops->download(e->be, got, e->chain_dev, sizeof got, err))) return st;
+    int32_t got[2 * TDM_CTRL_MAX_K], ok[TDM_CTRL_MAX_K];
+    if ((st = op->download(e->be, got, e->chain_dev, sizeof got, err))) return st;
+    if (sample && (st = op->download(e->be, ok, e->samp_dev, (size_t)k * sizeof(int32_t), err))) return st;
     const float *top = (const float *)(got + TDM_CTRL_MAX_K);
     for (int32_t i = 0; i < k; i++) {
-        if (got[i] < 0)
+        if (got[i] < 0 || (sample && !ok[i]))
             return tdm_seterr(err, TANDEM_ERR_FORMAT, "draft model '%s': non-finite logits (NaN or infinity) at position %d",
                               tdm_model_label(e->draft), (int)(n - 1 + i));
         if (i > 0 && s->spec_p_min > 0 && top[i] < s->spec_p_min) break;
@@ -92,6 +111,8 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32
     /* the draft was fed token j at position n + j for j < k - 1: consistent with the
      * chain up to its model-drafted prefix */
     s->n_draft = n + TDM_MIN(*n_model, k - 1);
+    if (sample) tdm_engine_consume(s, *n_model);
+    e->n_q_dev = *n_model; /* q rows of the model's tokens on the device, lookups one-hot */
     return TANDEM_OK;
 }
 
@@ -102,7 +123,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
     const int32_t n = s->n_tokens;
     tandem_status st;
     *n_drafted = *n_model = *n_forwards = 0;
-    if (greedy && e->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K)
+    if ((greedy || e->q_dev) && e->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K)
         return chain_on_device(e, s, k, k_ext, draft, n_drafted, n_model, n_forwards, err);
     /* catch up: rows [n_draft, n) -> the distribution of the token after them */
     if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, TDM_FWD_LOGITS_APPROX, err))) return st;

@@ -15,6 +15,7 @@
 #include "common.h"
 #include "dtype.h"
 #include "kv_cache.h"
+#include "sampling.h"
 
 typedef struct tdm_backend tdm_backend;
 
@@ -221,6 +222,25 @@ typedef struct tdm_backend_ops {
                                   tdm_err *err);
     tandem_status (*argmax_dev)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, float *top,
                                 tdm_err *err);
+    /* Optional (NULL: the engine samples on host copies of the logits): sampling
+     * where the logits are, nothing waits, every pointer but u and draft is backend
+     * memory.
+     * probs_dev: probs[i] = tdm_probs_from_logits(logits[i], sp) up to rounding (the
+     *   same filters, order and ties); ok[i] = 0 for a row with a NaN or infinite
+     *   logit (its probs are then 0), else 1.
+     * sample_dev: ids[i] = the token tdm_sample_probs draws from probs[i] with the
+     *   uniform u[i] (host, n <= 32), -1 when no entry is positive; and, when pmax
+     *   is not NULL, pmax[i] = the row's largest entry.
+     * accept_dev: tdm_accept_sample's rule on p[k + 1][dim] and q[k][dim] (rows i >=
+     *   n_q are one-hot on draft[i] and need not exist), with draft[k] and u[k + 1]
+     *   on the host (u[i] decides draft token i; the emitted token is drawn with the
+     *   next one): out[0] = accepted tokens, out[1] = the emitted token (k <= 32). */
+    tandem_status (*probs_dev)(tdm_backend *b, const float *logits, int32_t n, int32_t dim,
+                               const tdm_sampler_params *sp, float *probs, int32_t *ok, tdm_err *err);
+    tandem_status (*sample_dev)(tdm_backend *b, const float *probs, int32_t n, int32_t dim, const double *u,
+                                int32_t *ids, float *pmax, tdm_err *err);
+    tandem_status (*accept_dev)(tdm_backend *b, const float *p, const float *q, int32_t n_q, const int32_t *draft,
+                                int32_t k, int32_t dim, const double *u, int32_t *out, tdm_err *err);
 } tdm_backend_ops;
 
 struct tdm_backend {

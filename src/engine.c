@@ -179,6 +179,19 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         if ((st = e->be->ops->alloc(e->be, 2 * TDM_CTRL_MAX_K * sizeof(int32_t), &p, err))) goto fail;
         e->chain_dev = p;
     }
+    /* sampling on the device (TANDEM_DEVICE_SAMPLING=0: on host copies of the logits) */
+    const char *ds = getenv("TANDEM_DEVICE_SAMPLING");
+    const tdm_backend_ops *bo = e->be->ops;
+    if (!e->be->host_memory && bo->probs_dev && bo->sample_dev && bo->accept_dev && !(ds && !strcmp(ds, "0"))) {
+        if ((st = bo->alloc(e->be, lbytes, &p, err))) goto fail;
+        e->p_dev = p;
+        if ((st = bo->alloc(e->be, TDM_ENGINE_SAMP_WORDS * sizeof(int32_t), &p, err))) goto fail;
+        e->samp_dev = p;
+        if (e->chain_dev) { /* (q rows on the device come from device draft chains) */
+            if ((st = bo->alloc(e->be, (size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab * sizeof(float), &p, err))) goto fail;
+            e->q_dev = p;
+        }
+    }
     e->probs = tdm_calloc((size_t)(TDM_CTRL_MAX_K + 1) * (size_t)e->n_vocab, sizeof(float));
     e->qprobs = tdm_calloc((size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab, sizeof(float));
     e->tmp = tdm_calloc((size_t)e->n_vocab, sizeof(float));
@@ -209,6 +222,9 @@ void tdm_engine_free(tdm_engine *e) {
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
         if (e->chain_dev) e->be->ops->free(e->be, e->chain_dev);
+        void *dev[] = {e->p_dev, e->q_dev, e->samp_dev};
+        for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
+            if (dev[i]) e->be->ops->free(e->be, dev[i]);
         if (!e->be->host_memory) {
             free(e->logits_t);
             free(e->logits_d);
@@ -251,9 +267,11 @@ tandem_status tdm_engine_forward(tdm_engine *e, bool is_draft, const tdm_batch *
                                  tdm_fwd_kind kind, tdm_err *err) {
     float *out = is_draft ? e->out_d : e->out_t, *host = is_draft ? e->logits_d : e->logits_t;
     const tdm_model *m = is_draft ? e->draft : e->target;
+    const bool on_dev = kind == TDM_FWD_LOGITS_DEV; /* (checked by the device sampling) */
     tandem_status st = tdm_model_forward_ex(m, e->be, is_draft ? &e->kv_d : &e->kv_t, b, seqs,
-                                            is_draft ? &e->fs_d : &e->fs_t, kind, out, e->ids, err);
-    if (st) return st;
+                                            is_draft ? &e->fs_d : &e->fs_t, on_dev ? TDM_FWD_LOGITS : kind, out,
+                                            e->ids, err);
+    if (st || on_dev) return st;
     int32_t nl = tdm_batch_n_logits(b);
     /* the approximate kind is exact logits here (no quantised head on such backends) */
     if (kind != TDM_FWD_ARGMAX && host != out && nl > 0 &&
@@ -326,17 +344,59 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token) {
     return !s->done;
 }
 
-/* The target's next token after a feed with want_last (greedy: its argmax, which
- * the quantised head finds without most logits; sampling: drawn from the logits). */
-static tdm_fwd_kind target_kind(const tdm_seq *s) {
-    return s->sp.temperature <= 0 ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS;
+void tdm_engine_draws(const tdm_seq *s, int32_t n, double *u) {
+    tdm_rng r = s->rng;
+    for (int32_t i = 0; i < n; i++) u[i] = tdm_rng_uniform(&r);
 }
-static int32_t next_token(tdm_engine *e, tdm_seq *s) {
-    if (target_kind(s) == TDM_FWD_ARGMAX) return e->ids[0];
-    return tdm_sample_logits(e->logits_t, e->n_vocab, &s->sp, &e->ss, e->tmp, &s->rng);
+
+void tdm_engine_consume(tdm_seq *s, int32_t n) {
+    for (int32_t i = 0; i < n; i++) (void)tdm_rng_uniform(&s->rng);
+}
+
+tandem_status tdm_engine_check_ok(const tdm_engine *e, bool is_draft, const int32_t *ok, int32_t n, int32_t pos0,
+                                  tdm_err *err) {
+    for (int32_t i = 0; i < n; i++)
+        if (!ok[i])
+            return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity) at position %d",
+                              is_draft ? "draft" : "target", tdm_model_label(is_draft ? e->draft : e->target),
+                              (int)(pos0 + i));
+    return TANDEM_OK;
+}
+
+/* The target's next token after a feed with want_last (greedy: its argmax, which
+ * the quantised head finds without most logits; sampling: drawn from the logits,
+ * on the device where the engine samples there). */
+static tdm_fwd_kind target_kind(const tdm_engine *e, const tdm_seq *s) {
+    if (s->sp.temperature <= 0) return TDM_FWD_ARGMAX;
+    return e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+}
+static tandem_status next_token(tdm_engine *e, tdm_seq *s, int32_t pos, int32_t *tok, tdm_err *err) {
+    const tdm_fwd_kind kind = target_kind(e, s);
+    if (kind == TDM_FWD_ARGMAX) {
+        *tok = e->ids[0];
+        return TANDEM_OK;
+    }
+    if (kind == TDM_FWD_LOGITS) {
+        *tok = tdm_sample_logits(e->logits_t, e->n_vocab, &s->sp, &e->ss, e->tmp, &s->rng);
+        return TANDEM_OK;
+    }
+    const tdm_backend_ops *op = e->be->ops;
+    double u;
+    tdm_engine_draws(s, 1, &u);
+    int32_t got[2];
+    tandem_status st;
+    if ((st = op->probs_dev(e->be, e->out_t, 1, e->n_vocab, &s->sp, e->p_dev, e->samp_dev, err))) return st;
+    if ((st = op->sample_dev(e->be, e->p_dev, 1, e->n_vocab, &u, e->samp_dev + 1, NULL, err))) return st;
+    if ((st = op->download(e->be, got, e->samp_dev, sizeof got, err))) return st;
+    if ((st = tdm_engine_check_ok(e, false, got, 1, pos, err))) return st;
+    tdm_engine_consume(s, 1);
+    *tok = got[1];
+    return got[1] >= 0 ? TANDEM_OK : tdm_seterr(err, TANDEM_ERR_BACKEND, "device sampling drew no token");
 }
 
 _Static_assert(TDM_CTRL_MAX_K == TANDEM_SPEC_K_MAX, "the controller's limit is the public one");
+_Static_assert(TDM_ENGINE_LOGIT_ROWS <= TDM_ENGINE_SAMP_OUT && TDM_ENGINE_SAMP_OUT + 2 <= TDM_ENGINE_SAMP_WORDS,
+               "the device sampling words hold every row's flag and the result");
 _Static_assert(TDM_NGRAM_MIN == TANDEM_SPEC_NGRAM_MIN && TDM_NGRAM_MAX == TANDEM_SPEC_NGRAM_MAX,
                "the n-gram lengths are the public ones");
 
@@ -415,8 +475,9 @@ tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         s->finish = TANDEM_FINISH_LENGTH;
         return TANDEM_OK;
     }
-    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, target_kind(s), err);
-    int32_t tok = st ? -1 : next_token(e, s);
+    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, target_kind(e, s), err);
+    int32_t tok = -1;
+    if (!st) st = next_token(e, s, s->n_prompt - 1, &tok, err);
     if (!st && e->draft) st = tdm_engine_feed(e, s, true, 0, s->n_prompt, false, TDM_FWD_LOGITS, err);
     if (!st) tdm_seq_commit(e, s, tok);
     return st;
@@ -424,8 +485,10 @@ tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
 
 tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     int32_t n = s->n_tokens;
-    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, target_kind(s), err);
-    if (!st) tdm_seq_commit(e, s, next_token(e, s));
+    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, target_kind(e, s), err);
+    int32_t tok = -1;
+    if (!st) st = next_token(e, s, n - 1, &tok, err);
+    if (!st) tdm_seq_commit(e, s, tok);
     return st;
 }
 

@@ -21,6 +21,9 @@
 
 /* Most rows of one forward that want logits (a verification of the longest chain). */
 #define TDM_ENGINE_LOGIT_ROWS (TDM_CTRL_MAX_K + 1)
+/* e->samp_dev: ok flags of up to TDM_ENGINE_LOGIT_ROWS rows, then the output words. */
+#define TDM_ENGINE_SAMP_OUT 40
+#define TDM_ENGINE_SAMP_WORDS 48
 
 typedef struct tdm_engine_cfg {
     int32_t n_threads;
@@ -69,6 +72,15 @@ typedef struct tdm_engine {
                                 tokens, then their top probabilities (as floats), when the
                                 backend keeps argmaxes on the device (draft/chain.c); else
                                 NULL */
+    /* Device sampling (backends with probs_dev, sample_dev and accept_dev; else all
+     * NULL): the processed distributions stay where the logits are and only token
+     * ids come back (engine.c, draft/chain.c, verify/verify.c). */
+    float *p_dev;            /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] backend: target p rows */
+    float *q_dev;            /* [TDM_CTRL_MAX_K][n_vocab] backend: draft q rows */
+    int32_t *samp_dev;       /* [TDM_ENGINE_SAMP_WORDS] backend: ok flags per row, then a
+                                draw or an acceptance result (TDM_ENGINE_SAMP_OUT) */
+    int32_t n_q_dev;         /* leading rows of the chain being verified whose q is in q_dev
+                                (the draft model's); the rest (lookups) are one-hot */
     float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
     float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
     float *tmp;              /* [n_vocab] host scratch */
@@ -112,6 +124,17 @@ typedef struct tdm_seq {
 
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err);
+
+/* Device sampling helpers.  tdm_engine_draws: u[0..n) from a copy of the request's
+ * generator (the generator itself moves on only by tdm_engine_consume, once the
+ * host knows how many draws the device used, so the stream is the one host
+ * sampling would use).  tdm_engine_check_ok: the ok flags of rows [0, n) as
+ * probs_dev wrote them (downloaded into ok), TANDEM_ERR_FORMAT naming the model and
+ * the position of the first row with non-finite logits. */
+void tdm_engine_draws(const tdm_seq *s, int32_t n, double *u);
+void tdm_engine_consume(tdm_seq *s, int32_t n);
+tandem_status tdm_engine_check_ok(const tdm_engine *e, bool is_draft, const int32_t *ok, int32_t n, int32_t pos0,
+                                  tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
 
 /* Runs one whole request. */

@@ -203,13 +203,13 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
                                     const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, const int32_t *tok_dev,
                                     float *logits, int32_t *ids_dev, float *top_dev, tdm_err *err) {
     const tdm_backend_ops *op = be->ops;
-    if (!op->argmax_dev || !ids_dev || !logits)
+    if ((ids_dev && !op->argmax_dev) || !logits)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: backend %s keeps no argmax on the device", op->name);
     int32_t nl;
     tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, tok_dev, &nl, err);
     if (st || nl == 0) return st;
     if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
-    return op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err);
+    return ids_dev ? op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err) : TANDEM_OK;
 }
 
 tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,

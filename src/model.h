@@ -113,6 +113,8 @@ typedef enum tdm_fwd_kind {
     TDM_FWD_LOGITS_APPROX, /* the same from the quantised head (qhead) when the model has
                               one, else exact: for the draft's proposals, where any
                               distribution serves (verification keeps the output exact) */
+    TDM_FWD_LOGITS_DEV,    /* TDM_FWD_LOGITS for the model; the engine leaves them in
+                              backend memory for device sampling (tdm_engine_forward) */
     TDM_FWD_ARGMAX,        /* ids[n_logits] = tdm_argmax_finite of the exact logits (-1
                               for a row with a non-finite logit), from the quantised
                               head's bounds plus a few exact logits when the model has
@@ -126,9 +128,9 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
  * them (the engine's draft chains; backends with argmax_dev): tokens from tok_dev
  * ([n_rows] ids in backend memory) when not NULL, else batch->token (tokens from
  * tok_dev are not checked: an id outside the vocabulary embeds as zeros); for the
- * rows with want_logits, their logits into logits (backend memory, scratch), their
- * argmax into ids_dev and the top softmax probability into top_dev (backend
- * memory, as argmax_dev writes them; top_dev may be NULL). */
+ * rows with want_logits, their logits into logits (backend memory), and, when ids_dev
+ * is not NULL, their argmax into ids_dev and the top softmax probability into top_dev
+ * (backend memory, as argmax_dev writes them; top_dev may be NULL). */
 tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
                                     const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, const int32_t *tok_dev,
                                     float *logits, int32_t *ids_dev, float *top_dev, tdm_err *err);

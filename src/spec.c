@@ -22,6 +22,7 @@ static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, int32_t k_
     if (k <= 0) return 0;
     int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, s->spec_ngram, k, draft);
     if (nd == 0) return 0;
+    e->n_q_dev = 0;
     double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, nd);
     double rate_d = tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k_draft);
     if (rate_ng < rate_d && ++s->n_ngram_skips % TDM_NGRAM_EXPLORE != 0) return 0;
@@ -30,7 +31,8 @@ static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, int32_t k_
 }
 
 void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, int32_t from, int32_t n) {
-    if (s->sp.temperature <= 0) return; /* greedy verification has no q */
+    if (s->sp.temperature <= 0 || e->q_dev) return; /* greedy has no q; device q rows past
+                                                       e->n_q_dev are one-hot already */
     const size_t V = (size_t)e->n_vocab;
     for (int32_t i = from; i < from + n; i++) {
         float *q = e->qprobs + (size_t)i * V;

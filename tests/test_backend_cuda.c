@@ -12,11 +12,15 @@
 
 #include "backend_testutil.h"
 #include "cuda_testutil.h"
+#include "engine.h"
 #include "model.h"
 #include "ref_ops.h"
 #include "sampling.h"
 #include "tandem.h"
+#include "stats.h"
 #include "testutil.h"
+#include "tiny_model.h"
+#include <unistd.h>
 
 #define gpu tdm_cu_test_gpu
 #define put tdm_cu_test_put
@@ -467,6 +471,101 @@ Test(cuda_engine, gpu_mem_budget) {
     tandem_result_free(&r);
     tandem_engine_close(e);
     tandem_model_close(target);
+}
+
+/* ---- sampling on the device: lossless, by a chi-square test ----------------------- */
+
+#define GPU_RUNS 10000
+#define GPU_POS 4
+
+/* counts[pos][token] of GPU_RUNS sampled continuations of prompt */
+static void gpu_counts(tdm_engine *e, const tandem_generate_params *base, const int32_t *prompt, int32_t n_prompt,
+                       uint64_t seed0, int32_t V, uint64_t *counts, tandem_spec_stats *agg) {
+    tdm_err err = {0};
+    for (int r = 0; r < GPU_RUNS; r++) {
+        tandem_generate_params gp = *base;
+        gp.seed = seed0 + (uint64_t)r;
+        gp.max_tokens = GPU_POS;
+        tandem_result res;
+        cr_assert_eq(tdm_engine_generate(e, prompt, n_prompt, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(res.n_tokens, GPU_POS);
+        for (int i = 0; i < GPU_POS; i++) counts[i * V + res.tokens[i]]++;
+        if (agg) {
+            agg->drafted += res.spec.drafted;
+            agg->accepted += res.spec.accepted;
+            agg->ngram_steps += res.spec.ngram_steps;
+        }
+        tandem_result_free(&res);
+    }
+}
+
+/* A random-weight pair on the GPU, sampling on the device: target-only and
+ * speculative sampling (device draft chains, device acceptance) both give the
+ * distribution host sampling gives on the CPU, position by position (two-sample
+ * chi-square, p > 1e-3, fixed seeds). */
+static void check_device_sampling(float temp, int top_k, float top_p, float min_p, int spec_k, int ngram) {
+    tdm_err err = {0};
+    tdm_tiny_cfg tc = tdm_tiny_default(), dc = tdm_tiny_default();
+    tc.n_vocab = 24;
+    dc.n_vocab = 24;
+    dc.seed = 2, dc.n_layer = 1, dc.n_embd = 32, dc.n_head = 2, dc.n_head_kv = 1, dc.n_ff = 64;
+    char *tp = tdm_tiny_model_file(&tc), *dp = tdm_tiny_model_file(&dc);
+    tdm_backend *cpu = NULL, *cu = tdm_cu_test_gpu();
+    cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK);
+    tdm_model *t_cpu, *t_gpu, *d_gpu;
+    cr_assert_eq(tdm_model_load(tp, cpu, &t_cpu, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(tp, cu, &t_gpu, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(dp, cu, &d_gpu, &err), TANDEM_OK, "%s", err.msg);
+    tdm_engine_cfg cfg = {.n_threads = 1};
+    tdm_engine *ref, *plain, *spec;
+    cr_assert_eq(tdm_engine_create(t_cpu, NULL, &cfg, &ref, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create(t_gpu, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create(t_gpu, d_gpu, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert(plain->p_dev && spec->q_dev && spec->chain_dev, "the GPU engines sample on the device");
+    const int32_t V = tc.n_vocab;
+    uint64_t *a = calloc((size_t)(GPU_POS * V), 8), *b = calloc((size_t)(GPU_POS * V), 8),
+             *c = calloc((size_t)(GPU_POS * V), 8);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.temperature = temp;
+    gp.top_k = top_k;
+    gp.top_p = top_p;
+    gp.min_p = min_p;
+    gp.spec_k = spec_k;
+    gp.spec_ngram = ngram;
+    const int32_t prompt[] = {3, 7, 1, 3, 7, 1, 3, 7};
+    tandem_spec_stats agg = {0};
+    gpu_counts(ref, &gp, prompt, 8, 1000000, V, a, NULL);
+    gpu_counts(plain, &gp, prompt, 8, 2000000, V, b, NULL);
+    gpu_counts(spec, &gp, prompt, 8, 3000000, V, c, &agg);
+    const double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
+    printf("device sampling, temp %.2f top_k %d top_p %.2f min_p %.2f k %d ngram %d: acceptance %.3f, %.2f drafted and "
+           "%.2f n-gram steps per run\n",
+           temp, top_k, top_p, min_p, spec_k, ngram, acc, (double)agg.drafted / GPU_RUNS,
+           (double)agg.ngram_steps / GPU_RUNS);
+    cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: both outcomes must occur", acc);
+    for (int i = 0; i < GPU_POS; i++) {
+        const double p1 = tdm_stat_chi2_two_sample(a + i * V, b + i * V, V);
+        const double p2 = tdm_stat_chi2_two_sample(a + i * V, c + i * V, V);
+        printf("  position %d: p-value %.4f (device target-only), %.4f (device speculative)\n", i + 1, p1, p2);
+        cr_assert_gt(p1, 1e-3, "position %d: device sampling differs from host sampling (p = %.2g)", i + 1, p1);
+        cr_assert_gt(p2, 1e-3, "position %d: device speculative sampling differs from host sampling (p = %.2g)", i + 1, p2);
+    }
+    free(a), free(b), free(c);
+    tdm_engine_free(spec);
+    tdm_engine_free(plain);
+    tdm_engine_free(ref);
+    tdm_model_free(d_gpu);
+    tdm_model_free(t_gpu);
+    tdm_model_free(t_cpu);
+    tdm_backend_destroy(cu);
+    tdm_backend_destroy(cpu);
+    unlink(tp), unlink(dp);
+    free(tp), free(dp);
+}
+
+Test(cuda_sampling, lossless_temperature_k3, .timeout = 600) { check_device_sampling(1.0f, 0, 1.0f, 0.0f, 3, 0); }
+Test(cuda_sampling, lossless_filters_ngram_adaptive, .timeout = 600) {
+    check_device_sampling(1.5f, 12, 0.95f, 0.01f, 0, 2);
 }
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

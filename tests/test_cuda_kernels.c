@@ -13,7 +13,10 @@
  *     by op on the GPU and on the CPU, for f16, bf16, q8_0 and q4_0 weights;
  *   - argmax on the device against tdm_argmax_finite, with the top softmax
  *     probability against tdm_top_prob; the embedding of device ids (zeros for an
- *     id outside the vocabulary).
+ *     id outside the vocabulary);
+ *   - sampling on the device: processed distributions against tdm_probs_from_logits
+ *     (temperature, top-k, top-p, min-p, ties), draws against tdm_sample_probs with
+ *     the same uniforms, the acceptance rule against tdm_accept_sample.
  * Without a CUDA device the program reports itself skipped (exit 77). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -22,6 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "accept.h"
 #include "backend_testutil.h"
 #include "cuda_testutil.h"
 #include "model.h"
@@ -424,6 +428,166 @@ Test(cuda_ops, argmax_dev_top_prob_and_device_ids) {
     void *dev[] = {dx, dids, dtop, dwant, demb, dref, (void *)emb_w.data};
     for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
     free(x), free(ids), free(top), free(emb), free(ref), free(wh);
+    tdm_backend_destroy(b);
+}
+
+/* ---- sampling on the device -------------------------------------------------------- */
+
+/* logits[n][V]: random, with ties among the largest values and a flat tail */
+static float *sampling_logits(uint64_t *rng, int32_t n, int32_t V) {
+    float *x = tdm_test_rand_vec(rng, (size_t)n * V, -6, 4);
+    for (int32_t i = 0; i < n; i++) {
+        float *r = x + (size_t)i * V;
+        r[V / 3] = r[V / 2] = r[V - 1] = 7.5f; /* a three-way tie at the top */
+        for (int32_t j = 0; j < 40; j++) r[(j * 977) % V] = 5.0f; /* a tie across the top-k / top-p cuts */
+    }
+    return x;
+}
+
+Test(cuda_sampling, probs_match_the_host_filters) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    const int32_t Vs[] = {32000, 8191};
+    const tdm_sampler_params ps[] = {
+        {1.0f, 0, 1.0f, 0.0f}, {0.7f, 40, 1.0f, 0.0f}, {1.3f, 0, 0.9f, 0.0f}, {0.8f, 50, 0.95f, 0.05f},
+        {1.0f, 0, 1.0f, 0.2f}, {2.0f, 3, 1.0f, 0.0f},  {1.0f, 42, 1.0f, 0.0f}, {0.5f, 0, 0.3f, 0.0f},
+    };
+    uint64_t rng = 21;
+    for (size_t vi = 0; vi < TDM_ARRAY_LEN(Vs); vi++) {
+        const int32_t V = Vs[vi], N = 3;
+        float *x = sampling_logits(&rng, N, V);
+        float *dx = tdm_cu_test_put(b, x, (size_t)N * V * 4), *dp = tdm_cu_test_put(b, NULL, (size_t)N * V * 4);
+        int32_t *dok = tdm_cu_test_put(b, NULL, N * 4);
+        tdm_sampler_scratch ss;
+        OK(tdm_sampler_scratch_init(&ss, V, &err_));
+        float *want = malloc((size_t)V * 4);
+        for (size_t pi = 0; pi < TDM_ARRAY_LEN(ps); pi++) {
+            poison(b, dp, (size_t)N * V);
+            OK(b->ops->probs_dev(b, dx, N, V, &ps[pi], dp, dok, &err_));
+            float *got = tdm_cu_test_get(b, dp, (size_t)N * V * 4);
+            int32_t *ok = tdm_cu_test_get(b, dok, N * 4);
+            for (int32_t i = 0; i < N; i++) {
+                tdm_probs_from_logits(x + (size_t)i * V, V, &ps[pi], &ss, want);
+                const float *g = got + (size_t)i * V;
+                int32_t kept = 0;
+                for (int32_t j = 0; j < V; j++) {
+                    cr_assert_eq(g[j] > 0, want[j] > 0, "V %d params %zu row %d: token %d kept %d on the device, %d on the host",
+                                 V, pi, i, j, g[j] > 0, want[j] > 0);
+                    kept += want[j] > 0;
+                }
+                double e = ref_nrm_err(g, want, (size_t)V);
+                cr_assert(e < 1e-5, "V %d params %zu row %d: normalised error %g (%d kept)", V, pi, i, e, kept);
+                cr_assert_eq(ok[i], 1);
+            }
+            free(got), free(ok);
+        }
+        /* a NaN row is flagged, its probabilities 0 */
+        x[5] = NAN;
+        float *dx2 = tdm_cu_test_put(b, x, (size_t)V * 4);
+        OK(b->ops->probs_dev(b, dx2, 1, V, &ps[0], dp, dok, &err_));
+        int32_t *ok = tdm_cu_test_get(b, dok, 4);
+        cr_assert_eq(ok[0], 0);
+        free(ok);
+        void *dev[] = {dx, dp, dok, dx2};
+        for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+        tdm_sampler_scratch_free(&ss);
+        free(x), free(want);
+    }
+    tdm_backend_destroy(b);
+}
+
+/* The same uniform draws the same token as tdm_sample_probs (ties of the cumulative
+ * sums at a boundary aside, which random uniforms do not hit). */
+Test(cuda_sampling, draws_match_tdm_sample_probs) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    enum { V = 5000, N = 32 };
+    uint64_t rng = 5;
+    float *p = tdm_test_rand_vec(&rng, (size_t)N * V, 0, 1);
+    for (int32_t i = 0; i < N; i++)
+        for (int32_t j = 0; j < V; j++)
+            if ((j * 7 + i) % 5 != 0) p[(size_t)i * V + j] = 0.0f; /* sparse rows, unnormalised */
+    float *dp = tdm_cu_test_put(b, p, (size_t)N * V * 4), *dmax = tdm_cu_test_put(b, NULL, N * 4);
+    int32_t *dids = tdm_cu_test_put(b, NULL, N * 4);
+    for (int rep = 0; rep < 20; rep++) {
+        tdm_rng r;
+        tdm_rng_seed(&r, 100 + (uint64_t)rep);
+        double u[N];
+        int32_t want[N];
+        for (int32_t i = 0; i < N; i++) {
+            tdm_rng c = r;
+            u[i] = tdm_rng_uniform(&c);
+            want[i] = tdm_sample_probs(p + (size_t)i * V, V, &r);
+        }
+        OK(b->ops->sample_dev(b, dp, N, V, u, dids, dmax, &err_));
+        int32_t *ids = tdm_cu_test_get(b, dids, N * 4);
+        float *mx = tdm_cu_test_get(b, dmax, N * 4);
+        for (int32_t i = 0; i < N; i++) {
+            cr_assert_eq(ids[i], want[i], "rep %d row %d: device %d, host %d (u %.17g)", rep, i, ids[i], want[i], u[i]);
+            float m = 0;
+            for (int32_t j = 0; j < V; j++) m = fmaxf(m, p[(size_t)i * V + j]);
+            cr_assert_eq(mx[i], m);
+        }
+        free(ids), free(mx);
+    }
+    void *dev[] = {dp, dmax, dids};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(p);
+    tdm_backend_destroy(b);
+}
+
+/* The acceptance rule with the uniforms tdm_accept_sample would draw: the same
+ * accepted count and emitted token (chains of model rows, one-hot rows, rejections,
+ * full acceptance). */
+Test(cuda_sampling, acceptance_matches_tdm_accept_sample) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    enum { V = 300, K = 6 };
+    uint64_t rng = 77;
+    float *p = malloc((size_t)(K + 1) * V * 4), *q = malloc((size_t)K * V * 4), *qh = malloc((size_t)K * V * 4);
+    float *dp = tdm_cu_test_put(b, NULL, (size_t)(K + 1) * V * 4), *dq = tdm_cu_test_put(b, NULL, (size_t)K * V * 4);
+    int32_t *dout = tdm_cu_test_put(b, NULL, 8);
+    int outcomes[K + 1] = {0};
+    for (int rep = 0; rep < 300; rep++) {
+        const int32_t k = 1 + rep % K, n_q = rep % 3 == 0 ? k / 2 : k; /* rows >= n_q one-hot */
+        for (int32_t r = 0; r <= k; r++) {
+            double s = 0;
+            for (int32_t j = 0; j < V; j++) s += p[r * V + j] = powf(tdm_test_randf(&rng, 0, 1), 6.0f);
+            for (int32_t j = 0; j < V; j++) p[r * V + j] = (float)(p[r * V + j] / s);
+        }
+        int32_t draft[K];
+        for (int32_t r = 0; r < k; r++) {
+            double s = 0;
+            for (int32_t j = 0; j < V; j++) /* q close to p, so chains get accepted */
+                s += q[r * V + j] = p[r * V + j] * tdm_test_randf(&rng, 0.5f, 1.5f) + 1e-4f;
+            for (int32_t j = 0; j < V; j++) q[r * V + j] = (float)(q[r * V + j] / s);
+            /* the draft token: likely under q */
+            int32_t best = 0;
+            for (int32_t j = 0; j < V; j++) best = q[r * V + j] * tdm_test_randf(&rng, 0, 1) > q[r * V + best] * 0.5f ? j : best;
+            draft[r] = best;
+        }
+        memcpy(qh, q, (size_t)k * V * 4);
+        for (int32_t r = n_q; r < k; r++) { /* one-hot rows on the host side */
+            memset(qh + r * V, 0, (size_t)V * 4);
+            qh[r * V + draft[r]] = 1.0f;
+        }
+        OK(b->ops->upload(b, dp, p, (size_t)(k + 1) * V * 4, &err_));
+        OK(b->ops->upload(b, dq, q, (size_t)k * V * 4, &err_));
+        tdm_rng r0;
+        tdm_rng_seed(&r0, 9000 + (uint64_t)rep);
+        tdm_rng rc = r0;
+        double u[K + 1];
+        for (int32_t i = 0; i <= k; i++) u[i] = tdm_rng_uniform(&rc);
+        int32_t next;
+        const int32_t acc = tdm_accept_sample(draft, k, p, qh, V, &r0, NULL, &next);
+        OK(b->ops->accept_dev(b, dp, dq, n_q, draft, k, V, u, dout, &err_));
+        int32_t *out = tdm_cu_test_get(b, dout, 8);
+        cr_assert(out[0] == acc && out[1] == next, "rep %d (k %d, %d q rows): device %d / %d, host %d / %d", rep, k,
+                  n_q, out[0], out[1], acc, next);
+        outcomes[acc == k ? K : acc]++;
+        free(out);
+    }
+    cr_assert(outcomes[0] > 0 && outcomes[K] > 0, "both rejections and full acceptance");
+    void *dev[] = {dp, dq, dout};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(p), free(q), free(qh);
     tdm_backend_destroy(b);
 }
 

@@ -25,13 +25,32 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
     tdm_batch_clear(b);
     tdm_batch_add(b, s->tokens[n - 1], n - 1, 0, n - 1, true);
     for (int32_t i = 0; i < k; i++) tdm_batch_add(b, draft[i], n + i, 0, n + i, true);
-    const bool greedy = s->sp.temperature <= 0;
+    const bool greedy = s->sp.temperature <= 0, on_dev = !greedy && e->q_dev;
     /* greedy needs only each row's argmax, which the quantised head finds exactly */
-    if ((st = tdm_engine_forward(e, false, b, seqs, greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, err))) return st;
+    const tdm_fwd_kind kind = greedy ? TDM_FWD_ARGMAX : on_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    if ((st = tdm_engine_forward(e, false, b, seqs, kind, err))) return st;
 
     int32_t acc, next;
     if (greedy) {
         acc = tdm_accept_greedy(draft, k, e->ids, &next);
+    } else if (on_dev) {
+        /* p rows and the acceptance rule on the device, with the draws the host rule
+         * would make: one per decision, one for the emitted token */
+        const tdm_backend_ops *op = e->be->ops;
+        double u[TDM_CTRL_MAX_K + 1];
+        tdm_engine_draws(s, k + 1, u);
+        int32_t *out = e->samp_dev + TDM_ENGINE_SAMP_OUT;
+        if ((st = op->probs_dev(e->be, e->out_t, k + 1, V, &s->sp, e->p_dev, e->samp_dev, err))) return st;
+        if ((st = op->accept_dev(e->be, e->p_dev, e->q_dev, TDM_MIN(e->n_q_dev, k), draft, k, V, u, out, err)))
+            return st;
+        int32_t got[TDM_ENGINE_SAMP_WORDS];
+        if ((st = op->download(e->be, got, e->samp_dev, sizeof got, err))) return st;
+        if ((st = tdm_engine_check_ok(e, false, got, k + 1, n - 1, err))) return st;
+        acc = got[TDM_ENGINE_SAMP_OUT];
+        next = got[TDM_ENGINE_SAMP_OUT + 1];
+        if (acc < 0 || acc > k || next < 0 || next >= V)
+            return tdm_seterr(err, TANDEM_ERR_BACKEND, "device acceptance gave %d accepted, token %d", (int)acc, (int)next);
+        tdm_engine_consume(s, acc < k ? acc + 2 : k + 1);
     } else {
         for (int32_t i = 0; i <= k; i++)
             tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss,

@@ -274,6 +274,9 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .mem_peak = */ cu_mem_peak,
     /* .get_rows_dev = */ tdm_cuda_get_rows_dev,
     /* .argmax_dev = */ tdm_cuda_argmax_dev,
+    /* .probs_dev = */ tdm_cuda_probs_dev,
+    /* .sample_dev = */ tdm_cuda_sample_dev,
+    /* .accept_dev = */ tdm_cuda_accept_dev,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

@@ -179,6 +179,14 @@ tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 tandem_status tdm_cuda_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
 tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err);
+/* Device sampling (cuda_sample.cu); accept_dev takes chains of up to this many. */
+#define TDM_CUDA_ACCEPT_MAX_K 32
+tandem_status tdm_cuda_probs_dev(tdm_backend *b, const float *logits, int32_t n, int32_t dim,
+                                 const tdm_sampler_params *sp, float *probs, int32_t *ok, tdm_err *err);
+tandem_status tdm_cuda_sample_dev(tdm_backend *b, const float *probs, int32_t n, int32_t dim, const double *u,
+                                  int32_t *ids, float *pmax, tdm_err *err);
+tandem_status tdm_cuda_accept_dev(tdm_backend *b, const float *p, const float *q, int32_t n_q, const int32_t *draft,
+                                  int32_t k, int32_t dim, const double *u, int32_t *out, tdm_err *err);
 tandem_status tdm_cuda_get_rows_dev(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n, float *out,
                                     tdm_err *err);
 tandem_status tdm_cuda_argmax_dev(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, float *top,
