@@ -293,7 +293,8 @@ __global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n
 static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
     const int32_t n = bt->n_rows, max_q = tdm_flash_max_q(n);
-    const int32_t gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
+    const int32_t gh =
+        tdm_flash_tc_use(a->head_dim, n) ? 1 : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &bytes, err);
     if (st) return st;

@@ -22,6 +22,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_fused.h"
 #include "cuda_quant.cuh"
@@ -293,8 +295,15 @@ template <int HD> static tandem_status launch_hd(tdm_cuda *c, const tdm_flash_ar
     return launch_flash<HD, TDM_FLASH_QMAX>(c, a, grid, gh, err);
 }
 
+bool tdm_flash_tc_use(int32_t head_dim, int32_t n_rows) {
+    if (!tdm_flash_tc_ok(head_dim, n_rows)) return false;
+    const char *v = getenv("TANDEM_FLASH_TC"); /* (prefill forwards only: cheap) */
+    return v && strcmp(v, "1") == 0;
+}
+
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err) {
     if (a->n_rows <= 0) return TANDEM_OK;
+    if (a->heads_per_block == 1 && tdm_flash_tc_use(a->head_dim, a->n_rows)) return tdm_cuda_flash_tc(c, a, err);
     const int32_t gh = a->heads_per_block;
     if (gh <= 0 || (a->n_head / a->n_kv_head) % gh != 0 || a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: %d rows x %d heads per tile", (int)a->tile_rows,

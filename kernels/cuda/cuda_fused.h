@@ -92,6 +92,16 @@ bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_ty
 /* Floats of partials the attention needs. */
 size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, int32_t head_dim);
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err);
+/* Whether a batch of n_rows attends on tensor cores (cuda_flash_tc.cu): with
+ * TANDEM_FLASH_TC=1, for more rows than a verification (prefill chunks) and
+ * head_dim 64, 80, 96, 128 or 256; its tiles must then be made with one head per
+ * block (tdm_flash_heads_per_block's callers pass 1).  Off by default: this first
+ * tensor-core kernel (one warp per 16 rows and head, K / V staged per warp) measured
+ * 9-13 % slower prefills than the f32 tiles, which share K / V across 16 query
+ * vectors (bench/RESULTS.md). */
+bool tdm_flash_tc_use(int32_t head_dim, int32_t n_rows);
+bool tdm_flash_tc_ok(int32_t head_dim, int32_t n_rows);
+tandem_status tdm_cuda_flash_tc(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err);
 
 /* Fused row kernels (cuda_fused.cu).  type: the output's element type; TDM_Q8_0
  * writes int8 blocks into xq instead of out. */
