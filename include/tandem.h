@@ -222,6 +222,9 @@ typedef struct tandem_spec_stats {
 } tandem_spec_stats;
 
 typedef struct tandem_result {
+    tandem_status status;   /* TANDEM_OK; in tandem_generate_batch's results, the error that
+                               ended this request alone (message in error) */
+    char *error;            /* that error's message (malloc'ed), NULL when status is OK */
     int32_t *tokens;        /* generated tokens (malloc'ed; freed by tandem_result_free) */
     size_t n_tokens;
     char *text;             /* generated text, NUL-terminated (malloc'ed) */
@@ -243,6 +246,31 @@ tandem_status tandem_generate_ids(tandem_engine *engine, const int32_t *prompt, 
                                   const tandem_generate_params *params, tandem_result *out);
 
 void tandem_result_free(tandem_result *result);
+
+/* One request of a batch (tandem_generate_batch). */
+typedef struct tandem_request {
+    const char *prompt;            /* text (BOS added as the model asks); NULL: prompt_ids */
+    const int32_t *prompt_ids;     /* [n_prompt_ids], used as given when prompt is NULL */
+    size_t n_prompt_ids;
+    tandem_generate_params params; /* this request's parameters (start from
+                                      tandem_generate_default_params()); its on_token is
+                                      called on the calling thread as its tokens commit */
+} tandem_request;
+
+/* Runs n requests together with continuous batching: up to the engine's n_seq_max
+ * sequences decode at once, each step one forward of the target over all of them
+ * (rows computed as each alone, so greedy output equals tandem_generate's); a
+ * finished request leaves at once, frees its KV blocks, and the next one (in array
+ * order) takes its place.  With a draft, a greedy request decodes speculatively
+ * while it runs alone; sampled requests always step target-only, so a request's
+ * tokens never depend on the others in the batch (same seed, same tokens).
+ * results[i] (free each with tandem_result_free) is request i's result; a request
+ * with a bad prompt or parameters, or that finds no free KV blocks, fails alone:
+ * its status and error say why, the others complete.  Returns TANDEM_OK when every
+ * request ran (whatever its own status), TANDEM_ERR_INVALID_ARG for NULL
+ * arguments.  Not thread-safe on one engine (as tandem_generate). */
+tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request *requests, size_t n,
+                                    tandem_result *results);
 
 #ifdef __cplusplus
 }

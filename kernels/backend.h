@@ -254,6 +254,9 @@ struct tdm_backend {
                           the output head as well */
     uint32_t kv_type;  /* element type of the K/V caches engines make here (TDM_F32 = 0
                           on the CPU, TDM_F16 on the GPU) */
+    int32_t invariant_rows; /* rows up to which every row of a forward is computed as it
+                               would be alone (0 = any number: the CPU; 16 on the GPU,
+                               whose larger batches take cuBLAS) */
     void *impl;
 };
 

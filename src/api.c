@@ -325,9 +325,52 @@ tandem_status tandem_generate(tandem_engine *engine, const char *prompt, const t
     return st;
 }
 
+tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request *reqs, size_t n,
+                                    tandem_result *results) {
+    if (!engine || (n && (!reqs || !results))) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    if (n > INT32_MAX) return fail_msg(TANDEM_ERR_INVALID_ARG, "more than INT32_MAX requests");
+    if (n == 0) return TANDEM_OK;
+    int32_t **ids = calloc(n, sizeof *ids), *lens = calloc(n, sizeof *lens);
+    tandem_generate_params *ps = calloc(n, sizeof *ps);
+    if (!ids || !lens || !ps) {
+        free(ids), free(lens), free(ps);
+        return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        memset(&results[i], 0, sizeof results[i]);
+        ps[i] = reqs[i].params;
+        size_t len = 0;
+        tandem_status st = TANDEM_OK;
+        if (reqs[i].prompt) {
+            st = tandem_tokenize(engine->target, reqs[i].prompt, strlen(reqs[i].prompt), true, &ids[i], &len);
+        } else if (!reqs[i].prompt_ids && reqs[i].n_prompt_ids) {
+            st = fail_msg(TANDEM_ERR_INVALID_ARG, "NULL prompt_ids with n_prompt_ids > 0");
+        } else if (reqs[i].n_prompt_ids > INT32_MAX) {
+            st = fail_msg(TANDEM_ERR_INVALID_ARG, "prompt too long");
+        } else {
+            ids[i] = malloc(TDM_MAX(reqs[i].n_prompt_ids, 1) * sizeof(int32_t));
+            if (!ids[i]) st = fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+            else if (reqs[i].n_prompt_ids) memcpy(ids[i], reqs[i].prompt_ids, reqs[i].n_prompt_ids * sizeof(int32_t));
+            len = reqs[i].n_prompt_ids;
+        }
+        if (st) { /* fails alone */
+            results[i].status = st;
+            results[i].error = strdup(tandem_last_error());
+            lens[i] = -1;
+        } else {
+            lens[i] = (int32_t)len;
+        }
+    }
+    tandem_status st = tdm_engine_generate_batch(engine->e, (const int32_t *const *)ids, lens, ps, (int32_t)n, results);
+    for (size_t i = 0; i < n; i++) free(ids[i]);
+    free(ids), free(lens), free(ps);
+    return st;
+}
+
 void tandem_result_free(tandem_result *r) {
     if (!r) return;
     free(r->tokens);
     free(r->text);
+    free(r->error);
     memset(r, 0, sizeof *r);
 }

@@ -511,32 +511,32 @@ tandem_status tdm_engine_generate(tdm_engine *e, const int32_t *prompt, int32_t 
     double t1 = tdm_now();
     while (!st && !s.done) st = tdm_seq_step(e, &s, err);
     double t2 = tdm_now();
-    if (st) {
-        tdm_seq_release(e, &s);
-        return st;
-    }
-    int32_t n_gen = s.n_tokens - s.n_prompt;
+    if (!st) st = tdm_seq_result(e, &s, (t1 - t0) * 1e3, (t2 - t1) * 1e3, res, err);
+    tdm_seq_release(e, &s);
+    return st;
+}
+
+tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,
+                             tdm_err *err) {
+    int32_t n_gen = s->n_tokens - s->n_prompt;
     res->tokens = tdm_mallocarray((size_t)TDM_MAX(n_gen, 1), sizeof(int32_t));
-    if (!res->tokens) {
-        tdm_seq_release(e, &s);
-        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
-    }
-    memcpy(res->tokens, s.tokens + s.n_prompt, (size_t)n_gen * sizeof(int32_t));
+    if (!res->tokens) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    memcpy(res->tokens, s->tokens + s->n_prompt, (size_t)n_gen * sizeof(int32_t));
+    res->status = TANDEM_OK;
     res->n_tokens = (size_t)n_gen;
-    res->text = s.text;
-    s.text = NULL;
-    res->n_prompt_tokens = (size_t)n_prompt;
-    res->finish_reason = s.finish;
-    res->prefill_ms = n_gen > 0 ? (t1 - t0) * 1e3 : 0.0; /* no token: nothing ran */
-    res->decode_ms = n_gen > 1 ? (t2 - t1) * 1e3 : 0.0;  /* the first token is the prefill's */
-    res->spec = s.spec;
+    res->text = s->text;
+    s->text = NULL;
+    res->n_prompt_tokens = (size_t)s->n_prompt;
+    res->finish_reason = s->finish;
+    res->prefill_ms = n_gen > 0 ? prefill_ms : 0.0; /* no token: nothing ran */
+    res->decode_ms = n_gen > 1 ? decode_ms : 0.0;   /* the first token is the prefill's */
+    res->spec = s->spec;
     if (res->spec.drafted) res->spec.acceptance_rate = (double)res->spec.accepted / (double)res->spec.drafted;
     if (res->spec.steps) res->spec.mean_accepted = (double)res->spec.accepted / (double)res->spec.steps;
     if (e->draft) {
         double other = res->decode_ms - res->spec.draft_ms - res->spec.verify_ms;
         res->spec.other_ms = other > 0 ? other : 0;
     }
-    tdm_seq_release(e, &s);
     return TANDEM_OK;
 }
 

@@ -23,7 +23,8 @@
 #define TDM_ENGINE_LOGIT_ROWS (TDM_CTRL_MAX_K + 1)
 /* e->samp_dev: ok flags of up to TDM_ENGINE_LOGIT_ROWS rows, then the output words. */
 #define TDM_ENGINE_SAMP_OUT 40
-#define TDM_ENGINE_SAMP_WORDS 48
+#define TDM_ENGINE_SAMP_IDS 64 /* (the scheduler's tokens of one batched step) */
+#define TDM_ENGINE_SAMP_WORDS 128
 
 typedef struct tdm_engine_cfg {
     int32_t n_threads;
@@ -140,6 +141,17 @@ void tdm_engine_free(tdm_engine *e);
 /* Runs one whole request. */
 tandem_status tdm_engine_generate(tdm_engine *e, const int32_t *prompt, int32_t n_prompt,
                                   const tandem_generate_params *gp, tandem_result *res, tdm_err *err);
+
+/* Runs n requests with continuous batching (src/sched.c; tandem_generate_batch's
+ * contract): res[i] for request i, its status and error set when it failed alone.
+ * A request with n_prompts[i] < 0 already failed (res[i] is set) and is skipped. */
+tandem_status tdm_engine_generate_batch(tdm_engine *e, const int32_t *const *prompts, const int32_t *n_prompts,
+                                        const tandem_generate_params *params, int32_t n, tandem_result *res);
+
+/* Fills res from a finished sequence (tokens, text: moved out of s, timings in
+ * milliseconds, speculation statistics). */
+tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,
+                             tdm_err *err);
 
 /* The request loop in pieces (tdm_engine_generate = init, prefill, step until
  * done, release).  tdm_seq_init validates the request; tdm_seq_prefill runs the

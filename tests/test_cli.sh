@@ -606,5 +606,22 @@ grep -q "^llama2-7b q4_0, 291 tensors, 6738415616 parameters" "$TMP/dry" &&
     pass "synth --dry-run llama2-7b q4_0: 291 tensors, 6738415616 parameters" ||
     fail "synth --dry-run llama2-7b: $(cat "$TMP/dry")"
 
+# --batch: the same tokens, in input order, as one prompt at a time; a bad prompt
+# fails alone (named by file:line, exit 1), the others still print
+head -n 12 "$DATA/prompts-dev.jsonl" >"$TMP/p12.jsonl"
+tokens() { sed -E 's/.*"id": ([0-9]+).*"tokens": (\[[^]]*\]).*/\1 \2/'; }
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json 2>/dev/null | tokens >"$TMP/b1"
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --batch 5 2>/dev/null | tokens >"$TMP/b5"
+[ -s "$TMP/b1" ] && cmp -s "$TMP/b1" "$TMP/b5" && pass "generate --batch 5: the tokens of one at a time, in order" ||
+    fail "generate --batch 5 differs: $(diff "$TMP/b1" "$TMP/b5" | head -c 300)"
+long=$(yes 'def f(): pass' | head -n 1500 | tr '\n' ' ')
+{ head -n 2 "$TMP/p12.jsonl"; echo "{\"id\": 99, \"prompt\": \"$long\"}"; sed -n 3p "$TMP/p12.jsonl"; } >"$TMP/pbad.jsonl"
+"$TANDEM" generate -m "$TARGET" --prompts "$TMP/pbad.jsonl" -n 4 --json --batch 4 >"$TMP/out" 2>"$TMP/err"
+[ $? -eq 1 ] && pass "generate --batch: a bad prompt exits 1" || fail "generate --batch: a bad prompt: exit not 1"
+expect_err "pbad.jsonl:3: prompt of" "generate --batch: a prompt longer than the context"
+[ "$(wc -l <"$TMP/out")" -eq 3 ] && pass "generate --batch: the other three prompts still print" ||
+    fail "generate --batch: $(wc -l <"$TMP/out") result lines"
+expect_exit 2 "generate --batch 0" "$TANDEM" generate -m "$TARGET" -p x --batch 0
+
 echo "# $n_pass passed, $n_fail failed"
 [ "$n_fail" -eq 0 ]

@@ -321,6 +321,7 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     b->n_threads = 1;
     b->int8_dot = false;
     b->host_memory = false;
+    b->invariant_rows = TDM_CUDA_GEMV_MAX_ROWS;
     b->any_layout = true;
     b->kv_type = TDM_F16;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

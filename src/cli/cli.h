@@ -15,6 +15,7 @@
 
 #include "tandem.h"
 
+#define CLI_BATCH_MAX 1024 /* --batch at most */
 #define CLI_EXIT_OK 0
 #define CLI_EXIT_ERROR 1
 #define CLI_EXIT_USAGE 2

@@ -15,6 +15,7 @@ typedef struct gen_opts {
     int threads;             /* 0 = all cores */
     tandem_backend_kind backend;
     size_t gpu_mem;          /* 0 = no budget */
+    int batch;               /* requests decoding at once (default 1) */
     int spec_k;              /* 0 = adaptive */
     int spec_k_max;          /* 0 = library default */
     int spec_ngram;          /* 0 = off; default: the library's */
@@ -40,7 +41,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     tandem_generate_params d = tandem_generate_default_params();
     *o = (gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
-                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram};
+                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram, .batch = 1};
     const char *spec_opt = NULL; /* the first speculation option given: needs -d */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -64,6 +65,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
+        else if (TAKE(NULL, "--batch")) ok = cli_parse_int(a, v, 1, CLI_BATCH_MAX, &o->batch);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--p-min")) ok = cli_parse_float(a, v, 0, 1, &o->p_min);
@@ -130,9 +132,8 @@ static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool h
     fputc('\n', stderr);
 }
 
-/* Runs one prompt; returns a tandem_status (the error is left in tandem_last_error). */
-static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
-                                const gen_opts *o, const cli_prompt *p, tandem_result *res) {
+/* A prompt's generation parameters: its own fields over the command line's. */
+static tandem_generate_params prompt_params(const gen_opts *o, const cli_prompt *p) {
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = p->has_max_tokens ? p->max_tokens : o->max_tokens;
     gp.temperature = p->has_temperature ? p->temperature : o->temp;
@@ -145,6 +146,13 @@ static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
     if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
     gp.spec_p_min = o->p_min;
     gp.spec_ngram = o->spec_ngram;
+    return gp;
+}
+
+/* Runs one prompt; returns a tandem_status (the error is left in tandem_last_error). */
+static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
+                                const gen_opts *o, const cli_prompt *p, tandem_result *res) {
+    tandem_generate_params gp = prompt_params(o, p);
     stream_state st = {0};
     if (!o->json) {
         gp.on_token = on_token_print;
@@ -175,6 +183,59 @@ static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
         fflush(stdout);
     }
     return s;
+}
+
+/* --batch N: every prompt through tandem_generate_batch (N decoding at once); the
+ * results in input order as they would print one by one, a failed prompt's error
+ * named by file:line without stopping the others (exit 1 if any failed). */
+static int run_batch(tandem_engine *eng, const tandem_model *target, const gen_opts *o, const cli_prompts *prompts,
+                     bool has_draft) {
+    const size_t n = prompts->n;
+    tandem_request *req = calloc(n ? n : 1, sizeof *req);
+    tandem_result *res = calloc(n ? n : 1, sizeof *res);
+    int32_t **ids = calloc(n ? n : 1, sizeof *ids);
+    if (!req || !res || !ids) {
+        free(req), free(res), free(ids);
+        return cli_error("out of memory");
+    }
+    for (size_t i = 0; i < n; i++) {
+        const cli_prompt *p = &prompts->items[i];
+        req[i].params = prompt_params(o, p);
+        if (memchr(p->text, '\0', p->len) == NULL) {
+            req[i].prompt = p->text;
+        } else { /* NUL bytes: tokenized with its length (BOS as the model asks) */
+            size_t m = 0;
+            if (tandem_tokenize(target, p->text, p->len, true, &ids[i], &m) != TANDEM_OK) ids[i] = NULL, m = 0;
+            req[i].prompt_ids = ids[i];
+            req[i].n_prompt_ids = m;
+        }
+    }
+    int rc = CLI_EXIT_OK;
+    tandem_status s = tandem_generate_batch(eng, req, n, res);
+    if (s != TANDEM_OK) rc = cli_status_error(s, NULL);
+    for (size_t i = 0; i < n && s == TANDEM_OK; i++) {
+        const cli_prompt *p = &prompts->items[i];
+        if (res[i].status != TANDEM_OK) {
+            fprintf(stderr, "error: %s:%d: %s\n", o->prompts_file ? o->prompts_file : "", p->line,
+                    res[i].error ? res[i].error : tandem_status_str(res[i].status));
+            rc = CLI_EXIT_ERROR;
+            continue;
+        }
+        if (o->json) {
+            print_json_result(p, &res[i], has_draft);
+        } else {
+            fputs(res[i].text ? res[i].text : "", stdout);
+            fputc('\n', stdout);
+            fflush(stdout);
+            print_speed_line(p, &res[i], has_draft);
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        tandem_result_free(&res[i]);
+        tandem_free(ids[i]);
+    }
+    free(req), free(res), free(ids);
+    return rc;
 }
 
 int cli_generate(int argc, char **argv) {
@@ -209,6 +270,7 @@ int cli_generate(int argc, char **argv) {
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = o.threads;
     ep.gpu_mem = o.gpu_mem;
+    ep.n_seq_max = o.batch;
     s = tandem_engine_open(target, draft, &ep, &eng);
     if (s != TANDEM_OK) {
         rc = cli_status_error(s, NULL);
@@ -216,6 +278,10 @@ int cli_generate(int argc, char **argv) {
     }
 
     rc = CLI_EXIT_OK;
+    if (o.batch > 1) {
+        rc = run_batch(eng, target, &o, &prompts, draft != NULL);
+        goto done;
+    }
     for (size_t i = 0; i < prompts.n; i++) {
         const cli_prompt *p = &prompts.items[i];
         tandem_result res;

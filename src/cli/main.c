@@ -43,6 +43,8 @@ static const char usage_text[] =
     "      --seed S          sampling seed, 0 <= S <= 2^64-1 (default 0)\n"
     "  -t, --threads N       CPU threads, 0.." STR(TANDEM_THREADS_MAX) ", 0 = all cores (default 0)\n"
     "      --backend B       cpu or cuda (default cpu)\n"
+    "      --batch N         decode N prompts at once (continuous batching), 1.." STR(CLI_BATCH_MAX) " (default 1);\n"
+    "                        results print in input order; a failed prompt does not stop the others\n"
     "      --gpu-mem SIZE    device memory budget (e.g. 24G): weights, buffers, and the KV cache\n"
     "                        in what is left (cuda only; default: a cache for one full context)\n"
     "      --json            one JSON object per prompt on stdout\n"

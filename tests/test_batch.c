@@ -1,0 +1,205 @@
+/* test_batch.c - tandem_generate_batch, the continuous-batching scheduler:
+ *   - greedy outputs over the prompts-dev prompts with 1, 8 and 32 sequences at
+ *     a time equal one-at-a-time tandem_generate_ids, target-only and with a draft
+ *     (whose lone sequences step speculatively);
+ *   - sampled outputs do not depend on the batch (same seed, same tokens);
+ *   - a bad request fails alone with its message; a request that finds no KV
+ *     blocks fails alone, and every block comes back (a later batch that needs the
+ *     whole pool runs).
+ * The sanitizer build runs every fourth prompt. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tandem.h"
+#include "testutil.h"
+
+#define N_NEW 32
+
+static tandem_model *open_model(const char *name) {
+    tandem_model *m = NULL;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path(name), NULL, &m), TANDEM_OK, "%s", tandem_last_error());
+    return m;
+}
+
+static tandem_engine *open_engine(tandem_model *t, tandem_model *d, int n_seq, size_t kv_bytes) {
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 2;
+    ep.n_seq_max = n_seq;
+    ep.kv_bytes = kv_bytes;
+    tandem_engine *e = NULL;
+    cr_assert_eq(tandem_engine_open(t, d, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+    return e;
+}
+
+/* The prompts (every fourth in a sanitizer build) as token ids. */
+typedef struct prompt_set {
+    int32_t **ids;
+    size_t *n;
+    size_t count;
+} prompt_set;
+
+static prompt_set load_prompts(void) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    prompt_set p = {calloc(n_lines, sizeof(int32_t *)), calloc(n_lines, sizeof(size_t)), 0};
+    const size_t step = tdm_test_sanitized() ? 4 : 1;
+    for (size_t li = 0; li < n_lines; li += step) {
+        p.ids[p.count] = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &p.n[p.count]);
+        p.count++;
+    }
+    tdm_test_jsonl_free(refs, n_lines);
+    return p;
+}
+
+static void free_prompts(prompt_set *p) {
+    for (size_t i = 0; i < p->count; i++) free(p->ids[i]);
+    free(p->ids);
+    free(p->n);
+}
+
+static tandem_request *requests(const prompt_set *p, const tandem_generate_params *gp, bool seeds) {
+    tandem_request *r = calloc(p->count, sizeof *r);
+    for (size_t i = 0; i < p->count; i++) {
+        r[i].prompt_ids = p->ids[i];
+        r[i].n_prompt_ids = p->n[i];
+        r[i].params = *gp;
+        if (seeds) r[i].params.seed = 1000 + i;
+    }
+    return r;
+}
+
+static void same_tokens(const tandem_result *a, const tandem_result *b, const char *what, size_t i) {
+    cr_assert_eq(b->status, TANDEM_OK, "%s, request %zu: %s", what, i, b->error ? b->error : "");
+    cr_assert(a->n_tokens == b->n_tokens && memcmp(a->tokens, b->tokens, a->n_tokens * sizeof(int32_t)) == 0 &&
+                  a->finish_reason == b->finish_reason && strcmp(a->text, b->text) == 0,
+              "%s, request %zu: %zu tokens vs %zu alone", what, i, b->n_tokens, a->n_tokens);
+}
+
+/* One at a time on an engine of one sequence: the reference. */
+static tandem_result *alone(tandem_engine *e, const tandem_request *r, size_t n) {
+    tandem_result *out = calloc(n, sizeof *out);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(tandem_generate_ids(e, r[i].prompt_ids, r[i].n_prompt_ids, &r[i].params, &out[i]), TANDEM_OK,
+                     "%s", tandem_last_error());
+    return out;
+}
+
+static void free_results(tandem_result *r, size_t n) {
+    for (size_t i = 0; i < n; i++) tandem_result_free(&r[i]);
+    free(r);
+}
+
+static void check_batches(bool with_draft, float temperature) {
+    tandem_model *t = open_model("pycode-target-f16.gguf"), *d = with_draft ? open_model("pycode-draft-xs-f16.gguf") : NULL;
+    prompt_set p = load_prompts();
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = N_NEW;
+    gp.temperature = temperature;
+    gp.top_p = temperature > 0 ? 0.95f : 1.0f;
+    tandem_request *r = requests(&p, &gp, temperature > 0);
+    /* greedy: the reference is one-at-a-time decoding; sampling: a batch of one */
+    tandem_engine *e1 = open_engine(t, temperature > 0 ? d : NULL, 1, 0);
+    tandem_result *ref;
+    if (temperature > 0) {
+        ref = calloc(p.count, sizeof *ref);
+        cr_assert_eq(tandem_generate_batch(e1, r, p.count, ref), TANDEM_OK);
+    } else {
+        ref = alone(e1, r, p.count);
+    }
+    const int sizes[] = {1, 8, 32};
+    for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
+        tandem_engine *e = open_engine(t, d, sizes[si], 0);
+        tandem_result *got = calloc(p.count, sizeof *got);
+        cr_assert_eq(tandem_generate_batch(e, r, p.count, got), TANDEM_OK, "%s", tandem_last_error());
+        char what[64];
+        snprintf(what, sizeof what, "%s, %s, batch %d", with_draft ? "draft" : "target only",
+                 temperature > 0 ? "sampled" : "greedy", sizes[si]);
+        for (size_t i = 0; i < p.count; i++) same_tokens(&ref[i], &got[i], what, i);
+        free_results(got, p.count);
+        tandem_engine_close(e);
+    }
+    free_results(ref, p.count);
+    tandem_engine_close(e1);
+    free(r);
+    free_prompts(&p);
+    tandem_model_close(d);
+    tandem_model_close(t);
+}
+
+Test(batch, greedy_target_only_equals_one_at_a_time, .timeout = 300) { check_batches(false, 0.0f); }
+Test(batch, greedy_with_draft_equals_one_at_a_time, .timeout = 300) { check_batches(true, 0.0f); }
+Test(batch, sampled_tokens_do_not_depend_on_the_batch, .timeout = 300) { check_batches(false, 0.9f); }
+Test(batch, sampled_with_draft_do_not_depend_on_the_batch, .timeout = 300) { check_batches(true, 0.9f); }
+
+/* Bad requests among good ones: each fails alone, naming its problem. */
+Test(batch, a_bad_request_fails_alone) {
+    tandem_model *t = open_model("pycode-target-f16.gguf");
+    tandem_engine *e = open_engine(t, NULL, 4, 0);
+    const int32_t good[] = {1, 822, 1243, 2989}, bad_id[] = {1, 99999};
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 12;
+    tandem_request r[6];
+    for (int i = 0; i < 6; i++) r[i] = (tandem_request){NULL, good, 4, gp};
+    r[1].params.top_p = 0.0f;           /* out of range */
+    r[2].prompt_ids = bad_id, r[2].n_prompt_ids = 2;
+    r[3].prompt = "def add(a, b):";     /* text prompts work beside ids */
+    r[4].n_prompt_ids = 0;              /* an empty prompt */
+    tandem_result out[6];
+    cr_assert_eq(tandem_generate_batch(e, r, 6, out), TANDEM_OK);
+    cr_assert_eq(out[1].status, TANDEM_ERR_INVALID_ARG);
+    cr_assert(out[1].error && strstr(out[1].error, "top_p"), "%s", out[1].error);
+    cr_assert_eq(out[2].status, TANDEM_ERR_INVALID_ARG);
+    cr_assert(out[2].error && strstr(out[2].error, "99999"), "%s", out[2].error);
+    cr_assert_eq(out[4].status, TANDEM_ERR_INVALID_ARG);
+    cr_assert(out[4].error && strstr(out[4].error, "empty prompt"), "%s", out[4].error);
+    tandem_result want;
+    cr_assert_eq(tandem_generate_ids(e, good, 4, &gp, &want), TANDEM_OK);
+    for (int i = 0; i < 6; i += 5) same_tokens(&want, &out[i], "beside bad requests", (size_t)i);
+    cr_assert_eq(out[3].status, TANDEM_OK, "%s", out[3].error);
+    cr_assert_eq(out[3].n_tokens, 12);
+    cr_assert_null(out[0].error);
+    tandem_result_free(&want);
+    for (int i = 0; i < 6; i++) tandem_result_free(&out[i]);
+    cr_assert_eq(tandem_generate_batch(e, r, 0, NULL), TANDEM_OK);
+    cr_assert_eq(tandem_generate_batch(NULL, r, 1, out), TANDEM_ERR_INVALID_ARG);
+    tandem_engine_close(e);
+    tandem_model_close(t);
+}
+
+/* A KV pool for about two sequences, four at a time: the requests that find no
+ * blocks fail alone; the blocks all come back (two full-length requests then run). */
+Test(batch, kv_pool_exhausted_fails_alone_and_frees_every_block) {
+    tandem_model *t = open_model("pycode-target-f16.gguf");
+    tandem_model_info mi;
+    cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
+    const size_t per_token = (size_t)mi.kv_bytes_per_token;
+    tandem_engine *e = open_engine(t, NULL, 4, per_token * 2 * 160);
+    const int32_t prompt[] = {1, 822, 1243, 2989};
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 150;
+    gp.ignore_eos = true;
+    tandem_request r[4];
+    for (int i = 0; i < 4; i++) r[i] = (tandem_request){NULL, prompt, 4, gp};
+    tandem_result out[4];
+    cr_assert_eq(tandem_generate_batch(e, r, 4, out), TANDEM_OK);
+    int ok = 0, failed = 0;
+    for (int i = 0; i < 4; i++) {
+        if (out[i].status == TANDEM_OK) {
+            ok++;
+            cr_assert_eq(out[i].n_tokens, 150);
+        } else {
+            failed++;
+            cr_assert(out[i].error && out[i].error[0], "request %d failed without a message", i);
+        }
+        tandem_result_free(&out[i]);
+    }
+    cr_assert(ok >= 1 && failed >= 1, "%d completed, %d failed: the pool should fit some, not all", ok, failed);
+    cr_assert_eq(tandem_generate_batch(e, r, 2, out), TANDEM_OK);
+    for (int i = 0; i < 2; i++) {
+        cr_assert_eq(out[i].status, TANDEM_OK, "after the first batch, request %d: %s (blocks leaked?)", i, out[i].error);
+        tandem_result_free(&out[i]);
+    }
+    tandem_engine_close(e);
+    tandem_model_close(t);
+}
