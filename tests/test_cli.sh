@@ -623,5 +623,71 @@ expect_err "pbad.jsonl:3: prompt of" "generate --batch: a prompt longer than the
     fail "generate --batch: $(wc -l <"$TMP/out") result lines"
 expect_exit 2 "generate --batch 0" "$TANDEM" generate -m "$TARGET" -p x --batch 0
 
+# tandem run JOB.ini: the same tokens as generate; resumable; shards; bad configs
+cat >"$TMP/job.ini" <<EOF
+[model]
+target = $TARGET
+draft = $DRAFT
+[engine]
+threads = 2
+max_batch = 5
+[sampling]
+max_tokens = 10
+[job]
+input = p12.jsonl
+output = out.jsonl
+EOF
+rm -f "$TMP/out.jsonl"
+expect_exit 0 "run: a job" "$TANDEM" run "$TMP/job.ini"
+tokens <"$TMP/out.jsonl" >"$TMP/r1"
+cmp -s "$TMP/b1" "$TMP/r1" && pass "run: the tokens of generate, one line per prompt, in order" ||
+    fail "run: output differs from generate: $(diff "$TMP/b1" "$TMP/r1" | head -c 300)"
+grep -q "run: 12 requests (0 already done, 0 errors)" "$TMP/err" && pass "run: summary line" ||
+    fail "run: summary: $(tail -n 1 "$TMP/err")"
+{ head -n 5 "$TMP/out.jsonl"; sed -n 6p "$TMP/out.jsonl" | head -c 40; } >"$TMP/cut.jsonl"
+mv "$TMP/cut.jsonl" "$TMP/out.jsonl"
+expect_exit 0 "run: resumed after a kill" "$TANDEM" run "$TMP/job.ini"
+grep -q "run: 7 requests (5 already done" "$TMP/err" && pass "run: the resumed job skips the 5 complete lines" ||
+    fail "run: resume: $(tail -n 1 "$TMP/err")"
+tokens <"$TMP/out.jsonl" | sort -n >"$TMP/r2"
+sort -n "$TMP/b1" >"$TMP/b1s"
+cmp -s "$TMP/b1s" "$TMP/r2" && pass "run: after the resume every id once, nothing cut" ||
+    fail "run: resumed output: $(diff "$TMP/b1s" "$TMP/r2" | head -c 300)"
+rm -f "$TMP/s0.jsonl" "$TMP/s1.jsonl"
+"$TANDEM" run "$TMP/job.ini" --shard 0/2 --set job.output=s0.jsonl 2>/dev/null
+"$TANDEM" run "$TMP/job.ini" --shard 1/2 --set job.output=s1.jsonl 2>/dev/null
+cat "$TMP/s0.jsonl" "$TMP/s1.jsonl" | tokens | sort -n >"$TMP/r3"
+[ -s "$TMP/s0.jsonl" ] && [ -s "$TMP/s1.jsonl" ] && cmp -s "$TMP/b1s" "$TMP/r3" &&
+    pass "run --shard 0/2 and 1/2: every id exactly once" || fail "run --shard: $(diff "$TMP/b1s" "$TMP/r3" | head -c 200)"
+{ head -n 2 "$TMP/p12.jsonl"; echo '{"id": 7, "prompt": '; sed -n 3p "$TMP/p12.jsonl"; } >"$TMP/pmal.jsonl"
+"$TANDEM" run "$TMP/job.ini" --set job.input=pmal.jsonl --set job.output=mal.jsonl >/dev/null 2>"$TMP/err"
+[ $? -eq 1 ] && grep -q '"error": ".*pmal.jsonl:3: invalid JSON' "$TMP/mal.jsonl" && [ "$(wc -l <"$TMP/mal.jsonl")" -eq 4 ] &&
+    pass "run: a malformed input line becomes an error line, the job goes on (exit 1)" ||
+    fail "run: malformed line: $(head -c 300 "$TMP/mal.jsonl")"
+badcfg() { # DESCRIPTION TEXT-EXPECTED-IN-STDERR INI-CONTENT
+    printf '%b' "$3" >"$TMP/bad.ini"
+    expect_exit 1 "run: $1" "$TANDEM" run "$TMP/bad.ini"
+    expect_err "$2" "run: $1"
+}
+ok_head="[model]\ntarget = $TARGET\n[job]\ninput = p12.jsonl\noutput = o.jsonl\n"
+badcfg "unknown key" "bad.ini:7: [engine] colour: unknown key" "$ok_head[engine]\ncolour = red\n"
+badcfg "bad value" "bad.ini:7: [engine] max_batch: 'many' is not an integer in [1, 1024]" "$ok_head[engine]\nmax_batch = many\n"
+badcfg "unknown section" "bad.ini:7: [modle] x: unknown section [modle]" "$ok_head[modle]\nx = 1\n"
+badcfg "missing model file" "bad.ini:2: [model] target: $TMP/nope.gguf: no such file" "[model]\ntarget = nope.gguf\n[job]\ninput = p12.jsonl\noutput = o.jsonl\n"
+badcfg "missing input file" "bad.ini:4: [job] input: $TMP/none.jsonl: no such file" "[model]\ntarget = $TARGET\n[job]\ninput = none.jsonl\noutput = o.jsonl\n"
+badcfg "required key" "[job] output: required" "[model]\ntarget = $TARGET\n[job]\ninput = p12.jsonl\n"
+badcfg "not INI" "bad.ini:1: not INI syntax" "target model\n"
+badcfg "temperature out of range" "bad.ini:7: [sampling] temperature: '-1' is not a number >= 0" "$ok_head[sampling]\ntemperature = -1\n"
+badcfg "k without a draft" "[spec] k: needs [model] draft" "$ok_head[spec]\nk = 4\n"
+badcfg "token trees" "[spec] tree: '16': token trees are not implemented yet" "$ok_head[spec]\ntree = 16\n"
+expect_exit 1 "run --set with a bad key" "$TANDEM" run "$TMP/job.ini" --set engine.colour=red
+expect_err "--set: [engine] colour: unknown key" "run --set with a bad key"
+expect_exit 1 "run --set without a section" "$TANDEM" run "$TMP/job.ini" --set colour=red
+expect_exit 2 "run --shard 2/2" "$TANDEM" run "$TMP/job.ini" --shard 2/2
+expect_exit 2 "run without a job file" "$TANDEM" run
+expect_exit 0 "run: configs/pycode-cpu.ini" "$TANDEM" run "$HERE/../configs/pycode-cpu.ini" --set sampling.max_tokens=2 \
+    --set job.input="$TMP/p12.jsonl" --set job.output="$TMP/cfg.jsonl"
+[ "$(wc -l <"$TMP/cfg.jsonl")" -eq 12 ] && pass "run: configs/pycode-cpu.ini wrote 12 lines" || fail "run: configs/pycode-cpu.ini"
+
 echo "# $n_pass passed, $n_fail failed"
 [ "$n_fail" -eq 0 ]

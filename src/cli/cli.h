@@ -26,6 +26,7 @@ int cli_tokenize(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_synth(int argc, char **argv);
+int cli_run(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 
@@ -107,6 +108,8 @@ typedef struct cli_prompt {
     int max_tokens;
     bool has_temperature;
     float temperature;
+    char *error;             /* cli_prompts_read_lenient: "FILE:LINE: problem" of a bad line
+                                (heap; the id is then the line's index), else NULL */
 } cli_prompt;
 
 typedef struct cli_prompts {
@@ -119,12 +122,17 @@ typedef struct cli_prompts {
  * are skipped.  On a bad line, writes "FILE:LINE: problem" into err and returns false
  * (nothing allocated). */
 bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t err_cap);
+/* The same, but a bad line becomes an item with error set (a job reports it and
+ * goes on); false (err set) only when the file cannot be read. */
+bool cli_prompts_read_lenient(const char *path, cli_prompts *out, char *err, size_t err_cap);
 /* A single prompt from -p TEXT (id 0).  False on out of memory. */
 bool cli_prompts_single(const char *text, cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
 
 /* Writes the id: as JSON (strings quoted and escaped) or as plain text. */
 void cli_prompt_write_id(FILE *f, const cli_prompt *p, bool json);
+/* A result as one JSON line (tandem generate --json), flushed. */
+void cli_json_result(FILE *f, const cli_prompt *p, const tandem_result *r, bool has_draft);
 
 /* ---------------------------------------------------------------- misc */
 

@@ -88,28 +88,7 @@ static double decode_tokens(const tandem_result *r) {
 }
 
 static void print_json_result(const cli_prompt *p, const tandem_result *r, bool has_draft) {
-    fputs("{\"id\": ", stdout);
-    cli_prompt_write_id(stdout, p, true);
-    fputs(", \"text\": ", stdout);
-    tdm_json_write_str(stdout, r->text ? r->text : "", r->text ? strlen(r->text) : 0);
-    fputs(", \"tokens\": [", stdout);
-    for (size_t i = 0; i < r->n_tokens; i++) printf(i ? ", %d" : "%d", (int)r->tokens[i]);
-    printf("], \"finish_reason\": ");
-    const char *fr = tandem_finish_reason_str(r->finish_reason);
-    tdm_json_write_str(stdout, fr ? fr : "none", fr ? strlen(fr) : 4);
-    printf(", \"prompt_tokens\": %zu, \"timings\": {\"prefill_ms\": ", r->n_prompt_tokens);
-    cli_json_num(stdout, r->prefill_ms, 3);
-    fputs(", \"decode_ms\": ", stdout);
-    cli_json_num(stdout, r->decode_ms, 3);
-    fputs(", \"decode_tok_per_s\": ", stdout); /* 0 with no decoded token */
-    cli_json_num(stdout, cli_tok_per_s(decode_tokens(r), r->decode_ms), 2);
-    fputc('}', stdout);
-    if (has_draft) {
-        fputs(", ", stdout);
-        cli_json_spec(stdout, &r->spec);
-    }
-    fputs("}\n", stdout);
-    fflush(stdout);
+    cli_json_result(stdout, p, r, has_draft);
 }
 
 static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool has_draft) {

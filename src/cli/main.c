@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "input.h"
+#include "json.h"
 
 #define STR_(x) #x
 #define STR(x) STR_(x) /* a number macro as text, for the usage text */
@@ -27,6 +28,7 @@ static const char usage_text[] =
     "  info       describe a GGUF file (metadata and tensors)\n"
     "  bench      measure prefill and decode speed\n"
     "  synth      write a random-weight model with the shapes of a real one\n"
+    "  run        run a batch job described by an INI file (configs/*.ini)\n"
     "  help       print this text\n"
     "\n"
     "tandem generate -m MODEL [-d DRAFT] (-p TEXT | --prompts FILE.jsonl) [options]\n"
@@ -69,6 +71,13 @@ static const char usage_text[] =
     "      --limit L         use at most L prompts of the file (needs --prompts)\n"
     "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
     "      --json            print one JSON object\n"
+    "\n"
+    "tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N]\n"
+    "  [model] target, draft; [engine] backend, threads, max_batch, block_size, kv_mem_mb,\n"
+    "  gpu_mem_mb; [spec] k, k_max, ngram, p_min, tree; [sampling] temperature, top_k, top_p,\n"
+    "  min_p, seed, max_tokens; [job] input, output (JSON lines; a rerun skips the ids\n"
+    "  already in output).  Paths are relative to the file; --shard takes the ids that\n"
+    "  hash to shard I of N\n"
     "\n"
     "tandem synth --shape SHAPE --type TYPE [--tokenizer-from MODEL] [--seed S] [--force]\n"
     "             [--dry-run] OUT.gguf\n"
@@ -329,6 +338,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "info") == 0) return cli_info(sub_argc, sub_argv);
     if (strcmp(cmd, "bench") == 0) return cli_bench(sub_argc, sub_argv);
     if (strcmp(cmd, "synth") == 0) return cli_synth(sub_argc, sub_argv);
+    if (strcmp(cmd, "run") == 0) return cli_run(sub_argc, sub_argv);
     return cli_usage_error("unknown command '%s'", cmd);
 }
 
@@ -370,3 +380,30 @@ void cli_spec_add(tandem_spec_stats *a, const tandem_spec_stats *b) {
     a->ngram_drafted += b->ngram_drafted;
     a->ngram_accepted += b->ngram_accepted;
 }
+
+/* One result as tandem generate --json writes it (a line, flushed). */
+void cli_json_result(FILE *f, const cli_prompt *p, const tandem_result *r, bool has_draft) {
+    fputs("{\"id\": ", f);
+    cli_prompt_write_id(f, p, true);
+    fputs(", \"text\": ", f);
+    tdm_json_write_str(f, r->text ? r->text : "", r->text ? strlen(r->text) : 0);
+    fputs(", \"tokens\": [", f);
+    for (size_t i = 0; i < r->n_tokens; i++) fprintf(f, i ? ", %d" : "%d", (int)r->tokens[i]);
+    fputs("], \"finish_reason\": ", f);
+    const char *fr = tandem_finish_reason_str(r->finish_reason);
+    tdm_json_write_str(f, fr ? fr : "none", fr ? strlen(fr) : 4);
+    fprintf(f, ", \"prompt_tokens\": %zu, \"timings\": {\"prefill_ms\": ", r->n_prompt_tokens);
+    cli_json_num(f, r->prefill_ms, 3);
+    fputs(", \"decode_ms\": ", f);
+    cli_json_num(f, r->decode_ms, 3);
+    fputs(", \"decode_tok_per_s\": ", f); /* 0 with no decoded token */
+    cli_json_num(f, cli_tok_per_s(r->n_tokens > 0 ? (double)(r->n_tokens - 1) : 0.0, r->decode_ms), 2);
+    fputc('}', f);
+    if (has_draft) {
+        fputs(", ", f);
+        cli_json_spec(f, &r->spec);
+    }
+    fputs("}\n", f);
+    fflush(f);
+}
+

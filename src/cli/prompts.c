@@ -23,6 +23,7 @@
 static void prompt_free(cli_prompt *p) {
     free(p->id_str);
     free(p->text);
+    free(p->error);
     memset(p, 0, sizeof *p);
 }
 
@@ -122,9 +123,27 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
     return true;
 }
 
+/* A line that did not parse (err holds why): lenient, an item carrying the error
+ * (id: its index); else false. */
+static bool bad_line(cli_prompts *ps, cli_prompt *pr, int line, bool lenient, const char *err) {
+    prompt_free(pr);
+    if (!lenient) return false;
+    pr->line = line;
+    pr->id_kind = CLI_ID_INT;
+    pr->id_int = (int64_t)ps->n;
+    pr->error = tdm_strndup(err, strlen(err));
+    pr->text = tdm_strndup("", 0);
+    if (!pr->error || !pr->text) {
+        prompt_free(pr);
+        return false;
+    }
+    ps->n++;
+    return true;
+}
+
 /* Parses one non-blank line into ps (grown as needed); false with err set. */
 static bool add_line(cli_prompts *ps, size_t *items_cap, const char *text, size_t n, const char *path, int line,
-                     char *err, size_t cap) {
+                     bool lenient, char *err, size_t cap) {
     if (ps->n == *items_cap) {
         size_t nc = *items_cap ? *items_cap * 2 : 16;
         cli_prompt *ni = realloc(ps->items, nc * sizeof *ni);
@@ -134,20 +153,19 @@ static bool add_line(cli_prompts *ps, size_t *items_cap, const char *text, size_
     }
     tdm_json *j = NULL;
     tdm_err jerr = {0};
-    if (tdm_json_parse(text, n, &j, &jerr) != TANDEM_OK)
-        return line_err(err, cap, path, line, "invalid JSON: %s", jerr.msg);
     cli_prompt *pr = &ps->items[ps->n];
     memset(pr, 0, sizeof *pr);
+    if (tdm_json_parse(text, n, &j, &jerr) != TANDEM_OK) {
+        line_err(err, cap, path, line, "invalid JSON: %s", jerr.msg);
+        return bad_line(ps, pr, line, lenient, err);
+    }
+    memset(pr, 0, sizeof *pr);
     bool ok = prompt_from_json(j, pr, ps->n, path, line, err, cap);
-    if (ok)
-        ps->n++;
-    else
-        prompt_free(pr);
     tdm_json_free(j);
-    return ok;
+    return ok ? (ps->n++, true) : bad_line(ps, pr, line, lenient, err);
 }
 
-bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t cap) {
+static bool read_prompts(const char *path, cli_prompts *out, bool lenient, char *err, size_t cap) {
     out->items = NULL;
     out->n = 0;
     tdm_lines r;
@@ -168,7 +186,7 @@ bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t cap)
             ok = false;
         }
         if (!ok || !got) break;
-        if (!is_blank(text, n)) ok = add_line(&ps, &items_cap, text, n, path, r.line, err, cap);
+        if (!is_blank(text, n)) ok = add_line(&ps, &items_cap, text, n, path, r.line, lenient, err, cap);
     }
     tdm_lines_close(&r);
     if (ok && ps.n == 0) {
@@ -181,6 +199,14 @@ bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t cap)
     }
     *out = ps;
     return true;
+}
+
+bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t cap) {
+    return read_prompts(path, out, false, err, cap);
+}
+
+bool cli_prompts_read_lenient(const char *path, cli_prompts *out, char *err, size_t cap) {
+    return read_prompts(path, out, true, err, cap);
 }
 
 bool cli_prompts_single(const char *text, cli_prompts *out) {
