@@ -130,7 +130,9 @@ typedef struct tandem_engine_params {
     size_t kv_bytes;      /* KV cache budget in bytes (both models); default 0 = enough for
                              n_ctx tokens of n_seq_max sequences */
     int n_ctx;            /* max tokens per sequence; default 0 = the target's training context */
-    int n_seq_max;        /* max concurrent sequences; default 1 */
+    int n_seq_max;        /* sequences decoding at once (tandem_generate_batch); the KV cache
+                             holds n_ctx tokens for each unless kv_bytes / gpu_mem size it;
+                             default 1 */
     int kv_block_size;    /* tokens per KV block; default 16 */
     size_t gpu_mem;       /* device memory budget in bytes for an engine on a GPU: both
                              models' weights, the engine's working buffers (an estimate from

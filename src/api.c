@@ -362,6 +362,12 @@ tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request 
         }
     }
     tandem_status st = tdm_engine_generate_batch(engine->e, (const int32_t *const *)ids, lens, ps, (int32_t)n, results);
+    if (st) /* (the scheduler could not start: no request ran) */
+        for (size_t i = 0; i < n; i++)
+            if (lens[i] >= 0) {
+                results[i].status = st;
+                results[i].error = strdup(tandem_status_str(st));
+            }
     for (size_t i = 0; i < n; i++) free(ids[i]);
     free(ids), free(lens), free(ps);
     return st;
