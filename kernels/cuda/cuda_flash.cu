@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "cuda_fused.h"
+#include "cuda_kvstage.cuh"
 #include "cuda_quant.cuh"
 #include "cuda_reduce.cuh"
 
@@ -33,7 +34,7 @@
  * is one step of every warp (four for head dim 256, whose K / V chunks are twice as
  * large in shared memory). */
 template <int HD> struct fl_warps { static constexpr int n = HD >= 256 ? 4 : TDM_FLASH_SPLIT / 32; };
-#define FL_CHUNK 32 /* keys per warp step */
+#define FL_CHUNK TDM_KV_CHUNK /* keys per warp step */
 
 int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head,
                                   int32_t max_q) {
@@ -115,24 +116,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         const int32_t base = split0 + u * FL_CHUNK;
         if (base >= tile.kv_len) break;
         /* stage K as [d][key] and V as [key][d]; keys past kv_len as zeros */
-        for (int32_t q = lane; q < 4 * HD; q += 32) {
-            const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (slot < tile.kv_len) {
-                const int64_t blk = tab[slot / bs];
-                v = *(const uint4 *)(kc + (((size_t)blk * n_kv + kvh) * HD + d) * bs + slot % bs);
-            }
-            *(uint4 *)(Ks + (size_t)d * FL_CHUNK + 8 * kg) = v;
-        }
-        for (int32_t q = lane; q < FL_CHUNK * (HD / 8); q += 32) {
-            const int32_t j = q / (HD / 8), dc = q % (HD / 8), slot = base + j;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (slot < tile.kv_len) {
-                const int64_t blk = tab[slot / bs];
-                v = *(const uint4 *)(vc + (((size_t)blk * n_kv + kvh) * bs + slot % bs) * HD + 8 * dc);
-            }
-            *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
-        }
+        tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, kc, vc, Ks, Vs);
         __syncwarp();
         /* scores: lane = key */
         float s[QN];

@@ -22,10 +22,11 @@
 #include <mma.h>
 
 #include "cuda_fused.h"
+#include "cuda_kvstage.cuh"
 
 using namespace nvcuda;
 
-#define TC_CH 32 /* keys per chunk */
+#define TC_CH TDM_KV_CHUNK /* keys per chunk */
 #define TC_ROWS 16
 
 template <int HD> struct tc_cfg {
@@ -83,26 +84,8 @@ __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash
     const int r = lane >> 1, half = lane & 1; /* softmax: two lanes per row, 16 keys each */
     float m = -INFINITY, l = 0.0f;
     for (int32_t base = 0; base < tile.kv_len; base += TC_CH) {
-        /* stage K as [d][key] (8 keys per 16-byte load) and V as [key][d]; keys past
-         * the tile's keys: V zeros (K there only meets masked scores) */
-        for (int32_t q = lane; q < 4 * HD; q += 32) {
-            const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (slot < tile.kv_len) {
-                const int64_t blk = tab[slot / bs];
-                v = *(const uint4 *)(kc + (((size_t)blk * n_kv + kvh) * HD + d) * bs + slot % bs);
-            }
-            *(uint4 *)(Ks + (size_t)d * TC_CH + 8 * kg) = v;
-        }
-        for (int32_t q = lane; q < TC_CH * (HD / 8); q += 32) {
-            const int32_t j = q / (HD / 8), dc = q % (HD / 8), slot = base + j;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (slot < tile.kv_len) {
-                const int64_t blk = tab[slot / bs];
-                v = *(const uint4 *)(vc + (((size_t)blk * n_kv + kvh) * bs + slot % bs) * HD + 8 * dc);
-            }
-            *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
-        }
+        /* stage K as [d][key] and V as [key][d]; keys past the tile's: V zeros */
+        tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, kc, vc, Ks, Vs);
         __syncwarp();
         /* S = Q K^T */
 #pragma unroll

@@ -48,25 +48,15 @@ __device__ float blk_max(float v, float *sf) {
     return m;
 }
 
-__device__ u64 blk_sum_u64(u64 v, u64 *su) {
+/* The block's sum of v (u64: exact; double: in a fixed order), to every thread. */
+template <typename T> __device__ T blk_sum(T v, T *sw) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     __syncthreads();
-    if (lane == 0) su[wid] = v;
+    if (lane == 0) sw[wid] = v;
     __syncthreads();
-    u64 s = 0;
-    for (int w = 0; w < SWARPS; w++) s += su[w];
-    return s;
-}
-
-__device__ double blk_sum_f64(double v, double *sd) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    __syncthreads();
-    if (lane == 0) sd[wid] = v;
-    __syncthreads();
-    double s = 0;
-    for (int w = 0; w < SWARPS; w++) s += sd[w]; /* fixed order */
+    T s = 0;
+    for (int w = 0; w < SWARPS; w++) s += sw[w];
     return s;
 }
 
@@ -148,7 +138,7 @@ template <bool MASS> __device__ uint32_t select_key(const float *e, int32_t V, u
 __device__ void keep_top(float *e, int32_t V, uint32_t t, u64 keep, u64 *su) {
     u64 n_eq = 0;
     for (int32_t j = threadIdx.x; j < V; j += SB) n_eq += __float_as_uint(e[j]) == t;
-    n_eq = blk_sum_u64(n_eq, su);
+    n_eq = blk_sum(n_eq, su);
     if (keep >= n_eq) { /* (usual: no tie at the cut) every entry >= t stays */
         for (int32_t j = threadIdx.x; j < V; j += SB)
             if (__float_as_uint(e[j]) < t) e[j] = 0.0f;
@@ -217,7 +207,7 @@ __global__ void __launch_bounds__(SB) k_probs(const float *logits, int32_t V, sa
     if (sp.top_p < 1.0f) {
         u64 mass = 0;
         for (int32_t j = threadIdx.x; j < V; j += SB) mass += fix_of(e[j]);
-        mass = blk_sum_u64(mass, su);
+        mass = blk_sum(mass, su);
         u64 need = (u64)ceil((double)sp.top_p * (double)mass);
         if (need < 1) need = 1;
         if (need > mass) need = mass;
@@ -236,7 +226,7 @@ __global__ void __launch_bounds__(SB) k_probs(const float *logits, int32_t V, sa
     }
     double s = 0.0;
     for (int32_t j = threadIdx.x; j < V; j += SB) s += (double)e[j];
-    s = blk_sum_f64(s, sd);
+    s = blk_sum(s, sd);
     const double inv = 1.0 / s; /* s >= 1: the max survives */
     for (int32_t j = threadIdx.x; j < V; j += SB) e[j] = (float)((double)e[j] * inv);
 }
@@ -262,7 +252,7 @@ __device__ int32_t blk_draw(const dist &d, int32_t V, double u, u64 *su) {
     __shared__ int32_t s_found;
     u64 t = 0;
     for (int32_t j = threadIdx.x; j < V; j += SB) t += fix_of(d.at(j));
-    const u64 total = blk_sum_u64(t, su);
+    const u64 total = blk_sum(t, su);
     if (total == 0) return -1;
     u64 target = (u64)(u * (double)total);
     if (target >= total) target = total - 1;
