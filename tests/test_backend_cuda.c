@@ -481,22 +481,7 @@ Test(cuda_engine, gpu_mem_budget) {
 /* counts[pos][token] of GPU_RUNS sampled continuations of prompt */
 static void gpu_counts(tdm_engine *e, const tandem_generate_params *base, const int32_t *prompt, int32_t n_prompt,
                        uint64_t seed0, int32_t V, uint64_t *counts, tandem_spec_stats *agg) {
-    tdm_err err = {0};
-    for (int r = 0; r < GPU_RUNS; r++) {
-        tandem_generate_params gp = *base;
-        gp.seed = seed0 + (uint64_t)r;
-        gp.max_tokens = GPU_POS;
-        tandem_result res;
-        cr_assert_eq(tdm_engine_generate(e, prompt, n_prompt, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
-        cr_assert_eq(res.n_tokens, GPU_POS);
-        for (int i = 0; i < GPU_POS; i++) counts[i * V + res.tokens[i]]++;
-        if (agg) {
-            agg->drafted += res.spec.drafted;
-            agg->accepted += res.spec.accepted;
-            agg->ngram_steps += res.spec.ngram_steps;
-        }
-        tandem_result_free(&res);
-    }
+    tdm_test_sample_counts(e, base, prompt, n_prompt, seed0, GPU_RUNS, GPU_POS, V, counts, agg);
 }
 
 /* A random-weight pair on the GPU, sampling on the device: target-only and

@@ -55,24 +55,7 @@ static void pair_close(pair *p) {
 /* counts[pos][token] over N_RUNS sampled continuations */
 static void sample_counts(tdm_engine *e, const tandem_generate_params *base, const int32_t *prompt,
                           int32_t n_prompt, uint64_t seed0, int32_t V, uint64_t *counts, tandem_spec_stats *agg) {
-    tdm_err err = {0};
-    for (int r = 0; r < N_RUNS; r++) {
-        tandem_generate_params gp = *base;
-        gp.seed = seed0 + (uint64_t)r;
-        gp.max_tokens = N_POS;
-        tandem_result res;
-        cr_assert_eq(tdm_engine_generate(e, prompt, n_prompt, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
-        cr_assert_eq(res.n_tokens, N_POS);
-        for (int i = 0; i < N_POS; i++) counts[i * V + res.tokens[i]]++;
-        if (agg) {
-            agg->drafted += res.spec.drafted;
-            agg->accepted += res.spec.accepted;
-            agg->ngram_steps += res.spec.ngram_steps;
-            agg->ngram_drafted += res.spec.ngram_drafted;
-            agg->ngram_accepted += res.spec.ngram_accepted;
-        }
-        tandem_result_free(&res);
-    }
+    tdm_test_sample_counts(e, base, prompt, n_prompt, seed0, N_RUNS, N_POS, V, counts, agg);
 }
 
 /* Prompts: PLAIN {3, 7, 1}; REPEAT P + C + P where C is the target's greedy

@@ -1,5 +1,6 @@
 /* testutil.c - shared helpers for the Criterion tests. */
 #include "testutil.h"
+#include "engine.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -80,4 +81,27 @@ bool tdm_test_stop_cb(int32_t token, const char *text, size_t len, void *user_da
     (void)len;
     tdm_test_stop *st = user_data;
     return ++st->count < st->limit;
+}
+
+void tdm_test_sample_counts(tdm_engine *e, const tandem_generate_params *base, const int32_t *prompt,
+                            int32_t n_prompt, uint64_t seed0, int n_runs, int n_pos, int32_t V, uint64_t *counts,
+                            tandem_spec_stats *agg) {
+    tdm_err err = {0};
+    for (int r = 0; r < n_runs; r++) {
+        tandem_generate_params gp = *base;
+        gp.seed = seed0 + (uint64_t)r;
+        gp.max_tokens = n_pos;
+        tandem_result res;
+        cr_assert_eq(tdm_engine_generate(e, prompt, n_prompt, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(res.n_tokens, (size_t)n_pos);
+        for (int i = 0; i < n_pos; i++) counts[i * V + res.tokens[i]]++;
+        if (agg) {
+            agg->drafted += res.spec.drafted;
+            agg->accepted += res.spec.accepted;
+            agg->ngram_steps += res.spec.ngram_steps;
+            agg->ngram_drafted += res.spec.ngram_drafted;
+            agg->ngram_accepted += res.spec.ngram_accepted;
+        }
+        tandem_result_free(&res);
+    }
 }

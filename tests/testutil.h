@@ -4,6 +4,7 @@
 
 #include "common.h"
 #include "json.h"
+#include "tandem.h"
 
 /* TDM_TEST_SANITIZED (1 in a sanitizer build, set by tests/meson.build): the long
  * end-to-end tests check the same things on a subset of their inputs there (fewer
@@ -38,5 +39,15 @@ typedef struct tdm_test_stop {
     int count, limit;
 } tdm_test_stop;
 bool tdm_test_stop_cb(int32_t token, const char *text, size_t len, void *user_data);
+
+/* counts[pos][token] += the tokens at positions 0..n_pos-1 of n_runs sampled
+ * continuations of prompt on engine e (seeds seed0, seed0 + 1, ...; base's other
+ * parameters, max_tokens = n_pos); when agg is not NULL, the runs' speculation counts
+ * (drafted, accepted, n-gram steps / drafted / accepted) are added to it.  The
+ * statistical losslessness tests draw their samples with it. */
+typedef struct tdm_engine tdm_engine;
+void tdm_test_sample_counts(tdm_engine *e, const tandem_generate_params *base, const int32_t *prompt,
+                            int32_t n_prompt, uint64_t seed0, int n_runs, int n_pos, int32_t V, uint64_t *counts,
+                            tandem_spec_stats *agg);
 
 #endif
