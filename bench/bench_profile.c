@@ -17,6 +17,7 @@
 
 #include "bench_prompts.h"
 #include "engine.h"
+#include "scheduler.h"
 #include "tokenizer.h"
 
 enum { OP_GET_ROWS, OP_RMSNORM, OP_MATMUL, OP_LM_HEAD, OP_ROPE, OP_KV_WRITE, OP_ATTENTION, OP_SWIGLU, OP_GATHER, OP_HEAD_ARGMAX, OP_QHEAD, OP_BLOCKS, N_OPS };
@@ -173,7 +174,7 @@ int main(int argc, char **argv) {
             memset(g_calls, 0, sizeof g_calls);
         }
         tandem_result r;
-        if (tdm_engine_generate(e, ids, (int32_t)n_ids, &gp, &r, &err)) die("generate", &err);
+        if (tdm_generate_one(e, ids, (int32_t)n_ids, &gp, &r, &err)) die("generate", &err);
         if (np >= n_prompts / 2) {
             decode_ms += r.decode_ms;
             tokens += r.n_tokens > 0 ? (long)r.n_tokens - 1 : 0;

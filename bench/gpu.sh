@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
 # bench/gpu.sh - tandem on an NVIDIA GPU, side by side with llama.cpp in the same run:
 # the GPU tests, synthetic models with real shapes (tandem synth), tandem's speed on
-# them, llama.cpp's llama-bench on the same files, and a summary (JSON, markdown
-# table, PNG plot of decode tok/s by model and type for both engines).
+# them, llama.cpp's llama-bench on the same files, batched throughput against
+# llama-batched-bench (and speculation on/off in a batch), and a summary (JSON,
+# markdown tables, PNG plots of decode tok/s by model and type, and of throughput and
+# per-request latency against the batch size, for both engines).
 #
 # usage: bench/gpu.sh [options] OUTDIR
 #   --bin DIR|TAR.xz   tandem binaries built elsewhere (bench/gpu-pack.sh makes the
-#                      tarball: tandem, bench_spec, the CUDA tests and the libraries they
-#                      need); default: build/ of this checkout (meson -Dcuda=enabled)
+#                      tarball: tandem, bench_spec, bench_batch, the CUDA tests and the
+#                      libraries they need); default: build/ of this checkout (meson
+#                      -Dcuda=enabled)
 #   --llama DIR|TAR.xz a llama.cpp source tree (a snapshot of ggerganov/llama.cpp,
 #                      trimmed as the README says); built here with CUDA for sm_90 in the
 #                      background while tandem runs.  Also $TANDEM_LLAMA_SRC.
-#   --llama-bin DIR    prebuilt llama.cpp binaries (llama-bench) instead
+#   --llama-bin DIR    prebuilt llama.cpp binaries (llama-bench, llama-batched-bench) instead
 #   --models DIR       where the synthetic models go (default /dev/shm/tandem-models
 #                      when it has room, else /tmp/tandem-models)
-#   --steps LIST       comma-separated subset of: tests,sanitize,synth,tandem,spec,llama,summary
-#                      (default tests,synth,tandem,spec,llama,summary; sanitize runs
-#                      compute-sanitizer's memcheck and racecheck on the forward's kernels)
+#   --steps LIST       comma-separated subset of: tests,sanitize,synth,tandem,spec,llama,batch,summary
+#                      (default tests,synth,tandem,spec,llama,batch,summary; sanitize runs
+#                      compute-sanitizer's memcheck and racecheck on the forward's kernels;
+#                      batch: bench_batch at batch 1..128 on the Llama-2-7B-shaped F16 file
+#                      beside llama-batched-bench, and the pycode pair with speculation off
+#                      and on at batch 1..64 on the GPU and 1..16 on the CPU, in OUTDIR/batch)
 #   --reps N           repetitions per measurement (default 3)
 # Every step's output goes to OUTDIR (logs, one JSON per measurement); a failed step
 # is reported and the others still run.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 bin_src="" llama_src=${TANDEM_LLAMA_SRC:-} llama_bin="" models="" reps=3
-steps="tests,synth,tandem,spec,llama,summary"
+steps="tests,synth,tandem,spec,llama,batch,summary"
 while [ $# -gt 1 ]; do
   case "$1" in
     --bin) bin_src=$2; shift 2 ;;
@@ -64,23 +70,30 @@ log "GPU: $(tail -n 1 "$out/gpu.txt")"
 
 # ---- llama.cpp, built in the background -----------------------------------------
 llama_pid=""
-LLAMA_BENCH=""
-if has llama; then
+LLAMA_BENCH="" LLAMA_BATCHED=""
+if has llama || has batch; then
   if [ -n "$llama_bin" ]; then
-    LLAMA_BENCH="$llama_bin/llama-bench"
+    LLAMA_BENCH="$llama_bin/llama-bench" LLAMA_BATCHED="$llama_bin/llama-batched-bench"
   elif [ -n "$llama_src" ]; then
     src=/tmp/llama-src
     if [ -d "$llama_src" ]; then src=$llama_src; else rm -rf "$src"; mkdir -p /tmp && tar -xJf "$llama_src" -C /tmp; fi
     log "building llama.cpp ($src) with CUDA for sm_90 in the background"
     (cmake -S "$src" -B /tmp/lb -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
        -DCMAKE_POLICY_VERSION_MINIMUM=3.5 -DCMAKE_BUILD_TYPE=Release &&
-     cmake --build /tmp/lb -j"$(nproc)" --target llama-bench) >"$out/llama-build.log" 2>&1 &
+     cmake --build /tmp/lb -j"$(nproc)" --target llama-bench llama-batched-bench) >"$out/llama-build.log" 2>&1 &
     llama_pid=$!
-    LLAMA_BENCH=/tmp/lb/bin/llama-bench
+    LLAMA_BENCH=/tmp/lb/bin/llama-bench LLAMA_BATCHED=/tmp/lb/bin/llama-batched-bench
   else
-    log "no llama.cpp source (--llama): the llama step is skipped"
+    log "no llama.cpp source (--llama): llama.cpp is not measured"
   fi
 fi
+# waits (once) for the background build
+wait_llama() {
+  [ -n "$llama_pid" ] || return 0
+  log "waiting for the llama.cpp build"
+  wait "$llama_pid" || log "llama.cpp build failed (llama-build.log)"
+  llama_pid=""
+}
 
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
@@ -147,10 +160,7 @@ fi
 
 # ---- llama.cpp -------------------------------------------------------------------------
 if has llama && [ -n "$LLAMA_BENCH" ]; then
-  if [ -n "$llama_pid" ]; then
-    log "waiting for the llama.cpp build"
-    wait "$llama_pid" || log "llama.cpp build failed (llama-build.log)"
-  fi
+  wait_llama
   if [ -x "$LLAMA_BENCH" ]; then
     while read -r name shape type; do
       [ -f "$models/$name.gguf" ] || continue
@@ -164,9 +174,69 @@ if has llama && [ -n "$LLAMA_BENCH" ]; then
   fi
 fi
 
+# ---- batched throughput ----------------------------------------------------------------
+# bench_batch (its header comment defines S_TG and the rest) and llama-batched-bench on the
+# same Llama-2-7B-shaped F16 file, 128-token prompts, 128 new tokens; the pycode pair with
+# speculation off and on (real prompts) on the GPU and on this machine's CPU.
+if has batch; then
+  bo="$out/batch"
+  mkdir -p "$bo"
+  m7="$models/llama2-7b-f16.gguf"
+  pyt="$here/models/pycode-target-f16.gguf" pyd="$here/models/pycode-draft-xs-f16.gguf"
+  prompts="$here/tests/data/prompts-dev.jsonl"
+  b=$(find_bin bench_batch)
+  if [ -z "$b" ]; then
+    log "bench_batch: not built"
+  else
+    if [ -f "$m7" ]; then
+      log "bench_batch llama2-7b-f16, batch 1,8,32,64,128"
+      timeout 1800 "$b" -m "$m7" --backend cuda --batch 1,8,32,64,128 --npp 128 --ntg 128 --reps "$reps" \
+        --json "$bo/tandem-llama2-7b-f16.json" >"$bo/tandem-llama2-7b-f16.md" 2>"$bo/tandem-llama2-7b-f16.err" ||
+        log "bench_batch llama2-7b-f16 failed: $(tail -n 2 "$bo/tandem-llama2-7b-f16.err")"
+      # (every row as alone: 16-row forwards, slow at large batches; up to 32 here)
+      log "bench_batch llama2-7b-f16, batch_invariant on, batch 1,8,32"
+      timeout 1800 "$b" -m "$m7" --backend cuda --batch 1,8,32 --npp 128 --ntg 128 --reps "$reps" --invariant \
+        --json "$bo/tandem-llama2-7b-f16-invariant.json" >"$bo/tandem-llama2-7b-f16-invariant.md" \
+        2>"$bo/tandem-llama2-7b-f16-invariant.err" ||
+        log "bench_batch llama2-7b-f16 --invariant failed: $(tail -n 2 "$bo/tandem-llama2-7b-f16-invariant.err")"
+    else
+      log "bench_batch: no $m7 (the synth step writes it)"
+    fi
+    log "bench_batch pycode + draft-xs, speculation off/on, GPU, batch 1..64"
+    timeout 900 "$b" -m "$pyt" -d "$pyd" --prompts "$prompts" --backend cuda --batch 1,2,4,8,16,32,64 \
+      --npp 128 --ntg 128 --reps "$reps" --json "$bo/tandem-pycode-spec-cuda.json" >"$bo/tandem-pycode-spec-cuda.md" \
+      2>"$bo/tandem-pycode-spec-cuda.err" || log "bench_batch pycode (GPU) failed: $(tail -n 2 "$bo/tandem-pycode-spec-cuda.err")"
+    log "bench_batch pycode + draft-xs, speculation off/on, CPU ($(nproc) threads), batch 1..16"
+    timeout 900 "$b" -m "$pyt" -d "$pyd" --prompts "$prompts" --backend cpu --threads "$(nproc)" --batch 1,2,4,8,16 \
+      --npp 128 --ntg 128 --reps "$reps" --json "$bo/tandem-pycode-spec-cpu.json" >"$bo/tandem-pycode-spec-cpu.md" \
+      2>"$bo/tandem-pycode-spec-cpu.err" || log "bench_batch pycode (CPU) failed: $(tail -n 2 "$bo/tandem-pycode-spec-cpu.err")"
+  fi
+  if [ -n "$LLAMA_BATCHED" ] && [ -f "$m7" ]; then
+    wait_llama
+    if [ -x "$LLAMA_BATCHED" ]; then
+      # one process per repetition (it measures each batch size once); the summary takes medians
+      raw=()
+      for r in $(seq "$reps"); do
+        log "llama-batched-bench llama2-7b-f16, repetition $r/$reps"
+        timeout 900 "$LLAMA_BATCHED" -m "$m7" -c 40000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64,128 -ngl 99 \
+          --output-format jsonl >"$bo/llama-llama2-7b-f16.$r.out" 2>"$bo/llama-llama2-7b-f16.$r.err" ||
+          log "llama-batched-bench failed: $(tail -n 2 "$bo/llama-llama2-7b-f16.$r.err")"
+        raw+=("$bo/llama-llama2-7b-f16.$r.out")
+      done
+      python3 "$here/bench/batch_summary.py" parse-llama --out "$bo/llama-llama2-7b-f16.json" \
+        --command "llama-batched-bench -m $m7 -c 40000 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64,128 -ngl 99 --output-format jsonl" \
+        "${raw[@]}" 2>>"$bo/llama-llama2-7b-f16.1.err" || log "parsing llama-batched-bench's output failed"
+    fi
+  fi
+fi
+
 # ---- summary ---------------------------------------------------------------------------
 if has summary; then
   python3 "$here/bench/gpu_summary.py" "$out" >"$out/summary.md" 2>"$out/summary.err" || log "summary failed"
+  if ls "$out"/batch/*.json >/dev/null 2>&1; then
+    { echo; python3 "$here/bench/batch_summary.py" "$out/batch"; } >>"$out/summary.md" 2>>"$out/summary.err" ||
+      log "batch summary failed"
+  fi
   cat "$out/summary.md"
 fi
 log "done in $(( $(date +%s) - t0 )) s"

@@ -10,9 +10,11 @@
  * - Ownership: memory returned through out-parameters is owned by the caller unless
  *   stated otherwise and freed with the named function.
  * - Thread safety: a tandem_model is immutable after open and may be shared by
- *   several engines and threads.  A tandem_engine is NOT thread-safe: use one engine
- *   per thread, or serialise calls on it.  tandem_status_str and tandem_last_error
- *   may be called from any thread.
+ *   several engines and threads.  On a tandem_engine, tandem_engine_submit,
+ *   tandem_engine_cancel and tandem_engine_get_stats may be called from any thread at
+ *   any time; every other call on one engine must come from one thread at a time (see
+ *   "Asynchronous use" for what changes while the engine runs its own thread).
+ *   tandem_status_str and tandem_last_error may be called from any thread.
  * - The library never calls abort() or exit(); bad input becomes a status code.
  */
 #ifndef TANDEM_H
@@ -141,6 +143,22 @@ typedef struct tandem_engine_params {
                              figures when the weights and buffers leave no room for a block.
                              Default 0 = no budget: kv_bytes or n_ctx size the cache.
                              Ignored on the CPU */
+    int max_batch_tokens; /* token rows one scheduler step computes at most, decode rows and
+                             prompt chunks together (a long prompt is prefilled over several
+                             steps, beside the running decodes), [0, 65536]; default 0 = 512
+                             on a GPU, 256 on the CPU */
+    bool prefix_cache;    /* share the KV blocks of identical prompt prefixes between
+                             requests (full blocks, found by hash, copy-on-write); default true */
+    bool batch_invariant; /* true: compute every row of a batch as it would be computed
+                             alone, so that greedy output never depends on the batch (on a
+                             GPU: forwards of at most 16 decode rows, prompt chunks in
+                             forwards of their own; slower from about 8 sequences on).
+                             false: the rows of several sequences share forwards and the
+                             GPU picks its products by speed (as vLLM does; a near-tie may
+                             break the other way than alone).  A lone sequence's rows are
+                             always its own, so its speculative output equals target-only
+                             output either way.  No effect on the CPU, whose rows are
+                             invariant at any batch size; default false */
 } tandem_engine_params;
 
 tandem_engine_params tandem_engine_default_params(void);
@@ -161,13 +179,18 @@ typedef enum tandem_finish_reason {
     TANDEM_FINISH_NONE = 0,
     TANDEM_FINISH_EOS,      /* the model produced an end-of-generation token */
     TANDEM_FINISH_LENGTH,   /* max_tokens reached (or the context is full) */
-    TANDEM_FINISH_CANCELLED,/* the token callback returned false */
+    TANDEM_FINISH_CANCELLED,/* the token callback returned false, or tandem_engine_cancel */
+    TANDEM_FINISH_STOP,     /* a stop string was generated: the text ends before it */
+    TANDEM_FINISH_TIMEOUT,  /* the request's timeout_ms passed: the text so far */
+    TANDEM_FINISH_ERROR,    /* the request failed alone (tandem_result.status and .error) */
 } tandem_finish_reason;
 
 const char *tandem_finish_reason_str(tandem_finish_reason r); /* "eos", "length", ... */
 
 /* Called with each newly committed token and the text it completes (only whole
- * UTF-8 characters; may be empty).  Return false to stop generation. */
+ * UTF-8 characters; may be empty; text that may begin a stop string is held back
+ * until it cannot, and a stop string itself is never passed).  Return false to
+ * stop generation (finish reason cancelled). */
 typedef bool (*tandem_token_cb)(int32_t token, const char *text, size_t text_len,
                                 void *user_data);
 
@@ -175,6 +198,8 @@ typedef bool (*tandem_token_cb)(int32_t token, const char *text, size_t text_len
 #define TANDEM_SPEC_K_MAX 32    /* spec_k, spec_k_min, spec_k_max at most this */
 #define TANDEM_SPEC_NGRAM_MIN 2 /* spec_ngram: 0, or in [TANDEM_SPEC_NGRAM_MIN, _MAX] */
 #define TANDEM_SPEC_NGRAM_MAX 8
+#define TANDEM_STOP_MAX 16      /* n_stop at most this */
+#define TANDEM_STOP_LEN_MAX 256 /* bytes of one stop string at most */
 
 /* Each field's accepted range is given in brackets; tandem_generate fails with
  * TANDEM_ERR_INVALID_ARG, naming the field, for a value outside it (or NaN). */
@@ -202,6 +227,11 @@ typedef struct tandem_generate_params {
     bool ignore_eos;          /* generate max_tokens tokens whatever they are (an
                                  end-of-generation token does not stop it): for
                                  benchmarks; default false */
+    const char *const *stop;  /* [n_stop] stop strings (UTF-8, 1..TANDEM_STOP_LEN_MAX bytes
+                                 each): generation ends when the text contains one, cut
+                                 before it (finish reason stop; tokens keep the one that
+                                 completed it).  Copied when the request starts; default NULL */
+    int n_stop;               /* [0, TANDEM_STOP_MAX]; default 0 */
 } tandem_generate_params;
 
 tandem_generate_params tandem_generate_default_params(void);
@@ -235,6 +265,9 @@ typedef struct tandem_result {
     double prefill_ms;      /* prompt through the target (and the draft) + the first token;
                                0 when no token was generated (max_tokens 0: nothing runs) */
     double decode_ms;       /* every later token (n_tokens - 1 of them); 0 when there are none */
+    double queue_ms;        /* from submission to the start of its prefill */
+    size_t n_cached_tokens; /* prompt tokens whose K/V came from the prefix cache */
+    int n_preemptions;      /* times it was preempted (blocks freed, recomputed later) */
     tandem_spec_stats spec; /* all zero without a draft */
 } tandem_result;
 
@@ -249,30 +282,112 @@ tandem_status tandem_generate_ids(tandem_engine *engine, const int32_t *prompt, 
 
 void tandem_result_free(tandem_result *result);
 
-/* One request of a batch (tandem_generate_batch). */
+/* One request of a batch (tandem_generate_batch) or of tandem_engine_submit. */
 typedef struct tandem_request {
     const char *prompt;            /* text (BOS added as the model asks); NULL: prompt_ids */
     const int32_t *prompt_ids;     /* [n_prompt_ids], used as given when prompt is NULL */
     size_t n_prompt_ids;
     tandem_generate_params params; /* this request's parameters (start from
                                       tandem_generate_default_params()); its on_token is
-                                      called on the calling thread as its tokens commit */
+                                      called on the thread that steps the engine */
+    int priority;                  /* higher runs first, first come first served within a
+                                      priority; the lowest-priority, newest sequence is
+                                      preempted when the KV cache is full; default 0 */
+    double timeout_ms;             /* ends the request (finish reason timeout, the text so
+                                      far) this long after its submission, >= 0; 0 = none;
+                                      default 0 */
 } tandem_request;
 
+/* A request with no prompt and tandem_generate_default_params(), priority 0, no timeout. */
+tandem_request tandem_request_default(void);
+
 /* Runs n requests together with continuous batching: up to the engine's n_seq_max
- * sequences decode at once, each step one forward of the target over all of them
- * (rows computed as each alone, so greedy output equals tandem_generate's); a
- * finished request leaves at once, frees its KV blocks, and the next one (in array
- * order) takes its place.  With a draft, a greedy request decodes speculatively
- * while it runs alone; sampled requests always step target-only, so a request's
- * tokens never depend on the others in the batch (same seed, same tokens).
+ * sequences decode at once, each step one forward of the target over all of their
+ * rows (with batch_invariant, rows computed as each alone, so greedy output equals
+ * tandem_generate's); a long prompt is prefilled in chunks beside the running
+ * decodes (max_batch_tokens); a finished request leaves at once, frees its KV
+ * blocks, and the next one (by priority, then array order) takes its place.  When
+ * the KV cache is full the lowest-priority, newest sequence is preempted and
+ * recomputed later (same output).
+ * Speculation, with a draft: every greedy sequence drafts with the draft model and
+ * the target verifies all chains in one batched forward, with one speculation
+ * length for the batch chosen from measured costs (0 when verification costs more
+ * than it saves, as at large batches); a lone greedy sequence takes the
+ * single-sequence path (n-gram lookup, per-sequence length).  Sampled requests
+ * step target-only in a batch, so a request's tokens never depend on the others
+ * (same seed, same tokens); on an engine of one sequence (n_seq_max 1) they
+ * decode speculatively (the same distribution, other draws).
  * results[i] (free each with tandem_result_free) is request i's result; a request
- * with a bad prompt or parameters, or that finds no free KV blocks, fails alone:
- * its status and error say why, the others complete.  Returns TANDEM_OK when every
- * request ran (whatever its own status), TANDEM_ERR_INVALID_ARG for NULL
- * arguments.  Not thread-safe on one engine (as tandem_generate). */
+ * with a bad prompt or parameters, or that cannot fit the KV cache even alone,
+ * fails alone: its status and error say why (finish reason error), the others
+ * complete.  Returns TANDEM_OK when every request ran (whatever its own status),
+ * TANDEM_ERR_INVALID_ARG for NULL arguments.  Thread-safe while the engine's own
+ * thread runs (see below); otherwise not (as tandem_generate). */
 tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request *requests, size_t n,
                                     tandem_result *results);
+
+/* ---------------------------------------------------- asynchronous use
+ *
+ * The engine is a scheduler: submitted requests wait in a priority queue, join the
+ * running batch when a place and KV blocks are free, and leave it at once when they
+ * finish (their KV blocks are freed then).  tandem_generate and
+ * tandem_generate_batch are submit + run until those requests finish.  Two ways to
+ * drive it:
+ *   - the host calls tandem_engine_step in a loop (one iteration: one forward of the
+ *     target over every running sequence's rows);
+ *   - tandem_engine_start runs the steps on a thread of the engine, which sleeps when
+ *     nothing is queued; tandem_engine_stop (or close) ends it.
+ * Callbacks (params.on_token and on_finish) run on the thread that steps.  They may
+ * call tandem_engine_submit and tandem_engine_cancel, nothing else on the engine.
+ * While the engine's thread runs, tandem_generate and tandem_generate_batch may be
+ * called from any thread (they submit and wait); tandem_engine_step fails. */
+
+typedef uint64_t tandem_request_id; /* from 1, unique per engine */
+
+/* Receives a finished request's result and owns it (free with tandem_result_free).
+ * Called exactly once per submitted request: finished, failed, cancelled, timed out,
+ * or cancelled by tandem_engine_close. */
+typedef void (*tandem_finish_cb)(tandem_request_id id, tandem_result *result, void *user_data);
+
+/* Queues a request (prompt, stop strings and ids are copied: the caller may free them
+ * on return).  A bad prompt or bad parameters fail here, with no callback.
+ * Thread-safe. */
+tandem_status tandem_engine_submit(tandem_engine *engine, const tandem_request *request,
+                                   tandem_finish_cb on_finish, void *user_data,
+                                   tandem_request_id *out_id);
+
+/* Cancels a queued or running request: at the start of the next step it finishes
+ * (reason cancelled, the text so far), its blocks are freed and on_finish is called.
+ * TANDEM_ERR_INVALID_ARG for an id that is unknown or already finished.  Thread-safe. */
+tandem_status tandem_engine_cancel(tandem_engine *engine, tandem_request_id id);
+
+/* One scheduler iteration.  *n_pending (optional): requests queued or running after
+ * it.  TANDEM_ERR_INVALID_ARG while the engine's thread runs. */
+tandem_status tandem_engine_step(tandem_engine *engine, int *n_pending);
+
+/* Starts / stops the engine's own scheduler thread.  stop waits for the current step
+ * to end; queued and running requests stay and continue at the next start or step.
+ * start on a running engine and stop on a stopped one are no-ops returning OK. */
+tandem_status tandem_engine_start(tandem_engine *engine);
+tandem_status tandem_engine_stop(tandem_engine *engine);
+
+/* Counters of the scheduler (a consistent snapshot).  Thread-safe. */
+typedef struct tandem_engine_stats {
+    int n_waiting;              /* requests queued (including preempted ones) */
+    int n_running;              /* sequences in the running batch */
+    int kv_blocks_total;        /* blocks in the KV pool */
+    int kv_blocks_free;         /* of them not used by any sequence (cached prefixes count
+                                   as free: they are evicted when needed) */
+    uint64_t n_submitted, n_finished, n_failed, n_cancelled, n_timeouts;
+    uint64_t n_preemptions;
+    uint64_t prompt_tokens;     /* prompt tokens of requests that started */
+    uint64_t cached_tokens;     /* of them found in the prefix cache */
+    uint64_t generated_tokens;
+    uint64_t steps;             /* scheduler iterations that ran a forward */
+    uint64_t spec_drafted, spec_accepted;
+} tandem_engine_stats;
+
+tandem_status tandem_engine_get_stats(tandem_engine *engine, tandem_engine_stats *out);
 
 #ifdef __cplusplus
 }

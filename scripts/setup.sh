@@ -7,6 +7,7 @@ command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v cc >/dev/null 2>&1 || need+=(gcc)
+command -v clang >/dev/null 2>&1 || need+=(clang libclang-rt-dev) # scripts/fuzz.sh (libFuzzer)
 pkg-config --exists inih 2>/dev/null || need+=(libinih-dev)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
 if [ ${#need[@]} -gt 0 ]; then

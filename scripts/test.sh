@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite twice: a normal (release) build and
-# an AddressSanitizer + UndefinedBehaviorSanitizer build.  Tests run one per core
+# an AddressSanitizer + UndefinedBehaviorSanitizer build; then every fuzz harness for
+# 15 s (scripts/fuzz.sh, counted as one test).  Tests run one per core
 # (meson --num-processes; tests that measure time run alone).  Prints each test's
 # time, reports (does not fail) any test over its budget and the whole command's
 # wall time against its budget, and closes with one line
@@ -68,6 +69,15 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 run_suite asan build-asan -Db_sanitize=address,undefined -Dbuildtype=debugoptimized -Db_lundef=false || status=1
 [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1   # a build step failed
+# The libFuzzer harnesses (tests/fuzz/), briefly: one test of the tally (skipped where
+# clang has no libFuzzer).
+echo "== fuzz: every harness of tests/fuzz for 15 s =="
+./scripts/fuzz.sh 15
+case $? in
+0) passed=$((passed + 1)) ;;
+77) skipped=$((skipped + 1)) ;;
+*) failed=$((failed + 1)) status=1 ;;
+esac
 wall=$(( $(date +%s) - t_start ))
 for s in "${slow[@]}"; do echo "slow test (reported, not failed): $s"; done
 over=""

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "scheduler.h"
 #include "tandem.h"
 
 static _Thread_local char g_last_error[TDM_ERR_MSG_LEN];
@@ -45,6 +46,9 @@ const char *tandem_finish_reason_str(tandem_finish_reason r) {
     case TANDEM_FINISH_EOS: return "eos";
     case TANDEM_FINISH_LENGTH: return "length";
     case TANDEM_FINISH_CANCELLED: return "cancelled";
+    case TANDEM_FINISH_STOP: return "stop";
+    case TANDEM_FINISH_TIMEOUT: return "timeout";
+    case TANDEM_FINISH_ERROR: return "error";
     default: return "none";
     }
 }
@@ -240,12 +244,14 @@ tandem_status tandem_tokenizer_decode(const tandem_tokenizer *t, const int32_t *
 
 struct tandem_engine {
     tdm_engine *e;
+    tdm_sched *sched; /* every request goes through it */
     tandem_model *target, *draft;
 };
 
 tandem_engine_params tandem_engine_default_params(void) {
     tandem_engine_params p = {.n_threads = 0, .kv_bytes = 0, .n_ctx = 0, .n_seq_max = 1, .kv_block_size = 16,
-                              .gpu_mem = 0};
+                              .gpu_mem = 0, .max_batch_tokens = 0, .prefix_cache = true,
+                              .batch_invariant = false};
     return p;
 }
 
@@ -262,16 +268,24 @@ tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, cons
     }
     if (p.n_ctx < 0 || p.n_seq_max < 0 || p.kv_block_size < 0 || p.kv_block_size > 4096)
         return fail_msg(TANDEM_ERR_INVALID_ARG, "bad engine parameters");
+    if (p.max_batch_tokens < 0 || p.max_batch_tokens > 65536) {
+        snprintf(g_last_error, sizeof g_last_error, "max_batch_tokens %d is out of range [0, 65536]",
+                 p.max_batch_tokens);
+        return TANDEM_ERR_INVALID_ARG;
+    }
     if (draft && draft->kind != target->kind)
         return fail_msg(TANDEM_ERR_MISMATCH, "target and draft are on different backends");
     tdm_engine_cfg cfg = {
         .n_threads = p.n_threads, .n_ctx = p.n_ctx, .n_seq_max = p.n_seq_max,
         .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0, .gpu_mem = p.gpu_mem,
+        .max_batch_tokens = p.max_batch_tokens, .prefix_cache = p.prefix_cache,
+        .batch_invariant = p.batch_invariant,
     };
     tandem_engine *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
     tdm_err err = {0};
     tandem_status st = tdm_engine_create(target->m, draft ? draft->m : NULL, &cfg, &h->e, &err);
+    if (!st && (st = tdm_sched_create(h->e, &h->sched, &err))) tdm_engine_free(h->e);
     if (st) {
         free(h);
         return fail(&err, st);
@@ -284,6 +298,7 @@ tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, cons
 
 void tandem_engine_close(tandem_engine *engine) {
     if (!engine) return;
+    tdm_sched_free(engine->sched); /* (stops its thread; what is left ends cancelled) */
     tdm_engine_free(engine->e);
     free(engine);
 }
@@ -297,31 +312,64 @@ tandem_generate_params tandem_generate_default_params(void) {
     tandem_generate_params p = {
         .max_tokens = 128, .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
         .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .spec_ngram = 4, .on_token = NULL, .user_data = NULL, .ignore_eos = false,
+        .stop = NULL, .n_stop = 0,
     };
     return p;
+}
+
+/* A request's prompt as token ids (malloc'ed into *ids, *n of them): the text
+ * tokenized (BOS as the model asks), or a copy of the ids. */
+static tandem_status request_ids(const tandem_engine *engine, const tandem_request *r, int32_t **ids, int32_t *n) {
+    *ids = NULL;
+    size_t len = 0;
+    tandem_status st;
+    if (r->prompt) {
+        if ((st = tandem_tokenize(engine->target, r->prompt, strlen(r->prompt), true, ids, &len))) return st;
+    } else {
+        if (!r->prompt_ids && r->n_prompt_ids) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL prompt_ids with n_prompt_ids > 0");
+        if (r->n_prompt_ids > INT32_MAX) return fail_msg(TANDEM_ERR_INVALID_ARG, "prompt too long");
+        len = r->n_prompt_ids;
+        *ids = malloc(TDM_MAX(len, 1) * sizeof(int32_t));
+        if (!*ids) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+        if (len) memcpy(*ids, r->prompt_ids, len * sizeof(int32_t));
+    }
+    if (len > INT32_MAX) {
+        free(*ids);
+        *ids = NULL;
+        return fail_msg(TANDEM_ERR_INVALID_ARG, "prompt too long");
+    }
+    *n = (int32_t)len;
+    return TANDEM_OK;
 }
 
 tandem_status tandem_generate_ids(tandem_engine *engine, const int32_t *prompt, size_t n_prompt,
                                   const tandem_generate_params *params, tandem_result *out) {
     if (!engine || !out || (!prompt && n_prompt)) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
     memset(out, 0, sizeof *out);
-    if (n_prompt > INT32_MAX) return fail_msg(TANDEM_ERR_INVALID_ARG, "prompt too long");
-    tandem_generate_params p = params ? *params : tandem_generate_default_params();
-    tdm_err err = {0};
-    tandem_status st = tdm_engine_generate(engine->e, prompt, (int32_t)n_prompt, &p, out, &err);
-    return st ? fail(&err, st) : TANDEM_OK;
+    tandem_request r = tandem_request_default();
+    if (params) r.params = *params;
+    r.prompt_ids = prompt;
+    r.n_prompt_ids = n_prompt;
+    tandem_status st = tandem_generate_batch(engine, &r, 1, out);
+    if (!st && out->status) { /* its own error is the call's */
+        st = fail_msg(out->status, out->error ? out->error : tandem_status_str(out->status));
+        tandem_result_free(out);
+    }
+    return st;
 }
 
 tandem_status tandem_generate(tandem_engine *engine, const char *prompt, const tandem_generate_params *params,
                               tandem_result *out) {
     if (!engine || !prompt || !out) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
     memset(out, 0, sizeof *out);
-    int32_t *ids;
-    size_t n;
-    tandem_status st = tandem_tokenize(engine->target, prompt, strlen(prompt), true, &ids, &n);
-    if (st) return st;
-    st = tandem_generate_ids(engine, ids, n, params, out);
-    free(ids);
+    tandem_request r = tandem_request_default();
+    if (params) r.params = *params;
+    r.prompt = prompt;
+    tandem_status st = tandem_generate_batch(engine, &r, 1, out);
+    if (!st && out->status) {
+        st = fail_msg(out->status, out->error ? out->error : tandem_status_str(out->status));
+        tandem_result_free(out);
+    }
     return st;
 }
 
@@ -332,45 +380,92 @@ tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request 
     if (n == 0) return TANDEM_OK;
     int32_t **ids = calloc(n, sizeof *ids), *lens = calloc(n, sizeof *lens);
     tandem_generate_params *ps = calloc(n, sizeof *ps);
-    if (!ids || !lens || !ps) {
-        free(ids), free(lens), free(ps);
-        return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+    int *prio = calloc(n, sizeof *prio);
+    double *tmo = calloc(n, sizeof *tmo);
+    tandem_status st = TANDEM_OK;
+    if (!ids || !lens || !ps || !prio || !tmo) {
+        st = fail_msg(TANDEM_ERR_NOMEM, "out of memory");
+        goto done;
     }
     for (size_t i = 0; i < n; i++) {
         memset(&results[i], 0, sizeof results[i]);
         ps[i] = reqs[i].params;
-        size_t len = 0;
-        tandem_status st = TANDEM_OK;
-        if (reqs[i].prompt) {
-            st = tandem_tokenize(engine->target, reqs[i].prompt, strlen(reqs[i].prompt), true, &ids[i], &len);
-        } else if (!reqs[i].prompt_ids && reqs[i].n_prompt_ids) {
-            st = fail_msg(TANDEM_ERR_INVALID_ARG, "NULL prompt_ids with n_prompt_ids > 0");
-        } else if (reqs[i].n_prompt_ids > INT32_MAX) {
-            st = fail_msg(TANDEM_ERR_INVALID_ARG, "prompt too long");
-        } else {
-            ids[i] = malloc(TDM_MAX(reqs[i].n_prompt_ids, 1) * sizeof(int32_t));
-            if (!ids[i]) st = fail_msg(TANDEM_ERR_NOMEM, "out of memory");
-            else if (reqs[i].n_prompt_ids) memcpy(ids[i], reqs[i].prompt_ids, reqs[i].n_prompt_ids * sizeof(int32_t));
-            len = reqs[i].n_prompt_ids;
-        }
-        if (st) { /* fails alone */
-            results[i].status = st;
+        prio[i] = reqs[i].priority;
+        tmo[i] = reqs[i].timeout_ms;
+        tandem_status rs = request_ids(engine, &reqs[i], &ids[i], &lens[i]);
+        if (rs) { /* fails alone */
+            results[i].status = rs;
             results[i].error = strdup(tandem_last_error());
+            results[i].finish_reason = TANDEM_FINISH_ERROR;
             lens[i] = -1;
-        } else {
-            lens[i] = (int32_t)len;
         }
     }
-    tandem_status st = tdm_engine_generate_batch(engine->e, (const int32_t *const *)ids, lens, ps, (int32_t)n, results);
-    if (st) /* (the scheduler could not start: no request ran) */
-        for (size_t i = 0; i < n; i++)
-            if (lens[i] >= 0) {
-                results[i].status = st;
-                results[i].error = strdup(tandem_status_str(st));
-            }
-    for (size_t i = 0; i < n; i++) free(ids[i]);
-    free(ids), free(lens), free(ps);
+    tdm_err err = {0};
+    st = tdm_sched_run(engine->sched, (const int32_t *const *)ids, lens, ps, prio, tmo, (int32_t)n, results, &err);
+    if (st) fail(&err, st);
+done:
+    for (size_t i = 0; ids && i < n; i++) free(ids[i]);
+    free(ids), free(lens), free(ps), free(prio), free(tmo);
     return st;
+}
+
+tandem_status tandem_engine_submit(tandem_engine *engine, const tandem_request *request, tandem_finish_cb on_finish,
+                                   void *user_data, tandem_request_id *out_id) {
+    if (out_id) *out_id = 0;
+    if (!engine || !request) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    int32_t *ids, n;
+    tandem_status st = request_ids(engine, request, &ids, &n);
+    if (st) return st;
+    tdm_err err = {0};
+    uint64_t id = 0;
+    st = tdm_sched_submit(engine->sched, ids, n, &request->params, request->priority, request->timeout_ms, on_finish,
+                          user_data, &id, &err);
+    free(ids);
+    if (st) return fail(&err, st);
+    if (out_id) *out_id = id;
+    return TANDEM_OK;
+}
+
+tandem_status tandem_engine_cancel(tandem_engine *engine, tandem_request_id id) {
+    if (!engine) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL engine");
+    tdm_err err = {0};
+    tandem_status st = tdm_sched_cancel(engine->sched, id, &err);
+    return st ? fail(&err, st) : TANDEM_OK;
+}
+
+tandem_status tandem_engine_step(tandem_engine *engine, int *n_pending) {
+    if (!engine) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL engine");
+    if (tdm_sched_running(engine->sched))
+        return fail_msg(TANDEM_ERR_INVALID_ARG, "tandem_engine_step: the engine's own thread is running");
+    tdm_err err = {0};
+    tandem_status st = tdm_sched_step(engine->sched, n_pending, &err);
+    return st ? fail(&err, st) : TANDEM_OK;
+}
+
+tandem_status tandem_engine_start(tandem_engine *engine) {
+    if (!engine) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL engine");
+    tdm_err err = {0};
+    tandem_status st = tdm_sched_start(engine->sched, &err);
+    return st ? fail(&err, st) : TANDEM_OK;
+}
+
+tandem_status tandem_engine_stop(tandem_engine *engine) {
+    if (!engine) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL engine");
+    tdm_sched_stop(engine->sched);
+    return TANDEM_OK;
+}
+
+tandem_status tandem_engine_get_stats(tandem_engine *engine, tandem_engine_stats *out) {
+    if (!engine || !out) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    tdm_sched_stats(engine->sched, out);
+    return TANDEM_OK;
+}
+
+tandem_request tandem_request_default(void) {
+    tandem_request r;
+    memset(&r, 0, sizeof r);
+    r.params = tandem_generate_default_params();
+    return r;
 }
 
 void tandem_result_free(tandem_result *r) {

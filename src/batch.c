@@ -34,7 +34,10 @@ void tdm_batch_free(tdm_batch *b) {
     memset(b, 0, sizeof *b);
 }
 
-void tdm_batch_clear(tdm_batch *b) { b->n_rows = 0; }
+void tdm_batch_clear(tdm_batch *b) {
+    b->n_rows = 0;
+    b->rows_shared = false;
+}
 
 int32_t tdm_batch_add(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int32_t slot,
                       bool want_logits) {

@@ -29,6 +29,9 @@ typedef struct tdm_batch {
     int32_t *extra_slot;   /* extra visible slots (each >= n_visible of its row) */
     uint8_t *want_logits;  /* [n_rows] 1 = compute logits for this row */
     int32_t n_extra_cap;
+    bool rows_shared;      /* the rows need not be computed as each would be alone: the
+                              backend may choose its products by speed (cleared by
+                              tdm_batch_clear) */
 } tdm_batch;
 
 tandem_status tdm_batch_init(tdm_batch *b, int32_t cap, tdm_err *err);

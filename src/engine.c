@@ -73,8 +73,15 @@ static uint64_t fwd_bytes(const tdm_model *m, int32_t rows) {
     return 2 * per_row * (uint64_t)rows * sizeof(float);
 }
 
-uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk) {
-    const uint64_t logits = (uint64_t)TDM_ENGINE_LOGIT_ROWS * (uint64_t)target->hp.n_vocab * sizeof(float);
+int32_t tdm_engine_logit_rows(int32_t n_seq_max) {
+    if (n_seq_max <= 1) return TDM_ENGINE_LOGIT_ROWS;
+    const int64_t rows = (int64_t)n_seq_max * TDM_ENGINE_BATCH_ROWS_PER_SEQ;
+    return (int32_t)TDM_MAX(TDM_ENGINE_LOGIT_ROWS, TDM_MIN(rows, TDM_ENGINE_BATCH_LOGITS_MAX));
+}
+
+uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk,
+                               int32_t n_logit_rows) {
+    const uint64_t logits = (uint64_t)n_logit_rows * (uint64_t)target->hp.n_vocab * sizeof(float);
     uint64_t b = fwd_bytes(target, prefill_chunk) + logits + (64ull << 20);
     if (draft) b += fwd_bytes(draft, prefill_chunk) + logits;
     return b;
@@ -96,8 +103,11 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     /* rows per prefill forward: 256 on the CPU; 512 on a GPU, where a larger product
      * keeps the tensor cores busier */
     if (e->cfg.prefill_chunk <= 0) e->cfg.prefill_chunk = target->be && !target->be->host_memory ? 512 : 256;
+    if (e->cfg.max_batch_tokens <= 0) e->cfg.max_batch_tokens = e->cfg.prefill_chunk;
     e->n_vocab = target->hp.n_vocab;
-    e->max_rows = TDM_MAX(e->cfg.prefill_chunk, TDM_CTRL_MAX_K + 2);
+    e->n_logit_rows = tdm_engine_logit_rows(e->cfg.n_seq_max);
+    e->max_rows = TDM_MAX(TDM_MAX(e->cfg.prefill_chunk, e->cfg.max_batch_tokens),
+                          TDM_MAX(TDM_CTRL_MAX_K + 2, e->n_logit_rows));
 
     if (target->be && !target->be->host_memory) { /* a GPU: compute where the weights are */
         if (draft && draft->be && draft->be->ops != target->be->ops) {
@@ -128,7 +138,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     int64_t n_blocks;
     if (e->cfg.gpu_mem > 0 && !e->be->host_memory) {
         const uint64_t weights = target->weight_bytes + (draft ? draft->weight_bytes : 0);
-        const uint64_t work = tdm_engine_work_bytes(target, draft, e->cfg.prefill_chunk);
+        const uint64_t work = tdm_engine_work_bytes(target, draft, e->max_rows, e->n_logit_rows);
         n_blocks = tdm_kv_budget_blocks(e->cfg.gpu_mem, weights, work, e->cfg.kv_bytes, bpb, err);
         if (n_blocks == 0) {
             st = err ? err->status : TANDEM_ERR_NOMEM;
@@ -148,13 +158,19 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     }
     if ((st = tdm_kv_pool_create((int32_t)n_blocks, bs, &e->pool, err))) goto fail;
     tdm_kv_pool_set_copy(e->pool, copy_block_cb, e);
+    if (e->cfg.prefix_cache) (void)tdm_kv_pool_set_prefix_cache(e->pool, true); /* (off when it cannot allocate) */
     if ((st = tdm_kv_store_init(&e->kv_t, target, e->be, kv_type, (int32_t)n_blocks, bs, err))) goto fail;
     if (draft && (st = tdm_kv_store_init(&e->kv_d, draft, e->be, kv_type, (int32_t)n_blocks, bs, err)))
         goto fail;
     if ((st = tdm_batch_init(&e->batch, e->max_rows, err))) goto fail;
 
     /* logits rows: a feed asks for its last row only, a verification for k + 1 rows */
-    size_t lbytes = (size_t)TDM_ENGINE_LOGIT_ROWS * (size_t)e->n_vocab * sizeof(float);
+    size_t lbytes = (size_t)e->n_logit_rows * (size_t)e->n_vocab * sizeof(float);
+    e->ids = tdm_calloc((size_t)e->n_logit_rows, sizeof(int32_t));
+    if (!e->ids) {
+        st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     void *p;
     if ((st = e->be->ops->alloc(e->be, lbytes, &p, err))) goto fail;
     e->out_t = p;
@@ -234,6 +250,7 @@ void tdm_engine_free(tdm_engine *e) {
     }
     tdm_kv_pool_free(e->pool);
     tdm_batch_free(&e->batch);
+    free(e->ids);
     free(e->probs);
     free(e->qprobs);
     free(e->tmp);
@@ -318,10 +335,10 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token) {
     if (s->done) return false;
     s->tokens[s->n_tokens++] = token;
     const tdm_tokenizer *tok = e->target->tok;
+    const size_t before = s->text_len;
     char *buf = e->piece;
     int32_t nb = tdm_detok_push(&s->detok, tok, token, buf, e->piece_cap);
-    if (nb < 0) nb = 0;
-    append_text(s, buf, (size_t)nb);
+    if (nb > 0) append_text(s, buf, (size_t)nb);
     int32_t n_gen = s->n_tokens - s->n_prompt;
     if (!s->ignore_eos && tdm_tok_is_eog(tok, token)) {
         s->done = true;
@@ -331,13 +348,26 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token) {
         s->finish = TANDEM_FINISH_LENGTH;
     }
     if (s->done) {
-        int32_t nf = tdm_detok_flush(&s->detok, buf + nb, e->piece_cap - nb);
-        if (nf > 0) {
-            append_text(s, buf + nb, (size_t)nf);
-            nb += nf;
+        int32_t nf = tdm_detok_flush(&s->detok, buf, e->piece_cap);
+        if (nf > 0) append_text(s, buf, (size_t)nf);
+    }
+    /* a stop string ends the text before it, whatever else ended it */
+    if (s->stop.n && s->text_len > before) {
+        ptrdiff_t at = tdm_stop_find(&s->stop, s->text, s->text_len, before);
+        if (at >= 0) {
+            s->text_len = (size_t)at;
+            s->text[at] = 0;
+            s->done = true;
+            s->finish = TANDEM_FINISH_STOP;
         }
     }
-    if (s->on_token && !s->on_token(token, buf, (size_t)nb, s->user_data)) {
+    /* stream what can no longer begin a stop string */
+    size_t safe = s->done ? s->text_len : s->text_len - tdm_stop_holdback(&s->stop, s->text, s->text_len);
+    if (safe < s->emitted) safe = s->emitted;
+    const char *piece = s->text ? s->text + s->emitted : "";
+    const size_t n_piece = safe - s->emitted;
+    s->emitted = safe;
+    if (s->on_token && !s->on_token(token, piece, n_piece, s->user_data)) {
         if (!s->done) s->finish = TANDEM_FINISH_CANCELLED;
         s->done = true;
     }
@@ -455,6 +485,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     s->on_token = gp->on_token;
     s->user_data = gp->user_data;
     s->ignore_eos = gp->ignore_eos;
+    if ((st = tdm_stop_init(&s->stop, gp->stop, gp->n_stop, err))) return st;
     s->text = malloc(256);
     if (!s->text) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     s->text[0] = 0;
@@ -466,6 +497,9 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     tdm_kv_seq_free(e->pool, &s->kv);
     free(s->tokens);
     free(s->text);
+    tdm_stop_free(&s->stop);
+    s->tokens = NULL;
+    s->text = NULL;
 }
 
 tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
@@ -495,25 +529,6 @@ tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) {
 tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     if (s->done) return TANDEM_OK;
     return e->draft ? tdm_spec_step(e, s, err) : tdm_seq_step_target(e, s, err);
-}
-
-tandem_status tdm_engine_generate(tdm_engine *e, const int32_t *prompt, int32_t n_prompt,
-                                  const tandem_generate_params *gp, tandem_result *res, tdm_err *err) {
-    memset(res, 0, sizeof *res);
-    tdm_seq s;
-    tandem_status st = tdm_seq_init(e, &s, prompt, n_prompt, gp, err);
-    if (st) {
-        tdm_seq_release(e, &s);
-        return st;
-    }
-    double t0 = tdm_now();
-    st = tdm_seq_prefill(e, &s, err);
-    double t1 = tdm_now();
-    while (!st && !s.done) st = tdm_seq_step(e, &s, err);
-    double t2 = tdm_now();
-    if (!st) st = tdm_seq_result(e, &s, (t1 - t0) * 1e3, (t2 - t1) * 1e3, res, err);
-    tdm_seq_release(e, &s);
-    return st;
 }
 
 tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,

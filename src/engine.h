@@ -17,10 +17,16 @@
 #include "controller.h"
 #include "model.h"
 #include "sampling.h"
+#include "stop.h"
 #include "tokenizer.h"
 
-/* Most rows of one forward that want logits (a verification of the longest chain). */
+/* Most rows of one forward that want logits (a verification of the longest chain);
+ * an engine of many sequences holds TDM_ENGINE_BATCH_ROWS_PER_SEQ rows per sequence
+ * (a batched verification of chains of up to 7 tokens in one forward), up to
+ * TDM_ENGINE_BATCH_LOGITS_MAX (tdm_engine.n_logit_rows). */
 #define TDM_ENGINE_LOGIT_ROWS (TDM_CTRL_MAX_K + 1)
+#define TDM_ENGINE_BATCH_ROWS_PER_SEQ 8
+#define TDM_ENGINE_BATCH_LOGITS_MAX 512
 /* e->samp_dev: ok flags of up to TDM_ENGINE_LOGIT_ROWS rows, then the output words. */
 #define TDM_ENGINE_SAMP_OUT 40
 #define TDM_ENGINE_SAMP_IDS 64 /* (the scheduler's tokens of one batched step) */
@@ -34,7 +40,13 @@ typedef struct tdm_engine_cfg {
     size_t kv_bytes;
     int32_t prefill_chunk;   /* rows per prefill forward */
     size_t gpu_mem;          /* device budget (tandem_engine_params.gpu_mem), 0 = none */
+    int32_t max_batch_tokens;/* rows per scheduler step, 0 = prefill_chunk */
+    bool prefix_cache;       /* share identical prompt prefixes' blocks */
+    bool batch_invariant;    /* rows of a batch computed as alone (tandem_engine_params) */
 } tdm_engine_cfg;
+
+/* Logits rows an engine of n_seq_max sequences keeps (tdm_engine.n_logit_rows). */
+int32_t tdm_engine_logit_rows(int32_t n_seq_max);
 
 /* The KV blocks a device budget leaves: (budget - weights - work) / block_bytes,
  * capped by kv_bytes / block_bytes when kv_bytes > 0; 0 with err set (naming the
@@ -45,7 +57,8 @@ int64_t tdm_kv_budget_blocks(size_t budget, uint64_t weights, uint64_t work, siz
 /* Device bytes an engine's working buffers take besides weights and KV cache (the
  * forward buffers of its prefill chunk for each model, logits, and a fixed 64 MiB
  * for the backend's workspaces): what tdm_kv_budget_blocks subtracts. */
-uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk);
+uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk,
+                               int32_t n_logit_rows);
 
 typedef struct tdm_engine {
     tdm_model *target;
@@ -62,13 +75,14 @@ typedef struct tdm_engine {
     tdm_fwd_scratch fs_t, fs_d;
     int32_t n_vocab;
     int32_t max_rows;        /* batch capacity */
-    float *logits_t;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] host-readable: the latest
-                                target forward's logits rows */
-    float *logits_d;         /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] likewise for the draft */
+    int32_t n_logit_rows;    /* logits rows one forward may ask for */
+    float *logits_t;         /* [n_logit_rows][n_vocab] host-readable: the latest target
+                                forward's logits rows */
+    float *logits_d;         /* [n_logit_rows][n_vocab] likewise for the draft */
     float *out_t, *out_d;    /* where forwards write logits (backend memory): logits_t /
                                 logits_d themselves on a host-memory backend, else device
                                 buffers copied to them after each forward */
-    int32_t ids[TDM_ENGINE_LOGIT_ROWS]; /* greedy forwards' argmax per logits row (host) */
+    int32_t *ids;            /* [n_logit_rows] greedy forwards' argmax per logits row (host) */
     int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] backend memory: a greedy draft chain's
                                 tokens, then their top probabilities (as floats), when the
                                 backend keeps argmaxes on the device (draft/chain.c); else
@@ -76,7 +90,7 @@ typedef struct tdm_engine {
     /* Device sampling (backends with probs_dev, sample_dev and accept_dev; else all
      * NULL): the processed distributions stay where the logits are and only token
      * ids come back (engine.c, draft/chain.c, verify/verify.c). */
-    float *p_dev;            /* [TDM_ENGINE_LOGIT_ROWS][n_vocab] backend: target p rows */
+    float *p_dev;            /* [n_logit_rows][n_vocab] backend: target p rows */
     float *q_dev;            /* [TDM_CTRL_MAX_K][n_vocab] backend: draft q rows */
     int32_t *samp_dev;       /* [TDM_ENGINE_SAMP_WORDS] backend: ok flags per row, then a
                                 draw or an acceptance result (TDM_ENGINE_SAMP_OUT) */
@@ -117,8 +131,10 @@ typedef struct tdm_seq {
     tdm_detok detok;
     tandem_token_cb on_token;
     void *user_data;
-    char *text;              /* all generated text so far */
+    char *text;              /* all generated text so far (cut before a stop string) */
     size_t text_len, text_cap;
+    size_t emitted;          /* bytes of text passed to on_token */
+    tdm_stop stop;           /* the request's stop strings */
     /* metrics */
     tandem_spec_stats spec;
 } tdm_seq;
@@ -137,16 +153,6 @@ void tdm_engine_consume(tdm_seq *s, int32_t n);
 tandem_status tdm_engine_check_ok(const tdm_engine *e, bool is_draft, const int32_t *ok, int32_t n, int32_t pos0,
                                   tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
-
-/* Runs one whole request. */
-tandem_status tdm_engine_generate(tdm_engine *e, const int32_t *prompt, int32_t n_prompt,
-                                  const tandem_generate_params *gp, tandem_result *res, tdm_err *err);
-
-/* Runs n requests with continuous batching (src/sched.c; tandem_generate_batch's
- * contract): res[i] for request i, its status and error set when it failed alone.
- * A request with n_prompts[i] < 0 already failed (res[i] is set) and is skipped. */
-tandem_status tdm_engine_generate_batch(tdm_engine *e, const int32_t *const *prompts, const int32_t *n_prompts,
-                                        const tandem_generate_params *params, int32_t n, tandem_result *res);
 
 /* Fills res from a finished sequence (tokens, text: moved out of s, timings in
  * milliseconds, speculation statistics). */
@@ -200,6 +206,10 @@ void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, in
  * commits it plus one target token, rolls both models back. */
 tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k,
                                int32_t *n_accepted, tdm_err *err);
+/* verify/verify.c: after a verdict on a chain after the sequence's n committed
+ * tokens: rolls both models back to n + acc positions with one truncate and commits
+ * draft[0..acc) and next (as far as the request takes them). */
+void tdm_verify_keep(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t acc, int32_t next);
 
 /* Logits after the last of n tokens for the target (or the draft), computed by
  * prefilling a temporary sequence that is freed afterwards.  out: [n_vocab]. */

@@ -554,3 +554,105 @@ Test(cuda_sampling, lossless_filters_ngram_adaptive, .timeout = 600) {
 }
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }
+
+/* The scheduler on the GPU: batches of 8 and 32 (target-only and with a draft), a
+ * prompt budget of 16 rows a step, and a KV pool small enough to preempt, give
+ * the greedy tokens of one-at-a-time decoding on every prefix of the 100
+ * prompts-dev prompts; sampled tokens do not depend on the batch.  With
+ * batch_invariant off (a step's rows in one forward) the outputs are counted. */
+static tandem_engine *cuda_batch_engine(tandem_model *t, tandem_model *d, int n_seq, int budget, size_t kv_bytes,
+                                        bool invariant) {
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_seq_max = n_seq;
+    ep.max_batch_tokens = budget;
+    ep.kv_bytes = kv_bytes;
+    ep.batch_invariant = invariant;
+    ep.n_ctx = 1024;
+    tandem_engine *e = NULL;
+    cr_assert_eq(tandem_engine_open(t, d, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+    return e;
+}
+
+static int cuda_batch_compare(tandem_engine *e, const tandem_request *r, const tandem_result *want, size_t n,
+                              const char *what, bool must) {
+    tandem_result *got = calloc(n, sizeof *got);
+    cr_assert_eq(tandem_generate_batch(e, r, n, got), TANDEM_OK, "%s", tandem_last_error());
+    int same = 0;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_eq(got[i].status, TANDEM_OK, "%s, request %zu: %s", what, i, got[i].error ? got[i].error : "");
+        bool eq = got[i].n_tokens == want[i].n_tokens &&
+                  memcmp(got[i].tokens, want[i].tokens, want[i].n_tokens * sizeof(int32_t)) == 0;
+        if (must) cr_assert(eq, "%s, request %zu: %zu tokens differ from alone", what, i, got[i].n_tokens);
+        same += eq;
+        tandem_result_free(&got[i]);
+    }
+    free(got);
+    printf("cuda batch: %s: %d of %zu as alone\n", what, same, n);
+    return same;
+}
+
+Test(cuda_batch, scheduler_outputs_equal_alone, .timeout = 900) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    tandem_model *t = NULL, *d = NULL;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &t), TANDEM_OK, "%s",
+                 tandem_last_error());
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-xs-f16.gguf"), &mp, &d), TANDEM_OK, "%s",
+                 tandem_last_error());
+    size_t n;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n);
+    tandem_request *r = calloc(n, sizeof *r);
+    int32_t **ids = calloc(n, sizeof *ids);
+    for (size_t i = 0; i < n; i++) {
+        size_t len;
+        ids[i] = tdm_test_json_ids(tdm_json_get(refs[i], "prompt_ids"), &len);
+        r[i] = tandem_request_default();
+        r[i].prompt_ids = ids[i];
+        r[i].n_prompt_ids = len;
+        r[i].params.max_tokens = 32;
+    }
+    tandem_engine *e1 = cuda_batch_engine(t, NULL, 1, 0, 0, true);
+    tandem_result *want = calloc(n, sizeof *want);
+    cr_assert_eq(tandem_generate_batch(e1, r, n, want), TANDEM_OK);
+    const int sizes[] = {8, 32};
+    for (int dr = 0; dr < 2; dr++)
+        for (int si = 0; si < 2; si++) {
+            tandem_engine *e = cuda_batch_engine(t, dr ? d : NULL, sizes[si], 0, 0, true);
+            char what[64];
+            snprintf(what, sizeof what, "%s, batch %d", dr ? "draft" : "target only", sizes[si]);
+            cuda_batch_compare(e, r, want, n, what, true);
+            tandem_engine_close(e);
+        }
+    /* prompts prefilled 16 rows a step beside the decodes; a pool of ~3 sequences */
+    tandem_model_info mi;
+    tandem_model_get_info(t, &mi);
+    tandem_engine *e = cuda_batch_engine(t, NULL, 8, 16, (size_t)mi.kv_bytes_per_token * 3 * 192, true);
+    cuda_batch_compare(e, r, want, n, "budget 16, small pool", true);
+    tandem_engine_stats st;
+    tandem_engine_get_stats(e, &st);
+    printf("cuda batch: small pool: %llu preemptions\n", (unsigned long long)st.n_preemptions);
+    cr_assert_gt(st.n_preemptions, 0);
+    cr_assert_eq(st.kv_blocks_free, st.kv_blocks_total);
+    tandem_engine_close(e);
+    /* rows shared by one forward: counted, not required */
+    e = cuda_batch_engine(t, NULL, 32, 0, 0, false);
+    int same = cuda_batch_compare(e, r, want, n, "batch 32, batch_invariant off", false);
+    cr_assert_geq(same, (int)n * 9 / 10);
+    tandem_engine_close(e);
+    /* sampling: the batch does not change a request's tokens */
+    for (size_t i = 0; i < n; i++) {
+        r[i].params.temperature = 0.8f;
+        r[i].params.seed = 77 + i;
+        tandem_result_free(&want[i]);
+    }
+    cr_assert_eq(tandem_generate_batch(e1, r, n, want), TANDEM_OK);
+    e = cuda_batch_engine(t, d, 16, 0, 0, true);
+    cuda_batch_compare(e, r, want, n, "sampled, draft, batch 16", true);
+    tandem_engine_close(e);
+    for (size_t i = 0; i < n; i++) tandem_result_free(&want[i]), free(ids[i]);
+    free(want), free(ids), free(r);
+    tandem_engine_close(e1);
+    tdm_test_jsonl_free(refs, n);
+    tandem_model_close(d);
+    tandem_model_close(t);
+}

@@ -1,11 +1,12 @@
 /* test_batch.c - tandem_generate_batch, the continuous-batching scheduler:
  *   - greedy outputs over the prompts-dev prompts with 1, 8 and 32 sequences at
- *     a time equal one-at-a-time tandem_generate_ids, target-only and with a draft
- *     (whose lone sequences step speculatively);
+ *     a time, and 8 in a KV pool so small that sequences are preempted, equal
+ *     one-at-a-time tandem_generate_ids, target-only and with a draft (whose
+ *     sequences speculate in the batch);
  *   - sampled outputs do not depend on the batch (same seed, same tokens);
- *   - a bad request fails alone with its message; a request that finds no KV
- *     blocks fails alone, and every block comes back (a later batch that needs the
- *     whole pool runs).
+ *   - a bad request fails alone with its message;
+ *   - a pool for two of four long requests preempts instead of failing, the
+ *     outputs unchanged, and every block comes back.
  * Greedy checks run every prompt (the sanitizer build every fourth), sampled ones
  * every third (every twelfth). */
 #include <criterion/criterion.h>
@@ -91,9 +92,9 @@ static void free_results(tandem_result *r, size_t n) {
     free(r);
 }
 
-/* Batches of 1, 8 and 32 on a target-only engine and on one with a draft, against a
- * reference computed once: one-at-a-time tandem_generate_ids when greedy, a batch of
- * one on the same kind of engine when sampling. */
+/* Batches of 1, 8 and 32 (and 8 in a small pool) on a target-only engine and on one
+ * with a draft, against a reference computed once: one-at-a-time
+ * tandem_generate_ids when greedy, the target-only batch of one when sampling. */
 static void check_batches(float temperature) {
     tandem_model *t = open_model("pycode-target-f16.gguf"), *d = open_model("pycode-draft-xs-f16.gguf");
     prompt_set p = load_prompts(temperature > 0 ? 3 : 1);
@@ -108,26 +109,38 @@ static void check_batches(float temperature) {
         ref = alone(e1, r, p.count);
         tandem_engine_close(e1);
     }
-    const int sizes[] = {1, 8, 32};
+    /* -8: eight at a time in a pool of about three sequences' blocks (preempting) */
+    const int sizes[] = {1, 8, 32, -8};
+    tandem_model_info mi;
+    cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
     for (int with_draft = 0; with_draft < 2; with_draft++) {
         for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
-            tandem_engine *e = open_engine(t, with_draft ? d : NULL, sizes[si], 0);
+            const bool small = sizes[si] < 0;
+            const size_t kv = small ? (size_t)mi.kv_bytes_per_token * (with_draft ? 2 : 1) * 3 * 128 : 0;
+            tandem_engine *e = open_engine(t, with_draft ? d : NULL, abs(sizes[si]), kv);
             tandem_result *got = calloc(p.count, sizeof *got);
             cr_assert_eq(tandem_generate_batch(e, r, p.count, got), TANDEM_OK, "%s", tandem_last_error());
+            if (small) {
+                tandem_engine_stats st;
+                cr_assert_eq(tandem_engine_get_stats(e, &st), TANDEM_OK);
+                cr_assert_gt(st.n_preemptions, 0, "a pool for three of eight sequences preempted none");
+            }
             tandem_engine_close(e);
-            if (!ref) { /* sampling: the batch of one is the reference */
+            if (!ref) { /* sampling: the target-only batch of one is the reference */
                 ref = got;
                 continue;
             }
+            if (with_draft && temperature > 0 && sizes[si] == 1) {
+                /* an engine of one sequence samples speculatively: the same distribution
+                 * with other draws (test_spec_stat checks it) */
+                free_results(got, p.count);
+                continue;
+            }
             char what[64];
-            snprintf(what, sizeof what, "%s, %s, batch %d", with_draft ? "draft" : "target only",
-                     temperature > 0 ? "sampled" : "greedy", sizes[si]);
+            snprintf(what, sizeof what, "%s, %s, batch %d%s", with_draft ? "draft" : "target only",
+                     temperature > 0 ? "sampled" : "greedy", abs(sizes[si]), small ? ", small pool" : "");
             for (size_t i = 0; i < p.count; i++) same_tokens(&ref[i], &got[i], what, i);
             free_results(got, p.count);
-        }
-        if (temperature > 0) { /* (each engine kind its own reference) */
-            free_results(ref, p.count);
-            ref = NULL;
         }
     }
     if (ref) free_results(ref, p.count);
@@ -148,7 +161,7 @@ Test(batch, a_bad_request_fails_alone) {
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = 12;
     tandem_request r[6];
-    for (int i = 0; i < 6; i++) r[i] = (tandem_request){NULL, good, 4, gp};
+    for (int i = 0; i < 6; i++) r[i] = (tandem_request){NULL, good, 4, gp, 0, 0};
     r[1].params.top_p = 0.0f;           /* out of range */
     r[2].prompt_ids = bad_id, r[2].n_prompt_ids = 2;
     r[3].prompt = "def add(a, b):";     /* text prompts work beside ids */
@@ -175,39 +188,47 @@ Test(batch, a_bad_request_fails_alone) {
     tandem_model_close(t);
 }
 
-/* A KV pool for about two sequences, four at a time: the requests that find no
- * blocks fail alone; the blocks all come back (two full-length requests then run). */
-Test(batch, kv_pool_exhausted_fails_alone_and_frees_every_block) {
+/* A KV pool for about two sequences, four at a time: instead of failing, the
+ * scheduler preempts the newest sequence (frees its blocks, recomputes it when it is
+ * admitted again); every request completes with the tokens it gets alone, and every
+ * block comes back. */
+Test(batch, kv_pool_full_preempts_and_output_is_unchanged) {
     tandem_model *t = open_model("pycode-target-f16.gguf");
     tandem_model_info mi;
     cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
     const size_t per_token = (size_t)mi.kv_bytes_per_token;
     tandem_engine *e = open_engine(t, NULL, 4, per_token * 2 * 160);
-    const int32_t prompt[] = {1, 822, 1243, 2989};
+    tandem_engine *e1 = open_engine(t, NULL, 1, 0);
+    int32_t prompts[4][4];
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = 150;
     gp.ignore_eos = true;
     tandem_request r[4];
-    for (int i = 0; i < 4; i++) r[i] = (tandem_request){NULL, prompt, 4, gp};
-    tandem_result out[4];
-    cr_assert_eq(tandem_generate_batch(e, r, 4, out), TANDEM_OK);
-    int ok = 0, failed = 0;
+    tandem_result out[4], want[4];
     for (int i = 0; i < 4; i++) {
-        if (out[i].status == TANDEM_OK) {
-            ok++;
-            cr_assert_eq(out[i].n_tokens, 150);
-        } else {
-            failed++;
-            cr_assert(out[i].error && out[i].error[0], "request %d failed without a message", i);
-        }
-        tandem_result_free(&out[i]);
+        const int32_t p[4] = {1, 822 + i, 1243, 2989 - i};
+        memcpy(prompts[i], p, sizeof p);
+        r[i] = tandem_request_default();
+        r[i].prompt_ids = prompts[i];
+        r[i].n_prompt_ids = 4;
+        r[i].params = gp;
+        cr_assert_eq(tandem_generate_ids(e1, prompts[i], 4, &gp, &want[i]), TANDEM_OK, "%s", tandem_last_error());
     }
-    cr_assert(ok >= 1 && failed >= 1, "%d completed, %d failed: the pool should fit some, not all", ok, failed);
-    cr_assert_eq(tandem_generate_batch(e, r, 2, out), TANDEM_OK);
-    for (int i = 0; i < 2; i++) {
-        cr_assert_eq(out[i].status, TANDEM_OK, "after the first batch, request %d: %s (blocks leaked?)", i, out[i].error);
-        tandem_result_free(&out[i]);
+    cr_assert_eq(tandem_generate_batch(e, r, 4, out), TANDEM_OK);
+    int preempted = 0;
+    for (int i = 0; i < 4; i++) {
+        same_tokens(&want[i], &out[i], "under preemption", (size_t)i);
+        preempted += out[i].n_preemptions;
     }
+    cr_assert(preempted >= 1, "no request was preempted: the pool should hold two of the four");
+    tandem_engine_stats st;
+    cr_assert_eq(tandem_engine_get_stats(e, &st), TANDEM_OK);
+    cr_assert_eq(st.n_preemptions, (uint64_t)preempted);
+    cr_assert_eq(st.kv_blocks_free, st.kv_blocks_total, "%d of %d blocks free after the batch", st.kv_blocks_free,
+                 st.kv_blocks_total);
+    cr_assert_eq(st.n_running + st.n_waiting, 0);
+    for (int i = 0; i < 4; i++) tandem_result_free(&out[i]), tandem_result_free(&want[i]);
+    tandem_engine_close(e1);
     tandem_engine_close(e);
     tandem_model_close(t);
 }

@@ -150,6 +150,19 @@ check_bad_prompts "bad max_tokens" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "max_
 check_bad_prompts "negative seed" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "seed": -4}'$'\n'
 check_bad_prompts "bad temperature" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "temperature": null}'$'\n'
 check_bad_prompts "not an object" "$GOOD"$'\n\n''"x"'$'\n'
+# The scheduling members: a bad one is named.
+check_bad_prompts "priority not an integer" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "priority": "x"}'$'\n'
+expect_err '"priority" must be an integer' "prompts: priority \"x\""
+check_bad_prompts "stop [1]" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "stop": [1]}'$'\n'
+expect_err '"stop"[0] must be a string' "prompts: stop [1]"
+check_bad_prompts "timeout_s -1" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "timeout_s": -1}'$'\n'
+expect_err '"timeout_s" must be a number of seconds in [0, 1e+09]' "prompts: timeout_s -1"
+check_bad_prompts "stop of 17 strings" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "stop": ["a","a","a","a","a","a","a","a","a","a","a","a","a","a","a","a","a"]}'$'\n'
+expect_err '"stop" has 17 strings, more than 16' "prompts: 17 stop strings"
+check_bad_prompts "stop of 257 bytes" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "stop": "'"$(printf 'x%.0s' $(seq 257))"'"}'$'\n'
+expect_err '"stop" is longer than 256 bytes' "prompts: a stop string of 257 bytes"
+check_bad_prompts "empty stop string" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "stop": ["a", ""]}'$'\n'
+expect_err '"stop"[1] is empty' "prompts: an empty stop string"
 
 # ------------------------------------------------- bad input (issue 23)
 # Readers stop at their stated limits: a line of 1 MiB, an input of 64 MiB.
@@ -644,6 +657,8 @@ cmp -s "$TMP/b1" "$TMP/r1" && pass "run: the tokens of generate, one line per pr
     fail "run: output differs from generate: $(diff "$TMP/b1" "$TMP/r1" | head -c 300)"
 grep -q "run: 12 requests (0 already done, 0 errors)" "$TMP/err" && pass "run: summary line" ||
     fail "run: summary: $(tail -n 1 "$TMP/err")"
+grep -Eq "prefix cache [0-9]+ of [1-9][0-9]* prompt tokens \([0-9.]+%\), [0-9]+ preemptions, 0 timeouts" "$TMP/err" &&
+    pass "run: the summary reports prefix-cache hits, preemptions, timeouts" || fail "run: summary: $(tail -n 1 "$TMP/err")"
 { head -n 5 "$TMP/out.jsonl"; sed -n 6p "$TMP/out.jsonl" | head -c 40; } >"$TMP/cut.jsonl"
 mv "$TMP/cut.jsonl" "$TMP/out.jsonl"
 expect_exit 0 "run: resumed after a kill" "$TANDEM" run "$TMP/job.ini"
@@ -688,6 +703,86 @@ expect_exit 2 "run without a job file" "$TANDEM" run
 expect_exit 0 "run: configs/pycode-cpu.ini" "$TANDEM" run "$HERE/../configs/pycode-cpu.ini" --set sampling.max_tokens=2 \
     --set job.input="$TMP/p12.jsonl" --set job.output="$TMP/cfg.jsonl"
 [ "$(wc -l <"$TMP/cfg.jsonl")" -eq 12 ] && pass "run: configs/pycode-cpu.ini wrote 12 lines" || fail "run: configs/pycode-cpu.ini"
+
+# run: the scheduling members of a request; a bad one makes an error line naming it
+# (with the line's own id), the others run
+printf '%s\n' '{"id": "p", "prompt": "def f(x):", "priority": "x"}' '{"id": "s", "prompt": "def f(x):", "stop": [1]}' \
+    '{"id": "t", "prompt": "def f(x):", "timeout_s": -1}' \
+    '{"id": "ok", "prompt": "def f(x):", "priority": 3, "timeout_s": 60, "stop": ["\n\n\n"], "max_tokens": 2}' \
+    >"$TMP/fields.jsonl"
+"$TANDEM" run "$TMP/job.ini" --set job.input=fields.jsonl --set job.output=fields.out >/dev/null 2>"$TMP/err"
+rc=$?
+python3 - "$TMP/fields.out" "$rc" <<'EOF'
+import json, sys
+rows = {o["id"]: o for o in map(json.loads, open(sys.argv[1]))}
+want = {"p": '"priority" must be an integer', "s": '"stop"[0] must be a string',
+        "t": '"timeout_s" must be a number of seconds'}
+ok = sys.argv[2] == "1" and sorted(rows) == ["ok", "p", "s", "t"]
+for k, w in want.items():
+    ok = ok and "fields.jsonl:" in rows[k].get("error", "") and w in rows[k]["error"]
+o = rows.get("ok", {})
+ok = ok and len(o.get("tokens", [])) <= 2 and all(isinstance(o.get(k), (int, float)) for k in
+                                                  ("cached_tokens", "preemptions", "queue_ms"))
+print(("ok   - " if ok else "FAIL - ") + "run: bad priority / stop / timeout_s are error lines naming the member; "
+      "a good line runs (exit %s: %r)" % (sys.argv[2], rows))
+sys.exit(0 if ok else 1)
+EOF
+[ $? -eq 0 ] && pass "run: per-request fields" || fail "run: per-request fields"
+badcfg "stop not JSON" "bad.ini:7: [sampling] stop: 'abc' is not JSON" "$ok_head[sampling]\nstop = abc\n"
+badcfg "stop [1]" "bad.ini:7: [sampling] stop: '[1]': stop[0] must be a string" "$ok_head[sampling]\nstop = [1]\n"
+badcfg "priority" "bad.ini:7: [job] priority: '1.5' is not an integer" "$ok_head[job]\npriority = 1.5\n"
+badcfg "timeout_s" "bad.ini:7: [job] timeout_s: '-1' is not a number of seconds in [0, 1e+09]" "$ok_head[job]\ntimeout_s = -1\n"
+badcfg "a line over inih's limit" "bad.ini:7: line longer than 199 bytes" "$ok_head[job]\noutput = $(printf 'x%.0s' $(seq 250))\n"
+grep '"ok"' "$TMP/fields.jsonl" >"$TMP/fields-ok.jsonl"
+expect_exit 0 "run: stop, priority and timeout_s in the job file" "$TANDEM" run "$TMP/job.ini" \
+    --set 'sampling.stop=["\n\n\n", "\u003b"]' --set job.priority=-2 --set job.timeout_s=120 \
+    --set job.input=fields-ok.jsonl --set job.output=fields-ok.out
+
+# merge: the shards' outputs joined are the unsharded output (as a set of lines, in
+# what does not depend on the batch: id, text, tokens, finish reason, prompt tokens;
+# the same members)
+rm -f "$TMP/merged.jsonl"
+expect_exit 0 "merge: two shards" "$TANDEM" merge "$TMP/merged.jsonl" "$TMP/s0.jsonl" "$TMP/s1.jsonl" --input "$TMP/p12.jsonl"
+python3 - "$TMP/merged.jsonl" "$TMP/out.jsonl" <<'EOF'
+import json, sys
+def rows(path):
+    out = []
+    for line in open(path):
+        o = json.loads(line)
+        keep = {k: o[k] for k in ("id", "text", "tokens", "finish_reason", "prompt_tokens")}
+        out.append(json.dumps([sorted(o), keep], sort_keys=True))
+    return sorted(out)
+a, b = rows(sys.argv[1]), rows(sys.argv[2])
+ok = len(a) == 12 and a == b and len(set(json.loads(r)[1]["id"] for r in a)) == 12
+print(("ok   - " if ok else "FAIL - ") + "merge of the shards = the unsharded output (%d and %d lines)" % (len(a), len(b)))
+sys.exit(0 if ok else 1)
+EOF
+[ $? -eq 0 ] && pass "merge: the same lines" || fail "merge: the same lines"
+no_out() { # DESC: the failed merge left neither OUT nor OUT.tmp
+    [ ! -e "$TMP/m.jsonl" ] && [ ! -e "$TMP/m.jsonl.tmp" ] && pass "$1: nothing written" || fail "$1: left a file"
+}
+expect_exit 1 "merge: a duplicate id" "$TANDEM" merge "$TMP/m.jsonl" "$TMP/s0.jsonl" "$TMP/s1.jsonl" "$TMP/s0.jsonl"
+expect_err "s0.jsonl:1: duplicate id" "merge: a duplicate id"
+no_out "merge: a duplicate id"
+n1=$(wc -l <"$TMP/s1.jsonl")
+head -c -8 "$TMP/s1.jsonl" >"$TMP/cut1.jsonl"
+expect_exit 1 "merge: a truncated line" "$TANDEM" merge "$TMP/m.jsonl" "$TMP/s0.jsonl" "$TMP/cut1.jsonl"
+expect_err "cut1.jsonl:$n1: truncated line" "merge: a truncated line"
+no_out "merge: a truncated line"
+{ head -n 1 "$TMP/s1.jsonl"; echo '{"text": "no id"}'; } >"$TMP/noid.jsonl"
+expect_exit 1 "merge: a line without an id" "$TANDEM" merge "$TMP/m.jsonl" "$TMP/noid.jsonl"
+expect_err 'noid.jsonl:2: a line without an "id"' "merge: a line without an id"
+{ head -n 1 "$TMP/s1.jsonl"; echo '{"id": 99, "text": '; } >"$TMP/mal.jsonl"
+expect_exit 1 "merge: a malformed line" "$TANDEM" merge "$TMP/m.jsonl" "$TMP/mal.jsonl"
+expect_err "mal.jsonl:2: malformed line (invalid JSON" "merge: a malformed line"
+expect_exit 1 "merge: a missing shard (--input)" "$TANDEM" merge "$TMP/m.jsonl" "$TMP/s0.jsonl" --input "$TMP/p12.jsonl"
+expect_err "of the 12 ids of $TMP/p12.jsonl" "merge: a missing shard"
+no_out "merge: a missing shard"
+expect_exit 1 "merge: an existing OUT" "$TANDEM" merge "$TMP/merged.jsonl" "$TMP/s0.jsonl"
+expect_err "exists (give --force to replace it)" "merge: an existing OUT"
+expect_exit 0 "merge --force" "$TANDEM" merge --force "$TMP/merged.jsonl" "$TMP/s1.jsonl"
+[ "$(wc -l <"$TMP/merged.jsonl")" -eq "$n1" ] && pass "merge --force: replaced" || fail "merge --force: not replaced"
+expect_exit 2 "merge: no input files" "$TANDEM" merge "$TMP/m.jsonl"
 
 echo "# $n_pass passed, $n_fail failed"
 [ "$n_fail" -eq 0 ]

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "scheduler.h"
 #include "kv_cache.h"
 #include "testutil.h"
 
@@ -44,7 +45,7 @@ Test(generate, greedy_matches_reference_on_98_of_100) {
         tandem_generate_params gp = tandem_generate_default_params();
         gp.max_tokens = (int)n_ref;
         tandem_result r;
-        cr_assert_eq(tdm_engine_generate(g_engine, ids, (int32_t)n, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_generate_one(g_engine, ids, (int32_t)n, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
         /* the reference stops at EOS like we do: equal means same length and tokens */
         bool same = r.n_tokens == n_ref && memcmp(r.tokens, want, n_ref * sizeof(int32_t)) == 0;
         if (same) {
@@ -73,7 +74,7 @@ static void gen(const int32_t *ids, size_t n, float temp, uint64_t seed, tandem_
     gp.temperature = temp;
     gp.top_p = 0.95f;
     gp.seed = seed;
-    cr_assert_eq(tdm_engine_generate(g_engine, ids, (int32_t)n, &gp, r, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_generate_one(g_engine, ids, (int32_t)n, &gp, r, &err), TANDEM_OK, "%s", err.msg);
 }
 
 Test(generate, seeded_sampling_is_reproducible) {
@@ -100,7 +101,7 @@ Test(generate, callback_can_cancel_and_blocks_are_freed) {
     gp.on_token = tdm_test_stop_cb;
     gp.user_data = &stop;
     tandem_result r;
-    cr_assert_eq(tdm_engine_generate(g_engine, ids, 5, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_generate_one(g_engine, ids, 5, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(r.n_tokens, 3);
     cr_assert_eq(r.finish_reason, TANDEM_FINISH_CANCELLED);
     cr_assert_eq(tdm_kv_pool_n_free(g_engine->pool), tdm_kv_pool_n_blocks(g_engine->pool));
@@ -112,11 +113,11 @@ Test(generate, bad_requests_are_rejected) {
     tandem_result r;
     tandem_generate_params gp = tandem_generate_default_params();
     int32_t bad[] = {0, 99999};
-    cr_assert_eq(tdm_engine_generate(g_engine, bad, 2, &gp, &r, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(tdm_generate_one(g_engine, bad, 2, &gp, &r, &err), TANDEM_ERR_INVALID_ARG);
     cr_assert(strstr(err.msg, "out of range"), "%s", err.msg);
-    cr_assert_eq(tdm_engine_generate(g_engine, bad, 0, &gp, &r, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(tdm_generate_one(g_engine, bad, 0, &gp, &r, &err), TANDEM_ERR_INVALID_ARG);
     gp.temperature = -1;
     int32_t ok[] = {0, 5};
-    cr_assert_eq(tdm_engine_generate(g_engine, ok, 2, &gp, &r, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(tdm_generate_one(g_engine, ok, 2, &gp, &r, &err), TANDEM_ERR_INVALID_ARG);
     cr_assert_eq(tdm_kv_pool_n_free(g_engine->pool), tdm_kv_pool_n_blocks(g_engine->pool));
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "scheduler.h"
 #include "kv_cache.h"
 #include "testutil.h"
 
@@ -57,7 +58,7 @@ static int32_t *target_only(tdm_engine *plain, const tdm_json *ref, const tandem
                             tandem_result *want) {
     tdm_err err = {0};
     int32_t *ids = tdm_test_json_ids(tdm_json_get(ref, "prompt_ids"), n);
-    cr_assert_eq(tdm_engine_generate(plain, ids, (int32_t)*n, gp, want, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)*n, gp, want, &err), TANDEM_OK, "%s", err.msg);
     return ids;
 }
 
@@ -117,7 +118,7 @@ Test(spec, greedy_outputs_equal_target_only) {
                 gp = greedy_params();
                 gp.spec_k = ks[ki];
                 tandem_result got;
-                cr_assert_eq(tdm_engine_generate(spec[d], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s",
+                cr_assert_eq(tdm_generate_one(spec[d], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s",
                              err.msg);
                 greedy_cmp c = {g_draft_files[d], (int)li, ks[ki], 0};
                 expect_same(&got, &want, spec[d], &c);
@@ -133,7 +134,7 @@ Test(spec, greedy_outputs_equal_target_only) {
             gp.spec_k = ng_cfg[c][0];
             gp.spec_ngram = ng_cfg[c][1];
             tandem_result got;
-            cr_assert_eq(tdm_engine_generate(spec[1], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert_eq(tdm_generate_one(spec[1], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
             greedy_cmp cmp = {"n-gram + draft-xs", (int)li, ng_cfg[c][0], ng_cfg[c][1]};
             expect_same(&got, &want, spec[1], &cmp);
             cr_assert_leq(got.spec.ngram_steps, got.spec.steps);
@@ -150,7 +151,7 @@ Test(spec, greedy_outputs_equal_target_only) {
             gp.spec_k = 8;
             gp.spec_p_min = 0.6f;
             tandem_result got;
-            cr_assert_eq(tdm_engine_generate(spec[0], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert_eq(tdm_generate_one(spec[0], ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
             greedy_cmp cmp = {"p_min 0.6 + draft-s", (int)li, 8, 0};
             expect_same(&got, &want, spec[0], &cmp);
             pm_steps += got.spec.steps;
@@ -240,7 +241,7 @@ Test(spec, cancel_frees_all_blocks) {
     gp.on_token = tdm_test_stop_cb;
     gp.user_data = &stop;
     tandem_result r;
-    cr_assert_eq(tdm_engine_generate(e, ids, (int32_t)n, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_generate_one(e, ids, (int32_t)n, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(r.finish_reason, TANDEM_FINISH_CANCELLED, "finish %s after %zu tokens (callback saw %d)",
                  tandem_finish_reason_str(r.finish_reason), r.n_tokens, stop.count);
     cr_assert_eq(r.n_tokens, 10, "cancel at the 10th token: got %zu tokens", r.n_tokens);

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "engine.h"
+#include "scheduler.h"
 #include "stats.h"
 #include "testutil.h"
 #include "tiny_model.h"
@@ -73,7 +74,7 @@ static int32_t make_prompt(int kind, tdm_engine *plain, int32_t *prompt) {
         tandem_generate_params g0 = tandem_generate_default_params();
         g0.max_tokens = 6;
         tandem_result c;
-        cr_assert_eq(tdm_engine_generate(plain, prompt, 3, &g0, &c, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_generate_one(plain, prompt, 3, &g0, &c, &err), TANDEM_OK, "%s", err.msg);
         cr_assert_eq(c.n_tokens, 6);
         memcpy(prompt + 3, c.tokens, 6 * sizeof(int32_t));
         memcpy(prompt + 9, prompt, 3 * sizeof(int32_t));

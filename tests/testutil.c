@@ -1,6 +1,7 @@
 /* testutil.c - shared helpers for the Criterion tests. */
 #include "testutil.h"
 #include "engine.h"
+#include "scheduler.h"
 
 #include <criterion/criterion.h>
 #include <stdio.h>
@@ -92,7 +93,7 @@ void tdm_test_sample_counts(tdm_engine *e, const tandem_generate_params *base, c
         gp.seed = seed0 + (uint64_t)r;
         gp.max_tokens = n_pos;
         tandem_result res;
-        cr_assert_eq(tdm_engine_generate(e, prompt, n_prompt, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_generate_one(e, prompt, n_prompt, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
         cr_assert_eq(res.n_tokens, (size_t)n_pos);
         for (int i = 0; i < n_pos; i++) counts[i * V + res.tokens[i]]++;
         if (agg) {

@@ -58,16 +58,20 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
         acc = tdm_accept_sample(draft, k, e->probs, e->qprobs, V, &s->rng, e->tmp, &next);
     }
 
+    tdm_verify_keep(e, s, draft, acc, next);
+    *n_accepted = acc;
+    return TANDEM_OK;
+}
+
+void tdm_verify_keep(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t acc, int32_t next) {
+    const int32_t n = s->n_tokens;
     /* roll back both models to the accepted prefix with one truncate: the target
      * holds rows up to x_acc; the draft holds what it was fed, at most as much */
     s->n_target = n + acc;
     if (s->n_draft > n + acc) s->n_draft = n + acc;
     tdm_kv_seq_truncate(e->pool, &s->kv, n + acc);
-
     /* commit the accepted tokens and the target's token */
     bool go = true;
     for (int32_t i = 0; i < acc && go; i++) go = tdm_seq_commit(e, s, draft[i]);
     if (go) tdm_seq_commit(e, s, next);
-    *n_accepted = acc;
-    return TANDEM_OK;
 }

@@ -322,6 +322,11 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     b->int8_dot = false;
     b->host_memory = false;
     b->invariant_rows = TDM_CUDA_GEMV_MAX_ROWS;
+    c->shared_rows_max = TDM_CUDA_SHARED_ROWS;
+    if (const char *sr = getenv("TANDEM_CUDA_SHARED_ROWS")) {
+        const int v = atoi(sr);
+        if (v >= 0 && v <= TDM_CUDA_GEMV_MAX_ROWS) c->shared_rows_max = v;
+    }
     b->any_layout = true;
     b->kv_type = TDM_F16;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

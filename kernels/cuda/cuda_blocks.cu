@@ -276,7 +276,7 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     memset(&f, 0, sizeof f);
     f.c = c;
     f.a = a;
-    f.rows_path = n <= TDM_CUDA_GEMV_MAX_ROWS;
+    f.rows_path = n <= (bt->rows_shared ? c->shared_rows_max : TDM_CUDA_GEMV_MAX_ROWS);
     f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type);
     const int32_t max_q = tdm_flash_max_q(n);
     const int32_t gh = tdm_flash_tc_use(a->head_dim, n) ? 1 : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);

@@ -61,6 +61,10 @@ typedef struct tdm_cuda {
     tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), when TANDEM_CUDA_PROFILE is set */
     int force_mm;        /* benchmarks (tdm_backend_cuda_force_matmul): 0 = pick by rows,
                             1 = the row kernels (up to 64 rows), 2 = cuBLAS */
+    int32_t shared_rows_max; /* a forward whose rows need not be computed as alone
+                                (tdm_batch.rows_shared) takes the row kernels up to this many
+                                rows and cuBLAS above (the measured crossover;
+                                TANDEM_CUDA_SHARED_ROWS overrides) */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
     size_t bytes_peak;   /* the most device memory in use seen after an allocation (the
@@ -110,6 +114,8 @@ void tdm_cuda_buf_free(tdm_cuda *c, tdm_cuda_buf *b);
  * verification (at most TDM_CTRL_MAX_K + 1 rows) stay below it, so a speculative
  * step computes each row exactly as a target-only step does. */
 #define TDM_CUDA_GEMV_MAX_ROWS 16
+/* tdm_cuda.shared_rows_max's default */
+#define TDM_CUDA_SHARED_ROWS 4
 #define TDM_CUDA_GEMV_FORCED_MAX_ROWS 64 /* (when a benchmark forces the row kernels) */
 
 /* x quantised for the Q8_0 / Q4_0 kernels, per row and 32-element block:

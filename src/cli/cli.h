@@ -15,6 +15,8 @@
 
 #include "tandem.h"
 
+struct tdm_json; /* json.h */
+
 #define CLI_BATCH_MAX 1024 /* --batch at most */
 #define CLI_EXIT_OK 0
 #define CLI_EXIT_ERROR 1
@@ -27,6 +29,7 @@ int cli_info(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_run(int argc, char **argv);
+int cli_merge(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 
@@ -88,6 +91,7 @@ bool cli_parse_spec_ngram(const char *opt, const char *s, int *out);
  * command line can write them.  Seeds take the whole 64-bit range in both. */
 #define CLI_TEMP_MAX FLT_MAX  /* --temp, "temperature": [0, FLT_MAX] */
 #define CLI_COUNT_MAX INT_MAX /* -n, --top-k, "max_tokens": [0, INT_MAX] */
+#define CLI_TIMEOUT_S_MAX 1e9 /* "timeout_s", [job] timeout_s: [0, 1e9] seconds */
 
 /* An id as given: CLI_ID_INT is a prompt's place (no id member: its 0-based index;
  * -p TEXT: 0); a numeric id keeps the literal as written, echoed verbatim. */
@@ -108,6 +112,13 @@ typedef struct cli_prompt {
     int max_tokens;
     bool has_temperature;
     float temperature;
+    bool has_priority;
+    int priority;
+    bool has_timeout;
+    double timeout_ms;       /* "timeout_s" * 1000 */
+    bool has_stop;           /* "stop" given (possibly []: none) */
+    char **stop;             /* [n_stop] NUL-terminated strings (heap) */
+    int n_stop;
     char *error;             /* cli_prompts_read_lenient: "FILE:LINE: problem" of a bad line
                                 (heap; the id is then the line's index), else NULL */
 } cli_prompt;
@@ -125,14 +136,75 @@ bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t err_
 /* The same, but a bad line becomes an item with error set (a job reports it and
  * goes on); false (err set) only when the file cannot be read. */
 bool cli_prompts_read_lenient(const char *path, cli_prompts *out, char *err, size_t err_cap);
+/* Either of them from an open stream f, called name in messages (f is not closed). */
+bool cli_prompts_read_stream(FILE *f, const char *name, bool lenient, cli_prompts *out, char *err,
+                             size_t err_cap);
 /* A single prompt from -p TEXT (id 0).  False on out of memory. */
 bool cli_prompts_single(const char *text, cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
 
+/* Puts p's own fields (seed, max_tokens, temperature, stop, priority, timeout) over
+ * the request's (those of the command line or the job).  rq->params.stop then points
+ * into p. */
+void cli_prompt_apply(const cli_prompt *p, tandem_request *rq);
+
+/* Stop strings: a JSON string, or an array of at most TANDEM_STOP_MAX strings, each
+ * 1..TANDEM_STOP_LEN_MAX bytes without a NUL.  On success *out holds [*n] heap strings
+ * (NULL for []: none; free with cli_stop_free).  Else false with why set to the
+ * problem, worded to follow the value's name: " must be a string or an array of
+ * strings", "[2] is longer than 256 bytes". */
+bool cli_stop_from_json(const struct tdm_json *v, char ***out, int *n, char *why, size_t why_cap);
+void cli_stop_free(char **stop, int n);
+
 /* Writes the id: as JSON (strings quoted and escaped) or as plain text. */
 void cli_prompt_write_id(FILE *f, const cli_prompt *p, bool json);
+/* The id as the JSON text an output line holds (a string quoted and escaped as
+ * cli_prompt_write_id writes it, a number's literal), or NULL for a value that is
+ * neither a string nor a number (or out of memory).  Heap; the key under which
+ * `tandem run` and `tandem merge` compare ids. */
+char *cli_prompt_id_text(const cli_prompt *p);
+char *cli_json_id_text(const struct tdm_json *id);
 /* A result as one JSON line (tandem generate --json), flushed. */
 void cli_json_result(FILE *f, const cli_prompt *p, const tandem_result *r, bool has_draft);
+
+/* ---------------------------------------------------------- job files */
+
+/* A `tandem run` job file (job_config.c: the sections and keys are listed there). */
+typedef struct cli_job_cfg {
+    char dir[PATH_MAX];          /* the config file's directory */
+    char target[PATH_MAX], draft[PATH_MAX], input[PATH_MAX], output[PATH_MAX];
+    int target_line, draft_line, input_line; /* where they were set (0: --set) */
+    const char *target_file, *draft_file, *input_file;
+    tandem_backend_kind backend;
+    int threads, max_batch, block_size;
+    int max_batch_tokens;        /* [engine]: 0 = the engine's default */
+    bool prefix_cache, batch_invariant;
+    long kv_mem_mb, gpu_mem_mb;
+    int spec_k, spec_k_max, spec_ngram;
+    float p_min;
+    tandem_generate_params gp;   /* [sampling]; gp.stop points to stop */
+    char **stop;                 /* [sampling] stop: [n_stop] heap strings */
+    int n_stop;
+    int priority;                /* [job] priority: the requests' default */
+    double timeout_ms;           /* [job] timeout_s * 1000: the requests' default (0: none) */
+    /* where the first problem was found */
+    char err[PATH_MAX + 512];
+    const char *file;            /* the config's path, or "--set" */
+    int line;                    /* current line (the reader counts them) */
+} cli_job_cfg;
+
+/* Reads a job file from f (named path: messages and the directory of relative paths
+ * come from it), then applies the n_sets "section.key=value" overrides of --set and
+ * checks the whole: required keys, that the files named exist, keys that need
+ * others.  defaults: the sampling parameters under the file's keys
+ * (tandem_generate_default_params()).  False with c->err set to "FILE:LINE: [section]
+ * key: problem".  Free c with cli_job_cfg_free in either case. */
+bool cli_job_cfg_read(FILE *f, const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
+                      cli_job_cfg *c);
+/* The same, opening path. */
+bool cli_job_cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
+                      cli_job_cfg *c);
+void cli_job_cfg_free(cli_job_cfg *c);
 
 /* ---------------------------------------------------------------- misc */
 

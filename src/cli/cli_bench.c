@@ -7,7 +7,9 @@
  *  - --prompts FILE: every prompt of the file (at most --limit), -n new tokens each;
  *    rates aggregate a whole pass (total tokens / total time); with R > 1 passes
  *    the median over passes is reported.
- * Speculative statistics are summed over every run. */
+ * Speculative statistics are summed over every run.  The prefix cache is off unless
+ * --prefix-cache: the runs repeat their prompts, and a prefill rate from cached
+ * blocks would measure nothing; with it on, the hit rate is reported. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -77,6 +79,7 @@ typedef struct bench_opts {
     int reps;                /* 0 = mode default */
     int limit;               /* 0 = all prompts */
     bool json;
+    bool prefix_cache;       /* --prefix-cache */
 } bench_opts;
 
 /* One measured pass. */
@@ -98,6 +101,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         }
 #define TAKE(s, l) cli_take(argc, argv, &i, (s), (l), &v, &missing)
         if (cli_opt_flag(a, NULL, "--json")) o->json = true;
+        else if (cli_opt_flag(a, NULL, "--prefix-cache")) o->prefix_cache = true;
         else if (TAKE("-m", "--model")) o->model = v;
         else if (TAKE("-d", "--draft")) o->draft = v;
         else if (TAKE(NULL, "--prompts")) o->prompts_file = v;
@@ -201,7 +205,8 @@ static void print_rate(const char *label, double tok_per_s) {
 
 static void print_report(const bench_opts *o, int threads, const bench_run *last, size_t n_prompts,
                          double prefill_tps, double decode_tps, const tandem_spec_stats *spec,
-                         const bench_mem *mem) {
+                         const bench_mem *mem, const tandem_engine_stats *es) {
+    const double hit = es->prompt_tokens ? (double)es->cached_tokens / (double)es->prompt_tokens : 0.0;
     const double rss_mb = mem->rss_mb;
     double acc_rate = spec->drafted ? (double)spec->accepted / (double)spec->drafted : 0.0;
     double mean_acc = spec->steps ? (double)spec->accepted / (double)spec->steps : 0.0;
@@ -230,7 +235,9 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
             fputs(", \"decode_gb_s\": ", stdout);
             cli_json_num(stdout, mem->decode_gb_s, 1);
         }
-        printf(", \"reps\": %d", o->reps);
+        printf(", \"reps\": %d, \"prefix_cache\": %s, \"prefix_hit_rate\": ", o->reps,
+               o->prefix_cache ? "true" : "false");
+        cli_json_num(stdout, hit, 4);
         if (o->draft) {
             fputs(", ", stdout);
             cli_json_spec(stdout, spec);
@@ -250,6 +257,8 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
             printf("prompt:   %d tokens (synthetic), %d new tokens (%.0f generated)\n",
                    o->prompt_tokens, o->new_tokens, last->gen_tokens);
         printf("reps:     %d (median)\n", o->reps);
+        if (o->prefix_cache)
+            printf("prefix:   %.1f%% of prompt tokens from the prefix cache\n", 100.0 * hit);
         print_rate("prefill:  ", prefill_tps);
         print_rate("decode:   ", decode_tps);
         if (!o->draft && decode_tps > 0)
@@ -307,6 +316,7 @@ int cli_bench(int argc, char **argv) {
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = o.threads;
     ep.gpu_mem = o.gpu_mem;
+    ep.prefix_cache = o.prefix_cache;
     if ((s = tandem_engine_open(target, draft, &ep, &eng)) != TANDEM_OK) goto fail;
     if (!o.prompts_file && (s = build_prompt(target, o.prompt_tokens, &ids)) != TANDEM_OK) goto fail;
 
@@ -368,7 +378,9 @@ int cli_bench(int argc, char **argv) {
         const double bytes = (double)ti.decode_bytes + mean_ctx * (double)ti.kv_bytes_per_token;
         mem.decode_gb_s = bytes * decode_tps / 1e9;
     }
-    print_report(&o, threads, &run, prompts.n, median(prefill_v, o.reps), decode_tps, &spec, &mem);
+    tandem_engine_stats es;
+    if (tandem_engine_get_stats(eng, &es) != TANDEM_OK) memset(&es, 0, sizeof es);
+    print_report(&o, threads, &run, prompts.n, median(prefill_v, o.reps), decode_tps, &spec, &mem, &es);
     rc = CLI_EXIT_OK;
     goto done;
 

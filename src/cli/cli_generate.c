@@ -111,45 +111,49 @@ static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool h
     fputc('\n', stderr);
 }
 
-/* A prompt's generation parameters: its own fields over the command line's. */
-static tandem_generate_params prompt_params(const gen_opts *o, const cli_prompt *p) {
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = p->has_max_tokens ? p->max_tokens : o->max_tokens;
-    gp.temperature = p->has_temperature ? p->temperature : o->temp;
-    gp.seed = p->has_seed ? p->seed : o->seed;
-    gp.top_k = o->top_k;
-    gp.top_p = o->top_p;
-    gp.min_p = o->min_p;
-    gp.spec_k = o->spec_k;
-    if (o->spec_k_max > 0) gp.spec_k_max = o->spec_k_max;
-    if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
-    gp.spec_p_min = o->p_min;
-    gp.spec_ngram = o->spec_ngram;
-    return gp;
+/* A prompt's request: its own fields over the command line's. */
+static tandem_request prompt_request(const gen_opts *o, const cli_prompt *p) {
+    tandem_request rq = tandem_request_default();
+    tandem_generate_params *gp = &rq.params;
+    gp->max_tokens = o->max_tokens;
+    gp->temperature = o->temp;
+    gp->seed = o->seed;
+    gp->top_k = o->top_k;
+    gp->top_p = o->top_p;
+    gp->min_p = o->min_p;
+    gp->spec_k = o->spec_k;
+    if (o->spec_k_max > 0) gp->spec_k_max = o->spec_k_max;
+    if (gp->spec_k_min > gp->spec_k_max) gp->spec_k_min = gp->spec_k_max;
+    gp->spec_p_min = o->p_min;
+    gp->spec_ngram = o->spec_ngram;
+    cli_prompt_apply(p, &rq);
+    return rq;
 }
 
-/* Runs one prompt; returns a tandem_status (the error is left in tandem_last_error). */
+/* Runs one prompt (as a request of one: a timeout only a request carries); returns a
+ * tandem_status, the error in res->error or else in tandem_last_error. */
 static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
                                 const gen_opts *o, const cli_prompt *p, tandem_result *res) {
-    tandem_generate_params gp = prompt_params(o, p);
+    tandem_request rq = prompt_request(o, p);
     stream_state st = {0};
     if (!o->json) {
-        gp.on_token = on_token_print;
-        gp.user_data = &st;
+        rq.params.on_token = on_token_print;
+        rq.params.user_data = &st;
     }
     memset(res, 0, sizeof *res);
-    tandem_status s;
+    tandem_status s = TANDEM_OK;
+    int32_t *ids = NULL;
     if (memchr(p->text, '\0', p->len) == NULL) {
-        s = tandem_generate(eng, p->text, &gp, res);
+        rq.prompt = p->text;
     } else {
         /* The prompt holds NUL bytes: tokenize it with its length (BOS as the
          * model asks), then generate from the ids. */
-        int32_t *ids = NULL;
-        size_t n = 0;
-        s = tandem_tokenize(target, p->text, p->len, true, &ids, &n);
-        if (s == TANDEM_OK) s = tandem_generate_ids(eng, ids, n, &gp, res);
-        tandem_free(ids);
+        s = tandem_tokenize(target, p->text, p->len, true, &ids, &rq.n_prompt_ids);
+        rq.prompt_ids = ids;
     }
+    if (s == TANDEM_OK) s = tandem_generate_batch(eng, &rq, 1, res);
+    if (s == TANDEM_OK) s = res->status;
+    tandem_free(ids);
     if (s != TANDEM_OK && st.written > 0) {
         fputc('\n', stdout); /* end the partial line */
         fflush(stdout);
@@ -162,6 +166,12 @@ static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
         fflush(stdout);
     }
     return s;
+}
+
+/* The error of a failed prompt: its result's own message, else the library's. */
+static int prompt_error(tandem_status s, const tandem_result *res, const char *where) {
+    if (!res->error) return cli_status_error(s, where);
+    return where ? cli_error("%s: %s", where, res->error) : cli_error("%s", res->error);
 }
 
 /* --batch N: every prompt through tandem_generate_batch (N decoding at once); the
@@ -179,7 +189,7 @@ static int run_batch(tandem_engine *eng, const tandem_model *target, const gen_o
     }
     for (size_t i = 0; i < n; i++) {
         const cli_prompt *p = &prompts->items[i];
-        req[i].params = prompt_params(o, p);
+        req[i] = prompt_request(o, p);
         if (memchr(p->text, '\0', p->len) == NULL) {
             req[i].prompt = p->text;
         } else { /* NUL bytes: tokenized with its length (BOS as the model asks) */
@@ -268,7 +278,7 @@ int cli_generate(int argc, char **argv) {
         if (s != TANDEM_OK) {
             char what[512];
             snprintf(what, sizeof what, "%s:%d", o.prompts_file ? o.prompts_file : "", p->line);
-            rc = cli_status_error(s, p->line > 0 ? what : NULL);
+            rc = prompt_error(s, &res, p->line > 0 ? what : NULL);
             tandem_result_free(&res);
             break;
         }

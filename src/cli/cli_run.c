@@ -1,292 +1,52 @@
-/* cli_run.c - `tandem run JOB.ini`: a batch job described by an INI file (inih).
+/* cli_run.c - `tandem run JOB.ini`: a batch job described by an INI file (the keys:
+ * job_config.c).
  *
- *   [model]    target, draft
- *   [engine]   backend (cpu|cuda), threads, max_batch, block_size, kv_mem_mb, gpu_mem_mb
- *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off)
- *   [sampling] temperature, top_k, top_p, min_p, seed, max_tokens
- *   [job]      input, output
- *
- * Paths are relative to the config file; `--set section.key=value` overrides a key.
- * Every unknown section or key, bad value and missing file is reported as FILE:LINE
- * with the key, and nothing runs on a bad config.  The input is JSON lines as for
- * `tandem generate --prompts` (a malformed line becomes an error line of the output;
- * the job goes on); the output has one JSON line per input line, the fields of
- * `tandem generate --json` (or {"id", "error"}), written as each batch of requests
- * completes and flushed.  A job restarted on the same output skips the ids already
- * there (a last line cut short by a kill is dropped and redone), so a killed job
- * loses and duplicates nothing.  `--shard I/N` takes only the lines whose id hashes to
- * shard I of N.  Progress goes to stderr (a bar on a terminal, lines otherwise), and
- * a summary at the end.
+ * Nothing runs on a bad config.  The input is JSON lines as for `tandem generate
+ * --prompts` (prompts.c; a malformed line becomes an error line of the output; the
+ * job goes on); the output has one JSON line per input line, the fields of `tandem
+ * generate --json` (or {"id", "error"}), written as each batch of requests completes
+ * and flushed.  A job restarted on the same output skips the ids already there (a
+ * last line cut short by a kill is dropped and redone), so a killed job loses and
+ * duplicates nothing.  `--shard I/N` takes only the lines whose id hashes to shard I
+ * of N (`tandem merge` joins the shards' outputs).  Progress goes to stderr (a bar on
+ * a terminal, lines otherwise), and a summary at the end.
  */
 #include <errno.h>
-#include <ini.h>
 #include <limits.h>
-#include <math.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
 #include "common.h"
 #include "json.h"
 
-typedef struct job_cfg {
-    char dir[PATH_MAX];          /* the config file's directory */
-    char target[PATH_MAX], draft[PATH_MAX], input[PATH_MAX], output[PATH_MAX];
-    int target_line, draft_line, input_line; /* where they were set (0: --set) */
-    const char *target_file, *draft_file, *input_file;
-    tandem_backend_kind backend;
-    int threads, max_batch, block_size;
-    long kv_mem_mb, gpu_mem_mb;
-    int spec_k, spec_k_max, spec_ngram;
-    float p_min;
-    tandem_generate_params gp;   /* [sampling] */
-    /* where the first problem was found */
-    char err[PATH_MAX + 512];
-    const char *file;            /* the config's path, or "--set" */
-    int line;                    /* current line (the reader counts them) */
-} job_cfg;
-
-static int cfg_fail(job_cfg *c, const char *section, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static int cfg_fail(job_cfg *c, const char *section, const char *key, const char *fmt, ...) {
-    if (c->err[0]) return 0;
-    int k = c->line > 0 ? snprintf(c->err, sizeof c->err, "%s:%d: [%s] %s: ", c->file, c->line, section, key)
-                        : snprintf(c->err, sizeof c->err, "%s: [%s] %s: ", c->file, section, key);
-    if (k < 0 || (size_t)k >= sizeof c->err) return 0;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err + k, sizeof c->err - (size_t)k, fmt, ap);
-    va_end(ap);
-    return 0; /* (stops inih) */
-}
-
-static bool parse_long(const char *v, long lo, long hi, long *out) {
-    char *end;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (end == v || *end || errno == ERANGE || x < lo || x > hi) return false;
-    *out = x;
-    return true;
-}
-
-static bool parse_float(const char *v, double lo, double hi, bool lo_open, float *out) {
-    char *end;
-    errno = 0;
-    double x = strtod(v, &end);
-    if (end == v || *end || !isfinite(x) || x > hi || (lo_open ? x <= lo : x < lo)) return false;
-    *out = (float)x;
-    return true;
-}
-
-/* A path value: relative ones are taken from the config file's directory. */
-static int set_path(job_cfg *c, const char *section, const char *key, const char *v, char *dst) {
-    if (!*v) return cfg_fail(c, section, key, "empty path");
-    int k = v[0] == '/' ? snprintf(dst, PATH_MAX, "%s", v) : snprintf(dst, PATH_MAX, "%s/%s", c->dir, v);
-    if (k < 0 || k >= PATH_MAX) return cfg_fail(c, section, key, "path too long");
-    return 1;
-}
-
-#define INT_KEY(sec, name, lo, hi, field)                                                              \
-    if (!strcmp(s, sec) && !strcmp(k, name)) {                                                        \
-        long x;                                                                                        \
-        if (!parse_long(v, lo, hi, &x)) return cfg_fail(c, s, k, "'%s' is not an integer in [%ld, %ld]", v, (long)(lo), (long)(hi)); \
-        field = (int)x;                                                                                \
-        return 1;                                                                                      \
-    }
-
-static int on_key(void *user, const char *s, const char *k, const char *v) {
-    job_cfg *c = user;
-    if (c->err[0]) return 0;
-    if (!strcmp(s, "model")) {
-        if (!strcmp(k, "target")) return c->target_line = c->line, c->target_file = c->file, set_path(c, s, k, v, c->target);
-        if (!strcmp(k, "draft")) {
-            c->draft_line = c->line, c->draft_file = c->file;
-            return *v ? set_path(c, s, k, v, c->draft) : (c->draft[0] = 0, 1);
-        }
-        return cfg_fail(c, s, k, "unknown key (known: target, draft)");
-    }
-    if (!strcmp(s, "job")) {
-        if (!strcmp(k, "input")) return c->input_line = c->line, c->input_file = c->file, set_path(c, s, k, v, c->input);
-        if (!strcmp(k, "output")) return set_path(c, s, k, v, c->output);
-        return cfg_fail(c, s, k, "unknown key (known: input, output)");
-    }
-    if (!strcmp(s, "engine")) {
-        if (!strcmp(k, "backend")) {
-            if (!strcmp(v, "cpu")) c->backend = TANDEM_BACKEND_CPU;
-            else if (!strcmp(v, "cuda")) c->backend = TANDEM_BACKEND_CUDA;
-            else return cfg_fail(c, s, k, "'%s' is not cpu or cuda", v);
-            return 1;
-        }
-        INT_KEY("engine", "threads", 0, TANDEM_THREADS_MAX, c->threads)
-        INT_KEY("engine", "max_batch", 1, CLI_BATCH_MAX, c->max_batch)
-        INT_KEY("engine", "block_size", 1, 4096, c->block_size)
-        if (!strcmp(k, "kv_mem_mb") || !strcmp(k, "gpu_mem_mb")) {
-            long x;
-            if (!parse_long(v, 1, 1L << 30, &x)) return cfg_fail(c, s, k, "'%s' is not a size in MiB in [1, 2^30]", v);
-            if (!strcmp(k, "kv_mem_mb")) c->kv_mem_mb = x;
-            else c->gpu_mem_mb = x;
-            return 1;
-        }
-        return cfg_fail(c, s, k, "unknown key (known: backend, threads, max_batch, block_size, kv_mem_mb, gpu_mem_mb)");
-    }
-    if (!strcmp(s, "spec")) {
-        if (!strcmp(k, "k")) {
-            if (!strcmp(v, "auto")) {
-                c->spec_k = 0;
-                return 1;
-            }
-            long x;
-            if (!parse_long(v, 1, TANDEM_SPEC_K_MAX, &x))
-                return cfg_fail(c, s, k, "'%s' is not auto or an integer in [1, %d]", v, TANDEM_SPEC_K_MAX);
-            c->spec_k = (int)x;
-            return 1;
-        }
-        INT_KEY("spec", "k_max", 1, TANDEM_SPEC_K_MAX, c->spec_k_max)
-        if (!strcmp(k, "ngram")) {
-            long x;
-            if (!strcmp(v, "off")) x = 0;
-            else if (!parse_long(v, 0, TANDEM_SPEC_NGRAM_MAX, &x) || (x != 0 && x < TANDEM_SPEC_NGRAM_MIN))
-                return cfg_fail(c, s, k, "'%s' is not off, 0 or an integer in [%d, %d]", v, TANDEM_SPEC_NGRAM_MIN,
-                                TANDEM_SPEC_NGRAM_MAX);
-            c->spec_ngram = (int)x;
-            return 1;
-        }
-        if (!strcmp(k, "p_min")) {
-            if (!parse_float(v, 0, 1, false, &c->p_min)) return cfg_fail(c, s, k, "'%s' is not a number in [0, 1]", v);
-            return 1;
-        }
-        if (!strcmp(k, "tree")) {
-            if (strcmp(v, "off") != 0) return cfg_fail(c, s, k, "'%s': token trees are not implemented yet (only off)", v);
-            return 1;
-        }
-        return cfg_fail(c, s, k, "unknown key (known: k, k_max, ngram, p_min, tree)");
-    }
-    if (!strcmp(s, "sampling")) {
-        tandem_generate_params *g = &c->gp;
-        if (!strcmp(k, "temperature")) {
-            if (!parse_float(v, 0, FLT_MAX, false, &g->temperature)) return cfg_fail(c, s, k, "'%s' is not a number >= 0", v);
-            return 1;
-        }
-        if (!strcmp(k, "top_p")) {
-            if (!parse_float(v, 0, 1, true, &g->top_p)) return cfg_fail(c, s, k, "'%s' is not a number in (0, 1]", v);
-            return 1;
-        }
-        if (!strcmp(k, "min_p")) {
-            if (!parse_float(v, 0, 1, false, &g->min_p)) return cfg_fail(c, s, k, "'%s' is not a number in [0, 1]", v);
-            return 1;
-        }
-        if (!strcmp(k, "seed")) {
-            char *end;
-            errno = 0;
-            unsigned long long x = strtoull(v, &end, 10);
-            if (*v < '0' || *v > '9' || *end || errno == ERANGE)
-                return cfg_fail(c, s, k, "'%s' is not an integer in [0, 2^64-1]", v);
-            g->seed = (uint64_t)x;
-            return 1;
-        }
-        INT_KEY("sampling", "top_k", 0, INT_MAX, g->top_k)
-        INT_KEY("sampling", "max_tokens", 0, INT_MAX, g->max_tokens)
-        return cfg_fail(c, s, k, "unknown key (known: temperature, top_k, top_p, min_p, seed, max_tokens)");
-    }
-    return cfg_fail(c, s, k, "unknown section [%s] (known: model, engine, spec, sampling, job)", s);
-}
-
-/* inih's line reader, counting lines for the messages. */
-typedef struct line_src {
-    FILE *f;
-    job_cfg *c;
-} line_src;
-
-static char *read_line(char *buf, int n, void *stream) {
-    line_src *ls = stream;
-    char *r = fgets(buf, n, ls->f);
-    if (r) ls->c->line++;
-    return r;
-}
-
-static bool exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-/* Reads the config and applies the --set overrides; false with c->err set. */
-static bool load_cfg(const char *path, char **sets, int n_sets, job_cfg *c) {
-    memset(c, 0, sizeof *c);
-    c->gp = tandem_generate_default_params();
-    c->spec_ngram = c->gp.spec_ngram;
-    c->spec_k_max = c->gp.spec_k_max;
-    c->max_batch = 8;
-    c->block_size = 16;
-    c->file = path;
-    const char *slash = strrchr(path, '/');
-    if (slash) snprintf(c->dir, sizeof c->dir, "%.*s", (int)(slash - path), path);
-    else snprintf(c->dir, sizeof c->dir, ".");
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        snprintf(c->err, sizeof c->err, "%s: %s", path, strerror(errno));
-        return false;
-    }
-    line_src ls = {f, c};
-    int r = ini_parse_stream(read_line, &ls, on_key, c);
-    fclose(f);
-    if (c->err[0]) return false;
-    if (r != 0) {
-        snprintf(c->err, sizeof c->err, "%s:%d: not INI syntax (expected [section] or key = value)", path, r);
-        return false;
-    }
-    for (int i = 0; i < n_sets; i++) { /* section.key=value */
-        c->file = "--set";
-        c->line = 0;
-        char buf[2048];
-        snprintf(buf, sizeof buf, "%s", sets[i]);
-        char *dot = strchr(buf, '.'), *eq = strchr(buf, '=');
-        if (!dot || !eq || dot > eq) {
-            snprintf(c->err, sizeof c->err, "--set %s: expected section.key=value", sets[i]);
-            return false;
-        }
-        *dot = *eq = 0;
-        if (!on_key(c, buf, dot + 1, eq + 1)) return false;
-    }
-    c->file = path;
-    c->line = 0;
-    if (!c->target[0]) return cfg_fail(c, "model", "target", "required"), false;
-    if (!c->input[0]) return cfg_fail(c, "job", "input", "required"), false;
-    if (!c->output[0]) return cfg_fail(c, "job", "output", "required"), false;
-    const struct { const char *sec, *key, *path, *file; int line; } files[] = {
-        {"model", "target", c->target, c->target_file, c->target_line},
-        {"model", "draft", c->draft, c->draft_file, c->draft_line},
-        {"job", "input", c->input, c->input_file, c->input_line}};
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++)
-        if (files[i].path[0] && !exists(files[i].path)) {
-            c->file = files[i].file, c->line = files[i].line;
-            return cfg_fail(c, files[i].sec, files[i].key, "%s: no such file", files[i].path), false;
-        }
-    if (!c->draft[0] && (c->spec_k != 0 || c->p_min > 0))
-        return cfg_fail(c, "spec", "k", "needs [model] draft"), false;
-    return true;
-}
-
 /* ---- output: resuming -------------------------------------------------------------- */
 
-/* An id as the output writes it (the JSON text of the value). */
-static char *id_text(const cli_prompt *p) {
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&buf, &len);
-    if (!m) return NULL;
-    cli_prompt_write_id(m, p, true);
-    fclose(m);
-    return buf;
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Appends the id of one output line (a line that does not parse or has no id: none). */
+static bool add_done_id(const char *line, size_t len, char ***v, size_t *n, size_t *cap) {
+    tdm_json *j = NULL;
+    tdm_err jerr = {0};
+    if (tdm_json_parse(line, len, &j, &jerr) != TANDEM_OK) return true;
+    const tdm_json *id = tdm_json_get(j, "id");
+    char *t = id ? cli_json_id_text(id) : NULL;
+    tdm_json_free(j);
+    if (!t) return true;
+    if (*n == *cap) {
+        size_t nc = *cap ? 2 * *cap : 64;
+        char **nv = realloc(*v, nc * sizeof *nv);
+        if (!nv) return free(t), false;
+        *v = nv;
+        *cap = nc;
+    }
+    (*v)[(*n)++] = t;
+    return true;
 }
 
 /* The ids of the output's complete lines (sorted), after cutting a last line a kill
  * left without its newline; n_done = how many. */
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
 static bool done_ids(const char *path, char ***ids, size_t *n_done, char *err, size_t cap) {
     *ids = NULL;
     *n_done = 0;
@@ -297,35 +57,20 @@ static bool done_ids(const char *path, char ***ids, size_t *n_done, char *err, s
     long good_end = 0;
     ssize_t got;
     char **v = NULL;
-    while ((got = getline(&line, &lcap, f)) > 0) {
+    bool ok = true;
+    while (ok && (got = getline(&line, &lcap, f)) > 0) {
         if (line[got - 1] != '\n') break; /* cut short: dropped below */
         good_end = ftell(f);
-        tdm_json *j = NULL;
-        tdm_err jerr = {0};
-        if (tdm_json_parse(line, (size_t)got - 1, &j, &jerr) != TANDEM_OK) continue;
-        const tdm_json *id = tdm_json_get(j, "id");
-        if (id) {
-            char *t = NULL;
-            size_t tl = 0;
-            FILE *m = open_memstream(&t, &tl);
-            if (m) {
-                if (id->type == TDM_JSON_STRING) tdm_json_write_str(m, id->str, id->str_len);
-                else fwrite(id->str, 1, id->str_len, m);
-                fclose(m);
-                if (n == cap_ids) {
-                    cap_ids = cap_ids ? 2 * cap_ids : 64;
-                    v = realloc(v, cap_ids * sizeof *v);
-                }
-                v[n++] = t;
-            }
-        }
-        tdm_json_free(j);
+        ok = add_done_id(line, (size_t)got - 1, &v, &n, &cap_ids);
     }
     free(line);
-    bool ok = ftruncate(fileno(f), good_end) == 0;
+    if (!ok) snprintf(err, cap, "%s: out of memory", path);
+    else if (ftruncate(fileno(f), good_end) != 0)
+        ok = false, snprintf(err, cap, "%s: cannot cut its incomplete last line: %s", path, strerror(errno));
     fclose(f);
     if (!ok) {
-        snprintf(err, cap, "%s: cannot cut its incomplete last line: %s", path, strerror(errno));
+        for (size_t i = 0; i < n; i++) free(v[i]);
+        free(v);
         return false;
     }
     if (n) qsort(v, n, sizeof *v, cmp_str);
@@ -362,179 +107,256 @@ static void progress(bool tty, size_t done, size_t total, uint64_t tokens, doubl
 
 /* ---- the job ----------------------------------------------------------------------- */
 
-static int usage_run(const char *msg) { return cli_usage_error("%s", msg); }
+typedef struct run_args {
+    const char *path;
+    char **sets;                 /* [n_sets] --set values (heap array) */
+    int n_sets;
+    long shard_i, shard_n;
+} run_args;
 
-int cli_run(int argc, char **argv) {
-    const char *path = NULL;
-    char **sets = calloc((size_t)argc, sizeof *sets);
-    int n_sets = 0;
-    long shard_i = 0, shard_n = 1;
-    if (!sets) return cli_error("out of memory");
+/* Returns -1 to go on, else an exit code (a->sets is freed by the caller). */
+static int parse_run_args(int argc, char **argv, run_args *a) {
+    *a = (run_args){.sets = calloc((size_t)argc, sizeof *a->sets), .shard_n = 1};
+    if (!a->sets) return cli_error("out of memory");
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--set") && i + 1 < argc) {
-            sets[n_sets++] = argv[++i];
+            a->sets[a->n_sets++] = argv[++i];
         } else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
             char *sl = strchr(argv[++i], '/');
-            if (!sl || sscanf(argv[i], "%ld/%ld", &shard_i, &shard_n) != 2 || shard_n < 1 || shard_i < 0 ||
-                shard_i >= shard_n) {
-                free(sets);
+            if (!sl || sscanf(argv[i], "%ld/%ld", &a->shard_i, &a->shard_n) != 2 || a->shard_n < 1 ||
+                a->shard_i < 0 || a->shard_i >= a->shard_n)
                 return cli_usage_error("--shard %s: expected I/N with 0 <= I < N", argv[i]);
-            }
-        } else if (argv[i][0] == '-' || path) {
-            free(sets);
+        } else if (argv[i][0] == '-' || a->path) {
             return cli_usage_error("run: unexpected argument '%s'", argv[i]);
         } else {
-            path = argv[i];
+            a->path = argv[i];
         }
     }
-    if (!path) {
-        free(sets);
-        return usage_run("run: missing JOB.ini");
-    }
-    job_cfg c;
-    bool ok = load_cfg(path, sets, n_sets, &c);
-    free(sets);
-    if (!ok) return cli_error("%s", c.err);
+    return a->path ? -1 : cli_usage_error("run: missing JOB.ini");
+}
 
-    char err[PATH_MAX + 512];
-    cli_prompts in;
-    if (!cli_prompts_read_lenient(c.input, &in, err, sizeof err)) return cli_error("%s", err);
-    char **done = NULL;
-    size_t n_done = 0;
-    if (!done_ids(c.output, &done, &n_done, err, sizeof err)) {
-        cli_prompts_free(&in);
-        return cli_error("%s", err);
-    }
-    /* the requests this run owes: not done, in this shard */
-    size_t *todo = calloc(in.n ? in.n : 1, sizeof *todo), n_todo = 0, n_skipped = 0;
-    char **ids = calloc(in.n ? in.n : 1, sizeof *ids);
-    for (size_t i = 0; i < in.n && todo && ids; i++) {
-        ids[i] = id_text(&in.items[i]);
-        if (!ids[i]) continue;
-        if (shard_n > 1 && fnv1a(ids[i]) % (uint64_t)shard_n != (uint64_t)shard_i) continue;
-        if (is_done(done, n_done, ids[i])) {
-            n_skipped++;
+/* What the job did, for the summary. */
+typedef struct run_totals {
+    size_t n_fin, n_err, n_timeouts;
+    uint64_t tokens, drafted, accepted, prompt_tokens, cached_tokens, preemptions;
+} run_totals;
+
+typedef struct run_ctx {
+    const cli_job_cfg *c;
+    const cli_prompts *in;
+    char **ids;                  /* [in->n] the ids as the output writes them */
+    tandem_model *target;
+    bool has_draft;
+    tandem_engine *eng;
+    FILE *out;
+    run_totals t;
+} run_ctx;
+
+/* The inputs this run owes: in this shard and not done (the ids of out's lines). */
+static size_t select_todo(run_ctx *x, const run_args *a, char **done, size_t n_done, size_t *todo,
+                          size_t *n_skipped) {
+    size_t n_todo = 0;
+    *n_skipped = 0;
+    for (size_t i = 0; i < x->in->n; i++) {
+        x->ids[i] = cli_prompt_id_text(&x->in->items[i]);
+        if (!x->ids[i]) continue;
+        if (a->shard_n > 1 && fnv1a(x->ids[i]) % (uint64_t)a->shard_n != (uint64_t)a->shard_i) continue;
+        if (is_done(done, n_done, x->ids[i])) {
+            (*n_skipped)++;
             continue;
         }
         todo[n_todo++] = i;
     }
-    for (size_t i = 0; i < n_done; i++) free(done[i]);
-    free(done);
+    return n_todo;
+}
 
+/* The request of prompt p: the job's parameters under p's own.  *tok: the ids of a
+ * prompt with NUL bytes (tokenized with its length; free with tandem_free). */
+static tandem_request make_request(const run_ctx *x, const cli_prompt *p, int32_t **tok) {
+    const cli_job_cfg *c = x->c;
+    tandem_request rq = tandem_request_default();
+    rq.params = c->gp;
+    rq.priority = c->priority;
+    rq.timeout_ms = c->timeout_ms;
+    if (x->has_draft) {
+        tandem_generate_params *g = &rq.params;
+        g->spec_k = c->spec_k;
+        g->spec_k_max = c->spec_k_max;
+        if (g->spec_k_min > g->spec_k_max) g->spec_k_min = g->spec_k_max;
+        g->spec_p_min = c->p_min;
+        g->spec_ngram = c->spec_ngram;
+    }
+    cli_prompt_apply(p, &rq);
+    *tok = NULL;
+    if (memchr(p->text, '\0', p->len)) {
+        size_t nt = 0;
+        if (tandem_tokenize(x->target, p->text, p->len, true, tok, &nt) != TANDEM_OK) *tok = NULL, nt = 0;
+        rq.prompt_ids = *tok;
+        rq.n_prompt_ids = nt;
+    } else {
+        rq.prompt = p->text;
+    }
+    return rq;
+}
+
+/* The output line of input i: its result r, or its error (a bad line: r NULL). */
+static void write_line(run_ctx *x, size_t i, const tandem_result *r) {
+    const cli_prompt *p = &x->in->items[i];
+    const char *e = p->error ? p->error : r && r->status ? (r->error ? r->error : "error") : NULL;
+    run_totals *t = &x->t;
+    if (e) {
+        fprintf(x->out, "{\"id\": %s, \"error\": ", x->ids[i]);
+        tdm_json_write_str(x->out, e, strlen(e));
+        fputs("}\n", x->out);
+        t->n_err++;
+    } else {
+        cli_json_result(x->out, p, r, x->has_draft);
+        t->tokens += r->n_tokens;
+        t->drafted += r->spec.drafted;
+        t->accepted += r->spec.accepted;
+        t->prompt_tokens += r->n_prompt_tokens;
+        t->cached_tokens += r->n_cached_tokens;
+        t->preemptions += (uint64_t)(r->n_preemptions > 0 ? r->n_preemptions : 0);
+        if (r->finish_reason == TANDEM_FINISH_TIMEOUT) t->n_timeouts++;
+    }
+    t->n_fin++;
+}
+
+/* Scratch for one window of requests. */
+typedef struct run_window {
+    size_t cap;
+    tandem_request *req;
+    tandem_result *res;
+    int32_t **tok;
+    size_t *map;                 /* req[r] is the window's map[r]-th input */
+} run_window;
+
+/* Runs the inputs todo[0..m) as one batch (bad lines skipped) and writes their lines
+ * in input order. */
+static tandem_status run_one_window(run_ctx *x, const size_t *todo, size_t m, run_window *w) {
+    size_t nr = 0;
+    for (size_t j = 0; j < m; j++) {
+        const cli_prompt *p = &x->in->items[todo[j]];
+        if (p->error) continue;
+        w->req[nr] = make_request(x, p, &w->tok[nr]);
+        w->map[nr++] = j;
+    }
+    tandem_status s = nr ? tandem_generate_batch(x->eng, w->req, nr, w->res) : TANDEM_OK;
+    for (size_t j = 0, r = 0; j < m && s == TANDEM_OK; j++)
+        write_line(x, todo[j], r < nr && w->map[r] == j ? &w->res[r++] : NULL);
+    fflush(x->out);
+    for (size_t r = 0; r < nr; r++) {
+        tandem_result_free(&w->res[r]);
+        tandem_free(w->tok[r]);
+    }
+    return s;
+}
+
+/* Runs every owed input, a window of max_batch * 4 at a time, each written when it
+ * completes.  Returns an exit code. */
+static int run_all(run_ctx *x, const size_t *todo, size_t n_todo) {
+    run_window w = {.cap = (size_t)x->c->max_batch * 4};
+    w.req = calloc(w.cap, sizeof *w.req);
+    w.res = calloc(w.cap, sizeof *w.res);
+    w.tok = calloc(w.cap, sizeof *w.tok);
+    w.map = calloc(w.cap, sizeof *w.map);
     int rc = CLI_EXIT_OK;
-    tandem_model *target = NULL, *draft = NULL;
-    tandem_engine *eng = NULL;
-    FILE *out = NULL;
-    tandem_model_params mp = tandem_model_default_params();
-    mp.backend = c.backend;
-    tandem_status s = tandem_model_open(c.target, &mp, &target);
-    if (!s && c.draft[0]) s = tandem_model_open(c.draft, &mp, &draft);
-    tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = c.threads;
-    ep.n_seq_max = c.max_batch;
-    ep.kv_block_size = c.block_size;
-    ep.kv_bytes = (size_t)c.kv_mem_mb << 20;
-    ep.gpu_mem = (size_t)c.gpu_mem_mb << 20;
-    if (!s) s = tandem_engine_open(target, draft, &ep, &eng);
-    if (s) {
-        rc = cli_status_error(s, NULL);
-        goto done;
-    }
-    out = fopen(c.output, "a");
-    if (!out) {
-        rc = cli_error("%s: %s", c.output, strerror(errno));
-        goto done;
-    }
+    if (!w.req || !w.res || !w.tok || !w.map) rc = cli_error("out of memory");
     const bool tty = isatty(STDERR_FILENO);
     const double t0 = tdm_now();
-    uint64_t tokens = 0, drafted = 0, accepted = 0;
-    size_t n_err = 0, n_fin = 0;
-    /* windows of requests: each runs as one batch and is written when it completes */
-    const size_t win = (size_t)c.max_batch * 4;
-    tandem_request *req = calloc(win, sizeof *req);
-    tandem_result *res = calloc(win, sizeof *res);
-    if (!req || !res) {
-        free(req), free(res);
-        rc = cli_error("out of memory");
-        goto done;
+    for (size_t w0 = 0; w0 < n_todo && rc == CLI_EXIT_OK; w0 += w.cap) {
+        const size_t m = n_todo - w0 < w.cap ? n_todo - w0 : w.cap;
+        tandem_status s = run_one_window(x, todo + w0, m, &w);
+        if (s != TANDEM_OK) rc = cli_status_error(s, NULL);
+        else progress(tty, x->t.n_fin, n_todo, x->t.tokens, t0, x->t.n_fin == n_todo);
     }
-    for (size_t w0 = 0; w0 < n_todo; w0 += win) {
-        const size_t m = n_todo - w0 < win ? n_todo - w0 : win;
-        size_t nr = 0, map[win ? win : 1];
-        int32_t *tok[win ? win : 1];
-        for (size_t j = 0; j < m; j++) {
-            const cli_prompt *p = &in.items[todo[w0 + j]];
-            if (p->error) continue;
-            tandem_generate_params gp = c.gp;
-            if (p->has_seed) gp.seed = p->seed;
-            if (p->has_max_tokens) gp.max_tokens = p->max_tokens;
-            if (p->has_temperature) gp.temperature = p->temperature;
-            if (draft) {
-                gp.spec_k = c.spec_k;
-                gp.spec_k_max = c.spec_k_max;
-                if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
-                gp.spec_p_min = c.p_min;
-                gp.spec_ngram = c.spec_ngram;
-            }
-            req[nr] = (tandem_request){NULL, NULL, 0, gp};
-            tok[nr] = NULL;
-            if (memchr(p->text, '\0', p->len)) { /* NUL bytes: tokenized with its length */
-                size_t nt = 0;
-                if (tandem_tokenize(target, p->text, p->len, true, &tok[nr], &nt) != TANDEM_OK) tok[nr] = NULL, nt = 0;
-                req[nr].prompt_ids = tok[nr];
-                req[nr].n_prompt_ids = nt;
-            } else {
-                req[nr].prompt = p->text;
-            }
-            map[nr++] = j;
-        }
-        if (nr && (s = tandem_generate_batch(eng, req, nr, res)) != TANDEM_OK) {
-            rc = cli_status_error(s, NULL);
-            break;
-        }
-        /* the window's lines in input order */
-        for (size_t j = 0, r = 0; j < m; j++) {
-            const cli_prompt *p = &in.items[todo[w0 + j]];
-            const tandem_result *x = r < nr && map[r] == j ? &res[r++] : NULL;
-            const char *e = p->error ? p->error : x && x->status ? (x->error ? x->error : "error") : NULL;
-            if (e) {
-                fprintf(out, "{\"id\": %s, \"error\": ", ids[todo[w0 + j]]);
-                tdm_json_write_str(out, e, strlen(e));
-                fputs("}\n", out);
-                n_err++;
-            } else {
-                cli_json_result(out, p, x, draft != NULL);
-                tokens += x->n_tokens;
-                drafted += x->spec.drafted;
-                accepted += x->spec.accepted;
-            }
-            n_fin++;
-        }
-        fflush(out);
-        for (size_t r = 0; r < nr; r++) {
-            tandem_result_free(&res[r]);
-            tandem_free(tok[r]);
-        }
-        progress(tty, n_fin, n_todo, tokens, t0, n_fin == n_todo);
-    }
-    free(req), free(res);
-    {
-        const double dt = tdm_now() - t0;
-        fprintf(stderr, "run: %zu requests (%zu already done, %zu errors), %llu tokens in %.1f s: %.0f tok/s", n_fin,
-                n_skipped, n_err, (unsigned long long)tokens, dt, dt > 0 ? (double)tokens / dt : 0.0);
-        if (draft && drafted) fprintf(stderr, ", acceptance %.3f", (double)accepted / (double)drafted);
-        fputc('\n', stderr);
-    }
-    if (n_err && rc == CLI_EXIT_OK) rc = CLI_EXIT_ERROR;
+    free(w.req), free(w.res), free(w.tok), free(w.map);
+    return rc;
+}
 
-done:
-    if (out && fclose(out) != 0 && rc == CLI_EXIT_OK) rc = cli_error("%s: %s", c.output, strerror(errno));
-    tandem_engine_close(eng);
+static void summary(const run_totals *t, size_t n_skipped, double dt, bool has_draft) {
+    fprintf(stderr, "run: %zu requests (%zu already done, %zu errors), %llu tokens in %.1f s: %.0f tok/s", t->n_fin,
+            n_skipped, t->n_err, (unsigned long long)t->tokens, dt, dt > 0 ? (double)t->tokens / dt : 0.0);
+    if (has_draft && t->drafted) fprintf(stderr, ", acceptance %.3f", (double)t->accepted / (double)t->drafted);
+    fprintf(stderr, ", prefix cache %llu of %llu prompt tokens (%.1f%%), %llu preemptions, %zu timeouts\n",
+            (unsigned long long)t->cached_tokens, (unsigned long long)t->prompt_tokens,
+            t->prompt_tokens ? 100.0 * (double)t->cached_tokens / (double)t->prompt_tokens : 0.0,
+            (unsigned long long)t->preemptions, t->n_timeouts);
+}
+
+/* Opens the models and the engine of the job; an exit code. */
+static int open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = c->backend;
+    tandem_status s = tandem_model_open(c->target, &mp, target);
+    if (!s && c->draft[0]) s = tandem_model_open(c->draft, &mp, draft);
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = c->threads;
+    ep.n_seq_max = c->max_batch;
+    ep.kv_block_size = c->block_size;
+    ep.kv_bytes = (size_t)c->kv_mem_mb << 20;
+    ep.gpu_mem = (size_t)c->gpu_mem_mb << 20;
+    ep.max_batch_tokens = c->max_batch_tokens;
+    ep.prefix_cache = c->prefix_cache;
+    ep.batch_invariant = c->batch_invariant;
+    if (!s) s = tandem_engine_open(*target, *draft, &ep, eng);
+    return s ? cli_status_error(s, NULL) : CLI_EXIT_OK;
+}
+
+/* The job once its config is read: an exit code. */
+static int run_job(const cli_job_cfg *c, const run_args *a) {
+    char err[PATH_MAX + 512];
+    cli_prompts in;
+    if (!cli_prompts_read_lenient(c->input, &in, err, sizeof err)) return cli_error("%s", err);
+    char **done = NULL;
+    size_t n_done = 0, n_skipped = 0, n_todo = 0;
+    if (!done_ids(c->output, &done, &n_done, err, sizeof err)) {
+        cli_prompts_free(&in);
+        return cli_error("%s", err);
+    }
+    run_ctx x = {.c = c, .in = &in, .ids = calloc(in.n, sizeof *x.ids), .has_draft = c->draft[0] != 0};
+    size_t *todo = calloc(in.n, sizeof *todo);
+    if (todo && x.ids) n_todo = select_todo(&x, a, done, n_done, todo, &n_skipped);
+    for (size_t i = 0; i < n_done; i++) free(done[i]);
+    free(done);
+    tandem_model *target = NULL, *draft = NULL;
+    int rc = !todo || !x.ids ? cli_error("out of memory") : open_engine(c, &target, &draft, &x.eng);
+    x.target = target;
+    if (rc == CLI_EXIT_OK && !(x.out = fopen(c->output, "a"))) rc = cli_error("%s: %s", c->output, strerror(errno));
+    if (rc == CLI_EXIT_OK) {
+        const double t0 = tdm_now();
+        rc = run_all(&x, todo, n_todo);
+        summary(&x.t, n_skipped, tdm_now() - t0, x.has_draft);
+        if (x.t.n_err && rc == CLI_EXIT_OK) rc = CLI_EXIT_ERROR;
+    }
+    if (x.out && fclose(x.out) != 0 && rc == CLI_EXIT_OK) rc = cli_error("%s: %s", c->output, strerror(errno));
+    tandem_engine_close(x.eng);
     tandem_model_close(draft);
     tandem_model_close(target);
-    for (size_t i = 0; i < in.n && ids; i++) free(ids[i]);
-    free(ids);
+    for (size_t i = 0; i < in.n && x.ids; i++) free(x.ids[i]);
+    free(x.ids);
     free(todo);
     cli_prompts_free(&in);
+    return rc;
+}
+
+int cli_run(int argc, char **argv) {
+    run_args a;
+    int rc = parse_run_args(argc, argv, &a);
+    if (rc >= 0) {
+        free(a.sets);
+        return rc;
+    }
+    tandem_generate_params defaults = tandem_generate_default_params();
+    cli_job_cfg *c = malloc(sizeof *c);
+    if (!c) {
+        free(a.sets);
+        return cli_error("out of memory");
+    }
+    bool ok = cli_job_cfg_load(a.path, &defaults, a.sets, a.n_sets, c);
+    free(a.sets);
+    rc = ok ? run_job(c, &a) : cli_error("%s", c->err);
+    cli_job_cfg_free(c);
+    free(c);
     return rc;
 }

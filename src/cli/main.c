@@ -29,13 +29,15 @@ static const char usage_text[] =
     "  bench      measure prefill and decode speed\n"
     "  synth      write a random-weight model with the shapes of a real one\n"
     "  run        run a batch job described by an INI file (configs/*.ini)\n"
+    "  merge      join the outputs of a job's shards, checking every id once\n"
     "  help       print this text\n"
     "\n"
     "tandem generate -m MODEL [-d DRAFT] (-p TEXT | --prompts FILE.jsonl) [options]\n"
     "  -m, --model FILE      target model (GGUF)\n"
     "  -d, --draft FILE      draft model for speculative decoding\n"
     "  -p, --prompt TEXT     prompt text (id 0)\n"
-    "      --prompts FILE    JSON lines: {\"id\", \"prompt\"[, \"seed\", \"max_tokens\", \"temperature\"]}\n"
+    "      --prompts FILE    JSON lines: {\"id\", \"prompt\"[, \"seed\", \"max_tokens\", \"temperature\",\n"
+    "                        \"priority\", \"timeout_s\", \"stop\": STRING or [STRING, ...]]}\n"
     "                        (a line at most " LINE_MIB " MiB, the file at most " TOTAL_MIB " MiB)\n"
     "  -n, --max-tokens N    new tokens at most, N >= 0 (default 128)\n"
     "      --temp T          temperature, T >= 0, 0 = greedy (default 0)\n"
@@ -64,20 +66,29 @@ static const char usage_text[] =
     "\n"
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
     "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--spec-k N|auto]\n"
-    "             [--spec-k-max N] [--spec-ngram N] [--reps R] [--json]\n"
+    "             [--spec-k-max N] [--spec-ngram N] [--reps R] [--prefix-cache] [--json]\n"
     "  -p N                  synthetic prompt length in tokens, 1..2^20 (default 128)\n"
     "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
     "      --limit L         use at most L prompts of the file (needs --prompts)\n"
     "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
+    "      --prefix-cache    share cached prompt blocks between runs (off: every prefill\n"
+    "                        computed) and report the hit rate\n"
     "      --json            print one JSON object\n"
     "\n"
     "tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N]\n"
-    "  [model] target, draft; [engine] backend, threads, max_batch, block_size, kv_mem_mb,\n"
-    "  gpu_mem_mb; [spec] k, k_max, ngram, p_min, tree; [sampling] temperature, top_k, top_p,\n"
-    "  min_p, seed, max_tokens; [job] input, output (JSON lines; a rerun skips the ids\n"
-    "  already in output).  Paths are relative to the file; --shard takes the ids that\n"
+    "  [model] target, draft; [engine] backend, threads, max_batch, max_batch_tokens,\n"
+    "  block_size, kv_mem_mb, gpu_mem_mb, prefix_cache, batch_invariant (true|false);\n"
+    "  [spec] k, k_max, ngram, p_min, tree; [sampling] temperature, top_k, top_p, min_p,\n"
+    "  seed, max_tokens, stop (JSON: \"STR\" or [\"STR\", ...]); [job] input, output\n"
+    "  (JSON lines; a rerun skips the ids already in output), priority, timeout_s (the\n"
+    "  requests' defaults).  Paths are relative to the file; --shard takes the ids that\n"
     "  hash to shard I of N\n"
+    "\n"
+    "tandem merge OUT.jsonl IN.jsonl... [--input JOB_INPUT.jsonl] [--force]\n"
+    "  joins shard outputs into OUT (written whole or not at all); every id exactly once,\n"
+    "  no malformed or truncated line; --input: every id of the job's input present;\n"
+    "  --force: replace an existing OUT\n"
     "\n"
     "tandem synth --shape SHAPE --type TYPE [--tokenizer-from MODEL] [--seed S] [--force]\n"
     "             [--dry-run] OUT.gguf\n"
@@ -339,6 +350,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "bench") == 0) return cli_bench(sub_argc, sub_argv);
     if (strcmp(cmd, "synth") == 0) return cli_synth(sub_argc, sub_argv);
     if (strcmp(cmd, "run") == 0) return cli_run(sub_argc, sub_argv);
+    if (strcmp(cmd, "merge") == 0) return cli_merge(sub_argc, sub_argv);
     return cli_usage_error("unknown command '%s'", cmd);
 }
 
@@ -392,7 +404,10 @@ void cli_json_result(FILE *f, const cli_prompt *p, const tandem_result *r, bool 
     fputs("], \"finish_reason\": ", f);
     const char *fr = tandem_finish_reason_str(r->finish_reason);
     tdm_json_write_str(f, fr ? fr : "none", fr ? strlen(fr) : 4);
-    fprintf(f, ", \"prompt_tokens\": %zu, \"timings\": {\"prefill_ms\": ", r->n_prompt_tokens);
+    fprintf(f, ", \"prompt_tokens\": %zu, \"cached_tokens\": %zu, \"preemptions\": %d, \"queue_ms\": ",
+            r->n_prompt_tokens, r->n_cached_tokens, r->n_preemptions);
+    cli_json_num(f, r->queue_ms, 3);
+    fputs(", \"timings\": {\"prefill_ms\": ", f);
     cli_json_num(f, r->prefill_ms, 3);
     fputs(", \"decode_ms\": ", f);
     cli_json_num(f, r->decode_ms, 3);

@@ -1,15 +1,20 @@
-/* prompts.c - reads JSON-lines prompt files for `tandem generate` / `tandem bench`.
+/* prompts.c - reads JSON-lines prompt files for `tandem generate` / `tandem bench`
+ * and the requests of `tandem run`.
  *
  * One JSON object per line:
  *   {"id": <number|string>, "prompt": <string>,
  *    "seed": <integer in [0, 2^64-1]>?, "max_tokens": <integer in [0, INT_MAX]>?,
- *    "temperature": <number in [0, FLT_MAX]>?}
- * (the ranges of --seed, -n and --temp).  Other members are ignored; a repeated
- * member is an error (json.h); blank lines are skipped.  A missing id becomes the
- * 0-based index of the prompt; a numeric id is echoed as written (9007199254740993,
- * 1.50, 1e3 stay so) and must lie in a double's range, so that a reader of the
- * output that parses numbers as doubles sees neither an infinity nor a false 0.
- * Every line is checked before anything runs. */
+ *    "temperature": <number in [0, FLT_MAX]>?,
+ *    "priority": <integer in [INT_MIN, INT_MAX]>?, "timeout_s": <number in [0, 1e9]>?,
+ *    "stop": <string | [string, ...]>?}
+ * (the ranges of --seed, -n and --temp; a stop list holds at most TANDEM_STOP_MAX
+ * strings of 1..TANDEM_STOP_LEN_MAX bytes, and replaces the job's).  Other members
+ * are ignored; a repeated member is an error (json.h); blank lines are skipped.  A
+ * missing id becomes the 0-based index of the prompt; a numeric id is echoed as
+ * written (9007199254740993, 1.50, 1e3 stay so) and must lie in a double's range, so
+ * that a reader of the output that parses numbers as doubles sees neither an infinity
+ * nor a false 0.  Every line is checked before anything runs. */
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -20,7 +25,13 @@
 #include "input.h"
 #include "json.h"
 
+void cli_stop_free(char **stop, int n) {
+    for (int i = 0; i < n; i++) free(stop[i]);
+    free(stop);
+}
+
 static void prompt_free(cli_prompt *p) {
+    cli_stop_free(p->stop, p->n_stop);
     free(p->id_str);
     free(p->text);
     free(p->error);
@@ -64,40 +75,64 @@ static bool in_double_range(const tdm_json *num) {
     return true;
 }
 
-/* Fills p from one parsed line; false with err set on a bad member. */
-static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, const char *path,
-                             int line, char *err, size_t cap) {
-    if (j->type != TDM_JSON_OBJECT) return line_err(err, cap, path, line, "expected a JSON object");
-    p->line = line;
+/* A stop string: 1..TANDEM_STOP_LEN_MAX bytes, no NUL (the library takes C strings). */
+static bool stop_one(const tdm_json *e, const char *at, char **out, char *why, size_t cap) {
+    if (e->type != TDM_JSON_STRING) return snprintf(why, cap, "%s must be a string", at), false;
+    if (e->str_len == 0) return snprintf(why, cap, "%s is empty", at), false;
+    if (e->str_len > TANDEM_STOP_LEN_MAX)
+        return snprintf(why, cap, "%s is longer than %d bytes", at, TANDEM_STOP_LEN_MAX), false;
+    if (memchr(e->str, '\0', e->str_len)) return snprintf(why, cap, "%s holds a NUL byte", at), false;
+    *out = tdm_strndup(e->str, e->str_len);
+    return *out ? true : (snprintf(why, cap, ": out of memory"), false);
+}
 
+bool cli_stop_from_json(const tdm_json *v, char ***out, int *n, char *why, size_t cap) {
+    *out = NULL;
+    *n = 0;
+    if (v->type != TDM_JSON_STRING && v->type != TDM_JSON_ARRAY)
+        return snprintf(why, cap, " must be a string or an array of strings"), false;
+    const bool one = v->type == TDM_JSON_STRING;
+    const size_t count = one ? 1 : v->n;
+    if (count > TANDEM_STOP_MAX)
+        return snprintf(why, cap, " has %zu strings, more than %d", count, TANDEM_STOP_MAX), false;
+    char **s = count ? calloc(count, sizeof *s) : NULL;
+    if (count && !s) return snprintf(why, cap, ": out of memory"), false;
+    for (size_t i = 0; i < count; i++) {
+        char at[32] = "";
+        if (!one) snprintf(at, sizeof at, "[%zu]", i);
+        if (!stop_one(one ? v : &v->items[i], at, &s[i], why, cap)) {
+            cli_stop_free(s, (int)count);
+            return false;
+        }
+    }
+    *out = s;
+    *n = (int)count;
+    return true;
+}
+
+/* The id member (absent: the prompt's index). */
+static bool id_from_json(const tdm_json *j, cli_prompt *p, size_t index, const char *path, int line, char *err,
+                         size_t cap) {
     const tdm_json *id = tdm_json_get(j, "id");
     if (!id) {
         p->id_kind = CLI_ID_INT;
         p->id_int = (int64_t)index;
-    } else if (id->type == TDM_JSON_STRING) {
-        p->id_kind = CLI_ID_STR;
-        p->id_str = tdm_strndup(id->str, id->str_len);
-        p->id_len = id->str_len;
-        if (!p->id_str) return line_err(err, cap, path, line, "out of memory");
-    } else if (id->type == TDM_JSON_NUMBER) {
-        if (!in_double_range(id))
-            return line_err(err, cap, path, line, "\"id\" %.40s is outside the range of a double", id->str);
-        p->id_kind = CLI_ID_NUM;
-        p->id_str = tdm_strndup(id->str, id->str_len);
-        p->id_len = id->str_len;
-        if (!p->id_str) return line_err(err, cap, path, line, "out of memory");
-    } else {
-        return line_err(err, cap, path, line, "\"id\" must be a number or a string");
+        return true;
     }
+    if (id->type == TDM_JSON_NUMBER && !in_double_range(id))
+        return line_err(err, cap, path, line, "\"id\" %.40s is outside the range of a double", id->str);
+    if (id->type != TDM_JSON_NUMBER && id->type != TDM_JSON_STRING)
+        return line_err(err, cap, path, line, "\"id\" must be a number or a string");
+    p->id_kind = id->type == TDM_JSON_STRING ? CLI_ID_STR : CLI_ID_NUM;
+    p->id_str = tdm_strndup(id->str, id->str_len);
+    p->id_len = id->str_len;
+    if (!p->id_str) return line_err(err, cap, path, line, "out of memory");
+    return true;
+}
 
-    const tdm_json *pr = tdm_json_get(j, "prompt");
-    if (!pr) return line_err(err, cap, path, line, "missing \"prompt\"");
-    if (pr->type != TDM_JSON_STRING)
-        return line_err(err, cap, path, line, "\"prompt\" must be a string");
-    p->text = tdm_strndup(pr->str, pr->str_len);
-    p->len = pr->str_len;
-    if (!p->text) return line_err(err, cap, path, line, "out of memory");
-
+/* seed, max_tokens, temperature. */
+static bool sampling_from_json(const tdm_json *j, cli_prompt *p, const char *path, int line, char *err,
+                               size_t cap) {
     const tdm_json *v = tdm_json_get(j, "seed");
     if (v) {
         if (!tdm_json_u64(v, &p->seed))
@@ -123,14 +158,63 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
     return true;
 }
 
+/* priority, timeout_s, stop: the scheduling of the request. */
+static bool request_from_json(const tdm_json *j, cli_prompt *p, const char *path, int line, char *err,
+                              size_t cap) {
+    const tdm_json *v = tdm_json_get(j, "priority");
+    if (v) {
+        int64_t x;
+        if (!tdm_json_int(v, &x) || x < INT_MIN || x > INT_MAX)
+            return line_err(err, cap, path, line, "\"priority\" must be an integer in [%d, %d]", INT_MIN, INT_MAX);
+        p->has_priority = true;
+        p->priority = (int)x;
+    }
+    v = tdm_json_get(j, "timeout_s");
+    if (v) {
+        if (v->type != TDM_JSON_NUMBER || !(v->num >= 0 && v->num <= CLI_TIMEOUT_S_MAX))
+            return line_err(err, cap, path, line, "\"timeout_s\" must be a number of seconds in [0, %g]",
+                            CLI_TIMEOUT_S_MAX);
+        p->has_timeout = true;
+        p->timeout_ms = v->num * 1000.0;
+    }
+    v = tdm_json_get(j, "stop");
+    if (v) {
+        char why[128];
+        if (!cli_stop_from_json(v, &p->stop, &p->n_stop, why, sizeof why))
+            return line_err(err, cap, path, line, "\"stop\"%s", why);
+        p->has_stop = true;
+    }
+    return true;
+}
+
+/* Fills p from one parsed line; false with err set on a bad member. */
+static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, const char *path,
+                             int line, char *err, size_t cap) {
+    if (j->type != TDM_JSON_OBJECT) return line_err(err, cap, path, line, "expected a JSON object");
+    p->line = line;
+    if (!id_from_json(j, p, index, path, line, err, cap)) return false;
+    const tdm_json *pr = tdm_json_get(j, "prompt");
+    if (!pr) return line_err(err, cap, path, line, "missing \"prompt\"");
+    if (pr->type != TDM_JSON_STRING)
+        return line_err(err, cap, path, line, "\"prompt\" must be a string");
+    p->text = tdm_strndup(pr->str, pr->str_len);
+    p->len = pr->str_len;
+    if (!p->text) return line_err(err, cap, path, line, "out of memory");
+    return sampling_from_json(j, p, path, line, err, cap) && request_from_json(j, p, path, line, err, cap);
+}
+
 /* A line that did not parse (err holds why): lenient, an item carrying the error
- * (id: its index); else false. */
+ * (id: its own where it has a good one, else its index); else false. */
 static bool bad_line(cli_prompts *ps, cli_prompt *pr, int line, bool lenient, const char *err) {
+    const cli_prompt id = *pr;
+    pr->id_str = NULL;
     prompt_free(pr);
-    if (!lenient) return false;
+    if (!lenient) return free(id.id_str), false;
     pr->line = line;
-    pr->id_kind = CLI_ID_INT;
+    pr->id_kind = id.id_str ? id.id_kind : CLI_ID_INT;
     pr->id_int = (int64_t)ps->n;
+    pr->id_str = id.id_str;
+    pr->id_len = id.id_len;
     pr->error = tdm_strndup(err, strlen(err));
     pr->text = tdm_strndup("", 0);
     if (!pr->error || !pr->text) {
@@ -165,6 +249,37 @@ static bool add_line(cli_prompts *ps, size_t *items_cap, const char *text, size_
     return ok ? (ps->n++, true) : bad_line(ps, pr, line, lenient, err);
 }
 
+/* Reads every line of r into out. */
+static bool read_lines(tdm_lines *r, const char *name, cli_prompts *out, bool lenient, char *err, size_t cap) {
+    out->items = NULL;
+    out->n = 0;
+    tdm_err terr = {0};
+    cli_prompts ps = {0};
+    size_t items_cap = 0;
+    bool ok = true;
+    for (;;) {
+        const char *text;
+        size_t n;
+        bool got;
+        if (tdm_lines_next(r, &text, &n, &got, &terr) != TANDEM_OK) {
+            snprintf(err, cap, "%s", terr.msg);
+            ok = false;
+        }
+        if (!ok || !got) break;
+        if (!is_blank(text, n)) ok = add_line(&ps, &items_cap, text, n, name, r->line, lenient, err, cap);
+    }
+    if (ok && ps.n == 0) {
+        snprintf(err, cap, "%s: no prompts in the file", name);
+        ok = false;
+    }
+    if (!ok) {
+        cli_prompts_free(&ps);
+        return false;
+    }
+    *out = ps;
+    return true;
+}
+
 static bool read_prompts(const char *path, cli_prompts *out, bool lenient, char *err, size_t cap) {
     out->items = NULL;
     out->n = 0;
@@ -174,31 +289,17 @@ static bool read_prompts(const char *path, cli_prompts *out, bool lenient, char 
         snprintf(err, cap, "%s", terr.msg);
         return false;
     }
-    cli_prompts ps = {0};
-    size_t items_cap = 0;
-    bool ok = true;
-    for (;;) {
-        const char *text;
-        size_t n;
-        bool got;
-        if (tdm_lines_next(&r, &text, &n, &got, &terr) != TANDEM_OK) {
-            snprintf(err, cap, "%s", terr.msg);
-            ok = false;
-        }
-        if (!ok || !got) break;
-        if (!is_blank(text, n)) ok = add_line(&ps, &items_cap, text, n, path, r.line, lenient, err, cap);
-    }
+    bool ok = read_lines(&r, path, out, lenient, err, cap);
     tdm_lines_close(&r);
-    if (ok && ps.n == 0) {
-        snprintf(err, cap, "%s: no prompts in the file", path);
-        ok = false;
-    }
-    if (!ok) {
-        cli_prompts_free(&ps);
-        return false;
-    }
-    *out = ps;
-    return true;
+    return ok;
+}
+
+bool cli_prompts_read_stream(FILE *f, const char *name, bool lenient, cli_prompts *out, char *err, size_t cap) {
+    tdm_lines r = {.f = f, .own = false, .name = name, .line_max = TDM_INPUT_LINE_MAX,
+                   .total_max = TDM_INPUT_TOTAL_MAX};
+    bool ok = read_lines(&r, name, out, lenient, err, cap);
+    tdm_lines_close(&r);
+    return ok;
 }
 
 bool cli_prompts_read(const char *path, cli_prompts *out, char *err, size_t cap) {
@@ -242,4 +343,44 @@ void cli_prompt_write_id(FILE *f, const cli_prompt *p, bool json) {
             fwrite(p->id_str, 1, p->id_len, f);
         break;
     }
+}
+
+/* A string as a JSON literal (heap), as the output writes it. */
+static char *json_str_text(const char *str, size_t n) {
+    char *t = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&t, &len);
+    if (!m) return NULL;
+    tdm_json_write_str(m, str, n);
+    if (fclose(m) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
+char *cli_json_id_text(const tdm_json *id) {
+    if (id->type == TDM_JSON_STRING) return json_str_text(id->str, id->str_len);
+    return id->type == TDM_JSON_NUMBER ? tdm_strndup(id->str, id->str_len) : NULL;
+}
+
+char *cli_prompt_id_text(const cli_prompt *p) {
+    if (p->id_kind == CLI_ID_STR) return json_str_text(p->id_str, p->id_len);
+    if (p->id_kind == CLI_ID_NUM) return tdm_strndup(p->id_str, p->id_len);
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%lld", (long long)p->id_int);
+    return tdm_strndup(buf, (size_t)n);
+}
+
+void cli_prompt_apply(const cli_prompt *p, tandem_request *rq) {
+    tandem_generate_params *g = &rq->params;
+    if (p->has_seed) g->seed = p->seed;
+    if (p->has_max_tokens) g->max_tokens = p->max_tokens;
+    if (p->has_temperature) g->temperature = p->temperature;
+    if (p->has_stop) {
+        g->stop = (const char *const *)p->stop;
+        g->n_stop = p->n_stop;
+    }
+    if (p->has_priority) rq->priority = p->priority;
+    if (p->has_timeout) rq->timeout_ms = p->timeout_ms;
 }

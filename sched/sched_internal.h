@@ -1,0 +1,81 @@
+/* sched_internal.h - the scheduler's state, shared by its files (sched.c: inbox,
+ * thread, finishing; step.c: one iteration; queue.c: the waiting heap). */
+#ifndef TDM_SCHED_INTERNAL_H
+#define TDM_SCHED_INTERNAL_H
+
+#include <pthread.h>
+
+#include "batch_ctrl.h"
+#include "queue.h"
+#include "scheduler.h"
+
+typedef enum tdm_req_state {
+    TDM_REQ_WAITING = 0, /* in the queue (new or preempted) */
+    TDM_REQ_PREFILL,     /* running: positions [n_fed, n_goal) still to compute */
+    TDM_REQ_RUNNING,     /* running: decoding */
+} tdm_req_state;
+
+struct tdm_req {
+    uint64_t id;
+    uint64_t order;            /* arrival order */
+    int priority;
+    double t_submit, deadline; /* tdm_now() seconds; deadline 0 = none */
+    double t_start, t_first;   /* first admission; first token (0 = not yet) */
+    tandem_finish_cb on_finish;
+    void *user_data;
+    tdm_seq s;                 /* validated at submit */
+    tdm_req_state state;
+    int32_t n_fed;             /* positions computed for both models in this residency */
+    int32_t n_goal;            /* positions to compute before decoding: the prompt, or for a
+                                  recomputation every token but the pending last one */
+    bool cancel;               /* asked by tdm_sched_cancel (under the lock) */
+    bool cancel_seen;          /* the stepping thread's copy of cancel */
+    bool finished;             /* on_finish called or about to be (under the lock) */
+    int n_preempt;
+    size_t n_cached;           /* prompt positions from the prefix cache, first admission */
+    tandem_status fail_st;     /* set when it failed alone */
+    tdm_err fail_err;
+    tdm_req *next_inbox;       /* inbox list (under the lock) */
+    tdm_req *prev_live, *next_live; /* every unfinished request (under the lock) */
+};
+
+struct tdm_sched {
+    tdm_engine *e;
+    /* under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work;    /* the thread waits for work */
+    pthread_cond_t cv_done;    /* tdm_sched_run waits for its requests */
+    tdm_req *inbox_head, *inbox_tail;
+    tdm_req *live;             /* doubly linked list of unfinished requests */
+    int32_t n_inbox, n_cancel; /* requests in the inbox; cancels not yet applied */
+    uint64_t next_id, next_order;
+    tandem_engine_stats stats;
+    bool th_started, th_stop;
+    pthread_t th;
+    /* the stepping thread's own */
+    tdm_queue wait;
+    tdm_req **run;             /* [cap] running requests, admission order */
+    int32_t n_run, cap;
+    const tdm_kv_seq **g_seqs; /* [cap] a forward's sequences */
+    tdm_req **g_req;           /* [n_logit_rows] the request of each logits row */
+    int32_t *g_tok;            /* [n_logit_rows] the token drawn for each logits row */
+    int32_t *g_who, *g_slot;   /* [n_logit_rows] drafting scratch (draft/batch_chain.h) */
+    int32_t *drafts;           /* [cap][TDM_CTRL_MAX_K] this step's drafted chains */
+    int32_t *k_of;             /* [cap] tokens each running sequence drafts this step */
+    tdm_rowcost cost_t, cost_d;/* forward seconds by rows: target steps, draft rounds */
+    tdm_batch_rates rates;     /* greedy tokens per second delivered, by batch and k */
+    int32_t step_b, step_k;    /* this step's speculating batch and length (0: none) */
+    uint64_t n_spec_steps;     /* batched speculation decisions (exploration schedule) */
+    double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
+};
+
+/* step.c */
+tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err);
+/* sched.c: ends a request (result built, blocks freed, on_finish called, freed).
+ * reason NONE: from its sequence (done) or its fail_st. */
+void tdm_sched_finish(tdm_sched *s, tdm_req *r, tandem_finish_reason reason);
+void tdm_sched_stat_add(tdm_sched *s, uint64_t *field, uint64_t n);
+/* Takes a request out of the running batch (the order of the others is kept). */
+void tdm_sched_unrun(tdm_sched *s, tdm_req *r);
+
+#endif

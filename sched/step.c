@@ -1,0 +1,552 @@
+/* step.c - one scheduler iteration (scheduler.h):
+ *   1. the inbox joins the queue; cancels and deadlines end their requests;
+ *   2. admission: waiting requests join the running batch while a place is free and
+ *      the KV pool holds their prompt (prefix-cache hits counted as held);
+ *   3. the plan: every decoding sequence's next row, then prompt chunks of the
+ *      prefilling ones under the step's token budget;
+ *   4. KV blocks for the plan, preempting the lowest-priority, newest sequence when
+ *      the pool is full;
+ *   5. the forwards: rows grouped so that each is computed as it would be alone (one
+ *      forward on a backend that is row-invariant at any size, groups of at most
+ *      invariant_rows decode rows and one prompt chunk per forward otherwise); the
+ *      draft model sees the prompt chunks too;
+ *   6. tokens drawn and committed; finished sequences leave at once.
+ * A lone decoding sequence with a draft takes a speculative step instead (greedy,
+ * or sampled on an engine of one sequence). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "batch_chain.h"
+#include "batch_verify.h"
+#include "kv_cache.h"
+#include "sched_internal.h"
+
+/* one sequence's rows of this step: positions [from, to) */
+typedef struct step_item {
+    tdm_req *r;
+    int32_t from, to;
+    bool decode;   /* the pending token and k drafted ones (1 + k rows, all giving logits),
+                      else a prompt chunk */
+    bool want;     /* (a chunk) its last row's logits give the first token */
+    int32_t k;     /* (decode) drafted tokens verified by its rows */
+    int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
+} step_item;
+
+/* the most rows that sample on the device in one forward (e->samp_dev's layout) */
+#define SAMP_ROWS_MAX (TDM_ENGINE_LOGIT_ROWS - 1)
+_Static_assert(SAMP_ROWS_MAX <= TDM_ENGINE_SAMP_OUT && TDM_ENGINE_SAMP_IDS + SAMP_ROWS_MAX <= TDM_ENGINE_SAMP_WORDS,
+               "the device sampling words hold a step's rows");
+
+static void fail_req(tdm_req *r, tandem_status st, const tdm_err *err) {
+    if (r->fail_st) return;
+    r->fail_st = st ? st : TANDEM_ERR_INTERNAL;
+    if (err) r->fail_err = *err;
+    else memset(&r->fail_err, 0, sizeof r->fail_err);
+}
+
+/* ---- 1. inbox, cancels, deadlines ---- */
+
+static void take_inbox(tdm_sched *s) {
+    pthread_mutex_lock(&s->mu);
+    tdm_req *in = s->inbox_head;
+    s->inbox_head = s->inbox_tail = NULL;
+    s->n_inbox = 0;
+    if (s->n_cancel > 0) { /* copy the flags the other threads set */
+        for (tdm_req *r = s->live; r; r = r->next_live) r->cancel_seen = r->cancel;
+    }
+    pthread_mutex_unlock(&s->mu);
+    while (in) {
+        tdm_req *nx = in->next_inbox;
+        in->next_inbox = NULL;
+        if (in->s.max_new == 0) { /* nothing to run */
+            in->s.done = true;
+            in->s.finish = TANDEM_FINISH_LENGTH;
+            tdm_sched_finish(s, in, TANDEM_FINISH_NONE);
+        } else if (!tdm_queue_push(&s->wait, in)) {
+            tdm_err err;
+            tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory queueing the request");
+            fail_req(in, TANDEM_ERR_NOMEM, &err);
+            tdm_sched_finish(s, in, TANDEM_FINISH_NONE);
+        }
+        in = nx;
+    }
+}
+
+static tandem_finish_reason expiry(const tdm_req *r, double now) {
+    if (r->cancel_seen) return TANDEM_FINISH_CANCELLED;
+    if (r->deadline > 0 && now >= r->deadline) return TANDEM_FINISH_TIMEOUT;
+    return TANDEM_FINISH_NONE;
+}
+
+typedef struct expire_ctx {
+    tdm_sched *s;
+    double now;
+} expire_ctx;
+
+static bool drop_expired(tdm_req *r, void *user) {
+    const expire_ctx *c = user;
+    tandem_finish_reason why = expiry(r, c->now);
+    if (why == TANDEM_FINISH_NONE) return false;
+    tdm_sched_finish(c->s, r, why);
+    return true;
+}
+
+static void expire(tdm_sched *s, double now) {
+    expire_ctx c = {s, now};
+    tdm_queue_filter(&s->wait, drop_expired, &c);
+    for (int32_t i = s->n_run - 1; i >= 0; i--) {
+        tdm_req *r = s->run[i];
+        tandem_finish_reason why = expiry(r, now);
+        if (why != TANDEM_FINISH_NONE) tdm_sched_finish(s, r, why);
+    }
+}
+
+/* ---- 2. admission ---- */
+
+static bool fresh(const tdm_req *r) { return r->s.n_tokens == r->s.n_prompt; }
+
+static void admit(tdm_sched *s, double now) {
+    tdm_engine *e = s->e;
+    tdm_kv_pool *pool = e->pool;
+    const int32_t bs = tdm_kv_pool_block_size(pool);
+    while (s->n_run < s->cap) {
+        tdm_req *r = tdm_queue_top(&s->wait);
+        if (!r) return;
+        tdm_seq *q = &r->s;
+        const bool first = fresh(r);
+        /* a fresh prompt is computed up to its last token (whose logits give the first
+         * new token); a preempted sequence up to its pending token */
+        const int32_t goal = first ? q->n_prompt : q->n_tokens - 1;
+        int32_t cached = 0;
+        if (e->cfg.prefix_cache && q->kv.len == 0) {
+            const int32_t max_blocks = (first ? goal - 1 : goal) / bs;
+            cached = tdm_kv_prefix_match(pool, q->tokens, goal, max_blocks, &q->kv);
+        }
+        const int32_t need = tdm_kv_blocks_for(pool, goal + 1) - q->kv.n_blocks;
+        if (s->n_run > 0 && need > tdm_kv_pool_n_free(pool)) { /* wait for blocks */
+            tdm_kv_seq_free(pool, &q->kv);
+            return;
+        }
+        tdm_queue_pop(&s->wait);
+        r->state = TDM_REQ_PREFILL;
+        r->n_goal = goal;
+        r->n_fed = cached;
+        q->n_target = cached;
+        q->n_draft = e->draft ? cached : 0;
+        if (r->t_start == 0) {
+            r->t_start = now;
+            r->n_cached = (size_t)cached;
+            pthread_mutex_lock(&s->mu);
+            s->stats.prompt_tokens += (uint64_t)q->n_prompt;
+            s->stats.cached_tokens += (uint64_t)cached;
+            pthread_mutex_unlock(&s->mu);
+        }
+        s->run[s->n_run++] = r;
+    }
+}
+
+/* ---- 3. the plan ---- */
+
+/* Rows up to which a forward computes each row as alone, 0 = any (or no need). */
+static int32_t invariant_rows(const tdm_engine *e) { return e->cfg.batch_invariant ? e->be->invariant_rows : 0; }
+
+/* Prompt chunks end on multiples of the engine's prefill chunk, so that a prompt
+ * is cut the same way whatever else runs (on a backend whose rows depend on the
+ * size of the product, the chunk's own forward then computes what it would alone);
+ * on a backend that is row-invariant at any size the budget may cut them anywhere. */
+static int32_t plan(tdm_sched *s, step_item *it) {
+    tdm_engine *e = s->e;
+    const int32_t budget = e->cfg.max_batch_tokens, pc = e->cfg.prefill_chunk;
+    const bool any_cut = invariant_rows(e) == 0;
+    int32_t n = 0, rows = 0;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        tdm_req *r = s->run[i];
+        if (r->state != TDM_REQ_RUNNING) continue;
+        const int32_t p = r->s.n_tokens - 1, k = s->k_of[i];
+        it[n++] = (step_item){r, p, p + 1 + k, true, true, k, s->drafts + (size_t)i * TDM_CTRL_MAX_K};
+        rows += 1 + k;
+    }
+    bool chunked = false;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        tdm_req *r = s->run[i];
+        if (r->state != TDM_REQ_PREFILL) continue;
+        int32_t c = TDM_MIN(r->n_goal - r->n_fed, pc - r->n_fed % pc);
+        const int32_t left = budget - rows;
+        if (c > left) { /* one chunk runs in every step, even over the budget */
+            if (any_cut && left > 0) c = left;
+            else if (chunked) break;
+        }
+        it[n++] = (step_item){r, r->n_fed, r->n_fed + c, false, fresh(r) && r->n_fed + c == r->n_goal, 0, NULL};
+        rows += c;
+        chunked = true;
+    }
+    return n;
+}
+
+/* ---- 4. KV blocks, preemption ---- */
+
+static tdm_req *victim(const tdm_sched *s) {
+    tdm_req *v = NULL;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        tdm_req *r = s->run[i];
+        if (!v || r->priority < v->priority || (r->priority == v->priority && r->order > v->order)) v = r;
+    }
+    return v;
+}
+
+static void preempt(tdm_sched *s, tdm_req *r) {
+    tdm_kv_seq_free(s->e->pool, &r->s.kv);
+    tdm_sched_unrun(s, r);
+    r->state = TDM_REQ_WAITING;
+    r->n_fed = 0;
+    r->s.n_target = r->s.n_draft = 0;
+    r->n_preempt++;
+    tdm_sched_stat_add(s, &s->stats.n_preemptions, 1);
+    if (!tdm_queue_push(&s->wait, r)) {
+        tdm_err err;
+        tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory requeueing a preempted request");
+        fail_req(r, TANDEM_ERR_NOMEM, &err);
+        tdm_sched_finish(s, r, TANDEM_FINISH_NONE);
+    }
+}
+
+/* Backs every planned row; returns false when a sequence was preempted or failed
+ * (the plan must be made again). */
+static bool reserve(tdm_sched *s, const step_item *it, int32_t n) {
+    tdm_engine *e = s->e;
+    for (int32_t i = 0; i < n; i++) {
+        tdm_req *r = it[i].r;
+        tdm_err err = {0};
+        tandem_status st = tdm_kv_seq_reserve(e->pool, &r->s.kv, it[i].to, &err);
+        if (!st && e->copy_status) {
+            st = tdm_seterr(&err, e->copy_status, "%s", e->copy_err.msg);
+            e->copy_status = TANDEM_OK;
+        }
+        if (!st) continue;
+        if (st == TANDEM_ERR_KV_FULL && s->n_run > 1) {
+            preempt(s, victim(s));
+        } else {
+            fail_req(r, st, &err);
+            tdm_sched_finish(s, r, TANDEM_FINISH_NONE);
+        }
+        return false;
+    }
+    return true;
+}
+
+/* ---- 5, 6. forwards, tokens ---- */
+
+/* The token of each of the m logits rows (row j is rq[j]'s), drawn as a lone
+ * sequence's next token is: argmax when greedy, else from its own generator (on
+ * the device where the engine samples there); -1 for a row with non-finite logits. */
+static tandem_status draw(tdm_engine *e, tdm_req *const *rq, int32_t m, tdm_fwd_kind kind, int32_t *tok,
+                          tdm_err *err) {
+    const size_t V = (size_t)e->n_vocab;
+    if (kind == TDM_FWD_ARGMAX) {
+        memcpy(tok, e->ids, (size_t)m * sizeof(int32_t));
+        return TANDEM_OK;
+    }
+    if (kind == TDM_FWD_LOGITS) {
+        for (int32_t j = 0; j < m; j++) {
+            tdm_seq *q = &rq[j]->s;
+            const float *l = e->logits_t + (size_t)j * V;
+            tok[j] = q->sp.temperature > 0 ? tdm_sample_logits(l, e->n_vocab, &q->sp, &e->ss, e->tmp, &q->rng)
+                                           : tdm_argmax_finite(l, e->n_vocab);
+        }
+        return TANDEM_OK;
+    }
+    const tdm_backend_ops *op = e->be->ops;
+    int32_t *ids_d = e->samp_dev + TDM_ENGINE_SAMP_IDS;
+    tandem_status st = TANDEM_OK;
+    for (int32_t j = 0; j < m && !st; j++) {
+        tdm_seq *q = &rq[j]->s;
+        const float *l = e->out_t + (size_t)j * V;
+        if (q->sp.temperature > 0) {
+            double u;
+            tdm_engine_draws(q, 1, &u);
+            st = op->probs_dev(e->be, l, 1, e->n_vocab, &q->sp, e->p_dev + (size_t)j * V, e->samp_dev + j, err);
+            if (!st) st = op->sample_dev(e->be, e->p_dev + (size_t)j * V, 1, e->n_vocab, &u, ids_d + j, NULL, err);
+        } else {
+            st = op->argmax_dev(e->be, l, 1, e->n_vocab, ids_d + j, NULL, err);
+        }
+    }
+    int32_t got[TDM_ENGINE_SAMP_WORDS];
+    if (!st) st = op->download(e->be, got, e->samp_dev, sizeof got, err);
+    for (int32_t j = 0; j < m && !st; j++) {
+        tdm_seq *q = &rq[j]->s;
+        tok[j] = got[TDM_ENGINE_SAMP_IDS + j];
+        if (q->sp.temperature > 0) {
+            if (!got[j]) tok[j] = -1;
+            else tdm_engine_consume(q, 1);
+        }
+    }
+    return st;
+}
+
+/* Runs items [0, n) as one forward of the target (and one of the draft over the
+ * prompt chunks among them), then commits their results. */
+static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
+    tdm_engine *e = s->e;
+    const tdm_kv_seq **seqs = s->g_seqs;
+    tdm_req **rq = s->g_req;
+    int32_t *tok = s->g_tok;
+    int32_t m = 0;
+    bool any_sample = false, any_chunk = false;
+    tdm_batch *b = &e->batch;
+    tdm_batch_clear(b);
+    for (int32_t i = 0; i < n; i++) {
+        tdm_seq *q = &it[i].r->s;
+        seqs[i] = &q->kv;
+        for (int32_t p = it[i].from; p < it[i].to; p++) {
+            const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
+            const int32_t tk = p < q->n_tokens ? q->tokens[p] : it[i].draft[p - q->n_tokens];
+            tdm_batch_add(b, tk, p, i, p, want);
+            if (want) rq[m++] = it[i].r;
+        }
+        any_sample |= (it[i].decode || it[i].want) && q->sp.temperature > 0;
+        any_chunk |= !it[i].decode;
+    }
+    const tdm_fwd_kind kind = !any_sample ? TDM_FWD_ARGMAX : e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    b->rows_shared = !e->cfg.batch_invariant && n > 1; /* (a lone sequence's rows stay its own) */
+    tdm_err err = {0};
+    tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, &err);
+    if (!st && m > 0) st = draw(e, rq, m, kind, tok, &err);
+    if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
+        tdm_batch_clear(b);
+        for (int32_t i = 0; i < n; i++) {
+            if (it[i].decode) continue;
+            const tdm_seq *q = &it[i].r->s;
+            for (int32_t p = it[i].from; p < it[i].to; p++) tdm_batch_add(b, q->tokens[p], p, i, p, false);
+        }
+        b->rows_shared = true; /* (the draft's rows only propose) */
+        st = tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS, &err);
+    }
+    const double now = tdm_now();
+    for (int32_t i = 0, j = 0; i < n; i++) {
+        tdm_req *r = it[i].r;
+        tdm_seq *q = &r->s;
+        const int32_t n_out = it[i].decode ? 1 + it[i].k : it[i].want;
+        const int32_t *out = tok + j, t = n_out ? out[n_out - 1] : 0;
+        j += n_out;
+        if (st) {
+            fail_req(r, st, &err);
+            continue;
+        }
+        int32_t bad = -1;
+        for (int32_t x = 0; x < n_out && bad < 0; x++)
+            if (out[x] < 0) bad = x;
+        if (bad >= 0) {
+            tdm_err ferr;
+            tdm_seterr(&ferr, TANDEM_ERR_FORMAT, "target model '%s': non-finite logits (NaN or infinity) at position %d",
+                       tdm_model_label(e->target), (int)(it[i].to - n_out + bad));
+            fail_req(r, TANDEM_ERR_FORMAT, &ferr);
+            continue;
+        }
+        if (it[i].decode && it[i].k > 0) { /* a verified chain */
+            tdm_verify_commit_greedy(e, q, it[i].draft, it[i].k, out, s->t_draft, now - s->t_verify0);
+            continue;
+        }
+        q->n_target = it[i].to;
+        if (!it[i].decode) {
+            r->n_fed = it[i].to;
+            if (e->draft) q->n_draft = it[i].to;
+            if (r->n_fed < r->n_goal) continue;
+            r->state = TDM_REQ_RUNNING;
+            if (e->cfg.prefix_cache) tdm_kv_prefix_publish(e->pool, &q->kv, q->tokens, r->n_fed);
+            if (!it[i].want) continue; /* (a recomputation: its next token is pending) */
+        }
+        tdm_seq_commit(e, q, t);
+        if (r->t_first == 0) r->t_first = now;
+    }
+}
+
+static int32_t item_rows(const step_item *it) { return it->to - it->from; }
+static int32_t item_logits(const step_item *it) { return it->decode ? 1 + it->k : it->want; }
+
+/* Groups the plan into forwards (see the top of the file) and runs them. */
+static void run_plan(tdm_sched *s, const step_item *it, int32_t n) {
+    tdm_engine *e = s->e;
+    const int32_t inv = invariant_rows(e);
+    for (int32_t i = 0; i < n;) {
+        int32_t rows = 0, logits = 0, j = i;
+        bool samp = false;
+        while (j < n) {
+            const step_item *x = &it[j];
+            /* rows sampled on the device: at most SAMP_ROWS_MAX logits rows */
+            const bool samp_x = samp || (e->p_dev && item_logits(x) > 0 && x->r->s.sp.temperature > 0);
+            const int32_t cap_logits = TDM_MIN(samp_x ? SAMP_ROWS_MAX : e->n_logit_rows, TDM_ENGINE_BATCH_LOGITS_MAX);
+            if (inv > 0 && j > i && (!x->decode || !it[i].decode)) break; /* a chunk goes alone */
+            if (inv > 0 && j > i && x->decode && rows + item_rows(x) > inv) break;
+            if (j > i && (rows + item_rows(x) > e->max_rows || logits + item_logits(x) > cap_logits)) break;
+            rows += item_rows(x);
+            logits += item_logits(x);
+            samp = samp_x;
+            j++;
+        }
+        run_group(s, it + i, j - i);
+        i = j;
+    }
+}
+
+/* ---- speculation in a batch ---- */
+
+/* The tokens each running sequence drafts this step (s->k_of): greedy decoding
+ * sequences speculate when the engine has a draft and more than one sequence runs
+ * (a lone one takes tdm_seq_step), with one k for the batch from measured costs
+ * (draft/batch_ctrl.h; a request's fixed spec_k is its own), every 64th decision
+ * one more or fewer to keep the neighbours measured (rarely: where speculation
+ * does not pay, each such step costs).  On a batch-invariant GPU a
+ * chain's rows fit one forward of invariant rows. */
+static void choose_k(tdm_sched *s) {
+    tdm_engine *e = s->e;
+    memset(s->k_of, 0, (size_t)s->n_run * sizeof *s->k_of);
+    s->step_b = s->step_k = 0;
+    if (!e->draft || s->n_run < 2) return;
+    tdm_batch_seq bs[TDM_ENGINE_BATCH_LOGITS_MAX];
+    int32_t idx[TDM_ENGINE_BATCH_LOGITS_MAX], nb = 0, other = 0, k_max = 0;
+    const int32_t inv = invariant_rows(e);
+    for (int32_t i = 0; i < s->n_run; i++) {
+        const tdm_req *r = s->run[i];
+        const tdm_seq *q = &r->s;
+        if (r->state != TDM_REQ_RUNNING) {
+            other += TDM_MIN(r->n_goal - r->n_fed, e->cfg.prefill_chunk);
+            continue;
+        }
+        if (q->sp.temperature > 0 || nb == TDM_ENGINE_BATCH_LOGITS_MAX) {
+            other++;
+            continue;
+        }
+        int32_t cap = q->ctrl.k_fixed > 0 ? q->ctrl.k_fixed : q->ctrl.k_max;
+        cap = TDM_MIN(cap, q->max_new - (q->n_tokens - q->n_prompt) - 1); /* (the target adds one) */
+        cap = TDM_MIN(cap, e->cfg.n_ctx - q->n_tokens);
+        if (inv > 0) cap = TDM_MIN(cap, inv - 1);
+        if (cap <= 0) {
+            other++;
+            continue;
+        }
+        idx[nb] = i;
+        bs[nb++] = (tdm_batch_seq){q->ctrl.alpha, cap};
+        k_max = TDM_MAX(k_max, cap);
+    }
+    if (nb < 1) return;
+    /* every chain verified within one forward's logits rows */
+    k_max = TDM_MIN(k_max, (e->n_logit_rows - other) / nb - 1);
+    if (k_max <= 0) return;
+    k_max = TDM_MIN(k_max, TDM_BATCH_RATE_K);
+    int32_t k = tdm_batch_choose_k_measured(&s->rates, &s->cost_t, &s->cost_d, bs, nb, other, k_max);
+    if ((++s->n_spec_steps & 63) == 0) k = TDM_MAX(0, TDM_MIN(k_max, k + ((s->n_spec_steps & 64) ? 1 : -1)));
+    s->step_b = nb;
+    s->step_k = k;
+    for (int32_t j = 0; j < nb; j++) {
+        const tdm_seq *q = &s->run[idx[j]]->s;
+        s->k_of[idx[j]] = q->ctrl.k_fixed > 0 ? bs[j].cap : TDM_MIN(k, bs[j].cap);
+    }
+}
+
+/* Drafts the chains the plan verifies (one draft forward per round for all of
+ * them); false when drafting failed (its sequences fail, nothing else runs). */
+static bool draft_chains(tdm_sched *s, const step_item *it, int32_t n) {
+    tdm_engine *e = s->e;
+    tdm_seq *seqs[TDM_ENGINE_BATCH_LOGITS_MAX];
+    int32_t k[TDM_ENGINE_BATCH_LOGITS_MAX], m = 0;
+    const step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
+    for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++)
+        if (it[i].decode && it[i].k > 0) {
+            who[m] = &it[i];
+            seqs[m] = &it[i].r->s;
+            k[m++] = it[i].k;
+        }
+    if (m == 0) return true;
+    int32_t *chains = malloc((size_t)m * TDM_CTRL_MAX_K * sizeof *chains);
+    tdm_err err = {0};
+    const double t0 = tdm_now();
+    tandem_status st = chains ? tdm_draft_batch_greedy(e, seqs, m, k, chains, s->g_seqs, s->g_who, s->g_slot,
+                                                       NULL, &err)
+                              : tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory drafting");
+    int32_t k_max = 0;
+    for (int32_t j = 0; j < m; j++) k_max = TDM_MAX(k_max, k[j]);
+    /* a round's cost: the whole drafting (catch-up included) over its rounds */
+    if (!st) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
+    for (int32_t j = 0; j < m && !st; j++)
+        memcpy(who[j]->draft, chains + (size_t)j * TDM_CTRL_MAX_K, (size_t)k[j] * sizeof *chains);
+    free(chains);
+    if (!st) return true;
+    for (int32_t j = 0; j < m; j++) fail_req(who[j]->r, st, &err);
+    return false;
+}
+
+/* ---- the iteration ---- */
+
+static void finish_done(tdm_sched *s) {
+    for (int32_t i = s->n_run - 1; i >= 0; i--) {
+        tdm_req *r = s->run[i];
+        if (r->fail_st || r->s.done) tdm_sched_finish(s, r, TANDEM_FINISH_NONE);
+    }
+}
+
+static bool alone_spec(const tdm_sched *s) {
+    if (s->n_run != 1 || !s->e->draft) return false;
+    const tdm_req *r = s->run[0];
+    return r->state == TDM_REQ_RUNNING && (r->s.sp.temperature <= 0 || s->cap == 1);
+}
+
+tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
+    (void)err;
+    tdm_engine *e = s->e;
+    e->copy_status = TANDEM_OK;
+    take_inbox(s);
+    const double now = tdm_now();
+    expire(s, now);
+    admit(s, now);
+    if (s->n_run == 0) return TANDEM_OK;
+    tdm_sched_stat_add(s, &s->stats.steps, 1);
+    if (alone_spec(s)) {
+        tdm_req *r = s->run[0];
+        tdm_err serr = {0};
+        tandem_status st = tdm_seq_step(e, &r->s, &serr);
+        if (st) fail_req(r, st, &serr);
+        finish_done(s);
+        return TANDEM_OK;
+    }
+    step_item *it = malloc((size_t)s->n_run * sizeof *it);
+    if (!it) { /* fail the newest: the others may go on */
+        tdm_err nerr;
+        tdm_seterr(&nerr, TANDEM_ERR_NOMEM, "out of memory planning a step");
+        fail_req(s->run[s->n_run - 1], TANDEM_ERR_NOMEM, &nerr);
+        finish_done(s);
+        return TANDEM_OK;
+    }
+    int32_t n;
+    choose_k(s);
+    do n = plan(s, it);
+    while (!reserve(s, it, n) && s->n_run > 0);
+    if (s->n_run > 0 && n > 0) {
+        const double t0 = tdm_now();
+        s->t_draft = 0;
+        if (draft_chains(s, it, n)) {
+            s->t_verify0 = tdm_now();
+            s->t_draft = s->t_verify0 - t0;
+            int32_t rows = 0;
+            for (int32_t i = 0; i < n; i++) rows += item_rows(&it[i]);
+            int32_t before = 0, after = 0;
+            for (int32_t i = 0; i < n; i++)
+                if (it[i].decode && it[i].r->s.sp.temperature <= 0) before += it[i].r->s.n_tokens;
+            run_plan(s, it, n);
+            const double t1 = tdm_now();
+            tdm_rowcost_observe(&s->cost_t, rows, t1 - s->t_verify0);
+            for (int32_t i = 0; i < n; i++)
+                if (it[i].decode && it[i].r->s.sp.temperature <= 0) after += it[i].r->s.n_tokens;
+            /* what this length delivered at this batch size (a step that lost a
+             * sequence to an error or a finish still counts what the rest made) */
+            if (s->step_b > 0 && after > before) tdm_batch_rates_observe(&s->rates, s->step_b, s->step_k, (after - before) / (t1 - t0));
+        }
+    }
+    free(it);
+    /* a recomputed sequence whose every position came from the cache decodes next */
+    for (int32_t i = 0; i < s->n_run; i++) {
+        tdm_req *r = s->run[i];
+        if (r->state == TDM_REQ_PREFILL && !fresh(r) && r->n_fed >= r->n_goal) r->state = TDM_REQ_RUNNING;
+    }
+    finish_done(s);
+    return TANDEM_OK;
+}

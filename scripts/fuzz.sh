@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# usage: scripts/fuzz.sh [SECONDS [NAME...]]
+#
+# Builds every libFuzzer harness of tests/fuzz/ (fuzz_NAME.c) with clang
+# -fsanitize=fuzzer,address,undefined into build-fuzz/, seeds each one's corpus from
+# the checked-in examples (configs/*.ini, tests/data/*.jsonl, the GGUF files' heads,
+# the tokenizer cases) and runs it for SECONDS (default 20), two at a time (NAME...:
+# only those, e.g. `scripts/fuzz.sh 300 config prompts`).  The
+# corpora stay in build-fuzz/corpus/NAME (a later run starts from them); crashes go
+# to build-fuzz/crashes/.  Exit status: 0 when no harness crashed, 1 when one did (the
+# reproducer's path is printed: rerun it with build-fuzz/fuzz_NAME PATH) or a build
+# failed, 77 when clang or its libFuzzer is missing (nothing run).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SECS=${1:-20}
+case "$SECS" in '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS [NAME...]]" >&2; exit 2 ;; esac
+shift $(($# > 0 ? 1 : 0))
+OUT=build-fuzz
+CC=${CLANG:-clang}
+FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli)
+JSON_SRC=(src/json.c src/unicode.c src/unicode_data.c src/common.c)
+GGUF_SRC=(src/gguf.c src/dtype.c "${JSON_SRC[@]}")
+TOK_SRC=(src/tokenizer.c src/tok_bpe.c src/tok_spm.c src/tok_pretok.c "${GGUF_SRC[@]}")
+PROMPT_SRC=(src/cli/prompts.c src/input.c "${JSON_SRC[@]}")
+HARNESSES=(gguf json tokenizer config prompts)
+[ $# -gt 0 ] && HARNESSES=("$@")
+
+# The library sources, extra link flags and -max_len of each harness.
+sources() {
+    case $1 in
+    gguf) echo "${GGUF_SRC[@]}" ;;
+    json) echo "${JSON_SRC[@]}" ;;
+    tokenizer) echo "${TOK_SRC[@]}" ;;
+    config) echo src/cli/job_config.c "${PROMPT_SRC[@]}" ;;
+    prompts) echo "${PROMPT_SRC[@]}" ;;
+    esac
+}
+libs() { [ "$1" = config ] && pkg-config --libs inih; echo -lm; }
+max_len() { [ "$1" = prompts ] && echo 8192 || echo 4096; }
+
+if ! command -v "$CC" >/dev/null 2>&1; then
+    echo "fuzz: skipped: $CC not found (scripts/setup.sh installs it)"
+    exit 77
+fi
+mkdir -p "$OUT/crashes"
+echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; return (int)(n & 0); }' >"$OUT/probe.c"
+if ! "$CC" -fsanitize=fuzzer,address,undefined "$OUT/probe.c" -o "$OUT/probe" 2>"$OUT/probe.log"; then
+    echo "fuzz: skipped: $CC cannot link -fsanitize=fuzzer (no libFuzzer): $(head -n 1 "$OUT/probe.log")"
+    exit 77
+fi
+
+# Builds fuzz_NAME unless it is newer than this script, its harness and every source
+# and header.
+build() {
+    local h=$1 exe=$OUT/fuzz_$1 src
+    read -ra src <<<"$(sources "$h")"
+    if [ -x "$exe" ] &&
+        [ -z "$(find scripts/fuzz.sh "tests/fuzz/fuzz_$h.c" include src \( -name '*.[ch]' -o -name fuzz.sh \) \
+            -newer "$exe" | head -n 1)" ]; then
+        return 0
+    fi
+    # shellcheck disable=SC2046
+    "$CC" "${FLAGS[@]}" "tests/fuzz/fuzz_$h.c" "${src[@]}" $(libs "$h") -o "$exe"
+}
+
+# The seed corpus of each harness, from files in the repository (small pieces: the
+# fuzzer cuts inputs to -max_len anyway).
+seed() {
+    local h=$1 d=$OUT/seeds/$1 f i=0
+    rm -rf "$d" && mkdir -p "$d"
+    case $h in
+    gguf)
+        for f in tests/data/vocab/*.gguf models/*.gguf; do
+            [ -f "$f" ] && head -c 4096 "$f" >"$d/$(basename "$f")"
+        done ;;
+    json | prompts)
+        for f in tests/data/*.jsonl tests/data/vocab/*.jsonl; do
+            head -n 8 "$f" | head -c "$(max_len "$h")" >"$d/$(basename "$f")"
+            [ "$h" = json ] && head -n 1 "$f" | head -c 4096 >"$d/line1-$(basename "$f")"
+        done
+        printf '%s\n' '{"id": "a", "prompt": "x", "priority": -3, "timeout_s": 0.5, "stop": ["\n\n", "def "]}' \
+            '{"id": 2, "prompt": "y", "stop": "\u0000", "max_tokens": 4, "seed": 18446744073709551615}' \
+            '{"id": 1e3, "prompt": "z", "temperature": 0.7, "stop": []}' >"$d/fields.jsonl" ;;
+    tokenizer)
+        python3 - "$d" <<'PY'
+import json, sys
+for i, l in enumerate(open("tests/data/tokenizer-cases.jsonl", encoding="utf-8")):
+    if l.strip():
+        open("%s/case%d" % (sys.argv[1], i), "wb").write(bytes([i % 3]) + json.loads(l)["text"].encode()[:4000])
+PY
+        ;;
+    config)
+        for f in configs/*.ini; do cp "$f" "$d/"; done
+        printf '[model]\ntarget = ../models/pycode-target-f16.gguf\n[sampling]\nstop = ["\\n\\n", "def "]\n[job]\ninput = ../tests/data/prompts-dev.jsonl\noutput = /dev/null\npriority = 2\ntimeout_s = 1.5\n' >"$d/fields.ini" ;;
+    esac
+}
+
+# Runs one harness for SECS seconds; the log in build-fuzz/NAME.log.
+fuzz() {
+    local h=$1
+    mkdir -p "$OUT/corpus/$h"
+    TDM_REPO=$PWD "./$OUT/fuzz_$h" -max_len="$(max_len "$h")" -max_total_time="$SECS" -timeout=10 \
+        -error_exitcode=1 -timeout_exitcode=1 -print_final_stats=1 -artifact_prefix="$OUT/crashes/$h-" "$OUT/corpus/$h" "$OUT/seeds/$h" \
+        >"$OUT/$h.log" 2>&1
+}
+
+t0=$(date +%s)
+for h in "${HARNESSES[@]}"; do
+    if ! build "$h"; then
+        echo "fuzz: FAILED to build fuzz_$h"
+        exit 1
+    fi
+    seed "$h"
+done
+echo "fuzz: built ${#HARNESSES[@]} harnesses in $(( $(date +%s) - t0 )) s; running each for $SECS s, two at a time"
+declare -A pid
+for h in "${HARNESSES[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n; done
+    fuzz "$h" &
+    pid[$h]=$!
+done
+status=0
+for h in "${HARNESSES[@]}"; do
+    wait "${pid[$h]}"
+    rc=$?
+    runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$OUT/$h.log")
+    if [ "$rc" -eq 0 ]; then
+        echo "fuzz: fuzz_$h ok (${runs:-?} runs, corpus $(find "$OUT/corpus/$h" -type f | wc -l) inputs)"
+    else
+        status=1
+        repro=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$OUT/$h.log" | tail -n 1)
+        echo "fuzz: fuzz_$h FAILED (exit $rc); reproducer: ${repro:-none written}; log: $OUT/$h.log"
+        grep -m 3 -E 'ERROR: |SUMMARY: |runtime error' "$OUT/$h.log" | sed 's/^/  /'
+        [ -n "$repro" ] && echo "  rerun: TDM_REPO=\$PWD ./$OUT/fuzz_$h $repro"
+    fi
+done
+echo "fuzz: $(( $(date +%s) - t0 )) s in all"
+exit "$status"
