@@ -202,13 +202,15 @@ if has batch; then
     else
       log "bench_batch: no $m7 (the synth step writes it)"
     fi
+    # (512 new tokens, 5 repetitions: with 128 a pycode batch lasts ~0.1 s, too short to
+    # tell 3 % apart)
     log "bench_batch pycode + draft-xs, speculation off/on, GPU, batch 1..64"
     timeout 900 "$b" -m "$pyt" -d "$pyd" --prompts "$prompts" --backend cuda --batch 1,2,4,8,16,32,64 \
-      --npp 128 --ntg 128 --reps "$reps" --json "$bo/tandem-pycode-spec-cuda.json" >"$bo/tandem-pycode-spec-cuda.md" \
+      --npp 128 --ntg 512 --reps 5 --json "$bo/tandem-pycode-spec-cuda.json" >"$bo/tandem-pycode-spec-cuda.md" \
       2>"$bo/tandem-pycode-spec-cuda.err" || log "bench_batch pycode (GPU) failed: $(tail -n 2 "$bo/tandem-pycode-spec-cuda.err")"
     log "bench_batch pycode + draft-xs, speculation off/on, CPU ($(nproc) threads), batch 1..16"
     timeout 900 "$b" -m "$pyt" -d "$pyd" --prompts "$prompts" --backend cpu --threads "$(nproc)" --batch 1,2,4,8,16 \
-      --npp 128 --ntg 128 --reps "$reps" --json "$bo/tandem-pycode-spec-cpu.json" >"$bo/tandem-pycode-spec-cpu.md" \
+      --npp 128 --ntg 512 --reps 5 --json "$bo/tandem-pycode-spec-cpu.json" >"$bo/tandem-pycode-spec-cpu.md" \
       2>"$bo/tandem-pycode-spec-cpu.err" || log "bench_batch pycode (CPU) failed: $(tail -n 2 "$bo/tandem-pycode-spec-cpu.err")"
   fi
   if [ -n "$LLAMA_BATCHED" ] && [ -f "$m7" ]; then

@@ -63,13 +63,19 @@ int32_t tdm_batch_choose_k(const tdm_rowcost *target, const tdm_rowcost *draft, 
     if (!(td > 0.0)) td = t0 / 4.0; /* (the single-sequence controller's prior) */
     int32_t best = 0;
     double best_rate = (double)n / t0;
+    /* E[tokens] of sequence i at k: 1 + a + ... + a^k, grown one power per k */
+    double e = (double)n;
+    int32_t rows = other_rows + n;
+    double pw[TDM_BATCH_SEQ_MAX];
+    const int32_t np = TDM_MIN(n, TDM_BATCH_SEQ_MAX);
+    for (int32_t i = 0; i < np; i++) pw[i] = 1.0;
     for (int32_t k = 1; k <= k_max; k++) {
-        double e = 0.0;
-        int32_t rows = other_rows;
-        for (int32_t i = 0; i < n; i++) {
-            const int32_t ki = TDM_MIN(k, seqs[i].cap);
-            e += tdm_ctrl_expected_tokens(seqs[i].alpha, ki);
-            rows += 1 + ki;
+        for (int32_t i = 0; i < np; i++) {
+            if (k > seqs[i].cap) continue; /* (its chain stopped growing) */
+            const double a = seqs[i].alpha > 0.0 ? (seqs[i].alpha < 1.0 ? seqs[i].alpha : 1.0) : 0.0;
+            pw[i] *= a;
+            e += pw[i];
+            rows++;
         }
         const double t = (double)k * td + tdm_rowcost_get(target, rows);
         if (t > 0.0 && e / t > best_rate) {

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #define TDM_ROWCOST_MAX 1024
+#define TDM_BATCH_SEQ_MAX 512 /* sequences one decision weighs at most */
 
 typedef struct tdm_rowcost {
     double t[TDM_ROWCOST_MAX + 1]; /* [rows] seconds of a forward of that many rows (EMA), 0 = unmeasured */
@@ -36,7 +37,7 @@ typedef struct tdm_batch_seq {
 } tdm_batch_seq;
 
 /* The k in [0, k_max] that maximises expected tokens per second (see the top of the
- * file); k_max is the batch's limit (every sequence's cap limits only its own
+ * file) for n <= TDM_BATCH_SEQ_MAX sequences; k_max is the batch's limit (every sequence's cap limits only its own
  * rows).  0 until a plain step of about this size is measured; after that an
  * unmeasured larger row count is taken as dear as the largest measured one (flat),
  * so that an untried k looks cheap and gets tried once.  draft holds the seconds

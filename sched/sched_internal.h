@@ -65,6 +65,7 @@ struct tdm_sched {
     tdm_rowcost cost_t, cost_d;/* forward seconds by rows: target steps, draft rounds */
     tdm_batch_rates rates;     /* greedy tokens per second delivered, by batch and k */
     int32_t step_b, step_k;    /* this step's speculating batch and length (0: none) */
+    int32_t dec_b, dec_kmax, dec_k; /* the last decision's batch size, limit and length */
     uint64_t n_spec_steps;     /* batched speculation decisions (exploration schedule) */
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
 };

@@ -32,6 +32,8 @@ typedef struct step_item {
     int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
 } step_item;
 
+_Static_assert(TDM_ENGINE_BATCH_LOGITS_MAX <= TDM_BATCH_SEQ_MAX, "a decision weighs every speculating sequence");
+
 /* the most rows that sample on the device in one forward (e->samp_dev's layout) */
 #define SAMP_ROWS_MAX (TDM_ENGINE_LOGIT_ROWS - 1)
 _Static_assert(SAMP_ROWS_MAX <= TDM_ENGINE_SAMP_OUT && TDM_ENGINE_SAMP_IDS + SAMP_ROWS_MAX <= TDM_ENGINE_SAMP_WORDS,
@@ -433,8 +435,17 @@ static void choose_k(tdm_sched *s) {
     k_max = TDM_MIN(k_max, (e->n_logit_rows - other) / nb - 1);
     if (k_max <= 0) return;
     k_max = TDM_MIN(k_max, TDM_BATCH_RATE_K);
-    int32_t k = tdm_batch_choose_k_measured(&s->rates, &s->cost_t, &s->cost_d, bs, nb, other, k_max);
-    if ((++s->n_spec_steps & 63) == 0) k = TDM_MAX(0, TDM_MIN(k_max, k + ((s->n_spec_steps & 64) ? 1 : -1)));
+    /* the decision holds for 8 steps while the batch keeps its size (deciding costs
+     * a pass over every sequence and length: a few % of a small model's step) */
+    int32_t k;
+    ++s->n_spec_steps;
+    if (nb == s->dec_b && k_max == s->dec_kmax && (s->n_spec_steps & 7) != 0) {
+        k = s->dec_k;
+    } else {
+        k = tdm_batch_choose_k_measured(&s->rates, &s->cost_t, &s->cost_d, bs, nb, other, k_max);
+        s->dec_b = nb, s->dec_kmax = k_max, s->dec_k = k;
+    }
+    if ((s->n_spec_steps & 63) == 0) k = TDM_MAX(0, TDM_MIN(k_max, k + ((s->n_spec_steps & 64) ? 1 : -1)));
     s->step_b = nb;
     s->step_k = k;
     for (int32_t j = 0; j < nb; j++) {
@@ -517,9 +528,10 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
         return TANDEM_OK;
     }
     int32_t n;
-    choose_k(s);
-    do n = plan(s, it);
-    while (!reserve(s, it, n) && s->n_run > 0);
+    do { /* (again after a preemption: the running batch changed) */
+        choose_k(s);
+        n = plan(s, it);
+    } while (!reserve(s, it, n) && s->n_run > 0);
     if (s->n_run > 0 && n > 0) {
         const double t0 = tdm_now();
         s->t_draft = 0;

@@ -9,7 +9,8 @@
  *   - chunked prefill under a small token budget, and the prefix cache (with a
  *     draft too): the same tokens as alone, cache hits counted;
  *   - random arrivals, cancels and deadlines on a KV pool small enough to preempt,
- *     against a simple model: every request ends exactly once, no block leaks. */
+ *     against a simple model: every request ends exactly once, no block leaks;
+ *   - greedy and sampled requests with a draft under preemption: each as alone. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -444,5 +445,40 @@ Test(sched, close_with_work_left_cancels_it) {
         cr_assert_eq(b->s[i].res.finish_reason, TANDEM_FINISH_CANCELLED);
     }
     board_free(b, 3);
+    tandem_model_close(t);
+}
+
+/* A draft, greedy and sampled requests mixed, a pool small enough to preempt: the
+ * greedy ones speculate in the batch and the sampled ones step target-only, and
+ * every output is the one it gets alone on a target-only engine (a preemption
+ * reshapes the batch mid-step; each sequence must keep its own kind of step). */
+Test(sched, mixed_greedy_sampled_with_draft_under_preemption) {
+    tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
+    tandem_model_info mi;
+    cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
+    tandem_engine *e = engine(t, d, 6, (size_t)mi.kv_bytes_per_token * 2 * 96, 0);
+    tandem_engine *e1 = engine(t, NULL, 1, 0, 0);
+    int32_t ids[6][12];
+    tandem_request r[6];
+    tandem_result want[6], got[6];
+    for (int i = 0; i < 6; i++) {
+        prompt_of(i, ids[i], 12);
+        r[i] = request(ids[i], 12, 40);
+        if (i % 2) {
+            r[i].params.temperature = 0.9f;
+            r[i].params.seed = 100 + (uint64_t)i;
+        }
+        want[i] = alone(e1, &r[i]);
+    }
+    cr_assert_eq(tandem_generate_batch(e, r, 6, got), TANDEM_OK);
+    for (int i = 0; i < 6; i++) same_as(&want[i], &got[i], i % 2 ? "sampled" : "greedy", i);
+    tandem_engine_stats st;
+    tandem_engine_get_stats(e, &st);
+    cr_assert_gt(st.n_preemptions, 0, "a pool for three of six sequences preempted none");
+    cr_assert_gt(st.spec_drafted, 0, "the greedy sequences did not speculate");
+    for (int i = 0; i < 6; i++) tandem_result_free(&want[i]), tandem_result_free(&got[i]);
+    tandem_engine_close(e1);
+    tandem_engine_close(e);
+    tandem_model_close(d);
     tandem_model_close(t);
 }

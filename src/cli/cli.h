@@ -178,7 +178,7 @@ typedef struct cli_job_cfg {
     tandem_backend_kind backend;
     int threads, max_batch, block_size;
     int max_batch_tokens;        /* [engine]: 0 = the engine's default */
-    bool prefix_cache, batch_invariant;
+    int prefix_cache, batch_invariant; /* [engine]: 1 / 0, -1 = not set (the engine's default) */
     long kv_mem_mb, gpu_mem_mb;
     int spec_k, spec_k_max, spec_ngram;
     float p_min;

@@ -116,7 +116,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     INT_KEY("block_size", 1, 4096, c->block_size)
     INT_KEY("max_batch_tokens", 0, 65536, c->max_batch_tokens)
     if (!strcmp(k, "prefix_cache") || !strcmp(k, "batch_invariant")) {
-        const bool on = !strcmp(v, "true");
+        const int on = !strcmp(v, "true");
         if (!on && strcmp(v, "false")) return cfg_fail(c, s, k, "'%s' is not true or false", v);
         if (!strcmp(k, "prefix_cache")) c->prefix_cache = on;
         else c->batch_invariant = on;
@@ -266,8 +266,7 @@ static void cfg_init(cli_job_cfg *c, const char *path, const tandem_generate_par
     c->spec_k_max = c->gp.spec_k_max;
     c->max_batch = 8;
     c->block_size = 16;
-    c->prefix_cache = tandem_engine_default_params().prefix_cache;
-    c->batch_invariant = tandem_engine_default_params().batch_invariant;
+    c->prefix_cache = c->batch_invariant = -1; /* (not set: the engine's defaults) */
     c->file = path;
     const char *slash = strrchr(path, '/');
     if (slash) snprintf(c->dir, sizeof c->dir, "%.*s", (int)(slash - path), path);
