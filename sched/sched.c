@@ -8,7 +8,7 @@
 
 static void free_arrays(tdm_sched *s) {
     free(s->run), free(s->g_seqs), free(s->g_req), free(s->g_tok);
-    free(s->g_who), free(s->g_slot), free(s->drafts), free(s->k_of);
+    free(s->g_who), free(s->g_slot), free(s->drafts), free(s->k_of), free(s->chains), free(s->items);
 }
 
 tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
@@ -26,7 +26,10 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     s->g_slot = calloc(L, sizeof *s->g_slot);
     s->drafts = calloc((size_t)s->cap * TDM_CTRL_MAX_K, sizeof *s->drafts);
     s->k_of = calloc((size_t)s->cap, sizeof *s->k_of);
-    if (!s->run || !s->g_seqs || !s->g_req || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of) {
+    s->chains = calloc((size_t)s->cap * TDM_CTRL_MAX_K, sizeof *s->chains);
+    s->items = calloc((size_t)s->cap, sizeof *s->items);
+    if (!s->run || !s->g_seqs || !s->g_req || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
+        !s->chains || !s->items) {
         free_arrays(s);
         free(s);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");

@@ -39,6 +39,17 @@ struct tdm_req {
     tdm_req *prev_live, *next_live; /* every unfinished request (under the lock) */
 };
 
+/* step.c: one sequence's rows of a step, positions [from, to) */
+typedef struct step_item {
+    tdm_req *r;
+    int32_t from, to;
+    bool decode;   /* the pending token and k drafted ones (1 + k rows, all giving logits),
+                      else a prompt chunk */
+    bool want;     /* (a chunk) its last row's logits give the first token */
+    int32_t k;     /* (decode) drafted tokens verified by its rows */
+    int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
+} step_item;
+
 struct tdm_sched {
     tdm_engine *e;
     /* under mu */
@@ -61,6 +72,8 @@ struct tdm_sched {
     int32_t *g_tok;            /* [n_logit_rows] the token drawn for each logits row */
     int32_t *g_who, *g_slot;   /* [n_logit_rows] drafting scratch (draft/batch_chain.h) */
     int32_t *drafts;           /* [cap][TDM_CTRL_MAX_K] this step's drafted chains */
+    int32_t *chains;           /* [cap][TDM_CTRL_MAX_K] drafting scratch, by drafting sequence */
+    step_item *items;          /* [cap] this step's plan */
     int32_t *k_of;             /* [cap] tokens each running sequence drafts this step */
     tdm_rowcost cost_t, cost_d;/* forward seconds by rows: target steps, draft rounds */
     tdm_batch_rates rates;     /* greedy tokens per second delivered, by batch and k */

@@ -21,16 +21,6 @@
 #include "kv_cache.h"
 #include "sched_internal.h"
 
-/* one sequence's rows of this step: positions [from, to) */
-typedef struct step_item {
-    tdm_req *r;
-    int32_t from, to;
-    bool decode;   /* the pending token and k drafted ones (1 + k rows, all giving logits),
-                      else a prompt chunk */
-    bool want;     /* (a chunk) its last row's logits give the first token */
-    int32_t k;     /* (decode) drafted tokens verified by its rows */
-    int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
-} step_item;
 
 _Static_assert(TDM_ENGINE_BATCH_LOGITS_MAX <= TDM_BATCH_SEQ_MAX, "a decision weighs every speculating sequence");
 
@@ -480,7 +470,6 @@ static bool draft_chains(tdm_sched *s, const step_item *it, int32_t n) {
     if (!st) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
     for (int32_t j = 0; j < m && !st; j++)
         memcpy(who[j]->draft, chains + (size_t)j * TDM_CTRL_MAX_K, (size_t)k[j] * sizeof *chains);
-    free(chains);
     if (!st) return true;
     for (int32_t j = 0; j < m; j++) fail_req(who[j]->r, st, &err);
     return false;
@@ -519,14 +508,7 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
         finish_done(s);
         return TANDEM_OK;
     }
-    step_item *it = malloc((size_t)s->n_run * sizeof *it);
-    if (!it) { /* fail the newest: the others may go on */
-        tdm_err nerr;
-        tdm_seterr(&nerr, TANDEM_ERR_NOMEM, "out of memory planning a step");
-        fail_req(s->run[s->n_run - 1], TANDEM_ERR_NOMEM, &nerr);
-        finish_done(s);
-        return TANDEM_OK;
-    }
+    step_item *it = s->items;
     int32_t n;
     do { /* (again after a preemption: the running batch changed) */
         choose_k(s);
@@ -553,7 +535,6 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
             if (s->step_b > 0 && after > before) tdm_batch_rates_observe(&s->rates, s->step_b, s->step_k, (after - before) / (t1 - t0));
         }
     }
-    free(it);
     /* a recomputed sequence whose every position came from the cache decodes next */
     for (int32_t i = 0; i < s->n_run; i++) {
         tdm_req *r = s->run[i];
