@@ -458,12 +458,10 @@ static bool draft_chains(tdm_sched *s, const step_item *it, int32_t n) {
             k[m++] = it[i].k;
         }
     if (m == 0) return true;
-    int32_t *chains = malloc((size_t)m * TDM_CTRL_MAX_K * sizeof *chains);
+    int32_t *chains = s->chains;
     tdm_err err = {0};
     const double t0 = tdm_now();
-    tandem_status st = chains ? tdm_draft_batch_greedy(e, seqs, m, k, chains, s->g_seqs, s->g_who, s->g_slot,
-                                                       NULL, &err)
-                              : tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory drafting");
+    tandem_status st = tdm_draft_batch_greedy(e, seqs, m, k, chains, s->g_seqs, s->g_who, s->g_slot, NULL, &err);
     int32_t k_max = 0;
     for (int32_t j = 0; j < m; j++) k_max = TDM_MAX(k_max, k[j]);
     /* a round's cost: the whole drafting (catch-up included) over its rounds */
