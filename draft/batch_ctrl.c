@@ -50,68 +50,81 @@ double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
     return c->t[lo] + slope * (double)(rows - lo);
 }
 
-int32_t tdm_batch_choose_k(const tdm_rowcost *target, const tdm_rowcost *draft, const tdm_batch_seq *seqs,
-                           int32_t n, int32_t other_rows, int32_t k_max) {
-    if (n <= 0 || k_max <= 0) return 0;
-    /* no speculation until the plain step is measured (the safe choice); then larger
-     * row counts look as cheap as the largest measured one until they are tried */
-    bool plain_known = false;
-    for (int32_t r = TDM_MIN(n + other_rows, TDM_ROWCOST_MAX); r >= 1 && !plain_known; r--) plain_known = target->t[r] > 0.0;
-    if (!plain_known) return 0;
-    double t0 = tdm_rowcost_get(target, n + other_rows);
-    double td = tdm_rowcost_get(draft, n);
-    if (!(td > 0.0)) td = t0 / 4.0; /* (the single-sequence controller's prior) */
-    int32_t best = 0;
-    double best_rate = (double)n / t0;
-    /* E[tokens] of sequence i at k: 1 + a + ... + a^k, grown one power per k */
-    double e = (double)n;
-    int32_t rows = other_rows + n;
+void tdm_batch_steps_init(tdm_batch_steps *t) {
+    for (int b = 0; b <= TDM_BATCH_STEP_B; b++)
+        for (int k = 0; k <= TDM_BATCH_STEP_K; k++) t->t[b][k] = 0.0;
+}
+
+void tdm_batch_steps_observe(tdm_batch_steps *t, int32_t batch, int32_t k, double seconds) {
+    if (batch < 1 || k < 0 || k > TDM_BATCH_STEP_K || !(seconds > 0.0) || isinf(seconds)) return;
+    if (batch > TDM_BATCH_STEP_B) batch = TDM_BATCH_STEP_B;
+    double *x = &t->t[batch][k];
+    if (!(*x > 0.0)) {
+        *x = seconds;
+        return;
+    }
+    /* a step slowed by something else (another process, a page fault) moves the
+     * estimate by at most as much as a step twice as dear */
+    const double v = seconds > 2.0 * *x ? 2.0 * *x : seconds < 0.5 * *x ? 0.5 * *x : seconds;
+    *x += 0.2 * (v - *x);
+}
+
+int32_t tdm_batch_choose_k_measured(const tdm_batch_steps *t, const tdm_rowcost *target, const tdm_rowcost *draft,
+                                    const tdm_batch_seq *seqs, int32_t n, int32_t other_rows, int32_t k_max,
+                                    bool *trial, int32_t *explore) {
+    if (trial) *trial = false;
+    if (explore) *explore = -1;
+    if (n <= 0) return 0;
+    const double *meas = t->t[TDM_MIN(n, TDM_BATCH_STEP_B)];
+    k_max = TDM_MIN(k_max, TDM_BATCH_STEP_K);
+    if (!(meas[0] > 0.0) || k_max <= 0) return 0; /* plain first */
+    /* expected tokens and rows of each length, and the model's cost of each */
+    double e[TDM_BATCH_STEP_K + 1], model[TDM_BATCH_STEP_K + 1], extra[TDM_BATCH_STEP_K + 1];
     double pw[TDM_BATCH_SEQ_MAX];
     const int32_t np = TDM_MIN(n, TDM_BATCH_SEQ_MAX);
+    double td = tdm_rowcost_get(draft, n);
+    if (!(td > 0.0)) td = tdm_rowcost_get(target, n) / 4.0; /* (the single-sequence controller's prior) */
+    double ek = (double)n;
+    int32_t rows = n;
     for (int32_t i = 0; i < np; i++) pw[i] = 1.0;
-    for (int32_t k = 1; k <= k_max; k++) {
-        for (int32_t i = 0; i < np; i++) {
-            if (k > seqs[i].cap) continue; /* (its chain stopped growing) */
-            const double a = seqs[i].alpha > 0.0 ? (seqs[i].alpha < 1.0 ? seqs[i].alpha : 1.0) : 0.0;
-            pw[i] *= a;
-            e += pw[i];
-            rows++;
+    for (int32_t k = 0; k <= k_max; k++) {
+        if (k > 0)
+            for (int32_t i = 0; i < np; i++) {
+                if (k > seqs[i].cap) continue; /* (its chain stopped growing) */
+                const double a = seqs[i].alpha > 0.0 ? (seqs[i].alpha < 1.0 ? seqs[i].alpha : 1.0) : 0.0;
+                pw[i] *= a;
+                ek += pw[i];
+                rows++;
+            }
+        const double tr = tdm_rowcost_get(target, rows);
+        e[k] = ek;
+        model[k] = (double)k * td + tr;
+        extra[k] = other_rows > 0 ? tdm_rowcost_get(target, rows + other_rows) - tr : 0.0;
+    }
+    int32_t best = 0;
+    double best_rate = 0.0, rate[TDM_BATCH_STEP_K + 1];
+    for (int32_t k = 0; k <= k_max; k++) {
+        double tk = meas[k];
+        if (!(tk > 0.0)) { /* from the nearest measured length, the lower one first */
+            int32_t j = -1;
+            for (int32_t d = 1; j < 0 && d <= k_max; d++) {
+                if (k - d >= 0 && meas[k - d] > 0.0) j = k - d;
+                else if (k + d <= k_max && meas[k + d] > 0.0) j = k + d;
+            }
+            tk = meas[j] + model[k] - model[j];
         }
-        const double t = (double)k * td + tdm_rowcost_get(target, rows);
-        if (t > 0.0 && e / t > best_rate) {
-            best_rate = e / t;
+        tk += extra[k] > 0.0 ? extra[k] : 0.0;
+        rate[k] = tk > 0.0 ? e[k] / tk : 0.0;
+        if (rate[k] > best_rate) {
+            best_rate = rate[k];
             best = k;
         }
     }
-    return best;
-}
-
-void tdm_batch_rates_init(tdm_batch_rates *t) {
-    for (int b = 0; b <= TDM_BATCH_RATE_B; b++)
-        for (int k = 0; k <= TDM_BATCH_RATE_K; k++) t->r[b][k] = 0.0;
-}
-
-void tdm_batch_rates_observe(tdm_batch_rates *t, int32_t batch, int32_t k, double tokens_per_s) {
-    if (batch < 1 || k < 0 || k > TDM_BATCH_RATE_K || !(tokens_per_s > 0.0) || isinf(tokens_per_s)) return;
-    if (batch > TDM_BATCH_RATE_B) batch = TDM_BATCH_RATE_B;
-    double *r = &t->r[batch][k];
-    *r = *r > 0.0 ? *r + 0.2 * (tokens_per_s - *r) : tokens_per_s;
-}
-
-int32_t tdm_batch_choose_k_measured(const tdm_batch_rates *t, const tdm_rowcost *target, const tdm_rowcost *draft,
-                                    const tdm_batch_seq *seqs, int32_t n, int32_t other_rows, int32_t k_max) {
-    if (n <= 0) return 0;
-    const int32_t b = TDM_MIN(n, TDM_BATCH_RATE_B);
-    k_max = TDM_MIN(k_max, TDM_BATCH_RATE_K);
-    const double *r = t->r[b];
-    if (!(r[0] > 0.0) || k_max <= 0) return 0; /* plain first */
-    int32_t best = 0;
-    bool all = true;
-    for (int32_t k = 1; k <= k_max; k++) {
-        if (r[k] > r[best]) best = k;
-        all &= r[k] > 0.0;
+    if (trial) *trial = !(meas[best] > 0.0);
+    /* a neighbour worth measuring again: expected within 10 % of the best */
+    for (int32_t d = -1; explore && d <= 1; d += 2) {
+        const int32_t k = best + d;
+        if (k >= 0 && k <= k_max && rate[k] >= 0.9 * best_rate && (*explore < 0 || !(meas[k] > 0.0))) *explore = k;
     }
-    if (all) return best; /* (the model is not needed: every step, this is cheap) */
-    const int32_t k_model = tdm_batch_choose_k(target, draft, seqs, n, other_rows, k_max);
-    return r[k_model] > 0.0 ? best : k_model; /* try what the model expects, once */
+    return best;
 }

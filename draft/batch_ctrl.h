@@ -1,7 +1,7 @@
-/* batch_ctrl.h - the speculation length of a batch: one k for every greedy
+/* batch_ctrl.h - the speculation length of a batch: one k for every speculating
  * sequence of a step, from measured costs.
  *
- * Costs: the seconds of a forward as a function of its row count, for the target
+ * A model of the costs: the seconds of a forward as a function of its row count, for the target
  * and for the draft (an EMA per row count up to TDM_ROWCOST_MAX, interpolated
  * between measured counts, extrapolated linearly beyond them).  For a batch of B
  * sequences with acceptance estimates alpha_i and room cap_i (tokens each may still
@@ -9,12 +9,14 @@
  *     E(k)    = sum_i E[tokens](alpha_i, min(k, cap_i))
  *     T(k)    = k * t_draft(B) + t_target(sum_i (1 + min(k, cap_i)) + other)
  * and k = 0 (no speculation) E(0) = B, T(0) = t_target(B + other), where `other` are
- * the step's rows that do not speculate (prompt chunks, sampled sequences).  The
- * choice maximises E(k) / T(k).  As the batch grows the target's forward turns
+ * the step's rows that do not speculate (prompt chunks).  The choice maximises
+ * E(k) / T(k), with T measured per (B, k) where it is (tdm_batch_steps below) and
+ * the model filling the gaps.  As the batch grows the target's forward turns
  * compute-bound, t_target grows with its rows, and the choice falls to 0. */
 #ifndef TDM_BATCH_CTRL_H
 #define TDM_BATCH_CTRL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define TDM_ROWCOST_MAX 1024
@@ -36,33 +38,34 @@ typedef struct tdm_batch_seq {
     int32_t cap;   /* most tokens it may draft this step (room, k_max) */
 } tdm_batch_seq;
 
-/* The k in [0, k_max] that maximises expected tokens per second (see the top of the
- * file) for n <= TDM_BATCH_SEQ_MAX sequences; k_max is the batch's limit (every sequence's cap limits only its own
- * rows).  0 until a plain step of about this size is measured; after that an
- * unmeasured larger row count is taken as dear as the largest measured one (flat),
- * so that an untried k looks cheap and gets tried once.  draft holds the seconds
- * of one drafting round by the number of sequences drafting. */
-int32_t tdm_batch_choose_k(const tdm_rowcost *target, const tdm_rowcost *draft, const tdm_batch_seq *seqs,
-                           int32_t n, int32_t other_rows, int32_t k_max);
+/* What a step actually costs: an EMA of the seconds of a whole step (drafting,
+ * verification, host work) by batch size and speculation length, measured on steps
+ * without prompt chunks (each sample clamped to [1/2, 2] times the estimate, so a
+ * step slowed by something else moves it little).  It has the last word where measured: the row-cost model
+ * leaves out what it does not see (host work, launches, a forward split by its
+ * logits rows).  Costs, unlike tokens per second, do not change with the text, so a
+ * length measured once stays comparable with one measured long before. */
+#define TDM_BATCH_STEP_B 256
+#define TDM_BATCH_STEP_K 8
 
-/* What speculation actually delivered: an EMA of the greedy sequences' tokens per
- * second for each batch size and speculation length (the cost model above leaves
- * out what it does not see: host work, launches, a forward split by its logits
- * rows), which has the last word once measured. */
-#define TDM_BATCH_RATE_B 256
-#define TDM_BATCH_RATE_K 8
+typedef struct tdm_batch_steps {
+    double t[TDM_BATCH_STEP_B + 1][TDM_BATCH_STEP_K + 1]; /* [batch][k] seconds per step, 0 = unmeasured */
+} tdm_batch_steps;
 
-typedef struct tdm_batch_rates {
-    double r[TDM_BATCH_RATE_B + 1][TDM_BATCH_RATE_K + 1]; /* [batch][k] tokens/s, 0 = unmeasured */
-} tdm_batch_rates;
+void tdm_batch_steps_init(tdm_batch_steps *t);
+void tdm_batch_steps_observe(tdm_batch_steps *t, int32_t batch, int32_t k, double seconds);
 
-void tdm_batch_rates_init(tdm_batch_rates *t);
-void tdm_batch_rates_observe(tdm_batch_rates *t, int32_t batch, int32_t k, double tokens_per_s);
-
-/* The length for a batch of n greedy sequences: 0 until the plain step is measured at
- * this batch size; then the cost model's choice when its rate is not yet measured
- * (it is tried), else the best measured length.  k_max at most TDM_BATCH_RATE_K. */
-int32_t tdm_batch_choose_k_measured(const tdm_batch_rates *t, const tdm_rowcost *target, const tdm_rowcost *draft,
-                                    const tdm_batch_seq *seqs, int32_t n, int32_t other_rows, int32_t k_max);
+/* The length for a batch of n sequences: 0 until a plain step of this batch size is
+ * measured; then the k in [0, k_max] (k_max at most TDM_BATCH_STEP_K) maximising
+ * E(k) / T(k), E from the sequences' acceptance estimates as above and T(k) the
+ * measured step time at (n, k) plus the model's cost of the other rows.  Where (n, k)
+ * is not measured, T(k) is the nearest measured length's time plus the model's
+ * difference between the two, so an unmeasured length is tried only when that
+ * estimate says it pays; *trial (optional) is then true.  *explore (optional): a
+ * neighbouring length (k - 1 or k + 1) whose expected rate is within 10 % of the
+ * best, worth measuring again now and then (an unmeasured one first), else -1. */
+int32_t tdm_batch_choose_k_measured(const tdm_batch_steps *t, const tdm_rowcost *target, const tdm_rowcost *draft,
+                                    const tdm_batch_seq *seqs, int32_t n, int32_t other_rows, int32_t k_max,
+                                    bool *trial, int32_t *explore);
 
 #endif

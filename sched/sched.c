@@ -7,7 +7,7 @@
 #include "sched_internal.h"
 
 static void free_arrays(tdm_sched *s) {
-    free(s->run), free(s->g_seqs), free(s->g_req), free(s->g_tok);
+    free(s->run), free(s->g_seqs), free(s->g_rows), free(s->draws), free(s->g_tok);
     free(s->g_who), free(s->g_slot), free(s->drafts), free(s->k_of), free(s->chains), free(s->items);
 }
 
@@ -20,7 +20,8 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     s->run = calloc((size_t)s->cap, sizeof *s->run);
     const size_t L = (size_t)TDM_MAX(e->n_logit_rows, s->cap);
     s->g_seqs = calloc((size_t)s->cap, sizeof *s->g_seqs);
-    s->g_req = calloc(L, sizeof *s->g_req);
+    s->g_rows = calloc(L, sizeof *s->g_rows);
+    s->draws = calloc((size_t)s->cap * (TDM_CTRL_MAX_K + 1), sizeof *s->draws);
     s->g_tok = calloc(L, sizeof *s->g_tok);
     s->g_who = calloc(L, sizeof *s->g_who);
     s->g_slot = calloc(L, sizeof *s->g_slot);
@@ -28,7 +29,7 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     s->k_of = calloc((size_t)s->cap, sizeof *s->k_of);
     s->chains = calloc((size_t)s->cap * TDM_CTRL_MAX_K, sizeof *s->chains);
     s->items = calloc((size_t)s->cap, sizeof *s->items);
-    if (!s->run || !s->g_seqs || !s->g_req || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
+    if (!s->run || !s->g_seqs || !s->g_rows || !s->draws || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
         !s->chains || !s->items) {
         free_arrays(s);
         free(s);
@@ -40,7 +41,7 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     s->next_id = 1;
     tdm_rowcost_init(&s->cost_t);
     tdm_rowcost_init(&s->cost_d);
-    tdm_batch_rates_init(&s->rates);
+    tdm_batch_steps_init(&s->steps);
     *out = s;
     return TANDEM_OK;
 }

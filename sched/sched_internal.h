@@ -47,6 +47,7 @@ typedef struct step_item {
                       else a prompt chunk */
     bool want;     /* (a chunk) its last row's logits give the first token */
     int32_t k;     /* (decode) drafted tokens verified by its rows */
+    bool ngram;    /* (decode) its chain comes from n-gram lookup, not the draft model */
     int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
 } step_item;
 
@@ -68,17 +69,20 @@ struct tdm_sched {
     tdm_req **run;             /* [cap] running requests, admission order */
     int32_t n_run, cap;
     const tdm_kv_seq **g_seqs; /* [cap] a forward's sequences */
-    tdm_req **g_req;           /* [n_logit_rows] the request of each logits row */
+    tdm_draw_row *g_rows;      /* [n_logit_rows] each logits row's sequence and uniform */
     int32_t *g_tok;            /* [n_logit_rows] the token drawn for each logits row */
+    double *draws;             /* [cap][TDM_CTRL_MAX_K + 1] drafting sequences' uniforms */
     int32_t *g_who, *g_slot;   /* [n_logit_rows] drafting scratch (draft/batch_chain.h) */
     int32_t *drafts;           /* [cap][TDM_CTRL_MAX_K] this step's drafted chains */
     int32_t *chains;           /* [cap][TDM_CTRL_MAX_K] drafting scratch, by drafting sequence */
     step_item *items;          /* [cap] this step's plan */
     int32_t *k_of;             /* [cap] tokens each running sequence drafts this step */
     tdm_rowcost cost_t, cost_d;/* forward seconds by rows: target steps, draft rounds */
-    tdm_batch_rates rates;     /* greedy tokens per second delivered, by batch and k */
+    tdm_batch_steps steps;     /* seconds per step, by batch and k */
     int32_t step_b, step_k;    /* this step's speculating batch and length (0: none) */
     int32_t dec_b, dec_kmax, dec_k; /* the last decision's batch size, limit and length */
+    int32_t dec_hold;          /* steps it still holds */
+    int32_t dec_explore;       /* a neighbouring length to measure now and then, -1 = none */
     uint64_t n_spec_steps;     /* batched speculation decisions (exploration schedule) */
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
 };

@@ -11,23 +11,25 @@
  *      invariant_rows decode rows and one prompt chunk per forward otherwise); the
  *      draft model sees the prompt chunks too;
  *   6. tokens drawn and committed; finished sequences leave at once.
- * A lone decoding sequence with a draft takes a speculative step instead (greedy,
- * or sampled on an engine of one sequence). */
+ * With a draft, every decoding sequence speculates (the length from measured
+ * costs, draft/batch_ctrl.h): its chain comes from n-gram lookup or from batched
+ * drafting (one draft forward per round for all), and its rows join the same
+ * forward.  A sampled sequence's tokens are drawn with the uniform each position
+ * would use without speculation, target and draft alike, and a drafted token is
+ * kept when it equals the target's: its output is exactly what it would be alone
+ * and unspeculated, whatever the batch and the lengths chosen.  A lone greedy
+ * sequence (or a sampled one on an engine of one sequence) takes the
+ * single-sequence speculative step instead (src/spec.c). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "batch_chain.h"
 #include "batch_verify.h"
 #include "kv_cache.h"
+#include "ngram.h"
 #include "sched_internal.h"
 
-
 _Static_assert(TDM_ENGINE_BATCH_LOGITS_MAX <= TDM_BATCH_SEQ_MAX, "a decision weighs every speculating sequence");
-
-/* the most rows that sample on the device in one forward (e->samp_dev's layout) */
-#define SAMP_ROWS_MAX (TDM_ENGINE_LOGIT_ROWS - 1)
-_Static_assert(SAMP_ROWS_MAX <= TDM_ENGINE_SAMP_OUT && TDM_ENGINE_SAMP_IDS + SAMP_ROWS_MAX <= TDM_ENGINE_SAMP_WORDS,
-               "the device sampling words hold a step's rows");
 
 static void fail_req(tdm_req *r, tandem_status st, const tdm_err *err) {
     if (r->fail_st) return;
@@ -155,7 +157,7 @@ static int32_t plan(tdm_sched *s, step_item *it) {
         tdm_req *r = s->run[i];
         if (r->state != TDM_REQ_RUNNING) continue;
         const int32_t p = r->s.n_tokens - 1, k = s->k_of[i];
-        it[n++] = (step_item){r, p, p + 1 + k, true, true, k, s->drafts + (size_t)i * TDM_CTRL_MAX_K};
+        it[n++] = (step_item){r, p, p + 1 + k, true, true, k, false, s->drafts + (size_t)i * TDM_CTRL_MAX_K};
         rows += 1 + k;
     }
     bool chunked = false;
@@ -168,7 +170,7 @@ static int32_t plan(tdm_sched *s, step_item *it) {
             if (any_cut && left > 0) c = left;
             else if (chunked) break;
         }
-        it[n++] = (step_item){r, r->n_fed, r->n_fed + c, false, fresh(r) && r->n_fed + c == r->n_goal, 0, NULL};
+        it[n++] = (step_item){r, r->n_fed, r->n_fed + c, false, fresh(r) && r->n_fed + c == r->n_goal, 0, false, NULL};
         rows += c;
         chunked = true;
     }
@@ -228,59 +230,15 @@ static bool reserve(tdm_sched *s, const step_item *it, int32_t n) {
 
 /* ---- 5, 6. forwards, tokens ---- */
 
-/* The token of each of the m logits rows (row j is rq[j]'s), drawn as a lone
- * sequence's next token is: argmax when greedy, else from its own generator (on
- * the device where the engine samples there); -1 for a row with non-finite logits. */
-static tandem_status draw(tdm_engine *e, tdm_req *const *rq, int32_t m, tdm_fwd_kind kind, int32_t *tok,
-                          tdm_err *err) {
-    const size_t V = (size_t)e->n_vocab;
-    if (kind == TDM_FWD_ARGMAX) {
-        memcpy(tok, e->ids, (size_t)m * sizeof(int32_t));
-        return TANDEM_OK;
-    }
-    if (kind == TDM_FWD_LOGITS) {
-        for (int32_t j = 0; j < m; j++) {
-            tdm_seq *q = &rq[j]->s;
-            const float *l = e->logits_t + (size_t)j * V;
-            tok[j] = q->sp.temperature > 0 ? tdm_sample_logits(l, e->n_vocab, &q->sp, &e->ss, e->tmp, &q->rng)
-                                           : tdm_argmax_finite(l, e->n_vocab);
-        }
-        return TANDEM_OK;
-    }
-    const tdm_backend_ops *op = e->be->ops;
-    int32_t *ids_d = e->samp_dev + TDM_ENGINE_SAMP_IDS;
-    tandem_status st = TANDEM_OK;
-    for (int32_t j = 0; j < m && !st; j++) {
-        tdm_seq *q = &rq[j]->s;
-        const float *l = e->out_t + (size_t)j * V;
-        if (q->sp.temperature > 0) {
-            double u;
-            tdm_engine_draws(q, 1, &u);
-            st = op->probs_dev(e->be, l, 1, e->n_vocab, &q->sp, e->p_dev + (size_t)j * V, e->samp_dev + j, err);
-            if (!st) st = op->sample_dev(e->be, e->p_dev + (size_t)j * V, 1, e->n_vocab, &u, ids_d + j, NULL, err);
-        } else {
-            st = op->argmax_dev(e->be, l, 1, e->n_vocab, ids_d + j, NULL, err);
-        }
-    }
-    int32_t got[TDM_ENGINE_SAMP_WORDS];
-    if (!st) st = op->download(e->be, got, e->samp_dev, sizeof got, err);
-    for (int32_t j = 0; j < m && !st; j++) {
-        tdm_seq *q = &rq[j]->s;
-        tok[j] = got[TDM_ENGINE_SAMP_IDS + j];
-        if (q->sp.temperature > 0) {
-            if (!got[j]) tok[j] = -1;
-            else tdm_engine_consume(q, 1);
-        }
-    }
-    return st;
-}
+static int32_t item_rows(const step_item *it) { return it->to - it->from; }
+static int32_t item_logits(const step_item *it) { return it->decode ? 1 + it->k : it->want; }
 
 /* Runs items [0, n) as one forward of the target (and one of the draft over the
  * prompt chunks among them), then commits their results. */
 static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
     tdm_engine *e = s->e;
     const tdm_kv_seq **seqs = s->g_seqs;
-    tdm_req **rq = s->g_req;
+    tdm_draw_row *rows = s->g_rows;
     int32_t *tok = s->g_tok;
     int32_t m = 0;
     bool any_sample = false, any_chunk = false;
@@ -289,11 +247,14 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         tdm_seq *q = &it[i].r->s;
         seqs[i] = &q->kv;
-        for (int32_t p = it[i].from; p < it[i].to; p++) {
+        /* row d of the item's logits draws with the d-th uniform to come */
+        double u[TDM_CTRL_MAX_K + 1] = {0};
+        if (q->sp.temperature > 0) tdm_engine_draws(q, item_logits(&it[i]), u);
+        for (int32_t p = it[i].from, d = 0; p < it[i].to; p++) {
             const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
             const int32_t tk = p < q->n_tokens ? q->tokens[p] : it[i].draft[p - q->n_tokens];
             tdm_batch_add(b, tk, p, i, p, want);
-            if (want) rq[m++] = it[i].r;
+            if (want) rows[m++] = (tdm_draw_row){q, u[d++]};
         }
         any_sample |= (it[i].decode || it[i].want) && q->sp.temperature > 0;
         any_chunk |= !it[i].decode;
@@ -302,7 +263,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
     b->rows_shared = !e->cfg.batch_invariant && n > 1; /* (a lone sequence's rows stay its own) */
     tdm_err err = {0};
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, &err);
-    if (!st && m > 0) st = draw(e, rq, m, kind, tok, &err);
+    if (!st && m > 0) st = tdm_engine_draw(e, false, rows, m, kind, tok, &err);
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);
         for (int32_t i = 0; i < n; i++) {
@@ -334,8 +295,9 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             fail_req(r, TANDEM_ERR_FORMAT, &ferr);
             continue;
         }
-        if (it[i].decode && it[i].k > 0) { /* a verified chain */
-            tdm_verify_commit_greedy(e, q, it[i].draft, it[i].k, out, s->t_draft, now - s->t_verify0);
+        if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
+            tdm_verify_commit_match(e, q, it[i].draft, it[i].k, out, it[i].ngram, s->t_draft, now - s->t_verify0);
+            if (r->t_first == 0) r->t_first = now;
             continue;
         }
         q->n_target = it[i].to;
@@ -347,32 +309,26 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             if (e->cfg.prefix_cache) tdm_kv_prefix_publish(e->pool, &q->kv, q->tokens, r->n_fed);
             if (!it[i].want) continue; /* (a recomputation: its next token is pending) */
         }
+        if (q->sp.temperature > 0) tdm_engine_consume(q, 1);
         tdm_seq_commit(e, q, t);
         if (r->t_first == 0) r->t_first = now;
     }
 }
-
-static int32_t item_rows(const step_item *it) { return it->to - it->from; }
-static int32_t item_logits(const step_item *it) { return it->decode ? 1 + it->k : it->want; }
 
 /* Groups the plan into forwards (see the top of the file) and runs them. */
 static void run_plan(tdm_sched *s, const step_item *it, int32_t n) {
     tdm_engine *e = s->e;
     const int32_t inv = invariant_rows(e);
     for (int32_t i = 0; i < n;) {
+        const int32_t cap_logits = TDM_MIN(e->n_logit_rows, TDM_ENGINE_BATCH_LOGITS_MAX);
         int32_t rows = 0, logits = 0, j = i;
-        bool samp = false;
         while (j < n) {
             const step_item *x = &it[j];
-            /* rows sampled on the device: at most SAMP_ROWS_MAX logits rows */
-            const bool samp_x = samp || (e->p_dev && item_logits(x) > 0 && x->r->s.sp.temperature > 0);
-            const int32_t cap_logits = TDM_MIN(samp_x ? SAMP_ROWS_MAX : e->n_logit_rows, TDM_ENGINE_BATCH_LOGITS_MAX);
             if (inv > 0 && j > i && (!x->decode || !it[i].decode)) break; /* a chunk goes alone */
             if (inv > 0 && j > i && x->decode && rows + item_rows(x) > inv) break;
             if (j > i && (rows + item_rows(x) > e->max_rows || logits + item_logits(x) > cap_logits)) break;
             rows += item_rows(x);
             logits += item_logits(x);
-            samp = samp_x;
             j++;
         }
         run_group(s, it + i, j - i);
@@ -382,18 +338,21 @@ static void run_plan(tdm_sched *s, const step_item *it, int32_t n) {
 
 /* ---- speculation in a batch ---- */
 
-/* The tokens each running sequence drafts this step (s->k_of): greedy decoding
- * sequences speculate when the engine has a draft and more than one sequence runs
- * (a lone one takes tdm_seq_step), with one k for the batch from measured costs
- * (draft/batch_ctrl.h; a request's fixed spec_k is its own), every 64th decision
- * one more or fewer to keep the neighbours measured (rarely: where speculation
- * does not pay, each such step costs).  On a batch-invariant GPU a
- * chain's rows fit one forward of invariant rows. */
+/* The tokens each running sequence drafts this step (s->k_of): every decoding
+ * sequence speculates when the engine has a draft (a lone greedy one takes
+ * tdm_seq_step instead), with one k for the batch from measured costs
+ * (draft/batch_ctrl.h; a request's fixed spec_k is its own).  A decision holds for
+ * 8 steps while the batch keeps its size, a trial of an unmeasured length 2 (the
+ * first may have to catch the draft up, which is not measured); two steps in every
+ * 256 take a neighbouring length expected to be nearly as good, to keep it measured
+ * (never one expected to lose clearly: such a step costs, and the draft's catching
+ * up on every token since it last drafted with it).  On a batch-invariant GPU a chain's rows fit one forward of invariant
+ * rows. */
 static void choose_k(tdm_sched *s) {
     tdm_engine *e = s->e;
     memset(s->k_of, 0, (size_t)s->n_run * sizeof *s->k_of);
     s->step_b = s->step_k = 0;
-    if (!e->draft || s->n_run < 2) return;
+    if (!e->draft) return;
     tdm_batch_seq bs[TDM_ENGINE_BATCH_LOGITS_MAX];
     int32_t idx[TDM_ENGINE_BATCH_LOGITS_MAX], nb = 0, other = 0, k_max = 0;
     const int32_t inv = invariant_rows(e);
@@ -404,7 +363,7 @@ static void choose_k(tdm_sched *s) {
             other += TDM_MIN(r->n_goal - r->n_fed, e->cfg.prefill_chunk);
             continue;
         }
-        if (q->sp.temperature > 0 || nb == TDM_ENGINE_BATCH_LOGITS_MAX) {
+        if (nb == TDM_ENGINE_BATCH_LOGITS_MAX) {
             other++;
             continue;
         }
@@ -424,18 +383,20 @@ static void choose_k(tdm_sched *s) {
     /* every chain verified within one forward's logits rows */
     k_max = TDM_MIN(k_max, (e->n_logit_rows - other) / nb - 1);
     if (k_max <= 0) return;
-    k_max = TDM_MIN(k_max, TDM_BATCH_RATE_K);
-    /* the decision holds for 8 steps while the batch keeps its size (deciding costs
-     * a pass over every sequence and length: a few % of a small model's step) */
+    k_max = TDM_MIN(k_max, TDM_BATCH_STEP_K);
     int32_t k;
     ++s->n_spec_steps;
-    if (nb == s->dec_b && k_max == s->dec_kmax && (s->n_spec_steps & 7) != 0) {
+    if (nb == s->dec_b && k_max == s->dec_kmax && s->dec_hold > 0) {
         k = s->dec_k;
+        s->dec_hold--;
     } else {
-        k = tdm_batch_choose_k_measured(&s->rates, &s->cost_t, &s->cost_d, bs, nb, other, k_max);
+        bool trial;
+        k = tdm_batch_choose_k_measured(&s->steps, &s->cost_t, &s->cost_d, bs, nb, other, k_max, &trial,
+                                        &s->dec_explore);
         s->dec_b = nb, s->dec_kmax = k_max, s->dec_k = k;
+        s->dec_hold = trial ? 1 : 7;
     }
-    if ((s->n_spec_steps & 63) == 0) k = TDM_MAX(0, TDM_MIN(k_max, k + ((s->n_spec_steps & 64) ? 1 : -1)));
+    if ((s->n_spec_steps & 255) < 2 && s->dec_explore >= 0) k = s->dec_explore;
     s->step_b = nb;
     s->step_k = k;
     for (int32_t j = 0; j < nb; j++) {
@@ -444,26 +405,51 @@ static void choose_k(tdm_sched *s) {
     }
 }
 
-/* Drafts the chains the plan verifies (one draft forward per round for all of
- * them); false when drafting failed (its sequences fail, nothing else runs). */
-static bool draft_chains(tdm_sched *s, const step_item *it, int32_t n) {
+/* An n-gram proposal of up to it->k tokens for the item's sequence, taken instead
+ * of the draft model's chain when its expected tokens are at least the model's
+ * (every TDM_NGRAM_EXPLORE-th match passed over is taken anyway, so that a low
+ * estimate can recover); the item then verifies it. */
+static bool ngram_chain(step_item *it) {
+    tdm_seq *q = &it->r->s;
+    if (!q->spec_ngram) return false;
+    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, q->spec_ngram, it->k, it->draft);
+    if (nd <= 0) return false;
+    const double e_ng = tdm_ctrl_expected_tokens(q->ctrl_ng.alpha, nd);
+    const double e_d = tdm_ctrl_expected_tokens(q->ctrl.alpha, it->k);
+    if (e_ng < e_d && ++q->n_ngram_skips % TDM_NGRAM_EXPLORE != 0) return false;
+    it->k = nd;
+    it->to = it->from + 1 + nd;
+    it->ngram = true;
+    return true;
+}
+
+/* Proposes the chains the plan verifies: n-gram lookups where they pay, the draft
+ * model for the rest (one draft forward per round for all of them); false when
+ * drafting failed (its sequences fail, nothing else runs).  *catch_up: the rows the
+ * draft fed for tokens it had not seen. */
+static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_up) {
     tdm_engine *e = s->e;
     tdm_seq *seqs[TDM_ENGINE_BATCH_LOGITS_MAX];
-    int32_t k[TDM_ENGINE_BATCH_LOGITS_MAX], m = 0;
+    int32_t k[TDM_ENGINE_BATCH_LOGITS_MAX], m = 0, k_max = 0;
     const step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
-    for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++)
-        if (it[i].decode && it[i].k > 0) {
-            who[m] = &it[i];
-            seqs[m] = &it[i].r->s;
-            k[m++] = it[i].k;
-        }
+    *catch_up = 0;
+    for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
+        if (!it[i].decode || it[i].k <= 0 || ngram_chain(&it[i])) continue;
+        tdm_seq *q = &it[i].r->s;
+        /* a sampled sequence's token d drafts with the uniform its target token uses */
+        double *u = s->draws + (size_t)m * (TDM_CTRL_MAX_K + 1);
+        if (q->sp.temperature > 0) tdm_engine_draws(q, it[i].k, u);
+        who[m] = &it[i];
+        seqs[m] = q;
+        k[m++] = it[i].k;
+        k_max = TDM_MAX(k_max, it[i].k);
+    }
     if (m == 0) return true;
     int32_t *chains = s->chains;
+    const tdm_draft_scratch scr = {s->g_seqs, s->g_who, s->g_slot, s->g_tok, s->g_rows};
     tdm_err err = {0};
     const double t0 = tdm_now();
-    tandem_status st = tdm_draft_batch_greedy(e, seqs, m, k, chains, s->g_seqs, s->g_who, s->g_slot, NULL, &err);
-    int32_t k_max = 0;
-    for (int32_t j = 0; j < m; j++) k_max = TDM_MAX(k_max, k[j]);
+    tandem_status st = tdm_draft_batch(e, seqs, m, k, s->draws, chains, &scr, catch_up, &err);
     /* a round's cost: the whole drafting (catch-up included) over its rounds */
     if (!st) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
     for (int32_t j = 0; j < m && !st; j++)
@@ -515,22 +501,23 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
     if (s->n_run > 0 && n > 0) {
         const double t0 = tdm_now();
         s->t_draft = 0;
-        if (draft_chains(s, it, n)) {
+        int32_t catch_up;
+        if (draft_chains(s, it, n, &catch_up)) {
             s->t_verify0 = tdm_now();
             s->t_draft = s->t_verify0 - t0;
             int32_t rows = 0;
-            for (int32_t i = 0; i < n; i++) rows += item_rows(&it[i]);
-            int32_t before = 0, after = 0;
-            for (int32_t i = 0; i < n; i++)
-                if (it[i].decode && it[i].r->s.sp.temperature <= 0) before += it[i].r->s.n_tokens;
+            bool chunk = false;
+            for (int32_t i = 0; i < n; i++) {
+                rows += item_rows(&it[i]);
+                chunk |= !it[i].decode;
+            }
             run_plan(s, it, n);
             const double t1 = tdm_now();
             tdm_rowcost_observe(&s->cost_t, rows, t1 - s->t_verify0);
-            for (int32_t i = 0; i < n; i++)
-                if (it[i].decode && it[i].r->s.sp.temperature <= 0) after += it[i].r->s.n_tokens;
-            /* what this length delivered at this batch size (a step that lost a
-             * sequence to an error or a finish still counts what the rest made) */
-            if (s->step_b > 0 && after > before) tdm_batch_rates_observe(&s->rates, s->step_b, s->step_k, (after - before) / (t1 - t0));
+            /* what a step of this batch and length costs, where nothing else was in
+             * it: no prompt chunk, no catching up beyond a token or two a sequence */
+            if (s->step_b > 0 && !chunk && catch_up <= s->step_b)
+                tdm_batch_steps_observe(&s->steps, s->step_b, s->step_k, t1 - t0);
         }
     }
     /* a recomputed sequence whose every position came from the cache decodes next */

@@ -203,6 +203,8 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         e->p_dev = p;
         if ((st = bo->alloc(e->be, TDM_ENGINE_SAMP_WORDS * sizeof(int32_t), &p, err))) goto fail;
         e->samp_dev = p;
+        if ((st = bo->alloc(e->be, 2 * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err))) goto fail;
+        e->draw_dev = p;
         if (e->chain_dev) { /* (q rows on the device come from device draft chains) */
             if ((st = bo->alloc(e->be, (size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab * sizeof(float), &p, err))) goto fail;
             e->q_dev = p;
@@ -238,7 +240,7 @@ void tdm_engine_free(tdm_engine *e) {
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
         if (e->chain_dev) e->be->ops->free(e->be, e->chain_dev);
-        void *dev[] = {e->p_dev, e->q_dev, e->samp_dev};
+        void *dev[] = {e->p_dev, e->q_dev, e->samp_dev, e->draw_dev};
         for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
             if (dev[i]) e->be->ops->free(e->be, dev[i]);
         if (!e->be->host_memory) {
@@ -401,27 +403,16 @@ static tdm_fwd_kind target_kind(const tdm_engine *e, const tdm_seq *s) {
     return e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
 }
 static tandem_status next_token(tdm_engine *e, tdm_seq *s, int32_t pos, int32_t *tok, tdm_err *err) {
-    const tdm_fwd_kind kind = target_kind(e, s);
-    if (kind == TDM_FWD_ARGMAX) {
-        *tok = e->ids[0];
-        return TANDEM_OK;
-    }
-    if (kind == TDM_FWD_LOGITS) {
-        *tok = tdm_sample_logits(e->logits_t, e->n_vocab, &s->sp, &e->ss, e->tmp, &s->rng);
-        return TANDEM_OK;
-    }
-    const tdm_backend_ops *op = e->be->ops;
-    double u;
-    tdm_engine_draws(s, 1, &u);
-    int32_t got[2];
-    tandem_status st;
-    if ((st = op->probs_dev(e->be, e->out_t, 1, e->n_vocab, &s->sp, e->p_dev, e->samp_dev, err))) return st;
-    if ((st = op->sample_dev(e->be, e->p_dev, 1, e->n_vocab, &u, e->samp_dev + 1, NULL, err))) return st;
-    if ((st = op->download(e->be, got, e->samp_dev, sizeof got, err))) return st;
-    if ((st = tdm_engine_check_ok(e, false, got, 1, pos, err))) return st;
-    tdm_engine_consume(s, 1);
-    *tok = got[1];
-    return got[1] >= 0 ? TANDEM_OK : tdm_seterr(err, TANDEM_ERR_BACKEND, "device sampling drew no token");
+    const bool sampled = s->sp.temperature > 0;
+    tdm_draw_row row = {s, 0.0};
+    if (sampled) tdm_engine_draws(s, 1, &row.u);
+    tandem_status st = tdm_engine_draw(e, false, &row, 1, target_kind(e, s), tok, err);
+    if (st) return st;
+    if (*tok < 0)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "target model '%s': non-finite logits (NaN or infinity) at position %d",
+                          tdm_model_label(e->target), (int)pos);
+    if (sampled) tdm_engine_consume(s, 1);
+    return TANDEM_OK;
 }
 
 _Static_assert(TDM_CTRL_MAX_K == TANDEM_SPEC_K_MAX, "the controller's limit is the public one");

@@ -94,6 +94,8 @@ typedef struct tdm_engine {
     float *q_dev;            /* [TDM_CTRL_MAX_K][n_vocab] backend: draft q rows */
     int32_t *samp_dev;       /* [TDM_ENGINE_SAMP_WORDS] backend: ok flags per row, then a
                                 draw or an acceptance result (TDM_ENGINE_SAMP_OUT) */
+    int32_t *draw_dev;       /* [2][n_logit_rows] backend: tdm_engine_draw's tokens, then
+                                its rows' ok flags */
     int32_t n_q_dev;         /* leading rows of the chain being verified whose q is in q_dev
                                 (the draft model's); the rest (lookups) are one-hot */
     float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
@@ -152,6 +154,19 @@ void tdm_engine_draws(const tdm_seq *s, int32_t n, double *u);
 void tdm_engine_consume(tdm_seq *s, int32_t n);
 tandem_status tdm_engine_check_ok(const tdm_engine *e, bool is_draft, const int32_t *ok, int32_t n, int32_t pos0,
                                   tdm_err *err);
+/* One logits row to draw a token from (tdm_engine_draw). */
+typedef struct tdm_draw_row {
+    const tdm_seq *s; /* its sequence: greedy, or its sampler parameters */
+    double u;         /* the uniform a sampled row draws with */
+} tdm_draw_row;
+/* The token of each of the m <= e->n_logit_rows logits rows of the latest forward
+ * of the target or the draft (row j is rows[j]'s, forward of the given kind): the
+ * argmax when its sequence is greedy, else the token tdm_sample_probs_u draws with
+ * rows[j].u from the sequence's processed distribution (on the device for
+ * TDM_FWD_LOGITS_DEV); -1 for a row with non-finite logits.  Consumes nothing from
+ * the generators (the caller knows how many draws it keeps). */
+tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
+                              int32_t *tok, tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
 
 /* Fills res from a finished sequence (tokens, text: moved out of s, timings in

@@ -581,7 +581,10 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
 /* -------------------------------------------------------------- sampling */
 
 int32_t tdm_sample_probs(const float *probs, int32_t n, tdm_rng *rng) {
-    double u = rng ? tdm_rng_uniform(rng) : 0.0;
+    return tdm_sample_probs_u(probs, n, rng ? tdm_rng_uniform(rng) : 0.0);
+}
+
+int32_t tdm_sample_probs_u(const float *probs, int32_t n, double u) {
     if (!probs || n <= 0) return -1;
     /* the positive entries in index order (negative and NaN ones count as 0); blocks
      * of 16 without one are skipped after a branch-free test (filtered distributions

@@ -63,6 +63,9 @@ void tdm_probs_from_logits(const float *logits, int32_t n_vocab, const tdm_sampl
  * Uses exactly one tdm_rng_uniform draw.  Never returns a token with probability <= 0;
  * returns -1 when no entry is positive. */
 int32_t tdm_sample_probs(const float *probs, int32_t n, tdm_rng *rng);
+/* The same draw with the uniform u in [0, 1) given (tdm_sample_probs(p, n, rng) ==
+ * tdm_sample_probs_u(p, n, the uniform rng gives)). */
+int32_t tdm_sample_probs_u(const float *probs, int32_t n, double u);
 
 /* Convenience: greedy argmax when temperature <= 0, else process and sample. */
 int32_t tdm_sample_logits(const float *logits, int32_t n_vocab, const tdm_sampler_params *p,

@@ -3,7 +3,10 @@
  *     a time, and 8 in a KV pool so small that sequences are preempted, equal
  *     one-at-a-time tandem_generate_ids, target-only and with a draft (whose
  *     sequences speculate in the batch);
- *   - sampled outputs do not depend on the batch (same seed, same tokens);
+ *   - sampled outputs do not depend on the batch (same seed, same tokens), with or
+ *     without a draft: batched speculation keeps each sequence's own draws;
+ *   - with a draft, the sequences of a batch speculate (drafted tokens accepted,
+ *     n-gram proposals among them);
  *   - a bad request fails alone with its message;
  *   - a pool for two of four long requests preempts instead of failing, the
  *     outputs unchanged, and every block comes back.
@@ -126,6 +129,17 @@ static void check_batches(float temperature) {
                 cr_assert_gt(st.n_preemptions, 0, "a pool for three of eight sequences preempted none");
             }
             tandem_engine_close(e);
+            if (with_draft && sizes[si] > 1) { /* greedy and sampled sequences speculate */
+                uint64_t drafted = 0, accepted = 0, ngram = 0;
+                for (size_t i = 0; i < p.count; i++) {
+                    drafted += got[i].spec.drafted;
+                    accepted += got[i].spec.accepted;
+                    ngram += got[i].spec.ngram_drafted;
+                }
+                cr_assert_gt(accepted, 0, "batch %d with a draft: %llu drafted, none accepted", sizes[si],
+                             (unsigned long long)drafted);
+                cr_assert_gt(ngram, 0, "batch %d with a draft: no n-gram proposal", sizes[si]);
+            }
             if (!ref) { /* sampling: the target-only batch of one is the reference */
                 ref = got;
                 continue;

@@ -1,9 +1,11 @@
 /* test_controller.c - adaptive speculation length: expected tokens, cost model
- * interpolation, choice of k against brute force, acceptance-rate estimation. */
+ * interpolation, choice of k against brute force, acceptance-rate estimation; the
+ * batch's length from measured step times (draft/batch_ctrl.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
+#include "batch_ctrl.h"
 #include "common.h"
 #include "controller.h"
 #include "testutil.h"
@@ -289,4 +291,105 @@ Test(controller, exact_tie_prefers_smaller_k) {
     tdm_cost_observe_verify(&c, 4, 0.5);
     ctl.alpha = 0.0;
     cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2);
+}
+
+/* ---- the batch's length (draft/batch_ctrl.h) ---- */
+
+static void batch_seqs(tdm_batch_seq *bs, int n, double alpha, int cap) {
+    for (int i = 0; i < n; i++) bs[i] = (tdm_batch_seq){alpha, cap};
+}
+
+Test(controller, batch_plain_step_first) {
+    tdm_batch_steps t;
+    tdm_rowcost ct, cd;
+    tdm_batch_steps_init(&t);
+    tdm_rowcost_init(&ct);
+    tdm_rowcost_init(&cd);
+    tdm_batch_seq bs[16];
+    batch_seqs(bs, 16, 0.9, 8);
+    bool trial = true;
+    int32_t ex = 5;
+    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, 16, 0, 8, &trial, &ex), 0, "nothing measured: plain");
+    cr_assert(!trial);
+    cr_assert_eq(ex, -1);
+}
+
+/* With measured step times the choice is the brute-force best of E(k) / T(k). */
+Test(controller, batch_choice_is_the_best_measured_rate) {
+    tdm_batch_steps t;
+    tdm_rowcost ct, cd;
+    tdm_batch_steps_init(&t);
+    tdm_rowcost_init(&ct);
+    tdm_rowcost_init(&cd);
+    const int B = 16;
+    const double T[] = {10e-3, 22e-3, 30e-3, 37e-3, 45e-3};
+    for (int k = 0; k <= 4; k++) tdm_batch_steps_observe(&t, B, k, T[k]);
+    tdm_batch_seq bs[16];
+    for (double a = 0.0; a <= 1.0; a += 0.05) {
+        batch_seqs(bs, B, a, 8);
+        int best = 0;
+        double best_rate = 0;
+        for (int k = 0; k <= 4; k++) {
+            const double r = B * series(a, k) / T[k];
+            if (r > best_rate + 1e-12) best_rate = r, best = k;
+        }
+        bool trial = true;
+        int32_t ex;
+        const int32_t k = tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, &trial, &ex);
+        cr_assert_eq(k, best, "alpha %.2f: chose %d, best %d", a, k, best);
+        cr_assert(!trial, "every length is measured");
+        if (ex >= 0) {
+            cr_assert(ex == k - 1 || ex == k + 1, "explores a neighbour");
+            cr_assert_geq(B * series(a, ex) / T[ex], 0.9 * best_rate - 1e-9, "a neighbour nearly as good");
+        }
+    }
+    /* at alpha 0.6 k = 1 delivers 16 * 1.6 / 22 ms, well below 16 / 10 ms: never explored */
+    batch_seqs(bs, B, 0.6, 8);
+    int32_t ex;
+    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, NULL, &ex), 0);
+    cr_assert_eq(ex, -1, "a length expected to lose clearly is not explored");
+}
+
+/* An unmeasured length is estimated from the nearest measured one plus the row
+ * model's difference, and tried (trial) when that estimate wins. */
+Test(controller, batch_unmeasured_length_from_the_nearest) {
+    tdm_batch_steps t;
+    tdm_rowcost ct, cd;
+    tdm_batch_steps_init(&t);
+    tdm_rowcost_init(&ct);
+    tdm_rowcost_init(&cd);
+    const int B = 4;
+    for (int r = 1; r <= 64; r++) tdm_rowcost_observe(&ct, r, 1e-3 + 1e-5 * r); /* nearly flat: memory-bound */
+    tdm_rowcost_observe(&cd, B, 0.1e-3);
+    tdm_batch_steps_observe(&t, B, 0, 1.5e-3); /* the step costs 0.5 ms more than its forward */
+    tdm_batch_seq bs[4];
+    batch_seqs(bs, B, 0.9, 8);
+    bool trial = false;
+    int32_t ex;
+    const int32_t k = tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 8, &trial, &ex);
+    cr_assert_gt(k, 2, "cheap rows and alpha 0.9: a long chain (got %d)", k);
+    cr_assert(trial, "an unmeasured length is a trial");
+    /* measured much dearer than the model thought: the choice falls back */
+    for (int i = 0; i < 40; i++) tdm_batch_steps_observe(&t, B, k, 40e-3);
+    for (int j = 1; j <= 8; j++)
+        if (j != k) tdm_batch_steps_observe(&t, B, j, 40e-3);
+    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 8, &trial, NULL), 0);
+    cr_assert(!trial);
+}
+
+/* A sample far from the estimate moves it as one twice (or half) as large would. */
+Test(controller, batch_step_samples_are_clamped) {
+    tdm_batch_steps t;
+    tdm_batch_steps_init(&t);
+    tdm_batch_steps_observe(&t, 8, 0, 10e-3);
+    cr_assert_float_eq(t.t[8][0], 10e-3, 1e-12, "the first sample is the estimate");
+    tdm_batch_steps_observe(&t, 8, 0, 1.0);
+    cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a stall counts as twice the estimate");
+    tdm_batch_steps_observe(&t, 8, 0, 0.0);
+    cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a non-positive sample is ignored");
+    tdm_batch_steps_observe(&t, 8, 0, 1e-6);
+    cr_assert_float_eq(t.t[8][0], 12e-3 - 0.2 * 6e-3, 1e-12, "a tiny sample counts as half");
+    tdm_batch_steps_observe(&t, 100000, 0, 5e-3);
+    cr_assert_float_eq(t.t[TDM_BATCH_STEP_B][0], 5e-3, 1e-12, "a batch beyond the table is its last row");
+    tdm_batch_steps_observe(&t, 8, TDM_BATCH_STEP_K + 1, 5e-3); /* out of range: ignored */
 }

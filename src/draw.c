@@ -1,0 +1,78 @@
+/* draw.c - the tokens of a forward's logits rows for many sequences at once
+ * (tdm_engine_draw in engine.h): argmax for greedy rows, a draw with a given
+ * uniform for sampled ones, on the host or where the logits are.
+ *
+ * The uniforms come from the caller, which peeks them from the sequences'
+ * generators (tdm_engine_draws) and consumes as many as it keeps: a scheduler step
+ * that verifies a drafted chain draws the target's token at every position of the
+ * chain with the uniform that position would use without speculation. */
+#include "engine.h"
+
+/* rows [j, end) that one device call can take: the same sequence (sampler
+ * parameters) when sampled, any greedy rows otherwise */
+static int32_t run_end(const tdm_draw_row *rows, int32_t j, int32_t m) {
+    const bool sampled = rows[j].s->sp.temperature > 0;
+    int32_t end = j + 1;
+    while (end < m && (sampled ? rows[end].s == rows[j].s : rows[end].s->sp.temperature <= 0)) end++;
+    return end;
+}
+
+static tandem_status draw_dev(tdm_engine *e, const float *l, const tdm_draw_row *rows, int32_t m, int32_t *tok,
+                              tdm_err *err) {
+    const tdm_backend_ops *op = e->be->ops;
+    const int32_t V = e->n_vocab;
+    int32_t *ids_d = e->draw_dev, *ok_d = e->draw_dev + m;
+    double u[TDM_ENGINE_BATCH_LOGITS_MAX];
+    tandem_status st = TANDEM_OK;
+    for (int32_t j = 0; j < m && !st;) {
+        const int32_t end = run_end(rows, j, m), n = end - j;
+        const float *lj = l + (size_t)j * (size_t)V;
+        if (rows[j].s->sp.temperature > 0) {
+            float *pj = e->p_dev + (size_t)j * (size_t)V;
+            for (int32_t i = j; i < end; i++) u[i] = rows[i].u;
+            st = op->probs_dev(e->be, lj, n, V, &rows[j].s->sp, pj, ok_d + j, err);
+            if (!st) st = op->sample_dev(e->be, pj, n, V, u + j, ids_d + j, NULL, err);
+        } else {
+            st = op->argmax_dev(e->be, lj, n, V, ids_d + j, NULL, err);
+        }
+        j = end;
+    }
+    int32_t got[2 * TDM_ENGINE_BATCH_LOGITS_MAX];
+    if (!st) st = op->download(e->be, got, e->draw_dev, 2 * (size_t)m * sizeof(int32_t), err);
+    for (int32_t j = 0; j < m && !st; j++) tok[j] = rows[j].s->sp.temperature > 0 && !got[m + j] ? -1 : got[j];
+    return st;
+}
+
+tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
+                              int32_t *tok, tdm_err *err) {
+    if (m <= 0) return TANDEM_OK;
+    if (m > e->n_logit_rows || m > TDM_ENGINE_BATCH_LOGITS_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "%d logits rows to draw from, at most %d", (int)m,
+                          (int)TDM_MIN(e->n_logit_rows, TDM_ENGINE_BATCH_LOGITS_MAX));
+    const size_t V = (size_t)e->n_vocab;
+    switch (kind) {
+    case TDM_FWD_ARGMAX:
+        for (int32_t j = 0; j < m; j++) tok[j] = e->ids[j];
+        return TANDEM_OK;
+    case TDM_FWD_LOGITS_DEV:
+        if (!e->draw_dev) break;
+        return draw_dev(e, is_draft ? e->out_d : e->out_t, rows, m, tok, err);
+    case TDM_FWD_LOGITS: {
+        const float *logits = is_draft ? e->logits_d : e->logits_t;
+        for (int32_t j = 0; j < m; j++) {
+            const tdm_seq *q = rows[j].s;
+            const float *l = logits + (size_t)j * V;
+            if (q->sp.temperature > 0) {
+                tdm_probs_from_logits(l, e->n_vocab, &q->sp, &e->ss, e->tmp);
+                tok[j] = tdm_sample_probs_u(e->tmp, e->n_vocab, rows[j].u);
+            } else {
+                tok[j] = tdm_argmax_finite(l, e->n_vocab);
+            }
+        }
+        return TANDEM_OK;
+    }
+    default:
+        break;
+    }
+    return tdm_seterr(err, TANDEM_ERR_INTERNAL, "no tokens can be drawn from a forward of kind %d", (int)kind);
+}
