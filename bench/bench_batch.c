@@ -6,12 +6,15 @@
  *   bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128]
  *               [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]
  *               [--max-batch-tokens N] [--json OUT.json] [--no-spec] [--invariant]
+ *               [--temp T]
  *   --threads: CPU threads (default 0 = all cores); --max-batch-tokens: the engine's
- *   max_batch_tokens (default 0 = its own); --no-spec: ignore -d.
+ *   max_batch_tokens (default 0 = its own); --no-spec: ignore -d; --temp: sample at
+ *   temperature T (top-p 0.95, request i seeded i + 1) instead of greedy decoding.
  *
  * For each batch size B: an engine with n_seq_max = B and n_ctx = npp + ntg + 64
  * (kv_bytes 0: the KV cache holds n_ctx tokens of each of the B sequences, both
- * models), the prefix cache off; B requests of exactly npp prompt tokens each, greedy,
+ * models), the prefix cache off; B requests of exactly npp prompt tokens each, greedy
+ * (or sampled: --temp),
  * max_tokens = ntg, ignore_eos, all given to one tandem_generate_batch call.  Prompts
  * are synthetic by default: pseudo-random ids in [4, n_vocab) (in [4, n_vocab - 256)
  * when n_vocab > 4096, past the reserved special tokens some vocabularies end with),
@@ -71,6 +74,7 @@ typedef struct opts {
     int npp, ntg, reps, threads, max_batch_tokens;
     bool spec; /* also run with the draft */
     bool invariant; /* tandem_engine_params.batch_invariant (--invariant: true) */
+    float temp;     /* sampling temperature, 0 = greedy */
 } opts;
 
 /* One timed run's figures (seconds, tokens per second). */
@@ -167,7 +171,7 @@ static int usage(const char *msg, const char *arg) {
     fprintf(stderr, "usage: bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128]\n"
                     "                   [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]\n"
                     "                   [--max-batch-tokens N] [--json OUT.json] [--no-spec]\n"
-                    "                   [--invariant]\n");
+                    "                   [--invariant] [--temp T]\n");
     return 2;
 }
 
@@ -202,6 +206,11 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--reps")) ok = parse_int(v, 1, MAX_REPS, &o->reps);
         else if (!strcmp(a, "--threads")) ok = parse_int(v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (!strcmp(a, "--max-batch-tokens")) ok = parse_int(v, 0, 65536, &o->max_batch_tokens);
+        else if (!strcmp(a, "--temp")) {
+            char *end;
+            o->temp = strtof(v, &end);
+            ok = end != v && !*end && o->temp >= 0.0f && o->temp <= 100.0f;
+        }
         else if (!strcmp(a, "--backend")) {
             ok = !strcmp(v, "cpu") || !strcmp(v, "cuda");
             o->mp.backend = strcmp(v, "cuda") ? TANDEM_BACKEND_CPU : TANDEM_BACKEND_CUDA;
@@ -305,7 +314,9 @@ static bool run_bufs_init(run_bufs *rb, int B, const opts *o) {
         r->n_prompt_ids = (size_t)o->npp;
         r->params = tandem_generate_default_params();
         r->params.max_tokens = o->ntg;
-        r->params.temperature = 0.0f;
+        r->params.temperature = o->temp;
+        r->params.top_p = o->temp > 0 ? 0.95f : 1.0f;
+        r->params.seed = (uint64_t)i + 1;
         r->params.ignore_eos = true;
         r->params.on_token = on_token;
         r->params.user_data = &rb->clk[i];
@@ -596,9 +607,9 @@ static bool write_json(const opts *o, int argc, char **argv, const tandem_model_
     fputs(", \"name\": ", f), json_str(f, ti->name);
     fprintf(f, ", \"n_params\": %llu, \"n_layer\": %d, \"n_embd\": %d, \"n_vocab\": %d}",
             (unsigned long long)ti->n_params, ti->n_layer, ti->n_embd, ti->n_vocab);
-    fprintf(f, ",\n \"npp\": %d, \"ntg\": %d, \"reps\": %d, \"threads\": %d, \"max_batch_tokens\": %d, \"n_ctx\": %d, \"batch_invariant\": %s",
+    fprintf(f, ",\n \"npp\": %d, \"ntg\": %d, \"reps\": %d, \"threads\": %d, \"max_batch_tokens\": %d, \"n_ctx\": %d, \"batch_invariant\": %s, \"temperature\": %g",
             o->npp, o->ntg, o->reps, o->threads, o->max_batch_tokens, o->npp + o->ntg + CTX_SLACK,
-            o->invariant ? "true" : "false");
+            o->invariant ? "true" : "false", (double)o->temp);
     fputs(",\n \"definitions\": {"
           "\"t\": \"seconds from the tandem_generate_batch call; a token's time is when on_token receives it\", "
           "\"t_pp\": \"the time the last request receives its first token\", "

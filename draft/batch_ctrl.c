@@ -7,14 +7,15 @@
 #include "controller.h"
 
 void tdm_rowcost_init(tdm_rowcost *c) {
-    for (int i = 0; i <= TDM_ROWCOST_MAX; i++) c->t[i] = 0.0;
+    for (int i = 0; i <= TDM_ROWCOST_MAX; i++) c->t[i] = 0.0, c->n[i] = 0;
     c->ema = 0.2;
 }
 
 void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds) {
     if (rows < 1 || !(seconds > 0.0) || isinf(seconds)) return;
     if (rows > TDM_ROWCOST_MAX) rows = TDM_ROWCOST_MAX;
-    c->t[rows] = c->t[rows] > 0.0 ? c->t[rows] + c->ema * (seconds - c->t[rows]) : seconds;
+    c->t[rows] = c->n[rows] < 2 ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
+    if (c->n[rows] < 2) c->n[rows]++;
 }
 
 double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
@@ -35,7 +36,11 @@ double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
             hi = i;
             break;
         }
-    if (lo && hi) return c->t[lo] + (c->t[hi] - c->t[lo]) * (double)(rows - lo) / (double)(hi - lo);
+    if (lo && hi) {
+        const double line = c->t[lo] + (c->t[hi] - c->t[lo]) * (double)(rows - lo) / (double)(hi - lo);
+        const double roof = TDM_MAX(c->t[lo], c->t[hi] * (double)rows / (double)hi);
+        return TDM_MIN(line, roof);
+    }
     if (hi) return c->t[hi]; /* below every measurement: no dearer than the next */
     if (!lo) return 0.0;
     /* above every measurement: the slope of the two highest points, at least flat */
@@ -52,15 +57,16 @@ double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
 
 void tdm_batch_steps_init(tdm_batch_steps *t) {
     for (int b = 0; b <= TDM_BATCH_STEP_B; b++)
-        for (int k = 0; k <= TDM_BATCH_STEP_K; k++) t->t[b][k] = 0.0;
+        for (int k = 0; k <= TDM_BATCH_STEP_K; k++) t->t[b][k] = 0.0, t->n[b][k] = 0;
 }
 
 void tdm_batch_steps_observe(tdm_batch_steps *t, int32_t batch, int32_t k, double seconds) {
     if (batch < 1 || k < 0 || k > TDM_BATCH_STEP_K || !(seconds > 0.0) || isinf(seconds)) return;
     if (batch > TDM_BATCH_STEP_B) batch = TDM_BATCH_STEP_B;
     double *x = &t->t[batch][k];
-    if (!(*x > 0.0)) {
+    if (t->n[batch][k] < 2) { /* (the first may include one-time work) */
         *x = seconds;
+        t->n[batch][k]++;
         return;
     }
     /* a step slowed by something else (another process, a page fault) moves the
@@ -121,10 +127,14 @@ int32_t tdm_batch_choose_k_measured(const tdm_batch_steps *t, const tdm_rowcost 
         }
     }
     if (trial) *trial = !(meas[best] > 0.0);
-    /* a neighbour worth measuring again: expected within 10 % of the best */
+    /* a neighbour worth measuring (again): one sampled less than twice (its only
+     * sample may include one-time work), else one expected within 10 % of the best */
+    const uint8_t *nm = t->n[TDM_MIN(n, TDM_BATCH_STEP_B)];
     for (int32_t d = -1; explore && d <= 1; d += 2) {
         const int32_t k = best + d;
-        if (k >= 0 && k <= k_max && rate[k] >= 0.9 * best_rate && (*explore < 0 || !(meas[k] > 0.0))) *explore = k;
+        if (k < 0 || k > k_max) continue;
+        if (nm[k] < 2 && (*explore < 0 || nm[*explore] >= 2)) *explore = k;
+        else if (*explore < 0 && rate[k] >= 0.9 * best_rate) *explore = k;
     }
     return best;
 }

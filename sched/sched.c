@@ -39,9 +39,14 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_done, NULL);
     s->next_id = 1;
+    s->dec_explore = s->explore_k = -1;
     tdm_rowcost_init(&s->cost_t);
     tdm_rowcost_init(&s->cost_d);
     tdm_batch_steps_init(&s->steps);
+    tdm_ctrl_init(&s->pair, 1, TDM_CTRL_MAX_K, 0);
+    s->pair.alpha_ema = 0.05;
+    const char *lg = getenv("TANDEM_SCHED_LOG");
+    s->log = lg && !strcmp(lg, "1");
     *out = s;
     return TANDEM_OK;
 }
@@ -205,9 +210,7 @@ tandem_status tdm_sched_step(tdm_sched *s, int *n_pending, tdm_err *err) {
     tandem_status st = TANDEM_OK;
     if (n_pending) {
         pthread_mutex_lock(&s->mu);
-        int n = 0;
-        for (tdm_req *r = s->live; r; r = r->next_live) n++;
-        *n_pending = n;
+        *n_pending = (int)(s->stats.n_submitted - s->stats.n_finished); /* (the live requests) */
         pthread_mutex_unlock(&s->mu);
     }
     return st;

@@ -66,6 +66,8 @@ struct tdm_sched {
     pthread_t th;
     /* the stepping thread's own */
     tdm_queue wait;
+    double wait_deadline;      /* no waiting request expires before this (0 = none does) */
+    bool cancels;              /* this step saw cancel flags */
     tdm_req **run;             /* [cap] running requests, admission order */
     int32_t n_run, cap;
     const tdm_kv_seq **g_seqs; /* [cap] a forward's sequences */
@@ -83,6 +85,11 @@ struct tdm_sched {
     int32_t dec_b, dec_kmax, dec_k; /* the last decision's batch size, limit and length */
     int32_t dec_hold;          /* steps it still holds */
     int32_t dec_explore;       /* a neighbouring length to measure now and then, -1 = none */
+    int32_t explore_k;         /* the length the current exploration takes, -1 = none */
+    bool log;                  /* TANDEM_SCHED_LOG=1: decisions on stderr */
+    tdm_spec_ctrl pair;        /* the pair's acceptance over every drafted chain (alpha):
+                                  a new request's starting estimate */
+    bool pair_seen;            /* pair observed at least once */
     uint64_t n_spec_steps;     /* batched speculation decisions (exploration schedule) */
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
 };

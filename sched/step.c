@@ -20,6 +20,7 @@
  * and unspeculated, whatever the batch and the lengths chosen.  A lone greedy
  * sequence (or a sampled one on an engine of one sequence) takes the
  * single-sequence speculative step instead (src/spec.c). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,12 +41,20 @@ static void fail_req(tdm_req *r, tandem_status st, const tdm_err *err) {
 
 /* ---- 1. inbox, cancels, deadlines ---- */
 
+/* Puts a request in the waiting queue; false when out of memory. */
+static bool queue(tdm_sched *s, tdm_req *r) {
+    if (!tdm_queue_push(&s->wait, r)) return false;
+    if (r->deadline > 0 && (s->wait_deadline == 0 || r->deadline < s->wait_deadline)) s->wait_deadline = r->deadline;
+    return true;
+}
+
 static void take_inbox(tdm_sched *s) {
     pthread_mutex_lock(&s->mu);
     tdm_req *in = s->inbox_head;
     s->inbox_head = s->inbox_tail = NULL;
     s->n_inbox = 0;
-    if (s->n_cancel > 0) { /* copy the flags the other threads set */
+    s->cancels = s->n_cancel > 0;
+    if (s->cancels) { /* copy the flags the other threads set */
         for (tdm_req *r = s->live; r; r = r->next_live) r->cancel_seen = r->cancel;
     }
     pthread_mutex_unlock(&s->mu);
@@ -56,7 +65,7 @@ static void take_inbox(tdm_sched *s) {
             in->s.done = true;
             in->s.finish = TANDEM_FINISH_LENGTH;
             tdm_sched_finish(s, in, TANDEM_FINISH_NONE);
-        } else if (!tdm_queue_push(&s->wait, in)) {
+        } else if (!queue(s, in)) {
             tdm_err err;
             tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory queueing the request");
             fail_req(in, TANDEM_ERR_NOMEM, &err);
@@ -75,19 +84,28 @@ static tandem_finish_reason expiry(const tdm_req *r, double now) {
 typedef struct expire_ctx {
     tdm_sched *s;
     double now;
+    double deadline; /* the earliest deadline of those kept, 0 = none */
 } expire_ctx;
 
 static bool drop_expired(tdm_req *r, void *user) {
-    const expire_ctx *c = user;
+    expire_ctx *c = user;
     tandem_finish_reason why = expiry(r, c->now);
-    if (why == TANDEM_FINISH_NONE) return false;
+    if (why == TANDEM_FINISH_NONE) {
+        if (r->deadline > 0 && (c->deadline == 0 || r->deadline < c->deadline)) c->deadline = r->deadline;
+        return false;
+    }
     tdm_sched_finish(c->s, r, why);
     return true;
 }
 
+/* Ends cancelled and expired requests; the waiting queue is scanned only in a step
+ * that has a cancel or reaches its earliest deadline. */
 static void expire(tdm_sched *s, double now) {
-    expire_ctx c = {s, now};
-    tdm_queue_filter(&s->wait, drop_expired, &c);
+    if (s->cancels || (s->wait_deadline > 0 && now >= s->wait_deadline)) {
+        expire_ctx c = {s, now, 0};
+        tdm_queue_filter(&s->wait, drop_expired, &c);
+        s->wait_deadline = c.deadline;
+    }
     for (int32_t i = s->n_run - 1; i >= 0; i--) {
         tdm_req *r = s->run[i];
         tandem_finish_reason why = expiry(r, now);
@@ -129,6 +147,9 @@ static void admit(tdm_sched *s, double now) {
         q->n_draft = e->draft ? cached : 0;
         if (r->t_start == 0) {
             r->t_start = now;
+            /* what the pair has been accepting, rather than a prior that may keep a
+             * batch from ever speculating (and so from ever learning) */
+            if (s->pair_seen && q->ctrl.k_fixed == 0) q->ctrl.alpha = s->pair.alpha;
             r->n_cached = (size_t)cached;
             pthread_mutex_lock(&s->mu);
             s->stats.prompt_tokens += (uint64_t)q->n_prompt;
@@ -196,7 +217,7 @@ static void preempt(tdm_sched *s, tdm_req *r) {
     r->s.n_target = r->s.n_draft = 0;
     r->n_preempt++;
     tdm_sched_stat_add(s, &s->stats.n_preemptions, 1);
-    if (!tdm_queue_push(&s->wait, r)) {
+    if (!queue(s, r)) {
         tdm_err err;
         tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory requeueing a preempted request");
         fail_req(r, TANDEM_ERR_NOMEM, &err);
@@ -296,7 +317,12 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             continue;
         }
         if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
-            tdm_verify_commit_match(e, q, it[i].draft, it[i].k, out, it[i].ngram, s->t_draft, now - s->t_verify0);
+            const int32_t acc = tdm_verify_commit_match(e, q, it[i].draft, it[i].k, out, it[i].ngram, s->t_draft,
+                                                        now - s->t_verify0);
+            if (it[i].k > 0 && !it[i].ngram) {
+                tdm_ctrl_observe(&s->pair, it[i].k, acc);
+                s->pair_seen = true;
+            }
             if (r->t_first == 0) r->t_first = now;
             continue;
         }
@@ -342,12 +368,26 @@ static void run_plan(tdm_sched *s, const step_item *it, int32_t n) {
  * sequence speculates when the engine has a draft (a lone greedy one takes
  * tdm_seq_step instead), with one k for the batch from measured costs
  * (draft/batch_ctrl.h; a request's fixed spec_k is its own).  A decision holds for
- * 8 steps while the batch keeps its size, a trial of an unmeasured length 2 (the
- * first may have to catch the draft up, which is not measured); two steps in every
- * 256 take a neighbouring length expected to be nearly as good, to keep it measured
+ * 8 steps while the batch keeps its size, a trial of an unmeasured length 3 (the
+ * first may have to catch the draft up, which is not measured, and the first
+ * measurement may include one-time work); three steps in every 256 take a
+ * neighbouring length expected to be nearly as good, to keep it measured
  * (never one expected to lose clearly: such a step costs, and the draft's catching
- * up on every token since it last drafted with it).  On a batch-invariant GPU a chain's rows fit one forward of invariant
+ * up on every token since it last drafted with it), or, in a batch that does not
+ * speculate, the length a hopeful acceptance estimate would choose, so that the
+ * estimates get observed again.  On a batch-invariant GPU a chain's rows fit one forward of invariant
  * rows. */
+/* TANDEM_SCHED_LOG=1: each decision on stderr, with the measured step times. */
+static void log_decision(const tdm_sched *s, int32_t nb, int32_t other, int32_t k_max, int32_t k, bool trial,
+                         const tdm_batch_seq *bs) {
+    double a = 0;
+    for (int32_t j = 0; j < nb; j++) a += bs[j].alpha / nb;
+    fprintf(stderr, "sched: batch %d (+%d rows) k_max %d -> k %d%s, mean alpha %.2f, explore %d; step ms:", (int)nb,
+            (int)other, (int)k_max, (int)k, trial ? " (trial)" : "", a, (int)s->dec_explore);
+    for (int32_t j = 0; j <= k_max; j++) fprintf(stderr, " %.3f", s->steps.t[TDM_MIN(nb, TDM_BATCH_STEP_B)][j] * 1e3);
+    fprintf(stderr, "; draft round ms %.3f\n", tdm_rowcost_get(&s->cost_d, nb) * 1e3);
+}
+
 static void choose_k(tdm_sched *s) {
     tdm_engine *e = s->e;
     memset(s->k_of, 0, (size_t)s->n_run * sizeof *s->k_of);
@@ -394,9 +434,23 @@ static void choose_k(tdm_sched *s) {
         k = tdm_batch_choose_k_measured(&s->steps, &s->cost_t, &s->cost_d, bs, nb, other, k_max, &trial,
                                         &s->dec_explore);
         s->dec_b = nb, s->dec_kmax = k_max, s->dec_k = k;
-        s->dec_hold = trial ? 1 : 7;
+        s->dec_hold = trial ? 2 : 7;
+        if (s->log) log_decision(s, nb, other, k_max, k, trial, bs);
     }
-    if ((s->n_spec_steps & 255) < 2 && s->dec_explore >= 0) k = s->dec_explore;
+    if ((s->n_spec_steps & 255) == 0) {
+        /* where the batch does not speculate, its acceptance estimates are never
+         * observed and may stay low for good: try what a more hopeful estimate
+         * (alpha + 0.2) would choose; else the neighbour worth measuring */
+        s->explore_k = s->dec_explore;
+        if (k == 0) {
+            tdm_batch_seq hope[TDM_ENGINE_BATCH_LOGITS_MAX];
+            for (int32_t j = 0; j < nb; j++) hope[j] = (tdm_batch_seq){TDM_MIN(bs[j].alpha + 0.2, 0.95), bs[j].cap};
+            const int32_t kh = tdm_batch_choose_k_measured(&s->steps, &s->cost_t, &s->cost_d, hope, nb, other, k_max,
+                                                           NULL, NULL);
+            if (kh > 0) s->explore_k = kh;
+        }
+    }
+    if ((s->n_spec_steps & 255) < 3 && s->explore_k >= 0) k = TDM_MIN(s->explore_k, k_max);
     s->step_b = nb;
     s->step_k = k;
     for (int32_t j = 0; j < nb; j++) {
@@ -450,8 +504,9 @@ static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_
     tdm_err err = {0};
     const double t0 = tdm_now();
     tandem_status st = tdm_draft_batch(e, seqs, m, k, s->draws, chains, &scr, catch_up, &err);
-    /* a round's cost: the whole drafting (catch-up included) over its rounds */
-    if (!st) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
+    /* a round's cost: the drafting over its rounds, where it caught up on no more
+     * than a token or two a sequence */
+    if (!st && *catch_up <= m) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
     for (int32_t j = 0; j < m && !st; j++)
         memcpy(who[j]->draft, chains + (size_t)j * TDM_CTRL_MAX_K, (size_t)k[j] * sizeof *chains);
     if (!st) return true;

@@ -323,7 +323,7 @@ Test(controller, batch_choice_is_the_best_measured_rate) {
     tdm_rowcost_init(&cd);
     const int B = 16;
     const double T[] = {10e-3, 22e-3, 30e-3, 37e-3, 45e-3};
-    for (int k = 0; k <= 4; k++) tdm_batch_steps_observe(&t, B, k, T[k]);
+    for (int k = 0; k <= 4; k++) tdm_batch_steps_observe(&t, B, k, T[k]), tdm_batch_steps_observe(&t, B, k, T[k]);
     tdm_batch_seq bs[16];
     for (double a = 0.0; a <= 1.0; a += 0.05) {
         batch_seqs(bs, B, a, 8);
@@ -348,6 +348,13 @@ Test(controller, batch_choice_is_the_best_measured_rate) {
     int32_t ex;
     cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, NULL, &ex), 0);
     cr_assert_eq(ex, -1, "a length expected to lose clearly is not explored");
+    /* a neighbour sampled once is measured again, whatever its one sample says */
+    tdm_batch_steps_init(&t);
+    tdm_batch_steps_observe(&t, B, 0, 10e-3);
+    tdm_batch_steps_observe(&t, B, 0, 10e-3);
+    tdm_batch_steps_observe(&t, B, 1, 80e-3);
+    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, NULL, &ex), 0);
+    cr_assert_eq(ex, 1, "k = 1 has one sample");
 }
 
 /* An unmeasured length is estimated from the nearest measured one plus the row
@@ -377,12 +384,16 @@ Test(controller, batch_unmeasured_length_from_the_nearest) {
     cr_assert(!trial);
 }
 
-/* A sample far from the estimate moves it as one twice (or half) as large would. */
+/* The second sample replaces the first (one-time work such as a graph capture);
+ * later, a sample far from the estimate moves it as one twice (or half) as large
+ * would. */
 Test(controller, batch_step_samples_are_clamped) {
     tdm_batch_steps t;
     tdm_batch_steps_init(&t);
+    tdm_batch_steps_observe(&t, 8, 0, 50e-3);
+    cr_assert_float_eq(t.t[8][0], 50e-3, 1e-12, "the first sample is the estimate");
     tdm_batch_steps_observe(&t, 8, 0, 10e-3);
-    cr_assert_float_eq(t.t[8][0], 10e-3, 1e-12, "the first sample is the estimate");
+    cr_assert_float_eq(t.t[8][0], 10e-3, 1e-12, "the second replaces it");
     tdm_batch_steps_observe(&t, 8, 0, 1.0);
     cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a stall counts as twice the estimate");
     tdm_batch_steps_observe(&t, 8, 0, 0.0);
@@ -392,4 +403,22 @@ Test(controller, batch_step_samples_are_clamped) {
     tdm_batch_steps_observe(&t, 100000, 0, 5e-3);
     cr_assert_float_eq(t.t[TDM_BATCH_STEP_B][0], 5e-3, 1e-12, "a batch beyond the table is its last row");
     tdm_batch_steps_observe(&t, 8, TDM_BATCH_STEP_K + 1, 5e-3); /* out of range: ignored */
+}
+
+/* Row costs: the second sample replaces the first; between measured counts the
+ * roofline guess max(t(lo), t(hi) * rows / hi), never above the straight line. */
+Test(controller, rowcost_roofline_between_measurements) {
+    tdm_rowcost c;
+    tdm_rowcost_init(&c);
+    tdm_rowcost_observe(&c, 2, 30e-3); /* (with a graph capture) */
+    tdm_rowcost_observe(&c, 2, 0.2e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 2), 0.2e-3, 1e-12);
+    tdm_rowcost_observe(&c, 256, 2e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.2e-3, 1e-12, "flat while the weights dominate");
+    cr_assert_float_eq(tdm_rowcost_get(&c, 128), 1e-3, 1e-12, "then proportional to the rows");
+    cr_assert_float_eq(tdm_rowcost_get(&c, 1), 0.2e-3, 1e-12, "below every measurement: the next one");
+    tdm_rowcost_init(&c);
+    tdm_rowcost_observe(&c, 10, 1e-3);
+    tdm_rowcost_observe(&c, 20, 10e-3); /* dearer than proportional: the straight line bounds it */
+    cr_assert_float_eq(tdm_rowcost_get(&c, 15), 5.5e-3, 1e-12, "min(line 5.5 ms, roof 7.5 ms)");
 }
