@@ -6,7 +6,9 @@
  * exceed the batch or the logits rows), so the draft's weights are read once per
  * round for the whole batch, not once per sequence.  A round whose rows are all
  * greedy asks the forward for argmaxes only; one with a sampled row asks for
- * logits (on the device where the engine samples there). */
+ * logits (on the device where the engine samples there).  On a backend that keeps
+ * argmaxes on the device, a batch of greedy sequences with one k runs its rounds
+ * back to back there and waits once. */
 #include "batch_chain.h"
 
 #include "kv_cache.h"
@@ -62,6 +64,61 @@ static tandem_status add_row(round_buf *r, int32_t seq, int32_t token, int32_t p
     return TANDEM_OK;
 }
 
+/* Every sequence greedy with the same k, round 0 within one forward: the rounds can
+ * run back to back on the device (on_device below). */
+static bool device_rounds(const tdm_engine *e, tdm_seq *const *seqs, int32_t n, const int32_t *k) {
+    if (!e->bchain_dev || n > e->n_logit_rows || k[0] < 1 || k[0] > TDM_CTRL_MAX_K) return false;
+    int32_t rows = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (seqs[i]->sp.temperature > 0 || k[i] != k[0]) return false;
+        rows += seqs[i]->n_tokens - seqs[i]->n_draft;
+    }
+    return rows <= e->max_rows;
+}
+
+/* The rounds queued back to back, each embedding the tokens the one before chose
+ * where they are (e->bchain_dev, round d's n tokens at d * n), and the host waits
+ * once, for every round's tokens: the same chains as the rounds one by one (the
+ * argmax of each row is the same whatever else is queued), without a round trip per
+ * round. */
+static tandem_status on_device(tdm_engine *e, tdm_seq *const *seqs, int32_t n, int32_t k, int32_t *draft,
+                               const tdm_draft_scratch *scr, tdm_err *err) {
+    tdm_batch *b = &e->batch;
+    int32_t *ids = e->bchain_dev;
+    tandem_status st;
+    tdm_batch_clear(b);
+    for (int32_t i = 0; i < n; i++) {
+        const tdm_seq *s = seqs[i];
+        for (int32_t p = s->n_draft; p < s->n_tokens; p++) tdm_batch_add(b, s->tokens[p], p, i, p, p == s->n_tokens - 1);
+    }
+    b->rows_shared = true;
+    if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, scr->kv, &e->fs_d, NULL, e->out_d, ids, NULL, err)))
+        return st;
+    for (int32_t d = 1; d < k; d++) {
+        tdm_batch_clear(b);
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t pos = seqs[i]->n_tokens + d - 1;
+            tdm_batch_add(b, 0, pos, i, pos, true); /* (the token is ids[(d - 1) * n + i]) */
+        }
+        b->rows_shared = true;
+        if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, scr->kv, &e->fs_d, ids + (size_t)(d - 1) * n,
+                                        e->out_d, ids + (size_t)d * n, NULL, err)))
+            return st;
+    }
+    tdm_batch_clear(b);
+    int32_t *got = scr->tok; /* [n_logit_rows]: a round at a time */
+    for (int32_t d = 0; d < k; d++) {
+        if ((st = e->be->ops->download(e->be, got, ids + (size_t)d * n, (size_t)n * sizeof(int32_t), err))) return st;
+        for (int32_t i = 0; i < n; i++) {
+            if (got[i] < 0)
+                return tdm_seterr(err, TANDEM_ERR_FORMAT, "draft model '%s': non-finite logits (NaN or infinity)",
+                                  tdm_model_label(e->draft));
+            draft[(size_t)i * TDM_CTRL_MAX_K + d] = got[i];
+        }
+    }
+    return TANDEM_OK;
+}
+
 tandem_status tdm_draft_batch(tdm_engine *e, tdm_seq *const *seqs, int32_t n, const int32_t *k, const double *u,
                               int32_t *draft, const tdm_draft_scratch *scr, int32_t *catch_up, tdm_err *err) {
     round_buf r = {e, scr, seqs, u, draft, 0, false};
@@ -71,13 +128,19 @@ tandem_status tdm_draft_batch(tdm_engine *e, tdm_seq *const *seqs, int32_t n, co
         scr->kv[i] = &seqs[i]->kv;
         k_max = TDM_MAX(k_max, k[i]);
     }
+    for (int32_t i = 0; i < n; i++)
+        if (k[i] > 0) *catch_up += TDM_MAX(0, seqs[i]->n_tokens - 1 - seqs[i]->n_draft);
     tandem_status st;
+    if (device_rounds(e, seqs, n, k)) {
+        if ((st = on_device(e, seqs, n, k[0], draft, scr, err))) return st;
+        for (int32_t i = 0; i < n; i++) seqs[i]->n_draft = seqs[i]->n_tokens + k[0] - 1;
+        return TANDEM_OK;
+    }
     tdm_batch_clear(&e->batch);
     /* round 0: the catch-up rows, the last of each giving its first token */
     for (int32_t i = 0; i < n; i++) {
         const tdm_seq *s = seqs[i];
         if (k[i] <= 0) continue;
-        *catch_up += TDM_MAX(0, s->n_tokens - 1 - s->n_draft);
         for (int32_t p = s->n_draft; p < s->n_tokens; p++)
             if ((st = add_row(&r, i, s->tokens[p], p, p == s->n_tokens - 1 ? 0 : -1, err))) return st;
     }

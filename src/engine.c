@@ -194,6 +194,9 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     if (draft && !e->be->host_memory && e->be->ops->argmax_dev && e->be->ops->get_rows_dev && !(dc && !strcmp(dc, "0"))) {
         if ((st = e->be->ops->alloc(e->be, 2 * TDM_CTRL_MAX_K * sizeof(int32_t), &p, err))) goto fail;
         e->chain_dev = p;
+        if ((st = e->be->ops->alloc(e->be, (size_t)TDM_CTRL_MAX_K * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err)))
+            goto fail;
+        e->bchain_dev = p;
     }
     /* sampling on the device (TANDEM_DEVICE_SAMPLING=0: on host copies of the logits) */
     const char *ds = getenv("TANDEM_DEVICE_SAMPLING");
@@ -240,6 +243,7 @@ void tdm_engine_free(tdm_engine *e) {
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
         if (e->chain_dev) e->be->ops->free(e->be, e->chain_dev);
+        if (e->bchain_dev) e->be->ops->free(e->be, e->bchain_dev);
         void *dev[] = {e->p_dev, e->q_dev, e->samp_dev, e->draw_dev};
         for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
             if (dev[i]) e->be->ops->free(e->be, dev[i]);

@@ -83,6 +83,8 @@ typedef struct tdm_engine {
                                 logits_d themselves on a host-memory backend, else device
                                 buffers copied to them after each forward */
     int32_t *ids;            /* [n_logit_rows] greedy forwards' argmax per logits row (host) */
+    int32_t *bchain_dev;     /* [TDM_CTRL_MAX_K][n_logit_rows] backend memory: a batch's greedy
+                                chains, round by round (draft/batch_chain.c), with chain_dev */
     int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] backend memory: a greedy draft chain's
                                 tokens, then their top probabilities (as floats), when the
                                 backend keeps argmaxes on the device (draft/chain.c); else
