@@ -341,18 +341,22 @@ static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     else
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "tokenizer: unsupported tokenizer.ggml.model '%.*s'",
                           (int)TDM_MIN(model.len, 64), model.ptr);
-    t->pre = TOK_PRE_GPT2;
+    tok_pre_info pi = {TOK_PRE_DEFAULT, false, false}; /* llama.cpp's choice when the name is absent */
     if (t->model == TOK_MODEL_BPE && tdm_gguf_find(g, "tokenizer.ggml.pre")) {
         if ((st = tdm_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err))) return st;
-        if (str_is(pre, "gpt-2") || str_is(pre, "default")) t->pre = TOK_PRE_GPT2;
-        else if (str_is(pre, "llama-bpe") || str_is(pre, "llama3") || str_is(pre, "llama-v3")) t->pre = TOK_PRE_LLAMA3;
-        else if (str_is(pre, "qwen2")) t->pre = TOK_PRE_QWEN2;
-        else if (str_is(pre, "starcoder")) t->pre = TOK_PRE_STARCODER;
-        else
-            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "tokenizer: unsupported pre-tokenizer '%.*s'",
+        tok_pre_lookup found = tok_pre_find(pre.ptr, (size_t)pre.len, &pi);
+        if (found == TOK_PRE_NOT_IMPLEMENTED)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                              "tokenizer: pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported by tandem",
+                              (int)TDM_MIN(pre.len, 64), pre.ptr);
+        if (found == TOK_PRE_UNKNOWN)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                              "tokenizer: unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre); the supported "
+                              "names are listed in README.md",
                               (int)TDM_MIN(pre.len, 64), pre.ptr);
     }
-    t->ignore_merges = t->pre == TOK_PRE_LLAMA3;
+    t->pre = pi.pre;
+    t->ignore_merges = pi.ignore_merges;
     if ((st = load_vocab(t, g, err))) return st;
     if (t->model == TOK_MODEL_BPE) {
         const tdm_gguf_array *m;
@@ -377,7 +381,15 @@ static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
         (st = opt_token_id(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab, &t->eom, err)) ||
         (st = opt_token_id(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, t->n_vocab, &t->unk, err)))
         return st;
-    if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_bos_token", spm, &t->add_bos, err))) return st;
+    if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_bos_token", spm || pi.add_bos, &t->add_bos, err)) ||
+        (st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_eos_token", false, &t->add_eos, err)))
+        return st;
+    if (t->add_bos && t->bos < 0 && tdm_gguf_find(g, "tokenizer.ggml.add_bos_token"))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                          "tokenizer: tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set");
+    if (t->add_eos && t->eos < 0)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                          "tokenizer: tokenizer.ggml.add_eos_token is true, but tokenizer.ggml.eos_token_id is not set");
     if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_space_prefix", true, &t->add_space_prefix, err)))
         return st;
     if (!spm) t->add_space_prefix = false;
@@ -509,7 +521,7 @@ static bool encode_raw_spm(const tdm_tokenizer *t, const char *s, size_t len, bo
     return ok;
 }
 
-tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_bos,
+tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_special,
                            bool parse_special, int32_t **ids, size_t *n_ids, tdm_err *err) {
     if (!ids || !n_ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tokenize: NULL output");
     *ids = NULL;
@@ -526,7 +538,7 @@ tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len,
         if (!parse_special && t->type[id] != TOK_TYPE_USER_DEFINED) continue;
         ok = split_on_special(t, text, id, &cur, &tmp);
     }
-    if (ok && add_bos && t->bos >= 0) ok = tok_ids_push(&out, t->bos);
+    if (ok && add_special && t->add_bos && t->bos >= 0) ok = tok_ids_push(&out, t->bos);
     bool prev_special = true; /* SPM: the text start gets the space prefix */
     for (size_t i = 0; ok && i < cur.n; i++) {
         frag f = cur.v[i];
@@ -540,6 +552,7 @@ tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len,
             prev_special = false;
         }
     }
+    if (ok && add_special && t->add_eos) ok = tok_ids_push(&out, t->eos);
     free(cur.v);
     free(tmp.v);
     free(sp.end);

@@ -39,8 +39,10 @@ int32_t tdm_tok_max_piece(const tdm_tokenizer *t);
 const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len);
 
 /* Encodes UTF-8 text (invalid UTF-8 is encoded byte-wise, never rejected).
- * *ids is malloc'ed (free()).  add_bos prepends BOS if the vocabulary has one. */
-tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_bos,
+ * *ids is malloc'ed (free()).  add_special adds the special tokens the vocabulary
+ * asks for, as llama.cpp's add_special: BOS first when add_bos_token, EOS last when
+ * add_eos_token. */
+tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_special,
                            bool parse_special, int32_t **ids, size_t *n_ids, tdm_err *err);
 
 /* The bytes a token decodes to (byte-level BPE decoded; SentencePiece: U+2581 -> ' ',
