@@ -95,6 +95,8 @@ struct tdm_tokenizer {
     int32_t *specials;    /* [n_specials] control/user-defined/unknown ids, longest text first */
     int32_t n_specials;
     int32_t bos, eos, eot, eom, unk; /* -1 if none */
+    int32_t *eog;         /* [n_eog] end-of-generation tokens, sorted */
+    int32_t n_eog;
     bool add_bos, add_eos;
     bool add_space_prefix; /* SPM */
     bool ignore_merges;    /* BPE llama-bpe: a whole pre-token in the vocab is taken as is */

@@ -96,6 +96,7 @@ void tdm_tokenizer_free(tdm_tokenizer *t) {
     free(t->index.slots);
     free(t->merges.slots);
     free(t->specials);
+    free(t->eog);
     free(t);
 }
 
@@ -332,6 +333,50 @@ static tandem_status load_specials(tdm_tokenizer *t, tdm_err *err) {
     return TANDEM_OK;
 }
 
+/* Texts of the tokens that end a generation, as llama.cpp recognises them (its EOG
+ * list): chat turn ends, end-of-text markers. */
+static const char *const eog_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", /* DeepSeek: <｜end▁of▁sentence｜> */
+    "[e~[",
+};
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int32_t find_text(const tdm_tokenizer *t, const char *s) { return tok_lookup(t, s, strlen(s)); }
+
+/* The end-of-generation set: EOS, EOT, EOM and the tokens of eog_texts, less
+ * llama.cpp's two exceptions (<|end|> where <|return|> and <|call|> or <|calls|> and
+ * <|flush|> exist, </s> where <|tool_response> exists).  Sorted. */
+static tandem_status load_eog(tdm_tokenizer *t, tdm_err *err) {
+    size_t cap = TDM_ARRAY_LEN(eog_texts) + 3;
+    t->eog = tdm_mallocarray(cap, sizeof *t->eog);
+    if (!t->eog) return tdm_seterr(err, TANDEM_ERR_NOMEM, "tokenizer: out of memory");
+    bool has_return = find_text(t, "<|return|>") >= 0, has_call = find_text(t, "<|call|>") >= 0,
+         has_calls = find_text(t, "<|calls|>") >= 0, has_flush = find_text(t, "<|flush|>") >= 0;
+    int32_t end = (has_return && has_call) || (has_calls && has_flush) ? find_text(t, "<|end|>") : -1;
+    int32_t s_tok = find_text(t, "<|tool_response>") >= 0 ? find_text(t, "</s>") : -1;
+    int32_t n = 0;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(eog_texts); i++) {
+        int32_t id = find_text(t, eog_texts[i]);
+        if (id >= 0 && id != end && id != s_tok) t->eog[n++] = id;
+    }
+    const int32_t ids[3] = {t->eos, t->eot, t->eom};
+    for (int i = 0; i < 3; i++)
+        if (ids[i] >= 0) t->eog[n++] = ids[i];
+    qsort(t->eog, (size_t)n, sizeof *t->eog, cmp_i32);
+    int32_t k = 0; /* unique */
+    for (int32_t i = 0; i < n; i++)
+        if (k == 0 || t->eog[k - 1] != t->eog[i]) t->eog[k++] = t->eog[i];
+    t->n_eog = k;
+    return TANDEM_OK;
+}
+
 static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     tandem_status st;
     tdm_gguf_str model, pre;
@@ -393,6 +438,7 @@ static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_space_prefix", true, &t->add_space_prefix, err)))
         return st;
     if (!spm) t->add_space_prefix = false;
+    if ((st = load_eog(t, err))) return st;
     return load_specials(t, err);
 }
 
@@ -420,7 +466,10 @@ bool tdm_tok_add_bos(const tdm_tokenizer *t) { return t && t->add_bos && t->bos 
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t) { return t ? t->max_piece : 0; }
 
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id) {
-    return t && id >= 0 && (id == t->eos || id == t->eot || id == t->eom);
+    if (!t || id < 0) return false;
+    for (int32_t i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return true;
+    return false;
 }
 
 const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len) {

@@ -31,7 +31,8 @@ int32_t tdm_tok_n_vocab(const tdm_tokenizer *t);
 int32_t tdm_tok_bos(const tdm_tokenizer *t);  /* -1 if none */
 int32_t tdm_tok_eos(const tdm_tokenizer *t);  /* -1 if none */
 bool tdm_tok_add_bos(const tdm_tokenizer *t); /* tokenizer.ggml.add_bos_token */
-/* True for end-of-generation tokens (EOS, EOT). */
+/* True for end-of-generation tokens: EOS, EOT, EOM and the tokens llama.cpp treats so
+ * by their text (<|im_end|>, <end_of_turn>, <|eot_id|>, <|endoftext|>, ...). */
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id);
 /* Longest output of tdm_token_to_piece over the vocabulary (render_special = true). */
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t);

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """gen.py - the reference splits and token ids the pre-tokenizer tests compare with.
 
-Usage (from the repository root; needs the `regex` and `tokenizers` packages):
-    python3 -m venv /tmp/venv-tok && /tmp/venv-tok/bin/pip install regex tokenizers
+Usage (from the repository root; needs the `regex`, `tokenizers` and `sentencepiece`
+packages):
+    python3 -m venv /tmp/venv-tok
+    /tmp/venv-tok/bin/pip install regex tokenizers sentencepiece protobuf
     /tmp/venv-tok/bin/python tests/data/pretok/gen.py
 
 Writes, next to this script:
@@ -12,7 +14,14 @@ Writes, next to this script:
   ids.jsonl     one line per (pre-tokenizer, text): {"pre", "text", "ids"}: the token
                 ids Hugging Face tokenizers gives with the GPT-2 vocabulary of
                 tests/data/vocab/ggml-vocab-gpt-2.gguf (its merges, its <|endoftext|>)
-                under that pre-tokenizer.
+                under that pre-tokenizer; "parse_special": false where the text's
+                "<|endoftext|>" is plain text (HF's encode_special_tokens).
+  spm.jsonl     one line per (variant, text): {"add_space_prefix", "user_defined",
+                "text", "ids"}: the ids the sentencepiece library gives with the
+                vocabulary of tests/data/vocab/ggml-vocab-llama-spm.gguf (pieces,
+                scores, types; BPE with byte fallback) as a model proto, with and
+                without the dummy prefix (Gemma's vocabularies have none), and with
+                some pieces made user-defined (Gemma's have many).
 
 Each pre-tokenizer is its list of regexes, each applied as a Split(pattern,
 behavior="isolated") step: the patterns of the models' tokenizer.json files (the
@@ -30,6 +39,8 @@ import struct
 import sys
 
 import regex
+import sentencepiece
+from sentencepiece import sentencepiece_model_pb2
 from tokenizers import AddedToken, Regex, Tokenizer, models, pre_tokenizers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -245,6 +256,31 @@ def gpt2_tokenizer(patterns, ignore_merges):
     return tok
 
 
+# pieces of the llama-spm vocabulary made user-defined in the Gemma-like variant
+SPM_USER_DEFINED = ["ing", "://", "()", "==", "Hello"]
+
+
+def spm_processor(add_prefix, user_defined):
+    kv = read_gguf_meta(os.path.join(ROOT, "tests", "data", "vocab", "ggml-vocab-llama-spm.gguf"))
+    m = sentencepiece_model_pb2.ModelProto()
+    for text, score, ty in zip(kv["tokenizer.ggml.tokens"], kv["tokenizer.ggml.scores"],
+                               kv["tokenizer.ggml.token_type"]):
+        p = m.pieces.add()
+        p.piece = text.decode("utf-8")
+        p.score = score
+        p.type = 4 if p.piece in user_defined else ty  # the GGUF token types are sentencepiece's
+    m.trainer_spec.model_type = sentencepiece_model_pb2.TrainerSpec.BPE
+    m.trainer_spec.byte_fallback = True
+    m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = 0, 1, 2, -1
+    m.normalizer_spec.name = "identity"
+    m.normalizer_spec.add_dummy_prefix = add_prefix
+    m.normalizer_spec.remove_extra_whitespaces = False
+    m.normalizer_spec.escape_whitespaces = True
+    sp = sentencepiece.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(m.SerializeToString())
+    return sp
+
+
 def main():
     texts = list(TEXTS)
     for line in open(os.path.join(ROOT, "tests", "data", "vocab", "gpt-2.jsonl"), encoding="utf-8"):
@@ -283,8 +319,23 @@ def main():
                 ids = tok.encode(text, add_special_tokens=False).ids
                 out.write(json.dumps({"pre": name, "text": text, "ids": ids}, ensure_ascii=False) + "\n")
                 n_ids += 1
-    print("splits.jsonl: %d lines (%d pre-tokenizers), ids.jsonl: %d lines (%d)" %
-          (n_splits, len(PRES), n_ids, len(IDS)))
+            tok.encode_special_tokens = True
+            for text in texts:
+                if "<|endoftext|>" in text:
+                    ids = tok.encode(text, add_special_tokens=False).ids
+                    out.write(json.dumps({"pre": name, "text": text, "parse_special": False, "ids": ids},
+                                         ensure_ascii=False) + "\n")
+                    n_ids += 1
+    n_spm = 0
+    with open(os.path.join(HERE, "spm.jsonl"), "w", encoding="utf-8") as out:
+        for prefix, user in ((True, []), (False, []), (False, SPM_USER_DEFINED)):
+            sp = spm_processor(prefix, user)
+            for text in texts:
+                out.write(json.dumps({"add_space_prefix": prefix, "user_defined": user, "text": text,
+                                      "ids": sp.encode(text)}, ensure_ascii=False) + "\n")
+                n_spm += 1
+    print("splits.jsonl: %d lines (%d pre-tokenizers), ids.jsonl: %d lines (%d), spm.jsonl: %d lines" %
+          (n_splits, len(PRES), n_ids, len(IDS), n_spm))
 
 
 if __name__ == "__main__":
