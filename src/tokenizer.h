@@ -2,13 +2,15 @@
  *
  * Built from a GGUF's tokenizer.ggml.* metadata (a vocabulary-only GGUF is
  * enough).  Supported:
- *   - tokenizer.ggml.model = "gpt2": byte-level BPE with merges; pre-tokenizers
- *     (tokenizer.ggml.pre) "gpt-2" (also the default when absent), "llama-bpe",
- *     "qwen2", "starcoder".
+ *   - tokenizer.ggml.model = "gpt2": byte-level BPE with merges; the pre-tokenizer
+ *     named by tokenizer.ggml.pre, as llama.cpp names them (tok_pretok_names.c;
+ *     llama.cpp's "default" when absent); an unknown name is an error.
  *   - tokenizer.ggml.model = "llama": SentencePiece BPE over scores, byte fallback
- *     (<0xXX> tokens), the leading-space rule (add_space_prefix, default true).
- * Special (control / user-defined) tokens written in the text become those tokens
- * when parse_special is set.  BOS/EOS/EOT ids and add_bos_token come from metadata.
+ *     (<0xXX> tokens), the leading-space rule (add_space_prefix, default true);
+ *     tokenizer.ggml.pre is not read.
+ * Control tokens written in the text become those tokens when parse_special is set,
+ * user-defined ones always.  BOS/EOS/EOT/EOM ids and add_bos_token / add_eos_token
+ * come from metadata, with llama.cpp's defaults.
  *
  * Byte-level BPE needs a token for every byte of the text; a vocabulary without one
  * for some byte (StarCoder's has none for 0xC0, 0xC1, 0xF1, 0xF5-0xFF) skips that

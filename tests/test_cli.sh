@@ -61,6 +61,13 @@ expect_err() {
     fi
 }
 
+# one_line_err DESCRIPTION: the last command's stderr is one line, ending in a newline
+# (an error printed once).
+one_line_err() {
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] && [ "$(tail -c 1 "$TMP/err" | od -An -c | tr -d ' ')" = '\n' ] &&
+        pass "$1: the error once, on one line" || fail "$1: $(cat "$TMP/err")"
+}
+
 for f in "$TANDEM" "$TARGET" "$DRAFT" "$DATA/tokenizer-cases.jsonl" "$DATA/prompts-dev.jsonl"; do
     if [ ! -e "$f" ]; then
         echo "FAIL - missing $f"
@@ -129,6 +136,7 @@ expect_exit 1 "tokenize: truncated model file" "$TANDEM" tokenize -m "$TMP/trunc
 expect_exit 1 "info: missing file" "$TANDEM" info "$TMP/nonexistent.gguf"
 expect_exit 1 "info: truncated file" "$TANDEM" info "$TMP/truncated.gguf"
 expect_exit 1 "info: garbage file" "$TANDEM" info "$TMP/garbage.gguf"
+one_line_err "info: garbage file"
 expect_exit 1 "bench: missing model file" "$TANDEM" bench -m "$TMP/nonexistent.gguf"
 expect_exit 1 "generate: missing prompts file" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/none.jsonl"
 
@@ -353,8 +361,7 @@ grep -Eq '^  blk\.1\.attn_q\.weight +99 .* \? +unsupported type 99 \(not a GGML 
     pass "info: type 99: size unknown, marked" || fail "info: type 99: $(grep -E 'attn_q|^note' "$TMP/out")"
 expect_exit 1 "generate: a q4_1 tensor" "$TANDEM" generate -m "$TMP/q4_1.gguf" -p "def f(x):" -n 2
 expect_err "tensor 'blk.0.ffn_down.weight' has type 3 (q4_1), which tandem does not support" "generate: a q4_1 tensor"
-[ "$(wc -l <"$TMP/err")" -eq 1 ] && [ "$(tail -c 1 "$TMP/err" | od -An -c | tr -d ' ')" = '\n' ] &&
-    pass "generate: a q4_1 tensor: the error once, on one line" || fail "generate: a q4_1 tensor: $(cat "$TMP/err")"
+one_line_err "generate: a q4_1 tensor"
 expect_exit 1 "generate: a type-99 tensor" "$TANDEM" generate -m "$TMP/unknown-type.gguf" -p x -n 2
 expect_err "has type " "generate: a type-99 tensor"
 
