@@ -163,7 +163,7 @@ int main(int argc, char **argv) {
         const char *text = prompts[np];
         int32_t *ids = NULL;
         size_t n_ids = 0; /* as tandem_generate encodes a prompt */
-        if (tdm_tokenize(target->tok, text, strlen(text), tdm_tok_add_bos(target->tok), true, &ids, &n_ids, &err))
+        if (tdm_tokenize(target->tok, text, strlen(text), true, true, &ids, &n_ids, &err))
             die("tokenize", &err);
         tandem_generate_params gp = tandem_generate_default_params();
         gp.max_tokens = n_new;

@@ -91,7 +91,8 @@ typedef struct tandem_model_info {
 tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out);
 
 /* Tokenizes text.  *out_ids is allocated with malloc (free with tandem_free).
- * add_bos: prepend BOS when the model's tokenizer asks for it (add_bos_token).
+ * add_bos: add the special tokens the model's tokenizer asks for: BOS first when
+ * add_bos_token, EOS last when add_eos_token (llama.cpp's add_special).
  * Text spelling a special token (e.g. "<|endoftext|>") becomes that token. */
 tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len,
                               bool add_bos, int32_t **out_ids, size_t *out_n);

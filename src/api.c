@@ -136,8 +136,7 @@ static tandem_status encode(const tdm_tokenizer *tok, const char *text, size_t l
                             int32_t **out_ids, size_t *out_n) {
     if ((!text && len) || !out_ids || !out_n) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
     tdm_err err = {0};
-    bool bos = add_bos && tdm_tok_add_bos(tok);
-    tandem_status st = tdm_tokenize(tok, text ? text : "", len, bos, true, out_ids, out_n, &err);
+    tandem_status st = tdm_tokenize(tok, text ? text : "", len, add_bos, true, out_ids, out_n, &err);
     return st ? fail(&err, st) : TANDEM_OK;
 }
 

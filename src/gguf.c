@@ -13,6 +13,7 @@
  * anything is allocated for it.
  */
 #include "gguf.h"
+#include "ggml_types.h"
 #include "json.h"
 
 #include <errno.h>
@@ -354,17 +355,26 @@ static tandem_status parse_tensor_info(parser *p, tdm_gguf *g, gguf_index *ix, u
         t->ne[d] = (int64_t)ne;
     }
     if ((st = rd_u32(p, &t->type, "the tensor type"))) return st;
-    if (!tdm_dtype_supported(t->type))
-        return tdm_seterr(p->err, TANDEM_ERR_UNSUPPORTED,
-                          "tensor '%.128s' has unsupported type %" PRIu32
-                          " (supported: f32, f16, bf16, q8_0, q4_0)", nm, t->type);
-    uint64_t row_bytes;
-    if (!tdm_dtype_row_bytes(t->type, (uint64_t)t->ne[0], &row_bytes))
-        return tdm_seterr(p->err, TANDEM_ERR_FORMAT,
-                          "tensor '%.128s': ne[0] = %" PRId64 " is not a multiple of the %s block size %" PRIu32,
-                          nm, t->ne[0], tdm_dtype_name(t->type), tdm_dtype_block_elems(t->type));
-    if (tdm_mul_overflow_u64(row_bytes, nelem / (uint64_t)t->ne[0], &t->nbytes))
-        return tdm_seterr(p->err, TANDEM_ERR_FORMAT, "tensor '%.128s': the data size overflows", nm);
+    /* a type tandem does not compute with is still sized when GGML defines it (its
+     * data is then placed and checked like any other); of an unknown number the size
+     * is unknown: nbytes stays 0 and data NULL */
+    uint32_t be, bb;
+    if (tdm_dtype_supported(t->type)) {
+        be = tdm_dtype_block_elems(t->type);
+        bb = tdm_dtype_block_bytes(t->type);
+    } else if (!tdm_ggml_type_block(t->type, &be, &bb)) {
+        be = bb = 0;
+    }
+    if (be) {
+        const char *tn = tdm_dtype_supported(t->type) ? tdm_dtype_name(t->type) : tdm_ggml_type_name(t->type);
+        if ((uint64_t)t->ne[0] % be != 0)
+            return tdm_seterr(p->err, TANDEM_ERR_FORMAT,
+                              "tensor '%.128s': ne[0] = %" PRId64 " is not a multiple of the %s block size %" PRIu32,
+                              nm, t->ne[0], tn, be);
+        if (tdm_mul_overflow_u64((uint64_t)t->ne[0] / be, bb, &t->nbytes) ||
+            tdm_mul_overflow_u64(t->nbytes, nelem / (uint64_t)t->ne[0], &t->nbytes))
+            return tdm_seterr(p->err, TANDEM_ERR_FORMAT, "tensor '%.128s': the data size overflows", nm);
+    }
     if ((st = rd_u64(p, &t->offset, "the data offset"))) return st;
     if (t->offset % g->alignment != 0)
         return tdm_seterr(p->err, TANDEM_ERR_FORMAT,
@@ -382,9 +392,12 @@ static int cmp_by_offset(const void *a, const void *b, void *ctx) {
 /* Places every tensor inside the data section and checks that none overlap. */
 static tandem_status place_tensors(parser *p, tdm_gguf *g) {
     uint64_t data_end = g->size;
+    uint64_t n_sized = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         tdm_gguf_tensor *t = &g->tensors[i];
         uint64_t start, end;
+        if (!t->nbytes) continue; /* a type of unknown size: its data cannot be placed */
+        n_sized++;
         if (tdm_add_overflow_u64(g->data_offset, t->offset, &start) ||
             tdm_add_overflow_u64(start, t->nbytes, &end))
             return tdm_seterr(p->err, TANDEM_ERR_FORMAT,
@@ -397,13 +410,15 @@ static tandem_status place_tensors(parser *p, tdm_gguf *g) {
                               t->name, start, end, g->size);
         t->data = g->base + start;
     }
-    if (g->n_tensors < 2) return TANDEM_OK;
-    uint32_t *order = tdm_mallocarray((size_t)g->n_tensors, sizeof *order); /* [n_tensors] by offset */
+    if (n_sized < 2) return TANDEM_OK;
+    uint32_t *order = tdm_mallocarray((size_t)n_sized, sizeof *order); /* [n_sized] by offset */
     if (!order) return tdm_seterr(p->err, TANDEM_ERR_NOMEM, "out of memory");
-    for (uint64_t i = 0; i < g->n_tensors; i++) order[i] = (uint32_t)i;
-    qsort_r(order, (size_t)g->n_tensors, sizeof *order, cmp_by_offset, g->tensors);
+    n_sized = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].nbytes) order[n_sized++] = (uint32_t)i;
+    qsort_r(order, (size_t)n_sized, sizeof *order, cmp_by_offset, g->tensors);
     tandem_status st = TANDEM_OK;
-    for (uint64_t i = 1; i < g->n_tensors; i++) {
+    for (uint64_t i = 1; i < n_sized; i++) {
         const tdm_gguf_tensor *a = &g->tensors[order[i - 1]], *b = &g->tensors[order[i]];
         if (a->offset + a->nbytes > b->offset) {
             st = tdm_seterr(p->err, TANDEM_ERR_FORMAT,

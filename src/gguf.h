@@ -5,9 +5,14 @@
  * After a successful open every field below is consistent:
  *   - every key and tensor name is unique, NUL-free and NUL-terminated;
  *   - every string value / array lies inside the file;
- *   - every tensor has a known type, 1..4 dims, ne[i] >= 1, element count a multiple of
- *     its type's block size (for ne[0]), data aligned to `alignment`, inside the data
- *     section and not overlapping another tensor.
+ *   - every tensor has 1..4 dims, ne[i] >= 1 and a data offset aligned to `alignment`;
+ *   - every tensor whose type GGML defines a size for (ggml_types.h), supported by
+ *     tandem or not, has ne[0] a multiple of its block size and its data inside the
+ *     data section, not overlapping another tensor.  A tensor of a type number of
+ *     unknown size (not a GGML type, or one without a known size) has nbytes 0 and
+ *     data NULL: the file still opens, for its metadata and the other tensors.
+ * Whether tandem computes with a tensor's type is tdm_dtype_supported(type); the
+ * model loader rejects the others, naming the tensor and the type.
  */
 #ifndef TDM_GGUF_H
 #define TDM_GGUF_H
@@ -82,12 +87,12 @@ typedef struct tdm_gguf_kv {
 
 typedef struct tdm_gguf_tensor {
     char *name;            /* NUL-terminated heap copy */
-    uint32_t type;         /* tdm_dtype */
+    uint32_t type;         /* GGML type number (tdm_dtype when tdm_dtype_supported) */
     uint32_t n_dims;       /* 1..4 */
     int64_t ne[TDM_GGUF_MAX_DIMS]; /* elements per dim, ne[0] fastest; unused dims are 1 */
     uint64_t offset;       /* byte offset within the data section */
-    uint64_t nbytes;       /* size of the data */
-    const void *data;      /* pointer into the mapping */
+    uint64_t nbytes;       /* size of the data; 0 for a type of unknown size */
+    const void *data;      /* pointer into the mapping; NULL for a type of unknown size */
 } tdm_gguf_tensor;
 
 typedef struct tdm_gguf {
@@ -115,7 +120,8 @@ void tdm_gguf_release(const tdm_gguf *g, const void *p, size_t n);
 
 /* Opens and validates a file (mmap).  On failure *out is NULL and err names the
  * problem: TANDEM_ERR_IO (cannot open/map), TANDEM_ERR_FORMAT (corrupt), or
- * TANDEM_ERR_UNSUPPORTED (unknown version or tensor type). */
+ * TANDEM_ERR_UNSUPPORTED (unknown version).  Tensor types tandem does not support
+ * are not an error here (see above). */
 tandem_status tdm_gguf_open(const char *path, tdm_gguf **out, tdm_err *err);
 
 /* The same over a buffer the caller keeps alive until tdm_gguf_close. */

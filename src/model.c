@@ -1,5 +1,6 @@
 /* model.c - hyperparameters, tensor validation and weight placement. */
 #include "model.h"
+#include "ggml_types.h"
 #include "qhead.h"
 
 #include <math.h>
@@ -175,9 +176,13 @@ static tandem_status find_tensor(const tdm_model *m, const char *name, int64_t n
                           (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
                           (long long)t->ne[3], (long long)ne0, ne1 ? ", " : "",
                           ne1 ? (long long)ne1 : 0LL);
-    if (!tdm_dtype_supported(t->type))
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "tensor '%s' has unsupported type %u", name,
-                          t->type);
+    if (!tdm_dtype_supported(t->type)) {
+        char ty[64], list[256];
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "tensor '%s' has type %s, which tandem does not support (supported: %s)", name,
+                          tdm_ggml_type_describe(t->type, ty, sizeof ty),
+                          tdm_ggml_supported_list(list, sizeof list));
+    }
     *out = t;
     return TANDEM_OK;
 }

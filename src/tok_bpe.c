@@ -55,12 +55,15 @@ static bool try_pair(const tdm_tokenizer *t, const sym *s, int32_t l, int32_t r,
 bool tok_bpe_word(const tdm_tokenizer *t, const char *word, size_t len, tok_ids *out) {
     if (len == 0) return true;
     const uint8_t *u = (const uint8_t *)word;
-    if (t->ignore_merges && len <= 256) {
-        /* the whole pre-token as one token when the vocabulary has it */
-        char enc[256 * 2];
+    if (t->ignore_merges && len <= (size_t)t->max_piece) {
+        /* the whole pre-token as one token when the vocabulary has it (no token is
+         * longer than max_piece, and a byte's character takes 1 or 2 bytes) */
+        char stack[256 * 2], *enc = len <= 256 ? stack : tdm_malloc(2 * len);
+        if (!enc) return false;
         size_t n = 0;
         for (size_t i = 0; i < len; i++) n += (size_t)tdm_utf8_encode(tdm_byte_to_cp(u[i]), enc + n);
         int32_t id = tok_lookup(t, enc, n);
+        if (enc != stack) free(enc);
         if (id >= 0) return tok_ids_push(out, id);
     }
     if (len == 1) {

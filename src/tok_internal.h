@@ -18,12 +18,47 @@ enum {
 
 typedef enum tok_model { TOK_MODEL_BPE, TOK_MODEL_SPM } tok_model;
 
+/* Pre-tokenizers: the distinct split behaviours (tok_pretok.c has each one's regex
+ * sequence; tok_pretok_names.c maps the tokenizer.ggml.pre names onto them). */
 typedef enum tok_pre {
-    TOK_PRE_GPT2,      /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-    TOK_PRE_LLAMA3,    /* (?i:'s|..)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-    TOK_PRE_QWEN2,     /* as LLAMA3 with \p{N} (single digits) */
-    TOK_PRE_STARCODER, /* \p{N} split first, then GPT2 */
+    TOK_PRE_GPT2,           /* GPT-2's regex */
+    TOK_PRE_DEFAULT,        /* llama.cpp's default: punctuation runs, GPT-2, \p{N}+, [0-9]{3} */
+    TOK_PRE_FALCON,         /* punctuation runs, GPT-2, [0-9]{3} */
+    TOK_PRE_STARCODER,      /* each \p{N} alone, then GPT-2 */
+    TOK_PRE_LLAMA3,         /* Llama 3's regex: contractions, letters, \p{N}{1,3}, ... */
+    TOK_PRE_QWEN2,          /* Llama 3's with single digits */
+    TOK_PRE_QWEN35,         /* Qwen2's with \p{M} joining letters */
+    TOK_PRE_SEED_CODER,     /* Qwen2's, punctuation runs not taking newlines */
+    TOK_PRE_NO_CONTRACTION, /* Qwen2's without the contractions */
+    TOK_PRE_LAGUNA,         /* lines and newline runs, then Qwen2's */
+    TOK_PRE_GPT4O,          /* o200k: case-aware letter runs with contractions, \p{N}{1,3} */
+    TOK_PRE_TEKKEN,         /* o200k's without contractions, single digits */
+    TOK_PRE_DEEPSEEK_LLM,   /* newlines, cased letters, punctuation, trailing spaces, CJK, \p{N}+ */
+    TOK_PRE_DEEPSEEK_CODER, /* newlines, \s?\p{L}+, \s?\p{P}+, CJK, each \p{N} */
+    TOK_PRE_DEEPSEEK3,      /* \p{N}{1,3}, CJK and kana, then a Llama-3-like regex */
+    TOK_PRE_BLOOM,          /* " ?[^(\s|.,!?...)]+" */
+    TOK_PRE_VIKING,         /* BLOOM's, then each \p{N} */
+    TOK_PRE_SUPERBPE,       /* \p{N}+ split into groups of 3 from the right */
+    TOK_PRE_COUNT
 } tok_pre;
+
+/* What a tokenizer.ggml.pre name selects besides its split behaviour, as llama.cpp
+ * sets it: merges skipped for a pre-token that is in the vocabulary, and
+ * add_bos_token's default. */
+typedef struct tok_pre_info {
+    tok_pre pre;
+    bool ignore_merges;
+    bool add_bos;
+} tok_pre_info;
+
+typedef enum tok_pre_lookup {
+    TOK_PRE_FOUND,
+    TOK_PRE_NOT_IMPLEMENTED, /* a name llama.cpp knows, of a behaviour tandem lacks */
+    TOK_PRE_UNKNOWN,
+} tok_pre_lookup;
+
+/* Looks a tokenizer.ggml.pre name up (not NUL-terminated). */
+tok_pre_lookup tok_pre_find(const char *name, size_t len, tok_pre_info *out);
 
 /* Open-addressing hash index from token text to id. */
 typedef struct tok_strmap {
@@ -60,7 +95,9 @@ struct tdm_tokenizer {
     int32_t *specials;    /* [n_specials] control/user-defined/unknown ids, longest text first */
     int32_t n_specials;
     int32_t bos, eos, eot, eom, unk; /* -1 if none */
-    bool add_bos;
+    int32_t *eog;         /* [n_eog] end-of-generation tokens, sorted */
+    int32_t n_eog;
+    bool add_bos, add_eos;
     bool add_space_prefix; /* SPM */
     bool ignore_merges;    /* BPE llama-bpe: a whole pre-token in the vocab is taken as is */
     int32_t max_piece;     /* longest token_to_piece output (render_special = true) */

@@ -1,158 +1,73 @@
-/* tok_pretok.c - pre-tokenizer regex splitting, hand-written per regex.
- *
- * The text is decoded to code points first (invalid UTF-8 bytes become one
- * "other" code point each), then a matcher walks the code points and records
- * piece boundaries.  Character classes as the regexes use them:
- *   L = \p{L}, N = \p{N}, S = \s (White_Space), O = anything else
- * (unassigned code points and invalid bytes are O, as [^\s\p{L}\p{N}] matches them).
+/* tok_pretok.c - pre-tokenization: the text decoded to code points, then each
+ * pre-tokenizer's sequence of split rules (tok_pretok_rules.c) applied in turn, as
+ * Hugging Face's Sequence of Split(..., "isolated") steps and llama.cpp's
+ * unicode_regex_split apply their regexes: every rule splits every piece the
+ * previous ones made into its matches and the text between them.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "tok_internal.h"
+#include "tok_pretok.h"
 #include "unicode.h"
 
-enum { CL_NONE = 0, CL_L, CL_N, CL_S, CL_O };
+#define MAX_RULES 6
 
-typedef struct cpbuf {
-    uint32_t *cp;   /* [n] code points */
-    size_t *off;    /* [n + 1] byte offset of each code point, off[n] = len */
-    uint8_t *cl;    /* [n] CL_* */
-    size_t n;
-} cpbuf;
+typedef struct pretok_def {
+    uint8_t n;
+    tok_rule rules[MAX_RULES];
+} pretok_def;
 
-static uint8_t classify(uint32_t cp) {
-    uint8_t f = tdm_unicode_flags(cp);
-    if (f & TDM_UCD_LETTER) return CL_L;
-    if (f & TDM_UCD_NUMBER) return CL_N;
-    if (f & TDM_UCD_WHITESPACE) return CL_S;
-    return CL_O;
-}
+#define R(kind, arg, opts) {(kind), (arg), (opts)}
+#define GPT2 R(RULE_GPT2, 0, 0)
+#define QWEN2_OPTS (RULE_CONTRACTIONS | RULE_PUNCT_NL)
 
-/* A matcher sees code points [start, end) of the buffer. */
-typedef struct span {
-    const cpbuf *b;
-    size_t end;
-} span;
+/* Each pre-tokenizer's regexes, in the order its tokenizer.json (or llama.cpp's
+ * llama-vocab.cpp where the file has none) applies them. */
+static const pretok_def defs[TOK_PRE_COUNT] = {
+    [TOK_PRE_GPT2] = {1, {GPT2}},
+    [TOK_PRE_DEFAULT] = {4, {R(RULE_RUN, SET_PUNCT_DEFAULT, 0), GPT2, R(RULE_NUMBERS, 0, 0), R(RULE_ASCII3, 0, 0)}},
+    [TOK_PRE_FALCON] = {3, {R(RULE_RUN, SET_PUNCT_FALCON, 0), GPT2, R(RULE_ASCII3, 0, 0)}},
+    [TOK_PRE_STARCODER] = {2, {R(RULE_NUMBERS, 1, 0), GPT2}},
+    [TOK_PRE_LLAMA3] = {1, {R(RULE_LLAMA3, 3, QWEN2_OPTS)}},
+    [TOK_PRE_QWEN2] = {1, {R(RULE_LLAMA3, 1, QWEN2_OPTS)}},
+    [TOK_PRE_QWEN35] = {1, {R(RULE_LLAMA3, 1, QWEN2_OPTS | RULE_MARKS)}},
+    [TOK_PRE_SEED_CODER] = {1, {R(RULE_LLAMA3, 1, RULE_CONTRACTIONS)}},
+    [TOK_PRE_NO_CONTRACTION] = {1, {R(RULE_LLAMA3, 1, RULE_PUNCT_NL)}},
+    [TOK_PRE_LAGUNA] = {2, {R(RULE_LINES, 0, 0), R(RULE_LLAMA3, 1, QWEN2_OPTS)}},
+    [TOK_PRE_GPT4O] = {1, {R(RULE_O200K, 3, RULE_CONTRACTIONS)}},
+    [TOK_PRE_TEKKEN] = {1, {R(RULE_O200K, 1, 0)}},
+    [TOK_PRE_DEEPSEEK_LLM] = {6, {R(RULE_NEWLINE, 0, 0), R(RULE_RUN, SET_DEEPSEEK_LATIN, RULE_WS_PREFIX),
+                                  R(RULE_RUN, SET_DEEPSEEK_PUNCT, RULE_WS_PREFIX), R(RULE_TRAILING_WS, 0, 0),
+                                  R(RULE_RUN, SET_DEEPSEEK_CJK, 0), R(RULE_NUMBERS, 0, 0)}},
+    [TOK_PRE_DEEPSEEK_CODER] = {5, {R(RULE_NEWLINE, 0, 0), R(RULE_RUN, SET_LETTER, RULE_WS_PREFIX),
+                                    R(RULE_RUN, SET_PUNCT, RULE_WS_PREFIX), R(RULE_RUN, SET_DEEPSEEK_CJK, 0),
+                                    R(RULE_NUMBERS, 1, 0)}},
+    [TOK_PRE_DEEPSEEK3] = {3, {R(RULE_NUMBERS, 3, 0), R(RULE_RUN, SET_CJK_KANA, 0), R(RULE_DEEPSEEK3, 0, 0)}},
+    [TOK_PRE_BLOOM] = {1, {R(RULE_BLOOM, 0, 0)}},
+    [TOK_PRE_VIKING] = {2, {R(RULE_BLOOM, 0, 0), R(RULE_NUMBERS, 1, 0)}},
+    [TOK_PRE_SUPERBPE] = {2, {R(RULE_NUMBERS, 0, 0), R(RULE_THOUSANDS, 0, 0)}},
+};
 
-static inline uint8_t cls(const span *s, size_t i) { return i < s->end ? s->b->cl[i] : CL_NONE; }
-static inline uint32_t cpt(const span *s, size_t i) { return i < s->end ? s->b->cp[i] : 0xFFFFFFFFu; }
-
-static bool emit(tok_spans *o, size_t end_byte) {
-    if (o->n && o->end[o->n - 1] == end_byte) return true; /* empty piece */
+bool tok_ends_push(tok_ends *o, size_t e) {
     if (o->n == o->cap) {
         size_t nc = o->cap ? o->cap * 2 : 64;
-        size_t *ne = realloc(o->end, nc * sizeof *ne);
-        if (!ne) return false;
-        o->end = ne;
+        size_t *nv = realloc(o->v, nc * sizeof *nv);
+        if (!nv) return false;
+        o->v = nv;
         o->cap = nc;
     }
-    o->end[o->n++] = end_byte;
+    o->v[o->n++] = e;
     return true;
 }
 
-static inline uint32_t ascii_lower(uint32_t c) { return (c >= 'A' && c <= 'Z') ? c + 32 : c; }
-
-/* Length of a contraction 's 't 're 've 'm 'll 'd at pos (0 if none). */
-static size_t contraction(const span *s, size_t pos, bool icase) {
-    if (cpt(s, pos) != '\'') return 0;
-    uint32_t a = cpt(s, pos + 1), b = cpt(s, pos + 2);
-    if (icase) {
-        a = ascii_lower(a);
-        b = ascii_lower(b);
-    }
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return 2;
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l')) return 3;
-    return 0;
-}
-
-/* Whitespace tail shared by the regexes: \s+(?!\S)|\s+ at pos (pos is S). */
-static size_t whitespace_end(const span *s, size_t pos) {
-    size_t n = 0;
-    while (cls(s, pos + n) == CL_S) n++;
-    if (n > 1 && pos + n < s->end) return pos + n - 1; /* leave one before \S */
-    return pos + (n ? n : 1);
-}
-
-/* GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
-static bool split_gpt2(const cpbuf *b, size_t start, size_t end, tok_spans *o) {
-    span s = {b, end};
-    size_t pos = start;
-    while (pos < end) {
-        size_t next;
-        size_t c = contraction(&s, pos, false);
-        if (c) {
-            next = pos + c;
-        } else {
-            bool sp = cpt(&s, pos) == ' ';
-            uint8_t k = sp ? cls(&s, pos + 1) : cls(&s, pos);
-            if (k == CL_L || k == CL_N || k == CL_O) {
-                next = pos + sp;
-                while (cls(&s, next) == k) next++;
-            } else {
-                next = whitespace_end(&s, pos);
-            }
-        }
-        pos = next;
-        if (!emit(o, b->off[pos])) return false;
-    }
-    return true;
-}
-
-/* Llama 3 (digits_max = 3) and Qwen2 (digits_max = 1):
- * (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,max}
- * | ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+ */
-static bool split_llama3(const cpbuf *b, size_t start, size_t end, int digits_max, tok_spans *o) {
-    span s = {b, end};
-    size_t pos = start;
-    while (pos < end) {
-        size_t next = 0;
-        uint32_t c0 = cpt(&s, pos);
-        uint8_t k0 = cls(&s, pos);
-        size_t c = contraction(&s, pos, true);
-        if (c) {
-            next = pos + c;
-        } else if (c0 != '\r' && c0 != '\n' && k0 != CL_N &&
-                   (k0 == CL_L || cls(&s, pos + 1) == CL_L)) {
-            next = pos + 1; /* the optional prefix char, or the first letter */
-            while (cls(&s, next) == CL_L) next++;
-        } else if (k0 == CL_N) {
-            next = pos;
-            while (cls(&s, next) == CL_N && next - pos < (size_t)digits_max) next++;
-        } else if ((c0 == ' ' ? cls(&s, pos + 1) : k0) == CL_O) {
-            next = pos + (c0 == ' ');
-            while (cls(&s, next) == CL_O) next++;
-            while (cpt(&s, next) == '\r' || cpt(&s, next) == '\n') next++;
-        } else {
-            /* k0 is whitespace here */
-            size_t n = 0, last_nl = 0;
-            while (cls(&s, pos + n) == CL_S) {
-                uint32_t w = cpt(&s, pos + n);
-                n++;
-                if (w == '\r' || w == '\n') last_nl = pos + n;
-            }
-            if (last_nl) next = last_nl;                 /* \s*[\r\n]+ */
-            else next = whitespace_end(&s, pos);         /* \s+(?!\S)|\s+ */
-        }
-        pos = next;
-        if (!emit(o, b->off[pos])) return false;
-    }
-    return true;
-}
-
-/* StarCoder: \p{N} split first (each digit alone), then GPT-2 on the rest. */
-static bool split_starcoder(const cpbuf *b, tok_spans *o) {
-    size_t pos = 0;
-    while (pos < b->n) {
-        if (b->cl[pos] == CL_N) {
-            pos++;
-            if (!emit(o, b->off[pos])) return false;
-            continue;
-        }
-        size_t e = pos;
-        while (e < b->n && b->cl[e] != CL_N) e++;
-        if (!split_gpt2(b, pos, e, o)) return false;
-        pos = e;
+/* One rule over every piece of in, into out. */
+static bool apply(const tok_rule *r, const tok_cps *t, const tok_ends *in, tok_ends *out) {
+    out->n = 0;
+    size_t start = 0;
+    for (size_t k = 0; k < in->n; k++) {
+        if (!tok_rule_split(r, t, start, in->v[k], out)) return false;
+        start = in->v[k];
     }
     return true;
 }
@@ -160,33 +75,50 @@ static bool split_starcoder(const cpbuf *b, tok_spans *o) {
 bool tok_pretokenize(tok_pre pre, const char *text, size_t len, tok_spans *out) {
     out->n = 0;
     if (len == 0) return true;
-    cpbuf b = {0};
-    b.cp = tdm_mallocarray(len, sizeof *b.cp);
-    b.off = tdm_mallocarray(len + 1, sizeof *b.off);
-    b.cl = tdm_malloc(len);
-    bool ok = b.cp && b.off && b.cl;
+    if ((unsigned)pre >= TOK_PRE_COUNT) return false;
+    uint32_t *cp = tdm_mallocarray(len, sizeof *cp);
+    uint16_t *fl = tdm_mallocarray(len, sizeof *fl);
+    size_t *off = tdm_mallocarray(len + 1, sizeof *off); /* byte offset of each code point */
+    tok_ends a = {0}, b = {0};
+    bool ok = cp && fl && off;
+    size_t n = 0;
     if (ok) {
         const uint8_t *u = (const uint8_t *)text;
-        size_t i = 0;
-        while (i < len) {
-            uint32_t cp;
-            int k = tdm_utf8_decode(u + i, len - i, &cp);
-            b.off[b.n] = i;
-            b.cp[b.n] = cp;
-            b.cl[b.n] = (cp & TDM_UTF8_INVALID) ? CL_O : classify(cp);
-            b.n++;
+        uint16_t invalid = tdm_unicode_flags(0xFFFD); /* what a decoder would put there */
+        for (size_t i = 0; i < len; n++) {
+            int k = tdm_utf8_decode(u + i, len - i, &cp[n]);
+            fl[n] = (cp[n] & TDM_UTF8_INVALID) ? invalid : tdm_unicode_flags(cp[n]);
+            off[n] = i;
             i += (size_t)k;
         }
-        b.off[b.n] = len;
-        switch (pre) {
-        case TOK_PRE_GPT2: ok = split_gpt2(&b, 0, b.n, out); break;
-        case TOK_PRE_LLAMA3: ok = split_llama3(&b, 0, b.n, 3, out); break;
-        case TOK_PRE_QWEN2: ok = split_llama3(&b, 0, b.n, 1, out); break;
-        case TOK_PRE_STARCODER: ok = split_starcoder(&b, out); break;
+        off[n] = len;
+        ok = tok_ends_push(&a, n);
+    }
+    const tok_cps t = {cp, fl};
+    const pretok_def *d = &defs[pre];
+    for (unsigned k = 0; ok && k < d->n; k++) {
+        ok = apply(&d->rules[k], &t, &a, &b);
+        tok_ends sw = a;
+        a = b;
+        b = sw;
+    }
+    if (ok && a.n > out->cap) {
+        size_t *ne = realloc(out->end, a.n * sizeof *ne);
+        if (ne) {
+            out->end = ne;
+            out->cap = a.n;
+        } else {
+            ok = false;
         }
     }
-    free(b.cp);
-    free(b.off);
-    free(b.cl);
+    if (ok) {
+        for (size_t k = 0; k < a.n; k++) out->end[k] = off[a.v[k]];
+        out->n = a.n;
+    }
+    free(cp);
+    free(fl);
+    free(off);
+    free(a.v);
+    free(b.v);
     return ok;
 }

@@ -96,6 +96,7 @@ void tdm_tokenizer_free(tdm_tokenizer *t) {
     free(t->index.slots);
     free(t->merges.slots);
     free(t->specials);
+    free(t->eog);
     free(t);
 }
 
@@ -332,6 +333,50 @@ static tandem_status load_specials(tdm_tokenizer *t, tdm_err *err) {
     return TANDEM_OK;
 }
 
+/* Texts of the tokens that end a generation, as llama.cpp recognises them (its EOG
+ * list): chat turn ends, end-of-text markers. */
+static const char *const eog_texts[] = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<\xEF\xBD\x9C" "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>", /* DeepSeek: <｜end▁of▁sentence｜> */
+    "[e~[",
+};
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static int32_t find_text(const tdm_tokenizer *t, const char *s) { return tok_lookup(t, s, strlen(s)); }
+
+/* The end-of-generation set: EOS, EOT, EOM and the tokens of eog_texts, less
+ * llama.cpp's two exceptions (<|end|> where <|return|> and <|call|> or <|calls|> and
+ * <|flush|> exist, </s> where <|tool_response> exists).  Sorted. */
+static tandem_status load_eog(tdm_tokenizer *t, tdm_err *err) {
+    size_t cap = TDM_ARRAY_LEN(eog_texts) + 3;
+    t->eog = tdm_mallocarray(cap, sizeof *t->eog);
+    if (!t->eog) return tdm_seterr(err, TANDEM_ERR_NOMEM, "tokenizer: out of memory");
+    bool has_return = find_text(t, "<|return|>") >= 0, has_call = find_text(t, "<|call|>") >= 0,
+         has_calls = find_text(t, "<|calls|>") >= 0, has_flush = find_text(t, "<|flush|>") >= 0;
+    int32_t end = (has_return && has_call) || (has_calls && has_flush) ? find_text(t, "<|end|>") : -1;
+    int32_t s_tok = find_text(t, "<|tool_response>") >= 0 ? find_text(t, "</s>") : -1;
+    int32_t n = 0;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(eog_texts); i++) {
+        int32_t id = find_text(t, eog_texts[i]);
+        if (id >= 0 && id != end && id != s_tok) t->eog[n++] = id;
+    }
+    const int32_t ids[3] = {t->eos, t->eot, t->eom};
+    for (int i = 0; i < 3; i++)
+        if (ids[i] >= 0) t->eog[n++] = ids[i];
+    qsort(t->eog, (size_t)n, sizeof *t->eog, cmp_i32);
+    int32_t k = 0; /* unique */
+    for (int32_t i = 0; i < n; i++)
+        if (k == 0 || t->eog[k - 1] != t->eog[i]) t->eog[k++] = t->eog[i];
+    t->n_eog = k;
+    return TANDEM_OK;
+}
+
 static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     tandem_status st;
     tdm_gguf_str model, pre;
@@ -341,18 +386,22 @@ static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     else
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "tokenizer: unsupported tokenizer.ggml.model '%.*s'",
                           (int)TDM_MIN(model.len, 64), model.ptr);
-    t->pre = TOK_PRE_GPT2;
+    tok_pre_info pi = {TOK_PRE_DEFAULT, false, false}; /* llama.cpp's choice when the name is absent */
     if (t->model == TOK_MODEL_BPE && tdm_gguf_find(g, "tokenizer.ggml.pre")) {
         if ((st = tdm_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err))) return st;
-        if (str_is(pre, "gpt-2") || str_is(pre, "default")) t->pre = TOK_PRE_GPT2;
-        else if (str_is(pre, "llama-bpe") || str_is(pre, "llama3") || str_is(pre, "llama-v3")) t->pre = TOK_PRE_LLAMA3;
-        else if (str_is(pre, "qwen2")) t->pre = TOK_PRE_QWEN2;
-        else if (str_is(pre, "starcoder")) t->pre = TOK_PRE_STARCODER;
-        else
-            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "tokenizer: unsupported pre-tokenizer '%.*s'",
+        tok_pre_lookup found = tok_pre_find(pre.ptr, (size_t)pre.len, &pi);
+        if (found == TOK_PRE_NOT_IMPLEMENTED)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                              "tokenizer: pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported by tandem",
+                              (int)TDM_MIN(pre.len, 64), pre.ptr);
+        if (found == TOK_PRE_UNKNOWN)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                              "tokenizer: unknown pre-tokenizer '%.*s' (tokenizer.ggml.pre); the supported "
+                              "names are listed in README.md",
                               (int)TDM_MIN(pre.len, 64), pre.ptr);
     }
-    t->ignore_merges = t->pre == TOK_PRE_LLAMA3;
+    t->pre = pi.pre;
+    t->ignore_merges = pi.ignore_merges;
     if ((st = load_vocab(t, g, err))) return st;
     if (t->model == TOK_MODEL_BPE) {
         const tdm_gguf_array *m;
@@ -377,10 +426,19 @@ static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
         (st = opt_token_id(g, "tokenizer.ggml.eom_token_id", -1, t->n_vocab, &t->eom, err)) ||
         (st = opt_token_id(g, "tokenizer.ggml.unknown_token_id", spm ? 0 : -1, t->n_vocab, &t->unk, err)))
         return st;
-    if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_bos_token", spm, &t->add_bos, err))) return st;
+    if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_bos_token", spm || pi.add_bos, &t->add_bos, err)) ||
+        (st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_eos_token", false, &t->add_eos, err)))
+        return st;
+    if (t->add_bos && t->bos < 0 && tdm_gguf_find(g, "tokenizer.ggml.add_bos_token"))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                          "tokenizer: tokenizer.ggml.add_bos_token is true, but tokenizer.ggml.bos_token_id is not set");
+    if (t->add_eos && t->eos < 0)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                          "tokenizer: tokenizer.ggml.add_eos_token is true, but tokenizer.ggml.eos_token_id is not set");
     if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_space_prefix", true, &t->add_space_prefix, err)))
         return st;
     if (!spm) t->add_space_prefix = false;
+    if ((st = load_eog(t, err))) return st;
     return load_specials(t, err);
 }
 
@@ -408,7 +466,10 @@ bool tdm_tok_add_bos(const tdm_tokenizer *t) { return t && t->add_bos && t->bos 
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t) { return t ? t->max_piece : 0; }
 
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id) {
-    return t && id >= 0 && (id == t->eos || id == t->eot || id == t->eom);
+    if (!t || id < 0) return false;
+    for (int32_t i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return true;
+    return false;
 }
 
 const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len) {
@@ -509,7 +570,7 @@ static bool encode_raw_spm(const tdm_tokenizer *t, const char *s, size_t len, bo
     return ok;
 }
 
-tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_bos,
+tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_special,
                            bool parse_special, int32_t **ids, size_t *n_ids, tdm_err *err) {
     if (!ids || !n_ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tokenize: NULL output");
     *ids = NULL;
@@ -526,7 +587,7 @@ tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len,
         if (!parse_special && t->type[id] != TOK_TYPE_USER_DEFINED) continue;
         ok = split_on_special(t, text, id, &cur, &tmp);
     }
-    if (ok && add_bos && t->bos >= 0) ok = tok_ids_push(&out, t->bos);
+    if (ok && add_special && t->add_bos && t->bos >= 0) ok = tok_ids_push(&out, t->bos);
     bool prev_special = true; /* SPM: the text start gets the space prefix */
     for (size_t i = 0; ok && i < cur.n; i++) {
         frag f = cur.v[i];
@@ -540,6 +601,7 @@ tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len,
             prev_special = false;
         }
     }
+    if (ok && add_special && t->add_eos) ok = tok_ids_push(&out, t->eos);
     free(cur.v);
     free(tmp.v);
     free(sp.end);

@@ -2,13 +2,15 @@
  *
  * Built from a GGUF's tokenizer.ggml.* metadata (a vocabulary-only GGUF is
  * enough).  Supported:
- *   - tokenizer.ggml.model = "gpt2": byte-level BPE with merges; pre-tokenizers
- *     (tokenizer.ggml.pre) "gpt-2" (also the default when absent), "llama-bpe",
- *     "qwen2", "starcoder".
+ *   - tokenizer.ggml.model = "gpt2": byte-level BPE with merges; the pre-tokenizer
+ *     named by tokenizer.ggml.pre, as llama.cpp names them (tok_pretok_names.c;
+ *     llama.cpp's "default" when absent); an unknown name is an error.
  *   - tokenizer.ggml.model = "llama": SentencePiece BPE over scores, byte fallback
- *     (<0xXX> tokens), the leading-space rule (add_space_prefix, default true).
- * Special (control / user-defined) tokens written in the text become those tokens
- * when parse_special is set.  BOS/EOS/EOT ids and add_bos_token come from metadata.
+ *     (<0xXX> tokens), the leading-space rule (add_space_prefix, default true);
+ *     tokenizer.ggml.pre is not read.
+ * Control tokens written in the text become those tokens when parse_special is set,
+ * user-defined ones always.  BOS/EOS/EOT/EOM ids and add_bos_token / add_eos_token
+ * come from metadata, with llama.cpp's defaults.
  *
  * Byte-level BPE needs a token for every byte of the text; a vocabulary without one
  * for some byte (StarCoder's has none for 0xC0, 0xC1, 0xF1, 0xF5-0xFF) skips that
@@ -31,7 +33,8 @@ int32_t tdm_tok_n_vocab(const tdm_tokenizer *t);
 int32_t tdm_tok_bos(const tdm_tokenizer *t);  /* -1 if none */
 int32_t tdm_tok_eos(const tdm_tokenizer *t);  /* -1 if none */
 bool tdm_tok_add_bos(const tdm_tokenizer *t); /* tokenizer.ggml.add_bos_token */
-/* True for end-of-generation tokens (EOS, EOT). */
+/* True for end-of-generation tokens: EOS, EOT, EOM and the tokens llama.cpp treats so
+ * by their text (<|im_end|>, <end_of_turn>, <|eot_id|>, <|endoftext|>, ...). */
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id);
 /* Longest output of tdm_token_to_piece over the vocabulary (render_special = true). */
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t);
@@ -39,8 +42,10 @@ int32_t tdm_tok_max_piece(const tdm_tokenizer *t);
 const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len);
 
 /* Encodes UTF-8 text (invalid UTF-8 is encoded byte-wise, never rejected).
- * *ids is malloc'ed (free()).  add_bos prepends BOS if the vocabulary has one. */
-tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_bos,
+ * *ids is malloc'ed (free()).  add_special adds the special tokens the vocabulary
+ * asks for, as llama.cpp's add_special: BOS first when add_bos_token, EOS last when
+ * add_eos_token. */
+tandem_status tdm_tokenize(const tdm_tokenizer *t, const char *text, size_t len, bool add_special,
                            bool parse_special, int32_t **ids, size_t *n_ids, tdm_err *err);
 
 /* The bytes a token decodes to (byte-level BPE decoded; SentencePiece: U+2581 -> ' ',

@@ -90,7 +90,8 @@ size_t tdm_utf8_incomplete_tail(const uint8_t *s, size_t len) {
     return 0;
 }
 
-uint8_t tdm_unicode_flags(uint32_t cp) {
+uint16_t tdm_unicode_flags(uint32_t cp) {
+    if (cp < TDM_UCD_LOW_LIMIT) return tdm_ucd_low[cp];
     if (cp > 0x10FFFF) return 0;
     uint32_t lo = 0, hi = tdm_ucd_n_ranges; /* search [lo, hi) */
     while (lo < hi) {

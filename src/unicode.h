@@ -21,15 +21,21 @@ enum {
     TDM_UCD_SYMBOL = 1 << 5,     /* S* */
     TDM_UCD_CONTROL = 1 << 6,    /* Cc */
     TDM_UCD_ASSIGNED = 1 << 7,   /* not Cn */
+    TDM_UCD_UPPER = 1 << 8,      /* Lu, Lt (\p{Lu}\p{Lt}) */
+    TDM_UCD_LOWER = 1 << 9,      /* Ll (\p{Ll}); a letter with neither is Lm or Lo */
+    TDM_UCD_DIGIT = 1 << 10,     /* Nd (\d) */
 };
 
 typedef struct tdm_ucd_range {
     uint32_t first, last; /* inclusive code point range */
-    uint8_t flags;
+    uint16_t flags;
 } tdm_ucd_range;
 
 extern const tdm_ucd_range tdm_ucd_ranges[];
 extern const uint32_t tdm_ucd_n_ranges;
+/* The flags of the code points below TDM_UCD_LOW_LIMIT, indexed directly. */
+#define TDM_UCD_LOW_LIMIT 0x800
+extern const uint16_t tdm_ucd_low[TDM_UCD_LOW_LIMIT];
 extern const char tdm_unicode_version[];
 
 /* A decoded position that is not valid UTF-8: one raw byte, reported as this
@@ -54,7 +60,7 @@ int tdm_utf8_lead_len(uint8_t lead);
 size_t tdm_utf8_incomplete_tail(const uint8_t *s, size_t len);
 
 /* Category flags of a code point (0 for TDM_UTF8_INVALID values). */
-uint8_t tdm_unicode_flags(uint32_t cp);
+uint16_t tdm_unicode_flags(uint32_t cp);
 
 static inline bool tdm_unicode_is_letter(uint32_t cp) { return tdm_unicode_flags(cp) & TDM_UCD_LETTER; }
 static inline bool tdm_unicode_is_number(uint32_t cp) { return tdm_unicode_flags(cp) & TDM_UCD_NUMBER; }

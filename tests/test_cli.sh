@@ -61,6 +61,13 @@ expect_err() {
     fi
 }
 
+# one_line_err DESCRIPTION: the last command's stderr is one line, ending in a newline
+# (an error printed once).
+one_line_err() {
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] && [ "$(tail -c 1 "$TMP/err" | od -An -c | tr -d ' ')" = '\n' ] &&
+        pass "$1: the error once, on one line" || fail "$1: $(cat "$TMP/err")"
+}
+
 for f in "$TANDEM" "$TARGET" "$DRAFT" "$DATA/tokenizer-cases.jsonl" "$DATA/prompts-dev.jsonl"; do
     if [ ! -e "$f" ]; then
         echo "FAIL - missing $f"
@@ -129,6 +136,7 @@ expect_exit 1 "tokenize: truncated model file" "$TANDEM" tokenize -m "$TMP/trunc
 expect_exit 1 "info: missing file" "$TANDEM" info "$TMP/nonexistent.gguf"
 expect_exit 1 "info: truncated file" "$TANDEM" info "$TMP/truncated.gguf"
 expect_exit 1 "info: garbage file" "$TANDEM" info "$TMP/garbage.gguf"
+one_line_err "info: garbage file"
 expect_exit 1 "bench: missing model file" "$TANDEM" bench -m "$TMP/nonexistent.gguf"
 expect_exit 1 "generate: missing prompts file" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/none.jsonl"
 
@@ -259,9 +267,10 @@ grep -qF '"timings": {"prefill_ms": 0.000, "decode_ms": 0.000, "decode_tok_per_s
 expect_exit 0 "bench -n 1" "$TANDEM" bench -m "$TARGET" -p 4 -n 1 --reps 1
 grep -q '^decode: *n/a' "$TMP/out" && pass "bench -n 1: decode n/a" || fail "bench -n 1: $(cat "$TMP/out")"
 
-# A model whose weights hold NaN: an error naming it, not token 0 and "eos".
-nan_copy() { # nan_copy SRC DST: DST = SRC with output_norm.weight[0] = NaN
-    cp "$1" "$2" && python3 - "$2" <<'EOF'
+# gguf_patch SRC DST TENSOR ACTION: DST = SRC with one change to TENSOR: ACTION "nan"
+# sets its first element (an f32 tensor) to NaN, "type=N" rewrites its type number.
+gguf_patch() {
+    cp "$1" "$2" && python3 - "$2" "$3" "$4" <<'EOF'
 import struct, sys
 f = open(sys.argv[1], "r+b")
 b = f.read(8 << 20)  # the header (metadata and tensor infos) is far smaller
@@ -290,13 +299,19 @@ for _ in range(n_kv):
 tensors = {}
 for _ in range(n_tensors):
     name = string(); dims = [take("Q") for _ in range(take("I"))]
-    tensors[name] = (take("I"), take("Q"))
-typ, off = tensors[b"output_norm.weight"]
-assert typ == 0, "output_norm.weight is not F32"
-f.seek((pos + align - 1) // align * align + off)
-f.write(struct.pack("<f", float("nan")))
+    tensors[name] = (pos, take("I"), take("Q"))
+type_at, typ, off = tensors[sys.argv[2].encode()]
+if sys.argv[3] == "nan":
+    assert typ == 0, "%s is not F32" % sys.argv[2]
+    f.seek((pos + align - 1) // align * align + off)
+    f.write(struct.pack("<f", float("nan")))
+else:
+    f.seek(type_at)
+    f.write(struct.pack("<I", int(sys.argv[3].split("=")[1])))
 EOF
 }
+# A model whose weights hold NaN: an error naming it, not token 0 and "eos".
+nan_copy() { gguf_patch "$1" "$2" output_norm.weight nan; }
 nan_copy "$TARGET" "$TMP/nan-target.gguf" && nan_copy "$DRAFT" "$TMP/nan-draft.gguf" ||
     fail "writing NaN copies of the models"
 expect_exit 1 "generate: NaN target" "$TANDEM" generate -m "$TMP/nan-target.gguf" -p "def f(x):" -n 4 --json
@@ -321,6 +336,34 @@ else
     fail "info $TARGET: exit $? ($(head -c 200 "$TMP/err"))"
 fi
 expect_exit 0 "info -m form" "$TANDEM" info -m "$DRAFT"
+
+# A file with tensors of types tandem does not compute with (a published Q4_1 model,
+# issue 19): info lists them, marked; tokenize needs no tensor; generate names the
+# tensor and its type, once, on one line.
+gguf_patch "$DRAFT" "$TMP/q4_1.gguf" blk.0.ffn_down.weight type=3 &&
+    gguf_patch "$TMP/q4_1.gguf" "$TMP/unknown-type.gguf" blk.1.attn_q.weight type=99 ||
+    fail "writing copies of the draft with unsupported tensor types"
+for f in q4_1 unknown-type; do
+    expect_exit 0 "info: $f tensors" "$TANDEM" info "$TMP/$f.gguf"
+    [ -s "$TMP/err" ] && fail "info: $f tensors: stderr not empty: $(head -c 200 "$TMP/err")"
+    grep -Eq '^  blk\.0\.ffn_down\.weight +q4_1 .* unsupported type 3 \(q4_1\)$' "$TMP/out" &&
+        grep -Eq '^  blk\.0\.ffn_up\.weight +f16 +\[' "$TMP/out" && grep -q '^note: .* tensors\? ha' "$TMP/out" &&
+        pass "info: $f tensors: the q4_1 one marked unsupported" ||
+        fail "info: $f tensors: $(grep -E 'ffn_down|^note' "$TMP/out" | head -3)"
+    "$TANDEM" tokenize -m "$TMP/$f.gguf" --text "def f(x):" >"$TMP/out" 2>"$TMP/err" &&
+        [ "$(cat "$TMP/out")" = "$("$TANDEM" tokenize -m "$DRAFT" --text "def f(x):")" ] &&
+        pass "tokenize: $f tensors: the same ids as the original" ||
+        fail "tokenize: $f tensors: $(head -c 200 "$TMP/out" "$TMP/err")"
+done
+"$TANDEM" info "$TMP/unknown-type.gguf" >"$TMP/out" 2>&1
+grep -Eq '^  blk\.1\.attn_q\.weight +99 .* \? +unsupported type 99 \(not a GGML type\)$' "$TMP/out" &&
+    grep -q '^note: 2 tensors have a type tandem does not support' "$TMP/out" &&
+    pass "info: type 99: size unknown, marked" || fail "info: type 99: $(grep -E 'attn_q|^note' "$TMP/out")"
+expect_exit 1 "generate: a q4_1 tensor" "$TANDEM" generate -m "$TMP/q4_1.gguf" -p "def f(x):" -n 2
+expect_err "tensor 'blk.0.ffn_down.weight' has type 3 (q4_1), which tandem does not support" "generate: a q4_1 tensor"
+one_line_err "generate: a q4_1 tensor"
+expect_exit 1 "generate: a type-99 tensor" "$TANDEM" generate -m "$TMP/unknown-type.gguf" -p x -n 2
+expect_err "has type " "generate: a type-99 tensor"
 
 # --------------------------------------------------------------- tokenize
 # a vocabulary-only GGUF (no tensors) is enough to tokenize

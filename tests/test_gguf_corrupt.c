@@ -101,7 +101,10 @@ static void m_size_overflow(file *f) { /* 2^62 elements fit int64, 2^62 * 4 byte
 }
 static void m_q8_not_block(file *f) { one_tensor(f, TDM_Q8_0, 2, (int64_t[]){48, 2}, 102); }
 static void m_q4_not_block(file *f) { one_tensor(f, TDM_Q4_0, 1, (int64_t[]){33}, 18); }
-static void m_unknown_ttype(file *f) { one_tensor(f, 99, 1, (int64_t[]){32}, 128); }
+static void m_q4_1_not_block(file *f) { one_tensor(f, 3 /* q4_1 */, 1, (int64_t[]){48}, 40); }
+static void m_q4_1_past_end(file *f) { /* declares 64 x 64 q4_1 (2560 bytes), holds 128 */
+    one_tensor(f, 3, 2, (int64_t[]){64, 64}, 128);
+}
 static void m_past_end(file *f) { /* declares 64 KiB of f32 but the file holds 128 bytes */
     one_tensor(f, TDM_F32, 2, (int64_t[]){128, 128}, 128);
 }
@@ -192,7 +195,8 @@ static const corrupt_case corpus[] = {
     {"data_size_overflow", m_size_overflow, TANDEM_ERR_FORMAT, "data size overflows", NULL},
     {"q8_0_ne0_48", m_q8_not_block, TANDEM_ERR_FORMAT, "ne[0] = 48 is not a multiple of the q8_0 block size 32", NULL},
     {"q4_0_ne0_33", m_q4_not_block, TANDEM_ERR_FORMAT, "not a multiple of the q4_0 block size", NULL},
-    {"tensor_type_99", m_unknown_ttype, TANDEM_ERR_UNSUPPORTED, "'blk.0.attn_q.weight' has unsupported type 99", NULL},
+    {"q4_1_ne0_48", m_q4_1_not_block, TANDEM_ERR_FORMAT, "ne[0] = 48 is not a multiple of the q4_1 block size 32", NULL},
+    {"q4_1_past_end", m_q4_1_past_end, TANDEM_ERR_FORMAT, "'blk.0.attn_q.weight': data [", NULL},
     {"tensor_misaligned", m_misaligned, TANDEM_ERR_FORMAT, "'b': data offset 36 is not a multiple of the alignment 32", NULL},
     {"tensor_past_end", m_past_end, TANDEM_ERR_FORMAT, "'blk.0.attn_q.weight': data [", NULL},
     {"tensor_offset_overflow", m_offset_huge, TANDEM_ERR_FORMAT, "tensor 'c': data offset", NULL},
@@ -233,6 +237,39 @@ Test(gguf, corrupt_corpus) {
                   err.msg, c->expect);
         free(f.p);
     }
+}
+
+/* Tensor types tandem does not compute with are no reason to refuse a file (its
+ * metadata serves tokenize and info): a GGML type is sized and placed like any other,
+ * a number GGML does not define gets nbytes 0 and no data. */
+Test(gguf, unsupported_tensor_types_open) {
+    static uint8_t data[256];
+    tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
+    base_meta(w);
+    tdm_gguf_w_tensor(w, "a", TDM_F32, 2, (int64_t[]){4, 2}, zeros, 32);
+    tdm_gguf_w_tensor(w, "q4_1", 3, 2, (int64_t[]){64, 2}, data, 80);   /* 4 blocks of 20 bytes */
+    tdm_gguf_w_tensor(w, "q6_K", 14, 1, (int64_t[]){256}, data, 210);  /* 1 block of 210 bytes */
+    tdm_gguf_w_tensor(w, "t99", 99, 1, (int64_t[]){32}, data, 128);    /* not a GGML type */
+    tdm_gguf_w_tensor(w, "c", TDM_F16, 1, (int64_t[]){32}, zeros, 64);
+    file f = finish(w);
+    tdm_gguf *g = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_gguf_open_memory(f.p, f.n, &g, &err), TANDEM_OK, "%s", err.msg);
+    const tdm_gguf_tensor *q = tdm_gguf_find_tensor(g, "q4_1"), *k = tdm_gguf_find_tensor(g, "q6_K"),
+                          *u = tdm_gguf_find_tensor(g, "t99"), *c = tdm_gguf_find_tensor(g, "c");
+    cr_assert(q && k && u && c);
+    cr_expect_eq(q->type, 3);
+    cr_expect_eq(q->nbytes, 80);
+    cr_expect_eq(k->nbytes, 210);
+    cr_expect(q->data && k->data);
+    cr_expect(!tdm_dtype_supported(q->type) && !tdm_dtype_supported(u->type));
+    cr_expect_eq(u->type, 99);
+    cr_expect_eq(u->nbytes, 0, "an unknown type's size is unknown");
+    cr_expect_null(u->data);
+    cr_expect_eq(c->nbytes, 64);
+    cr_expect_eq(memcmp(c->data, zeros, 64), 0, "the tensors after the unknown one are placed");
+    tdm_gguf_close(g);
+    free(f.p);
 }
 
 /* Every prefix of a valid file (except the whole file) is rejected, never read past. */

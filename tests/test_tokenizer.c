@@ -478,3 +478,30 @@ Test(tokenizer, spm_scores_mismatch) {
     b.n_kv++;
     expect_load(&b, TANDEM_ERR_FORMAT, "scores");
 }
+
+/* End of generation: EOS and the tokens llama.cpp recognises by their text, less its
+ * exception for <|end|> beside <|return|> and <|call|>. */
+Test(tokenizer, eog_by_text) {
+    static const char *const toks[] = {"<|endoftext|>", "a", "<|im_end|>", "<end_of_turn>", "<|end|>",
+                                       "<|return|>", "<|call|>", "<|im_start|>"};
+    static const int32_t types[] = {3, 1, 3, 3, 3, 3, 3, 3};
+    for (int with_return = 0; with_return < 2; with_return++) {
+        gbuf b = {0};
+        kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        kv_strs(&b, "tokenizer.ggml.tokens", toks, with_return ? 8 : 5);
+        kv_i32s(&b, "tokenizer.ggml.token_type", types, with_return ? 8 : 5);
+        kv_strs(&b, "tokenizer.ggml.merges", NULL, 0);
+        kv_u32(&b, "tokenizer.ggml.eos_token_id", 1); /* an odd EOS: still one */
+        tdm_gguf *g = NULL;
+        tdm_tokenizer *t = NULL;
+        tdm_err err = {0};
+        cr_assert_eq(load_built(&b, &g, &t, &err), TANDEM_OK, "%s", err.msg);
+        cr_expect(tdm_tok_is_eog(t, 0) && tdm_tok_is_eog(t, 1) && tdm_tok_is_eog(t, 2) && tdm_tok_is_eog(t, 3));
+        cr_expect_eq(tdm_tok_is_eog(t, 4), !with_return, "<|end|> with_return %d", with_return);
+        if (with_return) cr_expect(tdm_tok_is_eog(t, 5) && tdm_tok_is_eog(t, 6) && !tdm_tok_is_eog(t, 7));
+        cr_expect(!tdm_tok_is_eog(t, -1) && !tdm_tok_is_eog(t, 99));
+        tdm_tokenizer_free(t);
+        tdm_gguf_close(g);
+        free(b.p);
+    }
+}

@@ -5,7 +5,8 @@ Usage: python3 tools/gen_unicode.py > src/unicode_data.c
 
 For every code point 0..0x10FFFF this computes a small flag set and writes the
 maximal runs of equal flags as a sorted range table, looked up by binary search in
-src/unicode.c.  Flags:
+src/unicode.c, and a direct table of the code points below LOW_LIMIT (the common
+scripts: a lookup without a search).  Flags:
   LETTER     general category L* (Lu Ll Lt Lm Lo)        -> regex \\p{L}
   NUMBER     general category N* (Nd Nl No)              -> regex \\p{N}
   WHITESPACE the Unicode White_Space property             -> regex \\s
@@ -14,13 +15,17 @@ src/unicode.c.  Flags:
   SYMBOL     general category S*
   CONTROL    general category Cc
   ASSIGNED   any category but Cn (unassigned)
+  UPPER      Lu or Lt (the cased letters of \\p{Lu}\\p{Lt})
+  LOWER      Ll
+  DIGIT      Nd (regex \\d)
 White_Space is not exposed by unicodedata; it equals str.isspace() minus the
 information separators U+001C..U+001F (which isspace() adds through their bidi class).
 """
 import sys
 import unicodedata
 
-LETTER, NUMBER, WHITESPACE, MARK, PUNCT, SYMBOL, CONTROL, ASSIGNED = (1 << i for i in range(8))
+LETTER, NUMBER, WHITESPACE, MARK, PUNCT, SYMBOL, CONTROL, ASSIGNED, UPPER, LOWER, DIGIT = (1 << i for i in range(11))
+LOW_LIMIT = 0x800
 
 
 def flags_of(cp):
@@ -28,8 +33,14 @@ def flags_of(cp):
     f = 0
     if cat[0] == "L":
         f |= LETTER
+        if cat in ("Lu", "Lt"):
+            f |= UPPER
+        elif cat == "Ll":
+            f |= LOWER
     elif cat[0] == "N":
         f |= NUMBER
+        if cat == "Nd":
+            f |= DIGIT
     elif cat[0] == "M":
         f |= MARK
     elif cat[0] == "P":
@@ -61,9 +72,14 @@ def main():
     out.write("/* Maximal runs of code points with equal flags, sorted, covering 0..0x10FFFF. */\n")
     out.write("const tdm_ucd_range tdm_ucd_ranges[] = {\n")
     for s, e, f in ranges:
-        out.write("    {0x%06X, 0x%06X, 0x%02X},\n" % (s, e, f))
+        out.write("    {0x%06X, 0x%06X, 0x%03X},\n" % (s, e, f))
     out.write("};\n")
-    out.write("const uint32_t tdm_ucd_n_ranges = %d;\n" % len(ranges))
+    out.write("const uint32_t tdm_ucd_n_ranges = %d;\n\n" % len(ranges))
+    out.write("/* Flags of each code point below TDM_UCD_LOW_LIMIT (0x%X). */\n" % LOW_LIMIT)
+    out.write("const uint16_t tdm_ucd_low[TDM_UCD_LOW_LIMIT] = {\n")
+    for base in range(0, LOW_LIMIT, 8):
+        out.write("   " + "".join(" 0x%03X," % flags_of(cp) for cp in range(base, base + 8)) + "\n")
+    out.write("};\n")
 
 
 if __name__ == "__main__":

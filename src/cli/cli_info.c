@@ -1,11 +1,14 @@
 /* cli_info.c - `tandem info MODEL`: the GGUF header, every metadata pair, a tensor
- * table and totals.  Reads the file with the GGUF parser directly (no model load). */
+ * table and totals.  Reads the file with the GGUF parser directly (no model load), so
+ * it describes any file whose metadata parses: a tensor of a type tandem does not
+ * compute with is listed with its GGML type name and marked unsupported. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
 #include "common.h"
 #include "dtype.h"
+#include "ggml_types.h"
 #include "gguf.h"
 
 #define INFO_MAX_ARRAY_ELEMS 8
@@ -78,14 +81,27 @@ int cli_info(int argc, char **argv) {
     }
     if (name_w > 64) name_w = 64;
     printf("tensors: %llu\n", (unsigned long long)g->n_tensors);
-    printf("  %-*s  %-6s  %-24s  %s\n", (int)name_w, "name", "type", "shape", "bytes");
-    uint64_t n_params = 0, n_bytes = 0;
+    printf("  %-*s  %-7s  %-24s  %s\n", (int)name_w, "name", "type", "shape", "bytes");
+    uint64_t n_params = 0, n_bytes = 0, n_unsupported = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const tdm_gguf_tensor *t = &g->tensors[i];
-        char shape[128];
+        char shape[128], bytes[32], ty[16];
         print_shape(t, shape, sizeof shape);
-        printf("  %-*s  %-6s  %-24s  %llu\n", (int)name_w, t->name, tdm_dtype_name(t->type),
-               shape, (unsigned long long)t->nbytes);
+        bool ok = tdm_dtype_supported(t->type);
+        const char *name = ok ? tdm_dtype_name(t->type) : tdm_ggml_type_name(t->type);
+        if (!name) {
+            snprintf(ty, sizeof ty, "%u", (unsigned)t->type);
+            name = ty;
+        }
+        if (t->nbytes || ok) snprintf(bytes, sizeof bytes, "%llu", (unsigned long long)t->nbytes);
+        else snprintf(bytes, sizeof bytes, "?");
+        printf("  %-*s  %-7s  %-24s  %s", (int)name_w, t->name, name, shape, bytes);
+        if (!ok) {
+            char desc[64];
+            printf("  unsupported type %s", tdm_ggml_type_describe(t->type, desc, sizeof desc));
+            n_unsupported++;
+        }
+        fputc('\n', stdout);
         uint64_t ne = 1;
         for (uint32_t d = 0; d < t->n_dims; d++) ne *= (uint64_t)t->ne[d];
         n_params += ne;
@@ -94,6 +110,13 @@ int cli_info(int argc, char **argv) {
     printf("total: %llu tensors, %llu parameters, %llu bytes (%.2f MiB)\n",
            (unsigned long long)g->n_tensors, (unsigned long long)n_params,
            (unsigned long long)n_bytes, (double)n_bytes / (1024.0 * 1024.0));
+    if (n_unsupported) {
+        char list[256];
+        printf("note: %llu tensor%s a type tandem does not support (supported: %s): tandem tokenize "
+               "works on this file, tandem generate does not\n",
+               (unsigned long long)n_unsupported, n_unsupported == 1 ? " has" : "s have",
+               tdm_ggml_supported_list(list, sizeof list));
+    }
     tdm_gguf_close(g);
     return CLI_EXIT_OK;
 }

@@ -2,7 +2,8 @@
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc \
  *       tests/fuzz/fuzz_tokenizer.c src/tokenizer.c src/tok_bpe.c src/tok_spm.c \
- *       src/tok_pretok.c src/unicode.c src/unicode_data.c src/gguf.c src/json.c src/dtype.c \
+ *       src/tok_pretok.c src/tok_pretok_rules.c src/tok_pretok_names.c src/unicode.c src/unicode_data.c \
+ *       src/gguf.c src/ggml_types.c src/json.c src/dtype.c \
  *       src/common.c -lm -o fuzz_tokenizer
  *   TDM_REPO=/path/to/repo ./fuzz_tokenizer -max_len=4096 -timeout=10 corpus_tok/
  *
