@@ -4,12 +4,16 @@
  *     row count, so the crossover between the two is measured; time per call, the
  *     weight bytes read per second and the arithmetic rate;
  *   attention: 32 heads of 128 (and 32 / 8 grouped) over contexts of 128 .. 4096
- *     keys, for 1, 4, 13 rows (decode, verification) and a 512-row prefill.
+ *     keys, for 1, 4, 13 rows (decode, verification) and a 512-row prefill;
+ *   batched decode attention: 64 sequences of 256 / 1024 / 4096 keys, 1 or 5 rows
+ *     each (decode, verification), 32 heads of 128 (32 / 8 grouped), blocks of 16
+ *     shuffled over the cache; time per call and the K / V bytes the rows must
+ *     read per second (TANDEM_FLASH_DECODE=0: the tiled kernel instead).
  * Times are medians over repetitions of batches of calls between two
  * synchronisations (host clock), after warm-up.
  *
  * usage: bench_cuda [--types f16,q8_0,q4_0] [--ns 1,2,4,8,16,32,64,128,512] [-r R]
- *                   [--attention-only]
+ *                   [--attention-only] [--decode-only]
  */
 #include <math.h>
 #include <stdio.h>
@@ -89,6 +93,52 @@ static tandem_status at_call(void *p, tdm_err *err) {
     return c->be->ops->attention(c->be, &c->a, err);
 }
 
+/* Attention of 64 sequences of ctx keys each, `rows` last rows of each attending
+ * (causal): time per call, and the K / V bytes of the visible keys over it. */
+static void bench_batched_decode(tdm_backend *be, int reps) {
+    enum { N_SEQ = 64 };
+    printf("\n| seqs | heads | ctx | rows/seq | us | K/V GB/s |\n|---|---|---|---|---|---|\n");
+    const int heads[][2] = {{32, 32}, {32, 8}};
+    const int ctxs[] = {256, 1024, 4096}, rows_set[] = {1, 5};
+    tdm_err err = {0};
+    for (size_t h = 0; h < 2; h++)
+        for (size_t ci = 0; ci < sizeof ctxs / sizeof ctxs[0]; ci++) {
+            const int ctx = ctxs[ci], hd = 128, nkv = heads[h][1], nh = heads[h][0], bs = 16;
+            const int nb1 = (ctx + bs - 1) / bs, nb = N_SEQ * nb1;
+            const size_t cbytes = (size_t)nb * nkv * bs * hd * 2;
+            void *kc = dev_random(be, cbytes, 17, false), *vc = dev_random(be, cbytes, 18, false);
+            tdm_kv_seq seqs[N_SEQ];
+            const tdm_kv_seq *sp[N_SEQ];
+            for (int s = 0; s < N_SEQ; s++) {
+                seqs[s] = (tdm_kv_seq){calloc((size_t)nb1, 4), nb1, nb1, ctx};
+                for (int i = 0; i < nb1; i++) /* (block ids spread over the cache: a permutation of 0 .. nb - 1) */
+                    seqs[s].blocks[i] = (int32_t)(((int64_t)(s * nb1 + i) * 7919) % nb);
+                sp[s] = &seqs[s];
+            }
+            for (size_t ri = 0; ri < sizeof rows_set / sizeof rows_set[0]; ri++) {
+                const int rows = rows_set[ri], n = N_SEQ * rows;
+                tdm_batch bt;
+                if (tdm_batch_init(&bt, n, &err)) die("batch", &err);
+                for (int s = 0; s < N_SEQ; s++)
+                    for (int r = 0; r < rows; r++) tdm_batch_add(&bt, 0, ctx - rows + r, s, ctx - rows + r, false);
+                const int q_stride = (nh + 2 * nkv) * hd;
+                float *q = dev_random(be, (size_t)n * q_stride * 4, 19, true);
+                float *o = dev_random(be, (size_t)n * nh * hd * 4, 20, true);
+                at_ctx c = {be, {&bt, sp, q, q_stride, o, kc, vc, TDM_F16, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd)}};
+                const double t = time_calls(be, at_call, &c, 20, reps);
+                const double kv = 2.0 * N_SEQ * (double)ctx * nkv * hd * 2; /* K and V of every visible key */
+                printf("| %d | %d/%d | %d | %d | %.1f | %.0f |\n", N_SEQ, nh, nkv, ctx, rows, t * 1e6, kv / t / 1e9);
+                fflush(stdout);
+                be->ops->free(be, q);
+                be->ops->free(be, o);
+                tdm_batch_free(&bt);
+            }
+            for (int s = 0; s < N_SEQ; s++) free(seqs[s].blocks);
+            be->ops->free(be, kc);
+            be->ops->free(be, vc);
+        }
+}
+
 static uint32_t type_of(const char *s) {
     return !strcmp(s, "f16") ? TDM_F16 : !strcmp(s, "bf16") ? TDM_BF16 : !strcmp(s, "q8_0") ? TDM_Q8_0 : TDM_Q4_0;
 }
@@ -96,9 +146,10 @@ static uint32_t type_of(const char *s) {
 int main(int argc, char **argv) {
     const char *types_arg = "f16,q8_0,q4_0", *ns_arg = "1,2,4,8,16,32,64,128,512";
     int reps = 15;
-    bool attention_only = false;
+    bool attention_only = false, decode_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention-only")) attention_only = true;
+        else if (!strcmp(argv[i], "--decode-only")) attention_only = decode_only = true;
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i];
         else if (!strcmp(argv[i], "--ns") && i + 1 < argc) ns_arg = argv[++i];
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -170,7 +221,7 @@ int main(int argc, char **argv) {
     const int heads[][2] = {{32, 32}, {32, 8}};
     const int ctxs[] = {128, 512, 2048, 4096};
     const int rows_set[] = {1, 4, 13, 512};
-    for (size_t h = 0; h < 2; h++)
+    for (size_t h = 0; h < 2 && !decode_only; h++)
         for (size_t ci = 0; ci < sizeof ctxs / sizeof ctxs[0]; ci++) {
             const int ctx = ctxs[ci], hd = 128, nkv = heads[h][1], nh = heads[h][0], bs = 16;
             const int nb = (ctx + bs - 1) / bs;
@@ -201,6 +252,7 @@ int main(int argc, char **argv) {
             be->ops->free(be, kc);
             be->ops->free(be, vc);
         }
+    bench_batched_decode(be, reps);
     tdm_backend_destroy(be);
     return 0;
 }

@@ -9,6 +9,10 @@
  *     queries, block sizes 8 / 16 / 32, contexts that are not a multiple of the
  *     block size, up to 4099 keys, many sequences of different lengths in a batch;
  *     a row alone equal bit for bit to the same row in a batch;
+ *   - batched decode and verification attention (64 sequences of 1 .. 4099 keys,
+ *     1 or 5 rows each, every head dim, MHA and GQA, block sizes 8 / 16 / 32): the
+ *     decode kernel against ref_attention, the tiled kernel and each row alone, bit
+ *     for bit;
  *   - the fused forward (the blocks op, CUDA graphs) against the same model run op
  *     by op on the GPU and on the CPU, for f16, bf16, q8_0 and q4_0 weights;
  *   - argmax on the device against tdm_argmax_finite, with the top softmax
@@ -189,6 +193,24 @@ typedef struct flash_case {
     int32_t rows_per_seq; /* the last ones of each sequence attend (causal) */
 } flash_case;
 
+/* Random K / V in [-2, 2] for every slot of n_seq sequences, written into the
+ * host caches kr / vr (f16, the layouts of kernels/backend.h). */
+static void fill_caches(uint64_t *rng, int n_seq, const int32_t *lens, const tdm_kv_seq **sp, int32_t nkv, int32_t hd,
+                        int32_t bs, void *kr, void *vr) {
+    const int32_t stride = nkv * hd;
+    for (int s = 0; s < n_seq; s++) {
+        tdm_batch bt;
+        const int32_t len = lens[s];
+        cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
+        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, i, false);
+        float *k = tdm_test_rand_vec(rng, (size_t)len * stride, -2, 2), *v = tdm_test_rand_vec(rng, (size_t)len * stride, -2, 2);
+        tdm_kv_write_args ar = {&bt, sp, k, v, stride, kr, vr, TDM_F16, nkv, hd, bs};
+        ref_kv_write(&ar);
+        free(k), free(v);
+        tdm_batch_free(&bt);
+    }
+}
+
 /* Caches written on the host (random K / V over shuffled blocks), uploaded; rows
  * of every sequence attend through the attention op (tiles and splits), against
  * ref_attention; then each sequence's last row alone, bit for bit. */
@@ -200,17 +222,7 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
     const int32_t n_blocks = tdm_test_shuffled_seqs(&rng, tc->n_seq, tc->lens, bs, 3, seqs, sp);
     const size_t cbytes = (size_t)n_blocks * nkv * bs * hd * 2;
     void *kr = calloc(1, cbytes), *vr = calloc(1, cbytes);
-    for (int s = 0; s < tc->n_seq; s++) {
-        tdm_batch bt;
-        const int32_t len = tc->lens[s], stride = nkv * hd;
-        cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
-        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, i, false);
-        float *k = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2), *v = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2);
-        tdm_kv_write_args ar = {&bt, sp, k, v, stride, kr, vr, TDM_F16, nkv, hd, bs};
-        ref_kv_write(&ar);
-        free(k), free(v);
-        tdm_batch_free(&bt);
-    }
+    fill_caches(&rng, tc->n_seq, tc->lens, sp, nkv, hd, bs, kr, vr);
     void *kc = tdm_cu_test_put(b, kr, cbytes), *vc = tdm_cu_test_put(b, vr, cbytes);
     tdm_batch bt;
     cr_assert_eq(tdm_batch_init(&bt, 256, NULL), TANDEM_OK);
@@ -287,6 +299,105 @@ Test(cuda_flash, prefill_hd80_block8) { run_flash_both(&(flash_case){8, 2, 80, 8
 Test(cuda_flash, prefill_hd96_block32) { run_flash_both(&(flash_case){6, 2, 96, 32, 2, {70, 20}, 20}, 12); }
 Test(cuda_flash, prefill_hd256) { run_flash_both(&(flash_case){4, 1, 256, 16, 1, {300}, 33}, 13); }
 Test(cuda_flash, prefill_64_rows_hd64_tensor_cores) { run_flash_both(&(flash_case){12, 12, 64, 16, 1, {64}, 64}, 3); }
+
+/* Batched decode / verification attention (the decode kernel, cuda_decode_attn.cu):
+ * 64 sequences of mixed lengths 1 .. 4099 (split and block edges among them), the
+ * last rows_per_seq rows of each attending; against ref_attention, each
+ * sequence's last row alone bit for bit, and the whole batch bit for bit against
+ * the tiled kernel (TANDEM_FLASH_DECODE=0). */
+typedef struct decode_case {
+    int32_t n_head, n_kv_head, head_dim, block_size, rows_per_seq;
+} decode_case;
+
+static void run_decode_batch(const decode_case *tc, uint64_t rng) {
+    enum { N_SEQ = 64 };
+    static const int32_t edges[] = {1, 4099, 2, 255, 256, 257, 31, 32, 33, 511, 512, 513, 1000, 17, 4096, 8};
+    tdm_backend *b = tdm_cu_test_gpu();
+    const int32_t bs = tc->block_size, nkv = tc->n_kv_head, hd = tc->head_dim, stride = nkv * hd;
+    int32_t lens[N_SEQ];
+    for (int s = 0; s < N_SEQ; s++)
+        lens[s] = s < (int)TDM_ARRAY_LEN(edges) ? edges[s] : 1 + (int32_t)(tdm_test_rand(&rng) % 1200);
+    tdm_kv_seq seqs[N_SEQ];
+    const tdm_kv_seq *sp[N_SEQ];
+    const int32_t n_blocks = tdm_test_shuffled_seqs(&rng, N_SEQ, lens, bs, 3, seqs, sp);
+    const size_t cbytes = (size_t)n_blocks * nkv * bs * hd * 2;
+    void *kr = calloc(1, cbytes), *vr = calloc(1, cbytes);
+    cr_assert(kr && vr);
+    fill_caches(&rng, N_SEQ, lens, sp, nkv, hd, bs, kr, vr);
+    void *kc = tdm_cu_test_put(b, kr, cbytes), *vc = tdm_cu_test_put(b, vr, cbytes);
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, N_SEQ * tc->rows_per_seq, NULL), TANDEM_OK);
+    for (int s = 0; s < N_SEQ; s++)
+        for (int32_t p = TDM_MAX(0, lens[s] - tc->rows_per_seq); p < lens[s]; p++) tdm_batch_add(&bt, 0, p, s, p, false);
+    const int32_t q_stride = tc->n_head * hd + 2 * stride;
+    const size_t n_out = (size_t)bt.n_rows * tc->n_head * hd, row_out = (size_t)tc->n_head * hd;
+    float *q = tdm_test_rand_vec(&rng, (size_t)bt.n_rows * q_stride, -1.5f, 1.5f), *ref = calloc(n_out, 4);
+    float *dq = tdm_cu_test_put(b, q, (size_t)bt.n_rows * q_stride * 4), *dout = tdm_cu_test_put(b, NULL, n_out * 4);
+    poison(b, dout, n_out);
+    const float scale = 1.0f / sqrtf((float)hd);
+    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, TDM_F16, tc->n_head, nkv, hd, bs, scale};
+    OK(b->ops->attention(b, &a, &err_));
+    float *out = tdm_cu_test_get(b, dout, n_out * 4);
+    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, TDM_F16, tc->n_head, nkv, hd, bs, scale};
+    ref_attention(&ar);
+    const double e = ref_nrm_err(out, ref, n_out);
+    cr_assert(e < 1e-5, "decode attention heads %d/%d hd %d bs %d, %d rows: err %g", tc->n_head, nkv, hd, bs,
+              (int)bt.n_rows, e);
+    for (int32_t r = 0; r < bt.n_rows; r++) /* every row on its own too (short rows hide in the batch norm) */
+        cr_assert(ref_nrm_err(out + (size_t)r * row_out, ref + (size_t)r * row_out, row_out) < 1e-4,
+                  "hd %d: row %d (sequence %d, %d keys)", hd, (int)r, (int)bt.seq[r], (int)bt.n_visible[r]);
+    /* the tiled kernel on the same batch: the same bits */
+    setenv("TANDEM_FLASH_DECODE", "0", 1);
+    poison(b, dout, n_out);
+    OK(b->ops->attention(b, &a, &err_));
+    unsetenv("TANDEM_FLASH_DECODE");
+    float *out_t = tdm_cu_test_get(b, dout, n_out * 4);
+    for (int32_t r = 0; r < bt.n_rows; r++)
+        cr_assert(memcmp(out_t + (size_t)r * row_out, out + (size_t)r * row_out, row_out * 4) == 0,
+                  "hd %d: row %d: the tiled kernel differs from the decode kernel", hd, (int)r);
+    /* each sequence's last row alone */
+    float *d1 = tdm_cu_test_put(b, NULL, row_out * 4);
+    for (int32_t r = 0; r < bt.n_rows; r++) {
+        if (r + 1 < bt.n_rows && bt.seq[r + 1] == bt.seq[r]) continue;
+        tdm_batch one;
+        cr_assert_eq(tdm_batch_init(&one, 1, NULL), TANDEM_OK);
+        tdm_batch_add(&one, 0, bt.pos[r], bt.seq[r], bt.slot[r], false);
+        tdm_attn_args a1 = a;
+        a1.batch = &one;
+        a1.q = dq + (size_t)r * q_stride;
+        a1.out = d1;
+        poison(b, d1, row_out);
+        OK(b->ops->attention(b, &a1, &err_));
+        float *o1 = tdm_cu_test_get(b, d1, row_out * 4);
+        cr_assert(memcmp(o1, out + (size_t)r * row_out, row_out * 4) == 0, "hd %d: row %d alone differs from the batch",
+                  hd, (int)r);
+        free(o1);
+        tdm_batch_free(&one);
+    }
+    tdm_batch_free(&bt);
+    void *dev[] = {kc, vc, dq, dout, d1};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(kr), free(vr), free(q), free(ref), free(out), free(out_t);
+    for (int s = 0; s < N_SEQ; s++) free(seqs[s].blocks);
+    tdm_backend_destroy(b);
+}
+
+#define DECODE_TEST(name, seed, ...) \
+    Test(cuda_flash_decode, name, .timeout = 600) { run_decode_batch(&(decode_case){__VA_ARGS__}, seed); }
+/* heads, kv heads, head dim, block size, rows per sequence */
+DECODE_TEST(mha_32_hd128_bs16_decode, 21, 32, 32, 128, 16, 1)
+DECODE_TEST(gqa_32_8_hd128_bs16_decode, 22, 32, 8, 128, 16, 1)
+DECODE_TEST(gqa_32_8_hd128_bs32_verify5, 23, 32, 8, 128, 32, 5)
+DECODE_TEST(mha_8_hd128_bs8_verify5, 24, 8, 8, 128, 8, 5)
+DECODE_TEST(mha_8_hd64_bs8_decode, 25, 8, 8, 64, 8, 1)
+DECODE_TEST(gqa_8_2_hd64_bs16_verify5, 26, 8, 2, 64, 16, 5)
+DECODE_TEST(gqa_8_2_hd80_bs8_decode, 27, 8, 2, 80, 8, 1)
+DECODE_TEST(mha_6_hd80_bs32_verify5, 28, 6, 6, 80, 32, 5)
+DECODE_TEST(gqa_12_4_hd96_bs32_decode, 29, 12, 4, 96, 32, 1)
+DECODE_TEST(gqa_12_4_hd96_bs16_verify5, 30, 12, 4, 96, 16, 5)
+DECODE_TEST(mha_4_hd256_bs16_decode, 31, 4, 4, 256, 16, 1)
+DECODE_TEST(gqa_8_2_hd256_bs8_verify5, 32, 8, 2, 256, 8, 5)
+DECODE_TEST(gqa_32_4_hd128_bs16_verify5, 33, 32, 4, 128, 16, 5)
 
 /* ---- the fused forward ---------------------------------------------------------- */
 

@@ -18,6 +18,9 @@
  * of TDM_FLASH_SPLIT), and keys a row cannot see contribute exact zeros, so a row's
  * output does not depend on which other rows share its tile or its batch.
  * Invisible keys are masked (causal within the new rows: a row sees [0, nv)).
+ *
+ * Tiles of few rows (decode, verification) go to cuda_decode_attn.cu instead, which
+ * computes the same thing in the same order without staging (tdm_cuda_flash).
  */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -35,6 +38,19 @@
  * large in shared memory). */
 template <int HD> struct fl_warps { static constexpr int n = HD >= 256 ? 4 : TDM_FLASH_SPLIT / 32; };
 #define FL_CHUNK TDM_KV_CHUNK /* keys per warp step */
+
+/* For the decode kernel (cuda_decode_attn.cu), which takes the chunks of a split in
+ * the same streams as these warps. */
+int32_t tdm_flash_warps(int32_t head_dim) {
+    switch (head_dim) {
+    case 64: return fl_warps<64>::n;
+    case 80: return fl_warps<80>::n;
+    case 96: return fl_warps<96>::n;
+    case 128: return fl_warps<128>::n;
+    case 256: return fl_warps<256>::n;
+    default: return 0;
+    }
+}
 
 int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head,
                                   int32_t max_q) {
@@ -149,7 +165,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
                 corr = expf(m[qi] - mn);
                 p = expf(sc - mn);
             }
-            l[qi] = l[qi] * corr + tdm_cu_warp_sum(p);
+            l[qi] = fmaf(l[qi], corr, tdm_cu_warp_sum(p)); /* (explicit: the decode kernel's too) */
             m[qi] = mn;
 #pragma unroll
             for (int t = 0; t < T; t++) acc[qi][t] = make_float2(acc[qi][t].x * corr, acc[qi][t].y * corr);
@@ -287,7 +303,8 @@ bool tdm_flash_tc_use(int32_t head_dim, int32_t n_rows) {
 
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err) {
     if (a->n_rows <= 0) return TANDEM_OK;
-    if (a->heads_per_block == 1 && tdm_flash_tc_use(a->head_dim, a->n_rows)) return tdm_cuda_flash_tc(c, a, err);
+    if (a->heads_per_block == 1 && !tdm_flash_decode_use(a->tile_rows, 1) && tdm_flash_tc_use(a->head_dim, a->n_rows))
+        return tdm_cuda_flash_tc(c, a, err);
     const int32_t gh = a->heads_per_block;
     if (gh <= 0 || (a->n_head / a->n_kv_head) % gh != 0 || a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: %d rows x %d heads per tile", (int)a->tile_rows,
@@ -297,7 +314,14 @@ tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err)
                           (int)a->n_splits);
     const dim3 grid((unsigned)a->n_tiles, (unsigned)(a->n_kv_head * (a->n_head / a->n_kv_head / gh)), (unsigned)a->n_splits);
     tandem_status st;
-    switch (a->head_dim) {
+    /* decode / verification tiles go to cuda_decode_attn.cu when they fill the GPU
+     * (two blocks per SM): on a small grid (one sequence) the tiled kernel's eight
+     * warps per split are faster (measured: batch 1 of the 7B shapes 202 against 131
+     * tok/s); both give the same bits */
+    const int64_t n_blocks = (int64_t)grid.x * grid.y * grid.z;
+    if (tdm_flash_decode_use(a->tile_rows, gh) && n_blocks >= 2 * (int64_t)c->n_sm) {
+        if ((st = tdm_cuda_flash_decode(c, a, err))) return st;
+    } else switch (a->head_dim) {
     case 64: st = launch_hd<64>(c, a, grid, gh, err); break;
     case 80: st = launch_hd<80>(c, a, grid, gh, err); break;
     case 96: st = launch_hd<96>(c, a, grid, gh, err); break;

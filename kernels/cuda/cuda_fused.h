@@ -92,6 +92,15 @@ bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_ty
 /* Floats of partials the attention needs. */
 size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, int32_t head_dim);
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err);
+/* The decode kernel (cuda_decode_attn.cu): the same arguments, grid, partials and
+ * results, bit for bit, as the tiled kernel above, for tiles of few rows (decode,
+ * verification: tile_rows <= TDM_FLASH_DECODE_ROWS), with K / V read straight from
+ * the cache instead of staged per warp.  tdm_cuda_flash dispatches to it when
+ * tdm_flash_decode_use says so (TANDEM_FLASH_DECODE=0 turns it off) and runs the
+ * split combine after it. */
+#define TDM_FLASH_DECODE_ROWS 8
+bool tdm_flash_decode_use(int32_t tile_rows, int32_t heads_per_block);
+tandem_status tdm_cuda_flash_decode(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err);
 /* Whether a batch of n_rows attends on tensor cores (cuda_flash_tc.cu): with
  * TANDEM_FLASH_TC=1, for more rows than a verification (prefill chunks) and
  * head_dim 64, 80, 96, 128 or 256; its tiles must then be made with one head per
