@@ -60,6 +60,9 @@ struct tdm_tokenizer {
     int32_t *specials;    /* [n_specials] control/user-defined/unknown ids, longest text first */
     int32_t n_specials;
     int32_t bos, eos, eot, eom, unk; /* -1 if none */
+    int32_t eog[TDM_TOK_EOG_MAX];  /* every end-of-generation id: eos, eot, eom, and the
+                                      special tokens of end-of-turn texts (tokenizer.c) */
+    int32_t n_eog;
     bool add_bos;
     bool add_space_prefix; /* SPM */
     bool ignore_merges;    /* BPE llama-bpe: a whole pre-token in the vocab is taken as is */

@@ -332,6 +332,34 @@ static tandem_status load_specials(tdm_tokenizer *t, tdm_err *err) {
     return TANDEM_OK;
 }
 
+static void add_eog(tdm_tokenizer *t, int32_t id) {
+    if (id < 0 || t->n_eog >= TDM_TOK_EOG_MAX) return;
+    int32_t i = t->n_eog;
+    for (int32_t k = 0; k < t->n_eog; k++)
+        if (t->eog[k] == id) return;
+    while (i > 0 && t->eog[i - 1] > id) { /* kept ascending */
+        t->eog[i] = t->eog[i - 1];
+        i--;
+    }
+    t->eog[i] = id;
+    t->n_eog++;
+}
+
+/* EOS, EOT, EOM and the special tokens that end a turn in the chat formats. */
+static void find_eog(tdm_tokenizer *t) {
+    static const char *const texts[] = {
+        "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+        "<EOT>", "<|END_OF_TURN_TOKEN|>", "<｜end▁of▁sentence｜>",
+    };
+    add_eog(t, t->eos);
+    add_eog(t, t->eot);
+    add_eog(t, t->eom);
+    for (size_t i = 0; i < TDM_ARRAY_LEN(texts); i++) {
+        int32_t id = tok_lookup(t, texts[i], strlen(texts[i]));
+        if (id >= 0 && (t->type[id] == TOK_TYPE_CONTROL || t->type[id] == TOK_TYPE_USER_DEFINED)) add_eog(t, id);
+    }
+}
+
 static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     tandem_status st;
     tdm_gguf_str model, pre;
@@ -381,7 +409,9 @@ static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_space_prefix", true, &t->add_space_prefix, err)))
         return st;
     if (!spm) t->add_space_prefix = false;
-    return load_specials(t, err);
+    if ((st = load_specials(t, err))) return st;
+    find_eog(t);
+    return TANDEM_OK;
 }
 
 tandem_status tdm_tokenizer_load(const tdm_gguf *g, tdm_tokenizer **out, tdm_err *err) {
@@ -408,7 +438,15 @@ bool tdm_tok_add_bos(const tdm_tokenizer *t) { return t && t->add_bos && t->bos 
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t) { return t ? t->max_piece : 0; }
 
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id) {
-    return t && id >= 0 && (id == t->eos || id == t->eot || id == t->eom);
+    if (!t || id < 0) return false;
+    for (int32_t i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id) return true;
+    return false;
+}
+
+int32_t tdm_tok_eog_ids(const tdm_tokenizer *t, const int32_t **ids) {
+    *ids = t ? t->eog : NULL;
+    return t ? t->n_eog : 0;
 }
 
 const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len) {

@@ -31,8 +31,15 @@ int32_t tdm_tok_n_vocab(const tdm_tokenizer *t);
 int32_t tdm_tok_bos(const tdm_tokenizer *t);  /* -1 if none */
 int32_t tdm_tok_eos(const tdm_tokenizer *t);  /* -1 if none */
 bool tdm_tok_add_bos(const tdm_tokenizer *t); /* tokenizer.ggml.add_bos_token */
-/* True for end-of-generation tokens (EOS, EOT). */
+/* True for end-of-generation tokens: EOS, tokenizer.ggml.eot_token_id and
+ * eom_token_id, and (as llama.cpp does) the control or user-defined tokens of the
+ * vocabulary spelled as an end of turn: <|eot_id|>, <|eom_id|>, <|im_end|>, <|end|>,
+ * <end_of_turn>, <|endoftext|>, <|end_of_text|>, <EOT>, <|END_OF_TURN_TOKEN|>,
+ * <｜end▁of▁sentence｜>. */
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id);
+#define TDM_TOK_EOG_MAX 16
+/* The end-of-generation ids, ascending (at most TDM_TOK_EOG_MAX); returns the count. */
+int32_t tdm_tok_eog_ids(const tdm_tokenizer *t, const int32_t **ids);
 /* Longest output of tdm_token_to_piece over the vocabulary (render_special = true). */
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t);
 /* The raw vocabulary string of a token (as stored in the GGUF); NULL if out of range. */

@@ -607,23 +607,29 @@ void tdm_jinja_free(tdm_jinja *t) {
     free(t);
 }
 
-tandem_status tdm_jinja_render(const tdm_jinja *t, const tdm_json *vars, const tdm_jinja_limits *lim, char **out,
-                               size_t *out_len, tdm_err *err) {
+tandem_status tdm_jinja_render(const tdm_jinja *t, const tdm_jinja_var *vars, size_t n_vars,
+                               const tdm_jinja_limits *lim, char **out, size_t *out_len, tdm_err *err) {
     if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "template: NULL out");
     *out = NULL;
     if (out_len) *out_len = 0;
     if (!t) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "template: NULL template");
-    if (vars && vars->type != TDM_JSON_OBJECT)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "template: the variables must be a JSON object");
+    if (!vars && n_vars) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "template: NULL variables");
     tdm_err e = {0};
     jj_ctx c = {.err = &e, .lim = lim ? *lim : tdm_jinja_default_limits()};
     c.arena.limit = c.lim.max_memory;
     jj_buf b = {0};
     c.out = &b;
     bool ok = (c.globals = c.cur = frame_new(&c, NULL)) != NULL;
-    for (size_t i = 0; ok && vars && i < vars->n; i++) {
-        jj_val v;
-        ok = jj_from_json(&c, &vars->items[i], &v) && frame_set(&c, c.globals, vars->keys[i], v);
+    for (size_t i = 0; ok && i < n_vars; i++) {
+        jj_val v = jv_none();
+        if (vars[i].str) {
+            const jj_str *s = jj_str_new(&c, vars[i].str, strlen(vars[i].str));
+            ok = s != NULL;
+            v = jv_str(s);
+        } else if (vars[i].json) {
+            ok = jj_from_json(&c, vars[i].json, &v);
+        }
+        ok = ok && vars[i].name && frame_set(&c, c.globals, vars[i].name, v);
     }
     ok = ok && exec_stmt(&c, t->root);
     jj_arena_free(&c.arena);

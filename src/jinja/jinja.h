@@ -53,14 +53,21 @@ tdm_jinja_limits tdm_jinja_default_limits(void);
 tandem_status tdm_jinja_parse(const char *src, size_t len, tdm_jinja **out, tdm_err *err);
 void tdm_jinja_free(tdm_jinja *t); /* NULL is a no-op */
 
-/* Renders with the members of the JSON object vars as the template's variables
- * (vars may be NULL: none).  JSON numbers written as integers become ints, others
- * floats.  lim NULL: the defaults.  On success *out is the text (malloc'ed,
+/* One variable of a render: a JSON value (NULL: none), or a string when str is set. */
+typedef struct tdm_jinja_var {
+    const char *name;
+    const tdm_json *json;
+    const char *str; /* NUL-terminated; wins over json */
+} tdm_jinja_var;
+
+/* Renders with vars[n_vars] as the template's variables (a later one of the same
+ * name wins).  JSON numbers written as integers become ints, others floats; JSON
+ * objects keep their member order.  lim NULL: the defaults.  On success *out is the text (malloc'ed,
  * NUL-terminated; free()) and *out_len its length.  Errors: TANDEM_ERR_FORMAT for a
  * render error ("line L, column C: ..."; raise_exception's message is quoted in
  * it), TANDEM_ERR_UNSUPPORTED for an unsupported filter, test or method,
  * TANDEM_ERR_NOMEM past a limit or when an allocation fails. */
-tandem_status tdm_jinja_render(const tdm_jinja *t, const tdm_json *vars, const tdm_jinja_limits *lim, char **out,
-                               size_t *out_len, tdm_err *err);
+tandem_status tdm_jinja_render(const tdm_jinja *t, const tdm_jinja_var *vars, size_t n_vars,
+                               const tdm_jinja_limits *lim, char **out, size_t *out_len, tdm_err *err);
 
 #endif

@@ -262,6 +262,8 @@ static jj_node *parse_subscript(parser *P, jj_node *obj, const jj_token *at) {
 static jj_node *parse_call(parser *P, jj_node *callee, const jj_token *t) {
     jj_node *m = jp_node(P, E_CALL, t);
     if (!m) return NULL;
+    m->line = callee->line; /* messages point at what is called */
+    m->col = callee->col;
     m->a = callee;
     return jp_parse_args(P, m) ? m : NULL;
 }

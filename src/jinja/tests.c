@@ -77,16 +77,16 @@ static bool int_of(jj_ctx *c, const jj_node *n, jj_val v, int64_t *out) {
 
 static bool t_odd(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, bool *o) {
     (void)a;
-    int64_t i;
+    int64_t i = 0;
     return int_of(c, n, v, &i) && (*o = i % 2 != 0, true);
 }
 static bool t_even(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, bool *o) {
     (void)a;
-    int64_t i;
+    int64_t i = 0;
     return int_of(c, n, v, &i) && (*o = i % 2 == 0, true);
 }
 static bool t_divisibleby(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, bool *o) {
-    int64_t i, d;
+    int64_t i = 0, d = 0;
     jj_val dv;
     if (!jj_arg(a, 0, "num", &dv)) return jj_fail(c, n, TANDEM_ERR_FORMAT, "divisibleby needs a number");
     if (!int_of(c, n, v, &i) || !int_of(c, n, dv, &d)) return false;
