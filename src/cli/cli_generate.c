@@ -179,7 +179,8 @@ int cli_render_chats(const tandem_model *target, const char *tmpl, bool all, con
         }
         if (s != TANDEM_OK) {
             char what[PATH_MAX + 32];
-            snprintf(what, sizeof what, "%s:%d", file, p->line);
+            if (p->line > 0) snprintf(what, sizeof what, "%s:%d", file, p->line);
+            else snprintf(what, sizeof what, "%s", file);
             if (!lenient) return cli_status_error(s, what);
             size_t n = strlen(what) + strlen(tandem_last_error()) + 3;
             if (!(p->error = malloc(n))) return cli_error("out of memory");
