@@ -117,6 +117,65 @@ tandem_status tandem_tokenizer_encode(const tandem_tokenizer *tokenizer, const c
 tandem_status tandem_tokenizer_decode(const tandem_tokenizer *tokenizer, const int32_t *ids, size_t n,
                                       char **out_text);
 
+/* ------------------------------------------------------------------ chat */
+
+/* One message of a conversation. */
+typedef struct tandem_chat_message {
+    const char *role;    /* "system", "user", "assistant", ... (UTF-8, NUL-terminated) */
+    const char *content; /* the text (UTF-8, NUL-terminated); NULL: none (null in the
+                            template) */
+} tandem_chat_message;
+
+/* The built-in chat templates' names, comma-separated: "chatml, llama2, llama3, gemma,
+ * mistral, mistral-v7, phi3, deepseek2, deepseek3, deepseek-r1" (a static string). */
+const char *tandem_chat_builtin_templates(void);
+
+/* Renders a conversation into a prompt with a chat template, as Python's jinja2 does
+ * for HF transformers' apply_chat_template (trim_blocks, lstrip_blocks, the
+ * raise_exception and strftime_now functions, transformers' tojson).
+ *   chat_template: NULL = the model's own (its GGUF's tokenizer.chat_template;
+ *       TANDEM_ERR_UNSUPPORTED when it has none); else a built-in name
+ *       (tandem_chat_builtin_templates), a named template of the model
+ *       (tokenizer.chat_template.NAME), or the text of a Jinja template (anything
+ *       containing "{{" or "{%").  An unknown name: TANDEM_ERR_INVALID_ARG.
+ *   messages[n_messages]: the conversation (copied; the caller keeps them).
+ *   add_generation_prompt: end with the opening of an assistant turn.
+ * The template sees messages, add_generation_prompt, bos_token and eos_token (the
+ * texts of the model's BOS and EOS tokens, undefined when it has none), tools and
+ * documents (none).  When the model adds BOS when tokenizing and the text begins
+ * with the BOS token's text, that text is removed (as llama.cpp does): the result
+ * is ready for tandem_generate, which adds BOS.  A template that fails (a syntax
+ * error, a construct outside the supported subset, raise_exception) fails with
+ * TANDEM_ERR_FORMAT or TANDEM_ERR_UNSUPPORTED and a message naming the template's
+ * line and column (raise_exception's text quoted); a built-in template is the
+ * fallback.  Rendering is bounded (16 MiB of text, 256 MiB of memory, 50M steps).
+ * *out_text: malloc'ed, NUL-terminated; free with tandem_free.  Thread-safe: the
+ * model is only read. */
+tandem_status tandem_chat_render(const tandem_model *model, const char *chat_template,
+                                 const tandem_chat_message *messages, size_t n_messages,
+                                 bool add_generation_prompt, char **out_text);
+
+/* The same from JSON text json[0..len): an OpenAI-style messages array (each element
+ * an object with a string "role"; "content" and any other members, such as
+ * "tool_calls", are passed to the template as they are), or an object
+ * {"messages": [...], "tools": [...]} whose tools the template also sees.  Bad JSON
+ * or messages: TANDEM_ERR_INVALID_ARG naming the problem. */
+tandem_status tandem_chat_render_json(const tandem_model *model, const char *chat_template, const char *json,
+                                      size_t len, bool add_generation_prompt, char **out_text);
+
+/* tandem_chat_render for a stand-alone tokenizer (its GGUF's template and tokens). */
+tandem_status tandem_tokenizer_chat_render(const tandem_tokenizer *tokenizer, const char *chat_template,
+                                           const tandem_chat_message *messages, size_t n_messages,
+                                           bool add_generation_prompt, char **out_text);
+
+/* The model's end-of-generation tokens, ascending: EOS, the end-of-turn and
+ * end-of-message tokens its GGUF declares (tokenizer.ggml.eot_token_id,
+ * eom_token_id), and its special tokens that end a turn in the chat formats
+ * (<|im_end|>, <|eot_id|>, <end_of_turn>, <|end|>, ...).  Generation stops at any of
+ * them (finish reason eos).  Writes at most cap ids into out (out may be NULL when
+ * cap is 0) and returns how many there are (at most 16). */
+size_t tandem_model_eog_tokens(const tandem_model *model, int32_t *out, size_t cap);
+
 /* --------------------------------------------------------------- engines */
 
 /* An engine runs generation for a target model and, optionally, a draft model that
@@ -178,7 +237,8 @@ uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine);
 
 typedef enum tandem_finish_reason {
     TANDEM_FINISH_NONE = 0,
-    TANDEM_FINISH_EOS,      /* the model produced an end-of-generation token */
+    TANDEM_FINISH_EOS,      /* the model produced an end-of-generation token (EOS or an
+                               end of turn: tandem_model_eog_tokens) */
     TANDEM_FINISH_LENGTH,   /* max_tokens reached (or the context is full) */
     TANDEM_FINISH_CANCELLED,/* the token callback returned false, or tandem_engine_cancel */
     TANDEM_FINISH_STOP,     /* a stop string was generated: the text ends before it */

@@ -4,7 +4,7 @@
 # Builds every libFuzzer harness of tests/fuzz/ (fuzz_NAME.c) with clang
 # -fsanitize=fuzzer,address,undefined into build-fuzz/, seeds each one's corpus from
 # the checked-in examples (configs/*.ini, tests/data/*.jsonl, the GGUF files' heads,
-# the tokenizer cases) and runs it for SECONDS (default 20), two at a time (NAME...:
+# the tokenizer cases, the chat templates) and runs it for SECONDS (default 20), two at a time (NAME...:
 # only those, e.g. `scripts/fuzz.sh 300 config prompts`).  The
 # corpora stay in build-fuzz/corpus/NAME (a later run starts from them); crashes go
 # to build-fuzz/crashes/.  Exit status: 0 when no harness crashed, 1 when one did (the
@@ -22,7 +22,9 @@ JSON_SRC=(src/json.c src/unicode.c src/unicode_data.c src/common.c)
 GGUF_SRC=(src/gguf.c src/ggml_types.c src/dtype.c "${JSON_SRC[@]}")
 TOK_SRC=(src/tokenizer.c src/tok_bpe.c src/tok_spm.c src/tok_pretok.c src/tok_pretok_rules.c src/tok_pretok_names.c "${GGUF_SRC[@]}")
 PROMPT_SRC=(src/cli/prompts.c src/input.c "${JSON_SRC[@]}")
-HARNESSES=(gguf json tokenizer config prompts)
+JINJA_SRC=(src/jinja/lexer.c src/jinja/parser.c src/jinja/parse_stmt.c src/jinja/eval.c src/jinja/ops.c
+    src/jinja/value.c src/jinja/strings.c src/jinja/filters.c src/jinja/tests.c src/jinja/methods.c "${JSON_SRC[@]}")
+HARNESSES=(gguf json tokenizer config prompts chat_template)
 [ $# -gt 0 ] && HARNESSES=("$@")
 
 # The library sources, extra link flags and -max_len of each harness.
@@ -33,10 +35,11 @@ sources() {
     tokenizer) echo "${TOK_SRC[@]}" ;;
     config) echo src/cli/job_config.c "${PROMPT_SRC[@]}" ;;
     prompts) echo "${PROMPT_SRC[@]}" ;;
+    chat_template) echo "${JINJA_SRC[@]}" ;;
     esac
 }
 libs() { [ "$1" = config ] && pkg-config --libs inih; echo -lm; }
-max_len() { [ "$1" = prompts ] && echo 8192 || echo 4096; }
+max_len() { case $1 in prompts | chat_template) echo 8192 ;; *) echo 4096 ;; esac; }
 
 if ! command -v "$CC" >/dev/null 2>&1; then
     echo "fuzz: skipped: $CC not found (scripts/setup.sh installs it)"
@@ -89,6 +92,11 @@ for i, l in enumerate(open("tests/data/tokenizer-cases.jsonl", encoding="utf-8")
         open("%s/case%d" % (sys.argv[1], i), "wb").write(bytes([i % 3]) + json.loads(l)["text"].encode()[:4000])
 PY
         ;;
+    chat_template) # the real templates, each after a byte that picks the conversation
+        for f in tests/data/chat/*.jinja; do
+            { printf '\001'; head -c 8000 "$f"; } >"$d/$(basename "$f")"
+            { printf '\202'; head -c 8000 "$f"; } >"$d/agp-$(basename "$f")"
+        done ;;
     config)
         for f in configs/*.ini; do cp "$f" "$d/"; done
         printf '[model]\ntarget = ../models/pycode-target-f16.gguf\n[sampling]\nstop = ["\\n\\n", "def "]\n[job]\ninput = ../tests/data/prompts-dev.jsonl\noutput = /dev/null\npriority = 2\ntimeout_s = 1.5\n' >"$d/fields.ini" ;;

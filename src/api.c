@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "engine.h"
 #include "scheduler.h"
 #include "tandem.h"
@@ -237,6 +238,71 @@ tandem_status tandem_tokenizer_encode(const tandem_tokenizer *t, const char *tex
 tandem_status tandem_tokenizer_decode(const tandem_tokenizer *t, const int32_t *ids, size_t n, char **out_text) {
     if (!t) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL tokenizer");
     return decode(t->tok, ids, n, out_text);
+}
+
+/* ------------------------------------------------------------------ chat */
+
+const char *tandem_chat_builtin_templates(void) { return tdm_chat_builtin_names; }
+
+/* messages + tools (both may be NULL) through the template of g / tok. */
+static tandem_status chat_render(const tdm_gguf *g, const tdm_tokenizer *tok, const char *tmpl,
+                                 const tdm_json *messages, const tdm_json *tools, bool agp, char **out_text) {
+    tdm_err err = {0};
+    tandem_status st = tdm_chat_render_for(g, tok, tmpl, messages, tools, agp, true, out_text, &err);
+    return st ? fail(&err, st) : TANDEM_OK;
+}
+
+static tandem_status chat_render_msgs(const tdm_gguf *g, const tdm_tokenizer *tok, const char *tmpl,
+                                      const tandem_chat_message *msgs, size_t n, bool agp, char **out_text) {
+    if (!out_text) return fail_msg(TANDEM_ERR_INVALID_ARG, "out_text is NULL");
+    *out_text = NULL;
+    tdm_err err = {0};
+    tdm_json *m = NULL;
+    tandem_status st = tdm_chat_messages_json(msgs, n, &m, &err);
+    if (st) return fail(&err, st);
+    st = chat_render(g, tok, tmpl, m, NULL, agp, out_text);
+    tdm_json_free(m);
+    return st;
+}
+
+tandem_status tandem_chat_render(const tandem_model *model, const char *tmpl, const tandem_chat_message *msgs,
+                                 size_t n, bool agp, char **out_text) {
+    if (!model) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL model");
+    return chat_render_msgs(model->m->gguf, model->m->tok, tmpl, msgs, n, agp, out_text);
+}
+
+tandem_status tandem_tokenizer_chat_render(const tandem_tokenizer *t, const char *tmpl, const tandem_chat_message *msgs,
+                                           size_t n, bool agp, char **out_text) {
+    if (!t) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL tokenizer");
+    return chat_render_msgs(t->gguf, t->tok, tmpl, msgs, n, agp, out_text);
+}
+
+tandem_status tandem_chat_render_json(const tandem_model *model, const char *tmpl, const char *json, size_t len,
+                                      bool agp, char **out_text) {
+    if (!out_text) return fail_msg(TANDEM_ERR_INVALID_ARG, "out_text is NULL");
+    *out_text = NULL;
+    if (!model || (!json && len)) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    tdm_err err = {0};
+    tdm_json *j = NULL;
+    tandem_status st = tdm_json_parse(json ? json : "", len, &j, &err);
+    if (st) return fail(&err, TANDEM_ERR_INVALID_ARG);
+    const tdm_json *messages = j, *tools = NULL;
+    if (j->type == TDM_JSON_OBJECT) {
+        messages = tdm_json_get(j, "messages");
+        tools = tdm_json_get(j, "tools");
+        if (!messages) st = fail_msg(TANDEM_ERR_INVALID_ARG, "the JSON object has no \"messages\"");
+    }
+    if (!st) st = chat_render(model->m->gguf, model->m->tok, tmpl, messages, tools, agp, out_text);
+    tdm_json_free(j);
+    return st;
+}
+
+size_t tandem_model_eog_tokens(const tandem_model *model, int32_t *out, size_t cap) {
+    if (!model) return 0;
+    const int32_t *ids;
+    size_t n = (size_t)tdm_tok_eog_ids(model->m->tok, &ids);
+    for (size_t i = 0; out && i < n && i < cap; i++) out[i] = ids[i];
+    return n;
 }
 
 /* --------------------------------------------------------------- engines */

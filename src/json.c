@@ -583,3 +583,25 @@ void tdm_json_write_str(FILE *f, const char *s, size_t len) {
     }
     fputc('"', f);
 }
+
+void tdm_json_write(FILE *f, const tdm_json *j) {
+    switch (j->type) {
+    case TDM_JSON_NULL: fputs("null", f); break;
+    case TDM_JSON_BOOL: fputs(j->b ? "true" : "false", f); break;
+    case TDM_JSON_NUMBER: fwrite(j->str, 1, j->str_len, f); break; /* the literal as written */
+    case TDM_JSON_STRING: tdm_json_write_str(f, j->str, j->str_len); break;
+    case TDM_JSON_ARRAY:
+    case TDM_JSON_OBJECT:
+        fputc(j->type == TDM_JSON_ARRAY ? '[' : '{', f);
+        for (size_t i = 0; i < j->n; i++) {
+            if (i) fputs(", ", f);
+            if (j->type == TDM_JSON_OBJECT) {
+                tdm_json_write_str(f, j->keys[i], strlen(j->keys[i]));
+                fputs(": ", f);
+            }
+            tdm_json_write(f, &j->items[i]);
+        }
+        fputc(j->type == TDM_JSON_ARRAY ? ']' : '}', f);
+        break;
+    }
+}

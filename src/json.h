@@ -55,5 +55,8 @@ bool tdm_json_u64(const tdm_json *j, uint64_t *out);
 /* Writes s as a JSON string literal (quotes, escapes; invalid UTF-8 bytes become
  * U+FFFD so the output is always valid JSON). */
 void tdm_json_write_str(FILE *f, const char *s, size_t len);
+/* Writes a whole value as JSON text (numbers as their literals; member names
+ * holding a NUL are cut at it).  Parsing the text gives the same tree back. */
+void tdm_json_write(FILE *f, const tdm_json *j);
 
 #endif

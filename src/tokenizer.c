@@ -343,6 +343,8 @@ static const char *const eog_texts[] = {
     "[e~[",
 };
 
+_Static_assert(sizeof eog_texts / sizeof eog_texts[0] + 3 <= TDM_TOK_EOG_MAX, "tdm_tok_eog_ids' bound");
+
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
     return (x > y) - (x < y);
@@ -470,6 +472,11 @@ bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id) {
     for (int32_t i = 0; i < t->n_eog; i++)
         if (t->eog[i] == id) return true;
     return false;
+}
+
+int32_t tdm_tok_eog_ids(const tdm_tokenizer *t, const int32_t **ids) {
+    *ids = t ? t->eog : NULL;
+    return t ? t->n_eog : 0;
 }
 
 const char *tdm_tok_text(const tdm_tokenizer *t, int32_t id, size_t *len) {

@@ -827,5 +827,97 @@ expect_exit 0 "merge --force" "$TANDEM" merge --force "$TMP/merged.jsonl" "$TMP/
 [ "$(wc -l <"$TMP/merged.jsonl")" -eq "$n1" ] && pass "merge --force: replaced" || fail "merge --force: not replaced"
 expect_exit 2 "merge: no input files" "$TANDEM" merge "$TMP/m.jsonl"
 
+# -------------------------------------------------------------------- chat
+# The shipped model has no chat template: --chat-template chatml renders its prompts.
+printf '%s' '[{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]' >"$TMP/msgs.json"
+CHATML=$(printf '<|im_start|>system\nYou write Python.<|im_end|>\n<|im_start|>user\ndef fib(n):<|im_end|>\n<|im_start|>assistant\n.')
+CHATML=${CHATML%.} # (the substitution would drop the final newline)
+expect_exit 0 "generate --messages --chat-template chatml" \
+    "$TANDEM" generate -m "$TARGET" --messages "$TMP/msgs.json" --chat-template chatml -n 8 --json
+cp "$TMP/out" "$TMP/chat1.json"
+expect_exit 0 "generate -p (the chatml text by hand)" "$TANDEM" generate -m "$TARGET" -p "$CHATML" -n 8 --json
+if python3 - "$TMP/chat1.json" "$TMP/out" <<'PY'
+import json, sys
+a, b = (json.loads(open(f).readline()) for f in sys.argv[1:3])
+sys.exit(0 if a["tokens"] == b["tokens"] and a["prompt_tokens"] == b["prompt_tokens"] else 1)
+PY
+then pass "generate --messages: the prompt is the rendered conversation"; else fail "generate --messages: prompt differs from the chatml text"; fi
+expect_exit 1 "generate --messages: the model has no template" "$TANDEM" generate -m "$TARGET" --messages "$TMP/msgs.json" -n 4
+expect_err "no chat template" "generate --messages without a template"
+expect_exit 1 "generate --chat-template bogus" "$TANDEM" generate -m "$TARGET" --messages "$TMP/msgs.json" --chat-template bogus
+expect_err "unknown chat template 'bogus' (built-in: chatml" "generate --chat-template bogus"
+expect_exit 2 "generate --chat-template without --chat" "$TANDEM" generate -m "$TARGET" -p x --chat-template chatml
+expect_exit 2 "generate: -p and --messages" "$TANDEM" generate -m "$TARGET" -p x --messages "$TMP/msgs.json"
+printf '{"role": "user"}' >"$TMP/notarray.json"
+expect_exit 1 "generate --messages: not an array" "$TANDEM" generate -m "$TARGET" --messages "$TMP/notarray.json" --chat-template chatml
+expect_err "expected an array of messages" "generate --messages: not an array"
+printf '{{ raise_exception("no " ~ messages[0].role) }}' >"$TMP/raise.jinja"
+expect_exit 1 "generate --chat-template FILE raising" "$TANDEM" generate -m "$TARGET" --messages "$TMP/msgs.json" --chat-template "$TMP/raise.jinja"
+expect_err "line 1, column 4: raise_exception: no system" "generate --chat-template FILE raising"
+printf '%s\n' '{"id": "a", "messages": [{"role": "user", "content": "import os"}], "max_tokens": 4}' \
+    '{"id": "b", "prompt": "def g():", "max_tokens": 4}' >"$TMP/chatp.jsonl"
+expect_exit 0 "generate --prompts with messages lines --chat" \
+    "$TANDEM" generate -m "$TARGET" --prompts "$TMP/chatp.jsonl" --chat --chat-template chatml --json
+[ "$(wc -l <"$TMP/out")" -eq 2 ] && pass "generate --prompts --chat: two results" || fail "generate --prompts --chat: $(wc -l <"$TMP/out") lines"
+printf '%s\n' '{"id": 1, "messages": [{"content": "no role"}]}' >"$TMP/badmsg.jsonl"
+expect_exit 1 "generate --prompts: a message without a role" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/badmsg.jsonl"
+expect_err 'badmsg.jsonl:1: "messages" must be an array of objects with a string "role"' "generate --prompts: bad messages"
+printf '%s\n' '{"id": 1, "messages": [{"role": "user", "content": "x"}], "prompt": "y"}' >"$TMP/both.jsonl"
+expect_exit 1 "generate --prompts: prompt and messages" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/both.jsonl"
+expect_err 'not both' "generate --prompts: prompt and messages"
+
+# tandem run: inputs with "messages" rendered by [job] chat_template; one that the
+# template refuses is that input's error, the others run.
+printf '%s\n' '{"id": "ok", "messages": [{"role": "user", "content": "import os"}]}' \
+    '{"id": "bad", "messages": [{"role": "tool", "content": "x"}]}' >"$TMP/chatjob.jsonl"
+cat >"$TMP/chatjob.ini" <<EOF
+[model]
+target = $TARGET
+[sampling]
+max_tokens = 4
+[job]
+input = chatjob.jsonl
+output = chatjob.out
+chat_template = {% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools') }}{% endif %}{{ m.content }}{% endfor %}
+EOF
+rm -f "$TMP/chatjob.out"
+"$TANDEM" run "$TMP/chatjob.ini" >/dev/null 2>"$TMP/err"
+if [ $? -eq 1 ] && grep -q '"id": "ok", "text"' "$TMP/chatjob.out" && grep -q '"id": "bad", "error": ".*raise_exception: no tools' "$TMP/chatjob.out"; then
+    pass "run: messages rendered, a refused one is its input's error"
+else
+    fail "run: messages: $(head -c 400 "$TMP/chatjob.out")"
+fi
+
+# tandem chat through a pipe: each turn's reply is what generate gives for the
+# conversation so far (the history kept), /reset forgets it, /exit ends the input.
+printf 'def add(a, b):\nreturn a\n/reset\nimport os\n/exit\nignored\n' >"$TMP/chat.in"
+STDIN="$TMP/chat.in" expect_exit 0 "chat: a piped conversation" \
+    "$TANDEM" chat -m "$TARGET" -d "$DRAFT" --chat-template chatml --system "You write Python." -n 12
+cp "$TMP/out" "$TMP/chat.out"
+if python3 - "$TANDEM" "$TARGET" "$TMP" <<'PY'
+import json, subprocess, sys
+tandem, target, tmp = sys.argv[1:4]
+def gen(msgs):
+    open(tmp + "/turn.json", "w").write(json.dumps(msgs))
+    r = subprocess.run([tandem, "generate", "-m", target, "--messages", tmp + "/turn.json", "--chat-template",
+                        "chatml", "-n", "12", "--json"], capture_output=True, text=True, check=True)
+    return json.loads(r.stdout)["text"]
+sys_m = {"role": "system", "content": "You write Python."}
+h = [sys_m, {"role": "user", "content": "def add(a, b):"}]
+r1 = gen(h)
+h += [{"role": "assistant", "content": r1}, {"role": "user", "content": "return a"}]
+r2 = gen(h)
+r3 = gen([sys_m, {"role": "user", "content": "import os"}])
+want = r1 + "\n" + r2 + "\n" + r3 + "\n"
+got = open(tmp + "/chat.out").read()
+if got != want:
+    print("chat output %r\nexpected    %r" % (got, want))
+    sys.exit(1)
+PY
+then pass "chat: replies follow the kept history, /reset and /exit"; else fail "chat: replies differ from generate's"; fi
+STDIN="$TMP/chat.in" expect_exit 1 "chat: the model has no template" "$TANDEM" chat -m "$TARGET" -n 4
+expect_err "no chat template" "chat without a template"
+expect_exit 2 "chat: -p is not an option" "$TANDEM" chat -m "$TARGET" -p x
+
 echo "# $n_pass passed, $n_fail failed"
 [ "$n_fail" -eq 0 ]

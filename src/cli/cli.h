@@ -30,6 +30,7 @@ int cli_bench(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_merge(int argc, char **argv);
+int cli_chat(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 
@@ -104,8 +105,11 @@ typedef struct cli_prompt {
     char *id_str;            /* CLI_ID_NUM: the number's literal; CLI_ID_STR: the string;
                                 [id_len] bytes + NUL (heap) */
     size_t id_len;
-    char *text;              /* the prompt: [len] bytes + NUL (heap; may hold NULs) */
+    char *text;              /* the prompt: [len] bytes + NUL (heap; may hold NULs); for a
+                                chat prompt, the rendered conversation once rendered */
     size_t len;
+    char *messages;          /* "messages" given: that array as JSON text (heap), rendered by
+                                the model's chat template before generation; else NULL */
     bool has_seed;
     uint64_t seed;
     bool has_max_tokens;
@@ -142,6 +146,12 @@ bool cli_prompts_read_stream(FILE *f, const char *name, bool lenient, cli_prompt
 /* A single prompt from -p TEXT (id 0).  False on out of memory. */
 bool cli_prompts_single(const char *text, cli_prompts *out);
 void cli_prompts_free(cli_prompts *p);
+
+/* Whether m is a messages array: objects with a string "role" (what chat templates
+ * need; the rest is the template's business). */
+bool cli_messages_ok(const struct tdm_json *m);
+/* A JSON value as text (heap), or NULL when out of memory. */
+char *cli_json_text(const struct tdm_json *j);
 
 /* Puts p's own fields (seed, max_tokens, temperature, stop, priority, timeout) over
  * the request's (those of the command line or the job).  rq->params.stop then points
@@ -187,6 +197,8 @@ typedef struct cli_job_cfg {
     int n_stop;
     int priority;                /* [job] priority: the requests' default */
     double timeout_ms;           /* [job] timeout_s * 1000: the requests' default (0: none) */
+    char chat_template[256];     /* [job] chat_template: for inputs with "messages" ("" = the
+                                    model's own) */
     /* where the first problem was found */
     char err[PATH_MAX + 512];
     const char *file;            /* the config's path, or "--set" */
@@ -205,6 +217,50 @@ bool cli_job_cfg_read(FILE *f, const char *path, const tandem_generate_params *d
 bool cli_job_cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
                       cli_job_cfg *c);
 void cli_job_cfg_free(cli_job_cfg *c);
+
+/* ------------------------------------------------- generate and chat */
+
+/* The options of `tandem generate` and `tandem chat`. */
+typedef struct cli_gen_opts {
+    const char *model, *draft, *prompt, *prompts_file;
+    const char *messages_file; /* --messages: one conversation (implies chat) */
+    const char *chat_template; /* --chat-template: a built-in name, a model's named
+                                  template, or a .jinja file; NULL = the model's */
+    const char *system;        /* tandem chat --system TEXT */
+    bool chat;                 /* --chat: render prompts as conversations */
+    int max_tokens;            /* default 128 */
+    float temp, top_p, min_p, p_min;
+    int top_k;
+    uint64_t seed;
+    int threads;               /* 0 = all cores */
+    tandem_backend_kind backend;
+    size_t gpu_mem;            /* 0 = no budget */
+    int batch;                 /* requests decoding at once (default 1) */
+    int spec_k;                /* 0 = adaptive */
+    int spec_k_max;            /* 0 = library default */
+    int spec_ngram;            /* 0 = off; default: the library's */
+    bool json;
+} cli_gen_opts;
+
+/* Parses the options (interactive: `tandem chat`'s, no prompt options); returns -1
+ * to go on, else an exit code (usage errors printed). */
+int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o);
+/* Opens the models and the engine of o (*draft NULL without -d); -1 on success,
+ * else an exit code (the error printed; what was opened is closed). */
+int cli_gen_open(const cli_gen_opts *o, tandem_model **target, tandem_model **draft, tandem_engine **eng);
+/* The request of o's sampling and speculation options. */
+tandem_request cli_gen_request(const cli_gen_opts *o);
+/* The text of --chat-template VALUE for the library: a file's contents when VALUE
+ * names a readable file (heap, *owned set), else VALUE itself; NULL when a file could
+ * not be read (the error printed). */
+const char *cli_chat_template_arg(const char *value, char **owned);
+
+/* Renders the prompts that carry messages (all: the others too, as one user message)
+ * by the chat template tmpl (NULL: the model's), in place.  A failure: lenient, the
+ * prompt's error ("FILE:LINE: ...", the job goes on); else printed, and the exit
+ * code returned.  -1 when done. */
+int cli_render_chats(const tandem_model *target, const char *tmpl, bool all, const char *file, cli_prompts *ps,
+                     bool lenient);
 
 /* ---------------------------------------------------------------- misc */
 

@@ -1,26 +1,16 @@
 /* cli_generate.c - `tandem generate`: completions of one prompt or a prompt file,
- * streamed as text or written as JSON lines. */
+ * streamed as text or written as JSON lines; with --chat (or --messages, or prompt
+ * lines that carry "messages") the conversations are rendered by the model's chat
+ * template (or --chat-template NAME) first.  Its option parsing and model opening
+ * serve `tandem chat` too (cli_chat.c). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "input.h"
 #include "json.h"
 
-typedef struct gen_opts {
-    const char *model, *draft, *prompt, *prompts_file;
-    int max_tokens;          /* default 128 */
-    float temp, top_p, min_p, p_min;
-    int top_k;
-    uint64_t seed;
-    int threads;             /* 0 = all cores */
-    tandem_backend_kind backend;
-    size_t gpu_mem;          /* 0 = no budget */
-    int batch;               /* requests decoding at once (default 1) */
-    int spec_k;              /* 0 = adaptive */
-    int spec_k_max;          /* 0 = library default */
-    int spec_ngram;          /* 0 = off; default: the library's */
-    bool json;
-} gen_opts;
+
 
 /* Streaming state for the on_token callback. */
 typedef struct stream_state {
@@ -36,10 +26,9 @@ static bool on_token_print(int32_t token, const char *text, size_t len, void *us
     return true;
 }
 
-/* Returns -1 to go on, else an exit code. */
-static int parse_args(int argc, char **argv, gen_opts *o) {
+int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
     tandem_generate_params d = tandem_generate_default_params();
-    *o = (gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
+    *o = (cli_gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
                     .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram, .batch = 1};
     const char *spec_opt = NULL; /* the first speculation option given: needs -d */
@@ -51,11 +40,15 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
             return CLI_EXIT_OK;
         }
 #define TAKE(s, l) cli_take(argc, argv, &i, (s), (l), &v, &missing)
-        if (cli_opt_flag(a, NULL, "--json")) o->json = true;
+        if (!interactive && cli_opt_flag(a, NULL, "--json")) o->json = true;
+        else if (!interactive && cli_opt_flag(a, NULL, "--chat")) o->chat = true;
+        else if (!interactive && TAKE(NULL, "--messages")) o->messages_file = v;
+        else if (TAKE(NULL, "--chat-template")) o->chat_template = v;
+        else if (interactive && TAKE(NULL, "--system")) o->system = v;
         else if (TAKE("-m", "--model")) o->model = v;
         else if (TAKE("-d", "--draft")) o->draft = v;
-        else if (TAKE("-p", "--prompt")) o->prompt = v;
-        else if (TAKE(NULL, "--prompts")) o->prompts_file = v;
+        else if (!interactive && TAKE("-p", "--prompt")) o->prompt = v;
+        else if (!interactive && TAKE(NULL, "--prompts")) o->prompts_file = v;
         else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 0, CLI_COUNT_MAX, &o->max_tokens);
         else if (TAKE(NULL, "--temp")) ok = cli_parse_float(a, v, 0, CLI_TEMP_MAX, &o->temp);
         else if (TAKE(NULL, "--top-k")) ok = cli_parse_int(a, v, 0, CLI_COUNT_MAX, &o->top_k);
@@ -65,7 +58,7 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
-        else if (TAKE(NULL, "--batch")) ok = cli_parse_int(a, v, 1, CLI_BATCH_MAX, &o->batch);
+        else if (!interactive && TAKE(NULL, "--batch")) ok = cli_parse_int(a, v, 1, CLI_BATCH_MAX, &o->batch);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--p-min")) ok = cli_parse_float(a, v, 0, 1, &o->p_min);
@@ -77,8 +70,13 @@ static int parse_args(int argc, char **argv, gen_opts *o) {
     }
     if (!o->model) return cli_usage_error("missing required option -m MODEL");
     if (spec_opt && !o->draft) return cli_needs(spec_opt, "-d DRAFT");
-    if (o->prompt && o->prompts_file) return cli_usage_error("give either -p or --prompts, not both");
-    if (!o->prompt && !o->prompts_file) return cli_usage_error("missing -p TEXT or --prompts FILE");
+    if (interactive) return -1;
+    if (!!o->prompt + !!o->prompts_file + !!o->messages_file > 1)
+        return cli_usage_error("give one of -p, --prompts and --messages");
+    if (!o->prompt && !o->prompts_file && !o->messages_file)
+        return cli_usage_error("missing -p TEXT, --prompts FILE or --messages FILE");
+    if (o->messages_file) o->chat = true;
+    if (o->chat_template && !o->chat && !o->prompts_file) return cli_needs("--chat-template", "--chat");
     return -1;
 }
 
@@ -111,8 +109,7 @@ static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool h
     fputc('\n', stderr);
 }
 
-/* A prompt's request: its own fields over the command line's. */
-static tandem_request prompt_request(const gen_opts *o, const cli_prompt *p) {
+tandem_request cli_gen_request(const cli_gen_opts *o) {
     tandem_request rq = tandem_request_default();
     tandem_generate_params *gp = &rq.params;
     gp->max_tokens = o->max_tokens;
@@ -126,14 +123,120 @@ static tandem_request prompt_request(const gen_opts *o, const cli_prompt *p) {
     if (gp->spec_k_min > gp->spec_k_max) gp->spec_k_min = gp->spec_k_max;
     gp->spec_p_min = o->p_min;
     gp->spec_ngram = o->spec_ngram;
+    return rq;
+}
+
+/* A prompt's request: its own fields over the command line's. */
+static tandem_request prompt_request(const cli_gen_opts *o, const cli_prompt *p) {
+    tandem_request rq = cli_gen_request(o);
     cli_prompt_apply(p, &rq);
     return rq;
+}
+
+/* A whole file within input.h's limit (heap); NULL with the error printed. */
+static char *read_file_text(const char *opt, const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return cli_error("%s %s: cannot open the file", opt, path), NULL;
+    char *text = NULL;
+    tdm_err err = {0};
+    tandem_status s = tdm_input_read_all(f, path, TDM_INPUT_TOTAL_MAX, &text, len, &err);
+    fclose(f);
+    if (s != TANDEM_OK) return cli_error("%s %s", opt, err.msg), NULL;
+    return text;
+}
+
+const char *cli_chat_template_arg(const char *value, char **owned) {
+    *owned = NULL;
+    if (!value || strstr(value, "{{") || strstr(value, "{%")) return value;
+    FILE *probe = fopen(value, "rb");
+    if (!probe) return value; /* a name */
+    fclose(probe);
+    size_t len;
+    char *text = read_file_text("--chat-template", value, &len);
+    if (!text) return NULL;
+    if (strlen(text) != len || (!strstr(text, "{{") && !strstr(text, "{%"))) {
+        /* the library tells a template text from a name by its tags */
+        free(text);
+        cli_error("--chat-template %s: the file holds no Jinja tag (or a NUL byte)", value);
+        return NULL;
+    }
+    *owned = text;
+    return text;
+}
+
+int cli_render_chats(const tandem_model *target, const char *tmpl, bool all, const char *file, cli_prompts *ps,
+                     bool lenient) {
+    for (size_t i = 0; i < ps->n; i++) {
+        cli_prompt *p = &ps->items[i];
+        if ((!p->messages && !all) || p->error) continue;
+        char *text = NULL;
+        tandem_status s;
+        if (p->messages) {
+            s = tandem_chat_render_json(target, tmpl, p->messages, strlen(p->messages), true, &text);
+        } else {
+            tandem_chat_message m = {"user", p->text};
+            s = tandem_chat_render(target, tmpl, &m, 1, true, &text);
+        }
+        if (s != TANDEM_OK) {
+            char what[PATH_MAX + 32];
+            if (p->line > 0) snprintf(what, sizeof what, "%s:%d", file, p->line);
+            else snprintf(what, sizeof what, "%s", file);
+            if (!lenient) return cli_status_error(s, what);
+            size_t n = strlen(what) + strlen(tandem_last_error()) + 3;
+            if (!(p->error = malloc(n))) return cli_error("out of memory");
+            snprintf(p->error, n, "%s: %s", what, tandem_last_error());
+            continue;
+        }
+        free(p->text);
+        p->text = text; /* tandem_free is free */
+        p->len = strlen(text);
+    }
+    return -1;
+}
+
+/* The chat prompts of generate rendered in place; -1 or an exit code. */
+static int render_chats(const tandem_model *target, const cli_gen_opts *o, cli_prompts *ps) {
+    char *owned;
+    const char *tmpl = cli_chat_template_arg(o->chat_template, &owned);
+    if (o->chat_template && !tmpl) return CLI_EXIT_ERROR;
+    const char *file = o->prompts_file ? o->prompts_file : o->messages_file ? o->messages_file : "-p";
+    int rc = cli_render_chats(target, tmpl, o->chat, file, ps, false);
+    free(owned);
+    return rc;
+}
+
+/* --messages FILE: one conversation, an array of messages or {"messages": [...],
+ * "tools": [...]} (the library takes either form). */
+static bool read_messages_file(const char *path, cli_prompts *out) {
+    size_t len;
+    char *text = read_file_text("--messages", path, &len);
+    if (!text) return false;
+    tdm_json *j = NULL;
+    tdm_err err = {0};
+    bool ok = tdm_json_parse(text, len, &j, &err) == TANDEM_OK;
+    if (!ok) {
+        cli_error("--messages %s: %s", path, err.msg);
+    } else {
+        const tdm_json *msgs = j->type == TDM_JSON_OBJECT ? tdm_json_get(j, "messages") : j;
+        ok = msgs && cli_messages_ok(msgs);
+        if (!ok)
+            cli_error("--messages %s: expected an array of messages (objects with a string \"role\"), or an object "
+                      "with one as \"messages\"", path);
+    }
+    if (ok && !(ok = cli_prompts_single("", out))) cli_error("out of memory");
+    if (ok) {
+        out->items[0].messages = text;
+        text = NULL;
+    }
+    tdm_json_free(j);
+    free(text);
+    return ok;
 }
 
 /* Runs one prompt (as a request of one: a timeout only a request carries); returns a
  * tandem_status, the error in res->error or else in tandem_last_error. */
 static tandem_status run_prompt(tandem_engine *eng, const tandem_model *target,
-                                const gen_opts *o, const cli_prompt *p, tandem_result *res) {
+                                const cli_gen_opts *o, const cli_prompt *p, tandem_result *res) {
     tandem_request rq = prompt_request(o, p);
     stream_state st = {0};
     if (!o->json) {
@@ -177,7 +280,7 @@ static int prompt_error(tandem_status s, const tandem_result *res, const char *w
 /* --batch N: every prompt through tandem_generate_batch (N decoding at once); the
  * results in input order as they would print one by one, a failed prompt's error
  * named by file:line without stopping the others (exit 1 if any failed). */
-static int run_batch(tandem_engine *eng, const tandem_model *target, const gen_opts *o, const cli_prompts *prompts,
+static int run_batch(tandem_engine *eng, const tandem_model *target, const cli_gen_opts *o, const cli_prompts *prompts,
                      bool has_draft) {
     const size_t n = prompts->n;
     tandem_request *req = calloc(n ? n : 1, sizeof *req);
@@ -227,44 +330,49 @@ static int run_batch(tandem_engine *eng, const tandem_model *target, const gen_o
     return rc;
 }
 
+int cli_gen_open(const cli_gen_opts *o, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+    *target = *draft = NULL;
+    *eng = NULL;
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = o->backend;
+    tandem_status s = tandem_model_open(o->model, &mp, target);
+    if (s == TANDEM_OK && o->draft) s = tandem_model_open(o->draft, &mp, draft);
+    if (s == TANDEM_OK) {
+        tandem_engine_params ep = tandem_engine_default_params();
+        ep.n_threads = o->threads;
+        ep.gpu_mem = o->gpu_mem;
+        ep.n_seq_max = o->batch;
+        s = tandem_engine_open(*target, *draft, &ep, eng);
+    }
+    if (s == TANDEM_OK) return -1;
+    int rc = cli_status_error(s, NULL);
+    tandem_model_close(*draft);
+    tandem_model_close(*target);
+    *target = *draft = NULL;
+    return rc;
+}
+
 int cli_generate(int argc, char **argv) {
-    gen_opts o;
-    int rc = parse_args(argc, argv, &o);
+    cli_gen_opts o;
+    int rc = cli_gen_parse(argc, argv, false, &o);
     if (rc >= 0) return rc;
 
     cli_prompts prompts = {0};
     if (o.prompts_file) {
         char err[512];
         if (!cli_prompts_read(o.prompts_file, &prompts, err, sizeof err)) return cli_error("%s", err);
+    } else if (o.messages_file) {
+        if (!read_messages_file(o.messages_file, &prompts)) return CLI_EXIT_ERROR;
     } else if (!cli_prompts_single(o.prompt, &prompts)) {
         return cli_error("out of memory");
     }
 
     tandem_model *target = NULL, *draft = NULL;
     tandem_engine *eng = NULL;
-    tandem_model_params mp = tandem_model_default_params();
-    mp.backend = o.backend;
-    tandem_status s = tandem_model_open(o.model, &mp, &target);
-    if (s != TANDEM_OK) {
-        rc = cli_status_error(s, NULL);
-        goto done;
-    }
-    if (o.draft) {
-        s = tandem_model_open(o.draft, &mp, &draft);
-        if (s != TANDEM_OK) {
-            rc = cli_status_error(s, NULL);
-            goto done;
-        }
-    }
-    tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = o.threads;
-    ep.gpu_mem = o.gpu_mem;
-    ep.n_seq_max = o.batch;
-    s = tandem_engine_open(target, draft, &ep, &eng);
-    if (s != TANDEM_OK) {
-        rc = cli_status_error(s, NULL);
-        goto done;
-    }
+    tandem_status s;
+    rc = cli_gen_open(&o, &target, &draft, &eng);
+    if (rc >= 0) goto done;
+    if ((rc = render_chats(target, &o, &prompts)) >= 0) goto done;
 
     rc = CLI_EXIT_OK;
     if (o.batch > 1) {

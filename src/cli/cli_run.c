@@ -322,6 +322,10 @@ static int run_job(const cli_job_cfg *c, const run_args *a) {
     tandem_model *target = NULL, *draft = NULL;
     int rc = !todo || !x.ids ? cli_error("out of memory") : open_engine(c, &target, &draft, &x.eng);
     x.target = target;
+    if (rc == CLI_EXIT_OK) { /* inputs with "messages": rendered, a failure that input's error */
+        int r = cli_render_chats(target, c->chat_template[0] ? c->chat_template : NULL, false, c->input, &in, true);
+        if (r >= 0) rc = r;
+    }
     if (rc == CLI_EXIT_OK && !(x.out = fopen(c->output, "a"))) rc = cli_error("%s: %s", c->output, strerror(errno));
     if (rc == CLI_EXIT_OK) {
         const double t0 = tdm_now();

@@ -6,7 +6,8 @@
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off)
  *   [sampling] temperature, top_k, top_p, min_p, seed, max_tokens,
  *              stop (JSON: "\n\n" or ["\n\n", "def "])
- *   [job]      input, output, priority, timeout_s
+ *   [job]      input, output, priority, timeout_s, chat_template (a built-in name or
+ *              a named template of the model, for the inputs that carry "messages")
  *
  * Paths are relative to the config file; `--set section.key=value` overrides a key.
  * Every unknown section or key, bad value, over-long line and missing file is
@@ -101,7 +102,12 @@ static int key_job(cli_job_cfg *c, const char *s, const char *k, const char *v) 
         c->timeout_ms = x * 1000.0;
         return 1;
     }
-    return cfg_fail(c, s, k, "unknown key (known: input, output, priority, timeout_s)");
+    if (!strcmp(k, "chat_template")) {
+        if (strlen(v) >= sizeof c->chat_template) return cfg_fail(c, s, k, "longer than %zu bytes", sizeof c->chat_template - 1);
+        snprintf(c->chat_template, sizeof c->chat_template, "%s", v);
+        return 1;
+    }
+    return cfg_fail(c, s, k, "unknown key (known: input, output, priority, timeout_s, chat_template)");
 }
 
 static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *v) {

@@ -2,12 +2,13 @@
  * and the requests of `tandem run`.
  *
  * One JSON object per line:
- *   {"id": <number|string>, "prompt": <string>,
+ *   {"id": <number|string>, "prompt": <string> | "messages": <[message, ...]>,
  *    "seed": <integer in [0, 2^64-1]>?, "max_tokens": <integer in [0, INT_MAX]>?,
  *    "temperature": <number in [0, FLT_MAX]>?,
  *    "priority": <integer in [INT_MIN, INT_MAX]>?, "timeout_s": <number in [0, 1e9]>?,
  *    "stop": <string | [string, ...]>?}
- * (the ranges of --seed, -n and --temp; a stop list holds at most TANDEM_STOP_MAX
+ * (a message is an object with a string "role", as in OpenAI's API: the conversation
+ * is rendered by the model's chat template; the ranges of --seed, -n and --temp; a stop list holds at most TANDEM_STOP_MAX
  * strings of 1..TANDEM_STOP_LEN_MAX bytes, and replaces the job's).  Other members
  * are ignored; a repeated member is an error (json.h); blank lines are skipped.  A
  * missing id becomes the 0-based index of the prompt; a numeric id is echoed as
@@ -34,6 +35,7 @@ static void prompt_free(cli_prompt *p) {
     cli_stop_free(p->stop, p->n_stop);
     free(p->id_str);
     free(p->text);
+    free(p->messages);
     free(p->error);
     memset(p, 0, sizeof *p);
 }
@@ -108,6 +110,28 @@ bool cli_stop_from_json(const tdm_json *v, char ***out, int *n, char *why, size_
     *out = s;
     *n = (int)count;
     return true;
+}
+
+bool cli_messages_ok(const tdm_json *m) {
+    if (m->type != TDM_JSON_ARRAY) return false;
+    for (size_t i = 0; i < m->n; i++) {
+        const tdm_json *role = tdm_json_get(&m->items[i], "role");
+        if (m->items[i].type != TDM_JSON_OBJECT || !role || role->type != TDM_JSON_STRING) return false;
+    }
+    return true;
+}
+
+char *cli_json_text(const tdm_json *j) {
+    char *t = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&t, &len);
+    if (!m) return NULL;
+    tdm_json_write(m, j);
+    if (fclose(m) != 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
 }
 
 /* The id member (absent: the prompt's index). */
@@ -193,8 +217,16 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
     if (j->type != TDM_JSON_OBJECT) return line_err(err, cap, path, line, "expected a JSON object");
     p->line = line;
     if (!id_from_json(j, p, index, path, line, err, cap)) return false;
-    const tdm_json *pr = tdm_json_get(j, "prompt");
-    if (!pr) return line_err(err, cap, path, line, "missing \"prompt\"");
+    const tdm_json *pr = tdm_json_get(j, "prompt"), *msgs = tdm_json_get(j, "messages");
+    if (pr && msgs) return line_err(err, cap, path, line, "give \"prompt\" or \"messages\", not both");
+    if (msgs) {
+        if (!cli_messages_ok(msgs))
+            return line_err(err, cap, path, line, "\"messages\" must be an array of objects with a string \"role\"");
+        if (!(p->messages = cli_json_text(msgs)) || !(p->text = tdm_strndup("", 0)))
+            return line_err(err, cap, path, line, "out of memory");
+        return sampling_from_json(j, p, path, line, err, cap) && request_from_json(j, p, path, line, err, cap);
+    }
+    if (!pr) return line_err(err, cap, path, line, "missing \"prompt\" (or \"messages\")");
     if (pr->type != TDM_JSON_STRING)
         return line_err(err, cap, path, line, "\"prompt\" must be a string");
     p->text = tdm_strndup(pr->str, pr->str_len);
