@@ -357,7 +357,7 @@ static tandem_status parse_tensor_info(parser *p, tdm_gguf *g, gguf_index *ix, u
     if (!tdm_dtype_supported(t->type))
         return tdm_seterr(p->err, TANDEM_ERR_UNSUPPORTED,
                           "tensor '%.128s' has unsupported type %" PRIu32
-                          " (supported: f32, f16, bf16, q8_0, q4_0)", nm, t->type);
+                          " (supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k .. q6_k)", nm, t->type);
     uint64_t row_bytes;
     if (!tdm_dtype_row_bytes(t->type, (uint64_t)t->ne[0], &row_bytes))
         return tdm_seterr(p->err, TANDEM_ERR_FORMAT,
