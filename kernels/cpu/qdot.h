@@ -58,6 +58,8 @@ typedef struct tdm_kprep {
     int16_t scp[128];     /* [128] the sub-block scale of elements 2k and 2k + 1 (maddubs' pairs) */
     int16_t c[16];        /* [16] per 16 elements: the min level (Q2_K, Q4_K, Q5_K) or scale * offset
                              (Q3_K: 4, Q6_K: 32) */
+    int16_t s8[8];        /* [8] Q4_K, Q5_K: the 8 sub-block scales (scp repeats them; a vector fill
+                             may leave scp unset for these types and the dot loops read s8) */
     float d, dm;          /* super-block scale; min scale (0 for Q3_K, Q6_K) */
     float pad[2];
 } __attribute__((aligned(64))) tdm_kprep;

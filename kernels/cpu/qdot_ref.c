@@ -81,6 +81,7 @@ void tdm_kprep_ref(uint32_t type, const uint8_t *b, tdm_kprep *p) {
             p->q[e] = (uint8_t)q;
         }
         for (int s = 0; s < 16; s++) sc[s] = s4[s / 2], p->c[s] = m4[s / 2];
+        for (int s = 0; s < 8; s++) p->s8[s] = s4[s];
         p->d = h2f(b), p->dm = h2f(b + 2);
         break;
     }
