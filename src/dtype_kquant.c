@@ -120,11 +120,13 @@ bool tdm_krow_to_f32(uint32_t type, const void *src, float *y, int64_t n) {
 
 /* ---- sub-block fits ------------------------------------------------------------------ */
 
-/* Nearest integer (ties to even), clamped to [lo, hi]; NaN gives lo. */
+/* Nearest integer (ties to even, in the default rounding mode), clamped to [lo, hi];
+ * NaN gives lo.  (|v| < 2^22 once clamped: adding and removing 1.5 * 2^23 rounds.) */
 static inline int iround(float v, int lo, int hi) {
     if (!(v > (float)lo)) return lo;
     if (v >= (float)hi) return hi;
-    return (int)lrintf(v);
+    float t = v + 12582912.0f; /* (IEEE arithmetic: the compiler keeps both steps) */
+    return (int)(t - 12582912.0f);
 }
 
 /* Sub-blocks of n values x quantised as scale * L + off, L in [0, nmax], off <= 0,
@@ -135,7 +137,7 @@ static inline int iround(float v, int lo, int hi) {
 static float fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_off,
                            float r0, float dr, int steps) {
     float mn = x[0], mx = x[0];
-    for (int i = 1; i < n; i++) mn = fminf(mn, x[i]), mx = fmaxf(mx, x[i]);
+    for (int i = 1; i < n; i++) mn = x[i] < mn ? x[i] : mn, mx = x[i] > mx ? x[i] : mx;
     if (mn > 0) mn = 0;
     if (!(mx > mn)) { /* constant (or NaN) */
         memset(L, 0, (size_t)n);

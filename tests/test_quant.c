@@ -13,6 +13,7 @@
 #include "dtype.h"
 #include "gguf.h"
 #include "gguf_write.h"
+#include "quantize.h"
 #include "testutil.h"
 
 /* ---- the reference, from the block definitions ------------------------------------ */
@@ -329,4 +330,47 @@ Test(quant, loader_rejects_partial_super_block) {
     cr_assert(strstr(err.msg, "blk.0.attn_q.weight") && strstr(err.msg, "q4_k") && strstr(err.msg, "256"), "%s",
               err.msg);
     free(buf);
+}
+
+/* ---- tandem quantize's tensor types (quantize.h) --------------------------------- */
+
+static uint32_t rule(const char *kind, const char *name, int64_t ne0, uint32_t n_dims, int32_t n_layer, bool output) {
+    tdm_quant_model m = {.n_layer = n_layer, .gqa = 4, .has_output = output};
+    tdm_gguf_tensor t = {.name = (char *)name, .type = TDM_F16, .n_dims = n_dims, .ne = {ne0, 64, 1, 1}};
+    const tdm_quant_kind *k = tdm_quant_kind_find(kind);
+    cr_assert(k, "%s", kind);
+    return tdm_quant_tensor_type(k, &m, &t);
+}
+
+Test(quant, mix_rules) {
+    /* q4_k_m over 8 layers: q6_k for attn_v / ffn_down of layers 0, 3, 6, 7 (llama.cpp's) */
+    const bool more[8] = {true, false, false, true, false, false, true, true};
+    for (int l = 0; l < 8; l++) {
+        char v[64], d[64], q[64];
+        snprintf(v, sizeof v, "blk.%d.attn_v.weight", l);
+        snprintf(d, sizeof d, "blk.%d.ffn_down.weight", l);
+        snprintf(q, sizeof q, "blk.%d.attn_q.weight", l);
+        uint32_t want = more[l] ? TDM_Q6_K : TDM_Q4_K;
+        cr_assert_eq(rule("q4_k_m", v, 4096, 2, 8, true), want, "layer %d attn_v", l);
+        cr_assert_eq(rule("q4_k_m", d, 4096, 2, 8, true), want, "layer %d ffn_down", l);
+        cr_assert_eq(rule("q4_k_m", q, 4096, 2, 8, true), (uint32_t)TDM_Q4_K);
+        cr_assert_eq(rule("q5_k_m", v, 4096, 2, 8, true), more[l] ? (uint32_t)TDM_Q6_K : (uint32_t)TDM_Q5_K);
+        cr_assert_eq(rule("q4_k", v, 4096, 2, 8, true), (uint32_t)TDM_Q4_K, "plain q4_k: no mix");
+    }
+    /* the output head (or the tied embedding), norms, fallbacks */
+    cr_assert_eq(rule("q4_0", "output.weight", 4096, 2, 8, true), (uint32_t)TDM_Q6_K);
+    cr_assert_eq(rule("q8_0", "output.weight", 4096, 2, 8, true), (uint32_t)TDM_Q8_0);
+    cr_assert_eq(rule("q4_k_m", "token_embd.weight", 4096, 2, 8, true), (uint32_t)TDM_Q4_K);
+    cr_assert_eq(rule("q4_k_m", "token_embd.weight", 4096, 2, 8, false), (uint32_t)TDM_Q6_K, "tied: the head");
+    cr_assert_eq(rule("q4_k_m", "token_embd.weight", 384, 2, 8, false), (uint32_t)TDM_Q8_0, "q6_k -> q8_0");
+    cr_assert_eq(rule("q4_k_m", "blk.1.attn_q.weight", 384, 2, 8, true), (uint32_t)TDM_Q5_0, "q4_k -> q5_0");
+    cr_assert_eq(rule("q5_k", "blk.1.attn_q.weight", 384, 2, 8, true), (uint32_t)TDM_Q5_1, "q5_k -> q5_1");
+    cr_assert_eq(rule("q3_k", "blk.1.attn_q.weight", 384, 2, 8, true), (uint32_t)TDM_Q4_0, "q3_k -> q4_0");
+    cr_assert_eq(rule("q4_k", "blk.1.attn_q.weight", 100, 2, 8, true), (uint32_t)TDM_F16, "no block fits");
+    cr_assert_eq(rule("q4_k_m", "blk.1.attn_norm.weight", 4096, 1, 8, true), (uint32_t)TDM_F16, "1-D: unchanged");
+    cr_assert_eq(rule("q2_k", "blk.1.ffn_down.weight", 4096, 2, 8, true), (uint32_t)TDM_Q3_K);
+    cr_assert_eq(rule("q2_k", "blk.1.attn_v.weight", 4096, 2, 8, true), (uint32_t)TDM_Q4_K, "gqa 4");
+    cr_assert_eq(rule("q3_k_m", "blk.1.attn_v.weight", 4096, 2, 8, true), (uint32_t)TDM_Q5_K);
+    cr_assert_eq(rule("q3_k_m", "blk.2.attn_v.weight", 4096, 2, 8, true), (uint32_t)TDM_Q4_K);
+    cr_assert_null(tdm_quant_kind_find("q7_k"));
 }

@@ -30,6 +30,7 @@ int cli_bench(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_merge(int argc, char **argv);
+int cli_quantize(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 
