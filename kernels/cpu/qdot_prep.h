@@ -10,6 +10,12 @@
 
 #include "qdot.h"
 
+/* [sum(a), sum(b), sum(c), sum(d)] of 8 int32 lanes each, exact. */
+static inline __m128i reduce4(__m256i a, __m256i b, __m256i c, __m256i d) {
+    __m256i t = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
+    return _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
 static inline float qp_h2f(const uint8_t *p) {
     uint16_t h;
     memcpy(&h, p, 2);
