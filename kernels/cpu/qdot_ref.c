@@ -1,6 +1,7 @@
 /* qdot_ref.c - the integer-dot matmul's portable parts (qdot.h): x quantisation
  * (shared by every level, so each sees the same qx), the integer forms of the weight
  * blocks, and the scalar kernel. */
+#include <float.h>
 #include <math.h>
 
 #include "cpu_internal.h"
@@ -26,14 +27,23 @@ void tdm_xq_quantize(uint32_t type, const float *x, int32_t n, int64_t cols, int
             const float *xb = x + (size_t)i * cols + b * blk;
             int8_t *qb = q + (size_t)i * cols + b * blk;
             float amax = 0;
-            for (int32_t k = 0; k < blk; k++) amax = fmaxf(amax, fabsf(xb[k]));
-            bool finite = isfinite(amax);
-            for (int32_t k = 0; k < blk; k++) finite &= isfinite(xb[k]) != 0; /* fmaxf skips NaN */
+            bool finite = true;
+            for (int32_t k = 0; k < blk; k++) {
+                const float a = fabsf(xb[k]);
+                finite &= a <= FLT_MAX; /* false for NaN and infinities */
+                amax = a > amax ? a : amax;
+            }
             float id = finite && amax > 0 ? 127.0f / amax : 0.0f;
             d[(size_t)i * nb + b] = finite ? amax / 127.0f : NAN;
             for (int32_t k = 0; k < blk; k++) {
-                long v = lrintf(xb[k] * id);
-                qb[k] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+                if (!finite) { /* the block's outputs are NaN through dx; its qx are 0 */
+                    qb[k] = 0;
+                    continue;
+                }
+                /* |x id| <= 127 (+ rounding): adding and removing 1.5 * 2^23 rounds it to
+                 * the nearest integer, ties to even, as lrintf does in the default mode */
+                float v = xb[k] * id, r = (v + 12582912.0f) - 12582912.0f;
+                qb[k] = (int8_t)(r > 127.0f ? 127 : r < -127.0f ? -127 : (int)r);
             }
             for (int32_t g = 0; g < blk / 16; g++) {
                 int s = 0;
