@@ -48,6 +48,31 @@ template <> __device__ __forceinline__ float tdm_cu_wload<TDM_Q4_0>(const uint8_
 
 /* ---- Q4_1, Q5_0, Q5_1 and the K-quants (dtype.h, src/dtype_kquant.c) ---------- */
 
+/* 16 bytes at p as 4 little-endian words, with the widest loads p's alignment allows
+ * (a 16-byte load for Q4_K / Q5_K rows, whose blocks are multiples of 16 bytes;
+ * 2-byte loads for Q6_K's 210-byte blocks). */
+__device__ __forceinline__ void tdm_cu_ld16(const uint8_t *p, uint32_t w[4]) {
+    const uintptr_t a = (uintptr_t)p;
+    if ((a & 15) == 0) {
+        const uint4 u = __ldg((const uint4 *)p);
+        w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    } else if ((a & 3) == 0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++) w[k] = __ldg((const uint32_t *)p + k);
+    } else if ((a & 1) == 0) {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[k] = (uint32_t)__ldg((const uint16_t *)p + 2 * k) | (uint32_t)__ldg((const uint16_t *)p + 2 * k + 1) << 16;
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            w[k] = (uint32_t)__ldg(p + 4 * k) | (uint32_t)__ldg(p + 4 * k + 1) << 8 | (uint32_t)__ldg(p + 4 * k + 2) << 16 |
+                   (uint32_t)__ldg(p + 4 * k + 3) << 24;
+    }
+}
+/* Byte l (< 16) of tdm_cu_ld16's words. */
+__device__ __forceinline__ int tdm_cu_byte(const uint32_t w[4], int l) { return (int)((w[l >> 2] >> (8 * (l & 3))) & 0xffu); }
+
 /* y[j] = the elements 16 c + j (j < 16) of a row, exactly as tdm_row_to_f32 computes
  * them: the same f32 operations in the same order, none fused (__fmul_rn etc.). */
 template <uint32_t T> __device__ __forceinline__ void tdm_cu_deq16(const uint8_t *row, int32_t c, float y[16]);
@@ -87,11 +112,14 @@ template <bool FIVE> __device__ __forceinline__ void tdm_cu_deq16_k45(const uint
     if (j < 4) scv = sc[j] & 63, mv = sc[j + 4] & 63;
     else scv = (sc[j + 4] & 15) | ((sc[j - 4] >> 6) << 4), mv = (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4);
     const float d1 = __fmul_rn(tdm_cu_scale(b), (float)scv), m1 = __fmul_rn(tdm_cu_scale(b + 2), (float)mv);
-    const uint8_t *qs = b + (FIVE ? 48 : 16) + 32 * (s >> 2) + l0, *qh = b + 16 + l0;
+    uint32_t qw[4], hw[4] = {0, 0, 0, 0};
+    tdm_cu_ld16(b + (FIVE ? 48 : 16) + 32 * (s >> 2) + l0, qw);
+    if (FIVE) tdm_cu_ld16(b + 16 + l0, hw);
 #pragma unroll
     for (int l = 0; l < 16; l++) {
-        int q = (j & 1) ? qs[l] >> 4 : qs[l] & 15;
-        if (FIVE) q |= ((qh[l] >> j) & 1) << 4;
+        const int byte = tdm_cu_byte(qw, l);
+        int q = (j & 1) ? byte >> 4 : byte & 15;
+        if (FIVE) q |= ((tdm_cu_byte(hw, l) >> j) & 1) << 4;
         y[l] = __fsub_rn(__fmul_rn(d1, (float)q), m1);
     }
 }
@@ -107,10 +135,13 @@ template <> __device__ __forceinline__ void tdm_cu_deq16<TDM_Q6_K>(const uint8_t
     const uint8_t *b = row + (size_t)(c >> 4) * 210;
     const int s = c & 15, h = s >> 3, t = (s & 7) >> 1, l0 = 16 * (s & 1);
     const float dl = __fmul_rn(tdm_cu_scale(b + 208), (float)(int8_t)b[192 + s]);
-    const uint8_t *ql = b + 64 * h + 32 * (t & 1) + l0, *qh = b + 128 + 32 * h + l0;
+    uint32_t lw[4], hw[4];
+    tdm_cu_ld16(b + 64 * h + 32 * (t & 1) + l0, lw);
+    tdm_cu_ld16(b + 128 + 32 * h + l0, hw);
 #pragma unroll
     for (int l = 0; l < 16; l++) {
-        const int q = (t < 2 ? ql[l] & 15 : ql[l] >> 4) | (((qh[l] >> (2 * t)) & 3) << 4);
+        const int lo = tdm_cu_byte(lw, l), hi = tdm_cu_byte(hw, l);
+        const int q = (t < 2 ? lo & 15 : lo >> 4) | (((hi >> (2 * t)) & 3) << 4);
         y[l] = __fmul_rn(dl, (float)(q - 32));
     }
 }
@@ -121,19 +152,22 @@ template <> __device__ __forceinline__ void tdm_cu_deq16<TDM_Q2_K>(const uint8_t
     const int s = c & 15, h = s >> 3, t = (s & 7) >> 1, l0 = 16 * (s & 1);
     const float dl = __fmul_rn(tdm_cu_scale(b + 80), (float)(b[s] & 15));
     const float ml = __fmul_rn(tdm_cu_scale(b + 82), (float)(b[s] >> 4));
-    const uint8_t *qs = b + 16 + 32 * h + l0;
+    uint32_t qw[4];
+    tdm_cu_ld16(b + 16 + 32 * h + l0, qw);
 #pragma unroll
-    for (int l = 0; l < 16; l++) y[l] = __fsub_rn(__fmul_rn(dl, (float)((qs[l] >> (2 * t)) & 3)), ml);
+    for (int l = 0; l < 16; l++) y[l] = __fsub_rn(__fmul_rn(dl, (float)((tdm_cu_byte(qw, l) >> (2 * t)) & 3)), ml);
 }
 template <> __device__ __forceinline__ void tdm_cu_deq16<TDM_Q3_K>(const uint8_t *row, int32_t c, float y[16]) {
     const uint8_t *b = row + (size_t)(c >> 4) * 110, *sc = b + 96;
     const int s = c & 15, h = s >> 3, t = (s & 7) >> 1, l0 = 16 * (s & 1);
     const int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + (s & 3)] >> (2 * (s >> 2))) & 3;
     const float dl = __fmul_rn(tdm_cu_scale(b + 108), (float)((lo | (hi << 4)) - 32));
-    const uint8_t *qs = b + 32 + 32 * h + l0, *hm = b + l0;
+    uint32_t qw[4], hw[4];
+    tdm_cu_ld16(b + 32 + 32 * h + l0, qw);
+    tdm_cu_ld16(b + l0, hw);
 #pragma unroll
     for (int l = 0; l < 16; l++) {
-        const int q = ((qs[l] >> (2 * t)) & 3) | (((hm[l] >> (4 * h + t)) & 1) << 2);
+        const int q = ((tdm_cu_byte(qw, l) >> (2 * t)) & 3) | (((tdm_cu_byte(hw, l) >> (4 * h + t)) & 1) << 2);
         y[l] = __fmul_rn(dl, (float)(q - 4));
     }
 }
