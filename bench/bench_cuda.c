@@ -1,6 +1,6 @@
 /* bench_cuda.c - the CUDA backend's kernels at real model sizes, on random data:
- *   matmul: for each weight type (f16, q8_0, q4_0 in the layout the backend loads
- *     them in) and Llama-2-7B's matrix shapes, the row kernels and cuBLAS at each
+ *   matmul: for each weight type (f16, q8_0, q4_0, q4_k, q6_k, ... in the layout the
+ *     backend loads them in) and Llama-2-7B's matrix shapes, the row kernels and cuBLAS at each
  *     row count, so the crossover between the two is measured; time per call, the
  *     weight bytes read per second and the arithmetic rate;
  *   attention: 32 heads of 128 (and 32 / 8 grouped) over contexts of 128 .. 4096
@@ -139,8 +139,11 @@ static void bench_batched_decode(tdm_backend *be, int reps) {
         }
 }
 
+/* A weight type by name (f16, q8_0, q4_k, ...); q4_0 when unknown. */
 static uint32_t type_of(const char *s) {
-    return !strcmp(s, "f16") ? TDM_F16 : !strcmp(s, "bf16") ? TDM_BF16 : !strcmp(s, "q8_0") ? TDM_Q8_0 : TDM_Q4_0;
+    for (uint32_t t = 0; t < 31; t++)
+        if (tdm_dtype_supported(t) && !strcmp(s, tdm_dtype_name(t))) return t;
+    return TDM_Q4_0;
 }
 
 int main(int argc, char **argv) {

@@ -2,11 +2,12 @@
  *
  * For each SIMD level, weight dtype and shape, times y[n][rows] = x[n][cols] * W^T at
  * decode (n = 1) and prefill (n = 128) shapes and prints the median GFLOP/s and the
- * weight bandwidth in GB/s.  Then a "target decode" run: every matmul of one decode
+ * weight bandwidth in GB/s.  The integer-dot types (q4_1 .. q6_k, whose rows are
+ * multiples of 256 for the K-quants) run on a 7B model's shapes.  Then a "target decode" run: every matmul of one decode
  * step of the 15.7M-param target model (8 layers, dim 384, ff 1024, 6/2 heads of 64,
  * vocab 8192 output head), f16 weights, as the forward would issue them.
  *
- * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128]
+ * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype[,dtype..]] [-s seconds] [-n 1,4,128]
  *                  [--attention] [--head] [--step rounds]
  *   -n: the input row counts of the single-shape runs (default 1,128)
  *   --attention: only the target's attention over 200 slots, for the -n row counts
@@ -270,7 +271,7 @@ static void bench_step(tdm_backend *b, const float *x, float *y, const int32_t *
 int main(int argc, char **argv) {
     int n_threads = 2;
     int only_level = -1;
-    int only_type = -1;
+    uint32_t only_types = 0; /* -d: bit per type (0: every type) */
     double secs = 0.15;
     int32_t ns[16] = {1, 128};
     int n_ns = 2;
@@ -287,9 +288,9 @@ int main(int argc, char **argv) {
             const char *l = argv[++i];
             only_level = !strcmp(l, "avx512") ? 2 : !strcmp(l, "avx2") ? 1 : 0;
         } else if (!strcmp(argv[i], "-d") && i + 1 < argc) {
-            const char *d = argv[++i];
-            only_type = !strcmp(d, "f32") ? TDM_F32 : !strcmp(d, "f16") ? TDM_F16
-                      : !strcmp(d, "bf16") ? TDM_BF16 : !strcmp(d, "q8_0") ? TDM_Q8_0 : TDM_Q4_0;
+            for (char *d = strtok(argv[++i], ","); d; d = strtok(NULL, ","))
+                for (uint32_t t = 0; t < 31; t++)
+                    if (tdm_dtype_supported(t) && !strcmp(d, tdm_dtype_name(t))) only_types |= 1u << t;
         } else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
             n_ns = 0;
             for (char *q = argv[++i]; *q && n_ns < 16;) {
@@ -304,12 +305,15 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+    static const uint32_t types[] = {TDM_F32,  TDM_F16,  TDM_BF16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_1, TDM_Q5_0,
+                                     TDM_Q5_1, TDM_Q2_K, TDM_Q3_K, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
     static const int64_t shapes[][2] = {{1024, 384}, {384, 1024}, {2048, 384}, {384, 384}, {8192, 384}};
+    /* the integer-dot types: llama2-7b's q/o, gate/up and down shapes */
+    static const int64_t qshapes[][2] = {{4096, 4096}, {11008, 4096}, {4096, 11008}};
 
-    float *x = malloc(128 * 1024 * sizeof(float));
-    float *y = malloc(128 * 8192 * sizeof(float));
-    for (int i = 0; i < 128 * 1024; i++) x[i] = frand();
+    float *x = malloc(128 * 11008 * sizeof(float));
+    float *y = malloc(128 * 11008 * sizeof(float));
+    for (int i = 0; i < 128 * 11008; i++) x[i] = frand();
 
     printf("threads %d, best level %s\n", n_threads, tdm_cpu_level_name(tdm_cpu_best_level()));
     printf("%-7s %-5s %-12s %4s %10s %9s %8s\n", "level", "dtype", "W shape", "n", "median us",
@@ -339,10 +343,12 @@ int main(int argc, char **argv) {
             continue;
         }
         for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
-            if (only_type >= 0 && (int)types[t] != only_type) continue;
-            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+            if (only_types && !(only_types >> types[t] & 1)) continue;
+            const bool qd = tdm_qdot_type(types[t]);
+            const size_t n_shapes = qd ? TDM_ARRAY_LEN(qshapes) : TDM_ARRAY_LEN(shapes);
+            for (size_t s = 0; s < n_shapes; s++) {
                 tdm_weight wl[2];
-                wl[0] = make_weight(types[t], shapes[s][0], shapes[s][1]);
+                wl[0] = make_weight(types[t], qd ? qshapes[s][0] : shapes[s][0], qd ? qshapes[s][1] : shapes[s][1]);
                 wl[1] = layout_copy(b, &wl[0]);
                 for (int li = 0; li < (wl[1].layout != wl[0].layout ? 2 : 1); li++)
                     for (int k = 0; k < n_ns; k++) {
@@ -361,7 +367,7 @@ int main(int argc, char **argv) {
             }
         }
 
-        if (only_type < 0 || only_type == TDM_F16) {
+        if (!only_types || (only_types >> TDM_F16 & 1)) {
             static const int32_t step_ns[] = {1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16};
             bench_step(b, x, y, step_ns, (int)(sizeof step_ns / sizeof step_ns[0]), 1, true, true, 3 * secs);
             bench_head(b, 8192, 384, secs);

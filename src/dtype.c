@@ -3,9 +3,19 @@
 
 #include <math.h>
 
+#include "dtype_quant.h"
+
+_Static_assert(sizeof(tdm_block_q4_1) == 20 && sizeof(tdm_block_q5_0) == 22 && sizeof(tdm_block_q5_1) == 24,
+               "32-element block sizes");
+_Static_assert(sizeof(tdm_block_q2_K) == 84 && sizeof(tdm_block_q3_K) == 110 && sizeof(tdm_block_q4_K) == 144 &&
+                   sizeof(tdm_block_q5_K) == 176 && sizeof(tdm_block_q6_K) == 210,
+               "K-quant block sizes");
+
 bool tdm_dtype_supported(uint32_t type) {
     switch (type) {
-    case TDM_F32: case TDM_F16: case TDM_BF16: case TDM_Q8_0: case TDM_Q4_0: return true;
+    case TDM_F32: case TDM_F16: case TDM_BF16: case TDM_Q8_0: case TDM_Q4_0:
+    case TDM_Q4_1: case TDM_Q5_0: case TDM_Q5_1:
+    case TDM_Q2_K: case TDM_Q3_K: case TDM_Q4_K: case TDM_Q5_K: case TDM_Q6_K: return true;
     default: return false;
     }
 }
@@ -17,6 +27,14 @@ const char *tdm_dtype_name(uint32_t type) {
     case TDM_BF16: return "bf16";
     case TDM_Q8_0: return "q8_0";
     case TDM_Q4_0: return "q4_0";
+    case TDM_Q4_1: return "q4_1";
+    case TDM_Q5_0: return "q5_0";
+    case TDM_Q5_1: return "q5_1";
+    case TDM_Q2_K: return "q2_k";
+    case TDM_Q3_K: return "q3_k";
+    case TDM_Q4_K: return "q4_k";
+    case TDM_Q5_K: return "q5_k";
+    case TDM_Q6_K: return "q6_k";
     default: return "unknown";
     }
 }
@@ -24,7 +42,8 @@ const char *tdm_dtype_name(uint32_t type) {
 uint32_t tdm_dtype_block_elems(uint32_t type) {
     switch (type) {
     case TDM_F32: case TDM_F16: case TDM_BF16: return 1;
-    case TDM_Q8_0: case TDM_Q4_0: return TDM_QK;
+    case TDM_Q8_0: case TDM_Q4_0: case TDM_Q4_1: case TDM_Q5_0: case TDM_Q5_1: return TDM_QK;
+    case TDM_Q2_K: case TDM_Q3_K: case TDM_Q4_K: case TDM_Q5_K: case TDM_Q6_K: return TDM_QK_K;
     default: return 0;
     }
 }
@@ -35,6 +54,14 @@ uint32_t tdm_dtype_block_bytes(uint32_t type) {
     case TDM_F16: case TDM_BF16: return 2;
     case TDM_Q8_0: return sizeof(tdm_block_q8_0);
     case TDM_Q4_0: return sizeof(tdm_block_q4_0);
+    case TDM_Q4_1: return sizeof(tdm_block_q4_1);
+    case TDM_Q5_0: return sizeof(tdm_block_q5_0);
+    case TDM_Q5_1: return sizeof(tdm_block_q5_1);
+    case TDM_Q2_K: return sizeof(tdm_block_q2_K);
+    case TDM_Q3_K: return sizeof(tdm_block_q3_K);
+    case TDM_Q4_K: return sizeof(tdm_block_q4_K);
+    case TDM_Q5_K: return sizeof(tdm_block_q5_K);
+    case TDM_Q6_K: return sizeof(tdm_block_q6_K);
     default: return 0;
     }
 }
@@ -153,6 +180,7 @@ void tdm_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
         break;
     }
     default:
+        if (!tdm_qrow_to_f32(type, src, dst, n)) tdm_krow_to_f32(type, src, dst, n);
         break;
     }
 }
@@ -210,6 +238,7 @@ void tdm_row_from_f32(uint32_t type, const float *src, void *dst, int64_t n) {
         }
         break;
     default:
+        if (!tdm_qrow_from_f32(type, src, dst, n)) tdm_krow_from_f32(type, src, dst, n);
         break;
     }
 }
@@ -313,8 +342,8 @@ float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_b
         return tmp[c % TDM_QK];
     }
     /* rows layout: convert the block holding c */
-    if (be == 0 || be > TDM_QK || layout != TDM_LAYOUT_ROWS) return NAN; /* unsupported type or layout */
-    float tmp[TDM_QK]; /* the largest block */
+    if (be == 0 || be > TDM_QK_K || layout != TDM_LAYOUT_ROWS) return NAN; /* unsupported type or layout */
+    float tmp[TDM_QK_K]; /* the largest block */
     tdm_row_to_f32(type, p + (size_t)r * row_bytes + (size_t)(c / be) * bb, tmp, be);
     return tmp[c % be];
 }

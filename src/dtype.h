@@ -7,6 +7,20 @@
  *   Q8_0  32 elements, 34 bytes: { f16 d; int8 qs[32]; }            x[i] = d * qs[i]
  *   Q4_0  32 elements, 18 bytes: { f16 d; uint8 qs[16]; }           x[j]    = d * ((qs[j] & 15) - 8),
  *                                                                   x[j+16] = d * ((qs[j] >> 4) - 8)
+ *   Q4_1  32 elements, 20 bytes: { f16 d, m; uint8 qs[16]; }        x[j] = q[j] * d + m (q: Q4_0's nibbles)
+ *   Q5_0  32 elements, 22 bytes: { f16 d; uint8 qh[4]; qs[16]; }    x[j] = (q[j] - 16) * d, q[j] = nibble |
+ *                                                                   bit j of qh (little-endian u32) << 4
+ *   Q5_1  32 elements, 24 bytes: { f16 d, m; uint8 qh[4]; qs[16]; } x[j] = q[j] * d + m
+ * K-quants: super-blocks of TDM_QK_K = 256 elements in sub-blocks of 16 or 32, each
+ * with a small integer scale (and min) under the super-block's f16 scale(s); the
+ * exact bit layouts are in dtype_kquant.c:
+ *   Q2_K  84 bytes  (2.625 bits/weight)  16 x 16, 4-bit scale and min, 2-bit quants
+ *   Q3_K  110 bytes (3.4375)             16 x 16, 6-bit signed scales, 3-bit quants
+ *   Q4_K  144 bytes (4.5)                8 x 32, 6-bit scale and min, 4-bit quants
+ *   Q5_K  176 bytes (5.5)                8 x 32, 6-bit scale and min, 5-bit quants
+ *   Q6_K  210 bytes (6.5625)             16 x 16, int8 scales, 6-bit quants
+ * Every dequantised value is computed in f32 in the order the definitions give
+ * (no fused multiply-add): e.g. Q4_K x = (d * sc) * q - (dmin * m).
  */
 #ifndef TDM_DTYPE_H
 #define TDM_DTYPE_H
@@ -20,11 +34,20 @@ typedef enum tdm_dtype {
     TDM_F32 = 0,
     TDM_F16 = 1,
     TDM_Q4_0 = 2,
+    TDM_Q4_1 = 3,
+    TDM_Q5_0 = 6,
+    TDM_Q5_1 = 7,
     TDM_Q8_0 = 8,
+    TDM_Q2_K = 10,
+    TDM_Q3_K = 11,
+    TDM_Q4_K = 12,
+    TDM_Q5_K = 13,
+    TDM_Q6_K = 14,
     TDM_BF16 = 30,
 } tdm_dtype;
 
-#define TDM_QK 32 /* elements per Q8_0 / Q4_0 block */
+#define TDM_QK 32    /* elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 block */
+#define TDM_QK_K 256 /* elements per K-quant super-block */
 
 typedef struct tdm_block_q8_0 {
     uint16_t d;           /* f16 scale */
@@ -35,6 +58,59 @@ typedef struct tdm_block_q4_0 {
     uint16_t d;           /* f16 scale */
     uint8_t qs[TDM_QK / 2];
 } tdm_block_q4_0;
+
+typedef struct tdm_block_q4_1 {
+    uint16_t d, m;          /* f16 scale, f16 offset */
+    uint8_t qs[TDM_QK / 2]; /* [16] element j in the low nibble of byte j, j + 16 in the high */
+} tdm_block_q4_1;
+
+typedef struct tdm_block_q5_0 {
+    uint16_t d;             /* f16 scale */
+    uint8_t qh[4];          /* bit j (little-endian u32): the 5th bit of element j */
+    uint8_t qs[TDM_QK / 2]; /* [16] low 4 bits, as Q4_0 */
+} tdm_block_q5_0;
+
+typedef struct tdm_block_q5_1 {
+    uint16_t d, m;          /* f16 scale, f16 offset */
+    uint8_t qh[4];          /* [4] as Q5_0 */
+    uint8_t qs[TDM_QK / 2]; /* [16] as Q5_0 */
+} tdm_block_q5_1;
+
+typedef struct tdm_block_q2_K {
+    uint8_t scales[16];     /* [16] per 16 elements: scale (low nibble), min (high nibble) */
+    uint8_t qs[64];         /* [64] 2-bit quants: element 128 h + 32 s + l at bits 2 s of qs[32 h + l] */
+    uint16_t d, dmin;       /* f16 super-block scale of the scales, of the mins */
+} tdm_block_q2_K;
+
+typedef struct tdm_block_q3_K {
+    uint8_t hmask[32];      /* [32] bit k of hmask[l]: the high bit of element 32 k + l */
+    uint8_t qs[64];         /* [64] low 2 bits, laid out as Q2_K's */
+    uint8_t scales[12];     /* [12] 16 6-bit scales (biased by 32), packed (dtype_kquant.c) */
+    uint16_t d;             /* f16 super-block scale */
+} tdm_block_q3_K;
+
+typedef struct tdm_block_q4_K {
+    uint16_t d, dmin;       /* f16 super-block scale of the scales, of the mins */
+    uint8_t scales[12];     /* [12] 8 6-bit scales and 8 6-bit mins, packed (dtype_kquant.c) */
+    uint8_t qs[TDM_QK_K / 2]; /* [128] element 64 p + l in the low nibble of qs[32 p + l], 64 p + 32 + l high */
+} tdm_block_q4_K;
+
+typedef struct tdm_block_q5_K {
+    uint16_t d, dmin;       /* as Q4_K */
+    uint8_t scales[12];     /* [12] as Q4_K */
+    uint8_t qh[TDM_QK_K / 8]; /* [32] bit k of qh[l]: the 5th bit of element 32 k + l */
+    uint8_t qs[TDM_QK_K / 2]; /* [128] low 4 bits, as Q4_K */
+} tdm_block_q5_K;
+
+typedef struct tdm_block_q6_K {
+    uint8_t ql[TDM_QK_K / 2]; /* [128] low 4 bits (dtype_kquant.c) */
+    uint8_t qh[TDM_QK_K / 4]; /* [64] high 2 bits */
+    int8_t scales[16];        /* [16] per 16 elements */
+    uint16_t d;               /* f16 super-block scale */
+} tdm_block_q6_K;
+
+/* True for the K-quant types (super-blocks of TDM_QK_K). */
+static inline bool tdm_dtype_is_kquant(uint32_t type) { return type >= TDM_Q2_K && type <= TDM_Q6_K; }
 
 /* True for the types tandem supports. */
 bool tdm_dtype_supported(uint32_t type);
@@ -58,8 +134,11 @@ uint16_t tdm_f32_to_bf16(float f);
 
 /* Dequantise / convert one row of n elements (n a multiple of the block size). */
 void tdm_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n);
-/* Quantise / convert one row from f32 (reference implementation, used by tests and
- * by future quantisation tools). */
+/* Quantise / convert one row from f32 (reference implementation, used by tests,
+ * `tandem quantize` and `tandem synth`).  The 32-element types round to the nearest
+ * level of a scale from the block's extremes; the K-quants search per sub-block for
+ * the scale (and min) of least weighted squared error, then quantise the sub-block
+ * scales under the super-block's. */
 void tdm_row_from_f32(uint32_t type, const float *src, void *dst, int64_t n);
 
 /* Memory layouts of a weight matrix W[rows][cols] (tdm_weight.layout). */

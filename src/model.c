@@ -267,7 +267,21 @@ static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int6
 }
 
 /* Matrices with the same cols stacked by rows into one weight.  Parts of one type
- * are copied as they are; mixed types are converted to f32. */
+ * are copied as they are; mixed types (a Q4_K_M file's Q4_K q and k with a Q6_K v)
+ * are converted to f16, or to f32 when a value lies outside f16's range. */
+static bool mixed_fits_f16(const tdm_gguf_tensor *const *t, const int64_t *rows, int n, int64_t cols, float *tmp) {
+    for (int i = 0; i < n; i++) {
+        uint64_t rb;
+        tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &rb);
+        for (int64_t r = 0; r < rows[i]; r++) {
+            tdm_row_to_f32(t[i]->type, (const uint8_t *)t[i]->data + r * rb, tmp, cols);
+            for (int64_t k = 0; k < cols; k++)
+                if (!(fabsf(tmp[k]) <= 65504.0f)) return false;
+        }
+    }
+    return true;
+}
+
 static tandem_status load_fused(tdm_model *m, const char *const *names, const int64_t *rows, int n,
                                 int64_t cols, tdm_weight *w, tdm_err *err) {
     const tdm_gguf_tensor *t[4];
@@ -283,14 +297,14 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
             return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor '%s': row of %lld not a multiple of its block",
                               names[i], (long long)cols);
     }
-    uint32_t type = same ? t[0]->type : TDM_F32;
+    float *tmp = same ? NULL : tdm_mallocarray((size_t)cols, sizeof(float));
+    if (!same && !tmp) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory fusing '%s'", names[0]);
+    uint32_t type = same ? t[0]->type : mixed_fits_f16(t, rows, n, cols, tmp) ? TDM_F16 : TDM_F32;
     uint64_t rb;
     tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
     size_t bytes = (size_t)rb * (size_t)total_rows;
     uint8_t *host = tdm_malloc(bytes);
-    float *tmp = same ? NULL : tdm_mallocarray((size_t)cols, sizeof(float));
-    if (!host || (!same && !tmp)) {
-        free(host);
+    if (!host) {
         free(tmp);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory fusing '%s'", names[0]);
     }
@@ -305,7 +319,7 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
             tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &src_rb);
             for (int64_t r = 0; r < rows[i]; r++) {
                 tdm_row_to_f32(t[i]->type, (const uint8_t *)t[i]->data + r * src_rb, tmp, cols);
-                memcpy(host + off, tmp, (size_t)rb);
+                tdm_row_from_f32(type, tmp, host + off, cols);
                 off += (size_t)rb;
             }
         }

@@ -65,6 +65,9 @@ uint32_t tdm_synth_file_type(uint32_t type) {
     case TDM_F16: return 1;  /* MOSTLY_F16 */
     case TDM_Q8_0: return 7; /* MOSTLY_Q8_0 */
     case TDM_Q4_0: return 2; /* MOSTLY_Q4_0 */
+    case TDM_Q4_K: return 14; /* MOSTLY_Q4_K_S */
+    case TDM_Q5_K: return 16; /* MOSTLY_Q5_K_S */
+    case TDM_Q6_K: return 18; /* MOSTLY_Q6_K */
     default: return 0;
     }
 }
@@ -88,31 +91,43 @@ static void desc(tdesc *d, const char *name, uint32_t type, int64_t ne0, int64_t
     d->nbytes = rb * (uint64_t)(ne1 ? ne1 : 1);
 }
 
+/* The matrices' type (o->type, or the kind's rule for the tensor). */
+static uint32_t matrix_type(const tdm_synth_opts *o, const char *name, int64_t ne0, int64_t ne1) {
+    if (!o->kind) return o->type;
+    const tdm_synth_shape *s = o->shape;
+    tdm_quant_model qm = {.n_layer = s->n_layer, .gqa = s->n_head / s->n_head_kv, .has_output = true};
+    tdm_gguf_tensor t = {.name = (char *)name, .type = TDM_F32, .n_dims = 2, .ne = {ne0, ne1, 1, 1}};
+    return tdm_quant_tensor_type(o->kind, &qm, &t);
+}
+
 /* The tensors in file order (*n = 3 + 9 * n_layer); NULL when out of memory. */
-static tdesc *tensor_list(const tdm_synth_shape *s, uint32_t type, size_t *n) {
+static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
+    const tdm_synth_shape *s = o->shape;
     size_t count = 3 + 9 * (size_t)s->n_layer;
     tdesc *t = tdm_calloc(count, sizeof *t);
     if (!t) return NULL;
     int64_t E = s->n_embd, hd = s->n_embd / s->n_head;
     int64_t qd = s->n_head * hd, kvd = s->n_head_kv * hd;
     size_t k = 0;
-    desc(&t[k++], "token_embd.weight", type, E, s->n_vocab); /* [n_embd, n_vocab] */
-    desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);      /* [n_embd] */
-    desc(&t[k++], "output.weight", type, E, s->n_vocab);     /* [n_embd, n_vocab] */
+#define MAT(nm, a, b) desc(&t[k++], nm, matrix_type(o, nm, a, b), a, b)
+    MAT("token_embd.weight", E, s->n_vocab);             /* [n_embd, n_vocab] */
+    desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);  /* [n_embd] */
+    MAT("output.weight", E, s->n_vocab);                 /* [n_embd, n_vocab] */
     char name[48];
     for (int32_t l = 0; l < s->n_layer; l++) {
 #define NAME(x) (snprintf(name, sizeof name, "blk.%d." x, (int)l), name)
         desc(&t[k++], NAME("attn_norm.weight"), TDM_F32, E, 0);  /* [n_embd] */
-        desc(&t[k++], NAME("attn_q.weight"), type, E, qd);       /* [n_embd, n_head * hd] */
-        desc(&t[k++], NAME("attn_k.weight"), type, E, kvd);      /* [n_embd, n_head_kv * hd] */
-        desc(&t[k++], NAME("attn_v.weight"), type, E, kvd);      /* [n_embd, n_head_kv * hd] */
-        desc(&t[k++], NAME("attn_output.weight"), type, qd, E);  /* [n_head * hd, n_embd] */
+        MAT(NAME("attn_q.weight"), E, qd);                       /* [n_embd, n_head * hd] */
+        MAT(NAME("attn_k.weight"), E, kvd);                      /* [n_embd, n_head_kv * hd] */
+        MAT(NAME("attn_v.weight"), E, kvd);                      /* [n_embd, n_head_kv * hd] */
+        MAT(NAME("attn_output.weight"), qd, E);                  /* [n_head * hd, n_embd] */
         desc(&t[k++], NAME("ffn_norm.weight"), TDM_F32, E, 0);   /* [n_embd] */
-        desc(&t[k++], NAME("ffn_gate.weight"), type, E, s->n_ff); /* [n_embd, n_ff] */
-        desc(&t[k++], NAME("ffn_up.weight"), type, E, s->n_ff);   /* [n_embd, n_ff] */
-        desc(&t[k++], NAME("ffn_down.weight"), type, s->n_ff, E); /* [n_ff, n_embd] */
+        MAT(NAME("ffn_gate.weight"), E, s->n_ff);                /* [n_embd, n_ff] */
+        MAT(NAME("ffn_up.weight"), E, s->n_ff);                  /* [n_embd, n_ff] */
+        MAT(NAME("ffn_down.weight"), s->n_ff, E);                /* [n_ff, n_embd] */
 #undef NAME
     }
+#undef MAT
     *n = k;
     return t;
 }
@@ -150,12 +165,12 @@ static tandem_status write_metadata(tdm_gguf_writer *w, const tdm_synth_opts *o,
     const tdm_synth_shape *s = o->shape;
     char text[160];
     tdm_gguf_w_str(w, "general.architecture", "llama");
-    snprintf(text, sizeof text, "synth-%s-%s", s->name, tdm_dtype_name(o->type));
+    snprintf(text, sizeof text, "synth-%s-%s", s->name, o->kind ? o->kind->name : tdm_dtype_name(o->type));
     tdm_gguf_w_str(w, "general.name", text);
     snprintf(text, sizeof text, "random weights with the shapes of %s, written by tandem synth (seed %llu)",
              s->name, (unsigned long long)o->seed);
     tdm_gguf_w_str(w, "general.description", text);
-    tdm_gguf_w_u32(w, "general.file_type", tdm_synth_file_type(o->type));
+    tdm_gguf_w_u32(w, "general.file_type", o->kind ? o->kind->file_type : tdm_synth_file_type(o->type));
     tdm_gguf_w_u32(w, "llama.context_length", (uint32_t)s->n_ctx);
     tdm_gguf_w_u32(w, "llama.embedding_length", (uint32_t)s->n_embd);
     tdm_gguf_w_u32(w, "llama.block_count", (uint32_t)s->n_layer);
@@ -174,12 +189,12 @@ tandem_status tdm_synth_plan(const tdm_synth_opts *o, tdm_gguf_writer **out, tdm
                              tdm_err *err) {
     *out = NULL;
     if (!o || !o->shape) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: no shape");
-    if (!tdm_synth_file_type(o->type))
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: matrix type %s is not f16, q8_0 or q4_0",
+    if (!o->kind && !tdm_synth_file_type(o->type))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: matrix type %s is not f16, q8_0, q4_0, q4_k, q5_k or q6_k",
                           tdm_dtype_name(o->type));
     tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
     size_t n = 0;
-    tdesc *t = tensor_list(o->shape, o->type, &n);
+    tdesc *t = tensor_list(o, &n);
     if (!w || !t) {
         tdm_gguf_writer_free(w);
         free(t);
@@ -216,16 +231,18 @@ static uint64_t splitmix(uint64_t *s) {
 
 typedef struct tile {
     int64_t cols;       /* the row length it serves */
+    uint32_t type;      /* and the type */
     uint8_t *data;      /* [n_blocks * block_bytes] */
     size_t n_blocks, block_bytes;
 } tile;
 
-#define MAX_TILES 4
+#define MAX_TILES 8 /* (row length, type) pairs: 3 lengths x 2 types in a mix */
 #define GEN_CHUNK 4096 /* elements converted at a time (a multiple of the block) */
 
 /* Fills t with n_blocks blocks of `type` encoding uniform values for rows of cols. */
 static tandem_status tile_make(tile *t, uint32_t type, int64_t cols, size_t n_blocks, uint64_t seed, tdm_err *err) {
     t->cols = cols;
+    t->type = type;
     t->block_bytes = tdm_dtype_block_bytes(type);
     t->n_blocks = n_blocks;
     t->data = tdm_mallocarray(n_blocks, t->block_bytes);
@@ -251,20 +268,20 @@ static tandem_status tile_make(tile *t, uint32_t type, int64_t cols, size_t n_bl
 /* The tile for rows of cols: made on first use, as large as the largest tensor of
  * that row length needs (at most tile_bytes). */
 static tandem_status tile_get(tile *tiles, size_t *n_tiles, const tdesc *list, size_t n, const tdm_synth_opts *o,
-                              int64_t cols, const tile **out, tdm_err *err) {
+                              uint32_t type, int64_t cols, const tile **out, tdm_err *err) {
     for (size_t i = 0; i < *n_tiles; i++)
-        if (tiles[i].cols == cols) {
+        if (tiles[i].cols == cols && tiles[i].type == type) {
             *out = &tiles[i];
             return TANDEM_OK;
         }
-    if (*n_tiles == MAX_TILES) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "synth: too many row lengths");
-    size_t bb = tdm_dtype_block_bytes(o->type);
+    if (*n_tiles == MAX_TILES) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "synth: too many row lengths and types");
+    size_t bb = tdm_dtype_block_bytes(type);
     uint64_t need = 0;
     for (size_t i = 0; i < n; i++)
-        if (list[i].type == o->type && list[i].ne0 == cols) need = TDM_MAX(need, list[i].nbytes / bb);
+        if (list[i].type == type && list[i].ne0 == cols) need = TDM_MAX(need, list[i].nbytes / bb);
     size_t cap = (o->tile_bytes ? o->tile_bytes : TDM_SYNTH_TILE_BYTES) / bb;
     size_t n_blocks = (size_t)TDM_MAX((uint64_t)1, TDM_MIN(need, (uint64_t)cap));
-    tandem_status st = tile_make(&tiles[*n_tiles], o->type, cols, n_blocks, o->seed, err);
+    tandem_status st = tile_make(&tiles[*n_tiles], type, cols, n_blocks, o->seed, err);
     if (st) return st;
     *out = &tiles[(*n_tiles)++];
     return TANDEM_OK;
@@ -286,7 +303,7 @@ static tandem_status write_chunk(tdm_gguf_writer *w, const void *p, size_t n, ui
 static tandem_status write_data(tdm_gguf_writer *w, const tdm_synth_opts *o, uint64_t head, uint64_t total,
                                 tdm_err *err) {
     size_t n = 0;
-    tdesc *list = tensor_list(o->shape, o->type, &n);
+    tdesc *list = tensor_list(o, &n);
     float *ones = tdm_mallocarray((size_t)o->shape->n_embd, sizeof *ones);
     tile tiles[MAX_TILES] = {0};
     size_t n_tiles = 0;
@@ -302,7 +319,7 @@ static tandem_status write_data(tdm_gguf_writer *w, const tdm_synth_opts *o, uin
             continue;
         }
         const tile *t = NULL;
-        if ((st = tile_get(tiles, &n_tiles, list, n, o, d->ne0, &t, err))) break;
+        if ((st = tile_get(tiles, &n_tiles, list, n, o, d->type, d->ne0, &t, err))) break;
         size_t tile_bytes = t->n_blocks * t->block_bytes;
         size_t pos = (size_t)(start % t->n_blocks) * t->block_bytes;
         for (uint64_t left = d->nbytes; !st && left > 0;) {

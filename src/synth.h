@@ -3,8 +3,9 @@
  *
  * A synthetic model is a GGUF v3 file that tandem and llama.cpp both load: the
  * llama architecture (RMSNorm, RoPE in the "normal" GGUF layout, SwiGLU, no biases,
- * an untied output.weight), every matrix of one type (f16, q8_0 or q4_0), f32 norms
- * of 1.0, and a tokenizer (synthesised, or copied from another GGUF).  Matrix
+ * an untied output.weight), every matrix of one type (f16, q8_0, q4_0, q4_k, q5_k or
+ * q6_k) or the types of a quantize.h mix (q4_k_m, q5_k_m: q6_k output, attn_v and
+ * ffn_down where llama.cpp's mix puts them), f32 norms of 1.0, and a tokenizer (synthesised, or copied from another GGUF).  Matrix
  * entries are uniform with standard deviation 0.5 / sqrt(cols), so activations stay
  * well-conditioned in f32 and in f16.  The data is a random tile per type and row
  * length, repeated through the tensors (each tensor starts at another block of its
@@ -16,6 +17,7 @@
 
 #include "common.h"
 #include "gguf_write.h"
+#include "quantize.h"
 
 typedef struct tdm_synth_shape {
     const char *name;
@@ -33,7 +35,9 @@ typedef bool (*tdm_synth_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 typedef struct tdm_synth_opts {
     const tdm_synth_shape *shape;
-    uint32_t type;               /* every matrix: TDM_F16, TDM_Q8_0 or TDM_Q4_0 */
+    uint32_t type;               /* every matrix: TDM_F16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_K, TDM_Q5_K or
+                                    TDM_Q6_K (ignored when kind is set) */
+    const tdm_quant_kind *kind;  /* NULL, or a quantize.h kind whose per-tensor rules give the types */
     uint64_t seed;
     const char *tokenizer_from;  /* GGUF whose tokenizer.* keys are copied; NULL: synthesise */
     size_t tile_bytes;           /* random data per tile; 0: TDM_SYNTH_TILE_BYTES */
@@ -49,8 +53,8 @@ typedef struct tdm_synth_info {
     uint64_t n_tensors, n_params, file_bytes;
 } tdm_synth_info;
 
-/* The GGUF file type (general.file_type) of a matrix type: F16 1, Q8_0 7, Q4_0 2;
- * 0 for a type synth does not write. */
+/* The GGUF file type (general.file_type) of a matrix type: F16 1, Q8_0 7, Q4_0 2,
+ * Q4_K 14, Q5_K 16, Q6_K 18; 0 for a type synth does not write. */
 uint32_t tdm_synth_file_type(uint32_t type);
 
 /* A writer holding the model's metadata and tensor infos (no data), ready to stream.

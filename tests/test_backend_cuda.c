@@ -53,20 +53,24 @@ Test(cuda_backend, memory_ops) {
     tdm_backend_destroy(b);
 }
 
-static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+static const uint32_t types[] = {TDM_F32,  TDM_F16,  TDM_BF16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_1, TDM_Q5_0,
+                                 TDM_Q5_1, TDM_Q2_K, TDM_Q3_K, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
 
 Test(cuda_ops, get_rows_all_types) {
     tdm_backend *b = gpu();
     uint64_t rng = 11;
     for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++) {
-        tdm_weight w = tdm_test_weight(types[t], 50, 96, &rng);
+        /* 96 columns, or one K-quant super-block of 256 */
+        const int64_t cols = tdm_dtype_is_kquant(types[t]) ? 256 : 96;
+        tdm_weight w = tdm_test_weight(types[t], 50, cols, &rng);
         tdm_weight dw = put_weight(b, &w);
         int32_t ids[7] = {0, 49, 3, 3, 17, 48, 25};
-        float *out = put(b, NULL, 7 * 96 * 4), ref[7 * 96];
+        float *out = put(b, NULL, 7 * 256 * 4), ref[7 * 256];
         OK(b->ops->get_rows(b, &dw, ids, 7, out, &err_));
         ref_get_rows(&w, ids, 7, ref);
-        float *h = get(b, out, sizeof ref);
-        cr_assert(memcmp(h, ref, sizeof ref) == 0, "get_rows %s differs", tdm_dtype_name(types[t]));
+        float *h = get(b, out, (size_t)(7 * cols * 4));
+        cr_assert(memcmp(h, ref, (size_t)(7 * cols * 4)) == 0, "get_rows %s differs (dequantisation not bit-exact)",
+                  tdm_dtype_name(types[t]));
         int32_t bad = 50;
         tdm_err err = {0};
         cr_assert_eq(b->ops->get_rows(b, &dw, &bad, 1, out, &err), TANDEM_ERR_INVALID_ARG);
@@ -152,11 +156,11 @@ Test(cuda_matmul, types_shapes_batches) {
     tdm_backend *b = gpu();
     uint64_t rng = 3;
     /* (cols % 8 != 0: the element-wise kernel for 16-bit types too) */
-    const int64_t shapes[][2] = {{1, 32}, {67, 96}, {384, 384}, {1030, 128}, {8, 1024}, {13, 100}};
+    const int64_t shapes[][2] = {{1, 32}, {67, 96}, {384, 384}, {1030, 128}, {8, 1024}, {13, 100}, {67, 768}};
     const int32_t ns[] = {1, 3, 8, 9, 20};
     for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++)
         for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
-            if ((types[t] == TDM_Q8_0 || types[t] == TDM_Q4_0) && shapes[s][1] % TDM_QK != 0) continue;
+            if (shapes[s][1] % tdm_dtype_block_elems(types[t]) != 0) continue;
             tdm_weight w = tdm_test_weight(types[t], shapes[s][0], shapes[s][1], &rng);
             tdm_weight dw = put_weight(b, &w);
             for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
@@ -173,8 +177,10 @@ Test(cuda_matmul, types_shapes_batches) {
                     double e = ref_nrm_err(y, ref, ny);
                     /* more rows than the row kernels take, 16-bit weights: cuBLAS, with x
                      * rounded to the weight's type */
-                    const bool gemm = n > TDM_TEST_CUDA_GEMV_MAX_ROWS && (w.type == TDM_F16 || w.type == TDM_BF16);
-                    const double tol = !gemm ? 2e-6 : w.type == TDM_F16 ? 3e-3 : 2e-2;
+                    const bool newq = tdm_dtype_block_elems(w.type) > 1 && w.type != TDM_Q8_0 && w.type != TDM_Q4_0;
+                    const bool gemm = n > TDM_TEST_CUDA_GEMV_MAX_ROWS &&
+                                      (w.type == TDM_F16 || w.type == TDM_BF16 || newq); /* (newq: f16 dequantised) */
+                    const double tol = !gemm ? 2e-6 : w.type == TDM_BF16 ? 2e-2 : 3e-3;
                     cr_assert(e < tol, "matmul %s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type),
                               (long long)w.rows, (long long)w.cols, (int)n, acc, e);
                     if (!acc && n > 1 && n <= TDM_TEST_CUDA_GEMV_MAX_ROWS) { /* the last row alone */

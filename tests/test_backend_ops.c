@@ -14,9 +14,17 @@
 
 /* ---- helpers (and backend_testutil.h) --------------------------------------------- */
 
-static const uint32_t all_types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0};
+static const uint32_t all_types[] = {TDM_F32,  TDM_F16,  TDM_BF16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_1, TDM_Q5_0,
+                                     TDM_Q5_1, TDM_Q2_K, TDM_Q3_K, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
+/* the types of the original matmul test (any multiple of 32 columns, f32 arithmetic) */
+#define N_F32_TYPES 5
 
-static bool is_quant(uint32_t t) { return t == TDM_Q8_0 || t == TDM_Q4_0; }
+static bool is_quant(uint32_t t) { return tdm_dtype_block_elems(t) > 1; }
+/* A column count of about c that the type's blocks divide. */
+static int64_t type_cols(uint32_t t, int64_t c) {
+    int64_t be = tdm_dtype_block_elems(t);
+    return (c + be - 1) / be * be;
+}
 
 /* ---- matmul -------------------------------------------------------------------- */
 
@@ -42,7 +50,7 @@ Test(matmul, all_levels_types_shapes) {
                                             {6, 37, 1}, {21, 100, 6}, {40, 15, 33}};
     for (int l = 0; l < nl; l++) {
         tdm_backend *b = tdm_test_backend(lv[l], 2);
-        for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
+        for (size_t t = 0; t < N_F32_TYPES; t++) {
             for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
                 for (int acc = 0; acc < 2; acc++)
                     check_matmul(b, all_types[t], shapes[s][0], shapes[s][1], (int32_t)shapes[s][2],
@@ -56,17 +64,105 @@ Test(matmul, all_levels_types_shapes) {
     }
 }
 
+/* The integer-dot types (qdot.h) at every level: against the f32 reference on x
+ * itself (the int8 rounding of x: below 2 %), against the reference on x as the
+ * kernels quantise it (f32 rounding only: below 1e-5), and bit-identical to the
+ * scalar level. */
+static void check_qdot(tdm_backend *b, tdm_backend *b0, uint32_t type, int64_t rows, int64_t cols, int32_t n,
+                       bool acc, uint64_t seed) {
+    uint64_t rng = seed;
+    tdm_weight w = tdm_test_weight(type, rows, cols, &rng);
+    size_t ny = (size_t)n * (size_t)rows;
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * (size_t)cols, -1, 1);
+    float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1);
+    float *y = malloc(ny * 4), *ys = malloc(ny * 4), *yr = malloc(ny * 4), *yq = malloc(ny * 4);
+    memcpy(y, y0, ny * 4), memcpy(ys, y0, ny * 4), memcpy(yr, y0, ny * 4), memcpy(yq, y0, ny * 4);
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->matmul(b, &w, x, n, y, acc, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(b0->ops->matmul(b0, &w, x, n, ys, acc, &err), TANDEM_OK, "%s", err.msg);
+    ref_matmul(&w, x, n, yr, acc);
+    /* x as the kernels see it: qx * dx */
+    void *buf = tdm_alloc_aligned(tdm_xq_bytes(type, cols, n) + 64, 64);
+    tdm_xq xq;
+    tdm_xq_quantize(type, x, n, cols, 0, n, buf, &xq);
+    float *xd = malloc((size_t)n * cols * 4);
+    for (int64_t k = 0; k < (int64_t)n * cols; k++)
+        xd[k] = (float)xq.q[k] * xq.d[k / xq.blk];
+    ref_matmul(&w, xd, n, yq, acc);
+    double e = ref_nrm_err(y, yr, ny), eq = ref_nrm_err(y, yq, ny);
+    const char *nm = tdm_dtype_name(type);
+    int lv = tdm_backend_cpu_level(b);
+    cr_assert(e < 2e-2, "%s level %d [%lld][%lld] n=%d acc=%d: err %g vs f32 x", nm, lv, (long long)rows,
+              (long long)cols, n, acc, e);
+    cr_assert(eq < 1e-5, "%s level %d [%lld][%lld] n=%d acc=%d: err %g vs quantised x", nm, lv, (long long)rows,
+              (long long)cols, n, acc, eq);
+    cr_assert(memcmp(y, ys, ny * 4) == 0, "%s level %d [%lld][%lld] n=%d: differs from the scalar level", nm, lv,
+              (long long)rows, (long long)cols, n);
+    tdm_free_aligned(buf);
+    free(xd), free(x), free(y0), free(y), free(ys), free(yr), free(yq);
+    free((void *)w.data);
+}
+
+Test(matmul, qdot_types_all_levels) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = tdm_test_levels(lv);
+    /* rows, cols, n: partial groups of 4 W rows, one and several blocks, every x
+     * row count of the kernels' register blocks, x chunks past 16 and 64 */
+    static const int64_t shapes[][3] = {{1, 256, 1},  {5, 512, 1},   {7, 256, 3},  {33, 768, 5}, {64, 256, 17},
+                                        {45, 512, 70}, {130, 1024, 2}, {17, 256, 9}, {6, 256, 4},  {9, 512, 6}};
+    tdm_backend *b0 = tdm_test_backend(TDM_CPU_SCALAR, 2);
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
+        for (size_t t = N_F32_TYPES; t < TDM_ARRAY_LEN(all_types); t++)
+            for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+                check_qdot(b, b0, all_types[t], shapes[s][0], shapes[s][1], (int32_t)shapes[s][2], s & 1,
+                           3000 + s * 13 + t);
+        /* 32-element types: rows of fewer than 256 columns */
+        for (size_t t = N_F32_TYPES; t < TDM_ARRAY_LEN(all_types); t++)
+            if (!tdm_dtype_is_kquant(all_types[t])) {
+                check_qdot(b, b0, all_types[t], 4, 32, 2, false, 4000 + t);
+                check_qdot(b, b0, all_types[t], 7, 96, 3, true, 4100 + t);
+            }
+        tdm_backend_destroy(b);
+    }
+    tdm_backend_destroy(b0);
+}
+
+/* A NaN in x makes that row's outputs NaN (not finite garbage from its int8 form). */
+Test(matmul, qdot_nan_input) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = tdm_test_levels(lv);
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = tdm_test_backend(lv[l], 1);
+        for (size_t t = N_F32_TYPES; t < TDM_ARRAY_LEN(all_types); t++) {
+            uint64_t rng = 9;
+            tdm_weight w = tdm_test_weight(all_types[t], 8, 256, &rng);
+            float *x = tdm_test_rand_vec(&rng, 512, -1, 1), y[16];
+            x[300] = NAN;
+            cr_assert_eq(b->ops->matmul(b, &w, x, 2, y, false, NULL), TANDEM_OK);
+            for (int r = 0; r < 8; r++) {
+                cr_assert(isfinite(y[r]), "%s row 0", tdm_dtype_name(all_types[t]));
+                cr_assert(isnan(y[8 + r]), "%s row 1: %g", tdm_dtype_name(all_types[t]), y[8 + r]);
+            }
+            free(x);
+            free((void *)w.data);
+        }
+        tdm_backend_destroy(b);
+    }
+}
+
 /* Bit-identical across thread counts, and row i of a batched matmul equals the
  * matmul of row i alone (decode and verification agree exactly). */
 Test(matmul, deterministic_threads_and_batch) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     int nl = tdm_test_levels(lv);
-    const int64_t rows = 203, cols = 192;
+    const int64_t rows = 203;
     for (int32_t n = 11; n <= 20; n += 9) /* 11: the direct path; 20: the tile path vs direct rows */
     for (int l = 0; l < nl; l++) {
         tdm_backend *bs[3] = {tdm_test_backend(lv[l], 1), tdm_test_backend(lv[l], 2), tdm_test_backend(lv[l], 3)};
         for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
             uint64_t rng = 77 + t;
+            const int64_t cols = type_cols(all_types[t], 192);
             tdm_weight w = tdm_test_weight(all_types[t], rows, cols, &rng);
             float *x = tdm_test_rand_vec(&rng, (size_t)n * cols, -2, 2);
             float *y[3];
@@ -132,7 +228,7 @@ Test(ops, get_rows_all_types) {
     for (int l = 0; l < nl; l++) {
         tdm_backend *b = tdm_test_backend(lv[l], 2);
         for (size_t t = 0; t < TDM_ARRAY_LEN(all_types); t++) {
-            int64_t cols = is_quant(all_types[t]) ? 96 : 45;
+            int64_t cols = is_quant(all_types[t]) ? type_cols(all_types[t], 96) : 45;
             uint64_t rng = 11 + t;
             tdm_weight w = tdm_test_weight(all_types[t], 50, cols, &rng);
             int32_t ids[7] = {0, 49, 3, 3, 17, 25, 48};

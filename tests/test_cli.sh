@@ -918,6 +918,24 @@ then pass "chat: replies follow the kept history, /reset and /exit"; else fail "
 STDIN="$TMP/chat.in" expect_exit 1 "chat: the model has no template" "$TANDEM" chat -m "$TARGET" -n 4
 expect_err "no chat template" "chat without a template"
 expect_exit 2 "chat: -p is not an option" "$TANDEM" chat -m "$TARGET" -p x
+# ------------------------------------------------------------------- quantize
+expect_exit 2 "quantize: missing --type" "$TANDEM" quantize "$TARGET" "$TMP/q.gguf"
+expect_exit 2 "quantize: unknown type" "$TANDEM" quantize "$TARGET" "$TMP/q.gguf" --type q7_k
+grep -q "q4_k_m" "$TMP/err" || fail "quantize: unknown type message lists the types"
+expect_exit 2 "quantize: missing OUT" "$TANDEM" quantize "$TARGET" --type q8_0
+expect_exit 2 "quantize: OUT is IN" "$TANDEM" quantize "$TARGET" "$TARGET" --type q8_0
+expect_exit 1 "quantize: missing IN" "$TANDEM" quantize "$TMP/none.gguf" "$TMP/q.gguf" --type q8_0
+[ ! -e "$TMP/q.gguf" ] && [ ! -e "$TMP/q.gguf.tmp" ] && pass "quantize: a failed run leaves no file" ||
+    fail "quantize: a failed run left a file"
+expect_exit 0 "quantize q4_k_m" "$TANDEM" quantize "$TARGET" "$TMP/q.gguf" --type q4_k_m
+grep -q "q6_k" "$TMP/out" && grep -q "q5_0" "$TMP/out" || fail "quantize: summary lists the types ($(cat "$TMP/out"))"
+grep -q "blk.7.ffn_down.weight -> q6_k" "$TMP/err" || fail "quantize: progress lines name tensors and types"
+expect_exit 0 "quantize: the q4_k_m model generates" "$TANDEM" generate -m "$TMP/q.gguf" -p "def add(a, b):" -n 8
+expect_exit 1 "quantize: an existing OUT" "$TANDEM" quantize "$TARGET" "$TMP/q.gguf" --type q8_0
+grep -q "use --force" "$TMP/err" || fail "quantize: existing OUT message"
+expect_exit 0 "quantize --force q6_k" "$TANDEM" quantize --force "$TARGET" "$TMP/q.gguf" --type q6_k
+"$TANDEM" info "$TMP/q.gguf" 2>/dev/null | grep -q "blk.0.ffn_down.weight *q6_k" && pass "quantize: q6_k rows of 1024" ||
+    fail "quantize: q6_k tensor types"
 
 echo "# $n_pass passed, $n_fail failed"
 [ "$n_fail" -eq 0 ]

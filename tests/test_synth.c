@@ -162,7 +162,7 @@ static void check_logits(const char *path, const char *what) {
 }
 
 Test(synth, tiny_models_load_and_give_finite_logits, .timeout = 120) {
-    static const uint32_t types[] = {TDM_F16, TDM_Q8_0, TDM_Q4_0};
+    static const uint32_t types[] = {TDM_F16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_K, TDM_Q6_K};
     char *dir = tmp_dir();
     for (size_t i = 0; i < TDM_ARRAY_LEN(types); i++) {
         tdm_synth_opts o = opts("tiny", types[i]);
@@ -194,6 +194,35 @@ Test(synth, tiny_models_load_and_give_finite_logits, .timeout = 120) {
         unlink(path);
         free(path);
     }
+    rmdir(dir);
+    free(dir);
+}
+
+/* A Q4_K_M-like mix: q4_k matrices, q6_k for the output head and for attn_v and
+ * ffn_down of the layers llama.cpp's mix gives more bits (tiny: the second of 2). */
+Test(synth, q4_k_m_mix, .timeout = 120) {
+    char *dir = tmp_dir();
+    tdm_synth_opts o = opts("tiny", TDM_Q4_K);
+    o.kind = tdm_quant_kind_find("q4_k_m");
+    o.tile_bytes = 1 << 20;
+    char *path = path_in(dir, "m.gguf");
+    tdm_err err = {0};
+    cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
+    tdm_gguf *g;
+    cr_assert_eq(tdm_gguf_open(path, &g, &err), TANDEM_OK, "%s", err.msg);
+    uint32_t ft;
+    cr_assert_eq(tdm_gguf_get_u32(g, "general.file_type", &ft, &err), TANDEM_OK);
+    cr_assert_eq(ft, 15u); /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
+    cr_assert_eq(tdm_gguf_find_tensor(g, "output.weight")->type, (uint32_t)TDM_Q6_K);
+    cr_assert_eq(tdm_gguf_find_tensor(g, "token_embd.weight")->type, (uint32_t)TDM_Q4_K);
+    cr_assert_eq(tdm_gguf_find_tensor(g, "blk.0.attn_v.weight")->type, (uint32_t)TDM_Q4_K);
+    cr_assert_eq(tdm_gguf_find_tensor(g, "blk.1.attn_v.weight")->type, (uint32_t)TDM_Q6_K);
+    cr_assert_eq(tdm_gguf_find_tensor(g, "blk.1.ffn_down.weight")->type, (uint32_t)TDM_Q6_K);
+    cr_assert_eq(tdm_gguf_find_tensor(g, "blk.1.attn_q.weight")->type, (uint32_t)TDM_Q4_K);
+    tdm_gguf_close(g);
+    check_logits(path, "q4_k_m");
+    unlink(path);
+    free(path);
     rmdir(dir);
     free(dir);
 }

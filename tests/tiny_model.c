@@ -99,7 +99,8 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
         add_tensor(w, c, T("attn_norm.weight"), TDM_F32, E, 1, &rng, 0.1f, 1.0f);
         add_tensor(w, c, T("attn_q.weight"), c->wtype, E, c->n_head * hd, &rng, c->scale, 0);
         add_tensor(w, c, T("attn_k.weight"), c->wtype, E, c->n_head_kv * hd, &rng, c->scale, 0);
-        add_tensor(w, c, T("attn_v.weight"), c->wtype, E, c->n_head_kv * hd, &rng, c->scale, 0);
+        add_tensor(w, c, T("attn_v.weight"), c->attn_v_type ? c->attn_v_type : c->wtype, E, c->n_head_kv * hd, &rng,
+                   c->scale, 0);
         if (qwen) {
             add_tensor(w, c, T("attn_q.bias"), TDM_F32, c->n_head * hd, 1, &rng, c->scale, 0);
             add_tensor(w, c, T("attn_k.bias"), TDM_F32, c->n_head_kv * hd, 1, &rng, c->scale, 0);
@@ -109,7 +110,8 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
         add_tensor(w, c, T("ffn_norm.weight"), TDM_F32, E, 1, &rng, 0.1f, 1.0f);
         add_tensor(w, c, T("ffn_gate.weight"), c->wtype, E, c->n_ff, &rng, c->scale, 0);
         add_tensor(w, c, T("ffn_up.weight"), c->wtype, E, c->n_ff, &rng, c->scale, 0);
-        add_tensor(w, c, T("ffn_down.weight"), c->wtype, c->n_ff, E, &rng, c->scale, 0);
+        add_tensor(w, c, T("ffn_down.weight"), c->ffn_down_type ? c->ffn_down_type : c->wtype, c->n_ff, E, &rng,
+                   c->scale, 0);
 #undef T
     }
     /* after the layers, so that the other tensors do not depend on this option */

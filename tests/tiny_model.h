@@ -22,6 +22,8 @@ typedef struct tdm_tiny_cfg {
     const char *skip_tensor;      /* tensor name left out of the file (NULL: none) */
     const char *bad_shape_tensor; /* tensor written with one extra row (NULL: none) */
     const char *nan_tensor;       /* tensor whose first value is NaN (NULL: none) */
+    uint32_t attn_v_type;         /* attn_v.weight's type (0: wtype), for mixes like Q4_K_M */
+    uint32_t ffn_down_type;       /* ffn_down.weight's type (0: wtype) */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);

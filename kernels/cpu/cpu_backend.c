@@ -191,6 +191,7 @@ static void cpu_free_impl(tdm_cpu *c) {
         free(arrs[i]);
     }
     tdm_free_aligned(c->head_buf);
+    tdm_free_aligned(c->xq_buf);
     free(c);
 }
 

@@ -15,6 +15,7 @@
 #define TDM_CPU_INTERNAL_H
 
 #include "backend.h"
+#include "qdot.h"
 #include "threadpool.h"
 
 typedef enum tdm_cpu_level {
@@ -49,6 +50,11 @@ typedef struct tdm_cpu_kernels {
     /* Weight types gemv handles: bit (1 << type) set.  Its results are bit-identical
      * to convert_rows + gemm, so the matmul dispatcher may pick either path. */
     uint32_t gemv_types;
+    /* The integer-dot matmul of the tdm_qdot_type weights (qdot.h), any n:
+     * y[i][r] (=|+=) dot(x[i], W row r) for i < n, r in [r0, r1), x quantised in xq, y
+     * rows ldy apart.  The same bits at every level (qdot.h). */
+    void (*qdot)(const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r0, int64_t r1, float *y, int64_t ldy,
+                 bool acc);
     /* Optional (NULL: the level keeps every weight in TDM_LAYOUT_ROWS): matmul of a
      * TDM_LAYOUT_P64 weight of an element type (returns false for others):
      * y[i][r] (=|+=) dot(x[i], W row r) for i < n (any n) and the rows of 64-row
@@ -159,6 +165,8 @@ typedef struct tdm_cpu {
     const tdm_cpu_kernels *k;
     bool pack;                /* weight_layout may ask for P64 (TANDEM_CPU_PACK=0: never) */
     tdm_cpu_scratch *scratch; /* [n_threads] */
+    void *xq_buf;             /* x quantised for the integer-dot matmul (64-byte aligned) */
+    size_t xq_cap;
     /* quantised output head (head.c): the level's int8 dot kernel, NULL without one */
     tdm_qhead_approx_fn k_approx;
     void *head_buf;           /* x bytes, logits or bounds, per-task maxima and candidates of a pass */
@@ -270,6 +278,10 @@ tandem_status tdm_cpu_kv_write_check_rows(const tdm_kv_write_args *a, tdm_err *e
 /* Writes kv heads [g0, g0 + ng) of every row; a->k and a->v rows hold those heads
  * from offset 0. */
 void tdm_cpu_kv_write_heads(const tdm_cpu *c, const tdm_kv_write_args *a, int32_t g0, int32_t ng);
+
+/* matmul on a CPU backend's state (tdm_cpu_matmul without the backend lookup). */
+tandem_status tdm_cpu_matmul_on(tdm_cpu *c, const tdm_weight *w, const float *x, int32_t n, float *y, bool accumulate,
+                                tdm_err *err);
 
 /* Validates a weight descriptor (type, dims, row_bytes, data). */
 tandem_status tdm_cpu_check_weight(const tdm_weight *w, const char *op, tdm_err *err);

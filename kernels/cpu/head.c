@@ -220,8 +220,14 @@ static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_
         for (int64_t u = 0; finite && u < nr; u++) {
             int64_t r = scan ? u : cl[1 + u];
             if (!(ub[r] >= lo)) continue;
-            if (!c->k->gemv(w, xi, 1, r, r + 1, ub, 0, false))
+            if (tdm_qdot_type(w->type)) { /* the integer-dot path: matmul of the row alone */
+                tdm_weight v;
+                tandem_status st = tdm_weight_rows_view(w, r, 1, &v) ? tdm_cpu_matmul_on(c, &v, xi, 1, ub + r, false, err)
+                                                                     : TANDEM_ERR_INVALID_ARG;
+                if (st) return st;
+            } else if (!c->k->gemv(w, xi, 1, r, r + 1, ub, 0, false)) {
                 return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: %s weights", tdm_dtype_name(w->type));
+            }
             n_cand++;
             finite = isfinite(ub[r]); /* NaN / inf: the full logits decide (and report it) */
             if (ub[r] > best) best = ub[r], idx = (int32_t)r;

@@ -11,6 +11,8 @@
  *   otherwise: each chunk of W rows is converted once to an f32 tile in the thread's
  *   scratch, then all n input rows are multiplied against it (each W byte is read
  *   once per call).
+ *   Q4_1, Q5_0, Q5_1 and the K-quants, any n: x quantised to int8 once per call,
+ *   then the level's integer-dot kernel (qdot.h) over ranges of W rows.
  */
 #include <math.h>
 #include <string.h>
@@ -179,6 +181,7 @@ const tdm_cpu_kernels tdm_cpu_kernels_scalar = {
     .gemm = sc_gemm,
     .gemv = sc_gemv,
     .gemv_types = 1u << TDM_F32,
+    .qdot = tdm_qdot_ref,
     .attn_qk = sc_attn_qk,
     .attn_pv = sc_attn_pv,
     .softmax_num = sc_softmax_num,
@@ -228,6 +231,7 @@ typedef struct mm_job {
     bool acc;
     int64_t chunk;   /* W rows per chunk (a multiple of TDM_MM_RB) */
     int64_t ld;      /* floats per tile row */
+    tdm_xq xq;       /* the integer-dot path: x quantised (its chunks: W rows, or x rows to quantise) */
 } mm_job;
 
 /* W rows per tile of about 32 KiB of f32 (L1 resident): a multiple of TDM_MM_RB,
@@ -255,6 +259,7 @@ static bool mm_direct(const tdm_cpu *c, const tdm_weight *w, int32_t n) {
 }
 
 size_t tdm_cpu_matmul_local_scratch(const tdm_cpu *c, const tdm_weight *w, int32_t n) {
+    if (tdm_qdot_type(w->type)) return (tdm_xq_bytes(w->type, w->cols, n) + 64) / sizeof(float) + 1;
     if (w->layout != TDM_LAYOUT_ROWS || mm_direct(c, w, n)) return 0;
     int64_t ld, chunk = mm_tile_rows(w->cols, &ld);
     return (size_t)(chunk * ld);
@@ -263,6 +268,13 @@ size_t tdm_cpu_matmul_local_scratch(const tdm_cpu *c, const tdm_weight *w, int32
 void tdm_cpu_matmul_local(const tdm_cpu *c, const tdm_weight *w, const float *x, int32_t n, float *y,
                           int64_t ldy, float *tile) {
     const tdm_cpu_kernels *k = c->k;
+    if (tdm_qdot_type(w->type)) {
+        void *buf = (void *)(((uintptr_t)tile + 63) & ~(uintptr_t)63);
+        tdm_xq xq;
+        tdm_xq_quantize(w->type, x, n, w->cols, 0, n, buf, &xq);
+        k->qdot(w, &xq, n, 0, w->rows, y, ldy, false);
+        return;
+    }
     if (w->layout == TDM_LAYOUT_P64) {
         k->gemv_p64(w, x, n, 0, w->rows / TDM_LAYOUT_P64_ROWS, y, ldy, false);
         return;
@@ -300,16 +312,75 @@ static void mm_tile_task(void *ctx, int64_t chunk, int ith) {
                      j->y, rows, j->acc);
 }
 
+/* ---- the integer-dot path (qdot.h) ------------------------------------------------ */
+
+static void qdot_quant_task(void *ctx, int64_t chunk, int ith) {
+    (void)ith;
+    mm_job *j = ctx;
+    int32_t i0 = (int32_t)(chunk * j->chunk), i1 = (int32_t)TDM_MIN(i0 + j->chunk, j->n);
+    tdm_xq unused;
+    tdm_xq_quantize(j->w->type, j->x, j->n, j->w->cols, i0, i1, j->c->xq_buf, &unused);
+}
+
+static void qdot_task(void *ctx, int64_t chunk, int ith) {
+    (void)ith;
+    mm_job *j = ctx;
+    int64_t r0 = chunk * j->chunk, r1 = TDM_MIN(r0 + j->chunk, j->w->rows);
+    j->c->k->qdot(j->w, &j->xq, j->n, r0, r1, j->y, j->w->rows, j->acc);
+}
+
+static tandem_status mm_qdot(tdm_cpu *c, const tdm_weight *w, const float *x, int32_t n, float *y, bool acc,
+                             tdm_err *err) {
+    size_t bytes = tdm_xq_bytes(w->type, w->cols, n);
+    if (c->xq_cap < bytes) {
+        void *p = tdm_alloc_aligned(bytes, 64);
+        if (!p) return tdm_seterr(err, TANDEM_ERR_NOMEM, "matmul: out of memory (%zu bytes for quantised x)", bytes);
+        tdm_free_aligned(c->xq_buf);
+        c->xq_buf = p;
+        c->xq_cap = bytes;
+    }
+    mm_job j = {.c = c, .w = w, .x = x, .n = n, .y = y, .acc = acc};
+    const int64_t rows = w->rows, flops = rows * w->cols * (int64_t)n;
+    /* x rows quantised in chunks of 16 across the threads when there are many */
+    j.chunk = 16;
+    int64_t n_q = (n + j.chunk - 1) / j.chunk;
+    tdm_threadpool_run(c->pool, n_q, tdm_cpu_nth(c, (int64_t)n * w->cols, 1 << 16), qdot_quant_task, &j);
+    tdm_xq_quantize(w->type, x, n, w->cols, 0, 0, c->xq_buf, &j.xq); /* the descriptor only */
+    int nth;
+    if (n <= TDM_MM_DIRECT_MAX) { /* one contiguous range per thread (see the direct path) */
+        nth = tdm_cpu_nth(c, flops, 16384);
+        if (nth > rows / 32) nth = rows >= 64 ? (int)(rows / 32) : 1;
+        j.chunk = (rows + nth - 1) / nth;
+        j.chunk = (j.chunk + 3) / 4 * 4;
+    } else { /* W chunks of 64 rows, which stay in the caches while every x row passes */
+        j.chunk = 64;
+        nth = tdm_cpu_nth(c, TDM_MIN(flops, ((rows + 63) / 64) * 65536), 65536);
+    }
+    tdm_threadpool_run(c->pool, (rows + j.chunk - 1) / j.chunk, nth, qdot_task, &j);
+    return TANDEM_OK;
+}
+
 tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n,
                              float *y, bool accumulate, tdm_err *err) {
     tdm_cpu *c = tdm_cpu_of(b, "matmul", err);
     if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG;
+    return tdm_cpu_matmul_on(c, w, x, n, y, accumulate, err);
+}
+
+tandem_status tdm_cpu_matmul_on(tdm_cpu *c, const tdm_weight *w, const float *x, int32_t n, float *y, bool accumulate,
+                                tdm_err *err) {
     tandem_status st = tdm_cpu_check_weight(w, "matmul", err);
     if (st != TANDEM_OK) return st;
     if (n < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: n = %d", (int)n);
     if (n == 0 || w->rows == 0) return TANDEM_OK;
     if (!x || !y) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "matmul: NULL x or y");
 
+    if (tdm_qdot_type(w->type)) {
+        if (w->layout != TDM_LAYOUT_ROWS)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "matmul: %s weight in layout %u (the CPU reads rows)",
+                              tdm_dtype_name(w->type), (unsigned)w->layout);
+        return mm_qdot(c, w, x, n, y, accumulate, err);
+    }
     mm_job j = {.c = c, .w = w, .x = x, .n = n, .y = y, .acc = accumulate};
     int64_t rows = w->rows, cols = w->cols;
     int64_t flops = rows * cols * (int64_t)n;

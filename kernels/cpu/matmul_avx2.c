@@ -121,7 +121,8 @@ static void convert_row(uint32_t type, const uint8_t *src, float *dst, int64_t c
         }
         break;
     }
-    default:
+    default: /* the other quantised types: the reference conversion (embedding rows) */
+        tdm_row_to_f32(type, src, dst, cols);
         break;
     }
 }
@@ -464,6 +465,7 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx2 = {
     .gemm = k_gemm,
     .gemv = k_gemv,
     .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16),
+    .qdot = tdm_qdot_avx2,
     .attn_qk = k_attn_qk,
     .attn_pv = k_attn_pv,
     .softmax_num = k_softmax_num,

@@ -104,7 +104,8 @@ static void convert_row(uint32_t type, const uint8_t *src, float *dst, int64_t c
         }
         break;
     }
-    default:
+    default: /* the other quantised types: the reference conversion (embedding rows) */
+        tdm_row_to_f32(type, src, dst, cols);
         break;
     }
 }
@@ -672,6 +673,7 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx512 = {
     .gemm = k_gemm,
     .gemv = k_gemv,
     .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16) | (1u << TDM_Q8_0) | (1u << TDM_Q4_0),
+    .qdot = tdm_qdot_avx512,
     .gemv_p64 = k_gemv_p64,
     .attn_qk = k_attn_qk,
     .attn_pv = k_attn_pv,

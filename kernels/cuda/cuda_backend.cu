@@ -93,7 +93,9 @@ float *tdm_cuda_scratch(tdm_cuda *c, size_t n, tdm_err *err) {
 tandem_status tdm_cuda_check_weight(const tdm_weight *w, const char *op, tdm_err *err) {
     if (!w) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL weight", op);
     switch (w->type) {
-    case TDM_F32: case TDM_F16: case TDM_BF16: case TDM_Q8_0: case TDM_Q4_0: break;
+    case TDM_F32: case TDM_F16: case TDM_BF16: case TDM_Q8_0: case TDM_Q4_0:
+    case TDM_Q4_1: case TDM_Q5_0: case TDM_Q5_1: case TDM_Q2_K: case TDM_Q3_K: case TDM_Q4_K: case TDM_Q5_K:
+    case TDM_Q6_K: break;
     default:
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: weight type %s is not supported by the CUDA backend",
                           op, tdm_dtype_name(w->type));
@@ -105,7 +107,7 @@ tandem_status tdm_cuda_check_weight(const tdm_weight *w, const char *op, tdm_err
     if (w->rows < 0 || w->cols <= 0 || w->cols > INT32_MAX || w->rows > INT32_MAX)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: bad weight shape [%lld][%lld]", op,
                           (long long)w->rows, (long long)w->cols);
-    if ((w->type == TDM_Q8_0 || w->type == TDM_Q4_0) && w->cols % TDM_QK != 0)
+    if (w->cols % tdm_dtype_block_elems(w->type) != 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: %lld columns are not whole %s blocks", op,
                           (long long)w->cols, tdm_dtype_name(w->type));
     if (w->rows > 0 && !w->data) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL weight data", op);

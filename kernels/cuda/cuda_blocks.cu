@@ -82,7 +82,7 @@ static bool need_xq(const tdm_weight *w) { return w->layout == TDM_LAYOUT_QSPLIT
 
 static bool gemm_ok(const tdm_weight *w) {
     if (w->layout == TDM_LAYOUT_QSPLIT) return true;
-    return w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16 || w->type == TDM_F32);
+    return w->layout == TDM_LAYOUT_ROWS && w->type != TDM_Q8_0 && w->type != TDM_Q4_0; /* (the others: f16) */
 }
 
 /* The input kind a weight's product reads on the row path or the cuBLAS path. */

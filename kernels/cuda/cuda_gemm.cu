@@ -1,7 +1,8 @@
 /* cuda_gemm.cu - matrix products of many rows (prefill chunks, large batches)
  * through cuBLAS on tensor cores: f16 or bf16 operands (the activations converted
  * to the weight's type by the caller), f32 accumulation and f32 output, y += when
- * accumulating (beta = 1).  Q8_0 / Q4_0 weights (QSPLIT) are dequantised to f16 into
+ * accumulating (beta = 1).  Quantised weights (Q8_0 / Q4_0 QSPLIT, the others in
+ * rows) are dequantised to f16 into
  * a scratch buffer first (one pass over the weight, then cuBLAS); f32 weights use
  * plain single-precision GEMM.
  *
@@ -79,8 +80,8 @@ tandem_status tdm_cuda_gemm(tdm_cuda *c, const tdm_weight *w, const void *xa, in
     const void *a = w->data;
     uint32_t at = w->type;
     int lda;
-    if (w->type == TDM_Q8_0 || w->type == TDM_Q4_0) {
-        if (w->layout != TDM_LAYOUT_QSPLIT)
+    if (tdm_dtype_block_elems(w->type) > 1) {
+        if ((w->type == TDM_Q8_0 || w->type == TDM_Q4_0) && w->layout != TDM_LAYOUT_QSPLIT)
             return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemm: %s weight in the rows layout", tdm_dtype_name(w->type));
         void *deq = tdm_cuda_buf_get(c, &c->wdeq_buf, (size_t)m * (size_t)k * 2, "gemm: dequantised weight", err);
         if (!deq) return err ? err->status : TANDEM_ERR_BACKEND;

@@ -16,6 +16,9 @@
  *     block to int8 (tdm_cuda_quantize_x), int8 dot products (dp4a) per block, then
  *     acc += isum * (d_w * d_x) in f32; q4_0 subtracts its offset of 8 per block
  *     exactly (isum - 8 * sum q_x).
+ *   q4_1, q5_0, q5_1, q2_k .. q6_k (rows layout): each lane dequantises groups of
+ *     16 elements in registers (tdm_cu_deq16, the host's values exactly), f32 FMAs
+ *     with f32 x; 32 lanes cover 512 consecutive elements per step.
  */
 #include <cuda_fp16.h>
 
@@ -224,7 +227,58 @@ k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     gv_store<NR, EPI>(r, sa, sb, y, ldy);
 }
 
+/* The 16-element-group types, rows layout: f32 x. */
+template <uint32_t T, int NR, int EPI>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+k_gemv_kq(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
+          const float *__restrict__ x, float *y, int32_t ldy) {
+    const gv_rows r = rows_of<EPI>(n_out, ff);
+    if (!r.active) return;
+    const int32_t lane = (int32_t)(threadIdx.x & 31);
+    const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
+    float sa[NR], sb[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
+    const int32_t n16 = cols / 16;
+#pragma unroll 2
+    for (int32_t c = lane; c < n16; c += 32) {
+        float fa[16], fb[16];
+        tdm_cu_deq16<T>(rowa, c, fa);
+        tdm_cu_deq16<T>(rowb, c, fb);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 4 * c;
+            float u = sa[i], v = sb[i];
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const float4 p = __ldg(xp + q);
+                const float xv[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    u = fmaf(fa[4 * q + e], xv[e], u);
+                    v = fmaf(fb[4 * q + e], xv[e], v);
+                }
+            }
+            sa[i] = u;
+            sb[i] = v;
+        }
+    }
+    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+}
+
+static bool is_ktype(uint32_t t) {
+    switch (t) {
+#define KT(T) case T:
+        TDM_CU_FOR_EACH_KTYPE(KT)
+#undef KT
+        return true;
+    default: return false;
+    }
+}
+
 bool tdm_cuda_gemv_fast(const tdm_weight *w) {
+    if (w->layout == TDM_LAYOUT_ROWS && is_ktype(w->type))
+        return w->cols % tdm_dtype_block_elems(w->type) == 0 && (uintptr_t)w->data % 16 == 0;
     const uintptr_t a = (uintptr_t)w->data;
     if (w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16))
         return w->cols % 8 == 0 && w->row_bytes % 16 == 0 && a % 16 == 0;
@@ -250,8 +304,16 @@ static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out
     case TDM_Q8_0:
         k_gemv_q8<NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, xq, y, ldy);
         break;
-    default:
+    case TDM_Q4_0:
         k_gemv_q4<NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, xq, y, ldy);
+        break;
+#define KT(T)                                                                                         \
+    case T:                                                                                           \
+        k_gemv_kq<T, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy); \
+        break;
+        TDM_CU_FOR_EACH_KTYPE(KT)
+#undef KT
+    default:
         break;
     }
 }

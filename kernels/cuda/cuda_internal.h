@@ -135,7 +135,8 @@ tdm_cuda_xq tdm_cuda_xq_at(void *buf, int32_t n, int32_t cols);
 typedef enum tdm_gemv_epi { TDM_EPI_STORE, TDM_EPI_ACCUM, TDM_EPI_SWIGLU } tdm_gemv_epi;
 
 /* True when the row kernels read w fast (16-byte loads): f16 / bf16 rows with cols
- * a multiple of 8, or QSPLIT Q8_0 / Q4_0 whose rows are 16-byte aligned. */
+ * a multiple of 8, QSPLIT Q8_0 / Q4_0 whose rows are 16-byte aligned, or rows of
+ * the other quantised types (Q4_1 .. Q6_K: dequantised 16 elements at a time). */
 bool tdm_cuda_gemv_fast(const tdm_weight *w);
 /* y[n][ldy] (+)= x[n][w->cols] W^T with the row kernels, n <= TDM_CUDA_GEMV_MAX_ROWS
  * (more rows run in tiles of 8).  QSPLIT weights read xq (x quantised, f32 x
@@ -153,7 +154,8 @@ uint32_t tdm_cuda_gemm_act_type(uint32_t wtype);
  * a scratch buffer first. */
 tandem_status tdm_cuda_gemm(tdm_cuda *c, const tdm_weight *w, const void *xa, int32_t n, float *y, bool accumulate,
                             tdm_err *err);
-/* out[w->rows][w->cols] f16 = a QSPLIT Q8_0 / Q4_0 weight dequantised (d * q,
+/* out[w->rows][w->cols] f16 = a QSPLIT Q8_0 / Q4_0 weight, or a rows-layout weight
+ * of the other quantised types, dequantised (d * q,
  * rounded to f16). */
 tandem_status tdm_cuda_dequant_f16(tdm_cuda *c, const tdm_weight *w, void *out, tdm_err *err);
 /* out[n][dim] = x converted to type (TDM_F16 / TDM_BF16 / TDM_F32). */

@@ -173,7 +173,9 @@ tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *
         }
         return tdm_cuda_gemv(c, w, x, &xq, n, y, (int32_t)w->rows, epi, err);
     }
-    if (!rows_kernels && (w->layout == TDM_LAYOUT_QSPLIT || w->type == TDM_F16 || w->type == TDM_BF16)) {
+    const bool dequant_gemm = w->layout == TDM_LAYOUT_ROWS && tdm_dtype_block_elems(w->type) > 1 &&
+                              w->type != TDM_Q8_0 && w->type != TDM_Q4_0; /* (dequantised to f16) */
+    if (!rows_kernels && (w->layout == TDM_LAYOUT_QSPLIT || w->type == TDM_F16 || w->type == TDM_BF16 || dequant_gemm)) {
         const uint32_t at = tdm_cuda_gemm_act_type(w->type);
         void *xa = tdm_cuda_buf_get(c, &c->x16_buf, (size_t)n * (size_t)cols * 2, "matmul: 16-bit x", err);
         if (!xa) return err ? err->status : TANDEM_ERR_BACKEND;

@@ -1,7 +1,8 @@
 /* cuda_quant.cu - conversions for the matrix products: activations quantised per
  * 32-element block for the int8 kernels (tdm_cuda_quantize_x), activations
  * converted to the 16-bit type cuBLAS multiplies in (tdm_cuda_convert), and
- * quantised weights (QSPLIT) dequantised to f16 for cuBLAS (tdm_cuda_dequant_f16). */
+ * quantised weights (QSPLIT Q8_0 / Q4_0, and the rows layout of the other quantised
+ * types) dequantised to f16 for cuBLAS (tdm_cuda_dequant_f16). */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -92,8 +93,46 @@ __global__ void k_dequant_f16(const uint8_t *w, size_t row_bytes, int32_t cols, 
     for (int k = 0; k < 4; k++) dst[k] = ((const uint4 *)h)[k];
 }
 
+/* A thread per 16-element group of a rows-layout weight of the 16-element-group
+ * types: tdm_cu_deq16 rounded to f16 (two 16-byte stores). */
+template <uint32_t T>
+__global__ void k_dequant16_f16(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_groups, __half *o) {
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_groups) return;
+    const int32_t ng = cols / 16;
+    const int64_t r = i / ng;
+    const int32_t g = (int32_t)(i % ng);
+    float v[16];
+    tdm_cu_deq16<T>(w + (size_t)r * row_bytes, g, v);
+    __align__(16) __half h[16];
+#pragma unroll
+    for (int j = 0; j < 16; j++) h[j] = __float2half_rn(v[j]);
+    uint4 *dst = (uint4 *)(o + (size_t)r * cols + (size_t)g * 16);
+    dst[0] = ((const uint4 *)h)[0];
+    dst[1] = ((const uint4 *)h)[1];
+}
+
 tandem_status tdm_cuda_dequant_f16(tdm_cuda *c, const tdm_weight *w, void *out_v, tdm_err *err) {
     __half *out = (__half *)out_v;
+    if (w->layout == TDM_LAYOUT_ROWS && w->type != TDM_Q8_0 && w->type != TDM_Q4_0 && tdm_dtype_block_elems(w->type) > 1) {
+        const int64_t n_groups = w->rows * (w->cols / 16);
+        if ((n_groups + 255) / 256 > 0x7fffffff)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "dequant: %lld groups", (long long)n_groups);
+        const unsigned g = (unsigned)((n_groups + 255) / 256);
+        const uint8_t *wd = (const uint8_t *)w->data;
+        switch (w->type) {
+#define KT(T)                                                                                                 \
+    case T:                                                                                                   \
+        k_dequant16_f16<T><<<g, 256, 0, c->stream>>>(wd, w->row_bytes, (int32_t)w->cols, n_groups, out); \
+        break;
+            TDM_CU_FOR_EACH_KTYPE(KT)
+#undef KT
+        default:
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "dequant: %s weight", tdm_dtype_name(w->type));
+        }
+        TDM_CU_LAUNCHED("dequant");
+        return TANDEM_OK;
+    }
     if (w->layout != TDM_LAYOUT_QSPLIT || (w->type != TDM_Q8_0 && w->type != TDM_Q4_0))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "dequant: %s weight in layout %u", tdm_dtype_name(w->type),
                           (unsigned)w->layout);

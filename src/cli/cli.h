@@ -31,6 +31,7 @@ int cli_synth(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_merge(int argc, char **argv);
 int cli_chat(int argc, char **argv);
+int cli_quantize(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 

@@ -71,13 +71,20 @@ static void shape_list(char *buf, size_t cap) {
     }
 }
 
-static bool parse_type(const char *s, uint32_t *out) {
-    static const uint32_t types[] = {TDM_F16, TDM_Q8_0, TDM_Q4_0};
+#define SYNTH_TYPES "f16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m or q5_k_m"
+
+static bool parse_type(const char *s, tdm_synth_opts *o) {
+    static const uint32_t types[] = {TDM_F16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
     for (size_t i = 0; i < TDM_ARRAY_LEN(types); i++)
         if (strcmp(s, tdm_dtype_name(types[i])) == 0) {
-            *out = types[i];
+            o->type = types[i];
             return true;
         }
+    if (strcmp(s, "q4_k_m") == 0 || strcmp(s, "q5_k_m") == 0) {
+        o->kind = tdm_quant_kind_find(s);
+        o->type = o->kind->base;
+        return true;
+    }
     return false;
 }
 
@@ -85,7 +92,7 @@ static bool parse_type(const char *s, uint32_t *out) {
 static void print_summary(const char *file, const tdm_synth_opts *o, const tdm_synth_info *inf) {
     if (file) printf("%s: ", file);
     printf("%s %s, %llu tensors, %llu parameters, %llu bytes (%.2f GiB)", o->shape->name,
-           tdm_dtype_name(o->type), (unsigned long long)inf->n_tensors, (unsigned long long)inf->n_params,
+           o->kind ? o->kind->name : tdm_dtype_name(o->type), (unsigned long long)inf->n_tensors, (unsigned long long)inf->n_params,
            (unsigned long long)inf->file_bytes, gib(inf->file_bytes));
 }
 
@@ -126,9 +133,9 @@ int cli_synth(int argc, char **argv) {
     if (!shape_name) return cli_usage_error("missing required option --shape (one of %s)", shapes);
     if (!(o.shape = tdm_synth_shape_find(shape_name)))
         return cli_usage_error("unknown shape '%s' (expected one of %s)", shape_name, shapes);
-    if (!type_name) return cli_usage_error("missing required option --type (f16, q8_0 or q4_0)");
-    if (!parse_type(type_name, &o.type))
-        return cli_usage_error("unknown type '%s' (expected f16, q8_0 or q4_0)", type_name);
+    if (!type_name) return cli_usage_error("missing required option --type (" SYNTH_TYPES ")");
+    if (!parse_type(type_name, &o))
+        return cli_usage_error("unknown type '%s' (expected " SYNTH_TYPES ")", type_name);
     if (!out && !dry_run) return cli_usage_error("missing output file (tandem synth --shape S --type T OUT.gguf)");
     if (o.tokenizer_from && access(o.tokenizer_from, R_OK) != 0)
         return cli_error("cannot read tokenizer file '%s': %s", o.tokenizer_from, strerror(errno));

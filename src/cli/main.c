@@ -31,6 +31,7 @@ static const char usage_text[] =
     "  synth      write a random-weight model with the shapes of a real one\n"
     "  run        run a batch job described by an INI file (configs/*.ini)\n"
     "  merge      join the outputs of a job's shards, checking every id once\n"
+    "  quantize   convert a model's matrices to a quantised type (q4_k_m, q8_0, ...)\n"
     "  help       print this text\n"
     "\n"
     "tandem generate -m MODEL [-d DRAFT] (-p TEXT | --prompts FILE.jsonl | --messages FILE.json) [options]\n"
@@ -112,12 +113,21 @@ static const char usage_text[] =
     "tandem synth --shape SHAPE --type TYPE [--tokenizer-from MODEL] [--seed S] [--force]\n"
     "             [--dry-run] OUT.gguf\n"
     "      --shape SHAPE     llama2-7b, llama3-8b, llama2-13b, tinyllama-1.1b or llama-160m\n"
-    "      --type TYPE       every matrix f16, q8_0 or q4_0 (norms f32)\n"
+    "      --type TYPE       every matrix f16, q8_0, q4_0, q4_k, q5_k or q6_k, or the mixes\n"
+    "                        q4_k_m, q5_k_m (tandem quantize's rules; norms f32)\n"
     "      --tokenizer-from MODEL  copy the tokenizer of a GGUF with the shape's vocabulary\n"
     "                        size (default: a synthetic SentencePiece vocabulary)\n"
     "      --seed S          random seed (default 0)\n"
     "      --force           replace OUT.gguf if it exists\n"
     "      --dry-run         print the tensor count and file size, write nothing\n"
+    "\n"
+    "tandem quantize IN.gguf OUT.gguf --type TYPE [--force]\n"
+    "      --type TYPE       f16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k\n"
+    "                        (every matrix; the output head q6_k), or the mixes q3_k_m,\n"
+    "                        q4_k_m, q5_k_m (some attn_v / ffn_down layers q6_k, as\n"
+    "                        llama.cpp's); norms stay f32; rows that are not whole\n"
+    "                        blocks fall back (q4_k -> q5_0, q6_k -> q8_0, ...)\n"
+    "      --force           replace OUT.gguf if it exists\n"
     "\n"
     "tandem --version | --help\n";
 
@@ -371,6 +381,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "run") == 0) return cli_run(sub_argc, sub_argv);
     if (strcmp(cmd, "merge") == 0) return cli_merge(sub_argc, sub_argv);
     if (strcmp(cmd, "chat") == 0) return cli_chat(sub_argc, sub_argv);
+    if (strcmp(cmd, "quantize") == 0) return cli_quantize(sub_argc, sub_argv);
     return cli_usage_error("unknown command '%s'", cmd);
 }
 
