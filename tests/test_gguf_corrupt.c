@@ -247,7 +247,7 @@ Test(gguf, unsupported_tensor_types_open) {
     tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
     base_meta(w);
     tdm_gguf_w_tensor(w, "a", TDM_F32, 2, (int64_t[]){4, 2}, zeros, 32);
-    tdm_gguf_w_tensor(w, "q4_1", 3, 2, (int64_t[]){64, 2}, data, 80);   /* 4 blocks of 20 bytes */
+    tdm_gguf_w_tensor(w, "iq4_nl", 20, 2, (int64_t[]){64, 2}, data, 72); /* 4 blocks of 18 bytes */
     tdm_gguf_w_tensor(w, "q6_K", 14, 1, (int64_t[]){256}, data, 210);  /* 1 block of 210 bytes */
     tdm_gguf_w_tensor(w, "t99", 99, 1, (int64_t[]){32}, data, 128);    /* not a GGML type */
     tdm_gguf_w_tensor(w, "c", TDM_F16, 1, (int64_t[]){32}, zeros, 64);
@@ -255,11 +255,11 @@ Test(gguf, unsupported_tensor_types_open) {
     tdm_gguf *g = NULL;
     tdm_err err = {0};
     cr_assert_eq(tdm_gguf_open_memory(f.p, f.n, &g, &err), TANDEM_OK, "%s", err.msg);
-    const tdm_gguf_tensor *q = tdm_gguf_find_tensor(g, "q4_1"), *k = tdm_gguf_find_tensor(g, "q6_K"),
+    const tdm_gguf_tensor *q = tdm_gguf_find_tensor(g, "iq4_nl"), *k = tdm_gguf_find_tensor(g, "q6_K"),
                           *u = tdm_gguf_find_tensor(g, "t99"), *c = tdm_gguf_find_tensor(g, "c");
     cr_assert(q && k && u && c);
-    cr_expect_eq(q->type, 3);
-    cr_expect_eq(q->nbytes, 80);
+    cr_expect_eq(q->type, 20);
+    cr_expect_eq(q->nbytes, 72);
     cr_expect_eq(k->nbytes, 210);
     cr_expect(q->data && k->data);
     cr_expect(!tdm_dtype_supported(q->type) && !tdm_dtype_supported(u->type));
