@@ -103,6 +103,9 @@ static void check_batches(float temperature) {
     prompt_set p = load_prompts(temperature > 0 ? 3 : 1);
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = N_NEW;
+    /* a fixed length, so that every step with a draft speculates whatever the costs
+     * measured (a sanitizer build's costs may keep the adaptive choice at 0) */
+    gp.spec_k = 3;
     gp.temperature = temperature;
     gp.top_p = temperature > 0 ? 0.95f : 1.0f;
     tandem_request *r = requests(&p, &gp, temperature > 0);
