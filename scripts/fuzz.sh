@@ -19,7 +19,7 @@ OUT=build-fuzz
 CC=${CLANG:-clang}
 FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli)
 JSON_SRC=(src/json.c src/unicode.c src/unicode_data.c src/common.c)
-GGUF_SRC=(src/gguf.c src/ggml_types.c src/dtype.c "${JSON_SRC[@]}")
+GGUF_SRC=(src/gguf.c src/ggml_types.c src/dtype.c src/dtype_quant.c src/dtype_kquant.c "${JSON_SRC[@]}")
 TOK_SRC=(src/tokenizer.c src/tok_bpe.c src/tok_spm.c src/tok_pretok.c src/tok_pretok_rules.c src/tok_pretok_names.c "${GGUF_SRC[@]}")
 PROMPT_SRC=(src/cli/prompts.c src/input.c "${JSON_SRC[@]}")
 JINJA_SRC=(src/jinja/lexer.c src/jinja/parser.c src/jinja/parse_stmt.c src/jinja/eval.c src/jinja/ops.c

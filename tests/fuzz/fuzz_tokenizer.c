@@ -185,7 +185,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     bool all_bytes = true; /* every byte of the text has a byte token */
     for (size_t i = 0; i < len && bpe; i++)
         if (t->byte_tok[text[i]] < 0) all_bytes = false;
-    int32_t n_vocab = tdm_tok_n_vocab(t), bos = tdm_tok_bos(t);
+    /* (add_special prepends BOS only where the vocabulary asks for it: add_bos_token) */
+    int32_t n_vocab = tdm_tok_n_vocab(t), bos = tdm_tok_add_bos(t) ? tdm_tok_bos(t) : -1;
 
     int32_t *plain[2] = {NULL, NULL}; /* [parse_special] ids without BOS */
     size_t n_plain[2] = {0, 0};
