@@ -39,9 +39,7 @@ static tandem_status flush(round_buf *r, tdm_err *err) {
     if (!st) st = tdm_engine_draw(e, true, scr->rows, r->m, kind, scr->tok, err);
     for (int32_t j = 0; j < r->m && !st; j++) {
         const int32_t x = scr->tok[j];
-        if (x < 0)
-            return tdm_seterr(err, TANDEM_ERR_FORMAT, "draft model '%s': non-finite logits (NaN or infinity)",
-                              tdm_model_label(e->draft));
+        if (x < 0) return tdm_engine_nonfinite(e, true, -1, err);
         r->draft[(size_t)scr->who[j] * TDM_CTRL_MAX_K + scr->slot[j]] = x;
     }
     r->m = 0;
@@ -110,9 +108,7 @@ static tandem_status on_device(tdm_engine *e, tdm_seq *const *seqs, int32_t n, i
     for (int32_t d = 0; d < k; d++) {
         if ((st = e->be->ops->download(e->be, got, ids + (size_t)d * n, (size_t)n * sizeof(int32_t), err))) return st;
         for (int32_t i = 0; i < n; i++) {
-            if (got[i] < 0)
-                return tdm_seterr(err, TANDEM_ERR_FORMAT, "draft model '%s': non-finite logits (NaN or infinity)",
-                                  tdm_model_label(e->draft));
+            if (got[i] < 0) return tdm_engine_nonfinite(e, true, -1, err);
             draft[(size_t)i * TDM_CTRL_MAX_K + d] = got[i];
         }
     }

@@ -96,8 +96,7 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32
     const float *top = (const float *)(got + TDM_CTRL_MAX_K);
     for (int32_t i = 0; i < k; i++) {
         if (got[i] < 0 || (sample && !ok[i]))
-            return tdm_seterr(err, TANDEM_ERR_FORMAT, "draft model '%s': non-finite logits (NaN or infinity) at position %d",
-                              tdm_model_label(e->draft), (int)(n - 1 + i));
+            return tdm_engine_nonfinite(e, true, n - 1 + i, err);
         if (i > 0 && s->spec_p_min > 0 && top[i] < s->spec_p_min) break;
         draft[i] = got[i];
         *n_drafted = *n_model = i + 1;

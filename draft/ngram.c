@@ -24,3 +24,7 @@ int32_t tdm_ngram_propose(const int32_t *toks, int32_t len, int32_t n_max, int32
     }
     return 0;
 }
+
+bool tdm_ngram_take(double value_ngram, double value_draft, int32_t *n_skips) {
+    return value_ngram >= value_draft || ++*n_skips % TDM_NGRAM_EXPLORE == 0;
+}

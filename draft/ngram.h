@@ -11,6 +11,7 @@
 #ifndef TDM_NGRAM_H
 #define TDM_NGRAM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* Longest n-gram tried (spec_ngram is clamped to it). */
@@ -29,5 +30,11 @@
  * first match found into out.  Returns the number proposed (0: no match, or
  * n_max < TDM_NGRAM_MIN, or max_out <= 0). */
 int32_t tdm_ngram_propose(const int32_t *toks, int32_t len, int32_t n_max, int32_t max_out, int32_t *out);
+
+/* Whether a proposal is taken over the draft model's chain: when its value (expected
+ * tokens, or tokens per second) is at least the draft's, and otherwise on every
+ * TDM_NGRAM_EXPLORE-th match passed over (*n_skips counts them, per sequence), so
+ * that a low acceptance estimate can recover. */
+bool tdm_ngram_take(double value_ngram, double value_draft, int32_t *n_skips);
 
 #endif

@@ -311,8 +311,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             if (out[x] < 0) bad = x;
         if (bad >= 0) {
             tdm_err ferr;
-            tdm_seterr(&ferr, TANDEM_ERR_FORMAT, "target model '%s': non-finite logits (NaN or infinity) at position %d",
-                       tdm_model_label(e->target), (int)(it[i].to - n_out + bad));
+            tdm_engine_nonfinite(e, false, it[i].to - n_out + bad, &ferr);
             fail_req(r, TANDEM_ERR_FORMAT, &ferr);
             continue;
         }
@@ -461,8 +460,7 @@ static void choose_k(tdm_sched *s) {
 
 /* An n-gram proposal of up to it->k tokens for the item's sequence, taken instead
  * of the draft model's chain when its expected tokens are at least the model's
- * (every TDM_NGRAM_EXPLORE-th match passed over is taken anyway, so that a low
- * estimate can recover); the item then verifies it. */
+ * (tdm_ngram_take); the item then verifies it. */
 static bool ngram_chain(step_item *it) {
     tdm_seq *q = &it->r->s;
     if (!q->spec_ngram) return false;
@@ -470,7 +468,7 @@ static bool ngram_chain(step_item *it) {
     if (nd <= 0) return false;
     const double e_ng = tdm_ctrl_expected_tokens(q->ctrl_ng.alpha, nd);
     const double e_d = tdm_ctrl_expected_tokens(q->ctrl.alpha, it->k);
-    if (e_ng < e_d && ++q->n_ngram_skips % TDM_NGRAM_EXPLORE != 0) return false;
+    if (!tdm_ngram_take(e_ng, e_d, &q->n_ngram_skips)) return false;
     it->k = nd;
     it->to = it->from + 1 + nd;
     it->ngram = true;

@@ -277,10 +277,7 @@ static tandem_status check_outputs(const tdm_engine *e, bool is_draft, const tdm
     for (int32_t r = 0, i = 0; r < b->n_rows; r++) {
         if (!b->want_logits[r]) continue;
         bool ok = kind == TDM_FWD_ARGMAX ? e->ids[i] >= 0 : tdm_logits_finite(host + (size_t)i * V, e->n_vocab);
-        if (!ok)
-            return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity) at position %d",
-                              is_draft ? "draft" : "target", tdm_model_label(is_draft ? e->draft : e->target),
-                              (int)b->pos[r]);
+        if (!ok) return tdm_engine_nonfinite(e, is_draft, b->pos[r], err);
         i++;
     }
     return TANDEM_OK;
@@ -392,11 +389,16 @@ void tdm_engine_consume(tdm_seq *s, int32_t n) {
 tandem_status tdm_engine_check_ok(const tdm_engine *e, bool is_draft, const int32_t *ok, int32_t n, int32_t pos0,
                                   tdm_err *err) {
     for (int32_t i = 0; i < n; i++)
-        if (!ok[i])
-            return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity) at position %d",
-                              is_draft ? "draft" : "target", tdm_model_label(is_draft ? e->draft : e->target),
-                              (int)(pos0 + i));
+        if (!ok[i]) return tdm_engine_nonfinite(e, is_draft, pos0 + i, err);
     return TANDEM_OK;
+}
+
+tandem_status tdm_engine_nonfinite(const tdm_engine *e, bool is_draft, int32_t pos, tdm_err *err) {
+    const char *who = is_draft ? "draft" : "target", *name = tdm_model_label(is_draft ? e->draft : e->target);
+    if (pos < 0)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity)", who, name);
+    return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity) at position %d", who,
+                      name, (int)pos);
 }
 
 /* The target's next token after a feed with want_last (greedy: its argmax, which
@@ -412,9 +414,7 @@ static tandem_status next_token(tdm_engine *e, tdm_seq *s, int32_t pos, int32_t 
     if (sampled) tdm_engine_draws(s, 1, &row.u);
     tandem_status st = tdm_engine_draw(e, false, &row, 1, target_kind(e, s), tok, err);
     if (st) return st;
-    if (*tok < 0)
-        return tdm_seterr(err, TANDEM_ERR_FORMAT, "target model '%s': non-finite logits (NaN or infinity) at position %d",
-                          tdm_model_label(e->target), (int)pos);
+    if (*tok < 0) return tdm_engine_nonfinite(e, false, pos, err);
     if (sampled) tdm_engine_consume(s, 1);
     return TANDEM_OK;
 }

@@ -156,6 +156,9 @@ void tdm_engine_draws(const tdm_seq *s, int32_t n, double *u);
 void tdm_engine_consume(tdm_seq *s, int32_t n);
 tandem_status tdm_engine_check_ok(const tdm_engine *e, bool is_draft, const int32_t *ok, int32_t n, int32_t pos0,
                                   tdm_err *err);
+/* The error for a row of non-finite logits (NaN or infinity): TANDEM_ERR_FORMAT naming
+ * the model (target or draft) and the row's position (pos < 0: none known). */
+tandem_status tdm_engine_nonfinite(const tdm_engine *e, bool is_draft, int32_t pos, tdm_err *err);
 /* One logits row to draw a token from (tdm_engine_draw). */
 typedef struct tdm_draw_row {
     const tdm_seq *s; /* its sequence: greedy, or its sampler parameters */

@@ -25,7 +25,7 @@ static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, int32_t k_
     e->n_q_dev = 0;
     double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, nd);
     double rate_d = tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k_draft);
-    if (rate_ng < rate_d && ++s->n_ngram_skips % TDM_NGRAM_EXPLORE != 0) return 0;
+    if (!tdm_ngram_take(rate_ng, rate_d, &s->n_ngram_skips)) return 0;
     tdm_spec_onehot_q(e, s, draft, 0, nd);
     return nd;
 }
