@@ -1,5 +1,7 @@
 /* ggml_types.c - names and block sizes of GGML's tensor types (ggml.h numbering;
- * sizes from the block structs of ggml-common.h: QK_K = 256). */
+ * sizes from the block structs of ggml-common.h: QK_K = 256).  The loader sizes the
+ * types tandem computes with from their block structs (dtype.c); test_gguf checks
+ * that this table agrees with them. */
 #include "ggml_types.h"
 
 #include <stdio.h>

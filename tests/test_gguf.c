@@ -6,8 +6,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
+#include "dtype.h"
+#include "ggml_types.h"
 #include "gguf.h"
 #include "gguf_testutil.h"
 #include "gguf_write.h"
@@ -623,4 +626,21 @@ Test(gguf, value_print) {
     cr_expect_str_eq(text, "[3, 1, 1, ... (8192 items)]");
     free(text);
     tdm_gguf_close(g);
+}
+
+/* The GGML type table (src/ggml_types.c, which sizes the tensors of types tandem does
+ * not compute with) agrees with the block structs of every supported type (dtype.c). */
+Test(gguf, ggml_type_table_matches_supported_types) {
+    int n = 0;
+    for (uint32_t t = 0; t < 64; t++) {
+        if (!tdm_dtype_supported(t)) continue;
+        uint32_t be = 0, bb = 0;
+        cr_assert(tdm_ggml_type_block(t, &be, &bb), "type %u: not in the GGML table", t);
+        cr_expect_eq(be, tdm_dtype_block_elems(t), "type %s: block elements", tdm_dtype_name(t));
+        cr_expect_eq(bb, tdm_dtype_block_bytes(t), "type %s: block bytes", tdm_dtype_name(t));
+        cr_expect(strcasecmp(tdm_ggml_type_name(t), tdm_dtype_name(t)) == 0, "type %u: named %s and %s", t,
+                  tdm_ggml_type_name(t), tdm_dtype_name(t));
+        n++;
+    }
+    cr_assert_geq(n, 13);
 }
