@@ -63,6 +63,28 @@ static void expect_ids(const int32_t *got, size_t n_got, const int32_t *want, si
               text, i, n_got, n_want, i < n_got ? got[i] : -1, i < n_want ? want[i] : -1);
 }
 
+/* What its metadata says (llama.cpp's llama_model_loader prints the same), and the
+ * end-of-generation tokens: EOS <|im_end|> and <|endoftext|>. */
+Test(real_model, metadata_and_end_of_turn_tokens) {
+    tandem_model_info mi;
+    cr_assert_eq(tandem_model_get_info(g_model, &mi), TANDEM_OK);
+    cr_expect_str_eq(mi.arch, "llama");
+    cr_expect_eq(mi.n_vocab, 49152);
+    cr_expect_eq(mi.n_layer, 30);
+    cr_expect_eq(mi.n_embd, 576);
+    cr_expect_eq(mi.n_head, 9);
+    cr_expect_eq(mi.n_head_kv, 3);
+    cr_expect_eq(mi.n_ff, 1536);
+    cr_expect_eq(mi.n_ctx_train, 8192);
+    cr_expect_eq(mi.n_params, 134515008u);
+    cr_expect_eq(mi.eos, 2);
+    int32_t eog[16];
+    size_t n = tandem_model_eog_tokens(g_model, eog, 16);
+    cr_assert_geq(n, 2);
+    cr_expect_eq(eog[0], 0, "<|endoftext|> ends generation");
+    cr_expect_eq(eog[1], 2, "<|im_end|> ends generation");
+}
+
 Test(real_model, tokenizer_matches_llama_cpp) {
     size_t n_cases = 0;
     for (size_t li = 0; li < g_n_ref; li++) {
