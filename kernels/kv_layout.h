@@ -15,8 +15,9 @@
  * Quantisation of one head vector x[hd] (tdm_kv_q8_quant_vec):
  *   amax = max |x_i|;  d = amax / 127 (0 for a zero vector);
  *   q_i = x_i / d rounded to nearest (ties to even), clamped to [-127, 127]; 0 when d = 0.
- * A vector holding a NaN or an infinity gets d = NaN and q = 0, so the non-finite
- * value reaches attention's output as it would from an f32 cache.
+ * A vector holding a NaN or an infinity gets d = NaN and q = 0: its scores (K) or
+ * weighted values (V) are NaN where an f32 cache would give NaN or infinite ones,
+ * and attention treats them alike.
  *
  * Attention reads the quants directly: score_j = scale * kscale_j * (q . kq_j) and
  * out = sum_j (p_j * vscale_j) vq_j / sum_j p_j, without a dequantised copy.
