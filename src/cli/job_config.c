@@ -110,6 +110,21 @@ static int key_job(cli_job_cfg *c, const char *s, const char *k, const char *v) 
     return cfg_fail(c, s, k, "unknown key (known: input, output, priority, timeout_s, chat_template)");
 }
 
+/* (here rather than beside --kv-type's parser in main.c: the job-file parser links
+ * without main.c, tests/fuzz/fuzz_config.c) */
+bool cli_kv_type_from_str(const char *s, tandem_kv_type *out) {
+    static const struct {
+        const char *name;
+        tandem_kv_type type;
+    } names[] = {{"auto", TANDEM_KV_AUTO}, {"f32", TANDEM_KV_F32}, {"f16", TANDEM_KV_F16}, {"q8_0", TANDEM_KV_Q8_0}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].type;
+            return true;
+        }
+    return false;
+}
+
 static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *v) {
     if (!strcmp(k, "backend")) {
         if (!strcmp(v, "cpu")) c->backend = TANDEM_BACKEND_CPU;

@@ -323,19 +323,6 @@ bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out)
     return false;
 }
 
-bool cli_kv_type_from_str(const char *s, tandem_kv_type *out) {
-    static const struct {
-        const char *name;
-        tandem_kv_type type;
-    } names[] = {{"auto", TANDEM_KV_AUTO}, {"f32", TANDEM_KV_F32}, {"f16", TANDEM_KV_F16}, {"q8_0", TANDEM_KV_Q8_0}};
-    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(s, names[i].name) == 0) {
-            *out = names[i].type;
-            return true;
-        }
-    return false;
-}
-
 bool cli_parse_kv_type(const char *opt, const char *s, tandem_kv_type *out) {
     if (!s) return false;
     if (cli_kv_type_from_str(s, out)) return true;
