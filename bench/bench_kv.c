@@ -8,10 +8,11 @@
  * top-two logit margin below --margin there), the other departures, and the
  * normalised logits error ||L - L_f16|| / ||L_f16|| over every step.  The issue's
  * criterion: at least 98 % of the prompts equal or near-tie departures; the exit
- * status is 1 when a tested type misses it.  Writes no file.
+ * status is 1 when a tested type misses it.  --backend cuda runs the engines on the
+ * GPU (f16 and the tested type there).  Writes no file.
  *
  * usage: bench_kv [-m MODEL] [-d DRAFT] [--prompts FILE] [-P 100] [-T 128] [-G 64]
- *                 [--threads 2] [--margin 0.5] [--types q8_0,f32]
+ *                 [--threads 2] [--margin 0.5] [--types q8_0,f32] [--backend cpu|cuda]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +57,7 @@ int main(int argc, char **argv) {
     char types[128] = "q8_0";
     int P = 100, T = 128, G = 64, threads = 2;
     float margin = 0.5f;
+    bool cuda = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const bool has = i + 1 < argc;
@@ -68,10 +70,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads") && has) threads = atoi(argv[++i]);
         else if (!strcmp(a, "--margin") && has) margin = (float)atof(argv[++i]);
         else if (!strcmp(a, "--types") && has) snprintf(types, sizeof types, "%s", argv[++i]);
+        else if (!strcmp(a, "--backend") && has && (!strcmp(argv[i + 1], "cpu") || !strcmp(argv[i + 1], "cuda")))
+            cuda = !strcmp(argv[++i], "cuda");
         else {
             fprintf(stderr,
                     "usage: %s [-m MODEL] [-d DRAFT] [--prompts FILE] [-P 100] [-T 128] [-G 64] [--threads 2] "
-                    "[--margin 0.5] [--types q8_0,f32]\n",
+                    "[--margin 0.5] [--types q8_0,f32] [--backend cpu|cuda]\n",
                     argv[0]);
             return 2;
         }
@@ -88,9 +92,9 @@ int main(int argc, char **argv) {
 
     int n_prompts = 0;
     char **prompts = bench_prompts_read(prompts_path, P, &n_prompts);
-    printf("greedy, %d prompts of up to %d tokens, %d new tokens each, against the f16 cache "
+    printf("greedy on the %s, %d prompts of up to %d tokens, %d new tokens each, against the f16 cache "
            "(near tie: f16 top-two margin < %.2f)\n\n",
-           n_prompts, T, G, (double)margin);
+           cuda ? "GPU" : "CPU", n_prompts, T, G, (double)margin);
     printf("| cache | prompts equal | near-tie departures | other departures | largest margin at a departure | "
            "logits error (all steps) | worst step |\n|---|---|---|---|---|---|---|\n");
     int status = 0;
@@ -101,7 +105,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_kv: unknown cache type %s (f32, f16, q8_0)\n", name);
             return 2;
         }
-        kvq_opts o = {model, threads, TANDEM_KV_F16, kv_types[k].api, T, G, margin};
+        kvq_opts o = {model, threads, TANDEM_KV_F16, kv_types[k].api, T, G, margin, cuda};
         kvq_stats st;
         tdm_err err = {0};
         if (!kvq_run(&o, prompts, n_prompts, &st, &err)) die("run", &err);

@@ -7,7 +7,7 @@
  * context, and the first step whose argmax differs from the reference's token is
  * where the test engine's own greedy output would first depart.  A departure is a
  * near tie when the reference's top-two logit margin there is below tie_margin.
- * Both engines are target-only, on the CPU, one prompt at a time. */
+ * Both engines are target-only, one prompt at a time, on the CPU or (cuda) the GPU. */
 #ifndef TDM_KV_QUALITY_H
 #define TDM_KV_QUALITY_H
 
@@ -21,6 +21,7 @@ typedef struct kvq_opts {
     int prompt_tokens;        /* prompts cut to at most this many tokens (BOS included) */
     int n_gen;                /* greedy tokens per prompt, >= 1 */
     float tie_margin;         /* near tie: the reference's top-two margin below this */
+    bool cuda;                /* the models (and so the engines) on the CUDA backend */
 } kvq_opts;
 
 typedef struct kvq_stats {
