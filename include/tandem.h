@@ -85,7 +85,8 @@ typedef struct tandem_model_info {
     uint64_t decode_bytes;       /* weight bytes one decode step reads: every matrix and
                                     norm, but one row of the token embedding */
     uint64_t kv_bytes_per_token; /* K and V bytes per position, all layers, in the cache
-                                    type of the model's backend (f32 CPU, f16 CUDA) */
+                                    type of the model's backend (f32 CPU, f16 CUDA; an
+                                    engine's kv_type may pick another) */
 } tandem_model_info;
 
 tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out);
@@ -182,6 +183,18 @@ size_t tandem_model_eog_tokens(const tandem_model *model, int32_t *out, size_t c
  * shares its vocabulary.  Both share one paged KV cache. */
 typedef struct tandem_engine tandem_engine;
 
+/* The element type of an engine's KV cache (tandem_engine_params.kv_type); both
+ * models' caches take it.  Bytes per position (K and V, all layers) of a model with
+ * L layers, H kv heads of D dims: f32 8 L H D, f16 4 L H D, q8_0 about 2 L H (D + 4). */
+typedef enum tandem_kv_type {
+    TANDEM_KV_AUTO = 0, /* the backend's: f32 on the CPU, f16 on a GPU */
+    TANDEM_KV_F32 = 1,  /* 4 bytes per value */
+    TANDEM_KV_F16 = 2,  /* 2 bytes per value (IEEE half) */
+    TANDEM_KV_Q8_0 = 3, /* int8 values, one f32 scale per (position, kv head) vector
+                           (max |x| / 127, round to nearest): about half of f16;
+                           attention reads the int8 values directly */
+} tandem_kv_type;
+
 /* The most CPU threads an engine takes (tandem_engine_params.n_threads). */
 #define TANDEM_THREADS_MAX 1024
 
@@ -219,6 +232,9 @@ typedef struct tandem_engine_params {
                              always its own, so its speculative output equals target-only
                              output either way.  No effect on the CPU, whose rows are
                              invariant at any batch size; default false */
+    tandem_kv_type kv_type; /* element type of the KV cache (target and draft); a value
+                             outside the enum is TANDEM_ERR_INVALID_ARG; default
+                             TANDEM_KV_AUTO (f32 on the CPU, f16 on a GPU) */
 } tandem_engine_params;
 
 tandem_engine_params tandem_engine_default_params(void);

@@ -15,6 +15,7 @@
 #include "common.h"
 #include "dtype.h"
 #include "kv_cache.h"
+#include "kv_layout.h"
 #include "sampling.h"
 
 typedef struct tdm_backend tdm_backend;
@@ -62,9 +63,10 @@ typedef struct tdm_kv_write_args {
     int32_t row_stride;              /* floats between consecutive rows of k / v */
     void *k_cache;                   /* [n_blocks][n_kv_head][head_dim][block_size]: per block, the
                                         keys side by side for each d (attention scores read
-                                        16 slots per vector) */
-    void *v_cache;                   /* [n_blocks][n_kv_head][block_size][head_dim] */
-    uint32_t cache_type;             /* TDM_F32 or TDM_F16 */
+                                        16 slots per vector); q8_0: plus per-slot scales in
+                                        each (block, kv head) unit (kv_layout.h) */
+    void *v_cache;                   /* [n_blocks][n_kv_head][block_size][head_dim] (q8_0: the same) */
+    uint32_t cache_type;             /* TDM_F32, TDM_F16 or TDM_Q8_0 (kv_layout.h) */
     int32_t n_kv_head, head_dim, block_size;
 } tdm_kv_write_args;
 
@@ -75,9 +77,9 @@ typedef struct tdm_attn_args {
     const float *q;                  /* [n_rows][q_stride], heads at offset h * head_dim */
     int32_t q_stride;
     float *out;                      /* [n_rows][n_head * head_dim] */
-    const void *k_cache;             /* [n_blocks][n_kv_head][head_dim][block_size] */
-    const void *v_cache;             /* [n_blocks][n_kv_head][block_size][head_dim] */
-    uint32_t cache_type;             /* TDM_F32 or TDM_F16 */
+    const void *k_cache;             /* [n_blocks][n_kv_head][head_dim][block_size] (+ q8_0 scales) */
+    const void *v_cache;             /* [n_blocks][n_kv_head][block_size][head_dim] (+ q8_0 scales) */
+    uint32_t cache_type;             /* TDM_F32, TDM_F16 or TDM_Q8_0 (kv_layout.h) */
     int32_t n_head, n_kv_head, head_dim, block_size; /* n_head % n_kv_head == 0 (GQA) */
     float scale;                     /* softmax scale, usually 1/sqrt(head_dim) */
 } tdm_attn_args;
@@ -130,7 +132,7 @@ typedef struct tdm_blocks_args {
     const tdm_block_weights *layers;     /* [n_layer] */
     void *const *k_cache;                /* [n_layer] K caches (layout: tdm_kv_write_args) */
     void *const *v_cache;                /* [n_layer] V caches */
-    uint32_t cache_type;                 /* TDM_F32 or TDM_F16 */
+    uint32_t cache_type;                 /* TDM_F32, TDM_F16 or TDM_Q8_0 (kv_layout.h) */
     int32_t block_size;
     int32_t n_layer, n_embd, n_ff, n_head, n_kv_head, head_dim;
     float norm_eps;
@@ -252,8 +254,9 @@ struct tdm_backend {
     bool any_layout;   /* every op that reads weights (get_rows too) reads every layout
                           weight_layout names, so the loader may pack the embedding and
                           the output head as well */
-    uint32_t kv_type;  /* element type of the K/V caches engines make here (TDM_F32 = 0
-                          on the CPU, TDM_F16 on the GPU) */
+    uint32_t kv_type;  /* element type of the K/V caches engines make here by default
+                          (TDM_F32 = 0 on the CPU, TDM_F16 on the GPU; an engine may ask
+                          for any tdm_kv_type_ok type instead) */
     int32_t invariant_rows; /* rows up to which every row of a forward is computed as it
                                would be alone (0 = any number: the CPU; 16 on the GPU,
                                whose larger batches take cuBLAS) */

@@ -127,8 +127,7 @@ tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info
     }
     out->decode_bytes = mats + norms;
     const tdm_kv_layout kl = tdm_model_kv_layout(m, m->be->kv_type);
-    out->kv_bytes_per_token = 2ull * (uint64_t)kl.n_layer * (uint64_t)kl.n_kv_head * (uint64_t)kl.head_dim *
-                              (uint64_t)kl.elem_bytes;
+    out->kv_bytes_per_token = tdm_kv_bytes_per_token(&kl, 16);
     return TANDEM_OK;
 }
 
@@ -316,7 +315,7 @@ struct tandem_engine {
 tandem_engine_params tandem_engine_default_params(void) {
     tandem_engine_params p = {.n_threads = 0, .kv_bytes = 0, .n_ctx = 0, .n_seq_max = 1, .kv_block_size = 16,
                               .gpu_mem = 0, .max_batch_tokens = 0, .prefix_cache = true,
-                              .batch_invariant = false};
+                              .batch_invariant = false, .kv_type = TANDEM_KV_AUTO};
     return p;
 }
 
@@ -338,13 +337,18 @@ tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, cons
                  p.max_batch_tokens);
         return TANDEM_ERR_INVALID_ARG;
     }
+    if ((int)p.kv_type < TANDEM_KV_AUTO || (int)p.kv_type > TANDEM_KV_Q8_0) {
+        snprintf(g_last_error, sizeof g_last_error, "kv_type %d is not a tandem_kv_type (0 auto .. 3 q8_0)",
+                 (int)p.kv_type);
+        return TANDEM_ERR_INVALID_ARG;
+    }
     if (draft && draft->kind != target->kind)
         return fail_msg(TANDEM_ERR_MISMATCH, "target and draft are on different backends");
     tdm_engine_cfg cfg = {
         .n_threads = p.n_threads, .n_ctx = p.n_ctx, .n_seq_max = p.n_seq_max,
         .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0, .gpu_mem = p.gpu_mem,
         .max_batch_tokens = p.max_batch_tokens, .prefix_cache = p.prefix_cache,
-        .batch_invariant = p.batch_invariant,
+        .batch_invariant = p.batch_invariant, .kv_type = (int32_t)p.kv_type,
     };
     tandem_engine *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");

@@ -87,6 +87,16 @@ uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, 
     return b;
 }
 
+bool tdm_engine_kv_dtype(const tdm_backend *be, int32_t kv_type, uint32_t *out) {
+    switch (kv_type) {
+    case TANDEM_KV_AUTO: *out = be->kv_type; return true; /* f32 on the CPU, f16 on the GPU */
+    case TANDEM_KV_F32: *out = TDM_F32; return true;
+    case TANDEM_KV_F16: *out = TDM_F16; return true;
+    case TANDEM_KV_Q8_0: *out = TDM_Q8_0; return true;
+    default: return false;
+    }
+}
+
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err) {
     *out = NULL;
@@ -125,7 +135,11 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     }
 
     /* KV pool: one block table per sequence, bytes per block counted for both models */
-    const uint32_t kv_type = e->be->kv_type; /* f32 on the CPU, f16 on the GPU */
+    uint32_t kv_type;
+    if (!tdm_engine_kv_dtype(e->be, e->cfg.kv_type, &kv_type)) {
+        st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_type %d is not a tandem_kv_type", (int)e->cfg.kv_type);
+        goto fail;
+    }
     tdm_kv_layout lay[2] = {tdm_model_kv_layout(target, kv_type)};
     int nm = 1;
     if (draft) lay[nm++] = tdm_model_kv_layout(draft, kv_type);

@@ -43,7 +43,13 @@ typedef struct tdm_engine_cfg {
     int32_t max_batch_tokens;/* rows per scheduler step, 0 = prefill_chunk */
     bool prefix_cache;       /* share identical prompt prefixes' blocks */
     bool batch_invariant;    /* rows of a batch computed as alone (tandem_engine_params) */
+    int32_t kv_type;         /* tandem_kv_type of both caches; 0 = TANDEM_KV_AUTO, the
+                                backend's (tdm_backend.kv_type) */
 } tdm_engine_cfg;
+
+/* The cache element type (tdm_dtype) an engine on backend be makes for kv_type
+ * (tandem_kv_type); false for a value outside the enum. */
+bool tdm_engine_kv_dtype(const tdm_backend *be, int32_t kv_type, uint32_t *out);
 
 /* Logits rows an engine of n_seq_max sequences keeps (tdm_engine.n_logit_rows). */
 int32_t tdm_engine_logit_rows(int32_t n_seq_max);

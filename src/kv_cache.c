@@ -23,6 +23,7 @@
  *   - nothing is registered while the cache is off.
  */
 #include "kv_cache.h"
+#include "kv_layout.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -69,13 +70,12 @@ size_t tdm_kv_bytes_per_block(const tdm_kv_layout *models, int n_models, int32_t
     uint64_t total = 0;
     for (int m = 0; m < n_models; m++) {
         const tdm_kv_layout *l = &models[m];
-        if (l->n_layer < 0 || l->n_kv_head < 0 || l->head_dim < 0 || l->elem_bytes < 0) return 0;
+        if (l->n_layer < 0 || l->n_kv_head < 0 || l->head_dim < 0 || !tdm_kv_type_ok(l->type)) return 0;
+        if ((uint64_t)block_size * (uint64_t)l->head_dim > ((uint64_t)1 << 59)) return 0; /* (a unit overflows) */
         uint64_t b = 2; /* K and V */
         if (tdm_mul_overflow_u64(b, (uint64_t)l->n_layer, &b) ||
             tdm_mul_overflow_u64(b, (uint64_t)l->n_kv_head, &b) ||
-            tdm_mul_overflow_u64(b, (uint64_t)l->head_dim, &b) ||
-            tdm_mul_overflow_u64(b, (uint64_t)l->elem_bytes, &b) ||
-            tdm_mul_overflow_u64(b, (uint64_t)block_size, &b) ||
+            tdm_mul_overflow_u64(b, (uint64_t)tdm_kv_unit_bytes(l->type, block_size, l->head_dim), &b) ||
             tdm_add_overflow_u64(total, b, &total))
             return 0;
     }

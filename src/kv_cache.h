@@ -54,17 +54,19 @@ typedef struct tdm_kv_seq {
 typedef void (*tdm_kv_copy_fn)(void *user_data, int32_t src_block, int32_t dst_block);
 
 /* K/V layout of one model: per layer, K and V each n_blocks blocks of
- * n_kv_head x block_size x head_dim elements of elem_bytes each (inside a block K is
- * [n_kv_head][head_dim][block_size] and V [n_kv_head][block_size][head_dim]: see
- * kernels/backend.h; the pool only copies whole blocks). */
+ * n_kv_head units of block_size x head_dim values of the cache type (inside a block
+ * K is [n_kv_head][head_dim][block_size] and V [n_kv_head][block_size][head_dim],
+ * q8_0 with per-slot scales in each unit: see kernels/backend.h, kernels/kv_layout.h;
+ * the pool only copies whole blocks). */
 typedef struct tdm_kv_layout {
     int32_t n_layer;
     int32_t n_kv_head;
     int32_t head_dim;
-    int32_t elem_bytes;  /* 4 for f32, 2 for f16 */
+    uint32_t type;       /* the cache type: TDM_F32, TDM_F16 or TDM_Q8_0 */
 } tdm_kv_layout;
 
-/* Bytes one block costs in all the given models (K and V, every layer). */
+/* Bytes one block costs in all the given models (K and V, every layer); 0 when it
+ * overflows or a layout is invalid. */
 size_t tdm_kv_bytes_per_block(const tdm_kv_layout *models, int n_models, int32_t block_size);
 
 tandem_status tdm_kv_pool_create(int32_t n_blocks, int32_t block_size, tdm_kv_pool **out,

@@ -478,15 +478,29 @@ void tdm_model_free(tdm_model *m) {
 /* ------------------------------------------------------------ KV storage */
 
 tdm_kv_layout tdm_model_kv_layout(const tdm_model *m, uint32_t type) {
-    tdm_kv_layout l = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, type == TDM_F16 ? 2 : 4};
+    tdm_kv_layout l = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, type};
     return l;
+}
+
+uint64_t tdm_kv_bytes_per_token(const tdm_kv_layout *l, int32_t block_size) {
+    size_t b = tdm_kv_bytes_per_block(l, 1, block_size);
+    return block_size > 0 ? (uint64_t)b / (uint64_t)block_size : 0;
+}
+
+/* Bytes of one block of one layer's K (or V) cache of s: its n_kv_head units. */
+static size_t kv_store_block_bytes(const tdm_kv_store *s) {
+    return (size_t)s->n_kv_head * (size_t)tdm_kv_unit_bytes(s->type, s->block_size, s->head_dim);
 }
 
 tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend *be, uint32_t type,
                                 int32_t n_blocks, int32_t block_size, tdm_err *err) {
     memset(s, 0, sizeof *s);
-    if (type != TDM_F32 && type != TDM_F16)
+    if (!tdm_kv_type_ok(type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "KV cache type %s", tdm_dtype_name(type));
+    const tdm_kv_layout lay = tdm_model_kv_layout(m, type);
+    if (n_blocks < 0 || block_size <= 0 || tdm_kv_bytes_per_block(&lay, 1, block_size) == 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV cache of %d blocks of %d slots", (int)n_blocks,
+                          (int)block_size);
     s->be = be;
     s->type = type;
     s->n_layer = m->hp.n_layer;
@@ -501,9 +515,7 @@ tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     }
     size_t per_layer;
-    size_t elem = type == TDM_F16 ? 2 : 4;
-    if (tdm_mul_overflow_size((size_t)n_blocks * (size_t)block_size, (size_t)s->n_kv_head * (size_t)s->head_dim * elem,
-                              &per_layer)) {
+    if (tdm_mul_overflow_size((size_t)n_blocks, kv_store_block_bytes(s), &per_layer)) {
         tdm_kv_store_free(s);
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV cache size overflows");
     }
@@ -530,8 +542,7 @@ void tdm_kv_store_free(tdm_kv_store *s) {
 }
 
 tandem_status tdm_kv_store_copy_block(tdm_kv_store *s, int32_t src, int32_t dst, tdm_err *err) {
-    size_t elem = s->type == TDM_F16 ? 2 : 4;
-    size_t bb = (size_t)s->n_kv_head * (size_t)s->block_size * (size_t)s->head_dim * elem;
+    const size_t bb = kv_store_block_bytes(s);
     for (int32_t l = 0; l < s->n_layer; l++) {
         tandem_status st = s->be->ops->copy(s->be, (uint8_t *)s->k[l] + (size_t)dst * bb,
                                             (const uint8_t *)s->k[l] + (size_t)src * bb, bb, err);

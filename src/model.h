@@ -71,13 +71,18 @@ tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err)
 /* One model's K/V storage for all blocks of a pool (see kv_cache.h). */
 typedef struct tdm_kv_store {
     tdm_backend *be;
-    uint32_t type;          /* TDM_F32 or TDM_F16 */
+    uint32_t type;          /* TDM_F32, TDM_F16 or TDM_Q8_0 (kernels/kv_layout.h) */
     int32_t n_layer, n_kv_head, head_dim, block_size, n_blocks;
-    void **k;               /* [n_layer] -> [n_blocks][n_kv_head][head_dim][block_size] */
-    void **v;               /* [n_layer] -> [n_blocks][n_kv_head][block_size][head_dim] */
+    void **k;               /* [n_layer] -> [n_blocks][n_kv_head] units of K: [head_dim][block_size]
+                               values (q8_0: int8, then per-slot f32 scales; kv_layout.h) */
+    void **v;               /* [n_layer] -> [n_blocks][n_kv_head] units of V: [block_size][head_dim]
+                               values (q8_0: the same) */
 } tdm_kv_store;
 
 tdm_kv_layout tdm_model_kv_layout(const tdm_model *m, uint32_t type);
+/* K and V bytes per position of a model's cache with blocks of block_size slots
+ * (every layer; q8_0's padding shared out over the block's slots). */
+uint64_t tdm_kv_bytes_per_token(const tdm_kv_layout *l, int32_t block_size);
 tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend *be, uint32_t type,
                                 int32_t n_blocks, int32_t block_size, tdm_err *err);
 void tdm_kv_store_free(tdm_kv_store *s);

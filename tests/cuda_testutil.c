@@ -42,11 +42,15 @@ tdm_weight tdm_cu_test_put_weight(tdm_backend *b, const tdm_weight *w) {
 }
 
 void tdm_cu_rig_open(tdm_cu_rig *r, tdm_backend *be, const char *path, int32_t n_blocks) {
+    tdm_cu_rig_open_kv(r, be, path, n_blocks, TDM_F16);
+}
+
+void tdm_cu_rig_open_kv(tdm_cu_rig *r, tdm_backend *be, const char *path, int32_t n_blocks, uint32_t kv_type) {
     memset(r, 0, sizeof *r);
     r->be = be;
     tdm_err err = {0};
     cr_assert_eq(tdm_model_load(path, be, &r->m, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, be, TDM_F16, n_blocks, 16, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, be, kv_type, n_blocks, 16, &err), TANDEM_OK, "%s", err.msg);
     r->seq = (tdm_kv_seq){calloc((size_t)n_blocks, 4), n_blocks, n_blocks, n_blocks * 16};
     for (int32_t i = 0; i < n_blocks; i++) r->seq.blocks[i] = n_blocks - 1 - i; /* (not in order) */
     cr_assert_eq(be->ops->alloc(be, (size_t)64 * r->m->hp.n_vocab * 4, (void **)&r->logits, &err), TANDEM_OK, "%s",

@@ -18,8 +18,9 @@ void *tdm_cu_test_put(tdm_backend *b, const void *host, size_t n);
 void *tdm_cu_test_get(tdm_backend *b, const void *dev, size_t n);
 /* A device copy of a host weight (same type, shape and layout). */
 tdm_weight tdm_cu_test_put_weight(tdm_backend *b, const tdm_weight *w);
-/* One model on one backend with its own K/V storage (f16, n_blocks blocks of 16)
- * and one sequence of n_blocks * 16 reserved positions over a shuffled block table. */
+/* One model on one backend with its own K/V storage (f16, or kv_type with _kv;
+ * n_blocks blocks of 16) and one sequence of n_blocks * 16 reserved positions over
+ * a shuffled block table. */
 typedef struct tdm_cu_rig {
     tdm_backend *be;
     struct tdm_model *m;
@@ -29,6 +30,7 @@ typedef struct tdm_cu_rig {
     float *logits; /* backend memory [64][n_vocab] */
 } tdm_cu_rig;
 void tdm_cu_rig_open(tdm_cu_rig *r, tdm_backend *be, const char *path, int32_t n_blocks);
+void tdm_cu_rig_open_kv(tdm_cu_rig *r, tdm_backend *be, const char *path, int32_t n_blocks, uint32_t kv_type);
 /* A forward of bt (by_ops: the op-by-op path instead of the backend's blocks op);
  * returns a malloc'd host copy of the logits rows. */
 float *tdm_cu_rig_forward(tdm_cu_rig *r, const tdm_batch *bt, bool by_ops);

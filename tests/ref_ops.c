@@ -71,9 +71,8 @@ void ref_gather_rows(const float *x, const int32_t *rows, int32_t n, int32_t dim
         for (int32_t k = 0; k < dim; k++) out[(size_t)i * dim + k] = x[(size_t)rows[i] * dim + k];
 }
 
-/* Index of (slot, kv head g, element d) of a sequence in a paged cache. */
 /* Element index of (slot, kv head g, d) in V ([n_blocks][n_kv_head][bs][hd]) and in K
- * ([n_blocks][n_kv_head][hd][bs], backend.h). */
+ * ([n_blocks][n_kv_head][hd][bs], backend.h), for f32 and f16 caches. */
 static size_t ref_cache_index(const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t d,
                               int32_t n_kv_head, int32_t block_size, int32_t head_dim) {
     size_t block = (size_t)s->blocks[slot / block_size];
@@ -88,36 +87,97 @@ static size_t ref_k_index(const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t 
     return ((block * n_kv_head + g) * head_dim + d) * block_size + pos;
 }
 
-static float ref_cache_get(const void *cache, uint32_t type, size_t i) {
+/* q8_0 (kernels/kv_layout.h): the (block, kv head) unit of a slot, its quant of
+ * element d (K: [hd][bs], V: [bs][hd]) and its scale. */
+typedef struct ref_q8_at {
+    uint8_t *unit;
+    size_t q;      /* byte of the quant in the unit */
+    size_t scale;  /* byte of the slot's f32 scale in the unit */
+} ref_q8_at;
+
+static ref_q8_at ref_q8(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t d,
+                        int32_t n_kv_head, int32_t bs, int32_t hd) {
+    size_t unit = (size_t)tdm_kv_unit_bytes(TDM_Q8_0, bs, hd), pos = (size_t)(slot % bs);
+    size_t block = (size_t)s->blocks[slot / bs];
+    ref_q8_at at = {(uint8_t *)cache + (block * n_kv_head + g) * unit,
+                    is_k ? (size_t)d * bs + pos : pos * hd + d,
+                    (size_t)tdm_kv_q8_scale_off(bs, hd) + 4 * pos};
+    return at;
+}
+
+float ref_kv_q8_scale(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t n_kv_head,
+                      int32_t bs, int32_t hd) {
+    ref_q8_at at = ref_q8(cache, is_k, s, slot, g, 0, n_kv_head, bs, hd);
+    float sc;
+    memcpy(&sc, at.unit + at.scale, 4);
+    return sc;
+}
+
+double ref_kv_get(const void *cache, uint32_t type, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g,
+                         int32_t d, int32_t n_kv_head, int32_t bs, int32_t hd) {
+    if (type == TDM_Q8_0) {
+        ref_q8_at at = ref_q8(cache, is_k, s, slot, g, d, n_kv_head, bs, hd);
+        return (double)ref_kv_q8_scale(cache, is_k, s, slot, g, n_kv_head, bs, hd) * (int8_t)at.unit[at.q];
+    }
+    size_t i = is_k ? ref_k_index(s, slot, g, d, n_kv_head, bs, hd) : ref_cache_index(s, slot, g, d, n_kv_head, bs, hd);
     if (type == TDM_F16) return tdm_f16_to_f32(((const uint16_t *)cache)[i]);
     return ((const float *)cache)[i];
+}
+
+/* q8_0: one head vector x[hd] into (slot, g) of a cache, as kv_layout.h defines it. */
+static void ref_q8_write(void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, const float *x,
+                         int32_t n_kv_head, int32_t bs, int32_t hd) {
+    float amax = 0;
+    bool finite = true;
+    for (int32_t d = 0; d < hd; d++) {
+        finite = finite && isfinite(x[d]);
+        if (fabsf(x[d]) > amax) amax = fabsf(x[d]);
+    }
+    const float sc = finite ? amax / 127.0f : NAN;
+    for (int32_t d = 0; d < hd; d++) {
+        ref_q8_at at = ref_q8(cache, is_k, s, slot, g, d, n_kv_head, bs, hd);
+        long q = 0;
+        if (sc > 0) {
+            q = lrintf(fminf(fmaxf(x[d] / sc, -127.0f), 127.0f)); /* (ties to even; the clamp first
+                                                                      keeps lrintf in range) */
+            if (q > 127) q = 127;
+            if (q < -127) q = -127;
+        }
+        at.unit[at.q] = (uint8_t)(int8_t)q;
+        if (d == 0) memcpy(at.unit + at.scale, &sc, 4);
+    }
 }
 
 void ref_kv_write(const tdm_kv_write_args *a) {
     for (int32_t r = 0; r < a->batch->n_rows; r++) {
         const tdm_kv_seq *s = a->seqs[a->batch->seq[r]];
-        for (int32_t g = 0; g < a->n_kv_head; g++)
+        const int32_t slot = a->batch->slot[r];
+        for (int32_t g = 0; g < a->n_kv_head; g++) {
+            const float *kr = a->k + (size_t)r * a->row_stride + (size_t)g * a->head_dim;
+            const float *vr = a->v + (size_t)r * a->row_stride + (size_t)g * a->head_dim;
+            if (a->cache_type == TDM_Q8_0) {
+                ref_q8_write(a->k_cache, true, s, slot, g, kr, a->n_kv_head, a->block_size, a->head_dim);
+                ref_q8_write(a->v_cache, false, s, slot, g, vr, a->n_kv_head, a->block_size, a->head_dim);
+                continue;
+            }
             for (int32_t d = 0; d < a->head_dim; d++) {
-                size_t ci = ref_cache_index(s, a->batch->slot[r], g, d, a->n_kv_head, a->block_size,
-                                            a->head_dim);
-                size_t ki = ref_k_index(s, a->batch->slot[r], g, d, a->n_kv_head, a->block_size,
-                                        a->head_dim);
-                float kv = a->k[(size_t)r * a->row_stride + (size_t)g * a->head_dim + d];
-                float vv = a->v[(size_t)r * a->row_stride + (size_t)g * a->head_dim + d];
+                size_t ci = ref_cache_index(s, slot, g, d, a->n_kv_head, a->block_size, a->head_dim);
+                size_t ki = ref_k_index(s, slot, g, d, a->n_kv_head, a->block_size, a->head_dim);
                 if (a->cache_type == TDM_F16) {
-                    ((uint16_t *)a->k_cache)[ki] = tdm_f32_to_f16(kv);
-                    ((uint16_t *)a->v_cache)[ci] = tdm_f32_to_f16(vv);
+                    ((uint16_t *)a->k_cache)[ki] = tdm_f32_to_f16(kr[d]);
+                    ((uint16_t *)a->v_cache)[ci] = tdm_f32_to_f16(vr[d]);
                 } else {
-                    ((float *)a->k_cache)[ki] = kv;
-                    ((float *)a->v_cache)[ci] = vv;
+                    ((float *)a->k_cache)[ki] = kr[d];
+                    ((float *)a->v_cache)[ci] = vr[d];
                 }
             }
+        }
     }
 }
 
 void ref_attention(const tdm_attn_args *a) {
     const tdm_batch *bt = a->batch;
-    int32_t group = a->n_head / a->n_kv_head, hd = a->head_dim;
+    int32_t group = a->n_head / a->n_kv_head, hd = a->head_dim, nkv = a->n_kv_head, bs = a->block_size;
     for (int32_t r = 0; r < bt->n_rows; r++) {
         const tdm_kv_seq *s = a->seqs[bt->seq[r]];
         int32_t n_extra = bt->extra_off ? bt->extra_off[r + 1] - bt->extra_off[r] : 0;
@@ -140,9 +200,7 @@ void ref_attention(const tdm_attn_args *a) {
             for (int32_t i = 0; i < n_tot; i++) {
                 double dot = 0;
                 for (int32_t d = 0; d < hd; d++)
-                    dot += (double)q[d] *
-                           ref_cache_get(a->k_cache, a->cache_type,
-                                         ref_k_index(s, slots[i], g, d, a->n_kv_head, a->block_size, hd));
+                    dot += (double)q[d] * ref_kv_get(a->k_cache, a->cache_type, true, s, slots[i], g, d, nkv, bs, hd);
                 p[i] = dot * a->scale;
                 if (p[i] > m) m = p[i];
             }
@@ -153,9 +211,7 @@ void ref_attention(const tdm_attn_args *a) {
             for (int32_t d = 0; d < hd; d++) {
                 double o = 0;
                 for (int32_t i = 0; i < n_tot; i++)
-                    o += p[i] * ref_cache_get(a->v_cache, a->cache_type,
-                                              ref_cache_index(s, slots[i], g, d, a->n_kv_head,
-                                                              a->block_size, hd));
+                    o += p[i] * ref_kv_get(a->v_cache, a->cache_type, false, s, slots[i], g, d, nkv, bs, hd);
                 out[d] = n_tot > 0 ? (float)(o / sum) : 0.0f;
             }
         }

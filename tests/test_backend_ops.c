@@ -510,7 +510,7 @@ static void kv_fixture_free(kv_fixture *f) {
  * against ref_kv_write), so attention has a full cache to read. */
 static void fill_cache(tdm_backend *b, kv_fixture *f, uint32_t ct, int32_t nkv, int32_t hd, int32_t bs,
                        void *kc, void *vc, uint64_t *rng) {
-    size_t esz = ct == TDM_F16 ? 2 : 4, cache_bytes = (size_t)f->n_blocks * nkv * bs * hd * esz;
+    size_t cache_bytes = (size_t)f->n_blocks * nkv * (size_t)tdm_kv_unit_bytes(ct, bs, hd);
     void *kr = calloc(1, cache_bytes), *vr = calloc(1, cache_bytes);
     for (int s = 0; s < f->n_seq; s++) {
         tdm_batch bt;
@@ -536,19 +536,19 @@ static void fill_cache(tdm_backend *b, kv_fixture *f, uint32_t ct, int32_t nkv, 
     free(vr);
 }
 
-/* kv_write at every level and both cache types, byte-exact against the reference,
+/* kv_write at every level and every cache type, byte-exact against the reference,
  * with values that exercise f16 rounding, subnormals and overflow. */
 Test(kv_write, all_levels_exact) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     int nl = tdm_test_levels(lv);
     const int32_t nkv = 2, hd = 40, bs = 8, lens[2] = {29, 11};
     for (int l = 0; l < nl; l++)
-        for (int ct = 0; ct < 2; ct++) {
-            uint32_t type = ct ? TDM_F16 : TDM_F32;
+        for (int ct = 0; ct < 3; ct++) {
+            const uint32_t type = ct == 0 ? TDM_F32 : ct == 1 ? TDM_F16 : TDM_Q8_0;
             uint64_t rng = 123 + ct;
             kv_fixture f;
             kv_fixture_init(&f, 2, lens, bs, &rng);
-            size_t bytes = (size_t)f.n_blocks * nkv * bs * hd * (ct ? 2 : 4);
+            size_t bytes = (size_t)f.n_blocks * nkv * (size_t)tdm_kv_unit_bytes(type, bs, hd);
             void *kc = calloc(1, bytes), *vc = calloc(1, bytes), *kr = calloc(1, bytes), *vr = calloc(1, bytes);
             tdm_batch bt;
             cr_assert_eq(tdm_batch_init(&bt, 40, NULL), TANDEM_OK);
@@ -595,8 +595,8 @@ static void run_attn_case(const attn_case *tc, uint64_t seed) {
     uint64_t rng = seed;
     kv_fixture f;
     kv_fixture_init(&f, tc->n_seq, tc->lens, tc->block_size, &rng);
-    size_t esz = tc->cache_type == TDM_F16 ? 2 : 4;
-    size_t cache_bytes = (size_t)f.n_blocks * tc->n_kv_head * tc->block_size * tc->head_dim * esz;
+    size_t cache_bytes = (size_t)f.n_blocks * tc->n_kv_head *
+                         (size_t)tdm_kv_unit_bytes(tc->cache_type, tc->block_size, tc->head_dim);
     void *kc = calloc(1, cache_bytes), *vc = calloc(1, cache_bytes);
     tdm_backend *b0 = tdm_test_backend(TDM_CPU_SCALAR, 2);
     fill_cache(b0, &f, tc->cache_type, tc->n_kv_head, tc->head_dim, tc->block_size, kc, vc, &rng);
@@ -719,6 +719,20 @@ Test(attention, tree_extra_slots) {
     run_attn_case(&tc2, 5);
 }
 
+/* The q8_0 cache (int8 values with a scale per slot and kv head) through the same
+ * checks: against the reference over the dequantised cache, threads, batch
+ * invariance; GQA ratios 1 to 8, odd head dims and block sizes, tree rows. */
+Test(attention, q8_0_cache) {
+    attn_case tc1 = {8, 2, 64, 16, TDM_Q8_0, 3, {50, 1, 23}, false};
+    run_attn_case(&tc1, 11);
+    attn_case tc2 = {4, 4, 13, 5, TDM_Q8_0, 2, {9, 30}, false};
+    run_attn_case(&tc2, 12);
+    attn_case tc3 = {8, 1, 100, 16, TDM_Q8_0, 1, {45}, true};
+    run_attn_case(&tc3, 13);
+    attn_case tc4 = {6, 2, 40, 8, TDM_Q8_0, 2, {40, 19}, true};
+    run_attn_case(&tc4, 14);
+}
+
 Test(attention, rejects_bad_args) {
     tdm_backend *b = tdm_test_backend(tdm_cpu_best_level(), 2);
     uint64_t rng = 9;
@@ -735,7 +749,7 @@ Test(attention, rejects_bad_args) {
     a.n_kv_head = 3;
     cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_ERR_INVALID_ARG);
     a.n_kv_head = 1;
-    a.cache_type = TDM_Q8_0;
+    a.cache_type = TDM_Q4_0;
     cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_ERR_UNSUPPORTED);
     a.cache_type = TDM_F32;
     bt.n_visible[0] = 9; /* beyond the sequence */

@@ -679,6 +679,23 @@ expect_err "pbad.jsonl:3: prompt of" "generate --batch: a prompt longer than the
     fail "generate --batch: $(wc -l <"$TMP/out") result lines"
 expect_exit 2 "generate --batch 0" "$TANDEM" generate -m "$TARGET" -p x --batch 0
 
+# --kv-type: a q8_0 cache gives the same speculative tokens as target-only with a q8_0
+# cache; f16 on the CPU; chat and bench take it; bad values name the option and value
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type q8_0 2>/dev/null | tokens >"$TMP/q8s"
+"$TANDEM" generate -m "$TARGET" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type=q8_0 2>/dev/null | tokens >"$TMP/q8t"
+[ "$(wc -l <"$TMP/q8s")" -eq 12 ] && cmp -s "$TMP/q8s" "$TMP/q8t" &&
+    pass "generate --kv-type q8_0: speculative tokens equal target-only tokens" ||
+    fail "generate --kv-type q8_0: $(diff "$TMP/q8s" "$TMP/q8t" | head -c 300)"
+expect_exit 0 "generate --kv-type f16" "$TANDEM" generate -m "$TARGET" -p "def f(x):" -n 4 --kv-type f16
+expect_exit 0 "bench --kv-type q8_0" "$TANDEM" bench -m "$TARGET" -p 16 -n 4 --reps 1 --kv-type q8_0
+printf 'def add(a, b):\n/exit\n' >"$TMP/kvchat.in"
+STDIN="$TMP/kvchat.in" expect_exit 0 "chat --kv-type q8_0" "$TANDEM" chat -m "$TARGET" --chat-template chatml --kv-type q8_0 -n 4
+expect_exit 2 "generate --kv-type q4" "$TANDEM" generate -m "$TARGET" -p x --kv-type q4
+expect_err "option --kv-type: unknown KV cache type 'q4' (expected auto, f32, f16 or q8_0)" "generate --kv-type q4"
+expect_exit 2 "bench --kv-type ''" "$TANDEM" bench -m "$TARGET" --kv-type ''
+expect_exit 2 "chat --kv-type Q8_0" "$TANDEM" chat -m "$TARGET" --kv-type Q8_0
+expect_err "unknown KV cache type 'Q8_0'" "chat --kv-type Q8_0"
+
 # tandem run JOB.ini: the same tokens as generate; resumable; shards; bad configs
 cat >"$TMP/job.ini" <<EOF
 [model]
@@ -738,6 +755,12 @@ badcfg "not INI" "bad.ini:1: not INI syntax" "target model\n"
 badcfg "temperature out of range" "bad.ini:7: [sampling] temperature: '-1' is not a number >= 0" "$ok_head[sampling]\ntemperature = -1\n"
 badcfg "k without a draft" "[spec] k: needs [model] draft" "$ok_head[spec]\nk = 4\n"
 badcfg "token trees" "[spec] tree: '16': token trees are not implemented yet" "$ok_head[spec]\ntree = 16\n"
+badcfg "kv_type" "bad.ini:7: [engine] kv_type: 'int8' is not auto, f32, f16 or q8_0" "$ok_head[engine]\nkv_type = int8\n"
+rm -f "$TMP/q8run.jsonl"
+expect_exit 0 "run: [engine] kv_type = q8_0" "$TANDEM" run "$TMP/job.ini" --set engine.kv_type=q8_0 --set job.output=q8run.jsonl
+tokens <"$TMP/q8run.jsonl" >"$TMP/q8r"
+cmp -s "$TMP/q8s" "$TMP/q8r" && pass "run: kv_type q8_0 gives generate --kv-type q8_0's tokens" ||
+    fail "run: kv_type q8_0: $(diff "$TMP/q8s" "$TMP/q8r" | head -c 300)"
 expect_exit 1 "run --set with a bad key" "$TANDEM" run "$TMP/job.ini" --set engine.colour=red
 expect_err "--set: [engine] colour: unknown key" "run --set with a bad key"
 expect_exit 1 "run --set without a section" "$TANDEM" run "$TMP/job.ini" --set colour=red

@@ -565,19 +565,27 @@ Test(kv_cache, bad_arguments) {
 }
 
 Test(kv_cache, bytes_per_block) {
-    tdm_kv_layout m[2] = {{32, 8, 128, 2}, {22, 4, 64, 4}};
+    tdm_kv_layout m[2] = {{32, 8, 128, TDM_F16}, {22, 4, 64, TDM_F32}};
     size_t want0 = 2ull * 32 * 8 * 128 * 2 * 16, want1 = 2ull * 22 * 4 * 64 * 4 * 16;
     cr_assert_eq(tdm_kv_bytes_per_block(m, 1, 16), want0);
     cr_assert_eq(tdm_kv_bytes_per_block(m, 2, 16), want0 + want1);
     cr_assert_eq(tdm_kv_bytes_per_block(m, 0, 16), 0);
     cr_assert_eq(tdm_kv_bytes_per_block(NULL, 1, 16), 0);
     cr_assert_eq(tdm_kv_bytes_per_block(m, 1, 0), 0);
-    tdm_kv_layout big = {INT32_MAX, INT32_MAX, INT32_MAX, 4};
+    /* q8_0: per (block, kv head) the int8 quants and one f32 scale per slot, each
+     * padded to 16 bytes (kernels/kv_layout.h) */
+    tdm_kv_layout q8 = {32, 8, 128, TDM_Q8_0};
+    cr_assert_eq(tdm_kv_bytes_per_block(&q8, 1, 16), 2ull * 32 * 8 * (128 * 16 + 4 * 16));
+    tdm_kv_layout q8odd = {1, 1, 3, TDM_Q8_0}; /* 5 x 3 quants -> 16 bytes, 5 scales -> 32 */
+    cr_assert_eq(tdm_kv_bytes_per_block(&q8odd, 1, 5), 2ull * (16 + 32));
+    tdm_kv_layout bad = {32, 8, 128, TDM_Q4_0};
+    cr_assert_eq(tdm_kv_bytes_per_block(&bad, 1, 16), 0, "not a cache type");
+    tdm_kv_layout big = {INT32_MAX, INT32_MAX, INT32_MAX, TDM_F32};
     cr_assert_eq(tdm_kv_bytes_per_block(&big, 1, INT32_MAX), 0, "overflow must give 0");
-    tdm_kv_layout neg = {-1, 8, 128, 2};
+    tdm_kv_layout neg = {-1, 8, 128, TDM_F16};
     cr_assert_eq(tdm_kv_bytes_per_block(&neg, 1, 16), 0);
     /* The sum of two models can overflow although each alone fits. */
-    tdm_kv_layout half[2] = {{1 << 30, 1 << 30, 4, 1}, {1 << 30, 1 << 30, 4, 1}};
+    tdm_kv_layout half[2] = {{1 << 30, 1 << 29, 4, TDM_F16}, {1 << 30, 1 << 29, 4, TDM_F16}};
     cr_assert_eq(tdm_kv_bytes_per_block(half, 1, 1), (size_t)1 << 63);
     cr_assert_eq(tdm_kv_bytes_per_block(half, 2, 1), 0);
 }

@@ -41,30 +41,48 @@ static inline int32_t row_n_extra(const tdm_attn_args *a, int32_t r) {
     return off ? off[r + 1] - off[r] : 0;
 }
 
-/* Element offset of the block holding slot `slot` for kv head g (blocks of bs x hd
- * elements: K [hd][bs], V [bs][hd]). */
-static inline int64_t k_block_offset(const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g) {
-    int32_t block = s->blocks[slot / a->block_size];
-    return ((int64_t)block * a->n_kv_head + g) * a->block_size * a->head_dim;
+/* Bytes from a cache's start to the (block holding slot `slot`, kv head g) unit
+ * (kv_layout.h: K [hd][bs], V [bs][hd] values, q8_0 scales after them). */
+static inline int64_t unit_offset(const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g, int64_t unit) {
+    return ((int64_t)s->blocks[slot / a->block_size] * a->n_kv_head + g) * unit;
 }
 
-/* Element offset of slot `slot` of kv head g in the V cache. */
-static inline int64_t v_slot_offset(const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g) {
-    return k_block_offset(a, s, slot, g) + (int64_t)(slot % a->block_size) * a->head_dim;
+/* q8_0: the scale of slot `slot` of kv head g in a cache (K or V). */
+static inline float q8_scale(const void *cache, const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g,
+                             int64_t unit) {
+    float d;
+    memcpy(&d,
+           (const uint8_t *)cache + unit_offset(a, s, slot, g, unit) +
+               tdm_kv_q8_scale_off(a->block_size, a->head_dim) + 4 * (int64_t)(slot % a->block_size),
+           4);
+    return d;
+}
+
+/* q8_0: x[h * ld + j] *= sc[j] for h < nh, j < n. */
+static void scale_cols(float *x, int64_t ld, int32_t nh, const float *sc, int32_t n) {
+    for (int32_t h = 0; h < nh; h++)
+        for (int32_t j = 0; j < n; j++) x[h * ld + j] *= sc[j];
 }
 
 /* Rows [r0, r0 + nr) (one sequence), the heads of kv group g, whose query vectors
  * are read and outputs written at kv group gq of io (q and out rows; gq = g for the
  * op's own arguments).  Scratch (tdm_cpu_attn_scratch): qbuf [nr * group][hd],
  * scores [nr * group][n_tot_max], acc [nr * group][hd], kt [blocks of the widest
- * row] (K block pointers), inv [nr * group]. */
+ * row] (K block pointers), inv [nr * group], ksc and vsc [n_tot_max] (q8_0: the
+ * scales of the slots of the widest row).
+ *
+ * q8_0 caches: the kernels read the int8 quants as values, and the slot scales
+ * are applied here: score = (scale * q . kq) * kscale, then after the softmax
+ * numerators p (whose sum is the normaliser) the weights p * vscale. */
 static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const tdm_attn_io *io, int64_t ld,
                        int32_t r0, int32_t nr, int32_t g, int32_t gq, float *qbuf, float *scores, float *acc,
-                       const void **kt, float *inv) {
+                       const void **kt, float *inv, float *ksc, float *vsc) {
     const tdm_batch *bt = a->batch;
     const tdm_kv_seq *s = a->seqs[bt->seq[r0]];
     const int32_t hd = a->head_dim, group = a->n_head / a->n_kv_head, bs = a->block_size;
-    const size_t esz = a->cache_type == TDM_F16 ? 2 : 4;
+    const uint32_t type = a->cache_type;
+    const bool q8 = type == TDM_Q8_0;
+    const int64_t esz = tdm_kv_elem_bytes(type), unit = tdm_kv_unit_bytes(type, bs, hd);
     const float scale = a->scale;
     int32_t max_vis = 0;
     for (int32_t i = 0; i < nr; i++) {
@@ -77,22 +95,26 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
     /* scores[qi][slot] = scale * q . K[slot] for the visible slots of the widest row,
      * about 64 slots (a few K blocks) per call; the next K blocks and this call's V
      * blocks are prefetched while these are scored */
-    const size_t blk_bytes = (size_t)bs * hd * esz;
     const int32_t n_blk = (max_vis + bs - 1) / bs, per = TDM_MAX(1, 64 / bs);
     for (int32_t b = 0; b < n_blk; b++)
-        kt[b] = (const uint8_t *)a->k_cache + (size_t)(((int64_t)s->blocks[b] * a->n_kv_head + g) * bs * hd) * esz;
-    for (int32_t b = 0; b < TDM_MIN(per, n_blk); b++) prefetch_range(kt[b], blk_bytes);
+        kt[b] = (const uint8_t *)a->k_cache + ((int64_t)s->blocks[b] * a->n_kv_head + g) * unit;
+    for (int32_t b = 0; b < TDM_MIN(per, n_blk); b++) prefetch_range(kt[b], (size_t)unit);
     for (int32_t b = 0; b < n_blk; b += per) {
         int32_t nb = TDM_MIN(per, n_blk - b), i = b * bs, cnt = TDM_MIN(nb * bs, max_vis - i);
-        for (int32_t x = b + per; x < TDM_MIN(b + 2 * per, n_blk); x++) prefetch_range(kt[x], blk_bytes);
+        for (int32_t x = b + per; x < TDM_MIN(b + 2 * per, n_blk); x++) prefetch_range(kt[x], (size_t)unit);
         for (int32_t x = b; x < b + nb; x++)
             prefetch_range((const uint8_t *)a->v_cache + ((const uint8_t *)kt[x] - (const uint8_t *)a->k_cache),
-                           blk_bytes);
-        k->attn_qk(qbuf, hd, nq, kt + b, a->cache_type, bs, cnt, hd, scale, scores + i, ld);
+                           (size_t)unit);
+        k->attn_qk(qbuf, hd, nq, kt + b, type, bs, cnt, hd, scale, scores + i, ld);
     }
+    if (q8)
+        for (int32_t j = 0; j < max_vis; j++) {
+            ksc[j] = q8_scale(a->k_cache, a, s, j, g, unit);
+            vsc[j] = q8_scale(a->v_cache, a, s, j, g, unit);
+        }
 
     /* per row: extra slots (one by one, after the row's own visible ones), softmax
-     * numerators in place */
+     * numerators in place (q8_0: then weighted by the V scales) */
     for (int32_t ri = 0; ri < nr; ri++) {
         const int32_t r = r0 + ri;
         const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r), n_tot = n_vis + n_extra;
@@ -100,13 +122,24 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
         const float *q = qbuf + (int64_t)ri * group * hd;
         float *sc = scores + (int64_t)ri * group * ld; /* [group][ld] */
         if (n_tot == 0) continue;
+        if (q8) scale_cols(sc, ld, group, ksc, n_vis);
         for (int32_t e = 0; e < n_extra; e++) {
             /* the key's column of its block, read as a one-slot block */
-            const void *col = (const uint8_t *)a->k_cache +
-                              (size_t)(k_block_offset(a, s, extra[e], g) + extra[e] % bs) * esz;
-            k->attn_qk(q, hd, group, &col, a->cache_type, bs, 1, hd, scale, sc + n_vis + e, ld);
+            const void *col = (const uint8_t *)a->k_cache + unit_offset(a, s, extra[e], g, unit) + (extra[e] % bs) * esz;
+            k->attn_qk(q, hd, group, &col, type, bs, 1, hd, scale, sc + n_vis + e, ld);
+            if (q8) {
+                const float d = q8_scale(a->k_cache, a, s, extra[e], g, unit);
+                scale_cols(sc + n_vis + e, ld, group, &d, 1);
+            }
         }
         for (int32_t h = 0; h < group; h++) inv[ri * group + h] = 1.0f / k->softmax_num(sc + h * ld, n_tot);
+        if (q8) {
+            scale_cols(sc, ld, group, vsc, n_vis);
+            for (int32_t e = 0; e < n_extra; e++) {
+                const float d = q8_scale(a->v_cache, a, s, extra[e], g, unit);
+                scale_cols(sc + n_vis + e, ld, group, &d, 1);
+            }
+        }
     }
 
     /* weighted sum of V, per block of visible slots: consecutive rows that see the
@@ -115,17 +148,16 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
     memset(acc, 0, (size_t)nq * hd * sizeof(float));
     for (int32_t i = 0, b = 0; i < max_vis; b++) {
         int32_t cnt = TDM_MIN(bs, max_vis - i);
-        const uint8_t *vb = (const uint8_t *)a->v_cache +
-                            (size_t)(((int64_t)s->blocks[b] * a->n_kv_head + g) * bs * hd) * esz;
+        const uint8_t *vb = (const uint8_t *)a->v_cache + ((int64_t)s->blocks[b] * a->n_kv_head + g) * unit;
         for (int32_t ri = 0; ri < nr;) {
             int32_t nv = bt->n_visible[r0 + ri], rj = ri + 1;
             if (nv >= i + cnt) {
                 while (rj < nr && bt->n_visible[r0 + rj] >= i + cnt) rj++;
                 k->attn_pv(acc + (int64_t)ri * group * hd, scores + (int64_t)ri * group * ld + i, ld,
-                           (rj - ri) * group, vb, a->cache_type, cnt, hd);
+                           (rj - ri) * group, vb, type, cnt, hd);
             } else if (nv > i) {
                 k->attn_pv(acc + (int64_t)ri * group * hd, scores + (int64_t)ri * group * ld + i, ld, group,
-                           vb, a->cache_type, nv - i, hd);
+                           vb, type, nv - i, hd);
             }
             ri = rj;
         }
@@ -143,9 +175,10 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
             continue;
         }
         for (int32_t e = 0; e < n_extra; e++) {
-            int64_t off = v_slot_offset(a, s, bt->extra_slot[bt->extra_off[r] + e], g);
-            k->attn_pv(ar, sc + n_vis + e, ld, group, (const uint8_t *)a->v_cache + (size_t)off * esz,
-                       a->cache_type, 1, hd);
+            const int32_t slot = bt->extra_slot[bt->extra_off[r] + e];
+            const uint8_t *row = (const uint8_t *)a->v_cache + unit_offset(a, s, slot, g, unit) +
+                                 (int64_t)(slot % bs) * hd * esz;
+            k->attn_pv(ar, sc + n_vis + e, ld, group, row, type, 1, hd);
         }
         for (int32_t h = 0; h < group; h++)
             for (int32_t d = 0; d < hd; d++) out[h * hd + d] = ar[h * hd + d] * inv[ri * group + h];
@@ -154,8 +187,9 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
 
 static inline int64_t attn_round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
-/* Scratch floats of one thread: acc, kt, qbuf, scores, inv (each 64-byte aligned). */
-enum { ATTN_PARTS = 5 };
+/* Scratch floats of one thread: acc, kt, qbuf, scores, inv, ksc, vsc (each 64-byte
+ * aligned). */
+enum { ATTN_PARTS = 7 };
 static void attn_scratch_parts(const tdm_attn_args *a, int64_t ld, int64_t parts[ATTN_PARTS]) {
     int64_t group = a->n_head / a->n_kv_head, hd = a->head_dim;
     parts[0] = attn_round16(TDM_ATTN_SLICE * group * hd);
@@ -163,6 +197,7 @@ static void attn_scratch_parts(const tdm_attn_args *a, int64_t ld, int64_t parts
     parts[2] = attn_round16(TDM_ATTN_SLICE * group * hd);
     parts[3] = attn_round16(TDM_ATTN_SLICE * group * ld);
     parts[4] = attn_round16(TDM_ATTN_SLICE * group);
+    parts[5] = parts[6] = a->cache_type == TDM_Q8_0 ? attn_round16(ld) : 0;
 }
 
 size_t tdm_cpu_attn_scratch(const tdm_attn_args *a, int64_t n_tot_max) {
@@ -177,9 +212,9 @@ void tdm_cpu_attn_run(const tdm_cpu_kernels *k, const tdm_attn_args *a, const td
     int64_t parts[ATTN_PARTS];
     attn_scratch_parts(a, n_tot_max, parts);
     float *acc = scratch, *ktf = acc + parts[0], *qbuf = ktf + parts[1];
-    float *scores = qbuf + parts[2], *inv = scores + parts[3];
+    float *scores = qbuf + parts[2], *inv = scores + parts[3], *ksc = inv + parts[4], *vsc = ksc + parts[5];
     attn_slice(k, a, io, n_tot_max, slice[0], slice[1], g, gq, qbuf, scores, acc, (const void **)(void *)ktf,
-               inv);
+               inv, ksc, vsc);
 }
 
 static void attn_task(void *ctx, int64_t chunk, int ith) {
@@ -252,7 +287,7 @@ int64_t tdm_cpu_attn_check(const tdm_attn_args *a, tdm_err *err) {
         return -1;
     }
     if (bt->n_rows == 0) return 0;
-    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16) {
+    if (!tdm_kv_type_ok(a->cache_type)) {
         tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: cache type %s", tdm_dtype_name(a->cache_type));
         return -1;
     }

@@ -259,7 +259,7 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
     };
     if (!a->seqs || !bt->seq || !bt->slot || !bt->pos || !bt->n_visible)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: NULL batch or sequence arrays");
-    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
+    if (!tdm_kv_type_ok(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: cache type %s", tdm_dtype_name(a->cache_type));
     if (a->block_size <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: block size %d", (int)a->block_size);
     if ((st = tdm_cpu_kv_write_check_rows(&kw, err))) return st;

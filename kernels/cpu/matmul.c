@@ -104,6 +104,13 @@ static bool sc_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, 
     return true;
 }
 
+/* Element e of a K/V cache array of type f32, f16 or q8_0 (the int8 quant). */
+static inline float sc_kv_get(uint32_t type, const void *p, size_t e) {
+    if (type == TDM_F16) return sc_h2f(((const uint16_t *)p)[e]);
+    if (type == TDM_Q8_0) return (float)((const int8_t *)p)[e];
+    return ((const float *)p)[e];
+}
+
 /* Scores one multiply and one add per d, in increasing d (the contract's order). */
 static void sc_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *const *kt, uint32_t type,
                        int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
@@ -112,30 +119,18 @@ static void sc_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *con
         int32_t p = j % bs;
         for (int32_t q = 0; q < nq; q++) {
             float acc = 0.0f;
-            for (int32_t d = 0; d < hd; d++) {
-                size_t e = (size_t)d * bs + p;
-                float kv = type == TDM_F16 ? sc_h2f(((const uint16_t *)blk)[e]) : ((const float *)blk)[e];
-                acc += qv[q * ldq + d] * kv;
-            }
+            for (int32_t d = 0; d < hd; d++) acc += qv[q * ldq + d] * sc_kv_get(type, blk, (size_t)d * bs + p);
             s[q * lds + j] = acc * scale;
         }
     }
-}
-
-static void sc_axpy_f32(float *y, float a, const float *x, int32_t d) {
-    for (int32_t k = 0; k < d; k++) y[k] += a * x[k];
-}
-
-static void sc_axpy_f16(float *y, float a, const uint16_t *x, int32_t d) {
-    for (int32_t k = 0; k < d; k++) y[k] += a * sc_h2f(x[k]);
 }
 
 static void sc_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
                        uint32_t type, int32_t cnt, int32_t hd) {
     for (int32_t i = 0; i < cnt; i++)
         for (int32_t h = 0; h < nh; h++) {
-            if (type == TDM_F16) sc_axpy_f16(acc + h * hd, p[h * ldp + i], (const uint16_t *)v + (int64_t)i * hd, hd);
-            else sc_axpy_f32(acc + h * hd, p[h * ldp + i], (const float *)v + (int64_t)i * hd, hd);
+            float *y = acc + h * hd, a = p[h * ldp + i];
+            for (int32_t k = 0; k < hd; k++) y[k] += a * sc_kv_get(type, v, (size_t)i * hd + k);
         }
 }
 

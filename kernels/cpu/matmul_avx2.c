@@ -260,6 +260,28 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
 
 /* ---- attention helpers --------------------------------------------------------- */
 
+/* 8 int8 values (a q8_0 cache's quants) as floats. */
+static inline __m256 load_i8(const void *p) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline __m256 load_i8_tail(const void *p, int64_t rem) {
+    int8_t t[V] = {0};
+    memcpy(t, p, (size_t)rem);
+    return load_i8(t);
+}
+
+/* 8 cache values from element k of p: f32, f16 or q8_0 quants (kv_layout.h). */
+static inline __attribute__((always_inline)) __m256 kvload(const uint32_t type, const uint8_t *p, int64_t k) {
+    if (type == TDM_F16) return load_f16(p + 2 * k);
+    if (type == TDM_Q8_0) return load_i8(p + k);
+    return _mm256_loadu_ps((const float *)(const void *)p + k);
+}
+static inline __attribute__((always_inline)) __m256 kvload_tail(const uint32_t type, const uint8_t *p, int64_t rem) {
+    if (type == TDM_F16) return load_f16_tail(p, rem);
+    if (type == TDM_Q8_0) return load_i8_tail(p, rem);
+    return load_f32_tail(p, rem);
+}
+
 /* Scores of QB query vectors against 2 key vectors of up to 8 slots (len 0: none):
  * acc[i][v] is one lane chain of FMAs over d = 0 .. hd - 1, as the kernel table's
  * contract says, whatever QB or the tiling. */
@@ -274,9 +296,9 @@ qk_tile(const int QB, const uint32_t type, const float *qv, int64_t ldq, const t
         for (int v = 0; v < 2; v++) {
             const uint8_t *p = kv2[v].k + d * dstride;
             int32_t len = kv2[v].len;
-            if (len == V) kv[v] = type == TDM_F16 ? load_f16(p) : load_f32(p);
+            if (len == V) kv[v] = kvload(type, p, 0);
             else if (len == 0) kv[v] = _mm256_setzero_ps();
-            else kv[v] = type == TDM_F16 ? load_f16_tail(p, len) : load_f32_tail(p, len);
+            else kv[v] = kvload_tail(type, p, len);
         }
         for (int i = 0; i < QB; i++) {
             __m256 a = _mm256_set1_ps(qv[i * ldq + d]);
@@ -295,7 +317,7 @@ qk_tile(const int QB, const uint32_t type, const float *qv, int64_t ldq, const t
 static inline __attribute__((always_inline)) void
 qk_rows(const uint32_t type, const float *qv, int64_t ldq, int32_t nq, const void *const *kt, int32_t bs,
         int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
-    const size_t esz = type == TDM_F16 ? 2 : 4;
+    const size_t esz = (size_t)tdm_kv_elem_bytes(type);
     int32_t groups, base, extra;
     tdm_balanced_groups(nq, 4, &groups, &base, &extra);
     tdm_kcursor cur = {kt, s, bs, cnt, V, 0, 0, esz};
@@ -317,12 +339,13 @@ static void k_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *cons
                       int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
     if (nq <= 0) return;
     if (type == TDM_F16) qk_rows(TDM_F16, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
+    else if (type == TDM_Q8_0) qk_rows(TDM_Q8_0, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
     else qk_rows(TDM_F32, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
 }
 
 static inline __attribute__((always_inline)) void
 pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint8_t *v, int32_t hd) {
-    size_t esz = type == TDM_F16 ? 2 : 4, row = (size_t)hd * esz;
+    size_t esz = (size_t)tdm_kv_elem_bytes(type), row = (size_t)hd * esz;
     int32_t d = 0;
     for (; d + 4 * V <= hd; d += 4 * V) {
         __m256 s0 = _mm256_loadu_ps(acc + d), s1 = _mm256_loadu_ps(acc + d + V);
@@ -330,10 +353,10 @@ pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint
         const uint8_t *vp = v + (size_t)d * esz;
         for (int32_t i = 0; i < cnt; i++, vp += row) {
             __m256 pi = _mm256_set1_ps(p[i]);
-            s0 = _mm256_fmadd_ps(pi, wload(type, vp, 0), s0);
-            s1 = _mm256_fmadd_ps(pi, wload(type, vp, V), s1);
-            s2 = _mm256_fmadd_ps(pi, wload(type, vp, 2 * V), s2);
-            s3 = _mm256_fmadd_ps(pi, wload(type, vp, 3 * V), s3);
+            s0 = _mm256_fmadd_ps(pi, kvload(type, vp, 0), s0);
+            s1 = _mm256_fmadd_ps(pi, kvload(type, vp, V), s1);
+            s2 = _mm256_fmadd_ps(pi, kvload(type, vp, 2 * V), s2);
+            s3 = _mm256_fmadd_ps(pi, kvload(type, vp, 3 * V), s3);
         }
         _mm256_storeu_ps(acc + d, s0);
         _mm256_storeu_ps(acc + d + V, s1);
@@ -344,7 +367,7 @@ pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint
         __m256 s0 = _mm256_loadu_ps(acc + d);
         const uint8_t *vp = v + (size_t)d * esz;
         for (int32_t i = 0; i < cnt; i++, vp += row)
-            s0 = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), wload(type, vp, 0), s0);
+            s0 = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), kvload(type, vp, 0), s0);
         _mm256_storeu_ps(acc + d, s0);
     }
     for (; d < hd; d++) {
@@ -356,6 +379,8 @@ pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint
                 uint16_t h;
                 memcpy(&h, vp, 2);
                 x = _cvtsh_ss(h);
+            } else if (type == TDM_Q8_0) {
+                x = (float)*(const int8_t *)vp;
             } else {
                 memcpy(&x, vp, 4);
             }
@@ -369,6 +394,7 @@ static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const
                       uint32_t type, int32_t cnt, int32_t hd) {
     for (int32_t h = 0; h < nh; h++) {
         if (type == TDM_F16) pv_rows(TDM_F16, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
+        else if (type == TDM_Q8_0) pv_rows(TDM_Q8_0, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
         else pv_rows(TDM_F32, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
     }
 }

@@ -441,6 +441,20 @@ static bool k_gemv_p64(const tdm_weight *w, const float *x, int32_t n, int64_t b
 
 /* ---- attention helpers --------------------------------------------------------- */
 
+/* 16 cache values (lanes of m) from element k of p: f32, f16 or q8_0 quants
+ * (kv_layout.h; not the weights' Q8_0 blocks). */
+static inline __attribute__((always_inline)) __m512 kvload_mask(const uint32_t type, const uint8_t *p, int64_t k,
+                                                                __mmask16 m) {
+    if (type == TDM_F16) return load_f16_mask(p + 2 * k, m);
+    if (type == TDM_Q8_0) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p + k)));
+    return _mm512_maskz_loadu_ps(m, (const float *)(const void *)p + k);
+}
+static inline __attribute__((always_inline)) __m512 kvload(const uint32_t type, const uint8_t *p, int64_t k) {
+    if (type == TDM_F16) return load_f16(p + 2 * k);
+    if (type == TDM_Q8_0) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + k))));
+    return _mm512_loadu_ps((const float *)(const void *)p + k);
+}
+
 /* Scores of QB query vectors against 4 key vectors of up to 16 slots (a vector
  * with len 0 is masked out entirely: masked loads do not fault): acc[i][v] is one
  * lane chain of FMAs over d = 0, 1, ..., hd - 1, so each score is formed exactly as
@@ -455,9 +469,7 @@ qk_tile(const int QB, const uint32_t type, const float *qv, int64_t ldq, const t
         for (int v = 0; v < 4; v++) acc[i][v] = _mm512_setzero_ps();
     for (int32_t d = 0; d < hd; d++) {
         __m512 kv[4];
-        for (int v = 0; v < 4; v++)
-            kv[v] = type == TDM_F16 ? load_f16_mask(kv4[v].k + d * dstride, km[v])
-                                    : _mm512_maskz_loadu_ps(km[v], kv4[v].k + d * dstride);
+        for (int v = 0; v < 4; v++) kv[v] = kvload_mask(type, kv4[v].k + d * dstride, 0, km[v]);
         for (int i = 0; i < QB; i++) {
             __m512 a = _mm512_set1_ps(qv[i * ldq + d]);
             for (int v = 0; v < 4; v++) acc[i][v] = _mm512_fmadd_ps(a, kv[v], acc[i][v]);
@@ -471,7 +483,7 @@ qk_tile(const int QB, const uint32_t type, const float *qv, int64_t ldq, const t
 static inline __attribute__((always_inline)) void
 qk_rows(const uint32_t type, const float *qv, int64_t ldq, int32_t nq, const void *const *kt, int32_t bs,
         int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
-    const size_t esz = type == TDM_F16 ? 2 : 4;
+    const size_t esz = (size_t)tdm_kv_elem_bytes(type);
     int32_t groups, base, extra;
     tdm_balanced_groups(nq, 6, &groups, &base, &extra);
     const __m512 vs = _mm512_set1_ps(scale);
@@ -498,6 +510,7 @@ static void k_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *cons
                       int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds) {
     if (nq <= 0) return;
     if (type == TDM_F16) qk_rows(TDM_F16, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
+    else if (type == TDM_Q8_0) qk_rows(TDM_Q8_0, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
     else qk_rows(TDM_F32, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
 }
 
@@ -515,7 +528,7 @@ pv_block(const uint32_t type, const int H, const int NV, float *acc, int64_t hd,
     const uint8_t *vp = v;
     for (int32_t i = 0; i < cnt; i++, vp += row) {
         __m512 b[4];
-        for (int c = 0; c < NV; c++) b[c] = c == NV - 1 ? wload_mask(type, vp, d0 + c * V, m) : wload(type, vp, d0 + c * V);
+        for (int c = 0; c < NV; c++) b[c] = c == NV - 1 ? kvload_mask(type, vp, d0 + c * V, m) : kvload(type, vp, d0 + c * V);
         for (int h = 0; h < H; h++) {
             __m512 pi = _mm512_set1_ps(p[h * ldp + i]);
             for (int c = 0; c < NV; c++) s[h][c] = _mm512_fmadd_ps(pi, b[c], s[h][c]);
@@ -547,7 +560,7 @@ pv_cols(const uint32_t type, const int NV, float *acc, const float *p, int64_t l
 static inline __attribute__((always_inline)) void
 pv_heads(const uint32_t type, float *acc, const float *p, int64_t ldp, int32_t nh, const uint8_t *v,
          int32_t cnt, int32_t hd) {
-    size_t esz = type == TDM_F16 ? 2 : 4, row = (size_t)hd * esz;
+    size_t esz = (size_t)tdm_kv_elem_bytes(type), row = (size_t)hd * esz;
     int32_t d0 = 0;
     for (; d0 + 4 * V <= hd; d0 += 4 * V) pv_cols(type, 4, acc, p, ldp, nh, v, row, cnt, hd, d0, 0xffff);
     for (; d0 < hd; d0 += V) /* tail columns one vector at a time */
@@ -558,6 +571,7 @@ pv_heads(const uint32_t type, float *acc, const float *p, int64_t ldp, int32_t n
 static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
                       uint32_t type, int32_t cnt, int32_t hd) {
     if (type == TDM_F16) pv_heads(TDM_F16, acc, p, ldp, nh, v, cnt, hd);
+    else if (type == TDM_Q8_0) pv_heads(TDM_Q8_0, acc, p, ldp, nh, v, cnt, hd);
     else pv_heads(TDM_F32, acc, p, ldp, nh, v, cnt, hd);
 }
 

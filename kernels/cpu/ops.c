@@ -288,13 +288,6 @@ tandem_status tdm_cpu_gather_rows(tdm_backend *b, const float *x, const int32_t 
 
 /* ---- kv_write ------------------------------------------------------------------ */
 
-/* Element offset of (block, kv head g) in a cache of [n_blocks][n_kv_head] blocks of
- * bs x hd elements: V [bs][hd] (position-major), K [hd][bs] (the CPU layout of K,
- * see backend.h). */
-static inline int64_t kv_block_offset(int32_t block, int32_t g, int32_t n_kv_head, int32_t bs, int32_t hd) {
-    return ((int64_t)block * n_kv_head + g) * bs * hd;
-}
-
 tandem_status tdm_cpu_kv_write_check_rows(const tdm_kv_write_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
     int32_t bs = a->block_size;
@@ -314,26 +307,35 @@ tandem_status tdm_cpu_kv_write_check_rows(const tdm_kv_write_args *a, tdm_err *e
 
 void tdm_cpu_kv_write_heads(const tdm_cpu *c, const tdm_kv_write_args *a, int32_t g0, int32_t ng) {
     const tdm_batch *bt = a->batch;
-    int32_t bs = a->block_size, hd = a->head_dim, nkv = a->n_kv_head;
+    const int32_t bs = a->block_size, hd = a->head_dim, nkv = a->n_kv_head;
+    const uint32_t type = a->cache_type;
+    const int64_t unit = tdm_kv_unit_bytes(type, bs, hd), soff = tdm_kv_q8_scale_off(bs, hd);
     for (int32_t r = 0; r < bt->n_rows; r++) {
         const tdm_kv_seq *s = a->seqs[bt->seq[r]];
         int32_t slot = bt->slot[r], block = s->blocks[slot / bs], p = slot % bs;
         const float *k = a->k + (int64_t)r * a->row_stride, *v = a->v + (int64_t)r * a->row_stride;
         for (int32_t g = g0; g < g0 + ng; g++) {
-            int64_t off = kv_block_offset(block, g, nkv, bs, hd);
+            /* the (block, kv head) units: K [hd][bs], V [bs][hd] (kv_layout.h) */
+            uint8_t *ku = (uint8_t *)a->k_cache + ((int64_t)block * nkv + g) * unit;
+            uint8_t *vu = (uint8_t *)a->v_cache + ((int64_t)block * nkv + g) * unit;
             const float *kg = k + (int64_t)(g - g0) * hd, *vg = v + (int64_t)(g - g0) * hd;
-            if (a->cache_type == TDM_F32) {
-                float *kc = (float *)a->k_cache + off + p;
+            if (type == TDM_F32) {
+                float *kc = (float *)(void *)ku + p;
                 for (int32_t d = 0; d < hd; d++) kc[(int64_t)d * bs] = kg[d];
-                memcpy((float *)a->v_cache + off + (int64_t)p * hd, vg, (size_t)hd * sizeof(float));
-            } else {
-                uint16_t *kc = (uint16_t *)a->k_cache + off + p, tmp[64];
+                memcpy(vu + (size_t)p * hd * sizeof(float), vg, (size_t)hd * sizeof(float));
+            } else if (type == TDM_F16) {
+                uint16_t *kc = (uint16_t *)(void *)ku + p, tmp[64];
                 for (int32_t d0 = 0; d0 < hd; d0 += 64) {
                     int32_t n = TDM_MIN(64, hd - d0);
                     c->k->to_f16(kg + d0, tmp, n);
                     for (int32_t d = 0; d < n; d++) kc[(int64_t)(d0 + d) * bs] = tmp[d];
                 }
-                c->k->to_f16(vg, (uint16_t *)a->v_cache + off + (int64_t)p * hd, hd);
+                c->k->to_f16(vg, (uint16_t *)(void *)vu + (int64_t)p * hd, hd);
+            } else { /* q8_0: quants, then the slot's scale */
+                const float dk = tdm_kv_q8_quant_vec(kg, hd, (int8_t *)ku + p, bs);
+                const float dv = tdm_kv_q8_quant_vec(vg, hd, (int8_t *)vu + (int64_t)p * hd, 1);
+                memcpy(ku + soff + 4 * (int64_t)p, &dk, 4);
+                memcpy(vu + soff + 4 * (int64_t)p, &dv, 4);
             }
         }
     }
@@ -345,7 +347,7 @@ tandem_status tdm_cpu_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_e
     const tdm_batch *bt = a->batch;
     if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: n_rows %d", (int)bt->n_rows);
     if (bt->n_rows == 0) return TANDEM_OK;
-    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
+    if (!tdm_kv_type_ok(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "kv_write: cache type %s",
                           tdm_dtype_name(a->cache_type));
     if (a->n_kv_head <= 0 || a->head_dim <= 0 || a->block_size <= 0 ||

@@ -9,18 +9,23 @@
  * copy of the block tables of the batch's sequences (checked there: every slot a
  * row reads or writes is backed by a block), and uploads it once per op.
  *
- * attention: batches without tree rows on an f16 cache of a head dim the tiled
- * kernels know go to cuda_flash.cu (tiles of rows, split key ranges, online
+ * attention: batches without tree rows on an f16 or q8_0 cache of a head dim the
+ * tiled kernels know go to cuda_flash.cu (tiles of rows, split key ranges, online
  * softmax).  The others (tree rows with extra slots, f32 caches, other head dims)
  * run two kernels here: scores (a thread per (row, head, slot): scale * q.K, d in
  * increasing order) into device scratch, then per (row, head) a block that takes
  * the softmax (max subtracted) and the weighted sum of V.  Scores live in global
  * memory, so any context length works.
+ *
+ * q8_0 caches (kernels/kv_layout.h): kv_write quantises each head vector by one warp
+ * (cuda_kvq8.cuh); attention reads the int8 quants as values and applies the slot
+ * scales: score = (scale * q . kq) * kscale, weights p * vscale (as the CPU does).
  */
 #include <cuda_fp16.h>
 #include <math.h>
 
 #include "cuda_fused.h"
+#include "cuda_kvq8.cuh"
 
 #define ATT_THREADS 128
 
@@ -137,6 +142,18 @@ __global__ void k_kv_write(const float *k, const float *v, int32_t row_stride, c
     }
 }
 
+/* q8_0: one warp per block (row r, kv head g): K and V of the row quantised into
+ * its slot with their scales. */
+__global__ void k_kv_write_q8(const float *k, const float *v, int32_t row_stride, const int32_t *dst, uint8_t *kc,
+                              uint8_t *vc, int32_t n_kv, int32_t hd, int32_t bs) {
+    const int32_t r = blockIdx.x, g = blockIdx.y;
+    const int64_t blk = dst[2 * r], unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, hd);
+    const int32_t p = dst[2 * r + 1];
+    const float *kr = k + (size_t)r * row_stride + (size_t)g * hd, *vr = v + (size_t)r * row_stride + (size_t)g * hd;
+    tdm_cu_q8_write(kr, hd, kc + (blk * n_kv + g) * unit, bs, p, true, threadIdx.x);
+    tdm_cu_q8_write(vr, hd, vc + (blk * n_kv + g) * unit, bs, p, false, threadIdx.x);
+}
+
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err) {
     tdm_cuda *c = tdm_cuda_of(b, "kv_write", err);
     if (!c) return TANDEM_ERR_INVALID_ARG;
@@ -144,7 +161,7 @@ tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_
     const tdm_batch *bt = a->batch;
     if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "kv_write: n_rows %d", (int)bt->n_rows);
     if (bt->n_rows == 0) return TANDEM_OK;
-    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
+    if (!tdm_kv_type_ok(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "kv_write: cache type %s", tdm_dtype_name(a->cache_type));
     if (a->n_kv_head <= 0 || a->head_dim <= 0 || a->block_size <= 0 ||
         (int64_t)a->n_kv_head * a->head_dim > a->row_stride || a->n_kv_head > 65535)
@@ -171,7 +188,10 @@ tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_
     if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
     const dim3 grid((unsigned)n, (unsigned)a->n_kv_head);
     const unsigned threads = (unsigned)TDM_MIN(a->head_dim, 256);
-    if (a->cache_type == TDM_F16)
+    if (a->cache_type == TDM_Q8_0)
+        k_kv_write_q8<<<grid, 32, 0, c->stream>>>(a->k, a->v, a->row_stride, d, (uint8_t *)a->k_cache,
+                                                  (uint8_t *)a->v_cache, a->n_kv_head, a->head_dim, bs);
+    else if (a->cache_type == TDM_F16)
         k_kv_write<__half><<<grid, threads, 0, c->stream>>>(a->k, a->v, a->row_stride, d, (__half *)a->k_cache,
                                                            (__half *)a->v_cache, a->n_kv_head, a->head_dim, bs);
     else
@@ -183,20 +203,17 @@ tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_
 
 /* ---- attention ----------------------------------------------------------------- */
 
-template <typename C> __device__ __forceinline__ float from_cache(C v);
-template <> __device__ __forceinline__ float from_cache<float>(float v) { return v; }
-template <> __device__ __forceinline__ float from_cache<__half>(__half v) { return __half2float(v); }
-
 /* The cache slot of a row's j-th visible key (its own slots, then its extras). */
 __device__ __forceinline__ int32_t slot_of(const attn_meta &m, const int32_t *ri, int32_t j) {
     return j < ri[0] ? j : m.extra[ri[2] + j - ri[0]];
 }
 
 /* Grid (row * n_head + head, slot chunk): scores[rh][j] = scale * q . K[slot j],
- * d in increasing order; q staged in shared memory (hd floats). */
+ * d in increasing order (q8_0: times the slot's scale); q staged in shared memory
+ * (hd floats).  unit: bytes of a (block, kv head) unit of the cache. */
 template <typename C>
-__global__ void k_scores(const float *q, int32_t q_stride, const C *kc, attn_meta m, int32_t n_head, int32_t n_kv,
-                         int32_t hd, int32_t bs, float scale, float *scores, int32_t ld) {
+__global__ void k_scores(const float *q, int32_t q_stride, const void *kc, int64_t unit, attn_meta m, int32_t n_head,
+                         int32_t n_kv, int32_t hd, int32_t bs, float scale, float *scores, int32_t ld) {
     extern __shared__ float qs[];
     const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
     const float *qv = q + (size_t)r * q_stride + (size_t)h * hd;
@@ -207,11 +224,12 @@ __global__ void k_scores(const float *q, int32_t q_stride, const C *kc, attn_met
     if (j >= ri[0] + ri[1]) return;
     const int32_t slot = slot_of(m, ri, j), g = h / (n_head / n_kv);
     const int64_t blk = m.tabs[ri[3] + slot / bs];
-    const C *kb = kc + ((blk * n_kv + g) * hd) * bs + slot % bs;
+    const uint8_t *ku = tdm_cu_kv_unit(kc, blk, n_kv, g, unit);
+    const C *kb = (const C *)ku + slot % bs;
     float acc = 0.0f;
 #pragma unroll 16
-    for (int32_t d = 0; d < hd; d++) acc = fmaf(qs[d], from_cache<C>(kb[(size_t)d * bs]), acc);
-    scores[(size_t)rh * ld + j] = acc * scale;
+    for (int32_t d = 0; d < hd; d++) acc = fmaf(qs[d], tdm_cu_kv_val<C>(kb[(size_t)d * bs]), acc);
+    scores[(size_t)rh * ld + j] = acc * scale * tdm_cu_kv_scale<C>(ku, bs, hd, slot % bs);
 }
 
 __device__ float block_reduce(float v, bool is_max) {
@@ -233,12 +251,13 @@ __device__ float block_reduce(float v, bool is_max) {
 #define PV_D 256 /* output dimensions per pass (8 per lane) */
 
 /* Block (row * n_head + head): softmax of the row's scores (in place, as
- * numerators), then out = sum_j p_j V[slot j] / sum_j p_j.  Warp w sums the slots
- * j = w, w + PV_WARPS, ... (lanes over d, so each V row is one coalesced read) and
- * the warps' partial sums are added in warp order. */
+ * numerators), then out = sum_j p_j V[slot j] / sum_j p_j (q8_0: the weights p_j
+ * times the slots' scales).  Warp w sums the slots j = w, w + PV_WARPS, ... (lanes
+ * over d, so each V row is one coalesced read) and the warps' partial sums are
+ * added in warp order. */
 template <typename C>
-__global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n_kv, int32_t hd, int32_t bs,
-                             float *scores, int32_t ld, float *out) {
+__global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t n_head, int32_t n_kv, int32_t hd,
+                             int32_t bs, float *scores, int32_t ld, float *out) {
     __shared__ float part[PV_WARPS][PV_D];
     const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
     const int32_t *ri = m.rows + (size_t)r * ROW_INTS;
@@ -268,12 +287,13 @@ __global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n
         for (int32_t j = wid; j < n_tot; j += PV_WARPS) {
             const int32_t slot = slot_of(m, ri, j);
             const int64_t blk = m.tabs[ri[3] + slot / bs];
-            const C *vr = vc + ((blk * n_kv + g) * bs + slot % bs) * hd + d0;
-            const float p = sc[j];
+            const uint8_t *vu = tdm_cu_kv_unit(vc, blk, n_kv, g, unit);
+            const C *vr = (const C *)vu + (size_t)(slot % bs) * hd + d0;
+            const float p = sc[j] * tdm_cu_kv_scale<C>(vu, bs, hd, slot % bs);
 #pragma unroll
             for (int i = 0; i < PV_D / 32; i++) {
                 const int32_t d = lane + 32 * i;
-                if (d0 + d < hd) acc[i] = fmaf(p, from_cache<C>(vr[d]), acc[i]);
+                if (d0 + d < hd) acc[i] = fmaf(p, tdm_cu_kv_val<C>(vr[d]), acc[i]);
             }
         }
 #pragma unroll
@@ -289,7 +309,7 @@ __global__ void k_softmax_pv(const C *vc, attn_meta m, int32_t n_head, int32_t n
 }
 
 /* The attention op by tiles and splits (cuda_flash.cu), for batches without tree
- * rows on an f16 cache of a head dim it knows: metadata through the ring. */
+ * rows on an f16 or q8_0 cache of a head dim it knows: metadata through the ring. */
 static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
     const int32_t n = bt->n_rows, max_q = tdm_flash_max_q(n);
@@ -315,6 +335,7 @@ static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err)
     fa.q_stride = a->q_stride;
     fa.k_cache = a->k_cache;
     fa.v_cache = a->v_cache;
+    fa.cache_type = a->cache_type;
     fa.n_head = a->n_head;
     fa.n_kv_head = a->n_kv_head;
     fa.head_dim = a->head_dim;
@@ -329,6 +350,21 @@ static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err)
     return tdm_cuda_flash(c, &fa, err);
 }
 
+/* The scores and softmax-V kernels for cache element type C (grid g1 of scores). */
+template <typename C>
+static tandem_status tiled_attention(tdm_cuda *c, const tdm_attn_args *a, const attn_meta &m, dim3 g1, size_t qbytes,
+                                     float *scores, int32_t ld, tdm_err *err) {
+    const int64_t unit = tdm_kv_unit_bytes(a->cache_type, a->block_size, a->head_dim);
+    const unsigned rh = g1.x;
+    k_scores<C><<<g1, ATT_THREADS, qbytes, c->stream>>>(a->q, a->q_stride, a->k_cache, unit, m, a->n_head, a->n_kv_head,
+                                                      a->head_dim, a->block_size, a->scale, scores, ld);
+    TDM_CU_LAUNCHED("attention scores");
+    k_softmax_pv<C><<<rh, ATT_THREADS, 0, c->stream>>>(a->v_cache, unit, m, a->n_head, a->n_kv_head, a->head_dim,
+                                                     a->block_size, scores, ld, a->out);
+    TDM_CU_LAUNCHED("attention softmax and V");
+    return TANDEM_OK;
+}
+
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err) {
     tdm_cuda *c = tdm_cuda_of(b, "attention", err);
     if (!c) return TANDEM_ERR_INVALID_ARG;
@@ -340,7 +376,7 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     const tdm_batch *bt = a->batch;
     if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: n_rows %d", (int)bt->n_rows);
     if (bt->n_rows == 0) return TANDEM_OK;
-    if (a->cache_type != TDM_F32 && a->cache_type != TDM_F16)
+    if (!tdm_kv_type_ok(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: cache type %s", tdm_dtype_name(a->cache_type));
     if (a->n_head <= 0 || a->n_kv_head <= 0 || a->n_head % a->n_kv_head != 0 || a->head_dim <= 0 ||
         a->block_size <= 0 || (int64_t)a->n_head * a->head_dim > a->q_stride)
@@ -365,19 +401,9 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     const dim3 g1((unsigned)rh, chunks);
     const size_t qbytes = (size_t)a->head_dim * sizeof(float);
     if (qbytes > 48 * 1024) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: head_dim %d", (int)a->head_dim);
-    if (a->cache_type == TDM_F16) {
-        k_scores<__half><<<g1, ATT_THREADS, qbytes, c->stream>>>(a->q, a->q_stride, (const __half *)a->k_cache, m, a->n_head,
-                                                           a->n_kv_head, a->head_dim, a->block_size, a->scale, scores, ld);
-        TDM_CU_LAUNCHED("attention scores");
-        k_softmax_pv<__half><<<(unsigned)rh, ATT_THREADS, 0, c->stream>>>(
-            (const __half *)a->v_cache, m, a->n_head, a->n_kv_head, a->head_dim, a->block_size, scores, ld, a->out);
-    } else {
-        k_scores<float><<<g1, ATT_THREADS, qbytes, c->stream>>>(a->q, a->q_stride, (const float *)a->k_cache, m, a->n_head,
-                                                          a->n_kv_head, a->head_dim, a->block_size, a->scale, scores, ld);
-        TDM_CU_LAUNCHED("attention scores");
-        k_softmax_pv<float><<<(unsigned)rh, ATT_THREADS, 0, c->stream>>>(
-            (const float *)a->v_cache, m, a->n_head, a->n_kv_head, a->head_dim, a->block_size, scores, ld, a->out);
+    switch (a->cache_type) {
+    case TDM_F16: return tiled_attention<__half>(c, a, m, g1, qbytes, scores, ld, err);
+    case TDM_Q8_0: return tiled_attention<int8_t>(c, a, m, g1, qbytes, scores, ld, err);
+    default: return tiled_attention<float>(c, a, m, g1, qbytes, scores, ld, err);
     }
-    TDM_CU_LAUNCHED("attention softmax and V");
-    return TANDEM_OK;
 }

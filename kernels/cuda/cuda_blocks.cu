@@ -14,7 +14,7 @@
  *     16-bit type:
  *       rmsnorm -> f16 -> Wqkv -> RoPE + K/V -> attention -> f16 -> x += Wo att
  *       -> rmsnorm -> f16 -> W13 -> SwiGLU -> f16 -> x += W2 ff
- * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 cache and the head dims it
+ * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 or q8_0 cache and the head dims it
  * knows; batches with tree rows (extra visible slots) or other shapes use the op
  * table's attention (not captured in graphs).
  *
@@ -174,6 +174,7 @@ static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo
         fa.q_stride = qkv_w;
         fa.k_cache = a->k_cache[l];
         fa.v_cache = a->v_cache[l];
+        fa.cache_type = a->cache_type;
         fa.n_head = a->n_head;
         fa.n_kv_head = a->n_kv_head;
         fa.head_dim = a->head_dim;
@@ -270,7 +271,7 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
         a->rope->n_rot <= 0 || a->rope->n_rot % 2 || a->rope->n_rot > a->head_dim)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: heads %d / %d, head_dim %d, block_size %d, n_rot %d",
                           (int)a->n_head, (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->rope->n_rot);
-    if (a->cache_type != TDM_F16 && a->cache_type != TDM_F32)
+    if (!tdm_kv_type_ok(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: cache type %s", tdm_dtype_name(a->cache_type));
     fwd_ctx f;
     memset(&f, 0, sizeof f);
@@ -307,6 +308,7 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     /* decode / verification: replay a graph of this shape, or record one */
     const uint64_t key[] = {(uint64_t)n, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits, (uint64_t)f.fm.max_tile_rows * 1024 + (uint64_t)gh,
                             (uint64_t)(uintptr_t)a->x, (uint64_t)(uintptr_t)a->layers, (uint64_t)(uintptr_t)a->k_cache[0],
-                            (uint64_t)(uintptr_t)base, (uint64_t)(uintptr_t)meta, (uint64_t)a->n_layer};
+                            (uint64_t)(uintptr_t)base, (uint64_t)(uintptr_t)meta, (uint64_t)a->n_layer,
+                            (uint64_t)a->cache_type};
     return tdm_cuda_graph_run(c, key, TDM_ARRAY_LEN(key), (tandem_status(*)(const void *, tdm_err *))run_layers, &f, err);
 }

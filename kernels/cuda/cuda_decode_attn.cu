@@ -1,5 +1,5 @@
 /* cuda_decode_attn.cu - attention of decode and verification rows (tiles of a few
- * rows of one sequence) over the paged f16 KV cache, with K / V read straight from
+ * rows of one sequence) over the paged f16 or q8_0 KV cache, with K / V read straight from
  * global memory: the same grid, arguments, partials and results (bit for bit) as
  * the tiled kernel k_flash (cuda_flash.cu), which stays for prefill tiles.
  *
@@ -11,7 +11,9 @@
  * loads overlap.
  *
  * Layouts (kernels/backend.h): per block and kv head, K as [HD][block_size] and V
- * as [block_size][HD], f16.  Queries q[row][q_stride] f32, heads at h * HD.
+ * as [block_size][HD], f16, or q8_0's int8 quants with per-slot scales
+ * (kernels/kv_layout.h: score = (scale q.kq) kscale, weight p vscale, as k_flash).
+ * Queries q[row][q_stride] f32, heads at h * HD.
  *
  * A block, for its split's keys k0 = split * 256 .. k0 + 255:
  *   1. scores: thread t takes keys k0 + 2t, k0 + 2t + 1 (one 4-byte load of K per d,
@@ -41,7 +43,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "cuda_fused.h"
+#include "cuda_kvq8.cuh"
 #include "cuda_reduce.cuh"
 
 #define DA_THREADS 128                   /* threads per block: two keys each in step 1 */
@@ -54,8 +59,10 @@ static_assert(TDM_FLASH_SPLIT == 2 * DA_THREADS, "two keys per thread cover a sp
 template <int HD> struct da_streams { static constexpr int n = HD >= 256 ? 4 : TDM_FLASH_SPLIT / 32; };
 int32_t tdm_flash_warps(int32_t head_dim); /* cuda_flash.cu */
 
-template <int HD, int QN>
+/* C: the cache element type, __half (f16) or int8_t (q8_0 quants). */
+template <int HD, int QN, typename C>
 __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_args a, int32_t gh) {
+    constexpr bool q8 = std::is_same<C, int8_t>::value;
     constexpr int W = da_streams<HD>::n;
     constexpr int HP = HD / 2;             /* dim pairs */
     constexpr int G = DA_THREADS / HP;     /* query-vector groups in step 3 */
@@ -66,6 +73,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
     __shared__ float Cs[QN][DA_CHUNKS];                /* a chunk's correction of its stream */
     __shared__ float Ms[QN][W], Ls[QN][W];             /* a stream's max and sum */
     __shared__ int32_t NVs[QN];
+    __shared__ float Vsc[q8 ? TDM_FLASH_SPLIT : 1];      /* q8_0: the split's V scales */
 
     const tdm_cuda_tile tile = a.tiles[blockIdx.x];
     const int32_t split0 = (int32_t)blockIdx.z * TDM_FLASH_SPLIT;
@@ -84,24 +92,33 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
     for (int32_t qi = t; qi < QN; qi += DA_THREADS) NVs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].nv : 0;
     __syncthreads();
 
-    const __half *kc = (const __half *)a.k_cache, *vc = (const __half *)a.v_cache;
+    const uint8_t *kc = (const uint8_t *)a.k_cache, *vc = (const uint8_t *)a.v_cache;
     const int32_t bs = a.block_size, n_kv = a.n_kv_head, kv_len = tile.kv_len;
+    const int64_t unit = tdm_kv_unit_bytes(a.cache_type, bs, HD);
     const int32_t *tab = a.tabs + tile.tab;
 
     /* 1. scores of keys key, key + 1 (same cache block: bs is a multiple of 8) */
     {
         const int32_t key = split0 + 2 * t;
-        float s0[QN], s1[QN];
+        float s0[QN], s1[QN], ks0 = 1.0f, ks1 = 1.0f;
 #pragma unroll
         for (int qi = 0; qi < QN; qi++) s0[qi] = s1[qi] = 0.0f;
+        if constexpr (q8) Vsc[2 * t] = Vsc[2 * t + 1] = 0.0f;
         if (key < kv_len) {
             const int64_t blk = tab[key / bs];
-            const __half *kp = kc + (((size_t)blk * n_kv + kvh) * HD) * bs + key % bs; /* K[0][key] */
+            const uint8_t *ku = tdm_cu_kv_unit(kc, blk, n_kv, kvh, unit);
+            const C *kp = (const C *)ku + key % bs; /* K[0][key] */
+            if constexpr (q8) {
+                const uint8_t *vu = tdm_cu_kv_unit(vc, blk, n_kv, kvh, unit);
+                ks0 = tdm_cu_kv_scale<C>(ku, bs, HD, key % bs), ks1 = tdm_cu_kv_scale<C>(ku, bs, HD, key % bs + 1);
+                Vsc[2 * t] = tdm_cu_kv_scale<C>(vu, bs, HD, key % bs);
+                Vsc[2 * t + 1] = tdm_cu_kv_scale<C>(vu, bs, HD, key % bs + 1);
+            }
 #pragma unroll 4
             for (int32_t d = 0; d < HD; d += 4) {
                 float2 kf[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) kf[e] = __half22float2(*(const __half2 *)(kp + (size_t)(d + e) * bs));
+                for (int e = 0; e < 4; e++) kf[e] = tdm_cu_kv_val2<C>(kp + (size_t)(d + e) * bs);
 #pragma unroll
                 for (int qi = 0; qi < QN; qi++) {
                     if (qi >= nq) continue;
@@ -124,8 +141,8 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         for (int qi = 0; qi < QN; qi++) {
             if (qi >= nq) continue;
             const int32_t nv = NVs[qi];
-            *(float2 *)&Ps[qi][2 * t] =
-                make_float2(key < nv ? s0[qi] * a.scale : -INFINITY, key + 1 < nv ? s1[qi] * a.scale : -INFINITY);
+            *(float2 *)&Ps[qi][2 * t] = make_float2(key < nv ? s0[qi] * a.scale * ks0 : -INFINITY,
+                                                    key + 1 < nv ? s1[qi] * a.scale * ks1 : -INFINITY);
         }
     }
     __syncthreads();
@@ -171,7 +188,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         L[i] = 0.0f;
         A[i] = make_float2(0.0f, 0.0f);
     }
-    const __half *vk = vc + (size_t)kvh * bs * HD + 2 * dp; /* + (blk * n_kv * bs + slot % bs) * HD */
+
     for (int w = 0; w < W; w++) {
         float2 acc[QG];
 #pragma unroll
@@ -193,8 +210,8 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
                     const int32_t slot = base + j0 + j;
                     v[j] = make_float2(0.0f, 0.0f);
                     if (slot < kv_len) {
-                        const int64_t blk = tab[slot / bs];
-                        v[j] = __half22float2(*(const __half2 *)(vk + ((size_t)blk * n_kv * bs + slot % bs) * HD));
+                        const uint8_t *vu = tdm_cu_kv_unit(vc, tab[slot / bs], n_kv, kvh, unit);
+                        v[j] = tdm_cu_kv_val2<C>((const C *)vu + (size_t)(slot % bs) * HD + 2 * dp);
                     }
                 }
 #pragma unroll
@@ -203,7 +220,8 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
                     for (int i = 0; i < QG; i++) {
                         const int32_t qi = g + i * G;
                         if (qi >= nq) continue;
-                        const float p = Ps[qi][u * 32 + j0 + j];
+                        float p = Ps[qi][u * 32 + j0 + j];
+                        if constexpr (q8) p *= Vsc[u * 32 + j0 + j];
                         acc[i] = make_float2(fmaf(p, v[j].x, acc[i].x), fmaf(p, v[j].y, acc[i].y));
                     }
             }
@@ -264,7 +282,8 @@ bool tdm_flash_decode_use(int32_t tile_rows, int32_t heads_per_block) {
 
 template <int HD, int QN>
 static tandem_status launch_decode(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, tdm_err *err) {
-    k_flash_decode<HD, QN><<<grid, DA_THREADS, 0, c->stream>>>(*a, a->heads_per_block);
+    if (a->cache_type == TDM_Q8_0) k_flash_decode<HD, QN, int8_t><<<grid, DA_THREADS, 0, c->stream>>>(*a, a->heads_per_block);
+    else k_flash_decode<HD, QN, __half><<<grid, DA_THREADS, 0, c->stream>>>(*a, a->heads_per_block);
     TDM_CU_LAUNCHED("decode attention");
     return TANDEM_OK;
 }

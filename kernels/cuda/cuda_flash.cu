@@ -7,7 +7,9 @@
  * TDM_FLASH_SPLIT keys, so the tile's K / V are read once per split whatever the
  * number of rows and heads sharing them (grouped-query attention).  Its warps (one
  * per 32 keys of the split) take 32 keys each at a time: a warp stages them in its own shared memory (K as
- * [d][key], V as [key][d], f16, 16-byte loads), each lane scores one key against
+ * [d][key], V as [key][d], f16, 16-byte loads; a q8_0 cache: the int8 quants, 8-byte
+ * loads, and the keys' scales, applied as the CPU does: score = (scale q.kq) kscale,
+ * weight p vscale), each lane scores one key against
  * every query vector (f32 FMAs, d in increasing order), the warp keeps a running
  * maximum, sum and weighted sum of V per query vector (online softmax), and the
  * warps' states are merged in warp order at the end.  A row whose keys fit one
@@ -28,7 +30,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <type_traits>
+
 #include "cuda_fused.h"
+#include "cuda_kvq8.cuh"
 #include "cuda_kvstage.cuh"
 #include "cuda_quant.cuh"
 #include "cuda_reduce.cuh"
@@ -67,36 +72,41 @@ int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_
 
 bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_type) {
     const bool hd = head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
-    return hd && block_size > 0 && block_size % 8 == 0 && cache_type == TDM_F16;
+    return hd && block_size > 0 && block_size % 8 == 0 && (cache_type == TDM_F16 || cache_type == TDM_Q8_0);
 }
 
 size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, int32_t head_dim) {
     return (size_t)n_splits * (size_t)n_rows * (size_t)n_head * (size_t)(head_dim + 2);
 }
 
-template <int HD, int QN> struct fl_smem {
+/* C: the cache element type, __half (f16) or int8_t (q8_0 quants). */
+template <int HD, int QN, typename C> struct fl_smem {
+    static constexpr bool q8 = std::is_same<C, int8_t>::value;
     static constexpr size_t q_bytes = (size_t)QN * HD * 4;
     static constexpr size_t nv_bytes = (size_t)QN * 4;
-    static constexpr size_t kv_bytes = (size_t)FL_CHUNK * HD * 2; /* K or V of one warp */
+    static constexpr size_t kv_bytes = (size_t)FL_CHUNK * HD * sizeof(C); /* K or V of one warp */
     static constexpr size_t p_bytes = (size_t)QN * FL_CHUNK * 4;
-    static constexpr size_t warp_bytes = 2 * kv_bytes + p_bytes;
+    static constexpr size_t sc_bytes = q8 ? 2 * FL_CHUNK * 4 : 0; /* q8_0: the keys' K and V scales */
+    static constexpr size_t warp_bytes = 2 * kv_bytes + p_bytes + sc_bytes;
     static constexpr size_t total = q_bytes + nv_bytes + fl_warps<HD>::n * warp_bytes;
     static_assert((size_t)QN * HD * 4 <= 2 * kv_bytes, "merge area fits a warp's K / V space");
 };
 
-template <int HD, int QN>
+template <int HD, int QN, typename C>
 __global__ void __launch_bounds__(fl_warps<HD>::n * 32)
 k_flash(const tdm_flash_args a, int32_t gh) {
-    typedef fl_smem<HD, QN> S;
+    typedef fl_smem<HD, QN, C> S;
     constexpr int T = (HD + 63) / 64; /* pairs of output dims per lane */
     extern __shared__ __align__(16) uint8_t smem[];
     float *Qs = (float *)smem;                        /* [QN][HD] */
     int32_t *NVs = (int32_t *)(smem + S::q_bytes);    /* [QN] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint8_t *wbase = smem + S::q_bytes + S::nv_bytes + (size_t)warp * S::warp_bytes;
-    __half *Ks = (__half *)wbase;                     /* [HD][32] */
-    __half *Vs = (__half *)(wbase + S::kv_bytes);     /* [32][HD] */
+    C *Ks = (C *)wbase;                               /* [HD][32] */
+    C *Vs = (C *)(wbase + S::kv_bytes);               /* [32][HD] */
     float *Ps = (float *)(wbase + 2 * S::kv_bytes);   /* [QN][32] */
+    float *Kd = (float *)(wbase + 2 * S::kv_bytes + S::p_bytes); /* q8_0: [32] K scales, then [32] V scales */
+    float *Vd = Kd + FL_CHUNK;
 
     const tdm_cuda_tile tile = a.tiles[blockIdx.x];
     const int32_t split0 = (int32_t)blockIdx.z * TDM_FLASH_SPLIT;
@@ -114,7 +124,6 @@ k_flash(const tdm_flash_args a, int32_t gh) {
     for (int32_t qi = threadIdx.x; qi < QN; qi += blockDim.x) NVs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].nv : 0;
     __syncthreads();
 
-    const __half *kc = (const __half *)a.k_cache, *vc = (const __half *)a.v_cache;
     const int32_t bs = a.block_size, n_kv = a.n_kv_head;
     const int32_t *tab = a.tabs + tile.tab;
     float m[QN], l[QN];
@@ -132,7 +141,12 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         const int32_t base = split0 + u * FL_CHUNK;
         if (base >= tile.kv_len) break;
         /* stage K as [d][key] and V as [key][d]; keys past kv_len as zeros */
-        tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, kc, vc, Ks, Vs);
+        if constexpr (S::q8)
+            tdm_kv_stage_q8<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const uint8_t *)a.k_cache,
+                                (const uint8_t *)a.v_cache, Ks, Vs, Kd, Vd);
+        else
+            tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const __half *)a.k_cache,
+                             (const __half *)a.v_cache, Ks, Vs);
         __syncwarp();
         /* scores: lane = key */
         float s[QN];
@@ -141,7 +155,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         for (int32_t d = 0; d < HD; d += 4) {
             float kf[4];
 #pragma unroll
-            for (int e = 0; e < 4; e++) kf[e] = __half2float(Ks[(size_t)(d + e) * FL_CHUNK + lane]);
+            for (int e = 0; e < 4; e++) kf[e] = tdm_cu_kv_val<C>(Ks[(size_t)(d + e) * FL_CHUNK + lane]);
 #pragma unroll
             for (int qi = 0; qi < QN; qi++) {
                 if (qi >= nq) continue;
@@ -155,10 +169,12 @@ k_flash(const tdm_flash_args a, int32_t gh) {
             }
         }
         const int32_t key = base + lane;
+        float kd = 1.0f;
+        if constexpr (S::q8) kd = Kd[lane];
 #pragma unroll
         for (int qi = 0; qi < QN; qi++) {
             if (qi >= nq) continue;
-            const float sc = key < NVs[qi] ? s[qi] * a.scale : -INFINITY;
+            const float sc = key < NVs[qi] ? s[qi] * a.scale * kd : -INFINITY;
             const float mn = fmaxf(m[qi], tdm_cu_warp_max(sc));
             float p = 0.0f, corr = 1.0f;
             if (mn != -INFINITY) {
@@ -178,12 +194,14 @@ k_flash(const tdm_flash_args a, int32_t gh) {
 #pragma unroll
             for (int t = 0; t < T; t++) {
                 const int32_t dd = 2 * lane + 64 * t;
-                v[t] = dd < HD ? __half22float2(*(const __half2 *)(Vs + (size_t)j * HD + dd)) : make_float2(0.0f, 0.0f);
+                v[t] = dd < HD ? tdm_cu_kv_val2<C>(Vs + (size_t)j * HD + dd) : make_float2(0.0f, 0.0f);
             }
+            float vd = 1.0f;
+            if constexpr (S::q8) vd = Vd[j];
 #pragma unroll
             for (int qi = 0; qi < QN; qi++) {
                 if (qi >= nq) continue;
-                const float p = Ps[qi * FL_CHUNK + j];
+                const float p = Ps[qi * FL_CHUNK + j] * vd;
 #pragma unroll
                 for (int t = 0; t < T; t++) acc[qi][t] = make_float2(fmaf(p, v[t].x, acc[qi][t].x), fmaf(p, v[t].y, acc[qi][t].y));
             }
@@ -273,26 +291,31 @@ __global__ void k_flash_combine(const tdm_cuda_row *rows, const float *part, int
     }
 }
 
-template <int HD, int QN> static tandem_status launch_flash(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, int32_t gh,
-                                                             tdm_err *err) {
-    const size_t smem = fl_smem<HD, QN>::total;
+template <int HD, int QN, typename C>
+static tandem_status launch_flash(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, int32_t gh, tdm_err *err) {
+    const size_t smem = fl_smem<HD, QN, C>::total;
     if (smem > c->smem_optin)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: head_dim %d needs %zu bytes of shared memory (%zu)",
                           HD, smem, c->smem_optin);
     static bool raised = false; /* (per process: every device of a kind has the same limit) */
     if (smem > 48 * 1024 && !raised) {
-        TDM_CU(cudaFuncSetAttribute(k_flash<HD, QN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        TDM_CU(cudaFuncSetAttribute(k_flash<HD, QN, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         raised = true;
     }
-    k_flash<HD, QN><<<grid, fl_warps<HD>::n * 32, smem, c->stream>>>(*a, gh);
+    k_flash<HD, QN, C><<<grid, fl_warps<HD>::n * 32, smem, c->stream>>>(*a, gh);
     TDM_CU_LAUNCHED("attention");
     return TANDEM_OK;
 }
 
+template <int HD, typename C>
+static tandem_status launch_qn(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, int32_t gh, tdm_err *err) {
+    if (a->tile_rows * gh <= 4) return launch_flash<HD, 4, C>(c, a, grid, gh, err);
+    return launch_flash<HD, TDM_FLASH_QMAX, C>(c, a, grid, gh, err);
+}
+
 template <int HD> static tandem_status launch_hd(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, int32_t gh,
                                                   tdm_err *err) {
-    if (a->tile_rows * gh <= 4) return launch_flash<HD, 4>(c, a, grid, gh, err);
-    return launch_flash<HD, TDM_FLASH_QMAX>(c, a, grid, gh, err);
+    return a->cache_type == TDM_Q8_0 ? launch_qn<HD, int8_t>(c, a, grid, gh, err) : launch_qn<HD, __half>(c, a, grid, gh, err);
 }
 
 bool tdm_flash_tc_use(int32_t head_dim, int32_t n_rows) {
@@ -303,6 +326,8 @@ bool tdm_flash_tc_use(int32_t head_dim, int32_t n_rows) {
 
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err) {
     if (a->n_rows <= 0) return TANDEM_OK;
+    if (a->cache_type != TDM_F16 && a->cache_type != TDM_Q8_0)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention (tiles): cache type %s", tdm_dtype_name(a->cache_type));
     if (a->heads_per_block == 1 && !tdm_flash_decode_use(a->tile_rows, 1) && tdm_flash_tc_use(a->head_dim, a->n_rows))
         return tdm_cuda_flash_tc(c, a, err);
     const int32_t gh = a->heads_per_block;

@@ -11,8 +11,9 @@
  * sum and output O = O * correction + P V (P rounded to f16).  The output is written
  * once, after the last chunk; no split of the keys, so no partials.
  *
- * Q is rounded to f16 (K and V are f16 in the cache); against the f32 kernels of
- * cuda_flash.cu the results differ by about 1e-3 relative.  A row's result depends
+ * Q is rounded to f16 (K and V are f16 in the cache; a q8_0 cache's are staged
+ * dequantised to f16, cuda_kvstage.cuh); against the f32 kernels of cuda_flash.cu
+ * the results differ by about 1e-3 relative.  A row's result depends
  * only on its own query and visible keys (each output element's dot products run
  * over key chunks fixed by key index), not on the other rows of its tile.
  */
@@ -78,14 +79,19 @@ __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash
     if (lane < TC_ROWS) NVs[lane] = lane < tile.n_rows ? a.rows[tile.row0 + lane].nv : 0;
     __syncwarp();
 
-    const __half *kc = (const __half *)a.k_cache, *vc = (const __half *)a.v_cache;
     const int32_t bs = a.block_size, n_kv = a.n_kv_head;
+    const bool q8 = a.cache_type == TDM_Q8_0;
     const int32_t *tab = a.tabs + tile.tab;
     const int r = lane >> 1, half = lane & 1; /* softmax: two lanes per row, 16 keys each */
     float m = -INFINITY, l = 0.0f;
     for (int32_t base = 0; base < tile.kv_len; base += TC_CH) {
         /* stage K as [d][key] and V as [key][d]; keys past the tile's: V zeros */
-        tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, kc, vc, Ks, Vs);
+        if (q8)
+            tdm_kv_stage_q8_half<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const uint8_t *)a.k_cache,
+                                     (const uint8_t *)a.v_cache, Ks, Vs);
+        else
+            tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const __half *)a.k_cache,
+                             (const __half *)a.v_cache, Ks, Vs);
         __syncwarp();
         /* S = Q K^T */
 #pragma unroll

@@ -4,7 +4,8 @@
  *     blocks for the quantised kernels);
  *   the RoPE angles of a batch once per forward (shared by every layer and head);
  *   q/k/v bias, RoPE of q (in place) and of k, and the K / V writes into the paged
- *     cache, in one kernel;
+ *     cache, in one kernel (a q8_0 cache: k rotated in place too, then each k and v
+ *     head quantised into the cache by a warp);
  *   SwiGLU into the next product's input type.
  * Numerics follow the op kernels (cuda_rowops.cu): the sum of squares and the angles
  * in f64, everything else in f32. */
@@ -13,6 +14,7 @@
 #include <math.h>
 
 #include "cuda_fused.h"
+#include "cuda_kvq8.cuh"
 #include "cuda_quant.cuh"
 #include "cuda_reduce.cuh"
 
@@ -94,6 +96,25 @@ __device__ __forceinline__ void pair_of(int32_t t, int32_t half, bool neox, int3
 
 #define ROPE_HEADS 4 /* heads (of q, k and v together) per thread block */
 
+/* Of a thread block's heads [h0, h1) of row (q | k | v heads): + bias (then a
+ * barrier), and heads [h0, r1) rotated in place, a thread per rotation pair, by the
+ * row's angles rc. */
+__device__ __forceinline__ void bias_rope_heads(float *row, const float *bias, int32_t h0, int32_t h1, int32_t r1,
+                                                int32_t hd, int32_t half, bool neox, const float2 *rc) {
+    if (bias) {
+        for (int32_t j = h0 * hd + threadIdx.x; j < h1 * hd; j += blockDim.x) row[j] += bias[j];
+        __syncthreads();
+    }
+    for (int32_t i = h0 * half + threadIdx.x; i < r1 * half; i += blockDim.x) {
+        float *v = row + (size_t)(i / half) * hd;
+        int32_t a, b;
+        pair_of(i % half, half, neox, &a, &b);
+        const float2 r = rc[i % half], x0 = make_float2(v[a], v[b]);
+        v[a] = x0.x * r.x - x0.y * r.y;
+        v[b] = x0.x * r.y + x0.y * r.x;
+    }
+}
+
 /* Block (row, group of ROPE_HEADS heads of the row's q | k | v): + bias; q heads
  * rotated in place (a thread per rotation pair); k heads rotated into the K cache
  * ([blk][g][d][off]); v heads into the V cache ([blk][g][off][d]). */
@@ -103,21 +124,9 @@ __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t
                           int32_t bs) {
     float *row = qkv + (size_t)blockIdx.x * stride;
     const int32_t h0 = (int32_t)blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, n_head + 2 * n_kv);
-    if (bias) {
-        for (int32_t j = h0 * hd + threadIdx.x; j < h1 * hd; j += blockDim.x) row[j] += bias[j];
-        __syncthreads();
-    }
     const float2 *rc = cs + (size_t)blockIdx.x * half;
     const tdm_cuda_row m = rows[blockIdx.x];
-    const int32_t q1 = min(h1, n_head);
-    for (int32_t i = h0 * half + threadIdx.x; i < q1 * half; i += blockDim.x) { /* q: pairs in place */
-        float *v = row + (size_t)(i / half) * hd;
-        int32_t a, b;
-        pair_of(i % half, half, neox, &a, &b);
-        const float2 r = rc[i % half], x0 = make_float2(v[a], v[b]);
-        v[a] = x0.x * r.x - x0.y * r.y;
-        v[b] = x0.x * r.y + x0.y * r.x;
-    }
+    bias_rope_heads(row, bias, h0, h1, min(h1, n_head), hd, half, neox, rc); /* q: pairs in place */
     const int32_t rot = 2 * half, k0 = max(h0, n_head);
     for (int32_t i = k0 * hd + threadIdx.x; i < h1 * hd; i += blockDim.x) { /* k and v: elements */
         const int32_t h = i / hd, d = i % hd;
@@ -140,6 +149,28 @@ __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t
     }
 }
 
+/* The same for a q8_0 cache (kernels/kv_layout.h), ROPE_HEADS warps per block: +
+ * bias; q and k heads rotated in place (a thread per rotation pair, as q above);
+ * then warp w quantises head h0 + w, when it is a k or a v head, into its slot of the
+ * cache with its scale (cuda_kvq8.cuh). */
+__global__ void k_rope_kv_q8(float *qkv, int32_t stride, const float *bias, int32_t n_head, int32_t n_kv, int32_t hd,
+                             int32_t half, bool neox, const float2 *cs, const tdm_cuda_row *rows, uint8_t *kc,
+                             uint8_t *vc, int32_t bs) {
+    float *row = qkv + (size_t)blockIdx.x * stride;
+    const int32_t h0 = (int32_t)blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, n_head + 2 * n_kv);
+    const float2 *rc = cs + (size_t)blockIdx.x * half;
+    bias_rope_heads(row, bias, h0, h1, min(h1, n_head + n_kv), hd, half, neox, rc); /* q and k heads */
+    __syncthreads();
+    const tdm_cuda_row m = rows[blockIdx.x];
+    const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, hd);
+    const int32_t h = h0 + (int32_t)(threadIdx.x >> 5);
+    if (h < n_head || h >= h1) return;
+    const bool is_k = h < n_head + n_kv;
+    const int32_t g = is_k ? h - n_head : h - n_head - n_kv;
+    tdm_cu_q8_write(row + (size_t)h * hd, hd, (is_k ? kc : vc) + ((int64_t)m.kv_blk * n_kv + g) * unit, bs, m.kv_off,
+                    is_k, (int)(threadIdx.x & 31));
+}
+
 tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t stride, const float *bias,
                                int32_t n_head, int32_t n_kv, int32_t hd, const tdm_rope_params *rp, const float2 *cs,
                                const tdm_cuda_row *rows, void *kc, void *vc, uint32_t cache_type, int32_t bs,
@@ -147,7 +178,10 @@ tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t strid
     if (n <= 0) return TANDEM_OK;
     const int32_t half = rp->n_rot / 2;
     const dim3 grid((unsigned)n, (unsigned)((n_head + 2 * n_kv + ROPE_HEADS - 1) / ROPE_HEADS));
-    if (cache_type == TDM_F16)
+    if (cache_type == TDM_Q8_0)
+        k_rope_kv_q8<<<grid, 32 * ROPE_HEADS, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs,
+                                                             rows, (uint8_t *)kc, (uint8_t *)vc, bs);
+    else if (cache_type == TDM_F16)
         k_rope_kv<__half><<<grid, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
                                                     (__half *)kc, (__half *)vc, bs);
     else if (cache_type == TDM_F32)

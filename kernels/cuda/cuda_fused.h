@@ -72,7 +72,8 @@ typedef struct tdm_flash_args {
     int32_t heads_per_block;     /* tdm_flash_heads_per_block, as the tiles were made for */
     const float *q;              /* [n_rows][q_stride], heads at h * head_dim */
     int32_t q_stride;
-    const void *k_cache, *v_cache; /* f16, the layouts of kernels/backend.h */
+    const void *k_cache, *v_cache; /* the layouts of kernels/backend.h (kv_layout.h) */
+    uint32_t cache_type;         /* TDM_F16 or TDM_Q8_0 */
     int32_t n_head, n_kv_head, head_dim, block_size;
     float scale;
     float *part;                 /* [n_splits][n_rows][n_head][head_dim + 2] partials */
@@ -87,7 +88,7 @@ typedef struct tdm_flash_args {
 int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head,
                                   int32_t max_q);
 /* Whether the kernels run this shape (head_dim 64, 80, 96, 128 or 256, block_size a
- * multiple of 8, an f16 cache); else the op-table attention serves. */
+ * multiple of 8, an f16 or q8_0 cache); else the op-table attention serves. */
 bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_type);
 /* Floats of partials the attention needs. */
 size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, int32_t head_dim);

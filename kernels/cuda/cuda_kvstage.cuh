@@ -1,10 +1,13 @@
 /* cuda_kvstage.cuh - a warp's staging of 32 keys of the paged K / V cache into its
- * shared memory, shared by the attention kernels (cuda_flash.cu, cuda_flash_tc.cu). */
+ * shared memory, shared by the attention kernels (cuda_flash.cu, cuda_flash_tc.cu):
+ * f16 caches, q8_0 caches as quants and scales, q8_0 caches dequantised to f16. */
 #ifndef TDM_CUDA_KVSTAGE_CUH
 #define TDM_CUDA_KVSTAGE_CUH
 
 #include <cuda_fp16.h>
 #include <stdint.h>
+
+#include "kv_layout.h"
 
 #define TDM_KV_CHUNK 32 /* keys per staging */
 
@@ -35,6 +38,66 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
             v = *(const uint4 *)(vc + (((size_t)blk * n_kv + kvh) * bs + slot % bs) * HD + 8 * dc);
         }
         *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
+    }
+}
+
+/* The same keys of a q8_0 cache (kernels/kv_layout.h): K's int8 quants as
+ * Ks[HD][32] (8 keys per 8-byte load), V's as Vs[32][HD] (8 values per load, zeros
+ * for keys >= kv_len), and the keys' scales Kd[32], Vd[32] (0 for keys >= kv_len). */
+template <int HD>
+__device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t kv_len, const int32_t *tab, int32_t bs,
+                                                int32_t n_kv, int32_t kvh, const uint8_t *kc, const uint8_t *vc,
+                                                int8_t *Ks, int8_t *Vs, float *Kd, float *Vd) {
+    const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, HD);
+    for (int32_t q = lane; q < 4 * HD; q += 32) {
+        const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
+        uint2 v = make_uint2(0, 0);
+        if (slot < kv_len) {
+            const int64_t blk = tab[slot / bs];
+            v = *(const uint2 *)(kc + (blk * n_kv + kvh) * unit + (size_t)d * bs + slot % bs);
+        }
+        *(uint2 *)(Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg) = v;
+    }
+    for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
+        const int32_t j = q / (HD / 8), dc = q % (HD / 8), slot = base + j;
+        uint2 v = make_uint2(0, 0);
+        if (slot < kv_len) {
+            const int64_t blk = tab[slot / bs];
+            v = *(const uint2 *)(vc + (blk * n_kv + kvh) * unit + (size_t)(slot % bs) * HD + 8 * dc);
+        }
+        *(uint2 *)(Vs + (size_t)j * HD + 8 * dc) = v;
+    }
+    const int32_t slot = base + lane;
+    float kd = 0.0f, vd = 0.0f;
+    if (slot < kv_len) {
+        const int64_t at = ((int64_t)tab[slot / bs] * n_kv + kvh) * unit + tdm_kv_q8_scale_off(bs, HD) + 4 * (slot % bs);
+        kd = *(const float *)(kc + at);
+        vd = *(const float *)(vc + at);
+    }
+    Kd[lane] = kd;
+    Vd[lane] = vd;
+}
+
+/* The same keys of a q8_0 cache dequantised into tdm_kv_stage's f16 layout (the
+ * tensor-core kernel's operands): Ks[HD][32] and Vs[32][HD] = scale * quant rounded
+ * to f16 (beyond f16's range: infinite, as an f16 cache would hold them), zeros for
+ * keys >= kv_len.  Lane = key, element by element. */
+template <int HD>
+__device__ __forceinline__ void tdm_kv_stage_q8_half(int lane, int32_t base, int32_t kv_len, const int32_t *tab,
+                                                     int32_t bs, int32_t n_kv, int32_t kvh, const uint8_t *kc,
+                                                     const uint8_t *vc, __half *Ks, __half *Vs) {
+    const int32_t slot = base + lane, p = slot % bs;
+    const int8_t *kq = NULL, *vq = NULL;
+    float kd = 0.0f, vd = 0.0f;
+    if (slot < kv_len) {
+        const int64_t at = ((int64_t)tab[slot / bs] * n_kv + kvh) * tdm_kv_unit_bytes(TDM_Q8_0, bs, HD);
+        const int64_t sc = tdm_kv_q8_scale_off(bs, HD) + 4 * p;
+        kq = (const int8_t *)(kc + at), vq = (const int8_t *)(vc + at);
+        kd = *(const float *)(kc + at + sc), vd = *(const float *)(vc + at + sc);
+    }
+    for (int32_t d = 0; d < HD; d++) {
+        Ks[(size_t)d * TDM_KV_CHUNK + lane] = __float2half_rn(kq ? kd * (float)kq[(size_t)d * bs + p] : 0.0f);
+        Vs[(size_t)lane * HD + d] = __float2half_rn(vq ? vd * (float)vq[(size_t)p * HD + d] : 0.0f);
     }
 }
 

@@ -81,6 +81,12 @@ int cli_needs(const char *opt, const char *needed);
 bool cli_is_spec_opt(const char *arg);
 /* "cpu" or "cuda". */
 bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out);
+/* A KV cache type's name: "auto", "f32", "f16" or "q8_0" (false for another,
+ * nothing printed); shared by --kv-type and the job files' kv_type. */
+bool cli_kv_type_from_str(const char *s, tandem_kv_type *out);
+#define CLI_KV_TYPES "auto, f32, f16 or q8_0"
+/* --kv-type: cli_kv_type_from_str, a usage error naming the option otherwise. */
+bool cli_parse_kv_type(const char *opt, const char *s, tandem_kv_type *out);
 /* "auto" -> 0 (adaptive), or a fixed length 1..TANDEM_SPEC_K_MAX. */
 bool cli_parse_spec_k(const char *opt, const char *s, int *out);
 /* "off" or 0 -> 0, or an n-gram length TANDEM_SPEC_NGRAM_MIN..MAX (--spec-ngram). */
@@ -191,6 +197,7 @@ typedef struct cli_job_cfg {
     int max_batch_tokens;        /* [engine]: 0 = the engine's default */
     int prefix_cache, batch_invariant; /* [engine]: 1 / 0, -1 = not set (the engine's default) */
     long kv_mem_mb, gpu_mem_mb;
+    tandem_kv_type kv_type;  /* [engine] kv_type; default auto */
     int spec_k, spec_k_max, spec_ngram;
     float p_min;
     tandem_generate_params gp;   /* [sampling]; gp.stop points to stop */
@@ -240,6 +247,7 @@ typedef struct cli_gen_opts {
     int spec_k;                /* 0 = adaptive */
     int spec_k_max;            /* 0 = library default */
     int spec_ngram;            /* 0 = off; default: the library's */
+    tandem_kv_type kv_type;    /* --kv-type; default auto */
     bool json;
 } cli_gen_opts;
 

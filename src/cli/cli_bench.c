@@ -75,6 +75,7 @@ typedef struct bench_opts {
     int threads;
     tandem_backend_kind backend;
     size_t gpu_mem;          /* 0 = no budget */
+    tandem_kv_type kv_type;  /* --kv-type; default auto */
     int spec_k, spec_k_max, spec_ngram;
     int reps;                /* 0 = mode default */
     int limit;               /* 0 = all prompts */
@@ -112,6 +113,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
+        else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
@@ -316,6 +318,7 @@ int cli_bench(int argc, char **argv) {
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = o.threads;
     ep.gpu_mem = o.gpu_mem;
+    ep.kv_type = o.kv_type;
     ep.prefix_cache = o.prefix_cache;
     if ((s = tandem_engine_open(target, draft, &ep, &eng)) != TANDEM_OK) goto fail;
     if (!o.prompts_file && (s = build_prompt(target, o.prompt_tokens, &ids)) != TANDEM_OK) goto fail;

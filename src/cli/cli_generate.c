@@ -58,6 +58,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
+        else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
         else if (!interactive && TAKE(NULL, "--batch")) ok = cli_parse_int(a, v, 1, CLI_BATCH_MAX, &o->batch);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
@@ -341,6 +342,7 @@ int cli_gen_open(const cli_gen_opts *o, tandem_model **target, tandem_model **dr
         tandem_engine_params ep = tandem_engine_default_params();
         ep.n_threads = o->threads;
         ep.gpu_mem = o->gpu_mem;
+        ep.kv_type = o->kv_type;
         ep.n_seq_max = o->batch;
         s = tandem_engine_open(*target, *draft, &ep, eng);
     }

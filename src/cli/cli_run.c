@@ -297,6 +297,7 @@ static int open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model
     ep.kv_bytes = (size_t)c->kv_mem_mb << 20;
     ep.gpu_mem = (size_t)c->gpu_mem_mb << 20;
     ep.max_batch_tokens = c->max_batch_tokens;
+    ep.kv_type = c->kv_type;
     if (c->prefix_cache >= 0) ep.prefix_cache = c->prefix_cache;
     if (c->batch_invariant >= 0) ep.batch_invariant = c->batch_invariant;
     if (!s) s = tandem_engine_open(*target, *draft, &ep, eng);

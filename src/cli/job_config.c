@@ -2,7 +2,7 @@
  *
  *   [model]    target, draft
  *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, kv_mem_mb,
- *              gpu_mem_mb, prefix_cache, batch_invariant (true|false)
+ *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache, batch_invariant (true|false)
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off)
  *   [sampling] temperature, top_k, top_p, min_p, seed, max_tokens,
  *              stop (JSON: "\n\n" or ["\n\n", "def "])
@@ -110,6 +110,21 @@ static int key_job(cli_job_cfg *c, const char *s, const char *k, const char *v) 
     return cfg_fail(c, s, k, "unknown key (known: input, output, priority, timeout_s, chat_template)");
 }
 
+/* (here rather than beside --kv-type's parser in main.c: the job-file parser links
+ * without main.c, tests/fuzz/fuzz_config.c) */
+bool cli_kv_type_from_str(const char *s, tandem_kv_type *out) {
+    static const struct {
+        const char *name;
+        tandem_kv_type type;
+    } names[] = {{"auto", TANDEM_KV_AUTO}, {"f32", TANDEM_KV_F32}, {"f16", TANDEM_KV_F16}, {"q8_0", TANDEM_KV_Q8_0}};
+    for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            *out = names[i].type;
+            return true;
+        }
+    return false;
+}
+
 static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *v) {
     if (!strcmp(k, "backend")) {
         if (!strcmp(v, "cpu")) c->backend = TANDEM_BACKEND_CPU;
@@ -128,6 +143,10 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
         else c->batch_invariant = on;
         return 1;
     }
+    if (!strcmp(k, "kv_type")) {
+        if (!cli_kv_type_from_str(v, &c->kv_type)) return cfg_fail(c, s, k, "'%s' is not " CLI_KV_TYPES, v);
+        return 1;
+    }
     if (!strcmp(k, "kv_mem_mb") || !strcmp(k, "gpu_mem_mb")) {
         long x;
         if (!parse_long(v, 1, 1L << 30, &x)) return cfg_fail(c, s, k, "'%s' is not a size in MiB in [1, 2^30]", v);
@@ -137,7 +156,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     }
     return cfg_fail(c, s, k,
                     "unknown key (known: backend, threads, max_batch, max_batch_tokens, block_size, kv_mem_mb, "
-                    "gpu_mem_mb, prefix_cache, batch_invariant)");
+                    "gpu_mem_mb, kv_type, prefix_cache, batch_invariant)");
 }
 
 static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v) {

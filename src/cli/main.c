@@ -62,6 +62,9 @@ static const char usage_text[] =
     "                        results print in input order; a failed prompt does not stop the others\n"
     "      --gpu-mem SIZE    device memory budget (e.g. 24G): weights, buffers, and the KV cache\n"
     "                        in what is left (cuda only; default: a cache for one full context)\n"
+    "      --kv-type T       KV cache type of both models: auto (f32 on the CPU, f16 on cuda),\n"
+    "                        f32, f16, or q8_0 (int8 with a scale per position and head:\n"
+    "                        about half of f16) (default auto)\n"
     "      --json            one JSON object per prompt on stdout\n"
     "  speculation (refused without -d):\n"
     "      --spec-k N|auto   draft tokens per step, 1.." SPEC_K_MAX ", auto = adaptive (default auto)\n"
@@ -84,8 +87,9 @@ static const char usage_text[] =
     "  the header, metadata and tensors; marks the tensors of types tandem does not support\n"
     "\n"
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
-    "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--spec-k N|auto]\n"
-    "             [--spec-k-max N] [--spec-ngram N] [--reps R] [--prefix-cache] [--json]\n"
+    "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T]\n"
+    "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--reps R]\n"
+    "             [--prefix-cache] [--json]\n"
     "  -p N                  synthetic prompt length in tokens, 1..2^20 (default 128)\n"
     "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
@@ -97,7 +101,8 @@ static const char usage_text[] =
     "\n"
     "tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N]\n"
     "  [model] target, draft; [engine] backend, threads, max_batch, max_batch_tokens,\n"
-    "  block_size, kv_mem_mb, gpu_mem_mb, prefix_cache, batch_invariant (true|false);\n"
+    "  block_size, kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache,\n"
+    "  batch_invariant (true|false);\n"
     "  [spec] k, k_max, ngram, p_min, tree; [sampling] temperature, top_k, top_p, min_p,\n"
     "  seed, max_tokens, stop (JSON: \"STR\" or [\"STR\", ...]); [job] input, output\n"
     "  (JSON lines; a rerun skips the ids already in output), priority, timeout_s (the\n"
@@ -315,6 +320,13 @@ bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out)
         return true;
     }
     cli_usage_error("option %.*s: unknown backend '%s' (expected cpu or cuda)", opt_len(opt), opt, s);
+    return false;
+}
+
+bool cli_parse_kv_type(const char *opt, const char *s, tandem_kv_type *out) {
+    if (!s) return false;
+    if (cli_kv_type_from_str(s, out)) return true;
+    cli_usage_error("option %.*s: unknown KV cache type '%s' (expected " CLI_KV_TYPES ")", opt_len(opt), opt, s);
     return false;
 }
 
