@@ -124,6 +124,9 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         goto fail;
     }
 
+    if ((st = tdm_model_check_backend(target, e->be, err)) || (draft && (st = tdm_model_check_backend(draft, e->be, err))))
+        goto fail;
+
     /* KV pool: one block table per sequence, bytes per block counted for both models */
     const uint32_t kv_type = e->be->kv_type; /* f32 on the CPU, f16 on the GPU */
     tdm_kv_layout lay[2] = {tdm_model_kv_layout(target, kv_type)};

@@ -12,12 +12,13 @@ void ref_rmsnorm(const float *x, const float *gamma, int32_t n, int32_t dim, flo
 /* y[n][w->rows] (=|+=) x[n][w->cols] * W^T */
 void ref_matmul(const tdm_weight *w, const float *x, int32_t n, float *y, bool accumulate);
 void ref_add_bias(float *y, const float *bias, int32_t n, int32_t dim);
+/* (rp->freq, when set, is read here: host memory) */
 void ref_rope(float *x, int32_t n, int32_t row_stride, int32_t n_head, int32_t head_dim,
               const int32_t *pos, const tdm_rope_params *rp);
 void ref_swiglu(const float *gate_up, int32_t n, int32_t ff, float *out);
 void ref_gather_rows(const float *x, const int32_t *rows, int32_t n, int32_t dim, float *out);
 void ref_kv_write(const tdm_kv_write_args *a);
-void ref_attention(const tdm_attn_args *a);
+void ref_attention(const tdm_attn_args *a); /* (window and softcap as backend.h defines them) */
 
 /* ||a - b|| / ||b|| (0 when both are zero; 1e30 if a has a NaN or b is zero and a not). */
 double ref_nrm_err(const float *a, const float *b, size_t n);
