@@ -124,7 +124,7 @@ static void bench_batched_decode(tdm_backend *be, int reps) {
                 const int q_stride = (nh + 2 * nkv) * hd;
                 float *q = dev_random(be, (size_t)n * q_stride * 4, 19, true);
                 float *o = dev_random(be, (size_t)n * nh * hd * 4, 20, true);
-                at_ctx c = {be, {&bt, sp, q, q_stride, o, kc, vc, TDM_F16, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd)}};
+                at_ctx c = {be, {&bt, sp, q, q_stride, o, kc, vc, TDM_F16, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd), 0, 0}};
                 const double t = time_calls(be, at_call, &c, 20, reps);
                 const double kv = 2.0 * N_SEQ * (double)ctx * nkv * hd * 2; /* K and V of every visible key */
                 printf("| %d | %d/%d | %d | %d | %.1f | %.0f |\n", N_SEQ, nh, nkv, ctx, rows, t * 1e6, kv / t / 1e9);
@@ -243,7 +243,7 @@ int main(int argc, char **argv) {
                 const int q_stride = (nh + 2 * nkv) * hd;
                 float *q = dev_random(be, (size_t)rows * q_stride * 4, 9, true);
                 float *o = dev_random(be, (size_t)rows * nh * hd * 4, 10, true);
-                at_ctx c = {be, {&bt, sp, q, q_stride, o, kc, vc, TDM_F16, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd)}};
+                at_ctx c = {be, {&bt, sp, q, q_stride, o, kc, vc, TDM_F16, nh, nkv, hd, bs, 1.0f / sqrtf((float)hd), 0, 0}};
                 const double t = time_calls(be, at_call, &c, 20, reps);
                 printf("| %d/%d | %d | %d | %.1f | %.0f |\n", nh, nkv, ctx, rows, t * 1e6, 2.0 * cbytes / t / 1e9);
                 fflush(stdout);

@@ -148,7 +148,7 @@ static void bench_attention(tdm_backend *b, uint32_t ct, int32_t ctx, int32_t n,
     for (int32_t i = 0; i < n; i++) tdm_batch_add(&bt, 0, ctx - n + i, 0, ctx - n + i, true);
     float *q = malloc((size_t)n * nh * hd * sizeof(float)), *out = malloc((size_t)n * nh * hd * sizeof(float));
     for (int32_t i = 0; i < n * nh * hd; i++) q[i] = frand();
-    attn_ctx c = {b, {&bt, seqs, q, nh * hd, out, kc, vc, ct, nh, nkv, hd, bs, 0.125f}};
+    attn_ctx c = {b, {&bt, seqs, q, nh * hd, out, kc, vc, ct, nh, nkv, hd, bs, 0.125f, 0, 0}};
     double sec = median_time(run_attention, &c, secs);
     printf("%-7s attention %s cache, ctx %d, n=%d: %.1f us\n", tdm_cpu_level_name(tdm_backend_cpu_level(b)),
            tdm_dtype_name(ct), ctx, n, sec * 1e6);

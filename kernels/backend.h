@@ -46,13 +46,28 @@ typedef struct tdm_weight {
 bool tdm_weight_rows_view(const tdm_weight *w, int64_t r0, int64_t nr, tdm_weight *v);
 bool tdm_weight_cols_view(const tdm_weight *w, int64_t c0, int64_t nc, tdm_weight *v);
 
+/* RoPE: pair t < n_rot / 2 of every head of a row at position p is rotated by the
+ * angle theta = p * freq[t], and both rotated values are multiplied by mscale:
+ *   a' = (a cos theta - b sin theta) mscale,  b' = (a sin theta + b cos theta) mscale.
+ * Every scaling a GGUF names (none, linear, yarn, Llama 3's rope_freqs) is such a
+ * table plus a magnitude: src/rope.c computes them once at load, as llama.cpp does. */
 typedef struct tdm_rope_params {
     int32_t n_rot;       /* rotated dims per head (<= head_dim, even) */
-    float freq_base;     /* theta base, e.g. 10000 */
-    float freq_scale;    /* linear scaling: position multiplied by this (1 = none) */
+    float freq_base;     /* theta base, e.g. 10000 (for the table below when freq is NULL) */
+    float freq_scale;    /* linear scaling: position multiplied by this (1 = none; likewise) */
     bool neox;           /* false: GGUF "normal" layout, rotate adjacent pairs (2i, 2i+1);
                             true: NEOX layout, rotate (i, i + n_rot/2) */
+    const double *freq;  /* [n_rot / 2] backend memory: radians per position of pair t; NULL:
+                            freq_scale * freq_base^(-2t / n_rot) */
+    float mscale;        /* magnitude of cos and sin (yarn's attention factor); 0 means 1 */
 } tdm_rope_params;
+
+/* The FFN's gated activation (the gate half of W13's rows through it, times the up
+ * half). */
+typedef enum tdm_ffn_act {
+    TDM_ACT_SILU = 0,      /* SwiGLU: llama, qwen2, qwen3 */
+    TDM_ACT_GELU_TANH = 1, /* GeGLU with GELU's tanh approximation: gemma3 */
+} tdm_ffn_act;
 
 /* Write K/V of batch rows into the paged cache of one layer. */
 typedef struct tdm_kv_write_args {
@@ -82,6 +97,13 @@ typedef struct tdm_attn_args {
     uint32_t cache_type;             /* TDM_F32, TDM_F16 or TDM_Q8_0 (kv_layout.h) */
     int32_t n_head, n_kv_head, head_dim, block_size; /* n_head % n_kv_head == 0 (GQA) */
     float scale;                     /* softmax scale, usually 1/sqrt(head_dim) */
+    int32_t window;                  /* > 0: sliding window - of the slots [0, n_visible) a row at
+                                        position p sees only those j with p - j < window (slot j
+                                        holds position j in every batch the engine builds; extra
+                                        slots, a tree row's ancestors within the tree's depth, are
+                                        always seen); 0: every visible slot */
+    float softcap;                   /* > 0: each score s = scale q.k becomes softcap tanh(s /
+                                        softcap) before the softmax (logit soft-capping); 0: off */
 } tdm_attn_args;
 
 /* A row-quantised copy of an output projection W[rows][cols] (tdm_qhead_build,
@@ -118,10 +140,16 @@ typedef struct tdm_block_weights {
     const float *attn_norm; /* [n_embd] */
     tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v */
     const float *bqkv;      /* [n_head*hd + 2*n_head_kv*hd] or NULL */
+    const float *q_norm;    /* [hd] RMSNorm of each q head before RoPE (qwen3, gemma3), or NULL */
+    const float *k_norm;    /* [hd] the same for each k head, or NULL */
     tdm_weight wo;          /* [n_embd][n_head*hd] */
+    const float *attn_post_norm; /* [n_embd] RMSNorm of the attention output before the residual
+                                    add (gemma3's post_attention_norm), or NULL */
     const float *ffn_norm;  /* [n_embd] */
     tdm_weight w13;         /* [2*n_ff][n_embd]: gate rows, then up rows */
     tdm_weight w2;          /* [n_embd][n_ff] */
+    const float *ffn_post_norm; /* [n_embd] RMSNorm of the FFN output before the residual add
+                                   (gemma3's post_ffw_norm), or NULL */
 } tdm_block_weights;
 
 /* Every transformer block of a forward pass over a batch (the `blocks` op): per
@@ -137,6 +165,14 @@ typedef struct tdm_blocks_args {
     int32_t n_layer, n_embd, n_ff, n_head, n_kv_head, head_dim;
     float norm_eps;
     const tdm_rope_params *rope;
+    float attn_scale;                    /* the attention's softmax scale */
+    /* Beyond the llama / qwen2 block (a backend's blocks op declines what it does not
+     * run; every zero value is the plain block): */
+    const tdm_rope_params *rope_swa;     /* sliding-window layers' RoPE, or NULL (= rope) */
+    int32_t swa_window, swa_pattern;     /* window > 0: layer l attends within it when
+                                            l % swa_pattern < swa_pattern - 1 */
+    float attn_softcap;                  /* tdm_attn_args.softcap of every layer */
+    uint32_t ffn_act;                    /* tdm_ffn_act */
     float *x;                            /* [n_rows][n_embd]: in, the embeddings; out, the
                                             residual stream after the last block */
 } tdm_blocks_args;
@@ -243,6 +279,23 @@ typedef struct tdm_backend_ops {
                                 int32_t *ids, float *pmax, tdm_err *err);
     tandem_status (*accept_dev)(tdm_backend *b, const float *p, const float *q, int32_t n_q, const int32_t *draft,
                                 int32_t k, int32_t dim, const double *u, int32_t *out, tdm_err *err);
+
+    /* The ops of the qwen3 / gemma3 blocks (NULL: forward.c refuses such models on
+     * this backend, naming the op). */
+    /* In place, each head alone: x[i][h * head_dim ..+ head_dim) for rows i < n
+     * (row_stride floats apart) and heads h < n_head = rmsnorm of it with gamma[head_dim]
+     * (rmsnorm's arithmetic on each head). */
+    tandem_status (*head_rmsnorm)(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                                  int32_t head_dim, const float *gamma, float eps, tdm_err *err);
+    /* out[n][ff] = gelu(gate_up[i][j]) * gate_up[i][ff + j], gelu(g) = 0.5 g (1 +
+     * tanh(sqrt(2 / pi) (g + 0.044715 g^3)))   (gate_up is [n][2 * ff]) */
+    tandem_status (*geglu)(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out, tdm_err *err);
+    /* y[n][dim] += x[n][dim] */
+    tandem_status (*add)(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err);
+    /* x[n][dim] *= s */
+    tandem_status (*scale)(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err);
+    /* x[n][dim] = cap * tanh(x / cap)   (cap > 0) */
+    tandem_status (*softcap)(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err);
 } tdm_backend_ops;
 
 struct tdm_backend {
@@ -260,6 +313,8 @@ struct tdm_backend {
     int32_t invariant_rows; /* rows up to which every row of a forward is computed as it
                                would be alone (0 = any number: the CPU; 16 on the GPU,
                                whose larger batches take cuBLAS) */
+    bool attn_window_softcap; /* attention honours tdm_attn_args.window and .softcap (else
+                                 it refuses them: models that need them fail at load) */
     void *impl;
 };
 

@@ -134,6 +134,9 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         goto fail;
     }
 
+    if ((st = tdm_model_check_backend(target, e->be, err)) || (draft && (st = tdm_model_check_backend(draft, e->be, err))))
+        goto fail;
+
     /* KV pool: one block table per sequence, bytes per block counted for both models */
     uint32_t kv_type;
     if (!tdm_engine_kv_dtype(e->be, e->cfg.kv_type, &kv_type)) {

@@ -1,12 +1,18 @@
 /* forward.c - the llama-family forward pass over a batch, written once on top of
  * the backend op table (kernels/backend.h).
  *
- * Per layer:  xb = rmsnorm(x);  qkv = xb Wqkv^T (+ b);  rope(q), rope(k);
- *             write k, v to the paged cache;  att = attention(q, cache);
- *             x += att Wo^T;  xb = rmsnorm(x);  gu = xb W13^T;  x += swiglu(gu) W2^T
- * Then the rows that want logits are gathered, normed and projected.  A backend
- * with a `blocks` op runs all the layers in one call instead (the CPU backend:
- * tensor parallel over its threads, kernels/cpu/blocks.c).
+ * x = embedding rows (times embd_scale: gemma3).  Per layer:
+ *   xb = rmsnorm(x);  qkv = xb Wqkv^T (+ b);  [per-head rmsnorm of q, k: qwen3, gemma3]
+ *   rope(q), rope(k) (the layer's parameters: gemma3's sliding-window layers have
+ *   their own base);  write k, v to the paged cache;  att = attention(q, cache) (the
+ *   layer's window, the model's soft-cap);
+ *   x += att Wo^T  [gemma3: x += rmsnorm(att Wo^T)];
+ *   xb = rmsnorm(x);  gu = xb W13^T;  x += act(gu) W2^T  [gemma3: x += rmsnorm(...)]
+ *   with act SwiGLU, or GeGLU for gemma3.
+ * Then the rows that want logits are gathered, normed and projected (and soft-capped
+ * where the model says).  A backend with a `blocks` op runs all the layers in one
+ * call instead (the CPU backend: tensor parallel over its threads,
+ * kernels/cpu/blocks.c), or declines the model's shape.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -91,6 +97,15 @@ tandem_status tdm_model_forward(const tdm_model *m, tdm_backend *be, tdm_kv_stor
     return tdm_model_forward_ex(m, be, kv, batch, seqs, s, TDM_FWD_LOGITS, logits, NULL, err);
 }
 
+/* The attention output (or FFN output) y[n][E] into the residual stream: x += y,
+ * through the post norm when the layer has one (y is overwritten then). */
+static tandem_status residual_add(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
+                                  int32_t n, tdm_err *err) {
+    tandem_status st;
+    if (post_norm && (st = be->ops->rmsnorm(be, y, post_norm, n, hp->n_embd, hp->norm_eps, y, err))) return st;
+    return be->ops->add(be, x, y, n, hp->n_embd, err);
+}
+
 /* Every block, op by op (backends without a `blocks` op, or shapes it does not run). */
 static tandem_status blocks_by_ops(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,
@@ -101,17 +116,20 @@ static tandem_status blocks_by_ops(const tdm_model *m, tdm_backend *be, tdm_kv_s
     const int32_t n = batch->n_rows, E = hp->n_embd, F = hp->n_ff;
     const int32_t qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
     const int32_t qkv_w = qd + 2 * kvd;
-    const float scale = 1.0f / sqrtf((float)hp->head_dim);
     for (int32_t l = 0; l < hp->n_layer; l++) {
         const tdm_layer *L = &m->layers[l];
+        const bool swa = tdm_hparams_layer_swa(hp, l);
+        const tdm_rope_params *rp = swa ? &hp->rope_swa : &hp->rope;
         if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
         if ((st = op->matmul(be, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
         if (L->bqkv && (st = op->add_bias(be, s->qkv, L->bqkv, n, qkv_w, err))) return st;
-        if ((st = op->rope(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, batch->pos, &hp->rope, err)))
+        if (L->q_norm &&
+            ((st = op->head_rmsnorm(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, L->q_norm, hp->norm_eps, err)) ||
+             (st = op->head_rmsnorm(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, L->k_norm, hp->norm_eps,
+                                    err))))
             return st;
-        if ((st = op->rope(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, batch->pos, &hp->rope,
-                           err)))
-            return st;
+        if ((st = op->rope(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, batch->pos, rp, err))) return st;
+        if ((st = op->rope(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, batch->pos, rp, err))) return st;
         tdm_kv_write_args kw = {
             .batch = batch, .seqs = seqs, .k = s->qkv + qd, .v = s->qkv + qd + kvd,
             .row_stride = qkv_w, .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type,
@@ -122,14 +140,28 @@ static tandem_status blocks_by_ops(const tdm_model *m, tdm_backend *be, tdm_kv_s
             .batch = batch, .seqs = seqs, .q = s->qkv, .q_stride = qkv_w, .out = s->att,
             .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type, .n_head = hp->n_head,
             .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = kv->block_size,
-            .scale = scale,
+            .scale = hp->attn_scale, .window = swa ? hp->swa_window : 0, .softcap = hp->attn_softcap,
         };
         if ((st = op->attention(be, &aa, err))) return st;
-        if ((st = op->matmul(be, &L->wo, s->att, n, s->x, true, err))) return st;
+        if (L->attn_post_norm) {
+            if ((st = op->matmul(be, &L->wo, s->att, n, s->xb, false, err)) ||
+                (st = residual_add(be, hp, L->attn_post_norm, s->x, s->xb, n, err)))
+                return st;
+        } else if ((st = op->matmul(be, &L->wo, s->att, n, s->x, true, err))) {
+            return st;
+        }
         if ((st = op->rmsnorm(be, s->x, L->ffn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
         if ((st = op->matmul(be, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
-        if ((st = op->swiglu(be, s->gate_up, n, F, s->ff, err))) return st;
-        if ((st = op->matmul(be, &L->w2, s->ff, n, s->x, true, err))) return st;
+        st = hp->ffn_act == TDM_ACT_GELU_TANH ? op->geglu(be, s->gate_up, n, F, s->ff, err)
+                                               : op->swiglu(be, s->gate_up, n, F, s->ff, err);
+        if (st) return st;
+        if (L->ffn_post_norm) {
+            if ((st = op->matmul(be, &L->w2, s->ff, n, s->xb, false, err)) ||
+                (st = residual_add(be, hp, L->ffn_post_norm, s->x, s->xb, n, err)))
+                return st;
+        } else if ((st = op->matmul(be, &L->w2, s->ff, n, s->x, true, err))) {
+            return st;
+        }
     }
 
     return TANDEM_OK;
@@ -146,7 +178,9 @@ static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
             .batch = batch, .seqs = seqs, .layers = m->layers, .k_cache = kv->k, .v_cache = kv->v,
             .cache_type = kv->type, .block_size = kv->block_size, .n_layer = hp->n_layer,
             .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
-            .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .x = s->x,
+            .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .attn_scale = hp->attn_scale,
+            .rope_swa = hp->swa_window > 0 ? &hp->rope_swa : NULL, .swa_window = hp->swa_window,
+            .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act, .x = s->x,
         };
         tdm_err probe = {0};
         tandem_status st = be->ops->blocks(be, &a, &probe);
@@ -170,6 +204,7 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     tandem_status st;
     *n_logits = 0;
     if ((st = check_batch(m, kv, batch, seqs, !tok_dev, err))) return st;
+    if ((st = tdm_model_check_backend(m, be, err))) return st;
     int32_t n = batch->n_rows;
     if ((st = scratch_reserve(s, be, hp, n, err))) return st;
 
@@ -181,6 +216,7 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     } else if ((st = op->get_rows(be, &m->tok_embd, batch->token, n, s->x, err))) {
         return st;
     }
+    if (hp->embd_scale != 1.0f && (st = op->scale(be, s->x, n, E, hp->embd_scale, err))) return st;
 
     if ((st = run_blocks(m, be, kv, batch, seqs, s, err))) return st;
 
@@ -199,6 +235,12 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     return TANDEM_OK;
 }
 
+/* Output logit soft-capping, where the model has it. */
+static tandem_status final_softcap(const tdm_model *m, tdm_backend *be, float *logits, int32_t nl, tdm_err *err) {
+    if (m->hp.final_softcap <= 0) return TANDEM_OK;
+    return be->ops->softcap(be, logits, nl, m->hp.n_vocab, m->hp.final_softcap, err);
+}
+
 tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
                                     const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, const int32_t *tok_dev,
                                     float *logits, int32_t *ids_dev, float *top_dev, tdm_err *err) {
@@ -209,6 +251,7 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
     tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, tok_dev, &nl, err);
     if (st || nl == 0) return st;
     if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
+    if ((st = final_softcap(m, be, logits, nl, err))) return st;
     return ids_dev ? op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err) : TANDEM_OK;
 }
 
@@ -223,9 +266,16 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if (st || nl == 0) return st;
     if (kind == TDM_FWD_ARGMAX && !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "forward: NULL ids");
     bool q = m->has_qhead && be->int8_dot;
-    if (kind == TDM_FWD_ARGMAX && q) return op->head_argmax(be, &m->output, &m->qhead, s->xb, nl, ids, err);
-    if (kind == TDM_FWD_LOGITS_APPROX && q) return op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err);
+    /* (soft-capped logits: the argmax of the capped values, which f32 rounding can tie
+     * where the raw ones differ, so the exact logits are computed) */
+    if (kind == TDM_FWD_ARGMAX && q && hp->final_softcap <= 0)
+        return op->head_argmax(be, &m->output, &m->qhead, s->xb, nl, ids, err);
+    if (kind == TDM_FWD_LOGITS_APPROX && q) {
+        if ((st = op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err))) return st;
+        return final_softcap(m, be, logits, nl, err);
+    }
     if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
+    if ((st = final_softcap(m, be, logits, nl, err))) return st;
     if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
     /* only the ids come back (-1 for a row with non-finite logits, as below) */
     if (op->argmax) return op->argmax(be, logits, nl, hp->n_vocab, ids, err);

@@ -1,4 +1,4 @@
-/* model.c - hyperparameters, tensor validation and weight placement. */
+/* model.c - tensor validation and weight placement (the hyperparameters: hparams.c). */
 #include "model.h"
 #include "ggml_types.h"
 #include "qhead.h"
@@ -8,134 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Sane limits for hyperparameters read from an untrusted file. */
-#define MAX_EMBD   (1 << 16)
-#define MAX_LAYER  1024
-#define MAX_HEAD   1024
-#define MAX_FF     (1 << 20)
-#define MAX_VOCAB  (1 << 22)
-#define MAX_HDIM   1024
+/* ------------------------------------------------------------ weights */
 
 static bool is_host_backend(const tdm_backend *be) { return strcmp(be->ops->name, "cpu") == 0; }
-
-static tandem_status get_u32_key(const tdm_gguf *g, const char *arch, const char *suffix,
-                                 bool required, uint32_t def, uint32_t *out, tdm_err *err) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    if (required) return tdm_gguf_get_u32(g, key, out, err);
-    return tdm_gguf_opt_u32(g, key, def, out, err);
-}
-
-static tandem_status get_f32_key(const tdm_gguf *g, const char *arch, const char *suffix,
-                                 bool required, float def, float *out, tdm_err *err) {
-    char key[128];
-    snprintf(key, sizeof key, "%s.%s", arch, suffix);
-    if (required) return tdm_gguf_get_f32(g, key, out, err);
-    return tdm_gguf_opt_f32(g, key, def, out, err);
-}
-
-static tandem_status check_range(const char *what, uint32_t v, uint32_t lo, uint32_t hi, tdm_err *err) {
-    if (v < lo || v > hi)
-        return tdm_seterr(err, TANDEM_ERR_FORMAT, "hyperparameter %s = %u is out of range [%u, %u]",
-                          what, v, lo, hi);
-    return TANDEM_OK;
-}
-
-tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err) {
-    memset(hp, 0, sizeof *hp);
-    tdm_gguf_str arch;
-    tandem_status st = tdm_gguf_get_str(g, "general.architecture", &arch, err);
-    if (st) return st;
-    bool is_llama = arch.len == 5 && memcmp(arch.ptr, "llama", 5) == 0;
-    bool is_qwen2 = arch.len == 5 && memcmp(arch.ptr, "qwen2", 5) == 0;
-    if (!is_llama && !is_qwen2)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
-                          "unsupported architecture '%.*s' (supported: llama, qwen2)",
-                          (int)TDM_MIN(arch.len, 64), arch.ptr);
-    memcpy(hp->arch, arch.ptr, arch.len);
-    const char *a = hp->arch;
-
-    uint32_t n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv, n_rot, key_len, n_vocab;
-    if ((st = get_u32_key(g, a, "context_length", false, 4096, &n_ctx, err)) ||
-        (st = get_u32_key(g, a, "embedding_length", true, 0, &n_embd, err)) ||
-        (st = get_u32_key(g, a, "block_count", true, 0, &n_layer, err)) ||
-        (st = get_u32_key(g, a, "feed_forward_length", true, 0, &n_ff, err)) ||
-        (st = get_u32_key(g, a, "attention.head_count", true, 0, &n_head, err)))
-        return st;
-    if ((st = check_range("embedding_length", n_embd, 1, MAX_EMBD, err)) ||
-        (st = check_range("block_count", n_layer, 1, MAX_LAYER, err)) ||
-        (st = check_range("feed_forward_length", n_ff, 1, MAX_FF, err)) ||
-        (st = check_range("attention.head_count", n_head, 1, MAX_HEAD, err)) ||
-        (st = check_range("context_length", n_ctx, 1, 1u << 24, err)))
-        return st;
-    if ((st = get_u32_key(g, a, "attention.head_count_kv", false, n_head, &n_head_kv, err))) return st;
-    if ((st = check_range("attention.head_count_kv", n_head_kv, 1, n_head, err))) return st;
-    if (n_head % n_head_kv)
-        return tdm_seterr(err, TANDEM_ERR_FORMAT,
-                          "head_count %u is not a multiple of head_count_kv %u", n_head, n_head_kv);
-    uint32_t def_hd = n_embd / n_head;
-    if ((st = get_u32_key(g, a, "attention.key_length", false, def_hd, &key_len, err))) return st;
-    if ((st = check_range("attention.key_length", key_len, 2, MAX_HDIM, err))) return st;
-    if (key_len % 2)
-        return tdm_seterr(err, TANDEM_ERR_FORMAT, "head dimension %u is odd", key_len);
-    if ((st = get_u32_key(g, a, "rope.dimension_count", false, key_len, &n_rot, err))) return st;
-    if (n_rot > key_len || n_rot % 2 || n_rot == 0)
-        return tdm_seterr(err, TANDEM_ERR_FORMAT, "rope.dimension_count %u invalid for head dim %u",
-                          n_rot, key_len);
-
-    const tdm_gguf_value *tokens = tdm_gguf_find(g, "tokenizer.ggml.tokens");
-    uint32_t def_vocab = 0;
-    if (tokens && tokens->type == TDM_GGUF_ARRAY && tokens->v.arr.n <= MAX_VOCAB)
-        def_vocab = (uint32_t)tokens->v.arr.n;
-    if ((st = get_u32_key(g, a, "vocab_size", def_vocab == 0, def_vocab, &n_vocab, err))) return st;
-    if ((st = check_range("vocab_size", n_vocab, 1, MAX_VOCAB, err))) return st;
-
-    float eps, freq_base, scale_factor = 1.0f;
-    if ((st = get_f32_key(g, a, "attention.layer_norm_rms_epsilon", false, 1e-5f, &eps, err)) ||
-        (st = get_f32_key(g, a, "rope.freq_base", false, 10000.0f, &freq_base, err)))
-        return st;
-    if (!(eps > 0 && eps < 1))
-        return tdm_seterr(err, TANDEM_ERR_FORMAT, "layer_norm_rms_epsilon %g is out of range", eps);
-    if (!(freq_base > 0 && isfinite(freq_base)))
-        return tdm_seterr(err, TANDEM_ERR_FORMAT, "rope.freq_base %g is invalid", freq_base);
-
-    char key[128];
-    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    const tdm_gguf_value *stype = tdm_gguf_find(g, key);
-    if (stype) {
-        tdm_gguf_str s;
-        if ((st = tdm_gguf_get_str(g, key, &s, err))) return st;
-        bool lin = s.len == 6 && memcmp(s.ptr, "linear", 6) == 0;
-        bool none = s.len == 4 && memcmp(s.ptr, "none", 4) == 0;
-        if (!lin && !none)
-            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "unsupported rope scaling type '%.*s'",
-                              (int)TDM_MIN(s.len, 32), s.ptr);
-        if (lin) {
-            if ((st = get_f32_key(g, a, "rope.scaling.factor", true, 1.0f, &scale_factor, err))) return st;
-            if (!(scale_factor > 0 && isfinite(scale_factor)))
-                return tdm_seterr(err, TANDEM_ERR_FORMAT, "rope.scaling.factor %g is invalid", scale_factor);
-        }
-    }
-
-    hp->n_vocab = (int32_t)n_vocab;
-    hp->n_ctx_train = (int32_t)n_ctx;
-    hp->n_embd = (int32_t)n_embd;
-    hp->n_layer = (int32_t)n_layer;
-    hp->n_head = (int32_t)n_head;
-    hp->n_head_kv = (int32_t)n_head_kv;
-    hp->head_dim = (int32_t)key_len;
-    hp->n_ff = (int32_t)n_ff;
-    hp->norm_eps = eps;
-    hp->rope.n_rot = (int32_t)n_rot;
-    hp->rope.freq_base = freq_base;
-    hp->rope.freq_scale = 1.0f / scale_factor;
-    hp->rope.neox = is_qwen2;
-    hp->qkv_bias = is_qwen2;
-    hp->tied_output = tdm_gguf_find_tensor(g, "output.weight") == NULL;
-    return TANDEM_OK;
-}
-
-/* ------------------------------------------------------------ weights */
 
 static tandem_status own(tdm_model *m, void *p, tdm_err *err) {
     if (m->n_owned == m->cap_owned) {
@@ -356,6 +231,53 @@ static tandem_status load_qhead(tdm_model *m, tdm_err *err) {
     return TANDEM_OK; /* (the unused buffer is freed with the model) */
 }
 
+/* A RoPE frequency table ([n_rot / 2] doubles) in backend memory. */
+static tandem_status place_rope_table(tdm_model *m, const tdm_rope_params *rp, const float *ff, const double **out,
+                                      tdm_err *err) {
+    const int32_t half = rp->n_rot / 2;
+    double *host = tdm_mallocarray((size_t)half, sizeof(double));
+    if (!host) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    tdm_rope_table(&m->hp.rope_scaling, rp->n_rot, rp->freq_base, rp->freq_scale, ff, host);
+    void *dev;
+    tandem_status st = alloc_owned(m, (size_t)half * sizeof(double), &dev, err);
+    if (!st) st = m->be->ops->upload(m->be, dev, host, (size_t)half * sizeof(double), err);
+    free(host);
+    if (!st) *out = dev;
+    return st;
+}
+
+/* The RoPE tables of hp.rope and hp.rope_swa, with Llama 3's per-pair divisors
+ * (rope_freqs.weight, [n_rot / 2], positive) when the file has them. */
+static tandem_status load_rope(tdm_model *m, tdm_err *err) {
+    tdm_hparams *hp = &m->hp;
+    const int32_t half = hp->rope.n_rot / 2;
+    float *ff = NULL;
+    tandem_status st;
+    if (hp->rope_freqs) {
+        const tdm_gguf_tensor *t;
+        if ((st = find_tensor(m, "rope_freqs.weight", half, 0, false, &t, err))) return st;
+        if (half % tdm_dtype_block_elems(t->type))
+            return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor 'rope_freqs.weight': size not a multiple of its block");
+        if (!(ff = tdm_mallocarray((size_t)half, sizeof(float)))) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        tdm_row_to_f32(t->type, t->data, ff, half);
+        for (int32_t i = 0; i < half; i++)
+            if (!(ff[i] > 0 && isfinite(ff[i]))) {
+                st = tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor 'rope_freqs.weight': factor %d is %g (must be positive)",
+                                (int)i, (double)ff[i]);
+                free(ff);
+                return st;
+            }
+    }
+    st = place_rope_table(m, &hp->rope, ff, &hp->rope.freq, err);
+    free(ff);
+    if (st) return st;
+    if (hp->arch_id != TDM_ARCH_GEMMA3) {
+        hp->rope_swa.freq = hp->rope.freq; /* (the same parameters) */
+        return TANDEM_OK;
+    }
+    return place_rope_table(m, &hp->rope_swa, NULL, &hp->rope_swa.freq, err);
+}
+
 static tandem_status load_weights(tdm_model *m, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
     tandem_status st;
@@ -370,6 +292,7 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
         return st;
     }
     if ((st = load_qhead(m, err))) return st;
+    if ((st = load_rope(m, err))) return st;
     m->layers = tdm_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     char n0[96], n1[96], n2[96];
@@ -406,8 +329,22 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
             if (st) return st;
             L->bqkv = dev;
         }
+        if (hp->qk_norm) {
+            NAME(n0, "attn_q_norm.weight");
+            NAME(n1, "attn_k_norm.weight");
+            if ((st = load_vec(m, n0, hp->head_dim, false, &L->q_norm, err)) ||
+                (st = load_vec(m, n1, hp->head_dim, false, &L->k_norm, err)))
+                return st;
+        }
         NAME(n0, "attn_output.weight");
         if ((st = load_mat(m, n0, qd, E, true, &L->wo, err))) return st;
+        if (hp->post_norms) {
+            NAME(n0, "post_attention_norm.weight");
+            NAME(n1, "post_ffw_norm.weight");
+            if ((st = load_vec(m, n0, E, false, &L->attn_post_norm, err)) ||
+                (st = load_vec(m, n1, E, false, &L->ffn_post_norm, err)))
+                return st;
+        }
         NAME(n0, "ffn_norm.weight");
         if ((st = load_vec(m, n0, E, false, &L->ffn_norm, err))) return st;
         NAME(n0, "ffn_gate.weight");
@@ -432,6 +369,7 @@ tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out,
     m->gguf = g;
     m->be = be;
     tandem_status st = tdm_hparams_read(g, &m->hp, err);
+    if (!st) st = tdm_model_check_backend(m, be, err);
     if (!st) st = tdm_tokenizer_load(g, &m->tok, err);
     if (!st && tdm_tok_n_vocab(m->tok) > m->hp.n_vocab)
         st = tdm_seterr(err, TANDEM_ERR_FORMAT, "tokenizer has %d tokens but the model's vocab_size is %d",
@@ -458,6 +396,28 @@ tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out,
     const char *base = strrchr(path, '/');
     snprintf((*out)->file, sizeof (*out)->file, "%s", base ? base + 1 : path);
     return TANDEM_OK;
+}
+
+tandem_status tdm_model_check_backend(const tdm_model *m, const tdm_backend *be, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const tdm_backend_ops *op = be->ops;
+    const char *what = NULL, *missing = NULL;
+    if (hp->swa_window > 0 && !be->attn_window_softcap) what = "sliding-window attention";
+    else if (hp->attn_softcap > 0 && !be->attn_window_softcap) what = "attention logit soft-capping";
+    else if (hp->qk_norm && !op->head_rmsnorm) missing = "head_rmsnorm";
+    else if (hp->ffn_act == TDM_ACT_GELU_TANH && !op->geglu) missing = "geglu";
+    else if (hp->post_norms && !op->add) missing = "add";
+    else if (hp->embd_scale != 1.0f && !op->scale) missing = "scale";
+    else if (hp->final_softcap > 0 && !op->softcap) missing = "softcap";
+    if (!what && !missing) return TANDEM_OK;
+    char who[200]; /* "model 'name' (arch)", or "arch model" while loading */
+    if (m->file[0] || m->name[0])
+        snprintf(who, sizeof who, "model '%s' (%s)", tdm_model_label(m), hp->arch);
+    else
+        snprintf(who, sizeof who, "%s model", hp->arch);
+    if (what)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: %s is not yet on the %s backend", who, what, op->name);
+    return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: the %s backend has no %s op", who, op->name, missing);
 }
 
 const char *tdm_model_label(const tdm_model *m) {

@@ -1,8 +1,12 @@
 /* model.h - a llama-family model: hyperparameters + weights placed on a backend.
  *
- * Architecture differences are data, not code paths: `llama` (GQA, tied or separate
- * output, GGUF "normal" RoPE with adjacent pairs, freq_base, linear scaling) and
- * `qwen2` (q/k/v biases, NEOX RoPE) run the same forward (forward.c).
+ * Architecture differences are data, not code paths (docs/DESIGN.md,
+ * "Architectures"): `llama` (GQA, tied or separate output, GGUF "normal" RoPE with
+ * adjacent pairs, Llama 3's rope_freqs), `qwen2` (q/k/v biases, NEOX RoPE), `qwen3`
+ * (NEOX RoPE, per-head RMSNorm of q and k) and `gemma3` (scaled embeddings, q/k
+ * norms, post-attention and post-FFN norms, GeGLU, interleaved sliding-window and
+ * global layers with their own RoPE bases, optional logit soft-capping) run the same
+ * forward (forward.c).
  *
  * Weights are fused at load where that saves passes: wqkv = [wq; wk; wv] rows and
  * w13 = [w_gate; w_up] rows, so one matmul reads each.
@@ -12,10 +16,19 @@
 
 #include "backend.h"
 #include "gguf.h"
+#include "rope.h"
 #include "tokenizer.h"
 
+typedef enum tdm_arch_id {
+    TDM_ARCH_LLAMA = 0,
+    TDM_ARCH_QWEN2 = 1,
+    TDM_ARCH_QWEN3 = 2,
+    TDM_ARCH_GEMMA3 = 3,
+} tdm_arch_id;
+
 typedef struct tdm_hparams {
-    char arch[16];          /* "llama" or "qwen2" */
+    char arch[16];          /* "llama", "qwen2", "qwen3" or "gemma3" */
+    uint32_t arch_id;       /* tdm_arch_id */
     int32_t n_vocab;
     int32_t n_ctx_train;
     int32_t n_embd;
@@ -25,10 +38,32 @@ typedef struct tdm_hparams {
     int32_t head_dim;       /* n_embd / n_head unless key_length says otherwise */
     int32_t n_ff;
     float norm_eps;         /* RMSNorm epsilon */
-    tdm_rope_params rope;
+    tdm_rope_params rope;   /* RoPE of the (global) layers; .freq is the model's table, set at
+                               load (NULL from tdm_hparams_read alone) */
+    tdm_rope_params rope_swa; /* RoPE of the sliding-window layers (gemma3: base 10000, unscaled) */
+    tdm_rope_scaling rope_scaling; /* the scaling the metadata gives */
+    bool rope_freqs;        /* llama: the file has rope_freqs.weight ([n_rot / 2] divisors) */
     bool qkv_bias;          /* qwen2 */
+    bool qk_norm;           /* qwen3, gemma3: blk.N.attn_q_norm / attn_k_norm ([head_dim]) */
+    bool post_norms;        /* gemma3: blk.N.post_attention_norm / post_ffw_norm ([n_embd]) */
+    uint32_t ffn_act;       /* tdm_ffn_act: SwiGLU, or gemma3's GeGLU */
+    float embd_scale;       /* token embeddings multiplied by this (gemma3: sqrt(n_embd); else 1) */
+    float attn_scale;       /* attention softmax scale (1 / sqrt(head_dim); gemma3 27B: 1 /
+                               sqrt(n_embd / n_head)) */
+    float attn_softcap;     /* attention logit soft-capping, 0 = off (gemma3.attn_logit_softcapping) */
+    float final_softcap;    /* output logit soft-capping, 0 = off (gemma3.final_logit_softcapping) */
+    int32_t swa_window;     /* sliding window of the sliding-window layers, 0 = none */
+    int32_t swa_pattern;    /* layer l slides iff l % swa_pattern < swa_pattern - 1 (gemma3: 6) */
     bool tied_output;       /* output projection = token embedding */
 } tdm_hparams;
+
+/* Whether layer l attends within the sliding window (and uses rope_swa). */
+static inline bool tdm_hparams_layer_swa(const tdm_hparams *hp, int32_t l) {
+    return hp->swa_window > 0 && hp->swa_pattern > 0 && l % hp->swa_pattern < hp->swa_pattern - 1;
+}
+
+/* Whether the model's attention needs a backend with attn_window_softcap. */
+static inline bool tdm_hparams_attn_ext(const tdm_hparams *hp) { return hp->swa_window > 0 || hp->attn_softcap > 0; }
 
 /* The weights of one block (the backend's description of them). */
 typedef tdm_block_weights tdm_layer;
@@ -63,8 +98,12 @@ tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out,
 tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out, tdm_err *err);
 void tdm_model_free(tdm_model *m);
 
-/* Reads and validates hyperparameters from metadata (no weights). */
+/* Reads and validates hyperparameters from metadata (src/hparams.c; no weights). */
 tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err);
+/* TANDEM_ERR_UNSUPPORTED, naming the model, the backend and what it lacks, when be
+ * cannot run the model's forward (sliding-window attention or soft-capping on a
+ * backend whose attention has neither, a missing op); else TANDEM_OK. */
+tandem_status tdm_model_check_backend(const tdm_model *m, const tdm_backend *be, tdm_err *err);
 
 /* ------------------------------------------------------------ KV storage */
 

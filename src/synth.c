@@ -1,14 +1,16 @@
-/* synth.c - random-weight llama models with real shapes (synth.h): the shape table,
- * the metadata and tensor list, the random tiles and the streamed file.
+/* synth.c - random-weight models with real shapes (synth.h): the shape table, the
+ * metadata and tensor list, the random tiles and the streamed file.
  *
  * File layout (streamed with gguf_write): metadata, then the tensors in this order
- * (GGUF ne order, ne[0] fastest = the row length):
+ * (GGUF ne order, ne[0] fastest = the row length; hd = the shape's head_dim or
+ * n_embd / n_head):
  *   token_embd.weight   [n_embd, n_vocab]   matrix type
  *   output_norm.weight  [n_embd]            f32, 1.0
- *   output.weight       [n_embd, n_vocab]   matrix type
+ *   output.weight       [n_embd, n_vocab]   matrix type (not for tied shapes)
+ *   rope_freqs.weight   [hd / 2]            f32, Llama 3's divisors (shapes with rope_freqs)
  *   per layer N:
  *   blk.N.attn_norm.weight   [n_embd]                   f32, 1.0
- *   blk.N.attn_q.weight      [n_embd, n_head * hd]      (hd = n_embd / n_head)
+ *   blk.N.attn_q.weight      [n_embd, n_head * hd]
  *   blk.N.attn_k.weight      [n_embd, n_head_kv * hd]
  *   blk.N.attn_v.weight      [n_embd, n_head_kv * hd]
  *   blk.N.attn_output.weight [n_head * hd, n_embd]
@@ -16,6 +18,8 @@
  *   blk.N.ffn_gate.weight    [n_embd, n_ff]
  *   blk.N.ffn_up.weight      [n_embd, n_ff]
  *   blk.N.ffn_down.weight    [n_ff, n_embd]
+ *   blk.N.attn_q_norm.weight, attn_k_norm.weight [hd]   f32, 1.0 (qwen3, gemma3)
+ *   blk.N.post_attention_norm.weight, post_ffw_norm.weight [n_embd]  f32, 1.0 (gemma3)
  *
  * Matrix data: one tile per distinct row length (ne[0]), at most tile_bytes of
  * encoded blocks of values uniform in [-a, a], a = sqrt(3) * 0.5 / sqrt(ne[0]) (a
@@ -36,17 +40,56 @@
 #include "dtype.h"
 #include "gguf.h"
 
-/* The shapes of well-known llama-architecture models. */
+/* The shapes of well-known models. */
+#define LLAMA(nm, e, l, h, kv, ff, v, ctx, base) {.name = nm, .n_embd = e, .n_layer = l, .n_head = h, .n_head_kv = kv, \
+                                                 .n_ff = ff, .n_vocab = v, .n_ctx = ctx, .rope_base = base}
 static const tdm_synth_shape shapes[] = {
-    /* name            n_embd layers heads kv  n_ff   n_vocab  n_ctx  rope base */
-    {"llama2-7b",      4096,  32,    32,   32, 11008, 32000,   4096,  10000.0f, false},
-    {"llama3-8b",      4096,  32,    32,   8,  14336, 128256,  8192,  500000.0f, false},
-    {"llama2-13b",     5120,  40,    40,   40, 13824, 32000,   4096,  10000.0f, false},
-    {"tinyllama-1.1b", 2048,  22,    32,   4,  5632,  32000,   2048,  10000.0f, false},
-    {"llama-160m",     768,   12,    12,   12, 3072,  32000,   2048,  10000.0f, false},
+    /*    name            n_embd layers heads kv  n_ff   n_vocab  n_ctx  rope base */
+    LLAMA("llama2-7b",      4096,  32,    32,   32, 11008, 32000,   4096,  10000.0f),
+    LLAMA("llama3-8b",      4096,  32,    32,   8,  14336, 128256,  8192,  500000.0f),
+    LLAMA("llama2-13b",     5120,  40,    40,   40, 13824, 32000,   4096,  10000.0f),
+    LLAMA("tinyllama-1.1b", 2048,  22,    32,   4,  5632,  32000,   2048,  10000.0f),
+    LLAMA("llama-160m",     768,   12,    12,   12, 3072,  32000,   2048,  10000.0f),
+    {.name = "llama3.2-1b", .n_embd = 2048, .n_layer = 16, .n_head = 32, .n_head_kv = 8, .n_ff = 8192,
+     .n_vocab = 128256, .n_ctx = 131072, .rope_base = 500000.0f, .tied = true, .rope_freqs = true},
+    {.name = "qwen3-0.6b", .n_embd = 1024, .n_layer = 28, .n_head = 16, .n_head_kv = 8, .n_ff = 3072,
+     .n_vocab = 151936, .n_ctx = 40960, .rope_base = 1000000.0f, .arch = "qwen3", .head_dim = 128, .tied = true},
+    {.name = "gemma3-1b", .n_embd = 1152, .n_layer = 26, .n_head = 4, .n_head_kv = 1, .n_ff = 6912,
+     .n_vocab = 262144, .n_ctx = 32768, .rope_base = 1000000.0f, .arch = "gemma3", .head_dim = 256, .tied = true,
+     .sliding_window = 512},
     /* for tests: small and fast, with the vocabulary of the llama2 shapes */
-    {"tiny",           256,   2,     4,    2,  512,   32000,   2048,  10000.0f, true},
+    {.name = "tiny", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512, .n_vocab = 32000,
+     .n_ctx = 2048, .rope_base = 10000.0f, .hidden = true},
+    {.name = "tiny-qwen3", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512, .n_vocab = 32000,
+     .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .arch = "qwen3", .head_dim = 128},
+    {.name = "tiny-gemma3", .n_embd = 256, .n_layer = 6, .n_head = 4, .n_head_kv = 1, .n_ff = 512, .n_vocab = 32000,
+     .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .arch = "gemma3", .head_dim = 128, .tied = true,
+     .sliding_window = 16},
+    {.name = "tiny-llama3", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512, .n_vocab = 32000,
+     .n_ctx = 2048, .rope_base = 500000.0f, .hidden = true, .tied = true, .rope_freqs = true},
 };
+#undef LLAMA
+
+static const char *shape_arch(const tdm_synth_shape *s) { return s->arch ? s->arch : "llama"; }
+static int32_t shape_hd(const tdm_synth_shape *s) { return s->head_dim ? s->head_dim : s->n_embd / s->n_head; }
+static bool shape_qk_norm(const tdm_synth_shape *s) { return s->arch && (!strcmp(s->arch, "qwen3") || !strcmp(s->arch, "gemma3")); }
+static bool shape_post_norms(const tdm_synth_shape *s) { return s->arch && !strcmp(s->arch, "gemma3"); }
+
+/* Llama 3.1's rope_freqs (llama.cpp's converter from rope_scaling {factor 32,
+ * low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}):
+ * 1 for wavelengths below 8192 / 4, 32 above 8192, smoothly between. */
+static void llama3_rope_freqs(int32_t n_rot, float base, float *ff) {
+    const double factor = 32, low = 1, high = 4, orig = 8192;
+    for (int32_t t = 0; t < n_rot / 2; t++) {
+        const double wl = 2 * M_PI * pow(base, 2.0 * t / n_rot);
+        if (wl < orig / high) ff[t] = 1.0f;
+        else if (wl > orig / low) ff[t] = (float)factor;
+        else {
+            const double smooth = (orig / wl - low) / (high - low);
+            ff[t] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
 
 const tdm_synth_shape *tdm_synth_shapes(size_t *n) {
     *n = TDM_ARRAY_LEN(shapes);
@@ -95,24 +138,26 @@ static void desc(tdesc *d, const char *name, uint32_t type, int64_t ne0, int64_t
 static uint32_t matrix_type(const tdm_synth_opts *o, const char *name, int64_t ne0, int64_t ne1) {
     if (!o->kind) return o->type;
     const tdm_synth_shape *s = o->shape;
-    tdm_quant_model qm = {.n_layer = s->n_layer, .gqa = s->n_head / s->n_head_kv, .has_output = true};
+    tdm_quant_model qm = {.n_layer = s->n_layer, .gqa = s->n_head / s->n_head_kv, .has_output = !s->tied};
     tdm_gguf_tensor t = {.name = (char *)name, .type = TDM_F32, .n_dims = 2, .ne = {ne0, ne1, 1, 1}};
     return tdm_quant_tensor_type(o->kind, &qm, &t);
 }
 
-/* The tensors in file order (*n = 3 + 9 * n_layer); NULL when out of memory. */
+/* The tensors in file order (*n of them: 3 + 9 per layer, fewer or more as the
+ * header comment says); NULL when out of memory. */
 static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
     const tdm_synth_shape *s = o->shape;
-    size_t count = 3 + 9 * (size_t)s->n_layer;
+    size_t count = 4 + 13 * (size_t)s->n_layer;
     tdesc *t = tdm_calloc(count, sizeof *t);
     if (!t) return NULL;
-    int64_t E = s->n_embd, hd = s->n_embd / s->n_head;
+    int64_t E = s->n_embd, hd = shape_hd(s);
     int64_t qd = s->n_head * hd, kvd = s->n_head_kv * hd;
     size_t k = 0;
 #define MAT(nm, a, b) desc(&t[k++], nm, matrix_type(o, nm, a, b), a, b)
     MAT("token_embd.weight", E, s->n_vocab);             /* [n_embd, n_vocab] */
     desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);  /* [n_embd] */
-    MAT("output.weight", E, s->n_vocab);                 /* [n_embd, n_vocab] */
+    if (!s->tied) MAT("output.weight", E, s->n_vocab);   /* [n_embd, n_vocab] */
+    if (s->rope_freqs) desc(&t[k++], "rope_freqs.weight", TDM_F32, hd / 2, 0); /* [hd / 2] */
     char name[48];
     for (int32_t l = 0; l < s->n_layer; l++) {
 #define NAME(x) (snprintf(name, sizeof name, "blk.%d." x, (int)l), name)
@@ -125,6 +170,14 @@ static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
         MAT(NAME("ffn_gate.weight"), E, s->n_ff);                /* [n_embd, n_ff] */
         MAT(NAME("ffn_up.weight"), E, s->n_ff);                  /* [n_embd, n_ff] */
         MAT(NAME("ffn_down.weight"), s->n_ff, E);                /* [n_ff, n_embd] */
+        if (shape_qk_norm(s)) {
+            desc(&t[k++], NAME("attn_q_norm.weight"), TDM_F32, hd, 0); /* [hd] */
+            desc(&t[k++], NAME("attn_k_norm.weight"), TDM_F32, hd, 0); /* [hd] */
+        }
+        if (shape_post_norms(s)) {
+            desc(&t[k++], NAME("post_attention_norm.weight"), TDM_F32, E, 0); /* [n_embd] */
+            desc(&t[k++], NAME("post_ffw_norm.weight"), TDM_F32, E, 0);       /* [n_embd] */
+        }
 #undef NAME
     }
 #undef MAT
@@ -163,24 +216,33 @@ static tandem_status copy_tokenizer(tdm_gguf_writer *w, const char *path, const 
 
 static tandem_status write_metadata(tdm_gguf_writer *w, const tdm_synth_opts *o, tdm_err *err) {
     const tdm_synth_shape *s = o->shape;
-    char text[160];
-    tdm_gguf_w_str(w, "general.architecture", "llama");
+    const char *arch = shape_arch(s);
+    const bool llama = !s->arch;
+    char text[160], key[96];
+    tdm_gguf_w_str(w, "general.architecture", arch);
     snprintf(text, sizeof text, "synth-%s-%s", s->name, o->kind ? o->kind->name : tdm_dtype_name(o->type));
     tdm_gguf_w_str(w, "general.name", text);
     snprintf(text, sizeof text, "random weights with the shapes of %s, written by tandem synth (seed %llu)",
              s->name, (unsigned long long)o->seed);
     tdm_gguf_w_str(w, "general.description", text);
     tdm_gguf_w_u32(w, "general.file_type", o->kind ? o->kind->file_type : tdm_synth_file_type(o->type));
-    tdm_gguf_w_u32(w, "llama.context_length", (uint32_t)s->n_ctx);
-    tdm_gguf_w_u32(w, "llama.embedding_length", (uint32_t)s->n_embd);
-    tdm_gguf_w_u32(w, "llama.block_count", (uint32_t)s->n_layer);
-    tdm_gguf_w_u32(w, "llama.feed_forward_length", (uint32_t)s->n_ff);
-    tdm_gguf_w_u32(w, "llama.attention.head_count", (uint32_t)s->n_head);
-    tdm_gguf_w_u32(w, "llama.attention.head_count_kv", (uint32_t)s->n_head_kv);
-    tdm_gguf_w_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    tdm_gguf_w_f32(w, "llama.rope.freq_base", s->rope_base);
-    tdm_gguf_w_u32(w, "llama.rope.dimension_count", (uint32_t)(s->n_embd / s->n_head));
-    tdm_gguf_w_u32(w, "llama.vocab_size", (uint32_t)s->n_vocab);
+#define KEY(x) (snprintf(key, sizeof key, "%s." x, arch), key)
+    tdm_gguf_w_u32(w, KEY("context_length"), (uint32_t)s->n_ctx);
+    tdm_gguf_w_u32(w, KEY("embedding_length"), (uint32_t)s->n_embd);
+    tdm_gguf_w_u32(w, KEY("block_count"), (uint32_t)s->n_layer);
+    tdm_gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)s->n_ff);
+    tdm_gguf_w_u32(w, KEY("attention.head_count"), (uint32_t)s->n_head);
+    tdm_gguf_w_u32(w, KEY("attention.head_count_kv"), (uint32_t)s->n_head_kv);
+    if (s->head_dim) {
+        tdm_gguf_w_u32(w, KEY("attention.key_length"), (uint32_t)s->head_dim);
+        tdm_gguf_w_u32(w, KEY("attention.value_length"), (uint32_t)s->head_dim);
+    }
+    tdm_gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), llama ? 1e-5f : 1e-6f);
+    tdm_gguf_w_f32(w, KEY("rope.freq_base"), s->rope_base);
+    tdm_gguf_w_u32(w, KEY("rope.dimension_count"), (uint32_t)shape_hd(s));
+    if (s->sliding_window) tdm_gguf_w_u32(w, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    tdm_gguf_w_u32(w, KEY("vocab_size"), (uint32_t)s->n_vocab);
+#undef KEY
     if (o->tokenizer_from) return copy_tokenizer(w, o->tokenizer_from, s, err);
     return tdm_synth_vocab(w, s->n_vocab, err);
 }
@@ -304,17 +366,28 @@ static tandem_status write_data(tdm_gguf_writer *w, const tdm_synth_opts *o, uin
                                 tdm_err *err) {
     size_t n = 0;
     tdesc *list = tensor_list(o, &n);
-    float *ones = tdm_mallocarray((size_t)o->shape->n_embd, sizeof *ones);
+    const int32_t n_ones = TDM_MAX(o->shape->n_embd, shape_hd(o->shape));
+    float *ones = tdm_mallocarray((size_t)n_ones, sizeof *ones);
     tile tiles[MAX_TILES] = {0};
     size_t n_tiles = 0;
     tandem_status st = TANDEM_OK;
     if (!list || !ones) st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
-    for (int32_t i = 0; !st && i < o->shape->n_embd; i++) ones[i] = 1.0f;
+    for (int32_t i = 0; !st && i < n_ones; i++) ones[i] = 1.0f;
     uint64_t done = head, rng = o->seed * 0x2545f4914f6cdd1dull + 1;
     for (size_t i = 0; !st && i < n; i++) {
         const tdesc *d = &list[i];
         uint64_t start = splitmix(&rng);
-        if (d->type == TDM_F32) { /* a norm: [n_embd] of 1.0 */
+        if (d->type == TDM_F32 && !strcmp(d->name, "rope_freqs.weight")) {
+            float ff[512];
+            if (d->ne0 > 512) {
+                st = tdm_seterr(err, TANDEM_ERR_INTERNAL, "synth: rope_freqs of %lld pairs", (long long)d->ne0);
+                break;
+            }
+            llama3_rope_freqs((int32_t)d->ne0 * 2, o->shape->rope_base, ff);
+            st = write_chunk(w, ff, (size_t)d->nbytes, &done, total, o, err);
+            continue;
+        }
+        if (d->type == TDM_F32) { /* a norm: [n_embd] or [hd] of 1.0 */
             st = write_chunk(w, ones, (size_t)d->nbytes, &done, total, o, err);
             continue;
         }

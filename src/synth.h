@@ -3,7 +3,9 @@
  *
  * A synthetic model is a GGUF v3 file that tandem and llama.cpp both load: the
  * llama architecture (RMSNorm, RoPE in the "normal" GGUF layout, SwiGLU, no biases,
- * an untied output.weight), every matrix of one type (f16, q8_0, q4_0, q4_k, q5_k or
+ * an untied output.weight unless the shape ties it; Llama 3.2's rope_freqs), or
+ * the qwen3 / gemma3 architecture with their extra norms (f32 of 1.0, as the norms
+ * of the other shapes), every matrix of one type (f16, q8_0, q4_0, q4_k, q5_k or
  * q6_k) or the types of a quantize.h mix (q4_k_m, q5_k_m: q6_k output, attn_v and
  * ffn_down where llama.cpp's mix puts them), f32 norms of 1.0, and a tokenizer (synthesised, or copied from another GGUF).  Matrix
  * entries are uniform with standard deviation 0.5 / sqrt(cols), so activations stay
@@ -24,6 +26,13 @@ typedef struct tdm_synth_shape {
     int32_t n_embd, n_layer, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
     float rope_base;
     bool hidden;           /* a test shape, left out of listings */
+    const char *arch;      /* "llama" (NULL), "qwen3" (+ q / k norms) or "gemma3" (+ q / k norms,
+                              post norms) */
+    int32_t head_dim;      /* the heads' size (attention.key_length); 0: n_embd / n_head */
+    bool tied;             /* no output.weight: the head is token_embd */
+    bool rope_freqs;       /* llama: rope_freqs.weight, Llama 3.1's divisors (factor 32, low /
+                              high frequency factors 1 / 4, original context 8192) */
+    int32_t sliding_window; /* gemma3's attention.sliding_window */
 } tdm_synth_shape;
 
 /* The shape table (*n entries) and a lookup by name (NULL when unknown). */

@@ -48,12 +48,12 @@ void ref_rope(float *x, int32_t n, int32_t row_stride, int32_t n_head, int32_t h
         for (int32_t h = 0; h < n_head; h++) {
             float *v = x + (size_t)i * row_stride + (size_t)h * head_dim;
             for (int32_t t = 0; t < half; t++) {
-                double theta = (double)pos[i] * (double)rp->freq_scale *
-                               pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
+                double f = rp->freq ? rp->freq[t] : (double)rp->freq_scale * pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
+                double theta = (double)pos[i] * f, ms = rp->mscale == 0 ? 1.0 : (double)rp->mscale;
                 int32_t a = rp->neox ? t : 2 * t, b = rp->neox ? t + half : 2 * t + 1;
                 double x0 = v[a], x1 = v[b];
-                v[a] = (float)(x0 * cos(theta) - x1 * sin(theta));
-                v[b] = (float)(x0 * sin(theta) + x1 * cos(theta));
+                v[a] = (float)((x0 * cos(theta) - x1 * sin(theta)) * ms);
+                v[b] = (float)((x0 * sin(theta) + x1 * cos(theta)) * ms);
             }
         }
 }
@@ -189,9 +189,11 @@ void ref_attention(const tdm_attn_args *a) {
             free(p);
             return;
         }
-        for (int32_t i = 0; i < bt->n_visible[r]; i++) slots[i] = i;
-        for (int32_t e = 0; e < n_extra; e++)
-            slots[bt->n_visible[r] + e] = bt->extra_slot[bt->extra_off[r] + e];
+        int32_t n_seen = 0; /* (a window hides the visible slots of positions pos - window and older) */
+        for (int32_t i = 0; i < bt->n_visible[r]; i++)
+            if (a->window <= 0 || bt->pos[r] - i < a->window) slots[n_seen++] = i;
+        for (int32_t e = 0; e < n_extra; e++) slots[n_seen++] = bt->extra_slot[bt->extra_off[r] + e];
+        n_tot = n_seen;
         for (int32_t h = 0; h < a->n_head; h++) {
             int32_t g = h / group;
             const float *q = a->q + (size_t)r * a->q_stride + (size_t)h * hd;
@@ -202,6 +204,7 @@ void ref_attention(const tdm_attn_args *a) {
                 for (int32_t d = 0; d < hd; d++)
                     dot += (double)q[d] * ref_kv_get(a->k_cache, a->cache_type, true, s, slots[i], g, d, nkv, bs, hd);
                 p[i] = dot * a->scale;
+                if (a->softcap > 0) p[i] = a->softcap * tanh(p[i] / a->softcap);
                 if (p[i] > m) m = p[i];
             }
             for (int32_t i = 0; i < n_tot; i++) {

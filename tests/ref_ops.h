@@ -12,6 +12,7 @@ void ref_rmsnorm(const float *x, const float *gamma, int32_t n, int32_t dim, flo
 /* y[n][w->rows] (=|+=) x[n][w->cols] * W^T */
 void ref_matmul(const tdm_weight *w, const float *x, int32_t n, float *y, bool accumulate);
 void ref_add_bias(float *y, const float *bias, int32_t n, int32_t dim);
+/* (rp->freq, when set, is read here: host memory) */
 void ref_rope(float *x, int32_t n, int32_t row_stride, int32_t n_head, int32_t head_dim,
               const int32_t *pos, const tdm_rope_params *rp);
 void ref_swiglu(const float *gate_up, int32_t n, int32_t ff, float *out);
@@ -19,7 +20,7 @@ void ref_gather_rows(const float *x, const int32_t *rows, int32_t n, int32_t dim
 /* kv_write and attention for every cache type (kernels/kv_layout.h); attention in
  * double over the cache's values (q8_0: scale * quant, dequantised on the fly). */
 void ref_kv_write(const tdm_kv_write_args *a);
-void ref_attention(const tdm_attn_args *a);
+void ref_attention(const tdm_attn_args *a); /* (window and softcap as backend.h defines them) */
 /* The value of K (is_k) or V at (slot, kv head g, element d) of sequence s's blocks
  * in a host cache of any type, in double; and a q8_0 cache's scale of that slot. */
 double ref_kv_get(const void *cache, uint32_t type, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g,

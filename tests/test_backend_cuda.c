@@ -135,7 +135,7 @@ Test(cuda_ops, row_ops) {
     /* bad arguments: clear errors */
     tdm_err err = {0};
     cr_assert_eq(b->ops->rmsnorm(b, dx, dg, -1, dim, 1e-5f, dout, &err), TANDEM_ERR_INVALID_ARG);
-    cr_assert_eq(b->ops->rope(b, dx, n, stride, 7, 32, NULL, &(tdm_rope_params){24, 1e4f, 1, false}, &err),
+    cr_assert_eq(b->ops->rope(b, dx, n, stride, 7, 32, NULL, &(tdm_rope_params){24, 1e4f, 1, false, NULL, 0}, &err),
                  TANDEM_ERR_INVALID_ARG);
     tdm_backend *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
     cr_assert_eq(b->ops->rmsnorm(cpu, x, g, n, dim, 1e-5f, ref, &err), TANDEM_ERR_INVALID_ARG,
@@ -273,9 +273,9 @@ static void run_attn(const attn_case *tc, uint64_t rng) {
     float *q = tdm_test_rand_vec(&rng, (size_t)bt.n_rows * q_stride, -1.5f, 1.5f), *ref = calloc(n_out, 4);
     float *dq = put(b, q, (size_t)bt.n_rows * q_stride * 4), *dout = put(b, NULL, n_out * 4);
     const float scale = 1.0f / sqrtf((float)hd);
-    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, tc->cache_type, tc->n_head, nkv, hd, bs, scale};
+    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, tc->cache_type, tc->n_head, nkv, hd, bs, scale, 0, 0};
     OK(b->ops->attention(b, &a, &err_));
-    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, tc->cache_type, tc->n_head, nkv, hd, bs, scale};
+    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, tc->cache_type, tc->n_head, nkv, hd, bs, scale, 0, 0};
     ref_attention(&ar);
     float *out = get(b, dout, n_out * 4);
     double e = ref_nrm_err(out, ref, n_out);

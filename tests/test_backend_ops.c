@@ -341,8 +341,8 @@ Test(ops, rmsnorm_rope_same_at_every_level) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     int nl = tdm_test_levels(lv);
     static const int32_t dims[] = {1, 7, 8, 33, 384, 1000};
-    static const tdm_rope_params params[] = {{64, 10000.0f, 1.0f, false}, {64, 10000.0f, 1.0f, true},
-                                             {48, 10000.0f, 1.0f, false}, {6, 100.0f, 1.0f, false}};
+    static const tdm_rope_params params[] = {{64, 10000.0f, 1.0f, false, NULL, 0}, {64, 10000.0f, 1.0f, true, NULL, 0},
+                                             {48, 10000.0f, 1.0f, false, NULL, 0}, {6, 100.0f, 1.0f, false, NULL, 0}};
     const int32_t n = 9, n_head = 3, head_dim = 64, stride = 3 * 64;
     int32_t pos[9];
     for (int i = 0; i < n; i++) pos[i] = i * 131 % 900;
@@ -408,8 +408,8 @@ Test(ops, rope_layouts) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     int nl = tdm_test_levels(lv);
     static const tdm_rope_params params[] = {
-        {64, 10000.0f, 1.0f, false}, {64, 10000.0f, 1.0f, true}, {32, 500000.0f, 0.25f, false},
-        {16, 10000.0f, 1.0f, true},  {2, 100.0f, 2.0f, false},
+        {64, 10000.0f, 1.0f, false, NULL, 0}, {64, 10000.0f, 1.0f, true, NULL, 0}, {32, 500000.0f, 0.25f, false, NULL, 0},
+        {16, 10000.0f, 1.0f, true, NULL, 0},  {2, 100.0f, 2.0f, false, NULL, 0},
     };
     const int32_t n = 13, n_head = 3, head_dim = 64, stride = 3 * 64 + 5;
     int32_t pos[13];
@@ -445,7 +445,7 @@ Test(ops, rope_layouts) {
     tdm_backend *b = tdm_test_backend(TDM_CPU_SCALAR, 1);
     float v[2] = {1.0f, 0.0f};
     int32_t one = 1;
-    tdm_rope_params rp = {2, 10000.0f, 1.0f, false};
+    tdm_rope_params rp = {2, 10000.0f, 1.0f, false, NULL, 0};
     cr_assert_eq(b->ops->rope(b, v, 1, 2, 1, 2, &one, &rp, NULL), TANDEM_OK);
     cr_assert_float_eq(v[0], cosf(1.0f), 1e-6);
     cr_assert_float_eq(v[1], sinf(1.0f), 1e-6);
@@ -632,7 +632,7 @@ static void run_attn_case(const attn_case *tc, uint64_t seed) {
     float *ref = calloc(n_out, 4);
     tdm_attn_args a = {&bt, f.seq_ptrs, q, q_stride, ref, kc, vc, tc->cache_type,
                        tc->n_head, tc->n_kv_head, tc->head_dim, tc->block_size,
-                       1.0f / sqrtf((float)tc->head_dim)};
+                       1.0f / sqrtf((float)tc->head_dim), 0, 0};
     ref_attention(&a);
     for (int l = 0; l < nl; l++) {
         float *out[3];
@@ -743,7 +743,7 @@ Test(attention, rejects_bad_args) {
     tdm_batch bt;
     cr_assert_eq(tdm_batch_init(&bt, 4, NULL), TANDEM_OK);
     tdm_batch_add(&bt, 0, 0, 0, 7, false);
-    tdm_attn_args a = {&bt, f.seq_ptrs, q, 64, out, cache, cache, TDM_F32, 2, 1, 32, 4, 0.1f};
+    tdm_attn_args a = {&bt, f.seq_ptrs, q, 64, out, cache, cache, TDM_F32, 2, 1, 32, 4, 0.1f, 0, 0};
     tdm_err err = {0};
     cr_assert_eq(b->ops->attention(b, &a, &err), TANDEM_OK, "%s", err.msg);
     a.n_kv_head = 3;

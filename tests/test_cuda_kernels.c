@@ -237,9 +237,9 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
     float *dq = tdm_cu_test_put(b, q, (size_t)bt.n_rows * q_stride * 4), *dout = tdm_cu_test_put(b, NULL, n_out * 4);
     poison(b, dout, n_out);
     const float scale = 1.0f / sqrtf((float)hd);
-    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, ct, tc->n_head, nkv, hd, bs, scale};
+    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, ct, tc->n_head, nkv, hd, bs, scale, 0, 0};
     OK(b->ops->attention(b, &a, &err_));
-    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, ct, tc->n_head, nkv, hd, bs, scale};
+    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, ct, tc->n_head, nkv, hd, bs, scale, 0, 0};
     ref_attention(&ar);
     float *out = tdm_cu_test_get(b, dout, n_out * 4);
     double e = ref_nrm_err(out, ref, n_out);
@@ -349,10 +349,10 @@ static void run_decode_batch(const decode_case *tc, uint64_t rng) {
     float *dq = tdm_cu_test_put(b, q, (size_t)bt.n_rows * q_stride * 4), *dout = tdm_cu_test_put(b, NULL, n_out * 4);
     poison(b, dout, n_out);
     const float scale = 1.0f / sqrtf((float)hd);
-    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, ct, tc->n_head, nkv, hd, bs, scale};
+    tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, ct, tc->n_head, nkv, hd, bs, scale, 0, 0};
     OK(b->ops->attention(b, &a, &err_));
     float *out = tdm_cu_test_get(b, dout, n_out * 4);
-    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, ct, tc->n_head, nkv, hd, bs, scale};
+    tdm_attn_args ar = {&bt, sp, q, q_stride, ref, kr, vr, ct, tc->n_head, nkv, hd, bs, scale, 0, 0};
     ref_attention(&ar);
     const double e = ref_nrm_err(out, ref, n_out);
     cr_assert(e < 1e-5, "decode attention heads %d/%d hd %d bs %d, %d rows: err %g", tc->n_head, nkv, hd, bs,

@@ -207,7 +207,7 @@ static void afix_free(afix *f, const acase *c) {
 
 static tdm_attn_args afix_args(const afix *f, const acase *c, bool q8, float *out) {
     tdm_attn_args a = {&f->bt, f->sp, f->q, f->q_stride, out, q8 ? f->kq : f->kf, q8 ? f->vq : f->vf,
-                       q8 ? TDM_Q8_0 : TDM_F32, c->n_head, c->nkv, c->hd, c->bs, 1.0f / sqrtf((float)c->hd)};
+                       q8 ? TDM_Q8_0 : TDM_F32, c->n_head, c->nkv, c->hd, c->bs, 1.0f / sqrtf((float)c->hd), 0, 0};
     return a;
 }
 

@@ -48,6 +48,8 @@ Test(synth, shapes_have_the_published_sizes) {
     } want[] = {
         {"llama2-7b", 6738415616ull},  {"llama3-8b", 8030261248ull},     {"llama2-13b", 13015864320ull},
         {"tinyllama-1.1b", 1100048384ull}, {"llama-160m", 162417408ull},
+        /* the published counts of Llama 3.2 1B (plus the 32 rope_freqs), Qwen3 0.6B, Gemma 3 1B */
+        {"llama3.2-1b", 1235814400ull + 32}, {"qwen3-0.6b", 596049920ull}, {"gemma3-1b", 999885952ull},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(want); i++) {
         tdm_synth_opts o = opts(want[i].name, TDM_Q4_0);
@@ -57,7 +59,10 @@ Test(synth, shapes_have_the_published_sizes) {
         cr_assert_eq(tdm_synth_plan(&o, &w, &inf, &err), TANDEM_OK, "%s: %s", want[i].name, err.msg);
         cr_expect_eq(inf.n_params, want[i].params, "%s: %llu parameters", want[i].name,
                      (unsigned long long)inf.n_params);
-        cr_expect_eq(inf.n_tensors, 3 + 9 * (uint64_t)o.shape->n_layer);
+        const tdm_synth_shape *sh = o.shape;
+        const bool qk = sh->arch != NULL, post = sh->arch && !strcmp(sh->arch, "gemma3");
+        cr_expect_eq(inf.n_tensors, 3 - sh->tied + sh->rope_freqs + (9 + 2 * qk + 2 * post) * (uint64_t)sh->n_layer,
+                     "%s: %llu tensors", want[i].name, (unsigned long long)inf.n_tensors);
         tdm_gguf_writer_free(w);
     }
     cr_assert_null(tdm_synth_shape_find("llama9"));
@@ -132,14 +137,14 @@ Test(synth, vocabulary) {
 }
 
 /* Loads a model and scores a prompt: every logit finite and moderate. */
-static void check_logits(const char *path, const char *what) {
+static void check_logits(const char *path, const char *what, bool tied) {
     tdm_err err = {0};
     tdm_backend *be;
     cr_assert_eq(tdm_backend_cpu_create(1, &be, &err), TANDEM_OK, "%s", err.msg);
     tdm_model *m;
     cr_assert_eq(tdm_model_load(path, be, &m, &err), TANDEM_OK, "%s: %s", what, err.msg);
     cr_assert_eq(m->hp.n_embd, 256);
-    cr_assert(!m->hp.tied_output);
+    cr_assert_eq(m->hp.tied_output, tied);
     tdm_engine_cfg cfg = {.n_threads = 1};
     tdm_engine *e;
     cr_assert_eq(tdm_engine_create(m, NULL, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
@@ -190,7 +195,52 @@ Test(synth, tiny_models_load_and_give_finite_logits, .timeout = 120) {
         const tdm_gguf_tensor *k = tdm_gguf_find_tensor(g, "blk.0.attn_k.weight");
         cr_assert(memcmp(q->data, k->data, 64) != 0);
         tdm_gguf_close(g);
-        check_logits(path, tdm_dtype_name(types[i]));
+        check_logits(path, tdm_dtype_name(types[i]), false);
+        unlink(path);
+        free(path);
+    }
+    rmdir(dir);
+    free(dir);
+}
+
+/* Writes o's model to path and opens it. */
+static tdm_gguf *write_and_open(const tdm_synth_opts *o, const char *path) {
+    tdm_err err = {0};
+    cr_assert_eq(tdm_synth_write(o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
+    tdm_gguf *g;
+    cr_assert_eq(tdm_gguf_open(path, &g, &err), TANDEM_OK, "%s", err.msg);
+    return g;
+}
+
+/* The qwen3, gemma3 and Llama 3 (tied, rope_freqs) test shapes: the extra norms of
+ * 1.0, the divisors llama.cpp's converter writes for Llama 3.1, and finite logits. */
+Test(synth, other_architectures_load, .timeout = 120) {
+    static const char *names[] = {"tiny-qwen3", "tiny-gemma3", "tiny-llama3"};
+    char *dir = tmp_dir();
+    for (size_t i = 0; i < TDM_ARRAY_LEN(names); i++) {
+        tdm_synth_opts o = opts(names[i], TDM_Q8_0);
+        o.tile_bytes = 1 << 20;
+        char *path = path_in(dir, "m.gguf");
+        tdm_err err = {0};
+        tdm_gguf *g = write_and_open(&o, path);
+        tdm_gguf_str arch;
+        cr_assert_eq(tdm_gguf_get_str(g, "general.architecture", &arch, &err), TANDEM_OK);
+        const char *want = o.shape->arch ? o.shape->arch : "llama";
+        cr_assert(arch.len == strlen(want) && !memcmp(arch.ptr, want, arch.len), "%s: architecture", names[i]);
+        if (o.shape->arch) {
+            const tdm_gguf_tensor *qn = tdm_gguf_find_tensor(g, "blk.1.attn_q_norm.weight");
+            cr_assert(qn && qn->ne[0] == 128 && ((const float *)qn->data)[5] == 1.0f, "%s: q norm", names[i]);
+        }
+        const tdm_gguf_tensor *rf = tdm_gguf_find_tensor(g, "rope_freqs.weight");
+        cr_assert_eq(rf != NULL, o.shape->rope_freqs, "%s: rope_freqs", names[i]);
+        if (rf) { /* heads of 64, base 5e5: pair 0 keeps its frequency, pair 31 is divided by 32 */
+            cr_assert_eq(rf->ne[0], 32);
+            cr_assert_eq(((const float *)rf->data)[0], 1.0f);
+            cr_assert_eq(((const float *)rf->data)[31], 32.0f);
+        }
+        cr_assert_eq(tdm_gguf_find_tensor(g, "output.weight") == NULL, o.shape->tied, "%s: output.weight", names[i]);
+        tdm_gguf_close(g);
+        check_logits(path, names[i], o.shape->tied);
         unlink(path);
         free(path);
     }
@@ -207,9 +257,7 @@ Test(synth, q4_k_m_mix, .timeout = 120) {
     o.tile_bytes = 1 << 20;
     char *path = path_in(dir, "m.gguf");
     tdm_err err = {0};
-    cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
-    tdm_gguf *g;
-    cr_assert_eq(tdm_gguf_open(path, &g, &err), TANDEM_OK, "%s", err.msg);
+    tdm_gguf *g = write_and_open(&o, path);
     uint32_t ft;
     cr_assert_eq(tdm_gguf_get_u32(g, "general.file_type", &ft, &err), TANDEM_OK);
     cr_assert_eq(ft, 15u); /* LLAMA_FTYPE_MOSTLY_Q4_K_M */
@@ -220,7 +268,7 @@ Test(synth, q4_k_m_mix, .timeout = 120) {
     cr_assert_eq(tdm_gguf_find_tensor(g, "blk.1.ffn_down.weight")->type, (uint32_t)TDM_Q6_K);
     cr_assert_eq(tdm_gguf_find_tensor(g, "blk.1.attn_q.weight")->type, (uint32_t)TDM_Q4_K);
     tdm_gguf_close(g);
-    check_logits(path, "q4_k_m");
+    check_logits(path, "q4_k_m", false);
     unlink(path);
     free(path);
     rmdir(dir);

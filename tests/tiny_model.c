@@ -1,4 +1,4 @@
-/* tiny_model.c - random-weight llama / qwen2 models for tests. */
+/* tiny_model.c - random-weight llama / qwen2 / qwen3 / gemma3 models for tests. */
 #include "tiny_model.h"
 
 #include <criterion/criterion.h>
@@ -47,9 +47,28 @@ static void add_tensor(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *na
     add_tensor_ex(w, name, type, ne0, ne1, rng, scale, bias, skip, bad, nan);
 }
 
+/* Llama 3's rope_freqs (as llama.cpp's converter computes them from the config's
+ * rope_scaling): 1 for wavelengths below orig / 4, 8 above orig, smoothly between. */
+static void llama3_rope_freqs(int32_t n_rot, float base, int32_t orig, float *ff) {
+    const double factor = 8, low = 1, high = 4;
+    const double low_wl = orig / low, high_wl = orig / high;
+    for (int32_t t = 0; t < n_rot / 2; t++) {
+        double freq = 1.0 / pow(base, 2.0 * t / n_rot), wl = 2 * M_PI / freq;
+        if (wl < high_wl) ff[t] = 1.0f;
+        else if (wl > low_wl) ff[t] = (float)factor;
+        else {
+            double smooth = (orig / wl - low) / (high - low);
+            ff[t] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
+}
+
 char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     const char *arch = c->arch ? c->arch : "llama";
     bool qwen = strcmp(arch, "qwen2") == 0;
+    bool qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0;
+    bool post_norms = strcmp(arch, "gemma3") == 0;
+    const float base = c->rope_base > 0 ? c->rope_base : 10000.0f;
     tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
     cr_assert(w);
     char key[128];
@@ -63,11 +82,20 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     tdm_gguf_w_u32(w, KEY("attention.head_count"), (uint32_t)c->n_head);
     tdm_gguf_w_u32(w, KEY("attention.head_count_kv"), (uint32_t)c->n_head_kv);
     tdm_gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
-    tdm_gguf_w_f32(w, KEY("rope.freq_base"), 10000.0f);
+    tdm_gguf_w_f32(w, KEY("rope.freq_base"), base);
     if (c->rope_scale > 0) {
-        tdm_gguf_w_str(w, KEY("rope.scaling.type"), "linear");
+        tdm_gguf_w_str(w, KEY("rope.scaling.type"), c->rope_type ? c->rope_type : "linear");
         tdm_gguf_w_f32(w, KEY("rope.scaling.factor"), c->rope_scale);
     }
+    if (c->yarn_orig_ctx > 0) tdm_gguf_w_u32(w, KEY("rope.scaling.original_context_length"), (uint32_t)c->yarn_orig_ctx);
+    if (c->rope_attn_factor > 0) tdm_gguf_w_f32(w, KEY("rope.scaling.attn_factor"), c->rope_attn_factor);
+    if (c->head_dim > 0) {
+        tdm_gguf_w_u32(w, KEY("attention.key_length"), (uint32_t)c->head_dim);
+        tdm_gguf_w_u32(w, KEY("attention.value_length"), (uint32_t)c->head_dim);
+    }
+    if (c->sliding_window) tdm_gguf_w_u32(w, KEY("attention.sliding_window"), (uint32_t)TDM_MAX(c->sliding_window, 0));
+    if (c->attn_softcap > 0) tdm_gguf_w_f32(w, KEY("attn_logit_softcapping"), c->attn_softcap);
+    if (c->final_softcap > 0) tdm_gguf_w_f32(w, KEY("final_logit_softcapping"), c->final_softcap);
 #undef KEY
     /* vocabulary: single printable characters (byte-level BPE maps them to themselves) */
     char strs[90][2];
@@ -90,7 +118,7 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     if (c->eos >= 0) tdm_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos);
 
     uint64_t rng = c->seed * 7919 + 17;
-    int32_t hd = c->n_embd / c->n_head, E = c->n_embd;
+    int32_t hd = c->head_dim > 0 ? c->head_dim : c->n_embd / c->n_head, E = c->n_embd;
     add_tensor(w, c, "token_embd.weight", c->wtype, E, c->n_vocab, &rng, c->emb_scale, 0);
     add_tensor(w, c, "output_norm.weight", TDM_F32, E, 1, &rng, 0.1f, 1.0f);
     char name[96];
@@ -112,7 +140,27 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
         add_tensor(w, c, T("ffn_up.weight"), c->wtype, E, c->n_ff, &rng, c->scale, 0);
         add_tensor(w, c, T("ffn_down.weight"), c->ffn_down_type ? c->ffn_down_type : c->wtype, c->n_ff, E, &rng,
                    c->scale, 0);
+        if (qk_norm) { /* (gemma3's norms as its converter stores them: 1 + the checkpoint's) */
+            add_tensor(w, c, T("attn_q_norm.weight"), TDM_F32, hd, 1, &rng, 0.1f, 1.0f);
+            add_tensor(w, c, T("attn_k_norm.weight"), TDM_F32, hd, 1, &rng, 0.1f, 1.0f);
+        }
+        if (post_norms) {
+            add_tensor(w, c, T("post_attention_norm.weight"), TDM_F32, E, 1, &rng, 0.1f, 1.0f);
+            add_tensor(w, c, T("post_ffw_norm.weight"), TDM_F32, E, 1, &rng, 0.1f, 1.0f);
+        }
 #undef T
+    }
+    if (c->rope_freqs_ctx > 0) {
+        float ff[513];
+        cr_assert(hd / 2 < 512);
+        llama3_rope_freqs(hd, base, c->rope_freqs_ctx, ff);
+        const char *nm = "rope_freqs.weight";
+        bool skip = c->skip_tensor && strcmp(c->skip_tensor, nm) == 0;
+        bool bad = c->bad_shape_tensor && strcmp(c->bad_shape_tensor, nm) == 0; /* one value more */
+        if (c->nan_tensor && strcmp(c->nan_tensor, nm) == 0) ff[0] = NAN;
+        ff[hd / 2] = 1.0f;
+        int64_t ne[1] = {hd / 2 + (bad ? 1 : 0)};
+        if (!skip) tdm_gguf_w_tensor(w, nm, TDM_F32, 1, ne, ff, (size_t)ne[0] * sizeof(float));
     }
     /* after the layers, so that the other tensors do not depend on this option */
     if (c->untied_output) add_tensor(w, c, "output.weight", c->wtype, E, c->n_vocab, &rng, c->emb_scale, 0);

@@ -1,5 +1,6 @@
-/* tiny_model.h - random-weight llama models built by the tests themselves
- * (GGUF written in memory with gguf_write, then saved to a temp file). */
+/* tiny_model.h - random-weight llama / qwen2 / qwen3 / gemma3 models built by the
+ * tests themselves (GGUF written in memory with gguf_write, then saved to a temp
+ * file), with the tensors and keys llama.cpp's converter writes for each. */
 #ifndef TDM_TINY_MODEL_H
 #define TDM_TINY_MODEL_H
 
@@ -13,7 +14,8 @@ typedef struct tdm_tiny_cfg {
     float scale;          /* matrix weights uniform in [-scale, scale] */
     float emb_scale;      /* token embedding uniform in [-emb_scale, emb_scale] */
     uint64_t seed;
-    const char *arch;     /* "llama" (default) or "qwen2" */
+    const char *arch;     /* "llama" (default), "qwen2", "qwen3" (q / k norms) or "gemma3" (q / k
+                             norms, post norms; give it sliding_window and >= 6 layers) */
     int32_t eos;          /* EOS token id, or -1 for none */
     /* Optional extensions; the zero value of each keeps the default behaviour. */
     bool untied_output;   /* write a separate random output.weight (default: tied to token_embd) */
@@ -24,6 +26,17 @@ typedef struct tdm_tiny_cfg {
     const char *nan_tensor;       /* tensor whose first value is NaN (NULL: none) */
     uint32_t attn_v_type;         /* attn_v.weight's type (0: wtype), for mixes like Q4_K_M */
     uint32_t ffn_down_type;       /* ffn_down.weight's type (0: wtype) */
+    int32_t head_dim;             /* > 0: attention.key_length / value_length, the heads' size
+                                     (0: n_embd / n_head, no key written) */
+    float rope_base;              /* rope.freq_base (0: 10000) */
+    const char *rope_type;        /* with rope_scale > 0: rope.scaling.type (NULL: "linear") */
+    int32_t yarn_orig_ctx;        /* > 0: rope.scaling.original_context_length */
+    float rope_attn_factor;       /* > 0: rope.scaling.attn_factor */
+    int32_t rope_freqs_ctx;       /* > 0: rope_freqs.weight, Llama 3's per-pair divisors (factor 8,
+                                     low / high frequency factors 1 / 4) for this original context */
+    int32_t sliding_window;       /* > 0: attention.sliding_window; < 0: written as 0; 0: absent */
+    float attn_softcap;           /* > 0: attn_logit_softcapping */
+    float final_softcap;          /* > 0: final_logit_softcapping */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);

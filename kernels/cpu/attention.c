@@ -132,9 +132,18 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
                 scale_cols(sc + n_vis + e, ld, group, &d, 1);
             }
         }
-        for (int32_t h = 0; h < group; h++) inv[ri * group + h] = 1.0f / k->softmax_num(sc + h * ld, n_tot);
-        if (q8) {
-            scale_cols(sc, ld, group, vsc, n_vis);
+        /* sliding window: the visible slots before lo get probability 0 (extra
+         * slots, after the visible ones, are always seen) */
+        const int32_t lo = a->window > 0 ? TDM_MIN(n_vis, TDM_MAX(0, bt->pos[r] - a->window + 1)) : 0;
+        for (int32_t h = 0; h < group; h++) {
+            float *sh = sc + h * ld;
+            if (a->softcap > 0)
+                for (int32_t j = lo; j < n_tot; j++) sh[j] = a->softcap * tanhf(sh[j] / a->softcap);
+            for (int32_t j = 0; j < lo; j++) sh[j] = 0.0f;
+            inv[ri * group + h] = lo < n_tot ? 1.0f / k->softmax_num(sh + lo, n_tot - lo) : 0.0f;
+        }
+        if (q8) { /* (slots outside the window keep probability 0, whatever their scale) */
+            scale_cols(sc + lo, ld, group, vsc + lo, n_vis - lo);
             for (int32_t e = 0; e < n_extra; e++) {
                 const float d = q8_scale(a->v_cache, a, s, extra[e], g, unit);
                 scale_cols(sc + n_vis + e, ld, group, &d, 1);
@@ -309,6 +318,11 @@ int64_t tdm_cpu_attn_check(const tdm_attn_args *a, tdm_err *err) {
     }
     if (!isfinite(a->scale)) {
         tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: scale %g", (double)a->scale);
+        return -1;
+    }
+    if (a->window < 0 || !(a->softcap >= 0 && isfinite(a->softcap)) || (a->window > 0 && !bt->pos)) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: window %d, softcap %g%s", (int)a->window,
+                   (double)a->softcap, a->window > 0 && !bt->pos ? ", NULL positions" : "");
         return -1;
     }
     int64_t max_tot = attn_validate_rows(a, err);

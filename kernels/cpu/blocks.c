@@ -134,6 +134,13 @@ static void blocks_task(void *ctx, int64_t chunk, int t) {
                 for (int p = 0; p < 3; p++)
                     for (int32_t e = 0; e < w[p]; e++) qkv[(int64_t)i * qw + at[p] + e] += bias[p][e];
         }
+        if (L->q_norm) /* qwen3: each head's RMSNorm before RoPE */
+            for (int32_t i = 0; i < n; i++) {
+                float *r = qkv + (int64_t)i * qw;
+                for (int32_t h = 0; h < j->qh; h++) k->rmsnorm_row(r + h * hd, L->q_norm, hd, a->norm_eps, r + h * hd);
+                for (int32_t h = 0; h < j->kh; h++)
+                    k->rmsnorm_row(r + ql + h * hd, L->k_norm, hd, a->norm_eps, r + ql + h * hd);
+            }
         for (int32_t i = 0; i < n; i++) {
             const float *cs = j->cs + (size_t)bt->pos[i] * (size_t)half * 2;
             k->rope_row(qkv + (int64_t)i * qw, j->qh, hd, half, a->rope->neox, cs);
@@ -194,8 +201,10 @@ static tandem_status check_block(const tdm_blocks_args *a, int32_t l, tdm_err *e
                               (int)l, ws[i].name, (long long)ws[i].w->rows, (long long)ws[i].w->cols,
                               (long long)ws[i].rows, (long long)ws[i].cols);
     }
-    if (!L->attn_norm || !L->ffn_norm)
+    if (!L->attn_norm || !L->ffn_norm || !L->q_norm != !L->k_norm)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: layer %d: NULL norm weights", (int)l);
+    if (L->attn_post_norm || L->ffn_post_norm)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: layer %d: post norms (gemma3) run op by op", (int)l);
     if (!a->k_cache[l] || !a->v_cache[l])
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: layer %d: NULL K/V cache", (int)l);
     return TANDEM_OK;
@@ -208,6 +217,9 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: NULL argument");
     const int T = c->n_threads;
     if (c->tp_mode < 0) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: tensor parallel blocks are off");
+    if (a->swa_window || a->attn_softcap != 0 || a->ffn_act != TDM_ACT_SILU || (a->rope_swa && a->rope_swa != a->rope))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "blocks: sliding windows, soft-capping, GeGLU and per-layer RoPE (gemma3) run op by op");
     if (T < 2 || T > BLOCKS_MAX_T)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: %d threads (tensor parallel from 2 to %d)", T,
                           BLOCKS_MAX_T);
@@ -234,7 +246,7 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
     j.kl = j.kh * a->head_dim;
     j.qw = j.ql + 2 * j.kl;
     j.fl = a->n_ff / T;
-    j.scale = 1.0f / sqrtf((float)a->head_dim);
+    j.scale = a->attn_scale;
     tandem_status st;
     size_t mm_scratch = 0; /* floats a thread's matmuls need */
     for (int32_t l = 0; l < a->n_layer; l++) {

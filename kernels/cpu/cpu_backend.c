@@ -128,6 +128,11 @@ static const tdm_backend_ops cpu_ops = {
     .head_argmax = tdm_cpu_head_argmax,
     .blocks = tdm_cpu_blocks,
     .sync = cpu_sync,
+    .head_rmsnorm = tdm_cpu_head_rmsnorm,
+    .geglu = tdm_cpu_geglu,
+    .add = tdm_cpu_add,
+    .scale = tdm_cpu_scale,
+    .softcap = tdm_cpu_softcap,
 };
 
 tdm_cpu *tdm_cpu_of(tdm_backend *b, const char *op, tdm_err *err) {
@@ -251,6 +256,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     b->n_threads = n_threads;
     b->int8_dot = c->k_approx != NULL;
     b->host_memory = true;
+    b->attn_window_softcap = true;
     b->impl = c;
     *out = b;
     return TANDEM_OK;

@@ -117,15 +117,17 @@ typedef struct tdm_cpu_scratch {
 } tdm_cpu_scratch;
 
 /* cos/sin of RoPE angles per position for one set of rope parameters, filled
- * lazily (values computed exactly as without the cache, so results are identical). */
+ * lazily (values computed exactly as without the cache, so results are identical).
+ * A cache serves the parameters whose table and magnitude equal its own. */
 #define TDM_ROPE_CACHES 4
 typedef struct tdm_rope_cache {
     int32_t n_rot;
-    float freq_base, freq_scale;
+    float mscale;             /* the magnitude (tdm_rope_params.mscale, 0 as 1) */
     int32_t cap_pos;          /* positions [0, cap_pos) have room */
-    float *cs;                /* [cap_pos][n_rot / 2][2]: cos, sin */
+    float *cs;                /* [cap_pos][n_rot / 2][2]: cos theta * mscale, sin theta * mscale */
     uint8_t *valid;           /* [cap_pos] */
-    double *inv_freq;         /* [n_rot / 2] base^(-2i/n_rot) */
+    double *inv_freq;         /* [n_rot / 2] radians per position (tdm_rope_params.freq, or its
+                                 default from freq_base and freq_scale) */
 } tdm_rope_cache;
 
 /* A quantised x row (head.c): scale dx (qx = round(x / dx), stored as qx + 128),
@@ -237,6 +239,16 @@ tandem_status tdm_cpu_gather_rows(tdm_backend *b, const float *x, const int32_t 
                                   int32_t dim, float *out, tdm_err *err);
 
 tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
+
+/* The ops of the qwen3 / gemma3 blocks (ops_arch.c). */
+tandem_status tdm_cpu_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                                   int32_t head_dim, const float *gamma, float eps, tdm_err *err);
+tandem_status tdm_cpu_geglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out, tdm_err *err);
+tandem_status tdm_cpu_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err);
+tandem_status tdm_cpu_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err);
+tandem_status tdm_cpu_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err);
+/* gelu(g) * u for i < n, GELU's tanh approximation in f32 (the geglu op's row). */
+void tdm_cpu_geglu_row(const float *g, const float *u, float *o, int32_t n);
 
 /* matmul on the calling thread (a validated weight, possibly a view):
  * y[i][r] = dot(x[i], W row r) for i < n, every row r of w; x rows are w->cols

@@ -120,15 +120,15 @@ static void rope_task(void *ctx, int64_t i, int ith) {
                       j->cs + (size_t)j->pos[i] * (size_t)j->half * 2);
 }
 
-/* The cache for these parameters, grown to hold positions up to max_pos; NULL on
- * allocation failure. */
-static tdm_rope_cache *rope_cache_get(tdm_cpu *c, const tdm_rope_params *rp, int32_t max_pos) {
-    int32_t half = rp->n_rot / 2;
+/* The cache for a table freq[n_rot / 2] and magnitude mscale, grown to hold
+ * positions up to max_pos; NULL on allocation failure. */
+static tdm_rope_cache *rope_cache_get(tdm_cpu *c, int32_t n_rot, const double *freq, float mscale, int32_t max_pos) {
+    int32_t half = n_rot / 2;
     tdm_rope_cache *rc = NULL;
     for (int i = 0; i < TDM_ROPE_CACHES; i++) {
         tdm_rope_cache *t = &c->rope[i];
-        if (t->inv_freq && t->n_rot == rp->n_rot && t->freq_base == rp->freq_base &&
-            t->freq_scale == rp->freq_scale) {
+        if (t->inv_freq && t->n_rot == n_rot && t->mscale == mscale &&
+            memcmp(t->inv_freq, freq, (size_t)half * sizeof(double)) == 0) {
             rc = t;
             break;
         }
@@ -142,10 +142,9 @@ static tdm_rope_cache *rope_cache_get(tdm_cpu *c, const tdm_rope_params *rp, int
         memset(rc, 0, sizeof *rc);
         rc->inv_freq = malloc((size_t)half * sizeof(double));
         if (!rc->inv_freq) return NULL;
-        rc->n_rot = rp->n_rot;
-        rc->freq_base = rp->freq_base;
-        rc->freq_scale = rp->freq_scale;
-        for (int32_t t = 0; t < half; t++) rc->inv_freq[t] = pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
+        rc->n_rot = n_rot;
+        rc->mscale = mscale;
+        memcpy(rc->inv_freq, freq, (size_t)half * sizeof(double));
     }
     if (max_pos >= rc->cap_pos) {
         int32_t cap = rc->cap_pos ? rc->cap_pos : 1024;
@@ -176,9 +175,14 @@ const float *tdm_cpu_rope_table(tdm_cpu *c, const tdm_rope_params *rp, int32_t h
         tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope: n_rot %d > %d", (int)rp->n_rot, ROPE_MAX_ROT);
         return NULL;
     }
-    if (!(rp->freq_base > 0) || !isfinite(rp->freq_scale)) {
+    if (!rp->freq && (!(rp->freq_base > 0) || !isfinite(rp->freq_scale))) {
         tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: freq_base %g, freq_scale %g", (double)rp->freq_base,
                    (double)rp->freq_scale);
+        return NULL;
+    }
+    const float mscale = rp->mscale == 0.0f ? 1.0f : rp->mscale;
+    if (!isfinite(mscale)) {
+        tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: mscale %g", (double)rp->mscale);
         return NULL;
     }
     if (n > 0 && !pos) {
@@ -194,21 +198,27 @@ const float *tdm_cpu_rope_table(tdm_cpu *c, const tdm_rope_params *rp, int32_t h
         }
         max_pos = pos[i] > max_pos ? pos[i] : max_pos;
     }
-    tdm_rope_cache *rc = rope_cache_get(c, rp, max_pos);
+    int32_t half = rp->n_rot / 2;
+    double dflt[ROPE_MAX_ROT / 2];
+    const double *freq = rp->freq;
+    if (!freq) {
+        for (int32_t t = 0; t < half; t++)
+            dflt[t] = (double)rp->freq_scale * pow((double)rp->freq_base, -2.0 * t / rp->n_rot);
+        freq = dflt;
+    }
+    tdm_rope_cache *rc = rope_cache_get(c, rp->n_rot, freq, mscale, max_pos);
     if (!rc) {
         tdm_seterr(err, TANDEM_ERR_NOMEM, "rope: out of memory for the angle cache");
         return NULL;
     }
-    int32_t half = rp->n_rot / 2;
     for (int32_t i = 0; i < n; i++) { /* fill missing positions (single-threaded) */
         int32_t p = pos[i];
         if (rc->valid[p]) continue;
-        double pf = (double)p * (double)rp->freq_scale;
         float *cs = rc->cs + (size_t)p * (size_t)half * 2;
         for (int32_t t = 0; t < half; t++) {
-            double theta = pf * rc->inv_freq[t];
-            cs[2 * t] = (float)cos(theta);
-            cs[2 * t + 1] = (float)sin(theta);
+            double theta = (double)p * rc->inv_freq[t];
+            cs[2 * t] = (float)(cos(theta) * (double)mscale);
+            cs[2 * t + 1] = (float)(sin(theta) * (double)mscale);
         }
         rc->valid[p] = 1;
     }

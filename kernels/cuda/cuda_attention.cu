@@ -386,6 +386,11 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     if (!a->seqs || !a->q || !a->out || !a->k_cache || !a->v_cache || !bt->seq || !bt->n_visible)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL pointer");
     if (!isfinite(a->scale)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: scale %g", (double)a->scale);
+    if (a->window != 0)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: sliding-window attention is not yet on the CUDA backend");
+    if (a->softcap != 0)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "attention: attention logit soft-capping is not yet on the CUDA backend");
     const int64_t rh = (int64_t)bt->n_rows * a->n_head;
     if (rh > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld (row, head) pairs", (long long)rh);
     if (!bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type)) return flash_op(c, a, err);

@@ -279,6 +279,11 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .probs_dev = */ tdm_cuda_probs_dev,
     /* .sample_dev = */ tdm_cuda_sample_dev,
     /* .accept_dev = */ tdm_cuda_accept_dev,
+    /* .head_rmsnorm = */ tdm_cuda_head_rmsnorm,
+    /* .geglu = */ tdm_cuda_geglu,
+    /* .add = */ tdm_cuda_add,
+    /* .scale = */ tdm_cuda_scale,
+    /* .softcap = */ tdm_cuda_softcap,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {
@@ -324,6 +329,7 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     b->int8_dot = false;
     b->host_memory = false;
     b->invariant_rows = TDM_CUDA_GEMV_MAX_ROWS;
+    b->attn_window_softcap = false; /* (sliding windows and soft-capping: not yet here) */
     c->shared_rows_max = TDM_CUDA_SHARED_ROWS;
     if (const char *sr = getenv("TANDEM_CUDA_SHARED_ROWS")) {
         const int v = atoi(sr);

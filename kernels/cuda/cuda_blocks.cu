@@ -16,7 +16,8 @@
  *       -> rmsnorm -> f16 -> W13 -> SwiGLU -> f16 -> x += W2 ff
  * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 or q8_0 cache and the head dims it
  * knows; batches with tree rows (extra visible slots) or other shapes use the op
- * table's attention (not captured in graphs).
+ * table's attention (not captured in graphs).  The qwen3 / gemma3 blocks (q / k
+ * norms, post norms, GeGLU, sliding windows) are declined: they run op by op.
  *
  * Graphs: a batch shape (rows, tiles, attention splits rounded up to a power of
  * two, buffers, weights) seen a second time is captured and then replayed.  Its
@@ -179,7 +180,7 @@ static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo
         fa.n_kv_head = a->n_kv_head;
         fa.head_dim = a->head_dim;
         fa.block_size = a->block_size;
-        fa.scale = 1.0f / sqrtf((float)a->head_dim);
+        fa.scale = a->attn_scale;
         fa.part = f->L.part;
         fa.out_type = k == IN_16 ? in_type(wo, k) : (uint32_t)TDM_F32;
         fa.out = k == IN_16 ? f->L.a16 : (void *)f->L.att;
@@ -202,7 +203,7 @@ static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo
     aa.n_kv_head = a->n_kv_head;
     aa.head_dim = a->head_dim;
     aa.block_size = a->block_size;
-    aa.scale = 1.0f / sqrtf((float)a->head_dim);
+    aa.scale = a->attn_scale;
     tandem_status st = tdm_cuda_attention_on(f->c, &aa, err);
     if (st) return st;
     return prepare_input(f, wo, f->L.att, qd, b, err);
@@ -273,6 +274,9 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
                           (int)a->n_head, (int)a->n_kv_head, (int)a->head_dim, (int)a->block_size, (int)a->rope->n_rot);
     if (!tdm_kv_type_ok(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: cache type %s", tdm_dtype_name(a->cache_type));
+    if (a->swa_window || a->attn_softcap != 0 || a->ffn_act != TDM_ACT_SILU || (a->rope_swa && a->rope_swa != a->rope) ||
+        a->layers[0].q_norm || a->layers[0].attn_post_norm || a->layers[0].ffn_post_norm)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: the qwen3 / gemma3 blocks run op by op");
     fwd_ctx f;
     memset(&f, 0, sizeof f);
     f.c = c;

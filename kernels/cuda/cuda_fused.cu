@@ -70,20 +70,24 @@ tandem_status tdm_cuda_rmsnorm_to(tdm_cuda *c, const float *x, const float *gamm
 
 /* ---- RoPE angles, and q / k / v into place ------------------------------------- */
 
-/* Block per row: cs[row][t] = (cos, sin) of pos * freq_scale * base^(-2t / n_rot). */
-__global__ void k_rope_table(const tdm_cuda_row *rows, int32_t half, double freq_base, double freq_scale,
-                             float2 *cs) {
-    const double pf = (double)rows[blockIdx.x].pos * freq_scale;
+/* Block per row: cs[row][t] = (cos, sin) of pos * freq[t], times mscale (freq: the
+ * table, device memory; NULL: freq_scale * base^(-2t / n_rot)), as k_rope. */
+__global__ void k_rope_table(const tdm_cuda_row *rows, int32_t half, const double *freq, double freq_base,
+                             double freq_scale, double mscale, float2 *cs) {
+    const double p = (double)rows[blockIdx.x].pos;
     for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
-        const double theta = pf * pow(freq_base, -2.0 * t / (2.0 * half));
-        cs[(size_t)blockIdx.x * half + t] = make_float2((float)cos(theta), (float)sin(theta));
+        const double f = freq ? freq[t] : freq_scale * pow(freq_base, -2.0 * t / (2.0 * half));
+        const double theta = p * f;
+        cs[(size_t)blockIdx.x * half + t] = make_float2((float)(cos(theta) * mscale), (float)(sin(theta) * mscale));
     }
 }
 
 tandem_status tdm_cuda_rope_table(tdm_cuda *c, const tdm_cuda_row *rows, int32_t n, const tdm_rope_params *rp,
                                   float2 *cs, tdm_err *err) {
     if (n <= 0) return TANDEM_OK;
-    k_rope_table<<<n, 64, 0, c->stream>>>(rows, rp->n_rot / 2, (double)rp->freq_base, (double)rp->freq_scale, cs);
+    const double mscale = rp->mscale == 0.0f ? 1.0 : (double)rp->mscale;
+    k_rope_table<<<n, 64, 0, c->stream>>>(rows, rp->n_rot / 2, rp->freq, (double)rp->freq_base,
+                                          (double)rp->freq_scale, mscale, cs);
     TDM_CU_LAUNCHED("rope table");
     return TANDEM_OK;
 }

@@ -176,6 +176,13 @@ tandem_status tdm_cuda_swiglu(tdm_backend *b, const float *gate_up, int32_t n, i
                               tdm_err *err);
 tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t *rows, int32_t n, int32_t dim,
                                    float *out, tdm_err *err);
+/* The ops of the qwen3 / gemma3 blocks (cuda_archops.cu). */
+tandem_status tdm_cuda_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                                    int32_t head_dim, const float *gamma, float eps, tdm_err *err);
+tandem_status tdm_cuda_geglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out, tdm_err *err);
+tandem_status tdm_cuda_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err);
+tandem_status tdm_cuda_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err);
+tandem_status tdm_cuda_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err);
 tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *x, int32_t n, float *y,
                               bool accumulate, tdm_err *err);
 /* The generic matmul kernels (rows layout, any type and shape). */

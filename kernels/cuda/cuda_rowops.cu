@@ -1,7 +1,8 @@
 /* cuda_rowops.cu - the row-wise ops on the GPU: get_rows (embedding lookup, any
  * weight type), rmsnorm, add_bias, rope, swiglu, gather_rows.  One thread block
  * per row (or per row and head); each computes what the CPU's op computes, in f32
- * (rmsnorm's sum of squares in f64, RoPE's angles in f64, as the CPU does). */
+ * (rmsnorm's sum of squares in f64, RoPE's angles in f64, as the CPU does).  The
+ * ops of the qwen3 / gemma3 blocks: cuda_archops.cu. */
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <math.h>
@@ -176,15 +177,18 @@ tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t
 
 /* ---- rope ---------------------------------------------------------------------- */
 
-/* Block (row i, head h): pairs t < half rotated by pos[i] * freq_scale *
- * freq_base^(-2t / n_rot); normal layout pairs (2t, 2t + 1), NEOX (t, t + half). */
+/* Block (row i, head h): pair t < half rotated by theta = pos[i] * freq[t] (freq:
+ * the table, device memory; NULL: freq_scale * freq_base^(-2t / n_rot)), cos and
+ * sin times mscale, as the CPU's table; normal layout pairs (2t, 2t + 1), NEOX (t,
+ * t + half). */
 __global__ void k_rope(float *x, int32_t row_stride, int32_t head_dim, const int32_t *pos, int32_t half,
-                       double freq_base, double freq_scale, bool neox) {
+                       const double *freq, double freq_base, double freq_scale, double mscale, bool neox) {
     float *v = x + (size_t)blockIdx.x * row_stride + (size_t)blockIdx.y * head_dim;
-    const double pf = (double)pos[blockIdx.x] * freq_scale;
+    const double p = (double)pos[blockIdx.x];
     for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
-        const double theta = pf * pow(freq_base, -2.0 * t / (2.0 * half));
-        const float cs = (float)cos(theta), sn = (float)sin(theta);
+        const double f = freq ? freq[t] : freq_scale * pow(freq_base, -2.0 * t / (2.0 * half));
+        const double theta = p * f;
+        const float cs = (float)(cos(theta) * mscale), sn = (float)(sin(theta) * mscale);
         const int32_t a = neox ? t : 2 * t, bb = neox ? t + half : 2 * t + 1;
         const float x0 = v[a], x1 = v[bb];
         v[a] = x0 * cs - x1 * sn;
@@ -201,9 +205,11 @@ tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_str
     if (!rp) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL params");
     if (rp->n_rot <= 0 || rp->n_rot % 2 != 0 || rp->n_rot > head_dim)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: n_rot %d (head_dim %d)", (int)rp->n_rot, (int)head_dim);
-    if (!(rp->freq_base > 0) || !isfinite(rp->freq_scale))
+    if (!rp->freq && (!(rp->freq_base > 0) || !isfinite(rp->freq_scale)))
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: freq_base %g, freq_scale %g", (double)rp->freq_base,
                           (double)rp->freq_scale);
+    const float mscale = rp->mscale == 0.0f ? 1.0f : rp->mscale;
+    if (!isfinite(mscale)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: mscale %g", (double)rp->mscale);
     if (n == 0) return TANDEM_OK;
     if (!x || !pos) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rope: NULL x or pos");
     for (int32_t i = 0; i < n; i++)
@@ -214,8 +220,9 @@ tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_str
     memcpy(h, pos, (size_t)n * sizeof(int32_t));
     const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * sizeof(int32_t), err);
     if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
-    k_rope<<<dim3((unsigned)n, (unsigned)n_head), 64, 0, c->stream>>>(
-        x, row_stride, head_dim, d, rp->n_rot / 2, (double)rp->freq_base, (double)rp->freq_scale, rp->neox);
+    k_rope<<<dim3((unsigned)n, (unsigned)n_head), 64, 0, c->stream>>>(x, row_stride, head_dim, d, rp->n_rot / 2,
+                                                                      rp->freq, (double)rp->freq_base,
+                                                                      (double)rp->freq_scale, (double)mscale, rp->neox);
     TDM_CU_LAUNCHED("rope");
     return TANDEM_OK;
 }

@@ -1,4 +1,4 @@
-/* cli_synth.c - `tandem synth`: writes a random-weight llama model with the shapes
+/* cli_synth.c - `tandem synth`: writes a random-weight model (llama, qwen3, gemma3) with the shapes
  * of a real one (synth.h), for speed measurements with tandem and llama.cpp.
  *
  * Progress goes to stderr: a bar on a terminal, a line every few seconds

@@ -1,0 +1,135 @@
+/* ops_arch.c - the CPU ops the qwen3 and gemma3 blocks add to the llama block:
+ * per-head RMSNorm (q and k norms), GeGLU, the residual add after a post norm, the
+ * embedding scale and logit soft-capping.  Each validates its arguments, then hands
+ * rows to the thread pool when the work pays for the dispatch. */
+#include <math.h>
+
+#include "cpu_internal.h"
+
+/* Elements per thread below which an op stays on the calling thread. */
+#define MIN_WORK 16384
+
+#define GET_CPU(op)                                                     \
+    tdm_cpu *c = tdm_cpu_of(b, op, err);                                \
+    if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG
+
+/* ---- head_rmsnorm -------------------------------------------------------------- */
+
+typedef struct head_norm_job {
+    const tdm_cpu *c;
+    float *x;
+    int32_t row_stride, n_head, head_dim;
+    const float *gamma;
+    float eps;
+} head_norm_job;
+
+static void head_norm_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    head_norm_job *j = ctx;
+    float *row = j->x + i * j->row_stride;
+    for (int32_t h = 0; h < j->n_head; h++) {
+        float *v = row + (int64_t)h * j->head_dim;
+        j->c->k->rmsnorm_row(v, j->gamma, j->head_dim, j->eps, v);
+    }
+}
+
+tandem_status tdm_cpu_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                                   int32_t head_dim, const float *gamma, float eps, tdm_err *err) {
+    GET_CPU("head_rmsnorm");
+    if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_rmsnorm: n = %d, n_head = %d, head_dim = %d, row_stride = %d",
+                          (int)n, (int)n_head, (int)head_dim, (int)row_stride);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !gamma) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_rmsnorm: NULL pointer");
+    if (!(eps >= 0)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_rmsnorm: eps %g", (double)eps);
+    head_norm_job j = {c, x, row_stride, n_head, head_dim, gamma, eps};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * n_head * head_dim, MIN_WORK), head_norm_task, &j);
+    return TANDEM_OK;
+}
+
+/* ---- geglu --------------------------------------------------------------------- */
+
+void tdm_cpu_geglu_row(const float *g, const float *u, float *o, int32_t n) {
+    const float k = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int32_t i = 0; i < n; i++) {
+        const float x = g[i];
+        o[i] = 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+typedef struct geglu_job {
+    const float *gate_up; /* [n][2 * ff] */
+    int32_t ff;
+    float *out;           /* [n][ff] */
+} geglu_job;
+
+static void geglu_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    geglu_job *j = ctx;
+    const float *g = j->gate_up + i * 2 * j->ff;
+    tdm_cpu_geglu_row(g, g + j->ff, j->out + i * j->ff, j->ff);
+}
+
+tandem_status tdm_cpu_geglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out, tdm_err *err) {
+    GET_CPU("geglu");
+    if (n < 0 || ff <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "geglu: n = %d, ff = %d", (int)n, (int)ff);
+    if (n == 0) return TANDEM_OK;
+    if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "geglu: NULL pointer");
+    geglu_job j = {gate_up, ff, out};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * ff, 2048), geglu_task, &j);
+    return TANDEM_OK;
+}
+
+/* ---- add, scale, softcap ------------------------------------------------------- */
+
+static tandem_status check_rows(const char *op, const float *p, const float *q, int32_t n, int32_t dim,
+                                tdm_err *err) {
+    if (n < 0 || dim <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: n = %d, dim = %d", op, (int)n, (int)dim);
+    if (n > 0 && (!p || !q)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL pointer", op);
+    return TANDEM_OK;
+}
+
+tandem_status tdm_cpu_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err) {
+    GET_CPU("add");
+    (void)c;
+    tandem_status st = check_rows("add", y, x, n, dim, err);
+    if (st) return st;
+    const int64_t len = (int64_t)n * dim;
+    for (int64_t i = 0; i < len; i++) y[i] += x[i];
+    return TANDEM_OK;
+}
+
+tandem_status tdm_cpu_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err) {
+    GET_CPU("scale");
+    (void)c;
+    tandem_status st = check_rows("scale", x, x, n, dim, err);
+    if (st) return st;
+    if (!isfinite(s)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "scale: factor %g", (double)s);
+    const int64_t len = (int64_t)n * dim;
+    for (int64_t i = 0; i < len; i++) x[i] *= s;
+    return TANDEM_OK;
+}
+
+typedef struct softcap_job {
+    float *x;
+    int32_t dim;
+    float cap;
+} softcap_job;
+
+static void softcap_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    softcap_job *j = ctx;
+    float *r = j->x + i * j->dim;
+    for (int32_t k = 0; k < j->dim; k++) r[k] = j->cap * tanhf(r[k] / j->cap);
+}
+
+tandem_status tdm_cpu_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err) {
+    GET_CPU("softcap");
+    tandem_status st = check_rows("softcap", x, x, n, dim, err);
+    if (st) return st;
+    if (!(cap > 0 && isfinite(cap))) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "softcap: cap %g", (double)cap);
+    if (n == 0) return TANDEM_OK;
+    softcap_job j = {x, dim, cap};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, 4096), softcap_task, &j);
+    return TANDEM_OK;
+}
