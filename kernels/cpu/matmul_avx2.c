@@ -229,6 +229,44 @@ dkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float 
         store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
 }
 
+/* Weights 8t .. 8t + 7 of a Q8_0 / Q4_0 block as f32 (d: its scale, broadcast): the
+ * values convert_row stores, computed the same way, so the direct path's FMA chains
+ * give the tile path's bits. */
+static inline __attribute__((always_inline)) __m256 qload8(const uint32_t type, const uint8_t *blk, __m256 d, int t) {
+    if (type == TDM_Q8_0)
+        return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * t)))));
+    /* Q4_0: elements 0..15 are the low nibbles of bytes 0..15, 16..31 the high ones */
+    __m256i v = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * (t & 1))));
+    __m256i l = t < 2 ? _mm256_and_si256(v, _mm256_set1_epi32(15)) : _mm256_srli_epi32(v, 4);
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(l, _mm256_set1_epi32(8))));
+}
+
+/* dkern for Q8_0 / Q4_0 W rows, a block at a time (cols is a multiple of 32). */
+static inline __attribute__((always_inline)) void
+qkern(const int MR, const uint32_t type, const uint8_t *const p[4], const float *x, int64_t ldx, int64_t cols,
+      float *y, int64_t ldy, int64_t nv, bool acc, const uint8_t *pf, size_t pf_stride) {
+    const size_t bb = type == TDM_Q8_0 ? sizeof(tdm_block_q8_0) : sizeof(tdm_block_q4_0);
+    __m256 s[2][4];
+    for (int i = 0; i < MR; i++)
+        for (int j = 0; j < 4; j++) s[i][j] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < cols / TDM_QK; b++) {
+        const uint8_t *blk[4];
+        __m256 d[4];
+        for (int j = 0; j < 4; j++) {
+            blk[j] = p[j] + (size_t)b * bb;
+            if (pf) _mm_prefetch((const char *)pf + (size_t)j * pf_stride + (size_t)b * bb, _MM_HINT_T0);
+            uint16_t dh;
+            memcpy(&dh, blk[j], 2);
+            d[j] = _mm256_set1_ps(_cvtsh_ss(dh));
+        }
+        for (int t = 0; t < 4; t++)
+            fma_rows(MR, s, qload8(type, blk[0], d[0], t), qload8(type, blk[1], d[1], t),
+                     qload8(type, blk[2], d[2], t), qload8(type, blk[3], d[3], t), x, ldx, b * TDM_QK + 8 * t, V);
+    }
+    for (int i = 0; i < MR; i++)
+        store4(y + i * ldy, reduce4(s[i][0], s[i][1], s[i][2], s[i][3]), nv, acc);
+}
+
 static inline __attribute__((always_inline)) void
 direct_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n, int64_t r0,
             int64_t r1, float *y, int64_t ldy, bool acc) {
@@ -242,9 +280,15 @@ direct_rows(const uint32_t type, const tdm_weight *w, const float *x, int32_t n,
         const uint8_t *pf = r + PF_ROWS + 4 <= r1 ? base + (size_t)(r + PF_ROWS) * w->row_bytes : NULL;
         size_t ps = w->row_bytes;
         int32_t i = 0;
-        for (; i + 2 <= n; i += 2, pf = NULL)
-            dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
-        if (i < n) dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
+        const bool q = type == TDM_Q8_0 || type == TDM_Q4_0;
+        for (; i + 2 <= n; i += 2, pf = NULL) {
+            if (q) qkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
+            else dkern(2, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
+        }
+        if (i < n) {
+            if (q) qkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
+            else dkern(1, type, p, x + i * ldx, ldx, cols, y + i * ldy + r, ldy, nv, acc, pf, ps);
+        }
     }
 }
 
@@ -254,6 +298,8 @@ static bool k_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, i
     case TDM_F32: direct_rows(TDM_F32, w, x, n, r0, r1, y, ldy, acc); return true;
     case TDM_F16: direct_rows(TDM_F16, w, x, n, r0, r1, y, ldy, acc); return true;
     case TDM_BF16: direct_rows(TDM_BF16, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_Q8_0: direct_rows(TDM_Q8_0, w, x, n, r0, r1, y, ldy, acc); return true;
+    case TDM_Q4_0: direct_rows(TDM_Q4_0, w, x, n, r0, r1, y, ldy, acc); return true;
     default: return false;
     }
 }
@@ -490,7 +536,7 @@ const tdm_cpu_kernels tdm_cpu_kernels_avx2 = {
     .convert_rows = k_convert_rows,
     .gemm = k_gemm,
     .gemv = k_gemv,
-    .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16),
+    .gemv_types = (1u << TDM_F32) | (1u << TDM_F16) | (1u << TDM_BF16) | (1u << TDM_Q8_0) | (1u << TDM_Q4_0),
     .qdot = tdm_qdot_avx2,
     .attn_qk = k_attn_qk,
     .attn_pv = k_attn_pv,
