@@ -50,6 +50,8 @@ static const tdm_synth_shape shapes[] = {
     LLAMA("llama2-13b",     5120,  40,    40,   40, 13824, 32000,   4096,  10000.0f),
     LLAMA("tinyllama-1.1b", 2048,  22,    32,   4,  5632,  32000,   2048,  10000.0f),
     LLAMA("llama-160m",     768,   12,    12,   12, 3072,  32000,   2048,  10000.0f),
+    {.name = "smollm2-135m", .n_embd = 576, .n_layer = 30, .n_head = 9, .n_head_kv = 3, .n_ff = 1536,
+     .n_vocab = 49152, .n_ctx = 8192, .rope_base = 100000.0f, .tied = true},
     {.name = "llama3.2-1b", .n_embd = 2048, .n_layer = 16, .n_head = 32, .n_head_kv = 8, .n_ff = 8192,
      .n_vocab = 128256, .n_ctx = 131072, .rope_base = 500000.0f, .tied = true, .rope_freqs = true},
     {.name = "qwen3-0.6b", .n_embd = 1024, .n_layer = 28, .n_head = 16, .n_head_kv = 8, .n_ff = 3072,

@@ -50,6 +50,8 @@ Test(synth, shapes_have_the_published_sizes) {
         {"tinyllama-1.1b", 1100048384ull}, {"llama-160m", 162417408ull},
         /* the published counts of Llama 3.2 1B (plus the 32 rope_freqs), Qwen3 0.6B, Gemma 3 1B */
         {"llama3.2-1b", 1235814400ull + 32}, {"qwen3-0.6b", 596049920ull}, {"gemma3-1b", 999885952ull},
+        /* SmolLM2-135M (the real file's 134,515,008, test_real_model) */
+        {"smollm2-135m", 134515008ull},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(want); i++) {
         tdm_synth_opts o = opts(want[i].name, TDM_Q4_0);
