@@ -321,6 +321,13 @@ struct tdm_backend {
 /* Argument checks the backends share (kernels/op_check.c): every ids[i] of n in
  * [0, limit), else TANDEM_ERR_INVALID_ARG naming op, the id and its index. */
 tandem_status tdm_check_ids(const int32_t *ids, int32_t n, int64_t limit, const char *op, tdm_err *err);
+/* The row ops' (add, scale, softcap, geglu: dim = ff): n >= 0, dim > 0, a and b not
+ * NULL when n > 0.  A scale's factor finite; a soft-cap positive and finite
+ * (positive).  head_rmsnorm's shape (heads inside a row), eps >= 0, pointers. */
+tandem_status tdm_check_rows(const char *op, const void *a, const void *b, int32_t n, int32_t dim, tdm_err *err);
+tandem_status tdm_check_factor(const char *op, float v, bool positive, tdm_err *err);
+tandem_status tdm_check_head_norm(const float *x, const float *gamma, int32_t n, int32_t row_stride, int32_t n_head,
+                                  int32_t head_dim, float eps, tdm_err *err);
 
 /* CPU backend with n_threads threads (0 = all cores). */
 tandem_status tdm_backend_cpu_create(int32_t n_threads, tdm_backend **out, tdm_err *err);

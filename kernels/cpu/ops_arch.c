@@ -36,12 +36,8 @@ static void head_norm_task(void *ctx, int64_t i, int ith) {
 tandem_status tdm_cpu_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
                                    int32_t head_dim, const float *gamma, float eps, tdm_err *err) {
     GET_CPU("head_rmsnorm");
-    if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_rmsnorm: n = %d, n_head = %d, head_dim = %d, row_stride = %d",
-                          (int)n, (int)n_head, (int)head_dim, (int)row_stride);
-    if (n == 0) return TANDEM_OK;
-    if (!x || !gamma) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_rmsnorm: NULL pointer");
-    if (!(eps >= 0)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_rmsnorm: eps %g", (double)eps);
+    tandem_status st = tdm_check_head_norm(x, gamma, n, row_stride, n_head, head_dim, eps, err);
+    if (st || n == 0) return st;
     head_norm_job j = {c, x, row_stride, n_head, head_dim, gamma, eps};
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * n_head * head_dim, MIN_WORK), head_norm_task, &j);
     return TANDEM_OK;
@@ -72,9 +68,8 @@ static void geglu_task(void *ctx, int64_t i, int ith) {
 
 tandem_status tdm_cpu_geglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out, tdm_err *err) {
     GET_CPU("geglu");
-    if (n < 0 || ff <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "geglu: n = %d, ff = %d", (int)n, (int)ff);
-    if (n == 0) return TANDEM_OK;
-    if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "geglu: NULL pointer");
+    tandem_status st = tdm_check_rows("geglu", gate_up, out, n, ff, err);
+    if (st || n == 0) return st;
     geglu_job j = {gate_up, ff, out};
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * ff, 2048), geglu_task, &j);
     return TANDEM_OK;
@@ -82,17 +77,10 @@ tandem_status tdm_cpu_geglu(tdm_backend *b, const float *gate_up, int32_t n, int
 
 /* ---- add, scale, softcap ------------------------------------------------------- */
 
-static tandem_status check_rows(const char *op, const float *p, const float *q, int32_t n, int32_t dim,
-                                tdm_err *err) {
-    if (n < 0 || dim <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: n = %d, dim = %d", op, (int)n, (int)dim);
-    if (n > 0 && (!p || !q)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL pointer", op);
-    return TANDEM_OK;
-}
-
 tandem_status tdm_cpu_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err) {
     GET_CPU("add");
     (void)c;
-    tandem_status st = check_rows("add", y, x, n, dim, err);
+    tandem_status st = tdm_check_rows("add", y, x, n, dim, err);
     if (st) return st;
     const int64_t len = (int64_t)n * dim;
     for (int64_t i = 0; i < len; i++) y[i] += x[i];
@@ -102,9 +90,9 @@ tandem_status tdm_cpu_add(tdm_backend *b, float *y, const float *x, int32_t n, i
 tandem_status tdm_cpu_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err) {
     GET_CPU("scale");
     (void)c;
-    tandem_status st = check_rows("scale", x, x, n, dim, err);
+    tandem_status st = tdm_check_rows("scale", x, x, n, dim, err);
     if (st) return st;
-    if (!isfinite(s)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "scale: factor %g", (double)s);
+    if ((st = tdm_check_factor("scale", s, false, err))) return st;
     const int64_t len = (int64_t)n * dim;
     for (int64_t i = 0; i < len; i++) x[i] *= s;
     return TANDEM_OK;
@@ -125,9 +113,9 @@ static void softcap_task(void *ctx, int64_t i, int ith) {
 
 tandem_status tdm_cpu_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err) {
     GET_CPU("softcap");
-    tandem_status st = check_rows("softcap", x, x, n, dim, err);
+    tandem_status st = tdm_check_rows("softcap", x, x, n, dim, err);
     if (st) return st;
-    if (!(cap > 0 && isfinite(cap))) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "softcap: cap %g", (double)cap);
+    if ((st = tdm_check_factor("softcap", cap, true, err))) return st;
     if (n == 0) return TANDEM_OK;
     softcap_job j = {x, dim, cap};
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, 4096), softcap_task, &j);

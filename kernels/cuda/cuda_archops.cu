@@ -24,12 +24,8 @@ __global__ void k_head_rmsnorm(float *x, int32_t row_stride, int32_t hd, const f
 tandem_status tdm_cuda_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
                                     int32_t head_dim, const float *gamma, float eps, tdm_err *err) {
     GET_CUDA("head_rmsnorm");
-    if (n < 0 || n_head <= 0 || head_dim <= 0 || (int64_t)n_head * head_dim > row_stride || !(eps >= 0))
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
-                          "head_rmsnorm: n = %d, n_head = %d, head_dim = %d, row_stride = %d, eps = %g", (int)n,
-                          (int)n_head, (int)head_dim, (int)row_stride, (double)eps);
-    if (n == 0) return TANDEM_OK;
-    if (!x || !gamma) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "head_rmsnorm: NULL pointer");
+    tandem_status st = tdm_check_head_norm(x, gamma, n, row_stride, n_head, head_dim, eps, err);
+    if (st || n == 0) return st;
     if (n_head > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_rmsnorm: %d heads", (int)n_head);
     k_head_rmsnorm<<<dim3((unsigned)n, (unsigned)n_head), 128, 0, c->stream>>>(x, row_stride, head_dim, gamma, eps);
     TDM_CU_LAUNCHED("head_rmsnorm");
@@ -49,9 +45,8 @@ __global__ void k_geglu(const float *gu, int32_t ff, float *o) {
 
 tandem_status tdm_cuda_geglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out, tdm_err *err) {
     GET_CUDA("geglu");
-    if (n < 0 || ff <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "geglu: n = %d, ff = %d", (int)n, (int)ff);
-    if (n == 0) return TANDEM_OK;
-    if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "geglu: NULL pointer");
+    tandem_status st = tdm_check_rows("geglu", gate_up, out, n, ff, err);
+    if (st || n == 0) return st;
     k_geglu<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(gate_up, ff, out);
     TDM_CU_LAUNCHED("geglu");
     return TANDEM_OK;
@@ -73,16 +68,9 @@ __global__ void k_softcap(float *x, int32_t dim, float cap) {
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) x[r + k] = cap * tanhf(x[r + k] / cap);
 }
 
-static tandem_status check_rows(const char *op, const float *p, const float *q, int32_t n, int32_t dim,
-                                tdm_err *err) {
-    if (n < 0 || dim <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: n = %d, dim = %d", op, (int)n, (int)dim);
-    if (n > 0 && (!p || !q)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL pointer", op);
-    return TANDEM_OK;
-}
-
 tandem_status tdm_cuda_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err) {
     GET_CUDA("add");
-    tandem_status st = check_rows("add", y, x, n, dim, err);
+    tandem_status st = tdm_check_rows("add", y, x, n, dim, err);
     if (st || n == 0) return st;
     k_add<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(y, x, dim);
     TDM_CU_LAUNCHED("add");
@@ -91,9 +79,9 @@ tandem_status tdm_cuda_add(tdm_backend *b, float *y, const float *x, int32_t n, 
 
 tandem_status tdm_cuda_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err) {
     GET_CUDA("scale");
-    tandem_status st = check_rows("scale", x, x, n, dim, err);
+    tandem_status st = tdm_check_rows("scale", x, x, n, dim, err);
     if (st) return st;
-    if (!isfinite(s)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "scale: factor %g", (double)s);
+    if ((st = tdm_check_factor("scale", s, false, err))) return st;
     if (n == 0) return TANDEM_OK;
     k_scale<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, dim, s);
     TDM_CU_LAUNCHED("scale");
@@ -102,9 +90,9 @@ tandem_status tdm_cuda_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, f
 
 tandem_status tdm_cuda_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err) {
     GET_CUDA("softcap");
-    tandem_status st = check_rows("softcap", x, x, n, dim, err);
+    tandem_status st = tdm_check_rows("softcap", x, x, n, dim, err);
     if (st) return st;
-    if (!(cap > 0 && isfinite(cap))) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "softcap: cap %g", (double)cap);
+    if ((st = tdm_check_factor("softcap", cap, true, err))) return st;
     if (n == 0) return TANDEM_OK;
     k_softcap<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, dim, cap);
     TDM_CU_LAUNCHED("softcap");
