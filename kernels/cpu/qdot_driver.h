@@ -15,6 +15,7 @@
 #include "qdot_prep.h"
 
 #define XC 16 /* x rows per chunk (accumulators kept per chunk) */
+#define QD_PF_ROWS 16 /* software prefetch distance in W rows */
 
 static inline void store4(float *y, __m128 s, int64_t nv, bool acc) {
     float t[4];
@@ -64,6 +65,11 @@ krows(const uint32_t type, const tdm_weight *w, const tdm_xq *xq, int32_t n, int
             const int32_t m = TDM_MIN(XC, n - i0);
             zero(facc, m);
             for (int64_t b = 0; b < nb; b++) {
+                if (i0 == 0 && r + QD_PF_ROWS + 4 <= r1) /* the W rows QD_PF_ROWS ahead, during the first x chunk */
+                    for (int j = 0; j < 4; j++)
+                        for (size_t o = 0; o < bb; o += 64)
+                            _mm_prefetch((const char *)(p[j] + (size_t)QD_PF_ROWS * w->row_bytes + (size_t)b * bb + o),
+                                         _MM_HINT_T0);
                 for (int j = 0; j < 4; j++) qp_kprep(type, p[j] + (size_t)b * bb, &kp[j]);
                 const __m128 d4 = _mm_setr_ps(kp[0].d, kp[1].d, kp[2].d, kp[3].d);
                 const __m128 dm4 = _mm_setr_ps(kp[0].dm, kp[1].dm, kp[2].dm, kp[3].dm);
@@ -106,6 +112,9 @@ qrows(const uint32_t type, const tdm_weight *w, const tdm_xq *xq, int32_t n, int
             for (int64_t b = 0; b < nb; b++) {
                 __m256i q[4];
                 float d[4], mm[4];
+                if (i0 == 0 && r + QD_PF_ROWS + 4 <= r1) /* the W rows QD_PF_ROWS ahead, during the first x chunk */
+                    for (int j = 0; j < 4; j++)
+                        _mm_prefetch((const char *)(p[j] + (size_t)QD_PF_ROWS * w->row_bytes + (size_t)b * bb), _MM_HINT_T0);
                 for (int j = 0; j < 4; j++) {
                     const uint8_t *blk = p[j] + (size_t)b * bb;
                     q[j] = qp_q32(type, blk);
