@@ -90,9 +90,5 @@ int tdm_cu_test_main(int argc, char *argv[]) {
     }
     tdm_backend_destroy(b);
 #endif
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
+    return tdm_test_run_all(argc, argv);
 }

@@ -230,9 +230,5 @@ int main(int argc, char *argv[]) {
         printf("skipped: %s is absent (scripts/get-real-model.sh fetches it)\n", model_path());
         return 77;
     }
-    struct criterion_test_set *tests = criterion_initialize();
-    int result = 0;
-    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
-    criterion_finalize(tests);
-    return result;
+    return tdm_test_run_all(argc, argv);
 }

@@ -106,3 +106,11 @@ void tdm_test_sample_counts(tdm_engine *e, const tandem_generate_params *base, c
         tandem_result_free(&res);
     }
 }
+
+int tdm_test_run_all(int argc, char *argv[]) {
+    struct criterion_test_set *tests = criterion_initialize();
+    int result = 0;
+    if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
+    criterion_finalize(tests);
+    return result;
+}

@@ -20,6 +20,10 @@ static inline bool tdm_test_sanitized(void) { return TDM_TEST_SANITIZED != 0; }
 const char *tdm_test_data_path(const char *name);  /* static buffer, rotating (4 slots) */
 const char *tdm_test_model_path(const char *name);
 
+/* Runs the program's Criterion tests as Criterion's own main would (for tests with a
+ * main of their own, which first decide whether to skip: exit 77). */
+int tdm_test_run_all(int argc, char *argv[]);
+
 /* Parses a JSON-lines file: one tdm_json per non-empty line.  Fails the test on error.
  * Free with tdm_test_jsonl_free. */
 tdm_json **tdm_test_jsonl(const char *path, size_t *n);
