@@ -24,6 +24,11 @@ __global__ void k_head_rmsnorm(float *x, int32_t row_stride, int32_t hd, const f
 tandem_status tdm_cuda_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
                                     int32_t head_dim, const float *gamma, float eps, tdm_err *err) {
     GET_CUDA("head_rmsnorm");
+    return tdm_cuda_head_rmsnorm_on(c, x, n, row_stride, n_head, head_dim, gamma, eps, err);
+}
+
+tandem_status tdm_cuda_head_rmsnorm_on(tdm_cuda *c, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                                       int32_t head_dim, const float *gamma, float eps, tdm_err *err) {
     tandem_status st = tdm_check_head_norm(x, gamma, n, row_stride, n_head, head_dim, eps, err);
     if (st || n == 0) return st;
     if (n_head > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_rmsnorm: %d heads", (int)n_head);

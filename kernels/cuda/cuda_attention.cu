@@ -33,7 +33,7 @@
 
 /* Per row: [0] n_visible, [1] n_extra, [2] first extra (index into the extra list),
  * [3] offset of the sequence's block table; then the extra slots, then the tables. */
-enum { ROW_INTS = 4 };
+enum { ROW_INTS = 5 }; /* n_visible, n_extra, extra offset, table offset, window start */
 
 typedef struct attn_meta {
     const int32_t *rows;   /* [n_rows][ROW_INTS] */
@@ -46,7 +46,7 @@ typedef struct attn_meta {
  * n_visible may be 0).  Returns the device copy's pointers in *m and the widest
  * row's slot count in *max_tot. */
 static tandem_status pack_meta(tdm_cuda *c, const tdm_batch *bt, const tdm_kv_seq *const *seqs, int32_t bs,
-                               const char *op, attn_meta *m, int32_t *max_tot, tdm_err *err) {
+                               int32_t window, const char *op, attn_meta *m, int32_t *max_tot, tdm_err *err) {
     const int32_t n = bt->n_rows;
     size_t n_extra = bt->extra_off ? (size_t)bt->extra_off[n] : 0;
     if (bt->extra_off && (bt->extra_off[0] != 0 || bt->extra_off[n] < 0 || !bt->extra_slot))
@@ -110,6 +110,9 @@ static tandem_status pack_meta(tdm_cuda *c, const tdm_batch *bt, const tdm_kv_se
         ri[1] = e1 - e0;
         ri[2] = e0;
         ri[3] = off;
+        /* sliding window: the visible slots before ri[4] are not seen (as the CPU
+         * backend: extra slots, after the visible ones, always are) */
+        ri[4] = window > 0 ? TDM_MIN(nv, TDM_MAX(0, bt->pos[r] - window + 1)) : 0;
         widest = TDM_MAX(widest, nv + (e1 - e0));
     }
     const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, ints * sizeof(int32_t), err);
@@ -213,7 +216,7 @@ __device__ __forceinline__ int32_t slot_of(const attn_meta &m, const int32_t *ri
  * (hd floats).  unit: bytes of a (block, kv head) unit of the cache. */
 template <typename C>
 __global__ void k_scores(const float *q, int32_t q_stride, const void *kc, int64_t unit, attn_meta m, int32_t n_head,
-                         int32_t n_kv, int32_t hd, int32_t bs, float scale, float *scores, int32_t ld) {
+                         int32_t n_kv, int32_t hd, int32_t bs, float scale, float softcap, float *scores, int32_t ld) {
     extern __shared__ float qs[];
     const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
     const float *qv = q + (size_t)r * q_stride + (size_t)h * hd;
@@ -222,6 +225,10 @@ __global__ void k_scores(const float *q, int32_t q_stride, const void *kc, int64
     const int32_t *ri = m.rows + (size_t)r * ROW_INTS;
     const int32_t j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j >= ri[0] + ri[1]) return;
+    if (j < ri[4]) { /* outside the sliding window */
+        scores[(size_t)rh * ld + j] = -INFINITY;
+        return;
+    }
     const int32_t slot = slot_of(m, ri, j), g = h / (n_head / n_kv);
     const int64_t blk = m.tabs[ri[3] + slot / bs];
     const uint8_t *ku = tdm_cu_kv_unit(kc, blk, n_kv, g, unit);
@@ -229,7 +236,8 @@ __global__ void k_scores(const float *q, int32_t q_stride, const void *kc, int64
     float acc = 0.0f;
 #pragma unroll 16
     for (int32_t d = 0; d < hd; d++) acc = fmaf(qs[d], tdm_cu_kv_val<C>(kb[(size_t)d * bs]), acc);
-    scores[(size_t)rh * ld + j] = acc * scale * tdm_cu_kv_scale<C>(ku, bs, hd, slot % bs);
+    const float sc = acc * scale * tdm_cu_kv_scale<C>(ku, bs, hd, slot % bs);
+    scores[(size_t)rh * ld + j] = softcap > 0.0f ? softcap * tanhf(sc / softcap) : sc;
 }
 
 __device__ float block_reduce(float v, bool is_max) {
@@ -261,18 +269,18 @@ __global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t 
     __shared__ float part[PV_WARPS][PV_D];
     const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
     const int32_t *ri = m.rows + (size_t)r * ROW_INTS;
-    const int32_t n_tot = ri[0] + ri[1], g = h / (n_head / n_kv);
+    const int32_t n_tot = ri[0] + ri[1], lo = ri[4], g = h / (n_head / n_kv);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     float *sc = scores + (size_t)rh * ld, *o = out + (size_t)r * n_head * hd + (size_t)h * hd;
-    if (n_tot == 0) {
+    if (lo >= n_tot) { /* (nothing seen: as the CPU backend, zeros) */
         for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) o[d] = 0.0f;
         return;
     }
     float mx = -INFINITY;
-    for (int32_t j = threadIdx.x; j < n_tot; j += blockDim.x) mx = fmaxf(mx, sc[j]);
+    for (int32_t j = lo + threadIdx.x; j < n_tot; j += blockDim.x) mx = fmaxf(mx, sc[j]);
     mx = block_reduce(mx, true);
     float sum = 0.0f;
-    for (int32_t j = threadIdx.x; j < n_tot; j += blockDim.x) {
+    for (int32_t j = lo + threadIdx.x; j < n_tot; j += blockDim.x) {
         float e = expf(sc[j] - mx);
         sc[j] = e;
         sum += e;
@@ -284,7 +292,7 @@ __global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t 
 #pragma unroll
         for (int i = 0; i < PV_D / 32; i++) acc[i] = 0.0f;
 #pragma unroll 4
-        for (int32_t j = wid; j < n_tot; j += PV_WARPS) {
+        for (int32_t j = lo + wid; j < n_tot; j += PV_WARPS) {
             const int32_t slot = slot_of(m, ri, j);
             const int64_t blk = m.tabs[ri[3] + slot / bs];
             const uint8_t *vu = tdm_cu_kv_unit(vc, blk, n_kv, g, unit);
@@ -357,7 +365,7 @@ static tandem_status tiled_attention(tdm_cuda *c, const tdm_attn_args *a, const 
     const int64_t unit = tdm_kv_unit_bytes(a->cache_type, a->block_size, a->head_dim);
     const unsigned rh = g1.x;
     k_scores<C><<<g1, ATT_THREADS, qbytes, c->stream>>>(a->q, a->q_stride, a->k_cache, unit, m, a->n_head, a->n_kv_head,
-                                                      a->head_dim, a->block_size, a->scale, scores, ld);
+                                                      a->head_dim, a->block_size, a->scale, a->softcap, scores, ld);
     TDM_CU_LAUNCHED("attention scores");
     k_softmax_pv<C><<<rh, ATT_THREADS, 0, c->stream>>>(a->v_cache, unit, m, a->n_head, a->n_kv_head, a->head_dim,
                                                      a->block_size, scores, ld, a->out);
@@ -386,17 +394,18 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     if (!a->seqs || !a->q || !a->out || !a->k_cache || !a->v_cache || !bt->seq || !bt->n_visible)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: NULL pointer");
     if (!isfinite(a->scale)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: scale %g", (double)a->scale);
-    if (a->window != 0)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: sliding-window attention is not yet on the CUDA backend");
-    if (a->softcap != 0)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
-                          "attention: attention logit soft-capping is not yet on the CUDA backend");
+    if (a->window < 0 || !(a->softcap >= 0 && isfinite(a->softcap)) || (a->window > 0 && !bt->pos))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: window %d, softcap %g%s", (int)a->window,
+                          (double)a->softcap, a->window > 0 && !bt->pos ? ", NULL positions" : "");
     const int64_t rh = (int64_t)bt->n_rows * a->n_head;
     if (rh > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld (row, head) pairs", (long long)rh);
-    if (!bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type)) return flash_op(c, a, err);
+    /* (sliding windows and soft-capping: the tiled kernels only) */
+    if (!bt->extra_off && a->window == 0 && a->softcap == 0 &&
+        tdm_flash_supported(a->head_dim, a->block_size, a->cache_type))
+        return flash_op(c, a, err);
     attn_meta m;
     int32_t max_tot = 0;
-    tandem_status st = pack_meta(c, bt, a->seqs, a->block_size, "attention", &m, &max_tot, err);
+    tandem_status st = pack_meta(c, bt, a->seqs, a->block_size, a->window, "attention", &m, &max_tot, err);
     if (st) return st;
     const int32_t ld = TDM_MAX(max_tot, 1);
     float *scores = tdm_cuda_scratch(c, (size_t)rh * (size_t)ld, err);

@@ -329,7 +329,7 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     b->int8_dot = false;
     b->host_memory = false;
     b->invariant_rows = TDM_CUDA_GEMV_MAX_ROWS;
-    b->attn_window_softcap = false; /* (sliding windows and soft-capping: not yet here) */
+    b->attn_window_softcap = true; /* (the tiled kernels; the flash kernels decline them) */
     c->shared_rows_max = TDM_CUDA_SHARED_ROWS;
     if (const char *sr = getenv("TANDEM_CUDA_SHARED_ROWS")) {
         const int v = atoi(sr);

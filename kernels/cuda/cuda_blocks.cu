@@ -16,8 +16,9 @@
  *       -> rmsnorm -> f16 -> W13 -> SwiGLU -> f16 -> x += W2 ff
  * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 or q8_0 cache and the head dims it
  * knows; batches with tree rows (extra visible slots) or other shapes use the op
- * table's attention (not captured in graphs).  The qwen3 / gemma3 blocks (q / k
- * norms, post norms, GeGLU, sliding windows) are declined: they run op by op.
+ * table's attention (not captured in graphs).  qwen3's q / k head norms run
+ * between Wqkv and RoPE; the gemma3 blocks (post norms, GeGLU, sliding windows,
+ * soft-capping) are declined: they run op by op.
  *
  * Graphs: a batch shape (rows, tiles, attention splits rounded up to a power of
  * two, buffers, weights) seen a second time is captured and then replayed.  Its
@@ -227,6 +228,12 @@ static tandem_status run_layers(const fwd_ctx *f, tdm_err *err) {
         tdm_cuda_prof_mark(c, TDM_PROF_QKV);
         if ((st = mm(c, &W->wqkv, f->rows_path, &b, n, f->L.qkv, qkv_w, TDM_EPI_STORE, err))) return st;
         tdm_cuda_prof_mark(c, TDM_PROF_ROPE_KV);
+        if (W->q_norm && /* qwen3: each q and k head RMS-normed before RoPE */
+            ((st = tdm_cuda_head_rmsnorm_on(c, f->L.qkv, n, qkv_w, a->n_head, a->head_dim, W->q_norm, a->norm_eps,
+                                            err)) ||
+             (st = tdm_cuda_head_rmsnorm_on(c, f->L.qkv + qd, n, qkv_w, a->n_kv_head, a->head_dim, W->k_norm,
+                                            a->norm_eps, err))))
+            return st;
         if ((st = tdm_cuda_rope_kv(c, f->L.qkv, n, qkv_w, W->bqkv, a->n_head, a->n_kv_head, a->head_dim, a->rope,
                                    f->L.cs, f->rows_d, a->k_cache[l], a->v_cache[l], a->cache_type, a->block_size, err)))
             return st;
@@ -275,8 +282,9 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     if (!tdm_kv_type_ok(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: cache type %s", tdm_dtype_name(a->cache_type));
     if (a->swa_window || a->attn_softcap != 0 || a->ffn_act != TDM_ACT_SILU || (a->rope_swa && a->rope_swa != a->rope) ||
-        a->layers[0].q_norm || a->layers[0].attn_post_norm || a->layers[0].ffn_post_norm)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: the qwen3 / gemma3 blocks run op by op");
+        (a->layers[0].q_norm && (a->layers[0].bqkv || !a->layers[0].k_norm)) || a->layers[0].attn_post_norm ||
+        a->layers[0].ffn_post_norm)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: the gemma3 blocks run op by op");
     fwd_ctx f;
     memset(&f, 0, sizeof f);
     f.c = c;

@@ -30,7 +30,8 @@
  *   3. V: thread (dims 2 dp, 2 dp + 1; a group of query vectors) runs each stream's
  *      weighted sum of V rows (a 4-byte load per key: the key's V row is read by
  *      HD / 2 consecutive threads) in key order, then folds the streams in stream
- *      order with weights exp(m_w - M), as k_flash merges its warps; a row whose
+ *      order with weights exp(m_w - M), as k_flash merges its warps (one query
+ *      vector: the thread groups share the streams, group 0 folds); a row whose
  *      keys fit one split is written as A / L, else (A, M, L) go to the partials
  *      for k_flash_combine.
  * Every operation and its order is k_flash's, so a row's output is the same
@@ -175,7 +176,6 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
 
     /* 3. weighted sums of V, dims 2 dp, 2 dp + 1, query vectors g, g + G, ... */
     const int32_t dp = t % HP, g = t / HP;
-    if (g >= G) return;
     float M[QG], L[QG];
     float2 A[QG];
 #pragma unroll
@@ -188,9 +188,8 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         L[i] = 0.0f;
         A[i] = make_float2(0.0f, 0.0f);
     }
-
-    for (int w = 0; w < W; w++) {
-        float2 acc[QG];
+    /* stream w's weighted sum of V rows, in key order, for query vectors q0, q0 + G, ... */
+    auto stream_sum = [&](int w, int32_t q0, float2 *acc) {
 #pragma unroll
         for (int i = 0; i < QG; i++) acc[i] = make_float2(0.0f, 0.0f);
         for (int32_t u = w; u < DA_CHUNKS; u += W) {
@@ -198,7 +197,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
             if (base >= kv_len) break;
 #pragma unroll
             for (int i = 0; i < QG; i++) {
-                const int32_t qi = g + i * G;
+                const int32_t qi = q0 + i * G;
                 if (qi >= nq) continue;
                 const float c = Cs[qi][u];
                 acc[i] = make_float2(acc[i].x * c, acc[i].y * c);
@@ -218,7 +217,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
                 for (int j = 0; j < DA_VKEYS; j++)
 #pragma unroll
                     for (int i = 0; i < QG; i++) {
-                        const int32_t qi = g + i * G;
+                        const int32_t qi = q0 + i * G;
                         if (qi >= nq) continue;
                         float p = Ps[qi][u * 32 + j0 + j];
                         if constexpr (q8) p *= Vsc[u * 32 + j0 + j];
@@ -226,6 +225,9 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
                     }
             }
         }
+    };
+    /* the streams folded in stream order with weights exp(m_w - M), as k_flash merges its warps */
+    auto fold = [&](int w, const float2 *acc) {
 #pragma unroll
         for (int i = 0; i < QG; i++) {
             const int32_t qi = g + i * G;
@@ -233,6 +235,32 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
             const float e = expf(Ms[qi][w] - M[i]);
             L[i] = fmaf(e, Ls[qi][w], L[i]);
             A[i] = make_float2(fmaf(e, acc[i].x, A[i].x), fmaf(e, acc[i].y, A[i].y));
+        }
+    };
+    if constexpr (QN == 1 && G >= 2) {
+        /* One query vector (MHA decode): the G thread groups would otherwise idle but
+         * one, so they take the streams between them (group g: streams g, g + G, ...),
+         * park each stream's sum in shared memory, and group 0 folds them in stream
+         * order - the same operations in the same order, so the same bits. */
+        __shared__ float2 Af[W][HP];
+        if (g < G)
+            for (int w = g; w < W; w += G) {
+                float2 acc[QG];
+                stream_sum(w, 0, acc);
+                Af[w][dp] = acc[0];
+            }
+        __syncthreads();
+        if (g != 0) return;
+        for (int w = 0; w < W; w++) {
+            const float2 acc[1] = {Af[w][dp]};
+            fold(w, acc);
+        }
+    } else {
+        if (g >= G) return;
+        for (int w = 0; w < W; w++) {
+            float2 acc[QG];
+            stream_sum(w, g, acc);
+            fold(w, acc);
         }
     }
 

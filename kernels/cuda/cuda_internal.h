@@ -179,6 +179,9 @@ tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t
 /* The ops of the qwen3 / gemma3 blocks (cuda_archops.cu). */
 tandem_status tdm_cuda_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
                                     int32_t head_dim, const float *gamma, float eps, tdm_err *err);
+/* (the same on a backend's state, for the blocks op) */
+tandem_status tdm_cuda_head_rmsnorm_on(tdm_cuda *c, float *x, int32_t n, int32_t row_stride, int32_t n_head,
+                                       int32_t head_dim, const float *gamma, float eps, tdm_err *err);
 tandem_status tdm_cuda_geglu(tdm_backend *b, const float *gate_up, int32_t n, int32_t ff, float *out, tdm_err *err);
 tandem_status tdm_cuda_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err);
 tandem_status tdm_cuda_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err);
