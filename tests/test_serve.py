@@ -83,6 +83,31 @@ c.check(st == 200 and json.loads(data).get("status") == "ok", "GET /health is 20
 st, _, data = request(port, "GET", "/v1/models", headers=AUTH)
 c.check(st == 200 and json.loads(data)["data"][0]["id"] == MODEL, "GET /v1/models lists the model", data)
 
+
+
+def cli(args):
+    return subprocess.run([TANDEM, "serve"] + args, capture_output=True, text=True, timeout=60)
+
+
+r = cli(["-m", TARGET, "--host", HOST, "--port", str(port)])
+c.check(r.returncode == 1 and "cannot listen on 127.0.0.1 port %d" % port in r.stderr, "a port in use: exit 1, named",
+        r.stderr)
+r = cli(["-m", TARGET, "--port", "70000"])
+c.check(r.returncode == 2 and "option --port: 70000 is out of range [0, 65535]" in r.stderr, "a bad flag: exit 2",
+        r.stderr)
+r = cli(["-m", TARGET, "--spec-k", "4"])
+c.check(r.returncode == 2 and "has no effect without -d DRAFT" in r.stderr, "--spec-k without a draft: exit 2",
+        r.stderr)
+with tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False) as f:
+    f.write("[model]\ntarget = %s\n[server]\nmax_queue = -1\n" % TARGET)
+r = cli([f.name])
+c.check(r.returncode == 1 and ":4: [server] max_queue: '-1' is not an integer" in r.stderr,
+        "a bad [server] key: exit 1, FILE:LINE named", r.stderr)
+r = cli([os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "serve.ini"), "--set",
+         "server.nope=1"])
+c.check(r.returncode == 1 and "[server] nope: unknown key" in r.stderr, "an unknown [server] key", r.stderr)
+os.unlink(f.name)
+
 want = generate(PROMPTS, chat=False)
 want_chat = generate(PROMPTS, chat=True)
 
