@@ -19,6 +19,7 @@ Prints 'N passed, N failed'; exits 1 on a failure, 77 when the openai package is
 missing (after the other checks pass).
 """
 import concurrent.futures
+import http.client
 import json
 import os
 import socket
@@ -287,6 +288,11 @@ c.check(all(r[1].get("retry-after") == "1" and "busy" in err_of(r[2]).get("messa
         "each 429 carries Retry-After and an error object")
 c.check(all(json.loads(r[2])["usage"]["completion_tokens"] == 48 for r in n200), "every accepted request completes")
 
+keep = http.client.HTTPConnection(HOST, port, timeout=30)  # a keep-alive connection open before SIGTERM
+keep.request("GET", "/health")
+r0 = keep.getresponse()
+h0 = r0.status
+r0.read()
 s = raw_send({"prompt": PROMPTS[0], "max_tokens": 400, "stream": True, "temperature": 0})
 s.settimeout(30)
 got = s.recv(4096)
@@ -303,6 +309,15 @@ def _connect_refused():
 
 
 refused = wait_until(_connect_refused, 5)
+try:
+    keep.request("GET", "/health")
+    r = keep.getresponse()
+    h1, body1 = r.status, r.read()
+except OSError as e:
+    h1, body1 = None, str(e)
+keep.close()
+c.check(h0 == 200 and h1 == 503 and b"shutting_down" in body1, "SIGTERM: /health turns 503 while draining",
+        (h0, h1, body1))
 while True:
     b = s.recv(65536)
     if not b:

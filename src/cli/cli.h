@@ -193,7 +193,8 @@ typedef struct cli_server_cfg {
     char host[256];              /* host: the address to bind; default 127.0.0.1 */
     int port;                    /* port: default 8080; 0 = any free port */
     char api_key[256];           /* api_key: "" = none */
-    int max_queue;               /* max_queue: waiting requests beyond which 429; default 64 */
+    int max_queue;               /* max_queue: waiting requests beyond which 429; default 64,
+                                    0 = no limit */
     int max_body_kb;             /* max_body_kb: request body limit; default 1024 */
     double request_timeout_s;    /* request_timeout_s: every request's limit; 0 = none (default) */
     double shutdown_grace_s;     /* shutdown_grace_s: SIGTERM waits this long; default 10 */

@@ -116,7 +116,7 @@ static const char usage_text[] =
     "      --host H          address to bind (default 127.0.0.1)\n"
     "      --port P          port (default 8080; 0 = any free one, printed)\n"
     "      --api-key KEY     require \"Authorization: Bearer KEY\" on /v1/\n"
-    "      --max-queue N     waiting requests beyond which 429 (default 64)\n"
+    "      --max-queue N     waiting requests beyond which 429 (default 64; 0 = no limit)\n"
     "      --max-body-kb N   request body limit (default 1024)\n"
     "      --request-timeout S  every request ends after S seconds (default 0 = none)\n"
     "      --shutdown-grace S   SIGTERM lets requests finish for S seconds (default 10)\n"

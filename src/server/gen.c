@@ -348,7 +348,8 @@ static bool submit(srv *s, srv_job *j, const tandem_request *req, oai_error *e) 
     tandem_engine_stats st;
     if (s->state != SRV_READY) {
         oai_fail(e, 503, NULL, "unavailable", s->state == SRV_LOADING ? "the model is loading" : "the server is shutting down");
-    } else if (tandem_engine_get_stats(s->m.engine, &st) == TANDEM_OK && st.n_waiting >= s->cfg.max_queue) {
+    } else if (s->cfg.max_queue > 0 && tandem_engine_get_stats(s->m.engine, &st) == TANDEM_OK &&
+               st.n_waiting >= s->cfg.max_queue) {
         oai_fail(e, 429, NULL, "queue_full", "the server is busy: %d requests are waiting (max_queue %d); retry later",
                  st.n_waiting, s->cfg.max_queue);
     } else {

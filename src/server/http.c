@@ -169,6 +169,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!x) { /* the headers: the body (if any) follows */
         if (!(x = calloc(1, sizeof *x))) return MHD_NO;
         x->t_arrival = tdm_now();
+        pthread_mutex_lock(&s->mu);
+        s->n_http++;
+        pthread_mutex_unlock(&s->mu);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) x->too_big = true;
         *con_cls = x;
@@ -186,12 +189,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code) {
-    (void)cls, (void)c, (void)code;
+    (void)c, (void)code;
+    srv *s = cls;
     conn_ctx *x = *con_cls;
     if (!x) return;
     free(x->body);
     free(x);
     *con_cls = NULL;
+    pthread_mutex_lock(&s->mu);
+    s->n_http--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
 }
 
 bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap) {
@@ -244,9 +252,10 @@ void srv_set_ready(srv *s, const srv_model *m) {
     pthread_mutex_unlock(&s->mu);
 }
 
-/* Waits (s->mu held) until no request is in flight or `until` (tdm_now()) passes. */
+/* Waits (s->mu held) until no request is in flight (in the engine, or its answer still
+ * being sent) or `until` (tdm_now()) passes. */
 static void wait_jobs(srv *s, double until) {
-    while (s->n_jobs > 0 && tdm_now() < until) {
+    while ((s->n_jobs > 0 || s->n_http > 0) && tdm_now() < until) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 100 * 1000000L;

@@ -29,7 +29,7 @@ typedef struct srv_config {
     int port;                    /* 0: any free port (srv_port says which) */
     const char *api_key;         /* NULL or "": none; else "Authorization: Bearer KEY" */
     int max_queue;               /* requests waiting in the scheduler beyond which a new one
-                                    gets 429 */
+                                    gets 429; 0 = no limit */
     size_t max_body;             /* bytes of a request body at most (413 beyond) */
     unsigned idle_timeout_s;     /* a connection idle this long is closed */
 } srv_config;
@@ -56,6 +56,8 @@ typedef struct srv {
     srv_model m;                 /* set once under mu (state READY), read-only after */
     srv_job *jobs;               /* generation requests submitted and not finished */
     int n_jobs;
+    int n_http;                  /* HTTP requests begun and not yet completed (their answer
+                                    fully sent or their connection closed) */
     uint64_t next_id;
 } srv;
 
