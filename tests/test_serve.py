@@ -242,7 +242,7 @@ m = metrics(port)
 c.check(b"200 OK" in first and ok and m.get("tandem_requests_running") == 0 and m.get("tandem_kv_blocks_used") == 0,
         "a streaming client that disconnects cancels its request and frees its KV blocks",
         "first %r, metrics %s" % (first[:80], {k: v for k, v in m.items() if "kv" in k or "running" in k}))
-s = raw_send({"prompt": PROMPTS[2], "max_tokens": 1000})
+s = raw_send({"prompt": PROMPTS[-1], "max_tokens": 1000})
 time.sleep(0.1)
 s.close()
 ok = wait_until(lambda: cancelled() >= n0 + 2, 10)
@@ -253,6 +253,7 @@ c.check(ok and m.get("tandem_kv_blocks_used") == 0, "a waiting (non-streaming) c
 shared = "def f(x):\n    return x\n" * 8  # (several full KV blocks: what the prefix cache shares)
 for _ in range(2):
     post(port, C, {"prompt": shared, "max_tokens": 2}, headers=AUTH)
+post(port, C, {"prompt": PROMPTS[0], "max_tokens": N_TOK}, headers=AUTH)  # (speculates: drafted tokens)
 m = metrics(port)
 for name in ['tandem_http_requests_total{endpoint="completions",status="200"}',
              'tandem_http_requests_total{endpoint="completions",status="400"}',

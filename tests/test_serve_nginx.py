@@ -62,14 +62,12 @@ http {{
     upstream tandem {{
         server {h}:{a} max_fails=1 fail_timeout=2s;
         server {h}:{b} max_fails=1 fail_timeout=2s;
-        keepalive 16;
     }}
     server {{
         listen {h}:{lb};
         location / {{
             proxy_pass http://tandem;
             proxy_http_version 1.1;
-            proxy_set_header Connection "";
             proxy_buffering off;
             proxy_next_upstream error timeout http_502 http_503;
             proxy_next_upstream_tries 2;
