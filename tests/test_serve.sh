@@ -14,7 +14,7 @@ VENV=${2:?}
 MODE=${3:?}
 SCRIPT=${4:?}
 
-if "$TANDEM" serve -m /nonexistent 2>&1 | grep -q "without HTTP support"; then
+if "$TANDEM" serve -m /nonexistent --port 0 2>&1 | grep -q "without HTTP support"; then
     echo "skipped: tandem was built without HTTP support (libmicrohttpd-dev missing at configure time)"
     exit 77
 fi
