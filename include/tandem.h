@@ -462,6 +462,8 @@ typedef struct tandem_engine_stats {
     uint64_t generated_tokens;
     uint64_t steps;             /* scheduler iterations that ran a forward */
     uint64_t spec_drafted, spec_accepted;
+    uint64_t prefix_hits;       /* requests that started with at least one prompt block
+                                   found in the prefix cache */
 } tandem_engine_stats;
 
 tandem_status tandem_engine_get_stats(tandem_engine *engine, tandem_engine_stats *out);

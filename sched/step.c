@@ -154,6 +154,7 @@ static void admit(tdm_sched *s, double now) {
             pthread_mutex_lock(&s->mu);
             s->stats.prompt_tokens += (uint64_t)q->n_prompt;
             s->stats.cached_tokens += (uint64_t)cached;
+            if (cached > 0) s->stats.prefix_hits++;
             pthread_mutex_unlock(&s->mu);
         }
         s->run[s->n_run++] = r;

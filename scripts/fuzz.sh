@@ -4,7 +4,7 @@
 # Builds every libFuzzer harness of tests/fuzz/ (fuzz_NAME.c) with clang
 # -fsanitize=fuzzer,address,undefined into build-fuzz/, seeds each one's corpus from
 # the checked-in examples (configs/*.ini, tests/data/*.jsonl, the GGUF files' heads,
-# the tokenizer cases, the chat templates) and runs it for SECONDS (default 20), two at a time (NAME...:
+# the tokenizer cases, the chat templates, example server requests) and runs it for SECONDS (default 20), two at a time (NAME...:
 # only those, e.g. `scripts/fuzz.sh 300 config prompts`).  The
 # corpora stay in build-fuzz/corpus/NAME (a later run starts from them); crashes go
 # to build-fuzz/crashes/.  Exit status: 0 when no harness crashed, 1 when one did (the
@@ -17,14 +17,14 @@ case "$SECS" in '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS [NAME...]]"
 shift $(($# > 0 ? 1 : 0))
 OUT=build-fuzz
 CC=${CLANG:-clang}
-FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli)
+FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli -Isrc/server)
 JSON_SRC=(src/json.c src/unicode.c src/unicode_data.c src/common.c)
 GGUF_SRC=(src/gguf.c src/ggml_types.c src/dtype.c src/dtype_quant.c src/dtype_kquant.c "${JSON_SRC[@]}")
 TOK_SRC=(src/tokenizer.c src/tok_bpe.c src/tok_spm.c src/tok_pretok.c src/tok_pretok_rules.c src/tok_pretok_names.c "${GGUF_SRC[@]}")
 PROMPT_SRC=(src/cli/prompts.c src/input.c "${JSON_SRC[@]}")
 JINJA_SRC=(src/jinja/lexer.c src/jinja/parser.c src/jinja/parse_stmt.c src/jinja/eval.c src/jinja/ops.c
     src/jinja/value.c src/jinja/strings.c src/jinja/filters.c src/jinja/tests.c src/jinja/methods.c "${JSON_SRC[@]}")
-HARNESSES=(gguf json tokenizer config prompts chat_template)
+HARNESSES=(gguf json tokenizer config prompts chat_template oai_request)
 [ $# -gt 0 ] && HARNESSES=("$@")
 
 # The library sources, extra link flags and -max_len of each harness.
@@ -36,6 +36,7 @@ sources() {
     config) echo src/cli/job_config.c "${PROMPT_SRC[@]}" ;;
     prompts) echo "${PROMPT_SRC[@]}" ;;
     chat_template) echo "${JINJA_SRC[@]}" ;;
+    oai_request) echo src/server/oai_request.c src/server/oai_response.c "${PROMPT_SRC[@]}" ;;
     esac
 }
 libs() { [ "$1" = config ] && pkg-config --libs inih; echo -lm; }
@@ -96,6 +97,20 @@ PY
         for f in tests/data/chat/*.jinja; do
             { printf '\001'; head -c 8000 "$f"; } >"$d/$(basename "$f")"
             { printf '\202'; head -c 8000 "$f"; } >"$d/agp-$(basename "$f")"
+        done ;;
+    oai_request) # example request bodies, each after a byte that picks the endpoint and limits
+        local b bodies=(
+            '{"model": "pycode", "prompt": "def f():", "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "seed": 7, "stop": ["\n\n", "def "], "n": 1}'
+            '{"prompt": [0, 5, 511], "stream": true, "stream_options": {"include_usage": true}, "priority": 2, "timeout_s": 1.5, "spec_k": 4, "spec_tree": "off"}'
+            '{"prompt": ["x"], "max_tokens": 300, "logprobs": null, "echo": false, "best_of": 1, "presence_penalty": 0, "user": "u"}'
+            '{"model": "pycode", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": null}], "max_completion_tokens": 8, "stream": true}'
+            '{"messages": [{"role": "user", "content": "\u00e9\ud83d\ude00"}], "stop": "\n", "response_format": {"type": "text"}}'
+            '{"model": "other", "prompt": "x", "n": 2, "max_tokens": "16"}')
+        for b in "${bodies[@]}"; do
+            i=$((i + 1))
+            { printf '\000'; printf '%s' "$b"; } >"$d/completion$i"
+            { printf '\007'; printf '%s' "$b"; } >"$d/chat$i"
+            { printf '\212'; printf '%s' "$b"; } >"$d/draft$i"
         done ;;
     config)
         for f in configs/*.ini; do cp "$f" "$d/"; done

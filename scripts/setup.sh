@@ -10,6 +10,9 @@ command -v cc >/dev/null 2>&1 || need+=(gcc)
 command -v clang >/dev/null 2>&1 || need+=(clang libclang-rt-dev) # scripts/fuzz.sh (libFuzzer)
 pkg-config --exists inih 2>/dev/null || need+=(libinih-dev)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
+pkg-config --exists libmicrohttpd 2>/dev/null || need+=(libmicrohttpd-dev) # tandem serve's HTTP server
+command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light) # tests/test_serve_nginx.py
+python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv) # tests/test_serve.sh (openai)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   SUDO=""

@@ -32,6 +32,7 @@ int cli_run(int argc, char **argv);
 int cli_merge(int argc, char **argv);
 int cli_chat(int argc, char **argv);
 int cli_quantize(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 
@@ -186,7 +187,23 @@ void cli_json_result(FILE *f, const cli_prompt *p, const tandem_result *r, bool 
 
 /* ---------------------------------------------------------- job files */
 
-/* A `tandem run` job file (job_config.c: the sections and keys are listed there). */
+/* `tandem serve`'s [server] section (job_config.c; the flags of the same names
+ * override it). */
+typedef struct cli_server_cfg {
+    char host[256];              /* host: the address to bind; default 127.0.0.1 */
+    int port;                    /* port: default 8080; 0 = any free port */
+    char api_key[256];           /* api_key: "" = none */
+    int max_queue;               /* max_queue: waiting requests beyond which 429; default 64,
+                                    0 = no limit */
+    int max_body_kb;             /* max_body_kb: request body limit; default 1024 */
+    double request_timeout_s;    /* request_timeout_s: every request's limit; 0 = none (default) */
+    double shutdown_grace_s;     /* shutdown_grace_s: SIGTERM waits this long; default 10 */
+    char model_name[256];        /* model_name: the id clients use; "" = the target's file name
+                                    without .gguf */
+} cli_server_cfg;
+
+/* A `tandem run` job file (job_config.c: the sections and keys are listed there), or
+ * with serve set a `tandem serve` config: [server] instead of [job]. */
 typedef struct cli_job_cfg {
     char dir[PATH_MAX];          /* the config file's directory */
     char target[PATH_MAX], draft[PATH_MAX], input[PATH_MAX], output[PATH_MAX];
@@ -206,7 +223,9 @@ typedef struct cli_job_cfg {
     int priority;                /* [job] priority: the requests' default */
     double timeout_ms;           /* [job] timeout_s * 1000: the requests' default (0: none) */
     char chat_template[256];     /* [job] chat_template: for inputs with "messages" ("" = the
-                                    model's own) */
+                                    model's own); serve: [server] chat_template */
+    bool serve;                  /* a `tandem serve` config */
+    cli_server_cfg server;       /* serve: [server] */
     /* where the first problem was found */
     char err[PATH_MAX + 512];
     const char *file;            /* the config's path, or "--set" */
@@ -225,6 +244,18 @@ bool cli_job_cfg_read(FILE *f, const char *path, const tandem_generate_params *d
 bool cli_job_cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
                       cli_job_cfg *c);
 void cli_job_cfg_free(cli_job_cfg *c);
+/* `tandem serve CONFIG.ini`: the same with [server] in place of [job] (no input or
+ * output). */
+bool cli_serve_cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
+                        cli_job_cfg *c);
+/* A serve config with every default (`tandem serve -m MODEL`, no file). */
+void cli_serve_cfg_init(cli_job_cfg *c, const tandem_generate_params *defaults);
+/* Opens the models and the engine a config names; -1 on success, else an exit code
+ * (the error printed; what was opened is closed). */
+int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng);
+/* The config's request parameters: [sampling], [job] priority / timeout, and with a
+ * draft the [spec] keys. */
+tandem_request cli_job_request(const cli_job_cfg *c, bool has_draft);
 
 /* ------------------------------------------------- generate and chat */
 

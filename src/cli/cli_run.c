@@ -170,15 +170,12 @@ static size_t select_todo(run_ctx *x, const run_args *a, char **done, size_t n_d
     return n_todo;
 }
 
-/* The request of prompt p: the job's parameters under p's own.  *tok: the ids of a
- * prompt with NUL bytes (tokenized with its length; free with tandem_free). */
-static tandem_request make_request(const run_ctx *x, const cli_prompt *p, int32_t **tok) {
-    const cli_job_cfg *c = x->c;
+tandem_request cli_job_request(const cli_job_cfg *c, bool has_draft) {
     tandem_request rq = tandem_request_default();
     rq.params = c->gp;
     rq.priority = c->priority;
     rq.timeout_ms = c->timeout_ms;
-    if (x->has_draft) {
+    if (has_draft) {
         tandem_generate_params *g = &rq.params;
         g->spec_k = c->spec_k;
         g->spec_k_max = c->spec_k_max;
@@ -186,6 +183,13 @@ static tandem_request make_request(const run_ctx *x, const cli_prompt *p, int32_
         g->spec_p_min = c->p_min;
         g->spec_ngram = c->spec_ngram;
     }
+    return rq;
+}
+
+/* The request of prompt p: the job's parameters under p's own.  *tok: the ids of a
+ * prompt with NUL bytes (tokenized with its length; free with tandem_free). */
+static tandem_request make_request(const run_ctx *x, const cli_prompt *p, int32_t **tok) {
+    tandem_request rq = cli_job_request(x->c, x->has_draft);
     cli_prompt_apply(p, &rq);
     *tok = NULL;
     if (memchr(p->text, '\0', p->len)) {
@@ -284,8 +288,7 @@ static void summary(const run_totals *t, size_t n_skipped, double dt, bool has_d
             (unsigned long long)t->preemptions, t->n_timeouts);
 }
 
-/* Opens the models and the engine of the job; an exit code. */
-static int open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = c->backend;
     tandem_status s = tandem_model_open(c->target, &mp, target);
@@ -301,7 +304,12 @@ static int open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model
     if (c->prefix_cache >= 0) ep.prefix_cache = c->prefix_cache;
     if (c->batch_invariant >= 0) ep.batch_invariant = c->batch_invariant;
     if (!s) s = tandem_engine_open(*target, *draft, &ep, eng);
-    return s ? cli_status_error(s, NULL) : CLI_EXIT_OK;
+    if (!s) return -1;
+    const int rc = cli_status_error(s, NULL);
+    tandem_model_close(*draft);
+    tandem_model_close(*target);
+    *target = *draft = NULL;
+    return rc;
 }
 
 /* The job once its config is read: an exit code. */
@@ -321,7 +329,8 @@ static int run_job(const cli_job_cfg *c, const run_args *a) {
     for (size_t i = 0; i < n_done; i++) free(done[i]);
     free(done);
     tandem_model *target = NULL, *draft = NULL;
-    int rc = !todo || !x.ids ? cli_error("out of memory") : open_engine(c, &target, &draft, &x.eng);
+    int rc = !todo || !x.ids ? cli_error("out of memory") : cli_job_open_engine(c, &target, &draft, &x.eng);
+    if (rc < 0) rc = CLI_EXIT_OK;
     x.target = target;
     if (rc == CLI_EXIT_OK) { /* inputs with "messages": rendered, a failure that input's error */
         int r = cli_render_chats(target, c->chat_template[0] ? c->chat_template : NULL, false, c->input, &in, true);

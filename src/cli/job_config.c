@@ -8,6 +8,8 @@
  *              stop (JSON: "\n\n" or ["\n\n", "def "])
  *   [job]      input, output, priority, timeout_s, chat_template (a built-in name or
  *              a named template of the model, for the inputs that carry "messages")
+ *   [server]   (`tandem serve`, in place of [job]) host, port, api_key, max_queue,
+ *              max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template
  *
  * Paths are relative to the config file; `--set section.key=value` overrides a key.
  * Every unknown section or key, bad value, over-long line and missing file is
@@ -239,6 +241,34 @@ static int key_sampling(cli_job_cfg *c, const char *s, const char *k, const char
     return cfg_fail(c, s, k, "unknown key (known: temperature, top_k, top_p, min_p, seed, max_tokens, stop)");
 }
 
+/* A string key into a fixed buffer. */
+static int set_str(cli_job_cfg *c, const char *s, const char *k, const char *v, char *dst, size_t cap) {
+    if (strlen(v) >= cap) return cfg_fail(c, s, k, "longer than %zu bytes", cap - 1);
+    snprintf(dst, cap, "%s", v);
+    return 1;
+}
+
+static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *v) {
+    cli_server_cfg *sv = &c->server;
+    if (!strcmp(k, "host")) return *v ? set_str(c, s, k, v, sv->host, sizeof sv->host) : cfg_fail(c, s, k, "empty");
+    if (!strcmp(k, "api_key")) return set_str(c, s, k, v, sv->api_key, sizeof sv->api_key);
+    if (!strcmp(k, "model_name")) return set_str(c, s, k, v, sv->model_name, sizeof sv->model_name);
+    if (!strcmp(k, "chat_template")) return set_str(c, s, k, v, c->chat_template, sizeof c->chat_template);
+    INT_KEY("port", 0, 65535, sv->port)
+    INT_KEY("max_queue", 0, INT_MAX, sv->max_queue)
+    INT_KEY("max_body_kb", 1, 1 << 20, sv->max_body_kb)
+    if (!strcmp(k, "request_timeout_s") || !strcmp(k, "shutdown_grace_s")) {
+        double x;
+        if (!parse_double(v, 0, CLI_TIMEOUT_S_MAX, false, &x))
+            return cfg_fail(c, s, k, "'%s' is not a number of seconds in [0, %g]", v, CLI_TIMEOUT_S_MAX);
+        *(!strcmp(k, "request_timeout_s") ? &sv->request_timeout_s : &sv->shutdown_grace_s) = x;
+        return 1;
+    }
+    return cfg_fail(c, s, k,
+                    "unknown key (known: host, port, api_key, max_queue, max_body_kb, request_timeout_s, "
+                    "shutdown_grace_s, model_name, chat_template)");
+}
+
 static int on_key(void *user, const char *s, const char *k, const char *v) {
     static const struct {
         const char *name;
@@ -248,8 +278,11 @@ static int on_key(void *user, const char *s, const char *k, const char *v) {
     cli_job_cfg *c = user;
     if (c->err[0]) return 0;
     for (size_t i = 0; i < sizeof sections / sizeof sections[0]; i++)
-        if (!strcmp(s, sections[i].name)) return sections[i].fn(c, s, k, v);
-    return cfg_fail(c, s, k, "unknown section [%s] (known: model, engine, spec, sampling, job)", s);
+        if (!strcmp(s, sections[i].name) && (c->serve ? strcmp(s, "job") != 0 : true))
+            return sections[i].fn(c, s, k, v);
+    if (c->serve && !strcmp(s, "server")) return key_server(c, s, k, v);
+    return cfg_fail(c, s, k, "unknown section [%s] (known: model, engine, spec, sampling, %s)", s,
+                    c->serve ? "server" : "job");
 }
 
 /* inih's line reader, counting lines for the messages.  A line that does not fit
@@ -282,8 +315,16 @@ static bool exists(const char *p) {
     return stat(p, &st) == 0;
 }
 
-static void cfg_init(cli_job_cfg *c, const char *path, const tandem_generate_params *defaults) {
+static void cfg_init(cli_job_cfg *c, const char *path, const tandem_generate_params *defaults, bool serve) {
     memset(c, 0, sizeof *c);
+    c->serve = serve;
+    if (serve) {
+        snprintf(c->server.host, sizeof c->server.host, "127.0.0.1");
+        c->server.port = 8080;
+        c->server.max_queue = 64;
+        c->server.max_body_kb = 1024;
+        c->server.shutdown_grace_s = 10;
+    }
     c->gp = *defaults;
     c->gp.stop = NULL;
     c->gp.n_stop = 0;
@@ -320,9 +361,9 @@ static bool apply_sets(cli_job_cfg *c, char **sets, int n_sets) {
 static bool check_cfg(cli_job_cfg *c, const char *path) {
     c->file = path;
     c->line = 0;
-    if (!c->target[0]) return cfg_fail(c, "model", "target", "required"), false;
-    if (!c->input[0]) return cfg_fail(c, "job", "input", "required"), false;
-    if (!c->output[0]) return cfg_fail(c, "job", "output", "required"), false;
+    if (!c->serve && !c->target[0]) return cfg_fail(c, "model", "target", "required"), false; /* (serve: or -m) */
+    if (!c->serve && !c->input[0]) return cfg_fail(c, "job", "input", "required"), false;
+    if (!c->serve && !c->output[0]) return cfg_fail(c, "job", "output", "required"), false;
     const struct { const char *sec, *key, *path, *file; int line; } files[] = {
         {"model", "target", c->target, c->target_file, c->target_line},
         {"model", "draft", c->draft, c->draft_file, c->draft_line},
@@ -337,9 +378,9 @@ static bool check_cfg(cli_job_cfg *c, const char *path) {
     return true;
 }
 
-bool cli_job_cfg_read(FILE *f, const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
-                      cli_job_cfg *c) {
-    cfg_init(c, path, defaults);
+static bool cfg_read(FILE *f, const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
+                     bool serve, cli_job_cfg *c) {
+    cfg_init(c, path, defaults, serve);
     line_src ls = {f, c};
     int r = ini_parse_stream(read_line, &ls, on_key, c);
     if (!c->err[0] && r != 0)
@@ -350,17 +391,36 @@ bool cli_job_cfg_read(FILE *f, const char *path, const tandem_generate_params *d
     return true;
 }
 
-bool cli_job_cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
-                      cli_job_cfg *c) {
+static bool cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets, bool serve,
+                     cli_job_cfg *c) {
     FILE *f = fopen(path, "r");
     if (!f) {
-        cfg_init(c, path, defaults);
+        cfg_init(c, path, defaults, serve);
         snprintf(c->err, sizeof c->err, "%s: %s", path, strerror(errno));
         return false;
     }
-    bool ok = cli_job_cfg_read(f, path, defaults, sets, n_sets, c);
+    bool ok = cfg_read(f, path, defaults, sets, n_sets, serve, c);
     fclose(f);
     return ok;
+}
+
+bool cli_job_cfg_read(FILE *f, const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
+                      cli_job_cfg *c) {
+    return cfg_read(f, path, defaults, sets, n_sets, false, c);
+}
+
+bool cli_job_cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
+                      cli_job_cfg *c) {
+    return cfg_load(path, defaults, sets, n_sets, false, c);
+}
+
+bool cli_serve_cfg_load(const char *path, const tandem_generate_params *defaults, char **sets, int n_sets,
+                        cli_job_cfg *c) {
+    return cfg_load(path, defaults, sets, n_sets, true, c);
+}
+
+void cli_serve_cfg_init(cli_job_cfg *c, const tandem_generate_params *defaults) {
+    cfg_init(c, "command line", defaults, true);
 }
 
 void cli_job_cfg_free(cli_job_cfg *c) {

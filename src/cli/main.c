@@ -110,6 +110,25 @@ static const char usage_text[] =
     "  inputs with \"messages\").  Paths are relative to the file; --shard takes the ids\n"
     "  that hash to shard I of N\n"
     "\n"
+    "tandem serve (-m MODEL [-d DRAFT] | CONFIG.ini [--set SECTION.KEY=VALUE]...) [options]\n"
+    "  an OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
+    "  (streaming with \"stream\": true), GET /v1/models, /health, /metrics\n"
+    "      --host H          address to bind (default 127.0.0.1)\n"
+    "      --port P          port (default 8080; 0 = any free one, printed)\n"
+    "      --api-key KEY     require \"Authorization: Bearer KEY\" on /v1/\n"
+    "      --max-queue N     waiting requests beyond which 429 (default 64; 0 = no limit)\n"
+    "      --max-body-kb N   request body limit (default 1024)\n"
+    "      --request-timeout S  every request ends after S seconds (default 0 = none)\n"
+    "      --shutdown-grace S   SIGTERM lets requests finish for S seconds (default 10)\n"
+    "      --model-name ID   the model's id for clients (default: the file name)\n"
+    "      --chat-template T a built-in name, the model's named template or a .jinja file\n"
+    "      --max-batch N     sequences decoding at once (default 8)\n"
+    "      -n, --max-tokens N  a request's max_tokens when it gives none (default 128)\n"
+    "      --backend, -t, --kv-type, --spec-k  as for generate\n"
+    "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
+    "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template) in\n"
+    "  place of [job]; flags override it.  SIGTERM: drain, then exit 0\n"
+    "\n"
     "tandem merge OUT.jsonl IN.jsonl... [--input JOB_INPUT.jsonl] [--force]\n"
     "  joins shard outputs into OUT (written whole or not at all); every id exactly once,\n"
     "  no malformed or truncated line; --input: every id of the job's input present;\n"
@@ -395,6 +414,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "merge") == 0) return cli_merge(sub_argc, sub_argv);
     if (strcmp(cmd, "chat") == 0) return cli_chat(sub_argc, sub_argv);
     if (strcmp(cmd, "quantize") == 0) return cli_quantize(sub_argc, sub_argv);
+    if (strcmp(cmd, "serve") == 0) return cli_serve(sub_argc, sub_argv);
     return cli_usage_error("unknown command '%s'", cmd);
 }
 

@@ -1,0 +1,262 @@
+/* cli_serve.c - `tandem serve`: the OpenAI-compatible HTTP server (src/server/).
+ *
+ *   tandem serve -m MODEL [-d DRAFT] [--host H] [--port P] [options]
+ *   tandem serve CONFIG.ini [options]       (the flags override the file)
+ *
+ * The file is a job file (job_config.c) with [server] in place of [job].  The server
+ * listens first and answers /health with 503 while the models load, then 200.
+ * SIGTERM or SIGINT: no new connection or request, the requests in flight get
+ * shutdown_grace_s seconds to finish, the rest are cancelled; exit 0. */
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#ifdef TDM_HAVE_HTTP
+#include "server.h"
+#endif
+
+/* The flags, each applied over the config (or the defaults) once it is read. */
+enum {
+    O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
+    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_COUNT
+};
+
+static const struct {
+    const char *s, *l;
+} opt_names[O_COUNT] = {
+    [O_MODEL] = {"-m", "--model"}, [O_DRAFT] = {"-d", "--draft"}, [O_HOST] = {NULL, "--host"},
+    [O_PORT] = {NULL, "--port"}, [O_BACKEND] = {NULL, "--backend"}, [O_API_KEY] = {NULL, "--api-key"},
+    [O_MAX_QUEUE] = {NULL, "--max-queue"}, [O_MAX_BODY] = {NULL, "--max-body-kb"},
+    [O_TIMEOUT] = {NULL, "--request-timeout"}, [O_GRACE] = {NULL, "--shutdown-grace"},
+    [O_MODEL_NAME] = {NULL, "--model-name"}, [O_CHAT_TEMPLATE] = {NULL, "--chat-template"},
+    [O_THREADS] = {"-t", "--threads"}, [O_MAX_BATCH] = {NULL, "--max-batch"}, [O_KV_TYPE] = {NULL, "--kv-type"},
+    [O_MAX_TOKENS] = {"-n", "--max-tokens"}, [O_SPEC_K] = {NULL, "--spec-k"},
+};
+
+typedef struct serve_args {
+    const char *config;
+    const char *val[O_COUNT];    /* each flag's value as given (NULL: not given) */
+    const char *name[O_COUNT];   /* the flag as written, for messages */
+    char **sets;                 /* [n_sets] --set values (heap array) */
+    int n_sets;
+} serve_args;
+
+/* Returns -1 to go on, else an exit code. */
+static int parse_args(int argc, char **argv, serve_args *a) {
+    memset(a, 0, sizeof *a);
+    if (!(a->sets = calloc((size_t)argc, sizeof *a->sets))) return cli_error("out of memory");
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            cli_usage(stdout);
+            return CLI_EXIT_OK;
+        }
+        const char *v = NULL;
+        bool missing = false, taken = false;
+        for (int o = 0; o < O_COUNT && !taken; o++) {
+            const char *arg = argv[i];
+            if (cli_take(argc, argv, &i, opt_names[o].s, opt_names[o].l, &v, &missing)) {
+                if (missing) return CLI_EXIT_USAGE;
+                a->val[o] = v;
+                a->name[o] = arg;
+                taken = true;
+            }
+        }
+        if (taken) continue;
+        if (cli_take(argc, argv, &i, NULL, "--set", &v, &missing)) {
+            if (missing) return CLI_EXIT_USAGE;
+            a->sets[a->n_sets++] = (char *)v;
+        } else if (argv[i][0] == '-' || a->config) {
+            return cli_unknown_arg(argv[i]);
+        } else {
+            a->config = argv[i];
+        }
+    }
+    if (a->n_sets && !a->config) return cli_usage_error("serve: --set needs CONFIG.ini");
+    return -1;
+}
+
+/* A path flag into a config path field. */
+static bool set_path_flag(const char *opt, const char *v, char *dst) {
+    if (strlen(v) >= PATH_MAX || !*v) {
+        cli_usage_error("option %s: empty or too long path", opt);
+        return false;
+    }
+    snprintf(dst, PATH_MAX, "%s", v);
+    return true;
+}
+
+static bool set_str_flag(const char *opt, const char *v, char *dst, size_t cap) {
+    if (strlen(v) >= cap) {
+        cli_usage_error("option %s: longer than %zu bytes", opt, cap - 1);
+        return false;
+    }
+    snprintf(dst, cap, "%s", v);
+    return true;
+}
+
+/* The flags over c; false with the usage error printed. */
+static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
+    cli_server_cfg *sv = &c->server;
+    float f = 0;
+    int n = 0;
+    for (int o = 0; o < O_COUNT; o++) {
+        const char *v = a->val[o], *opt = a->name[o];
+        if (!v) continue;
+        bool ok = true;
+        switch (o) {
+        case O_MODEL: ok = set_path_flag(opt, v, c->target); break;
+        case O_DRAFT: ok = set_path_flag(opt, v, c->draft); break;
+        case O_HOST: ok = *v ? set_str_flag(opt, v, sv->host, sizeof sv->host) : (cli_usage_error("option %s: empty", opt), false); break;
+        case O_PORT: ok = cli_parse_int(opt, v, 0, 65535, &sv->port); break;
+        case O_BACKEND: ok = cli_parse_backend(opt, v, &c->backend); break;
+        case O_API_KEY: ok = set_str_flag(opt, v, sv->api_key, sizeof sv->api_key); break;
+        case O_MAX_QUEUE: ok = cli_parse_int(opt, v, 0, INT_MAX, &sv->max_queue); break;
+        case O_MAX_BODY: ok = cli_parse_int(opt, v, 1, 1 << 20, &sv->max_body_kb); break;
+        case O_TIMEOUT:
+            if ((ok = cli_parse_float(opt, v, 0, CLI_TIMEOUT_S_MAX, &f))) sv->request_timeout_s = f;
+            break;
+        case O_GRACE:
+            if ((ok = cli_parse_float(opt, v, 0, CLI_TIMEOUT_S_MAX, &f))) sv->shutdown_grace_s = f;
+            break;
+        case O_MODEL_NAME: ok = set_str_flag(opt, v, sv->model_name, sizeof sv->model_name); break;
+        case O_CHAT_TEMPLATE: ok = set_str_flag(opt, v, c->chat_template, sizeof c->chat_template); break;
+        case O_THREADS: ok = cli_parse_int(opt, v, 0, TANDEM_THREADS_MAX, &c->threads); break;
+        case O_MAX_BATCH: ok = cli_parse_int(opt, v, 1, CLI_BATCH_MAX, &c->max_batch); break;
+        case O_KV_TYPE: ok = cli_parse_kv_type(opt, v, &c->kv_type); break;
+        case O_MAX_TOKENS:
+            if ((ok = cli_parse_int(opt, v, 1, CLI_COUNT_MAX, &n))) c->gp.max_tokens = n;
+            break;
+        case O_SPEC_K: ok = cli_parse_spec_k(opt, v, &c->spec_k); break;
+        }
+        if (!ok) return false;
+    }
+    if (!c->target[0]) {
+        cli_usage_error("serve: missing -m MODEL (or CONFIG.ini's [model] target)");
+        return false;
+    }
+    if (!c->draft[0] && a->val[O_SPEC_K]) {
+        cli_needs(a->name[O_SPEC_K], "-d DRAFT");
+        return false;
+    }
+    return true;
+}
+
+#ifdef TDM_HAVE_HTTP
+
+/* The id clients name the model by: model_name, else the target's file name without
+ * ".gguf". */
+static void model_id(const cli_job_cfg *c, char *out, size_t cap) {
+    if (c->server.model_name[0]) {
+        snprintf(out, cap, "%s", c->server.model_name);
+        return;
+    }
+    const char *slash = strrchr(c->target, '/'), *base = slash ? slash + 1 : c->target;
+    size_t n = strlen(base);
+    if (n > 5 && strcmp(base + n - 5, ".gguf") == 0) n -= 5;
+    snprintf(out, cap, "%.*s", (int)n, base);
+}
+
+/* The chat template: the config's, else the model's own, else ChatML (said on stderr). */
+static const char *chat_template(const cli_job_cfg *c, const tandem_model *target, char **owned) {
+    *owned = NULL;
+    if (c->chat_template[0]) return cli_chat_template_arg(c->chat_template, owned);
+    tandem_chat_message m = {"user", "hi"};
+    char *t = NULL;
+    if (tandem_chat_render(target, NULL, &m, 1, true, &t) == TANDEM_OK) {
+        tandem_free(t);
+        return NULL;
+    }
+    fprintf(stderr, "serve: the model has no chat template of its own: /v1/chat/completions uses chatml\n");
+    return "chatml";
+}
+
+static int serve(const cli_job_cfg *c) {
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* (the threads started below inherit it) */
+    signal(SIGPIPE, SIG_IGN);
+    const cli_server_cfg *sv = &c->server;
+    srv_config scfg = {.host = sv->host, .port = sv->port, .api_key = sv->api_key, .max_queue = sv->max_queue,
+                       .max_body = (size_t)sv->max_body_kb * 1024, .idle_timeout_s = 600};
+    srv *s = NULL;
+    char err[512];
+    if (!srv_start(&scfg, &s, err, sizeof err)) return cli_error("serve: %s", err);
+    fprintf(stderr, "serve: listening on http://%s:%d (loading %s)\n", sv->host, srv_port(s), c->target);
+    tandem_model *target = NULL, *draft = NULL;
+    tandem_engine *eng = NULL;
+    int rc = cli_job_open_engine(c, &target, &draft, &eng);
+    if (rc >= 0) {
+        srv_free(s);
+        return rc;
+    }
+    char *owned_tmpl = NULL;
+    const char *tmpl = chat_template(c, target, &owned_tmpl);
+    tandem_model_info info;
+    tandem_status st = tandem_engine_start(eng);
+    if (st == TANDEM_OK) st = tandem_model_get_info(target, &info);
+    if (st != TANDEM_OK || (c->chat_template[0] && !tmpl)) {
+        rc = st != TANDEM_OK ? cli_status_error(st, NULL) : CLI_EXIT_ERROR;
+    } else {
+        char id[256];
+        model_id(c, id, sizeof id);
+        srv_model m = {.target = target, .engine = eng, .chat_template = tmpl};
+        m.lim = (oai_limits){.model_id = id, .n_ctx = info.n_ctx_train, .n_vocab = info.n_vocab,
+                             .has_draft = draft != NULL, .defaults = cli_job_request(c, draft != NULL).params,
+                             .timeout_s = sv->request_timeout_s};
+        srv_set_ready(s, &m);
+        fprintf(stderr, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s\n", id,
+                draft ? " with a draft" : "", info.n_ctx_train, c->max_batch, sv->max_queue,
+                sv->api_key[0] ? ", API key required" : "");
+        int sig = 0;
+        while (sigwait(&sigs, &sig) != 0) {}
+        fprintf(stderr, "serve: %s: draining (grace %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
+                sv->shutdown_grace_s);
+        const int n = srv_shutdown(s, sv->shutdown_grace_s);
+        fprintf(stderr, "serve: stopped (%d requests cancelled)\n", n);
+        rc = CLI_EXIT_OK;
+    }
+    srv_shutdown(s, 0); /* (a no-op after the one above) */
+    tandem_engine_close(eng);
+    tandem_model_close(draft);
+    tandem_model_close(target);
+    free(owned_tmpl);
+    srv_free(s);
+    return rc;
+}
+
+#else
+
+static int serve(const cli_job_cfg *c) {
+    (void)c;
+    return cli_error("serve: this tandem was built without HTTP support (libmicrohttpd was not found when it was "
+                     "configured: install libmicrohttpd-dev, then meson setup --reconfigure)");
+}
+
+#endif
+
+/* Reads the config (or the defaults), puts the flags over it and serves. */
+static int serve_config(const serve_args *a) {
+    const tandem_generate_params defaults = tandem_generate_default_params();
+    cli_job_cfg *c = malloc(sizeof *c); /* (large: paths) */
+    if (!c) return cli_error("out of memory");
+    int rc = -1;
+    if (!a->config) cli_serve_cfg_init(c, &defaults);
+    else if (!cli_serve_cfg_load(a->config, &defaults, a->sets, a->n_sets, c)) rc = cli_error("%s", c->err);
+    if (rc < 0) rc = apply_flags(a, c) ? serve(c) : CLI_EXIT_USAGE;
+    cli_job_cfg_free(c);
+    free(c);
+    return rc;
+}
+
+int cli_serve(int argc, char **argv) {
+    serve_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc < 0) rc = serve_config(&a);
+    free(a.sets);
+    return rc;
+}

@@ -1,0 +1,423 @@
+/* gen.c - a generation request's life in the server (server.h): from its parsed body
+ * to the engine's scheduler and back, whole or streamed as server-sent events.
+ *
+ * A job is shared by the connection's thread and the engine's callbacks (two
+ * references; the last one out frees it).  The token callback appends the text piece
+ * to the job's queue and signals; the connection's thread waits on the job's condition
+ * variable in slices of 100 ms and, between them, looks whether its client hung up
+ * (poll POLLRDHUP on the socket): then it cancels the request, whose KV blocks the
+ * scheduler frees at its next step. */
+#include <errno.h>
+#include <microhttpd.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common.h"
+#include "oai_response.h"
+#include "server.h"
+
+#define WAIT_SLICE_MS 100
+#define PING_S 15.0 /* a stream idle this long gets an SSE comment (proxies keep it) */
+
+enum { PH_TEXT, PH_FINAL, PH_USAGE, PH_DONE, PH_END };
+
+struct srv_job {
+    srv *s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs;                    /* the connection's and the engine's */
+    tandem_request_id id;
+    int fd;                      /* the client's socket, -1 unknown */
+    char id_text[48];
+    oai_meta meta;
+    bool stream, include_usage;
+    double t_arrival, t_last;    /* tdm_now(): arrival, last token */
+    bool got_token;
+    char *pending;               /* stream: text passed by on_token, not yet sent */
+    size_t n_pending, cap_pending;
+    bool done;                   /* res is set (on_finish) */
+    tandem_result res;
+    bool gone;                   /* the client went away: cancelled */
+    int phase;                   /* stream: what comes next */
+    bool first_chunk;
+    size_t n_sent_text;          /* stream: bytes of text sent so far */
+    char *out;                   /* stream: bytes formatted, out_off of them given to MHD */
+    size_t out_len, out_off;
+    double t_out;                /* stream: when bytes were last given to MHD */
+    srv_job *prev, *next;        /* s->jobs (under s->mu) */
+};
+
+static void job_unref(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    const int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left > 0) return;
+    tandem_result_free(&j->res);
+    free(j->pending);
+    free(j->out);
+    pthread_cond_destroy(&j->cv);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+}
+
+static bool peer_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* Waits (j->mu held) for a signal or WAIT_SLICE_MS. */
+static void wait_slice(srv_job *j) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += WAIT_SLICE_MS * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+}
+
+/* The client is gone (j->mu held on entry, released on return): the request is
+ * cancelled, unless it is already done. */
+static void job_cancel_unlock(srv_job *j) {
+    const bool cancel = !j->done && !j->gone;
+    j->gone = true;
+    pthread_mutex_unlock(&j->mu);
+    if (cancel) (void)tandem_engine_cancel(j->s->m.engine, j->id); /* (a finished id: no-op) */
+}
+
+/* ---- the engine's callbacks (on the scheduler's thread) ---- */
+
+static bool on_token(int32_t token, const char *text, size_t len, void *user) {
+    (void)token;
+    srv_job *j = user;
+    const double now = tdm_now();
+    pthread_mutex_lock(&j->mu);
+    if (!j->got_token) srv_metrics_ttft(j->s->metrics, now - j->t_arrival);
+    else srv_metrics_itl(j->s->metrics, now - j->t_last);
+    j->got_token = true;
+    j->t_last = now;
+    bool ok = !j->gone;
+    if (j->stream && len > 0 && ok) {
+        if (j->n_pending + len > j->cap_pending) {
+            size_t nc = j->cap_pending ? j->cap_pending : 256;
+            while (nc < j->n_pending + len) nc *= 2;
+            char *np = realloc(j->pending, nc);
+            if (np) j->pending = np, j->cap_pending = nc;
+        }
+        if (j->n_pending + len <= j->cap_pending) {
+            memcpy(j->pending + j->n_pending, text, len);
+            j->n_pending += len;
+        } else {
+            ok = false; /* out of memory: the stream cannot go on */
+        }
+        pthread_cond_signal(&j->cv);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return ok;
+}
+
+static void on_finish(tandem_request_id id, tandem_result *r, void *user) {
+    (void)id;
+    srv_job *j = user;
+    srv *s = j->s;
+    pthread_mutex_lock(&j->mu);
+    j->res = *r;
+    j->done = true;
+    pthread_cond_broadcast(&j->cv);
+    const double t0 = j->t_arrival;
+    pthread_mutex_unlock(&j->mu);
+    if (r->status == TANDEM_OK) srv_metrics_e2e(s->metrics, tdm_now() - t0);
+    pthread_mutex_lock(&s->mu);
+    if (j->prev) j->prev->next = j->next;
+    else if (s->jobs == j) s->jobs = j->next;
+    if (j->next) j->next->prev = j->prev;
+    s->n_jobs--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    job_unref(j);
+}
+
+int srv_cancel_all(srv *s) {
+    int n = 0;
+    pthread_mutex_lock(&s->mu);
+    for (srv_job *j = s->jobs; j; j = j->next)
+        if (tandem_engine_cancel(s->m.engine, j->id) == TANDEM_OK) n++;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
+/* ---- streaming ---- */
+
+/* Formats the next event into j->out (j->mu held); false when there is none yet. */
+static bool next_event(srv_job *j, bool *oom) {
+    size_t n = 0;
+    char *t = NULL;
+    if (j->n_pending > 0) {
+        t = oai_chunk_sse(&j->meta, j->pending, j->n_pending, j->first_chunk, j->include_usage, &n);
+        j->n_sent_text += j->n_pending;
+        j->n_pending = 0;
+        j->first_chunk = false;
+    } else if (!j->done) {
+        return false;
+    } else if (j->phase == PH_TEXT) { /* what the stream held back (e.g. an unfinished character) */
+        const tandem_result *r = &j->res;
+        const size_t tl = r->status == TANDEM_OK && r->text ? strlen(r->text) : 0;
+        j->phase = PH_FINAL;
+        if (tl <= j->n_sent_text) return next_event(j, oom);
+        t = oai_chunk_sse(&j->meta, r->text + j->n_sent_text, tl - j->n_sent_text, j->first_chunk, j->include_usage,
+                          &n);
+        j->n_sent_text = tl;
+        j->first_chunk = false;
+    } else if (j->phase == PH_FINAL) {
+        if (j->res.status != TANDEM_OK) {
+            oai_error e;
+            oai_fail(&e, 500, NULL, "generation_failed", "%s", j->res.error ? j->res.error : "generation failed");
+            t = oai_error_sse(&e, &n);
+            j->phase = PH_DONE;
+        } else {
+            t = oai_final_chunk_sse(&j->meta, &j->res, j->include_usage, &n);
+            j->phase = j->include_usage ? PH_USAGE : PH_DONE;
+        }
+    } else if (j->phase == PH_USAGE) {
+        t = oai_usage_chunk_sse(&j->meta, &j->res, &n);
+        j->phase = PH_DONE;
+    } else {
+        t = oai_done_sse(&n);
+        j->phase = PH_END;
+    }
+    if (!t) *oom = true;
+    j->out = t;
+    j->out_len = t ? n : 0;
+    j->out_off = 0;
+    return t != NULL;
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (j->out_off < j->out_len) {
+            const size_t n = j->out_len - j->out_off < max ? j->out_len - j->out_off : max;
+            memcpy(buf, j->out + j->out_off, n);
+            j->out_off += n;
+            j->t_out = tdm_now();
+            pthread_mutex_unlock(&j->mu);
+            return (ssize_t)n;
+        }
+        free(j->out);
+        j->out = NULL;
+        j->out_len = j->out_off = 0;
+        if (j->phase == PH_END) break;
+        bool oom = false;
+        if (next_event(j, &oom)) continue;
+        if (oom) break;
+        wait_slice(j);
+        if (!j->done && !j->n_pending && peer_gone(j->fd)) {
+            job_cancel_unlock(j);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (!j->done && !j->n_pending && tdm_now() - j->t_out > PING_S) {
+            static const char ping[] = ": keep-alive\n\n";
+            if ((j->out = malloc(sizeof ping))) {
+                memcpy(j->out, ping, sizeof ping);
+                j->out_len = sizeof ping - 1;
+            }
+        }
+    }
+    const bool ended = j->phase == PH_END;
+    if (!ended) {
+        job_cancel_unlock(j);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    pthread_mutex_unlock(&j->mu);
+    return MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+/* The response is done with (sent, or the connection closed). */
+static void stream_free(void *cls) {
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->mu);
+    job_cancel_unlock(j);
+    job_unref(j);
+}
+
+static int send_stream(srv_job *j, struct MHD_Connection *c) {
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, j, stream_free);
+    if (!resp) {
+        pthread_mutex_lock(&j->mu);
+        job_cancel_unlock(j);
+        job_unref(j);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no"); /* nginx: pass each event on at once */
+    const enum MHD_Result r = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return r;
+}
+
+/* ---- the whole answer ---- */
+
+static int send_whole(srv_job *j, struct MHD_Connection *c, int *status) {
+    pthread_mutex_lock(&j->mu);
+    while (!j->done) {
+        wait_slice(j);
+        if (!j->done && !j->gone && peer_gone(j->fd)) {
+            job_cancel_unlock(j);
+            pthread_mutex_lock(&j->mu);
+        }
+    }
+    const bool gone = j->gone;
+    pthread_mutex_unlock(&j->mu);
+    int r;
+    if (gone) {
+        *status = 499; /* (nginx's "client closed request"; nothing is sent) */
+        r = MHD_NO;
+    } else if (j->res.status != TANDEM_OK) {
+        oai_error e;
+        oai_fail(&e, 500, NULL, "generation_failed", "%s", j->res.error ? j->res.error : "generation failed");
+        *status = 500;
+        r = srv_send_error(c, &e);
+    } else {
+        size_t n = 0;
+        char *body = oai_result_json(&j->meta, &j->res, &n);
+        *status = body ? 200 : 500;
+        r = body ? srv_send(c, 200, "application/json", body, n) : MHD_NO;
+    }
+    job_unref(j);
+    return r;
+}
+
+/* ---- admission ---- */
+
+/* The prompt's token ids (heap; free with tandem_free): rendered by the chat template,
+ * tokenized, or as given. */
+static bool prompt_ids(const srv_model *m, const oai_request *rq, int32_t **ids, size_t *n, oai_error *e) {
+    tandem_status st;
+    *ids = NULL;
+    *n = 0;
+    if (rq->kind == OAI_CHAT) {
+        char *text = NULL;
+        st = tandem_chat_render(m->target, m->chat_template, rq->messages, rq->n_messages, true, &text);
+        if (st != TANDEM_OK)
+            return oai_fail(e, st == TANDEM_ERR_NOMEM ? 500 : 400, "messages", "chat_template_error",
+                            "the chat template cannot render these messages: %s", tandem_last_error());
+        st = tandem_tokenize(m->target, text, strlen(text), true, ids, n);
+        tandem_free(text);
+    } else if (rq->prompt) {
+        st = tandem_tokenize(m->target, rq->prompt, rq->prompt_len, true, ids, n);
+    } else {
+        if (!(*ids = malloc(rq->n_prompt_ids * sizeof **ids))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+        memcpy(*ids, rq->prompt_ids, rq->n_prompt_ids * sizeof **ids);
+        *n = rq->n_prompt_ids;
+        return true;
+    }
+    if (st != TANDEM_OK) return oai_fail(e, 500, NULL, NULL, "tokenization failed: %s", tandem_last_error());
+    if (*n == 0) return oai_fail(e, 400, rq->kind == OAI_CHAT ? "messages" : "prompt", "invalid_value", "the prompt has no token");
+    return true;
+}
+
+static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival) {
+    srv_job *j = calloc(1, sizeof *j);
+    if (!j) return NULL;
+    if (pthread_mutex_init(&j->mu, NULL) != 0) return free(j), NULL;
+    if (pthread_cond_init(&j->cv, NULL) != 0) {
+        pthread_mutex_destroy(&j->mu);
+        return free(j), NULL;
+    }
+    j->s = s;
+    j->refs = 2;
+    j->fd = fd;
+    j->stream = rq->stream;
+    j->include_usage = rq->include_usage;
+    j->first_chunk = true;
+    j->t_arrival = j->t_out = t_arrival;
+    j->meta = (oai_meta){.kind = rq->kind, .id = j->id_text, .created = (int64_t)time(NULL), .model = s->m.lim.model_id,
+                         .has_draft = s->m.lim.has_draft};
+    return j;
+}
+
+/* Admits and submits (under s->mu): 429 beyond max_queue, 503 unless ready. */
+static bool submit(srv *s, srv_job *j, const tandem_request *req, oai_error *e) {
+    pthread_mutex_lock(&s->mu);
+    bool ok = false;
+    tandem_engine_stats st;
+    if (s->state != SRV_READY) {
+        oai_fail(e, 503, NULL, "unavailable", s->state == SRV_LOADING ? "the model is loading" : "the server is shutting down");
+    } else if (s->cfg.max_queue > 0 && tandem_engine_get_stats(s->m.engine, &st) == TANDEM_OK &&
+               st.n_waiting >= s->cfg.max_queue) {
+        oai_fail(e, 429, NULL, "queue_full", "the server is busy: %d requests are waiting (max_queue %d); retry later",
+                 st.n_waiting, s->cfg.max_queue);
+    } else {
+        const uint64_t n = ++s->next_id;
+        snprintf(j->id_text, sizeof j->id_text, "%s-%llx%06llx", j->meta.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
+                 (unsigned long long)s->created, (unsigned long long)n);
+        tandem_status st2 = tandem_engine_submit(s->m.engine, req, on_finish, j, &j->id);
+        if (st2 == TANDEM_OK) {
+            ok = true;
+            j->next = s->jobs;
+            if (s->jobs) s->jobs->prev = j;
+            s->jobs = j;
+            s->n_jobs++;
+        } else {
+            oai_fail(e, st2 == TANDEM_ERR_INVALID_ARG ? 400 : 500, NULL, NULL, "%s", tandem_last_error());
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
+    return ok;
+}
+
+int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *body, size_t len, double t_arrival,
+                 int *status) {
+    oai_error e = {0};
+    pthread_mutex_lock(&s->mu);
+    const int state = s->state;
+    pthread_mutex_unlock(&s->mu);
+    if (state != SRV_READY) {
+        oai_fail(&e, 503, NULL, "unavailable", state == SRV_LOADING ? "the model is loading" : "the server is shutting down");
+        *status = e.status;
+        return srv_send_error(c, &e);
+    }
+    const srv_model *m = &s->m;
+    oai_request rq;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    if (!oai_request_parse(kind, body, len, &m->lim, &rq, &e)) {
+        *status = e.status;
+        return srv_send_error(c, &e);
+    }
+    srv_job *j = NULL;
+    bool ok = prompt_ids(m, &rq, &ids, &n_ids, &e) && oai_fit_context(&rq, n_ids, &m->lim, &e);
+    if (ok) {
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        j = job_new(s, &rq, ci ? ci->connect_fd : -1, t_arrival);
+        if (!j) ok = oai_fail(&e, 500, NULL, NULL, "out of memory");
+    }
+    if (ok) {
+        tandem_request req = tandem_request_default();
+        req.prompt_ids = ids;
+        req.n_prompt_ids = n_ids;
+        req.params = rq.params;
+        req.params.on_token = on_token;
+        req.params.user_data = j;
+        req.priority = rq.priority;
+        req.timeout_ms = rq.timeout_ms;
+        ok = submit(s, j, &req, &e); /* (the ids and stop strings are copied) */
+    }
+    tandem_free(ids);
+    oai_request_free(&rq);
+    if (!ok) {
+        if (j) j->refs = 1, job_unref(j);
+        *status = e.status;
+        return srv_send_error(c, &e);
+    }
+    if (j->stream) {
+        *status = 200;
+        return send_stream(j, c);
+    }
+    return send_whole(j, c, status);
+}

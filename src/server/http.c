@@ -1,0 +1,299 @@
+/* http.c - libmicrohttpd glue of `tandem serve` (server.h): the daemon, routing, the
+ * request body and its limit, the API key, /health, /v1/models, /metrics, shutdown.
+ *
+ * The daemon runs every connection on a thread of its own (MHD_USE_THREAD_PER_
+ * CONNECTION), so a handler may block on its request (gen.c).  The body is collected
+ * across the access handler's calls up to max_body bytes; a longer one (by its
+ * Content-Length or as it arrives) is read to its end and answered 413. */
+#include <microhttpd.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common.h"
+#include "oai_response.h"
+#include "server.h"
+
+#define CONNECTION_LIMIT 512
+#define SHUTDOWN_CANCEL_WAIT_S 30.0
+
+typedef struct conn_ctx {
+    double t_arrival;
+    char *body;
+    size_t len, cap;
+    bool too_big;
+} conn_ctx;
+
+int srv_send(struct MHD_Connection *c, int status, const char *type, char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    if (status == 429 || status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    const enum MHD_Result q = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    return q;
+}
+
+int srv_send_error(struct MHD_Connection *c, const oai_error *e) {
+    size_t n = 0;
+    char *body = oai_error_json(e, &n);
+    if (!body) return MHD_NO;
+    return srv_send(c, e->status, "application/json", body, n);
+}
+
+/* "Authorization: Bearer KEY" must name the server's key (when it has one). */
+static bool authorized(const srv *s, struct MHD_Connection *c) {
+    if (!s->cfg.api_key || !s->cfg.api_key[0]) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    const size_t a = strlen(h), b = strlen(s->cfg.api_key);
+    unsigned diff = a != b; /* compare every byte: no timing hint of a prefix */
+    for (size_t i = 0; i < a && i < b; i++) diff |= (unsigned char)(h[i] ^ s->cfg.api_key[i]);
+    return diff == 0;
+}
+
+static int health(srv *s, struct MHD_Connection *c, int *status) {
+    pthread_mutex_lock(&s->mu);
+    const int state = s->state;
+    const char *model = state == SRV_READY ? s->m.lim.model_id : NULL;
+    pthread_mutex_unlock(&s->mu);
+    size_t n = 0;
+    char *body = oai_health_json(state == SRV_READY ? "ok" : state == SRV_LOADING ? "loading" : "shutting_down", model,
+                                 &n);
+    *status = state == SRV_READY ? 200 : 503;
+    return body ? srv_send(c, *status, "application/json", body, n) : MHD_NO;
+}
+
+static int metrics(srv *s, struct MHD_Connection *c, int *status) {
+    pthread_mutex_lock(&s->mu);
+    const bool ready = s->state != SRV_LOADING;
+    pthread_mutex_unlock(&s->mu);
+    tandem_engine_stats st;
+    const bool have = ready && tandem_engine_get_stats(s->m.engine, &st) == TANDEM_OK;
+    size_t n = 0;
+    char *body = srv_metrics_text(s->metrics, have ? &st : NULL, &n);
+    *status = body ? 200 : 500;
+    return body ? srv_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", body, n) : MHD_NO;
+}
+
+static int models(srv *s, struct MHD_Connection *c, int *status) {
+    pthread_mutex_lock(&s->mu);
+    const bool ready = s->state != SRV_LOADING;
+    pthread_mutex_unlock(&s->mu);
+    oai_error e;
+    if (!ready) {
+        oai_fail(&e, 503, NULL, "unavailable", "the model is loading");
+        *status = 503;
+        return srv_send_error(c, &e);
+    }
+    size_t n = 0;
+    char *body = oai_models_json(s->m.lim.model_id, s->created, s->m.lim.n_ctx, &n);
+    *status = body ? 200 : 500;
+    return body ? srv_send(c, 200, "application/json", body, n) : MHD_NO;
+}
+
+static srv_endpoint endpoint_of(const char *url) {
+    if (!strcmp(url, "/v1/completions")) return SRV_EP_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions")) return SRV_EP_CHAT;
+    if (!strcmp(url, "/v1/models")) return SRV_EP_MODELS;
+    if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
+    if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
+    return SRV_EP_OTHER;
+}
+
+/* The answer of a request whose body is complete. */
+static int route(srv *s, struct MHD_Connection *c, const char *url, const char *method, conn_ctx *x, int *status) {
+    const srv_endpoint ep = endpoint_of(url);
+    const bool post = ep == SRV_EP_COMPLETIONS || ep == SRV_EP_CHAT;
+    oai_error e;
+    if (ep == SRV_EP_OTHER) {
+        oai_fail(&e, 404, NULL, "not_found", "no such endpoint: %s %.200s", method, url);
+    } else if (strcmp(method, post ? "POST" : "GET") != 0) {
+        oai_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s, not %s", url, post ? "POST" : "GET", method);
+    } else if (ep == SRV_EP_HEALTH) {
+        return health(s, c, status);
+    } else if (ep == SRV_EP_METRICS) {
+        return metrics(s, c, status);
+    } else if (!authorized(s, c)) {
+        oai_fail(&e, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");
+    } else if (ep == SRV_EP_MODELS) {
+        return models(s, c, status);
+    } else if (x->too_big) {
+        oai_fail(&e, 413, NULL, "request_too_large", "the request body is larger than the limit of %zu bytes (max_body_kb)",
+                 s->cfg.max_body);
+    } else {
+        return srv_generate(s, c, ep == SRV_EP_CHAT ? OAI_CHAT : OAI_COMPLETION, x->body ? x->body : "", x->len,
+                            x->t_arrival, status);
+    }
+    *status = e.status;
+    return srv_send_error(c, &e);
+}
+
+/* Appends a piece of the body (over the limit: dropped, and the request marked). */
+static void take_body(srv *s, conn_ctx *x, const char *data, size_t n) {
+    if (x->too_big) return;
+    if (x->len + n > s->cfg.max_body) {
+        x->too_big = true;
+        return;
+    }
+    if (x->len + n + 1 > x->cap) {
+        size_t nc = x->cap ? x->cap : 4096;
+        while (nc < x->len + n + 1) nc *= 2;
+        char *nb = realloc(x->body, nc);
+        if (!nb) {
+            x->too_big = true; /* (no memory for it: as if it were over the limit) */
+            return;
+        }
+        x->body = nb;
+        x->cap = nc;
+    }
+    memcpy(x->body + x->len, data, n);
+    x->len += n;
+    x->body[x->len] = '\0';
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
+    (void)version;
+    srv *s = cls;
+    conn_ctx *x = *con_cls;
+    if (!x) { /* the headers: the body (if any) follows */
+        if (!(x = calloc(1, sizeof *x))) return MHD_NO;
+        x->t_arrival = tdm_now();
+        pthread_mutex_lock(&s->mu);
+        s->n_http++;
+        pthread_mutex_unlock(&s->mu);
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) x->too_big = true;
+        *con_cls = x;
+        return MHD_YES;
+    }
+    if (*upload_size > 0) {
+        take_body(s, x, upload_data, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    int status = 500;
+    const int r = route(s, c, url, method, x, &status);
+    srv_metrics_request(s->metrics, endpoint_of(url), status);
+    return r == MHD_YES ? MHD_YES : MHD_NO;
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code) {
+    (void)c, (void)code;
+    srv *s = cls;
+    conn_ctx *x = *con_cls;
+    if (!x) return;
+    free(x->body);
+    free(x);
+    *con_cls = NULL;
+    pthread_mutex_lock(&s->mu);
+    s->n_http--;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap) {
+    *out = NULL;
+    srv *s = calloc(1, sizeof *s);
+    if (!s || !(s->metrics = srv_metrics_new())) {
+        free(s);
+        return snprintf(err, cap, "out of memory"), false;
+    }
+    s->cfg = *cfg;
+    s->created = (int64_t)time(NULL);
+    s->state = SRV_LOADING;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    const int g = getaddrinfo(cfg->host, port, &hints, &ai);
+    if (g != 0) {
+        snprintf(err, cap, "host '%s': %s", cfg->host, gai_strerror(g));
+        srv_free(s);
+        return false;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
+                                 ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)CONNECTION_LIMIT, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->daemon) {
+        snprintf(err, cap, "cannot listen on %s port %d (in use, or not an address of this machine?)", cfg->host,
+                 cfg->port);
+        srv_free(s);
+        return false;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : cfg->port;
+    *out = s;
+    return true;
+}
+
+int srv_port(const srv *s) { return s->port; }
+
+void srv_set_ready(srv *s, const srv_model *m) {
+    pthread_mutex_lock(&s->mu);
+    s->m = *m;
+    s->state = SRV_READY;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* Waits (s->mu held) until no request is in flight (in the engine, or its answer still
+ * being sent) or `until` (tdm_now()) passes. */
+static void wait_jobs(srv *s, double until) {
+    while ((s->n_jobs > 0 || s->n_http > 0) && tdm_now() < until) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+}
+
+int srv_shutdown(srv *s, double grace_s) {
+    pthread_mutex_lock(&s->mu);
+    const bool was_ready = s->state == SRV_READY;
+    s->state = SRV_DRAINING;
+    pthread_mutex_unlock(&s->mu);
+    if (s->daemon) {
+        const MHD_socket l = MHD_quiesce_daemon(s->daemon); /* new connections are refused */
+        if (l != MHD_INVALID_SOCKET) close(l);
+    }
+    int cancelled = 0;
+    if (was_ready) {
+        pthread_mutex_lock(&s->mu);
+        wait_jobs(s, tdm_now() + grace_s);
+        const bool left = s->n_jobs > 0;
+        pthread_mutex_unlock(&s->mu);
+        if (left) cancelled = srv_cancel_all(s);
+        pthread_mutex_lock(&s->mu);
+        wait_jobs(s, tdm_now() + SHUTDOWN_CANCEL_WAIT_S);
+        pthread_mutex_unlock(&s->mu);
+    }
+    if (s->daemon) MHD_stop_daemon(s->daemon); /* (the connections' threads end: their requests did) */
+    s->daemon = NULL;
+    return cancelled;
+}
+
+void srv_free(srv *s) {
+    if (!s) return;
+    if (s->daemon) MHD_stop_daemon(s->daemon);
+    srv_metrics_free(s->metrics);
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}

@@ -1,0 +1,344 @@
+/* oai_request.c - OpenAI-style request bodies into engine requests (the members and
+ * their ranges: oai_request.h). */
+#include "oai_request.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "json.h"
+
+#define TEMP_MAX 1e6
+#define BAD "invalid_request_error"
+
+bool oai_fail(oai_error *e, int status, const char *param, const char *code, const char *fmt, ...) {
+    e->status = status;
+    e->type = status == 404 ? "not_found_error" : status == 401 ? "authentication_error"
+            : status == 413 ? "request_too_large" : status == 429 ? "rate_limit_error"
+            : status == 503 ? "service_unavailable" : status >= 500 ? "server_error" : BAD;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    snprintf(e->code, sizeof e->code, "%s", code ? code : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static const char *type_name(const tdm_json *v) {
+    static const char *const names[] = {"null", "a boolean", "a number", "a string", "an array", "an object"};
+    return v->type <= TDM_JSON_OBJECT ? names[v->type] : "?";
+}
+
+static bool wrong_type(oai_error *e, const char *name, const char *want, const tdm_json *v) {
+    return oai_fail(e, 400, name, "invalid_type", "'%s' must be %s, not %s", name, want, type_name(v));
+}
+
+/* A member that is absent or null: nothing to do. */
+static const tdm_json *member(const tdm_json *j, const char *name) {
+    const tdm_json *v = tdm_json_get(j, name);
+    return v && v->type != TDM_JSON_NULL ? v : NULL;
+}
+
+static bool get_int(const tdm_json *j, const char *name, int64_t lo, int64_t hi, bool *has, int64_t *out,
+                    oai_error *e) {
+    const tdm_json *v = member(j, name);
+    *has = v != NULL;
+    if (!v) return true;
+    if (v->type != TDM_JSON_NUMBER) return wrong_type(e, name, "an integer", v);
+    if (!tdm_json_int(v, out)) return oai_fail(e, 400, name, "invalid_value", "'%s' must be an integer, not %s", name, v->str);
+    if (*out < lo || *out > hi)
+        return oai_fail(e, 400, name, "invalid_value", "'%s' is %lld, out of range [%lld, %lld]", name,
+                        (long long)*out, (long long)lo, (long long)hi);
+    return true;
+}
+
+/* A number in [lo, hi], or (lo, hi] when lo_open. */
+static bool get_num(const tdm_json *j, const char *name, double lo, bool lo_open, double hi, bool *has, double *out,
+                    oai_error *e) {
+    const tdm_json *v = member(j, name);
+    *has = v != NULL;
+    if (!v) return true;
+    if (v->type != TDM_JSON_NUMBER) return wrong_type(e, name, "a number", v);
+    const double x = v->num;
+    if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || !(x <= hi))
+        return oai_fail(e, 400, name, "invalid_value", "'%s' is %s, out of range %c%g, %g]", name, v->str,
+                        lo_open ? '(' : '[', lo, hi);
+    *out = x;
+    return true;
+}
+
+static bool get_bool(const tdm_json *j, const char *name, bool *out, oai_error *e) {
+    const tdm_json *v = member(j, name);
+    if (!v) return true;
+    if (v->type != TDM_JSON_BOOL) return wrong_type(e, name, "a boolean", v);
+    *out = v->b;
+    return true;
+}
+
+/* Members that would change the answer in ways not implemented: refused unless they
+ * hold their neutral value. */
+static bool check_unsupported(const tdm_json *j, oai_kind kind, oai_error *e) {
+    static const char *const off_if_true[] = {"logprobs", "echo"};
+    for (size_t i = 0; i < sizeof off_if_true / sizeof *off_if_true; i++) {
+        const tdm_json *v = member(j, off_if_true[i]);
+        if (!v) continue;
+        const bool neutral = (v->type == TDM_JSON_BOOL && !v->b) ||
+                             (kind == OAI_COMPLETION && !strcmp(off_if_true[i], "logprobs") &&
+                              v->type == TDM_JSON_NUMBER && v->num == 0);
+        if (!neutral)
+            return oai_fail(e, 400, off_if_true[i], "unsupported_parameter", "'%s' is not supported by this server",
+                            off_if_true[i]);
+    }
+    static const char *const zero[] = {"presence_penalty", "frequency_penalty", "top_logprobs"};
+    for (size_t i = 0; i < sizeof zero / sizeof *zero; i++) {
+        const tdm_json *v = member(j, zero[i]);
+        if (v && !(v->type == TDM_JSON_NUMBER && v->num == 0))
+            return oai_fail(e, 400, zero[i], "unsupported_parameter", "'%s' is not supported by this server (only 0)",
+                            zero[i]);
+    }
+    const tdm_json *v = member(j, "best_of");
+    if (v && !(v->type == TDM_JSON_NUMBER && v->num == 1))
+        return oai_fail(e, 400, "best_of", "unsupported_parameter", "'best_of' is not supported by this server (only 1)");
+    static const char *const absent[] = {"suffix", "tools", "functions"};
+    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++)
+        if (member(j, absent[i]) && !(member(j, absent[i])->type == TDM_JSON_ARRAY && member(j, absent[i])->n == 0))
+            return oai_fail(e, 400, absent[i], "unsupported_parameter", "'%s' is not supported by this server", absent[i]);
+    if ((v = member(j, "logit_bias")) && !(v->type == TDM_JSON_OBJECT && v->n == 0))
+        return oai_fail(e, 400, "logit_bias", "unsupported_parameter", "'logit_bias' is not supported by this server");
+    if ((v = member(j, "response_format"))) {
+        const tdm_json *t = v->type == TDM_JSON_OBJECT ? tdm_json_get(v, "type") : NULL;
+        if (!t || t->type != TDM_JSON_STRING || strcmp(t->str, "text") != 0)
+            return oai_fail(e, 400, "response_format", "unsupported_parameter",
+                            "'response_format' is not supported by this server (only {\"type\": \"text\"})");
+    }
+    return true;
+}
+
+/* completions: prompt as a string, [string] or [token id, ...]. */
+static bool get_prompt(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    const tdm_json *p = member(j, "prompt");
+    if (!p) return oai_fail(e, 400, "prompt", "missing_required_parameter", "'prompt' is required");
+    if (p->type == TDM_JSON_ARRAY && p->n == 1 && p->items[0].type == TDM_JSON_STRING) p = &p->items[0];
+    if (p->type == TDM_JSON_STRING) {
+        if (p->str_len == 0) return oai_fail(e, 400, "prompt", "invalid_value", "'prompt' is empty");
+        if (!(r->prompt = tdm_strndup(p->str, p->str_len))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+        r->prompt_len = p->str_len;
+        return true;
+    }
+    if (p->type != TDM_JSON_ARRAY) return wrong_type(e, "prompt", "a string or an array of token ids", p);
+    if (p->n == 0) return oai_fail(e, 400, "prompt", "invalid_value", "'prompt' is empty");
+    if (p->items[0].type == TDM_JSON_STRING || p->items[0].type == TDM_JSON_ARRAY)
+        return oai_fail(e, 400, "prompt", "unsupported_value",
+                        "'prompt' holds %zu prompts; this server takes one prompt per request", p->n);
+    if (!(r->prompt_ids = calloc(p->n, sizeof *r->prompt_ids))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < p->n; i++) {
+        int64_t id;
+        if (p->items[i].type != TDM_JSON_NUMBER || !tdm_json_int(&p->items[i], &id) || id < 0 || id >= lim->n_vocab)
+            return oai_fail(e, 400, "prompt", "invalid_value",
+                            "'prompt'[%zu] is not a token id in [0, %d) (a prompt array holds token ids)", i,
+                            lim->n_vocab);
+        r->prompt_ids[i] = (int32_t)id;
+    }
+    r->n_prompt_ids = p->n;
+    return true;
+}
+
+/* A message's content: a string, null, or text parts joined (heap; *out NULL for null). */
+static bool message_content(const tdm_json *c, size_t i, char **out, oai_error *e) {
+    *out = NULL;
+    if (!c || c->type == TDM_JSON_NULL) return true;
+    if (c->type == TDM_JSON_STRING) {
+        if (memchr(c->str, '\0', c->str_len))
+            return oai_fail(e, 400, "messages", "invalid_value", "'messages'[%zu].content holds a NUL character", i);
+        return (*out = tdm_strndup(c->str, c->str_len)) ? true : oai_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    if (c->type != TDM_JSON_ARRAY)
+        return oai_fail(e, 400, "messages", "invalid_type",
+                        "'messages'[%zu].content must be a string, null or an array of text parts, not %s", i,
+                        type_name(c));
+    size_t total = 0;
+    for (size_t k = 0; k < c->n; k++) {
+        const tdm_json *part = &c->items[k], *t = tdm_json_get(part, "type"), *text = tdm_json_get(part, "text");
+        if (part->type != TDM_JSON_OBJECT || !t || t->type != TDM_JSON_STRING || strcmp(t->str, "text") != 0 ||
+            !text || text->type != TDM_JSON_STRING || memchr(text->str, '\0', text->str_len))
+            return oai_fail(e, 400, "messages", "unsupported_value",
+                            "'messages'[%zu].content[%zu] is not a text part ({\"type\": \"text\", \"text\": "
+                            "\"...\"}; only text is supported)", i, k);
+        total += text->str_len;
+    }
+    char *s = malloc(total + 1);
+    if (!s) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    size_t at = 0;
+    for (size_t k = 0; k < c->n; k++) {
+        const tdm_json *text = tdm_json_get(&c->items[k], "text");
+        memcpy(s + at, text->str, text->str_len);
+        at += text->str_len;
+    }
+    s[at] = '\0';
+    *out = s;
+    return true;
+}
+
+static bool get_messages(const tdm_json *j, oai_request *r, oai_error *e) {
+    const tdm_json *m = member(j, "messages");
+    if (!m) return oai_fail(e, 400, "messages", "missing_required_parameter", "'messages' is required");
+    if (m->type != TDM_JSON_ARRAY) return wrong_type(e, "messages", "an array of messages", m);
+    if (m->n == 0) return oai_fail(e, 400, "messages", "invalid_value", "'messages' is empty");
+    if (!(r->messages = calloc(m->n, sizeof *r->messages))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    r->n_messages = m->n;
+    for (size_t i = 0; i < m->n; i++) {
+        const tdm_json *msg = &m->items[i], *role = tdm_json_get(msg, "role");
+        if (msg->type != TDM_JSON_OBJECT)
+            return oai_fail(e, 400, "messages", "invalid_type", "'messages'[%zu] must be an object, not %s", i,
+                            type_name(msg));
+        if (!role || role->type != TDM_JSON_STRING || role->str_len == 0 || memchr(role->str, '\0', role->str_len))
+            return oai_fail(e, 400, "messages", "invalid_value", "'messages'[%zu].role must be a non-empty string", i);
+        char *content;
+        if (!message_content(tdm_json_get(msg, "content"), i, &content, e)) return false;
+        r->messages[i].content = content;
+        if (!(r->messages[i].role = tdm_strndup(role->str, role->str_len)))
+            return oai_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    return true;
+}
+
+static bool get_stop(const tdm_json *j, oai_request *r, oai_error *e) {
+    const tdm_json *v = member(j, "stop");
+    if (!v) return true;
+    char why[160];
+    if (!cli_stop_from_json(v, &r->stop, &r->n_stop, why, sizeof why))
+        return oai_fail(e, 400, "stop", "invalid_value", "'stop'%s", why);
+    r->params.stop = (const char *const *)r->stop;
+    r->params.n_stop = r->n_stop;
+    return true;
+}
+
+/* The sampling members, over the server's defaults. */
+static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    tandem_generate_params *g = &r->params;
+    bool has;
+    int64_t i;
+    double x;
+    const bool chat = r->kind == OAI_CHAT;
+    const char *mt = chat && member(j, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    if (!get_int(j, mt, 1, lim->n_ctx > 1 ? lim->n_ctx - 1 : 1, &has, &i, e)) return false;
+    if ((r->has_max_tokens = has)) g->max_tokens = (int)i;
+    if (!get_num(j, "temperature", 0, false, TEMP_MAX, &has, &x, e)) return false;
+    if (has) g->temperature = (float)x;
+    if (!get_num(j, "top_p", 0, true, 1, &has, &x, e)) return false;
+    if (has) g->top_p = (float)x;
+    if (!get_num(j, "min_p", 0, false, 1, &has, &x, e)) return false;
+    if (has) g->min_p = (float)x;
+    if (!get_int(j, "top_k", -1, INT32_MAX, &has, &i, e)) return false;
+    if (has) g->top_k = i < 0 ? 0 : (int)i;
+    if (!get_int(j, "seed", INT64_MIN, INT64_MAX, &has, &i, e)) return false;
+    if (has) g->seed = (uint64_t)i;
+    if (!get_int(j, "n", 1, INT32_MAX, &has, &i, e)) return false;
+    if (has && i != 1)
+        return oai_fail(e, 400, "n", "unsupported_value", "'n' is %lld; this server generates one choice per request (n = 1)",
+                        (long long)i);
+    return get_stop(j, r, e);
+}
+
+/* The tandem extensions and streaming. */
+static bool get_extensions(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    bool has;
+    int64_t i;
+    double x;
+    if (!get_bool(j, "stream", &r->stream, e)) return false;
+    const tdm_json *so = member(j, "stream_options");
+    if (so) {
+        if (so->type != TDM_JSON_OBJECT) return wrong_type(e, "stream_options", "an object", so);
+        if (!r->stream)
+            return oai_fail(e, 400, "stream_options", "invalid_value", "'stream_options' is only allowed with 'stream': true");
+        if (!get_bool(so, "include_usage", &r->include_usage, e)) {
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+            return false;
+        }
+    }
+    if (!get_int(j, "priority", INT32_MIN, INT32_MAX, &has, &i, e)) return false;
+    if (has) r->priority = (int)i;
+    if (!get_num(j, "timeout_s", 0, false, CLI_TIMEOUT_S_MAX, &has, &x, e)) return false;
+    r->timeout_ms = lim->timeout_s * 1000.0;
+    if (has && x > 0 && (r->timeout_ms == 0 || x * 1000.0 < r->timeout_ms)) r->timeout_ms = x * 1000.0;
+    if (!get_int(j, "spec_k", 0, TANDEM_SPEC_K_MAX, &has, &i, e)) return false;
+    if (has) {
+        if (!lim->has_draft)
+            return oai_fail(e, 400, "spec_k", "unsupported_parameter",
+                            "'spec_k' has no effect: this server runs without a draft model");
+        r->params.spec_k = (int)i;
+        if (i > 0 && r->params.spec_k_max < i) r->params.spec_k_max = (int)i;
+    }
+    const tdm_json *tree = member(j, "spec_tree");
+    if (tree && !(tree->type == TDM_JSON_BOOL && !tree->b) &&
+        !(tree->type == TDM_JSON_STRING && strcmp(tree->str, "off") == 0))
+        return oai_fail(e, 400, "spec_tree", "unsupported_value",
+                        "'spec_tree': token trees are not implemented yet (only \"off\", false or null)");
+    return true;
+}
+
+bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, oai_request *r,
+                       oai_error *e) {
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    r->kind = kind;
+    r->params = lim->defaults;
+    r->params.stop = NULL;
+    r->params.n_stop = 0;
+    r->params.on_token = NULL;
+    r->params.user_data = NULL;
+    tdm_json *j = NULL;
+    tdm_err jerr = {0};
+    if (tdm_json_parse(body, len, &j, &jerr) != TANDEM_OK)
+        return oai_fail(e, 400, NULL, "invalid_json", "the body is not valid JSON: %s", jerr.msg);
+    bool ok;
+    if (j->type != TDM_JSON_OBJECT) {
+        ok = oai_fail(e, 400, NULL, "invalid_type", "the body must be a JSON object, not %s", type_name(j));
+    } else {
+        const tdm_json *m = member(j, "model");
+        ok = true;
+        if (m && m->type != TDM_JSON_STRING) ok = wrong_type(e, "model", "a string", m);
+        else if (m && (m->str_len != strlen(lim->model_id) || memcmp(m->str, lim->model_id, m->str_len) != 0))
+            ok = oai_fail(e, 404, "model", "model_not_found", "The model '%.*s' does not exist (this server serves '%s')",
+                          (int)(m->str_len > 200 ? 200 : m->str_len), m->str, lim->model_id);
+        ok = ok && (kind == OAI_CHAT ? get_messages(j, r, e) : get_prompt(j, lim, r, e));
+        ok = ok && check_unsupported(j, kind, e) && get_sampling(j, lim, r, e) && get_extensions(j, lim, r, e);
+    }
+    tdm_json_free(j);
+    if (!ok) oai_request_free(r);
+    return ok;
+}
+
+bool oai_fit_context(oai_request *r, size_t n_prompt, const oai_limits *lim, oai_error *e) {
+    const size_t n_ctx = lim->n_ctx > 0 ? (size_t)lim->n_ctx : 0;
+    const char *what = r->kind == OAI_CHAT ? "messages" : "prompt";
+    if (n_prompt >= n_ctx)
+        return oai_fail(e, 400, what, "context_length_exceeded",
+                        "This model's maximum context length is %zu tokens. However, your %s is %zu tokens, which "
+                        "leaves no room for a completion", n_ctx, what, n_prompt);
+    const size_t room = n_ctx - n_prompt;
+    if (r->has_max_tokens && (size_t)r->params.max_tokens > room)
+        return oai_fail(e, 400, "max_tokens", "context_length_exceeded",
+                        "This model's maximum context length is %zu tokens. However, you requested %zu tokens (%zu "
+                        "in the %s, %d in the completion)", n_ctx, n_prompt + (size_t)r->params.max_tokens, n_prompt,
+                        what, r->params.max_tokens);
+    if (!r->has_max_tokens && (size_t)r->params.max_tokens > room) r->params.max_tokens = (int)room;
+    return true;
+}
+
+void oai_request_free(oai_request *r) {
+    if (!r) return;
+    free(r->prompt);
+    free(r->prompt_ids);
+    for (size_t i = 0; i < r->n_messages; i++) {
+        free((char *)r->messages[i].role);
+        free((char *)r->messages[i].content);
+    }
+    free(r->messages);
+    cli_stop_free(r->stop, r->n_stop);
+    memset(r, 0, sizeof *r);
+}

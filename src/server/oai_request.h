@@ -1,0 +1,95 @@
+/* oai_request.h - the body of an OpenAI-style request (POST /v1/completions,
+ * /v1/chat/completions) parsed and validated into an engine request.
+ *
+ * Free of HTTP and of the engine: it reads JSON text and a few limits and either
+ * fills an oai_request or an oai_error (HTTP status, OpenAI error type, the member at
+ * fault and a message naming the problem).  This is the part of the server that
+ * untrusted bytes reach first; it is fuzzed (tests/fuzz/fuzz_oai_request.c).
+ *
+ * Members read (others are ignored, as OpenAI-compatible servers do):
+ *   model (string, must be the served model's id; absent or null: it), prompt
+ *   (completions: a string, an array of one string, or an array of token ids),
+ *   messages (chat: an array of {role: string, content: string | null | [{type:
+ *   "text", text: string}, ...]}), max_tokens / max_completion_tokens (integer >= 1),
+ *   temperature [0, 1e6], top_p (0, 1], top_k (integer, -1 or 0 = off), min_p [0, 1],
+ *   seed (integer), stop (string or array of strings, null = none), n (1 only),
+ *   stream (bool), stream_options.include_usage (bool; with stream only);
+ *   the tandem extensions priority (integer), timeout_s [0, 1e9], spec_k (0 = adaptive,
+ *   or 1..TANDEM_SPEC_K_MAX; needs a draft), spec_tree ("off", false or null: token
+ *   trees are not implemented yet).  Members that would change the output in ways not
+ *   supported are refused rather than ignored: logprobs, top_logprobs, echo, best_of
+ *   > 1, suffix, presence_penalty / frequency_penalty != 0, logit_bias, tools,
+ *   response_format other than text.
+ */
+#ifndef TDM_OAI_REQUEST_H
+#define TDM_OAI_REQUEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tandem.h"
+
+typedef enum oai_kind { OAI_COMPLETION = 0, OAI_CHAT = 1 } oai_kind;
+
+/* An error as the server answers it: {"error": {"message", "type", "param", "code"}}. */
+typedef struct oai_error {
+    int status;           /* HTTP status: 400, 401, 404, 413, 429, 500, 503 */
+    const char *type;     /* "invalid_request_error", "not_found_error", ... (static) */
+    char param[64];       /* the member at fault ("" = none: null in the answer) */
+    char code[48];        /* a machine-readable code ("" = null): "model_not_found",
+                             "context_length_exceeded", "unsupported_value", ... */
+    char message[512];
+} oai_error;
+
+/* Sets *e; returns false (so `return oai_fail(...)` ends a parser). */
+bool oai_fail(oai_error *e, int status, const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+/* What a request is checked against: the server's model and defaults. */
+typedef struct oai_limits {
+    const char *model_id;        /* the served model's id (GET /v1/models) */
+    int n_ctx;                   /* the engine's context: prompt + completion at most */
+    int n_vocab;                 /* token ids of a prompt given as ids lie in [0, n_vocab) */
+    bool has_draft;              /* spec_k needs one */
+    tandem_generate_params defaults; /* a request's parameters before its own members
+                                    (max_tokens: the default when it gives none); stop
+                                    and on_token are not used */
+    double timeout_s;            /* the server's request_timeout_s, 0 = none: a request's
+                                    timeout_s may only shorten it */
+} oai_limits;
+
+typedef struct oai_request {
+    oai_kind kind;
+    char *prompt;                /* completions with a text prompt: [prompt_len] bytes + NUL
+                                    (may hold NULs) */
+    size_t prompt_len;
+    int32_t *prompt_ids;         /* completions with token ids: [n_prompt_ids] */
+    size_t n_prompt_ids;
+    tandem_chat_message *messages; /* chat: [n_messages]; role and content heap strings
+                                    (content NULL for null) */
+    size_t n_messages;
+    bool stream, include_usage;
+    bool has_max_tokens;         /* max_tokens given (else params.max_tokens is the default,
+                                    cut to what the context leaves: oai_fit_context) */
+    tandem_generate_params params; /* the sampling, speculation and stop parameters (stop
+                                    points into stop) */
+    char **stop;                 /* [n_stop] heap strings */
+    int n_stop;
+    int priority;
+    double timeout_ms;           /* 0 = none */
+} oai_request;
+
+/* Parses body[0..len) as a request of kind.  False with *err set (and *out empty) on
+ * bad input; true with *out filled (free with oai_request_free). */
+bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, oai_request *out,
+                       oai_error *err);
+void oai_request_free(oai_request *r);
+
+/* Checks a prompt of n_prompt tokens against the context: a prompt that leaves no
+ * room (n_prompt >= n_ctx) or an explicit max_tokens that does not fit beside it is a
+ * 400 naming the numbers (code context_length_exceeded); a default max_tokens is cut
+ * to the room left.  Adjusts r->params.max_tokens. */
+bool oai_fit_context(oai_request *r, size_t n_prompt, const oai_limits *lim, oai_error *err);
+
+#endif

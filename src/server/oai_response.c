@@ -1,0 +1,227 @@
+/* oai_response.c - OpenAI-style answers (oai_response.h). */
+#include "oai_response.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+
+/* Each answer is written into a memory stream; the text is the stream's buffer. */
+typedef struct out {
+    FILE *f;
+    char *buf;
+    size_t len;
+} out;
+
+static bool out_open(out *o) {
+    o->buf = NULL;
+    o->len = 0;
+    o->f = open_memstream(&o->buf, &o->len);
+    return o->f != NULL;
+}
+
+static char *out_close(out *o, size_t *len) {
+    const bool bad = ferror(o->f) != 0;
+    if (fclose(o->f) != 0 || bad) {
+        free(o->buf);
+        return NULL;
+    }
+    if (len) *len = o->len;
+    return o->buf;
+}
+
+static void str(FILE *f, const char *s) { tdm_json_write_str(f, s, strlen(s)); }
+
+static void num(FILE *f, double x) {
+    if (!isfinite(x)) x = 0;
+    fprintf(f, "%.4f", x);
+}
+
+const char *oai_finish_reason(tandem_finish_reason r) {
+    switch (r) {
+    case TANDEM_FINISH_EOS:
+    case TANDEM_FINISH_STOP: return "stop";
+    case TANDEM_FINISH_LENGTH:
+    case TANDEM_FINISH_TIMEOUT: return "length";
+    case TANDEM_FINISH_CANCELLED: return "abort";
+    case TANDEM_FINISH_ERROR: return "error";
+    case TANDEM_FINISH_NONE: break;
+    }
+    return "stop";
+}
+
+/* {"id": ..., "object": ..., "created": ..., "model": ..., */
+static void head(FILE *f, const oai_meta *m, bool chunk) {
+    fputs("{\"id\": ", f);
+    str(f, m->id);
+    fprintf(f, ", \"object\": \"%s\", \"created\": %lld, \"model\": ",
+            m->kind == OAI_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion",
+            (long long)m->created);
+    str(f, m->model);
+}
+
+static void usage(FILE *f, const oai_meta *m, const tandem_result *r) {
+    fprintf(f, "\"usage\": {\"prompt_tokens\": %zu, \"completion_tokens\": %zu, \"total_tokens\": %zu",
+            r->n_prompt_tokens, r->n_tokens, r->n_prompt_tokens + r->n_tokens);
+    if (r->n_cached_tokens) fprintf(f, ", \"prompt_tokens_details\": {\"cached_tokens\": %zu}", r->n_cached_tokens);
+    if (m->has_draft) {
+        const tandem_spec_stats *s = &r->spec;
+        fprintf(f, ", \"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, \"acceptance_rate\": ",
+                (unsigned long long)s->steps, (unsigned long long)s->drafted, (unsigned long long)s->accepted);
+        num(f, s->drafted ? (double)s->accepted / (double)s->drafted : 0.0);
+        fputs(", \"tokens_per_step\": ", f);
+        num(f, s->steps ? (double)r->n_tokens / (double)s->steps : 0.0);
+        fputc('}', f);
+    }
+    fputc('}', f);
+}
+
+/* ", "finish_reason": ..." and the timeout mark. */
+static void finish(FILE *f, const tandem_result *r) {
+    fputs(", \"finish_reason\": ", f);
+    str(f, oai_finish_reason(r->finish_reason));
+    if (r->finish_reason == TANDEM_FINISH_TIMEOUT) fputs(", \"tandem\": {\"timeout\": true}", f);
+}
+
+char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    FILE *f = o.f;
+    const char *text = r->text ? r->text : "";
+    head(f, m, false);
+    fputs(", \"choices\": [{\"index\": 0, ", f);
+    if (m->kind == OAI_CHAT) {
+        fputs("\"message\": {\"role\": \"assistant\", \"content\": ", f);
+        str(f, text);
+        fputc('}', f);
+    } else {
+        fputs("\"text\": ", f);
+        str(f, text);
+    }
+    fputs(", \"logprobs\": null", f);
+    finish(f, r);
+    fputs("}], ", f);
+    usage(f, m, r);
+    fputs("}", f);
+    return out_close(&o, len);
+}
+
+/* "data: " + a chunk's head and its one choice up to the piece of text. */
+static void chunk_open(FILE *f, const oai_meta *m, const char *text, size_t n, bool first) {
+    fputs("data: ", f);
+    head(f, m, true);
+    fputs(", \"choices\": [{\"index\": 0, ", f);
+    if (m->kind == OAI_CHAT) {
+        fputs(first ? "\"delta\": {\"role\": \"assistant\", \"content\": " : "\"delta\": {\"content\": ", f);
+        tdm_json_write_str(f, text, n);
+        fputc('}', f);
+    } else {
+        fputs("\"text\": ", f);
+        tdm_json_write_str(f, text, n);
+    }
+    fputs(", \"logprobs\": null", f);
+}
+
+char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                    size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    chunk_open(o.f, m, text, text_len, first);
+    fputs(", \"finish_reason\": null}]", o.f);
+    if (include_usage) fputs(", \"usage\": null", o.f);
+    fputs("}\n\n", o.f);
+    return out_close(&o, len);
+}
+
+char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    FILE *f = o.f;
+    if (m->kind == OAI_CHAT) { /* an empty delta */
+        fputs("data: ", f);
+        head(f, m, true);
+        fputs(", \"choices\": [{\"index\": 0, \"delta\": {}, \"logprobs\": null", f);
+    } else {
+        chunk_open(f, m, "", 0, false);
+    }
+    finish(f, r);
+    fputs("}]", f);
+    if (include_usage) fputs(", \"usage\": null", f);
+    fputs("}\n\n", f);
+    return out_close(&o, len);
+}
+
+char *oai_usage_chunk_sse(const oai_meta *m, const tandem_result *r, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    fputs("data: ", o.f);
+    head(o.f, m, true);
+    fputs(", \"choices\": [], ", o.f);
+    usage(o.f, m, r);
+    fputs("}\n\n", o.f);
+    return out_close(&o, len);
+}
+
+static void error_obj(FILE *f, const oai_error *e) {
+    fputs("{\"error\": {\"message\": ", f);
+    str(f, e->message);
+    fputs(", \"type\": ", f);
+    str(f, e->type ? e->type : "server_error");
+    fputs(", \"param\": ", f);
+    if (e->param[0]) str(f, e->param);
+    else fputs("null", f);
+    fputs(", \"code\": ", f);
+    if (e->code[0]) str(f, e->code);
+    else fputs("null", f);
+    fputs("}}", f);
+}
+
+char *oai_error_json(const oai_error *e, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    error_obj(o.f, e);
+    return out_close(&o, len);
+}
+
+char *oai_error_sse(const oai_error *e, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    fputs("data: ", o.f);
+    error_obj(o.f, e);
+    fputs("\n\n", o.f);
+    return out_close(&o, len);
+}
+
+char *oai_done_sse(size_t *len) {
+    static const char done[] = "data: [DONE]\n\n";
+    char *s = malloc(sizeof done);
+    if (!s) return NULL;
+    memcpy(s, done, sizeof done);
+    *len = sizeof done - 1;
+    return s;
+}
+
+char *oai_models_json(const char *model, int64_t created, int n_ctx, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    fputs("{\"object\": \"list\", \"data\": [{\"id\": ", o.f);
+    str(o.f, model);
+    fprintf(o.f, ", \"object\": \"model\", \"created\": %lld, \"owned_by\": \"tandem\", \"max_model_len\": %d}]}",
+            (long long)created, n_ctx);
+    return out_close(&o, len);
+}
+
+char *oai_health_json(const char *status, const char *model, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    fputs("{\"status\": ", o.f);
+    str(o.f, status);
+    if (model) {
+        fputs(", \"model\": ", o.f);
+        str(o.f, model);
+    }
+    fputc('}', o.f);
+    return out_close(&o, len);
+}

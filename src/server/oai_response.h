@@ -1,0 +1,57 @@
+/* oai_response.h - the server's answers as OpenAI's API writes them: completion and
+ * chat-completion objects, their streaming chunks as server-sent events, error
+ * objects, the model list.
+ *
+ * Every function returns a malloc'ed, NUL-terminated text (*len its length, without
+ * the NUL), or NULL when out of memory.  Text goes through the project's JSON string
+ * writer (json.h), so any bytes give valid JSON. */
+#ifndef TDM_OAI_RESPONSE_H
+#define TDM_OAI_RESPONSE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "oai_request.h"
+#include "tandem.h"
+
+/* What every object of one answer shares. */
+typedef struct oai_meta {
+    oai_kind kind;
+    const char *id;          /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created;         /* Unix seconds */
+    const char *model;       /* the served model's id */
+    bool has_draft;          /* usage carries a "spec" object */
+} oai_meta;
+
+/* The finish_reason OpenAI's clients know: eos and stop strings -> "stop", length and
+ * timeout -> "length", cancelled -> "abort" (vLLM's), error -> "error". */
+const char *oai_finish_reason(tandem_finish_reason r);
+
+/* The whole answer of a non-streaming request: text, finish_reason, usage (plus
+ * "spec" with a draft; a timed-out choice carries "tandem": {"timeout": true}). */
+char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len);
+
+/* One streaming event "data: {...}\n\n": a chunk with the text piece
+ * text[0..text_len) (chat: the first chunk's delta also carries the role).
+ * include_usage adds "usage": null, as OpenAI does on every chunk but the last. */
+char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                    size_t *len);
+/* The last chunk: an empty text / delta with the finish reason of r. */
+char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len);
+/* The usage chunk of stream_options.include_usage: "choices": [] and r's usage. */
+char *oai_usage_chunk_sse(const oai_meta *m, const tandem_result *r, size_t *len);
+/* An error inside a stream, after the 200 went out: "data: {"error": {...}}\n\n". */
+char *oai_error_sse(const oai_error *e, size_t *len);
+/* "data: [DONE]\n\n" */
+char *oai_done_sse(size_t *len);
+
+/* {"error": {"message", "type", "param", "code"}} */
+char *oai_error_json(const oai_error *e, size_t *len);
+/* GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created",
+ * "owned_by": "tandem", "max_model_len"}]} */
+char *oai_models_json(const char *model, int64_t created, int n_ctx, size_t *len);
+
+/* GET /health: {"status": "ok", "model": ID} (model NULL: {"status": STATUS}). */
+char *oai_health_json(const char *status, const char *model, size_t *len);
+
+#endif

@@ -1,0 +1,89 @@
+/* server.h - `tandem serve`'s HTTP server: an OpenAI-compatible front end that is one
+ * more request source of the engine's scheduler (docs/DESIGN.md, "Server").
+ *
+ *   http.c  libmicrohttpd glue: the daemon (a thread per connection), routing, the
+ *           body and its limit, the API key, health / models / metrics, shutdown
+ *   gen.c   a generation request's life: parse (oai_request.c), render the chat,
+ *           tokenize, check the context, admit (max_queue) and submit to the engine,
+ *           then wait for the result or stream its tokens (oai_response.c); a client
+ *           that goes away cancels its request
+ *
+ * Threads: libmicrohttpd runs each connection on a thread of its own, which may
+ * block (waiting for a result, or for the next piece of a stream); the engine's
+ * scheduler thread runs the token and finish callbacks, which only append to a
+ * request's queue under its mutex and signal it.  Nothing here calls exit(). */
+#ifndef TDM_SERVER_H
+#define TDM_SERVER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "metrics.h"
+#include "oai_request.h"
+#include "tandem.h"
+
+typedef struct srv_config {
+    const char *host;            /* numeric address or name to bind; "127.0.0.1" */
+    int port;                    /* 0: any free port (srv_port says which) */
+    const char *api_key;         /* NULL or "": none; else "Authorization: Bearer KEY" */
+    int max_queue;               /* requests waiting in the scheduler beyond which a new one
+                                    gets 429; 0 = no limit */
+    size_t max_body;             /* bytes of a request body at most (413 beyond) */
+    unsigned idle_timeout_s;     /* a connection idle this long is closed */
+} srv_config;
+
+/* What the server serves, once loaded (srv_set_ready). */
+typedef struct srv_model {
+    tandem_model *target;        /* borrowed: outlive the server's use (srv_shutdown) */
+    tandem_engine *engine;       /* borrowed; its own scheduler thread runs */
+    oai_limits lim;              /* model id, context, defaults (strings borrowed) */
+    const char *chat_template;   /* for tandem_chat_render: NULL = the model's own */
+} srv_model;
+
+typedef struct srv_job srv_job;
+
+typedef struct srv {
+    srv_config cfg;
+    struct MHD_Daemon *daemon;
+    srv_metrics *metrics;
+    int port;
+    int64_t created;             /* Unix seconds at start: the model's "created" */
+    pthread_mutex_t mu;          /* the fields below */
+    pthread_cond_t cv;           /* n_jobs changed */
+    enum { SRV_LOADING, SRV_READY, SRV_DRAINING } state;
+    srv_model m;                 /* set once under mu (state READY), read-only after */
+    srv_job *jobs;               /* generation requests submitted and not finished */
+    int n_jobs;
+    int n_http;                  /* HTTP requests begun and not yet completed (their answer
+                                    fully sent or their connection closed) */
+    uint64_t next_id;
+} srv;
+
+/* Starts listening (state loading: /health answers 503, generation 503).  False with
+ * err set (bind failure, out of memory, no HTTP support). */
+bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap);
+int srv_port(const srv *s);
+void srv_set_ready(srv *s, const srv_model *m);
+/* SIGTERM: stops taking connections and requests (/health 503), lets the requests in
+ * flight finish for up to grace_s seconds, cancels the rest and waits for them, then
+ * stops the daemon (after this the models may be closed).  Returns the requests it
+ * cancelled. */
+int srv_shutdown(srv *s, double grace_s);
+void srv_free(srv *s);
+
+/* ---- between http.c and gen.c ---- */
+
+struct MHD_Connection;
+/* An answer to queue: status, content type and body (taken over, heap). */
+int srv_send(struct MHD_Connection *c, int status, const char *type, char *body, size_t len);
+int srv_send_error(struct MHD_Connection *c, const oai_error *e);
+/* POST /v1/completions and /v1/chat/completions with its whole body: queues the
+ * answer (or a stream) and returns MHD's result.  *status: the status answered. */
+int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *body, size_t len, double t_arrival,
+                 int *status);
+/* Cancels every request in flight (shutdown). */
+int srv_cancel_all(srv *s);
+
+#endif

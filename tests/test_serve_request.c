@@ -1,0 +1,397 @@
+/* test_serve_request.c - `tandem serve`'s request parser and validator (every bad
+ * input it refuses, with its status, member and message), the context check, the
+ * answers' JSON and server-sent events, and the metrics text. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "json.h"
+#include "metrics.h"
+#include "oai_request.h"
+#include "oai_response.h"
+
+static oai_limits limits(bool draft) {
+    oai_limits l = {.model_id = "pycode", .n_ctx = 1024, .n_vocab = 8192, .has_draft = draft};
+    l.defaults = tandem_generate_default_params();
+    return l;
+}
+
+static bool parse(oai_kind k, const char *body, const oai_limits *l, oai_request *r, oai_error *e) {
+    return oai_request_parse(k, body, strlen(body), l, r, e);
+}
+
+Test(serve_request, completion_members) {
+    oai_limits l = limits(true);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_COMPLETION,
+                    "{\"model\": \"pycode\", \"prompt\": \"def f():\", \"max_tokens\": 16, \"temperature\": 0.5, "
+                    "\"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05, \"seed\": -1, \"stop\": [\"\\n\\n\", \"def \"], "
+                    "\"n\": 1, \"stream\": true, \"stream_options\": {\"include_usage\": true}, \"priority\": 3, "
+                    "\"timeout_s\": 2.5, \"spec_k\": 4, \"spec_tree\": \"off\", \"user\": \"ignored\", "
+                    "\"logprobs\": null, \"echo\": false, \"best_of\": 1, \"presence_penalty\": 0}",
+                    &l, &r, &e),
+              "%s", e.message);
+    cr_expect_str_eq(r.prompt, "def f():");
+    cr_expect_eq(r.prompt_len, 8);
+    cr_expect(r.has_max_tokens && r.params.max_tokens == 16);
+    cr_expect_float_eq(r.params.temperature, 0.5f, 1e-6);
+    cr_expect_float_eq(r.params.top_p, 0.9f, 1e-6);
+    cr_expect_eq(r.params.top_k, 40);
+    cr_expect_float_eq(r.params.min_p, 0.05f, 1e-6);
+    cr_expect_eq(r.params.seed, UINT64_MAX);
+    cr_assert_eq(r.params.n_stop, 2);
+    cr_expect_str_eq(r.params.stop[1], "def ");
+    cr_expect(r.stream && r.include_usage);
+    cr_expect_eq(r.priority, 3);
+    cr_expect_float_eq(r.timeout_ms, 2500.0, 1e-9);
+    cr_expect_eq(r.params.spec_k, 4);
+    oai_request_free(&r);
+
+    /* defaults; a prompt as an array of one string or of token ids; model absent */
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": [\"x\"]}", &l, &r, &e), "%s", e.message);
+    cr_expect_str_eq(r.prompt, "x");
+    cr_expect(!r.has_max_tokens && !r.stream && r.params.n_stop == 0 && r.timeout_ms == 0);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": [0, 5, 8191], \"top_k\": -1, \"stop\": null}", &l, &r, &e), "%s",
+              e.message);
+    cr_expect(r.n_prompt_ids == 3 && r.prompt_ids[2] == 8191 && !r.prompt);
+    cr_expect_eq(r.params.top_k, 0);
+    oai_request_free(&r);
+}
+
+Test(serve_request, chat_members) {
+    oai_limits l = limits(false);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_CHAT,
+                    "{\"model\": \"pycode\", \"messages\": [{\"role\": \"system\", \"content\": \"be brief\"}, "
+                    "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"}, {\"type\": \"text\", "
+                    "\"text\": \"b\"}]}, {\"role\": \"assistant\", \"content\": null}], \"max_completion_tokens\": 5}",
+                    &l, &r, &e),
+              "%s", e.message);
+    cr_assert_eq(r.n_messages, 3);
+    cr_expect_str_eq(r.messages[0].role, "system");
+    cr_expect_str_eq(r.messages[1].content, "ab");
+    cr_expect_null(r.messages[2].content);
+    cr_expect(r.has_max_tokens && r.params.max_tokens == 5);
+    oai_request_free(&r);
+}
+
+Test(serve_request, timeout_shortens_only) {
+    oai_limits l = limits(false);
+    l.timeout_s = 10;
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\"}", &l, &r, &e));
+    cr_expect_float_eq(r.timeout_ms, 10000.0, 1e-9);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"timeout_s\": 60}", &l, &r, &e));
+    cr_expect_float_eq(r.timeout_ms, 10000.0, 1e-9);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"timeout_s\": 0.5}", &l, &r, &e));
+    cr_expect_float_eq(r.timeout_ms, 500.0, 1e-9);
+    oai_request_free(&r);
+}
+
+/* Every refused input: the status, the member named and a piece of the message. */
+typedef struct bad_case {
+    oai_kind kind;
+    const char *body;
+    int status;
+    const char *param; /* "" = none */
+    const char *msg;
+} bad_case;
+
+static const bad_case bad_cases[] = {
+    {OAI_COMPLETION, "", 400, "", "not valid JSON"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\"", 400, "", "not valid JSON"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"prompt\": \"y\"}", 400, "", "not valid JSON"},
+    {OAI_COMPLETION, "[1, 2]", 400, "", "must be a JSON object, not an array"},
+    {OAI_COMPLETION, "\"x\"", 400, "", "must be a JSON object, not a string"},
+    {OAI_COMPLETION, "{}", 400, "prompt", "'prompt' is required"},
+    {OAI_COMPLETION, "{\"prompt\": null}", 400, "prompt", "'prompt' is required"},
+    {OAI_COMPLETION, "{\"prompt\": \"\"}", 400, "prompt", "'prompt' is empty"},
+    {OAI_COMPLETION, "{\"prompt\": []}", 400, "prompt", "'prompt' is empty"},
+    {OAI_COMPLETION, "{\"prompt\": 5}", 400, "prompt", "must be a string or an array of token ids, not a number"},
+    {OAI_COMPLETION, "{\"prompt\": [\"a\", \"b\"]}", 400, "prompt", "holds 2 prompts"},
+    {OAI_COMPLETION, "{\"prompt\": [[1, 2]]}", 400, "prompt", "holds 1 prompts"},
+    {OAI_COMPLETION, "{\"prompt\": [1, 8192]}", 400, "prompt", "'prompt'[1] is not a token id in [0, 8192)"},
+    {OAI_COMPLETION, "{\"prompt\": [1, -1]}", 400, "prompt", "'prompt'[1] is not a token id"},
+    {OAI_COMPLETION, "{\"prompt\": [1.5]}", 400, "prompt", "'prompt'[0] is not a token id"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"model\": \"gpt-4\"}", 404, "model", "The model 'gpt-4' does not exist"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"model\": 7}", 400, "model", "'model' must be a string, not a number"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": \"16\"}", 400, "max_tokens", "must be an integer, not a string"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1.5}", 400, "max_tokens", "must be an integer, not 1.5"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 0}", 400, "max_tokens", "is 0, out of range [1, 1023]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": -3}", 400, "max_tokens", "out of range [1, 1023]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1024}", 400, "max_tokens", "is 1024, out of range [1, 1023]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 1e30}", 400, "max_tokens", "must be an integer"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": \"hot\"}", 400, "temperature", "must be a number, not a string"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": -0.1}", 400, "temperature", "out of range [0, 1e+06]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 0}", 400, "top_p", "out of range (0, 1]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 1.01}", 400, "top_p", "out of range (0, 1]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"min_p\": 2}", 400, "min_p", "out of range [0, 1]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_k\": -2}", 400, "top_k", "out of range [-1,"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_k\": true}", 400, "top_k", "must be an integer, not a boolean"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": \"1\"}", 400, "seed", "must be an integer, not a string"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": 1e100}", 400, "seed", "must be an integer"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 2}", 400, "n", "'n' is 2; this server generates one choice"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", 400, "n", "out of range [1,"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": 3}", 400, "stop", "'stop' must be a string or an array of strings"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": [\"\"]}", 400, "stop", "'stop'[0]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": [1]}", 400, "stop", "'stop'[0]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": [\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}",
+     400, "stop", "17 strings, more than 16"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stream\": \"yes\"}", 400, "stream", "must be a boolean, not a string"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", 400, "stream_options",
+     "only allowed with 'stream': true"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": 1}", 400, "stream_options",
+     "must be an object"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 400,
+     "stream_options.include_usage", "must be a boolean"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"priority\": 1.5}", 400, "priority", "must be an integer"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"priority\": 3000000000}", 400, "priority", "out of range"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"timeout_s\": -1}", 400, "timeout_s", "out of range [0, 1e+09]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"timeout_s\": \"1\"}", 400, "timeout_s", "must be a number"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_k\": 33}", 400, "spec_k", "out of range [0, 32]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"2x3\"}", 400, "spec_tree", "token trees are not implemented"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": {\"width\": 2}}", 400, "spec_tree", "not implemented"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 3}", 400, "logprobs", "not supported"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", 400, "echo", "not supported"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"best_of\": 2}", 400, "best_of", "not supported"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"suffix\": \"y\"}", 400, "suffix", "not supported"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"presence_penalty\": 0.5}", 400, "presence_penalty", "only 0"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"frequency_penalty\": 1}", 400, "frequency_penalty", "only 0"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1}}", 400, "logit_bias", "not supported"},
+    {OAI_CHAT, "{}", 400, "messages", "'messages' is required"},
+    {OAI_CHAT, "{\"messages\": []}", 400, "messages", "'messages' is empty"},
+    {OAI_CHAT, "{\"messages\": \"hi\"}", 400, "messages", "must be an array of messages, not a string"},
+    {OAI_CHAT, "{\"messages\": [1]}", 400, "messages", "'messages'[0] must be an object, not a number"},
+    {OAI_CHAT, "{\"messages\": [{\"content\": \"x\"}]}", 400, "messages", "'messages'[0].role must be a non-empty string"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"\", \"content\": \"x\"}]}", 400, "messages", "non-empty string"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages",
+     "'messages'[0].content must be a string, null or an array of text parts, not a number"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 400, "messages",
+     "'messages'[0].content[0] is not a text part"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\\u0000b\"}]}", 400, "messages", "NUL"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", 400,
+     "tools", "not supported"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}}",
+     400, "response_format", "only {\"type\": \"text\"}"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 0}", 400,
+     "max_completion_tokens", "out of range"},
+};
+
+Test(serve_request, bad_inputs) {
+    oai_limits l = limits(true);
+    for (size_t i = 0; i < sizeof bad_cases / sizeof *bad_cases; i++) {
+        const bad_case *c = &bad_cases[i];
+        oai_request r;
+        oai_error e;
+        cr_assert_not(parse(c->kind, c->body, &l, &r, &e), "case %zu (%s) was accepted", i, c->body);
+        cr_expect_eq(e.status, c->status, "case %zu (%s): status %d", i, c->body, e.status);
+        cr_expect_str_eq(e.param, c->param, "case %zu (%s): param '%s'", i, c->body, e.param);
+        cr_expect(strstr(e.message, c->msg) != NULL, "case %zu (%s): message '%s' lacks '%s'", i, c->body, e.message,
+                  c->msg);
+        cr_expect(e.type != NULL);
+        cr_expect(r.prompt == NULL && r.messages == NULL && r.stop == NULL, "case %zu: not freed", i);
+    }
+}
+
+Test(serve_request, spec_k_needs_a_draft) {
+    oai_limits l = limits(false);
+    oai_request r;
+    oai_error e;
+    cr_assert_not(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_k\": 4}", &l, &r, &e));
+    cr_expect_eq(e.status, 400);
+    cr_expect(strstr(e.message, "without a draft model"));
+}
+
+Test(serve_request, context) {
+    oai_limits l = limits(false);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"max_tokens\": 100}", &l, &r, &e));
+    cr_expect(oai_fit_context(&r, 924, &l, &e));
+    cr_expect_not(oai_fit_context(&r, 925, &l, &e));
+    cr_expect_eq(e.status, 400);
+    cr_expect_str_eq(e.code, "context_length_exceeded");
+    cr_expect(strstr(e.message, "maximum context length is 1024 tokens. However, you requested 1025 tokens (925 in "
+                                "the prompt, 100 in the completion)"), "%s", e.message);
+    cr_expect_not(oai_fit_context(&r, 1024, &l, &e));
+    cr_expect(strstr(e.message, "your prompt is 1024 tokens"), "%s", e.message);
+    oai_request_free(&r);
+    /* a default max_tokens is cut to the room left */
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\"}", &l, &r, &e));
+    cr_expect(oai_fit_context(&r, 1000, &l, &e));
+    cr_expect_eq(r.params.max_tokens, 24);
+    oai_request_free(&r);
+}
+
+static tdm_json *json_of(const char *text, size_t len) {
+    tdm_json *j = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_json_parse(text, len, &j, &err), TANDEM_OK, "%s: %s", text, err.msg);
+    return j;
+}
+
+static tandem_result result(const char *text, tandem_finish_reason fr) {
+    tandem_result r = {0};
+    r.text = (char *)text;
+    r.n_tokens = 3;
+    r.n_prompt_tokens = 7;
+    r.finish_reason = fr;
+    r.spec.steps = 2, r.spec.drafted = 4, r.spec.accepted = 2;
+    return r;
+}
+
+Test(serve_response, whole_answers) {
+    oai_meta m = {.kind = OAI_COMPLETION, .id = "cmpl-1", .created = 5, .model = "pycode", .has_draft = true};
+    tandem_result r = result("a\"b\xff", TANDEM_FINISH_EOS);
+    size_t n;
+    char *t = oai_result_json(&m, &r, &n);
+    cr_assert_not_null(t);
+    cr_expect_eq(strlen(t), n);
+    tdm_json *j = json_of(t, n);
+    cr_expect_str_eq(tdm_json_get(j, "object")->str, "text_completion");
+    const tdm_json *c = &tdm_json_get(j, "choices")->items[0];
+    cr_expect_str_eq(tdm_json_get(c, "text")->str, "a\"b\xef\xbf\xbd"); /* invalid UTF-8: U+FFFD */
+    cr_expect_str_eq(tdm_json_get(c, "finish_reason")->str, "stop");
+    const tdm_json *u = tdm_json_get(j, "usage");
+    cr_expect_eq(tdm_json_get(u, "total_tokens")->num, 10);
+    cr_expect_eq(tdm_json_get(tdm_json_get(u, "spec"), "acceptance_rate")->num, 0.5);
+    tdm_json_free(j);
+    free(t);
+
+    m.kind = OAI_CHAT;
+    r = result("hi", TANDEM_FINISH_TIMEOUT);
+    t = oai_result_json(&m, &r, &n);
+    j = json_of(t, n);
+    cr_expect_str_eq(tdm_json_get(j, "object")->str, "chat.completion");
+    c = &tdm_json_get(j, "choices")->items[0];
+    cr_expect_str_eq(tdm_json_get(tdm_json_get(c, "message"), "content")->str, "hi");
+    cr_expect_str_eq(tdm_json_get(c, "finish_reason")->str, "length");
+    cr_expect(tdm_json_get(tdm_json_get(c, "tandem"), "timeout")->b);
+    tdm_json_free(j);
+    free(t);
+}
+
+/* One SSE event: "data: " JSON "\n\n". */
+static tdm_json *event_json(const char *t, size_t n) {
+    cr_assert(n > 8 && strncmp(t, "data: ", 6) == 0 && strcmp(t + n - 2, "\n\n") == 0, "not an event: '%s'", t);
+    return json_of(t + 6, n - 8);
+}
+
+Test(serve_response, stream_events) {
+    oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-1", .created = 5, .model = "pycode"};
+    size_t n;
+    char *t = oai_chunk_sse(&m, "he\nllo", 6, true, true, &n);
+    tdm_json *j = event_json(t, n);
+    cr_expect_str_eq(tdm_json_get(j, "object")->str, "chat.completion.chunk");
+    const tdm_json *d = tdm_json_get(&tdm_json_get(j, "choices")->items[0], "delta");
+    cr_expect_str_eq(tdm_json_get(d, "role")->str, "assistant");
+    cr_expect_str_eq(tdm_json_get(d, "content")->str, "he\nllo");
+    cr_expect_eq(tdm_json_get(j, "usage")->type, TDM_JSON_NULL);
+    tdm_json_free(j);
+    free(t);
+    t = oai_chunk_sse(&m, "x", 1, false, false, &n);
+    j = event_json(t, n);
+    cr_expect_null(tdm_json_get(tdm_json_get(&tdm_json_get(j, "choices")->items[0], "delta"), "role"));
+    cr_expect_null(tdm_json_get(j, "usage"));
+    tdm_json_free(j);
+    free(t);
+    tandem_result r = result("x", TANDEM_FINISH_LENGTH);
+    t = oai_final_chunk_sse(&m, &r, false, &n);
+    j = event_json(t, n);
+    cr_expect_str_eq(tdm_json_get(&tdm_json_get(j, "choices")->items[0], "finish_reason")->str, "length");
+    tdm_json_free(j);
+    free(t);
+    t = oai_usage_chunk_sse(&m, &r, &n);
+    j = event_json(t, n);
+    cr_expect_eq(tdm_json_get(j, "choices")->n, 0);
+    cr_expect_eq(tdm_json_get(tdm_json_get(j, "usage"), "completion_tokens")->num, 3);
+    tdm_json_free(j);
+    free(t);
+    t = oai_done_sse(&n);
+    cr_expect_str_eq(t, "data: [DONE]\n\n");
+    free(t);
+    m.kind = OAI_COMPLETION;
+    t = oai_chunk_sse(&m, "\x01", 1, true, false, &n);
+    j = event_json(t, n);
+    cr_expect_str_eq(tdm_json_get(&tdm_json_get(j, "choices")->items[0], "text")->str, "\x01");
+    tdm_json_free(j);
+    free(t);
+}
+
+Test(serve_response, errors_and_models) {
+    oai_error e;
+    oai_fail(&e, 429, NULL, "queue_full", "busy \"now\"");
+    size_t n;
+    char *t = oai_error_json(&e, &n);
+    tdm_json *j = json_of(t, n);
+    const tdm_json *o = tdm_json_get(j, "error");
+    cr_expect_str_eq(tdm_json_get(o, "message")->str, "busy \"now\"");
+    cr_expect_str_eq(tdm_json_get(o, "type")->str, "rate_limit_error");
+    cr_expect_eq(tdm_json_get(o, "param")->type, TDM_JSON_NULL);
+    cr_expect_str_eq(tdm_json_get(o, "code")->str, "queue_full");
+    tdm_json_free(j);
+    free(t);
+    t = oai_error_sse(&e, &n);
+    j = event_json(t, n);
+    cr_expect_not_null(tdm_json_get(j, "error"));
+    tdm_json_free(j);
+    free(t);
+    t = oai_models_json("py\"code", 5, 1024, &n);
+    j = json_of(t, n);
+    cr_expect_str_eq(tdm_json_get(&tdm_json_get(j, "data")->items[0], "id")->str, "py\"code");
+    tdm_json_free(j);
+    free(t);
+    t = oai_health_json("ok", "m", &n);
+    j = json_of(t, n);
+    cr_expect_str_eq(tdm_json_get(j, "status")->str, "ok");
+    tdm_json_free(j);
+    free(t);
+}
+
+Test(serve_metrics, text) {
+    srv_metrics *m = srv_metrics_new();
+    cr_assert_not_null(m);
+    srv_metrics_request(m, SRV_EP_COMPLETIONS, 200);
+    srv_metrics_request(m, SRV_EP_COMPLETIONS, 200);
+    srv_metrics_request(m, SRV_EP_CHAT, 429);
+    srv_metrics_ttft(m, 0.003);
+    srv_metrics_ttft(m, 100);
+    srv_metrics_itl(m, 0.0002);
+    tandem_engine_stats st = {.n_waiting = 2, .n_running = 3, .kv_blocks_total = 10, .kv_blocks_free = 4,
+                              .generated_tokens = 30, .steps = 10, .spec_drafted = 8, .spec_accepted = 6,
+                              .n_finished = 5, .n_cancelled = 1, .prefix_hits = 2};
+    size_t n;
+    char *t = srv_metrics_text(m, &st, &n);
+    cr_assert_not_null(t);
+    const char *want[] = {
+        "tandem_http_requests_total{endpoint=\"completions\",status=\"200\"} 2\n",
+        "tandem_http_requests_total{endpoint=\"chat_completions\",status=\"429\"} 1\n",
+        "tandem_time_to_first_token_seconds_bucket{le=\"0.0025\"} 0\n",
+        "tandem_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n",
+        "tandem_time_to_first_token_seconds_bucket{le=\"30\"} 1\n",
+        "tandem_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2\n",
+        "tandem_time_to_first_token_seconds_count 2\n",
+        "tandem_inter_token_latency_seconds_bucket{le=\"0.00025\"} 1\n",
+        "# TYPE tandem_requests_waiting gauge\ntandem_requests_waiting 2\n",
+        "tandem_requests_running 3\n",
+        "tandem_kv_blocks_used 6\n",
+        "tandem_kv_blocks_free 4\n",
+        "tandem_prefix_cache_hits_total 2\n",
+        "tandem_spec_acceptance_rate 0.75\n",
+        "tandem_tokens_per_forward 3\n",
+        "tandem_engine_requests_total{outcome=\"cancelled\"} 1\n",
+        "tandem_model_loaded 1\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) cr_expect(strstr(t, want[i]), "missing: %s", want[i]);
+    free(t);
+    t = srv_metrics_text(m, NULL, &n);
+    cr_expect(strstr(t, "tandem_model_loaded 0\n") && !strstr(t, "tandem_requests_waiting"));
+    free(t);
+    srv_metrics_free(m);
+}
