@@ -206,7 +206,7 @@ def run_request(target, body):
                 if text:
                     b = len(text.encode("utf-8"))
                     n_bytes += b
-                    rec["chunks"].append([now - t0, b])
+                    rec["chunks"].append([round(now - t0, 6), b])  # (us: the JSON stays small)
                 if ch.get("finish_reason"):
                     rec["finish_reason"] = ch["finish_reason"]
     except (OSError, http.client.HTTPException, ValueError) as e:
@@ -348,8 +348,11 @@ def summarize(recs, duration):
         dr = sum(x.get("drafted", 0) for x in specs)
         ac = sum(x.get("accepted", 0) for x in specs)
         st = sum(x.get("steps", 0) for x in specs)
-        s["spec"] = {"drafted": dr, "accepted": ac, "acceptance_rate": ac / dr if dr else None,
-                     "tokens_per_step": out_tok / st if st else None}
+        # (a speculative step commits its accepted tokens + 1; the controller may decode
+        # without speculating, so steps need not cover every token)
+        s["spec"] = {"steps": st, "drafted": dr, "accepted": ac, "acceptance_rate": ac / dr if dr else None,
+                     "tokens_per_spec_step": (st + ac) / st if st else None,
+                     "speculative_share": (st + ac) / out_tok if out_tok else None}
     errors = {}
     for r in recs:
         if not r["ok"]:
@@ -378,7 +381,9 @@ def print_table(label, conc, rate, s, out=sys.stdout):
     row("Output tokens per chunk:", f(s["tokens_per_chunk"]))
     if s.get("spec"):
         row("Draft acceptance rate:", f(s["spec"]["acceptance_rate"], 3))
-        row("Tokens per target step:", f(s["spec"]["tokens_per_step"]))
+        row("Tokens per speculative step:", f(s["spec"]["tokens_per_spec_step"]))
+        row("Tokens from speculative steps:", "-" if s["spec"]["speculative_share"] is None
+            else "%.0f %%" % (100 * s["spec"]["speculative_share"]))
     for key, title, name in (("ttft_ms", "Time to First Token", "TTFT"), ("tpot_ms", "Time per Output Token (excl. 1st token)", "TPOT"),
                              ("itl_ms", "Inter-token Latency (per chunk)", "ITL"),
                              ("itl_token_ms", "Inter-token Latency (per token)", "ITL/tok"),
@@ -531,7 +536,7 @@ def main(argv=None):
             if a.json:  # (written after every run: a sweep cut short keeps what it measured)
                 tmp = a.json + ".tmp"
                 with open(tmp, "w") as f:
-                    json.dump(result, f, indent=1)
+                    json.dump(result, f, separators=(",", ":"))
                 os.replace(tmp, a.json)
     return 1 if any_failed and not a.allow_failures else 0
 

@@ -4,7 +4,8 @@
 usage: bench/serve_plot.py [--png OUT.png] [--x concurrency|throughput] RUN.json...
 
 Prints markdown (for bench/RESULTS.md): one table per configuration (a row per
-concurrency), then, for every backend with both pycode-spec-B and pycode-plain-B, the
+concurrency; "speculated": the share of output tokens that came from speculative
+steps, absent in older files), then, for every backend with both pycode-spec-B and pycode-plain-B, the
 speculation on / off comparison and issue 21's goal (p50 TPOT at concurrency 1 at least
 2x lower with speculation; output throughput at concurrency 32 no lower).  With --png,
 p50 TPOT, p50 TTFT and output throughput against concurrency (or against the
@@ -49,17 +50,19 @@ def table(cfg):
              (cfg["label"], m["num_prompts"], m["max_tokens"], m["temperature"], m["endpoint"]),
              "",
              "| concurrency | req/s | output tok/s | TTFT p50 / p99 ms | TPOT mean / p50 / p90 / p99 ms "
-             "| ITL p50 / p99 ms (per chunk) | ITL/token p50 ms | E2E p50 ms | tokens/chunk | failed |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| ITL p50 / p99 ms (per chunk) | ITL/token p50 ms | E2E p50 ms | tokens/chunk | speculated | failed |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in cfg["runs"]:
         s = r["summary"]
         t = s["tpot_ms"]
-        lines.append("| %s | %s | %s | %s / %s | %s / %s / %s / %s | %s / %s | %s | %s | %s | %d |" % (
+        sp = (s.get("spec") or {}).get("speculative_share")
+        lines.append("| %s | %s | %s | %s / %s | %s / %s / %s / %s | %s / %s | %s | %s | %s | %s | %d |" % (
             conc_name(r), fmt(s["request_throughput"]), fmt(s["output_throughput"], 1),
             fmt(s["ttft_ms"]["p50"]), fmt(s["ttft_ms"]["p99"]),
             fmt(t["mean"]), fmt(t["p50"]), fmt(t["p90"]), fmt(t["p99"]),
             fmt(s["itl_ms"]["p50"]), fmt(s["itl_ms"]["p99"]), fmt(s["itl_token_ms"]["p50"]),
-            fmt(s["e2e_ms"]["p50"], 1), fmt(s["tokens_per_chunk"]), s["failed"]))
+            fmt(s["e2e_ms"]["p50"], 1), fmt(s["tokens_per_chunk"]), "—" if sp is None else "%.0f %%" % (100 * sp),
+            s["failed"]))
     return "\n".join(lines)
 
 
