@@ -173,3 +173,60 @@ Test(tree, shape_parser) {
         cr_assert(strstr(err.msg, "tree shape"), "'%s': message '%s'", bad[i], err.msg);
     }
 }
+
+/* Trees inside the continuous-batching scheduler: 24 prompts, four decoding at
+ * once, each request its own tree setting (a budget of 16, a static shape, auto,
+ * or chains) in one batched verification per step; every output equals
+ * target-only output, and trees were verified in batches. */
+Test(tree, batched_trees_equal_target_only) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    const int32_t N = tdm_test_sanitized() ? 8 : 24;
+    tdm_engine *plain = make_engine(NULL);
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = 2, .n_seq_max = 4};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(g_target, g_draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    int32_t *ids[24];
+    int32_t n_ids[24];
+    tandem_generate_params gp[24];
+    tandem_result want[24], got[24];
+    for (int32_t i = 0; i < N; i++) {
+        size_t n;
+        ids[i] = tdm_test_json_ids(tdm_json_get(refs[(size_t)i * 4 % n_lines], "prompt_ids"), &n);
+        n_ids[i] = (int32_t)n;
+        gp[i] = tandem_generate_default_params();
+        gp[i].max_tokens = N_NEW;
+        gp[i].spec_ngram = 0;
+        cr_assert_eq(tdm_generate_one(plain, ids[i], n_ids[i], &gp[i], &want[i], &err), TANDEM_OK, "%s", err.msg);
+        switch (i % 4) {
+        case 0: gp[i].spec_tree = 16; break;
+        case 1: gp[i].spec_tree_shape = "3,2,2,1"; break;
+        case 2: gp[i].spec_tree = TANDEM_SPEC_TREE_AUTO; break;
+        default: break; /* chains */
+        }
+    }
+    tdm_sched *s;
+    cr_assert_eq(tdm_sched_create(e, &s, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_sched_run(s, (const int32_t *const *)ids, n_ids, gp, NULL, NULL, N, got, &err), TANDEM_OK, "%s",
+                 err.msg);
+    uint64_t tree_steps = 0;
+    for (int32_t i = 0; i < N; i++) {
+        cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
+        cr_assert(got[i].n_tokens == want[i].n_tokens &&
+                      memcmp(got[i].tokens, want[i].tokens, want[i].n_tokens * sizeof(int32_t)) == 0,
+                  "request %d (tree setting %d): output differs from target-only", i, i % 4);
+        if (i % 4 < 2) cr_assert_gt(got[i].spec.tree_steps, 0, "request %d verified no tree", i);
+        if (i % 4 == 3) cr_assert_eq(got[i].spec.tree_steps, 0);
+        tree_steps += got[i].spec.tree_steps;
+        tandem_result_free(&got[i]);
+        tandem_result_free(&want[i]);
+        free(ids[i]);
+    }
+    cr_log_info("%llu tree steps in the batch", (unsigned long long)tree_steps);
+    cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "blocks leaked");
+    tdm_sched_free(s);
+    tdm_engine_free(e);
+    tdm_engine_free(plain);
+    tdm_test_jsonl_free(refs, n_lines);
+}

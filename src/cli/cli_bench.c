@@ -77,6 +77,8 @@ typedef struct bench_opts {
     size_t gpu_mem;          /* 0 = no budget */
     tandem_kv_type kv_type;  /* --kv-type; default auto */
     int spec_k, spec_k_max, spec_ngram;
+    int spec_tree;           /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
+    const char *spec_tree_shape; /* --spec-tree as a static shape */
     int reps;                /* 0 = mode default */
     int limit;               /* 0 = all prompts */
     bool json;
@@ -117,6 +119,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
+        else if (TAKE(NULL, "--spec-tree")) ok = cli_parse_spec_tree(a, v, &o->spec_tree, &o->spec_tree_shape);
         else if (TAKE(NULL, "--reps")) ok = cli_parse_int(a, v, 1, 10000, &o->reps);
         else if (TAKE(NULL, "--limit")) {
             ok = cli_parse_int(a, v, 1, 1 << 30, &o->limit);
@@ -329,6 +332,8 @@ int cli_bench(int argc, char **argv) {
     gp.spec_k = o.spec_k;
     if (o.spec_k_max > 0) gp.spec_k_max = o.spec_k_max;
     gp.spec_ngram = o.spec_ngram;
+    gp.spec_tree = o.spec_tree_shape ? 0 : o.spec_tree;
+    gp.spec_tree_shape = o.spec_tree_shape;
     if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
     /* synthetic runs generate exactly -n tokens, as llama-bench does */
     gp.ignore_eos = !o.prompts_file;
