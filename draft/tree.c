@@ -10,8 +10,10 @@ tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget) {
     c.budget = TDM_MIN(TDM_MAX(budget, 1), TDM_TREE_MAX);
     c.topk = 4;
     c.width = 4;
-    /* about two nodes per level are kept at the smallest budgets */
-    c.depth = TDM_MIN(8, TDM_MAX(2, c.budget / 2));
+    /* levels for about two kept nodes each: deep trees pay where the draft agrees
+     * with the target often (on the pycode pair, budget 32: 16 levels commit 7.9
+     * tokens per target forward on 20 dev prompts, 8 levels 6.5; tests/RESULTS) */
+    c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MAX(2, c.budget / 2));
     return c;
 }
 

@@ -42,8 +42,9 @@ typedef struct tdm_tree_cfg {
                                             level, levels */
 } tdm_tree_cfg;
 
-/* The dynamic tree of a node budget (topk 4, width 4, depth 8: EAGLE-2's proportions
- * at this size; fewer levels for small budgets). */
+/* The dynamic tree of a node budget: topk 4, width 4 (EAGLE-2's), depth budget / 2
+ * (2 .. TDM_TREE_DEPTH_MAX): a greedy tree grows at most 4 + 16 (depth - 1)
+ * candidates and keeps the budget's best; the draft sees at most 4 (depth - 1). */
 tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget);
 /* "4,2,2,1" -> a static tree (at most TDM_TREE_MAX nodes, each factor 1..16); false
  * with a message in err naming what is wrong. */

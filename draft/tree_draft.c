@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "kv_cache.h"
+#include "oracle.h"
 
 int32_t tdm_tree_slots(const tdm_tree_cfg *c) {
     /* target nodes: the budget; draft nodes: those fed, at most TDM_TREE_MAX - 1 */
@@ -38,6 +39,20 @@ static int32_t n_children(const tdm_tree_job *j, int32_t v) {
     return TDM_MAX(c, 0);
 }
 
+/* Benchmark only (draft/oracle.h): node v's candidates own[0..n_own) rearranged
+ * when v's path is the target's continuation; returns how many of them (at most k)
+ * become children. */
+static int32_t oracle_children(tdm_seq *s, const tdm_tree *t, int32_t v, int32_t *own, int32_t n_own, int32_t k) {
+    const int32_t g = s->n_tokens - s->n_prompt, d = v < 0 ? 0 : t->depth[v] + 1; /* the children's depth */
+    bool on = g + d < s->n_oracle;
+    for (int32_t a = v; a >= 0 && on; a = t->parent[a]) on = t->token[a] == s->oracle[g + t->depth[a]];
+    if (!on) return TDM_MIN(n_own, k);
+    int32_t out[17];
+    const int32_t n = tdm_oracle_arrange(s->oracle[g + d], s->oracle_alpha, &s->oracle_rng, own, n_own, k, out);
+    for (int32_t i = 0; i < n; i++) own[i] = out[i];
+    return n;
+}
+
 /* The children of node v from the draft's logits row l. */
 static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l, tdm_err *err) {
     tdm_engine *e = b->e;
@@ -54,12 +69,15 @@ static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l
     }
     const tdm_sampler_params soft = {1.0f, 0, 1.0f, 0.0f};
     tdm_probs_from_logits(l, V, j->sample ? &j->s->sp : &soft, &e->ss, q);
-    int32_t ids[16];
-    const int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
-                                  : tdm_top_tokens(q, V, TDM_MIN(c, 16), ids);
+    int32_t ids[17];
+    int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
+                            : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), ids);
+    float pr[17]; /* the probability of each rank: rearranged candidates take their rank's */
+    for (int32_t i = 0; i < got; i++) pr[i] = q[ids[i]];
+    if (j->s->oracle) got = oracle_children(j->s, t, v, ids, got, TDM_MIN(c, 16));
     const float w = v < 0 ? 1.0f : t->w[v];
     for (int32_t i = 0; i < got; i++)
-        if (tdm_tree_add(t, v, ids[i], w * q[ids[i]]) < 0) break;
+        if (tdm_tree_add(t, v, ids[i], w * pr[i]) < 0) break;
     return TANDEM_OK;
 }
 

@@ -309,6 +309,17 @@ typedef struct tandem_generate_params {
     const char *spec_tree_shape; /* a static tree instead, its branching factor per depth:
                              "4,2,2,1" (at most TANDEM_SPEC_TREE_MAX nodes); NULL = none
                              (spec_tree decides); copied at submission; default NULL */
+    /* BENCHMARK ONLY, never a default: controlled acceptance at real cost.  The
+     * target's own greedy continuation of this prompt (from a target-only run),
+     * bench_n_oracle tokens; at each drafted position on that continuation the
+     * draft's candidates are rearranged: its next token comes first with probability
+     * bench_oracle_alpha in [0, 1], else second with probability 1/2, else it is
+     * not proposed.  The draft runs its real forward; verification is unchanged, so
+     * the output is still the target's.  Needs greedy decoding and an engine of one
+     * sequence; turns n-gram lookup off.  Copied at submission; default NULL. */
+    const int32_t *bench_oracle_tokens;
+    int bench_n_oracle;
+    float bench_oracle_alpha;
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
     void *user_data;          /* passed to on_token */
     bool ignore_eos;          /* generate max_tokens tokens whatever they are (an

@@ -469,6 +469,12 @@ static tandem_status check_params(const tandem_generate_params *gp, tdm_err *err
         (gp->spec_tree < 1 || gp->spec_tree > TANDEM_SPEC_TREE_MAX))
         return tdm_seterr(err, bad, "spec_tree %d is out of range (0 = off, %d = auto, or 1..%d nodes)", gp->spec_tree,
                           TANDEM_SPEC_TREE_AUTO, TANDEM_SPEC_TREE_MAX);
+    if (gp->bench_oracle_tokens && (gp->bench_n_oracle < 1 || !(gp->bench_oracle_alpha >= 0 && gp->bench_oracle_alpha <= 1) ||
+                                    gp->temperature > 0))
+        return tdm_seterr(err, bad,
+                          "bench_oracle_tokens: needs bench_n_oracle >= 1 (got %d), bench_oracle_alpha in [0, 1] (got %g) "
+                          "and greedy decoding (temperature %g)",
+                          gp->bench_n_oracle, gp->bench_oracle_alpha, gp->temperature);
     if (gp->spec_ngram != 0 && (gp->spec_ngram < TDM_NGRAM_MIN || gp->spec_ngram > TDM_NGRAM_MAX))
         return tdm_seterr(err, bad, "spec_ngram %d is out of range (0 = off, or %d..%d)", gp->spec_ngram,
                           TDM_NGRAM_MIN, TDM_NGRAM_MAX);
@@ -492,6 +498,17 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
         return err ? err->status : TANDEM_ERR_INVALID_ARG;
     s->spec_tree = s->tree_shape.n_shape > 0 ? s->tree_shape.budget : gp->spec_tree;
     tdm_tree_ctrl_init(&s->tctrl);
+    if (gp->bench_oracle_tokens) {
+        if (e->cfg.n_seq_max > 1)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                              "bench_oracle_tokens needs an engine of one sequence (n_seq_max %d)", (int)e->cfg.n_seq_max);
+        s->oracle = tdm_mallocarray((size_t)gp->bench_n_oracle, sizeof(int32_t));
+        if (!s->oracle) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        memcpy(s->oracle, gp->bench_oracle_tokens, (size_t)gp->bench_n_oracle * sizeof(int32_t));
+        s->n_oracle = gp->bench_n_oracle;
+        s->oracle_alpha = gp->bench_oracle_alpha;
+        tdm_rng_seed(&s->oracle_rng, gp->seed ^ 0x6f7261636c65ull);
+    }
     s->cap = e->cfg.n_ctx + TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_MAX) + 2;
     s->tokens = tdm_calloc((size_t)s->cap, sizeof(int32_t));
     if (!s->tokens) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
@@ -505,7 +522,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     tdm_rng_seed(&s->rng, gp->seed);
     tdm_ctrl_init(&s->ctrl, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
     s->spec_p_min = gp->spec_p_min;
-    s->spec_ngram = gp->spec_ngram;
+    s->spec_ngram = s->oracle ? 0 : gp->spec_ngram;
     tdm_ctrl_init(&s->ctrl_ng, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
     s->ctrl_ng.alpha = TDM_NGRAM_ALPHA_PRIOR;
     tdm_detok_init(&s->detok, e->target->tok);
@@ -525,6 +542,8 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     tdm_kv_seq_free(e->pool, &s->kv);
     free(s->tokens);
     free(s->text);
+    free(s->oracle);
+    s->oracle = NULL;
     tdm_stop_free(&s->stop);
     s->tokens = NULL;
     s->text = NULL;

@@ -148,6 +148,11 @@ typedef struct tdm_seq {
     int32_t spec_tree;       /* 0 = chains, TANDEM_SPEC_TREE_AUTO, > 0 a tree budget */
     tdm_tree_cfg tree_shape; /* a static tree (n_shape > 0), else n_shape 0 */
     tdm_tree_ctrl tctrl;     /* tokens per tree step by budget */
+    int32_t *oracle;         /* [n_oracle] benchmark only (draft/oracle.h): the target's own
+                                continuation, NULL = off */
+    int32_t n_oracle;
+    double oracle_alpha;
+    tdm_rng oracle_rng;      /* its draws (apart from the request's generator) */
     bool ignore_eos;         /* an end-of-generation token does not finish it */
     bool done;
     tandem_finish_reason finish;

@@ -11,6 +11,7 @@
 #include "kv_cache.h"
 #include "scheduler.h"
 #include "testutil.h"
+#include "oracle.h"
 #include "tree.h"
 
 #define N_NEW 32
@@ -228,5 +229,65 @@ Test(tree, batched_trees_equal_target_only) {
     tdm_sched_free(s);
     tdm_engine_free(e);
     tdm_engine_free(plain);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* Benchmark mode (draft/oracle.h): the rearrangement itself, and on the pycode
+ * pair that alpha 1 makes every proposal on the target's path accepted, alpha 0
+ * none of a chain's (its first candidate is then never the target's), both with
+ * output equal to target-only output. */
+Test(tree, oracle_controls_acceptance) {
+    const int32_t own[4] = {7, 3, 9, 4};
+    int32_t out[4];
+    tdm_rng r;
+    tdm_rng_seed(&r, 1);
+    cr_assert_eq(tdm_oracle_arrange(9, 1.0, &r, own, 4, 3, out), 3);
+    cr_assert(out[0] == 9 && out[1] == 7 && out[2] == 3, "alpha 1: the truth first, the rest in order");
+    int seconds = 0, absent = 0;
+    for (int i = 0; i < 400; i++) {
+        const int32_t n = tdm_oracle_arrange(7, 0.0, &r, own, 4, 2, out);
+        cr_assert_eq(n, 2);
+        cr_assert_neq(out[0], 7, "alpha 0: never first");
+        seconds += out[1] == 7;
+        absent += out[1] != 7;
+    }
+    cr_assert(seconds > 150 && absent > 150, "second half the time: %d of 400", seconds);
+
+    size_t n_lines, n;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft);
+    tdm_err err = {0};
+    int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[3], "prompt_ids"), &n);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 40;
+    gp.ignore_eos = true;
+    tandem_result want;
+    cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+    for (int mode = 0; mode < 3; mode++) {
+        tandem_generate_params g = gp;
+        g.bench_oracle_tokens = want.tokens;
+        g.bench_n_oracle = (int)want.n_tokens;
+        g.bench_oracle_alpha = mode == 1 ? 0.0f : 1.0f;
+        g.spec_k = mode < 2 ? 4 : 0;
+        g.spec_tree = mode == 2 ? 16 : 0;
+        tandem_result got;
+        cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &g, &got, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert(got.n_tokens == want.n_tokens && !memcmp(got.tokens, want.tokens, want.n_tokens * sizeof(int32_t)),
+                  "mode %d: output differs from target-only", mode);
+        if (mode == 1) cr_assert_eq(got.spec.accepted, 0, "alpha 0: %llu accepted", (unsigned long long)got.spec.accepted);
+        else cr_assert_geq(got.spec.forward_tokens, 4 * got.spec.forwards - 4, "alpha 1: %llu tokens in %llu forwards",
+                           (unsigned long long)got.spec.forward_tokens, (unsigned long long)got.spec.forwards);
+        tandem_result_free(&got);
+    }
+    gp.temperature = 0.5f;
+    gp.bench_oracle_tokens = want.tokens;
+    gp.bench_n_oracle = (int)want.n_tokens;
+    tandem_result bad;
+    cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &gp, &bad, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "greedy"), "%s", err.msg);
+    tandem_result_free(&want);
+    free(ids);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
     tdm_test_jsonl_free(refs, n_lines);
 }

@@ -284,6 +284,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .add = */ tdm_cuda_add,
     /* .scale = */ tdm_cuda_scale,
     /* .softcap = */ tdm_cuda_softcap,
+    /* .kv_move = */ tdm_cuda_kv_move,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

@@ -94,12 +94,18 @@ static const char usage_text[] =
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
     "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T]\n"
     "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--spec-tree T] [--reps R]\n"
+    "             [--spec-oracle A]\n"
     "             [--prefix-cache] [--json]\n"
     "  -p N                  synthetic prompt length in tokens, 1..2^20 (default 128)\n"
     "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
     "      --limit L         use at most L prompts of the file (needs --prompts)\n"
     "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
+    "      --spec-oracle A   BENCHMARK MODE (never a default): controlled acceptance at real\n"
+    "                        cost; the draft runs its real forward but the target's own next\n"
+    "                        token (from a target-only run, also timed: the speed-up's base)\n"
+    "                        is its first candidate with probability A, else its second with\n"
+    "                        probability 1/2, else absent; 0 <= A <= 1 (needs -d)\n"
     "      --prefix-cache    share cached prompt blocks between runs (off: every prefill\n"
     "                        computed) and report the hit rate\n"
     "      --json            print one JSON object\n"
@@ -305,7 +311,8 @@ bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, fl
 }
 
 bool cli_is_spec_opt(const char *arg) {
-    static const char *const names[] = {"--spec-k", "--spec-k-max", "--p-min", "--spec-ngram", "--spec-tree"};
+    static const char *const names[] = {"--spec-k", "--spec-k-max", "--p-min", "--spec-ngram", "--spec-tree",
+                                        "--spec-oracle"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if ((int)strlen(names[i]) == opt_len(arg) && strncmp(arg, names[i], strlen(names[i])) == 0) return true;
     return false;
