@@ -16,6 +16,17 @@
  *              [--backend cpu|cuda]  (where the models run; default cpu)
  *              [--temp T] [--top-p P]  (sampling instead of greedy; prompt p of repetition
  *                                       r is seeded with r * 1000 + p in every configuration)
+ *              [--tree N[,N2..]]  (also run each draft with token trees of at most N nodes,
+ *                                  -1 = auto; n-gram lookup off)
+ *              [--tree-shape S]   (also run each draft with the static tree S, e.g. 4,2,2,1)
+ *              [--oracle-alpha A[,A2..]]  BENCHMARK MODE, labelled "oracle" in the output:
+ *                  every draft configuration (chains and trees) runs once per A with
+ *                  controlled acceptance (tandem.h bench_oracle_tokens: the target's own
+ *                  continuation, from the target-only run of the same prompt, is the
+ *                  draft's first candidate with probability A, else its second with
+ *                  probability 1/2, else absent); real draft and verification costs
+ * Every configuration reports its committed tokens per target forward (chains and
+ * trees alike: the forwards after the prompt's, the tokens they committed).
  * Prints a markdown table and one JSON object per configuration (stdout).
  */
 #include <stdio.h>
@@ -33,6 +44,10 @@ typedef struct cfg {
     int k;         /* 0 = auto */
     int ngram;     /* spec_ngram */
     float p_min;   /* spec_p_min */
+    int tree;      /* spec_tree (0: chains) */
+    const char *shape; /* spec_tree_shape, or NULL */
+    uint64_t forwards, fwd_tokens; /* repetition 0's target forwards and the tokens they committed */
+    float alpha;   /* oracle acceptance (benchmark mode), < 0 = off */
     double tps[MAX_REPS];
     double mean_acc, acc_rate, k_final_sum;
     uint64_t steps, drafted, accepted, tokens, ng_steps, ng_drafted, ng_accepted;
@@ -64,6 +79,10 @@ int main(int argc, char **argv) {
     float pmins[8] = {0}; /* spec_p_min values */
     int n_pmins = 1;
     float temp = 0.0f, top_p = 1.0f; /* greedy by default */
+    int trees[8], n_trees = 0;
+    float alphas[8] = {-1.0f}; /* oracle acceptances, -1 = off */
+    int n_alphas = 1;
+    const char *shape = NULL;
     tandem_model_params mp = tandem_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -89,6 +108,27 @@ int main(int argc, char **argv) {
             n_pmins = 0;
             for (char *q = (char *)v; *q && n_pmins < 8;) {
                 pmins[n_pmins++] = strtof(q, &q);
+                if (*q == ',') q++;
+                else if (*q) break;
+            }
+        }
+        else if (!strcmp(a, "--tree")) {
+            for (char *q = (char *)v; *q && n_trees < 8;) {
+                trees[n_trees++] = (int)strtol(q, &q, 10);
+                if (*q == ',') q++;
+                else if (*q) break;
+            }
+        }
+        else if (!strcmp(a, "--tree-shape")) shape = v;
+        else if (!strcmp(a, "--oracle-alpha")) {
+            n_alphas = 0;
+            for (char *q = (char *)v; *q && n_alphas < 8;) {
+                alphas[n_alphas] = strtof(q, &q);
+                if (!(alphas[n_alphas] >= 0 && alphas[n_alphas] <= 1)) {
+                    fprintf(stderr, "error: --oracle-alpha takes values in [0, 1]\n");
+                    return 2;
+                }
+                n_alphas++;
                 if (*q == ',') q++;
                 else if (*q) break;
             }
@@ -137,7 +177,10 @@ int main(int argc, char **argv) {
     cfg cfgs[MAX_CFG];
     int n_cfg = 0;
     memset(cfgs, 0, sizeof cfgs);
+    cfgs[n_cfg].alpha = -1;
     cfgs[n_cfg++].draft = -1;
+    for (int al = 0; al < n_alphas; al++) {
+    const int first = n_cfg;
     for (int ng = 0; ng < n_ngrams; ng++)
         for (int d = 0; d < n_drafts; d++)
             for (int pm = 0; pm < n_pmins; pm++)
@@ -147,6 +190,20 @@ int main(int argc, char **argv) {
                     cfgs[n_cfg].p_min = pmins[pm];
                     cfgs[n_cfg++].k = ks[k];
                 }
+    for (int d = 0; d < n_drafts; d++) {
+        for (int t = 0; t < n_trees && n_cfg < MAX_CFG; t++) cfgs[n_cfg].draft = d, cfgs[n_cfg++].tree = trees[t];
+        if (shape && n_cfg < MAX_CFG) cfgs[n_cfg].draft = d, cfgs[n_cfg++].shape = shape;
+    }
+    for (int c = first; c < n_cfg; c++) cfgs[c].alpha = alphas[al];
+    }
+    if (alphas[0] >= 0 && temp > 0) {
+        fprintf(stderr, "error: --oracle-alpha needs greedy decoding\n");
+        return 2;
+    }
+    /* the target's own continuation of each prompt (the oracle's), from the
+     * target-only runs of repetition 0, which come first in every block */
+    int32_t **truth = calloc((size_t)n_prompts, sizeof *truth);
+    int *n_truth = calloc((size_t)n_prompts, sizeof *n_truth);
 
     /* Blocks of `block` prompts run under every configuration in turn, so slow and
      * fast phases of a shared machine fall on all configurations alike, while each
@@ -168,9 +225,21 @@ int main(int argc, char **argv) {
                     gp.temperature = temp;
                     gp.top_p = top_p;
                     gp.seed = (uint64_t)r * 1000u + (uint64_t)p;
+                    gp.spec_tree = C->tree;
+                    gp.spec_tree_shape = C->shape;
+                    if (C->alpha >= 0 && C->draft >= 0 && n_truth[p] > 0) {
+                        gp.bench_oracle_tokens = truth[p];
+                        gp.bench_n_oracle = n_truth[p];
+                        gp.bench_oracle_alpha = C->alpha;
+                    }
                     tandem_result res;
                     if (tandem_generate(e, prompts[p], &gp, &res)) die("generate");
                     decode_ms[c] += res.decode_ms;
+                    if (C->draft < 0 && !truth[p] && res.n_tokens > 0) {
+                        truth[p] = malloc(res.n_tokens * sizeof(int32_t));
+                        memcpy(truth[p], res.tokens, res.n_tokens * sizeof(int32_t));
+                        n_truth[p] = (int)res.n_tokens;
+                    }
                     /* the first token comes from the prefill */
                     toks[c] += res.n_tokens > 0 ? res.n_tokens - 1 : 0;
                     if (r == 0) {
@@ -185,31 +254,40 @@ int main(int argc, char **argv) {
                         C->draft_ms += res.spec.draft_ms;
                         C->verify_ms += res.spec.verify_ms;
                         C->decode_ms += res.decode_ms;
+                        C->forwards += res.spec.forwards;
+                        C->fwd_tokens += res.spec.forward_tokens;
                     }
                     tandem_result_free(&res);
                 }
         for (int c = 0; c < n_cfg; c++) {
             cfg *C = &cfgs[c];
             C->tps[r] = (double)toks[c] / (decode_ms[c] * 1e-3);
-            fprintf(stderr, "rep %d %s k=%d ngram=%d: %.0f tok/s\n", r,
-                    C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, C->tps[r]);
+            fprintf(stderr, "rep %d %s k=%d ngram=%d tree=%d%s%s: %.0f tok/s\n", r,
+                    C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, C->tree, C->shape ? " shape " : "",
+                    C->shape ? C->shape : "", C->tps[r]);
         }
     }
 
     double base = median(cfgs[0].tps, reps);
     if (temp > 0) printf("sampling: temperature %g, top-p %g\n\n", (double)temp, (double)top_p);
     printf("| draft | k | n-gram | decode tok/s (median of %d) | speed-up | acceptance | mean accepted/step | "
-           "mean k_final | n-gram steps / acceptance | speed-up per repetition, min-max |\n",
+           "mean k_final | n-gram steps / acceptance | speed-up per repetition, min-max | tokens per target forward |\n",
            reps);
-    printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
         double m = median(C->tps, reps);
         const char *dn = C->draft < 0 ? "none" : strrchr(draft_paths[C->draft], '/') ? strrchr(draft_paths[C->draft], '/') + 1 : draft_paths[C->draft];
         char kbuf[40];
         if (C->draft < 0) snprintf(kbuf, sizeof kbuf, "-");
+        else if (C->shape) snprintf(kbuf, sizeof kbuf, "tree %s", C->shape);
+        else if (C->tree) snprintf(kbuf, sizeof kbuf, C->tree < 0 ? "tree auto" : "tree %d", C->tree);
         else if (C->k == 0) snprintf(kbuf, sizeof kbuf, "auto");
         else snprintf(kbuf, sizeof kbuf, "%d", C->k);
+        if (C->draft >= 0 && C->alpha >= 0) {
+            size_t len = strlen(kbuf);
+            snprintf(kbuf + len, sizeof kbuf - len, ", oracle alpha %.2f", (double)C->alpha);
+        }
         if (C->draft >= 0 && C->p_min > 0) {
             size_t len = strlen(kbuf);
             snprintf(kbuf + len, sizeof kbuf - len, ", p_min %.2g", (double)C->p_min);
@@ -226,21 +304,27 @@ int main(int argc, char **argv) {
             lo = q < lo ? q : lo;
             hi = q > hi ? q : hi;
         }
-        printf("| %s | %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f | %s | %.2fx-%.2fx |\n", dn, kbuf,
+        printf("| %s | %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f | %s | %.2fx-%.2fx | %.3f |\n", dn, kbuf,
                C->ngram ? (char[]){(char)('0' + C->ngram), 0} : "off", m, m / base,
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
-               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts, ngbuf, lo, hi);
+               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts, ngbuf, lo, hi,
+               C->forwards ? (double)C->fwd_tokens / (double)C->forwards : 0.0);
     }
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
-        printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"p_min\": %g, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
+        printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"p_min\": %g, \"oracle_alpha\": %g, \"tree\": %d, \"tree_shape\": \"%s\", "
+               "\"forwards\": %llu, \"tokens_per_forward\": %.4f, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
                "\"mean_accepted\": %.3f, \"us_per_step\": {\"draft\": %.1f, \"verify\": %.1f, \"all\": %.1f}}\n",
-               C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, (double)C->p_min, median(C->tps, reps),
+               C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, (double)C->p_min, (double)C->alpha, C->tree,
+               C->shape ? C->shape : "", (unsigned long long)C->forwards,
+               C->forwards ? (double)C->fwd_tokens / (double)C->forwards : 0.0, median(C->tps, reps),
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
                C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->steps ? 1e3 * C->draft_ms / (double)C->steps : 0.0,
                C->steps ? 1e3 * C->verify_ms / (double)C->steps : 0.0,
                1e3 * C->decode_ms / (double)(C->steps ? C->steps : (C->tokens > (uint64_t)n_prompts ? C->tokens - (uint64_t)n_prompts : 1)));
     }
+    for (int p = 0; p < n_prompts; p++) free(truth[p]);
+    free(truth), free(n_truth);
     bench_prompts_free(prompts, n_prompts);
     tandem_engine_close(plain);
     for (int d = 0; d < n_drafts; d++) {

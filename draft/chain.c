@@ -10,11 +10,25 @@
 #include "engine.h"
 #include "kv_cache.h"
 #include "ngram.h"
+#include "oracle.h"
+#include "tree.h"
 
 static float max_of(const float *p, int32_t n) {
     float m = 0;
     for (int32_t i = 0; i < n; i++) m = p[i] > m ? p[i] : m;
     return m;
+}
+
+/* Benchmark only (draft/oracle.h): the chain's token i from the draft's logits l,
+ * its candidates rearranged while the chain so far is the target's continuation. */
+static int32_t oracle_token(tdm_seq *s, const float *l, int32_t V, const int32_t *draft, int32_t i) {
+    const int32_t g = s->n_tokens - s->n_prompt; /* generated index of the chain's first token */
+    bool on = g + i < s->n_oracle;
+    for (int32_t j = 0; j < i && on; j++) on = draft[j] == s->oracle[g + j];
+    int32_t own[2], x;
+    const int32_t n_own = tdm_top_tokens(l, V, 2, own);
+    if (!on) return own[0];
+    return tdm_oracle_arrange(s->oracle[g + i], s->oracle_alpha, &s->oracle_rng, own, n_own, 1, &x) ? x : own[0];
 }
 
 /* After draft[0..len) (the last one just drafted): an n-gram continuation of up to
@@ -122,7 +136,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
     const int32_t n = s->n_tokens;
     tandem_status st;
     *n_drafted = *n_model = *n_forwards = 0;
-    if ((greedy || e->q_dev) && e->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K)
+    if ((greedy || e->q_dev) && e->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K && !s->oracle)
         return chain_on_device(e, s, k, k_ext, draft, n_drafted, n_model, n_forwards, err);
     /* catch up: rows [n_draft, n) -> the distribution of the token after them */
     if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, TDM_FWD_LOGITS_APPROX, err))) return st;
@@ -134,7 +148,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
         int32_t x;
         if (greedy) {
             if (i > 0 && s->spec_p_min > 0 && tdm_top_prob(l, V) < s->spec_p_min) break;
-            x = tdm_argmax(l, V);
+            x = s->oracle ? oracle_token(s, l, V, draft, i) : tdm_argmax(l, V);
         } else {
             float *q = e->qprobs + (size_t)i * (size_t)V;
             tdm_probs_from_logits(l, V, &s->sp, &e->ss, q);

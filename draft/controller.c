@@ -29,7 +29,7 @@
 #include <stddef.h>
 
 #define PRIOR_T_VERIFY 1.0
-#define N_VERIFY_MAX (TDM_CTRL_MAX_K + 1) /* largest index of t_verify */
+#define N_VERIFY_MAX TDM_COST_MAX_N /* largest index of t_verify */
 #define ALPHA_PRIOR 0.6
 #define ALPHA_CLAMP_MAX 0.999
 
@@ -38,7 +38,7 @@
 void tdm_cost_init(tdm_cost_model *c) {
     if (!c) return;
     c->t_draft = 0.0;
-    for (int i = 0; i < TDM_CTRL_MAX_K + 2; i++) c->t_verify[i] = 0.0;
+    for (int i = 0; i <= TDM_COST_MAX_N; i++) c->t_verify[i] = 0.0;
     c->ema = 0.1;
 }
 

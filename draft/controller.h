@@ -16,11 +16,13 @@
 #include <stdint.h>
 
 #define TDM_CTRL_MAX_K 32
+#define TDM_COST_MAX_N 65 /* verification rows the cost model measures: a chain of TDM_CTRL_MAX_K
+                             or a tree of 64 nodes, plus the pending token */
 
 /* Shared, per-engine cost model (machine + model pair properties). */
 typedef struct tdm_cost_model {
     double t_draft;                       /* seconds per draft step (EMA), 0 = unknown */
-    double t_verify[TDM_CTRL_MAX_K + 2];  /* [n] seconds to verify n positions (EMA), 0 = unknown */
+    double t_verify[TDM_COST_MAX_N + 1]; /* [n] seconds to verify n positions (EMA), 0 = unknown */
     double ema;                           /* smoothing weight of a new sample, default 0.1 */
 } tdm_cost_model;
 

@@ -275,6 +275,8 @@ typedef bool (*tandem_token_cb)(int32_t token, const char *text, size_t text_len
 #define TANDEM_SPEC_K_MAX 32    /* spec_k, spec_k_min, spec_k_max at most this */
 #define TANDEM_SPEC_NGRAM_MIN 2 /* spec_ngram: 0, or in [TANDEM_SPEC_NGRAM_MIN, _MAX] */
 #define TANDEM_SPEC_NGRAM_MAX 8
+#define TANDEM_SPEC_TREE_MAX 64 /* spec_tree: nodes of a token tree at most */
+#define TANDEM_SPEC_TREE_AUTO (-1)
 #define TANDEM_STOP_MAX 16      /* n_stop at most this */
 #define TANDEM_STOP_LEN_MAX 256 /* bytes of one stop string at most */
 
@@ -299,6 +301,25 @@ typedef struct tandem_generate_params {
                              the earlier text and propose what followed, in the steps
                              where the controller expects that to beat the draft model
                              (lossless; runs no model); default 4 */
+    int spec_tree;        /* token trees (ignored without a draft): 0 = off (chains only),
+                             TANDEM_SPEC_TREE_AUTO = the controller chooses chain or tree
+                             and the node budget from measured acceptance and costs, N in
+                             [1, TANDEM_SPEC_TREE_MAX] = a tree of at most N nodes every
+                             step (EAGLE-2's dynamic tree); default 0 */
+    const char *spec_tree_shape; /* a static tree instead, its branching factor per depth:
+                             "4,2,2,1" (at most TANDEM_SPEC_TREE_MAX nodes); NULL = none
+                             (spec_tree decides); copied at submission; default NULL */
+    /* BENCHMARK ONLY, never a default: controlled acceptance at real cost.  The
+     * target's own greedy continuation of this prompt (from a target-only run),
+     * bench_n_oracle tokens; at each drafted position on that continuation the
+     * draft's candidates are rearranged: its next token comes first with probability
+     * bench_oracle_alpha in [0, 1], else second with probability 1/2, else it is
+     * not proposed.  The draft runs its real forward; verification is unchanged, so
+     * the output is still the target's.  Needs greedy decoding and an engine of one
+     * sequence; turns n-gram lookup off.  Copied at submission; default NULL. */
+    const int32_t *bench_oracle_tokens;
+    int bench_n_oracle;
+    float bench_oracle_alpha;
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
     void *user_data;          /* passed to on_token */
     bool ignore_eos;          /* generate max_tokens tokens whatever they are (an
@@ -328,6 +349,10 @@ typedef struct tandem_spec_stats {
     uint64_t ngram_drafted;  /* proposed tokens that came from lookup: those steps' and the
                                 lookup completions of drafted chains (in drafted) */
     uint64_t ngram_accepted; /* of them accepted (in accepted) */
+    uint64_t forwards;       /* target forward passes after the prompt's (each commits >= 1 token) */
+    uint64_t forward_tokens; /* tokens those forwards committed (tokens per forward: the ratio) */
+    uint64_t tree_steps;     /* steps that verified a token tree (in steps) */
+    uint64_t tree_nodes;     /* nodes of those trees (in drafted) */
 } tandem_spec_stats;
 
 typedef struct tandem_result {

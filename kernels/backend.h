@@ -106,6 +106,22 @@ typedef struct tdm_attn_args {
                                         softcap) before the softmax (logit soft-capping); 0: off */
 } tdm_attn_args;
 
+/* Copies K/V slots of one sequence in every layer (kv_move, tdm_kv_store_move_slots):
+ * slot dst[i] of every layer's K and V gets slot src[i]'s values (q8_0: and scale).
+ * No dst[i] is another pair's src, so the pairs may be copied in any order (a token
+ * tree's accepted path moving to consecutive slots, draft/tree.h). */
+typedef struct tdm_kv_move_args {
+    const tdm_kv_seq *seq;   /* its block table */
+    const int32_t *src;      /* [n] host memory */
+    const int32_t *dst;      /* [n] host memory */
+    int32_t n;
+    void *const *k_cache;    /* [n_layer] K caches (layout: tdm_kv_write_args) */
+    void *const *v_cache;    /* [n_layer] V caches */
+    int32_t n_layer;
+    uint32_t cache_type;     /* TDM_F32, TDM_F16 or TDM_Q8_0 */
+    int32_t n_kv_head, head_dim, block_size;
+} tdm_kv_move_args;
+
 /* A row-quantised copy of an output projection W[rows][cols] (tdm_qhead_build,
  * src/qhead.c) for cheap approximate logits with a rigorous error bound.  Laid out
  * for int8 dot-product instructions: groups of 16 W rows, and in each group the 16
@@ -296,6 +312,9 @@ typedef struct tdm_backend_ops {
     tandem_status (*scale)(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err);
     /* x[n][dim] = cap * tanh(x / cap)   (cap > 0) */
     tandem_status (*softcap)(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err);
+    /* Optional (NULL: the engine copies with `copy`, or directly on host memory):
+     * tdm_kv_move_args's copy in one call. */
+    tandem_status (*kv_move)(tdm_backend *b, const tdm_kv_move_args *a, tdm_err *err);
 } tdm_backend_ops;
 
 struct tdm_backend {

@@ -49,6 +49,8 @@ typedef struct step_item {
     int32_t k;     /* (decode) drafted tokens verified by its rows */
     bool ngram;    /* (decode) its chain comes from n-gram lookup, not the draft model */
     int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
+    tdm_tree *tree;/* (decode) a token tree verified instead of a chain (k = 0), or NULL */
+    int32_t budget;/* (decode, tree) its node budget */
 } step_item;
 
 struct tdm_sched {
@@ -79,6 +81,11 @@ struct tdm_sched {
     int32_t *chains;           /* [cap][TDM_CTRL_MAX_K] drafting scratch, by drafting sequence */
     step_item *items;          /* [cap] this step's plan */
     int32_t *k_of;             /* [cap] tokens each running sequence drafts this step */
+    int32_t *tree_of;          /* [cap] the node budget of each running sequence's tree this
+                                  step (0: a chain or nothing) */
+    tdm_tree *trees;           /* [cap] this step's trees, by running sequence */
+    tdm_tree_cost tree_cost;   /* drafting seconds of a batch's trees, by budget */
+    uint32_t n_tree_decisions; /* auto tree choices so far (exploration schedule) */
     tdm_rowcost cost_t, cost_d;/* forward seconds by rows: target steps, draft rounds */
     tdm_batch_steps steps;     /* seconds per step, by batch and k */
     int32_t step_b, step_k;    /* this step's speculating batch and length (0: none) */
@@ -96,6 +103,15 @@ struct tdm_sched {
 
 /* step.c */
 tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err);
+/* Marks r failed with st (the first failure wins); it finishes at the step's end. */
+void tdm_sched_fail(tdm_req *r, tandem_status st, const tdm_err *err);
+/* step_tree.c: this step's tree budgets (s->tree_of) and the rows they take; the
+ * configuration of a tree item; drafting the plan's trees (false: their sequences
+ * failed); a tree item's verdict and commit from the target's tokens out[1 + nodes]. */
+int32_t tdm_sched_choose_trees(tdm_sched *s);
+bool tdm_sched_tree_cfg(const tdm_sched *s, const step_item *it, tdm_tree_cfg *cfg);
+bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n);
+void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out, double draft_s, double verify_s);
 /* sched.c: ends a request (result built, blocks freed, on_finish called, freed).
  * reason NONE: from its sequence (done) or its fail_st. */
 void tdm_sched_finish(tdm_sched *s, tdm_req *r, tandem_finish_reason reason);

@@ -29,10 +29,12 @@
 #include "kv_cache.h"
 #include "ngram.h"
 #include "sched_internal.h"
+#include "tree_draft.h"
+#include "tree_verify.h"
 
 _Static_assert(TDM_ENGINE_BATCH_LOGITS_MAX <= TDM_BATCH_SEQ_MAX, "a decision weighs every speculating sequence");
 
-static void fail_req(tdm_req *r, tandem_status st, const tdm_err *err) {
+void tdm_sched_fail(tdm_req *r, tandem_status st, const tdm_err *err) {
     if (r->fail_st) return;
     r->fail_st = st ? st : TANDEM_ERR_INTERNAL;
     if (err) r->fail_err = *err;
@@ -68,7 +70,7 @@ static void take_inbox(tdm_sched *s) {
         } else if (!queue(s, in)) {
             tdm_err err;
             tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory queueing the request");
-            fail_req(in, TANDEM_ERR_NOMEM, &err);
+            tdm_sched_fail(in, TANDEM_ERR_NOMEM, &err);
             tdm_sched_finish(s, in, TANDEM_FINISH_NONE);
         }
         in = nx;
@@ -179,8 +181,15 @@ static int32_t plan(tdm_sched *s, step_item *it) {
         tdm_req *r = s->run[i];
         if (r->state != TDM_REQ_RUNNING) continue;
         const int32_t p = r->s.n_tokens - 1, k = s->k_of[i];
-        it[n++] = (step_item){r, p, p + 1 + k, true, true, k, false, s->drafts + (size_t)i * TDM_CTRL_MAX_K};
-        rows += 1 + k;
+        it[n] = (step_item){r, p, p + 1 + k, true, true, k, false, s->drafts + (size_t)i * TDM_CTRL_MAX_K, NULL, 0};
+        tdm_tree_cfg cfg;
+        if (s->tree_of[i] > 0) {
+            it[n].tree = &s->trees[i], it[n].budget = s->tree_of[i];
+            if (tdm_sched_tree_cfg(s, &it[n], &cfg)) it[n].to = p + 1 + tdm_tree_slots(&cfg); /* (what it reserves) */
+            else it[n].tree = NULL;
+        }
+        rows += it[n].tree ? 1 + it[n].budget : 1 + k;
+        n++;
     }
     bool chunked = false;
     for (int32_t i = 0; i < s->n_run; i++) {
@@ -192,7 +201,7 @@ static int32_t plan(tdm_sched *s, step_item *it) {
             if (any_cut && left > 0) c = left;
             else if (chunked) break;
         }
-        it[n++] = (step_item){r, r->n_fed, r->n_fed + c, false, fresh(r) && r->n_fed + c == r->n_goal, 0, false, NULL};
+        it[n++] = (step_item){r, r->n_fed, r->n_fed + c, false, fresh(r) && r->n_fed + c == r->n_goal, 0, false, NULL, NULL, 0};
         rows += c;
         chunked = true;
     }
@@ -221,7 +230,7 @@ static void preempt(tdm_sched *s, tdm_req *r) {
     if (!queue(s, r)) {
         tdm_err err;
         tdm_seterr(&err, TANDEM_ERR_NOMEM, "out of memory requeueing a preempted request");
-        fail_req(r, TANDEM_ERR_NOMEM, &err);
+        tdm_sched_fail(r, TANDEM_ERR_NOMEM, &err);
         tdm_sched_finish(s, r, TANDEM_FINISH_NONE);
     }
 }
@@ -242,7 +251,7 @@ static bool reserve(tdm_sched *s, const step_item *it, int32_t n) {
         if (st == TANDEM_ERR_KV_FULL && s->n_run > 1) {
             preempt(s, victim(s));
         } else {
-            fail_req(r, st, &err);
+            tdm_sched_fail(r, st, &err);
             tdm_sched_finish(s, r, TANDEM_FINISH_NONE);
         }
         return false;
@@ -252,8 +261,8 @@ static bool reserve(tdm_sched *s, const step_item *it, int32_t n) {
 
 /* ---- 5, 6. forwards, tokens ---- */
 
-static int32_t item_rows(const step_item *it) { return it->to - it->from; }
-static int32_t item_logits(const step_item *it) { return it->decode ? 1 + it->k : it->want; }
+static int32_t item_rows(const step_item *it) { return it->tree ? 1 + it->tree->n : it->to - it->from; }
+static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree->n : it->decode ? 1 + it->k : it->want; }
 
 /* Runs items [0, n) as one forward of the target (and one of the draft over the
  * prompt chunks among them), then commits their results. */
@@ -271,6 +280,11 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
         seqs[i] = &q->kv;
         /* row d of the item's logits draws with the d-th uniform to come */
         double u[TDM_CTRL_MAX_K + 1] = {0};
+        if (it[i].tree) { /* (greedy) */
+            tdm_tree_rows(b, q, it[i].tree, i);
+            for (int32_t x = 0; x <= it[i].tree->n; x++) rows[m++] = (tdm_draw_row){q, 0.0};
+            continue;
+        }
         if (q->sp.temperature > 0) tdm_engine_draws(q, item_logits(&it[i]), u);
         for (int32_t p = it[i].from, d = 0; p < it[i].to; p++) {
             const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
@@ -300,11 +314,11 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
     for (int32_t i = 0, j = 0; i < n; i++) {
         tdm_req *r = it[i].r;
         tdm_seq *q = &r->s;
-        const int32_t n_out = it[i].decode ? 1 + it[i].k : it[i].want;
+        const int32_t n_out = item_logits(&it[i]);
         const int32_t *out = tok + j, t = n_out ? out[n_out - 1] : 0;
         j += n_out;
         if (st) {
-            fail_req(r, st, &err);
+            tdm_sched_fail(r, st, &err);
             continue;
         }
         int32_t bad = -1;
@@ -313,7 +327,12 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
         if (bad >= 0) {
             tdm_err ferr;
             tdm_engine_nonfinite(e, false, it[i].to - n_out + bad, &ferr);
-            fail_req(r, TANDEM_ERR_FORMAT, &ferr);
+            tdm_sched_fail(r, TANDEM_ERR_FORMAT, &ferr);
+            continue;
+        }
+        if (it[i].tree) {
+            tdm_sched_commit_tree(s, &it[i], out, s->t_draft, now - s->t_verify0);
+            if (r->t_first == 0) r->t_first = now;
             continue;
         }
         if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
@@ -391,10 +410,12 @@ static void log_decision(const tdm_sched *s, int32_t nb, int32_t other, int32_t 
 static void choose_k(tdm_sched *s) {
     tdm_engine *e = s->e;
     memset(s->k_of, 0, (size_t)s->n_run * sizeof *s->k_of);
+    memset(s->tree_of, 0, (size_t)s->n_run * sizeof *s->tree_of);
     s->step_b = s->step_k = 0;
     if (!e->draft) return;
+    const int32_t tree_rows = tdm_sched_choose_trees(s);
     tdm_batch_seq bs[TDM_ENGINE_BATCH_LOGITS_MAX];
-    int32_t idx[TDM_ENGINE_BATCH_LOGITS_MAX], nb = 0, other = 0, k_max = 0;
+    int32_t idx[TDM_ENGINE_BATCH_LOGITS_MAX], nb = 0, other = tree_rows, k_max = 0;
     const int32_t inv = invariant_rows(e);
     for (int32_t i = 0; i < s->n_run; i++) {
         const tdm_req *r = s->run[i];
@@ -403,6 +424,7 @@ static void choose_k(tdm_sched *s) {
             other += TDM_MIN(r->n_goal - r->n_fed, e->cfg.prefill_chunk);
             continue;
         }
+        if (s->tree_of[i] > 0) continue; /* (its rows are in tree_rows) */
         if (nb == TDM_ENGINE_BATCH_LOGITS_MAX) {
             other++;
             continue;
@@ -509,7 +531,7 @@ static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_
     for (int32_t j = 0; j < m && !st; j++)
         memcpy(who[j]->draft, chains + (size_t)j * TDM_CTRL_MAX_K, (size_t)k[j] * sizeof *chains);
     if (!st) return true;
-    for (int32_t j = 0; j < m; j++) fail_req(who[j]->r, st, &err);
+    for (int32_t j = 0; j < m; j++) tdm_sched_fail(who[j]->r, st, &err);
     return false;
 }
 
@@ -542,7 +564,7 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
         tdm_req *r = s->run[0];
         tdm_err serr = {0};
         tandem_status st = tdm_seq_step(e, &r->s, &serr);
-        if (st) fail_req(r, st, &serr);
+        if (st) tdm_sched_fail(r, st, &serr);
         finish_done(s);
         return TANDEM_OK;
     }
@@ -556,14 +578,14 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
         const double t0 = tdm_now();
         s->t_draft = 0;
         int32_t catch_up;
-        if (draft_chains(s, it, n, &catch_up)) {
+        if (draft_chains(s, it, n, &catch_up) && tdm_sched_draft_trees(s, it, n)) {
             s->t_verify0 = tdm_now();
             s->t_draft = s->t_verify0 - t0;
             int32_t rows = 0;
             bool chunk = false;
             for (int32_t i = 0; i < n; i++) {
                 rows += item_rows(&it[i]);
-                chunk |= !it[i].decode;
+                chunk |= !it[i].decode || it[i].tree; /* (a tree's step is not a chain length's) */
             }
             run_plan(s, it, n);
             const double t1 = tdm_now();

@@ -14,7 +14,8 @@ tandem_status tdm_batch_init(tdm_batch *b, int32_t cap, tdm_err *err) {
     b->slot = tdm_calloc((size_t)cap, sizeof(int32_t));
     b->n_visible = tdm_calloc((size_t)cap, sizeof(int32_t));
     b->want_logits = tdm_calloc((size_t)cap, 1);
-    if (!b->token || !b->pos || !b->seq || !b->slot || !b->n_visible || !b->want_logits) {
+    b->tree_mask = tdm_calloc((size_t)cap, sizeof(uint64_t));
+    if (!b->token || !b->pos || !b->seq || !b->slot || !b->n_visible || !b->want_logits || !b->tree_mask) {
         tdm_batch_free(b);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory for a batch of %d rows", (int)cap);
     }
@@ -31,12 +32,14 @@ void tdm_batch_free(tdm_batch *b) {
     free(b->extra_off);
     free(b->extra_slot);
     free(b->want_logits);
+    free(b->tree_mask);
     memset(b, 0, sizeof *b);
 }
 
 void tdm_batch_clear(tdm_batch *b) {
     b->n_rows = 0;
     b->rows_shared = false;
+    b->tree = false;
 }
 
 int32_t tdm_batch_add(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int32_t slot,
@@ -49,6 +52,18 @@ int32_t tdm_batch_add(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int
     b->slot[i] = slot;
     b->n_visible[i] = slot + 1;
     b->want_logits[i] = want_logits ? 1 : 0;
+    if (b->tree_mask) b->tree_mask[i] = 0;
+    return i;
+}
+
+int32_t tdm_batch_add_tree(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int32_t slot, int32_t prefix,
+                           uint64_t mask, bool want_logits) {
+    if (!b->tree_mask) return -1;
+    int32_t i = tdm_batch_add(b, token, pos, seq, slot, want_logits);
+    if (i < 0) return -1;
+    b->n_visible[i] = prefix;
+    b->tree_mask[i] = mask;
+    b->tree |= mask != 0;
     return i;
 }
 

@@ -5,8 +5,13 @@
  * RoPE position, the KV slot (logical position in the sequence's block table)
  * where its K/V are written, and what it may attend to:
  *   - slots [0, n_visible) of its sequence (for prefill/decode/chains: slot + 1), and
- *   - optionally extra slots listed in CSR form (tree rows: ancestors beyond the
- *     committed prefix).  extra_off == NULL means no row has extra slots.
+ *   - optionally extra slots listed in CSR form.  extra_off == NULL means no row
+ *     has extra slots;
+ *   - a token tree's rows (tdm_batch_add_tree): slots n_visible + j for every bit j
+ *     of the row's tree_mask, a compact ancestor bitset over the tree's nodes, which
+ *     occupy slots n_visible .. n_visible + 63 after the committed prefix (node i
+ *     at slot n_visible + i, its RoPE position n_visible + its depth).  A row has
+ *     CSR extras or a tree mask, never both.
  * The forward first writes every row's K/V into its slot, then runs attention, so
  * rows of one sequence see each other exactly through these visible sets.
  */
@@ -27,6 +32,10 @@ typedef struct tdm_batch {
     int32_t *n_visible;    /* [n_rows] attends to slots [0, n_visible) of its sequence */
     int32_t *extra_off;    /* [n_rows + 1] CSR offsets into extra_slot, or NULL */
     int32_t *extra_slot;   /* extra visible slots (each >= n_visible of its row) */
+    uint64_t *tree_mask;   /* [n_rows] bit j: the row also sees slot n_visible + j (0: none) */
+    bool tree;             /* some row has a nonzero tree_mask (set by tdm_batch_add_tree,
+                              cleared by tdm_batch_clear); backends without tree attention
+                              refuse such a batch */
     uint8_t *want_logits;  /* [n_rows] 1 = compute logits for this row */
     int32_t n_extra_cap;
     bool rows_shared;      /* the rows need not be computed as each would be alone: the
@@ -41,6 +50,13 @@ void tdm_batch_clear(tdm_batch *b);
  * -1 when full. */
 int32_t tdm_batch_add(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int32_t slot,
                       bool want_logits);
+/* Most tree nodes a tree mask addresses. */
+#define TDM_TREE_MAX_NODES 64
+/* Appends a token-tree row: KV slot `slot`, RoPE position pos, sees slots [0,
+ * prefix) and the slots prefix + j of the bits j of mask (mask != 0; its own slot
+ * prefix + i among them).  Returns the row index or -1 when full. */
+int32_t tdm_batch_add_tree(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int32_t slot, int32_t prefix,
+                           uint64_t mask, bool want_logits);
 /* Number of rows with want_logits set. */
 int32_t tdm_batch_n_logits(const tdm_batch *b);
 

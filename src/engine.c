@@ -74,9 +74,9 @@ static uint64_t fwd_bytes(const tdm_model *m, int32_t rows) {
 }
 
 int32_t tdm_engine_logit_rows(int32_t n_seq_max) {
-    if (n_seq_max <= 1) return TDM_ENGINE_LOGIT_ROWS;
+    if (n_seq_max <= 1) return TDM_ENGINE_TREE_ROWS;
     const int64_t rows = (int64_t)n_seq_max * TDM_ENGINE_BATCH_ROWS_PER_SEQ;
-    return (int32_t)TDM_MAX(TDM_ENGINE_LOGIT_ROWS, TDM_MIN(rows, TDM_ENGINE_BATCH_LOGITS_MAX));
+    return (int32_t)TDM_MAX(TDM_ENGINE_TREE_ROWS, TDM_MIN(rows, TDM_ENGINE_BATCH_LOGITS_MAX));
 }
 
 uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk,
@@ -165,7 +165,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     } else if (e->cfg.kv_bytes > 0) {
         n_blocks = (int64_t)(e->cfg.kv_bytes / bpb);
     } else {
-        int64_t per_seq = ((int64_t)e->cfg.n_ctx + TDM_CTRL_MAX_K + 2 + bs - 1) / bs;
+        int64_t per_seq = ((int64_t)e->cfg.n_ctx + TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_MAX) + 2 + bs - 1) / bs;
         n_blocks = per_seq * e->cfg.n_seq_max;
     }
     if (n_blocks < 1 || n_blocks > INT32_MAX / 2) {
@@ -233,7 +233,12 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     e->probs = tdm_calloc((size_t)(TDM_CTRL_MAX_K + 1) * (size_t)e->n_vocab, sizeof(float));
     e->qprobs = tdm_calloc((size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab, sizeof(float));
     e->tmp = tdm_calloc((size_t)e->n_vocab, sizeof(float));
-    if (!e->probs || !e->qprobs || !e->tmp) {
+    if (draft) {
+        e->tree_p = tdm_calloc((size_t)TDM_ENGINE_TREE_ROWS * (size_t)e->n_vocab, sizeof(float));
+        e->tree_q = tdm_calloc((size_t)TDM_ENGINE_TREE_ROWS * (size_t)e->n_vocab, sizeof(float));
+        e->tree_scr = tdm_calloc(2 * (size_t)e->n_vocab, sizeof(double));
+    }
+    if (!e->probs || !e->qprobs || !e->tmp || (draft && (!e->tree_p || !e->tree_q || !e->tree_scr))) {
         st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -277,6 +282,9 @@ void tdm_engine_free(tdm_engine *e) {
     free(e->probs);
     free(e->qprobs);
     free(e->tmp);
+    free(e->tree_p);
+    free(e->tree_q);
+    free(e->tree_scr);
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
     if (!e->be_borrowed) tdm_backend_destroy(e->be);
@@ -457,6 +465,16 @@ static tandem_status check_params(const tandem_generate_params *gp, tdm_err *err
         gp->spec_k_max < gp->spec_k_min || gp->spec_k_max > TDM_CTRL_MAX_K)
         return tdm_seterr(err, bad, "bad speculation length (spec_k %d, spec_k_min %d, spec_k_max %d; limit %d)",
                           gp->spec_k, gp->spec_k_min, gp->spec_k_max, TDM_CTRL_MAX_K);
+    if (gp->spec_tree != 0 && gp->spec_tree != TANDEM_SPEC_TREE_AUTO &&
+        (gp->spec_tree < 1 || gp->spec_tree > TANDEM_SPEC_TREE_MAX))
+        return tdm_seterr(err, bad, "spec_tree %d is out of range (0 = off, %d = auto, or 1..%d nodes)", gp->spec_tree,
+                          TANDEM_SPEC_TREE_AUTO, TANDEM_SPEC_TREE_MAX);
+    if (gp->bench_oracle_tokens && (gp->bench_n_oracle < 1 || !(gp->bench_oracle_alpha >= 0 && gp->bench_oracle_alpha <= 1) ||
+                                    gp->temperature > 0))
+        return tdm_seterr(err, bad,
+                          "bench_oracle_tokens: needs bench_n_oracle >= 1 (got %d), bench_oracle_alpha in [0, 1] (got %g) "
+                          "and greedy decoding (temperature %g)",
+                          gp->bench_n_oracle, gp->bench_oracle_alpha, gp->temperature);
     if (gp->spec_ngram != 0 && (gp->spec_ngram < TDM_NGRAM_MIN || gp->spec_ngram > TDM_NGRAM_MAX))
         return tdm_seterr(err, bad, "spec_ngram %d is out of range (0 = off, or %d..%d)", gp->spec_ngram,
                           TDM_NGRAM_MIN, TDM_NGRAM_MAX);
@@ -476,7 +494,22 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
         if (prompt[i] < 0 || prompt[i] >= e->n_vocab)
             return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt token %d at index %d is out of range",
                               (int)prompt[i], (int)i);
-    s->cap = e->cfg.n_ctx + TDM_CTRL_MAX_K + 2;
+    if (gp->spec_tree_shape && !tdm_tree_cfg_parse_shape(gp->spec_tree_shape, &s->tree_shape, err))
+        return err ? err->status : TANDEM_ERR_INVALID_ARG;
+    s->spec_tree = s->tree_shape.n_shape > 0 ? s->tree_shape.budget : gp->spec_tree;
+    tdm_tree_ctrl_init(&s->tctrl);
+    if (gp->bench_oracle_tokens) {
+        if (e->cfg.n_seq_max > 1)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                              "bench_oracle_tokens needs an engine of one sequence (n_seq_max %d)", (int)e->cfg.n_seq_max);
+        s->oracle = tdm_mallocarray((size_t)gp->bench_n_oracle, sizeof(int32_t));
+        if (!s->oracle) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        memcpy(s->oracle, gp->bench_oracle_tokens, (size_t)gp->bench_n_oracle * sizeof(int32_t));
+        s->n_oracle = gp->bench_n_oracle;
+        s->oracle_alpha = gp->bench_oracle_alpha;
+        tdm_rng_seed(&s->oracle_rng, gp->seed ^ 0x6f7261636c65ull);
+    }
+    s->cap = e->cfg.n_ctx + TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_MAX) + 2;
     s->tokens = tdm_calloc((size_t)s->cap, sizeof(int32_t));
     if (!s->tokens) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
@@ -489,7 +522,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     tdm_rng_seed(&s->rng, gp->seed);
     tdm_ctrl_init(&s->ctrl, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
     s->spec_p_min = gp->spec_p_min;
-    s->spec_ngram = gp->spec_ngram;
+    s->spec_ngram = s->oracle ? 0 : gp->spec_ngram;
     tdm_ctrl_init(&s->ctrl_ng, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
     s->ctrl_ng.alpha = TDM_NGRAM_ALPHA_PRIOR;
     tdm_detok_init(&s->detok, e->target->tok);
@@ -509,6 +542,8 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     tdm_kv_seq_free(e->pool, &s->kv);
     free(s->tokens);
     free(s->text);
+    free(s->oracle);
+    s->oracle = NULL;
     tdm_stop_free(&s->stop);
     s->tokens = NULL;
     s->text = NULL;
@@ -535,6 +570,7 @@ tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     int32_t tok = -1;
     if (!st) st = next_token(e, s, n - 1, &tok, err);
     if (!st) tdm_seq_commit(e, s, tok);
+    if (!st) s->spec.forwards++, s->spec.forward_tokens++;
     return st;
 }
 

@@ -15,6 +15,8 @@
 #define TDM_ENGINE_H
 
 #include "controller.h"
+#include "tree.h"
+#include "tree_ctrl.h"
 #include "model.h"
 #include "sampling.h"
 #include "stop.h"
@@ -25,6 +27,9 @@
  * (a batched verification of chains of up to 7 tokens in one forward), up to
  * TDM_ENGINE_BATCH_LOGITS_MAX (tdm_engine.n_logit_rows). */
 #define TDM_ENGINE_LOGIT_ROWS (TDM_CTRL_MAX_K + 1)
+/* Logits rows of a tree verification (the pending token and TDM_TREE_MAX nodes): every
+ * engine with a draft keeps at least this many. */
+#define TDM_ENGINE_TREE_ROWS (TDM_TREE_MAX + 1)
 #define TDM_ENGINE_BATCH_ROWS_PER_SEQ 8
 #define TDM_ENGINE_BATCH_LOGITS_MAX 512
 /* e->samp_dev: ok flags of up to TDM_ENGINE_LOGIT_ROWS rows, then the output words. */
@@ -113,6 +118,12 @@ typedef struct tdm_engine {
     char *piece;             /* [piece_cap] decoded text of one token */
     int32_t piece_cap;
     tdm_cost_model cost;     /* measured draft / verify costs */
+    tdm_tree_cost tree_cost; /* measured drafting seconds of a tree step, by budget */
+    tdm_tree tree;           /* the single-sequence step's tree */
+    float *tree_p;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: a sampled tree's target p rows */
+    float *tree_q;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: the draft q rows its children
+                                were drawn from (row 0: the root's, 1 + dslot: a node's) */
+    double *tree_scr;        /* [2][n_vocab] host: tree_accept.h's scratch */
     tandem_status copy_status;
     tdm_err copy_err;
 } tdm_engine;
@@ -134,6 +145,14 @@ typedef struct tdm_seq {
     tdm_spec_ctrl ctrl_ng;   /* acceptance / k of n-gram proposals */
     int32_t n_ngram_skips;   /* matches passed over for the draft model (exploration) */
     int32_t n_spec_steps;    /* speculative steps so far (exploration schedule) */
+    int32_t spec_tree;       /* 0 = chains, TANDEM_SPEC_TREE_AUTO, > 0 a tree budget */
+    tdm_tree_cfg tree_shape; /* a static tree (n_shape > 0), else n_shape 0 */
+    tdm_tree_ctrl tctrl;     /* tokens per tree step by budget */
+    int32_t *oracle;         /* [n_oracle] benchmark only (draft/oracle.h): the target's own
+                                continuation, NULL = off */
+    int32_t n_oracle;
+    double oracle_alpha;
+    tdm_rng oracle_rng;      /* its draws (apart from the request's generator) */
     bool ignore_eos;         /* an end-of-generation token does not finish it */
     bool done;
     tandem_finish_reason finish;
@@ -215,6 +234,12 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);
 
 /* One speculative step (draft/chain.c + verify/verify.c). */
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
+/* One token-tree step (src/spec_tree.c: draft/tree_draft.c + verify/tree_verify.c)
+ * of at most `budget` nodes, within what the request may still take. */
+tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err);
+/* The tree configuration for s of at most budget nodes, its depth within room
+ * tokens (a static shape cut to room depths); false when nothing fits. */
+bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_cfg *out);
 
 /* draft/chain.c: proposes up to k tokens after the committed sequence; fills
  * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs.  The first *n_model

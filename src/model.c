@@ -513,3 +513,48 @@ tandem_status tdm_kv_store_copy_block(tdm_kv_store *s, int32_t src, int32_t dst,
     }
     return TANDEM_OK;
 }
+
+/* n bytes from src to dst in backend memory (directly on host memory). */
+static tandem_status copy_bytes(tdm_backend *be, uint8_t *dst, const uint8_t *src, size_t n, tdm_err *err) {
+    if (!be->host_memory) return be->ops->copy(be, dst, src, n, err);
+    memcpy(dst, src, n);
+    return TANDEM_OK;
+}
+
+tandem_status tdm_kv_store_move_slots(tdm_kv_store *s, const tdm_kv_seq *seq, const int32_t *src, const int32_t *dst,
+                                      int32_t n, tdm_err *err) {
+    for (int32_t i = 0; i < n; i++)
+        if (src[i] < 0 || dst[i] < 0 || src[i] >= seq->len || dst[i] >= seq->len)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV move of slot %d to %d outside the sequence's %d",
+                              (int)src[i], (int)dst[i], (int)seq->len);
+    if (n == 0) return TANDEM_OK;
+    if (s->be->ops->kv_move) {
+        const tdm_kv_move_args a = {seq, src, dst, n, s->k, s->v, s->n_layer, s->type, s->n_kv_head, s->head_dim,
+                                    s->block_size};
+        return s->be->ops->kv_move(s->be, &a, err);
+    }
+    const int32_t bs = s->block_size, hd = s->head_dim;
+    const int64_t unit = tdm_kv_unit_bytes(s->type, bs, hd), esz = tdm_kv_elem_bytes(s->type);
+    const int64_t so = tdm_kv_q8_scale_off(bs, hd);
+    tandem_status st = TANDEM_OK;
+    for (int32_t l = 0; l < s->n_layer && !st; l++)
+        for (int32_t i = 0; i < n && !st; i++) {
+            if (src[i] == dst[i]) continue;
+            const int32_t ps = src[i] % bs, pd = dst[i] % bs;
+            for (int32_t g = 0; g < s->n_kv_head && !st; g++) {
+                const int64_t su = ((int64_t)seq->blocks[src[i] / bs] * s->n_kv_head + g) * unit;
+                const int64_t du = ((int64_t)seq->blocks[dst[i] / bs] * s->n_kv_head + g) * unit;
+                uint8_t *k = (uint8_t *)s->k[l], *v = (uint8_t *)s->v[l];
+                /* K: [hd][bs], one element per d; V: [bs][hd], one run */
+                for (int32_t d = 0; d < hd && !st; d++)
+                    st = copy_bytes(s->be, k + du + ((int64_t)d * bs + pd) * esz, k + su + ((int64_t)d * bs + ps) * esz,
+                                    (size_t)esz, err);
+                if (!st)
+                    st = copy_bytes(s->be, v + du + (int64_t)pd * hd * esz, v + su + (int64_t)ps * hd * esz,
+                                    (size_t)(hd * esz), err);
+                if (s->type == TDM_Q8_0 && !st) st = copy_bytes(s->be, k + du + so + 4 * pd, k + su + so + 4 * ps, 4, err);
+                if (s->type == TDM_Q8_0 && !st) st = copy_bytes(s->be, v + du + so + 4 * pd, v + su + so + 4 * ps, 4, err);
+            }
+        }
+    return st;
+}

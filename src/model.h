@@ -127,6 +127,11 @@ tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend
 void tdm_kv_store_free(tdm_kv_store *s);
 /* Copies one block (all layers, K and V). */
 tandem_status tdm_kv_store_copy_block(tdm_kv_store *s, int32_t src, int32_t dst, tdm_err *err);
+/* Copies slots src[i] -> dst[i] (i < n) of seq in every layer (tdm_kv_move_args: no
+ * dst is another pair's src; every slot below seq->len): the backend's kv_move,
+ * else direct copies on host memory, else the backend's copy piece by piece. */
+tandem_status tdm_kv_store_move_slots(tdm_kv_store *s, const tdm_kv_seq *seq, const int32_t *src, const int32_t *dst,
+                                      int32_t n, tdm_err *err);
 
 /* ------------------------------------------------------------- forward */
 

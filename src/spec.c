@@ -59,6 +59,13 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     if (k > room) k = room;
     if (k > ctx_room) k = ctx_room;
     if (k <= 0) return tdm_seq_step_target(e, s, err);
+    /* a token tree instead of the chain: always at a fixed budget, or when the tree
+     * controller expects it to pay (draft/tree_ctrl.h) */
+    if (s->spec_tree > 0) return tdm_spec_tree_step(e, s, s->spec_tree, err);
+    if (s->spec_tree == TANDEM_SPEC_TREE_AUTO) {
+        const int32_t b = tdm_tree_choose(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, k, TDM_TREE_MAX);
+        if (b > 0) return tdm_spec_tree_step(e, s, b, err);
+    }
     int32_t draft[TDM_CTRL_MAX_K];
     int32_t nd, n_model = 0, n_fwd = 0, acc;
     const int32_t k_limit = TDM_MIN(room, ctx_room);
@@ -94,6 +101,8 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     ss->ngram_drafted += (uint64_t)n_look;
     ss->ngram_accepted += (uint64_t)acc_look;
     ss->accept_hist[acc < TANDEM_SPEC_HIST_MAX ? acc : TANDEM_SPEC_HIST_MAX - 1]++;
+    ss->forwards++;
+    ss->forward_tokens += (uint64_t)(s->n_tokens - n);
     ss->k_final = k_chosen; /* the controller's choice, before end-of-request clamping */
     ss->draft_ms += (t1 - t0) * 1e3;
     ss->verify_ms += (t2 - t1) * 1e3;

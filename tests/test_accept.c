@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "accept.h"
+#include "tree_accept.h"
 #include "stats.h"
 
 #define NMAX 8
@@ -301,4 +302,139 @@ Test(accept, sample_greedy_distributions_equal_greedy_rule) {
                      tdm_accept_greedy(d, K, tgt, &ng));
         cr_assert_eq(ns, ng);
     }
+}
+
+/* ---- token trees: multi-candidate acceptance (verify/tree_accept.h) ---- */
+
+/* P(emitted = y) at one node of target distribution p whose k children are drawn
+ * from q (with or without replacement), computed exactly: every ordered draw of
+ * the children weighted by its probability under the sampling scheme itself
+ * (qo: the original q; drawn: the tokens drawn so far), every accept / reject
+ * outcome by the rule's min(1, r(x) / q(x)) on the library's current r and q
+ * (tdm_sibling_reject's updates after each rejection). */
+static void siblings_dist(const double *r0, const double *q0, const double *qo, const bool *drawn0, int n, int k,
+                          bool repl, double weight, double *out) {
+    double left = 1;
+    for (int i = 0; i < n; i++) left -= !repl && drawn0[i] ? qo[i] : 0;
+    if (k == 0 || !(left > 1e-12)) {
+        for (int y = 0; y < n; y++) out[y] += weight * r0[y];
+        return;
+    }
+    for (int x = 0; x < n; x++) {
+        if (!(qo[x] > 0) || (!repl && drawn0[x])) continue;
+        const double px = qo[x] / left; /* the draw's probability */
+        const double a = !(r0[x] > 0) ? 0 : !(q0[x] > 0) ? 1 : fmin(1.0, r0[x] / q0[x]);
+        out[x] += weight * px * a;
+        double r[NMAX], q[NMAX];
+        bool drawn[NMAX];
+        memcpy(r, r0, sizeof r), memcpy(q, q0, sizeof q), memcpy(drawn, drawn0, sizeof drawn);
+        drawn[x] = true;
+        tdm_sibling_reject(r, q, x, n, repl);
+        siblings_dist(r, q, qo, drawn, n, k - 1, repl, weight * px * (1 - a), out);
+    }
+}
+
+static void check_siblings(const float *p, const float *q, int n, int k, bool repl, const char *what) {
+    double r[NMAX] = {0}, qd[NMAX] = {0}, d[NMAX] = {0};
+    bool drawn[NMAX] = {false};
+    for (int i = 0; i < n; i++) r[i] = p[i], qd[i] = q[i];
+    siblings_dist(r, qd, qd, drawn, n, k, repl, 1.0, d);
+    for (int y = 0; y < n; y++)
+        cr_assert_lt(fabs(d[y] - p[y]), 1e-6, "%s, k %d, %s replacement: P(emitted = %d) = %.9f, p = %.9f", what, k,
+                     repl ? "with" : "without", y, d[y], p[y]);
+}
+
+Test(accept, tree_siblings_exact_hand_made) {
+    /* q close to p, q far from p, q missing p's support, p missing q's, one-hot q */
+    static const float cases[][2][5] = {
+        {{0.4f, 0.3f, 0.2f, 0.1f, 0.0f}, {0.35f, 0.35f, 0.2f, 0.1f, 0.0f}},
+        {{0.7f, 0.1f, 0.1f, 0.05f, 0.05f}, {0.05f, 0.05f, 0.1f, 0.1f, 0.7f}},
+        {{0.2f, 0.2f, 0.2f, 0.2f, 0.2f}, {0.5f, 0.5f, 0.0f, 0.0f, 0.0f}},
+        {{0.0f, 0.0f, 0.5f, 0.5f, 0.0f}, {0.25f, 0.25f, 0.25f, 0.25f, 0.0f}},
+        {{0.1f, 0.6f, 0.1f, 0.1f, 0.1f}, {0.0f, 0.0f, 1.0f, 0.0f, 0.0f}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int k = 1; k <= 4; k++)
+            for (int repl = 0; repl < 2; repl++) check_siblings(cases[c][0], cases[c][1], 5, k, repl, "hand-made");
+}
+
+Test(accept, tree_siblings_exact_random) {
+    uint64_t st = 99;
+    for (int it = 0; it < 60; it++) {
+        float p[6], q[6];
+        random_dist(&st, p, 6, 0.2);
+        random_dist(&st, q, 6, 0.3);
+        check_siblings(p, q, 6, 1 + it % 4, it % 2, "random");
+    }
+}
+
+/* tdm_tree_accept_sample itself, Monte Carlo on a tree of two levels: root
+ * children {x0, x1, x2} drawn without replacement from q_root, x0 with children
+ * {y0, y1} drawn from q_x0.  The first emitted token is distributed as p_root and,
+ * after x0 was accepted, the next as p_x0 (chi-square goodness of fit). */
+Test(accept, tree_sample_monte_carlo) {
+    enum { V = 5, RUNS = 60000 };
+    const float p_root[V] = {0.3f, 0.25f, 0.2f, 0.15f, 0.1f}, q_root[V] = {0.1f, 0.2f, 0.4f, 0.1f, 0.2f};
+    const float p_x0[V] = {0.05f, 0.05f, 0.4f, 0.3f, 0.2f}, q_x0[V] = {0.3f, 0.3f, 0.2f, 0.1f, 0.1f};
+    float p[5][V] = {{0}}, q[2][V];
+    memcpy(q[0], q_root, sizeof q_root), memcpy(q[1], q_x0, sizeof q_x0);
+    double scratch[2 * V];
+    uint64_t first[V] = {0}, second[V] = {0};
+    tdm_rng r;
+    tdm_rng_seed(&r, 5);
+    for (int it = 0; it < RUNS; it++) {
+        tdm_tree t;
+        tdm_tree_reset(&t);
+        int32_t ids[3];
+        const int32_t nr = tdm_draw_distinct(q_root, V, 3, &r, ids);
+        cr_assert_eq(nr, 3);
+        for (int i = 0; i < 3; i++) tdm_tree_add(&t, -1, ids[i], 1);
+        const int32_t nx = tdm_draw_distinct(q_x0, V, 2, &r, ids);
+        cr_assert_eq(nx, 2);
+        for (int i = 0; i < 2; i++) tdm_tree_add(&t, 0, ids[i], 1);
+        tdm_tree_masks(&t);
+        t.qrow_root = 0, t.qrow[0] = 1;
+        /* p rows: root, x0, x1, x2 (uniform: never reached as a parent here but by
+         * a bonus draw), y0, y1 */
+        memcpy(p[0], p_root, sizeof p_root), memcpy(p[1], p_x0, sizeof p_x0);
+        for (int i = 2; i < 5; i++)
+            for (int y = 0; y < V; y++) p[i][y] = 1.0f / V;
+        float pall[6][V];
+        memcpy(pall, p, sizeof p);
+        for (int y = 0; y < V; y++) pall[5][y] = 1.0f / V;
+        int32_t path[8], next;
+        const int32_t m = tdm_tree_accept_sample(&t, &pall[0][0], &q[0][0], V, false, &r, scratch, path, &next);
+        cr_assert(m >= 0 && m <= 2 && next >= 0 && next < V);
+        first[m ? t.token[path[0]] : next]++;
+        if (m >= 1 && path[0] == 0) second[m == 2 ? t.token[path[1]] : next]++;
+    }
+    double pr[V], px[V];
+    for (int i = 0; i < V; i++) pr[i] = p_root[i], px[i] = p_x0[i];
+    int df;
+    const double pv1 = tdm_stat_chi2_gof(first, pr, V, &df), pv2 = tdm_stat_chi2_gof(second, px, V, &df);
+    cr_assert_gt(pv1, 1e-3, "first token not distributed as p_root: p-value %g", pv1);
+    cr_assert_gt(pv2, 1e-3, "token after x0 not distributed as p_x0: p-value %g", pv2);
+}
+
+/* Matching: the longest path whose every token is the target's at its parent. */
+Test(accept, tree_match_rules) {
+    tdm_tree t;
+    tdm_tree_reset(&t);
+    tdm_tree_add(&t, -1, 5, 1); /* 0 */
+    tdm_tree_add(&t, -1, 6, 1); /* 1 */
+    tdm_tree_add(&t, 1, 7, 1);  /* 2 */
+    tdm_tree_add(&t, 1, 8, 1);  /* 3 */
+    tdm_tree_add(&t, 3, 9, 1);  /* 4 */
+    tdm_tree_masks(&t);
+    int32_t path[8], next;
+    /* target tokens at root, 0..4 */
+    const int32_t t1[] = {6, 0, 8, 0, 9, 4};
+    cr_assert_eq(tdm_tree_accept_match(&t, t1, path, &next), 3);
+    cr_assert(path[0] == 1 && path[1] == 3 && path[2] == 4 && next == 4);
+    const int32_t t2[] = {6, 0, 1, 2, 3, 4};
+    cr_assert_eq(tdm_tree_accept_match(&t, t2, path, &next), 1);
+    cr_assert(path[0] == 1 && next == 1);
+    const int32_t t3[] = {3, 0, 0, 0, 0, 0};
+    cr_assert_eq(tdm_tree_accept_match(&t, t3, path, &next), 0);
+    cr_assert_eq(next, 3);
 }

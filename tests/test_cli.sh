@@ -109,6 +109,11 @@ expect_exit 2 "generate: --spec-k 33" "$TANDEM" generate -m "$TARGET" -d "$DRAFT
 expect_exit 2 "generate: --spec-ngram 1" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-ngram 1
 expect_exit 2 "generate: --spec-ngram 9" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-ngram 9
 expect_exit 2 "bench: --spec-ngram x" "$TANDEM" bench -m "$TARGET" -d "$DRAFT" --spec-ngram x
+for v in 0x 65 -2 "4,0" "4,,2"; do
+    expect_exit 2 "generate: --spec-tree $v" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --spec-tree "$v"
+    expect_err "option --spec-tree: " "generate: --spec-tree $v"
+done
+expect_exit 2 "bench: --spec-tree many" "$TANDEM" bench -m "$TARGET" -d "$DRAFT" --spec-tree many
 expect_exit 2 "generate: bad --backend" "$TANDEM" generate -m "$TARGET" -p x --backend tpu
 expect_exit 2 "generate: missing -m" "$TANDEM" generate -p x
 expect_exit 2 "generate: no prompt" "$TANDEM" generate -m "$TARGET"
@@ -248,7 +253,7 @@ expect_exit 0 "generate: --top-p 1e-30 --temp 1 (the smallest kept)" \
     "$TANDEM" generate -m "$TARGET" -p x -n 1 --temp 1 --top-p 1e-30
 
 # An option that takes effect only with another is refused without it.
-for opt in "--spec-k 3" "--spec-k-max 4" "--p-min 0.5" "--spec-ngram 3" "--spec-ngram=off"; do
+for opt in "--spec-k 3" "--spec-k-max 4" "--p-min 0.5" "--spec-ngram 3" "--spec-ngram=off" "--spec-tree 8"; do
     expect_exit 2 "generate: $opt without -d" "$TANDEM" generate -m "$TARGET" -p x $opt
     expect_err "option ${opt%%[ =]*} has no effect without -d DRAFT" "generate: $opt without -d"
 done
@@ -526,6 +531,26 @@ try:
     report(ok, "generate --spec-ngram 3: n-gram steps reported (%r)" % s)
 except ValueError:
     report(False, "generate --spec-ngram 3: output is not JSON (rc=%d, %s)" % (rc, err[:200]))
+# Token trees: every step a tree of at most the budget; forwards and tokens per
+# forward reported (for chains too).
+for tree, most in (("12", 12), ("3,2,1", 15)):
+    rc, out, err = run(["-m", target, "-d", draft, "-p", "def f(x):\n", "-n", "24", "--spec-tree", tree, "--json"])
+    try:
+        o = json.loads(out)
+        s = o.get("spec", {})
+        ok = rc == 0 and check_obj(o, 24, True, "--spec-tree " + tree)
+        ok = ok and s["tree_steps"] == s["steps"] > 0 and s["tree_nodes"] <= most * s["steps"]
+        ok = ok and s["forwards"] > 0 and abs(s["tokens_per_forward"] - 23.0 / s["forwards"]) < 1e-3
+        report(ok, "generate --spec-tree %s: trees of at most %d nodes, tokens per forward (%r)" % (tree, most, s))
+    except ValueError:
+        report(False, "generate --spec-tree %s: output is not JSON (rc=%d, %s)" % (tree, rc, err[:200]))
+rc, out, err = run(["-m", target, "-d", draft, "-p", "def f(x):\n", "-n", "24", "--spec-tree", "off", "--json"])
+try:
+    s = json.loads(out).get("spec", {})
+    report(rc == 0 and s["tree_steps"] == 0 and s["forwards"] > 0 and s["tokens_per_forward"] >= 1,
+           "generate --spec-tree off: chains, forwards reported (%r)" % s)
+except ValueError:
+    report(False, "generate --spec-tree off: output is not JSON (rc=%d, %s)" % (rc, err[:200]))
 sys.exit(1 if fails else 0)
 EOF
 [ $? -eq 0 ] && pass "generate checks" || fail "generate checks"
@@ -754,7 +779,9 @@ badcfg "required key" "[job] output: required" "[model]\ntarget = $TARGET\n[job]
 badcfg "not INI" "bad.ini:1: not INI syntax" "target model\n"
 badcfg "temperature out of range" "bad.ini:7: [sampling] temperature: '-1' is not a number >= 0" "$ok_head[sampling]\ntemperature = -1\n"
 badcfg "k without a draft" "[spec] k: needs [model] draft" "$ok_head[spec]\nk = 4\n"
-badcfg "token trees" "[spec] tree: '16': token trees are not implemented yet" "$ok_head[spec]\ntree = 16\n"
+badcfg "tree without a draft" "[spec] tree: needs [model] draft" "$ok_head[spec]\ntree = 16\n"
+badcfg "bad tree" "bad.ini:7: [spec] tree: 'lots' is not off, auto, a node budget 1..64" "$ok_head[spec]\ntree = lots\n"
+badcfg "bad tree shape" "bad.ini:7: [spec] tree: tree shape '8,8' has 72 nodes; at most 64" "$ok_head[spec]\ntree = 8,8\n"
 badcfg "kv_type" "bad.ini:7: [engine] kv_type: 'int8' is not auto, f32, f16 or q8_0" "$ok_head[engine]\nkv_type = int8\n"
 rm -f "$TMP/q8run.jsonl"
 expect_exit 0 "run: [engine] kv_type = q8_0" "$TANDEM" run "$TMP/job.ini" --set engine.kv_type=q8_0 --set job.output=q8run.jsonl

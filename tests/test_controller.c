@@ -66,7 +66,7 @@ Test(controller, cost_interpolation_and_extrapolation) {
     tdm_cost_observe_verify(&c, 2, 2.0);
     cr_assert_float_eq(c.t_verify[2], 1.1, 1e-12);
     tdm_cost_observe_verify(&c, 0, 5.0);                   /* ignored */
-    tdm_cost_observe_verify(&c, TDM_CTRL_MAX_K + 2, 5.0);  /* ignored (out of range) */
+    tdm_cost_observe_verify(&c, TDM_COST_MAX_N + 1, 5.0);  /* ignored (out of range) */
     tdm_cost_observe_verify(&c, 3, -1.0);                  /* ignored */
     tdm_cost_observe_verify(&c, 3, NAN);                   /* ignored */
     cr_assert_eq(c.t_verify[3], 0.0);

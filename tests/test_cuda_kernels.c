@@ -20,7 +20,10 @@
  *     id outside the vocabulary);
  *   - sampling on the device: processed distributions against tdm_probs_from_logits
  *     (temperature, top-k, top-p, min-p, ties), draws against tdm_sample_probs with
- *     the same uniforms, the acceptance rule against tdm_accept_sample.
+ *     the same uniforms, the acceptance rule against tdm_accept_sample;
+ *   - token-tree attention (cuda_tree_attn.cu) on random trees of up to 64 nodes
+ *     against the CPU backend and the dense masked reference, every cache type and
+ *     head dim it takes; kv_move against the reference values.
  * Without a CUDA device the program reports itself skipped (exit 77). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -37,6 +40,7 @@
 #include "sampling.h"
 #include "testutil.h"
 #include "tiny_model.h"
+#include "tree_testutil.h"
 
 #define GEMV_MAX_ROWS 16 /* TDM_CUDA_GEMV_MAX_ROWS (kernels/cuda/cuda_internal.h) */
 
@@ -283,6 +287,60 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
     free(kr), free(vr), free(q), free(ref), free(out);
     for (int s = 0; s < tc->n_seq; s++) free(seqs[s].blocks);
     tdm_backend_destroy(b);
+}
+
+/* ---- token trees ------------------------------------------------------------------ */
+
+static void run_tree(const tdm_tree_case *tc, uint64_t seed) {
+    uint64_t rng = seed;
+    tdm_tree_fix f;
+    tdm_test_tree_fix_init(&f, tc, &rng);
+    const size_t n_out = (size_t)f.bt.n_rows * tc->n_head * tc->head_dim, nq = (size_t)f.bt.n_rows * f.q_stride;
+    float *ref = calloc(n_out, 4), *cpu = calloc(n_out, 4);
+    tdm_attn_args a = tdm_test_tree_fix_args(&f, tc, ref);
+    ref_tree_attention(&a);
+    tdm_backend *cb = tdm_test_backend(TDM_CPU_SCALAR, 1), *g = tdm_cu_test_gpu();
+    a.out = cpu;
+    OK(cb->ops->attention(cb, &a, &err_));
+    tdm_backend_destroy(cb);
+    tdm_attn_args d = a;
+    d.k_cache = tdm_cu_test_put(g, f.kc, f.cache_bytes), d.v_cache = tdm_cu_test_put(g, f.vc, f.cache_bytes);
+    d.q = tdm_cu_test_put(g, f.q, nq * 4), d.out = tdm_cu_test_put(g, NULL, n_out * 4);
+    poison(g, d.out, n_out);
+    OK(g->ops->attention(g, &d, &err_));
+    float *got = tdm_cu_test_get(g, d.out, n_out * 4);
+    const double e_ref = ref_nrm_err(got, ref, n_out), e_cpu = ref_nrm_err(got, cpu, n_out);
+    cr_assert(e_ref < 1e-4 && e_cpu < 1e-4, "tree attention heads %d/%d hd %d %s: error %g (reference), %g (CPU)",
+              tc->n_head, tc->n_kv_head, tc->head_dim, tdm_dtype_name(tc->cache_type), e_ref, e_cpu);
+    /* kv_move: three slots of sequence 0's tree to the slots after its prefix */
+    const int32_t P = tc->prefix[0], src[3] = {P + 5, P + 9, P + 11}, dst[3] = {P, P + 1, P + 2};
+    void *kcs[1] = {(void *)d.k_cache}, *vcs[1] = {(void *)d.v_cache};
+    const tdm_kv_move_args mv = {&f.seqs[0], src, dst, 3, kcs, vcs, 1, tc->cache_type, tc->n_kv_head, tc->head_dim,
+                                 tc->block_size};
+    OK(g->ops->kv_move(g, &mv, &err_));
+    void *kh = tdm_cu_test_get(g, d.k_cache, f.cache_bytes), *vh = tdm_cu_test_get(g, d.v_cache, f.cache_bytes);
+    for (int i = 0; i < 3; i++)
+        for (int32_t h = 0; h < tc->n_kv_head; h++)
+            for (int32_t x = 0; x < tc->head_dim; x++)
+                for (int kv = 0; kv < 2; kv++) {
+                    const double want = ref_kv_get(kv ? f.vc : f.kc, tc->cache_type, !kv, &f.seqs[0], src[i], h, x,
+                                                   tc->n_kv_head, tc->block_size, tc->head_dim);
+                    const double have = ref_kv_get(kv ? vh : kh, tc->cache_type, !kv, &f.seqs[0], dst[i], h, x,
+                                                   tc->n_kv_head, tc->block_size, tc->head_dim);
+                    cr_assert_eq(have, want, "kv_move: pair %d head %d elem %d (%s)", i, h, x, kv ? "V" : "K");
+                }
+    free(kh), free(vh), free(got), free(ref), free(cpu);
+    g->ops->free(g, (void *)d.k_cache), g->ops->free(g, (void *)d.v_cache), g->ops->free(g, (void *)d.q), g->ops->free(g, d.out);
+    tdm_backend_destroy(g);
+    tdm_test_tree_fix_free(&f, tc->n_seq);
+}
+
+Test(cuda_tree, f16_gqa_three_trees) { run_tree(&(tdm_tree_case){8, 2, 64, 16, TDM_F16, 3, {300, 20, 57}, {64, 9, 33}}, 1); }
+Test(cuda_tree, q8_0_hd128) { run_tree(&(tdm_tree_case){4, 4, 128, 16, TDM_Q8_0, 2, {129, 40}, {48, 64}}, 2); }
+Test(cuda_tree, f32_hd96_block8) { run_tree(&(tdm_tree_case){6, 3, 96, 8, TDM_F32, 1, {1000}, {40}}, 3); }
+Test(cuda_tree, f16_hd256_and_hd32) {
+    run_tree(&(tdm_tree_case){4, 1, 256, 16, TDM_F16, 1, {70}, {64}}, 4);
+    run_tree(&(tdm_tree_case){2, 2, 32, 32, TDM_F16, 2, {33, 12}, {20, 30}}, 5);
 }
 
 Test(cuda_flash, decode_mha_hd128) { run_flash(&(flash_case){32, 32, 128, 16, 1, {300}, 1}, 1); }

@@ -37,13 +37,7 @@ static void teardown(void) {
 
 TestSuite(spec, .init = setup, .fini = teardown, .timeout = 3000);
 
-static tdm_engine *make_engine(tdm_model *draft) {
-    tdm_err err = {0};
-    tdm_engine_cfg cfg = {.n_threads = 2};
-    tdm_engine *e;
-    cr_assert_eq(tdm_engine_create(g_target, draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
-    return e;
-}
+static tdm_engine *make_engine(tdm_model *draft) { return tdm_test_engine(g_target, draft, 2); }
 
 /* Greedy, the draft model alone (n-gram lookup has its own tests). */
 static tandem_generate_params greedy_params(void) {
@@ -215,14 +209,7 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
                 cr_assert_eq(tdm_seq_step(e, &s, &err), TANDEM_OK, "%s", err.msg);
                 steps++;
                 if (s.done) break;
-                int32_t held = s.n_tokens - 1;
-                cr_assert_eq(s.n_target, held);
-                cr_assert_leq(s.n_draft, held);
-                cr_assert_eq(s.kv.len, held, "block table holds %d positions, accepted length needs %d",
-                             (int)s.kv.len, (int)held);
-                int32_t used = tdm_kv_pool_n_blocks(e->pool) - tdm_kv_pool_n_free(e->pool);
-                cr_assert_eq(used, tdm_kv_blocks_for(e->pool, held), "%d blocks in use for %d positions",
-                             (int)used, (int)held);
+                tdm_test_check_held(e, &s);
             }
             cr_assert_gt(steps, 0);
             tdm_seq_release(e, &s);

@@ -103,7 +103,9 @@ static int32_t make_prompt(int kind, tdm_engine *plain, int32_t *prompt) {
     return 3;
 }
 
-static void check_lossless(float temp, int top_k, float top_p, int spec_k, float p_min, int ngram, int kind) {
+/* tree: spec_tree (0 = chains), shape: spec_tree_shape (NULL = none) */
+static void check_lossless_t(float temp, int top_k, float top_p, int spec_k, float p_min, int ngram, int kind, int tree,
+                             const char *shape) {
     pair p;
     pair_open(&p, 2);
     tdm_err err = {0};
@@ -120,14 +122,17 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k, float
     gp.spec_k = spec_k;
     gp.spec_p_min = p_min;
     gp.spec_ngram = ngram;
+    gp.spec_tree = tree;
+    gp.spec_tree_shape = shape;
     int32_t prompt[240];
     int32_t n_prompt = make_prompt(kind, plain, prompt);
     tandem_spec_stats agg = {0};
     sample_counts(plain, &gp, prompt, n_prompt, 1000000, V, a, NULL);
     sample_counts(spec, &gp, prompt, n_prompt, 2000000, V, b, &agg);
     double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
-    cr_log_info("temp %.2f top_k %d top_p %.2f k %d p_min %.2f: acceptance %.3f, %.3f drafted per run", temp, top_k,
-                top_p, spec_k, p_min, acc, (double)agg.drafted / N_RUNS);
+    cr_log_info("temp %.2f top_k %d top_p %.2f k %d p_min %.2f tree %d %s: acceptance %.3f, %.3f drafted per run", temp,
+                top_k, top_p, spec_k, p_min, tree, shape ? shape : "-", acc, (double)agg.drafted / N_RUNS);
+    if (tree || shape) cr_assert_gt(agg.tree_steps, 0, "no tree was verified");
     /* the test is only meaningful when some drafts are accepted and some rejected */
     cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: the pair does not exercise both outcomes", acc);
     if (ngram) {
@@ -151,6 +156,10 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k, float
     pair_close(&p);
 }
 
+static void check_lossless(float temp, int top_k, float top_p, int spec_k, float p_min, int ngram, int kind) {
+    check_lossless_t(temp, top_k, top_p, spec_k, p_min, ngram, kind, 0, NULL);
+}
+
 Test(spec_stat, plain_temperature_k3, .timeout = 600) { check_lossless(1.0f, 0, 1.0f, 3, 0.0f, 0, PROMPT_PLAIN); }
 Test(spec_stat, top_k_top_p_k2, .timeout = 600) { check_lossless(0.8f, 8, 0.9f, 2, 0.0f, 0, PROMPT_PLAIN); }
 Test(spec_stat, adaptive_k, .timeout = 600) { check_lossless(1.2f, 0, 1.0f, 0, 0.0f, 0, PROMPT_PLAIN); }
@@ -165,6 +174,11 @@ Test(spec_stat, ngram_lookup_top_k_top_p_k3, .timeout = 600) {
 Test(spec_stat, ngram_completes_drafted_chains, .timeout = 600) {
     check_lossless(2.5f, 0, 1.0f, 4, 0.0f, 2, PROMPT_DEBRUIJN);
 }
+
+/* token trees: multi-candidate rejection sampling over siblings drawn without
+ * replacement, a static shape and a dynamic tree */
+Test(spec_stat, tree_static_shape, .timeout = 600) { check_lossless_t(1.0f, 0, 1.0f, 0, 0.0f, 0, PROMPT_PLAIN, 0, "3,2,1"); }
+Test(spec_stat, tree_dynamic_top_k, .timeout = 600) { check_lossless_t(0.8f, 8, 0.9f, 0, 0.0f, 0, PROMPT_PLAIN, 12, NULL); }
 
 /* Sanity check of the test itself: a different model gives a detectably different
  * distribution, so the chi-square test has power. */

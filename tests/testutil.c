@@ -1,6 +1,7 @@
 /* testutil.c - shared helpers for the Criterion tests. */
 #include "testutil.h"
 #include "engine.h"
+#include "kv_cache.h"
 #include "scheduler.h"
 
 #include <criterion/criterion.h>
@@ -102,6 +103,7 @@ void tdm_test_sample_counts(tdm_engine *e, const tandem_generate_params *base, c
             agg->ngram_steps += res.spec.ngram_steps;
             agg->ngram_drafted += res.spec.ngram_drafted;
             agg->ngram_accepted += res.spec.ngram_accepted;
+            agg->tree_steps += res.spec.tree_steps;
         }
         tandem_result_free(&res);
     }
@@ -113,4 +115,21 @@ int tdm_test_run_all(int argc, char *argv[]) {
     if (criterion_handle_args(argc, argv, true)) result = !criterion_run_all_tests(tests);
     criterion_finalize(tests);
     return result;
+}
+
+tdm_engine *tdm_test_engine(tdm_model *target, tdm_model *draft, int32_t n_threads) {
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = n_threads};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(target, draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    return e;
+}
+
+void tdm_test_check_held(const tdm_engine *e, const tdm_seq *s) {
+    const int32_t held = s->n_tokens - 1;
+    cr_assert_eq(s->n_target, held);
+    cr_assert_leq(s->n_draft, held);
+    cr_assert_eq(s->kv.len, held, "block table holds %d positions, accepted length needs %d", (int)s->kv.len, (int)held);
+    const int32_t used = tdm_kv_pool_n_blocks(e->pool) - tdm_kv_pool_n_free(e->pool);
+    cr_assert_eq(used, tdm_kv_blocks_for(e->pool, held), "%d blocks in use for %d positions", (int)used, (int)held);
 }

@@ -54,4 +54,15 @@ void tdm_test_sample_counts(tdm_engine *e, const tandem_generate_params *base, c
                             int32_t n_prompt, uint64_t seed0, int n_runs, int n_pos, int32_t V, uint64_t *counts,
                             tandem_spec_stats *agg);
 
+/* An engine of target and draft (NULL: target-only) with n_threads CPU threads and
+ * the other settings at their defaults (fails the test otherwise). */
+typedef struct tdm_model tdm_model;
+tdm_engine *tdm_test_engine(tdm_model *target, tdm_model *draft, int32_t n_threads);
+
+/* After a decode step of s (not done): the target holds the n - 1 positions before
+ * the pending token, the draft at most as many, the block table exactly n - 1 and
+ * the pool exactly the blocks for them (s alone on e). */
+typedef struct tdm_seq tdm_seq;
+void tdm_test_check_held(const tdm_engine *e, const tdm_seq *s);
+
 #endif

@@ -7,9 +7,11 @@
 int32_t tdm_verify_commit_match(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k, const int32_t *target,
                                 bool ngram, double draft_s, double verify_s) {
     int32_t next;
-    const int32_t acc = tdm_accept_greedy(draft, k, target, &next);
+    const int32_t acc = tdm_accept_greedy(draft, k, target, &next), before = s->n_tokens;
     if (s->sp.temperature > 0) tdm_engine_consume(s, acc + 1);
     tdm_verify_keep(e, s, draft, acc, next);
+    s->spec.forwards++;
+    s->spec.forward_tokens += (uint64_t)(s->n_tokens - before);
     if (k == 0) return 0;
     tdm_ctrl_observe(ngram ? &s->ctrl_ng : &s->ctrl, k, acc);
     tandem_spec_stats *ss = &s->spec;

@@ -2,7 +2,9 @@
  *
  * For each (row r, head h) pair, with kv head g = h / (n_head / n_kv_head):
  *   visible slots = [0, n_visible[r]) of the row's sequence, then the extra slots
- *   extra_slot[extra_off[r] .. extra_off[r+1]) when extra_off != NULL;
+ *   extra_slot[extra_off[r] .. extra_off[r+1]) when extra_off != NULL, or for a
+ *   token-tree row the slots n_visible[r] + j of the bits j of tree_mask[r] (in
+ *   increasing j);
  *   score_s = scale * q . K[s];  p = softmax(score) (max subtracted);
  *   out = sum_s p_s V[s].
  * Every (row, head) output is computed entirely by one thread with the same
@@ -36,9 +38,23 @@ static inline void prefetch_range(const void *p, size_t n) {
     for (size_t off = 0; off < n; off += 64) __builtin_prefetch((const char *)p + off, 0, 3);
 }
 
+static inline uint64_t row_mask(const tdm_batch *bt, int32_t r) { return bt->tree && bt->tree_mask ? bt->tree_mask[r] : 0; }
+
 static inline int32_t row_n_extra(const tdm_attn_args *a, int32_t r) {
+    const uint64_t m = row_mask(a->batch, r);
+    if (m) return __builtin_popcountll(m);
     const int32_t *off = a->batch->extra_off;
     return off ? off[r + 1] - off[r] : 0;
+}
+
+/* The extra slots of row r: its CSR list, or its tree mask's slots written to buf
+ * [TDM_TREE_MAX_NODES]. */
+static inline const int32_t *row_extra(const tdm_batch *bt, int32_t r, int32_t *buf) {
+    uint64_t m = row_mask(bt, r);
+    if (!m) return bt->extra_off && bt->extra_off[r + 1] > bt->extra_off[r] ? bt->extra_slot + bt->extra_off[r] : NULL;
+    int32_t n = 0;
+    for (; m; m &= m - 1) buf[n++] = bt->n_visible[r] + __builtin_ctzll(m);
+    return buf;
 }
 
 /* Bytes from a cache's start to the (block holding slot `slot`, kv head g) unit
@@ -118,7 +134,8 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
     for (int32_t ri = 0; ri < nr; ri++) {
         const int32_t r = r0 + ri;
         const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r), n_tot = n_vis + n_extra;
-        const int32_t *extra = n_extra ? bt->extra_slot + bt->extra_off[r] : NULL;
+        int32_t tbuf[TDM_TREE_MAX_NODES];
+        const int32_t *extra = n_extra ? row_extra(bt, r, tbuf) : NULL;
         const float *q = qbuf + (int64_t)ri * group * hd;
         float *sc = scores + (int64_t)ri * group * ld; /* [group][ld] */
         if (n_tot == 0) continue;
@@ -176,6 +193,8 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
     for (int32_t ri = 0; ri < nr; ri++) {
         const int32_t r = r0 + ri;
         const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r);
+        int32_t tbuf[TDM_TREE_MAX_NODES];
+        const int32_t *extra = n_extra ? row_extra(bt, r, tbuf) : NULL;
         const float *sc = scores + (int64_t)ri * group * ld;
         float *ar = acc + (int64_t)ri * group * hd;
         float *out = io->out + (int64_t)r * io->out_stride + (int64_t)gq * group * hd;
@@ -184,7 +203,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
             continue;
         }
         for (int32_t e = 0; e < n_extra; e++) {
-            const int32_t slot = bt->extra_slot[bt->extra_off[r] + e];
+            const int32_t slot = extra[e];
             const uint8_t *row = (const uint8_t *)a->v_cache + unit_offset(a, s, slot, g, unit) +
                                  (int64_t)(slot % bs) * hd * esz;
             k->attn_pv(ar, sc + n_vis + e, ld, group, row, type, 1, hd);
@@ -262,7 +281,28 @@ static int64_t attn_validate_rows(const tdm_attn_args *a, tdm_err *err) {
                 return -1;
             }
         int32_t ne = 0;
-        if (bt->extra_off) {
+        const uint64_t tm = row_mask(bt, r);
+        if (tm) {
+            if (bt->extra_off && bt->extra_off[r + 1] != bt->extra_off[r]) {
+                tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: row %d has both extra slots and a tree mask",
+                           (int)r);
+                return -1;
+            }
+            const int32_t top = nv + 63 - __builtin_clzll(tm); /* the highest slot it sees */
+            if (top >= cap || s->blocks[top / a->block_size] < 0) {
+                tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                           "attention: row %d: tree slot %d outside the sequence (len %d)", (int)r, (int)top,
+                           (int)s->len);
+                return -1;
+            }
+            for (int32_t blk = nv / a->block_size; blk <= top / a->block_size; blk++)
+                if (s->blocks[blk] < 0) {
+                    tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: row %d: block %d has id %d", (int)r,
+                               (int)blk, (int)s->blocks[blk]);
+                    return -1;
+                }
+            ne = __builtin_popcountll(tm);
+        } else if (bt->extra_off) {
             int32_t o0 = bt->extra_off[r], o1 = bt->extra_off[r + 1];
             if (o0 < 0 || o1 < o0 || !bt->extra_slot) {
                 tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: row %d: bad extra offsets [%d, %d)",

@@ -265,7 +265,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .add_bias = */ tdm_cuda_add_bias,
     /* .rope = */ tdm_cuda_rope,
     /* .kv_write = */ tdm_cuda_kv_write,
-    /* .attention = */ tdm_cuda_attention,
+    /* .attention = */ tdm_cuda_attention_any,
     /* .swiglu = */ tdm_cuda_swiglu,
     /* .gather_rows = */ tdm_cuda_gather_rows,
     /* .qhead_logits = */ NULL,
@@ -284,6 +284,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .add = */ tdm_cuda_add,
     /* .scale = */ tdm_cuda_scale,
     /* .softcap = */ tdm_cuda_softcap,
+    /* .kv_move = */ tdm_cuda_kv_move,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

@@ -275,6 +275,7 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     const tdm_batch *bt = a->batch;
     const int32_t n = bt->n_rows;
     if (n <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: %d rows", (int)n);
+    if (bt->tree) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: token-tree batches run op by op");
     if (a->n_head <= 0 || a->n_kv_head <= 0 || a->n_head % a->n_kv_head || a->head_dim <= 0 || a->block_size <= 0 ||
         a->rope->n_rot <= 0 || a->rope->n_rot % 2 || a->rope->n_rot > a->head_dim)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: heads %d / %d, head_dim %d, block_size %d, n_rot %d",

@@ -195,6 +195,12 @@ tandem_status tdm_cuda_matmul_rows(tdm_cuda *c, const tdm_weight *w, const float
 tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+/* The attention op (cuda_tree_attn.cu): token-tree batches to tdm_cuda_tree_attention,
+ * the others to tdm_cuda_attention. */
+tandem_status tdm_cuda_attention_any(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+tandem_status tdm_cuda_tree_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+/* The kv_move op (cuda_tree_attn.cu): one kernel for every pair, layer and kv head. */
+tandem_status tdm_cuda_kv_move(tdm_backend *b, const tdm_kv_move_args *a, tdm_err *err);
 tandem_status tdm_cuda_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
 tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err);
 /* Device sampling (cuda_sample.cu); accept_dev takes chains of up to this many. */

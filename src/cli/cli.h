@@ -77,7 +77,7 @@ bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, fl
  * ("option --spec-k has no effect without -d DRAFT"); returns CLI_EXIT_USAGE.  An
  * option that would be ignored is refused rather than silently dropped. */
 int cli_needs(const char *opt, const char *needed);
-/* True for the speculation options (--spec-k, --spec-k-max, --p-min, --spec-ngram, as
+/* True for the speculation options (--spec-k, --spec-k-max, --p-min, --spec-ngram, --spec-tree, as
  * "--name" or "--name=value"): they need -d DRAFT. */
 bool cli_is_spec_opt(const char *arg);
 /* "cpu" or "cuda". */
@@ -92,6 +92,12 @@ bool cli_parse_kv_type(const char *opt, const char *s, tandem_kv_type *out);
 bool cli_parse_spec_k(const char *opt, const char *s, int *out);
 /* "off" or 0 -> 0, or an n-gram length TANDEM_SPEC_NGRAM_MIN..MAX (--spec-ngram). */
 bool cli_parse_spec_ngram(const char *opt, const char *s, int *out);
+/* --spec-tree / [spec] tree: "off" or 0 -> *tree 0; "auto" -> TANDEM_SPEC_TREE_AUTO; a
+ * node budget 1..TANDEM_SPEC_TREE_MAX; or a static shape with a comma ("4,2,2,1",
+ * "4,") -> *shape = s.  False with the problem in msg[msg_len] otherwise. */
+bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *msg, size_t msg_len);
+/* The same as an option: a usage error naming it. */
+bool cli_parse_spec_tree(const char *opt, const char *s, int *tree, const char **shape);
 
 /* ------------------------------------------------------- prompt files */
 
@@ -216,6 +222,8 @@ typedef struct cli_job_cfg {
     long kv_mem_mb, gpu_mem_mb;
     tandem_kv_type kv_type;  /* [engine] kv_type; default auto */
     int spec_k, spec_k_max, spec_ngram;
+    int spec_tree;               /* [spec] tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
+    char spec_tree_shape[64];    /* [spec] tree as a static shape ("" = none) */
     float p_min;
     tandem_generate_params gp;   /* [sampling]; gp.stop points to stop */
     char **stop;                 /* [sampling] stop: [n_stop] heap strings */
@@ -278,6 +286,8 @@ typedef struct cli_gen_opts {
     int spec_k;                /* 0 = adaptive */
     int spec_k_max;            /* 0 = library default */
     int spec_ngram;            /* 0 = off; default: the library's */
+    int spec_tree;             /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
+    const char *spec_tree_shape; /* --spec-tree as a static shape, NULL = none */
     tandem_kv_type kv_type;    /* --kv-type; default auto */
     bool json;
 } cli_gen_opts;

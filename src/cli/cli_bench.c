@@ -77,6 +77,9 @@ typedef struct bench_opts {
     size_t gpu_mem;          /* 0 = no budget */
     tandem_kv_type kv_type;  /* --kv-type; default auto */
     int spec_k, spec_k_max, spec_ngram;
+    int spec_tree;           /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
+    const char *spec_tree_shape; /* --spec-tree as a static shape */
+    float oracle;            /* --spec-oracle: benchmark mode's acceptance, < 0 = off */
     int reps;                /* 0 = mode default */
     int limit;               /* 0 = all prompts */
     bool json;
@@ -89,7 +92,7 @@ typedef struct bench_run {
 } bench_run;
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
-    *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU,
+    *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU, .oracle = -1,
                       .spec_ngram = tandem_generate_default_params().spec_ngram};
     bool have_p = false;
     const char *spec_opt = NULL, *limit_opt = NULL; /* given: need -d / --prompts */
@@ -117,6 +120,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
+        else if (TAKE(NULL, "--spec-tree")) ok = cli_parse_spec_tree(a, v, &o->spec_tree, &o->spec_tree_shape);
+        else if (TAKE(NULL, "--spec-oracle")) ok = cli_parse_float(a, v, 0, 1, &o->oracle);
         else if (TAKE(NULL, "--reps")) ok = cli_parse_int(a, v, 1, 10000, &o->reps);
         else if (TAKE(NULL, "--limit")) {
             ok = cli_parse_int(a, v, 1, 1 << 30, &o->limit);
@@ -169,6 +174,49 @@ static tandem_status build_prompt(const tandem_model *m, int n, int32_t **out) {
     return TANDEM_OK;
 }
 
+/* Benchmark mode (--spec-oracle): the target's own continuation of every prompt
+ * (truth[i], n_truth[i] tokens) from a target-only engine, whose decode rate over
+ * the same runs is *plain_tps (the speed-up's base, median of reps). */
+static tandem_status oracle_truth(tandem_model *target, const tandem_engine_params *ep, const int32_t *ids, size_t n_ids,
+                                  const cli_prompts *ps, const tandem_generate_params *gp, int reps, int32_t **truth,
+                                  int *n_truth, double *plain_tps) {
+    tandem_engine *plain = NULL;
+    tandem_status s = tandem_engine_open(target, NULL, ep, &plain);
+    double v[64] = {0};
+    const size_t n = ids ? 1 : ps->n;
+    for (int rep = 0; rep < reps && rep < 64 && s == TANDEM_OK; rep++) {
+        double toks = 0, ms = 0;
+        for (size_t i = 0; i < n && s == TANDEM_OK; i++) {
+            tandem_result r;
+            memset(&r, 0, sizeof r);
+            s = ids ? tandem_generate_ids(plain, ids, n_ids, gp, &r) : tandem_generate(plain, ps->items[i].text, gp, &r);
+            if (s == TANDEM_OK && rep == 0 && r.n_tokens > 0 && (truth[i] = malloc(r.n_tokens * sizeof(int32_t)))) {
+                memcpy(truth[i], r.tokens, r.n_tokens * sizeof(int32_t));
+                n_truth[i] = (int)r.n_tokens;
+            }
+            toks += r.n_tokens > 0 ? (double)(r.n_tokens - 1) : 0.0;
+            ms += r.decode_ms;
+            tandem_result_free(&r);
+        }
+        v[rep] = cli_tok_per_s(toks, ms);
+    }
+    tandem_engine_close(plain);
+    *plain_tps = s == TANDEM_OK ? median(v, reps < 64 ? reps : 64) : 0.0;
+    return s;
+}
+
+/* gp with the oracle of prompt i when there is one. */
+static tandem_generate_params with_oracle(const tandem_generate_params *gp, const bench_opts *o, int32_t *const *truth,
+                                          const int *n_truth, size_t i) {
+    tandem_generate_params g = *gp;
+    if (o->oracle >= 0 && truth && truth[i]) {
+        g.bench_oracle_tokens = truth[i];
+        g.bench_n_oracle = n_truth[i];
+        g.bench_oracle_alpha = o->oracle;
+    }
+    return g;
+}
+
 /* Runs one generation and adds it to run / spec. */
 static tandem_status run_one(tandem_engine *eng, const int32_t *ids, size_t n_ids,
                              const char *text, const tandem_generate_params *gp, bench_run *run,
@@ -207,7 +255,7 @@ static void print_rate(const char *label, double tok_per_s) {
 
 static void print_report(const bench_opts *o, int threads, const bench_run *last, size_t n_prompts,
                          double prefill_tps, double decode_tps, const tandem_spec_stats *spec,
-                         const bench_mem *mem, const tandem_engine_stats *es) {
+                         const bench_mem *mem, const tandem_engine_stats *es, double plain_tps) {
     const double hit = es->prompt_tokens ? (double)es->cached_tokens / (double)es->prompt_tokens : 0.0;
     const double rss_mb = mem->rss_mb;
     double acc_rate = spec->drafted ? (double)spec->accepted / (double)spec->drafted : 0.0;
@@ -244,6 +292,14 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
             fputs(", ", stdout);
             cli_json_spec(stdout, spec);
         }
+        if (o->oracle >= 0) {
+            fputs(", \"bench_mode\": \"oracle\", \"oracle_alpha\": ", stdout);
+            cli_json_num(stdout, o->oracle, 3);
+            fputs(", \"plain_decode_tok_s\": ", stdout);
+            cli_json_num(stdout, plain_tps, 2);
+            fputs(", \"speedup\": ", stdout);
+            cli_json_num(stdout, plain_tps > 0 ? decode_tps / plain_tps : 0.0, 3);
+        }
         fputs("}\n", stdout);
     } else {
         printf("model:    %s\n", o->model);
@@ -271,6 +327,13 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
                    acc_rate, mean_acc, (unsigned long long)spec->steps, spec->k_final,
                    (unsigned long long)spec->ngram_steps, (unsigned long long)spec->ngram_drafted,
                    (unsigned long long)spec->drafted);
+        if (o->oracle >= 0)
+            printf("ORACLE BENCHMARK MODE (controlled acceptance, alpha %.2f): target-only decode %.1f tok/s, "
+                   "speed-up %.2fx\n",
+                   (double)o->oracle, plain_tps, plain_tps > 0 ? decode_tps / plain_tps : 0.0);
+        if (o->draft && spec->forwards)
+            printf("          %.3f tokens per target forward; trees in %llu steps\n",
+                   (double)spec->forward_tokens / (double)spec->forwards, (unsigned long long)spec->tree_steps);
         printf("peak RSS: %.1f MB\n", rss_mb);
         if (mem->gpu_mb > 0) printf("peak GPU: %.1f MB (device memory in use)\n", mem->gpu_mb);
     }
@@ -303,7 +366,9 @@ int cli_bench(int argc, char **argv) {
 
     tandem_model *target = NULL, *draft = NULL;
     tandem_engine *eng = NULL;
-    int32_t *ids = NULL;
+    int32_t *ids = NULL, **truth = NULL; /* --spec-oracle: [prompts] the target's continuations */
+    int *n_truth = NULL;
+    double plain_tps = 0; /* --spec-oracle: target-only decode tok/s (median) */
     double *prefill_v = calloc((size_t)o.reps, sizeof *prefill_v);
     double *decode_v = calloc((size_t)o.reps, sizeof *decode_v);
     tandem_status s = TANDEM_OK;
@@ -329,6 +394,8 @@ int cli_bench(int argc, char **argv) {
     gp.spec_k = o.spec_k;
     if (o.spec_k_max > 0) gp.spec_k_max = o.spec_k_max;
     gp.spec_ngram = o.spec_ngram;
+    gp.spec_tree = o.spec_tree_shape ? 0 : o.spec_tree;
+    gp.spec_tree_shape = o.spec_tree_shape;
     if (gp.spec_k_min > gp.spec_k_max) gp.spec_k_min = gp.spec_k_max;
     /* synthetic runs generate exactly -n tokens, as llama-bench does */
     gp.ignore_eos = !o.prompts_file;
@@ -345,16 +412,31 @@ int cli_bench(int argc, char **argv) {
         if (s != TANDEM_OK) goto fail;
     }
 
+    if (o.oracle >= 0) {
+        const size_t n_truth_cap = ids ? 1 : prompts.n;
+        truth = calloc(n_truth_cap, sizeof *truth);
+        n_truth = calloc(n_truth_cap, sizeof *n_truth);
+        if (!truth || !n_truth) {
+            rc = cli_error("out of memory");
+            goto done;
+        }
+        if ((s = oracle_truth(target, &ep, ids, (size_t)o.prompt_tokens, &prompts, &gp, o.reps, truth, n_truth,
+                              &plain_tps)) != TANDEM_OK)
+            goto fail;
+    }
     tandem_spec_stats spec;
     memset(&spec, 0, sizeof spec);
     bench_run run = {0};
     for (int rep = 0; rep < o.reps; rep++) {
         memset(&run, 0, sizeof run);
         if (ids) {
-            s = run_one(eng, ids, (size_t)o.prompt_tokens, NULL, &gp, &run, &spec);
+            const tandem_generate_params g = with_oracle(&gp, &o, truth, n_truth, 0);
+            s = run_one(eng, ids, (size_t)o.prompt_tokens, NULL, &g, &run, &spec);
         } else {
-            for (size_t i = 0; i < prompts.n && s == TANDEM_OK; i++)
-                s = run_one(eng, NULL, 0, prompts.items[i].text, &gp, &run, &spec);
+            for (size_t i = 0; i < prompts.n && s == TANDEM_OK; i++) {
+                const tandem_generate_params g = with_oracle(&gp, &o, truth, n_truth, i);
+                s = run_one(eng, NULL, 0, prompts.items[i].text, &g, &run, &spec);
+            }
         }
         if (s != TANDEM_OK) goto fail;
         prefill_v[rep] = cli_tok_per_s(run.prompt_tokens, run.prefill_ms);
@@ -383,13 +465,16 @@ int cli_bench(int argc, char **argv) {
     }
     tandem_engine_stats es;
     if (tandem_engine_get_stats(eng, &es) != TANDEM_OK) memset(&es, 0, sizeof es);
-    print_report(&o, threads, &run, prompts.n, median(prefill_v, o.reps), decode_tps, &spec, &mem, &es);
+    print_report(&o, threads, &run, prompts.n, median(prefill_v, o.reps), decode_tps, &spec, &mem, &es, plain_tps);
     rc = CLI_EXIT_OK;
     goto done;
 
 fail:
     rc = cli_status_error(s, NULL);
 done:
+    for (size_t i = 0; truth && i < (ids ? 1 : prompts.n); i++) free(truth[i]);
+    free(truth);
+    free(n_truth);
     free(ids);
     free(prefill_v);
     free(decode_v);

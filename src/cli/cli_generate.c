@@ -64,6 +64,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--p-min")) ok = cli_parse_float(a, v, 0, 1, &o->p_min);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
+        else if (TAKE(NULL, "--spec-tree")) ok = cli_parse_spec_tree(a, v, &o->spec_tree, &o->spec_tree_shape);
         else return cli_unknown_arg(a);
 #undef TAKE
         if (missing || !ok) return CLI_EXIT_USAGE;
@@ -106,6 +107,11 @@ static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool h
             fprintf(stderr, ", n-gram %llu of %llu steps, %llu of %llu proposed tokens",
                     (unsigned long long)r->spec.ngram_steps, (unsigned long long)r->spec.steps,
                     (unsigned long long)r->spec.ngram_drafted, (unsigned long long)r->spec.drafted);
+        if (r->spec.tree_steps)
+            fprintf(stderr, ", trees in %llu of %llu steps (%.1f nodes each)", (unsigned long long)r->spec.tree_steps,
+                    (unsigned long long)r->spec.steps, (double)r->spec.tree_nodes / (double)r->spec.tree_steps);
+        if (r->spec.forwards)
+            fprintf(stderr, ", %.2f tokens per target forward", (double)r->spec.forward_tokens / (double)r->spec.forwards);
     }
     fputc('\n', stderr);
 }
@@ -124,6 +130,8 @@ tandem_request cli_gen_request(const cli_gen_opts *o) {
     if (gp->spec_k_min > gp->spec_k_max) gp->spec_k_min = gp->spec_k_max;
     gp->spec_p_min = o->p_min;
     gp->spec_ngram = o->spec_ngram;
+    gp->spec_tree = o->spec_tree_shape ? 0 : o->spec_tree;
+    gp->spec_tree_shape = o->spec_tree_shape;
     return rq;
 }
 

@@ -112,6 +112,7 @@ typedef struct run_args {
     char **sets;                 /* [n_sets] --set values (heap array) */
     int n_sets;
     long shard_i, shard_n;
+    char tree_set[96];           /* --spec-tree T as "spec.tree=T" (one of sets) */
 } run_args;
 
 /* Returns -1 to go on, else an exit code (a->sets is freed by the caller). */
@@ -121,6 +122,10 @@ static int parse_run_args(int argc, char **argv, run_args *a) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--set") && i + 1 < argc) {
             a->sets[a->n_sets++] = argv[++i];
+        } else if (!strcmp(argv[i], "--spec-tree") && i + 1 < argc) {
+            if (strlen(argv[++i]) > 64) return cli_usage_error("--spec-tree %.40s...: too long", argv[i]);
+            snprintf(a->tree_set, sizeof a->tree_set, "spec.tree=%s", argv[i]);
+            a->sets[a->n_sets++] = a->tree_set;
         } else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
             char *sl = strchr(argv[++i], '/');
             if (!sl || sscanf(argv[i], "%ld/%ld", &a->shard_i, &a->shard_n) != 2 || a->shard_n < 1 ||
@@ -182,6 +187,8 @@ tandem_request cli_job_request(const cli_job_cfg *c, bool has_draft) {
         if (g->spec_k_min > g->spec_k_max) g->spec_k_min = g->spec_k_max;
         g->spec_p_min = c->p_min;
         g->spec_ngram = c->spec_ngram;
+        g->spec_tree = c->spec_tree_shape[0] ? 0 : c->spec_tree;
+        g->spec_tree_shape = c->spec_tree_shape[0] ? c->spec_tree_shape : NULL;
     }
     return rq;
 }

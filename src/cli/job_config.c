@@ -3,7 +3,8 @@
  *   [model]    target, draft
  *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, kv_mem_mb,
  *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache, batch_invariant (true|false)
- *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off)
+ *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off, auto, a node budget or a
+ *              static shape such as 4,2,2,1)
  *   [sampling] temperature, top_k, top_p, min_p, seed, max_tokens,
  *              stop (JSON: "\n\n" or ["\n\n", "def "])
  *   [job]      input, output, priority, timeout_s, chat_template (a built-in name or
@@ -188,7 +189,11 @@ static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v)
         return 1;
     }
     if (!strcmp(k, "tree")) {
-        if (strcmp(v, "off") != 0) return cfg_fail(c, s, k, "'%s': token trees are not implemented yet (only off)", v);
+        char msg[300];
+        const char *shape;
+        if (strlen(v) >= sizeof c->spec_tree_shape) return cfg_fail(c, s, k, "'%.40s...' is too long", v);
+        if (!cli_spec_tree_from_str(v, &c->spec_tree, &shape, msg, sizeof msg)) return cfg_fail(c, s, k, "%s", msg);
+        snprintf(c->spec_tree_shape, sizeof c->spec_tree_shape, "%s", shape ? shape : "");
         return 1;
     }
     return cfg_fail(c, s, k, "unknown key (known: k, k_max, ngram, p_min, tree)");
@@ -375,6 +380,7 @@ static bool check_cfg(cli_job_cfg *c, const char *path) {
         }
     if (!c->draft[0] && (c->spec_k != 0 || c->p_min > 0))
         return cfg_fail(c, "spec", "k", "needs [model] draft"), false;
+    if (!c->draft[0] && c->spec_tree != 0) return cfg_fail(c, "spec", "tree", "needs [model] draft"), false;
     return true;
 }
 

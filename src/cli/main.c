@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "input.h"
+#include "tree.h"
 #include "json.h"
 
 #define STR_(x) #x
@@ -72,6 +73,10 @@ static const char usage_text[] =
     "      --p-min P         stop drafting below this draft probability, 0 <= P <= 1 (default 0)\n"
     "      --spec-ngram N    also propose by n-gram lookup in the text so far: match the\n"
     "                        last N..2 tokens, N = " STR(TANDEM_SPEC_NGRAM_MIN) ".." STR(TANDEM_SPEC_NGRAM_MAX) "; 0 or off = never (default 4)\n"
+    "      --spec-tree T     token trees instead of chains: NODES (a dynamic tree of at most\n"
+    "                        NODES nodes, 1.." STR(TANDEM_SPEC_TREE_MAX) "), a static shape of branching factors\n"
+    "                        per depth (4,2,2,1), auto (chain or tree and the budget from\n"
+    "                        measured acceptance and costs) or off (default off)\n"
     "\n"
     "tandem chat -m MODEL [-d DRAFT] [--chat-template T] [--system TEXT] [generate's sampling,\n"
     "            speculation and engine options]\n"
@@ -88,22 +93,28 @@ static const char usage_text[] =
     "\n"
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
     "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T]\n"
-    "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--reps R]\n"
+    "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--spec-tree T] [--reps R]\n"
+    "             [--spec-oracle A]\n"
     "             [--prefix-cache] [--json]\n"
     "  -p N                  synthetic prompt length in tokens, 1..2^20 (default 128)\n"
     "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
     "      --limit L         use at most L prompts of the file (needs --prompts)\n"
     "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
+    "      --spec-oracle A   BENCHMARK MODE (never a default): controlled acceptance at real\n"
+    "                        cost; the draft runs its real forward but the target's own next\n"
+    "                        token (from a target-only run, also timed: the speed-up's base)\n"
+    "                        is its first candidate with probability A, else its second with\n"
+    "                        probability 1/2, else absent; 0 <= A <= 1 (needs -d)\n"
     "      --prefix-cache    share cached prompt blocks between runs (off: every prefill\n"
     "                        computed) and report the hit rate\n"
     "      --json            print one JSON object\n"
     "\n"
-    "tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N]\n"
+    "tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N] [--spec-tree T]\n"
     "  [model] target, draft; [engine] backend, threads, max_batch, max_batch_tokens,\n"
     "  block_size, kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache,\n"
     "  batch_invariant (true|false);\n"
-    "  [spec] k, k_max, ngram, p_min, tree; [sampling] temperature, top_k, top_p, min_p,\n"
+    "  [spec] k, k_max, ngram, p_min, tree (as --spec-tree; --spec-tree T is --set spec.tree=T); [sampling] temperature, top_k, top_p, min_p,\n"
     "  seed, max_tokens, stop (JSON: \"STR\" or [\"STR\", ...]); [job] input, output\n"
     "  (JSON lines; a rerun skips the ids already in output), priority, timeout_s (the\n"
     "  requests' defaults), chat_template (a built-in or the model's named template, for\n"
@@ -319,7 +330,8 @@ bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, fl
 }
 
 bool cli_is_spec_opt(const char *arg) {
-    static const char *const names[] = {"--spec-k", "--spec-k-max", "--p-min", "--spec-ngram"};
+    static const char *const names[] = {"--spec-k", "--spec-k-max", "--p-min", "--spec-ngram", "--spec-tree",
+                                        "--spec-oracle"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if ((int)strlen(names[i]) == opt_len(arg) && strncmp(arg, names[i], strlen(names[i])) == 0) return true;
     return false;
@@ -372,6 +384,49 @@ bool cli_parse_spec_ngram(const char *opt, const char *s, int *out) {
         return false;
     }
     return true;
+}
+
+bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *msg, size_t msg_len) {
+    *shape = NULL;
+    if (!strcmp(s, "off") || !strcmp(s, "0")) {
+        *tree = 0;
+        return true;
+    }
+    if (!strcmp(s, "auto")) {
+        *tree = TANDEM_SPEC_TREE_AUTO;
+        return true;
+    }
+    if (strchr(s, ',')) {
+        tdm_tree_cfg c;
+        tdm_err err = {0};
+        if (!tdm_tree_cfg_parse_shape(s, &c, &err)) {
+            snprintf(msg, msg_len, "%s", err.msg);
+            return false;
+        }
+        *tree = c.budget;
+        *shape = s;
+        return true;
+    }
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || errno || v < 1 || v > TANDEM_SPEC_TREE_MAX) {
+        snprintf(msg, msg_len,
+                 "'%s' is not off, auto, a node budget 1..%d or a static shape (branching factors with commas, "
+                 "e.g. 4,2,2,1)",
+                 s, TANDEM_SPEC_TREE_MAX);
+        return false;
+    }
+    *tree = (int)v;
+    return true;
+}
+
+bool cli_parse_spec_tree(const char *opt, const char *s, int *tree, const char **shape) {
+    if (!s) return false;
+    char msg[300];
+    if (cli_spec_tree_from_str(s, tree, shape, msg, sizeof msg)) return true;
+    cli_usage_error("option %.*s: %s", opt_len(opt), opt, msg);
+    return false;
 }
 
 void cli_json_num(FILE *f, double x, int decimals) {
@@ -434,6 +489,9 @@ void cli_json_spec(FILE *f, const tandem_spec_stats *s) {
     fprintf(f, "], \"ngram_steps\": %llu, \"ngram_drafted\": %llu, \"ngram_accepted\": %llu",
             (unsigned long long)s->ngram_steps, (unsigned long long)s->ngram_drafted,
             (unsigned long long)s->ngram_accepted);
+    fprintf(f, ", \"tree_steps\": %llu, \"tree_nodes\": %llu, \"forwards\": %llu, \"tokens_per_forward\": ",
+            (unsigned long long)s->tree_steps, (unsigned long long)s->tree_nodes, (unsigned long long)s->forwards);
+    cli_json_num(f, s->forwards ? (double)s->forward_tokens / (double)s->forwards : 0.0, 4);
     fputs(", \"draft_ms\": ", f);
     cli_json_num(f, s->draft_ms, 3);
     fputs(", \"verify_ms\": ", f);
@@ -455,6 +513,10 @@ void cli_spec_add(tandem_spec_stats *a, const tandem_spec_stats *b) {
     a->ngram_steps += b->ngram_steps;
     a->ngram_drafted += b->ngram_drafted;
     a->ngram_accepted += b->ngram_accepted;
+    a->forwards += b->forwards;
+    a->forward_tokens += b->forward_tokens;
+    a->tree_steps += b->tree_steps;
+    a->tree_nodes += b->tree_nodes;
 }
 
 /* One result as tandem generate --json writes it (a line, flushed). */

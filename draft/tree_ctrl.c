@@ -1,0 +1,54 @@
+/* tree_ctrl.c - chain or tree, and the budget (tree_ctrl.h). */
+#include "tree_ctrl.h"
+
+#include "common.h"
+
+const int32_t TDM_TREE_BUDGETS[TDM_TREE_N_BUDGETS] = {4, 8, 16, 32, 64};
+
+void tdm_tree_ctrl_init(tdm_tree_ctrl *c) {
+    for (int i = 0; i < TDM_TREE_N_BUDGETS; i++) c->tokens[i] = 0;
+    c->n_decisions = 0;
+}
+
+int32_t tdm_tree_budget_index(int32_t b) {
+    int32_t i = 0;
+    while (i + 1 < TDM_TREE_N_BUDGETS && TDM_TREE_BUDGETS[i + 1] <= b) i++;
+    return i;
+}
+
+static double ema(double old, double x, double w) { return old > 0 ? old + w * (x - old) : x; }
+
+void tdm_tree_ctrl_observe(tdm_tree_ctrl *c, int32_t budget, int32_t tokens) {
+    const int32_t i = tdm_tree_budget_index(budget);
+    c->tokens[i] = ema(c->tokens[i], (double)tokens, 0.15);
+}
+
+void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double seconds) {
+    if (!(seconds > 0)) return;
+    const int32_t i = tdm_tree_budget_index(budget);
+    c->t_draft[i] = ema(c->t_draft[i], seconds, 0.1);
+}
+
+int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,
+                        int32_t chain_k, int32_t max_budget) {
+    const double t_d = tdm_cost_draft(cost);
+    double best = tdm_ctrl_rate(cost, alpha, t_d, chain_k), second = -1;
+    int32_t pick = 0, runner = -1;
+    for (int32_t i = 0; i < TDM_TREE_N_BUDGETS && TDM_TREE_BUDGETS[i] <= max_budget; i++) {
+        const int32_t b = TDM_TREE_BUDGETS[i];
+        const tdm_tree_cfg cfg = tdm_tree_cfg_dynamic(b);
+        const double hope = alpha + 0.15 < 0.95 ? alpha + 0.15 : 0.95;
+        const double tok = c->tokens[i] > 0 ? c->tokens[i] : tdm_ctrl_expected_tokens(hope, cfg.depth);
+        const double td = tc->t_draft[i] > 0 ? tc->t_draft[i] : cfg.depth * t_d;
+        const double t = td + tdm_cost_verify(cost, b + 1);
+        const double r = tok / (t > 0 ? t : 1e-30);
+        if (r > best) {
+            second = best, runner = pick;
+            best = r, pick = b;
+        } else if (r > second) {
+            second = r, runner = b;
+        }
+    }
+    if ((++c->n_decisions & 7) == 0 && runner >= 0) return runner;
+    return pick;
+}

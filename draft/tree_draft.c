@@ -1,0 +1,186 @@
+/* tree_draft.c - token trees from the draft model (tree_draft.h, tree.h).
+ *
+ * Round 0 feeds every job's catch-up rows; each later round feeds the nodes that
+ * get children, all jobs together in one draft forward (more only when the rows
+ * exceed the batch or the logits rows).  Each logits row's distribution (softmax
+ * of the draft's logits; for a sampled job the request's processed distribution,
+ * kept in e->tree_q for verification) gives the children of its node. */
+#include "tree_draft.h"
+
+#include <string.h>
+
+#include "kv_cache.h"
+#include "oracle.h"
+
+int32_t tdm_tree_slots(const tdm_tree_cfg *c) {
+    /* target nodes: the budget; draft nodes: those fed, at most TDM_TREE_MAX - 1 */
+    const int32_t fed = c->n_shape > 0 ? c->budget : (c->depth - 1) * c->width;
+    return TDM_MIN(TDM_MAX(c->budget, fed), TDM_TREE_MAX);
+}
+
+/* rows of one draft forward being gathered */
+typedef struct lvl_buf {
+    tdm_engine *e;
+    tdm_tree_job *jobs;
+    const tdm_kv_seq **kv;
+    int32_t who[TDM_ENGINE_BATCH_LOGITS_MAX], node[TDM_ENGINE_BATCH_LOGITS_MAX]; /* per logits row */
+    int32_t m;
+    int32_t n_fwd;
+} lvl_buf;
+
+/* Children count of node v (-1: the root) of a job's tree. */
+static int32_t n_children(const tdm_tree_job *j, int32_t v) {
+    const tdm_tree *t = j->tree;
+    const int32_t d = v < 0 ? 0 : t->depth[v] + 1; /* the children's depth */
+    if (d >= (j->cfg.n_shape > 0 ? j->cfg.n_shape : j->cfg.depth)) return 0;
+    int32_t c = j->cfg.n_shape > 0 ? j->cfg.shape[d] : j->cfg.topk;
+    /* a sampled tree is never pruned: it stops at its budget */
+    if (j->sample || j->cfg.n_shape > 0) c = TDM_MIN(c, j->cfg.budget - t->n);
+    return TDM_MAX(c, 0);
+}
+
+/* Benchmark only (draft/oracle.h): node v's candidates own[0..n_own) rearranged
+ * when v's path is the target's continuation; returns how many of them (at most k)
+ * become children. */
+static int32_t oracle_children(tdm_seq *s, const tdm_tree *t, int32_t v, int32_t *own, int32_t n_own, int32_t k) {
+    const int32_t g = s->n_tokens - s->n_prompt, d = v < 0 ? 0 : t->depth[v] + 1; /* the children's depth */
+    bool on = g + d < s->n_oracle;
+    for (int32_t a = v; a >= 0 && on; a = t->parent[a]) on = t->token[a] == s->oracle[g + t->depth[a]];
+    if (!on) return TDM_MIN(n_own, k);
+    int32_t out[17];
+    const int32_t n = tdm_oracle_arrange(s->oracle[g + d], s->oracle_alpha, &s->oracle_rng, own, n_own, k, out);
+    for (int32_t i = 0; i < n; i++) own[i] = out[i];
+    return n;
+}
+
+/* The children of node v from the draft's logits row l. */
+static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l, tdm_err *err) {
+    tdm_engine *e = b->e;
+    tdm_tree *t = j->tree;
+    const int32_t V = e->n_vocab, c = n_children(j, v);
+    if (c <= 0) return TANDEM_OK;
+    if (!tdm_logits_finite(l, V)) return tdm_engine_nonfinite(e, true, j->s->n_tokens + (v < 0 ? -1 : t->depth[v]), err);
+    float *q = e->tmp;
+    if (j->sample) { /* its q row stays for verification */
+        const int32_t row = v < 0 ? 0 : 1 + t->dslot[v];
+        q = e->tree_q + (size_t)row * (size_t)V;
+        if (v < 0) t->qrow_root = row;
+        else t->qrow[v] = row;
+    }
+    const tdm_sampler_params soft = {1.0f, 0, 1.0f, 0.0f};
+    tdm_probs_from_logits(l, V, j->sample ? &j->s->sp : &soft, &e->ss, q);
+    int32_t ids[17];
+    int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
+                            : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), ids);
+    float pr[17]; /* the probability of each rank: rearranged candidates take their rank's */
+    for (int32_t i = 0; i < got; i++) pr[i] = q[ids[i]];
+    if (j->s->oracle) got = oracle_children(j->s, t, v, ids, got, TDM_MIN(c, 16));
+    const float w = v < 0 ? 1.0f : t->w[v];
+    for (int32_t i = 0; i < got; i++)
+        if (tdm_tree_add(t, v, ids[i], w * pr[i]) < 0) break;
+    return TANDEM_OK;
+}
+
+static tandem_status flush(lvl_buf *b, tdm_err *err) {
+    tdm_engine *e = b->e;
+    if (e->batch.n_rows == 0) return TANDEM_OK;
+    e->batch.rows_shared = true; /* (a draft's rows only propose) */
+    tandem_status st = tdm_engine_forward(e, true, &e->batch, b->kv, TDM_FWD_LOGITS_APPROX, err);
+    b->n_fwd++;
+    for (int32_t r = 0; r < b->m && !st; r++)
+        st = grow(b, &b->jobs[b->who[r]], b->node[r], e->logits_d + (size_t)r * (size_t)e->n_vocab, err);
+    b->m = 0;
+    tdm_batch_clear(&e->batch);
+    return st;
+}
+
+/* Room for one more row (and a logits row when want). */
+static tandem_status make_room(lvl_buf *b, bool want, tdm_err *err) {
+    tdm_engine *e = b->e;
+    const int32_t cap = TDM_MIN(e->n_logit_rows, TDM_ENGINE_BATCH_LOGITS_MAX);
+    if (e->batch.n_rows >= e->max_rows || (want && b->m >= cap)) return flush(b, err);
+    return TANDEM_OK;
+}
+
+/* The draft's mask of a fed node: its own and its ancestors' draft slots. */
+static uint64_t dmask(const tdm_tree *t, int32_t v) {
+    uint64_t m = 0;
+    for (; v >= 0; v = t->parent[v]) m |= 1ull << t->dslot[v];
+    return m;
+}
+
+/* The nodes of depth d that get children: every one in a static tree, else the
+ * `width` of highest cumulative probability (ties: the earlier). */
+static int32_t pick_expand(const tdm_tree_job *j, int32_t d, int32_t *out) {
+    const tdm_tree *t = j->tree;
+    const int32_t lim = j->cfg.n_shape > 0 ? TDM_TREE_POOL : j->cfg.width;
+    int32_t k = 0;
+    bool used[TDM_TREE_POOL] = {false};
+    while (k < lim && t->n_fed + k < TDM_TREE_MAX) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < t->n; i++)
+            if (t->depth[i] == d && !used[i] && (best < 0 || t->w[i] > t->w[best])) best = i;
+        if (best < 0) break;
+        used[best] = true;
+        out[k++] = best;
+    }
+    /* in creation order, so that draft slots follow the tree's own order */
+    for (int32_t a = 1; a < k; a++)
+        for (int32_t x = a; x > 0 && out[x - 1] > out[x]; x--) {
+            const int32_t tmp = out[x];
+            out[x] = out[x - 1], out[x - 1] = tmp;
+        }
+    return k;
+}
+
+tandem_status tdm_draft_trees(tdm_engine *e, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
+    const tdm_kv_seq *kv[TDM_ENGINE_BATCH_LOGITS_MAX];
+    lvl_buf b = {.e = e, .jobs = jobs, .kv = kv};
+    tandem_status st;
+    *n_forwards = 0;
+    if (n > TDM_ENGINE_BATCH_LOGITS_MAX) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%d trees at once", (int)n);
+    int32_t max_depth = 0;
+    for (int32_t i = 0; i < n; i++) {
+        kv[i] = &jobs[i].s->kv;
+        tdm_tree_reset(jobs[i].tree);
+        max_depth = TDM_MAX(max_depth, jobs[i].cfg.n_shape > 0 ? jobs[i].cfg.n_shape : jobs[i].cfg.depth);
+    }
+    tdm_batch_clear(&e->batch);
+    /* round 0: catch up; the pending token's row gives the root's children */
+    for (int32_t i = 0; i < n; i++) {
+        const tdm_seq *s = jobs[i].s;
+        for (int32_t p = s->n_draft; p < s->n_tokens; p++) {
+            const bool want = p == s->n_tokens - 1;
+            if ((st = make_room(&b, want, err))) return st;
+            tdm_batch_add(&e->batch, s->tokens[p], p, i, p, want);
+            if (want) b.who[b.m] = i, b.node[b.m++] = -1;
+        }
+    }
+    if ((st = flush(&b, err))) return st;
+    for (int32_t i = 0; i < n; i++) jobs[i].s->n_draft = jobs[i].s->n_tokens;
+    /* round d + 1: the chosen nodes of depth d */
+    for (int32_t d = 0; d + 1 < max_depth; d++) {
+        for (int32_t i = 0; i < n; i++) {
+            tdm_tree *t = jobs[i].tree;
+            const int32_t P = jobs[i].s->n_tokens;
+            int32_t ex[TDM_TREE_POOL];
+            const int32_t k = pick_expand(&jobs[i], d, ex);
+            for (int32_t x = 0; x < k; x++) {
+                if (n_children(&jobs[i], ex[x]) <= 0) continue;
+                if ((st = make_room(&b, true, err))) return st;
+                t->dslot[ex[x]] = t->n_fed++;
+                tdm_batch_add_tree(&e->batch, t->token[ex[x]], P + d, i, P + t->dslot[ex[x]], P, dmask(t, ex[x]), true);
+                b.who[b.m] = i, b.node[b.m++] = ex[x];
+            }
+        }
+        if (e->batch.n_rows == 0) break;
+        if ((st = flush(&b, err))) return st;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        tdm_tree *t = jobs[i].tree;
+        if (jobs[i].sample || jobs[i].cfg.n_shape > 0) tdm_tree_masks(t);
+        else tdm_tree_prune(t, jobs[i].cfg.budget);
+    }
+    *n_forwards = b.n_fwd;
+    return TANDEM_OK;
+}

@@ -1,0 +1,293 @@
+/* test_tree.c - token-tree speculation end to end on the pycode pair: greedy
+ * output equals target-only output on all 100 dev prompts with static and
+ * dynamic trees; after every tree step the block table holds exactly the accepted
+ * length (both models rolled back, no block leaked), greedy and sampled; the tree
+ * structure's pruning and the shape parser. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "kv_cache.h"
+#include "scheduler.h"
+#include "testutil.h"
+#include "oracle.h"
+#include "tree.h"
+
+#define N_NEW 32
+
+static tdm_backend *g_wbe;
+static tdm_model *g_target, *g_draft;
+
+static void setup(void) {
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, &g_wbe, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-target-f16.gguf"), g_wbe, &g_target, &err), TANDEM_OK,
+                 "%s", err.msg);
+    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-draft-s-f16.gguf"), g_wbe, &g_draft, &err), TANDEM_OK,
+                 "%s", err.msg);
+}
+
+static void teardown(void) {
+    tdm_model_free(g_draft);
+    tdm_model_free(g_target);
+    tdm_backend_destroy(g_wbe);
+}
+
+TestSuite(tree, .init = setup, .fini = teardown, .timeout = 1200);
+
+static tdm_engine *make_engine(tdm_model *draft) { return tdm_test_engine(g_target, draft, 2); }
+
+/* Each prompt runs a static tree (4,2,2,1: 44 nodes) and a dynamic one (budget 32,
+ * or 8 on every third prompt); a sanitizer build runs every tenth prompt. */
+Test(tree, greedy_outputs_equal_target_only) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    cr_assert_eq(n_lines, 100);
+    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft);
+    const size_t stride = tdm_test_sanitized() ? 10 : 1;
+    tdm_err err = {0};
+    uint64_t acc[2] = {0}, steps[2] = {0}, fwd = 0, fwd_tok = 0;
+    for (size_t li = 0; li < n_lines; li += stride) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = N_NEW;
+        gp.spec_ngram = 0;
+        tandem_result want;
+        cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        for (int kind = 0; kind < 2; kind++) {
+            tandem_generate_params g = gp;
+            if (kind == 0) g.spec_tree_shape = "4,2,2,1";
+            else g.spec_tree = li % 3 == 2 ? 8 : 32;
+            tandem_result got;
+            cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &g, &got, &err), TANDEM_OK, "%s", err.msg);
+            size_t diff = 0;
+            while (diff < got.n_tokens && diff < want.n_tokens && got.tokens[diff] == want.tokens[diff]) diff++;
+            cr_assert(got.n_tokens == want.n_tokens && diff == want.n_tokens,
+                      "prompt %zu, %s tree: output differs from target-only at token %zu (lengths %zu/%zu)", li,
+                      kind ? "dynamic" : "static", diff, got.n_tokens, want.n_tokens);
+            cr_assert_str_eq(got.text, want.text);
+            cr_assert_eq(tdm_kv_pool_n_free(spec->pool), tdm_kv_pool_n_blocks(spec->pool), "prompt %zu: blocks leaked",
+                         li);
+            cr_assert_leq(got.spec.accepted, got.spec.drafted);
+            cr_assert_eq(got.spec.tree_steps, got.spec.steps, "every step a tree");
+            cr_assert_leq(got.spec.tree_nodes, (uint64_t)(kind ? 32 : 44) * got.spec.steps);
+            cr_assert_eq(got.spec.forward_tokens + 1, got.n_tokens, "forwards commit every token but the first");
+            acc[kind] += got.spec.accepted;
+            steps[kind] += got.spec.steps;
+            fwd += got.spec.forwards;
+            fwd_tok += got.spec.forward_tokens;
+            tandem_result_free(&got);
+        }
+        tandem_result_free(&want);
+        free(ids);
+    }
+    for (int k = 0; k < 2; k++) {
+        cr_log_info("%s trees: %.3f accepted per step", k ? "dynamic" : "static", (double)acc[k] / (double)steps[k]);
+        cr_assert_gt(acc[k], steps[k], "trees accept more than one token per step on average");
+    }
+    cr_log_info("%.3f tokens per target forward", (double)fwd_tok / (double)fwd);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* After every step: the target holds n - 1 positions, the draft at most as many,
+ * the block table exactly n - 1 and the pool exactly its blocks; greedy and
+ * sampled, static, dynamic and auto trees.  Nothing leaks after release. */
+Test(tree, commit_keeps_exactly_the_accepted_path) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *e = make_engine(g_draft);
+    tdm_err err = {0};
+    for (size_t li = 0; li < 6; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        for (int temp = 0; temp < 2; temp++) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = 48;
+            gp.temperature = temp ? 0.8f : 0.0f;
+            gp.seed = li;
+            gp.spec_ngram = 0;
+            if (li % 3 == 0) gp.spec_tree_shape = "3,2,2";
+            else gp.spec_tree = li % 3 == 1 ? 24 : TANDEM_SPEC_TREE_AUTO;
+            tdm_seq s;
+            cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, &gp, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
+            while (!s.done) {
+                cr_assert_eq(tdm_seq_step(e, &s, &err), TANDEM_OK, "%s", err.msg);
+                if (s.done) break;
+                tdm_test_check_held(e, &s);
+                cr_assert_eq(tdm_kv_pool_check(e->pool, &err), TANDEM_OK, "%s", err.msg);
+            }
+            if (li % 3 != 2) cr_assert_gt(s.spec.tree_steps, 0);
+            tdm_seq_release(e, &s);
+            cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "leak after release");
+        }
+        free(ids);
+    }
+    tdm_engine_free(e);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* Pruning keeps the highest cumulative probabilities with every parent, in the old
+ * order; masks are the ancestor sets. */
+Test(tree, prune_and_masks) {
+    tdm_tree t;
+    tdm_tree_reset(&t);
+    /* root children a (0.6), b (0.3); a's children c (0.5), d (0.05); b's child e (0.2) */
+    const int32_t a = tdm_tree_add(&t, -1, 10, 0.6f), b = tdm_tree_add(&t, -1, 11, 0.3f);
+    const int32_t c = tdm_tree_add(&t, a, 12, 0.5f);
+    tdm_tree_add(&t, a, 13, 0.05f);
+    tdm_tree_add(&t, b, 14, 0.2f);
+    (void)c;
+    tdm_tree_prune(&t, 4);
+    cr_assert_eq(t.n, 4);
+    const int32_t tok[] = {10, 11, 12, 14}, par[] = {-1, -1, 0, 1};
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(t.token[i], tok[i], "node %d", i);
+        cr_assert_eq(t.parent[i], par[i], "node %d", i);
+    }
+    cr_assert_eq(t.mask[2], 0x5ull);
+    cr_assert_eq(t.mask[3], 0xaull);
+    int32_t kids[8];
+    cr_assert_eq(tdm_tree_children(&t, -1, kids), 2);
+    cr_assert_eq(tdm_tree_children(&t, 0, kids), 1);
+    cr_assert_eq(kids[0], 2);
+}
+
+Test(tree, shape_parser) {
+    tdm_tree_cfg c;
+    tdm_err err = {0};
+    cr_assert(tdm_tree_cfg_parse_shape("4,2,2,1", &c, &err));
+    cr_assert_eq(c.n_shape, 4);
+    cr_assert_eq(c.budget, 4 + 8 + 16 + 16);
+    static const char *bad[] = {"", "4,,2", "0", "4,x", "17", "8,8", "4,2,"};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bad); i++) {
+        if (i == 6) {
+            cr_assert(tdm_tree_cfg_parse_shape(bad[i], &c, &err), "a trailing comma is accepted");
+            continue;
+        }
+        err.msg[0] = 0;
+        cr_assert_not(tdm_tree_cfg_parse_shape(bad[i], &c, &err), "'%s' accepted", bad[i]);
+        cr_assert(strstr(err.msg, "tree shape"), "'%s': message '%s'", bad[i], err.msg);
+    }
+}
+
+/* Trees inside the continuous-batching scheduler: 24 prompts, four decoding at
+ * once, each request its own tree setting (a budget of 16, a static shape, auto,
+ * or chains) in one batched verification per step; every output equals
+ * target-only output, and trees were verified in batches. */
+Test(tree, batched_trees_equal_target_only) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    const int32_t N = tdm_test_sanitized() ? 8 : 24;
+    tdm_engine *plain = make_engine(NULL);
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = 2, .n_seq_max = 4};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(g_target, g_draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    int32_t *ids[24];
+    int32_t n_ids[24];
+    tandem_generate_params gp[24];
+    tandem_result want[24], got[24];
+    for (int32_t i = 0; i < N; i++) {
+        size_t n;
+        ids[i] = tdm_test_json_ids(tdm_json_get(refs[(size_t)i * 4 % n_lines], "prompt_ids"), &n);
+        n_ids[i] = (int32_t)n;
+        gp[i] = tandem_generate_default_params();
+        gp[i].max_tokens = N_NEW;
+        gp[i].spec_ngram = 0;
+        cr_assert_eq(tdm_generate_one(plain, ids[i], n_ids[i], &gp[i], &want[i], &err), TANDEM_OK, "%s", err.msg);
+        switch (i % 4) {
+        case 0: gp[i].spec_tree = 16; break;
+        case 1: gp[i].spec_tree_shape = "3,2,2,1"; break;
+        case 2: gp[i].spec_tree = TANDEM_SPEC_TREE_AUTO; break;
+        default: break; /* chains */
+        }
+    }
+    tdm_sched *s;
+    cr_assert_eq(tdm_sched_create(e, &s, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_sched_run(s, (const int32_t *const *)ids, n_ids, gp, NULL, NULL, N, got, &err), TANDEM_OK, "%s",
+                 err.msg);
+    uint64_t tree_steps = 0;
+    for (int32_t i = 0; i < N; i++) {
+        cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
+        cr_assert(got[i].n_tokens == want[i].n_tokens &&
+                      memcmp(got[i].tokens, want[i].tokens, want[i].n_tokens * sizeof(int32_t)) == 0,
+                  "request %d (tree setting %d): output differs from target-only", i, i % 4);
+        if (i % 4 < 2) cr_assert_gt(got[i].spec.tree_steps, 0, "request %d verified no tree", i);
+        if (i % 4 == 3) cr_assert_eq(got[i].spec.tree_steps, 0);
+        tree_steps += got[i].spec.tree_steps;
+        tandem_result_free(&got[i]);
+        tandem_result_free(&want[i]);
+        free(ids[i]);
+    }
+    cr_log_info("%llu tree steps in the batch", (unsigned long long)tree_steps);
+    cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "blocks leaked");
+    tdm_sched_free(s);
+    tdm_engine_free(e);
+    tdm_engine_free(plain);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* Benchmark mode (draft/oracle.h): the rearrangement itself, and on the pycode
+ * pair that alpha 1 makes every proposal on the target's path accepted, alpha 0
+ * none of a chain's (its first candidate is then never the target's), both with
+ * output equal to target-only output. */
+Test(tree, oracle_controls_acceptance) {
+    const int32_t own[4] = {7, 3, 9, 4};
+    int32_t out[4];
+    tdm_rng r;
+    tdm_rng_seed(&r, 1);
+    cr_assert_eq(tdm_oracle_arrange(9, 1.0, &r, own, 4, 3, out), 3);
+    cr_assert(out[0] == 9 && out[1] == 7 && out[2] == 3, "alpha 1: the truth first, the rest in order");
+    int seconds = 0, absent = 0;
+    for (int i = 0; i < 400; i++) {
+        const int32_t n = tdm_oracle_arrange(7, 0.0, &r, own, 4, 2, out);
+        cr_assert_eq(n, 2);
+        cr_assert_neq(out[0], 7, "alpha 0: never first");
+        seconds += out[1] == 7;
+        absent += out[1] != 7;
+    }
+    cr_assert(seconds > 150 && absent > 150, "second half the time: %d of 400", seconds);
+
+    size_t n_lines, n;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft);
+    tdm_err err = {0};
+    int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[3], "prompt_ids"), &n);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 40;
+    gp.ignore_eos = true;
+    tandem_result want;
+    cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+    for (int mode = 0; mode < 3; mode++) {
+        tandem_generate_params g = gp;
+        g.bench_oracle_tokens = want.tokens;
+        g.bench_n_oracle = (int)want.n_tokens;
+        g.bench_oracle_alpha = mode == 1 ? 0.0f : 1.0f;
+        g.spec_k = mode < 2 ? 4 : 0;
+        g.spec_tree = mode == 2 ? 16 : 0;
+        tandem_result got;
+        cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &g, &got, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert(got.n_tokens == want.n_tokens && !memcmp(got.tokens, want.tokens, want.n_tokens * sizeof(int32_t)),
+                  "mode %d: output differs from target-only", mode);
+        if (mode == 1) cr_assert_eq(got.spec.accepted, 0, "alpha 0: %llu accepted", (unsigned long long)got.spec.accepted);
+        else cr_assert_geq(got.spec.forward_tokens, 4 * got.spec.forwards - 4, "alpha 1: %llu tokens in %llu forwards",
+                           (unsigned long long)got.spec.forward_tokens, (unsigned long long)got.spec.forwards);
+        tandem_result_free(&got);
+    }
+    gp.temperature = 0.5f;
+    gp.bench_oracle_tokens = want.tokens;
+    gp.bench_n_oracle = (int)want.n_tokens;
+    tandem_result bad;
+    cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &gp, &bad, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "greedy"), "%s", err.msg);
+    tandem_result_free(&want);
+    free(ids);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}

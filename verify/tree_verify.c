@@ -1,0 +1,64 @@
+/* tree_verify.c - one target forward over a token tree, the verdict, and the
+ * commit that moves the accepted path into place (tree_verify.h). */
+#include "tree_verify.h"
+
+#include "kv_cache.h"
+#include "tree_accept.h"
+
+bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si) {
+    const int32_t n = s->n_tokens;
+    if (b->n_rows + 1 + t->n > b->cap) return false;
+    tdm_batch_add(b, s->tokens[n - 1], n - 1, si, n - 1, true);
+    for (int32_t i = 0; i < t->n; i++) tdm_batch_add_tree(b, t->token[i], n + t->depth[i], si, n + i, n, t->mask[i], true);
+    return true;
+}
+
+tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int32_t *n_accepted, tdm_err *err) {
+    const int32_t V = e->n_vocab, n = s->n_tokens;
+    const tdm_kv_seq *seqs[1] = {&s->kv};
+    tandem_status st;
+    *n_accepted = 0;
+    if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + TDM_MAX(t->n, t->n_fed), err))) return st;
+    if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
+    if (1 + t->n > e->n_logit_rows)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a tree of %d nodes exceeds the engine's %d logits rows", (int)t->n,
+                          (int)e->n_logit_rows);
+    tdm_batch *b = &e->batch;
+    tdm_batch_clear(b);
+    tdm_tree_rows(b, s, t, 0);
+    const bool greedy = s->sp.temperature <= 0;
+    if ((st = tdm_engine_forward(e, false, b, seqs, greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, err))) return st;
+    int32_t path[TDM_TREE_MAX], m, next;
+    if (greedy) {
+        m = tdm_tree_accept_match(t, e->ids, path, &next);
+    } else {
+        for (int32_t i = 0; i <= t->n; i++)
+            tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss, e->tree_p + (size_t)i * (size_t)V);
+        m = tdm_tree_accept_sample(t, e->tree_p, e->tree_q, V, false, &s->rng, e->tree_scr, path, &next);
+    }
+    if (next < 0) return tdm_engine_nonfinite(e, false, n - 1, err);
+    *n_accepted = m;
+    return tdm_tree_keep(e, s, t, path, m, next, err);
+}
+
+tandem_status tdm_tree_keep(tdm_engine *e, tdm_seq *s, const tdm_tree *t, const int32_t *path, int32_t m, int32_t next,
+                            tdm_err *err) {
+    const int32_t n = s->n_tokens;
+    int32_t src[TDM_TREE_MAX] = {0}, dst[TDM_TREE_MAX] = {0}, f = 0;
+    tandem_status st;
+    for (int32_t j = 0; j < m; j++) src[j] = n + path[j], dst[j] = n + j;
+    if ((st = tdm_kv_store_move_slots(&e->kv_t, &s->kv, src, dst, m, err))) return st;
+    /* the draft saw a prefix of the path (a node it saw has every ancestor seen) */
+    while (f < m && t->dslot[path[f]] >= 0) {
+        src[f] = n + t->dslot[path[f]];
+        f++;
+    }
+    if (e->draft && (st = tdm_kv_store_move_slots(&e->kv_d, &s->kv, src, dst, f, err))) return st;
+    s->n_target = n + m;
+    s->n_draft = TDM_MIN(s->n_draft, n) + (s->n_draft >= n ? f : 0);
+    tdm_kv_seq_truncate(e->pool, &s->kv, n + m);
+    bool go = true;
+    for (int32_t j = 0; j < m && go; j++) go = tdm_seq_commit(e, s, t->token[path[j]]);
+    if (go) tdm_seq_commit(e, s, next);
+    return TANDEM_OK;
+}
