@@ -101,7 +101,6 @@ Test(tree, commit_keeps_exactly_the_accepted_path) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     tdm_engine *e = make_engine(g_draft);
-    tdm_err err = {0};
     for (size_t li = 0; li < (tdm_test_sanitized() ? 3u : 6u); li++) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
@@ -113,18 +112,9 @@ Test(tree, commit_keeps_exactly_the_accepted_path) {
             gp.spec_ngram = 0;
             if (li % 3 == 0) gp.spec_tree_shape = "3,2,2";
             else gp.spec_tree = li % 3 == 1 ? 24 : TANDEM_SPEC_TREE_AUTO;
-            tdm_seq s;
-            cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, &gp, &err), TANDEM_OK, "%s", err.msg);
-            cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
-            while (!s.done) {
-                cr_assert_eq(tdm_seq_step(e, &s, &err), TANDEM_OK, "%s", err.msg);
-                if (s.done) break;
-                tdm_test_check_held(e, &s);
-                cr_assert_eq(tdm_kv_pool_check(e->pool, &err), TANDEM_OK, "%s", err.msg);
-            }
-            if (li % 3 != 2) cr_assert_gt(s.spec.tree_steps, 0);
-            tdm_seq_release(e, &s);
-            cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "leak after release");
+            tandem_spec_stats st;
+            tdm_test_run_checked(e, ids, n, &gp, &st);
+            if (li % 3 != 2) cr_assert_gt(st.tree_steps, 0);
         }
         free(ids);
     }
