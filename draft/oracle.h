@@ -6,7 +6,10 @@
  * is the target's continuation its candidates (best first) are rearranged: the
  * target's next token is the first candidate with probability alpha; otherwise,
  * with probability 1/2 it is the second (so a tree can catch it), else it is not
- * proposed at all.  Positions off that path keep the draft's own candidates.
+ * proposed at all.  Positions off that path keep the draft's own candidates.  A
+ * dynamic tree weighs candidate rank 0 alpha, rank 1 (1 - alpha) / 2 and the rest
+ * the remainder (as a draft calibrated to this acceptance would; a random-weight
+ * draft's own probabilities are flat).
  * Verification, acceptance and commit run unchanged, so the output is still the
  * target's own and every cost is real; only the acceptance is controlled.  Greedy,
  * single-sequence steps only (a request with it needs greedy decoding and an

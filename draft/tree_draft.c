@@ -72,9 +72,17 @@ static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l
     int32_t ids[17];
     int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
                             : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), ids);
-    float pr[17]; /* the probability of each rank: rearranged candidates take their rank's */
+    float pr[17]; /* the probability of each rank */
     for (int32_t i = 0; i < got; i++) pr[i] = q[ids[i]];
-    if (j->s->oracle) got = oracle_children(j->s, t, v, ids, got, TDM_MIN(c, 16));
+    if (j->s->oracle) {
+        /* the benchmark's candidates are right at rank 0 with probability alpha, at
+         * rank 1 with (1 - alpha) / 2: the weights of a draft calibrated so (a
+         * random-weight draft's own are flat, which would shape no tree) */
+        got = oracle_children(j->s, t, v, ids, got, TDM_MIN(c, 16));
+        const double a = j->s->oracle_alpha;
+        for (int32_t i = 0; i < got; i++)
+            pr[i] = (float)(i == 0 ? a : i == 1 || got <= 2 ? (1 - a) / 2 : (1 - a) / 2 / (got - 2));
+    }
     const float w = v < 0 ? 1.0f : t->w[v];
     for (int32_t i = 0; i < got; i++)
         if (tdm_tree_add(t, v, ids[i], w * pr[i]) < 0) break;

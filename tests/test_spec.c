@@ -190,7 +190,6 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     tdm_engine *e = make_engine(g_draft[0]);
-    tdm_err err = {0};
     for (size_t li = 0; li < 10; li++) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
@@ -201,19 +200,7 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
             gp.seed = li;
             gp.spec_k = (int)(li % 3) * 3; /* 0 (auto), 3, 6 */
             gp.spec_ngram = li % 2 ? 3 : 0;  /* n-gram proposals on odd prompts */
-            tdm_seq s;
-            cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, &gp, &err), TANDEM_OK, "%s", err.msg);
-            cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
-            int steps = 0;
-            while (!s.done) {
-                cr_assert_eq(tdm_seq_step(e, &s, &err), TANDEM_OK, "%s", err.msg);
-                steps++;
-                if (s.done) break;
-                tdm_test_check_held(e, &s);
-            }
-            cr_assert_gt(steps, 0);
-            tdm_seq_release(e, &s);
-            cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "leak after release");
+            cr_assert_gt(tdm_test_run_checked(e, ids, n, &gp, NULL), 0);
         }
         free(ids);
     }

@@ -133,3 +133,23 @@ void tdm_test_check_held(const tdm_engine *e, const tdm_seq *s) {
     const int32_t used = tdm_kv_pool_n_blocks(e->pool) - tdm_kv_pool_n_free(e->pool);
     cr_assert_eq(used, tdm_kv_blocks_for(e->pool, held), "%d blocks in use for %d positions", (int)used, (int)held);
 }
+
+int tdm_test_run_checked(tdm_engine *e, const int32_t *ids, size_t n, const tandem_generate_params *gp,
+                         tandem_spec_stats *spec) {
+    tdm_err err = {0};
+    tdm_seq s;
+    cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, gp, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
+    int steps = 0;
+    while (!s.done) {
+        cr_assert_eq(tdm_seq_step(e, &s, &err), TANDEM_OK, "%s", err.msg);
+        steps++;
+        if (s.done) break;
+        tdm_test_check_held(e, &s);
+        cr_assert_eq(tdm_kv_pool_check(e->pool, &err), TANDEM_OK, "%s", err.msg);
+    }
+    if (spec) *spec = s.spec;
+    tdm_seq_release(e, &s);
+    cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "leak after release");
+    return steps;
+}

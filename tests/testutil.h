@@ -64,5 +64,10 @@ tdm_engine *tdm_test_engine(tdm_model *target, tdm_model *draft, int32_t n_threa
  * the pool exactly the blocks for them (s alone on e). */
 typedef struct tdm_seq tdm_seq;
 void tdm_test_check_held(const tdm_engine *e, const tdm_seq *s);
+/* Runs a request of ids on e (alone) step by step, checking tdm_test_check_held and
+ * the pool's invariants after every step and that nothing leaks after release;
+ * returns its steps and fills *spec (may be NULL) with its statistics. */
+int tdm_test_run_checked(tdm_engine *e, const int32_t *ids, size_t n, const tandem_generate_params *gp,
+                         tandem_spec_stats *spec);
 
 #endif
