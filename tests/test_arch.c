@@ -291,14 +291,14 @@ Test(arch, tensor_parallel_blocks, .timeout = 120) {
     q.n_embd = 128;
     q.n_ff = 128;
     q.wtype = TDM_F16;
-    check_tp("qwen3 f16", &q, 2, 1);
+    check_tp("qwen3 f16", &q, 2, 2);
     tdm_tiny_cfg l = base_cfg(282);
     l.n_embd = 128;
     l.n_ff = 128;
     l.rope_freqs_ctx = 32;
     l.rope_scale = 4.0f;
     l.rope_type = "yarn";
-    check_tp("llama rope_freqs + yarn", &l, 2, 1);
+    check_tp("llama rope_freqs + yarn", &l, 2, 2);
     tdm_tiny_cfg g = gemma3_cfg(281);
     check_tp("gemma3 (declined)", &g, 2, 0);
 }
