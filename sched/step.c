@@ -278,11 +278,19 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
     for (int32_t i = 0; i < n; i++) {
         tdm_seq *q = &it[i].r->s;
         seqs[i] = &q->kv;
-        /* row d of the item's logits draws with the d-th uniform to come */
-        double u[TDM_CTRL_MAX_K + 1] = {0};
-        if (it[i].tree) { /* (greedy) */
-            tdm_tree_rows(b, q, it[i].tree, i);
-            for (int32_t x = 0; x <= it[i].tree->n; x++) rows[m++] = (tdm_draw_row){q, 0.0};
+        /* row d of the item's logits draws with the d-th uniform to come (a tree's
+         * node at depth d with uniform d + 1: the position its logits predict) */
+        double u[TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_DEPTH_MAX) + 1] = {0};
+        if (it[i].tree) {
+            const tdm_tree *t = it[i].tree;
+            const bool sampled = q->sp.temperature > 0;
+            tdm_tree_rows(b, q, t, i);
+            int32_t deepest = -1;
+            for (int32_t x = 0; x < t->n; x++) deepest = TDM_MAX(deepest, t->depth[x]);
+            if (sampled) tdm_engine_draws(q, deepest + 2, u);
+            rows[m++] = (tdm_draw_row){q, u[0]};
+            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1]};
+            any_sample |= sampled;
             continue;
         }
         if (q->sp.temperature > 0) tdm_engine_draws(q, item_logits(&it[i]), u);

@@ -14,8 +14,13 @@
  * t_target the target's measured seconds by row count (draft/batch_ctrl.h): on the
  * CPU a forward's cost grows with its rows, on a GPU at small batch it hardly does,
  * and at large batch nothing is free - the measurements say which.  Every 16th
- * decision measures the runner-up.  Sampled sequences in a batch keep chains (the
- * scheduler's coupled acceptance is per chain position). */
+ * decision measures the runner-up.  A sampled sequence's tree is verified as a
+ * chain is (step.c): every row draws the target's token with the uniform of the
+ * position it predicts (the root's row the first uniform to come, a node at depth d
+ * the (d + 2)-th), and the path whose every token equals the target's draw at its
+ * parent is kept, so its output is what it would be alone and unspeculated.  (The
+ * single-sequence step, src/spec_tree.c, uses multi-candidate rejection sampling
+ * instead.) */
 #include "sched_internal.h"
 
 #include "kv_cache.h"
@@ -23,9 +28,7 @@
 #include "tree_draft.h"
 #include "tree_verify.h"
 
-static bool tree_capable(const tdm_req *r) {
-    return r->state == TDM_REQ_RUNNING && r->s.spec_tree != 0 && r->s.sp.temperature <= 0;
-}
+static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->s.spec_tree != 0; }
 
 /* The most nodes a tree may have this step: its room, the invariant rows. */
 static int32_t room_of(const tdm_sched *s, const tdm_seq *q) {
@@ -135,6 +138,7 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out
         tdm_sched_fail(it->r, st, &err);
         return;
     }
+    if (q->sp.temperature > 0) tdm_engine_consume(q, m + 1); /* the uniforms of the kept tokens */
     tdm_tree_ctrl_observe(&q->tctrl, it->budget, m + 1);
     tdm_ctrl_observe(&q->ctrl, TDM_MIN(m + 1, t->n ? t->depth[t->n - 1] + 1 : 1), m);
     tandem_spec_stats *ss = &q->spec;

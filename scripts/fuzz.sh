@@ -17,7 +17,7 @@ case "$SECS" in '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS [NAME...]]"
 shift $(($# > 0 ? 1 : 0))
 OUT=build-fuzz
 CC=${CLANG:-clang}
-FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli -Isrc/server)
+FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli -Isrc/server -Idraft)
 JSON_SRC=(src/json.c src/unicode.c src/unicode_data.c src/common.c)
 GGUF_SRC=(src/gguf.c src/ggml_types.c src/dtype.c src/dtype_quant.c src/dtype_kquant.c "${JSON_SRC[@]}")
 TOK_SRC=(src/tokenizer.c src/tok_bpe.c src/tok_spm.c src/tok_pretok.c src/tok_pretok_rules.c src/tok_pretok_names.c "${GGUF_SRC[@]}")
@@ -33,7 +33,7 @@ sources() {
     gguf) echo "${GGUF_SRC[@]}" ;;
     json) echo "${JSON_SRC[@]}" ;;
     tokenizer) echo "${TOK_SRC[@]}" ;;
-    config) echo src/cli/job_config.c "${PROMPT_SRC[@]}" ;;
+    config) echo src/cli/job_config.c src/cli/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     prompts) echo "${PROMPT_SRC[@]}" ;;
     chat_template) echo "${JINJA_SRC[@]}" ;;
     oai_request) echo src/server/oai_request.c src/server/oai_response.c "${PROMPT_SRC[@]}" ;;

@@ -1,7 +1,8 @@
 /* test_tree.c - token-tree speculation end to end on the pycode pair: greedy
  * output equals target-only output on all 100 dev prompts with static and
  * dynamic trees; after every tree step the block table holds exactly the accepted
- * length (both models rolled back, no block leaked), greedy and sampled; the tree
+ * length (both models rolled back, no block leaked), greedy and sampled; sampled
+ * requests verifying trees in a batch give the target-only engine's tokens; the tree
  * structure's pruning and the shape parser. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
@@ -166,14 +167,16 @@ Test(tree, shape_parser) {
     }
 }
 
-/* Trees inside the continuous-batching scheduler: 24 prompts, four decoding at
- * once, each request its own tree setting (a budget of 16, a static shape, auto,
- * or chains) in one batched verification per step; every output equals
- * target-only output, and trees were verified in batches. */
-Test(tree, batched_trees_equal_target_only) {
+/* Trees inside the continuous-batching scheduler: N prompts, four decoding at once,
+ * each request its own tree setting (a budget of 16, a static shape, auto, or
+ * chains) in one batched verification per step; every output equals target-only
+ * output, and trees were verified in batches.  Sampled (temperatures 1.0 and 0.6,
+ * top-p 0.95, a seed each): each row draws the target's token with the uniform of
+ * the position it predicts and the matching path is kept, so the tokens are the
+ * target-only engine's (which draws one uniform per token) whatever the trees. */
+static void check_batched_trees(int32_t N, bool sampled) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
-    const int32_t N = tdm_test_sanitized() ? 8 : 24;
     tdm_engine *plain = make_engine(NULL);
     tdm_err err = {0};
     tdm_engine_cfg cfg = {.n_threads = 2, .n_seq_max = 4};
@@ -183,13 +186,19 @@ Test(tree, batched_trees_equal_target_only) {
     int32_t n_ids[24];
     tandem_generate_params gp[24];
     tandem_result want[24], got[24];
+    cr_assert_leq(N, 24);
     for (int32_t i = 0; i < N; i++) {
         size_t n;
-        ids[i] = tdm_test_json_ids(tdm_json_get(refs[(size_t)i * 4 % n_lines], "prompt_ids"), &n);
+        ids[i] = tdm_test_json_ids(tdm_json_get(refs[(size_t)i * (sampled ? 7 : 4) % n_lines], "prompt_ids"), &n);
         n_ids[i] = (int32_t)n;
         gp[i] = tandem_generate_default_params();
         gp[i].max_tokens = N_NEW;
         gp[i].spec_ngram = 0;
+        if (sampled) {
+            gp[i].temperature = i % 2 ? 0.6f : 1.0f;
+            gp[i].top_p = 0.95f;
+            gp[i].seed = 500 + (uint64_t)i;
+        }
         cr_assert_eq(tdm_generate_one(plain, ids[i], n_ids[i], &gp[i], &want[i], &err), TANDEM_OK, "%s", err.msg);
         switch (i % 4) {
         case 0: gp[i].spec_tree = 16; break;
@@ -202,26 +211,33 @@ Test(tree, batched_trees_equal_target_only) {
     cr_assert_eq(tdm_sched_create(e, &s, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_sched_run(s, (const int32_t *const *)ids, n_ids, gp, NULL, NULL, N, got, &err), TANDEM_OK, "%s",
                  err.msg);
-    uint64_t tree_steps = 0;
+    uint64_t tree_steps = 0, accepted = 0;
     for (int32_t i = 0; i < N; i++) {
         cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
         cr_assert(got[i].n_tokens == want[i].n_tokens &&
                       memcmp(got[i].tokens, want[i].tokens, want[i].n_tokens * sizeof(int32_t)) == 0,
-                  "request %d (tree setting %d): output differs from target-only", i, i % 4);
+                  "request %d (tree setting %d, temperature %g): output differs from target-only", i, i % 4,
+                  gp[i].temperature);
         if (i % 4 < 2) cr_assert_gt(got[i].spec.tree_steps, 0, "request %d verified no tree", i);
         if (i % 4 == 3) cr_assert_eq(got[i].spec.tree_steps, 0);
         tree_steps += got[i].spec.tree_steps;
+        if (i % 4 < 3) accepted += got[i].spec.accepted;
         tandem_result_free(&got[i]);
         tandem_result_free(&want[i]);
         free(ids[i]);
     }
-    cr_log_info("%llu tree steps in the batch", (unsigned long long)tree_steps);
+    cr_log_info("%llu %s tree steps in the batch, %llu tokens accepted", (unsigned long long)tree_steps,
+                sampled ? "sampled" : "greedy", (unsigned long long)accepted);
+    cr_assert_gt(accepted, 0, "no tree node accepted");
     cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "blocks leaked");
     tdm_sched_free(s);
     tdm_engine_free(e);
     tdm_engine_free(plain);
     tdm_test_jsonl_free(refs, n_lines);
 }
+
+Test(tree, batched_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 24, false); }
+Test(tree, batched_sampled_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 16, true); }
 
 /* Benchmark mode (draft/oracle.h): the rearrangement itself, and on the pycode
  * pair that alpha 1 makes every proposal on the target's path accepted, alpha 0

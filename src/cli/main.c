@@ -11,7 +11,6 @@
 
 #include "cli.h"
 #include "input.h"
-#include "tree.h"
 #include "json.h"
 
 #define STR_(x) #x
@@ -383,41 +382,6 @@ bool cli_parse_spec_ngram(const char *opt, const char *s, int *out) {
                         *out, TANDEM_SPEC_NGRAM_MIN, TANDEM_SPEC_NGRAM_MAX);
         return false;
     }
-    return true;
-}
-
-bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *msg, size_t msg_len) {
-    *shape = NULL;
-    if (!strcmp(s, "off") || !strcmp(s, "0")) {
-        *tree = 0;
-        return true;
-    }
-    if (!strcmp(s, "auto")) {
-        *tree = TANDEM_SPEC_TREE_AUTO;
-        return true;
-    }
-    if (strchr(s, ',')) {
-        tdm_tree_cfg c;
-        tdm_err err = {0};
-        if (!tdm_tree_cfg_parse_shape(s, &c, &err)) {
-            snprintf(msg, msg_len, "%s", err.msg);
-            return false;
-        }
-        *tree = c.budget;
-        *shape = s;
-        return true;
-    }
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || errno || v < 1 || v > TANDEM_SPEC_TREE_MAX) {
-        snprintf(msg, msg_len,
-                 "'%s' is not off, auto, a node budget 1..%d or a static shape (branching factors with commas, "
-                 "e.g. 4,2,2,1)",
-                 s, TANDEM_SPEC_TREE_MAX);
-        return false;
-    }
-    *tree = (int)v;
     return true;
 }
 
