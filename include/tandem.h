@@ -66,6 +66,19 @@ typedef struct tandem_model_params {
                                     TANDEM_ERR_BACKEND in a build without CUDA or where no
                                     device can be used */
     int cuda_device;             /* CUDA device index; default 0 */
+    int tensor_parallel;         /* split the weights across this many ranks, in [1, 8]
+                                    (Megatron-style tensor parallelism: attention heads and KV
+                                    heads, FFN features and the output head's vocabulary
+                                    divided between them, two all-reduces per layer).  CUDA:
+                                    devices cuda_device .. cuda_device + N - 1, through NCCL;
+                                    the CPU: N shards computed one after another (the same
+                                    path, for testing).  Heads, KV heads and FFN features must
+                                    divide by N, and a quantised attn_output / ffn_down must
+                                    give each rank whole blocks of columns: otherwise
+                                    TANDEM_ERR_INVALID_ARG (or _UNSUPPORTED) naming what does
+                                    not.  A split model is a target only (a draft model is
+                                    not split; it runs on the first rank's device).  Default
+                                    1 = not split */
 } tandem_model_params;
 
 tandem_model_params tandem_model_default_params(void);
@@ -86,7 +99,13 @@ typedef struct tandem_model_info {
                                     norm, but one row of the token embedding */
     uint64_t kv_bytes_per_token; /* K and V bytes per position, all layers, in the cache
                                     type of the model's backend (f32 CPU, f16 CUDA; an
-                                    engine's kv_type may pick another) */
+                                    engine's kv_type may pick another); of a split model, on
+                                    each rank (its KV heads) */
+    int tensor_parallel;         /* ranks the weights are split across (1: not split); the
+                                    shapes above are the whole model's; n_params and
+                                    weight_bytes what all ranks hold together (a tensor every
+                                    rank keeps whole, such as the token embedding, once per
+                                    rank); decode_bytes one rank's */
 } tandem_model_info;
 
 tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out);
@@ -250,6 +269,10 @@ void tandem_engine_close(tandem_engine *engine);
  * bytes (the whole GPU as its driver reports it: every buffer of this process and
  * the CUDA context); 0 for an engine on the CPU. */
 uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine);
+/* The same for rank `rank` of a target split across GPUs (tensor_parallel; rank 0 is
+ * the device above, where the draft also runs); 0 for a rank out of range or on the
+ * CPU. */
+uint64_t tandem_engine_device_peak_bytes_rank(const tandem_engine *engine, int rank);
 
 typedef enum tandem_finish_reason {
     TANDEM_FINISH_NONE = 0,

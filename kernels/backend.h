@@ -315,6 +315,10 @@ typedef struct tdm_backend_ops {
     /* Optional (NULL: the engine copies with `copy`, or directly on host memory):
      * tdm_kv_move_args's copy in one call. */
     tandem_status (*kv_move)(tdm_backend *b, const tdm_kv_move_args *a, tdm_err *err);
+    /* Optional (NULL: nothing to do): makes the backend's device the calling thread's
+     * current one, before its ops are called from a thread that drives several
+     * devices (tensor parallelism, src/tp.h; collective.h's tdm_backend_activate). */
+    tandem_status (*make_current)(tdm_backend *b, tdm_err *err);
 } tdm_backend_ops;
 
 struct tdm_backend {

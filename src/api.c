@@ -5,6 +5,7 @@
 
 #include "chat.h"
 #include "engine.h"
+#include "tp.h"
 #include "scheduler.h"
 #include "tandem.h"
 
@@ -65,8 +66,32 @@ struct tandem_model {
 };
 
 tandem_model_params tandem_model_default_params(void) {
-    tandem_model_params p = {.backend = TANDEM_BACKEND_CPU, .cuda_device = 0};
+    tandem_model_params p = {.backend = TANDEM_BACKEND_CPU, .cuda_device = 0, .tensor_parallel = 1};
     return p;
+}
+
+/* A model split p->tensor_parallel ways (tp.h): on the CPU every rank's weights on
+ * h->be (the engine computes them in turn); on CUDA rank r on device cuda_device +
+ * r, the other ranks' backends owned by the model's group, NCCL between them. */
+static tandem_status open_split(const char *path, const tandem_model_params *p, tandem_model *h, tdm_err *err) {
+    const int n = p->tensor_parallel;
+    if (n < 1 || n > TDM_TP_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tensor_parallel %d is out of range [1, %d]", n, TDM_TP_MAX);
+    tdm_backend *bes[TDM_TP_MAX] = {h->be};
+    tdm_collective *coll = NULL;
+    tandem_status st = TANDEM_OK;
+    const bool cuda = p->backend == TANDEM_BACKEND_CUDA;
+    for (int r = 1; r < n && !st; r++) {
+        if (!cuda) bes[r] = h->be;
+        else st = tdm_backend_cuda_create(p->cuda_device + r, &bes[r], err);
+    }
+    if (!st) st = cuda ? tdm_collective_nccl_create(bes, n, &coll, err) : tdm_collective_host_create(n, &coll, err);
+    if (st) {
+        for (int r = 1; cuda && r < n; r++) tdm_backend_destroy(bes[r]);
+        (void)tdm_backend_activate(h->be, NULL);
+        return st;
+    }
+    return tdm_model_load_tp(path, bes, n, cuda, coll, &h->m, err);
 }
 
 tandem_status tandem_model_open(const char *path, const tandem_model_params *params, tandem_model **out) {
@@ -85,7 +110,8 @@ tandem_status tandem_model_open(const char *path, const tandem_model_params *par
         st = tdm_backend_cuda_create(p.cuda_device, &h->be, &err);
     else
         st = tdm_seterr(&err, TANDEM_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
-    if (!st) st = tdm_model_load(path, h->be, &h->m, &err);
+    if (!st && p.tensor_parallel != 1) st = open_split(path, &p, h, &err);
+    else if (!st) st = tdm_model_load(path, h->be, &h->m, &err);
     if (st) {
         tandem_model_close(h);
         return fail(&err, st);
@@ -104,20 +130,26 @@ void tandem_model_close(tandem_model *model) {
 tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out) {
     if (!model || !out) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
     const tdm_model *m = model->m;
+    const tdm_hparams *hf = &m->hp_full;
     memset(out, 0, sizeof *out);
     out->arch = m->hp.arch;
     out->name = m->name;
-    out->n_vocab = m->hp.n_vocab;
-    out->n_ctx_train = m->hp.n_ctx_train;
-    out->n_embd = m->hp.n_embd;
-    out->n_layer = m->hp.n_layer;
-    out->n_head = m->hp.n_head;
-    out->n_head_kv = m->hp.n_head_kv;
-    out->n_ff = m->hp.n_ff;
+    out->n_vocab = hf->n_vocab;
+    out->n_ctx_train = hf->n_ctx_train;
+    out->n_embd = hf->n_embd;
+    out->n_layer = hf->n_layer;
+    out->n_head = hf->n_head;
+    out->n_head_kv = hf->n_head_kv;
+    out->n_ff = hf->n_ff;
     out->bos = tdm_tok_bos(m->tok);
     out->eos = tdm_tok_eos(m->tok);
     out->n_params = m->n_params;
     out->weight_bytes = m->weight_bytes;
+    out->tensor_parallel = m->tp ? m->tp->n : 1;
+    for (int32_t r = 1; m->tp && r < m->tp->n; r++) {
+        out->n_params += m->tp->rank[r]->n_params;
+        out->weight_bytes += m->tp->rank[r]->weight_bytes;
+    }
     const uint64_t norms = (uint64_t)(2 * m->hp.n_layer + 1) * (uint64_t)m->hp.n_embd * sizeof(float);
     uint64_t mats = (uint64_t)m->output.rows * m->output.row_bytes + m->tok_embd.row_bytes;
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
@@ -375,6 +407,14 @@ void tandem_engine_close(tandem_engine *engine) {
 uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine) {
     if (!engine || !engine->e || !engine->e->be->ops->mem_peak) return 0;
     return (uint64_t)engine->e->be->ops->mem_peak(engine->e->be);
+}
+
+uint64_t tandem_engine_device_peak_bytes_rank(const tandem_engine *engine, int rank) {
+    if (rank == 0) return tandem_engine_device_peak_bytes(engine);
+    if (!engine || !engine->e) return 0;
+    const tdm_tp_group *g = engine->e->target->tp;
+    if (!g || rank < 0 || rank >= g->n || g->be[rank]->host_memory || !g->be[rank]->ops->mem_peak) return 0;
+    return (uint64_t)g->be[rank]->ops->mem_peak(g->be[rank]);
 }
 
 tandem_generate_params tandem_generate_default_params(void) {

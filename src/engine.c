@@ -101,6 +101,13 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
                                 tdm_engine **out, tdm_err *err) {
     *out = NULL;
     tandem_status st;
+    if (draft && draft->tp_size > 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "the draft model is split (tensor parallel %d): only a target can be; open the draft whole",
+                          (int)draft->tp_size);
+    if (target->tp_size > 0 && !target->tp)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the target is rank %d of a split model, not its rank 0",
+                          (int)target->tp_rank);
     if (draft && (st = check_pair(target, draft, err))) return st;
     tdm_engine *e = calloc(1, sizeof *e);
     if (!e) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");

@@ -20,10 +20,22 @@
 
 #include "model.h"
 #include "sampling.h"
+#include "tp.h"
 
 void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
-    if (!s || !s->be) return;
-    float **bufs[] = {&s->x, &s->xb, &s->qkv, &s->att, &s->gate_up, &s->ff};
+    if (!s) return;
+    if (s->tp_rank) { /* (each on its rank's device) */
+        for (int32_t r = 0; r < s->tp_n; r++) {
+            (void)tdm_backend_activate(s->tp_rank[r].be, NULL);
+            tdm_fwd_scratch_free(&s->tp_rank[r]);
+        }
+        free(s->tp_rank);
+        s->tp_rank = NULL;
+        s->tp_n = 0;
+        (void)tdm_backend_activate(s->be, NULL);
+    }
+    if (!s->be) return;
+    float **bufs[] = {&s->x, &s->xb, &s->qkv, &s->att, &s->gate_up, &s->ff, &s->tp_y, &s->tp_logits};
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
         if (*bufs[i]) s->be->ops->free(s->be, *bufs[i]);
         *bufs[i] = NULL;
@@ -35,11 +47,13 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     s->cap_host = 0;
     s->cap_rows = 0;
     s->cap_ids = 0;
+    s->cap_tp_y = 0;
+    s->cap_tp_logits = 0;
     s->blocks_declined = false;
 }
 
-static tandem_status scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const tdm_hparams *hp,
-                                     int32_t rows, tdm_err *err) {
+tandem_status tdm_fwd_scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const tdm_hparams *hp, int32_t rows,
+                                      tdm_err *err) {
     if (s->be && s->be != be) tdm_fwd_scratch_free(s);
     s->be = be;
     if (rows > s->cap_ids) {
@@ -70,9 +84,8 @@ static tandem_status scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const 
     return TANDEM_OK;
 }
 
-/* Checks the batch against the model and the block tables (cheap, host side). */
-static tandem_status check_batch(const tdm_model *m, const tdm_kv_store *kv, const tdm_batch *b,
-                                 const tdm_kv_seq *const *seqs, bool tokens_on_host, tdm_err *err) {
+tandem_status tdm_fwd_check_batch(const tdm_model *m, const tdm_kv_store *kv, const tdm_batch *b,
+                                  const tdm_kv_seq *const *seqs, bool tokens_on_host, tdm_err *err) {
     if (b->n_rows <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "empty batch");
     if (kv->n_layer != m->hp.n_layer || kv->n_kv_head != m->hp.n_head_kv || kv->head_dim != m->hp.head_dim)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV storage does not match the model");
@@ -99,71 +112,84 @@ tandem_status tdm_model_forward(const tdm_model *m, tdm_backend *be, tdm_kv_stor
 
 /* The attention output (or FFN output) y[n][E] into the residual stream: x += y,
  * through the post norm when the layer has one (y is overwritten then). */
-static tandem_status residual_add(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
-                                  int32_t n, tdm_err *err) {
+tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
+                               int32_t n, tdm_err *err) {
     tandem_status st;
     if (post_norm && (st = be->ops->rmsnorm(be, y, post_norm, n, hp->n_embd, hp->norm_eps, y, err))) return st;
     return be->ops->add(be, x, y, n, hp->n_embd, err);
+}
+
+tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
+                                 const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, int32_t l, float *y, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const tdm_backend_ops *op = be->ops;
+    tandem_status st;
+    const int32_t n = batch->n_rows, E = hp->n_embd;
+    const int32_t qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
+    const int32_t qkv_w = qd + 2 * kvd;
+    const tdm_layer *L = &m->layers[l];
+    const bool swa = tdm_hparams_layer_swa(hp, l);
+    const tdm_rope_params *rp = swa ? &hp->rope_swa : &hp->rope;
+    if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
+    if ((st = op->matmul(be, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
+    if (L->bqkv && (st = op->add_bias(be, s->qkv, L->bqkv, n, qkv_w, err))) return st;
+    if (L->q_norm &&
+        ((st = op->head_rmsnorm(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, L->q_norm, hp->norm_eps, err)) ||
+         (st = op->head_rmsnorm(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, L->k_norm, hp->norm_eps,
+                                err))))
+        return st;
+    if ((st = op->rope(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, batch->pos, rp, err))) return st;
+    if ((st = op->rope(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, batch->pos, rp, err))) return st;
+    tdm_kv_write_args kw = {
+        .batch = batch, .seqs = seqs, .k = s->qkv + qd, .v = s->qkv + qd + kvd,
+        .row_stride = qkv_w, .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type,
+        .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = kv->block_size,
+    };
+    if ((st = op->kv_write(be, &kw, err))) return st;
+    tdm_attn_args aa = {
+        .batch = batch, .seqs = seqs, .q = s->qkv, .q_stride = qkv_w, .out = s->att,
+        .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type, .n_head = hp->n_head,
+        .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = kv->block_size,
+        .scale = hp->attn_scale, .window = swa ? hp->swa_window : 0, .softcap = hp->attn_softcap,
+    };
+    if ((st = op->attention(be, &aa, err))) return st;
+    if (y) return op->matmul(be, &L->wo, s->att, n, y, false, err);
+    if (L->attn_post_norm)
+        return (st = op->matmul(be, &L->wo, s->att, n, s->xb, false, err))
+                   ? st
+                   : tdm_fwd_residual(be, hp, L->attn_post_norm, s->x, s->xb, n, err);
+    return op->matmul(be, &L->wo, s->att, n, s->x, true, err);
+}
+
+tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
+                                float *y, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const tdm_backend_ops *op = be->ops;
+    const tdm_layer *L = &m->layers[l];
+    const int32_t E = hp->n_embd, F = hp->n_ff;
+    tandem_status st;
+    if ((st = op->rmsnorm(be, s->x, L->ffn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
+    if ((st = op->matmul(be, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
+    st = hp->ffn_act == TDM_ACT_GELU_TANH ? op->geglu(be, s->gate_up, n, F, s->ff, err)
+                                           : op->swiglu(be, s->gate_up, n, F, s->ff, err);
+    if (st) return st;
+    if (y) return op->matmul(be, &L->w2, s->ff, n, y, false, err);
+    if (L->ffn_post_norm)
+        return (st = op->matmul(be, &L->w2, s->ff, n, s->xb, false, err))
+                   ? st
+                   : tdm_fwd_residual(be, hp, L->ffn_post_norm, s->x, s->xb, n, err);
+    return op->matmul(be, &L->w2, s->ff, n, s->x, true, err);
 }
 
 /* Every block, op by op (backends without a `blocks` op, or shapes it does not run). */
 static tandem_status blocks_by_ops(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                    tdm_fwd_scratch *s, tdm_err *err) {
-    const tdm_hparams *hp = &m->hp;
-    const tdm_backend_ops *op = be->ops;
     tandem_status st;
-    const int32_t n = batch->n_rows, E = hp->n_embd, F = hp->n_ff;
-    const int32_t qd = hp->n_head * hp->head_dim, kvd = hp->n_head_kv * hp->head_dim;
-    const int32_t qkv_w = qd + 2 * kvd;
-    for (int32_t l = 0; l < hp->n_layer; l++) {
-        const tdm_layer *L = &m->layers[l];
-        const bool swa = tdm_hparams_layer_swa(hp, l);
-        const tdm_rope_params *rp = swa ? &hp->rope_swa : &hp->rope;
-        if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
-        if ((st = op->matmul(be, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
-        if (L->bqkv && (st = op->add_bias(be, s->qkv, L->bqkv, n, qkv_w, err))) return st;
-        if (L->q_norm &&
-            ((st = op->head_rmsnorm(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, L->q_norm, hp->norm_eps, err)) ||
-             (st = op->head_rmsnorm(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, L->k_norm, hp->norm_eps,
-                                    err))))
+    for (int32_t l = 0; l < m->hp.n_layer; l++)
+        if ((st = tdm_fwd_layer_attn(m, be, kv, batch, seqs, s, l, NULL, err)) ||
+            (st = tdm_fwd_layer_ffn(m, be, s, batch->n_rows, l, NULL, err)))
             return st;
-        if ((st = op->rope(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, batch->pos, rp, err))) return st;
-        if ((st = op->rope(be, s->qkv + qd, n, qkv_w, hp->n_head_kv, hp->head_dim, batch->pos, rp, err))) return st;
-        tdm_kv_write_args kw = {
-            .batch = batch, .seqs = seqs, .k = s->qkv + qd, .v = s->qkv + qd + kvd,
-            .row_stride = qkv_w, .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type,
-            .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = kv->block_size,
-        };
-        if ((st = op->kv_write(be, &kw, err))) return st;
-        tdm_attn_args aa = {
-            .batch = batch, .seqs = seqs, .q = s->qkv, .q_stride = qkv_w, .out = s->att,
-            .k_cache = kv->k[l], .v_cache = kv->v[l], .cache_type = kv->type, .n_head = hp->n_head,
-            .n_kv_head = hp->n_head_kv, .head_dim = hp->head_dim, .block_size = kv->block_size,
-            .scale = hp->attn_scale, .window = swa ? hp->swa_window : 0, .softcap = hp->attn_softcap,
-        };
-        if ((st = op->attention(be, &aa, err))) return st;
-        if (L->attn_post_norm) {
-            if ((st = op->matmul(be, &L->wo, s->att, n, s->xb, false, err)) ||
-                (st = residual_add(be, hp, L->attn_post_norm, s->x, s->xb, n, err)))
-                return st;
-        } else if ((st = op->matmul(be, &L->wo, s->att, n, s->x, true, err))) {
-            return st;
-        }
-        if ((st = op->rmsnorm(be, s->x, L->ffn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
-        if ((st = op->matmul(be, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
-        st = hp->ffn_act == TDM_ACT_GELU_TANH ? op->geglu(be, s->gate_up, n, F, s->ff, err)
-                                               : op->swiglu(be, s->gate_up, n, F, s->ff, err);
-        if (st) return st;
-        if (L->ffn_post_norm) {
-            if ((st = op->matmul(be, &L->w2, s->ff, n, s->xb, false, err)) ||
-                (st = residual_add(be, hp, L->ffn_post_norm, s->x, s->xb, n, err)))
-                return st;
-        } else if ((st = op->matmul(be, &L->w2, s->ff, n, s->x, true, err))) {
-            return st;
-        }
-    }
-
     return TANDEM_OK;
 }
 
@@ -203,10 +229,10 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     const tdm_backend_ops *op = be->ops;
     tandem_status st;
     *n_logits = 0;
-    if ((st = check_batch(m, kv, batch, seqs, !tok_dev, err))) return st;
+    if ((st = tdm_fwd_check_batch(m, kv, batch, seqs, !tok_dev, err))) return st;
     if ((st = tdm_model_check_backend(m, be, err))) return st;
     int32_t n = batch->n_rows;
-    if ((st = scratch_reserve(s, be, hp, n, err))) return st;
+    if ((st = tdm_fwd_scratch_reserve(s, be, hp, n, err))) return st;
 
     const int32_t E = hp->n_embd;
     if (tok_dev) {
@@ -247,6 +273,9 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
     const tdm_backend_ops *op = be->ops;
     if ((ids_dev && !op->argmax_dev) || !logits)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: backend %s keeps no argmax on the device", op->name);
+    if (m->tp_size > 0)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: a split model (tensor parallel) keeps no argmax on the "
+                                                       "device (it cannot be the draft)");
     int32_t nl;
     tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, tok_dev, &nl, err);
     if (st || nl == 0) return st;
@@ -255,6 +284,9 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
     return ids_dev ? op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err) : TANDEM_OK;
 }
 
+static tandem_status forward_tail(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, tdm_fwd_kind kind,
+                                  float *logits, int32_t nl, int32_t *ids, tdm_err *err);
+
 tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                    tdm_fwd_scratch *s, tdm_fwd_kind kind, float *logits, int32_t *ids,
@@ -262,9 +294,14 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     const tdm_hparams *hp = &m->hp;
     const tdm_backend_ops *op = be->ops;
     int32_t nl;
-    tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, NULL, &nl, err);
-    if (st || nl == 0) return st;
+    tandem_status st;
     if (kind == TDM_FWD_ARGMAX && !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "forward: NULL ids");
+    if (m->tp) { /* a split model: every rank's part of the logits gathered (no quantised head) */
+        if ((st = tdm_tp_forward(m, be, kv, batch, seqs, s, logits, &nl, err)) || nl == 0) return st;
+        return forward_tail(m, be, s, kind, logits, nl, ids, err);
+    }
+    st = forward_trunk(m, be, kv, batch, seqs, s, NULL, &nl, err);
+    if (st || nl == 0) return st;
     bool q = m->has_qhead && be->int8_dot;
     /* (soft-capped logits: the argmax of the capped values, which f32 rounding can tie
      * where the raw ones differ, so the exact logits are computed) */
@@ -275,6 +312,15 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         return final_softcap(m, be, logits, nl, err);
     }
     if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
+    return forward_tail(m, be, s, kind, logits, nl, ids, err);
+}
+
+/* After the exact logits: the final soft-cap, and for TDM_FWD_ARGMAX the ids. */
+static tandem_status forward_tail(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, tdm_fwd_kind kind,
+                                  float *logits, int32_t nl, int32_t *ids, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const tdm_backend_ops *op = be->ops;
+    tandem_status st;
     if ((st = final_softcap(m, be, logits, nl, err))) return st;
     if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
     /* only the ids come back (-1 for a row with non-finite logits, as below) */

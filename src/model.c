@@ -2,6 +2,7 @@
 #include "model.h"
 #include "ggml_types.h"
 #include "qhead.h"
+#include "tp.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,26 +63,34 @@ static tandem_status find_tensor(const tdm_model *m, const char *name, int64_t n
     return TANDEM_OK;
 }
 
-/* A 1-D vector converted to f32 in backend memory. */
-static tandem_status load_vec(tdm_model *m, const char *name, int64_t n, bool optional,
-                              const float **out, tdm_err *err) {
+/* Values [off, off + n) of a 1-D vector of n_full, converted to f32 in backend
+ * memory. */
+static tandem_status load_vec_part(tdm_model *m, const char *name, int64_t n_full, int64_t off, int64_t n,
+                                   bool optional, const float **out, tdm_err *err) {
     *out = NULL;
     const tdm_gguf_tensor *t;
-    tandem_status st = find_tensor(m, name, n, 0, optional, &t, err);
+    tandem_status st = find_tensor(m, name, n_full, 0, optional, &t, err);
     if (st || !t) return st;
-    if (n % tdm_dtype_block_elems(t->type))
+    if (n_full % tdm_dtype_block_elems(t->type))
         return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor '%s': size not a multiple of its block", name);
-    float *host = tdm_mallocarray((size_t)n, sizeof(float));
+    float *host = tdm_mallocarray((size_t)n_full, sizeof(float));
     if (!host) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
-    tdm_row_to_f32(t->type, t->data, host, n);
+    tdm_row_to_f32(t->type, t->data, host, n_full);
     void *dev;
     st = alloc_owned(m, (size_t)n * sizeof(float), &dev, err);
-    if (!st) st = m->be->ops->upload(m->be, dev, host, (size_t)n * sizeof(float), err);
+    if (!st) st = m->be->ops->upload(m->be, dev, host + off, (size_t)n * sizeof(float), err);
     free(host);
     if (st) return st;
     m->n_params += (uint64_t)n;
     m->weight_bytes += (uint64_t)n * sizeof(float);
     *out = dev;
+    return TANDEM_OK;
+}
+
+/* A whole 1-D vector converted to f32 in backend memory. */
+static tandem_status load_vec(tdm_model *m, const char *name, int64_t n, bool optional, const float **out,
+                              tdm_err *err) {
+    return load_vec_part(m, name, n, 0, n, optional, out, err);
     return TANDEM_OK;
 }
 
@@ -141,6 +150,44 @@ static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int6
     return TANDEM_OK;
 }
 
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of a matrix [rows][cols] (a rank's
+ * part of a split model, tp.h; the whole matrix: load_mat).  The columns must be
+ * whole blocks of the tensor's type. */
+static tandem_status load_mat_part(tdm_model *m, const char *name, int64_t cols, int64_t rows, int64_t r0, int64_t nr,
+                                   int64_t c0, int64_t nc, bool matmul_only, tdm_weight *w, tdm_err *err) {
+    if (r0 == 0 && nr == rows && c0 == 0 && nc == cols) return load_mat(m, name, cols, rows, matmul_only, w, err);
+    const tdm_gguf_tensor *t;
+    tandem_status st = find_tensor(m, name, cols, rows, false, &t, err);
+    if (st) return st;
+    const int64_t be = tdm_dtype_block_elems(t->type);
+    if (c0 % be || nc % be)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "tensor '%s' (%s) cannot be split %d ways: a rank's %lld of its %lld columns are not whole "
+                          "blocks of %lld values",
+                          name, tdm_dtype_name(t->type), (int)m->tp_size, (long long)nc, (long long)cols,
+                          (long long)be);
+    uint64_t rb_full, rb, off;
+    if (!tdm_dtype_row_bytes(t->type, (uint64_t)cols, &rb_full))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor '%s': row of %lld not a multiple of its block", name,
+                          (long long)cols);
+    tdm_dtype_row_bytes(t->type, (uint64_t)nc, &rb);
+    tdm_dtype_row_bytes(t->type, (uint64_t)c0, &off);
+    const size_t bytes = (size_t)rb * (size_t)nr;
+    uint8_t *host = tdm_malloc(bytes ? bytes : 1);
+    if (!host) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory splitting '%s'", name);
+    for (int64_t i = 0; i < nr; i++)
+        memcpy(host + (size_t)i * rb, (const uint8_t *)t->data + (size_t)(r0 + i) * rb_full + off, (size_t)rb);
+    w->type = t->type;
+    w->rows = nr;
+    w->cols = nc;
+    w->row_bytes = (size_t)rb;
+    st = place_weight(m, host, true, t->type, nr, nc, bytes, matmul_only, w, err);
+    free(host);
+    m->n_params += (uint64_t)nr * (uint64_t)nc;
+    m->weight_bytes += bytes;
+    return st;
+}
+
 /* Matrices with the same cols stacked by rows into one weight.  Parts of one type
  * are copied as they are; mixed types (a Q4_K_M file's Q4_K q and k with a Q6_K v)
  * are converted to f16, or to f32 when a value lies outside f16's range. */
@@ -157,14 +204,15 @@ static bool mixed_fits_f16(const tdm_gguf_tensor *const *t, const int64_t *rows,
     return true;
 }
 
-static tandem_status load_fused(tdm_model *m, const char *const *names, const int64_t *rows, int n,
-                                int64_t cols, tdm_weight *w, tdm_err *err) {
+/* Part i is rows [row0[i], row0[i] + rows[i]) of names[i] ([full_rows[i]][cols]). */
+static tandem_status load_fused(tdm_model *m, const char *const *names, const int64_t *full_rows, const int64_t *row0,
+                                const int64_t *rows, int n, int64_t cols, tdm_weight *w, tdm_err *err) {
     const tdm_gguf_tensor *t[4];
     tandem_status st;
     int64_t total_rows = 0;
     bool same = true;
     for (int i = 0; i < n; i++) {
-        if ((st = find_tensor(m, names[i], cols, rows[i], false, &t[i], err))) return st;
+        if ((st = find_tensor(m, names[i], cols, full_rows[i], false, &t[i], err))) return st;
         total_rows += rows[i];
         if (t[i]->type != t[0]->type) same = false;
         uint64_t rb;
@@ -174,7 +222,7 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
     }
     float *tmp = same ? NULL : tdm_mallocarray((size_t)cols, sizeof(float));
     if (!same && !tmp) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory fusing '%s'", names[0]);
-    uint32_t type = same ? t[0]->type : mixed_fits_f16(t, rows, n, cols, tmp) ? TDM_F16 : TDM_F32;
+    uint32_t type = same ? t[0]->type : mixed_fits_f16(t, full_rows, n, cols, tmp) ? TDM_F16 : TDM_F32;
     uint64_t rb;
     tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
     size_t bytes = (size_t)rb * (size_t)total_rows;
@@ -186,20 +234,20 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
     size_t off = 0;
     for (int i = 0; i < n; i++) {
         if (same) {
-            memcpy(host + off, t[i]->data, t[i]->nbytes);
-            off += t[i]->nbytes;
+            memcpy(host + off, (const uint8_t *)t[i]->data + (size_t)row0[i] * rb, (size_t)rows[i] * rb);
+            off += (size_t)rows[i] * rb;
             tdm_gguf_release(m->gguf, t[i]->data, t[i]->nbytes);
         } else {
             uint64_t src_rb;
             tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &src_rb);
-            for (int64_t r = 0; r < rows[i]; r++) {
+            for (int64_t r = row0[i]; r < row0[i] + rows[i]; r++) {
                 tdm_row_to_f32(t[i]->type, (const uint8_t *)t[i]->data + r * src_rb, tmp, cols);
                 tdm_row_from_f32(type, tmp, host + off, cols);
                 off += (size_t)rb;
             }
         }
         m->n_params += (uint64_t)rows[i] * (uint64_t)cols;
-        m->weight_bytes += t[i]->nbytes;
+        m->weight_bytes += t[i]->nbytes / (uint64_t)full_rows[i] * (uint64_t)rows[i];
     }
     free(tmp);
     w->type = type;
@@ -278,20 +326,33 @@ static tandem_status load_rope(tdm_model *m, tdm_err *err) {
     return place_rope_table(m, &hp->rope_swa, NULL, &hp->rope_swa.freq, err);
 }
 
+/* Every weight; of a split model's rank (tp.h) its part: hp is the rank's shape,
+ * hp_full the file's. */
 static tandem_status load_weights(tdm_model *m, tdm_err *err) {
-    const tdm_hparams *hp = &m->hp;
+    const tdm_hparams *hp = &m->hp, *hf = &m->hp_full;
     tandem_status st;
-    int64_t E = hp->n_embd, V = hp->n_vocab, F = hp->n_ff;
-    int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    const bool split = m->tp_size > 0;
+    const int64_t E = hp->n_embd, V = hp->n_vocab, hd = hp->head_dim, r = split ? m->tp_rank : 0;
+    /* the rank's rows / columns: its query heads, KV heads and FFN features */
+    const int64_t qd_full = (int64_t)hf->n_head * hd, kvd_full = (int64_t)hf->n_head_kv * hd, F_full = hf->n_ff;
+    const int64_t qd = (int64_t)hp->n_head * hd, kvd = (int64_t)hp->n_head_kv * hd, F = hp->n_ff;
+    const int64_t q0 = r * qd, kv0 = r * kvd, f0 = r * F;
 
     if ((st = load_mat(m, "token_embd.weight", E, V, false, &m->tok_embd, err))) return st;
     if ((st = load_vec(m, "output_norm.weight", E, false, &m->out_norm, err))) return st;
-    if (hp->tied_output) {
+    if (split) { /* its vocabulary rows of the head (tied: of the embedding) */
+        int32_t v0, nv;
+        tdm_tp_vocab_part(hp->n_vocab, m->tp_size, m->tp_rank, &v0, &nv);
+        m->vocab0 = v0;
+        if ((st = load_mat_part(m, hp->tied_output ? "token_embd.weight" : "output.weight", E, V, v0, nv, 0, E, false,
+                                &m->output, err)))
+            return st;
+    } else if (hp->tied_output) {
         m->output = m->tok_embd;
     } else if ((st = load_mat(m, "output.weight", E, V, false, &m->output, err))) {
         return st;
     }
-    if ((st = load_qhead(m, err))) return st;
+    if (!split && (st = load_qhead(m, err))) return st;
     if ((st = load_rope(m, err))) return st;
     m->layers = tdm_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
@@ -305,15 +366,16 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
         NAME(n1, "attn_k.weight");
         NAME(n2, "attn_v.weight");
         const char *qkv[3] = {n0, n1, n2};
-        int64_t qkv_rows[3] = {qd, kvd, kvd};
-        if ((st = load_fused(m, qkv, qkv_rows, 3, E, &L->wqkv, err))) return st;
+        const int64_t qkv_full[3] = {qd_full, kvd_full, kvd_full}, qkv_0[3] = {q0, kv0, kv0}, qkv_n[3] = {qd, kvd, kvd};
+        if ((st = load_fused(m, qkv, qkv_full, qkv_0, qkv_n, 3, E, &L->wqkv, err))) return st;
         if (hp->qkv_bias) {
             const float *bq, *bk, *bv;
             NAME(n0, "attn_q.bias");
             NAME(n1, "attn_k.bias");
             NAME(n2, "attn_v.bias");
-            if ((st = load_vec(m, n0, qd, false, &bq, err)) || (st = load_vec(m, n1, kvd, false, &bk, err)) ||
-                (st = load_vec(m, n2, kvd, false, &bv, err)))
+            if ((st = load_vec_part(m, n0, qd_full, q0, qd, false, &bq, err)) ||
+                (st = load_vec_part(m, n1, kvd_full, kv0, kvd, false, &bk, err)) ||
+                (st = load_vec_part(m, n2, kvd_full, kv0, kvd, false, &bv, err)))
                 return st;
             /* concatenate the three f32 vectors */
             size_t nb = (size_t)(qd + 2 * kvd) * sizeof(float);
@@ -337,7 +399,7 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
                 return st;
         }
         NAME(n0, "attn_output.weight");
-        if ((st = load_mat(m, n0, qd, E, true, &L->wo, err))) return st;
+        if ((st = load_mat_part(m, n0, qd_full, E, 0, E, q0, qd, true, &L->wo, err))) return st;
         if (hp->post_norms) {
             NAME(n0, "post_attention_norm.weight");
             NAME(n1, "post_ffw_norm.weight");
@@ -350,16 +412,21 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
         NAME(n0, "ffn_gate.weight");
         NAME(n1, "ffn_up.weight");
         const char *gu[2] = {n0, n1};
-        int64_t gu_rows[2] = {F, F};
-        if ((st = load_fused(m, gu, gu_rows, 2, E, &L->w13, err))) return st;
+        const int64_t gu_full[2] = {F_full, F_full}, gu_0[2] = {f0, f0}, gu_n[2] = {F, F};
+        if ((st = load_fused(m, gu, gu_full, gu_0, gu_n, 2, E, &L->w13, err))) return st;
         NAME(n0, "ffn_down.weight");
-        if ((st = load_mat(m, n0, F, E, true, &L->w2, err))) return st;
+        if ((st = load_mat_part(m, n0, F_full, E, 0, E, f0, F, true, &L->w2, err))) return st;
 #undef NAME
     }
     return TANDEM_OK;
 }
 
 tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out, tdm_err *err) {
+    return tdm_model_load_rank(g, be, -1, 0, out, err);
+}
+
+tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, tdm_model **out,
+                                  tdm_err *err) {
     *out = NULL;
     tdm_model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -369,6 +436,18 @@ tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out,
     m->gguf = g;
     m->be = be;
     tandem_status st = tdm_hparams_read(g, &m->hp, err);
+    m->hp_full = m->hp;
+    if (!st && rank >= 0) { /* the rank's shape (tp.h) */
+        if (!(st = tdm_tp_check(&m->hp, n, err)) && (rank >= n))
+            st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rank %d of %d", (int)rank, (int)n);
+        m->tp_rank = rank;
+        m->tp_size = n;
+        if (!st) {
+            m->hp.n_head /= n;
+            m->hp.n_head_kv /= n;
+            m->hp.n_ff /= n;
+        }
+    }
     if (!st) st = tdm_model_check_backend(m, be, err);
     if (!st) st = tdm_tokenizer_load(g, &m->tok, err);
     if (!st && tdm_tok_n_vocab(m->tok) > m->hp.n_vocab)
@@ -427,134 +506,23 @@ const char *tdm_model_label(const tdm_model *m) {
 
 void tdm_model_free(tdm_model *m) {
     if (!m) return;
+    tdm_tp_group *g = m->tp;
+    if (g) { /* the other ranks, each on its device */
+        for (int32_t r = 1; r < g->n; r++) {
+            if (!g->rank[r] && !(g->owns_be && g->be[r])) continue;
+            (void)tdm_backend_activate(g->be[r], NULL);
+            tdm_model_free(g->rank[r]);
+            if (g->owns_be) tdm_backend_destroy(g->be[r]);
+        }
+        tdm_collective_destroy(g->coll);
+        free(g);
+        m->tp = NULL;
+        if (m->be) (void)tdm_backend_activate(m->be, NULL);
+    }
     for (int32_t i = 0; i < m->n_owned; i++) m->be->ops->free(m->be, m->owned[i]);
     free(m->owned);
     free(m->layers);
     tdm_tokenizer_free(m->tok);
     tdm_gguf_close(m->gguf);
     free(m);
-}
-
-/* ------------------------------------------------------------ KV storage */
-
-tdm_kv_layout tdm_model_kv_layout(const tdm_model *m, uint32_t type) {
-    tdm_kv_layout l = {m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, type};
-    return l;
-}
-
-uint64_t tdm_kv_bytes_per_token(const tdm_kv_layout *l, int32_t block_size) {
-    size_t b = tdm_kv_bytes_per_block(l, 1, block_size);
-    return block_size > 0 ? (uint64_t)b / (uint64_t)block_size : 0;
-}
-
-/* Bytes of one block of one layer's K (or V) cache of s: its n_kv_head units. */
-static size_t kv_store_block_bytes(const tdm_kv_store *s) {
-    return (size_t)s->n_kv_head * (size_t)tdm_kv_unit_bytes(s->type, s->block_size, s->head_dim);
-}
-
-tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend *be, uint32_t type,
-                                int32_t n_blocks, int32_t block_size, tdm_err *err) {
-    memset(s, 0, sizeof *s);
-    if (!tdm_kv_type_ok(type))
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "KV cache type %s", tdm_dtype_name(type));
-    const tdm_kv_layout lay = tdm_model_kv_layout(m, type);
-    if (n_blocks < 0 || block_size <= 0 || tdm_kv_bytes_per_block(&lay, 1, block_size) == 0)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV cache of %d blocks of %d slots", (int)n_blocks,
-                          (int)block_size);
-    s->be = be;
-    s->type = type;
-    s->n_layer = m->hp.n_layer;
-    s->n_kv_head = m->hp.n_head_kv;
-    s->head_dim = m->hp.head_dim;
-    s->block_size = block_size;
-    s->n_blocks = n_blocks;
-    s->k = tdm_calloc((size_t)s->n_layer, sizeof(void *));
-    s->v = tdm_calloc((size_t)s->n_layer, sizeof(void *));
-    if (!s->k || !s->v) {
-        tdm_kv_store_free(s);
-        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
-    }
-    size_t per_layer;
-    if (tdm_mul_overflow_size((size_t)n_blocks, kv_store_block_bytes(s), &per_layer)) {
-        tdm_kv_store_free(s);
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV cache size overflows");
-    }
-    for (int32_t l = 0; l < s->n_layer; l++) {
-        tandem_status st = be->ops->alloc(be, per_layer, &s->k[l], err);
-        if (!st) st = be->ops->alloc(be, per_layer, &s->v[l], err);
-        if (st) {
-            tdm_kv_store_free(s);
-            return st;
-        }
-    }
-    return TANDEM_OK;
-}
-
-void tdm_kv_store_free(tdm_kv_store *s) {
-    if (!s || !s->be) return;
-    for (int32_t l = 0; l < s->n_layer; l++) {
-        if (s->k && s->k[l]) s->be->ops->free(s->be, s->k[l]);
-        if (s->v && s->v[l]) s->be->ops->free(s->be, s->v[l]);
-    }
-    free(s->k);
-    free(s->v);
-    memset(s, 0, sizeof *s);
-}
-
-tandem_status tdm_kv_store_copy_block(tdm_kv_store *s, int32_t src, int32_t dst, tdm_err *err) {
-    const size_t bb = kv_store_block_bytes(s);
-    for (int32_t l = 0; l < s->n_layer; l++) {
-        tandem_status st = s->be->ops->copy(s->be, (uint8_t *)s->k[l] + (size_t)dst * bb,
-                                            (const uint8_t *)s->k[l] + (size_t)src * bb, bb, err);
-        if (!st)
-            st = s->be->ops->copy(s->be, (uint8_t *)s->v[l] + (size_t)dst * bb,
-                                  (const uint8_t *)s->v[l] + (size_t)src * bb, bb, err);
-        if (st) return st;
-    }
-    return TANDEM_OK;
-}
-
-/* n bytes from src to dst in backend memory (directly on host memory). */
-static tandem_status copy_bytes(tdm_backend *be, uint8_t *dst, const uint8_t *src, size_t n, tdm_err *err) {
-    if (!be->host_memory) return be->ops->copy(be, dst, src, n, err);
-    memcpy(dst, src, n);
-    return TANDEM_OK;
-}
-
-tandem_status tdm_kv_store_move_slots(tdm_kv_store *s, const tdm_kv_seq *seq, const int32_t *src, const int32_t *dst,
-                                      int32_t n, tdm_err *err) {
-    for (int32_t i = 0; i < n; i++)
-        if (src[i] < 0 || dst[i] < 0 || src[i] >= seq->len || dst[i] >= seq->len)
-            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV move of slot %d to %d outside the sequence's %d",
-                              (int)src[i], (int)dst[i], (int)seq->len);
-    if (n == 0) return TANDEM_OK;
-    if (s->be->ops->kv_move) {
-        const tdm_kv_move_args a = {seq, src, dst, n, s->k, s->v, s->n_layer, s->type, s->n_kv_head, s->head_dim,
-                                    s->block_size};
-        return s->be->ops->kv_move(s->be, &a, err);
-    }
-    const int32_t bs = s->block_size, hd = s->head_dim;
-    const int64_t unit = tdm_kv_unit_bytes(s->type, bs, hd), esz = tdm_kv_elem_bytes(s->type);
-    const int64_t so = tdm_kv_q8_scale_off(bs, hd);
-    tandem_status st = TANDEM_OK;
-    for (int32_t l = 0; l < s->n_layer && !st; l++)
-        for (int32_t i = 0; i < n && !st; i++) {
-            if (src[i] == dst[i]) continue;
-            const int32_t ps = src[i] % bs, pd = dst[i] % bs;
-            for (int32_t g = 0; g < s->n_kv_head && !st; g++) {
-                const int64_t su = ((int64_t)seq->blocks[src[i] / bs] * s->n_kv_head + g) * unit;
-                const int64_t du = ((int64_t)seq->blocks[dst[i] / bs] * s->n_kv_head + g) * unit;
-                uint8_t *k = (uint8_t *)s->k[l], *v = (uint8_t *)s->v[l];
-                /* K: [hd][bs], one element per d; V: [bs][hd], one run */
-                for (int32_t d = 0; d < hd && !st; d++)
-                    st = copy_bytes(s->be, k + du + ((int64_t)d * bs + pd) * esz, k + su + ((int64_t)d * bs + ps) * esz,
-                                    (size_t)esz, err);
-                if (!st)
-                    st = copy_bytes(s->be, v + du + (int64_t)pd * hd * esz, v + su + (int64_t)ps * hd * esz,
-                                    (size_t)(hd * esz), err);
-                if (s->type == TDM_Q8_0 && !st) st = copy_bytes(s->be, k + du + so + 4 * pd, k + su + so + 4 * ps, 4, err);
-                if (s->type == TDM_Q8_0 && !st) st = copy_bytes(s->be, v + du + so + 4 * pd, v + su + so + 4 * ps, 4, err);
-            }
-        }
-    return st;
 }

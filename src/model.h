@@ -85,11 +85,22 @@ typedef struct tdm_model {
     uint64_t weight_bytes;
     char name[128];         /* general.name, or "" */
     char file[128];         /* the file's base name, or "" (loaded from an opened GGUF) */
+    /* Tensor parallelism (tp.h): a rank of a split model holds its part of the
+     * weights, hp is its shape (its heads, KV heads, FFN features) and hp_full the
+     * whole model's. */
+    int32_t tp_rank, tp_size;  /* rank of a split model, and how many (tp_size 0: whole) */
+    int32_t vocab0;            /* output's rows are the vocabulary [vocab0, vocab0 + output.rows) */
+    tdm_hparams hp_full;       /* == hp when whole */
+    struct tdm_tp_group *tp;   /* rank 0 of a split model: its group (tp.h); else NULL */
 } tdm_model;
 
 /* How messages name the model: its file's base name, else general.name, else "unnamed". */
 const char *tdm_model_label(const tdm_model *m);
 
+/* Loads rank `rank` of `n` of a split model (tp.h) from an opened GGUF (ownership of
+ * g passes to the model, also on failure): rank < 0 loads the whole model. */
+tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, tdm_model **out,
+                                  tdm_err *err);
 /* Loads a model from a GGUF file onto a backend (the model keeps `be` but does not
  * own it: the caller destroys it after the model). */
 tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out, tdm_err *err);
@@ -116,12 +127,17 @@ typedef struct tdm_kv_store {
                                values (q8_0: int8, then per-slot f32 scales; kv_layout.h) */
     void **v;               /* [n_layer] -> [n_blocks][n_kv_head] units of V: [block_size][head_dim]
                                values (q8_0: the same) */
+    struct tdm_kv_store *tp_next; /* a split model's next rank's storage (its KV heads of the
+                                     same blocks), or NULL; owned, freed with this one */
 } tdm_kv_store;
 
 tdm_kv_layout tdm_model_kv_layout(const tdm_model *m, uint32_t type);
 /* K and V bytes per position of a model's cache with blocks of block_size slots
  * (every layer; q8_0's padding shared out over the block's slots). */
 uint64_t tdm_kv_bytes_per_token(const tdm_kv_layout *l, int32_t block_size);
+/* A split model's storage is a chain, one store per rank (tp_next), each on the
+ * rank's compute backend (tdm_tp_rank_be; be for rank 0); copies and moves apply
+ * to every rank. */
 tandem_status tdm_kv_store_init(tdm_kv_store *s, const tdm_model *m, tdm_backend *be, uint32_t type,
                                 int32_t n_blocks, int32_t block_size, tdm_err *err);
 void tdm_kv_store_free(tdm_kv_store *s);
@@ -151,7 +167,33 @@ typedef struct tdm_fwd_scratch {
     int32_t cap_host;
     bool blocks_declined; /* the backend's blocks op declined this model (a matter of
                              shapes and configuration): the ops run one by one */
+    /* a split model's forward (forward_tp.c) */
+    float *tp_y;          /* [cap_rows][n_embd] an output projection's partial sums */
+    size_t cap_tp_y;      /* floats */
+    float *tp_logits;     /* [rows][output.rows] this rank's logits columns */
+    size_t cap_tp_logits; /* floats */
+    struct tdm_fwd_scratch *tp_rank; /* rank 0: [n - 1] the other ranks' scratch, or NULL */
+    int32_t tp_n;
 } tdm_fwd_scratch;
+
+/* The pieces of one block (forward.c), for the split forward (forward_tp.c).
+ * scratch_reserve: s's buffers for `rows` rows of model hp on be.
+ * layer_attn: layer l's attention half on s->x (norm, qkv, rope, K/V written,
+ *   attention, Wo): the projection added to s->x (through the post norm where the
+ *   layer has one) when y is NULL, else written to y[n][n_embd] (partial sums).
+ * layer_ffn: the FFN half likewise.
+ * residual: x += y through the layer's post norm (NULL: none); y overwritten. */
+tandem_status tdm_fwd_scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const tdm_hparams *hp, int32_t rows,
+                                      tdm_err *err);
+tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
+                                 const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, int32_t l, float *y, tdm_err *err);
+tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
+                                float *y, tdm_err *err);
+tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
+                               int32_t n, tdm_err *err);
+/* The batch against the model and the block tables (host side). */
+tandem_status tdm_fwd_check_batch(const tdm_model *m, const tdm_kv_store *kv, const tdm_batch *b,
+                                  const tdm_kv_seq *const *seqs, bool tokens_on_host, tdm_err *err);
 
 void tdm_fwd_scratch_free(tdm_fwd_scratch *s);
 

@@ -788,6 +788,24 @@ expect_exit 0 "run: [engine] kv_type = q8_0" "$TANDEM" run "$TMP/job.ini" --set 
 tokens <"$TMP/q8run.jsonl" >"$TMP/q8r"
 cmp -s "$TMP/q8s" "$TMP/q8r" && pass "run: kv_type q8_0 gives generate --kv-type q8_0's tokens" ||
     fail "run: kv_type q8_0: $(diff "$TMP/q8s" "$TMP/q8r" | head -c 300)"
+badcfg "tensor_parallel" "bad.ini:7: [engine] tensor_parallel: '0' is not an integer in [1, 8]" "$ok_head[engine]\ntensor_parallel = 0\n"
+# tensor parallelism (the target split 2 ways; on the CPU its shards run in turn):
+# the same tokens as the whole model, through run, generate and bench
+rm -f "$TMP/tprun.jsonl"
+expect_exit 0 "run: [engine] tensor_parallel = 2" "$TANDEM" run "$TMP/job.ini" --set engine.tensor_parallel=2 \
+    --set job.output=tprun.jsonl
+tokens <"$TMP/tprun.jsonl" >"$TMP/tpr"
+cmp -s "$TMP/b1" "$TMP/tpr" && pass "run: tensor_parallel 2 gives the whole model's tokens" ||
+    fail "run: tensor_parallel 2: $(diff "$TMP/b1" "$TMP/tpr" | head -c 300)"
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p "def add(a, b):" -n 16 --json 2>/dev/null | tokens >"$TMP/tpw"
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p "def add(a, b):" -n 16 --json --tensor-parallel 2 --spec-tree 8 \
+    2>/dev/null | tokens >"$TMP/tps"
+[ -s "$TMP/tpw" ] && cmp -s "$TMP/tpw" "$TMP/tps" && pass "generate --tensor-parallel 2 --spec-tree 8: the whole model's tokens" ||
+    fail "generate --tensor-parallel 2: $(cat "$TMP/tps")"
+expect_exit 1 "generate: --tensor-parallel 3 on 2 KV heads" "$TANDEM" generate -m "$TARGET" -p x --tensor-parallel 3
+expect_err "2 KV heads do not divide by 3" "generate: --tensor-parallel 3"
+expect_exit 2 "generate: --tensor-parallel 9" "$TANDEM" generate -m "$TARGET" -p x --tensor-parallel 9
+expect_exit 0 "bench --tensor-parallel 2" "$TANDEM" bench -m "$TARGET" -p 16 -n 8 --reps 1 --tensor-parallel 2 -t 2
 expect_exit 1 "run --set with a bad key" "$TANDEM" run "$TMP/job.ini" --set engine.colour=red
 expect_err "--set: [engine] colour: unknown key" "run --set with a bad key"
 expect_exit 1 "run --set without a section" "$TANDEM" run "$TMP/job.ini" --set colour=red

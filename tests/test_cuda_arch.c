@@ -3,7 +3,8 @@
  * cuda_rowops.cu / cuda_fused.cu): the ops against the CPU backend's and the
  * reference RoPE, tiny qwen3 and llama (rope_freqs + YaRN) models against the CPU
  * forward through both the fused blocks (qwen3 too) and the op-by-op path, and gemma3 (sliding
- * windows, soft-capping) op by op.
+ * windows, soft-capping) op by op; a model split across GPUs (tensor parallelism:
+ * degree 1 on one GPU, 2 where two are usable) against the whole model.
  *
  * Without a CUDA device (or in a build without CUDA) the program prints why and
  * exits with 77, which meson reports as skipped. */
@@ -23,6 +24,7 @@
 #include "tandem.h"
 #include "testutil.h"
 #include "tiny_model.h"
+#include "tp.h"
 
 #define gpu tdm_cu_test_gpu
 #define put tdm_cu_test_put
@@ -139,6 +141,31 @@ Test(cuda_arch, attention_checks_window_and_softcap) {
     tdm_backend_destroy(b);
 }
 
+/* A 40-row prefill with logits for every row, then two decode steps: got's
+ * forward (op by op when by_ops) against want's op-by-op forward, logits within
+ * 3e-3 (prefill) / 1e-3 (decode) normalised error. */
+static void compare_rigs(tdm_cu_rig *want, tdm_cu_rig *got, bool by_ops, uint64_t seed, const char *what,
+                         const char *how) {
+    const int32_t V = want->m->hp.n_vocab;
+    uint64_t rng = seed;
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
+    for (int32_t p = 0; p < 40; p++) tdm_batch_add(&bt, (int32_t)(tdm_test_rand(&rng) % (uint64_t)V), p, 0, p, true);
+    for (int step = 0; step < 3; step++) {
+        float *lc = tdm_cu_rig_forward(want, &bt, true), *lg = tdm_cu_rig_forward(got, &bt, by_ops);
+        const int32_t nl = tdm_batch_n_logits(&bt);
+        double e = ref_nrm_err(lg, lc, (size_t)nl * V);
+        cr_log_info("%s (%s), step %d: %.3g", what, how, step, e);
+        cr_assert(e < (bt.n_rows > 16 ? 3e-3 : 1e-3), "%s step %d (%d rows, %s): logits err %g", what, step,
+                  (int)bt.n_rows, how, e);
+        int32_t next = tdm_argmax(lc + (size_t)(nl - 1) * V, V), pos = bt.pos[bt.n_rows - 1] + 1;
+        free(lc), free(lg);
+        tdm_batch_clear(&bt);
+        tdm_batch_add(&bt, next, pos, 0, pos, true);
+    }
+    tdm_batch_free(&bt);
+}
+
 /* A 40-row prefill with logits for every row, then two decode steps, as
  * test_backend_cuda's target_matches_cpu: the CUDA forward (blocks op, and op by
  * op) against the CPU backend's op-by-op forward on the same tiny model. */
@@ -151,23 +178,7 @@ static void check_tiny_on_gpu(const tdm_tiny_cfg *c, const char *what, bool bloc
         cr_assert_eq(tdm_backend_cpu_create(1, &cb, &err), TANDEM_OK, "%s", err.msg);
         tdm_cu_rig_open(&rc, cb, path, 8);
         tdm_cu_rig_open(&rg, gpu(), path, 8);
-        const int32_t V = rc.m->hp.n_vocab;
-        uint64_t rng = c->seed;
-        tdm_batch bt;
-        cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
-        for (int32_t p = 0; p < 40; p++) tdm_batch_add(&bt, (int32_t)(tdm_test_rand(&rng) % (uint64_t)V), p, 0, p, true);
-        for (int step = 0; step < 3; step++) {
-            float *lc = tdm_cu_rig_forward(&rc, &bt, true), *lg = tdm_cu_rig_forward(&rg, &bt, by_ops);
-            const int32_t nl = tdm_batch_n_logits(&bt);
-            double e = ref_nrm_err(lg, lc, (size_t)nl * V);
-            cr_log_info("%s (%s), step %d: %.3g", what, by_ops ? "op by op" : "blocks op", step, e);
-            cr_assert(e < (bt.n_rows > 16 ? 3e-3 : 1e-3), "%s step %d (%d rows, %s): logits err %g", what, step,
-                      (int)bt.n_rows, by_ops ? "op by op" : "blocks op", e);
-            int32_t next = tdm_argmax(lc + (size_t)(nl - 1) * V, V), pos = bt.pos[bt.n_rows - 1] + 1;
-            free(lc), free(lg);
-            tdm_batch_clear(&bt);
-            tdm_batch_add(&bt, next, pos, 0, pos, true);
-        }
+        compare_rigs(&rc, &rg, by_ops, c->seed, what, by_ops ? "op by op" : "blocks op");
 #ifndef TDM_TEST_CUDA_ON_CPU /* (the one-thread CPU backend declines every model) */
         if (!by_ops)
             cr_assert_eq(rg.fs.blocks_declined, !blocks_run, "%s: the blocks op %s", what,
@@ -175,7 +186,6 @@ static void check_tiny_on_gpu(const tdm_tiny_cfg *c, const char *what, bool bloc
 #else
         (void)blocks_run;
 #endif
-        tdm_batch_free(&bt);
         tdm_cu_rig_close(&rc);
         tdm_cu_rig_close(&rg);
     }
@@ -241,3 +251,91 @@ Test(cuda_arch, gemma3_matches_cpu, .timeout = 300) {
 }
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }
+
+/* ------------------------------------------------------------ tensor parallelism */
+
+/* A model split n ways on CUDA devices 0 .. n - 1 (NCCL between them) in a rig:
+ * false when fewer devices are usable. */
+static bool open_split_rig(tdm_cu_rig *r, const char *path, int32_t n) {
+    memset(r, 0, sizeof *r);
+    tdm_err err = {0};
+    tdm_backend *bes[TDM_TP_MAX] = {gpu()};
+    for (int32_t k = 1; k < n; k++)
+        if (tdm_backend_cuda_create(k, &bes[k], &err) != TANDEM_OK) {
+            cr_log_info("split %d ways: skipped (%s)", (int)n, err.msg);
+            for (int32_t j = 0; j < k; j++) tdm_backend_destroy(bes[j]);
+            return false;
+        }
+    tdm_collective *coll;
+    cr_assert_eq(tdm_collective_nccl_create(bes, n, &coll, &err), TANDEM_OK, "%s", err.msg);
+    r->be = bes[0];
+    cr_assert_eq(tdm_model_load_tp(path, bes, n, true, coll, &r->m, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, r->be, TDM_F16, 8, 16, &err), TANDEM_OK, "%s", err.msg);
+    r->seq = (tdm_kv_seq){calloc(8, 4), 8, 8, 8 * 16};
+    for (int32_t i = 0; i < 8; i++) r->seq.blocks[i] = 7 - i;
+    cr_assert_eq(r->be->ops->alloc(r->be, (size_t)64 * r->m->hp.n_vocab * 4, (void **)&r->logits, &err), TANDEM_OK);
+    return true;
+}
+
+/* The split forward (the same code at degree 1 on one GPU; 2 where two GPUs are
+ * usable) against the whole model on the GPU: a 40-row prefill, two decode steps;
+ * and the pycode target split through the public API generating the whole's
+ * tokens, alone and with a speculating draft. */
+Test(cuda_arch, split_model_matches_whole, .timeout = 300) {
+    tdm_tiny_cfg c = tdm_tiny_default();
+    c.n_embd = 128;
+    c.n_head = 4;
+    c.n_head_kv = 2;
+    c.n_ff = 256;
+    c.n_vocab = 48;
+    c.wtype = TDM_F16;
+    c.seed = 310;
+    char *path = tdm_tiny_model_file(&c);
+    for (int32_t n = 1; n <= 2; n++) {
+        tdm_cu_rig rw, rs;
+        if (!open_split_rig(&rs, path, n)) break;
+        tdm_cu_rig_open(&rw, gpu(), path, 8);
+        char what[32];
+        snprintf(what, sizeof what, "split %d ways", (int)n);
+        compare_rigs(&rw, &rs, true, c.seed, what, "op by op");
+        tdm_cu_rig_close(&rw);
+        tdm_cu_rig_close(&rs);
+    }
+    unlink(path);
+    free(path);
+
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    tandem_model *whole = NULL, *split = NULL, *draft = NULL;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &whole), TANDEM_OK, "%s",
+                 tandem_last_error());
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-s-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
+                 tandem_last_error());
+    mp.tensor_parallel = 2;
+    if (tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &split) != TANDEM_OK) {
+        cr_log_info("pycode split 2 ways: skipped (%s)", tandem_last_error());
+    } else {
+        tandem_engine_params ep = tandem_engine_default_params();
+        tandem_engine *ew, *es, *esd;
+        cr_assert_eq(tandem_engine_open(whole, NULL, &ep, &ew), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_engine_open(split, NULL, &ep, &es), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_engine_open(split, draft, &ep, &esd), TANDEM_OK, "%s", tandem_last_error());
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 32;
+        const char *prompts[] = {"def add(a, b):", "import os\n\nclass Config:", "for i in range(10):"};
+        for (size_t i = 0; i < TDM_ARRAY_LEN(prompts); i++) {
+            tandem_result a, b, d;
+            cr_assert_eq(tandem_generate(ew, prompts[i], &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert_eq(tandem_generate(es, prompts[i], &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert_eq(tandem_generate(esd, prompts[i], &gp, &d), TANDEM_OK, "%s", tandem_last_error());
+            cr_expect(b.n_tokens == a.n_tokens && !memcmp(a.tokens, b.tokens, a.n_tokens * 4), "prompt %zu: split", i);
+            cr_expect(d.n_tokens == a.n_tokens && !memcmp(a.tokens, d.tokens, a.n_tokens * 4),
+                      "prompt %zu: split with a draft", i);
+            tandem_result_free(&a), tandem_result_free(&b), tandem_result_free(&d);
+        }
+        tandem_engine_close(esd), tandem_engine_close(es), tandem_engine_close(ew);
+        tandem_model_close(split);
+    }
+    tandem_model_close(draft);
+    tandem_model_close(whole);
+}

@@ -250,6 +250,16 @@ static void cu_destroy(tdm_backend *b) {
     free(b);
 }
 
+/* The backend's device current for this thread (tensor parallelism drives several
+ * from one thread). */
+static tandem_status cu_make_current(tdm_backend *b, tdm_err *err) {
+    tdm_cuda *c = (tdm_cuda *)b->impl;
+    int cur = -1;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur == c->device) return TANDEM_OK;
+    TDM_CU(cudaSetDevice(c->device));
+    return TANDEM_OK;
+}
+
 static const tdm_backend_ops cuda_ops_table = {
     /* .name = */ "cuda",
     /* .destroy = */ cu_destroy,
@@ -285,6 +295,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .scale = */ tdm_cuda_scale,
     /* .softcap = */ tdm_cuda_softcap,
     /* .kv_move = */ tdm_cuda_kv_move,
+    /* .make_current = */ cu_make_current,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

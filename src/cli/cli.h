@@ -82,6 +82,8 @@ int cli_needs(const char *opt, const char *needed);
 bool cli_is_spec_opt(const char *arg);
 /* "cpu" or "cuda". */
 bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out);
+/* --tensor-parallel N: N in [1, 8] (the library checks that the model divides). */
+bool cli_parse_tensor_parallel(const char *opt, const char *s, int *out);
 /* A KV cache type's name: "auto", "f32", "f16" or "q8_0" (false for another,
  * nothing printed); shared by --kv-type and the job files' kv_type. */
 bool cli_kv_type_from_str(const char *s, tandem_kv_type *out);
@@ -221,6 +223,7 @@ typedef struct cli_job_cfg {
     int prefix_cache, batch_invariant; /* [engine]: 1 / 0, -1 = not set (the engine's default) */
     long kv_mem_mb, gpu_mem_mb;
     tandem_kv_type kv_type;  /* [engine] kv_type; default auto */
+    int tensor_parallel;     /* [engine] tensor_parallel: the target split across N ranks; default 1 */
     int spec_k, spec_k_max, spec_ngram;
     int spec_tree;               /* [spec] tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
     char spec_tree_shape[64];    /* [spec] tree as a static shape ("" = none) */
@@ -289,6 +292,7 @@ typedef struct cli_gen_opts {
     int spec_tree;             /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
     const char *spec_tree_shape; /* --spec-tree as a static shape, NULL = none */
     tandem_kv_type kv_type;    /* --kv-type; default auto */
+    int tensor_parallel;       /* --tensor-parallel: the target split across N ranks; default 1 */
     bool json;
 } cli_gen_opts;
 

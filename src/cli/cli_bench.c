@@ -76,6 +76,7 @@ typedef struct bench_opts {
     tandem_backend_kind backend;
     size_t gpu_mem;          /* 0 = no budget */
     tandem_kv_type kv_type;  /* --kv-type; default auto */
+    int tensor_parallel;     /* --tensor-parallel; default 1 */
     int spec_k, spec_k_max, spec_ngram;
     int spec_tree;           /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
     const char *spec_tree_shape; /* --spec-tree as a static shape */
@@ -93,6 +94,7 @@ typedef struct bench_run {
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU, .oracle = -1,
+                      .tensor_parallel = 1,
                       .spec_ngram = tandem_generate_default_params().spec_ngram};
     bool have_p = false;
     const char *spec_opt = NULL, *limit_opt = NULL; /* given: need -d / --prompts */
@@ -115,6 +117,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         } else if (TAKE("-n", "--max-tokens")) ok = cli_parse_int(a, v, 1, 1 << 20, &o->new_tokens);
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
+        else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
@@ -242,6 +245,8 @@ static tandem_status run_one(tandem_engine *eng, const int32_t *ids, size_t n_id
  * (target weights, plus its K / V at the run's mean context length). */
 typedef struct bench_mem {
     double rss_mb, gpu_mb;
+    double gpu_mb_rank[8];  /* of a split target: each GPU's peak (rank 0's = gpu_mb) */
+    int n_rank;             /* --tensor-parallel */
     double decode_gb_s; /* bytes read per target decode step / its time (target-only runs) */
 } bench_mem;
 
@@ -281,6 +286,12 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
         cli_json_num(stdout, rss_mb, 1);
         fputs(", \"peak_gpu_mb\": ", stdout);
         cli_json_num(stdout, mem->gpu_mb, 1);
+        fprintf(stdout, ", \"tensor_parallel\": %d, \"peak_gpu_mb_per_rank\": [", mem->n_rank);
+        for (int r = 0; r < mem->n_rank; r++) {
+            if (r) fputs(", ", stdout);
+            cli_json_num(stdout, mem->gpu_mb_rank[r], 1);
+        }
+        fputs("]", stdout);
         if (!o->draft) {
             fputs(", \"decode_gb_s\": ", stdout);
             cli_json_num(stdout, mem->decode_gb_s, 1);
@@ -336,6 +347,8 @@ static void print_report(const bench_opts *o, int threads, const bench_run *last
                    (double)spec->forward_tokens / (double)spec->forwards, (unsigned long long)spec->tree_steps);
         printf("peak RSS: %.1f MB\n", rss_mb);
         if (mem->gpu_mb > 0) printf("peak GPU: %.1f MB (device memory in use)\n", mem->gpu_mb);
+        for (int r = 0; mem->n_rank > 1 && mem->gpu_mb > 0 && r < mem->n_rank; r++)
+            printf("  rank %d (tensor parallel): %.1f MB\n", r, mem->gpu_mb_rank[r]);
     }
     fflush(stdout);
 }
@@ -378,7 +391,9 @@ int cli_bench(int argc, char **argv) {
     }
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = o.backend;
+    mp.tensor_parallel = o.tensor_parallel; /* (the target only) */
     if ((s = tandem_model_open(o.model, &mp, &target)) != TANDEM_OK) goto fail;
+    mp.tensor_parallel = 1;
     if (o.draft && (s = tandem_model_open(o.draft, &mp, &draft)) != TANDEM_OK) goto fail;
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = o.threads;
@@ -455,6 +470,9 @@ int cli_bench(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     mem.rss_mb = (double)ru.ru_maxrss / 1024.0;
     mem.gpu_mb = (double)tandem_engine_device_peak_bytes(eng) / (1024.0 * 1024.0);
+    mem.n_rank = o.tensor_parallel;
+    for (int r = 0; r < mem.n_rank && r < 8; r++)
+        mem.gpu_mb_rank[r] = (double)tandem_engine_device_peak_bytes_rank(eng, r) / (1024.0 * 1024.0);
     tandem_model_info ti;
     if (tandem_model_get_info(target, &ti) == TANDEM_OK && run.gen_tokens > 0) {
         /* a decode step at position p reads the weights and p positions of K / V */

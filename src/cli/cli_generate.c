@@ -30,7 +30,8 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
     tandem_generate_params d = tandem_generate_default_params();
     *o = (cli_gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
-                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram, .batch = 1};
+                    .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram, .batch = 1,
+                    .tensor_parallel = 1};
     const char *spec_opt = NULL; /* the first speculation option given: needs -d */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -58,6 +59,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
+        else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
         else if (!interactive && TAKE(NULL, "--batch")) ok = cli_parse_int(a, v, 1, CLI_BATCH_MAX, &o->batch);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
@@ -344,7 +346,9 @@ int cli_gen_open(const cli_gen_opts *o, tandem_model **target, tandem_model **dr
     *eng = NULL;
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = o->backend;
+    mp.tensor_parallel = o->tensor_parallel; /* (the target only: a draft runs whole) */
     tandem_status s = tandem_model_open(o->model, &mp, target);
+    mp.tensor_parallel = 1;
     if (s == TANDEM_OK && o->draft) s = tandem_model_open(o->draft, &mp, draft);
     if (s == TANDEM_OK) {
         tandem_engine_params ep = tandem_engine_default_params();

@@ -298,7 +298,9 @@ static void summary(const run_totals *t, size_t n_skipped, double dt, bool has_d
 int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = c->backend;
+    mp.tensor_parallel = c->tensor_parallel > 0 ? c->tensor_parallel : 1; /* (the target only) */
     tandem_status s = tandem_model_open(c->target, &mp, target);
+    mp.tensor_parallel = 1;
     if (!s && c->draft[0]) s = tandem_model_open(c->draft, &mp, draft);
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = c->threads;

@@ -21,7 +21,7 @@
 /* The flags, each applied over the config (or the defaults) once it is read. */
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
-    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_COUNT
+    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_TP, O_COUNT
 };
 
 static const struct {
@@ -34,6 +34,7 @@ static const struct {
     [O_MODEL_NAME] = {NULL, "--model-name"}, [O_CHAT_TEMPLATE] = {NULL, "--chat-template"},
     [O_THREADS] = {"-t", "--threads"}, [O_MAX_BATCH] = {NULL, "--max-batch"}, [O_KV_TYPE] = {NULL, "--kv-type"},
     [O_MAX_TOKENS] = {"-n", "--max-tokens"}, [O_SPEC_K] = {NULL, "--spec-k"},
+    [O_TP] = {NULL, "--tensor-parallel"},
 };
 
 typedef struct serve_args {
@@ -126,6 +127,7 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         case O_THREADS: ok = cli_parse_int(opt, v, 0, TANDEM_THREADS_MAX, &c->threads); break;
         case O_MAX_BATCH: ok = cli_parse_int(opt, v, 1, CLI_BATCH_MAX, &c->max_batch); break;
         case O_KV_TYPE: ok = cli_parse_kv_type(opt, v, &c->kv_type); break;
+        case O_TP: ok = cli_parse_tensor_parallel(opt, v, &c->tensor_parallel); break;
         case O_MAX_TOKENS:
             if ((ok = cli_parse_int(opt, v, 1, CLI_COUNT_MAX, &n))) c->gp.max_tokens = n;
             break;

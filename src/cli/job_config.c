@@ -2,6 +2,7 @@
  *
  *   [model]    target, draft
  *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, kv_mem_mb,
+ *              tensor_parallel (1..8: the target split across that many GPUs),
  *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache, batch_invariant (true|false)
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off, auto, a node budget or a
  *              static shape such as 4,2,2,1)
@@ -139,6 +140,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     INT_KEY("max_batch", 1, CLI_BATCH_MAX, c->max_batch)
     INT_KEY("block_size", 1, 4096, c->block_size)
     INT_KEY("max_batch_tokens", 0, 65536, c->max_batch_tokens)
+    INT_KEY("tensor_parallel", 1, 8, c->tensor_parallel)
     if (!strcmp(k, "prefix_cache") || !strcmp(k, "batch_invariant")) {
         const int on = !strcmp(v, "true");
         if (!on && strcmp(v, "false")) return cfg_fail(c, s, k, "'%s' is not true or false", v);
@@ -159,7 +161,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     }
     return cfg_fail(c, s, k,
                     "unknown key (known: backend, threads, max_batch, max_batch_tokens, block_size, kv_mem_mb, "
-                    "gpu_mem_mb, kv_type, prefix_cache, batch_invariant)");
+                    "gpu_mem_mb, kv_type, prefix_cache, batch_invariant, tensor_parallel)");
 }
 
 static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v) {
@@ -337,6 +339,7 @@ static void cfg_init(cli_job_cfg *c, const char *path, const tandem_generate_par
     c->spec_k_max = c->gp.spec_k_max;
     c->max_batch = 8;
     c->block_size = 16;
+    c->tensor_parallel = 1;
     c->prefix_cache = c->batch_invariant = -1; /* (not set: the engine's defaults) */
     c->file = path;
     const char *slash = strrchr(path, '/');

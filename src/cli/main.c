@@ -58,6 +58,9 @@ static const char usage_text[] =
     "      --seed S          sampling seed, 0 <= S <= 2^64-1 (default 0)\n"
     "  -t, --threads N       CPU threads, 0.." STR(TANDEM_THREADS_MAX) ", 0 = all cores (default 0)\n"
     "      --backend B       cpu or cuda (default cpu)\n"
+    "      --tensor-parallel N  split the target across N GPUs (cuda: devices 0..N-1, NCCL;\n"
+    "                        heads, KV heads and FFN features must divide by N; the draft\n"
+    "                        runs whole on the first), 1..8 (default 1)\n"
     "      --batch N         decode N prompts at once (continuous batching), 1.." STR(CLI_BATCH_MAX) " (default 1);\n"
     "                        results print in input order; a failed prompt does not stop the others\n"
     "      --gpu-mem SIZE    device memory budget (e.g. 24G): weights, buffers, and the KV cache\n"
@@ -91,7 +94,7 @@ static const char usage_text[] =
     "  the header, metadata and tensors; marks the tensors of types tandem does not support\n"
     "\n"
     "tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
-    "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T]\n"
+    "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T] [--tensor-parallel N]\n"
     "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--spec-tree T] [--reps R]\n"
     "             [--spec-oracle A]\n"
     "             [--prefix-cache] [--json]\n"
@@ -112,7 +115,7 @@ static const char usage_text[] =
     "tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N] [--spec-tree T]\n"
     "  [model] target, draft; [engine] backend, threads, max_batch, max_batch_tokens,\n"
     "  block_size, kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache,\n"
-    "  batch_invariant (true|false);\n"
+    "  batch_invariant (true|false), tensor_parallel (1..8, as --tensor-parallel);\n"
     "  [spec] k, k_max, ngram, p_min, tree (as --spec-tree; --spec-tree T is --set spec.tree=T); [sampling] temperature, top_k, top_p, min_p,\n"
     "  seed, max_tokens, stop (JSON: \"STR\" or [\"STR\", ...]); [job] input, output\n"
     "  (JSON lines; a rerun skips the ids already in output), priority, timeout_s (the\n"
@@ -134,7 +137,7 @@ static const char usage_text[] =
     "      --chat-template T a built-in name, the model's named template or a .jinja file\n"
     "      --max-batch N     sequences decoding at once (default 8)\n"
     "      -n, --max-tokens N  a request's max_tokens when it gives none (default 128)\n"
-    "      --backend, -t, --kv-type, --spec-k  as for generate\n"
+    "      --backend, -t, --kv-type, --spec-k, --tensor-parallel  as for generate\n"
     "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
     "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template) in\n"
     "  place of [job]; flags override it.  SIGTERM: drain, then exit 0\n"
@@ -339,6 +342,8 @@ bool cli_is_spec_opt(const char *arg) {
 int cli_needs(const char *opt, const char *needed) {
     return cli_usage_error("option %.*s has no effect without %s", opt_len(opt), opt, needed);
 }
+
+bool cli_parse_tensor_parallel(const char *opt, const char *s, int *out) { return cli_parse_int(opt, s, 1, 8, out); }
 
 bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out) {
     if (!s) return false;
