@@ -3,7 +3,7 @@
  * prompts of npp tokens, npp + ntg positions each, nothing shared), optionally with
  * speculation off and on.
  *
- *   bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128]
+ *   bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128] [--tensor-parallel N]
  *               [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]
  *               [--max-batch-tokens N] [--json OUT.json] [--no-spec] [--invariant]
  *               [--temp T]
@@ -171,7 +171,7 @@ static int usage(const char *msg, const char *arg) {
     fprintf(stderr, "usage: bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128]\n"
                     "                   [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]\n"
                     "                   [--max-batch-tokens N] [--json OUT.json] [--no-spec]\n"
-                    "                   [--invariant] [--temp T]\n");
+                    "                   [--invariant] [--temp T] [--tensor-parallel N]\n");
     return 2;
 }
 
@@ -206,6 +206,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--reps")) ok = parse_int(v, 1, MAX_REPS, &o->reps);
         else if (!strcmp(a, "--threads")) ok = parse_int(v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (!strcmp(a, "--max-batch-tokens")) ok = parse_int(v, 0, 65536, &o->max_batch_tokens);
+        else if (!strcmp(a, "--tensor-parallel")) ok = parse_int(v, 1, 8, &o->mp.tensor_parallel);
         else if (!strcmp(a, "--temp")) {
             char *end;
             o->temp = strtof(v, &end);
@@ -672,7 +673,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: out of memory\n");
         goto done;
     }
-    if (tandem_model_open(o.target, &o.mp, &target) || (o.spec && tandem_model_open(o.draft, &o.mp, &draft))) {
+    tandem_model_params dmp = o.mp;
+    dmp.tensor_parallel = 1; /* (the draft runs whole) */
+    if (tandem_model_open(o.target, &o.mp, &target) || (o.spec && tandem_model_open(o.draft, &dmp, &draft))) {
         fprintf(stderr, "error: %s\n", tandem_last_error());
         goto done;
     }
