@@ -97,7 +97,7 @@ wait_llama() {
 
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
-  for t in test_cuda_kernels test_backend_cuda; do
+  for t in test_cuda_kernels test_cuda_fused test_backend_cuda test_cuda_arch; do
     b=$(find_bin $t)
     [ -n "$b" ] || { log "$t: not built"; continue; }
     log "$t"
@@ -109,10 +109,12 @@ if has sanitize && command -v compute-sanitizer >/dev/null; then
   # the kernels of the forward (attention, the fused blocks, argmax); ${TANDEM_SANITIZE_FILTER} to change
   filter=${TANDEM_SANITIZE_FILTER:-cuda_f*/*}
   for tool in memcheck racecheck; do
-    b=$(find_bin test_cuda_kernels)
-    log "compute-sanitizer --tool $tool test_cuda_kernels --filter '$filter'"
-    timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$b" --jobs 1 --filter "$filter" >"$out/sanitize-$tool.log" 2>&1
-    log "$tool: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool.log" | sort | uniq -c | tr '\n' ' '))"
+    for t in test_cuda_kernels test_cuda_fused; do
+      b=$(find_bin $t)
+      log "compute-sanitizer --tool $tool $t --filter '$filter'"
+      timeout 600 compute-sanitizer --tool $tool --error-exitcode 9 "$b" --jobs 1 --filter "$filter" >"$out/sanitize-$tool-$t.log" 2>&1
+      log "$tool $t: exit $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/sanitize-$tool-$t.log" | sort | uniq -c | tr '\n' ' '))"
+    done
   done
 fi
 

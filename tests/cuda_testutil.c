@@ -4,6 +4,7 @@
 #include "testutil.h"
 
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,14 @@ tdm_weight tdm_cu_test_put_weight(tdm_backend *b, const tdm_weight *w) {
 
 void tdm_cu_rig_open(tdm_cu_rig *r, tdm_backend *be, const char *path, int32_t n_blocks) {
     tdm_cu_rig_open_kv(r, be, path, n_blocks, TDM_F16);
+}
+
+void tdm_cu_test_poison(tdm_backend *b, void *dev, size_t floats) {
+    float *h = malloc(floats * sizeof(float));
+    for (size_t i = 0; i < floats; i++) h[i] = NAN;
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->upload(b, dev, h, floats * sizeof(float), &err), TANDEM_OK, "%s", err.msg);
+    free(h);
 }
 
 void tdm_cu_rig_open_kv(tdm_cu_rig *r, tdm_backend *be, const char *path, int32_t n_blocks, uint32_t kv_type) {

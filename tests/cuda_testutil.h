@@ -14,6 +14,9 @@
 tdm_backend *tdm_cu_test_gpu(void);
 /* A zeroed device buffer of n bytes holding a copy of host (when not NULL). */
 void *tdm_cu_test_put(tdm_backend *b, const void *host, size_t n);
+/* Fills `floats` floats of device memory with NaN (an output a kernel fails to
+ * write then fails the comparison). */
+void tdm_cu_test_poison(tdm_backend *b, void *dev, size_t floats);
 /* A malloc'd host copy of n bytes of device memory. */
 void *tdm_cu_test_get(tdm_backend *b, const void *dev, size_t n);
 /* A device copy of a host weight (same type, shape and layout). */
