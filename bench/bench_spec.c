@@ -26,7 +26,9 @@
  *                  draft's first candidate with probability A, else its second with
  *                  probability 1/2, else absent); real draft and verification costs
  * Every configuration reports its committed tokens per target forward (chains and
- * trees alike: the forwards after the prompt's, the tokens they committed).
+ * trees alike: the forwards after the prompt's, the tokens they committed), and,
+ * greedy without the oracle, how many of its runs gave other tokens than the
+ * target-only run of the same prompt (speculation must give none).
  * Prints a markdown table and one JSON object per configuration (stdout).
  */
 #include <stdio.h>
@@ -52,6 +54,7 @@ typedef struct cfg {
     double mean_acc, acc_rate, k_final_sum;
     uint64_t steps, drafted, accepted, tokens, ng_steps, ng_drafted, ng_accepted;
     double draft_ms, verify_ms, decode_ms; /* repetition 0's sums */
+    int differs;   /* greedy: runs (prompts x repetitions) whose tokens differ from target-only */
 } cfg;
 
 static int cmp_d(const void *a, const void *b) {
@@ -240,6 +243,10 @@ int main(int argc, char **argv) {
                         memcpy(truth[p], res.tokens, res.n_tokens * sizeof(int32_t));
                         n_truth[p] = (int)res.n_tokens;
                     }
+                    if (temp <= 0 && C->alpha < 0 && truth[p] &&
+                        (res.n_tokens != (size_t)n_truth[p] ||
+                         memcmp(res.tokens, truth[p], res.n_tokens * sizeof(int32_t)) != 0))
+                        C->differs++;
                     /* the first token comes from the prefill */
                     toks[c] += res.n_tokens > 0 ? res.n_tokens - 1 : 0;
                     if (r == 0) {
@@ -271,9 +278,10 @@ int main(int argc, char **argv) {
     double base = median(cfgs[0].tps, reps);
     if (temp > 0) printf("sampling: temperature %g, top-p %g\n\n", (double)temp, (double)top_p);
     printf("| draft | k | n-gram | decode tok/s (median of %d) | speed-up | acceptance | mean accepted/step | "
-           "mean k_final | n-gram steps / acceptance | speed-up per repetition, min-max | tokens per target forward |\n",
+           "mean k_final | n-gram steps / acceptance | speed-up per repetition, min-max | tokens per target forward | "
+           "outputs unlike target-only |\n",
            reps);
-    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
         double m = median(C->tps, reps);
@@ -304,19 +312,21 @@ int main(int argc, char **argv) {
             lo = q < lo ? q : lo;
             hi = q > hi ? q : hi;
         }
-        printf("| %s | %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f | %s | %.2fx-%.2fx | %.3f |\n", dn, kbuf,
+        char dbuf[32] = "-";
+        if (temp <= 0 && C->draft >= 0) snprintf(dbuf, sizeof dbuf, "%d of %d", C->differs, n_prompts * reps);
+        printf("| %s | %s | %s | %.0f | %.2fx | %.3f | %.2f | %.1f | %s | %.2fx-%.2fx | %.3f | %s |\n", dn, kbuf,
                C->ngram ? (char[]){(char)('0' + C->ngram), 0} : "off", m, m / base,
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
                C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->k_final_sum / n_prompts, ngbuf, lo, hi,
-               C->forwards ? (double)C->fwd_tokens / (double)C->forwards : 0.0);
+               C->forwards ? (double)C->fwd_tokens / (double)C->forwards : 0.0, dbuf);
     }
     for (int c = 0; c < n_cfg; c++) {
         cfg *C = &cfgs[c];
         printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"p_min\": %g, \"oracle_alpha\": %g, \"tree\": %d, \"tree_shape\": \"%s\", "
-               "\"forwards\": %llu, \"tokens_per_forward\": %.4f, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
+               "\"differs\": %d, \"forwards\": %llu, \"tokens_per_forward\": %.4f, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
                "\"mean_accepted\": %.3f, \"us_per_step\": {\"draft\": %.1f, \"verify\": %.1f, \"all\": %.1f}}\n",
                C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, (double)C->p_min, (double)C->alpha, C->tree,
-               C->shape ? C->shape : "", (unsigned long long)C->forwards,
+               C->shape ? C->shape : "", C->differs, (unsigned long long)C->forwards,
                C->forwards ? (double)C->fwd_tokens / (double)C->forwards : 0.0, median(C->tps, reps),
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
                C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->steps ? 1e3 * C->draft_ms / (double)C->steps : 0.0,

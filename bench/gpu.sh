@@ -17,7 +17,11 @@
 #   --llama-bin DIR    prebuilt llama.cpp binaries (llama-bench, llama-batched-bench) instead
 #   --models DIR       where the synthetic models go (default /dev/shm/tandem-models
 #                      when it has room, else /tmp/tandem-models)
-#   --steps LIST       comma-separated subset of: tests,sanitize,synth,tandem,spec,llama,batch,summary
+#   --steps LIST       comma-separated subset of: tests,sanitize,synth,tandem,spec,trees,oracle,
+#                      serve,tp,llama,batch,summary (trees: chains against token trees on the
+#                      pycode pair, outputs checked; oracle: 7B-scale speculation in the
+#                      oracle benchmark mode; serve: bench/serve_load.sh; tp: bench/tp_bench.sh
+#                      where two GPUs are)
 #                      (default tests,synth,tandem,spec,llama,batch,summary; sanitize runs
 #                      compute-sanitizer's memcheck and racecheck on the forward's kernels;
 #                      batch: bench_batch at batch 1..128 on the Llama-2-7B-shaped F16 file
@@ -157,6 +161,54 @@ if has spec; then
     "$b" -m "$here/models/pycode-target-f16.gguf" -d "$here/models/pycode-draft-xs-f16.gguf" \
       -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 \
       --reps "$reps" --ks 0 --ngram 4 --backend cuda >"$out/spec.txt" 2>"$out/spec.err" || log "bench_spec failed"
+  fi
+fi
+
+# trees against chains on the pycode pair (every output checked against target-only:
+# the table's last column must read 0), then speculation at 7B scale in the oracle
+# benchmark mode (controlled acceptance at real cost), 7B and 1.1B / 160M drafts
+if has trees; then
+  b=$(find_bin bench_spec)
+  if [ -n "$b" ]; then
+    log "bench_spec pycode: chains k = 1..8 and auto, trees 16 / 32 / auto / 4,2,2,1"
+    timeout 900 "$b" -m "$here/models/pycode-target-f16.gguf" -d "$here/models/pycode-draft-s-f16.gguf" \
+      --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 --ks 1,2,3,4,5,6,7,8,0 --tree 16,32,-1 \
+      --tree-shape 4,2,2,1 --backend cuda >"$out/trees.txt" 2>"$out/trees.err" || log "bench_spec trees failed"
+    log "trees: $(grep -c '| 0 of' "$out/trees.txt") speculative configurations with every output equal to target-only"
+  fi
+fi
+if has oracle; then
+  b=$(find_bin bench_spec)
+  for pair in "llama2-7b-f16 llama-160m-f16" "llama2-7b-q4_0 llama-160m-q4_0" "llama2-7b-f16 tinyllama-1.1b-f16"; do
+    read -r tgt dft <<<"$pair"
+    for f in "$tgt" "$dft"; do
+      [ -f "$models/$f.gguf" ] && continue
+      IFS=- read -r sh1 sh2 ty <<<"$f"
+      shape="$sh1-$sh2" type=$ty
+      "$TANDEM" synth --shape "$shape" --type "$type" "$models/$f.gguf" >>"$out/synth.log" 2>&1 || log "synth $f failed"
+    done
+    [ -n "$b" ] && [ -f "$models/$tgt.gguf" ] && [ -f "$models/$dft.gguf" ] || continue
+    log "bench_spec oracle $tgt + $dft"
+    timeout 900 "$b" -m "$models/$tgt.gguf" -d "$models/$dft.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" \
+      --limit 4 -n 96 --reps 1 --ks 0,4 --tree 16,32 --oracle-alpha 0,0.5,0.6,0.7,0.8,0.9 --backend cuda \
+      >"$out/oracle-$tgt-$dft.txt" 2>"$out/oracle-$tgt-$dft.err" || log "oracle $tgt + $dft failed"
+  done
+fi
+# tandem serve under load on the GPU (the pycode pair with speculation on and off, a
+# Llama-2-7B-shaped file)
+if has serve; then
+  log "serve_load (cuda)"
+  timeout 1200 bash "$here/bench/serve_load.sh" --backends cuda --tandem "$TANDEM" \
+    --llama "$models/llama2-7b-f16.gguf" "$out/serve" >"$out/serve.log" 2>&1 || log "serve_load failed (serve.log)"
+fi
+# tensor parallelism where two GPUs are here (degree 1 runs in the tests step)
+if has tp; then
+  if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+    log "tp_bench (13B and 7B shapes, N = 1, 2)"
+    timeout 1800 bash "$here/bench/tp_bench.sh" --bin "$(dirname "$TANDEM")" "$out/tp" >"$out/tp.log" 2>&1 ||
+      log "tp_bench failed (tp.log)"
+  else
+    log "tp: one GPU, skipped"
   fi
 fi
 
