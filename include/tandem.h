@@ -234,7 +234,10 @@ typedef struct tandem_engine_params {
                              also set, must fit in that rest).  TANDEM_ERR_NOMEM naming the
                              figures when the weights and buffers leave no room for a block.
                              Default 0 = no budget: kv_bytes or n_ctx size the cache.
-                             Ignored on the CPU */
+                             With a target split across GPUs (tensor_parallel), the budget
+                             of each GPU, counted on the first (which also holds the draft):
+                             every GPU holds the same number of KV blocks.  Ignored on the
+                             CPU */
     int max_batch_tokens; /* token rows one scheduler step computes at most, decode rows and
                              prompt chunks together (a long prompt is prefilled over several
                              steps, beside the running decodes), [0, 65536]; default 0 = 512
