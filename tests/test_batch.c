@@ -10,8 +10,8 @@
  *   - a bad request fails alone with its message;
  *   - a pool for two of four long requests preempts instead of failing, the
  *     outputs unchanged, and every block comes back.
- * Greedy checks run every prompt (the sanitizer build every eighth), sampled ones
- * every third (every 24th). */
+ * Greedy checks run every prompt (the sanitizer build every 12th), sampled ones
+ * every third (every 36th). */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +37,7 @@ static tandem_engine *open_engine(tandem_model *t, tandem_model *d, int n_seq, s
     return e;
 }
 
-/* The prompts (every eighth in a sanitizer build) as token ids. */
+/* The prompts (every 12th in a sanitizer build) as token ids. */
 typedef struct prompt_set {
     int32_t **ids;
     size_t *n;
@@ -48,7 +48,7 @@ static prompt_set load_prompts(size_t every) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     prompt_set p = {calloc(n_lines, sizeof(int32_t *)), calloc(n_lines, sizeof(size_t)), 0};
-    const size_t step = every * (tdm_test_sanitized() ? 8 : 1);
+    const size_t step = every * (tdm_test_sanitized() ? 12 : 1);
     for (size_t li = 0; li < n_lines; li += step) {
         p.ids[p.count] = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &p.n[p.count]);
         p.count++;
