@@ -253,7 +253,9 @@ typedef struct tdm_backend_ops {
      * grouped differently), never depend on the batch's other rows, and are the same
      * for every call with the same backend configuration.  Returns
      * TANDEM_ERR_UNSUPPORTED, having touched nothing, for shapes or configurations it
-     * does not run; forward.c then runs the ops. */
+     * does not run; forward.c then runs the ops, and (unless the batch has tree rows)
+     * runs the model's later forwards on this scratch by ops too without asking: a
+     * decline must not depend on the batch, except on its tree rows. */
     tandem_status (*blocks)(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
     /* Waits for queued work (a no-op for the CPU backend). */
     tandem_status (*sync)(tdm_backend *b, tdm_err *err);

@@ -214,7 +214,10 @@ static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
             if (st && err) *err = probe;
             return st;
         }
-        s->blocks_declined = true;
+        /* a decline is the model's shape or the backend's configuration, and so
+         * remembered; a token-tree batch's may be the batch's (a backend whose blocks
+         * op has no tree attention): the next batch asks again */
+        if (!batch->tree) s->blocks_declined = true;
     }
     return blocks_by_ops(m, be, kv, batch, seqs, s, err);
 }

@@ -2,7 +2,9 @@
  * decisions against references, outputs poisoned (NaN) before each run:
  *   - the fused forward (the blocks op, CUDA graphs) against the same model run op
  *     by op on the GPU and on the CPU, for f16, bf16, q8_0, q4_0 and row-layout
- *     K-quant / q5_0 weights, f16 and q8_0 caches;
+ *     K-quant / q5_0 weights, f16 and q8_0 caches; token-tree batches of 8 and 32
+ *     rows too (tree masks in the tiled attention, captured), their chain-shaped
+ *     rows bit for bit as a chain verification computes them;
  *   - argmax on the device against tdm_argmax_finite, with the top softmax
  *     probability against tdm_top_prob; the embedding of device ids (zeros for an
  *     id outside the vocabulary);
@@ -26,30 +28,48 @@
 #include "sampling.h"
 #include "testutil.h"
 #include "tiny_model.h"
+#include "tree_testutil.h"
 
 #define GEMV_MAX_ROWS 16 /* TDM_CUDA_GEMV_MAX_ROWS (kernels/cuda/cuda_internal.h) */
 #define poison tdm_cu_test_poison
 
 /* ---- the fused forward ---------------------------------------------------------- */
 
+/* A tiny two-layer model of these shapes as a file, and three rigs over it: the
+ * GPU's blocks op (g), the GPU op by op (o) and the CPU (c).  Returns its path
+ * (close_rigs removes it). */
+static char *open_rigs(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t n_ff, uint64_t seed,
+                       uint32_t kv_type, tdm_cu_rig *g, tdm_cu_rig *o, tdm_cu_rig *c) {
+    tdm_tiny_cfg tc = tdm_tiny_default();
+    tc.wtype = wtype;
+    tc.n_embd = n_embd, tc.n_head = n_head, tc.n_head_kv = n_head_kv, tc.n_ff = n_ff, tc.n_layer = 2;
+    tc.untied_output = true;
+    tc.seed = seed;
+    char *path = tdm_tiny_model_file(&tc);
+    tdm_backend *cpu = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK, "%s", err.msg);
+    tdm_cu_rig_open_kv(g, tdm_cu_test_gpu(), path, 16, kv_type);
+    tdm_cu_rig_open_kv(o, tdm_cu_test_gpu(), path, 16, kv_type);
+    tdm_cu_rig_open_kv(c, cpu, path, 16, kv_type);
+    return path;
+}
+
+static void close_rigs(char *path, tdm_cu_rig *g, tdm_cu_rig *o, tdm_cu_rig *c) {
+    tdm_cu_rig_close(g);
+    tdm_cu_rig_close(o);
+    tdm_cu_rig_close(c);
+    unlink(path);
+    free(path);
+}
+
 /* A prefill of 40 rows, then decode and verification batches of 1, 5 and 1 rows
  * three times each (direct, captured, replayed): the blocks op equals the op-by-op
  * forward on the GPU, comes close to the CPU's, and repeats exactly. */
 static void check_fused_kv(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t n_ff,
                            bool graphs, uint32_t kv_type) {
-    tdm_tiny_cfg tc = tdm_tiny_default();
-    tc.wtype = wtype;
-    tc.n_embd = n_embd, tc.n_head = n_head, tc.n_head_kv = n_head_kv, tc.n_ff = n_ff, tc.n_layer = 2;
-    tc.untied_output = true;
-    tc.seed = 5 + wtype;
-    char *path = tdm_tiny_model_file(&tc);
-    tdm_backend *cpu = NULL;
-    tdm_err err = {0};
-    cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK, "%s", err.msg);
     tdm_cu_rig rg, ro, rc;
-    tdm_cu_rig_open_kv(&rg, tdm_cu_test_gpu(), path, 16, kv_type);
-    tdm_cu_rig_open_kv(&ro, tdm_cu_test_gpu(), path, 16, kv_type);
-    tdm_cu_rig_open_kv(&rc, cpu, path, 16, kv_type);
+    char *path = open_rigs(wtype, n_embd, n_head, n_head_kv, n_ff, 5 + wtype, kv_type, &rg, &ro, &rc);
     const int32_t V = rg.m->hp.n_vocab;
     tdm_batch bt;
     cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
@@ -112,11 +132,7 @@ static void check_fused_kv(uint32_t wtype, int32_t n_embd, int32_t n_head, int32
     }
     for (int i = 0; i < 3; i++) free(first[i]);
     tdm_batch_free(&bt);
-    tdm_cu_rig_close(&rg);
-    tdm_cu_rig_close(&ro);
-    tdm_cu_rig_close(&rc);
-    unlink(path);
-    free(path);
+    close_rigs(path, &rg, &ro, &rc);
 }
 
 static void check_fused(uint32_t wtype, int32_t n_embd, int32_t n_head, int32_t n_head_kv, int32_t n_ff,
@@ -140,6 +156,85 @@ Test(cuda_fused, q8_0_odd_width_generic, .timeout = 300) { check_fused(TDM_Q8_0,
 Test(cuda_fused, q4_k_rows, .timeout = 300) { check_fused(TDM_Q4_K, 512, 8, 2, 1024, true); }
 Test(cuda_fused, q6_k_rows, .timeout = 300) { check_fused(TDM_Q6_K, 256, 4, 4, 512, true); }
 Test(cuda_fused, q5_0_rows, .timeout = 300) { check_fused(TDM_Q5_0, 256, 4, 2, 512, true); }
+
+/* ---- token trees through the fused forward ----------------------------------------- */
+
+/* The tree batch after a prefix of P committed slots: the root row (slot P, causal)
+ * and node i at slot P + 1 + i, position P + 1 + its depth, seeing [0, P + 1) and
+ * its ancestors. */
+static void tree_batch(tdm_batch *bt, int32_t P, int32_t n, const int32_t *depth, const uint64_t *mask, int32_t V) {
+    tdm_batch_clear(bt);
+    tdm_batch_add(bt, (P * 31 + 7) % V, P, 0, P, true);
+    for (int32_t i = 0; i < n; i++)
+        cr_assert_geq(tdm_batch_add_tree(bt, (int32_t)((P + 5 * i + 3) % V), P + 1 + depth[i], 0, P + 1 + i, P + 1,
+                                         mask[i], true),
+                      0);
+}
+
+/* After a prefill of 40 rows, trees of 7 and 31 nodes (8 and 32 rows: the second
+ * past TDM_CUDA_GEMV_MAX_ROWS, on the row kernels as a verification must be), each
+ * three times (direct, captured, replayed): the blocks op equals the op-by-op
+ * forward (tree attention kernel, TANDEM_CUDA_TREE_FLASH=0) and comes close to the
+ * CPU; repeats are exact; and the root row and the first node (a chain of two)
+ * give the bits a 2-row verification batch gives. */
+static void check_fused_tree(uint32_t wtype, int32_t n_head, int32_t n_head_kv, uint32_t kv_type) {
+    tdm_cu_rig rg, ro, rc;
+    char *path = open_rigs(wtype, 512, n_head, n_head_kv, 768, 11 + wtype, kv_type, &rg, &ro, &rc);
+    const int32_t V = rg.m->hp.n_vocab, P = 40;
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
+    for (int32_t i = 0; i < P; i++) tdm_batch_add(&bt, (i * 31 + 7) % V, i, 0, i, i == P - 1);
+    tdm_cu_rig *all[3] = {&rg, &ro, &rc};
+    for (int k = 0; k < 3; k++) free(tdm_cu_rig_forward(all[k], &bt, k == 1));
+    uint64_t rng = 77 + wtype;
+    const int32_t sizes[] = {7, 31};
+    for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
+        const int32_t n = sizes[si];
+        int32_t parent[64], depth[64];
+        uint64_t mask[64];
+        tdm_test_random_tree(&rng, n, parent, depth, mask);
+        tree_batch(&bt, P, n, depth, mask, V);
+        const size_t nv = (size_t)(n + 1) * V;
+        float *first = NULL;
+        for (int rep = 0; rep < 3; rep++) {
+            float *lg = tdm_cu_rig_forward(&rg, &bt, false);
+            setenv("TANDEM_CUDA_TREE_FLASH", "0", 1);
+            float *lo = tdm_cu_rig_forward(&ro, &bt, true);
+            unsetenv("TANDEM_CUDA_TREE_FLASH");
+            float *lc = tdm_cu_rig_forward(&rc, &bt, false);
+            const double e_ops = ref_nrm_err(lg, lo, nv), e_cpu = ref_nrm_err(lg, lc, nv);
+            const bool int8 = wtype == TDM_Q8_0 || wtype == TDM_Q4_0;
+            const double tol_cpu = int8 ? 1e-1 : kv_type == TDM_Q8_0 ? 2e-2 : 3e-3;
+            /* (op by op, more than GEMV_MAX_ROWS rows take cuBLAS with 16-bit activations) */
+            const double tol_ops = n + 1 > GEMV_MAX_ROWS ? tol_cpu : kv_type == TDM_Q8_0 ? 1e-4 : 1e-5;
+            cr_assert(e_ops < tol_ops, "%s tree of %d: fused vs ops err %g", tdm_dtype_name(wtype), (int)n, e_ops);
+            cr_assert(e_cpu < tol_cpu, "%s tree of %d: GPU vs CPU err %g", tdm_dtype_name(wtype), (int)n, e_cpu);
+            if (!first) first = lg, lg = NULL;
+            else cr_assert(memcmp(first, lg, nv * 4) == 0, "tree of %d, run %d: other logits", (int)n, rep);
+            free(lg), free(lo), free(lc);
+        }
+        /* the root and node 0 as a chain verification of two rows */
+        tdm_batch_clear(&bt);
+        tdm_batch_add(&bt, (P * 31 + 7) % V, P, 0, P, true);
+        tdm_batch_add(&bt, (P + 3) % V, P + 1, 0, P + 1, true);
+        float *lchain = tdm_cu_rig_forward(&rg, &bt, false);
+        cr_assert(memcmp(lchain, first, 2 * (size_t)V * 4) == 0,
+                  "tree of %d: the root and its first child differ from a chain of the same two rows", (int)n);
+        free(lchain), free(first);
+    }
+#ifndef TDM_TEST_CUDA_ON_CPU /* (no graphs there) */
+    uint64_t replays = 0, captures = 0;
+    tdm_backend_cuda_graph_stats(rg.be, &replays, &captures);
+    cr_assert_geq(captures, 2, "both tree shapes are captured (%llu captures)", (unsigned long long)captures);
+    cr_assert_geq(replays, 2);
+#endif
+    tdm_batch_free(&bt);
+    close_rigs(path, &rg, &ro, &rc);
+}
+
+Test(cuda_fused, tree_f16_gqa, .timeout = 300) { check_fused_tree(TDM_F16, 4, 1, TDM_F16); }
+Test(cuda_fused, tree_q8_0_weights_q8_0_cache, .timeout = 300) { check_fused_tree(TDM_Q8_0, 8, 2, TDM_Q8_0); }
+Test(cuda_fused, tree_q4_0_mha, .timeout = 300) { check_fused_tree(TDM_Q4_0, 4, 4, TDM_F16); }
 
 /* ---- argmax -------------------------------------------------------------------- */
 

@@ -13,9 +13,12 @@
  *     1 or 5 rows each, every head dim, MHA and GQA, block sizes 8 / 16 / 32): the
  *     decode kernel against ref_attention, the tiled kernel and each row alone, bit
  *     for bit;
- *   - token-tree attention (cuda_tree_attn.cu) on random trees of up to 64 nodes
- *     against the CPU backend and the dense masked reference, every cache type and
- *     head dim it takes; kv_move against the reference values.
+ *   - token-tree attention on random trees of up to 64 nodes against the CPU
+ *     backend and the dense masked reference, every cache type and head dim: the
+ *     tiled and decode kernels with tree masks (cuda_flash.cu, cuda_decode_attn.cu)
+ *     where they run the shape, bit for bit alike and each row alone as in the
+ *     batch, and the tree kernel (cuda_tree_attn.cu); kv_move against the
+ *     reference values.
  * (The fused forward, argmax and sampling on the device: test_cuda_fused.c.)
  * Without a CUDA device the program reports itself skipped (exit 77). */
 #include <criterion/criterion.h>
@@ -299,6 +302,47 @@ static void run_tree(const tdm_tree_case *tc, uint64_t seed) {
     const double e_ref = ref_nrm_err(got, ref, n_out), e_cpu = ref_nrm_err(got, cpu, n_out);
     cr_assert(e_ref < 1e-4 && e_cpu < 1e-4, "tree attention heads %d/%d hd %d %s: error %g (reference), %g (CPU)",
               tc->n_head, tc->n_kv_head, tc->head_dim, tdm_dtype_name(tc->cache_type), e_ref, e_cpu);
+    /* the shapes the tiled kernels run take tree batches there (cuda_flash.cu, tree
+     * masks); the tree kernel (TANDEM_CUDA_TREE_FLASH=0) on the same batch, and the
+     * tiled kernels without the decode kernel (TANDEM_FLASH_DECODE=0), the same bits */
+    setenv("TANDEM_CUDA_TREE_FLASH", "0", 1);
+    poison(g, d.out, n_out);
+    OK(g->ops->attention(g, &d, &err_));
+    unsetenv("TANDEM_CUDA_TREE_FLASH");
+    float *got_k = tdm_cu_test_get(g, d.out, n_out * 4);
+    const double e_k = ref_nrm_err(got_k, ref, n_out);
+    cr_assert(e_k < 1e-4, "tree kernel hd %d %s: error %g", tc->head_dim, tdm_dtype_name(tc->cache_type), e_k);
+    setenv("TANDEM_FLASH_DECODE", "0", 1);
+    poison(g, d.out, n_out);
+    OK(g->ops->attention(g, &d, &err_));
+    unsetenv("TANDEM_FLASH_DECODE");
+    float *got_t = tdm_cu_test_get(g, d.out, n_out * 4);
+    cr_assert(memcmp(got_t, got, n_out * 4) == 0, "tree batch hd %d %s: the tiled kernel differs from the decode kernel",
+              tc->head_dim, tdm_dtype_name(tc->cache_type));
+    /* every row alone (a batch of that one row, its tree mask kept): the batch's bits */
+    const size_t row_out = (size_t)tc->n_head * tc->head_dim;
+    float *d1 = tdm_cu_test_put(g, NULL, row_out * 4);
+    for (int32_t r = 0; r < f.bt.n_rows; r++) {
+        tdm_batch one;
+        cr_assert_eq(tdm_batch_init(&one, 1, NULL), TANDEM_OK);
+        const uint64_t m = f.bt.tree_mask[r];
+        if (m) tdm_batch_add_tree(&one, 0, f.bt.pos[r], f.bt.seq[r], f.bt.slot[r], f.bt.n_visible[r], m, false);
+        else tdm_batch_add(&one, 0, f.bt.pos[r], f.bt.seq[r], f.bt.slot[r], false);
+        tdm_attn_args a1 = d;
+        a1.batch = &one;
+        a1.q = d.q + (size_t)r * f.q_stride;
+        a1.out = d1;
+        poison(g, d1, row_out);
+        OK(g->ops->attention(g, &a1, &err_));
+        float *o1 = tdm_cu_test_get(g, d1, row_out * 4);
+        cr_assert(memcmp(o1, got + (size_t)r * row_out, row_out * 4) == 0,
+                  "tree batch hd %d %s: row %d (mask %llx) alone differs from the batch", tc->head_dim,
+                  tdm_dtype_name(tc->cache_type), (int)r, (unsigned long long)m);
+        free(o1);
+        tdm_batch_free(&one);
+    }
+    g->ops->free(g, d1);
+    free(got_k), free(got_t);
 #ifndef TDM_TEST_CUDA_ON_CPU /* (the CPU backend has no kv_move op: the engine copies itself) */
     /* kv_move: three slots of sequence 0's tree to the slots after its prefix */
     const int32_t P = tc->prefix[0], src[3] = {P + 5, P + 9, P + 11}, dst[3] = {P, P + 1, P + 2};
@@ -331,6 +375,14 @@ Test(cuda_tree, f32_hd96_block8) { run_tree(&(tdm_tree_case){6, 3, 96, 8, TDM_F3
 Test(cuda_tree, f16_hd256_and_hd32) {
     run_tree(&(tdm_tree_case){4, 1, 256, 16, TDM_F16, 1, {70}, {64}}, 4);
     run_tree(&(tdm_tree_case){2, 2, 32, 32, TDM_F16, 2, {33, 12}, {20, 30}}, 5);
+}
+/* small trees after long prefixes, 15 rows: tiles of a few rows over many splits (the
+ * decode kernel, cuda_decode_attn.cu, with tree masks), and a tree straddling a
+ * split boundary (prefix 250 + 12 nodes) */
+Test(cuda_tree, small_trees_long_prefixes) {
+    run_tree(&(tdm_tree_case){32, 8, 128, 16, TDM_F16, 3, {1000, 700, 250}, {4, 5, 3}}, 6);
+    run_tree(&(tdm_tree_case){32, 8, 128, 16, TDM_Q8_0, 3, {4099, 250, 31}, {3, 12, 2}}, 7);
+    run_tree(&(tdm_tree_case){8, 2, 80, 8, TDM_F16, 2, {520, 9}, {7, 6}}, 8);
 }
 
 Test(cuda_flash, decode_mha_hd128) { run_flash(&(flash_case){32, 32, 128, 16, 1, {300}, 1}, 1); }

@@ -9,10 +9,11 @@
  * copy of the block tables of the batch's sequences (checked there: every slot a
  * row reads or writes is backed by a block), and uploads it once per op.
  *
- * attention: batches without tree rows on an f16 or q8_0 cache of a head dim the
- * tiled kernels know go to cuda_flash.cu (tiles of rows, split key ranges, online
- * softmax).  The others (tree rows with extra slots, f32 caches, other head dims)
- * run two kernels here: scores (a thread per (row, head, slot): scale * q.K, d in
+ * attention: batches (token-tree batches among them) on an f16 or q8_0 cache of a
+ * head dim the tiled kernels know go to cuda_flash.cu (tiles of rows, split key
+ * ranges, online softmax); other token-tree batches to cuda_tree_attn.cu.  The
+ * others (rows with CSR extra slots, f32 caches, other head dims) run two kernels
+ * here: scores (a thread per (row, head, slot): scale * q.K, d in
  * increasing order) into device scratch, then per (row, head) a block that takes
  * the softmax (max subtracted) and the weighted sum of V.  Scores live in global
  * memory, so any context length works.
@@ -23,6 +24,8 @@
  */
 #include <cuda_fp16.h>
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "cuda_fused.h"
 #include "cuda_kvq8.cuh"
@@ -316,8 +319,14 @@ __global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t 
     }
 }
 
-/* The attention op by tiles and splits (cuda_flash.cu), for batches without tree
- * rows on an f16 or q8_0 cache of a head dim it knows: metadata through the ring. */
+bool tdm_cuda_tree_flash(void) {
+    const char *v = getenv("TANDEM_CUDA_TREE_FLASH"); /* (once per op: cheap) */
+    return !(v && strcmp(v, "0") == 0);
+}
+
+/* The attention op by tiles and splits (cuda_flash.cu), for batches (token trees
+ * among them) on an f16 or q8_0 cache of a head dim it knows: metadata through
+ * the ring. */
 static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
     const int32_t n = bt->n_rows, max_q = tdm_flash_max_q(n);
@@ -401,8 +410,9 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     if (rh > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld (row, head) pairs", (long long)rh);
     /* (sliding windows and soft-capping: the tiled kernels only) */
     if (!bt->extra_off && a->window == 0 && a->softcap == 0 &&
-        tdm_flash_supported(a->head_dim, a->block_size, a->cache_type))
+        tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) && (!bt->tree || tdm_cuda_tree_flash()))
         return flash_op(c, a, err);
+    if (bt->tree) return tdm_cuda_tree_attention_on(c, a, err);
     attn_meta m;
     int32_t max_tot = 0;
     tandem_status st = pack_meta(c, bt, a->seqs, a->block_size, a->window, "attention", &m, &max_tot, err);

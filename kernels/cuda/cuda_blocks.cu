@@ -4,7 +4,8 @@
  * captured once per batch shape into a CUDA graph and replayed.
  *
  * Per block, for a batch of n rows:
- *   n <= TDM_CUDA_GEMV_MAX_ROWS (decode, verification): the row kernels
+ *   n <= TDM_CUDA_GEMV_MAX_ROWS (decode, verification; a token tree's verification
+ *   up to TDM_CUDA_TREE_MAX_ROWS; rows_shared batches up to shared_rows_max): the row kernels
  *     (cuda_gemv.cu), which read each weight once and give each row the same
  *     result whatever else is in the batch:
  *       rmsnorm -> [int8 blocks] -> Wqkv -> bias + RoPE + K/V write -> attention
@@ -15,13 +16,15 @@
  *       rmsnorm -> f16 -> Wqkv -> RoPE + K/V -> attention -> f16 -> x += Wo att
  *       -> rmsnorm -> f16 -> W13 -> SwiGLU -> f16 -> x += W2 ff
  * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 or q8_0 cache and the head dims it
- * knows; batches with tree rows (extra visible slots) or other shapes use the op
- * table's attention (not captured in graphs).  qwen3's q / k head norms run
+ * knows, token-tree batches (a tree mask per row) included; batches with CSR extra
+ * slots or other shapes use the op table's attention (not captured in graphs).  qwen3's q / k head norms run
  * between Wqkv and RoPE; the gemma3 blocks (post norms, GeGLU, sliding windows,
  * soft-capping) are declined: they run op by op.
  *
- * Graphs: a batch shape (rows, tiles, attention splits rounded up to a power of
- * two, buffers, weights) seen a second time is captured and then replayed.  Its
+ * Graphs: a batch of at most TDM_CUDA_GRAPH_MAX_ROWS rows whose shape (rows and
+ * product path, tiles, attention splits rounded up to a power of two, buffers,
+ * weights) is seen a second time is captured and then replayed (cuBLAS products
+ * too: its workspace is fixed, cuda_gemm.cu).  Its
  * kernels read the batch metadata from one fixed device buffer, which the host
  * fills (through a pinned buffer) before each replay.  TANDEM_CUDA_GRAPHS=0 turns
  * graphs off.
@@ -275,7 +278,6 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     const tdm_batch *bt = a->batch;
     const int32_t n = bt->n_rows;
     if (n <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: %d rows", (int)n);
-    if (bt->tree) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: token-tree batches run op by op");
     if (a->n_head <= 0 || a->n_kv_head <= 0 || a->n_head % a->n_kv_head || a->head_dim <= 0 || a->block_size <= 0 ||
         a->rope->n_rot <= 0 || a->rope->n_rot % 2 || a->rope->n_rot > a->head_dim)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: heads %d / %d, head_dim %d, block_size %d, n_rot %d",
@@ -290,8 +292,14 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     memset(&f, 0, sizeof f);
     f.c = c;
     f.a = a;
-    f.rows_path = n <= (bt->rows_shared ? c->shared_rows_max : TDM_CUDA_GEMV_MAX_ROWS);
-    f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type);
+    /* the row kernels: batch invariant (a verification's rows computed as each
+     * alone, so greedy speculation equals target-only decoding), up to the rows a
+     * verification or a token tree's verification has; rows that only propose
+     * (rows_shared) take them only while they are the fastest */
+    f.rows_path = n <= (bt->rows_shared ? c->shared_rows_max
+                                        : bt->tree ? TDM_CUDA_TREE_MAX_ROWS : TDM_CUDA_GEMV_MAX_ROWS);
+    f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) &&
+              (!bt->tree || tdm_cuda_tree_flash());
     const int32_t max_q = tdm_flash_max_q(n);
     const int32_t gh = tdm_flash_tc_use(a->head_dim, n) ? 1 : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t meta_bytes;
@@ -302,7 +310,7 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     if ((st = tdm_cuda_meta_fill(bt, a->seqs, a->block_size, gh, max_q, mh, &f.fm, err))) return st;
     f.gh = gh;
     const int32_t need_splits = TDM_MAX(1, (f.fm.max_kv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
-    f.n_splits = f.rows_path ? pow2_at_least(need_splits) : need_splits;
+    f.n_splits = n <= TDM_CUDA_GRAPH_MAX_ROWS ? pow2_at_least(need_splits) : need_splits; /* (graphs reused) */
     /* the buffers, at their final size before any capture */
     const fwd_layout sz = plan_buffers(NULL, a, n, f.n_splits);
     uint8_t *base = (uint8_t *)tdm_cuda_buf_get(c, &c->fwd_buf, sz.bytes, "forward buffers", err);
@@ -317,9 +325,11 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
         tdm_cuda_prof_end(c);
         return st;
     }
-    if (!f.rows_path || !f.flash) return run_layers(&f, err);
-    /* decode / verification: replay a graph of this shape, or record one */
-    const uint64_t key[] = {(uint64_t)n, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits, (uint64_t)f.fm.max_tile_rows * 1024 + (uint64_t)gh,
+    if (n > TDM_CUDA_GRAPH_MAX_ROWS || !f.flash) return run_layers(&f, err);
+    /* decode, verification, trees, draft rounds: replay a graph of this shape, or
+     * record one */
+    const uint64_t key[] = {(uint64_t)n * 2 + (uint64_t)f.rows_path, (uint64_t)f.fm.n_tiles, (uint64_t)f.n_splits,
+                            (uint64_t)f.fm.max_tile_rows * 1024 + (uint64_t)gh,
                             (uint64_t)(uintptr_t)a->x, (uint64_t)(uintptr_t)a->layers, (uint64_t)(uintptr_t)a->k_cache[0],
                             (uint64_t)(uintptr_t)base, (uint64_t)(uintptr_t)meta, (uint64_t)a->n_layer,
                             (uint64_t)a->cache_type};

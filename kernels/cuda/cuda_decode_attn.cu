@@ -20,7 +20,7 @@
  *      consecutive threads on consecutive keys: coalesced along the block's keys)
  *      against every query vector of the tile (rows x heads, at most QN, Q in
  *      shared memory): s = fma chain over d = 0 .. HD - 1, then s * scale, or -inf
- *      for a key the row does not see (key >= its nv) -> Ps[q][256];
+ *      for a key the row does not see (key >= its nv, outside its tree mask) -> Ps[q][256];
  *   2. softmax bookkeeping exactly as k_flash's warps do it: the split's 8 chunks
  *      of 32 keys are taken in "streams" (chunk u in stream u % W, W = k_flash's
  *      warps: 8, or 4 for HD 256, the stream's chunks in order), per chunk the
@@ -74,6 +74,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
     __shared__ float Cs[QN][DA_CHUNKS];                /* a chunk's correction of its stream */
     __shared__ float Ms[QN][W], Ls[QN][W];             /* a stream's max and sum */
     __shared__ int32_t NVs[QN];
+    __shared__ uint64_t TRs[QN];                       /* tree masks (cuda_fused.h) */
     __shared__ float Vsc[q8 ? TDM_FLASH_SPLIT : 1];      /* q8_0: the split's V scales */
 
     const tdm_cuda_tile tile = a.tiles[blockIdx.x];
@@ -90,7 +91,10 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         if (qi < nq) v = a.q[(size_t)(tile.row0 + qi / gh) * a.q_stride + (size_t)(h0 + qi % gh) * HD + d];
         Qs[i] = v;
     }
-    for (int32_t qi = t; qi < QN; qi += DA_THREADS) NVs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].nv : 0;
+    for (int32_t qi = t; qi < QN; qi += DA_THREADS) {
+        NVs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].nv : 0;
+        TRs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].tree : 0;
+    }
     __syncthreads();
 
     const uint8_t *kc = (const uint8_t *)a.k_cache, *vc = (const uint8_t *)a.v_cache;
@@ -142,8 +146,9 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         for (int qi = 0; qi < QN; qi++) {
             if (qi >= nq) continue;
             const int32_t nv = NVs[qi];
-            *(float2 *)&Ps[qi][2 * t] = make_float2(key < nv ? s0[qi] * a.scale * ks0 : -INFINITY,
-                                                    key + 1 < nv ? s1[qi] * a.scale * ks1 : -INFINITY);
+            const uint64_t tr = TRs[qi];
+            *(float2 *)&Ps[qi][2 * t] = make_float2(tdm_cu_row_sees(nv, tr, key) ? s0[qi] * a.scale * ks0 : -INFINITY,
+                                                    tdm_cu_row_sees(nv, tr, key + 1) ? s1[qi] * a.scale * ks1 : -INFINITY);
         }
     }
     __syncthreads();
@@ -269,7 +274,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         const int32_t qi = g + i * G;
         if (qi >= nq) continue;
         const int32_t r = tile.row0 + qi / gh, h = h0 + qi % gh;
-        const int32_t ns_row = (NVs[qi] + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
+        const int32_t ns_row = (tdm_cu_row_end(NVs[qi], TRs[qi]) + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
         if (ns_row <= 1 && blockIdx.z > 0) continue;
         if (ns_row > 1 && (int32_t)blockIdx.z >= ns_row) continue; /* none of the row's keys here */
         if (ns_row <= 1) { /* the row's only split (or none: 0): its output, as the combine gives it */

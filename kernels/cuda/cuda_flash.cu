@@ -19,7 +19,8 @@
  * Every grouping of keys is fixed by the key's index alone (32-key chunks, splits
  * of TDM_FLASH_SPLIT), and keys a row cannot see contribute exact zeros, so a row's
  * output does not depend on which other rows share its tile or its batch.
- * Invisible keys are masked (causal within the new rows: a row sees [0, nv)).
+ * Invisible keys are masked (causal within the new rows: a row sees [0, nv); a
+ * token-tree row also the slots nv + j of its tree mask's bits j).
  *
  * Tiles of few rows (decode, verification) go to cuda_decode_attn.cu instead, which
  * computes the same thing in the same order without staging (tdm_cuda_flash).
@@ -60,7 +61,8 @@ int32_t tdm_flash_warps(int32_t head_dim) {
 int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_t n_head, int32_t n_kv_head,
                                   int32_t max_q) {
     int32_t max_nv = 0;
-    for (int32_t r = 0; r < bt->n_rows; r++) max_nv = TDM_MAX(max_nv, bt->n_visible[r]);
+    for (int32_t r = 0; r < bt->n_rows; r++)
+        max_nv = TDM_MAX(max_nv, tdm_cuda_row_end(bt->n_visible[r], bt->tree && bt->tree_mask ? bt->tree_mask[r] : 0));
     const int64_t splits = TDM_MAX(1, (max_nv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT);
     const int64_t tiles = (bt->n_rows + max_q - 1) / max_q;
     if (tiles * splits * n_kv_head < c->n_sm / 2) return 1;
@@ -83,7 +85,7 @@ size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, i
 template <int HD, int QN, typename C> struct fl_smem {
     static constexpr bool q8 = std::is_same<C, int8_t>::value;
     static constexpr size_t q_bytes = (size_t)QN * HD * 4;
-    static constexpr size_t nv_bytes = (size_t)QN * 4;
+    static constexpr size_t nv_bytes = (size_t)QN * 16; /* [QN] nv, padding, [QN] tree masks */
     static constexpr size_t kv_bytes = (size_t)FL_CHUNK * HD * sizeof(C); /* K or V of one warp */
     static constexpr size_t p_bytes = (size_t)QN * FL_CHUNK * 4;
     static constexpr size_t sc_bytes = q8 ? 2 * FL_CHUNK * 4 : 0; /* q8_0: the keys' K and V scales */
@@ -100,6 +102,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
     extern __shared__ __align__(16) uint8_t smem[];
     float *Qs = (float *)smem;                        /* [QN][HD] */
     int32_t *NVs = (int32_t *)(smem + S::q_bytes);    /* [QN] */
+    uint64_t *TRs = (uint64_t *)(smem + S::q_bytes + (size_t)QN * 8); /* [QN] tree masks */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     uint8_t *wbase = smem + S::q_bytes + S::nv_bytes + (size_t)warp * S::warp_bytes;
     C *Ks = (C *)wbase;                               /* [HD][32] */
@@ -121,7 +124,10 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         if (qi < nq) v = a.q[(size_t)(tile.row0 + qi / gh) * a.q_stride + (size_t)(h0 + qi % gh) * HD + d];
         Qs[i] = v;
     }
-    for (int32_t qi = threadIdx.x; qi < QN; qi += blockDim.x) NVs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].nv : 0;
+    for (int32_t qi = threadIdx.x; qi < QN; qi += blockDim.x) {
+        NVs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].nv : 0;
+        TRs[qi] = qi < nq ? a.rows[tile.row0 + qi / gh].tree : 0;
+    }
     __syncthreads();
 
     const int32_t bs = a.block_size, n_kv = a.n_kv_head;
@@ -174,7 +180,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
 #pragma unroll
         for (int qi = 0; qi < QN; qi++) {
             if (qi >= nq) continue;
-            const float sc = key < NVs[qi] ? s[qi] * a.scale * kd : -INFINITY;
+            const float sc = tdm_cu_row_sees(NVs[qi], TRs[qi], key) ? s[qi] * a.scale * kd : -INFINITY;
             const float mn = fmaxf(m[qi], tdm_cu_warp_max(sc));
             float p = 0.0f, corr = 1.0f;
             if (mn != -INFINITY) {
@@ -247,7 +253,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
                 A = fmaf(e, ((const float *)wb)[(size_t)qi * HD + d], A);
             }
         const int32_t r = tile.row0 + qi / gh, h = h0 + qi % gh;
-        const int32_t ns_row = (NVs[qi] + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
+        const int32_t ns_row = (tdm_cu_row_end(NVs[qi], TRs[qi]) + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
         if (ns_row <= 1 && blockIdx.z > 0) continue;
         if (ns_row > 1 && (int32_t)blockIdx.z >= ns_row) continue; /* none of the row's keys here */
         if (ns_row <= 1) { /* the row's only split (or none: 0): its output, as the combine gives it */
@@ -273,7 +279,7 @@ template <typename O>
 __global__ void k_flash_combine(const tdm_cuda_row *rows, const float *part, int32_t n_rows, int32_t n_head,
                                 int32_t hd, O *out) {
     const int32_t r = (int32_t)blockIdx.x / n_head, h = (int32_t)blockIdx.x % n_head;
-    const int32_t nv = rows[r].nv, ns = (nv + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
+    const int32_t ns = (tdm_cu_row_end(rows[r].nv, rows[r].tree) + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
     if (ns <= 1) return; /* (k_flash wrote it: A / L of its one split, as below) */
     const size_t stride = (size_t)n_rows * n_head * (hd + 2);
     const float *p0 = part + ((size_t)r * n_head + h) * (hd + 2);

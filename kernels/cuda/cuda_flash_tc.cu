@@ -7,7 +7,7 @@
  * tile's keys in chunks of 32: it stages the chunk's K (as [d][key], the cache's
  * own order within a block) and V ([key][d]) in its shared memory, computes the
  * scores S = Q K^T of its 16 rows with the tensor cores, masks the keys a row
- * cannot see (key >= its visible count) and updates each row's running maximum,
+ * cannot see (key >= its visible count, outside its tree mask) and updates each row's running maximum,
  * sum and output O = O * correction + P V (P rounded to f16).  The output is written
  * once, after the last chunk; no split of the keys, so no partials.
  *
@@ -38,7 +38,7 @@ template <int HD> struct tc_cfg {
     static constexpr size_t s = (size_t)TC_ROWS * TC_CH * 4; /* S f32 [16][32] */
     static constexpr size_t p = (size_t)TC_ROWS * TC_CH * 2; /* P f16 [16][32] */
     static constexpr size_t o = (size_t)TC_ROWS * HD * 4;  /* O f32 [16][HD] */
-    static constexpr size_t st = (size_t)TC_ROWS * 2 * 4;  /* per row: correction, visible count */
+    static constexpr size_t st = (size_t)TC_ROWS * 4 * 4;  /* per row: correction, visible count, tree mask */
     static constexpr size_t warp = q + k + v + s + p + o + st;
     static constexpr size_t total = W * warp;
     static_assert(q % 32 == 0 && k % 32 == 0 && v % 32 == 0 && s % 32 == 0 && p % 32 == 0 && o % 32 == 0,
@@ -68,6 +68,7 @@ __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash
     float *Os = (float *)(wb + C::q + C::k + C::v + C::s + C::p);
     float *Cs = (float *)(wb + C::q + C::k + C::v + C::s + C::p + C::o); /* [16] corrections */
     int32_t *NVs = (int32_t *)(Cs + TC_ROWS);                              /* [16] visible counts */
+    uint64_t *TRs = (uint64_t *)(NVs + TC_ROWS);                           /* [16] tree masks */
 
     const tdm_cuda_tile tile = a.tiles[ti];
     for (int32_t i = lane; i < TC_ROWS * HD; i += 32) {
@@ -76,7 +77,10 @@ __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash
         Qs[i] = __float2half_rn(v);
         Os[i] = 0.0f;
     }
-    if (lane < TC_ROWS) NVs[lane] = lane < tile.n_rows ? a.rows[tile.row0 + lane].nv : 0;
+    if (lane < TC_ROWS) {
+        NVs[lane] = lane < tile.n_rows ? a.rows[tile.row0 + lane].nv : 0;
+        TRs[lane] = lane < tile.n_rows ? a.rows[tile.row0 + lane].tree : 0;
+    }
     __syncwarp();
 
     const int32_t bs = a.block_size, n_kv = a.n_kv_head;
@@ -112,11 +116,12 @@ __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash
         /* online softmax of row r over its 16 keys of the chunk (and its partner's) */
         {
             const int32_t nv = NVs[r];
+            const uint64_t tr = TRs[r];
             float sc[16], mx = -INFINITY;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int32_t key = base + half * 16 + j;
-                sc[j] = key < nv ? Ss[r * TC_CH + half * 16 + j] * a.scale : -INFINITY;
+                sc[j] = tdm_cu_row_sees(nv, tr, key) ? Ss[r * TC_CH + half * 16 + j] * a.scale : -INFINITY;
                 mx = fmaxf(mx, sc[j]);
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));

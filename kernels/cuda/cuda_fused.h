@@ -13,10 +13,31 @@ typedef struct tdm_cuda_row {
     int32_t kv_blk;  /* physical block of the slot it writes */
     int32_t kv_off;  /* slot % block_size */
     int32_t nv;      /* visible slots [0, nv) of its sequence */
+    uint64_t tree;   /* a token-tree row (src/batch.h): bit j, it also sees slot nv + j; 0: none */
 } tdm_cuda_row;
 
+/* The end of a row's keys: past nv and its highest tree slot. */
+static inline int32_t tdm_cuda_row_end(int32_t nv, uint64_t tree) {
+    int32_t top = 0;
+    for (uint64_t m = tree; m; m >>= 1) top++;
+    return nv + top;
+}
+#ifdef __CUDACC__
+/* The same on the device, by count of leading zeros. */
+__device__ __forceinline__ int32_t tdm_cu_row_end(int32_t nv, uint64_t tree) {
+    return tree ? nv + 64 - __clzll((long long)tree) : nv;
+}
+/* Whether a row (nv, tree) sees key slot `key`. */
+__device__ __forceinline__ bool tdm_cu_row_sees(int32_t nv, uint64_t tree, int32_t key) {
+    if (key < nv) return true;
+    const uint32_t j = (uint32_t)(key - nv);
+    return j < 64 && ((tree >> j) & 1u);
+}
+#endif
+
 /* Consecutive rows of one sequence attended together: they read the sequence's
- * K / V once.  Each row sees slots [0, its nv); kv_len = the largest nv. */
+ * K / V once.  Each row sees slots [0, its nv) and its tree slots; kv_len = the
+ * largest row end (tdm_cuda_row_end). */
 typedef struct tdm_cuda_tile {
     int32_t row0, n_rows;
     int32_t tab;     /* offset of the sequence's block table in the tables array */

@@ -335,7 +335,9 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     if (!tdm_cuda_gemv_fast(w))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %s weight [%lld][%lld] (layout %u) has no fast kernel",
                           tdm_dtype_name(w->type), (long long)w->rows, (long long)w->cols, (unsigned)w->layout);
-    const int32_t max_rows = c->force_mm == 1 ? TDM_CUDA_GEMV_FORCED_MAX_ROWS : TDM_CUDA_GEMV_MAX_ROWS;
+    /* (callers choose the row kernels up to TDM_CUDA_GEMV_MAX_ROWS, or forced, or for
+     * a token tree's verification up to TDM_CUDA_TREE_MAX_ROWS) */
+    const int32_t max_rows = TDM_MAX(TDM_CUDA_GEMV_FORCED_MAX_ROWS, TDM_CUDA_TREE_MAX_ROWS);
     if (n <= 0 || n > max_rows) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: %d rows (1..%d)", (int)n, (int)max_rows);
     const bool quant = w->layout == TDM_LAYOUT_QSPLIT;
     if (!y || (quant ? !xq || !xq->q : !x)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: NULL input or output");

@@ -14,11 +14,13 @@
 
 #define GRAPH_KEY_MAX 16
 #define GRAPH_CACHE 64
+#define GRAPH_FAILS_MAX 4 /* failed captures (of different shapes) after which graphs are off */
 
 typedef struct graph_entry {
     uint64_t key[GRAPH_KEY_MAX];
     size_t n_key;
     int seen;                /* times the key was run */
+    bool failed;             /* its capture failed: run directly from now on */
     cudaGraphExec_t exec;    /* NULL until captured */
     uint64_t last_use;
 } graph_entry;
@@ -27,7 +29,8 @@ struct tdm_cuda_graphs {
     graph_entry e[GRAPH_CACHE];
     int n;
     uint64_t clock, replays, captures;
-    bool off;                /* TANDEM_CUDA_GRAPHS=0, or a capture failed */
+    bool off;                /* TANDEM_CUDA_GRAPHS=0, or GRAPH_FAILS_MAX captures failed */
+    int fails;               /* captures that failed */
     uint8_t *meta_h, *meta_d;
     size_t meta_cap;
     cudaEvent_t meta_copied; /* recorded after each metadata copy */
@@ -128,13 +131,20 @@ static graph_entry *insert(tdm_cuda_graphs *g, const uint64_t *key, size_t n_key
     return v;
 }
 
-/* Captures fn into e->exec; on failure turns graphs off (the caller runs fn). */
+/* A failed capture: that shape runs directly from now on; after GRAPH_FAILS_MAX of
+ * them graphs are off. */
+static void capture_failed(tdm_cuda_graphs *g, graph_entry *v) {
+    cudaGetLastError();
+    v->failed = true;
+    if (++g->fails >= GRAPH_FAILS_MAX) g->off = true;
+}
+
+/* Captures fn into e->exec; on failure marks the shape (the caller runs fn). */
 static tandem_status capture(tdm_cuda *c, tdm_cuda_graphs *g, graph_entry *v,
                              tandem_status (*fn)(const void *, tdm_err *), const void *ctx, tdm_err *err) {
     cudaError_t e = cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal);
     if (e != cudaSuccess) {
-        cudaGetLastError();
-        g->off = true;
+        capture_failed(g, v);
         return TANDEM_OK;
     }
     c->capturing = true;
@@ -146,17 +156,15 @@ static tandem_status capture(tdm_cuda *c, tdm_cuda_graphs *g, graph_entry *v,
     e = cudaStreamEndCapture(c->stream, &graph);
     if (st || e != cudaSuccess || !graph) {
         if (graph) cudaGraphDestroy(graph);
-        cudaGetLastError();
-        g->off = true;
+        capture_failed(g, v);
         (void)err;
         return TANDEM_OK; /* (run directly below) */
     }
     e = cudaGraphInstantiate(&v->exec, graph, 0);
     cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
-        cudaGetLastError();
         v->exec = NULL;
-        g->off = true;
+        capture_failed(g, v);
         return TANDEM_OK;
     }
     g->captures++;
@@ -171,7 +179,7 @@ tandem_status tdm_cuda_graph_run(tdm_cuda *c, const uint64_t *key, size_t n_key,
     graph_entry *v = find(g, key, n_key);
     if (!v) v = insert(g, key, n_key);
     v->last_use = ++g->clock;
-    if (!v->exec && v->seen++ >= 1) {
+    if (!v->exec && !v->failed && v->seen++ >= 1) {
         tandem_status st = capture(c, g, v, fn, ctx, err);
         if (st) return st;
     }

@@ -15,8 +15,9 @@ void *tdm_cuda_graph_meta_upload(tdm_cuda *c, size_t bytes, tdm_err *err);
 /* Runs fn(ctx) on the backend's stream: the first time a key is seen, directly; the
  * second time, captured into a graph that is then launched; later, by launching
  * that graph.  fn must enqueue the same work for the same key (its launches may read
- * only device memory whose addresses the key fixes).  Graphs are off when the
- * environment sets TANDEM_CUDA_GRAPHS=0 or a capture failed once. */
+ * only device memory whose addresses the key fixes).  A key whose capture failed
+ * runs directly from then on; graphs are off when the environment sets
+ * TANDEM_CUDA_GRAPHS=0 or captures of four keys failed. */
 tandem_status tdm_cuda_graph_run(tdm_cuda *c, const uint64_t *key, size_t n_key,
                                  tandem_status (*fn)(const void *ctx, tdm_err *err), const void *ctx, tdm_err *err);
 /* Drops every captured graph (device memory they read may be gone). */

@@ -117,6 +117,14 @@ void tdm_cuda_buf_free(tdm_cuda *c, tdm_cuda_buf *b);
 /* tdm_cuda.shared_rows_max's default */
 #define TDM_CUDA_SHARED_ROWS 4
 #define TDM_CUDA_GEMV_FORCED_MAX_ROWS 64 /* (when a benchmark forces the row kernels) */
+/* Rows up to which a token-tree batch of the target (not rows_shared: a
+ * verification, whose rows must be computed as each alone) stays on the row
+ * kernels in the fused forward: a tree of up to TDM_TREE_MAX_NODES - 1 nodes and its
+ * root. */
+#define TDM_CUDA_TREE_MAX_ROWS 64
+/* Rows up to which the fused forward of a batch is captured into a CUDA graph
+ * (cuda_blocks.cu): decode, verification, token trees, draft tree levels. */
+#define TDM_CUDA_GRAPH_MAX_ROWS 64
 
 /* x quantised for the Q8_0 / Q4_0 kernels, per row and 32-element block:
  * q[n][cols] int8 = round(x / d), d[n][cols / 32] = max |x| / 127, qs[n][cols / 32]
@@ -195,10 +203,16 @@ tandem_status tdm_cuda_matmul_rows(tdm_cuda *c, const tdm_weight *w, const float
 tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
-/* The attention op (cuda_tree_attn.cu): token-tree batches to tdm_cuda_tree_attention,
- * the others to tdm_cuda_attention. */
+/* The attention op's table entry (cuda_tree_attn.cu): tdm_cuda_attention. */
 tandem_status tdm_cuda_attention_any(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+/* Token-tree batches on the tree kernel (cuda_tree_attn.cu), whatever their shape
+ * the tiled kernels would take. */
 tandem_status tdm_cuda_tree_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
+tandem_status tdm_cuda_tree_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err);
+/* Whether the tiled kernels (cuda_flash.cu) take a token-tree batch of a shape they
+ * run: yes, unless the environment sets TANDEM_CUDA_TREE_FLASH=0 (then the tree
+ * kernel, and no fused forward graph, serve tree batches). */
+bool tdm_cuda_tree_flash(void);
 /* The kv_move op (cuda_tree_attn.cu): one kernel for every pair, layer and kv head. */
 tandem_status tdm_cuda_kv_move(tdm_backend *b, const tdm_kv_move_args *a, tdm_err *err);
 tandem_status tdm_cuda_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);

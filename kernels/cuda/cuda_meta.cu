@@ -1,5 +1,5 @@
 /* cuda_meta.cu - a batch's metadata for the fused kernels (cuda_fused.h): per row
- * its position, the cache slot it writes and its visible count; rows grouped into
+ * its position, the cache slot it writes, its visible count and tree mask; rows grouped into
  * tiles (consecutive rows of one sequence) for attention; and the block tables of
  * the batch's sequences, each copied once.  Packed and checked on the host, so a
  * bad batch is reported before anything runs. */
@@ -59,8 +59,11 @@ void tdm_cuda_meta_at(const void *buf, int32_t n, const tdm_cuda_row **rows, con
     *tabs = (const int32_t *)(*tiles + n);
 }
 
-/* Checks row r against its sequence's table: the slot it writes and the slots
- * [0, nv) it reads are backed by blocks. */
+/* A row's tree mask (0 outside a token-tree batch). */
+static uint64_t row_tree(const tdm_batch *bt, int32_t r) { return bt->tree && bt->tree_mask ? bt->tree_mask[r] : 0; }
+
+/* Checks row r against its sequence's table: the slot it writes and the slots it
+ * reads ([0, nv) and its tree slots) are backed by blocks. */
 static tandem_status check_row(const tdm_batch *bt, const tdm_kv_seq *s, int32_t r, int32_t bs, tdm_err *err) {
     const int32_t slot = bt->slot[r], nv = bt->n_visible[r];
     const int64_t cap = TDM_MIN((int64_t)s->len, (int64_t)s->n_blocks * bs);
@@ -70,7 +73,11 @@ static tandem_status check_row(const tdm_batch *bt, const tdm_kv_seq *s, int32_t
     if (nv < 0 || nv > cap || bt->pos[r] < 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "row %d: n_visible %d / position %d outside the sequence (len %d)",
                           (int)r, (int)nv, (int)bt->pos[r], (int)s->len);
-    for (int32_t b = 0; b < (nv + bs - 1) / bs; b++)
+    const int64_t end = (int64_t)nv + (tdm_cuda_row_end(0, row_tree(bt, r)));
+    if (end > cap)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "row %d: tree slot %lld outside the sequence (len %d)", (int)r,
+                          (long long)end - 1, (int)s->len);
+    for (int32_t b = 0; b < (int32_t)((end + bs - 1) / bs); b++)
         if (s->blocks[b] < 0)
             return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "row %d: block %d has id %d", (int)r, (int)b, (int)s->blocks[b]);
     return TANDEM_OK;
@@ -101,6 +108,8 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
         rows[r].kv_blk = s->blocks[bt->slot[r] / bs];
         rows[r].kv_off = bt->slot[r] % bs;
         rows[r].nv = bt->n_visible[r];
+        rows[r].tree = row_tree(bt, r);
+        const int32_t end = tdm_cuda_row_end(rows[r].nv, rows[r].tree);
         tdm_cuda_tile *t = n_tiles ? &tiles[n_tiles - 1] : NULL;
         if (!t || bt->seq[r] != bt->seq[t->row0] || t->n_rows == tile_rows) {
             t = &tiles[n_tiles++];
@@ -111,8 +120,8 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
         }
         t->n_rows++;
         max_tile = TDM_MAX(max_tile, t->n_rows);
-        t->kv_len = TDM_MAX(t->kv_len, rows[r].nv);
-        max_kv = TDM_MAX(max_kv, rows[r].nv);
+        t->kv_len = TDM_MAX(t->kv_len, end);
+        max_kv = TDM_MAX(max_kv, end);
     }
     free(tab);
     if (st) return st;

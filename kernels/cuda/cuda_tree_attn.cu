@@ -1,6 +1,6 @@
-/* cuda_tree_attn.cu - attention of token-tree batches on the GPU, and the CUDA
- * backend's attention entry for every batch: tree batches (tdm_batch.tree: rows
- * with an ancestor bitset, src/batch.h) here, the others to cuda_attention.cu.
+/* cuda_tree_attn.cu - attention of token-tree batches on the GPU for the shapes
+ * the tiled kernels (cuda_flash.cu, which take tree masks too) do not run: f32
+ * caches, head dim 32, or TANDEM_CUDA_TREE_FLASH=0 (tdm_cuda_attention_on routes).
  * Also the kv_move op (a tree's accepted path moved into consecutive slots).
  *
  * Tree attention: a row sees slots [0, n_visible) of its sequence and the slots
@@ -207,6 +207,10 @@ static tandem_status launch_hd(tdm_cuda *c, const tdm_attn_args *a, const tree_m
 tandem_status tdm_cuda_tree_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err) {
     tdm_cuda *c = tdm_cuda_of(b, "tree attention", err);
     if (!c) return TANDEM_ERR_INVALID_ARG;
+    return tdm_cuda_tree_attention_on(c, a, err);
+}
+
+tandem_status tdm_cuda_tree_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     if (!a || !a->batch) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tree attention: NULL args or batch");
     const tdm_batch *bt = a->batch;
     if (bt->n_rows <= 0) return bt->n_rows == 0 ? TANDEM_OK : tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tree attention: n_rows %d", (int)bt->n_rows);
@@ -241,8 +245,7 @@ tandem_status tdm_cuda_tree_attention(tdm_backend *b, const tdm_attn_args *a, td
 }
 
 tandem_status tdm_cuda_attention_any(tdm_backend *b, const tdm_attn_args *a, tdm_err *err) {
-    if (a && a->batch && a->batch->tree) return tdm_cuda_tree_attention(b, a, err);
-    return tdm_cuda_attention(b, a, err);
+    return tdm_cuda_attention(b, a, err); /* (which routes tree batches: tdm_cuda_attention_on) */
 }
 
 /* ---- kv_move ------------------------------------------------------------------- */
