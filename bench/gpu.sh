@@ -175,6 +175,15 @@ if has trees; then
       --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 --ks 1,2,3,4,5,6,7,8,0 --tree 16,32,-1 \
       --tree-shape 4,2,2,1 --backend cuda >"$out/trees.txt" 2>"$out/trees.err" || log "bench_spec trees failed"
     log "trees: $(grep -c '| 0 of' "$out/trees.txt") speculative configurations with every output equal to target-only"
+    # the same trees of 32 without the fused tree attention (tree kernel, no graphs)
+    # and without the device's candidates (logits downloaded per level): what each buys
+    log "bench_spec pycode: trees of 32 with TANDEM_CUDA_TREE_FLASH=0, then TANDEM_TREE_TOPK=0"
+    TANDEM_CUDA_TREE_FLASH=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
+      -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 \
+      --ks 0 --tree 32 --backend cuda >"$out/trees-noflash.txt" 2>&1 || log "bench_spec trees (no flash) failed"
+    TANDEM_TREE_TOPK=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
+      -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 \
+      --ks 0 --tree 32 --backend cuda >"$out/trees-notopk.txt" 2>&1 || log "bench_spec trees (no topk) failed"
   fi
 fi
 if has oracle; then

@@ -4,7 +4,10 @@
  * get children, all jobs together in one draft forward (more only when the rows
  * exceed the batch or the logits rows).  Each logits row's distribution (softmax
  * of the draft's logits; for a sampled job the request's processed distribution,
- * kept in e->tree_q for verification) gives the children of its node. */
+ * kept in e->tree_q for verification) gives the children of its node.  When every
+ * job is greedy and the backend has the topk op, the candidates come from the
+ * device instead (e->tree_topk_*: ids and softmax probabilities, no logits rows
+ * downloaded). */
 #include "tree_draft.h"
 
 #include <string.h>
@@ -26,6 +29,9 @@ typedef struct lvl_buf {
     int32_t who[TDM_ENGINE_BATCH_LOGITS_MAX], node[TDM_ENGINE_BATCH_LOGITS_MAX]; /* per logits row */
     int32_t m;
     int32_t n_fwd;
+    /* greedy trees on a device backend with the topk op: each logits row's
+     * candidates come from the device (e->tree_topk_*; no logits cross to the host) */
+    bool dev_topk;
 } lvl_buf;
 
 /* Children count of node v (-1: the root) of a job's tree. */
@@ -53,27 +59,10 @@ static int32_t oracle_children(tdm_seq *s, const tdm_tree *t, int32_t v, int32_t
     return n;
 }
 
-/* The children of node v from the draft's logits row l. */
-static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l, tdm_err *err) {
-    tdm_engine *e = b->e;
+/* Node v's children: the candidates ids[0..got) with probabilities pr (the
+ * benchmark's oracle rearranges them first). */
+static void add_children(tdm_tree_job *j, int32_t v, int32_t c, int32_t *ids, float *pr, int32_t got) {
     tdm_tree *t = j->tree;
-    const int32_t V = e->n_vocab, c = n_children(j, v);
-    if (c <= 0) return TANDEM_OK;
-    if (!tdm_logits_finite(l, V)) return tdm_engine_nonfinite(e, true, j->s->n_tokens + (v < 0 ? -1 : t->depth[v]), err);
-    float *q = e->tmp;
-    if (j->sample) { /* its q row stays for verification */
-        const int32_t row = v < 0 ? 0 : 1 + t->dslot[v];
-        q = e->tree_q + (size_t)row * (size_t)V;
-        if (v < 0) t->qrow_root = row;
-        else t->qrow[v] = row;
-    }
-    const tdm_sampler_params soft = {1.0f, 0, 1.0f, 0.0f};
-    tdm_probs_from_logits(l, V, j->sample ? &j->s->sp : &soft, &e->ss, q);
-    int32_t ids[17];
-    int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
-                            : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), ids);
-    float pr[17]; /* the probability of each rank */
-    for (int32_t i = 0; i < got; i++) pr[i] = q[ids[i]];
     if (j->s->oracle) {
         /* the benchmark's candidates are right at rank 0 with probability alpha, at
          * rank 1 with (1 - alpha) / 2: the weights of a draft calibrated so (a
@@ -86,6 +75,49 @@ static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l
     const float w = v < 0 ? 1.0f : t->w[v];
     for (int32_t i = 0; i < got; i++)
         if (tdm_tree_add(t, v, ids[i], w * pr[i]) < 0) break;
+}
+
+/* The error of a draft logits row that holds a NaN or an infinity (node v's). */
+static tandem_status nonfinite(const lvl_buf *b, const tdm_tree_job *j, int32_t v, tdm_err *err) {
+    return tdm_engine_nonfinite(b->e, true, j->s->n_tokens + (v < 0 ? -1 : j->tree->depth[v]), err);
+}
+
+/* The children of node v from the draft's logits row l (host memory). */
+static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l, tdm_err *err) {
+    tdm_engine *e = b->e;
+    tdm_tree *t = j->tree;
+    const int32_t V = e->n_vocab, c = n_children(j, v);
+    if (c <= 0) return TANDEM_OK;
+    if (!tdm_logits_finite(l, V)) return nonfinite(b, j, v, err);
+    float *q = e->tmp;
+    if (j->sample) { /* its q row stays for verification */
+        const int32_t row = v < 0 ? 0 : 1 + t->dslot[v];
+        q = e->tree_q + (size_t)row * (size_t)V;
+        if (v < 0) t->qrow_root = row;
+        else t->qrow[v] = row;
+    }
+    const tdm_sampler_params soft = {1.0f, 0, 1.0f, 0.0f};
+    tdm_probs_from_logits(l, V, j->sample ? &j->s->sp : &soft, &e->ss, q);
+    int32_t ids[TDM_ENGINE_TREE_TOPK];
+    const int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
+                                  : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), ids);
+    float pr[TDM_ENGINE_TREE_TOPK]; /* the probability of each rank */
+    for (int32_t i = 0; i < got; i++) pr[i] = q[ids[i]];
+    add_children(j, v, c, ids, pr, got);
+    return TANDEM_OK;
+}
+
+/* The same from logits row r's candidates as the device's topk op gave them. */
+static tandem_status grow_top(lvl_buf *b, tdm_tree_job *j, int32_t v, int32_t r, tdm_err *err) {
+    const int32_t c = n_children(j, v);
+    if (c <= 0) return TANDEM_OK;
+    int32_t *ids = b->e->tree_topk_ids + (size_t)r * TDM_ENGINE_TREE_TOPK;
+    float *pr = b->e->tree_topk_p + (size_t)r * TDM_ENGINE_TREE_TOPK;
+    if (ids[0] < 0) return nonfinite(b, j, v, err);
+    int32_t got = 0;
+    const int32_t want = TDM_MIN(TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), TDM_ENGINE_TREE_TOPK);
+    while (got < want && ids[got] >= 0) got++;
+    add_children(j, v, c, ids, pr, got);
     return TANDEM_OK;
 }
 
@@ -93,10 +125,15 @@ static tandem_status flush(lvl_buf *b, tdm_err *err) {
     tdm_engine *e = b->e;
     if (e->batch.n_rows == 0) return TANDEM_OK;
     e->batch.rows_shared = true; /* (a draft's rows only propose) */
-    tandem_status st = tdm_engine_forward(e, true, &e->batch, b->kv, TDM_FWD_LOGITS_APPROX, err);
+    tandem_status st = tdm_engine_forward(e, true, &e->batch, b->kv, b->dev_topk ? TDM_FWD_LOGITS_DEV
+                                                                                 : TDM_FWD_LOGITS_APPROX, err);
     b->n_fwd++;
+    if (!st && b->dev_topk && b->m > 0)
+        st = e->be->ops->topk(e->be, e->out_d, b->m, e->n_vocab, TDM_ENGINE_TREE_TOPK, e->tree_topk_ids,
+                              e->tree_topk_p, err);
     for (int32_t r = 0; r < b->m && !st; r++)
-        st = grow(b, &b->jobs[b->who[r]], b->node[r], e->logits_d + (size_t)r * (size_t)e->n_vocab, err);
+        st = b->dev_topk ? grow_top(b, &b->jobs[b->who[r]], b->node[r], r, err)
+                         : grow(b, &b->jobs[b->who[r]], b->node[r], e->logits_d + (size_t)r * (size_t)e->n_vocab, err);
     b->m = 0;
     tdm_batch_clear(&e->batch);
     return st;
@@ -143,12 +180,13 @@ static int32_t pick_expand(const tdm_tree_job *j, int32_t d, int32_t *out) {
 
 tandem_status tdm_draft_trees(tdm_engine *e, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
     const tdm_kv_seq *kv[TDM_ENGINE_BATCH_LOGITS_MAX];
-    lvl_buf b = {.e = e, .jobs = jobs, .kv = kv};
+    lvl_buf b = {.e = e, .jobs = jobs, .kv = kv, .dev_topk = e->tree_topk_ids != NULL};
     tandem_status st;
     *n_forwards = 0;
     if (n > TDM_ENGINE_BATCH_LOGITS_MAX) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%d trees at once", (int)n);
     int32_t max_depth = 0;
     for (int32_t i = 0; i < n; i++) {
+        if (jobs[i].sample) b.dev_topk = false; /* (its q rows: the whole distribution) */
         kv[i] = &jobs[i].s->kv;
         tdm_tree_reset(jobs[i].tree);
         max_depth = TDM_MAX(max_depth, jobs[i].cfg.n_shape > 0 ? jobs[i].cfg.n_shape : jobs[i].cfg.depth);

@@ -321,7 +321,19 @@ typedef struct tdm_backend_ops {
      * current one, before its ops are called from a thread that drives several
      * devices (tensor parallelism, src/tp.h; collective.h's tdm_backend_activate). */
     tandem_status (*make_current)(tdm_backend *b, tdm_err *err);
+    /* Optional (NULL: the engine finds them on host copies of the logits; a token
+     * tree's draft levels): for each row x[i][0..dim) (backend memory) its k <=
+     * TDM_TOPK_MAX largest entries, ids[i * k + j] (host memory) in decreasing order,
+     * ties to the lower index, and probs[i * k + j] = their softmax probabilities
+     * exp(x - max) / sum exp(x - max) (the sum in double, as tdm_top_prob); a row
+     * holding a NaN or an infinity gets ids[i * k] = -1, and rows of fewer than k
+     * entries -1 past them (probability 0).  Waits for the result. */
+    tandem_status (*topk)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
+                          float *probs, tdm_err *err);
 } tdm_backend_ops;
+
+/* The topk op's k at most. */
+#define TDM_TOPK_MAX 32
 
 struct tdm_backend {
     const tdm_backend_ops *ops;

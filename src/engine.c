@@ -244,6 +244,18 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         e->tree_p = tdm_calloc((size_t)TDM_ENGINE_TREE_ROWS * (size_t)e->n_vocab, sizeof(float));
         e->tree_q = tdm_calloc((size_t)TDM_ENGINE_TREE_ROWS * (size_t)e->n_vocab, sizeof(float));
         e->tree_scr = tdm_calloc(2 * (size_t)e->n_vocab, sizeof(double));
+        /* greedy tree levels' candidates on the device (TANDEM_TREE_TOPK=0: from host
+         * copies of the logits) */
+        const char *tk = getenv("TANDEM_TREE_TOPK");
+        if (!e->be->host_memory && e->be->ops->topk && !(tk && !strcmp(tk, "0"))) {
+            const size_t cells = (size_t)e->n_logit_rows * TDM_ENGINE_TREE_TOPK;
+            e->tree_topk_ids = tdm_calloc(cells, sizeof(int32_t));
+            e->tree_topk_p = tdm_calloc(cells, sizeof(float));
+            if (!e->tree_topk_ids || !e->tree_topk_p) {
+                st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+        }
     }
     if (!e->probs || !e->qprobs || !e->tmp || (draft && (!e->tree_p || !e->tree_q || !e->tree_scr))) {
         st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
@@ -292,6 +304,8 @@ void tdm_engine_free(tdm_engine *e) {
     free(e->tree_p);
     free(e->tree_q);
     free(e->tree_scr);
+    free(e->tree_topk_ids);
+    free(e->tree_topk_p);
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
     if (!e->be_borrowed) tdm_backend_destroy(e->be);

@@ -32,6 +32,9 @@
 #define TDM_ENGINE_TREE_ROWS (TDM_TREE_MAX + 1)
 #define TDM_ENGINE_BATCH_ROWS_PER_SEQ 8
 #define TDM_ENGINE_BATCH_LOGITS_MAX 512
+/* Candidates per node a greedy tree level takes from the topk op (16 children, and
+ * one more for the benchmark's oracle, draft/oracle.h). */
+#define TDM_ENGINE_TREE_TOPK 17
 /* e->samp_dev: ok flags of up to TDM_ENGINE_LOGIT_ROWS rows, then the output words. */
 #define TDM_ENGINE_SAMP_OUT 40
 #define TDM_ENGINE_SAMP_IDS 64 /* (the scheduler's tokens of one batched step) */
@@ -124,6 +127,10 @@ typedef struct tdm_engine {
     float *tree_q;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: the draft q rows its children
                                 were drawn from (row 0: the root's, 1 + dslot: a node's) */
     double *tree_scr;        /* [2][n_vocab] host: tree_accept.h's scratch */
+    int32_t *tree_topk_ids;  /* [n_logit_rows][TDM_ENGINE_TREE_TOPK] host, or NULL: greedy tree
+                                levels' candidates from the backend's topk op (no logits
+                                downloaded; a device backend with the op and a draft) */
+    float *tree_topk_p;      /* [n_logit_rows][TDM_ENGINE_TREE_TOPK] their probabilities */
     tandem_status copy_status;
     tdm_err copy_err;
 } tdm_engine;

@@ -362,11 +362,13 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
 }
 
 /* The pycode target and draft-xs on the GPU through the public API, engines of ep
- * (NULL: the defaults): over the refs-dev prompts, speculative decoding (adaptive k,
- * n-gram lookup) gives exactly the target-only tokens.  Returns how many
+ * (NULL: the defaults), requests of gp0 (NULL: the defaults; max_tokens is the
+ * reference's): over the refs-dev prompts, speculative decoding (adaptive k, n-gram
+ * lookup, or what gp0 says) gives exactly the target-only tokens.  Returns how many
  * target-only continuations equal the transformers reference; *accepted, *drafted:
- * the speculative counts. */
-static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, uint64_t *accepted, uint64_t *drafted) {
+ * the speculative counts (*trees: token-tree steps, when not NULL). */
+static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tandem_generate_params *gp0, const char *what,
+                                 uint64_t *accepted, uint64_t *drafted, uint64_t *trees) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = TANDEM_BACKEND_CUDA;
     tandem_model *target = NULL, *draft = NULL;
@@ -381,11 +383,12 @@ static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, 
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     int matches = 0;
     *accepted = *drafted = 0;
+    if (trees) *trees = 0;
     for (size_t li = 0; li < n_lines; li++) {
         size_t n, n_ref;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
         int32_t *want = tdm_test_json_ids(tdm_json_get(refs[li], "target_greedy_ids"), &n_ref);
-        tandem_generate_params gp = tandem_generate_default_params();
+        tandem_generate_params gp = gp0 ? *gp0 : tandem_generate_default_params();
         gp.max_tokens = (int)n_ref;
         tandem_result a, b;
         cr_assert_eq(tandem_generate_ids(plain, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
@@ -395,6 +398,7 @@ static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, 
                   "%s, prompt %zu: speculative decoding on the GPU differs from target-only decoding", what, li);
         *accepted += b.spec.accepted;
         *drafted += b.spec.drafted;
+        if (trees) *trees += b.spec.tree_steps;
         tandem_result_free(&a);
         tandem_result_free(&b);
         free(ids);
@@ -408,6 +412,38 @@ static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, 
     tandem_model_close(draft);
     tandem_model_close(target);
     return matches;
+}
+
+static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, uint64_t *accepted, uint64_t *drafted) {
+    return cuda_spec_equality_gp(ep, NULL, what, accepted, drafted, NULL);
+}
+
+/* Token trees on the GPU (tree masks in the fused forward's attention, the row
+ * kernels for up to 64 verification rows, CUDA graphs, draft candidates from the
+ * topk op): with dynamic trees of 32 and 12 nodes, a static 4,2,2,1 tree, and the
+ * tree kernel instead of the tiled ones (TANDEM_CUDA_TREE_FLASH=0) and host
+ * candidates (TANDEM_TREE_TOPK=0), every step a tree, greedy output equals
+ * target-only output on every prompt. */
+Test(cuda_engine, trees_equal_target_only, .timeout = 900) {
+    static const struct {
+        int nodes;
+        const char *shape, *env;
+    } cases[] = {{32, NULL, NULL}, {12, NULL, NULL}, {0, "4,2,2,1", NULL}, {32, NULL, "TANDEM_CUDA_TREE_FLASH"},
+                 {16, NULL, "TANDEM_TREE_TOPK"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (cases[i].env) setenv(cases[i].env, "0", 1);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.spec_tree = cases[i].nodes;
+        gp.spec_tree_shape = cases[i].shape;
+        char what[96];
+        snprintf(what, sizeof what, "trees of %d nodes%s%s%s", cases[i].nodes, cases[i].shape ? ", shape " : "",
+                 cases[i].shape ? cases[i].shape : "", cases[i].env ? ", with that off" : "");
+        uint64_t accepted, drafted, trees;
+        cuda_spec_equality_gp(NULL, &gp, what, &accepted, &drafted, &trees);
+        if (cases[i].env) unsetenv(cases[i].env);
+        cr_assert_gt(trees, 0, "%s: no tree steps", what);
+        cr_assert_gt(accepted, 0, "%s: no tree node accepted", what);
+    }
 }
 
 /* Greedy decoding reproduces the transformers reference continuations as on the

@@ -7,7 +7,8 @@
  *     rows bit for bit as a chain verification computes them;
  *   - argmax on the device against tdm_argmax_finite, with the top softmax
  *     probability against tdm_top_prob; the embedding of device ids (zeros for an
- *     id outside the vocabulary);
+ *     id outside the vocabulary); the top k logits and their probabilities (a
+ *     token tree's draft candidates) against a reference;
  *   - sampling on the device: processed distributions against tdm_probs_from_logits
  *     (temperature, top-k, top-p, min-p, ties), draws against tdm_sample_probs with
  *     the same uniforms, the acceptance rule against tdm_accept_sample.
@@ -258,6 +259,73 @@ Test(cuda_ops, argmax_ties_nan_and_inf) {
     cr_assert_eq(ids[1], -1);
     cr_assert_eq(ids[2], -1);
     cr_assert_eq(ids[4], D - 1);
+    b->ops->free(b, dx);
+    free(x);
+    tdm_backend_destroy(b);
+}
+
+/* The topk op's reference: row x[dim]'s k first entries by value (ties: the lower
+ * index), their softmax probabilities (the sum in double); -1 / 0 past dim. */
+static void ref_topk(const float *x, int32_t dim, int32_t k, int32_t *ids, float *pr) {
+    double mx = -INFINITY, sum = 0;
+    for (int32_t i = 0; i < dim; i++) mx = fmax(mx, x[i]);
+    for (int32_t i = 0; i < dim; i++) sum += (double)expf(x[i] - (float)mx);
+    for (int32_t j = 0; j < k; j++) {
+        int32_t best = -1;
+        for (int32_t i = 0; i < dim; i++) {
+            bool taken = false;
+            for (int32_t t = 0; t < j && !taken; t++) taken = ids[t] == i;
+            if (!taken && (best < 0 || x[i] > x[best])) best = i;
+        }
+        ids[j] = best;
+        pr[j] = best < 0 ? 0.0f : (float)((double)expf(x[best] - (float)mx) / sum);
+    }
+}
+
+/* topk: each row's k largest logits in order (ties to the lower index) with their
+ * softmax probabilities, as the reference; -1 for a row with a NaN or an
+ * infinity; -1 past a row shorter than k. */
+Test(cuda_ops, topk_matches_the_reference) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    if (!b->ops->topk) {
+        tdm_backend_destroy(b);
+        cr_skip_test("no topk op on this backend");
+    }
+    enum { N = 6, D = 32000, K = 17 };
+    uint64_t rng = 13;
+    float *x = tdm_test_rand_vec(&rng, (size_t)N * D, -8, 8);
+    x[1 * D + 777] = 30;                                  /* peaked */
+    x[2 * D + 5] = NAN;                                   /* broken: -1 */
+    x[3 * D + 9] = INFINITY;                              /* broken: -1 */
+    for (int32_t i = 0; i < D; i++) x[4 * D + i] = 0.5f;  /* flat: ids 0 .. 16 */
+    for (int32_t i = 100; i < 140; i += 3) x[5 * D + i] = 9.0f; /* ties at the top */
+    float *dx = tdm_cu_test_put(b, x, (size_t)N * D * 4);
+    int32_t ids[N * K];
+    float pr[N * K];
+    OK(b->ops->topk(b, dx, N, D, K, ids, pr, &err_));
+    for (int i = 0; i < N; i++) {
+        if (i == 2 || i == 3) {
+            cr_assert_eq(ids[i * K], -1, "row %d: a broken row gives %d", i, ids[i * K]);
+            continue;
+        }
+        int32_t wi[K];
+        float wp[K];
+        ref_topk(x + (size_t)i * D, D, K, wi, wp);
+        for (int j = 0; j < K; j++) {
+            cr_assert_eq(ids[i * K + j], wi[j], "row %d rank %d: id %d, want %d", i, j, ids[i * K + j], wi[j]);
+            cr_assert(fabsf(pr[i * K + j] - wp[j]) <= 1e-5f * wp[j], "row %d rank %d: p %g, want %g", i, j,
+                      pr[i * K + j], wp[j]);
+        }
+    }
+    cr_assert_eq(ids[4 * K + 16], 16);
+    cr_assert_eq(ids[5 * K + 0], 100);
+    cr_assert_eq(ids[5 * K + 1], 103);
+    /* a row shorter than k: its entries, then -1 */
+    OK(b->ops->topk(b, dx, 1, 10, K, ids, pr, &err_));
+    for (int j = 0; j < K; j++) cr_assert(j < 10 ? ids[j] >= 0 : ids[j] == -1 && pr[j] == 0.0f, "rank %d: %d", j, ids[j]);
+    tdm_err e2 = {0};
+    cr_assert_eq(b->ops->topk(b, dx, 1, D, TDM_TOPK_MAX + 1, ids, pr, &e2), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(e2.msg, "topk"), "%s", e2.msg);
     b->ops->free(b, dx);
     free(x);
     tdm_backend_destroy(b);

@@ -242,7 +242,7 @@ static void cu_destroy(tdm_backend *b) {
         tdm_cuda_prof_report(c);
         tdm_cuda_graphs_free(c);
         tdm_cuda_gemm_destroy(c);
-        tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf};
+        tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf, &c->topk_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tdm_cuda_buf_free(c, bufs[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
@@ -296,6 +296,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .softcap = */ tdm_cuda_softcap,
     /* .kv_move = */ tdm_cuda_kv_move,
     /* .make_current = */ cu_make_current,
+    /* .topk = */ tdm_cuda_topk,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

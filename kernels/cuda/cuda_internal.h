@@ -56,7 +56,7 @@ typedef struct tdm_cuda {
     cublasHandle_t cublas;
     void *cublas_ws;     /* its workspace (fixed, so GEMMs can be captured in graphs) */
     /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
-    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf;
+    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf;
     tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
     tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), when TANDEM_CUDA_PROFILE is set */
     int force_mm;        /* benchmarks (tdm_backend_cuda_force_matmul): 0 = pick by rows,
@@ -201,6 +201,9 @@ tandem_status tdm_cuda_matmul_rows(tdm_cuda *c, const tdm_weight *w, const float
                                    bool accumulate, tdm_err *err);
 /* The attention op on a backend's state (tdm_cuda_attention's body). */
 tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err);
+/* The topk op (cuda_rowops.cu). */
+tandem_status tdm_cuda_topk(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
+                            float *probs, tdm_err *err);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 /* The attention op's table entry (cuda_tree_attn.cu): tdm_cuda_attention. */

@@ -1,5 +1,5 @@
 /* cuda_rowops.cu - the row-wise ops on the GPU: get_rows (embedding lookup, any
- * weight type), rmsnorm, add_bias, rope, swiglu, gather_rows.  One thread block
+ * weight type), rmsnorm, add_bias, rope, swiglu, gather_rows, argmax, top k.  One thread block
  * per row (or per row and head); each computes what the CPU's op computes, in f32
  * (rmsnorm's sum of squares in f64, RoPE's angles in f64, as the CPU does).  The
  * ops of the qwen3 / gemma3 blocks: cuda_archops.cu. */
@@ -311,5 +311,98 @@ tandem_status tdm_cuda_argmax_dev(tdm_backend *b, const float *x, int32_t n, int
     if (!x || !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax_dev: NULL pointer");
     k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, ids, top);
     TDM_CU_LAUNCHED("argmax_dev");
+    return TANDEM_OK;
+}
+
+/* ---- top k ------------------------------------------------------------------------ */
+
+/* The order of the topk op: a before b when larger, ties to the lower index. */
+__device__ __forceinline__ bool tk_before(float av, int32_t ai, float bv, int32_t bi) {
+    return av > bv || (av == bv && ai < bi);
+}
+
+/* Block per row: k passes, pass j picking the first entry in the order after pass
+ * j - 1's pick (so no set of picks is kept), then the softmax probabilities of the
+ * picks: exp(v - max) / sum exp(x - max), the sum in double as k_argmax's. */
+__global__ void k_topk(const float *x, int32_t dim, int32_t k, int32_t *ids, float *probs) {
+    __shared__ float bv[32], s_val[TDM_TOPK_MAX];
+    __shared__ int32_t bi[32], s_idx[TDM_TOPK_MAX];
+    __shared__ int s_bad;
+    const float *row = x + (size_t)blockIdx.x * dim;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
+    float pv = INFINITY; /* the previous pick (pass 0: none) */
+    int32_t pi = -1;
+    for (int32_t j = 0; j < k; j++) {
+        float best = -INFINITY;
+        int32_t idx = INT32_MAX;
+        int bad = 0;
+        for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+            const float v = row[i];
+            if (j == 0) bad |= !isfinite(v);
+            const bool after = j == 0 || tk_before(pv, pi, v, i);
+            if (after && tk_before(v, i, best, idx)) {
+                best = v;
+                idx = i;
+            }
+        }
+        if (j == 0) bad = __syncthreads_or(bad);
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
+            if (tk_before(ov, oi, best, idx)) {
+                best = ov;
+                idx = oi;
+            }
+        }
+        if (lane == 0) {
+            bv[wid] = best;
+            bi[wid] = idx;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (int w = 1; w < nw; w++)
+                if (tk_before(bv[w], bi[w], best, idx)) {
+                    best = bv[w];
+                    idx = bi[w];
+                }
+            s_val[j] = best;
+            s_idx[j] = idx;
+            if (j == 0) s_bad = bad;
+        }
+        __syncthreads();
+        pv = s_val[j];
+        pi = s_idx[j];
+    }
+    const bool bad = s_bad != 0;
+    const float mx = s_val[0];
+    double sum = 0.0;
+    if (!bad)
+        for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) sum += (double)expf(row[i] - mx);
+    const double t = tdm_cu_block_sum(sum);
+    if (threadIdx.x == 0) {
+        for (int32_t j = 0; j < k; j++) {
+            const bool none = bad || s_idx[j] == INT32_MAX || !(t > 0.0);
+            ids[(size_t)blockIdx.x * k + j] = none ? -1 : s_idx[j];
+            probs[(size_t)blockIdx.x * k + j] = none ? 0.0f : (float)((double)expf(s_val[j] - mx) / t);
+        }
+    }
+}
+
+tandem_status tdm_cuda_topk(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
+                            float *probs, tdm_err *err) {
+    GET_CUDA("topk");
+    if (n < 0 || dim <= 0 || k <= 0 || k > TDM_TOPK_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "topk: n = %d, dim = %d, k = %d (1..%d)", (int)n, (int)dim, (int)k,
+                          TDM_TOPK_MAX);
+    if (n == 0) return TANDEM_OK;
+    if (!x || !ids || !probs) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "topk: NULL pointer");
+    const size_t each = (size_t)n * (size_t)k * sizeof(int32_t); /* (ids, then probs: 4 bytes each) */
+    uint8_t *dev = (uint8_t *)tdm_cuda_buf_get(c, &c->topk_buf, 2 * each, "topk", err);
+    if (!dev) return err ? err->status : TANDEM_ERR_BACKEND;
+    k_topk<<<n, 1024, 0, c->stream>>>(x, dim, k, (int32_t *)dev, (float *)(dev + each));
+    TDM_CU_LAUNCHED("topk");
+    TDM_CU(cudaMemcpyAsync(ids, dev, each, cudaMemcpyDeviceToHost, c->stream));
+    TDM_CU(cudaMemcpyAsync(probs, dev + each, each, cudaMemcpyDeviceToHost, c->stream));
+    TDM_CU(cudaStreamSynchronize(c->stream));
     return TANDEM_OK;
 }
