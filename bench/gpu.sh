@@ -69,6 +69,14 @@ TANDEM=$(find_bin tandem)
 [ -n "$TANDEM" ] || { log "no tandem binary in $bdir"; exit 1; }
 export LD_LIBRARY_PATH="$bdir/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export TDM_MODELS="$here/models" TDM_TEST_DATA="$here/tests/data"
+# NCCL does not travel in bench/gpu-pack.sh's tarball: the machine's own (its CUDA, or
+# the nvidia-nccl package beside PyTorch)
+if ldd "$TANDEM" 2>/dev/null | grep -q 'libnccl.*not found'; then
+  for d in /usr/local/cuda/lib64 /usr/lib/x86_64-linux-gnu \
+      $(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null); do
+    [ -f "$d/libnccl.so.2" ] && { export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$d"; break; }
+  done
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv >"$out/gpu.txt" 2>&1
 log "GPU: $(tail -n 1 "$out/gpu.txt")"
 
@@ -175,10 +183,11 @@ if has trees; then
       --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 --ks 1,2,3,4,5,6,7,8,0 --tree 16,32,-1 \
       --tree-shape 4,2,2,1 --backend cuda >"$out/trees.txt" 2>"$out/trees.err" || log "bench_spec trees failed"
     log "trees: $(grep -c '| 0 of' "$out/trees.txt") speculative configurations with every output equal to target-only"
-    # the same trees of 32 without the fused tree attention (tree kernel, no graphs)
-    # and without the device's candidates (logits downloaded per level): what each buys
-    log "bench_spec pycode: trees of 32 with TANDEM_CUDA_TREE_FLASH=0, then TANDEM_TREE_TOPK=0"
-    TANDEM_CUDA_TREE_FLASH=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
+    # the same trees of 32 without the tiled attention kernels (scores and softmax
+    # kernels, no graphs) and without the device's candidates (logits downloaded per
+    # level): what each buys
+    log "bench_spec pycode: trees of 32 with TANDEM_CUDA_FLASH=0, then TANDEM_TREE_TOPK=0"
+    TANDEM_CUDA_FLASH=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
       -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 \
       --ks 0 --tree 32 --backend cuda >"$out/trees-noflash.txt" 2>&1 || log "bench_spec trees (no flash) failed"
     TANDEM_TREE_TOPK=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \

@@ -107,9 +107,10 @@ typedef struct tdm_attn_args {
 } tdm_attn_args;
 
 /* Copies K/V slots of one sequence in every layer (kv_move, tdm_kv_store_move_slots):
- * slot dst[i] of every layer's K and V gets slot src[i]'s values (q8_0: and scale).
- * No dst[i] is another pair's src, so the pairs may be copied in any order (a token
- * tree's accepted path moving to consecutive slots, draft/tree.h). */
+ * slot dst[i] of every layer's K and V gets slot src[i]'s values (q8_0: and scale),
+ * the pairs applied in order i = 0, 1, ... as if one at a time: a pair may overwrite
+ * a slot an earlier pair read (a token tree's accepted path moving to consecutive
+ * slots, draft/tree.h: path [0, 2, 3] moves 2 -> 1, then 3 -> 2). */
 typedef struct tdm_kv_move_args {
     const tdm_kv_seq *seq;   /* its block table */
     const int32_t *src;      /* [n] host memory */

@@ -50,6 +50,19 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     s->cap_tp_y = 0;
     s->cap_tp_logits = 0;
     s->blocks_declined = false;
+    s->mm_rows = 0;
+}
+
+/* y[n][w->rows] (+)= x[n][w->cols] W^T, in slices of s->mm_rows rows when set. */
+static tandem_status fwd_matmul(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_weight *w, const float *x,
+                                int32_t n, float *y, bool acc, tdm_err *err) {
+    const int32_t step = s->mm_rows > 0 ? s->mm_rows : n;
+    for (int32_t i = 0; i < n; i += step) {
+        const int32_t k = TDM_MIN(step, n - i);
+        tandem_status st = be->ops->matmul(be, w, x + (size_t)i * w->cols, k, y + (size_t)i * w->rows, acc, err);
+        if (st) return st;
+    }
+    return TANDEM_OK;
 }
 
 tandem_status tdm_fwd_scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const tdm_hparams *hp, int32_t rows,
@@ -131,7 +144,7 @@ tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_sto
     const bool swa = tdm_hparams_layer_swa(hp, l);
     const tdm_rope_params *rp = swa ? &hp->rope_swa : &hp->rope;
     if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
-    if ((st = op->matmul(be, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
+    if ((st = fwd_matmul(be, s, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
     if (L->bqkv && (st = op->add_bias(be, s->qkv, L->bqkv, n, qkv_w, err))) return st;
     if (L->q_norm &&
         ((st = op->head_rmsnorm(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, L->q_norm, hp->norm_eps, err)) ||
@@ -153,12 +166,12 @@ tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_sto
         .scale = hp->attn_scale, .window = swa ? hp->swa_window : 0, .softcap = hp->attn_softcap,
     };
     if ((st = op->attention(be, &aa, err))) return st;
-    if (y) return op->matmul(be, &L->wo, s->att, n, y, false, err);
+    if (y) return fwd_matmul(be, s, &L->wo, s->att, n, y, false, err);
     if (L->attn_post_norm)
-        return (st = op->matmul(be, &L->wo, s->att, n, s->xb, false, err))
+        return (st = fwd_matmul(be, s, &L->wo, s->att, n, s->xb, false, err))
                    ? st
                    : tdm_fwd_residual(be, hp, L->attn_post_norm, s->x, s->xb, n, err);
-    return op->matmul(be, &L->wo, s->att, n, s->x, true, err);
+    return fwd_matmul(be, s, &L->wo, s->att, n, s->x, true, err);
 }
 
 tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
@@ -169,16 +182,16 @@ tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scr
     const int32_t E = hp->n_embd, F = hp->n_ff;
     tandem_status st;
     if ((st = op->rmsnorm(be, s->x, L->ffn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
-    if ((st = op->matmul(be, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
+    if ((st = fwd_matmul(be, s, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
     st = hp->ffn_act == TDM_ACT_GELU_TANH ? op->geglu(be, s->gate_up, n, F, s->ff, err)
                                            : op->swiglu(be, s->gate_up, n, F, s->ff, err);
     if (st) return st;
-    if (y) return op->matmul(be, &L->w2, s->ff, n, y, false, err);
+    if (y) return fwd_matmul(be, s, &L->w2, s->ff, n, y, false, err);
     if (L->ffn_post_norm)
-        return (st = op->matmul(be, &L->w2, s->ff, n, s->xb, false, err))
+        return (st = fwd_matmul(be, s, &L->w2, s->ff, n, s->xb, false, err))
                    ? st
                    : tdm_fwd_residual(be, hp, L->ffn_post_norm, s->x, s->xb, n, err);
-    return op->matmul(be, &L->w2, s->ff, n, s->x, true, err);
+    return fwd_matmul(be, s, &L->w2, s->ff, n, s->x, true, err);
 }
 
 /* Every block, op by op (backends without a `blocks` op, or shapes it does not run). */
@@ -236,6 +249,10 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if ((st = tdm_model_check_backend(m, be, err))) return st;
     int32_t n = batch->n_rows;
     if ((st = tdm_fwd_scratch_reserve(s, be, hp, n, err))) return st;
+    /* a tree verification's rows each as in a decode step: its products in slices the
+     * backend computes row by row (the blocks op keeps tree batches on its row
+     * kernels itself) */
+    s->mm_rows = batch->tree && !batch->rows_shared ? be->invariant_rows : 0;
 
     const int32_t E = hp->n_embd;
     if (tok_dev) {
@@ -282,7 +299,7 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
     int32_t nl;
     tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, tok_dev, &nl, err);
     if (st || nl == 0) return st;
-    if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
+    if ((st = fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
     if ((st = final_softcap(m, be, logits, nl, err))) return st;
     return ids_dev ? op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err) : TANDEM_OK;
 }
@@ -308,13 +325,19 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     bool q = m->has_qhead && be->int8_dot;
     /* (soft-capped logits: the argmax of the capped values, which f32 rounding can tie
      * where the raw ones differ, so the exact logits are computed) */
-    if (kind == TDM_FWD_ARGMAX && q && hp->final_softcap <= 0)
-        return op->head_argmax(be, &m->output, &m->qhead, s->xb, nl, ids, err);
+    if (kind == TDM_FWD_ARGMAX && q && hp->final_softcap <= 0) {
+        const int32_t step = s->mm_rows > 0 ? s->mm_rows : nl;
+        for (int32_t i = 0; i < nl; i += step)
+            if ((st = op->head_argmax(be, &m->output, &m->qhead, s->xb + (size_t)i * hp->n_embd, TDM_MIN(step, nl - i),
+                                      ids + i, err)))
+                return st;
+        return TANDEM_OK;
+    }
     if (kind == TDM_FWD_LOGITS_APPROX && q) {
         if ((st = op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err))) return st;
         return final_softcap(m, be, logits, nl, err);
     }
-    if ((st = op->matmul(be, &m->output, s->xb, nl, logits, false, err))) return st;
+    if ((st = fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
     return forward_tail(m, be, s, kind, logits, nl, ids, err);
 }
 

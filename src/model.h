@@ -167,6 +167,10 @@ typedef struct tdm_fwd_scratch {
     int32_t cap_host;
     bool blocks_declined; /* the backend's blocks op declined this model (a matter of
                              shapes and configuration): the ops run one by one */
+    int32_t mm_rows;      /* this forward's products in slices of this many rows (0: all
+                             at once): a token-tree verification on a backend whose
+                             products are batch invariant only up to invariant_rows, so
+                             that its rows get a decode step's bits (forward_trunk) */
     /* a split model's forward (forward_tp.c) */
     float *tp_y;          /* [cap_rows][n_embd] an output projection's partial sums */
     size_t cap_tp_y;      /* floats */

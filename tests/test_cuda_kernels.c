@@ -17,8 +17,10 @@
  *     backend and the dense masked reference, every cache type and head dim: the
  *     tiled and decode kernels with tree masks (cuda_flash.cu, cuda_decode_attn.cu)
  *     where they run the shape, bit for bit alike and each row alone as in the
- *     batch, and the tree kernel (cuda_tree_attn.cu); kv_move against the
- *     reference values.
+ *     batch, every tree row bit for bit equal to a causal row over its keys at
+ *     consecutive slots (what target-only decoding computes), and the scores and
+ *     softmax kernels (the masks as extra slots, TANDEM_CUDA_FLASH=0); kv_move
+ *     against the reference values.
  * (The fused forward, argmax and sampling on the device: test_cuda_fused.c.)
  * Without a CUDA device the program reports itself skipped (exit 77). */
 #include <criterion/criterion.h>
@@ -281,6 +283,60 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
 
 /* ---- token trees ------------------------------------------------------------------ */
 
+/* Each tree row r of f's batch (outputs got, by backend g on d's caches) against a
+ * causal row of one fresh sequence holding row r's visible keys, in rank order, at
+ * slots 0 .. L - 1: the same bits. */
+static void chain_rows_match(tdm_backend *g, const tdm_tree_fix *f, const tdm_tree_case *tc, const tdm_attn_args *d,
+                             const float *got) {
+    const size_t row_out = (size_t)tc->n_head * tc->head_dim;
+    const int64_t unit = tdm_kv_unit_bytes(tc->cache_type, tc->block_size, tc->head_dim);
+    float *d1 = tdm_cu_test_put(g, NULL, row_out * 4);
+    for (int32_t r = 0; r < f->bt.n_rows; r++) {
+        const uint64_t m = f->bt.tree_mask[r];
+        if (!m) continue;
+        const tdm_kv_seq *s = &f->seqs[f->bt.seq[r]];
+        const int32_t nv = f->bt.n_visible[r], L = nv + __builtin_popcountll(m);
+        const int32_t nb = (L + tc->block_size - 1) / tc->block_size;
+        tdm_kv_seq cs = TDM_KV_SEQ_INIT;
+        cs.len = L;
+        cs.n_blocks = cs.cap_blocks = nb;
+        cs.blocks = malloc((size_t)nb * sizeof(int32_t));
+        for (int32_t b = 0; b < nb; b++) cs.blocks[b] = nb - 1 - b; /* (reversed: tables still matter) */
+        const size_t bytes = (size_t)nb * tc->n_kv_head * (size_t)unit;
+        void *kc = calloc(1, bytes), *vc = calloc(1, bytes);
+        int32_t j = 0;
+        for (; j < nv; j++)
+            tdm_test_kv_copy_slot(f->kc, f->vc, s, j, kc, vc, &cs, j, tc->cache_type, tc->n_kv_head, tc->head_dim,
+                                  tc->block_size);
+        for (uint64_t b = m; b; b &= b - 1, j++)
+            tdm_test_kv_copy_slot(f->kc, f->vc, s, nv + __builtin_ctzll(b), kc, vc, &cs, j, tc->cache_type,
+                                  tc->n_kv_head, tc->head_dim, tc->block_size);
+        tdm_batch one;
+        cr_assert_eq(tdm_batch_init(&one, 1, NULL), TANDEM_OK);
+        tdm_batch_add(&one, 0, f->bt.pos[r], 0, L - 1, false);
+        const tdm_kv_seq *csp[1] = {&cs};
+        tdm_attn_args a1 = *d;
+        a1.batch = &one;
+        a1.seqs = csp;
+        a1.k_cache = tdm_cu_test_put(g, kc, bytes);
+        a1.v_cache = tdm_cu_test_put(g, vc, bytes);
+        a1.q = d->q + (size_t)r * f->q_stride;
+        a1.out = d1;
+        poison(g, d1, row_out);
+        OK(g->ops->attention(g, &a1, &err_));
+        float *o1 = tdm_cu_test_get(g, d1, row_out * 4);
+        cr_assert(memcmp(o1, got + (size_t)r * row_out, row_out * 4) == 0,
+                  "tree batch hd %d %s: row %d (mask %llx, %d keys) differs from a causal row over its keys at "
+                  "consecutive slots",
+                  tc->head_dim, tdm_dtype_name(tc->cache_type), (int)r, (unsigned long long)m, (int)L);
+        free(o1);
+        g->ops->free(g, (void *)a1.k_cache), g->ops->free(g, (void *)a1.v_cache);
+        free(kc), free(vc), free(cs.blocks);
+        tdm_batch_free(&one);
+    }
+    g->ops->free(g, d1);
+}
+
 static void run_tree(const tdm_tree_case *tc, uint64_t seed) {
     uint64_t rng = seed;
     tdm_tree_fix f;
@@ -303,15 +359,16 @@ static void run_tree(const tdm_tree_case *tc, uint64_t seed) {
     cr_assert(e_ref < 1e-4 && e_cpu < 1e-4, "tree attention heads %d/%d hd %d %s: error %g (reference), %g (CPU)",
               tc->n_head, tc->n_kv_head, tc->head_dim, tdm_dtype_name(tc->cache_type), e_ref, e_cpu);
     /* the shapes the tiled kernels run take tree batches there (cuda_flash.cu, tree
-     * masks); the tree kernel (TANDEM_CUDA_TREE_FLASH=0) on the same batch, and the
+     * masks); the scores and softmax kernels (TANDEM_CUDA_FLASH=0: the masks as
+     * extra slots) on the same batch, and the
      * tiled kernels without the decode kernel (TANDEM_FLASH_DECODE=0), the same bits */
-    setenv("TANDEM_CUDA_TREE_FLASH", "0", 1);
+    setenv("TANDEM_CUDA_FLASH", "0", 1);
     poison(g, d.out, n_out);
     OK(g->ops->attention(g, &d, &err_));
-    unsetenv("TANDEM_CUDA_TREE_FLASH");
+    unsetenv("TANDEM_CUDA_FLASH");
     float *got_k = tdm_cu_test_get(g, d.out, n_out * 4);
     const double e_k = ref_nrm_err(got_k, ref, n_out);
-    cr_assert(e_k < 1e-4, "tree kernel hd %d %s: error %g", tc->head_dim, tdm_dtype_name(tc->cache_type), e_k);
+    cr_assert(e_k < 1e-4, "tree batch on the scores kernels hd %d %s: error %g", tc->head_dim, tdm_dtype_name(tc->cache_type), e_k);
     setenv("TANDEM_FLASH_DECODE", "0", 1);
     poison(g, d.out, n_out);
     OK(g->ops->attention(g, &d, &err_));
@@ -342,16 +399,24 @@ static void run_tree(const tdm_tree_case *tc, uint64_t seed) {
         tdm_batch_free(&one);
     }
     g->ops->free(g, d1);
+    /* exactness: every tree row against a causal row over its keys copied to
+     * consecutive slots (the prefix, then its ancestors by depth, then itself: what
+     * target-only decoding of the node's path attends to), bit for bit */
+    chain_rows_match(g, &f, tc, &d, got);
     free(got_k), free(got_t);
 #ifndef TDM_TEST_CUDA_ON_CPU /* (the CPU backend has no kv_move op: the engine copies itself) */
-    /* kv_move: three slots of sequence 0's tree to the slots after its prefix */
-    const int32_t P = tc->prefix[0], src[3] = {P + 5, P + 9, P + 11}, dst[3] = {P, P + 1, P + 2};
+    /* kv_move: an accepted path of sequence 0's tree to the slots after its prefix,
+     * as the engine moves it: nodes 0, 2, 3, 5, 6, ... (each pair overwrites the slot
+     * the one before read: applied in order) */
+    const int32_t P = tc->prefix[0], N = tc->nodes[0];
+    int32_t src[8], dst[8], n_mv = 0;
+    for (int32_t v = 0; v < N && n_mv < 8; v += 1 + (n_mv % 2)) src[n_mv] = P + v, dst[n_mv] = P + n_mv, n_mv++;
     void *kcs[1] = {(void *)d.k_cache}, *vcs[1] = {(void *)d.v_cache};
-    const tdm_kv_move_args mv = {&f.seqs[0], src, dst, 3, kcs, vcs, 1, tc->cache_type, tc->n_kv_head, tc->head_dim,
+    const tdm_kv_move_args mv = {&f.seqs[0], src, dst, n_mv, kcs, vcs, 1, tc->cache_type, tc->n_kv_head, tc->head_dim,
                                  tc->block_size};
     OK(g->ops->kv_move(g, &mv, &err_));
     void *kh = tdm_cu_test_get(g, d.k_cache, f.cache_bytes), *vh = tdm_cu_test_get(g, d.v_cache, f.cache_bytes);
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_mv; i++)
         for (int32_t h = 0; h < tc->n_kv_head; h++)
             for (int32_t x = 0; x < tc->head_dim; x++)
                 for (int kv = 0; kv < 2; kv++) {

@@ -111,3 +111,25 @@ tdm_attn_args tdm_test_tree_fix_args(const tdm_tree_fix *f, const tdm_tree_case 
     return (tdm_attn_args){&f->bt, f->sp, f->q, f->q_stride, out, f->kc, f->vc, tc->cache_type, tc->n_head,
                            tc->n_kv_head, tc->head_dim, tc->block_size, 1.0f / sqrtf((float)tc->head_dim), 0, 0};
 }
+
+void tdm_test_kv_copy_slot(const void *ks, const void *vs, const tdm_kv_seq *s, int32_t src, void *kd, void *vd,
+                           const tdm_kv_seq *d, int32_t dst, uint32_t type, int32_t n_kv_head, int32_t head_dim,
+                           int32_t block_size) {
+    const int32_t bs = block_size, hd = head_dim, esz = tdm_kv_elem_bytes(type);
+    const int64_t unit = tdm_kv_unit_bytes(type, bs, hd);
+    const int32_t ps = src % bs, pd = dst % bs;
+    for (int32_t g = 0; g < n_kv_head; g++) {
+        const uint8_t *ku = (const uint8_t *)ks + ((int64_t)s->blocks[src / bs] * n_kv_head + g) * unit;
+        const uint8_t *vu = (const uint8_t *)vs + ((int64_t)s->blocks[src / bs] * n_kv_head + g) * unit;
+        uint8_t *kw = (uint8_t *)kd + ((int64_t)d->blocks[dst / bs] * n_kv_head + g) * unit;
+        uint8_t *vw = (uint8_t *)vd + ((int64_t)d->blocks[dst / bs] * n_kv_head + g) * unit;
+        for (int32_t x = 0; x < hd; x++) /* K: [hd][bs] */
+            memcpy(kw + ((int64_t)x * bs + pd) * esz, ku + ((int64_t)x * bs + ps) * esz, (size_t)esz);
+        memcpy(vw + (int64_t)pd * hd * esz, vu + (int64_t)ps * hd * esz, (size_t)hd * esz); /* V: [bs][hd] */
+        if (type == TDM_Q8_0) {
+            const int64_t so = tdm_kv_q8_scale_off(bs, hd);
+            memcpy(kw + so + 4 * pd, ku + so + 4 * ps, 4);
+            memcpy(vw + so + 4 * pd, vu + so + 4 * ps, 4);
+        }
+    }
+}

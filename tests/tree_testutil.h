@@ -43,4 +43,11 @@ void tdm_test_tree_fix_free(tdm_tree_fix *f, int n_seq);
 /* Attention arguments of the fixture writing into out (scale 1 / sqrt(head_dim)). */
 tdm_attn_args tdm_test_tree_fix_args(const tdm_tree_fix *f, const tdm_tree_case *tc, float *out);
 
+/* Copies slot src of sequence s (cache ks / vs) to slot dst of sequence d (caches
+ * kd / vd) byte for byte, every kv head: K, V and (q8_0) their scales, as the
+ * kv_move op does. */
+void tdm_test_kv_copy_slot(const void *ks, const void *vs, const tdm_kv_seq *s, int32_t src, void *kd, void *vd,
+                           const tdm_kv_seq *d, int32_t dst, uint32_t type, int32_t n_kv_head, int32_t head_dim,
+                           int32_t block_size);
+
 #endif

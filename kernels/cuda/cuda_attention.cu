@@ -11,9 +11,9 @@
  *
  * attention: batches (token-tree batches among them) on an f16 or q8_0 cache of a
  * head dim the tiled kernels know go to cuda_flash.cu (tiles of rows, split key
- * ranges, online softmax); other token-tree batches to cuda_tree_attn.cu.  The
- * others (rows with CSR extra slots, f32 caches, other head dims) run two kernels
- * here: scores (a thread per (row, head, slot): scale * q.K, d in
+ * ranges, online softmax).  The others (rows with CSR extra slots, f32 caches,
+ * other head dims, every batch with TANDEM_CUDA_FLASH=0; token trees: their masks as
+ * extra slots in rank order, cuda_fused.h) run two kernels here: scores (a thread per (row, head, slot): scale * q.K, d in
  * increasing order) into device scratch, then per (row, head) a block that takes
  * the softmax (max subtracted) and the weighted sum of V.  Scores live in global
  * memory, so any context length works.
@@ -319,8 +319,8 @@ __global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t 
     }
 }
 
-bool tdm_cuda_tree_flash(void) {
-    const char *v = getenv("TANDEM_CUDA_TREE_FLASH"); /* (once per op: cheap) */
+bool tdm_cuda_flash_enabled(void) {
+    const char *v = getenv("TANDEM_CUDA_FLASH"); /* (once per op: cheap) */
     return !(v && strcmp(v, "0") == 0);
 }
 
@@ -331,7 +331,7 @@ static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err)
     const tdm_batch *bt = a->batch;
     const int32_t n = bt->n_rows, max_q = tdm_flash_max_q(n);
     const int32_t gh =
-        tdm_flash_tc_use(a->head_dim, n) ? 1 : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
+        !bt->tree && tdm_flash_tc_use(a->head_dim, n) ? 1 : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &bytes, err);
     if (st) return st;
@@ -364,6 +364,7 @@ static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err)
     if (!fa.part) return err ? err->status : TANDEM_ERR_BACKEND;
     fa.out = a->out;
     fa.out_type = TDM_F32;
+    fa.tree = bt->tree;
     return tdm_cuda_flash(c, &fa, err);
 }
 
@@ -379,6 +380,36 @@ static tandem_status tiled_attention(tdm_cuda *c, const tdm_attn_args *a, const 
     k_softmax_pv<C><<<rh, ATT_THREADS, 0, c->stream>>>(a->v_cache, unit, m, a->n_head, a->n_kv_head, a->head_dim,
                                                      a->block_size, scores, ld, a->out);
     TDM_CU_LAUNCHED("attention softmax and V");
+    return TANDEM_OK;
+}
+
+/* A token-tree batch as a batch of CSR extra slots (a shallow copy; the caller
+ * frees ex->extra_off and ex->extra_slot): row r's extras are n_visible + j for the
+ * set bits j of its mask, ascending - its keys in rank order, so the scores and
+ * softmax kernels treat a tree node at depth d exactly as a causal row of the same
+ * tokens at consecutive slots. */
+static tandem_status tree_extras(const tdm_batch *bt, tdm_batch *ex, tdm_err *err) {
+    const int32_t n = bt->n_rows;
+    if (!bt->tree_mask) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: tree batch without masks");
+    if (bt->extra_off) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: a tree batch with CSR extra slots");
+    int64_t total = 0;
+    for (int32_t r = 0; r < n; r++) total += __builtin_popcountll(bt->tree_mask[r]);
+    *ex = *bt;
+    ex->tree = false;
+    ex->tree_mask = NULL;
+    ex->extra_off = (int32_t *)malloc((size_t)(n + 1) * sizeof(int32_t));
+    ex->extra_slot = (int32_t *)malloc((size_t)TDM_MAX(total, 1) * sizeof(int32_t));
+    if (!ex->extra_off || !ex->extra_slot) {
+        free(ex->extra_off);
+        free(ex->extra_slot);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "attention: out of memory for %lld tree slots", (long long)total);
+    }
+    int32_t e = 0;
+    for (int32_t r = 0; r < n; r++) {
+        ex->extra_off[r] = e;
+        for (uint64_t m = bt->tree_mask[r]; m; m &= m - 1) ex->extra_slot[e++] = bt->n_visible[r] + __builtin_ctzll(m);
+    }
+    ex->extra_off[n] = e;
     return TANDEM_OK;
 }
 
@@ -410,12 +441,20 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     if (rh > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld (row, head) pairs", (long long)rh);
     /* (sliding windows and soft-capping: the tiled kernels only) */
     if (!bt->extra_off && a->window == 0 && a->softcap == 0 &&
-        tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) && (!bt->tree || tdm_cuda_tree_flash()))
+        tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) && tdm_cuda_flash_enabled())
         return flash_op(c, a, err);
-    if (bt->tree) return tdm_cuda_tree_attention_on(c, a, err);
     attn_meta m;
     int32_t max_tot = 0;
-    tandem_status st = pack_meta(c, bt, a->seqs, a->block_size, a->window, "attention", &m, &max_tot, err);
+    tandem_status st;
+    if (bt->tree) { /* a tree's masks as extra slots, in rank order (cuda_fused.h) */
+        tdm_batch ex;
+        if ((st = tree_extras(bt, &ex, err))) return st;
+        st = pack_meta(c, &ex, a->seqs, a->block_size, a->window, "attention", &m, &max_tot, err);
+        free(ex.extra_off);
+        free(ex.extra_slot);
+    } else {
+        st = pack_meta(c, bt, a->seqs, a->block_size, a->window, "attention", &m, &max_tot, err);
+    }
     if (st) return st;
     const int32_t ld = TDM_MAX(max_tot, 1);
     float *scores = tdm_cuda_scratch(c, (size_t)rh * (size_t)ld, err);

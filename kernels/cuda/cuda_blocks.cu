@@ -188,6 +188,7 @@ static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo
         fa.part = f->L.part;
         fa.out_type = k == IN_16 ? in_type(wo, k) : (uint32_t)TDM_F32;
         fa.out = k == IN_16 ? f->L.a16 : (void *)f->L.att;
+        fa.tree = a->batch->tree;
         tandem_status st = tdm_cuda_flash(f->c, &fa, err);
         if (st) return st;
         b->f32 = f->L.att;
@@ -299,9 +300,11 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     f.rows_path = n <= (bt->rows_shared ? c->shared_rows_max
                                         : bt->tree ? TDM_CUDA_TREE_MAX_ROWS : TDM_CUDA_GEMV_MAX_ROWS);
     f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) &&
-              (!bt->tree || tdm_cuda_tree_flash());
+              tdm_cuda_flash_enabled();
     const int32_t max_q = tdm_flash_max_q(n);
-    const int32_t gh = tdm_flash_tc_use(a->head_dim, n) ? 1 : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
+    const int32_t gh = !bt->tree && tdm_flash_tc_use(a->head_dim, n)
+                           ? 1
+                           : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t meta_bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &meta_bytes, err);
     if (st) return st;

@@ -101,8 +101,12 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
     const int32_t bs = a.block_size, n_kv = a.n_kv_head, kv_len = tile.kv_len;
     const int64_t unit = tdm_kv_unit_bytes(a.cache_type, bs, HD);
     const int32_t *tab = a.tabs + tile.tab;
+    /* key ranks to slots: a token-tree row is alone in its tile (cuda_fused.h) */
+    const int32_t mnv = a.rows[tile.row0].nv;
+    const uint64_t mtree = a.rows[tile.row0].tree;
 
-    /* 1. scores of keys key, key + 1 (same cache block: bs is a multiple of 8) */
+    /* 1. scores of keys key, key + 1 (same cache block: bs is a multiple of 8; a tree
+     * row's ranks past its prefix: each key from its own slot) */
     {
         const int32_t key = split0 + 2 * t;
         float s0[QN], s1[QN], ks0 = 1.0f, ks1 = 1.0f;
@@ -110,20 +114,28 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         for (int qi = 0; qi < QN; qi++) s0[qi] = s1[qi] = 0.0f;
         if constexpr (q8) Vsc[2 * t] = Vsc[2 * t + 1] = 0.0f;
         if (key < kv_len) {
-            const int64_t blk = tab[key / bs];
-            const uint8_t *ku = tdm_cu_kv_unit(kc, blk, n_kv, kvh, unit);
-            const C *kp = (const C *)ku + key % bs; /* K[0][key] */
+            const bool lin = tdm_cu_keys_linear(mnv, mtree, key, 2);
+            const int32_t sl0 = tdm_cu_key_slot(mnv, mtree, key);
+            const int32_t sl1 = lin ? sl0 + 1 : key + 1 < kv_len ? tdm_cu_key_slot(mnv, mtree, key + 1) : sl0;
+            const uint8_t *ku = tdm_cu_kv_unit(kc, tab[sl0 / bs], n_kv, kvh, unit);
+            const uint8_t *ku1 = lin ? ku : tdm_cu_kv_unit(kc, tab[sl1 / bs], n_kv, kvh, unit);
+            const C *kp = (const C *)ku + sl0 % bs;   /* K[0][key] */
+            const C *kp1 = (const C *)ku1 + sl1 % bs; /* K[0][key + 1] */
             if constexpr (q8) {
-                const uint8_t *vu = tdm_cu_kv_unit(vc, blk, n_kv, kvh, unit);
-                ks0 = tdm_cu_kv_scale<C>(ku, bs, HD, key % bs), ks1 = tdm_cu_kv_scale<C>(ku, bs, HD, key % bs + 1);
-                Vsc[2 * t] = tdm_cu_kv_scale<C>(vu, bs, HD, key % bs);
-                Vsc[2 * t + 1] = tdm_cu_kv_scale<C>(vu, bs, HD, key % bs + 1);
+                const uint8_t *vu = tdm_cu_kv_unit(vc, tab[sl0 / bs], n_kv, kvh, unit);
+                const uint8_t *vu1 = lin ? vu : tdm_cu_kv_unit(vc, tab[sl1 / bs], n_kv, kvh, unit);
+                ks0 = tdm_cu_kv_scale<C>(ku, bs, HD, sl0 % bs), ks1 = tdm_cu_kv_scale<C>(ku1, bs, HD, sl1 % bs);
+                Vsc[2 * t] = tdm_cu_kv_scale<C>(vu, bs, HD, sl0 % bs);
+                Vsc[2 * t + 1] = tdm_cu_kv_scale<C>(vu1, bs, HD, sl1 % bs);
             }
 #pragma unroll 4
             for (int32_t d = 0; d < HD; d += 4) {
                 float2 kf[4];
 #pragma unroll
-                for (int e = 0; e < 4; e++) kf[e] = tdm_cu_kv_val2<C>(kp + (size_t)(d + e) * bs);
+                for (int e = 0; e < 4; e++)
+                    kf[e] = lin ? tdm_cu_kv_val2<C>(kp + (size_t)(d + e) * bs)
+                                : make_float2(tdm_cu_kv_val<C>(kp[(size_t)(d + e) * bs]),
+                                              tdm_cu_kv_val<C>(kp1[(size_t)(d + e) * bs]));
 #pragma unroll
                 for (int qi = 0; qi < QN; qi++) {
                     if (qi >= nq) continue;
@@ -211,9 +223,10 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
                 float2 v[DA_VKEYS];
 #pragma unroll
                 for (int j = 0; j < DA_VKEYS; j++) {
-                    const int32_t slot = base + j0 + j;
+                    const int32_t key = base + j0 + j;
                     v[j] = make_float2(0.0f, 0.0f);
-                    if (slot < kv_len) {
+                    if (key < kv_len) {
+                        const int32_t slot = tdm_cu_key_slot(mnv, mtree, key);
                         const uint8_t *vu = tdm_cu_kv_unit(vc, tab[slot / bs], n_kv, kvh, unit);
                         v[j] = tdm_cu_kv_val2<C>((const C *)vu + (size_t)(slot % bs) * HD + 2 * dp);
                     }

@@ -132,6 +132,9 @@ k_flash(const tdm_flash_args a, int32_t gh) {
 
     const int32_t bs = a.block_size, n_kv = a.n_kv_head;
     const int32_t *tab = a.tabs + tile.tab;
+    /* key ranks to slots: a token-tree row is alone in its tile (cuda_fused.h) */
+    const int32_t mnv = a.rows[tile.row0].nv;
+    const uint64_t mtree = a.rows[tile.row0].tree;
     float m[QN], l[QN];
     float2 acc[QN][T];
 #pragma unroll
@@ -149,10 +152,10 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         /* stage K as [d][key] and V as [key][d]; keys past kv_len as zeros */
         if constexpr (S::q8)
             tdm_kv_stage_q8<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const uint8_t *)a.k_cache,
-                                (const uint8_t *)a.v_cache, Ks, Vs, Kd, Vd);
+                                (const uint8_t *)a.v_cache, Ks, Vs, Kd, Vd, mnv, mtree);
         else
             tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const __half *)a.k_cache,
-                             (const __half *)a.v_cache, Ks, Vs);
+                             (const __half *)a.v_cache, Ks, Vs, mnv, mtree);
         __syncwarp();
         /* scores: lane = key */
         float s[QN];
@@ -334,7 +337,8 @@ tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err)
     if (a->n_rows <= 0) return TANDEM_OK;
     if (a->cache_type != TDM_F16 && a->cache_type != TDM_Q8_0)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention (tiles): cache type %s", tdm_dtype_name(a->cache_type));
-    if (a->heads_per_block == 1 && !tdm_flash_decode_use(a->tile_rows, 1) && tdm_flash_tc_use(a->head_dim, a->n_rows))
+    if (a->heads_per_block == 1 && !a->tree && !tdm_flash_decode_use(a->tile_rows, 1) &&
+        tdm_flash_tc_use(a->head_dim, a->n_rows))
         return tdm_cuda_flash_tc(c, a, err);
     const int32_t gh = a->heads_per_block;
     if (gh <= 0 || (a->n_head / a->n_kv_head) % gh != 0 || a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)

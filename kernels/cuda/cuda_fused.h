@@ -16,28 +16,49 @@ typedef struct tdm_cuda_row {
     uint64_t tree;   /* a token-tree row (src/batch.h): bit j, it also sees slot nv + j; 0: none */
 } tdm_cuda_row;
 
-/* The end of a row's keys: past nv and its highest tree slot. */
+/* Keys in rank order.  A row's visible keys, in order, are slots [0, nv) and then
+ * its tree slots nv + j (the set bits j, ascending: its ancestors by depth, then
+ * itself); the attention kernels group and order keys by this rank, never by slot,
+ * so a tree node at depth d gets exactly the bits a causal row of the same tokens
+ * at consecutive slots gets (target-only decoding).  A tree row is therefore alone
+ * in its tile (tdm_cuda_meta_fill), whose key ranks map to slots through its mask.
+ *
+ * The number of a row's keys (the end of its ranks): nv + the bits of its mask. */
 static inline int32_t tdm_cuda_row_end(int32_t nv, uint64_t tree) {
+    int32_t n = 0;
+    for (uint64_t m = tree; m; m &= m - 1) n++;
+    return nv + n;
+}
+/* The end of the slots a row reads: past nv and its highest tree slot. */
+static inline int32_t tdm_cuda_row_slot_end(int32_t nv, uint64_t tree) {
     int32_t top = 0;
     for (uint64_t m = tree; m; m >>= 1) top++;
     return nv + top;
 }
 #ifdef __CUDACC__
-/* The same on the device, by count of leading zeros. */
-__device__ __forceinline__ int32_t tdm_cu_row_end(int32_t nv, uint64_t tree) {
-    return tree ? nv + 64 - __clzll((long long)tree) : nv;
-}
-/* Whether a row (nv, tree) sees key slot `key`. */
+/* The same on the device. */
+__device__ __forceinline__ int32_t tdm_cu_row_end(int32_t nv, uint64_t tree) { return nv + __popcll(tree); }
+/* Whether a row (nv, tree) sees the key of rank `key`: its ranks are [0, end). */
 __device__ __forceinline__ bool tdm_cu_row_sees(int32_t nv, uint64_t tree, int32_t key) {
-    if (key < nv) return true;
-    const uint32_t j = (uint32_t)(key - nv);
-    return j < 64 && ((tree >> j) & 1u);
+    return key < tdm_cu_row_end(nv, tree);
+}
+/* The slot of rank `key` in a tile whose rows are (nv, tree) (tree != 0: the tile's
+ * one row; tree == 0: any rows, ranks are slots). */
+__device__ __forceinline__ int32_t tdm_cu_key_slot(int32_t nv, uint64_t tree, int32_t key) {
+    if (!tree || key < nv) return key;
+    uint64_t m = tree;
+    for (int32_t i = key - nv; i > 0 && m; i--) m &= m - 1;
+    return m ? nv + __ffsll((long long)m) - 1 : key; /* (past the row's ranks: never read) */
+}
+/* Whether ranks [base, base + n) of such a tile are consecutive slots. */
+__device__ __forceinline__ bool tdm_cu_keys_linear(int32_t nv, uint64_t tree, int32_t base, int32_t n) {
+    return !tree || base + n <= nv;
 }
 #endif
 
 /* Consecutive rows of one sequence attended together: they read the sequence's
- * K / V once.  Each row sees slots [0, its nv) and its tree slots; kv_len = the
- * largest row end (tdm_cuda_row_end). */
+ * K / V once (a token-tree row: a tile of its own).  Each row sees key ranks
+ * [0, tdm_cuda_row_end); kv_len = the largest row end. */
 typedef struct tdm_cuda_tile {
     int32_t row0, n_rows;
     int32_t tab;     /* offset of the sequence's block table in the tables array */
@@ -100,6 +121,7 @@ typedef struct tdm_flash_args {
     float *part;                 /* [n_splits][n_rows][n_head][head_dim + 2] partials */
     void *out;                   /* [n_rows][n_head * head_dim] */
     uint32_t out_type;           /* TDM_F32, TDM_F16 or TDM_BF16 */
+    bool tree;                   /* a token-tree batch (never the tensor-core kernel) */
 } tdm_flash_args;
 
 /* Heads of one kv head that one thread block takes (a divisor of the group): the

@@ -206,17 +206,13 @@ tandem_status tdm_cuda_topk(tdm_backend *b, const float *x, int32_t n, int32_t d
                             float *probs, tdm_err *err);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
-/* The attention op's table entry (cuda_tree_attn.cu): tdm_cuda_attention. */
-tandem_status tdm_cuda_attention_any(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
-/* Token-tree batches on the tree kernel (cuda_tree_attn.cu), whatever their shape
- * the tiled kernels would take. */
-tandem_status tdm_cuda_tree_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
-tandem_status tdm_cuda_tree_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err);
-/* Whether the tiled kernels (cuda_flash.cu) take a token-tree batch of a shape they
- * run: yes, unless the environment sets TANDEM_CUDA_TREE_FLASH=0 (then the tree
- * kernel, and no fused forward graph, serve tree batches). */
-bool tdm_cuda_tree_flash(void);
-/* The kv_move op (cuda_tree_attn.cu): one kernel for every pair, layer and kv head. */
+/* Whether the tiled kernels (cuda_flash.cu) take the batches of the shapes they run:
+ * yes, unless the environment sets TANDEM_CUDA_FLASH=0 (then the scores and softmax
+ * kernels of cuda_attention.cu serve every batch, tree masks as extra slots, and the
+ * fused forward is not captured into graphs: a reference path for tests and
+ * benchmarks, exact against itself as the tiled kernels are against themselves). */
+bool tdm_cuda_flash_enabled(void);
+/* The kv_move op (cuda_kv_move.cu): one kernel for every pair, layer and kv head. */
 tandem_status tdm_cuda_kv_move(tdm_backend *b, const tdm_kv_move_args *a, tdm_err *err);
 tandem_status tdm_cuda_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
 tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t *ids, tdm_err *err);

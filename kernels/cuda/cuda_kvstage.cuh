@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "cuda_fused.h"
 #include "kv_layout.h"
 
 #define TDM_KV_CHUNK 32 /* keys per staging */
@@ -20,7 +21,24 @@
 template <int HD>
 __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_len, const int32_t *tab, int32_t bs,
                                              int32_t n_kv, int32_t kvh, const __half *kc, const __half *vc, __half *Ks,
-                                             __half *Vs) {
+                                             __half *Vs, int32_t mnv = 0, uint64_t mtree = 0) {
+    if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) { /* a tree row's ranks: key by key */
+        const int32_t key = base + lane, slot = tdm_cu_key_slot(mnv, mtree, key);
+        const int64_t blk = key < kv_len ? tab[slot / bs] : -1;
+        for (int32_t d = 0; d < HD; d++)
+            Ks[(size_t)d * TDM_KV_CHUNK + lane] =
+                blk >= 0 ? kc[(((size_t)blk * n_kv + kvh) * HD + d) * bs + slot % bs] : __float2half(0.0f);
+        for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
+            const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (kj < kv_len) {
+                const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
+                v = *(const uint4 *)(vc + (((size_t)tab[sj / bs] * n_kv + kvh) * bs + sj % bs) * HD + 8 * dc);
+            }
+            *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
+        }
+        return;
+    }
     for (int32_t q = lane; q < 4 * HD; q += 32) {
         const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -47,8 +65,34 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
 template <int HD>
 __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t kv_len, const int32_t *tab, int32_t bs,
                                                 int32_t n_kv, int32_t kvh, const uint8_t *kc, const uint8_t *vc,
-                                                int8_t *Ks, int8_t *Vs, float *Kd, float *Vd) {
+                                                int8_t *Ks, int8_t *Vs, float *Kd, float *Vd, int32_t mnv = 0,
+                                                uint64_t mtree = 0) {
     const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, HD);
+    if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) { /* a tree row's ranks: key by key */
+        const int32_t key = base + lane, slot = tdm_cu_key_slot(mnv, mtree, key);
+        const int64_t blk = key < kv_len ? tab[slot / bs] : -1;
+        for (int32_t d = 0; d < HD; d++)
+            Ks[(size_t)d * TDM_KV_CHUNK + lane] =
+                blk >= 0 ? (int8_t)kc[(blk * n_kv + kvh) * unit + (size_t)d * bs + slot % bs] : (int8_t)0;
+        for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
+            const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
+            uint2 v = make_uint2(0, 0);
+            if (kj < kv_len) {
+                const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
+                v = *(const uint2 *)(vc + ((int64_t)tab[sj / bs] * n_kv + kvh) * unit + (size_t)(sj % bs) * HD + 8 * dc);
+            }
+            *(uint2 *)(Vs + (size_t)j * HD + 8 * dc) = v;
+        }
+        float kd = 0.0f, vd = 0.0f;
+        if (blk >= 0) {
+            const int64_t at = (blk * n_kv + kvh) * unit + tdm_kv_q8_scale_off(bs, HD) + 4 * (slot % bs);
+            kd = *(const float *)(kc + at);
+            vd = *(const float *)(vc + at);
+        }
+        Kd[lane] = kd;
+        Vd[lane] = vd;
+        return;
+    }
     for (int32_t q = lane; q < 4 * HD; q += 32) {
         const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
         uint2 v = make_uint2(0, 0);

@@ -73,7 +73,7 @@ static tandem_status check_row(const tdm_batch *bt, const tdm_kv_seq *s, int32_t
     if (nv < 0 || nv > cap || bt->pos[r] < 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "row %d: n_visible %d / position %d outside the sequence (len %d)",
                           (int)r, (int)nv, (int)bt->pos[r], (int)s->len);
-    const int64_t end = (int64_t)nv + (tdm_cuda_row_end(0, row_tree(bt, r)));
+    const int64_t end = (int64_t)nv + (tdm_cuda_row_slot_end(0, row_tree(bt, r)));
     if (end > cap)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "row %d: tree slot %lld outside the sequence (len %d)", (int)r,
                           (long long)end - 1, (int)s->len);
@@ -98,7 +98,9 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
     for (int32_t s = 0; s < n_seq; s++)
         if (tab[s] >= 0) memcpy(tabs + tab[s], seqs[s]->blocks, (size_t)seqs[s]->n_blocks * sizeof(int32_t));
     if (max_q < 1 || max_q > TDM_FLASH_QMAX) max_q = TDM_FLASH_QMAX;
-    const int32_t tile_rows = TDM_MAX(1, max_q / heads_per_block);
+    /* (a token tree's rows: a tile each, their key ranks mapped to slots through
+     * their masks, cuda_fused.h) */
+    const int32_t tile_rows = bt->tree ? 1 : TDM_MAX(1, max_q / heads_per_block);
     int32_t n_tiles = 0, max_kv = 0, max_tile = 0;
     tandem_status st = TANDEM_OK;
     for (int32_t r = 0; r < n && !st; r++) {
