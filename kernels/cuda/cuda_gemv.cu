@@ -1,6 +1,9 @@
 /* cuda_gemv.cu - matrix products of one to a few rows (decode, verification):
  * y[n][ldy] (+)= x[n][cols] W^T, streaming W once per tile of up to 8 input rows,
- * at close to memory bandwidth.
+ * at close to memory bandwidth.  The tiles of a product are one launch (blockIdx.x:
+ * the tile, blockIdx.y: the block of W rows, so a W block's tiles run side by side
+ * and all but the first read it from L2) and a second for a last, partial tile:
+ * a token tree's 33-row verification costs two launches per product, not five.
  *
  * Each warp owns two W rows (or, for the SwiGLU epilogue, gate row j and up row
  * j + ff, so it can write silu(gate) * up itself) and walks them with 16-byte
@@ -62,7 +65,7 @@ struct gv_rows {
 };
 
 template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int32_t ff) {
-    const int32_t warp = blockIdx.x * GV_WARPS + (int32_t)(threadIdx.x >> 5);
+    const int32_t warp = blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5);
     gv_rows r;
     if (EPI == TDM_EPI_SWIGLU) {
         r.ra = warp;
@@ -111,6 +114,8 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
          const float *__restrict__ x, float *y, int32_t ldy) {
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
+    x += (size_t)blockIdx.x * GV_TILE * cols; /* (this block's tile of input rows) */
+    y += (size_t)blockIdx.x * GV_TILE * ldy;
     const int32_t lane = (int32_t)(threadIdx.x & 31);
     const uint4 *wa = (const uint4 *)(w + (size_t)r.ra * row_bytes);
     const uint4 *wb = (const uint4 *)(w + (size_t)r.rb * row_bytes);
@@ -141,6 +146,106 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
     gv_store<NR, EPI>(r, sa, sb, y, ldy);
 }
 
+/* The quantised x of this block's tile of input rows. */
+__device__ __forceinline__ tdm_cuda_xq tdm_gv_tile(tdm_cuda_xq xq, int32_t cols, int32_t nb) {
+    const size_t r0 = (size_t)blockIdx.x * GV_TILE;
+    xq.q += r0 * cols;
+    xq.d += r0 * nb;
+    xq.qs += r0 * nb;
+    return xq;
+}
+
+/* f16 / bf16 with four W rows a warp (STORE / ACCUM: rows 4w .. 4w + 3; SWIGLU:
+ * gate rows 2w, 2w + 1 and their up rows), for tiles of three or more input rows:
+ * each x load feeds twice the W rows, so x (f32, twice W's bytes per element and
+ * read once per input row) no longer saturates L1 as the rows grow.  Every output
+ * element takes exactly k_gemv16's operations (the same lanes, columns, FMA order
+ * and butterfly), so decode on k_gemv16 and verification here agree bit for bit. */
+template <uint32_t T, int NR, int EPI>
+__global__ void __launch_bounds__(GV_WARPS * 32)
+k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
+          const float *__restrict__ x, float *y, int32_t ldy) {
+    const int32_t warp = blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5);
+    int32_t row[4], out[4];
+    bool has[4];
+    if (EPI == TDM_EPI_SWIGLU) { /* outputs 2w, 2w + 1: gate rows then up rows */
+        for (int j = 0; j < 2; j++) {
+            out[j] = 2 * warp + j;
+            has[j] = has[j + 2] = out[j] < n_out;
+            row[j] = has[j] ? out[j] : 2 * warp;
+            row[j + 2] = row[j] + ff;
+        }
+    } else {
+        for (int j = 0; j < 4; j++) {
+            out[j] = 4 * warp + j;
+            has[j] = out[j] < n_out;
+            row[j] = has[j] ? out[j] : 4 * warp;
+        }
+    }
+    if (!has[0]) return;
+    x += (size_t)blockIdx.x * GV_TILE * cols;
+    y += (size_t)blockIdx.x * GV_TILE * ldy;
+    const int32_t lane = (int32_t)(threadIdx.x & 31);
+    const uint4 *wr[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) wr[j] = (const uint4 *)(w + (size_t)row[j] * row_bytes);
+    float acc[4][NR];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int i = 0; i < NR; i++) acc[j][i] = 0.0f;
+    const int32_t n8 = cols / 8;
+#pragma unroll 2
+    for (int32_t k8 = lane; k8 < n8; k8 += 32) {
+        float f[4][8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) cvt8<T>(ld_stream(wr[j] + k8), f[j]);
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 2 * k8;
+            const float4 p = __ldg(xp), q = __ldg(xp + 1);
+            const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float u = acc[j][i];
+#pragma unroll
+                for (int e = 0; e < 8; e++) u = fmaf(f[j][e], xv[e], u);
+                acc[j][i] = u;
+            }
+        }
+    }
+    /* lane i: input row i's sums (as gv_store) */
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < NR; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float t = tdm_cu_warp_sum(acc[j][i]);
+            if (lane == i) v[j] = t;
+        }
+    if (lane >= NR) return;
+    float *yr = y + (size_t)lane * ldy;
+    if (EPI == TDM_EPI_SWIGLU) {
+        for (int j = 0; j < 2; j++)
+            if (has[j]) yr[out[j]] = v[j] / (1.0f + expf(-v[j])) * v[j + 2];
+    } else {
+        for (int j = 0; j < 4; j++)
+            if (has[j]) {
+                if (EPI == TDM_EPI_ACCUM) yr[out[j]] += v[j];
+                else yr[out[j]] = v[j];
+            }
+    }
+}
+
+/* W rows a warp of the f16 / bf16 kernels takes for tiles of nr input rows: the
+ * wide kernel from three rows of a weight tall enough that its blocks still cover
+ * every SM (a small model's products are latency-bound: more blocks win there);
+ * decode keeps two, for more warps in flight.  (Either gives the same bits.) */
+static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
+    const bool wide_ok = w->rows >= (int64_t)4 * GV_WARPS * TDM_MAX(c->n_sm, 1);
+    return (w->type == TDM_F16 || w->type == TDM_BF16) && w->layout == TDM_LAYOUT_ROWS && nr >= 3 && wide_ok ? 4 : 2;
+}
+
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
 
 /* q8_0, QSPLIT rows: [cols] int8 quants, then [cols / 32] f16 scales.  Lane chunks
@@ -152,6 +257,8 @@ k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
     const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK;
+    xq = tdm_gv_tile(xq, cols, nb);
+    y += (size_t)blockIdx.x * GV_TILE * ldy;
     const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
     const uint16_t *da = (const uint16_t *)(rowa + cols), *db = (const uint16_t *)(rowb + cols);
     float sa[NR], sb[NR];
@@ -188,6 +295,8 @@ k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
     const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK;
+    xq = tdm_gv_tile(xq, cols, nb);
+    y += (size_t)blockIdx.x * GV_TILE * ldy;
     const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
     const uint16_t *da = (const uint16_t *)(rowa + cols / 2), *db = (const uint16_t *)(rowb + cols / 2);
     float sa[NR], sb[NR];
@@ -234,6 +343,8 @@ k_gemv_kq(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
           const float *__restrict__ x, float *y, int32_t ldy) {
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
+    x += (size_t)blockIdx.x * GV_TILE * cols;
+    y += (size_t)blockIdx.x * GV_TILE * ldy;
     const int32_t lane = (int32_t)(threadIdx.x & 31);
     const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
     float sa[NR], sb[NR];
@@ -294,12 +405,15 @@ static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out
     const uint8_t *wd = (const uint8_t *)w->data;
     const int32_t cols = (int32_t)w->cols;
     const unsigned th = GV_WARPS * 32;
+    const bool wide = gv_rows_per_warp(c, w, NR) == 4;
     switch (w->type) {
     case TDM_F16:
-        k_gemv16<TDM_F16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        if (wide) k_gemv16w<TDM_F16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        else k_gemv16<TDM_F16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
         break;
     case TDM_BF16:
-        k_gemv16<TDM_BF16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        if (wide) k_gemv16w<TDM_BF16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        else k_gemv16<TDM_BF16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
         break;
     case TDM_Q8_0:
         k_gemv_q8<NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, xq, y, ldy);
@@ -347,11 +461,19 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t ff = (int32_t)(w->rows / 2);
     const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
     if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
-    const int64_t warps = epi == TDM_EPI_SWIGLU ? n_out : ((int64_t)n_out + 1) / 2;
-    const dim3 grid((unsigned)((warps + GV_WARPS - 1) / GV_WARPS));
     const int32_t cols = (int32_t)w->cols, nb = cols / TDM_QK;
-    for (int32_t i0 = 0; i0 < n; i0 += GV_TILE) {
-        const int nr = TDM_MIN(GV_TILE, n - i0);
+    /* the full tiles in one launch, then the partial one */
+    const int32_t full = n / GV_TILE;
+    for (int32_t i0 = 0; i0 < n;) {
+        const int nr = i0 == 0 && full > 0 ? GV_TILE : n - i0;
+        /* outputs a warp writes: its W rows (SwiGLU: half of them, gate and up) */
+        const int per_warp = gv_rows_per_warp(c, w, nr) / (epi == TDM_EPI_SWIGLU ? 2 : 1);
+        const int64_t warps = ((int64_t)n_out + per_warp - 1) / per_warp;
+        const int64_t wblocks = (warps + GV_WARPS - 1) / GV_WARPS;
+        if (wblocks > 65535)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %lld output rows (the row kernels take %lld)",
+                              (long long)n_out, (long long)65535 * GV_WARPS * per_warp);
+        const dim3 grid(i0 == 0 && full > 0 ? (unsigned)full : 1u, (unsigned)wblocks);
         tdm_cuda_xq xt = {0, 0, 0};
         if (quant) xt = {xq->q + (size_t)i0 * cols, xq->d + (size_t)i0 * nb, xq->qs + (size_t)i0 * nb};
         const float *xi = quant ? NULL : x + (size_t)i0 * cols;
@@ -360,6 +482,7 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
         else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
         else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
         TDM_CU_LAUNCHED("gemv");
+        i0 += (int32_t)grid.x * nr;
     }
     return TANDEM_OK;
 }
