@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/gpu-pack.sh - packs tandem's binaries from a CUDA build (build/ by default)
 # with the shared libraries they need that a GPU machine may lack (Criterion and
-# its dependencies; not glibc, libstdc++ or the CUDA libraries), for
+# its dependencies; not glibc, libstdc++, the CUDA libraries or NCCL (218 MB: the GPU
+# machine's own, from its CUDA or PyTorch's nvidia-nccl package, goes on LD_LIBRARY_PATH)), for
 # bench/gpu.sh --bin TAR.xz on another machine.
 # usage: bench/gpu-pack.sh [BUILD_DIR] OUT.tar.xz
 set -euo pipefail
@@ -17,7 +18,7 @@ for b in tandem bench/bench_spec bench/bench_batch bench/bench_forward bench/ben
   strip -o "$stage/$(basename "$b")" "$build/$b"
   ldd "$build/$b" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
-      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libresolv.so*|libstdc++.so*|libgcc_s.so*|libcu*) ;;
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libresolv.so*|libstdc++.so*|libgcc_s.so*|libcu*|libnccl*) ;;
       *) cp -Ln "$lib" "$stage/lib/" ;;
     esac
   done

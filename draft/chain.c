@@ -57,6 +57,39 @@ static int32_t lookup_extension(tdm_engine *e, tdm_seq *s, int32_t len, int32_t 
  * the same; the forwards past a cut are spent, and the draft's K/V count only up
  * to it.  Sampling draws token i with the i-th uniform of the request's generator,
  * and the generator moves on by the tokens kept, as the loop's draws would. */
+/* Benchmark only (draft/oracle.h): the oracle's chain of k as the token loop's
+ * oracle_token would draw it, known before the chain runs: tokens [0, *n_plan) are
+ * the target's own (plan[]), token *off (-1: none) the draft's best other than
+ * *off_truth, the rest the draft's own. */
+static void oracle_plan(tdm_seq *s, int32_t k, int32_t *plan, int32_t *n_plan, int32_t *off, int32_t *off_truth) {
+    const int32_t g = s->n_tokens - s->n_prompt;
+    *n_plan = 0, *off = -1, *off_truth = -1;
+    for (int32_t i = 0; i < k && g + i < s->n_oracle; i++) {
+        if (tdm_oracle_rank(s->oracle_alpha, &s->oracle_rng) == 0) {
+            plan[(*n_plan)++] = s->oracle[g + i];
+            continue;
+        }
+        *off = i, *off_truth = s->oracle[g + i];
+        return;
+    }
+}
+
+/* The draft's token i of a chain into ids_d[i] from the logits of its forward
+ * (already in e->out_d when logits_only): its argmax; the oracle's planned tokens
+ * (i < n_plan, in ids_d already): the argmax into a spare word, as the unmodified
+ * chain's costs; the oracle's off-path token: the argmax with the truth masked. */
+static tandem_status oracle_pick(tdm_engine *e, int32_t i, int32_t n_plan, int32_t off, int32_t off_truth,
+                                 float *top_i, tdm_err *err) {
+    const tdm_backend_ops *op = e->be->ops;
+    int32_t *ids_d = e->chain_dev, *spare = e->chain_dev + 2 * TDM_CTRL_MAX_K + 1;
+    if (i == off) {
+        const float *lowest = (const float *)(e->chain_dev + 2 * TDM_CTRL_MAX_K); /* -FLT_MAX */
+        tandem_status st = op->add(e->be, e->out_d + off_truth, lowest, 1, 1, err);
+        if (st) return st;
+    }
+    return op->argmax_dev(e->be, e->out_d, 1, e->n_vocab, i < n_plan ? spare : ids_d + i, top_i, err);
+}
+
 static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
                                      int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err) {
     const int32_t n = s->n_tokens;
@@ -73,6 +106,13 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32
     /* the chain writes the draft's K/V up to position n + k - 2 */
     if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + k - 1, err))) return st;
     if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
+    /* the oracle benchmark's plan, its known tokens uploaded first (greedy only) */
+    int32_t plan[TDM_CTRL_MAX_K], n_plan = 0, off = -1, off_truth = -1;
+    const bool oracle = s->oracle && !sample;
+    if (oracle) {
+        oracle_plan(s, k, plan, &n_plan, &off, &off_truth);
+        if (n_plan > 0 && (st = op->upload(e->be, ids_d, plan, (size_t)n_plan * sizeof(int32_t), err))) return st;
+    }
     tdm_batch *b = &e->batch;
     /* catch up: rows [n_draft, n), the last one's argmax -> token 0 */
     for (int32_t c = s->n_draft; c < n; c += e->max_rows) {
@@ -81,6 +121,9 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32
         for (int32_t p = c; p < end; p++) tdm_batch_add(b, s->tokens[p], p, 0, p, p == n - 1);
         if (end < n) {
             st = tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS_DEV, err);
+        } else if (oracle) {
+            st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, NULL, e->out_d, NULL, NULL, err);
+            if (!st) st = oracle_pick(e, 0, n_plan, off, off_truth, top_d, err);
         } else {
             st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, NULL, e->out_d,
                                        sample ? NULL : ids_d, top_d, err);
@@ -95,8 +138,9 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32
         tdm_batch_add(b, 0, n + i, 0, n + i, true); /* (the token is ids_d[i]) */
         float *top_i = top_d ? top_d + i + 1 : NULL;
         if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, seqs, &e->fs_d, ids_d + i, e->out_d,
-                                        sample ? NULL : ids_d + i + 1, top_i, err)))
+                                        sample || oracle ? NULL : ids_d + i + 1, oracle ? NULL : top_i, err)))
             return st;
+        if (oracle && (st = oracle_pick(e, i + 1, n_plan, off, off_truth, top_i, err))) return st;
         if (sample) {
             float *qi = e->q_dev + (size_t)(i + 1) * (size_t)V;
             if ((st = op->probs_dev(e->be, e->out_d, 1, V, &s->sp, qi, e->samp_dev + i + 1, err))) return st;
@@ -136,7 +180,7 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
     const int32_t n = s->n_tokens;
     tandem_status st;
     *n_drafted = *n_model = *n_forwards = 0;
-    if ((greedy || e->q_dev) && e->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K && !s->oracle)
+    if ((greedy || e->q_dev) && e->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K)
         return chain_on_device(e, s, k, k_ext, draft, n_drafted, n_model, n_forwards, err);
     /* catch up: rows [n_draft, n) -> the distribution of the token after them */
     if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, TDM_FWD_LOGITS_APPROX, err))) return st;

@@ -116,6 +116,9 @@ void tdm_ctrl_init(tdm_spec_ctrl *c, int32_t k_min, int32_t k_max, int32_t k_fix
     c->alpha = ALPHA_PRIOR;
     c->alpha_ema = 0.2;
     c->k_last = k_fixed > 0 ? k_fixed : k_min;
+    c->n_plain = 0;
+    c->probe_gap = TDM_CTRL_PROBE_MIN;
+    c->probing = false;
 }
 
 double tdm_ctrl_expected_tokens(double alpha, int32_t k) {
@@ -155,6 +158,29 @@ int32_t tdm_ctrl_choose_k_cost(tdm_spec_ctrl *c, const tdm_cost_model *cost, dou
     return best;
 }
 
+int32_t tdm_ctrl_plan(tdm_spec_ctrl *c, const tdm_cost_model *cost, double t_draft, double *rate) {
+    double r;
+    const int32_t k = tdm_ctrl_choose_k_cost(c, cost, t_draft, &r);
+    if (rate) *rate = r;
+    if (!c || c->k_fixed > 0) return k;
+    c->probing = false;
+    const double plain = 1.0 / tdm_cost_verify(cost, 1);
+    if (!(r < plain)) { /* (also NaN: speculate) */
+        c->n_plain = 0;
+        return k;
+    }
+    if (c->probe_gap < 0 || c->probe_gap > TDM_CTRL_PROBE_MAX) c->probe_gap = TDM_CTRL_PROBE_MIN;
+    if (++c->n_plain <= c->probe_gap) {
+        if (rate) *rate = plain;
+        return 0;
+    }
+    c->n_plain = 0;
+    c->probing = true;
+    c->k_last = 1;
+    if (rate) *rate = tdm_ctrl_rate(cost, c->alpha, t_draft, 1);
+    return 1;
+}
+
 int32_t tdm_ctrl_choose_k(tdm_spec_ctrl *c, const tdm_cost_model *cost) {
     return tdm_ctrl_choose_k_cost(c, cost, tdm_cost_draft(cost), NULL);
 }
@@ -163,6 +189,10 @@ void tdm_ctrl_observe(tdm_spec_ctrl *c, int32_t k, int32_t n_accepted) {
     if (!c || k <= 0) return; /* nothing drafted: no information */
     if (n_accepted < 0) n_accepted = 0;
     if (n_accepted > k) n_accepted = k;
+    if (c->probing) { /* a back-off probe: the gap to the next */
+        c->probe_gap = n_accepted > 0 ? 0 : TDM_MIN(TDM_MAX(2 * c->probe_gap, TDM_CTRL_PROBE_MIN), TDM_CTRL_PROBE_MAX);
+        c->probing = false;
+    }
     int32_t evaluated = TDM_MIN(n_accepted + 1, k);
     double w = c->alpha_ema;
     if (!(w > 0.0 && w <= 1.0)) w = 0.2;

@@ -9,10 +9,22 @@
  *     rate(k)      = E[tokens](k) / (k * t_draft + t_verify(k + 1))
  * Until costs are measured it uses a prior (t_verify(n) = t_verify(1), t_draft =
  * t_verify(1) / 4 as a guess) so early choices are sensible.
+ *
+ * Back-off (tdm_ctrl_plan): when even the best k is expected to be slower than plain
+ * decoding (rate(k) < 1 / t_verify(1): a draft that is rarely right), the step does
+ * not speculate.  Every probe_gap-th such step probes with k = 1 so that a rising
+ * acceptance is seen; the gap starts at TDM_CTRL_PROBE_MIN, doubles after every
+ * probe that accepts nothing, up to TDM_CTRL_PROBE_MAX, and is 0 after one that
+ * accepts (probe again at once, until the estimate says whether to speculate).  At
+ * acceptance 0 this costs one draft step and one two-row verification per gap,
+ * instead of one per token.  A request starts halfway between the prior and the
+ * engine's last request's acceptance estimate (src/engine.c), so a pair that never
+ * agrees backs off within a few steps.
  */
 #ifndef TDM_CONTROLLER_H
 #define TDM_CONTROLLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #define TDM_CTRL_MAX_K 32
@@ -39,7 +51,14 @@ typedef struct tdm_spec_ctrl {
     double alpha;           /* EMA of per-token acceptance probability */
     double alpha_ema;       /* smoothing weight, default 0.2 */
     int32_t k_last;
+    /* back-off (tdm_ctrl_plan) */
+    int32_t n_plain;   /* plain steps since the last probe */
+    int32_t probe_gap; /* plain steps before the next probe */
+    bool probing;      /* the last planned step was a probe */
 } tdm_spec_ctrl;
+
+#define TDM_CTRL_PROBE_MIN 8
+#define TDM_CTRL_PROBE_MAX 64
 
 void tdm_ctrl_init(tdm_spec_ctrl *c, int32_t k_min, int32_t k_max, int32_t k_fixed);
 /* The k to draft next. */
@@ -48,6 +67,10 @@ int32_t tdm_ctrl_choose_k(tdm_spec_ctrl *c, const tdm_cost_model *cost);
  * that runs no model, such as n-gram lookup); *rate (optional) receives the expected
  * tokens per second of that k. */
 int32_t tdm_ctrl_choose_k_cost(tdm_spec_ctrl *c, const tdm_cost_model *cost, double t_draft, double *rate);
+/* The step's plan: the k to draft (tdm_ctrl_choose_k_cost), or 0 when speculating
+ * is expected to be slower than plain decoding (the back-off above; a fixed k never
+ * backs off).  *rate (optional): the expected tokens per second of the plan. */
+int32_t tdm_ctrl_plan(tdm_spec_ctrl *c, const tdm_cost_model *cost, double t_draft, double *rate);
 /* Expected tokens per second when drafting k tokens at acceptance alpha. */
 double tdm_ctrl_rate(const tdm_cost_model *cost, double alpha, double t_draft, int32_t k);
 /* The draft-step cost the controller assumes (measured, or the prior). */

@@ -9,7 +9,11 @@
  * proposed at all.  Positions off that path keep the draft's own candidates.  A
  * dynamic tree weighs candidate rank 0 alpha, rank 1 (1 - alpha) / 2 and the rest
  * the remainder (as a draft calibrated to this acceptance would; a random-weight
- * draft's own probabilities are flat).
+ * draft's own probabilities are flat).  Greedy chains on a backend that drafts on
+ * the device stay there (draft/chain.c): the on-path positions' tokens are known
+ * before the chain runs, and the first off-path position takes the draft's best
+ * token other than the truth (-FLT_MAX added to its logit on the device), so the chain costs
+ * what an unmodified one does.
  * Verification, acceptance and commit run unchanged, so the output is still the
  * target's own and every cost is real; only the acceptance is controlled.  Greedy,
  * single-sequence steps only (a request with it needs greedy decoding and an
@@ -22,6 +26,9 @@
 
 #include "sampling.h"
 
+/* Where the truth goes among one position's candidates: 0 (first) with
+ * probability alpha, else 1 (second) or -1 (nowhere) alike; draws two uniforms. */
+int32_t tdm_oracle_rank(double alpha, tdm_rng *rng);
 /* The candidates of one position: own[0..n_own) the draft's ranking (best first,
  * distinct), truth the target's token there; writes k candidates to out (fewer when
  * own runs short), drawing two uniforms from rng. */

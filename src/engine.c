@@ -3,6 +3,7 @@
 #include "engine.h"
 #include "ngram.h"
 
+#include <float.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -216,8 +217,11 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     /* greedy draft chains on the device (TANDEM_DRAFT_CHAIN=0: token by token) */
     const char *dc = getenv("TANDEM_DRAFT_CHAIN");
     if (draft && !e->be->host_memory && e->be->ops->argmax_dev && e->be->ops->get_rows_dev && !(dc && !strcmp(dc, "0"))) {
-        if ((st = e->be->ops->alloc(e->be, 2 * TDM_CTRL_MAX_K * sizeof(int32_t), &p, err))) goto fail;
+        if ((st = e->be->ops->alloc(e->be, (2 * TDM_CTRL_MAX_K + TDM_CHAIN_DEV_EXTRA) * sizeof(int32_t), &p, err)))
+            goto fail;
         e->chain_dev = p;
+        const float lowest = -FLT_MAX; /* (finite: argmax_dev reports a row with an infinity) */
+        if ((st = e->be->ops->upload(e->be, e->chain_dev + 2 * TDM_CTRL_MAX_K, &lowest, sizeof lowest, err))) goto fail;
         if ((st = e->be->ops->alloc(e->be, (size_t)TDM_CTRL_MAX_K * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err)))
             goto fail;
         e->bchain_dev = p;
@@ -269,6 +273,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         goto fail;
     }
     tdm_cost_init(&e->cost);
+    e->alpha_carry = -1.0;
     *out = e;
     return TANDEM_OK;
 fail:
@@ -542,6 +547,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     s->sp.min_p = gp->min_p;
     tdm_rng_seed(&s->rng, gp->seed);
     tdm_ctrl_init(&s->ctrl, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
+    if (e->alpha_carry >= 0) s->ctrl.alpha = 0.5 * (s->ctrl.alpha + e->alpha_carry); /* (halfway from the prior) */
     s->spec_p_min = gp->spec_p_min;
     s->spec_ngram = s->oracle ? 0 : gp->spec_ngram;
     tdm_ctrl_init(&s->ctrl_ng, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
@@ -615,6 +621,7 @@ tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, doubl
     res->prefill_ms = n_gen > 0 ? prefill_ms : 0.0; /* no token: nothing ran */
     res->decode_ms = n_gen > 1 ? decode_ms : 0.0;   /* the first token is the prefill's */
     res->spec = s->spec;
+    if (s->spec.drafted > 0) e->alpha_carry = s->ctrl.alpha;
     if (res->spec.drafted) res->spec.acceptance_rate = (double)res->spec.accepted / (double)res->spec.drafted;
     if (res->spec.steps) res->spec.mean_accepted = (double)res->spec.accepted / (double)res->spec.steps;
     if (e->draft) {

@@ -39,6 +39,8 @@
 #define TDM_ENGINE_SAMP_OUT 40
 #define TDM_ENGINE_SAMP_IDS 64 /* (the scheduler's tokens of one batched step) */
 #define TDM_ENGINE_SAMP_WORDS 128
+/* words of e->chain_dev past its tokens and top probabilities: -FLT_MAX, a spare id */
+#define TDM_CHAIN_DEV_EXTRA 2
 
 typedef struct tdm_engine_cfg {
     int32_t n_threads;
@@ -99,10 +101,11 @@ typedef struct tdm_engine {
     int32_t *ids;            /* [n_logit_rows] greedy forwards' argmax per logits row (host) */
     int32_t *bchain_dev;     /* [TDM_CTRL_MAX_K][n_logit_rows] backend memory: a batch's greedy
                                 chains, round by round (draft/batch_chain.c), with chain_dev */
-    int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] backend memory: a greedy draft chain's
-                                tokens, then their top probabilities (as floats), when the
-                                backend keeps argmaxes on the device (draft/chain.c); else
-                                NULL */
+    int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] + TDM_CHAIN_DEV_EXTRA backend memory: a
+                                greedy draft chain's tokens, then their top probabilities
+                                (as floats), then -FLT_MAX (a float) and a spare id (the oracle
+                                benchmark's, draft/chain.c), when the backend keeps argmaxes
+                                on the device (draft/chain.c); else NULL */
     /* Device sampling (backends with probs_dev, sample_dev and accept_dev; else all
      * NULL): the processed distributions stay where the logits are and only token
      * ids come back (engine.c, draft/chain.c, verify/verify.c). */
@@ -121,6 +124,9 @@ typedef struct tdm_engine {
     char *piece;             /* [piece_cap] decoded text of one token */
     int32_t piece_cap;
     tdm_cost_model cost;     /* measured draft / verify costs */
+    double alpha_carry;      /* the last speculating request's final acceptance estimate
+                                (the next request starts halfway between it and the prior:
+                                acceptance is mostly the pair's); < 0: none yet */
     tdm_tree_cost tree_cost; /* measured drafting seconds of a tree step, by budget */
     tdm_tree tree;           /* the single-sequence step's tree */
     float *tree_p;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: a sampled tree's target p rows */

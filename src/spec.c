@@ -1,7 +1,8 @@
 /* spec.c - one speculative step: choose k, draft a chain, verify it, adapt.
  *
  * The step never drafts more than the request can still use (max tokens, context),
- * and falls back to a plain target step when no draft token fits.
+ * and falls back to a plain target step when no draft token fits, or when the
+ * controller backs off (speculation expected to be slower than plain decoding).
  *
  * With n-gram lookup on, a step first looks for an n-gram proposal (draft/ngram.c).
  * It is used when its expected rate, E[tokens] / t_verify (it runs no model), is at
@@ -44,12 +45,19 @@ void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, in
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     tandem_status st;
     const int32_t n = s->n_tokens;
-    const int32_t k_chosen = tdm_ctrl_choose_k(&s->ctrl, &e->cost);
+    const int32_t k_chosen = tdm_ctrl_plan(&s->ctrl, &e->cost, tdm_cost_draft(&e->cost), NULL);
+    if (k_chosen == 0) { /* backed off (draft/controller.h): a plain step, its cost measured */
+        const double t0 = tdm_now();
+        if ((st = tdm_seq_step_target(e, s, err))) return st;
+        tdm_cost_observe_verify(&e->cost, 1, tdm_now() - t0);
+        s->spec.k_final = 0;
+        return TANDEM_OK;
+    }
     int32_t k = k_chosen;
     /* Adaptive mode explores: every 8th step drafts one token more or fewer than the
      * controller's choice, so the verify costs of the neighbouring lengths stay
      * measured (an estimate that is never re-measured can keep a stale value). */
-    if (s->ctrl.k_fixed == 0 && (++s->n_spec_steps & 7) == 0) {
+    if (s->ctrl.k_fixed == 0 && !s->ctrl.probing && (++s->n_spec_steps & 7) == 0) {
         k += (s->n_spec_steps & 8) ? 1 : -1;
         if (k < s->ctrl.k_min) k = TDM_MIN(k_chosen + 1, s->ctrl.k_max);
         if (k > s->ctrl.k_max) k = TDM_MAX(k_chosen - 1, s->ctrl.k_min);

@@ -421,14 +421,14 @@ static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, 
 /* Token trees on the GPU (tree masks in the fused forward's attention, the row
  * kernels for up to 64 verification rows, CUDA graphs, draft candidates from the
  * topk op): with dynamic trees of 32 and 12 nodes, a static 4,2,2,1 tree, and the
- * tree kernel instead of the tiled ones (TANDEM_CUDA_TREE_FLASH=0) and host
+ * scores and softmax kernels instead of the tiled ones (TANDEM_CUDA_FLASH=0) and host
  * candidates (TANDEM_TREE_TOPK=0), every step a tree, greedy output equals
  * target-only output on every prompt. */
 Test(cuda_engine, trees_equal_target_only, .timeout = 900) {
     static const struct {
         int nodes;
         const char *shape, *env;
-    } cases[] = {{32, NULL, NULL}, {12, NULL, NULL}, {0, "4,2,2,1", NULL}, {32, NULL, "TANDEM_CUDA_TREE_FLASH"},
+    } cases[] = {{32, NULL, NULL}, {12, NULL, NULL}, {0, "4,2,2,1", NULL}, {32, NULL, "TANDEM_CUDA_FLASH"},
                  {16, NULL, "TANDEM_TREE_TOPK"}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].env) setenv(cases[i].env, "0", 1);
@@ -470,7 +470,11 @@ Test(cuda_engine, q8_0_cache_speculative_equality, .timeout = 900) {
 /* Greedy drafting on the device (the chain's forwards queued back to back, one
  * wait per chain) proposes exactly what token-by-token drafting proposes: with a
  * fixed k the two engines draft and accept the same counts and emit the same
- * tokens (TANDEM_DRAFT_CHAIN=0 selects the host loop when an engine opens). */
+ * tokens (TANDEM_DRAFT_CHAIN=0 selects the host loop when an engine opens).  The
+ * same with the oracle benchmark mode (draft/oracle.h; alpha 0, 0.7, 1: the device
+ * chain's planned tokens and masked argmax against the host loop's rearranged
+ * candidates, the same draws), alpha 0 accepting nothing and 1 everything on the
+ * target's path. */
 Test(cuda_engine, device_draft_chain_equals_host_chain, .timeout = 300) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = TANDEM_BACKEND_CUDA;
@@ -507,6 +511,31 @@ Test(cuda_engine, device_draft_chain_equals_host_chain, .timeout = 300) {
                       (unsigned long long)a.spec.steps, (unsigned long long)b.spec.drafted,
                       (unsigned long long)b.spec.accepted, (unsigned long long)b.spec.steps);
             drafted += a.spec.drafted;
+            static const float alphas[] = {0.0f, 0.7f, 1.0f};
+            for (int ai = 0; ai < 3; ai++) {
+                tandem_generate_params go = gp;
+                go.bench_oracle_tokens = a.tokens;
+                go.bench_n_oracle = (int)a.n_tokens;
+                go.bench_oracle_alpha = alphas[ai];
+                go.seed = 11 + li;
+                tandem_result oa, ob;
+                cr_assert_eq(tandem_generate_ids(dev, ids, n, &go, &oa), TANDEM_OK, "%s", tandem_last_error());
+                cr_assert_eq(tandem_generate_ids(host, ids, n, &go, &ob), TANDEM_OK, "%s", tandem_last_error());
+                cr_assert(oa.n_tokens == a.n_tokens && !memcmp(oa.tokens, a.tokens, a.n_tokens * sizeof(int32_t)) &&
+                              ob.n_tokens == a.n_tokens && !memcmp(ob.tokens, a.tokens, a.n_tokens * sizeof(int32_t)),
+                          "prompt %zu, k %d, oracle alpha %g: output differs from target-only", li, k, alphas[ai]);
+                cr_assert(oa.spec.drafted == ob.spec.drafted && oa.spec.accepted == ob.spec.accepted,
+                          "prompt %zu, k %d, oracle alpha %g: device chain drafted %llu / accepted %llu, host %llu / %llu",
+                          li, k, alphas[ai], (unsigned long long)oa.spec.drafted, (unsigned long long)oa.spec.accepted,
+                          (unsigned long long)ob.spec.drafted, (unsigned long long)ob.spec.accepted);
+                if (ai == 0) cr_assert_eq(oa.spec.accepted, 0, "oracle alpha 0: %llu accepted", (unsigned long long)oa.spec.accepted);
+                if (ai == 2)
+                    cr_assert_geq(oa.spec.forward_tokens, (uint64_t)k * oa.spec.forwards - (uint64_t)k,
+                                  "oracle alpha 1: %llu tokens in %llu forwards", (unsigned long long)oa.spec.forward_tokens,
+                                  (unsigned long long)oa.spec.forwards);
+                tandem_result_free(&oa);
+                tandem_result_free(&ob);
+            }
             tandem_result_free(&a);
             tandem_result_free(&b);
         }

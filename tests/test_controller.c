@@ -293,6 +293,63 @@ Test(controller, exact_tie_prefers_smaller_k) {
     cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2);
 }
 
+/* Back-off: costs of a 7B target with a small draft (t_verify(n) = 5.1 + 0.1 (n - 1)
+ * ms, a draft step 0.67 ms).  At acceptance 0 the plan falls to plain steps (0)
+ * with probes of k = 1 at gaps 8, 16, 32, 64, 64, ...; a probe that accepts makes the
+ * next step a probe too, and a high acceptance speculates again; a fixed k never
+ * backs off. */
+Test(controller, backs_off_and_probes) {
+    tdm_cost_model c;
+    tdm_cost_init(&c);
+    for (int n = 1; n <= 10; n++) tdm_cost_observe_verify(&c, n, 5.1e-3 + 0.1e-3 * (n - 1));
+    tdm_cost_observe_draft(&c, 0.67e-3);
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 8, 0);
+    ctl.alpha = 0.6;
+    double rate;
+    cr_assert_gt(tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), &rate), 1, "alpha 0.6 speculates");
+    cr_assert_gt(rate, 1.0 / 5.1e-3);
+    /* the draft is never right: alpha falls, then only probes speculate */
+    int steps = 0, spec_steps = 0, probes[8], n_probes = 0, last_probe = -1;
+    for (; steps < 400; steps++) {
+        const int32_t k = tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), &rate);
+        cr_assert(k >= 0 && k <= 8);
+        if (k == 0) {
+            cr_assert_float_eq(rate, 1.0 / 5.1e-3, 1e-6, "a plain step's rate");
+            continue;
+        }
+        spec_steps++;
+        if (ctl.probing) {
+            cr_assert_eq(k, 1, "a probe drafts one token");
+            if (n_probes < 8) probes[n_probes++] = steps - last_probe - 1;
+            last_probe = steps;
+        }
+        tdm_ctrl_observe(&ctl, k, 0);
+    }
+    cr_assert_geq(n_probes, 5);
+    cr_assert_lt(spec_steps, 40, "%d of 400 steps speculated at acceptance 0", spec_steps);
+    /* gaps between probes: the first after the learning steps, then 8, 16, 32, 64 */
+    const int want[] = {16, 32, 64, 64};
+    for (int i = 0; i < 4; i++) cr_assert_eq(probes[i + 1], want[i], "gap %d: %d plain steps", i + 1, probes[i + 1]);
+    /* acceptance returns: probes accept, follow one another, and speculation resumes */
+    int first_long = -1;
+    for (int s = 0; s < 200 && first_long < 0; s++) {
+        const int32_t k = tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), NULL);
+        if (k == 0) continue;
+        if (k > 1 && !ctl.probing) first_long = s;
+        tdm_ctrl_observe(&ctl, k, k); /* every token accepted */
+    }
+    cr_assert_geq(first_long, 0, "speculation never resumed");
+    cr_assert_lt(first_long, 64 + 8, "speculation resumed only after %d steps", first_long);
+    /* a fixed k is the user's: never backed off */
+    tdm_ctrl_init(&ctl, 1, 8, 3);
+    ctl.alpha = 0.0;
+    for (int s = 0; s < 50; s++) {
+        cr_assert_eq(tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), NULL), 3);
+        tdm_ctrl_observe(&ctl, 3, 0);
+    }
+}
+
 /* ---- the batch's length (draft/batch_ctrl.h) ---- */
 
 static void batch_seqs(tdm_batch_seq *bs, int n, double alpha, int cap) {
