@@ -45,7 +45,9 @@ void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, in
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     tandem_status st;
     const int32_t n = s->n_tokens;
-    const int32_t k_chosen = tdm_ctrl_plan(&s->ctrl, &e->cost, tdm_cost_draft(&e->cost), NULL);
+    /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
+    const int32_t k_chosen = s->spec_tree > 0 ? tdm_ctrl_choose_k(&s->ctrl, &e->cost)
+                                              : tdm_ctrl_plan(&s->ctrl, &e->cost, tdm_cost_draft(&e->cost), NULL);
     if (k_chosen == 0) { /* backed off (draft/controller.h): a plain step, its cost measured */
         const double t0 = tdm_now();
         if ((st = tdm_seq_step_target(e, s, err))) return st;
