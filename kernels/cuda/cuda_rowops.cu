@@ -321,31 +321,38 @@ __device__ __forceinline__ bool tk_before(float av, int32_t ai, float bv, int32_
     return av > bv || (av == bv && ai < bi);
 }
 
-/* Block per row: k passes, pass j picking the first entry in the order after pass
- * j - 1's pick (so no set of picks is kept), then the softmax probabilities of the
- * picks: exp(v - max) / sum exp(x - max), the sum in double as k_argmax's. */
+/* Block per row.  Each thread keeps its own first k entries in the order (one scan
+ * of its elements, insertion into a short sorted list); then k rounds each take
+ * the block's first list head and advance the list it came from (the indices are
+ * the threads' own, so exactly one list holds it).  Every entry of the row's first
+ * k is among its thread's first k, so the picks are the row's first k in the order.
+ * Then the softmax probabilities of the picks: exp(v - max) / sum exp(x - max), the
+ * sum in double as k_argmax's. */
 __global__ void k_topk(const float *x, int32_t dim, int32_t k, int32_t *ids, float *probs) {
     __shared__ float bv[32], s_val[TDM_TOPK_MAX];
     __shared__ int32_t bi[32], s_idx[TDM_TOPK_MAX];
     __shared__ int s_bad;
     const float *row = x + (size_t)blockIdx.x * dim;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (int)(blockDim.x >> 5);
-    float pv = INFINITY; /* the previous pick (pass 0: none) */
-    int32_t pi = -1;
+    float lv[TDM_TOPK_MAX];
+    int32_t li[TDM_TOPK_MAX];
+    int32_t n_own = 0;
+    int nonfin = 0;
+    for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = row[i];
+        nonfin |= !isfinite(v);
+        if (n_own == k && !tk_before(v, i, lv[k - 1], li[k - 1])) continue;
+        int32_t p = n_own < k ? n_own++ : k - 1;
+        for (; p > 0 && tk_before(v, i, lv[p - 1], li[p - 1]); p--) lv[p] = lv[p - 1], li[p] = li[p - 1];
+        lv[p] = v;
+        li[p] = i;
+    }
+    nonfin = __syncthreads_or(nonfin);
+    if (threadIdx.x == 0) s_bad = nonfin;
+    int32_t head = 0;
     for (int32_t j = 0; j < k; j++) {
-        float best = -INFINITY;
-        int32_t idx = INT32_MAX;
-        int bad = 0;
-        for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) {
-            const float v = row[i];
-            if (j == 0) bad |= !isfinite(v);
-            const bool after = j == 0 || tk_before(pv, pi, v, i);
-            if (after && tk_before(v, i, best, idx)) {
-                best = v;
-                idx = i;
-            }
-        }
-        if (j == 0) bad = __syncthreads_or(bad);
+        float best = head < n_own ? lv[head] : -INFINITY;
+        int32_t idx = head < n_own ? li[head] : INT32_MAX;
         for (int o = 16; o > 0; o >>= 1) {
             const float ov = __shfl_xor_sync(0xffffffffu, best, o);
             const int32_t oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -367,11 +374,9 @@ __global__ void k_topk(const float *x, int32_t dim, int32_t k, int32_t *ids, flo
                 }
             s_val[j] = best;
             s_idx[j] = idx;
-            if (j == 0) s_bad = bad;
         }
         __syncthreads();
-        pv = s_val[j];
-        pi = s_idx[j];
+        if (head < n_own && li[head] == s_idx[j]) head++;
     }
     const bool bad = s_bad != 0;
     const float mx = s_val[0];
