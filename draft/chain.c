@@ -47,16 +47,6 @@ static int32_t lookup_extension(tdm_engine *e, tdm_seq *s, int32_t len, int32_t 
     return m;
 }
 
-/* Drafting where the backend keeps argmaxes (greedy) or samples (e->q_dev) in its
- * memory (e->chain_dev): the catch-up forward and the k - 1 forwards after it are
- * queued back to back, each embedding the token the one before chose, on the
- * device; the host waits once, for the k tokens and their top probabilities (of
- * the logits' softmax when greedy, of q when sampling).  p_min and the n-gram
- * extension then cut the chain where the token-by-token loop below would have
- * stopped (each decision depends only on the tokens before it), so the proposal is
- * the same; the forwards past a cut are spent, and the draft's K/V count only up
- * to it.  Sampling draws token i with the i-th uniform of the request's generator,
- * and the generator moves on by the tokens kept, as the loop's draws would. */
 /* Benchmark only (draft/oracle.h): the oracle's chain of k as the token loop's
  * oracle_token would draw it, known before the chain runs: tokens [0, *n_plan) are
  * the target's own (plan[]), token *off (-1: none) the draft's best other than
@@ -74,10 +64,10 @@ static void oracle_plan(tdm_seq *s, int32_t k, int32_t *plan, int32_t *n_plan, i
     }
 }
 
-/* The draft's token i of a chain into ids_d[i] from the logits of its forward
- * (already in e->out_d when logits_only): its argmax; the oracle's planned tokens
- * (i < n_plan, in ids_d already): the argmax into a spare word, as the unmodified
- * chain's costs; the oracle's off-path token: the argmax with the truth masked. */
+/* The oracle chain's token i from its forward's logits in e->out_d: the argmax into
+ * ids_d[i]; a planned token (i < n_plan, in ids_d already): the argmax into a spare
+ * word, so the chain costs what an unmodified one does; the off-path token (i ==
+ * off): the argmax with the truth's logit pushed down by -FLT_MAX. */
 static tandem_status oracle_pick(tdm_engine *e, int32_t i, int32_t n_plan, int32_t off, int32_t off_truth,
                                  float *top_i, tdm_err *err) {
     const tdm_backend_ops *op = e->be->ops;
@@ -90,6 +80,16 @@ static tandem_status oracle_pick(tdm_engine *e, int32_t i, int32_t n_plan, int32
     return op->argmax_dev(e->be, e->out_d, 1, e->n_vocab, i < n_plan ? spare : ids_d + i, top_i, err);
 }
 
+/* Drafting where the backend keeps argmaxes (greedy) or samples (e->q_dev) in its
+ * memory (e->chain_dev): the catch-up forward and the k - 1 forwards after it are
+ * queued back to back, each embedding the token the one before chose, on the
+ * device; the host waits once, for the k tokens and their top probabilities (of
+ * the logits' softmax when greedy, of q when sampling).  p_min and the n-gram
+ * extension then cut the chain where the token-by-token loop below would have
+ * stopped (each decision depends only on the tokens before it), so the proposal is
+ * the same; the forwards past a cut are spent, and the draft's K/V count only up
+ * to it.  Sampling draws token i with the i-th uniform of the request's generator,
+ * and the generator moves on by the tokens kept, as the loop's draws would. */
 static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
                                      int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err) {
     const int32_t n = s->n_tokens;

@@ -12,8 +12,8 @@
  * draft's own probabilities are flat).  Greedy chains on a backend that drafts on
  * the device stay there (draft/chain.c): the on-path positions' tokens are known
  * before the chain runs, and the first off-path position takes the draft's best
- * token other than the truth (-FLT_MAX added to its logit on the device), so the chain costs
- * what an unmodified one does.
+ * token other than the truth (-FLT_MAX added to its logit on the device), so the
+ * chain costs what an unmodified one does.
  * Verification, acceptance and commit run unchanged, so the output is still the
  * target's own and every cost is real; only the acceptance is controlled.  Greedy,
  * single-sequence steps only (a request with it needs greedy decoding and an
