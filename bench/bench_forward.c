@@ -4,11 +4,15 @@
  * a prefill of P tokens (timed), then times forwards of n rows at positions P ..
  * P + n - 1 for each n of -n (a decode step is n = 1; a verification of k drafted
  * tokens is n = k + 1), each with logits for every row copied to the host, or with
- * --argmax only each row's argmax (what a greedy step needs).  Prints the median of
- * R repetitions per shape, after warm-up.
+ * --argmax only each row's argmax (what a greedy step needs).  With --tree the n rows
+ * are a token tree's verification instead of a chain's: the pending token at P - 1
+ * and n - 1 nodes of a tree (nodes 0-3 below the root, node i >= 4 below node
+ * (i - 4) / 4), each at slot P + i, position P + its depth, with its ancestor mask
+ * (what tdm_verify_tree runs).  Prints the median of R repetitions per shape, after
+ * warm-up.
  *
  * usage: bench_forward -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8]
- *                      [-r R] [--argmax]
+ *                      [-r R] [--argmax] [--tree]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +33,7 @@ static void die(const char *what, const tdm_err *err) {
 int main(int argc, char **argv) {
     const char *model = NULL, *backend = "cpu", *ns_arg = "1,2,3,4,5,6,8";
     int threads = 2, prompt = 128, reps = 50;
-    bool argmax = false;
+    bool argmax = false, tree = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
@@ -38,8 +42,9 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) ns_arg = argv[++i];
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--argmax")) argmax = true;
+        else if (!strcmp(argv[i], "--tree")) tree = true;
         else {
-            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax]\n",
+            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax] [--tree]\n",
                     argv[0]);
             return 2;
         }
@@ -98,7 +103,20 @@ int main(int argc, char **argv) {
         const int n = ns[k];
         for (int r = -5; r < reps; r++) { /* 5 warm-up runs */
             tdm_batch_clear(&bt);
-            for (int32_t i = 0; i < n; i++) tdm_batch_add(&bt, (i * 31 + 7) % V, prompt + i, 0, prompt + i, true);
+            if (tree) {
+                /* the pending token, then the nodes below it */
+                uint64_t mask[64];
+                int32_t depth[64];
+                tdm_batch_add(&bt, 7, prompt - 1, 0, prompt - 1, true);
+                for (int32_t i = 0; i + 1 < n; i++) {
+                    const int32_t par = i < 4 ? -1 : (i - 4) / 4;
+                    mask[i] = (par < 0 ? 0 : mask[par]) | (1ull << i);
+                    depth[i] = par < 0 ? 0 : depth[par] + 1;
+                    tdm_batch_add_tree(&bt, (i * 31 + 7) % V, prompt + depth[i], 0, prompt + i, prompt, mask[i], true);
+                }
+            } else {
+                for (int32_t i = 0; i < n; i++) tdm_batch_add(&bt, (i * 31 + 7) % V, prompt + i, 0, prompt + i, true);
+            }
             double t0 = tdm_now();
             if (argmax) {
                 if (tdm_model_forward_ex(m, be, &kv, &bt, sp, &fs, TDM_FWD_ARGMAX, logits_d, ids, &err))
@@ -110,7 +128,7 @@ int main(int argc, char **argv) {
             if (r >= 0) t[r] = tdm_now() - t0;
         }
         qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        printf("%s%s: %d rows: %.1f us per forward (median of %d; min %.1f, max %.1f)\n", backend, argmax ? " argmax" : "", n,
+        printf("%s%s%s: %d rows: %.1f us per forward (median of %d; min %.1f, max %.1f)\n", backend, argmax ? " argmax" : "", tree ? " tree" : "", n,
                t[reps / 2] * 1e6, reps, t[0] * 1e6, t[reps - 1] * 1e6);
     }
     free(t);

@@ -10,6 +10,7 @@
  * downloaded). */
 #include "tree_draft.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "kv_cache.h"
@@ -178,7 +179,91 @@ static int32_t pick_expand(const tdm_tree_job *j, int32_t d, int32_t *out) {
     return k;
 }
 
+/* A device address inside the engine's device tree (never dereferenced here). */
+#define DTREE_AT(e, member) ((void *)((char *)(e)->dtree + offsetof(tdm_dtree, member)))
+
+/* One greedy dynamic tree grown on the device (kernels/dtree.h, the tree_grow op):
+ * the catch-up forward, then one draft forward per level whose rows' tokens and
+ * masks the op wrote (the host gives positions, slots and stand-in masks, known in
+ * advance: a level of W expansions takes the next W draft slots, and every mask of
+ * depth d has d + 1 bits, its own slot highest), all queued; the host waits once,
+ * for the finished tree, which it then prunes as the host path does.  The same
+ * tree as the host path's (the same candidates, weights and picks).
+ * TANDEM_ERR_UNSUPPORTED when the draft's forward cannot take device masks (before
+ * any level ran: the caller drafts on the host then). */
+static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_fwd, tdm_err *err) {
+    tdm_seq *s = j->s;
+    const tdm_backend_ops *op = e->be->ops;
+    const tdm_kv_seq *kv[1] = {&s->kv};
+    const int32_t P = s->n_tokens, V = e->n_vocab;
+    const int32_t depth = j->cfg.depth, width = j->cfg.width, k = TDM_MIN(j->cfg.topk, 16);
+    tdm_batch *b = &e->batch;
+    tandem_status st;
+    *n_fwd = 0;
+    tdm_tree_reset(j->tree);
+    /* round 0: catch up; the pending token's row gives the root's children */
+    for (int32_t c = s->n_draft; c < P; c += e->max_rows) {
+        const int32_t end = TDM_MIN(P, c + e->max_rows);
+        tdm_batch_clear(b);
+        b->rows_shared = true;
+        for (int32_t p = c; p < end; p++) tdm_batch_add(b, s->tokens[p], p, 0, p, p == P - 1);
+        if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, kv, &e->fs_d, NULL, e->out_d, NULL, NULL, err)))
+            return st;
+        ++*n_fwd;
+    }
+    s->n_draft = P;
+    int32_t n_exp = depth > 1 ? TDM_MIN(width, k) : 0, fed = 0;
+    if ((st = op->tree_grow(e->be, e->dtree, e->out_d, 1, V, k, 0, n_exp > 0 ? width : 0, n_exp, err))) return st;
+    for (int32_t d = 0; d + 1 < depth && n_exp > 0; d++) {
+        const int32_t W = n_exp;
+        tdm_batch_clear(b);
+        b->rows_shared = true; /* (a draft's rows only propose) */
+        for (int32_t x = 0; x < W; x++)
+            tdm_batch_add_tree(b, 0, P + d, 0, P + fed + x, P, (1ull << (fed + x)) | ((1ull << d) - 1), true);
+        b->tree_mask_dev = DTREE_AT(e, next_mask);
+        st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, kv, &e->fs_d, DTREE_AT(e, next_tok), e->out_d, NULL,
+                                   NULL, err);
+        tdm_batch_clear(b);
+        if (st) {
+            if (st == TANDEM_ERR_UNSUPPORTED && d == 0) s->n_draft = P - 1; /* (the host path feeds it again) */
+            return st;
+        }
+        ++*n_fwd;
+        fed += W;
+        n_exp = d + 2 < depth ? TDM_MIN(TDM_MIN(width, W * k), TDM_TREE_MAX - fed) : 0;
+        if ((st = op->tree_grow(e->be, e->dtree, e->out_d, W, V, k, d + 1, n_exp > 0 ? width : 0, n_exp, err)))
+            return st;
+    }
+    tdm_dtree *h = e->dtree_h;
+    if ((st = op->download(e->be, h, e->dtree, sizeof *h, err))) return st;
+    if (h->bad || h->n < 0 || h->n > TDM_TREE_POOL || h->n_fed < 0 || h->n_fed > TDM_TREE_MAX)
+        return tdm_engine_nonfinite(e, true, P - 1, err);
+    tdm_tree *t = j->tree;
+    for (int32_t i = 0; i < h->n; i++) {
+        if (h->parent[i] >= i || h->parent[i] < -1 || h->dslot[i] >= h->n_fed)
+            return tdm_seterr(err, TANDEM_ERR_BACKEND, "tree_grow: node %d of %d is malformed", (int)i, (int)h->n);
+        t->token[i] = h->token[i];
+        t->parent[i] = h->parent[i];
+        t->depth[i] = h->depth[i];
+        t->w[i] = h->w[i];
+        t->dslot[i] = h->dslot[i];
+        t->qrow[i] = -1;
+    }
+    t->n = h->n;
+    t->n_fed = h->n_fed;
+    tdm_tree_prune(t, j->cfg.budget);
+    return TANDEM_OK;
+}
+
 tandem_status tdm_draft_trees(tdm_engine *e, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
+    /* a lone greedy dynamic tree: on the device when the backend grows one */
+    if (n == 1 && e->dtree && !e->dtree_off && !jobs[0].sample && jobs[0].cfg.n_shape == 0 && !jobs[0].s->oracle &&
+        jobs[0].cfg.depth <= TDM_TREE_DEPTH_MAX) {
+        tandem_status st = tree_on_device(e, &jobs[0], n_forwards, err);
+        if (st != TANDEM_ERR_UNSUPPORTED) return st;
+        /* (a draft whose forward cannot take device masks: levels through the host) */
+        e->dtree_off = true;
+    }
     const tdm_kv_seq *kv[TDM_ENGINE_BATCH_LOGITS_MAX];
     lvl_buf b = {.e = e, .jobs = jobs, .kv = kv, .dev_topk = e->tree_topk_ids != NULL};
     tandem_status st;

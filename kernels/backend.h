@@ -13,6 +13,7 @@
 
 #include "batch.h"
 #include "common.h"
+#include "dtree.h"
 #include "dtype.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
@@ -331,6 +332,21 @@ typedef struct tdm_backend_ops {
      * entries -1 past them (probability 0).  Waits for the result. */
     tandem_status (*topk)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
                           float *probs, tdm_err *err);
+    /* Optional (NULL: greedy tree levels go through the host): one level of a greedy
+     * dynamic token tree grown in backend memory (kernels/dtree.h), without waiting.
+     * x[n][dim] (backend memory): the draft's logits rows of the level just drafted,
+     * row i for node t->exp[i], or, with depth 0, one row for the root (t is reset
+     * first).  Each row's k likeliest tokens, as the topk op finds them, become that
+     * node's children at `depth`, weight = the node's weight (the root's: 1) times
+     * their probability, appended row by row in rank order; a row with a NaN or an
+     * infinity sets t->bad.  When width > 0, the `width` children of highest weight
+     * (ties: the earlier) are the next level's expansions (fewer when the fed nodes
+     * would reach TDM_TREE_MAX_NODES; t->bad when there are fewer than
+     * want_exp): each gets the next draft slot, in creation order, and t->next_tok /
+     * t->next_mask hold their tokens and draft masks; missing ones get token 0 and
+     * mask (1 << its slot) | ((1 << depth) - 1).  k <= 16, n <= TDM_DTREE_LEVEL. */
+    tandem_status (*tree_grow)(tdm_backend *b, tdm_dtree *t, const float *x, int32_t n, int32_t dim, int32_t k,
+                               int32_t depth, int32_t width, int32_t want_exp, tdm_err *err);
 } tdm_backend_ops;
 
 /* The topk op's k at most. */

@@ -36,7 +36,7 @@ sources() {
     config) echo src/cli/job_config.c src/cli/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     prompts) echo "${PROMPT_SRC[@]}" ;;
     chat_template) echo "${JINJA_SRC[@]}" ;;
-    oai_request) echo src/server/oai_request.c src/server/oai_response.c "${PROMPT_SRC[@]}" ;;
+    oai_request) echo src/server/oai_request.c src/server/oai_response.c src/cli/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     esac
 }
 libs() { [ "$1" = config ] && pkg-config --libs inih; echo -lm; }

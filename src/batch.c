@@ -39,6 +39,7 @@ void tdm_batch_free(tdm_batch *b) {
 void tdm_batch_clear(tdm_batch *b) {
     b->n_rows = 0;
     b->rows_shared = false;
+    b->tree_mask_dev = NULL;
     b->tree = false;
 }
 

@@ -41,6 +41,13 @@ typedef struct tdm_batch {
     bool rows_shared;      /* the rows need not be computed as each would be alone: the
                               backend may choose its products by speed (cleared by
                               tdm_batch_clear) */
+    const uint64_t *tree_mask_dev; /* NULL, or [n_rows] the rows' tree masks in backend
+                              memory, written by earlier queued work (a token tree grown
+                              on the device, kernels/dtree.h); tree_mask then holds
+                              stand-ins with the same bit count and highest bit (what the
+                              host checks and plans by).  Only a backend's fused blocks
+                              read them; a forward that cannot fails (cleared by
+                              tdm_batch_clear) */
 } tdm_batch;
 
 tandem_status tdm_batch_init(tdm_batch *b, int32_t cap, tdm_err *err);

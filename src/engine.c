@@ -259,6 +259,18 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
                 st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
                 goto fail;
             }
+            /* a lone sequence's greedy dynamic trees grown on the device, level after
+             * level without a wait (TANDEM_TREE_DEVICE=0: levels through the host) */
+            const char *td = getenv("TANDEM_TREE_DEVICE");
+            if (e->be->ops->tree_grow && !(td && !strcmp(td, "0"))) {
+                void *p;
+                if ((st = e->be->ops->alloc(e->be, sizeof(tdm_dtree), &p, err))) goto fail;
+                e->dtree = p;
+                if (!(e->dtree_h = tdm_calloc(1, sizeof(tdm_dtree)))) {
+                    st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+                    goto fail;
+                }
+            }
         }
     }
     if (!e->probs || !e->qprobs || !e->tmp || (draft && (!e->tree_p || !e->tree_q || !e->tree_scr))) {
@@ -290,7 +302,7 @@ void tdm_engine_free(tdm_engine *e) {
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
         if (e->chain_dev) e->be->ops->free(e->be, e->chain_dev);
         if (e->bchain_dev) e->be->ops->free(e->be, e->bchain_dev);
-        void *dev[] = {e->p_dev, e->q_dev, e->samp_dev, e->draw_dev};
+        void *dev[] = {e->p_dev, e->q_dev, e->samp_dev, e->draw_dev, e->dtree};
         for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
             if (dev[i]) e->be->ops->free(e->be, dev[i]);
         if (!e->be->host_memory) {
@@ -311,6 +323,7 @@ void tdm_engine_free(tdm_engine *e) {
     free(e->tree_scr);
     free(e->tree_topk_ids);
     free(e->tree_topk_p);
+    free(e->dtree_h);
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
     if (!e->be_borrowed) tdm_backend_destroy(e->be);

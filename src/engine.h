@@ -137,6 +137,11 @@ typedef struct tdm_engine {
                                 levels' candidates from the backend's topk op (no logits
                                 downloaded; a device backend with the op and a draft) */
     float *tree_topk_p;      /* [n_logit_rows][TDM_ENGINE_TREE_TOPK] their probabilities */
+    tdm_dtree *dtree;        /* backend memory, or NULL: a lone sequence's greedy dynamic
+                                tree grown on the device (backends with tree_grow, with
+                                tree_topk_ids; draft/tree_draft.c) */
+    tdm_dtree *dtree_h;      /* host: its copy once grown */
+    bool dtree_off;          /* the draft's forward took no device masks: host levels */
     tandem_status copy_status;
     tdm_err copy_err;
 } tdm_engine;

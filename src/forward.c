@@ -232,6 +232,9 @@ static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
          * op has no tree attention): the next batch asks again */
         if (!batch->tree) s->blocks_declined = true;
     }
+    if (batch->tree_mask_dev) /* (the ops read the host's stand-in masks) */
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "forward: tree masks in backend memory need the backend's fused blocks");
     return blocks_by_ops(m, be, kv, batch, seqs, s, err);
 }
 

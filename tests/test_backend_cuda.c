@@ -446,6 +446,30 @@ Test(cuda_engine, trees_equal_target_only, .timeout = 900) {
     }
 }
 
+/* A lone sequence's greedy dynamic trees grown on the device (the tree_grow op, one
+ * wait per tree) are the trees the host grows from the same candidates
+ * (TANDEM_TREE_DEVICE=0): over every prompt, the same tree steps, nodes drafted and
+ * accepted, and output equal to target-only output either way. */
+Test(cuda_engine, device_trees_equal_host_trees, .timeout = 900) {
+    const int budgets[] = {16, 5};
+    for (size_t i = 0; i < sizeof budgets / sizeof budgets[0]; i++) {
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.spec_tree = budgets[i];
+        uint64_t acc[2], dr[2], tr[2];
+        for (int host = 0; host < 2; host++) {
+            if (host) setenv("TANDEM_TREE_DEVICE", "0", 1);
+            cuda_spec_equality_gp(NULL, &gp, host ? "trees grown on the host" : "trees grown on the device", &acc[host],
+                                  &dr[host], &tr[host]);
+            if (host) unsetenv("TANDEM_TREE_DEVICE");
+        }
+        cr_assert_gt(tr[0], 0, "no tree steps");
+        cr_assert(acc[0] == acc[1] && dr[0] == dr[1] && tr[0] == tr[1],
+                  "trees of %d: device %llu / %llu accepted / drafted in %llu trees, host %llu / %llu in %llu",
+                  budgets[i], (unsigned long long)acc[0], (unsigned long long)dr[0], (unsigned long long)tr[0],
+                  (unsigned long long)acc[1], (unsigned long long)dr[1], (unsigned long long)tr[1]);
+    }
+}
+
 /* Greedy decoding reproduces the transformers reference continuations as on the
  * CPU (98 of 100 there); speculative output equals target-only output. */
 Test(cuda_engine, greedy_reference_and_speculative_equality, .timeout = 900) {

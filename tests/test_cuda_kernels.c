@@ -151,6 +151,50 @@ Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
     tdm_backend_destroy(b);
 }
 
+/* The row kernels past 16 rows (a token tree's verification: up to 64, all tiles of
+ * 8 rows in one launch, the last partial): against the reference, and each row
+ * bit for bit as it is alone (a decode step). */
+Test(cuda_gemv, partial_tiles_one_launch, .timeout = 300) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    tdm_backend_cuda_force_matmul(b, 1);
+    uint64_t rng = 47;
+    const int32_t ns[] = {17, 33, 63};
+    for (size_t t = 0; t < TDM_ARRAY_LEN(fast_types); t++) {
+        /* 2200 rows: tall enough for the f16 / bf16 kernel of four W rows a warp */
+        tdm_weight w = tdm_test_weight(fast_types[t], 2200, 512, &rng);
+        tdm_weight dw = put_packed(b, &w);
+        for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++) {
+            const int32_t n = ns[k];
+            const size_t ny = (size_t)n * w.rows;
+            float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -1, 1), *ref = calloc(ny, 4);
+            float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, NULL, ny * 4);
+            poison(b, dy, ny);
+            OK(b->ops->matmul(b, &dw, dx, n, dy, false, &err_));
+            float *y = tdm_cu_test_get(b, dy, ny * 4);
+            if (is_quant(w.type)) ref_matmul_xq(&w, x, n, ref, false);
+            else ref_matmul(&w, x, n, ref, false);
+            const double e = ref_nrm_err(y, ref, ny);
+            cr_assert(e < (is_quant(w.type) ? 1e-5 : 2e-6), "%s n %d: err %g", tdm_dtype_name(w.type), n, e);
+            const int32_t pick[] = {0, 8, n / 2, n - 2, n - 1};
+            for (size_t p = 0; p < TDM_ARRAY_LEN(pick); p++) {
+                float *dy1 = tdm_cu_test_put(b, NULL, (size_t)w.rows * 4);
+                OK(b->ops->matmul(b, &dw, dx + (size_t)pick[p] * w.cols, 1, dy1, false, &err_));
+                float *y1 = tdm_cu_test_get(b, dy1, (size_t)w.rows * 4);
+                cr_assert(memcmp(y1, y + (size_t)pick[p] * w.rows, (size_t)w.rows * 4) == 0,
+                          "%s n %d: row %d alone differs from the batch", tdm_dtype_name(w.type), n, (int)pick[p]);
+                free(y1);
+                b->ops->free(b, dy1);
+            }
+            free(y), free(x), free(ref);
+            b->ops->free(b, dx);
+            b->ops->free(b, dy);
+        }
+        b->ops->free(b, (void *)dw.data);
+        free((void *)w.data);
+    }
+    tdm_backend_destroy(b);
+}
+
 Test(cuda_gemm, many_rows_each_type, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
     uint64_t rng = 43;

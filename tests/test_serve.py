@@ -145,6 +145,12 @@ if openai_missing is None:
         text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
         c.check(text == want_chat[i] and chunks[0].choices[0].delta.role == "assistant",
                 "openai: streamed chat %d equals tandem generate --chat's" % i, "%r vs %r" % (text, want_chat[i]))
+    # token trees through tandem's own member: the same greedy text, every step a tree
+    for tree in (8, "auto", "2,2,1"):
+        r = cl.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=N_TOK, temperature=0,
+                                  extra_body={"spec_tree": tree})
+        c.check(r.choices[0].text == want[1], "openai: spec_tree %r gives tandem generate's text" % (tree,),
+                "%r vs %r" % (r.choices[0].text, want[1]))
     r = cl.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=N_TOK, temperature=0, stop=["\n\n"])
     c.check(r.choices[0].finish_reason == "stop" and "\n\n" not in r.choices[0].text
             and want[0].startswith(r.choices[0].text), "openai: a stop string ends the text before it", r)
@@ -190,7 +196,8 @@ expect_error(port, C, {"prompt": "x", "n": 2}, 400, "'n' is 2; this server gener
              "unsupported n", param="n")
 expect_error(port, C, {"prompt": "x", "top_p": 0}, 400, "'top_p' is 0, out of range (0, 1]", "top_p 0")
 expect_error(port, C, {"prompt": "x", "stop": [1]}, 400, "'stop'[0]", "a stop list with a number")
-expect_error(port, C, {"prompt": "x", "spec_tree": "2x2"}, 400, "token trees are not implemented", "a spec_tree")
+expect_error(port, C, {"prompt": "x", "spec_tree": "2x2"}, 400, "'2x2' is not off, auto, a node budget",
+             "a malformed spec_tree")
 expect_error(port, C, {"prompt": "x", "logprobs": 2}, 400, "'logprobs' is not supported", "logprobs")
 expect_error(port, CH, {"messages": "hi"}, 400, "'messages' must be an array of messages", "messages as a string")
 expect_error(port, CH, {"messages": [{"content": "x"}]}, 400, "'messages'[0].role must be a non-empty string",

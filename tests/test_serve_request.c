@@ -155,8 +155,12 @@ static const bad_case bad_cases[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"timeout_s\": -1}", 400, "timeout_s", "out of range [0, 1e+09]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"timeout_s\": \"1\"}", 400, "timeout_s", "must be a number"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_k\": 33}", 400, "spec_k", "out of range [0, 32]"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"2x3\"}", 400, "spec_tree", "token trees are not implemented"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": {\"width\": 2}}", 400, "spec_tree", "not implemented"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"2x3\"}", 400, "spec_tree", "is not off, auto, a node budget"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": {\"width\": 2}}", 400, "spec_tree", "not an object"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": 65}", 400, "spec_tree", "an integer in [1, 64]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": 2.5}", 400, "spec_tree", "an integer in [1, 64]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"4,0\"}", 400, "spec_tree", "'spec_tree': "},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"16,16,16\"}", 400, "spec_tree", "'spec_tree': "},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 3}", 400, "logprobs", "not supported"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", 400, "echo", "not supported"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"best_of\": 2}", 400, "best_of", "not supported"},
@@ -197,6 +201,39 @@ Test(serve_request, bad_inputs) {
         cr_expect(e.type != NULL);
         cr_expect(r.prompt == NULL && r.messages == NULL && r.stop == NULL, "case %zu: not freed", i);
     }
+}
+
+/* spec_tree: off, auto, a budget (a number or its digits) or a static shape. */
+Test(serve_request, spec_tree_values) {
+    oai_limits l = limits(true);
+    static const struct {
+        const char *v;
+        int tree;
+        const char *shape;
+    } cases[] = {{"null", 0, NULL},   {"false", 0, NULL},       {"\"off\"", 0, NULL}, {"0", 0, NULL},
+                 {"true", TANDEM_SPEC_TREE_AUTO, NULL}, {"\"auto\"", TANDEM_SPEC_TREE_AUTO, NULL},
+                 {"16", 16, NULL},    {"\"32\"", 32, NULL},       {"\"4,2,2,1\"", 0, "4,2,2,1"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char body[128];
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", \"spec_tree\": %s}", cases[i].v);
+        oai_request r;
+        oai_error e;
+        cr_assert(parse(OAI_COMPLETION, body, &l, &r, &e), "%s: %s", body, e.message);
+        cr_expect_eq(r.params.spec_tree, cases[i].tree, "%s: spec_tree %d", body, r.params.spec_tree);
+        if (cases[i].shape) cr_expect_str_eq(r.params.spec_tree_shape, cases[i].shape, "%s", body);
+        else cr_expect_null(r.params.spec_tree_shape, "%s", body);
+        oai_request_free(&r);
+    }
+    /* without a draft: off is fine, a tree is refused */
+    l = limits(false);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"off\"}", &l, &r, &e));
+    oai_request_free(&r);
+    cr_assert_not(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": 8}", &l, &r, &e));
+    cr_expect_eq(e.status, 400);
+    cr_expect_str_eq(e.param, "spec_tree");
+    cr_expect(strstr(e.message, "without a draft model"));
 }
 
 Test(serve_request, spec_k_needs_a_draft) {

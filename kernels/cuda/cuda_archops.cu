@@ -13,6 +13,7 @@
 
 /* Block (row i, head h): v = x[i][h * hd ..+ hd) normalised in place. */
 __global__ void k_head_rmsnorm(float *x, int32_t row_stride, int32_t hd, const float *g, float eps) {
+    TDM_PDL_ENTRY();
     float *v = x + (size_t)blockIdx.x * row_stride + (size_t)blockIdx.y * hd;
     double ss = 0;
     for (int32_t k = threadIdx.x; k < hd; k += blockDim.x) ss += (double)v[k] * v[k];
@@ -32,13 +33,14 @@ tandem_status tdm_cuda_head_rmsnorm_on(tdm_cuda *c, float *x, int32_t n, int32_t
     tandem_status st = tdm_check_head_norm(x, gamma, n, row_stride, n_head, head_dim, eps, err);
     if (st || n == 0) return st;
     if (n_head > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_rmsnorm: %d heads", (int)n_head);
-    k_head_rmsnorm<<<dim3((unsigned)n, (unsigned)n_head), 128, 0, c->stream>>>(x, row_stride, head_dim, gamma, eps);
+    tdm_launch(k_head_rmsnorm, dim3((unsigned)n, (unsigned)n_head), 128, 0, c->stream, x, row_stride, head_dim, gamma, eps);
     TDM_CU_LAUNCHED("head_rmsnorm");
     return TANDEM_OK;
 }
 
 /* Block per row: o = gelu(g) * u, GELU's tanh approximation. */
 __global__ void k_geglu(const float *gu, int32_t ff, float *o) {
+    TDM_PDL_ENTRY();
     const float *g = gu + (size_t)blockIdx.x * 2 * ff, *u = g + ff;
     float *orow = o + (size_t)blockIdx.x * ff;
     const float kc = 0.7978845608028654f; /* sqrt(2 / pi) */
@@ -52,23 +54,26 @@ tandem_status tdm_cuda_geglu(tdm_backend *b, const float *gate_up, int32_t n, in
     GET_CUDA("geglu");
     tandem_status st = tdm_check_rows("geglu", gate_up, out, n, ff, err);
     if (st || n == 0) return st;
-    k_geglu<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(gate_up, ff, out);
+    tdm_launch(k_geglu, n, TDM_CUDA_THREADS, 0, c->stream, gate_up, ff, out);
     TDM_CU_LAUNCHED("geglu");
     return TANDEM_OK;
 }
 
 /* Block per row of dim elements: y += x, x *= s, or x = cap tanh(x / cap). */
 __global__ void k_add(float *y, const float *x, int32_t dim) {
+    TDM_PDL_ENTRY();
     const size_t r = (size_t)blockIdx.x * dim;
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) y[r + k] += x[r + k];
 }
 
 __global__ void k_scale(float *x, int32_t dim, float s) {
+    TDM_PDL_ENTRY();
     const size_t r = (size_t)blockIdx.x * dim;
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) x[r + k] *= s;
 }
 
 __global__ void k_softcap(float *x, int32_t dim, float cap) {
+    TDM_PDL_ENTRY();
     const size_t r = (size_t)blockIdx.x * dim;
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) x[r + k] = cap * tanhf(x[r + k] / cap);
 }
@@ -77,7 +82,7 @@ tandem_status tdm_cuda_add(tdm_backend *b, float *y, const float *x, int32_t n, 
     GET_CUDA("add");
     tandem_status st = tdm_check_rows("add", y, x, n, dim, err);
     if (st || n == 0) return st;
-    k_add<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(y, x, dim);
+    tdm_launch(k_add, n, TDM_CUDA_THREADS, 0, c->stream, y, x, dim);
     TDM_CU_LAUNCHED("add");
     return TANDEM_OK;
 }
@@ -88,7 +93,7 @@ tandem_status tdm_cuda_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, f
     if (st) return st;
     if ((st = tdm_check_factor("scale", s, false, err))) return st;
     if (n == 0) return TANDEM_OK;
-    k_scale<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, dim, s);
+    tdm_launch(k_scale, n, TDM_CUDA_THREADS, 0, c->stream, x, dim, s);
     TDM_CU_LAUNCHED("scale");
     return TANDEM_OK;
 }
@@ -99,7 +104,7 @@ tandem_status tdm_cuda_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim,
     if (st) return st;
     if ((st = tdm_check_factor("softcap", cap, true, err))) return st;
     if (n == 0) return TANDEM_OK;
-    k_softcap<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, dim, cap);
+    tdm_launch(k_softcap, n, TDM_CUDA_THREADS, 0, c->stream, x, dim, cap);
     TDM_CU_LAUNCHED("softcap");
     return TANDEM_OK;
 }

@@ -137,6 +137,7 @@ template <> __device__ __forceinline__ __half to_cache<__half>(float v) { return
 template <typename C>
 __global__ void k_kv_write(const float *k, const float *v, int32_t row_stride, const int32_t *dst, C *kc, C *vc,
                            int32_t n_kv, int32_t hd, int32_t bs) {
+    TDM_PDL_ENTRY();
     const int32_t r = blockIdx.x, g = blockIdx.y;
     const int64_t blk = dst[2 * r], p = dst[2 * r + 1];
     const float *kr = k + (size_t)r * row_stride + (size_t)g * hd, *vr = v + (size_t)r * row_stride + (size_t)g * hd;
@@ -152,6 +153,7 @@ __global__ void k_kv_write(const float *k, const float *v, int32_t row_stride, c
  * its slot with their scales. */
 __global__ void k_kv_write_q8(const float *k, const float *v, int32_t row_stride, const int32_t *dst, uint8_t *kc,
                               uint8_t *vc, int32_t n_kv, int32_t hd, int32_t bs) {
+    TDM_PDL_ENTRY();
     const int32_t r = blockIdx.x, g = blockIdx.y;
     const int64_t blk = dst[2 * r], unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, hd);
     const int32_t p = dst[2 * r + 1];
@@ -195,13 +197,13 @@ tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_
     const dim3 grid((unsigned)n, (unsigned)a->n_kv_head);
     const unsigned threads = (unsigned)TDM_MIN(a->head_dim, 256);
     if (a->cache_type == TDM_Q8_0)
-        k_kv_write_q8<<<grid, 32, 0, c->stream>>>(a->k, a->v, a->row_stride, d, (uint8_t *)a->k_cache,
+        tdm_launch(k_kv_write_q8, grid, 32, 0, c->stream, a->k, a->v, a->row_stride, d, (uint8_t *)a->k_cache,
                                                   (uint8_t *)a->v_cache, a->n_kv_head, a->head_dim, bs);
     else if (a->cache_type == TDM_F16)
-        k_kv_write<__half><<<grid, threads, 0, c->stream>>>(a->k, a->v, a->row_stride, d, (__half *)a->k_cache,
+        tdm_launch(k_kv_write<__half>, grid, threads, 0, c->stream, a->k, a->v, a->row_stride, d, (__half *)a->k_cache,
                                                            (__half *)a->v_cache, a->n_kv_head, a->head_dim, bs);
     else
-        k_kv_write<float><<<grid, threads, 0, c->stream>>>(a->k, a->v, a->row_stride, d, (float *)a->k_cache,
+        tdm_launch(k_kv_write<float>, grid, threads, 0, c->stream, a->k, a->v, a->row_stride, d, (float *)a->k_cache,
                                                           (float *)a->v_cache, a->n_kv_head, a->head_dim, bs);
     TDM_CU_LAUNCHED("kv_write");
     return TANDEM_OK;
@@ -220,6 +222,7 @@ __device__ __forceinline__ int32_t slot_of(const attn_meta &m, const int32_t *ri
 template <typename C>
 __global__ void k_scores(const float *q, int32_t q_stride, const void *kc, int64_t unit, attn_meta m, int32_t n_head,
                          int32_t n_kv, int32_t hd, int32_t bs, float scale, float softcap, float *scores, int32_t ld) {
+    TDM_PDL_ENTRY();
     extern __shared__ float qs[];
     const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
     const float *qv = q + (size_t)r * q_stride + (size_t)h * hd;
@@ -269,6 +272,7 @@ __device__ float block_reduce(float v, bool is_max) {
 template <typename C>
 __global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t n_head, int32_t n_kv, int32_t hd,
                              int32_t bs, float *scores, int32_t ld, float *out) {
+    TDM_PDL_ENTRY();
     __shared__ float part[PV_WARPS][PV_D];
     const int32_t rh = blockIdx.x, r = rh / n_head, h = rh % n_head;
     const int32_t *ri = m.rows + (size_t)r * ROW_INTS;
@@ -374,10 +378,10 @@ static tandem_status tiled_attention(tdm_cuda *c, const tdm_attn_args *a, const 
                                      float *scores, int32_t ld, tdm_err *err) {
     const int64_t unit = tdm_kv_unit_bytes(a->cache_type, a->block_size, a->head_dim);
     const unsigned rh = g1.x;
-    k_scores<C><<<g1, ATT_THREADS, qbytes, c->stream>>>(a->q, a->q_stride, a->k_cache, unit, m, a->n_head, a->n_kv_head,
+    tdm_launch(k_scores<C>, g1, ATT_THREADS, qbytes, c->stream, a->q, a->q_stride, a->k_cache, unit, m, a->n_head, a->n_kv_head,
                                                       a->head_dim, a->block_size, a->scale, a->softcap, scores, ld);
     TDM_CU_LAUNCHED("attention scores");
-    k_softmax_pv<C><<<rh, ATT_THREADS, 0, c->stream>>>(a->v_cache, unit, m, a->n_head, a->n_kv_head, a->head_dim,
+    tdm_launch(k_softmax_pv<C>, rh, ATT_THREADS, 0, c->stream, a->v_cache, unit, m, a->n_head, a->n_kv_head, a->head_dim,
                                                      a->block_size, scores, ld, a->out);
     TDM_CU_LAUNCHED("attention softmax and V");
     return TANDEM_OK;

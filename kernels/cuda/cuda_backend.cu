@@ -15,6 +15,8 @@
 #include "cuda_prof.h"
 #include "cuda_internal.h"
 
+bool tdm_cuda_pdl = false;
+
 tandem_status tdm_cuda_status(cudaError_t e, const char *what, tdm_err *err) {
     if (e == cudaSuccess) return TANDEM_OK;
     return tdm_seterr(err, TANDEM_ERR_BACKEND, "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
@@ -242,7 +244,7 @@ static void cu_destroy(tdm_backend *b) {
         tdm_cuda_prof_report(c);
         tdm_cuda_graphs_free(c);
         tdm_cuda_gemm_destroy(c);
-        tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf, &c->topk_buf};
+        tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf, &c->topk_buf, &c->tree_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tdm_cuda_buf_free(c, bufs[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
@@ -297,6 +299,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .kv_move = */ tdm_cuda_kv_move,
     /* .make_current = */ cu_make_current,
     /* .topk = */ tdm_cuda_topk,
+    /* .tree_grow = */ tdm_cuda_tree_grow,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {
@@ -334,6 +337,9 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     }
     c->device = device;
     c->n_sm = prop.multiProcessorCount;
+    /* programmatic dependent launch (cuda_internal.h): Hopper and later */
+    const char *pdl = getenv("TANDEM_CUDA_PDL");
+    tdm_cuda_pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
     c->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(c->name, sizeof c->name, "cuda:%d (%.64s)", (int)device, prop.name);
     b->ops = &cuda_ops_table;

@@ -301,6 +301,8 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
                                         : bt->tree ? TDM_CUDA_TREE_MAX_ROWS : TDM_CUDA_GEMV_MAX_ROWS);
     f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) &&
               tdm_cuda_flash_enabled();
+    if (bt->tree_mask_dev && !f.flash)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: tree masks in device memory take the flash kernels");
     const int32_t max_q = tdm_flash_max_q(n);
     const int32_t gh = !bt->tree && tdm_flash_tc_use(a->head_dim, n)
                            ? 1
@@ -322,6 +324,9 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
     const uint8_t *meta = (const uint8_t *)tdm_cuda_graph_meta_upload(c, f.fm.bytes, err);
     if (!meta) return err ? err->status : TANDEM_ERR_BACKEND;
     tdm_cuda_meta_at(meta, n, &f.rows_d, &f.tiles_d, &f.tabs_d);
+    /* a device-grown tree level: its masks replace the host's stand-ins */
+    if (bt->tree_mask_dev && (st = tdm_cuda_meta_masks(c, (tdm_cuda_row *)f.rows_d, bt->tree_mask_dev, n, err)))
+        return st;
     if (tdm_cuda_prof_on()) { /* stage times: direct, with events between the stages */
         tdm_cuda_prof_begin(c, n, f.rows_path);
         st = run_layers(&f, err);

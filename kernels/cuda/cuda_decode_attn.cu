@@ -63,6 +63,7 @@ int32_t tdm_flash_warps(int32_t head_dim); /* cuda_flash.cu */
 /* C: the cache element type, __half (f16) or int8_t (q8_0 quants). */
 template <int HD, int QN, typename C>
 __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_args a, int32_t gh) {
+    TDM_PDL_ENTRY();
     constexpr bool q8 = std::is_same<C, int8_t>::value;
     constexpr int W = da_streams<HD>::n;
     constexpr int HP = HD / 2;             /* dim pairs */
@@ -328,8 +329,8 @@ bool tdm_flash_decode_use(int32_t tile_rows, int32_t heads_per_block) {
 
 template <int HD, int QN>
 static tandem_status launch_decode(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, tdm_err *err) {
-    if (a->cache_type == TDM_Q8_0) k_flash_decode<HD, QN, int8_t><<<grid, DA_THREADS, 0, c->stream>>>(*a, a->heads_per_block);
-    else k_flash_decode<HD, QN, __half><<<grid, DA_THREADS, 0, c->stream>>>(*a, a->heads_per_block);
+    if (a->cache_type == TDM_Q8_0) tdm_launch(k_flash_decode<HD, QN, int8_t>, grid, DA_THREADS, 0, c->stream, *a, a->heads_per_block);
+    else tdm_launch(k_flash_decode<HD, QN, __half>, grid, DA_THREADS, 0, c->stream, *a, a->heads_per_block);
     TDM_CU_LAUNCHED("decode attention");
     return TANDEM_OK;
 }

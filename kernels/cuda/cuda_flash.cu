@@ -97,6 +97,7 @@ template <int HD, int QN, typename C> struct fl_smem {
 template <int HD, int QN, typename C>
 __global__ void __launch_bounds__(fl_warps<HD>::n * 32)
 k_flash(const tdm_flash_args a, int32_t gh) {
+    TDM_PDL_ENTRY();
     typedef fl_smem<HD, QN, C> S;
     constexpr int T = (HD + 63) / 64; /* pairs of output dims per lane */
     extern __shared__ __align__(16) uint8_t smem[];
@@ -281,6 +282,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
 template <typename O>
 __global__ void k_flash_combine(const tdm_cuda_row *rows, const float *part, int32_t n_rows, int32_t n_head,
                                 int32_t hd, O *out) {
+    TDM_PDL_ENTRY();
     const int32_t r = (int32_t)blockIdx.x / n_head, h = (int32_t)blockIdx.x % n_head;
     const int32_t ns = (tdm_cu_row_end(rows[r].nv, rows[r].tree) + TDM_FLASH_SPLIT - 1) / TDM_FLASH_SPLIT;
     if (ns <= 1) return; /* (k_flash wrote it: A / L of its one split, as below) */
@@ -311,7 +313,7 @@ static tandem_status launch_flash(tdm_cuda *c, const tdm_flash_args *a, dim3 gri
         TDM_CU(cudaFuncSetAttribute(k_flash<HD, QN, C>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         raised = true;
     }
-    k_flash<HD, QN, C><<<grid, fl_warps<HD>::n * 32, smem, c->stream>>>(*a, gh);
+    tdm_launch(k_flash<HD, QN, C>, grid, fl_warps<HD>::n * 32, smem, c->stream, *a, gh);
     TDM_CU_LAUNCHED("attention");
     return TANDEM_OK;
 }
@@ -368,12 +370,12 @@ tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err)
     if (a->n_splits <= 1) return TANDEM_OK; /* every row had one split: written by k_flash */
     const unsigned blocks = (unsigned)(a->n_rows * a->n_head), th = (unsigned)TDM_MIN(a->head_dim, 256);
     if (a->out_type == TDM_F16)
-        k_flash_combine<__half><<<blocks, th, 0, c->stream>>>(a->rows, a->part, a->n_rows, a->n_head, a->head_dim, (__half *)a->out);
+        tdm_launch(k_flash_combine<__half>, blocks, th, 0, c->stream, a->rows, a->part, a->n_rows, a->n_head, a->head_dim, (__half *)a->out);
     else if (a->out_type == TDM_BF16)
-        k_flash_combine<__nv_bfloat16><<<blocks, th, 0, c->stream>>>(a->rows, a->part, a->n_rows, a->n_head, a->head_dim,
+        tdm_launch(k_flash_combine<__nv_bfloat16>, blocks, th, 0, c->stream, a->rows, a->part, a->n_rows, a->n_head, a->head_dim,
                                                                        (__nv_bfloat16 *)a->out);
     else
-        k_flash_combine<float><<<blocks, th, 0, c->stream>>>(a->rows, a->part, a->n_rows, a->n_head, a->head_dim, (float *)a->out);
+        tdm_launch(k_flash_combine<float>, blocks, th, 0, c->stream, a->rows, a->part, a->n_rows, a->n_head, a->head_dim, (float *)a->out);
     TDM_CU_LAUNCHED("attention combine");
     return TANDEM_OK;
 }

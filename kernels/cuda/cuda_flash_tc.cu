@@ -52,6 +52,7 @@ bool tdm_flash_tc_ok(int32_t head_dim, int32_t n_rows) {
 
 template <int HD>
 __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash_args a) {
+    TDM_PDL_ENTRY();
     typedef tc_cfg<HD> C;
     extern __shared__ __align__(128) uint8_t smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -186,7 +187,7 @@ template <int HD> static tandem_status launch_tc(tdm_cuda *c, const tdm_flash_ar
     }
     const int64_t items = (int64_t)a->n_tiles * a->n_head, blocks = (items + C::W - 1) / C::W;
     if (blocks > 0x7fffffff) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld tiles x heads", (long long)items);
-    k_flash_tc<HD><<<(unsigned)blocks, C::W * 32, C::total, c->stream>>>(*a);
+    tdm_launch(k_flash_tc<HD>, (unsigned)blocks, C::W * 32, C::total, c->stream, *a);
     TDM_CU_LAUNCHED("attention (tensor cores)");
     return TANDEM_OK;
 }

@@ -29,6 +29,7 @@ __device__ __forceinline__ float row_inv_rms(const float *xr, int32_t dim, float
 
 /* Block per row: o[row] = x * inv_rms * g in type O. */
 template <typename O> __global__ void k_rmsnorm_to(const float *x, const float *g, int32_t dim, float eps, O *o) {
+    TDM_PDL_ENTRY();
     const float *xr = x + (size_t)blockIdx.x * dim;
     const float inv = row_inv_rms(xr, dim, eps);
     O *orow = o + (size_t)blockIdx.x * dim;
@@ -38,6 +39,7 @@ template <typename O> __global__ void k_rmsnorm_to(const float *x, const float *
 /* Block per row: the normed row quantised per 32-element block (a warp per block). */
 __global__ void k_rmsnorm_q8(const float *x, const float *g, int32_t dim, float eps, int8_t *q, float *d,
                              int32_t *qs) {
+    TDM_PDL_ENTRY();
     const float *xr = x + (size_t)blockIdx.x * dim;
     const float inv = row_inv_rms(xr, dim, eps);
     const int32_t nb = dim / 32, lane = threadIdx.x & 31;
@@ -53,14 +55,14 @@ tandem_status tdm_cuda_rmsnorm_to(tdm_cuda *c, const float *x, const float *gamm
     if (n <= 0) return TANDEM_OK;
     const unsigned th = 1024; /* (a decode row is one block: as many threads as can help) */
     switch (type) {
-    case TDM_F32: k_rmsnorm_to<float><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (float *)out); break;
-    case TDM_F16: k_rmsnorm_to<__half><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (__half *)out); break;
+    case TDM_F32: tdm_launch(k_rmsnorm_to<float>, n, th, 0, c->stream, x, gamma, dim, eps, (float *)out); break;
+    case TDM_F16: tdm_launch(k_rmsnorm_to<__half>, n, th, 0, c->stream, x, gamma, dim, eps, (__half *)out); break;
     case TDM_BF16:
-        k_rmsnorm_to<__nv_bfloat16><<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (__nv_bfloat16 *)out);
+        tdm_launch(k_rmsnorm_to<__nv_bfloat16>, n, th, 0, c->stream, x, gamma, dim, eps, (__nv_bfloat16 *)out);
         break;
     case TDM_Q8_0:
         if (dim % 32 != 0) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rmsnorm: int8 blocks of a %d row", (int)dim);
-        k_rmsnorm_q8<<<n, th, 0, c->stream>>>(x, gamma, dim, eps, (int8_t *)xq->q, (float *)xq->d, (int32_t *)xq->qs);
+        tdm_launch(k_rmsnorm_q8, n, th, 0, c->stream, x, gamma, dim, eps, (int8_t *)xq->q, (float *)xq->d, (int32_t *)xq->qs);
         break;
     default: return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rmsnorm: output %s", tdm_dtype_name(type));
     }
@@ -74,6 +76,7 @@ tandem_status tdm_cuda_rmsnorm_to(tdm_cuda *c, const float *x, const float *gamm
  * table, device memory; NULL: freq_scale * base^(-2t / n_rot)), as k_rope. */
 __global__ void k_rope_table(const tdm_cuda_row *rows, int32_t half, const double *freq, double freq_base,
                              double freq_scale, double mscale, float2 *cs) {
+    TDM_PDL_ENTRY();
     const double p = (double)rows[blockIdx.x].pos;
     for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
         const double f = freq ? freq[t] : freq_scale * pow(freq_base, -2.0 * t / (2.0 * half));
@@ -86,7 +89,7 @@ tandem_status tdm_cuda_rope_table(tdm_cuda *c, const tdm_cuda_row *rows, int32_t
                                   float2 *cs, tdm_err *err) {
     if (n <= 0) return TANDEM_OK;
     const double mscale = rp->mscale == 0.0f ? 1.0 : (double)rp->mscale;
-    k_rope_table<<<n, 64, 0, c->stream>>>(rows, rp->n_rot / 2, rp->freq, (double)rp->freq_base,
+    tdm_launch(k_rope_table, n, 64, 0, c->stream, rows, rp->n_rot / 2, rp->freq, (double)rp->freq_base,
                                           (double)rp->freq_scale, mscale, cs);
     TDM_CU_LAUNCHED("rope table");
     return TANDEM_OK;
@@ -126,6 +129,7 @@ template <typename C>
 __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t n_head, int32_t n_kv, int32_t hd,
                           int32_t half, bool neox, const float2 *cs, const tdm_cuda_row *rows, C *kc, C *vc,
                           int32_t bs) {
+    TDM_PDL_ENTRY();
     float *row = qkv + (size_t)blockIdx.x * stride;
     const int32_t h0 = (int32_t)blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, n_head + 2 * n_kv);
     const float2 *rc = cs + (size_t)blockIdx.x * half;
@@ -160,6 +164,7 @@ __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t
 __global__ void k_rope_kv_q8(float *qkv, int32_t stride, const float *bias, int32_t n_head, int32_t n_kv, int32_t hd,
                              int32_t half, bool neox, const float2 *cs, const tdm_cuda_row *rows, uint8_t *kc,
                              uint8_t *vc, int32_t bs) {
+    TDM_PDL_ENTRY();
     float *row = qkv + (size_t)blockIdx.x * stride;
     const int32_t h0 = (int32_t)blockIdx.y * ROPE_HEADS, h1 = min(h0 + ROPE_HEADS, n_head + 2 * n_kv);
     const float2 *rc = cs + (size_t)blockIdx.x * half;
@@ -183,13 +188,13 @@ tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t strid
     const int32_t half = rp->n_rot / 2;
     const dim3 grid((unsigned)n, (unsigned)((n_head + 2 * n_kv + ROPE_HEADS - 1) / ROPE_HEADS));
     if (cache_type == TDM_Q8_0)
-        k_rope_kv_q8<<<grid, 32 * ROPE_HEADS, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs,
+        tdm_launch(k_rope_kv_q8, grid, 32 * ROPE_HEADS, 0, c->stream, qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs,
                                                              rows, (uint8_t *)kc, (uint8_t *)vc, bs);
     else if (cache_type == TDM_F16)
-        k_rope_kv<__half><<<grid, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
+        tdm_launch(k_rope_kv<__half>, grid, 128, 0, c->stream, qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
                                                     (__half *)kc, (__half *)vc, bs);
     else if (cache_type == TDM_F32)
-        k_rope_kv<float><<<grid, 128, 0, c->stream>>>(qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
+        tdm_launch(k_rope_kv<float>, grid, 128, 0, c->stream, qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
                                                    (float *)kc, (float *)vc, bs);
     else
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "rope_kv: cache type %s", tdm_dtype_name(cache_type));
@@ -200,6 +205,7 @@ tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t strid
 /* ---- SwiGLU ---------------------------------------------------------------------- */
 
 template <typename O> __global__ void k_swiglu_to(const float *gu, int32_t ff, O *o) {
+    TDM_PDL_ENTRY();
     const float *g = gu + (size_t)blockIdx.x * 2 * ff, *u = g + ff;
     O *orow = o + (size_t)blockIdx.x * ff;
     for (int32_t k = threadIdx.x; k < ff; k += blockDim.x) orow[k] = tdm_cu_from_f32<O>(g[k] / (1.0f + expf(-g[k])) * u[k]);
@@ -209,9 +215,9 @@ tandem_status tdm_cuda_swiglu_to(tdm_cuda *c, const float *gate_up, int32_t n, i
                                  tdm_err *err) {
     if (n <= 0) return TANDEM_OK;
     switch (type) {
-    case TDM_F32: k_swiglu_to<float><<<n, 256, 0, c->stream>>>(gate_up, ff, (float *)out); break;
-    case TDM_F16: k_swiglu_to<__half><<<n, 256, 0, c->stream>>>(gate_up, ff, (__half *)out); break;
-    case TDM_BF16: k_swiglu_to<__nv_bfloat16><<<n, 256, 0, c->stream>>>(gate_up, ff, (__nv_bfloat16 *)out); break;
+    case TDM_F32: tdm_launch(k_swiglu_to<float>, n, 256, 0, c->stream, gate_up, ff, (float *)out); break;
+    case TDM_F16: tdm_launch(k_swiglu_to<__half>, n, 256, 0, c->stream, gate_up, ff, (__half *)out); break;
+    case TDM_BF16: tdm_launch(k_swiglu_to<__nv_bfloat16>, n, 256, 0, c->stream, gate_up, ff, (__nv_bfloat16 *)out); break;
     default: return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "swiglu: output %s", tdm_dtype_name(type));
     }
     TDM_CU_LAUNCHED("swiglu (fused)");

@@ -83,6 +83,9 @@ tandem_status tdm_cuda_meta_size(const tdm_batch *bt, const tdm_kv_seq *const *s
 tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *seqs, int32_t block_size,
                                  int32_t heads_per_block, int32_t max_q, void *host, tdm_cuda_meta *m,
                                  tdm_err *err);
+/* rows[i].tree = masks[i] for i < n (both device memory), queued: a token tree
+ * grown on the device gives a forward's masks (tdm_batch.tree_mask_dev). */
+tandem_status tdm_cuda_meta_masks(tdm_cuda *c, tdm_cuda_row *rows, const uint64_t *masks, int32_t n, tdm_err *err);
 /* The parts of a packed buffer (host or device copy) of n rows. */
 void tdm_cuda_meta_at(const void *buf, int32_t n, const tdm_cuda_row **rows, const tdm_cuda_tile **tiles,
                       const int32_t **tabs);

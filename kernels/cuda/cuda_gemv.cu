@@ -1,9 +1,10 @@
 /* cuda_gemv.cu - matrix products of one to a few rows (decode, verification):
  * y[n][ldy] (+)= x[n][cols] W^T, streaming W once per tile of up to 8 input rows,
- * at close to memory bandwidth.  The tiles of a product are one launch (blockIdx.x:
+ * at close to memory bandwidth.  All tiles of a product are one launch (blockIdx.x:
  * the tile, blockIdx.y: the block of W rows, so a W block's tiles run side by side
- * and all but the first read it from L2) and a second for a last, partial tile:
- * a token tree's 33-row verification costs two launches per product, not five.
+ * and all but the first read it from L2), the last tile partial when the rows are
+ * not a multiple of 8: a 9-row verification or a token tree's 33 rows read W from
+ * memory once, as a decode step does.
  *
  * Each warp owns two W rows (or, for the SwiGLU epilogue, gate row j and up row
  * j + ff, so it can write silu(gate) * up itself) and walks them with 16-byte
@@ -82,12 +83,24 @@ template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int
     return r;
 }
 
+/* The last input row of this block's tile that exists: a product's tiles are one
+ * launch, and the last one may be partial; its missing rows are skipped (every row's
+ * sums are computed by its own operations alone) and never stored. */
+template <int NR> __device__ __forceinline__ int32_t tile_last(int32_t n_rows) {
+    return min(NR, n_rows - (int32_t)blockIdx.x * GV_TILE) - 1;
+}
+/* Whether input row i of the tile exists: always in a launch of fewer than GV_TILE
+ * rows (one tile of exactly its rows: no test at all), else up to `last` (the same
+ * for the whole block). */
+template <int NR> __device__ __forceinline__ bool gv_row_on(int i, int32_t last) { return NR < GV_TILE || i <= last; }
+
 /* Reduces each input row's partial sums over the warp (every lane gets the same
  * sums) and writes them: lane i writes input row i's outputs, so the rows'
  * read-modify-writes (ACCUM) wait on memory once, side by side, not one after
  * another. */
 template <int NR, int EPI>
-__device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float sb[NR], float *y, int32_t ldy) {
+__device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float sb[NR], float *y, int32_t ldy,
+                                         int32_t last) {
     const int lane = threadIdx.x & 31;
     float a = 0.0f, b = 0.0f;
 #pragma unroll
@@ -95,7 +108,7 @@ __device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float s
         const float ai = tdm_cu_warp_sum(sa[i]), bi = tdm_cu_warp_sum(sb[i]);
         if (lane == i) a = ai, b = bi;
     }
-    if (lane >= NR) return;
+    if (lane >= NR || lane > last) return;
     float *yr = y + (size_t)lane * ldy;
     if (EPI == TDM_EPI_SWIGLU) {
         yr[r.ra] = a / (1.0f + expf(-a)) * b;
@@ -111,12 +124,13 @@ __device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float s
 template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-         const float *__restrict__ x, float *y, int32_t ldy) {
+         const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows) {
+    TDM_PDL_ENTRY();
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
     x += (size_t)blockIdx.x * GV_TILE * cols; /* (this block's tile of input rows) */
     y += (size_t)blockIdx.x * GV_TILE * ldy;
-    const int32_t lane = (int32_t)(threadIdx.x & 31);
+    const int32_t lane = (int32_t)(threadIdx.x & 31), last = tile_last<NR>(n_rows);
     const uint4 *wa = (const uint4 *)(w + (size_t)r.ra * row_bytes);
     const uint4 *wb = (const uint4 *)(w + (size_t)r.rb * row_bytes);
     float sa[NR], sb[NR];
@@ -130,6 +144,7 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
         cvt8<T>(ld_stream(wb + k8), fb);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
+            if (!gv_row_on<NR>(i, last)) continue;
             const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 2 * k8;
             const float4 p = __ldg(xp), q = __ldg(xp + 1);
             const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
@@ -143,7 +158,7 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
             sb[i] = v;
         }
     }
-    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+    gv_store<NR, EPI>(r, sa, sb, y, ldy, last);
 }
 
 /* The quantised x of this block's tile of input rows. */
@@ -164,7 +179,8 @@ __device__ __forceinline__ tdm_cuda_xq tdm_gv_tile(tdm_cuda_xq xq, int32_t cols,
 template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-          const float *__restrict__ x, float *y, int32_t ldy) {
+          const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows) {
+    TDM_PDL_ENTRY();
     const int32_t warp = blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5);
     int32_t row[4], out[4];
     bool has[4];
@@ -185,7 +201,7 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     if (!has[0]) return;
     x += (size_t)blockIdx.x * GV_TILE * cols;
     y += (size_t)blockIdx.x * GV_TILE * ldy;
-    const int32_t lane = (int32_t)(threadIdx.x & 31);
+    const int32_t lane = (int32_t)(threadIdx.x & 31), last = tile_last<NR>(n_rows);
     const uint4 *wr[4];
 #pragma unroll
     for (int j = 0; j < 4; j++) wr[j] = (const uint4 *)(w + (size_t)row[j] * row_bytes);
@@ -202,6 +218,7 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         for (int j = 0; j < 4; j++) cvt8<T>(ld_stream(wr[j] + k8), f[j]);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
+            if (!gv_row_on<NR>(i, last)) continue;
             const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 2 * k8;
             const float4 p = __ldg(xp), q = __ldg(xp + 1);
             const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
@@ -223,7 +240,7 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
             const float t = tdm_cu_warp_sum(acc[j][i]);
             if (lane == i) v[j] = t;
         }
-    if (lane >= NR) return;
+    if (lane >= NR || lane > last) return;
     float *yr = y + (size_t)lane * ldy;
     if (EPI == TDM_EPI_SWIGLU) {
         for (int j = 0; j < 2; j++)
@@ -253,10 +270,11 @@ __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp
 template <int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-          tdm_cuda_xq xq, float *y, int32_t ldy) {
+          tdm_cuda_xq xq, float *y, int32_t ldy, int32_t n_rows) {
+    TDM_PDL_ENTRY();
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
-    const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK;
+    const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK, last = tile_last<NR>(n_rows);
     xq = tdm_gv_tile(xq, cols, nb);
     y += (size_t)blockIdx.x * GV_TILE * ldy;
     const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
@@ -272,8 +290,10 @@ k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         const float dwa = tdm_cu_h2f(__ldg(da + b)), dwb = tdm_cu_h2f(__ldg(db + b));
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            const uint4 xv = __ldg((const uint4 *)(xq.q + (size_t)i * cols) + c);
-            const float dx = __ldg(xq.d + (size_t)i * nb + b);
+            if (!gv_row_on<NR>(i, last)) continue;
+            const size_t ri = (size_t)i;
+            const uint4 xv = __ldg((const uint4 *)(xq.q + ri * cols) + c);
+            const float dx = __ldg(xq.d + ri * nb + b);
             int ia = dp4a(qa.x, xv.x, 0), ib = dp4a(qb.x, xv.x, 0);
             ia = dp4a(qa.y, xv.y, ia), ib = dp4a(qb.y, xv.y, ib);
             ia = dp4a(qa.z, xv.z, ia), ib = dp4a(qb.z, xv.z, ib);
@@ -282,7 +302,7 @@ k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
             sb[i] = fmaf((float)ib, dwb * dx, sb[i]);
         }
     }
-    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+    gv_store<NR, EPI>(r, sa, sb, y, ldy, last);
 }
 
 /* q4_0, QSPLIT rows: [cols / 2] bytes of nibbles (block b's 16 bytes: element j in
@@ -291,10 +311,11 @@ k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
 template <int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-          tdm_cuda_xq xq, float *y, int32_t ldy) {
+          tdm_cuda_xq xq, float *y, int32_t ldy, int32_t n_rows) {
+    TDM_PDL_ENTRY();
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
-    const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK;
+    const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK, last = tile_last<NR>(n_rows);
     xq = tdm_gv_tile(xq, cols, nb);
     y += (size_t)blockIdx.x * GV_TILE * ldy;
     const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
@@ -313,7 +334,9 @@ k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         const float dwa = tdm_cu_h2f(__ldg(da + b)), dwb = tdm_cu_h2f(__ldg(db + b));
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            const uint4 *xp = (const uint4 *)(xq.q + (size_t)i * cols + (size_t)TDM_QK * b);
+            if (!gv_row_on<NR>(i, last)) continue;
+            const size_t ri = (size_t)i;
+            const uint4 *xp = (const uint4 *)(xq.q + ri * cols + (size_t)TDM_QK * b);
             const uint4 xl = __ldg(xp), xh = __ldg(xp + 1);
             const uint32_t xlo[4] = {xl.x, xl.y, xl.z, xl.w}, xhi[4] = {xh.x, xh.y, xh.z, xh.w};
             int ia = 0, ib = 0;
@@ -327,25 +350,26 @@ k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
                 ia = dp4a(ha[k], xhi[k], ia);
                 ib = dp4a(hb[k], xhi[k], ib);
             }
-            const int32_t off = 8 * __ldg(xq.qs + (size_t)i * nb + b);
-            const float dx = __ldg(xq.d + (size_t)i * nb + b);
+            const int32_t off = 8 * __ldg(xq.qs + ri * nb + b);
+            const float dx = __ldg(xq.d + ri * nb + b);
             sa[i] = fmaf((float)(ia - off), dwa * dx, sa[i]);
             sb[i] = fmaf((float)(ib - off), dwb * dx, sb[i]);
         }
     }
-    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+    gv_store<NR, EPI>(r, sa, sb, y, ldy, last);
 }
 
 /* The 16-element-group types, rows layout: f32 x. */
 template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv_kq(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-          const float *__restrict__ x, float *y, int32_t ldy) {
+          const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows) {
+    TDM_PDL_ENTRY();
     const gv_rows r = rows_of<EPI>(n_out, ff);
     if (!r.active) return;
     x += (size_t)blockIdx.x * GV_TILE * cols;
     y += (size_t)blockIdx.x * GV_TILE * ldy;
-    const int32_t lane = (int32_t)(threadIdx.x & 31);
+    const int32_t lane = (int32_t)(threadIdx.x & 31), last = tile_last<NR>(n_rows);
     const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
     float sa[NR], sb[NR];
 #pragma unroll
@@ -358,6 +382,7 @@ k_gemv_kq(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         tdm_cu_deq16<T>(rowb, c, fb);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
+            if (!gv_row_on<NR>(i, last)) continue;
             const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 4 * c;
             float u = sa[i], v = sb[i];
 #pragma unroll
@@ -374,7 +399,7 @@ k_gemv_kq(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
             sb[i] = v;
         }
     }
-    gv_store<NR, EPI>(r, sa, sb, y, ldy);
+    gv_store<NR, EPI>(r, sa, sb, y, ldy, last);
 }
 
 static bool is_ktype(uint32_t t) {
@@ -398,32 +423,33 @@ bool tdm_cuda_gemv_fast(const tdm_weight *w) {
     return false;
 }
 
-/* One launch: input rows [0, NR) of x / xq / y (already offset to the tile). */
+/* One launch: grid.x tiles of NR input rows of x / xq / y, n_rows of them in all
+ * (the last tile may be partial). */
 template <int NR, int EPI>
 static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out, int32_t ff, const float *x,
-                      const tdm_cuda_xq &xq, float *y, int32_t ldy) {
+                      const tdm_cuda_xq &xq, float *y, int32_t ldy, int32_t n_rows) {
     const uint8_t *wd = (const uint8_t *)w->data;
     const int32_t cols = (int32_t)w->cols;
     const unsigned th = GV_WARPS * 32;
     const bool wide = gv_rows_per_warp(c, w, NR) == 4;
     switch (w->type) {
     case TDM_F16:
-        if (wide) k_gemv16w<TDM_F16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
-        else k_gemv16<TDM_F16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        if (wide) tdm_launch(k_gemv16w<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
+        else tdm_launch(k_gemv16<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
         break;
     case TDM_BF16:
-        if (wide) k_gemv16w<TDM_BF16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
-        else k_gemv16<TDM_BF16, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy);
+        if (wide) tdm_launch(k_gemv16w<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
+        else tdm_launch(k_gemv16<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
         break;
     case TDM_Q8_0:
-        k_gemv_q8<NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, xq, y, ldy);
+        tdm_launch(k_gemv_q8<NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows);
         break;
     case TDM_Q4_0:
-        k_gemv_q4<NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, xq, y, ldy);
+        tdm_launch(k_gemv_q4<NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows);
         break;
 #define KT(T)                                                                                         \
     case T:                                                                                           \
-        k_gemv_kq<T, NR, EPI><<<grid, th, 0, c->stream>>>(wd, w->row_bytes, n_out, cols, ff, x, y, ldy); \
+        tdm_launch(k_gemv_kq<T, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows); \
         break;
         TDM_CU_FOR_EACH_KTYPE(KT)
 #undef KT
@@ -434,10 +460,10 @@ static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out
 
 template <int EPI>
 static void launch_epi(tdm_cuda *c, const tdm_weight *w, dim3 grid, int nr, int32_t n_out, int32_t ff,
-                       const float *x, const tdm_cuda_xq &xq, float *y, int32_t ldy) {
+                       const float *x, const tdm_cuda_xq &xq, float *y, int32_t ldy, int32_t n_rows) {
     switch (nr) {
 #define NR_CASE(N) \
-    case N: launch_nr<N, EPI>(c, w, grid, n_out, ff, x, xq, y, ldy); break;
+    case N: launch_nr<N, EPI>(c, w, grid, n_out, ff, x, xq, y, ldy, n_rows); break;
         NR_CASE(1) NR_CASE(2) NR_CASE(3) NR_CASE(4) NR_CASE(5) NR_CASE(6) NR_CASE(7) NR_CASE(8)
 #undef NR_CASE
     default: break;
@@ -461,28 +487,23 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t ff = (int32_t)(w->rows / 2);
     const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
     if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
-    const int32_t cols = (int32_t)w->cols, nb = cols / TDM_QK;
-    /* the full tiles in one launch, then the partial one */
-    const int32_t full = n / GV_TILE;
-    for (int32_t i0 = 0; i0 < n;) {
-        const int nr = i0 == 0 && full > 0 ? GV_TILE : n - i0;
-        /* outputs a warp writes: its W rows (SwiGLU: half of them, gate and up) */
-        const int per_warp = gv_rows_per_warp(c, w, nr) / (epi == TDM_EPI_SWIGLU ? 2 : 1);
-        const int64_t warps = ((int64_t)n_out + per_warp - 1) / per_warp;
-        const int64_t wblocks = (warps + GV_WARPS - 1) / GV_WARPS;
-        if (wblocks > 65535)
-            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %lld output rows (the row kernels take %lld)",
-                              (long long)n_out, (long long)65535 * GV_WARPS * per_warp);
-        const dim3 grid(i0 == 0 && full > 0 ? (unsigned)full : 1u, (unsigned)wblocks);
-        tdm_cuda_xq xt = {0, 0, 0};
-        if (quant) xt = {xq->q + (size_t)i0 * cols, xq->d + (size_t)i0 * nb, xq->qs + (size_t)i0 * nb};
-        const float *xi = quant ? NULL : x + (size_t)i0 * cols;
-        float *yi = y + (size_t)i0 * ldy;
-        if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
-        else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
-        else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy);
-        TDM_CU_LAUNCHED("gemv");
-        i0 += (int32_t)grid.x * nr;
-    }
+    /* every tile in one launch: a batch of up to GV_TILE rows as one tile of exactly
+     * its rows, more as tiles of GV_TILE rows whose last may be partial */
+    const int nr = n <= GV_TILE ? n : GV_TILE;
+    const unsigned tiles = (unsigned)((n + GV_TILE - 1) / GV_TILE);
+    /* outputs a warp writes: its W rows (SwiGLU: half of them, gate and up) */
+    const int per_warp = gv_rows_per_warp(c, w, nr) / (epi == TDM_EPI_SWIGLU ? 2 : 1);
+    const int64_t warps = ((int64_t)n_out + per_warp - 1) / per_warp;
+    const int64_t wblocks = (warps + GV_WARPS - 1) / GV_WARPS;
+    if (wblocks > 65535)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %lld output rows (the row kernels take %lld)",
+                          (long long)n_out, (long long)65535 * GV_WARPS * per_warp);
+    const dim3 grid(tiles, (unsigned)wblocks);
+    tdm_cuda_xq xt = {0, 0, 0};
+    if (quant) xt = *xq;
+    if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, x, xt, y, ldy, n);
+    else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, x, xt, y, ldy, n);
+    else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, x, xt, y, ldy, n);
+    TDM_CU_LAUNCHED("gemv");
     return TANDEM_OK;
 }

@@ -56,7 +56,7 @@ typedef struct tdm_cuda {
     cublasHandle_t cublas;
     void *cublas_ws;     /* its workspace (fixed, so GEMMs can be captured in graphs) */
     /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
-    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf;
+    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf, tree_buf;
     tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
     tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), when TANDEM_CUDA_PROFILE is set */
     int force_mm;        /* benchmarks (tdm_backend_cuda_force_matmul): 0 = pick by rows,
@@ -87,6 +87,50 @@ tandem_status tdm_cuda_status(cudaError_t e, const char *what, tdm_err *err);
         cudaError_t e_ = cudaGetLastError();                                           \
         if (e_ != cudaSuccess) return tdm_cuda_status(e_, what, err);                  \
     } while (0)
+
+/* ---- launches: programmatic dependent launch ------------------------------------
+ *
+ * Every kernel of the backend is launched through tdm_launch, which on a Hopper GPU
+ * sets the programmatic-stream-serialisation attribute: a kernel's thread blocks may
+ * be scheduled while the kernel before it in the stream is still finishing, so its
+ * launch and ramp-up overlap the tail of the one before (decode and verification
+ * forwards are chains of a few hundred short kernels; a graph replays them with
+ * these edges too).  To keep stream order exact, every kernel begins with
+ * TDM_PDL_ENTRY: it waits there until the kernel before it has completed and its
+ * writes are visible (griddepcontrol.wait; nothing is read or written before it),
+ * then lets the next kernel be scheduled (griddepcontrol.launch_dependents).  So a
+ * kernel still sees exactly what it would see without the attribute, and so does
+ * everything after it: results are bit for bit those of plain launches.
+ * TANDEM_CUDA_PDL=0 launches plainly (tdm_cuda_pdl, set when a backend opens). */
+extern bool tdm_cuda_pdl;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define TDM_PDL_ENTRY()                                          \
+    do {                                                         \
+        asm volatile("griddepcontrol.wait;" ::: "memory");       \
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); \
+    } while (0)
+#else
+#define TDM_PDL_ENTRY() \
+    do {                \
+    } while (0)
+#endif
+/* kernel<<<grid, block, smem, stream>>>(args...), with the attribute when
+ * tdm_cuda_pdl; the launch's error is left for TDM_CU_LAUNCHED (cudaGetLastError). */
+template <typename... P, typename... A>
+static inline void tdm_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                              A &&...args) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cfg.attrs = at;
+    cfg.numAttrs = tdm_cuda_pdl ? 1 : 0;
+    (void)cudaLaunchKernelEx(&cfg, kernel, static_cast<A &&>(args)...);
+}
 
 /* Room for `bytes` of metadata in the ring's host half (valid until the matching
  * tdm_cuda_meta_upload), NULL with err set on failure. */
@@ -201,9 +245,15 @@ tandem_status tdm_cuda_matmul_rows(tdm_cuda *c, const tdm_weight *w, const float
                                    bool accumulate, tdm_err *err);
 /* The attention op on a backend's state (tdm_cuda_attention's body). */
 tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err);
-/* The topk op (cuda_rowops.cu). */
+/* The topk op (cuda_rowops.cu), and its kernel alone: ids / probs in device memory,
+ * queued. */
 tandem_status tdm_cuda_topk(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
                             float *probs, tdm_err *err);
+tandem_status tdm_cuda_topk_dev(tdm_cuda *c, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
+                                float *probs, tdm_err *err);
+/* The tree_grow op (cuda_tree_grow.cu). */
+tandem_status tdm_cuda_tree_grow(tdm_backend *b, tdm_dtree *t, const float *x, int32_t n, int32_t dim, int32_t k,
+                                 int32_t depth, int32_t width, int32_t want_exp, tdm_err *err);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 /* Whether the tiled kernels (cuda_flash.cu) take the batches of the shapes they run:

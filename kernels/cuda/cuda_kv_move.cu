@@ -15,6 +15,7 @@
  * position, destination block, destination position. */
 __global__ void k_kv_move(const int32_t *pairs, int32_t n, uint8_t *const *kc, uint8_t *const *vc, int32_t n_kv,
                           int32_t hd, int32_t bs, int32_t esz, int64_t unit, bool q8) {
+    TDM_PDL_ENTRY();
     const int32_t l = blockIdx.x / n_kv, g = blockIdx.x % n_kv;
     for (int32_t i = 0; i < n; i++) {
         const int32_t *p = pairs + 4 * i;
@@ -67,7 +68,7 @@ tandem_status tdm_cuda_kv_move(tdm_backend *b, const tdm_kv_move_args *a, tdm_er
     if (!dev) return err ? err->status : TANDEM_ERR_BACKEND;
     uint8_t *const *kp = (uint8_t *const *)(dev + pad), *const *vp = kp + a->n_layer;
     const unsigned grid = (unsigned)(a->n_layer * a->n_kv_head);
-    k_kv_move<<<grid, 128, 0, c->stream>>>((const int32_t *)dev, a->n, kp, vp, a->n_kv_head, a->head_dim, bs,
+    tdm_launch(k_kv_move, grid, 128, 0, c->stream, (const int32_t *)dev, a->n, kp, vp, a->n_kv_head, a->head_dim, bs,
                                            tdm_kv_elem_bytes(a->cache_type), tdm_kv_unit_bytes(a->cache_type, bs, a->head_dim),
                                            a->cache_type == TDM_Q8_0);
     TDM_CU_LAUNCHED("kv_move");

@@ -53,6 +53,7 @@ template <uint32_t T>
 __global__ void __launch_bounds__(WARPS * 32)
 k_matmul(const uint8_t *w, size_t row_bytes, int32_t rows, int32_t cols, const float *x, int32_t n, float *y,
          bool acc) {
+    TDM_PDL_ENTRY();
     const warp_tile t = tile_of(n);
     if (t.r >= rows) return;
     const uint8_t *wr = w + (size_t)t.r * row_bytes;
@@ -89,6 +90,7 @@ template <uint32_t T>
 __global__ void __launch_bounds__(WARPS * 32)
 k_matmul_v8(const uint8_t *w, size_t row_bytes, int32_t rows, int32_t cols, const float *x, int32_t n, float *y,
             bool acc) {
+    TDM_PDL_ENTRY();
     const warp_tile t = tile_of(n);
     if (t.r >= rows) return;
     const uint4 *wr = (const uint4 *)(w + (size_t)t.r * row_bytes);
@@ -125,16 +127,16 @@ tandem_status tdm_cuda_matmul_rows(tdm_cuda *c, const tdm_weight *w, const float
                     (uintptr_t)wd % 16 == 0 && (uintptr_t)x % 16 == 0;
     if (v8) {
         if (w->type == TDM_F16)
-            k_matmul_v8<TDM_F16><<<grid, WARPS * 32, 0, c->stream>>>(wd, w->row_bytes, rows, cols, x, n, y, accumulate);
+            tdm_launch(k_matmul_v8<TDM_F16>, grid, WARPS * 32, 0, c->stream, wd, w->row_bytes, rows, cols, x, n, y, accumulate);
         else
-            k_matmul_v8<TDM_BF16><<<grid, WARPS * 32, 0, c->stream>>>(wd, w->row_bytes, rows, cols, x, n, y, accumulate);
+            tdm_launch(k_matmul_v8<TDM_BF16>, grid, WARPS * 32, 0, c->stream, wd, w->row_bytes, rows, cols, x, n, y, accumulate);
         TDM_CU_LAUNCHED("matmul");
         return TANDEM_OK;
     }
     switch (w->type) {
 #define CASE(T)                                                                                        \
     case T:                                                                                            \
-        k_matmul<T><<<grid, WARPS * 32, 0, c->stream>>>(wd, w->row_bytes, rows, cols, x, n, y, accumulate); \
+        tdm_launch(k_matmul<T>, grid, WARPS * 32, 0, c->stream, wd, w->row_bytes, rows, cols, x, n, y, accumulate); \
         break;
         TDM_CU_FOR_EACH_WTYPE(CASE)
 #undef CASE

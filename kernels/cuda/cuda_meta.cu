@@ -136,3 +136,16 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
     m->bytes = bytes_for(n, n_tab);
     return TANDEM_OK;
 }
+
+__global__ void k_meta_masks(tdm_cuda_row *rows, const uint64_t *masks, int32_t n) {
+    TDM_PDL_ENTRY();
+    const int32_t i = (int32_t)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) rows[i].tree = masks[i];
+}
+
+tandem_status tdm_cuda_meta_masks(tdm_cuda *c, tdm_cuda_row *rows, const uint64_t *masks, int32_t n, tdm_err *err) {
+    if (n <= 0) return TANDEM_OK;
+    tdm_launch(k_meta_masks, (unsigned)((n + 63) / 64), 64, 0, c->stream, rows, masks, n);
+    TDM_CU_LAUNCHED("meta masks");
+    return TANDEM_OK;
+}

@@ -26,6 +26,7 @@ tdm_cuda_xq tdm_cuda_xq_at(void *buf, int32_t n, int32_t cols) {
 
 /* Grid (blocks of 8 quantisation blocks, rows), 256 threads: one warp per block. */
 __global__ void k_quantize_x(const float *x, int32_t cols, int8_t *q, float *d, int32_t *qs) {
+    TDM_PDL_ENTRY();
     const int32_t nb = cols / TDM_QK, b = (int32_t)(blockIdx.x * 8 + (threadIdx.x >> 5)), i = (int32_t)blockIdx.y;
     if (b >= nb) return;
     const int lane = threadIdx.x & 31;
@@ -38,12 +39,13 @@ tandem_status tdm_cuda_quantize_x(tdm_cuda *c, const float *x, int32_t n, int32_
     if (n <= 0 || cols <= 0 || cols % TDM_QK != 0 || !x || !xq)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "quantize_x: %d rows of %d", (int)n, (int)cols);
     const dim3 grid((unsigned)((cols / TDM_QK + 7) / 8), (unsigned)n);
-    k_quantize_x<<<grid, 256, 0, c->stream>>>(x, cols, (int8_t *)xq->q, (float *)xq->d, (int32_t *)xq->qs);
+    tdm_launch(k_quantize_x, grid, 256, 0, c->stream, x, cols, (int8_t *)xq->q, (float *)xq->d, (int32_t *)xq->qs);
     TDM_CU_LAUNCHED("quantize_x");
     return TANDEM_OK;
 }
 
 template <typename O> __global__ void k_convert(const float *x, int64_t count, O *o) {
+    TDM_PDL_ENTRY();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += (int64_t)gridDim.x * blockDim.x)
         o[i] = tdm_cu_from_f32<O>(x[i]);
 }
@@ -52,8 +54,8 @@ tandem_status tdm_cuda_convert(tdm_cuda *c, const float *x, int64_t count, uint3
     if (count <= 0) return TANDEM_OK;
     if (!x || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "convert: NULL pointer");
     const unsigned blocks = (unsigned)TDM_MIN((count + 255) / 256, (int64_t)c->n_sm * 16);
-    if (type == TDM_F16) k_convert<__half><<<blocks, 256, 0, c->stream>>>(x, count, (__half *)out);
-    else if (type == TDM_BF16) k_convert<__nv_bfloat16><<<blocks, 256, 0, c->stream>>>(x, count, (__nv_bfloat16 *)out);
+    if (type == TDM_F16) tdm_launch(k_convert<__half>, blocks, 256, 0, c->stream, x, count, (__half *)out);
+    else if (type == TDM_BF16) tdm_launch(k_convert<__nv_bfloat16>, blocks, 256, 0, c->stream, x, count, (__nv_bfloat16 *)out);
     else if (type == TDM_F32) TDM_CU(cudaMemcpyAsync(out, x, (size_t)count * 4, cudaMemcpyDeviceToDevice, c->stream));
     else return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "convert: to %s", tdm_dtype_name(type));
     TDM_CU_LAUNCHED("convert");
@@ -65,6 +67,7 @@ tandem_status tdm_cuda_convert(tdm_cuda *c, const float *x, int64_t count, uint3
  * (four 16-byte stores). */
 template <uint32_t T>
 __global__ void k_dequant_f16(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_blocks, __half *o) {
+    TDM_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_blocks) return;
     const int32_t nb = cols / TDM_QK;
@@ -97,6 +100,7 @@ __global__ void k_dequant_f16(const uint8_t *w, size_t row_bytes, int32_t cols, 
  * types: tdm_cu_deq16 rounded to f16 (two 16-byte stores). */
 template <uint32_t T>
 __global__ void k_dequant16_f16(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_groups, __half *o) {
+    TDM_PDL_ENTRY();
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_groups) return;
     const int32_t ng = cols / 16;
@@ -123,7 +127,7 @@ tandem_status tdm_cuda_dequant_f16(tdm_cuda *c, const tdm_weight *w, void *out_v
         switch (w->type) {
 #define KT(T)                                                                                                 \
     case T:                                                                                                   \
-        k_dequant16_f16<T><<<g, 256, 0, c->stream>>>(wd, w->row_bytes, (int32_t)w->cols, n_groups, out); \
+        tdm_launch(k_dequant16_f16<T>, g, 256, 0, c->stream, wd, w->row_bytes, (int32_t)w->cols, n_groups, out); \
         break;
             TDM_CU_FOR_EACH_KTYPE(KT)
 #undef KT
@@ -142,9 +146,9 @@ tandem_status tdm_cuda_dequant_f16(tdm_cuda *c, const tdm_weight *w, void *out_v
     const unsigned g = (unsigned)((n_blocks + 255) / 256);
     const uint8_t *wd = (const uint8_t *)w->data;
     if (w->type == TDM_Q8_0)
-        k_dequant_f16<TDM_Q8_0><<<g, 256, 0, c->stream>>>(wd, w->row_bytes, (int32_t)w->cols, n_blocks, out);
+        tdm_launch(k_dequant_f16<TDM_Q8_0>, g, 256, 0, c->stream, wd, w->row_bytes, (int32_t)w->cols, n_blocks, out);
     else
-        k_dequant_f16<TDM_Q4_0><<<g, 256, 0, c->stream>>>(wd, w->row_bytes, (int32_t)w->cols, n_blocks, out);
+        tdm_launch(k_dequant_f16<TDM_Q4_0>, g, 256, 0, c->stream, wd, w->row_bytes, (int32_t)w->cols, n_blocks, out);
     TDM_CU_LAUNCHED("dequant");
     return TANDEM_OK;
 }

@@ -21,6 +21,7 @@
  * get_rows checks its ids on the host first). */
 template <uint32_t T>
 __global__ void k_get_rows(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_w, const int32_t *ids, float *out) {
+    TDM_PDL_ENTRY();
     const int32_t i = blockIdx.x, id = ids[i];
     const bool ok = id >= 0 && id < n_w;
     const uint8_t *row = w + (size_t)(ok ? id : 0) * row_bytes;
@@ -30,6 +31,7 @@ __global__ void k_get_rows(const uint8_t *w, size_t row_bytes, int32_t cols, int
 template <uint32_t T>
 __global__ void k_get_rows_qsplit(const uint8_t *w, size_t row_bytes, int32_t cols, int64_t n_w, const int32_t *ids,
                                   float *out) {
+    TDM_PDL_ENTRY();
     const int32_t i = blockIdx.x, id = ids[i];
     const bool ok = id >= 0 && id < n_w;
     const uint8_t *row = w + (size_t)(ok ? id : 0) * row_bytes;
@@ -44,15 +46,15 @@ static tandem_status get_rows_launch(tdm_cuda *c, const tdm_weight *w, const int
     const int32_t cols = (int32_t)w->cols;
     if (w->layout == TDM_LAYOUT_QSPLIT) {
         if (w->type == TDM_Q8_0)
-            k_get_rows_qsplit<TDM_Q8_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, w->rows, d, out);
+            tdm_launch(k_get_rows_qsplit<TDM_Q8_0>, n, TDM_CUDA_THREADS, 0, c->stream, wd, w->row_bytes, cols, w->rows, d, out);
         else
-            k_get_rows_qsplit<TDM_Q4_0><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, w->rows, d, out);
+            tdm_launch(k_get_rows_qsplit<TDM_Q4_0>, n, TDM_CUDA_THREADS, 0, c->stream, wd, w->row_bytes, cols, w->rows, d, out);
         TDM_CU_LAUNCHED("get_rows");
         return TANDEM_OK;
     }
     switch (w->type) {
 #define CASE(T)                                                                                  \
-    case T: k_get_rows<T><<<n, TDM_CUDA_THREADS, 0, c->stream>>>(wd, w->row_bytes, cols, w->rows, d, out); break;
+    case T: tdm_launch(k_get_rows<T>, n, TDM_CUDA_THREADS, 0, c->stream, wd, w->row_bytes, cols, w->rows, d, out); break;
         TDM_CU_FOR_EACH_WTYPE(CASE)
 #undef CASE
     default: break;
@@ -92,6 +94,7 @@ tandem_status tdm_cuda_get_rows_dev(tdm_backend *b, const tdm_weight *w, const i
 /* ---- rmsnorm ------------------------------------------------------------------- */
 
 __global__ void k_rmsnorm(const float *x, const float *g, int32_t dim, float eps, float *o) {
+    TDM_PDL_ENTRY();
     const float *xr = x + (size_t)blockIdx.x * dim;
     float *orow = o + (size_t)blockIdx.x * dim;
     double ss = 0;
@@ -109,7 +112,7 @@ tandem_status tdm_cuda_rmsnorm(tdm_backend *b, const float *x, const float *gamm
                           (double)eps);
     if (n == 0) return TANDEM_OK;
     if (!x || !gamma || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "rmsnorm: NULL pointer");
-    k_rmsnorm<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, gamma, dim, eps, out);
+    tdm_launch(k_rmsnorm, n, TDM_CUDA_THREADS, 0, c->stream, x, gamma, dim, eps, out);
     TDM_CU_LAUNCHED("rmsnorm");
     return TANDEM_OK;
 }
@@ -117,6 +120,7 @@ tandem_status tdm_cuda_rmsnorm(tdm_backend *b, const float *x, const float *gamm
 /* ---- add_bias, swiglu, gather_rows --------------------------------------------- */
 
 __global__ void k_add_bias(float *y, const float *bias, int32_t dim) {
+    TDM_PDL_ENTRY();
     float *row = y + (size_t)blockIdx.x * dim;
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) row[k] += bias[k];
 }
@@ -128,12 +132,13 @@ tandem_status tdm_cuda_add_bias(tdm_backend *b, float *y, const float *bias, int
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "add_bias: n = %d, dim = %d", (int)n, (int)dim);
     if (n == 0) return TANDEM_OK;
     if (!y || !bias) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "add_bias: NULL pointer");
-    k_add_bias<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(y, bias, dim);
+    tdm_launch(k_add_bias, n, TDM_CUDA_THREADS, 0, c->stream, y, bias, dim);
     TDM_CU_LAUNCHED("add_bias");
     return TANDEM_OK;
 }
 
 __global__ void k_swiglu(const float *gu, int32_t ff, float *o) {
+    TDM_PDL_ENTRY();
     const float *g = gu + (size_t)blockIdx.x * 2 * ff, *u = g + ff;
     float *orow = o + (size_t)blockIdx.x * ff;
     for (int32_t k = threadIdx.x; k < ff; k += blockDim.x) orow[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
@@ -145,12 +150,13 @@ tandem_status tdm_cuda_swiglu(tdm_backend *b, const float *gate_up, int32_t n, i
     if (n < 0 || ff <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: n = %d, ff = %d", (int)n, (int)ff);
     if (n == 0) return TANDEM_OK;
     if (!gate_up || !out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "swiglu: NULL pointer");
-    k_swiglu<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(gate_up, ff, out);
+    tdm_launch(k_swiglu, n, TDM_CUDA_THREADS, 0, c->stream, gate_up, ff, out);
     TDM_CU_LAUNCHED("swiglu");
     return TANDEM_OK;
 }
 
 __global__ void k_gather(const float *x, const int32_t *rows, int32_t dim, float *o) {
+    TDM_PDL_ENTRY();
     const float *src = x + (size_t)rows[blockIdx.x] * dim;
     float *dst = o + (size_t)blockIdx.x * dim;
     for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) dst[k] = src[k];
@@ -170,7 +176,7 @@ tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t
     memcpy(h, rows, (size_t)n * sizeof(int32_t));
     const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * sizeof(int32_t), err);
     if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
-    k_gather<<<n, TDM_CUDA_THREADS, 0, c->stream>>>(x, d, dim, out);
+    tdm_launch(k_gather, n, TDM_CUDA_THREADS, 0, c->stream, x, d, dim, out);
     TDM_CU_LAUNCHED("gather_rows");
     return TANDEM_OK;
 }
@@ -183,6 +189,7 @@ tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t
  * t + half). */
 __global__ void k_rope(float *x, int32_t row_stride, int32_t head_dim, const int32_t *pos, int32_t half,
                        const double *freq, double freq_base, double freq_scale, double mscale, bool neox) {
+    TDM_PDL_ENTRY();
     float *v = x + (size_t)blockIdx.x * row_stride + (size_t)blockIdx.y * head_dim;
     const double p = (double)pos[blockIdx.x];
     for (int32_t t = threadIdx.x; t < half; t += blockDim.x) {
@@ -220,7 +227,7 @@ tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_str
     memcpy(h, pos, (size_t)n * sizeof(int32_t));
     const int32_t *d = (const int32_t *)tdm_cuda_meta_upload(c, (size_t)n * sizeof(int32_t), err);
     if (!d) return err ? err->status : TANDEM_ERR_BACKEND;
-    k_rope<<<dim3((unsigned)n, (unsigned)n_head), 64, 0, c->stream>>>(x, row_stride, head_dim, d, rp->n_rot / 2,
+    tdm_launch(k_rope, dim3((unsigned)n, (unsigned)n_head), 64, 0, c->stream, x, row_stride, head_dim, d, rp->n_rot / 2,
                                                                       rp->freq, (double)rp->freq_base,
                                                                       (double)rp->freq_scale, (double)mscale, rp->neox);
     TDM_CU_LAUNCHED("rope");
@@ -233,6 +240,7 @@ tandem_status tdm_cuda_rope(tdm_backend *b, float *x, int32_t n, int32_t row_str
  * it: -1 when the row holds a NaN or an infinity; and when top is not NULL the
  * largest probability of the row's softmax, 1 / sum exp(x - max) (0 for a -1 row). */
 __global__ void k_argmax(const float *x, int32_t dim, int32_t *ids, float *top) {
+    TDM_PDL_ENTRY();
     __shared__ float bv[32];
     __shared__ int32_t bi[32];
     __shared__ float s_best;
@@ -296,7 +304,7 @@ tandem_status tdm_cuda_argmax(tdm_backend *b, const float *x, int32_t n, int32_t
     if (!x || !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax: NULL pointer");
     int32_t *dev = (int32_t *)tdm_cuda_buf_get(c, &c->ids_buf, (size_t)n * sizeof(int32_t), "argmax", err);
     if (!dev) return err ? err->status : TANDEM_ERR_BACKEND;
-    k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, dev, NULL);
+    tdm_launch(k_argmax, n, 1024, 0, c->stream, x, dim, dev, (float *)NULL);
     TDM_CU_LAUNCHED("argmax");
     TDM_CU(cudaMemcpyAsync(ids, dev, (size_t)n * sizeof(int32_t), cudaMemcpyDeviceToHost, c->stream));
     TDM_CU(cudaStreamSynchronize(c->stream));
@@ -309,7 +317,7 @@ tandem_status tdm_cuda_argmax_dev(tdm_backend *b, const float *x, int32_t n, int
     if (n < 0 || dim <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax_dev: n = %d, dim = %d", (int)n, (int)dim);
     if (n == 0) return TANDEM_OK;
     if (!x || !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "argmax_dev: NULL pointer");
-    k_argmax<<<n, 1024, 0, c->stream>>>(x, dim, ids, top);
+    tdm_launch(k_argmax, n, 1024, 0, c->stream, x, dim, ids, top);
     TDM_CU_LAUNCHED("argmax_dev");
     return TANDEM_OK;
 }
@@ -329,6 +337,7 @@ __device__ __forceinline__ bool tk_before(float av, int32_t ai, float bv, int32_
  * Then the softmax probabilities of the picks: exp(v - max) / sum exp(x - max), the
  * sum in double as k_argmax's. */
 __global__ void k_topk(const float *x, int32_t dim, int32_t k, int32_t *ids, float *probs) {
+    TDM_PDL_ENTRY();
     __shared__ float bv[32], s_val[TDM_TOPK_MAX];
     __shared__ int32_t bi[32], s_idx[TDM_TOPK_MAX];
     __shared__ int s_bad;
@@ -393,6 +402,13 @@ __global__ void k_topk(const float *x, int32_t dim, int32_t k, int32_t *ids, flo
     }
 }
 
+tandem_status tdm_cuda_topk_dev(tdm_cuda *c, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
+                                float *probs, tdm_err *err) {
+    tdm_launch(k_topk, n, 1024, 0, c->stream, x, dim, k, ids, probs);
+    TDM_CU_LAUNCHED("topk");
+    return TANDEM_OK;
+}
+
 tandem_status tdm_cuda_topk(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, int32_t *ids,
                             float *probs, tdm_err *err) {
     GET_CUDA("topk");
@@ -404,8 +420,8 @@ tandem_status tdm_cuda_topk(tdm_backend *b, const float *x, int32_t n, int32_t d
     const size_t each = (size_t)n * (size_t)k * sizeof(int32_t); /* (ids, then probs: 4 bytes each) */
     uint8_t *dev = (uint8_t *)tdm_cuda_buf_get(c, &c->topk_buf, 2 * each, "topk", err);
     if (!dev) return err ? err->status : TANDEM_ERR_BACKEND;
-    k_topk<<<n, 1024, 0, c->stream>>>(x, dim, k, (int32_t *)dev, (float *)(dev + each));
-    TDM_CU_LAUNCHED("topk");
+    tandem_status st = tdm_cuda_topk_dev(c, x, n, dim, k, (int32_t *)dev, (float *)(dev + each), err);
+    if (st) return st;
     TDM_CU(cudaMemcpyAsync(ids, dev, each, cudaMemcpyDeviceToHost, c->stream));
     TDM_CU(cudaMemcpyAsync(probs, dev + each, each, cudaMemcpyDeviceToHost, c->stream));
     TDM_CU(cudaStreamSynchronize(c->stream));

@@ -163,6 +163,7 @@ struct sample_params {
 };
 
 __global__ void __launch_bounds__(SB) k_probs(const float *logits, int32_t V, sample_params sp, float *probs, int32_t *ok) {
+    TDM_PDL_ENTRY();
     __shared__ float sf[SWARPS];
     __shared__ u64 su[SWARPS];
     __shared__ double sd[SWARPS];
@@ -278,6 +279,7 @@ struct sample_args {
 };
 
 __global__ void __launch_bounds__(SB) k_sample(const float *probs, int32_t V, sample_args a, int32_t *ids, float *pmax) {
+    TDM_PDL_ENTRY();
     __shared__ u64 su[SWARPS];
     __shared__ float sf[SWARPS];
     const float *p = probs + (size_t)blockIdx.x * V;
@@ -299,6 +301,7 @@ struct accept_args {
 };
 
 __global__ void __launch_bounds__(SB) k_accept(const float *p, const float *q, int32_t V, accept_args a, int32_t *out) {
+    TDM_PDL_ENTRY();
     __shared__ u64 su[SWARPS];
     __shared__ int s_acc;
     for (int32_t i = 0; i < a.k; i++) {
@@ -343,7 +346,7 @@ tandem_status tdm_cuda_probs_dev(tdm_backend *b, const float *logits, int32_t n,
     if (!logits || !probs || !ok) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "probs_dev: NULL pointer");
     if (n > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "probs_dev: %d rows", (int)n);
     sample_params p = {sp->temperature, sp->top_k, sp->top_p, sp->min_p};
-    k_probs<<<n, SB, 0, c->stream>>>(logits, dim, p, probs, ok);
+    tdm_launch(k_probs, n, SB, 0, c->stream, logits, dim, p, probs, ok);
     TDM_CU_LAUNCHED("probs_dev");
     return TANDEM_OK;
 }
@@ -358,7 +361,7 @@ tandem_status tdm_cuda_sample_dev(tdm_backend *b, const float *probs, int32_t n,
     if (!probs || !u || !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "sample_dev: NULL pointer");
     sample_args a;
     for (int32_t i = 0; i < SAMPLE_MAX_ROWS; i++) a.u[i] = i < n ? u[i] : 0.0;
-    k_sample<<<n, SB, 0, c->stream>>>(probs, dim, a, ids, pmax);
+    tdm_launch(k_sample, n, SB, 0, c->stream, probs, dim, a, ids, pmax);
     TDM_CU_LAUNCHED("sample_dev");
     return TANDEM_OK;
 }
@@ -377,7 +380,7 @@ tandem_status tdm_cuda_accept_dev(tdm_backend *b, const float *p, const float *q
     for (int32_t i = 0; i <= k; i++) a.u[i] = u[i];
     a.k = k;
     a.n_q = n_q;
-    k_accept<<<1, SB, 0, c->stream>>>(p, q, dim, a, out);
+    tdm_launch(k_accept, 1, SB, 0, c->stream, p, q, dim, a, out);
     TDM_CU_LAUNCHED("accept_dev");
     return TANDEM_OK;
 }

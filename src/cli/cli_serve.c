@@ -21,7 +21,7 @@
 /* The flags, each applied over the config (or the defaults) once it is read. */
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
-    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_TP, O_COUNT
+    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_SPEC_TREE, O_TP, O_COUNT
 };
 
 static const struct {
@@ -34,6 +34,7 @@ static const struct {
     [O_MODEL_NAME] = {NULL, "--model-name"}, [O_CHAT_TEMPLATE] = {NULL, "--chat-template"},
     [O_THREADS] = {"-t", "--threads"}, [O_MAX_BATCH] = {NULL, "--max-batch"}, [O_KV_TYPE] = {NULL, "--kv-type"},
     [O_MAX_TOKENS] = {"-n", "--max-tokens"}, [O_SPEC_K] = {NULL, "--spec-k"},
+    [O_SPEC_TREE] = {NULL, "--spec-tree"},
     [O_TP] = {NULL, "--tensor-parallel"},
 };
 
@@ -132,6 +133,16 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
             if ((ok = cli_parse_int(opt, v, 1, CLI_COUNT_MAX, &n))) c->gp.max_tokens = n;
             break;
         case O_SPEC_K: ok = cli_parse_spec_k(opt, v, &c->spec_k); break;
+        case O_SPEC_TREE: {
+            const char *shape = NULL;
+            if (strlen(v) >= sizeof c->spec_tree_shape) {
+                cli_usage_error("option %s: '%.40s...' is too long", opt, v);
+                return false;
+            }
+            if ((ok = cli_parse_spec_tree(opt, v, &c->spec_tree, &shape)))
+                snprintf(c->spec_tree_shape, sizeof c->spec_tree_shape, "%s", shape ? shape : "");
+            break;
+        }
         }
         if (!ok) return false;
     }
@@ -139,10 +150,11 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         cli_usage_error("serve: missing -m MODEL (or CONFIG.ini's [model] target)");
         return false;
     }
-    if (!c->draft[0] && a->val[O_SPEC_K]) {
-        cli_needs(a->name[O_SPEC_K], "-d DRAFT");
-        return false;
-    }
+    for (int o = O_SPEC_K; o <= O_SPEC_TREE; o++)
+        if (!c->draft[0] && a->val[o]) {
+            cli_needs(a->name[o], "-d DRAFT");
+            return false;
+        }
     return true;
 }
 

@@ -137,7 +137,7 @@ static const char usage_text[] =
     "      --chat-template T a built-in name, the model's named template or a .jinja file\n"
     "      --max-batch N     sequences decoding at once (default 8)\n"
     "      -n, --max-tokens N  a request's max_tokens when it gives none (default 128)\n"
-    "      --backend, -t, --kv-type, --spec-k, --tensor-parallel  as for generate\n"
+    "      --backend, -t, --kv-type, --spec-k, --spec-tree, --tensor-parallel  as for generate\n"
     "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
     "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template) in\n"
     "  place of [job]; flags override it.  SIGTERM: drain, then exit 0\n"

@@ -244,6 +244,49 @@ static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *
     return get_stop(j, r, e);
 }
 
+/* spec_tree: null, false, "off" or 0 = chains only; true or "auto" = the controller
+ * chooses chain or tree; a node budget (an integer, or its digits as a string); or a
+ * static shape ("4,2,2,1"). */
+static bool get_spec_tree(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    const tdm_json *t = member(j, "spec_tree");
+    if (!t || t->type == TDM_JSON_NULL) return true;
+    int tree = 0;
+    const char *shape = NULL;
+    if (t->type == TDM_JSON_BOOL) {
+        tree = t->b ? TANDEM_SPEC_TREE_AUTO : 0;
+    } else if (t->type == TDM_JSON_NUMBER) {
+        if (!(t->num >= 0 && t->num <= TANDEM_SPEC_TREE_MAX && t->num == floor(t->num)))
+            return oai_fail(e, 400, "spec_tree", "invalid_value",
+                            "'spec_tree' is %g; a node budget is an integer in [1, %d] (0: off)", t->num,
+                            TANDEM_SPEC_TREE_MAX);
+        tree = (int)t->num;
+    } else if (t->type == TDM_JSON_STRING) {
+        char msg[300];
+        if (strlen(t->str) >= 64 || !cli_spec_tree_from_str(t->str, &tree, &shape, msg, sizeof msg))
+            return oai_fail(e, 400, "spec_tree", "invalid_value", "'spec_tree': %s",
+                            strlen(t->str) >= 64 ? "a static shape of at most 63 characters" : msg);
+    } else {
+        return wrong_type(e, "spec_tree", "\"off\", \"auto\", a node budget or a static shape such as \"4,2,2,1\"", t);
+    }
+    if (tree == 0) {
+        r->params.spec_tree = 0;
+        r->params.spec_tree_shape = NULL;
+        return true;
+    }
+    if (!lim->has_draft)
+        return oai_fail(e, 400, "spec_tree", "unsupported_parameter",
+                        "'spec_tree' has no effect: this server runs without a draft model");
+    if (shape) {
+        snprintf(r->spec_tree_shape, sizeof r->spec_tree_shape, "%s", shape);
+        r->params.spec_tree = 0;
+        r->params.spec_tree_shape = r->spec_tree_shape;
+    } else {
+        r->params.spec_tree = tree;
+        r->params.spec_tree_shape = NULL;
+    }
+    return true;
+}
+
 /* The tandem extensions and streaming. */
 static bool get_extensions(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
     bool has;
@@ -273,12 +316,7 @@ static bool get_extensions(const tdm_json *j, const oai_limits *lim, oai_request
         r->params.spec_k = (int)i;
         if (i > 0 && r->params.spec_k_max < i) r->params.spec_k_max = (int)i;
     }
-    const tdm_json *tree = member(j, "spec_tree");
-    if (tree && !(tree->type == TDM_JSON_BOOL && !tree->b) &&
-        !(tree->type == TDM_JSON_STRING && strcmp(tree->str, "off") == 0))
-        return oai_fail(e, 400, "spec_tree", "unsupported_value",
-                        "'spec_tree': token trees are not implemented yet (only \"off\", false or null)");
-    return true;
+    return get_spec_tree(j, lim, r, e);
 }
 
 bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, oai_request *r,

@@ -15,8 +15,10 @@
  *   seed (integer), stop (string or array of strings, null = none), n (1 only),
  *   stream (bool), stream_options.include_usage (bool; with stream only);
  *   the tandem extensions priority (integer), timeout_s [0, 1e9], spec_k (0 = adaptive,
- *   or 1..TANDEM_SPEC_K_MAX; needs a draft), spec_tree ("off", false or null: token
- *   trees are not implemented yet).  Members that would change the output in ways not
+ *   or 1..TANDEM_SPEC_K_MAX; needs a draft), spec_tree ("off", false, null or 0:
+ *   chains only; "auto" or true: chain or tree as the controller expects faster; a
+ *   node budget 1..TANDEM_SPEC_TREE_MAX as an integer or a string; a static shape
+ *   such as "4,2,2,1"; needs a draft).  Members that would change the output in ways not
  *   supported are refused rather than ignored: logprobs, top_logprobs, echo, best_of
  *   > 1, suffix, presence_penalty / frequency_penalty != 0, logit_bias, tools,
  *   response_format other than text.
@@ -78,6 +80,7 @@ typedef struct oai_request {
     int n_stop;
     int priority;
     double timeout_ms;           /* 0 = none */
+    char spec_tree_shape[64];    /* a static tree's shape (params.spec_tree_shape points here) */
 } oai_request;
 
 /* Parses body[0..len) as a request of kind.  False with *err set (and *out empty) on
