@@ -9,15 +9,20 @@
  * least the draft model's, E[tokens] / (k t_draft + t_verify), each with its own
  * acceptance estimate; every TDM_NGRAM_EXPLORE-th match passed over is used anyway
  * so that a low estimate can recover.  Otherwise the draft model proposes, and a
- * lookup may complete its chain after any drafted token (draft/chain.c).  The draft
- * model catches up on the tokens it skipped at its next step (one batched forward). */
+ * lookup may complete its chain after any drafted token (draft/chain.c).  When the
+ * draft model backs off, a lookup is still taken when its rate beats a plain step's,
+ * 1 / t_verify(1) (a draft that costs a third of a target step on a GPU backs off
+ * often; lookups on code pay alone).  The draft model catches up on the tokens it
+ * skipped at its next step (one batched forward). */
 #include <string.h>
 
 #include "engine.h"
 #include "ngram.h"
 
-/* An n-gram proposal for this step, or 0 when the draft model should propose. */
-static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, int32_t k_draft, int32_t *draft) {
+/* An n-gram proposal for this step, or 0 when it is not expected to beat the other
+ * choice, whose expected rate is rate_other (tokens per second: the draft model's
+ * chain, or a plain step when the draft model backed off). */
+static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, double rate_other, int32_t *draft) {
     if (!s->spec_ngram) return 0;
     int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&s->ctrl_ng, &e->cost, 0.0, NULL), k_limit);
     if (k <= 0) return 0;
@@ -25,8 +30,7 @@ static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, int32_t k_
     if (nd == 0) return 0;
     e->n_q_dev = 0;
     double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, nd);
-    double rate_d = tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k_draft);
-    if (!tdm_ngram_take(rate_ng, rate_d, &s->n_ngram_skips)) return 0;
+    if (!tdm_ngram_take(rate_ng, rate_other, &s->n_ngram_skips)) return 0;
     tdm_spec_onehot_q(e, s, draft, 0, nd);
     return nd;
 }
@@ -42,18 +46,34 @@ void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, in
     }
 }
 
+static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t nd, int32_t n_model,
+                                 int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err);
+
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     tandem_status st;
     const int32_t n = s->n_tokens;
     /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
     const int32_t k_chosen = s->spec_tree > 0 ? tdm_ctrl_choose_k(&s->ctrl, &e->cost)
                                               : tdm_ctrl_plan(&s->ctrl, &e->cost, tdm_cost_draft(&e->cost), NULL);
-    if (k_chosen == 0) { /* backed off (draft/controller.h): a plain step, its cost measured */
-        const double t0 = tdm_now();
-        if ((st = tdm_seq_step_target(e, s, err))) return st;
-        tdm_cost_observe_verify(&e->cost, 1, tdm_now() - t0);
-        s->spec.k_final = 0;
-        return TANDEM_OK;
+    int32_t room = s->max_new - (n - s->n_prompt) - 1; /* tokens beyond the one the target adds */
+    int32_t ctx_room = e->cfg.n_ctx - n;
+    const int32_t k_limit = TDM_MIN(room, ctx_room);
+    int32_t draft[TDM_CTRL_MAX_K];
+    int32_t nd, n_model = 0, n_fwd = 0, n_ng = 0;
+    const double t0 = tdm_now();
+    if (k_chosen == 0) {
+        /* the draft model backed off (draft/controller.h); an n-gram proposal drafts
+         * nothing and is taken when it beats a plain step, else a plain step, its
+         * cost measured */
+        const double t_plain = tdm_cost_verify(&e->cost, 1);
+        if (k_limit > 0 && t_plain > 0) n_ng = ngram_step(e, s, k_limit, 1.0 / t_plain, draft);
+        if (n_ng == 0) {
+            if ((st = tdm_seq_step_target(e, s, err))) return st;
+            tdm_cost_observe_verify(&e->cost, 1, tdm_now() - t0);
+            s->spec.k_final = 0;
+            return TANDEM_OK;
+        }
+        return verify_step(e, s, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
     }
     int32_t k = k_chosen;
     /* Adaptive mode explores: every 8th step drafts one token more or fewer than the
@@ -64,8 +84,6 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         if (k < s->ctrl.k_min) k = TDM_MIN(k_chosen + 1, s->ctrl.k_max);
         if (k > s->ctrl.k_max) k = TDM_MAX(k_chosen - 1, s->ctrl.k_min);
     }
-    int32_t room = s->max_new - (n - s->n_prompt) - 1; /* tokens beyond the one the target adds */
-    int32_t ctx_room = e->cfg.n_ctx - n;
     if (k > room) k = room;
     if (k > ctx_room) k = ctx_room;
     if (k <= 0) return tdm_seq_step_target(e, s, err);
@@ -76,11 +94,7 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         const int32_t b = tdm_tree_choose(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, k, TDM_TREE_MAX);
         if (b > 0) return tdm_spec_tree_step(e, s, b, err);
     }
-    int32_t draft[TDM_CTRL_MAX_K];
-    int32_t nd, n_model = 0, n_fwd = 0, acc;
-    const int32_t k_limit = TDM_MIN(room, ctx_room);
-    double t0 = tdm_now();
-    int32_t n_ng = ngram_step(e, s, k_limit, k, draft);
+    n_ng = ngram_step(e, s, k_limit, tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k), draft);
     if (n_ng > 0) {
         nd = n_ng;
     } else {
@@ -89,7 +103,17 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         int32_t k_ext = s->spec_ngram ? TDM_MIN(TDM_MAX(k, s->ctrl_ng.k_last), k_limit) : k;
         if ((st = tdm_draft_chain(e, s, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
     }
-    double t1 = tdm_now();
+    return verify_step(e, s, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
+}
+
+/* The step's verification of draft[0..nd) (its first n_model tokens from the draft
+ * model in n_fwd forwards, the rest looked up; n_ng > 0: an n-gram step), drafted
+ * from t0 to t1, and what the controllers and the request's statistics learn. */
+static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t nd, int32_t n_model,
+                                 int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err) {
+    const int32_t n = s->n_tokens;
+    int32_t acc;
+    tandem_status st;
     if ((st = tdm_verify_chain(e, s, draft, nd, &acc, err))) return st;
     double t2 = tdm_now();
 

@@ -151,17 +151,18 @@ Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
     tdm_backend_destroy(b);
 }
 
-/* The row kernels past 16 rows (a token tree's verification: up to 64, all tiles of
- * 8 rows in one launch, the last partial): against the reference, and each row
- * bit for bit as it is alone (a decode step). */
-Test(cuda_gemv, partial_tiles_one_launch, .timeout = 300) {
+/* The row kernels past 16 rows (a token tree's verification: up to 64 rows, tiles
+ * of 8, the last partial: in the same launch on a weight of 300 rows, a launch of
+ * its own on a tall one of 2200, which also takes the f16 / bf16 kernel of four W
+ * rows a warp): against the reference, and each row bit for bit as it is alone (a
+ * decode step). */
+Test(cuda_gemv, partial_tiles, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
     tdm_backend_cuda_force_matmul(b, 1);
     uint64_t rng = 47;
     const int32_t ns[] = {17, 33, 63};
-    for (size_t t = 0; t < TDM_ARRAY_LEN(fast_types); t++) {
-        /* 2200 rows: tall enough for the f16 / bf16 kernel of four W rows a warp */
-        tdm_weight w = tdm_test_weight(fast_types[t], 2200, 512, &rng);
+    for (size_t t = 0; t < 2 * TDM_ARRAY_LEN(fast_types); t++) {
+        tdm_weight w = tdm_test_weight(fast_types[t / 2], t % 2 ? 2200 : 300, 512, &rng);
         tdm_weight dw = put_packed(b, &w);
         for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++) {
             const int32_t n = ns[k];

@@ -208,6 +208,45 @@ Test(spec, rollback_keeps_exactly_the_accepted_length) {
     tdm_test_jsonl_free(refs, n_lines);
 }
 
+/* When the draft model backs off (here: its measured cost made hopeless by hand, as
+ * a draft that costs a third of a target step can be on a GPU), n-gram lookups still
+ * speculate when they beat a plain step, from the first step on (the back-off's first
+ * probe of the draft model comes only after TDM_CTRL_PROBE_MIN plain steps, past
+ * these requests' 8 tokens); the output stays target-only's. */
+Test(spec, ngram_speculates_while_the_draft_backs_off) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = TDM_CTRL_PROBE_MIN;
+    gp.spec_ngram = 2;
+    tdm_err err = {0};
+    tdm_engine *plain = make_engine(NULL), *e = make_engine(g_draft[1]);
+    uint64_t ng_steps = 0, ng_acc = 0, model = 0;
+    for (size_t li = 0; li < 40 && li < n_lines; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_result want, got;
+        cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        e->cost.t_draft = 1.0; /* a second a draft token: never worth it */
+        for (int i = 1; i <= TDM_COST_MAX_N; i++) e->cost.t_verify[i] = 1e-3;
+        cr_assert_eq(tdm_generate_one(e, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+        const greedy_cmp c = {"draft backed off, n-gram on", (int)li, 0, 2};
+        expect_same(&got, &want, e, &c);
+        ng_steps += got.spec.ngram_steps;
+        ng_acc += got.spec.ngram_accepted;
+        model += got.spec.drafted - got.spec.ngram_drafted;
+        tandem_result_free(&want);
+        tandem_result_free(&got);
+        free(ids);
+    }
+    cr_assert_gt(ng_steps, 0, "no n-gram step while the draft model backed off");
+    cr_assert_gt(ng_acc, 0, "no looked-up token accepted");
+    cr_assert_eq(model, 0, "the backed-off draft model proposed %llu tokens", (unsigned long long)model);
+    tdm_engine_free(plain);
+    tdm_engine_free(e);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
 /* A request cancelled mid-way by its callback frees everything. */
 Test(spec, cancel_frees_all_blocks) {
     tdm_engine *e = make_engine(g_draft[1]);

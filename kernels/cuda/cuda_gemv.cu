@@ -1,9 +1,9 @@
 /* cuda_gemv.cu - matrix products of one to a few rows (decode, verification):
  * y[n][ldy] (+)= x[n][cols] W^T, streaming W once per tile of up to 8 input rows,
- * at close to memory bandwidth.  All tiles of a product are one launch (blockIdx.x:
+ * at close to memory bandwidth.  The tiles of a product are one launch (blockIdx.x:
  * the tile, blockIdx.y: the block of W rows, so a W block's tiles run side by side
- * and all but the first read it from L2), the last tile partial when the rows are
- * not a multiple of 8: a 9-row verification or a token tree's 33 rows read W from
+ * and all but the first read it from L2), a partial last tile included except on
+ * tall weights (tdm_cuda_gemv): a 9-row verification of a small model reads W from
  * memory once, as a decode step does.
  *
  * Each warp owns two W rows (or, for the SwiGLU epilogue, gate row j and up row
@@ -83,16 +83,14 @@ template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int
     return r;
 }
 
-/* The last input row of this block's tile that exists: a product's tiles are one
- * launch, and the last one may be partial; its missing rows are skipped (every row's
- * sums are computed by its own operations alone) and never stored. */
+/* The last input row of this block's tile that exists: the tiles of a launch may end
+ * with a partial one, whose missing rows read the x of row `last` (every row's sums
+ * are computed by its own operations alone) and are never stored.  (Skipping them
+ * instead, a branch per row in the unrolled loops, measured slower on the H200:
+ * 7B shapes, 9 rows 11.5 -> 13.7 ms.) */
 template <int NR> __device__ __forceinline__ int32_t tile_last(int32_t n_rows) {
     return min(NR, n_rows - (int32_t)blockIdx.x * GV_TILE) - 1;
 }
-/* Whether input row i of the tile exists: always in a launch of fewer than GV_TILE
- * rows (one tile of exactly its rows: no test at all), else up to `last` (the same
- * for the whole block). */
-template <int NR> __device__ __forceinline__ bool gv_row_on(int i, int32_t last) { return NR < GV_TILE || i <= last; }
 
 /* Reduces each input row's partial sums over the warp (every lane gets the same
  * sums) and writes them: lane i writes input row i's outputs, so the rows'
@@ -144,8 +142,7 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
         cvt8<T>(ld_stream(wb + k8), fb);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            if (!gv_row_on<NR>(i, last)) continue;
-            const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 2 * k8;
+            const float4 *xp = (const float4 *)(x + (size_t)min(i, last) * cols) + 2 * k8;
             const float4 p = __ldg(xp), q = __ldg(xp + 1);
             const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
             float u = sa[i], v = sb[i];
@@ -218,8 +215,7 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         for (int j = 0; j < 4; j++) cvt8<T>(ld_stream(wr[j] + k8), f[j]);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            if (!gv_row_on<NR>(i, last)) continue;
-            const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 2 * k8;
+            const float4 *xp = (const float4 *)(x + (size_t)min(i, last) * cols) + 2 * k8;
             const float4 p = __ldg(xp), q = __ldg(xp + 1);
             const float xv[8] = {p.x, p.y, p.z, p.w, q.x, q.y, q.z, q.w};
 #pragma unroll
@@ -290,8 +286,7 @@ k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         const float dwa = tdm_cu_h2f(__ldg(da + b)), dwb = tdm_cu_h2f(__ldg(db + b));
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            if (!gv_row_on<NR>(i, last)) continue;
-            const size_t ri = (size_t)i;
+            const size_t ri = (size_t)min(i, last);
             const uint4 xv = __ldg((const uint4 *)(xq.q + ri * cols) + c);
             const float dx = __ldg(xq.d + ri * nb + b);
             int ia = dp4a(qa.x, xv.x, 0), ib = dp4a(qb.x, xv.x, 0);
@@ -334,8 +329,7 @@ k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         const float dwa = tdm_cu_h2f(__ldg(da + b)), dwb = tdm_cu_h2f(__ldg(db + b));
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            if (!gv_row_on<NR>(i, last)) continue;
-            const size_t ri = (size_t)i;
+            const size_t ri = (size_t)min(i, last);
             const uint4 *xp = (const uint4 *)(xq.q + ri * cols + (size_t)TDM_QK * b);
             const uint4 xl = __ldg(xp), xh = __ldg(xp + 1);
             const uint32_t xlo[4] = {xl.x, xl.y, xl.z, xl.w}, xhi[4] = {xh.x, xh.y, xh.z, xh.w};
@@ -382,8 +376,7 @@ k_gemv_kq(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
         tdm_cu_deq16<T>(rowb, c, fb);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            if (!gv_row_on<NR>(i, last)) continue;
-            const float4 *xp = (const float4 *)(x + (size_t)i * cols) + 4 * c;
+            const float4 *xp = (const float4 *)(x + (size_t)min(i, last) * cols) + 4 * c;
             float u = sa[i], v = sb[i];
 #pragma unroll
             for (int q = 0; q < 4; q++) {
@@ -487,23 +480,38 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t ff = (int32_t)(w->rows / 2);
     const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
     if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
-    /* every tile in one launch: a batch of up to GV_TILE rows as one tile of exactly
-     * its rows, more as tiles of GV_TILE rows whose last may be partial */
-    const int nr = n <= GV_TILE ? n : GV_TILE;
-    const unsigned tiles = (unsigned)((n + GV_TILE - 1) / GV_TILE);
-    /* outputs a warp writes: its W rows (SwiGLU: half of them, gate and up) */
-    const int per_warp = gv_rows_per_warp(c, w, nr) / (epi == TDM_EPI_SWIGLU ? 2 : 1);
-    const int64_t warps = ((int64_t)n_out + per_warp - 1) / per_warp;
-    const int64_t wblocks = (warps + GV_WARPS - 1) / GV_WARPS;
-    if (wblocks > 65535)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %lld output rows (the row kernels take %lld)",
-                          (long long)n_out, (long long)65535 * GV_WARPS * per_warp);
-    const dim3 grid(tiles, (unsigned)wblocks);
-    tdm_cuda_xq xt = {0, 0, 0};
-    if (quant) xt = *xq;
-    if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, x, xt, y, ldy, n);
-    else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, x, xt, y, ldy, n);
-    else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, x, xt, y, ldy, n);
-    TDM_CU_LAUNCHED("gemv");
+    /* Tiles of GV_TILE rows (a batch of fewer: one tile of exactly its rows).  A
+     * partial last tile goes in the same launch (its W blocks read from L2 beside
+     * the full tiles', its missing rows computed and dropped) unless the weight is
+     * tall: there the products are compute-bound at 8 rows and the dropped rows cost
+     * a full tile, so the partial tile is a second launch of exactly its rows
+     * (measured, 7B shapes, 9 rows: 10.5 ms as two launches, 11.5 ms as one;
+     * pycode, whose weights are not tall: 339 us as two, 290 us as one). */
+    const int32_t cols = (int32_t)w->cols, nb = cols / TDM_QK;
+    const bool tall = w->rows >= (int64_t)4 * GV_WARPS * TDM_MAX(c->n_sm, 1);
+    const int32_t full = n / GV_TILE, rem = n % GV_TILE;
+    const bool split = tall && full > 0 && rem > 0;
+    for (int32_t i0 = 0; i0 < n;) {
+        const int32_t rows = split && i0 == 0 ? full * GV_TILE : n - i0; /* this launch's */
+        const int nr = rows <= GV_TILE ? rows : GV_TILE;
+        const unsigned tiles = (unsigned)((rows + GV_TILE - 1) / GV_TILE);
+        /* outputs a warp writes: its W rows (SwiGLU: half of them, gate and up) */
+        const int per_warp = gv_rows_per_warp(c, w, nr) / (epi == TDM_EPI_SWIGLU ? 2 : 1);
+        const int64_t warps = ((int64_t)n_out + per_warp - 1) / per_warp;
+        const int64_t wblocks = (warps + GV_WARPS - 1) / GV_WARPS;
+        if (wblocks > 65535)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %lld output rows (the row kernels take %lld)",
+                              (long long)n_out, (long long)65535 * GV_WARPS * per_warp);
+        const dim3 grid(tiles, (unsigned)wblocks);
+        tdm_cuda_xq xt = {0, 0, 0};
+        if (quant) xt = {xq->q + (size_t)i0 * cols, xq->d + (size_t)i0 * nb, xq->qs + (size_t)i0 * nb};
+        const float *xi = quant ? NULL : x + (size_t)i0 * cols;
+        float *yi = y + (size_t)i0 * ldy;
+        if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows);
+        else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows);
+        else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows);
+        TDM_CU_LAUNCHED("gemv");
+        i0 += rows;
+    }
     return TANDEM_OK;
 }
