@@ -179,6 +179,8 @@ static int32_t pick_expand(const tdm_tree_job *j, int32_t d, int32_t *out) {
     return k;
 }
 
+_Static_assert(TDM_DTREE_POOL == TDM_TREE_POOL, "a device-grown tree holds what a host tree holds");
+
 /* A device address inside the engine's device tree (never dereferenced here). */
 #define DTREE_AT(e, member) ((void *)((char *)(e)->dtree + offsetof(tdm_dtree, member)))
 

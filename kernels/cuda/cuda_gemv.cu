@@ -250,13 +250,19 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     }
 }
 
+/* Whether a weight is tall: its blocks of four W rows a warp still cover every SM.
+ * A small model's products are latency-bound (more blocks win); a tall weight's are
+ * bandwidth-bound at one row and compute-bound at 8. */
+static bool gv_tall(const tdm_cuda *c, const tdm_weight *w) {
+    return w->rows >= (int64_t)4 * GV_WARPS * TDM_MAX(c->n_sm, 1);
+}
+
 /* W rows a warp of the f16 / bf16 kernels takes for tiles of nr input rows: the
- * wide kernel from three rows of a weight tall enough that its blocks still cover
- * every SM (a small model's products are latency-bound: more blocks win there);
- * decode keeps two, for more warps in flight.  (Either gives the same bits.) */
+ * wide kernel from three rows of a tall weight; decode keeps two, for more warps in
+ * flight.  (Either gives the same bits.) */
 static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
-    const bool wide_ok = w->rows >= (int64_t)4 * GV_WARPS * TDM_MAX(c->n_sm, 1);
-    return (w->type == TDM_F16 || w->type == TDM_BF16) && w->layout == TDM_LAYOUT_ROWS && nr >= 3 && wide_ok ? 4 : 2;
+    return (w->type == TDM_F16 || w->type == TDM_BF16) && w->layout == TDM_LAYOUT_ROWS && nr >= 3 && gv_tall(c, w) ? 4
+                                                                                                                : 2;
 }
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
@@ -488,9 +494,8 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
      * (measured, 7B shapes, 9 rows: 10.5 ms as two launches, 11.5 ms as one;
      * pycode, whose weights are not tall: 339 us as two, 290 us as one). */
     const int32_t cols = (int32_t)w->cols, nb = cols / TDM_QK;
-    const bool tall = w->rows >= (int64_t)4 * GV_WARPS * TDM_MAX(c->n_sm, 1);
     const int32_t full = n / GV_TILE, rem = n % GV_TILE;
-    const bool split = tall && full > 0 && rem > 0;
+    const bool split = gv_tall(c, w) && full > 0 && rem > 0;
     for (int32_t i0 = 0; i0 < n;) {
         const int32_t rows = split && i0 == 0 ? full * GV_TILE : n - i0; /* this launch's */
         const int nr = rows <= GV_TILE ? rows : GV_TILE;

@@ -12,6 +12,30 @@
 
 #define TDM_KV_CHUNK 32 /* keys per staging */
 
+/* K of a tree row's chunk that reaches its ancestors' ranks (both cache types: T
+ * the element, f16 or int8 quants, V8 eight of them; a cache unit of `unit` elements
+ * per block and kv head, element (d, slot p) at d * bs + p): the groups of 8 keys
+ * below the row's nv as the linear path loads them, the others key by key through
+ * its mask, zeros for ranks >= kv_len. */
+template <int HD, typename T, typename V8>
+__device__ __forceinline__ void tdm_kv_stage_tree_k(int lane, int32_t base, int32_t kv_len, const int32_t *tab,
+                                                    int32_t bs, int32_t n_kv, int32_t kvh, const T *kc, int64_t unit,
+                                                    T *Ks, int32_t mnv, uint64_t mtree) {
+    for (int32_t q = lane; q < 4 * HD; q += 32) {
+        const int32_t kg = q & 3, d = q >> 2, lo = base + 8 * kg;
+        T *dst = Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg;
+        if (lo + 8 <= mnv) {
+            *(V8 *)dst = *(const V8 *)(kc + ((int64_t)tab[lo / bs] * n_kv + kvh) * unit + (size_t)d * bs + lo % bs);
+            continue;
+        }
+        for (int32_t j = 0; j < 8; j++) {
+            const int32_t key = lo + j, slot = tdm_cu_key_slot(mnv, mtree, key);
+            dst[j] = key < kv_len ? kc[((int64_t)tab[slot / bs] * n_kv + kvh) * unit + (size_t)d * bs + slot % bs]
+                                  : T(0.0f);
+        }
+    }
+}
+
 /* Keys [base, base + 32) of kv head kvh (block table tab, block size bs, n_kv kv
  * heads; caches in kernels/backend.h's layouts) by the 32 lanes of one warp: K as
  * Ks[HD][32] (the cache's own order within a block, 8 keys per 16-byte load; a group
@@ -23,22 +47,8 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
                                              int32_t n_kv, int32_t kvh, const __half *kc, const __half *vc, __half *Ks,
                                              __half *Vs, int32_t mnv = 0, uint64_t mtree = 0) {
     if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) {
-        /* a tree row's chunk that reaches its ancestors' ranks: K's groups of 8 keys
-         * below nv as in the linear path, the others key by key through the mask */
-        for (int32_t q = lane; q < 4 * HD; q += 32) {
-            const int32_t kg = q & 3, d = q >> 2, lo = base + 8 * kg;
-            if (lo + 8 <= mnv) {
-                *(uint4 *)(Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg) =
-                    *(const uint4 *)(kc + (((size_t)tab[lo / bs] * n_kv + kvh) * HD + d) * bs + lo % bs);
-                continue;
-            }
-            for (int32_t j = 0; j < 8; j++) {
-                const int32_t key = lo + j, slot = tdm_cu_key_slot(mnv, mtree, key);
-                Ks[(size_t)d * TDM_KV_CHUNK + 8 * kg + j] =
-                    key < kv_len ? kc[(((size_t)tab[slot / bs] * n_kv + kvh) * HD + d) * bs + slot % bs]
-                                 : __float2half(0.0f);
-            }
-        }
+        tdm_kv_stage_tree_k<HD, __half, uint4>(lane, base, kv_len, tab, bs, n_kv, kvh, kc, (int64_t)HD * bs, Ks, mnv,
+                                               mtree);
         for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
             const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
             uint4 v = make_uint4(0, 0, 0, 0);
@@ -80,24 +90,10 @@ __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t 
                                                 uint64_t mtree = 0) {
     const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, HD);
     if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) {
-        /* a tree row's chunk that reaches its ancestors' ranks: K's groups of 8 keys
-         * below nv as in the linear path, the others key by key through the mask */
         const int32_t key = base + lane, slot = tdm_cu_key_slot(mnv, mtree, key);
         const int64_t blk = key < kv_len ? tab[slot / bs] : -1;
-        for (int32_t q = lane; q < 4 * HD; q += 32) {
-            const int32_t kg = q & 3, d = q >> 2, lo = base + 8 * kg;
-            if (lo + 8 <= mnv) {
-                *(uint2 *)(Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg) =
-                    *(const uint2 *)(kc + ((int64_t)tab[lo / bs] * n_kv + kvh) * unit + (size_t)d * bs + lo % bs);
-                continue;
-            }
-            for (int32_t j = 0; j < 8; j++) {
-                const int32_t kj = lo + j, sj = tdm_cu_key_slot(mnv, mtree, kj);
-                Ks[(size_t)d * TDM_KV_CHUNK + 8 * kg + j] =
-                    kj < kv_len ? (int8_t)kc[((int64_t)tab[sj / bs] * n_kv + kvh) * unit + (size_t)d * bs + sj % bs]
-                                : (int8_t)0;
-            }
-        }
+        tdm_kv_stage_tree_k<HD, int8_t, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const int8_t *)kc, unit, Ks, mnv,
+                                               mtree);
         for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
             const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
             uint2 v = make_uint2(0, 0);

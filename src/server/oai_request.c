@@ -261,10 +261,10 @@ static bool get_spec_tree(const tdm_json *j, const oai_limits *lim, oai_request 
                             TANDEM_SPEC_TREE_MAX);
         tree = (int)t->num;
     } else if (t->type == TDM_JSON_STRING) {
-        char msg[300];
-        if (strlen(t->str) >= 64 || !cli_spec_tree_from_str(t->str, &tree, &shape, msg, sizeof msg))
-            return oai_fail(e, 400, "spec_tree", "invalid_value", "'spec_tree': %s",
-                            strlen(t->str) >= 64 ? "a static shape of at most 63 characters" : msg);
+        char msg[300] = "a static shape of at most 63 characters";
+        if (strlen(t->str) >= sizeof r->spec_tree_shape ||
+            !cli_spec_tree_from_str(t->str, &tree, &shape, msg, sizeof msg))
+            return oai_fail(e, 400, "spec_tree", "invalid_value", "'spec_tree': %s", msg);
     } else {
         return wrong_type(e, "spec_tree", "\"off\", \"auto\", a node budget or a static shape such as \"4,2,2,1\"", t);
     }
