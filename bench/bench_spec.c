@@ -18,7 +18,8 @@
  *                                       r is seeded with r * 1000 + p in every configuration)
  *              [--tree N[,N2..]]  (also run each draft with token trees of at most N nodes,
  *                                  -1 = auto; n-gram lookup off)
- *              [--tree-shape S]   (also run each draft with the static tree S, e.g. 4,2,2,1)
+ *              [--tree-shape S]   (also run each draft with the static tree S, e.g. 4,2,2,1;
+ *                                  repeat for more shapes, at most 8)
  *              [--oracle-alpha A[,A2..]]  BENCHMARK MODE, labelled "oracle" in the output:
  *                  every draft configuration (chains and trees) runs once per A with
  *                  controlled acceptance (tandem.h bench_oracle_tokens: the target's own
@@ -85,7 +86,8 @@ int main(int argc, char **argv) {
     int trees[8], n_trees = 0;
     float alphas[8] = {-1.0f}; /* oracle acceptances, -1 = off */
     int n_alphas = 1;
-    const char *shape = NULL;
+    const char *shapes[8];
+    int n_shapes = 0;
     tandem_model_params mp = tandem_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -122,7 +124,7 @@ int main(int argc, char **argv) {
                 else if (*q) break;
             }
         }
-        else if (!strcmp(a, "--tree-shape")) shape = v;
+        else if (!strcmp(a, "--tree-shape") && n_shapes < 8) shapes[n_shapes++] = v;
         else if (!strcmp(a, "--oracle-alpha")) {
             n_alphas = 0;
             for (char *q = (char *)v; *q && n_alphas < 8;) {
@@ -195,7 +197,7 @@ int main(int argc, char **argv) {
                 }
     for (int d = 0; d < n_drafts; d++) {
         for (int t = 0; t < n_trees && n_cfg < MAX_CFG; t++) cfgs[n_cfg].draft = d, cfgs[n_cfg++].tree = trees[t];
-        if (shape && n_cfg < MAX_CFG) cfgs[n_cfg].draft = d, cfgs[n_cfg++].shape = shape;
+        for (int t = 0; t < n_shapes && n_cfg < MAX_CFG; t++) cfgs[n_cfg].draft = d, cfgs[n_cfg++].shape = shapes[t];
     }
     for (int c = first; c < n_cfg; c++) cfgs[c].alpha = alphas[al];
     }

@@ -7,6 +7,7 @@
 void tdm_tree_reset(tdm_tree *t) {
     t->n = 0;
     t->n_fed = 0;
+    t->n_spine = 0;
     t->qrow_root = -1;
 }
 
@@ -25,6 +26,43 @@ int32_t tdm_tree_add(tdm_tree *t, int32_t parent, int32_t token, float w) {
 void tdm_tree_masks(tdm_tree *t) {
     for (int32_t i = 0; i < t->n && i < TDM_TREE_MAX; i++)
         t->mask[i] = (t->parent[i] < 0 ? 0 : t->mask[t->parent[i]]) | (1ull << i);
+}
+
+void tdm_tree_spine_first(tdm_tree *t) {
+    const int32_t n = t->n;
+    int32_t order[TDM_TREE_POOL], map[TDM_TREE_POOL], m = 0;
+    bool on[TDM_TREE_POOL] = {false};
+    for (int32_t v = -1;;) { /* the first child of v (parents come first: after v) */
+        int32_t c = -1;
+        for (int32_t i = v + 1; i < n && c < 0; i++)
+            if (t->parent[i] == v) c = i;
+        if (c < 0) break;
+        on[c] = true;
+        order[m++] = c;
+        v = c;
+    }
+    const int32_t spine = m;
+    for (int32_t i = 0; i < n; i++)
+        if (!on[i]) order[m++] = i;
+    bool same = true;
+    for (int32_t i = 0; i < n; i++) {
+        map[order[i]] = i;
+        same = same && order[i] == i;
+    }
+    if (!same) {
+        tdm_tree o = *t;
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t j = order[i];
+            t->token[i] = o.token[j];
+            t->parent[i] = o.parent[j] < 0 ? -1 : map[o.parent[j]];
+            t->depth[i] = o.depth[j];
+            t->w[i] = o.w[j];
+            t->dslot[i] = o.dslot[j];
+            t->qrow[i] = o.qrow[j];
+        }
+    }
+    t->n_spine = spine;
+    tdm_tree_masks(t);
 }
 
 void tdm_tree_prune(tdm_tree *t, int32_t budget) {
@@ -55,6 +93,7 @@ void tdm_tree_prune(tdm_tree *t, int32_t budget) {
         }
         t->n = m;
     }
+    t->n_spine = 0;
     tdm_tree_masks(t);
 }
 

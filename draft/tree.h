@@ -65,6 +65,9 @@ typedef struct tdm_tree {
                                         children were drawn from (-1: none) */
     int32_t qrow_root;               /* the same for the root's children */
     int32_t n_fed;                   /* nodes the draft saw (dslot 0 .. n_fed - 1) */
+    int32_t n_spine;                 /* nodes 0 .. n_spine - 1 are the spine (tdm_tree_spine_first):
+                                        node i at depth i, the first child of node i - 1; 0
+                                        until it is set */
 } tdm_tree;
 
 void tdm_tree_reset(tdm_tree *t);
@@ -76,6 +79,12 @@ int32_t tdm_tree_add(tdm_tree *t, int32_t parent, int32_t token, float w);
 void tdm_tree_prune(tdm_tree *t, int32_t budget);
 /* Fills the masks (every node's index < TDM_TREE_MAX). */
 void tdm_tree_masks(tdm_tree *t);
+/* Moves the spine, the chain of first children from the root (a dynamic tree's
+ * likeliest path), to the front: node i of it becomes node i, the other nodes follow
+ * in their old order (so parents still come first and siblings keep their order),
+ * sets n_spine and fills the masks.  Node i of the spine then sits at slot n + i,
+ * position n + i: its verification row is a causal row, as a chain's (verify/). */
+void tdm_tree_spine_first(tdm_tree *t);
 /* The children of node v (-1 = the root) in order; returns their count. */
 int32_t tdm_tree_children(const tdm_tree *t, int32_t v, int32_t *kids);
 

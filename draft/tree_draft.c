@@ -214,15 +214,21 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
         ++*n_fwd;
     }
     s->n_draft = P;
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_CATCHUP);
     int32_t n_exp = depth > 1 ? TDM_MIN(width, k) : 0, fed = 0;
     if ((st = op->tree_grow(e->be, e->dtree, e->out_d, 1, V, k, 0, n_exp > 0 ? width : 0, n_exp, err))) return st;
     for (int32_t d = 0; d + 1 < depth && n_exp > 0; d++) {
         const int32_t W = n_exp;
         tdm_batch_clear(b);
         b->rows_shared = true; /* (a draft's rows only propose) */
-        for (int32_t x = 0; x < W; x++)
-            tdm_batch_add_tree(b, 0, P + d, 0, P + fed + x, P, (1ull << (fed + x)) | ((1ull << d) - 1), true);
-        b->tree_mask_dev = DTREE_AT(e, next_mask);
+        if (W == 1 && fed == d) { /* one expansion a level so far: slot P + d, position P + d,
+                                      every earlier slot its ancestor, a chain's row */
+            tdm_batch_add(b, 0, P + d, 0, P + d, true);
+        } else {
+            for (int32_t x = 0; x < W; x++)
+                tdm_batch_add_tree(b, 0, P + d, 0, P + fed + x, P, (1ull << (fed + x)) | ((1ull << d) - 1), true);
+            b->tree_mask_dev = DTREE_AT(e, next_mask);
+        }
         st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, kv, &e->fs_d, DTREE_AT(e, next_tok), e->out_d, NULL,
                                    NULL, err);
         tdm_batch_clear(b);
@@ -236,6 +242,7 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
         if ((st = op->tree_grow(e->be, e->dtree, e->out_d, W, V, k, d + 1, n_exp > 0 ? width : 0, n_exp, err)))
             return st;
     }
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_LEVELS);
     tdm_dtree *h = e->dtree_h;
     if ((st = op->download(e->be, h, e->dtree, sizeof *h, err))) return st;
     if (h->bad || h->n < 0 || h->n > TDM_TREE_POOL || h->n_fed < 0 || h->n_fed > TDM_TREE_MAX)
@@ -254,6 +261,8 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
     t->n = h->n;
     t->n_fed = h->n_fed;
     tdm_tree_prune(t, j->cfg.budget);
+    tdm_tree_spine_first(t);
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_FINISH);
     return TANDEM_OK;
 }
 
@@ -291,6 +300,7 @@ tandem_status tdm_draft_trees(tdm_engine *e, tdm_tree_job *jobs, int32_t n, int3
     }
     if ((st = flush(&b, err))) return st;
     for (int32_t i = 0; i < n; i++) jobs[i].s->n_draft = jobs[i].s->n_tokens;
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_CATCHUP);
     /* round d + 1: the chosen nodes of depth d */
     for (int32_t d = 0; d + 1 < max_depth; d++) {
         for (int32_t i = 0; i < n; i++) {
@@ -302,18 +312,24 @@ tandem_status tdm_draft_trees(tdm_engine *e, tdm_tree_job *jobs, int32_t n, int3
                 if (n_children(&jobs[i], ex[x]) <= 0) continue;
                 if ((st = make_room(&b, true, err))) return st;
                 t->dslot[ex[x]] = t->n_fed++;
-                tdm_batch_add_tree(&e->batch, t->token[ex[x]], P + d, i, P + t->dslot[ex[x]], P, dmask(t, ex[x]), true);
+                const uint64_t dm = dmask(t, ex[x]);
+                if (t->dslot[ex[x]] == d && dm == (2ull << d) - 1) /* (slot = position: a chain's row) */
+                    tdm_batch_add(&e->batch, t->token[ex[x]], P + d, i, P + d, true);
+                else
+                    tdm_batch_add_tree(&e->batch, t->token[ex[x]], P + d, i, P + t->dslot[ex[x]], P, dm, true);
                 b.who[b.m] = i, b.node[b.m++] = ex[x];
             }
         }
         if (e->batch.n_rows == 0) break;
         if ((st = flush(&b, err))) return st;
     }
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_LEVELS);
     for (int32_t i = 0; i < n; i++) {
         tdm_tree *t = jobs[i].tree;
-        if (jobs[i].sample || jobs[i].cfg.n_shape > 0) tdm_tree_masks(t);
-        else tdm_tree_prune(t, jobs[i].cfg.budget);
+        if (!jobs[i].sample && jobs[i].cfg.n_shape == 0) tdm_tree_prune(t, jobs[i].cfg.budget);
+        tdm_tree_spine_first(t); /* (the masks too) */
     }
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_FINISH);
     *n_forwards = b.n_fwd;
     return TANDEM_OK;
 }

@@ -16,6 +16,14 @@ tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget) {
      * with the target often (on the pycode pair, budget 32: 16 levels commit 7.9
      * tokens per target forward on 20 dev prompts, 8 levels 6.5; tests/RESULTS) */
     c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MAX(2, c.budget / 2));
+    /* benchmark knobs (bench/, never set by the library): TANDEM_TREE_WIDTH,
+     * TANDEM_TREE_BRANCH (children per expanded node) and TANDEM_TREE_DEPTH (levels,
+     * at most the budget) */
+    const char *v;
+    if ((v = getenv("TANDEM_TREE_WIDTH")) && atoi(v) >= 1) c.width = TDM_MIN(atoi(v), 16);
+    if ((v = getenv("TANDEM_TREE_BRANCH")) && atoi(v) >= 1) c.topk = TDM_MIN(atoi(v), 16);
+    if ((v = getenv("TANDEM_TREE_DEPTH")) && atoi(v) >= 2)
+        c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MIN(atoi(v), TDM_MAX(2, c.budget)));
     return c;
 }
 

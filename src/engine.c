@@ -285,6 +285,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         goto fail;
     }
     tdm_cost_init(&e->cost);
+    tdm_phase_init(&e->ph);
     e->alpha_carry = -1.0;
     *out = e;
     return TANDEM_OK;
@@ -295,6 +296,7 @@ fail:
 
 void tdm_engine_free(tdm_engine *e) {
     if (!e) return;
+    tdm_phase_report(&e->ph);
     if (e->be) {
         tdm_fwd_scratch_free(&e->fs_t);
         tdm_fwd_scratch_free(&e->fs_d);

@@ -18,6 +18,7 @@
 #include "tree.h"
 #include "tree_ctrl.h"
 #include "model.h"
+#include "phase_prof.h"
 #include "sampling.h"
 #include "stop.h"
 #include "tokenizer.h"
@@ -142,6 +143,7 @@ typedef struct tdm_engine {
                                 tree_topk_ids; draft/tree_draft.c) */
     tdm_dtree *dtree_h;      /* host: its copy once grown */
     bool dtree_off;          /* the draft's forward took no device masks: host levels */
+    tdm_phase_prof ph;       /* TANDEM_SPEC_PHASES=1: speculative steps' phase times */
     tandem_status copy_status;
     tdm_err copy_err;
 } tdm_engine;

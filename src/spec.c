@@ -101,9 +101,13 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         /* a lookup may complete the chain after a drafted prefix: up to the longer of
          * the two controllers' lengths */
         int32_t k_ext = s->spec_ngram ? TDM_MIN(TDM_MAX(k, s->ctrl_ng.k_last), k_limit) : k;
+        tdm_phase_start(&e->ph, e->be);
         if ((st = tdm_draft_chain(e, s, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
+        tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_DRAFT);
     }
-    return verify_step(e, s, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
+    st = verify_step(e, s, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
+    if (n_ng == 0) tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_VERIFY);
+    return st;
 }
 
 /* The step's verification of draft[0..nd) (its first n_model tokens from the draft

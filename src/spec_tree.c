@@ -31,6 +31,7 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + tdm_tree_slots(&job.cfg), err))) return st;
     if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
     const double t0 = tdm_now();
+    tdm_phase_start(&e->ph, e->be);
     int32_t n_fwd, acc;
     if ((st = tdm_draft_trees(e, &job, 1, &n_fwd, err))) return st;
     const double t1 = tdm_now();

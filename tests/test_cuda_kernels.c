@@ -86,6 +86,22 @@ static tdm_weight put_packed(tdm_backend *b, const tdm_weight *w) {
     return d;
 }
 
+/* Each of rows pick[0..n_pick) of x (device, n rows of w->cols) multiplied alone
+ * gives bit for bit row pick[i] of y (host, the batch's result). */
+static void rows_alone(tdm_backend *b, const tdm_weight *dw, const float *dx, const float *y, int32_t n,
+                       const int32_t *pick, size_t n_pick) {
+    for (size_t p = 0; p < n_pick; p++) {
+        float *dy1 = tdm_cu_test_put(b, NULL, (size_t)dw->rows * 4);
+        OK(b->ops->matmul(b, dw, dx + (size_t)pick[p] * dw->cols, 1, dy1, false, &err_));
+        float *y1 = tdm_cu_test_get(b, dy1, (size_t)dw->rows * 4);
+        cr_assert(memcmp(y1, y + (size_t)pick[p] * dw->rows, (size_t)dw->rows * 4) == 0,
+                  "%s [%lld][%lld] n %d: row %d alone differs from the batch", tdm_dtype_name(dw->type),
+                  (long long)dw->rows, (long long)dw->cols, n, (int)pick[p]);
+        free(y1);
+        b->ops->free(b, dy1);
+    }
+}
+
 static const uint32_t fast_types[] = {TDM_F16,  TDM_BF16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_1, TDM_Q5_0,
                                       TDM_Q5_1, TDM_Q2_K, TDM_Q3_K, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
 
@@ -130,16 +146,7 @@ Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
                     }
                     if (!acc && n > 1) { /* each of the first and last rows alone: bit for bit */
                         const int32_t pick[2] = {0, n - 1};
-                        for (int p = 0; p < 2; p++) {
-                            float *dy1 = tdm_cu_test_put(b, NULL, (size_t)w.rows * 4);
-                            OK(b->ops->matmul(b, &dw, dx + (size_t)pick[p] * w.cols, 1, dy1, false, &err_));
-                            float *y1 = tdm_cu_test_get(b, dy1, (size_t)w.rows * 4);
-                            cr_assert(memcmp(y1, y + (size_t)pick[p] * w.rows, (size_t)w.rows * 4) == 0,
-                                      "%s n %d: row %d alone differs from the batch", tdm_dtype_name(w.type), n,
-                                      pick[p]);
-                            free(y1);
-                            b->ops->free(b, dy1);
-                        }
+                        rows_alone(b, &dw, dx, y, n, pick, 2);
                     }
                     free(y), free(x), free(y0), free(ref), free(ref32);
                     b->ops->free(b, dx);
@@ -177,15 +184,7 @@ Test(cuda_gemv, partial_tiles, .timeout = 300) {
             const double e = ref_nrm_err(y, ref, ny);
             cr_assert(e < (is_quant(w.type) ? 1e-5 : 2e-6), "%s n %d: err %g", tdm_dtype_name(w.type), n, e);
             const int32_t pick[] = {0, 8, n / 2, n - 2, n - 1};
-            for (size_t p = 0; p < TDM_ARRAY_LEN(pick); p++) {
-                float *dy1 = tdm_cu_test_put(b, NULL, (size_t)w.rows * 4);
-                OK(b->ops->matmul(b, &dw, dx + (size_t)pick[p] * w.cols, 1, dy1, false, &err_));
-                float *y1 = tdm_cu_test_get(b, dy1, (size_t)w.rows * 4);
-                cr_assert(memcmp(y1, y + (size_t)pick[p] * w.rows, (size_t)w.rows * 4) == 0,
-                          "%s n %d: row %d alone differs from the batch", tdm_dtype_name(w.type), n, (int)pick[p]);
-                free(y1);
-                b->ops->free(b, dy1);
-            }
+            rows_alone(b, &dw, dx, y, n, pick, TDM_ARRAY_LEN(pick));
             free(y), free(x), free(ref);
             b->ops->free(b, dx);
             b->ops->free(b, dy);
@@ -193,6 +192,61 @@ Test(cuda_gemv, partial_tiles, .timeout = 300) {
         b->ops->free(b, (void *)dw.data);
         free((void *)w.data);
     }
+    tdm_backend_destroy(b);
+}
+
+/* The f16 / bf16 products on tensor cores (cuda_gemv_tc.cu) at the shapes their
+ * tiling has edges: columns not a multiple of 32 (a last partial chunk), rows not a
+ * multiple of 16, 1 to 64 input rows (one to four n-tiles, two passes): against
+ * the reference (within 1e-5: the tensor cores' accumulation is not round-to-
+ * nearest), each row bit for bit as it is alone; the CUDA-core kernels (the
+ * default) on the same inputs within 2e-6. */
+Test(cuda_gemv, tensor_core_edges, .timeout = 300) {
+    setenv("TANDEM_CUDA_GEMV_TC", "1", 1);
+    tdm_backend *b = tdm_cu_test_gpu();
+    unsetenv("TANDEM_CUDA_GEMV_TC");
+    tdm_backend *bc = tdm_cu_test_gpu();
+    tdm_backend_cuda_force_matmul(b, 1);
+    tdm_backend_cuda_force_matmul(bc, 1);
+    uint64_t rng = 53;
+    const int64_t shapes[][2] = {{37, 200}, {300, 8}, {16, 40}, {1000, 96}, {64, 4096}};
+    const int32_t ns[] = {1, 7, 8, 9, 16, 17, 32, 33, 64};
+    const uint32_t types[] = {TDM_F16, TDM_BF16};
+    for (size_t t = 0; t < 2; t++)
+        for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+            tdm_weight w = tdm_test_weight(types[t], shapes[s][0], shapes[s][1], &rng);
+            tdm_weight dw = put_packed(b, &w), dwc = put_packed(bc, &w);
+            for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int32_t n = ns[k];
+                    const size_t ny = (size_t)n * w.rows;
+                    float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -2, 2);
+                    float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1), *ref = malloc(ny * 4);
+                    memcpy(ref, y0, ny * 4);
+                    float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
+                    float *dxc = tdm_cu_test_put(bc, x, (size_t)n * w.cols * 4), *dyc = tdm_cu_test_put(bc, y0, ny * 4);
+                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
+                    OK(bc->ops->matmul(bc, &dwc, dxc, n, dyc, acc, &err_));
+                    float *y = tdm_cu_test_get(b, dy, ny * 4), *yc = tdm_cu_test_get(bc, dyc, ny * 4);
+                    ref_matmul(&w, x, n, ref, acc);
+                    const double e = ref_nrm_err(y, ref, ny), ec = ref_nrm_err(yc, ref, ny);
+                    const double tol = ny < 8 ? 2e-5 : 2e-6;
+                    cr_assert(e < 5 * tol, "%s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type), (long long)w.rows,
+                              (long long)w.cols, n, acc, e);
+                    cr_assert(ec < tol, "CUDA cores: %s n %d: err %g", tdm_dtype_name(w.type), n, ec);
+                    if (!acc) {
+                        const int32_t pick[] = {0, n / 2, n - 1};
+                        rows_alone(b, &dw, dx, y, n, pick, TDM_ARRAY_LEN(pick));
+                    }
+                    free(y), free(yc), free(x), free(y0), free(ref);
+                    b->ops->free(b, dx), b->ops->free(b, dy);
+                    bc->ops->free(bc, dxc), bc->ops->free(bc, dyc);
+                }
+            b->ops->free(b, (void *)dw.data);
+            bc->ops->free(bc, (void *)dwc.data);
+            free((void *)w.data);
+        }
+    tdm_backend_destroy(bc);
     tdm_backend_destroy(b);
 }
 

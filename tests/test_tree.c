@@ -123,17 +123,22 @@ Test(tree, commit_keeps_exactly_the_accepted_path) {
     tdm_test_jsonl_free(refs, n_lines);
 }
 
+/* Root children a (0.6, token 10), b (0.3, 11); a's children c (0.5, 12), d (0.05,
+ * 13); b's child e (0.2, 14): nodes 0-4 in that order.  Returns c. */
+static int32_t five_nodes(tdm_tree *t) {
+    tdm_tree_reset(t);
+    const int32_t a = tdm_tree_add(t, -1, 10, 0.6f), b = tdm_tree_add(t, -1, 11, 0.3f);
+    const int32_t c = tdm_tree_add(t, a, 12, 0.5f);
+    tdm_tree_add(t, a, 13, 0.05f);
+    tdm_tree_add(t, b, 14, 0.2f);
+    return c;
+}
+
 /* Pruning keeps the highest cumulative probabilities with every parent, in the old
  * order; masks are the ancestor sets. */
 Test(tree, prune_and_masks) {
     tdm_tree t;
-    tdm_tree_reset(&t);
-    /* root children a (0.6), b (0.3); a's children c (0.5), d (0.05); b's child e (0.2) */
-    const int32_t a = tdm_tree_add(&t, -1, 10, 0.6f), b = tdm_tree_add(&t, -1, 11, 0.3f);
-    const int32_t c = tdm_tree_add(&t, a, 12, 0.5f);
-    tdm_tree_add(&t, a, 13, 0.05f);
-    tdm_tree_add(&t, b, 14, 0.2f);
-    (void)c;
+    five_nodes(&t);
     tdm_tree_prune(&t, 4);
     cr_assert_eq(t.n, 4);
     const int32_t tok[] = {10, 11, 12, 14}, par[] = {-1, -1, 0, 1};
@@ -147,6 +152,41 @@ Test(tree, prune_and_masks) {
     cr_assert_eq(tdm_tree_children(&t, -1, kids), 2);
     cr_assert_eq(tdm_tree_children(&t, 0, kids), 1);
     cr_assert_eq(kids[0], 2);
+}
+
+/* The spine (first children from the root) moves to the front; the other nodes keep
+ * their order, parents stay before children and siblings keep their order. */
+Test(tree, spine_first) {
+    tdm_tree t;
+    const int32_t c = five_nodes(&t);
+    tdm_tree_add(&t, c, 15, 0.4f); /* f, c's child */
+    t.dslot[c] = 7;
+    tdm_tree_spine_first(&t);
+    cr_assert_eq(t.n, 6);
+    cr_assert_eq(t.n_spine, 3);
+    /* new order: a, c, f, b, d, e */
+    const int32_t tok[] = {10, 12, 15, 11, 13, 14}, par[] = {-1, 0, 1, -1, 0, 3}, dep[] = {0, 1, 2, 0, 1, 1};
+    for (int i = 0; i < 6; i++) {
+        cr_assert_eq(t.token[i], tok[i], "node %d", i);
+        cr_assert_eq(t.parent[i], par[i], "node %d", i);
+        cr_assert_eq(t.depth[i], dep[i], "node %d", i);
+    }
+    cr_assert_eq(t.dslot[1], 7, "a node's draft slot moves with it");
+    cr_assert_eq(t.mask[2], 0x7ull);
+    cr_assert_eq(t.mask[4], 0x11ull);
+    cr_assert_eq(t.mask[5], 0x28ull);
+    int32_t kids[8];
+    cr_assert_eq(tdm_tree_children(&t, 0, kids), 2);
+    cr_assert_eq(kids[0], 1, "the spine child stays its parent's first");
+    cr_assert_eq(kids[1], 4);
+    for (int i = 0; i < t.n_spine; i++) cr_assert_eq(t.depth[i], i);
+    /* a tree already spine-first is left as it is */
+    tdm_tree u = t;
+    tdm_tree_spine_first(&u);
+    for (int i = 0; i < 6; i++) cr_assert_eq(u.token[i], t.token[i]);
+    /* pruning forgets the spine */
+    tdm_tree_prune(&u, 6);
+    cr_assert_eq(u.n_spine, 0);
 }
 
 Test(tree, shape_parser) {

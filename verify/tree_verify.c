@@ -9,7 +9,15 @@ bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si
     const int32_t n = s->n_tokens;
     if (b->n_rows + 1 + t->n > b->cap) return false;
     tdm_batch_add(b, s->tokens[n - 1], n - 1, si, n - 1, true);
-    for (int32_t i = 0; i < t->n; i++) tdm_batch_add_tree(b, t->token[i], n + t->depth[i], si, n + i, n, t->mask[i], true);
+    for (int32_t i = 0; i < t->n; i++) {
+        if (i < t->n_spine) /* (slot n + i, position n + i: a chain's row; tree.h) */
+            tdm_batch_add(b, t->token[i], n + i, si, n + i, true);
+        else
+            tdm_batch_add_tree(b, t->token[i], n + t->depth[i], si, n + i, n, t->mask[i], true);
+    }
+    /* a verification's rows, each computed as in a decode step, also when every
+     * node is on the spine (the backends' tree batches keep that up to more rows) */
+    if (t->n > 0 && b->tree_mask) b->tree = true;
     return true;
 }
 
@@ -28,6 +36,7 @@ tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int3
     tdm_tree_rows(b, s, t, 0);
     const bool greedy = s->sp.temperature <= 0;
     if ((st = tdm_engine_forward(e, false, b, seqs, greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, err))) return st;
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_VERIFY);
     int32_t path[TDM_TREE_MAX], m, next;
     if (greedy) {
         m = tdm_tree_accept_match(t, e->ids, path, &next);
@@ -38,22 +47,28 @@ tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int3
     }
     if (next < 0) return tdm_engine_nonfinite(e, false, n - 1, err);
     *n_accepted = m;
-    return tdm_tree_keep(e, s, t, path, m, next, err);
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_ACCEPT);
+    st = tdm_tree_keep(e, s, t, path, m, next, err);
+    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_KEEP);
+    return st;
 }
 
 tandem_status tdm_tree_keep(tdm_engine *e, tdm_seq *s, const tdm_tree *t, const int32_t *path, int32_t m, int32_t next,
                             tdm_err *err) {
     const int32_t n = s->n_tokens;
-    int32_t src[TDM_TREE_MAX] = {0}, dst[TDM_TREE_MAX] = {0}, f = 0;
+    int32_t src[TDM_TREE_MAX] = {0}, dst[TDM_TREE_MAX] = {0}, f = 0, nm = 0;
     tandem_status st;
-    for (int32_t j = 0; j < m; j++) src[j] = n + path[j], dst[j] = n + j;
-    if ((st = tdm_kv_store_move_slots(&e->kv_t, &s->kv, src, dst, m, err))) return st;
+    /* (a node already at its place, as the spine's are, does not move) */
+    for (int32_t j = 0; j < m; j++)
+        if (path[j] != j) src[nm] = n + path[j], dst[nm++] = n + j;
+    if ((st = tdm_kv_store_move_slots(&e->kv_t, &s->kv, src, dst, nm, err))) return st;
     /* the draft saw a prefix of the path (a node it saw has every ancestor seen) */
+    nm = 0;
     while (f < m && t->dslot[path[f]] >= 0) {
-        src[f] = n + t->dslot[path[f]];
+        if (t->dslot[path[f]] != f) src[nm] = n + t->dslot[path[f]], dst[nm++] = n + f;
         f++;
     }
-    if (e->draft && (st = tdm_kv_store_move_slots(&e->kv_d, &s->kv, src, dst, f, err))) return st;
+    if (e->draft && (st = tdm_kv_store_move_slots(&e->kv_d, &s->kv, src, dst, nm, err))) return st;
     s->n_target = n + m;
     s->n_draft = TDM_MIN(s->n_draft, n) + (s->n_draft >= n ? f : 0);
     tdm_kv_seq_truncate(e->pool, &s->kv, n + m);

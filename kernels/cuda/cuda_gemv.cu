@@ -33,15 +33,6 @@
 #define GV_WARPS 4 /* warps per thread block */
 #define GV_TILE 8  /* input rows per pass over W */
 
-/* 16 bytes of W, not kept in L1 (each W byte is read once). */
-__device__ __forceinline__ uint4 ld_stream(const void *p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
-
 /* 8 consecutive 16-bit elements (f16 or bf16) as f32. */
 template <uint32_t T> __device__ __forceinline__ void cvt8(const uint4 &u, float f[8]) {
     const uint32_t v[4] = {u.x, u.y, u.z, u.w};
@@ -138,8 +129,8 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
 #pragma unroll 4
     for (int32_t k8 = lane; k8 < n8; k8 += 32) {
         float fa[8], fb[8];
-        cvt8<T>(ld_stream(wa + k8), fa);
-        cvt8<T>(ld_stream(wb + k8), fb);
+        cvt8<T>(tdm_cu_ld_stream(wa + k8), fa);
+        cvt8<T>(tdm_cu_ld_stream(wb + k8), fb);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             const float4 *xp = (const float4 *)(x + (size_t)min(i, last) * cols) + 2 * k8;
@@ -212,7 +203,7 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     for (int32_t k8 = lane; k8 < n8; k8 += 32) {
         float f[4][8];
 #pragma unroll
-        for (int j = 0; j < 4; j++) cvt8<T>(ld_stream(wr[j] + k8), f[j]);
+        for (int j = 0; j < 4; j++) cvt8<T>(tdm_cu_ld_stream(wr[j] + k8), f[j]);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             const float4 *xp = (const float4 *)(x + (size_t)min(i, last) * cols) + 2 * k8;
@@ -287,7 +278,7 @@ k_gemv_q8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     const int32_t n16 = cols / 16;
 #pragma unroll 4
     for (int32_t c = lane; c < n16; c += 32) {
-        const uint4 qa = ld_stream(rowa + 16 * (size_t)c), qb = ld_stream(rowb + 16 * (size_t)c);
+        const uint4 qa = tdm_cu_ld_stream(rowa + 16 * (size_t)c), qb = tdm_cu_ld_stream(rowb + 16 * (size_t)c);
         const int32_t b = c >> 1;
         const float dwa = tdm_cu_h2f(__ldg(da + b)), dwb = tdm_cu_h2f(__ldg(db + b));
 #pragma unroll
@@ -327,7 +318,7 @@ k_gemv_q4(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     const uint32_t M = 0x0f0f0f0fu;
 #pragma unroll 4
     for (int32_t b = lane; b < nb; b += 32) {
-        const uint4 qa = ld_stream(rowa + 16 * (size_t)b), qb = ld_stream(rowb + 16 * (size_t)b);
+        const uint4 qa = tdm_cu_ld_stream(rowa + 16 * (size_t)b), qb = tdm_cu_ld_stream(rowb + 16 * (size_t)b);
         const uint32_t la[4] = {qa.x & M, qa.y & M, qa.z & M, qa.w & M};
         const uint32_t ha[4] = {(qa.x >> 4) & M, (qa.y >> 4) & M, (qa.z >> 4) & M, (qa.w >> 4) & M};
         const uint32_t lb[4] = {qb.x & M, qb.y & M, qb.z & M, qb.w & M};
@@ -486,6 +477,7 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t ff = (int32_t)(w->rows / 2);
     const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
     if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
+    if (tdm_cuda_gemv_tc_use(c, w)) return tdm_cuda_gemv_tc(c, w, x, n, y, ldy, epi, err);
     /* Tiles of GV_TILE rows (a batch of fewer: one tile of exactly its rows).  A
      * partial last tile goes in the same launch (its W blocks read from L2 beside
      * the full tiles', its missing rows computed and dropped) unless the weight is

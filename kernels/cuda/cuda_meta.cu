@@ -98,9 +98,10 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
     for (int32_t s = 0; s < n_seq; s++)
         if (tab[s] >= 0) memcpy(tabs + tab[s], seqs[s]->blocks, (size_t)seqs[s]->n_blocks * sizeof(int32_t));
     if (max_q < 1 || max_q > TDM_FLASH_QMAX) max_q = TDM_FLASH_QMAX;
-    /* (a token tree's rows: a tile each, their key ranks mapped to slots through
-     * their masks, cuda_fused.h) */
-    const int32_t tile_rows = bt->tree ? 1 : TDM_MAX(1, max_q / heads_per_block);
+    /* (a token tree's rows with a mask: a tile each, their key ranks mapped to slots
+     * through their masks, cuda_fused.h; its causal rows, the pending token and the
+     * spine, tile as a chain's) */
+    const int32_t tile_rows = TDM_MAX(1, max_q / heads_per_block);
     int32_t n_tiles = 0, max_kv = 0, max_tile = 0;
     tandem_status st = TANDEM_OK;
     for (int32_t r = 0; r < n && !st; r++) {
@@ -113,7 +114,7 @@ tandem_status tdm_cuda_meta_fill(const tdm_batch *bt, const tdm_kv_seq *const *s
         rows[r].tree = row_tree(bt, r);
         const int32_t end = tdm_cuda_row_end(rows[r].nv, rows[r].tree);
         tdm_cuda_tile *t = n_tiles ? &tiles[n_tiles - 1] : NULL;
-        if (!t || bt->seq[r] != bt->seq[t->row0] || t->n_rows == tile_rows) {
+        if (!t || bt->seq[r] != bt->seq[t->row0] || t->n_rows == tile_rows || rows[r].tree || rows[t->row0].tree) {
             t = &tiles[n_tiles++];
             t->row0 = r;
             t->n_rows = 0;

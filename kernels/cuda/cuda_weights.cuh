@@ -19,6 +19,15 @@ extern "C" {
 
 __device__ __forceinline__ float tdm_cu_h2f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
+/* 16 bytes of a weight, not kept in L1 (each weight byte is read once per product). */
+__device__ __forceinline__ uint4 tdm_cu_ld_stream(const void *p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
 /* The f16 scale of the quantisation block at p (2 bytes, any alignment). */
 __device__ __forceinline__ float tdm_cu_scale(const uint8_t *p) {
     return tdm_cu_h2f((uint16_t)(p[0] | (p[1] << 8)));
