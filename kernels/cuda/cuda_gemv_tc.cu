@@ -25,11 +25,12 @@
  *     an f64 reference the normalised error is about 2.6e-6 at 4096 columns (the
  *     CUDA-core kernels: under 2e-6).
  *   Speed (H200, 2026-12-03): Llama-2-7B shapes F16, forwards of 1 / 5 / 9 rows
- *     7.00 / 7.11 / 8.75 ms against 4.90 / 6.31 / 11.37 ms on CUDA cores: W streams
- *     at 1.9 TB/s at one row (the x splitting costs about four instructions per W
- *     element when one warp takes 16 W rows), so it is off by default
- *     (TANDEM_CUDA_GEMV_TC=1 turns it on); the next step is more W rows a warp
- *     sharing each split x fragment.
+ *     6.85 / 6.99 / 7.93 ms against 4.92 / 6.26 / 11.31 ms on CUDA cores: flat to 5
+ *     rows, but W streams at 2.0 TB/s at one row against 2.75, so it is off by
+ *     default (TANDEM_CUDA_GEMV_TC=1 turns it on).  Measured and not the cause:
+ *     the x splitting (packed saturating conversions, about 3 instructions a value
+ *     instead of 9: 7.00 -> 6.85 ms); loading each warp's chunks as runs of 512
+ *     contiguous bytes a row was slower (7.95 ms).  Next: more W rows a warp.
  *   Order: each warp's partial sums over its chunks in increasing order, then the
  *     four warps' added in warp order.  Nothing depends on the number of input rows
  *     or on the other rows (the mma computes each output from its own row and column
@@ -43,32 +44,36 @@
 
 #define TC_WARPS 4
 #define TC_CHUNK 32 /* columns per warp step */
-#define TC_UNROLL 4 /* chunks whose W loads a warp has in flight */
 
 /* Parts x is split into: f16 keeps 11 significant bits a part (two parts: 22),
  * bf16 8 (three parts: 24, as f32). */
 template <uint32_t T> struct tc_parts { static constexpr int n = T == TDM_F16 ? 2 : 3; };
 
+/* (a, b) rounded to f16 (saturating at +-65504) / bf16, packed: a in the low half. */
+template <uint32_t T> __device__ __forceinline__ uint32_t tc_pack(float a, float b) {
+    uint32_t r;
+    if (T == TDM_F16) asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
+}
+
+/* The packed pair back in f32. */
+template <uint32_t T> __device__ __forceinline__ float2 tc_unpack(uint32_t r) {
+    if (T == TDM_F16) return __half22float2(*reinterpret_cast<const __half2 *>(&r));
+    return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
+}
+
 /* Two f32 (a, b) as packed pairs of the weight's 16-bit type: part 0 the rounded
- * values, each next part the rounded remainder of the parts before. */
+ * values, each next part the rounded remainder of the parts before (f16 saturates:
+ * a value beyond 131008 in magnitude is clipped there). */
 template <uint32_t T> __device__ __forceinline__ void tc_split2(float a, float b, uint32_t out[tc_parts<T>::n]) {
-    if (T == TDM_F16) {
-        a = fminf(fmaxf(a, -131008.0f), 131008.0f);
-        b = fminf(fmaxf(b, -131008.0f), 131008.0f);
-        const __half ha = __float2half_rn(fminf(fmaxf(a, -65504.0f), 65504.0f));
-        const __half hb = __float2half_rn(fminf(fmaxf(b, -65504.0f), 65504.0f));
-        const __half la = __float2half_rn(a - __half2float(ha)), lb = __float2half_rn(b - __half2float(hb));
-        const __half2 h2 = __halves2half2(ha, hb), l2 = __halves2half2(la, lb);
-        out[0] = *reinterpret_cast<const uint32_t *>(&h2);
-        out[1] = *reinterpret_cast<const uint32_t *>(&l2);
-    } else {
 #pragma unroll
-        for (int p = 0; p < tc_parts<T>::n; p++) {
-            const __nv_bfloat16 ha = __float2bfloat16_rn(a), hb = __float2bfloat16_rn(b);
-            const __nv_bfloat162 h2 = __halves2bfloat162(ha, hb);
-            out[p] = *reinterpret_cast<const uint32_t *>(&h2);
-            a -= __bfloat162float(ha); /* (exact) */
-            b -= __bfloat162float(hb);
+    for (int p = 0; p < tc_parts<T>::n; p++) {
+        out[p] = tc_pack<T>(a, b);
+        if (p + 1 < tc_parts<T>::n) {
+            const float2 h = tc_unpack<T>(out[p]);
+            a -= h.x; /* (exact) */
+            b -= h.y;
         }
     }
 }
@@ -147,18 +152,19 @@ k_gemv_tc(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     const int32_t n_chunks = (cols + TC_CHUNK - 1) / TC_CHUNK, n_full = cols / TC_CHUNK;
     const int32_t col = 8 * t; /* this lane's columns within a chunk */
+    constexpr int U = NT == 1 ? 8 : 4; /* chunks whose W loads a warp has in flight */
     int32_t c = warp;
-    /* groups of TC_UNROLL whole chunks, their W loads issued together */
-    for (; c + (TC_UNROLL - 1) * TC_WARPS < n_full; c += TC_UNROLL * TC_WARPS) {
-        uint4 wa[TC_UNROLL], wb[TC_UNROLL];
+    /* groups of U whole chunks, their W loads issued together */
+    for (; c + (U - 1) * TC_WARPS < n_full; c += U * TC_WARPS) {
+        uint4 wa[U], wb[U];
 #pragma unroll
-        for (int u = 0; u < TC_UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
             const int32_t k = (c + u * TC_WARPS) * TC_CHUNK + col;
             wa[u] = tdm_cu_ld_stream(wa_p + (size_t)k * 2);
             wb[u] = tdm_cu_ld_stream(wb_p + (size_t)k * 2);
         }
 #pragma unroll
-        for (int u = 0; u < TC_UNROLL; u++)
+        for (int u = 0; u < U; u++)
             tc_chunk<T, NT>(acc, wa[u], wb[u], xr, (c + u * TC_WARPS) * TC_CHUNK + col, true);
     }
     /* the rest one at a time; in a last partial chunk the lanes past cols add zeros
