@@ -3,8 +3,28 @@
  * links it without the tree machinery). */
 #include "tree.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* TANDEM_TREE_WIDTH (expansions a level), TANDEM_TREE_BRANCH (children an expansion)
+ * and TANDEM_TREE_DEPTH (levels, at most the budget), read once; 0 = unset. */
+static struct {
+    int32_t width, branch, depth;
+} knobs;
+static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
+
+static int32_t knob(const char *name, int32_t lo, int32_t hi) {
+    const char *v = getenv(name);
+    const int x = v ? atoi(v) : 0;
+    return x >= lo ? TDM_MIN(x, hi) : 0;
+}
+
+static void read_knobs(void) {
+    knobs.width = knob("TANDEM_TREE_WIDTH", 1, 16);
+    knobs.branch = knob("TANDEM_TREE_BRANCH", 1, 16);
+    knobs.depth = knob("TANDEM_TREE_DEPTH", 2, TDM_TREE_DEPTH_MAX);
+}
 
 tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget) {
     tdm_tree_cfg c;
@@ -16,14 +36,11 @@ tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget) {
      * with the target often (on the pycode pair, budget 32: 16 levels commit 7.9
      * tokens per target forward on 20 dev prompts, 8 levels 6.5; tests/RESULTS) */
     c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MAX(2, c.budget / 2));
-    /* benchmark knobs (bench/, never set by the library): TANDEM_TREE_WIDTH,
-     * TANDEM_TREE_BRANCH (children per expanded node) and TANDEM_TREE_DEPTH (levels,
-     * at most the budget) */
-    const char *v;
-    if ((v = getenv("TANDEM_TREE_WIDTH")) && atoi(v) >= 1) c.width = TDM_MIN(atoi(v), 16);
-    if ((v = getenv("TANDEM_TREE_BRANCH")) && atoi(v) >= 1) c.topk = TDM_MIN(atoi(v), 16);
-    if ((v = getenv("TANDEM_TREE_DEPTH")) && atoi(v) >= 2)
-        c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MIN(atoi(v), TDM_MAX(2, c.budget)));
+    /* benchmark knobs (bench/, never set by the library) */
+    pthread_once(&knobs_once, read_knobs);
+    if (knobs.width > 0) c.width = knobs.width;
+    if (knobs.branch > 0) c.topk = knobs.branch;
+    if (knobs.depth > 0) c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MIN(knobs.depth, TDM_MAX(2, c.budget)));
     return c;
 }
 
