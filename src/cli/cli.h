@@ -100,6 +100,9 @@ bool cli_parse_spec_ngram(const char *opt, const char *s, int *out);
 bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *msg, size_t msg_len);
 /* The same as an option: a usage error naming it. */
 bool cli_parse_spec_tree(const char *opt, const char *s, int *tree, const char **shape);
+/* cli_spec_tree_from_str with the shape copied into shape_buf[shape_cap] ("" = none);
+ * a value that does not fit there is an error too. */
+bool cli_spec_tree_into(const char *s, int *tree, char *shape_buf, size_t shape_cap, char *msg, size_t msg_len);
 
 /* ------------------------------------------------------- prompt files */
 

@@ -134,13 +134,10 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
             break;
         case O_SPEC_K: ok = cli_parse_spec_k(opt, v, &c->spec_k); break;
         case O_SPEC_TREE: {
-            const char *shape = NULL;
-            if (strlen(v) >= sizeof c->spec_tree_shape) {
-                cli_usage_error("option %s: '%.40s...' is too long", opt, v);
-                return false;
-            }
-            if ((ok = cli_parse_spec_tree(opt, v, &c->spec_tree, &shape)))
-                snprintf(c->spec_tree_shape, sizeof c->spec_tree_shape, "%s", shape ? shape : "");
+            char msg[300];
+            if (!(ok = cli_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg,
+                                          sizeof msg)))
+                cli_usage_error("option %s: %s", opt, msg);
             break;
         }
         }

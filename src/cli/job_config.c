@@ -192,10 +192,8 @@ static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v)
     }
     if (!strcmp(k, "tree")) {
         char msg[300];
-        const char *shape;
-        if (strlen(v) >= sizeof c->spec_tree_shape) return cfg_fail(c, s, k, "'%.40s...' is too long", v);
-        if (!cli_spec_tree_from_str(v, &c->spec_tree, &shape, msg, sizeof msg)) return cfg_fail(c, s, k, "%s", msg);
-        snprintf(c->spec_tree_shape, sizeof c->spec_tree_shape, "%s", shape ? shape : "");
+        if (!cli_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg, sizeof msg))
+            return cfg_fail(c, s, k, "%s", msg);
         return 1;
     }
     return cfg_fail(c, s, k, "unknown key (known: k, k_max, ngram, p_min, tree)");

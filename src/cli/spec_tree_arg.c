@@ -44,3 +44,14 @@ bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *
     *tree = (int)v;
     return true;
 }
+
+bool cli_spec_tree_into(const char *s, int *tree, char *shape_buf, size_t shape_cap, char *msg, size_t msg_len) {
+    const char *shape;
+    if (strlen(s) >= shape_cap) {
+        snprintf(msg, msg_len, "'%.40s...' is too long", s);
+        return false;
+    }
+    if (!cli_spec_tree_from_str(s, tree, &shape, msg, msg_len)) return false;
+    snprintf(shape_buf, shape_cap, "%s", shape ? shape : "");
+    return true;
+}
