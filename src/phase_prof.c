@@ -30,11 +30,12 @@ void tdm_phase_start(tdm_phase_prof *p, tdm_backend *be) {
     if (!p->on) return;
     wait_for(be);
     p->caps_last = captures(be);
+    p->in_step = true;
     p->last = tdm_now();
 }
 
 void tdm_phase_mark(tdm_phase_prof *p, tdm_backend *be, tdm_phase ph) {
-    if (!p->on || ph < 0 || ph >= TDM_PH_N) return;
+    if (!p->on || !p->in_step || ph < 0 || ph >= TDM_PH_N) return;
     wait_for(be);
     const double t = tdm_now();
     p->sum[ph] += t - p->last;
@@ -42,6 +43,7 @@ void tdm_phase_mark(tdm_phase_prof *p, tdm_backend *be, tdm_phase ph) {
     const uint64_t c = captures(be);
     p->caps[ph] += c - p->caps_last;
     p->caps_last = c;
+    p->in_step = ph != TDM_PH_TREE_KEEP && ph != TDM_PH_CHAIN_VERIFY;
     p->last = tdm_now();
 }
 

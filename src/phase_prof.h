@@ -25,6 +25,8 @@ typedef enum tdm_phase {
 
 typedef struct tdm_phase_prof {
     bool on;
+    bool in_step;            /* between tdm_phase_start and a step's last phase (marks
+                                elsewhere, e.g. trees drafted by the scheduler, count nothing) */
     double last;             /* seconds: the previous mark */
     double sum[TDM_PH_N];    /* seconds */
     int64_t n[TDM_PH_N];
@@ -35,7 +37,8 @@ typedef struct tdm_phase_prof {
 void tdm_phase_init(tdm_phase_prof *p);
 /* The start of a step (waits for the backend first). */
 void tdm_phase_start(tdm_phase_prof *p, tdm_backend *be);
-/* The end of phase ph, which began at the previous mark or start. */
+/* The end of phase ph, which began at the previous mark or start (TDM_PH_TREE_KEEP
+ * and TDM_PH_CHAIN_VERIFY end the step). */
 void tdm_phase_mark(tdm_phase_prof *p, tdm_backend *be, tdm_phase ph);
 /* One line per phase that ran, on stderr (with the CUDA graphs captured in it). */
 void tdm_phase_report(const tdm_phase_prof *p);

@@ -1,6 +1,6 @@
 /* test_tree.c - token-tree speculation end to end on the pycode pair: greedy
  * output equals target-only output on all 100 dev prompts with static and
- * dynamic trees; after every tree step the block table holds exactly the accepted
+ * dynamic trees, and with trees verified as chain rows (spine first); after every tree step the block table holds exactly the accepted
  * length (both models rolled back, no block leaked), greedy and sampled; sampled
  * requests verifying trees in a batch give the target-only engine's tokens; the tree
  * structure's pruning and the shape parser. */
@@ -89,6 +89,54 @@ Test(tree, greedy_outputs_equal_target_only) {
         cr_assert_gt(acc[k], steps[k], "trees accept more than one token per step on average");
     }
     cr_log_info("%.3f tokens per target forward", (double)fwd_tok / (double)fwd);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* Trees whose every level is a chain row for the draft and whose spine is a chain's
+ * rows for the target: one expansion a level with two children (the benchmark
+ * knobs, read once per process: Criterion runs each test in its own), and a static
+ * chain "1,1,1,1" (every node on the spine: a verification of causal rows only).
+ * Greedy output equals target-only on every 4th dev prompt (a sanitizer build:
+ * every 25th). */
+Test(tree, spine_rows_equal_target_only) {
+    setenv("TANDEM_TREE_WIDTH", "1", 1);
+    setenv("TANDEM_TREE_BRANCH", "2", 1);
+    setenv("TANDEM_TREE_DEPTH", "5", 1);
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft);
+    tdm_err err = {0};
+    uint64_t acc = 0;
+    for (size_t li = 0; li < n_lines; li += tdm_test_sanitized() ? 25 : 4) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = N_NEW;
+        gp.spec_ngram = 0;
+        tandem_result want;
+        cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        for (int kind = 0; kind < 2; kind++) {
+            tandem_generate_params g = gp;
+            if (kind == 0) g.spec_tree = 16;
+            else g.spec_tree_shape = "1,1,1,1";
+            tandem_result got;
+            cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &g, &got, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert(got.n_tokens == want.n_tokens &&
+                          memcmp(got.tokens, want.tokens, want.n_tokens * sizeof *want.tokens) == 0,
+                      "prompt %zu, %s: output differs from target-only", li, kind ? "1,1,1,1" : "width 1");
+            cr_assert_eq(got.spec.tree_steps, got.spec.steps, "every step a tree");
+            cr_assert_leq(got.spec.tree_nodes, (uint64_t)(kind ? 4 : 10) * got.spec.steps);
+            cr_assert_eq(tdm_kv_pool_n_free(spec->pool), tdm_kv_pool_n_blocks(spec->pool), "prompt %zu: blocks leaked",
+                         li);
+            acc += got.spec.accepted;
+            tandem_result_free(&got);
+        }
+        tandem_result_free(&want);
+        free(ids);
+    }
+    cr_assert_gt(acc, 0);
     tdm_engine_free(plain);
     tdm_engine_free(spec);
     tdm_test_jsonl_free(refs, n_lines);
