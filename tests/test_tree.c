@@ -39,16 +39,21 @@ TestSuite(tree, .init = setup, .fini = teardown, .timeout = 1200);
 
 static tdm_engine *make_engine(tdm_model *draft) { return tdm_test_engine(g_target, draft, 2); }
 
-/* Each prompt runs a static tree (4,2,2,1: 44 nodes) and a dynamic one (budget 32,
- * or 8 on every third prompt); a sanitizer build runs every 25th prompt. */
-Test(tree, greedy_outputs_equal_target_only) {
+/* What one test's trees are: configuration `kind` (0, 1) of prompt li, its node
+ * bound per step and its name. */
+typedef void (*tree_kind_fn)(tandem_generate_params *g, size_t li, int kind, int32_t *max_nodes, const char **name);
+
+/* Every stride-th dev prompt with both kinds of tree: greedy output equals
+ * target-only output, nothing leaks, every step is a tree of at most the kind's
+ * nodes, forwards commit every token but the first; accepted tokens and steps by
+ * kind, and target forwards and the tokens they committed, added up. */
+static void check_trees_equal(size_t stride, tree_kind_fn kinds, uint64_t acc[2], uint64_t steps[2], uint64_t *fwd,
+                              uint64_t *fwd_tok) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     cr_assert_eq(n_lines, 100);
     tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft);
-    const size_t stride = tdm_test_sanitized() ? 25 : 1;
     tdm_err err = {0};
-    uint64_t acc[2] = {0}, steps[2] = {0}, fwd = 0, fwd_tok = 0;
     for (size_t li = 0; li < n_lines; li += stride) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
@@ -59,87 +64,79 @@ Test(tree, greedy_outputs_equal_target_only) {
         cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
         for (int kind = 0; kind < 2; kind++) {
             tandem_generate_params g = gp;
-            if (kind == 0) g.spec_tree_shape = "4,2,2,1";
-            else g.spec_tree = li % 3 == 2 ? 8 : 32;
+            int32_t max_nodes;
+            const char *name;
+            kinds(&g, li, kind, &max_nodes, &name);
             tandem_result got;
             cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &g, &got, &err), TANDEM_OK, "%s", err.msg);
             size_t diff = 0;
             while (diff < got.n_tokens && diff < want.n_tokens && got.tokens[diff] == want.tokens[diff]) diff++;
             cr_assert(got.n_tokens == want.n_tokens && diff == want.n_tokens,
-                      "prompt %zu, %s tree: output differs from target-only at token %zu (lengths %zu/%zu)", li,
-                      kind ? "dynamic" : "static", diff, got.n_tokens, want.n_tokens);
+                      "prompt %zu, %s tree: output differs from target-only at token %zu (lengths %zu/%zu)", li, name,
+                      diff, got.n_tokens, want.n_tokens);
             cr_assert_str_eq(got.text, want.text);
             cr_assert_eq(tdm_kv_pool_n_free(spec->pool), tdm_kv_pool_n_blocks(spec->pool), "prompt %zu: blocks leaked",
                          li);
             cr_assert_leq(got.spec.accepted, got.spec.drafted);
             cr_assert_eq(got.spec.tree_steps, got.spec.steps, "every step a tree");
-            cr_assert_leq(got.spec.tree_nodes, (uint64_t)(kind ? 32 : 44) * got.spec.steps);
+            cr_assert_leq(got.spec.tree_nodes, (uint64_t)max_nodes * got.spec.steps, "%s tree", name);
             cr_assert_eq(got.spec.forward_tokens + 1, got.n_tokens, "forwards commit every token but the first");
             acc[kind] += got.spec.accepted;
             steps[kind] += got.spec.steps;
-            fwd += got.spec.forwards;
-            fwd_tok += got.spec.forward_tokens;
+            *fwd += got.spec.forwards;
+            *fwd_tok += got.spec.forward_tokens;
             tandem_result_free(&got);
         }
         tandem_result_free(&want);
         free(ids);
     }
-    for (int k = 0; k < 2; k++) {
-        cr_log_info("%s trees: %.3f accepted per step", k ? "dynamic" : "static", (double)acc[k] / (double)steps[k]);
-        cr_assert_gt(acc[k], steps[k], "trees accept more than one token per step on average");
-    }
-    cr_log_info("%.3f tokens per target forward", (double)fwd_tok / (double)fwd);
     tdm_engine_free(plain);
     tdm_engine_free(spec);
     tdm_test_jsonl_free(refs, n_lines);
 }
 
-/* Trees whose every level is a chain row for the draft and whose spine is a chain's
- * rows for the target: one expansion a level with two children (the benchmark
- * knobs, read once per process: Criterion runs each test in its own), and a static
- * chain "1,1,1,1" (every node on the spine: a verification of causal rows only).
- * Greedy output equals target-only on every 4th dev prompt (a sanitizer build:
- * every 25th). */
+/* A static tree (4,2,2,1: 44 nodes) and a dynamic one (budget 32, or 8 on every
+ * third prompt). */
+static void static_and_dynamic(tandem_generate_params *g, size_t li, int kind, int32_t *max_nodes, const char **name) {
+    if (kind == 0) g->spec_tree_shape = "4,2,2,1";
+    else g->spec_tree = li % 3 == 2 ? 8 : 32;
+    *max_nodes = kind ? 32 : 44;
+    *name = kind ? "dynamic" : "static";
+}
+
+/* Every prompt (a sanitizer build: every 25th) with static_and_dynamic trees. */
+Test(tree, greedy_outputs_equal_target_only) {
+    uint64_t acc[2] = {0}, steps[2] = {0}, fwd = 0, fwd_tok = 0;
+    check_trees_equal(tdm_test_sanitized() ? 25 : 1, static_and_dynamic, acc, steps, &fwd, &fwd_tok);
+    for (int k = 0; k < 2; k++) {
+        cr_log_info("%s trees: %.3f accepted per step", k ? "dynamic" : "static", (double)acc[k] / (double)steps[k]);
+        cr_assert_gt(acc[k], steps[k], "trees accept more than one token per step on average");
+    }
+    cr_log_info("%.3f tokens per target forward", (double)fwd_tok / (double)fwd);
+}
+
+/* One expansion a level with two children, five levels (the benchmark knobs, set by
+ * the test: every draft level a chain row), and a static chain "1,1,1,1" (every
+ * node on the spine: a verification of causal rows only). */
+static void spine_trees(tandem_generate_params *g, size_t li, int kind, int32_t *max_nodes, const char **name) {
+    (void)li;
+    if (kind == 0) g->spec_tree = 16;
+    else g->spec_tree_shape = "1,1,1,1";
+    *max_nodes = kind ? 4 : 10;
+    *name = kind ? "1,1,1,1" : "width 1";
+}
+
+/* Trees verified as chain rows (spine first) on every 4th prompt (a sanitizer
+ * build: every 25th).  The knobs are read once per process; Criterion runs each
+ * test in its own. */
 Test(tree, spine_rows_equal_target_only) {
     setenv("TANDEM_TREE_WIDTH", "1", 1);
     setenv("TANDEM_TREE_BRANCH", "2", 1);
     setenv("TANDEM_TREE_DEPTH", "5", 1);
-    size_t n_lines;
-    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
-    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft);
-    tdm_err err = {0};
-    uint64_t acc = 0;
-    for (size_t li = 0; li < n_lines; li += tdm_test_sanitized() ? 25 : 4) {
-        size_t n;
-        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
-        tandem_generate_params gp = tandem_generate_default_params();
-        gp.max_tokens = N_NEW;
-        gp.spec_ngram = 0;
-        tandem_result want;
-        cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
-        for (int kind = 0; kind < 2; kind++) {
-            tandem_generate_params g = gp;
-            if (kind == 0) g.spec_tree = 16;
-            else g.spec_tree_shape = "1,1,1,1";
-            tandem_result got;
-            cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &g, &got, &err), TANDEM_OK, "%s", err.msg);
-            cr_assert(got.n_tokens == want.n_tokens &&
-                          memcmp(got.tokens, want.tokens, want.n_tokens * sizeof *want.tokens) == 0,
-                      "prompt %zu, %s: output differs from target-only", li, kind ? "1,1,1,1" : "width 1");
-            cr_assert_eq(got.spec.tree_steps, got.spec.steps, "every step a tree");
-            cr_assert_leq(got.spec.tree_nodes, (uint64_t)(kind ? 4 : 10) * got.spec.steps);
-            cr_assert_eq(tdm_kv_pool_n_free(spec->pool), tdm_kv_pool_n_blocks(spec->pool), "prompt %zu: blocks leaked",
-                         li);
-            acc += got.spec.accepted;
-            tandem_result_free(&got);
-        }
-        tandem_result_free(&want);
-        free(ids);
-    }
-    cr_assert_gt(acc, 0);
-    tdm_engine_free(plain);
-    tdm_engine_free(spec);
-    tdm_test_jsonl_free(refs, n_lines);
+    uint64_t acc[2] = {0}, steps[2] = {0}, fwd = 0, fwd_tok = 0;
+    check_trees_equal(tdm_test_sanitized() ? 25 : 4, spine_trees, acc, steps, &fwd, &fwd_tok);
+    cr_assert_gt(acc[0], 0);
+    cr_assert_gt(acc[1], 0);
 }
 
 /* After every step: the target holds n - 1 positions, the draft at most as many,
