@@ -13,7 +13,7 @@
  * synchronisations (host clock), after warm-up.
  *
  * usage: bench_cuda [--types f16,q8_0,q4_0] [--ns 1,2,4,8,16,32,64,128,512] [-r R]
- *                   [--attention-only] [--decode-only]
+ *                   [--attention-only] [--decode-only] [--matmul-only]
  */
 #include <math.h>
 #include <stdio.h>
@@ -149,10 +149,11 @@ static uint32_t type_of(const char *s) {
 int main(int argc, char **argv) {
     const char *types_arg = "f16,q8_0,q4_0", *ns_arg = "1,2,4,8,16,32,64,128,512";
     int reps = 15;
-    bool attention_only = false, decode_only = false;
+    bool attention_only = false, decode_only = false, matmul_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention-only")) attention_only = true;
         else if (!strcmp(argv[i], "--decode-only")) attention_only = decode_only = true;
+        else if (!strcmp(argv[i], "--matmul-only")) matmul_only = true;
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i];
         else if (!strcmp(argv[i], "--ns") && i + 1 < argc) ns_arg = argv[++i];
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
@@ -218,6 +219,10 @@ int main(int argc, char **argv) {
     }
     be->ops->free(be, x);
     be->ops->free(be, y);
+    if (matmul_only) {
+        tdm_backend_destroy(be);
+        return 0;
+    }
 
     /* attention over one sequence of ctx positions (f16 cache, blocks of 16) */
     printf("\n| heads | ctx | rows | us | K/V GB/s |\n|---|---|---|---|---|\n");
