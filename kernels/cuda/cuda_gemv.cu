@@ -478,6 +478,7 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
     if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
     if (tdm_cuda_gemv_tc_use(c, w)) return tdm_cuda_gemv_tc(c, w, x, n, y, ldy, epi, err);
+    if (tdm_cuda_gemv_tcs_use(c, w)) return tdm_cuda_gemv_tcs(c, w, x, n, y, ldy, epi, err);
     /* Tiles of GV_TILE rows (a batch of fewer: one tile of exactly its rows).  A
      * partial last tile goes in the same launch (its W blocks read from L2 beside
      * the full tiles', its missing rows computed and dropped) unless the weight is

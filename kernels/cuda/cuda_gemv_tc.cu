@@ -219,7 +219,7 @@ k_gemv_tc(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
 }
 
 bool tdm_cuda_gemv_tc_use(const tdm_cuda *c, const tdm_weight *w) {
-    return c->gemv_tc && w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16) &&
+    return c->gemv_tc == 1 && w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16) &&
            w->cols % 8 == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0;
 }
 
