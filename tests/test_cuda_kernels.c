@@ -202,8 +202,7 @@ Test(cuda_gemv, partial_tiles, .timeout = 300) {
  * nearest), each row bit for bit as it is alone; the CUDA-core kernels (the
  * default) on the same inputs within 2e-6. */
 Test(cuda_gemv, tensor_core_edges, .timeout = 300) {
-    const char *tc_kind = getenv("TDM_TEST_GEMV_TC");
-    setenv("TANDEM_CUDA_GEMV_TC", tc_kind ? tc_kind : "1", 1);
+    setenv("TANDEM_CUDA_GEMV_TC", "1", 1);
     tdm_backend *b = tdm_cu_test_gpu();
     unsetenv("TANDEM_CUDA_GEMV_TC");
     tdm_backend *bc = tdm_cu_test_gpu();

@@ -351,7 +351,7 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     b->attn_window_softcap = true; /* (the tiled kernels; the flash kernels decline them) */
     c->shared_rows_max = TDM_CUDA_SHARED_ROWS;
     const char *gtc = getenv("TANDEM_CUDA_GEMV_TC"); /* (off by default: cuda_gemv_tc.cu) */
-    c->gemv_tc = gtc ? atoi(gtc) : 0;
+    c->gemv_tc = gtc && strcmp(gtc, "1") == 0;
     if (const char *sr = getenv("TANDEM_CUDA_SHARED_ROWS")) {
         const int v = atoi(sr);
         if (v >= 0 && v <= TDM_CUDA_GEMV_MAX_ROWS) c->shared_rows_max = v;

@@ -15,7 +15,12 @@
  * are: decode and verification of the same row give identical results.
  *
  *   f16 / bf16 (rows layout, cols % 8 == 0): W converted to f32 in registers,
- *     f32 FMAs with f32 x.
+ *     f32 FMAs with f32 x.  At one row W streams at 3.5-4.0 TB/s (7B shapes, back to
+ *     back); at 5 rows at 2.3-2.8 (ncu, Wqkv: 16 warps a multiprocessor at 118
+ *     registers, three quarters of warp time waiting on loads).  Measured without
+ *     gain (2026-12-03): W loads software-pipelined in registers, each row split over
+ *     the four warps of a block (5.8 waves instead of 1.45), W staged in shared
+ *     memory by cp.async (6.26 ms for a 5-row 7B forward became 6.37-6.75).
  *   q8_0 / q4_0 (QSPLIT layout, rows 16-byte aligned): x quantised per 32-element
  *     block to int8 (tdm_cuda_quantize_x), int8 dot products (dp4a) per block, then
  *     acc += isum * (d_w * d_x) in f32; q4_0 subtracts its offset of 8 per block
@@ -478,7 +483,6 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
     if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
     if (tdm_cuda_gemv_tc_use(c, w)) return tdm_cuda_gemv_tc(c, w, x, n, y, ldy, epi, err);
-    if (tdm_cuda_gemv_tcs_use(c, w)) return tdm_cuda_gemv_tcs(c, w, x, n, y, ldy, epi, err);
     /* Tiles of GV_TILE rows (a batch of fewer: one tile of exactly its rows).  A
      * partial last tile goes in the same launch (its W blocks read from L2 beside
      * the full tiles', its missing rows computed and dropped) unless the weight is

@@ -30,7 +30,13 @@
  *     default (TANDEM_CUDA_GEMV_TC=1 turns it on).  Measured and not the cause:
  *     the x splitting (packed saturating conversions, about 3 instructions a value
  *     instead of 9: 7.00 -> 6.85 ms); loading each warp's chunks as runs of 512
- *     contiguous bytes a row was slower (7.95 ms).  Next: more W rows a warp.
+ *     contiguous bytes a row was slower (7.95 ms); staging W in shared memory as
+ *     whole 256-byte runs (cp.async, two 4 KB stages a warp) with ldmatrix fragments
+ *     was slower still (8.57 ms at one row; commit 1befda4).  What is fast on this
+ *     chip: cuBLAS's f16 kernel for 1 to 8 rows (nvjet 128x8x64, 12 stages of 16 KB,
+ *     one 384-thread block a multiprocessor, ncu 2026-12-03) streams W at 3.4 TB/s
+ *     flat from 1 to 8 rows, but is not batch invariant and takes f16 x.  Next: a
+ *     kernel of that shape (deep pipeline, large M tile) with a fixed K order.
  *   Order: each warp's partial sums over its chunks in increasing order, then the
  *     four warps' added in warp order.  Nothing depends on the number of input rows
  *     or on the other rows (the mma computes each output from its own row and column
@@ -219,7 +225,7 @@ k_gemv_tc(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
 }
 
 bool tdm_cuda_gemv_tc_use(const tdm_cuda *c, const tdm_weight *w) {
-    return c->gemv_tc == 1 && w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16) &&
+    return c->gemv_tc && w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16) &&
            w->cols % 8 == 0 && w->row_bytes % 16 == 0 && (uintptr_t)w->data % 16 == 0;
 }
 

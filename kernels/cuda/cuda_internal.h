@@ -65,7 +65,7 @@ typedef struct tdm_cuda {
                                 (tdm_batch.rows_shared) takes the row kernels up to this many
                                 rows and cuBLAS above (the measured crossover;
                                 TANDEM_CUDA_SHARED_ROWS overrides) */
-    int gemv_tc;         /* f16 / bf16 row products on tensor cores (1: cuda_gemv_tc.cu, 2: cuda_gemv_async.cu):
+    bool gemv_tc;        /* f16 / bf16 row products on tensor cores (cuda_gemv_tc.cu):
                             TANDEM_CUDA_GEMV_TC=1; off by default (slower at 1 to 5 rows) */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
@@ -197,12 +197,6 @@ bool tdm_cuda_gemv_fast(const tdm_weight *w);
  * unused); the others read x.  w must be tdm_cuda_gemv_fast. */
 tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, const tdm_cuda_xq *xq, int32_t n,
                             float *y, int32_t ldy, tdm_gemv_epi epi, tdm_err *err);
-/* Whether tdm_cuda_gemv takes w on tensor cores with W staged in shared memory
- * (f16 / bf16 rows, cols a multiple of 8, 16-byte aligned rows; c->gemv_tc == 2). */
-bool tdm_cuda_gemv_tcs_use(const tdm_cuda *c, const tdm_weight *w);
-/* tdm_cuda_gemv's product for those weights (cuda_gemv_async.cu). */
-tandem_status tdm_cuda_gemv_tcs(tdm_cuda *c, const tdm_weight *w, const float *x, int32_t n, float *y, int32_t ldy,
-                                tdm_gemv_epi epi, tdm_err *err);
 /* Whether tdm_cuda_gemv takes w on tensor cores (f16 / bf16 rows, cols a multiple
  * of 8, 16-byte aligned rows; c->gemv_tc). */
 bool tdm_cuda_gemv_tc_use(const tdm_cuda *c, const tdm_weight *w);
