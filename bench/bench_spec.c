@@ -50,6 +50,7 @@ typedef struct cfg {
     int tree;      /* spec_tree (0: chains) */
     const char *shape; /* spec_tree_shape, or NULL */
     uint64_t forwards, fwd_tokens; /* repetition 0's target forwards and the tokens they committed */
+    uint64_t tree_steps;           /* repetition 0's steps that verified a token tree */
     float alpha;   /* oracle acceptance (benchmark mode), < 0 = off */
     double tps[MAX_REPS];
     double mean_acc, acc_rate, k_final_sum;
@@ -265,6 +266,7 @@ int main(int argc, char **argv) {
                         C->decode_ms += res.decode_ms;
                         C->forwards += res.spec.forwards;
                         C->fwd_tokens += res.spec.forward_tokens;
+                        C->tree_steps += res.spec.tree_steps;
                     }
                     tandem_result_free(&res);
                 }
@@ -326,12 +328,13 @@ int main(int argc, char **argv) {
         cfg *C = &cfgs[c];
         printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"p_min\": %g, \"oracle_alpha\": %g, \"tree\": %d, \"tree_shape\": \"%s\", "
                "\"differs\": %d, \"forwards\": %llu, \"tokens_per_forward\": %.4f, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
-               "\"mean_accepted\": %.3f, \"us_per_step\": {\"draft\": %.1f, \"verify\": %.1f, \"all\": %.1f}}\n",
+               "\"mean_accepted\": %.3f, \"steps\": %llu, \"tree_steps\": %llu, \"us_per_step\": {\"draft\": %.1f, \"verify\": %.1f, \"all\": %.1f}}\n",
                C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, (double)C->p_min, (double)C->alpha, C->tree,
                C->shape ? C->shape : "", C->differs, (unsigned long long)C->forwards,
                C->forwards ? (double)C->fwd_tokens / (double)C->forwards : 0.0, median(C->tps, reps),
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
-               C->steps ? (double)C->accepted / (double)C->steps : 0.0, C->steps ? 1e3 * C->draft_ms / (double)C->steps : 0.0,
+               C->steps ? (double)C->accepted / (double)C->steps : 0.0, (unsigned long long)C->steps,
+               (unsigned long long)C->tree_steps, C->steps ? 1e3 * C->draft_ms / (double)C->steps : 0.0,
                C->steps ? 1e3 * C->verify_ms / (double)C->steps : 0.0,
                1e3 * C->decode_ms / (double)(C->steps ? C->steps : (C->tokens > (uint64_t)n_prompts ? C->tokens - (uint64_t)n_prompts : 1)));
     }

@@ -23,10 +23,11 @@ void tdm_tree_ctrl_observe(tdm_tree_ctrl *c, int32_t budget, int32_t tokens) {
     c->tokens[i] = ema(c->tokens[i], (double)tokens, 0.15);
 }
 
-void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double seconds) {
-    if (!(seconds > 0)) return;
+void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double t_draft, double t_verify, int32_t tokens) {
     const int32_t i = tdm_tree_budget_index(budget);
-    c->t_draft[i] = ema(c->t_draft[i], seconds, 0.1);
+    if (t_draft > 0) c->t_draft[i] = ema(c->t_draft[i], t_draft, 0.1);
+    if (t_verify > 0) c->t_verify[i] = ema(c->t_verify[i], t_verify, 0.1);
+    if (tokens > 0) c->tokens[i] = ema(c->tokens[i], (double)tokens, 0.1);
 }
 
 int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,
@@ -38,9 +39,12 @@ int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cos
         const int32_t b = TDM_TREE_BUDGETS[i];
         const tdm_tree_cfg cfg = tdm_tree_cfg_dynamic(b);
         const double hope = alpha + 0.15 < 0.95 ? alpha + 0.15 : 0.95;
-        const double tok = c->tokens[i] > 0 ? c->tokens[i] : tdm_ctrl_expected_tokens(hope, cfg.depth);
+        const double tok = c->tokens[i] > 0    ? c->tokens[i]
+                           : tc->tokens[i] > 0 ? tc->tokens[i]
+                                               : tdm_ctrl_expected_tokens(hope, cfg.depth);
         const double td = tc->t_draft[i] > 0 ? tc->t_draft[i] : cfg.depth * t_d;
-        const double t = td + tdm_cost_verify(cost, b + 1);
+        const double tv = tc->t_verify[i] > 0 ? tc->t_verify[i] : tdm_cost_verify(cost, b + 1);
+        const double t = td + tv;
         const double r = tok / (t > 0 ? t : 1e-30);
         if (r > best) {
             second = best, runner = pick;
@@ -49,6 +53,9 @@ int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cos
             second = r, runner = b;
         }
     }
-    if ((++c->n_decisions & 7) == 0 && runner >= 0) return runner;
+    /* the runner-up every 8th step while it is expected within 80 % of the best,
+     * else every 64th (a tree that measured far slower costs little to re-check) */
+    const uint32_t gap = second >= 0.8 * best ? 8 : 64;
+    if (++c->n_decisions % gap == 0 && runner >= 0) return runner;
     return pick;
 }

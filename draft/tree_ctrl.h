@@ -2,15 +2,20 @@
  * measured costs (tree_ctrl.c).
  *
  * Per sequence: an EMA of the tokens a tree step committed (accepted + 1) for each
- * budget of TDM_TREE_BUDGETS.  Per engine: an EMA of a tree step's drafting seconds
- * for each budget; verification seconds by row count are the chain controller's
- * (tdm_cost_model.t_verify, measured for chains and trees alike: a forward of n
- * rows costs what it costs).  A step takes the best expected rate,
+ * budget of TDM_TREE_BUDGETS.  Per engine, for each budget: EMAs of a tree step's
+ * drafting seconds, of its verification seconds (a tree's own: its masked rows
+ * cost more than a chain's rows of the same count, 467 against 293 us for 11 rows of
+ * the pycode target on an H200, so the chain controller's tdm_cost_model.t_verify
+ * neither feeds nor is fed by them) and of its tokens over all sequences.  A step
+ * takes the best expected rate,
  *     chain: E[tokens](alpha, k) / (k t_draft + t_verify(k + 1))   (controller.h)
- *     tree b: tokens(b) / (t_tree_draft(b) + t_verify(b + 1)),
- * an unmeasured budget assumed to commit what a chain as deep would at a hopeful
- * acceptance (alpha + 0.15) and to draft at depth(b) chain steps, so that it gets
- * tried; every 8th step measures the runner-up instead. */
+ *     tree b: tokens(b) / (t_tree_draft(b) + t_tree_verify(b)),
+ * where a budget the sequence has not measured takes the engine's tokens for it, and
+ * one the engine has not measured either is assumed to commit what a chain as deep
+ * would at a hopeful acceptance (alpha + 0.15), to draft at depth(b) chain steps and
+ * to verify at a chain's t_verify(b + 1), so that it gets tried.  Every 8th step
+ * measures the runner-up instead while its expected rate is within 80 % of the
+ * best, every 64th otherwise. */
 #ifndef TDM_TREE_CTRL_H
 #define TDM_TREE_CTRL_H
 
@@ -25,15 +30,20 @@ typedef struct tdm_tree_ctrl {
     uint32_t n_decisions;
 } tdm_tree_ctrl;
 
+/* Per engine (all sequences); 0 = unmeasured. */
 typedef struct tdm_tree_cost {
-    double t_draft[TDM_TREE_N_BUDGETS]; /* EMA of a tree step's drafting seconds, 0 = unmeasured */
+    double t_draft[TDM_TREE_N_BUDGETS];  /* EMA of a tree step's drafting seconds */
+    double t_verify[TDM_TREE_N_BUDGETS]; /* EMA of its verification seconds */
+    double tokens[TDM_TREE_N_BUDGETS];   /* EMA of the tokens it committed */
 } tdm_tree_cost;
 
 void tdm_tree_ctrl_init(tdm_tree_ctrl *c);
 /* The budget of TDM_TREE_BUDGETS nearest to (at most) b: its index. */
 int32_t tdm_tree_budget_index(int32_t b);
 void tdm_tree_ctrl_observe(tdm_tree_ctrl *c, int32_t budget, int32_t tokens);
-void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double seconds);
+/* One tree step of the budget: its drafting and verification seconds and the tokens
+ * it committed (a time that is not positive is not recorded). */
+void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double t_draft, double t_verify, int32_t tokens);
 /* The step's choice: 0 = a chain (of the chain controller's k), else a tree budget
  * at most max_budget.  chain_k: the chain controller's length for this step. */
 int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,

@@ -120,7 +120,7 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
     const double t0 = tdm_now();
     tandem_status st = tdm_draft_trees(e, jobs, m, &n_fwd, &err);
     if (!st) {
-        tdm_tree_cost_observe(&s->tree_cost, budget, tdm_now() - t0);
+        tdm_tree_cost_observe(&s->tree_cost, budget, tdm_now() - t0, 0, 0); /* (verification: the batch's row costs) */
         return true;
     }
     for (int32_t j = 0; j < m; j++) tdm_sched_fail(who[j]->r, st, &err);

@@ -128,7 +128,7 @@ typedef struct tdm_engine {
     double alpha_carry;      /* the last speculating request's final acceptance estimate
                                 (the next request starts halfway between it and the prior:
                                 acceptance is mostly the pair's); < 0: none yet */
-    tdm_tree_cost tree_cost; /* measured drafting seconds of a tree step, by budget */
+    tdm_tree_cost tree_cost; /* a tree step's measured seconds and tokens, by budget (draft/tree_ctrl.h) */
     tdm_tree tree;           /* the single-sequence step's tree */
     float *tree_p;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: a sampled tree's target p rows */
     float *tree_q;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: the draft q rows its children

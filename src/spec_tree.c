@@ -39,8 +39,7 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     if (nodes == 0) return tdm_seq_step_target(e, s, err);
     if ((st = tdm_verify_tree(e, s, &e->tree, &acc, err))) return st;
     const double t2 = tdm_now();
-    tdm_tree_cost_observe(&e->tree_cost, job.cfg.budget, t1 - t0);
-    tdm_cost_observe_verify(&e->cost, nodes + 1, t2 - t1);
+    tdm_tree_cost_observe(&e->tree_cost, job.cfg.budget, t1 - t0, t2 - t1, acc + 1);
     tdm_tree_ctrl_observe(&s->tctrl, job.cfg.budget, acc + 1);
     /* the chain controller's acceptance sees the path as a chain's prefix */
     tdm_ctrl_observe(&s->ctrl, TDM_MIN(acc + 1, e->tree.depth[nodes - 1] + 1), acc);

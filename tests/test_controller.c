@@ -1,6 +1,7 @@
 /* test_controller.c - adaptive speculation length: expected tokens, cost model
  * interpolation, choice of k against brute force, acceptance-rate estimation; the
- * batch's length from measured step times (draft/batch_ctrl.h). */
+ * batch's length from measured step times (draft/batch_ctrl.h); chain or tree from
+ * a tree's own measured costs (draft/tree_ctrl.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "common.h"
 #include "controller.h"
 #include "testutil.h"
+#include "tree_ctrl.h"
 
 
 /* 1 + a + ... + a^k: the expected tokens of a step, summed term by term. */
@@ -478,4 +480,61 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 10, 1e-3);
     tdm_rowcost_observe(&c, 20, 10e-3); /* dearer than proportional: the straight line bounds it */
     cr_assert_float_eq(tdm_rowcost_get(&c, 15), 5.5e-3, 1e-12, "min(line 5.5 ms, roof 7.5 ms)");
+}
+
+/* Chain or tree (tdm_tree_choose): a tree's verification is weighed at its own
+ * measured cost, not at a chain's of the same row count; a sequence that has not
+ * measured a budget takes the engine's tokens for it; an unmeasured budget is tried. */
+Test(controller, tree_choice_weighs_the_trees_own_costs) {
+    tdm_cost_model cost;
+    tdm_cost_init(&cost);
+    tdm_cost_observe_draft(&cost, 100e-6);
+    for (int n = 1; n <= TDM_COST_MAX_N; n++) tdm_cost_observe_verify(&cost, n, 1e-3 + n * 5e-6);
+    const double alpha = 0.7;
+    const int32_t k = 4;
+    const double chain = tdm_ctrl_rate(&cost, alpha, tdm_cost_draft(&cost), k);
+    tdm_tree_cost tc;
+    memset(&tc, 0, sizeof tc);
+    tdm_tree_ctrl c;
+    tdm_tree_ctrl_init(&c);
+    /* nothing measured: the hopeful estimate picks some tree, to try it */
+    cr_assert_gt(tdm_tree_choose(&c, &tc, &cost, alpha, k, 8), 0);
+    /* budgets 4 and 8 measured: 4.5 tokens each, drafted in 0.3 ms, but verified in
+     * 2.5 ms (masked rows): slower than the chain, which is chosen (the choice
+     * every 8th step is the runner-up, so compare 7 in 8) */
+    for (int i = 0; i < 8; i++) {
+        tdm_tree_cost_observe(&tc, 4, 300e-6, 2.5e-3, 5);
+        tdm_tree_cost_observe(&tc, 8, 300e-6, 2.5e-3, 5);
+        tdm_tree_ctrl_observe(&c, 4, 5);
+        tdm_tree_ctrl_observe(&c, 8, 5);
+    }
+    cr_assert_lt(5.0 / (300e-6 + 2.5e-3), chain, "(the case: the tree is slower)");
+    cr_assert_gt(5.0 / (300e-6 + tdm_cost_verify(&cost, 9)), chain, "(at a chain's verification it would win)");
+    int chains = 0;
+    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&c, &tc, &cost, alpha, k, 8) == 0;
+    cr_assert_eq(chains, 7, "the chain in 7 of 8 steps, got %d", chains);
+    /* a new sequence: no tokens of its own, the engine's make the trees lose too */
+    tdm_tree_ctrl fresh;
+    tdm_tree_ctrl_init(&fresh);
+    chains = 0;
+    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&fresh, &tc, &cost, alpha, k, 8) == 0;
+    cr_assert_eq(chains, 7, "a new sequence: the chain in 7 of 8 steps, got %d", chains);
+    /* a tree far slower than the chain (verified in 6 ms): its re-check is rarer,
+     * every 64th step */
+    tdm_tree_cost slow = tc;
+    tdm_tree_ctrl cs;
+    tdm_tree_ctrl_init(&cs);
+    for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&slow, 4, 300e-6, 6e-3, 5), tdm_tree_cost_observe(&slow, 8, 300e-6, 6e-3, 5);
+    chains = 0;
+    for (int i = 0; i < 64; i++) chains += tdm_tree_choose(&cs, &slow, &cost, alpha, k, 8) == 0;
+    cr_assert_eq(chains, 63, "far slower trees: the chain in 63 of 64 steps, got %d", chains);
+    /* a tree verified fast wins */
+    for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&tc, 8, 300e-6, 1.0e-3, 5);
+    for (int i = 0; i < 60; i++) tdm_tree_ctrl_observe(&c, 8, 5);
+    tdm_tree_ctrl_init(&fresh);
+    cr_assert_eq(tdm_tree_choose(&fresh, &tc, &cost, alpha, k, 8), 8);
+    /* times that are not positive are not recorded */
+    const double before = tc.t_verify[1];
+    tdm_tree_cost_observe(&tc, 8, 0, -1, 0);
+    cr_assert_float_eq(tc.t_verify[1], before, 0);
 }
