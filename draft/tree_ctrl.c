@@ -35,10 +35,10 @@ int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cos
     const double t_d = tdm_cost_draft(cost);
     double best = tdm_ctrl_rate(cost, alpha, t_d, chain_k), second = -1;
     int32_t pick = 0, runner = -1;
+    const double hope = alpha + 0.15 < 0.95 ? alpha + 0.15 : 0.95; /* (an unmeasured budget's acceptance) */
     for (int32_t i = 0; i < TDM_TREE_N_BUDGETS && TDM_TREE_BUDGETS[i] <= max_budget; i++) {
         const int32_t b = TDM_TREE_BUDGETS[i];
         const tdm_tree_cfg cfg = tdm_tree_cfg_dynamic(b);
-        const double hope = alpha + 0.15 < 0.95 ? alpha + 0.15 : 0.95;
         const double tok = c->tokens[i] > 0    ? c->tokens[i]
                            : tc->tokens[i] > 0 ? tc->tokens[i]
                                                : tdm_ctrl_expected_tokens(hope, cfg.depth);

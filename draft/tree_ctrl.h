@@ -30,7 +30,8 @@ typedef struct tdm_tree_ctrl {
     uint32_t n_decisions;
 } tdm_tree_ctrl;
 
-/* Per engine (all sequences); 0 = unmeasured. */
+/* Per engine (all sequences); 0 = unmeasured.  The scheduler's own (sched/) records
+ * drafting seconds only: its verifications are batches, costed by their rows. */
 typedef struct tdm_tree_cost {
     double t_draft[TDM_TREE_N_BUDGETS];  /* EMA of a tree step's drafting seconds */
     double t_verify[TDM_TREE_N_BUDGETS]; /* EMA of its verification seconds */

@@ -499,7 +499,7 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
     tdm_tree_ctrl_init(&c);
     /* nothing measured: the hopeful estimate picks some tree, to try it */
     cr_assert_gt(tdm_tree_choose(&c, &tc, &cost, alpha, k, 8), 0);
-    /* budgets 4 and 8 measured: 4.5 tokens each, drafted in 0.3 ms, but verified in
+    /* budgets 4 and 8 measured: 5 tokens each, drafted in 0.3 ms, but verified in
      * 2.5 ms (masked rows): slower than the chain, which is chosen (the choice
      * every 8th step is the runner-up, so compare 7 in 8) */
     for (int i = 0; i < 8; i++) {

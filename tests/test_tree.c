@@ -1,7 +1,8 @@
 /* test_tree.c - token-tree speculation end to end on the pycode pair: greedy
  * output equals target-only output on all 100 dev prompts with static and
- * dynamic trees, and with trees verified as chain rows (spine first); after every tree step the block table holds exactly the accepted
- * length (both models rolled back, no block leaked), greedy and sampled; sampled
+ * dynamic trees, and with trees verified as chain rows (spine first); after every
+ * tree step the block table holds exactly the accepted length (both models rolled
+ * back, no block leaked), greedy and sampled; sampled
  * requests verifying trees in a batch give the target-only engine's tokens; the tree
  * structure's pruning and the shape parser. */
 #include <criterion/criterion.h>
