@@ -14,6 +14,12 @@
  * the same operations whatever the number of rows n and whatever the other rows
  * are: decode and verification of the same row give identical results.
  *
+ * A weight whose W rows are too few to keep every multiprocessor busy (gv_ksplit:
+ * 7B shapes' Wo and W2, 0.48 waves of blocks at 8 rows, ncu: 1.5-1.7 TB/s; a 160m
+ * draft's products) has its columns split into ks = 2 or 4 parts, each W row summed
+ * by ks warps of one block over [p n8 / ks, (p + 1) n8 / ks) in the same way, their
+ * sums added in part order through shared memory; ks depends on the weight alone.
+ *
  *   f16 / bf16 (rows layout, cols % 8 == 0): W converted to f32 in registers,
  *     f32 FMAs with f32 x.  At one row W streams at 3.5-4.0 TB/s (7B shapes, back to
  *     back); at 5 rows at 2.3-2.8 (ncu, Wqkv: 16 warps a multiprocessor at 118
@@ -61,8 +67,8 @@ struct gv_rows {
     bool has_b, active;
 };
 
-template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int32_t ff) {
-    const int32_t warp = blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5);
+template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int32_t ff, int32_t ks = 1) {
+    const int32_t warp = ((int32_t)blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5)) / ks; /* (its group) */
     gv_rows r;
     if (EPI == TDM_EPI_SWIGLU) {
         r.ra = warp;
@@ -88,21 +94,55 @@ template <int NR> __device__ __forceinline__ int32_t tile_last(int32_t n_rows) {
     return min(NR, n_rows - (int32_t)blockIdx.x * GV_TILE) - 1;
 }
 
+/* The part of a weight's columns a warp sums (tdm_cuda_gemv's split of the columns
+ * into ks parts, ks dividing GV_WARPS: warp w of the grid takes part w % ks of the
+ * W rows of group w / ks, so a group's parts are warps of one block): chunks of 8
+ * columns [lo, hi). */
+__device__ __forceinline__ void gv_part(int32_t n8, int32_t ks, int32_t *lo, int32_t *hi) {
+    const int32_t p = ((int32_t)blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5)) % ks;
+    *lo = p * n8 / ks;
+    *hi = (p + 1) * n8 / ks;
+}
+
+/* The sums of a group's ks parts (lane i: input row i's NW values v), added in part
+ * order through shared memory (every warp of the block calls it: a barrier); true
+ * for the warp that then holds the totals (the group's part 0). */
+template <int NW>
+__device__ __forceinline__ bool gv_combine(float v[NW], int32_t ks, float (*red)[GV_TILE][NW]) {
+    const int32_t warp = (int32_t)(threadIdx.x >> 5), lane = (int32_t)(threadIdx.x & 31);
+    if (lane < GV_TILE)
+#pragma unroll
+        for (int j = 0; j < NW; j++) red[warp][lane][j] = v[j];
+    __syncthreads();
+    if (warp % ks != 0) return false;
+    if (lane < GV_TILE)
+        for (int32_t p = 1; p < ks; p++)
+#pragma unroll
+            for (int j = 0; j < NW; j++) v[j] += red[warp + p][lane][j];
+    return true;
+}
+
 /* Reduces each input row's partial sums over the warp (every lane gets the same
- * sums) and writes them: lane i writes input row i's outputs, so the rows'
- * read-modify-writes (ACCUM) wait on memory once, side by side, not one after
- * another. */
+ * sums; with ks parts, then over the group's parts) and writes them: lane i writes
+ * input row i's outputs, so the rows' read-modify-writes (ACCUM) wait on memory
+ * once, side by side, not one after another.  With ks > 1 every warp of the block
+ * must call it. */
 template <int NR, int EPI>
 __device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float sb[NR], float *y, int32_t ldy,
-                                         int32_t last) {
+                                         int32_t last, int32_t ks = 1) {
     const int lane = threadIdx.x & 31;
-    float a = 0.0f, b = 0.0f;
+    float v[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < NR; i++) {
         const float ai = tdm_cu_warp_sum(sa[i]), bi = tdm_cu_warp_sum(sb[i]);
-        if (lane == i) a = ai, b = bi;
+        if (lane == i) v[0] = ai, v[1] = bi;
     }
-    if (lane >= NR || lane > last) return;
+    if (ks > 1) {
+        __shared__ float red[GV_WARPS][GV_TILE][2];
+        if (!gv_combine<2>(v, ks, red)) return;
+    }
+    if (!r.active || lane >= NR || lane > last) return;
+    const float a = v[0], b = v[1];
     float *yr = y + (size_t)lane * ldy;
     if (EPI == TDM_EPI_SWIGLU) {
         yr[r.ra] = a / (1.0f + expf(-a)) * b;
@@ -118,10 +158,10 @@ __device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float s
 template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-         const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows) {
+         const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
     TDM_PDL_ENTRY();
-    const gv_rows r = rows_of<EPI>(n_out, ff);
-    if (!r.active) return;
+    const gv_rows r = rows_of<EPI>(n_out, ff, ks);
+    if (!r.active && ks == 1) return; /* (with parts, every warp reaches the barrier) */
     x += (size_t)blockIdx.x * GV_TILE * cols; /* (this block's tile of input rows) */
     y += (size_t)blockIdx.x * GV_TILE * ldy;
     const int32_t lane = (int32_t)(threadIdx.x & 31), last = tile_last<NR>(n_rows);
@@ -130,9 +170,11 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
     float sa[NR], sb[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
-    const int32_t n8 = cols / 8;
+    int32_t lo, hi;
+    gv_part(cols / 8, ks, &lo, &hi);
+    if (!r.active) hi = lo;
 #pragma unroll 4
-    for (int32_t k8 = lane; k8 < n8; k8 += 32) {
+    for (int32_t k8 = lo + lane; k8 < hi; k8 += 32) {
         float fa[8], fb[8];
         cvt8<T>(tdm_cu_ld_stream(wa + k8), fa);
         cvt8<T>(tdm_cu_ld_stream(wb + k8), fb);
@@ -151,7 +193,7 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
             sb[i] = v;
         }
     }
-    gv_store<NR, EPI>(r, sa, sb, y, ldy, last);
+    gv_store<NR, EPI>(r, sa, sb, y, ldy, last, ks);
 }
 
 /* The quantised x of this block's tile of input rows. */
@@ -172,9 +214,9 @@ __device__ __forceinline__ tdm_cuda_xq tdm_gv_tile(tdm_cuda_xq xq, int32_t cols,
 template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-          const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows) {
+          const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
     TDM_PDL_ENTRY();
-    const int32_t warp = blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5);
+    const int32_t warp = ((int32_t)blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5)) / ks; /* (its group) */
     int32_t row[4], out[4];
     bool has[4];
     if (EPI == TDM_EPI_SWIGLU) { /* outputs 2w, 2w + 1: gate rows then up rows */
@@ -191,7 +233,7 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
             row[j] = has[j] ? out[j] : 4 * warp;
         }
     }
-    if (!has[0]) return;
+    if (!has[0] && ks == 1) return; /* (with parts, every warp reaches the barrier) */
     x += (size_t)blockIdx.x * GV_TILE * cols;
     y += (size_t)blockIdx.x * GV_TILE * ldy;
     const int32_t lane = (int32_t)(threadIdx.x & 31), last = tile_last<NR>(n_rows);
@@ -203,9 +245,11 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     for (int j = 0; j < 4; j++)
 #pragma unroll
         for (int i = 0; i < NR; i++) acc[j][i] = 0.0f;
-    const int32_t n8 = cols / 8;
+    int32_t lo, hi;
+    gv_part(cols / 8, ks, &lo, &hi);
+    if (!has[0]) hi = lo;
 #pragma unroll 2
-    for (int32_t k8 = lane; k8 < n8; k8 += 32) {
+    for (int32_t k8 = lo + lane; k8 < hi; k8 += 32) {
         float f[4][8];
 #pragma unroll
         for (int j = 0; j < 4; j++) cvt8<T>(tdm_cu_ld_stream(wr[j] + k8), f[j]);
@@ -232,7 +276,11 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
             const float t = tdm_cu_warp_sum(acc[j][i]);
             if (lane == i) v[j] = t;
         }
-    if (lane >= NR || lane > last) return;
+    if (ks > 1) {
+        __shared__ float red[GV_WARPS][GV_TILE][4];
+        if (!gv_combine<4>(v, ks, red)) return;
+    }
+    if (!has[0] || lane >= NR || lane > last) return;
     float *yr = y + (size_t)lane * ldy;
     if (EPI == TDM_EPI_SWIGLU) {
         for (int j = 0; j < 2; j++)
@@ -259,6 +307,23 @@ static bool gv_tall(const tdm_cuda *c, const tdm_weight *w) {
 static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
     return (w->type == TDM_F16 || w->type == TDM_BF16) && w->layout == TDM_LAYOUT_ROWS && nr >= 3 && gv_tall(c, w) ? 4
                                                                                                                 : 2;
+}
+
+/* Parts the columns of an f16 / bf16 weight are summed in (1, 2 or 4; the kernels'
+ * gv_part): a weight whose blocks of four W rows a warp would not fill the GPU twice
+ * over (7B shapes: Wo and W2's 4096 rows, 0.48 waves; a 160m draft's 768-row
+ * products) gives each W row ks warps, each at least 32 chunks of 8 columns, their
+ * sums added in part order.  It depends on the weight and the device only, never on
+ * the number of input rows, so a decode row and the same row in a verification still
+ * get the same bits (cuda_gemv/types_shapes_rows checks).  TANDEM_CUDA_GEMV_KSPLIT=1
+ * turns it off (c->gemv_ksplit). */
+static int32_t gv_ksplit(const tdm_cuda *c, const tdm_weight *w) {
+    if ((w->type != TDM_F16 && w->type != TDM_BF16) || w->layout != TDM_LAYOUT_ROWS) return 1;
+    const int64_t blocks = (w->rows + 4 * GV_WARPS - 1) / (4 * GV_WARPS), n8 = w->cols / 8;
+    int32_t ks = 1;
+    while (2 * ks <= c->gemv_ksplit && blocks * ks < c->gemv_ksplit_waves * (int64_t)c->n_sm && n8 / (2 * ks) >= 32)
+        ks *= 2;
+    return ks;
 }
 
 __device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
@@ -422,19 +487,19 @@ bool tdm_cuda_gemv_fast(const tdm_weight *w) {
  * (the last tile may be partial). */
 template <int NR, int EPI>
 static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out, int32_t ff, const float *x,
-                      const tdm_cuda_xq &xq, float *y, int32_t ldy, int32_t n_rows) {
+                      const tdm_cuda_xq &xq, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
     const uint8_t *wd = (const uint8_t *)w->data;
     const int32_t cols = (int32_t)w->cols;
     const unsigned th = GV_WARPS * 32;
     const bool wide = gv_rows_per_warp(c, w, NR) == 4;
     switch (w->type) {
     case TDM_F16:
-        if (wide) tdm_launch(k_gemv16w<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
-        else tdm_launch(k_gemv16<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
+        if (wide) tdm_launch(k_gemv16w<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
+        else tdm_launch(k_gemv16<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
         break;
     case TDM_BF16:
-        if (wide) tdm_launch(k_gemv16w<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
-        else tdm_launch(k_gemv16<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows);
+        if (wide) tdm_launch(k_gemv16w<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
+        else tdm_launch(k_gemv16<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
         break;
     case TDM_Q8_0:
         tdm_launch(k_gemv_q8<NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows);
@@ -455,10 +520,10 @@ static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out
 
 template <int EPI>
 static void launch_epi(tdm_cuda *c, const tdm_weight *w, dim3 grid, int nr, int32_t n_out, int32_t ff,
-                       const float *x, const tdm_cuda_xq &xq, float *y, int32_t ldy, int32_t n_rows) {
+                       const float *x, const tdm_cuda_xq &xq, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
     switch (nr) {
 #define NR_CASE(N) \
-    case N: launch_nr<N, EPI>(c, w, grid, n_out, ff, x, xq, y, ldy, n_rows); break;
+    case N: launch_nr<N, EPI>(c, w, grid, n_out, ff, x, xq, y, ldy, n_rows, ks); break;
         NR_CASE(1) NR_CASE(2) NR_CASE(3) NR_CASE(4) NR_CASE(5) NR_CASE(6) NR_CASE(7) NR_CASE(8)
 #undef NR_CASE
     default: break;
@@ -493,25 +558,26 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t cols = (int32_t)w->cols, nb = cols / TDM_QK;
     const int32_t full = n / GV_TILE, rem = n % GV_TILE;
     const bool split = gv_tall(c, w) && full > 0 && rem > 0;
+    const int32_t ks = gv_ksplit(c, w);
     for (int32_t i0 = 0; i0 < n;) {
         const int32_t rows = split && i0 == 0 ? full * GV_TILE : n - i0; /* this launch's */
         const int nr = rows <= GV_TILE ? rows : GV_TILE;
         const unsigned tiles = (unsigned)((rows + GV_TILE - 1) / GV_TILE);
         /* outputs a warp writes: its W rows (SwiGLU: half of them, gate and up) */
         const int per_warp = gv_rows_per_warp(c, w, nr) / (epi == TDM_EPI_SWIGLU ? 2 : 1);
-        const int64_t warps = ((int64_t)n_out + per_warp - 1) / per_warp;
+        const int64_t warps = ((int64_t)n_out + per_warp - 1) / per_warp * ks;
         const int64_t wblocks = (warps + GV_WARPS - 1) / GV_WARPS;
         if (wblocks > 65535)
             return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "gemv: %lld output rows (the row kernels take %lld)",
-                              (long long)n_out, (long long)65535 * GV_WARPS * per_warp);
+                              (long long)n_out, (long long)65535 * GV_WARPS / ks * per_warp);
         const dim3 grid(tiles, (unsigned)wblocks);
         tdm_cuda_xq xt = {0, 0, 0};
         if (quant) xt = {xq->q + (size_t)i0 * cols, xq->d + (size_t)i0 * nb, xq->qs + (size_t)i0 * nb};
         const float *xi = quant ? NULL : x + (size_t)i0 * cols;
         float *yi = y + (size_t)i0 * ldy;
-        if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows);
-        else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows);
-        else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows);
+        if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows, ks);
+        else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows, ks);
+        else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows, ks);
         TDM_CU_LAUNCHED("gemv");
         i0 += rows;
     }

@@ -36,6 +36,57 @@ __device__ __forceinline__ void tdm_kv_stage_tree_k(int lane, int32_t base, int3
     }
 }
 
+/* Keys [base, base + 32) at consecutive slots, K as Ks[HD][32] and V as Vs[32][HD]
+ * (T the element, f16 or int8 quants; V8 eight of them; a cache unit of kunit /
+ * vunit elements per block and kv head: K element (d, slot p) at d * bs + p, V's at
+ * p * HD + d): each lane's HD / 8 loads of K and HD / 8 of V issued in batches of up
+ * to 16 before any of them is stored, so a warp waits on memory once or twice per
+ * chunk, not once per load (the stores to shared memory would otherwise order each
+ * load after the previous store).  A group of 8 keys that starts before kv_len is
+ * loaded whole (what lies past kv_len only meets masked scores); V of keys >= kv_len
+ * is zero. */
+template <int HD, typename T, typename V8>
+__device__ __forceinline__ void tdm_kv_stage_linear(int lane, int32_t base, int32_t kv_len, const int32_t *tab,
+                                                    int32_t bs, int32_t n_kv, int32_t kvh, const T *kc, const T *vc,
+                                                    int64_t kunit, int64_t vunit, T *Ks, T *Vs) {
+    constexpr int NI = HD / 8;  /* loads of K (and of V) per lane: 4 HD / 32 = 32 (HD / 8) / 32 */
+    constexpr int NT = 2 * NI;  /* K's, then V's */
+    constexpr int BATCH = 16;
+#pragma unroll
+    for (int i0 = 0; i0 < NT; i0 += BATCH) {
+        V8 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int it = i0 + b;
+            if (it >= NT) break;
+            V8 u{};
+            if (it < NI) {
+                const int32_t q = lane + 32 * it, kg = q & 3, d = q >> 2, slot = base + 8 * kg;
+                if (slot < kv_len)
+                    u = *(const V8 *)(kc + ((int64_t)tab[slot / bs] * n_kv + kvh) * kunit + (size_t)d * bs + slot % bs);
+            } else {
+                const int32_t q = lane + 32 * (it - NI), j = q / (HD / 8), dc = q % (HD / 8), slot = base + j;
+                if (slot < kv_len)
+                    u = *(const V8 *)(vc + ((int64_t)tab[slot / bs] * n_kv + kvh) * vunit + (size_t)(slot % bs) * HD +
+                                      8 * dc);
+            }
+            v[b] = u;
+        }
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            const int it = i0 + b;
+            if (it >= NT) break;
+            if (it < NI) {
+                const int32_t q = lane + 32 * it, kg = q & 3, d = q >> 2;
+                *(V8 *)(Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg) = v[b];
+            } else {
+                const int32_t q = lane + 32 * (it - NI), j = q / (HD / 8), dc = q % (HD / 8);
+                *(V8 *)(Vs + (size_t)j * HD + 8 * dc) = v[b];
+            }
+        }
+    }
+}
+
 /* Keys [base, base + 32) of kv head kvh (block table tab, block size bs, n_kv kv
  * heads; caches in kernels/backend.h's layouts) by the 32 lanes of one warp: K as
  * Ks[HD][32] (the cache's own order within a block, 8 keys per 16-byte load; a group
@@ -49,35 +100,30 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
     if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) {
         tdm_kv_stage_tree_k<HD, __half, uint4>(lane, base, kv_len, tab, bs, n_kv, kvh, kc, (int64_t)HD * bs, Ks, mnv,
                                                mtree);
-        for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
-            const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (kj < kv_len) {
-                const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
-                v = *(const uint4 *)(vc + (((size_t)tab[sj / bs] * n_kv + kvh) * bs + sj % bs) * HD + 8 * dc);
+        /* V by rank: each lane's HD / 8 loads in batches of up to 16 before their stores */
+        constexpr int NI = HD / 8, BATCH = 16;
+#pragma unroll
+        for (int i0 = 0; i0 < NI; i0 += BATCH) {
+            uint4 v[BATCH];
+#pragma unroll
+            for (int b = 0; b < BATCH && i0 + b < NI; b++) {
+                const int32_t q = lane + 32 * (i0 + b), j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
+                v[b] = make_uint4(0, 0, 0, 0);
+                if (kj < kv_len) {
+                    const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
+                    v[b] = *(const uint4 *)(vc + (((size_t)tab[sj / bs] * n_kv + kvh) * bs + sj % bs) * HD + 8 * dc);
+                }
             }
-            *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
+#pragma unroll
+            for (int b = 0; b < BATCH && i0 + b < NI; b++) {
+                const int32_t q = lane + 32 * (i0 + b), j = q / (HD / 8), dc = q % (HD / 8);
+                *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v[b];
+            }
         }
         return;
     }
-    for (int32_t q = lane; q < 4 * HD; q += 32) {
-        const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (slot < kv_len) {
-            const int64_t blk = tab[slot / bs];
-            v = *(const uint4 *)(kc + (((size_t)blk * n_kv + kvh) * HD + d) * bs + slot % bs);
-        }
-        *(uint4 *)(Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg) = v;
-    }
-    for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
-        const int32_t j = q / (HD / 8), dc = q % (HD / 8), slot = base + j;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (slot < kv_len) {
-            const int64_t blk = tab[slot / bs];
-            v = *(const uint4 *)(vc + (((size_t)blk * n_kv + kvh) * bs + slot % bs) * HD + 8 * dc);
-        }
-        *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
-    }
+    tdm_kv_stage_linear<HD, __half, uint4>(lane, base, kv_len, tab, bs, n_kv, kvh, kc, vc, (int64_t)HD * bs,
+                                           (int64_t)HD * bs, Ks, Vs);
 }
 
 /* The same keys of a q8_0 cache (kernels/kv_layout.h): K's int8 quants as
@@ -113,24 +159,8 @@ __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t 
         Vd[lane] = vd;
         return;
     }
-    for (int32_t q = lane; q < 4 * HD; q += 32) {
-        const int32_t kg = q & 3, d = q >> 2, slot = base + 8 * kg;
-        uint2 v = make_uint2(0, 0);
-        if (slot < kv_len) {
-            const int64_t blk = tab[slot / bs];
-            v = *(const uint2 *)(kc + (blk * n_kv + kvh) * unit + (size_t)d * bs + slot % bs);
-        }
-        *(uint2 *)(Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg) = v;
-    }
-    for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
-        const int32_t j = q / (HD / 8), dc = q % (HD / 8), slot = base + j;
-        uint2 v = make_uint2(0, 0);
-        if (slot < kv_len) {
-            const int64_t blk = tab[slot / bs];
-            v = *(const uint2 *)(vc + (blk * n_kv + kvh) * unit + (size_t)(slot % bs) * HD + 8 * dc);
-        }
-        *(uint2 *)(Vs + (size_t)j * HD + 8 * dc) = v;
-    }
+    tdm_kv_stage_linear<HD, int8_t, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const int8_t *)kc,
+                                           (const int8_t *)vc, unit, unit, Ks, Vs);
     const int32_t slot = base + lane;
     float kd = 0.0f, vd = 0.0f;
     if (slot < kv_len) {
