@@ -107,6 +107,10 @@ static const uint32_t fast_types[] = {TDM_F16,  TDM_BF16, TDM_Q8_0, TDM_Q4_0, TD
 
 static bool is_quant(uint32_t t) { return t == TDM_Q8_0 || t == TDM_Q4_0; }
 
+/* Every fast type at shapes that take each column split of the f16 / bf16 kernels
+ * (cuda_gemv.cu's gv_ksplit, on a GPU of 100+ multiprocessors: [1031][256] one part,
+ * [67][768] two, [300][4096] and [2][11008] four), 1 to 16 rows, stored and
+ * accumulated: against the reference, and rows alone bit for bit. */
 Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
     uint64_t rng = 41;
@@ -161,8 +165,8 @@ Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
 /* The row kernels past 16 rows (a token tree's verification: up to 64 rows, tiles
  * of 8, the last partial: in the same launch on a weight of 300 rows, a launch of
  * its own on a tall one of 2200, which also takes the f16 / bf16 kernel of four W
- * rows a warp): against the reference, and each row bit for bit as it is alone (a
- * decode step). */
+ * rows a warp, its columns in two parts): against the reference, and each row bit
+ * for bit as it is alone (a decode step). */
 Test(cuda_gemv, partial_tiles, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
     tdm_backend_cuda_force_matmul(b, 1);
