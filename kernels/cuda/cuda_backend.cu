@@ -357,11 +357,6 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
         const int v = atoi(ks);
         if (v == 1 || v == 2 || v == 4) c->gemv_ksplit = v;
     }
-    c->gemv_ksplit_waves = 2;
-    if (const char *kw = getenv("TANDEM_CUDA_GEMV_KSPLIT_WAVES")) {
-        const int v = atoi(kw);
-        if (v >= 1 && v <= 8) c->gemv_ksplit_waves = v;
-    }
     if (const char *sr = getenv("TANDEM_CUDA_SHARED_ROWS")) {
         const int v = atoi(sr);
         if (v >= 0 && v <= TDM_CUDA_GEMV_MAX_ROWS) c->shared_rows_max = v;

@@ -316,13 +316,13 @@ static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
  * sums added in part order.  It depends on the weight and the device only, never on
  * the number of input rows, so a decode row and the same row in a verification still
  * get the same bits (cuda_gemv/types_shapes_rows checks).  TANDEM_CUDA_GEMV_KSPLIT=1
- * turns it off (c->gemv_ksplit). */
+ * turns it off (c->gemv_ksplit).  (Splitting on while blocks number fewer than 4 per
+ * multiprocessor measured slower: bench/RESULTS.md, 2026-12-05.) */
 static int32_t gv_ksplit(const tdm_cuda *c, const tdm_weight *w) {
     if ((w->type != TDM_F16 && w->type != TDM_BF16) || w->layout != TDM_LAYOUT_ROWS) return 1;
     const int64_t blocks = (w->rows + 4 * GV_WARPS - 1) / (4 * GV_WARPS), n8 = w->cols / 8;
     int32_t ks = 1;
-    while (2 * ks <= c->gemv_ksplit && blocks * ks < c->gemv_ksplit_waves * (int64_t)c->n_sm && n8 / (2 * ks) >= 32)
-        ks *= 2;
+    while (2 * ks <= c->gemv_ksplit && blocks * ks < 2 * (int64_t)c->n_sm && n8 / (2 * ks) >= 32) ks *= 2;
     return ks;
 }
 

@@ -70,8 +70,6 @@ typedef struct tdm_cuda {
     int32_t gemv_ksplit; /* most parts the f16 / bf16 row kernels split a weight's columns
                             into (cuda_gemv.cu, gv_ksplit): 4, or TANDEM_CUDA_GEMV_KSPLIT
                             (1, 2 or 4; 1 = off) */
-    int32_t gemv_ksplit_waves; /* ... while its blocks number fewer than this many per
-                                  multiprocessor: 2 (TANDEM_CUDA_GEMV_KSPLIT_WAVES, 1..8) */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
     size_t bytes_peak;   /* the most device memory in use seen after an allocation (the

@@ -100,25 +100,14 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
     if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) {
         tdm_kv_stage_tree_k<HD, __half, uint4>(lane, base, kv_len, tab, bs, n_kv, kvh, kc, (int64_t)HD * bs, Ks, mnv,
                                                mtree);
-        /* V by rank: each lane's HD / 8 loads in batches of up to 16 before their stores */
-        constexpr int NI = HD / 8, BATCH = 16;
-#pragma unroll
-        for (int i0 = 0; i0 < NI; i0 += BATCH) {
-            uint4 v[BATCH];
-#pragma unroll
-            for (int b = 0; b < BATCH && i0 + b < NI; b++) {
-                const int32_t q = lane + 32 * (i0 + b), j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
-                v[b] = make_uint4(0, 0, 0, 0);
-                if (kj < kv_len) {
-                    const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
-                    v[b] = *(const uint4 *)(vc + (((size_t)tab[sj / bs] * n_kv + kvh) * bs + sj % bs) * HD + 8 * dc);
-                }
+        for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
+            const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
+            uint4 v = make_uint4(0, 0, 0, 0);
+            if (kj < kv_len) {
+                const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
+                v = *(const uint4 *)(vc + (((size_t)tab[sj / bs] * n_kv + kvh) * bs + sj % bs) * HD + 8 * dc);
             }
-#pragma unroll
-            for (int b = 0; b < BATCH && i0 + b < NI; b++) {
-                const int32_t q = lane + 32 * (i0 + b), j = q / (HD / 8), dc = q % (HD / 8);
-                *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v[b];
-            }
+            *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
         }
         return;
     }
