@@ -12,26 +12,52 @@
 
 #define TDM_KV_CHUNK 32 /* keys per staging */
 
-/* K of a tree row's chunk that reaches its ancestors' ranks (both cache types: T
- * the element, f16 or int8 quants, V8 eight of them; a cache unit of `unit` elements
- * per block and kv head, element (d, slot p) at d * bs + p): the groups of 8 keys
- * below the row's nv as the linear path loads them, the others key by key through
- * its mask, zeros for ranks >= kv_len. */
+/* Keys [base, base + 32) of a tree row's chunk that reaches its ancestors' ranks
+ * (cuda_fused.h: ranks past the row's nv map to slots through its mask), K as
+ * Ks[HD][32] and V as Vs[32][HD], zeros for ranks >= kv_len (T the element, f16 or
+ * int8 quants; V8 eight of them; a cache unit of kunit / vunit elements per block
+ * and kv head: K element (d, slot p) at d * bs + p, V's at p * HD + d).  Each lane
+ * finds its key's slot and cache unit once; K goes lane = key, element by element,
+ * V as the linear path's vectors with the key's unit from its lane; the loads are
+ * issued in batches of 16 before any store, so the warp waits on memory a few
+ * times per chunk, not once per element. */
 template <int HD, typename T, typename V8>
-__device__ __forceinline__ void tdm_kv_stage_tree_k(int lane, int32_t base, int32_t kv_len, const int32_t *tab,
-                                                    int32_t bs, int32_t n_kv, int32_t kvh, const T *kc, int64_t unit,
-                                                    T *Ks, int32_t mnv, uint64_t mtree) {
-    for (int32_t q = lane; q < 4 * HD; q += 32) {
-        const int32_t kg = q & 3, d = q >> 2, lo = base + 8 * kg;
-        T *dst = Ks + (size_t)d * TDM_KV_CHUNK + 8 * kg;
-        if (lo + 8 <= mnv) {
-            *(V8 *)dst = *(const V8 *)(kc + ((int64_t)tab[lo / bs] * n_kv + kvh) * unit + (size_t)d * bs + lo % bs);
-            continue;
+__device__ __forceinline__ void tdm_kv_stage_tree(int lane, int32_t base, int32_t kv_len, const int32_t *tab,
+                                                  int32_t bs, int32_t n_kv, int32_t kvh, const T *kc, const T *vc,
+                                                  int64_t kunit, int64_t vunit, T *Ks, T *Vs, int32_t mnv,
+                                                  uint64_t mtree) {
+    constexpr int BATCH = 16;
+    const bool ok = base + lane < kv_len;
+    const int32_t slot = ok ? tdm_cu_key_slot(mnv, mtree, base + lane) : 0;
+    const int64_t unit = ok ? (int64_t)tab[slot / bs] * n_kv + kvh : 0;
+    const T *kp = kc + unit * kunit + slot % bs; /* element d at kp[d * bs] */
+#pragma unroll
+    for (int d0 = 0; d0 < HD; d0 += BATCH) {
+        T v[BATCH];
+#pragma unroll
+        for (int e = 0; e < BATCH; e++) v[e] = ok ? kp[(size_t)(d0 + e) * bs] : T(0.0f);
+#pragma unroll
+        for (int e = 0; e < BATCH; e++) Ks[(size_t)(d0 + e) * TDM_KV_CHUNK + lane] = v[e];
+    }
+    const int64_t vrow = ok ? unit * vunit + (int64_t)(slot % bs) * HD : -1; /* this key's V, -1: zeros */
+    constexpr int NI = HD / 8; /* V loads per lane */
+#pragma unroll
+    for (int i0 = 0; i0 < NI; i0 += BATCH) {
+        V8 v[BATCH];
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            if (i0 + b >= NI) break;
+            const int32_t q = lane + 32 * (i0 + b), j = q / (HD / 8), dc = q % (HD / 8);
+            const int64_t r = __shfl_sync(0xffffffffu, (long long)vrow, j);
+            V8 u{};
+            if (r >= 0) u = *(const V8 *)(vc + r + 8 * dc);
+            v[b] = u;
         }
-        for (int32_t j = 0; j < 8; j++) {
-            const int32_t key = lo + j, slot = tdm_cu_key_slot(mnv, mtree, key);
-            dst[j] = key < kv_len ? kc[((int64_t)tab[slot / bs] * n_kv + kvh) * unit + (size_t)d * bs + slot % bs]
-                                  : T(0.0f);
+#pragma unroll
+        for (int b = 0; b < BATCH; b++) {
+            if (i0 + b >= NI) break;
+            const int32_t q = lane + 32 * (i0 + b), j = q / (HD / 8), dc = q % (HD / 8);
+            *(V8 *)(Vs + (size_t)j * HD + 8 * dc) = v[b];
         }
     }
 }
@@ -98,17 +124,8 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
                                              int32_t n_kv, int32_t kvh, const __half *kc, const __half *vc, __half *Ks,
                                              __half *Vs, int32_t mnv = 0, uint64_t mtree = 0) {
     if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) {
-        tdm_kv_stage_tree_k<HD, __half, uint4>(lane, base, kv_len, tab, bs, n_kv, kvh, kc, (int64_t)HD * bs, Ks, mnv,
-                                               mtree);
-        for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
-            const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
-            uint4 v = make_uint4(0, 0, 0, 0);
-            if (kj < kv_len) {
-                const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
-                v = *(const uint4 *)(vc + (((size_t)tab[sj / bs] * n_kv + kvh) * bs + sj % bs) * HD + 8 * dc);
-            }
-            *(uint4 *)(Vs + (size_t)j * HD + 8 * dc) = v;
-        }
+        tdm_kv_stage_tree<HD, __half, uint4>(lane, base, kv_len, tab, bs, n_kv, kvh, kc, vc, (int64_t)HD * bs,
+                                             (int64_t)HD * bs, Ks, Vs, mnv, mtree);
         return;
     }
     tdm_kv_stage_linear<HD, __half, uint4>(lane, base, kv_len, tab, bs, n_kv, kvh, kc, vc, (int64_t)HD * bs,
@@ -127,17 +144,8 @@ __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t 
     if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) {
         const int32_t key = base + lane, slot = tdm_cu_key_slot(mnv, mtree, key);
         const int64_t blk = key < kv_len ? tab[slot / bs] : -1;
-        tdm_kv_stage_tree_k<HD, int8_t, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const int8_t *)kc, unit, Ks, mnv,
-                                               mtree);
-        for (int32_t q = lane; q < TDM_KV_CHUNK * (HD / 8); q += 32) {
-            const int32_t j = q / (HD / 8), dc = q % (HD / 8), kj = base + j;
-            uint2 v = make_uint2(0, 0);
-            if (kj < kv_len) {
-                const int32_t sj = tdm_cu_key_slot(mnv, mtree, kj);
-                v = *(const uint2 *)(vc + ((int64_t)tab[sj / bs] * n_kv + kvh) * unit + (size_t)(sj % bs) * HD + 8 * dc);
-            }
-            *(uint2 *)(Vs + (size_t)j * HD + 8 * dc) = v;
-        }
+        tdm_kv_stage_tree<HD, int8_t, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const int8_t *)kc,
+                                             (const int8_t *)vc, unit, unit, Ks, Vs, mnv, mtree);
         float kd = 0.0f, vd = 0.0f;
         if (blk >= 0) {
             const int64_t at = (blk * n_kv + kvh) * unit + tdm_kv_q8_scale_off(bs, HD) + 4 * (slot % bs);
