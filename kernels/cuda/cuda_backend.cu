@@ -219,6 +219,21 @@ static tandem_status cu_upload(tdm_backend *b, void *dst, const void *src, size_
     return cu_memcpy(b, dst, src, n, cudaMemcpyHostToDevice, "upload", err);
 }
 static tandem_status cu_download(tdm_backend *b, void *dst, const void *src, size_t n, tdm_err *err) {
+    tdm_cuda *c = tdm_cuda_of(b, "download", err);
+    if (!c) return TANDEM_ERR_INVALID_ARG;
+    if (n > 0 && n <= TDM_CUDA_DL_PINNED && dst && src && !c->dl_off) {
+        if (!c->dl_h && cudaMallocHost(&c->dl_h, TDM_CUDA_DL_PINNED) != cudaSuccess) {
+            (void)cudaGetLastError(); /* (not sticky: the direct copy below) */
+            c->dl_h = NULL;
+            c->dl_off = true;
+        }
+        if (c->dl_h) {
+            TDM_CU(cudaMemcpyAsync(c->dl_h, src, n, cudaMemcpyDeviceToHost, c->stream));
+            TDM_CU(cudaStreamSynchronize(c->stream));
+            memcpy(dst, c->dl_h, n);
+            return TANDEM_OK;
+        }
+    }
     return cu_memcpy(b, dst, src, n, cudaMemcpyDeviceToHost, "download", err);
 }
 static tandem_status cu_copy(tdm_backend *b, void *dst, const void *src, size_t n, tdm_err *err) {
@@ -240,6 +255,7 @@ static void cu_destroy(tdm_backend *b) {
         if (c->stream) cudaStreamSynchronize(c->stream);
         cudaFree(c->meta_d);
         cudaFreeHost(c->meta_h);
+        cudaFreeHost(c->dl_h);
         cudaFree(c->scratch_d);
         tdm_cuda_prof_report(c);
         tdm_cuda_graphs_free(c);

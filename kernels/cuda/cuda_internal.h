@@ -58,6 +58,9 @@ typedef struct tdm_cuda {
     /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
     tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf, tree_buf;
     tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
+    void *dl_h;          /* pinned staging of small downloads [TDM_CUDA_DL_PINNED] (NULL until
+                            the first; dl_off: its allocation failed, downloads go direct) */
+    bool dl_off;
     tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), when TANDEM_CUDA_PROFILE is set */
     int force_mm;        /* benchmarks (tdm_backend_cuda_force_matmul): 0 = pick by rows,
                             1 = the row kernels (up to 64 rows), 2 = cuBLAS */
@@ -81,6 +84,10 @@ tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err);
 
 /* TANDEM_OK, or TANDEM_ERR_BACKEND naming what failed and CUDA's message. */
 tandem_status tdm_cuda_status(cudaError_t e, const char *what, tdm_err *err);
+/* Downloads up to this many bytes (ids, a device-grown tree) go through a pinned
+ * buffer: a copy into pageable memory costs the driver its own staging. */
+#define TDM_CUDA_DL_PINNED (64 * 1024)
+
 #define TDM_CU(call)                                                                   \
     do {                                                                               \
         cudaError_t e_ = (call);                                                       \
