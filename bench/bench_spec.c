@@ -17,7 +17,8 @@
  *              [--temp T] [--top-p P]  (sampling instead of greedy; prompt p of repetition
  *                                       r is seeded with r * 1000 + p in every configuration)
  *              [--tree N[,N2..]]  (also run each draft with token trees of at most N nodes,
- *                                  -1 = auto; n-gram lookup off)
+ *                                  -1 = auto; once per --ngram value, 0 = lookup off:
+ *                                  greedy trees then hold the lookups too)
  *              [--tree-shape S]   (also run each draft with the static tree S, e.g. 4,2,2,1;
  *                                  repeat for more shapes, at most 8)
  *              [--oracle-alpha A[,A2..]]  BENCHMARK MODE, labelled "oracle" in the output:
@@ -51,6 +52,7 @@ typedef struct cfg {
     const char *shape; /* spec_tree_shape, or NULL */
     uint64_t forwards, fwd_tokens; /* repetition 0's target forwards and the tokens they committed */
     uint64_t tree_steps;           /* repetition 0's steps that verified a token tree */
+    uint64_t tree_nodes;           /* their nodes */
     float alpha;   /* oracle acceptance (benchmark mode), < 0 = off */
     double tps[MAX_REPS];
     double mean_acc, acc_rate, k_final_sum;
@@ -196,10 +198,13 @@ int main(int argc, char **argv) {
                     cfgs[n_cfg].p_min = pmins[pm];
                     cfgs[n_cfg++].k = ks[k];
                 }
-    for (int d = 0; d < n_drafts; d++) {
-        for (int t = 0; t < n_trees && n_cfg < MAX_CFG; t++) cfgs[n_cfg].draft = d, cfgs[n_cfg++].tree = trees[t];
-        for (int t = 0; t < n_shapes && n_cfg < MAX_CFG; t++) cfgs[n_cfg].draft = d, cfgs[n_cfg++].shape = shapes[t];
-    }
+    for (int ng = 0; ng < n_ngrams; ng++)
+        for (int d = 0; d < n_drafts; d++) {
+            for (int t = 0; t < n_trees && n_cfg < MAX_CFG; t++)
+                cfgs[n_cfg].draft = d, cfgs[n_cfg].ngram = ngrams[ng], cfgs[n_cfg++].tree = trees[t];
+            for (int t = 0; t < n_shapes && n_cfg < MAX_CFG; t++)
+                cfgs[n_cfg].draft = d, cfgs[n_cfg].ngram = ngrams[ng], cfgs[n_cfg++].shape = shapes[t];
+        }
     for (int c = first; c < n_cfg; c++) cfgs[c].alpha = alphas[al];
     }
     if (alphas[0] >= 0 && temp > 0) {
@@ -267,6 +272,7 @@ int main(int argc, char **argv) {
                         C->forwards += res.spec.forwards;
                         C->fwd_tokens += res.spec.forward_tokens;
                         C->tree_steps += res.spec.tree_steps;
+                        C->tree_nodes += res.spec.tree_nodes;
                     }
                     tandem_result_free(&res);
                 }
@@ -328,13 +334,14 @@ int main(int argc, char **argv) {
         cfg *C = &cfgs[c];
         printf("{\"draft\": \"%s\", \"k\": %d, \"ngram\": %d, \"p_min\": %g, \"oracle_alpha\": %g, \"tree\": %d, \"tree_shape\": \"%s\", "
                "\"differs\": %d, \"forwards\": %llu, \"tokens_per_forward\": %.4f, \"decode_tok_s\": %.1f, \"acceptance_rate\": %.4f, "
-               "\"mean_accepted\": %.3f, \"steps\": %llu, \"tree_steps\": %llu, \"us_per_step\": {\"draft\": %.1f, \"verify\": %.1f, \"all\": %.1f}}\n",
+               "\"mean_accepted\": %.3f, \"steps\": %llu, \"tree_steps\": %llu, \"tree_nodes\": %llu, \"ngram_steps\": %llu, \"us_per_step\": {\"draft\": %.1f, \"verify\": %.1f, \"all\": %.1f}}\n",
                C->draft < 0 ? "none" : draft_paths[C->draft], C->k, C->ngram, (double)C->p_min, (double)C->alpha, C->tree,
                C->shape ? C->shape : "", C->differs, (unsigned long long)C->forwards,
                C->forwards ? (double)C->fwd_tokens / (double)C->forwards : 0.0, median(C->tps, reps),
                C->drafted ? (double)C->accepted / (double)C->drafted : 0.0,
                C->steps ? (double)C->accepted / (double)C->steps : 0.0, (unsigned long long)C->steps,
-               (unsigned long long)C->tree_steps, C->steps ? 1e3 * C->draft_ms / (double)C->steps : 0.0,
+               (unsigned long long)C->tree_steps, (unsigned long long)C->tree_nodes, (unsigned long long)C->ng_steps,
+               C->steps ? 1e3 * C->draft_ms / (double)C->steps : 0.0,
                C->steps ? 1e3 * C->verify_ms / (double)C->steps : 0.0,
                1e3 * C->decode_ms / (double)(C->steps ? C->steps : (C->tokens > (uint64_t)n_prompts ? C->tokens - (uint64_t)n_prompts : 1)));
     }

@@ -31,6 +31,19 @@
  * n_max < TDM_NGRAM_MIN, or max_out <= 0). */
 int32_t tdm_ngram_propose(const int32_t *toks, int32_t len, int32_t n_max, int32_t max_out, int32_t *out);
 
+/* The same lookup over the text toks[0..len) followed by tail[0..n_tail) (a tree's
+ * spine, drafted but not committed), without joining them. */
+int32_t tdm_ngram_propose_after(const int32_t *toks, int32_t len, const int32_t *tail, int32_t n_tail, int32_t n_max,
+                                int32_t max_out, int32_t *out);
+
+/* Several continuations for a lookup tree: those that followed the matches of
+ * toks[len - n, len), n = n_max down to TDM_NGRAM_MIN, most recent match first
+ * within each n, each up to max_out tokens, skipping one that repeats the start of
+ * an earlier one; at most max_cands, written to out[c * max_out ..] with their
+ * lengths in lens[c].  Returns how many (the first is tdm_ngram_propose's). */
+int32_t tdm_ngram_propose_multi(const int32_t *toks, int32_t len, int32_t n_max, int32_t max_out, int32_t max_cands,
+                                int32_t *out, int32_t *lens);
+
 /* Whether a proposal is taken over the draft model's chain: when its value (expected
  * tokens, or tokens per second) is at least the draft's, and otherwise on every
  * TDM_NGRAM_EXPLORE-th match passed over (*n_skips counts them, per sequence), so

@@ -20,6 +20,7 @@ int32_t tdm_tree_add(tdm_tree *t, int32_t parent, int32_t token, float w) {
     t->w[i] = w;
     t->dslot[i] = -1;
     t->qrow[i] = -1;
+    t->lookup[i] = 0;
     return i;
 }
 
@@ -59,6 +60,7 @@ void tdm_tree_spine_first(tdm_tree *t) {
             t->w[i] = o.w[j];
             t->dslot[i] = o.dslot[j];
             t->qrow[i] = o.qrow[j];
+            t->lookup[i] = o.lookup[j];
         }
     }
     t->n_spine = spine;
@@ -89,12 +91,33 @@ void tdm_tree_prune(tdm_tree *t, int32_t budget) {
             t->w[m] = t->w[i];
             t->dslot[m] = t->dslot[i];
             t->qrow[m] = t->qrow[i];
+            t->lookup[m] = t->lookup[i];
             m++;
         }
         t->n = m;
     }
     t->n_spine = 0;
     tdm_tree_masks(t);
+}
+
+int32_t tdm_tree_merge_chain(tdm_tree *t, int32_t v, const int32_t *toks, int32_t n, float a, int32_t max_nodes,
+                             int32_t max_depth) {
+    int32_t added = 0;
+    if (max_nodes > TDM_TREE_MAX) max_nodes = TDM_TREE_MAX;
+    if (v < -1 || v >= t->n) return 0;
+    for (int32_t i = 0; i < n; i++) {
+        if ((v < 0 ? 0 : t->depth[v] + 1) >= max_depth) break;
+        int32_t c = -1; /* the child of v with this token (children come after their parent) */
+        for (int32_t j = v + 1; j < t->n && c < 0; j++)
+            if (t->parent[j] == v && t->token[j] == toks[i]) c = j;
+        if (c < 0) {
+            if (t->n >= max_nodes || (c = tdm_tree_add(t, v, toks[i], (v < 0 ? 1.0f : t->w[v]) * a)) < 0) break;
+            t->lookup[c] = 1;
+            added++;
+        }
+        v = c;
+    }
+    return added;
 }
 
 int32_t tdm_tree_children(const tdm_tree *t, int32_t v, int32_t *kids) {

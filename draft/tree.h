@@ -64,6 +64,8 @@ typedef struct tdm_tree {
     int32_t qrow[TDM_TREE_POOL];     /* [n] sampling: row of the draft's distribution its
                                         children were drawn from (-1: none) */
     int32_t qrow_root;               /* the same for the root's children */
+    uint8_t lookup[TDM_TREE_POOL];   /* [n] 1: added by an n-gram lookup (tdm_tree_merge_chain),
+                                        0: the draft model's */
     int32_t n_fed;                   /* nodes the draft saw (dslot 0 .. n_fed - 1) */
     int32_t n_spine;                 /* nodes 0 .. n_spine - 1 are the spine (tdm_tree_spine_first):
                                         node i at depth i, the first child of node i - 1; 0
@@ -85,6 +87,17 @@ void tdm_tree_masks(tdm_tree *t);
  * sets n_spine and fills the masks.  Node i of the spine then sits at slot n + i,
  * position n + i: its verification row is a causal row, as a chain's (verify/). */
 void tdm_tree_spine_first(tdm_tree *t);
+/* Merges another speculator's chain of proposed tokens toks[0..n) (an n-gram
+ * lookup's continuation) into the tree below node v (-1 = the root), as SpecInfer
+ * merges its speculators' proposals into one token tree: the chain follows the
+ * nodes already there while its tokens match and adds the rest as new nodes (dslot
+ * -1, lookup 1), each with w = its parent's w (1 for the root) times a, the
+ * speculator's acceptance per token in (0, 1], so that tdm_tree_prune ranks both
+ * speculators' nodes alike.  It stops where the tree holds max_nodes nodes (at most
+ * TDM_TREE_MAX) or a node would sit at depth max_depth or deeper.  Returns the
+ * nodes added; the masks and the spine are the caller's (tdm_tree_spine_first). */
+int32_t tdm_tree_merge_chain(tdm_tree *t, int32_t v, const int32_t *toks, int32_t n, float a, int32_t max_nodes,
+                             int32_t max_depth);
 /* The children of node v (-1 = the root) in order; returns their count. */
 int32_t tdm_tree_children(const tdm_tree *t, int32_t v, int32_t *kids);
 

@@ -45,6 +45,10 @@ void tdm_tree_ctrl_observe(tdm_tree_ctrl *c, int32_t budget, int32_t tokens);
 /* One tree step of the budget: its drafting and verification seconds and the tokens
  * it committed (a time that is not positive is not recorded). */
 void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double t_draft, double t_verify, int32_t tokens);
+/* A tree step's expected rate (tokens per second) at budget b, as tdm_tree_choose
+ * weighs it. */
+double tdm_tree_rate(const tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,
+                     int32_t b);
 /* The step's choice: 0 = a chain (of the chain controller's k), else a tree budget
  * at most max_budget.  chain_k: the chain controller's length for this step. */
 int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,

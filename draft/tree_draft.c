@@ -257,6 +257,7 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
         t->w[i] = h->w[i];
         t->dslot[i] = h->dslot[i];
         t->qrow[i] = -1;
+        t->lookup[i] = 0;
     }
     t->n = h->n;
     t->n_fed = h->n_fed;

@@ -330,8 +330,14 @@ typedef struct tandem_generate_params {
     int spec_tree;        /* token trees (ignored without a draft): 0 = off (chains only),
                              TANDEM_SPEC_TREE_AUTO = the controller chooses chain or tree
                              and the node budget from measured acceptance and costs, N in
-                             [1, TANDEM_SPEC_TREE_MAX] = a tree of at most N nodes every
-                             step (EAGLE-2's dynamic tree); default 0 */
+                             [1, TANDEM_SPEC_TREE_MAX] = a tree of at most N draft nodes
+                             every step (EAGLE-2's dynamic tree); default 0.  With
+                             spec_ngram on and greedy decoding a tree also holds the
+                             n-gram lookups' continuations (of the text, and of the text
+                             and the tree's likeliest path), and a step of lookups alone
+                             verifies up to 4 matches' continuations as one tree
+                             (SpecInfer's merged tree of several speculators; at most
+                             TANDEM_SPEC_TREE_MAX nodes in all) */
     const char *spec_tree_shape; /* a static tree instead, its branching factor per depth:
                              "4,2,2,1" (at most TANDEM_SPEC_TREE_MAX nodes); NULL = none
                              (spec_tree decides); copied at submission; default NULL */
@@ -372,12 +378,14 @@ typedef struct tandem_spec_stats {
     uint64_t accept_hist[TANDEM_SPEC_HIST_MAX]; /* steps that accepted exactly i tokens */
     double draft_ms, verify_ms, other_ms;       /* time spent in each phase */
     uint64_t ngram_steps;    /* steps whose whole proposal came from n-gram lookup (in steps) */
-    uint64_t ngram_drafted;  /* proposed tokens that came from lookup: those steps' and the
-                                lookup completions of drafted chains (in drafted) */
+    uint64_t ngram_drafted;  /* proposed tokens that came from lookup: those steps' (a lookup
+                                tree's nodes), the lookup completions of drafted chains and
+                                the lookup nodes of draft trees (in drafted) */
     uint64_t ngram_accepted; /* of them accepted (in accepted) */
     uint64_t forwards;       /* target forward passes after the prompt's (each commits >= 1 token) */
     uint64_t forward_tokens; /* tokens those forwards committed (tokens per forward: the ratio) */
-    uint64_t tree_steps;     /* steps that verified a token tree (in steps) */
+    uint64_t tree_steps;     /* steps that verified a token tree, the draft's or lookups'
+                                (in steps) */
     uint64_t tree_nodes;     /* nodes of those trees (in drafted) */
 } tandem_spec_stats;
 

@@ -257,6 +257,18 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
 /* One token-tree step (src/spec_tree.c: draft/tree_draft.c + verify/tree_verify.c)
  * of at most `budget` nodes, within what the request may still take. */
 tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err);
+/* Continuations of n-gram lookup matches a lookup tree holds at most. */
+#define TDM_LOOKUP_CANDS 4
+/* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most
+ * `budget` nodes (src/spec_tree.c): first[0..n_first) (the lookup the step chose over
+ * the draft model) and other matches' continuations (TDM_LOOKUP_CANDS in all),
+ * merged from the root in that order while the budget lasts, verified in one target
+ * forward; no model drafts.  t0: when the step began. */
+tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
+                                        int32_t budget, int32_t k_chosen, double t0, tdm_err *err);
+/* The continuations a lookup tree takes: TDM_LOOKUP_CANDS, or the benchmark knob
+ * TANDEM_LOOKUP_CANDS (1: lookup steps verify one chain). */
+int32_t tdm_spec_lookup_cands(void);
 /* The tree configuration for s of at most budget nodes, its depth within room
  * tokens (a static shape cut to room depths); false when nothing fits. */
 bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_cfg *out);

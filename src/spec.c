@@ -13,7 +13,8 @@
  * draft model backs off, a lookup is still taken when its rate beats a plain step's,
  * 1 / t_verify(1) (a draft that costs a third of a target step on a GPU backs off
  * often; lookups on code pay alone).  The draft model catches up on the tokens it
- * skipped at its next step (one batched forward). */
+ * skipped at its next step (one batched forward).  A token-tree step weighs a
+ * lookup against the tree's expected rate in the same way. */
 #include <string.h>
 
 #include "engine.h"
@@ -89,10 +90,20 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     if (k <= 0) return tdm_seq_step_target(e, s, err);
     /* a token tree instead of the chain: always at a fixed budget, or when the tree
      * controller expects it to pay (draft/tree_ctrl.h) */
-    if (s->spec_tree > 0) return tdm_spec_tree_step(e, s, s->spec_tree, err);
-    if (s->spec_tree == TANDEM_SPEC_TREE_AUTO) {
-        const int32_t b = tdm_tree_choose(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, k, TDM_TREE_MAX);
-        if (b > 0) return tdm_spec_tree_step(e, s, b, err);
+    const int32_t tb = s->spec_tree > 0 ? s->spec_tree
+                       : s->spec_tree == TANDEM_SPEC_TREE_AUTO
+                           ? tdm_tree_choose(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, k, TDM_TREE_MAX)
+                           : 0;
+    if (tb > 0) {
+        /* an n-gram proposal alone when it beats the tree, as below when it beats a
+         * chain (a greedy tree also holds lookups itself: src/spec_tree.c) */
+        const double rate_tree = tdm_tree_rate(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, tb);
+        n_ng = ngram_step(e, s, k_limit, rate_tree, draft);
+        /* greedy: the lookup with other matches' continuations beside it, as a tree */
+        if (n_ng > 0 && s->sp.temperature <= 0 && n_ng <= TDM_TREE_DEPTH_MAX && tdm_spec_lookup_cands() > 1)
+            return tdm_spec_lookup_tree_step(e, s, draft, n_ng, tb, k_chosen, t0, err);
+        if (n_ng > 0) return verify_step(e, s, draft, n_ng, 0, 0, n_ng, k_chosen, t0, tdm_now(), err);
+        return tdm_spec_tree_step(e, s, tb, err);
     }
     n_ng = ngram_step(e, s, k_limit, tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k), draft);
     if (n_ng > 0) {

@@ -1,8 +1,14 @@
 /* spec_tree.c - one token-tree step for one sequence: grow the tree with the
- * draft (draft/tree_draft.c), verify it with one target forward and commit the
+ * draft (draft/tree_draft.c), merge the n-gram lookups' continuations into it
+ * (greedy, spec_ngram on), verify it with one target forward and commit the
  * accepted path (verify/tree_verify.c), record costs and acceptance
- * (draft/tree_ctrl.h).  src/spec.c decides when a step is a tree. */
+ * (draft/tree_ctrl.h).  src/spec.c decides when a step is a tree, and when an
+ * n-gram proposal alone replaces it. */
+#include <pthread.h>
+#include <stdlib.h>
+
 #include "engine.h"
+#include "ngram.h"
 #include "tree_draft.h"
 #include "tree_verify.h"
 
@@ -22,6 +28,88 @@ bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_
     return true;
 }
 
+/* Benchmark knobs (bench/, never set by the library), read once:
+ * TANDEM_LOOKUP_CANDS (1..TDM_LOOKUP_CANDS: continuations of a lookup tree; 1 = a
+ * lookup step verifies one chain) and TANDEM_TREE_LOOKUPS=0 (draft trees without
+ * the lookups' continuations). */
+static struct {
+    int32_t cands;
+    bool merge;
+} knobs = {TDM_LOOKUP_CANDS, true};
+static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
+
+static void read_knobs(void) {
+    const char *c = getenv("TANDEM_LOOKUP_CANDS"), *m = getenv("TANDEM_TREE_LOOKUPS");
+    if (c && atoi(c) >= 1) knobs.cands = TDM_MIN(atoi(c), TDM_LOOKUP_CANDS);
+    if (m && atoi(m) == 0) knobs.merge = false;
+}
+
+int32_t tdm_spec_lookup_cands(void) {
+    pthread_once(&knobs_once, read_knobs);
+    return knobs.cands;
+}
+
+/* The n-gram lookups' acceptance per token, as a tree weighs a lookup node (its
+ * parent's cumulative probability times this). */
+static float lookup_alpha(const tdm_seq *s) {
+    return (float)TDM_MIN(TDM_MAX(s->ctrl_ng.alpha, 0.05), 0.95);
+}
+
+/* A greedy tree with n-gram lookup on also holds the lookups' continuations, as
+ * SpecInfer merges several speculators' proposals into one token tree that one
+ * target forward verifies: the continuation of the committed text below the root
+ * (it follows the draft's nodes while they agree), and that of the text plus the
+ * spine below the spine's last node; each as long as the n-gram controller's k
+ * (which weighs a row's verification cost), no node deeper than max_depth.  A
+ * lookup node's weight is its parent's times the lookups' acceptance, and the tree
+ * then keeps the budget's best nodes of both speculators (tdm_tree_prune), so it
+ * stays within its budget.  A lookup runs no model: the tree costs only the rows
+ * it verifies.  Returns the lookup nodes kept; root[0..*n_root) is the root's
+ * lookup (its acceptance feeds the n-gram controller after verification). */
+static int32_t merge_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth,
+                             int32_t *root, int32_t *n_root) {
+    *n_root = 0;
+    const int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&s->ctrl_ng, &e->cost, 0.0, NULL), TDM_TREE_DEPTH_MAX);
+    max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
+    if (k <= 0 || max_depth <= 0) return 0;
+    const float a = lookup_alpha(s);
+    *n_root = tdm_ngram_propose(s->tokens, s->n_tokens, s->spec_ngram, k, root);
+    int32_t added = tdm_tree_merge_chain(t, -1, root, *n_root, a, TDM_TREE_MAX, max_depth);
+    const int32_t leaf = t->n_spine - 1; /* (spine node i: node i, at depth i) */
+    if (leaf >= 0 && leaf + 1 < max_depth) {
+        int32_t spine[TDM_TREE_DEPTH_MAX], out[TDM_TREE_DEPTH_MAX];
+        for (int32_t i = 0; i <= leaf; i++) spine[i] = t->token[i];
+        const int32_t m = tdm_ngram_propose_after(s->tokens, s->n_tokens, spine, leaf + 1, s->spec_ngram, k, out);
+        added += tdm_tree_merge_chain(t, leaf, out, m, a, TDM_TREE_MAX, max_depth);
+    }
+    if (added == 0) return 0;
+    if (t->n > budget) tdm_tree_prune(t, budget);
+    tdm_tree_spine_first(t);
+    int32_t kept = 0;
+    for (int32_t i = 0; i < t->n; i++) kept += t->lookup[i];
+    return kept;
+}
+
+/* A tree step in the request's statistics: its nodes (ng_nodes of them from
+ * lookups), accepted nodes (ng_acc), committed tokens, drafting and verification
+ * seconds. */
+static void count_tree_step(tdm_seq *s, int32_t nodes, int32_t acc, int32_t committed, int32_t ng_nodes,
+                            int32_t ng_acc, double draft_s, double verify_s) {
+    tandem_spec_stats *ss = &s->spec;
+    ss->steps++;
+    ss->tree_steps++;
+    ss->tree_nodes += (uint64_t)nodes;
+    ss->drafted += (uint64_t)nodes;
+    ss->accepted += (uint64_t)acc;
+    ss->ngram_drafted += (uint64_t)ng_nodes;
+    ss->ngram_accepted += (uint64_t)ng_acc;
+    ss->accept_hist[acc < TANDEM_SPEC_HIST_MAX ? acc : TANDEM_SPEC_HIST_MAX - 1]++;
+    ss->forwards++;
+    ss->forward_tokens += (uint64_t)committed;
+    ss->draft_ms += draft_s * 1e3;
+    ss->verify_ms += verify_s * 1e3;
+}
+
 tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err) {
     const int32_t n = s->n_tokens;
     const int32_t room = TDM_MIN(s->max_new - (n - s->n_prompt) - 1, e->cfg.n_ctx - n);
@@ -34,25 +122,72 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     tdm_phase_start(&e->ph, e->be);
     int32_t n_fwd, acc;
     if ((st = tdm_draft_trees(e, &job, 1, &n_fwd, err))) return st;
+    const tdm_tree *t = &e->tree;
+    int32_t draft_depth = 0; /* (levels of the draft's own nodes) */
+    for (int32_t i = 0; i < t->n; i++) draft_depth = TDM_MAX(draft_depth, t->depth[i] + 1);
+    int32_t ng_root[TDM_TREE_DEPTH_MAX], n_root = 0, ng_added = 0;
+    pthread_once(&knobs_once, read_knobs);
+    if (!job.sample && s->spec_ngram > 0 && !s->oracle && knobs.merge)
+        ng_added = merge_lookups(e, s, &e->tree, job.cfg.budget, room, ng_root, &n_root);
     const double t1 = tdm_now();
-    const int32_t nodes = e->tree.n, before = s->n_tokens;
+    const int32_t nodes = t->n, before = s->n_tokens;
     if (nodes == 0) return tdm_seq_step_target(e, s, err);
     if ((st = tdm_verify_tree(e, s, &e->tree, &acc, err))) return st;
     const double t2 = tdm_now();
     tdm_tree_cost_observe(&e->tree_cost, job.cfg.budget, t1 - t0, t2 - t1, acc + 1);
     tdm_tree_ctrl_observe(&s->tctrl, job.cfg.budget, acc + 1);
-    /* the chain controller's acceptance sees the path as a chain's prefix */
-    tdm_ctrl_observe(&s->ctrl, TDM_MIN(acc + 1, e->tree.depth[nodes - 1] + 1), acc);
-    tandem_spec_stats *ss = &s->spec;
-    ss->steps++;
-    ss->tree_steps++;
-    ss->tree_nodes += (uint64_t)nodes;
-    ss->drafted += (uint64_t)nodes;
-    ss->accepted += (uint64_t)acc;
-    ss->accept_hist[acc < TANDEM_SPEC_HIST_MAX ? acc : TANDEM_SPEC_HIST_MAX - 1]++;
-    ss->forwards++;
-    ss->forward_tokens += (uint64_t)(s->n_tokens - before);
-    ss->draft_ms += (t1 - t0) * 1e3;
-    ss->verify_ms += (t2 - t1) * 1e3;
+    /* the committed path through the tree: how far the draft's nodes carried it,
+     * and how many of its nodes a lookup added */
+    const int32_t *got = s->tokens + before;
+    int32_t run = 0, ng_acc = 0;
+    for (int32_t j = 0, v = -1; j < acc; j++) {
+        int32_t c = -1;
+        for (int32_t i = v + 1; i < t->n && c < 0; i++)
+            if (t->parent[i] == v && t->token[i] == got[j]) c = i;
+        if (c < 0) break;
+        if (t->lookup[c]) ng_acc++;
+        else if (run == j) run++;
+        v = c;
+    }
+    /* the chain controller's acceptance sees the draft's part of the path as a
+     * chain's prefix; the n-gram controller's, the root lookup as a chain */
+    tdm_ctrl_observe(&s->ctrl, TDM_MIN(run + 1, TDM_MAX(draft_depth, 1)), TDM_MIN(run, acc));
+    if (n_root > 0) {
+        int32_t m = 0;
+        while (m < n_root && before + m < s->n_tokens && ng_root[m] == got[m]) m++;
+        tdm_ctrl_observe(&s->ctrl_ng, n_root, m);
+    }
+    count_tree_step(s, nodes, acc, s->n_tokens - before, ng_added, ng_acc, t1 - t0, t2 - t1);
+    return TANDEM_OK;
+}
+
+tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
+                                        int32_t budget, int32_t k_chosen, double t0, tdm_err *err) {
+    const int32_t n = s->n_tokens;
+    const int32_t room = TDM_MIN(s->max_new - (n - s->n_prompt) - 1, e->cfg.n_ctx - n);
+    const int32_t max_depth = TDM_MIN(room, TDM_TREE_DEPTH_MAX), L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
+    tdm_tree *t = &e->tree;
+    tdm_tree_reset(t);
+    int32_t cand[TDM_LOOKUP_CANDS * TDM_TREE_DEPTH_MAX], lens[TDM_LOOKUP_CANDS];
+    const int32_t m = L > 0 ? tdm_ngram_propose_multi(s->tokens, n, s->spec_ngram, L, tdm_spec_lookup_cands(), cand, lens) : 0;
+    const int32_t max_nodes = TDM_MIN(budget, TDM_TREE_MAX);
+    const float a = lookup_alpha(s);
+    tdm_tree_merge_chain(t, -1, first, L, a, max_nodes, max_depth); /* (the spine) */
+    for (int32_t c = 0; c < m; c++) tdm_tree_merge_chain(t, -1, cand + c * L, lens[c], a, max_nodes, max_depth);
+    tdm_tree_spine_first(t);
+    const int32_t nodes = t->n, before = n;
+    if (nodes == 0) return tdm_seq_step_target(e, s, err);
+    const double t1 = tdm_now();
+    int32_t acc;
+    tandem_status st;
+    if ((st = tdm_verify_tree(e, s, t, &acc, err))) return st;
+    const double t2 = tdm_now();
+    tdm_cost_observe_verify(&e->cost, nodes + 1, t2 - t1);
+    int32_t m1 = 0; /* (the first lookup's acceptance, as a chain's: the n-gram controller's) */
+    while (m1 < L && before + m1 < s->n_tokens && first[m1] == s->tokens[before + m1]) m1++;
+    tdm_ctrl_observe(&s->ctrl_ng, L, m1);
+    count_tree_step(s, nodes, acc, s->n_tokens - before, nodes, acc, t1 - t0, t2 - t1);
+    s->spec.ngram_steps++;
+    s->spec.k_final = k_chosen;
     return TANDEM_OK;
 }

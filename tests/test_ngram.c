@@ -67,3 +67,49 @@ Test(ngram, matches_definition_on_random_sequences) {
         cr_assert(memcmp(a, b, (size_t)na * sizeof *a) == 0, "iteration %d: proposals differ", it);
     }
 }
+
+/* A lookup over text + tail equals the lookup over the two joined; several
+ * candidates: the first is the single lookup's, none repeats the start of an
+ * earlier one, each is the continuation of a match (the definition's, over all
+ * matches in the same order). */
+Test(ngram, after_and_multi_match_definitions) {
+    uint64_t st = 11;
+    int32_t t[200], a[16], b[16], cands[4 * 16], lens[4];
+    for (int it = 0; it < 5000; it++) {
+        const int32_t len = (int32_t)(tdm_test_rand(&st) % 200);
+        const int32_t alphabet = 2 + (int32_t)(tdm_test_rand(&st) % 6);
+        for (int32_t i = 0; i < len; i++) t[i] = (int32_t)(tdm_test_rand(&st) % (uint64_t)alphabet);
+        const int32_t n_max = (int32_t)(tdm_test_rand(&st) % 10), max_out = 1 + (int32_t)(tdm_test_rand(&st) % 16);
+        const int32_t cut = len ? (int32_t)(tdm_test_rand(&st) % (uint64_t)(len + 1)) : 0;
+        int32_t na = tdm_ngram_propose_after(t, cut, t + cut, len - cut, n_max, max_out, a);
+        int32_t nb = ref_propose(t, len, n_max, max_out, b);
+        cr_assert_eq(na, nb, "iteration %d: after: %d vs %d", it, na, nb);
+        cr_assert(memcmp(a, b, (size_t)na * sizeof *a) == 0, "iteration %d: after: proposals differ", it);
+        const int32_t m = tdm_ngram_propose_multi(t, len, n_max, max_out, 4, cands, lens);
+        cr_assert_eq(m > 0, nb > 0, "iteration %d", it);
+        if (m > 0) {
+            cr_assert_eq(lens[0], nb);
+            cr_assert(memcmp(cands, b, (size_t)nb * sizeof *b) == 0, "iteration %d: the first is the lookup's", it);
+        }
+        for (int32_t c = 0; c < m; c++) {
+            cr_assert(lens[c] >= 1 && lens[c] <= max_out);
+            for (int32_t q = 0; q < c; q++) {
+                const int32_t k = lens[c] < lens[q] ? lens[c] : lens[q];
+                cr_assert(memcmp(cands + c * max_out, cands + q * max_out, (size_t)k * sizeof *cands) != 0,
+                          "iteration %d: candidate %d repeats %d", it, c, q);
+            }
+            /* some match of an n-gram of the key is followed by it */
+            bool found = false;
+            for (int32_t n = TDM_NGRAM_MIN; n <= (n_max < TDM_NGRAM_MAX ? n_max : TDM_NGRAM_MAX) && !found; n++)
+                for (int32_t j = 0; j + n < len && !found; j++)
+                    found = memcmp(t + j, t + len - n, (size_t)n * sizeof *t) == 0 &&
+                            (lens[c] == max_out || j + n + lens[c] == len) &&
+                            memcmp(t + j + n, cands + c * max_out, (size_t)lens[c] * sizeof *t) == 0;
+            cr_assert(found, "iteration %d: candidate %d follows no match", it, c);
+        }
+    }
+    /* hand case: after "1 2" came 3 (most recent), then 4, then 3 again (a repeat) */
+    const int32_t h[] = {1, 2, 3, 1, 2, 4, 1, 2, 3, 1, 2};
+    cr_assert_eq(tdm_ngram_propose_multi(h, 11, 2, 1, 4, cands, lens), 2);
+    cr_assert(cands[0] == 3 && cands[1] == 4);
+}

@@ -140,6 +140,65 @@ Test(tree, spine_rows_equal_target_only) {
     cr_assert_gt(acc[1], 0);
 }
 
+/* Greedy trees with n-gram lookup on (spec_ngram 4, a budget of 8 and auto): a
+ * step of lookups alone verifies a lookup tree, a draft tree also holds the
+ * lookups' continuations; the output equals target-only output on every 4th dev
+ * prompt (a sanitizer build: every 25th), 64 tokens, and the lookups are used and
+ * accepted.  After every step the K/V bookkeeping holds (tdm_test_run_checked). */
+Test(tree, lookup_trees_equal_target_only) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *plain = make_engine(NULL), *spec = make_engine(g_draft);
+    tdm_err err = {0};
+    uint64_t ng_steps = 0, ng_acc = 0, steps = 0, tree_steps = 0;
+    for (size_t li = 0; li < n_lines; li += tdm_test_sanitized() ? 25 : 4) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 64;
+        gp.spec_ngram = 0;
+        tandem_result want;
+        cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        for (int kind = 0; kind < 2; kind++) {
+            tandem_generate_params g = gp;
+            g.spec_ngram = 4;
+            g.spec_tree = kind ? TANDEM_SPEC_TREE_AUTO : 8;
+            tandem_spec_stats st;
+            tdm_test_run_checked(spec, ids, n, &g, &st);
+            tandem_result got;
+            cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &g, &got, &err), TANDEM_OK, "%s", err.msg);
+            size_t diff = 0;
+            while (diff < got.n_tokens && diff < want.n_tokens && got.tokens[diff] == want.tokens[diff]) diff++;
+            cr_assert(got.n_tokens == want.n_tokens && diff == want.n_tokens,
+                      "prompt %zu, tree %s with lookups: output differs from target-only at token %zu", li,
+                      kind ? "auto" : "8", diff);
+            cr_assert_eq(tdm_kv_pool_n_free(spec->pool), tdm_kv_pool_n_blocks(spec->pool), "prompt %zu: blocks leaked",
+                         li);
+            cr_assert_leq(got.spec.accepted, got.spec.drafted);
+            cr_assert_leq(got.spec.ngram_accepted, got.spec.ngram_drafted);
+            cr_assert_eq(got.spec.forward_tokens + 1, got.n_tokens, "forwards commit every token but the first");
+            if (kind == 0) {
+                cr_assert_eq(got.spec.tree_steps, got.spec.steps, "prompt %zu: every step a tree", li);
+                cr_assert_leq(got.spec.tree_nodes, 8 * got.spec.tree_steps, "prompt %zu: trees within the budget", li);
+            }
+            ng_steps += got.spec.ngram_steps;
+            ng_acc += got.spec.ngram_accepted;
+            steps += got.spec.steps;
+            tree_steps += got.spec.tree_steps;
+            tandem_result_free(&got);
+        }
+        tandem_result_free(&want);
+        free(ids);
+    }
+    cr_log_info("%llu steps, %llu trees, %llu of lookups alone, %llu lookup tokens accepted", (unsigned long long)steps,
+                (unsigned long long)tree_steps, (unsigned long long)ng_steps, (unsigned long long)ng_acc);
+    cr_assert_gt(ng_steps, 0, "lookup steps happen on code");
+    cr_assert_gt(ng_acc, 0, "lookup tokens are accepted");
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
 /* After every step: the target holds n - 1 positions, the draft at most as many,
  * the block table exactly n - 1 and the pool exactly its blocks; greedy and
  * sampled, static, dynamic and auto trees (a sanitizer build: the first three
@@ -233,6 +292,58 @@ Test(tree, spine_first) {
     /* pruning forgets the spine */
     tdm_tree_prune(&u, 6);
     cr_assert_eq(u.n_spine, 0);
+}
+
+/* Another speculator's chain merges into the tree (SpecInfer): it follows the nodes
+ * with its tokens, adds the rest as lookup nodes below the last one it found, and
+ * stops at the node and depth bounds; the spine and masks then hold. */
+Test(tree, merge_chain) {
+    tdm_tree t;
+    five_nodes(&t); /* a(10) -> c(12), d(13); b(11) -> e(14) */
+    const int32_t chain[] = {10, 13, 20, 21};
+    cr_assert_eq(tdm_tree_merge_chain(&t, -1, chain, 4, 0.5f, TDM_TREE_MAX, 16), 2, "10 and 13 are there");
+    cr_assert_eq(t.n, 7);
+    cr_assert_eq(t.token[5], 20);
+    cr_assert_eq(t.parent[5], 3, "below d");
+    cr_assert_eq(t.depth[5], 2);
+    cr_assert_eq(t.parent[6], 5);
+    cr_assert_eq(t.depth[6], 3);
+    cr_assert(t.lookup[5] && t.lookup[6] && !t.lookup[0] && !t.lookup[3]);
+    cr_assert_eq(t.dslot[5], -1, "the draft never saw a lookup node");
+    cr_assert_float_eq(t.w[5], 0.05f * 0.5f, 1e-7, "its parent's weight times the speculator's acceptance");
+    cr_assert_float_eq(t.w[6], 0.05f * 0.25f, 1e-7);
+    /* the same chain again adds nothing; a new root branch adds all of it */
+    cr_assert_eq(tdm_tree_merge_chain(&t, -1, chain, 4, 0.5f, TDM_TREE_MAX, 16), 0);
+    const int32_t other[] = {30, 31, 32};
+    cr_assert_eq(tdm_tree_merge_chain(&t, -1, other, 3, 0.5f, 9, 16), 2, "stops at 9 nodes");
+    cr_assert_eq(t.n, 9);
+    cr_assert_eq(t.parent[7], -1);
+    /* below node c (depth 1) at most depth 3: one node (depth 2) */
+    const int32_t deep[] = {40, 41, 42};
+    cr_assert_eq(tdm_tree_merge_chain(&t, 2, deep, 3, 0.5f, TDM_TREE_MAX, 3), 1);
+    cr_assert_eq(t.depth[9], 2);
+    cr_assert_eq(tdm_tree_merge_chain(&t, 17, deep, 3, 0.5f, TDM_TREE_MAX, 16), 0, "no node 17");
+    /* both speculators' nodes ranked alike: a confident lookup beats the draft's */
+    tdm_tree u;
+    five_nodes(&u); /* w: a 0.6, b 0.3, c 0.5, d 0.05, e 0.2 */
+    const int32_t sure[] = {50, 51};
+    cr_assert_eq(tdm_tree_merge_chain(&u, -1, sure, 2, 0.9f, TDM_TREE_MAX, 16), 2);
+    tdm_tree_prune(&u, 4);
+    const int32_t keep[] = {10, 12, 50, 51}; /* (old order: a, c, 50, 51) */
+    cr_assert_eq(u.n, 4);
+    for (int i = 0; i < 4; i++) cr_assert_eq(u.token[i], keep[i], "node %d", i);
+    cr_assert(u.lookup[2] && u.lookup[3] && !u.lookup[0]);
+    tdm_tree_spine_first(&t);
+    /* spine: a, c, 40 (first children); lookup flags move with their nodes */
+    cr_assert_eq(t.n_spine, 3);
+    cr_assert_eq(t.token[2], 40);
+    cr_assert(t.lookup[2]);
+    for (int32_t i = 0; i < t.n; i++) {
+        cr_assert_lt(t.parent[i], i, "node %d: parent first", i);
+        const uint64_t want = (t.parent[i] < 0 ? 0 : t.mask[t.parent[i]]) | (1ull << i);
+        cr_assert_eq(t.mask[i], want, "node %d", i);
+        cr_assert_eq(t.lookup[i] != 0, t.token[i] >= 20, "node %d (token %d)", i, t.token[i]);
+    }
 }
 
 Test(tree, shape_parser) {
