@@ -20,7 +20,8 @@
  * the (d + 2)-th), and the path whose every token equals the target's draw at its
  * parent is kept, so its output is what it would be alone and unspeculated.  (The
  * single-sequence step, src/spec_tree.c, uses multi-candidate rejection sampling
- * instead.) */
+ * instead.)  With n-gram lookup on, every tree also holds its sequence's lookups
+ * within its budget (tdm_spec_tree_lookups); lookup steps alone stay chains here. */
 #include "sched_internal.h"
 
 #include "kv_cache.h"
@@ -120,6 +121,13 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
     const double t0 = tdm_now();
     tandem_status st = tdm_draft_trees(e, jobs, m, &n_fwd, &err);
     if (!st) {
+        /* each tree also holds its sequence's n-gram lookups, within its budget
+         * (verified by the target's argmax or its own draws: any proposal keeps the
+         * output) */
+        for (int32_t j = 0; j < m; j++) {
+            int32_t root[TDM_TREE_DEPTH_MAX], n_root;
+            tdm_spec_tree_lookups(e, jobs[j].s, jobs[j].tree, jobs[j].cfg.budget, room_of(s, jobs[j].s), root, &n_root);
+        }
         tdm_tree_cost_observe(&s->tree_cost, budget, tdm_now() - t0, 0, 0); /* (verification: the batch's row costs) */
         return true;
     }
@@ -140,8 +148,19 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out
     }
     if (q->sp.temperature > 0) tdm_engine_consume(q, m + 1); /* the uniforms of the kept tokens */
     tdm_tree_ctrl_observe(&q->tctrl, it->budget, m + 1);
-    tdm_ctrl_observe(&q->ctrl, TDM_MIN(m + 1, t->n ? t->depth[t->n - 1] + 1 : 1), m);
+    /* the chain controller sees the draft's part of the path (before any lookup
+     * node) as a chain's prefix */
+    int32_t run = 0, ng_acc = 0, ng_nodes = 0, depth = 0;
+    for (int32_t j = 0; j < m; j++) ng_acc += t->lookup[path[j]];
+    while (run < m && !t->lookup[path[run]]) run++;
+    for (int32_t i = 0; i < t->n; i++) {
+        ng_nodes += t->lookup[i];
+        if (!t->lookup[i]) depth = TDM_MAX(depth, t->depth[i] + 1);
+    }
+    tdm_ctrl_observe(&q->ctrl, TDM_MIN(run + 1, TDM_MAX(depth, 1)), run);
     tandem_spec_stats *ss = &q->spec;
+    ss->ngram_drafted += (uint64_t)ng_nodes;
+    ss->ngram_accepted += (uint64_t)ng_acc;
     ss->steps++;
     ss->tree_steps++;
     ss->tree_nodes += (uint64_t)t->n;

@@ -257,6 +257,21 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
 /* One token-tree step (src/spec_tree.c: draft/tree_draft.c + verify/tree_verify.c)
  * of at most `budget` nodes, within what the request may still take. */
 tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err);
+/* A tree drafted for s with n-gram lookup on (spec_ngram; not the oracle benchmark)
+ * also holds the lookups' continuations, as SpecInfer merges several speculators'
+ * proposals into one token tree that one target forward verifies: the continuation
+ * of the committed text below the root (it follows the draft's nodes while they
+ * agree), and that of the text plus the spine below the spine's last node; each as
+ * long as the n-gram controller's k (which weighs a row's verification cost), no
+ * node deeper than max_depth - 1.  A lookup node's weight is its parent's times the
+ * lookups' acceptance, and the tree then keeps the budget's best nodes of both
+ * speculators (tdm_tree_prune), so it stays within its budget; the spine is
+ * recomputed.  A lookup runs no model: the tree costs only the rows it verifies.
+ * For a greedy tree, or one verified by the target's own draws (the scheduler's
+ * sampled trees): any proposal keeps the output.  Returns the lookup nodes kept;
+ * root[0..*n_root) (at most TDM_TREE_DEPTH_MAX) is the root's lookup. */
+int32_t tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth,
+                              int32_t *root, int32_t *n_root);
 /* Continuations of n-gram lookup matches a lookup tree holds at most. */
 #define TDM_LOOKUP_CANDS 4
 /* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most

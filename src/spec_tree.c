@@ -55,20 +55,11 @@ static float lookup_alpha(const tdm_seq *s) {
     return (float)TDM_MIN(TDM_MAX(s->ctrl_ng.alpha, 0.05), 0.95);
 }
 
-/* A greedy tree with n-gram lookup on also holds the lookups' continuations, as
- * SpecInfer merges several speculators' proposals into one token tree that one
- * target forward verifies: the continuation of the committed text below the root
- * (it follows the draft's nodes while they agree), and that of the text plus the
- * spine below the spine's last node; each as long as the n-gram controller's k
- * (which weighs a row's verification cost), no node deeper than max_depth.  A
- * lookup node's weight is its parent's times the lookups' acceptance, and the tree
- * then keeps the budget's best nodes of both speculators (tdm_tree_prune), so it
- * stays within its budget.  A lookup runs no model: the tree costs only the rows
- * it verifies.  Returns the lookup nodes kept; root[0..*n_root) is the root's
- * lookup (its acceptance feeds the n-gram controller after verification). */
-static int32_t merge_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth,
-                             int32_t *root, int32_t *n_root) {
+int32_t tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth,
+                              int32_t *root, int32_t *n_root) {
     *n_root = 0;
+    pthread_once(&knobs_once, read_knobs);
+    if (s->spec_ngram <= 0 || s->oracle || !knobs.merge) return 0;
     const int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&s->ctrl_ng, &e->cost, 0.0, NULL), TDM_TREE_DEPTH_MAX);
     max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
     if (k <= 0 || max_depth <= 0) return 0;
@@ -126,9 +117,7 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     int32_t draft_depth = 0; /* (levels of the draft's own nodes) */
     for (int32_t i = 0; i < t->n; i++) draft_depth = TDM_MAX(draft_depth, t->depth[i] + 1);
     int32_t ng_root[TDM_TREE_DEPTH_MAX], n_root = 0, ng_added = 0;
-    pthread_once(&knobs_once, read_knobs);
-    if (!job.sample && s->spec_ngram > 0 && !s->oracle && knobs.merge)
-        ng_added = merge_lookups(e, s, &e->tree, job.cfg.budget, room, ng_root, &n_root);
+    if (!job.sample) ng_added = tdm_spec_tree_lookups(e, s, &e->tree, job.cfg.budget, room, ng_root, &n_root);
     const double t1 = tdm_now();
     const int32_t nodes = t->n, before = s->n_tokens;
     if (nodes == 0) return tdm_seq_step_target(e, s, err);

@@ -370,8 +370,9 @@ Test(tree, shape_parser) {
  * output, and trees were verified in batches.  Sampled (temperatures 1.0 and 0.6,
  * top-p 0.95, a seed each): each row draws the target's token with the uniform of
  * the position it predicts and the matching path is kept, so the tokens are the
- * target-only engine's (which draws one uniform per token) whatever the trees. */
-static void check_batched_trees(int32_t N, bool sampled) {
+ * target-only engine's (which draws one uniform per token) whatever the trees.
+ * ngram: the requests' spec_ngram (their trees then hold lookups too). */
+static void check_batched_trees(int32_t N, bool sampled, int ngram) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     tdm_engine *plain = make_engine(NULL);
@@ -397,6 +398,7 @@ static void check_batched_trees(int32_t N, bool sampled) {
             gp[i].seed = 500 + (uint64_t)i;
         }
         cr_assert_eq(tdm_generate_one(plain, ids[i], n_ids[i], &gp[i], &want[i], &err), TANDEM_OK, "%s", err.msg);
+        gp[i].spec_ngram = ngram;
         switch (i % 4) {
         case 0: gp[i].spec_tree = 16; break;
         case 1: gp[i].spec_tree_shape = "3,2,2,1"; break;
@@ -408,7 +410,7 @@ static void check_batched_trees(int32_t N, bool sampled) {
     cr_assert_eq(tdm_sched_create(e, &s, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_sched_run(s, (const int32_t *const *)ids, n_ids, gp, NULL, NULL, N, got, &err), TANDEM_OK, "%s",
                  err.msg);
-    uint64_t tree_steps = 0, accepted = 0;
+    uint64_t tree_steps = 0, accepted = 0, ng_accepted = 0;
     for (int32_t i = 0; i < N; i++) {
         cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
         cr_assert(got[i].n_tokens == want[i].n_tokens &&
@@ -419,13 +421,17 @@ static void check_batched_trees(int32_t N, bool sampled) {
         if (i % 4 == 3) cr_assert_eq(got[i].spec.tree_steps, 0);
         tree_steps += got[i].spec.tree_steps;
         if (i % 4 < 3) accepted += got[i].spec.accepted;
+        if (i % 4 < 3) ng_accepted += got[i].spec.ngram_accepted;
+        cr_assert_leq(got[i].spec.ngram_accepted, got[i].spec.ngram_drafted);
         tandem_result_free(&got[i]);
         tandem_result_free(&want[i]);
         free(ids[i]);
     }
-    cr_log_info("%llu %s tree steps in the batch, %llu tokens accepted", (unsigned long long)tree_steps,
-                sampled ? "sampled" : "greedy", (unsigned long long)accepted);
+    cr_log_info("%llu %s tree steps in the batch, %llu tokens accepted (%llu of lookup nodes)",
+                (unsigned long long)tree_steps, sampled ? "sampled" : "greedy", (unsigned long long)accepted,
+                (unsigned long long)ng_accepted);
     cr_assert_gt(accepted, 0, "no tree node accepted");
+    if (ngram) cr_assert_gt(ng_accepted, 0, "no lookup node accepted in a tree");
     cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "blocks leaked");
     tdm_sched_free(s);
     tdm_engine_free(e);
@@ -433,8 +439,11 @@ static void check_batched_trees(int32_t N, bool sampled) {
     tdm_test_jsonl_free(refs, n_lines);
 }
 
-Test(tree, batched_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 24, false); }
-Test(tree, batched_sampled_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 16, true); }
+Test(tree, batched_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 24, false, 0); }
+Test(tree, batched_sampled_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 16, true, 0); }
+/* The same with n-gram lookup on: the trees hold lookups too (within their budgets). */
+Test(tree, batched_lookup_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 12, false, 4); }
+Test(tree, batched_sampled_lookup_trees_equal_target_only) { check_batched_trees(8, true, 4); }
 
 /* Benchmark mode (draft/oracle.h): the rearrangement itself, and on the pycode
  * pair that alpha 1 makes every proposal on the target's path accepted, alpha 0
