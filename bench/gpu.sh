@@ -183,6 +183,12 @@ if has trees; then
       --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 --ks 1,2,3,4,5,6,7,8,0 --tree 16,32,-1 \
       --tree-shape 4,2,2,1 --backend cuda >"$out/trees.txt" 2>"$out/trees.err" || log "bench_spec trees failed"
     log "trees: $(grep -c '| 0 of' "$out/trees.txt") speculative configurations with every output equal to target-only"
+    # chains and trees with n-gram lookup off and on (trees then merge the lookups:
+    # docs/DESIGN.md, "Lookups in trees"), as users run them by default
+    log "bench_spec pycode: chains k = 4..6 and auto, trees 8 / 12 / 16 / auto, n-gram lookup off and 4"
+    timeout 600 "$b" -m "$here/models/pycode-target-f16.gguf" -d "$here/models/pycode-draft-s-f16.gguf" \
+      --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 --ks 4,5,6,0 --ngram 4 --tree 8,12,16,-1 \
+      --backend cuda >"$out/trees-lookups.txt" 2>"$out/trees-lookups.err" || log "bench_spec trees (lookups) failed"
     # the same trees of 32 without the tiled attention kernels (scores and softmax
     # kernels, no graphs) and without the device's candidates (logits downloaded per
     # level): what each buys
