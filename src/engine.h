@@ -275,15 +275,17 @@ int32_t tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t bu
 /* Continuations of n-gram lookup matches a lookup tree holds at most. */
 #define TDM_LOOKUP_CANDS 4
 /* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most
- * `budget` nodes (src/spec_tree.c): first[0..n_first) (the lookup the step chose over
- * the draft model) and other matches' continuations (TDM_LOOKUP_CANDS in all),
- * merged from the root in that order while the budget lasts, verified in one target
- * forward; no model drafts.  t0: when the step began. */
+ * `budget` nodes (src/spec_tree.c): tdm_spec_lookup_tree merges first[0..n_first)
+ * (the lookup the step chose over the draft model) and other matches'
+ * continuations (TDM_LOOKUP_CANDS in all) from the root into e->tree, in that order
+ * while the budget lasts, and says whether the tree branches (else the step
+ * verifies first[] as a chain: the same proposal, a chain's rows);
+ * tdm_spec_lookup_tree_step then verifies it in one target forward (t0: when the
+ * step began); no model drafts. */
+bool tdm_spec_lookup_tree(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first, int32_t budget);
 tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
-                                        int32_t budget, int32_t k_chosen, double t0, tdm_err *err);
-/* The continuations a lookup tree takes: TDM_LOOKUP_CANDS, or the benchmark knob
- * TANDEM_LOOKUP_CANDS (1: lookup steps verify one chain). */
-int32_t tdm_spec_lookup_cands(void);
+                                        int32_t k_chosen, double t0, tdm_err *err);
+
 /* The tree configuration for s of at most budget nodes, its depth within room
  * tokens (a static shape cut to room depths); false when nothing fits. */
 bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_cfg *out);

@@ -99,9 +99,11 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
          * chain (a greedy tree also holds lookups itself: src/spec_tree.c) */
         const double rate_tree = tdm_tree_rate(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, tb);
         n_ng = ngram_step(e, s, k_limit, rate_tree, draft);
-        /* greedy: the lookup with other matches' continuations beside it, as a tree */
-        if (n_ng > 0 && s->sp.temperature <= 0 && n_ng <= TDM_TREE_DEPTH_MAX && tdm_spec_lookup_cands() > 1)
-            return tdm_spec_lookup_tree_step(e, s, draft, n_ng, tb, k_chosen, t0, err);
+        /* greedy: the lookup with other matches' continuations beside it, as a tree
+         * (when they branch off it) */
+        if (n_ng > 0 && s->sp.temperature <= 0 && n_ng <= TDM_TREE_DEPTH_MAX &&
+            tdm_spec_lookup_tree(e, s, draft, n_ng, tb))
+            return tdm_spec_lookup_tree_step(e, s, draft, n_ng, k_chosen, t0, err);
         if (n_ng > 0) return verify_step(e, s, draft, n_ng, 0, 0, n_ng, k_chosen, t0, tdm_now(), err);
         return tdm_spec_tree_step(e, s, tb, err);
     }

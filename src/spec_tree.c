@@ -44,7 +44,8 @@ static void read_knobs(void) {
     if (m && atoi(m) == 0) knobs.merge = false;
 }
 
-int32_t tdm_spec_lookup_cands(void) {
+/* The continuations a lookup tree takes. */
+static int32_t lookup_cands(void) {
     pthread_once(&knobs_once, read_knobs);
     return knobs.cands;
 }
@@ -150,21 +151,27 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     return TANDEM_OK;
 }
 
-tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
-                                        int32_t budget, int32_t k_chosen, double t0, tdm_err *err) {
+bool tdm_spec_lookup_tree(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first, int32_t budget) {
     const int32_t n = s->n_tokens;
     const int32_t room = TDM_MIN(s->max_new - (n - s->n_prompt) - 1, e->cfg.n_ctx - n);
     const int32_t max_depth = TDM_MIN(room, TDM_TREE_DEPTH_MAX), L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
     tdm_tree *t = &e->tree;
     tdm_tree_reset(t);
+    if (L <= 0 || lookup_cands() < 2) return false;
     int32_t cand[TDM_LOOKUP_CANDS * TDM_TREE_DEPTH_MAX], lens[TDM_LOOKUP_CANDS];
-    const int32_t m = L > 0 ? tdm_ngram_propose_multi(s->tokens, n, s->spec_ngram, L, tdm_spec_lookup_cands(), cand, lens) : 0;
+    const int32_t m = tdm_ngram_propose_multi(s->tokens, n, s->spec_ngram, L, lookup_cands(), cand, lens);
     const int32_t max_nodes = TDM_MIN(budget, TDM_TREE_MAX);
     const float a = lookup_alpha(s);
     tdm_tree_merge_chain(t, -1, first, L, a, max_nodes, max_depth); /* (the spine) */
     for (int32_t c = 0; c < m; c++) tdm_tree_merge_chain(t, -1, cand + c * L, lens[c], a, max_nodes, max_depth);
     tdm_tree_spine_first(t);
-    const int32_t nodes = t->n, before = n;
+    return t->n > t->n_spine;
+}
+
+tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
+                                        int32_t k_chosen, double t0, tdm_err *err) {
+    tdm_tree *t = &e->tree;
+    const int32_t nodes = t->n, before = s->n_tokens, L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
     if (nodes == 0) return tdm_seq_step_target(e, s, err);
     const double t1 = tdm_now();
     int32_t acc;
