@@ -120,6 +120,17 @@ int32_t tdm_tree_merge_chain(tdm_tree *t, int32_t v, const int32_t *toks, int32_
     return added;
 }
 
+tdm_tree_share tdm_tree_share_of(const tdm_tree *t, const int32_t *path, int32_t m) {
+    tdm_tree_share r = {0, 0, 0, 0};
+    while (r.draft_run < m && !t->lookup[path[r.draft_run]]) r.draft_run++;
+    for (int32_t j = 0; j < m; j++) r.lookup_acc += t->lookup[path[j]];
+    for (int32_t i = 0; i < t->n; i++) {
+        r.lookup_nodes += t->lookup[i];
+        if (!t->lookup[i]) r.draft_depth = TDM_MAX(r.draft_depth, t->depth[i] + 1);
+    }
+    return r;
+}
+
 int32_t tdm_tree_children(const tdm_tree *t, int32_t v, int32_t *kids) {
     int32_t k = 0;
     for (int32_t i = v + 1; i < t->n; i++)

@@ -98,6 +98,14 @@ void tdm_tree_spine_first(tdm_tree *t);
  * nodes added; the masks and the spine are the caller's (tdm_tree_spine_first). */
 int32_t tdm_tree_merge_chain(tdm_tree *t, int32_t v, const int32_t *toks, int32_t n, float a, int32_t max_nodes,
                              int32_t max_depth);
+/* How the draft model and the lookups (tdm_tree_merge_chain) share tree t and its
+ * accepted path[0..m): draft_run, the path's first nodes that are the draft's;
+ * lookup_acc, the path's lookup nodes; lookup_nodes, the tree's; draft_depth, the
+ * levels of the draft's own nodes. */
+typedef struct tdm_tree_share {
+    int32_t draft_run, lookup_acc, lookup_nodes, draft_depth;
+} tdm_tree_share;
+tdm_tree_share tdm_tree_share_of(const tdm_tree *t, const int32_t *path, int32_t m);
 /* The children of node v (-1 = the root) in order; returns their count. */
 int32_t tdm_tree_children(const tdm_tree *t, int32_t v, int32_t *kids);
 

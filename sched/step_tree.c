@@ -150,17 +150,11 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out
     tdm_tree_ctrl_observe(&q->tctrl, it->budget, m + 1);
     /* the chain controller sees the draft's part of the path (before any lookup
      * node) as a chain's prefix */
-    int32_t run = 0, ng_acc = 0, ng_nodes = 0, depth = 0;
-    for (int32_t j = 0; j < m; j++) ng_acc += t->lookup[path[j]];
-    while (run < m && !t->lookup[path[run]]) run++;
-    for (int32_t i = 0; i < t->n; i++) {
-        ng_nodes += t->lookup[i];
-        if (!t->lookup[i]) depth = TDM_MAX(depth, t->depth[i] + 1);
-    }
-    tdm_ctrl_observe(&q->ctrl, TDM_MIN(run + 1, TDM_MAX(depth, 1)), run);
+    const tdm_tree_share sh = tdm_tree_share_of(t, path, m);
+    tdm_ctrl_observe(&q->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
     tandem_spec_stats *ss = &q->spec;
-    ss->ngram_drafted += (uint64_t)ng_nodes;
-    ss->ngram_accepted += (uint64_t)ng_acc;
+    ss->ngram_drafted += (uint64_t)sh.lookup_nodes;
+    ss->ngram_accepted += (uint64_t)sh.lookup_acc;
     ss->steps++;
     ss->tree_steps++;
     ss->tree_nodes += (uint64_t)t->n;

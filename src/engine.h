@@ -268,10 +268,11 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
  * speculators (tdm_tree_prune), so it stays within its budget; the spine is
  * recomputed.  A lookup runs no model: the tree costs only the rows it verifies.
  * For a greedy tree, or one verified by the target's own draws (the scheduler's
- * sampled trees): any proposal keeps the output.  Returns the lookup nodes kept;
- * root[0..*n_root) (at most TDM_TREE_DEPTH_MAX) is the root's lookup. */
-int32_t tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth,
-                              int32_t *root, int32_t *n_root);
+ * sampled trees): any proposal keeps the output.  root[0..*n_root) (at most
+ * TDM_TREE_DEPTH_MAX) is the root's lookup; the tree's lookup nodes are flagged
+ * (tdm_tree.lookup). */
+void tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
+                           int32_t *n_root);
 /* Continuations of n-gram lookup matches a lookup tree holds at most. */
 #define TDM_LOOKUP_CANDS 4
 /* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most

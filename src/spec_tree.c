@@ -56,14 +56,14 @@ static float lookup_alpha(const tdm_seq *s) {
     return (float)TDM_MIN(TDM_MAX(s->ctrl_ng.alpha, 0.05), 0.95);
 }
 
-int32_t tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth,
-                              int32_t *root, int32_t *n_root) {
+void tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
+                           int32_t *n_root) {
     *n_root = 0;
     pthread_once(&knobs_once, read_knobs);
-    if (s->spec_ngram <= 0 || s->oracle || !knobs.merge) return 0;
+    if (s->spec_ngram <= 0 || s->oracle || !knobs.merge) return;
     const int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&s->ctrl_ng, &e->cost, 0.0, NULL), TDM_TREE_DEPTH_MAX);
     max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
-    if (k <= 0 || max_depth <= 0) return 0;
+    if (k <= 0 || max_depth <= 0) return;
     const float a = lookup_alpha(s);
     *n_root = tdm_ngram_propose(s->tokens, s->n_tokens, s->spec_ngram, k, root);
     int32_t added = tdm_tree_merge_chain(t, -1, root, *n_root, a, TDM_TREE_MAX, max_depth);
@@ -74,12 +74,18 @@ int32_t tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t bu
         const int32_t m = tdm_ngram_propose_after(s->tokens, s->n_tokens, spine, leaf + 1, s->spec_ngram, k, out);
         added += tdm_tree_merge_chain(t, leaf, out, m, a, TDM_TREE_MAX, max_depth);
     }
-    if (added == 0) return 0;
+    if (added == 0) return;
     if (t->n > budget) tdm_tree_prune(t, budget);
     tdm_tree_spine_first(t);
-    int32_t kept = 0;
-    for (int32_t i = 0; i < t->n; i++) kept += t->lookup[i];
-    return kept;
+}
+
+/* The n-gram controller learns from the lookup prop[0..n) proposed after
+ * position `before` as from a chain: how many of its tokens were committed. */
+static void observe_lookup(tdm_seq *s, const int32_t *prop, int32_t n, int32_t before) {
+    if (n <= 0) return;
+    int32_t m = 0;
+    while (m < n && before + m < s->n_tokens && prop[m] == s->tokens[before + m]) m++;
+    tdm_ctrl_observe(&s->ctrl_ng, n, m);
 }
 
 /* A tree step in the request's statistics: its nodes (ng_nodes of them from
@@ -114,40 +120,23 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     tdm_phase_start(&e->ph, e->be);
     int32_t n_fwd, acc;
     if ((st = tdm_draft_trees(e, &job, 1, &n_fwd, err))) return st;
-    const tdm_tree *t = &e->tree;
-    int32_t draft_depth = 0; /* (levels of the draft's own nodes) */
-    for (int32_t i = 0; i < t->n; i++) draft_depth = TDM_MAX(draft_depth, t->depth[i] + 1);
-    int32_t ng_root[TDM_TREE_DEPTH_MAX], n_root = 0, ng_added = 0;
-    if (!job.sample) ng_added = tdm_spec_tree_lookups(e, s, &e->tree, job.cfg.budget, room, ng_root, &n_root);
+    int32_t ng_root[TDM_TREE_DEPTH_MAX], n_root = 0;
+    if (!job.sample) tdm_spec_tree_lookups(e, s, &e->tree, job.cfg.budget, room, ng_root, &n_root);
     const double t1 = tdm_now();
+    const tdm_tree *t = &e->tree;
     const int32_t nodes = t->n, before = s->n_tokens;
     if (nodes == 0) return tdm_seq_step_target(e, s, err);
-    if ((st = tdm_verify_tree(e, s, &e->tree, &acc, err))) return st;
+    int32_t path[TDM_TREE_MAX];
+    if ((st = tdm_verify_tree(e, s, t, &acc, path, err))) return st;
     const double t2 = tdm_now();
     tdm_tree_cost_observe(&e->tree_cost, job.cfg.budget, t1 - t0, t2 - t1, acc + 1);
     tdm_tree_ctrl_observe(&s->tctrl, job.cfg.budget, acc + 1);
-    /* the committed path through the tree: how far the draft's nodes carried it,
-     * and how many of its nodes a lookup added */
-    const int32_t *got = s->tokens + before;
-    int32_t run = 0, ng_acc = 0;
-    for (int32_t j = 0, v = -1; j < acc; j++) {
-        int32_t c = -1;
-        for (int32_t i = v + 1; i < t->n && c < 0; i++)
-            if (t->parent[i] == v && t->token[i] == got[j]) c = i;
-        if (c < 0) break;
-        if (t->lookup[c]) ng_acc++;
-        else if (run == j) run++;
-        v = c;
-    }
     /* the chain controller's acceptance sees the draft's part of the path as a
      * chain's prefix; the n-gram controller's, the root lookup as a chain */
-    tdm_ctrl_observe(&s->ctrl, TDM_MIN(run + 1, TDM_MAX(draft_depth, 1)), TDM_MIN(run, acc));
-    if (n_root > 0) {
-        int32_t m = 0;
-        while (m < n_root && before + m < s->n_tokens && ng_root[m] == got[m]) m++;
-        tdm_ctrl_observe(&s->ctrl_ng, n_root, m);
-    }
-    count_tree_step(s, nodes, acc, s->n_tokens - before, ng_added, ng_acc, t1 - t0, t2 - t1);
+    const tdm_tree_share sh = tdm_tree_share_of(t, path, acc);
+    tdm_ctrl_observe(&s->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
+    observe_lookup(s, ng_root, n_root, before);
+    count_tree_step(s, nodes, acc, s->n_tokens - before, sh.lookup_nodes, sh.lookup_acc, t1 - t0, t2 - t1);
     return TANDEM_OK;
 }
 
@@ -174,14 +163,12 @@ tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t
     const int32_t nodes = t->n, before = s->n_tokens, L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
     if (nodes == 0) return tdm_seq_step_target(e, s, err);
     const double t1 = tdm_now();
-    int32_t acc;
+    int32_t acc, path[TDM_TREE_MAX];
     tandem_status st;
-    if ((st = tdm_verify_tree(e, s, t, &acc, err))) return st;
+    if ((st = tdm_verify_tree(e, s, t, &acc, path, err))) return st;
     const double t2 = tdm_now();
     tdm_cost_observe_verify(&e->cost, nodes + 1, t2 - t1);
-    int32_t m1 = 0; /* (the first lookup's acceptance, as a chain's: the n-gram controller's) */
-    while (m1 < L && before + m1 < s->n_tokens && first[m1] == s->tokens[before + m1]) m1++;
-    tdm_ctrl_observe(&s->ctrl_ng, L, m1);
+    observe_lookup(s, first, L, before);
     count_tree_step(s, nodes, acc, s->n_tokens - before, nodes, acc, t1 - t0, t2 - t1);
     s->spec.ngram_steps++;
     s->spec.k_final = k_chosen;

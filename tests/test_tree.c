@@ -345,6 +345,13 @@ Test(tree, merge_chain) {
     cr_assert_eq(t.n_spine, 3);
     cr_assert_eq(t.token[2], 40);
     cr_assert(t.lookup[2]);
+    /* the spine as an accepted path: two draft nodes, then a lookup node */
+    const int32_t path[] = {0, 1, 2};
+    const tdm_tree_share sh = tdm_tree_share_of(&t, path, 3);
+    cr_assert_eq(sh.draft_run, 2);
+    cr_assert_eq(sh.lookup_acc, 1);
+    cr_assert_eq(sh.lookup_nodes, 5, "20, 21, 30, 31, 40");
+    cr_assert_eq(sh.draft_depth, 2, "the draft's nodes reach depth 1");
     for (int32_t i = 0; i < t.n; i++) {
         cr_assert_lt(t.parent[i], i, "node %d: parent first", i);
         const uint64_t want = (t.parent[i] < 0 ? 0 : t.mask[t.parent[i]]) | (1ull << i);

@@ -21,7 +21,8 @@ bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si
     return true;
 }
 
-tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int32_t *n_accepted, tdm_err *err) {
+tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int32_t *n_accepted, int32_t *path,
+                              tdm_err *err) {
     const int32_t V = e->n_vocab, n = s->n_tokens;
     const tdm_kv_seq *seqs[1] = {&s->kv};
     tandem_status st;
@@ -37,7 +38,7 @@ tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int3
     const bool greedy = s->sp.temperature <= 0;
     if ((st = tdm_engine_forward(e, false, b, seqs, greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, err))) return st;
     tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_VERIFY);
-    int32_t path[TDM_TREE_MAX], m, next;
+    int32_t m, next;
     if (greedy) {
         m = tdm_tree_accept_match(t, e->ids, path, &next);
     } else {

@@ -14,8 +14,10 @@ bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si
 /* Verifies s's tree with one target forward and commits the result: greedy by
  * matching the target's argmaxes; sampled by multi-candidate rejection sampling
  * (tree_accept.h; children drawn without replacement, the draft's q rows in
- * e->tree_q).  *n_accepted: the accepted path's length. */
-tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int32_t *n_accepted, tdm_err *err);
+ * e->tree_q).  *n_accepted: the accepted path's length; path[0..*n_accepted)
+ * (TDM_TREE_MAX entries): its nodes, root side first. */
+tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int32_t *n_accepted, int32_t *path,
+                              tdm_err *err);
 
 /* The commit after a verdict: path[0..m) (accepted nodes, root side first) and
  * next.  Both models' K/V of the path move to consecutive slots n .. n + m - 1 (the
