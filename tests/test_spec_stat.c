@@ -1,8 +1,12 @@
 /* test_spec_stat.c - statistical losslessness of speculative sampling: with a
  * small random-weight model pair made here, the empirical distribution of the
  * generated tokens at positions 1..4 under speculative sampling matches
- * target-only sampling (two-sample chi-square, p-value > 1e-3, fixed seeds; 20000
- * draws per distribution, an eighth of them in a sanitizer build). */
+ * target-only sampling (two-sample chi-square, p-value > 1e-4, fixed seeds; 20000
+ * draws per distribution, an eighth of them in a sanitizer build).  The seeds are
+ * fixed but adaptive configurations draw by measured costs, so each run is a fresh
+ * sample: 72 p-values a test command (9 cases, 4 positions, 2 builds) at 1e-3 would
+ * fail a correct engine in 7 % of runs (one did, p = 0.00031, 2026-12-06); at 1e-4,
+ * 0.7 %.  A different distribution must score below the same bound (the last test). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -150,7 +154,7 @@ static void check_lossless_t(float temp, int top_k, float top_p, int spec_k, flo
     for (int i = 0; i < N_POS; i++) {
         double pv = tdm_stat_chi2_two_sample(a + i * V, b + i * V, V);
         cr_log_info("  position %d: p-value %.4f", i + 1, pv);
-        cr_assert_gt(pv, 1e-3, "position %d: speculative sampling differs from target-only (p = %.2g)", i + 1,
+        cr_assert_gt(pv, 1e-4, "position %d: speculative sampling differs from target-only (p = %.2g)", i + 1,
                      pv);
     }
     free(a);
@@ -202,7 +206,7 @@ Test(spec_stat, test_detects_a_different_distribution, .timeout = 600) {
     sample_counts(et, &gp, prompt, 3, 1, V, a, NULL);
     sample_counts(ed, &gp, prompt, 3, 2, V, b, NULL);
     double pv = tdm_stat_chi2_two_sample(a, b, V);
-    cr_assert_lt(pv, 1e-3, "target and draft distributions not told apart (p = %.3g)", pv);
+    cr_assert_lt(pv, 1e-4, "target and draft distributions not told apart (p = %.3g)", pv);
     free(a);
     free(b);
     tdm_engine_free(et);
