@@ -30,18 +30,21 @@ bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_
 
 /* Benchmark knobs (bench/, never set by the library), read once:
  * TANDEM_LOOKUP_CANDS (1..TDM_LOOKUP_CANDS: continuations of a lookup tree; 1 = a
- * lookup step verifies one chain) and TANDEM_TREE_LOOKUPS=0 (draft trees without
- * the lookups' continuations). */
+ * lookup step verifies one chain), TANDEM_TREE_LOOKUPS=0 (draft trees without the
+ * lookups' continuations) and TANDEM_LOOKUP_TREE_EXTRA=X (a lookup tree holds at
+ * most X nodes beyond its first continuation; default: the tree budget's). */
 static struct {
-    int32_t cands;
+    int32_t cands, extra;
     bool merge;
-} knobs = {TDM_LOOKUP_CANDS, true};
+} knobs = {TDM_LOOKUP_CANDS, -1, true};
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void read_knobs(void) {
     const char *c = getenv("TANDEM_LOOKUP_CANDS"), *m = getenv("TANDEM_TREE_LOOKUPS");
+    const char *x = getenv("TANDEM_LOOKUP_TREE_EXTRA");
     if (c && atoi(c) >= 1) knobs.cands = TDM_MIN(atoi(c), TDM_LOOKUP_CANDS);
     if (m && atoi(m) == 0) knobs.merge = false;
+    if (x && atoi(x) >= 0) knobs.extra = atoi(x);
 }
 
 /* The continuations a lookup tree takes. */
@@ -149,7 +152,7 @@ bool tdm_spec_lookup_tree(tdm_engine *e, tdm_seq *s, const int32_t *first, int32
     if (L <= 0 || lookup_cands() < 2) return false;
     int32_t cand[TDM_LOOKUP_CANDS * TDM_TREE_DEPTH_MAX], lens[TDM_LOOKUP_CANDS];
     const int32_t m = tdm_ngram_propose_multi(s->tokens, n, s->spec_ngram, L, lookup_cands(), cand, lens);
-    const int32_t max_nodes = TDM_MIN(budget, TDM_TREE_MAX);
+    const int32_t max_nodes = TDM_MIN(TDM_MIN(budget, TDM_TREE_MAX), knobs.extra >= 0 ? L + knobs.extra : TDM_TREE_MAX);
     const float a = lookup_alpha(s);
     tdm_tree_merge_chain(t, -1, first, L, a, max_nodes, max_depth); /* (the spine) */
     for (int32_t c = 0; c < m; c++) tdm_tree_merge_chain(t, -1, cand + c * L, lens[c], a, max_nodes, max_depth);
