@@ -4,7 +4,8 @@
  * reference RoPE, tiny qwen3 and llama (rope_freqs + YaRN) models against the CPU
  * forward through both the fused blocks (qwen3 too) and the op-by-op path, and gemma3 (sliding
  * windows, soft-capping) op by op; a model split across GPUs (tensor parallelism:
- * degree 1 on one GPU, 2 where two are usable) against the whole model.
+ * degree 1 on one GPU, 2 where two are usable) against the whole model, and with
+ * two GPUs the pycode target split 2 ways on every dev prompt (skipped with one).
  *
  * Without a CUDA device (or in a build without CUDA) the program prints why and
  * exits with 77, which meson reports as skipped. */
@@ -338,4 +339,62 @@ Test(cuda_arch, split_model_matches_whole, .timeout = 300) {
     }
     tandem_model_close(draft);
     tandem_model_close(whole);
+}
+
+/* Issue 22's test on a machine with two GPUs (skipped elsewhere): the pycode target
+ * split 2 ways through the public API against the whole, greedy, on every refs-dev
+ * prompt at the reference's length: at least 98 of 100 continuations identical
+ * (the split adds its halves' partial sums in another order), and the split target
+ * with a speculating draft (chains, then trees of 16) equal to the split target
+ * alone on every prompt. */
+Test(cuda_arch, split_two_ways_on_every_dev_prompt, .timeout = 900) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    mp.tensor_parallel = 2;
+    tandem_model *whole = NULL, *split = NULL, *draft = NULL;
+    if (tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &split) != TANDEM_OK)
+        cr_skip_test("the pycode target split 2 ways: %s", tandem_last_error());
+    mp.tensor_parallel = 1;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &whole), TANDEM_OK, "%s",
+                 tandem_last_error());
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-s-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
+                 tandem_last_error());
+    tandem_engine_params ep = tandem_engine_default_params();
+    tandem_engine *ew = NULL, *es = NULL, *esd = NULL;
+    cr_assert_eq(tandem_engine_open(whole, NULL, &ep, &ew), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_engine_open(split, NULL, &ep, &es), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_engine_open(split, draft, &ep, &esd), TANDEM_OK, "%s", tandem_last_error());
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    int same = 0;
+    uint64_t drafted = 0;
+    for (size_t li = 0; li < n_lines; li++) {
+        size_t n, n_ref;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        int32_t *ref = tdm_test_json_ids(tdm_json_get(refs[li], "target_greedy_ids"), &n_ref);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = (int)n_ref;
+        tandem_result a, b;
+        cr_assert_eq(tandem_generate_ids(ew, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_generate_ids(es, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+        same += a.n_tokens == b.n_tokens && memcmp(a.tokens, b.tokens, a.n_tokens * sizeof(int32_t)) == 0;
+        for (int t = 0; t < 2; t++) {
+            tandem_result d;
+            gp.spec_tree = t ? 16 : 0;
+            cr_assert_eq(tandem_generate_ids(esd, ids, n, &gp, &d), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert(d.n_tokens == b.n_tokens && memcmp(d.tokens, b.tokens, b.n_tokens * sizeof(int32_t)) == 0,
+                      "prompt %zu: the split target with a draft (%s) differs from it alone", li,
+                      t ? "trees of 16" : "chains");
+            drafted += d.spec.drafted;
+            tandem_result_free(&d);
+        }
+        tandem_result_free(&a), tandem_result_free(&b);
+        free(ids), free(ref);
+    }
+    printf("cuda, split 2 ways: %d of %zu greedy continuations equal the whole model's\n", same, n_lines);
+    cr_assert_gt(drafted, 0, "nothing drafted");
+    cr_assert_geq(same, (int)n_lines - 2, "only %d of %zu continuations equal the whole model's", same, n_lines);
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(esd), tandem_engine_close(es), tandem_engine_close(ew);
+    tandem_model_close(draft), tandem_model_close(split), tandem_model_close(whole);
 }
