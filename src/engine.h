@@ -287,6 +287,10 @@ bool tdm_spec_lookup_tree(tdm_engine *e, tdm_seq *s, const int32_t *first, int32
 tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
                                         int32_t k_chosen, double t0, tdm_err *err);
 
+/* The largest budget tree auto weighs: TDM_TREE_MAX, or the benchmark knob
+ * TANDEM_TREE_AUTO_MAX (src/spec_tree.c). */
+int32_t tdm_spec_tree_auto_max(void);
+
 /* The tree configuration for s of at most budget nodes, its depth within room
  * tokens (a static shape cut to room depths); false when nothing fits. */
 bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_cfg *out);

@@ -15,22 +15,10 @@
  * often; lookups on code pay alone).  The draft model catches up on the tokens it
  * skipped at its next step (one batched forward).  A token-tree step weighs a
  * lookup against the tree's expected rate in the same way. */
-#include <pthread.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
 #include "ngram.h"
-
-/* Benchmark knob (bench/, never set by the library), read once:
- * TANDEM_TREE_AUTO_MAX=B (the largest budget tree auto weighs). */
-static int32_t auto_max = TDM_TREE_MAX;
-static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
-
-static void read_knobs(void) {
-    const char *m = getenv("TANDEM_TREE_AUTO_MAX");
-    if (m && atoi(m) >= 1) auto_max = TDM_MIN(atoi(m), TDM_TREE_MAX);
-}
 
 /* An n-gram proposal for this step, or 0 when it is not expected to beat the other
  * choice, whose expected rate is rate_other (tokens per second: the draft model's
@@ -63,7 +51,6 @@ static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err);
 
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
-    pthread_once(&knobs_once, read_knobs);
     tandem_status st;
     const int32_t n = s->n_tokens;
     /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
@@ -105,7 +92,8 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
      * controller expects it to pay (draft/tree_ctrl.h) */
     const int32_t tb = s->spec_tree > 0 ? s->spec_tree
                        : s->spec_tree == TANDEM_SPEC_TREE_AUTO
-                           ? tdm_tree_choose(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, k, auto_max)
+                           ? tdm_tree_choose(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, k,
+                                             tdm_spec_tree_auto_max())
                            : 0;
     if (tb > 0) {
         /* an n-gram proposal alone when it beats the tree, as below when it beats a

@@ -31,20 +31,33 @@ bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_
 /* Benchmark knobs (bench/, never set by the library), read once:
  * TANDEM_LOOKUP_CANDS (1..TDM_LOOKUP_CANDS: continuations of a lookup tree; 1 = a
  * lookup step verifies one chain), TANDEM_TREE_LOOKUPS=0 (draft trees without the
- * lookups' continuations) and TANDEM_LOOKUP_TREE_EXTRA=X (a lookup tree holds at
- * most X nodes beyond its first continuation; default: the tree budget's). */
+ * lookups' continuations), TANDEM_LOOKUP_TREE_EXTRA=X (a lookup tree holds at most
+ * X nodes beyond its first continuation; default: the tree budget's) and
+ * TANDEM_TREE_AUTO_MAX=B (the largest budget tree auto weighs). */
 static struct {
-    int32_t cands, extra;
+    int32_t cands, extra, auto_max;
     bool merge;
-} knobs = {TDM_LOOKUP_CANDS, -1, true};
+} knobs = {TDM_LOOKUP_CANDS, -1, TDM_TREE_MAX, true};
 static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
 
 static void read_knobs(void) {
     const char *c = getenv("TANDEM_LOOKUP_CANDS"), *m = getenv("TANDEM_TREE_LOOKUPS");
-    const char *x = getenv("TANDEM_LOOKUP_TREE_EXTRA");
+    const char *x = getenv("TANDEM_LOOKUP_TREE_EXTRA"), *b = getenv("TANDEM_TREE_AUTO_MAX");
     if (c && atoi(c) >= 1) knobs.cands = TDM_MIN(atoi(c), TDM_LOOKUP_CANDS);
     if (m && atoi(m) == 0) knobs.merge = false;
     if (x && atoi(x) >= 0) knobs.extra = atoi(x);
+    if (b && atoi(b) >= 1) knobs.auto_max = TDM_MIN(atoi(b), TDM_TREE_MAX);
+}
+
+int32_t tdm_spec_tree_auto_max(void) {
+    pthread_once(&knobs_once, read_knobs);
+    return knobs.auto_max;
+}
+
+/* The tokens s may still draft beyond the one the target adds: within its
+ * max_tokens and the context. */
+static int32_t room_of(const tdm_engine *e, const tdm_seq *s) {
+    return TDM_MIN(s->max_new - (s->n_tokens - s->n_prompt) - 1, e->cfg.n_ctx - s->n_tokens);
 }
 
 /* The continuations a lookup tree takes. */
@@ -112,8 +125,7 @@ static void count_tree_step(tdm_seq *s, int32_t nodes, int32_t acc, int32_t comm
 }
 
 tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err) {
-    const int32_t n = s->n_tokens;
-    const int32_t room = TDM_MIN(s->max_new - (n - s->n_prompt) - 1, e->cfg.n_ctx - n);
+    const int32_t n = s->n_tokens, room = room_of(e, s);
     tdm_tree_job job = {s, {0}, &e->tree, s->sp.temperature > 0};
     if (!tdm_spec_tree_cfg(s, budget, room, &job.cfg)) return tdm_seq_step_target(e, s, err);
     tandem_status st;
@@ -145,8 +157,7 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
 
 bool tdm_spec_lookup_tree(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first, int32_t budget) {
     const int32_t n = s->n_tokens;
-    const int32_t room = TDM_MIN(s->max_new - (n - s->n_prompt) - 1, e->cfg.n_ctx - n);
-    const int32_t max_depth = TDM_MIN(room, TDM_TREE_DEPTH_MAX), L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
+    const int32_t max_depth = TDM_MIN(room_of(e, s), TDM_TREE_DEPTH_MAX), L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
     tdm_tree *t = &e->tree;
     tdm_tree_reset(t);
     if (L <= 0 || lookup_cands() < 2) return false;
