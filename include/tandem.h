@@ -10,10 +10,11 @@
  * - Ownership: memory returned through out-parameters is owned by the caller unless
  *   stated otherwise and freed with the named function.
  * - Thread safety: a tandem_model is immutable after open and may be shared by
- *   several engines and threads.  On a tandem_engine, tandem_engine_submit,
- *   tandem_engine_cancel and tandem_engine_get_stats may be called from any thread at
- *   any time; every other call on one engine must come from one thread at a time (see
- *   "Asynchronous use" for what changes while the engine runs its own thread).
+ *   several engines and threads.  On a tandem_engine, every call but
+ *   tandem_engine_close may be called from any thread at any time: generate, submit,
+ *   cancel, step, start, stop and get_stats (exactly one thread steps the engine at
+ *   once, the others wait; see "Asynchronous use").  tandem_engine_close must be the
+ *   last call on an engine, made when no other call on it is in progress.
  *   tandem_status_str and tandem_last_error may be called from any thread.
  * - The library never calls abort() or exit(); bad input becomes a status code.
  */
@@ -474,9 +475,14 @@ tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request 
  *   - tandem_engine_start runs the steps on a thread of the engine, which sleeps when
  *     nothing is queued; tandem_engine_stop (or close) ends it.
  * Callbacks (params.on_token and on_finish) run on the thread that steps.  They may
- * call tandem_engine_submit and tandem_engine_cancel, nothing else on the engine.
- * While the engine's thread runs, tandem_generate and tandem_generate_batch may be
- * called from any thread (they submit and wait); tandem_engine_step fails. */
+ * call tandem_engine_submit and tandem_engine_cancel, nothing else on the engine
+ * (step, start, stop and the blocking generate calls fail there with
+ * TANDEM_ERR_INVALID_ARG).  While the engine's thread runs, tandem_generate and
+ * tandem_generate_batch called from any thread submit and wait; tandem_engine_step
+ * fails.  Otherwise (never started, or stopped, even while other threads wait in
+ * tandem_generate) the blocking calls step the engine themselves, one caller at a
+ * time: each steps while its own requests are unfinished, and every caller's
+ * requests advance in each step. */
 
 typedef uint64_t tandem_request_id; /* from 1, unique per engine */
 
@@ -502,8 +508,10 @@ tandem_status tandem_engine_cancel(tandem_engine *engine, tandem_request_id id);
 tandem_status tandem_engine_step(tandem_engine *engine, int *n_pending);
 
 /* Starts / stops the engine's own scheduler thread.  stop waits for the current step
- * to end; queued and running requests stay and continue at the next start or step.
- * start on a running engine and stop on a stopped one are no-ops returning OK. */
+ * to end; queued and running requests stay and continue at the next start or step
+ * (callers waiting in tandem_generate then step the engine themselves).  start on a
+ * running engine and stop on a stopped one are no-ops returning OK; concurrent starts
+ * and stops take effect one after another. */
 tandem_status tandem_engine_start(tandem_engine *engine);
 tandem_status tandem_engine_stop(tandem_engine *engine);
 

@@ -41,7 +41,9 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_done, NULL);
+    pthread_mutex_init(&s->ctl_mu, NULL);
     s->next_id = 1;
+    s->kv_free_seen = tdm_kv_pool_n_free(e->pool);
     s->dec_explore = s->explore_k = -1;
     tdm_rowcost_init(&s->cost_t);
     tdm_rowcost_init(&s->cost_d);
@@ -61,7 +63,8 @@ static void free_req(tdm_engine *e, tdm_req *r) {
 
 void tdm_sched_free(tdm_sched *s) {
     if (!s) return;
-    tdm_sched_stop(s);
+    tdm_err err = {0};
+    (void)tdm_sched_stop(s, &err);
     /* everything still here ends cancelled: the queue, the running batch, the inbox */
     pthread_mutex_lock(&s->mu);
     tdm_req *in = s->inbox_head;
@@ -79,6 +82,7 @@ void tdm_sched_free(tdm_sched *s) {
     pthread_cond_destroy(&s->cv_work);
     pthread_cond_destroy(&s->cv_done);
     pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->ctl_mu);
     free_arrays(s);
     free(s);
 }
@@ -201,6 +205,23 @@ static bool pending_locked(const tdm_sched *s) { return s->n_inbox > 0 || s->liv
 /* The scheduler this thread is stepping (callbacks run inside a step). */
 static _Thread_local tdm_sched *tl_stepping;
 
+/* Exactly one thread steps at any time: the scheduler thread, a blocking run or a
+ * tdm_sched_step, whichever holds s->stepping (taken and dropped under s->mu). */
+static void take_step_locked(tdm_sched *s) {
+    s->n_step_wait++;
+    while (s->stepping) pthread_cond_wait(&s->cv_done, &s->mu);
+    s->n_step_wait--;
+    s->stepping = true;
+}
+
+static void drop_step_locked(tdm_sched *s) {
+    s->kv_free_seen = tdm_kv_pool_n_free(s->e->pool);
+    s->run_seen = s->n_run;
+    s->stepping = false;
+    if (s->n_step_wait > 0) pthread_cond_broadcast(&s->cv_done);
+}
+
+/* One iteration by a thread that holds the right to step (s->mu not held). */
 static void iterate(tdm_sched *s, tdm_err *err) {
     tl_stepping = s;
     (void)tdm_sched_iterate(s, err); /* (what fails, fails its requests alone) */
@@ -209,56 +230,80 @@ static void iterate(tdm_sched *s, tdm_err *err) {
 
 tandem_status tdm_sched_step(tdm_sched *s, int *n_pending, tdm_err *err) {
     if (tl_stepping == s) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "step called from a callback");
-    iterate(s, err);
-    tandem_status st = TANDEM_OK;
-    if (n_pending) {
-        pthread_mutex_lock(&s->mu);
-        *n_pending = (int)(s->stats.n_submitted - s->stats.n_finished); /* (the live requests) */
-        pthread_mutex_unlock(&s->mu);
-    }
-    return st;
-}
-
-static void *thread_main(void *arg) {
-    tdm_sched *s = arg;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        while (!s->th_stop && !pending_locked(s)) pthread_cond_wait(&s->cv_work, &s->mu);
-        bool stop = s->th_stop;
-        pthread_mutex_unlock(&s->mu);
-        if (stop) return NULL;
-        tdm_err err = {0};
-        iterate(s, &err);
-    }
-}
-
-tandem_status tdm_sched_start(tdm_sched *s, tdm_err *err) {
     pthread_mutex_lock(&s->mu);
-    bool started = s->th_started;
-    s->th_stop = false;
+    take_step_locked(s);
     pthread_mutex_unlock(&s->mu);
-    if (started) return TANDEM_OK;
-    if (pthread_create(&s->th, NULL, thread_main, s) != 0)
-        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "could not start the scheduler thread");
+    iterate(s, err);
     pthread_mutex_lock(&s->mu);
-    s->th_started = true;
+    drop_step_locked(s);
+    if (n_pending) *n_pending = (int)(s->stats.n_submitted - s->stats.n_finished); /* (the live requests) */
     pthread_mutex_unlock(&s->mu);
     return TANDEM_OK;
 }
 
-void tdm_sched_stop(tdm_sched *s) {
+static void *thread_main(void *arg) {
+    tdm_sched *s = arg;
     pthread_mutex_lock(&s->mu);
-    bool started = s->th_started;
+    for (;;) {
+        while (!s->th_stop && (!pending_locked(s) || s->stepping)) {
+            if (s->stepping) { /* (a step begun before the thread started) */
+                s->n_step_wait++;
+                pthread_cond_wait(&s->cv_done, &s->mu);
+                s->n_step_wait--;
+            } else {
+                pthread_cond_wait(&s->cv_work, &s->mu);
+            }
+        }
+        if (s->th_stop) break;
+        s->stepping = true;
+        pthread_mutex_unlock(&s->mu);
+        tdm_err err = {0};
+        iterate(s, &err);
+        pthread_mutex_lock(&s->mu);
+        drop_step_locked(s);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+tandem_status tdm_sched_start(tdm_sched *s, tdm_err *err) {
+    if (tl_stepping == s) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "start called from a callback");
+    pthread_mutex_lock(&s->ctl_mu);
+    pthread_mutex_lock(&s->mu);
+    const bool started = s->th_started;
+    s->th_stop = false;
+    pthread_mutex_unlock(&s->mu);
+    tandem_status st = TANDEM_OK;
+    if (!started) {
+        if (pthread_create(&s->th, NULL, thread_main, s) != 0) {
+            st = tdm_seterr(err, TANDEM_ERR_INTERNAL, "could not start the scheduler thread");
+        } else {
+            pthread_mutex_lock(&s->mu);
+            s->th_started = true;
+            pthread_mutex_unlock(&s->mu);
+        }
+    }
+    pthread_mutex_unlock(&s->ctl_mu);
+    return st;
+}
+
+tandem_status tdm_sched_stop(tdm_sched *s, tdm_err *err) {
+    if (tl_stepping == s) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "stop called from a callback");
+    pthread_mutex_lock(&s->ctl_mu);
+    pthread_mutex_lock(&s->mu);
+    const bool started = s->th_started;
     s->th_stop = true;
     pthread_cond_broadcast(&s->cv_work);
+    pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
-    if (!started) return;
-    pthread_join(s->th, NULL);
+    if (started) pthread_join(s->th, NULL);
     pthread_mutex_lock(&s->mu);
     s->th_started = false;
     s->th_stop = false;
-    pthread_cond_broadcast(&s->cv_done); /* (blocking runs now step themselves) */
+    pthread_cond_broadcast(&s->cv_done); /* (blocking runs now step themselves, one at a time) */
     pthread_mutex_unlock(&s->mu);
+    pthread_mutex_unlock(&s->ctl_mu);
+    return TANDEM_OK;
 }
 
 bool tdm_sched_running(tdm_sched *s) {
@@ -271,15 +316,13 @@ bool tdm_sched_running(tdm_sched *s) {
 void tdm_sched_stats(tdm_sched *s, tandem_engine_stats *out) {
     pthread_mutex_lock(&s->mu);
     *out = s->stats;
-    int nw = 0, nr = 0;
-    for (tdm_req *r = s->live; r; r = r->next_live) {
-        if (r->state == TDM_REQ_WAITING) nw++;
-        else nr++;
-    }
-    out->n_waiting = nw;
-    out->n_running = nr;
+    /* the running batch as the last step left it; every other live request waits
+     * (one that finished since is no longer live) */
+    const int live = (int)(s->stats.n_submitted - s->stats.n_finished);
+    out->n_running = TDM_MIN(s->run_seen, live);
+    out->n_waiting = live - out->n_running;
     out->kv_blocks_total = tdm_kv_pool_n_blocks(s->e->pool);
-    out->kv_blocks_free = tdm_kv_pool_n_free(s->e->pool);
+    out->kv_blocks_free = s->kv_free_seen;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -332,22 +375,26 @@ tandem_status tdm_sched_run(tdm_sched *s, const int32_t *const *prompts, const i
             res[i].finish_reason = TANDEM_FINISH_ERROR;
         }
     }
-    tandem_status st = TANDEM_OK;
-    for (;;) {
-        pthread_mutex_lock(&s->mu);
-        if (w.remaining == 0) {
-            pthread_mutex_unlock(&s->mu);
-            break;
-        }
-        if (s->th_started) {
+    pthread_mutex_lock(&s->mu);
+    while (w.remaining > 0) {
+        if (s->th_started) { /* the scheduler thread steps: wait for these requests */
             pthread_cond_wait(&s->cv_done, &s->mu);
-            pthread_mutex_unlock(&s->mu);
             continue;
         }
+        if (s->stepping) { /* another caller steps: wait for it, or for these requests */
+            s->n_step_wait++;
+            pthread_cond_wait(&s->cv_done, &s->mu);
+            s->n_step_wait--;
+            continue;
+        }
+        s->stepping = true;
         pthread_mutex_unlock(&s->mu);
         tdm_err serr = {0};
         iterate(s, &serr);
+        pthread_mutex_lock(&s->mu);
+        drop_step_locked(s);
     }
+    pthread_mutex_unlock(&s->mu);
     free(slots);
-    return st;
+    return TANDEM_OK;
 }

@@ -58,13 +58,23 @@ struct tdm_sched {
     /* under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv_work;    /* the thread waits for work */
-    pthread_cond_t cv_done;    /* tdm_sched_run waits for its requests */
+    pthread_cond_t cv_done;    /* tdm_sched_run waits for its requests, and any thread for
+                                  the right to step (stepping) */
+    pthread_mutex_t ctl_mu;    /* serialises tdm_sched_start and tdm_sched_stop (held over
+                                  the thread's creation and join) */
     tdm_req *inbox_head, *inbox_tail;
     tdm_req *live;             /* doubly linked list of unfinished requests */
     int32_t n_inbox, n_cancel; /* requests in the inbox; cancels not yet applied */
     uint64_t next_id, next_order;
     tandem_engine_stats stats;
     bool th_started, th_stop;
+    bool stepping;             /* a thread is inside an iteration: exactly one steps at any
+                                  time (the scheduler thread, a blocking run, or
+                                  tdm_sched_step), whatever the callers do */
+    int32_t n_step_wait;       /* threads waiting for the right to step */
+    /* free KV blocks and running sequences at the end of the last step (the pool and
+     * the batch are the stepping thread's: stats read these) */
+    int32_t kv_free_seen, run_seen;
     pthread_t th;
     /* the stepping thread's own */
     tdm_queue wait;

@@ -43,16 +43,25 @@ tandem_status tdm_sched_submit(tdm_sched *s, const int32_t *prompt, int32_t n_pr
                                const tandem_generate_params *gp, int priority, double timeout_ms,
                                tandem_finish_cb on_finish, void *user_data, uint64_t *out_id, tdm_err *err);
 tandem_status tdm_sched_cancel(tdm_sched *s, uint64_t id, tdm_err *err);
-/* One iteration; *n_pending: requests queued or running after it (may be NULL). */
+/* Exactly one thread steps a scheduler at any time, whatever the callers do: the
+ * scheduler thread, a blocking run (tdm_sched_run) or tdm_sched_step each take the
+ * right to step (waiting while another holds it) for one iteration at a time.
+ *
+ * One iteration; *n_pending: requests queued or running after it (may be NULL).
+ * Called from a callback: TANDEM_ERR_INVALID_ARG. */
 tandem_status tdm_sched_step(tdm_sched *s, int *n_pending, tdm_err *err);
+/* Start / stop the scheduler thread; one at a time (a start waits for a stop in
+ * progress to join the thread, and the reverse).  stop waits for the current step.
+ * From a callback: TANDEM_ERR_INVALID_ARG. */
 tandem_status tdm_sched_start(tdm_sched *s, tdm_err *err);
-void tdm_sched_stop(tdm_sched *s);
+tandem_status tdm_sched_stop(tdm_sched *s, tdm_err *err);
 bool tdm_sched_running(tdm_sched *s);
 void tdm_sched_stats(tdm_sched *s, tandem_engine_stats *out);
 
 /* Runs n requests to the end and fills res[i] with request i's result (what
  * tandem_generate_batch does): a request that fails validation fails alone.  With
- * the thread running it waits for them; otherwise it steps until they are done. */
+ * the thread running it waits for them; otherwise it steps until they are done
+ * (while another caller steps, it waits for that step; several callers take turns). */
 tandem_status tdm_sched_run(tdm_sched *s, const int32_t *const *prompts, const int32_t *n_prompts,
                             const tandem_generate_params *params, const int *priority, const double *timeout_ms,
                             int32_t n, tandem_result *res, tdm_err *err);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs the whole test suite twice: a normal (release) build and
-# an AddressSanitizer + UndefinedBehaviorSanitizer build; then every fuzz harness for
+# an AddressSanitizer + UndefinedBehaviorSanitizer build; the concurrency cases in a
+# ThreadSanitizer build; then every fuzz harness for
 # 15 s (scripts/fuzz.sh, counted as one test).  Tests run one per core
 # (meson --num-processes; tests that measure time run alone).  Prints each test's
 # time, reports (does not fail) any test over its budget and the whole command's
@@ -71,6 +72,27 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 # compiles them; the CUDA tests report themselves skipped in both builds here)
 run_suite asan build-asan -Db_sanitize=address,undefined -Dbuildtype=debugoptimized -Db_lundef=false \
     -Dcuda=disabled || status=1
+# ThreadSanitizer: the concurrency cases (tests/concurrency_cases.c: one engine from
+# many threads) as a plain program, since Criterion cannot start under it; only the
+# library and that program are built.  Its closing line "concurrency: N passed, N
+# failed" joins the tally; a ThreadSanitizer report fails it (exit 66).
+echo "== tsan build: tests/tsan_concurrency =="
+tsan_log=$(mktemp)
+if { [ -d build-tsan ] || meson setup build-tsan -Db_sanitize=thread -Dbuildtype=debugoptimized -Db_lundef=false \
+       -Dcuda=disabled -Dhttp=disabled >/dev/null; } && meson compile -C build-tsan -j "$jobs" tests/tsan_concurrency; then
+  TSAN_OPTIONS=halt_on_error=1:exitcode=66:second_deadlock_stack=1 ./build-tsan/tests/tsan_concurrency models 2>&1 | tee "$tsan_log"
+  rc=${PIPESTATUS[0]}
+  line=$(grep -E '^concurrency: [0-9]+ passed, [0-9]+ failed' "$tsan_log" | tail -1)
+  p=$(echo "$line" | awk '{print $2}'); f=$(echo "$line" | awk '{print $4}')
+  passed=$((passed + ${p:-0})); failed=$((failed + ${f:-0}))
+  if [ "$rc" -ne 0 ]; then
+    status=1
+    [ "${f:-0}" -eq 0 ] && failed=$((failed + 1))   # a ThreadSanitizer report or a crash
+  fi
+else
+  status=1
+fi
+rm -f "$tsan_log"
 [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1   # a build step failed
 # The libFuzzer harnesses (tests/fuzz/), briefly: one test of the tally (skipped where
 # clang has no libFuzzer).

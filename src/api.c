@@ -560,8 +560,9 @@ tandem_status tandem_engine_start(tandem_engine *engine) {
 
 tandem_status tandem_engine_stop(tandem_engine *engine) {
     if (!engine) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL engine");
-    tdm_sched_stop(engine->sched);
-    return TANDEM_OK;
+    tdm_err err = {0};
+    tandem_status st = tdm_sched_stop(engine->sched, &err);
+    return st ? fail(&err, st) : TANDEM_OK;
 }
 
 tandem_status tandem_engine_get_stats(tandem_engine *engine, tandem_engine_stats *out) {

@@ -286,7 +286,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     }
     tdm_cost_init(&e->cost);
     tdm_phase_init(&e->ph);
-    e->alpha_carry = -1.0;
+    atomic_init(&e->alpha_carry, -1.0);
     *out = e;
     return TANDEM_OK;
 fail:
@@ -562,7 +562,8 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     s->sp.min_p = gp->min_p;
     tdm_rng_seed(&s->rng, gp->seed);
     tdm_ctrl_init(&s->ctrl, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
-    if (e->alpha_carry >= 0) s->ctrl.alpha = 0.5 * (s->ctrl.alpha + e->alpha_carry); /* (halfway from the prior) */
+    const double carry = atomic_load_explicit(&e->alpha_carry, memory_order_relaxed);
+    if (carry >= 0) s->ctrl.alpha = 0.5 * (s->ctrl.alpha + carry); /* (halfway from the prior) */
     s->spec_p_min = gp->spec_p_min;
     s->spec_ngram = s->oracle ? 0 : gp->spec_ngram;
     tdm_ctrl_init(&s->ctrl_ng, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
@@ -636,7 +637,7 @@ tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, doubl
     res->prefill_ms = n_gen > 0 ? prefill_ms : 0.0; /* no token: nothing ran */
     res->decode_ms = n_gen > 1 ? decode_ms : 0.0;   /* the first token is the prefill's */
     res->spec = s->spec;
-    if (s->spec.drafted > 0) e->alpha_carry = s->ctrl.alpha;
+    if (s->spec.drafted > 0) atomic_store_explicit(&e->alpha_carry, s->ctrl.alpha, memory_order_relaxed);
     if (res->spec.drafted) res->spec.acceptance_rate = (double)res->spec.accepted / (double)res->spec.drafted;
     if (res->spec.steps) res->spec.mean_accepted = (double)res->spec.accepted / (double)res->spec.steps;
     if (e->draft) {

@@ -14,6 +14,8 @@
 #ifndef TDM_ENGINE_H
 #define TDM_ENGINE_H
 
+#include <stdatomic.h>
+
 #include "controller.h"
 #include "tree.h"
 #include "tree_ctrl.h"
@@ -125,9 +127,10 @@ typedef struct tdm_engine {
     char *piece;             /* [piece_cap] decoded text of one token */
     int32_t piece_cap;
     tdm_cost_model cost;     /* measured draft / verify costs */
-    double alpha_carry;      /* the last speculating request's final acceptance estimate
-                                (the next request starts halfway between it and the prior:
-                                acceptance is mostly the pair's); < 0: none yet */
+    _Atomic double alpha_carry; /* the last speculating request's final acceptance
+                                estimate (the next request starts halfway between it and
+                                the prior: acceptance is mostly the pair's); < 0: none yet.
+                                Atomic: written by the stepping thread, read by submits */
     tdm_tree_cost tree_cost; /* a tree step's measured seconds and tokens, by budget (draft/tree_ctrl.h) */
     tdm_tree tree;           /* the single-sequence step's tree */
     float *tree_p;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: a sampled tree's target p rows */

@@ -231,7 +231,8 @@ static inline float exp_nonpos(float x) {
     return x >= -104.0f ? e : 0.0f; /* also NaN -> 0 */
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__) /* (a resolver must not run instrumented code) */
 #define TDM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define TDM_VECTOR_CLONES
