@@ -16,12 +16,15 @@ DRAFT=$MODELS/pycode-draft-s-f16.gguf
 export TANDEM TARGET DRAFT DATA
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/tandem-cli-test.XXXXXX")
-trap 'rm -rf "$TMP"' EXIT
+MNT=$TMP/mnt # a small tmpfs for the full-disk and read-only cases (mounted there when root)
+trap 'mountpoint -q "$MNT" 2>/dev/null && umount "$MNT"; rm -rf "$TMP"' EXIT
 
 n_fail=0
 n_pass=0
+n_skip=0
 pass() { n_pass=$((n_pass + 1)); echo "ok   - $1"; }
 fail() { n_fail=$((n_fail + 1)); echo "FAIL - $1"; }
+skip() { n_skip=$((n_skip + 1)); echo "skip - $1"; }
 
 # expect_exit CODE DESCRIPTION CMD... : runs CMD (stdin: $STDIN, default /dev/null),
 # checks its exit status and, for a non-zero CODE, that stderr starts with "error:"
@@ -66,6 +69,22 @@ expect_err() {
 one_line_err() {
     [ "$(wc -l <"$TMP/err")" -eq 1 ] && [ "$(tail -c 1 "$TMP/err" | od -An -c | tr -d ' ')" = '\n' ] &&
         pass "$1: the error once, on one line" || fail "$1: $(cat "$TMP/err")"
+}
+
+# expect_error DESCRIPTION TEXT CMD...: CMD exits 1 with an "error: " line holding TEXT
+# on stderr (progress lines may come before it).
+expect_error() {
+    local desc=$1 text=$2
+    shift 2
+    "$@" >"$TMP/out" 2>"$TMP/err" </dev/null
+    local got=$?
+    if [ "$got" -ne 1 ]; then
+        fail "$desc: exit $got, expected 1 (stderr: $(tail -c 300 "$TMP/err"))"
+    elif ! grep '^error: ' "$TMP/err" | grep -qF -- "$text"; then
+        fail "$desc: no error line with '$text' ($(tail -c 300 "$TMP/err"))"
+    else
+        pass "$desc"
+    fi
 }
 
 for f in "$TANDEM" "$TARGET" "$DRAFT" "$DATA/tokenizer-cases.jsonl" "$DATA/prompts-dev.jsonl"; do
@@ -759,7 +778,7 @@ rm -f "$TMP/s0.jsonl" "$TMP/s1.jsonl"
 cat "$TMP/s0.jsonl" "$TMP/s1.jsonl" | tokens | sort -n >"$TMP/r3"
 [ -s "$TMP/s0.jsonl" ] && [ -s "$TMP/s1.jsonl" ] && cmp -s "$TMP/b1s" "$TMP/r3" &&
     pass "run --shard 0/2 and 1/2: every id exactly once" || fail "run --shard: $(diff "$TMP/b1s" "$TMP/r3" | head -c 200)"
-{ head -n 2 "$TMP/p12.jsonl"; echo '{"id": 7, "prompt": '; sed -n 3p "$TMP/p12.jsonl"; } >"$TMP/pmal.jsonl"
+{ head -n 2 "$TMP/p12.jsonl"; echo '{"id": 2, "prompt": '; sed -n 4p "$TMP/p12.jsonl"; } >"$TMP/pmal.jsonl"
 "$TANDEM" run "$TMP/job.ini" --set job.input=pmal.jsonl --set job.output=mal.jsonl >/dev/null 2>"$TMP/err"
 [ $? -eq 1 ] && grep -q '"error": ".*pmal.jsonl:3: invalid JSON' "$TMP/mal.jsonl" && [ "$(wc -l <"$TMP/mal.jsonl")" -eq 4 ] &&
     pass "run: a malformed input line becomes an error line, the job goes on (exit 1)" ||
@@ -895,6 +914,179 @@ expect_exit 0 "merge --force" "$TANDEM" merge --force "$TMP/merged.jsonl" "$TMP/
 [ "$(wc -l <"$TMP/merged.jsonl")" -eq "$n1" ] && pass "merge --force: replaced" || fail "merge --force: not replaced"
 expect_exit 2 "merge: no input files" "$TANDEM" merge "$TMP/m.jsonl"
 
+# run and merge: the input's ids, strict options, the output file (a regular file,
+# locked for the run, written whole lines at a time, synced) under faults.  A small job:
+# short prompts, the target alone, 2 tokens.
+for i in $(seq 0 29); do printf '{"id": "q%d", "prompt": "def f%d(x):"}\n' "$i" "$i"; done >"$TMP/p30.jsonl"
+head -n 2 "$TMP/p30.jsonl" >"$TMP/p2.jsonl"
+cat >"$TMP/fault.ini" <<EOF
+[model]
+target = $TARGET
+[engine]
+threads = 2
+max_batch = 5
+[sampling]
+max_tokens = 2
+[job]
+input = p30.jsonl
+output = fault.jsonl
+EOF
+# lines_ok FILE WANT INPUT: FILE is empty or ends with a newline, every line is a JSON
+# object without "error" whose id is one of INPUT's (default p30.jsonl), each once; WANT
+# "all": every id there, "some": some but not all, "any": no more.
+lines_ok() {
+    python3 - "$1" "$2" "${3:-$TMP/p30.jsonl}" <<'EOF'
+import json, sys
+data = open(sys.argv[1], "rb").read()
+want = [json.loads(l)["id"] for l in open(sys.argv[3])]
+ok = data == b"" or data.endswith(b"\n")
+ids = []
+for l in data.splitlines():
+    try:
+        o = json.loads(l)
+        ids.append(o["id"])
+        ok = ok and "error" not in o
+    except Exception:
+        ok = False
+ok = ok and len(ids) == len(set(ids)) and set(ids) <= set(want)
+if sys.argv[2] == "all":
+    ok = ok and len(ids) == len(want)
+elif sys.argv[2] == "some":
+    ok = ok and 0 < len(ids) < len(want)
+sys.exit(0 if ok else 1)
+EOF
+}
+
+# --shard I/N: digits only, 0 <= I < N
+for v in 0/2x 1/2/3 " 0/2" +0/2 0/+2 -0/2 0x1/2 0/0 /2 0/ 1e0/2 99999999999999999999/2; do
+    expect_exit 2 "run --shard '$v'" "$TANDEM" run "$TMP/fault.ini" --shard "$v"
+    expect_err "--shard $v: expected I/N" "run --shard '$v'"
+done
+# --set: a value of any length (here a target path of 2,200 bytes: ./././.../model)
+rm -f "$TMP/longset.jsonl"
+expect_exit 0 "run --set with a value over 2,047 bytes" "$TANDEM" run "$TMP/fault.ini" --set job.input=p2.jsonl \
+    --set "model.target=$(dirname "$TARGET")/$(printf './%.0s' $(seq 1100))$(basename "$TARGET")" --set job.output=longset.jsonl
+lines_ok "$TMP/longset.jsonl" all "$TMP/p2.jsonl" && pass "run --set (long value): the job ran" || fail "run --set (long value)"
+# top_p: the range applies to the float the library takes (1e-320 is 0 there; a
+# subnormal float is a valid top_p)
+rm -f "$TMP/tp.jsonl"
+expect_exit 1 "run: top_p 1e-320" "$TANDEM" run "$TMP/fault.ini" --set sampling.top_p=1e-320 --set job.output=tp.jsonl
+expect_err "--set: [sampling] top_p: '1e-320' is not a number in (0, 1] (it is 0 as a float)" "run: top_p 1e-320"
+[ ! -e "$TMP/tp.jsonl" ] && pass "run: top_p 1e-320: refused before anything ran" || fail "run: top_p 1e-320 wrote $TMP/tp.jsonl"
+expect_exit 0 "run: top_p 1e-40 (a subnormal float)" "$TANDEM" run "$TMP/fault.ini" --set sampling.top_p=1e-40 \
+    --set sampling.temperature=1 --set job.input=p2.jsonl --set job.output=tp.jsonl
+lines_ok "$TMP/tp.jsonl" all "$TMP/p2.jsonl" && pass "run: top_p 1e-40: every request ran" || fail "run: top_p 1e-40: $(head -c 300 "$TMP/tp.jsonl")"
+expect_exit 2 "generate --top-p 1e-320" "$TANDEM" generate -m "$TARGET" -p x --top-p 1e-320
+expect_exit 0 "generate --top-p 1e-40" "$TANDEM" generate -m "$TARGET" -p x -n 2 --temp 1 --top-p 1e-40
+
+# duplicate input ids (a line without an id takes its 0-based index): refused before
+# anything runs, naming both lines; merge --input the same
+printf '%s\n' '{"prompt": "def a():"}' '{"id": "x", "prompt": "def b():"}' '{"id": 0, "prompt": "def c():"}' \
+    '{"id": "x", "prompt": "def d():"}' '{"id": "0", "prompt": "def e():"}' >"$TMP/dup.jsonl"
+rm -f "$TMP/dup.out"
+expect_exit 1 "run: duplicate input ids" "$TANDEM" run "$TMP/fault.ini" --set job.input=dup.jsonl --set job.output=dup.out
+expect_err "dup.jsonl:3: duplicate id 0 (first at $TMP/dup.jsonl:1;" "run: duplicate input ids"
+expect_err "dup.jsonl:4: duplicate id \"x\" (first at $TMP/dup.jsonl:2)" "run: duplicate input ids"
+[ "$(grep -c '^error: ' "$TMP/err")" -eq 2 ] && pass "run: duplicate input ids: 0 and \"0\" differ" || fail "run: duplicate ids: $(cat "$TMP/err")"
+[ ! -e "$TMP/dup.out" ] && pass "run: duplicate input ids: nothing ran" || fail "run: duplicate input ids: wrote $TMP/dup.out"
+expect_exit 1 "merge --input with duplicate ids" "$TANDEM" merge "$TMP/m.jsonl" "$TMP/s0.jsonl" --input "$TMP/dup.jsonl"
+expect_err "dup.jsonl:3: duplicate id 0" "merge --input with duplicate ids"
+no_out "merge --input with duplicate ids"
+
+# outputs that are not regular files: refused before they are read or waited on
+mkfifo "$TMP/fifo.jsonl"
+mkdir "$TMP/dir.jsonl"
+for o in /dev/zero "$TMP/fifo.jsonl" "$TMP/dir.jsonl"; do
+    expect_exit 1 "run: output $o" timeout 20 "$TANDEM" run "$TMP/fault.ini" --set job.output="$o"
+    expect_err "$o: not a regular file" "run: output $o"
+done
+expect_exit 1 "merge --force: OUT a FIFO" timeout 20 "$TANDEM" merge --force "$TMP/fifo.jsonl" "$TMP/s0.jsonl"
+expect_err "fifo.jsonl: not a regular file" "merge --force: OUT a FIFO"
+[ -p "$TMP/fifo.jsonl" ] && pass "merge --force: the FIFO is still there" || fail "merge --force: replaced the FIFO"
+mkfifo "$TMP/m.jsonl.tmp"
+expect_exit 1 "merge: OUT.tmp a FIFO" timeout 20 "$TANDEM" merge "$TMP/m.jsonl" "$TMP/s0.jsonl"
+expect_err "m.jsonl.tmp: not a regular file" "merge: OUT.tmp a FIFO"
+[ -p "$TMP/m.jsonl.tmp" ] && [ ! -e "$TMP/m.jsonl" ] && pass "merge: OUT.tmp a FIFO: left as it was" || fail "merge: OUT.tmp a FIFO"
+rm -f "$TMP/m.jsonl.tmp"
+
+# one runner per output: another's lock refuses the run at once (flock(1) holds it
+# here), and two runners started together write every id once
+: >"$TMP/lk.jsonl"
+exec 9>>"$TMP/lk.jsonl"
+if flock -n 9; then
+    expect_exit 1 "run: the output locked by another process" timeout 20 "$TANDEM" run "$TMP/fault.ini" --set job.output=lk.jsonl
+    expect_err "lk.jsonl: locked by another process" "run: a locked output"
+    [ ! -s "$TMP/lk.jsonl" ] && pass "run: a locked output: nothing written" || fail "run: a locked output: written"
+else
+    skip "run: a locked output (flock(1) cannot lock $TMP/lk.jsonl)"
+fi
+exec 9>&-
+rm -f "$TMP/two.jsonl"
+"$TANDEM" run "$TMP/fault.ini" --set job.output=two.jsonl >/dev/null 2>"$TMP/two1.err" &
+p1=$!
+"$TANDEM" run "$TMP/fault.ini" --set job.output=two.jsonl >/dev/null 2>"$TMP/two2.err"
+r2=$?
+wait "$p1"
+r1=$?
+if lines_ok "$TMP/two.jsonl" all && { { [ $((r1 + r2)) -eq 1 ] && grep -q "two.jsonl: locked by another process" "$TMP/two$((r2 + 1)).err"; } ||
+    { [ $((r1 + r2)) -eq 0 ] && grep -q "(30 already done" "$TMP/two1.err" "$TMP/two2.err"; }; }; then
+    pass "run: two runners on one output: one refused (or the second found all done), every id once"
+else
+    fail "run: two runners: exit $r1 and $r2, $(cat "$TMP/two1.err" "$TMP/two2.err" | grep -v '^run: [0-9]' | head -c 400)"
+fi
+
+# a full disk and a read-only file system (a 64 KiB tmpfs): an error naming the file
+# and the cause, exit 1, whole lines only; the rerun once there is room completes the
+# job; merge leaves neither OUT.tmp nor a changed OUT
+mkdir -p "$MNT"
+if mount -t tmpfs -o size=64k tmpfs "$MNT" 2>"$TMP/mount.err"; then
+    head -c 61440 /dev/zero >"$MNT/fill" # all but one 4 KiB page: about 16 of the 30 lines
+    expect_error "run: a full disk" "$MNT/full.jsonl: cannot write: No space left on device" \
+        "$TANDEM" run "$TMP/fault.ini" --set job.output="$MNT/full.jsonl"
+    lines_ok "$MNT/full.jsonl" some && pass "run: a full disk: the lines that fit, whole" ||
+        fail "run: a full disk: $(wc -l <"$MNT/full.jsonl") lines, $(tail -c 100 "$MNT/full.jsonl")"
+    ! grep -q "errors)" "$TMP/err" && pass "run: a full disk: no summary claiming success" || fail "run: a full disk: $(cat "$TMP/err")"
+    rm "$MNT/fill"
+    expect_exit 0 "run: a full disk, the rerun" "$TANDEM" run "$TMP/fault.ini" --set job.output="$MNT/full.jsonl"
+    lines_ok "$MNT/full.jsonl" all && grep -q "already done" "$TMP/err" && pass "run: the rerun completed the job" ||
+        fail "run: the rerun: $(tail -n 1 "$TMP/err")"
+    python3 - "$MNT/full.jsonl" "$TMP/two.jsonl" <<'EOF' && pass "run: the resumed job's tokens are a whole run's" || fail "run: the resumed job's tokens differ"
+import json, sys
+a, b = ({o["id"]: o["tokens"] for o in map(json.loads, open(f))} for f in sys.argv[1:3])
+sys.exit(0 if a == b else 1)
+EOF
+    rm "$MNT/full.jsonl"
+    printf '%s\n' '{"id": "old"}' >"$MNT/old.jsonl"
+    head -c 61440 /dev/zero >"$MNT/fill" # (with old.jsonl's page: no room left)
+    expect_error "merge: a full disk" "$MNT/m.jsonl.tmp: cannot write: No space left on device" \
+        "$TANDEM" merge "$MNT/m.jsonl" "$TMP/two.jsonl"
+    [ ! -e "$MNT/m.jsonl" ] && [ ! -e "$MNT/m.jsonl.tmp" ] && pass "merge: a full disk: nothing left" || fail "merge: a full disk left a file"
+    expect_error "merge --force: a full disk" "cannot write: No space left on device" \
+        "$TANDEM" merge --force "$MNT/old.jsonl" "$TMP/two.jsonl"
+    [ "$(cat "$MNT/old.jsonl")" = '{"id": "old"}' ] && [ ! -e "$MNT/old.jsonl.tmp" ] &&
+        pass "merge --force: a full disk: OUT as it was" || fail "merge --force: a full disk changed OUT"
+    rm "$MNT/fill"
+    { head -n 3 "$TMP/two.jsonl"; sed -n 4p "$TMP/two.jsonl" | head -c 20; } >"$MNT/ro.jsonl"
+    cp "$MNT/ro.jsonl" "$TMP/ro.before"
+    if mount -o remount,ro "$MNT"; then
+        expect_error "run: a read-only file system" "$MNT/ro.jsonl: Read-only file system" \
+            "$TANDEM" run "$TMP/fault.ini" --set job.output="$MNT/ro.jsonl"
+        cmp -s "$MNT/ro.jsonl" "$TMP/ro.before" && pass "run: a read-only file system: the output as it was" ||
+            fail "run: a read-only file system: the output changed"
+        expect_error "run: a new output on a read-only file system" "$MNT/new.jsonl: Read-only file system" \
+            "$TANDEM" run "$TMP/fault.ini" --set job.output="$MNT/new.jsonl"
+        expect_error "merge: a read-only file system" "$MNT/m.jsonl.tmp: Read-only file system" \
+            "$TANDEM" merge "$MNT/m.jsonl" "$TMP/two.jsonl"
+        [ ! -e "$MNT/m.jsonl" ] && [ ! -e "$MNT/new.jsonl" ] && pass "merge, run: a read-only file system: nothing created" ||
+            fail "a read-only file system: a file was created"
+    else
+        skip "the read-only file system cases (remount,ro failed)"
+    fi
+    umount "$MNT"
+else
+    skip "the full-disk and read-only cases (mount -t tmpfs: $(head -c 200 "$TMP/mount.err"))"
+fi
+
 # -------------------------------------------------------------------- chat
 # The shipped model has no chat template: --chat-template chatml renders its prompts.
 printf '%s' '[{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fib(n):"}]' >"$TMP/msgs.json"
@@ -1005,5 +1197,5 @@ expect_exit 0 "quantize --force q6_k" "$TANDEM" quantize --force "$TARGET" "$TMP
 "$TANDEM" info "$TMP/q.gguf" 2>/dev/null | grep -q "blk.0.ffn_down.weight *q6_k" && pass "quantize: q6_k rows of 1024" ||
     fail "quantize: q6_k tensor types"
 
-echo "# $n_pass passed, $n_fail failed"
+echo "# $n_pass passed, $n_fail failed, $n_skip skipped"
 [ "$n_fail" -eq 0 ]

@@ -131,6 +131,7 @@ static const bad_case bad_cases[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"temperature\": -0.1}", 400, "temperature", "out of range [0, 1e+06]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 0}", 400, "top_p", "out of range (0, 1]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 1.01}", 400, "top_p", "out of range (0, 1]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_p\": 1e-320}", 400, "top_p", "is 1e-320, out of range (0, 1]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"min_p\": 2}", 400, "min_p", "out of range [0, 1]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_k\": -2}", 400, "top_k", "out of range [-1,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_k\": true}", 400, "top_k", "must be an integer, not a boolean"},

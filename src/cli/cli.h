@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/types.h>
 
 #include "tandem.h"
 
@@ -195,6 +196,72 @@ char *cli_prompt_id_text(const cli_prompt *p);
 char *cli_json_id_text(const struct tdm_json *id);
 /* A result as one JSON line (tandem generate --json), flushed. */
 void cli_json_result(FILE *f, const cli_prompt *p, const tandem_result *r, bool has_draft);
+
+/* ---------------------------------------------- job ids (job_ids.c) */
+
+/* An id of a job's lines (its JSON text, as cli_prompt_id_text) and where it stands. */
+typedef struct cli_id_at {
+    char *id;                    /* heap */
+    const char *file;
+    int line;
+    bool implicit;               /* a prompt without an "id" (its 0-based index) */
+    size_t seq;                  /* the order pushed */
+} cli_id_at;
+
+typedef struct cli_ids {
+    cli_id_at *v;
+    size_t n, cap;
+} cli_ids;
+
+/* Appends id (taken: freed with ids); false when out of memory (id not taken). */
+bool cli_ids_push(cli_ids *ids, char *id, const char *file, int line, bool implicit);
+/* Appends the ids of ps's items (read from file), in order; false (printed) when out
+ * of memory. */
+bool cli_ids_of_prompts(cli_ids *ids, const cli_prompts *ps, const char *file);
+/* Sorts by id (then the order pushed), for the two below. */
+void cli_ids_sort(cli_ids *ids);
+/* False when an id appears more than once: each duplicate printed as an error naming
+ * both lines ("FILE:LINE: duplicate id 7 (first at FILE:LINE)"), the first few. */
+bool cli_ids_unique(const cli_ids *ids);
+bool cli_ids_has(const cli_ids *ids, const char *id);
+void cli_ids_free(cli_ids *ids);
+
+/* ------------------------------------------ output files (line_out.c) */
+
+/* A file written a line at a time (`tandem run`'s output, `tandem merge`'s OUT.tmp). */
+typedef struct cli_line_out {
+    const char *path;
+    int fd;                      /* -1: not open */
+    off_t end;                   /* the length written: the end of its last complete line */
+    FILE *pend;                  /* the lines not yet written (a memory stream) */
+    char *buf;                   /* pend's bytes [len] */
+    size_t len;
+    char err[PATH_MAX + 256];    /* the first problem: "PATH: problem" */
+} cli_line_out;
+
+/* Opens (creating) path for writing: a regular file only (another kind refused before
+ * it is read, a FIFO never waited on), locked for as long as it is open (held by
+ * another: refused), emptied when truncate, else written after what it holds (end:
+ * its size).  False with o->err set; call cli_line_out_close in either case. */
+bool cli_line_out_open(cli_line_out *o, const char *path, bool truncate);
+/* Cuts the file to end bytes (a resumed output's incomplete last line). */
+bool cli_line_out_cut(cli_line_out *o, off_t end);
+/* Where the lines go: whole lines only, each ending in a newline. */
+FILE *cli_line_out_stream(cli_line_out *o);
+/* Writes the pending lines.  When a write fails the file is cut back to the end of
+ * its last complete line and o->err says why ("PATH: cannot write: No space left on
+ * device"); every later call fails too. */
+bool cli_line_out_flush(cli_line_out *o);
+/* cli_line_out_flush once bytes or more are pending (else only o->err checked). */
+bool cli_line_out_flush_at(cli_line_out *o, size_t bytes);
+/* Flushes, then syncs the file to the disk. */
+bool cli_line_out_sync(cli_line_out *o);
+/* cli_line_out_sync, then renames the file to `to` (replacing it) and syncs the
+ * directory: the lines appear at once and whole; o->path becomes to. */
+bool cli_line_out_rename(cli_line_out *o, const char *to);
+/* cli_line_out_sync, then closes (the lock goes with it); false when anything failed
+ * (o->err).  Safe after a failed open. */
+bool cli_line_out_close(cli_line_out *o);
 
 /* ---------------------------------------------------------- job files */
 

@@ -6,10 +6,12 @@
  * refused, as the rerun of that shard would complete it) with an "id", and every id
  * must appear exactly once over all the files; with --input, every id of the job's
  * input must be there and no other.  Ids compare as `tandem run` writes them (the JSON
- * text: 7 and "7" differ).  The result goes to OUT.tmp, renamed to OUT when every
- * check passed: on an error OUT is not touched and nothing is left behind.  An
- * existing OUT is replaced only with --force (`tandem merge s1.jsonl s2.jsonl`
- * without OUT would otherwise overwrite a shard).
+ * text: 7 and "7" differ).  The result goes to OUT.tmp (line_out.c: a regular file,
+ * locked while it is written), synced and renamed to OUT when every check passed: on
+ * an error (a full disk, a read-only file system among them) OUT is not touched and
+ * nothing is left behind.  An existing OUT is replaced only with --force (`tandem
+ * merge s1.jsonl s2.jsonl` without OUT would otherwise overwrite a shard), and only
+ * when it is a regular file.
  */
 #include <errno.h>
 #include <limits.h>
@@ -24,6 +26,7 @@
 
 #define MERGE_LINE_MAX TDM_INPUT_TOTAL_MAX /* one output line at most (64 MiB) */
 #define MERGE_SHOW 5                       /* problems listed one by one, at most */
+#define MERGE_FLUSH (1u << 20)             /* OUT.tmp written in pieces of about 1 MiB */
 
 typedef struct merge_opts {
     const char *out, *input;
@@ -31,51 +34,6 @@ typedef struct merge_opts {
     int n_ins;
     bool force;
 } merge_opts;
-
-/* One id of the shard outputs, where it stands. */
-typedef struct merge_id {
-    char *id;                    /* the JSON text (heap) */
-    const char *file;
-    int line;
-    size_t seq;                  /* reading order */
-} merge_id;
-
-typedef struct merge_ids {
-    merge_id *v;
-    size_t n, cap;
-} merge_ids;
-
-static void ids_free(merge_ids *ids) {
-    for (size_t i = 0; i < ids->n; i++) free(ids->v[i].id);
-    free(ids->v);
-    *ids = (merge_ids){0};
-}
-
-static bool ids_push(merge_ids *ids, char *id, const char *file, int line) {
-    if (ids->n == ids->cap) {
-        size_t nc = ids->cap ? 2 * ids->cap : 256;
-        merge_id *nv = realloc(ids->v, nc * sizeof *nv);
-        if (!nv) return false;
-        ids->v = nv;
-        ids->cap = nc;
-    }
-    ids->v[ids->n] = (merge_id){id, file, line, ids->n};
-    ids->n++;
-    return true;
-}
-
-static int cmp_id(const void *a, const void *b) {
-    const merge_id *x = a, *y = b;
-    int c = strcmp(x->id, y->id);
-    return c ? c : (x->seq > y->seq) - (x->seq < y->seq);
-}
-
-static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
-
-static void strs_free(char **v, size_t n) {
-    for (size_t i = 0; v && i < n; i++) free(v[i]);
-    free(v);
-}
 
 /* Returns -1 to go on, else an exit code. */
 static int parse_args(int argc, char **argv, merge_opts *o) {
@@ -99,7 +57,7 @@ static int parse_args(int argc, char **argv, merge_opts *o) {
 
 /* One line of a shard output: checked, its id collected, copied to out.  False with
  * err set ("FILE:LINE: problem"). */
-static bool take_line(const char *path, int line, const char *text, size_t n, FILE *out, merge_ids *ids,
+static bool take_line(const char *path, int line, const char *text, size_t n, cli_line_out *out, cli_ids *ids,
                       size_t *n_err_lines, char *err, size_t cap) {
     tdm_json *j = NULL;
     tdm_err jerr = {0};
@@ -113,14 +71,16 @@ static bool take_line(const char *path, int line, const char *text, size_t n, FI
     if (!is_object) return snprintf(err, cap, "%s:%d: malformed line (not a JSON object)", path, line), false;
     if (!id) return snprintf(err, cap, "%s:%d: a line without an \"id\"", path, line), false;
     if (!t) return snprintf(err, cap, "%s:%d: \"id\" is not a number or a string", path, line), false;
-    if (!ids_push(ids, t, path, line)) return free(t), snprintf(err, cap, "out of memory"), false;
-    fwrite(text, 1, n, out);
-    fputc('\n', out);
-    return true;
+    if (!cli_ids_push(ids, t, path, line, false)) return free(t), snprintf(err, cap, "out of memory"), false;
+    FILE *f = cli_line_out_stream(out);
+    fwrite(text, 1, n, f);
+    fputc('\n', f);
+    return cli_line_out_flush_at(out, MERGE_FLUSH) ? true : (snprintf(err, cap, "%s", out->err), false);
 }
 
 /* Copies the lines of one shard output into out (blank lines dropped). */
-static bool take_file(const char *path, FILE *out, merge_ids *ids, size_t *n_err_lines, char *err, size_t cap) {
+static bool take_file(const char *path, cli_line_out *out, cli_ids *ids, size_t *n_err_lines, char *err,
+                      size_t cap) {
     tdm_lines r;
     tdm_err terr = {0};
     if (tdm_lines_open(&r, path, MERGE_LINE_MAX, SIZE_MAX, &terr) != TANDEM_OK)
@@ -147,120 +107,76 @@ static bool take_file(const char *path, FILE *out, merge_ids *ids, size_t *n_err
     return ok;
 }
 
-/* Reports every id found more than once (the first MERGE_SHOW by name); ids sorted. */
-static bool check_unique(const merge_ids *ids) {
-    size_t n_dup = 0;
-    for (size_t i = 1, first = 0; i < ids->n; i++) {
-        if (strcmp(ids->v[i].id, ids->v[first].id) != 0) {
-            first = i;
-            continue;
-        }
-        if (n_dup++ < MERGE_SHOW)
-            fprintf(stderr, "error: %s:%d: duplicate id %s (first at %s:%d)\n", ids->v[i].file, ids->v[i].line,
-                    ids->v[i].id, ids->v[first].file, ids->v[first].line);
-    }
-    if (n_dup > MERGE_SHOW) fprintf(stderr, "error: %zu duplicate ids in all\n", n_dup);
-    return n_dup == 0;
-}
-
-/* The job input's ids, in input order ([*n] heap strings). */
-static bool input_ids(const char *path, char ***out, size_t *n) {
+/* --input: its ids unique, every one present (listed in input order), no other. */
+static bool check_input(const cli_ids *ids, const char *path) {
     char err[PATH_MAX + 512];
     cli_prompts in;
-    *out = NULL;
-    *n = 0;
     if (!cli_prompts_read_lenient(path, &in, err, sizeof err)) return cli_error("%s", err), false;
-    const size_t m = in.n;
-    char **v = calloc(m, sizeof *v);
-    bool ok = v != NULL;
-    for (size_t i = 0; ok && i < m; i++) ok = (v[i] = cli_prompt_id_text(&in.items[i])) != NULL;
+    cli_ids want = {0};
+    bool ok = cli_ids_of_prompts(&want, &in, path);
     cli_prompts_free(&in);
-    if (!ok) return strs_free(v, m), cli_error("out of memory"), false;
-    *out = v;
-    *n = m;
-    return true;
-}
-
-static bool has_id(const merge_ids *ids, const char *id) {
-    merge_id key = {.id = (char *)id, .seq = 0};
-    size_t lo = 0, hi = ids->n; /* the first entry >= (id, 0) */
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (cmp_id(&ids->v[mid], &key) < 0) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo < ids->n && strcmp(ids->v[lo].id, id) == 0;
-}
-
-/* --input: every input id present (listed in input order), no other. */
-static bool check_input(const merge_ids *ids, const char *path) {
-    char **want;
-    size_t n_want;
-    if (!input_ids(path, &want, &n_want)) return false;
-    char **sorted = malloc(n_want * sizeof *sorted);
-    if (!sorted) return strs_free(want, n_want), cli_error("out of memory"), false;
     size_t n_missing = 0, n_extra = 0;
-    for (size_t i = 0; i < n_want; i++)
-        if (!has_id(ids, want[i]) && n_missing++ < MERGE_SHOW * 2)
-            fprintf(stderr, "%s%s", n_missing == 1 ? "error: missing ids: " : ", ", want[i]);
+    for (size_t i = 0; ok && i < want.n; i++) /* (input order) */
+        if (!cli_ids_has(ids, want.v[i].id) && n_missing++ < MERGE_SHOW * 2)
+            fprintf(stderr, "%s%s", n_missing == 1 ? "error: missing ids: " : ", ", want.v[i].id);
     if (n_missing)
         fprintf(stderr, "%s (%zu of the %zu ids of %s)\n", n_missing > MERGE_SHOW * 2 ? ", ..." : "", n_missing,
-                n_want, path);
-    memcpy(sorted, want, n_want * sizeof *sorted);
-    qsort(sorted, n_want, sizeof *sorted, cmp_str);
-    for (size_t i = 0; i < ids->n; i++)
-        if (!bsearch(&ids->v[i].id, sorted, n_want, sizeof *sorted, cmp_str) && n_extra++ < MERGE_SHOW)
-            fprintf(stderr, "error: %s:%d: id %s is not in %s\n", ids->v[i].file, ids->v[i].line, ids->v[i].id, path);
-    if (n_extra > MERGE_SHOW) fprintf(stderr, "error: %zu ids in all are not in %s\n", n_extra, path);
-    const bool ok = n_missing == 0 && n_extra == 0;
-    strs_free(want, n_want);
-    free(sorted);
-    return ok;
+                want.n, path);
+    cli_ids_sort(&want);
+    ok = ok && cli_ids_unique(&want);
+    for (size_t i = 0; ok && i < ids->n; i++)
+        if (!cli_ids_has(&want, ids->v[i].id) && n_extra++ < MERGE_SHOW)
+            cli_error("%s:%d: id %s is not in %s", ids->v[i].file, ids->v[i].line, ids->v[i].id, path);
+    if (n_extra > MERGE_SHOW) cli_error("%zu ids in all are not in %s", n_extra, path);
+    cli_ids_free(&want);
+    return ok && n_missing == 0 && n_extra == 0;
 }
 
-/* Writes OUT.tmp from the inputs and checks it; false when anything failed (reported). */
-static bool merge_into(const merge_opts *o, FILE *tmp, const char *tmp_path, merge_ids *ids, size_t *n_err_lines) {
+/* Writes OUT.tmp from the inputs, syncs it and checks the ids; false when anything
+ * failed (reported). */
+static bool merge_into(const merge_opts *o, cli_line_out *tmp, cli_ids *ids, size_t *n_err_lines) {
     char err[PATH_MAX + 512];
     for (int i = 0; i < o->n_ins; i++)
         if (!take_file(o->ins[i], tmp, ids, n_err_lines, err, sizeof err)) return cli_error("%s", err), false;
-    if (fflush(tmp) != 0 || ferror(tmp) || fsync(fileno(tmp)) != 0)
-        return cli_error("%s: %s", tmp_path, strerror(errno)), false;
-    qsort(ids->v, ids->n, sizeof *ids->v, cmp_id);
-    if (!check_unique(ids)) return false;
+    if (!cli_line_out_sync(tmp)) return cli_error("%s", tmp->err), false;
+    cli_ids_sort(ids);
+    if (!cli_ids_unique(ids)) return false;
     return !o->input || check_input(ids, o->input);
 }
 
-/* Opens OUT.tmp, refusing an existing OUT without --force; NULL when it cannot
- * (reported). */
-static FILE *open_tmp(const merge_opts *o, char *tmp_path, size_t cap) {
+/* Opens OUT.tmp, refusing an existing OUT without --force or that is not a regular
+ * file; false when it cannot (reported; an OUT.tmp there is not this merge's: kept). */
+static bool open_tmp(const merge_opts *o, cli_line_out *tmp, char *tmp_path, size_t cap) {
     struct stat st;
-    if (!o->force && stat(o->out, &st) == 0) return cli_error("%s: exists (give --force to replace it)", o->out), NULL;
-    if (snprintf(tmp_path, cap, "%s.tmp", o->out) >= (int)cap) return cli_error("%s: path too long", o->out), NULL;
-    FILE *f = fopen(tmp_path, "w");
-    if (!f) cli_error("%s: %s", tmp_path, strerror(errno));
-    return f;
+    if (stat(o->out, &st) == 0) {
+        if (!o->force) return cli_error("%s: exists (give --force to replace it)", o->out), false;
+        if (!S_ISREG(st.st_mode)) return cli_error("%s: not a regular file; merge writes only files", o->out), false;
+    }
+    if (snprintf(tmp_path, cap, "%s.tmp", o->out) >= (int)cap) return cli_error("%s: path too long", o->out), false;
+    return cli_line_out_open(tmp, tmp_path, true) ? true : (cli_error("%s", tmp->err), false);
 }
 
 int cli_merge(int argc, char **argv) {
     merge_opts o;
     int rc = parse_args(argc, argv, &o);
     char tmp_path[PATH_MAX];
-    FILE *tmp = rc < 0 ? open_tmp(&o, tmp_path, sizeof tmp_path) : NULL;
-    if (!tmp) {
+    cli_line_out tmp = {.fd = -1};
+    if (rc >= 0 || !open_tmp(&o, &tmp, tmp_path, sizeof tmp_path)) {
+        cli_line_out_close(&tmp);
         free(o.ins);
         return rc >= 0 ? rc : CLI_EXIT_ERROR;
     }
-    merge_ids ids = {0};
+    cli_ids ids = {0};
     size_t n_err_lines = 0;
-    bool ok = merge_into(&o, tmp, tmp_path, &ids, &n_err_lines);
-    if (fclose(tmp) != 0 && ok) ok = (cli_error("%s: %s", tmp_path, strerror(errno)), false);
-    if (ok && rename(tmp_path, o.out) != 0) ok = (cli_error("%s -> %s: %s", tmp_path, o.out, strerror(errno)), false);
+    bool ok = merge_into(&o, &tmp, &ids, &n_err_lines);
+    if (ok && !cli_line_out_rename(&tmp, o.out)) ok = (cli_error("%s", tmp.err), false);
     if (ok)
         fprintf(stderr, "merge: %zu lines from %d files into %s (%zu of them error lines)\n", ids.n, o.n_ins, o.out,
                 n_err_lines);
-    else
+    else if (strcmp(tmp.path, tmp_path) == 0)
         unlink(tmp_path);
-    ids_free(&ids);
+    if (!cli_line_out_close(&tmp) && ok) ok = (cli_error("%s", tmp.err), false);
+    cli_ids_free(&ids);
     free(o.ins);
     return ok ? CLI_EXIT_OK : CLI_EXIT_ERROR;
 }

@@ -1,15 +1,19 @@
 /* cli_run.c - `tandem run JOB.ini`: a batch job described by an INI file (the keys:
  * job_config.c).
  *
- * Nothing runs on a bad config.  The input is JSON lines as for `tandem generate
- * --prompts` (prompts.c; a malformed line becomes an error line of the output; the
- * job goes on); the output has one JSON line per input line, the fields of `tandem
- * generate --json` (or {"id", "error"}), written as each batch of requests completes
- * and flushed.  A job restarted on the same output skips the ids already there (a
- * last line cut short by a kill is dropped and redone), so a killed job loses and
- * duplicates nothing.  `--shard I/N` takes only the lines whose id hashes to shard I
- * of N (`tandem merge` joins the shards' outputs).  Progress goes to stderr (a bar on
- * a terminal, lines otherwise), and a summary at the end.
+ * Nothing runs on a bad config, nor on an input with an id twice (job_ids.c).  The
+ * input is JSON lines as for `tandem generate --prompts` (prompts.c; a malformed line
+ * becomes an error line of the output; the job goes on); the output has one JSON line
+ * per input line, the fields of `tandem generate --json` (or {"id", "error"}), written
+ * as each batch of requests completes.  The output is a regular file, locked for the
+ * run (line_out.c: a second runner on it is refused at once), written whole lines at a
+ * time and synced at the end; a failed write (a full disk) stops the job with its
+ * cause, the file cut back to its last complete line.  A job restarted on the same
+ * output skips the ids already there (a last line cut short by a kill is dropped and
+ * redone), so a killed or failed job loses and duplicates nothing.  `--shard I/N`
+ * takes only the lines whose id hashes to shard I of N (`tandem merge` joins the
+ * shards' outputs).  Progress goes to stderr (a bar on a terminal, lines otherwise),
+ * and a summary at the end.
  */
 #include <errno.h>
 #include <limits.h>
@@ -47,27 +51,31 @@ static bool add_done_id(const char *line, size_t len, char ***v, size_t *n, size
 
 /* The ids of the output's complete lines (sorted), after cutting a last line a kill
  * left without its newline; n_done = how many. */
-static bool done_ids(const char *path, char ***ids, size_t *n_done, char *err, size_t cap) {
+static bool done_ids(cli_line_out *o, char ***ids, size_t *n_done, char *err, size_t cap) {
     *ids = NULL;
     *n_done = 0;
-    FILE *f = fopen(path, "r+");
-    if (!f) return errno == ENOENT ? true : (snprintf(err, cap, "%s: %s", path, strerror(errno)), false);
+    const int fd = dup(o->fd);
+    FILE *f = fd >= 0 ? fdopen(fd, "r") : NULL;
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return snprintf(err, cap, "%s: %s", o->path, strerror(errno)), false;
+    }
     char *line = NULL;
     size_t lcap = 0, n = 0, cap_ids = 0;
-    long good_end = 0;
+    off_t good_end = 0;
     ssize_t got;
     char **v = NULL;
     bool ok = true;
     while (ok && (got = getline(&line, &lcap, f)) > 0) {
         if (line[got - 1] != '\n') break; /* cut short: dropped below */
-        good_end = ftell(f);
+        good_end += got;
         ok = add_done_id(line, (size_t)got - 1, &v, &n, &cap_ids);
     }
+    if (ok && ferror(f)) ok = false, snprintf(err, cap, "%s: %s", o->path, strerror(errno));
+    else if (!ok) snprintf(err, cap, "%s: out of memory", o->path);
     free(line);
-    if (!ok) snprintf(err, cap, "%s: out of memory", path);
-    else if (ftruncate(fileno(f), good_end) != 0)
-        ok = false, snprintf(err, cap, "%s: cannot cut its incomplete last line: %s", path, strerror(errno));
     fclose(f);
+    if (ok && good_end != o->end && !cli_line_out_cut(o, good_end)) ok = false, snprintf(err, cap, "%s", o->err);
     if (!ok) {
         for (size_t i = 0; i < n; i++) free(v[i]);
         free(v);
@@ -115,6 +123,23 @@ typedef struct run_args {
     char tree_set[96];           /* --spec-tree T as "spec.tree=T" (one of sets) */
 } run_args;
 
+/* A count of decimal digits only (no sign, space or base prefix); s advanced past it. */
+static bool parse_digits(const char **s, long *out) {
+    if (**s < '0' || **s > '9') return false;
+    long x = 0;
+    for (; **s >= '0' && **s <= '9'; (*s)++) {
+        if (x > (LONG_MAX - (**s - '0')) / 10) return false;
+        x = x * 10 + (**s - '0');
+    }
+    *out = x;
+    return true;
+}
+
+/* --shard I/N: exactly I, '/', N, with 0 <= I < N. */
+static bool parse_shard(const char *s, long *i, long *n) {
+    return parse_digits(&s, i) && *s++ == '/' && parse_digits(&s, n) && *s == 0 && *i < *n;
+}
+
 /* Returns -1 to go on, else an exit code (a->sets is freed by the caller). */
 static int parse_run_args(int argc, char **argv, run_args *a) {
     *a = (run_args){.sets = calloc((size_t)argc, sizeof *a->sets), .shard_n = 1};
@@ -127,10 +152,8 @@ static int parse_run_args(int argc, char **argv, run_args *a) {
             snprintf(a->tree_set, sizeof a->tree_set, "spec.tree=%s", argv[i]);
             a->sets[a->n_sets++] = a->tree_set;
         } else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
-            char *sl = strchr(argv[++i], '/');
-            if (!sl || sscanf(argv[i], "%ld/%ld", &a->shard_i, &a->shard_n) != 2 || a->shard_n < 1 ||
-                a->shard_i < 0 || a->shard_i >= a->shard_n)
-                return cli_usage_error("--shard %s: expected I/N with 0 <= I < N", argv[i]);
+            if (!parse_shard(argv[++i], &a->shard_i, &a->shard_n))
+                return cli_usage_error("--shard %s: expected I/N with 0 <= I < N (decimal digits)", argv[i]);
         } else if (argv[i][0] == '-' || a->path) {
             return cli_usage_error("run: unexpected argument '%s'", argv[i]);
         } else {
@@ -153,7 +176,7 @@ typedef struct run_ctx {
     tandem_model *target;
     bool has_draft;
     tandem_engine *eng;
-    FILE *out;
+    cli_line_out *out;
     run_totals t;
 } run_ctx;
 
@@ -163,8 +186,6 @@ static size_t select_todo(run_ctx *x, const run_args *a, char **done, size_t n_d
     size_t n_todo = 0;
     *n_skipped = 0;
     for (size_t i = 0; i < x->in->n; i++) {
-        x->ids[i] = cli_prompt_id_text(&x->in->items[i]);
-        if (!x->ids[i]) continue;
         if (a->shard_n > 1 && fnv1a(x->ids[i]) % (uint64_t)a->shard_n != (uint64_t)a->shard_i) continue;
         if (is_done(done, n_done, x->ids[i])) {
             (*n_skipped)++;
@@ -215,13 +236,14 @@ static void write_line(run_ctx *x, size_t i, const tandem_result *r) {
     const cli_prompt *p = &x->in->items[i];
     const char *e = p->error ? p->error : r && r->status ? (r->error ? r->error : "error") : NULL;
     run_totals *t = &x->t;
+    FILE *f = cli_line_out_stream(x->out);
     if (e) {
-        fprintf(x->out, "{\"id\": %s, \"error\": ", x->ids[i]);
-        tdm_json_write_str(x->out, e, strlen(e));
-        fputs("}\n", x->out);
+        fprintf(f, "{\"id\": %s, \"error\": ", x->ids[i]);
+        tdm_json_write_str(f, e, strlen(e));
+        fputs("}\n", f);
         t->n_err++;
     } else {
-        cli_json_result(x->out, p, r, x->has_draft);
+        cli_json_result(f, p, r, x->has_draft);
         t->tokens += r->n_tokens;
         t->drafted += r->spec.drafted;
         t->accepted += r->spec.accepted;
@@ -243,7 +265,7 @@ typedef struct run_window {
 } run_window;
 
 /* Runs the inputs todo[0..m) as one batch (bad lines skipped) and writes their lines
- * in input order. */
+ * in input order (a failed write: x->out->err set). */
 static tandem_status run_one_window(run_ctx *x, const size_t *todo, size_t m, run_window *w) {
     size_t nr = 0;
     for (size_t j = 0; j < m; j++) {
@@ -255,11 +277,11 @@ static tandem_status run_one_window(run_ctx *x, const size_t *todo, size_t m, ru
     tandem_status s = nr ? tandem_generate_batch(x->eng, w->req, nr, w->res) : TANDEM_OK;
     for (size_t j = 0, r = 0; j < m && s == TANDEM_OK; j++)
         write_line(x, todo[j], r < nr && w->map[r] == j ? &w->res[r++] : NULL);
-    fflush(x->out);
     for (size_t r = 0; r < nr; r++) {
         tandem_result_free(&w->res[r]);
         tandem_free(w->tok[r]);
     }
+    if (s == TANDEM_OK) cli_line_out_flush(x->out);
     return s;
 }
 
@@ -277,9 +299,15 @@ static int run_all(run_ctx *x, const size_t *todo, size_t n_todo) {
     const double t0 = tdm_now();
     for (size_t w0 = 0; w0 < n_todo && rc == CLI_EXIT_OK; w0 += w.cap) {
         const size_t m = n_todo - w0 < w.cap ? n_todo - w0 : w.cap;
-        tandem_status s = run_one_window(x, todo + w0, m, &w);
-        if (s != TANDEM_OK) rc = cli_status_error(s, NULL);
-        else progress(tty, x->t.n_fin, n_todo, x->t.tokens, t0, x->t.n_fin == n_todo);
+        const tandem_status s = run_one_window(x, todo + w0, m, &w);
+        if (s == TANDEM_OK && !x->out->err[0]) {
+            progress(tty, x->t.n_fin, n_todo, x->t.tokens, t0, x->t.n_fin == n_todo);
+            continue;
+        }
+        if (tty && w0) fputc('\n', stderr); /* (below the bar) */
+        rc = s ? cli_status_error(s, NULL)
+               : cli_error("%s (the file ends at its last complete line; once the cause is fixed, run the job "
+                           "again to complete it)", x->out->err);
     }
     free(w.req), free(w.res), free(w.tok), free(w.map);
     return rc;
@@ -321,38 +349,61 @@ int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_mode
     return rc;
 }
 
-/* The job once its config is read: an exit code. */
+/* The input's ids into x->ids, refused when one appears twice (each such line
+ * named).  -1 to go on, else an exit code. */
+static int take_input_ids(run_ctx *x, const char *path) {
+    cli_ids ids = {0};
+    bool ok = cli_ids_of_prompts(&ids, x->in, path);
+    if (ok) {
+        cli_ids_sort(&ids);
+        ok = cli_ids_unique(&ids);
+    }
+    for (size_t i = 0; ok && i < ids.n; i++) { /* (pushed in input order: seq is the index) */
+        x->ids[ids.v[i].seq] = ids.v[i].id;
+        ids.v[i].id = NULL;
+    }
+    cli_ids_free(&ids);
+    return ok ? -1 : CLI_EXIT_ERROR;
+}
+
+/* The inputs this run owes (todo[*n_todo]): the output's done lines read back (its
+ * incomplete last line cut).  -1 to go on, else an exit code. */
+static int owed(run_ctx *x, const run_args *a, size_t *todo, size_t *n_todo, size_t *n_skipped) {
+    char err[PATH_MAX + 512];
+    char **done = NULL;
+    size_t n_done = 0;
+    if (!done_ids(x->out, &done, &n_done, err, sizeof err)) return cli_error("%s", err);
+    *n_todo = select_todo(x, a, done, n_done, todo, n_skipped);
+    for (size_t i = 0; i < n_done; i++) free(done[i]);
+    free(done);
+    return -1;
+}
+
+/* The job once its config is read: an exit code.  The input is checked and the output
+ * locked before the models load. */
 static int run_job(const cli_job_cfg *c, const run_args *a) {
     char err[PATH_MAX + 512];
     cli_prompts in;
     if (!cli_prompts_read_lenient(c->input, &in, err, sizeof err)) return cli_error("%s", err);
-    char **done = NULL;
-    size_t n_done = 0, n_skipped = 0, n_todo = 0;
-    if (!done_ids(c->output, &done, &n_done, err, sizeof err)) {
-        cli_prompts_free(&in);
-        return cli_error("%s", err);
-    }
-    run_ctx x = {.c = c, .in = &in, .ids = calloc(in.n, sizeof *x.ids), .has_draft = c->draft[0] != 0};
-    size_t *todo = calloc(in.n, sizeof *todo);
-    if (todo && x.ids) n_todo = select_todo(&x, a, done, n_done, todo, &n_skipped);
-    for (size_t i = 0; i < n_done; i++) free(done[i]);
-    free(done);
+    cli_line_out out = {.fd = -1};
+    run_ctx x = {.c = c, .in = &in, .ids = calloc(in.n, sizeof *x.ids), .has_draft = c->draft[0] != 0, .out = &out};
+    size_t *todo = calloc(in.n, sizeof *todo), n_skipped = 0, n_todo = 0;
+    int rc = !todo || !x.ids ? cli_error("out of memory") : take_input_ids(&x, c->input);
+    if (rc < 0 && !cli_line_out_open(&out, c->output, false)) rc = cli_error("%s", out.err);
+    if (rc < 0) rc = owed(&x, a, todo, &n_todo, &n_skipped);
     tandem_model *target = NULL, *draft = NULL;
-    int rc = !todo || !x.ids ? cli_error("out of memory") : cli_job_open_engine(c, &target, &draft, &x.eng);
-    if (rc < 0) rc = CLI_EXIT_OK;
+    if (rc < 0) rc = cli_job_open_engine(c, &target, &draft, &x.eng);
     x.target = target;
-    if (rc == CLI_EXIT_OK) { /* inputs with "messages": rendered, a failure that input's error */
-        int r = cli_render_chats(target, c->chat_template[0] ? c->chat_template : NULL, false, c->input, &in, true);
-        if (r >= 0) rc = r;
-    }
-    if (rc == CLI_EXIT_OK && !(x.out = fopen(c->output, "a"))) rc = cli_error("%s: %s", c->output, strerror(errno));
-    if (rc == CLI_EXIT_OK) {
+    if (rc < 0) /* inputs with "messages": rendered, a failure that input's error */
+        rc = cli_render_chats(target, c->chat_template[0] ? c->chat_template : NULL, false, c->input, &in, true);
+    if (rc < 0) {
         const double t0 = tdm_now();
         rc = run_all(&x, todo, n_todo);
-        summary(&x.t, n_skipped, tdm_now() - t0, x.has_draft);
+        if (!out.err[0]) summary(&x.t, n_skipped, tdm_now() - t0, x.has_draft); /* (a failed write: its error) */
         if (x.t.n_err && rc == CLI_EXIT_OK) rc = CLI_EXIT_ERROR;
     }
-    if (x.out && fclose(x.out) != 0 && rc == CLI_EXIT_OK) rc = cli_error("%s: %s", c->output, strerror(errno));
+    const bool reported = out.err[0] != 0;
+    if (!cli_line_out_close(&out) && !reported) rc = cli_error("%s", out.err);
     tandem_engine_close(x.eng);
     tandem_model_close(draft);
     tandem_model_close(target);

@@ -62,11 +62,20 @@ static bool parse_double(const char *v, double lo, double hi, bool lo_open, doub
     return true;
 }
 
+/* The range applies to the value as the float the library takes (1e-320 is 0 there),
+ * as for the options (main.c). */
 static bool parse_float(const char *v, double lo, double hi, bool lo_open, float *out) {
     double x;
-    if (!parse_double(v, lo, hi, lo_open, &x)) return false;
+    if (!parse_double(v, lo, hi, lo_open, &x) || (lo_open ? !((float)x > lo) : !((float)x >= lo))) return false;
     *out = (float)x;
     return true;
+}
+
+/* " (it is 0 as a float)" for a number that a float cannot tell from 0, else "". */
+static const char *float_zero_note(const char *v) {
+    char *end;
+    const double x = strtod(v, &end);
+    return end != v && !*end && x != 0 && (float)x == 0 ? " (it is 0 as a float)" : "";
 }
 
 /* A path value: relative ones are taken from the config file's directory. */
@@ -224,7 +233,8 @@ static int key_sampling(cli_job_cfg *c, const char *s, const char *k, const char
         return 1;
     }
     if (!strcmp(k, "top_p")) {
-        if (!parse_float(v, 0, 1, true, &g->top_p)) return cfg_fail(c, s, k, "'%s' is not a number in (0, 1]", v);
+        if (!parse_float(v, 0, 1, true, &g->top_p))
+            return cfg_fail(c, s, k, "'%s' is not a number in (0, 1]%s", v, float_zero_note(v));
         return 1;
     }
     if (!strcmp(k, "min_p")) {
@@ -350,15 +360,18 @@ static bool apply_sets(cli_job_cfg *c, char **sets, int n_sets) {
     for (int i = 0; i < n_sets; i++) {
         c->file = "--set";
         c->line = 0;
-        char buf[2048];
-        snprintf(buf, sizeof buf, "%s", sets[i]);
+        char *buf = strdup(sets[i]); /* (any length) */
+        if (!buf) return snprintf(c->err, sizeof c->err, "--set: out of memory"), false;
         char *dot = strchr(buf, '.'), *eq = strchr(buf, '=');
         if (!dot || !eq || dot > eq) {
             snprintf(c->err, sizeof c->err, "--set %s: expected section.key=value", sets[i]);
+            free(buf);
             return false;
         }
         *dot = *eq = 0;
-        if (!on_key(c, buf, dot + 1, eq + 1)) return false;
+        const int ok = on_key(c, buf, dot + 1, eq + 1);
+        free(buf);
+        if (!ok) return false;
     }
     return true;
 }

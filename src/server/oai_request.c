@@ -56,7 +56,8 @@ static bool get_int(const tdm_json *j, const char *name, int64_t lo, int64_t hi,
     return true;
 }
 
-/* A number in [lo, hi], or (lo, hi] when lo_open. */
+/* A number in [lo, hi], or (lo, hi] when lo_open (there as the float the engine takes,
+ * where 1e-320 is 0; hi at most FLT_MAX then). */
 static bool get_num(const tdm_json *j, const char *name, double lo, bool lo_open, double hi, bool *has, double *out,
                     oai_error *e) {
     const tdm_json *v = member(j, name);
@@ -64,7 +65,7 @@ static bool get_num(const tdm_json *j, const char *name, double lo, bool lo_open
     if (!v) return true;
     if (v->type != TDM_JSON_NUMBER) return wrong_type(e, name, "a number", v);
     const double x = v->num;
-    if (!isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || !(x <= hi))
+    if (!isfinite(x) || !(x <= hi) || (lo_open ? !(x > lo && (float)x > lo) : !(x >= lo)))
         return oai_fail(e, 400, name, "invalid_value", "'%s' is %s, out of range %c%g, %g]", name, v->str,
                         lo_open ? '(' : '[', lo, hi);
     *out = x;
