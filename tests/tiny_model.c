@@ -81,7 +81,7 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     bool qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0;
     bool post_norms = strcmp(arch, "gemma3") == 0;
     const float base = c->rope_base > 0 ? c->rope_base : 10000.0f;
-    tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
+    tdm_gguf_writer *w = tdm_gguf_writer_new(3, c->alignment ? c->alignment : 32);
     cr_assert(w);
     char key[128];
     tdm_gguf_w_str(w, "general.architecture", arch);

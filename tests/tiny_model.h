@@ -40,6 +40,7 @@ typedef struct tdm_tiny_cfg {
     int32_t sliding_window;       /* > 0: attention.sliding_window; < 0: written as 0; 0: absent */
     float attn_softcap;           /* > 0: attn_logit_softcapping */
     float final_softcap;          /* > 0: final_logit_softcapping */
+    uint32_t alignment;           /* general.alignment, a power of two (0: GGUF's default 32) */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);
