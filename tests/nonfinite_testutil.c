@@ -16,7 +16,9 @@
  * one of layer 1, the output norm and the heads: the tied one (token_embd, token 0's
  * row) and a separate output.weight.  llama runs the fused blocks; its q8_0 matrices
  * take the integer-dot path (a NaN norm weight makes the activations they quantise
- * NaN; a planted matrix value is its first block's scale); qwen2 adds biases; gemma3
+ * NaN; a planted matrix value is its first block's scale), its f16 ones the 16-bit
+ * products (on the GPU's tensor cores activations are split into f16 parts); qwen2
+ * adds biases; gemma3
  * runs op by op (GeGLU, post norms, q / k norms, a sliding window) with both
  * soft-caps, whose tanh must not cap an infinity. */
 typedef struct nf_case {
@@ -34,6 +36,8 @@ static const char *const llama_f32[] = {
 static const char *const llama_q8[] = {"blk.0.attn_norm.weight", "blk.0.attn_q.weight", "blk.0.attn_k.weight",
                                        "blk.0.ffn_down.weight",  "token_embd.weight",   "output.weight",
                                        NULL};
+static const char *const llama_f16[] = {"blk.0.attn_norm.weight", "blk.0.attn_q.weight", "blk.0.ffn_norm.weight",
+                                        "blk.0.ffn_down.weight", "output_norm.weight", NULL};
 static const char *const qwen2[] = {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias",
                                     "blk.0.attn_q.weight", "output_norm.weight", NULL};
 static const char *const gemma3[] = {
@@ -44,6 +48,7 @@ static const char *const gemma3[] = {
 static const nf_case cases[] = {
     {"llama", TDM_F32, llama_f32},
     {"llama", TDM_Q8_0, llama_q8},
+    {"llama", TDM_F16, llama_f16},
     {"qwen2", TDM_F32, qwen2},
     {"gemma3", TDM_F32, gemma3},
 };
