@@ -104,7 +104,8 @@ typedef struct tdm_attn_args {
                                         slots, a tree row's ancestors within the tree's depth, are
                                         always seen); 0: every visible slot */
     float softcap;                   /* > 0: each score s = scale q.k becomes softcap tanh(s /
-                                        softcap) before the softmax (logit soft-capping); 0: off */
+                                        softcap) before the softmax (logit soft-capping; an
+                                        infinite s becomes NaN, as the softcap op); 0: off */
 } tdm_attn_args;
 
 /* Copies K/V slots of one sequence in every layer (kv_move, tdm_kv_store_move_slots):
@@ -314,7 +315,8 @@ typedef struct tdm_backend_ops {
     tandem_status (*add)(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err);
     /* x[n][dim] *= s */
     tandem_status (*scale)(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err);
-    /* x[n][dim] = cap * tanh(x / cap)   (cap > 0) */
+    /* x[n][dim] = cap * tanh(x / cap)   (cap > 0; an infinite x becomes NaN, which the
+     * logits check reports, instead of +-cap) */
     tandem_status (*softcap)(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err);
     /* Optional (NULL: the engine copies with `copy`, or directly on host memory):
      * tdm_kv_move_args's copy in one call. */

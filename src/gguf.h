@@ -92,7 +92,10 @@ typedef struct tdm_gguf_tensor {
     int64_t ne[TDM_GGUF_MAX_DIMS]; /* elements per dim, ne[0] fastest; unused dims are 1 */
     uint64_t offset;       /* byte offset within the data section */
     uint64_t nbytes;       /* size of the data; 0 for a type of unknown size */
-    const void *data;      /* pointer into the mapping; NULL for a type of unknown size */
+    const void *data;      /* pointer into the mapping; NULL for a type of unknown size.  At
+                              a multiple of `alignment` from the data section, which a
+                              legal file may set as low as 1: then possibly misaligned for
+                              the type's values (read with memcpy, or copy it) */
 } tdm_gguf_tensor;
 
 typedef struct tdm_gguf {

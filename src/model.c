@@ -96,7 +96,10 @@ static tandem_status load_vec(tdm_model *m, const char *name, int64_t n, bool op
 
 /* Places a matmul weight whose rows-layout bytes are at host memory src in backend
  * memory, in the layout the backend asks for (zero-copy on the CPU backend when that
- * is the rows layout and src is the mapped file, i.e. when src_owned is false). */
+ * is the rows layout and src is the mapped file, i.e. when src_owned is false, and
+ * src is aligned to GGUF's default 32 bytes: a file with a smaller general.alignment
+ * may start a tensor at any byte, where the kernels' typed loads would be misaligned,
+ * so such a tensor is copied into the backend's aligned memory). */
 static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned, uint32_t type, int64_t rows,
                                   int64_t cols, size_t bytes, bool matmul_only, tdm_weight *w, tdm_err *err) {
     tandem_status st;
@@ -105,7 +108,7 @@ static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned,
         layout = m->be->ops->weight_layout(m->be, type, rows, cols);
     if (!tdm_layout_fits(layout, type, rows, cols)) layout = TDM_LAYOUT_ROWS;
     w->layout = layout;
-    if (layout == TDM_LAYOUT_ROWS && is_host_backend(m->be) && !src_owned) {
+    if (layout == TDM_LAYOUT_ROWS && is_host_backend(m->be) && !src_owned && (uintptr_t)src % 32 == 0) {
         w->data = src;
         return TANDEM_OK;
     }

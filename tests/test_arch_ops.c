@@ -86,6 +86,12 @@ Test(arch_ops, row_ops_every_level) {
                 free(outs[k]);
             }
         }
+        /* an infinity is not capped into a finite value (broken weights stay visible) */
+        float inf_row[4] = {INFINITY, -INFINITY, NAN, 1.0f};
+        cr_assert_eq(b->ops->softcap(b, inf_row, 1, 4, 2.5f, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert(isnan(inf_row[0]) && isnan(inf_row[1]) && isnan(inf_row[2]), "softcap(+-inf, NaN) = %g %g %g",
+                  inf_row[0], inf_row[1], inf_row[2]);
+        cr_assert_eq(inf_row[3], 2.5f * tanhf(1.0f / 2.5f));
         /* bad arguments: clear errors */
         cr_assert_eq(b->ops->head_rmsnorm(b, h, n, nh * hd - 1, nh, hd, g, 1e-6f, &err), TANDEM_ERR_INVALID_ARG);
         cr_assert_eq(b->ops->softcap(b, c, n, dim, 0.0f, &err), TANDEM_ERR_INVALID_ARG);

@@ -14,6 +14,7 @@
 #include "cuda_testutil.h"
 #include "engine.h"
 #include "model.h"
+#include "nonfinite_testutil.h"
 #include "ref_ops.h"
 #include "sampling.h"
 #include "tandem.h"
@@ -680,6 +681,25 @@ static void check_device_sampling(float temp, int top_k, float top_p, float min_
 Test(cuda_sampling, lossless_temperature_k3, .timeout = 600) { check_device_sampling(1.0f, 0, 1.0f, 0.0f, 3, 0); }
 Test(cuda_sampling, lossless_filters_ngram_adaptive, .timeout = 600) {
     check_device_sampling(1.5f, 12, 0.95f, 0.01f, 0, 2);
+}
+
+/* NaN and +inf planted in each weight (tests/nonfinite_testutil.c: every tensor of a
+ * layer, the output norm and the heads; f32, f16 and q8_0 matrices; in the target and
+ * in the draft, greedy and sampled, plain and speculative) are a model error on the
+ * GPU as on the CPU: the attention kernels, the activations' int8 quantisation and
+ * f16 splitting, the soft-caps and the device argmax / sampling carry them to the
+ * logits check.  Heads of 64 take the flash and decode kernels, a 20-token prompt a
+ * prefill tile; then again with the tensor-core prefill attention and products (off
+ * by default). */
+Test(cuda_engine, non_finite_weights_are_a_model_error, .timeout = 600) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    tdm_nf_check_all("cuda", &mp, 64, 20);
+    setenv("TANDEM_FLASH_TC", "1", 1);
+    setenv("TANDEM_CUDA_GEMV_TC", "1", 1);
+    tdm_nf_check_all("cuda, tensor-core kernels", &mp, 64, 20);
+    unsetenv("TANDEM_CUDA_GEMV_TC");
+    unsetenv("TANDEM_FLASH_TC");
 }
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

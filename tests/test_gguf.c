@@ -1,7 +1,8 @@
 /* test_gguf.c - GGUF loader and writer: round trips of every value and tensor type
  * (in memory, through a file, copied value by value, streamed), writer defaults,
- * streaming errors, real model and vocabulary files, open errors, typed getters and
- * value printing.  The corrupt-input corpus lives in test_gguf_corrupt.c. */
+ * streaming errors, real model and vocabulary files, open errors, typed getters, value
+ * printing, and a model packed with alignment 1.  The corrupt-input corpus lives in
+ * test_gguf_corrupt.c. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,11 +11,13 @@
 #include <unistd.h>
 
 #include "dtype.h"
+#include "engine.h"
 #include "ggml_types.h"
 #include "gguf.h"
 #include "gguf_testutil.h"
 #include "gguf_write.h"
 #include "testutil.h"
+#include "tiny_model.h"
 
 /* ------------------------------------------------------------ round trip */
 
@@ -643,4 +646,59 @@ Test(gguf, ggml_type_table_matches_supported_types) {
         n++;
     }
     cr_assert_geq(n, 13);
+}
+
+/* ------------------------------------------------------------ alignment */
+
+/* A model written with general.alignment = 1 (legal: tensors packed back to back at
+ * any byte) loads and computes the logits of the same model written with the default
+ * 32, bit for bit, at the scalar level and the CPU's best, for each weight type: no
+ * kernel reads a misaligned value (the sanitizer build reports one). */
+static float *packed_logits(const tdm_tiny_cfg *c, const int32_t *ids, int32_t n, bool *misaligned) {
+    char *path = tdm_tiny_model_file(c);
+    tdm_err err = {0};
+    tdm_gguf *g = open_path(path);
+    *misaligned = false;
+    for (uint64_t i = 0; i < g->n_tensors; i++) *misaligned |= (uintptr_t)g->tensors[i].data % 4 != 0;
+    tdm_gguf_close(g);
+    tdm_backend *be = NULL;
+    tdm_model *m = NULL;
+    cr_assert_eq(tdm_backend_cpu_create(1, &be, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(path, be, &m, &err), TANDEM_OK, "%s: %s", tdm_dtype_name(c->wtype), err.msg);
+    tdm_engine *e = tdm_test_engine(m, NULL, 1);
+    float *out = malloc((size_t)c->n_vocab * sizeof(float));
+    cr_assert_eq(tdm_engine_score_last(e, false, ids, n, out, &err), TANDEM_OK, "%s", err.msg);
+    tdm_engine_free(e);
+    tdm_model_free(m);
+    tdm_backend_destroy(be);
+    unlink(path);
+    free(path);
+    return out;
+}
+
+Test(gguf, alignment_one_loads_as_aligned, .timeout = 120) {
+    static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_K, TDM_Q6_K};
+    static const char *const levels[] = {"scalar", NULL};
+    const int32_t ids[] = {1, 5, 2, 9, 3, 3, 7, 0, 4};
+    for (size_t l = 0; l < TDM_ARRAY_LEN(levels); l++) {
+        if (levels[l]) setenv("TANDEM_CPU", levels[l], 1);
+        for (size_t i = 0; i < TDM_ARRAY_LEN(types); i++) {
+            tdm_tiny_cfg c = tdm_tiny_default();
+            c.n_embd = c.n_ff = 256; /* (whole K-quant super-blocks) */
+            c.wtype = types[i];
+            bool mis = false;
+            float *want = packed_logits(&c, ids, 9, &mis);
+            c.alignment = 1;
+            float *got = packed_logits(&c, ids, 9, &mis);
+            cr_assert(mis, "%s: no tensor of the packed file is misaligned (the test would prove nothing)",
+                      tdm_dtype_name(c.wtype));
+            for (int32_t v = 0; v < c.n_vocab; v++)
+                cr_assert(memcmp(&got[v], &want[v], sizeof(float)) == 0, "%s (%s): logit %d is %g, aligned %g",
+                          tdm_dtype_name(c.wtype), levels[l] ? levels[l] : "best level", (int)v, (double)got[v],
+                          (double)want[v]);
+            free(got);
+            free(want);
+        }
+        unsetenv("TANDEM_CPU");
+    }
 }

@@ -3,6 +3,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,31 +21,42 @@ tdm_tiny_cfg tdm_tiny_default(void) {
 
 /* Writes a random tensor [ne1][ne0] (ne1 == 1: a 1-D tensor of ne0).  skip: generate
  * the values but leave the tensor out; extra_row: write ne1 + 1 rows (a wrong shape);
- * nan: its first value is NaN. */
+ * plant (non-NULL): its first value is *plant (q8_0: its first block's scale). */
 static void add_tensor_ex(tdm_gguf_writer *w, const char *name, uint32_t type, int64_t ne0, int64_t ne1,
-                          uint64_t *rng, float scale, float bias, bool skip, bool extra_row, bool nan) {
+                          uint64_t *rng, float scale, float bias, bool skip, bool extra_row, const float *plant) {
     int64_t rows = ne1 + (extra_row ? 1 : 0);
     int64_t n = ne0 * rows;
     float *f = malloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) f[i] = bias + tdm_test_randf(rng, -scale, scale);
-    if (nan) f[0] = NAN;
+    const bool q8 = type == TDM_Q8_0;
+    cr_assert(!plant || q8 || type == TDM_F32 || type == TDM_F16 || type == TDM_BF16, "%s: no value planted in a %s",
+              name, tdm_dtype_name(type));
+    if (plant && !q8) f[0] = *plant;
     uint64_t rb;
     cr_assert(tdm_dtype_row_bytes(type, (uint64_t)ne0, &rb));
     uint8_t *data = malloc((size_t)(rb * (uint64_t)rows));
     for (int64_t r = 0; r < rows; r++) tdm_row_from_f32(type, f + r * ne0, data + r * rb, ne0);
+    if (plant && q8) { /* the first block's scale (quantising a NaN has no defined result) */
+        const uint16_t d = tdm_f32_to_f16(*plant);
+        memcpy(data + offsetof(tdm_block_q8_0, d), &d, sizeof d);
+    }
     int64_t ne[2] = {ne0, rows};
     if (!skip) tdm_gguf_w_tensor(w, name, type, rows > 1 ? 2 : 1, ne, data, (size_t)(rb * (uint64_t)rows));
     free(f);
     free(data);
 }
 
+/* The value nan_tensor's first element gets (NaN unless nan_value says otherwise). */
+static float planted(const tdm_tiny_cfg *c) { return c->nan_value != 0 ? c->nan_value : NAN; }
+
 /* The same, applying the config's skip_tensor / bad_shape_tensor / nan_tensor to this name. */
 static void add_tensor(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *name, uint32_t type, int64_t ne0,
                        int64_t ne1, uint64_t *rng, float scale, float bias) {
     bool skip = c->skip_tensor && strcmp(c->skip_tensor, name) == 0;
     bool bad = c->bad_shape_tensor && strcmp(c->bad_shape_tensor, name) == 0;
-    bool nan = c->nan_tensor && strcmp(c->nan_tensor, name) == 0;
-    add_tensor_ex(w, name, type, ne0, ne1, rng, scale, bias, skip, bad, nan);
+    const float plant = planted(c);
+    const bool nan = c->nan_tensor && strcmp(c->nan_tensor, name) == 0;
+    add_tensor_ex(w, name, type, ne0, ne1, rng, scale, bias, skip, bad, nan ? &plant : NULL);
 }
 
 /* Llama 3's rope_freqs (as llama.cpp's converter computes them from the config's
@@ -69,7 +81,7 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     bool qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0;
     bool post_norms = strcmp(arch, "gemma3") == 0;
     const float base = c->rope_base > 0 ? c->rope_base : 10000.0f;
-    tdm_gguf_writer *w = tdm_gguf_writer_new(3, 32);
+    tdm_gguf_writer *w = tdm_gguf_writer_new(3, c->alignment ? c->alignment : 32);
     cr_assert(w);
     char key[128];
     tdm_gguf_w_str(w, "general.architecture", arch);
@@ -157,7 +169,7 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
         const char *nm = "rope_freqs.weight";
         bool skip = c->skip_tensor && strcmp(c->skip_tensor, nm) == 0;
         bool bad = c->bad_shape_tensor && strcmp(c->bad_shape_tensor, nm) == 0; /* one value more */
-        if (c->nan_tensor && strcmp(c->nan_tensor, nm) == 0) ff[0] = NAN;
+        if (c->nan_tensor && strcmp(c->nan_tensor, nm) == 0) ff[0] = planted(c);
         ff[hd / 2] = 1.0f;
         int64_t ne[1] = {hd / 2 + (bad ? 1 : 0)};
         if (!skip) tdm_gguf_w_tensor(w, nm, TDM_F32, 1, ne, ff, (size_t)ne[0] * sizeof(float));

@@ -23,7 +23,10 @@ typedef struct tdm_tiny_cfg {
     int32_t tok_offset;   /* token i is the character '!' + tok_offset + i (n_vocab + offset <= 94) */
     const char *skip_tensor;      /* tensor name left out of the file (NULL: none) */
     const char *bad_shape_tensor; /* tensor written with one extra row (NULL: none) */
-    const char *nan_tensor;       /* tensor whose first value is NaN (NULL: none) */
+    const char *nan_tensor;       /* tensor whose first value is NaN (NULL: none; q8_0: the
+                                     first block's scale; f32, f16, bf16 or q8_0 only) */
+    float nan_value;              /* with nan_tensor: the value planted instead of NaN (e.g.
+                                     INFINITY; 0: NaN) */
     uint32_t attn_v_type;         /* attn_v.weight's type (0: wtype), for mixes like Q4_K_M */
     uint32_t ffn_down_type;       /* ffn_down.weight's type (0: wtype) */
     int32_t head_dim;             /* > 0: attention.key_length / value_length, the heads' size
@@ -37,6 +40,7 @@ typedef struct tdm_tiny_cfg {
     int32_t sliding_window;       /* > 0: attention.sliding_window; < 0: written as 0; 0: absent */
     float attn_softcap;           /* > 0: attn_logit_softcapping */
     float final_softcap;          /* > 0: final_logit_softcapping */
+    uint32_t alignment;           /* general.alignment, a power of two (0: GGUF's default 32) */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);

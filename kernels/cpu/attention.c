@@ -155,7 +155,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
         for (int32_t h = 0; h < group; h++) {
             float *sh = sc + h * ld;
             if (a->softcap > 0)
-                for (int32_t j = lo; j < n_tot; j++) sh[j] = a->softcap * tanhf(sh[j] / a->softcap);
+                for (int32_t j = lo; j < n_tot; j++) sh[j] = tdm_cpu_softcap1(sh[j], a->softcap);
             for (int32_t j = 0; j < lo; j++) sh[j] = 0.0f;
             inv[ri * group + h] = lo < n_tot ? 1.0f / k->softmax_num(sh + lo, n_tot - lo) : 0.0f;
         }

@@ -14,6 +14,8 @@
 #ifndef TDM_CPU_INTERNAL_H
 #define TDM_CPU_INTERNAL_H
 
+#include <math.h>
+
 #include "backend.h"
 #include "qdot.h"
 #include "threadpool.h"
@@ -214,6 +216,11 @@ static inline int tdm_cpu_nth(const tdm_cpu *c, int64_t work, int64_t min_work) 
     if (t < 1) t = 1;
     return t < c->n_threads ? (int)t : c->n_threads;
 }
+
+/* Soft-capping of one score or logit: cap * tanh(x / cap), NaN for an infinite x.  An
+ * infinity there comes from broken weights or an overflow, and tanh(+-inf) = +-1 would
+ * turn it into a plausible +-cap; as NaN it reaches the logits check. */
+static inline float tdm_cpu_softcap1(float x, float cap) { return isinf(x) ? NAN : cap * tanhf(x / cap); }
 
 /* Ops (ops.c, matmul.c, attention.c). */
 tandem_status tdm_cpu_get_rows(tdm_backend *b, const tdm_weight *w, const int32_t *ids, int32_t n,

@@ -578,9 +578,11 @@ static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const
 /* ---- exp, softmax, swiglu ------------------------------------------------------ */
 
 /* exp(x) to about 2 ulp: x clamped to [-87.3, 88.7], 2^n * poly(r) with
- * n = round(x / ln 2) and r = x - n ln 2 (ln 2 in two parts). */
+ * n = round(x / ln 2) and r = x - n ln 2 (ln 2 in two parts).  NaN stays NaN (max and
+ * min return their second operand when either is NaN, so x goes second): a NaN score
+ * or gate must reach the logits, where it is reported, not become exp(-87.3) = 0. */
 static inline __m512 vexp(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+    x = _mm512_min_ps(_mm512_set1_ps(88.72283f), _mm512_max_ps(_mm512_set1_ps(-87.33654f), x));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);

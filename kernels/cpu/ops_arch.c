@@ -108,7 +108,7 @@ static void softcap_task(void *ctx, int64_t i, int ith) {
     (void)ith;
     softcap_job *j = ctx;
     float *r = j->x + i * j->dim;
-    for (int32_t k = 0; k < j->dim; k++) r[k] = j->cap * tanhf(r[k] / j->cap);
+    for (int32_t k = 0; k < j->dim; k++) r[k] = tdm_cpu_softcap1(r[k], j->cap);
 }
 
 tandem_status tdm_cpu_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err) {

@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "cuda_internal.h"
+#include "cuda_nonfinite.cuh"
 #include "cuda_reduce.cuh"
 
 #define GET_CUDA(op)                                                                   \
@@ -75,7 +76,7 @@ __global__ void k_scale(float *x, int32_t dim, float s) {
 __global__ void k_softcap(float *x, int32_t dim, float cap) {
     TDM_PDL_ENTRY();
     const size_t r = (size_t)blockIdx.x * dim;
-    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) x[r + k] = cap * tanhf(x[r + k] / cap);
+    for (int32_t k = threadIdx.x; k < dim; k += blockDim.x) x[r + k] = tdm_cu_softcap(x[r + k], cap);
 }
 
 tandem_status tdm_cuda_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err) {

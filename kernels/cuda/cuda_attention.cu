@@ -29,6 +29,7 @@
 
 #include "cuda_fused.h"
 #include "cuda_kvq8.cuh"
+#include "cuda_nonfinite.cuh"
 
 #define ATT_THREADS 128
 
@@ -243,7 +244,7 @@ __global__ void k_scores(const float *q, int32_t q_stride, const void *kc, int64
 #pragma unroll 16
     for (int32_t d = 0; d < hd; d++) acc = fmaf(qs[d], tdm_cu_kv_val<C>(kb[(size_t)d * bs]), acc);
     const float sc = acc * scale * tdm_cu_kv_scale<C>(ku, bs, hd, slot % bs);
-    scores[(size_t)rh * ld + j] = softcap > 0.0f ? softcap * tanhf(sc / softcap) : sc;
+    scores[(size_t)rh * ld + j] = softcap > 0.0f ? tdm_cu_softcap(sc, softcap) : sc;
 }
 
 __device__ float block_reduce(float v, bool is_max) {

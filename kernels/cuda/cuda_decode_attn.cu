@@ -48,6 +48,7 @@
 
 #include "cuda_fused.h"
 #include "cuda_kvq8.cuh"
+#include "cuda_nonfinite.cuh"
 #include "cuda_reduce.cuh"
 
 #define DA_THREADS 128                   /* threads per block: two keys each in step 1 */
@@ -160,8 +161,8 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
             if (qi >= nq) continue;
             const int32_t nv = NVs[qi];
             const uint64_t tr = TRs[qi];
-            *(float2 *)&Ps[qi][2 * t] = make_float2(tdm_cu_row_sees(nv, tr, key) ? s0[qi] * a.scale * ks0 : -INFINITY,
-                                                    tdm_cu_row_sees(nv, tr, key + 1) ? s1[qi] * a.scale * ks1 : -INFINITY);
+            *(float2 *)&Ps[qi][2 * t] = make_float2(tdm_cu_score(tdm_cu_row_sees(nv, tr, key), s0[qi] * a.scale * ks0),
+                                                    tdm_cu_score(tdm_cu_row_sees(nv, tr, key + 1), s1[qi] * a.scale * ks1));
         }
     }
     __syncthreads();
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         for (int32_t u = w; u < DA_CHUNKS; u += W) {
             if (split0 + u * 32 >= kv_len) break;
             const float sc = Ps[qi][u * 32 + lane];
-            const float mn = fmaxf(m, tdm_cu_warp_max(sc));
+            const float mn = tdm_cu_max_nan(m, tdm_cu_warp_max(sc));
             float p = 0.0f, corr = 1.0f;
             if (mn != -INFINITY) {
                 corr = expf(m - mn);
@@ -201,7 +202,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         const int32_t qi = g + i * G;
         float mx = -INFINITY;
         if (qi < nq)
-            for (int w = 0; w < W; w++) mx = fmaxf(mx, Ms[qi][w]);
+            for (int w = 0; w < W; w++) mx = tdm_cu_max_nan(mx, Ms[qi][w]);
         M[i] = mx;
         L[i] = 0.0f;
         A[i] = make_float2(0.0f, 0.0f);
@@ -293,7 +294,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
         if (ns_row > 1 && (int32_t)blockIdx.z >= ns_row) continue; /* none of the row's keys here */
         if (ns_row <= 1) { /* the row's only split (or none: 0): its output, as the combine gives it */
             const size_t o = (size_t)r * a.n_head * HD + (size_t)h * HD + 2 * dp;
-            const float v0 = L[i] > 0.0f ? A[i].x / L[i] : 0.0f, v1 = L[i] > 0.0f ? A[i].y / L[i] : 0.0f;
+            const float v0 = tdm_cu_attn_div(A[i].x, L[i]), v1 = tdm_cu_attn_div(A[i].y, L[i]);
             if (a.out_type == TDM_F16) {
                 ((__half *)a.out)[o] = __float2half_rn(v0);
                 ((__half *)a.out)[o + 1] = __float2half_rn(v1);

@@ -36,6 +36,7 @@
 #include "cuda_fused.h"
 #include "cuda_kvq8.cuh"
 #include "cuda_kvstage.cuh"
+#include "cuda_nonfinite.cuh"
 #include "cuda_quant.cuh"
 #include "cuda_reduce.cuh"
 
@@ -184,8 +185,8 @@ k_flash(const tdm_flash_args a, int32_t gh) {
 #pragma unroll
         for (int qi = 0; qi < QN; qi++) {
             if (qi >= nq) continue;
-            const float sc = tdm_cu_row_sees(NVs[qi], TRs[qi], key) ? s[qi] * a.scale * kd : -INFINITY;
-            const float mn = fmaxf(m[qi], tdm_cu_warp_max(sc));
+            const float sc = tdm_cu_score(tdm_cu_row_sees(NVs[qi], TRs[qi], key), s[qi] * a.scale * kd);
+            const float mn = tdm_cu_max_nan(m[qi], tdm_cu_warp_max(sc)); /* (NaN: every weight NaN) */
             float p = 0.0f, corr = 1.0f;
             if (mn != -INFINITY) {
                 corr = expf(m[qi] - mn);
@@ -245,7 +246,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         float M = -INFINITY;
         for (int w = 0; w < W; w++) {
             const float *mw = (const float *)(smem + S::q_bytes + S::nv_bytes + (size_t)w * S::warp_bytes + 2 * S::kv_bytes);
-            M = fmaxf(M, mw[qi]);
+            M = tdm_cu_max_nan(M, mw[qi]);
         }
         float L = 0.0f, A = 0.0f;
         if (M != -INFINITY)
@@ -262,7 +263,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         if (ns_row > 1 && (int32_t)blockIdx.z >= ns_row) continue; /* none of the row's keys here */
         if (ns_row <= 1) { /* the row's only split (or none: 0): its output, as the combine gives it */
             const size_t o = (size_t)r * a.n_head * HD + (size_t)h * HD + d;
-            const float v = L > 0.0f ? A / L : 0.0f;
+            const float v = tdm_cu_attn_div(A, L);
             if (a.out_type == TDM_F16) ((__half *)a.out)[o] = __float2half_rn(v);
             else if (a.out_type == TDM_BF16) ((__nv_bfloat16 *)a.out)[o] = __float2bfloat16_rn(v);
             else ((float *)a.out)[o] = v;
@@ -289,7 +290,7 @@ __global__ void k_flash_combine(const tdm_cuda_row *rows, const float *part, int
     const size_t stride = (size_t)n_rows * n_head * (hd + 2);
     const float *p0 = part + ((size_t)r * n_head + h) * (hd + 2);
     float M = -INFINITY;
-    for (int32_t s = 0; s < ns; s++) M = fmaxf(M, p0[s * stride + hd]);
+    for (int32_t s = 0; s < ns; s++) M = tdm_cu_max_nan(M, p0[s * stride + hd]);
     float L = 0.0f;
     for (int32_t s = 0; s < ns; s++)
         if (p0[s * stride + hd] != -INFINITY) L = fmaf(expf(p0[s * stride + hd] - M), p0[s * stride + hd + 1], L);
@@ -298,7 +299,7 @@ __global__ void k_flash_combine(const tdm_cuda_row *rows, const float *part, int
         float A = 0.0f;
         for (int32_t s = 0; s < ns; s++)
             if (p0[s * stride + hd] != -INFINITY) A = fmaf(expf(p0[s * stride + hd] - M), p0[s * stride + d], A);
-        o[d] = tdm_cu_from_f32<O>(L > 0.0f ? A / L : 0.0f);
+        o[d] = tdm_cu_from_f32<O>(tdm_cu_attn_div(A, L));
     }
 }
 

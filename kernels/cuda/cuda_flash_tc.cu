@@ -24,6 +24,7 @@
 
 #include "cuda_fused.h"
 #include "cuda_kvstage.cuh"
+#include "cuda_nonfinite.cuh"
 
 using namespace nvcuda;
 
@@ -122,11 +123,11 @@ __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int32_t key = base + half * 16 + j;
-                sc[j] = tdm_cu_row_sees(nv, tr, key) ? Ss[r * TC_CH + half * 16 + j] * a.scale : -INFINITY;
-                mx = fmaxf(mx, sc[j]);
+                sc[j] = tdm_cu_score(tdm_cu_row_sees(nv, tr, key), Ss[r * TC_CH + half * 16 + j] * a.scale);
+                mx = tdm_cu_max_nan(mx, sc[j]);
             }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            const float mn = fmaxf(m, mx);
+            mx = tdm_cu_max_nan(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            const float mn = tdm_cu_max_nan(m, mx); /* (NaN: every weight NaN) */
             float corr = 1.0f, sum = 0.0f;
             if (mn != -INFINITY) corr = expf(m - mn);
 #pragma unroll
@@ -167,7 +168,7 @@ __global__ void __launch_bounds__(tc_cfg<HD>::W * 32) k_flash_tc(const tdm_flash
     for (int32_t i = lane; i < tile.n_rows * HD; i += 32) {
         const int32_t rr = i / HD, d = i % HD;
         const float L = Cs[rr];
-        const float v = L > 0.0f ? Os[i] / L : 0.0f;
+        const float v = tdm_cu_attn_div(Os[i], L);
         const size_t o = (size_t)(tile.row0 + rr) * a.n_head * HD + (size_t)h * HD + d;
         if (a.out_type == TDM_F16) ((__half *)a.out)[o] = __float2half_rn(v);
         else if (a.out_type == TDM_BF16) ((__nv_bfloat16 *)a.out)[o] = __float2bfloat16_rn(v);

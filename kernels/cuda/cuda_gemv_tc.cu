@@ -19,8 +19,10 @@
  *     remainder of the ones before, and every part is multiplied (f32
  *     accumulation): f16 two parts, 22 significant bits of x; bf16 three, 24 (f32's).
  *     Converting x to f16 once, as a cuBLAS product of f16 activations does, keeps
- *     11.  f16's first part saturates at +-65504 (an activation beyond 131008 in
- *     magnitude would be clipped).
+ *     11.  f16's first part saturates at +-65504 and its second does not, so an
+ *     activation beyond about 131000 in magnitude, an infinity or a NaN gives a
+ *     product that is not finite (the engine reports non-finite logits), never a
+ *     clipped one.
  *   Accuracy: the tensor cores' f32 accumulation is not IEEE round-to-nearest; against
  *     an f64 reference the normalised error is about 2.6e-6 at 4096 columns (the
  *     CUDA-core kernels: under 2e-6).
@@ -55,10 +57,12 @@
  * bf16 8 (three parts: 24, as f32). */
 template <uint32_t T> struct tc_parts { static constexpr int n = T == TDM_F16 ? 2 : 3; };
 
-/* (a, b) rounded to f16 (saturating at +-65504) / bf16, packed: a in the low half. */
-template <uint32_t T> __device__ __forceinline__ uint32_t tc_pack(float a, float b) {
+/* (a, b) rounded to f16 (with sat: saturating at +-65504; NaN stays NaN) / bf16,
+ * packed: a in the low half. */
+template <uint32_t T> __device__ __forceinline__ uint32_t tc_pack(float a, float b, bool sat) {
     uint32_t r;
-    if (T == TDM_F16) asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    if (T == TDM_F16 && sat) asm("cvt.rn.satfinite.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    else if (T == TDM_F16) asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
     else asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
     return r;
 }
@@ -70,12 +74,13 @@ template <uint32_t T> __device__ __forceinline__ float2 tc_unpack(uint32_t r) {
 }
 
 /* Two f32 (a, b) as packed pairs of the weight's 16-bit type: part 0 the rounded
- * values, each next part the rounded remainder of the parts before (f16 saturates:
- * a value beyond 131008 in magnitude is clipped there). */
+ * values, each next part the rounded remainder of the parts before (f16: part 0
+ * saturates, so a remainder beyond f16's range - an activation beyond about 131000,
+ * an infinity - reaches the last part, which does not: infinite there). */
 template <uint32_t T> __device__ __forceinline__ void tc_split2(float a, float b, uint32_t out[tc_parts<T>::n]) {
 #pragma unroll
     for (int p = 0; p < tc_parts<T>::n; p++) {
-        out[p] = tc_pack<T>(a, b);
+        out[p] = tc_pack<T>(a, b, p + 1 < tc_parts<T>::n);
         if (p + 1 < tc_parts<T>::n) {
             const float2 h = tc_unpack<T>(out[p]);
             a -= h.x; /* (exact) */

@@ -7,6 +7,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "cuda_nonfinite.cuh"
+
 /* f32 to the stored type (round to nearest even). */
 template <typename O> __device__ __forceinline__ O tdm_cu_from_f32(float v);
 template <> __device__ __forceinline__ float tdm_cu_from_f32<float>(float v) { return v; }
@@ -17,11 +19,13 @@ template <> __device__ __forceinline__ __nv_bfloat16 tdm_cu_from_f32<__nv_bfloat
 
 /* One 32-element quantisation block held by a warp, lane l holding element l:
  * d = max |v| / 127, q_l = round(v_l / d) (half to even), and the block's sum of q.
- * Lane l writes q_l; lane 0 writes d and the sum.  All 32 lanes must call it. */
+ * Lane l writes q_l; lane 0 writes d and the sum.  All 32 lanes must call it.  A
+ * NaN or an infinity in the block makes d NaN or infinite (and every q 0), so the
+ * products of the block are not finite either, as on the CPU (kernels/cpu/qdot.h). */
 __device__ __forceinline__ void tdm_cu_quant_block(float v, int8_t *q, float *d, int32_t *qsum) {
     float a = fabsf(v);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    for (int o = 16; o > 0; o >>= 1) a = tdm_cu_max_nan(a, __shfl_xor_sync(0xffffffffu, a, o));
     const float id = a > 0.0f ? 127.0f / a : 0.0f;
     int qv = __float2int_rn(v * id);
     qv = qv > 127 ? 127 : qv < -127 ? -127 : qv;

@@ -2,6 +2,8 @@
 #ifndef TDM_CUDA_REDUCE_CUH
 #define TDM_CUDA_REDUCE_CUH
 
+#include "cuda_nonfinite.cuh"
+
 /* Sum of v over the thread block (blockDim.x a multiple of 32, at most 1024), in a
  * fixed order (so every call on the same values gives the same sum).  Every thread
  * of the block must call it; it returns the sum to all of them. */
@@ -22,11 +24,11 @@ __device__ __forceinline__ double tdm_cu_block_sum(double v) {
     return part[0];
 }
 
-/* The maximum and the sum of v over a warp (all 32 lanes), in a fixed butterfly
- * order, returned to every lane. */
+/* The maximum (NaN when a lane holds NaN) and the sum of v over a warp (all 32
+ * lanes), in a fixed butterfly order, returned to every lane. */
 __device__ __forceinline__ float tdm_cu_warp_max(float v) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = tdm_cu_max_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 __device__ __forceinline__ float tdm_cu_warp_sum(float v) {
