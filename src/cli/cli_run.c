@@ -295,8 +295,12 @@ static void summary(const run_totals *t, size_t n_skipped, double dt, bool has_d
             (unsigned long long)t->preemptions, t->n_timeouts);
 }
 
-int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
-                        tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+    return cli_job_open_engine_watched(c, NULL, NULL, target, draft, eng);
+}
+
+int cli_job_open_engine_watched(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
+                                tandem_model **target, tandem_model **draft, tandem_engine **eng) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = c->backend;
     mp.progress_callback = progress;
@@ -341,7 +345,7 @@ static int run_job(const cli_job_cfg *c, const run_args *a) {
     for (size_t i = 0; i < n_done; i++) free(done[i]);
     free(done);
     tandem_model *target = NULL, *draft = NULL;
-    int rc = !todo || !x.ids ? cli_error("out of memory") : cli_job_open_engine(c, NULL, NULL, &target, &draft, &x.eng);
+    int rc = !todo || !x.ids ? cli_error("out of memory") : cli_job_open_engine(c, &target, &draft, &x.eng);
     if (rc < 0) rc = CLI_EXIT_OK;
     x.target = target;
     if (rc == CLI_EXIT_OK) { /* inputs with "messages": rendered, a failure that input's error */
