@@ -81,7 +81,7 @@ typedef struct tandem_model_params {
                                     1 = not split */
     bool (*progress_callback)(float progress, void *user_data);
                                  /* called on the opening thread as the load goes, with the
-                                    fraction done in [0, 1] (0 first, then after each tensor,
+                                    fraction done in [0, 1] (0 first, then before each tensor,
                                     1 last) and progress_callback_user_data; returning false
                                     stops the load: tandem_model_open fails with
                                     TANDEM_ERR_CANCELLED, everything it allocated freed.
