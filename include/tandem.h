@@ -80,6 +80,14 @@ typedef struct tandem_model_params {
                                     not.  A split model is a target only (a draft model is
                                     not split; it runs on the first rank's device).  Default
                                     1 = not split */
+    bool (*progress_callback)(float progress, void *user_data);
+                                 /* called on the opening thread as the load goes, with the
+                                    fraction done in [0, 1] (0 first, then before each tensor,
+                                    1 last) and progress_callback_user_data; returning false
+                                    stops the load: tandem_model_open fails with
+                                    TANDEM_ERR_CANCELLED, everything it allocated freed.
+                                    Default NULL: no calls */
+    void *progress_callback_user_data; /* default NULL */
 } tandem_model_params;
 
 tandem_model_params tandem_model_default_params(void);

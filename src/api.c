@@ -91,7 +91,8 @@ static tandem_status open_split(const char *path, const tandem_model_params *p, 
         (void)tdm_backend_activate(h->be, NULL);
         return st;
     }
-    return tdm_model_load_tp(path, bes, n, cuda, coll, &h->m, err);
+    const tdm_load_progress pr = {p->progress_callback, p->progress_callback_user_data, 0.0f, 1.0f};
+    return tdm_model_load_tp(path, bes, n, cuda, coll, &pr, &h->m, err);
 }
 
 tandem_status tandem_model_open(const char *path, const tandem_model_params *params, tandem_model **out) {
@@ -103,15 +104,18 @@ tandem_status tandem_model_open(const char *path, const tandem_model_params *par
     tandem_model *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
     h->kind = p.backend;
-    tandem_status st;
-    if (p.backend == TANDEM_BACKEND_CPU)
+    const tdm_load_progress pr = {p.progress_callback, p.progress_callback_user_data, 0.0f, 1.0f};
+    tandem_status st = TANDEM_OK;
+    if (pr.fn && !pr.fn(0.0f, pr.user))
+        st = tdm_seterr(&err, TANDEM_ERR_CANCELLED, "the model load was cancelled by its progress callback (at 0%%)");
+    else if (p.backend == TANDEM_BACKEND_CPU)
         st = tdm_backend_cpu_create(1, &h->be, &err);
     else if (p.backend == TANDEM_BACKEND_CUDA)
         st = tdm_backend_cuda_create(p.cuda_device, &h->be, &err);
     else
         st = tdm_seterr(&err, TANDEM_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
     if (!st && p.tensor_parallel != 1) st = open_split(path, &p, h, &err);
-    else if (!st) st = tdm_model_load(path, h->be, &h->m, &err);
+    else if (!st) st = tdm_model_load_progress(path, h->be, &pr, &h->m, &err);
     if (st) {
         tandem_model_close(h);
         return fail(&err, st);

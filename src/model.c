@@ -34,10 +34,26 @@ static tandem_status alloc_owned(tdm_model *m, size_t bytes, void **out, tdm_err
     return own(m, *out, err);
 }
 
-/* Finds a tensor and checks its shape: ne0 x ne1 (ne1 = 0: a 1-D tensor). */
-static tandem_status find_tensor(const tdm_model *m, const char *name, int64_t ne0, int64_t ne1,
+/* Tells the load's progress hook (if any) that fraction done of the model is loaded;
+ * TANDEM_ERR_CANCELLED when it says stop. */
+static tandem_status report_progress(const tdm_model *m, float done, tdm_err *err) {
+    const tdm_load_progress *pr = m->progress;
+    if (!pr || !pr->fn) return TANDEM_OK;
+    if (done > 1.0f) done = 1.0f;
+    if (!pr->fn(pr->base + pr->scale * done, pr->user))
+        return tdm_seterr(err, TANDEM_ERR_CANCELLED, "the model load was cancelled by its progress callback (at %.0f%%)",
+                          100.0 * (pr->base + pr->scale * done));
+    return TANDEM_OK;
+}
+
+/* Finds a tensor and checks its shape: ne0 x ne1 (ne1 = 0: a 1-D tensor).  Each
+ * tensor found is a step of the load's progress (the hook may cancel here). */
+static tandem_status find_tensor(tdm_model *m, const char *name, int64_t ne0, int64_t ne1,
                                  bool optional, const tdm_gguf_tensor **out, tdm_err *err) {
     *out = NULL;
+    const uint64_t n_tensors = m->gguf->n_tensors ? m->gguf->n_tensors : 1;
+    tandem_status st = report_progress(m, (float)((double)m->n_found++ / (double)n_tensors), err);
+    if (st) return st;
     const tdm_gguf_tensor *t = tdm_gguf_find_tensor(m->gguf, name);
     if (!t) {
         if (optional) return TANDEM_OK;
@@ -425,11 +441,11 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
 }
 
 tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out, tdm_err *err) {
-    return tdm_model_load_rank(g, be, -1, 0, out, err);
+    return tdm_model_load_rank(g, be, -1, 0, NULL, out, err);
 }
 
-tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, tdm_model **out,
-                                  tdm_err *err) {
+tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, const tdm_load_progress *pr,
+                                  tdm_model **out, tdm_err *err) {
     *out = NULL;
     tdm_model *m = calloc(1, sizeof *m);
     if (!m) {
@@ -438,6 +454,7 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
     }
     m->gguf = g;
     m->be = be;
+    m->progress = pr;
     tandem_status st = tdm_hparams_read(g, &m->hp, err);
     m->hp_full = m->hp;
     if (!st && rank >= 0) { /* the rank's shape (tp.h) */
@@ -457,6 +474,8 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
         st = tdm_seterr(err, TANDEM_ERR_FORMAT, "tokenizer has %d tokens but the model's vocab_size is %d",
                         (int)tdm_tok_n_vocab(m->tok), (int)m->hp.n_vocab);
     if (!st) st = load_weights(m, err);
+    if (!st) st = report_progress(m, 1.0f, err);
+    m->progress = NULL;
     if (st) {
         tdm_model_free(m);
         return st;
@@ -470,10 +489,15 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
 }
 
 tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out, tdm_err *err) {
+    return tdm_model_load_progress(path, be, NULL, out, err);
+}
+
+tandem_status tdm_model_load_progress(const char *path, tdm_backend *be, const tdm_load_progress *pr,
+                                      tdm_model **out, tdm_err *err) {
     *out = NULL;
     tdm_gguf *g;
     tandem_status st = tdm_gguf_open(path, &g, err);
-    if (!st) st = tdm_model_load_gguf(g, be, out, err);
+    if (!st) st = tdm_model_load_rank(g, be, -1, 0, pr, out, err);
     if (st) return st;
     const char *base = strrchr(path, '/');
     snprintf((*out)->file, sizeof (*out)->file, "%s", base ? base + 1 : path);

@@ -63,17 +63,18 @@ class Checks:
 class Server:
     """A `tandem serve` process; its stderr is collected in self.log."""
 
-    def __init__(self, tandem, args, port=0, timeout=60):
+    def __init__(self, tandem, args, port=0, timeout=60, wait=True):
+        """wait: until it says it is ready (else return at once: give the port)."""
         self.args = [tandem, "serve", "--host", HOST, "--port", str(port)] + list(args)
         self.log = []
-        self.port = None
+        self.port = port or None
         self.proc = subprocess.Popen(self.args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, text=True)
         _procs.append(self.proc)
         self._ready = threading.Event()
         self._listening = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()
-        if not self._ready.wait(timeout):
+        if wait and not self._ready.wait(timeout):
             self.proc.kill()
             raise RuntimeError("tandem serve did not get ready: " + "".join(self.log)[-2000:])
 

@@ -261,6 +261,48 @@ Test(api, open_null_arguments_and_cuda) {
     tandem_model_close(m);
 }
 
+/* The load's progress hook: 0 first, rising, 1 last; false at any call cancels with
+ * TANDEM_ERR_CANCELLED and frees everything (the sanitizer build checks the leaks). */
+typedef struct progress_log {
+    float seen[1024];
+    int n, stop_at; /* stop_at: the call that answers false (-1: none) */
+} progress_log;
+
+static bool on_progress(float progress, void *user) {
+    progress_log *l = user;
+    if (l->n < 1024) l->seen[l->n] = progress;
+    return l->n++ != l->stop_at;
+}
+
+Test(api, open_progress_callback_reports_and_cancels) {
+    cr_assert_null(tandem_model_default_params().progress_callback);
+    cr_assert_null(tandem_model_default_params().progress_callback_user_data);
+    progress_log all = {.stop_at = -1};
+    tandem_model_params p = tandem_model_default_params();
+    p.progress_callback = on_progress;
+    p.progress_callback_user_data = &all;
+    tandem_model *m = NULL;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path(TARGET), &p, &m), TANDEM_OK, "%s", tandem_last_error());
+    tandem_model_close(m);
+    cr_assert_gt(all.n, 10, "one call per tensor: %d calls", all.n);
+    cr_assert_eq(all.seen[0], 0.0f);
+    cr_assert_eq(all.seen[all.n - 1], 1.0f);
+    for (int i = 1; i < all.n; i++)
+        cr_assert(all.seen[i] >= all.seen[i - 1] && all.seen[i] <= 1.0f, "call %d: %g after %g", i, all.seen[i],
+                  all.seen[i - 1]);
+    const int stops[] = {0, 1, all.n / 2, all.n - 1};
+    for (size_t k = 0; k < sizeof stops / sizeof *stops; k++) {
+        progress_log cut = {.stop_at = stops[k]};
+        p.progress_callback_user_data = &cut;
+        m = (tandem_model *)0x1;
+        cr_assert_eq(tandem_model_open(tdm_test_model_path(TARGET), &p, &m), TANDEM_ERR_CANCELLED,
+                     "stop at call %d: %s", stops[k], tandem_last_error());
+        cr_assert_null(m);
+        cr_assert_eq(cut.n, stops[k] + 1, "no call after the one that said stop (%d calls)", cut.n);
+        cr_assert(strstr(tandem_last_error(), "cancelled by its progress callback"), "%s", tandem_last_error());
+    }
+}
+
 /* ------------------------------------------------------------ tandem_engine_open */
 
 static tandem_model *open_tiny(const tdm_tiny_cfg *c) {

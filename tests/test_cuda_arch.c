@@ -270,7 +270,7 @@ static bool open_split_rig(tdm_cu_rig *r, const char *path, int32_t n) {
     tdm_collective *coll;
     cr_assert_eq(tdm_collective_nccl_create(bes, n, &coll, &err), TANDEM_OK, "%s", err.msg);
     r->be = bes[0];
-    cr_assert_eq(tdm_model_load_tp(path, bes, n, true, coll, &r->m, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load_tp(path, bes, n, true, coll, NULL, &r->m, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_kv_store_init(&r->kv, r->m, r->be, TDM_F16, 8, 16, &err), TANDEM_OK, "%s", err.msg);
     r->seq = (tdm_kv_seq){calloc(8, 4), 8, 8, 8 * 16};
     for (int32_t i = 0; i < 8; i++) r->seq.blocks[i] = 7 - i;

@@ -9,8 +9,11 @@ usage: python3 test_serve.py TANDEM [full|reduced]
     types, unknown model, max_tokens out of range, a body over the limit (413), a prompt
     longer than the context (400 with the numbers), unsupported n, unknown endpoints
   - a request over its timeout_s ends with finish_reason "length" and tandem.timeout
-  - a client that disconnects (streaming or not) cancels its request: its KV blocks
-    are freed (/metrics)
+  - a client that disconnects (streaming, or a reset connection) cancels its request:
+    its KV blocks are freed (/metrics); seeds over the whole uint64 range;
+    usage.spec.tokens_per_forward
+  - startup refusals: an empty API key (flag or [server] key), a missing chat template
+    file or a mistyped template name, a log file that cannot be opened
   - /health and /metrics (the counters and histograms the issue lists)
   - overload: with max_queue 2 a burst gets 429 with Retry-After, every accepted
     request completes
@@ -23,6 +26,7 @@ import http.client
 import json
 import os
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -108,6 +112,24 @@ r = cli([os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs
          "server.nope=1"])
 c.check(r.returncode == 1 and "[server] nope: unknown key" in r.stderr, "an unknown [server] key", r.stderr)
 os.unlink(f.name)
+r = cli(["-m", TARGET, "--port", "0", "--api-key", ""])
+c.check(r.returncode == 2 and "option --api-key: empty" in r.stderr and "listening" not in r.stderr,
+        "--api-key '': refused (exit 2), not an open server", r.stderr[:300])
+with tempfile.NamedTemporaryFile("w", suffix=".ini", delete=False) as f:
+    f.write("[model]\ntarget = %s\n[server]\nport = 0\napi_key =\n" % TARGET)
+r = cli([f.name])
+c.check(r.returncode == 1 and ":5: [server] api_key: empty" in r.stderr and "listening" not in r.stderr,
+        "[server] api_key empty: refused, FILE:LINE named", r.stderr[:300])
+os.unlink(f.name)
+r = cli(["-m", TARGET, "--port", "0", "--chat-template", "/nonexistent/t.jinja"])
+c.check(r.returncode == 1 and "chat template /nonexistent/t.jinja: No such file" in r.stderr
+        and "listening" not in r.stderr, "--chat-template naming a missing file: refused before the load", r.stderr[:300])
+r = cli(["-m", TARGET, "--port", "0", "--chat-template", "chatmll"])
+c.check(r.returncode == 1 and "chat template 'chatmll' cannot be used" in r.stderr and "serve: ready" not in r.stderr,
+        "--chat-template with a mistyped name: refused at startup, never ready", r.stderr[-300:])
+r = cli(["-m", TARGET, "--port", "0", "--log-file", "/nonexistent/serve.log"])
+c.check(r.returncode == 1 and "log file /nonexistent/serve.log: cannot open it for appending" in r.stderr,
+        "--log-file in a missing directory: refused at startup", r.stderr[:300])
 
 want = generate(PROMPTS, chat=False)
 want_chat = generate(PROMPTS, chat=True)
@@ -218,6 +240,19 @@ c.check(st == 404 and "no such endpoint" in err_of(data).get("message", ""), "an
 st, _, data = request(port, "GET", C, headers=AUTH)
 c.check(st == 405 and "takes POST" in err_of(data).get("message", ""), "GET on a POST endpoint -> 405", data)
 
+# seeds: the API's uint64 whole
+for seed in (2 ** 63, 2 ** 64 - 1):
+    st, _, data = post(port, C, {"prompt": "x", "max_tokens": 2, "seed": seed, "temperature": 0.7}, headers=AUTH)
+    c.check(st == 200, "seed %d is taken" % seed, data[:200])
+expect_error(port, C, {"prompt": "x", "seed": 2 ** 64}, 400, "in [-9223372036854775808, 18446744073709551615]",
+             "a seed past 2^64 - 1: the range named", param="seed")
+# usage.spec: tokens per target forward (forwards counts them), as tandem generate --json
+st, _, data = post(port, C, {"prompt": PROMPTS[0], "max_tokens": N_TOK, "temperature": 0}, headers=AUTH)
+sp = json.loads(data)["usage"]["spec"] if st == 200 else {}
+c.check(sp.get("forwards", 0) > 0 and "tokens_per_step" not in sp and sp.get("tokens_per_forward", 0) >= 1
+        and sp["tokens_per_forward"] * sp["forwards"] <= N_TOK + 0.01,
+        "usage.spec: forwards and tokens_per_forward (the tokens they committed, per forward)", sp)
+
 # ---------------------------------------------------------------- timeout
 st, _, data = post(port, C, {"prompt": PROMPTS[0], "max_tokens": 1000, "timeout_s": 0.02, "temperature": 0},
                    headers=AUTH)
@@ -251,6 +286,7 @@ c.check(b"200 OK" in first and ok and m.get("tandem_requests_running") == 0 and 
         "first %r, metrics %s" % (first[:80], {k: v for k, v in m.items() if "kv" in k or "running" in k}))
 s = raw_send({"prompt": PROMPTS[-1], "max_tokens": 1000})
 time.sleep(0.1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # gone: the connection reset
 s.close()
 ok = wait_until(lambda: cancelled() >= n0 + 2, 10)
 m = metrics(port)

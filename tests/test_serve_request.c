@@ -60,6 +60,29 @@ Test(serve_request, completion_members) {
     oai_request_free(&r);
 }
 
+/* seed: the API's uint64 whole (a negative one taken modulo 2^64, as before) */
+Test(serve_request, seed_range) {
+    oai_limits l = limits(false);
+    oai_request r;
+    oai_error e;
+    const struct {
+        const char *body;
+        uint64_t seed;
+    } ok[] = {
+        {"{\"prompt\": \"x\", \"seed\": 9223372036854775807}", 9223372036854775807ull},
+        {"{\"prompt\": \"x\", \"seed\": 9223372036854775808}", 9223372036854775808ull},
+        {"{\"prompt\": \"x\", \"seed\": 18446744073709551615}", UINT64_MAX},
+        {"{\"prompt\": \"x\", \"seed\": 1.8446744073709551615e19}", UINT64_MAX},
+        {"{\"prompt\": \"x\", \"seed\": -9223372036854775808}", 9223372036854775808ull},
+        {"{\"prompt\": \"x\", \"seed\": 0}", 0},
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
+        cr_assert(parse(OAI_COMPLETION, ok[i].body, &l, &r, &e), "%s: %s", ok[i].body, e.message);
+        cr_expect_eq(r.params.seed, ok[i].seed, "%s: %llu", ok[i].body, (unsigned long long)r.params.seed);
+        oai_request_free(&r);
+    }
+}
+
 Test(serve_request, chat_members) {
     oai_limits l = limits(false);
     oai_request r;
@@ -136,7 +159,11 @@ static const bad_case bad_cases[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_k\": -2}", 400, "top_k", "out of range [-1,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_k\": true}", 400, "top_k", "must be an integer, not a boolean"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": \"1\"}", 400, "seed", "must be an integer, not a string"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": 1e100}", 400, "seed", "must be an integer"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": 1e100}", 400, "seed",
+     "'seed' must be an integer in [-9223372036854775808, 18446744073709551615], not 1e100"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": 18446744073709551616}", 400, "seed",
+     "'seed' must be an integer in [-9223372036854775808, 18446744073709551615], not 18446744073709551616"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": -9223372036854775809}", 400, "seed", "in [-9223372036854775808,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 2}", 400, "n", "'n' is 2; this server generates one choice"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", 400, "n", "out of range [1,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": 3}", 400, "stop", "'stop' must be a string or an array of strings"},
@@ -281,6 +308,7 @@ static tandem_result result(const char *text, tandem_finish_reason fr) {
     r.n_prompt_tokens = 7;
     r.finish_reason = fr;
     r.spec.steps = 2, r.spec.drafted = 4, r.spec.accepted = 2;
+    r.spec.forwards = 2, r.spec.forward_tokens = 3; /* (the first token comes from the prompt's forward) */
     return r;
 }
 
@@ -298,7 +326,25 @@ Test(serve_response, whole_answers) {
     cr_expect_str_eq(tdm_json_get(c, "finish_reason")->str, "stop");
     const tdm_json *u = tdm_json_get(j, "usage");
     cr_expect_eq(tdm_json_get(u, "total_tokens")->num, 10);
-    cr_expect_eq(tdm_json_get(tdm_json_get(u, "spec"), "acceptance_rate")->num, 0.5);
+    const tdm_json *sp = tdm_json_get(u, "spec");
+    cr_expect_eq(tdm_json_get(sp, "acceptance_rate")->num, 0.5);
+    cr_expect_eq(tdm_json_get(sp, "forwards")->num, 2);
+    cr_expect_eq(tdm_json_get(sp, "tokens_per_forward")->num, 1.5);
+    cr_expect_null(tdm_json_get(sp, "tokens_per_step"));
+    tdm_json_free(j);
+    free(t);
+
+    /* tokens per target forward, as `tandem generate --json` counts them: at a low
+     * acceptance a step's forward commits about one token, not all the tokens over the
+     * few speculative steps */
+    r = result("abc", TANDEM_FINISH_LENGTH);
+    r.n_tokens = 101;
+    r.spec.steps = 17, r.spec.drafted = 111, r.spec.accepted = 1;
+    r.spec.forwards = 100, r.spec.forward_tokens = 100;
+    t = oai_result_json(&m, &r, &n);
+    j = json_of(t, n);
+    sp = tdm_json_get(tdm_json_get(j, "usage"), "spec");
+    cr_expect_eq(tdm_json_get(sp, "tokens_per_forward")->num, 1.0, "%g", tdm_json_get(sp, "tokens_per_forward")->num);
     tdm_json_free(j);
     free(t);
 
@@ -385,9 +431,16 @@ Test(serve_response, errors_and_models) {
     cr_expect_str_eq(tdm_json_get(&tdm_json_get(j, "data")->items[0], "id")->str, "py\"code");
     tdm_json_free(j);
     free(t);
-    t = oai_health_json("ok", "m", &n);
+    t = oai_health_json("ok", "m", -1, &n);
     j = json_of(t, n);
     cr_expect_str_eq(tdm_json_get(j, "status")->str, "ok");
+    cr_expect_null(tdm_json_get(j, "progress"));
+    tdm_json_free(j);
+    free(t);
+    t = oai_health_json("loading", NULL, 0.25f, &n);
+    j = json_of(t, n);
+    cr_expect_str_eq(tdm_json_get(j, "status")->str, "loading");
+    cr_expect_eq(tdm_json_get(j, "progress")->num, 0.25);
     tdm_json_free(j);
     free(t);
 }
@@ -401,6 +454,12 @@ Test(serve_metrics, text) {
     srv_metrics_ttft(m, 0.003);
     srv_metrics_ttft(m, 100);
     srv_metrics_itl(m, 0.0002);
+    srv_metrics_conn_open(m, 1);
+    srv_metrics_conn_open(m, 1);
+    srv_metrics_conn_open(m, -1);
+    srv_metrics_conn_closed(m, SRV_CONN_EVICTED);
+    srv_metrics_conn_closed(m, SRV_CONN_READ_TIMEOUT);
+    srv_metrics_conn_closed(m, SRV_CONN_READ_TIMEOUT);
     tandem_engine_stats st = {.n_waiting = 2, .n_running = 3, .kv_blocks_total = 10, .kv_blocks_free = 4,
                               .generated_tokens = 30, .steps = 10, .spec_drafted = 8, .spec_accepted = 6,
                               .n_finished = 5, .n_cancelled = 1, .prefix_hits = 2};
@@ -425,6 +484,11 @@ Test(serve_metrics, text) {
         "tandem_tokens_per_forward 3\n",
         "tandem_engine_requests_total{outcome=\"cancelled\"} 1\n",
         "tandem_model_loaded 1\n",
+        "# TYPE tandem_http_connections gauge\ntandem_http_connections 1\n",
+        "tandem_http_connections_closed_total{reason=\"read_timeout\"} 2\n",
+        "tandem_http_connections_closed_total{reason=\"idle_timeout\"} 0\n",
+        "tandem_http_connections_closed_total{reason=\"evicted\"} 1\n",
+        "tandem_http_connections_closed_total{reason=\"refused\"} 0\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++) cr_expect(strstr(t, want[i]), "missing: %s", want[i]);
     free(t);

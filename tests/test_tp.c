@@ -36,7 +36,7 @@ static void tp_open(eng *x, const tdm_tiny_cfg *cfg, int32_t n) {
     for (int32_t r = 0; r < n; r++) bes[r] = x->wbe;
     tdm_collective *coll;
     cr_assert_eq(tdm_collective_host_create(n, &coll, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_model_load_tp(x->path, bes, n, false, coll, &x->m, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load_tp(x->path, bes, n, false, coll, NULL, &x->m, &err), TANDEM_OK, "%s", err.msg);
     tdm_engine_cfg ec = {.n_threads = 2, .block_size = BLOCK_SIZE};
     cr_assert_eq(tdm_engine_create(x->m, NULL, &ec, &x->e, &err), TANDEM_OK, "%s", err.msg);
 }
@@ -51,7 +51,7 @@ static void expect_split_error(const tdm_tiny_cfg *cfg, int32_t n, const char *w
     tdm_collective *coll = NULL;
     tdm_model *m = NULL;
     if (n >= 1 && n <= TDM_TP_MAX) cr_assert_eq(tdm_collective_host_create(n, &coll, &err), TANDEM_OK);
-    tandem_status st = tdm_model_load_tp(path, bes, n, false, coll, &m, &err);
+    tandem_status st = tdm_model_load_tp(path, bes, n, false, coll, NULL, &m, &err);
     cr_assert_neq(st, TANDEM_OK, "split %d ways: loaded (wanted an error about '%s')", (int)n, want);
     cr_assert_null(m);
     cr_assert(strstr(err.msg, want), "split %d ways: '%s' does not say '%s'", (int)n, err.msg, want);

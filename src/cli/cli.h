@@ -113,6 +113,12 @@ bool cli_spec_tree_into(const char *s, int *tree, char *shape_buf, size_t shape_
 #define CLI_TEMP_MAX FLT_MAX  /* --temp, "temperature": [0, FLT_MAX] */
 #define CLI_COUNT_MAX INT_MAX /* -n, --top-k, "max_tokens": [0, INT_MAX] */
 #define CLI_TIMEOUT_S_MAX 1e9 /* "timeout_s", [job] timeout_s: [0, 1e9] seconds */
+/* tandem serve's connections: [server] max_connections (and per address) in [1, 65536]
+ * (0 per address: no limit), read_timeout_s / idle_timeout_s in (0, 86400] */
+#define CLI_CONNECTIONS_MAX 65536
+#define CLI_CONNECTIONS_DEFAULT 512
+#define CLI_CONNECTIONS_PER_IP_DEFAULT 128
+#define CLI_CONN_TIMEOUT_S_MAX 86400.0
 
 /* An id as given: CLI_ID_INT is a prompt's place (no id member: its 0-based index;
  * -p TEXT: 0); a numeric id keeps the literal as written, echoed verbatim. */
@@ -270,7 +276,7 @@ bool cli_line_out_close(cli_line_out *o);
 typedef struct cli_server_cfg {
     char host[256];              /* host: the address to bind; default 127.0.0.1 */
     int port;                    /* port: default 8080; 0 = any free port */
-    char api_key[256];           /* api_key: "" = none */
+    char api_key[256];           /* api_key: "" = none (not given; an empty value is refused) */
     int max_queue;               /* max_queue: waiting requests beyond which 429; default 64,
                                     0 = no limit */
     int max_body_kb;             /* max_body_kb: request body limit; default 1024 */
@@ -278,6 +284,12 @@ typedef struct cli_server_cfg {
     double shutdown_grace_s;     /* shutdown_grace_s: SIGTERM waits this long; default 10 */
     char model_name[256];        /* model_name: the id clients use; "" = the target's file name
                                     without .gguf */
+    int max_connections;         /* max_connections: open at once; default 512 */
+    int max_connections_per_ip;  /* max_connections_per_ip: from one address; default 128,
+                                    0 = no limit */
+    double read_timeout_s;       /* read_timeout_s: a request's headers and body; default 30 */
+    double idle_timeout_s;       /* idle_timeout_s: a kept-alive connection; default 75 */
+    char log_file[PATH_MAX];     /* log_file: "" = stderr */
 } cli_server_cfg;
 
 /* A `tandem run` job file (job_config.c: the sections and keys are listed there), or
@@ -334,6 +346,11 @@ void cli_serve_cfg_init(cli_job_cfg *c, const tandem_generate_params *defaults);
 /* Opens the models and the engine a config names; -1 on success, else an exit code
  * (the error printed; what was opened is closed). */
 int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng);
+/* The same with each model's load progress callback (tandem_model_params; NULL:
+ * none); when it stops a load the exit code is CLI_EXIT_OK and nothing is printed (the
+ * caller knows why). */
+int cli_job_open_engine_watched(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
+                                tandem_model **target, tandem_model **draft, tandem_engine **eng);
 /* The config's request parameters: [sampling], [job] priority / timeout, and with a
  * draft the [spec] keys. */
 tandem_request cli_job_request(const cli_job_cfg *c, bool has_draft);

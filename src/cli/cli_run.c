@@ -324,8 +324,15 @@ static void summary(const run_totals *t, size_t n_skipped, double dt, bool has_d
 }
 
 int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+    return cli_job_open_engine_watched(c, NULL, NULL, target, draft, eng);
+}
+
+int cli_job_open_engine_watched(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
+                                tandem_model **target, tandem_model **draft, tandem_engine **eng) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = c->backend;
+    mp.progress_callback = progress;
+    mp.progress_callback_user_data = progress_user;
     mp.tensor_parallel = c->tensor_parallel > 0 ? c->tensor_parallel : 1; /* (the target only) */
     tandem_status s = tandem_model_open(c->target, &mp, target);
     mp.tensor_parallel = 1;
@@ -342,7 +349,7 @@ int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_mode
     if (c->batch_invariant >= 0) ep.batch_invariant = c->batch_invariant;
     if (!s) s = tandem_engine_open(*target, *draft, &ep, eng);
     if (!s) return -1;
-    const int rc = cli_status_error(s, NULL);
+    const int rc = s == TANDEM_ERR_CANCELLED && progress ? CLI_EXIT_OK : cli_status_error(s, NULL);
     tandem_model_close(*draft);
     tandem_model_close(*target);
     *target = *draft = NULL;

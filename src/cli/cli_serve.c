@@ -6,11 +6,15 @@
  * The file is a job file (job_config.c) with [server] in place of [job].  The server
  * listens first and answers /health with 503 while the models load, then 200.
  * SIGTERM or SIGINT: no new connection or request, the requests in flight get
- * shutdown_grace_s seconds to finish, the rest are cancelled; exit 0. */
+ * shutdown_grace_s seconds to finish, the rest are cancelled; exit 0.  During the load
+ * the signal stops it between two tensors (the load's progress callback looks for it)
+ * and the server exits 0 at once. */
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "cli.h"
 
@@ -21,7 +25,8 @@
 /* The flags, each applied over the config (or the defaults) once it is read. */
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
-    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_SPEC_TREE, O_TP, O_COUNT
+    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_SPEC_TREE, O_TP,
+    O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_COUNT
 };
 
 static const struct {
@@ -35,7 +40,9 @@ static const struct {
     [O_THREADS] = {"-t", "--threads"}, [O_MAX_BATCH] = {NULL, "--max-batch"}, [O_KV_TYPE] = {NULL, "--kv-type"},
     [O_MAX_TOKENS] = {"-n", "--max-tokens"}, [O_SPEC_K] = {NULL, "--spec-k"},
     [O_SPEC_TREE] = {NULL, "--spec-tree"},
-    [O_TP] = {NULL, "--tensor-parallel"},
+    [O_TP] = {NULL, "--tensor-parallel"}, [O_MAX_CONN] = {NULL, "--max-connections"},
+    [O_MAX_CONN_IP] = {NULL, "--max-connections-per-ip"}, [O_READ_TIMEOUT] = {NULL, "--read-timeout"},
+    [O_IDLE_TIMEOUT] = {NULL, "--idle-timeout"}, [O_LOG_FILE] = {NULL, "--log-file"},
 };
 
 typedef struct serve_args {
@@ -114,7 +121,11 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         case O_HOST: ok = *v ? set_str_flag(opt, v, sv->host, sizeof sv->host) : (cli_usage_error("option %s: empty", opt), false); break;
         case O_PORT: ok = cli_parse_int(opt, v, 0, 65535, &sv->port); break;
         case O_BACKEND: ok = cli_parse_backend(opt, v, &c->backend); break;
-        case O_API_KEY: ok = set_str_flag(opt, v, sv->api_key, sizeof sv->api_key); break;
+        case O_API_KEY:
+            ok = *v ? set_str_flag(opt, v, sv->api_key, sizeof sv->api_key)
+                    : (cli_usage_error("option %s: empty (it would let every request in: leave the option out to "
+                                       "serve without a key)", opt), false);
+            break;
         case O_MAX_QUEUE: ok = cli_parse_int(opt, v, 0, INT_MAX, &sv->max_queue); break;
         case O_MAX_BODY: ok = cli_parse_int(opt, v, 1, 1 << 20, &sv->max_body_kb); break;
         case O_TIMEOUT:
@@ -133,6 +144,15 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
             if ((ok = cli_parse_int(opt, v, 1, CLI_COUNT_MAX, &n))) c->gp.max_tokens = n;
             break;
         case O_SPEC_K: ok = cli_parse_spec_k(opt, v, &c->spec_k); break;
+        case O_MAX_CONN: ok = cli_parse_int(opt, v, 1, CLI_CONNECTIONS_MAX, &sv->max_connections); break;
+        case O_MAX_CONN_IP: ok = cli_parse_int(opt, v, 0, CLI_CONNECTIONS_MAX, &sv->max_connections_per_ip); break;
+        case O_READ_TIMEOUT:
+            if ((ok = cli_parse_float_gt(opt, v, 0, CLI_CONN_TIMEOUT_S_MAX, &f))) sv->read_timeout_s = f;
+            break;
+        case O_IDLE_TIMEOUT:
+            if ((ok = cli_parse_float_gt(opt, v, 0, CLI_CONN_TIMEOUT_S_MAX, &f))) sv->idle_timeout_s = f;
+            break;
+        case O_LOG_FILE: ok = set_path_flag(opt, v, sv->log_file); break;
         case O_SPEC_TREE: {
             char msg[300];
             if (!(ok = cli_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg,
@@ -170,18 +190,116 @@ static void model_id(const cli_job_cfg *c, char *out, size_t cap) {
     snprintf(out, cap, "%.*s", (int)n, base);
 }
 
-/* The chat template: the config's, else the model's own, else ChatML (said on stderr). */
-static const char *chat_template(const cli_job_cfg *c, const tandem_model *target, char **owned) {
+/* A chat template given as a file must be readable before the load begins: its text
+ * (heap, *owned) or the value itself (a built-in or model-named template, or inline);
+ * NULL with the error printed. */
+static const char *template_arg(const cli_job_cfg *c, char **owned) {
     *owned = NULL;
-    if (c->chat_template[0]) return cli_chat_template_arg(c->chat_template, owned);
+    const char *v = c->chat_template;
+    const size_t n = strlen(v);
+    const bool inline_text = strstr(v, "{{") || strstr(v, "{%");
+    if (!inline_text && (strchr(v, '/') || (n > 6 && !strcmp(v + n - 6, ".jinja")))) {
+        FILE *f = fopen(v, "rb");
+        if (!f) return cli_error("serve: chat template %s: %s", v, strerror(errno)), NULL;
+        fclose(f);
+    }
+    return cli_chat_template_arg(v, owned);
+}
+
+/* The chat template once the model is loaded: the config's, which must render a
+ * one-message conversation (else the error is printed and *ok is false); else the
+ * model's own, else ChatML (said in the log). */
+static const char *chat_template(const cli_job_cfg *c, const char *given, const tandem_model *target, srv_log *log,
+                                 bool *ok) {
     tandem_chat_message m = {"user", "hi"};
     char *t = NULL;
+    *ok = true;
+    if (c->chat_template[0]) {
+        if (tandem_chat_render(target, given, &m, 1, true, &t) != TANDEM_OK) {
+            *ok = false;
+            cli_error("serve: chat template '%.200s' cannot be used with this model: %s", c->chat_template,
+                      tandem_last_error());
+        }
+        tandem_free(t);
+        return given;
+    }
     if (tandem_chat_render(target, NULL, &m, 1, true, &t) == TANDEM_OK) {
         tandem_free(t);
         return NULL;
     }
-    fprintf(stderr, "serve: the model has no chat template of its own: /v1/chat/completions uses chatml\n");
+    srv_logf(log, "serve: the model has no chat template of its own: /v1/chat/completions uses chatml");
     return "chatml";
+}
+
+/* The models' load: its progress goes to /health, and SIGTERM or SIGINT (blocked,
+ * so pending) stops it. */
+typedef struct load_watch {
+    srv *s;
+    const sigset_t *sigs;
+    int n_models, model;         /* models to load, the one loading (0-based) */
+    float last;
+    int sig;                     /* the signal that stopped the load, 0 = none */
+} load_watch;
+
+static int pending_signal(const sigset_t *sigs) {
+    sigset_t p;
+    if (sigpending(&p) != 0) return 0;
+    for (int sig = 1; sig < NSIG; sig++)
+        if (sigismember(sigs, sig) == 1 && sigismember(&p, sig) == 1) return sig;
+    return 0;
+}
+
+static bool on_load_progress(float progress, void *user) {
+    load_watch *w = user;
+    if (progress < w->last && w->model + 1 < w->n_models) w->model++; /* (the next model's load began) */
+    w->last = progress;
+    srv_set_progress(w->s, ((float)w->model + progress) / (float)w->n_models);
+    return !(w->sig = pending_signal(w->sigs));
+}
+
+/* Enough file descriptors for the connections (the soft limit raised up to the hard
+ * one when it is short); false with the error printed. */
+static bool fd_room(int max_connections) {
+    const rlim_t need = (rlim_t)max_connections + 256; /* (the slack, models, log, engine) */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need) return true;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        cli_error("serve: max_connections %d needs %llu open files, but this process may have %llu (ulimit -Hn): "
+                  "lower max_connections or raise the limit", max_connections, (unsigned long long)need,
+                  (unsigned long long)rl.rlim_max);
+        return false;
+    }
+    rl.rlim_cur = need;
+    if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+        cli_error("serve: cannot raise the open files limit to %llu: %s", (unsigned long long)need, strerror(errno));
+        return false;
+    }
+    return true;
+}
+
+/* Ready: serves until SIGTERM or SIGINT, then drains; the exit code. */
+static int run_ready(const cli_job_cfg *c, srv *s, srv_log *log, tandem_model *target, bool has_draft,
+                     tandem_engine *eng, const char *tmpl, const sigset_t *sigs) {
+    const cli_server_cfg *sv = &c->server;
+    tandem_model_info info;
+    tandem_status st = tandem_engine_start(eng);
+    if (st == TANDEM_OK) st = tandem_model_get_info(target, &info);
+    if (st != TANDEM_OK) return cli_status_error(st, NULL);
+    char id[256];
+    model_id(c, id, sizeof id);
+    srv_model m = {.target = target, .engine = eng, .chat_template = tmpl};
+    m.lim = (oai_limits){.model_id = id, .n_ctx = info.n_ctx_train, .n_vocab = info.n_vocab, .has_draft = has_draft,
+                         .defaults = cli_job_request(c, has_draft).params, .timeout_s = sv->request_timeout_s};
+    srv_set_ready(s, &m);
+    srv_logf(log, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s", id,
+             has_draft ? " with a draft" : "", info.n_ctx_train, c->max_batch, sv->max_queue,
+             sv->api_key[0] ? ", API key required" : "");
+    int sig = 0;
+    while (sigwait(sigs, &sig) != 0) {}
+    srv_logf(log, "serve: %s: draining (grace %.0f s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", sv->shutdown_grace_s);
+    const int n = srv_shutdown(s, sv->shutdown_grace_s);
+    srv_logf(log, "serve: stopped (%d requests cancelled)", n);
+    return CLI_EXIT_OK;
 }
 
 static int serve(const cli_job_cfg *c) {
@@ -191,52 +309,49 @@ static int serve(const cli_job_cfg *c) {
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* (the threads started below inherit it) */
     signal(SIGPIPE, SIG_IGN);
+    signal(SIGXFSZ, SIG_IGN); /* (a log file over its size limit: a failed write, reported) */
     const cli_server_cfg *sv = &c->server;
-    srv_config scfg = {.host = sv->host, .port = sv->port, .api_key = sv->api_key, .max_queue = sv->max_queue,
-                       .max_body = (size_t)sv->max_body_kb * 1024, .idle_timeout_s = 600};
+    char err[PATH_MAX + 512];
+    if (!fd_room(sv->max_connections)) return CLI_EXIT_ERROR;
+    srv_log *log = srv_log_open(sv->log_file[0] ? sv->log_file : NULL, err, sizeof err);
+    if (!log) return cli_error("serve: %s", err);
+    char *owned_tmpl = NULL;
+    const char *given_tmpl = NULL;
+    if (c->chat_template[0] && !(given_tmpl = template_arg(c, &owned_tmpl))) {
+        srv_log_close(log);
+        return CLI_EXIT_ERROR;
+    }
+    srv_config scfg = {.host = sv->host, .port = sv->port, .api_key = sv->api_key[0] ? sv->api_key : NULL,
+                       .max_queue = sv->max_queue, .max_body = (size_t)sv->max_body_kb * 1024, .log = log,
+                       .conns = {.max_connections = sv->max_connections, .max_per_ip = sv->max_connections_per_ip,
+                                 .read_timeout_s = sv->read_timeout_s, .idle_timeout_s = sv->idle_timeout_s}};
     srv *s = NULL;
-    char err[512];
-    if (!srv_start(&scfg, &s, err, sizeof err)) return cli_error("serve: %s", err);
-    fprintf(stderr, "serve: listening on http://%s:%d (loading %s)\n", sv->host, srv_port(s), c->target);
+    if (!srv_start(&scfg, &s, err, sizeof err)) {
+        free(owned_tmpl);
+        srv_log_close(log);
+        return cli_error("serve: %s", err);
+    }
+    srv_logf(log, "serve: listening on http://%s:%d (loading %s)", sv->host, srv_port(s), c->target);
     tandem_model *target = NULL, *draft = NULL;
     tandem_engine *eng = NULL;
-    int rc = cli_job_open_engine(c, &target, &draft, &eng);
-    if (rc >= 0) {
-        srv_free(s);
-        return rc;
-    }
-    char *owned_tmpl = NULL;
-    const char *tmpl = chat_template(c, target, &owned_tmpl);
-    tandem_model_info info;
-    tandem_status st = tandem_engine_start(eng);
-    if (st == TANDEM_OK) st = tandem_model_get_info(target, &info);
-    if (st != TANDEM_OK || (c->chat_template[0] && !tmpl)) {
-        rc = st != TANDEM_OK ? cli_status_error(st, NULL) : CLI_EXIT_ERROR;
-    } else {
-        char id[256];
-        model_id(c, id, sizeof id);
-        srv_model m = {.target = target, .engine = eng, .chat_template = tmpl};
-        m.lim = (oai_limits){.model_id = id, .n_ctx = info.n_ctx_train, .n_vocab = info.n_vocab,
-                             .has_draft = draft != NULL, .defaults = cli_job_request(c, draft != NULL).params,
-                             .timeout_s = sv->request_timeout_s};
-        srv_set_ready(s, &m);
-        fprintf(stderr, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s\n", id,
-                draft ? " with a draft" : "", info.n_ctx_train, c->max_batch, sv->max_queue,
-                sv->api_key[0] ? ", API key required" : "");
-        int sig = 0;
-        while (sigwait(&sigs, &sig) != 0) {}
-        fprintf(stderr, "serve: %s: draining (grace %.0f s)\n", sig == SIGTERM ? "SIGTERM" : "SIGINT",
-                sv->shutdown_grace_s);
-        const int n = srv_shutdown(s, sv->shutdown_grace_s);
-        fprintf(stderr, "serve: stopped (%d requests cancelled)\n", n);
+    load_watch w = {.s = s, .sigs = &sigs, .n_models = c->draft[0] ? 2 : 1};
+    int rc = cli_job_open_engine_watched(c, on_load_progress, &w, &target, &draft, &eng);
+    if (rc < 0 && !w.sig) w.sig = pending_signal(&sigs); /* (one that came after the last tensor) */
+    if (w.sig) {
+        srv_logf(log, "serve: %s during the load: stopped", w.sig == SIGTERM ? "SIGTERM" : "SIGINT");
         rc = CLI_EXIT_OK;
+    } else if (rc < 0) {
+        bool ok;
+        const char *tmpl = chat_template(c, given_tmpl, target, log, &ok);
+        rc = ok ? run_ready(c, s, log, target, draft != NULL, eng, tmpl, &sigs) : CLI_EXIT_ERROR;
     }
-    srv_shutdown(s, 0); /* (a no-op after the one above) */
+    srv_shutdown(s, 0); /* (a no-op after run_ready's) */
     tandem_engine_close(eng);
     tandem_model_close(draft);
     tandem_model_close(target);
     free(owned_tmpl);
     srv_free(s);
+    srv_log_close(log);
     return rc;
 }
 

@@ -11,7 +11,9 @@
  *   [job]      input, output, priority, timeout_s, chat_template (a built-in name or
  *              a named template of the model, for the inputs that carry "messages")
  *   [server]   (`tandem serve`, in place of [job]) host, port, api_key, max_queue,
- *              max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template
+ *              max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,
+ *              max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s,
+ *              log_file
  *
  * Paths are relative to the config file; `--set section.key=value` overrides a key.
  * Every unknown section or key, bad value, over-long line and missing file is
@@ -266,12 +268,17 @@ static int set_str(cli_job_cfg *c, const char *s, const char *k, const char *v, 
 static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *v) {
     cli_server_cfg *sv = &c->server;
     if (!strcmp(k, "host")) return *v ? set_str(c, s, k, v, sv->host, sizeof sv->host) : cfg_fail(c, s, k, "empty");
-    if (!strcmp(k, "api_key")) return set_str(c, s, k, v, sv->api_key, sizeof sv->api_key);
+    if (!strcmp(k, "api_key"))
+        return *v ? set_str(c, s, k, v, sv->api_key, sizeof sv->api_key)
+                  : cfg_fail(c, s, k, "empty (it would let every request in: leave the key out to serve without one)");
+    if (!strcmp(k, "log_file")) return set_path(c, s, k, v, sv->log_file);
     if (!strcmp(k, "model_name")) return set_str(c, s, k, v, sv->model_name, sizeof sv->model_name);
     if (!strcmp(k, "chat_template")) return set_str(c, s, k, v, c->chat_template, sizeof c->chat_template);
     INT_KEY("port", 0, 65535, sv->port)
     INT_KEY("max_queue", 0, INT_MAX, sv->max_queue)
     INT_KEY("max_body_kb", 1, 1 << 20, sv->max_body_kb)
+    INT_KEY("max_connections", 1, CLI_CONNECTIONS_MAX, sv->max_connections)
+    INT_KEY("max_connections_per_ip", 0, CLI_CONNECTIONS_MAX, sv->max_connections_per_ip)
     if (!strcmp(k, "request_timeout_s") || !strcmp(k, "shutdown_grace_s")) {
         double x;
         if (!parse_double(v, 0, CLI_TIMEOUT_S_MAX, false, &x))
@@ -279,9 +286,17 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
         *(!strcmp(k, "request_timeout_s") ? &sv->request_timeout_s : &sv->shutdown_grace_s) = x;
         return 1;
     }
+    if (!strcmp(k, "read_timeout_s") || !strcmp(k, "idle_timeout_s")) {
+        double x;
+        if (!parse_double(v, 0, CLI_CONN_TIMEOUT_S_MAX, true, &x))
+            return cfg_fail(c, s, k, "'%s' is not a number of seconds in (0, %g]", v, CLI_CONN_TIMEOUT_S_MAX);
+        *(!strcmp(k, "read_timeout_s") ? &sv->read_timeout_s : &sv->idle_timeout_s) = x;
+        return 1;
+    }
     return cfg_fail(c, s, k,
                     "unknown key (known: host, port, api_key, max_queue, max_body_kb, request_timeout_s, "
-                    "shutdown_grace_s, model_name, chat_template)");
+                    "shutdown_grace_s, model_name, chat_template, max_connections, max_connections_per_ip, "
+                    "read_timeout_s, idle_timeout_s, log_file)");
 }
 
 static int on_key(void *user, const char *s, const char *k, const char *v) {
@@ -339,6 +354,10 @@ static void cfg_init(cli_job_cfg *c, const char *path, const tandem_generate_par
         c->server.max_queue = 64;
         c->server.max_body_kb = 1024;
         c->server.shutdown_grace_s = 10;
+        c->server.max_connections = CLI_CONNECTIONS_DEFAULT;
+        c->server.max_connections_per_ip = CLI_CONNECTIONS_PER_IP_DEFAULT;
+        c->server.read_timeout_s = 30;
+        c->server.idle_timeout_s = 75;
     }
     c->gp = *defaults;
     c->gp.stop = NULL;

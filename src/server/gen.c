@@ -4,9 +4,18 @@
  * A job is shared by the connection's thread and the engine's callbacks (two
  * references; the last one out frees it).  The token callback appends the text piece
  * to the job's queue and signals; the connection's thread waits on the job's condition
- * variable in slices of 100 ms and, between them, looks whether its client hung up
- * (poll POLLRDHUP on the socket): then it cancels the request, whose KV blocks the
- * scheduler frees at its next step. */
+ * variable in slices of 100 ms and, between them, looks whether its client is gone
+ * (poll: the connection reset, POLLHUP or POLLERR): then it cancels the request, whose
+ * KV blocks the scheduler frees at its next step.  A client that only half-closed its
+ * side after its request (shutdown(SHUT_WR): EOF, POLLRDHUP) still gets its answer;
+ * one that closed its socket without a reset is found out when the answer is written
+ * (a stream: at its next event).
+ *
+ * The answer begins when there is something to say: a whole answer at the result, a
+ * stream at its first text (or the result), so that a request that fails, or that
+ * shutdown cancels before it produced a token, is answered with its HTTP status (500,
+ * or 503 with Retry-After) rather than a 200 with an empty text.  One that shutdown
+ * cut after it produced tokens keeps its text, with finish_reason "abort". */
 #include <errno.h>
 #include <microhttpd.h>
 #include <poll.h>
@@ -41,6 +50,7 @@ struct srv_job {
     bool done;                   /* res is set (on_finish) */
     tandem_result res;
     bool gone;                   /* the client went away: cancelled */
+    bool shut;                   /* cancelled by the server's shutdown */
     int phase;                   /* stream: what comes next */
     bool first_chunk;
     size_t n_sent_text;          /* stream: bytes of text sent so far */
@@ -63,10 +73,11 @@ static void job_unref(srv_job *j) {
     free(j);
 }
 
+/* The connection is reset or broken (not merely half-closed by the client). */
 static bool peer_gone(int fd) {
     if (fd < 0) return false;
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+    struct pollfd p = {.fd = fd, .events = 0};
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL));
 }
 
 /* Waits (j->mu held) for a signal or WAIT_SLICE_MS. */
@@ -142,10 +153,20 @@ static void on_finish(tandem_request_id id, tandem_result *r, void *user) {
 int srv_cancel_all(srv *s) {
     int n = 0;
     pthread_mutex_lock(&s->mu);
-    for (srv_job *j = s->jobs; j; j = j->next)
+    for (srv_job *j = s->jobs; j; j = j->next) {
+        pthread_mutex_lock(&j->mu);
+        j->shut = true;
+        pthread_mutex_unlock(&j->mu);
         if (tandem_engine_cancel(s->m.engine, j->id) == TANDEM_OK) n++;
+    }
     pthread_mutex_unlock(&s->mu);
     return n;
+}
+
+/* Shutdown cancelled it before it produced a token (j->done). */
+static bool never_started(const srv_job *j) {
+    return j->shut && j->res.status == TANDEM_OK && j->res.finish_reason == TANDEM_FINISH_CANCELLED &&
+           j->res.n_tokens == 0;
 }
 
 /* ---- streaming ---- */
@@ -260,27 +281,46 @@ static int send_stream(srv_job *j, struct MHD_Connection *c) {
     return r;
 }
 
-/* ---- the whole answer ---- */
+/* ---- the answer ---- */
 
-static int send_whole(srv_job *j, struct MHD_Connection *c, int *status) {
-    pthread_mutex_lock(&j->mu);
-    while (!j->done) {
+/* Waits (j->mu held) until the answer can begin: the result, or for a stream its first
+ * text; a client gone meanwhile cancels the request (the wait goes on to its result). */
+static void wait_answer(srv_job *j) {
+    while (!j->done && !(j->stream && j->n_pending > 0)) {
         wait_slice(j);
         if (!j->done && !j->gone && peer_gone(j->fd)) {
             job_cancel_unlock(j);
             pthread_mutex_lock(&j->mu);
         }
     }
-    const bool gone = j->gone;
+}
+
+/* Answers the request: a stream (from its first text), or the whole result, an error,
+ * or 503 for a request shutdown cancelled before it began.  Takes the connection's
+ * reference to j. */
+static int answer(srv_job *j, struct MHD_Connection *c, int *status) {
+    pthread_mutex_lock(&j->mu);
+    wait_answer(j);
+    const bool gone = j->gone, done = j->done;
     pthread_mutex_unlock(&j->mu);
+    /* (j->res is set once, before done: read without the lock from here) */
+    if (j->stream && !gone && (!done || (j->res.status == TANDEM_OK && !never_started(j)))) {
+        *status = 200;
+        return send_stream(j, c);
+    }
     int r;
+    oai_error e;
     if (gone) {
         *status = 499; /* (nginx's "client closed request"; nothing is sent) */
         r = MHD_NO;
     } else if (j->res.status != TANDEM_OK) {
-        oai_error e;
         oai_fail(&e, 500, NULL, "generation_failed", "%s", j->res.error ? j->res.error : "generation failed");
         *status = 500;
+        r = srv_send_error(c, &e);
+    } else if (never_started(j)) {
+        oai_fail(&e, 503, NULL, "shutting_down",
+                 "the server is shutting down: the request was cancelled before it started (retry)");
+        *status = 503;
         r = srv_send_error(c, &e);
     } else {
         size_t n = 0;
@@ -415,9 +455,5 @@ int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *bo
         *status = e.status;
         return srv_send_error(c, &e);
     }
-    if (j->stream) {
-        *status = 200;
-        return send_stream(j, c);
-    }
-    return send_whole(j, c, status);
+    return answer(j, c, status);
 }

@@ -1,15 +1,25 @@
 /* http.c - libmicrohttpd glue of `tandem serve` (server.h): the daemon, routing, the
- * request body and its limit, the API key, /health, /v1/models, /metrics, shutdown.
+ * request body, its limit and framing, the API key, /health, /v1/models, /metrics, the
+ * request log, shutdown.
  *
  * The daemon runs every connection on a thread of its own (MHD_USE_THREAD_PER_
- * CONNECTION), so a handler may block on its request (gen.c).  The body is collected
- * across the access handler's calls up to max_body bytes; a longer one (by its
- * Content-Length or as it arrives) is read to its end and answered 413. */
+ * CONNECTION), so a handler may block on its request (gen.c); conn.c keeps slow and
+ * idle connections from holding the threads (deadlines, eviction), told of each
+ * connection's state here: a new connection and each request line (reading), a
+ * request whose body is complete (answering: only then is it counted in n_http), an
+ * answer sent (idle).  The body is collected across the access handler's calls up to
+ * max_body bytes; a longer one (by its Content-Length or as it arrives) is read to its
+ * end and answered 413.  Conflicting Content-Length headers (or one beside
+ * Transfer-Encoding) are a 400 that closes the connection: the body's end is unknown.
+ * HEAD is answered as GET without the body (libmicrohttpd leaves it out). */
+#include <arpa/inet.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -18,17 +28,29 @@
 #include "oai_response.h"
 #include "server.h"
 
-#define CONNECTION_LIMIT 512
-#define SHUTDOWN_CANCEL_WAIT_S 30.0
+#define CONNECTION_SLACK 64        /* libmicrohttpd's limit beyond max_connections: room for
+                                      the evicted ones until their threads are gone */
+#define SHUTDOWN_CANCEL_WAIT_S 1.0 /* after the grace: for the cancelled requests' answers */
+#define LOG_URL_MAX 200
 
+/* One HTTP request (libmicrohttpd's per-request context, from its request line). */
 typedef struct conn_ctx {
-    double t_arrival;
+    double t_start;              /* the request line */
+    double t_arrival;            /* its headers (the request's arrival for the latencies) */
+    bool headers;                /* the access handler was called */
+    bool counted;                /* the body is complete: in n_http */
+    int status;                  /* the answer's, 0 = none yet */
+    char url[LOG_URL_MAX + 1];   /* for the log (control characters replaced) */
+    char method[16];
     char *body;
     size_t len, cap;
     bool too_big;
 } conn_ctx;
 
-int srv_send(struct MHD_Connection *c, int status, const char *type, char *body, size_t len) {
+/* Queues an answer (body taken over); allow: the Allow header of a 405, close: close the
+ * connection after it. */
+static int respond(struct MHD_Connection *c, int status, const char *type, char *body, size_t len, const char *allow,
+                   bool close) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
@@ -37,21 +59,29 @@ int srv_send(struct MHD_Connection *c, int status, const char *type, char *body,
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
     if (status == 429 || status == 503) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     const enum MHD_Result q = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return q;
 }
 
-int srv_send_error(struct MHD_Connection *c, const oai_error *e) {
+int srv_send(struct MHD_Connection *c, int status, const char *type, char *body, size_t len) {
+    return respond(c, status, type, body, len, NULL, false);
+}
+
+static int send_error_ex(struct MHD_Connection *c, const oai_error *e, const char *allow, bool close) {
     size_t n = 0;
     char *body = oai_error_json(e, &n);
     if (!body) return MHD_NO;
-    return srv_send(c, e->status, "application/json", body, n);
+    return respond(c, e->status, "application/json", body, n, allow, close);
 }
+
+int srv_send_error(struct MHD_Connection *c, const oai_error *e) { return send_error_ex(c, e, NULL, false); }
 
 /* "Authorization: Bearer KEY" must name the server's key (when it has one). */
 static bool authorized(const srv *s, struct MHD_Connection *c) {
-    if (!s->cfg.api_key || !s->cfg.api_key[0]) return true;
+    if (!s->cfg.api_key) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
@@ -65,10 +95,11 @@ static int health(srv *s, struct MHD_Connection *c, int *status) {
     pthread_mutex_lock(&s->mu);
     const int state = s->state;
     const char *model = state == SRV_READY ? s->m.lim.model_id : NULL;
+    const float progress = s->load_progress;
     pthread_mutex_unlock(&s->mu);
     size_t n = 0;
     char *body = oai_health_json(state == SRV_READY ? "ok" : state == SRV_LOADING ? "loading" : "shutting_down", model,
-                                 &n);
+                                 state == SRV_LOADING ? progress : -1.0f, &n);
     *status = state == SRV_READY ? 200 : 503;
     return body ? srv_send(c, *status, "application/json", body, n) : MHD_NO;
 }
@@ -114,11 +145,15 @@ static srv_endpoint endpoint_of(const char *url) {
 static int route(srv *s, struct MHD_Connection *c, const char *url, const char *method, conn_ctx *x, int *status) {
     const srv_endpoint ep = endpoint_of(url);
     const bool post = ep == SRV_EP_COMPLETIONS || ep == SRV_EP_CHAT;
+    const bool allowed = post ? !strcmp(method, "POST") : !strcmp(method, "GET") || !strcmp(method, "HEAD");
     oai_error e;
     if (ep == SRV_EP_OTHER) {
         oai_fail(&e, 404, NULL, "not_found", "no such endpoint: %s %.200s", method, url);
-    } else if (strcmp(method, post ? "POST" : "GET") != 0) {
-        oai_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s, not %s", url, post ? "POST" : "GET", method);
+    } else if (!allowed) {
+        oai_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s, not %s", url, post ? "POST" : "GET or HEAD",
+                 method);
+        *status = e.status;
+        return send_error_ex(c, &e, post ? "POST" : "GET, HEAD", false);
     } else if (ep == SRV_EP_HEALTH) {
         return health(s, c, status);
     } else if (ep == SRV_EP_METRICS) {
@@ -161,20 +196,73 @@ static void take_body(srv *s, conn_ctx *x, const char *data, size_t n) {
     x->body[x->len] = '\0';
 }
 
+/* Content-Length and Transfer-Encoding headers, for the framing check. */
+typedef struct framing {
+    const char *length;          /* the first Content-Length */
+    bool conflict;               /* another Content-Length with another value */
+    bool chunked;                /* a Transfer-Encoding */
+} framing;
+
+static enum MHD_Result on_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    framing *f = cls;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) f->chunked = true;
+    if (strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH) != 0) return MHD_YES;
+    if (!f->length) f->length = value ? value : "";
+    else if (strcmp(f->length, value ? value : "") != 0) f->conflict = true;
+    return MHD_YES;
+}
+
+/* A 400 when the request's framing is ambiguous (RFC 9112 6.3: conflicting
+ * Content-Length values, or one beside Transfer-Encoding); false when it is not. */
+static bool bad_framing(struct MHD_Connection *c, oai_error *e) {
+    framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, on_header, &f);
+    if (f.conflict)
+        return !oai_fail(e, 400, NULL, "invalid_framing",
+                         "the request has Content-Length headers of different values: its body's end is unknown");
+    if (f.length && f.chunked)
+        return !oai_fail(e, 400, NULL, "invalid_framing",
+                         "the request has both Content-Length and Transfer-Encoding: its body's end is ambiguous");
+    return false;
+}
+
+static void copy_for_log(char *dst, size_t cap, const char *src) {
+    size_t i = 0;
+    for (; src && src[i] && i + 1 < cap; i++) dst[i] = (unsigned char)src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+    dst[i] = '\0';
+}
+
+/* A request line arrived (libmicrohttpd's URI log callback): a request begins. */
+static void *on_uri(void *cls, const char *uri, struct MHD_Connection *c) {
+    srv *s = cls;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_conns_reading(s->conns, ci ? ci->socket_context : NULL);
+    conn_ctx *x = calloc(1, sizeof *x);
+    if (!x) return NULL;
+    x->t_start = tdm_now();
+    copy_for_log(x->url, sizeof x->url, uri);
+    return x;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_size, void **con_cls) {
     (void)version;
     srv *s = cls;
     conn_ctx *x = *con_cls;
-    if (!x) { /* the headers: the body (if any) follows */
-        if (!(x = calloc(1, sizeof *x))) return MHD_NO;
+    if (!x || !x->headers) { /* the headers: the body (if any) follows */
+        if (!x && !(x = *con_cls = calloc(1, sizeof *x))) return MHD_NO;
+        x->headers = true;
         x->t_arrival = tdm_now();
-        pthread_mutex_lock(&s->mu);
-        s->n_http++;
-        pthread_mutex_unlock(&s->mu);
+        copy_for_log(x->method, sizeof x->method, method);
+        oai_error e;
+        if (bad_framing(c, &e)) {
+            x->status = e.status;
+            srv_metrics_request(s->metrics, endpoint_of(url), e.status);
+            return send_error_ex(c, &e, NULL, true) == MHD_YES ? MHD_YES : MHD_NO;
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) x->too_big = true;
-        *con_cls = x;
         return MHD_YES;
     }
     if (*upload_size > 0) {
@@ -182,24 +270,69 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    if (x->status) return MHD_YES; /* (answered at its headers) */
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_conns_answering(s->conns, ci ? ci->socket_context : NULL);
+    pthread_mutex_lock(&s->mu);
+    s->n_http++;
+    pthread_mutex_unlock(&s->mu);
+    x->counted = true;
     int status = 500;
     const int r = route(s, c, url, method, x, &status);
+    x->status = status;
     srv_metrics_request(s->metrics, endpoint_of(url), status);
     return r == MHD_YES ? MHD_YES : MHD_NO;
 }
 
+/* The request's log line: client, request, status (- when none was sent), time. */
+static void log_request(srv *s, struct MHD_Connection *c, const conn_ctx *x, enum MHD_RequestTerminationCode code) {
+    char who[INET6_ADDRSTRLEN] = "?";
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    const struct sockaddr *a = ci ? ci->client_addr : NULL;
+    if (a && a->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)a)->sin_addr, who, sizeof who);
+    else if (a && a->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)a)->sin6_addr, who, sizeof who);
+    const char *how = code == MHD_REQUEST_TERMINATED_COMPLETED_OK         ? ""
+                    : !x->counted                                         ? " (the request did not arrive whole)"
+                    : code == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN      ? " (the server stopped)"
+                    : code == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED      ? " (timed out)"
+                                                                          : " (the client went away)";
+    char status[8] = "-";
+    if (x->status) snprintf(status, sizeof status, "%d", x->status);
+    srv_logf(s->cfg.log, "serve: %s \"%s %s\" %s %.3f s%s", who, x->method[0] ? x->method : "-", x->url, status,
+             tdm_now() - x->t_start, how);
+}
+
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code) {
-    (void)c, (void)code;
     srv *s = cls;
     conn_ctx *x = *con_cls;
     if (!x) return;
+    log_request(s, c, x, code);
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    srv_conns_idle(s->conns, ci ? ci->socket_context : NULL);
+    const bool counted = x->counted;
     free(x->body);
     free(x);
     *con_cls = NULL;
+    if (!counted) return;
     pthread_mutex_lock(&s->mu);
     s->n_http--;
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->mu);
+}
+
+/* A connection opened or closed: registered with conn.c (which may refuse it). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    srv *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        srv_conns_closed(s->conns, *socket_context);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ad = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    *socket_context = fd ? srv_conns_opened(s->conns, fd->connect_fd, ad ? ad->client_addr : NULL) : NULL;
 }
 
 bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap) {
@@ -210,6 +343,11 @@ bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap) {
         return snprintf(err, cap, "out of memory"), false;
     }
     s->cfg = *cfg;
+    if (!(s->conns = srv_conns_new(&cfg->conns, s->metrics))) {
+        srv_metrics_free(s->metrics);
+        free(s);
+        return snprintf(err, cap, "out of memory (or threads)"), false;
+    }
     s->created = (int64_t)time(NULL);
     s->state = SRV_LOADING;
     pthread_mutex_init(&s->mu, NULL);
@@ -226,10 +364,14 @@ bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap) {
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    /* libmicrohttpd's own timeout (no byte moved for this long) only backs conn.c's
+     * deadlines up, for an answer the client stops reading */
+    const unsigned stalled = (unsigned)ceil(cfg->conns.read_timeout_s + cfg->conns.idle_timeout_s);
     s->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR,
                                  ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)CONNECTION_LIMIT, MHD_OPTION_END);
+                                 MHD_OPTION_NOTIFY_CONNECTION, on_connection, s, MHD_OPTION_URI_LOG_CALLBACK, on_uri, s,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, stalled, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)(cfg->conns.max_connections + CONNECTION_SLACK), MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon) {
         snprintf(err, cap, "cannot listen on %s port %d (in use, or not an address of this machine?)", cfg->host,
@@ -244,6 +386,12 @@ bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap) {
 }
 
 int srv_port(const srv *s) { return s->port; }
+
+void srv_set_progress(srv *s, float progress) {
+    pthread_mutex_lock(&s->mu);
+    s->load_progress = progress;
+    pthread_mutex_unlock(&s->mu);
+}
 
 void srv_set_ready(srv *s, const srv_model *m) {
     pthread_mutex_lock(&s->mu);
@@ -280,11 +428,12 @@ int srv_shutdown(srv *s, double grace_s) {
         const bool left = s->n_jobs > 0;
         pthread_mutex_unlock(&s->mu);
         if (left) cancelled = srv_cancel_all(s);
-        pthread_mutex_lock(&s->mu);
+        pthread_mutex_lock(&s->mu); /* (their answers: 503, or the text so far) */
         wait_jobs(s, tdm_now() + SHUTDOWN_CANCEL_WAIT_S);
         pthread_mutex_unlock(&s->mu);
     }
-    if (s->daemon) MHD_stop_daemon(s->daemon); /* (the connections' threads end: their requests did) */
+    /* every connection is shut: idle ones, bodies still arriving, answers not yet read */
+    if (s->daemon) MHD_stop_daemon(s->daemon);
     s->daemon = NULL;
     return cancelled;
 }
@@ -292,6 +441,7 @@ int srv_shutdown(srv *s, double grace_s) {
 void srv_free(srv *s) {
     if (!s) return;
     if (s->daemon) MHD_stop_daemon(s->daemon);
+    srv_conns_free(s->conns);
     srv_metrics_free(s->metrics);
     pthread_cond_destroy(&s->cv);
     pthread_mutex_destroy(&s->mu);

@@ -28,7 +28,11 @@ struct srv_metrics {
         uint64_t n;
     } req[SRV_EP_COUNT][N_STATUS];
     hist ttft, itl, e2e;
+    int64_t conns_open;
+    uint64_t conns_closed[SRV_CONN_CLOSE_COUNT];
 };
+
+static const char *const close_names[SRV_CONN_CLOSE_COUNT] = {"read_timeout", "idle_timeout", "evicted", "refused"};
 
 srv_metrics *srv_metrics_new(void) {
     srv_metrics *m = calloc(1, sizeof *m);
@@ -62,6 +66,20 @@ void srv_metrics_request(srv_metrics *m, srv_endpoint ep, int status) {
             break;
         }
     }
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_conn_open(srv_metrics *m, int delta) {
+    if (!m) return;
+    pthread_mutex_lock(&m->mu);
+    m->conns_open += delta;
+    pthread_mutex_unlock(&m->mu);
+}
+
+void srv_metrics_conn_closed(srv_metrics *m, srv_conn_close reason) {
+    if (!m || reason < 0 || reason >= SRV_CONN_CLOSE_COUNT) return;
+    pthread_mutex_lock(&m->mu);
+    m->conns_closed[reason]++;
     pthread_mutex_unlock(&m->mu);
 }
 
@@ -141,6 +159,13 @@ char *srv_metrics_text(srv_metrics *m, const tandem_engine_stats *st, size_t *le
         for (int i = 0; i < N_STATUS && m->req[e][i].status; i++)
             fprintf(f, "tandem_http_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ep_names[e],
                     m->req[e][i].status, (unsigned long long)m->req[e][i].n);
+    fprintf(f, "# HELP tandem_http_connections HTTP connections open.\n# TYPE tandem_http_connections gauge\n"
+               "tandem_http_connections %lld\n", (long long)m->conns_open);
+    fputs("# HELP tandem_http_connections_closed_total Connections the server closed (or refused), by reason.\n"
+          "# TYPE tandem_http_connections_closed_total counter\n", f);
+    for (int r = 0; r < SRV_CONN_CLOSE_COUNT; r++)
+        fprintf(f, "tandem_http_connections_closed_total{reason=\"%s\"} %llu\n", close_names[r],
+                (unsigned long long)m->conns_closed[r]);
     write_hist(f, &m->ttft);
     write_hist(f, &m->itl);
     write_hist(f, &m->e2e);

@@ -22,6 +22,15 @@ typedef enum srv_endpoint {
     SRV_EP_COUNT
 } srv_endpoint;
 
+/* Why the server closed a connection of its own accord (conn.h). */
+typedef enum srv_conn_close {
+    SRV_CONN_READ_TIMEOUT = 0,   /* its request did not arrive within read_timeout_s */
+    SRV_CONN_IDLE_TIMEOUT,       /* kept alive past idle_timeout_s */
+    SRV_CONN_EVICTED,            /* reading or idle the longest when another needed room */
+    SRV_CONN_REFUSED,            /* a new one when no room could be made */
+    SRV_CONN_CLOSE_COUNT
+} srv_conn_close;
+
 typedef struct srv_metrics srv_metrics;
 
 srv_metrics *srv_metrics_new(void); /* NULL when out of memory */
@@ -29,6 +38,10 @@ void srv_metrics_free(srv_metrics *m);
 
 /* One answered request (its HTTP status). */
 void srv_metrics_request(srv_metrics *m, srv_endpoint ep, int status);
+/* A connection opened (+1) or closed (-1): the gauge of open connections. */
+void srv_metrics_conn_open(srv_metrics *m, int delta);
+/* The server closed a connection (or refused a new one) for this reason. */
+void srv_metrics_conn_closed(srv_metrics *m, srv_conn_close reason);
 /* Latencies in seconds: time to first token (from the request's arrival), between
  * two tokens, and the whole request. */
 void srv_metrics_ttft(srv_metrics *m, double s);

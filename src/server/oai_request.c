@@ -218,6 +218,22 @@ static bool get_stop(const tdm_json *j, oai_request *r, oai_error *e) {
     return true;
 }
 
+/* seed: the API's uint64, any value; a negative integer (down to -2^63) is taken
+ * modulo 2^64. */
+static bool get_seed(const tdm_json *j, tandem_generate_params *g, oai_error *e) {
+    const tdm_json *v = member(j, "seed");
+    if (!v) return true;
+    if (v->type != TDM_JSON_NUMBER) return wrong_type(e, "seed", "an integer", v);
+    uint64_t u;
+    int64_t i;
+    if (tdm_json_u64(v, &u)) g->seed = u;
+    else if (tdm_json_int(v, &i)) g->seed = (uint64_t)i;
+    else
+        return oai_fail(e, 400, "seed", "invalid_value", "'seed' must be an integer in [%lld, %llu], not %.64s",
+                        (long long)INT64_MIN, (unsigned long long)UINT64_MAX, v->str);
+    return true;
+}
+
 /* The sampling members, over the server's defaults. */
 static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
     tandem_generate_params *g = &r->params;
@@ -236,8 +252,7 @@ static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *
     if (has) g->min_p = (float)x;
     if (!get_int(j, "top_k", -1, INT32_MAX, &has, &i, e)) return false;
     if (has) g->top_k = i < 0 ? 0 : (int)i;
-    if (!get_int(j, "seed", INT64_MIN, INT64_MAX, &has, &i, e)) return false;
-    if (has) g->seed = (uint64_t)i;
+    if (!get_seed(j, g, e)) return false;
     if (!get_int(j, "n", 1, INT32_MAX, &has, &i, e)) return false;
     if (has && i != 1)
         return oai_fail(e, 400, "n", "unsupported_value", "'n' is %lld; this server generates one choice per request (n = 1)",

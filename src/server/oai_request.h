@@ -12,8 +12,9 @@
  *   messages (chat: an array of {role: string, content: string | null | [{type:
  *   "text", text: string}, ...]}), max_tokens / max_completion_tokens (integer >= 1),
  *   temperature [0, 1e6], top_p (0, 1], top_k (integer, -1 or 0 = off), min_p [0, 1],
- *   seed (integer), stop (string or array of strings, null = none), n (1 only),
- *   stream (bool), stream_options.include_usage (bool; with stream only);
+ *   seed (integer in [-2^63, 2^64 - 1]: a uint64, a negative one modulo 2^64), stop
+ *   (string or array of strings, null = none), n (1 only), stream (bool),
+ *   stream_options.include_usage (bool; with stream only);
  *   the tandem extensions priority (integer), timeout_s [0, 1e9], spec_k (0 = adaptive,
  *   or 1..TANDEM_SPEC_K_MAX; needs a draft), spec_tree ("off", false, null or 0:
  *   chains only; "auto" or true: chain or tree as the controller expects faster; a

@@ -71,8 +71,8 @@ static void usage(FILE *f, const oai_meta *m, const tandem_result *r) {
         fprintf(f, ", \"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, \"acceptance_rate\": ",
                 (unsigned long long)s->steps, (unsigned long long)s->drafted, (unsigned long long)s->accepted);
         num(f, s->drafted ? (double)s->accepted / (double)s->drafted : 0.0);
-        fputs(", \"tokens_per_step\": ", f);
-        num(f, s->steps ? (double)r->n_tokens / (double)s->steps : 0.0);
+        fprintf(f, ", \"forwards\": %llu, \"tokens_per_forward\": ", (unsigned long long)s->forwards);
+        num(f, s->forwards ? (double)s->forward_tokens / (double)s->forwards : 0.0);
         fputc('}', f);
     }
     fputc('}', f);
@@ -213,7 +213,7 @@ char *oai_models_json(const char *model, int64_t created, int n_ctx, size_t *len
     return out_close(&o, len);
 }
 
-char *oai_health_json(const char *status, const char *model, size_t *len) {
+char *oai_health_json(const char *status, const char *model, float progress, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
     fputs("{\"status\": ", o.f);
@@ -221,6 +221,10 @@ char *oai_health_json(const char *status, const char *model, size_t *len) {
     if (model) {
         fputs(", \"model\": ", o.f);
         str(o.f, model);
+    }
+    if (progress >= 0) {
+        fputs(", \"progress\": ", o.f);
+        num(o.f, progress);
     }
     fputc('}', o.f);
     return out_close(&o, len);

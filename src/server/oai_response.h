@@ -24,11 +24,14 @@ typedef struct oai_meta {
 } oai_meta;
 
 /* The finish_reason OpenAI's clients know: eos and stop strings -> "stop", length and
- * timeout -> "length", cancelled -> "abort" (vLLM's), error -> "error". */
+ * timeout -> "length", cancelled -> "abort" (vLLM's: the server shut down while the
+ * request was generating; its text so far), error -> "error". */
 const char *oai_finish_reason(tandem_finish_reason r);
 
 /* The whole answer of a non-streaming request: text, finish_reason, usage (plus
- * "spec" with a draft; a timed-out choice carries "tandem": {"timeout": true}). */
+ * "spec" with a draft: steps, drafted, accepted, acceptance_rate, forwards and
+ * tokens_per_forward, the tokens each target forward committed, as `tandem generate
+ * --json` gives them; a timed-out choice carries "tandem": {"timeout": true}). */
 char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len);
 
 /* One streaming event "data: {...}\n\n": a chunk with the text piece
@@ -51,7 +54,8 @@ char *oai_error_json(const oai_error *e, size_t *len);
  * "owned_by": "tandem", "max_model_len"}]} */
 char *oai_models_json(const char *model, int64_t created, int n_ctx, size_t *len);
 
-/* GET /health: {"status": "ok", "model": ID} (model NULL: {"status": STATUS}). */
-char *oai_health_json(const char *status, const char *model, size_t *len);
+/* GET /health: {"status": "ok", "model": ID} (model NULL: {"status": STATUS}), with
+ * "progress" (the fraction of the models loaded) when progress >= 0. */
+char *oai_health_json(const char *status, const char *model, float progress, size_t *len);
 
 #endif

@@ -2,11 +2,15 @@
  * more request source of the engine's scheduler (docs/DESIGN.md, "Server").
  *
  *   http.c  libmicrohttpd glue: the daemon (a thread per connection), routing, the
- *           body and its limit, the API key, health / models / metrics, shutdown
+ *           body and its limit, its framing, the API key, health / models / metrics,
+ *           the request log, shutdown
+ *   conn.c  the connections' deadlines and eviction (slow and idle clients)
+ *   log.c   the log: stderr or a file, whole lines or none
  *   gen.c   a generation request's life: parse (oai_request.c), render the chat,
  *           tokenize, check the context, admit (max_queue) and submit to the engine,
  *           then wait for the result or stream its tokens (oai_response.c); a client
- *           that goes away cancels its request
+ *           that goes away (its connection reset; not one that only half-closed it)
+ *           cancels its request
  *
  * Threads: libmicrohttpd runs each connection on a thread of its own, which may
  * block (waiting for a result, or for the next piece of a stream); the engine's
@@ -20,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "conn.h"
+#include "log.h"
 #include "metrics.h"
 #include "oai_request.h"
 #include "tandem.h"
@@ -27,11 +33,12 @@
 typedef struct srv_config {
     const char *host;            /* numeric address or name to bind; "127.0.0.1" */
     int port;                    /* 0: any free port (srv_port says which) */
-    const char *api_key;         /* NULL or "": none; else "Authorization: Bearer KEY" */
+    const char *api_key;         /* NULL: none; else "Authorization: Bearer KEY" (not "") */
     int max_queue;               /* requests waiting in the scheduler beyond which a new one
                                     gets 429; 0 = no limit */
     size_t max_body;             /* bytes of a request body at most (413 beyond) */
-    unsigned idle_timeout_s;     /* a connection idle this long is closed */
+    srv_conn_limits conns;       /* connections at once, per address, their deadlines */
+    srv_log *log;                /* borrowed; NULL: stderr */
 } srv_config;
 
 /* What the server serves, once loaded (srv_set_ready). */
@@ -48,16 +55,19 @@ typedef struct srv {
     srv_config cfg;
     struct MHD_Daemon *daemon;
     srv_metrics *metrics;
+    srv_conns *conns;
     int port;
     int64_t created;             /* Unix seconds at start: the model's "created" */
     pthread_mutex_t mu;          /* the fields below */
     pthread_cond_t cv;           /* n_jobs changed */
     enum { SRV_LOADING, SRV_READY, SRV_DRAINING } state;
+    float load_progress;         /* loading: the fraction of the models loaded (/health) */
     srv_model m;                 /* set once under mu (state READY), read-only after */
     srv_job *jobs;               /* generation requests submitted and not finished */
     int n_jobs;
-    int n_http;                  /* HTTP requests begun and not yet completed (their answer
-                                    fully sent or their connection closed) */
+    int n_http;                  /* HTTP requests received whole (headers and body) and not
+                                    yet completed (their answer fully sent or their
+                                    connection closed); a body still arriving is no request */
     uint64_t next_id;
 } srv;
 
@@ -65,11 +75,14 @@ typedef struct srv {
  * err set (bind failure, out of memory, no HTTP support). */
 bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap);
 int srv_port(const srv *s);
+/* While loading: the fraction loaded, in [0, 1] (/health's "progress"). */
+void srv_set_progress(srv *s, float progress);
 void srv_set_ready(srv *s, const srv_model *m);
 /* SIGTERM: stops taking connections and requests (/health 503), lets the requests in
- * flight finish for up to grace_s seconds, cancels the rest and waits for them, then
- * stops the daemon (after this the models may be closed).  Returns the requests it
- * cancelled. */
+ * flight finish for up to grace_s seconds, cancels the rest (those not started get
+ * 503, those cut keep their text: finish_reason "abort") and waits up to a second
+ * for their answers, then stops the daemon, closing every connection (after this the
+ * models may be closed).  Returns the requests it cancelled. */
 int srv_shutdown(srv *s, double grace_s);
 void srv_free(srv *s);
 
@@ -83,7 +96,7 @@ int srv_send_error(struct MHD_Connection *c, const oai_error *e);
  * answer (or a stream) and returns MHD's result.  *status: the status answered. */
 int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *body, size_t len, double t_arrival,
                  int *status);
-/* Cancels every request in flight (shutdown). */
+/* Cancels every request in flight (shutdown: each marked so). */
 int srv_cancel_all(srv *s);
 
 #endif
