@@ -176,10 +176,12 @@ const char *tandem_chat_builtin_templates(void);
  * is ready for tandem_generate, which adds BOS.  A template that fails (a syntax
  * error, a construct outside the supported subset, raise_exception) fails with
  * TANDEM_ERR_FORMAT or TANDEM_ERR_UNSUPPORTED and a message naming the template's
- * line and column (raise_exception's text quoted); a built-in template is the
- * fallback.  Rendering is bounded (16 MiB of text, 256 MiB of memory, 50M steps).
- * *out_text: malloc'ed, NUL-terminated; free with tandem_free.  Thread-safe: the
- * model is only read. */
+ * line and column (raise_exception's text quoted, control characters escaped); a
+ * built-in template is the fallback.  A template is at most 1 MiB and its parse takes
+ * at most 64 MiB; rendering is bounded (16 MiB of text, 256 MiB of memory, 50M steps,
+ * which count nodes evaluated and every walk over data, so about a second at most);
+ * past a bound: TANDEM_ERR_NOMEM naming it.  *out_text: malloc'ed, NUL-terminated;
+ * free with tandem_free.  Thread-safe: the model is only read. */
 tandem_status tandem_chat_render(const tandem_model *model, const char *chat_template,
                                  const tandem_chat_message *messages, size_t n_messages,
                                  bool add_generation_prompt, char **out_text);

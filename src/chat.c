@@ -151,7 +151,9 @@ tandem_status tdm_chat_pick(const tdm_gguf *g, const char *name, const char **sr
         snprintf(key, sizeof key, "tokenizer.chat_template.%s", name);
         if (gguf_str(g, key, src, len)) return TANDEM_OK;
     }
-    return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "unknown chat template '%.60s' (built-in: %s)", name,
+    char quoted[64];
+    tdm_jinja_escape(quoted, sizeof quoted, name);
+    return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "unknown chat template '%s' (built-in: %s)", quoted,
                       tdm_chat_builtin_names);
 }
 

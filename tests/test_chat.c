@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include "chat.h"
 #include "tandem.h"
@@ -165,20 +167,33 @@ Test(chat, builtin_templates_render_like_the_real_ones) {
 
 /* ------------------------------------------------------------------ errors */
 
-static tandem_status render_text(const char *src, const char *vars_json, const tdm_jinja_limits *lim, char **out,
+/* Renders src with the members of the JSON object v as its variables. */
+static tandem_status render_with(const char *src, const tdm_json *v, const tdm_jinja_limits *lim, char **out,
                                  tdm_err *err) {
     tdm_jinja *t = NULL;
     *out = NULL;
     tandem_status st = tdm_jinja_parse(src, strlen(src), &t, err);
     if (st != TANDEM_OK) return st;
-    tdm_json *v = NULL;
-    cr_assert_eq(tdm_json_parse(vars_json, strlen(vars_json), &v, err), TANDEM_OK);
     tdm_jinja_var vars[8];
     for (size_t i = 0; i < v->n && i < 8; i++) vars[i] = (tdm_jinja_var){.name = v->keys[i], .json = &v->items[i]};
     size_t n;
     st = tdm_jinja_render(t, vars, v->n, lim, out, &n, err);
-    tdm_json_free(v);
     tdm_jinja_free(t);
+    return st;
+}
+
+static tdm_json *parse_json(const char *text) {
+    tdm_json *v = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_json_parse(text, strlen(text), &v, &err), TANDEM_OK, "%s", err.msg);
+    return v;
+}
+
+static tandem_status render_text(const char *src, const char *vars_json, const tdm_jinja_limits *lim, char **out,
+                                 tdm_err *err) {
+    tdm_json *v = parse_json(vars_json);
+    tandem_status st = render_with(src, v, lim, out, err);
+    tdm_json_free(v);
     return st;
 }
 
@@ -248,10 +263,218 @@ Test(chat, hostile_templates_hit_limits_not_the_machine) {
                  TANDEM_ERR_NOMEM, "more than 100000 steps");
 }
 
-Test(chat, whitespace_control_and_scoping_follow_jinja2) {
-    struct {
-        const char *src, *want;
+typedef struct render_case {
+    const char *src, *want;
+} render_case;
+
+/* Each case's template renders its text (no variables, the default limits). */
+static void expect_renders(const render_case *cases, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        char *out = NULL;
+        tdm_err err = {0};
+        cr_assert_eq(render_text(cases[i].src, "{}", NULL, &out, &err), TANDEM_OK, "'%s': %s", cases[i].src, err.msg);
+        cr_assert_str_eq(out, cases[i].want, "'%s'", cases[i].src);
+        free(out);
+    }
+}
+
+/* CPU seconds this thread has run. */
+static double cpu_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static char *put(char *p, const char *s, size_t n) {
+    memcpy(p, s, n);
+    return p + n;
+}
+
+/* {"s": "aaa..." (n bytes), "t": the same, "l": [0, ...] (n / 10 items), "m": the same}. */
+static tdm_json *big_vars(size_t n) {
+    char *v = malloc(4 * n + 64), *p = v;
+    if (!v) abort();
+    for (int k = 0; k < 2; k++) {
+        p = put(p, k ? ", \"t\": \"" : "{\"s\": \"", k ? 8 : 7);
+        memset(p, 'a', n);
+        p = put(p + n, "\"", 1);
+    }
+    for (int k = 0; k < 2; k++) {
+        p = put(p, k ? "], \"m\": [0" : ", \"l\": [0", k ? 10 : 9);
+        for (size_t i = 1; i < n / 10; i++) p = put(p, ",0", 2);
+    }
+    put(p, "]}", 3);
+    tdm_json *j = parse_json(v);
+    free(v);
+    return j;
+}
+
+/* Every walk over data pays steps in proportion to what it visits: under a bound of
+ * 100000 steps each operation runs on 100-byte strings (10-item lists) and fails on
+ * 1 MB ones (100000-item lists), where it walked the data for a handful of steps. */
+Test(chat, walks_over_data_are_charged_as_steps) {
+    static const char *const ops[] = {
+        "s.find('b')", "s.rfind('b')", "s.count('a')", "s.count('a', 1, -1)", "'b' in s", "s.startswith(t)",
+        "s.endswith(('b', t))", "s | length", "s[-1]", "s[::-1]", "s == t", "s < t", "s.replace('a', 'b')",
+        "s.split('b')", "s.rsplit('a', 1)", "s.split()", "s.strip('a')", "s.upper()", "s | title", "s.isdigit()",
+        "s.splitlines()", "s | tojson", "s | e", "s | trim('a')", "s | list | length", "(s ~ 'b') | length",
+        "'-'.join(l | map('string'))", "1 in l", "l | select | list", "l == m", "l | unique | list", "l | sort",
+        "l | join", "l | tojson | length", "l | string | length", "{'k': l} == {'k': m}",
+    };
+    tdm_json *small = big_vars(100), *big = big_vars(1000000);
+    tdm_jinja_limits lim = tdm_jinja_default_limits();
+    lim.max_steps = 100000;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(ops); i++) {
+        char src[200], *out = NULL;
+        snprintf(src, sizeof src, "{{ %s }}", ops[i]);
+        tdm_err err = {0};
+        cr_assert_eq(render_with(src, small, &lim, &out, &err), TANDEM_OK, "'%s' on 100 bytes: %s", ops[i], err.msg);
+        free(out);
+        err = (tdm_err){0};
+        tandem_status st = render_with(src, big, &lim, &out, &err);
+        cr_assert_eq(st, TANDEM_ERR_NOMEM, "'%s' on 1 MB: status %d (%s)", ops[i], st, err.msg);
+        cr_assert(strstr(err.msg, "ran more than 100000 steps"), "'%s': %s", ops[i], err.msg);
+        cr_assert_null(out);
+    }
+    tdm_json_free(small);
+    tdm_json_free(big);
+}
+
+/* Templates that ran for minutes or forever: each ends, with a result or at a bound.
+ * Under the default limits each takes about a second at most; here, under a twentieth
+ * of the steps and an eighth of the memory, about a twentieth of that, asserted with
+ * room for a loaded machine and the sanitizers. */
+Test(chat, hostile_templates_stop_within_a_second) {
+#define S16 "{% set s = 'a' * 16000000 %}"
+#define LOOP(body) "{% for i in range(100000) %}" body "{% endfor %}"
+#define DAG "{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(80) %}{% set ns.a = [ns.a, ns.a] %}{% set ns.b = [ns.b, ns.b] %}{% endfor %}"
+    static const char *const cases[] = {
+        "{{ ('a' * 100000).rfind('a') }}",   /* 54 s before: a code point count per match */
+        "{{ ('a' * 2000000).rfind('a') }}",  /* over 30 minutes before */
+        "{{ ('' * 9223372036854775807) | length }}{{ ([] * 9223372036854775807) | length }}", /* forever */
+        S16 LOOP("{{ s.find('b') }}"), S16 LOOP("{{ s.rfind('b') }}"), S16 LOOP("{{ s.count('a') }}"),
+        "{% set s = 'ab' * 8000000 %}" LOOP("{{ s.find('abababac') }}"),
+        S16 "{% set t = 'b' ~ 'a' * 100000 %}" LOOP("{{ s.rfind(t) }}{{ s.rsplit(t, 2) | length }}"),
+        S16 LOOP("{{ 'b' in s }}{{ s | length }}{{ s[-1] }}"), S16 LOOP("{{ s.replace('a', '') }}"),
+        "{% set s = 'a' * 1000000 %}" LOOP("{{ s.replace('', '') | length }}"),
+        "{% set s = 'a' * 1000000 %}{% set t = 'b' * 1000000 ~ 'a' %}" LOOP("{{ s.strip(t) }}"),
+        S16 LOOP("{{ s.upper() | length }}"), S16 LOOP("{{ s | tojson | length }}"), S16 LOOP("{{ s | e | length }}"),
+        "{% set l = [''] * 1000000 %}" LOOP("{{ l | join }}"), "{% set l = [0] * 2000000 %}" LOOP("{{ 1 in l }}"),
+        DAG "{{ ns.a == ns.b }}", DAG "{{ ns.a in [ns.b] }}", DAG "{{ ns.a < ns.b }}", DAG "{{ ns.a | tojson | length }}",
+        "{{ range(100000) | unique | list | length }}", "{{ range(100000) | reverse | sort | first }}",
+        "{{ ([0.1 + 0.2] * 700000) | string | length }}", /* 17 formattings a float before */
+        "{% set ns = namespace() %}{% set ns.x = ns %}{% set p = 'x.' * 5000000 ~ 'x' %}{% set l = [ns] * 100 %}"
+        LOOP("{{ l | map(attribute=p) | list | length }}"),
+        LOOP(LOOP("{{ '' }}")),
+    };
+#undef S16
+#undef LOOP
+#undef DAG
+    tdm_jinja_limits lim = tdm_jinja_default_limits();
+    lim.max_steps /= 20;
+    lim.max_memory /= 8;
+    for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) {
+        char *out = NULL;
+        tdm_err err = {0};
+        double t0 = cpu_seconds();
+        tandem_status st = render_text(cases[i], "{}", &lim, &out, &err);
+        double dt = cpu_seconds() - t0;
+        cr_assert(st == TANDEM_OK || (st == TANDEM_ERR_NOMEM && (strstr(err.msg, "steps") || strstr(err.msg, "memory") ||
+                                                                  strstr(err.msg, "rendered text"))),
+                  "case %zu: status %d: %s", i, st, err.msg);
+        cr_assert_lt(dt, 2.0, "case %zu ('%.60s...') took %.2f s of CPU", i, cases[i], dt);
+        free(out);
+    }
+}
+
+/* Python's str methods: find / rfind / count with their bounds, rsplit, splitlines
+ * with keepends, the empty separator; arguments Python does not take are errors. */
+Test(chat, string_methods_follow_python) {
+    static const render_case cases[] = {
+        {"{{ 'abcabc'.find('c', 3) }} {{ 'abcabc'.find('c', -2, -1) }} {{ 'abcabc'.rfind('abc') }} "
+         "{{ 'abcabc'.rfind('b', 0, 4) }}", "5 -1 3 1"},
+        {"{{ 'abcabc'.count('bc') }} {{ 'aaaa'.count('aa') }} {{ 'abc'.count('') }} {{ 'abc'.count('', 1, 2) }} "
+         "{{ 'abc'.count('', 5) }}", "2 2 4 2 0"},
+        {"{{ 'abc'.find('', 4) }} {{ 'abc'.find('', 3) }} {{ 'abc'.rfind('') }} {{ 'abc'.rfind('', 2, 1) }}", "-1 3 3 -1"},
+        {"{{ 'héé'.find('é') }} {{ 'héé'.rfind('é') }} {{ 'héé'.count('é', 2) }} {{ 'x'.find('xx') }} "
+         "{{ 'aaa'.rfind('aa') }}", "1 2 1 -1 1"},
+        {"{{ 'a,b,,c'.rsplit(',', 2) }} {{ 'aaa'.rsplit('aa', 1) }} {{ 'a,b'.rsplit(',', 10 ** 12) }}",
+         "['a,b', '', 'c'] ['a', ''] ['a', 'b']"},
+        {"{{ 'a\\nb\\r\\nc'.splitlines(True) }} {{ 'a\\nb\\r\\nc'.splitlines() }}", "['a\\n', 'b\\r\\n', 'c'] ['a', 'b', 'c']"},
+        {"{{ 'ab'.replace('', '-') }} {{ 'aXbXc'.replace('X', '', 1) }} {{ 'ab' * 3 }} {{ [1] * 2 }} {{ 'x' * 0 }}",
+         "-a-b- abXc ababab [1, 1] "},
+        {"{{ 0.1 + 0.2 }} {{ 1e23 }} {{ 5e-324 }} {{ 2.5 }} {{ -0.0 }} {{ 1e16 }} {{ 123456.789e3 }}",
+         "0.30000000000000004 1e+23 5e-324 2.5 -0.0 1e+16 123456789.0"},
+    };
+    expect_renders(cases, TDM_ARRAY_LEN(cases));
+    expect_error("{{ 'abc'.find('a', 0, 1, 2) }}", "{}", NULL, TANDEM_ERR_UNSUPPORTED, "str.find() takes at most 3 argument(s) (4 given)");
+    expect_error("{{ 'abc'.startswith('a', 1) }}", "{}", NULL, TANDEM_ERR_UNSUPPORTED, "str.startswith() takes at most 1");
+    expect_error("{{ 'abc'.upper(1) }}", "{}", NULL, TANDEM_ERR_UNSUPPORTED, "str.upper() takes at most 0");
+    expect_error("{{ 'abc'.strip(x=1) }}", "{}", NULL, TANDEM_ERR_UNSUPPORTED, "str.strip() takes no keyword argument 'x'");
+}
+
+/* A 10 MB template took 1.35 GB to parse: the source and the parse's memory are
+ * bounded, each refusal saying which; a real template's size parses in little. */
+Test(chat, template_size_and_parse_memory_are_bounded) {
+    const size_t big = (size_t)10 << 20;
+    char *src = malloc(big + 1);
+    for (size_t i = 0; i + 5 <= big; i += 5) memcpy(src + i, "{{x}}", 5);
+    tdm_jinja *t = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_jinja_parse(src, big, &t, &err), TANDEM_ERR_NOMEM);
+    cr_assert(strstr(err.msg, "the template has 10485760 bytes, more than the 1048576 a template may have"), "%s", err.msg);
+    cr_assert_null(t);
+    /* 1 MiB of dense expressions: its tree would pass the parse's memory bound */
+    const size_t mib = (size_t)1 << 20; /* TDM_JINJA_MAX_SOURCE */
+    memcpy(src, "{{ x", 4);
+    for (size_t i = 4; i + 2 <= mib - 3; i += 2) memcpy(src + i, "+x", 2);
+    memcpy(src + mib - 3, " }}", 3);
+    err = (tdm_err){0};
+    cr_assert_eq(tdm_jinja_parse(src, mib, &t, &err), TANDEM_ERR_NOMEM);
+    cr_assert(strstr(err.msg, "the template needs more than 64 MiB of memory to parse"), "%s", err.msg);
+    /* 1 MiB of a real template parses */
+    size_t len;
+    char *real = read_data("chat/qwen3.jinja", &len);
+    size_t n = 0;
+    while (n + len <= mib) memcpy(src + n, real, len), n += len;
+    cr_assert_eq(tdm_jinja_parse(src, n, &t, &err), TANDEM_OK, "%s", err.msg);
+    tdm_jinja_free(t);
+    free(real);
+    free(src);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    cr_assert_lt(ru.ru_maxrss, 400 << 10, "peak RSS %ld KiB", ru.ru_maxrss); /* 1.4 GB before */
+}
+
+/* Messages quote what the template holds (names, strings, raise_exception's text):
+ * control characters come out escaped, never raw to a terminal. */
+Test(chat, messages_escape_control_characters) {
+    static const struct {
+        const char *src, *msg;
     } cases[] = {
+        {"{{ raise_exception('\\x1b[2J\\x07gone\\n') }}", "raise_exception: \\x1b[2J\\x07gone\\n"},
+        {"{{ {}['\\x1b]0;title\\x07'].x }}", "'\\x1b]0;title\\x07' is undefined"},
+        {"{{ [1] | map('\\x9b31m') | list }}", "unknown filter '\\x9b31m'"},
+        {"{{ [1] | select('\\x1b') | list }}", "unknown test '\\x1b'"},
+        {"{{ 1 \x01 }}", "unexpected character '\\x01'"},
+    };
+    for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) {
+        char *out = NULL;
+        tdm_err err = {0};
+        cr_assert_neq(render_text(cases[i].src, "{}", NULL, &out, &err), TANDEM_OK, "'%s'", cases[i].src);
+        cr_assert(strstr(err.msg, cases[i].msg), "'%s': message '%s' lacks '%s'", cases[i].src, err.msg, cases[i].msg);
+        for (const char *p = err.msg; *p; p++)
+            cr_assert((unsigned char)*p >= 0x20 && *p != 0x7f, "'%s': a raw control character in '%s'", cases[i].src, err.msg);
+    }
+    const char *src, *what;
+    size_t len;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_chat_pick(NULL, "no\x1b[2Jsuch", &src, &len, &what, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "unknown chat template 'no\\x1b[2Jsuch'"), "%s", err.msg);
+}
+
+Test(chat, whitespace_control_and_scoping_follow_jinja2) {
+    static const render_case cases[] = {
         {"  {% if true %}\n    x\n  {% endif %}\n", "    x\n"},     /* lstrip_blocks + trim_blocks */
         {"a  {%- if true -%}  b  {%- endif -%}  c", "abc"},
         {"  {%+ if true %}x{% endif %}", "  x"},
@@ -273,13 +496,7 @@ Test(chat, whitespace_control_and_scoping_follow_jinja2) {
         {"{{ '  a b  '.strip().split(' ') }}{{ 'x'.startswith(('y', 'x')) }}", "['a', 'b']True"},
         {"{{ {'b': 1, 'a': [1, 2]} | tojson }}|{{ 'é\"' | tojson }}", "{\"b\": 1, \"a\": [1, 2]}|\"é\\\"\""},
     };
-    for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) {
-        char *out = NULL;
-        tdm_err err = {0};
-        cr_assert_eq(render_text(cases[i].src, "{}", NULL, &out, &err), TANDEM_OK, "'%s': %s", cases[i].src, err.msg);
-        cr_assert_str_eq(out, cases[i].want, "'%s'", cases[i].src);
-        free(out);
-    }
+    expect_renders(cases, TDM_ARRAY_LEN(cases));
 }
 
 /* -------------------------------------------------------- models, vocabularies */

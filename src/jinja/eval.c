@@ -36,11 +36,12 @@ struct jj_frame {
 bool jj_fail(jj_ctx *c, const jj_node *n, tandem_status st, const char *fmt, ...) {
     if (c->err && c->err->status != TANDEM_OK) return false; /* keep the first error */
     if (!n) n = c->at;
-    char m[TDM_ERR_MSG_LEN];
+    char raw[TDM_ERR_MSG_LEN], m[TDM_ERR_MSG_LEN];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    tdm_jinja_escape(m, sizeof m, raw); /* it may quote the template's text or data */
     if (n)
         tdm_seterr(c->err, st, "line %d, column %d: %s", n->line, n->col, m);
     else
@@ -57,11 +58,13 @@ static jj_frame *frame_new(jj_ctx *c, jj_frame *parent) {
 }
 
 static bool frame_set(jj_ctx *c, jj_frame *f, const char *name, jj_val v) {
-    for (size_t i = 0; i < f->n; i++)
-        if (strcmp(f->names[i], name) == 0) {
-            f->vals[i] = v;
-            return true;
-        }
+    size_t i = 0;
+    while (i < f->n && strcmp(f->names[i], name) != 0) i++;
+    if (!jj_work(c, i, JJ_ITEM)) return false;
+    if (i < f->n) {
+        f->vals[i] = v;
+        return true;
+    }
     if (f->n == f->cap) {
         size_t nc = f->cap ? f->cap * 2 : 4;
         const char **nn = jj_alloc(c, nc * sizeof *nn);
@@ -81,9 +84,12 @@ static bool frame_set(jj_ctx *c, jj_frame *f, const char *name, jj_val v) {
 }
 
 jj_val jj_lookup(jj_ctx *c, const char *name) {
-    for (jj_frame *f = c->cur; f; f = f->parent)
-        for (size_t i = f->n; i-- > 0;)
-            if (strcmp(f->names[i], name) == 0) return f->vals[i];
+    for (jj_frame *f = c->cur; f; f = f->parent) {
+        size_t i = f->n;
+        while (i-- > 0 && strcmp(f->names[i], name) != 0) {}
+        if (!jj_work(c, i == SIZE_MAX ? f->n : f->n - i, JJ_ITEM)) return jv_undef(name); /* the render fails */
+        if (i != SIZE_MAX) return f->vals[i];
+    }
     int fn = jj_global_func(name);
     if (fn >= 0) {
         jj_val v = {.t = JV_FUNC};
@@ -93,11 +99,22 @@ jj_val jj_lookup(jj_ctx *c, const char *name) {
     return jv_undef(name);
 }
 
+static bool too_many_steps(jj_ctx *c) {
+    return jj_fail(c, NULL, TANDEM_ERR_NOMEM, "the template ran more than %llu steps", (unsigned long long)c->lim.max_steps);
+}
+
+bool jj_work(jj_ctx *c, uint64_t n, unsigned cost) {
+    const uint64_t units = n <= UINT64_MAX / JJ_STEP ? n * cost : UINT64_MAX; /* cost <= JJ_STEP */
+    c->work += units % JJ_STEP;
+    const uint64_t add = units / JJ_STEP + c->work / JJ_STEP;
+    c->work %= JJ_STEP;
+    c->steps = c->steps > UINT64_MAX - add ? UINT64_MAX : c->steps + add;
+    return !jj_over(c) || too_many_steps(c);
+}
+
 static bool step(jj_ctx *c, const jj_node *n) {
     c->at = n;
-    if (++c->steps > c->lim.max_steps)
-        return jj_fail(c, n, TANDEM_ERR_NOMEM, "the template ran more than %llu steps", (unsigned long long)c->lim.max_steps);
-    return true;
+    return jj_work(c, 1, JJ_STEP);
 }
 
 /* ----------------------------------------------------------- statements */
@@ -241,6 +258,7 @@ bool jj_call_macro(jj_ctx *c, const jj_node *at, jj_val mv, const jj_val *args, 
         return jj_fail(c, at, TANDEM_ERR_FORMAT, "macro calls nested deeper than %d", c->lim.max_calls);
     if (n_args > m->n_names)
         return jj_fail(c, at, TANDEM_ERR_FORMAT, "macro '%s' takes not more than %zu argument(s)", name, m->n_names);
+    if (!jj_work(c, (uint64_t)m->n_names * (n_kw + 1), JJ_ITEM)) return false; /* matching the keywords */
     jj_frame *f = frame_new(c, mv.t == JV_MACRO ? c->globals : mv.u.caller->scope);
     if (!f) return false;
     jj_frame *saved = c->cur;
@@ -324,7 +342,7 @@ bool jj_get_attr(jj_ctx *c, const jj_node *n, jj_val obj, const char *name, jj_v
     case JV_UNDEF: return undefined_error(c, n, obj);
     case JV_DICT:
     case JV_NS: {
-        const jj_val *v = jj_dict_get(obj.u.d, name, strlen(name));
+        const jj_val *v = jj_dict_get(c, obj.u.d, name, strlen(name));
         if (v) *out = *v;
         return true;
     }
@@ -363,7 +381,7 @@ static bool get_item(jj_ctx *c, const jj_node *n, jj_val obj, jj_val key, jj_val
     case JV_UNDEF: return undefined_error(c, n, obj);
     case JV_DICT:
     case JV_NS: {
-        const jj_val *v = jj_dict_find(obj.u.d, key);
+        const jj_val *v = jj_dict_find(c, obj.u.d, key);
         if (v) *out = *v;
         else if (key.t == JV_STR) out->u.name = key.u.s->s;
         return true;
@@ -375,9 +393,9 @@ static bool get_item(jj_ctx *c, const jj_node *n, jj_val obj, jj_val key, jj_val
     case JV_STR: {
         const jj_str *s = obj.u.s;
         if (key.t != JV_INT) return true;
-        size_t len = jj_utf8_len(s->s, s->len);
+        size_t len = jj_utf8_len(c, s->s, s->len);
         if (!norm_index(key.u.i, len, &at)) return true;
-        size_t b0 = jj_utf8_offset(s->s, s->len, at), b1 = jj_utf8_offset(s->s, s->len, at + 1);
+        size_t b0 = jj_utf8_offset(c, s->s, s->len, at), b1 = b0 + jj_utf8_offset(c, s->s + b0, s->len - b0, 1);
         const jj_str *r = jj_str_new(c, s->s + b0, b1 - b0);
         *out = jv_str(r);
         return r != NULL;
@@ -415,7 +433,7 @@ static bool eval_slice(jj_ctx *c, const jj_node *n, jj_val *out) {
     if (obj.t != JV_LIST && obj.t != JV_STR)
         return jj_fail(c, n, TANDEM_ERR_FORMAT, "'%s' object is not subscriptable", jv_type_name(obj));
     const bool is_str = obj.t == JV_STR;
-    const int64_t len = is_str ? (int64_t)jj_utf8_len(obj.u.s->s, obj.u.s->len) : (int64_t)obj.u.l->n;
+    const int64_t len = is_str ? (int64_t)jj_utf8_len(c, obj.u.s->s, obj.u.s->len) : (int64_t)obj.u.l->n;
     if (!g0) start = stp > 0 ? 0 : len - 1;
     else if (start < 0) start = start + len < 0 ? (stp > 0 ? 0 : -1) : start + len;
     else if (start >= len) start = stp > 0 ? len : len - 1;
@@ -430,7 +448,7 @@ static bool eval_slice(jj_ctx *c, const jj_node *n, jj_val *out) {
         size_t bi = 0;
         for (int64_t i = 0; i <= len; i++) {
             offs[i] = bi;
-            if (i < len) bi = jj_utf8_offset(obj.u.s->s + bi, obj.u.s->len - bi, 1) + bi;
+            if (i < len) bi = jj_utf8_offset(c, obj.u.s->s + bi, obj.u.s->len - bi, 1) + bi;
         }
     }
     jj_buf sb = {0};
@@ -567,6 +585,9 @@ tandem_status tdm_jinja_parse(const char *src, size_t len, tdm_jinja **out, tdm_
     if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "template: NULL out");
     *out = NULL;
     if (!src && len) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "template: NULL source");
+    if (len > TDM_JINJA_MAX_SOURCE)
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "the template has %zu bytes, more than the %zu a template may have", len,
+                          TDM_JINJA_MAX_SOURCE);
     tdm_jinja *t = calloc(1, sizeof *t);
     char *s = malloc(len + 1);
     if (!t || !s) {
@@ -587,10 +608,20 @@ tandem_status tdm_jinja_parse(const char *src, size_t len, tdm_jinja **out, tdm_
     if (k && s[k - 1] == '\n') k--;
     s[k] = 0;
     t->src = s;
+    /* the tokens and their decoded strings are freed once the tree is built; with
+     * the tree they share the parse's memory bound */
+    jj_arena scratch = {.limit = TDM_JINJA_MAX_PARSE_MEMORY};
     jj_token *toks;
     size_t n_toks;
     tdm_err e = {0};
-    if (!jj_lex(s, k, &t->arena, &toks, &n_toks, &e) || !jj_parse(toks, n_toks, &t->arena, &t->root, &e)) {
+    bool ok = jj_lex(s, k, &scratch, &toks, &n_toks, &e);
+    if (ok) {
+        t->arena.limit = TDM_MAX(scratch.limit - scratch.used, 1); /* 0 would be none */
+        ok = jj_parse(toks, n_toks, &t->arena, &t->root, &e);
+        free(toks);
+    }
+    jj_arena_free(&scratch);
+    if (!ok) {
         if (e.status == TANDEM_OK) e.status = TANDEM_ERR_FORMAT;
         tdm_jinja_free(t);
         if (err) *err = e;
@@ -632,6 +663,7 @@ tandem_status tdm_jinja_render(const tdm_jinja *t, const tdm_jinja_var *vars, si
         ok = ok && vars[i].name && frame_set(&c, c.globals, vars[i].name, v);
     }
     ok = ok && exec_stmt(&c, t->root);
+    ok = ok && e.status == TANDEM_OK; /* a bound passed where it could not be reported (jj_equal...) */
     jj_arena_free(&c.arena);
     if (!ok) {
         free(b.p);

@@ -35,7 +35,7 @@ static bool f_title(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj_
 static bool f_length(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj_val *out) {
     (void)a;
     int64_t len;
-    if (!jj_length(v, &len)) return jj_fail(c, n, TANDEM_ERR_FORMAT, "object of type '%s' has no len()", jv_type_name(v));
+    if (!jj_length(c, v, &len)) return jj_fail(c, n, TANDEM_ERR_FORMAT, "object of type '%s' has no len()", jv_type_name(v));
     *out = jv_int(len);
     return true;
 }
@@ -84,6 +84,7 @@ static bool attr_path(jj_ctx *c, const jj_node *n, jj_val v, jj_val attr, jj_val
         return true;
     }
     if (attr.t != JV_STR) return jj_fail(c, n, TANDEM_ERR_FORMAT, "attribute must be a string");
+    if (!jj_work(c, attr.u.s->len, JJ_SCAN)) return false;
     const char *p = attr.u.s->s;
     for (;;) {
         const char *dot = strchr(p, '.');
@@ -93,6 +94,7 @@ static bool attr_path(jj_ctx *c, const jj_node *n, jj_val v, jj_val attr, jj_val
         memcpy(part, p, len);
         part[len] = 0;
         if (v.t == JV_UNDEF) return *out = v, true;
+        if (!jj_work(c, 1, JJ_ITEM)) return false;
         char *end;
         long idx = strtol(part, &end, 10);
         if (len && *end == 0 && v.t == JV_LIST)
@@ -116,7 +118,8 @@ static bool f_join(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj_v
     bool ok = true;
     for (size_t i = 0; i < l->n && ok; i++) {
         jj_val item = l->v[i];
-        if (i && sep) ok = jj_buf_add(c, &b, sep->s, sep->len);
+        ok = jj_work(c, 1, JJ_ITEM);
+        if (ok && i && sep) ok = jj_buf_add(c, &b, sep->s, sep->len);
         if (ok && has_attr) ok = attr_path(c, n, item, attr, &item);
         if (ok) ok = jj_buf_str(c, &b, item);
     }
@@ -177,7 +180,7 @@ static bool number_of(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, b
         break;
     case JV_STR: {
         const jj_str *s = jj_s_strip(c, v.u.s, NULL, true, true);
-        if (!s) return false;
+        if (!s || !jj_work(c, s->len, JJ_SCAN)) return false;
         char *end;
         errno = 0;
         if (want_int) {
@@ -238,7 +241,7 @@ static bool f_indent(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj
     if (!t) return false;
     memcpy(t->s, s->s, s->len);
     t->s[s->len] = '\n';
-    jj_list *lines = jj_s_splitlines(c, t);
+    jj_list *lines = jj_s_splitlines(c, t, false);
     if (!lines) return false;
     jj_buf b = {0};
     bool ok = true;
@@ -280,7 +283,7 @@ static bool f_escape(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj
     const jj_str *s;
     if (!jj_str_of(c, v, &s)) return false;
     jj_buf b = {0};
-    bool ok = true;
+    bool ok = jj_work(c, s->len, JJ_ITEM); /* an append a byte */
     for (size_t i = 0; i < s->len && ok; i++) {
         const char *r = s->s[i] == '&' ? "&amp;" : s->s[i] == '<' ? "&lt;" : s->s[i] == '>' ? "&gt;"
                       : s->s[i] == '"' ? "&#34;" : s->s[i] == '\'' ? "&#39;" : NULL;
@@ -320,6 +323,7 @@ static bool f_map(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj_va
     jj_args fa = rest_args(a, 1);
     for (size_t i = 0; i < l->n; i++) {
         jj_val x;
+        if (!jj_work(c, 1, JJ_ITEM)) return false;
         if (by_attr ? !attr_path(c, n, l->v[i], attr, &x) : !jj_filter(c, n, fname.u.s->s, l->v[i], &fa, &x)) return false;
         if (by_attr && x.t == JV_UNDEF && has_def) x = def;
         r->v[r->n++] = x;
@@ -345,6 +349,7 @@ static bool select_impl(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a,
     for (size_t i = 0; i < l->n; i++) {
         jj_val x = l->v[i];
         bool pass;
+        if (!jj_work(c, 1, JJ_ITEM)) return false;
         if (by_attr && !attr_path(c, n, x, attr, &x)) return false;
         if (has_test) {
             if (!jj_test(c, n, tname.u.s->s, x, &ta, &pass)) return false;
@@ -409,8 +414,7 @@ static bool f_sort(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj_v
         size_t j = i;
         while (j > 0) {
             int cmp;
-            if (!jj_compare(c, n, keys[j - 1], k, &cmp)) return false;
-            if (++c->steps > c->lim.max_steps) return jj_fail(c, n, TANDEM_ERR_NOMEM, "sort: too many steps");
+            if (!jj_work(c, 1, JJ_ITEM) || !jj_compare(c, n, keys[j - 1], k, &cmp)) return false;
             if (jj_truthy(rev) ? cmp >= 0 : cmp <= 0) break;
             keys[j] = keys[j - 1];
             r->v[j] = r->v[j - 1];
@@ -436,7 +440,8 @@ static bool f_unique(jj_ctx *c, const jj_node *n, jj_val v, const jj_args *a, jj
         jj_val k;
         bool dup = false;
         if (!sort_key(c, n, l->v[i], attr, jj_truthy(cs), &k)) return false;
-        for (size_t j = 0; j < seen->n && !dup; j++) dup = jj_equal(seen->v[j], k);
+        for (size_t j = 0; j < seen->n && !dup; j++) dup = jj_equal(c, seen->v[j], k);
+        if (jj_over(c)) return false;
         if (!dup && (!jj_list_push(c, seen, k) || !jj_list_push(c, r, l->v[i]))) return false;
     }
     *out = jv_list(r);

@@ -15,6 +15,14 @@
  * Memory: everything a parse or a render allocates comes from one arena (jj_arena)
  * freed at once; a render's arena has a byte limit.  Errors: functions return false
  * (or NULL) after setting the context's error with the node's line and column.
+ *
+ * Work: a render counts steps (nodes evaluated, loop iterations) and charges every
+ * walk over data to the same count (jj_work), so that the step bound bounds the time
+ * of any template: a step is about the time of one node, and every loop over bytes,
+ * list items, dict keys or scope names pays in proportion to what it visits.  The
+ * searches are linear (jj_s_find, jj_s_rfind).  A function that cannot report an
+ * error (equality, lookups) stops its walk once the bound is passed; the error it
+ * leaves set fails the render.
  */
 #ifndef TDM_JJ_INTERNAL_H
 #define TDM_JJ_INTERNAL_H
@@ -57,14 +65,22 @@ typedef struct jj_token {
     int line, col;
     const char *p;
     size_t n;
-    int64_t i;
-    double f;
+    union {
+        int64_t i;
+        double f;
+    };
 } jj_token;
 
-/* Tokenizes src (already normalized: \n newlines, no trailing newline).  Tokens
- * and decoded strings are allocated from a; the DATA and NAME tokens point into
- * src.  {% raw %} bodies become DATA.  false with err set. */
+/* Tokenizes src (already normalized: \n newlines, no trailing newline) into *out
+ * (malloc'ed; free()) and decoded strings from a, which the parse no longer needs once
+ * the tree is built; the DATA and NAME tokens point into src.  {% raw %} bodies become
+ * DATA.  The tokens and strings together stay within a->limit: on return a->limit is
+ * lowered by the tokens' bytes (a->limit - a->used is what they leave of it).  false
+ * with err set. */
 bool jj_lex(const char *src, size_t len, jj_arena *a, jj_token **out, size_t *n_out, tdm_err *err);
+/* Sets err for an allocation of the parse that failed (its arena's limit is
+ * TDM_JINJA_MAX_PARSE_MEMORY); returns false. */
+bool jj_parse_nomem(tdm_err *err);
 
 /* ----------------------------------------------------------------- values */
 
@@ -175,14 +191,19 @@ typedef enum jj_op {
 struct jj_node {
     uint8_t kind, op;
     int line, col;
-    jj_node *a, *b, *c, *d;
+    jj_node *a, *b;
+    union { /* E_LIT's value; c, d for the kinds that use them (none uses both) */
+        struct {
+            jj_node *c, *d;
+        };
+        jj_val lit;
+    };
     jj_node **list, **list2;
     size_t n, n2;
     const char **names;
     size_t n_names;
     const char *str;
     size_t len;
-    jj_val lit;
 };
 
 /* Parses the tokens into the body of the template (S_BODY). */
@@ -202,6 +223,7 @@ typedef struct jj_ctx {
     jj_arena arena;
     tdm_jinja_limits lim;
     uint64_t steps;
+    uint64_t work;        /* work charged short of a whole step, in 1/JJ_STEP steps */
     int calls;            /* macro calls in progress */
     jj_buf *out;          /* where text goes (the result, or a capture) */
     jj_frame *globals;    /* the template's variables */
@@ -214,8 +236,22 @@ typedef struct jj_ctx {
 
 /* Sets the error "line L, column C: <message>" from node n (or c->at); returns false. */
 bool jj_fail(jj_ctx *c, const jj_node *n, tandem_status st, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-/* Arena allocation that fails with "the template needs more than N MiB of memory". */
+/* Arena allocation that fails with "the template needs more than N MiB of memory"
+ * (the bytes are charged as copied). */
 void *jj_alloc(jj_ctx *c, size_t n);
+
+/* Work charged per unit, in 1/JJ_STEP of a step: a byte allocated, copied or written;
+ * a byte searched, compared or decoded; a value visited (a list item, a dict key, a
+ * name in a scope).  Measured: a step is ~16 ns of CPU, a search ~3 ns a byte. */
+#define JJ_STEP 64
+#define JJ_COPY 1
+#define JJ_SCAN 32
+#define JJ_ITEM 64
+/* Charges n units of cost (JJ_COPY, JJ_SCAN, JJ_ITEM); false with "the template ran
+ * more than N steps" once the step bound is passed (and on every call after). */
+bool jj_work(jj_ctx *c, uint64_t n, unsigned cost);
+/* Whether the step bound has been passed (its error is set). */
+static inline bool jj_over(const jj_ctx *c) { return c->steps > c->lim.max_steps; }
 
 /* value.c: construction (NULL / false on failure, error set) */
 const jj_str *jj_str_new(jj_ctx *c, const char *s, size_t n);
@@ -225,9 +261,9 @@ bool jj_list_push(jj_ctx *c, jj_list *l, jj_val v);
 jj_dict *jj_dict_new(jj_ctx *c, size_t cap);
 /* Sets key (replacing an equal key's value). */
 bool jj_dict_set(jj_ctx *c, jj_dict *d, jj_val k, jj_val v);
-/* The value of a string key, or NULL. */
-jj_val *jj_dict_get(const jj_dict *d, const char *key, size_t len);
-jj_val *jj_dict_find(const jj_dict *d, jj_val key);
+/* The value of a string key, or NULL (also past the step bound). */
+jj_val *jj_dict_get(jj_ctx *c, const jj_dict *d, const char *key, size_t len);
+jj_val *jj_dict_find(jj_ctx *c, const jj_dict *d, jj_val key);
 /* A JSON value as a jinja value. */
 bool jj_from_json(jj_ctx *c, const tdm_json *j, jj_val *out);
 
@@ -245,18 +281,19 @@ bool jj_to_str(jj_ctx *c, jj_val v, jj_val *out);
 
 /* value.c: semantics */
 bool jj_truthy(jj_val v);
-bool jj_equal(jj_val a, jj_val b);
+/* a == b (false past the step bound). */
+bool jj_equal(jj_ctx *c, jj_val a, jj_val b);
 /* Python ordering: false with an error for types that do not compare. */
 bool jj_compare(jj_ctx *c, const jj_node *n, jj_val a, jj_val b, int *cmp);
 /* Code points of a UTF-8 string (bytes that are not valid UTF-8 count one each). */
-size_t jj_utf8_len(const char *s, size_t n);
-/* Byte offset of code point i (i <= length). */
-size_t jj_utf8_offset(const char *s, size_t n, size_t i);
+size_t jj_utf8_len(jj_ctx *c, const char *s, size_t n);
+/* Byte offset of code point i (the end when i is past it). */
+size_t jj_utf8_offset(jj_ctx *c, const char *s, size_t n, size_t i);
 /* Iteration: a list's items, a dict's keys, a string's characters, undefined: none.
  * false with an error for a value that does not iterate. */
 bool jj_iter_list(jj_ctx *c, const jj_node *n, jj_val v, const jj_list **out);
 /* The length of a str, list, dict; false otherwise. */
-bool jj_length(jj_val v, int64_t *out);
+bool jj_length(jj_ctx *c, jj_val v, int64_t *out);
 
 /* ops.c: a op b for the arithmetic, comparison, ~ and in operators of n->op. */
 bool jj_eval_binary(jj_ctx *c, const jj_node *n, jj_val a, jj_val b, jj_val *out);
@@ -279,9 +316,14 @@ bool jj_is_space(uint32_t cp); /* str.isspace */
 const jj_str *jj_s_strip(jj_ctx *c, const jj_str *s, const jj_str *chars, bool left, bool right);
 const jj_str *jj_s_case(jj_ctx *c, const jj_str *s, jj_case mode);
 const jj_str *jj_s_replace(jj_ctx *c, const jj_str *s, const jj_str *old, const jj_str *new_, int64_t count);
+/* The first occurrence of sub in s[from..n) / the last one in s[0..end): its byte
+ * offset, or SIZE_MAX when there is none (also past the step bound); linear in
+ * the bytes scanned, which are charged. */
+size_t jj_s_find(jj_ctx *c, const char *s, size_t n, size_t from, const jj_str *sub);
+size_t jj_s_rfind(jj_ctx *c, const char *s, size_t end, const jj_str *sub);
 /* sep NULL: whitespace; maxsplit < 0: no limit. */
 jj_list *jj_s_split(jj_ctx *c, const jj_str *s, const jj_str *sep, int64_t maxsplit, bool from_right);
-jj_list *jj_s_splitlines(jj_ctx *c, const jj_str *s);
+jj_list *jj_s_splitlines(jj_ctx *c, const jj_str *s, bool keepends);
 
 /* filters.c, tests.c, methods.c: each receives the evaluated input and arguments. */
 typedef struct jj_args {

@@ -35,6 +35,8 @@ bool jp_is_kw(const jj_token *t, const char *kw);
 const char *jp_describe(const jj_token *t, char buf[48]);
 /* Consumes the next token if it is kind/text, else fails "expected WHAT, found ...". */
 bool jp_expect(parser *P, jj_tk kind, const char *text, const char *what);
+/* Arena memory (zeroed), NULL with the parse's memory message. */
+void *jp_alloc(parser *P, size_t n);
 jj_node *jp_node(parser *P, jj_kind kind, const jj_token *at);
 char *jp_name_dup(parser *P, const jj_token *t);
 bool jp_nvec_push(parser *P, nvec *a, jj_node *x);

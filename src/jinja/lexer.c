@@ -18,15 +18,17 @@ typedef struct lexer {
     const char *s;
     size_t n, pos;
     int line, col;    /* of pos */
-    jj_arena *a;
-    jj_token *toks;
+    jj_arena *a;      /* the decoded strings */
+    size_t budget;    /* bytes for the tokens and the strings together */
+    jj_token *toks;   /* malloc'ed */
     size_t n_toks, cap;
     tdm_err *err;
 } lexer;
 
 static bool lex_fail(lexer *L, int line, int col, const char *fmt, const char *arg) {
-    char m[200];
-    snprintf(m, sizeof m, fmt, arg);
+    char raw[200], m[200];
+    snprintf(raw, sizeof raw, fmt, arg);
+    tdm_jinja_escape(m, sizeof m, raw);
     tdm_seterr(L->err, TANDEM_ERR_FORMAT, "line %d, column %d: %s", line, col, m);
     return false;
 }
@@ -46,14 +48,12 @@ static void advance_to(lexer *L, size_t p) {
 static jj_token *push(lexer *L, jj_tk kind, int line, int col) {
     if (L->n_toks == L->cap) {
         size_t nc = L->cap ? L->cap * 2 : 64;
-        jj_token *nt = jj_arena_alloc(L->a, nc * sizeof *nt);
-        if (!nt) {
-            tdm_seterr(L->err, TANDEM_ERR_NOMEM, "template: out of memory");
-            return NULL;
-        }
-        if (L->n_toks) memcpy(nt, L->toks, L->n_toks * sizeof *nt);
+        const size_t bytes = nc * sizeof *L->toks;
+        jj_token *nt = bytes < L->budget - L->a->used ? realloc(L->toks, bytes) : NULL;
+        if (!nt) return jj_parse_nomem(L->err), NULL;
         L->toks = nt;
         L->cap = nc;
+        L->a->limit = L->budget - bytes; /* the strings get what the tokens leave (> 0: 0 is none) */
     }
     jj_token *t = &L->toks[L->n_toks++];
     memset(t, 0, sizeof *t);
@@ -104,7 +104,7 @@ static bool lex_string(lexer *L, jj_token *t) {
     while (end < L->n && L->s[end] != q) end += L->s[end] == '\\' ? 2 : 1;
     if (end >= L->n) return lex_fail(L, t->line, t->col, "unterminated string literal%s", "");
     char *o = jj_arena_alloc(L->a, end - i + 1);
-    if (!o) return tdm_seterr(L->err, TANDEM_ERR_NOMEM, "template: out of memory"), false;
+    if (!o) return jj_parse_nomem(L->err);
     size_t k = 0;
     while (i < end) {
         char ch = L->s[i++];
@@ -265,7 +265,6 @@ static bool lex_tag(lexer *L, char kind, char *after, int tline, int tcol) {
             t->n = k;
             advance_to(L, L->pos + k);
         }
-        if (L->n_toks > (size_t)1 << 26) return lex_fail(L, tline, tcol, "template too large%s", "");
     }
     return push(L, kind == '{' ? TK_VAR_END : TK_BLOCK_END, L->line, L->col) != NULL;
 }
@@ -315,49 +314,57 @@ static bool lex_raw(lexer *L, int tline, int tcol) {
     return lex_fail(L, tline, tcol, "unclosed {%% raw %%}: expected {%% endraw %%}%s", "");
 }
 
-bool jj_lex(const char *src, size_t len, jj_arena *a, jj_token **out, size_t *n_out, tdm_err *err) {
-    lexer L = {.s = src, .n = len, .line = 1, .col = 1, .a = a, .err = err};
+/* The tokens of the whole source, then EOF. */
+static bool lex_all(lexer *L) {
     bool line_start = true;
-    while (L.pos < L.n) {
-        size_t start = L.pos, p = start;
-        int dline = L.line, dcol = L.col;
-        while (p + 1 < L.n && !(L.s[p] == '{' && (L.s[p + 1] == '{' || L.s[p + 1] == '%' || L.s[p + 1] == '#'))) p++;
-        if (p + 1 >= L.n) { /* no more tags */
-            if (!emit_data(&L, start, L.n, 0, 0, line_start, dline, dcol)) return false;
+    while (L->pos < L->n) {
+        size_t start = L->pos, p = start;
+        int dline = L->line, dcol = L->col;
+        while (p + 1 < L->n && !(L->s[p] == '{' && (L->s[p + 1] == '{' || L->s[p + 1] == '%' || L->s[p + 1] == '#'))) p++;
+        if (p + 1 >= L->n) { /* no more tags */
+            if (!emit_data(L, start, L->n, 0, 0, line_start, dline, dcol)) return false;
             break;
         }
-        const char kind = L.s[p + 1];
-        char mod = p + 2 < L.n && (L.s[p + 2] == '-' || L.s[p + 2] == '+') ? L.s[p + 2] : 0;
+        const char kind = L->s[p + 1];
+        char mod = p + 2 < L->n && (L->s[p + 2] == '-' || L->s[p + 2] == '+') ? L->s[p + 2] : 0;
         if (kind == '{' && mod == '+') mod = 0; /* "{{+" is "{{" then a unary plus */
-        if (!emit_data(&L, start, p, kind, mod, line_start, dline, dcol)) return false;
-        advance_to(&L, p);
-        const int tline = L.line, tcol = L.col;
-        advance_to(&L, p + 2 + (mod ? 1 : 0));
+        if (!emit_data(L, start, p, kind, mod, line_start, dline, dcol)) return false;
+        advance_to(L, p);
+        const int tline = L->line, tcol = L->col;
+        advance_to(L, p + 2 + (mod ? 1 : 0));
         char after_mod = 0;
         size_t raw_after = 0;
         if (kind == '#') {
             const char *e = NULL;
-            for (size_t q = L.pos; q + 1 < L.n; q++)
-                if (L.s[q] == '#' && L.s[q + 1] == '}') {
-                    e = L.s + q;
+            for (size_t q = L->pos; q + 1 < L->n; q++)
+                if (L->s[q] == '#' && L->s[q + 1] == '}') {
+                    e = L->s + q;
                     break;
                 }
-            if (!e) return lex_fail(&L, tline, tcol, "unclosed comment: expected '#}'%s", "");
-            after_mod = e > L.s + L.pos && (e[-1] == '-' || e[-1] == '+') ? e[-1] : 0;
-            advance_to(&L, (size_t)(e - L.s) + 2);
-        } else if (kind == '%' && is_raw_tag(&L, L.pos, "raw", &raw_after)) {
-            advance_to(&L, raw_after);
-            if (!lex_raw(&L, tline, tcol)) return false;
-            line_start = L.pos > 0 && L.s[L.pos - 1] == '\n';
+            if (!e) return lex_fail(L, tline, tcol, "unclosed comment: expected '#}'%s", "");
+            after_mod = e > L->s + L->pos && (e[-1] == '-' || e[-1] == '+') ? e[-1] : 0;
+            advance_to(L, (size_t)(e - L->s) + 2);
+        } else if (kind == '%' && is_raw_tag(L, L->pos, "raw", &raw_after)) {
+            advance_to(L, raw_after);
+            if (!lex_raw(L, tline, tcol)) return false;
+            line_start = L->pos > 0 && L->s[L->pos - 1] == '\n';
             continue;
         } else {
-            if (!push(&L, kind == '{' ? TK_VAR_BEGIN : TK_BLOCK_BEGIN, tline, tcol)) return false;
-            if (!lex_tag(&L, kind, &after_mod, tline, tcol)) return false;
+            if (!push(L, kind == '{' ? TK_VAR_BEGIN : TK_BLOCK_BEGIN, tline, tcol)) return false;
+            if (!lex_tag(L, kind, &after_mod, tline, tcol)) return false;
         }
-        after_tag(&L, kind, after_mod);
-        line_start = L.pos > 0 && L.s[L.pos - 1] == '\n';
+        after_tag(L, kind, after_mod);
+        line_start = L->pos > 0 && L->s[L->pos - 1] == '\n';
     }
-    if (!push(&L, TK_EOF, L.line, L.col)) return false;
+    return push(L, TK_EOF, L->line, L->col) != NULL;
+}
+
+bool jj_lex(const char *src, size_t len, jj_arena *a, jj_token **out, size_t *n_out, tdm_err *err) {
+    lexer L = {.s = src, .n = len, .line = 1, .col = 1, .a = a, .budget = a->limit, .err = err};
+    if (!lex_all(&L)) {
+        free(L.toks);
+        return false;
+    }
     *out = L.toks;
     *n_out = L.n_toks;
     return true;

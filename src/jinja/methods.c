@@ -1,7 +1,8 @@
 /* methods.c - the Python methods templates call, and the global functions.
  *
  * str: strip lstrip rstrip startswith endswith split rsplit splitlines upper lower
- *      title capitalize replace find rfind count join isdigit isspace
+ *      title capitalize replace find rfind count (with start, end) join isdigit isspace;
+ *      more arguments than Python's, or keywords it does not take, are errors
  * dict: items keys values get      loop: cycle
  * globals: range (at most 100000 items, as jinja2's sandbox allows), namespace, dict,
  *      raise_exception (transformers: the template's own error), strftime_now. */
@@ -33,35 +34,91 @@ static bool affix(jj_ctx *c, const jj_node *n, const jj_str *s, const jj_args *a
             return jj_fail(c, n, TANDEM_ERR_FORMAT, "%s first arg must be str or a tuple of str, not %s",
                            end ? "endswith" : "startswith", jv_type_name(opts[i]));
         const jj_str *x = opts[i].u.s;
+        if (!jj_work(c, 1, JJ_ITEM) || !jj_work(c, TDM_MIN(x->len, s->len), JJ_SCAN)) return false;
         if (x->len <= s->len && memcmp(end ? s->s + s->len - x->len : s->s, x->s, x->len) == 0) *out = jv_bool(true);
     }
     return true;
 }
 
-/* find / rfind / count of a substring (positions in code points). */
-static bool search(jj_ctx *c, const jj_node *n, const jj_str *s, const jj_args *a, int mode, jj_val *out) {
+enum { FIND, RFIND, COUNT };
+
+/* find / rfind / count of sub in s[start:end]: the bounds and the positions in code
+ * points, the bounds adjusted as Python's str methods do (negatives from the end, end
+ * clamped to the length, an empty range when start passes end).  Linear: one search
+ * (forwards, or backwards for rfind), code points counted once. */
+static bool search(jj_ctx *c, const jj_node *n, const jj_str *s, const char *m, const jj_args *a, int mode,
+                   jj_val *out) {
     const jj_str *sub;
-    if (!jj_arg_str(c, n, a, 0, "sub", &sub)) return false;
-    if (!sub) return jj_fail(c, n, TANDEM_ERR_FORMAT, "the method needs a string argument");
-    int64_t count = 0, at = -1;
-    for (size_t i = 0; i + sub->len <= s->len; i++) {
-        if (memcmp(s->s + i, sub->s, sub->len) != 0) continue;
-        if (mode == 0) {
-            at = (int64_t)jj_utf8_len(s->s, i);
-            break;
+    int64_t start, end;
+    if (!jj_arg_str(c, n, a, 0, "sub", &sub) || !jj_arg_int(c, n, a, 1, "start", 0, &start) ||
+        !jj_arg_int(c, n, a, 2, "end", INT64_MAX, &end))
+        return false;
+    if (!sub) return jj_fail(c, n, TANDEM_ERR_FORMAT, "%s() needs a string to look for", m);
+    size_t b0 = 0, b1 = s->len; /* the range in bytes */
+    if (start != 0 || end != INT64_MAX || (sub->len == 0 && mode != FIND)) {
+        const int64_t len = (int64_t)jj_utf8_len(c, s->s, s->len);
+        if (end > len) end = len;
+        else if (end < 0) end = end + len < 0 ? 0 : end + len;
+        if (start < 0) start = start + len < 0 ? 0 : start + len;
+        if (start > end) {
+            *out = jv_int(mode == COUNT ? 0 : -1);
+            return true;
         }
-        if (mode == 1) at = (int64_t)jj_utf8_len(s->s, i);
-        count++;
-        if (mode == 2 && sub->len) i += sub->len - 1;
-        if (mode == 2 && !sub->len) count = (int64_t)jj_utf8_len(s->s, s->len) + 1, i = s->len;
+        b0 = jj_utf8_offset(c, s->s, s->len, (size_t)start);
+        b1 = b0 + jj_utf8_offset(c, s->s + b0, s->len - b0, (size_t)(end - start));
     }
-    *out = jv_int(mode == 2 ? count : at);
+    if (sub->len == 0) { /* found at every position of the range */
+        *out = jv_int(mode == FIND ? start : mode == RFIND ? end : end - start + 1);
+        return !jj_over(c);
+    }
+    int64_t r = mode == COUNT ? 0 : -1;
+    if (mode == COUNT) {
+        for (size_t i = b0, at; (at = jj_s_find(c, s->s, b1, i, sub)) != SIZE_MAX; i = at + sub->len) r++;
+    } else {
+        size_t at = mode == FIND ? jj_s_find(c, s->s + b0, b1 - b0, 0, sub) : jj_s_rfind(c, s->s + b0, b1 - b0, sub);
+        if (at != SIZE_MAX) r = start + (int64_t)jj_utf8_len(c, s->s + b0, at);
+    }
+    *out = jv_int(r);
+    return !jj_over(c);
+}
+
+/* The most positional arguments of each str method, and the keywords it takes. */
+static const struct {
+    const char *name;
+    size_t max_pos;
+    const char *kw[3];
+} str_sigs[] = {
+    {"strip", 1, {"chars"}}, {"lstrip", 1, {"chars"}}, {"rstrip", 1, {"chars"}}, {"startswith", 1, {0}},
+    {"endswith", 1, {0}}, {"split", 2, {"sep", "maxsplit"}}, {"rsplit", 2, {"sep", "maxsplit"}},
+    {"splitlines", 1, {"keepends"}}, {"upper", 0, {0}}, {"lower", 0, {0}}, {"title", 0, {0}},
+    {"capitalize", 0, {0}}, {"replace", 3, {"count"}}, {"find", 3, {0}}, {"rfind", 3, {0}}, {"count", 3, {0}},
+    {"join", 1, {0}}, {"isdigit", 0, {0}}, {"isspace", 0, {0}},
+};
+
+/* false with an error when a's arguments do not fit str method m's signature. */
+static bool check_sig(jj_ctx *c, const jj_node *n, const char *m, const jj_args *a, bool *known) {
+    for (size_t i = 0; i < TDM_ARRAY_LEN(str_sigs); i++) {
+        if (strcmp(str_sigs[i].name, m) != 0) continue;
+        *known = true;
+        if (a->n_pos > str_sigs[i].max_pos)
+            return jj_fail(c, n, TANDEM_ERR_UNSUPPORTED, "str.%s() takes at most %zu argument(s) (%zu given)", m,
+                           str_sigs[i].max_pos, a->n_pos);
+        for (size_t k = 0; k < a->n_kw; k++) {
+            size_t j = 0;
+            while (j < TDM_ARRAY_LEN(str_sigs[i].kw) && str_sigs[i].kw[j] && strcmp(str_sigs[i].kw[j], a->kw[k]) != 0) j++;
+            if (j == TDM_ARRAY_LEN(str_sigs[i].kw) || !str_sigs[i].kw[j])
+                return jj_fail(c, n, TANDEM_ERR_UNSUPPORTED, "str.%s() takes no keyword argument '%s'", m, a->kw[k]);
+        }
+        return true;
+    }
+    *known = false;
     return true;
 }
 
 static bool str_method(jj_ctx *c, const jj_node *n, const jj_str *s, const char *m, const jj_args *a, jj_val *out,
                        bool *handled) {
-    *handled = true;
+    if (!check_sig(c, n, m, a, handled)) return false;
+    if (!*handled) return true;
     const jj_str *x, *y;
     int64_t k;
     if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip"))
@@ -75,7 +132,9 @@ static bool str_method(jj_ctx *c, const jj_node *n, const jj_str *s, const char 
         return l != NULL;
     }
     if (!strcmp(m, "splitlines")) {
-        jj_list *l = jj_s_splitlines(c, s);
+        jj_val keep = jv_bool(false);
+        jj_arg(a, 0, "keepends", &keep);
+        jj_list *l = jj_s_splitlines(c, s, jj_truthy(keep));
         *out = jv_list(l);
         return l != NULL;
     }
@@ -89,9 +148,9 @@ static bool str_method(jj_ctx *c, const jj_node *n, const jj_str *s, const char 
         if (!x || !y) return jj_fail(c, n, TANDEM_ERR_FORMAT, "replace needs two strings");
         return ret_str(jj_s_replace(c, s, x, y, k), out);
     }
-    if (!strcmp(m, "find")) return search(c, n, s, a, 0, out);
-    if (!strcmp(m, "rfind")) return search(c, n, s, a, 1, out);
-    if (!strcmp(m, "count")) return search(c, n, s, a, 2, out);
+    if (!strcmp(m, "find")) return search(c, n, s, m, a, FIND, out);
+    if (!strcmp(m, "rfind")) return search(c, n, s, m, a, RFIND, out);
+    if (!strcmp(m, "count")) return search(c, n, s, m, a, COUNT, out);
     if (!strcmp(m, "join")) {
         jj_val it;
         const jj_list *l;
@@ -100,6 +159,7 @@ static bool str_method(jj_ctx *c, const jj_node *n, const jj_str *s, const char 
         jj_buf b = {0};
         bool ok = true;
         for (size_t i = 0; i < l->n && ok; i++) {
+            if (!(ok = jj_work(c, 1, JJ_ITEM))) break;
             if (l->v[i].t != JV_STR) {
                 ok = jj_fail(c, n, TANDEM_ERR_FORMAT, "sequence item %zu: expected str instance, %s found", i,
                              jv_type_name(l->v[i]));
@@ -112,14 +172,14 @@ static bool str_method(jj_ctx *c, const jj_node *n, const jj_str *s, const char 
         return ret_str(r, out);
     }
     if (!strcmp(m, "isdigit") || !strcmp(m, "isspace")) {
+        if (!jj_work(c, s->len, JJ_SCAN)) return false;
         bool r = s->len > 0;
         for (size_t i = 0; i < s->len && r; i++)
             r = m[2] == 'd' ? (s->s[i] >= '0' && s->s[i] <= '9') : jj_is_space((unsigned char)s->s[i]);
         *out = jv_bool(r);
         return true;
     }
-    *handled = false;
-    return true;
+    return jj_fail(c, n, TANDEM_ERR_INTERNAL, "str.%s has no implementation", m);
 }
 
 static bool dict_method(jj_ctx *c, const jj_node *n, jj_dict *d, const char *m, const jj_args *a, jj_val *out,
@@ -129,7 +189,7 @@ static bool dict_method(jj_ctx *c, const jj_node *n, jj_dict *d, const char *m, 
         jj_val k, def = jv_none();
         if (!jj_arg(a, 0, NULL, &k)) return jj_fail(c, n, TANDEM_ERR_FORMAT, "get needs a key");
         jj_arg(a, 1, NULL, &def);
-        const jj_val *v = jj_dict_find(d, k);
+        const jj_val *v = jj_dict_find(c, d, k);
         *out = v ? *v : def;
         return true;
     }

@@ -39,7 +39,17 @@ static bool type_error(jj_ctx *c, const jj_node *n, jj_val a, jj_val b) {
 
 static bool overflow(jj_ctx *c, const jj_node *n) { return jj_fail(c, n, TANDEM_ERR_FORMAT, "integer overflow"); }
 
-/* s repeated k times (k <= 0: empty). */
+/* dst[0..total) filled with copies of its first unit bytes, in doubling copies. */
+static void fill_repeated(char *dst, size_t unit, size_t total) {
+    for (size_t done = unit; unit && done < total;) {
+        const size_t m = TDM_MIN(done, total - done);
+        memcpy(dst + done, dst, m);
+        done += m;
+    }
+}
+
+/* s repeated k times (k <= 0: empty); the work is the length of the result, whatever
+ * k is ('' * 10**18 is ''). */
 static bool repeat(jj_ctx *c, const jj_node *n, jj_val seq, int64_t k, jj_val *out) {
     if (k < 0) k = 0;
     if (seq.t == JV_STR) {
@@ -48,7 +58,8 @@ static bool repeat(jj_ctx *c, const jj_node *n, jj_val seq, int64_t k, jj_val *o
             return jj_fail(c, n, TANDEM_ERR_NOMEM, "a repeated string longer than %zu bytes", c->lim.max_output);
         jj_str *s = jj_str_alloc(c, tot);
         if (!s) return false;
-        for (int64_t i = 0; i < k; i++) memcpy(s->s + (size_t)i * len, seq.u.s->s, len);
+        if (tot) memcpy(s->s, seq.u.s->s, len);
+        fill_repeated(s->s, len, tot);
         *out = jv_str(s);
         return true;
     }
@@ -57,8 +68,9 @@ static bool repeat(jj_ctx *c, const jj_node *n, jj_val seq, int64_t k, jj_val *o
         return jj_fail(c, n, TANDEM_ERR_NOMEM, "a repeated list too long");
     jj_list *l = jj_list_new(c, tot);
     if (!l) return false;
-    for (int64_t i = 0; i < k; i++)
-        for (size_t j = 0; j < seq.u.l->n; j++) l->v[l->n++] = seq.u.l->v[j];
+    if (tot) memcpy(l->v, seq.u.l->v, seq.u.l->n * sizeof *l->v);
+    fill_repeated((char *)l->v, seq.u.l->n * sizeof *l->v, tot * sizeof *l->v);
+    l->n = tot;
     l->tuple = seq.u.l->tuple;
     *out = jv_list(l);
     return true;
@@ -157,15 +169,14 @@ static bool contains(jj_ctx *c, const jj_node *n, jj_val needle, jj_val hay, boo
         if (needle.t != JV_STR)
             return jj_fail(c, n, TANDEM_ERR_FORMAT, "'in <string>' requires string as left operand, not %s",
                            jv_type_name(needle));
-        *out = needle.u.s->len == 0 ||
-               (needle.u.s->len <= hay.u.s->len && memmem(hay.u.s->s, hay.u.s->len, needle.u.s->s, needle.u.s->len));
-        return true;
+        *out = jj_s_find(c, hay.u.s->s, hay.u.s->len, 0, needle.u.s) != SIZE_MAX;
+        return !jj_over(c);
     case JV_LIST:
         *out = false;
-        for (size_t i = 0; i < hay.u.l->n && !*out; i++) *out = jj_equal(hay.u.l->v[i], needle);
-        return true;
+        for (size_t i = 0; i < hay.u.l->n && !*out; i++) *out = jj_equal(c, hay.u.l->v[i], needle);
+        return !jj_over(c);
     case JV_DICT:
-    case JV_NS: *out = jj_dict_find(hay.u.d, needle) != NULL; return true;
+    case JV_NS: *out = jj_dict_find(c, hay.u.d, needle) != NULL; return !jj_over(c);
     case JV_UNDEF: *out = false; return true;
     default:
         return jj_fail(c, n, TANDEM_ERR_FORMAT, "argument of type '%s' is not iterable", jv_type_name(hay));
@@ -180,8 +191,8 @@ bool jj_eval_binary(jj_ctx *c, const jj_node *n, jj_val a, jj_val b, jj_val *out
         jj_val x, y;
         return jj_to_str(c, a, &x) && jj_to_str(c, b, &y) && concat(c, x, y, out);
     }
-    case OP_EQ: *out = jv_bool(jj_equal(a, b)); return true;
-    case OP_NE: *out = jv_bool(!jj_equal(a, b)); return true;
+    case OP_EQ: *out = jv_bool(jj_equal(c, a, b)); return !jj_over(c);
+    case OP_NE: *out = jv_bool(!jj_equal(c, a, b)); return !jj_over(c);
     case OP_LT: case OP_LE: case OP_GT: case OP_GE:
         if (a.t == JV_UNDEF || b.t == JV_UNDEF) return type_error(c, n, a, b);
         if (!jj_compare(c, n, a, b, &cmp)) return false;

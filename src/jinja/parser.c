@@ -11,11 +11,12 @@
 #include "jj_parse.h"
 
 bool jp_pfail(parser *P, const jj_token *at, tandem_status st, const char *fmt, ...) {
-    char m[200];
+    char raw[200], m[200];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(m, sizeof m, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    tdm_jinja_escape(m, sizeof m, raw);
     tdm_seterr(P->err, st, "line %d, column %d: %s", at->line, at->col, m);
     return false;
 }
@@ -62,12 +63,21 @@ bool jp_expect(parser *P, jj_tk kind, const char *text, const char *what) {
     return true;
 }
 
+bool jj_parse_nomem(tdm_err *err) {
+    tdm_seterr(err, TANDEM_ERR_NOMEM, "the template needs more than %zu MiB of memory to parse",
+               TDM_JINJA_MAX_PARSE_MEMORY >> 20);
+    return false;
+}
+
+void *jp_alloc(parser *P, size_t n) {
+    void *p = jj_arena_alloc(P->a, n);
+    if (!p) jj_parse_nomem(P->err);
+    return p;
+}
+
 jj_node *jp_node(parser *P, jj_kind kind, const jj_token *at) {
-    jj_node *n = jj_arena_alloc(P->a, sizeof *n);
-    if (!n) {
-        tdm_seterr(P->err, TANDEM_ERR_NOMEM, "template: out of memory");
-        return NULL;
-    }
+    jj_node *n = jp_alloc(P, sizeof *n);
+    if (!n) return NULL;
     n->kind = (uint8_t)kind;
     n->line = at->line;
     n->col = at->col;
@@ -75,11 +85,8 @@ jj_node *jp_node(parser *P, jj_kind kind, const jj_token *at) {
 }
 
 char *jp_name_dup(parser *P, const jj_token *t) {
-    char *s = jj_arena_alloc(P->a, t->n + 1);
-    if (!s) {
-        tdm_seterr(P->err, TANDEM_ERR_NOMEM, "template: out of memory");
-        return NULL;
-    }
+    char *s = jp_alloc(P, t->n + 1);
+    if (!s) return NULL;
     memcpy(s, t->p, t->n);
     return s;
 }
@@ -88,8 +95,8 @@ char *jp_name_dup(parser *P, const jj_token *t) {
 bool jp_nvec_push(parser *P, nvec *a, jj_node *x) {
     if (a->n == a->cap) {
         size_t nc = a->cap ? a->cap * 2 : 4;
-        jj_node **nv = jj_arena_alloc(P->a, nc * sizeof *nv);
-        if (!nv) return tdm_seterr(P->err, TANDEM_ERR_NOMEM, "template: out of memory"), false;
+        jj_node **nv = jp_alloc(P, nc * sizeof *nv);
+        if (!nv) return false;
         if (a->n) memcpy(nv, a->v, a->n * sizeof *nv);
         a->v = nv;
         a->cap = nc;
@@ -102,8 +109,8 @@ bool jp_svec_push(parser *P, svec *a, const char *s) {
     if (!s) return false;
     if (a->n == a->cap) {
         size_t nc = a->cap ? a->cap * 2 : 4;
-        const char **nv = jj_arena_alloc(P->a, nc * sizeof *nv);
-        if (!nv) return tdm_seterr(P->err, TANDEM_ERR_NOMEM, "template: out of memory"), false;
+        const char **nv = jp_alloc(P, nc * sizeof *nv);
+        if (!nv) return false;
         if (a->n) memcpy(nv, a->v, a->n * sizeof *nv);
         a->v = nv;
         a->cap = nc;
@@ -203,8 +210,8 @@ static jj_node *parse_primary(parser *P) {
         size_t total = t->n;
         size_t j = P->i;
         while (j < P->n && P->t[j].kind == TK_STRING) total += P->t[j++].n;
-        jj_str *s = jj_arena_alloc(P->a, sizeof *s + total + 1);
-        if (!s || !(n = jp_node(P, E_LIT, t))) return tdm_seterr(P->err, TANDEM_ERR_NOMEM, "template: out of memory"), NULL;
+        jj_str *s = jp_alloc(P, sizeof *s + total + 1);
+        if (!s || !(n = jp_node(P, E_LIT, t))) return NULL;
         memcpy(s->s, t->p, t->n);
         s->len = t->n;
         while (jp_peek(P)->kind == TK_STRING) {
@@ -349,8 +356,7 @@ jj_node *jp_parse_filters(parser *P, jj_node *n) {
             } else if (starts_test_arg(jp_peek(P))) {
                 jj_node *arg = parse_postfix(P, parse_primary(P));
                 if (!arg) return NULL;
-                f->list = jj_arena_alloc(P->a, sizeof *f->list);
-                if (!f->list) return tdm_seterr(P->err, TANDEM_ERR_NOMEM, "template: out of memory"), NULL;
+                if (!(f->list = jp_alloc(P, sizeof *f->list))) return NULL;
                 f->list[0] = arg;
                 f->n = 1;
             }

@@ -1,5 +1,7 @@
 /* strings.c - Python's str operations on UTF-8 strings, as templates use them:
- * strip (Python's whitespace), case mapping, replace, split, splitlines. */
+ * strip (Python's whitespace), case mapping, find / rfind, replace, split, splitlines.
+ * Each is linear in the bytes it walks and charges them (jj_work): JJ_SCAN a byte for
+ * the searches and decoding walks, JJ_ITEM a byte where each character takes calls. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,7 +18,8 @@ static uint32_t decode_at(const char *s, size_t n, size_t i, int *k) {
     return cp;
 }
 
-/* Whether cp is one of the code points of chars (NULL: whitespace). */
+/* Whether cp is one of the code points of chars (NULL: whitespace); the caller
+ * charges chars' bytes. */
 static bool in_set(uint32_t cp, const jj_str *chars) {
     if (!chars) return jj_is_space(cp);
     for (size_t i = 0; i < chars->len;) {
@@ -29,13 +32,14 @@ static bool in_set(uint32_t cp, const jj_str *chars) {
 
 const jj_str *jj_s_strip(jj_ctx *c, const jj_str *s, const jj_str *chars, bool left, bool right) {
     size_t b = 0, e = s->len;
-    while (left && b < e) {
+    const size_t per = 4 + (chars ? chars->len : 0); /* bytes scanned to test one character */
+    while (left && b < e && jj_work(c, per, JJ_SCAN)) {
         int k;
         uint32_t cp = decode_at(s->s, e, b, &k);
         if (!in_set(cp, chars)) break;
         b += (size_t)k;
     }
-    while (right && e > b) {
+    while (right && e > b && jj_work(c, per, JJ_SCAN)) {
         size_t p = e - 1;
         while (p > b && ((unsigned char)s->s[p] & 0xC0) == 0x80) p--;
         int k;
@@ -44,6 +48,7 @@ const jj_str *jj_s_strip(jj_ctx *c, const jj_str *s, const jj_str *chars, bool l
         if (!in_set(cp, chars)) break;
         e = p;
     }
+    if (jj_over(c)) return NULL;
     if (b == 0 && e == s->len) return s;
     return jj_str_new(c, s->s + b, e - b);
 }
@@ -74,7 +79,7 @@ static bool title_break(uint32_t cp) { return cp == '-' || cp == '(' || cp == '{
 
 const jj_str *jj_s_case(jj_ctx *c, const jj_str *s, jj_case mode) {
     jj_str *r = (jj_str *)jj_str_new(c, s->s, s->len); /* a copy, same length: the mapping keeps UTF-8 widths */
-    if (!r) return NULL;
+    if (!r || !jj_work(c, s->len, JJ_ITEM)) return NULL; /* a character mapped, re-encoded: a step a byte */
     bool start = true, prev_cased = false;
     for (size_t i = 0; i < s->len;) {
         int k;
@@ -106,12 +111,53 @@ const jj_str *jj_s_case(jj_ctx *c, const jj_str *s, jj_case mode) {
     return r;
 }
 
+/* Knuth-Morris-Pratt: the first occurrence of sub (not empty) in hay[0..n) reading
+ * forwards, or the last one reading backwards (both strings reversed); its offset, or
+ * SIZE_MAX.  Linear: each byte read advances the scan or shortens the match state.
+ * (Not memmem: glibc's is linear too, but AddressSanitizer checks the whole haystack
+ * on every call, which a loop of searches through one string makes quadratic.) */
+static size_t kmp(jj_ctx *c, const char *hay, size_t n, const jj_str *sub, bool backwards) {
+    const size_t m = sub->len;
+    size_t small[64], *border = m <= TDM_ARRAY_LEN(small) ? small : jj_alloc(c, m * sizeof *border);
+    if (!border || !jj_work(c, 1, JJ_ITEM) || !jj_work(c, m, JJ_SCAN)) return SIZE_MAX;
+#define P(j) (backwards ? sub->s[m - 1 - (j)] : sub->s[j])
+#define H(i) (backwards ? hay[n - 1 - (i)] : hay[i])
+    border[0] = 0; /* border[j]: the longest proper border of P(0..j) */
+    for (size_t j = 1, k = 0; j < m; j++) {
+        while (k > 0 && P(j) != P(k)) k = border[k - 1];
+        if (P(j) == P(k)) k++;
+        border[j] = k;
+    }
+    size_t i = 0, q = 0;
+    for (; i < n; i++) {
+        while (q > 0 && H(i) != P(q)) q = border[q - 1];
+        if (H(i) == P(q) && ++q == m) break;
+    }
+#undef P
+#undef H
+    if (!jj_work(c, i < n ? i + 1 : n, JJ_SCAN) || q < m) return SIZE_MAX;
+    return backwards ? n - 1 - i : i + 1 - m;
+}
+
+size_t jj_s_find(jj_ctx *c, const char *s, size_t n, size_t from, const jj_str *sub) {
+    if (from > n || sub->len > n - from) return SIZE_MAX;
+    if (sub->len == 0) return from;
+    const size_t at = kmp(c, s + from, n - from, sub, false);
+    return at == SIZE_MAX ? at : from + at;
+}
+
+size_t jj_s_rfind(jj_ctx *c, const char *s, size_t end, const jj_str *sub) {
+    if (sub->len > end) return SIZE_MAX;
+    return sub->len ? kmp(c, s, end, sub, true) : end;
+}
+
 const jj_str *jj_s_replace(jj_ctx *c, const jj_str *s, const jj_str *old, const jj_str *new_, int64_t count) {
     jj_buf b = {0};
     bool ok = true;
     size_t i = 0;
     int64_t done = 0;
     if (old->len == 0) { /* Python inserts new before every character and at the end */
+        ok = jj_work(c, s->len, JJ_ITEM); /* two appends a character */
         while (ok && (count < 0 || done < count) && i <= s->len) {
             ok = jj_buf_add(c, &b, new_->s, new_->len);
             done++;
@@ -127,12 +173,11 @@ const jj_str *jj_s_replace(jj_ctx *c, const jj_str *s, const jj_str *old, const 
         if (ok && i < s->len) ok = jj_buf_add(c, &b, s->s + i, s->len - i);
     } else {
         while (ok && i < s->len) {
-            const char *hit = (count < 0 || done < count) ? memmem(s->s + i, s->len - i, old->s, old->len) : NULL;
-            if (!hit) {
-                ok = jj_buf_add(c, &b, s->s + i, s->len - i);
+            const size_t at = (count < 0 || done < count) ? jj_s_find(c, s->s, s->len, i, old) : SIZE_MAX;
+            if (at == SIZE_MAX) {
+                ok = !jj_over(c) && jj_buf_add(c, &b, s->s + i, s->len - i);
                 break;
             }
-            size_t at = (size_t)(hit - s->s);
             ok = jj_buf_add(c, &b, s->s + i, at - i) && jj_buf_add(c, &b, new_->s, new_->len);
             i = at + old->len;
             done++;
@@ -152,6 +197,7 @@ static bool push_piece(jj_ctx *c, jj_list *l, const char *p, size_t n) {
 static bool split_ws(jj_ctx *c, const jj_str *s, int64_t maxsplit, jj_list *l) {
     size_t i = 0;
     int64_t done = 0;
+    if (!jj_work(c, s->len, JJ_SCAN)) return false;
     for (;;) {
         int k;
         while (i < s->len && jj_is_space(decode_at(s->s, s->len, i, &k))) i += (size_t)k;
@@ -181,34 +227,29 @@ jj_list *jj_s_split(jj_ctx *c, const jj_str *s, const jj_str *sep, int64_t maxsp
         size_t i = 0;
         int64_t done = 0;
         for (;;) {
-            const char *hit = (maxsplit < 0 || done < maxsplit) && i <= s->len
-                                  ? memmem(s->s + i, s->len - i, sep->s, sep->len) : NULL;
-            if (!hit) return push_piece(c, l, s->s + i, s->len - i) ? l : NULL;
-            if (!push_piece(c, l, s->s + i, (size_t)(hit - s->s) - i)) return NULL;
-            i = (size_t)(hit - s->s) + sep->len;
+            const size_t at = maxsplit < 0 || done < maxsplit ? jj_s_find(c, s->s, s->len, i, sep) : SIZE_MAX;
+            if (at == SIZE_MAX) return !jj_over(c) && push_piece(c, l, s->s + i, s->len - i) ? l : NULL;
+            if (!push_piece(c, l, s->s + i, at - i)) return NULL;
+            i = at + sep->len;
             done++;
         }
     }
-    /* rsplit with a limit: cut the last maxsplit pieces from the right */
+    /* rsplit with a limit: cut the last maxsplit pieces from the right (at most one
+     * cut per separator's length of the string) */
     size_t end = s->len;
-    size_t *cuts = jj_alloc(c, ((size_t)maxsplit + 1) * sizeof *cuts);
+    const size_t most = TDM_MIN((uint64_t)maxsplit, s->len / sep->len);
+    size_t *cuts = jj_alloc(c, (most + 1) * sizeof *cuts);
     if (!cuts) return NULL;
-    int64_t n = 0;
-    while (n < maxsplit && end >= sep->len) {
-        size_t p = end - sep->len;
-        for (;; p--) {
-            if (memcmp(s->s + p, sep->s, sep->len) == 0) break;
-            if (p == 0) {
-                p = SIZE_MAX;
-                break;
-            }
-        }
+    size_t n = 0;
+    while (n < most) {
+        size_t p = jj_s_rfind(c, s->s, end, sep);
         if (p == SIZE_MAX) break;
         cuts[n++] = p;
         end = p;
     }
+    if (jj_over(c)) return NULL;
     size_t prev = 0;
-    for (int64_t k = n - 1; k >= 0; k--) {
+    for (size_t k = n; k-- > 0;) {
         if (!push_piece(c, l, s->s + prev, cuts[k] - prev)) return NULL;
         prev = cuts[k] + sep->len;
     }
@@ -227,9 +268,9 @@ static size_t line_break_at(const char *s, size_t n, size_t i) {
     return 0;
 }
 
-jj_list *jj_s_splitlines(jj_ctx *c, const jj_str *s) {
+jj_list *jj_s_splitlines(jj_ctx *c, const jj_str *s, bool keepends) {
     jj_list *l = jj_list_new(c, 0);
-    if (!l) return NULL;
+    if (!l || !jj_work(c, s->len, JJ_SCAN)) return NULL;
     size_t b = 0;
     for (size_t i = 0; i < s->len;) {
         size_t k = line_break_at(s->s, s->len, i);
@@ -237,7 +278,7 @@ jj_list *jj_s_splitlines(jj_ctx *c, const jj_str *s) {
             i++;
             continue;
         }
-        if (!push_piece(c, l, s->s + b, i - b)) return NULL;
+        if (!push_piece(c, l, s->s + b, i + (keepends ? k : 0) - b)) return NULL;
         i += k;
         b = i;
     }

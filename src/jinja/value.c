@@ -50,6 +50,7 @@ void jj_arena_free(jj_arena *a) {
 }
 
 void *jj_alloc(jj_ctx *c, size_t n) {
+    if (!jj_work(c, n, JJ_COPY)) return NULL;
     void *p = jj_arena_alloc(&c->arena, n);
     if (!p)
         jj_fail(c, NULL, TANDEM_ERR_NOMEM, "the template needs more than %zu MiB of memory",
@@ -107,25 +108,31 @@ jj_dict *jj_dict_new(jj_ctx *c, size_t cap) {
     return d;
 }
 
-jj_val *jj_dict_get(const jj_dict *d, const char *key, size_t len) {
-    for (size_t i = 0; i < d->n; i++)
-        if (d->k[i].t == JV_STR && d->k[i].u.s->len == len && memcmp(d->k[i].u.s->s, key, len) == 0) return &d->v[i];
-    return NULL;
+jj_val *jj_dict_get(jj_ctx *c, const jj_dict *d, const char *key, size_t len) {
+    size_t i = 0, compared = 0; /* keys visited, bytes compared */
+    for (; i < d->n; i++) {
+        if (d->k[i].t != JV_STR || d->k[i].u.s->len != len) continue;
+        compared += len;
+        if (memcmp(d->k[i].u.s->s, key, len) == 0) break;
+    }
+    bool ok = jj_work(c, TDM_MIN(i + 1, d->n), JJ_ITEM) && jj_work(c, compared, JJ_SCAN);
+    return ok && i < d->n ? &d->v[i] : NULL;
 }
 
-jj_val *jj_dict_find(const jj_dict *d, jj_val key) {
-    if (key.t == JV_STR) return jj_dict_get(d, key.u.s->s, key.u.s->len);
-    for (size_t i = 0; i < d->n; i++)
-        if (jj_equal(d->k[i], key)) return &d->v[i];
+jj_val *jj_dict_find(jj_ctx *c, const jj_dict *d, jj_val key) {
+    if (key.t == JV_STR) return jj_dict_get(c, d, key.u.s->s, key.u.s->len);
+    for (size_t i = 0; i < d->n && !jj_over(c); i++)
+        if (jj_equal(c, d->k[i], key)) return &d->v[i];
     return NULL;
 }
 
 bool jj_dict_set(jj_ctx *c, jj_dict *d, jj_val k, jj_val v) {
-    jj_val *old = jj_dict_find(d, k);
+    jj_val *old = jj_dict_find(c, d, k);
     if (old) {
         *old = v;
         return true;
     }
+    if (jj_over(c)) return false;
     if (d->n == d->cap) {
         size_t nc = d->cap ? d->cap * 2 : 4;
         jj_val *nk = jj_alloc(c, nc * sizeof *nk), *nv = nk ? jj_alloc(c, nc * sizeof *nv) : NULL;
@@ -203,6 +210,7 @@ const char *jv_type_name(jj_val v) {
 
 bool jj_buf_add(jj_ctx *c, jj_buf *b, const char *s, size_t n) {
     if (n == 0) return true;
+    if (!jj_work(c, n, JJ_COPY)) return false;
     if (b->n + n > c->lim.max_output || b->n + n < b->n)
         return jj_fail(c, NULL, TANDEM_ERR_NOMEM, "the rendered text would exceed %zu bytes", c->lim.max_output);
     if (b->n + n + 1 > b->cap) {
@@ -221,23 +229,33 @@ bool jj_buf_add(jj_ctx *c, jj_buf *b, const char *s, size_t n) {
 
 static bool add_s(jj_ctx *c, jj_buf *b, const char *s) { return jj_buf_add(c, b, s, strlen(s)); }
 
+/* x with p significant digits ("%.{p-1}e") into e; whether they read back as x. */
+static bool reads_back(double x, int p, char e[40]) {
+    snprintf(e, 40, "%.*e", p - 1, x);
+    return strtod(e, NULL) == x;
+}
+
 /* Python's repr of a float: the shortest digits that read back, fixed notation for
- * exponents in [-4, 16), else d.ddde+XX. */
-static void float_repr(double x, char out[40]) {
+ * exponents in [-4, 16), else d.ddde+XX.  Each try of a precision (a formatting and a
+ * parse, ~0.3 us) is charged as 32 steps. */
+static bool float_repr(jj_ctx *c, double x, char out[40]) {
     if (isnan(x)) {
         strcpy(out, "nan");
-        return;
+        return true;
     }
     if (isinf(x)) {
         strcpy(out, x < 0 ? "-inf" : "inf");
-        return;
+        return true;
     }
     char e[40];
-    int p = 1;
-    for (; p <= 17; p++) {
-        snprintf(e, sizeof e, "%.*e", p - 1, x);
-        if (strtod(e, NULL) == x) break;
-    }
+    int tries = 0;
+    bool found = false;
+    /* away from the subnormals a double keeps every decimal of 15 digits (DBL_DIG):
+     * when 15 digits read back, those without their trailing zeros are the shortest
+     * (what trying 1, 2, ... digits finds); else it takes 16 or 17 */
+    for (int p = 15; fabs(x) >= 1e-300 && p <= 17 && !found; p++, tries++) found = reads_back(x, p, e);
+    for (int p = 1; p <= 17 && !found; p++, tries++) found = reads_back(x, p, e);
+    if (!jj_work(c, (uint64_t)tries * 32, JJ_ITEM)) return false;
     /* e: [-]d[.ddd]e[+-]XX */
     const char *s = e;
     bool neg = *s == '-';
@@ -273,6 +291,7 @@ static void float_repr(double x, char out[40]) {
         }
         snprintf(o, 8, "e%c%02d", ex < 0 ? '-' : '+', (ex < 0 ? -ex : ex) % 1000);
     }
+    return true;
 }
 
 /* Python's str.isprintable for one code point (an approximation from our tables:
@@ -293,7 +312,7 @@ static bool printable(uint32_t cp) {
 typedef size_t (*escape_fn)(uint32_t cp, char q, bool ascii, char out[16]);
 
 static bool escaped(jj_ctx *c, jj_buf *b, const char *s, size_t n, escape_fn esc, char q, bool ascii) {
-    if (!jj_buf_add(c, b, &q, 1)) return false;
+    if (!jj_work(c, n, JJ_ITEM) || !jj_buf_add(c, b, &q, 1)) return false; /* a decode, a test, an append a character */
     for (size_t i = 0; i < n;) {
         uint32_t cp;
         int k = tdm_utf8_decode((const uint8_t *)s + i, n - i, &cp);
@@ -321,6 +340,29 @@ static size_t repr_escape(uint32_t cp, char q, bool ascii, char out[16]) {
     return (size_t)snprintf(out, 16, cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)cp);
 }
 
+void tdm_jinja_escape(char *out, size_t cap, const char *msg) {
+    const size_t n = strlen(msg);
+    size_t k = 0;
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        const int len = tdm_utf8_decode((const uint8_t *)msg + i, n - i, &cp);
+        char e[16];
+        size_t el = 0;
+        if (cp >= 0x80000000u)
+            el = (size_t)snprintf(e, sizeof e, "\\x%02x", (unsigned)(cp & 0xFF)); /* not UTF-8 */
+        else if (cp == '\n' || cp == '\r' || cp == '\t')
+            el = two(e, cp == '\n' ? 'n' : cp == '\r' ? 'r' : 't');
+        else if (!printable(cp))
+            el = (size_t)snprintf(e, sizeof e, cp < 0x100 ? "\\x%02x" : cp < 0x10000 ? "\\u%04x" : "\\U%08x", (unsigned)cp);
+        const size_t w = el ? el : (size_t)len;
+        if (k + w >= cap) break;
+        memcpy(out + k, el ? e : msg + i, w);
+        k += w;
+        i += (size_t)len;
+    }
+    if (cap) out[k] = 0;
+}
+
 static bool repr_str(jj_ctx *c, jj_buf *b, const char *s, size_t n) {
     bool sq = memchr(s, '\'', n) != NULL, dq = memchr(s, '"', n) != NULL;
     return escaped(c, b, s, n, repr_escape, sq && !dq ? '"' : '\'', false);
@@ -329,12 +371,13 @@ static bool repr_str(jj_ctx *c, jj_buf *b, const char *s, size_t n) {
 static bool buf_val(jj_ctx *c, jj_buf *b, jj_val v, bool repr, int depth) {
     char num[48];
     if (depth > TDM_JINJA_MAX_NESTING) return jj_fail(c, NULL, TANDEM_ERR_FORMAT, "a value nested too deeply to print");
+    if (!jj_work(c, 1, JJ_ITEM)) return false;
     switch ((jj_type)v.t) {
     case JV_UNDEF: return true;
     case JV_NONE: return add_s(c, b, "None");
     case JV_BOOL: return add_s(c, b, v.u.b ? "True" : "False");
     case JV_INT: snprintf(num, sizeof num, "%lld", (long long)v.u.i); return add_s(c, b, num);
-    case JV_FLOAT: float_repr(v.u.f, num); return add_s(c, b, num);
+    case JV_FLOAT: return float_repr(c, v.u.f, num) && add_s(c, b, num);
     case JV_STR: return repr ? repr_str(c, b, v.u.s->s, v.u.s->len) : jj_buf_add(c, b, v.u.s->s, v.u.s->len);
     case JV_LIST: {
         const jj_list *l = v.u.l;
@@ -403,9 +446,10 @@ static bool json_str(jj_ctx *c, jj_buf *b, const char *s, size_t n, bool ascii) 
 }
 
 static bool newline_indent(jj_ctx *c, jj_buf *b, int indent, int level) {
+    static const char spaces[] = "                                                                ";
     if (!add_s(c, b, "\n")) return false;
-    for (int i = 0; i < indent * level; i++)
-        if (!jj_buf_add(c, b, " ", 1)) return false;
+    for (size_t left = (size_t)indent * (size_t)level, k; left; left -= k) /* in runs: up to 64 x 200 spaces */
+        if (!jj_buf_add(c, b, spaces, k = TDM_MIN(left, sizeof spaces - 1))) return false;
     return true;
 }
 
@@ -415,7 +459,7 @@ static bool json_key(jj_ctx *c, jj_buf *b, jj_val k, bool ascii) {
     switch (k.t) {
     case JV_STR: return json_str(c, b, k.u.s->s, k.u.s->len, ascii);
     case JV_INT: snprintf(num, sizeof num, "\"%lld\"", (long long)k.u.i); return add_s(c, b, num);
-    case JV_FLOAT: num[0] = '"'; float_repr(k.u.f, num + 1); strcat(num, "\""); return add_s(c, b, num);
+    case JV_FLOAT: num[0] = '"'; return float_repr(c, k.u.f, num + 1) && add_s(c, b, strcat(num, "\""));
     case JV_BOOL: return add_s(c, b, k.u.b ? "\"true\"" : "\"false\"");
     case JV_NONE: return add_s(c, b, "\"null\"");
     default: return jj_fail(c, NULL, TANDEM_ERR_FORMAT, "tojson: keys must be str, int, float, bool or None, not %s", jv_type_name(k));
@@ -434,6 +478,7 @@ bool jj_buf_json(jj_ctx *c, jj_buf *b, jj_val v, bool ascii, int indent, const c
                  bool sort_keys, int depth) {
     char num[48];
     if (depth > TDM_JINJA_MAX_NESTING) return jj_fail(c, NULL, TANDEM_ERR_FORMAT, "tojson: a value nested too deeply");
+    if (!jj_work(c, 1, JJ_ITEM)) return false;
     switch ((jj_type)v.t) {
     case JV_NONE: return add_s(c, b, "null");
     case JV_BOOL: return add_s(c, b, v.u.b ? "true" : "false");
@@ -441,8 +486,7 @@ bool jj_buf_json(jj_ctx *c, jj_buf *b, jj_val v, bool ascii, int indent, const c
     case JV_FLOAT:
         if (isnan(v.u.f)) return add_s(c, b, "NaN");
         if (isinf(v.u.f)) return add_s(c, b, v.u.f < 0 ? "-Infinity" : "Infinity");
-        float_repr(v.u.f, num);
-        return add_s(c, b, num);
+        return float_repr(c, v.u.f, num) && add_s(c, b, num);
     case JV_STR: return json_str(c, b, v.u.s->s, v.u.s->len, ascii);
     case JV_LIST: {
         const jj_list *l = v.u.l;
@@ -463,7 +507,16 @@ bool jj_buf_json(jj_ctx *c, jj_buf *b, jj_val v, bool ascii, int indent, const c
         const jj_val **order = jj_alloc(c, d->n * sizeof *order);
         if (!order) return false;
         for (size_t i = 0; i < d->n; i++) order[i] = &d->k[i];
-        if (sort_keys) qsort(order, d->n, sizeof *order, key_cmp);
+        if (sort_keys) { /* n log n comparisons, each of up to the longest key */
+            uint64_t log2n = 1, longest = 0;
+            while (log2n < 64 && ((uint64_t)1 << log2n) < d->n) log2n++;
+            for (size_t i = 0; i < d->n; i++)
+                if (d->k[i].t == JV_STR && d->k[i].u.s->len > longest) longest = d->k[i].u.s->len;
+            const uint64_t cmps = d->n * log2n;
+            if (!jj_work(c, cmps, JJ_ITEM) || !jj_work(c, longest < UINT64_MAX / cmps ? cmps * longest : UINT64_MAX, JJ_SCAN))
+                return false;
+            qsort(order, d->n, sizeof *order, key_cmp);
+        }
         if (!add_s(c, b, "{")) return false;
         for (size_t i = 0; i < d->n; i++) {
             size_t at = (size_t)(order[i] - d->k);
@@ -500,7 +553,10 @@ static bool is_num(jj_val v) { return v.t == JV_INT || v.t == JV_FLOAT || v.t ==
 static double num_f(jj_val v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ? (double)v.u.i : (double)v.u.b; }
 static int64_t num_i(jj_val v) { return v.t == JV_INT ? v.u.i : (int64_t)v.u.b; }
 
-bool jj_equal(jj_val a, jj_val b) {
+/* Values nest as a DAG (a list may hold one list many times), so a comparison
+ * may visit far more values than memory holds: each visit is charged. */
+bool jj_equal(jj_ctx *c, jj_val a, jj_val b) {
+    if (!jj_work(c, 1, JJ_ITEM)) return false;
     if (is_num(a) && is_num(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT) return num_i(a) == num_i(b);
         return num_f(a) == num_f(b);
@@ -508,17 +564,18 @@ bool jj_equal(jj_val a, jj_val b) {
     if (a.t != b.t) return false;
     switch ((jj_type)a.t) {
     case JV_UNDEF: case JV_NONE: return true;
-    case JV_STR: return a.u.s->len == b.u.s->len && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
+    case JV_STR:
+        return a.u.s->len == b.u.s->len && jj_work(c, a.u.s->len, JJ_SCAN) && memcmp(a.u.s->s, b.u.s->s, a.u.s->len) == 0;
     case JV_LIST:
         if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple) return false;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jj_equal(a.u.l->v[i], b.u.l->v[i])) return false;
+            if (!jj_equal(c, a.u.l->v[i], b.u.l->v[i])) return false;
         return true;
     case JV_DICT:
         if (a.u.d->n != b.u.d->n) return false;
         for (size_t i = 0; i < a.u.d->n; i++) {
-            const jj_val *o = jj_dict_find(b.u.d, a.u.d->k[i]);
-            if (!o || !jj_equal(a.u.d->v[i], *o)) return false;
+            const jj_val *o = jj_dict_find(c, b.u.d, a.u.d->k[i]);
+            if (!o || !jj_equal(c, a.u.d->v[i], *o)) return false;
         }
         return true;
     case JV_NS: return a.u.d == b.u.d;
@@ -544,6 +601,7 @@ bool jj_compare(jj_ctx *c, const jj_node *n, jj_val a, jj_val b, int *cmp) {
     }
     if (a.t == JV_STR && b.t == JV_STR) {
         size_t m = TDM_MIN(a.u.s->len, b.u.s->len);
+        if (!jj_work(c, m, JJ_SCAN)) return false;
         int r = memcmp(a.u.s->s, b.u.s->s, m);
         *cmp = r ? (r > 0) - (r < 0) : (a.u.s->len > b.u.s->len) - (a.u.s->len < b.u.s->len);
         return true;
@@ -551,9 +609,10 @@ bool jj_compare(jj_ctx *c, const jj_node *n, jj_val a, jj_val b, int *cmp) {
     if (a.t == JV_LIST && b.t == JV_LIST && a.u.l->tuple == b.u.l->tuple) {
         size_t m = TDM_MIN(a.u.l->n, b.u.l->n);
         for (size_t i = 0; i < m; i++) {
-            if (jj_equal(a.u.l->v[i], b.u.l->v[i])) continue;
-            return jj_compare(c, n, a.u.l->v[i], b.u.l->v[i], cmp);
+            if (jj_equal(c, a.u.l->v[i], b.u.l->v[i])) continue;
+            return !jj_over(c) && jj_compare(c, n, a.u.l->v[i], b.u.l->v[i], cmp);
         }
+        if (jj_over(c)) return false;
         *cmp = (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
         return true;
     }
@@ -561,8 +620,9 @@ bool jj_compare(jj_ctx *c, const jj_node *n, jj_val a, jj_val b, int *cmp) {
                    jv_type_name(b));
 }
 
-size_t jj_utf8_len(const char *s, size_t n) {
+size_t jj_utf8_len(jj_ctx *c, const char *s, size_t n) {
     size_t count = 0;
+    jj_work(c, n, JJ_SCAN); /* a bound passed here fails the render */
     for (size_t i = 0; i < n; count++) {
         uint32_t cp;
         i += (size_t)tdm_utf8_decode((const uint8_t *)s + i, n - i, &cp);
@@ -570,18 +630,19 @@ size_t jj_utf8_len(const char *s, size_t n) {
     return count;
 }
 
-size_t jj_utf8_offset(const char *s, size_t n, size_t idx) {
+size_t jj_utf8_offset(jj_ctx *c, const char *s, size_t n, size_t idx) {
     size_t i = 0;
     for (size_t k = 0; k < idx && i < n; k++) {
         uint32_t cp;
         i += (size_t)tdm_utf8_decode((const uint8_t *)s + i, n - i, &cp);
     }
+    jj_work(c, i, JJ_SCAN); /* a bound passed here fails the render */
     return i;
 }
 
-bool jj_length(jj_val v, int64_t *out) {
+bool jj_length(jj_ctx *c, jj_val v, int64_t *out) {
     switch (v.t) {
-    case JV_STR: *out = (int64_t)jj_utf8_len(v.u.s->s, v.u.s->len); return true;
+    case JV_STR: *out = (int64_t)jj_utf8_len(c, v.u.s->s, v.u.s->len); return true;
     case JV_LIST: *out = (int64_t)v.u.l->n; return true;
     case JV_DICT: case JV_NS: *out = (int64_t)v.u.d->n; return true;
     case JV_UNDEF: *out = 0; return true;
@@ -604,7 +665,7 @@ bool jj_iter_list(jj_ctx *c, const jj_node *n, jj_val v, const jj_list **out) {
     case JV_STR: {
         const jj_str *s = v.u.s;
         jj_list *l = jj_list_new(c, 0);
-        if (!l) return false;
+        if (!l || !jj_work(c, s->len, JJ_SCAN)) return false;
         for (size_t i = 0; i < s->len;) {
             uint32_t cp;
             int k = tdm_utf8_decode((const uint8_t *)s->s + i, s->len - i, &cp);
