@@ -178,6 +178,8 @@ void tdm_sched_finish(tdm_sched *s, tdm_req *r, tandem_finish_reason reason) {
     res.n_preemptions = r->n_preempt;
     tdm_kv_seq_free(e->pool, &r->s.kv);
     pthread_mutex_lock(&s->mu);
+    s->kv_free_seen = tdm_kv_pool_n_free(e->pool); /* (before on_finish: a caller that waits for it sees its blocks free) */
+    s->run_seen = s->n_run;
     r->finished = true;
     if (r->cancel) s->n_cancel--;
     if (r->prev_live) r->prev_live->next_live = r->next_live;

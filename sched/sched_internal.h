@@ -72,8 +72,8 @@ struct tdm_sched {
                                   time (the scheduler thread, a blocking run, or
                                   tdm_sched_step), whatever the callers do */
     int32_t n_step_wait;       /* threads waiting for the right to step */
-    /* free KV blocks and running sequences at the end of the last step (the pool and
-     * the batch are the stepping thread's: stats read these) */
+    /* free KV blocks and running sequences at the end of the last step or finish (the
+     * pool and the batch are the stepping thread's: stats read these) */
     int32_t kv_free_seen, run_seen;
     pthread_t th;
     /* the stepping thread's own */
