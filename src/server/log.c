@@ -72,7 +72,22 @@ static void write_line(srv_log *log, const char *buf, size_t len) {
         return;
     }
     pthread_mutex_lock(&log->mu);
-    if (!append(log, buf, len)) {
+    /* after failed writes the file's next line says how many were lost: the note and the
+     * line go in together or not at all, so the file never resumes without it */
+    char note[160 + LINE_MAX_BYTES + 64];
+    const char *out = buf;
+    size_t n = len;
+    if (log->failing && log->file) {
+        size_t k = stamp(note);
+        k += (size_t)snprintf(note + k, sizeof note - k, "serve: %lu log lines were lost here (%s)\n",
+                              log->lost_since, strerror(log->failing));
+        if (k + len <= sizeof note) {
+            memcpy(note + k, buf, len);
+            out = note;
+            n = k + len;
+        }
+    }
+    if (!append(log, out, n)) {
         const int e = errno;
         log->lost++;
         log->lost_since++;
@@ -81,14 +96,8 @@ static void write_line(srv_log *log, const char *buf, size_t len) {
                     log->path, strerror(e));
         log->failing = e;
     } else if (log->failing) {
-        if (log->file) {
+        if (log->file)
             fprintf(stderr, "serve: log file %s: writing again (%lu lines lost)\n", log->path, log->lost_since);
-            char note[160];
-            size_t k = stamp(note);
-            k += (size_t)snprintf(note + k, sizeof note - k, "serve: %lu log lines were lost here (%s)\n",
-                                  log->lost_since, strerror(log->failing));
-            (void)append(log, note, k); /* (best effort: the line above went in) */
-        }
         log->failing = 0;
         log->lost_since = 0;
     }
