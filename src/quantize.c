@@ -3,6 +3,7 @@
 #include "quantize.h"
 
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,12 +106,19 @@ typedef struct conv_job {
     uint64_t r0, r1, src_rb, dst_rb;
     uint8_t *out; /* the whole tensor's output */
     float *row;   /* [ne0] */
+    int64_t bad;  /* the first row holding NaN or an infinity (then it stops), -1 = none */
 } conv_job;
 
 static void *conv_rows(void *p) {
     conv_job *j = p;
+    j->bad = -1;
     for (uint64_t r = j->r0; r < j->r1; r++) {
         tdm_row_to_f32(j->t->type, (const uint8_t *)j->t->data + r * j->src_rb, j->row, j->t->ne[0]);
+        for (int64_t i = 0; i < j->t->ne[0]; i++)
+            if (!isfinite(j->row[i])) { /* (no scale quantises it: an error, as llama.cpp's) */
+                j->bad = (int64_t)r;
+                return NULL;
+            }
         tdm_row_from_f32(j->ty, j->row, j->out + r * j->dst_rb, j->t->ne[0]);
     }
     return NULL;
@@ -133,13 +141,18 @@ static tandem_status write_tensor(tdm_gguf_writer *w, const tdm_gguf_tensor *t, 
     bool started[MAX_THREADS] = {false};
     for (int k = 0; k < nt; k++) {
         jobs[k] = (conv_job){t, ty, n_rows * (uint64_t)k / (uint64_t)nt, n_rows * (uint64_t)(k + 1) / (uint64_t)nt,
-                             src_rb, dst_rb, out, rows + (size_t)k * (size_t)max_row};
+                             src_rb, dst_rb, out, rows + (size_t)k * (size_t)max_row, -1};
         started[k] = k > 0 && pthread_create(&th[k], NULL, conv_rows, &jobs[k]) == 0;
         if (k > 0 && !started[k]) conv_rows(&jobs[k]); /* no thread: do it here */
     }
     conv_rows(&jobs[0]);
     for (int k = 1; k < nt; k++)
         if (started[k]) pthread_join(th[k], NULL);
+    for (int k = 0; k < nt; k++)
+        if (jobs[k].bad >= 0)
+            return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                              "tensor '%s': row %lld holds NaN or an infinity (a model with non-finite weights is "
+                              "not quantised)", t->name, (long long)jobs[k].bad);
     return tdm_gguf_stream_write(w, out, (size_t)(dst_rb * n_rows), err);
 }
 

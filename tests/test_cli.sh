@@ -238,9 +238,9 @@ for _ in range(n_tensors):
     tensors[name] = (pos, take("I"), take("Q"))
 type_at, typ, off = tensors[sys.argv[2].encode()]
 if sys.argv[3] == "nan":
-    assert typ == 0, "%s is not F32" % sys.argv[2]
+    assert typ in (0, 1), "%s is not F32 or F16" % sys.argv[2]
     f.seek((pos + align - 1) // align * align + off)
-    f.write(struct.pack("<f", float("nan")))
+    f.write(struct.pack("<f", float("nan")) if typ == 0 else struct.pack("<H", 0x7E00))
 else:
     f.seek(type_at)
     f.write(struct.pack("<I", int(sys.argv[3].split("=")[1])))
@@ -752,6 +752,13 @@ grep -q "q4_k_m" "$TMP/err" || fail "quantize: unknown type message lists the ty
 expect_exit 2 "quantize: missing OUT" "$TANDEM" quantize "$TARGET" --type q8_0
 expect_exit 2 "quantize: OUT is IN" "$TANDEM" quantize "$TARGET" "$TARGET" --type q8_0
 expect_exit 1 "quantize: missing IN" "$TANDEM" quantize "$TMP/none.gguf" "$TMP/q.gguf" --type q8_0
+# a NaN in an f16 matrix: no quantisation of it (each type's rounding of NaN is undefined)
+gguf_patch "$TARGET" "$TMP/nan16.gguf" blk.0.attn_q.weight nan || fail "writing a NaN f16 copy"
+for ty in q8_0 q4_0 q4_k; do
+    expect_exit 1 "quantize $ty: a NaN weight" "$TANDEM" quantize "$TMP/nan16.gguf" "$TMP/q.gguf" --type $ty
+    expect_err "tensor 'blk.0.attn_q.weight': row 0 holds NaN" "quantize $ty: a NaN weight"
+done
+rm -f "$TMP/nan16.gguf"
 [ ! -e "$TMP/q.gguf" ] && [ ! -e "$TMP/q.gguf.tmp" ] && pass "quantize: a failed run leaves no file" ||
     fail "quantize: a failed run left a file"
 expect_exit 0 "quantize q4_k_m" "$TANDEM" quantize "$TARGET" "$TMP/q.gguf" --type q4_k_m
