@@ -209,10 +209,16 @@ static _Thread_local tdm_sched *tl_stepping;
 
 /* Exactly one thread steps at any time: the scheduler thread, a blocking run or a
  * tdm_sched_step, whichever holds s->stepping (taken and dropped under s->mu). */
-static void take_step_locked(tdm_sched *s) {
+/* Waits (s->mu held) for the stepper to drop the right to step, or for cv_done's
+ * other news (a request finished, the thread stopped). */
+static void wait_step_locked(tdm_sched *s) {
     s->n_step_wait++;
-    while (s->stepping) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_cond_wait(&s->cv_done, &s->mu);
     s->n_step_wait--;
+}
+
+static void take_step_locked(tdm_sched *s) {
+    while (s->stepping) wait_step_locked(s);
     s->stepping = true;
 }
 
@@ -249,9 +255,7 @@ static void *thread_main(void *arg) {
     for (;;) {
         while (!s->th_stop && (!pending_locked(s) || s->stepping)) {
             if (s->stepping) { /* (a step begun before the thread started) */
-                s->n_step_wait++;
-                pthread_cond_wait(&s->cv_done, &s->mu);
-                s->n_step_wait--;
+                wait_step_locked(s);
             } else {
                 pthread_cond_wait(&s->cv_work, &s->mu);
             }
@@ -384,9 +388,7 @@ tandem_status tdm_sched_run(tdm_sched *s, const int32_t *const *prompts, const i
             continue;
         }
         if (s->stepping) { /* another caller steps: wait for it, or for these requests */
-            s->n_step_wait++;
-            pthread_cond_wait(&s->cv_done, &s->mu);
-            s->n_step_wait--;
+            wait_step_locked(s);
             continue;
         }
         s->stepping = true;

@@ -344,13 +344,11 @@ bool cli_serve_cfg_load(const char *path, const tandem_generate_params *defaults
 /* A serve config with every default (`tandem serve -m MODEL`, no file). */
 void cli_serve_cfg_init(cli_job_cfg *c, const tandem_generate_params *defaults);
 /* Opens the models and the engine a config names; -1 on success, else an exit code
- * (the error printed; what was opened is closed). */
-int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng);
-/* The same with each model's load progress callback (tandem_model_params; NULL:
- * none); when it stops a load the exit code is CLI_EXIT_OK and nothing is printed (the
- * caller knows why). */
-int cli_job_open_engine_watched(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
-                                tandem_model **target, tandem_model **draft, tandem_engine **eng);
+ * (the error printed; what was opened is closed).  progress (may be NULL) is each
+ * model's load progress callback (tandem_model_params); when it stops a load the exit
+ * code is CLI_EXIT_OK and nothing is printed (the caller knows why). */
+int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
+                        tandem_model **target, tandem_model **draft, tandem_engine **eng);
 /* The config's request parameters: [sampling], [job] priority / timeout, and with a
  * draft the [spec] keys. */
 tandem_request cli_job_request(const cli_job_cfg *c, bool has_draft);

@@ -323,12 +323,8 @@ static void summary(const run_totals *t, size_t n_skipped, double dt, bool has_d
             (unsigned long long)t->preemptions, t->n_timeouts);
 }
 
-int cli_job_open_engine(const cli_job_cfg *c, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
-    return cli_job_open_engine_watched(c, NULL, NULL, target, draft, eng);
-}
-
-int cli_job_open_engine_watched(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
-                                tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), void *progress_user,
+                        tandem_model **target, tandem_model **draft, tandem_engine **eng) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = c->backend;
     mp.progress_callback = progress;
@@ -399,7 +395,7 @@ static int run_job(const cli_job_cfg *c, const run_args *a) {
     if (rc < 0 && !cli_line_out_open(&out, c->output, false)) rc = cli_error("%s", out.err);
     if (rc < 0) rc = owed(&x, a, todo, &n_todo, &n_skipped);
     tandem_model *target = NULL, *draft = NULL;
-    if (rc < 0) rc = cli_job_open_engine(c, &target, &draft, &x.eng);
+    if (rc < 0) rc = cli_job_open_engine(c, NULL, NULL, &target, &draft, &x.eng);
     x.target = target;
     if (rc < 0) /* inputs with "messages": rendered, a failure that input's error */
         rc = cli_render_chats(target, c->chat_template[0] ? c->chat_template : NULL, false, c->input, &in, true);

@@ -335,7 +335,7 @@ static int serve(const cli_job_cfg *c) {
     tandem_model *target = NULL, *draft = NULL;
     tandem_engine *eng = NULL;
     load_watch w = {.s = s, .sigs = &sigs, .n_models = c->draft[0] ? 2 : 1};
-    int rc = cli_job_open_engine_watched(c, on_load_progress, &w, &target, &draft, &eng);
+    int rc = cli_job_open_engine(c, on_load_progress, &w, &target, &draft, &eng);
     if (rc < 0 && !w.sig) w.sig = pending_signal(&sigs); /* (one that came after the last tensor) */
     if (w.sig) {
         srv_logf(log, "serve: %s during the load: stopped", w.sig == SIGTERM ? "SIGTERM" : "SIGINT");
