@@ -18,7 +18,7 @@
  * accepts (probe again at once, until the estimate says whether to speculate).  At
  * acceptance 0 this costs one draft step and one two-row verification per gap,
  * instead of one per token.  A request starts halfway between the prior and the
- * engine's last request's acceptance estimate (src/engine.c), so a pair that never
+ * engine's last request's acceptance estimate (src/engine/engine.c), so a pair that never
  * agrees backs off within a few steps.
  */
 #ifndef TDM_CONTROLLER_H

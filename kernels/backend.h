@@ -1,6 +1,6 @@
 /* backend.h - the narrow op interface every compute backend implements.
  *
- * The model's forward pass (src/forward.c) is written once on top of this table.
+ * The model's forward pass (src/model/forward.c) is written once on top of this table.
  * kernels/cpu implements it now; kernels/cuda will implement it with device
  * memory.  All pointers passed to ops are backend memory (host memory for the CPU
  * backend).  Every op returns a tandem_status; unsupported sizes or types return
@@ -51,7 +51,7 @@ bool tdm_weight_cols_view(const tdm_weight *w, int64_t c0, int64_t nc, tdm_weigh
  * angle theta = p * freq[t], and both rotated values are multiplied by mscale:
  *   a' = (a cos theta - b sin theta) mscale,  b' = (a sin theta + b cos theta) mscale.
  * Every scaling a GGUF names (none, linear, yarn, Llama 3's rope_freqs) is such a
- * table plus a magnitude: src/rope.c computes them once at load, as llama.cpp does. */
+ * table plus a magnitude: src/model/rope.c computes them once at load, as llama.cpp does. */
 typedef struct tdm_rope_params {
     int32_t n_rot;       /* rotated dims per head (<= head_dim, even) */
     float freq_base;     /* theta base, e.g. 10000 (for the table below when freq is NULL) */
@@ -126,7 +126,7 @@ typedef struct tdm_kv_move_args {
 } tdm_kv_move_args;
 
 /* A row-quantised copy of an output projection W[rows][cols] (tdm_qhead_build,
- * src/qhead.c) for cheap approximate logits with a rigorous error bound.  Laid out
+ * src/model/qhead.c) for cheap approximate logits with a rigorous error bound.  Laid out
  * for int8 dot-product instructions: groups of 16 W rows, and in each group the 16
  * rows' values of 4 consecutive columns stored together (64 bytes), so one
  * instruction advances 16 rows by 4 columns and no horizontal sums are needed.
@@ -172,7 +172,7 @@ typedef struct tdm_block_weights {
 } tdm_block_weights;
 
 /* Every transformer block of a forward pass over a batch (the `blocks` op): per
- * block, what src/forward.c otherwise runs op by op. */
+ * block, what src/model/forward.c otherwise runs op by op. */
 typedef struct tdm_blocks_args {
     const tdm_batch *batch;
     const tdm_kv_seq *const *seqs;       /* [n_seq] block tables, indexed by batch->seq */
@@ -323,7 +323,7 @@ typedef struct tdm_backend_ops {
     tandem_status (*kv_move)(tdm_backend *b, const tdm_kv_move_args *a, tdm_err *err);
     /* Optional (NULL: nothing to do): makes the backend's device the calling thread's
      * current one, before its ops are called from a thread that drives several
-     * devices (tensor parallelism, src/tp.h; collective.h's tdm_backend_activate). */
+     * devices (tensor parallelism, src/model/tp.h; collective.h's tdm_backend_activate). */
     tandem_status (*make_current)(tdm_backend *b, tdm_err *err);
     /* Optional (NULL: the engine finds them on host copies of the logits; a token
      * tree's draft levels): for each row x[i][0..dim) (backend memory) its k <=

@@ -1,4 +1,4 @@
-/* collective.h - the collectives of tensor parallelism (src/tp.h): one model split
+/* collective.h - the collectives of tensor parallelism (src/model/tp.h): one model split
  * across n ranks, each rank's buffers in its own backend's memory.
  *
  * Two implementations: the host one (kernels/collective_host.c) for ranks whose

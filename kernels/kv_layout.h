@@ -1,6 +1,6 @@
 /* kv_layout.h - the bytes of the paged K/V caches for each cache type, and the
- * q8_0 cache's quantisation: one definition for the stores (src/model.c), the
- * pool's accounting (src/kv_cache.c), the CPU and CUDA kernels and the tests.
+ * q8_0 cache's quantisation: one definition for the stores (src/model/model.c), the
+ * pool's accounting (src/base/kv_cache.c), the CPU and CUDA kernels and the tests.
  *
  * A layer's K cache (and its V cache) is [n_blocks][n_kv_head] units, one per
  * (block, kv head), each holding the block's bs slots of hd values (kernels/backend.h):

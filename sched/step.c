@@ -19,7 +19,7 @@
  * kept when it equals the target's: its output is exactly what it would be alone
  * and unspeculated, whatever the batch and the lengths chosen.  A lone greedy
  * sequence (or a sampled one on an engine of one sequence) takes the
- * single-sequence speculative step instead (src/spec.c). */
+ * single-sequence speculative step instead (src/engine/spec.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

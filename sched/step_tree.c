@@ -19,7 +19,7 @@
  * position it predicts (the root's row the first uniform to come, a node at depth d
  * the (d + 2)-th), and the path whose every token equals the target's draw at its
  * parent is kept, so its output is what it would be alone and unspeculated.  (The
- * single-sequence step, src/spec_tree.c, uses multi-candidate rejection sampling
+ * single-sequence step, src/engine/spec_tree.c, uses multi-candidate rejection sampling
  * instead.)  With n-gram lookup on, every tree also holds its sequence's lookups
  * within its budget (tdm_spec_tree_lookups); lookup steps alone stay chains here. */
 #include "sched_internal.h"

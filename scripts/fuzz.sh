@@ -17,13 +17,13 @@ case "$SECS" in '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS [NAME...]]"
 shift $(($# > 0 ? 1 : 0))
 OUT=build-fuzz
 CC=${CLANG:-clang}
-FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli -Isrc/server -Idraft)
-JSON_SRC=(src/json.c src/unicode.c src/unicode_data.c src/common.c)
-GGUF_SRC=(src/gguf.c src/ggml_types.c src/dtype.c src/dtype_quant.c src/dtype_kquant.c "${JSON_SRC[@]}")
-TOK_SRC=(src/tokenizer.c src/tok_bpe.c src/tok_spm.c src/tok_pretok.c src/tok_pretok_rules.c src/tok_pretok_names.c "${GGUF_SRC[@]}")
-PROMPT_SRC=(src/cli/prompts.c src/input.c "${JSON_SRC[@]}")
-JINJA_SRC=(src/jinja/lexer.c src/jinja/parser.c src/jinja/parse_stmt.c src/jinja/eval.c src/jinja/ops.c
-    src/jinja/value.c src/jinja/strings.c src/jinja/filters.c src/jinja/tests.c src/jinja/methods.c "${JSON_SRC[@]}")
+FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc/base -Isrc/gguf -Isrc/tokenizer -Isrc/chat -Isrc/cli -Isrc/server -Idraft)
+JSON_SRC=(src/base/json.c src/base/unicode.c src/base/unicode_data.c src/base/common.c)
+GGUF_SRC=(src/gguf/gguf.c src/gguf/ggml_types.c src/base/dtype.c src/base/dtype_quant.c src/base/dtype_kquant.c "${JSON_SRC[@]}")
+TOK_SRC=(src/tokenizer/tokenizer.c src/tokenizer/tok_bpe.c src/tokenizer/tok_spm.c src/tokenizer/tok_pretok.c src/tokenizer/tok_pretok_rules.c src/tokenizer/tok_pretok_names.c "${GGUF_SRC[@]}")
+PROMPT_SRC=(src/cli/prompts.c src/cli/input.c "${JSON_SRC[@]}")
+JINJA_SRC=(src/chat/jinja/lexer.c src/chat/jinja/parser.c src/chat/jinja/parse_stmt.c src/chat/jinja/eval.c src/chat/jinja/ops.c
+    src/chat/jinja/value.c src/chat/jinja/strings.c src/chat/jinja/filters.c src/chat/jinja/tests.c src/chat/jinja/methods.c "${JSON_SRC[@]}")
 HARNESSES=(gguf json tokenizer config prompts chat_template oai_request)
 [ $# -gt 0 ] && HARNESSES=("$@")
 

@@ -1,5 +1,5 @@
 /* ref_forward.h - an independent reference forward pass for the tests: it reads a
- * GGUF itself (src/gguf.h), dequantises every weight with tdm_row_to_f32 and runs
+ * GGUF itself (src/gguf/gguf.h), dequantises every weight with tdm_row_to_f32 and runs
  * the textbook llama / qwen2 / qwen3 / gemma3 forward in double precision over a
  * whole token sequence (causal attention, no KV cache), with its own RoPE frequency
  * tables (Llama 3's rope_freqs, linear and YaRN scaling, written after Hugging Face

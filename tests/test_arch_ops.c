@@ -3,7 +3,7 @@
  * scale and softcap at every SIMD level against plain double references; RoPE with
  * a frequency table and a magnitude; attention with a sliding window and
  * soft-capping against ref_attention (tests/ref_ops.c), batch invariance included;
- * the frequency tables of src/rope.c on real models' parameters; and every way a
+ * the frequency tables of src/model/rope.c on real models' parameters; and every way a
  * model of these architectures is refused at load with an error naming the
  * problem (missing tensors and keys, bad values, unknown scalings and
  * architectures, a backend without sliding-window attention). */
@@ -151,7 +151,7 @@ Test(arch_ops, rope_table_and_magnitude) {
     free(x);
 }
 
-/* src/rope.c on Qwen3's YaRN (factor 4 over 32768 positions, heads of 128, base 1e6):
+/* src/model/rope.c on Qwen3's YaRN (factor 4 over 32768 positions, heads of 128, base 1e6):
  * ggml_rope_yarn_corr_dims gives [23, 40]; pairs up to 23 keep their frequency,
  * from 40 on they are divided by 4, between they mix linearly; the magnitude is
  * 1 + 0.1 ln 4 and llama.cpp's attention factor 1.  Llama 3's divisors divide. */

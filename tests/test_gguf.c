@@ -631,7 +631,7 @@ Test(gguf, value_print) {
     tdm_gguf_close(g);
 }
 
-/* The GGML type table (src/ggml_types.c, which sizes the tensors of types tandem does
+/* The GGML type table (src/gguf/ggml_types.c, which sizes the tensors of types tandem does
  * not compute with) agrees with the block structs of every supported type (dtype.c). */
 Test(gguf, ggml_type_table_matches_supported_types) {
     int n = 0;

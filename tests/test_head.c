@@ -1,4 +1,4 @@
-/* test_head.c - the quantised output head (src/qhead.c, kernels/cpu/head.c):
+/* test_head.c - the quantised output head (src/model/qhead.c, kernels/cpu/head.c):
  * the stored bounds hold, the int8 approximation kernel equals the scalar reference
  * bit for bit, approximate logits stay within their bound of matmul's logits, and
  * head_argmax equals tdm_argmax_finite of matmul's logits exactly (-1 for a row with

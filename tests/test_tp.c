@@ -1,4 +1,4 @@
-/* test_tp.c - tensor parallelism (src/tp.h) on the CPU, where the ranks' shards
+/* test_tp.c - tensor parallelism (src/model/tp.h) on the CPU, where the ranks' shards
  * run one after another through the same code a GPU group runs:
  *   - the shape checks: heads, KV heads and FFN features that do not divide, a
  *     quantised wo / w2 whose rank columns are not whole blocks, degrees out of

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""gen_unicode.py - generates src/unicode_data.c (code point category ranges).
+"""gen_unicode.py - generates src/base/unicode_data.c (code point category ranges).
 
-Usage: python3 tools/gen_unicode.py > src/unicode_data.c
+Usage: python3 tools/gen_unicode.py > src/base/unicode_data.c
 
 For every code point 0..0x10FFFF this computes a small flag set and writes the
 maximal runs of equal flags as a sorted range table, looked up by binary search in
-src/unicode.c, and a direct table of the code points below LOW_LIMIT (the common
+src/base/unicode.c, and a direct table of the code points below LOW_LIMIT (the common
 scripts: a lookup without a search).  Flags:
   LETTER     general category L* (Lu Ll Lt Lm Lo)        -> regex \\p{L}
   NUMBER     general category N* (Nd Nl No)              -> regex \\p{N}

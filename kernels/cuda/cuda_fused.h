@@ -13,7 +13,7 @@ typedef struct tdm_cuda_row {
     int32_t kv_blk;  /* physical block of the slot it writes */
     int32_t kv_off;  /* slot % block_size */
     int32_t nv;      /* visible slots [0, nv) of its sequence */
-    uint64_t tree;   /* a token-tree row (src/batch.h): bit j, it also sees slot nv + j; 0: none */
+    uint64_t tree;   /* a token-tree row (src/base/batch.h): bit j, it also sees slot nv + j; 0: none */
 } tdm_cuda_row;
 
 /* Keys in rank order.  A row's visible keys, in order, are slots [0, nv) and then

@@ -55,7 +55,7 @@ template <> __device__ __forceinline__ float tdm_cu_wload<TDM_Q4_0>(const uint8_
     return tdm_cu_scale(blk) * (float)((j < 16 ? (q & 15) : (q >> 4)) - 8);
 }
 
-/* ---- Q4_1, Q5_0, Q5_1 and the K-quants (dtype.h, src/dtype_kquant.c) ---------- */
+/* ---- Q4_1, Q5_0, Q5_1 and the K-quants (dtype.h, src/base/dtype_kquant.c) ---------- */
 
 /* 16 bytes at p as 4 little-endian words, with the widest loads p's alignment allows
  * (a 16-byte load for Q4_K / Q5_K rows, whose blocks are multiples of 16 bytes;

@@ -2,8 +2,8 @@
  * not built by default; scripts/fuzz.sh builds and runs it).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc \
- *       tests/fuzz/fuzz_chat_template.c src/jinja/[a-z]*.c src/json.c src/unicode.c \
- *       src/unicode_data.c src/common.c -lm -o fuzz_chat_template
+ *       tests/fuzz/fuzz_chat_template.c src/jinja/[a-z]*.c src/base/json.c src/base/unicode.c \
+ *       src/base/unicode_data.c src/base/common.c -lm -o fuzz_chat_template
  *   ./fuzz_chat_template -max_len=8192 corpus_chat/ tests/data/chat/
  *
  * The input is a template (any bytes; the seeds are the real templates of

@@ -2,8 +2,8 @@
  * (src/cli/job_config.c; not built by default).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli \
- *       tests/fuzz/fuzz_config.c src/cli/job_config.c src/cli/prompts.c src/input.c src/json.c \
- *       src/unicode.c src/unicode_data.c src/common.c $(pkg-config --cflags --libs inih) -lm \
+ *       tests/fuzz/fuzz_config.c src/cli/job_config.c src/cli/prompts.c src/cli/input.c src/base/json.c \
+ *       src/base/unicode.c src/base/unicode_data.c src/base/common.c $(pkg-config --cflags --libs inih) -lm \
  *       -o fuzz_config
  *   TDM_REPO=/path/to/repo ./fuzz_config -max_len=4096 corpus_config/ configs/
  *

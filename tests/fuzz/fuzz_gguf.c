@@ -1,8 +1,8 @@
 /* fuzz_gguf.c - libFuzzer harness for the GGUF parser (not built by default).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc \
- *       tests/fuzz/fuzz_gguf.c src/gguf.c src/ggml_types.c src/dtype.c src/common.c src/json.c src/unicode.c \
- *       src/unicode_data.c -lm -o fuzz_gguf
+ *       tests/fuzz/fuzz_gguf.c src/gguf/gguf.c src/gguf/ggml_types.c src/base/dtype.c src/base/common.c src/base/json.c src/base/unicode.c \
+ *       src/base/unicode_data.c -lm -o fuzz_gguf
  *   ./fuzz_gguf -max_len=4096 corpus/
  *
  * Every input must either parse (then every lookup and print works) or fail with a

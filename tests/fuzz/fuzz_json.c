@@ -2,7 +2,7 @@
  * by default).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc \
- *       tests/fuzz/fuzz_json.c src/json.c src/unicode.c src/unicode_data.c src/common.c \
+ *       tests/fuzz/fuzz_json.c src/base/json.c src/base/unicode.c src/base/unicode_data.c src/base/common.c \
  *       -lm -o fuzz_json
  *   ./fuzz_json -max_len=4096 -max_total_time=240 corpus_json/
  *

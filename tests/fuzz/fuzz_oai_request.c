@@ -62,7 +62,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const oai_kind kind = data[0] & 1 ? OAI_CHAT : OAI_COMPLETION;
     oai_limits l = {.model_id = "pycode", .n_ctx = 256, .n_vocab = 512, .has_draft = (data[0] & 2) != 0,
                     .timeout_s = data[0] & 4 ? 30 : 0};
-    /* tandem_generate_default_params()'s values (src/api.c is not linked) */
+    /* tandem_generate_default_params()'s values (src/api/api.c is not linked) */
     l.defaults = (tandem_generate_params){.max_tokens = 128, .top_p = 1, .spec_k_min = 1, .spec_k_max = 12,
                                           .spec_ngram = 4};
     oai_request r;

@@ -2,8 +2,8 @@
  * generate --prompts` and `tandem run` (src/cli/prompts.c; not built by default).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc -Isrc/cli \
- *       tests/fuzz/fuzz_prompts.c src/cli/prompts.c src/input.c src/json.c src/unicode.c \
- *       src/unicode_data.c src/common.c -lm -o fuzz_prompts
+ *       tests/fuzz/fuzz_prompts.c src/cli/prompts.c src/cli/input.c src/base/json.c src/base/unicode.c \
+ *       src/base/unicode_data.c src/base/common.c -lm -o fuzz_prompts
  *   ./fuzz_prompts -max_len=8192 corpus_prompts/ tests/data/
  *
  * The input (any bytes) is a prompt file, read leniently (as `tandem run` does: a bad

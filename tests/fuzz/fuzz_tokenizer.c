@@ -1,10 +1,10 @@
 /* fuzz_tokenizer.c - libFuzzer harness for the tokenizers (not built by default).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -D_GNU_SOURCE -Iinclude -Isrc \
- *       tests/fuzz/fuzz_tokenizer.c src/tokenizer.c src/tok_bpe.c src/tok_spm.c \
- *       src/tok_pretok.c src/tok_pretok_rules.c src/tok_pretok_names.c src/unicode.c src/unicode_data.c \
- *       src/gguf.c src/ggml_types.c src/json.c src/dtype.c \
- *       src/common.c -lm -o fuzz_tokenizer
+ *       tests/fuzz/fuzz_tokenizer.c src/tokenizer/tokenizer.c src/tokenizer/tok_bpe.c src/tokenizer/tok_spm.c \
+ *       src/tokenizer/tok_pretok.c src/tokenizer/tok_pretok_rules.c src/tokenizer/tok_pretok_names.c src/base/unicode.c src/base/unicode_data.c \
+ *       src/gguf/gguf.c src/gguf/ggml_types.c src/base/json.c src/base/dtype.c \
+ *       src/base/common.c -lm -o fuzz_tokenizer
  *   TDM_REPO=/path/to/repo ./fuzz_tokenizer -max_len=4096 -timeout=10 corpus_tok/
  *
  * The vocabularies are loaded once (paths relative to $TDM_REPO, else to the current

@@ -7,7 +7,7 @@ fine) and each drafter's greedy prediction at every position along it.  Along an
 accepted path the drafted context equals the true one, so a chain's accepted length
 is exact: depth j of a chain drafted at position n is the drafter's prediction from
 the true context (a plain draft model: teacher-forced; a feature-conditioned draft
-from eagle.py: its pass j).  The policy mirrors src/spec.c: an n-gram proposal
+from eagle.py: its pass j).  The policy mirrors src/engine/spec.c: an n-gram proposal
 (draft/ngram.c, longest key N) when the context has a match, otherwise the draft
 model (with lookup completion after each drafted token).  Time per step comes from
 a cost model (--t1, --row, --fwd; defaults from bench_profile on the project's

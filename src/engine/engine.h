@@ -257,7 +257,7 @@ bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);
 
 /* One speculative step (draft/chain.c + verify/verify.c). */
 tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
-/* One token-tree step (src/spec_tree.c: draft/tree_draft.c + verify/tree_verify.c)
+/* One token-tree step (src/engine/spec_tree.c: draft/tree_draft.c + verify/tree_verify.c)
  * of at most `budget` nodes, within what the request may still take. */
 tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err);
 /* A tree drafted for s with n-gram lookup on (spec_ngram; not the oracle benchmark)
@@ -279,7 +279,7 @@ void tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budge
 /* Continuations of n-gram lookup matches a lookup tree holds at most. */
 #define TDM_LOOKUP_CANDS 4
 /* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most
- * `budget` nodes (src/spec_tree.c): tdm_spec_lookup_tree merges first[0..n_first)
+ * `budget` nodes (src/engine/spec_tree.c): tdm_spec_lookup_tree merges first[0..n_first)
  * (the lookup the step chose over the draft model) and other matches'
  * continuations (TDM_LOOKUP_CANDS in all) from the root into e->tree, in that order
  * while the budget lasts, and says whether the tree branches (else the step
@@ -291,7 +291,7 @@ tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t
                                         int32_t k_chosen, double t0, tdm_err *err);
 
 /* The largest budget tree auto weighs: TDM_TREE_MAX, or the benchmark knob
- * TANDEM_TREE_AUTO_MAX (src/spec_tree.c). */
+ * TANDEM_TREE_AUTO_MAX (src/engine/spec_tree.c). */
 int32_t tdm_spec_tree_auto_max(void);
 
 /* The tree configuration for s of at most budget nodes, its depth within room

@@ -2,7 +2,7 @@
  * draft (draft/tree_draft.c), merge the n-gram lookups' continuations into it
  * (greedy, spec_ngram on), verify it with one target forward and commit the
  * accepted path (verify/tree_verify.c), record costs and acceptance
- * (draft/tree_ctrl.h).  src/spec.c decides when a step is a tree, and when an
+ * (draft/tree_ctrl.h).  src/engine/spec.c decides when a step is a tree, and when an
  * n-gram proposal alone replaces it. */
 #include <pthread.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * Each function gives exactly what the regex engines of the references (Hugging
  * Face tokenizers' Oniguruma, Python's regex module) match: alternatives tried in
  * order, greedy quantifiers backtracking only as far as the rest needs.  Classes:
- * \s is White_Space, \p{..} the general categories of src/unicode_data.c, and an
+ * \s is White_Space, \p{..} the general categories of src/base/unicode_data.c, and an
  * invalid UTF-8 byte belongs to no category (as the U+FFFD a decoder puts there).
  * (?i:'s) also matches 's' written U+017F (long s), which case-folds to s.
  * Every match function runs in time linear in what it matches, so a piece costs

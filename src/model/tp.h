@@ -12,7 +12,7 @@
  * features; hp.n_vocab stays the whole vocabulary) and whose hp_full is the whole
  * model's.  Rank 0 is the model the engine sees: its `tp` group holds the other
  * ranks, their backends and the collective (kernels/collective.h).  The forward
- * (src/forward_tp.c) runs every op on every rank with the rank's weights, sums the
+ * (src/model/forward_tp.c) runs every op on every rank with the rank's weights, sums the
  * attention's and the FFN's output projections over the ranks (two all-reduces per
  * block), and gathers the logits into rank 0's buffer once per forward; everything
  * after the logits (sampling, speculation) is rank 0's, unchanged.
@@ -58,7 +58,7 @@ static inline tdm_backend *tdm_tp_rank_be(const tdm_tp_group *g, int32_t r, tdm_
     return r == 0 || g->be[r]->host_memory ? engine_be : g->be[r];
 }
 
-/* The forward over all ranks (src/forward_tp.c): the batch checked, the logits of
+/* The forward over all ranks (src/model/forward_tp.c): the batch checked, the logits of
  * the rows that want them into rank 0's logits[*n_logits][n_vocab] (before any
  * final soft-cap). */
 tandem_status tdm_tp_forward(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,

@@ -97,7 +97,7 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
                            : 0;
     if (tb > 0) {
         /* an n-gram proposal alone when it beats the tree, as below when it beats a
-         * chain (a greedy tree also holds lookups itself: src/spec_tree.c) */
+         * chain (a greedy tree also holds lookups itself: src/engine/spec_tree.c) */
         const double rate_tree = tdm_tree_rate(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, tb);
         n_ng = ngram_step(e, s, k_limit, rate_tree, draft);
         /* greedy: the lookup with other matches' continuations beside it, as a tree

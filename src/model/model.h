@@ -124,7 +124,7 @@ tandem_status tdm_model_load_progress(const char *path, tdm_backend *be, const t
 tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out, tdm_err *err);
 void tdm_model_free(tdm_model *m);
 
-/* Reads and validates hyperparameters from metadata (src/hparams.c; no weights). */
+/* Reads and validates hyperparameters from metadata (src/model/hparams.c; no weights). */
 tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err);
 /* TANDEM_ERR_UNSUPPORTED, naming the model, the backend and what it lacks, when be
  * cannot run the model's forward (sliding-window attention or soft-capping on a

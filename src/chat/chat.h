@@ -5,7 +5,7 @@
  * llama3, gemma, mistral, mistral-v7, phi3, deepseek2, deepseek3, deepseek-r1: Jinja sources
  * that render role/content conversations as the templates of those families do), or
  * a Jinja text given by the caller.  Rendering follows HF transformers'
- * apply_chat_template (src/jinja/jinja.h): the template sees messages,
+ * apply_chat_template (src/chat/jinja/jinja.h): the template sees messages,
  * add_generation_prompt, bos_token and eos_token (the tokenizer's texts of them,
  * when it has them), tools (none unless given) and documents (none).
  */
