@@ -18,7 +18,7 @@ typedef struct tdm_draft_scratch {
  * draft[i * TDM_CTRL_MAX_K + 0 .. k[i]): the draft's argmax for a greedy sequence;
  * for a sampled one the token the draft's processed distribution gives with the
  * uniform the target's token at that position will be drawn with, u[i *
- * (TDM_CTRL_MAX_K + 1) + d] for token d (the coupling verify/batch_verify.h relies
+ * (TDM_CTRL_MAX_K + 1) + d] for token d (the coupling sched/step.c commit_match relies
  * on).  Every sequence's blocks must already back positions up to n_tokens + k[i] -
  * 2 (the draft writes its K/V there); n_draft becomes n_tokens + k[i] - 1.
  * *catch_up receives the rows fed for tokens the draft had not seen (before the

@@ -7,7 +7,10 @@
  * Drafting stops early when the draft's top probability falls below p_min (greedy:
  * of the softmax of its logits; sampling: of q, the processed distribution).
  */
-#include "engine.h"
+#include "chain.h"
+
+#include <string.h>
+
 #include "kv_cache.h"
 #include "ngram.h"
 #include "oracle.h"
@@ -43,7 +46,7 @@ static int32_t lookup_extension(tdm_engine *e, tdm_seq *s, int32_t len, int32_t 
     double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, m);
     double rate_d = tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), TDM_MAX(k - len, 1));
     if (rate_ng < rate_d) return 0;
-    tdm_spec_onehot_q(e, s, draft, len, m);
+    tdm_draft_onehot_q(e, s, draft, len, m);
     return m;
 }
 
@@ -169,7 +172,6 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_seq *s, int32_t k, int32
      * chain up to its model-drafted prefix */
     s->n_draft = n + TDM_MIN(*n_model, k - 1);
     if (sample) tdm_engine_consume(s, *n_model);
-    e->n_q_dev = *n_model; /* q rows of the model's tokens on the device, lookups one-hot */
     return TANDEM_OK;
 }
 
@@ -213,4 +215,15 @@ tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ex
         ++*n_forwards;
     }
     return TANDEM_OK;
+}
+
+void tdm_draft_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, int32_t from, int32_t n) {
+    if (s->sp.temperature <= 0 || e->q_dev) return; /* greedy has no q; device q rows past
+                                                       e->n_q_dev are one-hot already */
+    const size_t V = (size_t)e->n_vocab;
+    for (int32_t i = from; i < from + n; i++) {
+        float *q = e->qprobs + (size_t)i * V;
+        memset(q, 0, V * sizeof(float));
+        q[draft[i]] = 1.0f;
+    }
 }

@@ -19,14 +19,16 @@
  * kept when it equals the target's: its output is exactly what it would be alone
  * and unspeculated, whatever the batch and the lengths chosen.  A lone greedy
  * sequence (or a sampled one on an engine of one sequence) takes the
- * single-sequence speculative step instead (src/engine/spec.c). */
+ * single-sequence speculative step instead (lone.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "accept.h"
 #include "batch_chain.h"
-#include "batch_verify.h"
+#include "commit.h"
 #include "kv_cache.h"
+#include "lone.h"
 #include "ngram.h"
 #include "sched_internal.h"
 #include "tree_draft.h"
@@ -264,6 +266,36 @@ static bool reserve(tdm_sched *s, const step_item *it, int32_t n) {
 static int32_t item_rows(const step_item *it) { return it->tree ? 1 + it->tree->n : it->to - it->from; }
 static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree->n : it->decode ? 1 + it->k : it->want; }
 
+/* A decode item's verdict by agreement and its commit: out[0..k] are the target's
+ * tokens at rows [pending token, draft[0], ..., draft[k-1]] (k = 0: a plain step),
+ * each its argmax when the sequence is greedy, else drawn with the uniform its
+ * position would use without speculation (the draft drew draft[d] with the same
+ * uniform).  The longest agreeing prefix and the target's next token are
+ * committed, one uniform consumed per token committed, and the step recorded in
+ * the sequence's controller (an n-gram chain: the lookups') and statistics.
+ *
+ * The committed tokens are the target's own at every position, so the output is
+ * token for token the output of decoding without speculation, greedy or sampled;
+ * for a sampled sequence a drafted token survives with the probability that the
+ * two draws agree (which the shared uniform makes likely where p and q are close),
+ * at most min over p, q's overlap, rather than the optimum of rejection sampling
+ * (verify/accept.h), in exchange for output that does not depend on the batch.
+ * Returns the tokens accepted. */
+static int32_t commit_match(tdm_engine *e, tdm_seq *q, const step_item *it, const int32_t *out, double draft_s,
+                            double verify_s) {
+    const int32_t k = it->k, before = q->n_tokens;
+    tdm_verdict v;
+    v.n_acc = tdm_accept_greedy(it->draft, k, out, &v.next);
+    if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
+    tdm_commit_chain(e, q, it->draft, &v);
+    if (k > 0) tdm_ctrl_observe(it->ngram ? &q->ctrl_ng : &q->ctrl, k, v.n_acc);
+    tdm_spec_stats_add(&q->spec, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
+                                                 .looked_up = it->ngram ? k : 0, .looked_up_acc = it->ngram ? v.n_acc : 0,
+                                                 .lookup_step = it->ngram && k > 0, .committed = q->n_tokens - before,
+                                                 .k_final = k > 0 ? k : -1, .draft_s = draft_s, .verify_s = verify_s});
+    return v.n_acc;
+}
+
 /* Runs items [0, n) as one forward of the target (and one of the draft over the
  * prompt chunks among them), then commits their results. */
 static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
@@ -344,8 +376,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             continue;
         }
         if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
-            const int32_t acc = tdm_verify_commit_match(e, q, it[i].draft, it[i].k, out, it[i].ngram, s->t_draft,
-                                                        now - s->t_verify0);
+            const int32_t acc = commit_match(e, q, &it[i], out, s->t_draft, now - s->t_verify0);
             if (it[i].k > 0 && !it[i].ngram) {
                 tdm_ctrl_observe(&s->pair, it[i].k, acc);
                 s->pair_seen = true;
@@ -363,7 +394,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             if (!it[i].want) continue; /* (a recomputation: its next token is pending) */
         }
         if (q->sp.temperature > 0) tdm_engine_consume(q, 1);
-        tdm_seq_commit(e, q, t);
+        tdm_commit_token(e, q, t);
         if (r->t_first == 0) r->t_first = now;
     }
 }

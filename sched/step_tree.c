@@ -19,10 +19,13 @@
  * position it predicts (the root's row the first uniform to come, a node at depth d
  * the (d + 2)-th), and the path whose every token equals the target's draw at its
  * parent is kept, so its output is what it would be alone and unspeculated.  (The
- * single-sequence step, src/engine/spec_tree.c, uses multi-candidate rejection sampling
+ * single-sequence step, lone_tree.c, uses multi-candidate rejection sampling
  * instead.)  With n-gram lookup on, every tree also holds its sequence's lookups
  * within its budget (tdm_spec_tree_lookups); lookup steps alone stay chains here. */
 #include "sched_internal.h"
+
+#include "commit.h"
+#include "lone.h"
 
 #include "kv_cache.h"
 #include "tree_accept.h"
@@ -138,10 +141,11 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
 void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out, double draft_s, double verify_s) {
     tdm_seq *q = &it->r->s;
     const tdm_tree *t = it->tree;
-    int32_t path[TDM_TREE_MAX], next;
-    const int32_t before = q->n_tokens, m = tdm_tree_accept_match(t, out, path, &next);
+    tdm_verdict v;
+    const int32_t before = q->n_tokens, m = tdm_tree_accept_match(t, out, v.path, &v.next);
+    v.n_acc = m;
     tdm_err err = {0};
-    tandem_status st = tdm_tree_keep(s->e, q, t, path, m, next, &err);
+    tandem_status st = tdm_commit_tree(s->e, q, t, &v, &err);
     if (st) {
         tdm_sched_fail(it->r, st, &err);
         return;
@@ -150,19 +154,10 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out
     tdm_tree_ctrl_observe(&q->tctrl, it->budget, m + 1);
     /* the chain controller sees the draft's part of the path (before any lookup
      * node) as a chain's prefix */
-    const tdm_tree_share sh = tdm_tree_share_of(t, path, m);
+    const tdm_tree_share sh = tdm_tree_share_of(t, v.path, m);
     tdm_ctrl_observe(&q->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
-    tandem_spec_stats *ss = &q->spec;
-    ss->ngram_drafted += (uint64_t)sh.lookup_nodes;
-    ss->ngram_accepted += (uint64_t)sh.lookup_acc;
-    ss->steps++;
-    ss->tree_steps++;
-    ss->tree_nodes += (uint64_t)t->n;
-    ss->drafted += (uint64_t)t->n;
-    ss->accepted += (uint64_t)m;
-    ss->accept_hist[m < TANDEM_SPEC_HIST_MAX ? m : TANDEM_SPEC_HIST_MAX - 1]++;
-    ss->forwards++;
-    ss->forward_tokens += (uint64_t)(q->n_tokens - before);
-    ss->draft_ms += draft_s * 1e3;
-    ss->verify_ms += verify_s * 1e3;
+    tdm_spec_stats_add(&q->spec, &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = sh.lookup_nodes,
+                                                 .looked_up_acc = sh.lookup_acc, .tree = true,
+                                                 .committed = q->n_tokens - before, .k_final = -1,
+                                                 .draft_s = draft_s, .verify_s = verify_s});
 }

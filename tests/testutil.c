@@ -1,5 +1,6 @@
 /* testutil.c - shared helpers for the Criterion tests. */
 #include "testutil.h"
+#include "lone.h"
 #include "engine.h"
 #include "kv_cache.h"
 #include "scheduler.h"

@@ -1,5 +1,5 @@
-/* tree_verify.c - one target forward over a token tree, the verdict, and the
- * commit that moves the accepted path into place (tree_verify.h). */
+/* tree_verify.c - one target forward over a token tree and its verdict
+ * (tree_verify.h). */
 #include "tree_verify.h"
 
 #include "kv_cache.h"
@@ -21,12 +21,12 @@ bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si
     return true;
 }
 
-tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int32_t *n_accepted, int32_t *path,
-                              tdm_err *err) {
+tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, tdm_verdict *v, tdm_err *err) {
     const int32_t V = e->n_vocab, n = s->n_tokens;
     const tdm_kv_seq *seqs[1] = {&s->kv};
     tandem_status st;
-    *n_accepted = 0;
+    int32_t *path = v->path;
+    v->n_acc = 0;
     if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + TDM_MAX(t->n, t->n_fed), err))) return st;
     if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
     if (1 + t->n > e->n_logit_rows)
@@ -47,34 +47,8 @@ tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, int3
         m = tdm_tree_accept_sample(t, e->tree_p, e->tree_q, V, false, &s->rng, e->tree_scr, path, &next);
     }
     if (next < 0) return tdm_engine_nonfinite(e, false, n - 1, err);
-    *n_accepted = m;
+    v->n_acc = m;
+    v->next = next;
     tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_ACCEPT);
-    st = tdm_tree_keep(e, s, t, path, m, next, err);
-    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_KEEP);
-    return st;
-}
-
-tandem_status tdm_tree_keep(tdm_engine *e, tdm_seq *s, const tdm_tree *t, const int32_t *path, int32_t m, int32_t next,
-                            tdm_err *err) {
-    const int32_t n = s->n_tokens;
-    int32_t src[TDM_TREE_MAX] = {0}, dst[TDM_TREE_MAX] = {0}, f = 0, nm = 0;
-    tandem_status st;
-    /* (a node already at its place, as the spine's are, does not move) */
-    for (int32_t j = 0; j < m; j++)
-        if (path[j] != j) src[nm] = n + path[j], dst[nm++] = n + j;
-    if ((st = tdm_kv_store_move_slots(&e->kv_t, &s->kv, src, dst, nm, err))) return st;
-    /* the draft saw a prefix of the path (a node it saw has every ancestor seen) */
-    nm = 0;
-    while (f < m && t->dslot[path[f]] >= 0) {
-        if (t->dslot[path[f]] != f) src[nm] = n + t->dslot[path[f]], dst[nm++] = n + f;
-        f++;
-    }
-    if (e->draft && (st = tdm_kv_store_move_slots(&e->kv_d, &s->kv, src, dst, nm, err))) return st;
-    s->n_target = n + m;
-    s->n_draft = TDM_MIN(s->n_draft, n) + (s->n_draft >= n ? f : 0);
-    tdm_kv_seq_truncate(e->pool, &s->kv, n + m);
-    bool go = true;
-    for (int32_t j = 0; j < m && go; j++) go = tdm_seq_commit(e, s, t->token[path[j]]);
-    if (go) tdm_seq_commit(e, s, next);
     return TANDEM_OK;
 }

@@ -1,19 +1,18 @@
 /* verify.c - verification of a drafted chain: one target forward over the pending
- * token and the k drafted tokens, the acceptance rule, commit and rollback.
+ * token and the k drafted tokens, and the acceptance rule's verdict (the scheduler
+ * commits it: sched/commit.c).
  *
  * Rows: [last committed token, x_1, ..., x_k] at positions n-1 .. n+k-1.  Row i's
  * logits are the target's distribution for the token after it, so row i judges
- * x_{i+1} and row k gives the bonus token.  After acceptance of a prefix of length
- * a, the target holds positions [0, n + a) and the draft at most as many (it may
- * not have been fed the last drafted token); one truncate of the shared block table
- * to n + a rolls both back.
+ * x_{i+1} and row k gives the bonus token.
  */
+#include "verify.h"
+
 #include "accept.h"
-#include "engine.h"
 #include "kv_cache.h"
 
-tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k,
-                               int32_t *n_accepted, tdm_err *err) {
+tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k, int32_t n_q_dev,
+                               tdm_verdict *v, tdm_err *err) {
     const int32_t V = e->n_vocab;
     const int32_t n = s->n_tokens;
     const tdm_kv_seq *seqs[1] = {&s->kv};
@@ -41,7 +40,7 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
         tdm_engine_draws(s, k + 1, u);
         int32_t *out = e->samp_dev + TDM_ENGINE_SAMP_OUT;
         if ((st = op->probs_dev(e->be, e->out_t, k + 1, V, &s->sp, e->p_dev, e->samp_dev, err))) return st;
-        if ((st = op->accept_dev(e->be, e->p_dev, e->q_dev, TDM_MIN(e->n_q_dev, k), draft, k, V, u, out, err)))
+        if ((st = op->accept_dev(e->be, e->p_dev, e->q_dev, TDM_MIN(n_q_dev, k), draft, k, V, u, out, err)))
             return st;
         int32_t got[TDM_ENGINE_SAMP_WORDS];
         if ((st = op->download(e->be, got, e->samp_dev, sizeof got, err))) return st;
@@ -58,20 +57,7 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
         acc = tdm_accept_sample(draft, k, e->probs, e->qprobs, V, &s->rng, e->tmp, &next);
     }
 
-    tdm_verify_keep(e, s, draft, acc, next);
-    *n_accepted = acc;
+    v->n_acc = acc;
+    v->next = next;
     return TANDEM_OK;
-}
-
-void tdm_verify_keep(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t acc, int32_t next) {
-    const int32_t n = s->n_tokens;
-    /* roll back both models to the accepted prefix with one truncate: the target
-     * holds rows up to x_acc; the draft holds what it was fed, at most as much */
-    s->n_target = n + acc;
-    if (s->n_draft > n + acc) s->n_draft = n + acc;
-    tdm_kv_seq_truncate(e->pool, &s->kv, n + acc);
-    /* commit the accepted tokens and the target's token */
-    bool go = true;
-    for (int32_t i = 0; i < acc && go; i++) go = tdm_seq_commit(e, s, draft[i]);
-    if (go) tdm_seq_commit(e, s, next);
 }

@@ -386,63 +386,6 @@ tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t 
     return TANDEM_OK;
 }
 
-static bool append_text(tdm_seq *s, const char *t, size_t n) {
-    if (s->text_len + n + 1 > s->text_cap) {
-        size_t nc = TDM_MAX(s->text_cap * 2, s->text_len + n + 256);
-        char *nt = realloc(s->text, nc);
-        if (!nt) return false;
-        s->text = nt;
-        s->text_cap = nc;
-    }
-    memcpy(s->text + s->text_len, t, n);
-    s->text_len += n;
-    s->text[s->text_len] = 0;
-    return true;
-}
-
-bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token) {
-    if (s->done) return false;
-    s->tokens[s->n_tokens++] = token;
-    const tdm_tokenizer *tok = e->target->tok;
-    const size_t before = s->text_len;
-    char *buf = e->piece;
-    int32_t nb = tdm_detok_push(&s->detok, tok, token, buf, e->piece_cap);
-    if (nb > 0) append_text(s, buf, (size_t)nb);
-    int32_t n_gen = s->n_tokens - s->n_prompt;
-    if (!s->ignore_eos && tdm_tok_is_eog(tok, token)) {
-        s->done = true;
-        s->finish = TANDEM_FINISH_EOS;
-    } else if (n_gen >= s->max_new || s->n_tokens >= e->cfg.n_ctx) {
-        s->done = true;
-        s->finish = TANDEM_FINISH_LENGTH;
-    }
-    if (s->done) {
-        int32_t nf = tdm_detok_flush(&s->detok, buf, e->piece_cap);
-        if (nf > 0) append_text(s, buf, (size_t)nf);
-    }
-    /* a stop string ends the text before it, whatever else ended it */
-    if (s->stop.n && s->text_len > before) {
-        ptrdiff_t at = tdm_stop_find(&s->stop, s->text, s->text_len, before);
-        if (at >= 0) {
-            s->text_len = (size_t)at;
-            s->text[at] = 0;
-            s->done = true;
-            s->finish = TANDEM_FINISH_STOP;
-        }
-    }
-    /* stream what can no longer begin a stop string */
-    size_t safe = s->done ? s->text_len : s->text_len - tdm_stop_holdback(&s->stop, s->text, s->text_len);
-    if (safe < s->emitted) safe = s->emitted;
-    const char *piece = s->text ? s->text + s->emitted : "";
-    const size_t n_piece = safe - s->emitted;
-    s->emitted = safe;
-    if (s->on_token && !s->on_token(token, piece, n_piece, s->user_data)) {
-        if (!s->done) s->finish = TANDEM_FINISH_CANCELLED;
-        s->done = true;
-    }
-    return !s->done;
-}
-
 void tdm_engine_draws(const tdm_seq *s, int32_t n, double *u) {
     tdm_rng r = s->rng;
     for (int32_t i = 0; i < n; i++) u[i] = tdm_rng_uniform(&r);
@@ -465,24 +408,6 @@ tandem_status tdm_engine_nonfinite(const tdm_engine *e, bool is_draft, int32_t p
         return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity)", who, name);
     return tdm_seterr(err, TANDEM_ERR_FORMAT, "%s model '%s': non-finite logits (NaN or infinity) at position %d", who,
                       name, (int)pos);
-}
-
-/* The target's next token after a feed with want_last (greedy: its argmax, which
- * the quantised head finds without most logits; sampling: drawn from the logits,
- * on the device where the engine samples there). */
-static tdm_fwd_kind target_kind(const tdm_engine *e, const tdm_seq *s) {
-    if (s->sp.temperature <= 0) return TDM_FWD_ARGMAX;
-    return e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
-}
-static tandem_status next_token(tdm_engine *e, tdm_seq *s, int32_t pos, int32_t *tok, tdm_err *err) {
-    const bool sampled = s->sp.temperature > 0;
-    tdm_draw_row row = {s, 0.0};
-    if (sampled) tdm_engine_draws(s, 1, &row.u);
-    tandem_status st = tdm_engine_draw(e, false, &row, 1, target_kind(e, s), tok, err);
-    if (st) return st;
-    if (*tok < 0) return tdm_engine_nonfinite(e, false, pos, err);
-    if (sampled) tdm_engine_consume(s, 1);
-    return TANDEM_OK;
 }
 
 _Static_assert(TDM_CTRL_MAX_K == TANDEM_SPEC_K_MAX, "the controller's limit is the public one");
@@ -590,36 +515,6 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     tdm_stop_free(&s->stop);
     s->tokens = NULL;
     s->text = NULL;
-}
-
-tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
-    e->copy_status = TANDEM_OK;
-    if (s->max_new == 0) {
-        s->done = true;
-        s->finish = TANDEM_FINISH_LENGTH;
-        return TANDEM_OK;
-    }
-    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, target_kind(e, s), err);
-    int32_t tok = -1;
-    if (!st) st = next_token(e, s, s->n_prompt - 1, &tok, err);
-    if (!st && e->draft) st = tdm_engine_feed(e, s, true, 0, s->n_prompt, false, TDM_FWD_LOGITS, err);
-    if (!st) tdm_seq_commit(e, s, tok);
-    return st;
-}
-
-tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) {
-    int32_t n = s->n_tokens;
-    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, target_kind(e, s), err);
-    int32_t tok = -1;
-    if (!st) st = next_token(e, s, n - 1, &tok, err);
-    if (!st) tdm_seq_commit(e, s, tok);
-    if (!st) s->spec.forwards++, s->spec.forward_tokens++;
-    return st;
-}
-
-tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
-    if (s->done) return TANDEM_OK;
-    return e->draft ? tdm_spec_step(e, s, err) : tdm_seq_step_target(e, s, err);
 }
 
 tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,

@@ -118,8 +118,6 @@ typedef struct tdm_engine {
                                 draw or an acceptance result (TDM_ENGINE_SAMP_OUT) */
     int32_t *draw_dev;       /* [2][n_logit_rows] backend: tdm_engine_draw's tokens, then
                                 its rows' ok flags */
-    int32_t n_q_dev;         /* leading rows of the chain being verified whose q is in q_dev
-                                (the draft model's); the rest (lookups) are one-hot */
     float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
     float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
     float *tmp;              /* [n_vocab] host scratch */
@@ -227,17 +225,11 @@ void tdm_engine_free(tdm_engine *e);
 tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,
                              tdm_err *err);
 
-/* The request loop in pieces (tdm_engine_generate = init, prefill, step until
- * done, release).  tdm_seq_init validates the request; tdm_seq_prefill runs the
- * prompt through the target (and the draft) and commits the first token;
- * tdm_seq_step runs one decode step (speculative when there is a draft);
- * tdm_seq_release frees the sequence's blocks and buffers (safe after a failed init). */
+/* tdm_seq_init validates a request and makes its sequence (tokens, sampler,
+ * controllers, stop strings); tdm_seq_release frees the sequence's blocks and
+ * buffers (safe after a failed init). */
 tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int32_t n_prompt,
                            const tandem_generate_params *gp, tdm_err *err);
-tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err);
-tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
-/* A plain target-only decode step (also the fallback of a speculative step). */
-tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err);
 void tdm_seq_release(tdm_engine *e, tdm_seq *s);
 
 /* Internal steps, shared by the target-only and speculative paths. */
@@ -251,73 +243,7 @@ tandem_status tdm_engine_feed(tdm_engine *e, tdm_seq *s, bool is_draft, int32_t 
  * e->logits_t / e->logits_d, or (TDM_FWD_ARGMAX) argmaxes in e->ids. */
 tandem_status tdm_engine_forward(tdm_engine *e, bool is_draft, const tdm_batch *b, const tdm_kv_seq *const *seqs,
                                  tdm_fwd_kind kind, tdm_err *err);
-/* Appends a token to the sequence (emits it, checks EOS / length).  Returns false
- * when generation must stop (s->done is then set). */
-bool tdm_seq_commit(tdm_engine *e, tdm_seq *s, int32_t token);
 
-/* One speculative step (draft/chain.c + verify/verify.c). */
-tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
-/* One token-tree step (src/engine/spec_tree.c: draft/tree_draft.c + verify/tree_verify.c)
- * of at most `budget` nodes, within what the request may still take. */
-tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err);
-/* A tree drafted for s with n-gram lookup on (spec_ngram; not the oracle benchmark)
- * also holds the lookups' continuations, as SpecInfer merges several speculators'
- * proposals into one token tree that one target forward verifies: the continuation
- * of the committed text below the root (it follows the draft's nodes while they
- * agree), and that of the text plus the spine below the spine's last node; each as
- * long as the n-gram controller's k (which weighs a row's verification cost), no
- * node deeper than max_depth - 1.  A lookup node's weight is its parent's times the
- * lookups' acceptance, and the tree then keeps the budget's best nodes of both
- * speculators (tdm_tree_prune), so it stays within its budget; the spine is
- * recomputed.  A lookup runs no model: the tree costs only the rows it verifies.
- * For a greedy tree, or one verified by the target's own draws (the scheduler's
- * sampled trees): any proposal keeps the output.  root[0..*n_root) (at most
- * TDM_TREE_DEPTH_MAX) is the root's lookup; the tree's lookup nodes are flagged
- * (tdm_tree.lookup). */
-void tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
-                           int32_t *n_root);
-/* Continuations of n-gram lookup matches a lookup tree holds at most. */
-#define TDM_LOOKUP_CANDS 4
-/* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most
- * `budget` nodes (src/engine/spec_tree.c): tdm_spec_lookup_tree merges first[0..n_first)
- * (the lookup the step chose over the draft model) and other matches'
- * continuations (TDM_LOOKUP_CANDS in all) from the root into e->tree, in that order
- * while the budget lasts, and says whether the tree branches (else the step
- * verifies first[] as a chain: the same proposal, a chain's rows);
- * tdm_spec_lookup_tree_step then verifies it in one target forward (t0: when the
- * step began); no model drafts. */
-bool tdm_spec_lookup_tree(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first, int32_t budget);
-tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
-                                        int32_t k_chosen, double t0, tdm_err *err);
-
-/* The largest budget tree auto weighs: TDM_TREE_MAX, or the benchmark knob
- * TANDEM_TREE_AUTO_MAX (src/engine/spec_tree.c). */
-int32_t tdm_spec_tree_auto_max(void);
-
-/* The tree configuration for s of at most budget nodes, its depth within room
- * tokens (a static shape cut to room depths); false when nothing fits. */
-bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_cfg *out);
-
-/* draft/chain.c: proposes up to k tokens after the committed sequence; fills
- * draft[0..*n_drafted) and, when sampling, q rows in e->qprobs.  The first *n_model
- * tokens come from the draft model, which runs *n_model forward passes (a catch-up
- * pass, then one per token but the last; *n_forwards of them in all, which is k on
- * a backend that drafts on the device).  With n-gram lookup on, once a drafted
- * prefix makes a lookup match the chain is completed from the match instead (up to
- * k_ext tokens in all) when the controller expects that to pay. */
-tandem_status tdm_draft_chain(tdm_engine *e, tdm_seq *s, int32_t k, int32_t k_ext, int32_t *draft,
-                              int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err);
-/* spec.c: fills the q rows [from, from + n) of e->qprobs one-hot on draft[from ..]
- * (the distribution of a lookup proposal) when the request samples. */
-void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, int32_t from, int32_t n);
-/* verify/verify.c: scores the chain with one target forward, accepts a prefix,
- * commits it plus one target token, rolls both models back. */
-tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k,
-                               int32_t *n_accepted, tdm_err *err);
-/* verify/verify.c: after a verdict on a chain after the sequence's n committed
- * tokens: rolls both models back to n + acc positions with one truncate and commits
- * draft[0..acc) and next (as far as the request takes them). */
-void tdm_verify_keep(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t acc, int32_t next);
 
 /* Logits after the last of n tokens for the target (or the draft), computed by
  * prefilling a temporary sequence that is freed afterwards.  out: [n_vocab]. */

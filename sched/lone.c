@@ -1,4 +1,5 @@
-/* spec.c - one speculative step: choose k, draft a chain, verify it, adapt.
+/* lone.c - a lone sequence's steps (lone.h): the prefill, a plain step, and a
+ * speculative step: choose k, draft a chain, verify it, commit, adapt.
  *
  * The step never drafts more than the request can still use (max tokens, context),
  * and falls back to a plain target step when no draft token fits, or when the
@@ -15,10 +16,15 @@
  * often; lookups on code pay alone).  The draft model catches up on the tokens it
  * skipped at its next step (one batched forward).  A token-tree step weighs a
  * lookup against the tree's expected rate in the same way. */
+#include "lone.h"
+
 #include <string.h>
 
-#include "engine.h"
+#include "chain.h"
+#include "commit.h"
+#include "kv_cache.h"
 #include "ngram.h"
+#include "verify.h"
 
 /* An n-gram proposal for this step, or 0 when it is not expected to beat the other
  * choice, whose expected rate is rate_other (tokens per second: the draft model's
@@ -29,28 +35,70 @@ static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, double rat
     if (k <= 0) return 0;
     int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, s->spec_ngram, k, draft);
     if (nd == 0) return 0;
-    e->n_q_dev = 0;
     double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, nd);
     if (!tdm_ngram_take(rate_ng, rate_other, &s->n_ngram_skips)) return 0;
-    tdm_spec_onehot_q(e, s, draft, 0, nd);
+    tdm_draft_onehot_q(e, s, draft, 0, nd);
     return nd;
 }
 
-void tdm_spec_onehot_q(tdm_engine *e, const tdm_seq *s, const int32_t *draft, int32_t from, int32_t n) {
-    if (s->sp.temperature <= 0 || e->q_dev) return; /* greedy has no q; device q rows past
-                                                       e->n_q_dev are one-hot already */
-    const size_t V = (size_t)e->n_vocab;
-    for (int32_t i = from; i < from + n; i++) {
-        float *q = e->qprobs + (size_t)i * V;
-        memset(q, 0, V * sizeof(float));
-        q[draft[i]] = 1.0f;
-    }
+/* The target's next token after a feed with want_last (greedy: its argmax, which
+ * the quantised head finds without most logits; sampling: drawn from the logits,
+ * on the device where the engine samples there). */
+static tdm_fwd_kind target_kind(const tdm_engine *e, const tdm_seq *s) {
+    if (s->sp.temperature <= 0) return TDM_FWD_ARGMAX;
+    return e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
 }
+static tandem_status next_token(tdm_engine *e, tdm_seq *s, int32_t pos, int32_t *tok, tdm_err *err) {
+    const bool sampled = s->sp.temperature > 0;
+    tdm_draw_row row = {s, 0.0};
+    if (sampled) tdm_engine_draws(s, 1, &row.u);
+    tandem_status st = tdm_engine_draw(e, false, &row, 1, target_kind(e, s), tok, err);
+    if (st) return st;
+    if (*tok < 0) return tdm_engine_nonfinite(e, false, pos, err);
+    if (sampled) tdm_engine_consume(s, 1);
+    return TANDEM_OK;
+}
+
+tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+    e->copy_status = TANDEM_OK;
+    if (s->max_new == 0) {
+        s->done = true;
+        s->finish = TANDEM_FINISH_LENGTH;
+        return TANDEM_OK;
+    }
+    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, target_kind(e, s), err);
+    int32_t tok = -1;
+    if (!st) st = next_token(e, s, s->n_prompt - 1, &tok, err);
+    if (!st && e->draft) st = tdm_engine_feed(e, s, true, 0, s->n_prompt, false, TDM_FWD_LOGITS, err);
+    if (!st) tdm_commit_token(e, s, tok);
+    return st;
+}
+
+/* A plain step; k_final: the statistics' controller choice to record (-1: none). */
+static tandem_status plain_step(tdm_engine *e, tdm_seq *s, int32_t k_final, tdm_err *err) {
+    int32_t n = s->n_tokens;
+    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, target_kind(e, s), err);
+    int32_t tok = -1;
+    if (!st) st = next_token(e, s, n - 1, &tok, err);
+    if (!st) tdm_commit_token(e, s, tok);
+    if (!st) tdm_spec_stats_add(&s->spec, &(tdm_step_obs){.committed = 1, .k_final = k_final});
+    return st;
+}
+
+tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) { return plain_step(e, s, -1, err); }
+
+static tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
+
+tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+    if (s->done) return TANDEM_OK;
+    return e->draft ? tdm_spec_step(e, s, err) : tdm_seq_step_target(e, s, err);
+}
+
 
 static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err);
 
-tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+static tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
     tandem_status st;
     const int32_t n = s->n_tokens;
     /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
@@ -69,9 +117,8 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         const double t_plain = tdm_cost_verify(&e->cost, 1);
         if (k_limit > 0 && t_plain > 0) n_ng = ngram_step(e, s, k_limit, 1.0 / t_plain, draft);
         if (n_ng == 0) {
-            if ((st = tdm_seq_step_target(e, s, err))) return st;
+            if ((st = plain_step(e, s, 0, err))) return st;
             tdm_cost_observe_verify(&e->cost, 1, tdm_now() - t0);
-            s->spec.k_final = 0;
             return TANDEM_OK;
         }
         return verify_step(e, s, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
@@ -97,7 +144,7 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
                            : 0;
     if (tb > 0) {
         /* an n-gram proposal alone when it beats the tree, as below when it beats a
-         * chain (a greedy tree also holds lookups itself: src/engine/spec_tree.c) */
+         * chain (a greedy tree also holds lookups itself: lone_tree.c) */
         const double rate_tree = tdm_tree_rate(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, tb);
         n_ng = ngram_step(e, s, k_limit, rate_tree, draft);
         /* greedy: the lookup with other matches' continuations beside it, as a tree
@@ -130,9 +177,11 @@ tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
 static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err) {
     const int32_t n = s->n_tokens;
-    int32_t acc;
+    tdm_verdict v;
     tandem_status st;
-    if ((st = tdm_verify_chain(e, s, draft, nd, &acc, err))) return st;
+    if ((st = tdm_verify_chain(e, s, draft, nd, n_model, &v, err))) return st;
+    tdm_commit_chain(e, s, draft, &v);
+    const int32_t acc = v.n_acc;
     double t2 = tdm_now();
 
     /* the model-drafted prefix and the looked-up rest update their own estimates */
@@ -144,19 +193,10 @@ static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft
     int32_t acc_look = TDM_MAX(acc - n_model, 0);
     if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&s->ctrl_ng, n_look, acc_look);
     tdm_cost_observe_verify(&e->cost, nd + 1, t2 - t1);
-
-    tandem_spec_stats *ss = &s->spec;
-    ss->steps++;
-    ss->drafted += (uint64_t)nd;
-    ss->accepted += (uint64_t)acc;
-    if (n_ng > 0) ss->ngram_steps++;
-    ss->ngram_drafted += (uint64_t)n_look;
-    ss->ngram_accepted += (uint64_t)acc_look;
-    ss->accept_hist[acc < TANDEM_SPEC_HIST_MAX ? acc : TANDEM_SPEC_HIST_MAX - 1]++;
-    ss->forwards++;
-    ss->forward_tokens += (uint64_t)(s->n_tokens - n);
-    ss->k_final = k_chosen; /* the controller's choice, before end-of-request clamping */
-    ss->draft_ms += (t1 - t0) * 1e3;
-    ss->verify_ms += (t2 - t1) * 1e3;
+    /* (k_final: the controller's choice, before end-of-request clamping) */
+    tdm_spec_stats_add(&s->spec, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
+                                                 .looked_up_acc = acc_look, .lookup_step = n_ng > 0,
+                                                 .committed = s->n_tokens - n, .k_final = k_chosen,
+                                                 .draft_s = t1 - t0, .verify_s = t2 - t1});
     return TANDEM_OK;
 }

@@ -1,13 +1,16 @@
-/* spec_tree.c - one token-tree step for one sequence: grow the tree with the
+/* lone_tree.c - one token-tree step for a lone sequence: grow the tree with the
  * draft (draft/tree_draft.c), merge the n-gram lookups' continuations into it
  * (greedy, spec_ngram on), verify it with one target forward and commit the
  * accepted path (verify/tree_verify.c), record costs and acceptance
- * (draft/tree_ctrl.h).  src/engine/spec.c decides when a step is a tree, and when an
+ * (draft/tree_ctrl.h).  lone.c decides when a step is a tree, and when an
  * n-gram proposal alone replaces it. */
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "engine.h"
+#include "lone.h"
+
+#include "commit.h"
+#include "kv_cache.h"
 #include "ngram.h"
 #include "tree_draft.h"
 #include "tree_verify.h"
@@ -104,24 +107,13 @@ static void observe_lookup(tdm_seq *s, const int32_t *prop, int32_t n, int32_t b
     tdm_ctrl_observe(&s->ctrl_ng, n, m);
 }
 
-/* A tree step in the request's statistics: its nodes (ng_nodes of them from
- * lookups), accepted nodes (ng_acc), committed tokens, drafting and verification
- * seconds. */
-static void count_tree_step(tdm_seq *s, int32_t nodes, int32_t acc, int32_t committed, int32_t ng_nodes,
-                            int32_t ng_acc, double draft_s, double verify_s) {
-    tandem_spec_stats *ss = &s->spec;
-    ss->steps++;
-    ss->tree_steps++;
-    ss->tree_nodes += (uint64_t)nodes;
-    ss->drafted += (uint64_t)nodes;
-    ss->accepted += (uint64_t)acc;
-    ss->ngram_drafted += (uint64_t)ng_nodes;
-    ss->ngram_accepted += (uint64_t)ng_acc;
-    ss->accept_hist[acc < TANDEM_SPEC_HIST_MAX ? acc : TANDEM_SPEC_HIST_MAX - 1]++;
-    ss->forwards++;
-    ss->forward_tokens += (uint64_t)committed;
-    ss->draft_ms += draft_s * 1e3;
-    ss->verify_ms += verify_s * 1e3;
+/* Verifies s's tree t and commits the verdict (the commit's time marked as the
+ * tree's keep phase). */
+static tandem_status verify_commit(tdm_engine *e, tdm_seq *s, const tdm_tree *t, tdm_verdict *v, tdm_err *err) {
+    tandem_status st = tdm_verify_tree(e, s, t, v, err);
+    if (!st) st = tdm_commit_tree(e, s, t, v, err);
+    if (!st) tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_KEEP);
+    return st;
 }
 
 tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err) {
@@ -133,7 +125,7 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
     const double t0 = tdm_now();
     tdm_phase_start(&e->ph, e->be);
-    int32_t n_fwd, acc;
+    int32_t n_fwd;
     if ((st = tdm_draft_trees(e, &job, 1, &n_fwd, err))) return st;
     int32_t ng_root[TDM_TREE_DEPTH_MAX], n_root = 0;
     if (!job.sample) tdm_spec_tree_lookups(e, s, &e->tree, job.cfg.budget, room, ng_root, &n_root);
@@ -141,8 +133,9 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     const tdm_tree *t = &e->tree;
     const int32_t nodes = t->n, before = s->n_tokens;
     if (nodes == 0) return tdm_seq_step_target(e, s, err);
-    int32_t path[TDM_TREE_MAX];
-    if ((st = tdm_verify_tree(e, s, t, &acc, path, err))) return st;
+    tdm_verdict v;
+    if ((st = verify_commit(e, s, t, &v, err))) return st;
+    const int32_t acc = v.n_acc, *path = v.path;
     const double t2 = tdm_now();
     tdm_tree_cost_observe(&e->tree_cost, job.cfg.budget, t1 - t0, t2 - t1, acc + 1);
     tdm_tree_ctrl_observe(&s->tctrl, job.cfg.budget, acc + 1);
@@ -151,7 +144,10 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
     const tdm_tree_share sh = tdm_tree_share_of(t, path, acc);
     tdm_ctrl_observe(&s->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
     observe_lookup(s, ng_root, n_root, before);
-    count_tree_step(s, nodes, acc, s->n_tokens - before, sh.lookup_nodes, sh.lookup_acc, t1 - t0, t2 - t1);
+    tdm_spec_stats_add(&s->spec, &(tdm_step_obs){.proposed = nodes, .accepted = acc, .looked_up = sh.lookup_nodes,
+                                                 .looked_up_acc = sh.lookup_acc, .tree = true,
+                                                 .committed = s->n_tokens - before, .k_final = -1,
+                                                 .draft_s = t1 - t0, .verify_s = t2 - t1});
     return TANDEM_OK;
 }
 
@@ -177,14 +173,16 @@ tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t
     const int32_t nodes = t->n, before = s->n_tokens, L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
     if (nodes == 0) return tdm_seq_step_target(e, s, err);
     const double t1 = tdm_now();
-    int32_t acc, path[TDM_TREE_MAX];
+    tdm_verdict v;
     tandem_status st;
-    if ((st = tdm_verify_tree(e, s, t, &acc, path, err))) return st;
+    if ((st = verify_commit(e, s, t, &v, err))) return st;
+    const int32_t acc = v.n_acc;
     const double t2 = tdm_now();
     tdm_cost_observe_verify(&e->cost, nodes + 1, t2 - t1);
     observe_lookup(s, first, L, before);
-    count_tree_step(s, nodes, acc, s->n_tokens - before, nodes, acc, t1 - t0, t2 - t1);
-    s->spec.ngram_steps++;
-    s->spec.k_final = k_chosen;
+    tdm_spec_stats_add(&s->spec, &(tdm_step_obs){.proposed = nodes, .accepted = acc, .looked_up = nodes,
+                                                 .looked_up_acc = acc, .lookup_step = true, .tree = true,
+                                                 .committed = s->n_tokens - before, .k_final = k_chosen,
+                                                 .draft_s = t1 - t0, .verify_s = t2 - t1});
     return TANDEM_OK;
 }

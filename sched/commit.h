@@ -1,0 +1,45 @@
+/* commit.h - the one place where tokens are committed and the K/V rolled back
+ * (commit.c): every step, batched or lone, chain or tree, ends here; and the one
+ * place a step enters a request's speculation statistics. */
+#ifndef TDM_COMMIT_H
+#define TDM_COMMIT_H
+
+#include "engine.h"
+#include "tree.h"
+#include "verdict.h"
+
+/* Appends a token to the sequence and emits it: detokenised into the request's
+ * text, end of generation (EOS, max_tokens, the context) and stop strings checked,
+ * the text that can no longer begin a stop string passed to the token callback
+ * (which may cancel).  Returns false when generation must stop (s->done is then
+ * set). */
+bool tdm_commit_token(tdm_engine *e, tdm_seq *s, int32_t token);
+
+/* After a verdict on a chain draft[0..v->n_acc + ...) after s's n committed tokens:
+ * rolls both models back to n + v->n_acc positions with one truncate of the shared
+ * block table (the target holds rows up to the last accepted token; the draft what
+ * it was fed, at most as much) and commits the accepted tokens and v->next (as far
+ * as the request takes them). */
+void tdm_commit_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, const tdm_verdict *v);
+
+/* After a verdict on s's tree t: the path's K/V of both models move to consecutive
+ * slots n .. n + m - 1 (the draft's as far as it saw the path), one truncate to n +
+ * m rolls everything else back, and the path's tokens and v->next are committed
+ * (as far as the request takes them). */
+tandem_status tdm_commit_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, const tdm_verdict *v, tdm_err *err);
+
+/* One step as the request's speculation statistics (tandem_spec_stats) count it. */
+typedef struct tdm_step_obs {
+    int32_t proposed;        /* tokens (chain) or nodes (tree) verified; 0: a plain step */
+    int32_t accepted;        /* of them accepted */
+    int32_t looked_up;       /* of the proposed, from n-gram lookup */
+    int32_t looked_up_acc;   /* of those, accepted */
+    bool lookup_step;        /* the proposal was lookups alone (no draft model ran) */
+    bool tree;               /* a token tree */
+    int32_t committed;       /* tokens the step committed */
+    int32_t k_final;         /* the length the controller chose, -1: unchanged */
+    double draft_s, verify_s;/* the step's drafting and verification seconds */
+} tdm_step_obs;
+void tdm_spec_stats_add(tandem_spec_stats *ss, const tdm_step_obs *o);
+
+#endif
