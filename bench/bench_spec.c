@@ -14,6 +14,8 @@
  *              [--p-min P[,P2..]]  (run every draft configuration with spec_p_min = P, ...;
  *                                   default 0 = off)
  *              [--backend cpu|cuda]  (where the models run; default cpu)
+ *              [--host-topk]  (greedy tree levels' candidates from host copies of the
+ *                              logits instead of the device's topk op: what it buys)
  *              [--temp T] [--top-p P]  (sampling instead of greedy; prompt p of repetition
  *                                       r is seeded with r * 1000 + p in every configuration)
  *              [--tree N[,N2..]]  (also run each draft with token trees of at most N nodes,
@@ -37,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_internal.h"
 #include "bench_prompts.h"
 #include "tandem.h"
 
@@ -92,8 +95,13 @@ int main(int argc, char **argv) {
     const char *shapes[8];
     int n_shapes = 0;
     tandem_model_params mp = tandem_model_default_params();
+    tdm_api_paths paths = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--host-topk")) { /* (takes no value) */
+            paths.ws.host_topk = true;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "error: %s needs a value\n", a);
             return 2;
@@ -180,7 +188,7 @@ int main(int argc, char **argv) {
     tandem_engine *plain, *spec[4];
     if (tandem_engine_open(target, NULL, &ep, &plain)) die("engine");
     for (int d = 0; d < n_drafts; d++)
-        if (tandem_engine_open(target, drafts[d], &ep, &spec[d])) die("engine");
+        if (tdm_api_engine_open(target, drafts[d], &ep, &paths, &spec[d])) die("engine");
 
     cfg cfgs[MAX_CFG];
     int n_cfg = 0;

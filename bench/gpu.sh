@@ -192,13 +192,13 @@ if has trees; then
     # the same trees of 32 without the tiled attention kernels (scores and softmax
     # kernels, no graphs) and without the device's candidates (logits downloaded per
     # level): what each buys
-    log "bench_spec pycode: trees of 32 with TANDEM_CUDA_FLASH=0, then TANDEM_TREE_TOPK=0"
+    log "bench_spec pycode: trees of 32 with TANDEM_CUDA_FLASH=0, then with host candidates (--host-topk)"
     TANDEM_CUDA_FLASH=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
       -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 \
       --ks 0 --tree 32 --backend cuda >"$out/trees-noflash.txt" 2>&1 || log "bench_spec trees (no flash) failed"
-    TANDEM_TREE_TOPK=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
+    timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
       -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 \
-      --ks 0 --tree 32 --backend cuda >"$out/trees-notopk.txt" 2>&1 || log "bench_spec trees (no topk) failed"
+      --ks 0 --tree 32 --backend cuda --host-topk >"$out/trees-notopk.txt" 2>&1 || log "bench_spec trees (no topk) failed"
   fi
 fi
 if has oracle; then

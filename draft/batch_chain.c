@@ -64,8 +64,8 @@ static tandem_status add_row(round_buf *r, int32_t seq, int32_t token, int32_t p
 
 /* Every sequence greedy with the same k, round 0 within one forward: the rounds can
  * run back to back on the device (on_device below). */
-static bool device_rounds(const tdm_engine *e, tdm_seq *const *seqs, int32_t n, const int32_t *k) {
-    if (!e->bchain_dev || n > e->n_logit_rows || k[0] < 1 || k[0] > TDM_CTRL_MAX_K) return false;
+static bool device_rounds(const tdm_engine *e, const tdm_spec_ws *ws, tdm_seq *const *seqs, int32_t n, const int32_t *k) {
+    if (!ws->bchain_dev || n > e->n_logit_rows || k[0] < 1 || k[0] > TDM_CTRL_MAX_K) return false;
     int32_t rows = 0;
     for (int32_t i = 0; i < n; i++) {
         if (seqs[i]->sp.temperature > 0 || k[i] != k[0]) return false;
@@ -75,14 +75,14 @@ static bool device_rounds(const tdm_engine *e, tdm_seq *const *seqs, int32_t n, 
 }
 
 /* The rounds queued back to back, each embedding the tokens the one before chose
- * where they are (e->bchain_dev, round d's n tokens at d * n), and the host waits
+ * where they are (ws->bchain_dev, round d's n tokens at d * n), and the host waits
  * once, for every round's tokens: the same chains as the rounds one by one (the
  * argmax of each row is the same whatever else is queued), without a round trip per
  * round. */
-static tandem_status on_device(tdm_engine *e, tdm_seq *const *seqs, int32_t n, int32_t k, int32_t *draft,
+static tandem_status on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *const *seqs, int32_t n, int32_t k, int32_t *draft,
                                const tdm_draft_scratch *scr, tdm_err *err) {
     tdm_batch *b = &e->batch;
-    int32_t *ids = e->bchain_dev;
+    int32_t *ids = ws->bchain_dev;
     tandem_status st;
     tdm_batch_clear(b);
     for (int32_t i = 0; i < n; i++) {
@@ -115,7 +115,7 @@ static tandem_status on_device(tdm_engine *e, tdm_seq *const *seqs, int32_t n, i
     return TANDEM_OK;
 }
 
-tandem_status tdm_draft_batch(tdm_engine *e, tdm_seq *const *seqs, int32_t n, const int32_t *k, const double *u,
+tandem_status tdm_draft_batch(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *const *seqs, int32_t n, const int32_t *k, const double *u,
                               int32_t *draft, const tdm_draft_scratch *scr, int32_t *catch_up, tdm_err *err) {
     round_buf r = {e, scr, seqs, u, draft, 0, false};
     int32_t k_max = 0;
@@ -127,8 +127,8 @@ tandem_status tdm_draft_batch(tdm_engine *e, tdm_seq *const *seqs, int32_t n, co
     for (int32_t i = 0; i < n; i++)
         if (k[i] > 0) *catch_up += TDM_MAX(0, seqs[i]->n_tokens - 1 - seqs[i]->n_draft);
     tandem_status st;
-    if (device_rounds(e, seqs, n, k)) {
-        if ((st = on_device(e, seqs, n, k[0], draft, scr, err))) return st;
+    if (device_rounds(e, ws, seqs, n, k)) {
+        if ((st = on_device(e, ws, seqs, n, k[0], draft, scr, err))) return st;
         for (int32_t i = 0; i < n; i++) seqs[i]->n_draft = seqs[i]->n_tokens + k[0] - 1;
         return TANDEM_OK;
     }

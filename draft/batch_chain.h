@@ -5,6 +5,7 @@
 
 #include "batch_ctrl.h"
 #include "engine.h"
+#include "spec_ws.h"
 
 /* Scratch of tdm_draft_batch, sized by the engine. */
 typedef struct tdm_draft_scratch {
@@ -23,7 +24,7 @@ typedef struct tdm_draft_scratch {
  * 2 (the draft writes its K/V there); n_draft becomes n_tokens + k[i] - 1.
  * *catch_up receives the rows fed for tokens the draft had not seen (before the
  * last committed one of each sequence). */
-tandem_status tdm_draft_batch(tdm_engine *e, tdm_seq *const *seqs, int32_t n, const int32_t *k, const double *u,
+tandem_status tdm_draft_batch(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *const *seqs, int32_t n, const int32_t *k, const double *u,
                               int32_t *draft, const tdm_draft_scratch *scr, int32_t *catch_up, tdm_err *err);
 
 #endif

@@ -4,7 +4,7 @@
  * get children, all jobs together in one draft forward (more only when the rows
  * exceed the batch or the logits rows).  Each logits row's distribution (softmax
  * of the draft's logits; for a sampled job the request's processed distribution,
- * kept in e->tree_q for verification) gives the children of its node.  When every
+ * kept in ws->tree_q for verification) gives the children of its node.  When every
  * job is greedy and the backend has the topk op, the candidates come from the
  * device instead (e->tree_topk_*: ids and softmax probabilities, no logits rows
  * downloaded). */
@@ -25,13 +25,14 @@ int32_t tdm_tree_slots(const tdm_tree_cfg *c) {
 /* rows of one draft forward being gathered */
 typedef struct lvl_buf {
     tdm_engine *e;
+    tdm_spec_ws *ws;
     tdm_tree_job *jobs;
     const tdm_kv_seq **kv;
     int32_t who[TDM_ENGINE_BATCH_LOGITS_MAX], node[TDM_ENGINE_BATCH_LOGITS_MAX]; /* per logits row */
     int32_t m;
     int32_t n_fwd;
     /* greedy trees on a device backend with the topk op: each logits row's
-     * candidates come from the device (e->tree_topk_*; no logits cross to the host) */
+     * candidates come from the device (ws->tree_topk_*; no logits cross to the host) */
     bool dev_topk;
 } lvl_buf;
 
@@ -49,13 +50,13 @@ static int32_t n_children(const tdm_tree_job *j, int32_t v) {
 /* Benchmark only (draft/oracle.h): node v's candidates own[0..n_own) rearranged
  * when v's path is the target's continuation; returns how many of them (at most k)
  * become children. */
-static int32_t oracle_children(tdm_seq *s, const tdm_tree *t, int32_t v, int32_t *own, int32_t n_own, int32_t k) {
+static int32_t oracle_children(const tdm_seq *s, tdm_spec_rec *sr, const tdm_tree *t, int32_t v, int32_t *own, int32_t n_own, int32_t k) {
     const int32_t g = s->n_tokens - s->n_prompt, d = v < 0 ? 0 : t->depth[v] + 1; /* the children's depth */
-    bool on = g + d < s->n_oracle;
-    for (int32_t a = v; a >= 0 && on; a = t->parent[a]) on = t->token[a] == s->oracle[g + t->depth[a]];
+    bool on = g + d < sr->n_oracle;
+    for (int32_t a = v; a >= 0 && on; a = t->parent[a]) on = t->token[a] == sr->oracle[g + t->depth[a]];
     if (!on) return TDM_MIN(n_own, k);
     int32_t out[17];
-    const int32_t n = tdm_oracle_arrange(s->oracle[g + d], s->oracle_alpha, &s->oracle_rng, own, n_own, k, out);
+    const int32_t n = tdm_oracle_arrange(sr->oracle[g + d], sr->oracle_alpha, &sr->oracle_rng, own, n_own, k, out);
     for (int32_t i = 0; i < n; i++) own[i] = out[i];
     return n;
 }
@@ -64,12 +65,12 @@ static int32_t oracle_children(tdm_seq *s, const tdm_tree *t, int32_t v, int32_t
  * benchmark's oracle rearranges them first). */
 static void add_children(tdm_tree_job *j, int32_t v, int32_t c, int32_t *ids, float *pr, int32_t got) {
     tdm_tree *t = j->tree;
-    if (j->s->oracle) {
+    if (j->sr->oracle) {
         /* the benchmark's candidates are right at rank 0 with probability alpha, at
          * rank 1 with (1 - alpha) / 2: the weights of a draft calibrated so (a
          * random-weight draft's own are flat, which would shape no tree) */
-        got = oracle_children(j->s, t, v, ids, got, TDM_MIN(c, 16));
-        const double a = j->s->oracle_alpha;
+        got = oracle_children(j->s, j->sr, t, v, ids, got, TDM_MIN(c, 16));
+        const double a = j->sr->oracle_alpha;
         for (int32_t i = 0; i < got; i++)
             pr[i] = (float)(i == 0 ? a : i == 1 || got <= 2 ? (1 - a) / 2 : (1 - a) / 2 / (got - 2));
     }
@@ -86,6 +87,7 @@ static tandem_status nonfinite(const lvl_buf *b, const tdm_tree_job *j, int32_t 
 /* The children of node v from the draft's logits row l (host memory). */
 static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l, tdm_err *err) {
     tdm_engine *e = b->e;
+    tdm_spec_ws *ws = b->ws;
     tdm_tree *t = j->tree;
     const int32_t V = e->n_vocab, c = n_children(j, v);
     if (c <= 0) return TANDEM_OK;
@@ -93,16 +95,16 @@ static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l
     float *q = e->tmp;
     if (j->sample) { /* its q row stays for verification */
         const int32_t row = v < 0 ? 0 : 1 + t->dslot[v];
-        q = e->tree_q + (size_t)row * (size_t)V;
+        q = ws->tree_q + (size_t)row * (size_t)V;
         if (v < 0) t->qrow_root = row;
         else t->qrow[v] = row;
     }
     const tdm_sampler_params soft = {1.0f, 0, 1.0f, 0.0f};
     tdm_probs_from_logits(l, V, j->sample ? &j->s->sp : &soft, &e->ss, q);
-    int32_t ids[TDM_ENGINE_TREE_TOPK];
+    int32_t ids[TDM_TREE_TOPK];
     const int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
-                                  : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), ids);
-    float pr[TDM_ENGINE_TREE_TOPK]; /* the probability of each rank */
+                                  : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->sr->oracle ? 1 : 0), ids);
+    float pr[TDM_TREE_TOPK]; /* the probability of each rank */
     for (int32_t i = 0; i < got; i++) pr[i] = q[ids[i]];
     add_children(j, v, c, ids, pr, got);
     return TANDEM_OK;
@@ -112,11 +114,11 @@ static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l
 static tandem_status grow_top(lvl_buf *b, tdm_tree_job *j, int32_t v, int32_t r, tdm_err *err) {
     const int32_t c = n_children(j, v);
     if (c <= 0) return TANDEM_OK;
-    int32_t *ids = b->e->tree_topk_ids + (size_t)r * TDM_ENGINE_TREE_TOPK;
-    float *pr = b->e->tree_topk_p + (size_t)r * TDM_ENGINE_TREE_TOPK;
+    int32_t *ids = b->ws->tree_topk_ids + (size_t)r * TDM_TREE_TOPK;
+    float *pr = b->ws->tree_topk_p + (size_t)r * TDM_TREE_TOPK;
     if (ids[0] < 0) return nonfinite(b, j, v, err);
     int32_t got = 0;
-    const int32_t want = TDM_MIN(TDM_MIN(c, 16) + (j->s->oracle ? 1 : 0), TDM_ENGINE_TREE_TOPK);
+    const int32_t want = TDM_MIN(TDM_MIN(c, 16) + (j->sr->oracle ? 1 : 0), TDM_TREE_TOPK);
     while (got < want && ids[got] >= 0) got++;
     add_children(j, v, c, ids, pr, got);
     return TANDEM_OK;
@@ -124,14 +126,15 @@ static tandem_status grow_top(lvl_buf *b, tdm_tree_job *j, int32_t v, int32_t r,
 
 static tandem_status flush(lvl_buf *b, tdm_err *err) {
     tdm_engine *e = b->e;
+    tdm_spec_ws *ws = b->ws;
     if (e->batch.n_rows == 0) return TANDEM_OK;
     e->batch.rows_shared = true; /* (a draft's rows only propose) */
     tandem_status st = tdm_engine_forward(e, true, &e->batch, b->kv, b->dev_topk ? TDM_FWD_LOGITS_DEV
                                                                                  : TDM_FWD_LOGITS_APPROX, err);
     b->n_fwd++;
     if (!st && b->dev_topk && b->m > 0)
-        st = e->be->ops->topk(e->be, e->out_d, b->m, e->n_vocab, TDM_ENGINE_TREE_TOPK, e->tree_topk_ids,
-                              e->tree_topk_p, err);
+        st = e->be->ops->topk(e->be, e->out_d, b->m, e->n_vocab, TDM_TREE_TOPK, ws->tree_topk_ids,
+                              ws->tree_topk_p, err);
     for (int32_t r = 0; r < b->m && !st; r++)
         st = b->dev_topk ? grow_top(b, &b->jobs[b->who[r]], b->node[r], r, err)
                          : grow(b, &b->jobs[b->who[r]], b->node[r], e->logits_d + (size_t)r * (size_t)e->n_vocab, err);
@@ -182,7 +185,7 @@ static int32_t pick_expand(const tdm_tree_job *j, int32_t d, int32_t *out) {
 _Static_assert(TDM_DTREE_POOL == TDM_TREE_POOL, "a device-grown tree holds what a host tree holds");
 
 /* A device address inside the engine's device tree (never dereferenced here). */
-#define DTREE_AT(e, member) ((void *)((char *)(e)->dtree + offsetof(tdm_dtree, member)))
+#define DTREE_AT(ws, member) ((void *)((char *)(ws)->dtree + offsetof(tdm_dtree, member)))
 
 /* One greedy dynamic tree grown on the device (kernels/dtree.h, the tree_grow op):
  * the catch-up forward, then one draft forward per level whose rows' tokens and
@@ -193,7 +196,7 @@ _Static_assert(TDM_DTREE_POOL == TDM_TREE_POOL, "a device-grown tree holds what 
  * tree as the host path's (the same candidates, weights and picks).
  * TANDEM_ERR_UNSUPPORTED when the draft's forward cannot take device masks (before
  * any level ran: the caller drafts on the host then). */
-static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_fwd, tdm_err *err) {
+static tandem_status tree_on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *j, int32_t *n_fwd, tdm_err *err) {
     tdm_seq *s = j->s;
     const tdm_backend_ops *op = e->be->ops;
     const tdm_kv_seq *kv[1] = {&s->kv};
@@ -216,7 +219,7 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
     s->n_draft = P;
     tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_CATCHUP);
     int32_t n_exp = depth > 1 ? TDM_MIN(width, k) : 0, fed = 0;
-    if ((st = op->tree_grow(e->be, e->dtree, e->out_d, 1, V, k, 0, n_exp > 0 ? width : 0, n_exp, err))) return st;
+    if ((st = op->tree_grow(e->be, ws->dtree, e->out_d, 1, V, k, 0, n_exp > 0 ? width : 0, n_exp, err))) return st;
     for (int32_t d = 0; d + 1 < depth && n_exp > 0; d++) {
         const int32_t W = n_exp;
         tdm_batch_clear(b);
@@ -227,9 +230,9 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
         } else {
             for (int32_t x = 0; x < W; x++)
                 tdm_batch_add_tree(b, 0, P + d, 0, P + fed + x, P, (1ull << (fed + x)) | ((1ull << d) - 1), true);
-            b->tree_mask_dev = DTREE_AT(e, next_mask);
+            b->tree_mask_dev = DTREE_AT(ws, next_mask);
         }
-        st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, kv, &e->fs_d, DTREE_AT(e, next_tok), e->out_d, NULL,
+        st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, kv, &e->fs_d, DTREE_AT(ws, next_tok), e->out_d, NULL,
                                    NULL, err);
         tdm_batch_clear(b);
         if (st) {
@@ -239,12 +242,12 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
         ++*n_fwd;
         fed += W;
         n_exp = d + 2 < depth ? TDM_MIN(TDM_MIN(width, W * k), TDM_TREE_MAX - fed) : 0;
-        if ((st = op->tree_grow(e->be, e->dtree, e->out_d, W, V, k, d + 1, n_exp > 0 ? width : 0, n_exp, err)))
+        if ((st = op->tree_grow(e->be, ws->dtree, e->out_d, W, V, k, d + 1, n_exp > 0 ? width : 0, n_exp, err)))
             return st;
     }
     tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_LEVELS);
-    tdm_dtree *h = e->dtree_h;
-    if ((st = op->download(e->be, h, e->dtree, sizeof *h, err))) return st;
+    tdm_dtree *h = ws->dtree_h;
+    if ((st = op->download(e->be, h, ws->dtree, sizeof *h, err))) return st;
     if (h->bad || h->n < 0 || h->n > TDM_TREE_POOL || h->n_fed < 0 || h->n_fed > TDM_TREE_MAX)
         return tdm_engine_nonfinite(e, true, P - 1, err);
     tdm_tree *t = j->tree;
@@ -267,17 +270,17 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_tree_job *j, int32_t *n_f
     return TANDEM_OK;
 }
 
-tandem_status tdm_draft_trees(tdm_engine *e, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
+tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
     /* a lone greedy dynamic tree: on the device when the backend grows one */
-    if (n == 1 && e->dtree && !e->dtree_off && !jobs[0].sample && jobs[0].cfg.n_shape == 0 && !jobs[0].s->oracle &&
+    if (n == 1 && ws->dtree && !ws->dtree_off && !jobs[0].sample && jobs[0].cfg.n_shape == 0 && !jobs[0].sr->oracle &&
         jobs[0].cfg.depth <= TDM_TREE_DEPTH_MAX) {
-        tandem_status st = tree_on_device(e, &jobs[0], n_forwards, err);
+        tandem_status st = tree_on_device(e, ws, &jobs[0], n_forwards, err);
         if (st != TANDEM_ERR_UNSUPPORTED) return st;
         /* (a draft whose forward cannot take device masks: levels through the host) */
-        e->dtree_off = true;
+        ws->dtree_off = true;
     }
     const tdm_kv_seq *kv[TDM_ENGINE_BATCH_LOGITS_MAX];
-    lvl_buf b = {.e = e, .jobs = jobs, .kv = kv, .dev_topk = e->tree_topk_ids != NULL};
+    lvl_buf b = {.e = e, .ws = ws, .jobs = jobs, .kv = kv, .dev_topk = ws->tree_topk_ids != NULL};
     tandem_status st;
     *n_forwards = 0;
     if (n > TDM_ENGINE_BATCH_LOGITS_MAX) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%d trees at once", (int)n);

@@ -4,15 +4,18 @@
 #define TDM_TREE_DRAFT_H
 
 #include "engine.h"
+#include "spec_rec.h"
+#include "spec_ws.h"
 #include "tree.h"
 
 typedef struct tdm_tree_job {
     tdm_seq *s;
+    tdm_spec_rec *sr;  /* its speculation record */
     tdm_tree_cfg cfg;  /* its shape and budget (depth within what the request may take) */
     tdm_tree *tree;    /* out: the tree, masks filled */
     bool sample;       /* children drawn from the draft's processed distribution without
                           replacement (tree_accept.h's sampling rule; q rows in
-                          e->tree_q, one sampled job at a time), else its likeliest tokens */
+                          ws->tree_q, one sampled job at a time), else its likeliest tokens */
 } tdm_tree_job;
 
 /* Slots past the committed tokens a tree of this configuration may occupy (target
@@ -27,6 +30,6 @@ int32_t tdm_tree_slots(const tdm_tree_cfg *c);
  * sequence's blocks.  Afterwards each sequence's draft holds [0, n) and its tree's
  * fed nodes (dslot).  Blocks must back n + tdm_tree_slots(cfg) slots.  *n_forwards:
  * draft forwards run. */
-tandem_status tdm_draft_trees(tdm_engine *e, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err);
+tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err);
 
 #endif

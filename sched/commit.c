@@ -119,3 +119,13 @@ void tdm_spec_stats_add(tandem_spec_stats *ss, const tdm_step_obs *o) {
     ss->draft_ms += o->draft_s * 1e3;
     ss->verify_ms += o->verify_s * 1e3;
 }
+
+void tdm_spec_stats_result(tandem_spec_stats *out, const tandem_spec_stats *ss, double decode_ms, bool has_draft) {
+    *out = *ss;
+    if (out->drafted) out->acceptance_rate = (double)out->accepted / (double)out->drafted;
+    if (out->steps) out->mean_accepted = (double)out->accepted / (double)out->steps;
+    if (has_draft) {
+        const double other = decode_ms - out->draft_ms - out->verify_ms;
+        out->other_ms = other > 0 ? other : 0;
+    }
+}

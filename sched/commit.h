@@ -41,5 +41,8 @@ typedef struct tdm_step_obs {
     double draft_s, verify_s;/* the step's drafting and verification seconds */
 } tdm_step_obs;
 void tdm_spec_stats_add(tandem_spec_stats *ss, const tdm_step_obs *o);
+/* A finished request's statistics: ss with its rates and the decode time outside
+ * drafting and verification (other_ms, with a draft; decode_ms: the result's). */
+void tdm_spec_stats_result(tandem_spec_stats *out, const tandem_spec_stats *ss, double decode_ms, bool has_draft);
 
 #endif

@@ -7,7 +7,7 @@ tandem_status tdm_generate_one(tdm_engine *e, const int32_t *prompt, int32_t n_p
                                const tandem_generate_params *gp, tandem_result *res, tdm_err *err) {
     memset(res, 0, sizeof *res);
     tdm_sched *s;
-    tandem_status st = tdm_sched_create(e, &s, err);
+    tandem_status st = tdm_sched_create(e, NULL, &s, err);
     if (st) return st;
     st = tdm_sched_run(s, &prompt, &n_prompt, gp, NULL, NULL, 1, res, err);
     tdm_sched_free(s);

@@ -29,15 +29,15 @@
 /* An n-gram proposal for this step, or 0 when it is not expected to beat the other
  * choice, whose expected rate is rate_other (tokens per second: the draft model's
  * chain, or a plain step when the draft model backed off). */
-static int32_t ngram_step(tdm_engine *e, tdm_seq *s, int32_t k_limit, double rate_other, int32_t *draft) {
-    if (!s->spec_ngram) return 0;
-    int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&s->ctrl_ng, &e->cost, 0.0, NULL), k_limit);
+static int32_t ngram_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t k_limit, double rate_other, int32_t *draft) {
+    if (!sr->spec_ngram) return 0;
+    int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&sr->ctrl_ng, &ws->cost, 0.0, NULL), k_limit);
     if (k <= 0) return 0;
-    int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, s->spec_ngram, k, draft);
+    int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, sr->spec_ngram, k, draft);
     if (nd == 0) return 0;
-    double rate_ng = tdm_ctrl_rate(&e->cost, s->ctrl_ng.alpha, 0.0, nd);
-    if (!tdm_ngram_take(rate_ng, rate_other, &s->n_ngram_skips)) return 0;
-    tdm_draft_onehot_q(e, s, draft, 0, nd);
+    double rate_ng = tdm_ctrl_rate(&ws->cost, sr->ctrl_ng.alpha, 0.0, nd);
+    if (!tdm_ngram_take(rate_ng, rate_other, &sr->n_ngram_skips)) return 0;
+    tdm_draft_onehot_q(e, ws, s, draft, 0, nd);
     return nd;
 }
 
@@ -75,35 +75,35 @@ tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
 }
 
 /* A plain step; k_final: the statistics' controller choice to record (-1: none). */
-static tandem_status plain_step(tdm_engine *e, tdm_seq *s, int32_t k_final, tdm_err *err) {
+static tandem_status plain_step(tdm_engine *e, tdm_seq *s, tdm_spec_rec *sr, int32_t k_final, tdm_err *err) {
     int32_t n = s->n_tokens;
     tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, target_kind(e, s), err);
     int32_t tok = -1;
     if (!st) st = next_token(e, s, n - 1, &tok, err);
     if (!st) tdm_commit_token(e, s, tok);
-    if (!st) tdm_spec_stats_add(&s->spec, &(tdm_step_obs){.committed = 1, .k_final = k_final});
+    if (!st) tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.committed = 1, .k_final = k_final});
     return st;
 }
 
-tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err) { return plain_step(e, s, -1, err); }
+tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err) { return plain_step(e, s, sr, -1, err); }
 
-static tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
+static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err);
 
-tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+tandem_status tdm_seq_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err) {
     if (s->done) return TANDEM_OK;
-    return e->draft ? tdm_spec_step(e, s, err) : tdm_seq_step_target(e, s, err);
+    return e->draft ? tdm_spec_step(e, ws, s, sr, err) : tdm_seq_step_target(e, s, sr, err);
 }
 
 
-static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t nd, int32_t n_model,
+static tandem_status verify_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err);
 
-static tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
+static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err) {
     tandem_status st;
     const int32_t n = s->n_tokens;
     /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
-    const int32_t k_chosen = s->spec_tree > 0 ? tdm_ctrl_choose_k(&s->ctrl, &e->cost)
-                                              : tdm_ctrl_plan(&s->ctrl, &e->cost, tdm_cost_draft(&e->cost), NULL);
+    const int32_t k_chosen = sr->spec_tree > 0 ? tdm_ctrl_choose_k(&sr->ctrl, &ws->cost)
+                                              : tdm_ctrl_plan(&sr->ctrl, &ws->cost, tdm_cost_draft(&ws->cost), NULL);
     int32_t room = s->max_new - (n - s->n_prompt) - 1; /* tokens beyond the one the target adds */
     int32_t ctx_room = e->cfg.n_ctx - n;
     const int32_t k_limit = TDM_MIN(room, ctx_room);
@@ -114,59 +114,59 @@ static tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
         /* the draft model backed off (draft/controller.h); an n-gram proposal drafts
          * nothing and is taken when it beats a plain step, else a plain step, its
          * cost measured */
-        const double t_plain = tdm_cost_verify(&e->cost, 1);
-        if (k_limit > 0 && t_plain > 0) n_ng = ngram_step(e, s, k_limit, 1.0 / t_plain, draft);
+        const double t_plain = tdm_cost_verify(&ws->cost, 1);
+        if (k_limit > 0 && t_plain > 0) n_ng = ngram_step(e, ws, s, sr, k_limit, 1.0 / t_plain, draft);
         if (n_ng == 0) {
-            if ((st = plain_step(e, s, 0, err))) return st;
-            tdm_cost_observe_verify(&e->cost, 1, tdm_now() - t0);
+            if ((st = plain_step(e, s, sr, 0, err))) return st;
+            tdm_cost_observe_verify(&ws->cost, 1, tdm_now() - t0);
             return TANDEM_OK;
         }
-        return verify_step(e, s, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
+        return verify_step(e, ws, s, sr, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
     }
     int32_t k = k_chosen;
     /* Adaptive mode explores: every 8th step drafts one token more or fewer than the
      * controller's choice, so the verify costs of the neighbouring lengths stay
      * measured (an estimate that is never re-measured can keep a stale value). */
-    if (s->ctrl.k_fixed == 0 && !s->ctrl.probing && (++s->n_spec_steps & 7) == 0) {
-        k += (s->n_spec_steps & 8) ? 1 : -1;
-        if (k < s->ctrl.k_min) k = TDM_MIN(k_chosen + 1, s->ctrl.k_max);
-        if (k > s->ctrl.k_max) k = TDM_MAX(k_chosen - 1, s->ctrl.k_min);
+    if (sr->ctrl.k_fixed == 0 && !sr->ctrl.probing && (++sr->n_spec_steps & 7) == 0) {
+        k += (sr->n_spec_steps & 8) ? 1 : -1;
+        if (k < sr->ctrl.k_min) k = TDM_MIN(k_chosen + 1, sr->ctrl.k_max);
+        if (k > sr->ctrl.k_max) k = TDM_MAX(k_chosen - 1, sr->ctrl.k_min);
     }
     if (k > room) k = room;
     if (k > ctx_room) k = ctx_room;
-    if (k <= 0) return tdm_seq_step_target(e, s, err);
+    if (k <= 0) return tdm_seq_step_target(e, s, sr, err);
     /* a token tree instead of the chain: always at a fixed budget, or when the tree
      * controller expects it to pay (draft/tree_ctrl.h) */
-    const int32_t tb = s->spec_tree > 0 ? s->spec_tree
-                       : s->spec_tree == TANDEM_SPEC_TREE_AUTO
-                           ? tdm_tree_choose(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, k,
+    const int32_t tb = sr->spec_tree > 0 ? sr->spec_tree
+                       : sr->spec_tree == TANDEM_SPEC_TREE_AUTO
+                           ? tdm_tree_choose(&sr->tctrl, &ws->tree_cost, &ws->cost, sr->ctrl.alpha, k,
                                              tdm_spec_tree_auto_max())
                            : 0;
     if (tb > 0) {
         /* an n-gram proposal alone when it beats the tree, as below when it beats a
          * chain (a greedy tree also holds lookups itself: lone_tree.c) */
-        const double rate_tree = tdm_tree_rate(&s->tctrl, &e->tree_cost, &e->cost, s->ctrl.alpha, tb);
-        n_ng = ngram_step(e, s, k_limit, rate_tree, draft);
+        const double rate_tree = tdm_tree_rate(&sr->tctrl, &ws->tree_cost, &ws->cost, sr->ctrl.alpha, tb);
+        n_ng = ngram_step(e, ws, s, sr, k_limit, rate_tree, draft);
         /* greedy: the lookup with other matches' continuations beside it, as a tree
          * (when they branch off it) */
         if (n_ng > 0 && s->sp.temperature <= 0 && n_ng <= TDM_TREE_DEPTH_MAX &&
-            tdm_spec_lookup_tree(e, s, draft, n_ng, tb))
-            return tdm_spec_lookup_tree_step(e, s, draft, n_ng, k_chosen, t0, err);
-        if (n_ng > 0) return verify_step(e, s, draft, n_ng, 0, 0, n_ng, k_chosen, t0, tdm_now(), err);
-        return tdm_spec_tree_step(e, s, tb, err);
+            tdm_spec_lookup_tree(e, ws, s, sr, draft, n_ng, tb))
+            return tdm_spec_lookup_tree_step(e, ws, s, sr, draft, n_ng, k_chosen, t0, err);
+        if (n_ng > 0) return verify_step(e, ws, s, sr, draft, n_ng, 0, 0, n_ng, k_chosen, t0, tdm_now(), err);
+        return tdm_spec_tree_step(e, ws, s, sr, tb, err);
     }
-    n_ng = ngram_step(e, s, k_limit, tdm_ctrl_rate(&e->cost, s->ctrl.alpha, tdm_cost_draft(&e->cost), k), draft);
+    n_ng = ngram_step(e, ws, s, sr, k_limit, tdm_ctrl_rate(&ws->cost, sr->ctrl.alpha, tdm_cost_draft(&ws->cost), k), draft);
     if (n_ng > 0) {
         nd = n_ng;
     } else {
         /* a lookup may complete the chain after a drafted prefix: up to the longer of
          * the two controllers' lengths */
-        int32_t k_ext = s->spec_ngram ? TDM_MIN(TDM_MAX(k, s->ctrl_ng.k_last), k_limit) : k;
+        int32_t k_ext = sr->spec_ngram ? TDM_MIN(TDM_MAX(k, sr->ctrl_ng.k_last), k_limit) : k;
         tdm_phase_start(&e->ph, e->be);
-        if ((st = tdm_draft_chain(e, s, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
+        if ((st = tdm_draft_chain(e, ws, s, sr, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
         tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_DRAFT);
     }
-    st = verify_step(e, s, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
+    st = verify_step(e, ws, s, sr, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
     if (n_ng == 0) tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_VERIFY);
     return st;
 }
@@ -174,12 +174,12 @@ static tandem_status tdm_spec_step(tdm_engine *e, tdm_seq *s, tdm_err *err) {
 /* The step's verification of draft[0..nd) (its first n_model tokens from the draft
  * model in n_fwd forwards, the rest looked up; n_ng > 0: an n-gram step), drafted
  * from t0 to t1, and what the controllers and the request's statistics learn. */
-static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t nd, int32_t n_model,
+static tandem_status verify_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err) {
     const int32_t n = s->n_tokens;
     tdm_verdict v;
     tandem_status st;
-    if ((st = tdm_verify_chain(e, s, draft, nd, n_model, &v, err))) return st;
+    if ((st = tdm_verify_chain(e, ws, s, draft, nd, n_model, &v, err))) return st;
     tdm_commit_chain(e, s, draft, &v);
     const int32_t acc = v.n_acc;
     double t2 = tdm_now();
@@ -187,14 +187,14 @@ static tandem_status verify_step(tdm_engine *e, tdm_seq *s, const int32_t *draft
     /* the model-drafted prefix and the looked-up rest update their own estimates */
     int32_t n_look = nd - n_model;
     if (n_model > 0) {
-        tdm_cost_observe_draft(&e->cost, (t1 - t0) / (double)TDM_MAX(n_fwd, 1)); /* per forward */
-        tdm_ctrl_observe(&s->ctrl, n_model, TDM_MIN(acc, n_model));
+        tdm_cost_observe_draft(&ws->cost, (t1 - t0) / (double)TDM_MAX(n_fwd, 1)); /* per forward */
+        tdm_ctrl_observe(&sr->ctrl, n_model, TDM_MIN(acc, n_model));
     }
     int32_t acc_look = TDM_MAX(acc - n_model, 0);
-    if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&s->ctrl_ng, n_look, acc_look);
-    tdm_cost_observe_verify(&e->cost, nd + 1, t2 - t1);
+    if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&sr->ctrl_ng, n_look, acc_look);
+    tdm_cost_observe_verify(&ws->cost, nd + 1, t2 - t1);
     /* (k_final: the controller's choice, before end-of-request clamping) */
-    tdm_spec_stats_add(&s->spec, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
+    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
                                                  .looked_up_acc = acc_look, .lookup_step = n_ng > 0,
                                                  .committed = s->n_tokens - n, .k_final = k_chosen,
                                                  .draft_s = t1 - t0, .verify_s = t2 - t1});

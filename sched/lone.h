@@ -8,6 +8,8 @@
 #define TDM_LONE_H
 
 #include "engine.h"
+#include "spec_rec.h"
+#include "spec_ws.h"
 #include "tree.h"
 
 /* tdm_seq_prefill runs the prompt through the target (and the draft) and commits
@@ -15,11 +17,11 @@
  * draft); tdm_seq_step_target a plain target-only decode step (also the fallback
  * of a speculative step). */
 tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err);
-tandem_status tdm_seq_step(tdm_engine *e, tdm_seq *s, tdm_err *err);
-tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_err *err);
+tandem_status tdm_seq_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err);
+tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err);
 /* One token-tree step (lone_tree.c: draft/tree_draft.c + verify/tree_verify.c)
  * of at most `budget` nodes, within what the request may still take. */
-tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_err *err);
+tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t budget, tdm_err *err);
 /* A tree drafted for s with n-gram lookup on (spec_ngram; not the oracle benchmark)
  * also holds the lookups' continuations, as SpecInfer merges several speculators'
  * proposals into one token tree that one target forward verifies: the continuation
@@ -34,20 +36,20 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_seq *s, int32_t budget, tdm_
  * sampled trees): any proposal keeps the output.  root[0..*n_root) (at most
  * TDM_TREE_DEPTH_MAX) is the root's lookup; the tree's lookup nodes are flagged
  * (tdm_tree.lookup). */
-void tdm_spec_tree_lookups(tdm_engine *e, tdm_seq *s, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
+void tdm_spec_tree_lookups(tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
                            int32_t *n_root);
 /* Continuations of n-gram lookup matches a lookup tree holds at most. */
 #define TDM_LOOKUP_CANDS 4
 /* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most
  * `budget` nodes (lone_tree.c): tdm_spec_lookup_tree merges first[0..n_first)
  * (the lookup the step chose over the draft model) and other matches'
- * continuations (TDM_LOOKUP_CANDS in all) from the root into e->tree, in that order
+ * continuations (TDM_LOOKUP_CANDS in all) from the root into ws->tree, in that order
  * while the budget lasts, and says whether the tree branches (else the step
  * verifies first[] as a chain: the same proposal, a chain's rows);
  * tdm_spec_lookup_tree_step then verifies it in one target forward (t0: when the
  * step began); no model drafts. */
-bool tdm_spec_lookup_tree(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first, int32_t budget);
-tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_seq *s, const int32_t *first, int32_t n_first,
+bool tdm_spec_lookup_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *first, int32_t n_first, int32_t budget);
+tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *first, int32_t n_first,
                                         int32_t k_chosen, double t0, tdm_err *err);
 
 /* The largest budget tree auto weighs: TDM_TREE_MAX, or the benchmark knob
@@ -56,7 +58,7 @@ int32_t tdm_spec_tree_auto_max(void);
 
 /* The tree configuration for s of at most budget nodes, its depth within room
  * tokens (a static shape cut to room depths); false when nothing fits. */
-bool tdm_spec_tree_cfg(const tdm_seq *s, int32_t budget, int32_t room, tdm_tree_cfg *out);
+bool tdm_spec_tree_cfg(const tdm_spec_rec *sr, int32_t budget, int32_t room, tdm_tree_cfg *out);
 
 
 #endif

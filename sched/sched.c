@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "commit.h"
 #include "kv_cache.h"
 #include "sched_internal.h"
 
@@ -12,7 +13,7 @@ static void free_arrays(tdm_sched *s) {
     free(s->tree_of), free(s->trees);
 }
 
-tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
+tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_sched **out, tdm_err *err) {
     *out = NULL;
     tdm_sched *s = calloc(1, sizeof *s);
     if (!s) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
@@ -38,6 +39,14 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
         free(s);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     }
+    if (e->draft) {
+        tandem_status st = tdm_spec_ws_create(e, opts, &s->ws, err);
+        if (st) {
+            free_arrays(s);
+            free(s);
+            return st;
+        }
+    }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv_work, NULL);
     pthread_cond_init(&s->cv_done, NULL);
@@ -48,6 +57,7 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     tdm_rowcost_init(&s->cost_t);
     tdm_rowcost_init(&s->cost_d);
     tdm_batch_steps_init(&s->steps);
+    atomic_init(&s->alpha_carry, -1.0);
     tdm_ctrl_init(&s->pair, 1, TDM_CTRL_MAX_K, 0);
     s->pair.alpha_ema = 0.05;
     const char *lg = getenv("TANDEM_SCHED_LOG");
@@ -56,8 +66,11 @@ tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err) {
     return TANDEM_OK;
 }
 
+tdm_spec_ws *tdm_sched_ws(tdm_sched *s) { return s->ws; }
+
 static void free_req(tdm_engine *e, tdm_req *r) {
     tdm_seq_release(e, &r->s);
+    tdm_spec_rec_free(&r->sr);
     free(r);
 }
 
@@ -83,6 +96,7 @@ void tdm_sched_free(tdm_sched *s) {
     pthread_cond_destroy(&s->cv_done);
     pthread_mutex_destroy(&s->mu);
     pthread_mutex_destroy(&s->ctl_mu);
+    tdm_spec_ws_free(s->e, s->ws);
     free_arrays(s);
     free(s);
 }
@@ -101,6 +115,9 @@ tandem_status tdm_sched_submit(tdm_sched *s, const int32_t *prompt, int32_t n_pr
     tdm_req *r = calloc(1, sizeof *r);
     if (!r) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     tandem_status st = tdm_seq_init(s->e, &r->s, prompt, n_prompt, gp, err);
+    if (!st)
+        st = tdm_spec_rec_init(&r->sr, gp, s->e->cfg.n_seq_max,
+                               atomic_load_explicit(&s->alpha_carry, memory_order_relaxed), err);
     if (st) {
         free_req(s->e, r);
         return st;
@@ -164,7 +181,10 @@ void tdm_sched_finish(tdm_sched *s, tdm_req *r, tandem_finish_reason reason) {
     if (!st) {
         if (reason != TANDEM_FINISH_NONE) r->s.finish = reason;
         const double t0 = r->t_start > 0 ? r->t_start : now, t1 = r->t_first > 0 ? r->t_first : now;
-        st = tdm_seq_result(e, &r->s, (t1 - t0) * 1e3, (now - t1) * 1e3, &res, &err);
+        st = tdm_seq_result(&r->s, (t1 - t0) * 1e3, (now - t1) * 1e3, &res, &err);
+        if (!st) tdm_spec_stats_result(&res.spec, &r->sr.spec, res.decode_ms, e->draft != NULL);
+        /* the next request starts from what this one's pair accepted */
+        if (!st && r->sr.spec.drafted > 0) atomic_store_explicit(&s->alpha_carry, r->sr.ctrl.alpha, memory_order_relaxed);
     }
     if (st) {
         tandem_result_free(&res);

@@ -4,10 +4,13 @@
 #define TDM_SCHED_INTERNAL_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "batch_ctrl.h"
+#include "lone.h"
 #include "queue.h"
 #include "scheduler.h"
+#include "spec_rec.h"
 
 typedef enum tdm_req_state {
     TDM_REQ_WAITING = 0, /* in the queue (new or preempted) */
@@ -24,6 +27,7 @@ struct tdm_req {
     tandem_finish_cb on_finish;
     void *user_data;
     tdm_seq s;                 /* validated at submit */
+    tdm_spec_rec sr;           /* its speculation record */
     tdm_req_state state;
     int32_t n_fed;             /* positions computed for both models in this residency */
     int32_t n_goal;            /* positions to compute before decoding: the prompt, or for a
@@ -55,6 +59,11 @@ typedef struct step_item {
 
 struct tdm_sched {
     tdm_engine *e;
+    tdm_spec_ws *ws;           /* the speculation workspace (an engine with a draft), else NULL */
+    _Atomic double alpha_carry;/* the last speculating request's final acceptance estimate
+                                  (the next request starts halfway between it and the
+                                  prior: acceptance is mostly the pair's); < 0: none yet.
+                                  Written by the stepping thread, read by submits */
     /* under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv_work;    /* the thread waits for work */

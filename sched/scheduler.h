@@ -28,11 +28,15 @@
 #define TDM_SCHED_H
 
 #include "engine.h"
+#include "spec_ws.h"
 #include "tandem.h"
 
 typedef struct tdm_sched tdm_sched;
 
-tandem_status tdm_sched_create(tdm_engine *e, tdm_sched **out, tdm_err *err);
+tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_sched **out, tdm_err *err);
+/* The scheduler's speculation workspace (its lone step's cost model, ...), NULL
+ * without a draft model: for tests that set what a step measured. */
+tdm_spec_ws *tdm_sched_ws(tdm_sched *s);
 /* Stops the thread, finishes every request still queued or running (cancelled,
  * on_finish called here) and frees.  NULL is a no-op. */
 void tdm_sched_free(tdm_sched *s);

@@ -153,7 +153,7 @@ static void admit(tdm_sched *s, double now) {
             r->t_start = now;
             /* what the pair has been accepting, rather than a prior that may keep a
              * batch from ever speculating (and so from ever learning) */
-            if (s->pair_seen && q->ctrl.k_fixed == 0) q->ctrl.alpha = s->pair.alpha;
+            if (s->pair_seen && r->sr.ctrl.k_fixed == 0) r->sr.ctrl.alpha = s->pair.alpha;
             r->n_cached = (size_t)cached;
             pthread_mutex_lock(&s->mu);
             s->stats.prompt_tokens += (uint64_t)q->n_prompt;
@@ -281,15 +281,17 @@ static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree
  * at most min over p, q's overlap, rather than the optimum of rejection sampling
  * (verify/accept.h), in exchange for output that does not depend on the batch.
  * Returns the tokens accepted. */
-static int32_t commit_match(tdm_engine *e, tdm_seq *q, const step_item *it, const int32_t *out, double draft_s,
+static int32_t commit_match(tdm_engine *e, const step_item *it, const int32_t *out, double draft_s,
                             double verify_s) {
+    tdm_seq *q = &it->r->s;
+    tdm_spec_rec *sr = &it->r->sr;
     const int32_t k = it->k, before = q->n_tokens;
     tdm_verdict v;
     v.n_acc = tdm_accept_greedy(it->draft, k, out, &v.next);
     if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
     tdm_commit_chain(e, q, it->draft, &v);
-    if (k > 0) tdm_ctrl_observe(it->ngram ? &q->ctrl_ng : &q->ctrl, k, v.n_acc);
-    tdm_spec_stats_add(&q->spec, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
+    if (k > 0) tdm_ctrl_observe(it->ngram ? &sr->ctrl_ng : &sr->ctrl, k, v.n_acc);
+    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
                                                  .looked_up = it->ngram ? k : 0, .looked_up_acc = it->ngram ? v.n_acc : 0,
                                                  .lookup_step = it->ngram && k > 0, .committed = q->n_tokens - before,
                                                  .k_final = k > 0 ? k : -1, .draft_s = draft_s, .verify_s = verify_s});
@@ -376,7 +378,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             continue;
         }
         if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
-            const int32_t acc = commit_match(e, q, &it[i], out, s->t_draft, now - s->t_verify0);
+            const int32_t acc = commit_match(e, &it[i], out, s->t_draft, now - s->t_verify0);
             if (it[i].k > 0 && !it[i].ngram) {
                 tdm_ctrl_observe(&s->pair, it[i].k, acc);
                 s->pair_seen = true;
@@ -468,7 +470,8 @@ static void choose_k(tdm_sched *s) {
             other++;
             continue;
         }
-        int32_t cap = q->ctrl.k_fixed > 0 ? q->ctrl.k_fixed : q->ctrl.k_max;
+        const tdm_spec_ctrl *ctrl = &r->sr.ctrl;
+        int32_t cap = ctrl->k_fixed > 0 ? ctrl->k_fixed : ctrl->k_max;
         cap = TDM_MIN(cap, q->max_new - (q->n_tokens - q->n_prompt) - 1); /* (the target adds one) */
         cap = TDM_MIN(cap, e->cfg.n_ctx - q->n_tokens);
         if (inv > 0) cap = TDM_MIN(cap, inv - 1);
@@ -477,7 +480,7 @@ static void choose_k(tdm_sched *s) {
             continue;
         }
         idx[nb] = i;
-        bs[nb++] = (tdm_batch_seq){q->ctrl.alpha, cap};
+        bs[nb++] = (tdm_batch_seq){ctrl->alpha, cap};
         k_max = TDM_MAX(k_max, cap);
     }
     if (nb < 1) return;
@@ -515,8 +518,8 @@ static void choose_k(tdm_sched *s) {
     s->step_b = nb;
     s->step_k = k;
     for (int32_t j = 0; j < nb; j++) {
-        const tdm_seq *q = &s->run[idx[j]]->s;
-        s->k_of[idx[j]] = q->ctrl.k_fixed > 0 ? bs[j].cap : TDM_MIN(k, bs[j].cap);
+        const tdm_spec_rec *sr = &s->run[idx[j]]->sr;
+        s->k_of[idx[j]] = sr->ctrl.k_fixed > 0 ? bs[j].cap : TDM_MIN(k, bs[j].cap);
     }
 }
 
@@ -524,13 +527,14 @@ static void choose_k(tdm_sched *s) {
  * of the draft model's chain when its expected tokens are at least the model's
  * (tdm_ngram_take); the item then verifies it. */
 static bool ngram_chain(step_item *it) {
-    tdm_seq *q = &it->r->s;
-    if (!q->spec_ngram) return false;
-    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, q->spec_ngram, it->k, it->draft);
+    const tdm_seq *q = &it->r->s;
+    tdm_spec_rec *sr = &it->r->sr;
+    if (!sr->spec_ngram) return false;
+    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, sr->spec_ngram, it->k, it->draft);
     if (nd <= 0) return false;
-    const double e_ng = tdm_ctrl_expected_tokens(q->ctrl_ng.alpha, nd);
-    const double e_d = tdm_ctrl_expected_tokens(q->ctrl.alpha, it->k);
-    if (!tdm_ngram_take(e_ng, e_d, &q->n_ngram_skips)) return false;
+    const double e_ng = tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd);
+    const double e_d = tdm_ctrl_expected_tokens(sr->ctrl.alpha, it->k);
+    if (!tdm_ngram_take(e_ng, e_d, &sr->n_ngram_skips)) return false;
     it->k = nd;
     it->to = it->from + 1 + nd;
     it->ngram = true;
@@ -563,7 +567,7 @@ static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_
     const tdm_draft_scratch scr = {s->g_seqs, s->g_who, s->g_slot, s->g_tok, s->g_rows};
     tdm_err err = {0};
     const double t0 = tdm_now();
-    tandem_status st = tdm_draft_batch(e, seqs, m, k, s->draws, chains, &scr, catch_up, &err);
+    tandem_status st = tdm_draft_batch(e, s->ws, seqs, m, k, s->draws, chains, &scr, catch_up, &err);
     /* a round's cost: the drafting over its rounds, where it caught up on no more
      * than a token or two a sequence */
     if (!st && *catch_up <= m) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
@@ -602,7 +606,7 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
     if (alone_spec(s)) {
         tdm_req *r = s->run[0];
         tdm_err serr = {0};
-        tandem_status st = tdm_seq_step(e, &r->s, &serr);
+        tandem_status st = tdm_seq_step(e, s->ws, &r->s, &r->sr, &serr);
         if (st) tdm_sched_fail(r, st, &serr);
         finish_done(s);
         return TANDEM_OK;

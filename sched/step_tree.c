@@ -32,7 +32,7 @@
 #include "tree_draft.h"
 #include "tree_verify.h"
 
-static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->s.spec_tree != 0; }
+static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0; }
 
 /* The most nodes a tree may have this step: its room, the invariant rows. */
 static int32_t room_of(const tdm_sched *s, const tdm_seq *q) {
@@ -60,9 +60,9 @@ static int32_t choose_auto(tdm_sched *s, int32_t n_auto, double alpha_sum, int32
         double tok = 0;
         for (int32_t i = 0; i < s->n_run; i++) {
             const tdm_req *r = s->run[i];
-            if (!tree_capable(r) || r->s.spec_tree != TANDEM_SPEC_TREE_AUTO) continue;
-            const double m = r->s.tctrl.tokens[bi];
-            tok += m > 0 ? m : tdm_ctrl_expected_tokens(TDM_MIN(r->s.ctrl.alpha + 0.15, 0.95), cfg.depth);
+            if (!tree_capable(r) || r->sr.spec_tree != TANDEM_SPEC_TREE_AUTO) continue;
+            const double m = r->sr.tctrl.tokens[bi];
+            tok += m > 0 ? m : tdm_ctrl_expected_tokens(TDM_MIN(r->sr.ctrl.alpha + 0.15, 0.95), cfg.depth);
         }
         const double td = s->tree_cost.t_draft[bi] > 0 ? s->tree_cost.t_draft[bi]
                                                         : cfg.depth * tdm_rowcost_get(&s->cost_d, n_auto * cfg.width);
@@ -82,17 +82,17 @@ int32_t tdm_sched_choose_trees(tdm_sched *s) {
         s->tree_of[i] = 0;
         if (r->state != TDM_REQ_RUNNING) other += TDM_MIN(r->n_goal - r->n_fed, s->e->cfg.prefill_chunk);
         if (!tree_capable(r) || room_of(s, &r->s) <= 0) continue;
-        if (r->s.spec_tree > 0) {
-            s->tree_of[i] = r->s.spec_tree;
-            rows += 1 + r->s.spec_tree;
+        if (r->sr.spec_tree > 0) {
+            s->tree_of[i] = r->sr.spec_tree;
+            rows += 1 + r->sr.spec_tree;
         } else {
             n_auto++;
-            alpha += r->s.ctrl.alpha;
+            alpha += r->sr.ctrl.alpha;
         }
     }
     const int32_t b = n_auto ? choose_auto(s, n_auto, alpha, other + rows) : 0;
     for (int32_t i = 0; i < s->n_run && b > 0; i++)
-        if (tree_capable(s->run[i]) && s->run[i]->s.spec_tree == TANDEM_SPEC_TREE_AUTO && room_of(s, &s->run[i]->s) > 0)
+        if (tree_capable(s->run[i]) && s->run[i]->sr.spec_tree == TANDEM_SPEC_TREE_AUTO && room_of(s, &s->run[i]->s) > 0)
             s->tree_of[i] = b;
     int32_t total = 0;
     for (int32_t i = 0; i < s->n_run; i++) total += s->tree_of[i] > 0 ? 1 + s->tree_of[i] : 0;
@@ -100,7 +100,7 @@ int32_t tdm_sched_choose_trees(tdm_sched *s) {
 }
 
 bool tdm_sched_tree_cfg(const tdm_sched *s, const step_item *it, tdm_tree_cfg *cfg) {
-    return tdm_spec_tree_cfg(&it->r->s, it->budget, room_of(s, &it->r->s), cfg);
+    return tdm_spec_tree_cfg(&it->r->sr, it->budget, room_of(s, &it->r->s), cfg);
 }
 
 bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
@@ -110,7 +110,7 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
     int32_t m = 0, budget = 0;
     for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
         if (!it[i].tree) continue;
-        jobs[m] = (tdm_tree_job){&it[i].r->s, {0}, it[i].tree, false};
+        jobs[m] = (tdm_tree_job){&it[i].r->s, &it[i].r->sr, {0}, it[i].tree, false};
         if (!tdm_sched_tree_cfg(s, &it[i], &jobs[m].cfg)) {
             it[i].tree = NULL; /* (a plain step) */
             continue;
@@ -122,14 +122,14 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
     tdm_err err = {0};
     int32_t n_fwd;
     const double t0 = tdm_now();
-    tandem_status st = tdm_draft_trees(e, jobs, m, &n_fwd, &err);
+    tandem_status st = tdm_draft_trees(e, s->ws, jobs, m, &n_fwd, &err);
     if (!st) {
         /* each tree also holds its sequence's n-gram lookups, within its budget
          * (verified by the target's argmax or its own draws: any proposal keeps the
          * output) */
         for (int32_t j = 0; j < m; j++) {
             int32_t root[TDM_TREE_DEPTH_MAX], n_root;
-            tdm_spec_tree_lookups(e, jobs[j].s, jobs[j].tree, jobs[j].cfg.budget, room_of(s, jobs[j].s), root, &n_root);
+            tdm_spec_tree_lookups(s->ws, jobs[j].s, jobs[j].sr, jobs[j].tree, jobs[j].cfg.budget, room_of(s, jobs[j].s), root, &n_root);
         }
         tdm_tree_cost_observe(&s->tree_cost, budget, tdm_now() - t0, 0, 0); /* (verification: the batch's row costs) */
         return true;
@@ -140,6 +140,7 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
 
 void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out, double draft_s, double verify_s) {
     tdm_seq *q = &it->r->s;
+    tdm_spec_rec *sr = &it->r->sr;
     const tdm_tree *t = it->tree;
     tdm_verdict v;
     const int32_t before = q->n_tokens, m = tdm_tree_accept_match(t, out, v.path, &v.next);
@@ -151,12 +152,12 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out
         return;
     }
     if (q->sp.temperature > 0) tdm_engine_consume(q, m + 1); /* the uniforms of the kept tokens */
-    tdm_tree_ctrl_observe(&q->tctrl, it->budget, m + 1);
+    tdm_tree_ctrl_observe(&sr->tctrl, it->budget, m + 1);
     /* the chain controller sees the draft's part of the path (before any lookup
      * node) as a chain's prefix */
     const tdm_tree_share sh = tdm_tree_share_of(t, v.path, m);
-    tdm_ctrl_observe(&q->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
-    tdm_spec_stats_add(&q->spec, &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = sh.lookup_nodes,
+    tdm_ctrl_observe(&sr->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
+    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = sh.lookup_nodes,
                                                  .looked_up_acc = sh.lookup_acc, .tree = true,
                                                  .committed = q->n_tokens - before, .k_final = -1,
                                                  .draft_s = draft_s, .verify_s = verify_s});

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_internal.h"
 #include "backend_testutil.h"
 #include "cuda_testutil.h"
 #include "engine.h"
@@ -17,6 +18,7 @@
 #include "nonfinite_testutil.h"
 #include "ref_ops.h"
 #include "sampling.h"
+#include "spec_ws.h"
 #include "tandem.h"
 #include "stats.h"
 #include "testutil.h"
@@ -368,8 +370,9 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
  * lookup, or what gp0 says) gives exactly the target-only tokens.  Returns how many
  * target-only continuations equal the transformers reference; *accepted, *drafted:
  * the speculative counts (*trees: token-tree steps, when not NULL). */
-static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tandem_generate_params *gp0, const char *what,
-                                 uint64_t *accepted, uint64_t *drafted, uint64_t *trees) {
+static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tdm_api_paths *paths,
+                                 const tandem_generate_params *gp0, const char *what, uint64_t *accepted,
+                                 uint64_t *drafted, uint64_t *trees) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = TANDEM_BACKEND_CUDA;
     tandem_model *target = NULL, *draft = NULL;
@@ -379,7 +382,7 @@ static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tandem_ge
                  tandem_last_error());
     tandem_engine *plain = NULL, *spec = NULL;
     cr_assert_eq(tandem_engine_open(target, NULL, ep, &plain), TANDEM_OK, "%s", tandem_last_error());
-    cr_assert_eq(tandem_engine_open(target, draft, ep, &spec), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tdm_api_engine_open(target, draft, ep, paths, &spec), TANDEM_OK, "%s", tandem_last_error());
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     int matches = 0;
@@ -416,31 +419,34 @@ static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tandem_ge
 }
 
 static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, uint64_t *accepted, uint64_t *drafted) {
-    return cuda_spec_equality_gp(ep, NULL, what, accepted, drafted, NULL);
+    return cuda_spec_equality_gp(ep, NULL, NULL, what, accepted, drafted, NULL);
 }
 
 /* Token trees on the GPU (tree masks in the fused forward's attention, the row
  * kernels for up to 64 verification rows, CUDA graphs, draft candidates from the
  * topk op): with dynamic trees of 32 and 12 nodes, a static 4,2,2,1 tree, and the
  * scores and softmax kernels instead of the tiled ones (TANDEM_CUDA_FLASH=0) and host
- * candidates (TANDEM_TREE_TOPK=0), every step a tree, greedy output equals
+ * candidates (tdm_spec_ws_opts.host_topk), every step a tree, greedy output equals
  * target-only output on every prompt. */
 Test(cuda_engine, trees_equal_target_only, .timeout = 900) {
     static const struct {
         int nodes;
         const char *shape, *env;
-    } cases[] = {{32, NULL, NULL}, {12, NULL, NULL}, {0, "4,2,2,1", NULL}, {32, NULL, "TANDEM_CUDA_FLASH"},
-                 {16, NULL, "TANDEM_TREE_TOPK"}};
+        bool host_topk;
+    } cases[] = {{32, NULL, NULL, false}, {12, NULL, NULL, false}, {0, "4,2,2,1", NULL, false},
+                 {32, NULL, "TANDEM_CUDA_FLASH", false}, {16, NULL, NULL, true}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (cases[i].env) setenv(cases[i].env, "0", 1);
         tandem_generate_params gp = tandem_generate_default_params();
         gp.spec_tree = cases[i].nodes;
         gp.spec_tree_shape = cases[i].shape;
         char what[96];
-        snprintf(what, sizeof what, "trees of %d nodes%s%s%s", cases[i].nodes, cases[i].shape ? ", shape " : "",
-                 cases[i].shape ? cases[i].shape : "", cases[i].env ? ", with that off" : "");
+        snprintf(what, sizeof what, "trees of %d nodes%s%s%s%s", cases[i].nodes, cases[i].shape ? ", shape " : "",
+                 cases[i].shape ? cases[i].shape : "", cases[i].env ? ", with that off" : "",
+                 cases[i].host_topk ? ", host candidates" : "");
+        const tdm_api_paths paths = {.ws = {.host_topk = cases[i].host_topk}};
         uint64_t accepted, drafted, trees;
-        cuda_spec_equality_gp(NULL, &gp, what, &accepted, &drafted, &trees);
+        cuda_spec_equality_gp(NULL, &paths, &gp, what, &accepted, &drafted, &trees);
         if (cases[i].env) unsetenv(cases[i].env);
         cr_assert_gt(trees, 0, "%s: no tree steps", what);
         cr_assert_gt(accepted, 0, "%s: no tree node accepted", what);
@@ -449,7 +455,7 @@ Test(cuda_engine, trees_equal_target_only, .timeout = 900) {
 
 /* A lone sequence's greedy dynamic trees grown on the device (the tree_grow op, one
  * wait per tree) are the trees the host grows from the same candidates
- * (TANDEM_TREE_DEVICE=0): over every prompt, the same tree steps, nodes drafted and
+ * (tdm_spec_ws_opts.host_tree): over every prompt, the same tree steps, nodes drafted and
  * accepted, and output equal to target-only output either way. n-gram lookups are
  * off here: how long a lookup runs and whether a step is a lookup alone follow the
  * measured step costs, which differ between two runs (lookups in device trees are
@@ -462,10 +468,9 @@ Test(cuda_engine, device_trees_equal_host_trees, .timeout = 900) {
         gp.spec_ngram = 0;
         uint64_t acc[2], dr[2], tr[2];
         for (int host = 0; host < 2; host++) {
-            if (host) setenv("TANDEM_TREE_DEVICE", "0", 1);
-            cuda_spec_equality_gp(NULL, &gp, host ? "trees grown on the host" : "trees grown on the device", &acc[host],
-                                  &dr[host], &tr[host]);
-            if (host) unsetenv("TANDEM_TREE_DEVICE");
+            const tdm_api_paths paths = {.ws = {.host_tree = host}};
+            cuda_spec_equality_gp(NULL, &paths, &gp, host ? "trees grown on the host" : "trees grown on the device",
+                                  &acc[host], &dr[host], &tr[host]);
         }
         cr_assert_gt(tr[0], 0, "no tree steps");
         cr_assert(acc[0] == acc[1] && dr[0] == dr[1] && tr[0] == tr[1],
@@ -499,7 +504,7 @@ Test(cuda_engine, q8_0_cache_speculative_equality, .timeout = 900) {
 /* Greedy drafting on the device (the chain's forwards queued back to back, one
  * wait per chain) proposes exactly what token-by-token drafting proposes: with a
  * fixed k the two engines draft and accept the same counts and emit the same
- * tokens (TANDEM_DRAFT_CHAIN=0 selects the host loop when an engine opens).  The
+ * tokens (tdm_spec_ws_opts.host_chain selects the host loop when an engine opens).  The
  * same with the oracle benchmark mode (draft/oracle.h; alpha 0, 0.7, 1: the device
  * chain's planned tokens and masked argmax against the host loop's rearranged
  * candidates, the same draws), alpha 0 accepting nothing and 1 everything on the
@@ -514,9 +519,8 @@ Test(cuda_engine, device_draft_chain_equals_host_chain, .timeout = 300) {
                  tandem_last_error());
     tandem_engine *dev = NULL, *host = NULL;
     cr_assert_eq(tandem_engine_open(target, draft, NULL, &dev), TANDEM_OK, "%s", tandem_last_error());
-    setenv("TANDEM_DRAFT_CHAIN", "0", 1);
-    cr_assert_eq(tandem_engine_open(target, draft, NULL, &host), TANDEM_OK, "%s", tandem_last_error());
-    unsetenv("TANDEM_DRAFT_CHAIN");
+    const tdm_api_paths host_chain = {.ws = {.host_chain = true}};
+    cr_assert_eq(tdm_api_engine_open(target, draft, NULL, &host_chain, &host), TANDEM_OK, "%s", tandem_last_error());
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     uint64_t drafted = 0;
@@ -636,7 +640,10 @@ static void check_device_sampling(float temp, int top_k, float top_p, float min_
     cr_assert_eq(tdm_engine_create(t_cpu, NULL, &cfg, &ref, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_engine_create(t_gpu, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_engine_create(t_gpu, d_gpu, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert(plain->p_dev && spec->q_dev && spec->chain_dev, "the GPU engines sample on the device");
+    tdm_spec_ws *ws = NULL;
+    cr_assert_eq(tdm_spec_ws_create(spec, NULL, &ws, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert(plain->p_dev && ws->q_dev && ws->chain_dev, "the GPU engines sample on the device");
+    tdm_spec_ws_free(spec, ws);
     const int32_t V = tc.n_vocab;
     uint64_t *a = calloc((size_t)(GPU_POS * V), 8), *b = calloc((size_t)(GPU_POS * V), 8),
              *c = calloc((size_t)(GPU_POS * V), 8);

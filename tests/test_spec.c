@@ -9,6 +9,7 @@
 
 #include "engine.h"
 #include "scheduler.h"
+#include "spec_ws.h"
 #include "kv_cache.h"
 #include "testutil.h"
 
@@ -221,15 +222,20 @@ Test(spec, ngram_speculates_while_the_draft_backs_off) {
     gp.spec_ngram = 2;
     tdm_err err = {0};
     tdm_engine *plain = make_engine(NULL), *e = make_engine(g_draft[1]);
+    tdm_sched *sched;
+    cr_assert_eq(tdm_sched_create(e, NULL, &sched, &err), TANDEM_OK, "%s", err.msg);
+    tdm_cost_model *cost = &tdm_sched_ws(sched)->cost;
     uint64_t ng_steps = 0, ng_acc = 0, model = 0;
     for (size_t li = 0; li < 40 && li < n_lines; li++) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
         tandem_result want, got;
         cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
-        e->cost.t_draft = 1.0; /* a second a draft token: never worth it */
-        for (int i = 1; i <= TDM_COST_MAX_N; i++) e->cost.t_verify[i] = 1e-3;
-        cr_assert_eq(tdm_generate_one(e, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+        cost->t_draft = 1.0; /* a second a draft token: never worth it */
+        for (int i = 1; i <= TDM_COST_MAX_N; i++) cost->t_verify[i] = 1e-3;
+        const int32_t *prompt = ids, n_prompt = (int32_t)n;
+        cr_assert_eq(tdm_sched_run(sched, &prompt, &n_prompt, &gp, NULL, NULL, 1, &got, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(got.status, TANDEM_OK, "%s", got.error ? got.error : "");
         const greedy_cmp c = {"draft backed off, n-gram on", (int)li, 0, 2};
         expect_same(&got, &want, e, &c);
         ng_steps += got.spec.ngram_steps;
@@ -242,6 +248,7 @@ Test(spec, ngram_speculates_while_the_draft_backs_off) {
     cr_assert_gt(ng_steps, 0, "no n-gram step while the draft model backed off");
     cr_assert_gt(ng_acc, 0, "no looked-up token accepted");
     cr_assert_eq(model, 0, "the backed-off draft model proposed %llu tokens", (unsigned long long)model);
+    tdm_sched_free(sched);
     tdm_engine_free(plain);
     tdm_engine_free(e);
     tdm_test_jsonl_free(refs, n_lines);

@@ -421,7 +421,7 @@ static void check_batched_trees(int32_t N, bool sampled, int ngram) {
         }
     }
     tdm_sched *s;
-    cr_assert_eq(tdm_sched_create(e, &s, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_sched_create(e, NULL, &s, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_sched_run(s, (const int32_t *const *)ids, n_ids, gp, NULL, NULL, N, got, &err), TANDEM_OK, "%s",
                  err.msg);
     uint64_t tree_steps = 0, accepted = 0, ng_accepted = 0;

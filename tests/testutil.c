@@ -139,17 +139,23 @@ int tdm_test_run_checked(tdm_engine *e, const int32_t *ids, size_t n, const tand
                          tandem_spec_stats *spec) {
     tdm_err err = {0};
     tdm_seq s;
+    tdm_spec_rec sr;
+    tdm_spec_ws *ws = NULL;
     cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, gp, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_spec_rec_init(&sr, gp, e->cfg.n_seq_max, -1.0, &err), TANDEM_OK, "%s", err.msg);
+    if (e->draft) cr_assert_eq(tdm_spec_ws_create(e, NULL, &ws, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
     int steps = 0;
     while (!s.done) {
-        cr_assert_eq(tdm_seq_step(e, &s, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_seq_step(e, ws, &s, &sr, &err), TANDEM_OK, "%s", err.msg);
         steps++;
         if (s.done) break;
         tdm_test_check_held(e, &s);
         cr_assert_eq(tdm_kv_pool_check(e->pool, &err), TANDEM_OK, "%s", err.msg);
     }
-    if (spec) *spec = s.spec;
+    if (spec) *spec = sr.spec;
+    tdm_spec_ws_free(e, ws);
+    tdm_spec_rec_free(&sr);
     tdm_seq_release(e, &s);
     cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "leak after release");
     return steps;

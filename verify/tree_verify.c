@@ -21,7 +21,7 @@ bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si
     return true;
 }
 
-tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, tdm_verdict *v, tdm_err *err) {
+tandem_status tdm_verify_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, const tdm_tree *t, tdm_verdict *v, tdm_err *err) {
     const int32_t V = e->n_vocab, n = s->n_tokens;
     const tdm_kv_seq *seqs[1] = {&s->kv};
     tandem_status st;
@@ -43,8 +43,8 @@ tandem_status tdm_verify_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, tdm_
         m = tdm_tree_accept_match(t, e->ids, path, &next);
     } else {
         for (int32_t i = 0; i <= t->n; i++)
-            tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss, e->tree_p + (size_t)i * (size_t)V);
-        m = tdm_tree_accept_sample(t, e->tree_p, e->tree_q, V, false, &s->rng, e->tree_scr, path, &next);
+            tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss, ws->tree_p + (size_t)i * (size_t)V);
+        m = tdm_tree_accept_sample(t, ws->tree_p, ws->tree_q, V, false, &s->rng, ws->tree_scr, path, &next);
     }
     if (next < 0) return tdm_engine_nonfinite(e, false, n - 1, err);
     v->n_acc = m;

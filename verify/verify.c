@@ -11,7 +11,7 @@
 #include "accept.h"
 #include "kv_cache.h"
 
-tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k, int32_t n_q_dev,
+tandem_status tdm_verify_chain(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, const int32_t *draft, int32_t k, int32_t n_q_dev,
                                tdm_verdict *v, tdm_err *err) {
     const int32_t V = e->n_vocab;
     const int32_t n = s->n_tokens;
@@ -24,7 +24,7 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
     tdm_batch_clear(b);
     tdm_batch_add(b, s->tokens[n - 1], n - 1, 0, n - 1, true);
     for (int32_t i = 0; i < k; i++) tdm_batch_add(b, draft[i], n + i, 0, n + i, true);
-    const bool greedy = s->sp.temperature <= 0, on_dev = !greedy && e->q_dev;
+    const bool greedy = s->sp.temperature <= 0, on_dev = !greedy && ws->q_dev;
     /* greedy needs only each row's argmax, which the quantised head finds exactly */
     const tdm_fwd_kind kind = greedy ? TDM_FWD_ARGMAX : on_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     if ((st = tdm_engine_forward(e, false, b, seqs, kind, err))) return st;
@@ -40,7 +40,7 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
         tdm_engine_draws(s, k + 1, u);
         int32_t *out = e->samp_dev + TDM_ENGINE_SAMP_OUT;
         if ((st = op->probs_dev(e->be, e->out_t, k + 1, V, &s->sp, e->p_dev, e->samp_dev, err))) return st;
-        if ((st = op->accept_dev(e->be, e->p_dev, e->q_dev, TDM_MIN(n_q_dev, k), draft, k, V, u, out, err)))
+        if ((st = op->accept_dev(e->be, e->p_dev, ws->q_dev, TDM_MIN(n_q_dev, k), draft, k, V, u, out, err)))
             return st;
         int32_t got[TDM_ENGINE_SAMP_WORDS];
         if ((st = op->download(e->be, got, e->samp_dev, sizeof got, err))) return st;
@@ -53,8 +53,8 @@ tandem_status tdm_verify_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, 
     } else {
         for (int32_t i = 0; i <= k; i++)
             tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss,
-                                  e->probs + (size_t)i * (size_t)V);
-        acc = tdm_accept_sample(draft, k, e->probs, e->qprobs, V, &s->rng, e->tmp, &next);
+                                  ws->probs + (size_t)i * (size_t)V);
+        acc = tdm_accept_sample(draft, k, ws->probs, ws->qprobs, V, &s->rng, e->tmp, &next);
     }
 
     v->n_acc = acc;

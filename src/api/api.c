@@ -6,6 +6,7 @@
 #include "chat.h"
 #include "engine.h"
 #include "tp.h"
+#include "api_internal.h"
 #include "scheduler.h"
 #include "tandem.h"
 
@@ -357,6 +358,11 @@ tandem_engine_params tandem_engine_default_params(void) {
 
 tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, const tandem_engine_params *params,
                                  tandem_engine **out) {
+    return tdm_api_engine_open(target, draft, params, NULL, out);
+}
+
+tandem_status tdm_api_engine_open(tandem_model *target, tandem_model *draft, const tandem_engine_params *params,
+                                  const tdm_api_paths *paths, tandem_engine **out) {
     if (!out) return fail_msg(TANDEM_ERR_INVALID_ARG, "out is NULL");
     *out = NULL;
     if (!target) return fail_msg(TANDEM_ERR_INVALID_ARG, "target model is NULL");
@@ -385,12 +391,13 @@ tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft, cons
         .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0, .gpu_mem = p.gpu_mem,
         .max_batch_tokens = p.max_batch_tokens, .prefix_cache = p.prefix_cache,
         .batch_invariant = p.batch_invariant, .kv_type = (int32_t)p.kv_type,
+        .host_sampling = paths && paths->host_sampling,
     };
     tandem_engine *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
     tdm_err err = {0};
     tandem_status st = tdm_engine_create(target->m, draft ? draft->m : NULL, &cfg, &h->e, &err);
-    if (!st && (st = tdm_sched_create(h->e, &h->sched, &err))) tdm_engine_free(h->e);
+    if (!st && (st = tdm_sched_create(h->e, paths ? &paths->ws : NULL, &h->sched, &err))) tdm_engine_free(h->e);
     if (st) {
         free(h);
         return fail(&err, st);

@@ -1,7 +1,6 @@
-/* engine.c - engine set-up, feeding tokens through a model, committing tokens,
- * and the request loop (target-only or speculative). */
+/* engine.c - engine set-up, forwards (feeding tokens through the target or the
+ * draft, their outputs checked), a sequence's set-up and result. */
 #include "engine.h"
-#include "ngram.h"
 
 #include <float.h>
 #include <stdlib.h>
@@ -125,7 +124,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     e->n_vocab = target->hp.n_vocab;
     e->n_logit_rows = tdm_engine_logit_rows(e->cfg.n_seq_max);
     e->max_rows = TDM_MAX(TDM_MAX(e->cfg.prefill_chunk, e->cfg.max_batch_tokens),
-                          TDM_MAX(TDM_CTRL_MAX_K + 2, e->n_logit_rows));
+                          TDM_MAX(TANDEM_SPEC_K_MAX + 2, e->n_logit_rows));
 
     if (target->be && !target->be->host_memory) { /* a GPU: compute where the weights are */
         if (draft && draft->be && draft->be->ops != target->be->ops) {
@@ -173,7 +172,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     } else if (e->cfg.kv_bytes > 0) {
         n_blocks = (int64_t)(e->cfg.kv_bytes / bpb);
     } else {
-        int64_t per_seq = ((int64_t)e->cfg.n_ctx + TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_MAX) + 2 + bs - 1) / bs;
+        int64_t per_seq = ((int64_t)e->cfg.n_ctx + TDM_MAX(TANDEM_SPEC_K_MAX, TANDEM_SPEC_TREE_MAX) + 2 + bs - 1) / bs;
         n_blocks = per_seq * e->cfg.n_seq_max;
     }
     if (n_blocks < 1 || n_blocks > INT32_MAX / 2) {
@@ -214,66 +213,18 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
             goto fail;
         }
     }
-    /* greedy draft chains on the device (TANDEM_DRAFT_CHAIN=0: token by token) */
-    const char *dc = getenv("TANDEM_DRAFT_CHAIN");
-    if (draft && !e->be->host_memory && e->be->ops->argmax_dev && e->be->ops->get_rows_dev && !(dc && !strcmp(dc, "0"))) {
-        if ((st = e->be->ops->alloc(e->be, (2 * TDM_CTRL_MAX_K + TDM_CHAIN_DEV_EXTRA) * sizeof(int32_t), &p, err)))
-            goto fail;
-        e->chain_dev = p;
-        const float lowest = -FLT_MAX; /* (finite: argmax_dev reports a row with an infinity) */
-        if ((st = e->be->ops->upload(e->be, e->chain_dev + 2 * TDM_CTRL_MAX_K, &lowest, sizeof lowest, err))) goto fail;
-        if ((st = e->be->ops->alloc(e->be, (size_t)TDM_CTRL_MAX_K * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err)))
-            goto fail;
-        e->bchain_dev = p;
-    }
-    /* sampling on the device (TANDEM_DEVICE_SAMPLING=0: on host copies of the logits) */
-    const char *ds = getenv("TANDEM_DEVICE_SAMPLING");
+    /* sampling on the device (cfg.host_sampling: on host copies of the logits) */
     const tdm_backend_ops *bo = e->be->ops;
-    if (!e->be->host_memory && bo->probs_dev && bo->sample_dev && bo->accept_dev && !(ds && !strcmp(ds, "0"))) {
+    if (!e->be->host_memory && bo->probs_dev && bo->sample_dev && bo->accept_dev && !e->cfg.host_sampling) {
         if ((st = bo->alloc(e->be, lbytes, &p, err))) goto fail;
         e->p_dev = p;
         if ((st = bo->alloc(e->be, TDM_ENGINE_SAMP_WORDS * sizeof(int32_t), &p, err))) goto fail;
         e->samp_dev = p;
         if ((st = bo->alloc(e->be, 2 * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err))) goto fail;
         e->draw_dev = p;
-        if (e->chain_dev) { /* (q rows on the device come from device draft chains) */
-            if ((st = bo->alloc(e->be, (size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab * sizeof(float), &p, err))) goto fail;
-            e->q_dev = p;
-        }
     }
-    e->probs = tdm_calloc((size_t)(TDM_CTRL_MAX_K + 1) * (size_t)e->n_vocab, sizeof(float));
-    e->qprobs = tdm_calloc((size_t)TDM_CTRL_MAX_K * (size_t)e->n_vocab, sizeof(float));
     e->tmp = tdm_calloc((size_t)e->n_vocab, sizeof(float));
-    if (draft) {
-        e->tree_p = tdm_calloc((size_t)TDM_ENGINE_TREE_ROWS * (size_t)e->n_vocab, sizeof(float));
-        e->tree_q = tdm_calloc((size_t)TDM_ENGINE_TREE_ROWS * (size_t)e->n_vocab, sizeof(float));
-        e->tree_scr = tdm_calloc(2 * (size_t)e->n_vocab, sizeof(double));
-        /* greedy tree levels' candidates on the device (TANDEM_TREE_TOPK=0: from host
-         * copies of the logits) */
-        const char *tk = getenv("TANDEM_TREE_TOPK");
-        if (!e->be->host_memory && e->be->ops->topk && !(tk && !strcmp(tk, "0"))) {
-            const size_t cells = (size_t)e->n_logit_rows * TDM_ENGINE_TREE_TOPK;
-            e->tree_topk_ids = tdm_calloc(cells, sizeof(int32_t));
-            e->tree_topk_p = tdm_calloc(cells, sizeof(float));
-            if (!e->tree_topk_ids || !e->tree_topk_p) {
-                st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-            /* a lone sequence's greedy dynamic trees grown on the device, level after
-             * level without a wait (TANDEM_TREE_DEVICE=0: levels through the host) */
-            const char *td = getenv("TANDEM_TREE_DEVICE");
-            if (e->be->ops->tree_grow && !(td && !strcmp(td, "0"))) {
-                void *p;
-                if ((st = e->be->ops->alloc(e->be, sizeof(tdm_dtree), &p, err))) goto fail;
-                e->dtree = p;
-                if (!(e->dtree_h = tdm_calloc(1, sizeof(tdm_dtree)))) {
-                    st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
-                    goto fail;
-                }
-            }
-        }
-    }
-    if (!e->probs || !e->qprobs || !e->tmp || (draft && (!e->tree_p || !e->tree_q || !e->tree_scr))) {
+    if (!e->tmp) {
         st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -284,9 +235,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    tdm_cost_init(&e->cost);
     tdm_phase_init(&e->ph);
-    atomic_init(&e->alpha_carry, -1.0);
     *out = e;
     return TANDEM_OK;
 fail:
@@ -302,9 +251,7 @@ void tdm_engine_free(tdm_engine *e) {
         tdm_fwd_scratch_free(&e->fs_d);
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
-        if (e->chain_dev) e->be->ops->free(e->be, e->chain_dev);
-        if (e->bchain_dev) e->be->ops->free(e->be, e->bchain_dev);
-        void *dev[] = {e->p_dev, e->q_dev, e->samp_dev, e->draw_dev, e->dtree};
+        void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev};
         for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
             if (dev[i]) e->be->ops->free(e->be, dev[i]);
         if (!e->be->host_memory) {
@@ -317,15 +264,7 @@ void tdm_engine_free(tdm_engine *e) {
     tdm_kv_pool_free(e->pool);
     tdm_batch_free(&e->batch);
     free(e->ids);
-    free(e->probs);
-    free(e->qprobs);
     free(e->tmp);
-    free(e->tree_p);
-    free(e->tree_q);
-    free(e->tree_scr);
-    free(e->tree_topk_ids);
-    free(e->tree_topk_p);
-    free(e->dtree_h);
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
     if (!e->be_borrowed) tdm_backend_destroy(e->be);
@@ -410,11 +349,8 @@ tandem_status tdm_engine_nonfinite(const tdm_engine *e, bool is_draft, int32_t p
                       name, (int)pos);
 }
 
-_Static_assert(TDM_CTRL_MAX_K == TANDEM_SPEC_K_MAX, "the controller's limit is the public one");
 _Static_assert(TDM_ENGINE_LOGIT_ROWS <= TDM_ENGINE_SAMP_OUT && TDM_ENGINE_SAMP_OUT + 2 <= TDM_ENGINE_SAMP_WORDS,
                "the device sampling words hold every row's flag and the result");
-_Static_assert(TDM_NGRAM_MIN == TANDEM_SPEC_NGRAM_MIN && TDM_NGRAM_MAX == TANDEM_SPEC_NGRAM_MAX,
-               "the n-gram lengths are the public ones");
 
 /* The ranges of tandem.h's tandem_generate_params, field by field (NaN fails each). */
 static tandem_status check_params(const tandem_generate_params *gp, tdm_err *err) {
@@ -427,10 +363,10 @@ static tandem_status check_params(const tandem_generate_params *gp, tdm_err *err
     if (!(gp->min_p >= 0 && gp->min_p <= 1)) return tdm_seterr(err, bad, "min_p %g is out of range [0, 1]", gp->min_p);
     if (!(gp->spec_p_min >= 0 && gp->spec_p_min <= 1))
         return tdm_seterr(err, bad, "spec_p_min %g is out of range [0, 1]", gp->spec_p_min);
-    if (gp->spec_k < 0 || gp->spec_k > TDM_CTRL_MAX_K || gp->spec_k_min < 1 ||
-        gp->spec_k_max < gp->spec_k_min || gp->spec_k_max > TDM_CTRL_MAX_K)
+    if (gp->spec_k < 0 || gp->spec_k > TANDEM_SPEC_K_MAX || gp->spec_k_min < 1 ||
+        gp->spec_k_max < gp->spec_k_min || gp->spec_k_max > TANDEM_SPEC_K_MAX)
         return tdm_seterr(err, bad, "bad speculation length (spec_k %d, spec_k_min %d, spec_k_max %d; limit %d)",
-                          gp->spec_k, gp->spec_k_min, gp->spec_k_max, TDM_CTRL_MAX_K);
+                          gp->spec_k, gp->spec_k_min, gp->spec_k_max, TANDEM_SPEC_K_MAX);
     if (gp->spec_tree != 0 && gp->spec_tree != TANDEM_SPEC_TREE_AUTO &&
         (gp->spec_tree < 1 || gp->spec_tree > TANDEM_SPEC_TREE_MAX))
         return tdm_seterr(err, bad, "spec_tree %d is out of range (0 = off, %d = auto, or 1..%d nodes)", gp->spec_tree,
@@ -441,9 +377,9 @@ static tandem_status check_params(const tandem_generate_params *gp, tdm_err *err
                           "bench_oracle_tokens: needs bench_n_oracle >= 1 (got %d), bench_oracle_alpha in [0, 1] (got %g) "
                           "and greedy decoding (temperature %g)",
                           gp->bench_n_oracle, gp->bench_oracle_alpha, gp->temperature);
-    if (gp->spec_ngram != 0 && (gp->spec_ngram < TDM_NGRAM_MIN || gp->spec_ngram > TDM_NGRAM_MAX))
+    if (gp->spec_ngram != 0 && (gp->spec_ngram < TANDEM_SPEC_NGRAM_MIN || gp->spec_ngram > TANDEM_SPEC_NGRAM_MAX))
         return tdm_seterr(err, bad, "spec_ngram %d is out of range (0 = off, or %d..%d)", gp->spec_ngram,
-                          TDM_NGRAM_MIN, TDM_NGRAM_MAX);
+                          TANDEM_SPEC_NGRAM_MIN, TANDEM_SPEC_NGRAM_MAX);
     return TANDEM_OK;
 }
 
@@ -460,22 +396,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
         if (prompt[i] < 0 || prompt[i] >= e->n_vocab)
             return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt token %d at index %d is out of range",
                               (int)prompt[i], (int)i);
-    if (gp->spec_tree_shape && !tdm_tree_cfg_parse_shape(gp->spec_tree_shape, &s->tree_shape, err))
-        return err ? err->status : TANDEM_ERR_INVALID_ARG;
-    s->spec_tree = s->tree_shape.n_shape > 0 ? s->tree_shape.budget : gp->spec_tree;
-    tdm_tree_ctrl_init(&s->tctrl);
-    if (gp->bench_oracle_tokens) {
-        if (e->cfg.n_seq_max > 1)
-            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
-                              "bench_oracle_tokens needs an engine of one sequence (n_seq_max %d)", (int)e->cfg.n_seq_max);
-        s->oracle = tdm_mallocarray((size_t)gp->bench_n_oracle, sizeof(int32_t));
-        if (!s->oracle) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
-        memcpy(s->oracle, gp->bench_oracle_tokens, (size_t)gp->bench_n_oracle * sizeof(int32_t));
-        s->n_oracle = gp->bench_n_oracle;
-        s->oracle_alpha = gp->bench_oracle_alpha;
-        tdm_rng_seed(&s->oracle_rng, gp->seed ^ 0x6f7261636c65ull);
-    }
-    s->cap = e->cfg.n_ctx + TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_MAX) + 2;
+    s->cap = e->cfg.n_ctx + TDM_MAX(TANDEM_SPEC_K_MAX, TANDEM_SPEC_TREE_MAX) + 2;
     s->tokens = tdm_calloc((size_t)s->cap, sizeof(int32_t));
     if (!s->tokens) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     memcpy(s->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
@@ -486,13 +407,6 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     s->sp.top_p = gp->top_p;
     s->sp.min_p = gp->min_p;
     tdm_rng_seed(&s->rng, gp->seed);
-    tdm_ctrl_init(&s->ctrl, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
-    const double carry = atomic_load_explicit(&e->alpha_carry, memory_order_relaxed);
-    if (carry >= 0) s->ctrl.alpha = 0.5 * (s->ctrl.alpha + carry); /* (halfway from the prior) */
-    s->spec_p_min = gp->spec_p_min;
-    s->spec_ngram = s->oracle ? 0 : gp->spec_ngram;
-    tdm_ctrl_init(&s->ctrl_ng, gp->spec_k_min, gp->spec_k_max, gp->spec_k);
-    s->ctrl_ng.alpha = TDM_NGRAM_ALPHA_PRIOR;
     tdm_detok_init(&s->detok, e->target->tok);
     s->detok.first = false; /* a continuation: keep the leading space of its first piece */
     s->on_token = gp->on_token;
@@ -510,14 +424,12 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     tdm_kv_seq_free(e->pool, &s->kv);
     free(s->tokens);
     free(s->text);
-    free(s->oracle);
-    s->oracle = NULL;
     tdm_stop_free(&s->stop);
     s->tokens = NULL;
     s->text = NULL;
 }
 
-tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,
+tandem_status tdm_seq_result(tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,
                              tdm_err *err) {
     int32_t n_gen = s->n_tokens - s->n_prompt;
     res->tokens = tdm_mallocarray((size_t)TDM_MAX(n_gen, 1), sizeof(int32_t));
@@ -531,14 +443,7 @@ tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, doubl
     res->finish_reason = s->finish;
     res->prefill_ms = n_gen > 0 ? prefill_ms : 0.0; /* no token: nothing ran */
     res->decode_ms = n_gen > 1 ? decode_ms : 0.0;   /* the first token is the prefill's */
-    res->spec = s->spec;
-    if (s->spec.drafted > 0) atomic_store_explicit(&e->alpha_carry, s->ctrl.alpha, memory_order_relaxed);
-    if (res->spec.drafted) res->spec.acceptance_rate = (double)res->spec.accepted / (double)res->spec.drafted;
-    if (res->spec.steps) res->spec.mean_accepted = (double)res->spec.accepted / (double)res->spec.steps;
-    if (e->draft) {
-        double other = res->decode_ms - res->spec.draft_ms - res->spec.verify_ms;
-        res->spec.other_ms = other > 0 ? other : 0;
-    }
+    memset(&res->spec, 0, sizeof res->spec);
     return TANDEM_OK;
 }
 

@@ -14,11 +14,6 @@
 #ifndef TDM_ENGINE_H
 #define TDM_ENGINE_H
 
-#include <stdatomic.h>
-
-#include "controller.h"
-#include "tree.h"
-#include "tree_ctrl.h"
 #include "model.h"
 #include "phase_prof.h"
 #include "sampling.h"
@@ -29,21 +24,16 @@
  * an engine of many sequences holds TDM_ENGINE_BATCH_ROWS_PER_SEQ rows per sequence
  * (a batched verification of chains of up to 7 tokens in one forward), up to
  * TDM_ENGINE_BATCH_LOGITS_MAX (tdm_engine.n_logit_rows). */
-#define TDM_ENGINE_LOGIT_ROWS (TDM_CTRL_MAX_K + 1)
+#define TDM_ENGINE_LOGIT_ROWS (TANDEM_SPEC_K_MAX + 1)
 /* Logits rows of a tree verification (the pending token and TDM_TREE_MAX nodes): every
  * engine with a draft keeps at least this many. */
-#define TDM_ENGINE_TREE_ROWS (TDM_TREE_MAX + 1)
+#define TDM_ENGINE_TREE_ROWS (TANDEM_SPEC_TREE_MAX + 1)
 #define TDM_ENGINE_BATCH_ROWS_PER_SEQ 8
 #define TDM_ENGINE_BATCH_LOGITS_MAX 512
-/* Candidates per node a greedy tree level takes from the topk op (16 children, and
- * one more for the benchmark's oracle, draft/oracle.h). */
-#define TDM_ENGINE_TREE_TOPK 17
 /* e->samp_dev: ok flags of up to TDM_ENGINE_LOGIT_ROWS rows, then the output words. */
 #define TDM_ENGINE_SAMP_OUT 40
 #define TDM_ENGINE_SAMP_IDS 64 /* (the scheduler's tokens of one batched step) */
 #define TDM_ENGINE_SAMP_WORDS 128
-/* words of e->chain_dev past its tokens and top probabilities: -FLT_MAX, a spare id */
-#define TDM_CHAIN_DEV_EXTRA 2
 
 typedef struct tdm_engine_cfg {
     int32_t n_threads;
@@ -56,6 +46,8 @@ typedef struct tdm_engine_cfg {
     int32_t max_batch_tokens;/* rows per scheduler step, 0 = prefill_chunk */
     bool prefix_cache;       /* share identical prompt prefixes' blocks */
     bool batch_invariant;    /* rows of a batch computed as alone (tandem_engine_params) */
+    bool host_sampling;      /* sample on host copies of the logits where the backend could on
+                                the device (tests compare the two; default false) */
     int32_t kv_type;         /* tandem_kv_type of both caches; 0 = TANDEM_KV_AUTO, the
                                 backend's (tdm_backend.kv_type) */
 } tdm_engine_cfg;
@@ -102,48 +94,18 @@ typedef struct tdm_engine {
                                 logits_d themselves on a host-memory backend, else device
                                 buffers copied to them after each forward */
     int32_t *ids;            /* [n_logit_rows] greedy forwards' argmax per logits row (host) */
-    int32_t *bchain_dev;     /* [TDM_CTRL_MAX_K][n_logit_rows] backend memory: a batch's greedy
-                                chains, round by round (draft/batch_chain.c), with chain_dev */
-    int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] + TDM_CHAIN_DEV_EXTRA backend memory: a
-                                greedy draft chain's tokens, then their top probabilities
-                                (as floats), then -FLT_MAX (a float) and a spare id (the oracle
-                                benchmark's, draft/chain.c), when the backend keeps argmaxes
-                                on the device (draft/chain.c); else NULL */
     /* Device sampling (backends with probs_dev, sample_dev and accept_dev; else all
      * NULL): the processed distributions stay where the logits are and only token
-     * ids come back (engine.c, draft/chain.c, verify/verify.c). */
+     * ids come back (engine.c, draw.c; the draft's q rows: draft/spec_ws.h). */
     float *p_dev;            /* [n_logit_rows][n_vocab] backend: target p rows */
-    float *q_dev;            /* [TDM_CTRL_MAX_K][n_vocab] backend: draft q rows */
     int32_t *samp_dev;       /* [TDM_ENGINE_SAMP_WORDS] backend: ok flags per row, then a
                                 draw or an acceptance result (TDM_ENGINE_SAMP_OUT) */
     int32_t *draw_dev;       /* [2][n_logit_rows] backend: tdm_engine_draw's tokens, then
                                 its rows' ok flags */
-    float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
-    float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
     float *tmp;              /* [n_vocab] host scratch */
     tdm_sampler_scratch ss;
     char *piece;             /* [piece_cap] decoded text of one token */
     int32_t piece_cap;
-    tdm_cost_model cost;     /* measured draft / verify costs */
-    _Atomic double alpha_carry; /* the last speculating request's final acceptance
-                                estimate (the next request starts halfway between it and
-                                the prior: acceptance is mostly the pair's); < 0: none yet.
-                                Atomic: written by the stepping thread, read by submits */
-    tdm_tree_cost tree_cost; /* a tree step's measured seconds and tokens, by budget (draft/tree_ctrl.h) */
-    tdm_tree tree;           /* the single-sequence step's tree */
-    float *tree_p;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: a sampled tree's target p rows */
-    float *tree_q;           /* [TDM_ENGINE_TREE_ROWS][n_vocab] host: the draft q rows its children
-                                were drawn from (row 0: the root's, 1 + dslot: a node's) */
-    double *tree_scr;        /* [2][n_vocab] host: tree_accept.h's scratch */
-    int32_t *tree_topk_ids;  /* [n_logit_rows][TDM_ENGINE_TREE_TOPK] host, or NULL: greedy tree
-                                levels' candidates from the backend's topk op (no logits
-                                downloaded; a device backend with the op and a draft) */
-    float *tree_topk_p;      /* [n_logit_rows][TDM_ENGINE_TREE_TOPK] their probabilities */
-    tdm_dtree *dtree;        /* backend memory, or NULL: a lone sequence's greedy dynamic
-                                tree grown on the device (backends with tree_grow, with
-                                tree_topk_ids; draft/tree_draft.c) */
-    tdm_dtree *dtree_h;      /* host: its copy once grown */
-    bool dtree_off;          /* the draft's forward took no device masks: host levels */
     tdm_phase_prof ph;       /* TANDEM_SPEC_PHASES=1: speculative steps' phase times */
     tandem_status copy_status;
     tdm_err copy_err;
@@ -160,20 +122,6 @@ typedef struct tdm_seq {
     int32_t max_new;         /* stop after this many generated tokens */
     tdm_sampler_params sp;
     tdm_rng rng;
-    tdm_spec_ctrl ctrl;
-    float spec_p_min;
-    int32_t spec_ngram;      /* longest n-gram looked up, 0 = off */
-    tdm_spec_ctrl ctrl_ng;   /* acceptance / k of n-gram proposals */
-    int32_t n_ngram_skips;   /* matches passed over for the draft model (exploration) */
-    int32_t n_spec_steps;    /* speculative steps so far (exploration schedule) */
-    int32_t spec_tree;       /* 0 = chains, TANDEM_SPEC_TREE_AUTO, > 0 a tree budget */
-    tdm_tree_cfg tree_shape; /* a static tree (n_shape > 0), else n_shape 0 */
-    tdm_tree_ctrl tctrl;     /* tokens per tree step by budget */
-    int32_t *oracle;         /* [n_oracle] benchmark only (draft/oracle.h): the target's own
-                                continuation, NULL = off */
-    int32_t n_oracle;
-    double oracle_alpha;
-    tdm_rng oracle_rng;      /* its draws (apart from the request's generator) */
     bool ignore_eos;         /* an end-of-generation token does not finish it */
     bool done;
     tandem_finish_reason finish;
@@ -185,8 +133,6 @@ typedef struct tdm_seq {
     size_t text_len, text_cap;
     size_t emitted;          /* bytes of text passed to on_token */
     tdm_stop stop;           /* the request's stop strings */
-    /* metrics */
-    tandem_spec_stats spec;
 } tdm_seq;
 
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
@@ -221,8 +167,8 @@ tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *
 void tdm_engine_free(tdm_engine *e);
 
 /* Fills res from a finished sequence (tokens, text: moved out of s, timings in
- * milliseconds, speculation statistics). */
-tandem_status tdm_seq_result(tdm_engine *e, tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,
+ * milliseconds; res->spec zeroed: the scheduler fills it). */
+tandem_status tdm_seq_result(tdm_seq *s, double prefill_ms, double decode_ms, tandem_result *res,
                              tdm_err *err);
 
 /* tdm_seq_init validates a request and makes its sequence (tokens, sampler,

@@ -1,0 +1,66 @@
+/* spec_ws.h - the speculation workspace (spec_ws.c): the buffers proposers and
+ * verifiers work in beside an engine's own (drafted chains and their top
+ * probabilities on the device, the draft's q rows, a tree's p / q rows, candidates
+ * and the device-grown tree), and what a lone sequence's step measures (its cost
+ * model, its tree costs, its tree).  The scheduler owns one per engine with a draft
+ * model. */
+#ifndef TDM_SPEC_WS_H
+#define TDM_SPEC_WS_H
+
+#include "controller.h"
+#include "dtree.h"
+#include "engine.h"
+#include "tree.h"
+#include "tree_ctrl.h"
+
+/* words of chain_dev past its tokens and top probabilities: -FLT_MAX, a spare id */
+#define TDM_CHAIN_DEV_EXTRA 2
+/* Candidates per node a greedy tree level takes from the topk op (16 children, and
+ * one more for the benchmark's oracle, oracle.h). */
+#define TDM_TREE_TOPK 17
+
+/* Paths a workspace takes through the host where the device could (tests compare
+ * the two; every flag false by default). */
+typedef struct tdm_spec_ws_opts {
+    bool host_chain;   /* greedy draft chains token by token through the host */
+    bool host_topk;    /* greedy tree levels' candidates from host copies of the logits */
+    bool host_tree;    /* a lone sequence's dynamic trees grown level by level through the host */
+} tdm_spec_ws_opts;
+
+typedef struct tdm_spec_ws {
+    int32_t *bchain_dev;     /* [TDM_CTRL_MAX_K][n_logit_rows] backend memory: a batch's greedy
+                                chains, round by round (batch_chain.c), with chain_dev */
+    int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] + TDM_CHAIN_DEV_EXTRA backend memory: a
+                                greedy draft chain's tokens, then their top probabilities
+                                (as floats), then -FLT_MAX (a float) and a spare id (the oracle
+                                benchmark's), when the backend keeps argmaxes on the device
+                                (chain.c); else NULL */
+    float *q_dev;            /* [TDM_CTRL_MAX_K][n_vocab] backend: draft q rows (with device
+                                sampling, e->p_dev, and device chains), else NULL */
+    float *probs;            /* [TDM_CTRL_MAX_K + 1][n_vocab] host: target p rows */
+    float *qprobs;           /* [TDM_CTRL_MAX_K][n_vocab] host: draft q rows */
+    float *tree_p;           /* [TDM_TREE_MAX + 1][n_vocab] host: a sampled tree's target p rows */
+    float *tree_q;           /* [TDM_TREE_MAX + 1][n_vocab] host: the draft q rows its children
+                                were drawn from (row 0: the root's, 1 + dslot: a node's) */
+    double *tree_scr;        /* [2][n_vocab] host: tree_accept.h's scratch */
+    int32_t *tree_topk_ids;  /* [n_logit_rows][TDM_TREE_TOPK] host, or NULL: greedy tree
+                                levels' candidates from the backend's topk op (no logits
+                                downloaded; a device backend with the op) */
+    float *tree_topk_p;      /* [n_logit_rows][TDM_TREE_TOPK] their probabilities */
+    tdm_dtree *dtree;        /* backend memory, or NULL: a lone sequence's greedy dynamic
+                                tree grown on the device (backends with tree_grow, with
+                                tree_topk_ids; tree_draft.c) */
+    tdm_dtree *dtree_h;      /* host: its copy once grown */
+    bool dtree_off;          /* the draft's forward took no device masks: host levels */
+    /* a lone sequence's step (sched/lone.c) */
+    tdm_cost_model cost;     /* measured draft / verify costs */
+    tdm_tree_cost tree_cost; /* a tree step's measured seconds and tokens, by budget */
+    tdm_tree tree;           /* its tree */
+} tdm_spec_ws;
+
+/* The workspace for engine e (which has a draft model), on its backend. */
+tandem_status tdm_spec_ws_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_spec_ws **out, tdm_err *err);
+/* Frees ws (its backend buffers on e's backend); NULL is a no-op. */
+void tdm_spec_ws_free(tdm_engine *e, tdm_spec_ws *ws);
+
+#endif
