@@ -24,7 +24,6 @@
 #include "commit.h"
 #include "kv_cache.h"
 #include "ngram.h"
-#include "verify.h"
 
 /* An n-gram proposal for this step, or 0 when it is not expected to beat the other
  * choice, whose expected rate is rate_other (tokens per second: the draft model's
@@ -41,64 +40,35 @@ static int32_t ngram_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_r
     return nd;
 }
 
-/* The target's next token after a feed with want_last (greedy: its argmax, which
- * the quantised head finds without most logits; sampling: drawn from the logits,
- * on the device where the engine samples there). */
-static tdm_fwd_kind target_kind(const tdm_engine *e, const tdm_seq *s) {
-    if (s->sp.temperature <= 0) return TDM_FWD_ARGMAX;
-    return e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
-}
-static tandem_status next_token(tdm_engine *e, tdm_seq *s, int32_t pos, int32_t *tok, tdm_err *err) {
-    const bool sampled = s->sp.temperature > 0;
-    tdm_draw_row row = {s, 0.0};
-    if (sampled) tdm_engine_draws(s, 1, &row.u);
-    tandem_status st = tdm_engine_draw(e, false, &row, 1, target_kind(e, s), tok, err);
+/* A plain step (the target's next token, drawn as without speculation), committed;
+ * k_final: the statistics' controller choice to record (-1: none). */
+static tandem_status plain_step(tdm_sched *sc, tdm_req *r, int32_t k_final, tdm_err *err) {
+    tdm_verdict v;
+    tandem_status st = tdm_sched_verify_lone(sc, r, NULL, 0, 0, NULL, &v, err);
     if (st) return st;
-    if (*tok < 0) return tdm_engine_nonfinite(e, false, pos, err);
-    if (sampled) tdm_engine_consume(s, 1);
+    tdm_commit_chain(sc->e, &r->s, NULL, &v);
+    tdm_spec_stats_add(&r->sr.spec, &(tdm_step_obs){.committed = 1, .k_final = k_final});
     return TANDEM_OK;
 }
 
-tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err) {
-    e->copy_status = TANDEM_OK;
-    if (s->max_new == 0) {
-        s->done = true;
-        s->finish = TANDEM_FINISH_LENGTH;
-        return TANDEM_OK;
-    }
-    tandem_status st = tdm_engine_feed(e, s, false, 0, s->n_prompt, true, target_kind(e, s), err);
-    int32_t tok = -1;
-    if (!st) st = next_token(e, s, s->n_prompt - 1, &tok, err);
-    if (!st && e->draft) st = tdm_engine_feed(e, s, true, 0, s->n_prompt, false, TDM_FWD_LOGITS, err);
-    if (!st) tdm_commit_token(e, s, tok);
-    return st;
-}
+tandem_status tdm_seq_step_target(tdm_sched *sc, tdm_req *r, tdm_err *err) { return plain_step(sc, r, -1, err); }
 
-/* A plain step; k_final: the statistics' controller choice to record (-1: none). */
-static tandem_status plain_step(tdm_engine *e, tdm_seq *s, tdm_spec_rec *sr, int32_t k_final, tdm_err *err) {
-    int32_t n = s->n_tokens;
-    tandem_status st = tdm_engine_feed(e, s, false, n - 1, n, true, target_kind(e, s), err);
-    int32_t tok = -1;
-    if (!st) st = next_token(e, s, n - 1, &tok, err);
-    if (!st) tdm_commit_token(e, s, tok);
-    if (!st) tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.committed = 1, .k_final = k_final});
-    return st;
-}
+static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err);
 
-tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err) { return plain_step(e, s, sr, -1, err); }
-
-static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err);
-
-tandem_status tdm_seq_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err) {
-    if (s->done) return TANDEM_OK;
-    return e->draft ? tdm_spec_step(e, ws, s, sr, err) : tdm_seq_step_target(e, s, sr, err);
+tandem_status tdm_seq_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
+    if (r->s.done) return TANDEM_OK;
+    return sc->e->draft ? tdm_spec_step(sc, r, err) : tdm_seq_step_target(sc, r, err);
 }
 
 
-static tandem_status verify_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *draft, int32_t nd, int32_t n_model,
+static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err);
 
-static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err) {
+static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
+    tdm_engine *e = sc->e;
+    tdm_spec_ws *ws = sc->ws;
+    tdm_seq *s = &r->s;
+    tdm_spec_rec *sr = &r->sr;
     tandem_status st;
     const int32_t n = s->n_tokens;
     /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
@@ -117,11 +87,11 @@ static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, t
         const double t_plain = tdm_cost_verify(&ws->cost, 1);
         if (k_limit > 0 && t_plain > 0) n_ng = ngram_step(e, ws, s, sr, k_limit, 1.0 / t_plain, draft);
         if (n_ng == 0) {
-            if ((st = plain_step(e, s, sr, 0, err))) return st;
+            if ((st = plain_step(sc, r, 0, err))) return st;
             tdm_cost_observe_verify(&ws->cost, 1, tdm_now() - t0);
             return TANDEM_OK;
         }
-        return verify_step(e, ws, s, sr, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
+        return verify_step(sc, r, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
     }
     int32_t k = k_chosen;
     /* Adaptive mode explores: every 8th step drafts one token more or fewer than the
@@ -134,7 +104,7 @@ static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, t
     }
     if (k > room) k = room;
     if (k > ctx_room) k = ctx_room;
-    if (k <= 0) return tdm_seq_step_target(e, s, sr, err);
+    if (k <= 0) return tdm_seq_step_target(sc, r, err);
     /* a token tree instead of the chain: always at a fixed budget, or when the tree
      * controller expects it to pay (draft/tree_ctrl.h) */
     const int32_t tb = sr->spec_tree > 0 ? sr->spec_tree
@@ -151,9 +121,9 @@ static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, t
          * (when they branch off it) */
         if (n_ng > 0 && s->sp.temperature <= 0 && n_ng <= TDM_TREE_DEPTH_MAX &&
             tdm_spec_lookup_tree(e, ws, s, sr, draft, n_ng, tb))
-            return tdm_spec_lookup_tree_step(e, ws, s, sr, draft, n_ng, k_chosen, t0, err);
-        if (n_ng > 0) return verify_step(e, ws, s, sr, draft, n_ng, 0, 0, n_ng, k_chosen, t0, tdm_now(), err);
-        return tdm_spec_tree_step(e, ws, s, sr, tb, err);
+            return tdm_spec_lookup_tree_step(sc, r, draft, n_ng, k_chosen, t0, err);
+        if (n_ng > 0) return verify_step(sc, r, draft, n_ng, 0, 0, n_ng, k_chosen, t0, tdm_now(), err);
+        return tdm_spec_tree_step(sc, r, tb, err);
     }
     n_ng = ngram_step(e, ws, s, sr, k_limit, tdm_ctrl_rate(&ws->cost, sr->ctrl.alpha, tdm_cost_draft(&ws->cost), k), draft);
     if (n_ng > 0) {
@@ -166,7 +136,7 @@ static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, t
         if ((st = tdm_draft_chain(e, ws, s, sr, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
         tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_DRAFT);
     }
-    st = verify_step(e, ws, s, sr, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
+    st = verify_step(sc, r, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
     if (n_ng == 0) tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_VERIFY);
     return st;
 }
@@ -174,12 +144,16 @@ static tandem_status tdm_spec_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, t
 /* The step's verification of draft[0..nd) (its first n_model tokens from the draft
  * model in n_fwd forwards, the rest looked up; n_ng > 0: an n-gram step), drafted
  * from t0 to t1, and what the controllers and the request's statistics learn. */
-static tandem_status verify_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *draft, int32_t nd, int32_t n_model,
+static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err) {
+    tdm_engine *e = sc->e;
+    tdm_spec_ws *ws = sc->ws;
+    tdm_seq *s = &r->s;
+    tdm_spec_rec *sr = &r->sr;
     const int32_t n = s->n_tokens;
     tdm_verdict v;
     tandem_status st;
-    if ((st = tdm_verify_chain(e, ws, s, draft, nd, n_model, &v, err))) return st;
+    if ((st = tdm_sched_verify_lone(sc, r, draft, nd, n_model, NULL, &v, err))) return st;
     tdm_commit_chain(e, s, draft, &v);
     const int32_t acc = v.n_acc;
     double t2 = tdm_now();

@@ -8,20 +8,19 @@
 #define TDM_LONE_H
 
 #include "engine.h"
+#include "sched_internal.h"
 #include "spec_rec.h"
 #include "spec_ws.h"
 #include "tree.h"
 
-/* tdm_seq_prefill runs the prompt through the target (and the draft) and commits
- * the first token; tdm_seq_step runs one decode step (speculative when there is a
- * draft); tdm_seq_step_target a plain target-only decode step (also the fallback
- * of a speculative step). */
-tandem_status tdm_seq_prefill(tdm_engine *e, tdm_seq *s, tdm_err *err);
-tandem_status tdm_seq_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err);
-tandem_status tdm_seq_step_target(tdm_engine *e, tdm_seq *s, tdm_spec_rec *sr, tdm_err *err);
+/* tdm_seq_step runs one decode step of the lone running request r (speculative
+ * when there is a draft); tdm_seq_step_target a plain target-only step (also the
+ * fallback of a speculative step). */
+tandem_status tdm_seq_step(tdm_sched *sc, tdm_req *r, tdm_err *err);
+tandem_status tdm_seq_step_target(tdm_sched *sc, tdm_req *r, tdm_err *err);
 /* One token-tree step (lone_tree.c: draft/tree_draft.c + verify/tree_verify.c)
  * of at most `budget` nodes, within what the request may still take. */
-tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t budget, tdm_err *err);
+tandem_status tdm_spec_tree_step(tdm_sched *sc, tdm_req *r, int32_t budget, tdm_err *err);
 /* A tree drafted for s with n-gram lookup on (spec_ngram; not the oracle benchmark)
  * also holds the lookups' continuations, as SpecInfer merges several speculators'
  * proposals into one token tree that one target forward verifies: the continuation
@@ -49,7 +48,7 @@ void tdm_spec_tree_lookups(tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_tr
  * tdm_spec_lookup_tree_step then verifies it in one target forward (t0: when the
  * step began); no model drafts. */
 bool tdm_spec_lookup_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *first, int32_t n_first, int32_t budget);
-tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *first, int32_t n_first,
+tandem_status tdm_spec_lookup_tree_step(tdm_sched *sc, tdm_req *r, const int32_t *first, int32_t n_first,
                                         int32_t k_chosen, double t0, tdm_err *err);
 
 /* The largest budget tree auto weighs: TDM_TREE_MAX, or the benchmark knob

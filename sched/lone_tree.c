@@ -109,17 +109,23 @@ static void observe_lookup(const tdm_seq *s, tdm_spec_rec *sr, const int32_t *pr
 
 /* Verifies s's tree t and commits the verdict (the commit's time marked as the
  * tree's keep phase). */
-static tandem_status verify_commit(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, const tdm_tree *t, tdm_verdict *v, tdm_err *err) {
-    tandem_status st = tdm_verify_tree(e, ws, s, t, v, err);
-    if (!st) st = tdm_commit_tree(e, s, t, v, err);
+static tandem_status verify_commit(tdm_sched *sc, tdm_req *r, const tdm_tree *t, tdm_verdict *v, tdm_err *err) {
+    tdm_engine *e = sc->e;
+    tandem_status st = tdm_sched_verify_lone(sc, r, NULL, 0, 0, t, v, err);
+    if (!st) tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_VERIFY);
+    if (!st) st = tdm_commit_tree(e, &r->s, t, v, err);
     if (!st) tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_KEEP);
     return st;
 }
 
-tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t budget, tdm_err *err) {
+tandem_status tdm_spec_tree_step(tdm_sched *sc, tdm_req *r, int32_t budget, tdm_err *err) {
+    tdm_engine *e = sc->e;
+    tdm_spec_ws *ws = sc->ws;
+    tdm_seq *s = &r->s;
+    tdm_spec_rec *sr = &r->sr;
     const int32_t n = s->n_tokens, room = room_of(e, s);
     tdm_tree_job job = {s, sr, {0}, &ws->tree, s->sp.temperature > 0};
-    if (!tdm_spec_tree_cfg(sr, budget, room, &job.cfg)) return tdm_seq_step_target(e, s, sr, err);
+    if (!tdm_spec_tree_cfg(sr, budget, room, &job.cfg)) return tdm_seq_step_target(sc, r, err);
     tandem_status st;
     if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + tdm_tree_slots(&job.cfg), err))) return st;
     if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
@@ -132,9 +138,9 @@ tandem_status tdm_spec_tree_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm
     const double t1 = tdm_now();
     const tdm_tree *t = &ws->tree;
     const int32_t nodes = t->n, before = s->n_tokens;
-    if (nodes == 0) return tdm_seq_step_target(e, s, sr, err);
+    if (nodes == 0) return tdm_seq_step_target(sc, r, err);
     tdm_verdict v;
-    if ((st = verify_commit(e, ws, s, t, &v, err))) return st;
+    if ((st = verify_commit(sc, r, t, &v, err))) return st;
     const int32_t acc = v.n_acc, *path = v.path;
     const double t2 = tdm_now();
     tdm_tree_cost_observe(&ws->tree_cost, job.cfg.budget, t1 - t0, t2 - t1, acc + 1);
@@ -167,15 +173,18 @@ bool tdm_spec_lookup_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_r
     return t->n > t->n_spine;
 }
 
-tandem_status tdm_spec_lookup_tree_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, const int32_t *first, int32_t n_first,
+tandem_status tdm_spec_lookup_tree_step(tdm_sched *sc, tdm_req *r, const int32_t *first, int32_t n_first,
                                         int32_t k_chosen, double t0, tdm_err *err) {
+    tdm_spec_ws *ws = sc->ws;
+    tdm_seq *s = &r->s;
+    tdm_spec_rec *sr = &r->sr;
     tdm_tree *t = &ws->tree;
     const int32_t nodes = t->n, before = s->n_tokens, L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
-    if (nodes == 0) return tdm_seq_step_target(e, s, sr, err);
+    if (nodes == 0) return tdm_seq_step_target(sc, r, err);
     const double t1 = tdm_now();
     tdm_verdict v;
     tandem_status st;
-    if ((st = verify_commit(e, ws, s, t, &v, err))) return st;
+    if ((st = verify_commit(sc, r, t, &v, err))) return st;
     const int32_t acc = v.n_acc;
     const double t2 = tdm_now();
     tdm_cost_observe_verify(&ws->cost, nodes + 1, t2 - t1);

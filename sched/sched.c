@@ -68,6 +68,8 @@ tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_
 
 tdm_spec_ws *tdm_sched_ws(tdm_sched *s) { return s->ws; }
 
+const tdm_req *tdm_sched_running_req(const tdm_sched *s, int32_t i) { return i >= 0 && i < s->n_run ? s->run[i] : NULL; }
+
 static void free_req(tdm_engine *e, tdm_req *r) {
     tdm_seq_release(e, &r->s);
     tdm_spec_rec_free(&r->sr);

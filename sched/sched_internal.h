@@ -7,10 +7,10 @@
 #include <stdatomic.h>
 
 #include "batch_ctrl.h"
-#include "lone.h"
 #include "queue.h"
 #include "scheduler.h"
 #include "spec_rec.h"
+#include "verdict.h"
 
 typedef enum tdm_req_state {
     TDM_REQ_WAITING = 0, /* in the queue (new or preempted) */
@@ -55,6 +55,9 @@ typedef struct step_item {
     int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
     tdm_tree *tree;/* (decode) a token tree verified instead of a chain (k = 0), or NULL */
     int32_t budget;/* (decode, tree) its node budget */
+    bool reject;   /* (decode) verified by rejection sampling against the draft's q rows
+                      (a lone sampled sequence: lone.c), not by agreement with the
+                      target's own draws */
 } step_item;
 
 struct tdm_sched {
@@ -120,7 +123,18 @@ struct tdm_sched {
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
 };
 
+/* The i-th running request (admission order), NULL past the last (for tests that
+ * check a running sequence between steps). */
+const tdm_req *tdm_sched_running_req(const tdm_sched *s, int32_t i);
 /* step.c */
+/* A lone sequence's verification (lone.c): one target forward over r's pending
+ * token and draft[0..k), or its tree (k = 0; no tree and k = 0: a plain step), and
+ * the verdict: greedy by agreement with the target's argmaxes; sampled by rejection
+ * sampling against the draft's q rows (n_q_dev of them the model's on the device;
+ * verify.h, tree_verify.h), a plain step's token drawn as without speculation.
+ * Reserves the K/V the rows need; commits nothing (sched/commit.h). */
+tandem_status tdm_sched_verify_lone(tdm_sched *s, tdm_req *r, const int32_t *draft, int32_t k, int32_t n_q_dev,
+                                    const tdm_tree *tree, tdm_verdict *v, tdm_err *err);
 tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err);
 /* Marks r failed with st (the first failure wins); it finishes at the step's end. */
 void tdm_sched_fail(tdm_req *r, tandem_status st, const tdm_err *err);

@@ -31,8 +31,10 @@
 #include "lone.h"
 #include "ngram.h"
 #include "sched_internal.h"
+#include "tree_accept.h"
 #include "tree_draft.h"
 #include "tree_verify.h"
+#include "verify.h"
 
 _Static_assert(TDM_ENGINE_BATCH_LOGITS_MAX <= TDM_BATCH_SEQ_MAX, "a decision weighs every speculating sequence");
 
@@ -183,7 +185,7 @@ static int32_t plan(tdm_sched *s, step_item *it) {
         tdm_req *r = s->run[i];
         if (r->state != TDM_REQ_RUNNING) continue;
         const int32_t p = r->s.n_tokens - 1, k = s->k_of[i];
-        it[n] = (step_item){r, p, p + 1 + k, true, true, k, false, s->drafts + (size_t)i * TDM_CTRL_MAX_K, NULL, 0};
+        it[n] = (step_item){r, p, p + 1 + k, true, true, k, false, s->drafts + (size_t)i * TDM_CTRL_MAX_K, NULL, 0, false};
         tdm_tree_cfg cfg;
         if (s->tree_of[i] > 0) {
             it[n].tree = &s->trees[i], it[n].budget = s->tree_of[i];
@@ -203,7 +205,7 @@ static int32_t plan(tdm_sched *s, step_item *it) {
             if (any_cut && left > 0) c = left;
             else if (chunked) break;
         }
-        it[n++] = (step_item){r, r->n_fed, r->n_fed + c, false, fresh(r) && r->n_fed + c == r->n_goal, 0, false, NULL, NULL, 0};
+        it[n++] = (step_item){r, r->n_fed, r->n_fed + c, false, fresh(r) && r->n_fed + c == r->n_goal, 0, false, NULL, NULL, 0, false};
         rows += c;
         chunked = true;
     }
@@ -298,13 +300,15 @@ static int32_t commit_match(tdm_engine *e, const step_item *it, const int32_t *o
     return v.n_acc;
 }
 
-/* Runs items [0, n) as one forward of the target (and one of the draft over the
- * prompt chunks among them), then commits their results. */
-static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
+/* The rows of items [0, n) as one forward of the target (and one of the draft over
+ * the prompt chunks among them), and a token drawn for every logits row (s->g_tok,
+ * in row order) unless the items are verified by rejection sampling (it->reject:
+ * then their rules read the forward's logits rows; a group holds no other item). */
+static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n, tdm_fwd_kind *kind_out,
+                                   tdm_err *err) {
     tdm_engine *e = s->e;
     const tdm_kv_seq **seqs = s->g_seqs;
     tdm_draw_row *rows = s->g_rows;
-    int32_t *tok = s->g_tok;
     int32_t m = 0;
     bool any_sample = false, any_chunk = false;
     tdm_batch *b = &e->batch;
@@ -315,19 +319,19 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
         /* row d of the item's logits draws with the d-th uniform to come (a tree's
          * node at depth d with uniform d + 1: the position its logits predict) */
         double u[TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_DEPTH_MAX) + 1] = {0};
+        const bool draws = q->sp.temperature > 0 && !it[i].reject;
         if (it[i].tree) {
             const tdm_tree *t = it[i].tree;
-            const bool sampled = q->sp.temperature > 0;
             tdm_tree_rows(b, q, t, i);
             int32_t deepest = -1;
             for (int32_t x = 0; x < t->n; x++) deepest = TDM_MAX(deepest, t->depth[x]);
-            if (sampled) tdm_engine_draws(q, deepest + 2, u);
+            if (draws) tdm_engine_draws(q, deepest + 2, u);
             rows[m++] = (tdm_draw_row){q, u[0]};
             for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1]};
-            any_sample |= sampled;
+            any_sample |= q->sp.temperature > 0;
             continue;
         }
-        if (q->sp.temperature > 0) tdm_engine_draws(q, item_logits(&it[i]), u);
+        if (draws) tdm_engine_draws(q, item_logits(&it[i]), u);
         for (int32_t p = it[i].from, d = 0; p < it[i].to; p++) {
             const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
             const int32_t tk = p < q->n_tokens ? q->tokens[p] : it[i].draft[p - q->n_tokens];
@@ -337,11 +341,15 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
         any_sample |= (it[i].decode || it[i].want) && q->sp.temperature > 0;
         any_chunk |= !it[i].decode;
     }
-    const tdm_fwd_kind kind = !any_sample ? TDM_FWD_ARGMAX : e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    tdm_fwd_kind kind = !any_sample ? TDM_FWD_ARGMAX : e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    /* rejection sampling reads the rows where its rule runs: a chain's on the device
+     * with the draft's q rows there, a tree's on the host */
+    if (n > 0 && it[0].reject && any_sample)
+        kind = !it[0].tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    *kind_out = kind;
     b->rows_shared = !e->cfg.batch_invariant && n > 1; /* (a lone sequence's rows stay its own) */
-    tdm_err err = {0};
-    tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, &err);
-    if (!st && m > 0) st = tdm_engine_draw(e, false, rows, m, kind, tok, &err);
+    tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
+    if (!st && m > 0 && !(n > 0 && it[0].reject && any_sample)) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);
         for (int32_t i = 0; i < n; i++) {
@@ -350,8 +358,18 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             for (int32_t p = it[i].from; p < it[i].to; p++) tdm_batch_add(b, q->tokens[p], p, i, p, false);
         }
         b->rows_shared = true; /* (the draft's rows only propose) */
-        st = tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS, &err);
+        st = tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS, err);
     }
+    return st;
+}
+
+/* Runs items [0, n) as one forward (group_forward), then commits their results. */
+static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
+    tdm_engine *e = s->e;
+    int32_t *tok = s->g_tok;
+    tdm_err err = {0};
+    tdm_fwd_kind kind;
+    tandem_status st = group_forward(s, it, n, &kind, &err);
     const double now = tdm_now();
     for (int32_t i = 0, j = 0; i < n; i++) {
         tdm_req *r = it[i].r;
@@ -399,6 +417,39 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
         tdm_commit_token(e, q, t);
         if (r->t_first == 0) r->t_first = now;
     }
+}
+
+tandem_status tdm_sched_verify_lone(tdm_sched *s, tdm_req *r, const int32_t *draft, int32_t k, int32_t n_q_dev,
+                                    const tdm_tree *tree, tdm_verdict *v, tdm_err *err) {
+    tdm_engine *e = s->e;
+    tdm_seq *q = &r->s;
+    const int32_t n = q->n_tokens;
+    const bool reject = q->sp.temperature > 0 && (k > 0 || tree);
+    tandem_status st;
+    const int32_t slots = tree ? TDM_MAX(tree->n, tree->n_fed) : k;
+    if (tree && 1 + tree->n > e->n_logit_rows)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a tree of %d nodes exceeds the engine's %d logits rows",
+                          (int)tree->n, (int)e->n_logit_rows);
+    if ((st = tdm_kv_seq_reserve(e->pool, &q->kv, n + slots, err))) return st;
+    if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
+    const step_item it = {r, n - 1, n + k, true, true, k, false, (int32_t *)draft, (tdm_tree *)tree,
+                          tree ? tree->n : 0, reject};
+    tdm_fwd_kind kind;
+    if ((st = group_forward(s, &it, 1, &kind, err))) return st;
+    const int32_t *out = s->g_tok;
+    if (reject && tree) return tdm_verify_tree_reject(e, s->ws, q, tree, 0, v, err);
+    if (reject) return tdm_verify_reject(e, s->ws, q, draft, k, n_q_dev, 0, kind, v, err);
+    const int32_t n_out = item_logits(&it);
+    for (int32_t x = 0; x < n_out; x++)
+        if (out[x] < 0) return tdm_engine_nonfinite(e, false, n - 1 + (tree ? 0 : x), err);
+    if (tree) {
+        v->n_acc = tdm_tree_accept_match(tree, out, v->path, &v->next);
+    } else {
+        v->n_acc = tdm_accept_greedy(draft, k, out, &v->next);
+    }
+    /* (a sampled plain step drew its token with the uniform it would use anyway) */
+    if (q->sp.temperature > 0) tdm_engine_consume(q, v->n_acc + 1);
+    return TANDEM_OK;
 }
 
 /* Groups the plan into forwards (see the top of the file) and runs them. */
@@ -606,7 +657,7 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
     if (alone_spec(s)) {
         tdm_req *r = s->run[0];
         tdm_err serr = {0};
-        tandem_status st = tdm_seq_step(e, s->ws, &r->s, &r->sr, &serr);
+        tandem_status st = tdm_seq_step(s, r, &serr);
         if (st) tdm_sched_fail(r, st, &serr);
         finish_done(s);
         return TANDEM_OK;

@@ -87,7 +87,7 @@ static size_t ref_k_index(const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t 
     return ((block * n_kv_head + g) * head_dim + d) * block_size + pos;
 }
 
-/* q8_0 (kernels/kv_layout.h): the (block, kv head) unit of a slot, its quant of
+/* q8_0 (src/base/kv_layout.h): the (block, kv head) unit of a slot, its quant of
  * element d (K: [hd][bs], V: [bs][hd]) and its scale. */
 typedef struct ref_q8_at {
     uint8_t *unit;

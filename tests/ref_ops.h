@@ -17,7 +17,7 @@ void ref_rope(float *x, int32_t n, int32_t row_stride, int32_t n_head, int32_t h
               const int32_t *pos, const tdm_rope_params *rp);
 void ref_swiglu(const float *gate_up, int32_t n, int32_t ff, float *out);
 void ref_gather_rows(const float *x, const int32_t *rows, int32_t n, int32_t dim, float *out);
-/* kv_write and attention for every cache type (kernels/kv_layout.h); attention in
+/* kv_write and attention for every cache type (src/base/kv_layout.h); attention in
  * double over the cache's values (q8_0: scale * quant, dequantised on the fly). */
 void ref_kv_write(const tdm_kv_write_args *a);
 void ref_attention(const tdm_attn_args *a); /* (window and softcap as backend.h defines them) */

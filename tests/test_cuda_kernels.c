@@ -294,7 +294,7 @@ typedef struct flash_case {
     int32_t n_head, n_kv_head, head_dim, block_size;
     int32_t n_seq, lens[4];
     int32_t rows_per_seq; /* the last ones of each sequence attend (causal) */
-    bool q8;              /* a q8_0 cache (kernels/kv_layout.h) instead of f16 */
+    bool q8;              /* a q8_0 cache (src/base/kv_layout.h) instead of f16 */
     int32_t window;       /* tdm_attn_args.window (gemma3's sliding layers; the tiled kernels) */
     float softcap;        /* tdm_attn_args.softcap */
 } flash_case;

@@ -573,7 +573,7 @@ Test(kv_cache, bytes_per_block) {
     cr_assert_eq(tdm_kv_bytes_per_block(NULL, 1, 16), 0);
     cr_assert_eq(tdm_kv_bytes_per_block(m, 1, 0), 0);
     /* q8_0: per (block, kv head) the int8 quants and one f32 scale per slot, each
-     * padded to 16 bytes (kernels/kv_layout.h) */
+     * padded to 16 bytes (src/base/kv_layout.h) */
     tdm_kv_layout q8 = {32, 8, 128, TDM_Q8_0};
     cr_assert_eq(tdm_kv_bytes_per_block(&q8, 1, 16), 2ull * 32 * 8 * (128 * 16 + 4 * 16));
     tdm_kv_layout q8odd = {1, 1, 3, TDM_Q8_0}; /* 5 x 3 quants -> 16 bytes, 5 scales -> 32 */

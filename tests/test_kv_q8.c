@@ -1,4 +1,4 @@
-/* test_kv_q8.c - the q8_0 KV cache (kernels/kv_layout.h): int8 values with one f32
+/* test_kv_q8.c - the q8_0 KV cache (src/base/kv_layout.h): int8 values with one f32
  * scale per (position, kv head).
  *
  * ops (the CPU backend, every SIMD level this machine has):

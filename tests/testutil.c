@@ -1,6 +1,6 @@
 /* testutil.c - shared helpers for the Criterion tests. */
 #include "testutil.h"
-#include "lone.h"
+#include "sched_internal.h"
 #include "engine.h"
 #include "kv_cache.h"
 #include "scheduler.h"
@@ -135,28 +135,39 @@ void tdm_test_check_held(const tdm_engine *e, const tdm_seq *s) {
     cr_assert_eq(used, tdm_kv_blocks_for(e->pool, held), "%d blocks in use for %d positions", (int)used, (int)held);
 }
 
+typedef struct checked_run {
+    bool done;
+    tandem_result res;
+} checked_run;
+
+static void checked_finish(tandem_request_id id, tandem_result *res, void *user) {
+    (void)id;
+    checked_run *c = user;
+    c->res = *res;
+    c->done = true;
+}
+
 int tdm_test_run_checked(tdm_engine *e, const int32_t *ids, size_t n, const tandem_generate_params *gp,
                          tandem_spec_stats *spec) {
     tdm_err err = {0};
-    tdm_seq s;
-    tdm_spec_rec sr;
-    tdm_spec_ws *ws = NULL;
-    cr_assert_eq(tdm_seq_init(e, &s, ids, (int32_t)n, gp, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_spec_rec_init(&sr, gp, e->cfg.n_seq_max, -1.0, &err), TANDEM_OK, "%s", err.msg);
-    if (e->draft) cr_assert_eq(tdm_spec_ws_create(e, NULL, &ws, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_seq_prefill(e, &s, &err), TANDEM_OK, "%s", err.msg);
+    tdm_sched *s;
+    cr_assert_eq(tdm_sched_create(e, NULL, &s, &err), TANDEM_OK, "%s", err.msg);
+    checked_run c = {0};
+    cr_assert_eq(tdm_sched_submit(s, ids, (int32_t)n, gp, 0, 0, checked_finish, &c, NULL, &err), TANDEM_OK, "%s",
+                 err.msg);
     int steps = 0;
-    while (!s.done) {
-        cr_assert_eq(tdm_seq_step(e, ws, &s, &sr, &err), TANDEM_OK, "%s", err.msg);
+    while (!c.done) {
+        cr_assert_eq(tdm_sched_step(s, NULL, &err), TANDEM_OK, "%s", err.msg);
+        const tdm_req *r = tdm_sched_running_req(s, 0);
+        if (!r || r->state != TDM_REQ_RUNNING) continue; /* (queued, prefilling or finished) */
         steps++;
-        if (s.done) break;
-        tdm_test_check_held(e, &s);
+        tdm_test_check_held(e, &r->s);
         cr_assert_eq(tdm_kv_pool_check(e->pool, &err), TANDEM_OK, "%s", err.msg);
     }
-    if (spec) *spec = sr.spec;
-    tdm_spec_ws_free(e, ws);
-    tdm_spec_rec_free(&sr);
-    tdm_seq_release(e, &s);
+    cr_assert_eq(c.res.status, TANDEM_OK, "%s", c.res.error ? c.res.error : "");
+    if (spec) *spec = c.res.spec;
+    tandem_result_free(&c.res);
+    tdm_sched_free(s);
     cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "leak after release");
     return steps;
 }

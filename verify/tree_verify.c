@@ -1,8 +1,7 @@
-/* tree_verify.c - one target forward over a token tree and its verdict
- * (tree_verify.h). */
+/* tree_verify.c - a token tree's rows in a verification forward, and rejection
+ * sampling's verdict on it (tree_verify.h). */
 #include "tree_verify.h"
 
-#include "kv_cache.h"
 #include "tree_accept.h"
 
 bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si) {
@@ -21,34 +20,13 @@ bool tdm_tree_rows(tdm_batch *b, const tdm_seq *s, const tdm_tree *t, int32_t si
     return true;
 }
 
-tandem_status tdm_verify_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, const tdm_tree *t, tdm_verdict *v, tdm_err *err) {
-    const int32_t V = e->n_vocab, n = s->n_tokens;
-    const tdm_kv_seq *seqs[1] = {&s->kv};
-    tandem_status st;
-    int32_t *path = v->path;
-    v->n_acc = 0;
-    if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, n + TDM_MAX(t->n, t->n_fed), err))) return st;
-    if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
-    if (1 + t->n > e->n_logit_rows)
-        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a tree of %d nodes exceeds the engine's %d logits rows", (int)t->n,
-                          (int)e->n_logit_rows);
-    tdm_batch *b = &e->batch;
-    tdm_batch_clear(b);
-    tdm_tree_rows(b, s, t, 0);
-    const bool greedy = s->sp.temperature <= 0;
-    if ((st = tdm_engine_forward(e, false, b, seqs, greedy ? TDM_FWD_ARGMAX : TDM_FWD_LOGITS, err))) return st;
-    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_VERIFY);
-    int32_t m, next;
-    if (greedy) {
-        m = tdm_tree_accept_match(t, e->ids, path, &next);
-    } else {
-        for (int32_t i = 0; i <= t->n; i++)
-            tdm_probs_from_logits(e->logits_t + (size_t)i * (size_t)V, V, &s->sp, &e->ss, ws->tree_p + (size_t)i * (size_t)V);
-        m = tdm_tree_accept_sample(t, ws->tree_p, ws->tree_q, V, false, &s->rng, ws->tree_scr, path, &next);
-    }
-    if (next < 0) return tdm_engine_nonfinite(e, false, n - 1, err);
-    v->n_acc = m;
-    v->next = next;
-    tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_ACCEPT);
+tandem_status tdm_verify_tree_reject(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, const tdm_tree *t, int32_t row0,
+                                     tdm_verdict *v, tdm_err *err) {
+    const int32_t V = e->n_vocab;
+    const float *rows = e->logits_t + (size_t)row0 * (size_t)V;
+    for (int32_t i = 0; i <= t->n; i++)
+        tdm_probs_from_logits(rows + (size_t)i * (size_t)V, V, &s->sp, &e->ss, ws->tree_p + (size_t)i * (size_t)V);
+    v->n_acc = tdm_tree_accept_sample(t, ws->tree_p, ws->tree_q, V, false, &s->rng, ws->tree_scr, v->path, &v->next);
+    if (v->next < 0) return tdm_engine_nonfinite(e, false, s->n_tokens - 1, err);
     return TANDEM_OK;
 }

@@ -18,7 +18,6 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-#include "qhead.h"
 #include "sampling.h"
 
 #define XCHUNK TDM_QHEAD_MAX_X /* x rows per pass (the most the kernel takes) */

@@ -18,7 +18,7 @@
  * the softmax (max subtracted) and the weighted sum of V.  Scores live in global
  * memory, so any context length works.
  *
- * q8_0 caches (kernels/kv_layout.h): kv_write quantises each head vector by one warp
+ * q8_0 caches (src/base/kv_layout.h): kv_write quantises each head vector by one warp
  * (cuda_kvq8.cuh); attention reads the int8 quants as values and applies the slot
  * scales: score = (scale * q . kq) * kscale, weights p * vscale (as the CPU does).
  */

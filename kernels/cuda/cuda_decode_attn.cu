@@ -12,7 +12,7 @@
  *
  * Layouts (kernels/backend.h): per block and kv head, K as [HD][block_size] and V
  * as [block_size][HD], f16, or q8_0's int8 quants with per-slot scales
- * (kernels/kv_layout.h: score = (scale q.kq) kscale, weight p vscale, as k_flash).
+ * (src/base/kv_layout.h: score = (scale q.kq) kscale, weight p vscale, as k_flash).
  * Queries q[row][q_stride] f32, heads at h * HD.
  *
  * A block, for its split's keys k0 = split * 256 .. k0 + 255:

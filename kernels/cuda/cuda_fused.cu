@@ -157,7 +157,7 @@ __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t
     }
 }
 
-/* The same for a q8_0 cache (kernels/kv_layout.h), ROPE_HEADS warps per block: +
+/* The same for a q8_0 cache (src/base/kv_layout.h), ROPE_HEADS warps per block: +
  * bias; q and k heads rotated in place (a thread per rotation pair, as q above);
  * then warp w quantises head h0 + w, when it is a k or a v head, into its slot of the
  * cache with its scale (cuda_kvq8.cuh). */

@@ -3,7 +3,7 @@
  * in order, kernels/backend.h).  Every
  * source and destination slot is checked against the sequence on the host; f32,
  * f16 and q8_0 caches (q8_0: the slot's scales move with its quants,
- * kernels/kv_layout.h). */
+ * src/base/kv_layout.h). */
 #include "cuda_internal.h"
 #include "cuda_kvq8.cuh"
 

@@ -1,4 +1,4 @@
-/* cuda_kvq8.cuh - the q8_0 KV cache (kernels/kv_layout.h) on the GPU: a warp's
+/* cuda_kvq8.cuh - the q8_0 KV cache (src/base/kv_layout.h) on the GPU: a warp's
  * quantisation of one head vector into its slot (kv_write, rope_kv), the slot
  * scales the attention kernels read, and how they read a value of each cache type.
  *

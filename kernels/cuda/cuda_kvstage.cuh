@@ -132,7 +132,7 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
                                            (int64_t)HD * bs, Ks, Vs);
 }
 
-/* The same keys of a q8_0 cache (kernels/kv_layout.h): K's int8 quants as
+/* The same keys of a q8_0 cache (src/base/kv_layout.h): K's int8 quants as
  * Ks[HD][32] (8 keys per 8-byte load), V's as Vs[32][HD] (8 values per load, zeros
  * for keys >= kv_len), and the keys' scales Kd[32], Vd[32] (0 for keys >= kv_len). */
 template <int HD>

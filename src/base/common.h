@@ -8,6 +8,7 @@
 #ifndef TDM_COMMON_H
 #define TDM_COMMON_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,5 +56,11 @@ tandem_status tdm_read_file(const char *path, char **out, size_t *out_len, tdm_e
 #define TDM_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define TDM_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define TDM_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The smallest float >= v (v >= 0): how every bound is rounded to float. */
+static inline float tdm_float_up(double v) {
+    float f = (float)v;
+    return (double)f < v ? nextafterf(f, INFINITY) : f;
+}
 
 #endif

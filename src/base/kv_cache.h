@@ -56,7 +56,7 @@ typedef void (*tdm_kv_copy_fn)(void *user_data, int32_t src_block, int32_t dst_b
 /* K/V layout of one model: per layer, K and V each n_blocks blocks of
  * n_kv_head units of block_size x head_dim values of the cache type (inside a block
  * K is [n_kv_head][head_dim][block_size] and V [n_kv_head][block_size][head_dim],
- * q8_0 with per-slot scales in each unit: see kernels/backend.h, kernels/kv_layout.h;
+ * q8_0 with per-slot scales in each unit: see kernels/backend.h, src/base/kv_layout.h;
  * the pool only copies whole blocks). */
 typedef struct tdm_kv_layout {
     int32_t n_layer;

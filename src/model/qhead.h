@@ -3,15 +3,7 @@
  * logits and for exact greedy argmax without computing every logit. */
 #ifndef TDM_QHEAD_H
 #define TDM_QHEAD_H
-#include <math.h>
-
 #include "backend.h"
-
-/* The smallest float >= v (v >= 0): how every bound is rounded to float. */
-static inline float tdm_float_up(double v) {
-    float f = (float)v;
-    return (double)f < v ? nextafterf(f, INFINITY) : f;
-}
 
 /* Bytes of the one buffer that holds a quantised head of W[rows][cols] (0 when the
  * shape is too large to index). */
