@@ -17,11 +17,11 @@ case "$SECS" in '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS [NAME...]]"
 shift $(($# > 0 ? 1 : 0))
 OUT=build-fuzz
 CC=${CLANG:-clang}
-FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc/base -Isrc/gguf -Isrc/tokenizer -Isrc/chat -Isrc/cli -Isrc/server -Idraft)
+FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc/base -Isrc/gguf -Isrc/tokenizer -Isrc/chat -Isrc/request -Isrc/cli -Isrc/server -Idraft)
 JSON_SRC=(src/base/json.c src/base/unicode.c src/base/unicode_data.c src/base/common.c)
 GGUF_SRC=(src/gguf/gguf.c src/gguf/ggml_types.c src/base/dtype.c src/base/dtype_quant.c src/base/dtype_kquant.c "${JSON_SRC[@]}")
 TOK_SRC=(src/tokenizer/tokenizer.c src/tokenizer/tok_bpe.c src/tokenizer/tok_spm.c src/tokenizer/tok_pretok.c src/tokenizer/tok_pretok_rules.c src/tokenizer/tok_pretok_names.c "${GGUF_SRC[@]}")
-PROMPT_SRC=(src/cli/prompts.c src/cli/input.c "${JSON_SRC[@]}")
+PROMPT_SRC=(src/cli/prompts.c src/cli/input.c src/request/stop_arg.c "${JSON_SRC[@]}")
 JINJA_SRC=(src/chat/jinja/lexer.c src/chat/jinja/parser.c src/chat/jinja/parse_stmt.c src/chat/jinja/eval.c src/chat/jinja/ops.c
     src/chat/jinja/value.c src/chat/jinja/strings.c src/chat/jinja/filters.c src/chat/jinja/tests.c src/chat/jinja/methods.c "${JSON_SRC[@]}")
 HARNESSES=(gguf json tokenizer config prompts chat_template oai_request)
@@ -33,10 +33,10 @@ sources() {
     gguf) echo "${GGUF_SRC[@]}" ;;
     json) echo "${JSON_SRC[@]}" ;;
     tokenizer) echo "${TOK_SRC[@]}" ;;
-    config) echo src/cli/job_config.c src/cli/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
+    config) echo src/cli/job_config.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     prompts) echo "${PROMPT_SRC[@]}" ;;
     chat_template) echo "${JINJA_SRC[@]}" ;;
-    oai_request) echo src/server/oai_request.c src/server/oai_response.c src/cli/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
+    oai_request) echo src/server/oai_request.c src/server/oai_response.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     esac
 }
 libs() { [ "$1" = config ] && pkg-config --libs inih; echo -lm; }

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <sys/types.h>
 
+#include "request_args.h"
 #include "tandem.h"
 
 struct tdm_json; /* json.h */
@@ -95,15 +96,8 @@ bool cli_parse_kv_type(const char *opt, const char *s, tandem_kv_type *out);
 bool cli_parse_spec_k(const char *opt, const char *s, int *out);
 /* "off" or 0 -> 0, or an n-gram length TANDEM_SPEC_NGRAM_MIN..MAX (--spec-ngram). */
 bool cli_parse_spec_ngram(const char *opt, const char *s, int *out);
-/* --spec-tree / [spec] tree: "off" or 0 -> *tree 0; "auto" -> TANDEM_SPEC_TREE_AUTO; a
- * node budget 1..TANDEM_SPEC_TREE_MAX; or a static shape with a comma ("4,2,2,1",
- * "4,") -> *shape = s.  False with the problem in msg[msg_len] otherwise. */
-bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *msg, size_t msg_len);
 /* The same as an option: a usage error naming it. */
 bool cli_parse_spec_tree(const char *opt, const char *s, int *tree, const char **shape);
-/* cli_spec_tree_from_str with the shape copied into shape_buf[shape_cap] ("" = none);
- * a value that does not fit there is an error too. */
-bool cli_spec_tree_into(const char *s, int *tree, char *shape_buf, size_t shape_cap, char *msg, size_t msg_len);
 
 /* ------------------------------------------------------- prompt files */
 
@@ -112,7 +106,6 @@ bool cli_spec_tree_into(const char *s, int *tree, char *shape_buf, size_t shape_
  * command line can write them.  Seeds take the whole 64-bit range in both. */
 #define CLI_TEMP_MAX FLT_MAX  /* --temp, "temperature": [0, FLT_MAX] */
 #define CLI_COUNT_MAX INT_MAX /* -n, --top-k, "max_tokens": [0, INT_MAX] */
-#define CLI_TIMEOUT_S_MAX 1e9 /* "timeout_s", [job] timeout_s: [0, 1e9] seconds */
 /* tandem serve's connections: [server] max_connections (and per address) in [1, 65536]
  * (0 per address: no limit), read_timeout_s / idle_timeout_s in (0, 86400] */
 #define CLI_CONNECTIONS_MAX 65536
@@ -184,13 +177,6 @@ char *cli_json_text(const struct tdm_json *j);
  * into p. */
 void cli_prompt_apply(const cli_prompt *p, tandem_request *rq);
 
-/* Stop strings: a JSON string, or an array of at most TANDEM_STOP_MAX strings, each
- * 1..TANDEM_STOP_LEN_MAX bytes without a NUL.  On success *out holds [*n] heap strings
- * (NULL for []: none; free with cli_stop_free).  Else false with why set to the
- * problem, worded to follow the value's name: " must be a string or an array of
- * strings", "[2] is longer than 256 bytes". */
-bool cli_stop_from_json(const struct tdm_json *v, char ***out, int *n, char *why, size_t why_cap);
-void cli_stop_free(char **stop, int n);
 
 /* Writes the id: as JSON (strings quoted and escaped) or as plain text. */
 void cli_prompt_write_id(FILE *f, const cli_prompt *p, bool json);

@@ -129,10 +129,10 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         case O_MAX_QUEUE: ok = cli_parse_int(opt, v, 0, INT_MAX, &sv->max_queue); break;
         case O_MAX_BODY: ok = cli_parse_int(opt, v, 1, 1 << 20, &sv->max_body_kb); break;
         case O_TIMEOUT:
-            if ((ok = cli_parse_float(opt, v, 0, CLI_TIMEOUT_S_MAX, &f))) sv->request_timeout_s = f;
+            if ((ok = cli_parse_float(opt, v, 0, TDM_ARG_TIMEOUT_S_MAX, &f))) sv->request_timeout_s = f;
             break;
         case O_GRACE:
-            if ((ok = cli_parse_float(opt, v, 0, CLI_TIMEOUT_S_MAX, &f))) sv->shutdown_grace_s = f;
+            if ((ok = cli_parse_float(opt, v, 0, TDM_ARG_TIMEOUT_S_MAX, &f))) sv->shutdown_grace_s = f;
             break;
         case O_MODEL_NAME: ok = set_str_flag(opt, v, sv->model_name, sizeof sv->model_name); break;
         case O_CHAT_TEMPLATE: ok = set_str_flag(opt, v, c->chat_template, sizeof c->chat_template); break;
@@ -155,7 +155,7 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         case O_LOG_FILE: ok = set_path_flag(opt, v, sv->log_file); break;
         case O_SPEC_TREE: {
             char msg[300];
-            if (!(ok = cli_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg,
+            if (!(ok = tdm_arg_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg,
                                           sizeof msg)))
                 cli_usage_error("option %s: %s", opt, msg);
             break;

@@ -112,8 +112,8 @@ static int key_job(cli_job_cfg *c, const char *s, const char *k, const char *v) 
     INT_KEY("priority", INT_MIN, INT_MAX, c->priority)
     if (!strcmp(k, "timeout_s")) {
         double x;
-        if (!parse_double(v, 0, CLI_TIMEOUT_S_MAX, false, &x))
-            return cfg_fail(c, s, k, "'%s' is not a number of seconds in [0, %g]", v, CLI_TIMEOUT_S_MAX);
+        if (!parse_double(v, 0, TDM_ARG_TIMEOUT_S_MAX, false, &x))
+            return cfg_fail(c, s, k, "'%s' is not a number of seconds in [0, %g]", v, TDM_ARG_TIMEOUT_S_MAX);
         c->timeout_ms = x * 1000.0;
         return 1;
     }
@@ -203,7 +203,7 @@ static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v)
     }
     if (!strcmp(k, "tree")) {
         char msg[300];
-        if (!cli_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg, sizeof msg))
+        if (!tdm_arg_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg, sizeof msg))
             return cfg_fail(c, s, k, "%s", msg);
         return 1;
     }
@@ -219,10 +219,10 @@ static int key_stop(cli_job_cfg *c, const char *s, const char *k, const char *v)
                         "[\"\\n\\n\", \"def \"] (a ';' after a space starts a comment: write it \\u003b)", v, jerr.msg);
     char **stop = NULL, why[128];
     int n = 0;
-    bool ok = cli_stop_from_json(j, &stop, &n, why, sizeof why);
+    bool ok = tdm_arg_stop_from_json(j, &stop, &n, why, sizeof why);
     tdm_json_free(j);
     if (!ok) return cfg_fail(c, s, k, "'%s': stop%s", v, why);
-    cli_stop_free(c->stop, c->n_stop);
+    tdm_arg_stop_free(c->stop, c->n_stop);
     c->stop = stop;
     c->n_stop = n;
     return 1;
@@ -281,8 +281,8 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
     INT_KEY("max_connections_per_ip", 0, CLI_CONNECTIONS_MAX, sv->max_connections_per_ip)
     if (!strcmp(k, "request_timeout_s") || !strcmp(k, "shutdown_grace_s")) {
         double x;
-        if (!parse_double(v, 0, CLI_TIMEOUT_S_MAX, false, &x))
-            return cfg_fail(c, s, k, "'%s' is not a number of seconds in [0, %g]", v, CLI_TIMEOUT_S_MAX);
+        if (!parse_double(v, 0, TDM_ARG_TIMEOUT_S_MAX, false, &x))
+            return cfg_fail(c, s, k, "'%s' is not a number of seconds in [0, %g]", v, TDM_ARG_TIMEOUT_S_MAX);
         *(!strcmp(k, "request_timeout_s") ? &sv->request_timeout_s : &sv->shutdown_grace_s) = x;
         return 1;
     }
@@ -464,7 +464,7 @@ void cli_serve_cfg_init(cli_job_cfg *c, const tandem_generate_params *defaults) 
 
 void cli_job_cfg_free(cli_job_cfg *c) {
     if (!c) return;
-    cli_stop_free(c->stop, c->n_stop);
+    tdm_arg_stop_free(c->stop, c->n_stop);
     c->stop = NULL;
     c->n_stop = 0;
     c->gp.stop = NULL;

@@ -401,7 +401,7 @@ bool cli_parse_spec_ngram(const char *opt, const char *s, int *out) {
 bool cli_parse_spec_tree(const char *opt, const char *s, int *tree, const char **shape) {
     if (!s) return false;
     char msg[300];
-    if (cli_spec_tree_from_str(s, tree, shape, msg, sizeof msg)) return true;
+    if (tdm_arg_spec_tree_from_str(s, tree, shape, msg, sizeof msg)) return true;
     cli_usage_error("option %.*s: %s", opt_len(opt), opt, msg);
     return false;
 }

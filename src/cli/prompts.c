@@ -26,13 +26,8 @@
 #include "input.h"
 #include "json.h"
 
-void cli_stop_free(char **stop, int n) {
-    for (int i = 0; i < n; i++) free(stop[i]);
-    free(stop);
-}
-
 static void prompt_free(cli_prompt *p) {
-    cli_stop_free(p->stop, p->n_stop);
+    tdm_arg_stop_free(p->stop, p->n_stop);
     free(p->id_str);
     free(p->text);
     free(p->messages);
@@ -74,41 +69,6 @@ static bool in_double_range(const tdm_json *num) {
     if (num->num != 0) return true;
     for (size_t i = 0; i < num->str_len && num->str[i] != 'e' && num->str[i] != 'E'; i++)
         if (num->str[i] >= '1' && num->str[i] <= '9') return false;
-    return true;
-}
-
-/* A stop string: 1..TANDEM_STOP_LEN_MAX bytes, no NUL (the library takes C strings). */
-static bool stop_one(const tdm_json *e, const char *at, char **out, char *why, size_t cap) {
-    if (e->type != TDM_JSON_STRING) return snprintf(why, cap, "%s must be a string", at), false;
-    if (e->str_len == 0) return snprintf(why, cap, "%s is empty", at), false;
-    if (e->str_len > TANDEM_STOP_LEN_MAX)
-        return snprintf(why, cap, "%s is longer than %d bytes", at, TANDEM_STOP_LEN_MAX), false;
-    if (memchr(e->str, '\0', e->str_len)) return snprintf(why, cap, "%s holds a NUL byte", at), false;
-    *out = tdm_strndup(e->str, e->str_len);
-    return *out ? true : (snprintf(why, cap, ": out of memory"), false);
-}
-
-bool cli_stop_from_json(const tdm_json *v, char ***out, int *n, char *why, size_t cap) {
-    *out = NULL;
-    *n = 0;
-    if (v->type != TDM_JSON_STRING && v->type != TDM_JSON_ARRAY)
-        return snprintf(why, cap, " must be a string or an array of strings"), false;
-    const bool one = v->type == TDM_JSON_STRING;
-    const size_t count = one ? 1 : v->n;
-    if (count > TANDEM_STOP_MAX)
-        return snprintf(why, cap, " has %zu strings, more than %d", count, TANDEM_STOP_MAX), false;
-    char **s = count ? calloc(count, sizeof *s) : NULL;
-    if (count && !s) return snprintf(why, cap, ": out of memory"), false;
-    for (size_t i = 0; i < count; i++) {
-        char at[32] = "";
-        if (!one) snprintf(at, sizeof at, "[%zu]", i);
-        if (!stop_one(one ? v : &v->items[i], at, &s[i], why, cap)) {
-            cli_stop_free(s, (int)count);
-            return false;
-        }
-    }
-    *out = s;
-    *n = (int)count;
     return true;
 }
 
@@ -195,16 +155,16 @@ static bool request_from_json(const tdm_json *j, cli_prompt *p, const char *path
     }
     v = tdm_json_get(j, "timeout_s");
     if (v) {
-        if (v->type != TDM_JSON_NUMBER || !(v->num >= 0 && v->num <= CLI_TIMEOUT_S_MAX))
+        if (v->type != TDM_JSON_NUMBER || !(v->num >= 0 && v->num <= TDM_ARG_TIMEOUT_S_MAX))
             return line_err(err, cap, path, line, "\"timeout_s\" must be a number of seconds in [0, %g]",
-                            CLI_TIMEOUT_S_MAX);
+                            TDM_ARG_TIMEOUT_S_MAX);
         p->has_timeout = true;
         p->timeout_ms = v->num * 1000.0;
     }
     v = tdm_json_get(j, "stop");
     if (v) {
         char why[128];
-        if (!cli_stop_from_json(v, &p->stop, &p->n_stop, why, sizeof why))
+        if (!tdm_arg_stop_from_json(v, &p->stop, &p->n_stop, why, sizeof why))
             return line_err(err, cap, path, line, "\"stop\"%s", why);
         p->has_stop = true;
     }

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "request_args.h"
 #include "json.h"
 
 #define TEMP_MAX 1e6
@@ -211,7 +211,7 @@ static bool get_stop(const tdm_json *j, oai_request *r, oai_error *e) {
     const tdm_json *v = member(j, "stop");
     if (!v) return true;
     char why[160];
-    if (!cli_stop_from_json(v, &r->stop, &r->n_stop, why, sizeof why))
+    if (!tdm_arg_stop_from_json(v, &r->stop, &r->n_stop, why, sizeof why))
         return oai_fail(e, 400, "stop", "invalid_value", "'stop'%s", why);
     r->params.stop = (const char *const *)r->stop;
     r->params.n_stop = r->n_stop;
@@ -279,7 +279,7 @@ static bool get_spec_tree(const tdm_json *j, const oai_limits *lim, oai_request 
     } else if (t->type == TDM_JSON_STRING) {
         char msg[300] = "a static shape of at most 63 characters";
         if (strlen(t->str) >= sizeof r->spec_tree_shape ||
-            !cli_spec_tree_from_str(t->str, &tree, &shape, msg, sizeof msg))
+            !tdm_arg_spec_tree_from_str(t->str, &tree, &shape, msg, sizeof msg))
             return oai_fail(e, 400, "spec_tree", "invalid_value", "'spec_tree': %s", msg);
     } else {
         return wrong_type(e, "spec_tree", "\"off\", \"auto\", a node budget or a static shape such as \"4,2,2,1\"", t);
@@ -321,7 +321,7 @@ static bool get_extensions(const tdm_json *j, const oai_limits *lim, oai_request
     }
     if (!get_int(j, "priority", INT32_MIN, INT32_MAX, &has, &i, e)) return false;
     if (has) r->priority = (int)i;
-    if (!get_num(j, "timeout_s", 0, false, CLI_TIMEOUT_S_MAX, &has, &x, e)) return false;
+    if (!get_num(j, "timeout_s", 0, false, TDM_ARG_TIMEOUT_S_MAX, &has, &x, e)) return false;
     r->timeout_ms = lim->timeout_s * 1000.0;
     if (has && x > 0 && (r->timeout_ms == 0 || x * 1000.0 < r->timeout_ms)) r->timeout_ms = x * 1000.0;
     if (!get_int(j, "spec_k", 0, TANDEM_SPEC_K_MAX, &has, &i, e)) return false;
@@ -393,6 +393,6 @@ void oai_request_free(oai_request *r) {
         free((char *)r->messages[i].content);
     }
     free(r->messages);
-    cli_stop_free(r->stop, r->n_stop);
+    tdm_arg_stop_free(r->stop, r->n_stop);
     memset(r, 0, sizeof *r);
 }

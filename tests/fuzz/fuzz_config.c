@@ -43,7 +43,7 @@ static void check_ok(const cli_job_cfg *c) {
         size_t n = strlen(c->stop[i]);
         if (n == 0 || n > TANDEM_STOP_LEN_MAX) abort();
     }
-    if (!(c->timeout_ms >= 0 && c->timeout_ms <= CLI_TIMEOUT_S_MAX * 1000.0)) abort();
+    if (!(c->timeout_ms >= 0 && c->timeout_ms <= TDM_ARG_TIMEOUT_S_MAX * 1000.0)) abort();
     if (c->max_batch < 1 || c->max_batch > CLI_BATCH_MAX || c->threads < 0 || c->threads > TANDEM_THREADS_MAX) abort();
 }
 

@@ -64,7 +64,7 @@ static void check_item(const cli_prompt *p) {
         size_t n = strlen(p->stop[i]);
         if (n == 0 || n > TANDEM_STOP_LEN_MAX) abort();
     }
-    if (p->has_timeout && !(p->timeout_ms >= 0 && p->timeout_ms <= CLI_TIMEOUT_S_MAX * 1000.0)) abort();
+    if (p->has_timeout && !(p->timeout_ms >= 0 && p->timeout_ms <= TDM_ARG_TIMEOUT_S_MAX * 1000.0)) abort();
     tandem_request rq;
     memset(&rq, 0, sizeof rq);
     cli_prompt_apply(p, &rq);

@@ -7,10 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "request_args.h"
 #include "tree.h"
 
-bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *msg, size_t msg_len) {
+bool tdm_arg_spec_tree_from_str(const char *s, int *tree, const char **shape, char *msg, size_t msg_len) {
     *shape = NULL;
     if (!strcmp(s, "off") || !strcmp(s, "0")) {
         *tree = 0;
@@ -45,13 +45,13 @@ bool cli_spec_tree_from_str(const char *s, int *tree, const char **shape, char *
     return true;
 }
 
-bool cli_spec_tree_into(const char *s, int *tree, char *shape_buf, size_t shape_cap, char *msg, size_t msg_len) {
+bool tdm_arg_spec_tree_into(const char *s, int *tree, char *shape_buf, size_t shape_cap, char *msg, size_t msg_len) {
     const char *shape;
     if (strlen(s) >= shape_cap) {
         snprintf(msg, msg_len, "'%.40s...' is too long", s);
         return false;
     }
-    if (!cli_spec_tree_from_str(s, tree, &shape, msg, msg_len)) return false;
+    if (!tdm_arg_spec_tree_from_str(s, tree, &shape, msg, msg_len)) return false;
     snprintf(shape_buf, shape_cap, "%s", shape ? shape : "");
     return true;
 }
