@@ -16,6 +16,12 @@
  *              [--backend cpu|cuda]  (where the models run; default cpu)
  *              [--host-topk]  (greedy tree levels' candidates from host copies of the
  *                              logits instead of the device's topk op: what it buys)
+ *              [--lookup-cands N]  (continuations a lookup tree takes, 1..4; 1: lookup steps
+ *                                   verify one chain)
+ *              [--lookup-tree-extra X]  (a lookup tree's nodes beyond its first continuation
+ *                                        at most X; default the tree budget's)
+ *              [--no-tree-lookups]  (draft trees without the lookups' continuations)
+ *              [--tree-auto-max B]  (the largest budget --tree -1 (auto) weighs)
  *              [--temp T] [--top-p P]  (sampling instead of greedy; prompt p of repetition
  *                                       r is seeded with r * 1000 + p in every configuration)
  *              [--tree N[,N2..]]  (also run each draft with token trees of at most N nodes,
@@ -98,8 +104,12 @@ int main(int argc, char **argv) {
     tdm_api_paths paths = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--host-topk")) { /* (takes no value) */
+        if (!strcmp(a, "--host-topk")) { /* (flags without a value) */
             paths.ws.host_topk = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-tree-lookups")) {
+            paths.ws.no_tree_lookups = true;
             continue;
         }
         if (!v) {
@@ -157,6 +167,9 @@ int main(int argc, char **argv) {
             }
             mp.backend = strcmp(v, "cuda") ? TANDEM_BACKEND_CPU : TANDEM_BACKEND_CUDA;
         }
+        else if (!strcmp(a, "--lookup-cands")) paths.ws.lookup_cands = atoi(v);
+        else if (!strcmp(a, "--lookup-tree-extra")) paths.ws.lookup_tree_extra = atoi(v);
+        else if (!strcmp(a, "--tree-auto-max")) paths.ws.tree_auto_max = atoi(v);
         else if (!strcmp(a, "--temp")) temp = strtof(v, NULL);
         else if (!strcmp(a, "--top-p")) top_p = strtof(v, NULL);
         else if (!strcmp(a, "--ks")) {
@@ -188,7 +201,7 @@ int main(int argc, char **argv) {
     tandem_engine *plain, *spec[4];
     if (tandem_engine_open(target, NULL, &ep, &plain)) die("engine");
     for (int d = 0; d < n_drafts; d++)
-        if (tdm_api_engine_open(target, drafts[d], &ep, &paths, &spec[d])) die("engine");
+        if (tdm_api_engine_open(target, drafts[d], &ep, &paths, &spec[d])) die("draft engine");
 
     cfg cfgs[MAX_CFG];
     int n_cfg = 0;

@@ -50,4 +50,7 @@ int32_t tdm_ngram_propose_multi(const int32_t *toks, int32_t len, int32_t n_max,
  * that a low acceptance estimate can recover. */
 bool tdm_ngram_take(double value_ngram, double value_draft, int32_t *n_skips);
 
+/* Continuations of n-gram lookup matches a lookup tree holds at most. */
+#define TDM_LOOKUP_CANDS 4
+
 #endif

@@ -11,6 +11,15 @@ tandem_status tdm_spec_ws_create(tdm_engine *e, const tdm_spec_ws_opts *opts, td
     if (!opts) opts = &none;
     *out = NULL;
     if (!e->draft) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a speculation workspace needs a draft model");
+    if (opts->lookup_cands < 0 || opts->lookup_cands > TDM_LOOKUP_CANDS)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "lookup_cands %d is out of range [0, %d]", (int)opts->lookup_cands,
+                          TDM_LOOKUP_CANDS);
+    if (opts->lookup_tree_extra < 0 || opts->lookup_tree_extra > TDM_TREE_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "lookup_tree_extra %d is out of range [0, %d]",
+                          (int)opts->lookup_tree_extra, TDM_TREE_MAX);
+    if (opts->tree_auto_max < 0 || opts->tree_auto_max > TDM_TREE_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tree_auto_max %d is out of range [0, %d]",
+                          (int)opts->tree_auto_max, TDM_TREE_MAX);
     tdm_spec_ws *ws = tdm_calloc(1, sizeof *ws);
     if (!ws) return nomem(err);
     tdm_backend *be = e->be;
@@ -62,6 +71,9 @@ tandem_status tdm_spec_ws_create(tdm_engine *e, const tdm_spec_ws_opts *opts, td
         }
     }
     tdm_cost_init(&ws->cost);
+    ws->opts = *opts;
+    if (ws->opts.lookup_cands == 0) ws->opts.lookup_cands = TDM_LOOKUP_CANDS;
+    if (ws->opts.tree_auto_max == 0) ws->opts.tree_auto_max = TDM_TREE_MAX;
     *out = ws;
     return TANDEM_OK;
 fail:

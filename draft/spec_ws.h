@@ -10,6 +10,7 @@
 #include "controller.h"
 #include "dtree.h"
 #include "engine.h"
+#include "ngram.h"
 #include "tree.h"
 #include "tree_ctrl.h"
 
@@ -25,9 +26,18 @@ typedef struct tdm_spec_ws_opts {
     bool host_chain;   /* greedy draft chains token by token through the host */
     bool host_topk;    /* greedy tree levels' candidates from host copies of the logits */
     bool host_tree;    /* a lone sequence's dynamic trees grown level by level through the host */
+    /* benchmark shapes of a lone sequence's lookups in trees (sched/lone_tree.c;
+     * docs/DESIGN.md, "Lookups in trees"); 0 / false: the library's choice */
+    int32_t lookup_cands;      /* continuations a lookup tree takes, 1..TDM_LOOKUP_CANDS (1: a
+                                  lookup step verifies one chain); 0: TDM_LOOKUP_CANDS */
+    int32_t lookup_tree_extra; /* > 0: a lookup tree holds at most this many nodes beyond its
+                                  first continuation; 0: the tree budget's */
+    bool no_tree_lookups;      /* draft trees without the lookups' continuations */
+    int32_t tree_auto_max;     /* the largest budget tree auto weighs, 1..TDM_TREE_MAX; 0: TDM_TREE_MAX */
 } tdm_spec_ws_opts;
 
 typedef struct tdm_spec_ws {
+    tdm_spec_ws_opts opts;   /* as created (checked) */
     int32_t *bchain_dev;     /* [TDM_CTRL_MAX_K][n_logit_rows] backend memory: a batch's greedy
                                 chains, round by round (batch_chain.c), with chain_dev */
     int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] + TDM_CHAIN_DEV_EXTRA backend memory: a
@@ -58,7 +68,8 @@ typedef struct tdm_spec_ws {
     tdm_tree tree;           /* its tree */
 } tdm_spec_ws;
 
-/* The workspace for engine e (which has a draft model), on its backend. */
+/* The workspace for engine e (which has a draft model), on its backend; opts (NULL:
+ * the defaults) out of range: TANDEM_ERR_INVALID_ARG naming the field. */
 tandem_status tdm_spec_ws_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_spec_ws **out, tdm_err *err);
 /* Frees ws (its backend buffers on e's backend); NULL is a no-op. */
 void tdm_spec_ws_free(tdm_engine *e, tdm_spec_ws *ws);

@@ -110,7 +110,7 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
     const int32_t tb = sr->spec_tree > 0 ? sr->spec_tree
                        : sr->spec_tree == TANDEM_SPEC_TREE_AUTO
                            ? tdm_tree_choose(&sr->tctrl, &ws->tree_cost, &ws->cost, sr->ctrl.alpha, k,
-                                             tdm_spec_tree_auto_max())
+                                             ws->opts.tree_auto_max)
                            : 0;
     if (tb > 0) {
         /* an n-gram proposal alone when it beats the tree, as below when it beats a

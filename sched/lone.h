@@ -37,8 +37,6 @@ tandem_status tdm_spec_tree_step(tdm_sched *sc, tdm_req *r, int32_t budget, tdm_
  * (tdm_tree.lookup). */
 void tdm_spec_tree_lookups(tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
                            int32_t *n_root);
-/* Continuations of n-gram lookup matches a lookup tree holds at most. */
-#define TDM_LOOKUP_CANDS 4
 /* A greedy step whose proposal is n-gram lookups alone, as a token tree of at most
  * `budget` nodes (lone_tree.c): tdm_spec_lookup_tree merges first[0..n_first)
  * (the lookup the step chose over the draft model) and other matches'
@@ -51,9 +49,6 @@ bool tdm_spec_lookup_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_r
 tandem_status tdm_spec_lookup_tree_step(tdm_sched *sc, tdm_req *r, const int32_t *first, int32_t n_first,
                                         int32_t k_chosen, double t0, tdm_err *err);
 
-/* The largest budget tree auto weighs: TDM_TREE_MAX, or the benchmark knob
- * TANDEM_TREE_AUTO_MAX (lone_tree.c). */
-int32_t tdm_spec_tree_auto_max(void);
 
 /* The tree configuration for s of at most budget nodes, its depth within room
  * tokens (a static shape cut to room depths); false when nothing fits. */

@@ -4,7 +4,6 @@
  * accepted path (verify/tree_verify.c), record costs and acceptance
  * (draft/tree_ctrl.h).  lone.c decides when a step is a tree, and when an
  * n-gram proposal alone replaces it. */
-#include <pthread.h>
 #include <stdlib.h>
 
 #include "lone.h"
@@ -31,42 +30,10 @@ bool tdm_spec_tree_cfg(const tdm_spec_rec *sr, int32_t budget, int32_t room, tdm
     return true;
 }
 
-/* Benchmark knobs (bench/, never set by the library), read once:
- * TANDEM_LOOKUP_CANDS (1..TDM_LOOKUP_CANDS: continuations of a lookup tree; 1 = a
- * lookup step verifies one chain), TANDEM_TREE_LOOKUPS=0 (draft trees without the
- * lookups' continuations), TANDEM_LOOKUP_TREE_EXTRA=X (a lookup tree holds at most
- * X nodes beyond its first continuation; default: the tree budget's) and
- * TANDEM_TREE_AUTO_MAX=B (the largest budget tree auto weighs). */
-static struct {
-    int32_t cands, extra, auto_max;
-    bool merge;
-} knobs = {TDM_LOOKUP_CANDS, -1, TDM_TREE_MAX, true};
-static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
-
-static void read_knobs(void) {
-    const char *c = getenv("TANDEM_LOOKUP_CANDS"), *m = getenv("TANDEM_TREE_LOOKUPS");
-    const char *x = getenv("TANDEM_LOOKUP_TREE_EXTRA"), *b = getenv("TANDEM_TREE_AUTO_MAX");
-    if (c && atoi(c) >= 1) knobs.cands = TDM_MIN(atoi(c), TDM_LOOKUP_CANDS);
-    if (m && atoi(m) == 0) knobs.merge = false;
-    if (x && atoi(x) >= 0) knobs.extra = atoi(x);
-    if (b && atoi(b) >= 1) knobs.auto_max = TDM_MIN(atoi(b), TDM_TREE_MAX);
-}
-
-int32_t tdm_spec_tree_auto_max(void) {
-    pthread_once(&knobs_once, read_knobs);
-    return knobs.auto_max;
-}
-
 /* The tokens s may still draft beyond the one the target adds: within its
  * max_tokens and the context. */
 static int32_t room_of(const tdm_engine *e, const tdm_seq *s) {
     return TDM_MIN(s->max_new - (s->n_tokens - s->n_prompt) - 1, e->cfg.n_ctx - s->n_tokens);
-}
-
-/* The continuations a lookup tree takes. */
-static int32_t lookup_cands(void) {
-    pthread_once(&knobs_once, read_knobs);
-    return knobs.cands;
 }
 
 /* The n-gram lookups' acceptance per token, as a tree weighs a lookup node (its
@@ -78,8 +45,7 @@ static float lookup_alpha(const tdm_spec_rec *sr) {
 void tdm_spec_tree_lookups(tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
                            int32_t *n_root) {
     *n_root = 0;
-    pthread_once(&knobs_once, read_knobs);
-    if (sr->spec_ngram <= 0 || sr->oracle || !knobs.merge) return;
+    if (sr->spec_ngram <= 0 || sr->oracle || ws->opts.no_tree_lookups) return;
     const int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&sr->ctrl_ng, &ws->cost, 0.0, NULL), TDM_TREE_DEPTH_MAX);
     max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
     if (k <= 0 || max_depth <= 0) return;
@@ -162,10 +128,11 @@ bool tdm_spec_lookup_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_r
     const int32_t max_depth = TDM_MIN(room_of(e, s), TDM_TREE_DEPTH_MAX), L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
     tdm_tree *t = &ws->tree;
     tdm_tree_reset(t);
-    if (L <= 0 || lookup_cands() < 2) return false;
+    const int32_t cands = ws->opts.lookup_cands, extra = ws->opts.lookup_tree_extra;
+    if (L <= 0 || cands < 2) return false;
     int32_t cand[TDM_LOOKUP_CANDS * TDM_TREE_DEPTH_MAX], lens[TDM_LOOKUP_CANDS];
-    const int32_t m = tdm_ngram_propose_multi(s->tokens, n, sr->spec_ngram, L, lookup_cands(), cand, lens);
-    const int32_t max_nodes = TDM_MIN(TDM_MIN(budget, TDM_TREE_MAX), knobs.extra >= 0 ? L + knobs.extra : TDM_TREE_MAX);
+    const int32_t m = tdm_ngram_propose_multi(s->tokens, n, sr->spec_ngram, L, cands, cand, lens);
+    const int32_t max_nodes = TDM_MIN(TDM_MIN(budget, TDM_TREE_MAX), extra > 0 ? L + extra : TDM_TREE_MAX);
     const float a = lookup_alpha(sr);
     tdm_tree_merge_chain(t, -1, first, L, a, max_nodes, max_depth); /* (the spine) */
     for (int32_t c = 0; c < m; c++) tdm_tree_merge_chain(t, -1, cand + c * L, lens[c], a, max_nodes, max_depth);
