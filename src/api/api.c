@@ -7,7 +7,6 @@
 #include "chat.h"
 #include "engine.h"
 #include "tp.h"
-#include "api_internal.h"
 #include "scheduler.h"
 #include "tandem.h"
 
