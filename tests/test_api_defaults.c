@@ -22,7 +22,7 @@
 
 #include "cpu_internal.h"
 #include "diag.h"
-#include "log.h"
+#include "liblog.h"
 #include "tandem.h"
 #include "testutil.h"
 

@@ -25,7 +25,7 @@ typedef struct tdm_cuda_prof tdm_cuda_prof;     /* cuda_prof.cu */
 extern "C" {
 #include "backend.h"
 #include "diag.h"
-#include "log.h"
+#include "liblog.h"
 }
 
 /* A grown-on-demand device buffer (tdm_cuda_buf_get). */

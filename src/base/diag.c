@@ -7,7 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "log.h"
+#include "liblog.h"
 
 const char *const tdm_diag_names[] = {"TANDEM_CPU", "TANDEM_CUDA_GRAPHS", "TANDEM_CUDA_PROFILE", "TANDEM_SPEC_PHASES",
                                       NULL};

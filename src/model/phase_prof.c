@@ -5,7 +5,7 @@
 
 #include "common.h"
 #include "diag.h"
-#include "log.h"
+#include "liblog.h"
 
 static const char *const NAMES[TDM_PH_N] = {"tree catch-up", "tree levels", "tree finish", "tree verify forward",
                                             "tree accept", "tree keep", "chain draft", "chain verify"};

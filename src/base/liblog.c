@@ -1,5 +1,5 @@
-/* log.c - tandem_log_set and tdm_log (log.h). */
-#include "log.h"
+/* liblog.c - tandem_log_set and tdm_log (liblog.h). */
+#include "liblog.h"
 
 #include <pthread.h>
 #include <stdarg.h>

@@ -1,4 +1,4 @@
-/* log.h - the library's own messages (warnings, and the reports a diagnostic
+/* liblog.h - the library's own messages (warnings, and the reports a diagnostic
  * environment variable asks for), delivered to the callback of tandem_log_set
  * (include/tandem.h), by default to stderr.
  *
@@ -6,8 +6,8 @@
  * programs, write their own output.  Errors of a call are its status and
  * tandem_last_error, not log messages: the log carries what has no caller to return
  * to (a variable that is set but no longer read, a profile printed at exit). */
-#ifndef TDM_LOG_H
-#define TDM_LOG_H
+#ifndef TDM_LIBLOG_H
+#define TDM_LIBLOG_H
 
 #include "tandem.h"
 
