@@ -8,12 +8,12 @@
  *   batched decode attention: 64 sequences of 256 / 1024 / 4096 keys, 1 or 5 rows
  *     each (decode, verification), 32 heads of 128 (32 / 8 grouped), blocks of 16
  *     shuffled over the cache; time per call and the K / V bytes the rows must
- *     read per second (TANDEM_FLASH_DECODE=0: the tiled kernel instead).
+ *     read per second (--tiled: the tiled kernel instead, TDM_CUDA_ATTN_TILED).
  * Times are medians over repetitions of batches of calls between two
  * synchronisations (host clock), after warm-up.
  *
  * usage: bench_cuda [--types f16,q8_0,q4_0] [--ns 1,2,4,8,16,32,64,128,512] [-r R]
- *                   [--attention-only] [--decode-only] [--matmul-only]
+ *                   [--attention-only] [--decode-only] [--matmul-only] [--tiled]
  */
 #include <math.h>
 #include <stdio.h>
@@ -149,16 +149,18 @@ static uint32_t type_of(const char *s) {
 int main(int argc, char **argv) {
     const char *types_arg = "f16,q8_0,q4_0", *ns_arg = "1,2,4,8,16,32,64,128,512";
     int reps = 15;
-    bool attention_only = false, decode_only = false, matmul_only = false;
+    bool attention_only = false, decode_only = false, matmul_only = false, tiled = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--attention-only")) attention_only = true;
         else if (!strcmp(argv[i], "--decode-only")) attention_only = decode_only = true;
         else if (!strcmp(argv[i], "--matmul-only")) matmul_only = true;
+        else if (!strcmp(argv[i], "--tiled")) tiled = true;
         else if (!strcmp(argv[i], "--types") && i + 1 < argc) types_arg = argv[++i];
         else if (!strcmp(argv[i], "--ns") && i + 1 < argc) ns_arg = argv[++i];
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--types f16,q8_0,q4_0] [--ns 1,2,4,...] [-r R]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--types f16,q8_0,q4_0] [--ns 1,2,4,...] [-r R] [--attention-only] "
+                            "[--decode-only] [--matmul-only] [--tiled]\n", argv[0]);
             return 2;
         }
     }
@@ -173,6 +175,7 @@ int main(int argc, char **argv) {
     tdm_err err = {0};
     tdm_backend *be = NULL;
     if (tdm_backend_cuda_create(0, &be, &err)) die("backend", &err);
+    if (tiled) tdm_backend_cuda_force_attention(be, TDM_CUDA_ATTN_TILED);
     /* Llama-2-7B's matrices: qkv, o, gate+up, down, head */
     const int64_t shapes[][2] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}, {32000, 4096}};
     float *x = dev_random(be, (size_t)n_max * 11008 * 4, 1, true);

@@ -29,6 +29,10 @@
  *                                  greedy trees then hold the lookups too)
  *              [--tree-shape S]   (also run each draft with the static tree S, e.g. 4,2,2,1;
  *                                  repeat for more shapes, at most 8)
+ *              [--tree-width W] [--tree-branch B] [--tree-depth D]  (the dynamic trees'
+ *                                  expansions per level, children per expansion and
+ *                                  levels instead of their defaults: draft/tree.h,
+ *                                  tdm_tree_set_bench_shape)
  *              [--oracle-alpha A[,A2..]]  BENCHMARK MODE, labelled "oracle" in the output:
  *                  every draft configuration (chains and trees) runs once per A with
  *                  controlled acceptance (tandem.h bench_oracle_tokens: the target's own
@@ -48,6 +52,7 @@
 #include "api_internal.h"
 #include "bench_prompts.h"
 #include "tandem.h"
+#include "tree.h"
 
 #define MAX_CFG 64
 #define MAX_REPS 32
@@ -100,6 +105,7 @@ int main(int argc, char **argv) {
     int n_alphas = 1;
     const char *shapes[8];
     int n_shapes = 0;
+    tdm_tree_bench_shape tree_shape = {0, 0, 0}; /* 0: the library's */
     tandem_model_params mp = tandem_model_default_params();
     tdm_api_paths paths = {0};
     for (int i = 1; i < argc; i++) {
@@ -146,6 +152,9 @@ int main(int argc, char **argv) {
             }
         }
         else if (!strcmp(a, "--tree-shape") && n_shapes < 8) shapes[n_shapes++] = v;
+        else if (!strcmp(a, "--tree-width")) tree_shape.width = atoi(v);
+        else if (!strcmp(a, "--tree-branch")) tree_shape.branch = atoi(v);
+        else if (!strcmp(a, "--tree-depth")) tree_shape.depth = atoi(v);
         else if (!strcmp(a, "--oracle-alpha")) {
             n_alphas = 0;
             for (char *q = (char *)v; *q && n_alphas < 8;) {
@@ -186,6 +195,12 @@ int main(int argc, char **argv) {
     }
     if (!target_path || !prompts_path || reps < 1 || reps > MAX_REPS) {
         fprintf(stderr, "usage: bench_spec -m TARGET -d DRAFT --prompts FILE [-n N] [--threads T] [--reps R] [--backend cpu|cuda]\n");
+        return 2;
+    }
+
+    tdm_err terr = {0};
+    if (tdm_tree_set_bench_shape(&tree_shape, &terr)) {
+        fprintf(stderr, "error: %s\n", terr.msg);
         return 2;
     }
 

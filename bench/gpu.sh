@@ -189,13 +189,9 @@ if has trees; then
     timeout 600 "$b" -m "$here/models/pycode-target-f16.gguf" -d "$here/models/pycode-draft-s-f16.gguf" \
       --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 --ks 4,5,6,0 --ngram 4 --tree 8,12,16,-1 \
       --backend cuda >"$out/trees-lookups.txt" 2>"$out/trees-lookups.err" || log "bench_spec trees (lookups) failed"
-    # the same trees of 32 without the tiled attention kernels (scores and softmax
-    # kernels, no graphs) and without the device's candidates (logits downloaded per
-    # level): what each buys
-    log "bench_spec pycode: trees of 32 with TANDEM_CUDA_FLASH=0, then with host candidates (--host-topk)"
-    TANDEM_CUDA_FLASH=0 timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
-      -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 \
-      --ks 0 --tree 32 --backend cuda >"$out/trees-noflash.txt" 2>&1 || log "bench_spec trees (no flash) failed"
+    # the same trees of 32 with host candidates (logits downloaded per level): what the
+    # device's candidates buy
+    log "bench_spec pycode: trees of 32 with host candidates (--host-topk)"
     timeout 300 "$b" -m "$here/models/pycode-target-f16.gguf" \
       -d "$here/models/pycode-draft-s-f16.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" -n 128 --reps 2 \
       --ks 0 --tree 32 --backend cuda --host-topk >"$out/trees-notopk.txt" 2>&1 || log "bench_spec trees (no topk) failed"

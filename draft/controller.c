@@ -159,7 +159,7 @@ int32_t tdm_ctrl_choose_k_cost(tdm_spec_ctrl *c, const tdm_cost_model *cost, dou
 }
 
 int32_t tdm_ctrl_plan(tdm_spec_ctrl *c, const tdm_cost_model *cost, double t_draft, double *rate) {
-    double r;
+    double r = 0;
     const int32_t k = tdm_ctrl_choose_k_cost(c, cost, t_draft, &r);
     if (rate) *rate = r;
     if (!c || c->k_fixed > 0) return k;

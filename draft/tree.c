@@ -12,7 +12,7 @@ void tdm_tree_reset(tdm_tree *t) {
 }
 
 int32_t tdm_tree_add(tdm_tree *t, int32_t parent, int32_t token, float w) {
-    if (t->n >= TDM_TREE_POOL) return -1;
+    if (t->n < 0 || t->n >= TDM_TREE_POOL) return -1;
     const int32_t i = t->n++;
     t->token[i] = token;
     t->parent[i] = parent;

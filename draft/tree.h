@@ -46,6 +46,16 @@ typedef struct tdm_tree_cfg {
  * (2 .. TDM_TREE_DEPTH_MAX): a greedy tree grows at most 4 + 16 (depth - 1)
  * candidates and keeps the budget's best; the draft sees at most 4 (depth - 1). */
 tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget);
+/* Benchmarks only (bench_spec --tree-width, --tree-branch, --tree-depth; never set by
+ * the library): the dynamic trees made after it take these expansions per level
+ * (width, 1..16), children per expansion (branch, 1..16) and levels (depth,
+ * 2..TDM_TREE_DEPTH_MAX, at most the budget) instead of tdm_tree_cfg_dynamic's; 0
+ * keeps its own.  Process-wide (atomics): set it before the engines run.  A value
+ * out of range is TANDEM_ERR_INVALID_ARG naming it, and nothing is changed. */
+typedef struct tdm_tree_bench_shape {
+    int32_t width, branch, depth;
+} tdm_tree_bench_shape;
+tandem_status tdm_tree_set_bench_shape(const tdm_tree_bench_shape *s, tdm_err *err);
 /* "4,2,2,1" -> a static tree (at most TDM_TREE_MAX nodes, each factor 1..16); false
  * with a message in err naming what is wrong. */
 bool tdm_tree_cfg_parse_shape(const char *s, tdm_tree_cfg *out, tdm_err *err);

@@ -3,27 +3,25 @@
  * links it without the tree machinery). */
 #include "tree.h"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* TANDEM_TREE_WIDTH (expansions a level), TANDEM_TREE_BRANCH (children an expansion)
- * and TANDEM_TREE_DEPTH (levels, at most the budget), read once; 0 = unset. */
-static struct {
-    int32_t width, branch, depth;
-} knobs;
-static pthread_once_t knobs_once = PTHREAD_ONCE_INIT;
+/* tdm_tree_set_bench_shape's values; 0 = unset. */
+static _Atomic int32_t g_width, g_branch, g_depth;
 
-static int32_t knob(const char *name, int32_t lo, int32_t hi) {
-    const char *v = getenv(name);
-    const int x = v ? atoi(v) : 0;
-    return x >= lo ? TDM_MIN(x, hi) : 0;
-}
-
-static void read_knobs(void) {
-    knobs.width = knob("TANDEM_TREE_WIDTH", 1, 16);
-    knobs.branch = knob("TANDEM_TREE_BRANCH", 1, 16);
-    knobs.depth = knob("TANDEM_TREE_DEPTH", 2, TDM_TREE_DEPTH_MAX);
+tandem_status tdm_tree_set_bench_shape(const tdm_tree_bench_shape *s, tdm_err *err) {
+    if (s->width < 0 || s->width > 16)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tree width %d: expected 1..16 (0: the default)", (int)s->width);
+    if (s->branch < 0 || s->branch > 16)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tree branch %d: expected 1..16 (0: the default)",
+                          (int)s->branch);
+    if (s->depth == 1 || s->depth < 0 || s->depth > TDM_TREE_DEPTH_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "tree depth %d: expected 2..%d (0: the default)", (int)s->depth,
+                          TDM_TREE_DEPTH_MAX);
+    g_width = s->width;
+    g_branch = s->branch;
+    g_depth = s->depth;
+    return TANDEM_OK;
 }
 
 tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget) {
@@ -36,11 +34,11 @@ tdm_tree_cfg tdm_tree_cfg_dynamic(int32_t budget) {
      * with the target often (on the pycode pair, budget 32: 16 levels commit 7.9
      * tokens per target forward on 20 dev prompts, 8 levels 6.5; tests/RESULTS) */
     c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MAX(2, c.budget / 2));
-    /* benchmark knobs (bench/, never set by the library) */
-    pthread_once(&knobs_once, read_knobs);
-    if (knobs.width > 0) c.width = knobs.width;
-    if (knobs.branch > 0) c.topk = knobs.branch;
-    if (knobs.depth > 0) c.depth = TDM_MIN(TDM_TREE_DEPTH_MAX, TDM_MIN(knobs.depth, TDM_MAX(2, c.budget)));
+    /* a benchmark's shape (tdm_tree_set_bench_shape) */
+    const int32_t width = g_width, branch = g_branch, depth = g_depth;
+    if (width > 0) c.width = width;
+    if (branch > 0) c.topk = branch;
+    if (depth > 0) c.depth = TDM_MIN(depth, TDM_MAX(2, c.budget));
     return c;
 }
 

@@ -2,8 +2,10 @@
  *
  * Conventions
  * - Opaque handles with paired open/close; close(NULL) is a no-op.
- * - Parameter structs are filled with defaults by tandem_*_default_params(); every
- *   default is documented next to its field.
+ * - Parameter structs are filled with defaults by tandem_*_default_params() (and
+ *   tandem_request_default()); every field's comment gives its default as
+ *   "default VALUE", VALUE a C expression (tests/test_api_defaults.c checks each one
+ *   against the function).
  * - Every fallible call returns a tandem_status.  When a call fails, a message that
  *   names the problem is available from tandem_last_error() on the same thread
  *   until the next failing call on that thread.
@@ -29,7 +31,21 @@
 extern "C" {
 #endif
 
+/* The version of this header (meson.build's project version; the build checks that
+ * they agree).  tandem_version() is the library's, which may differ when a program
+ * runs against another build than it was compiled with. */
+#define TANDEM_VERSION_MAJOR 0
+#define TANDEM_VERSION_MINOR 1
+#define TANDEM_VERSION_PATCH 0
 #define TANDEM_VERSION "0.1.0"
+
+/* Every function of this header is marked TANDEM_API: the one set of symbols the
+ * library exports (it is built with hidden visibility for everything else). */
+#if defined(__GNUC__) || defined(__clang__)
+#define TANDEM_API __attribute__((visibility("default")))
+#else
+#define TANDEM_API
+#endif
 
 typedef enum tandem_status {
     TANDEM_OK = 0,
@@ -47,10 +63,37 @@ typedef enum tandem_status {
 } tandem_status;
 
 /* A static English description of a status ("ok", "format error", ...). */
-const char *tandem_status_str(tandem_status status);
+TANDEM_API const char *tandem_status_str(tandem_status status);
 
 /* The message of the last failing call on this thread ("" if none). */
-const char *tandem_last_error(void);
+TANDEM_API const char *tandem_last_error(void);
+
+/* The library's version, "MAJOR.MINOR.PATCH" (a static string). */
+TANDEM_API const char *tandem_version(void);
+
+/* ------------------------------------------------------------------- log */
+
+/* The library's own messages: warnings (an environment variable that is set but no
+ * longer read, ...) and the reports a diagnostic environment variable asks for
+ * (TANDEM_CUDA_PROFILE, TANDEM_SPEC_PHASES: info).  A failing call's error is its
+ * status and tandem_last_error, never a log message. */
+typedef enum tandem_log_level {
+    TANDEM_LOG_ERROR = 0,
+    TANDEM_LOG_WARN = 1,
+    TANDEM_LOG_INFO = 2,
+    TANDEM_LOG_DEBUG = 3,
+} tandem_log_level;
+
+/* Receives one message: a line of UTF-8 text without a trailing newline, valid
+ * during the call.  May be called from any thread of the process (an engine's own
+ * thread among them), one call at a time; it must not call back into tandem. */
+typedef void (*tandem_log_cb)(tandem_log_level level, const char *msg, void *user_data);
+
+/* Sends every later message to cb with user_data; NULL restores the default, which
+ * writes info and above to stderr (warnings as "tandem: warning: ..."; the library
+ * emits info only for the reports asked for) and drops debug.  Once it returns, the
+ * previous callback is not called again.  Thread-safe. */
+TANDEM_API void tandem_log_set(tandem_log_cb cb, void *user_data);
 
 /* ---------------------------------------------------------------- models */
 
@@ -90,12 +133,12 @@ typedef struct tandem_model_params {
     void *progress_callback_user_data; /* default NULL */
 } tandem_model_params;
 
-tandem_model_params tandem_model_default_params(void);
+TANDEM_API tandem_model_params tandem_model_default_params(void);
 
 /* Opens a GGUF model file (validated; tensor data memory-mapped). */
-tandem_status tandem_model_open(const char *path, const tandem_model_params *params,
-                                tandem_model **out);
-void tandem_model_close(tandem_model *model);
+TANDEM_API tandem_status tandem_model_open(const char *path, const tandem_model_params *params,
+                                           tandem_model **out);
+TANDEM_API void tandem_model_close(tandem_model *model);
 
 typedef struct tandem_model_info {
     const char *arch;     /* "llama", "qwen2"; owned by the model */
@@ -117,20 +160,20 @@ typedef struct tandem_model_info {
                                     rank); decode_bytes one rank's */
 } tandem_model_info;
 
-tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out);
+TANDEM_API tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info *out);
 
 /* Tokenizes text.  *out_ids is allocated with malloc (free with tandem_free).
  * add_bos: add the special tokens the model's tokenizer asks for: BOS first when
  * add_bos_token, EOS last when add_eos_token (llama.cpp's add_special).
  * Text spelling a special token (e.g. "<|endoftext|>") becomes that token. */
-tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len,
-                              bool add_bos, int32_t **out_ids, size_t *out_n);
+TANDEM_API tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len,
+                                         bool add_bos, int32_t **out_ids, size_t *out_n);
 
 /* Decodes token ids to UTF-8 text (malloc'ed, NUL-terminated; free with tandem_free). */
-tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n,
-                                char **out_text);
+TANDEM_API tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n,
+                                           char **out_text);
 
-void tandem_free(void *p);
+TANDEM_API void tandem_free(void *p);
 
 /* ------------------------------------------------------------ tokenizers */
 
@@ -139,12 +182,12 @@ void tandem_free(void *p);
  * threads.  encode/decode behave as tandem_tokenize/tandem_detokenize. */
 typedef struct tandem_tokenizer tandem_tokenizer;
 
-tandem_status tandem_tokenizer_open(const char *path, tandem_tokenizer **out);
-void tandem_tokenizer_close(tandem_tokenizer *tokenizer);
-tandem_status tandem_tokenizer_encode(const tandem_tokenizer *tokenizer, const char *text, size_t len,
-                                      bool add_bos, int32_t **out_ids, size_t *out_n);
-tandem_status tandem_tokenizer_decode(const tandem_tokenizer *tokenizer, const int32_t *ids, size_t n,
-                                      char **out_text);
+TANDEM_API tandem_status tandem_tokenizer_open(const char *path, tandem_tokenizer **out);
+TANDEM_API void tandem_tokenizer_close(tandem_tokenizer *tokenizer);
+TANDEM_API tandem_status tandem_tokenizer_encode(const tandem_tokenizer *tokenizer, const char *text, size_t len,
+                                                 bool add_bos, int32_t **out_ids, size_t *out_n);
+TANDEM_API tandem_status tandem_tokenizer_decode(const tandem_tokenizer *tokenizer, const int32_t *ids, size_t n,
+                                                 char **out_text);
 
 /* ------------------------------------------------------------------ chat */
 
@@ -157,7 +200,7 @@ typedef struct tandem_chat_message {
 
 /* The built-in chat templates' names, comma-separated: "chatml, llama2, llama3, gemma,
  * mistral, mistral-v7, phi3, deepseek2, deepseek3, deepseek-r1" (a static string). */
-const char *tandem_chat_builtin_templates(void);
+TANDEM_API const char *tandem_chat_builtin_templates(void);
 
 /* Renders a conversation into a prompt with a chat template, as Python's jinja2 does
  * for HF transformers' apply_chat_template (trim_blocks, lstrip_blocks, the
@@ -182,22 +225,22 @@ const char *tandem_chat_builtin_templates(void);
  * which count nodes evaluated and every walk over data, so about a second at most);
  * past a bound: TANDEM_ERR_NOMEM naming it.  *out_text: malloc'ed, NUL-terminated;
  * free with tandem_free.  Thread-safe: the model is only read. */
-tandem_status tandem_chat_render(const tandem_model *model, const char *chat_template,
-                                 const tandem_chat_message *messages, size_t n_messages,
-                                 bool add_generation_prompt, char **out_text);
+TANDEM_API tandem_status tandem_chat_render(const tandem_model *model, const char *chat_template,
+                                            const tandem_chat_message *messages, size_t n_messages,
+                                            bool add_generation_prompt, char **out_text);
 
 /* The same from JSON text json[0..len): an OpenAI-style messages array (each element
  * an object with a string "role"; "content" and any other members, such as
  * "tool_calls", are passed to the template as they are), or an object
  * {"messages": [...], "tools": [...]} whose tools the template also sees.  Bad JSON
  * or messages: TANDEM_ERR_INVALID_ARG naming the problem. */
-tandem_status tandem_chat_render_json(const tandem_model *model, const char *chat_template, const char *json,
-                                      size_t len, bool add_generation_prompt, char **out_text);
+TANDEM_API tandem_status tandem_chat_render_json(const tandem_model *model, const char *chat_template, const char *json,
+                                                 size_t len, bool add_generation_prompt, char **out_text);
 
 /* tandem_chat_render for a stand-alone tokenizer (its GGUF's template and tokens). */
-tandem_status tandem_tokenizer_chat_render(const tandem_tokenizer *tokenizer, const char *chat_template,
-                                           const tandem_chat_message *messages, size_t n_messages,
-                                           bool add_generation_prompt, char **out_text);
+TANDEM_API tandem_status tandem_tokenizer_chat_render(const tandem_tokenizer *tokenizer, const char *chat_template,
+                                                      const tandem_chat_message *messages, size_t n_messages,
+                                                      bool add_generation_prompt, char **out_text);
 
 /* The model's end-of-generation tokens, ascending: EOS, the end-of-turn and
  * end-of-message tokens its GGUF declares (tokenizer.ggml.eot_token_id,
@@ -205,7 +248,7 @@ tandem_status tandem_tokenizer_chat_render(const tandem_tokenizer *tokenizer, co
  * (<|im_end|>, <|eot_id|>, <end_of_turn>, <|end|>, ...).  Generation stops at any of
  * them (finish reason eos).  Writes at most cap ids into out (out may be NULL when
  * cap is 0) and returns how many there are (at most 16). */
-size_t tandem_model_eog_tokens(const tandem_model *model, int32_t *out, size_t cap);
+TANDEM_API size_t tandem_model_eog_tokens(const tandem_model *model, int32_t *out, size_t cap);
 
 /* --------------------------------------------------------------- engines */
 
@@ -270,23 +313,23 @@ typedef struct tandem_engine_params {
                              TANDEM_KV_AUTO (f32 on the CPU, f16 on a GPU) */
 } tandem_engine_params;
 
-tandem_engine_params tandem_engine_default_params(void);
+TANDEM_API tandem_engine_params tandem_engine_default_params(void);
 
 /* draft may be NULL (target-only decoding).  The engine borrows both models: they
  * must outlive it.  Fails with TANDEM_ERR_MISMATCH when the vocabularies differ or
  * the two models are on different backends. */
-tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft,
-                                 const tandem_engine_params *params, tandem_engine **out);
-void tandem_engine_close(tandem_engine *engine);
+TANDEM_API tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft,
+                                            const tandem_engine_params *params, tandem_engine **out);
+TANDEM_API void tandem_engine_close(tandem_engine *engine);
 
 /* The most device memory in use at any time since the engine's backend was made, in
  * bytes (the whole GPU as its driver reports it: every buffer of this process and
  * the CUDA context); 0 for an engine on the CPU. */
-uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine);
+TANDEM_API uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine);
 /* The same for rank `rank` of a target split across GPUs (tensor_parallel; rank 0 is
  * the device above, where the draft also runs); 0 for a rank out of range or on the
  * CPU. */
-uint64_t tandem_engine_device_peak_bytes_rank(const tandem_engine *engine, int rank);
+TANDEM_API uint64_t tandem_engine_device_peak_bytes_rank(const tandem_engine *engine, int rank);
 
 typedef enum tandem_finish_reason {
     TANDEM_FINISH_NONE = 0,
@@ -299,7 +342,7 @@ typedef enum tandem_finish_reason {
     TANDEM_FINISH_ERROR,    /* the request failed alone (tandem_result.status and .error) */
 } tandem_finish_reason;
 
-const char *tandem_finish_reason_str(tandem_finish_reason r); /* "eos", "length", ... */
+TANDEM_API const char *tandem_finish_reason_str(tandem_finish_reason r); /* "eos", "length", ... */
 
 /* Called with each newly committed token and the text it completes (only whole
  * UTF-8 characters; may be empty; text that may begin a stop string is held back
@@ -359,12 +402,12 @@ typedef struct tandem_generate_params {
      * bench_oracle_alpha in [0, 1], else second with probability 1/2, else it is
      * not proposed.  The draft runs its real forward; verification is unchanged, so
      * the output is still the target's.  Needs greedy decoding and an engine of one
-     * sequence; turns n-gram lookup off.  Copied at submission; default NULL. */
-    const int32_t *bench_oracle_tokens;
-    int bench_n_oracle;
-    float bench_oracle_alpha;
+     * sequence; turns n-gram lookup off.  Copied at submission. */
+    const int32_t *bench_oracle_tokens; /* default NULL (off) */
+    int bench_n_oracle;                 /* default 0 */
+    float bench_oracle_alpha;           /* default 0 */
     tandem_token_cb on_token; /* optional streaming callback; default NULL */
-    void *user_data;          /* passed to on_token */
+    void *user_data;          /* passed to on_token; default NULL */
     bool ignore_eos;          /* generate max_tokens tokens whatever they are (an
                                  end-of-generation token does not stop it): for
                                  benchmarks; default false */
@@ -375,7 +418,7 @@ typedef struct tandem_generate_params {
     int n_stop;               /* [0, TANDEM_STOP_MAX]; default 0 */
 } tandem_generate_params;
 
-tandem_generate_params tandem_generate_default_params(void);
+TANDEM_API tandem_generate_params tandem_generate_default_params(void);
 
 #define TANDEM_SPEC_HIST_MAX 33 /* histogram bins: accepted 0..32 tokens per step */
 
@@ -420,23 +463,25 @@ typedef struct tandem_result {
 
 /* Generates a completion of a text prompt (BOS added as the model asks).
  * On success fills *out (free with tandem_result_free). */
-tandem_status tandem_generate(tandem_engine *engine, const char *prompt,
-                              const tandem_generate_params *params, tandem_result *out);
+TANDEM_API tandem_status tandem_generate(tandem_engine *engine, const char *prompt,
+                                         const tandem_generate_params *params, tandem_result *out);
 
 /* The same from prompt token ids (used as given: no BOS is added). */
-tandem_status tandem_generate_ids(tandem_engine *engine, const int32_t *prompt, size_t n_prompt,
-                                  const tandem_generate_params *params, tandem_result *out);
+TANDEM_API tandem_status tandem_generate_ids(tandem_engine *engine, const int32_t *prompt, size_t n_prompt,
+                                             const tandem_generate_params *params, tandem_result *out);
 
-void tandem_result_free(tandem_result *result);
+TANDEM_API void tandem_result_free(tandem_result *result);
 
 /* One request of a batch (tandem_generate_batch) or of tandem_engine_submit. */
 typedef struct tandem_request {
-    const char *prompt;            /* text (BOS added as the model asks); NULL: prompt_ids */
-    const int32_t *prompt_ids;     /* [n_prompt_ids], used as given when prompt is NULL */
-    size_t n_prompt_ids;
-    tandem_generate_params params; /* this request's parameters (start from
-                                      tandem_generate_default_params()); its on_token is
-                                      called on the thread that steps the engine */
+    const char *prompt;            /* text (BOS added as the model asks); NULL: prompt_ids;
+                                      default NULL */
+    const int32_t *prompt_ids;     /* [n_prompt_ids], used as given when prompt is NULL;
+                                      default NULL */
+    size_t n_prompt_ids;           /* default 0 */
+    tandem_generate_params params; /* this request's parameters; its on_token is called
+                                      on the thread that steps the engine; default
+                                      tandem_generate_default_params() */
     int priority;                  /* higher runs first, first come first served within a
                                       priority; the lowest-priority, newest sequence is
                                       preempted when the KV cache is full; default 0 */
@@ -446,7 +491,7 @@ typedef struct tandem_request {
 } tandem_request;
 
 /* A request with no prompt and tandem_generate_default_params(), priority 0, no timeout. */
-tandem_request tandem_request_default(void);
+TANDEM_API tandem_request tandem_request_default(void);
 
 /* Runs n requests together with continuous batching: up to the engine's n_seq_max
  * sequences decode at once, each step one forward of the target over all of their
@@ -470,8 +515,8 @@ tandem_request tandem_request_default(void);
  * complete.  Returns TANDEM_OK when every request ran (whatever its own status),
  * TANDEM_ERR_INVALID_ARG for NULL arguments.  Thread-safe while the engine's own
  * thread runs (see below); otherwise not (as tandem_generate). */
-tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request *requests, size_t n,
-                                    tandem_result *results);
+TANDEM_API tandem_status tandem_generate_batch(tandem_engine *engine, const tandem_request *requests, size_t n,
+                                               tandem_result *results);
 
 /* ---------------------------------------------------- asynchronous use
  *
@@ -504,26 +549,26 @@ typedef void (*tandem_finish_cb)(tandem_request_id id, tandem_result *result, vo
 /* Queues a request (prompt, stop strings and ids are copied: the caller may free them
  * on return).  A bad prompt or bad parameters fail here, with no callback.
  * Thread-safe. */
-tandem_status tandem_engine_submit(tandem_engine *engine, const tandem_request *request,
-                                   tandem_finish_cb on_finish, void *user_data,
-                                   tandem_request_id *out_id);
+TANDEM_API tandem_status tandem_engine_submit(tandem_engine *engine, const tandem_request *request,
+                                              tandem_finish_cb on_finish, void *user_data,
+                                              tandem_request_id *out_id);
 
 /* Cancels a queued or running request: at the start of the next step it finishes
  * (reason cancelled, the text so far), its blocks are freed and on_finish is called.
  * TANDEM_ERR_INVALID_ARG for an id that is unknown or already finished.  Thread-safe. */
-tandem_status tandem_engine_cancel(tandem_engine *engine, tandem_request_id id);
+TANDEM_API tandem_status tandem_engine_cancel(tandem_engine *engine, tandem_request_id id);
 
 /* One scheduler iteration.  *n_pending (optional): requests queued or running after
  * it.  TANDEM_ERR_INVALID_ARG while the engine's thread runs. */
-tandem_status tandem_engine_step(tandem_engine *engine, int *n_pending);
+TANDEM_API tandem_status tandem_engine_step(tandem_engine *engine, int *n_pending);
 
 /* Starts / stops the engine's own scheduler thread.  stop waits for the current step
  * to end; queued and running requests stay and continue at the next start or step
  * (callers waiting in tandem_generate then step the engine themselves).  start on a
  * running engine and stop on a stopped one are no-ops returning OK; concurrent starts
  * and stops take effect one after another. */
-tandem_status tandem_engine_start(tandem_engine *engine);
-tandem_status tandem_engine_stop(tandem_engine *engine);
+TANDEM_API tandem_status tandem_engine_start(tandem_engine *engine);
+TANDEM_API tandem_status tandem_engine_stop(tandem_engine *engine);
 
 /* Counters of the scheduler (a consistent snapshot).  Thread-safe. */
 typedef struct tandem_engine_stats {
@@ -543,7 +588,7 @@ typedef struct tandem_engine_stats {
                                    found in the prefix cache */
 } tandem_engine_stats;
 
-tandem_status tandem_engine_get_stats(tandem_engine *engine, tandem_engine_stats *out);
+TANDEM_API tandem_status tandem_engine_get_stats(tandem_engine *engine, tandem_engine_stats *out);
 
 #ifdef __cplusplus
 }

@@ -395,6 +395,19 @@ void tdm_backend_cuda_graph_stats(tdm_backend *b, uint64_t *replays, uint64_t *c
 /* For benchmarks of the matmul op: 0 = pick the path by rows (the default), 1 = the
  * row kernels wherever they read the weight (up to 64 rows), 2 = cuBLAS. */
 void tdm_backend_cuda_force_matmul(tdm_backend *b, int path);
+/* The attention kernels a CUDA backend takes (tests and benchmarks: each path is
+ * the reference of the one before; no effect on other backends). */
+typedef enum tdm_cuda_attn_path {
+    TDM_CUDA_ATTN_AUTO = 0,   /* the default: the decode kernel for decode and
+                                 verification tiles where its grid fills the GPU, the
+                                 tiled kernels for the other batches they run */
+    TDM_CUDA_ATTN_TILED = 1,  /* the tiled kernels for every row (no decode kernel:
+                                 the same bits) */
+    TDM_CUDA_ATTN_SCORES = 2, /* the scores and softmax kernels for every batch (tree
+                                 masks as extra slots; the fused forward is then not
+                                 captured into graphs) */
+} tdm_cuda_attn_path;
+void tdm_backend_cuda_force_attention(tdm_backend *b, tdm_cuda_attn_path path);
 void tdm_backend_destroy(tdm_backend *b); /* NULL is a no-op */
 
 /* A description of the CPU features in use ("avx512", "avx2", "scalar"). */

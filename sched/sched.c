@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "commit.h"
+#include "diag.h"
 #include "kv_cache.h"
 #include "sched_internal.h"
 
@@ -60,8 +61,7 @@ tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_
     atomic_init(&s->alpha_carry, -1.0);
     tdm_ctrl_init(&s->pair, 1, TDM_CTRL_MAX_K, 0);
     s->pair.alpha_ema = 0.05;
-    const char *lg = getenv("TANDEM_SCHED_LOG");
-    s->log = lg && !strcmp(lg, "1");
+    s->log = tdm_diag_get()->sched_log;
     *out = s;
     return TANDEM_OK;
 }

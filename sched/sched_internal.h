@@ -115,7 +115,7 @@ struct tdm_sched {
     int32_t dec_hold;          /* steps it still holds */
     int32_t dec_explore;       /* a neighbouring length to measure now and then, -1 = none */
     int32_t explore_k;         /* the length the current exploration takes, -1 = none */
-    bool log;                  /* TANDEM_SCHED_LOG=1: decisions on stderr */
+    bool log;                  /* TANDEM_SCHED_LOG=1: decisions logged (info) */
     tdm_spec_ctrl pair;        /* the pair's acceptance over every drafted chain (alpha):
                                   a new request's starting estimate */
     bool pair_seen;            /* pair observed at least once */

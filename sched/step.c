@@ -27,6 +27,7 @@
 #include "accept.h"
 #include "batch_chain.h"
 #include "commit.h"
+#include "liblog.h"
 #include "kv_cache.h"
 #include "lone.h"
 #include "ngram.h"
@@ -488,15 +489,19 @@ static void run_plan(tdm_sched *s, const step_item *it, int32_t n) {
  * speculate, the length a hopeful acceptance estimate would choose, so that the
  * estimates get observed again.  On a batch-invariant GPU a chain's rows fit one forward of invariant
  * rows. */
-/* TANDEM_SCHED_LOG=1: each decision on stderr, with the measured step times. */
+/* TANDEM_SCHED_LOG=1: each decision logged, with the measured step times. */
 static void log_decision(const tdm_sched *s, int32_t nb, int32_t other, int32_t k_max, int32_t k, bool trial,
                          const tdm_batch_seq *bs) {
     double a = 0;
     for (int32_t j = 0; j < nb; j++) a += bs[j].alpha / nb;
-    fprintf(stderr, "sched: batch %d (+%d rows) k_max %d -> k %d%s, mean alpha %.2f, explore %d; step ms:", (int)nb,
-            (int)other, (int)k_max, (int)k, trial ? " (trial)" : "", a, (int)s->dec_explore);
-    for (int32_t j = 0; j <= k_max; j++) fprintf(stderr, " %.3f", s->steps.t[TDM_MIN(nb, TDM_BATCH_STEP_B)][j] * 1e3);
-    fprintf(stderr, "; draft round ms %.3f\n", tdm_rowcost_get(&s->cost_d, nb) * 1e3);
+    char msg[512];
+    int len = snprintf(msg, sizeof msg, "sched: batch %d (+%d rows) k_max %d -> k %d%s, mean alpha %.2f, explore %d; step ms:",
+                       (int)nb, (int)other, (int)k_max, (int)k, trial ? " (trial)" : "", a, (int)s->dec_explore);
+    for (int32_t j = 0; j <= k_max && len > 0 && (size_t)len < sizeof msg; j++)
+        len += snprintf(msg + len, sizeof msg - (size_t)len, " %.3f", s->steps.t[TDM_MIN(nb, TDM_BATCH_STEP_B)][j] * 1e3);
+    if (len > 0 && (size_t)len < sizeof msg)
+        snprintf(msg + len, sizeof msg - (size_t)len, "; draft round ms %.3f", tdm_rowcost_get(&s->cost_d, nb) * 1e3);
+    tdm_log(TANDEM_LOG_INFO, "%s", msg);
 }
 
 static void choose_k(tdm_sched *s) {

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# Sets up, builds, and runs a speculative completion of a prompt from tests/data
-# with the shipped target and draft models, printing the text and its speed.
+# Sets up, builds, and runs the main job (configs/pycode-cpu.ini: the 100 prompts of
+# tests/data/prompts-dev.jsonl through the shipped pycode target and draft, greedy,
+# speculative) into a fresh output file, then prints the first completion.  Extra
+# arguments go to `tandem run` (e.g. --set engine.threads=2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 [ -d build ] || meson setup build >/dev/null
 meson compile -C build >/dev/null
-prompt=$(python3 -c 'import json,sys; print(json.loads(open("tests/data/prompts-dev.jsonl").readline())["prompt"], end="")')
-exec ./build/tandem generate -m models/pycode-target-f16.gguf -d models/pycode-draft-s-f16.gguf \
-  -p "$prompt" -n 128 --threads 2 "$@"
+out=$(mktemp --suffix=.jsonl)
+rm -f "$out" # (a job resumes an existing output: start from none)
+./build/tandem run configs/pycode-cpu.ini --set "job.output=$out" "$@"
+python3 - "$out" <<'PY'
+import json, sys
+first = json.loads(open(sys.argv[1]).readline())
+print("\nfirst completion (id %s):\n%s" % (first.get("id"), first.get("text", "")))
+print("\nall 100 in %s" % sys.argv[1])
+PY

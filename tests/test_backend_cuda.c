@@ -370,6 +370,10 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
  * lookup, or what gp0 says) gives exactly the target-only tokens.  Returns how many
  * target-only continuations equal the transformers reference; *accepted, *drafted:
  * the speculative counts (*trees: token-tree steps, when not NULL). */
+/* The attention kernels cuda_spec_equality_gp's models take (the default unless a
+ * test sets another). */
+static tdm_cuda_attn_path g_attn = TDM_CUDA_ATTN_AUTO;
+
 static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tdm_api_paths *paths,
                                  const tandem_generate_params *gp0, const char *what, uint64_t *accepted,
                                  uint64_t *drafted, uint64_t *trees) {
@@ -380,6 +384,8 @@ static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tdm_api_p
                  tandem_last_error());
     cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-xs-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
                  tandem_last_error());
+    tdm_backend_cuda_force_attention(tdm_api_model_backend(target), g_attn);
+    tdm_backend_cuda_force_attention(tdm_api_model_backend(draft), g_attn);
     tandem_engine *plain = NULL, *spec = NULL;
     cr_assert_eq(tandem_engine_open(target, NULL, ep, &plain), TANDEM_OK, "%s", tandem_last_error());
     cr_assert_eq(tdm_api_engine_open(target, draft, ep, paths, &spec), TANDEM_OK, "%s", tandem_last_error());
@@ -425,29 +431,29 @@ static int cuda_spec_equality(const tandem_engine_params *ep, const char *what, 
 /* Token trees on the GPU (tree masks in the fused forward's attention, the row
  * kernels for up to 64 verification rows, CUDA graphs, draft candidates from the
  * topk op): with dynamic trees of 32 and 12 nodes, a static 4,2,2,1 tree, and the
- * scores and softmax kernels instead of the tiled ones (TANDEM_CUDA_FLASH=0) and host
+ * scores and softmax kernels instead of the tiled ones (TDM_CUDA_ATTN_SCORES) and host
  * candidates (tdm_spec_ws_opts.host_topk), every step a tree, greedy output equals
  * target-only output on every prompt. */
 Test(cuda_engine, trees_equal_target_only, .timeout = 900) {
     static const struct {
         int nodes;
-        const char *shape, *env;
-        bool host_topk;
-    } cases[] = {{32, NULL, NULL, false}, {12, NULL, NULL, false}, {0, "4,2,2,1", NULL, false},
-                 {32, NULL, "TANDEM_CUDA_FLASH", false}, {16, NULL, NULL, true}};
+        const char *shape;
+        bool scores, host_topk;
+    } cases[] = {{32, NULL, false, false}, {12, NULL, false, false}, {0, "4,2,2,1", false, false},
+                 {32, NULL, true, false}, {16, NULL, false, true}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (cases[i].env) setenv(cases[i].env, "0", 1);
+        g_attn = cases[i].scores ? TDM_CUDA_ATTN_SCORES : TDM_CUDA_ATTN_AUTO;
         tandem_generate_params gp = tandem_generate_default_params();
         gp.spec_tree = cases[i].nodes;
         gp.spec_tree_shape = cases[i].shape;
         char what[96];
-        snprintf(what, sizeof what, "trees of %d nodes%s%s%s%s", cases[i].nodes, cases[i].shape ? ", shape " : "",
-                 cases[i].shape ? cases[i].shape : "", cases[i].env ? ", with that off" : "",
-                 cases[i].host_topk ? ", host candidates" : "");
+        snprintf(what, sizeof what, "trees of %d nodes%s%s%s", cases[i].nodes, cases[i].shape ? ", shape " : "",
+                 cases[i].shape ? cases[i].shape : "",
+                 cases[i].scores ? ", scores and softmax kernels" : cases[i].host_topk ? ", host candidates" : "");
         const tdm_api_paths paths = {.ws = {.host_topk = cases[i].host_topk}};
         uint64_t accepted, drafted, trees;
         cuda_spec_equality_gp(NULL, &paths, &gp, what, &accepted, &drafted, &trees);
-        if (cases[i].env) unsetenv(cases[i].env);
+        g_attn = TDM_CUDA_ATTN_AUTO;
         cr_assert_gt(trees, 0, "%s: no tree steps", what);
         cr_assert_gt(accepted, 0, "%s: no tree node accepted", what);
     }
@@ -694,19 +700,13 @@ Test(cuda_sampling, lossless_filters_ngram_adaptive, .timeout = 600) {
  * layer, the output norm and the heads; f32, f16 and q8_0 matrices; in the target and
  * in the draft, greedy and sampled, plain and speculative) are a model error on the
  * GPU as on the CPU: the attention kernels, the activations' int8 quantisation and
- * f16 splitting, the soft-caps and the device argmax / sampling carry them to the
+ * f16 conversion, the soft-caps and the device argmax / sampling carry them to the
  * logits check.  Heads of 64 take the flash and decode kernels, a 20-token prompt a
- * prefill tile; then again with the tensor-core prefill attention and products (off
- * by default). */
+ * prefill tile. */
 Test(cuda_engine, non_finite_weights_are_a_model_error, .timeout = 600) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = TANDEM_BACKEND_CUDA;
     tdm_nf_check_all("cuda", &mp, 64, 20);
-    setenv("TANDEM_FLASH_TC", "1", 1);
-    setenv("TANDEM_CUDA_GEMV_TC", "1", 1);
-    tdm_nf_check_all("cuda, tensor-core kernels", &mp, 64, 20);
-    unsetenv("TANDEM_CUDA_GEMV_TC");
-    unsetenv("TANDEM_FLASH_TC");
 }
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

@@ -785,18 +785,18 @@ Test(backend, create_levels_and_env) {
     tdm_backend_destroy(b);
     tdm_backend_destroy(NULL);
 
-    setenv("TANDEM_CPU", "scalar", 1);
+    tdm_cpu_cap_level(TDM_CPU_SCALAR);
     cr_assert_str_eq(tdm_cpu_features(), "scalar");
     cr_assert_eq(tdm_backend_cpu_create(2, &b, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_backend_cpu_level(b), TDM_CPU_SCALAR);
     tdm_backend_destroy(b);
     if (tdm_cpu_best_level() >= TDM_CPU_AVX2) {
-        setenv("TANDEM_CPU", "avx2", 1);
+        tdm_cpu_cap_level(TDM_CPU_AVX2);
         cr_assert_str_eq(tdm_cpu_features(), "avx2");
     }
-    setenv("TANDEM_CPU", "avx512", 1); /* never raises the level */
+    tdm_cpu_cap_level(TDM_CPU_AVX512); /* never raises the level */
     cr_assert_str_eq(tdm_cpu_features(), tdm_cpu_level_name(tdm_cpu_best_level()));
-    unsetenv("TANDEM_CPU");
+    tdm_cpu_cap_level(TDM_CPU_N_LEVELS);
 
     cr_assert_eq(tdm_backend_cpu_create(-1, &b, &err), TANDEM_ERR_INVALID_ARG);
     cr_assert_null(b);
@@ -841,10 +841,8 @@ static void count_task(void *c, int64_t chunk, int ith) {
 /* Many small back-to-back jobs through the pool (exercises spin and sleep paths). */
 /* A pool of n threads whose idle workers sleep at once (spin 0) or spin first. */
 static tdm_threadpool *test_pool(int n, int spin) {
-    if (!spin) setenv("TANDEM_SPIN_US", "0", 1); /* force the sleep path */
     tdm_threadpool *tp = NULL;
-    cr_assert_eq(tdm_threadpool_create(n, &tp, NULL), TANDEM_OK);
-    unsetenv("TANDEM_SPIN_US");
+    cr_assert_eq(tdm_threadpool_create(n, spin ? TDM_THREADPOOL_SPIN_US : 0, &tp, NULL), TANDEM_OK);
     return tp;
 }
 

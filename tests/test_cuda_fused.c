@@ -175,7 +175,7 @@ static void tree_batch(tdm_batch *bt, int32_t P, int32_t n, const int32_t *depth
 /* After a prefill of 40 rows, trees of 7 and 31 nodes (8 and 32 rows: the second
  * past TDM_CUDA_GEMV_MAX_ROWS, on the row kernels as a verification must be), each
  * three times (direct, captured, replayed): the blocks op equals the op-by-op
- * forward (the scores and softmax kernels, TANDEM_CUDA_FLASH=0) and comes close to the
+ * forward (the scores and softmax kernels, TDM_CUDA_ATTN_SCORES) and comes close to the
  * CPU; repeats are exact; and the root row and the first node (a chain of two)
  * give the bits a 2-row verification batch gives. */
 static void check_fused_tree(uint32_t wtype, int32_t n_head, int32_t n_head_kv, uint32_t kv_type) {
@@ -199,9 +199,9 @@ static void check_fused_tree(uint32_t wtype, int32_t n_head, int32_t n_head_kv, 
         float *first = NULL;
         for (int rep = 0; rep < 3; rep++) {
             float *lg = tdm_cu_rig_forward(&rg, &bt, false);
-            setenv("TANDEM_CUDA_FLASH", "0", 1);
+            tdm_backend_cuda_force_attention(ro.be, TDM_CUDA_ATTN_SCORES);
             float *lo = tdm_cu_rig_forward(&ro, &bt, true);
-            unsetenv("TANDEM_CUDA_FLASH");
+            tdm_backend_cuda_force_attention(ro.be, TDM_CUDA_ATTN_AUTO);
             float *lc = tdm_cu_rig_forward(&rc, &bt, false);
             const double e_ops = ref_nrm_err(lg, lo, nv), e_cpu = ref_nrm_err(lg, lc, nv);
             const bool int8 = wtype == TDM_Q8_0 || wtype == TDM_Q4_0;

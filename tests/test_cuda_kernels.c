@@ -19,7 +19,7 @@
  *     where they run the shape, bit for bit alike and each row alone as in the
  *     batch, every tree row bit for bit equal to a causal row over its keys at
  *     consecutive slots (what target-only decoding computes), and the scores and
- *     softmax kernels (the masks as extra slots, TANDEM_CUDA_FLASH=0); kv_move
+ *     softmax kernels (the masks as extra slots, TDM_CUDA_ATTN_SCORES); kv_move
  *     against the reference values.
  * (The fused forward, argmax and sampling on the device: test_cuda_fused.c.)
  * Without a CUDA device the program reports itself skipped (exit 77). */
@@ -199,19 +199,13 @@ Test(cuda_gemv, partial_tiles, .timeout = 300) {
     tdm_backend_destroy(b);
 }
 
-/* The f16 / bf16 products on tensor cores (cuda_gemv_tc.cu) at the shapes their
- * tiling has edges: columns not a multiple of 32 (a last partial chunk), rows not a
- * multiple of 16, 1 to 64 input rows (one to four n-tiles, two passes): against
- * the reference (within 1e-5: the tensor cores' accumulation is not round-to-
- * nearest), each row bit for bit as it is alone; the CUDA-core kernels (the
- * default) on the same inputs within 2e-6. */
-Test(cuda_gemv, tensor_core_edges, .timeout = 300) {
-    setenv("TANDEM_CUDA_GEMV_TC", "1", 1);
+/* The f16 / bf16 row kernels forced up to 64 input rows (tdm_backend_cuda_force_matmul)
+ * at shapes with edges: columns not a multiple of 32, rows not a multiple of 16, 1
+ * to 64 input rows: against the reference within 2e-6, each row bit for bit as it
+ * is alone. */
+Test(cuda_gemv, forced_rows_edges, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
-    unsetenv("TANDEM_CUDA_GEMV_TC");
-    tdm_backend *bc = tdm_cu_test_gpu();
     tdm_backend_cuda_force_matmul(b, 1);
-    tdm_backend_cuda_force_matmul(bc, 1);
     uint64_t rng = 53;
     const int64_t shapes[][2] = {{37, 200}, {300, 8}, {16, 40}, {1000, 96}, {64, 4096}};
     const int32_t ns[] = {1, 7, 8, 9, 16, 17, 32, 33, 64};
@@ -219,7 +213,7 @@ Test(cuda_gemv, tensor_core_edges, .timeout = 300) {
     for (size_t t = 0; t < 2; t++)
         for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
             tdm_weight w = tdm_test_weight(types[t], shapes[s][0], shapes[s][1], &rng);
-            tdm_weight dw = put_packed(b, &w), dwc = put_packed(bc, &w);
+            tdm_weight dw = put_packed(b, &w);
             for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
                 for (int acc = 0; acc < 2; acc++) {
                     const int32_t n = ns[k];
@@ -228,29 +222,22 @@ Test(cuda_gemv, tensor_core_edges, .timeout = 300) {
                     float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1), *ref = malloc(ny * 4);
                     memcpy(ref, y0, ny * 4);
                     float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
-                    float *dxc = tdm_cu_test_put(bc, x, (size_t)n * w.cols * 4), *dyc = tdm_cu_test_put(bc, y0, ny * 4);
                     OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
-                    OK(bc->ops->matmul(bc, &dwc, dxc, n, dyc, acc, &err_));
-                    float *y = tdm_cu_test_get(b, dy, ny * 4), *yc = tdm_cu_test_get(bc, dyc, ny * 4);
+                    float *y = tdm_cu_test_get(b, dy, ny * 4);
                     ref_matmul(&w, x, n, ref, acc);
-                    const double e = ref_nrm_err(y, ref, ny), ec = ref_nrm_err(yc, ref, ny);
-                    const double tol = ny < 8 ? 2e-5 : 2e-6;
-                    cr_assert(e < 5 * tol, "%s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type), (long long)w.rows,
+                    const double e = ref_nrm_err(y, ref, ny), tol = ny < 8 ? 2e-5 : 2e-6;
+                    cr_assert(e < tol, "%s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type), (long long)w.rows,
                               (long long)w.cols, n, acc, e);
-                    cr_assert(ec < tol, "CUDA cores: %s n %d: err %g", tdm_dtype_name(w.type), n, ec);
                     if (!acc) {
                         const int32_t pick[] = {0, n / 2, n - 1};
                         rows_alone(b, &dw, dx, y, n, pick, TDM_ARRAY_LEN(pick));
                     }
-                    free(y), free(yc), free(x), free(y0), free(ref);
+                    free(y), free(x), free(y0), free(ref);
                     b->ops->free(b, dx), b->ops->free(b, dy);
-                    bc->ops->free(bc, dxc), bc->ops->free(bc, dyc);
                 }
             b->ops->free(b, (void *)dw.data);
-            bc->ops->free(bc, (void *)dwc.data);
             free((void *)w.data);
         }
-    tdm_backend_destroy(bc);
     tdm_backend_destroy(b);
 }
 
@@ -347,11 +334,7 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
     ref_attention(&ar);
     float *out = tdm_cu_test_get(b, dout, n_out * 4);
     double e = ref_nrm_err(out, ref, n_out);
-    /* a prefill batch on tensor cores: Q and P rounded to f16 */
-    const char *tcv = getenv("TANDEM_FLASH_TC");
-    const bool tcore = bt.n_rows > GEMV_MAX_ROWS && tcv && !strcmp(tcv, "1") && !tc->window && !tc->softcap;
-    const double tol = tcore ? 5e-3 : 1e-5;
-    cr_assert(e < tol, "attention %s heads %d/%d hd %d bs %d, %d rows: err %g", tdm_dtype_name(ct), tc->n_head, nkv, hd,
+    cr_assert(e < 1e-5, "attention %s heads %d/%d hd %d bs %d, %d rows: err %g", tdm_dtype_name(ct), tc->n_head, nkv, hd,
               bs, (int)bt.n_rows, e);
     /* each sequence's last row alone */
     const size_t row_out = (size_t)tc->n_head * hd;
@@ -367,11 +350,8 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
         a1.out = d1;
         OK(b->ops->attention(b, &a1, &err_));
         float *o1 = tdm_cu_test_get(b, d1, row_out * 4);
-        if (tcore) /* (alone, the row takes the f32 kernels) */
-            cr_assert(ref_nrm_err(out + (size_t)r * row_out, o1, row_out) < tol, "hd %d: row %d alone", hd, (int)r);
-        else
-            cr_assert(memcmp(o1, out + (size_t)r * row_out, row_out * 4) == 0,
-                      "hd %d: row %d alone differs from the batch", hd, (int)r);
+        cr_assert(memcmp(o1, out + (size_t)r * row_out, row_out * 4) == 0, "hd %d: row %d alone differs from the batch",
+                  hd, (int)r);
         free(o1);
         b->ops->free(b, d1);
         tdm_batch_free(&one);
@@ -462,20 +442,19 @@ static void run_tree(const tdm_tree_case *tc, uint64_t seed) {
     cr_assert(e_ref < 1e-4 && e_cpu < 1e-4, "tree attention heads %d/%d hd %d %s: error %g (reference), %g (CPU)",
               tc->n_head, tc->n_kv_head, tc->head_dim, tdm_dtype_name(tc->cache_type), e_ref, e_cpu);
     /* the shapes the tiled kernels run take tree batches there (cuda_flash.cu, tree
-     * masks); the scores and softmax kernels (TANDEM_CUDA_FLASH=0: the masks as
+     * masks); the scores and softmax kernels (TDM_CUDA_ATTN_SCORES: the masks as
      * extra slots) on the same batch, and the
-     * tiled kernels without the decode kernel (TANDEM_FLASH_DECODE=0), the same bits */
-    setenv("TANDEM_CUDA_FLASH", "0", 1);
+     * tiled kernels without the decode kernel (TDM_CUDA_ATTN_TILED), the same bits */
+    tdm_backend_cuda_force_attention(g, TDM_CUDA_ATTN_SCORES);
     poison(g, d.out, n_out);
     OK(g->ops->attention(g, &d, &err_));
-    unsetenv("TANDEM_CUDA_FLASH");
     float *got_k = tdm_cu_test_get(g, d.out, n_out * 4);
     const double e_k = ref_nrm_err(got_k, ref, n_out);
     cr_assert(e_k < 1e-4, "tree batch on the scores kernels hd %d %s: error %g", tc->head_dim, tdm_dtype_name(tc->cache_type), e_k);
-    setenv("TANDEM_FLASH_DECODE", "0", 1);
+    tdm_backend_cuda_force_attention(g, TDM_CUDA_ATTN_TILED);
     poison(g, d.out, n_out);
     OK(g->ops->attention(g, &d, &err_));
-    unsetenv("TANDEM_FLASH_DECODE");
+    tdm_backend_cuda_force_attention(g, TDM_CUDA_ATTN_AUTO);
     float *got_t = tdm_cu_test_get(g, d.out, n_out * 4);
     cr_assert(memcmp(got_t, got, n_out * 4) == 0, "tree batch hd %d %s: the tiled kernel differs from the decode kernel",
               tc->head_dim, tdm_dtype_name(tc->cache_type));
@@ -562,28 +541,20 @@ Test(cuda_flash, hd256) { run_flash(&(flash_case){4, 1, 256, 16, 2, {257, 31}, 2
 Test(cuda_flash, long_context_4099) { run_flash(&(flash_case){32, 4, 64, 16, 1, {4099}, 1}, 7); }
 Test(cuda_flash, group_of_three_four_sequences) { run_flash(&(flash_case){6, 2, 64, 16, 4, {5, 130, 1, 77}, 4}, 8); }
 Test(cuda_flash, wide_group_split_across_blocks) { run_flash(&(flash_case){32, 1, 64, 16, 1, {100}, 3}, 9); }
-/* prefill batches, on the f32 tiles and (TANDEM_FLASH_TC=1) on tensor cores: every
- * head dim, GQA, two sequences, block sizes 8 / 16 / 32, tiles cut short at a
- * sequence's end */
-static void run_flash_both(const flash_case *tc, uint64_t rng) {
-    run_flash(tc, rng);
-    setenv("TANDEM_FLASH_TC", "1", 1);
-    run_flash(tc, rng);
-    unsetenv("TANDEM_FLASH_TC");
-}
-Test(cuda_flash, prefill_gqa_hd128_two_sequences) { run_flash_both(&(flash_case){32, 8, 128, 16, 2, {150, 400}, 100}, 10); }
-Test(cuda_flash, prefill_hd80_block8) { run_flash_both(&(flash_case){8, 2, 80, 8, 1, {77}, 40}, 11); }
-Test(cuda_flash, prefill_hd96_block32) { run_flash_both(&(flash_case){6, 2, 96, 32, 2, {70, 20}, 20}, 12); }
-Test(cuda_flash, prefill_hd256) { run_flash_both(&(flash_case){4, 1, 256, 16, 1, {300}, 33}, 13); }
-Test(cuda_flash, prefill_64_rows_hd64_tensor_cores) { run_flash_both(&(flash_case){12, 12, 64, 16, 1, {64}, 64}, 3); }
-/* a q8_0 cache: int8 quants staged with their scales (tensor cores: dequantised to
- * f16), against the reference over the dequantised cache */
+/* prefill batches: every head dim, GQA, two sequences, block sizes 8 / 16 / 32,
+ * tiles cut short at a sequence's end */
+Test(cuda_flash, prefill_gqa_hd128_two_sequences) { run_flash(&(flash_case){32, 8, 128, 16, 2, {150, 400}, 100}, 10); }
+Test(cuda_flash, prefill_hd80_block8) { run_flash(&(flash_case){8, 2, 80, 8, 1, {77}, 40}, 11); }
+Test(cuda_flash, prefill_hd96_block32) { run_flash(&(flash_case){6, 2, 96, 32, 2, {70, 20}, 20}, 12); }
+Test(cuda_flash, prefill_hd256) { run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33}, 13); }
+/* a q8_0 cache: int8 quants staged with their scales, against the reference over
+ * the dequantised cache */
 Test(cuda_flash, q8_gqa_8_chains_three_sequences) { run_flash(&(flash_case){32, 8, 128, 16, 3, {1000, 37, 129}, 5, true}, 41); }
 Test(cuda_flash, q8_hd80_block8) { run_flash(&(flash_case){8, 2, 80, 8, 2, {45, 300}, 3, true}, 42); }
 Test(cuda_flash, q8_group_of_three) { run_flash(&(flash_case){6, 2, 64, 16, 4, {5, 130, 1, 77}, 4, true}, 43); }
-Test(cuda_flash, q8_prefill_hd64) { run_flash_both(&(flash_case){12, 12, 64, 16, 1, {64}, 64, true}, 44); }
-Test(cuda_flash, q8_prefill_hd96_block32) { run_flash_both(&(flash_case){6, 2, 96, 32, 2, {70, 20}, 20, true}, 45); }
-Test(cuda_flash, q8_prefill_hd256) { run_flash_both(&(flash_case){4, 1, 256, 16, 1, {300}, 33, true}, 46); }
+Test(cuda_flash, q8_prefill_hd64) { run_flash(&(flash_case){12, 12, 64, 16, 1, {64}, 64, true}, 44); }
+Test(cuda_flash, q8_prefill_hd96_block32) { run_flash(&(flash_case){6, 2, 96, 32, 2, {70, 20}, 20, true}, 45); }
+Test(cuda_flash, q8_prefill_hd256) { run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, true}, 46); }
 /* gemma3's attention: a sliding window shorter than the context (decode, verification
  * and prefill rows, windows cutting blocks mid-way) and logit soft-capping, alone and
  * together, f16 and q8_0, head dims 256 and 128 (the tiled kernels) */
@@ -602,7 +573,7 @@ Test(cuda_flash, softcap_and_window_with_softcap) {
  * 64 sequences of mixed lengths 1 .. 4099 (split and block edges among them), the
  * last rows_per_seq rows of each attending; against ref_attention, each
  * sequence's last row alone bit for bit, and the whole batch bit for bit against
- * the tiled kernel (TANDEM_FLASH_DECODE=0). */
+ * the tiled kernel (TDM_CUDA_ATTN_TILED). */
 typedef struct decode_case {
     int32_t n_head, n_kv_head, head_dim, block_size, rows_per_seq;
     bool q8; /* a q8_0 cache instead of f16 */
@@ -647,10 +618,10 @@ static void run_decode_batch(const decode_case *tc, uint64_t rng) {
         cr_assert(ref_nrm_err(out + (size_t)r * row_out, ref + (size_t)r * row_out, row_out) < 1e-4,
                   "hd %d: row %d (sequence %d, %d keys)", hd, (int)r, (int)bt.seq[r], (int)bt.n_visible[r]);
     /* the tiled kernel on the same batch: the same bits */
-    setenv("TANDEM_FLASH_DECODE", "0", 1);
+    tdm_backend_cuda_force_attention(b, TDM_CUDA_ATTN_TILED);
     poison(b, dout, n_out);
     OK(b->ops->attention(b, &a, &err_));
-    unsetenv("TANDEM_FLASH_DECODE");
+    tdm_backend_cuda_force_attention(b, TDM_CUDA_ATTN_AUTO);
     float *out_t = tdm_cu_test_get(b, dout, n_out * 4);
     for (int32_t r = 0; r < bt.n_rows; r++)
         cr_assert(memcmp(out_t + (size_t)r * row_out, out + (size_t)r * row_out, row_out * 4) == 0,

@@ -235,12 +235,12 @@ Test(forward_ref, tensor_parallel_blocks, .timeout = 300) {
  * views). */
 Test(forward_ref, tensor_parallel_blocks_lower_levels, .timeout = 300) {
     static const size_t picks[] = {0, 6, 10}; /* f16 2 threads, q8_0 4 threads, a shared kv head */
-    static const char *levels[] = {"avx2", "scalar"};
+    static const tdm_cpu_level levels[] = {TDM_CPU_AVX2, TDM_CPU_SCALAR};
     for (size_t l = 0; l < TDM_ARRAY_LEN(levels); l++) {
-        setenv("TANDEM_CPU", levels[l], 1);
+        tdm_cpu_cap_level(levels[l]);
         for (size_t i = 0; i < TDM_ARRAY_LEN(picks); i++) check_tp_case(&tp_cases[picks[i]], 120 + i + 10 * l);
     }
-    unsetenv("TANDEM_CPU");
+    tdm_cpu_cap_level(TDM_CPU_N_LEVELS);
 }
 
 /* Two sequences in one batch, one of them with tree rows (a sibling and its child:

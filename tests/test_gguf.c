@@ -10,6 +10,7 @@
 #include <strings.h>
 #include <unistd.h>
 
+#include "cpu_internal.h"
 #include "dtype.h"
 #include "engine.h"
 #include "ggml_types.h"
@@ -681,7 +682,7 @@ Test(gguf, alignment_one_loads_as_aligned, .timeout = 120) {
     static const char *const levels[] = {"scalar", NULL};
     const int32_t ids[] = {1, 5, 2, 9, 3, 3, 7, 0, 4};
     for (size_t l = 0; l < TDM_ARRAY_LEN(levels); l++) {
-        if (levels[l]) setenv("TANDEM_CPU", levels[l], 1);
+        if (levels[l]) tdm_cpu_cap_level(TDM_CPU_SCALAR);
         for (size_t i = 0; i < TDM_ARRAY_LEN(types); i++) {
             tdm_tiny_cfg c = tdm_tiny_default();
             c.n_embd = c.n_ff = 256; /* (whole K-quant super-blocks) */
@@ -699,6 +700,6 @@ Test(gguf, alignment_one_loads_as_aligned, .timeout = 120) {
             free(got);
             free(want);
         }
-        unsetenv("TANDEM_CPU");
+        tdm_cpu_cap_level(TDM_CPU_N_LEVELS);
     }
 }

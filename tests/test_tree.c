@@ -127,13 +127,36 @@ static void spine_trees(tandem_generate_params *g, size_t li, int kind, int32_t 
     *name = kind ? "1,1,1,1" : "width 1";
 }
 
+/* A benchmark's dynamic tree shape (bench_spec --tree-width ...) replaces the
+ * defaults of the trees made after it, 0 keeps each; a value out of range is an
+ * error naming it and changes nothing. */
+Test(tree, bench_shape) {
+    const tdm_tree_cfg d = tdm_tree_cfg_dynamic(32);
+    tdm_err err = {0};
+    cr_assert_eq(tdm_tree_set_bench_shape(&(tdm_tree_bench_shape){1, 0, 5}, &err), TANDEM_OK, "%s", err.msg);
+    tdm_tree_cfg c = tdm_tree_cfg_dynamic(32);
+    cr_assert(c.width == 1 && c.topk == d.topk && c.depth == 5, "width %d topk %d depth %d", (int)c.width, (int)c.topk,
+              (int)c.depth);
+    cr_assert_eq(tdm_tree_cfg_dynamic(3).depth, 3, "the depth is at most the budget");
+    const tdm_tree_bench_shape bad[] = {{17, 0, 0}, {0, -1, 0}, {0, 0, 1}, {0, 0, TDM_TREE_DEPTH_MAX + 1}};
+    const char *names[] = {"width 17", "branch -1", "depth 1", "depth 17"};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(bad); i++) {
+        cr_assert_eq(tdm_tree_set_bench_shape(&bad[i], &err), TANDEM_ERR_INVALID_ARG, "%s accepted", names[i]);
+        cr_assert(strstr(err.msg, names[i]), "%s: %s", names[i], err.msg);
+    }
+    c = tdm_tree_cfg_dynamic(32);
+    cr_assert(c.width == 1 && c.depth == 5, "a refused shape changed the trees");
+    cr_assert_eq(tdm_tree_set_bench_shape(&(tdm_tree_bench_shape){0, 0, 0}, &err), TANDEM_OK);
+    c = tdm_tree_cfg_dynamic(32);
+    cr_assert(c.width == d.width && c.topk == d.topk && c.depth == d.depth);
+}
+
 /* Trees verified as chain rows (spine first) on every 4th prompt (a sanitizer
- * build: every 25th).  The knobs are read once per process; Criterion runs each
- * test in its own. */
+ * build: every 25th).  The benchmark shape is process-wide; Criterion runs each
+ * test in its own process. */
 Test(tree, spine_rows_equal_target_only) {
-    setenv("TANDEM_TREE_WIDTH", "1", 1);
-    setenv("TANDEM_TREE_BRANCH", "2", 1);
-    setenv("TANDEM_TREE_DEPTH", "5", 1);
+    tdm_err err = {0};
+    cr_assert_eq(tdm_tree_set_bench_shape(&(tdm_tree_bench_shape){1, 2, 5}, &err), TANDEM_OK, "%s", err.msg);
     uint64_t acc[2] = {0}, steps[2] = {0}, fwd = 0, fwd_tok = 0;
     check_trees_equal(tdm_test_sanitized() ? 25 : 4, spine_trees, acc, steps, &fwd, &fwd_tok);
     cr_assert_gt(acc[0], 0);

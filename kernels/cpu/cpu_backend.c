@@ -1,10 +1,10 @@
 /* cpu_backend.c - the CPU backend: op table, creation, SIMD level selection. */
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <unistd.h>
 
 #include "cpu_internal.h"
+#include "diag.h"
 
 /* ---- SIMD level ---------------------------------------------------------------- */
 
@@ -21,15 +21,16 @@ tdm_cpu_level tdm_cpu_best_level(void) {
     return TDM_CPU_SCALAR;
 }
 
+/* tdm_cpu_cap_level's cap (TDM_CPU_N_LEVELS: none). */
+static _Atomic int g_level_cap = TDM_CPU_N_LEVELS;
+
+void tdm_cpu_cap_level(tdm_cpu_level cap) { g_level_cap = (int)cap; }
+
 tdm_cpu_level tdm_cpu_default_level(void) {
-    tdm_cpu_level best = tdm_cpu_best_level();
-    const char *env = getenv("TANDEM_CPU");
-    if (!env || !*env) return best;
-    tdm_cpu_level want = best;
-    if (strcasecmp(env, "scalar") == 0) want = TDM_CPU_SCALAR;
-    else if (strcasecmp(env, "avx2") == 0) want = TDM_CPU_AVX2;
-    else if (strcasecmp(env, "avx512") == 0) want = TDM_CPU_AVX512;
-    return want < best ? want : best; /* can only lower the level */
+    int level = (int)tdm_cpu_best_level();
+    const int diag = tdm_diag_get()->cpu_level_cap; /* TANDEM_CPU: can only lower the level */
+    if (diag >= 0) level = TDM_MIN(level, diag);
+    return (tdm_cpu_level)TDM_MIN(level, g_level_cap);
 }
 
 const char *tdm_cpu_level_name(tdm_cpu_level level) {
@@ -99,10 +100,10 @@ static tandem_status cpu_sync(tdm_backend *b, tdm_err *err) {
 
 static void cpu_destroy(tdm_backend *b);
 
-/* P64 for the weights it fits when the level has its kernel, unless TANDEM_CPU_PACK=0. */
+/* P64 for the weights it fits when the level has its kernel. */
 static uint32_t cpu_weight_layout(tdm_backend *b, uint32_t type, int64_t rows, int64_t cols) {
     tdm_cpu *c = tdm_cpu_of(b, "weight_layout", NULL);
-    if (!c || !c->k->gemv_p64 || !c->pack) return TDM_LAYOUT_ROWS;
+    if (!c || !c->k->gemv_p64) return TDM_LAYOUT_ROWS;
     return tdm_layout_fits(TDM_LAYOUT_P64, type, rows, cols) ? TDM_LAYOUT_P64 : TDM_LAYOUT_ROWS;
 }
 
@@ -210,6 +211,8 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
                                            tdm_backend **out, tdm_err *err) {
     if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "cpu backend: NULL out pointer");
     *out = NULL;
+    tandem_status st = tdm_diag_check(err);
+    if (st) return st;
     if (n_threads < 0 || n_threads > TANDEM_THREADS_MAX)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "cpu backend: bad thread count %d",
                           (int)n_threads);
@@ -230,10 +233,6 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     c->n_threads = n_threads;
     c->level = level;
     c->k = tdm_cpu_kernels_for(level);
-    const char *pack = getenv("TANDEM_CPU_PACK");
-    c->pack = !(pack && strcmp(pack, "0") == 0);
-    const char *tp = getenv("TANDEM_CPU_TP");
-    c->tp_mode = tp && strcmp(tp, "0") == 0 ? -1 : 0;
     c->scratch = calloc((size_t)n_threads, sizeof *c->scratch);
     c->team = calloc((size_t)n_threads, sizeof *c->team);
     if (!c->scratch || !c->team) {
@@ -241,7 +240,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
         cpu_free_impl(c);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "cpu backend: out of memory");
     }
-    tandem_status st = tdm_threadpool_create(n_threads, &c->pool, err);
+    st = tdm_threadpool_create(n_threads, TDM_THREADPOOL_SPIN_US, &c->pool, err);
     if (st != TANDEM_OK) {
         free(b);
         cpu_free_impl(c);

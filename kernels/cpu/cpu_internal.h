@@ -169,7 +169,6 @@ typedef struct tdm_cpu {
     int n_threads;
     tdm_cpu_level level;
     const tdm_cpu_kernels *k;
-    bool pack;                /* weight_layout may ask for P64 (TANDEM_CPU_PACK=0: never) */
     tdm_cpu_scratch *scratch; /* [n_threads] */
     void *xq_buf;             /* x quantised for the integer-dot matmul (64-byte aligned) */
     size_t xq_cap;
@@ -182,13 +181,18 @@ typedef struct tdm_cpu {
     tdm_cpu_scratch *team;    /* [n_threads] per-thread activations */
     uint64_t blocks_runs;     /* forward passes the blocks op ran */
     int tp_mode;              /* 0: tensor-parallel blocks where they fit; -1: never
-                                 (TANDEM_CPU_TP=0, tdm_backend_cpu_set_tp) */
+                                 (tdm_backend_cpu_set_tp) */
 } tdm_cpu;
 
 /* Highest level this CPU supports. */
 tdm_cpu_level tdm_cpu_best_level(void);
-/* Level tdm_backend_cpu_create uses now: the best one, lowered by TANDEM_CPU. */
+/* Level tdm_backend_cpu_create uses now: the best one, lowered by TANDEM_CPU
+ * (src/base/diag.h) and by tdm_cpu_cap_level. */
 tdm_cpu_level tdm_cpu_default_level(void);
+/* Caps the level of the CPU backends made after it (tdm_backend_cpu_create, so the
+ * engines and models of the public API too), as TANDEM_CPU does: for tests that run
+ * a whole engine at each level.  TDM_CPU_N_LEVELS lifts the cap.  Thread-safe. */
+void tdm_cpu_cap_level(tdm_cpu_level cap);
 const char *tdm_cpu_level_name(tdm_cpu_level level);
 const tdm_cpu_kernels *tdm_cpu_kernels_for(tdm_cpu_level level);
 
@@ -203,7 +207,7 @@ int tdm_backend_cpu_level(const tdm_backend *b);
 tandem_status tdm_cpu_scratch_reserve(tdm_cpu *c, size_t n, tdm_err *err);
 /* The same for count scratch areas arr[0 .. count). */
 tandem_status tdm_cpu_scratch_grow(tdm_cpu_scratch *arr, int count, size_t n, tdm_err *err);
-/* Lets the `blocks` op run tensor parallel (the default, unless TANDEM_CPU_TP=0) or
+/* Lets the `blocks` op run tensor parallel (the default) or
  * not (it then returns TANDEM_ERR_UNSUPPORTED: the ops run one by one).  For tests
  * and benchmarks. */
 void tdm_backend_cpu_set_tp(tdm_backend *b, bool on);

@@ -151,10 +151,12 @@ static void tp_stop_workers(tdm_threadpool *tp) {
     tp->n_started = 0;
 }
 
-tandem_status tdm_threadpool_create(int n_threads, tdm_threadpool **out, tdm_err *err) {
+tandem_status tdm_threadpool_create(int n_threads, int spin_us, tdm_threadpool **out, tdm_err *err) {
     *out = NULL;
     if (n_threads < 1 || n_threads > TDM_THREADPOOL_MAX_THREADS)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "thread pool: bad thread count %d", n_threads);
+    if (spin_us < 0 || spin_us > 1000000)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "thread pool: spin time %d us out of range [0, 1e6]", spin_us);
     tdm_threadpool *tp = calloc(1, sizeof *tp);
     if (!tp) return tdm_seterr(err, TANDEM_ERR_NOMEM, "thread pool: out of memory");
     tp->n_threads = n_threads;
@@ -163,12 +165,7 @@ tandem_status tdm_threadpool_create(int n_threads, tdm_threadpool **out, tdm_err
     atomic_init(&tp->stop, false);
     atomic_init(&tp->n_done, 0);
     atomic_init(&tp->n_sleeping, 0);
-    tp->spin_s = 200e-6;
-    const char *spin = getenv("TANDEM_SPIN_US");
-    if (spin && *spin) {
-        double us = atof(spin);
-        if (us >= 0 && us <= 1e6) tp->spin_s = us * 1e-6;
-    }
+    tp->spin_s = spin_us * 1e-6;
     if (pthread_mutex_init(&tp->mu, NULL) != 0) {
         free(tp);
         return tdm_seterr(err, TANDEM_ERR_INTERNAL, "thread pool: mutex init failed");

@@ -9,9 +9,9 @@
  * (callers make each chunk a self-contained unit of work), so results do not
  * depend on the thread count or on scheduling.
  *
- * Idle workers spin on an atomic generation counter for a short while
- * (TANDEM_SPIN_US microseconds, default 200) before sleeping on a condition
- * variable, so back-to-back ops dispatch in well under a microsecond.
+ * Idle workers spin on an atomic generation counter for a short while (spin_us
+ * microseconds; the CPU backend's pools TDM_THREADPOOL_SPIN_US) before sleeping on
+ * a condition variable, so back-to-back ops dispatch in well under a microsecond.
  *
  * tdm_threadpool_team(pool, n, fn, ctx) is the other kind of job: fn(ctx, ith, ith)
  * runs exactly once on each of the threads ith = 0 .. n - 1 (the caller is 0), all
@@ -34,9 +34,13 @@ typedef void (*tdm_task_fn)(void *ctx, int64_t chunk, int ith);
 #define TDM_THREADPOOL_MAX_THREADS 1024
 #define TDM_THREADPOOL_MAX_CHUNKS ((int64_t)1 << 26)
 
+/* How long the CPU backend's idle workers spin before they sleep, microseconds. */
+#define TDM_THREADPOOL_SPIN_US 200
+
 /* A pool of n_threads threads in all (the caller counts as one: n_threads - 1
- * workers are started).  1 <= n_threads <= TDM_THREADPOOL_MAX_THREADS. */
-tandem_status tdm_threadpool_create(int n_threads, tdm_threadpool **out, tdm_err *err);
+ * workers are started).  1 <= n_threads <= TDM_THREADPOOL_MAX_THREADS; spin_us in
+ * [0, 1e6] (0: idle workers sleep at once, as the tests' sleep path does). */
+tandem_status tdm_threadpool_create(int n_threads, int spin_us, tdm_threadpool **out, tdm_err *err);
 void tdm_threadpool_destroy(tdm_threadpool *tp); /* NULL is a no-op */
 int tdm_threadpool_size(const tdm_threadpool *tp);
 /* Runs fn over n_chunks chunks on at most max_threads threads (clamped to [1, size]);

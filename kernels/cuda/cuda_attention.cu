@@ -12,7 +12,7 @@
  * attention: batches (token-tree batches among them) on an f16 or q8_0 cache of a
  * head dim the tiled kernels know go to cuda_flash.cu (tiles of rows, split key
  * ranges, online softmax).  The others (rows with CSR extra slots, f32 caches,
- * other head dims, every batch with TANDEM_CUDA_FLASH=0; token trees: their masks as
+ * other head dims, every batch under TDM_CUDA_ATTN_SCORES; token trees: their masks as
  * extra slots in rank order, cuda_fused.h) run two kernels here: scores (a thread per (row, head, slot): scale * q.K, d in
  * increasing order) into device scratch, then per (row, head) a block that takes
  * the softmax (max subtracted) and the weighted sum of V.  Scores live in global
@@ -324,10 +324,7 @@ __global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t 
     }
 }
 
-bool tdm_cuda_flash_enabled(void) {
-    const char *v = getenv("TANDEM_CUDA_FLASH"); /* (once per op: cheap) */
-    return !(v && strcmp(v, "0") == 0);
-}
+bool tdm_cuda_flash_enabled(const tdm_cuda *c) { return c->attn_path != TDM_CUDA_ATTN_SCORES; }
 
 /* The attention op by tiles and splits (cuda_flash.cu), for batches (token trees
  * among them) on an f16 or q8_0 cache of a head dim it knows: metadata through
@@ -335,8 +332,7 @@ bool tdm_cuda_flash_enabled(void) {
 static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
     const int32_t n = bt->n_rows, max_q = tdm_flash_max_q(n);
-    const int32_t gh =
-        !bt->tree && tdm_flash_tc_use(a->head_dim, n) ? 1 : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
+    const int32_t gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &bytes, err);
     if (st) return st;
@@ -446,7 +442,7 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     if (rh > INT32_MAX) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention: %lld (row, head) pairs", (long long)rh);
     /* (sliding windows and soft-capping: the tiled kernels only) */
     if (!bt->extra_off && a->window == 0 && a->softcap == 0 &&
-        tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) && tdm_cuda_flash_enabled())
+        tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) && tdm_cuda_flash_enabled(c))
         return flash_op(c, a, err);
     attn_meta m;
     int32_t max_tot = 0;

@@ -329,6 +329,7 @@ tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {
 extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **out, tdm_err *err) {
     if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "cuda backend: NULL out");
     *out = NULL;
+    if (tandem_status st = tdm_diag_check(err)) return st;
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
     if (e != cudaSuccess || count == 0) {
@@ -354,8 +355,7 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     c->device = device;
     c->n_sm = prop.multiProcessorCount;
     /* programmatic dependent launch (cuda_internal.h): Hopper and later */
-    const char *pdl = getenv("TANDEM_CUDA_PDL");
-    tdm_cuda_pdl = prop.major >= 9 && !(pdl && strcmp(pdl, "0") == 0);
+    tdm_cuda_pdl = prop.major >= 9;
     c->smem_optin = prop.sharedMemPerBlockOptin;
     snprintf(c->name, sizeof c->name, "cuda:%d (%.64s)", (int)device, prop.name);
     b->ops = &cuda_ops_table;
@@ -365,18 +365,6 @@ extern "C" tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **o
     b->host_memory = false;
     b->invariant_rows = TDM_CUDA_GEMV_MAX_ROWS;
     b->attn_window_softcap = true; /* (the tiled kernels; the flash kernels decline them) */
-    c->shared_rows_max = TDM_CUDA_SHARED_ROWS;
-    const char *gtc = getenv("TANDEM_CUDA_GEMV_TC"); /* (off by default: cuda_gemv_tc.cu) */
-    c->gemv_tc = gtc && strcmp(gtc, "1") == 0;
-    c->gemv_ksplit = 4;
-    if (const char *ks = getenv("TANDEM_CUDA_GEMV_KSPLIT")) {
-        const int v = atoi(ks);
-        if (v == 1 || v == 2 || v == 4) c->gemv_ksplit = v;
-    }
-    if (const char *sr = getenv("TANDEM_CUDA_SHARED_ROWS")) {
-        const int v = atoi(sr);
-        if (v >= 0 && v <= TDM_CUDA_GEMV_MAX_ROWS) c->shared_rows_max = v;
-    }
     b->any_layout = true;
     b->kv_type = TDM_F16;
     e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
@@ -397,4 +385,9 @@ extern "C" void tdm_backend_cuda_graph_stats(tdm_backend *b, uint64_t *replays, 
 extern "C" void tdm_backend_cuda_force_matmul(tdm_backend *b, int path) {
     tdm_cuda *c = tdm_cuda_of(b, "force_matmul", NULL);
     if (c) c->force_mm = path;
+}
+
+extern "C" void tdm_backend_cuda_force_attention(tdm_backend *b, tdm_cuda_attn_path path) {
+    tdm_cuda *c = tdm_cuda_of(b, "force_attention", NULL);
+    if (c) c->attn_path = path;
 }

@@ -5,7 +5,7 @@
  *
  * Per block, for a batch of n rows:
  *   n <= TDM_CUDA_GEMV_MAX_ROWS (decode, verification; a token tree's verification
- *   up to TDM_CUDA_TREE_MAX_ROWS; rows_shared batches up to shared_rows_max): the row kernels
+ *   up to TDM_CUDA_TREE_MAX_ROWS; rows_shared batches up to TDM_CUDA_SHARED_ROWS): the row kernels
  *     (cuda_gemv.cu), which read each weight once and give each row the same
  *     result whatever else is in the batch:
  *       rmsnorm -> [int8 blocks] -> Wqkv -> bias + RoPE + K/V write -> attention
@@ -297,16 +297,14 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
      * alone, so greedy speculation equals target-only decoding), up to the rows a
      * verification or a token tree's verification has; rows that only propose
      * (rows_shared) take them only while they are the fastest */
-    f.rows_path = n <= (bt->rows_shared ? c->shared_rows_max
+    f.rows_path = n <= (bt->rows_shared ? TDM_CUDA_SHARED_ROWS
                                         : bt->tree ? TDM_CUDA_TREE_MAX_ROWS : TDM_CUDA_GEMV_MAX_ROWS);
     f.flash = !bt->extra_off && tdm_flash_supported(a->head_dim, a->block_size, a->cache_type) &&
-              tdm_cuda_flash_enabled();
+              tdm_cuda_flash_enabled(c);
     if (bt->tree_mask_dev && !f.flash)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: tree masks in device memory take the flash kernels");
     const int32_t max_q = tdm_flash_max_q(n);
-    const int32_t gh = !bt->tree && tdm_flash_tc_use(a->head_dim, n)
-                           ? 1
-                           : tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
+    const int32_t gh = tdm_flash_heads_per_block(c, bt, a->n_head, a->n_kv_head, max_q);
     size_t meta_bytes;
     tandem_status st = tdm_cuda_meta_size(bt, a->seqs, &meta_bytes, err);
     if (st) return st;

@@ -322,9 +322,8 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
  * 64 sequences, 32 / 8 heads, 5 rows: 191-198 against 240-247 GB/s). */
 #define TDM_FLASH_DECODE_QMAX 8
 
-bool tdm_flash_decode_use(int32_t tile_rows, int32_t heads_per_block) {
-    const char *v = getenv("TANDEM_FLASH_DECODE"); /* (once per op: cheap; either kernel gives the same bits) */
-    return !(v && strcmp(v, "0") == 0) && tile_rows >= 1 && tile_rows <= TDM_FLASH_DECODE_ROWS && heads_per_block >= 1 &&
+bool tdm_flash_decode_use(const tdm_cuda *c, int32_t tile_rows, int32_t heads_per_block) {
+    return c->attn_path == TDM_CUDA_ATTN_AUTO && tile_rows >= 1 && tile_rows <= TDM_FLASH_DECODE_ROWS && heads_per_block >= 1 &&
            tile_rows * heads_per_block <= TDM_FLASH_DECODE_QMAX;
 }
 

@@ -330,19 +330,10 @@ template <int HD> static tandem_status launch_hd(tdm_cuda *c, const tdm_flash_ar
     return a->cache_type == TDM_Q8_0 ? launch_qn<HD, int8_t>(c, a, grid, gh, err) : launch_qn<HD, __half>(c, a, grid, gh, err);
 }
 
-bool tdm_flash_tc_use(int32_t head_dim, int32_t n_rows) {
-    if (!tdm_flash_tc_ok(head_dim, n_rows)) return false;
-    const char *v = getenv("TANDEM_FLASH_TC"); /* (prefill forwards only: cheap) */
-    return v && strcmp(v, "1") == 0;
-}
-
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err) {
     if (a->n_rows <= 0) return TANDEM_OK;
     if (a->cache_type != TDM_F16 && a->cache_type != TDM_Q8_0)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention (tiles): cache type %s", tdm_dtype_name(a->cache_type));
-    if (a->heads_per_block == 1 && !a->tree && !tdm_flash_decode_use(a->tile_rows, 1) &&
-        tdm_flash_tc_use(a->head_dim, a->n_rows))
-        return tdm_cuda_flash_tc(c, a, err);
     const int32_t gh = a->heads_per_block;
     if (gh <= 0 || (a->n_head / a->n_kv_head) % gh != 0 || a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "attention: %d rows x %d heads per tile", (int)a->tile_rows,
@@ -357,7 +348,7 @@ tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err)
      * warps per split are faster (measured: batch 1 of the 7B shapes 202 against 131
      * tok/s); both give the same bits */
     const int64_t n_blocks = (int64_t)grid.x * grid.y * grid.z;
-    if (tdm_flash_decode_use(a->tile_rows, gh) && n_blocks >= 2 * (int64_t)c->n_sm) {
+    if (tdm_flash_decode_use(c, a->tile_rows, gh) && n_blocks >= 2 * (int64_t)c->n_sm) {
         if ((st = tdm_cuda_flash_decode(c, a, err))) return st;
     } else switch (a->head_dim) {
     case 64: st = launch_hd<64>(c, a, grid, gh, err); break;

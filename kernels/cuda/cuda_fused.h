@@ -143,21 +143,11 @@ tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err)
  * results, bit for bit, as the tiled kernel above, for tiles of few rows (decode,
  * verification: tile_rows <= TDM_FLASH_DECODE_ROWS), with K / V read straight from
  * the cache instead of staged per warp.  tdm_cuda_flash dispatches to it when
- * tdm_flash_decode_use says so (TANDEM_FLASH_DECODE=0 turns it off) and runs the
- * split combine after it. */
+ * tdm_flash_decode_use says so (a test's TDM_CUDA_ATTN_TILED or _SCORES turns it
+ * off) and runs the split combine after it. */
 #define TDM_FLASH_DECODE_ROWS 8
-bool tdm_flash_decode_use(int32_t tile_rows, int32_t heads_per_block);
+bool tdm_flash_decode_use(const tdm_cuda *c, int32_t tile_rows, int32_t heads_per_block);
 tandem_status tdm_cuda_flash_decode(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err);
-/* Whether a batch of n_rows attends on tensor cores (cuda_flash_tc.cu): with
- * TANDEM_FLASH_TC=1, for more rows than a verification (prefill chunks) and
- * head_dim 64, 80, 96, 128 or 256; its tiles must then be made with one head per
- * block (tdm_flash_heads_per_block's callers pass 1).  Off by default: this first
- * tensor-core kernel (one warp per 16 rows and head, K / V staged per warp) measured
- * 9-13 % slower prefills than the f32 tiles, which share K / V across 16 query
- * vectors (bench/RESULTS.md). */
-bool tdm_flash_tc_use(int32_t head_dim, int32_t n_rows);
-bool tdm_flash_tc_ok(int32_t head_dim, int32_t n_rows);
-tandem_status tdm_cuda_flash_tc(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err);
 
 /* Fused row kernels (cuda_fused.cu).  type: the output's element type; TDM_Q8_0
  * writes int8 blocks into xq instead of out. */

@@ -42,6 +42,7 @@
 #include "cuda_weights.cuh"
 
 #define GV_WARPS 4 /* warps per thread block */
+#define GV_KSPLIT_MAX 4 /* parts a weight's columns are split into at most (gv_ksplit) */
 #define GV_TILE 8  /* input rows per pass over W */
 
 /* 8 consecutive 16-bit elements (f16 or bf16) as f32. */
@@ -315,14 +316,14 @@ static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
  * products) gives each W row ks warps, each at least 32 chunks of 8 columns, their
  * sums added in part order.  It depends on the weight and the device only, never on
  * the number of input rows, so a decode row and the same row in a verification still
- * get the same bits (cuda_gemv/types_shapes_rows checks).  TANDEM_CUDA_GEMV_KSPLIT=1
- * turns it off (c->gemv_ksplit).  (Splitting on while blocks number fewer than 4 per
- * multiprocessor measured slower: bench/RESULTS.md, 2026-12-05.) */
+ * get the same bits (cuda_gemv/types_shapes_rows checks).  (Measured against no
+ * split, and against splitting while blocks number fewer than 4 per multiprocessor,
+ * both slower: bench/RESULTS.md, 2026-12-05.) */
 static int32_t gv_ksplit(const tdm_cuda *c, const tdm_weight *w) {
     if ((w->type != TDM_F16 && w->type != TDM_BF16) || w->layout != TDM_LAYOUT_ROWS) return 1;
     const int64_t blocks = (w->rows + 4 * GV_WARPS - 1) / (4 * GV_WARPS), n8 = w->cols / 8;
     int32_t ks = 1;
-    while (2 * ks <= c->gemv_ksplit && blocks * ks < 2 * (int64_t)c->n_sm && n8 / (2 * ks) >= 32) ks *= 2;
+    while (2 * ks <= GV_KSPLIT_MAX && blocks * ks < 2 * (int64_t)c->n_sm && n8 / (2 * ks) >= 32) ks *= 2;
     return ks;
 }
 
@@ -547,7 +548,6 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
     const int32_t ff = (int32_t)(w->rows / 2);
     const int32_t n_out = epi == TDM_EPI_SWIGLU ? ff : (int32_t)w->rows;
     if (ldy < n_out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: ldy %d < %d outputs", (int)ldy, (int)n_out);
-    if (tdm_cuda_gemv_tc_use(c, w)) return tdm_cuda_gemv_tc(c, w, x, n, y, ldy, epi, err);
     /* Tiles of GV_TILE rows (a batch of fewer: one tile of exactly its rows).  A
      * partial last tile goes in the same launch (its W blocks read from L2 beside
      * the full tiles', its missing rows computed and dropped) unless the weight is

@@ -29,7 +29,7 @@ struct tdm_cuda_graphs {
     graph_entry e[GRAPH_CACHE];
     int n;
     uint64_t clock, replays, captures;
-    bool off;                /* TANDEM_CUDA_GRAPHS=0, or GRAPH_FAILS_MAX captures failed */
+    bool off;                /* TANDEM_CUDA_GRAPHS=0 (src/base/diag.h), or GRAPH_FAILS_MAX captures failed */
     int fails;               /* captures that failed */
     uint8_t *meta_h, *meta_d;
     size_t meta_cap;
@@ -44,8 +44,7 @@ static tdm_cuda_graphs *graphs_of(tdm_cuda *c, tdm_err *err) {
         tdm_seterr(err, TANDEM_ERR_NOMEM, "cuda graphs: out of memory");
         return NULL;
     }
-    const char *env = getenv("TANDEM_CUDA_GRAPHS");
-    g->off = env && strcmp(env, "0") == 0;
+    g->off = tdm_diag_get()->cuda_graphs_off;
     cudaError_t e = cudaEventCreateWithFlags(&g->meta_copied, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         free(g);

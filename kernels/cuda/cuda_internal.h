@@ -24,6 +24,8 @@ typedef struct tdm_cuda_prof tdm_cuda_prof;     /* cuda_prof.cu */
 
 extern "C" {
 #include "backend.h"
+#include "diag.h"
+#include "liblog.h"
 }
 
 /* A grown-on-demand device buffer (tdm_cuda_buf_get). */
@@ -61,18 +63,11 @@ typedef struct tdm_cuda {
     void *dl_h;          /* pinned staging of small downloads [TDM_CUDA_DL_PINNED] (NULL until
                             the first; dl_off: its allocation failed, downloads go direct) */
     bool dl_off;
-    tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), when TANDEM_CUDA_PROFILE is set */
+    tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), with TANDEM_CUDA_PROFILE=1 */
     int force_mm;        /* benchmarks (tdm_backend_cuda_force_matmul): 0 = pick by rows,
                             1 = the row kernels (up to 64 rows), 2 = cuBLAS */
-    int32_t shared_rows_max; /* a forward whose rows need not be computed as alone
-                                (tdm_batch.rows_shared) takes the row kernels up to this many
-                                rows and cuBLAS above (the measured crossover;
-                                TANDEM_CUDA_SHARED_ROWS overrides) */
-    bool gemv_tc;        /* f16 / bf16 row products on tensor cores (cuda_gemv_tc.cu):
-                            TANDEM_CUDA_GEMV_TC=1; off by default (slower at 1 to 5 rows) */
-    int32_t gemv_ksplit; /* most parts the f16 / bf16 row kernels split a weight's columns
-                            into (cuda_gemv.cu, gv_ksplit): 4, or TANDEM_CUDA_GEMV_KSPLIT
-                            (1, 2 or 4; 1 = off) */
+    tdm_cuda_attn_path attn_path; /* tests (tdm_backend_cuda_force_attention): the
+                                     attention kernels taken; TDM_CUDA_ATTN_AUTO */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
     size_t bytes_peak;   /* the most device memory in use seen after an allocation (the
@@ -113,7 +108,7 @@ tandem_status tdm_cuda_status(cudaError_t e, const char *what, tdm_err *err);
  * then lets the next kernel be scheduled (griddepcontrol.launch_dependents).  So a
  * kernel still sees exactly what it would see without the attribute, and so does
  * everything after it: results are bit for bit those of plain launches.
- * TANDEM_CUDA_PDL=0 launches plainly (tdm_cuda_pdl, set when a backend opens). */
+ * Before Hopper, plain launches (tdm_cuda_pdl, set when a backend opens). */
 extern bool tdm_cuda_pdl;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define TDM_PDL_ENTRY()                                          \
@@ -170,7 +165,9 @@ void tdm_cuda_buf_free(tdm_cuda *c, tdm_cuda_buf *b);
  * verification (at most TDM_CTRL_MAX_K + 1 rows) stay below it, so a speculative
  * step computes each row exactly as a target-only step does. */
 #define TDM_CUDA_GEMV_MAX_ROWS 16
-/* tdm_cuda.shared_rows_max's default */
+/* A forward whose rows need not be computed as alone (tdm_batch.rows_shared) takes
+ * the row kernels up to this many rows and cuBLAS above (the measured crossover:
+ * bench/RESULTS.md). */
 #define TDM_CUDA_SHARED_ROWS 4
 #define TDM_CUDA_GEMV_FORCED_MAX_ROWS 64 /* (when a benchmark forces the row kernels) */
 /* Rows up to which a token-tree batch of the target (not rows_shared: a
@@ -207,12 +204,6 @@ bool tdm_cuda_gemv_fast(const tdm_weight *w);
  * unused); the others read x.  w must be tdm_cuda_gemv_fast. */
 tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, const tdm_cuda_xq *xq, int32_t n,
                             float *y, int32_t ldy, tdm_gemv_epi epi, tdm_err *err);
-/* Whether tdm_cuda_gemv takes w on tensor cores (f16 / bf16 rows, cols a multiple
- * of 8, 16-byte aligned rows; c->gemv_tc). */
-bool tdm_cuda_gemv_tc_use(const tdm_cuda *c, const tdm_weight *w);
-/* tdm_cuda_gemv's product for those weights (cuda_gemv_tc.cu), n <= 64. */
-tandem_status tdm_cuda_gemv_tc(tdm_cuda *c, const tdm_weight *w, const float *x, int32_t n, float *y, int32_t ldy,
-                               tdm_gemv_epi epi, tdm_err *err);
 /* xq = x[n][cols] quantised (cols a multiple of 32). */
 tandem_status tdm_cuda_quantize_x(tdm_cuda *c, const float *x, int32_t n, int32_t cols, const tdm_cuda_xq *xq,
                                   tdm_err *err);
@@ -275,11 +266,11 @@ tandem_status tdm_cuda_tree_grow(tdm_backend *b, tdm_dtree *t, const float *x, i
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 /* Whether the tiled kernels (cuda_flash.cu) take the batches of the shapes they run:
- * yes, unless the environment sets TANDEM_CUDA_FLASH=0 (then the scores and softmax
+ * yes, unless a test forced TDM_CUDA_ATTN_SCORES (then the scores and softmax
  * kernels of cuda_attention.cu serve every batch, tree masks as extra slots, and the
- * fused forward is not captured into graphs: a reference path for tests and
- * benchmarks, exact against itself as the tiled kernels are against themselves). */
-bool tdm_cuda_flash_enabled(void);
+ * fused forward is not captured into graphs: a reference path for tests, exact
+ * against itself as the tiled kernels are against themselves). */
+bool tdm_cuda_flash_enabled(const tdm_cuda *c);
 /* The kv_move op (cuda_kv_move.cu): one kernel for every pair, layer and kv head. */
 tandem_status tdm_cuda_kv_move(tdm_backend *b, const tdm_kv_move_args *a, tdm_err *err);
 tandem_status tdm_cuda_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);

@@ -1,6 +1,6 @@
 /* cuda_kvstage.cuh - a warp's staging of 32 keys of the paged K / V cache into its
- * shared memory, shared by the attention kernels (cuda_flash.cu, cuda_flash_tc.cu):
- * f16 caches, q8_0 caches as quants and scales, q8_0 caches dequantised to f16. */
+ * shared memory, for the tiled attention kernels (cuda_flash.cu): f16 caches, q8_0
+ * caches as quants and scales. */
 #ifndef TDM_CUDA_KVSTAGE_CUH
 #define TDM_CUDA_KVSTAGE_CUH
 
@@ -167,29 +167,6 @@ __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t 
     }
     Kd[lane] = kd;
     Vd[lane] = vd;
-}
-
-/* The same keys of a q8_0 cache dequantised into tdm_kv_stage's f16 layout (the
- * tensor-core kernel's operands): Ks[HD][32] and Vs[32][HD] = scale * quant rounded
- * to f16 (beyond f16's range: infinite, as an f16 cache would hold them), zeros for
- * keys >= kv_len.  Lane = key, element by element. */
-template <int HD>
-__device__ __forceinline__ void tdm_kv_stage_q8_half(int lane, int32_t base, int32_t kv_len, const int32_t *tab,
-                                                     int32_t bs, int32_t n_kv, int32_t kvh, const uint8_t *kc,
-                                                     const uint8_t *vc, __half *Ks, __half *Vs) {
-    const int32_t slot = base + lane, p = slot % bs;
-    const int8_t *kq = NULL, *vq = NULL;
-    float kd = 0.0f, vd = 0.0f;
-    if (slot < kv_len) {
-        const int64_t at = ((int64_t)tab[slot / bs] * n_kv + kvh) * tdm_kv_unit_bytes(TDM_Q8_0, bs, HD);
-        const int64_t sc = tdm_kv_q8_scale_off(bs, HD) + 4 * p;
-        kq = (const int8_t *)(kc + at), vq = (const int8_t *)(vc + at);
-        kd = *(const float *)(kc + at + sc), vd = *(const float *)(vc + at + sc);
-    }
-    for (int32_t d = 0; d < HD; d++) {
-        Ks[(size_t)d * TDM_KV_CHUNK + lane] = __float2half_rn(kq ? kd * (float)kq[(size_t)d * bs + p] : 0.0f);
-        Vs[(size_t)lane * HD + d] = __float2half_rn(vq ? vd * (float)vq[(size_t)p * HD + d] : 0.0f);
-    }
 }
 
 #endif

@@ -1,7 +1,5 @@
 /* cuda_prof.cu - see cuda_prof.h. */
-#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 #include "cuda_prof.h"
 
@@ -20,14 +18,7 @@ struct tdm_cuda_prof {
     uint64_t forwards[2], rows_sum[2];
 };
 
-bool tdm_cuda_prof_on(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TANDEM_CUDA_PROFILE");
-        on = e && strcmp(e, "0") != 0 && *e;
-    }
-    return on == 1;
-}
+bool tdm_cuda_prof_on(void) { return tdm_diag_get()->cuda_profile; }
 
 static tdm_cuda_prof *prof_of(tdm_cuda *c) {
     if (!c->prof) c->prof = (tdm_cuda_prof *)calloc(1, sizeof *c->prof);
@@ -79,12 +70,12 @@ void tdm_cuda_prof_report(tdm_cuda *c) {
         if (!p->forwards[k]) continue;
         double total = 0;
         for (int s = 0; s < TDM_PROF_N; s++) total += p->ms[k][s];
-        fprintf(stderr, "tandem cuda profile: %llu forwards on the %s (%.1f rows each), %.1f us each:\n",
+        tdm_log(TANDEM_LOG_INFO, "tandem cuda profile: %llu forwards on the %s (%.1f rows each), %.1f us each:",
                 (unsigned long long)p->forwards[k], k ? "row kernels" : "cuBLAS path",
                 (double)p->rows_sum[k] / (double)p->forwards[k], 1e3 * total / (double)p->forwards[k]);
         for (int s = 0; s < TDM_PROF_N; s++)
-            fprintf(stderr, "  %-14s %9.1f us  %5.1f %%\n", stage_names[s], 1e3 * p->ms[k][s] / (double)p->forwards[k],
-                    total > 0 ? 100 * p->ms[k][s] / total : 0.0);
+            tdm_log(TANDEM_LOG_INFO, "  %-14s %9.1f us  %5.1f %%", stage_names[s],
+                    1e3 * p->ms[k][s] / (double)p->forwards[k], total > 0 ? 100 * p->ms[k][s] / total : 0.0);
     }
     for (int i = 0; i < p->n_created; i++) cudaEventDestroy(p->ev[i]);
     free(p);

@@ -18,6 +18,11 @@ void tdm_backend_cuda_force_matmul(tdm_backend *b, int path) {
     (void)path;
 }
 
+void tdm_backend_cuda_force_attention(tdm_backend *b, tdm_cuda_attn_path path) {
+    (void)b;
+    (void)path;
+}
+
 tandem_status tdm_collective_nccl_create(tdm_backend *const *bes, int32_t n, tdm_collective **out, tdm_err *err) {
     (void)bes;
     (void)n;

@@ -3,16 +3,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_internal.h"
 #include "chat.h"
 #include "engine.h"
 #include "tp.h"
-#include "api_internal.h"
 #include "scheduler.h"
 #include "tandem.h"
 
 static _Thread_local char g_last_error[TDM_ERR_MSG_LEN];
 
 const char *tandem_last_error(void) { return g_last_error; }
+
+/* TDM_VERSION_STRING: meson.build's project version (a -D of the library). */
+const char *tandem_version(void) { return TDM_VERSION_STRING; }
 
 static tandem_status fail(const tdm_err *err, tandem_status st) {
     if (err && err->msg[0])
@@ -65,6 +68,8 @@ struct tandem_model {
     tdm_backend *be; /* holds the weights */
     tandem_backend_kind kind;
 };
+
+tdm_backend *tdm_api_model_backend(tandem_model *model) { return model ? model->be : NULL; }
 
 tandem_model_params tandem_model_default_params(void) {
     tandem_model_params p = {.backend = TANDEM_BACKEND_CPU, .cuda_device = 0, .tensor_parallel = 1};

@@ -276,13 +276,13 @@ bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols,
     if (!tdm_layout_fits(layout, type, rows, cols) || !src || !dst) return false;
     size_t es = elem_size(type);
     if (layout == TDM_LAYOUT_ROWS) {
-        uint64_t rb;
+        uint64_t rb = 0;
         tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
         memcpy(dst, src, (size_t)rb * (size_t)rows);
         return true;
     }
     if (layout == TDM_LAYOUT_QSPLIT) {
-        uint64_t rb;
+        uint64_t rb = 0;
         tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
         for (int64_t r = 0; r < rows; r++)
             qsplit_row(type, cols / TDM_QK, (const uint8_t *)src + r * rb, (uint8_t *)dst + r * rb);

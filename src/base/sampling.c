@@ -294,8 +294,10 @@ TDM_VECTOR_CLONES static float max_of(const float *x, int32_t n) {
 
 /* x * 0 is 0 for a finite x and NaN for NaN and +-inf, so the sum of those products is
  * 0 exactly when every x is finite: plain multiply-adds in 16 lanes, which vectorise
- * at any optimisation level (a compare-and-or loop did not at -O2). */
-TDM_VECTOR_CLONES bool tdm_logits_finite(const float *x, int32_t n) {
+ * at any optimisation level (a compare-and-or loop did not at -O2).  Static, behind
+ * tdm_logits_finite: GCC 12 exports the dispatcher of an external target_clones
+ * function whatever its visibility. */
+TDM_VECTOR_CLONES static bool logits_finite(const float *x, int32_t n) {
     if (!x || n <= 0) return true;
     float acc[16] = {0};
     int32_t i = 0;
@@ -306,6 +308,8 @@ TDM_VECTOR_CLONES bool tdm_logits_finite(const float *x, int32_t n) {
     for (int l = 0; l < 16; l++) s += acc[l];
     return s == 0;
 }
+
+bool tdm_logits_finite(const float *x, int32_t n) { return logits_finite(x, n); }
 
 int32_t tdm_argmax_finite(const float *logits, int32_t n) {
     return tdm_logits_finite(logits, n) ? tdm_argmax(logits, n) : -1;

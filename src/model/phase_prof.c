@@ -1,19 +1,18 @@
 /* phase_prof.c - a speculative step's phase times (phase_prof.h). */
 #include "phase_prof.h"
 
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "common.h"
+#include "diag.h"
+#include "liblog.h"
 
 static const char *const NAMES[TDM_PH_N] = {"tree catch-up", "tree levels", "tree finish", "tree verify forward",
                                             "tree accept", "tree keep", "chain draft", "chain verify"};
 
 void tdm_phase_init(tdm_phase_prof *p) {
     memset(p, 0, sizeof *p);
-    const char *v = getenv("TANDEM_SPEC_PHASES");
-    p->on = v && strcmp(v, "0") != 0;
+    p->on = tdm_diag_get()->spec_phases;
 }
 
 static void wait_for(tdm_backend *be) {
@@ -51,6 +50,6 @@ void tdm_phase_report(const tdm_phase_prof *p) {
     if (!p->on) return;
     for (int i = 0; i < TDM_PH_N; i++)
         if (p->n[i] > 0)
-            fprintf(stderr, "tandem phases: %-20s %9.1f us mean over %lld (%llu graph captures)\n", NAMES[i],
+            tdm_log(TANDEM_LOG_INFO, "tandem phases: %-20s %9.1f us mean over %lld (%llu graph captures)", NAMES[i],
                     p->sum[i] * 1e6 / (double)p->n[i], (long long)p->n[i], (unsigned long long)p->caps[i]);
 }

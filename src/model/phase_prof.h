@@ -1,7 +1,7 @@
 /* phase_prof.h - where a speculative step's time goes, for benchmarks: with
- * TANDEM_SPEC_PHASES=1 the engine waits for the backend at each phase's end
+ * TANDEM_SPEC_PHASES=1 (src/base/diag.h) the engine waits for the backend at each phase's end
  * (which removes the overlap between phases, so totals grow a little) and reports
- * each phase's mean time on stderr when it is freed.  Off (no waits, no clock
+ * each phase's mean time (logged: tandem_log_set) when it is freed.  Off (no waits, no clock
  * reads) otherwise. */
 #ifndef TDM_PHASE_PROF_H
 #define TDM_PHASE_PROF_H
@@ -40,7 +40,7 @@ void tdm_phase_start(tdm_phase_prof *p, tdm_backend *be);
 /* The end of phase ph, which began at the previous mark or start (TDM_PH_TREE_KEEP
  * and TDM_PH_CHAIN_VERIFY end the step). */
 void tdm_phase_mark(tdm_phase_prof *p, tdm_backend *be, tdm_phase ph);
-/* One line per phase that ran, on stderr (with the CUDA graphs captured in it). */
+/* One line per phase that ran, logged at info (with the CUDA graphs captured in it). */
 void tdm_phase_report(const tdm_phase_prof *p);
 
 #endif
