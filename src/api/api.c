@@ -30,23 +30,6 @@ static tandem_status fail_msg(tandem_status st, const char *msg) {
     return st;
 }
 
-const char *tandem_status_str(tandem_status s) {
-    switch (s) {
-    case TANDEM_OK: return "ok";
-    case TANDEM_ERR_INVALID_ARG: return "invalid argument";
-    case TANDEM_ERR_IO: return "I/O error";
-    case TANDEM_ERR_FORMAT: return "format error";
-    case TANDEM_ERR_UNSUPPORTED: return "unsupported";
-    case TANDEM_ERR_NOMEM: return "out of memory";
-    case TANDEM_ERR_MISMATCH: return "target/draft mismatch";
-    case TANDEM_ERR_KV_FULL: return "KV cache full";
-    case TANDEM_ERR_BACKEND: return "backend error";
-    case TANDEM_ERR_CANCELLED: return "cancelled";
-    case TANDEM_ERR_INTERNAL: return "internal error";
-    }
-    return "unknown status";
-}
-
 const char *tandem_finish_reason_str(tandem_finish_reason r) {
     switch (r) {
     case TANDEM_FINISH_EOS: return "eos";
@@ -433,15 +416,6 @@ uint64_t tandem_engine_device_peak_bytes_rank(const tandem_engine *engine, int r
     return (uint64_t)g->be[rank]->ops->mem_peak(g->be[rank]);
 }
 
-tandem_generate_params tandem_generate_default_params(void) {
-    tandem_generate_params p = {
-        .max_tokens = 128, .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
-        .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .spec_ngram = 4, .on_token = NULL, .user_data = NULL, .ignore_eos = false,
-        .stop = NULL, .n_stop = 0,
-    };
-    return p;
-}
-
 /* A request's prompt as token ids (malloc'ed into *ids, *n of them): the text
  * tokenized (BOS as the model asks), or a copy of the ids. */
 static tandem_status request_ids(const tandem_engine *engine, const tandem_request *r, int32_t **ids, int32_t *n) {
@@ -594,10 +568,3 @@ tandem_request tandem_request_default(void) {
     return r;
 }
 
-void tandem_result_free(tandem_result *r) {
-    if (!r) return;
-    free(r->tokens);
-    free(r->text);
-    free(r->error);
-    memset(r, 0, sizeof *r);
-}
