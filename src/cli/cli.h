@@ -372,7 +372,8 @@ typedef struct cli_gen_opts {
 int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o);
 /* Opens the models and the engine of o (*draft NULL without -d); -1 on success,
  * else an exit code (the error printed; what was opened is closed). */
-int cli_gen_open(const cli_gen_opts *o, tandem_model **target, tandem_model **draft, tandem_engine **eng);
+int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *progress_user, tandem_model **target,
+                 tandem_model **draft, tandem_engine **eng);
 /* The request of o's sampling and speculation options. */
 tandem_request cli_gen_request(const cli_gen_opts *o);
 /* The text of --chat-template VALUE for the library: a file's contents when VALUE

@@ -341,10 +341,13 @@ static int run_batch(tandem_engine *eng, const tandem_model *target, const cli_g
     return rc;
 }
 
-int cli_gen_open(const cli_gen_opts *o, tandem_model **target, tandem_model **draft, tandem_engine **eng) {
+int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *progress_user, tandem_model **target,
+                 tandem_model **draft, tandem_engine **eng) {
     *target = *draft = NULL;
     *eng = NULL;
     tandem_model_params mp = tandem_model_default_params();
+    mp.progress_callback = progress;
+    mp.progress_callback_user_data = progress_user;
     mp.backend = o->backend;
     mp.tensor_parallel = o->tensor_parallel; /* (the target only: a draft runs whole) */
     tandem_status s = tandem_model_open(o->model, &mp, target);
@@ -384,7 +387,7 @@ int cli_generate(int argc, char **argv) {
     tandem_model *target = NULL, *draft = NULL;
     tandem_engine *eng = NULL;
     tandem_status s;
-    rc = cli_gen_open(&o, &target, &draft, &eng);
+    rc = cli_gen_open(&o, NULL, NULL, &target, &draft, &eng);
     if (rc >= 0) goto done;
     if ((rc = render_chats(target, &o, &prompts)) >= 0) goto done;
 

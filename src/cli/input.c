@@ -5,9 +5,11 @@
 #include "input.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #define INPUT_CHUNK ((size_t)64 << 10)
 
@@ -107,6 +109,29 @@ void tdm_lines_close(tdm_lines *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* How often a wait for input on a terminal or pipe looks at r->stop: a signal may be
+ * delivered to another thread, so the wait cannot count on EINTR alone. */
+#define STOP_POLL_MS 100
+
+/* Up to n bytes from a terminal or pipe into p, as soon as any have arrived: *got
+ * 0 at the end.  Waits in poll() slices so that r->stop is seen. */
+static tandem_status read_now(tdm_lines *r, char *p, size_t n, size_t *got, tdm_err *err) {
+    const int fd = fileno(r->f);
+    for (;;) {
+        if (r->stop && *r->stop) return tdm_seterr(err, TANDEM_ERR_CANCELLED, "%s: interrupted", r->name);
+        struct pollfd pfd = {.fd = fd, .events = POLLIN};
+        int pr = poll(&pfd, 1, r->stop ? STOP_POLL_MS : -1);
+        if (pr < 0 && errno != EINTR) return read_error(r->name, err);
+        if (pr <= 0) continue;
+        ssize_t k = read(fd, p, n);
+        if (k >= 0) {
+            *got = (size_t)k;
+            return TANDEM_OK;
+        }
+        if (errno != EINTR && errno != EAGAIN) return read_error(r->name, err);
+    }
+}
+
 /* Reads more after the pending bytes (moved to the front), growing the buffer when
  * they fill it. */
 static tandem_status lines_fill(tdm_lines *r, tdm_err *err) {
@@ -117,13 +142,24 @@ static tandem_status lines_fill(tdm_lines *r, tdm_err *err) {
     }
     if (!grow_to(&r->buf, &r->cap, r->end + 1, r->line_max + 1))
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory reading '%s'", r->name);
-    errno = 0;
-    size_t got = fread(r->buf + r->end, 1, r->cap - r->end, r->f);
+    if (r->mode == 0) {
+        struct stat st;
+        const int fd = fileno(r->f);
+        r->mode = fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode) ? 2 : 1;
+    }
+    size_t got;
+    if (r->mode == 2) {
+        tandem_status st = read_now(r, r->buf + r->end, r->cap - r->end, &got, err);
+        if (st) return st;
+    } else {
+        errno = 0;
+        got = fread(r->buf + r->end, 1, r->cap - r->end, r->f);
+    }
     r->end += got;
     r->total += got;
     if (r->total > r->total_max) return too_large(r->name, r->total_max, err);
     if (got == 0) {
-        if (ferror(r->f)) return read_error(r->name, err);
+        if (r->mode == 1 && ferror(r->f)) return read_error(r->name, err);
         r->eof = true;
     }
     return TANDEM_OK;

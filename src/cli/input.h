@@ -12,6 +12,7 @@
 #ifndef TDM_INPUT_H
 #define TDM_INPUT_H
 
+#include <signal.h>
 #include <stdio.h>
 
 #include "common.h"
@@ -40,6 +41,14 @@ typedef struct tdm_lines {
     size_t total;          /* bytes read from f so far */
     int line;              /* the number of the line last returned (1-based) */
     bool eof;
+    int mode;              /* 0 until the first read; then 1: a regular file, read in large
+                              blocks through f; 2: a terminal, pipe or socket, read with
+                              read(2) on f's descriptor, which returns what has arrived, so
+                              a line is returned as soon as it is there (f's stdio buffer
+                              must be unused: nothing read f before the reader) */
+    const volatile sig_atomic_t *stop; /* optional: while mode 2 waits for input, a nonzero
+                              *stop (set by a signal handler) ends the wait with
+                              TANDEM_ERR_CANCELLED; the pending bytes stay */
 } tdm_lines;
 
 /* Opens path for reading as lines (path is also the name in messages and must outlive
@@ -48,7 +57,8 @@ typedef struct tdm_lines {
 tandem_status tdm_lines_open(tdm_lines *r, const char *path, size_t line_max, size_t total_max, tdm_err *err);
 /* The next line, without its '\n' (a last line without one counts): *line points
  * into the reader's buffer, valid until the next call; *got is false at the end.
- * TANDEM_ERR_INVALID_ARG for a line or an input over its limit, naming the line. */
+ * TANDEM_ERR_INVALID_ARG for a line or an input over its limit, naming the line.
+ * On a terminal or a pipe it returns each line when its newline arrives. */
 tandem_status tdm_lines_next(tdm_lines *r, const char **line, size_t *len, bool *got, tdm_err *err);
 void tdm_lines_close(tdm_lines *r);
 
