@@ -11,6 +11,7 @@ command -v clang >/dev/null 2>&1 || need+=(clang libclang-rt-dev) # scripts/fuzz
 pkg-config --exists inih 2>/dev/null || need+=(libinih-dev)
 pkg-config --exists criterion 2>/dev/null || need+=(libcriterion-dev)
 pkg-config --exists libmicrohttpd 2>/dev/null || need+=(libmicrohttpd-dev) # tandem serve's HTTP server
+pkg-config --exists libedit 2>/dev/null || need+=(libedit-dev) # tandem chat's line editing
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need+=(nginx-light) # tests/test_serve_nginx.py
 python3 -c "import venv, ensurepip" >/dev/null 2>&1 || need+=(python3-venv) # tests/test_serve.sh (openai)
 if [ ${#need[@]} -gt 0 ]; then

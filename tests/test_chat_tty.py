@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 """tandem chat on a pseudo-terminal and on an open pipe (stdlib only).
 
-Usage: test_chat_tty.py TANDEM TARGET DRAFT
+Usage: test_chat_tty.py TANDEM TARGET DRAFT [EDIT]   (EDIT 1: built with libedit)
 
 - terminal: a typed line is answered (the reply, the statistics line with the
   acceptance, the next prompt) while the terminal stays open; /help lists the
   commands; a line ending in '\\' gets the continuation prompt; Ctrl-C during a
   long reply stops it and the next prompt comes, the program alive; /exit ends it
-  (exit 0); Ctrl-C at an empty prompt ends it too (exit 0).
+  (exit 0); Ctrl-C at an empty prompt ends it too (exit 0).  With libedit: the
+  up arrow recalls the last line, which Enter sends again.
 - pipe: a line written to a pipe that stays open is answered, the reply equal to
   what `generate --messages` gives for the same conversation.
 """
@@ -22,6 +23,7 @@ import tempfile
 import time
 
 TANDEM, TARGET, DRAFT = sys.argv[1:4]
+EDIT = len(sys.argv) > 4 and sys.argv[4] == "1"
 FAILS = 0
 
 
@@ -84,6 +86,19 @@ def tail(t, n=600):
     return repr(t.out[-n:])
 
 
+def stop_reply(t, line, p):
+    """Sends line, and Ctrl-C once 20 bytes of the reply have come; where "[reply
+    stopped]" and the statistics' ", cancelled]" end after offset p (-1: not seen)."""
+    t.send(line + b"\r")
+    q = t.expect(line + b"\r\n", 30, p)  # the echo
+    end = time.monotonic() + 30
+    while q >= 0 and len(t.out) < q + 20 and time.monotonic() < end:
+        t.expect(b"\x00never", 0.05, q)
+    t.send(b"\x03")
+    s = t.expect(b"[reply stopped]", 30, p)
+    return s, t.expect(b", cancelled]", 10, max(s, p))
+
+
 def terminal():
     t = Tty(["-m", TARGET, "-d", DRAFT, "--chat-template", "chatml", "-n", "8"])
     p = t.expect(b"> ", 60)
@@ -98,6 +113,12 @@ def terminal():
     check("acceptance " in stats, "tty: the statistics line shows the acceptance", stats)
     p = t.expect(b"> ", 10, max(s, 0))
     check(p >= 0, "tty: the next prompt", tail(t))
+    if EDIT:
+        t.send(b"\x1b[A\r")
+        s = t.expect(b" tokens, ", 60, p)
+        check(s >= 0 and t.out[p:s].count(b"def add(a, b):") >= 1,
+              "tty: the up arrow recalls the last line (history)", tail(t))
+        p = t.expect(b"> ", 10, max(s, p))
     t.send(b"/help\r")
     p2 = t.expect(b"/reset", 10, p)
     check(p2 >= 0, "tty: /help lists the commands", tail(t))
@@ -107,7 +128,7 @@ def terminal():
     check(p2 >= 0, "tty: a line ending in '\\' gets the continuation prompt", tail(t))
     t.send(b"second\r")
     s = t.expect(b" tokens, ", 60, p2)
-    check(s >= 0 and t.out.count(b" tokens, ") == 2, "tty: the continued message is answered once", tail(t))
+    check(s >= 0 and t.out.count(b" tokens, ") == 2 + EDIT, "tty: the continued message is answered once", tail(t))
     p = t.expect(b"> ", 10, max(s, p2))
     t.send(b"/exit\r")
     rc = t.wait(30)
@@ -116,21 +137,14 @@ def terminal():
     # Ctrl-C during a long reply: the reply stops, the prompt comes back.
     t = Tty(["-m", TARGET, "--chat-template", "chatml", "-n", "100000", "--temp", "1.5", "--seed", "3"])
     p = t.expect(b"> ", 60)
-    t.send(b"Write a long Python module with many classes.\r")
-    time.sleep(0.8)
-    t.send(b"\x03")
-    s = t.expect(b"[reply stopped]", 30, p)
+    s, e = stop_reply(t, b"Write a long Python module with many classes.", p)
     check(s >= 0, "tty: Ctrl-C during a reply stops it", tail(t))
-    e = t.expect(b", cancelled]", 10, max(s, p))
     check(e >= 0, "tty: the stopped reply's statistics say cancelled", tail(t))
     p = t.expect(b"> ", 10, max(e, s, p))
     check(p >= 0 and t.alive(), "tty: after Ctrl-C the next prompt comes and the program is alive", tail(t))
-    t.send(b"import os\r")
-    time.sleep(0.5)
-    t.send(b"\x03")
-    s = t.expect(b" tokens, ", 60, p)
-    check(s >= 0, "tty: the conversation goes on after Ctrl-C (a second reply)", tail(t))
-    p = t.expect(b"> ", 10, max(s, p))
+    s, e = stop_reply(t, b"import os", p)
+    check(e >= 0, "tty: the conversation goes on after Ctrl-C (a second reply, stopped too)", tail(t))
+    p = t.expect(b"> ", 10, max(e, s, p))
     t.send(b"\x03")
     rc = t.wait(30)
     check(rc == 0, "tty: Ctrl-C at an empty prompt ends the chat with 0", "exit %r; %s" % (rc, tail(t)))

@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "common.h"
 #include "input.h"
+#include "line_edit.h"
 
 typedef struct history {
     tandem_chat_message *m; /* [n]; contents heap, roles static */
@@ -113,7 +114,9 @@ static int turn(tandem_engine *eng, const tandem_model *target, const char *tmpl
     s = tandem_generate_batch(eng, &rq, 1, &res);
     if (s == TANDEM_OK) s = res.status;
     tandem_free(prompt);
-    const bool stopped = g_interrupt != 0;
+    /* (a Ctrl-C after the last token is spent here: the reply was not stopped) */
+    const bool stopped = g_interrupt && (s == TANDEM_ERR_CANCELLED ||
+                                         (s == TANDEM_OK && res.finish_reason == TANDEM_FINISH_CANCELLED));
     g_interrupt = 0;
     if (s != TANDEM_OK && !(stopped && s == TANDEM_ERR_CANCELLED)) {
         if (written) fputc('\n', stdout);
@@ -192,16 +195,19 @@ int cli_chat(int argc, char **argv) {
     if (tty) fputs("(/help for the commands; a line ending in \\ goes on; Ctrl-C stops a reply)\n", stderr);
     tdm_lines in = {.f = stdin, .own = false, .name = "stdin", .line_max = TDM_INPUT_LINE_MAX,
                     .total_max = TDM_INPUT_TOTAL_MAX, .stop = &g_interrupt};
+    cli_edit *ed = tty ? cli_edit_open("tandem", &g_interrupt) : NULL; /* NULL: plain lines */
     char *msg = NULL; /* the lines of a message continued by '\' so far */
     size_t msg_len = 0, msg_cap = 0;
     int rc_soft = CLI_EXIT_OK;
     while (rc < 0) {
-        if (tty) fputs(msg_len ? "... " : "> ", stdout), fflush(stdout);
+        const char *prompt = msg_len ? "... " : "> ";
+        if (tty && !ed) fputs(prompt, stdout), fflush(stdout);
         const char *line;
         size_t n;
         bool got;
         tdm_err err = {0};
-        tandem_status st = tdm_lines_next(&in, &line, &n, &got, &err);
+        tandem_status st = ed ? cli_edit_line(ed, prompt, &line, &n, &got) : tdm_lines_next(&in, &line, &n, &got, &err);
+        if (st == TANDEM_ERR_IO && ed) snprintf(err.msg, sizeof err.msg, "error reading the terminal");
         if (st == TANDEM_ERR_CANCELLED) { /* Ctrl-C at the prompt */
             g_interrupt = 0;
             if (tty) fputc('\n', stdout);
@@ -214,6 +220,10 @@ int cli_chat(int argc, char **argv) {
             break;
         }
         if (!got) break;
+        if (n > in.line_max) { /* (an edited line: tdm_lines checks its own) */
+            rc = cli_error("stdin: a line longer than the %d MiB limit", TDM_INPUT_LINE_MIB);
+            break;
+        }
         while (n && (line[n - 1] == '\r' || line[n - 1] == ' ')) n--;
         const bool more = n && line[n - 1] == '\\';
         if (more || msg_len) { /* a part of a multi-line message */
@@ -251,6 +261,7 @@ int cli_chat(int argc, char **argv) {
         rc = turn(eng, target, tmpl, &o, &h, tty, &rc_soft);
     }
     signal(SIGINT, SIG_DFL);
+    cli_edit_close(ed);
     free(msg);
     tdm_lines_close(&in);
     history_truncate(&h, 0);

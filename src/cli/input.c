@@ -147,7 +147,7 @@ static tandem_status lines_fill(tdm_lines *r, tdm_err *err) {
         const int fd = fileno(r->f);
         r->mode = fd >= 0 && fstat(fd, &st) == 0 && !S_ISREG(st.st_mode) ? 2 : 1;
     }
-    size_t got;
+    size_t got = 0;
     if (r->mode == 2) {
         tandem_status st = read_now(r, r->buf + r->end, r->cap - r->end, &got, err);
         if (st) return st;
