@@ -143,14 +143,22 @@ static bool take_file(const char *path, cli_line_out *out, cli_ids *ids, merge_k
     return ok;
 }
 
-/* --input: its ids unique, every one present (listed in input order), no other. */
-static bool check_input(const cli_ids *ids, const char *path) {
+/* The ids of the job's input (path), in input order; false when it cannot be read
+ * (reported). */
+static bool input_ids(const char *path, cli_ids *want) {
     char err[PATH_MAX + 512];
     cli_prompts in;
+    *want = (cli_ids){0};
     if (!cli_prompts_read_lenient(path, &in, err, sizeof err)) return cli_error("%s", err), false;
-    cli_ids want = {0};
-    bool ok = cli_ids_of_prompts(&want, &in, path);
+    const bool ok = cli_ids_of_prompts(want, &in, path);
     cli_prompts_free(&in);
+    return ok;
+}
+
+/* --input: its ids unique, every one present (listed in input order), no other. */
+static bool check_input(const cli_ids *ids, const char *path) {
+    cli_ids want;
+    bool ok = input_ids(path, &want);
     size_t n_missing = 0, n_extra = 0;
     for (size_t i = 0; ok && i < want.n; i++) /* (input order) */
         if (!cli_ids_has(ids, want.v[i].id) && n_missing++ < MERGE_SHOW * 2)
@@ -175,12 +183,8 @@ static int cmp_id_at(const void *a, const void *b) {
 /* --sort: the kept lines into tmp in the order of the input's ids (every one present
  * and unique: check_input passed); ids sorted by id, their seq the order read. */
 static bool write_sorted(const char *input, const cli_ids *ids, const merge_kept *kept, cli_line_out *tmp) {
-    char err[PATH_MAX + 512];
-    cli_prompts in;
-    if (!cli_prompts_read_lenient(input, &in, err, sizeof err)) return cli_error("%s", err), false;
-    cli_ids want = {0};
-    bool ok = cli_ids_of_prompts(&want, &in, input);
-    cli_prompts_free(&in);
+    cli_ids want;
+    bool ok = input_ids(input, &want);
     for (size_t i = 0; ok && i < want.n; i++) {
         const cli_id_at key = {.id = want.v[i].id};
         const cli_id_at *hit = bsearch(&key, ids->v, ids->n, sizeof *ids->v, cmp_id_at);
