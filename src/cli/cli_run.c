@@ -5,7 +5,9 @@
  * input is JSON lines as for `tandem generate --prompts` (prompts.c; a malformed line
  * becomes an error line of the output; the job goes on); the output has one JSON line
  * per input line, the fields of `tandem generate --json` (or {"id", "error"}), written
- * as each batch of requests completes.  The output is a regular file, locked for the
+ * the moment each request completes: the scheduler is fed continuously (a new request
+ * whenever one finishes, max_batch * 4 read ahead), so the lines come in the order the
+ * requests finish, not the input's (`tandem merge --sort` restores the input order).  The output is a regular file, locked for the
  * run (line_out.c: a second runner on it is refused at once), written whole lines at a
  * time and synced at the end; a failed write (a full disk) stops the job with its
  * cause, the file cut back to its last complete line.  A job restarted on the same
@@ -169,7 +171,8 @@ typedef struct run_totals {
     uint64_t tokens, drafted, accepted, prompt_tokens, cached_tokens, preemptions;
 } run_totals;
 
-typedef struct run_ctx {
+typedef struct run_ctx run_ctx;
+struct run_ctx {
     const cli_job_cfg *c;
     const cli_prompts *in;
     char **ids;                  /* [in->n] the ids as the output writes them */
@@ -178,7 +181,11 @@ typedef struct run_ctx {
     tandem_engine *eng;
     cli_line_out *out;
     run_totals t;
-} run_ctx;
+    size_t n_flight;             /* requests submitted and not finished */
+    bool stopped;                /* the job ended: results still arriving are dropped */
+    struct run_job_item *items;  /* the on_finish data of the owed inputs (freed after the
+                                    engine's close, which may still call on_finish) */
+};
 
 /* The inputs this run owes: in this shard and not done (the ids of out's lines). */
 static size_t select_todo(run_ctx *x, const run_args *a, char **done, size_t n_done, size_t *todo,
@@ -255,61 +262,80 @@ static void write_line(run_ctx *x, size_t i, const tandem_result *r) {
     t->n_fin++;
 }
 
-/* Scratch for one window of requests. */
-typedef struct run_window {
-    size_t cap;
-    tandem_request *req;
-    tandem_result *res;
-    int32_t **tok;
-    size_t *map;                 /* req[r] is the window's map[r]-th input */
-} run_window;
+/* One owed input in flight: what its on_finish needs. */
+typedef struct run_job_item {
+    run_ctx *x;
+    size_t i;                    /* the input's index */
+} run_job_item;
 
-/* Runs the inputs todo[0..m) as one batch (bad lines skipped) and writes their lines
- * in input order (a failed write: x->out->err set). */
-static tandem_status run_one_window(run_ctx *x, const size_t *todo, size_t m, run_window *w) {
-    size_t nr = 0;
-    for (size_t j = 0; j < m; j++) {
-        const cli_prompt *p = &x->in->items[todo[j]];
-        if (p->error) continue;
-        w->req[nr] = make_request(x, p, &w->tok[nr]);
-        w->map[nr++] = j;
-    }
-    tandem_status s = nr ? tandem_generate_batch(x->eng, w->req, nr, w->res) : TANDEM_OK;
-    for (size_t j = 0, r = 0; j < m && s == TANDEM_OK; j++)
-        write_line(x, todo[j], r < nr && w->map[r] == j ? &w->res[r++] : NULL);
-    for (size_t r = 0; r < nr; r++) {
-        tandem_result_free(&w->res[r]);
-        tandem_free(w->tok[r]);
-    }
-    if (s == TANDEM_OK) cli_line_out_flush(x->out);
-    return s;
+/* An input's result, on the thread that steps: its line written at once (flushed
+ * after the step).  After the job stopped (a failed write or step: the engine's close
+ * cancels what is left), results are dropped. */
+static void on_finish(tandem_request_id id, tandem_result *r, void *user) {
+    (void)id;
+    run_job_item *it = user;
+    run_ctx *x = it->x;
+    x->n_flight--;
+    if (!x->stopped && !x->out->err[0]) write_line(x, it->i, r);
+    tandem_result_free(r);
 }
 
-/* Runs every owed input, a window of max_batch * 4 at a time, each written when it
- * completes.  Returns an exit code. */
+/* Submits owed input todo[k] (a bad line, or a request the engine refuses: its error
+ * line written here).  False when the job must stop (out of memory). */
+static bool submit_one(run_ctx *x, size_t k, run_job_item *items, const size_t *todo) {
+    const cli_prompt *p = &x->in->items[todo[k]];
+    if (p->error) return write_line(x, todo[k], NULL), true;
+    items[k] = (run_job_item){.x = x, .i = todo[k]};
+    int32_t *tok = NULL;
+    tandem_request rq = make_request(x, p, &tok);
+    const tandem_status s = tandem_engine_submit(x->eng, &rq, on_finish, &items[k], NULL);
+    tandem_free(tok);
+    if (s == TANDEM_OK) return x->n_flight++, true;
+    if (s == TANDEM_ERR_NOMEM) return false;
+    tandem_result r = {.status = s, .error = (char *)tandem_last_error(), .finish_reason = TANDEM_FINISH_ERROR};
+    write_line(x, todo[k], &r); /* (fails alone, as in a batch) */
+    return true;
+}
+
+/* Runs every owed input through the engine's scheduler, fed continuously: a new
+ * request is submitted whenever one finishes, at most max_batch * 4 queued or
+ * running (the read-ahead), in input order.  Each line is written the moment its
+ * request completes (flushed after the step that finished it), so the output's
+ * order may differ from the input's (`tandem merge --sort` restores it) and a kill
+ * loses only the requests in flight.  Returns an exit code. */
 static int run_all(run_ctx *x, const size_t *todo, size_t n_todo) {
-    run_window w = {.cap = (size_t)x->c->max_batch * 4};
-    w.req = calloc(w.cap, sizeof *w.req);
-    w.res = calloc(w.cap, sizeof *w.res);
-    w.tok = calloc(w.cap, sizeof *w.tok);
-    w.map = calloc(w.cap, sizeof *w.map);
-    int rc = CLI_EXIT_OK;
-    if (!w.req || !w.res || !w.tok || !w.map) rc = cli_error("out of memory");
+    run_job_item *items = x->items = calloc(n_todo ? n_todo : 1, sizeof *items);
+    const size_t ahead = (size_t)x->c->max_batch * 4;
+    int rc = items ? CLI_EXIT_OK : cli_error("out of memory");
     const bool tty = isatty(STDERR_FILENO);
     const double t0 = tdm_now();
-    for (size_t w0 = 0; w0 < n_todo && rc == CLI_EXIT_OK; w0 += w.cap) {
-        const size_t m = n_todo - w0 < w.cap ? n_todo - w0 : w.cap;
-        const tandem_status s = run_one_window(x, todo + w0, m, &w);
-        if (s == TANDEM_OK && !x->out->err[0]) {
-            progress(tty, x->t.n_fin, n_todo, x->t.tokens, t0, x->t.n_fin == n_todo);
-            continue;
+    double t_shown = -1.0;
+    size_t next = 0, shown = 0;
+    tandem_status s = TANDEM_OK;
+    while (rc == CLI_EXIT_OK && (next < n_todo || x->n_flight > 0)) {
+        while (next < n_todo && x->n_flight < ahead)
+            if (!submit_one(x, next++, items, todo)) {
+                rc = cli_error("out of memory");
+                break;
+            }
+        if (rc != CLI_EXIT_OK) break;
+        if (x->n_flight > 0 && (s = tandem_engine_step(x->eng, NULL)) != TANDEM_OK) break;
+        if (x->t.n_fin == shown) continue;
+        if (!cli_line_out_flush(x->out)) break;
+        shown = x->t.n_fin;
+        const double now = tdm_now();
+        if (tty || shown == n_todo || t_shown < 0 || now - t_shown >= 1.0) { /* (lines: one a second) */
+            progress(tty, shown, n_todo, x->t.tokens, t0, shown == n_todo);
+            t_shown = now;
         }
-        if (tty && w0) fputc('\n', stderr); /* (below the bar) */
+    }
+    x->stopped = true; /* (what is still in flight is cancelled by the engine's close) */
+    if (rc == CLI_EXIT_OK && (s || x->out->err[0])) {
+        if (tty && shown) fputc('\n', stderr); /* (below the bar) */
         rc = s ? cli_status_error(s, NULL)
                : cli_error("%s (the file ends at its last complete line; once the cause is fixed, run the job "
                            "again to complete it)", x->out->err);
     }
-    free(w.req), free(w.res), free(w.tok), free(w.map);
     return rc;
 }
 
@@ -408,6 +434,7 @@ static int run_job(const cli_job_cfg *c, const run_args *a) {
     const bool reported = out.err[0] != 0;
     if (!cli_line_out_close(&out) && !reported) rc = cli_error("%s", out.err);
     tandem_engine_close(x.eng);
+    free(x.items);
     tandem_model_close(draft);
     tandem_model_close(target);
     for (size_t i = 0; i < in.n && x.ids; i++) free(x.ids[i]);
