@@ -14,9 +14,74 @@ if [ $? -eq 0 ] && grep -q '^usage: tandem' "$TMP/out" && [ ! -s "$TMP/err" ]; t
 else
     fail "--help"
 fi
-"$TANDEM" help >"$TMP/out" 2>&1 && grep -q 'tandem generate' "$TMP/out" && pass "help" || fail "help"
-"$TANDEM" --version >"$TMP/out" 2>&1 && grep -Eq '^tandem [0-9]+\.[0-9]+\.[0-9]+' "$TMP/out" &&
-    pass "--version" || fail "--version"
+# the command list: every command, one line each, and no command's options
+"$TANDEM" help >"$TMP/out" 2>&1 || fail "help: exit status"
+for c in generate chat tokenize info bench synth run merge quantize serve help; do
+    grep -Eq "^  $c +[a-z]" "$TMP/out" || fail "help: command $c missing from the list"
+done
+if [ "$(wc -l <"$TMP/out")" -le 25 ] && ! grep -q -- '--max-tokens' "$TMP/out"; then
+    pass "help: the command list only ($(wc -l <"$TMP/out") lines)"
+else
+    fail "help: more than the command list ($(wc -l <"$TMP/out") lines)"
+fi
+"$TANDEM" --help | cmp -s - "$TMP/out" && pass "--help = help" || fail "--help differs from help"
+# per-command help: that command's options, not the others'
+"$TANDEM" generate --help >"$TMP/out" 2>"$TMP/err"
+if [ $? -eq 0 ] && head -n 1 "$TMP/out" | grep -q '^usage: tandem generate ' && grep -q -- '--temp T' "$TMP/out" &&
+    ! grep -q -- '--api-key' "$TMP/out" && ! grep -q 'tandem quantize' "$TMP/out" && [ ! -s "$TMP/err" ]; then
+    pass "generate --help: generate's options only"
+else
+    fail "generate --help ($(head -n 2 "$TMP/out"))"
+fi
+"$TANDEM" serve --help >"$TMP/out" 2>&1
+if head -n 1 "$TMP/out" | grep -q '^usage: tandem serve ' && grep -q -- '--api-key' "$TMP/out" &&
+    ! grep -q -- '--spec-oracle' "$TMP/out"; then
+    pass "serve --help: serve's options only"
+else
+    fail "serve --help ($(head -n 2 "$TMP/out"))"
+fi
+"$TANDEM" help quantize | head -n 1 | grep -q '^usage: tandem quantize ' && pass "help quantize" ||
+    fail "help quantize"
+"$TANDEM" chat --help >"$TMP/out" 2>&1
+head -n 1 "$TMP/out" | grep -q '^usage: tandem chat ' && grep -q -- '--temp T' "$TMP/out" &&
+    pass "chat --help: chat's usage and generate's options" || fail "chat --help"
+for c in tokenize info bench synth run merge; do
+    "$TANDEM" $c --help >"$TMP/out" 2>&1 && head -n 1 "$TMP/out" | grep -q "^usage: tandem $c " &&
+        pass "$c --help" || fail "$c --help ($(head -n 1 "$TMP/out"))"
+done
+# a usage error: the error and one line pointing to the command's help
+expect_exit 2 "generate --temperature" "$TANDEM" generate -m "$TARGET" -p x --temperature 0.5
+expect_err "unknown option '--temperature' (did you mean --temp?)" "generate --temperature"
+if [ "$(wc -l <"$TMP/err")" -eq 2 ] && grep -qx "see 'tandem generate --help' for generate's options" "$TMP/err"; then
+    pass "generate --temperature: two lines, the error and the pointer"
+else
+    fail "generate --temperature: stderr is $(wc -l <"$TMP/err") lines"
+fi
+expect_exit 2 "genrate" "$TANDEM" genrate -m "$TARGET"
+expect_err "unknown command 'genrate' (did you mean generate?)" "genrate"
+expect_err "see 'tandem --help' for the commands" "genrate"
+expect_exit 2 "serve --max-conection" "$TANDEM" serve --max-conection 3
+expect_err "(did you mean --max-connections?)" "serve --max-conection"
+expect_exit 2 "chat --top_p (generate's option)" "$TANDEM" chat -m "$TARGET" --top_p 0.5
+expect_err "(did you mean --top-p?)" "chat --top_p"
+expect_exit 2 "run --shrd" "$TANDEM" run job.ini --shrd 0/2
+expect_err "(did you mean --shard?)" "run --shrd"
+expect_exit 2 "generate --bogus: no suggestion" "$TANDEM" generate -m "$TARGET" -p x --bogus
+grep -q 'did you mean' "$TMP/err" && fail "--bogus: a far-fetched suggestion ($(head -n 1 "$TMP/err"))" ||
+    pass "--bogus: no suggestion"
+expect_exit 2 "generate -x: no guess at one-letter options" "$TANDEM" generate -m "$TARGET" -p x -x
+grep -q 'did you mean' "$TMP/err" && fail "-x: a guess ($(head -n 1 "$TMP/err"))" || pass "-x: no suggestion"
+expect_exit 2 "help nosuch" "$TANDEM" help nosuch
+# --version: the version and the build's backends, one line each
+"$TANDEM" --version >"$TMP/out" 2>&1
+if head -n 1 "$TMP/out" | grep -Eq '^tandem [0-9]+\.[0-9]+\.[0-9]+ \(library [0-9]+\.[0-9]+\.[0-9]+\)$' &&
+    grep -Eq '^cpu: SIMD levels built: scalar.*; this CPU: (scalar|avx2|avx512)$' "$TMP/out" &&
+    grep -Eq '^cuda: (built|not built)' "$TMP/out" && grep -Eq '^nccl: (built|not built)' "$TMP/out" &&
+    grep -Eq '^http server: (built|not built)' "$TMP/out"; then
+    pass "--version: version, cpu, cuda, nccl, http server"
+else
+    fail "--version ($(cat "$TMP/out"))"
+fi
 
 # -------------------------------------------------------- bad command lines: 2
 expect_exit 2 "no command" "$TANDEM"

@@ -38,8 +38,20 @@ int cli_serve(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 
+/* usage.c: the help texts.  cli_set_command names the command being run (false if
+ * there is none of that name); cli_usage prints its help, or the command list before
+ * one is set; cli_help_command prints a named command's help (false if none). */
+bool cli_set_command(const char *name);
 void cli_usage(FILE *f);
-/* Prints "error: <msg>" and the usage text to stderr; returns CLI_EXIT_USAGE. */
+bool cli_help_command(FILE *f, const char *name);
+/* The closest command name to word, or of the current command's options to arg
+ * ("--temperature" -> "--temp"), copied into buf; NULL when none is close. */
+const char *cli_suggest_command(const char *word, char *buf, size_t cap);
+const char *cli_suggest_option(const char *arg, char *buf, size_t cap);
+/* "error: unknown command 'x'" with a suggestion; returns CLI_EXIT_USAGE. */
+int cli_unknown_command(const char *name);
+/* Prints "error: <msg>" and one line pointing to the command's --help to stderr;
+ * returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints "error: <msg>" to stderr; returns CLI_EXIT_ERROR. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
