@@ -337,6 +337,20 @@ else
     fail "info $TARGET: exit $? ($(head -c 200 "$TMP/err"))"
 fi
 expect_exit 0 "info -m form" "$TANDEM" info -m "$DRAFT"
+grep -qx '  general.file_type: u32 = 1 (F16)' "$TMP/out" && pass "info: file type 1 named F16" ||
+    fail "info: file type of an f16 model: $(grep file_type "$TMP/out")"
+# general.file_type by llama.cpp's names; a chat template on its own lines
+"$TANDEM" quantize "$MODELS/pycode-draft-xs-f16.gguf" "$TMP/q4km.gguf" --type q4_k_m >/dev/null 2>&1 &&
+    "$TANDEM" info "$TMP/q4km.gguf" >"$TMP/out" 2>&1 &&
+    grep -qx '  general.file_type: u32 = 15 (Q4_K - Medium)' "$TMP/out" &&
+    pass "info: file type 15 named Q4_K - Medium" || fail "info: q4_k_m file type: $(grep file_type "$TMP/out")"
+"$TANDEM" info "$DATA/vocab/ggml-vocab-phi-3.gguf" >"$TMP/out" 2>&1
+if grep -qx '  tokenizer.chat_template: string = (269 bytes, 5 lines)' "$TMP/out" &&
+    [ "$(grep -c '^    | ' "$TMP/out")" -eq 5 ] && grep -qx "    | '}}{% endif %}{% endfor %}" "$TMP/out"; then
+    pass "info: the chat template on 5 lines"
+else
+    fail "info: chat template: $(grep -A2 chat_template "$TMP/out" | head -c 300)"
+fi
 
 # A file with tensors of types tandem does not compute with (an IQ4_NL tensor; issue
 # 19 found it with Q4_1, supported since): info lists them, marked; tokenize needs no
@@ -636,7 +650,7 @@ for ty in f16 q8_0 q4_0; do
     grep -q "^wrote $out: tiny $ty, 21 tensors, .* bytes .* in .* s" "$TMP/out" ||
         fail "synth tiny $ty: summary line ($(head -c 200 "$TMP/out"))"
     check_synth_info "$out" "$ty" 21 16 "synth tiny $ty"
-    grep -q "general.file_type: u32 = ${FILE_TYPE[$ty]}\$" "$TMP/sinfo" ||
+    grep -q "general.file_type: u32 = ${FILE_TYPE[$ty]} (.*" "$TMP/sinfo" ||
         fail "synth tiny $ty: general.file_type is not ${FILE_TYPE[$ty]}"
     size=$(stat -c %s "$out")
     "$TANDEM" synth --shape tiny --type "$ty" --dry-run >"$TMP/dry" 2>&1
