@@ -322,6 +322,13 @@ expect_err "target model 'nan-target.gguf': non-finite logits" "generate: NaN ta
 expect_exit 1 "generate: NaN target with a draft" \
     "$TANDEM" generate -m "$TMP/nan-target.gguf" -d "$DRAFT" -p "def f(x):" -n 4 --json
 expect_err "target model 'nan-target.gguf'" "generate: NaN target with a draft"
+# a target/draft pair that does not go together: the error names both files
+"$TANDEM" synth --shape tiny --type f16 "$TMP/tiny-spm.gguf" >/dev/null 2>&1 || fail "synth tiny for the mismatch case"
+expect_exit 1 "generate: a draft of another vocabulary" "$TANDEM" generate -m "$TARGET" -d "$TMP/tiny-spm.gguf" -p x -n 2
+expect_err "target '$TARGET' and draft '$TMP/tiny-spm.gguf' do not go together: target vocab size" \
+    "generate: a draft of another vocabulary"
+expect_exit 1 "bench: a draft of another vocabulary" "$TANDEM" bench -m "$TARGET" -d "$TMP/tiny-spm.gguf" -p 2 -n 2
+expect_err "draft '$TMP/tiny-spm.gguf' do not go together" "bench: a draft of another vocabulary"
 expect_exit 1 "generate: NaN draft" "$TANDEM" generate -m "$TARGET" -d "$TMP/nan-draft.gguf" -p "def f(x):" -n 8 --json
 expect_err "draft model 'nan-draft.gguf': non-finite logits" "generate: NaN draft"
 

@@ -55,6 +55,10 @@ int cli_unknown_command(const char *name);
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints "error: <msg>" to stderr; returns CLI_EXIT_ERROR. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* The error of opening a target/draft pair: a mismatch (TANDEM_ERR_MISMATCH, whose
+ * message says what differs but not which files) names both files; any other status
+ * is cli_status_error's.  Returns CLI_EXIT_ERROR. */
+int cli_pair_error(tandem_status st, const char *target, const char *draft);
 /* Prints "error: <what>: <tandem_last_error() or the status string>"; returns
  * CLI_EXIT_ERROR.  what may be NULL. */
 int cli_status_error(tandem_status st, const char *what);

@@ -352,7 +352,7 @@ int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), v
     if (c->batch_invariant >= 0) ep.batch_invariant = c->batch_invariant;
     if (!s) s = tandem_engine_open(*target, *draft, &ep, eng);
     if (!s) return -1;
-    const int rc = s == TANDEM_ERR_CANCELLED && progress ? CLI_EXIT_OK : cli_status_error(s, NULL);
+    const int rc = s == TANDEM_ERR_CANCELLED && progress ? CLI_EXIT_OK : cli_pair_error(s, c->target, c->draft);
     tandem_model_close(*draft);
     tandem_model_close(*target);
     *target = *draft = NULL;

@@ -33,6 +33,13 @@ int cli_status_error(tandem_status st, const char *what) {
     return cli_error("%s", msg);
 }
 
+int cli_pair_error(tandem_status st, const char *target, const char *draft) {
+    if (st != TANDEM_ERR_MISMATCH || !target || !draft || !*draft) return cli_status_error(st, NULL);
+    const char *msg = tandem_last_error();
+    if (!msg || !*msg) msg = tandem_status_str(st);
+    return cli_error("target '%s' and draft '%s' do not go together: %s", target, draft, msg ? msg : "");
+}
+
 bool cli_take(int argc, char **argv, int *i, const char *short_name, const char *long_name,
               const char **val, bool *missing) {
     const char *a = argv[*i];
