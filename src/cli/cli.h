@@ -292,6 +292,7 @@ typedef struct cli_server_cfg {
     double read_timeout_s;       /* read_timeout_s: a request's headers and body; default 30 */
     double idle_timeout_s;       /* idle_timeout_s: a kept-alive connection; default 75 */
     char log_file[PATH_MAX];     /* log_file: "" = stderr */
+    bool log_json;               /* log_format: text (default) or json (one JSON object a line) */
 } cli_server_cfg;
 
 /* A `tandem run` job file (job_config.c: the sections and keys are listed there), or

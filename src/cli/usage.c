@@ -135,10 +135,13 @@ static const char help_serve[] =
     "      --read-timeout S  a request's headers and body arrive within S s (default 30)\n"
     "      --idle-timeout S  a kept-alive connection waits S s for a request (default 75)\n"
     "      --log-file PATH   append the log to PATH (time-stamped) instead of stderr\n"
+    "      --log-format F    text (default) or json: one JSON object a line, with its time\n"
+    "                        (a served request: client, method, path, status, tokens, seconds)\n"
     "      --backend, -t, --kv-type, --spec-k, --spec-tree, --tensor-parallel  as for generate\n"
     "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
     "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,\n"
-    "  max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s, log_file)\n"
+    "  max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s, log_file,\n"
+    "  log_format)\n"
     "  in place of [job]; flags override it.  SIGTERM: drain, then exit 0\n";
 
 static const char help_merge[] =
