@@ -8,6 +8,7 @@
 
 #include <float.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -55,6 +56,8 @@ int cli_unknown_command(const char *name);
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints "error: <msg>" to stderr; returns CLI_EXIT_ERROR. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* cli_error with a va_list (cli_usage_error prints its error through it). */
+int cli_verror(const char *fmt, va_list ap);
 /* The error of opening a target/draft pair: a mismatch (TANDEM_ERR_MISMATCH, whose
  * message says what differs but not which files) names both files; any other status
  * is cli_status_error's.  Returns CLI_EXIT_ERROR. */

@@ -10,17 +10,22 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cpu_internal.h" /* tandem --version: the CPU SIMD levels */
 #include "input.h"
-#include "cpu_internal.h"
 #include "json.h"
 
-int cli_error(const char *fmt, ...) {
+int cli_verror(const char *fmt, va_list ap) {
     fputs("error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    return CLI_EXIT_ERROR;
+}
+
+int cli_error(const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    cli_verror(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
     return CLI_EXIT_ERROR;
 }
 

@@ -242,12 +242,10 @@ static void usage_pointer(void) {
 }
 
 int cli_usage_error(const char *fmt, ...) {
-    fputs("error: ", stderr);
     va_list ap;
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    cli_verror(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
     usage_pointer();
     return CLI_EXIT_USAGE;
 }
