@@ -11,7 +11,6 @@
 
 #include "cli.h"
 #include "cpu_internal.h" /* tandem --version: the CPU SIMD levels */
-#include "input.h"
 #include "json.h"
 
 int cli_verror(const char *fmt, va_list ap) {
