@@ -44,8 +44,14 @@ expect_exit() {
             fail "$desc: unexpected output on stdout"
             return
         fi
-        if [ "$want" -eq 2 ] && ! grep -q '^usage: tandem' "$TMP/err"; then
-            fail "$desc: usage text missing from stderr"
+        # a usage error: the error, then one line pointing to the command's --help
+        # (not the help itself, which would scroll the error away)
+        if [ "$want" -eq 2 ] && ! tail -n 1 "$TMP/err" | grep -q "^see 'tandem .*--help'"; then
+            fail "$desc: the line pointing to --help is not the last of stderr ($(tail -n 2 "$TMP/err"))"
+            return
+        fi
+        if [ "$want" -eq 2 ] && grep -q '^usage:' "$TMP/err"; then
+            fail "$desc: the help text is printed with the error"
             return
         fi
     fi

@@ -29,6 +29,7 @@ import errno
 import http.client
 import json
 import os
+import re
 import select
 import shutil
 import signal
@@ -40,7 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import HOST, TARGET, Checks, Server, free_port, metrics, request, wait_until  # noqa: E402
+from serve_util import HOST, TARGET, Checks, Server, free_port, metrics, post, request, wait_until  # noqa: E402
 
 TANDEM = sys.argv[1]
 REDUCED = len(sys.argv) > 2 and sys.argv[2] == "reduced"
@@ -330,6 +331,41 @@ log = proc.stderr.read()
 c.check(health is not None, "while loading: /health is 503 {status: loading, progress}", health)
 c.check(rc == 0 and t_exit < 2 and "SIGTERM during the load: stopped" in log and "serve: ready" not in log,
         "SIGTERM during the load: exit 0 within 2 s, never ready (%.2f s)" % t_exit, (rc, log[-400:]))
+
+# ---------------------------------------------------------------- one log line per request, text or JSON
+srv = Server(TANDEM, ["-m", TARGET, "-t", "1"])
+st, _, data = post(srv.port, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 3})
+n_gen = json.loads(data)["usage"]["completion_tokens"] if st == 200 else -1
+request(srv.port, "GET", "/nothing")
+srv.stop()
+text_lines = [ln for ln in srv.log if ' "POST /v1/completions" ' in ln]
+c.check(st == 200 and len(text_lines) == 1 and
+        re.match(r'^serve: 127\.0\.0\.1 "POST /v1/completions" 200 \d+\.\d{3} s, %d tokens$' % n_gen, text_lines[0]),
+        "text log: one line for the request: client, method, path, status, time, tokens", text_lines)
+c.check(any(re.match(r'^serve: 127\.0\.0\.1 "GET /nothing" 404 \d+\.\d{3} s, 0 tokens$', ln) for ln in srv.log),
+        "text log: a 404 with 0 tokens", srv.log[-4:])
+p_port = free_port()
+srv = Server(TANDEM, ["-m", TARGET, "-t", "1", "--log-format", "json"], port=p_port, wait=False)
+ok = wait_until(lambda: health_status(p_port) == 200, 30)
+st, _, _ = post(p_port, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 3, "stream": True})
+rc = srv.stop()
+objs = []
+for ln in srv.log:
+    try:
+        objs.append(json.loads(ln))
+    except ValueError:
+        objs.append(None)
+c.check(ok and rc == 0 and objs and all(isinstance(o, dict) and re.match(r"^20\d\d-\d\d-\d\dT[0-9:.]+Z$", o.get("time", ""))
+                                        for o in objs),
+        "--log-format json: every line a JSON object with its time", srv.log[-4:])
+reqs = [o for o in objs if o and o.get("event") == "request" and o.get("path") == "/v1/completions"]
+c.check(st == 200 and len(reqs) == 1 and reqs[0]["method"] == "POST" and reqs[0]["status"] == 200 and
+        reqs[0]["tokens"] == n_gen and reqs[0]["client"] == "127.0.0.1" and reqs[0]["outcome"] == "completed" and
+        isinstance(reqs[0]["seconds"], float), "--log-format json: a streamed request's line", reqs)
+c.check(any(o and "serve: ready" in o.get("msg", "") for o in objs), "--log-format json: the server's own lines as msg",
+        srv.log[:3])
+r = subprocess.run([TANDEM, "serve", "-m", TARGET, "--log-format", "xml"], capture_output=True, text=True, timeout=30)
+c.check(r.returncode == 2 and "'xml' is not text or json" in r.stderr, "--log-format xml: a usage error", r.stderr)
 
 # ---------------------------------------------------------------- the log file on a full or read-only disk
 mnt = tempfile.mkdtemp(prefix="tandem-serve-log.")

@@ -8,6 +8,7 @@
 
 #include <float.h>
 #include <limits.h>
+#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -38,11 +39,29 @@ int cli_serve(int argc, char **argv);
 
 /* ------------------------------------------------------------ messages */
 
+/* usage.c: the help texts.  cli_set_command names the command being run (false if
+ * there is none of that name); cli_usage prints its help, or the command list before
+ * one is set; cli_help_command prints a named command's help (false if none). */
+bool cli_set_command(const char *name);
 void cli_usage(FILE *f);
-/* Prints "error: <msg>" and the usage text to stderr; returns CLI_EXIT_USAGE. */
+bool cli_help_command(FILE *f, const char *name);
+/* The closest command name to word, or of the current command's options to arg
+ * ("--temperature" -> "--temp"), copied into buf; NULL when none is close. */
+const char *cli_suggest_command(const char *word, char *buf, size_t cap);
+const char *cli_suggest_option(const char *arg, char *buf, size_t cap);
+/* "error: unknown command 'x'" with a suggestion; returns CLI_EXIT_USAGE. */
+int cli_unknown_command(const char *name);
+/* Prints "error: <msg>" and one line pointing to the command's --help to stderr;
+ * returns CLI_EXIT_USAGE. */
 int cli_usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prints "error: <msg>" to stderr; returns CLI_EXIT_ERROR. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* cli_error with a va_list (cli_usage_error prints its error through it). */
+int cli_verror(const char *fmt, va_list ap);
+/* The error of opening a target/draft pair: a mismatch (TANDEM_ERR_MISMATCH, whose
+ * message says what differs but not which files) names both files; any other status
+ * is cli_status_error's.  Returns CLI_EXIT_ERROR. */
+int cli_pair_error(tandem_status st, const char *target, const char *draft);
 /* Prints "error: <what>: <tandem_last_error() or the status string>"; returns
  * CLI_EXIT_ERROR.  what may be NULL. */
 int cli_status_error(tandem_status st, const char *what);
@@ -276,6 +295,7 @@ typedef struct cli_server_cfg {
     double read_timeout_s;       /* read_timeout_s: a request's headers and body; default 30 */
     double idle_timeout_s;       /* idle_timeout_s: a kept-alive connection; default 75 */
     char log_file[PATH_MAX];     /* log_file: "" = stderr */
+    bool log_json;               /* log_format: text (default) or json (one JSON object a line) */
 } cli_server_cfg;
 
 /* A `tandem run` job file (job_config.c: the sections and keys are listed there), or

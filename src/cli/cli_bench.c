@@ -488,7 +488,7 @@ int cli_bench(int argc, char **argv) {
     goto done;
 
 fail:
-    rc = cli_status_error(s, NULL);
+    rc = cli_pair_error(s, o.model, o.draft);
 done:
     for (size_t i = 0; truth && i < (ids ? 1 : prompts.n); i++) free(truth[i]);
     free(truth);

@@ -362,7 +362,7 @@ int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *p
         s = tandem_engine_open(*target, *draft, &ep, eng);
     }
     if (s == TANDEM_OK) return -1;
-    int rc = cli_status_error(s, NULL);
+    int rc = cli_pair_error(s, o->model, o->draft);
     tandem_model_close(*draft);
     tandem_model_close(*target);
     *target = *draft = NULL;

@@ -31,6 +31,22 @@ static void print_shape(const tdm_gguf_tensor *t, char *buf, size_t cap) {
     if (k < cap) snprintf(buf + k, cap - k, "]");
 }
 
+/* A string of several lines (a chat template): its size, then each line indented
+ * under the key, rather than one escaped line of thousands of characters.  Control
+ * bytes other than tab show as \xNN (nothing in the file reaches the terminal raw). */
+static void print_text_lines(const tdm_gguf_str *str) {
+    uint64_t n_lines = 1;
+    for (uint64_t i = 0; i < str->len; i++) n_lines += str->ptr[i] == '\n';
+    printf("(%llu bytes, %llu lines)\n    | ", (unsigned long long)str->len, (unsigned long long)n_lines);
+    for (uint64_t i = 0; i < str->len; i++) {
+        unsigned char c = (unsigned char)str->ptr[i];
+        if (c == '\n') fputs(i + 1 < str->len ? "\n    | " : "\n    |", stdout);
+        else if ((c < 0x20 && c != '\t') || c == 0x7f) printf("\\x%02x", c);
+        else fputc(c, stdout);
+    }
+    fputc('\n', stdout);
+}
+
 int cli_info(int argc, char **argv) {
     const char *path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -70,7 +86,15 @@ int cli_info(int argc, char **argv) {
         printf("  %s: ", kv->key);
         print_type(&kv->value);
         fputs(" = ", stdout);
+        if (kv->value.type == TDM_GGUF_STRING && memchr(kv->value.v.str.ptr, '\n', kv->value.v.str.len)) {
+            print_text_lines(&kv->value.v.str);
+            continue;
+        }
         tdm_gguf_value_print(&kv->value, stdout, INFO_MAX_ARRAY_ELEMS);
+        char ft[48];
+        if (strcmp(kv->key, "general.file_type") == 0 && kv->value.type == TDM_GGUF_UINT32 &&
+            tdm_ggml_file_type_name((uint32_t)kv->value.v.u64, ft, sizeof ft))
+            printf(" (%s)", ft);
         fputc('\n', stdout);
     }
 

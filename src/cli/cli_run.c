@@ -147,6 +147,10 @@ static int parse_run_args(int argc, char **argv, run_args *a) {
     *a = (run_args){.sets = calloc((size_t)argc, sizeof *a->sets), .shard_n = 1};
     if (!a->sets) return cli_error("out of memory");
     for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            cli_usage(stdout);
+            return CLI_EXIT_OK;
+        }
         if (!strcmp(argv[i], "--set") && i + 1 < argc) {
             a->sets[a->n_sets++] = argv[++i];
         } else if (!strcmp(argv[i], "--spec-tree") && i + 1 < argc) {
@@ -156,8 +160,11 @@ static int parse_run_args(int argc, char **argv, run_args *a) {
         } else if (!strcmp(argv[i], "--shard") && i + 1 < argc) {
             if (!parse_shard(argv[++i], &a->shard_i, &a->shard_n))
                 return cli_usage_error("--shard %s: expected I/N with 0 <= I < N (decimal digits)", argv[i]);
+        } else if (i + 1 == argc && (!strcmp(argv[i], "--set") || !strcmp(argv[i], "--spec-tree") ||
+                                     !strcmp(argv[i], "--shard"))) {
+            return cli_usage_error("option %s needs a value", argv[i]);
         } else if (argv[i][0] == '-' || a->path) {
-            return cli_usage_error("run: unexpected argument '%s'", argv[i]);
+            return cli_unknown_arg(argv[i]);
         } else {
             a->path = argv[i];
         }
@@ -371,7 +378,7 @@ int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), v
     if (c->batch_invariant >= 0) ep.batch_invariant = c->batch_invariant;
     if (!s) s = tandem_engine_open(*target, *draft, &ep, eng);
     if (!s) return -1;
-    const int rc = s == TANDEM_ERR_CANCELLED && progress ? CLI_EXIT_OK : cli_status_error(s, NULL);
+    const int rc = s == TANDEM_ERR_CANCELLED && progress ? CLI_EXIT_OK : cli_pair_error(s, c->target, c->draft);
     tandem_model_close(*draft);
     tandem_model_close(*target);
     *target = *draft = NULL;

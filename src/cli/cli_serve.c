@@ -26,7 +26,7 @@
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
     O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_SPEC_TREE, O_TP,
-    O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_COUNT
+    O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_LOG_FORMAT, O_COUNT
 };
 
 static const struct {
@@ -43,6 +43,7 @@ static const struct {
     [O_TP] = {NULL, "--tensor-parallel"}, [O_MAX_CONN] = {NULL, "--max-connections"},
     [O_MAX_CONN_IP] = {NULL, "--max-connections-per-ip"}, [O_READ_TIMEOUT] = {NULL, "--read-timeout"},
     [O_IDLE_TIMEOUT] = {NULL, "--idle-timeout"}, [O_LOG_FILE] = {NULL, "--log-file"},
+    [O_LOG_FORMAT] = {NULL, "--log-format"},
 };
 
 typedef struct serve_args {
@@ -153,6 +154,11 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
             if ((ok = cli_parse_float_gt(opt, v, 0, CLI_CONN_TIMEOUT_S_MAX, &f))) sv->idle_timeout_s = f;
             break;
         case O_LOG_FILE: ok = set_path_flag(opt, v, sv->log_file); break;
+        case O_LOG_FORMAT:
+            if (!(ok = !strcmp(v, "text") || !strcmp(v, "json")))
+                cli_usage_error("option %s: '%s' is not text or json", opt, v);
+            sv->log_json = !strcmp(v, "json");
+            break;
         case O_SPEC_TREE: {
             char msg[300];
             if (!(ok = tdm_arg_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg,
@@ -313,7 +319,8 @@ static int serve(const cli_job_cfg *c) {
     const cli_server_cfg *sv = &c->server;
     char err[PATH_MAX + 512];
     if (!fd_room(sv->max_connections)) return CLI_EXIT_ERROR;
-    srv_log *log = srv_log_open(sv->log_file[0] ? sv->log_file : NULL, err, sizeof err);
+    srv_log *log = srv_log_open(sv->log_file[0] ? sv->log_file : NULL, sv->log_json ? SRV_LOG_JSON : SRV_LOG_TEXT,
+                                err, sizeof err);
     if (!log) return cli_error("serve: %s", err);
     char *owned_tmpl = NULL;
     const char *given_tmpl = NULL;

@@ -13,7 +13,7 @@
  *   [server]   (`tandem serve`, in place of [job]) host, port, api_key, max_queue,
  *              max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,
  *              max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s,
- *              log_file
+ *              log_file, log_format
  *
  * Paths are relative to the config file; `--set section.key=value` overrides a key.
  * Every unknown section or key, bad value, over-long line and missing file is
@@ -272,6 +272,11 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
         return *v ? set_str(c, s, k, v, sv->api_key, sizeof sv->api_key)
                   : cfg_fail(c, s, k, "empty (it would let every request in: leave the key out to serve without one)");
     if (!strcmp(k, "log_file")) return set_path(c, s, k, v, sv->log_file);
+    if (!strcmp(k, "log_format")) {
+        if (strcmp(v, "text") && strcmp(v, "json")) return cfg_fail(c, s, k, "'%s' is not text or json", v);
+        sv->log_json = !strcmp(v, "json");
+        return 1;
+    }
     if (!strcmp(k, "model_name")) return set_str(c, s, k, v, sv->model_name, sizeof sv->model_name);
     if (!strcmp(k, "chat_template")) return set_str(c, s, k, v, c->chat_template, sizeof c->chat_template);
     INT_KEY("port", 0, 65535, sv->port)
@@ -296,7 +301,7 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
     return cfg_fail(c, s, k,
                     "unknown key (known: host, port, api_key, max_queue, max_body_kb, request_timeout_s, "
                     "shutdown_grace_s, model_name, chat_template, max_connections, max_connections_per_ip, "
-                    "read_timeout_s, idle_timeout_s, log_file)");
+                    "read_timeout_s, idle_timeout_s, log_file, log_format)");
 }
 
 static int on_key(void *user, const char *s, const char *k, const char *v) {

@@ -26,4 +26,9 @@ const char *tdm_ggml_type_describe(uint32_t type, char *buf, size_t cap);
  * into buf ("f32, f16, q4_0, ..."); returns buf. */
 const char *tdm_ggml_supported_list(char *buf, size_t cap);
 
+/* llama.cpp's name of a general.file_type value (llama_ftype: 15 -> "Q4_K - Medium",
+ * the names its loader prints), with " (guessed)" for the guessed flag (1024) into
+ * buf; NULL for a number llama.cpp does not define. */
+const char *tdm_ggml_file_type_name(uint32_t file_type, char *buf, size_t cap);
+
 #endif

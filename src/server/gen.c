@@ -37,7 +37,7 @@ struct srv_job {
     srv *s;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int refs;                    /* the connection's and the engine's */
+    int refs;                    /* the connection's and the engine's (and the log's: srv_generate's *log_job) */
     tandem_request_id id;
     int fd;                      /* the client's socket, -1 unknown */
     char id_text[48];
@@ -45,6 +45,7 @@ struct srv_job {
     bool stream, include_usage;
     double t_arrival, t_last;    /* tdm_now(): arrival, last token */
     bool got_token;
+    uint64_t n_tokens;           /* tokens generated so far (the log line's) */
     char *pending;               /* stream: text passed by on_token, not yet sent */
     size_t n_pending, cap_pending;
     bool done;                   /* res is set (on_finish) */
@@ -108,6 +109,7 @@ static bool on_token(int32_t token, const char *text, size_t len, void *user) {
     if (!j->got_token) srv_metrics_ttft(j->s->metrics, now - j->t_arrival);
     else srv_metrics_itl(j->s->metrics, now - j->t_last);
     j->got_token = true;
+    j->n_tokens++;
     j->t_last = now;
     bool ok = !j->gone;
     if (j->stream && len > 0 && ok) {
@@ -411,8 +413,19 @@ static bool submit(srv *s, srv_job *j, const tandem_request *req, oai_error *e) 
     return ok;
 }
 
+uint64_t srv_job_tokens(srv_job *j) {
+    pthread_mutex_lock(&j->mu);
+    const uint64_t n = j->n_tokens;
+    pthread_mutex_unlock(&j->mu);
+    return n;
+}
+
+void srv_job_release(srv_job *j) {
+    if (j) job_unref(j);
+}
+
 int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *body, size_t len, double t_arrival,
-                 int *status) {
+                 int *status, srv_job **log_job) {
     oai_error e = {0};
     pthread_mutex_lock(&s->mu);
     const int state = s->state;
@@ -454,6 +467,12 @@ int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *bo
         if (j) j->refs = 1, job_unref(j);
         *status = e.status;
         return srv_send_error(c, &e);
+    }
+    if (log_job) {
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        *log_job = j;
     }
     return answer(j, c, status);
 }

@@ -45,6 +45,7 @@ typedef struct conn_ctx {
     char *body;
     size_t len, cap;
     bool too_big;
+    srv_job *job;                /* a generation's job, for the log line's tokens (a reference) */
 } conn_ctx;
 
 /* Queues an answer (body taken over); allow: the Allow header of a 405, close: close the
@@ -167,7 +168,7 @@ static int route(srv *s, struct MHD_Connection *c, const char *url, const char *
                  s->cfg.max_body);
     } else {
         return srv_generate(s, c, ep == SRV_EP_CHAT ? OAI_CHAT : OAI_COMPLETION, x->body ? x->body : "", x->len,
-                            x->t_arrival, status);
+                            x->t_arrival, status, &x->job);
     }
     *status = e.status;
     return srv_send_error(c, &e);
@@ -292,15 +293,15 @@ static void log_request(srv *s, struct MHD_Connection *c, const conn_ctx *x, enu
     if (a && a->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)a)->sin_addr, who, sizeof who);
     else if (a && a->sa_family == AF_INET6)
         inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)a)->sin6_addr, who, sizeof who);
-    const char *how = code == MHD_REQUEST_TERMINATED_COMPLETED_OK         ? ""
-                    : !x->counted                                         ? " (the request did not arrive whole)"
-                    : code == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN      ? " (the server stopped)"
-                    : code == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED      ? " (timed out)"
-                                                                          : " (the client went away)";
-    char status[8] = "-";
-    if (x->status) snprintf(status, sizeof status, "%d", x->status);
-    srv_logf(s->cfg.log, "serve: %s \"%s %s\" %s %.3f s%s", who, x->method[0] ? x->method : "-", x->url, status,
-             tdm_now() - x->t_start, how);
+    const char *how = code == MHD_REQUEST_TERMINATED_COMPLETED_OK         ? NULL
+                    : !x->counted                                         ? "the request did not arrive whole"
+                    : code == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN      ? "the server stopped"
+                    : code == MHD_REQUEST_TERMINATED_TIMEOUT_REACHED      ? "timed out"
+                                                                          : "the client went away";
+    srv_log_request_line(s->cfg.log, &(srv_log_request){.client = who, .method = x->method[0] ? x->method : "-",
+                                                         .path = x->url, .status = x->status,
+                                                         .tokens = x->job ? srv_job_tokens(x->job) : 0,
+                                                         .seconds = tdm_now() - x->t_start, .outcome = how});
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode code) {
@@ -308,6 +309,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     conn_ctx *x = *con_cls;
     if (!x) return;
     log_request(s, c, x, code);
+    srv_job_release(x->job);
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     srv_conns_idle(s->conns, ci ? ci->socket_context : NULL);
     const bool counted = x->counted;

@@ -1,6 +1,8 @@
 /* log.c - the server's log lines, whole or not at all (log.h). */
 #include "log.h"
 
+#include "json.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -12,9 +14,11 @@
 #include <unistd.h>
 
 #define LINE_MAX_BYTES 2048
+#define JSON_LINE_MAX (6 * LINE_MAX_BYTES + 128) /* a message escaped (\u00XX at worst) in its object */
 
 struct srv_log {
     pthread_mutex_t mu;
+    srv_log_format format;
     int fd;                      /* the file, or 2 */
     bool file;
     char path[512];
@@ -57,8 +61,38 @@ static size_t stamp(char *buf) {
     return n;
 }
 
-/* The line, time-stamped for a file, with its newline (buf has LINE_MAX_BYTES + 64). */
+/* msg as the JSON object {"time": "...", "msg": msg} and a newline into buf (cap bytes,
+ * at least 64); its length.  A message whose escaped form does not fit is cut. */
+static size_t json_msg_line(char *buf, size_t cap, const char *msg, size_t len) {
+    char t[32];
+    const size_t nt = stamp(t) - 1; /* (without the blank) */
+    size_t n = (size_t)snprintf(buf, cap, "{\"time\": \"%.*s\", \"msg\": ", (int)nt, t);
+    FILE *f = fmemopen(buf + n, cap - n - 2, "w");
+    size_t k = 0;
+    bool ok = false;
+    if (f) {
+        setvbuf(f, NULL, _IONBF, 0);
+        tdm_json_write_str(f, msg, len);
+        k = (size_t)ftell(f);
+        ok = !ferror(f);
+        fclose(f);
+    }
+    if (!ok) k = (size_t)snprintf(buf + n, cap - n - 2, "\"(a line too long for the log)\"");
+    n += k;
+    buf[n++] = '}';
+    buf[n++] = '\n';
+    return n;
+}
+
+/* The line, time-stamped for a file, with its newline (buf has LINE_MAX_BYTES + 64);
+ * in JSON, {"time", "msg"} (buf has JSON_LINE_MAX). */
 static size_t format_line(const srv_log *log, char *buf, const char *fmt, va_list ap) {
+    if (log && log->format == SRV_LOG_JSON) {
+        char msg[LINE_MAX_BYTES];
+        const int k = vsnprintf(msg, sizeof msg, fmt, ap);
+        const size_t len = k < 0 ? 0 : (size_t)k < sizeof msg ? (size_t)k : sizeof msg - 1;
+        return json_msg_line(buf, JSON_LINE_MAX, msg, len);
+    }
     size_t n = log && log->file ? stamp(buf) : 0;
     const int k = vsnprintf(buf + n, LINE_MAX_BYTES, fmt, ap);
     if (k > 0) n += (size_t)k < LINE_MAX_BYTES ? (size_t)k : LINE_MAX_BYTES - 1;
@@ -74,13 +108,20 @@ static void write_line(srv_log *log, const char *buf, size_t len) {
     pthread_mutex_lock(&log->mu);
     /* after failed writes the file's next line says how many were lost: the note and the
      * line go in together or not at all, so the file never resumes without it */
-    char note[160 + LINE_MAX_BYTES + 64];
+    char note[256 + JSON_LINE_MAX];
     const char *out = buf;
     size_t n = len;
     if (log->failing && log->file) {
-        size_t k = stamp(note);
-        k += (size_t)snprintf(note + k, sizeof note - k, "serve: %lu log lines were lost here (%s)\n",
-                              log->lost_since, strerror(log->failing));
+        char msg[160];
+        const int m = snprintf(msg, sizeof msg, "serve: %lu log lines were lost here (%s)", log->lost_since,
+                               strerror(log->failing));
+        size_t k = 0;
+        if (log->format == SRV_LOG_JSON) {
+            k = json_msg_line(note, sizeof note, msg, m < 0 ? 0 : (size_t)m < sizeof msg ? (size_t)m : sizeof msg - 1);
+        } else {
+            k = stamp(note);
+            k += (size_t)snprintf(note + k, sizeof note - k, "%s\n", msg);
+        }
         if (k + len <= sizeof note) {
             memcpy(note + k, buf, len);
             out = note;
@@ -105,7 +146,7 @@ static void write_line(srv_log *log, const char *buf, size_t len) {
 }
 
 void srv_logf(srv_log *log, const char *fmt, ...) {
-    char buf[LINE_MAX_BYTES + 64];
+    char buf[JSON_LINE_MAX];
     va_list ap;
     va_start(ap, fmt);
     const size_t n = format_line(log, buf, fmt, ap);
@@ -113,11 +154,45 @@ void srv_logf(srv_log *log, const char *fmt, ...) {
     write_line(log, buf, n);
 }
 
-srv_log *srv_log_open(const char *path, char *err, size_t cap) {
+void srv_log_request_line(srv_log *log, const srv_log_request *r) {
+    char st[16] = "-";
+    if (r->status) snprintf(st, sizeof st, "%d", r->status);
+    if (!log || log->format == SRV_LOG_TEXT) {
+        srv_logf(log, "serve: %s \"%s %s\" %s %.3f s, %llu tokens%s%s%s", r->client, r->method, r->path, st,
+                 r->seconds, (unsigned long long)r->tokens, r->outcome ? " (" : "", r->outcome ? r->outcome : "",
+                 r->outcome ? ")" : "");
+        return;
+    }
+    char buf[JSON_LINE_MAX];
+    FILE *f = fmemopen(buf, sizeof buf - 2, "w");
+    if (!f) return;
+    setvbuf(f, NULL, _IONBF, 0);
+    char t[32];
+    fprintf(f, "{\"time\": \"%.*s\", \"event\": \"request\", \"client\": ", (int)(stamp(t) - 1), t);
+    tdm_json_write_str(f, r->client, strlen(r->client));
+    fputs(", \"method\": ", f);
+    tdm_json_write_str(f, r->method, strlen(r->method));
+    fputs(", \"path\": ", f);
+    tdm_json_write_str(f, r->path, strlen(r->path));
+    fprintf(f, ", \"status\": %s, \"tokens\": %llu, \"seconds\": %.3f, \"outcome\": ", r->status ? st : "null",
+            (unsigned long long)r->tokens, r->seconds);
+    const char *oc = r->outcome ? r->outcome : "completed";
+    tdm_json_write_str(f, oc, strlen(oc));
+    fputc('}', f);
+    const long n = ftell(f);
+    const bool ok = !ferror(f);
+    fclose(f);
+    if (!ok || n <= 0) return; /* (cannot happen: method and path are short) */
+    buf[n] = '\n';
+    write_line(log, buf, (size_t)n + 1);
+}
+
+srv_log *srv_log_open(const char *path, srv_log_format format, char *err, size_t cap) {
     if (path && strlen(path) >= sizeof ((srv_log *)0)->path) return snprintf(err, cap, "%s: path too long", path), NULL;
     srv_log *log = calloc(1, sizeof *log);
     if (!log) return snprintf(err, cap, "out of memory"), NULL;
     pthread_mutex_init(&log->mu, NULL);
+    log->format = format;
     log->fd = 2;
     if (!path) return log;
     log->file = true;
@@ -126,9 +201,15 @@ srv_log *srv_log_open(const char *path, char *err, size_t cap) {
     const char *what = "cannot open it for appending";
     bool ok = log->fd >= 0;
     if (ok) {
-        char buf[128];
-        size_t n = stamp(buf);
-        n += (size_t)snprintf(buf + n, sizeof buf - n, "serve: log opened by tandem serve (pid %ld)\n", (long)getpid());
+        char buf[256], msg[64];
+        const int m = snprintf(msg, sizeof msg, "serve: log opened by tandem serve (pid %ld)", (long)getpid());
+        size_t n = 0;
+        if (format == SRV_LOG_JSON) {
+            n = json_msg_line(buf, sizeof buf, msg, (size_t)m);
+        } else {
+            n = stamp(buf);
+            n += (size_t)snprintf(buf + n, sizeof buf - n, "%s\n", msg);
+        }
         what = "cannot write to it";
         ok = append(log, buf, n);
     }

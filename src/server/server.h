@@ -93,9 +93,14 @@ struct MHD_Connection;
 int srv_send(struct MHD_Connection *c, int status, const char *type, char *body, size_t len);
 int srv_send_error(struct MHD_Connection *c, const oai_error *e);
 /* POST /v1/completions and /v1/chat/completions with its whole body: queues the
- * answer (or a stream) and returns MHD's result.  *status: the status answered. */
+ * answer (or a stream) and returns MHD's result.  *status: the status answered.
+ * *log_job: the request's job when one was submitted (else left as it is), for the log
+ * line's token count (srv_job_tokens) once the request ends; the caller holds a
+ * reference to it until srv_job_release. */
 int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *body, size_t len, double t_arrival,
-                 int *status);
+                 int *status, srv_job **log_job);
+uint64_t srv_job_tokens(srv_job *j); /* tokens generated so far */
+void srv_job_release(srv_job *j);    /* NULL: no-op */
 /* Cancels every request in flight (shutdown: each marked so). */
 int srv_cancel_all(srv *s);
 
