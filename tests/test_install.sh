@@ -6,17 +6,22 @@
 # from a copy, with nothing but `pkg-config ... tandem` on the installed files,
 # linked against the shared library and against the archive, and runs each.
 #
-# usage: tests/test_install.sh BUILD_DIR SOURCE_ROOT
+# usage: tests/test_install.sh BUILD_DIR SOURCE_ROOT [SANITIZE]
+# SANITIZE: the build's b_sanitize (address,undefined ...): the host program is
+# compiled with the same -fsanitize, and the all-static build is left out.
 # Uses $TDM_MODELS (meson sets it), else the models/ directory next to this script;
 # $CC, else cc.  Exit status 0 when every check passes, 1 otherwise.
 BUILD=$1
 SRC=$2
+SANITIZE=${3:-none}
 if [ -z "$BUILD" ] || [ -z "$SRC" ]; then
     echo "usage: $0 BUILD_DIR SOURCE_ROOT" >&2
     exit 2
 fi
 MODELS=${TDM_MODELS:-$(dirname "$0")/../models}
 CC=${CC:-cc}
+HOST_CFLAGS=()
+[ "$SANITIZE" != none ] && HOST_CFLAGS=("-fsanitize=$SANITIZE")
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 FAILED=0
@@ -102,7 +107,7 @@ run_app() {
     fi
 }
 # shared: the three lines of the README
-if $CC -o "$TMP/app_shared" "$TMP/app.c" $($PC --cflags --libs tandem) 2>"$TMP/cc.log"; then
+if $CC "${HOST_CFLAGS[@]}" -o "$TMP/app_shared" "$TMP/app.c" $($PC --cflags --libs tandem) 2>"$TMP/cc.log"; then
     pass "async_chat builds with pkg-config --cflags --libs tandem"
     readelf -d "$TMP/app_shared" | grep -q "NEEDED.*\[libtandem.so.$MAJOR\]" &&
         pass "async_chat needs libtandem.so.$MAJOR" || fail "async_chat does not need libtandem.so.$MAJOR"
@@ -113,7 +118,7 @@ else
 fi
 # static: the archive by name (the shared library beside it would be chosen for
 # -ltandem), the rest as --static gives it
-if $CC -o "$TMP/app_static" "$TMP/app.c" $($PC --cflags tandem) \
+if $CC "${HOST_CFLAGS[@]}" -o "$TMP/app_static" "$TMP/app.c" $($PC --cflags tandem) \
         $($PC --static --libs tandem | sed 's/-ltandem\b/-l:libtandem.a/') 2>"$TMP/cc.log"; then
     pass "async_chat builds with pkg-config --static and libtandem.a"
     readelf -d "$TMP/app_static" | grep -q 'NEEDED.*libtandem' &&
@@ -123,8 +128,9 @@ else
     cat "$TMP/cc.log"
     fail "async_chat builds with pkg-config --static and libtandem.a"
 fi
-# all static, as the README shows it (a CPU build: the CUDA libraries are shared ones)
-if ! grep -q cuda "$PC_FILE"; then
+# all static, as the README shows it (a CPU build: the CUDA libraries are shared ones;
+# not with a sanitizer, whose runtime is a shared one)
+if ! grep -q cuda "$PC_FILE" && [ "$SANITIZE" = none ]; then
     if $CC -o "$TMP/app_all_static" "$TMP/app.c" $($PC --static --cflags --libs tandem) -static 2>"$TMP/cc.log"; then
         pass "async_chat builds with -static"
         readelf -d "$TMP/app_all_static" | grep -q NEEDED &&
