@@ -10,7 +10,24 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 t_start=$(date +%s)
+# Each phase's wall time and CPU time (user + sys of the commands it ran, from this
+# shell's /proc stat: its finished children), printed as a table at the end; CPU
+# time is the measure on a shared machine, where wall time depends on the load.
+clk_tck=$(getconf CLK_TCK 2>/dev/null || echo 100)
+phase_rows=()
+phase_wall0=$t_start phase_cpu0=0
+cpu_ticks() { # user + sys ticks of this shell's waited-for children
+  local st; read -r st </proc/$$/stat; st=${st##*) }
+  local f; read -ra f <<<"$st"
+  echo $((f[13] + f[14]))
+}
+phase_end() { # NAME: closes the phase that started at the previous phase_end
+  local now cpu; now=$(date +%s); cpu=$(cpu_ticks)
+  phase_rows+=("$(printf '%-14s %6d %7d' "$1" $((now - phase_wall0)) $(((cpu - phase_cpu0) / clk_tck)))")
+  phase_wall0=$now phase_cpu0=$cpu
+}
 ./scripts/setup.sh || exit 1
+phase_end setup
 jobs=$(nproc 2>/dev/null || echo 2)
 passed=0 failed=0 skipped=0 status=0
 # Budgets (seconds) on the 2-core project machine: one test, per build; the whole
@@ -49,7 +66,8 @@ run_suite() {
   [ "$name" = asan ] && mult=6
   echo "== $name build =="
   if [ -d "$dir" ]; then meson setup --reconfigure "$dir" "$@" >/dev/null; else meson setup "$dir" "$@" >/dev/null; fi || return 1
-  meson compile -C "$dir" -j "$jobs" || return 1
+  meson compile -C "$dir" -j "$jobs" || { phase_end "$name build"; return 1; }
+  phase_end "$name build"
   local log; log=$(mktemp)
   local t0; t0=$(date +%s)
   meson test -C "$dir" --print-errorlogs --num-processes "$jobs" --timeout-multiplier "$mult" | tee "$log"
@@ -59,6 +77,7 @@ run_suite() {
   skip=$(awk '/^Skipped:/ {print $2}' "$log"); tmo=$(awk '/^Timeout:/ {print $2}' "$log")
   passed=$((passed + ${ok:-0})); failed=$((failed + ${fail:-0} + ${tmo:-0})); skipped=$((skipped + ${skip:-0}))
   rm -f "$log"
+  phase_end "$name tests"
   local budget_var="BUDGET_TEST_$name"
   echo "== $name build: test times ($(( $(date +%s) - t0 )) s of tests, $jobs at a time) =="
   report_times "$name" "$dir" "${!budget_var}"
@@ -93,6 +112,7 @@ else
   status=1
 fi
 rm -f "$tsan_log"
+phase_end tsan
 [ "$status" -ne 0 ] && [ "$failed" -eq 0 ] && failed=1   # a build step failed
 # The libFuzzer harnesses (tests/fuzz/), briefly: one test of the tally (skipped where
 # clang has no libFuzzer).
@@ -103,7 +123,10 @@ case $? in
 77) skipped=$((skipped + 1)) ;;
 *) failed=$((failed + 1)) status=1 ;;
 esac
+phase_end fuzz
 wall=$(( $(date +%s) - t_start ))
+echo "== phases: wall s, CPU s (user + sys) =="
+for r in "${phase_rows[@]}"; do echo "  $r"; done
 for s in "${slow[@]}"; do echo "slow test (reported, not failed): $s"; done
 over=""
 [ "$wall" -gt "$BUDGET_TOTAL" ] && over="  OVER BUDGET (reported, not failed)"
