@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up, builds and runs the whole test suite twice: a normal (release) build and
+# Sets up, checks the include graph against the layers (scripts/layers.py, counted as
+# one test), builds and runs the whole test suite twice: a normal (release) build and
 # an AddressSanitizer + UndefinedBehaviorSanitizer build; the concurrency cases in a
 # ThreadSanitizer build; then every fuzz harness for
 # 15 s (scripts/fuzz.sh, counted as one test).  Tests run one per core
@@ -83,6 +84,16 @@ run_suite() {
   report_times "$name" "$dir" "${!budget_var}"
   return "$rc"
 }
+
+# The include graph against the layers (scripts/layers.py; python3 alone): one test
+# of the tally.
+echo "== layers: the include graph (scripts/layers.py) =="
+if python3 scripts/layers.py; then
+  passed=$((passed + 1))
+else
+  failed=$((failed + 1)) status=1
+fi
+phase_end layers
 
 run_suite normal build || status=1
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1
