@@ -28,7 +28,8 @@ source folder outside the table, meson.build without `inc`).
 --png FILE draws the layers (folders as boxes in layer rows, the top layer on top;
            include edges between folders labelled with their counts, upward ones red)
            with graphviz `dot`, which only this option needs.
---known F  the list of known violations (default scripts/layers-known.txt).
+--known F  the list of known violations (default scripts/layers-known.txt; that
+           default may be absent: no known violations).
 
 Needs nothing but python3 (standard library) for the check.
 """
@@ -193,7 +194,8 @@ def folder_cycles(edges):
     return [c for c in sccs(sorted(layer_of_folder()), graph) if len(c) > 1]
 
 
-def read_known(path):
+def read_known(path, required):
+    """The listed violations of path; none when it is absent and not required."""
     known = []
     try:
         for line in open(path, encoding="utf-8"):
@@ -201,7 +203,10 @@ def read_known(path):
             if line and not line.startswith("#"):
                 known.append(line)
     except FileNotFoundError:
-        pass
+        if required:
+            raise SetupError("no such file: %s" % path)
+    except OSError as e:
+        raise SetupError("cannot read %s: %s" % (path, e.strerror))
     return known
 
 
@@ -253,12 +258,12 @@ def main():
     known_path = args.known or os.path.join(repo, "scripts", "layers-known.txt")
     try:
         violations, edges, files, n_inc = analyse(repo)
+        known = read_known(known_path, args.known is not None)
         if args.png:
             draw_png(edges, args.png)
     except SetupError as e:
         print("layers: error: %s" % e, file=sys.stderr)
         return 2
-    known = read_known(known_path)
     found, listed = set(violations), set(known)
     new = [v for v in violations if v not in listed]
     gone = [k for k in known if k not in found]
