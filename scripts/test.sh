@@ -3,7 +3,8 @@
 # one test), builds and runs the whole test suite twice: a normal (release) build and
 # an AddressSanitizer + UndefinedBehaviorSanitizer build; the concurrency cases in a
 # ThreadSanitizer build; then every fuzz harness for
-# 15 s (scripts/fuzz.sh, counted as one test).  Tests run one per core
+# 15 s (scripts/fuzz.sh, counted as one test).  Tests run one per core, those of
+# suite 'threaded' (engines of two threads) one per two cores in a run of their own
 # (meson --num-processes; tests that measure time run alone).  Prints each test's
 # time, reports (does not fail) any test over its budget and the whole command's
 # wall time against its budget, and closes with one line
@@ -38,27 +39,44 @@ BUDGET_TEST_asan=600
 BUDGET_TOTAL=1800
 slow=()
 
-# Per-test durations from meson's JSON test log, slowest first; tests over the
-# budget are collected in `slow`.
+# Per-test durations from meson's JSON test logs (both runs of run_tests), slowest
+# first; tests over the budget are collected in `slow`.
 report_times() {
   local name=$1 dir=$2 budget=$3 line
-  [ -f "$dir/meson-logs/testlog.json" ] || return 0
   while IFS= read -r line; do
     echo "  $line"
     case "$line" in *" SLOW"*) slow+=("$name: $line") ;; esac
-  done < <(python3 - "$dir/meson-logs/testlog.json" "$budget" <<'PY'
-import json, sys
+  done < <(python3 - "$budget" "$dir/meson-logs/testlog-threaded.json" "$dir/meson-logs/testlog-shared.json" <<'PY'
+import json, os, sys
 rows = []
-for l in open(sys.argv[1]):
-    l = l.strip()
-    if l:
-        t = json.loads(l)
-        rows.append((t.get("duration", 0.0), t["name"], t.get("result", "")))
+for path in sys.argv[2:]:
+    if not os.path.exists(path):
+        continue
+    for l in open(path):
+        l = l.strip()
+        if l:
+            t = json.loads(l)
+            rows.append((t.get("duration", 0.0), t["name"], t.get("result", "")))
 for d, n, r in sorted(rows, reverse=True):
-    flag = "  SLOW (budget %s s)" % sys.argv[2] if d > float(sys.argv[2]) else ""
-    print("%-16s %-8s %8.1f s%s" % (n, r, d, flag))
+    flag = "  SLOW (budget %s s)" % sys.argv[1] if d > float(sys.argv[1]) else ""
+    print("%-18s %-8s %8.1f s%s" % (n, r, d, flag))
 PY
 )
+}
+
+# meson test on dir with ARGS..., adding its counts to the tally; LOGBASE names its
+# JSON log (meson-logs/LOGBASE.json).  Returns meson's status.
+run_tests() {
+  local dir=$1 logbase=$2; shift 2
+  local log rc ok fail skip tmo
+  log=$(mktemp)
+  meson test -C "$dir" --no-rebuild --print-errorlogs --logbase "$logbase" "$@" | tee "$log"
+  rc=${PIPESTATUS[0]}
+  ok=$(awk '/^Ok:/ {print $2}' "$log"); fail=$(awk '/^Fail:/ {print $2}' "$log")
+  skip=$(awk '/^Skipped:/ {print $2}' "$log"); tmo=$(awk '/^Timeout:/ {print $2}' "$log")
+  passed=$((passed + ${ok:-0})); failed=$((failed + ${fail:-0} + ${tmo:-0})); skipped=$((skipped + ${skip:-0}))
+  rm -f "$log"
+  return "$rc"
 }
 
 run_suite() {
@@ -69,18 +87,17 @@ run_suite() {
   if [ -d "$dir" ]; then meson setup --reconfigure "$dir" "$@" >/dev/null; else meson setup "$dir" "$@" >/dev/null; fi || return 1
   meson compile -C "$dir" -j "$jobs" || { phase_end "$name build"; return 1; }
   phase_end "$name build"
-  local log; log=$(mktemp)
-  local t0; t0=$(date +%s)
-  meson test -C "$dir" --print-errorlogs --num-processes "$jobs" --timeout-multiplier "$mult" | tee "$log"
-  local rc=${PIPESTATUS[0]}
-  local ok fail skip tmo
-  ok=$(awk '/^Ok:/ {print $2}' "$log"); fail=$(awk '/^Fail:/ {print $2}' "$log")
-  skip=$(awk '/^Skipped:/ {print $2}' "$log"); tmo=$(awk '/^Timeout:/ {print $2}' "$log")
-  passed=$((passed + ${ok:-0})); failed=$((failed + ${fail:-0} + ${tmo:-0})); skipped=$((skipped + ${skip:-0}))
-  rm -f "$log"
+  local t0 rc=0; t0=$(date +%s)
+  # The tests of suite 'threaded' (engines of two threads or more) one per two cores:
+  # two of them on two cores wait on each other's thread-pool barriers
+  # (tests/meson.build); then the others one per core.
+  local tjobs=$((jobs / 2 > 0 ? jobs / 2 : 1))
+  rm -f "$dir"/meson-logs/testlog-{threaded,shared}.json
+  run_tests "$dir" testlog-threaded --suite threaded --num-processes "$tjobs" --timeout-multiplier "$mult" || rc=1
+  run_tests "$dir" testlog-shared --no-suite threaded --num-processes "$jobs" --timeout-multiplier "$mult" || rc=1
   phase_end "$name tests"
   local budget_var="BUDGET_TEST_$name"
-  echo "== $name build: test times ($(( $(date +%s) - t0 )) s of tests, $jobs at a time) =="
+  echo "== $name build: test times ($(( $(date +%s) - t0 )) s of tests; threaded ones $tjobs at a time, the others $jobs) =="
   report_times "$name" "$dir" "${!budget_var}"
   return "$rc"
 }
