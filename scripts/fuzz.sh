@@ -2,7 +2,8 @@
 # usage: scripts/fuzz.sh [SECONDS [NAME...]]
 #
 # Builds every libFuzzer harness of tests/fuzz/ (fuzz_NAME.c) with clang
-# -fsanitize=fuzzer,address,undefined into build-fuzz/, seeds each one's corpus from
+# -fsanitize=fuzzer,address,undefined into build-fuzz/ (each source compiled once,
+# one per core, into build-fuzz/obj/), seeds each one's corpus from
 # the checked-in examples (configs/*.ini, tests/data/*.jsonl, the GGUF files' heads,
 # the tokenizer cases, the chat templates, example server requests) and runs it for SECONDS (default 20), two at a time (NAME...:
 # only those, e.g. `scripts/fuzz.sh 300 config prompts`).  The
@@ -17,6 +18,7 @@ case "$SECS" in '' | *[!0-9]*) echo "usage: scripts/fuzz.sh [SECONDS [NAME...]]"
 shift $(($# > 0 ? 1 : 0))
 OUT=build-fuzz
 CC=${CLANG:-clang}
+JOBS=$(nproc 2>/dev/null || echo 2)
 FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc/base -Isrc/gguf -Isrc/tokenizer -Isrc/chat -Isrc/request -Isrc/cli -Isrc/server -Idraft)
 JSON_SRC=(src/base/json.c src/base/unicode.c src/base/unicode_data.c src/base/common.c)
 GGUF_SRC=(src/gguf/gguf.c src/gguf/ggml_types.c src/base/dtype.c src/base/dtype_quant.c src/base/dtype_kquant.c "${JSON_SRC[@]}")
@@ -53,18 +55,48 @@ if ! "$CC" -fsanitize=fuzzer,address,undefined "$OUT/probe.c" -o "$OUT/probe" 2>
     exit 77
 fi
 
-# Builds fuzz_NAME unless it is newer than this script, its harness and every source
-# and header.
-build() {
-    local h=$1 exe=$OUT/fuzz_$1 src
-    read -ra src <<<"$(sources "$h")"
-    if [ -x "$exe" ] &&
-        [ -z "$(find scripts/fuzz.sh "tests/fuzz/fuzz_$h.c" include src \( -name '*.[ch]' -o -name fuzz.sh \) \
-            -newer "$exe" | head -n 1)" ]; then
-        return 0
-    fi
-    # shellcheck disable=SC2046
-    "$CC" "${FLAGS[@]}" "tests/fuzz/fuzz_$h.c" "${src[@]}" $(libs "$h") -o "$exe"
+# Whether fuzz_NAME must be built: it is missing, or older than this script, its
+# harness or a source or header of the library's folders.
+stale() {
+    local exe=$OUT/fuzz_$1
+    [ ! -x "$exe" ] ||
+        [ -n "$(find scripts/fuzz.sh "tests/fuzz/fuzz_$1.c" include src draft \( -name '*.[ch]' -o -name fuzz.sh \) \
+            -newer "$exe" | head -n 1)" ]
+}
+obj() { local o=${1//\//_}; echo "$OUT/obj/${o%.c}.o"; }
+
+# Builds the stale harnesses: every source they need compiled once (a library source
+# is shared by several harnesses), JOBS at a time, into build-fuzz/obj/, then each
+# harness linked.  Returns 1 (after saying which) when a compile or a link fails.
+build_all() {
+    local h s todo=() srcs=() pids=() failed=0
+    local -A seen=()
+    for h in "${HARNESSES[@]}"; do stale "$h" && todo+=("$h"); done
+    [ ${#todo[@]} -eq 0 ] && return 0
+    for h in "${todo[@]}"; do
+        for s in "tests/fuzz/fuzz_$h.c" $(sources "$h"); do
+            [ -n "${seen[$s]:-}" ] || { seen[$s]=1; srcs+=("$s"); }
+        done
+    done
+    mkdir -p "$OUT/obj"
+    for s in "${srcs[@]}"; do
+        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+        { "$CC" "${FLAGS[@]}" -c "$s" -o "$(obj "$s")" || { echo "fuzz: FAILED to compile $s"; exit 1; }; } &
+        pids+=($!)
+    done
+    for s in "${pids[@]}"; do wait "$s" || failed=1; done
+    [ "$failed" -eq 0 ] || return 1
+    pids=()
+    for h in "${todo[@]}"; do
+        local objs=()
+        for s in "tests/fuzz/fuzz_$h.c" $(sources "$h"); do objs+=("$(obj "$s")"); done
+        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n; done
+        # shellcheck disable=SC2046
+        { "$CC" "${FLAGS[@]}" "${objs[@]}" $(libs "$h") -o "$OUT/fuzz_$h" || { echo "fuzz: FAILED to build fuzz_$h"; exit 1; }; } &
+        pids+=($!)
+    done
+    for s in "${pids[@]}"; do wait "$s" || failed=1; done
+    return "$failed"
 }
 
 # The seed corpus of each harness, from files in the repository (small pieces: the
@@ -128,13 +160,8 @@ fuzz() {
 }
 
 t0=$(date +%s)
-for h in "${HARNESSES[@]}"; do
-    if ! build "$h"; then
-        echo "fuzz: FAILED to build fuzz_$h"
-        exit 1
-    fi
-    seed "$h"
-done
+build_all || exit 1
+for h in "${HARNESSES[@]}"; do seed "$h"; done
 echo "fuzz: built ${#HARNESSES[@]} harnesses in $(( $(date +%s) - t0 )) s; running each for $SECS s, two at a time"
 declare -A pid
 for h in "${HARNESSES[@]}"; do

@@ -2,7 +2,8 @@
  * for every prompt of refs-dev.jsonl and each of the three models, the 8 largest
  * logits at the last prompt position are the same tokens with values within 1e-3;
  * batch-split invariance; and the quantised head's greedy argmax equals the argmax
- * of the exact logits at every position of 20 prompts. */
+ * of the exact logits at every position of 20 prompts.  A sanitizer build checks
+ * every fourth prompt (TDM_TEST_SANITIZED). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -122,7 +123,8 @@ Test(model, batch_split_invariance, .timeout = 300) {
 
 /* The greedy forward (TDM_FWD_ARGMAX: the quantised head's bounds plus a few exact
  * logits) returns tdm_argmax of the exact logits at every prompt position of 20 dev
- * prompts, for each of the three models; the approximate logits of the draft path
+ * prompts (a sanitizer build: every fourth of them, each position three forwards
+ * there too), for each of the three models; the approximate logits of the draft path
  * (TDM_FWD_LOGITS_APPROX) pick the same top token at nearly every position. */
 static void check_argmax_head(const char *file) {
     tdm_err err = {0};
@@ -144,7 +146,8 @@ static void check_argmax_head(const char *file) {
     double max_dev = 0;
     float *approx = malloc((size_t)V * 4);
     cr_assert(approx);
-    for (size_t li = 0; li < n_lines && li < 20; li++) {
+    const size_t stride = tdm_test_sanitized() ? 4 : 1;
+    for (size_t li = 0; li < n_lines && li < 20; li += stride) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
         tdm_seq s;
@@ -172,7 +175,7 @@ static void check_argmax_head(const char *file) {
     }
     cr_log_info("%s: %d positions, approximate top token = exact at %d, max |approximate - exact logit| %.3g",
                 file, checked, same_top, max_dev);
-    cr_assert_gt(checked, 2000);
+    cr_assert_gt(checked, 2000 / (int32_t)stride);
     cr_assert_geq(same_top, checked * 95 / 100, "%s: approximate top token right at %d of %d", file, same_top,
                   checked);
     cr_assert_lt(max_dev, 2.0, "%s: approximate logits off by %g", file, max_dev);

@@ -2,11 +2,12 @@
  * small random-weight model pair made here, the empirical distribution of the
  * generated tokens at positions 1..4 under speculative sampling matches
  * target-only sampling (two-sample chi-square, p-value > 1e-4, fixed seeds; 20000
- * draws per distribution, an eighth of them in a sanitizer build).  The seeds are
- * fixed but adaptive configurations draw by measured costs, so each run is a fresh
- * sample: 72 p-values a test command (9 cases, 4 positions, 2 builds) at 1e-3 would
- * fail a correct engine in 7 % of runs (one did, p = 0.00031, 2026-12-06); at 1e-4,
- * 0.7 %.  A different distribution must score below the same bound (the last test). */
+ * draws per distribution, an eighth of them in a sanitizer build, a 32nd for the
+ * long de Bruijn prompt there).  The seeds are fixed but adaptive configurations
+ * draw by measured costs, so each run is a fresh sample: 72 p-values a test
+ * command (9 cases, 4 positions, 2 builds) at 1e-3 would fail a correct engine in
+ * 7 % of runs (one did, p = 0.00031, 2026-12-06); at 1e-4, 0.7 %.  A different
+ * distribution must score below the same bound (the last test). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -57,10 +58,11 @@ static void pair_close(pair *p) {
     free(p->dpath);
 }
 
-/* counts[pos][token] over N_RUNS sampled continuations */
+/* counts[pos][token] over n_runs sampled continuations */
 static void sample_counts(tdm_engine *e, const tandem_generate_params *base, const int32_t *prompt,
-                          int32_t n_prompt, uint64_t seed0, int32_t V, uint64_t *counts, tandem_spec_stats *agg) {
-    tdm_test_sample_counts(e, base, prompt, n_prompt, seed0, N_RUNS, N_POS, V, counts, agg);
+                          int32_t n_prompt, uint64_t seed0, int n_runs, int32_t V, uint64_t *counts,
+                          tandem_spec_stats *agg) {
+    tdm_test_sample_counts(e, base, prompt, n_prompt, seed0, n_runs, N_POS, V, counts, agg);
 }
 
 /* Prompts: PLAIN {3, 7, 1}; REPEAT P + C + P where C is the target's greedy
@@ -131,17 +133,21 @@ static void check_lossless_t(float temp, int top_k, float top_p, int spec_k, flo
     int32_t prompt[240];
     int32_t n_prompt = make_prompt(kind, plain, prompt);
     tandem_spec_stats agg = {0};
-    sample_counts(plain, &gp, prompt, n_prompt, 1000000, V, a, NULL);
-    sample_counts(spec, &gp, prompt, n_prompt, 2000000, V, b, &agg);
+    /* every draw prefills its prompt: the de Bruijn prompt (226 tokens) costs a
+     * sanitizer build most of this file's time, so there it takes a quarter of the
+     * draws (625: the same paths, a chi-square of less power) */
+    const int n_runs = kind == PROMPT_DEBRUIJN && tdm_test_sanitized() ? N_RUNS / 4 : N_RUNS;
+    sample_counts(plain, &gp, prompt, n_prompt, 1000000, n_runs, V, a, NULL);
+    sample_counts(spec, &gp, prompt, n_prompt, 2000000, n_runs, V, b, &agg);
     double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
     cr_log_info("temp %.2f top_k %d top_p %.2f k %d p_min %.2f tree %d %s: acceptance %.3f, %.3f drafted per run", temp,
-                top_k, top_p, spec_k, p_min, tree, shape ? shape : "-", acc, (double)agg.drafted / N_RUNS);
+                top_k, top_p, spec_k, p_min, tree, shape ? shape : "-", acc, (double)agg.drafted / n_runs);
     if (tree || shape) cr_assert_gt(agg.tree_steps, 0, "no tree was verified");
     /* the test is only meaningful when some drafts are accepted and some rejected */
     cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: the pair does not exercise both outcomes", acc);
     if (ngram) {
         double ng_acc = agg.ngram_drafted ? (double)agg.ngram_accepted / (double)agg.ngram_drafted : 0;
-        cr_log_info("  n-gram: %.3f steps per run, acceptance %.3f", (double)agg.ngram_steps / N_RUNS, ng_acc);
+        cr_log_info("  n-gram: %.3f steps per run, acceptance %.3f", (double)agg.ngram_steps / n_runs, ng_acc);
         /* (an adaptive configuration takes lookups by measured costs, which a
          * sanitizer build sharing two cores distorts: such runs looked up 128
          * tokens in all, and once 13 (7 accepted); there, where memory errors are
@@ -203,8 +209,8 @@ Test(spec_stat, test_detects_a_different_distribution, .timeout = 600) {
     tandem_generate_params gp = tandem_generate_default_params();
     gp.temperature = 1.0f;
     const int32_t prompt[] = {3, 7, 1};
-    sample_counts(et, &gp, prompt, 3, 1, V, a, NULL);
-    sample_counts(ed, &gp, prompt, 3, 2, V, b, NULL);
+    sample_counts(et, &gp, prompt, 3, 1, N_RUNS, V, a, NULL);
+    sample_counts(ed, &gp, prompt, 3, 2, N_RUNS, V, b, NULL);
     double pv = tdm_stat_chi2_two_sample(a, b, V);
     cr_assert_lt(pv, 1e-4, "target and draft distributions not told apart (p = %.3g)", pv);
     free(a);

@@ -476,11 +476,12 @@ static void check_batched_trees(int32_t N, bool sampled, int ngram) {
     tdm_test_jsonl_free(refs, n_lines);
 }
 
-Test(tree, batched_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 24, false, 0); }
-Test(tree, batched_sampled_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 16, true, 0); }
+/* (a sanitizer build: four requests, one of each tree setting, decoding at once) */
+Test(tree, batched_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 4 : 24, false, 0); }
+Test(tree, batched_sampled_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 4 : 16, true, 0); }
 /* The same with n-gram lookup on: the trees hold lookups too (within their budgets). */
-Test(tree, batched_lookup_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 8 : 12, false, 4); }
-Test(tree, batched_sampled_lookup_trees_equal_target_only) { check_batched_trees(8, true, 4); }
+Test(tree, batched_lookup_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 4 : 12, false, 4); }
+Test(tree, batched_sampled_lookup_trees_equal_target_only) { check_batched_trees(tdm_test_sanitized() ? 4 : 8, true, 4); }
 
 /* Benchmark mode (draft/oracle.h): the rearrangement itself, and on the pycode
  * pair that alpha 1 makes every proposal on the target's path accepted, alpha 0
