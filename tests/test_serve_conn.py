@@ -241,7 +241,7 @@ keep.close()
 c.check(srv.stop() == 0, "SIGTERM: exit 0", "".join(srv.log)[-500:])
 
 # ---------------------------------------------------------------- SIGTERM: slow clients, cut requests
-GRACE = 1.0
+GRACE = 0.3  # (short: the 1,000-token requests must still be running when it ends)
 srv = Server(TANDEM, ["-m", TARGET, "-t", "1", "--max-batch", "2", "--shutdown-grace", str(GRACE)])
 port = srv.port
 results = {}
