@@ -2,6 +2,7 @@
 #include "dtype.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "dtype_quant.h"
 
@@ -295,12 +296,15 @@ bool tdm_weight_pack(uint32_t layout, uint32_t type, int64_t rows, int64_t cols,
     for (int64_t b = 0; b < rows / B; b++)
         for (int64_t c0 = 0; c0 < cols; c0 += B) {
             int64_t c1 = c0 + B < cols ? c0 + B : cols;
+/* (src may be a misaligned tensor of a GGUF file: its elements are read with memcpy) */
 #define PACK_TILE(T)                                                                               \
     do {                                                                                           \
-        const T *sv = (const T *)src + (size_t)b * B * (size_t)cols;                               \
+        const unsigned char *sv = (const unsigned char *)src + (size_t)b * B * (size_t)cols * sizeof(T); \
         T *dv = (T *)dst + (size_t)b * B * (size_t)cols;                                           \
         for (int64_t r = 0; r < B; r++)                                                            \
-            for (int64_t c = c0; c < c1; c++) dv[(size_t)c * B + (size_t)r] = sv[(size_t)r * (size_t)cols + (size_t)c]; \
+            for (int64_t c = c0; c < c1; c++)                                                      \
+                memcpy(&dv[(size_t)c * B + (size_t)r], sv + ((size_t)r * (size_t)cols + (size_t)c) * sizeof(T), \
+                       sizeof(T));                                                                 \
     } while (0)
             if (es == 2) PACK_TILE(uint16_t);
             else PACK_TILE(uint32_t);
