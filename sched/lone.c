@@ -133,7 +133,11 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
          * the two controllers' lengths */
         int32_t k_ext = sr->spec_ngram ? TDM_MIN(TDM_MAX(k, sr->ctrl_ng.k_last), k_limit) : k;
         tdm_phase_start(&e->ph, e->be);
-        if ((st = tdm_draft_chain(e, ws, s, sr, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
+        tdm_chain_req q = {.s = s, .sr = sr, .k = k, .k_ext = k_ext, .u = NULL, .draft = draft};
+        const tdm_draft_scratch scr = tdm_sched_draft_scratch(sc);
+        int32_t catch_up;
+        if ((st = tdm_draft_chains(e, ws, &q, 1, &scr, &catch_up, err))) return st;
+        nd = q.n_drafted, n_model = q.n_model, n_fwd = q.n_forwards;
         tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_DRAFT);
     }
     st = verify_step(sc, r, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);

@@ -25,7 +25,8 @@
 #include <string.h>
 
 #include "accept.h"
-#include "batch_chain.h"
+#include "batch_ctrl.h"
+#include "chain.h"
 #include "commit.h"
 #include "liblog.h"
 #include "kv_cache.h"
@@ -598,37 +599,38 @@ static bool ngram_chain(step_item *it) {
 }
 
 /* Proposes the chains the plan verifies: n-gram lookups where they pay, the draft
- * model for the rest (one draft forward per round for all of them); false when
- * drafting failed (its sequences fail, nothing else runs).  *catch_up: the rows the
- * draft fed for tokens it had not seen. */
+ * model for the rest (draft/chain.h: one draft forward per round for all of them;
+ * a sampled sequence's token d drafted with the uniform its target token uses);
+ * false when drafting failed (its sequences fail, nothing else runs).  *catch_up:
+ * the rows the draft fed for tokens it had not seen. */
 static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_up) {
     tdm_engine *e = s->e;
-    tdm_seq *seqs[TDM_ENGINE_BATCH_LOGITS_MAX];
-    int32_t k[TDM_ENGINE_BATCH_LOGITS_MAX], m = 0, k_max = 0;
-    const step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
+    tdm_chain_req req[TDM_ENGINE_BATCH_LOGITS_MAX];
+    step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
+    int32_t m = 0, k_max = 0;
     *catch_up = 0;
     for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
         if (!it[i].decode || it[i].k <= 0 || ngram_chain(&it[i])) continue;
         tdm_seq *q = &it[i].r->s;
-        /* a sampled sequence's token d drafts with the uniform its target token uses */
         double *u = s->draws + (size_t)m * (TDM_CTRL_MAX_K + 1);
         if (q->sp.temperature > 0) tdm_engine_draws(q, it[i].k, u);
         who[m] = &it[i];
-        seqs[m] = q;
-        k[m++] = it[i].k;
+        req[m++] = (tdm_chain_req){.s = q, .sr = &it[i].r->sr, .k = it[i].k, .k_ext = it[i].k,
+                                   .u = q->sp.temperature > 0 ? u : NULL, .draft = it[i].draft};
         k_max = TDM_MAX(k_max, it[i].k);
     }
     if (m == 0) return true;
-    int32_t *chains = s->chains;
-    const tdm_draft_scratch scr = {s->g_seqs, s->g_who, s->g_slot, s->g_tok, s->g_rows};
+    const tdm_draft_scratch scr = tdm_sched_draft_scratch(s);
     tdm_err err = {0};
     const double t0 = tdm_now();
-    tandem_status st = tdm_draft_batch(e, s->ws, seqs, m, k, s->draws, chains, &scr, catch_up, &err);
+    tandem_status st = tdm_draft_chains(e, s->ws, req, m, &scr, catch_up, &err);
     /* a round's cost: the drafting over its rounds, where it caught up on no more
      * than a token or two a sequence */
     if (!st && *catch_up <= m) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
-    for (int32_t j = 0; j < m && !st; j++)
-        memcpy(who[j]->draft, chains + (size_t)j * TDM_CTRL_MAX_K, (size_t)k[j] * sizeof *chains);
+    for (int32_t j = 0; j < m && !st; j++) { /* (p_min may have cut a chain) */
+        who[j]->k = req[j].n_drafted;
+        who[j]->to = who[j]->from + 1 + req[j].n_drafted;
+    }
     if (!st) return true;
     for (int32_t j = 0; j < m; j++) tdm_sched_fail(who[j]->r, st, &err);
     return false;
