@@ -33,8 +33,8 @@ static int32_t oracle_token(const tdm_seq *s, tdm_spec_rec *sr, const float *l, 
  * is sound: the proposal for a position may depend on everything before it. */
 static int32_t lookup_extension(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t len, int32_t k, int32_t k_ext,
                                 int32_t *draft) {
-    if (!sr->spec_ngram || k_ext <= len) return 0;
-    int32_t m = tdm_ngram_propose(s->tokens, s->n_tokens + len, sr->spec_ngram, k_ext - len, draft + len);
+    if (!tdm_spec_lookup_n(sr) || k_ext <= len) return 0;
+    int32_t m = tdm_ngram_propose(s->tokens, s->n_tokens + len, tdm_spec_lookup_n(sr), k_ext - len, draft + len);
     if (m == 0) return 0;
     double rate_ng = tdm_ctrl_rate(&ws->cost, sr->ctrl_ng.alpha, 0.0, m);
     double rate_d = tdm_ctrl_rate(&ws->cost, sr->ctrl.alpha, tdm_cost_draft(&ws->cost), TDM_MAX(k - len, 1));

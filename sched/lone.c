@@ -29,10 +29,10 @@
  * choice, whose expected rate is rate_other (tokens per second: the draft model's
  * chain, or a plain step when the draft model backed off). */
 static int32_t ngram_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t k_limit, double rate_other, int32_t *draft) {
-    if (!sr->spec_ngram) return 0;
+    if (!tdm_spec_lookup_n(sr)) return 0;
     int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&sr->ctrl_ng, &ws->cost, 0.0, NULL), k_limit);
     if (k <= 0) return 0;
-    int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, sr->spec_ngram, k, draft);
+    int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, tdm_spec_lookup_n(sr), k, draft);
     if (nd == 0) return 0;
     double rate_ng = tdm_ctrl_rate(&ws->cost, sr->ctrl_ng.alpha, 0.0, nd);
     if (!tdm_ngram_take(rate_ng, rate_other, &sr->n_ngram_skips)) return 0;
@@ -47,7 +47,7 @@ static tandem_status plain_step(tdm_sched *sc, tdm_req *r, int32_t k_final, tdm_
     tandem_status st = tdm_sched_verify_lone(sc, r, NULL, 0, 0, NULL, &v, err);
     if (st) return st;
     tdm_commit_chain(sc->e, &r->s, NULL, &v);
-    tdm_spec_stats_add(&r->sr.spec, &(tdm_step_obs){.committed = 1, .k_final = k_final});
+    tdm_spec_stats_add(&r->sr, &sc->pay, &(tdm_step_obs){.committed = 1, .k_final = k_final});
     return TANDEM_OK;
 }
 
@@ -71,6 +71,7 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
     tdm_spec_rec *sr = &r->sr;
     tandem_status st;
     const int32_t n = s->n_tokens;
+    tdm_spec_rec_step(sr); /* (lookups this step, where they pay) */
     /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
     const int32_t k_chosen = sr->spec_tree > 0 ? tdm_ctrl_choose_k(&sr->ctrl, &ws->cost)
                                               : tdm_ctrl_plan(&sr->ctrl, &ws->cost, tdm_cost_draft(&ws->cost), NULL);
@@ -131,7 +132,7 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
     } else {
         /* a lookup may complete the chain after a drafted prefix: up to the longer of
          * the two controllers' lengths */
-        int32_t k_ext = sr->spec_ngram ? TDM_MIN(TDM_MAX(k, sr->ctrl_ng.k_last), k_limit) : k;
+        int32_t k_ext = tdm_spec_lookup_n(sr) ? TDM_MIN(TDM_MAX(k, sr->ctrl_ng.k_last), k_limit) : k;
         tdm_phase_start(&e->ph, e->be);
         tdm_chain_req q = {.s = s, .sr = sr, .k = k, .k_ext = k_ext, .u = NULL, .draft = draft};
         const tdm_draft_scratch scr = tdm_sched_draft_scratch(sc);
@@ -172,7 +173,7 @@ static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft
     if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&sr->ctrl_ng, n_look, acc_look);
     tdm_cost_observe_verify(&ws->cost, nd + 1, t2 - t1);
     /* (k_final: the controller's choice, before end-of-request clamping) */
-    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
+    tdm_spec_stats_add(sr, &sc->pay, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
                                                  .looked_up_acc = acc_look, .lookup_step = n_ng > 0,
                                                  .committed = s->n_tokens - n, .k_final = k_chosen,
                                                  .draft_s = t1 - t0, .verify_s = t2 - t1});

@@ -119,6 +119,8 @@ struct tdm_sched {
     tdm_spec_ctrl pair;        /* the pair's acceptance over every drafted chain (alpha):
                                   a new request's starting estimate */
     bool pair_seen;            /* pair observed at least once */
+    tdm_payoff pay;            /* what lookups and the draft model yield over every request
+                                  (draft/payoff.h): a new request's starting figures */
     uint64_t n_spec_steps;     /* batched speculation decisions (exploration schedule) */
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
 };

@@ -158,6 +158,7 @@ static void admit(tdm_sched *s, double now) {
             /* what the pair has been accepting, rather than a prior that may keep a
              * batch from ever speculating (and so from ever learning) */
             if (s->pair_seen && r->sr.ctrl.k_fixed == 0) r->sr.ctrl.alpha = s->pair.alpha;
+            tdm_payoff_carry(&r->sr.pay, &s->pay);
             r->n_cached = (size_t)cached;
             pthread_mutex_lock(&s->mu);
             s->stats.prompt_tokens += (uint64_t)q->n_prompt;
@@ -285,7 +286,7 @@ static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree
  * at most min over p, q's overlap, rather than the optimum of rejection sampling
  * (verify/accept.h), in exchange for output that does not depend on the batch.
  * Returns the tokens accepted. */
-static int32_t commit_match(tdm_engine *e, const step_item *it, const int32_t *out, double draft_s,
+static int32_t commit_match(tdm_sched *s, const step_item *it, const int32_t *out, double draft_s,
                             double verify_s) {
     tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
@@ -293,9 +294,9 @@ static int32_t commit_match(tdm_engine *e, const step_item *it, const int32_t *o
     tdm_verdict v;
     v.n_acc = tdm_accept_greedy(it->draft, k, out, &v.next);
     if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
-    tdm_commit_chain(e, q, it->draft, &v);
+    tdm_commit_chain(s->e, q, it->draft, &v);
     if (k > 0) tdm_ctrl_observe(it->ngram ? &sr->ctrl_ng : &sr->ctrl, k, v.n_acc);
-    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
+    tdm_spec_stats_add(sr, &s->pay, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
                                                  .looked_up = it->ngram ? k : 0, .looked_up_acc = it->ngram ? v.n_acc : 0,
                                                  .lookup_step = it->ngram && k > 0, .committed = q->n_tokens - before,
                                                  .k_final = k > 0 ? k : -1, .draft_s = draft_s, .verify_s = verify_s});
@@ -398,7 +399,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             continue;
         }
         if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
-            const int32_t acc = commit_match(e, &it[i], out, s->t_draft, now - s->t_verify0);
+            const int32_t acc = commit_match(s, &it[i], out, s->t_draft, now - s->t_verify0);
             if (it[i].k > 0 && !it[i].ngram) {
                 tdm_ctrl_observe(&s->pair, it[i].k, acc);
                 s->pair_seen = true;
@@ -586,8 +587,8 @@ static void choose_k(tdm_sched *s) {
 static bool ngram_chain(step_item *it) {
     const tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
-    if (!sr->spec_ngram) return false;
-    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, sr->spec_ngram, it->k, it->draft);
+    if (!tdm_spec_lookup_n(sr)) return false;
+    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k, it->draft);
     if (nd <= 0) return false;
     const double e_ng = tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd);
     const double e_d = tdm_ctrl_expected_tokens(sr->ctrl.alpha, it->k);
@@ -669,6 +670,8 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
         finish_done(s);
         return TANDEM_OK;
     }
+    for (int32_t i = 0; i < s->n_run; i++) /* (lookups this step, where they pay) */
+        if (s->run[i]->state == TDM_REQ_RUNNING) tdm_spec_rec_step(&s->run[i]->sr);
     step_item *it = s->items;
     int32_t n;
     do { /* (again after a preemption: the running batch changed) */
