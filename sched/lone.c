@@ -53,6 +53,17 @@ static tandem_status plain_step(tdm_sched *sc, tdm_req *r, int32_t k_final, tdm_
 
 tandem_status tdm_seq_step_target(tdm_sched *sc, tdm_req *r, tdm_err *err) { return plain_step(sc, r, -1, err); }
 
+void tdm_lone_observe(tdm_sched *sc, int32_t verify_rows, double verify_s, double draft_s) {
+    if (verify_rows > 0) {
+        tdm_cost_observe_verify(&sc->ws->cost, verify_rows, verify_s);
+        tdm_rowcost_observe(&sc->cost_t, verify_rows, verify_s);
+    }
+    if (draft_s > 0) {
+        tdm_cost_observe_draft(&sc->ws->cost, draft_s);
+        tdm_rowcost_observe(&sc->cost_d, 1, draft_s);
+    }
+}
+
 static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err);
 
 tandem_status tdm_seq_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
@@ -89,7 +100,7 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
         if (k_limit > 0 && t_plain > 0) n_ng = ngram_step(e, ws, s, sr, k_limit, 1.0 / t_plain, draft);
         if (n_ng == 0) {
             if ((st = plain_step(sc, r, 0, err))) return st;
-            tdm_cost_observe_verify(&ws->cost, 1, tdm_now() - t0);
+            tdm_lone_observe(sc, 1, tdm_now() - t0, 0);
             return TANDEM_OK;
         }
         return verify_step(sc, r, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
@@ -152,7 +163,6 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
 static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err) {
     tdm_engine *e = sc->e;
-    tdm_spec_ws *ws = sc->ws;
     tdm_seq *s = &r->s;
     tdm_spec_rec *sr = &r->sr;
     const int32_t n = s->n_tokens;
@@ -166,12 +176,12 @@ static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft
     /* the model-drafted prefix and the looked-up rest update their own estimates */
     int32_t n_look = nd - n_model;
     if (n_model > 0) {
-        tdm_cost_observe_draft(&ws->cost, (t1 - t0) / (double)TDM_MAX(n_fwd, 1)); /* per forward */
+        tdm_lone_observe(sc, 0, 0, (t1 - t0) / (double)TDM_MAX(n_fwd, 1)); /* per forward */
         tdm_ctrl_observe(&sr->ctrl, n_model, TDM_MIN(acc, n_model));
     }
     int32_t acc_look = TDM_MAX(acc - n_model, 0);
     if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&sr->ctrl_ng, n_look, acc_look);
-    tdm_cost_observe_verify(&ws->cost, nd + 1, t2 - t1);
+    tdm_lone_observe(sc, nd + 1, t2 - t1, 0);
     /* (k_final: the controller's choice, before end-of-request clamping) */
     tdm_spec_stats_add(sr, &sc->pay, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
                                                  .looked_up_acc = acc_look, .lookup_step = n_ng > 0,

@@ -154,7 +154,7 @@ tandem_status tdm_spec_lookup_tree_step(tdm_sched *sc, tdm_req *r, const int32_t
     if ((st = verify_commit(sc, r, t, &v, err))) return st;
     const int32_t acc = v.n_acc;
     const double t2 = tdm_now();
-    tdm_cost_observe_verify(&ws->cost, nodes + 1, t2 - t1);
+    tdm_lone_observe(sc, nodes + 1, t2 - t1, 0);
     observe_lookup(s, sr, first, L, before);
     tdm_spec_stats_add(sr, &sc->pay, &(tdm_step_obs){.proposed = nodes, .accepted = acc, .looked_up = nodes,
                                                  .looked_up_acc = acc, .lookup_step = true, .tree = true,
