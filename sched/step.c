@@ -296,7 +296,7 @@ static int32_t commit_match(tdm_sched *s, const step_item *it, const int32_t *ou
     if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
     tdm_commit_chain(s->e, q, it->draft, &v);
     if (k > 0) tdm_ctrl_observe(it->ngram ? &sr->ctrl_ng : &sr->ctrl, k, v.n_acc);
-    tdm_spec_stats_add(sr, &s->pay, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
+    tdm_spec_stats_add(sr, NULL, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
                                                  .looked_up = it->ngram ? k : 0, .looked_up_acc = it->ngram ? v.n_acc : 0,
                                                  .lookup_step = it->ngram && k > 0, .committed = q->n_tokens - before,
                                                  .k_final = k > 0 ? k : -1, .draft_s = draft_s, .verify_s = verify_s});
@@ -670,7 +670,8 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
         finish_done(s);
         return TANDEM_OK;
     }
-    for (int32_t i = 0; i < s->n_run; i++) /* (lookups this step, where they pay) */
+    for (int32_t i = 0; i < s->n_run; i++) /* (lookups this step, where they pay: what a lone
+                                               step measured, draft/payoff.h) */
         if (s->run[i]->state == TDM_REQ_RUNNING) tdm_spec_rec_step(&s->run[i]->sr);
     step_item *it = s->items;
     int32_t n;
