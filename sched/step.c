@@ -303,6 +303,18 @@ static int32_t commit_match(tdm_sched *s, const step_item *it, const int32_t *ou
     return v.n_acc;
 }
 
+/* What an item's verdict reads of the target's forward: tokens drawn per logits
+ * row (a greedy item's argmaxes, TDM_FWD_ARGMAX; a sampled item's draws with its
+ * uniforms, where the engine samples), or, for rejection sampling (it->reject, alone
+ * in its group), the logits rows themselves where its rule runs: a chain's on the
+ * device with the draft's q rows there, a tree's on the host. */
+static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
+    const bool samples = it->r->s.sp.temperature > 0 && (it->tree || it->decode || it->want);
+    if (!samples) return TDM_FWD_ARGMAX;
+    if (it->reject) return !it->tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+}
+
 /* The rows of items [0, n) as one forward of the target (and one of the draft over
  * the prompt chunks among them), and a token drawn for every logits row (s->g_tok,
  * in row order) unless the items are verified by rejection sampling (it->reject:
@@ -313,7 +325,8 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     const tdm_kv_seq **seqs = s->g_seqs;
     tdm_draw_row *rows = s->g_rows;
     int32_t m = 0;
-    bool any_sample = false, any_chunk = false;
+    bool any_chunk = false;
+    tdm_fwd_kind kind = TDM_FWD_ARGMAX; /* (the group's: its sampled items agree) */
     tdm_batch *b = &e->batch;
     tdm_batch_clear(b);
     for (int32_t i = 0; i < n; i++) {
@@ -331,7 +344,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             if (draws) tdm_engine_draws(q, deepest + 2, u);
             rows[m++] = (tdm_draw_row){q, u[0]};
             for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1]};
-            any_sample |= q->sp.temperature > 0;
+            if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
             continue;
         }
         if (draws) tdm_engine_draws(q, item_logits(&it[i]), u);
@@ -341,18 +354,14 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             tdm_batch_add(b, tk, p, i, p, want);
             if (want) rows[m++] = (tdm_draw_row){q, u[d++]};
         }
-        any_sample |= (it[i].decode || it[i].want) && q->sp.temperature > 0;
+        if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
         any_chunk |= !it[i].decode;
     }
-    tdm_fwd_kind kind = !any_sample ? TDM_FWD_ARGMAX : e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
-    /* rejection sampling reads the rows where its rule runs: a chain's on the device
-     * with the draft's q rows there, a tree's on the host */
-    if (n > 0 && it[0].reject && any_sample)
-        kind = !it[0].tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     *kind_out = kind;
     b->rows_shared = !e->cfg.batch_invariant && n > 1; /* (a lone sequence's rows stay its own) */
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
-    if (!st && m > 0 && !(n > 0 && it[0].reject && any_sample)) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
+    const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
+    if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);
         for (int32_t i = 0; i < n; i++) {
