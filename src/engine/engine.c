@@ -89,7 +89,7 @@ uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, 
 
 bool tdm_engine_kv_dtype(const tdm_backend *be, int32_t kv_type, uint32_t *out) {
     switch (kv_type) {
-    case TANDEM_KV_AUTO: *out = be->kv_type; return true; /* f32 on the CPU, f16 on the GPU */
+    case TANDEM_KV_AUTO: *out = be->kv_type; return true; /* f16 on the CPU and the GPU */
     case TANDEM_KV_F32: *out = TDM_F32; return true;
     case TANDEM_KV_F16: *out = TDM_F16; return true;
     case TANDEM_KV_Q8_0: *out = TDM_Q8_0; return true;
@@ -114,7 +114,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     e->target = target;
     e->draft = draft;
     e->cfg = *cfg;
-    if (e->cfg.n_ctx <= 0) e->cfg.n_ctx = target->hp.n_ctx_train;
+    if (e->cfg.n_ctx <= 0) e->cfg.n_ctx = TDM_MIN(TANDEM_CTX_DEFAULT, target->hp.n_ctx_train);
     if (e->cfg.n_seq_max <= 0) e->cfg.n_seq_max = 1;
     if (e->cfg.block_size <= 0) e->cfg.block_size = 16;
     /* rows per prefill forward: 256 on the CPU; 512 on a GPU, where a larger product
@@ -388,8 +388,10 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     memset(s, 0, sizeof *s);
     if (n_prompt <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "empty prompt");
     if (n_prompt >= e->cfg.n_ctx)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt of %d tokens does not fit the context of %d",
-                          (int)n_prompt, (int)e->cfg.n_ctx);
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "prompt of %d tokens does not fit the context of %d (a larger --ctx / n_ctx gives more, "
+                          "up to the model's %d)",
+                          (int)n_prompt, (int)e->cfg.n_ctx, (int)e->target->hp.n_ctx_train);
     tandem_status st = check_params(gp, err);
     if (st) return st;
     for (int32_t i = 0; i < n_prompt; i++)
