@@ -1,8 +1,9 @@
 /* test_kv_mem.c - memory as users expect on the CPU:
  *   - the context an engine takes by default (min(TANDEM_CTX_DEFAULT, the model's
  *     training context)), an explicit one (also past the training context), a bad
- *     one refused, a prompt that does not fit refused naming the context, and a
- *     generation that reaches the context ending with TANDEM_FINISH_LENGTH;
+ *     one refused, a prompt that does not fit refused naming the context, a
+ *     generation that reaches the context ending with TANDEM_FINISH_LENGTH, and a
+ *     KV budget beyond the machine's memory refused;
  *   - the CPU's KV cache takes memory as its blocks are first used: an engine with
  *     a 1 GiB budget is resident for a small part of it when it opens, and a long
  *     prompt grows it by about the prompt's K/V bytes, not by the budget
@@ -77,8 +78,9 @@ Test(kv_mem, context_default_and_limits) {
     gp.ignore_eos = true;
     tandem_result r;
     cr_assert_eq(tandem_generate_ids(e, ids, 256, &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert(strstr(tandem_last_error(), "256 tokens") && strstr(tandem_last_error(), "context of 256"), "%s",
-              tandem_last_error());
+    cr_assert(strstr(tandem_last_error(), "256 tokens") && strstr(tandem_last_error(), "context of 256") &&
+                  strstr(tandem_last_error(), "training context is 256"),
+              "%s", tandem_last_error());
     /* a reply that reaches the context ends there, finish reason length */
     cr_assert_eq(tandem_generate_ids(e, ids, 250, &gp, &r), TANDEM_OK, "%s", tandem_last_error());
     cr_assert_eq(r.finish_reason, TANDEM_FINISH_LENGTH);
@@ -97,6 +99,13 @@ Test(kv_mem, context_default_and_limits) {
     ep.n_ctx = -1;
     cr_assert_eq(tandem_engine_open(t.m, NULL, &ep, &e), TANDEM_ERR_INVALID_ARG);
     cr_assert(strstr(tandem_last_error(), "n_ctx"), "%s", tandem_last_error());
+    /* a budget beyond the machine's memory: refused when the engine opens (the
+     * system would take it, the cache's memory being taken as it is used) */
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    ep = tandem_engine_default_params();
+    ep.kv_bytes = (size_t)pages * (size_t)page * 2;
+    cr_assert_eq(tandem_engine_open(t.m, NULL, &ep, &e), TANDEM_ERR_NOMEM, "%s", tandem_last_error());
+    cr_assert(strstr(tandem_last_error(), "is more than this machine's"), "%s", tandem_last_error());
     free(ids);
     tiny_close(&t);
 }

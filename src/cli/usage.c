@@ -91,8 +91,10 @@ static const char help_tokenize[] =
     "  needs only the file's metadata (a vocabulary-only GGUF, any tensor types)\n";
 
 static const char help_info[] =
-    "usage: tandem info MODEL\n"
-    "  the header, metadata and tensors; marks the tensors of types tandem does not support\n";
+    "usage: tandem info MODEL [-d DRAFT] [--ctx N]\n"
+    "  the header, metadata and tensors; marks the tensors of types tandem does not support;\n"
+    "  then the memory an engine takes on the CPU: the weights, the KV cache per token and at\n"
+    "  the context (--ctx N, default as for generate), the working buffers, with -d for the pair\n";
 
 static const char help_bench[] =
     "usage: tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
