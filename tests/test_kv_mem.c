@@ -14,6 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api_testutil.h"
 #include "tandem.h"
 #include "testutil.h"
 #include "tiny_model.h"
@@ -40,9 +41,7 @@ static tandem_engine *engine(tandem_model *m, int n_ctx, size_t kv_bytes) {
     ep.n_threads = 2;
     ep.n_ctx = n_ctx;
     ep.kv_bytes = kv_bytes;
-    tandem_engine *e = NULL;
-    cr_assert_eq(tandem_engine_open(m, NULL, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
-    return e;
+    return api_open_engine(m, NULL, &ep);
 }
 
 static int32_t *tokens(int n, int n_vocab) {
