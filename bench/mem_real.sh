@@ -5,27 +5,31 @@
 # not vary with the machine's load as times do).  Prints a markdown table.
 #
 # usage: bench/mem_real.sh [--tandem FILE] [--llama-bin DIR] [--ctx N] [--threads T]
+#                          [--cases full,short,long]
 #   --tandem FILE     the tandem binary (default build/tandem, else build-nc/tandem)
 #   --llama-bin DIR   llama.cpp's binaries (llama-bench, llama-speculative); default
 #                     /work/peer/lb/bin
 #   --ctx N           the context of every run (default 4096)
 #   --threads T       threads of both (default 2)
+#   --cases LIST      the cases below to run (default all three)
 # Cases:
 #   target, context full: tandem bench -p (N - 64) -n 64 --ctx N  beside
 #     llama-bench -pg (N - 64),64 (a context of exactly N, filled)
 #   target + draft, short prompt: tandem generate -d, a 150-token prompt, 64 tokens,
 #     --ctx N  beside  llama-speculative -c N (the same prompt and tokens, greedy)
 #   target + draft, long prompt: the same with a prompt of about N - 600 tokens
+#     (the README's first characters, cut to that many tokens)
 # The models: models/real/qwen2.5-coder-{1.5b,0.5b}-instruct-q4_k_m.gguf.
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-tandem="" llama_bin=/work/peer/lb/bin ctx=4096 threads=2
+tandem="" llama_bin=/work/peer/lb/bin ctx=4096 threads=2 cases=full,short,long
 while [ $# -gt 0 ]; do
   case "$1" in
     --tandem) tandem=$2; shift 2 ;;
     --llama-bin) llama_bin=$2; shift 2 ;;
     --ctx) ctx=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --cases) cases=$2; shift 2 ;;
     *) echo "error: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -43,16 +47,25 @@ trap 'rm -rf "$tmp"' EXIT
 
 # peak RSS in MB (10^6 bytes) of a command; its output kept in $tmp/last.log
 peak() {
-  /usr/bin/time -v "$@" >"$tmp/last.log" 2>&1 || { echo "error: $* failed:" >&2; tail -5 "$tmp/last.log" >&2; echo "-"; return; }
+  /usr/bin/time -v "$@" >"$tmp/last.log" 2>&1 || {
+    echo "error: $(basename "$1") $2 failed:" >&2
+    grep -v '^\s' "$tmp/last.log" | tail -3 >&2
+    echo "-"
+    return
+  }
   awk '/Maximum resident set size/ {printf "%.0f", $NF * 1024 / 1e6}' "$tmp/last.log"
 }
 
 short="Write a C function that parses an ISO 8601 date string into a struct tm, with error handling, and explain each step."
 short=$(for i in 1 2 3 4 5 6; do printf '%s ' "$short"; done)
-# a long prompt: the README's first lines, about ctx - 600 tokens (4 characters a token)
-long=$(head -c $(( (ctx - 600) * 4 )) "$here/README.md")
-n_short=$("$tandem" tokenize -m "$T" --text "$short" | tr -cd ',' | wc -c)
-n_long=$("$tandem" tokenize -m "$T" --text "$long" | tr -cd ',' | wc -c)
+ntok() { "$tandem" tokenize -m "$T" --text "$1" | tr -cd ',' | wc -c; }
+# a long prompt: the README's first characters, about ctx - 600 tokens (one
+# correction of a first guess of 3 characters a token)
+want=$((ctx - 600)) chars=$(((ctx - 600) * 3))
+long=$(head -c "$chars" "$here/README.md")
+chars=$((chars * want / ($(ntok "$long") + 1)))
+long=$(head -c "$chars" "$here/README.md")
+n_short=$(ntok "$short") n_long=$(ntok "$long")
 
 echo "| case (context $ctx, $threads threads) | tandem MB | llama.cpp MB | tandem / llama.cpp |"
 echo "|---|---:|---:|---:|"
@@ -62,10 +75,13 @@ row() {
   echo "| $1 | $2 | $3 | $r |"
 }
 p=$((ctx - 64))
+case ",$cases," in *,full,*)
 a=$(peak "$tandem" bench -m "$T" -p $p -n 64 --ctx "$ctx" --reps 1 -t "$threads")
 b=$(peak "$llama_bin/llama-bench" -m "$T" -pg $p,64 -p 0 -n 0 -r 1 --no-warmup -fa 1 -t "$threads")
-row "target, context full ($p + 64 tokens)" "$a" "$b"
+row "target, context full ($p + 64 tokens)" "$a" "$b" ;;
+esac
 for c in short long; do
+  case ",$cases," in *,$c,*) ;; *) continue ;; esac
   text=${!c}
   n=$([ $c = short ] && echo $((n_short + 1)) || echo $((n_long + 1)))
   a=$(peak "$tandem" generate -m "$T" -d "$D" --ctx "$ctx" -p "$text" -n 64 -t "$threads")
