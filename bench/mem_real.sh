@@ -16,7 +16,8 @@
 #   target, context full: tandem bench -p (N - 64) -n 64 --ctx N  beside
 #     llama-bench -pg (N - 64),64 (a context of exactly N, filled)
 #   target + draft, short prompt: tandem generate -d, a 150-token prompt, 64 tokens,
-#     --ctx N  beside  llama-speculative -c N (the same prompt and tokens, greedy)
+#     --ctx N  beside  llama-speculative -c N -b N (the same prompt and tokens, greedy;
+#     its batch holds the whole prompt)
 #   target + draft, long prompt: the same with a prompt of about N - 600 tokens
 #     (the README's first characters, cut to that many tokens)
 # The models: models/real/qwen2.5-coder-{1.5b,0.5b}-instruct-q4_k_m.gguf.
@@ -85,7 +86,7 @@ for c in short long; do
   text=${!c}
   n=$([ $c = short ] && echo $((n_short + 1)) || echo $((n_long + 1)))
   a=$(peak "$tandem" generate -m "$T" -d "$D" --ctx "$ctx" -p "$text" -n 64 -t "$threads")
-  b=$(peak "$llama_bin/llama-speculative" -m "$T" -md "$D" -c "$ctx" -p "$text" -n 64 -t "$threads" -fa on \
-      --temp 0 -s 1)
+  b=$(peak "$llama_bin/llama-speculative" -m "$T" -md "$D" -c "$ctx" -b "$ctx" -p "$text" -n 64 -t "$threads" \
+      -fa on --temp 0 -s 1)
   row "target + draft, $c prompt (~$n + 64 tokens)" "$a" "$b"
 done
