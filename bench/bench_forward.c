@@ -11,9 +11,15 @@
  * (what tdm_verify_tree runs).  Prints the median of R repetitions per shape, after
  * warm-up.
  *
+ * --kv-type picks the cache's element type (default f16).  --fill writes random
+ * values in [-1, 1] over the K/V of the P positions instead of the prefill (a context
+ * of thousands of tokens then takes no minutes of prefill; the same values for every
+ * type, and written, so the cache is as resident as after a prefill).
+ *
  * usage: bench_forward -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8]
- *                      [-r R] [--argmax] [--tree]
+ *                      [-r R] [--argmax] [--tree] [--kv-type f32|f16|q8_0] [--fill]
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +39,8 @@ static void die(const char *what, const tdm_err *err) {
 int main(int argc, char **argv) {
     const char *model = NULL, *backend = "cpu", *ns_arg = "1,2,3,4,5,6,8";
     int threads = 2, prompt = 128, reps = 50;
-    bool argmax = false, tree = false;
+    bool argmax = false, tree = false, fill = false;
+    uint32_t kv_type = TDM_F16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
@@ -43,8 +50,17 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--argmax")) argmax = true;
         else if (!strcmp(argv[i], "--tree")) tree = true;
-        else {
-            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax] [--tree]\n",
+        else if (!strcmp(argv[i], "--fill")) fill = true;
+        else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
+            const char *v = argv[++i];
+            kv_type = !strcmp(v, "f32") ? TDM_F32 : !strcmp(v, "f16") ? TDM_F16 : !strcmp(v, "q8_0") ? TDM_Q8_0 : 0xffff;
+            if (kv_type == 0xffff) {
+                fprintf(stderr, "bench_forward: --kv-type takes f32, f16 or q8_0, not '%s'\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax] [--tree] "
+                            "[--kv-type f32|f16|q8_0] [--fill]\n",
                     argv[0]);
             return 2;
         }
@@ -60,8 +76,9 @@ int main(int argc, char **argv) {
         n_ns++;
         if (*s == ',') s++;
     }
-    if (!model || prompt < 1 || reps < 1 || prompt + n_max > 2048) {
-        fprintf(stderr, "bench_forward: need -m, 1 <= P (P + n <= 2048), R >= 1\n");
+    const int p_max = fill ? 1 << 17 : 2048;
+    if (!model || prompt < 1 || reps < 1 || prompt + n_max > p_max) {
+        fprintf(stderr, "bench_forward: need -m, 1 <= P (P + n <= %d), R >= 1\n", p_max);
         return 2;
     }
     tdm_err err = {0};
@@ -73,7 +90,7 @@ int main(int argc, char **argv) {
     if (tdm_model_load(model, be, &m, &err)) die("model", &err);
     const int32_t bs = 16, n_blocks = (prompt + n_max + bs - 1) / bs, V = m->hp.n_vocab;
     tdm_kv_store kv;
-    if (tdm_kv_store_init(&kv, m, be, TDM_F16, n_blocks, bs, &err)) die("kv", &err);
+    if (tdm_kv_store_init(&kv, m, be, kv_type, n_blocks, bs, &err)) die("kv", &err);
     tdm_kv_seq seq = {calloc((size_t)n_blocks, 4), n_blocks, n_blocks, n_blocks * bs};
     for (int32_t i = 0; i < n_blocks; i++) seq.blocks[i] = i;
     const tdm_kv_seq *sp[1] = {&seq};
@@ -83,9 +100,38 @@ int main(int argc, char **argv) {
     tdm_batch bt;
     if (tdm_batch_init(&bt, prompt + n_max, &err)) die("batch", &err);
 
-    /* prefill (logits of the last row) */
+    /* prefill (logits of the last row), or --fill: every value of the cache uniform
+     * in [-1, 1] (q8_0: quants uniform in [-127, 127], scales 1/127), the same values
+     * for every type, so that the forwards after it compute on alike activations */
     double best = 1e30;
-    for (int r = 0; r < 3; r++) {
+    if (fill) {
+        const int64_t unit = tdm_kv_unit_bytes(kv.type, kv.block_size, kv.head_dim), vals = (int64_t)bs * kv.head_dim;
+        const size_t n_units = (size_t)n_blocks * (size_t)kv.n_kv_head, per_layer = n_units * (size_t)unit;
+        uint8_t *pat = calloc(per_layer, 1);
+        uint64_t rng = 12345;
+        for (size_t u = 0; u < n_units; u++) {
+            uint8_t *p = pat + u * (size_t)unit;
+            for (int64_t i = 0; i < vals; i++) {
+                rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                const float x = (float)((rng >> 40) * (1.0 / 16777216.0)) * 2.0f - 1.0f;
+                if (kv.type == TDM_F32) memcpy(p + 4 * i, &x, 4);
+                else if (kv.type == TDM_F16) {
+                    const uint16_t h = tdm_f32_to_f16(x);
+                    memcpy(p + 2 * i, &h, 2);
+                } else p[i] = (uint8_t)(int8_t)lrintf(x * 127.0f);
+            }
+            if (kv.type == TDM_Q8_0)
+                for (int32_t j = 0; j < bs; j++) {
+                    const float d = 1.0f / 127.0f;
+                    memcpy(p + tdm_kv_q8_scale_off(bs, kv.head_dim) + 4 * j, &d, 4);
+                }
+        }
+        for (int32_t l = 0; l < kv.n_layer; l++)
+            if (be->ops->upload(be, kv.k[l], pat, per_layer, &err) || be->ops->upload(be, kv.v[l], pat, per_layer, &err))
+                die("fill", &err);
+        free(pat);
+    }
+    for (int r = 0; r < (fill ? 0 : 3); r++) {
         tdm_batch_clear(&bt);
         for (int32_t p = 0; p < prompt; p++) tdm_batch_add(&bt, (p * 7919) % V, p, 0, p, p == prompt - 1);
         double t0 = tdm_now();
@@ -95,8 +141,10 @@ int main(int argc, char **argv) {
         best = t < best ? t : best;
     }
     int32_t ids[64];
-    printf("%s %s: prefill %d tokens: %.1f us (%.0f tok/s, best of 3)\n", backend, model, prompt, best * 1e6,
-           prompt / best);
+    if (fill) printf("%s %s: %s cache of %d positions filled (no prefill)\n", backend, model, tdm_dtype_name(kv_type), prompt);
+    else
+        printf("%s %s: prefill %d tokens: %.1f us (%.0f tok/s, best of 3)\n", backend, model, prompt, best * 1e6,
+               prompt / best);
 
     double *t = malloc((size_t)reps * sizeof(double));
     for (int k = 0; k < n_ns; k++) {

@@ -8,12 +8,14 @@
  * vocab 8192 output head), f16 weights, as the forward would issue them.
  *
  * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype[,dtype..]] [-s seconds] [-n 1,4,128]
- *                  [--attention] [--head] [--step rounds]
+ *                  [--attention] [--head] [--step rounds] [--kv-attention rounds]
  *   -n: the input row counts of the single-shape runs (default 1,128)
  *   --attention: only the target's attention over 200 slots, for the -n row counts
  *   --head: only the quantised output heads ([8192][384] and [8192][128])
  *   --step R: only the target's 32 layer matmuls (no head), for the -n row counts,
  *             in R interleaved rounds
+ *   --kv-attention R: only a decode row's attention of the real 1.5B target's shapes,
+ *             f32 / f16 / q8_0 caches at contexts 512, 2048, 4096, R alternated rounds
  */
 #include <math.h>
 #include <stdio.h>
@@ -160,6 +162,100 @@ static void bench_attention(tdm_backend *b, uint32_t ct, int32_t ctx, int32_t n,
     free(vc);
 }
 
+/* --kv-attention R: one decode row's attention over every layer of the 1.5B real
+ * target (28 layers, 12 heads / 2 kv heads of 128, blocks of 16) at contexts 512,
+ * 2048 and 4096, with f32, f16 and q8_0 caches (values uniform in [-1, 1]; q8_0
+ * quants in [-127, 127], scales 1/127), the types alternated in each of R rounds in
+ * this one process; the 28 layers' caches exceed the last-level cache as in a real
+ * step, where the weights streamed between layers evict them.  Prints the median
+ * time per step (all layers) of each type and context. */
+typedef struct kv_attn_ctx {
+    tdm_backend *b;
+    tdm_attn_args a[28];
+} kv_attn_ctx;
+
+static void run_kv_attention(void *p) {
+    kv_attn_ctx *c = p;
+    for (int l = 0; l < 28; l++) {
+        tdm_err err;
+        if (c->b->ops->attention(c->b, &c->a[l], &err) != TANDEM_OK) {
+            fprintf(stderr, "attention failed: %s\n", err.msg);
+            exit(1);
+        }
+    }
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_kv_attention(tdm_backend *b, int rounds, double secs) {
+    enum { NL = 28, NH = 12, NKV = 2, HD = 128, BS = 16, NT = 3, NC = 3 };
+    const uint32_t types[NT] = {TDM_F32, TDM_F16, TDM_Q8_0};
+    const int32_t ctxs[NC] = {512, 2048, 4096};
+    double *t = calloc((size_t)rounds * NT * NC, sizeof(double));
+    for (int c = 0; c < NC; c++) {
+        const int32_t ctx = ctxs[c], nb = (ctx + BS - 1) / BS;
+        int32_t *blocks = malloc((size_t)nb * sizeof(int32_t));
+        for (int32_t i = 0; i < nb; i++) blocks[i] = i;
+        tdm_kv_seq seq = {blocks, nb, nb, ctx};
+        const tdm_kv_seq *seqs[1] = {&seq};
+        tdm_batch bt;
+        tdm_batch_init(&bt, 1, NULL);
+        tdm_batch_add(&bt, 0, ctx - 1, 0, ctx - 1, true);
+        float *q = malloc(NH * HD * sizeof(float)), *out = malloc(NH * HD * sizeof(float));
+        for (int i = 0; i < NH * HD; i++) q[i] = frand();
+        kv_attn_ctx ac[NT];
+        uint8_t *mem[NT];
+        for (int k = 0; k < NT; k++) {
+            const uint32_t ty = types[k];
+            const size_t unit = (size_t)tdm_kv_unit_bytes(ty, BS, HD), per = (size_t)nb * NKV * unit;
+            mem[k] = malloc(per * 2 * NL);
+            for (size_t u = 0; u < (size_t)nb * NKV * 2 * NL; u++) {
+                uint8_t *p = mem[k] + u * unit;
+                for (int i = 0; i < BS * HD; i++) {
+                    const float x = frand();
+                    if (ty == TDM_F32) memcpy(p + 4 * i, &x, 4);
+                    else if (ty == TDM_F16) {
+                        const uint16_t h = tdm_f32_to_f16(x);
+                        memcpy(p + 2 * i, &h, 2);
+                    } else p[i] = (uint8_t)(int8_t)lrintf(x * 127.0f);
+                }
+                if (ty == TDM_Q8_0)
+                    for (int j = 0; j < BS; j++) {
+                        const float d = 1.0f / 127.0f;
+                        memcpy(p + tdm_kv_q8_scale_off(BS, HD) + 4 * j, &d, 4);
+                    }
+            }
+            ac[k].b = b;
+            for (int l = 0; l < NL; l++)
+                ac[k].a[l] = (tdm_attn_args){&bt, seqs, q, NH * HD, out, mem[k] + (size_t)2 * l * per,
+                                             mem[k] + (size_t)(2 * l + 1) * per, ty, NH, NKV, HD, BS,
+                                             0.0883883f, 0, 0};
+        }
+        for (int r = 0; r < rounds; r++)
+            for (int k = 0; k < NT; k++) {
+                const int kk = (k + r) % NT; /* rotating order */
+                t[((size_t)c * NT + kk) * rounds + r] = median_time(run_kv_attention, &ac[kk], secs);
+            }
+        for (int k = 0; k < NT; k++) {
+            double *tk = t + ((size_t)c * NT + k) * rounds;
+            qsort(tk, (size_t)rounds, sizeof *tk, cmp_dbl);
+            printf("%-7s kv attention, 28 layers x 12/2 heads of 128, ctx %d, %s cache: %.1f us per step "
+                   "(median of %d rounds; min %.1f, max %.1f)\n",
+                   tdm_cpu_level_name(tdm_backend_cpu_level(b)), ctx, tdm_dtype_name(types[k]), tk[rounds / 2] * 1e6,
+                   rounds, tk[0] * 1e6, tk[rounds - 1] * 1e6);
+            free(mem[k]);
+        }
+        tdm_batch_free(&bt);
+        free(q);
+        free(out);
+        free(blocks);
+    }
+    free(t);
+}
+
 typedef struct head_ctx {
     tdm_backend *b;
     const tdm_weight *w;
@@ -278,12 +374,14 @@ int main(int argc, char **argv) {
     bool attn_only = false;
     int step_rounds = 0; /* --step R: only the target step's layer matmuls, -n rows, R rounds */
     bool head_only = false; /* --head: only the quantised output head */
+    int kv_rounds = 0;      /* --kv-attention R: only the KV cache types' attention, R rounds */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--step") && i + 1 < argc) step_rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) secs = atof(argv[++i]);
         else if (!strcmp(argv[i], "--attention")) attn_only = true;
         else if (!strcmp(argv[i], "--head")) head_only = true;
+        else if (!strcmp(argv[i], "--kv-attention") && i + 1 < argc) kv_rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
             const char *l = argv[++i];
             only_level = !strcmp(l, "avx512") ? 2 : !strcmp(l, "avx2") ? 1 : 0;
@@ -300,7 +398,7 @@ int main(int argc, char **argv) {
                 if (*q == ',') q++;
             }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention] [--head] [--step rounds]\n",
+            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention] [--head] [--step rounds] [--kv-attention rounds]\n",
                     argv[0]);
             return 2;
         }
@@ -328,6 +426,11 @@ int main(int argc, char **argv) {
         }
         if (step_rounds > 0) {
             bench_step(b, x, y, ns, n_ns, step_rounds, false, false, secs);
+            tdm_backend_destroy(b);
+            continue;
+        }
+        if (kv_rounds > 0) {
+            bench_kv_attention(b, kv_rounds, secs);
             tdm_backend_destroy(b);
             continue;
         }

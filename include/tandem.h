@@ -155,7 +155,7 @@ typedef struct tandem_model_info {
     uint64_t decode_bytes;       /* weight bytes one decode step reads: every matrix and
                                     norm, but one row of the token embedding */
     uint64_t kv_bytes_per_token; /* K and V bytes per position, all layers, in the cache
-                                    type of the model's backend (f32 CPU, f16 CUDA; an
+                                    type of the model's backend (f16 on the CPU and CUDA; an
                                     engine's kv_type may pick another); of a split model, on
                                     each rank (its KV heads) */
     int tensor_parallel;         /* ranks the weights are split across (1: not split); the
@@ -265,13 +265,17 @@ typedef struct tandem_engine tandem_engine;
  * models' caches take it.  Bytes per position (K and V, all layers) of a model with
  * L layers, H kv heads of D dims: f32 8 L H D, f16 4 L H D, q8_0 about 2 L H (D + 4). */
 typedef enum tandem_kv_type {
-    TANDEM_KV_AUTO = 0, /* the backend's: f32 on the CPU, f16 on a GPU */
+    TANDEM_KV_AUTO = 0, /* the backend's: f16 on the CPU and on a GPU */
     TANDEM_KV_F32 = 1,  /* 4 bytes per value */
     TANDEM_KV_F16 = 2,  /* 2 bytes per value (IEEE half) */
     TANDEM_KV_Q8_0 = 3, /* int8 values, one f32 scale per (position, kv head) vector
                            (max |x| / 127, round to nearest): about half of f16;
                            attention reads the int8 values directly */
 } tandem_kv_type;
+
+/* An engine's context when tandem_engine_params.n_ctx is 0: this many tokens per
+ * sequence, or the target's training context if smaller (as llama.cpp's -c). */
+#define TANDEM_CTX_DEFAULT 4096
 
 /* The most CPU threads an engine takes (tandem_engine_params.n_threads). */
 #define TANDEM_THREADS_MAX 1024
@@ -281,8 +285,16 @@ typedef struct tandem_engine_params {
                              all cores (unused when the models are on the CUDA backend: the
                              engine computes there) */
     size_t kv_bytes;      /* KV cache budget in bytes (both models); default 0 = enough for
-                             n_ctx tokens of n_seq_max sequences */
-    int n_ctx;            /* max tokens per sequence; default 0 = the target's training context */
+                             n_ctx tokens of n_seq_max sequences.  A hard limit: on the CPU
+                             the cache's memory is taken as blocks are first used (resident
+                             memory grows with the tokens held, up to this), on a GPU all
+                             of it when the engine opens */
+    int n_ctx;            /* max tokens per sequence (prompt and generated), >= 0; a prompt
+                             of n_ctx tokens or more is TANDEM_ERR_INVALID_ARG, a generation
+                             reaching it ends with TANDEM_FINISH_LENGTH; default 0 =
+                             min(TANDEM_CTX_DEFAULT, the target's training context); more
+                             than the training context is allowed (the model may degrade
+                             past it) */
     int n_seq_max;        /* sequences decoding at once (tandem_generate_batch); the KV cache
                              holds n_ctx tokens for each unless kv_bytes / gpu_mem size it;
                              default 1 */
@@ -315,7 +327,7 @@ typedef struct tandem_engine_params {
                              invariant at any batch size; default false */
     tandem_kv_type kv_type; /* element type of the KV cache (target and draft); a value
                              outside the enum is TANDEM_ERR_INVALID_ARG; default
-                             TANDEM_KV_AUTO (f32 on the CPU, f16 on a GPU) */
+                             TANDEM_KV_AUTO (f16 on the CPU and on a GPU) */
 } tandem_engine_params;
 
 TANDEM_API tandem_engine_params tandem_engine_default_params(void);
@@ -326,6 +338,9 @@ TANDEM_API tandem_engine_params tandem_engine_default_params(void);
 TANDEM_API tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft,
                                             const tandem_engine_params *params, tandem_engine **out);
 TANDEM_API void tandem_engine_close(tandem_engine *engine);
+/* The engine's context: tokens per sequence (tandem_engine_params.n_ctx, its default
+ * resolved); 0 for NULL. */
+TANDEM_API int tandem_engine_n_ctx(const tandem_engine *engine);
 
 /* The most device memory in use at any time since the engine's backend was made, in
  * bytes (the whole GPU as its driver reports it: every buffer of this process and

@@ -364,7 +364,7 @@ struct tdm_backend {
                           weight_layout names, so the loader may pack the embedding and
                           the output head as well */
     uint32_t kv_type;  /* element type of the K/V caches engines make here by default
-                          (TDM_F32 = 0 on the CPU, TDM_F16 on the GPU; an engine may ask
+                          (TDM_F16 on the CPU and the GPU; an engine may ask
                           for any tdm_kv_type_ok type instead) */
     int32_t invariant_rows; /* rows up to which every row of a forward is computed as it
                                would be alone (0 = any number: the CPU; 16 on the GPU,

@@ -14,15 +14,26 @@
 #include "ref_forward.h"
 #include "testutil.h"
 
-void eng_open_ex(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk, int threads, bool tp) {
+static void eng_open_with(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk, int threads, bool tp,
+                          int32_t kv_type) {
     tdm_err err = {0};
     x->path = tdm_tiny_model_file(cfg);
     cr_assert_eq(tdm_backend_cpu_create(1, &x->wbe, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_model_load(x->path, x->wbe, &x->m, &err), TANDEM_OK, "%s", err.msg);
-    tdm_engine_cfg ec = {.n_threads = threads, .block_size = BLOCK_SIZE, .prefill_chunk = prefill_chunk};
+    tdm_engine_cfg ec = {.n_threads = threads, .block_size = BLOCK_SIZE, .prefill_chunk = prefill_chunk,
+                         .kv_type = kv_type};
     cr_assert_eq(tdm_engine_create(x->m, NULL, &ec, &x->e, &err), TANDEM_OK, "%s", err.msg);
     tdm_backend_cpu_set_tp(x->e->be, tp);
 }
+
+/* An f32 cache: these engines are compared with the double-precision reference at
+ * f32 tolerances, which the default f16 cache's rounding of K and V would exceed
+ * (the default is checked on its own: eng_open_kv, forward_ref.f16_kv_default). */
+void eng_open_ex(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk, int threads, bool tp) {
+    eng_open_with(x, cfg, prefill_chunk, threads, tp, TANDEM_KV_F32);
+}
+
+void eng_open_kv(eng *x, const tdm_tiny_cfg *cfg, int32_t kv_type) { eng_open_with(x, cfg, 0, 2, true, kv_type); }
 
 void eng_open(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk) {
     eng_open_ex(x, cfg, prefill_chunk, 2, true);
@@ -97,8 +108,12 @@ double max_rel_err(const float *eng_l, const double *ref_l, int n, int V, int *w
 }
 
 double check_case(const char *what, const tdm_tiny_cfg *cfg, double tol) {
+    return check_case_kv(what, cfg, tol, TANDEM_KV_F32);
+}
+
+double check_case_kv(const char *what, const tdm_tiny_cfg *cfg, double tol, int32_t kv_type) {
     eng x;
-    eng_open(&x, cfg, 0);
+    eng_open_kv(&x, cfg, kv_type);
     ref_model rm;
     ref_load(x.path, &rm);
     cr_assert_eq(rm.V, x.m->hp.n_vocab);

@@ -18,9 +18,11 @@ typedef struct eng {
     tdm_engine *e;
 } eng;
 
-/* An engine of `threads` threads over the model; tp: whether its CPU backend may
- * run the blocks tensor parallel (kernels/cpu/blocks.c). */
+/* An engine of `threads` threads over the model, with an f32 KV cache; tp: whether
+ * its CPU backend may run the blocks tensor parallel (kernels/cpu/blocks.c). */
 void eng_open_ex(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk, int threads, bool tp);
+/* Two threads, tensor parallel allowed, a KV cache of kv_type (tandem_kv_type). */
+void eng_open_kv(eng *x, const tdm_tiny_cfg *cfg, int32_t kv_type);
 /* Two threads, tensor parallel allowed. */
 void eng_open(eng *x, const tdm_tiny_cfg *cfg, int32_t prefill_chunk);
 void eng_close(eng *x);
@@ -34,6 +36,8 @@ double max_rel_err(const float *eng_l, const double *ref_l, int n, int V, int *w
 /* Builds the model, runs the engine and the reference over N_TOK random tokens and
  * expects a normalised error below tol; returns the error. */
 double check_case(const char *what, const tdm_tiny_cfg *cfg, double tol);
+/* The same with a KV cache of kv_type (check_case: f32). */
+double check_case_kv(const char *what, const tdm_tiny_cfg *cfg, double tol, int32_t kv_type);
 /* Prefill in one forward, in chunks of 7 rows and one row at a time: bit-identical
  * logits at every position. */
 void check_batch_invariance(const tdm_tiny_cfg *c, const char *what);

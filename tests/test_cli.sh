@@ -119,6 +119,16 @@ expect_exit 2 "generate: stray argument" "$TANDEM" generate -m "$TARGET" -p x ex
 expect_exit 2 "tokenize: missing -m" "$TANDEM" tokenize --text x
 expect_exit 2 "tokenize: unknown flag" "$TANDEM" tokenize -m "$TARGET" --bos
 expect_exit 2 "info: no file" "$TANDEM" info
+# the context and the KV budget: bad values are usage errors naming the option
+for v in 0 -5 abc 16777217; do
+    expect_exit 2 "generate: --ctx $v" "$TANDEM" generate -m "$TARGET" -p x --ctx "$v"
+    expect_err "option --ctx: " "generate: --ctx $v"
+done
+expect_exit 2 "bench: --ctx 0" "$TANDEM" bench -m "$TARGET" --ctx 0
+expect_exit 2 "serve: --ctx x" "$TANDEM" serve -m "$TARGET" --ctx x
+expect_exit 2 "info: --ctx 0" "$TANDEM" info "$TARGET" --ctx 0
+expect_exit 2 "generate: --kv-mem 100K" "$TANDEM" generate -m "$TARGET" -p x --kv-mem 100K
+expect_err "option --kv-mem: " "generate: --kv-mem 100K"
 expect_exit 2 "bench: missing -m" "$TANDEM" bench -p 16
 expect_exit 2 "bench: bad --reps" "$TANDEM" bench -m "$TARGET" --reps 0
 expect_exit 2 "bench: bad -p" "$TANDEM" bench -m "$TARGET" -p abc
@@ -344,6 +354,25 @@ else
     fail "info $TARGET: exit $? ($(head -c 200 "$TMP/err"))"
 fi
 expect_exit 0 "info -m form" "$TANDEM" info -m "$DRAFT"
+# the memory estimate: the target's f16 K/V are 2 x 8 layers x 2 kv heads x 64 x 2 bytes
+# = 4 KiB a token, its context 1024 (smaller than the default 4096)
+"$TANDEM" info "$TARGET" >"$TMP/out" 2>&1
+if grep -q '^memory estimate (CPU' "$TMP/out" && grep -q '^  target weights: 30.0 MiB' "$TMP/out" &&
+    grep -q '^  KV cache (f16): 4.0 KiB per token; 4.0 MiB at a context of 1024 (the default' "$TMP/out" &&
+    grep -q '^  working buffers: ' "$TMP/out" && grep -q '^  total: ' "$TMP/out"; then
+    pass "info: the memory estimate (weights, KV per token and at the default context, buffers)"
+else
+    fail "info: memory estimate: $(grep -A5 '^memory' "$TMP/out" | head -c 400)"
+fi
+"$TANDEM" info "$TARGET" -d "$DRAFT" --ctx 512 >"$TMP/out" 2>&1
+if grep -q '^  draft weights: ' "$TMP/out" && grep -Eq '^  KV cache \(f16\): [0-9.]+ KiB per token \(both models\); [0-9.]+ MiB at a context of 512 \(--ctx\)' "$TMP/out"; then
+    pass "info -d --ctx: the pair's estimate at the context given"
+else
+    fail "info -d --ctx: $(grep -A5 '^memory' "$TMP/out" | head -c 400)"
+fi
+"$TANDEM" info "$DATA/vocab/ggml-vocab-phi-3.gguf" >"$TMP/out" 2>&1
+grep -q '^memory estimate: none (' "$TMP/out" && pass "info: no estimate for a vocabulary-only file" ||
+    fail "info: vocabulary-only file: $(grep '^memory' "$TMP/out")"
 grep -qx '  general.file_type: u32 = 1 (F16)' "$TMP/out" && pass "info: file type 1 named F16" ||
     fail "info: file type of an f16 model: $(grep file_type "$TMP/out")"
 # general.file_type by llama.cpp's names; a chat template on its own lines

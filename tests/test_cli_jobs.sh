@@ -85,6 +85,12 @@ sort -n "$TMP/q8s" -o "$TMP/q8s"
 cmp -s "$TMP/q8s" "$TMP/q8r" && pass "run: kv_type q8_0 gives generate --kv-type q8_0's tokens" ||
     fail "run: kv_type q8_0: $(diff "$TMP/q8s" "$TMP/q8r" | head -c 300)"
 badcfg "tensor_parallel" "bad.ini:7: [engine] tensor_parallel: '0' is not an integer in [1, 8]" "$ok_head[engine]\ntensor_parallel = 0\n"
+badcfg "ctx" "bad.ini:7: [engine] ctx: '0' is not an integer in [1, 16777216]" "$ok_head[engine]\nctx = 0\n"
+# [engine] ctx reaches the engine: a context of 4 tokens fits none of the prompts
+rm -f "$TMP/ctxrun.jsonl"
+"$TANDEM" run "$TMP/job.ini" --set engine.ctx=4 --set job.output=ctxrun.jsonl >/dev/null 2>&1
+grep -q 'does not fit the context of 4 ' "$TMP/ctxrun.jsonl" && pass "run: [engine] ctx = 4 is the engine's context" ||
+    fail "run: [engine] ctx = 4: $(head -c 300 "$TMP/ctxrun.jsonl")"
 # tensor parallelism (the target split 2 ways; on the CPU its shards run in turn):
 # the same tokens as the whole model, through run, generate and bench
 rm -f "$TMP/tprun.jsonl"

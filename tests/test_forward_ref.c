@@ -52,6 +52,25 @@ Test(forward_ref, qwen2_biases_neox_rope, .timeout = 120) {
     check_case("qwen2 untied", &c, TOL_F32);
 }
 
+/* The CPU's default cache (TANDEM_KV_AUTO) is f16: the same logits as an explicit
+ * f16 cache, and against the reference an error that K and V rounded to half
+ * precision explain (11-bit significands: a relative 2^-12 per value; measured
+ * 2.5e-4 on both) but well above the f32 cache's (5e-7).  Errors a wrong cache
+ * layout or a misread element would make are of order 1. */
+#define TOL_F16_KV 1e-3
+Test(forward_ref, f16_kv_default, .timeout = 180) {
+    const char *arch[] = {"llama", "qwen2"};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(arch); i++) {
+        tdm_tiny_cfg c = base_cfg(60 + i);
+        c.arch = arch[i];
+        const double e_auto = check_case_kv("auto cache", &c, TOL_F16_KV, TANDEM_KV_AUTO);
+        const double e16 = check_case_kv("f16 cache", &c, TOL_F16_KV, TANDEM_KV_F16);
+        const double e32 = check_case_kv("f32 cache", &c, TOL_F32, TANDEM_KV_F32);
+        cr_assert_eq(e_auto, e16, "%s: the default cache is not f16 (error %.3g, f16's %.3g)", arch[i], e_auto, e16);
+        cr_assert_gt(e16, e32, "%s: an f16 cache as exact as f32 (%.3g vs %.3g): not rounded?", arch[i], e16, e32);
+    }
+}
+
 Test(forward_ref, gqa_ratios_1_2_4, .timeout = 180) {
     const int kv_heads[] = {4, 2, 1}; /* n_head 4: ratios 1, 2, 4 */
     for (size_t i = 0; i < TDM_ARRAY_LEN(kv_heads); i++) {

@@ -37,7 +37,8 @@ static void tp_open(eng *x, const tdm_tiny_cfg *cfg, int32_t n) {
     tdm_collective *coll;
     cr_assert_eq(tdm_collective_host_create(n, &coll, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_model_load_tp(x->path, bes, n, false, coll, NULL, &x->m, &err), TANDEM_OK, "%s", err.msg);
-    tdm_engine_cfg ec = {.n_threads = 2, .block_size = BLOCK_SIZE};
+    /* f32 KV, as eng_open_ex's whole model: the checks read the caches as f32 */
+    tdm_engine_cfg ec = {.n_threads = 2, .block_size = BLOCK_SIZE, .kv_type = TANDEM_KV_F32};
     cr_assert_eq(tdm_engine_create(x->m, NULL, &ec, &x->e, &err), TANDEM_OK, "%s", err.msg);
 }
 

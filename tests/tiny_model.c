@@ -87,7 +87,7 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     tdm_gguf_w_str(w, "general.architecture", arch);
     tdm_gguf_w_str(w, "general.name", "tiny-random");
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, arch), key)
-    tdm_gguf_w_u32(w, KEY("context_length"), 256);
+    tdm_gguf_w_u32(w, KEY("context_length"), c->context_length > 0 ? (uint32_t)c->context_length : 256);
     tdm_gguf_w_u32(w, KEY("embedding_length"), (uint32_t)c->n_embd);
     tdm_gguf_w_u32(w, KEY("block_count"), (uint32_t)c->n_layer);
     tdm_gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)c->n_ff);

@@ -41,6 +41,7 @@ typedef struct tdm_tiny_cfg {
     float attn_softcap;           /* > 0: attn_logit_softcapping */
     float final_softcap;          /* > 0: final_logit_softcapping */
     uint32_t alignment;           /* general.alignment, a power of two (0: GGUF's default 32) */
+    int32_t context_length;       /* > 0: the training context written (0: 256) */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);

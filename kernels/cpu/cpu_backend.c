@@ -1,6 +1,7 @@
 /* cpu_backend.c - the CPU backend: op table, creation, SIMD level selection. */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "cpu_internal.h"
@@ -54,22 +55,56 @@ const char *tdm_cpu_features(void) { return tdm_cpu_level_name(tdm_cpu_default_l
 
 /* ---- memory ops ---------------------------------------------------------------- */
 
+/* Every block of backend memory starts CPU_HDR bytes after a header that says how it
+ * was made.  A block of at least CPU_MAP_MIN bytes is an anonymous mapping: its pages
+ * read as zero and the kernel backs one with memory only when it is first written, so
+ * a KV cache sized for its whole budget is resident only for the blocks in use (the
+ * pool hands out the lowest free ones first), a working buffer only for the rows used.
+ * Its header sits at the end of a first page of its own, so the block starts on a page
+ * boundary.  A smaller block comes from posix_memalign and is zeroed. */
+#define CPU_HDR 64
+#define CPU_PAGE 4096
+#define CPU_MAP_MIN ((size_t)256 << 10)
+
+typedef struct cpu_hdr {
+    uint64_t mapped; /* 1: an anonymous mapping starting CPU_PAGE bytes before the block */
+    uint64_t bytes;  /* the block's size (rounded to 64) */
+} cpu_hdr;
+
 static tandem_status cpu_alloc(tdm_backend *b, size_t bytes, void **out, tdm_err *err) {
     (void)b;
     if (!out) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "alloc: NULL out pointer");
     *out = NULL;
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (rounded < bytes) return tdm_seterr(err, TANDEM_ERR_NOMEM, "alloc: %zu bytes overflow", bytes);
-    void *p = tdm_alloc_aligned(rounded ? rounded : 64, 64);
-    if (!p) return tdm_seterr(err, TANDEM_ERR_NOMEM, "alloc: out of memory for %zu bytes", bytes);
-    memset(p, 0, rounded ? rounded : 64);
+    if (rounded < bytes || rounded > SIZE_MAX - 2 * CPU_PAGE)
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "alloc: %zu bytes overflow", bytes);
+    if (rounded == 0) rounded = 64;
+    uint8_t *p;
+    cpu_hdr h = {.mapped = rounded >= CPU_MAP_MIN, .bytes = rounded};
+    if (h.mapped) {
+        void *m = mmap(NULL, CPU_PAGE + rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED)
+            return tdm_seterr(err, TANDEM_ERR_NOMEM, "alloc: out of memory for %zu bytes (%.1f MiB)", bytes,
+                              (double)bytes / (1 << 20));
+        p = (uint8_t *)m + CPU_PAGE;
+    } else {
+        uint8_t *m = tdm_alloc_aligned(CPU_HDR + rounded, 64);
+        if (!m) return tdm_seterr(err, TANDEM_ERR_NOMEM, "alloc: out of memory for %zu bytes", bytes);
+        p = m + CPU_HDR;
+        memset(p, 0, rounded);
+    }
+    memcpy(p - CPU_HDR, &h, sizeof h);
     *out = p;
     return TANDEM_OK;
 }
 
 static void cpu_free(tdm_backend *b, void *p) {
     (void)b;
-    tdm_free_aligned(p);
+    if (!p) return;
+    cpu_hdr h;
+    memcpy(&h, (uint8_t *)p - CPU_HDR, sizeof h);
+    if (h.mapped) munmap((uint8_t *)p - CPU_PAGE, CPU_PAGE + (size_t)h.bytes);
+    else tdm_free_aligned((uint8_t *)p - CPU_HDR);
 }
 
 static tandem_status cpu_memcpy(const char *op, void *dst, const void *src, size_t n, tdm_err *err) {
@@ -256,6 +291,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     b->int8_dot = c->k_approx != NULL;
     b->host_memory = true;
     b->attn_window_softcap = true;
+    b->kv_type = TDM_F16; /* half the bytes of f32; attention converts with F16C at no cost */
     b->impl = c;
     *out = b;
     return TANDEM_OK;

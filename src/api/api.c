@@ -390,7 +390,11 @@ tandem_status tdm_api_engine_open(tandem_model *target, tandem_model *draft, con
                  TANDEM_THREADS_MAX);
         return TANDEM_ERR_INVALID_ARG;
     }
-    if (p.n_ctx < 0 || p.n_seq_max < 0 || p.kv_block_size < 0 || p.kv_block_size > 4096)
+    if (p.n_ctx < 0) {
+        snprintf(g_last_error, sizeof g_last_error, "n_ctx %d is negative (0 = the default context)", p.n_ctx);
+        return TANDEM_ERR_INVALID_ARG;
+    }
+    if (p.n_seq_max < 0 || p.kv_block_size < 0 || p.kv_block_size > 4096)
         return fail_msg(TANDEM_ERR_INVALID_ARG, "bad engine parameters");
     if (p.max_batch_tokens < 0 || p.max_batch_tokens > 65536) {
         snprintf(g_last_error, sizeof g_last_error, "max_batch_tokens %d is out of range [0, 65536]",
@@ -432,6 +436,8 @@ void tandem_engine_close(tandem_engine *engine) {
     tdm_engine_free(engine->e);
     free(engine);
 }
+
+int tandem_engine_n_ctx(const tandem_engine *engine) { return engine && engine->e ? engine->e->cfg.n_ctx : 0; }
 
 uint64_t tandem_engine_device_peak_bytes(const tandem_engine *engine) {
     if (!engine || !engine->e || !engine->e->be->ops->mem_peak) return 0;

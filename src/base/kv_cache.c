@@ -355,7 +355,8 @@ tandem_status tdm_kv_seq_reserve(tdm_kv_pool *pool, tdm_kv_seq *seq, int32_t new
     if (n_alloc > tdm_kv_pool_n_free(pool))
         return tdm_seterr(err, TANDEM_ERR_KV_FULL,
                           "kv cache full: growing a sequence from %d to %d positions needs %lld "
-                          "blocks (%d new, %d copy-on-write) but only %d of %d are free (%d of them cached)",
+                          "blocks (%d new, %d copy-on-write) but only %d of %d are free (%d of them cached); "
+                          "the budget is kv_bytes (--kv-mem)",
                           (int)seq->len, (int)new_len, (long long)n_alloc,
                           (int)(need - seq->n_blocks), (int)n_cow, (int)tdm_kv_pool_n_free(pool),
                           (int)pool->n_blocks, (int)pool->n_cached);

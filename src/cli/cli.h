@@ -124,6 +124,7 @@ bool cli_parse_spec_tree(const char *opt, const char *s, int *tree, const char *
  * the prompt-file members (temperature, max_tokens): tandem.h's ranges, as far as a
  * command line can write them.  Seeds take the whole 64-bit range in both. */
 #define CLI_TEMP_MAX FLT_MAX  /* --temp, "temperature": [0, FLT_MAX] */
+#define CLI_CTX_MAX (1 << 24) /* --ctx, [engine] ctx at most (the largest context a GGUF may declare) */
 #define CLI_COUNT_MAX INT_MAX /* -n, --top-k, "max_tokens": [0, INT_MAX] */
 /* tandem serve's connections: [server] max_connections (and per address) in [1, 65536]
  * (0 per address: no limit), read_timeout_s / idle_timeout_s in (0, 86400] */
@@ -310,6 +311,7 @@ typedef struct cli_job_cfg {
     int max_batch_tokens;        /* [engine]: 0 = the engine's default */
     int prefix_cache, batch_invariant; /* [engine]: 1 / 0, -1 = not set (the engine's default) */
     long kv_mem_mb, gpu_mem_mb;
+    int ctx;                 /* [engine] ctx: tokens per sequence; 0 = the engine's default */
     tandem_kv_type kv_type;  /* [engine] kv_type; default auto */
     int tensor_parallel;     /* [engine] tensor_parallel: the target split across N ranks; default 1 */
     int spec_k, spec_k_max, spec_ngram;
@@ -383,6 +385,8 @@ typedef struct cli_gen_opts {
     int spec_tree;             /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
     const char *spec_tree_shape; /* --spec-tree as a static shape, NULL = none */
     tandem_kv_type kv_type;    /* --kv-type; default auto */
+    int ctx;                   /* --ctx: tokens per sequence; 0 = the engine's default */
+    size_t kv_mem;             /* --kv-mem: KV cache budget in bytes; 0 = ctx x batch */
     int tensor_parallel;       /* --tensor-parallel: the target split across N ranks; default 1 */
     bool json;
 } cli_gen_opts;

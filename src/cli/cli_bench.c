@@ -76,6 +76,8 @@ typedef struct bench_opts {
     tandem_backend_kind backend;
     size_t gpu_mem;          /* 0 = no budget */
     tandem_kv_type kv_type;  /* --kv-type; default auto */
+    int ctx;                 /* --ctx; 0 = the engine's default */
+    size_t kv_mem;           /* --kv-mem; 0 = ctx tokens */
     int tensor_parallel;     /* --tensor-parallel; default 1 */
     int spec_k, spec_k_max, spec_ngram;
     int spec_tree;           /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
@@ -120,6 +122,8 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
+        else if (TAKE(NULL, "--ctx")) ok = cli_parse_int(a, v, 1, CLI_CTX_MAX, &o->ctx);
+        else if (TAKE(NULL, "--kv-mem")) ok = cli_parse_size(a, v, &o->kv_mem);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
         else if (TAKE(NULL, "--spec-ngram")) ok = cli_parse_spec_ngram(a, v, &o->spec_ngram);
@@ -399,6 +403,8 @@ int cli_bench(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.gpu_mem = o.gpu_mem;
     ep.kv_type = o.kv_type;
+    ep.n_ctx = o.ctx;
+    ep.kv_bytes = o.kv_mem;
     ep.prefix_cache = o.prefix_cache;
     if ((s = tandem_engine_open(target, draft, &ep, &eng)) != TANDEM_OK) goto fail;
     if (!o.prompts_file && (s = build_prompt(target, o.prompt_tokens, &ids)) != TANDEM_OK) goto fail;

@@ -61,6 +61,8 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
+        else if (TAKE(NULL, "--ctx")) ok = cli_parse_int(a, v, 1, CLI_CTX_MAX, &o->ctx);
+        else if (TAKE(NULL, "--kv-mem")) ok = cli_parse_size(a, v, &o->kv_mem);
         else if (!interactive && TAKE(NULL, "--batch")) ok = cli_parse_int(a, v, 1, CLI_BATCH_MAX, &o->batch);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
         else if (TAKE(NULL, "--spec-k-max")) ok = cli_parse_int(a, v, 1, TANDEM_SPEC_K_MAX, &o->spec_k_max);
@@ -358,6 +360,8 @@ int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *p
         ep.n_threads = o->threads;
         ep.gpu_mem = o->gpu_mem;
         ep.kv_type = o->kv_type;
+        ep.n_ctx = o->ctx;
+        ep.kv_bytes = o->kv_mem;
         ep.n_seq_max = o->batch;
         s = tandem_engine_open(*target, *draft, &ep, eng);
     }

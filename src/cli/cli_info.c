@@ -1,15 +1,20 @@
-/* cli_info.c - `tandem info MODEL`: the GGUF header, every metadata pair, a tensor
- * table and totals.  Reads the file with the GGUF parser directly (no model load), so
- * it describes any file whose metadata parses: a tensor of a type tandem does not
- * compute with is listed with its GGML type name and marked unsupported. */
+/* cli_info.c - `tandem info MODEL [-d DRAFT] [--ctx N]`: the GGUF header, every
+ * metadata pair, a tensor table and totals, then an estimate of the memory an engine
+ * of the model (and the draft) takes on the CPU.  Reads the files with the GGUF
+ * parser directly (no model load), so it describes any file whose metadata parses: a
+ * tensor of a type tandem does not compute with is listed with its GGML type name and
+ * marked unsupported, and a file without a model's hyperparameters gets no estimate. */
 #include <stdio.h>
 #include <string.h>
 
 #include "cli.h"
 #include "common.h"
 #include "dtype.h"
+#include "engine.h"
 #include "ggml_types.h"
 #include "gguf.h"
+#include "kv_layout.h"
+#include "model.h"
 
 #define INFO_MAX_ARRAY_ELEMS 8
 
@@ -47,14 +52,94 @@ static void print_text_lines(const tdm_gguf_str *str) {
     fputc('\n', stdout);
 }
 
+static double mib(double b) { return b / (1024.0 * 1024.0); }
+
+/* One model of the estimate: its hyperparameters and the bytes of its tensors. */
+typedef struct est_model {
+    tdm_hparams hp;
+    uint64_t weights;
+} est_model;
+
+/* Reads path's hyperparameters and tensor bytes; false with *why set when the file
+ * does not open or has no model's hyperparameters. */
+static bool est_read(const char *path, est_model *m, tdm_err *why) {
+    tdm_gguf *g = NULL;
+    memset(m, 0, sizeof *m);
+    if (tdm_gguf_open(path, &g, why)) return false;
+    const bool ok = tdm_hparams_read(g, &m->hp, why) == TANDEM_OK;
+    for (uint64_t i = 0; i < g->n_tensors; i++) m->weights += g->tensors[i].nbytes;
+    tdm_gguf_close(g);
+    return ok;
+}
+
+/* K and V bytes per token of a cache of this type (blocks of 16, as the engine). */
+static double kv_per_token(const tdm_hparams *hp, uint32_t type) {
+    const tdm_kv_layout l = {hp->n_layer, hp->n_head_kv, hp->head_dim, type};
+    return (double)tdm_kv_bytes_per_block(&l, 1, 16) / 16.0;
+}
+
+/* The memory an engine of the target (and the draft) takes on the CPU with the
+ * defaults: the weights, the f16 KV cache at the context, the working buffers (the
+ * forward buffers of a prefill chunk and the logits rows, engine.c). */
+static void print_estimate(const char *path, const char *draft_path, int ctx_opt) {
+    est_model t, d;
+    tdm_err why = {0};
+    if (!est_read(path, &t, &why)) {
+        printf("memory estimate: none (%s)\n", why.msg);
+        return;
+    }
+    if (draft_path && !est_read(draft_path, &d, &why)) {
+        printf("memory estimate: none (draft %s: %s)\n", draft_path, why.msg);
+        return;
+    }
+    const est_model *ms[2] = {&t, draft_path ? &d : NULL};
+    const char *names[2] = {"target", "draft"};
+    const int ctx = ctx_opt > 0 ? ctx_opt : TDM_MIN(TANDEM_CTX_DEFAULT, t.hp.n_ctx_train);
+    const int32_t logit_rows = tdm_engine_logit_rows(1);
+    double weights = 0, kv16 = 0, kv8 = 0, kv32 = 0, fwd = 0, logits = 0;
+    for (int i = 0; i < 2 && ms[i]; i++) {
+        weights += (double)ms[i]->weights;
+        kv16 += kv_per_token(&ms[i]->hp, TDM_F16);
+        kv8 += kv_per_token(&ms[i]->hp, TDM_Q8_0);
+        kv32 += kv_per_token(&ms[i]->hp, TDM_F32);
+        fwd += (double)tdm_engine_fwd_scratch_bytes(&ms[i]->hp, TDM_ENGINE_CHUNK_CPU);
+        logits += (double)logit_rows * (double)t.hp.n_vocab * sizeof(float);
+    }
+    const double kv_ctx = kv16 * ctx, work = fwd + logits;
+    printf("memory estimate (CPU, one sequence, the defaults):\n");
+    for (int i = 0; i < 2 && ms[i]; i++)
+        printf("  %s weights: %.1f MiB (the file's tensors)\n", names[i], mib((double)ms[i]->weights));
+    printf("  KV cache (f16): %.1f KiB per token%s; %.1f MiB at a context of %d (%s); q8_0 %.1f KiB per token, "
+           "f32 %.1f\n",
+           kv16 / 1024.0, draft_path ? " (both models)" : "", mib(kv_ctx), ctx,
+           ctx_opt > 0 ? "--ctx" : "the default: min(4096, the model's training context)", kv8 / 1024.0,
+           kv32 / 1024.0);
+    printf("  working buffers: %.1f MiB at most (forward buffers of %d-token prefill chunks %.1f MiB, logits of up "
+           "to %d rows %.1f MiB)\n",
+           mib(work), TDM_ENGINE_CHUNK_CPU, mib(fwd), (int)logit_rows, mib(logits));
+    printf("  total: %.1f MiB with the context full; the KV cache takes memory as tokens arrive, so a short "
+           "conversation needs about %.1f MiB\n",
+           mib(weights + kv_ctx + work), mib(weights + work));
+}
+
 int cli_info(int argc, char **argv) {
-    const char *path = NULL;
+    const char *path = NULL, *draft = NULL;
+    int ctx = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool missing = false;
         if (cli_is_help(a)) {
             cli_usage(stdout);
             return CLI_EXIT_OK;
+        }
+        if (cli_take(argc, argv, &i, "-d", "--draft", &v, &missing)) {
+            if (missing) return CLI_EXIT_USAGE;
+            draft = v;
+            continue;
+        }
+        if (cli_take(argc, argv, &i, NULL, "--ctx", &v, &missing)) {
+            if (missing || !cli_parse_int(a, v, 1, CLI_CTX_MAX, &ctx)) return CLI_EXIT_USAGE;
+            continue;
         }
         if (cli_take(argc, argv, &i, "-m", "--model", &v, &missing)) {
             if (missing) return CLI_EXIT_USAGE;
@@ -142,5 +227,6 @@ int cli_info(int argc, char **argv) {
                tdm_ggml_supported_list(list, sizeof list));
     }
     tdm_gguf_close(g);
+    print_estimate(path, draft, ctx);
     return CLI_EXIT_OK;
 }

@@ -371,6 +371,7 @@ int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), v
     ep.n_seq_max = c->max_batch;
     ep.kv_block_size = c->block_size;
     ep.kv_bytes = (size_t)c->kv_mem_mb << 20;
+    ep.n_ctx = c->ctx;
     ep.gpu_mem = (size_t)c->gpu_mem_mb << 20;
     ep.max_batch_tokens = c->max_batch_tokens;
     ep.kv_type = c->kv_type;

@@ -25,7 +25,7 @@
 /* The flags, each applied over the config (or the defaults) once it is read. */
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
-    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_MAX_TOKENS, O_SPEC_K, O_SPEC_TREE, O_TP,
+    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_CTX, O_KV_MEM, O_MAX_TOKENS, O_SPEC_K, O_SPEC_TREE, O_TP,
     O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_LOG_FORMAT, O_COUNT
 };
 
@@ -38,6 +38,7 @@ static const struct {
     [O_TIMEOUT] = {NULL, "--request-timeout"}, [O_GRACE] = {NULL, "--shutdown-grace"},
     [O_MODEL_NAME] = {NULL, "--model-name"}, [O_CHAT_TEMPLATE] = {NULL, "--chat-template"},
     [O_THREADS] = {"-t", "--threads"}, [O_MAX_BATCH] = {NULL, "--max-batch"}, [O_KV_TYPE] = {NULL, "--kv-type"},
+    [O_CTX] = {NULL, "--ctx"}, [O_KV_MEM] = {NULL, "--kv-mem"},
     [O_MAX_TOKENS] = {"-n", "--max-tokens"}, [O_SPEC_K] = {NULL, "--spec-k"},
     [O_SPEC_TREE] = {NULL, "--spec-tree"},
     [O_TP] = {NULL, "--tensor-parallel"}, [O_MAX_CONN] = {NULL, "--max-connections"},
@@ -140,6 +141,12 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         case O_THREADS: ok = cli_parse_int(opt, v, 0, TANDEM_THREADS_MAX, &c->threads); break;
         case O_MAX_BATCH: ok = cli_parse_int(opt, v, 1, CLI_BATCH_MAX, &c->max_batch); break;
         case O_KV_TYPE: ok = cli_parse_kv_type(opt, v, &c->kv_type); break;
+        case O_CTX: ok = cli_parse_int(opt, v, 1, CLI_CTX_MAX, &c->ctx); break;
+        case O_KV_MEM: {
+            size_t bytes;
+            if ((ok = cli_parse_size(opt, v, &bytes))) c->kv_mem_mb = (long)TDM_MIN(bytes >> 20, (size_t)1 << 30);
+            break;
+        }
         case O_TP: ok = cli_parse_tensor_parallel(opt, v, &c->tensor_parallel); break;
         case O_MAX_TOKENS:
             if ((ok = cli_parse_int(opt, v, 1, CLI_COUNT_MAX, &n))) c->gp.max_tokens = n;
@@ -294,11 +301,11 @@ static int run_ready(const cli_job_cfg *c, srv *s, srv_log *log, tandem_model *t
     char id[256];
     model_id(c, id, sizeof id);
     srv_model m = {.target = target, .engine = eng, .chat_template = tmpl};
-    m.lim = (oai_limits){.model_id = id, .n_ctx = info.n_ctx_train, .n_vocab = info.n_vocab, .has_draft = has_draft,
+    m.lim = (oai_limits){.model_id = id, .n_ctx = tandem_engine_n_ctx(eng), .n_vocab = info.n_vocab, .has_draft = has_draft,
                          .defaults = cli_job_request(c, has_draft).params, .timeout_s = sv->request_timeout_s};
     srv_set_ready(s, &m);
     srv_logf(log, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s", id,
-             has_draft ? " with a draft" : "", info.n_ctx_train, c->max_batch, sv->max_queue,
+             has_draft ? " with a draft" : "", m.lim.n_ctx, c->max_batch, sv->max_queue,
              sv->api_key[0] ? ", API key required" : "");
     int sig = 0;
     while (sigwait(sigs, &sig) != 0) {}

@@ -1,7 +1,7 @@
 /* job_config.c - the job file of `tandem run JOB.ini` (INI, read with inih):
  *
  *   [model]    target, draft
- *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, kv_mem_mb,
+ *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb,
  *              tensor_parallel (1..8: the target split across that many GPUs),
  *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache, batch_invariant (true|false)
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off, auto, a node budget or a
@@ -152,6 +152,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     INT_KEY("block_size", 1, 4096, c->block_size)
     INT_KEY("max_batch_tokens", 0, 65536, c->max_batch_tokens)
     INT_KEY("tensor_parallel", 1, 8, c->tensor_parallel)
+    INT_KEY("ctx", 1, CLI_CTX_MAX, c->ctx)
     if (!strcmp(k, "prefix_cache") || !strcmp(k, "batch_invariant")) {
         const int on = !strcmp(v, "true");
         if (!on && strcmp(v, "false")) return cfg_fail(c, s, k, "'%s' is not true or false", v);
@@ -171,7 +172,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
         return 1;
     }
     return cfg_fail(c, s, k,
-                    "unknown key (known: backend, threads, max_batch, max_batch_tokens, block_size, kv_mem_mb, "
+                    "unknown key (known: backend, threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb, "
                     "gpu_mem_mb, kv_type, prefix_cache, batch_invariant, tensor_parallel)");
 }
 

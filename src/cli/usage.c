@@ -50,9 +50,15 @@ static const char help_generate[] =
     "                        results print in input order; a failed prompt does not stop the others\n"
     "      --gpu-mem SIZE    device memory budget (e.g. 24G): weights, buffers, and the KV cache\n"
     "                        in what is left (cuda only; default: a cache for one full context)\n"
-    "      --kv-type T       KV cache type of both models: auto (f32 on the CPU, f16 on cuda),\n"
+    "      --kv-type T       KV cache type of both models: auto (f16 on the CPU and cuda),\n"
     "                        f32, f16, or q8_0 (int8 with a scale per position and head:\n"
     "                        about half of f16) (default auto)\n"
+    "      --ctx N           context: tokens per sequence, prompt and reply, 1..2^24 (default\n"
+    "                        4096, or the model's training context if smaller); a longer prompt\n"
+    "                        is an error, a reply reaching it ends with finish reason length\n"
+    "      --kv-mem SIZE     KV cache budget (e.g. 512M), the most its memory grows to (default:\n"
+    "                        --ctx tokens for each of --batch sequences); on the CPU it is taken\n"
+    "                        as tokens arrive\n"
     "      --json            one JSON object per prompt on stdout\n"
     "  speculation (refused without -d):\n"
     "      --spec-k N|auto   draft tokens per step, 1.." SPEC_K_MAX ", auto = adaptive (default auto)\n"
@@ -85,12 +91,15 @@ static const char help_tokenize[] =
     "  needs only the file's metadata (a vocabulary-only GGUF, any tensor types)\n";
 
 static const char help_info[] =
-    "usage: tandem info MODEL\n"
-    "  the header, metadata and tensors; marks the tensors of types tandem does not support\n";
+    "usage: tandem info MODEL [-d DRAFT] [--ctx N]\n"
+    "  the header, metadata and tensors; marks the tensors of types tandem does not support;\n"
+    "  then the memory an engine takes on the CPU: the weights, the KV cache per token and at\n"
+    "  the context (--ctx N, default as for generate), the working buffers, with -d for the pair\n";
 
 static const char help_bench[] =
     "usage: tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
-    "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T] [--tensor-parallel N]\n"
+    "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T] [--ctx N] [--kv-mem SIZE]\n"
+    "             [--tensor-parallel N]\n"
     "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--spec-tree T] [--reps R]\n"
     "             [--spec-oracle A]\n"
     "             [--prefix-cache] [--json]\n"
@@ -98,6 +107,7 @@ static const char help_bench[] =
     "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
     "      --prompts FILE    run the prompts of a JSON-lines file instead (greedy)\n"
     "      --limit L         use at most L prompts of the file (needs --prompts)\n"
+    "      --ctx N, --kv-mem SIZE  as for generate (-p and -n must fit the context)\n"
     "      --reps R          repetitions; the median is reported (default 5, 1 with --prompts)\n"
     "      --spec-oracle A   BENCHMARK MODE (never a default): controlled acceptance at real\n"
     "                        cost; the draft runs its real forward but the target's own next\n"
@@ -111,7 +121,7 @@ static const char help_bench[] =
 static const char help_run[] =
     "usage: tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N] [--spec-tree T]\n"
     "  [model] target, draft; [engine] backend, threads, max_batch, max_batch_tokens,\n"
-    "  block_size, kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache,\n"
+    "  block_size, ctx (as --ctx), kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache,\n"
     "  batch_invariant (true|false), tensor_parallel (1..8, as --tensor-parallel);\n"
     "  [spec] k, k_max, ngram, p_min, tree (as --spec-tree; --spec-tree T is --set spec.tree=T); [sampling] temperature, top_k, top_p, min_p,\n"
     "  seed, max_tokens, stop (JSON: \"STR\" or [\"STR\", ...]); [job] input, output\n"
@@ -146,7 +156,8 @@ static const char help_serve[] =
     "      --log-file PATH   append the log to PATH (time-stamped) instead of stderr\n"
     "      --log-format F    text (default) or json: one JSON object a line, with its time\n"
     "                        (a served request: client, method, path, status, tokens, seconds)\n"
-    "      --backend, -t, --kv-type, --spec-k, --spec-tree, --tensor-parallel  as for generate\n"
+    "      --backend, -t, --kv-type, --ctx, --kv-mem, --spec-k, --spec-tree, --tensor-parallel\n"
+    "                        as for generate (--kv-mem: default --ctx tokens of --max-batch sequences)\n"
     "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
     "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,\n"
     "  max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s, log_file,\n"

@@ -5,6 +5,7 @@
 #include <float.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kv_cache.h"
 
@@ -63,15 +64,16 @@ int64_t tdm_kv_budget_blocks(size_t budget, uint64_t weights, uint64_t work, siz
     return (int64_t)((kv_bytes > 0 ? kv_bytes : left) / block_bytes);
 }
 
-/* forward.c's scratch for `rows` rows, and as much again for the backend's own
- * forward buffers (the CUDA backend's fused forward keeps its activations apart). */
-static uint64_t fwd_bytes(const tdm_model *m, int32_t rows) {
-    const tdm_hparams *hp = &m->hp;
+uint64_t tdm_engine_fwd_scratch_bytes(const tdm_hparams *hp, int32_t rows) {
     const uint64_t qd = (uint64_t)hp->n_head * (uint64_t)hp->head_dim, kvd = (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
     const uint64_t width = TDM_MAX((uint64_t)hp->n_embd, qd);
     const uint64_t per_row = 2 * width + qd + 2 * kvd + qd + 3 * (uint64_t)hp->n_ff;
-    return 2 * per_row * (uint64_t)rows * sizeof(float);
+    return per_row * (uint64_t)rows * sizeof(float);
 }
+
+/* forward.c's scratch for `rows` rows, and as much again for the backend's own
+ * forward buffers (the CUDA backend's fused forward keeps its activations apart). */
+static uint64_t fwd_bytes(const tdm_model *m, int32_t rows) { return 2 * tdm_engine_fwd_scratch_bytes(&m->hp, rows); }
 
 int32_t tdm_engine_logit_rows(int32_t n_seq_max) {
     if (n_seq_max <= 1) return TDM_ENGINE_TREE_ROWS;
@@ -89,7 +91,7 @@ uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, 
 
 bool tdm_engine_kv_dtype(const tdm_backend *be, int32_t kv_type, uint32_t *out) {
     switch (kv_type) {
-    case TANDEM_KV_AUTO: *out = be->kv_type; return true; /* f32 on the CPU, f16 on the GPU */
+    case TANDEM_KV_AUTO: *out = be->kv_type; return true; /* f16 on the CPU and the GPU */
     case TANDEM_KV_F32: *out = TDM_F32; return true;
     case TANDEM_KV_F16: *out = TDM_F16; return true;
     case TANDEM_KV_Q8_0: *out = TDM_Q8_0; return true;
@@ -114,12 +116,13 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     e->target = target;
     e->draft = draft;
     e->cfg = *cfg;
-    if (e->cfg.n_ctx <= 0) e->cfg.n_ctx = target->hp.n_ctx_train;
+    if (e->cfg.n_ctx <= 0) e->cfg.n_ctx = TDM_MIN(TANDEM_CTX_DEFAULT, target->hp.n_ctx_train);
     if (e->cfg.n_seq_max <= 0) e->cfg.n_seq_max = 1;
     if (e->cfg.block_size <= 0) e->cfg.block_size = 16;
     /* rows per prefill forward: 256 on the CPU; 512 on a GPU, where a larger product
      * keeps the tensor cores busier */
-    if (e->cfg.prefill_chunk <= 0) e->cfg.prefill_chunk = target->be && !target->be->host_memory ? 512 : 256;
+    if (e->cfg.prefill_chunk <= 0)
+        e->cfg.prefill_chunk = target->be && !target->be->host_memory ? TDM_ENGINE_CHUNK_GPU : TDM_ENGINE_CHUNK_CPU;
     if (e->cfg.max_batch_tokens <= 0) e->cfg.max_batch_tokens = e->cfg.prefill_chunk;
     e->n_vocab = target->hp.n_vocab;
     e->n_logit_rows = tdm_engine_logit_rows(e->cfg.n_seq_max);
@@ -179,6 +182,23 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "KV budget of %zu bytes gives %lld blocks of %zu bytes",
                         e->cfg.kv_bytes, (long long)n_blocks, bpb);
         goto fail;
+    }
+    if (e->be->host_memory) {
+        /* the CPU's cache takes memory as it is used (cpu_backend.c), so the system
+         * would accept any budget and stop the process only when the tokens held
+         * outgrow the machine: a budget beyond its memory is refused here */
+        const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        const double gib = 1024.0 * 1024.0 * 1024.0, want = (double)n_blocks * (double)bpb;
+        const double have = pages > 0 && page > 0 ? (double)pages * (double)page : 0;
+        if (have > 0 && want > have) {
+            st = tdm_seterr(err, TANDEM_ERR_NOMEM,
+                            "a KV cache of %.1f GiB (%s) is more than this machine's %.1f GiB of memory: a "
+                            "smaller --kv-mem / kv_bytes, --ctx / n_ctx or number of sequences at once",
+                            want / gib,
+                            e->cfg.kv_bytes > 0 ? "kv_bytes" : "n_ctx tokens for each of n_seq_max sequences",
+                            have / gib);
+            goto fail;
+        }
     }
     if ((st = tdm_kv_pool_create((int32_t)n_blocks, bs, &e->pool, err))) goto fail;
     tdm_kv_pool_set_copy(e->pool, copy_block_cb, e);
@@ -388,8 +408,13 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     memset(s, 0, sizeof *s);
     if (n_prompt <= 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "empty prompt");
     if (n_prompt >= e->cfg.n_ctx)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "prompt of %d tokens does not fit the context of %d",
-                          (int)n_prompt, (int)e->cfg.n_ctx);
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          e->cfg.n_ctx < e->target->hp.n_ctx_train
+                              ? "prompt of %d tokens does not fit the context of %d (--ctx / n_ctx sets it, up to "
+                                "the model's training context of %d)"
+                              : "prompt of %d tokens does not fit the context of %d (the model's training "
+                                "context is %d)",
+                          (int)n_prompt, (int)e->cfg.n_ctx, (int)e->target->hp.n_ctx_train);
     tandem_status st = check_params(gp, err);
     if (st) return st;
     for (int32_t i = 0; i < n_prompt; i++)

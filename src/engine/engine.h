@@ -35,6 +35,15 @@
 #define TDM_ENGINE_SAMP_IDS 64 /* (the scheduler's tokens of one batched step) */
 #define TDM_ENGINE_SAMP_WORDS 128
 
+/* Rows per prefill forward (tdm_engine_cfg.prefill_chunk's default): 256 on the CPU;
+ * 512 on a GPU, where a larger product keeps the tensor cores busier. */
+#define TDM_ENGINE_CHUNK_CPU 256
+#define TDM_ENGINE_CHUNK_GPU 512
+
+/* Bytes of forward.c's scratch (tdm_fwd_scratch) for `rows` rows of a model of
+ * these shapes: the CPU's forward buffers (a GPU keeps as much again). */
+uint64_t tdm_engine_fwd_scratch_bytes(const tdm_hparams *hp, int32_t rows);
+
 typedef struct tdm_engine_cfg {
     int32_t n_threads;
     int32_t n_ctx;
