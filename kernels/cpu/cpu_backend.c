@@ -249,6 +249,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
 #if defined(__x86_64__)
     if (level == TDM_CPU_AVX512 && __builtin_cpu_supports("avx512vnni")) {
         c->k_approx = tdm_qhead_approx_vnni;
+        c->k_qgemv = tdm_qgemv_vnni;
     }
 #endif
     b->ops = &cpu_ops;
