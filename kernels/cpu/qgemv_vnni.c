@@ -21,8 +21,6 @@
 #define QG_MR 4       /* x rows per register group */
 #define QG_PF_ROWS 8  /* software prefetch distance in W rows */
 
-bool tdm_qgemv_vnni_type(uint32_t type) { return type == TDM_Q4_K || type == TDM_Q6_K; }
-
 static inline __m256i half_sum(__m512i v) {
     return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1));
 }
@@ -192,12 +190,93 @@ krows(const uint32_t type, const tdm_weight *w, const tdm_xq *xq, int32_t n, int
     }
 }
 
+/* ---- Q5_0 (d qh[4] qs[16]: 32 elements), two blocks per vector ------------------ */
+
+/* The levels (0..31) of the Q5_0 blocks at b0 and b1 as 64 bytes (element order):
+ * the 16 qs bytes of each in two 128-bit lanes, the second lane shifted by 4, and
+ * 0x10 where the bit of qh is set (a byte mask). */
+static inline __m512i q50_pair(const uint8_t *b0, const uint8_t *b1) {
+    uint32_t h0, h1;
+    memcpy(&h0, b0 + 2, 4), memcpy(&h1, b1 + 2, 4);
+    const __m128i qa = _mm_loadu_si128((const __m128i *)(const void *)(b0 + 6));
+    const __m128i qb = _mm_loadu_si128((const __m128i *)(const void *)(b1 + 6));
+    __m512i v = _mm512_mask_broadcast_i32x4(_mm512_broadcast_i32x4(qa), 0xff00, qb); /* [qa qa qb qb] */
+    v = _mm512_and_si512(_mm512_mask_srli_epi16(v, 0xff00ff00u, v, 4), _mm512_set1_epi8(15));
+    return _mm512_or_si512(v, _mm512_maskz_mov_epi8((__mmask64)((uint64_t)h1 << 32 | h0), _mm512_set1_epi8(0x10)));
+}
+
+/* Blocks b and b + 1 (the same block twice when b is the last, its second half
+ * unused) of the 4 W rows p[] against x rows [i0, i0 + MR); accumulates into facc. */
+static inline __attribute__((always_inline)) void
+q50_pair_rows(const int MR, const uint8_t *const p[4], int64_t b, bool two, const tdm_xq *xq, int32_t i0, __m128 *facc) {
+    const int64_t cols = xq->cols, nb = cols / TDM_QK;
+    const int64_t b1 = two ? b + 1 : b;
+    __m512i a[QG_MR][4], xv[QG_MR];
+    for (int i = 0; i < MR; i++)
+        xv[i] = _mm512_maskz_loadu_epi8(two ? ~(__mmask64)0 : 0xffffffffu, xq->q + (size_t)(i0 + i) * cols + b * TDM_QK);
+    float d0[4], d1[4];
+    for (int j = 0; j < 4; j++) {
+        const uint8_t *k0 = p[j] + (size_t)b * 22, *k1 = p[j] + (size_t)b1 * 22;
+        d0[j] = qp_h2f(k0), d1[j] = qp_h2f(k1);
+        const __m512i q = q50_pair(k0, k1);
+        for (int i = 0; i < MR; i++) a[i][j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv[i]);
+    }
+    const __m128 d40 = _mm_loadu_ps(d0), d41 = _mm_loadu_ps(d1);
+    for (int i = 0; i < MR; i++) {
+        const int16_t *xs = xq->s16 + (size_t)(i0 + i) * (cols / 16) + 2 * b;
+        const float *dx = xq->d + (size_t)(i0 + i) * nb + b;
+        __m128i s0 = reduce4(_mm512_castsi512_si256(a[i][0]), _mm512_castsi512_si256(a[i][1]),
+                             _mm512_castsi512_si256(a[i][2]), _mm512_castsi512_si256(a[i][3]));
+        s0 = _mm_sub_epi32(s0, _mm_set1_epi32(16 * (xs[0] + xs[1])));
+        facc[i] = _mm_add_ps(facc[i], _mm_mul_ps(_mm_set1_ps(dx[0]), _mm_mul_ps(d40, _mm_cvtepi32_ps(s0))));
+        if (two) {
+            __m128i s1 = reduce4(_mm512_extracti64x4_epi64(a[i][0], 1), _mm512_extracti64x4_epi64(a[i][1], 1),
+                                 _mm512_extracti64x4_epi64(a[i][2], 1), _mm512_extracti64x4_epi64(a[i][3], 1));
+            s1 = _mm_sub_epi32(s1, _mm_set1_epi32(16 * (xs[2] + xs[3])));
+            facc[i] = _mm_add_ps(facc[i], _mm_mul_ps(_mm_set1_ps(dx[1]), _mm_mul_ps(d41, _mm_cvtepi32_ps(s1))));
+        }
+    }
+}
+
+static void q50_rows(const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r0, int64_t r1, float *y, int64_t ldy,
+                     bool acc) {
+    const int64_t nb = w->cols / TDM_QK;
+    const size_t rb = w->row_bytes;
+    __m128 facc[TDM_MM_DIRECT_MAX];
+    for (int64_t r = r0; r < r1; r += 4) {
+        const uint8_t *p[4];
+        int64_t nv = TDM_MIN(4, r1 - r);
+        for (int j = 0; j < 4; j++) p[j] = (const uint8_t *)w->data + (size_t)TDM_MIN(r + j, r1 - 1) * rb;
+        for (int32_t i = 0; i < n; i++) facc[i] = _mm_setzero_ps();
+        const bool pf = r + QG_PF_ROWS + 4 <= r1;
+        for (int64_t b = 0; b < nb; b += 2) {
+            const bool two = b + 1 < nb;
+            if (pf)
+                for (int j = 0; j < 4; j++) _mm_prefetch((const char *)(p[j] + (size_t)QG_PF_ROWS * rb + (size_t)b * 22), _MM_HINT_T0);
+            for (int32_t i0 = 0; i0 < n; i0 += QG_MR) {
+                switch (TDM_MIN(QG_MR, n - i0)) {
+                case 1: q50_pair_rows(1, p, b, two, xq, i0, facc + i0); break;
+                case 2: q50_pair_rows(2, p, b, two, xq, i0, facc + i0); break;
+                case 3: q50_pair_rows(3, p, b, two, xq, i0, facc + i0); break;
+                default: q50_pair_rows(4, p, b, two, xq, i0, facc + i0); break;
+                }
+            }
+        }
+        for (int32_t i = 0; i < n; i++) {
+            float t[4], *o = y + (size_t)i * ldy + r;
+            _mm_storeu_ps(t, facc[i]);
+            for (int64_t j = 0; j < nv; j++) o[j] = acc ? o[j] + t[j] : t[j];
+        }
+    }
+}
+
 bool tdm_qgemv_vnni(const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r0, int64_t r1, float *y, int64_t ldy,
                     bool acc) {
     if (n > TDM_MM_DIRECT_MAX) return false;
     switch (w->type) {
     case TDM_Q4_K: krows(TDM_Q4_K, w, xq, n, r0, r1, y, ldy, acc); return true;
     case TDM_Q6_K: krows(TDM_Q6_K, w, xq, n, r0, r1, y, ldy, acc); return true;
+    case TDM_Q5_0: q50_rows(w, xq, n, r0, r1, y, ldy, acc); return true;
     default: return false;
     }
 }
