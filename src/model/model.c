@@ -294,6 +294,10 @@ static tandem_status load_qhead(tdm_model *m, tdm_err *err) {
     if (st == TANDEM_OK) {
         tdm_qhead_place(&m->qhead, m->output.rows, m->output.cols, buf);
         m->has_qhead = true;
+        /* The fill read every row of the mapped file's head; from now on a token reads
+         * the quantised copy and only a few exact rows (head_argmax), so the file's
+         * pages are dropped rather than held beside it (they come back on demand). */
+        tdm_gguf_release(m->gguf, m->output.data, (size_t)m->output.rows * m->output.row_bytes);
     }
     return TANDEM_OK; /* (the unused buffer is freed with the model) */
 }
