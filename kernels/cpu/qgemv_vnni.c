@@ -41,6 +41,19 @@ static inline void q4k_scales(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
     *mn = (uint64_t)(a1 & 0x3f3f3f3fu) | (uint64_t)(((a2 >> 4) & 0x0f0f0f0fu) | (((a1 >> 6) & 0x03030303u) << 4)) << 32;
 }
 
+/* Q4_K: vector k of levels holds sub-blocks lo = (k / 2) * 4 + k % 2 (low 256 bits)
+ * and lo + 2 (high); q4k_pick[k] picks their scales from the 8 bytes of each
+ * 64-bit lane into int16 lanes (index byte, then 0x80: a zero high byte). */
+#define QG_P2(a) a, 0x80
+#define QG_P16(a) QG_P2(a), QG_P2(a), QG_P2(a), QG_P2(a), QG_P2(a), QG_P2(a), QG_P2(a), QG_P2(a)
+#define QG_Q4ROW(lo) {QG_P16(lo), QG_P16(lo), QG_P16(lo + 2), QG_P16(lo + 2)}
+static const _Alignas(64) uint8_t q4k_pick[4][64] = {QG_Q4ROW(0), QG_Q4ROW(1), QG_Q4ROW(4), QG_Q4ROW(5)};
+/* Q6_K: vector k holds elements 64 k .. 64 k + 63, int16 lane l the pair of
+ * sub-block 4 k + l / 8: q6k_pick[k] indexes the 16 scales. */
+#define QG_W8(a) a, a, a, a, a, a, a, a
+#define QG_Q6ROW(k) {QG_W8(4 * k), QG_W8(4 * k + 1), QG_W8(4 * k + 2), QG_W8(4 * k + 3)}
+static const _Alignas(64) uint16_t q6k_pick[4][32] = {QG_Q6ROW(0), QG_Q6ROW(1), QG_Q6ROW(2), QG_Q6ROW(3)};
+
 /* The per-x-row data of one super-block: its 4 (Q4_K: rearranged) 64-element qx
  * vectors, dx and the 16 sums of 16. */
 typedef struct qg_x {
@@ -70,14 +83,7 @@ kblock(const int MR, const uint32_t type, const uint8_t *const blk[4], const qg_
             /* q[k] holds sub-blocks (k / 2) * 4 + k % 2 (low 256 bits) and that + 2 (high):
              * each int16 lane of s[k] is that sub-block's scale */
             const __m512i sv = _mm512_set1_epi64((long long)sc);
-            const __m512i z = _mm512_set1_epi8(-128); /* shuffle index with the top bit: a zero byte */
-            for (int k = 0; k < 4; k++) {
-                const int lo = (k / 2) * 4 + k % 2, hi = lo + 2;
-                const __m512i ctl = _mm512_mask_blend_epi8(
-                    0x5555555555555555ULL, z,
-                    _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set1_epi8((char)lo)), _mm256_set1_epi8((char)hi), 1));
-                s[k] = _mm512_shuffle_epi8(sv, ctl);
-            }
+            for (int k = 0; k < 4; k++) s[k] = _mm512_shuffle_epi8(sv, _mm512_load_si512((const void *)q4k_pick[k]));
             const __m128i m8 = _mm_cvtsi64_si128((long long)mn);
             const __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); /* the min of each 16 */
             for (int i = 0; i < MR; i++) m[i][j] = _mm256_madd_epi16(m16, xs[i].s16);
@@ -94,14 +100,8 @@ kblock(const int MR, const uint32_t type, const uint8_t *const blk[4], const qg_
             }
             const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(b + 192)));
             const __m512i sc = _mm512_castsi256_si512(sc16);
-            for (int k = 0; k < 4; k++) { /* q[k]: elements 64 k .. 64 k + 63, sub-blocks 4 k .. 4 k + 3 */
-                const __m512i idx = _mm512_add_epi16(_mm512_set1_epi16((short)(4 * k)),
-                                                     _mm512_srli_epi16(_mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22,
-                                                                                        21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
-                                                                                        11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                                                       3));
-                s[k] = _mm512_permutexvar_epi16(idx, sc);
-            }
+            for (int k = 0; k < 4; k++) /* q[k]: elements 64 k .. 64 k + 63, sub-blocks 4 k .. 4 k + 3 */
+                s[k] = _mm512_permutexvar_epi16(_mm512_load_si512((const void *)q6k_pick[k]), sc);
             const __m256i c16 = _mm256_slli_epi16(sc16, 5); /* scale * 32 per 16 */
             for (int i = 0; i < MR; i++) m[i][j] = _mm256_madd_epi16(c16, xs[i].s16);
         }
