@@ -255,6 +255,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     b->ops = &cpu_ops;
     b->n_threads = n_threads;
     b->int8_dot = c->k_approx != NULL;
+    b->direct_types = c->k_qgemv ? (1u << TDM_Q4_K) | (1u << TDM_Q6_K) | (1u << TDM_Q5_0) : 0;
     b->host_memory = true;
     b->attn_window_softcap = true;
     b->impl = c;

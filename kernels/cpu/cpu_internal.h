@@ -37,7 +37,7 @@ typedef enum tdm_cpu_level {
  * most TDM_MM_DIRECT_MAX): past it the prep path's integer forms, shared by 16 x
  * rows, cost less than unpacking each block for every 4 x rows. */
 #ifndef TDM_QGEMV_MAX
-#define TDM_QGEMV_MAX 16
+#define TDM_QGEMV_MAX 8
 #endif
 
 typedef struct tdm_cpu_kernels {
