@@ -12,7 +12,9 @@
  *   scratch, then all n input rows are multiplied against it (each W byte is read
  *   once per call).
  *   Q4_1, Q5_0, Q5_1 and the K-quants, any n: x quantised to int8 once per call,
- *   then the level's integer-dot kernel (qdot.h) over ranges of W rows.
+ *   then the level's integer-dot kernel (qdot.h) over ranges of W rows; for n <=
+ *   TDM_QGEMV_MAX the kernel that reads the file's blocks directly where the CPU has
+ *   one (k_qgemv: Q4_K, Q6_K, Q5_0 with AVX-512 VNNI; the same bits).
  */
 #include <math.h>
 #include <string.h>
@@ -268,6 +270,7 @@ void tdm_cpu_matmul_local(const tdm_cpu *c, const tdm_weight *w, const float *x,
         void *buf = (void *)(((uintptr_t)tile + 63) & ~(uintptr_t)63);
         tdm_xq xq;
         tdm_xq_quantize(w->type, x, n, w->cols, 0, n, buf, &xq);
+        if (c->k_qgemv && n <= TDM_QGEMV_MAX && c->k_qgemv(w, &xq, n, 0, w->rows, y, ldy, false)) return;
         k->qdot(w, &xq, n, 0, w->rows, y, ldy, false);
         return;
     }
