@@ -11,8 +11,9 @@
  * (int16).  The sums are the exact integers of qdot.h and the f32 steps are its steps
  * in its order, so the bits are those of tdm_qdot_ref and of every other level.
  *
- * Groups of 4 W rows; for each super-block, the x rows in groups of up to 4, each
- * W vector serving every x row of the group. */
+ * Q5_0 (the draft's matrices): two 32-element blocks per vector, vpdpbusd, each
+ * block's f32 step in order.  Groups of 4 W rows; for each (super-)block, the x rows
+ * in groups of up to 4, each W vector serving every x row of the group. */
 #include <immintrin.h>
 
 #include "cpu_internal.h"
@@ -124,6 +125,26 @@ kblock(const int MR, const uint32_t type, const uint8_t *const blk[4], const qg_
 
 static inline float qg_h2f(const uint8_t *p) { return qp_h2f(p); }
 
+/* Starts the group of 4 W rows from r: p[] (the last row repeated past r1), the n
+ * accumulators zeroed, *pf whether the rows QG_PF_ROWS ahead are in range; returns
+ * how many rows are real. */
+static inline int64_t qg_group(const tdm_weight *w, int64_t r, int64_t r1, int32_t n, const uint8_t *p[4],
+                               __m128 *facc, bool *pf) {
+    for (int j = 0; j < 4; j++) p[j] = (const uint8_t *)w->data + (size_t)TDM_MIN(r + j, r1 - 1) * w->row_bytes;
+    for (int32_t i = 0; i < n; i++) facc[i] = _mm_setzero_ps();
+    *pf = r + QG_PF_ROWS + 4 <= r1;
+    return TDM_MIN(4, r1 - r);
+}
+
+/* y[i][0 .. nv) (=|+=) the lanes of facc[i] for x rows i < n (y rows ldy apart). */
+static inline void qg_store(float *y, int64_t ldy, const __m128 *facc, int32_t n, int64_t nv, bool acc) {
+    for (int32_t i = 0; i < n; i++) {
+        float t[4], *o = y + (size_t)i * ldy;
+        _mm_storeu_ps(t, facc[i]);
+        for (int64_t j = 0; j < nv; j++) o[j] = acc ? o[j] + t[j] : t[j];
+    }
+}
+
 static inline __attribute__((always_inline)) void
 krows(const uint32_t type, const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r0, int64_t r1, float *y,
       int64_t ldy, bool acc) {
@@ -134,10 +155,8 @@ krows(const uint32_t type, const tdm_weight *w, const tdm_xq *xq, int32_t n, int
     qg_x xs[QG_MR];
     for (int64_t r = r0; r < r1; r += 4) {
         const uint8_t *p[4];
-        int64_t nv = TDM_MIN(4, r1 - r);
-        for (int j = 0; j < 4; j++) p[j] = (const uint8_t *)w->data + (size_t)TDM_MIN(r + j, r1 - 1) * rb;
-        for (int32_t i = 0; i < n; i++) facc[i] = _mm_setzero_ps();
-        const bool pf = r + QG_PF_ROWS + 4 <= r1;
+        bool pf;
+        const int64_t nv = qg_group(w, r, r1, n, p, facc, &pf);
         for (int64_t b = 0; b < nb; b++) {
             const uint8_t *blk[4];
             for (int j = 0; j < 4; j++) {
@@ -182,11 +201,7 @@ krows(const uint32_t type, const tdm_weight *w, const tdm_xq *xq, int32_t n, int
                 }
             }
         }
-        for (int32_t i = 0; i < n; i++) {
-            float t[4], *o = y + (size_t)i * ldy + r;
-            _mm_storeu_ps(t, facc[i]);
-            for (int64_t j = 0; j < nv; j++) o[j] = acc ? o[j] + t[j] : t[j];
-        }
+        qg_store(y + r, ldy, facc, n, nv, acc);
     }
 }
 
@@ -245,10 +260,8 @@ static void q50_rows(const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r
     __m128 facc[TDM_MM_DIRECT_MAX];
     for (int64_t r = r0; r < r1; r += 4) {
         const uint8_t *p[4];
-        int64_t nv = TDM_MIN(4, r1 - r);
-        for (int j = 0; j < 4; j++) p[j] = (const uint8_t *)w->data + (size_t)TDM_MIN(r + j, r1 - 1) * rb;
-        for (int32_t i = 0; i < n; i++) facc[i] = _mm_setzero_ps();
-        const bool pf = r + QG_PF_ROWS + 4 <= r1;
+        bool pf;
+        const int64_t nv = qg_group(w, r, r1, n, p, facc, &pf);
         for (int64_t b = 0; b < nb; b += 2) {
             const bool two = b + 1 < nb;
             if (pf)
@@ -262,11 +275,7 @@ static void q50_rows(const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r
                 }
             }
         }
-        for (int32_t i = 0; i < n; i++) {
-            float t[4], *o = y + (size_t)i * ldy + r;
-            _mm_storeu_ps(t, facc[i]);
-            for (int64_t j = 0; j < nv; j++) o[j] = acc ? o[j] + t[j] : t[j];
-        }
+        qg_store(y + r, ldy, facc, n, nv, acc);
     }
 }
 
