@@ -360,6 +360,11 @@ struct tdm_backend {
     bool host_memory;  /* backend memory is host memory (the CPU backend): the host may
                           read op outputs directly; otherwise through download */
     bool int8_dot;     /* qhead_logits / head_argmax are implemented and fast here */
+    uint32_t direct_types; /* weight types (bit 1 << type) whose matmul of a few rows reads
+                              the weight's own blocks at about memory speed (the CPU with
+                              AVX-512 VNNI: Q4_K, Q6_K, Q5_0), so the loader keeps no
+                              quantised copy of an output head of such a type (its exact
+                              logits read fewer bytes than the copy would); 0: none */
     bool any_layout;   /* every op that reads weights (get_rows too) reads every layout
                           weight_layout names, so the loader may pack the embedding and
                           the output head as well */

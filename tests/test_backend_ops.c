@@ -128,6 +128,34 @@ Test(matmul, qdot_types_all_levels) {
     tdm_backend_destroy(b0);
 }
 
+/* The types whose few-row matmul reads the file's blocks directly (k_qgemv, AVX-512
+ * VNNI): every n up to past TDM_QGEMV_MAX, the real pair's row lengths (1536, 4864,
+ * 8960; Q5_0 also 896 and rows of an odd block count), partial groups of 4 W rows;
+ * the same bits as the scalar level at every level. */
+Test(matmul, qdot_direct_few_rows) {
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    int nl = tdm_test_levels(lv);
+    static const uint32_t types[] = {TDM_Q4_K, TDM_Q6_K, TDM_Q5_0};
+    static const int64_t shapes[][2] = {{13, 1536}, {6, 4864}, {9, 8960}, {3, 256}};
+    tdm_backend *b0 = tdm_test_backend(TDM_CPU_SCALAR, 2);
+    for (int l = 0; l < nl; l++) {
+        tdm_backend *b = tdm_test_backend(lv[l], 2);
+        for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++) {
+            for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++)
+                for (int32_t n = 1; n <= TDM_QGEMV_MAX + 1; n++)
+                    check_qdot(b, b0, types[t], shapes[s][0], shapes[s][1], n, n & 1, 5000 + s * 31 + n + t);
+            if (types[t] == TDM_Q5_0) /* 28, 3 and 1 blocks: the odd last block alone */
+                for (int32_t n = 1; n <= 5; n++) {
+                    check_qdot(b, b0, types[t], 10, 896, n, n & 1, 5400 + n);
+                    check_qdot(b, b0, types[t], 5, 96, n, false, 5500 + n);
+                    check_qdot(b, b0, types[t], 7, 32, n, true, 5600 + n);
+                }
+        }
+        tdm_backend_destroy(b);
+    }
+    tdm_backend_destroy(b0);
+}
+
 /* A NaN in x makes that row's outputs NaN (not finite garbage from its int8 form). */
 Test(matmul, qdot_nan_input) {
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];

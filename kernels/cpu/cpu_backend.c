@@ -284,11 +284,13 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
 #if defined(__x86_64__)
     if (level == TDM_CPU_AVX512 && __builtin_cpu_supports("avx512vnni")) {
         c->k_approx = tdm_qhead_approx_vnni;
+        c->k_qgemv = tdm_qgemv_vnni;
     }
 #endif
     b->ops = &cpu_ops;
     b->n_threads = n_threads;
     b->int8_dot = c->k_approx != NULL;
+    b->direct_types = c->k_qgemv ? (1u << TDM_Q4_K) | (1u << TDM_Q6_K) | (1u << TDM_Q5_0) : 0;
     b->host_memory = true;
     b->attn_window_softcap = true;
     b->kv_type = TDM_F16; /* half the bytes of f32; attention converts with F16C at no cost */

@@ -33,6 +33,12 @@ typedef enum tdm_cpu_level {
 #ifndef TDM_MM_DIRECT_MAX
 #define TDM_MM_DIRECT_MAX 16
 #endif
+/* Largest n whose integer-dot matmul reads the weight blocks directly (k_qgemv; at
+ * most TDM_MM_DIRECT_MAX): past it the prep path's integer forms, shared by 16 x
+ * rows, cost less than unpacking each block for every 4 x rows. */
+#ifndef TDM_QGEMV_MAX
+#define TDM_QGEMV_MAX 8
+#endif
 
 typedef struct tdm_cpu_kernels {
     const char *name;
@@ -157,7 +163,14 @@ typedef void (*tdm_qhead_approx_fn)(const tdm_qhead *h, const uint8_t *xq, const
                                     float *lo);
 void tdm_qhead_approx_ref(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs, int32_t n,
                           int64_t p0, int64_t p1, bool bound, float *out, int64_t ldo, float *lo);
+/* The integer-dot matmul (qdot.h) of n <= TDM_MM_DIRECT_MAX x rows straight from the
+ * weight blocks (qgemv_vnni.c): the same bits as the level's qdot.  Returns false (and
+ * does nothing) for a type or n it does not handle. */
+typedef bool (*tdm_qgemv_fn)(const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r0, int64_t r1, float *y,
+                             int64_t ldy, bool acc);
 #if defined(__x86_64__)
+bool tdm_qgemv_vnni(const tdm_weight *w, const tdm_xq *xq, int32_t n, int64_t r0, int64_t r1, float *y, int64_t ldy,
+                    bool acc);
 void tdm_qhead_approx_vnni(const tdm_qhead *h, const uint8_t *xq, const tdm_qhead_xstat *xs, int32_t n,
                            int64_t p0, int64_t p1, bool bound, float *out, int64_t ldo, float *lo);
 #endif
@@ -174,6 +187,8 @@ typedef struct tdm_cpu {
     size_t xq_cap;
     /* quantised output head (head.c): the level's int8 dot kernel, NULL without one */
     tdm_qhead_approx_fn k_approx;
+    /* the integer-dot matmul of a few x rows from the file's blocks, NULL without one */
+    tdm_qgemv_fn k_qgemv;
     void *head_buf;           /* x bytes, logits or bounds, per-task maxima and candidates of a pass */
     size_t head_cap;
     uint64_t head_rows, head_cands; /* head_argmax: rows answered, exact logits computed */

@@ -12,7 +12,9 @@
  *   scratch, then all n input rows are multiplied against it (each W byte is read
  *   once per call).
  *   Q4_1, Q5_0, Q5_1 and the K-quants, any n: x quantised to int8 once per call,
- *   then the level's integer-dot kernel (qdot.h) over ranges of W rows.
+ *   then the level's integer-dot kernel (qdot.h) over ranges of W rows; for n <=
+ *   TDM_QGEMV_MAX the kernel that reads the file's blocks directly where the CPU has
+ *   one (k_qgemv: Q4_K, Q6_K, Q5_0 with AVX-512 VNNI; the same bits).
  */
 #include <math.h>
 #include <string.h>
@@ -227,6 +229,7 @@ typedef struct mm_job {
     int64_t chunk;   /* W rows per chunk (a multiple of TDM_MM_RB) */
     int64_t ld;      /* floats per tile row */
     tdm_xq xq;       /* the integer-dot path: x quantised (its chunks: W rows, or x rows to quantise) */
+    bool direct;     /* the integer-dot path through c->k_qgemv (a few x rows) */
 } mm_job;
 
 /* W rows per tile of about 32 KiB of f32 (L1 resident): a multiple of TDM_MM_RB,
@@ -267,6 +270,7 @@ void tdm_cpu_matmul_local(const tdm_cpu *c, const tdm_weight *w, const float *x,
         void *buf = (void *)(((uintptr_t)tile + 63) & ~(uintptr_t)63);
         tdm_xq xq;
         tdm_xq_quantize(w->type, x, n, w->cols, 0, n, buf, &xq);
+        if (c->k_qgemv && n <= TDM_QGEMV_MAX && c->k_qgemv(w, &xq, n, 0, w->rows, y, ldy, false)) return;
         k->qdot(w, &xq, n, 0, w->rows, y, ldy, false);
         return;
     }
@@ -321,6 +325,7 @@ static void qdot_task(void *ctx, int64_t chunk, int ith) {
     (void)ith;
     mm_job *j = ctx;
     int64_t r0 = chunk * j->chunk, r1 = TDM_MIN(r0 + j->chunk, j->w->rows);
+    if (j->direct && j->c->k_qgemv(j->w, &j->xq, j->n, r0, r1, j->y, j->w->rows, j->acc)) return;
     j->c->k->qdot(j->w, &j->xq, j->n, r0, r1, j->y, j->w->rows, j->acc);
 }
 
@@ -343,6 +348,7 @@ static tandem_status mm_qdot(tdm_cpu *c, const tdm_weight *w, const float *x, in
     tdm_xq_quantize(w->type, x, n, w->cols, 0, 0, c->xq_buf, &j.xq); /* the descriptor only */
     int nth;
     if (n <= TDM_MM_DIRECT_MAX) { /* one contiguous range per thread (see the direct path) */
+        j.direct = c->k_qgemv != NULL && n <= TDM_QGEMV_MAX;
         nth = tdm_cpu_nth(c, flops, 16384);
         if (nth > rows / 32) nth = rows >= 64 ? (int)(rows / 32) : 1;
         j.chunk = (rows + nth - 1) / nth;

@@ -18,7 +18,13 @@
  * and taking the blocks in order; y = acc (or y + acc).  So every SIMD level gives
  * the same bits, whatever it groups; the error against f32 arithmetic is x's int8
  * rounding (about 0.4 % of a block's largest |x|), as in llama.cpp.  A block of x with
- * a non-finite value gets dx = NaN, so its outputs are NaN. */
+ * a non-finite value gets dx = NaN, so its outputs are NaN.
+ *
+ * Two ways to the same sums: the levels' kernels (qdot_driver.h) fill each W block's
+ * integer form (tdm_kprep, tdm_qprep) on the stack, per call, and let up to 16 x rows
+ * share it; for a few x rows (decode, short verification batches) the CPU's direct
+ * kernel where it has one (qgemv_vnni.c: Q4_K, Q6_K, Q5_0) unpacks the file's blocks
+ * in registers instead.  No integer form is kept beside the weights. */
 #ifndef TDM_QDOT_H
 #define TDM_QDOT_H
 

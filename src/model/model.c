@@ -279,10 +279,12 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
 }
 
 /* The output head's quantised copy (qhead.h) on backends with int8 dot products,
- * quantised in place (host backends only).  Optional: a head it cannot bound
- * (non-finite weights) is simply not copied. */
+ * quantised in place (host backends only), unless the backend reads the head's own
+ * blocks directly (tdm_backend.direct_types: the copy would be a second, larger one).
+ * Optional: a head it cannot bound (non-finite weights) is simply not copied. */
 static tandem_status load_qhead(tdm_model *m, tdm_err *err) {
     if (!m->be->int8_dot || !is_host_backend(m->be)) return TANDEM_OK;
+    if (m->output.type < 32 && (m->be->direct_types >> m->output.type & 1u)) return TANDEM_OK;
     size_t bytes = tdm_qhead_bytes(m->output.rows, m->output.cols);
     if (bytes == 0) return TANDEM_OK;
     void *buf;
@@ -294,6 +296,10 @@ static tandem_status load_qhead(tdm_model *m, tdm_err *err) {
     if (st == TANDEM_OK) {
         tdm_qhead_place(&m->qhead, m->output.rows, m->output.cols, buf);
         m->has_qhead = true;
+        /* The fill read every row of the mapped file's head; from now on a token reads
+         * the quantised copy and only a few exact rows (head_argmax), so the file's
+         * pages are dropped rather than held beside it (they come back on demand). */
+        tdm_gguf_release(m->gguf, m->output.data, (size_t)m->output.rows * m->output.row_bytes);
     }
     return TANDEM_OK; /* (the unused buffer is freed with the model) */
 }
