@@ -28,6 +28,7 @@
 
 #include "engine.h"
 #include "json.h"
+#include "real_testutil.h"
 #include "tandem.h"
 #include "testutil.h"
 
@@ -42,44 +43,8 @@ static tandem_model *g_target, *g_draft;
 static tdm_json **g_ref;
 static size_t g_n_ref;
 
-/* One generation line: its prompt ids, the reference's tokens and margins, and the
- * target's own greedy output (target_only_matches_float32_reference fills it). */
-typedef struct gen_case {
-    const char *kind;
-    int32_t *prompt;
-    size_t n_prompt;
-    int32_t *ref;
-    size_t n_ref;
-    double *margin; /* [n_ref] */
-} gen_case;
-
-static gen_case g_case[MAX_CASES];
+static real_case g_case[MAX_CASES];
 static size_t g_n_case;
-
-static const char *str_of(const tdm_json *line, const char *key) {
-    const tdm_json *v = tdm_json_get(line, key);
-    cr_assert(v && v->type == TDM_JSON_STRING, "reference line without \"%s\"", key);
-    return v->str;
-}
-
-static bool is_kind(const tdm_json *line, const char *kind) { return strcmp(str_of(line, "kind"), kind) == 0; }
-
-static void load_cases(void) {
-    g_n_case = 0;
-    for (size_t li = 0; li < g_n_ref; li++) {
-        const tdm_json *l = g_ref[li];
-        if (!is_kind(l, "plain") && !is_kind(l, "chat")) continue;
-        cr_assert_lt(g_n_case, MAX_CASES);
-        gen_case *c = &g_case[g_n_case++];
-        c->kind = str_of(l, "kind");
-        c->prompt = tdm_test_json_ids(tdm_json_get(l, "prompt_ids"), &c->n_prompt);
-        c->ref = tdm_test_json_ids(tdm_json_get(l, "tokens"), &c->n_ref);
-        const tdm_json *m = tdm_json_get(l, "margins");
-        cr_assert(m && m->type == TDM_JSON_ARRAY && m->n == c->n_ref);
-        c->margin = calloc(m->n + 1, sizeof(double));
-        for (size_t i = 0; i < m->n; i++) c->margin[i] = m->items[i].num;
-    }
-}
 
 static void setup(void) {
     cr_assert_eq(tandem_model_open(tdm_test_model_path(TARGET_FILE), NULL, &g_target), TANDEM_OK, "%s",
@@ -88,26 +53,18 @@ static void setup(void) {
                  tandem_last_error());
     g_ref = tdm_test_jsonl(tdm_test_data_path(REF_FILE), &g_n_ref);
     cr_assert_gt(g_n_ref, 0);
-    load_cases();
+    g_n_case = real_cases_load(g_ref, g_n_ref, g_case, MAX_CASES);
     cr_assert_eq(g_n_case, 20);
 }
 
 static void teardown(void) {
-    for (size_t i = 0; i < g_n_case; i++) free(g_case[i].prompt), free(g_case[i].ref), free(g_case[i].margin);
+    real_cases_free(g_case, g_n_case);
     tdm_test_jsonl_free(g_ref, g_n_ref);
     tandem_model_close(g_draft);
     tandem_model_close(g_target);
 }
 
 TestSuite(real_pair, .init = setup, .fini = teardown, .timeout = 1200);
-
-static void expect_ids(const int32_t *got, size_t n_got, const int32_t *want, size_t n_want, const char *who,
-                       const char *text) {
-    size_t i = 0;
-    while (i < n_got && i < n_want && got[i] == want[i]) i++;
-    cr_expect(i == n_got && i == n_want, "%s \"%s\": tokens differ from llama.cpp's at %zu (%zu / %zu tokens): %d vs %d",
-              who, text, i, n_got, n_want, i < n_got ? got[i] : -1, i < n_want ? want[i] : -1);
-}
 
 /* What their metadata says (llama.cpp's llama_model_loader prints the same): the head
  * dims differ (128 and 64), the KV heads do not.  The end-of-generation tokens:
@@ -152,10 +109,10 @@ Test(real_pair, tokenizers_match_llama_cpp) {
     size_t n_texts = 0;
     for (size_t li = 0; li < g_n_ref; li++) {
         const tdm_json *l = g_ref[li];
-        if (is_kind(l, "render")) continue;
+        if (real_is_kind(l, "render")) continue;
         /* every tokenize case, and every generation's prompt text */
-        bool tok = is_kind(l, "tokenize");
-        const char *text = str_of(l, tok ? "text" : "prompt");
+        bool tok = real_is_kind(l, "tokenize");
+        const char *text = real_str(l, tok ? "text" : "prompt");
         size_t n_want;
         int32_t *want = tdm_test_json_ids(tdm_json_get(l, tok ? "ids" : "prompt_ids"), &n_want);
         const tandem_model *m[2] = {g_target, g_draft};
@@ -164,7 +121,7 @@ Test(real_pair, tokenizers_match_llama_cpp) {
             size_t n_got = 0;
             cr_assert_eq(tandem_tokenize(m[k], text, strlen(text), true, &got, &n_got), TANDEM_OK, "%s",
                          tandem_last_error());
-            expect_ids(got, n_got, want, n_want, k ? "draft" : "target", text);
+            real_expect_ids(got, n_got, want, n_want, k ? "draft" : "target", text);
             /* and back: the ids decode to the text (byte-level BPE loses nothing;
              * special tokens decode to nothing, so texts with one are left out) */
             if (!strstr(text, "<|")) {
@@ -187,44 +144,38 @@ Test(real_pair, chat_template_renders_as_jinja2) {
     for (size_t li = 0; li < g_n_ref; li++) {
         const tdm_json *l = g_ref[li];
         const tandem_model *m[2] = {g_target, g_draft};
-        if (is_kind(l, "render")) { /* with tools: the JSON form; each file's own template
+        if (real_is_kind(l, "render")) { /* with tools: the JSON form; each file's own template
                                        (they differ in the tools prompt's braces) */
-            const char *json = str_of(l, "json");
+            const char *json = real_str(l, "json");
             for (int k = 0; k < 2; k++) {
                 char *text = NULL;
                 cr_assert_eq(tandem_chat_render_json(m[k], NULL, json, strlen(json), true, &text), TANDEM_OK, "%s",
                              tandem_last_error());
-                cr_expect_str_eq(text, str_of(l, k ? "prompt_draft" : "prompt"));
+                cr_expect_str_eq(text, real_str(l, k ? "prompt_draft" : "prompt"));
                 tandem_free(text);
             }
             n_chats++;
             continue;
         }
-        if (!is_kind(l, "chat")) continue;
+        if (!real_is_kind(l, "chat")) continue;
         const tdm_json *msgs = tdm_json_get(l, "messages");
         cr_assert(msgs && msgs->type == TDM_JSON_ARRAY);
         tandem_chat_message msg[8];
         cr_assert_leq(msgs->n, 8);
         for (size_t i = 0; i < msgs->n; i++) {
-            msg[i].role = str_of(&msgs->items[i], "role");
-            msg[i].content = str_of(&msgs->items[i], "content");
+            msg[i].role = real_str(&msgs->items[i], "role");
+            msg[i].content = real_str(&msgs->items[i], "content");
         }
         for (int k = 0; k < 2; k++) {
             char *text = NULL;
             cr_assert_eq(tandem_chat_render(m[k], NULL, msg, msgs->n, true, &text), TANDEM_OK, "%s",
                          tandem_last_error());
-            cr_expect_str_eq(text, str_of(l, "prompt"));
+            cr_expect_str_eq(text, real_str(l, "prompt"));
             tandem_free(text);
         }
         n_chats++;
     }
     cr_assert_eq(n_chats, 10);
-}
-
-static tandem_generate_params greedy(size_t n) {
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = (int)n;
-    return gp;
 }
 
 static tandem_engine *open_engine(tandem_model *draft, int n_seq) {
@@ -243,12 +194,7 @@ static tandem_engine *open_engine(tandem_model *draft, int n_seq) {
 static void target_only(tandem_result *out, size_t n) {
     tandem_engine *e = open_engine(NULL, (int)n);
     tandem_request rq[MAX_CASES];
-    for (size_t i = 0; i < n; i++) {
-        rq[i] = tandem_request_default();
-        rq[i].prompt_ids = g_case[i].prompt;
-        rq[i].n_prompt_ids = g_case[i].n_prompt;
-        rq[i].params = greedy(g_case[i].n_ref);
-    }
+    for (size_t i = 0; i < n; i++) rq[i] = real_case_request(&g_case[i]);
     cr_assert_eq(tandem_generate_batch(e, rq, n, out), TANDEM_OK, "%s", tandem_last_error());
     for (size_t i = 0; i < n; i++) cr_assert_eq(out[i].status, TANDEM_OK, "%s", out[i].error);
     tandem_engine_close(e);
@@ -259,30 +205,10 @@ static void target_only(tandem_result *out, size_t n) {
 Test(real_pair, target_follows_float32_reference_and_speculation_equals_it) {
     tandem_result plain[MAX_CASES];
     target_only(plain, g_n_case);
-    int n_equal = 0, n_tie = 0;
-    for (size_t i = 0; i < g_n_case; i++) {
-        const gen_case *c = &g_case[i];
-        const tandem_result *r = &plain[i];
-        size_t d = 0;
-        while (d < r->n_tokens && d < c->n_ref && r->tokens[d] == c->ref[d]) d++;
-        if (d == c->n_ref && d == r->n_tokens) {
-            n_equal++;
-            continue;
-        }
-        /* a departure: where the reference had a near tie (both generate n_ref tokens
-         * at most, so a departure is inside the reference) */
-        cr_assert(d < c->n_ref, "%s case %zu: %zu tokens past the reference's %zu", c->kind, i, r->n_tokens,
-                  c->n_ref);
-        cr_expect_lt(c->margin[d], NEAR_TIE,
-                     "%s case %zu: departs from the float32 reference at token %zu (%d vs %d) where its top-two "
-                     "margin is %.3f",
-                     c->kind, i, d, d < r->n_tokens ? r->tokens[d] : -1, c->ref[d], c->margin[d]);
-        cr_log_info("%s case %zu departs at token %zu of %zu (reference margin %.3f)", c->kind, i, d, c->n_ref,
-                    c->margin[d]);
-        n_tie++;
-    }
-    cr_log_info("%zu continuations: %d equal the float32 reference, %d depart at a near tie", g_n_case, n_equal,
-                n_tie);
+    int n_equal = 0;
+    for (size_t i = 0; i < g_n_case; i++) n_equal += real_case_follows(&g_case[i], i, &plain[i], NEAR_TIE);
+    cr_log_info("%zu continuations: %d equal the float32 reference, %zu depart at a near tie", g_n_case, n_equal,
+                g_n_case - (size_t)n_equal);
 
     /* Greedy speculation gives the same tokens: every prompt as a chain (adaptive k)
      * and as a tree (at most 12 nodes a step), n-gram lookups on for odd prompts. */
@@ -291,7 +217,7 @@ Test(real_pair, target_follows_float32_reference_and_speculation_equals_it) {
     for (size_t i = 0; i < g_n_case; i++) {
         for (int tree = 0; tree < 2; tree++) {
             int ng = (int)(i % 2);
-            tandem_generate_params gp = greedy(g_case[i].n_ref);
+            tandem_generate_params gp = real_case_request(&g_case[i]).params;
             gp.spec_tree = tree ? 12 : 0;
             gp.spec_ngram = ng ? 3 : 0;
             tandem_result got;
@@ -354,7 +280,7 @@ Test(real_pair, one_paged_cache_for_both_head_dims) {
     tdm_engine *ie;
     cr_assert_eq(tdm_engine_create(t, d, &cfg, &ie, &err), TANDEM_OK, "%s", err.msg);
     for (size_t i = 0; i < 2; i++) {
-        tandem_generate_params gp = greedy(g_case[i].n_ref);
+        tandem_generate_params gp = real_case_request(&g_case[i]).params;
         gp.spec_tree = i ? 8 : 0;
         tandem_spec_stats st;
         tdm_test_run_checked(ie, g_case[i].prompt, g_case[i].n_prompt, &gp, &st);
@@ -381,12 +307,7 @@ Test(real_pair, one_paged_cache_for_both_head_dims) {
     cr_assert_eq(tandem_engine_open(g_target, g_draft, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
     tandem_request rq[N_SUB];
     tandem_result got[N_SUB];
-    for (size_t i = 0; i < N_SUB; i++) {
-        rq[i] = tandem_request_default();
-        rq[i].prompt_ids = g_case[i].prompt;
-        rq[i].n_prompt_ids = g_case[i].n_prompt;
-        rq[i].params = greedy(g_case[i].n_ref);
-    }
+    for (size_t i = 0; i < N_SUB; i++) rq[i] = real_case_request(&g_case[i]);
     cr_assert_eq(tandem_generate_batch(e, rq, N_SUB, got), TANDEM_OK, "%s", tandem_last_error());
     int preempted = 0;
     for (size_t i = 0; i < N_SUB; i++) {

@@ -36,11 +36,11 @@ import sys
 
 import numpy as np
 from gguf import GGUFReader
-from gguf.quants import dequantize
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "chat"))
 from gen import environment  # noqa: E402  (tests/data/chat/gen.py: transformers' jinja2 setup)
-from gen_ref import llama_tokenize  # noqa: E402  (tests/data/real/gen_ref.py)
+import gen_ref  # noqa: E402  (tests/data/real/gen_ref.py: the llama reference, llama_tokenize)
+from gen_ref import llama_tokenize  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "qwen2.5-coder-pair.jsonl")
@@ -136,48 +136,13 @@ TOOL_CHATS = [
 ]
 
 
-class Model:
-    """The textbook qwen2 forward in float32 over dequantised weights."""
-
-    def __init__(self, path):
-        r = GGUFReader(path)
-        self.meta = {}
-        for f in r.fields.values():
-            if not f.types:
-                continue
-            if f.types[0] == 8:  # string
-                if len(f.data) == 1:
-                    self.meta[f.name] = bytes(f.parts[f.data[0]]).decode("utf-8")
-            elif len(f.data) == 1:
-                self.meta[f.name] = f.parts[f.data[0]][0].item()
-        self.t = {}
-        for t in r.tensors:
-            a = dequantize(t.data, t.tensor_type).astype(np.float32)
-            self.t[t.name] = a.reshape([int(x) for x in reversed(t.shape)]) if a.ndim == 1 else a
-        a = self.meta["general.architecture"]
-        self.L = self.meta[a + ".block_count"]
-        self.E = self.meta[a + ".embedding_length"]
-        self.H = self.meta[a + ".attention.head_count"]
-        self.Hkv = self.meta[a + ".attention.head_count_kv"]
-        self.hd = self.E // self.H
-        self.eps = np.float32(self.meta[a + ".attention.layer_norm_rms_epsilon"])
-        base = self.meta.get(a + ".rope.freq_base", 10000.0)
-        self.inv_freq = base ** (-np.arange(0, self.hd, 2, dtype=np.float64) / self.hd)
-        self.out = self.t.get("output.weight", self.t["token_embd.weight"])
-        self.eog = {self.meta["tokenizer.ggml.eos_token_id"]}
-        toks = None
-        for f in r.fields.values():
-            if f.name == "tokenizer.ggml.tokens":
-                toks = [bytes(f.parts[i]).decode("utf-8") for i in f.data]
-        for name in ("<|im_end|>", "<|endoftext|>"):
-            if toks and name in toks:
-                self.eog.add(toks.index(name))
-
-    def rmsnorm(self, x, w):
-        return (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + self.eps)) * w
+class Model(gen_ref.Model):
+    """The textbook qwen2 forward in float32 over dequantised weights: gen_ref.py's llama
+    (its loading, RMSNorm, end-of-generation tokens) with q/k/v biases and NeoX RoPE."""
 
     def rope(self, x, pos):
-        # NeoX layout (qwen2): dims i and i + hd/2 rotate by pos * inv_freq[i]
+        # NeoX layout (qwen2): dims i and i + hd/2 rotate by pos * inv_freq[i] (all hd
+        # dims rotate: the file has no rope.dimension_count)
         ang = np.outer(pos, self.inv_freq)  # [n][hd/2]
         c = np.cos(ang).astype(np.float32)[:, None, :]
         s = np.sin(ang).astype(np.float32)[:, None, :]
