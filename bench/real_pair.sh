@@ -160,12 +160,24 @@ print(json.dumps({"engine": "llama.cpp", "work": "spec", "tg": toks / secs, "tok
 PY
 }
 
+# every sample notes the 1-minute load average at its end (a shared machine shows here)
+note_load() {
+  python3 - "$samples" <<'PY'
+import json, sys
+rows = open(sys.argv[1]).read().splitlines()
+last = json.loads(rows[-1])
+last["load1"] = float(open("/proc/loadavg").read().split()[0])
+rows[-1] = json.dumps(last)
+open(sys.argv[1], "w").write("\n".join(rows) + "\n")
+PY
+}
+
 for r in $(seq 1 "$rounds"); do
   echo "round $r/$rounds" >&2
-  tandem_plain || exit 1
-  llama_plain || exit 1
-  tandem_spec || exit 1
-  llama_spec || exit 1
+  tandem_plain && note_load || exit 1
+  llama_plain && note_load || exit 1
+  tandem_spec && note_load || exit 1
+  llama_spec && note_load || exit 1
 done
 
 python3 - "$samples" "$out" "$target" "$draft" "$threads" "$rounds" "$np" "$nn" "$n_prompts" <<'PY'
@@ -182,6 +194,7 @@ for eng in ("tandem", "llama.cpp"):
         sel = [r for r in rows if r["engine"] == eng and r["work"] == work]
         med["%s %s" % (eng, work)] = {k: statistics.median([r[k] for r in sel]) for k in sel[0]
                                       if isinstance(sel[0][k], (int, float)) and k not in ("drafted", "accepted")}
+loads = [r["load1"] for r in rows if "load1" in r]
 res["median"] = med
 T, L = lambda w: med["tandem " + w], lambda w: med["llama.cpp " + w]
 best_llama = max(L("plain")["tg"], L("spec")["tg"])
@@ -196,8 +209,9 @@ floors = [
 ]
 res["floors"] = [{"what": w, "ratio": round(v, 3), "floor": f, "met": m} for w, v, f, m in floors]
 json.dump(res, open(os.path.join(out, "real-pair.json"), "w"), indent=1)
-lines = ["%s + %s, CPU, %d threads, %d alternated rounds, medians (%s)" % (res["target"], res["draft"],
-         res["threads"], res["rounds"], res["date"]), "",
+lines = ["%s + %s, CPU, %d threads, %d alternated rounds, medians (%s); load average %.1f-%.1f during "
+         "the runs" % (res["target"], res["draft"], res["threads"], res["rounds"], res["date"], min(loads),
+                       max(loads)), "",
          "| work | llama.cpp | tandem | ratio |", "|---|---:|---:|---:|"]
 def row(name, a, b, unit, fmt="%.1f"):
     lines.append("| %s | %s %s | %s %s | %.2fx |" % (name, fmt % a, unit, fmt % b, unit, b / a))
