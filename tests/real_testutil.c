@@ -20,8 +20,9 @@ void real_expect_ids(const int32_t *got, size_t n_got, const int32_t *want, size
                      const char *text) {
     size_t i = 0;
     while (i < n_got && i < n_want && got[i] == want[i]) i++;
-    cr_expect(i == n_got && i == n_want, "%s \"%s\": tokens differ from llama.cpp's at %zu (%zu / %zu tokens): %d vs %d",
-              who, text, i, n_got, n_want, i < n_got ? got[i] : -1, i < n_want ? want[i] : -1);
+    cr_expect(i == n_got && i == n_want,
+              "%s \"%s\": tokens differ from llama.cpp's at %zu (%zu / %zu tokens): %d vs %d", who, text, i, n_got,
+              n_want, i < n_got ? got[i] : -1, i < n_want ? want[i] : -1);
 }
 
 size_t real_cases_load(tdm_json *const *ref, size_t n_ref, real_case *c, size_t cap) {

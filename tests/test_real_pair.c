@@ -178,11 +178,14 @@ Test(real_pair, chat_template_renders_as_jinja2) {
     cr_assert_eq(n_chats, 10);
 }
 
-static tandem_engine *open_engine(tandem_model *draft, int n_seq) {
+/* An engine of 2 threads, N_CTX positions a sequence, n_seq sequences, a KV budget of
+ * kv_bytes (0: enough for all of them). */
+static tandem_engine *open_engine(tandem_model *draft, int n_seq, size_t kv_bytes) {
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = 2;
     ep.n_ctx = N_CTX;
     ep.n_seq_max = n_seq;
+    ep.kv_bytes = kv_bytes;
     tandem_engine *e = NULL;
     cr_assert_eq(tandem_engine_open(g_target, draft, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
     return e;
@@ -192,7 +195,7 @@ static tandem_engine *open_engine(tandem_model *draft, int n_seq) {
  * computes each row of a batch as alone, which real_model checks): out[i], freed by
  * the caller with tandem_result_free. */
 static void target_only(tandem_result *out, size_t n) {
-    tandem_engine *e = open_engine(NULL, (int)n);
+    tandem_engine *e = open_engine(NULL, (int)n, 0);
     tandem_request rq[MAX_CASES];
     for (size_t i = 0; i < n; i++) rq[i] = real_case_request(&g_case[i]);
     cr_assert_eq(tandem_generate_batch(e, rq, n, out), TANDEM_OK, "%s", tandem_last_error());
@@ -212,7 +215,7 @@ Test(real_pair, target_follows_float32_reference_and_speculation_equals_it) {
 
     /* Greedy speculation gives the same tokens: every prompt as a chain (adaptive k)
      * and as a tree (at most 12 nodes a step), n-gram lookups on for odd prompts. */
-    tandem_engine *e = open_engine(g_draft, 1);
+    tandem_engine *e = open_engine(g_draft, 1, 0);
     tandem_spec_stats sum[2][2] = {0}; /* [tree][n-gram] */
     for (size_t i = 0; i < g_n_case; i++) {
         for (int tree = 0; tree < 2; tree++) {
@@ -298,13 +301,8 @@ Test(real_pair, one_paged_cache_for_both_head_dims) {
     size_t longest = 0;
     for (size_t i = 0; i < N_SUB; i++)
         if (g_case[i].n_prompt + g_case[i].n_ref > longest) longest = g_case[i].n_prompt + g_case[i].n_ref;
-    tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = 2;
-    ep.n_ctx = N_CTX;
-    ep.n_seq_max = N_SUB;
-    ep.kv_bytes = (2 * longest + 64) * (ti.kv_bytes_per_token + di.kv_bytes_per_token);
-    tandem_engine *e = NULL;
-    cr_assert_eq(tandem_engine_open(g_target, g_draft, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+    const size_t budget = (2 * longest + 64) * (ti.kv_bytes_per_token + di.kv_bytes_per_token);
+    tandem_engine *e = open_engine(g_draft, N_SUB, budget);
     tandem_request rq[N_SUB];
     tandem_result got[N_SUB];
     for (size_t i = 0; i < N_SUB; i++) rq[i] = real_case_request(&g_case[i]);
