@@ -42,7 +42,7 @@ def main():
         ax.set_xticklabels([it[0] for it in items])
         ax.set_ylabel(unit)
         ax.legend()
-    a1.set_title("speed (median of %d rounds; dots: each round)" % res["rounds"])
+    a1.set_title("speed (median of %d round%s; dots: each round)" % (res["rounds"], "" if res["rounds"] == 1 else "s"))
     a2.set_title("peak RSS")
     fig.suptitle("%s + %s, CPU, %d threads (%s)" % (res["target"], res["draft"], res["threads"], res["date"]),
                  fontsize=10)
