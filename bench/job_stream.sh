@@ -27,7 +27,7 @@ one() { # BIN LABEL ROUND
     t0=$(date +%s.%N)
     "$1" run "$CFG" --set job.input="$W/in.jsonl" --set job.output="$W/out.jsonl" 2>"$W/err" >/dev/null || { echo "$2: failed: $(tail -n 2 "$W/err")" >&2; exit 1; }
     t1=$(date +%s.%N)
-    echo "$2 $(echo "$t1 - $t0" | bc) $(wc -l <"$W/out.jsonl") lines; $(tail -n 1 "$W/err" | cut -c1-90)"
+    echo "$2 $(python3 -c "print(round($t1 - $t0, 3))") $(wc -l <"$W/out.jsonl") lines; $(tail -n 1 "$W/err" | cut -c1-90)"
 }
 for r in $(seq "$R"); do
     one "$A" old "$r"

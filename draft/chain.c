@@ -1,12 +1,5 @@
-/* chain.c - chain proposals: the draft model catches up on the committed tokens
- * it has not seen, then proposes up to k tokens autoregressively.
- *
- * Greedy (temperature 0): each drafted token is the draft's argmax.  Sampling: it
- * is drawn from q, the draft's distribution after the request's temperature /
- * top-k / top-p / min-p processing; q rows are kept in ws->qprobs for verification.
- * Drafting stops early when the draft's top probability falls below p_min (greedy:
- * of the softmax of its logits; sampling: of q, the processed distribution).
- */
+/* chain.c - chain proposals for one sequence or a batch (chain.h): host rounds, a
+ * lone sequence's chain on the device, a greedy batch's rounds on the device. */
 #include "chain.h"
 
 #include <string.h>
@@ -40,8 +33,8 @@ static int32_t oracle_token(const tdm_seq *s, tdm_spec_rec *sr, const float *l, 
  * is sound: the proposal for a position may depend on everything before it. */
 static int32_t lookup_extension(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t len, int32_t k, int32_t k_ext,
                                 int32_t *draft) {
-    if (!sr->spec_ngram || k_ext <= len) return 0;
-    int32_t m = tdm_ngram_propose(s->tokens, s->n_tokens + len, sr->spec_ngram, k_ext - len, draft + len);
+    if (!tdm_spec_lookup_n(sr) || k_ext <= len) return 0;
+    int32_t m = tdm_ngram_propose(s->tokens, s->n_tokens + len, tdm_spec_lookup_n(sr), k_ext - len, draft + len);
     if (m == 0) return 0;
     double rate_ng = tdm_ctrl_rate(&ws->cost, sr->ctrl_ng.alpha, 0.0, m);
     double rate_d = tdm_ctrl_rate(&ws->cost, sr->ctrl.alpha, tdm_cost_draft(&ws->cost), TDM_MAX(k - len, 1));
@@ -83,8 +76,8 @@ static tandem_status oracle_pick(tdm_engine *e, tdm_spec_ws *ws, int32_t i, int3
     return op->argmax_dev(e->be, e->out_d, 1, e->n_vocab, i < n_plan ? spare : ids_d + i, top_i, err);
 }
 
-/* Drafting where the backend keeps argmaxes (greedy) or samples (ws->q_dev) in its
- * memory (ws->chain_dev): the catch-up forward and the k - 1 forwards after it are
+/* A lone sequence's drafting where the backend keeps argmaxes (greedy) or samples
+ * (ws->q_dev) in its memory (ws->chain_dev): the catch-up forward and the k - 1 forwards after it are
  * queued back to back, each embedding the token the one before chose, on the
  * device; the host waits once, for the k tokens and their top probabilities (of
  * the logits' softmax when greedy, of q when sampling).  p_min and the n-gram
@@ -93,8 +86,11 @@ static tandem_status oracle_pick(tdm_engine *e, tdm_spec_ws *ws, int32_t i, int3
  * the same; the forwards past a cut are spent, and the draft's K/V count only up
  * to it.  Sampling draws token i with the i-th uniform of the request's generator,
  * and the generator moves on by the tokens kept, as the loop's draws would. */
-static tandem_status chain_on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t k, int32_t k_ext, int32_t *draft,
-                                     int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err) {
+static tandem_status chain_on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *q, tdm_err *err) {
+    tdm_seq *s = q->s;
+    tdm_spec_rec *sr = q->sr;
+    const int32_t k = q->k, k_ext = q->k_ext;
+    int32_t *draft = q->draft, *n_drafted = &q->n_drafted, *n_model = &q->n_model, *n_forwards = &q->n_forwards;
     const int32_t n = s->n_tokens;
     const tdm_kv_seq *seqs[1] = {&s->kv};
     const bool sample = s->sp.temperature > 0;
@@ -175,45 +171,245 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s,
     return TANDEM_OK;
 }
 
-tandem_status tdm_draft_chain(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t k, int32_t k_ext, int32_t *draft,
-                              int32_t *n_drafted, int32_t *n_model, int32_t *n_forwards, tdm_err *err) {
-    const int32_t V = e->n_vocab;
-    const bool greedy = s->sp.temperature <= 0;
-    const int32_t n = s->n_tokens;
-    tandem_status st;
-    *n_drafted = *n_model = *n_forwards = 0;
-    if ((greedy || ws->q_dev) && ws->chain_dev && k >= 1 && k <= TDM_CTRL_MAX_K)
-        return chain_on_device(e, ws, s, sr, k, k_ext, draft, n_drafted, n_model, n_forwards, err);
-    /* catch up: rows [n_draft, n) -> the distribution of the token after them */
-    if ((st = tdm_engine_feed(e, s, true, s->n_draft, n, true, TDM_FWD_LOGITS_APPROX, err))) return st;
-    *n_forwards = 1;
-    for (int32_t i = 0; i < k; i++) {
-        const float *l = e->logits_d;
-        /* p_min looks at the distribution only, never at the token drawn from it
-         * (deciding on the drawn token would bias what reaches verification) */
-        int32_t x;
-        if (greedy) {
-            if (i > 0 && sr->spec_p_min > 0 && tdm_top_prob(l, V) < sr->spec_p_min) break;
-            x = sr->oracle ? oracle_token(s, sr, l, V, draft, i) : tdm_argmax(l, V);
-        } else {
-            float *q = ws->qprobs + (size_t)i * (size_t)V;
-            tdm_probs_from_logits(l, V, &s->sp, &e->ss, q);
-            if (i > 0 && sr->spec_p_min > 0 && max_of(q, V) < sr->spec_p_min) break;
-            x = tdm_sample_probs(q, V, &s->rng);
-        }
-        draft[i] = x;
-        *n_drafted = *n_model = i + 1;
-        s->tokens[n + i] = x; /* stored after the committed tokens (fed below, looked up) */
-        int32_t m = lookup_extension(e, ws, s, sr, i + 1, k, k_ext, draft);
-        if (m > 0) {
-            *n_drafted = i + 1 + m;
-            break;
-        }
-        if (i + 1 == k) break;
-        /* feed x at position n + i */
-        if ((st = tdm_engine_feed(e, s, true, n + i, n + i + 1, true, TDM_FWD_LOGITS_APPROX, err))) return st;
-        ++*n_forwards;
+/* ---- a greedy batch on the device ---- */
+
+/* Every sequence greedy with the same k, without p_min, a lookup's extension or the
+ * oracle, round 0 within one forward: the rounds can run back to back on the device
+ * (on_device below). */
+static bool device_rounds(const tdm_engine *e, const tdm_spec_ws *ws, const tdm_chain_req *req, int32_t n) {
+    if (!ws->bchain_dev || n > e->n_logit_rows || req[0].k < 1) return false;
+    int32_t rows = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const tdm_chain_req *q = &req[i];
+        if (q->s->sp.temperature > 0 || q->k != req[0].k || q->k_ext > q->k || q->sr->spec_p_min > 0 || q->sr->oracle)
+            return false;
+        rows += q->s->n_tokens - q->s->n_draft;
     }
+    return rows <= e->max_rows;
+}
+
+/* The rounds queued back to back, each embedding the tokens the one before chose
+ * where they are (ws->bchain_dev, round d's n tokens at d * n), and the host waits
+ * once, for every round's tokens: the same chains as the rounds one by one (the
+ * argmax of each row is the same whatever else is queued), without a round trip per
+ * round. */
+static tandem_status on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *req, int32_t n, int32_t k,
+                               const tdm_draft_scratch *scr, tdm_err *err) {
+    tdm_batch *b = &e->batch;
+    int32_t *ids = ws->bchain_dev;
+    tandem_status st;
+    tdm_batch_clear(b);
+    for (int32_t i = 0; i < n; i++) {
+        const tdm_seq *s = req[i].s;
+        for (int32_t p = s->n_draft; p < s->n_tokens; p++) tdm_batch_add(b, s->tokens[p], p, i, p, p == s->n_tokens - 1);
+    }
+    b->rows_shared = true;
+    if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, scr->kv, &e->fs_d, NULL, e->out_d, ids, NULL, err)))
+        return st;
+    for (int32_t d = 1; d < k; d++) {
+        tdm_batch_clear(b);
+        for (int32_t i = 0; i < n; i++) {
+            const int32_t pos = req[i].s->n_tokens + d - 1;
+            tdm_batch_add(b, 0, pos, i, pos, true); /* (the token is ids[(d - 1) * n + i]) */
+        }
+        b->rows_shared = true;
+        if ((st = tdm_model_forward_dev(e->draft, e->be, &e->kv_d, b, scr->kv, &e->fs_d, ids + (size_t)(d - 1) * n,
+                                        e->out_d, ids + (size_t)d * n, NULL, err)))
+            return st;
+    }
+    tdm_batch_clear(b);
+    int32_t *got = scr->tok; /* [n_logit_rows]: a round at a time */
+    for (int32_t d = 0; d < k; d++) {
+        if ((st = e->be->ops->download(e->be, got, ids + (size_t)d * n, (size_t)n * sizeof(int32_t), err))) return st;
+        for (int32_t i = 0; i < n; i++) {
+            if (got[i] < 0) return tdm_engine_nonfinite(e, true, -1, err);
+            req[i].draft[d] = got[i];
+        }
+    }
+    return TANDEM_OK;
+}
+
+
+/* ---- host rounds ---- */
+
+/* rows of one draft forward being gathered, and whose drafted token each logits
+ * row gives */
+typedef struct round_buf {
+    tdm_engine *e;
+    tdm_spec_ws *ws;
+    const tdm_draft_scratch *scr;
+    tdm_chain_req *req;
+    bool *live;      /* [n] still drafting */
+    int32_t *fed;    /* [n] chain tokens fed to the draft so far */
+    int32_t m;       /* logits rows gathered */
+    bool host;       /* a row needs its logits on the host (own draws, p_min, the oracle) */
+    bool sampled;    /* a row draws with a coupled uniform */
+} round_buf;
+
+static bool needs_host_logits(const tdm_chain_req *q) {
+    return (q->s->sp.temperature > 0 && !q->u) || q->sr->spec_p_min > 0 || (q->sr->oracle && q->s->sp.temperature <= 0);
+}
+
+/* Sequence i's token d is x (or, stop, none: p_min cut the chain before it): kept,
+ * the chain maybe completed by a lookup, its drafting over at k. */
+static void take(round_buf *r, int32_t i, int32_t d, int32_t x, bool stop) {
+    tdm_chain_req *q = &r->req[i];
+    if (stop) {
+        r->live[i] = false;
+        return;
+    }
+    q->draft[d] = x;
+    q->n_drafted = q->n_model = d + 1;
+    if (q->s->n_tokens + d < q->s->cap) q->s->tokens[q->s->n_tokens + d] = x; /* (for the lookups) */
+    const int32_t m = lookup_extension(r->e, r->ws, q->s, q->sr, d + 1, q->k, q->k_ext, q->draft);
+    if (m > 0) q->n_drafted = d + 1 + m;
+    if (m > 0 || d + 1 >= q->k) r->live[i] = false;
+}
+
+/* The token of logits row l for sequence i's slot d, from host logits: its argmax
+ * (or the oracle's), a coupled draw, or an own draw from q (kept in ws->qprobs);
+ * *stop when p_min cuts the chain before it. */
+static int32_t host_token(round_buf *r, int32_t i, int32_t d, const float *l, bool *stop) {
+    tdm_engine *e = r->e;
+    const tdm_chain_req *q = &r->req[i];
+    tdm_seq *s = q->s;
+    const int32_t V = e->n_vocab;
+    const float p_min = q->sr->spec_p_min;
+    *stop = false;
+    if (s->sp.temperature <= 0) {
+        if (d > 0 && p_min > 0 && tdm_top_prob(l, V) < p_min) return *stop = true, -1;
+        return q->sr->oracle ? oracle_token(s, q->sr, l, V, q->draft, d) : tdm_argmax_finite(l, V);
+    }
+    float *p = q->u ? e->tmp : r->ws->qprobs + (size_t)d * (size_t)V;
+    tdm_probs_from_logits(l, V, &s->sp, &e->ss, p);
+    if (d > 0 && p_min > 0 && max_of(p, V) < p_min) return *stop = true, -1;
+    return q->u ? tdm_sample_probs_u(p, V, q->u[d]) : tdm_sample_probs(p, V, &s->rng);
+}
+
+static tandem_status flush(round_buf *r, tdm_err *err) {
+    tdm_engine *e = r->e;
+    const tdm_draft_scratch *scr = r->scr;
+    if (e->batch.n_rows == 0) return TANDEM_OK;
+    e->batch.rows_shared = true; /* (a draft's rows only propose: the fastest products) */
+    /* host logits where a row needs them (the quantised head's: any distribution
+     * serves a proposal), else argmaxes, or logits where the engine samples */
+    const tdm_fwd_kind kind = r->host      ? TDM_FWD_LOGITS_APPROX
+                              : !r->sampled ? TDM_FWD_ARGMAX
+                              : e->p_dev    ? TDM_FWD_LOGITS_DEV
+                                            : TDM_FWD_LOGITS;
+    tandem_status st = tdm_engine_forward(e, true, &e->batch, scr->kv, kind, err);
+    if (!st && !r->host) {
+        for (int32_t j = 0; j < r->m; j++) {
+            const tdm_chain_req *q = &r->req[scr->who[j]];
+            scr->rows[j] = (tdm_draw_row){q->s, q->u ? q->u[scr->slot[j]] : 0};
+        }
+        st = tdm_engine_draw(e, true, scr->rows, r->m, kind, scr->tok, err);
+    }
+    for (int32_t j = 0; j < r->m && !st; j++) {
+        const int32_t i = scr->who[j], d = scr->slot[j];
+        bool stop = false;
+        const int32_t x = r->host ? host_token(r, i, d, e->logits_d + (size_t)j * (size_t)e->n_vocab, &stop) : scr->tok[j];
+        if (!stop && x < 0) return tdm_engine_nonfinite(e, true, r->req[i].s->n_tokens - 1 + d, err);
+        r->req[i].n_forwards++;
+        take(r, i, d, x, stop);
+    }
+    r->m = 0;
+    r->host = r->sampled = false;
+    tdm_batch_clear(&e->batch);
+    return st;
+}
+
+static tandem_status add_row(round_buf *r, int32_t i, int32_t token, int32_t pos, int32_t want_slot, tdm_err *err) {
+    tdm_engine *e = r->e;
+    tandem_status st;
+    if ((e->batch.n_rows >= e->max_rows || (want_slot >= 0 && r->m >= e->n_logit_rows)) && (st = flush(r, err)))
+        return st;
+    tdm_batch_add(&e->batch, token, pos, i, pos, want_slot >= 0);
+    if (want_slot >= 0) {
+        const tdm_chain_req *q = &r->req[i];
+        r->scr->who[r->m] = i;
+        r->scr->slot[r->m++] = want_slot;
+        r->host |= needs_host_logits(q);
+        r->sampled |= q->s->sp.temperature > 0;
+    }
+    return TANDEM_OK;
+}
+
+/* Round 0 catches every drafting sequence up on the committed tokens its draft has
+ * not seen and drafts its first token; round d drafts token d of every sequence
+ * still drafting, one row each. */
+static tandem_status host_rounds(round_buf *r, int32_t n, tdm_err *err) {
+    tdm_engine *e = r->e;
+    tandem_status st;
+    int32_t k_max = 0;
+    tdm_batch_clear(&e->batch);
+    for (int32_t i = 0; i < n; i++) {
+        const tdm_seq *s = r->req[i].s;
+        if (!r->live[i]) continue;
+        k_max = TDM_MAX(k_max, r->req[i].k);
+        for (int32_t p = s->n_draft; p < s->n_tokens; p++)
+            if ((st = add_row(r, i, s->tokens[p], p, p == s->n_tokens - 1 ? 0 : -1, err))) return st;
+    }
+    if ((st = flush(r, err))) return st;
+    for (int32_t d = 1; d < k_max; d++) {
+        for (int32_t i = 0; i < n; i++) {
+            if (!r->live[i]) continue;
+            const int32_t pos = r->req[i].s->n_tokens + d - 1;
+            r->fed[i]++;
+            if ((st = add_row(r, i, r->req[i].draft[d - 1], pos, d, err))) return st;
+        }
+        if ((st = flush(r, err))) return st;
+    }
+    return TANDEM_OK;
+}
+
+tandem_status tdm_draft_chains(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *req, int32_t n, const tdm_draft_scratch *scr,
+                               int32_t *catch_up, tdm_err *err) {
+    bool live[TDM_ENGINE_BATCH_LOGITS_MAX];
+    int32_t fed[TDM_ENGINE_BATCH_LOGITS_MAX];
+    tandem_status st;
+    *catch_up = 0;
+    if (n > TDM_ENGINE_BATCH_LOGITS_MAX)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "%d sequences to draft for, at most %d", (int)n,
+                          TDM_ENGINE_BATCH_LOGITS_MAX);
+    int32_t n_own = 0;
+    for (int32_t i = 0; i < n; i++) {
+        tdm_chain_req *q = &req[i];
+        tdm_seq *s = q->s;
+        q->n_drafted = q->n_model = q->n_forwards = 0;
+        if (q->k < 0 || q->k > TDM_CTRL_MAX_K || q->k_ext > TDM_CTRL_MAX_K)
+            return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a chain of %d (%d with lookups) tokens, at most %d", (int)q->k,
+                              (int)q->k_ext, TDM_CTRL_MAX_K);
+        n_own += q->k > 0 && s->sp.temperature > 0 && !q->u;
+        scr->kv[i] = &s->kv;
+        live[i] = q->k > 0;
+        fed[i] = 0;
+        if (q->k <= 0) continue;
+        *catch_up += TDM_MAX(0, s->n_tokens - 1 - s->n_draft);
+        /* the chain writes the draft's K/V up to position n_tokens + k - 2 */
+        if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, s->n_tokens + q->k - 1, err))) return st;
+        if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
+    }
+    if (n_own > 1) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "%d sequences drafting with q rows, at most 1", (int)n_own);
+    if (n == 1 && req[0].k > 0 && ws->chain_dev &&
+        (req[0].s->sp.temperature <= 0 || (!req[0].u && ws->q_dev)))
+        return chain_on_device(e, ws, &req[0], err);
+    if (device_rounds(e, ws, req, n)) {
+        if ((st = on_device(e, ws, req, n, req[0].k, scr, err))) return st;
+        for (int32_t i = 0; i < n; i++) {
+            req[i].n_drafted = req[i].n_model = req[i].n_forwards = req[i].k;
+            req[i].s->n_draft = req[i].s->n_tokens + req[i].k - 1;
+        }
+        return TANDEM_OK;
+    }
+    round_buf r = {e, ws, scr, req, live, fed, 0, false, false};
+    st = host_rounds(&r, n, err);
+    tdm_batch_clear(&e->batch);
+    if (st) return st;
+    /* the draft was fed the chain's tokens up to fed[i]: its K/V is consistent up to
+     * there (a lookup's completion and a cut leave later forwards unspent) */
+    for (int32_t i = 0; i < n; i++)
+        if (req[i].k > 0) req[i].s->n_draft = req[i].s->n_tokens + fed[i];
     return TANDEM_OK;
 }
 

@@ -38,6 +38,8 @@ tandem_status tdm_spec_rec_init(tdm_spec_rec *r, const tandem_generate_params *g
     return TANDEM_OK;
 }
 
+void tdm_spec_rec_step(tdm_spec_rec *r) { r->lookups = r->spec_ngram > 0 && tdm_payoff_lookups(&r->pay); }
+
 void tdm_spec_rec_free(tdm_spec_rec *r) {
     free(r->oracle);
     r->oracle = NULL;

@@ -6,6 +6,7 @@
 #define TDM_SPEC_REC_H
 
 #include "controller.h"
+#include "payoff.h"
 #include "sampling.h"
 #include "tree.h"
 #include "tree_ctrl.h"
@@ -14,6 +15,8 @@ typedef struct tdm_spec_rec {
     tdm_spec_ctrl ctrl;      /* the draft model's acceptance estimate and length */
     float spec_p_min;        /* drafting stops below this top probability (spec_p_min) */
     int32_t spec_ngram;      /* longest n-gram looked up, 0 = off */
+    tdm_payoff pay;          /* what lookups and the draft model yield, measured (payoff.h) */
+    bool lookups;            /* this step may propose lookups (tdm_spec_rec_step) */
     tdm_spec_ctrl ctrl_ng;   /* acceptance / k of n-gram proposals */
     int32_t n_ngram_skips;   /* matches passed over for the draft model (exploration) */
     int32_t n_spec_steps;    /* speculative steps so far (exploration schedule) */
@@ -37,5 +40,10 @@ typedef struct tdm_spec_rec {
 tandem_status tdm_spec_rec_init(tdm_spec_rec *r, const tandem_generate_params *gp, int32_t n_seq_max, double carry,
                                 tdm_err *err);
 void tdm_spec_rec_free(tdm_spec_rec *r);
+/* At the start of each of the sequence's steps: whether the step may propose
+ * n-gram lookups (on, and paying: payoff.h). */
+void tdm_spec_rec_step(tdm_spec_rec *r);
+/* The longest n-gram this step looks up, 0 = none. */
+static inline int32_t tdm_spec_lookup_n(const tdm_spec_rec *r) { return r->lookups ? r->spec_ngram : 0; }
 
 #endif

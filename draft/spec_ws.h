@@ -39,7 +39,7 @@ typedef struct tdm_spec_ws_opts {
 typedef struct tdm_spec_ws {
     tdm_spec_ws_opts opts;   /* as created (checked) */
     int32_t *bchain_dev;     /* [TDM_CTRL_MAX_K][n_logit_rows] backend memory: a batch's greedy
-                                chains, round by round (batch_chain.c), with chain_dev */
+                                chains, round by round (chain.c), with chain_dev */
     int32_t *chain_dev;      /* [2][TDM_CTRL_MAX_K] + TDM_CHAIN_DEV_EXTRA backend memory: a
                                 greedy draft chain's tokens, then their top probabilities
                                 (as floats), then -FLT_MAX (a float) and a spare id (the oracle

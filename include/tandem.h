@@ -70,6 +70,11 @@ TANDEM_API const char *tandem_last_error(void);
 
 /* The library's version, "MAJOR.MINOR.PATCH" (a static string). */
 TANDEM_API const char *tandem_version(void);
+/* What this build of the library can run on, one line per backend (a static
+ * string, as llama.cpp's llama_print_system_info): the CPU's SIMD levels built and
+ * the one this CPU runs ("cpu: SIMD levels built: scalar, avx2, avx512; this CPU:
+ * avx512"), then whether CUDA and NCCL are built in.  Thread-safe. */
+TANDEM_API const char *tandem_system_info(void);
 
 /* ------------------------------------------------------------------- log */
 

@@ -98,7 +98,13 @@ tandem_status tdm_commit_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, cons
     return TANDEM_OK;
 }
 
-void tdm_spec_stats_add(tandem_spec_stats *ss, const tdm_step_obs *o) {
+void tdm_spec_stats_add(tdm_spec_rec *sr, tdm_payoff *pair, const tdm_step_obs *o) {
+    tandem_spec_stats *ss = &sr->spec;
+    if (pair && o->proposed > 0 && (!o->tree || o->lookup_step)) {
+        const tdm_pay_kind k = o->looked_up > 0 || o->lookup_step ? TDM_PAY_LOOKUP : TDM_PAY_MODEL;
+        tdm_payoff_observe(&sr->pay, k, o->committed, o->draft_s + o->verify_s);
+        tdm_payoff_observe(pair, k, o->committed, o->draft_s + o->verify_s);
+    }
     ss->forwards++;
     ss->forward_tokens += (uint64_t)o->committed;
     if (o->looked_up > 0 || o->lookup_step) {

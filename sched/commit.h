@@ -5,6 +5,7 @@
 #define TDM_COMMIT_H
 
 #include "engine.h"
+#include "spec_rec.h"
 #include "tree.h"
 #include "verdict.h"
 
@@ -40,7 +41,12 @@ typedef struct tdm_step_obs {
     int32_t k_final;         /* the length the controller chose, -1: unchanged */
     double draft_s, verify_s;/* the step's drafting and verification seconds */
 } tdm_step_obs;
-void tdm_spec_stats_add(tandem_spec_stats *ss, const tdm_step_obs *o);
+/* Records a step of sr's sequence: its statistics, and, where its seconds are its
+ * own (a lone sequence's step: pair is the scheduler's payoff; NULL for a batch's,
+ * whose seconds every sequence of the step shares), what a chain step (or a lookup
+ * step) yielded per second in the payoff of lookups and of the draft model
+ * (draft/payoff.h), the sequence's and the pair's. */
+void tdm_spec_stats_add(tdm_spec_rec *sr, tdm_payoff *pair, const tdm_step_obs *o);
 /* A finished request's statistics: ss with its rates and the decode time outside
  * drafting and verification (other_ms, with a draft; decode_ms: the result's). */
 void tdm_spec_stats_result(tandem_spec_stats *out, const tandem_spec_stats *ss, double decode_ms, bool has_draft);

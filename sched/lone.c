@@ -29,10 +29,10 @@
  * choice, whose expected rate is rate_other (tokens per second: the draft model's
  * chain, or a plain step when the draft model backed off). */
 static int32_t ngram_step(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t k_limit, double rate_other, int32_t *draft) {
-    if (!sr->spec_ngram) return 0;
+    if (!tdm_spec_lookup_n(sr)) return 0;
     int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&sr->ctrl_ng, &ws->cost, 0.0, NULL), k_limit);
     if (k <= 0) return 0;
-    int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, sr->spec_ngram, k, draft);
+    int32_t nd = tdm_ngram_propose(s->tokens, s->n_tokens, tdm_spec_lookup_n(sr), k, draft);
     if (nd == 0) return 0;
     double rate_ng = tdm_ctrl_rate(&ws->cost, sr->ctrl_ng.alpha, 0.0, nd);
     if (!tdm_ngram_take(rate_ng, rate_other, &sr->n_ngram_skips)) return 0;
@@ -47,11 +47,22 @@ static tandem_status plain_step(tdm_sched *sc, tdm_req *r, int32_t k_final, tdm_
     tandem_status st = tdm_sched_verify_lone(sc, r, NULL, 0, 0, NULL, &v, err);
     if (st) return st;
     tdm_commit_chain(sc->e, &r->s, NULL, &v);
-    tdm_spec_stats_add(&r->sr.spec, &(tdm_step_obs){.committed = 1, .k_final = k_final});
+    tdm_spec_stats_add(&r->sr, &sc->pay, &(tdm_step_obs){.committed = 1, .k_final = k_final});
     return TANDEM_OK;
 }
 
 tandem_status tdm_seq_step_target(tdm_sched *sc, tdm_req *r, tdm_err *err) { return plain_step(sc, r, -1, err); }
+
+void tdm_lone_observe(tdm_sched *sc, int32_t verify_rows, double verify_s, double draft_s) {
+    if (verify_rows > 0) {
+        tdm_cost_observe_verify(&sc->ws->cost, verify_rows, verify_s);
+        tdm_rowcost_observe(&sc->cost_t, verify_rows, verify_s);
+    }
+    if (draft_s > 0) {
+        tdm_cost_observe_draft(&sc->ws->cost, draft_s);
+        tdm_rowcost_observe(&sc->cost_d, 1, draft_s);
+    }
+}
 
 static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err);
 
@@ -71,6 +82,7 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
     tdm_spec_rec *sr = &r->sr;
     tandem_status st;
     const int32_t n = s->n_tokens;
+    tdm_spec_rec_step(sr); /* (lookups this step, where they pay) */
     /* (a fixed tree budget is the request's, as a fixed k is: no back-off) */
     const int32_t k_chosen = sr->spec_tree > 0 ? tdm_ctrl_choose_k(&sr->ctrl, &ws->cost)
                                               : tdm_ctrl_plan(&sr->ctrl, &ws->cost, tdm_cost_draft(&ws->cost), NULL);
@@ -88,7 +100,7 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
         if (k_limit > 0 && t_plain > 0) n_ng = ngram_step(e, ws, s, sr, k_limit, 1.0 / t_plain, draft);
         if (n_ng == 0) {
             if ((st = plain_step(sc, r, 0, err))) return st;
-            tdm_cost_observe_verify(&ws->cost, 1, tdm_now() - t0);
+            tdm_lone_observe(sc, 1, tdm_now() - t0, 0);
             return TANDEM_OK;
         }
         return verify_step(sc, r, draft, n_ng, 0, 0, n_ng, 0, t0, tdm_now(), err);
@@ -131,9 +143,13 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
     } else {
         /* a lookup may complete the chain after a drafted prefix: up to the longer of
          * the two controllers' lengths */
-        int32_t k_ext = sr->spec_ngram ? TDM_MIN(TDM_MAX(k, sr->ctrl_ng.k_last), k_limit) : k;
+        int32_t k_ext = tdm_spec_lookup_n(sr) ? TDM_MIN(TDM_MAX(k, sr->ctrl_ng.k_last), k_limit) : k;
         tdm_phase_start(&e->ph, e->be);
-        if ((st = tdm_draft_chain(e, ws, s, sr, k, k_ext, draft, &nd, &n_model, &n_fwd, err))) return st;
+        tdm_chain_req q = {.s = s, .sr = sr, .k = k, .k_ext = k_ext, .u = NULL, .draft = draft};
+        const tdm_draft_scratch scr = tdm_sched_draft_scratch(sc);
+        int32_t catch_up;
+        if ((st = tdm_draft_chains(e, ws, &q, 1, &scr, &catch_up, err))) return st;
+        nd = q.n_drafted, n_model = q.n_model, n_fwd = q.n_forwards;
         tdm_phase_mark(&e->ph, e->be, TDM_PH_CHAIN_DRAFT);
     }
     st = verify_step(sc, r, draft, nd, n_model, n_fwd, n_ng, k_chosen, t0, tdm_now(), err);
@@ -147,7 +163,6 @@ static tandem_status tdm_spec_step(tdm_sched *sc, tdm_req *r, tdm_err *err) {
 static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft, int32_t nd, int32_t n_model,
                                  int32_t n_fwd, int32_t n_ng, int32_t k_chosen, double t0, double t1, tdm_err *err) {
     tdm_engine *e = sc->e;
-    tdm_spec_ws *ws = sc->ws;
     tdm_seq *s = &r->s;
     tdm_spec_rec *sr = &r->sr;
     const int32_t n = s->n_tokens;
@@ -161,14 +176,14 @@ static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft
     /* the model-drafted prefix and the looked-up rest update their own estimates */
     int32_t n_look = nd - n_model;
     if (n_model > 0) {
-        tdm_cost_observe_draft(&ws->cost, (t1 - t0) / (double)TDM_MAX(n_fwd, 1)); /* per forward */
+        tdm_lone_observe(sc, 0, 0, (t1 - t0) / (double)TDM_MAX(n_fwd, 1)); /* per forward */
         tdm_ctrl_observe(&sr->ctrl, n_model, TDM_MIN(acc, n_model));
     }
     int32_t acc_look = TDM_MAX(acc - n_model, 0);
     if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&sr->ctrl_ng, n_look, acc_look);
-    tdm_cost_observe_verify(&ws->cost, nd + 1, t2 - t1);
+    tdm_lone_observe(sc, nd + 1, t2 - t1, 0);
     /* (k_final: the controller's choice, before end-of-request clamping) */
-    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
+    tdm_spec_stats_add(sr, &sc->pay, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
                                                  .looked_up_acc = acc_look, .lookup_step = n_ng > 0,
                                                  .committed = s->n_tokens - n, .k_final = k_chosen,
                                                  .draft_s = t1 - t0, .verify_s = t2 - t1});

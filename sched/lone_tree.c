@@ -45,18 +45,18 @@ static float lookup_alpha(const tdm_spec_rec *sr) {
 void tdm_spec_tree_lookups(tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_tree *t, int32_t budget, int32_t max_depth, int32_t *root,
                            int32_t *n_root) {
     *n_root = 0;
-    if (sr->spec_ngram <= 0 || sr->oracle || ws->opts.no_tree_lookups) return;
+    if (tdm_spec_lookup_n(sr) <= 0 || sr->oracle || ws->opts.no_tree_lookups) return;
     const int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&sr->ctrl_ng, &ws->cost, 0.0, NULL), TDM_TREE_DEPTH_MAX);
     max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
     if (k <= 0 || max_depth <= 0) return;
     const float a = lookup_alpha(sr);
-    *n_root = tdm_ngram_propose(s->tokens, s->n_tokens, sr->spec_ngram, k, root);
+    *n_root = tdm_ngram_propose(s->tokens, s->n_tokens, tdm_spec_lookup_n(sr), k, root);
     int32_t added = tdm_tree_merge_chain(t, -1, root, *n_root, a, TDM_TREE_MAX, max_depth);
     const int32_t leaf = t->n_spine - 1; /* (spine node i: node i, at depth i) */
     if (leaf >= 0 && leaf + 1 < max_depth) {
         int32_t spine[TDM_TREE_DEPTH_MAX], out[TDM_TREE_DEPTH_MAX];
         for (int32_t i = 0; i <= leaf; i++) spine[i] = t->token[i];
-        const int32_t m = tdm_ngram_propose_after(s->tokens, s->n_tokens, spine, leaf + 1, sr->spec_ngram, k, out);
+        const int32_t m = tdm_ngram_propose_after(s->tokens, s->n_tokens, spine, leaf + 1, tdm_spec_lookup_n(sr), k, out);
         added += tdm_tree_merge_chain(t, leaf, out, m, a, TDM_TREE_MAX, max_depth);
     }
     if (added == 0) return;
@@ -116,7 +116,7 @@ tandem_status tdm_spec_tree_step(tdm_sched *sc, tdm_req *r, int32_t budget, tdm_
     const tdm_tree_share sh = tdm_tree_share_of(t, path, acc);
     tdm_ctrl_observe(&sr->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
     observe_lookup(s, sr, ng_root, n_root, before);
-    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = nodes, .accepted = acc, .looked_up = sh.lookup_nodes,
+    tdm_spec_stats_add(sr, &sc->pay, &(tdm_step_obs){.proposed = nodes, .accepted = acc, .looked_up = sh.lookup_nodes,
                                                  .looked_up_acc = sh.lookup_acc, .tree = true,
                                                  .committed = s->n_tokens - before, .k_final = -1,
                                                  .draft_s = t1 - t0, .verify_s = t2 - t1});
@@ -131,7 +131,7 @@ bool tdm_spec_lookup_tree(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_r
     const int32_t cands = ws->opts.lookup_cands, extra = ws->opts.lookup_tree_extra;
     if (L <= 0 || cands < 2) return false;
     int32_t cand[TDM_LOOKUP_CANDS * TDM_TREE_DEPTH_MAX], lens[TDM_LOOKUP_CANDS];
-    const int32_t m = tdm_ngram_propose_multi(s->tokens, n, sr->spec_ngram, L, cands, cand, lens);
+    const int32_t m = tdm_ngram_propose_multi(s->tokens, n, tdm_spec_lookup_n(sr), L, cands, cand, lens);
     const int32_t max_nodes = TDM_MIN(TDM_MIN(budget, TDM_TREE_MAX), extra > 0 ? L + extra : TDM_TREE_MAX);
     const float a = lookup_alpha(sr);
     tdm_tree_merge_chain(t, -1, first, L, a, max_nodes, max_depth); /* (the spine) */
@@ -154,9 +154,9 @@ tandem_status tdm_spec_lookup_tree_step(tdm_sched *sc, tdm_req *r, const int32_t
     if ((st = verify_commit(sc, r, t, &v, err))) return st;
     const int32_t acc = v.n_acc;
     const double t2 = tdm_now();
-    tdm_cost_observe_verify(&ws->cost, nodes + 1, t2 - t1);
+    tdm_lone_observe(sc, nodes + 1, t2 - t1, 0);
     observe_lookup(s, sr, first, L, before);
-    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = nodes, .accepted = acc, .looked_up = nodes,
+    tdm_spec_stats_add(sr, &sc->pay, &(tdm_step_obs){.proposed = nodes, .accepted = acc, .looked_up = nodes,
                                                  .looked_up_acc = acc, .lookup_step = true, .tree = true,
                                                  .committed = s->n_tokens - before, .k_final = k_chosen,
                                                  .draft_s = t1 - t0, .verify_s = t2 - t1});

@@ -10,7 +10,7 @@
 
 static void free_arrays(tdm_sched *s) {
     free(s->run), free(s->g_seqs), free(s->g_rows), free(s->draws), free(s->g_tok);
-    free(s->g_who), free(s->g_slot), free(s->drafts), free(s->k_of), free(s->chains), free(s->items);
+    free(s->g_who), free(s->g_slot), free(s->drafts), free(s->k_of), free(s->items);
     free(s->tree_of), free(s->trees);
 }
 
@@ -30,12 +30,11 @@ tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_
     s->g_slot = calloc(L, sizeof *s->g_slot);
     s->drafts = calloc((size_t)s->cap * TDM_CTRL_MAX_K, sizeof *s->drafts);
     s->k_of = calloc((size_t)s->cap, sizeof *s->k_of);
-    s->chains = calloc((size_t)s->cap * TDM_CTRL_MAX_K, sizeof *s->chains);
     s->items = calloc((size_t)s->cap, sizeof *s->items);
     s->tree_of = calloc((size_t)s->cap, sizeof *s->tree_of);
     s->trees = e->draft ? calloc((size_t)s->cap, sizeof *s->trees) : NULL;
     if ((e->draft && !s->trees) || !s->tree_of || !s->run || !s->g_seqs || !s->g_rows || !s->draws || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
-        !s->chains || !s->items) {
+        !s->items) {
         free_arrays(s);
         free(s);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");

@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 
 #include "batch_ctrl.h"
+#include "chain.h"
 #include "queue.h"
 #include "scheduler.h"
 #include "spec_rec.h"
@@ -98,9 +99,8 @@ struct tdm_sched {
     tdm_draw_row *g_rows;      /* [n_logit_rows] each logits row's sequence and uniform */
     int32_t *g_tok;            /* [n_logit_rows] the token drawn for each logits row */
     double *draws;             /* [cap][TDM_CTRL_MAX_K + 1] drafting sequences' uniforms */
-    int32_t *g_who, *g_slot;   /* [n_logit_rows] drafting scratch (draft/batch_chain.h) */
+    int32_t *g_who, *g_slot;   /* [n_logit_rows] drafting scratch (draft/chain.h) */
     int32_t *drafts;           /* [cap][TDM_CTRL_MAX_K] this step's drafted chains */
-    int32_t *chains;           /* [cap][TDM_CTRL_MAX_K] drafting scratch, by drafting sequence */
     step_item *items;          /* [cap] this step's plan */
     int32_t *k_of;             /* [cap] tokens each running sequence drafts this step */
     int32_t *tree_of;          /* [cap] the node budget of each running sequence's tree this
@@ -119,10 +119,16 @@ struct tdm_sched {
     tdm_spec_ctrl pair;        /* the pair's acceptance over every drafted chain (alpha):
                                   a new request's starting estimate */
     bool pair_seen;            /* pair observed at least once */
+    tdm_payoff pay;            /* what lookups and the draft model yield over every request
+                                  (draft/payoff.h): a new request's starting figures */
     uint64_t n_spec_steps;     /* batched speculation decisions (exploration schedule) */
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
 };
 
+/* The drafting scratch (draft/chain.h) in the scheduler's buffers. */
+static inline tdm_draft_scratch tdm_sched_draft_scratch(tdm_sched *s) {
+    return (tdm_draft_scratch){s->g_seqs, s->g_who, s->g_slot, s->g_tok, s->g_rows};
+}
 /* The i-th running request (admission order), NULL past the last (for tests that
  * check a running sequence between steps). */
 const tdm_req *tdm_sched_running_req(const tdm_sched *s, int32_t i);

@@ -15,7 +15,7 @@
  * one-at-a-time output; a sampled request draws from its own generator, so its
  * tokens do not depend on the rest of the batch.  Speculation, on an engine with a
  * draft: the greedy decoding sequences of a step draft their chains together (one
- * draft forward per round, draft/batch_chain.h) and are verified by the step's
+ * draft forward per round, draft/chain.h) and are verified by the step's
  * target forward, with one length for the batch from measured costs
  * (draft/batch_ctrl.h; 0 when it does not pay); a sequence that runs alone takes
  * the single-sequence step (tdm_seq_step: n-gram lookup, device chains, its own

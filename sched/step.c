@@ -25,7 +25,8 @@
 #include <string.h>
 
 #include "accept.h"
-#include "batch_chain.h"
+#include "batch_ctrl.h"
+#include "chain.h"
 #include "commit.h"
 #include "liblog.h"
 #include "kv_cache.h"
@@ -157,6 +158,7 @@ static void admit(tdm_sched *s, double now) {
             /* what the pair has been accepting, rather than a prior that may keep a
              * batch from ever speculating (and so from ever learning) */
             if (s->pair_seen && r->sr.ctrl.k_fixed == 0) r->sr.ctrl.alpha = s->pair.alpha;
+            tdm_payoff_carry(&r->sr.pay, &s->pay);
             r->n_cached = (size_t)cached;
             pthread_mutex_lock(&s->mu);
             s->stats.prompt_tokens += (uint64_t)q->n_prompt;
@@ -284,7 +286,7 @@ static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree
  * at most min over p, q's overlap, rather than the optimum of rejection sampling
  * (verify/accept.h), in exchange for output that does not depend on the batch.
  * Returns the tokens accepted. */
-static int32_t commit_match(tdm_engine *e, const step_item *it, const int32_t *out, double draft_s,
+static int32_t commit_match(tdm_sched *s, const step_item *it, const int32_t *out, double draft_s,
                             double verify_s) {
     tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
@@ -292,9 +294,9 @@ static int32_t commit_match(tdm_engine *e, const step_item *it, const int32_t *o
     tdm_verdict v;
     v.n_acc = tdm_accept_greedy(it->draft, k, out, &v.next);
     if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
-    tdm_commit_chain(e, q, it->draft, &v);
+    tdm_commit_chain(s->e, q, it->draft, &v);
     if (k > 0) tdm_ctrl_observe(it->ngram ? &sr->ctrl_ng : &sr->ctrl, k, v.n_acc);
-    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
+    tdm_spec_stats_add(sr, NULL, &(tdm_step_obs){.proposed = k, .accepted = v.n_acc,
                                                  .looked_up = it->ngram ? k : 0, .looked_up_acc = it->ngram ? v.n_acc : 0,
                                                  .lookup_step = it->ngram && k > 0, .committed = q->n_tokens - before,
                                                  .k_final = k > 0 ? k : -1, .draft_s = draft_s, .verify_s = verify_s});
@@ -397,7 +399,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             continue;
         }
         if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
-            const int32_t acc = commit_match(e, &it[i], out, s->t_draft, now - s->t_verify0);
+            const int32_t acc = commit_match(s, &it[i], out, s->t_draft, now - s->t_verify0);
             if (it[i].k > 0 && !it[i].ngram) {
                 tdm_ctrl_observe(&s->pair, it[i].k, acc);
                 s->pair_seen = true;
@@ -585,8 +587,8 @@ static void choose_k(tdm_sched *s) {
 static bool ngram_chain(step_item *it) {
     const tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
-    if (!sr->spec_ngram) return false;
-    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, sr->spec_ngram, it->k, it->draft);
+    if (!tdm_spec_lookup_n(sr)) return false;
+    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k, it->draft);
     if (nd <= 0) return false;
     const double e_ng = tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd);
     const double e_d = tdm_ctrl_expected_tokens(sr->ctrl.alpha, it->k);
@@ -598,37 +600,38 @@ static bool ngram_chain(step_item *it) {
 }
 
 /* Proposes the chains the plan verifies: n-gram lookups where they pay, the draft
- * model for the rest (one draft forward per round for all of them); false when
- * drafting failed (its sequences fail, nothing else runs).  *catch_up: the rows the
- * draft fed for tokens it had not seen. */
+ * model for the rest (draft/chain.h: one draft forward per round for all of them;
+ * a sampled sequence's token d drafted with the uniform its target token uses);
+ * false when drafting failed (its sequences fail, nothing else runs).  *catch_up:
+ * the rows the draft fed for tokens it had not seen. */
 static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_up) {
     tdm_engine *e = s->e;
-    tdm_seq *seqs[TDM_ENGINE_BATCH_LOGITS_MAX];
-    int32_t k[TDM_ENGINE_BATCH_LOGITS_MAX], m = 0, k_max = 0;
-    const step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
+    tdm_chain_req req[TDM_ENGINE_BATCH_LOGITS_MAX];
+    step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
+    int32_t m = 0, k_max = 0;
     *catch_up = 0;
     for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
         if (!it[i].decode || it[i].k <= 0 || ngram_chain(&it[i])) continue;
         tdm_seq *q = &it[i].r->s;
-        /* a sampled sequence's token d drafts with the uniform its target token uses */
         double *u = s->draws + (size_t)m * (TDM_CTRL_MAX_K + 1);
         if (q->sp.temperature > 0) tdm_engine_draws(q, it[i].k, u);
         who[m] = &it[i];
-        seqs[m] = q;
-        k[m++] = it[i].k;
+        req[m++] = (tdm_chain_req){.s = q, .sr = &it[i].r->sr, .k = it[i].k, .k_ext = it[i].k,
+                                   .u = q->sp.temperature > 0 ? u : NULL, .draft = it[i].draft};
         k_max = TDM_MAX(k_max, it[i].k);
     }
     if (m == 0) return true;
-    int32_t *chains = s->chains;
-    const tdm_draft_scratch scr = {s->g_seqs, s->g_who, s->g_slot, s->g_tok, s->g_rows};
+    const tdm_draft_scratch scr = tdm_sched_draft_scratch(s);
     tdm_err err = {0};
     const double t0 = tdm_now();
-    tandem_status st = tdm_draft_batch(e, s->ws, seqs, m, k, s->draws, chains, &scr, catch_up, &err);
+    tandem_status st = tdm_draft_chains(e, s->ws, req, m, &scr, catch_up, &err);
     /* a round's cost: the drafting over its rounds, where it caught up on no more
      * than a token or two a sequence */
     if (!st && *catch_up <= m) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
-    for (int32_t j = 0; j < m && !st; j++)
-        memcpy(who[j]->draft, chains + (size_t)j * TDM_CTRL_MAX_K, (size_t)k[j] * sizeof *chains);
+    for (int32_t j = 0; j < m && !st; j++) { /* (p_min may have cut a chain) */
+        who[j]->k = req[j].n_drafted;
+        who[j]->to = who[j]->from + 1 + req[j].n_drafted;
+    }
     if (!st) return true;
     for (int32_t j = 0; j < m; j++) tdm_sched_fail(who[j]->r, st, &err);
     return false;
@@ -667,6 +670,9 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
         finish_done(s);
         return TANDEM_OK;
     }
+    for (int32_t i = 0; i < s->n_run; i++) /* (lookups this step, where they pay: what a lone
+                                               step measured, draft/payoff.h) */
+        if (s->run[i]->state == TDM_REQ_RUNNING) tdm_spec_rec_step(&s->run[i]->sr);
     step_item *it = s->items;
     int32_t n;
     do { /* (again after a preemption: the running batch changed) */

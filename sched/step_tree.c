@@ -157,7 +157,7 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out
      * node) as a chain's prefix */
     const tdm_tree_share sh = tdm_tree_share_of(t, v.path, m);
     tdm_ctrl_observe(&sr->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
-    tdm_spec_stats_add(&sr->spec, &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = sh.lookup_nodes,
+    tdm_spec_stats_add(sr, NULL, &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = sh.lookup_nodes,
                                                  .looked_up_acc = sh.lookup_acc, .tree = true,
                                                  .committed = q->n_tokens - before, .k_final = -1,
                                                  .draft_s = draft_s, .verify_s = verify_s});

@@ -430,6 +430,25 @@ Test(api, version) {
     cr_assert_str_eq(v, TANDEM_VERSION);
 }
 
+/* tandem_system_info: one line per backend, the CPU's level one of those built. */
+Test(api, system_info) {
+    const char *info = tandem_system_info();
+    cr_assert_not_null(info);
+    cr_assert_eq(info, tandem_system_info(), "a static string");
+    const char *cpu = strstr(info, "cpu: SIMD levels built: ");
+    cr_assert(cpu == info, "%s", info);
+    const char *mine = strstr(info, "; this CPU: ");
+    cr_assert_not_null(mine, "%s", info);
+    mine += strlen("; this CPU: ");
+    const size_t n = strcspn(mine, "\n");
+    char level[16] = {0};
+    cr_assert_lt(n, sizeof level, "%s", info);
+    memcpy(level, mine, n);
+    cr_assert(strcmp(level, "scalar") == 0 || strcmp(level, "avx2") == 0 || strcmp(level, "avx512") == 0, "level %s", level);
+    cr_assert(strstr(info, "\ncuda: built") || strstr(info, "\ncuda: not built"), "%s", info);
+    cr_assert(strstr(info, "\nnccl: built") || strstr(info, "\nnccl: not built"), "%s", info);
+}
+
 /* ---- the log callback -------------------------------------------------------------- */
 
 typedef struct captured {

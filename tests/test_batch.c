@@ -7,6 +7,8 @@
  *     without a draft: batched speculation keeps each sequence's own draws;
  *   - with a draft, the sequences of a batch speculate (drafted tokens accepted,
  *     n-gram proposals among them);
+ *   - p_min cuts the chains of a batch's sequences, greedy and sampled, and their
+ *     output is still what they give alone and unspeculated;
  *   - a bad request fails alone with its message;
  *   - a pool for two of four long requests preempts instead of failing, the
  *     outputs unchanged, and every block comes back.
@@ -172,6 +174,60 @@ static void check_batches(float temperature) {
 
 Test(batch, greedy_equals_one_at_a_time, .timeout = 600) { check_batches(0.0f); }
 Test(batch, sampled_tokens_do_not_depend_on_the_batch, .timeout = 600) { check_batches(0.9f); }
+
+/* Chains cut by p_min in a batch (draft/chain.h): greedy requests give what they
+ * give alone, sampled ones what the target-only batch gives with the same seeds. */
+static void check_p_min(float temperature) {
+    tandem_model *t = open_model("pycode-target-f16.gguf"), *d = open_model("pycode-draft-xs-f16.gguf");
+    prompt_set p = load_prompts(temperature > 0 ? 6 : 3);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = N_NEW;
+    gp.spec_k = 4;
+    gp.spec_ngram = 0; /* (every proposal the draft model's: the cut is p_min's) */
+    gp.spec_p_min = 0.6f;
+    gp.temperature = temperature;
+    tandem_request *r = requests(&p, &gp, temperature > 0);
+    tandem_engine *e0 = open_engine(t, NULL, temperature > 0 ? 8 : 1, 0);
+    tandem_result *ref;
+    if (temperature > 0) {
+        ref = calloc(p.count, sizeof *ref);
+        cr_assert_eq(tandem_generate_batch(e0, r, p.count, ref), TANDEM_OK, "%s", tandem_last_error());
+    } else {
+        ref = alone(e0, r, p.count);
+    }
+    tandem_engine_close(e0);
+    /* drafted tokens per chain, with p_min 0.6 and without */
+    double per_chain[2];
+    for (int cut = 0; cut < 2; cut++) {
+        for (size_t i = 0; i < p.count; i++) r[i].params.spec_p_min = cut ? 0.6f : 0.0f;
+        tandem_engine *e = open_engine(t, d, 8, 0);
+        tandem_result *got = calloc(p.count, sizeof *got);
+        cr_assert_eq(tandem_generate_batch(e, r, p.count, got), TANDEM_OK, "%s", tandem_last_error());
+        tandem_engine_close(e);
+        uint64_t drafted = 0, accepted = 0, chains = 0;
+        for (size_t i = 0; i < p.count; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "p_min %.1f, %s, batch 8", cut ? 0.6 : 0.0, temperature > 0 ? "sampled" : "greedy");
+            same_tokens(&ref[i], &got[i], what, i);
+            drafted += got[i].spec.drafted;
+            accepted += got[i].spec.accepted;
+            for (size_t h = 0; h < TDM_ARRAY_LEN(got[i].spec.accept_hist); h++) chains += got[i].spec.accept_hist[h];
+        }
+        cr_assert_gt(accepted, 0, "%llu drafted, none accepted", (unsigned long long)drafted);
+        per_chain[cut] = (double)drafted / (double)chains;
+        free_results(got, p.count);
+    }
+    cr_assert_lt(per_chain[1], per_chain[0] - 0.25, "p_min 0.6 cut few chains: %.2f tokens a chain, %.2f without",
+                 per_chain[1], per_chain[0]);
+    free_results(ref, p.count);
+    free(r);
+    free_prompts(&p);
+    tandem_model_close(d);
+    tandem_model_close(t);
+}
+
+Test(batch, p_min_cuts_chains_greedy, .timeout = 600) { check_p_min(0.0f); }
+Test(batch, p_min_cuts_chains_sampled, .timeout = 600) { check_p_min(0.9f); }
 
 /* Bad requests among good ones: each fails alone, naming its problem. */
 Test(batch, a_bad_request_fails_alone) {

@@ -1,7 +1,8 @@
 /* test_controller.c - adaptive speculation length: expected tokens, cost model
  * interpolation, choice of k against brute force, acceptance-rate estimation; the
  * batch's length from measured step times (draft/batch_ctrl.h); chain or tree from
- * a tree's own measured costs (draft/tree_ctrl.h). */
+ * a tree's own measured costs (draft/tree_ctrl.h); lookups that stop proposing
+ * where their measured rate is below the draft model's (draft/payoff.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
@@ -9,6 +10,7 @@
 #include "batch_ctrl.h"
 #include "common.h"
 #include "controller.h"
+#include "payoff.h"
 #include "testutil.h"
 #include "tree_ctrl.h"
 
@@ -537,4 +539,50 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
     const double before = tc.t_verify[1];
     tdm_tree_cost_observe(&tc, 8, 0, -1, 0);
     cr_assert_float_eq(tc.t_verify[1], before, 0);
+}
+
+/* ---- payoff of lookups (draft/payoff.h) ---- */
+
+Test(payoff, rates_need_min_steps_and_follow_the_ema) {
+    tdm_payoff p = {0};
+    for (int i = 0; i < TDM_PAYOFF_MIN - 1; i++) tdm_payoff_observe(&p, TDM_PAY_MODEL, 4, 0.1);
+    cr_assert_eq(tdm_payoff_rate(&p, TDM_PAY_MODEL), 0.0, "unmeasured before TDM_PAYOFF_MIN steps");
+    tdm_payoff_observe(&p, TDM_PAY_MODEL, 4, 0.1);
+    cr_assert_float_eq(tdm_payoff_rate(&p, TDM_PAY_MODEL), 40.0, 1e-9);
+    tdm_payoff_observe(&p, TDM_PAY_MODEL, 9, 0.1); /* tok EMA 4 + 0.2 * 5 = 5 */
+    cr_assert_float_eq(tdm_payoff_rate(&p, TDM_PAY_MODEL), 50.0, 1e-9);
+    tdm_payoff_observe(&p, TDM_PAY_MODEL, 3, -1.0); /* (no time: ignored) */
+    cr_assert_float_eq(tdm_payoff_rate(&p, TDM_PAY_MODEL), 50.0, 1e-9);
+    cr_assert_eq(tdm_payoff_rate(&p, TDM_PAY_LOOKUP), 0.0);
+}
+
+Test(payoff, lookups_that_do_not_pay_stop_and_are_probed) {
+    tdm_payoff p = {0};
+    cr_assert(tdm_payoff_lookups(&p), "on until measured");
+    for (int i = 0; i < TDM_PAYOFF_MIN; i++) {
+        tdm_payoff_observe(&p, TDM_PAY_MODEL, 4, 0.1);  /* 40 tok/s */
+        tdm_payoff_observe(&p, TDM_PAY_LOOKUP, 1, 0.05); /* 20 tok/s */
+    }
+    int on = 0;
+    for (int i = 0; i < 4 * TDM_PAYOFF_PROBE; i++) on += tdm_payoff_lookups(&p);
+    cr_assert_eq(on, 4, "off, probed once in %d steps: %d of %d on", TDM_PAYOFF_PROBE, on, 4 * TDM_PAYOFF_PROBE);
+    /* within the margin: on */
+    for (int i = 0; i < 40; i++) tdm_payoff_observe(&p, TDM_PAY_LOOKUP, 2, 0.0505); /* 39.6 tok/s */
+    for (int i = 0; i < 8; i++) cr_assert(tdm_payoff_lookups(&p), "a rate within %.0f %% of the model's pays",
+                                          100 * TDM_PAYOFF_MARGIN);
+}
+
+Test(payoff, a_request_starts_from_the_pairs_figures) {
+    tdm_payoff pair = {0}, r;
+    for (int i = 0; i < 50; i++) {
+        tdm_payoff_observe(&pair, TDM_PAY_MODEL, 4, 0.1);
+        tdm_payoff_observe(&pair, TDM_PAY_LOOKUP, 1, 0.1);
+    }
+    pair.n_off = 7;
+    tdm_payoff_carry(&r, &pair);
+    cr_assert_eq(r.n[TDM_PAY_MODEL], TDM_PAYOFF_MIN);
+    cr_assert_eq(r.n[TDM_PAY_LOOKUP], TDM_PAYOFF_MIN);
+    cr_assert_eq(r.n_off, 0);
+    cr_assert_float_eq(tdm_payoff_rate(&r, TDM_PAY_LOOKUP), 10.0, 1e-9);
+    cr_assert_not(tdm_payoff_lookups(&r), "the pair's lookups did not pay: off from the first step");
 }

@@ -1,4 +1,5 @@
 /* api.c - the public C API (include/tandem.h) over the internal objects. */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,35 @@ const char *tandem_last_error(void) { return g_last_error; }
 
 /* TDM_VERSION_STRING: meson.build's project version (a -D of the library). */
 const char *tandem_version(void) { return TDM_VERSION_STRING; }
+
+static char g_system_info[256];
+static pthread_once_t g_system_info_once = PTHREAD_ONCE_INIT;
+
+static void system_info_init(void) {
+    snprintf(g_system_info, sizeof g_system_info, "cpu: SIMD levels built: %s; this CPU: %s\n%s\n%s\n",
+#if defined(__x86_64__)
+             "scalar, avx2, avx512",
+#else
+             "scalar",
+#endif
+             tdm_cpu_features(),
+#ifdef TDM_HAVE_CUDA
+             "cuda: built (sm_90)",
+#else
+             "cuda: not built",
+#endif
+#ifdef TDM_HAVE_NCCL
+             "nccl: built (--tensor-parallel across GPUs)"
+#else
+             "nccl: not built"
+#endif
+    );
+}
+
+const char *tandem_system_info(void) {
+    pthread_once(&g_system_info_once, system_info_init);
+    return g_system_info;
+}
 
 static tandem_status fail(const tdm_err *err, tandem_status st) {
     if (err && err->msg[0])

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "cli.h"
-#include "cpu_internal.h" /* tandem --version: the CPU SIMD levels */
 #include "json.h"
 
 int cli_verror(const char *fmt, va_list ap) {
@@ -253,23 +252,7 @@ const char *cli_rate_str(double n, double ms, char buf[32]) {
 /* tandem --version: the version, then what this build can run on. */
 static int print_version(void) {
     printf("tandem %s (library %s)\n", TANDEM_VERSION, tandem_version());
-    printf("cpu: SIMD levels built: %s; this CPU: %s\n",
-#if defined(__x86_64__)
-           "scalar, avx2, avx512",
-#else
-           "scalar",
-#endif
-           tdm_cpu_level_name(tdm_cpu_best_level()));
-#ifdef TDM_HAVE_CUDA
-    puts("cuda: built (sm_90)");
-#else
-    puts("cuda: not built");
-#endif
-#ifdef TDM_HAVE_NCCL
-    puts("nccl: built (--tensor-parallel across GPUs)");
-#else
-    puts("nccl: not built");
-#endif
+    fputs(tandem_system_info(), stdout);
 #ifdef TDM_HAVE_HTTP
     puts("http server: built (tandem serve)");
 #else
