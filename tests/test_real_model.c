@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "json.h"
+#include "real_testutil.h"
 #include "tandem.h"
 #include "testutil.h"
 
@@ -48,21 +49,6 @@ static void teardown(void) {
 
 TestSuite(real_model, .init = setup, .fini = teardown, .timeout = 600);
 
-static const char *str_of(const tdm_json *line, const char *key) {
-    const tdm_json *v = tdm_json_get(line, key);
-    cr_assert(v && v->type == TDM_JSON_STRING, "reference line without \"%s\"", key);
-    return v->str;
-}
-
-static bool is_kind(const tdm_json *line, const char *kind) { return strcmp(str_of(line, "kind"), kind) == 0; }
-
-static void expect_ids(const int32_t *got, size_t n_got, const int32_t *want, size_t n_want, const char *text) {
-    size_t i = 0;
-    while (i < n_got && i < n_want && got[i] == want[i]) i++;
-    cr_expect(i == n_got && i == n_want, "\"%s\": tokens differ from llama.cpp's at %zu (%zu / %zu tokens): %d vs %d",
-              text, i, n_got, n_want, i < n_got ? got[i] : -1, i < n_want ? want[i] : -1);
-}
-
 /* What its metadata says (llama.cpp's llama_model_loader prints the same), and the
  * end-of-generation tokens: EOS <|im_end|> and <|endoftext|>. */
 Test(real_model, metadata_and_end_of_turn_tokens) {
@@ -90,14 +76,14 @@ Test(real_model, tokenizer_matches_llama_cpp) {
     for (size_t li = 0; li < g_n_ref; li++) {
         const tdm_json *l = g_ref[li];
         /* every tokenize case, and every generation's prompt text */
-        const char *text = is_kind(l, "tokenize") ? str_of(l, "text") : str_of(l, "prompt");
+        const char *text = real_is_kind(l, "tokenize") ? real_str(l, "text") : real_str(l, "prompt");
         size_t n_want;
-        int32_t *want = tdm_test_json_ids(tdm_json_get(l, is_kind(l, "tokenize") ? "ids" : "prompt_ids"), &n_want);
+        int32_t *want = tdm_test_json_ids(tdm_json_get(l, real_is_kind(l, "tokenize") ? "ids" : "prompt_ids"), &n_want);
         int32_t *got = NULL;
         size_t n_got = 0;
         cr_assert_eq(tandem_tokenize(g_model, text, strlen(text), true, &got, &n_got), TANDEM_OK, "%s",
                      tandem_last_error());
-        expect_ids(got, n_got, want, n_want, text);
+        real_expect_ids(got, n_got, want, n_want, "", text);
         tandem_free(got);
         free(want);
         n_cases++;
@@ -109,65 +95,28 @@ Test(real_model, chat_template_renders_as_jinja2) {
     size_t n_chats = 0;
     for (size_t li = 0; li < g_n_ref; li++) {
         const tdm_json *l = g_ref[li];
-        if (!is_kind(l, "chat")) continue;
+        if (!real_is_kind(l, "chat")) continue;
         const tdm_json *msgs = tdm_json_get(l, "messages");
         cr_assert(msgs && msgs->type == TDM_JSON_ARRAY);
         tandem_chat_message m[8];
         cr_assert_leq(msgs->n, 8);
         for (size_t i = 0; i < msgs->n; i++) {
-            m[i].role = str_of(&msgs->items[i], "role");
-            m[i].content = str_of(&msgs->items[i], "content");
+            m[i].role = real_str(&msgs->items[i], "role");
+            m[i].content = real_str(&msgs->items[i], "content");
         }
         char *text = NULL;
         cr_assert_eq(tandem_chat_render(g_model, NULL, m, msgs->n, true, &text), TANDEM_OK, "%s",
                      tandem_last_error());
-        cr_expect_str_eq(text, str_of(l, "prompt"));
+        cr_expect_str_eq(text, real_str(l, "prompt"));
         tandem_free(text);
         n_chats++;
     }
     cr_assert_gt(n_chats, 0);
 }
 
-/* One generation line: its prompt ids, the reference's tokens and margins. */
-typedef struct gen_case {
-    const char *kind;
-    int32_t *prompt;
-    size_t n_prompt;
-    int32_t *ref;
-    size_t n_ref;
-    double *margin; /* [n_ref] */
-} gen_case;
-
-static size_t load_cases(gen_case *c, size_t cap) {
-    size_t n = 0;
-    for (size_t li = 0; li < g_n_ref && n < cap; li++) {
-        const tdm_json *l = g_ref[li];
-        if (is_kind(l, "tokenize")) continue;
-        c[n].kind = str_of(l, "kind");
-        c[n].prompt = tdm_test_json_ids(tdm_json_get(l, "prompt_ids"), &c[n].n_prompt);
-        c[n].ref = tdm_test_json_ids(tdm_json_get(l, "tokens"), &c[n].n_ref);
-        const tdm_json *m = tdm_json_get(l, "margins");
-        cr_assert(m && m->type == TDM_JSON_ARRAY && m->n == c[n].n_ref);
-        c[n].margin = calloc(m->n + 1, sizeof(double));
-        for (size_t i = 0; i < m->n; i++) c[n].margin[i] = m->items[i].num;
-        n++;
-    }
-    return n;
-}
-
-static void free_cases(gen_case *c, size_t n) {
-    for (size_t i = 0; i < n; i++) free(c[i].prompt), free(c[i].ref), free(c[i].margin);
-}
-
-static tandem_generate_params greedy(size_t n) {
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = (int)n;
-    return gp;
-}
-
 Test(real_model, greedy_follows_float32_reference) {
-    gen_case c[64];
-    size_t n = load_cases(c, 64);
+    real_case c[64];
+    size_t n = real_cases_load(g_ref, g_n_ref, c, 64);
     cr_assert_gt(n, 0);
     tandem_engine_params ep = tandem_engine_default_params();
     ep.n_threads = 2;
@@ -175,42 +124,20 @@ Test(real_model, greedy_follows_float32_reference) {
     ep.n_seq_max = (int)n;
     tandem_engine *e = NULL;
     cr_assert_eq(tandem_engine_open(g_model, NULL, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
-    int n_equal = 0, n_tie = 0;
+    int n_equal = 0;
     tandem_result alone[64];
+    tandem_request *rq = calloc(n, sizeof *rq);
     for (size_t i = 0; i < n; i++) {
-        tandem_generate_params gp = greedy(c[i].n_ref);
-        cr_assert_eq(tandem_generate_ids(e, c[i].prompt, c[i].n_prompt, &gp, &alone[i]), TANDEM_OK, "%s",
+        rq[i] = real_case_request(&c[i]);
+        cr_assert_eq(tandem_generate_ids(e, c[i].prompt, c[i].n_prompt, &rq[i].params, &alone[i]), TANDEM_OK, "%s",
                      tandem_last_error());
-        const tandem_result *r = &alone[i];
-        size_t d = 0;
-        while (d < r->n_tokens && d < c[i].n_ref && r->tokens[d] == c[i].ref[d]) d++;
-        if (d == c[i].n_ref && d == r->n_tokens) {
-            n_equal++;
-            continue;
-        }
-        /* a departure: where the reference had a near tie, or our generation stopped
-         * at the reference's own length (its last token was the same) */
-        cr_assert(d < c[i].n_ref, "%s case %zu: %zu tokens past the reference's %zu", c[i].kind, i, r->n_tokens,
-                  c[i].n_ref);
-        cr_expect_lt(c[i].margin[d], NEAR_TIE,
-                     "%s case %zu: departs from the float32 reference at token %zu (%d vs %d) where its top-two "
-                     "margin is %.3f",
-                     c[i].kind, i, d, d < r->n_tokens ? r->tokens[d] : -1, c[i].ref[d], c[i].margin[d]);
-        cr_log_info("%s case %zu departs at token %zu of %zu (reference margin %.3f)", c[i].kind, i, d, c[i].n_ref,
-                    c[i].margin[d]);
-        n_tie++;
+        n_equal += real_case_follows(&c[i], i, &alone[i], NEAR_TIE);
     }
-    cr_log_info("%zu continuations: %d equal the float32 reference, %d depart at a near tie", n, n_equal, n_tie);
+    cr_log_info("%zu continuations: %d equal the float32 reference, %zu depart at a near tie", n, n_equal,
+                n - (size_t)n_equal);
 
     /* all prompts decoding together give each its lone output */
-    tandem_request *rq = calloc(n, sizeof *rq);
     tandem_result *got = calloc(n, sizeof *got);
-    for (size_t i = 0; i < n; i++) {
-        rq[i] = tandem_request_default();
-        rq[i].prompt_ids = c[i].prompt;
-        rq[i].n_prompt_ids = c[i].n_prompt;
-        rq[i].params = greedy(c[i].n_ref);
-    }
     cr_assert_eq(tandem_generate_batch(e, rq, n, got), TANDEM_OK, "%s", tandem_last_error());
     for (size_t i = 0; i < n; i++) {
         cr_expect(got[i].n_tokens == alone[i].n_tokens &&
@@ -222,7 +149,7 @@ Test(real_model, greedy_follows_float32_reference) {
     free(got);
     free(rq);
     tandem_engine_close(e);
-    free_cases(c, n);
+    real_cases_free(c, n);
 }
 
 int main(int argc, char *argv[]) {
