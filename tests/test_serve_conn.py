@@ -410,8 +410,14 @@ try:
         os.unlink(filler)
         request(p_port, "GET", "/v1/models")
         ok = wait_until(lambda: any("writing again (" in ln for ln in srv.log), 5)
-        with open(logf, "rb") as f:
-            text = f.read()
+
+        def log_text():
+            with open(logf, "rb") as f:
+                return f.read()
+        # (the request's own line may be written after the line that found room again,
+        # a held-back /health line: wait for it rather than read once)
+        wait_until(lambda: b'"GET /v1/models" 200' in log_text(), 5)
+        text = log_text()
         c.check(ok and text.endswith(b"\n") and b"log lines were lost here" in text and b'"GET /v1/models" 200' in text,
                 "room again: the log resumes, saying how many lines were lost", (srv.log[-2:], text[-300:]))
         c.check(all(ln.startswith(b"20") and b" serve: " in ln for ln in text.splitlines()),
