@@ -11,7 +11,8 @@
 #              llama-speculative --spec-draft-n-max 8 --temp 0 --top-k 1, one run per
 #              prompt; decode tok/s over all prompts, acceptance (accepted / drafted);
 #   peak RSS   of every run (/usr/bin/time -v: the maximum resident set size).
-# Both engines run at their default context (the model's 32768 tokens) and KV type.
+# Both engines run at their default context and KV type (tandem: min(4096, the
+# model's context) and f16 on the CPU).
 # Medians over the rounds; the floors the table reports: speculative >= 1.6x tandem's
 # own plain decode and >= 1.3x the best llama.cpp reaches (its plain decode or its
 # speculation); peak RSS <= llama.cpp's + 10 %.
