@@ -69,8 +69,8 @@ TestSuite(real_pair, .init = setup, .fini = teardown, .timeout = 1200);
 /* What their metadata says (llama.cpp's llama_model_loader prints the same): the head
  * dims differ (128 and 64), the KV heads do not.  The end-of-generation tokens:
  * '</s>' (128247, an ordinary token in the file; llama.cpp ends there too),
- * <|endoftext|> and EOS <|im_end|>.  (llama.cpp also ends at the fill-in-the-middle
- * tokens <|fim_pad|>, <|repo_name|> and <|file_sep|>; tandem ends turns, not FIM.) */
+ * <|endoftext|>, EOS <|im_end|>, and, as in llama.cpp, the fill-in-the-middle pad,
+ * repository and file separator tokens <|fim_pad|>, <|repo_name|>, <|file_sep|>. */
 Test(real_pair, metadata_and_end_of_turn_tokens) {
     tandem_model_info t, d;
     cr_assert_eq(tandem_model_get_info(g_target, &t), TANDEM_OK);
@@ -91,17 +91,20 @@ Test(real_pair, metadata_and_end_of_turn_tokens) {
     cr_expect_eq(d.n_ff, 4864);
     cr_expect_eq(t.n_ctx_train, 32768);
     cr_expect_eq(t.eos, 151645);
-    /* f32 K and V: 8 bytes x layers x KV heads x head dim */
-    cr_expect_eq(t.kv_bytes_per_token, 8u * 28 * 2 * 128);
-    cr_expect_eq(d.kv_bytes_per_token, 8u * 24 * 2 * 64);
+    /* f16 K and V (the CPU's cache type): 4 bytes x layers x KV heads x head dim */
+    cr_expect_eq(t.kv_bytes_per_token, 4u * 28 * 2 * 128);
+    cr_expect_eq(d.kv_bytes_per_token, 4u * 24 * 2 * 64);
     const tandem_model *m[2] = {g_target, g_draft};
     for (int k = 0; k < 2; k++) {
         int32_t eog[16];
         size_t n = tandem_model_eog_tokens(m[k], eog, 16);
-        cr_assert_eq(n, 3);
+        cr_assert_eq(n, 6, "%zu end-of-generation tokens", n);
         cr_expect_eq(eog[0], 128247, "</s> ends generation");
         cr_expect_eq(eog[1], 151643, "<|endoftext|> ends generation");
         cr_expect_eq(eog[2], 151645, "<|im_end|> ends generation");
+        cr_expect_eq(eog[3], 151662, "<|fim_pad|> ends generation");
+        cr_expect_eq(eog[4], 151663, "<|repo_name|> ends generation");
+        cr_expect_eq(eog[5], 151664, "<|file_sep|> ends generation");
     }
 }
 

@@ -505,3 +505,32 @@ Test(tokenizer, eog_by_text) {
         free(b.p);
     }
 }
+
+/* The FIM pad / repository / file separator tokens end a generation too (as in
+ * llama.cpp): found by their texts, or named by tokenizer.ggml.fim_*_token_id; other
+ * FIM tokens (prefix, suffix, middle) do not. */
+Test(tokenizer, eog_fim_tokens) {
+    static const char *const toks[] = {"<|endoftext|>", "a", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_pad|>",
+                                       "<|repo_name|>", "<|file_sep|>", "b"};
+    static const int32_t types[] = {3, 1, 3, 3, 3, 3, 3, 1};
+    for (int by_key = 0; by_key < 2; by_key++) {
+        gbuf b = {0};
+        kv_str(&b, "tokenizer.ggml.model", "gpt2");
+        kv_strs(&b, "tokenizer.ggml.tokens", toks, 8);
+        kv_i32s(&b, "tokenizer.ggml.token_type", types, 8);
+        kv_strs(&b, "tokenizer.ggml.merges", NULL, 0);
+        if (by_key) kv_u32(&b, "tokenizer.ggml.fim_pad_token_id", 7); /* (an odd one: the key wins) */
+        tdm_gguf *g = NULL;
+        tdm_tokenizer *t = NULL;
+        tdm_err err = {0};
+        cr_assert_eq(load_built(&b, &g, &t, &err), TANDEM_OK, "%s", err.msg);
+        cr_expect(tdm_tok_is_eog(t, 0), "<|endoftext|>");
+        cr_expect(!tdm_tok_is_eog(t, 2) && !tdm_tok_is_eog(t, 3), "prefix and middle do not end a generation");
+        cr_expect_eq(tdm_tok_is_eog(t, 4), !by_key, "<|fim_pad|> (by its text unless the key names another)");
+        cr_expect_eq(tdm_tok_is_eog(t, 7), by_key, "the key's pad token");
+        cr_expect(tdm_tok_is_eog(t, 5) && tdm_tok_is_eog(t, 6), "<|repo_name|>, <|file_sep|>");
+        tdm_tokenizer_free(t);
+        tdm_gguf_close(g);
+        free(b.p);
+    }
+}

@@ -343,7 +343,15 @@ static const char *const eog_texts[] = {
     "[e~[",
 };
 
-_Static_assert(sizeof eog_texts / sizeof eog_texts[0] + 3 <= TDM_TOK_EOG_MAX, "tdm_tok_eog_ids' bound");
+/* The fill-in-the-middle tokens llama.cpp also ends a generation at (its FIM pad,
+ * repository and file separator tokens: a code model's completion stops where the
+ * next file or the padding would begin): the GGUF's tokenizer.ggml.fim_*_token_id
+ * when set, else the first of these texts the vocabulary holds. */
+static const char *const fim_pad_texts[] = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", NULL};
+static const char *const fim_rep_texts[] = {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", NULL};
+static const char *const fim_sep_texts[] = {"<|file_sep|>", NULL};
+
+_Static_assert(sizeof eog_texts / sizeof eog_texts[0] + 6 <= TDM_TOK_EOG_MAX, "tdm_tok_eog_ids' bound");
 
 static int cmp_i32(const void *a, const void *b) {
     int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
@@ -352,11 +360,26 @@ static int cmp_i32(const void *a, const void *b) {
 
 static int32_t find_text(const tdm_tokenizer *t, const char *s) { return tok_lookup(t, s, strlen(s)); }
 
-/* The end-of-generation set: EOS, EOT, EOM and the tokens of eog_texts, less
- * llama.cpp's two exceptions (<|end|> where <|return|> and <|call|> or <|calls|> and
- * <|flush|> exist, </s> where <|tool_response> exists).  Sorted. */
-static tandem_status load_eog(tdm_tokenizer *t, tdm_err *err) {
-    size_t cap = TDM_ARRAY_LEN(eog_texts) + 3;
+/* A FIM token: the key's id when set, else the first of texts found (-1: none). */
+static tandem_status fim_token(const tdm_tokenizer *t, const tdm_gguf *g, const char *key, const char *const *texts,
+                               int32_t *out, tdm_err *err) {
+    tandem_status st = opt_token_id(g, key, -1, t->n_vocab, out, err);
+    for (int i = 0; !st && *out < 0 && texts[i]; i++) *out = find_text(t, texts[i]);
+    return st;
+}
+
+/* The end-of-generation set: EOS, EOT, EOM, the FIM pad / repository / file
+ * separator tokens and the tokens of eog_texts, less llama.cpp's two exceptions
+ * (<|end|> where <|return|> and <|call|> or <|calls|> and <|flush|> exist, </s> where
+ * <|tool_response> exists).  Sorted. */
+static tandem_status load_eog(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
+    int32_t fim[3];
+    tandem_status st;
+    if ((st = fim_token(t, g, "tokenizer.ggml.fim_pad_token_id", fim_pad_texts, &fim[0], err)) ||
+        (st = fim_token(t, g, "tokenizer.ggml.fim_rep_token_id", fim_rep_texts, &fim[1], err)) ||
+        (st = fim_token(t, g, "tokenizer.ggml.fim_sep_token_id", fim_sep_texts, &fim[2], err)))
+        return st;
+    size_t cap = TDM_ARRAY_LEN(eog_texts) + 6;
     t->eog = tdm_mallocarray(cap, sizeof *t->eog);
     if (!t->eog) return tdm_seterr(err, TANDEM_ERR_NOMEM, "tokenizer: out of memory");
     bool has_return = find_text(t, "<|return|>") >= 0, has_call = find_text(t, "<|call|>") >= 0,
@@ -368,8 +391,8 @@ static tandem_status load_eog(tdm_tokenizer *t, tdm_err *err) {
         int32_t id = find_text(t, eog_texts[i]);
         if (id >= 0 && id != end && id != s_tok) t->eog[n++] = id;
     }
-    const int32_t ids[3] = {t->eos, t->eot, t->eom};
-    for (int i = 0; i < 3; i++)
+    const int32_t ids[6] = {t->eos, t->eot, t->eom, fim[0], fim[1], fim[2]};
+    for (int i = 0; i < 6; i++)
         if (ids[i] >= 0) t->eog[n++] = ids[i];
     qsort(t->eog, (size_t)n, sizeof *t->eog, cmp_i32);
     int32_t k = 0; /* unique */
@@ -440,7 +463,7 @@ static tandem_status load(tdm_tokenizer *t, const tdm_gguf *g, tdm_err *err) {
     if ((st = tdm_gguf_opt_bool(g, "tokenizer.ggml.add_space_prefix", true, &t->add_space_prefix, err)))
         return st;
     if (!spm) t->add_space_prefix = false;
-    if ((st = load_eog(t, err))) return st;
+    if ((st = load_eog(t, g, err))) return st;
     return load_specials(t, err);
 }
 

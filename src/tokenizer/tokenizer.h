@@ -36,7 +36,7 @@ bool tdm_tok_add_bos(const tdm_tokenizer *t); /* tokenizer.ggml.add_bos_token */
 /* True for end-of-generation tokens: EOS, EOT, EOM and the tokens llama.cpp treats so
  * by their text (<|im_end|>, <end_of_turn>, <|eot_id|>, <|endoftext|>, ...). */
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id);
-#define TDM_TOK_EOG_MAX 32 /* (the most tdm_tok_eog_ids can give: 3 ids + the texts) */
+#define TDM_TOK_EOG_MAX 32 /* (the most tdm_tok_eog_ids can give: 6 ids + the texts) */
 /* The end-of-generation ids, ascending (at most TDM_TOK_EOG_MAX); returns the count. */
 int32_t tdm_tok_eog_ids(const tdm_tokenizer *t, const int32_t **ids);
 /* Longest output of tdm_token_to_piece over the vocabulary (render_special = true). */
