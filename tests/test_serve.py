@@ -284,13 +284,18 @@ m = metrics(port)
 c.check(b"200 OK" in first and ok and m.get("tandem_requests_running") == 0 and m.get("tandem_kv_blocks_used") == 0,
         "a streaming client that disconnects cancels its request and frees its KV blocks",
         "first %r, metrics %s" % (first[:80], {k: v for k, v in m.items() if "kv" in k or "running" in k}))
-s = raw_send({"prompt": PROMPTS[-1], "max_tokens": 1000})
-time.sleep(0.1)
+# (a long request: sampled at a high temperature, an end of text is rare, so it runs to
+# the context; the reset comes once the request is seen running, not after a fixed
+# sleep, which a fast machine outran by finishing first)
+s = raw_send({"prompt": PROMPTS[-1], "max_tokens": 1000, "temperature": 1.5, "seed": 7})
+running = wait_until(lambda: metrics(port).get("tandem_requests_running", 0) >= 1, 10, step=0.005)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # gone: the connection reset
 s.close()
 ok = wait_until(lambda: cancelled() >= n0 + 2, 10)
 m = metrics(port)
-c.check(ok and m.get("tandem_kv_blocks_used") == 0, "a waiting (non-streaming) client that disconnects cancels too")
+c.check(running and ok and m.get("tandem_kv_blocks_used") == 0,
+        "a waiting (non-streaming) client that disconnects cancels too",
+        "seen running %s, cancelled %s, kv blocks %s" % (running, cancelled() - n0, m.get("tandem_kv_blocks_used")))
 
 # ---------------------------------------------------------------- metrics
 shared = "def f(x):\n    return x\n" * 8  # (several full KV blocks: what the prefix cache shares)
