@@ -56,11 +56,11 @@ tandem_status tdm_seq_step_target(tdm_sched *sc, tdm_req *r, tdm_err *err) { ret
 void tdm_lone_observe(tdm_sched *sc, int32_t verify_rows, double verify_s, double draft_s) {
     if (verify_rows > 0) {
         tdm_cost_observe_verify(&sc->ws->cost, verify_rows, verify_s);
-        tdm_rowcost_observe(&sc->cost_t, verify_rows, verify_s);
+        tdm_rowcost_observe(&sc->ws->len.cost.target, verify_rows, verify_s);
     }
     if (draft_s > 0) {
         tdm_cost_observe_draft(&sc->ws->cost, draft_s);
-        tdm_rowcost_observe(&sc->cost_d, 1, draft_s);
+        tdm_rowcost_observe(&sc->ws->len.cost.draft, 1, draft_s);
     }
 }
 

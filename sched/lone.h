@@ -15,7 +15,7 @@
 
 /* What a lone step measured, entered in the lone cost model (ws->cost) and in the
  * scheduler's row costs, so that the batch controller starts from them when a
- * second sequence joins (draft/batch_ctrl.h): a target forward of verify_rows rows
+ * second sequence joins (draft/length.h): a target forward of verify_rows rows
  * took verify_s seconds (0 rows: none), a draft forward draft_s (0: none). */
 void tdm_lone_observe(tdm_sched *sc, int32_t verify_rows, double verify_s, double draft_s);
 /* tdm_seq_step runs one decode step of the lone running request r (speculative

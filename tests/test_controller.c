@@ -1,15 +1,17 @@
 /* test_controller.c - adaptive speculation length: expected tokens, cost model
  * interpolation, choice of k against brute force, acceptance-rate estimation; the
- * batch's length from measured step times (draft/batch_ctrl.h); chain or tree from
+ * batch's length from measured step times (draft/length.h, draft/costs.h): brute
+ * force, unmeasured lengths, holding, exploration, back-off and probes; chain or tree from
  * a tree's own measured costs (draft/tree_ctrl.h); lookups that stop proposing
  * where their measured rate is below the draft model's (draft/payoff.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
-#include "batch_ctrl.h"
 #include "common.h"
 #include "controller.h"
+#include "costs.h"
+#include "length.h"
 #include "payoff.h"
 #include "testutil.h"
 #include "tree_ctrl.h"
@@ -354,120 +356,286 @@ Test(controller, backs_off_and_probes) {
     }
 }
 
-/* ---- the batch's length (draft/batch_ctrl.h) ---- */
+/* ---- the length of a batch's step (draft/length.h) ---- */
 
-static void batch_seqs(tdm_batch_seq *bs, int n, double alpha, int cap) {
-    for (int i = 0; i < n; i++) bs[i] = (tdm_batch_seq){alpha, cap};
+static void seqs_at(tdm_len_seq *bs, int n, double alpha, int cap) {
+    for (int i = 0; i < n; i++) bs[i] = (tdm_len_seq){alpha, cap};
 }
 
-Test(controller, batch_plain_step_first) {
-    tdm_batch_steps t;
-    tdm_rowcost ct, cd;
-    tdm_batch_steps_init(&t);
-    tdm_rowcost_init(&ct);
-    tdm_rowcost_init(&cd);
-    tdm_batch_seq bs[16];
-    batch_seqs(bs, 16, 0.9, 8);
-    bool trial = true;
-    int32_t ex = 5;
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, 16, 0, 8, &trial, &ex), 0, "nothing measured: plain");
-    cr_assert(!trial);
-    cr_assert_eq(ex, -1);
+/* A controller whose step costs at batch b are T[0..kmax], each measured twice. */
+static void measure_steps(tdm_len_ctrl *c, int b, const double *T, int kmax) {
+    for (int k = 0; k <= kmax; k++) tdm_len_observe_step(c, b, k, T[k]), tdm_len_observe_step(c, b, k, T[k]);
 }
 
-/* With measured step times the choice is the brute-force best of E(k) / T(k). */
-Test(controller, batch_choice_is_the_best_measured_rate) {
-    tdm_batch_steps t;
-    tdm_rowcost ct, cd;
-    tdm_batch_steps_init(&t);
-    tdm_rowcost_init(&ct);
-    tdm_rowcost_init(&cd);
+/* The brute-force best of E(k) / T(k) over k = 0 and [kmin, kmax], the shorter on
+ * ties (E from the sequences' alphas and caps, as length.h defines it). */
+static int brute_len(const tdm_len_seq *bs, int n, const double *T, int kmin, int kmax, double *best_rate) {
+    int best = 0;
+    double br = -1;
+    for (int k = 0; k <= kmax; k++) {
+        if (k > 0 && k < kmin) continue;
+        double e = 0;
+        for (int i = 0; i < n; i++) e += series(bs[i].alpha, k < bs[i].cap ? k : bs[i].cap);
+        const double r = e / T[k];
+        if (r > br * (1 + 1e-12)) br = r, best = k;
+    }
+    if (best_rate) *best_rate = br;
+    return best;
+}
+
+/* With every length measured the choice is the brute-force best, for a lone
+ * sequence and for batches, on cost curves of every shape, with mixed alphas and
+ * caps. */
+Test(controller, len_choice_matches_brute_force) {
+    static tdm_len_ctrl c;
+    uint64_t st = 5;
+    int checked = 0;
+    const int sizes[] = {1, 4, 16};
+    for (int curve = 0; curve < 5; curve++)
+        for (int trial = 0; trial < 150; trial++) {
+            const int n = sizes[trial % 3];
+            double T[TDM_CTRL_MAX_K + 1];
+            const double base = 0.005 + 0.05 * tdm_test_randu(&st), slope = 0.3 * tdm_test_randu(&st) * base;
+            for (int k = 0; k <= TDM_CTRL_MAX_K; k++) {
+                switch (curve) {
+                case 0: T[k] = base + 0.01 * slope * k; break;                 /* memory bound */
+                case 1: T[k] = base + slope * k; break;                        /* overhead + linear */
+                case 2: T[k] = base * (1 + k); break;                          /* compute bound */
+                case 3: T[k] = base + slope * k * k * 0.1; break;              /* convex */
+                default: T[k] = base * (1 + (k > 8) + (k > 16)) + slope * k;   /* steps (tiles) */
+                }
+            }
+            tdm_len_init(&c);
+            measure_steps(&c, n, T, TDM_CTRL_MAX_K);
+            tdm_len_seq bs[16];
+            for (int i = 0; i < n; i++)
+                bs[i] = (tdm_len_seq){trial % 10 == 0 ? 1.0 : tdm_test_randu(&st), 1 + (int)(tdm_test_rand(&st) % TDM_CTRL_MAX_K)};
+            const int kmin = 1 + (int)(tdm_test_rand(&st) % 3);
+            const int kmax = kmin + (int)(tdm_test_rand(&st) % (TDM_CTRL_MAX_K - kmin + 1));
+            tdm_len_choice ch;
+            tdm_len_choose(&c, bs, n, 0, kmin, kmax, &ch);
+            double br;
+            const int want = brute_len(bs, n, T, kmin, kmax, &br);
+            cr_assert_eq(ch.k, want, "curve %d batch %d k in [%d, %d]: chose %d, best %d", curve, n, kmin, kmax, ch.k, want);
+            cr_assert(!ch.trial && !ch.probe);
+            cr_assert_float_eq(ch.rate, br, 1e-9 * br, "the choice's rate");
+            cr_assert_float_eq(ch.rate_plain, n / T[0], 1e-9 * n / T[0], "a plain step's rate");
+            checked++;
+        }
+    cr_assert_eq(checked, 750);
+}
+
+Test(controller, len_plain_step_first) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    tdm_len_seq bs[16];
+    seqs_at(bs, 16, 0.9, 8);
+    tdm_len_choice ch;
+    tdm_len_choose(&c, bs, 16, 0, 1, 8, &ch);
+    cr_assert_eq(ch.k, 0, "nothing measured: plain");
+    cr_assert(!ch.trial && !ch.probe);
+    cr_assert_eq(c.dec_explore, -1);
+    tdm_len_init(&c);
+    tdm_len_choose(&c, bs, 1, 0, 1, 8, &ch);
+    cr_assert_eq(ch.k, 0, "a lone sequence too");
+}
+
+/* Neighbours to measure: one sampled once first, whatever its one sample says,
+ * then one expected within 10 % of the best, else, while speculating, either in
+ * turn; exploration takes 3 steps in every 256. */
+Test(controller, len_explores_neighbours) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
     const int B = 16;
     const double T[] = {10e-3, 22e-3, 30e-3, 37e-3, 45e-3};
-    for (int k = 0; k <= 4; k++) tdm_batch_steps_observe(&t, B, k, T[k]), tdm_batch_steps_observe(&t, B, k, T[k]);
-    tdm_batch_seq bs[16];
-    for (double a = 0.0; a <= 1.0; a += 0.05) {
-        batch_seqs(bs, B, a, 8);
-        int best = 0;
-        double best_rate = 0;
-        for (int k = 0; k <= 4; k++) {
-            const double r = B * series(a, k) / T[k];
-            if (r > best_rate + 1e-12) best_rate = r, best = k;
-        }
-        bool trial = true;
-        int32_t ex;
-        const int32_t k = tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, &trial, &ex);
-        cr_assert_eq(k, best, "alpha %.2f: chose %d, best %d", a, k, best);
-        cr_assert(!trial, "every length is measured");
-        if (ex >= 0) {
-            cr_assert(ex == k - 1 || ex == k + 1, "explores a neighbour");
-            cr_assert_geq(B * series(a, ex) / T[ex], 0.9 * best_rate - 1e-9, "a neighbour nearly as good");
-        }
+    measure_steps(&c, B, T, 4);
+    tdm_len_seq bs[16];
+    seqs_at(bs, B, 0.6, 8);
+    tdm_len_choice ch;
+    tdm_len_choose(&c, bs, B, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 0);
+    cr_assert_eq(c.dec_explore, -1, "not speculating: k = 1 (16 * 1.6 / 22 ms, below 16 / 10 ms) is left to the probes");
+    static tdm_len_ctrl c1; /* a lone sequence, alpha 0.9: k = 3 best (3.44 / 17 ms), k = 2 and 4 within 10 % */
+    tdm_len_init(&c1);
+    const double T1[] = {10e-3, 12e-3, 14e-3, 17e-3, 21e-3};
+    measure_steps(&c1, 1, T1, 4);
+    const tdm_len_seq one = {0.9, 8};
+    tdm_len_choose(&c1, &one, 1, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 3);
+    cr_assert_eq(c1.dec_explore, 2, "a neighbour nearly as good");
+    const double T2[] = {10e-3, 12e-3, 14e-3, 30e-3, 40e-3}; /* k = 2 best, k = 1 and 3 clearly worse */
+    tdm_len_init(&c1);
+    measure_steps(&c1, 1, T2, 4);
+    tdm_len_choose(&c1, &one, 1, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 2);
+    cr_assert(c1.dec_explore == 1 || c1.dec_explore == 3, "while speculating, a neighbour in turn (got %d)", c1.dec_explore);
+    tdm_len_init(&c);
+    tdm_len_observe_step(&c, B, 0, 10e-3);
+    tdm_len_observe_step(&c, B, 0, 10e-3);
+    tdm_len_observe_step(&c, B, 1, 80e-3);
+    tdm_len_choose(&c, bs, B, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 0);
+    cr_assert_eq(c.dec_explore, 1, "k = 1 has one sample");
+    int explored = 0;
+    for (int s = 2; s <= 514; s++) { /* (decisions 256-258 and 512-514 explore) */
+        tdm_len_choose(&c, bs, B, 0, 1, 4, &ch);
+        explored += ch.k == 1 && !ch.probe;
     }
-    /* at alpha 0.6 k = 1 delivers 16 * 1.6 / 22 ms, well below 16 / 10 ms: never explored */
-    batch_seqs(bs, B, 0.6, 8);
-    int32_t ex;
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, NULL, &ex), 0);
-    cr_assert_eq(ex, -1, "a length expected to lose clearly is not explored");
-    /* a neighbour sampled once is measured again, whatever its one sample says */
-    tdm_batch_steps_init(&t);
-    tdm_batch_steps_observe(&t, B, 0, 10e-3);
-    tdm_batch_steps_observe(&t, B, 0, 10e-3);
-    tdm_batch_steps_observe(&t, B, 1, 80e-3);
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, NULL, &ex), 0);
-    cr_assert_eq(ex, 1, "k = 1 has one sample");
+    cr_assert_eq(explored, 6, "3 steps in every 256 explore (got %d in 514)", explored);
 }
 
 /* An unmeasured length is estimated from the nearest measured one plus the row
- * model's difference, and tried (trial) when that estimate wins. */
-Test(controller, batch_unmeasured_length_from_the_nearest) {
-    tdm_batch_steps t;
-    tdm_rowcost ct, cd;
-    tdm_batch_steps_init(&t);
-    tdm_rowcost_init(&ct);
-    tdm_rowcost_init(&cd);
+ * model's difference, and tried (a trial, held 3 steps) when that estimate wins. */
+Test(controller, len_unmeasured_length_from_the_nearest) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
     const int B = 4;
-    for (int r = 1; r <= 64; r++) tdm_rowcost_observe(&ct, r, 1e-3 + 1e-5 * r); /* nearly flat: memory-bound */
-    tdm_rowcost_observe(&cd, B, 0.1e-3);
-    tdm_batch_steps_observe(&t, B, 0, 1.5e-3); /* the step costs 0.5 ms more than its forward */
-    tdm_batch_seq bs[4];
-    batch_seqs(bs, B, 0.9, 8);
-    bool trial = false;
-    int32_t ex;
-    const int32_t k = tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 8, &trial, &ex);
+    for (int r = 1; r <= 64; r++) tdm_rowcost_observe(&c.cost.target, r, 1e-3 + 1e-5 * r); /* nearly flat: memory-bound */
+    tdm_rowcost_observe(&c.cost.draft, B, 0.1e-3);
+    tdm_len_observe_step(&c, B, 0, 1.5e-3); /* the step costs 0.5 ms more than its forward */
+    tdm_len_seq bs[4];
+    seqs_at(bs, B, 0.9, 8);
+    tdm_len_choice ch;
+    tdm_len_choose(&c, bs, B, 0, 1, 8, &ch);
+    const int k = ch.k;
     cr_assert_gt(k, 2, "cheap rows and alpha 0.9: a long chain (got %d)", k);
-    cr_assert(trial, "an unmeasured length is a trial");
+    cr_assert(ch.trial, "an unmeasured length is a trial");
+    const double want_t = 1.5e-3 + k * 0.1e-3 + (1e-3 + 1e-5 * (B + B * k)) - (1e-3 + 1e-5 * B);
+    cr_assert_float_eq(ch.rate, B * series(0.9, k) / want_t, 1e-6 * ch.rate, "T = T(0) + the model's difference");
+    for (int i = 0; i < 2; i++) {
+        tdm_len_choose(&c, bs, B, 0, 1, 8, &ch);
+        cr_assert_eq(ch.k, k, "a trial holds 3 steps");
+    }
     /* measured much dearer than the model thought: the choice falls back */
-    for (int i = 0; i < 40; i++) tdm_batch_steps_observe(&t, B, k, 40e-3);
     for (int j = 1; j <= 8; j++)
-        if (j != k) tdm_batch_steps_observe(&t, B, j, 40e-3);
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 8, &trial, NULL), 0);
-    cr_assert(!trial);
+        for (int i = 0; i < 40; i++) tdm_len_observe_step(&c, B, j, 40e-3);
+    tdm_len_choose(&c, bs, B, 0, 1, 8, &ch);
+    cr_assert_eq(ch.k, 0);
+    cr_assert(!ch.trial);
 }
 
-/* The second sample replaces the first (one-time work such as a graph capture);
- * later, a sample far from the estimate moves it as one twice (or half) as large
- * would. */
-Test(controller, batch_step_samples_are_clamped) {
-    tdm_batch_steps t;
-    tdm_batch_steps_init(&t);
-    tdm_batch_steps_observe(&t, 8, 0, 50e-3);
+/* A lone sequence decides every step (its acceptance swings with its text); a
+ * batch's choice holds 8 steps while the batch keeps its size and limit. */
+Test(controller, len_lone_decides_every_step_a_batch_holds) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    double T[TDM_CTRL_MAX_K + 1];
+    for (int k = 0; k <= TDM_CTRL_MAX_K; k++) T[k] = 10e-3 + 1e-3 * k;
+    measure_steps(&c, 1, T, TDM_CTRL_MAX_K);
+    measure_steps(&c, 4, T, TDM_CTRL_MAX_K);
+    tdm_len_seq hi = {0.95, 16}, lo = {0.05, 16};
+    tdm_len_choice ch;
+    tdm_len_choose(&c, &hi, 1, 0, 1, 16, &ch);
+    const int k_hi = ch.k;
+    tdm_len_choose(&c, &lo, 1, 0, 1, 16, &ch);
+    cr_assert_gt(k_hi, 3);
+    cr_assert_lt(ch.k, k_hi, "a lone sequence's next step follows its estimate");
+    tdm_len_seq b_hi[4], b_lo[4];
+    seqs_at(b_hi, 4, 0.95, 16);
+    seqs_at(b_lo, 4, 0.05, 16);
+    tdm_len_choose(&c, b_hi, 4, 0, 1, 16, &ch);
+    cr_assert_eq(ch.k, k_hi, "(the same costs)");
+    for (int s = 0; s < 7; s++) {
+        tdm_len_choose(&c, b_lo, 4, 0, 1, 16, &ch);
+        cr_assert_eq(ch.k, k_hi, "step %d: the batch's choice holds", s + 1);
+    }
+    tdm_len_choose(&c, b_lo, 4, 0, 1, 16, &ch);
+    cr_assert_lt(ch.k, k_hi, "then it is made again");
+}
+
+/* Back-off: a 7B target with a small draft (a plain step 5.1 ms, each drafted
+ * token 0.77 ms more).  At acceptance 0 the choice is plain steps, with probes at
+ * gaps 8, 16, 32, 64, 64, ...; probes that lift the estimate bring speculation
+ * back; where speculation loses for its cost alone (each token as dear as a
+ * step) nothing is probed. */
+Test(controller, len_backs_off_and_probes) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    double T[9];
+    for (int k = 0; k <= 8; k++) T[k] = 5.1e-3 + 0.77e-3 * k;
+    measure_steps(&c, 1, T, 8);
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 8, 0);
+    ctl.alpha = 0.6;
+    tdm_len_choice ch;
+    tdm_len_seq one = {ctl.alpha, 8};
+    tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+    cr_assert_gt(ch.k, 1, "alpha 0.6 speculates");
+    cr_assert_gt(ch.rate, 1.0 / 5.1e-3);
+    /* the draft is never right: alpha falls, then only probes speculate */
+    int spec_steps = 0, probes[8], n_probes = 0, last_probe = -1;
+    for (int s = 0; s < 400; s++) {
+        one.alpha = ctl.alpha;
+        tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+        cr_assert(ch.k >= 0 && ch.k <= 8);
+        if (ch.k == 0) {
+            cr_assert_float_eq(ch.rate, 1.0 / 5.1e-3, 1e-6, "a plain step's rate");
+            continue;
+        }
+        spec_steps++;
+        if (ch.probe) {
+            if (n_probes < 8) probes[n_probes++] = s - last_probe - 1;
+            last_probe = s;
+        }
+        tdm_ctrl_observe(&ctl, ch.k, 0);
+    }
+    cr_assert_geq(n_probes, 5);
+    cr_assert_lt(spec_steps, 40, "%d of 400 steps speculated at acceptance 0", spec_steps);
+    const int want[] = {16, 32, 64, 64};
+    for (int i = 0; i < 4; i++) cr_assert_eq(probes[i + 1], want[i], "gap %d: %d plain steps", i + 1, probes[i + 1]);
+    /* acceptance returns: probes lift the estimate, follow one another sooner, and
+     * speculation resumes */
+    int resumed = -1;
+    for (int s = 0; s < 400 && resumed < 0; s++) {
+        one.alpha = ctl.alpha;
+        tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+        if (ch.k == 0) continue;
+        if (!ch.probe) resumed = s;
+        tdm_ctrl_observe(&ctl, ch.k, ch.k); /* every token accepted */
+    }
+    cr_assert_geq(resumed, 0, "speculation never resumed");
+    cr_assert_lt(resumed, 64 + 4 * 8 + 8, "speculation resumed only after %d steps", resumed);
+    /* cost-bound: every drafted token as dear as a plain step, acceptance 0.9 */
+    tdm_len_init(&c);
+    for (int k = 0; k <= 8; k++) T[k] = 5.1e-3 * (1 + k);
+    measure_steps(&c, 1, T, 8);
+    one.alpha = 0.9;
+    int spec = 0;
+    for (int s = 0; s < 400; s++) {
+        tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+        spec += ch.k > 0;
+    }
+    cr_assert_leq(spec, 3, "nothing to probe where speculation loses on cost (%d speculative steps)", spec);
+}
+
+/* Step costs: the second sample replaces the first (one-time work such as a graph
+ * capture); later, a sample over twice the estimate moves it as one twice as large
+ * would, and one under half replaces it. */
+Test(controller, step_cost_samples_are_clamped) {
+    static tdm_step_costs t;
+    tdm_step_costs_init(&t);
+    tdm_step_costs_observe(&t, 8, 0, 50e-3);
     cr_assert_float_eq(t.t[8][0], 50e-3, 1e-12, "the first sample is the estimate");
-    tdm_batch_steps_observe(&t, 8, 0, 10e-3);
+    tdm_step_costs_observe(&t, 8, 0, 10e-3);
     cr_assert_float_eq(t.t[8][0], 10e-3, 1e-12, "the second replaces it");
-    tdm_batch_steps_observe(&t, 8, 0, 1.0);
+    tdm_step_costs_observe(&t, 8, 0, 1.0);
     cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a stall counts as twice the estimate");
-    tdm_batch_steps_observe(&t, 8, 0, 0.0);
+    tdm_step_costs_observe(&t, 8, 0, 0.0);
     cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a non-positive sample is ignored");
-    tdm_batch_steps_observe(&t, 8, 0, 1e-6);
-    cr_assert_float_eq(t.t[8][0], 12e-3 - 0.2 * 6e-3, 1e-12, "a tiny sample counts as half");
-    tdm_batch_steps_observe(&t, 100000, 0, 5e-3);
-    cr_assert_float_eq(t.t[TDM_BATCH_STEP_B][0], 5e-3, 1e-12, "a batch beyond the table is its last row");
-    tdm_batch_steps_observe(&t, 8, TDM_BATCH_STEP_K + 1, 5e-3); /* out of range: ignored */
+    tdm_step_costs_observe(&t, 8, 0, 7e-3);
+    cr_assert_float_eq(t.t[8][0], 12e-3 - 0.2 * 5e-3, 1e-12, "an EMA");
+    tdm_step_costs_observe(&t, 8, 0, 1e-3);
+    cr_assert_float_eq(t.t[8][0], 1e-3, 1e-12, "a sample under half the estimate replaces it (one-time work)");
+    tdm_step_costs_observe(&t, 100000, 0, 5e-3);
+    cr_assert_float_eq(t.t[TDM_STEP_COST_B][0], 5e-3, 1e-12, "a batch beyond the table is its last row");
+    tdm_step_costs_observe(&t, 8, TDM_CTRL_MAX_K + 1, 5e-3); /* out of range: ignored */
+    tdm_step_costs_observe(&t, 8, TDM_CTRL_MAX_K, 5e-3);
+    cr_assert_float_eq(t.t[8][TDM_CTRL_MAX_K], 5e-3, 1e-12, "every length up to the longest chain");
 }
 
 /* Row costs: the second sample replaces the first; between measured counts the
- * roofline guess max(t(lo), t(hi) * rows / hi), never above the straight line. */
+ * roofline guess max(t(lo), t(hi) * rows / hi), never above the straight line; the
+ * priors of an unmeasured pair. */
 Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost c;
     tdm_rowcost_init(&c);
@@ -482,6 +650,10 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 10, 1e-3);
     tdm_rowcost_observe(&c, 20, 10e-3); /* dearer than proportional: the straight line bounds it */
     cr_assert_float_eq(tdm_rowcost_get(&c, 15), 5.5e-3, 1e-12, "min(line 5.5 ms, roof 7.5 ms)");
+    static tdm_pair_costs pc;
+    tdm_pair_costs_init(&pc);
+    cr_assert_float_eq(tdm_pair_cost_target(&pc, 7), 1.0, 1e-12, "the prior: 1");
+    cr_assert_float_eq(tdm_pair_cost_draft(&pc, 3), 0.25, 1e-12, "a draft round a quarter of it");
 }
 
 /* Chain or tree (tdm_tree_choose): a tree's verification is weighed at its own
