@@ -68,9 +68,12 @@ typedef struct block_views {
 static bool make_views(const blocks_job *j, const tdm_block_weights *L, int t, block_views *bv) {
     const tdm_blocks_args *a = j->a;
     const int64_t qd = (int64_t)a->n_head * a->head_dim, kvd = (int64_t)a->n_kv_head * a->head_dim;
-    return tdm_weight_rows_view(&L->wqkv, t * j->ql, j->ql, &bv->q) &&
-           tdm_weight_rows_view(&L->wqkv, qd + kv_head0(j, t) * a->head_dim, j->kl, &bv->k) &&
-           tdm_weight_rows_view(&L->wqkv, qd + kvd + kv_head0(j, t) * a->head_dim, j->kl, &bv->v) &&
+    const int64_t k0 = (int64_t)kv_head0(j, t) * a->head_dim;
+    const bool split = tdm_qkv_split(L); /* (q, k, v kept apart: their rows from 0 each) */
+    const tdm_weight *wq = split ? &L->wq : &L->wqkv, *wk = split ? &L->wk : &L->wqkv, *wv = split ? &L->wv : &L->wqkv;
+    return tdm_weight_rows_view(wq, t * j->ql, j->ql, &bv->q) &&
+           tdm_weight_rows_view(wk, (split ? 0 : qd) + k0, j->kl, &bv->k) &&
+           tdm_weight_rows_view(wv, (split ? 0 : qd + kvd) + k0, j->kl, &bv->v) &&
            tdm_weight_cols_view(&L->wo, t * j->ql, j->ql, &bv->o) &&
            tdm_weight_rows_view(&L->w13, (int64_t)t * j->fl, j->fl, &bv->gate) &&
            tdm_weight_rows_view(&L->w13, (int64_t)a->n_ff + t * j->fl, j->fl, &bv->up) &&
@@ -192,8 +195,10 @@ static tandem_status check_block(const tdm_blocks_args *a, int32_t l, tdm_err *e
         const char *name;
         int64_t rows, cols;
     } ws[] = {{&L->wqkv, "wqkv", qd + 2 * kvd, E}, {&L->wo, "wo", E, qd}, {&L->w13, "w13", 2 * F, E},
-              {&L->w2, "w2", E, F}};
+              {&L->w2, "w2", E, F}, {&L->wq, "wq", qd, E}, {&L->wk, "wk", kvd, E}, {&L->wv, "wv", kvd, E}};
+    const bool split = tdm_qkv_split(L);
     for (size_t i = 0; i < TDM_ARRAY_LEN(ws); i++) {
+        if (i == 0 ? split : i >= 4 && !split) continue; /* (wqkv, or wq, wk and wv) */
         tandem_status st = tdm_cpu_check_weight(ws[i].w, "blocks", err);
         if (st) return st;
         if (ws[i].w->rows != ws[i].rows || ws[i].w->cols != ws[i].cols)
