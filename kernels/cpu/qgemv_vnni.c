@@ -271,24 +271,31 @@ q50_pair_rows(const int MR, const uint8_t *const p[4], int64_t b, bool two, cons
     __m512i a[QG_MR][4], xv[QG_MR];
     for (int i = 0; i < MR; i++)
         xv[i] = _mm512_maskz_loadu_epi8(two ? ~(__mmask64)0 : 0xffffffffu, xq->q + (size_t)(i0 + i) * cols + b * TDM_QK);
-    float d0[4], d1[4];
+    __m128i dh = _mm_setzero_si128(); /* d of the 4 rows' block b, then of block b1 (f16) */
     for (int j = 0; j < 4; j++) {
         const uint8_t *k0 = p[j] + (size_t)b * 22, *k1 = p[j] + (size_t)b1 * 22;
-        d0[j] = qp_h2f(k0), d1[j] = qp_h2f(k1);
+        uint16_t h0, h1;
+        memcpy(&h0, k0, 2), memcpy(&h1, k1, 2);
+        dh = _mm_insert_epi16(_mm_insert_epi16(dh, h0, j), h1, 4 + j);
         const __m512i q = q50_pair(k0, k1);
         for (int i = 0; i < MR; i++) a[i][j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv[i]);
     }
-    const __m128 d40 = _mm_loadu_ps(d0), d41 = _mm_loadu_ps(d1);
+    const __m256 d8 = _mm256_cvtph_ps(dh); /* (exact) */
+    const __m128 d40 = _mm256_castps256_ps128(d8), d41 = _mm256_extractf128_ps(d8, 1);
     for (int i = 0; i < MR; i++) {
         const int16_t *xs = xq->s16 + (size_t)(i0 + i) * (cols / 16) + 2 * b;
         const float *dx = xq->d + (size_t)(i0 + i) * nb + b;
-        __m128i s0 = reduce4(_mm512_castsi512_si256(a[i][0]), _mm512_castsi512_si256(a[i][1]),
-                             _mm512_castsi512_si256(a[i][2]), _mm512_castsi512_si256(a[i][3]));
+        /* the 4 rows' sums of each 128-bit lane ([row 0 .. row 3] in every lane), then
+         * lanes 0 + 1 (block b) and 2 + 3 (block b1) */
+        const __m512i t01 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[i][0], a[i][1]), _mm512_unpackhi_epi32(a[i][0], a[i][1]));
+        const __m512i t23 = _mm512_add_epi32(_mm512_unpacklo_epi32(a[i][2], a[i][3]), _mm512_unpackhi_epi32(a[i][2], a[i][3]));
+        __m512i u = _mm512_add_epi32(_mm512_unpacklo_epi64(t01, t23), _mm512_unpackhi_epi64(t01, t23));
+        u = _mm512_add_epi32(u, _mm512_shuffle_i32x4(u, u, _MM_SHUFFLE(2, 3, 0, 1)));
+        __m128i s0 = _mm512_castsi512_si128(u);
         s0 = _mm_sub_epi32(s0, _mm_set1_epi32(16 * (xs[0] + xs[1])));
         facc[i] = _mm_add_ps(facc[i], _mm_mul_ps(_mm_set1_ps(dx[0]), _mm_mul_ps(d40, _mm_cvtepi32_ps(s0))));
         if (two) {
-            __m128i s1 = reduce4(_mm512_extracti64x4_epi64(a[i][0], 1), _mm512_extracti64x4_epi64(a[i][1], 1),
-                                 _mm512_extracti64x4_epi64(a[i][2], 1), _mm512_extracti64x4_epi64(a[i][3], 1));
+            __m128i s1 = _mm512_extracti32x4_epi32(u, 2);
             s1 = _mm_sub_epi32(s1, _mm_set1_epi32(16 * (xs[2] + xs[3])));
             facc[i] = _mm_add_ps(facc[i], _mm_mul_ps(_mm_set1_ps(dx[1]), _mm_mul_ps(d41, _mm_cvtepi32_ps(s1))));
         }
