@@ -262,6 +262,10 @@ static const tp_case tp_cases[] = {
     {"q4_k, 2 threads", 512, 8, 2, 512, 2, TDM_Q4_K, "llama", 1},
     {"qwen2 q6_k, 2 threads", 512, 8, 2, 512, 2, TDM_Q6_K, "qwen2", 1},
     {"q5_0, 4 threads", 256, 8, 4, 256, 4, TDM_Q5_0, "llama", 1},
+    /* FFN features that do not split evenly in whole blocks of W2's columns: shares of
+     * whole blocks as even as they go (the real 1.5B target's 35 Q4_K blocks: 17, 18) */
+    {"q4_k FFN of 3 super-blocks on 2 threads: 1 and 2", 512, 8, 2, 768, 2, TDM_Q4_K, "llama", 1},
+    {"qwen2 q5_0 FFN of 6 blocks on 4 threads: 1, 2, 1, 2", 256, 8, 4, 192, 4, TDM_Q5_0, "qwen2", 1},
 
     {"q4_k column slices of 128 (not whole super-blocks): declines", 256, 4, 2, 256, 2, TDM_Q4_K, "llama", 0},
 };
