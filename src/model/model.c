@@ -284,7 +284,7 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
  * is not the host's (mixed types then become f16, load_fused); on the host, mixed
  * types stay the file's, as wq, wk and wv (tdm_qkv_split): its direct kernels read a
  * Q4_K_M file's Q4_K and Q6_K blocks in place, where an f16 copy of the three is about
- * 3.5 times their bytes read per token. */
+ * 3.4 times their bytes read per token. */
 static tandem_status load_qkv(tdm_model *m, const char *const *names, const int64_t *full_rows, const int64_t *row0,
                               const int64_t *rows, int64_t cols, tdm_layer *L, tdm_err *err) {
     bool same = true;
