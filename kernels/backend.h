@@ -157,7 +157,12 @@ static inline int64_t tdm_qhead_qidx(int64_t c4, int64_t r, int64_t k) {
 /* The weights of one llama-family transformer block (hd = head_dim). */
 typedef struct tdm_block_weights {
     const float *attn_norm; /* [n_embd] */
-    tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v */
+    tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v; all
+                               zero (data NULL) when the three are kept apart (tdm_qkv_split) */
+    tdm_weight wq, wk, wv;  /* when tdm_qkv_split: [n_head*hd][n_embd], [n_head_kv*hd][n_embd],
+                               [n_head_kv*hd][n_embd], each of its file's type (a Q4_K_M file's
+                               Q4_K q and k with a Q6_K v): host-memory backends only (the model
+                               loader fuses mixed types into one f16 weight for the others) */
     const float *bqkv;      /* [n_head*hd + 2*n_head_kv*hd] or NULL */
     const float *q_norm;    /* [hd] RMSNorm of each q head before RoPE (qwen3, gemma3), or NULL */
     const float *k_norm;    /* [hd] the same for each k head, or NULL */
@@ -170,6 +175,9 @@ typedef struct tdm_block_weights {
     const float *ffn_post_norm; /* [n_embd] RMSNorm of the FFN output before the residual add
                                    (gemma3's post_ffw_norm), or NULL */
 } tdm_block_weights;
+
+/* Whether a block's q, k and v weights are three (wq, wk, wv) rather than one (wqkv). */
+static inline bool tdm_qkv_split(const tdm_block_weights *L) { return L->wqkv.data == NULL; }
 
 /* Every transformer block of a forward pass over a batch (the `blocks` op): per
  * block, what src/model/forward.c otherwise runs op by op. */

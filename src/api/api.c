@@ -177,7 +177,7 @@ tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info
     uint64_t mats = (uint64_t)m->output.rows * m->output.row_bytes + m->tok_embd.row_bytes;
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
         const tdm_layer *L = &m->layers[l];
-        const tdm_weight *w[] = {&L->wqkv, &L->wo, &L->w13, &L->w2};
+        const tdm_weight *w[] = {&L->wqkv, &L->wq, &L->wk, &L->wv, &L->wo, &L->w13, &L->w2}; /* (unused: zero) */
         for (size_t i = 0; i < TDM_ARRAY_LEN(w); i++) mats += (uint64_t)w[i]->rows * w[i]->row_bytes;
     }
     out->decode_bytes = mats + norms;

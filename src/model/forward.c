@@ -132,6 +132,39 @@ tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const flo
     return be->ops->add(be, x, y, n, hp->n_embd, err);
 }
 
+/* s->qkv[n][qd + 2 kvd] = s->xb Wqkv^T: the fused weight's one product, or the three
+ * of q, k and v kept apart (tdm_qkv_split): one row's straight into its columns, more
+ * rows' each into a buffer free at this point (s->att: q; s->gate_up: k, v), then
+ * copied into the rows' columns. */
+static tandem_status qkv_product(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_layer *L, int32_t qd,
+                                 int32_t kvd, int32_t n, tdm_err *err) {
+    if (!tdm_qkv_split(L)) return fwd_matmul(be, s, &L->wqkv, s->xb, n, s->qkv, false, err);
+    const int32_t qkv_w = qd + 2 * kvd;
+    const tdm_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+    const int32_t col[3] = {0, qd, qd + kvd};
+    tandem_status st;
+    if (n == 1) {
+        for (int p = 0; p < 3; p++)
+            if ((st = fwd_matmul(be, s, w[p], s->xb, 1, s->qkv + col[p], false, err))) return st;
+        return TANDEM_OK;
+    }
+    /* (gate_up holds [rows][2 n_ff] floats: k and v fit wherever kvd <= n_ff, as in
+     * every model of the architectures tandem runs) */
+    if (kvd > (int32_t)(L->w13.rows / 2))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: separate q, k, v weights with kv width %d above the "
+                          "FFN's %lld features", (int)kvd, (long long)(L->w13.rows / 2));
+    float *out[3] = {s->att, s->gate_up, s->gate_up + (size_t)n * kvd};
+    for (int p = 0; p < 3; p++) {
+        if ((st = fwd_matmul(be, s, w[p], s->xb, n, out[p], false, err))) return st;
+        const size_t width = (size_t)w[p]->rows;
+        for (int32_t i = 0; i < n; i++)
+            if ((st = be->ops->copy(be, s->qkv + (size_t)i * qkv_w + col[p], out[p] + (size_t)i * width,
+                                    width * sizeof(float), err)))
+                return st;
+    }
+    return TANDEM_OK;
+}
+
 tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
                                  const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, int32_t l, float *y, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
@@ -144,7 +177,7 @@ tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_sto
     const bool swa = tdm_hparams_layer_swa(hp, l);
     const tdm_rope_params *rp = swa ? &hp->rope_swa : &hp->rope;
     if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
-    if ((st = fwd_matmul(be, s, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
+    if ((st = qkv_product(be, s, L, qd, kvd, n, err))) return st;
     if (L->bqkv && (st = op->add_bias(be, s->qkv, L->bqkv, n, qkv_w, err))) return st;
     if (L->q_norm &&
         ((st = op->head_rmsnorm(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, L->q_norm, hp->norm_eps, err)) ||
