@@ -174,6 +174,12 @@ typedef struct tdm_block_weights {
     tdm_weight w2;          /* [n_embd][n_ff] */
     const float *ffn_post_norm; /* [n_embd] RMSNorm of the FFN output before the residual add
                                    (gemma3's post_ffw_norm), or NULL */
+    /* A mixture-of-experts FFN (qwen3moe, Mixtral) instead of w13 / w2 (which are then
+     * empty), n_expert experts of n_ff features each: */
+    tdm_weight router;      /* [n_expert][n_embd] the gate's logits (ffn_gate_inp) */
+    const tdm_weight *exp_w13; /* [n_expert] each [2*n_ff][n_embd]: the expert's gate rows, then
+                                  its up rows; NULL: a dense FFN */
+    const tdm_weight *exp_w2;  /* [n_expert] each [n_embd][n_ff] */
 } tdm_block_weights;
 
 /* Whether a block's q, k and v weights are three (wq, wk, wv) rather than one (wqkv). */

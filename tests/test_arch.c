@@ -9,9 +9,9 @@
  * mutation checks that the comparison sees a wrong window, base, scaling or
  * activation; batch invariance; the CPU tensor-parallel blocks (qwen3 runs there,
  * gemma3 is declined); speculative decoding equal to target-only decoding on
- * gemma3 and qwen3 pairs; the new ops against plain references; and every way such
- * a model can be refused (missing tensors and keys, bad values, a backend without
- * sliding-window attention) with an error naming the problem.
+ * gemma3, qwen3, qwen3moe and Mixtral pairs; the new ops against plain references;
+ * and every way such a model can be refused (missing tensors and keys, bad values, a
+ * backend without sliding-window attention) with an error naming the problem.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -369,4 +369,20 @@ Test(arch, speculative_equals_target_only, .timeout = 180) {
     tdm_tiny_cfg q = qwen3_cfg(291);
     q.n_layer = 3;
     check_spec_pair(&q, 1, "qwen3");
+}
+
+/* The same with mixture-of-experts targets (and drafts: their first layer). */
+Test(arch, speculative_moe_equals_target_only, .timeout = 180) {
+    tdm_tiny_cfg q = qwen3_cfg(292);
+    q.arch = "qwen3moe";
+    q.n_layer = 3;
+    q.n_ff = 32;
+    q.n_expert = 8;
+    q.n_expert_used = 2;
+    check_spec_pair(&q, 1, "qwen3moe");
+    tdm_tiny_cfg m = base_cfg(293);
+    m.n_layer = 3;
+    m.n_expert = 4;
+    m.n_expert_used = 2;
+    check_spec_pair(&m, 1, "mixtral");
 }

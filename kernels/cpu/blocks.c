@@ -209,6 +209,9 @@ static tandem_status check_block(const tdm_blocks_args *a, int32_t l, tdm_err *e
         int64_t rows, cols;
     } ws[] = {{&L->wqkv, "wqkv", qd + 2 * kvd, E}, {&L->wo, "wo", E, qd}, {&L->w13, "w13", 2 * F, E},
               {&L->w2, "w2", E, F}, {&L->wq, "wq", qd, E}, {&L->wk, "wk", kvd, E}, {&L->wv, "wv", kvd, E}};
+    if (L->exp_w13)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: layer %d: mixture-of-experts layers run op by op",
+                          (int)l);
     const bool split = tdm_qkv_split(L);
     for (size_t i = 0; i < TDM_ARRAY_LEN(ws); i++) {
         if (i == 0 ? split : i >= 4 && !split) continue; /* (wqkv, or wq, wk and wv) */
