@@ -328,3 +328,73 @@ Test(synth, files_are_never_left_partial) {
     free(tmp);
     free(dir);
 }
+
+/* ------------------------------------------------------------ mixtures of experts */
+
+/* Qwen3-30B-A3B and Mixtral-8x7B: the published parameter counts (30,532,122,624 and
+ * 46,702,792,704), 10 tensors a layer (+ 2 q / k norms for qwen3moe), the keys
+ * llama.cpp reads, 3-D experts in llama.cpp's order and the router in f32. */
+Test(synth, moe_shapes_have_the_published_sizes) {
+    static const struct {
+        const char *name;
+        uint64_t params;
+    } want[] = {{"qwen3-30b-a3b", 30532122624ull}, {"mixtral-8x7b", 46702792704ull}};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(want); i++) {
+        tdm_synth_opts o = opts(want[i].name, TDM_Q8_0);
+        o.kind = tdm_quant_kind_find("q4_k_m");
+        tdm_gguf_writer *w;
+        tdm_synth_info inf;
+        tdm_err err = {0};
+        cr_assert_eq(tdm_synth_plan(&o, &w, &inf, &err), TANDEM_OK, "%s: %s", want[i].name, err.msg);
+        cr_expect_eq(inf.n_params, want[i].params, "%s: %llu parameters", want[i].name,
+                     (unsigned long long)inf.n_params);
+        const tdm_synth_shape *sh = o.shape;
+        cr_expect_eq(inf.n_tensors, 3 + (10 + 2 * (sh->arch != NULL)) * (uint64_t)sh->n_layer, "%s: %llu tensors",
+                     want[i].name, (unsigned long long)inf.n_tensors);
+        tdm_gguf_writer_free(w);
+    }
+}
+
+/* The test shapes written and loaded: metadata, tensor shapes and types (q4_k_m:
+ * the router stays f32, ffn_down_exps q6_k where llama.cpp's mix gives ffn_down
+ * more bits), and finite logits from tandem. */
+Test(synth, moe_models_load, .timeout = 120) {
+    static const char *names[] = {"tiny-qwen3moe", "tiny-mixtral"};
+    char *dir = tmp_dir();
+    for (size_t i = 0; i < TDM_ARRAY_LEN(names); i++) {
+        tdm_synth_opts o = opts(names[i], TDM_Q4_K);
+        o.kind = tdm_quant_kind_find("q4_k_m");
+        o.tile_bytes = 1 << 20;
+        const tdm_synth_shape *sh = o.shape;
+        const int64_t f = sh->n_ff_exp ? sh->n_ff_exp : sh->n_ff;
+        char *path = path_in(dir, "m.gguf");
+        tdm_err err = {0};
+        tdm_gguf *g = write_and_open(&o, path);
+        char key[96];
+        const char *arch = sh->arch ? sh->arch : "llama";
+        uint32_t v;
+        snprintf(key, sizeof key, "%s.expert_count", arch);
+        cr_assert(tdm_gguf_get_u32(g, key, &v, &err) == TANDEM_OK && v == (uint32_t)sh->n_expert, "%s", key);
+        snprintf(key, sizeof key, "%s.expert_used_count", arch);
+        cr_assert(tdm_gguf_get_u32(g, key, &v, &err) == TANDEM_OK && v == (uint32_t)sh->n_expert_used, "%s", key);
+        snprintf(key, sizeof key, "%s.expert_feed_forward_length", arch);
+        cr_assert_eq(tdm_gguf_find(g, key) != NULL, sh->n_ff_exp != 0, "%s", key);
+        const tdm_gguf_tensor *r = tdm_gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight");
+        cr_assert(r && r->type == TDM_F32 && r->n_dims == 2 && r->ne[0] == 256 && r->ne[1] == sh->n_expert);
+        const float *rv = r->data;
+        cr_assert(rv[0] != rv[1] && rv[0] != 1.0f, "%s: the router is random", names[i]);
+        const tdm_gguf_tensor *gx = tdm_gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight");
+        const tdm_gguf_tensor *dx = tdm_gguf_find_tensor(g, "blk.1.ffn_down_exps.weight");
+        cr_assert(gx && gx->n_dims == 3 && gx->ne[0] == 256 && gx->ne[1] == f && gx->ne[2] == sh->n_expert);
+        cr_assert(dx && dx->n_dims == 3 && dx->ne[0] == f && dx->ne[1] == 256 && dx->ne[2] == sh->n_expert);
+        cr_assert_eq(gx->type, (uint32_t)TDM_Q4_K);
+        cr_assert_eq(dx->type, (uint32_t)TDM_Q6_K);
+        cr_assert_null(tdm_gguf_find_tensor(g, "blk.0.ffn_gate.weight"));
+        tdm_gguf_close(g);
+        check_logits(path, names[i], false);
+        unlink(path);
+        free(path);
+    }
+    rmdir(dir);
+    free(dir);
+}
