@@ -153,7 +153,9 @@ typedef struct tandem_model_info {
     uint64_t n_params;
     uint64_t weight_bytes;
     uint64_t decode_bytes;       /* weight bytes one decode step reads: every matrix and
-                                    norm, but one row of the token embedding */
+                                    norm, but one row of the token embedding (a mixture of
+                                    experts: the router and expert_used_count experts of
+                                    each layer) */
     uint64_t kv_bytes_per_token; /* K and V bytes per position, all layers, in the cache
                                     type of the model's backend (f16 on the CPU and CUDA; an
                                     engine's kv_type may pick another); of a split model, on

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "fwd_testutil.h"
+#include "tandem.h"
 #include "moe.h"
 #include "ref_forward.h"
 #include "testutil.h"
@@ -346,4 +347,25 @@ Test(moe, other_backends_and_splits_refused) {
     cr_assert(strstr(err.msg, "mixture-of-experts"), "message: %s", err.msg);
     cr_assert_eq(tdm_tp_check(&x.m->hp, 1, &err), TANDEM_OK, "%s", err.msg);
     eng_close(&x);
+}
+
+/* tandem_model_info.decode_bytes counts the router and expert_used_count experts of
+ * each layer (what a decode step reads), not every expert. */
+Test(moe, decode_bytes_count_the_used_experts) {
+    tdm_tiny_cfg c = qwen3moe_cfg(590);
+    char *path = tdm_tiny_model_file(&c);
+    tandem_model_params mp = tandem_model_default_params();
+    tandem_model *m;
+    cr_assert_eq(tandem_model_open(path, &mp, &m), TANDEM_OK);
+    tandem_model_info inf;
+    cr_assert_eq(tandem_model_get_info(m, &inf), TANDEM_OK);
+    const uint64_t E = 64, V = 48, L = 2, qd = 4 * 32, kvd = 2 * 32, F = 32, NE = 8, K = 2; /* f32 weights */
+    const uint64_t layer = ((qd + 2 * kvd) * E + E * qd + NE * E + K * 3 * F * E) * 4;
+    const uint64_t want = E * 4 + V * E * 4 + (2 * L + 1) * E * 4 + L * layer;
+    cr_assert_eq(inf.decode_bytes, want, "decode_bytes %llu, want %llu", (unsigned long long)inf.decode_bytes,
+                 (unsigned long long)want);
+    cr_assert_lt(inf.decode_bytes, inf.weight_bytes);
+    tandem_model_close(m);
+    unlink(path);
+    free(path);
 }
