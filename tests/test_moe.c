@@ -27,26 +27,6 @@
 #include "tiny_model.h"
 #include "tp.h"
 
-/* qwen3moe: 8 experts of 32 features, 2 per row, heads of 32 (q 128 wide over n_embd 64). */
-static tdm_tiny_cfg qwen3moe_cfg(uint64_t seed) {
-    tdm_tiny_cfg c = base_cfg(seed);
-    c.arch = "qwen3moe";
-    c.head_dim = 32;
-    c.n_ff = 32;
-    c.n_expert = 8;
-    c.n_expert_used = 2;
-    return c;
-}
-
-/* Mixtral's layout (llama with experts): 4 experts of 96 features, 2 per row, 3 layers. */
-static tdm_tiny_cfg mixtral_cfg(uint64_t seed) {
-    tdm_tiny_cfg c = base_cfg(seed);
-    c.n_layer = 3;
-    c.n_expert = 4;
-    c.n_expert_used = 2;
-    return c;
-}
-
 /* ------------------------------------------------------------ the router */
 
 static void route(const float *logits, int32_t n, int32_t k, int32_t *ids, float *w) {
@@ -168,58 +148,33 @@ Test(moe, every_expert_tied, .timeout = 120) {
  * to the higher index, disagrees. */
 Test(moe, comparison_detects_wrong_routing, .timeout = 120) {
     tdm_tiny_cfg c = qwen3moe_cfg(540);
-    eng x;
-    eng_open(&x, &c, 0);
-    ref_model rm;
-    ref_load(x.path, &rm);
-    int32_t tok[N_TOK];
-    random_tokens(tok, N_TOK, rm.V, 541);
-    float *got = eng_logits_prefixes(&x, tok, N_TOK);
-    int worst;
-    double *ref = ref_forward(&rm, tok, N_TOK);
-    double e = max_rel_err(got, ref, N_TOK, rm.V, &worst);
-    free(ref);
-    cr_assert_lt(e, TOL_F32, "as loaded: %.3g", e);
-    rm.K = 1;
-    ref = ref_forward(&rm, tok, N_TOK);
-    e = max_rel_err(got, ref, N_TOK, rm.V, &worst);
-    free(ref);
-    cr_log_info("reference with 1 expert per row: %.3g", e);
-    cr_assert_gt(e, 1e-2, "a reference with 1 expert per row agrees (%.3g)", e);
-    free(got);
-    ref_free(&rm);
-    eng_close(&x);
+    cmp k;
+    cmp_open(&k, &c, "qwen3moe");
+    k.rm.K = 1;
+    cmp_expect_far(&k, "with 1 expert per row", 1e-2);
+    cmp_close(&k);
 
-    /* ties: a zero router, the reference reversed (experts renumbered n-1-e: its
-     * lowest indices are the engine's highest) */
+    /* ties: a zero router, the reference's experts renumbered n-1-e (its lowest
+     * indices are the engine's highest) */
     c = qwen3moe_cfg(542);
     c.zero_router = true;
-    eng_open(&x, &c, 0);
-    ref_load(x.path, &rm);
-    got = eng_logits_prefixes(&x, tok, N_TOK);
-    const size_t per_g = (size_t)rm.F * rm.E, per_d = (size_t)rm.E * rm.F;
-    for (int l = 0; l < rm.L; l++) {
-        ref_layer *y = &rm.layers[l];
-        float *mats[3] = {y->wg, y->wu, y->wd};
-        const size_t per[3] = {per_g, per_g, per_d};
-        for (int k = 0; k < 3; k++)
-            for (int e2 = 0; e2 < rm.NE / 2; e2++) {
-                float *a = mats[k] + (size_t)e2 * per[k], *b = mats[k] + (size_t)(rm.NE - 1 - e2) * per[k];
-                for (size_t i = 0; i < per[k]; i++) {
-                    float t = a[i];
+    cmp_open(&k, &c, "qwen3moe, zero router");
+    const ref_model *rm = &k.rm;
+    const size_t per[3] = {(size_t)rm->F * rm->E, (size_t)rm->F * rm->E, (size_t)rm->E * rm->F};
+    for (int l = 0; l < rm->L; l++) {
+        float *mats[3] = {rm->layers[l].wg, rm->layers[l].wu, rm->layers[l].wd};
+        for (int m = 0; m < 3; m++)
+            for (int e = 0; e < rm->NE / 2; e++) {
+                float *a = mats[m] + (size_t)e * per[m], *b = mats[m] + (size_t)(rm->NE - 1 - e) * per[m];
+                for (size_t i = 0; i < per[m]; i++) {
+                    const float t = a[i];
                     a[i] = b[i];
                     b[i] = t;
                 }
             }
     }
-    ref = ref_forward(&rm, tok, N_TOK);
-    e = max_rel_err(got, ref, N_TOK, rm.V, &worst);
-    free(ref);
-    cr_log_info("reference with ties to the higher index: %.3g", e);
-    cr_assert_gt(e, 1e-2, "a reference breaking ties the other way agrees (%.3g)", e);
-    free(got);
-    ref_free(&rm);
-    eng_close(&x);
+    cmp_expect_far(&k, "breaking ties to the higher index", 1e-2);
+    cmp_close(&k);
 }
 
 Test(moe, batch_invariance, .timeout = 180) {
