@@ -210,6 +210,21 @@ typedef struct tdm_blocks_args {
                                             residual stream after the last block */
 } tdm_blocks_args;
 
+/* A mixture-of-experts layer's experts over a batch (the moe_experts op): for each
+ * row i and each of its experts e = ids[i][j] (j < k, distinct),
+ *   h = swiglu(x[i] W13_e^T),  out[i] = sum of w[i][j] * (h W2_e^T),
+ * the sum from 0 over the row's experts in ascending expert order, each term added
+ * as acc += w * y (as src/model/forward_moe.c computes it op by op). */
+typedef struct tdm_moe_args {
+    const float *x;        /* [n][n_embd] the normed rows */
+    int32_t n, n_embd, n_ff, n_expert, k;
+    const int32_t *ids;    /* [n][k] host memory: each row's experts */
+    const float *w;        /* [n][k] host memory: their weights */
+    const tdm_weight *w13; /* [n_expert] each [2*n_ff][n_embd]: gate rows, then up rows */
+    const tdm_weight *w2;  /* [n_expert] each [n_embd][n_ff] */
+    float *out;            /* [n][n_embd] */
+} tdm_moe_args;
+
 typedef struct tdm_backend_ops {
     const char *name;
     void (*destroy)(tdm_backend *b);
@@ -363,6 +378,14 @@ typedef struct tdm_backend_ops {
      * mask (1 << its slot) | ((1 << depth) - 1).  k <= 16, n <= TDM_DTREE_LEVEL. */
     tandem_status (*tree_grow)(tdm_backend *b, tdm_dtree *t, const float *x, int32_t n, int32_t dim, int32_t k,
                                int32_t depth, int32_t width, int32_t want_exp, tdm_err *err);
+    /* Optional (NULL: forward_moe.c runs the experts op by op, through matmul, swiglu
+     * and gather_rows): tdm_moe_args's products in one call (the CPU: each thread
+     * takes whole experts' products for groups of rows, instead of every thread a
+     * part of each product in turn).  Each row's result is what the ops give, bit for
+     * bit on the CPU, and never depends on the other rows.  Returns
+     * TANDEM_ERR_UNSUPPORTED, having touched nothing, for a batch it leaves to the
+     * ops (on the CPU: fewer groups than threads). */
+    tandem_status (*moe_experts)(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
 } tdm_backend_ops;
 
 /* The topk op's k at most. */

@@ -10,7 +10,8 @@
  *   time: the same bits);
  *   every way an expert tensor or key can be wrong, enumerated, each a clear error
  *   naming the tensor or key; a backend without host memory (CUDA) and a split
- *   between devices refused with TANDEM_ERR_UNSUPPORTED.
+ *   between devices refused with TANDEM_ERR_UNSUPPORTED; decode_bytes;
+ *   the CPU's moe_experts op bit for bit against the op-by-op path, every weight type.
  * (Speculative decoding with an MoE target: test_arch.c.) */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -19,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "dtype.h"
 #include "fwd_testutil.h"
 #include "tandem.h"
 #include "moe.h"
@@ -323,4 +325,99 @@ Test(moe, decode_bytes_count_the_used_experts) {
     tandem_model_close(m);
     unlink(path);
     free(path);
+}
+
+/* ------------------------------------------------------------ the CPU's moe_experts op */
+
+/* A random weight [rows][cols] of type t, in the layout the backend's loader would
+ * give it (P64 for the element types at AVX-512); *buf: its memory. */
+static tdm_weight rand_weight(tdm_backend *be, uint32_t t, int64_t rows, int64_t cols, uint64_t *rng, void **buf) {
+    uint64_t rb;
+    cr_assert(tdm_dtype_row_bytes(t, (uint64_t)cols, &rb));
+    uint8_t *data = malloc((size_t)(rb * (uint64_t)rows));
+    float *row = malloc((size_t)cols * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++) row[c] = tdm_test_randf(rng, -0.1f, 0.1f);
+        tdm_row_from_f32(t, row, data + r * rb, cols);
+    }
+    free(row);
+    tdm_weight w = {.type = t, .rows = rows, .cols = cols, .row_bytes = (size_t)rb, .data = data};
+    uint32_t layout = be->ops->weight_layout ? be->ops->weight_layout(be, t, rows, cols) : TDM_LAYOUT_ROWS;
+    if (layout != TDM_LAYOUT_ROWS && tdm_layout_fits(layout, t, rows, cols)) {
+        uint8_t *packed = malloc((size_t)(rb * (uint64_t)rows));
+        cr_assert(tdm_weight_pack(layout, t, rows, cols, data, packed));
+        free(data);
+        data = packed;
+        w.data = data;
+        w.layout = layout;
+    }
+    *buf = data;
+    return w;
+}
+
+/* The op against the op-by-op path (tdm_fwd_moe_by_ops, its reference): the same
+ * bits for every weight type the experts come in, batches of 1 to 40 rows, 2 and 3
+ * threads; a batch of fewer groups of rows than threads is declined untouched. */
+Test(moe, cpu_op_matches_ops_bitwise, .timeout = 120) {
+    static const uint32_t types[] = {TDM_F32, TDM_F16, TDM_BF16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
+    enum { E = 256, F = 256, NE = 6, K = 2, N = 40 };
+    uint64_t rng = 77;
+    float *x = malloc((size_t)N * E * sizeof(float)), *got = malloc((size_t)N * E * sizeof(float)),
+          *want = malloc((size_t)N * E * sizeof(float));
+    for (int i = 0; i < N * E; i++) x[i] = tdm_test_randf(&rng, -1.0f, 1.0f);
+    int32_t ids[N * K];
+    float w[N * K];
+    for (int threads = 2; threads <= 3; threads++) {
+        tdm_backend *be;
+        tdm_err err = {0};
+        cr_assert_eq(tdm_backend_cpu_create(threads, &be, &err), TANDEM_OK, "%s", err.msg);
+        tdm_hparams hp = {.n_embd = E, .n_ff = F, .n_head = 1, .n_head_kv = 1, .head_dim = 64, .n_expert = NE,
+                          .n_expert_used = K};
+        tdm_fwd_scratch s = {0};
+        cr_assert_eq(tdm_fwd_scratch_reserve(&s, be, &hp, N, &err), TANDEM_OK, "%s", err.msg);
+        for (size_t ti = 0; ti < TDM_ARRAY_LEN(types); ti++) {
+            tdm_weight w13[NE], w2[NE];
+            void *bufs[2 * NE];
+            for (int e = 0; e < NE; e++) {
+                w13[e] = rand_weight(be, types[ti], 2 * F, E, &rng, &bufs[2 * e]);
+                w2[e] = rand_weight(be, types[ti], E, F, &rng, &bufs[2 * e + 1]);
+            }
+            static const int ns[] = {1, 3, 17, N};
+            for (size_t ni = 0; ni < TDM_ARRAY_LEN(ns); ni++) {
+                const int n = ns[ni];
+                for (int i = 0; i < n; i++) { /* two distinct experts, mostly 0 and 3 (groups of 16 fill) */
+                    ids[i * K] = (int32_t)(tdm_test_rand(&rng) % 3 == 0 ? tdm_test_rand(&rng) % NE : 3);
+                    do ids[i * K + 1] = (int32_t)(tdm_test_rand(&rng) % NE);
+                    while (ids[i * K + 1] == ids[i * K]);
+                    w[i * K] = tdm_test_randf(&rng, 0.1f, 0.9f);
+                    w[i * K + 1] = 1.0f - w[i * K];
+                }
+                tdm_moe_args a = {.x = x, .n = n, .n_embd = E, .n_ff = F, .n_expert = NE, .k = K, .ids = ids, .w = w,
+                                  .w13 = w13, .w2 = w2, .out = got};
+                memset(got, 0xff, (size_t)N * E * sizeof(float));
+                tandem_status st = be->ops->moe_experts(be, &a, &err);
+                a.out = want;
+                cr_assert_eq(tdm_fwd_moe_by_ops(be, &s, &a, &err), TANDEM_OK, "%s", err.msg);
+                if (st == TANDEM_ERR_UNSUPPORTED) {
+                    cr_assert(n * K <= 16 * threads, "%s, %d rows, %d threads: declined", tdm_dtype_name(types[ti]),
+                              n, threads);
+                    uint32_t u;
+                    memcpy(&u, got, sizeof u);
+                    cr_assert_eq(u, 0xffffffffu, "a declined batch was touched");
+                    continue;
+                }
+                cr_assert_eq(st, TANDEM_OK, "%s", err.msg);
+                for (int i = 0; i < n * E; i++)
+                    cr_assert(memcmp(&got[i], &want[i], sizeof(float)) == 0,
+                              "%s, %d rows, %d threads: row %d column %d: op %.9g, ops %.9g",
+                              tdm_dtype_name(types[ti]), n, threads, i / E, i % E, got[i], want[i]);
+            }
+            for (int e = 0; e < 2 * NE; e++) free(bufs[e]);
+        }
+        tdm_fwd_scratch_free(&s);
+        tdm_backend_destroy(be);
+    }
+    free(x);
+    free(got);
+    free(want);
 }

@@ -230,9 +230,14 @@ tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scr
 tandem_status tdm_fwd_matmul(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_weight *w, const float *x,
                              int32_t n, float *y, bool acc, tdm_err *err);
 /* layer_moe: layer l's mixture-of-experts FFN half (the FFN half of layer_ffn when
- * the layer has experts; forward_moe.c). */
+ * the layer has experts; forward_moe.c).
+ * moe_by_ops: the moe_experts op's result (backend.h, tdm_moe_args; a->ids and a->w
+ *   host memory) through the matmul, swiglu and gather_rows ops, expert by expert:
+ *   backends without the op, batches it declines, and its reference in the tests;
+ *   s's MoE buffers for a->n rows as scratch (tdm_fwd_scratch_reserve). */
 tandem_status tdm_fwd_layer_moe(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
                                 float *y, tdm_err *err);
+tandem_status tdm_fwd_moe_by_ops(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_moe_args *a, tdm_err *err);
 tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
                                int32_t n, tdm_err *err);
 /* The batch against the model and the block tables (host side). */
