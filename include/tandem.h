@@ -148,7 +148,8 @@ TANDEM_API void tandem_model_close(tandem_model *model);
 typedef struct tandem_model_info {
     const char *arch;     /* "llama", "qwen2"; owned by the model */
     const char *name;     /* general.name or ""; owned by the model */
-    int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, n_ff;
+    int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
+    int n_ff;             /* FFN features (a mixture of experts: of each expert) */
     int32_t bos, eos;     /* -1 when the model has none */
     uint64_t n_params;
     uint64_t weight_bytes;

@@ -414,6 +414,12 @@ Test(moe, cpu_op_matches_ops_bitwise, .timeout = 120) {
             }
             for (int e = 0; e < 2 * NE; e++) free(bufs[e]);
         }
+        /* more than 64 experts per row: declined (the ops take them) */
+        tdm_moe_args many = {.x = x, .n = 1, .n_embd = E, .n_ff = F, .n_expert = 100, .k = 65, .ids = ids, .w = w,
+                             .w13 = NULL, .w2 = NULL, .out = got};
+        static tdm_weight none[100];
+        many.w13 = many.w2 = none;
+        cr_assert_eq(be->ops->moe_experts(be, &many, &err), TANDEM_ERR_UNSUPPORTED);
         tdm_fwd_scratch_free(&s);
         tdm_backend_destroy(be);
     }

@@ -52,7 +52,7 @@ static void moe_sum_task(void *ctx, int64_t chunk, int ith) {
     const tdm_moe_args *a = j->a;
     const int32_t K = a->k, E = a->n_embd;
     for (int32_t i = (int32_t)chunk * 8; i < a->n && i < (int32_t)chunk * 8 + 8; i++) {
-        int32_t order[64]; /* (k <= n_expert <= 512, but checked <= 64 by the op) */
+        int32_t order[64]; /* (k <= 64: the op declines more) */
         for (int32_t s = 0; s < K; s++) { /* insertion sort of the slots by expert */
             int32_t t = s;
             while (t > 0 && a->ids[(int64_t)i * K + order[t - 1]] > a->ids[(int64_t)i * K + s]) {
@@ -77,9 +77,11 @@ tandem_status tdm_cpu_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err
     if (!a || !a->x || !a->ids || !a->w || !a->w13 || !a->w2 || !a->out)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: NULL argument");
     const int32_t n = a->n, K = a->k, NE = a->n_expert, E = a->n_embd, F = a->n_ff;
-    if (n < 0 || E <= 0 || F <= 0 || NE <= 0 || K <= 0 || K > NE || K > 64)
+    if (n < 0 || E <= 0 || F <= 0 || NE <= 0 || NE > 512 || K <= 0 || K > NE)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: n %d, n_embd %d, n_ff %d, %d of %d experts",
                           (int)n, (int)E, (int)F, (int)K, (int)NE);
+    if (K > 64) /* (the sum's slot order is a small array) */
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "moe_experts: %d experts per row", (int)K);
     if (n == 0) return TANDEM_OK;
     const int64_t np = (int64_t)n * K;
     for (int64_t p = 0; p < np; p++)
@@ -87,9 +89,7 @@ tandem_status tdm_cpu_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err
             return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: row %lld's expert %d of %d",
                               (long long)(p / K), (int)a->ids[p], (int)NE);
     /* the groups: pairs counted per expert, each expert's rows in groups of MOE_GROUP */
-    int32_t cnt[512];
-    if (NE > 512) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: %d experts", (int)NE);
-    memset(cnt, 0, (size_t)NE * sizeof cnt[0]);
+    int32_t cnt[512] = {0};
     for (int64_t p = 0; p < np; p++) cnt[a->ids[p]]++;
     int64_t n_groups = 0;
     for (int32_t e = 0; e < NE; e++) n_groups += (cnt[e] + MOE_GROUP - 1) / MOE_GROUP;
