@@ -60,7 +60,8 @@ static void add_tensor(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *na
 }
 
 /* A random 3-D tensor [ne2][ne1][ne0] (experts), with the config's skip_tensor,
- * bad_shape_tensor (one row more per expert), extra_expert_tensor and flat_tensor. */
+ * bad_shape_tensor (one row more per expert), extra_expert_tensor, flat_tensor and
+ * nan_tensor (f32, f16, bf16). */
 static void add_tensor3(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *name, uint32_t type, int64_t ne0,
                         int64_t ne1, int64_t ne2, uint64_t *rng, float scale) {
     const bool is = c->skip_tensor && !strcmp(c->skip_tensor, name);
@@ -69,6 +70,11 @@ static void add_tensor3(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *n
     const int64_t n = ne0 * ne1 * ne2;
     float *f = malloc((size_t)n * sizeof(float));
     for (int64_t i = 0; i < n; i++) f[i] = tdm_test_randf(rng, -scale, scale);
+    if (c->nan_tensor && !strcmp(c->nan_tensor, name)) {
+        cr_assert(type == TDM_F32 || type == TDM_F16 || type == TDM_BF16, "%s: no value planted in a %s", name,
+                  tdm_dtype_name(type));
+        f[0] = planted(c);
+    }
     uint64_t rb;
     cr_assert(tdm_dtype_row_bytes(type, (uint64_t)ne0, &rb));
     uint8_t *data = malloc((size_t)(rb * (uint64_t)(ne1 * ne2)));
