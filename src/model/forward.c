@@ -172,10 +172,12 @@ static tandem_status qkv_product(tdm_backend *be, const tdm_fwd_scratch *s, cons
         return TANDEM_OK;
     }
     /* (gate_up holds [rows][2 n_ff] floats: k and v fit wherever kvd <= n_ff, as in
-     * every model of the architectures tandem runs) */
-    if (kvd > (int32_t)(L->w13.rows / 2))
+     * every model of the architectures tandem runs; a mixture of experts: each
+     * expert's n_ff) */
+    const int64_t ff = (L->exp_w13 ? L->exp_w13[0].rows : L->w13.rows) / 2;
+    if (kvd > ff)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: separate q, k, v weights with kv width %d above the "
-                          "FFN's %lld features", (int)kvd, (long long)(L->w13.rows / 2));
+                          "FFN's %lld features", (int)kvd, (long long)ff);
     float *out[3] = {s->att, s->gate_up, s->gate_up + (size_t)n * kvd};
     for (int p = 0; p < 3; p++) {
         if ((st = tdm_fwd_matmul(be, s, w[p], s->xb, n, out[p], false, err))) return st;
