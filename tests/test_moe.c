@@ -11,7 +11,8 @@
  *   every way an expert tensor or key can be wrong, enumerated, each a clear error
  *   naming the tensor or key; a backend without host memory (CUDA) and a split
  *   between devices refused with TANDEM_ERR_UNSUPPORTED; decode_bytes;
- *   the CPU's moe_experts op bit for bit against the op-by-op path, every weight type.
+ *   the CPU's moe_experts op bit for bit against the op-by-op path, every weight type;
+ *   continuous batching (with and without a speculating draft) equal to one at a time.
  * (Speculative decoding with an MoE target: test_arch.c.) */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -432,4 +433,63 @@ Test(moe, cpu_op_matches_ops_bitwise, .timeout = 120) {
     free(x);
     free(got);
     free(want);
+}
+
+/* ------------------------------------------------------------ batches */
+
+/* Continuous batching over an MoE target: six greedy requests batched (their decode
+ * steps of several rows go through the moe_experts op), with and without an MoE
+ * draft speculating in the batch, give each request's tokens alone. */
+Test(moe, batch_equals_one_at_a_time, .timeout = 180) {
+    tdm_tiny_cfg tc = qwen3moe_cfg(600), dc = tc;
+    tc.n_layer = 3;
+    dc.n_layer = 1; /* (the target's first layer) */
+    char *tp = tdm_tiny_model_file(&tc), *dp = tdm_tiny_model_file(&dc);
+    tandem_model *t, *d;
+    cr_assert_eq(tandem_model_open(tp, NULL, &t), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_model_open(dp, NULL, &d), TANDEM_OK, "%s", tandem_last_error());
+    enum { N = 6 };
+    int32_t prompts[N][10];
+    tandem_request r[N];
+    for (int i = 0; i < N; i++) {
+        random_tokens(prompts[i], 10, tc.n_vocab, 610 + (uint64_t)i);
+        r[i] = tandem_request_default();
+        r[i].prompt_ids = prompts[i];
+        r[i].n_prompt_ids = 10;
+        r[i].params.max_tokens = 24;
+        r[i].params.spec_ngram = 0;
+        r[i].params.spec_k = 3; /* (a fixed length: the batch speculates whatever its costs) */
+    }
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 2;
+    tandem_engine *e;
+    cr_assert_eq(tandem_engine_open(t, NULL, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+    tandem_result alone[N];
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(tandem_generate_ids(e, prompts[i], 10, &r[i].params, &alone[i]), TANDEM_OK, "%s",
+                     tandem_last_error());
+    tandem_engine_close(e);
+    ep.n_seq_max = N;
+    for (int with_draft = 0; with_draft < 2; with_draft++) {
+        cr_assert_eq(tandem_engine_open(t, with_draft ? d : NULL, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+        tandem_result got[N];
+        cr_assert_eq(tandem_generate_batch(e, r, N, got), TANDEM_OK, "%s", tandem_last_error());
+        uint64_t accepted = 0;
+        for (int i = 0; i < N; i++) {
+            cr_assert(got[i].n_tokens == alone[i].n_tokens &&
+                          !memcmp(got[i].tokens, alone[i].tokens, alone[i].n_tokens * sizeof(int32_t)),
+                      "request %d %s: batched tokens differ from alone", i, with_draft ? "with a draft" : "target only");
+            accepted += got[i].spec.accepted;
+            tandem_result_free(&got[i]);
+        }
+        cr_assert(!with_draft || accepted > 0, "the batch's sequences speculated nothing");
+        tandem_engine_close(e);
+    }
+    for (int i = 0; i < N; i++) tandem_result_free(&alone[i]);
+    tandem_model_close(d);
+    tandem_model_close(t);
+    unlink(tp);
+    unlink(dp);
+    free(tp);
+    free(dp);
 }
