@@ -84,6 +84,8 @@ static const tdm_synth_shape shapes[] = {
     {.name = "qwen3moe-small", .n_embd = 1024, .n_layer = 8, .n_head = 16, .n_head_kv = 4, .n_ff = 2048,
      .n_vocab = 32000, .n_ctx = 4096, .rope_base = 1000000.0f, .hidden = true, .arch = "qwen3moe", .head_dim = 64,
      .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 512},
+    {.name = "mixtral-small", .n_embd = 1024, .n_layer = 8, .n_head = 16, .n_head_kv = 4, .n_ff = 2048,
+     .n_vocab = 32000, .n_ctx = 4096, .rope_base = 1000000.0f, .hidden = true, .n_expert = 8, .n_expert_used = 2},
     {.name = "tiny-qwen3moe", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 1024, .n_vocab = 32000,
      .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .arch = "qwen3moe", .head_dim = 128, .n_expert = 8,
      .n_expert_used = 2, .n_ff_exp = 256},
