@@ -271,15 +271,16 @@ q50_pair_rows(const int MR, const uint8_t *const p[4], int64_t b, bool two, cons
     __m512i a[QG_MR][4], xv[QG_MR];
     for (int i = 0; i < MR; i++)
         xv[i] = _mm512_maskz_loadu_epi8(two ? ~(__mmask64)0 : 0xffffffffu, xq->q + (size_t)(i0 + i) * cols + b * TDM_QK);
-    __m128i dh = _mm_setzero_si128(); /* d of the 4 rows' block b, then of block b1 (f16) */
+    uint16_t hs[8]; /* d of the 4 rows' block b, then of block b1 (f16); (an array, not
+                       _mm_insert_epi16, whose lane must be a constant even where the loop
+                       is not unrolled: -O0, sanitizers) */
     for (int j = 0; j < 4; j++) {
         const uint8_t *k0 = p[j] + (size_t)b * 22, *k1 = p[j] + (size_t)b1 * 22;
-        uint16_t h0, h1;
-        memcpy(&h0, k0, 2), memcpy(&h1, k1, 2);
-        dh = _mm_insert_epi16(_mm_insert_epi16(dh, h0, j), h1, 4 + j);
+        memcpy(&hs[j], k0, 2), memcpy(&hs[4 + j], k1, 2);
         const __m512i q = q50_pair(k0, k1);
         for (int i = 0; i < MR; i++) a[i][j] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q, xv[i]);
     }
+    const __m128i dh = _mm_loadu_si128((const __m128i *)hs);
     const __m256 d8 = _mm256_cvtph_ps(dh); /* (exact) */
     const __m128 d40 = _mm256_castps256_ps128(d8), d41 = _mm256_extractf128_ps(d8, 1);
     for (int i = 0; i < MR; i++) {
