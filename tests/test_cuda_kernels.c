@@ -118,10 +118,65 @@ static bool reads_xq(uint32_t t) { return is_quant(t) || is_kq_int8(t); }
  * roundings (ny < 8: one or a few output values, each its own relative error). */
 static double xq_tol(uint32_t t, size_t ny) { return is_kq_int8(t) ? (ny < 8 ? 1e-3 : 2e-5) : 1e-5; }
 
+/* One product of n rows of x by dw (the device copy of w), stored or accumulated
+ * (stored: outputs poisoned first), checked: the types that read x quantised to
+ * int8 against x quantised the same way (xq_tol) and against f32 x (2e-2; the
+ * K-quants over 8 values or more: one value's own relative error from x's rounding
+ * can pass 2e-2 where the value is near zero), the others against f32 x (one
+ * output value: relative to that value, which the accumulated y0 can bring near
+ * zero; f32 sums stay within 2e-5 of it); rows 0, n / 2 and n - 1 alone bit for
+ * bit as in the batch.  kq_ref: the same product on the dequantising reference
+ * kernel (force_matmul 3, f32 x) as well, within f32 rounding of the f32
+ * reference. */
+static void check_product(tdm_backend *b, const tdm_weight *w, const tdm_weight *dw, int32_t n, int acc,
+                          uint64_t *rng, bool kq_ref) {
+    const size_t ny = (size_t)n * w->rows;
+    float *x = tdm_test_rand_vec(rng, (size_t)n * w->cols, -1, 1);
+    float *y0 = tdm_test_rand_vec(rng, ny, -1, 1), *ref = malloc(ny * 4), *ref32 = malloc(ny * 4);
+    memcpy(ref, y0, ny * 4);
+    memcpy(ref32, y0, ny * 4);
+    float *dx = tdm_cu_test_put(b, x, (size_t)n * w->cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
+    if (!acc) poison(b, dy, ny);
+    OK(b->ops->matmul(b, dw, dx, n, dy, acc, &err_));
+    float *y = tdm_cu_test_get(b, dy, ny * 4);
+    ref_matmul(w, x, n, ref32, acc);
+    const double e32 = ref_nrm_err(y, ref32, ny), tol32 = ny < 8 ? 2e-5 : 2e-6;
+    const char *name = tdm_dtype_name(w->type);
+    const long long rows = (long long)w->rows, cols = (long long)w->cols;
+    if (reads_xq(w->type)) {
+        ref_matmul_xq(w, x, n, ref, acc);
+        const double e = ref_nrm_err(y, ref, ny);
+        cr_assert(e < xq_tol(w->type, ny), "%s [%lld][%lld] n %d acc %d: err %g against quantised x", name, rows, cols,
+                  n, acc, e);
+        if (is_quant(w->type) || ny >= 8)
+            cr_assert(e32 < 2e-2, "%s [%lld][%lld] n %d: err %g against f32 x", name, rows, cols, n, e32);
+    } else {
+        cr_assert(e32 < tol32, "%s [%lld][%lld] n %d acc %d: err %g", name, rows, cols, n, acc, e32);
+    }
+    if (!acc && n > 1) {
+        const int32_t pick[] = {0, n / 2, n - 1};
+        rows_alone(b, dw, dx, y, n, pick, TDM_ARRAY_LEN(pick));
+    }
+    if (kq_ref) {
+        OK(b->ops->upload(b, dy, y0, ny * 4, &err_));
+        if (!acc) poison(b, dy, ny);
+        tdm_backend_cuda_force_matmul(b, 3);
+        OK(b->ops->matmul(b, dw, dx, n, dy, acc, &err_));
+        tdm_backend_cuda_force_matmul(b, 0);
+        float *yr = tdm_cu_test_get(b, dy, ny * 4);
+        const double er = ref_nrm_err(yr, ref32, ny);
+        cr_assert(er < tol32, "%s [%lld][%lld] n %d acc %d: reference kernel err %g", name, rows, cols, n, acc, er);
+        free(yr);
+    }
+    free(y), free(x), free(y0), free(ref), free(ref32);
+    b->ops->free(b, dx);
+    b->ops->free(b, dy);
+}
+
 /* Every fast type at shapes that take each column split of the f16 / bf16 kernels
  * (cuda_gemv.cu's gv_ksplit, on a GPU of 100+ multiprocessors: [1031][256] one part,
  * [67][768] two, [300][4096] and [2][11008] four), 1 to 16 rows, stored and
- * accumulated: against the reference, and rows alone bit for bit. */
+ * accumulated (check_product). */
 Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
     uint64_t rng = 41;
@@ -133,43 +188,7 @@ Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
             tdm_weight dw = put_packed(b, &w);
             if (is_quant(w.type)) cr_assert_eq(dw.layout, TDM_LAYOUT_QSPLIT, "quantised weights load split");
             for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
-                for (int acc = 0; acc < 2; acc++) {
-                    const int32_t n = ns[k];
-                    const size_t ny = (size_t)n * w.rows;
-                    float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -1, 1);
-                    float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1), *ref = malloc(ny * 4), *ref32 = malloc(ny * 4);
-                    memcpy(ref, y0, ny * 4);
-                    memcpy(ref32, y0, ny * 4);
-                    float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
-                    if (!acc) poison(b, dy, ny);
-                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
-                    float *y = tdm_cu_test_get(b, dy, ny * 4);
-                    ref_matmul(&w, x, n, ref32, acc);
-                    double e32 = ref_nrm_err(y, ref32, ny);
-                    if (reads_xq(w.type)) { /* exact against x quantised the same way; close to f32 x */
-                        ref_matmul_xq(&w, x, n, ref, acc);
-                        double e = ref_nrm_err(y, ref, ny);
-                        cr_assert(e < xq_tol(w.type, ny), "%s [%lld][%lld] n %d acc %d: err %g against quantised x",
-                                  tdm_dtype_name(w.type), (long long)w.rows, (long long)w.cols, n, acc, e);
-                        /* (K-quants: over 8 values or more; one value's own relative error
-                         * from x's rounding can pass 2e-2 where the value is near zero) */
-                        if (is_quant(w.type) || ny >= 8)
-                            cr_assert(e32 < 2e-2, "%s n %d: err %g against f32 x", tdm_dtype_name(w.type), n, e32);
-                    } else {
-                        /* (one output value: the error is relative to that one value, which the
-                         * accumulated y0 can bring near zero; f32 sums stay within 2e-5 of it) */
-                        const double tol = ny < 8 ? 2e-5 : 2e-6;
-                        cr_assert(e32 < tol, "%s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type),
-                                  (long long)w.rows, (long long)w.cols, n, acc, e32);
-                    }
-                    if (!acc && n > 1) { /* each of the first and last rows alone: bit for bit */
-                        const int32_t pick[2] = {0, n - 1};
-                        rows_alone(b, &dw, dx, y, n, pick, 2);
-                    }
-                    free(y), free(x), free(y0), free(ref), free(ref32);
-                    b->ops->free(b, dx);
-                    b->ops->free(b, dy);
-                }
+                for (int acc = 0; acc < 2; acc++) check_product(b, &w, &dw, ns[k], acc, &rng, false);
             b->ops->free(b, (void *)dw.data);
             free((void *)w.data);
         }
@@ -180,12 +199,9 @@ Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
  * verification, 1 to 9 (9: a full tile of 8 and a partial one, a launch of its own
  * on the tall [2200][512]), on shapes that take each column split of theirs on a GPU
  * of 100+ multiprocessors ([1031][256] and [2200][512] none, [600][2048] two parts,
- * [300][4096] and [3][11008] four), stored and accumulated, outputs poisoned:
- * against the reference with x quantised the same way and against f32 x, each row
- * alone bit for bit as in the batch, and the same products on the dequantising
- * reference kernel (force_matmul 3, f32 x) within f32 rounding of the f32
- * reference.  (The SwiGLU epilogue: test_cuda_fused.c's q4_k / q5_k / q6_k models,
- * fused against op by op.) */
+ * [300][4096] and [3][11008] four), stored and accumulated, with their reference
+ * kernel (check_product).  (The SwiGLU epilogue: test_cuda_fused.c's q4_k / q5_k /
+ * q6_k models, fused against op by op.) */
 Test(cuda_gemv, kquant_int8_rows_1_to_9, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
     uint64_t rng = 59;
@@ -197,42 +213,7 @@ Test(cuda_gemv, kquant_int8_rows_1_to_9, .timeout = 300) {
             tdm_weight dw = put_packed(b, &w);
             cr_assert_eq(dw.layout, TDM_LAYOUT_ROWS, "K-quants load in their rows layout");
             for (int32_t n = 1; n <= 9; n++)
-                for (int acc = 0; acc < 2; acc++) {
-                    const size_t ny = (size_t)n * w.rows;
-                    float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -1, 1);
-                    float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1), *ref = malloc(ny * 4), *ref32 = malloc(ny * 4);
-                    memcpy(ref, y0, ny * 4);
-                    memcpy(ref32, y0, ny * 4);
-                    float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
-                    if (!acc) poison(b, dy, ny);
-                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
-                    float *y = tdm_cu_test_get(b, dy, ny * 4);
-                    ref_matmul_xq(&w, x, n, ref, acc);
-                    ref_matmul(&w, x, n, ref32, acc);
-                    const double e = ref_nrm_err(y, ref, ny), e32 = ref_nrm_err(y, ref32, ny);
-                    cr_assert(e < xq_tol(w.type, ny), "%s [%lld][%lld] n %d acc %d: err %g against quantised x",
-                              tdm_dtype_name(w.type), (long long)w.rows, (long long)w.cols, n, acc, e);
-                    if (ny >= 8) /* (as in types_shapes_rows) */
-                        cr_assert(e32 < 2e-2, "%s [%lld][%lld] n %d: err %g against f32 x", tdm_dtype_name(w.type),
-                                  (long long)w.rows, (long long)w.cols, n, e32);
-                    if (!acc && n > 1) {
-                        const int32_t pick[] = {0, n / 2, n - 1};
-                        rows_alone(b, &dw, dx, y, n, pick, TDM_ARRAY_LEN(pick));
-                    }
-                    /* the reference kernel on the same inputs */
-                    OK(b->ops->upload(b, dy, y0, ny * 4, &err_));
-                    if (!acc) poison(b, dy, ny);
-                    tdm_backend_cuda_force_matmul(b, 3);
-                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
-                    tdm_backend_cuda_force_matmul(b, 0);
-                    float *yr = tdm_cu_test_get(b, dy, ny * 4);
-                    const double er = ref_nrm_err(yr, ref32, ny);
-                    cr_assert(er < (ny < 8 ? 2e-5 : 2e-6), "%s [%lld][%lld] n %d acc %d: reference kernel err %g",
-                              tdm_dtype_name(w.type), (long long)w.rows, (long long)w.cols, n, acc, er);
-                    free(yr), free(y), free(x), free(y0), free(ref), free(ref32);
-                    b->ops->free(b, dx);
-                    b->ops->free(b, dy);
-                }
+                for (int acc = 0; acc < 2; acc++) check_product(b, &w, &dw, n, acc, &rng, true);
             b->ops->free(b, (void *)dw.data);
             free((void *)w.data);
         }

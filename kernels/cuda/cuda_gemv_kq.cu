@@ -63,16 +63,17 @@ __device__ __forceinline__ void kq_scale_min(const uint4 &h, int j, int *sc, int
     }
 }
 
-/* One W row's share of a Q4_K / Q5_K chunk: the signed-free quants of its two
- * sub-blocks (4 words each, one byte an element) and their f32 factors. */
-struct kq45_chunk {
-    uint32_t lo[4], hi[4];  /* sub-blocks j0, j0 + 1: elements l0 .. l0 + 15 */
-    float dlo, dhi;         /* d * sc of each */
-    float mlo, mhi;         /* dmin * m of each, 0 on the lane of l0 = 16 */
+/* One W row's share of a chunk: the quants of its two groups of 16 (Q4_K / Q5_K:
+ * elements l0 .. l0 + 15 of sub-blocks j0 and j0 + 1, unsigned; Q6_K: groups t and
+ * t + 2, q - 32 signed), one byte an element, and their f32 factors. */
+struct kq_chunk {
+    uint32_t lo[4], hi[4];
+    float dlo, dhi; /* d * sc of each group */
+    float mlo, mhi; /* Q4_K / Q5_K: dmin * m of each sub-block, 0 on the lane of l0 = 16 */
 };
 
 template <bool FIVE>
-__device__ __forceinline__ void kq45_load(const uint8_t *row, int32_t kb, int s, kq45_chunk *k) {
+__device__ __forceinline__ void kq45_load(const uint8_t *row, int32_t kb, int s, kq_chunk *k) {
     const uint8_t *b = row + (size_t)kb * (FIVE ? 176 : 144);
     const uint4 h = __ldg((const uint4 *)b);
     const uint4 q = tdm_cu_ld_stream(b + (FIVE ? 48 : 16) + 16 * s);
@@ -103,64 +104,6 @@ __device__ __forceinline__ void kq45_load(const uint8_t *row, int32_t kb, int s,
     }
 }
 
-template <bool FIVE, int NR, int EPI>
-__global__ void __launch_bounds__(GV_WARPS * 32)
-k_gemv_q45k(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-            tdm_cuda_xq xq, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
-    TDM_PDL_ENTRY();
-    const gv_rows r = rows_of<EPI>(n_out, ff, ks);
-    if (!r.active && ks == 1) return; /* (with parts, every warp reaches the barrier) */
-    const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK, last = tile_last<NR>(n_rows);
-    xq = tdm_gv_tile(xq, cols, nb);
-    y += (size_t)blockIdx.x * GV_TILE * ldy;
-    const uint8_t *rowa = w + (size_t)r.ra * row_bytes, *rowb = w + (size_t)r.rb * row_bytes;
-    float sa[NR], sb[NR];
-#pragma unroll
-    for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
-    int32_t lo, hi;
-    gv_part(nb, ks, &lo, &hi); /* (chunks of 32 elements) */
-    if (!r.active) hi = lo;
-#pragma unroll 2
-    for (int32_t c = lo + lane; c < hi; c += 32) {
-        const int32_t kb = c >> 3;
-        const int s = c & 7, j0 = 2 * (s >> 1);
-        kq45_chunk A, B;
-        kq45_load<FIVE>(rowa, kb, s, &A);
-        kq45_load<FIVE>(rowb, kb, s, &B);
-        const int32_t xb0 = 8 * kb + j0;                        /* x blocks of j0, j0 + 1 */
-        const size_t xo = (size_t)TDM_QK * xb0 + 16 * (s & 1); /* x element of j0's l0 */
-#pragma unroll
-        for (int i = 0; i < NR; i++) {
-            const size_t ri = (size_t)min(i, last);
-            const int8_t *xr = xq.q + ri * cols + xo;
-            const uint4 x0 = __ldg((const uint4 *)xr), x1 = __ldg((const uint4 *)(xr + TDM_QK));
-            const float dx0 = __ldg(xq.d + ri * nb + xb0), dx1 = __ldg(xq.d + ri * nb + xb0 + 1);
-            const float qs0 = (float)__ldg(xq.qs + ri * nb + xb0), qs1 = (float)__ldg(xq.qs + ri * nb + xb0 + 1);
-            const uint32_t xl[4] = {x0.x, x0.y, x0.z, x0.w}, xh[4] = {x1.x, x1.y, x1.z, x1.w};
-            int ial = 0, iah = 0, ibl = 0, ibh = 0;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                ial = dp4a(A.lo[k], xl[k], ial);
-                iah = dp4a(A.hi[k], xh[k], iah);
-                ibl = dp4a(B.lo[k], xl[k], ibl);
-                ibh = dp4a(B.hi[k], xh[k], ibh);
-            }
-            float u = sa[i], v = sb[i];
-            u = fmaf((float)ial, A.dlo * dx0, u);
-            u = fmaf((float)iah, A.dhi * dx1, u);
-            u = fmaf(-qs0, A.mlo * dx0, u);
-            u = fmaf(-qs1, A.mhi * dx1, u);
-            v = fmaf((float)ibl, B.dlo * dx0, v);
-            v = fmaf((float)ibh, B.dhi * dx1, v);
-            v = fmaf(-qs0, B.mlo * dx0, v);
-            v = fmaf(-qs1, B.mhi * dx1, v);
-            sa[i] = u;
-            sb[i] = v;
-        }
-    }
-    gv_store<NR, EPI>(r, sa, sb, y, ldy, last, ks);
-}
-
 /* 16 bytes at p (2-byte aligned) as four little-endian words: five aligned word
  * loads (through L1: the neighbouring lanes read the same words) joined by a
  * funnel shift of 0 or 16 bits.  The fifth word stays inside a Q6_K block for the
@@ -176,14 +119,7 @@ __device__ __forceinline__ void kq_ld16_a2(const uint8_t *p, uint32_t w[4]) {
     for (int k = 0; k < 4; k++) w[k] = __funnelshift_r(v[k], v[k + 1], sh);
 }
 
-/* One W row's share of a Q6_K chunk: q - 32 as signed bytes for its two 16-element
- * groups (t and t + 2) and their f32 factors d * sc. */
-struct kq6_chunk {
-    uint32_t lo[4], hi[4];
-    float dlo, dhi;
-};
-
-__device__ __forceinline__ void kq6_load(const uint8_t *row, int32_t kb, int s, kq6_chunk *k) {
+__device__ __forceinline__ void kq6_load(const uint8_t *row, int32_t kb, int s, kq_chunk *k) {
     const uint8_t *b = row + (size_t)kb * 210;
     const int h = s >> 2, t = (s >> 1) & 1, a = s & 1;
     uint32_t ql[4], qh[4];
@@ -192,6 +128,7 @@ __device__ __forceinline__ void kq6_load(const uint8_t *row, int32_t kb, int s, 
     const float d = tdm_cu_h2f(__ldg((const uint16_t *)(b + 208)));
     k->dlo = __fmul_rn(d, (float)(int8_t)__ldg(b + 192 + 8 * h + 2 * t + a));
     k->dhi = __fmul_rn(d, (float)(int8_t)__ldg(b + 192 + 8 * h + 2 * (t + 2) + a));
+    k->mlo = k->mhi = 0.0f;
     const uint32_t M = 0x0f0f0f0fu, H = 0x03030303u, O = 0x20202020u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -200,13 +137,41 @@ __device__ __forceinline__ void kq6_load(const uint8_t *row, int32_t kb, int s, 
     }
 }
 
-template <int NR, int EPI>
+template <uint32_t T> __device__ __forceinline__ void kq_load(const uint8_t *row, int32_t kb, int s, kq_chunk *k) {
+    if (T == TDM_Q6_K) kq6_load(row, kb, s, k);
+    else kq45_load<T == TDM_Q5_K>(row, kb, s, k);
+}
+
+/* The int8 dot product of a group's 16 quants with 16 of x. */
+__device__ __forceinline__ int kq_dot16(const uint32_t q[4], const uint4 &x) {
+    int v = dp4a(q[0], x.x, 0);
+    v = dp4a(q[1], x.y, v);
+    v = dp4a(q[2], x.z, v);
+    return dp4a(q[3], x.w, v);
+}
+
+/* acc += one W row's chunk against x's groups (quantised blocks xb0 and xb0 + XS). */
+template <bool MINS>
+__device__ __forceinline__ float kq_acc(float acc, const kq_chunk &k, const uint4 &x0, const uint4 &x1, float dx0,
+                                        float dx1, float qs0, float qs1) {
+    acc = fmaf((float)kq_dot16(k.lo, x0), k.dlo * dx0, acc);
+    acc = fmaf((float)kq_dot16(k.hi, x1), k.dhi * dx1, acc);
+    if (MINS) {
+        acc = fmaf(-qs0, k.mlo * dx0, acc);
+        acc = fmaf(-qs1, k.mhi * dx1, acc);
+    }
+    return acc;
+}
+
+template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
-k_gemv_q6k(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
+k_gemv_kq8(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
            tdm_cuda_xq xq, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
     TDM_PDL_ENTRY();
+    constexpr bool MINS = T != TDM_Q6_K;
+    constexpr int XS = T == TDM_Q6_K ? 2 : 1; /* x blocks between a chunk's two groups */
     const gv_rows r = rows_of<EPI>(n_out, ff, ks);
-    if (!r.active && ks == 1) return;
+    if (!r.active && ks == 1) return; /* (with parts, every warp reaches the barrier) */
     const int32_t lane = (int32_t)(threadIdx.x & 31), nb = cols / TDM_QK, last = tile_last<NR>(n_rows);
     xq = tdm_gv_tile(xq, cols, nb);
     y += (size_t)blockIdx.x * GV_TILE * ldy;
@@ -215,39 +180,32 @@ k_gemv_q6k(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32
 #pragma unroll
     for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
     int32_t lo, hi;
-    gv_part(nb, ks, &lo, &hi);
+    gv_part(nb, ks, &lo, &hi); /* (chunks of 32 elements) */
     if (!r.active) hi = lo;
 #pragma unroll 2
     for (int32_t c = lo + lane; c < hi; c += 32) {
         const int32_t kb = c >> 3;
-        const int s = c & 7, h = s >> 2, t = (s >> 1) & 1, a = s & 1;
-        kq6_chunk A, B;
-        kq6_load(rowa, kb, s, &A);
-        kq6_load(rowb, kb, s, &B);
-        const int32_t xb0 = 8 * kb + 4 * h + t; /* x blocks of groups t, t + 2 */
-        const size_t xo = (size_t)TDM_QK * xb0 + 16 * a;
+        const int s = c & 7;
+        kq_chunk A, B;
+        kq_load<T>(rowa, kb, s, &A);
+        kq_load<T>(rowb, kb, s, &B);
+        /* the x block of the chunk's first group, and its elements' offset in it */
+        const int32_t xb0 = 8 * kb + (T == TDM_Q6_K ? 4 * (s >> 2) + ((s >> 1) & 1) : 2 * (s >> 1));
+        const size_t xo = (size_t)TDM_QK * xb0 + 16 * (s & 1);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             const size_t ri = (size_t)min(i, last);
             const int8_t *xr = xq.q + ri * cols + xo;
-            const uint4 x0 = __ldg((const uint4 *)xr), x1 = __ldg((const uint4 *)(xr + 2 * TDM_QK));
-            const float dx0 = __ldg(xq.d + ri * nb + xb0), dx1 = __ldg(xq.d + ri * nb + xb0 + 2);
-            const uint32_t xl[4] = {x0.x, x0.y, x0.z, x0.w}, xh[4] = {x1.x, x1.y, x1.z, x1.w};
-            int ial = 0, iah = 0, ibl = 0, ibh = 0;
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                ial = dp4a(A.lo[k], xl[k], ial);
-                iah = dp4a(A.hi[k], xh[k], iah);
-                ibl = dp4a(B.lo[k], xl[k], ibl);
-                ibh = dp4a(B.hi[k], xh[k], ibh);
+            const uint4 x0 = __ldg((const uint4 *)xr), x1 = __ldg((const uint4 *)(xr + XS * TDM_QK));
+            const float *dx = xq.d + ri * nb + xb0;
+            const float dx0 = __ldg(dx), dx1 = __ldg(dx + XS);
+            float qs0 = 0.0f, qs1 = 0.0f;
+            if (MINS) {
+                qs0 = (float)__ldg(xq.qs + ri * nb + xb0);
+                qs1 = (float)__ldg(xq.qs + ri * nb + xb0 + 1);
             }
-            float u = sa[i], v = sb[i];
-            u = fmaf((float)ial, A.dlo * dx0, u);
-            u = fmaf((float)iah, A.dhi * dx1, u);
-            v = fmaf((float)ibl, B.dlo * dx0, v);
-            v = fmaf((float)ibh, B.dhi * dx1, v);
-            sa[i] = u;
-            sb[i] = v;
+            sa[i] = kq_acc<MINS>(sa[i], A, x0, x1, dx0, dx1, qs0, qs1);
+            sb[i] = kq_acc<MINS>(sb[i], B, x0, x1, dx0, dx1, qs0, qs1);
         }
     }
     gv_store<NR, EPI>(r, sa, sb, y, ldy, last, ks);
@@ -265,11 +223,11 @@ static void kq_launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_
     const int32_t cols = (int32_t)w->cols;
     const unsigned th = GV_WARPS * 32;
     if (w->type == TDM_Q4_K)
-        tdm_launch(k_gemv_q45k<false, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows, ks);
+        tdm_launch(k_gemv_kq8<TDM_Q4_K, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows, ks);
     else if (w->type == TDM_Q5_K)
-        tdm_launch(k_gemv_q45k<true, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows, ks);
+        tdm_launch(k_gemv_kq8<TDM_Q5_K, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows, ks);
     else
-        tdm_launch(k_gemv_q6k<NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows, ks);
+        tdm_launch(k_gemv_kq8<TDM_Q6_K, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows, ks);
 }
 
 template <int EPI>
