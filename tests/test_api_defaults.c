@@ -56,6 +56,7 @@ static const field engine_fields[] = {
     F(tandem_engine_params, prefix_cache, K_BOOL),
     F(tandem_engine_params, batch_invariant, K_BOOL),
     F(tandem_engine_params, kv_type, K_INT),
+    F(tandem_engine_params, draft_vocab, K_INT),
 };
 static const field generate_fields[] = {
     F(tandem_generate_params, max_tokens, K_INT),
