@@ -107,14 +107,23 @@ int32_t tdm_draft_vocab_rows(int32_t draft_vocab, int32_t n_vocab) {
     return -2;
 }
 
+tandem_status tdm_engine_set_draft_vocab(tdm_engine *e, const int32_t *ids, int32_t n, tdm_err *err) {
+    if (!e->draft) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the engine has no draft model");
+    e->fs_d.vhead = NULL;
+    tdm_vocab_head_free(&e->vhead);
+    if (n == 0) return TANDEM_OK;
+    tandem_status st = tdm_vocab_head_init(&e->vhead, e->draft, ids, n, err);
+    if (!st) e->fs_d.vhead = &e->vhead;
+    return st;
+}
+
 /* The draft's head over the first n token ids and the target's special tokens
  * (cfg.draft_vocab), unless that is every token. */
 static tandem_status draft_head(tdm_engine *e, int32_t n, tdm_err *err) {
     int32_t *ids, n_ids;
     tandem_status st = tdm_vocab_subset_ids(e->target->tok, e->n_vocab, n, &ids, &n_ids, err);
     if (st) return st;
-    if (n_ids < e->n_vocab && !(st = tdm_vocab_head_init(&e->vhead, e->draft, ids, n_ids, err)))
-        e->fs_d.vhead = &e->vhead;
+    if (n_ids < e->n_vocab) st = tdm_engine_set_draft_vocab(e, ids, n_ids, err);
     free(ids);
     return st;
 }

@@ -185,6 +185,11 @@ typedef struct tdm_draw_row {
 tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
                               int32_t *tok, tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
+/* The draft's logits over ids[n] only (ascending token ids: a head over part of the
+ * vocabulary, vocab_head.h; cfg.draft_vocab's, or any other map of head rows to
+ * tokens), replacing the one it has; n = 0: its whole head again.  On failure the
+ * draft is left with its whole head.  Not while a request runs. */
+tandem_status tdm_engine_set_draft_vocab(tdm_engine *e, const int32_t *ids, int32_t n, tdm_err *err);
 
 /* Fills res from a finished sequence (tokens, text: moved out of s, timings in
  * milliseconds; res->spec zeroed: the scheduler fills it). */
