@@ -286,12 +286,12 @@ typedef enum tandem_kv_type {
 /* tandem_engine_params.draft_vocab: the draft model's logits over part of the
  * vocabulary (its head computes only those rows; FR-Spec, arXiv 2502.14856).  The
  * tokens are ids [0, N) (a byte-level BPE vocabulary's ids follow its merge order,
- * which follows frequency: on the real pair's code prompts 97.8% of the target's
- * greedy tokens have an id below 32768) and every special token (control and
- * user-defined, the end-of-generation ids), so the draft can still propose the end.
- * The target scores every token, so output is unchanged: greedy output is the same
- * token for token, and sampled output keeps its distribution (the draft's proposals
- * just never name the other tokens). */
+ * which roughly follows frequency: of Qwen2.5-Coder-1.5B's greedy tokens on code
+ * prompts, 95-96.5 % have an id below 32768, 98.5 % below 65536) and every special
+ * token (control and user-defined, the end-of-generation ids), so the draft can
+ * still propose the end.  The target scores every token, so output is unchanged:
+ * greedy output is the same token for token, and sampled output keeps its
+ * distribution (the draft's proposals just never name the other tokens). */
 #define TANDEM_DRAFT_VOCAB_AUTO (-1)       /* N = _AUTO_N for a vocabulary above _AUTO_ABOVE, else all */
 #define TANDEM_DRAFT_VOCAB_AUTO_N 32768
 #define TANDEM_DRAFT_VOCAB_AUTO_ABOVE 65536

@@ -99,6 +99,7 @@ static const struct {
     {"TANDEM_BACKEND_CUDA", TANDEM_BACKEND_CUDA},
     {"TANDEM_KV_AUTO", TANDEM_KV_AUTO},
     {"TANDEM_SPEC_TREE_AUTO", TANDEM_SPEC_TREE_AUTO},
+    {"TANDEM_DRAFT_VOCAB_AUTO", TANDEM_DRAFT_VOCAB_AUTO},
 };
 
 static char *read_source(const char *rel) {

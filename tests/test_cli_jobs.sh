@@ -85,6 +85,20 @@ sort -n "$TMP/q8s" -o "$TMP/q8s"
 cmp -s "$TMP/q8s" "$TMP/q8r" && pass "run: kv_type q8_0 gives generate --kv-type q8_0's tokens" ||
     fail "run: kv_type q8_0: $(diff "$TMP/q8s" "$TMP/q8r" | head -c 300)"
 badcfg "tensor_parallel" "bad.ini:7: [engine] tensor_parallel: '0' is not an integer in [1, 8]" "$ok_head[engine]\ntensor_parallel = 0\n"
+badcfg "draft_vocab" "bad.ini:7: [engine] draft_vocab: '500' is not auto, 0 (the whole vocabulary) or a number of tokens >= 1024" \
+    "$ok_head[engine]\ndraft_vocab = 500\n"
+# [engine] draft_vocab reaches the engine: the draft's head over 1024 of pycode's 8192
+# tokens gives generate's tokens; a value past the vocabulary is the engine's error
+rm -f "$TMP/dvrun.jsonl"
+expect_exit 0 "run: [engine] draft_vocab = 1024" "$TANDEM" run "$TMP/job.ini" --set engine.draft_vocab=1024 \
+    --set job.output=dvrun.jsonl
+tokens <"$TMP/dvrun.jsonl" | sort -n >"$TMP/dvr"
+cmp -s "$TMP/b1s" "$TMP/dvr" && pass "run: draft_vocab 1024 gives generate's tokens" ||
+    fail "run: draft_vocab 1024: $(diff "$TMP/b1s" "$TMP/dvr" | head -c 300)"
+rm -f "$TMP/dvrun.jsonl"
+expect_exit 1 "run: [engine] draft_vocab = 9000" "$TANDEM" run "$TMP/job.ini" --set engine.draft_vocab=9000 \
+    --set job.output=dvrun.jsonl
+expect_err "draft_vocab 9000 is out of range" "run: [engine] draft_vocab = 9000"
 badcfg "ctx" "bad.ini:7: [engine] ctx: '0' is not an integer in [1, 16777216]" "$ok_head[engine]\nctx = 0\n"
 # [engine] ctx reaches the engine: a context of 4 tokens fits none of the prompts
 rm -f "$TMP/ctxrun.jsonl"
