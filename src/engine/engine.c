@@ -200,7 +200,10 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     int64_t n_blocks;
     if (e->cfg.gpu_mem > 0 && !e->be->host_memory) {
         const uint64_t weights = target->weight_bytes + (draft ? draft->weight_bytes : 0);
-        const uint64_t work = tdm_engine_work_bytes(target, draft, e->max_rows, e->n_logit_rows);
+        uint64_t work = tdm_engine_work_bytes(target, draft, e->max_rows, e->n_logit_rows);
+        if (draft && n_sub > 0) /* the draft's head over part of the vocabulary (draft_head; its
+                                   special tokens counted as 1024 more rows at most) and its logits */
+            work += (uint64_t)(n_sub + 1024) * (draft->output.row_bytes + (uint64_t)e->n_logit_rows * sizeof(float) + 4);
         n_blocks = tdm_kv_budget_blocks(e->cfg.gpu_mem, weights, work, e->cfg.kv_bytes, bpb, err);
         if (n_blocks == 0) {
             st = err ? err->status : TANDEM_ERR_NOMEM;
