@@ -16,7 +16,7 @@
  * and, against the target's own output:
  *   - greedy speculative decoding with the draft gives the target-only tokens on all
  *     20 prompts: chains and token trees, each with and without n-gram lookups, with
- *     the draft's head over 32768 of the 151936 tokens (draft_vocab, the default),
+ *     the draft's head over 65536 of the 151936 tokens (draft_vocab, the default),
  *     and chains with its whole head;
  *   - the two models, of different head dims, share one paged KV cache: after every
  *     step of a speculative request the block table and the pool hold exactly the
@@ -225,7 +225,7 @@ Test(real_pair, target_follows_float32_reference_and_speculation_equals_it) {
 
     /* Greedy speculation gives the same tokens: every prompt as a chain (adaptive k)
      * and as a tree (at most 12 nodes a step), n-gram lookups on for odd prompts, with
-     * the draft's head over 32768 tokens (c 0, 1); and as a chain with its whole head
+     * the draft's head over 65536 tokens (c 0, 1); and as a chain with its whole head
      * (c 2, counted with the chains). */
     tandem_engine *e = open_engine_dv(g_draft, 1, 0, TANDEM_DRAFT_VOCAB_AUTO_N);
     tandem_engine *whole = open_engine_dv(g_draft, 1, 0, 0);

@@ -130,6 +130,9 @@ static tandem_status head_init(tdm_vocab_head *h, const tdm_model *m, const int3
     if (!rows) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory gathering the head's rows");
     for (int32_t j = 0; j < n; j++)
         memcpy(rows + (size_t)j * rb, (const uint8_t *)t->data + (size_t)ids[j] * rb, (size_t)rb);
+    /* an untied head's file pages are not read again for this head (the gather paged
+     * them in: dropped rather than held beside the copy; they come back on demand) */
+    if (!hp->tied_output) tdm_gguf_release(m->gguf, t->data, (size_t)t->nbytes);
     st = place_rows(h, rows, bytes, err);
     free(rows);
     if (st) return st;
