@@ -39,15 +39,10 @@ done
 for f in "$target" "$draft" "$prompts"; do
   [ -f "$f" ] || { echo "error: $f is absent" >&2; exit 2; }
 done
-if [ -z "$tandem" ]; then
-  for c in "$here/build-nc/tandem" "$here/build/tandem"; do
-    [ -x "$c" ] && { tandem=$c; break; }
-  done
-fi
+[ -n "$tandem" ] || { [ -x "$here/build-nc/tandem" ] && tandem=$here/build-nc/tandem || tandem=$here/build/tandem; }
 [ -x "$tandem" ] || { echo "error: no tandem binary (--tandem FILE)" >&2; exit 2; }
-for v in "$threads" "$rounds" "$nn"; do
-  [[ "$v" =~ ^[1-9][0-9]*$ ]] || { echo "error: --threads, --rounds and -n take positive integers" >&2; exit 2; }
-done
+[[ "$threads $rounds $nn" =~ ^[1-9][0-9]*\ [1-9][0-9]*\ [1-9][0-9]*$ ]] ||
+  { echo "error: --threads, --rounds and -n take positive integers" >&2; exit 2; }
 out=$(mkdir -p "$1" && cd "$1" && pwd)
 samples=$out/samples.jsonl
 : >"$samples"

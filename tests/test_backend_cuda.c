@@ -406,16 +406,20 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
  * test sets another). */
 static tdm_cuda_attn_path g_attn = TDM_CUDA_ATTN_AUTO;
 
+/* The pycode target and draft_file (under models/) opened on the GPU. */
+static void open_cuda_pair(const char *draft_file, tandem_model **target, tandem_model **draft) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, target), TANDEM_OK, "%s",
+                 tandem_last_error());
+    cr_assert_eq(tandem_model_open(tdm_test_model_path(draft_file), &mp, draft), TANDEM_OK, "%s", tandem_last_error());
+}
+
 static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tdm_api_paths *paths,
                                  const tandem_generate_params *gp0, const char *what, uint64_t *accepted,
                                  uint64_t *drafted, uint64_t *trees) {
-    tandem_model_params mp = tandem_model_default_params();
-    mp.backend = TANDEM_BACKEND_CUDA;
     tandem_model *target = NULL, *draft = NULL;
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
-                 tandem_last_error());
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-xs-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
-                 tandem_last_error());
+    open_cuda_pair("pycode-draft-xs-f16.gguf", &target, &draft);
     tdm_backend_cuda_force_attention(tdm_api_model_backend(target), g_attn);
     tdm_backend_cuda_force_attention(tdm_api_model_backend(draft), g_attn);
     tandem_engine *plain = NULL, *spec = NULL;
@@ -555,13 +559,8 @@ Test(cuda_engine, draft_vocab_equality, .timeout = 900) {
     cuda_spec_equality_gp(&ep, NULL, &gp, "draft_vocab 1024, trees", &accepted, &drafted, &trees);
     cr_assert_gt(trees, 0, "no tree steps");
     /* the oracle mode on a few prompts */
-    tandem_model_params mp = tandem_model_default_params();
-    mp.backend = TANDEM_BACKEND_CUDA;
     tandem_model *target = NULL, *draft = NULL;
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
-                 tandem_last_error());
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-s-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
-                 tandem_last_error());
+    open_cuda_pair("pycode-draft-s-f16.gguf", &target, &draft);
     tandem_engine *e = NULL;
     cr_assert_eq(tandem_engine_open(target, draft, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
     size_t n_lines;
@@ -600,13 +599,8 @@ Test(cuda_engine, draft_vocab_equality, .timeout = 900) {
  * candidates, the same draws), alpha 0 accepting nothing and 1 everything on the
  * target's path. */
 Test(cuda_engine, device_draft_chain_equals_host_chain, .timeout = 300) {
-    tandem_model_params mp = tandem_model_default_params();
-    mp.backend = TANDEM_BACKEND_CUDA;
     tandem_model *target = NULL, *draft = NULL;
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
-                 tandem_last_error());
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-s-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
-                 tandem_last_error());
+    open_cuda_pair("pycode-draft-s-f16.gguf", &target, &draft);
     tandem_engine *dev = NULL, *host = NULL;
     cr_assert_eq(tandem_engine_open(target, draft, NULL, &dev), TANDEM_OK, "%s", tandem_last_error());
     const tdm_api_paths host_chain = {.ws = {.host_chain = true}};

@@ -302,20 +302,8 @@ Test(draft_vocab, forward_untied_q8_0) {
 static tdm_backend *g_wbe;
 static tdm_model *g_target, *g_draft;
 
-static void pair_setup(void) {
-    tdm_err err = {0};
-    cr_assert_eq(tdm_backend_cpu_create(1, &g_wbe, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-target-f16.gguf"), g_wbe, &g_target, &err), TANDEM_OK,
-                 "%s", err.msg);
-    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-draft-s-f16.gguf"), g_wbe, &g_draft, &err), TANDEM_OK,
-                 "%s", err.msg);
-}
-
-static void pair_teardown(void) {
-    tdm_model_free(g_draft);
-    tdm_model_free(g_target);
-    tdm_backend_destroy(g_wbe);
-}
+static void pair_setup(void) { tdm_test_pair_load("pycode-draft-s-f16.gguf", &g_wbe, &g_target, &g_draft); }
+static void pair_teardown(void) { tdm_test_pair_free(g_wbe, g_target, g_draft); }
 
 static tandem_status open_engine(int32_t draft_vocab, tdm_engine **e, tdm_err *err) {
     tdm_engine_cfg cfg = {.n_threads = 2, .draft_vocab = draft_vocab};
