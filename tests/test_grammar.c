@@ -430,6 +430,27 @@ Test(grammar, commit_keeps_the_state) {
     tdm_gvocab_free(v);
 }
 
+/* The empty stack reached before a commit must be reachable after it at every later
+ * step (the expansion epochs restart at a commit). */
+Test(grammar, commit_then_complete) {
+    tdm_grammar *g = compile("root ::= \"a*(\"");
+    tdm_gmatch *m;
+    cr_assert_eq(tdm_gmatch_create(g, &m, NULL), TANDEM_OK);
+    cr_assert_eq(tdm_gmatch_accept(m, "a*(", 3, NULL), TANDEM_OK);
+    cr_assert(tdm_gmatch_is_complete(m));
+    cr_assert_eq(tdm_gmatch_rollback(m, 0, NULL), TANDEM_OK);
+    cr_assert_eq(tdm_gmatch_accept(m, "a*", 2, NULL), TANDEM_OK);
+    cr_assert_eq(tdm_gmatch_commit(m, NULL), TANDEM_OK);
+    for (int k = 0; k < 20; k++) {
+        cr_assert_eq(tdm_gmatch_accept(m, "(", 1, NULL), TANDEM_OK, "step %d", k);
+        cr_assert(tdm_gmatch_is_complete(m), "step %d", k);
+        cr_assert_eq(tdm_gmatch_rollback(m, 0, NULL), TANDEM_OK);
+        cr_assert_eq(tdm_gmatch_commit(m, NULL), TANDEM_OK);
+    }
+    tdm_gmatch_free(m);
+    tdm_grammar_free(g);
+}
+
 Test(grammar, eog_and_control_tokens) {
     tdm_gvocab *v = small_vocab();
     int32_t n = tdm_gvocab_n(v);

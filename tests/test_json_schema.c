@@ -38,6 +38,7 @@ static const scase CASES[] = {
     {"{\"type\": \"array\", \"items\": {\"type\": \"integer\"}}", {"[]", "[1]", "[1, 2,3]"}, {"[1,]", "[\"a\"]", "{}"}},
     {"{\"type\": \"array\", \"items\": {\"type\": \"boolean\"}, \"minItems\": 2, \"maxItems\": 3}",
      {"[true, false]", "[true, true, true]"}, {"[]", "[true]", "[true, true, true, true]"}},
+    {"{\"type\": \"array\", \"items\": {\"type\": \"string\"}, \"maxItems\": 0}", {"[]", "[ ]"}, {"[\"a\"]"}},
     {"{\"type\": \"array\", \"maxItems\": 1}", {"[]", "[{\"a\": []}]"}, {"[1, 2]"}},
     {"{\"enum\": [\"red\", 2, null, {\"a\": [true]}]}", {"\"red\"", "2", "null", "{\"a\":[true]}"},
      {"\"blue\"", "3", "{\"a\": [true]}"}},

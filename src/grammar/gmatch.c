@@ -332,6 +332,7 @@ tandem_status tdm_gmatch_commit(tdm_gmatch *m, tdm_err *err) {
     free(map);
     m->n_nodes = nn;
     m->n_ids = cur.n;
+    m->nodes[0].mark = 0; /* (every mark is now 0: the epochs restart) */
     m->epoch = 0;
     next_epoch(m);
     rehash_into(m, b, m->n_bucket);

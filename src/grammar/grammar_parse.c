@@ -206,7 +206,7 @@ static bool parse_char(parser *p, uint32_t *cp) {
 
 static uint32_t new_class(parser *p, const uint32_t *pairs, uint32_t npairs, bool neg) {
     /* sort (insertion: classes are short) and merge the ranges */
-    if (!grow(p, (void **)&p->rng, &p->cap_rng, p->n_rng + npairs, 2 * sizeof(uint32_t))) return UINT32_MAX;
+    if (!grow(p, (void **)&p->rng, &p->cap_rng, p->n_rng + npairs + 1, 2 * sizeof(uint32_t))) return UINT32_MAX;
     if (!grow(p, (void **)&p->cls, &p->cap_cls, p->n_cls + 1, sizeof(gclass))) return UINT32_MAX;
     uint32_t *r = p->rng + 2 * (size_t)p->n_rng, n = 0;
     for (uint32_t k = 0; k < npairs; k++) {
@@ -384,7 +384,7 @@ static bool parse_sequence(parser *p, evec *e, bool nested, unsigned depth) {
             uint32_t n_item = e->n - last;
             gelem *item = tdm_mallocarray(n_item ? n_item : 1, sizeof(gelem));
             if (!item) return nomem(p);
-            memcpy(item, e->v + last, n_item * sizeof(gelem));
+            if (n_item) memcpy(item, e->v + last, n_item * sizeof(gelem));
             e->n = last;
             p->n_el -= n_item;
             bool ok = repeat(p, e, item, n_item, lo, hi);
@@ -494,7 +494,7 @@ static tandem_status finish(parser *p, tdm_grammar **out) {
     }
     for (uint32_t k = 0; k < p->n_rules; k++) {
         g->rule_start[k] = g->n_el;
-        memcpy(g->el + g->n_el, p->rules[k].body.v, p->rules[k].body.n * sizeof(gelem));
+        if (p->rules[k].body.n) memcpy(g->el + g->n_el, p->rules[k].body.v, p->rules[k].body.n * sizeof(gelem));
         g->n_el += p->rules[k].body.n;
         g->el[g->n_el++] = (gelem){GE_END, 0};
         names[k] = p->rules[k].name;

@@ -49,10 +49,12 @@ static void sb_add(sbuf *b, const char *s, size_t n) {
         }
         b->s = ns, b->cap = nc;
     }
-    memcpy(b->s + b->n, s, n);
+    if (n) memcpy(b->s + b->n, s, n);
     b->n += n;
     b->s[b->n] = 0;
 }
+
+static void sb_str(sbuf *b, const char *s) { sb_add(b, s, strlen(s)); }
 
 __attribute__((format(printf, 2, 3))) static void sb_printf(sbuf *b, const char *fmt, ...) {
     char tmp[512];
@@ -105,7 +107,7 @@ static void subpath(char *dst, size_t cap, const char *path, const char *key) {
 
 /* A GBNF literal of the bytes s (UTF-8 kept; quotes, backslashes, controls escaped). */
 static void gbnf_literal(sbuf *b, const char *s, size_t n) {
-    sb_add(b, "\"", 1);
+    sb_str(b, "\"");
     for (size_t k = 0; k < n; k++) {
         unsigned char ch = (unsigned char)s[k];
         if (ch == '"' || ch == '\\') {
@@ -114,38 +116,38 @@ static void gbnf_literal(sbuf *b, const char *s, size_t n) {
         } else if (ch < 0x20 || ch == 0x7F) sb_printf(b, "\\x%02X", ch);
         else sb_add(b, (const char *)&ch, 1);
     }
-    sb_add(b, "\"", 1);
+    sb_str(b, "\"");
 }
 
 /* The compact JSON text of a value (strings escaped as JSON does by default). */
 static void json_compact(sbuf *b, const tdm_json *j) {
     switch (j->type) {
-    case TDM_JSON_NULL: sb_add(b, "null", 4); break;
-    case TDM_JSON_BOOL: j->b ? sb_add(b, "true", 4) : sb_add(b, "false", 5); break;
+    case TDM_JSON_NULL: sb_str(b, "null"); break;
+    case TDM_JSON_BOOL: j->b ? sb_str(b, "true") : sb_str(b, "false"); break;
     case TDM_JSON_NUMBER: sb_add(b, j->str, strlen(j->str)); break;
     case TDM_JSON_STRING:
-        sb_add(b, "\"", 1);
+        sb_str(b, "\"");
         for (size_t k = 0; k < j->str_len; k++) {
             unsigned char ch = (unsigned char)j->str[k];
-            if (ch == '"') sb_add(b, "\\\"", 2);
-            else if (ch == '\\') sb_add(b, "\\\\", 2);
-            else if (ch == '\n') sb_add(b, "\\n", 2);
-            else if (ch == '\t') sb_add(b, "\\t", 2);
-            else if (ch == '\r') sb_add(b, "\\r", 2);
+            if (ch == '"') sb_str(b, "\\\"");
+            else if (ch == '\\') sb_str(b, "\\\\");
+            else if (ch == '\n') sb_str(b, "\\n");
+            else if (ch == '\t') sb_str(b, "\\t");
+            else if (ch == '\r') sb_str(b, "\\r");
             else if (ch < 0x20) sb_printf(b, "\\u%04x", ch);
             else sb_add(b, (const char *)&ch, 1);
         }
-        sb_add(b, "\"", 1);
+        sb_str(b, "\"");
         break;
     case TDM_JSON_ARRAY:
     case TDM_JSON_OBJECT:
         sb_add(b, j->type == TDM_JSON_ARRAY ? "[" : "{", 1);
         for (size_t k = 0; k < j->n; k++) {
-            if (k) sb_add(b, ",", 1);
+            if (k) sb_str(b, ",");
             if (j->type == TDM_JSON_OBJECT) {
                 tdm_json key = {.type = TDM_JSON_STRING, .str = j->keys[k], .str_len = strlen(j->keys[k])};
                 json_compact(b, &key);
-                sb_add(b, ":", 1);
+                sb_str(b, ":");
             }
             json_compact(b, &j->items[k]);
         }
@@ -161,7 +163,7 @@ static void const_alt(sbuf *b, const tdm_json *j) {
     gbnf_literal(b, t.s ? t.s : "", t.n);
     if (t.oom) b->oom = true;
     free(t.s);
-    sb_add(b, " ws", 3);
+    sb_str(b, " ws");
 }
 
 static uint32_t new_rule(ctx *c) { return c->n_rules++; }
@@ -169,7 +171,7 @@ static uint32_t new_rule(ctx *c) { return c->n_rules++; }
 static void put_rule(ctx *c, uint32_t r, const sbuf *body) {
     sb_printf(&c->out, "r%u ::= ", r);
     sb_add(&c->out, body->s ? body->s : "", body->n);
-    sb_add(&c->out, "\n", 1);
+    sb_str(&c->out, "\n");
     if (body->oom) c->out.oom = true;
 }
 
@@ -200,7 +202,7 @@ static void range_same(sbuf *b, const char *a, const char *z, int n) {
     if (z[0] - a[0] > 1) sb_printf(b, "| [%c-%c] [0-9]{%d} ", a[0] + 1, z[0] - 1, n - 1);
     sb_printf(b, "| \"%c\" ", z[0]);
     range_same(b, zeros, z + 1, n - 1);
-    sb_add(b, ") ", 2);
+    sb_str(b, ") ");
 }
 
 static const int64_t POW10[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000, 1000000000,
@@ -209,13 +211,13 @@ static const int64_t POW10[] = {1, 10, 100, 1000, 10000, 100000, 1000000, 100000
 
 /* lo <= hi, both >= 0; hi -1: unbounded (up to 16 digits). */
 static void range_nonneg(sbuf *b, int64_t lo, int64_t hi) {
-    sb_add(b, "( ", 2);
+    sb_str(b, "( ");
     bool first = true;
     int dl = ndigits(lo), dh = hi < 0 ? 16 : ndigits(hi);
     for (int d = dl; d <= dh; d++) {
         int64_t a = d == dl ? lo : POW10[d - 1];
         int64_t z = (hi >= 0 && d == dh) ? hi : POW10[d] - 1;
-        if (!first) sb_add(b, "| ", 2);
+        if (!first) sb_str(b, "| ");
         first = false;
         if (hi < 0 && d > dl) { /* every longer number */
             sb_printf(b, "[1-9] [0-9]{%d,15} ", d - 1);
@@ -226,29 +228,29 @@ static void range_nonneg(sbuf *b, int64_t lo, int64_t hi) {
         snprintf(zs, sizeof zs, "%lld", (long long)z);
         range_same(b, as, zs, d);
     }
-    sb_add(b, ") ", 2);
+    sb_str(b, ") ");
 }
 
 /* The integers in [lo, hi]; has_lo / has_hi false: unbounded that side. */
 static void int_range(sbuf *b, bool has_lo, int64_t lo, bool has_hi, int64_t hi) {
     bool alt = false;
-    sb_add(b, "( ", 2);
+    sb_str(b, "( ");
     /* negative part: -(m) for m in [max(1, -hi), -lo] */
     if (!has_lo || lo < 0) {
         if (!has_hi || hi >= 0) {
-            sb_add(b, "\"-\" ", 4);
+            sb_str(b, "\"-\" ");
             range_nonneg(b, 1, has_lo ? -lo : -1);
         } else {
-            sb_add(b, "\"-\" ", 4);
+            sb_str(b, "\"-\" ");
             range_nonneg(b, -hi, has_lo ? -lo : -1);
         }
         alt = true;
     }
     if (!has_hi || hi >= 0) {
-        if (alt) sb_add(b, "| ", 2);
+        if (alt) sb_str(b, "| ");
         range_nonneg(b, has_lo && lo > 0 ? lo : 0, has_hi ? hi : -1);
     }
-    sb_add(b, ") ws", 4);
+    sb_str(b, ") ws");
 }
 
 /* ---- schema nodes ---- */
@@ -320,15 +322,15 @@ static void gen_string(ctx *c, const tdm_json *s, const char *path, bool *used, 
         if (fmt->type != TDM_JSON_STRING) { fail(c, TANDEM_ERR_FORMAT, path, "'format' must be a string"); return; }
         if (hl || hh) { fail(c, TANDEM_ERR_UNSUPPORTED, path, "minLength / maxLength beside 'format'"); return; }
         const char *f = fmt->str;
-        if (strcmp(f, "date") == 0) sb_add(b, "date-string", 11);
-        else if (strcmp(f, "date-time") == 0) sb_add(b, "date-time-string", 16);
-        else if (strcmp(f, "time") == 0) sb_add(b, "time-string", 11);
-        else if (strcmp(f, "uuid") == 0) sb_add(b, "uuid-string", 11);
+        if (strcmp(f, "date") == 0) sb_str(b, "date-string");
+        else if (strcmp(f, "date-time") == 0) sb_str(b, "date-time-string");
+        else if (strcmp(f, "time") == 0) sb_str(b, "time-string");
+        else if (strcmp(f, "uuid") == 0) sb_str(b, "uuid-string");
         else fail(c, TANDEM_ERR_UNSUPPORTED, path, "string format '%.40s' (supported: date, date-time, time, uuid)", f);
         return;
     }
     if (hh && hi < lo) { fail(c, TANDEM_ERR_FORMAT, path, "maxLength below minLength"); return; }
-    if (!hl && !hh) sb_add(b, "string", 6);
+    if (!hl && !hh) sb_str(b, "string");
     else if (hh) sb_printf(b, "\"\\\"\" char{%u,%u} \"\\\"\" ws", lo, hi);
     else sb_printf(b, "\"\\\"\" char{%u,} \"\\\"\" ws", lo);
 }
@@ -356,7 +358,7 @@ static void gen_integer(ctx *c, const tdm_json *s, const char *path, bool *used,
     if (!get_bound(c, s, "minimum", path, &hl, &lo, 0, used) || !get_bound(c, s, "exclusiveMinimum", path, &hl, &lo, 1, used) ||
         !get_bound(c, s, "maximum", path, &hh, &hi, 0, used) || !get_bound(c, s, "exclusiveMaximum", path, &hh, &hi, -1, used))
         return;
-    if (!hl && !hh) sb_add(b, "integer", 7);
+    if (!hl && !hh) sb_str(b, "integer");
     else if (hl && hh && hi < lo) fail(c, TANDEM_ERR_FORMAT, path, "the integer range [%lld, %lld] is empty", (long long)lo, (long long)hi);
     else int_range(b, hl, lo, hh, hi);
 }
@@ -378,7 +380,7 @@ static void gen_array(ctx *c, const tdm_json *s, const char *path, bool *used, u
         if (r == UINT32_MAX) return;
         snprintf(item, sizeof item, "r%u", r);
     }
-    if (hh && hi == 0) { sb_add(b, "\"[\" ws \"]\" ws", 14); return; }
+    if (hh && hi == 0) { sb_str(b, "\"[\" ws \"]\" ws"); return; }
     sb_printf(b, "\"[\" ws ( %s (\",\" ws %s)", item, item);
     uint32_t rl = lo > 0 ? lo - 1 : 0;
     if (hh) sb_printf(b, "{%u,%u}", rl, hi - 1);
@@ -424,7 +426,7 @@ static uint32_t notkey_rule(ctx *c, const keycp *keys, size_t a, size_t b, uint3
         sb_printf(&body, " | \"\\U%08X\" r%u", (unsigned)keys[k].cp[d], r);
         k = e;
     }
-    sb_add(&body, " )", 2);
+    sb_str(&body, " )");
     uint32_t r = new_rule(c);
     put_rule(c, r, &body);
     free(body.s);
@@ -532,23 +534,23 @@ static void gen_object(ctx *c, const tdm_json *s, const char *path, bool *used, 
         for (size_t k = 0; k < np; k++) if (isreq[k]) order[n++] = kv[k];
         n_req = n;
         for (size_t k = 0; k < np; k++) if (!isreq[k]) order[n++] = kv[k];
-        sb_add(b, "\"{\" ws ", 7);
+        sb_str(b, "\"{\" ws ");
         if (n_req > 0) {
             for (size_t k = 0; k < n_req; k++) sb_printf(b, "%sr%u ", k ? "\",\" ws " : "", order[k]);
             for (size_t k = n_req; k < n; k++) sb_printf(b, "(\",\" ws r%u)? ", order[k]);
             if (extra[0]) sb_printf(b, "(\",\" ws %s)* ", extra);
         } else if (n > 0 || extra[0]) {
             /* the first member present is one of the optional ones, or an extra */
-            sb_add(b, "( ", 2);
+            sb_str(b, "( ");
             for (size_t f = 0; f < n; f++) {
                 sb_printf(b, "%sr%u ", f ? "| " : "", order[f]);
                 for (size_t k = f + 1; k < n; k++) sb_printf(b, "(\",\" ws r%u)? ", order[k]);
                 if (extra[0]) sb_printf(b, "(\",\" ws %s)* ", extra);
             }
             if (extra[0]) sb_printf(b, "%s%s (\",\" ws %s)* ", n ? "| " : "", extra, extra);
-            sb_add(b, ")? ", 3);
+            sb_str(b, ")? ");
         }
-        sb_add(b, "\"}\" ws", 6);
+        sb_str(b, "\"}\" ws");
         free(order);
     }
     free(kv), free(isreq);
@@ -563,9 +565,9 @@ static void gen_type(ctx *c, const tdm_json *s, const char *t, const char *path,
         if (tdm_json_get(s, "minimum") || tdm_json_get(s, "maximum") || tdm_json_get(s, "exclusiveMinimum") ||
             tdm_json_get(s, "exclusiveMaximum"))
             fail(c, TANDEM_ERR_UNSUPPORTED, path, "minimum / maximum on a number (supported on integers only)");
-        else sb_add(b, "number", 6);
-    } else if (strcmp(t, "boolean") == 0) sb_add(b, "boolean", 7);
-    else if (strcmp(t, "null") == 0) sb_add(b, "null", 4);
+        else sb_str(b, "number");
+    } else if (strcmp(t, "boolean") == 0) sb_str(b, "boolean");
+    else if (strcmp(t, "null") == 0) sb_str(b, "null");
     else fail(c, TANDEM_ERR_FORMAT, path, "unknown type '%.30s'", t);
 }
 
@@ -576,7 +578,7 @@ static uint32_t gen(ctx *c, const tdm_json *s, const char *path, unsigned depth)
         if (!s->b) return fail(c, TANDEM_ERR_UNSUPPORTED, path, "the schema false matches nothing");
         uint32_t r = new_rule(c);
         sbuf body = {0};
-        sb_add(&body, "value", 5);
+        sb_str(&body, "value");
         put_rule(c, r, &body);
         free(body.s);
         return r;
@@ -602,7 +604,7 @@ static uint32_t gen(ctx *c, const tdm_json *s, const char *path, unsigned depth)
         else if (en->type != TDM_JSON_ARRAY || en->n == 0) fail(c, TANDEM_ERR_FORMAT, path, "'enum' must be a non-empty array");
         else
             for (size_t k = 0; k < en->n; k++) {
-                if (k) sb_add(&b, " | ", 3);
+                if (k) sb_str(&b, " | ");
                 const_alt(&b, &en->items[k]);
             }
     } else if (any || one) {
@@ -625,13 +627,13 @@ static uint32_t gen(ctx *c, const tdm_json *s, const char *path, unsigned depth)
                 if (ty->items[k].type != TDM_JSON_STRING) { fail(c, TANDEM_ERR_FORMAT, path, "'type' must hold strings"); break; }
                 sb_add(&b, k ? " | ( " : "( ", k ? 5 : 2);
                 gen_type(c, s, ty->items[k].str, path, used, depth, &b);
-                sb_add(&b, " )", 2);
+                sb_str(&b, " )");
             }
         } else fail(c, TANDEM_ERR_FORMAT, path, "'type' must be a string or a non-empty array");
     } else if (tdm_json_get(s, "properties") || tdm_json_get(s, "additionalProperties") || tdm_json_get(s, "required"))
         gen_type(c, s, "object", path, used, depth, &b);
     else if (tdm_json_get(s, "items")) gen_type(c, s, "array", path, used, depth, &b);
-    else sb_add(&b, "value", 5);
+    else sb_str(&b, "value");
     /* every keyword must have been used */
     for (size_t k = 0; k < s->n && c->st == TANDEM_OK; k++)
         if (!used[k])
@@ -691,7 +693,7 @@ tandem_status tdm_json_schema_grammar(const char *schema, size_t len, tdm_gramma
 tandem_status tdm_json_object_grammar(tdm_grammar **out, tdm_err *err) {
     sbuf b = {0};
     sb_add(&b, PRIMITIVES, strlen(PRIMITIVES));
-    sb_add(&b, "root ::= object\n", 16);
+    sb_str(&b, "root ::= object\n");
     if (b.oom) return free(b.s), tdm_seterr(err, TANDEM_ERR_NOMEM, "json schema: out of memory");
     tandem_status st = tdm_grammar_parse(b.s, b.n, out, err);
     free(b.s);
