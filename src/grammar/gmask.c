@@ -152,70 +152,297 @@ tandem_status tdm_gmatch_accept_token(tdm_gmatch *m, const tdm_gvocab *v, int32_
     return tdm_gmatch_accept(m, b, len, err);
 }
 
+/* The walk's memo: the stack sets met during one walk, interned by content (their
+ * ids sorted), and the transitions (set, code point) -> set computed so far.  Inside
+ * a JSON string, say, almost every character leads back to the same set, so most
+ * steps of the walk are one lookup instead of an advance.  Tables are cleared per
+ * walk by a stamp; the transition table is cleared when half full (a cache). */
+#define MEMO_SLOTS (1u << 15)
+#define DEAD UINT32_MAX
+
+typedef struct gwalk_memo {
+    size_t *set_off;   /* [n_sets] set s: m->ids[set_off[s] .. + set_n[s]) */
+    uint32_t *set_n;
+    uint32_t n_sets, cap_sets;
+    uint32_t *sh;      /* [sh_cap] set id, or UINT32_MAX (by stamp) */
+    uint32_t *sh_stamp;
+    uint32_t sh_cap;
+    uint64_t tkey[MEMO_SLOTS]; /* set << 32 | code point */
+    uint32_t tval[MEMO_SLOTS]; /* the set after it, or DEAD */
+    uint32_t tstamp[MEMO_SLOTS];
+    uint32_t n_trans;
+    uint32_t stamp;
+} gwalk_memo;
+
+void tdm_gm_memo_free(gwalk_memo *w) {
+    if (!w) return;
+    free(w->set_off), free(w->set_n), free(w->sh), free(w->sh_stamp);
+    free(w);
+}
+
+static uint32_t hash_ids(const uint32_t *ids, uint32_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+    for (uint32_t k = 0; k < n; k++) h = (h ^ ids[k]) * 0x100000001B3ull;
+    return (uint32_t)(h ^ (h >> 29));
+}
+
+static bool sh_grow(gwalk_memo *w, const uint32_t *ids) {
+    uint32_t nc = w->sh_cap ? 2 * w->sh_cap : 1024;
+    uint32_t *nh = tdm_mallocarray(nc, sizeof(uint32_t)), *ns = tdm_calloc(nc, sizeof(uint32_t));
+    if (!nh || !ns) return free(nh), free(ns), false;
+    for (uint32_t s = 0; s < w->n_sets; s++) {
+        uint32_t h = hash_ids(ids + w->set_off[s], w->set_n[s]) & (nc - 1);
+        while (ns[h] == w->stamp) h = (h + 1) & (nc - 1);
+        nh[h] = s, ns[h] = w->stamp;
+    }
+    free(w->sh), free(w->sh_stamp);
+    w->sh = nh, w->sh_stamp = ns, w->sh_cap = nc;
+    return true;
+}
+
+/* Interns the set at m->ids[off .. off + n) (the end of ids): returns its id, the
+ * copy dropped when an equal set is known; UINT32_MAX when out of memory. */
+static uint32_t intern_set(tdm_gmatch *m, gwalk_memo *w, size_t off, uint32_t n) {
+    uint32_t *ids = m->ids + off;
+    for (uint32_t i = 1; i < n; i++) { /* (sets are small: insertion sort) */
+        uint32_t x = ids[i], j = i;
+        while (j > 0 && ids[j - 1] > x) ids[j] = ids[j - 1], j--;
+        ids[j] = x;
+    }
+    if (2 * (w->n_sets + 1) > w->sh_cap && !sh_grow(w, m->ids)) return UINT32_MAX;
+    uint32_t h = hash_ids(ids, n) & (w->sh_cap - 1);
+    while (w->sh_stamp[h] == w->stamp) {
+        uint32_t s = w->sh[h];
+        if (w->set_n[s] == n && memcmp(m->ids + w->set_off[s], ids, (size_t)n * sizeof(uint32_t)) == 0) {
+            m->n_ids = off; /* known: drop the copy */
+            return s;
+        }
+        h = (h + 1) & (w->sh_cap - 1);
+    }
+    if (w->n_sets == w->cap_sets) {
+        uint32_t nc = w->cap_sets ? 2 * w->cap_sets : 256;
+        size_t *no = realloc(w->set_off, nc * sizeof(size_t));
+        if (!no) return UINT32_MAX;
+        w->set_off = no;
+        uint32_t *nn = realloc(w->set_n, nc * sizeof(uint32_t));
+        if (!nn) return UINT32_MAX;
+        w->set_n = nn, w->cap_sets = nc;
+    }
+    uint32_t s = w->n_sets++;
+    w->set_off[s] = off, w->set_n[s] = n;
+    w->sh[h] = s, w->sh_stamp[h] = w->stamp;
+    return s;
+}
+
+/* The set after code point cp from set s (DEAD: none). */
+static tandem_status step(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp, uint32_t *out, tdm_err *err) {
+    uint64_t key = (uint64_t)s << 32 | cp;
+    uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & (MEMO_SLOTS - 1);
+    while (w->tstamp[h] == w->stamp) {
+        if (w->tkey[h] == key) {
+            *out = w->tval[h];
+            return TANDEM_OK;
+        }
+        h = (h + 1) & (MEMO_SLOTS - 1);
+    }
+    size_t off = m->n_ids;
+    uint32_t n;
+    tandem_status st = tdm_gm_advance(m, w->set_off[s], w->set_n[s], cp, &n, err);
+    if (st != TANDEM_OK) return st;
+    uint32_t r = DEAD;
+    if (n > 0 && (r = intern_set(m, w, off, n)) == UINT32_MAX)
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+    if (n == 0) m->n_ids = off;
+    if (2 * (w->n_trans + 1) > MEMO_SLOTS) { /* half full: start over */
+        if (++w->stamp == 0) {
+            memset(w->tstamp, 0, sizeof w->tstamp);
+            memset(w->sh_stamp, 0, (size_t)w->sh_cap * sizeof(uint32_t));
+            w->stamp = 1;
+            /* (the set table shares the stamp: rebuild it) */
+            uint32_t ns = w->n_sets;
+            w->n_sets = 0;
+            for (uint32_t k = 0; k < ns; k++) {
+                uint32_t hh = hash_ids(m->ids + w->set_off[k], w->set_n[k]) & (w->sh_cap - 1);
+                while (w->sh_stamp[hh] == w->stamp) hh = (hh + 1) & (w->sh_cap - 1);
+                w->sh[hh] = k, w->sh_stamp[hh] = w->stamp;
+                w->n_sets++;
+            }
+        } else {
+            /* keep the sets: re-stamp their table */
+            for (uint32_t k = 0; k < w->sh_cap; k++)
+                if (w->sh_stamp[k] == w->stamp - 1) w->sh_stamp[k] = w->stamp;
+        }
+        w->n_trans = 0;
+        h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & (MEMO_SLOTS - 1);
+    }
+    while (w->tstamp[h] == w->stamp) h = (h + 1) & (MEMO_SLOTS - 1);
+    w->tkey[h] = key, w->tval[h] = r, w->tstamp[h] = w->stamp;
+    w->n_trans++;
+    *out = r;
+    return TANDEM_OK;
+}
+
+/* The masks of the last GMASK_CACHE states, keyed by their stacks' node serials
+ * (sorted) and the partial UTF-8 sequence: a state the matcher comes back to (inside
+ * a string, after each ordinary token) costs a copy.  Keyed per vocabulary pointer. */
+#define GMASK_CACHE 4
+
+typedef struct gmask_entry {
+    const tdm_gvocab *v;
+    uint32_t *key;    /* [n] sorted serials */
+    uint32_t n;
+    gutf8 part;
+    uint32_t *mask;   /* [mask words of v] */
+    int32_t count;
+} gmask_entry;
+
+typedef struct gmask_cache {
+    gmask_entry e[GMASK_CACHE];
+    uint32_t next;    /* the entry to replace */
+    uint32_t *key;    /* scratch: the current state's key */
+    uint32_t key_cap;
+} gmask_cache;
+
+void tdm_gm_cache_free(gmask_cache *c) {
+    if (!c) return;
+    for (int k = 0; k < GMASK_CACHE; k++) free(c->e[k].key), free(c->e[k].mask);
+    free(c->key);
+    free(c);
+}
+
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The current state's key in c->key; false when out of memory. */
+static bool state_key(tdm_gmatch *m, gmask_cache *c, const gstate *cur) {
+    if (c->key_cap < cur->n + 1) {
+        uint32_t *nk = realloc(c->key, ((size_t)cur->n + 1) * sizeof(uint32_t));
+        if (!nk) return false;
+        c->key = nk, c->key_cap = cur->n + 1;
+    }
+    for (uint32_t k = 0; k < cur->n; k++) c->key[k] = m->nodes[m->ids[cur->off + k]].serial;
+    qsort(c->key, cur->n, sizeof(uint32_t), cmp_u32);
+    return true;
+}
+
+static bool same_part(gutf8 a, gutf8 b) { return a.cp == b.cp && a.left == b.left && a.total == b.total; }
+
 /* One level of the walk: the stacks after a prefix of bytes. */
 typedef struct wlevel {
-    size_t off;       /* its stacks: ids[off .. off + n) */
-    uint32_t n;
-    gutf8 u;          /* an incomplete UTF-8 sequence at its end */
-    size_t ids_end;   /* m->n_ids and ... */
-    uint32_t n_nodes; /* ... m->n_nodes once it was made */
+    uint32_t set; /* the interned set */
+    gutf8 u;      /* an incomplete UTF-8 sequence at its end */
 } wlevel;
+
+static tandem_status walk_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mask, int32_t *n_allowed,
+                               tdm_err *err);
 
 tandem_status tdm_gmatch_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mask, int32_t *n_allowed,
                               tdm_err *err) {
     if (!m || !v || !mask) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "grammar mask: NULL argument");
+    size_t words = tdm_gvocab_mask_words(v);
+    const gstate cur = m->st[m->n_st - 1];
+    if (!m->cache && !(m->cache = calloc(1, sizeof(gmask_cache))))
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+    gmask_cache *c = m->cache;
+    if (m->serial == UINT32_MAX) return walk_mask(m, v, mask, n_allowed, err); /* (serials ran out) */
+    if (!state_key(m, c, &cur)) return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+    for (int k = 0; k < GMASK_CACHE; k++) {
+        gmask_entry *e = &c->e[k];
+        if (e->v == v && e->n == cur.n && same_part(e->part, cur.part) &&
+            memcmp(e->key, c->key, (size_t)cur.n * sizeof(uint32_t)) == 0) {
+            memcpy(mask, e->mask, words * sizeof(uint32_t));
+            if (n_allowed) *n_allowed = e->count;
+            return TANDEM_OK;
+        }
+    }
+    int32_t count = 0;
+    tandem_status st = walk_mask(m, v, mask, &count, err);
+    if (st != TANDEM_OK) return st;
+    if (n_allowed) *n_allowed = count;
+    /* remember it (an allocation failure only skips the cache) */
+    gmask_entry *e = &c->e[c->next];
+    uint32_t *nk = realloc(e->key, ((size_t)cur.n + 1) * sizeof(uint32_t));
+    if (nk) e->key = nk;
+    uint32_t *nm = e->v == v ? e->mask : realloc(e->mask, words * sizeof(uint32_t));
+    if (nm) e->mask = nm;
+    if (nk && nm) {
+        memcpy(e->key, c->key, (size_t)cur.n * sizeof(uint32_t));
+        memcpy(e->mask, mask, words * sizeof(uint32_t));
+        e->v = v, e->n = cur.n, e->part = cur.part, e->count = count;
+        c->next = (c->next + 1) % GMASK_CACHE;
+    } else e->v = NULL;
+    return TANDEM_OK;
+}
+
+/* The mask by the walk over the sorted vocabulary. */
+static tandem_status walk_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mask, int32_t *n_allowed,
+                               tdm_err *err) {
     memset(mask, 0, tdm_gvocab_mask_words(v) * sizeof(uint32_t));
     size_t need = ((size_t)v->max_len + 1) * sizeof(wlevel);
     if (m->walk_cap < need) {
-        void *w = realloc(m->walk, need);
-        if (!w) return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
-        m->walk = w;
+        void *nw = realloc(m->walk, need);
+        if (!nw) return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+        m->walk = nw;
         m->walk_cap = need;
     }
+    if (!m->memo && !(m->memo = calloc(1, sizeof(gwalk_memo))))
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+    gwalk_memo *w = m->memo;
+    if (++w->stamp == 0) { /* wrapped: clear the stamps */
+        memset(w->tstamp, 0, sizeof w->tstamp);
+        if (w->sh_stamp) memset(w->sh_stamp, 0, (size_t)w->sh_cap * sizeof(uint32_t));
+        w->stamp = 1;
+    }
+    w->n_sets = 0, w->n_trans = 0;
     wlevel *lv = m->walk;
     const gstate cur = m->st[m->n_st - 1];
     m->n_ids = cur.off + cur.n;
-    lv[0] = (wlevel){cur.off, cur.n, cur.part, m->n_ids, m->n_nodes};
+    tandem_status st = TANDEM_OK;
+    /* the current set, copied past the history (interning sorts it) */
+    size_t off0 = m->n_ids;
+    for (uint32_t k = 0; k < cur.n; k++) {
+        if (m->n_ids == m->cap_ids) {
+            size_t nc = m->cap_ids ? 2 * m->cap_ids : 1024;
+            uint32_t *ni = realloc(m->ids, nc * sizeof(uint32_t));
+            if (!ni) return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+            m->ids = ni, m->cap_ids = nc;
+        }
+        m->ids[m->n_ids++] = m->ids[cur.off + k];
+    }
+    uint32_t s0 = intern_set(m, w, off0, cur.n);
+    if (s0 == UINT32_MAX) st = tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+    lv[0] = (wlevel){s0, cur.part};
     uint32_t depth = 0, dead_at = UINT32_MAX;
     int32_t count = 0;
-    tandem_status st = TANDEM_OK;
     for (int32_t k = 0; k < v->n_sorted && st == TANDEM_OK; k++) {
         uint32_t lcp = v->lcp[k];
         if (dead_at != UINT32_MAX) {
             if (lcp > dead_at) continue; /* shares the prefix no stack takes */
             dead_at = UINT32_MAX;
         }
-        if (depth > lcp) {
-            depth = lcp;
-            m->n_ids = lv[depth].ids_end;
-            tdm_gm_truncate_nodes(m, lv[depth].n_nodes);
-        }
+        if (depth > lcp) depth = lcp;
         int32_t id = v->order[k];
         const uint8_t *b = (const uint8_t *)v->data + v->off[id];
         uint32_t len = (uint32_t)(v->off[id + 1] - v->off[id]);
         bool ok = true;
         while (depth < len) {
-            const wlevel *p = &lv[depth];
-            wlevel q = *p;
+            wlevel q = lv[depth];
             int r = gutf8_step(&q.u, b[depth]);
             if (r == 0) {
                 uint32_t lo, hi;
                 gutf8_range(&q.u, &lo, &hi);
-                ok = tdm_gm_can_take(m, p->off, p->n, lo, hi);
+                ok = tdm_gm_can_take(m, w->set_off[q.set], w->set_n[q.set], lo, hi);
             } else if (r > 0) {
-                q.off = m->n_ids;
-                st = tdm_gm_advance(m, p->off, p->n, q.u.cp, &q.n, err);
-                ok = st == TANDEM_OK && q.n > 0;
+                st = step(m, w, q.set, q.u.cp, &q.set, err);
+                ok = st == TANDEM_OK && q.set != DEAD;
                 q.u = (gutf8){0};
             } else ok = false;
             if (!ok) {
                 dead_at = depth;
-                m->n_ids = p->ids_end;
-                tdm_gm_truncate_nodes(m, p->n_nodes);
                 break;
             }
-            q.ids_end = m->n_ids;
-            q.n_nodes = m->n_nodes;
             lv[++depth] = q;
         }
         if (ok) {

@@ -57,7 +57,8 @@ static uint32_t intern(tdm_gmatch *m, uint32_t pos, uint32_t parent) {
         m->cap_nodes = nc;
     }
     uint32_t id = m->n_nodes++;
-    m->nodes[id] = (gnode){pos, parent, m->bucket[h], 0};
+    m->nodes[id] = (gnode){pos, parent, m->bucket[h], 0, m->serial};
+    if (m->serial != UINT32_MAX) m->serial++; /* (at the top the mask cache stops: gmask.c) */
     m->bucket[h] = id;
     if (m->n_nodes > m->n_bucket && !rehash(m, m->n_bucket * 2)) {
         m->n_nodes--; /* (still the head of its bucket) */
@@ -194,7 +195,8 @@ tandem_status tdm_gmatch_create(const tdm_grammar *g, tdm_gmatch **out, tdm_err 
         tdm_gmatch_free(m);
         return nomem(err);
     }
-    m->nodes[0] = (gnode){UINT32_MAX, UINT32_MAX, UINT32_MAX, 0};
+    m->nodes[0] = (gnode){UINT32_MAX, UINT32_MAX, UINT32_MAX, 0, 0};
+    m->serial = 1;
     m->n_nodes = 1;
     /* the root's alternatives over the empty stack */
     next_epoch(m);
@@ -224,6 +226,8 @@ void tdm_gmatch_free(tdm_gmatch *m) {
     free(m->st);
     free(m->work);
     free(m->walk);
+    tdm_gm_memo_free(m->memo);
+    tdm_gm_cache_free(m->cache);
     free(m);
 }
 
@@ -325,7 +329,7 @@ tandem_status tdm_gmatch_commit(tdm_gmatch *m, tdm_err *err) {
     for (uint32_t id = 1; id < m->n_nodes; id++) {
         if (!map[id]) continue;
         gnode x = m->nodes[id];
-        m->nodes[nn] = (gnode){x.pos, map[x.parent], UINT32_MAX, 0};
+        m->nodes[nn] = (gnode){x.pos, map[x.parent], UINT32_MAX, 0, x.serial};
         map[id] = nn++;
     }
     for (uint32_t k = 0; k < cur.n; k++) m->ids[k] = map[m->ids[cur.off + k]];

@@ -118,6 +118,7 @@ typedef struct gnode {
     uint32_t pos, parent;
     uint32_t hnext; /* the next node of its hash bucket (older) */
     uint32_t mark;  /* the expansion epoch that last reached it */
+    uint32_t serial; /* never reused while the matcher lives (the mask cache's key) */
 } gnode;
 
 typedef struct gstate {
@@ -143,6 +144,9 @@ struct tdm_gmatch {
     /* mask walk scratch (gmask.c) */
     void *walk;
     size_t walk_cap;
+    struct gwalk_memo *memo;
+    uint32_t serial;  /* the next node's */
+    struct gmask_cache *cache; /* masks of recent states (gmask.c) */
 };
 
 /* Appends to m->ids the stacks after code point cp from the set ids[in_off .. +n_in);
@@ -150,6 +154,9 @@ struct tdm_gmatch {
 tandem_status tdm_gm_advance(tdm_gmatch *m, size_t in_off, uint32_t n_in, uint32_t cp, uint32_t *n_out, tdm_err *err);
 /* Whether some stack of the set can take a code point of [lo, hi]. */
 bool tdm_gm_can_take(const tdm_gmatch *m, size_t off, uint32_t n, uint32_t lo, uint32_t hi);
+/* Frees the mask walk's memo (gmask.c); NULL is a no-op. */
+void tdm_gm_memo_free(struct gwalk_memo *w);
+void tdm_gm_cache_free(struct gmask_cache *c);
 /* Drops the nodes past n (the newest first). */
 void tdm_gm_truncate_nodes(tdm_gmatch *m, uint32_t n);
 
