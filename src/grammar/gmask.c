@@ -16,6 +16,9 @@ struct tdm_gvocab {
     size_t *off;       /* [n + 1] token i: data[off[i] .. off[i + 1]) */
     int32_t *order;    /* [n_sorted] ids of the tokens with bytes, by their bytes */
     uint32_t *lcp;     /* [n_sorted] common prefix with the previous one in order */
+    char *sdata;       /* the sorted tokens' bytes one after another (the walk reads
+                          them in order: no random access into data) */
+    size_t *soff;      /* [n_sorted + 1] */
     int32_t n_sorted;
     uint32_t max_len;
     uint8_t *eog;      /* [n] */
@@ -38,6 +41,7 @@ static int cmp_tok(const void *a, const void *b) {
 void tdm_gvocab_free(tdm_gvocab *v) {
     if (!v) return;
     free(v->data), free(v->off), free(v->order), free(v->lcp), free(v->eog), free(v->eog_ids);
+    free(v->sdata), free(v->soff);
     free(v);
 }
 
@@ -95,6 +99,21 @@ tandem_status tdm_gvocab_create_raw(int32_t n, const char *const *bytes, const s
         }
         v->lcp[k] = l;
     }
+    v->sdata = tdm_malloc(total + 1);
+    v->soff = tdm_mallocarray((size_t)v->n_sorted + 1, sizeof(size_t));
+    if (!v->sdata || !v->soff) {
+        tdm_gvocab_free(v);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar vocabulary: out of memory");
+    }
+    o = 0;
+    for (int32_t k = 0; k < v->n_sorted; k++) {
+        int32_t id = v->order[k];
+        size_t l = v->off[id + 1] - v->off[id];
+        v->soff[k] = o;
+        memcpy(v->sdata + o, v->data + v->off[id], l);
+        o += l;
+    }
+    v->soff[v->n_sorted] = o;
     *out = v;
     return TANDEM_OK;
 }
@@ -172,11 +191,16 @@ typedef struct gwalk_memo {
     uint32_t tstamp[MEMO_SLOTS];
     uint32_t n_trans;
     uint32_t stamp;
+    uint32_t *set_row; /* [n_sets] the set's row of ascii, or UINT32_MAX */
+    uint32_t *ascii;   /* rows of 128: the set after an ASCII character (direct) */
+    uint32_t n_rows, cap_rows;
 } gwalk_memo;
+
+#define UNKNOWN (UINT32_MAX - 1)
 
 void tdm_gm_memo_free(gwalk_memo *w) {
     if (!w) return;
-    free(w->set_off), free(w->set_n), free(w->sh), free(w->sh_stamp);
+    free(w->set_off), free(w->set_n), free(w->sh), free(w->sh_stamp), free(w->set_row), free(w->ascii);
     free(w);
 }
 
@@ -226,16 +250,72 @@ static uint32_t intern_set(tdm_gmatch *m, gwalk_memo *w, size_t off, uint32_t n)
         w->set_off = no;
         uint32_t *nn = realloc(w->set_n, nc * sizeof(uint32_t));
         if (!nn) return UINT32_MAX;
-        w->set_n = nn, w->cap_sets = nc;
+        w->set_n = nn;
+        uint32_t *nr = realloc(w->set_row, nc * sizeof(uint32_t));
+        if (!nr) return UINT32_MAX;
+        w->set_row = nr, w->cap_sets = nc;
     }
     uint32_t s = w->n_sets++;
-    w->set_off[s] = off, w->set_n[s] = n;
+    w->set_off[s] = off, w->set_n[s] = n, w->set_row[s] = UINT32_MAX;
     w->sh[h] = s, w->sh_stamp[h] = w->stamp;
     return s;
 }
 
-/* The set after code point cp from set s (DEAD: none). */
+static tandem_status step_hashed(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp, uint32_t *out, tdm_err *err);
+
+/* The set after code point cp from set s (DEAD: none): an ASCII character through
+ * the set's direct row, others through the hashed memo. */
 static tandem_status step(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp, uint32_t *out, tdm_err *err) {
+    if (cp >= 128) return step_hashed(m, w, s, cp, out, err);
+    if (w->set_row[s] == UINT32_MAX) {
+        if (w->n_rows == w->cap_rows) {
+            uint32_t nc = w->cap_rows ? 2 * w->cap_rows : 64;
+            uint32_t *na = realloc(w->ascii, (size_t)nc * 128 * sizeof(uint32_t));
+            if (!na) return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+            w->ascii = na, w->cap_rows = nc;
+        }
+        uint32_t *row = w->ascii + (size_t)w->n_rows * 128;
+        for (int k = 0; k < 128; k++) row[k] = UNKNOWN;
+        w->set_row[s] = w->n_rows++;
+    }
+    uint32_t *slot = w->ascii + (size_t)w->set_row[s] * 128 + cp;
+    if (*slot != UNKNOWN) {
+        *out = *slot;
+        return TANDEM_OK;
+    }
+    size_t off = m->n_ids;
+    uint32_t n;
+    tandem_status st = tdm_gm_advance(m, w->set_off[s], w->set_n[s], cp, &n, err);
+    if (st != TANDEM_OK) return st;
+    uint32_t r = DEAD;
+    if (n > 0 && (r = intern_set(m, w, off, n)) == UINT32_MAX)
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+    if (n == 0) m->n_ids = off;
+    w->ascii[(size_t)w->set_row[s] * 128 + cp] = r;
+    *out = r;
+    return TANDEM_OK;
+}
+
+/* Whether set s can take a code point that the incomplete sequence u can become
+ * (memoized in the hashed table under a key no code point has). */
+static bool can_take_memo(tdm_gmatch *m, gwalk_memo *w, uint32_t s, const gutf8 *u) {
+    uint64_t key = (uint64_t)s << 32 | 0x80000000u | (uint32_t)u->total << 24 | (uint32_t)u->left << 22 | u->cp;
+    uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & (MEMO_SLOTS - 1);
+    while (w->tstamp[h] == w->stamp) {
+        if (w->tkey[h] == key) return w->tval[h] != DEAD;
+        h = (h + 1) & (MEMO_SLOTS - 1);
+    }
+    uint32_t lo, hi;
+    gutf8_range(u, &lo, &hi);
+    bool ok = tdm_gm_can_take(m, w->set_off[s], w->set_n[s], lo, hi);
+    if (2 * (w->n_trans + 1) <= MEMO_SLOTS) { /* (a full table just skips the memo) */
+        w->tkey[h] = key, w->tval[h] = ok ? 1 : DEAD, w->tstamp[h] = w->stamp;
+        w->n_trans++;
+    }
+    return ok;
+}
+
+static tandem_status step_hashed(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp, uint32_t *out, tdm_err *err) {
     uint64_t key = (uint64_t)s << 32 | cp;
     uint32_t h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & (MEMO_SLOTS - 1);
     while (w->tstamp[h] == w->stamp) {
@@ -395,7 +475,7 @@ static tandem_status walk_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mas
         if (w->sh_stamp) memset(w->sh_stamp, 0, (size_t)w->sh_cap * sizeof(uint32_t));
         w->stamp = 1;
     }
-    w->n_sets = 0, w->n_trans = 0;
+    w->n_sets = 0, w->n_trans = 0, w->n_rows = 0;
     wlevel *lv = m->walk;
     const gstate cur = m->st[m->n_st - 1];
     m->n_ids = cur.off + cur.n;
@@ -424,17 +504,14 @@ static tandem_status walk_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mas
         }
         if (depth > lcp) depth = lcp;
         int32_t id = v->order[k];
-        const uint8_t *b = (const uint8_t *)v->data + v->off[id];
-        uint32_t len = (uint32_t)(v->off[id + 1] - v->off[id]);
+        const uint8_t *b = (const uint8_t *)v->sdata + v->soff[k];
+        uint32_t len = (uint32_t)(v->soff[k + 1] - v->soff[k]);
         bool ok = true;
         while (depth < len) {
             wlevel q = lv[depth];
             int r = gutf8_step(&q.u, b[depth]);
-            if (r == 0) {
-                uint32_t lo, hi;
-                gutf8_range(&q.u, &lo, &hi);
-                ok = tdm_gm_can_take(m, w->set_off[q.set], w->set_n[q.set], lo, hi);
-            } else if (r > 0) {
+            if (r == 0) ok = can_take_memo(m, w, q.set, &q.u);
+            else if (r > 0) {
                 st = step(m, w, q.set, q.u.cp, &q.set, err);
                 ok = st == TANDEM_OK && q.set != DEAD;
                 q.u = (gutf8){0};
