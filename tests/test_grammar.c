@@ -3,6 +3,7 @@
  * and (when present) the real Qwen vocabularies, and snapshots / rollbacks fuzzed
  * against replays from scratch. */
 #include <criterion/criterion.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -327,7 +328,7 @@ static tdm_gvocab *small_vocab(void) {
     int32_t n = 256 + (int32_t)TDM_ARRAY_LEN(extra) + 2;
     const char **b = calloc((size_t)n, sizeof(char *));
     size_t *l = calloc((size_t)n, sizeof(size_t));
-    static char bytes[256];
+    char bytes[256]; /* (copied by the vocabulary) */
     for (int k = 0; k < 256; k++) bytes[k] = (char)k, b[k] = bytes + k, l[k] = 1;
     for (size_t k = 0; k < TDM_ARRAY_LEN(extra); k++) b[256 + k] = extra[k], l[256 + k] = strlen(extra[k]);
     b[n - 2] = "", l[n - 2] = 0; /* a control token */
@@ -476,4 +477,59 @@ Test(grammar, eog_and_control_tokens) {
     tdm_gmatch_free(m);
     tdm_grammar_free(g);
     tdm_gvocab_free(v);
+}
+
+/* One grammar and one vocabulary shared by threads, each with its own matcher (and a
+ * vocabulary built on each thread too): the masks equal the single-threaded ones. */
+typedef struct shared {
+    const tdm_grammar *g;
+    const tdm_gvocab *v;
+    const char *doc;
+    uint64_t sum; /* a checksum of every mask along the document */
+    bool ok;
+} shared;
+
+static uint64_t masks_along(const tdm_grammar *g, const tdm_gvocab *v, const char *doc) {
+    tdm_gmatch *m;
+    if (tdm_gmatch_create(g, &m, NULL) != TANDEM_OK) return 0;
+    size_t nw = tdm_gvocab_mask_words(v);
+    uint32_t *mask = calloc(nw, 4);
+    uint64_t sum = 1469598103934665603ull;
+    for (size_t i = 0; doc[i]; i++) {
+        if (tdm_gmatch_mask(m, v, mask, NULL, NULL) != TANDEM_OK) break;
+        for (size_t k = 0; k < nw; k++) sum = (sum ^ mask[k]) * 1099511628211ull;
+        if (tdm_gmatch_accept(m, doc + i, 1, NULL) != TANDEM_OK) break;
+    }
+    free(mask);
+    tdm_gmatch_free(m);
+    return sum;
+}
+
+static void *thread_main(void *arg) {
+    shared *s = arg;
+    tdm_gvocab *own = small_vocab();
+    s->sum = masks_along(s->g, s->v, s->doc);
+    s->ok = masks_along(s->g, own, s->doc) == s->sum;
+    tdm_gvocab_free(own);
+    return NULL;
+}
+
+Test(grammar, shared_across_threads) {
+    tdm_grammar *g = compile(JSON_GBNF);
+    tdm_gvocab *v = small_vocab();
+    const char *doc = "{\"a\": [1, 2.5, {\"b\": \"x\u00e9y\"}], \"c\": null}";
+    uint64_t want = masks_along(g, v, doc);
+    shared s[4];
+    pthread_t th[4];
+    for (int k = 0; k < 4; k++) {
+        s[k] = (shared){g, v, doc, 0, false};
+        cr_assert_eq(pthread_create(&th[k], NULL, thread_main, &s[k]), 0);
+    }
+    for (int k = 0; k < 4; k++) {
+        pthread_join(th[k], NULL);
+        cr_expect_eq(s[k].sum, want, "thread %d", k);
+        cr_expect(s[k].ok, "thread %d: its own vocabulary", k);
+    }
+    tdm_gvocab_free(v);
+    tdm_grammar_free(g);
 }

@@ -26,16 +26,20 @@ struct tdm_gvocab {
     int32_t n_eog;
 };
 
-static const tdm_gvocab *sort_vocab; /* (qsort has no context argument in C11) */
+/* A token while sorting (the comparison needs no global state: vocabularies may be
+ * built on several threads at once). */
+typedef struct sortent {
+    const char *p;
+    size_t len;
+    int32_t id;
+} sortent;
 
 static int cmp_tok(const void *a, const void *b) {
-    const tdm_gvocab *v = sort_vocab;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    size_t lx = v->off[x + 1] - v->off[x], ly = v->off[y + 1] - v->off[y];
-    int c = memcmp(v->data + v->off[x], v->data + v->off[y], TDM_MIN(lx, ly));
+    const sortent *x = a, *y = b;
+    int c = memcmp(x->p, y->p, TDM_MIN(x->len, y->len));
     if (c) return c;
-    if (lx != ly) return lx < ly ? -1 : 1;
-    return x < y ? -1 : x > y;
+    if (x->len != y->len) return x->len < y->len ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
 }
 
 void tdm_gvocab_free(tdm_gvocab *v) {
@@ -88,8 +92,18 @@ tandem_status tdm_gvocab_create_raw(int32_t n, const char *const *bytes, const s
         if (!v->eog[eog[k]]) v->eog_ids[v->n_eog++] = eog[k];
         v->eog[eog[k]] = 1;
     }
-    sort_vocab = v;
-    qsort(v->order, (size_t)v->n_sorted, sizeof(int32_t), cmp_tok);
+    sortent *se = tdm_mallocarray((size_t)v->n_sorted + 1, sizeof(sortent));
+    if (!se) {
+        tdm_gvocab_free(v);
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar vocabulary: out of memory");
+    }
+    for (int32_t k = 0; k < v->n_sorted; k++) {
+        int32_t id = v->order[k];
+        se[k] = (sortent){v->data + v->off[id], v->off[id + 1] - v->off[id], id};
+    }
+    qsort(se, (size_t)v->n_sorted, sizeof(sortent), cmp_tok);
+    for (int32_t k = 0; k < v->n_sorted; k++) v->order[k] = se[k].id;
+    free(se);
     for (int32_t k = 0; k < v->n_sorted; k++) {
         uint32_t l = 0;
         if (k > 0) {
