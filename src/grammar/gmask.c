@@ -188,8 +188,10 @@ tandem_status tdm_gmatch_accept_token(tdm_gmatch *m, const tdm_gvocab *v, int32_
 /* The walk's memo: the stack sets met during one walk, interned by content (their
  * ids sorted), and the transitions (set, code point) -> set computed so far.  Inside
  * a JSON string, say, almost every character leads back to the same set, so most
- * steps of the walk are one lookup instead of an advance.  Tables are cleared per
- * walk by a stamp; the transition table is cleared when half full (a cache). */
+ * steps of the walk are one lookup instead of an advance (ASCII characters through a
+ * direct row of 128 per set, others and partial UTF-8 checks through a hashed
+ * table).  Tables are cleared per walk by a stamp; the hashed one stops taking
+ * entries when half full. */
 #define MEMO_SLOTS (1u << 15)
 #define DEAD UINT32_MAX
 
@@ -218,6 +220,11 @@ void tdm_gm_memo_free(gwalk_memo *w) {
     free(w);
 }
 
+static int cmp_u32(const void *a, const void *b) {
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
 static uint32_t hash_ids(const uint32_t *ids, uint32_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
     for (uint32_t k = 0; k < n; k++) h = (h ^ ids[k]) * 0x100000001B3ull;
@@ -242,11 +249,13 @@ static bool sh_grow(gwalk_memo *w, const uint32_t *ids) {
  * copy dropped when an equal set is known; UINT32_MAX when out of memory. */
 static uint32_t intern_set(tdm_gmatch *m, gwalk_memo *w, size_t off, uint32_t n) {
     uint32_t *ids = m->ids + off;
-    for (uint32_t i = 1; i < n; i++) { /* (sets are small: insertion sort) */
-        uint32_t x = ids[i], j = i;
-        while (j > 0 && ids[j - 1] > x) ids[j] = ids[j - 1], j--;
-        ids[j] = x;
-    }
+    if (n > 16) qsort(ids, n, sizeof(uint32_t), cmp_u32);
+    else
+        for (uint32_t i = 1; i < n; i++) { /* (most sets are small: insertion sort) */
+            uint32_t x = ids[i], j = i;
+            while (j > 0 && ids[j - 1] > x) ids[j] = ids[j - 1], j--;
+            ids[j] = x;
+        }
     if (2 * (w->n_sets + 1) > w->sh_cap && !sh_grow(w, m->ids)) return UINT32_MAX;
     uint32_t h = hash_ids(ids, n) & (w->sh_cap - 1);
     while (w->sh_stamp[h] == w->stamp) {
@@ -277,6 +286,19 @@ static uint32_t intern_set(tdm_gmatch *m, gwalk_memo *w, size_t off, uint32_t n)
 
 static tandem_status step_hashed(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp, uint32_t *out, tdm_err *err);
 
+/* The set after cp from set s, computed: advanced and interned (DEAD: none). */
+static tandem_status advance_set(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp, uint32_t *out, tdm_err *err) {
+    size_t off = m->n_ids;
+    uint32_t n;
+    tandem_status st = tdm_gm_advance(m, w->set_off[s], w->set_n[s], cp, &n, err);
+    if (st != TANDEM_OK) return st;
+    *out = DEAD;
+    if (n == 0) m->n_ids = off;
+    else if ((*out = intern_set(m, w, off, n)) == UINT32_MAX)
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
+    return TANDEM_OK;
+}
+
 /* The set after code point cp from set s (DEAD: none): an ASCII character through
  * the set's direct row, others through the hashed memo. */
 static tandem_status step(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp, uint32_t *out, tdm_err *err) {
@@ -297,14 +319,9 @@ static tandem_status step(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint32_t cp,
         *out = *slot;
         return TANDEM_OK;
     }
-    size_t off = m->n_ids;
-    uint32_t n;
-    tandem_status st = tdm_gm_advance(m, w->set_off[s], w->set_n[s], cp, &n, err);
+    uint32_t r;
+    tandem_status st = advance_set(m, w, s, cp, &r, err);
     if (st != TANDEM_OK) return st;
-    uint32_t r = DEAD;
-    if (n > 0 && (r = intern_set(m, w, off, n)) == UINT32_MAX)
-        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
-    if (n == 0) m->n_ids = off;
     w->ascii[(size_t)w->set_row[s] * 128 + cp] = r;
     *out = r;
     return TANDEM_OK;
@@ -339,39 +356,13 @@ static tandem_status step_hashed(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint3
         }
         h = (h + 1) & (MEMO_SLOTS - 1);
     }
-    size_t off = m->n_ids;
-    uint32_t n;
-    tandem_status st = tdm_gm_advance(m, w->set_off[s], w->set_n[s], cp, &n, err);
+    uint32_t r;
+    tandem_status st = advance_set(m, w, s, cp, &r, err);
     if (st != TANDEM_OK) return st;
-    uint32_t r = DEAD;
-    if (n > 0 && (r = intern_set(m, w, off, n)) == UINT32_MAX)
-        return tdm_seterr(err, TANDEM_ERR_NOMEM, "grammar mask: out of memory");
-    if (n == 0) m->n_ids = off;
-    if (2 * (w->n_trans + 1) > MEMO_SLOTS) { /* half full: start over */
-        if (++w->stamp == 0) {
-            memset(w->tstamp, 0, sizeof w->tstamp);
-            memset(w->sh_stamp, 0, (size_t)w->sh_cap * sizeof(uint32_t));
-            w->stamp = 1;
-            /* (the set table shares the stamp: rebuild it) */
-            uint32_t ns = w->n_sets;
-            w->n_sets = 0;
-            for (uint32_t k = 0; k < ns; k++) {
-                uint32_t hh = hash_ids(m->ids + w->set_off[k], w->set_n[k]) & (w->sh_cap - 1);
-                while (w->sh_stamp[hh] == w->stamp) hh = (hh + 1) & (w->sh_cap - 1);
-                w->sh[hh] = k, w->sh_stamp[hh] = w->stamp;
-                w->n_sets++;
-            }
-        } else {
-            /* keep the sets: re-stamp their table */
-            for (uint32_t k = 0; k < w->sh_cap; k++)
-                if (w->sh_stamp[k] == w->stamp - 1) w->sh_stamp[k] = w->stamp;
-        }
-        w->n_trans = 0;
-        h = (uint32_t)((key * 0x9E3779B97F4A7C15ull) >> 40) & (MEMO_SLOTS - 1);
+    if (2 * (w->n_trans + 1) <= MEMO_SLOTS) { /* (a half-full table just stops memoizing) */
+        w->tkey[h] = key, w->tval[h] = r, w->tstamp[h] = w->stamp;
+        w->n_trans++;
     }
-    while (w->tstamp[h] == w->stamp) h = (h + 1) & (MEMO_SLOTS - 1);
-    w->tkey[h] = key, w->tval[h] = r, w->tstamp[h] = w->stamp;
-    w->n_trans++;
     *out = r;
     return TANDEM_OK;
 }
@@ -404,10 +395,6 @@ void tdm_gm_cache_free(gmask_cache *c) {
     free(c);
 }
 
-static int cmp_u32(const void *a, const void *b) {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* The current state's key in c->key; false when out of memory. */
 static bool state_key(tdm_gmatch *m, gmask_cache *c, const gstate *cur) {
