@@ -12,7 +12,11 @@
  *   tdm_gmatch   one sequence's matcher: the set of pushdown stacks after the text
  *                accepted so far, plus a history of states for rollback.  NOT
  *                thread-safe: one sequence, one thread at a time.  Computing a mask
- *                does not change its observable state but uses its scratch memory.
+ *                does not change its observable state but uses its scratch memory:
+ *                the walk's memo (about 0.5 MB, made at the first mask) and the
+ *                masks of its last 4 states (4 x n_vocab / 8 bytes), so a state met
+ *                again costs a copy.  Its history grows by each accepted call's
+ *                stacks until tdm_gmatch_commit.
  *
  * Grammar syntax: llama.cpp's GBNF.  `name ::= alternatives` rules, one per line (a
  * rule's body may continue on further lines inside parentheses); names of
@@ -47,9 +51,9 @@
 /* The most stacks one matcher state may hold (an ambiguous grammar can need many):
  * beyond it an accept or a mask is TANDEM_ERR_UNSUPPORTED naming the limit. */
 #define TDM_GMATCH_MAX_STACKS 4096u
-/* The most stack nodes a matcher may hold (its history included): beyond it
- * TANDEM_ERR_NOMEM naming the limit. */
-#define TDM_GMATCH_MAX_NODES (1u << 26)
+/* The most stack nodes a matcher may hold (its history and a mask walk's included;
+ * 20 bytes each): beyond it TANDEM_ERR_NOMEM naming the limit. */
+#define TDM_GMATCH_MAX_NODES (1u << 22)
 
 typedef struct tdm_grammar tdm_grammar;
 typedef struct tdm_gvocab tdm_gvocab;
@@ -128,7 +132,9 @@ tandem_status tdm_gmatch_commit(tdm_gmatch *m, tdm_err *err);
  * accepts all its bytes from here (a token may end inside a UTF-8 sequence that some
  * allowed character completes); end-of-generation tokens only where complete; tokens
  * that never match never.  Cost: one walk over the vocabulary's sorted byte strings,
- * pruned at the first byte no stack allows.  *n_allowed (may be NULL): the count. */
+ * pruned at the first byte no stack allows, its transitions memoized; a copy for a
+ * state among the matcher's last 4 (bench/RESULTS.md, issue 47 part, has the
+ * measured costs).  *n_allowed (may be NULL): the count. */
 tandem_status tdm_gmatch_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mask, int32_t *n_allowed,
                               tdm_err *err);
 
