@@ -533,3 +533,49 @@ Test(grammar, shared_across_threads) {
     tdm_gvocab_free(v);
     tdm_grammar_free(g);
 }
+
+/* Token bytes from the tokenizers: SentencePiece byte-fallback tokens <0xHH> are that
+ * byte and U+2581 a space; byte-level BPE's mapped characters are the real bytes; a
+ * mask over each vocabulary still equals brute force. */
+Test(grammar, vocab_bytes) {
+    vocab_of o = {0};
+    cr_assert(load_vocab(tdm_test_data_path("vocab/ggml-vocab-llama-spm.gguf"), &o));
+    int bytes_seen = 0, spaces = 0;
+    for (int32_t id = 0; id < tdm_gvocab_n(o.v); id++) {
+        size_t tl, bl;
+        const char *text = tdm_tok_text(o.t, id, &tl);
+        const char *b = tdm_gvocab_bytes(o.v, id, &bl);
+        unsigned hh;
+        if (text && tl == 6 && sscanf(text, "<0x%2X>", &hh) == 1) {
+            cr_assert(b && bl == 1 && (uint8_t)b[0] == hh, "token %d %.*s", id, (int)tl, text);
+            bytes_seen++;
+        }
+        if (text && tl == 4 && memcmp(text, "\xE2\x96\x81" "a", 4) == 0) { /* "▁a" */
+            cr_assert(b && bl == 2 && b[0] == ' ' && b[1] == 'a');
+            spaces++;
+        }
+    }
+    cr_expect_eq(bytes_seen, 256);
+    cr_expect_eq(spaces, 1);
+    tdm_grammar *g = compile(JSON_GBNF);
+    check_masks(g, o.v, 2, 15, 7, "llama-spm");
+    tdm_grammar_free(g);
+    unload_vocab(&o);
+    cr_assert(load_vocab(tdm_test_data_path("vocab/ggml-vocab-gpt-2.gguf"), &o));
+    /* "Ġ" (U+0120) is the byte 0x20 in GPT-2's byte-level mapping */
+    int mapped = 0;
+    for (int32_t id = 0; id < tdm_gvocab_n(o.v); id++) {
+        size_t tl, bl;
+        const char *text = tdm_tok_text(o.t, id, &tl);
+        const char *b = tdm_gvocab_bytes(o.v, id, &bl);
+        if (text && tl == 3 && memcmp(text, "\xC4\xA0" "a", 3) == 0) {
+            cr_assert(b && bl == 2 && b[0] == ' ' && b[1] == 'a');
+            mapped++;
+        }
+    }
+    cr_expect_eq(mapped, 1);
+    g = compile(MASK_GRAMMARS[2]);
+    check_masks(g, o.v, 2, 15, 8, "gpt-2");
+    tdm_grammar_free(g);
+    unload_vocab(&o);
+}
