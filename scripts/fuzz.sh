@@ -19,14 +19,15 @@ shift $(($# > 0 ? 1 : 0))
 OUT=build-fuzz
 CC=${CLANG:-clang}
 JOBS=$(nproc 2>/dev/null || echo 2)
-FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc/base -Isrc/gguf -Isrc/tokenizer -Isrc/chat -Isrc/request -Isrc/cli -Isrc/server -Idraft)
+FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_GNU_SOURCE -Iinclude -Isrc/base -Isrc/gguf -Isrc/tokenizer -Isrc/chat -Isrc/grammar -Isrc/request -Isrc/cli -Isrc/server -Idraft)
 JSON_SRC=(src/base/json.c src/base/unicode.c src/base/unicode_data.c src/base/common.c)
 GGUF_SRC=(src/gguf/gguf.c src/gguf/ggml_types.c src/base/dtype.c src/base/dtype_quant.c src/base/dtype_kquant.c "${JSON_SRC[@]}")
 TOK_SRC=(src/tokenizer/tokenizer.c src/tokenizer/tok_bpe.c src/tokenizer/tok_spm.c src/tokenizer/tok_pretok.c src/tokenizer/tok_pretok_rules.c src/tokenizer/tok_pretok_names.c "${GGUF_SRC[@]}")
+GRAMMAR_SRC=(src/grammar/grammar_parse.c src/grammar/grammar_check.c src/grammar/gmatch.c src/grammar/gmask.c)
 PROMPT_SRC=(src/cli/prompts.c src/cli/input.c src/request/stop_arg.c "${JSON_SRC[@]}")
 JINJA_SRC=(src/chat/jinja/lexer.c src/chat/jinja/parser.c src/chat/jinja/parse_stmt.c src/chat/jinja/eval.c src/chat/jinja/ops.c
     src/chat/jinja/value.c src/chat/jinja/strings.c src/chat/jinja/filters.c src/chat/jinja/tests.c src/chat/jinja/methods.c "${JSON_SRC[@]}")
-HARNESSES=(gguf json tokenizer config prompts chat_template oai_request)
+HARNESSES=(gguf json tokenizer config prompts chat_template oai_request grammar json_schema)
 [ $# -gt 0 ] && HARNESSES=("$@")
 
 # The library sources, extra link flags and -max_len of each harness.
@@ -38,6 +39,8 @@ sources() {
     config) echo src/cli/job_config.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     prompts) echo "${PROMPT_SRC[@]}" ;;
     chat_template) echo "${JINJA_SRC[@]}" ;;
+    grammar) echo "${GRAMMAR_SRC[@]}" "${TOK_SRC[@]}" ;;
+    json_schema) echo src/grammar/json_schema.c "${GRAMMAR_SRC[@]}" "${TOK_SRC[@]}" ;;
     oai_request) echo src/server/oai_request.c src/server/oai_response.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     esac
 }
@@ -144,6 +147,17 @@ PY
             { printf '\007'; printf '%s' "$b"; } >"$d/chat$i"
             { printf '\212'; printf '%s' "$b"; } >"$d/draft$i"
         done ;;
+    grammar) # the test grammars, one a file
+        printf '%s\n' 'root ::= object' 'object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws' \
+            'value ::= object | [0-9]+ ws | string' 'string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" ["\\/bfnrt] )* "\"" ws' \
+            'ws ::= | " " | "\n" [ \t]{0,20}' >"$d/json.gbnf"
+        printf 'root ::= (x | "ab"){2,5} [^a-c\\n]* .? "\\u00e9"\nx ::= ("y" x?)+ # c\n' >"$d/rep.gbnf"
+        printf 'root ::= a\na ::= "(" a* ")" | [\\U0001F600-\\U0001F64F]\n' >"$d/rec.gbnf" ;;
+    json_schema)
+        printf '%s' '{"type": "object", "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 300}, "b": {"type": "array", "items": {"type": "string", "format": "date"}, "minItems": 1, "maxItems": 3}}, "required": ["a"], "additionalProperties": false}' >"$d/obj.json"
+        printf '%s' '{"$defs": {"n": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}]}}, "$ref": "#/$defs/n"}' >"$d/ref.json"
+        printf '%s' '{"enum": ["a", 1, null, {"x": [true]}], "title": "t"}' >"$d/enum.json"
+        printf '%s' '{"type": ["string", "null"], "minLength": 2, "maxLength": 5}' >"$d/types.json" ;;
     config)
         for f in configs/*.ini; do cp "$f" "$d/"; done
         printf '[model]\ntarget = ../models/pycode-target-f16.gguf\n[sampling]\nstop = ["\\n\\n", "def "]\n[job]\ninput = ../tests/data/prompts-dev.jsonl\noutput = /dev/null\npriority = 2\ntimeout_s = 1.5\n' >"$d/fields.ini" ;;

@@ -47,7 +47,7 @@ LAYERS = [
     (0, "include", ["include"]),
     (1, "base types", ["src/base"]),
     (2, "gguf", ["src/gguf"]),
-    (3, "tokenizer, chat", ["src/tokenizer", "src/chat", "src/chat/jinja"]),
+    (3, "tokenizer, chat, grammar", ["src/tokenizer", "src/chat", "src/chat/jinja", "src/grammar"]),
     (4, "kernels", ["kernels", "kernels/cpu", "kernels/cuda"]),
     (5, "model", ["src/model"]),
     (6, "engine", ["src/engine"]),
