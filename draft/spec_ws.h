@@ -7,7 +7,7 @@
 #ifndef TDM_SPEC_WS_H
 #define TDM_SPEC_WS_H
 
-#include "controller.h"
+#include "length.h"
 #include "dtree.h"
 #include "engine.h"
 #include "ngram.h"
@@ -62,8 +62,9 @@ typedef struct tdm_spec_ws {
                                 tree_topk_ids; tree_draft.c) */
     tdm_dtree *dtree_h;      /* host: its copy once grown */
     bool dtree_off;          /* the draft's forward took no device masks: host levels */
+    tdm_len_ctrl len;        /* the speculation length and the pair's measured costs
+                                (length.h): the scheduler's, for every step */
     /* a lone sequence's step (sched/lone.c) */
-    tdm_cost_model cost;     /* measured draft / verify costs */
     tdm_tree_cost tree_cost; /* a tree step's measured seconds and tokens, by budget */
     tdm_tree tree;           /* its tree */
 } tdm_spec_ws;

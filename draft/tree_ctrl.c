@@ -2,6 +2,7 @@
 #include "tree_ctrl.h"
 
 #include "common.h"
+#include "length.h"
 
 const int32_t TDM_TREE_BUDGETS[TDM_TREE_N_BUDGETS] = {4, 8, 16, 32, 64};
 
@@ -30,7 +31,7 @@ void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double t_draft, dou
     if (tokens > 0) c->tokens[i] = ema(c->tokens[i], (double)tokens, 0.1);
 }
 
-double tdm_tree_rate(const tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,
+double tdm_tree_rate(const tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_pair_costs *cost, double alpha,
                      int32_t b) {
     const int32_t i = tdm_tree_budget_index(b);
     const double hope = alpha + 0.15 < 0.95 ? alpha + 0.15 : 0.95; /* (an unmeasured budget's acceptance) */
@@ -38,15 +39,15 @@ double tdm_tree_rate(const tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_
     const double tok = c->tokens[i] > 0    ? c->tokens[i]
                        : tc->tokens[i] > 0 ? tc->tokens[i]
                                            : tdm_ctrl_expected_tokens(hope, cfg.depth);
-    const double td = tc->t_draft[i] > 0 ? tc->t_draft[i] : cfg.depth * tdm_cost_draft(cost);
-    const double tv = tc->t_verify[i] > 0 ? tc->t_verify[i] : tdm_cost_verify(cost, b + 1);
+    const double td = tc->t_draft[i] > 0 ? tc->t_draft[i] : cfg.depth * tdm_cost_draft(cost, 1);
+    const double tv = tc->t_verify[i] > 0 ? tc->t_verify[i] : tdm_cost_target(cost, b + 1);
     const double t = td + tv;
     return tok / (t > 0 ? t : 1e-30);
 }
 
-int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,
-                        int32_t chain_k, int32_t max_budget) {
-    double best = tdm_ctrl_rate(cost, alpha, tdm_cost_draft(cost), chain_k), second = -1;
+int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_pair_costs *cost, double alpha,
+                        double chain_rate, int32_t max_budget) {
+    double best = chain_rate, second = -1;
     int32_t pick = 0, runner = -1;
     for (int32_t i = 0; i < TDM_TREE_N_BUDGETS && TDM_TREE_BUDGETS[i] <= max_budget; i++) {
         const int32_t b = TDM_TREE_BUDGETS[i];

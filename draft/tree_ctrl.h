@@ -5,21 +5,21 @@
  * budget of TDM_TREE_BUDGETS.  Per engine, for each budget: EMAs of a tree step's
  * drafting seconds, of its verification seconds (a tree's own: its masked rows
  * cost more than a chain's rows of the same count, 467 against 293 us for 11 rows of
- * the pycode target on an H200, so the chain controller's tdm_cost_model.t_verify
- * neither feeds nor is fed by them) and of its tokens over all sequences.  A step
- * takes the best expected rate,
- *     chain: E[tokens](alpha, k) / (k t_draft + t_verify(k + 1))   (controller.h)
+ * the pycode target on an H200, so the chain's row costs (costs.h) neither feed nor
+ * are fed by them) and of its tokens over all sequences.  A step takes the best
+ * expected rate,
+ *     chain: the length controller's expected rate at its k   (length.h)
  *     tree b: tokens(b) / (t_tree_draft(b) + t_tree_verify(b)),
  * where a budget the sequence has not measured takes the engine's tokens for it, and
  * one the engine has not measured either is assumed to commit what a chain as deep
  * would at a hopeful acceptance (alpha + 0.15), to draft at depth(b) chain steps and
- * to verify at a chain's t_verify(b + 1), so that it gets tried.  Every 8th step
+ * to verify at a chain's b + 1 target rows (costs.h), so that it gets tried.  Every 8th step
  * measures the runner-up instead while its expected rate is within 80 % of the
  * best, every 64th otherwise. */
 #ifndef TDM_TREE_CTRL_H
 #define TDM_TREE_CTRL_H
 
-#include "controller.h"
+#include "costs.h"
 #include "tree.h"
 
 #define TDM_TREE_N_BUDGETS 5
@@ -47,11 +47,12 @@ void tdm_tree_ctrl_observe(tdm_tree_ctrl *c, int32_t budget, int32_t tokens);
 void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double t_draft, double t_verify, int32_t tokens);
 /* A tree step's expected rate (tokens per second) at budget b, as tdm_tree_choose
  * weighs it. */
-double tdm_tree_rate(const tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,
+double tdm_tree_rate(const tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_pair_costs *cost, double alpha,
                      int32_t b);
-/* The step's choice: 0 = a chain (of the chain controller's k), else a tree budget
- * at most max_budget.  chain_k: the chain controller's length for this step. */
-int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_cost_model *cost, double alpha,
-                        int32_t chain_k, int32_t max_budget);
+/* The step's choice: 0 = a chain (of the length controller's k), else a tree
+ * budget at most max_budget.  chain_rate: the chain's expected rate this step
+ * (tdm_len_choice.rate). */
+int32_t tdm_tree_choose(tdm_tree_ctrl *c, const tdm_tree_cost *tc, const tdm_pair_costs *cost, double alpha,
+                        double chain_rate, int32_t max_budget);
 
 #endif

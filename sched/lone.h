@@ -1,7 +1,8 @@
 /* lone.h - the step of a lone speculating sequence (lone.c, lone_tree.c), which
  * the scheduler takes when a single greedy sequence runs (or a sampled one on an
- * engine of one sequence): a per-sequence controller picks a chain, an n-gram
- * proposal or a token tree from measured costs; the chain is drafted on the device
+ * engine of one sequence): the length controller (draft/length.h, a batch of
+ * one) and the tree controller pick a chain, an n-gram proposal or a token tree
+ * from measured costs; the chain is drafted on the device
  * without host round trips where the backend can; sampled chains are verified by
  * rejection sampling.  Commits go through commit.h like every step's. */
 #ifndef TDM_LONE_H
@@ -13,10 +14,9 @@
 #include "spec_ws.h"
 #include "tree.h"
 
-/* What a lone step measured, entered in the lone cost model (ws->cost) and in the
- * scheduler's row costs, so that the batch controller starts from them when a
- * second sequence joins (draft/batch_ctrl.h): a target forward of verify_rows rows
- * took verify_s seconds (0 rows: none), a draft forward draft_s (0: none). */
+/* What a lone step measured, entered in the pair's row costs (draft/costs.h), which
+ * every step's length decision reads: a target forward of verify_rows rows took
+ * verify_s seconds (0 rows: none), a draft forward draft_s (0: none). */
 void tdm_lone_observe(tdm_sched *sc, int32_t verify_rows, double verify_s, double draft_s);
 /* tdm_seq_step runs one decode step of the lone running request r (speculative
  * when there is a draft); tdm_seq_step_target a plain target-only step (also the

@@ -46,7 +46,7 @@ void tdm_spec_tree_lookups(tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, tdm_tr
                            int32_t *n_root) {
     *n_root = 0;
     if (tdm_spec_lookup_n(sr) <= 0 || sr->oracle || ws->opts.no_tree_lookups) return;
-    const int32_t k = TDM_MIN(tdm_ctrl_choose_k_cost(&sr->ctrl_ng, &ws->cost, 0.0, NULL), TDM_TREE_DEPTH_MAX);
+    const int32_t k = tdm_len_lookup_k(&ws->len, &sr->ctrl_ng, TDM_TREE_DEPTH_MAX);
     max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
     if (k <= 0 || max_depth <= 0) return;
     const float a = lookup_alpha(sr);

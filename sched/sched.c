@@ -53,14 +53,10 @@ tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_
     pthread_mutex_init(&s->ctl_mu, NULL);
     s->next_id = 1;
     s->kv_free_seen = tdm_kv_pool_n_free(e->pool);
-    s->dec_explore = s->explore_k = -1;
-    tdm_rowcost_init(&s->cost_t);
-    tdm_rowcost_init(&s->cost_d);
-    tdm_batch_steps_init(&s->steps);
     atomic_init(&s->alpha_carry, -1.0);
     tdm_ctrl_init(&s->pair, 1, TDM_CTRL_MAX_K, 0);
     s->pair.alpha_ema = 0.05;
-    s->log = tdm_diag_get()->sched_log;
+    if (s->ws) s->ws->len.log = tdm_diag_get()->sched_log;
     *out = s;
     return TANDEM_OK;
 }

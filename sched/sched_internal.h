@@ -6,7 +6,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "batch_ctrl.h"
+#include "length.h"
 #include "chain.h"
 #include "queue.h"
 #include "scheduler.h"
@@ -108,20 +108,14 @@ struct tdm_sched {
     tdm_tree *trees;           /* [cap] this step's trees, by running sequence */
     tdm_tree_cost tree_cost;   /* drafting seconds of a batch's trees, by budget */
     uint32_t n_tree_decisions; /* auto tree choices so far (exploration schedule) */
-    tdm_rowcost cost_t, cost_d;/* forward seconds by rows: target steps, draft rounds */
-    tdm_batch_steps steps;     /* seconds per step, by batch and k */
     int32_t step_b, step_k;    /* this step's speculating batch and length (0: none) */
-    int32_t dec_b, dec_kmax, dec_k; /* the last decision's batch size, limit and length */
-    int32_t dec_hold;          /* steps it still holds */
-    int32_t dec_explore;       /* a neighbouring length to measure now and then, -1 = none */
-    int32_t explore_k;         /* the length the current exploration takes, -1 = none */
-    bool log;                  /* TANDEM_SCHED_LOG=1: decisions logged (info) */
+    tdm_len_choice len_ch;     /* this step's length decision (draft/length.h; the
+                                  controller and the measured costs: ws->len) */
     tdm_spec_ctrl pair;        /* the pair's acceptance over every drafted chain (alpha):
                                   a new request's starting estimate */
     bool pair_seen;            /* pair observed at least once */
     tdm_payoff pay;            /* what lookups and the draft model yield over every request
                                   (draft/payoff.h): a new request's starting figures */
-    uint64_t n_spec_steps;     /* batched speculation decisions (exploration schedule) */
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
 };
 

@@ -12,7 +12,7 @@
  *      draft model sees the prompt chunks too;
  *   6. tokens drawn and committed; finished sequences leave at once.
  * With a draft, every decoding sequence speculates (the length from measured
- * costs, draft/batch_ctrl.h): its chain comes from n-gram lookup or from batched
+ * costs, draft/length.h): its chain comes from n-gram lookup or from batched
  * drafting (one draft forward per round for all), and its rows join the same
  * forward.  A sampled sequence's tokens are drawn with the uniform each position
  * would use without speculation, target and draft alike, and a drafted token is
@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "accept.h"
-#include "batch_ctrl.h"
+#include "length.h"
 #include "chain.h"
 #include "commit.h"
 #include "liblog.h"
@@ -38,7 +38,7 @@
 #include "tree_verify.h"
 #include "verify.h"
 
-_Static_assert(TDM_ENGINE_BATCH_LOGITS_MAX <= TDM_BATCH_SEQ_MAX, "a decision weighs every speculating sequence");
+_Static_assert(TDM_ENGINE_BATCH_LOGITS_MAX <= TDM_LEN_SEQ_MAX, "a decision weighs every speculating sequence");
 
 void tdm_sched_fail(tdm_req *r, tandem_status st, const tdm_err *err) {
     if (r->fail_st) return;
@@ -489,32 +489,9 @@ static void run_plan(tdm_sched *s, const step_item *it, int32_t n) {
 
 /* The tokens each running sequence drafts this step (s->k_of): every decoding
  * sequence speculates when the engine has a draft (a lone greedy one takes
- * tdm_seq_step instead), with one k for the batch from measured costs
- * (draft/batch_ctrl.h; a request's fixed spec_k is its own).  A decision holds for
- * 8 steps while the batch keeps its size, a trial of an unmeasured length 3 (the
- * first may have to catch the draft up, which is not measured, and the first
- * measurement may include one-time work); three steps in every 256 take a
- * neighbouring length expected to be nearly as good, to keep it measured
- * (never one expected to lose clearly: such a step costs, and the draft's catching
- * up on every token since it last drafted with it), or, in a batch that does not
- * speculate, the length a hopeful acceptance estimate would choose, so that the
- * estimates get observed again.  On a batch-invariant GPU a chain's rows fit one forward of invariant
- * rows. */
-/* TANDEM_SCHED_LOG=1: each decision logged, with the measured step times. */
-static void log_decision(const tdm_sched *s, int32_t nb, int32_t other, int32_t k_max, int32_t k, bool trial,
-                         const tdm_batch_seq *bs) {
-    double a = 0;
-    for (int32_t j = 0; j < nb; j++) a += bs[j].alpha / nb;
-    char msg[512];
-    int len = snprintf(msg, sizeof msg, "sched: batch %d (+%d rows) k_max %d -> k %d%s, mean alpha %.2f, explore %d; step ms:",
-                       (int)nb, (int)other, (int)k_max, (int)k, trial ? " (trial)" : "", a, (int)s->dec_explore);
-    for (int32_t j = 0; j <= k_max && len > 0 && (size_t)len < sizeof msg; j++)
-        len += snprintf(msg + len, sizeof msg - (size_t)len, " %.3f", s->steps.t[TDM_MIN(nb, TDM_BATCH_STEP_B)][j] * 1e3);
-    if (len > 0 && (size_t)len < sizeof msg)
-        snprintf(msg + len, sizeof msg - (size_t)len, "; draft round ms %.3f", tdm_rowcost_get(&s->cost_d, nb) * 1e3);
-    tdm_log(TANDEM_LOG_INFO, "%s", msg);
-}
-
+ * tdm_seq_step instead), with one k for the batch from the one length controller
+ * (draft/length.h: measured costs; a request's fixed spec_k is its own).  On a
+ * batch-invariant GPU a chain's rows fit one forward of invariant rows. */
 static void choose_k(tdm_sched *s) {
     tdm_engine *e = s->e;
     memset(s->k_of, 0, (size_t)s->n_run * sizeof *s->k_of);
@@ -522,7 +499,7 @@ static void choose_k(tdm_sched *s) {
     s->step_b = s->step_k = 0;
     if (!e->draft) return;
     const int32_t tree_rows = tdm_sched_choose_trees(s);
-    tdm_batch_seq bs[TDM_ENGINE_BATCH_LOGITS_MAX];
+    tdm_len_seq bs[TDM_ENGINE_BATCH_LOGITS_MAX];
     int32_t idx[TDM_ENGINE_BATCH_LOGITS_MAX], nb = 0, other = tree_rows, k_max = 0;
     const int32_t inv = invariant_rows(e);
     for (int32_t i = 0; i < s->n_run; i++) {
@@ -547,41 +524,15 @@ static void choose_k(tdm_sched *s) {
             continue;
         }
         idx[nb] = i;
-        bs[nb++] = (tdm_batch_seq){ctrl->alpha, cap};
+        bs[nb++] = (tdm_len_seq){ctrl->alpha, cap};
         k_max = TDM_MAX(k_max, cap);
     }
     if (nb < 1) return;
     /* every chain verified within one forward's logits rows */
     k_max = TDM_MIN(k_max, (e->n_logit_rows - other) / nb - 1);
     if (k_max <= 0) return;
-    k_max = TDM_MIN(k_max, TDM_BATCH_STEP_K);
-    int32_t k;
-    ++s->n_spec_steps;
-    if (nb == s->dec_b && k_max == s->dec_kmax && s->dec_hold > 0) {
-        k = s->dec_k;
-        s->dec_hold--;
-    } else {
-        bool trial;
-        k = tdm_batch_choose_k_measured(&s->steps, &s->cost_t, &s->cost_d, bs, nb, other, k_max, &trial,
-                                        &s->dec_explore);
-        s->dec_b = nb, s->dec_kmax = k_max, s->dec_k = k;
-        s->dec_hold = trial ? 2 : 7;
-        if (s->log) log_decision(s, nb, other, k_max, k, trial, bs);
-    }
-    if ((s->n_spec_steps & 255) == 0) {
-        /* where the batch does not speculate, its acceptance estimates are never
-         * observed and may stay low for good: try what a more hopeful estimate
-         * (alpha + 0.2) would choose; else the neighbour worth measuring */
-        s->explore_k = s->dec_explore;
-        if (k == 0) {
-            tdm_batch_seq hope[TDM_ENGINE_BATCH_LOGITS_MAX];
-            for (int32_t j = 0; j < nb; j++) hope[j] = (tdm_batch_seq){TDM_MIN(bs[j].alpha + 0.2, 0.95), bs[j].cap};
-            const int32_t kh = tdm_batch_choose_k_measured(&s->steps, &s->cost_t, &s->cost_d, hope, nb, other, k_max,
-                                                           NULL, NULL);
-            if (kh > 0) s->explore_k = kh;
-        }
-    }
-    if ((s->n_spec_steps & 255) < 3 && s->explore_k >= 0) k = TDM_MIN(s->explore_k, k_max);
+    tdm_len_choose(&s->ws->len, bs, nb, other, 1, k_max, &s->len_ch);
+    const int32_t k = s->len_ch.k;
     s->step_b = nb;
     s->step_k = k;
     for (int32_t j = 0; j < nb; j++) {
@@ -591,17 +542,24 @@ static void choose_k(tdm_sched *s) {
 }
 
 /* An n-gram proposal of up to it->k tokens for the item's sequence, taken instead
- * of the draft model's chain when its expected tokens are at least the model's
- * (tdm_ngram_take); the item then verifies it. */
-static bool ngram_chain(step_item *it) {
+ * of the draft model's chain when the step's expected rate with it is at least
+ * the rate with the model's chain (draft/length.h: tdm_len_rate; the others'
+ * rows and draft rounds stay), with tdm_ngram_take's exploration; the item then
+ * verifies it. */
+static bool ngram_chain(const tdm_sched *s, step_item *it) {
     const tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
     if (!tdm_spec_lookup_n(sr)) return false;
     const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k, it->draft);
     if (nd <= 0) return false;
-    const double e_ng = tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd);
+    const tdm_len_choice *ch = &s->len_ch;
     const double e_d = tdm_ctrl_expected_tokens(sr->ctrl.alpha, it->k);
-    if (!tdm_ngram_take(e_ng, e_d, &sr->n_ngram_skips)) return false;
+    const double e_rest = TDM_MAX(ch->e - e_d, 0.0);
+    const int32_t n = TDM_MAX(s->step_b, 1), rows = TDM_MAX(ch->rows, 1 + it->k);
+    const double rate_ng = tdm_len_rate(&s->ws->len, n, e_rest + tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd),
+                                        rows - it->k + nd, s->step_k);
+    const double rate_d = tdm_len_rate(&s->ws->len, n, e_rest + e_d, rows, s->step_k);
+    if (!tdm_ngram_take(rate_ng, rate_d, &sr->n_ngram_skips)) return false;
     it->k = nd;
     it->to = it->from + 1 + nd;
     it->ngram = true;
@@ -620,7 +578,7 @@ static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_
     int32_t m = 0, k_max = 0;
     *catch_up = 0;
     for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
-        if (!it[i].decode || it[i].k <= 0 || ngram_chain(&it[i])) continue;
+        if (!it[i].decode || it[i].k <= 0 || ngram_chain(s, &it[i])) continue;
         tdm_seq *q = &it[i].r->s;
         double *u = s->draws + (size_t)m * (TDM_CTRL_MAX_K + 1);
         if (q->sp.temperature > 0) tdm_engine_draws(q, it[i].k, u);
@@ -636,7 +594,7 @@ static bool draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_
     tandem_status st = tdm_draft_chains(e, s->ws, req, m, &scr, catch_up, &err);
     /* a round's cost: the drafting over its rounds, where it caught up on no more
      * than a token or two a sequence */
-    if (!st && *catch_up <= m) tdm_rowcost_observe(&s->cost_d, m, (tdm_now() - t0) / (double)k_max);
+    if (!st && *catch_up <= m) tdm_rowcost_observe(&s->ws->len.cost.draft, m, (tdm_now() - t0) / (double)k_max);
     for (int32_t j = 0; j < m && !st; j++) { /* (p_min may have cut a chain) */
         who[j]->k = req[j].n_drafted;
         who[j]->to = who[j]->from + 1 + req[j].n_drafted;
@@ -703,11 +661,11 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
             }
             run_plan(s, it, n);
             const double t1 = tdm_now();
-            tdm_rowcost_observe(&s->cost_t, rows, t1 - s->t_verify0);
+            if (s->ws) tdm_rowcost_observe(&s->ws->len.cost.target, rows, t1 - s->t_verify0);
             /* what a step of this batch and length costs, where nothing else was in
              * it: no prompt chunk, no catching up beyond a token or two a sequence */
             if (s->step_b > 0 && !chunk && catch_up <= s->step_b)
-                tdm_batch_steps_observe(&s->steps, s->step_b, s->step_k, t1 - t0);
+                tdm_len_observe_step(&s->ws->len, s->step_b, s->step_k, t1 - t0);
         }
     }
     /* a recomputed sequence whose every position came from the cache decodes next */

@@ -11,7 +11,7 @@
  * with tokens_i(b) each sequence's measured tokens per tree step (tree_ctrl.h; a
  * hopeful prior until measured), t_tree_draft(b) the batch's measured drafting
  * seconds (until measured, depth(b) draft rounds of the row-cost model) and
- * t_target the target's measured seconds by row count (draft/batch_ctrl.h): on the
+ * t_target the target's measured seconds by row count (draft/costs.h): on the
  * CPU a forward's cost grows with its rows, on a GPU at small batch it hardly does,
  * and at large batch nothing is free - the measurements say which.  Every 16th
  * decision measures the runner-up.  A sampled sequence's tree is verified as a
@@ -44,13 +44,13 @@ static int32_t room_of(const tdm_sched *s, const tdm_seq *q) {
 
 /* The shared choice of the auto sequences (0: chains). */
 static int32_t choose_auto(tdm_sched *s, int32_t n_auto, double alpha_sum, int32_t other) {
-    const double t_chain_rows = tdm_rowcost_get(&s->cost_t, other + n_auto * 2);
+    const double t_chain_rows = tdm_rowcost_get(&s->ws->len.cost.target, other + n_auto * 2);
     if (!(t_chain_rows > 0)) return 0; /* nothing measured yet: chains first */
-    const int32_t k = TDM_MAX(s->dec_k, 1);
+    const int32_t k = TDM_MAX(s->ws->len.dec_k, 1);
     const double alpha = alpha_sum / n_auto;
-    const double t_round = tdm_rowcost_get(&s->cost_d, n_auto);
+    const double t_round = tdm_rowcost_get(&s->ws->len.cost.draft, n_auto);
     double best = n_auto * tdm_ctrl_expected_tokens(alpha, k) /
-                  (k * t_round + tdm_rowcost_get(&s->cost_t, other + n_auto * (1 + k)) + 1e-12);
+                  (k * t_round + tdm_rowcost_get(&s->ws->len.cost.target, other + n_auto * (1 + k)) + 1e-12);
     double second = -1;
     int32_t pick = 0, runner = -1;
     for (int32_t bi = 0; bi < TDM_TREE_N_BUDGETS; bi++) {
@@ -65,8 +65,8 @@ static int32_t choose_auto(tdm_sched *s, int32_t n_auto, double alpha_sum, int32
             tok += m > 0 ? m : tdm_ctrl_expected_tokens(TDM_MIN(r->sr.ctrl.alpha + 0.15, 0.95), cfg.depth);
         }
         const double td = s->tree_cost.t_draft[bi] > 0 ? s->tree_cost.t_draft[bi]
-                                                        : cfg.depth * tdm_rowcost_get(&s->cost_d, n_auto * cfg.width);
-        const double rate = tok / (td + tdm_rowcost_get(&s->cost_t, other + n_auto * (1 + b)) + 1e-12);
+                                                        : cfg.depth * tdm_rowcost_get(&s->ws->len.cost.draft, n_auto * cfg.width);
+        const double rate = tok / (td + tdm_rowcost_get(&s->ws->len.cost.target, other + n_auto * (1 + b)) + 1e-12);
         if (rate > best) second = best, runner = pick, best = rate, pick = b;
         else if (rate > second) second = rate, runner = b;
     }

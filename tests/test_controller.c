@@ -1,19 +1,19 @@
-/* test_controller.c - adaptive speculation length: expected tokens, cost model
- * interpolation, choice of k against brute force, acceptance-rate estimation; the
- * batch's length from measured step times (draft/batch_ctrl.h); chain or tree from
- * a tree's own measured costs (draft/tree_ctrl.h); lookups that stop proposing
- * where their measured rate is below the draft model's (draft/payoff.h). */
+/* test_controller.c - the speculation length (draft/length.h): expected tokens,
+ * acceptance estimation, the choice of k for a batch of one and of many against
+ * brute force over measured step costs (draft/costs.h), unmeasured lengths from the
+ * row model, holding, exploration, back-off and probes; the lookup length; chain or
+ * tree from a tree's own measured costs (draft/tree_ctrl.h); lookups that stop
+ * proposing where their measured rate is below the draft model's (draft/payoff.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
-#include "batch_ctrl.h"
 #include "common.h"
-#include "controller.h"
+#include "costs.h"
+#include "length.h"
 #include "payoff.h"
 #include "testutil.h"
 #include "tree_ctrl.h"
-
 
 /* 1 + a + ... + a^k: the expected tokens of a step, summed term by term. */
 static double series(double a, int k) {
@@ -26,7 +26,7 @@ static double series(double a, int k) {
 }
 
 Test(controller, expected_tokens_formula) {
-    for (int k = 0; k <= TDM_CTRL_MAX_K; k++) {
+    for (int k = 0; k <= 12; k++) {
         cr_assert_float_eq(tdm_ctrl_expected_tokens(0.0, k), 1.0, 1e-12, "alpha 0, k %d", k);
         cr_assert_float_eq(tdm_ctrl_expected_tokens(1.0, k), k + 1.0, 1e-12, "alpha 1, k %d", k);
         cr_assert_float_eq(tdm_ctrl_expected_tokens(1.0 - 1e-9, k), k + 1.0, 1e-5, "alpha -> 1, k %d", k);
@@ -38,163 +38,6 @@ Test(controller, expected_tokens_formula) {
     cr_assert_float_eq(tdm_ctrl_expected_tokens(0.5, 2), 1.75, 1e-12);
     cr_assert_float_eq(tdm_ctrl_expected_tokens(-0.3, 4), 1.0, 1e-12);
     cr_assert_float_eq(tdm_ctrl_expected_tokens(NAN, 4), 1.0, 1e-12);
-}
-
-Test(controller, cost_interpolation_and_extrapolation) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    cr_assert_float_eq(c.ema, 0.1, 1e-12);
-    double prior = tdm_cost_verify(&c, 1);
-    cr_assert_gt(prior, 0);
-    cr_assert_float_eq(tdm_cost_verify(&c, 9), prior, 1e-12, "prior is flat");
-    tdm_cost_observe_verify(&c, 3, 0.030);
-    for (int n = 1; n <= 20; n++) cr_assert_float_eq(tdm_cost_verify(&c, n), 0.030, 1e-12, "one point: flat at n %d", n);
-    tdm_cost_observe_verify(&c, 7, 0.050);
-    cr_assert_float_eq(tdm_cost_verify(&c, 5), 0.040, 1e-12, "interpolated");
-    cr_assert_float_eq(tdm_cost_verify(&c, 4), 0.035, 1e-12);
-    cr_assert_float_eq(tdm_cost_verify(&c, 11), 0.070, 1e-12, "linear beyond: slope 0.005");
-    cr_assert_float_eq(tdm_cost_verify(&c, 1), 0.020, 1e-12, "linear below");
-    /* Clamps: extrapolation never goes below flat / above proportional. */
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 0.010);
-    tdm_cost_observe_verify(&c, 3, 0.030); /* steep: slope 0.02 per position */
-    cr_assert_float_eq(tdm_cost_verify(&c, 9), 0.030 * 9 / 3, 1e-12, "clamped to proportional");
-    cr_assert_float_eq(tdm_cost_verify(&c, 1), 0.005, 1e-12, "clamped to proportional below");
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 4, 0.050);
-    tdm_cost_observe_verify(&c, 5, 0.040); /* noisy: decreasing */
-    cr_assert_float_eq(tdm_cost_verify(&c, 8), 0.040, 1e-12, "never cheaper than the last point");
-    /* EMA of repeated samples. */
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 1.0);
-    tdm_cost_observe_verify(&c, 2, 2.0);
-    cr_assert_float_eq(c.t_verify[2], 1.1, 1e-12);
-    tdm_cost_observe_verify(&c, 0, 5.0);                   /* ignored */
-    tdm_cost_observe_verify(&c, TDM_COST_MAX_N + 1, 5.0);  /* ignored (out of range) */
-    tdm_cost_observe_verify(&c, 3, -1.0);                  /* ignored */
-    tdm_cost_observe_verify(&c, 3, NAN);                   /* ignored */
-    cr_assert_eq(c.t_verify[3], 0.0);
-    tdm_cost_observe_draft(&c, 0.004);
-    tdm_cost_observe_draft(&c, 0.014);
-    cr_assert_float_eq(c.t_draft, 0.005, 1e-12);
-}
-
-/* Brute-force optimum of E[tokens](k) / (k t_draft + t_verify(k + 1)), smaller k on ties. */
-static int brute_k(double alpha, int kmin, int kmax, double td, const double *tv) {
-    double a = alpha < 0 ? 0 : alpha > 0.999 ? 0.999 : alpha;
-    int best = kmin;
-    double br = -1;
-    for (int k = kmin; k <= kmax; k++) {
-        double r = series(a, k) / (k * td + tv[k + 1]);
-        if (r > br * (1 + 1e-12)) {
-            br = r;
-            best = k;
-        }
-    }
-    return best;
-}
-
-Test(controller, choose_k_matches_brute_force) {
-    uint64_t st = 5;
-    int checked = 0;
-    for (int curve = 0; curve < 5; curve++)
-        for (int trial = 0; trial < 400; trial++) {
-            double tv[TDM_CTRL_MAX_K + 2] = {0};
-            double base = 0.005 + 0.05 * tdm_test_randu(&st), slope = 0.02 * tdm_test_randu(&st) * base;
-            for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) {
-                switch (curve) {
-                case 0: tv[n] = base; break;                                  /* memory bound */
-                case 1: tv[n] = base + slope * n; break;                      /* overhead + linear */
-                case 2: tv[n] = base * n; break;                              /* compute bound */
-                case 3: tv[n] = base + slope * n * n * 0.1; break;            /* convex */
-                default: tv[n] = base * (1 + (n > 8) + (n > 16)); break;      /* steps (tiles) */
-                }
-            }
-            double td = base * (0.02 + 0.5 * tdm_test_randu(&st));
-            tdm_cost_model c;
-            tdm_cost_init(&c);
-            for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tdm_cost_observe_verify(&c, n, tv[n]);
-            tdm_cost_observe_draft(&c, td);
-            int kmin = 1 + (int)(tdm_test_rand(&st) % 3), kmax = kmin + (int)(tdm_test_rand(&st) % (TDM_CTRL_MAX_K - kmin + 1));
-            tdm_spec_ctrl ctl;
-            tdm_ctrl_init(&ctl, kmin, kmax, 0);
-            ctl.alpha = trial % 10 == 0 ? 1.0 : tdm_test_randu(&st); /* 1.0 exercises the 0.999 clamp */
-            int want = brute_k(ctl.alpha, kmin, kmax, td, tv);
-            int got = tdm_ctrl_choose_k(&ctl, &c);
-            cr_assert_eq(got, want, "curve %d alpha %g k in [%d, %d]: chose %d, best %d", curve, ctl.alpha, kmin,
-                         kmax, got, want);
-            cr_assert_eq(ctl.k_last, got);
-            checked++;
-        }
-    cr_assert_eq(checked, 2000);
-}
-
-Test(controller, choose_k_with_partial_measurements) {
-    /* Only n = 2 and n = 6 measured: the choice uses the interpolated curve. */
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 0.02);
-    tdm_cost_observe_verify(&c, 6, 0.06);
-    tdm_cost_observe_draft(&c, 0.001);
-    double tv[TDM_CTRL_MAX_K + 2];
-    for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tv[n] = tdm_cost_verify(&c, n);
-    for (double a = 0.0; a <= 1.0; a += 0.05) {
-        tdm_spec_ctrl ctl;
-        tdm_ctrl_init(&ctl, 1, 12, 0);
-        ctl.alpha = a;
-        cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), brute_k(a, 1, 12, 0.001, tv), "alpha %g", a);
-    }
-    /* No measurements at all: the prior (t_draft = t_verify(1) / 4, flat verify). */
-    tdm_cost_init(&c);
-    double p1 = tdm_cost_verify(&c, 1);
-    for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tv[n] = p1;
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 12, 0);
-    int k0 = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert_eq(k0, brute_k(ctl.alpha, 1, 12, p1 / 4, tv));
-    cr_assert(k0 >= 1 && k0 <= 12);
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, NULL), k0, "NULL cost model = the prior");
-}
-
-Test(controller, k_follows_alpha_and_costs) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    for (int n = 1; n <= 13; n++) tdm_cost_observe_verify(&c, n, 0.010 + 0.0002 * n); /* nearly flat */
-    tdm_cost_observe_draft(&c, 0.0005);                                               /* cheap drafts */
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 12, 0);
-    uint64_t st = 3;
-    /* High acceptance: k grows to the top of the range. */
-    for (int step = 0; step < 300; step++) {
-        int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
-        while (n < k && tdm_test_randu(&st) < 0.95) n++;
-        tdm_ctrl_observe(&ctl, k, n);
-    }
-    int k_high = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert_geq(k_high, 8, "alpha ~0.95 with cheap drafts should draft long chains (k = %d, alpha %g)", k_high,
-                  ctl.alpha);
-    /* Low acceptance: k shrinks to k_min. */
-    for (int step = 0; step < 300; step++) {
-        int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
-        while (n < k && tdm_test_randu(&st) < 0.1) n++;
-        tdm_ctrl_observe(&ctl, k, n);
-    }
-    int k_low = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert_eq(k_low, 1, "alpha ~0.1 should draft 1 token (k = %d, alpha %g)", k_low, ctl.alpha);
-    /* k is non-increasing as alpha falls, for fixed costs. */
-    int prev = 99;
-    for (double a = 0.999; a >= 0; a -= 0.01) {
-        ctl.alpha = a;
-        int k = tdm_ctrl_choose_k(&ctl, &c);
-        cr_assert_leq(k, prev, "k rose from %d to %d as alpha fell to %g", prev, k, a);
-        prev = k;
-    }
-    /* Expensive drafts (as costly as a verify) with the same high alpha: shorter chains. */
-    tdm_cost_model dear = c;
-    dear.t_draft = 0.012;
-    ctl.alpha = 0.95;
-    int k_cheap = tdm_ctrl_choose_k(&ctl, &c), k_dear = tdm_ctrl_choose_k(&ctl, &dear);
-    cr_assert_lt(k_dear, k_cheap, "expensive drafts: k %d should be below %d", k_dear, k_cheap);
 }
 
 /* Bernoulli acceptance process: each drafted token accepted with probability a, the
@@ -249,225 +92,323 @@ Test(controller, alpha_tracks_a_change) {
     cr_assert_gt(ctl.alpha, before);
 }
 
-Test(controller, k_fixed_and_init_clamps) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    for (int n = 1; n <= 13; n++) tdm_cost_observe_verify(&c, n, 0.01);
-    tdm_cost_observe_draft(&c, 0.0001);
+Test(controller, init_clamps) {
     tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 12, 5);
-    for (double a = 0; a <= 1.0; a += 0.25) {
-        ctl.alpha = a;
-        cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 5, "k_fixed must be honoured (alpha %g)", a);
-        cr_assert_eq(ctl.k_last, 5);
-    }
-    for (int s = 0; s < 50; s++) tdm_ctrl_observe(&ctl, 5, 5);
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 5);
     tdm_ctrl_init(&ctl, 0, 100, 0);
     cr_assert_eq(ctl.k_min, 1);
     cr_assert_eq(ctl.k_max, TDM_CTRL_MAX_K);
-    ctl.alpha = 1.0;
-    int k = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert(k >= 1 && k <= TDM_CTRL_MAX_K);
     tdm_ctrl_init(&ctl, 6, 3, 0);
     cr_assert(ctl.k_min == 6 && ctl.k_max == 6);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 6, "k stays within [k_min, k_max]");
-    tdm_ctrl_init(&ctl, 2, 9, 0);
+    tdm_ctrl_init(&ctl, 2, 9, 99);
+    cr_assert_eq(ctl.k_fixed, TDM_CTRL_MAX_K);
     cr_assert_float_eq(ctl.alpha_ema, 0.2, 1e-12);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2, "alpha 0: every k gives one token, the smallest is cheapest");
+    tdm_ctrl_init(&ctl, 2, 9, -3);
+    cr_assert_eq(ctl.k_fixed, 0);
 }
 
-Test(controller, exact_tie_prefers_smaller_k) {
-    /* alpha 0: one token for every k; k = 1 and k = 2 cost exactly the same
-     * (1 * 0.25 + 1.0 == 2 * 0.25 + 0.75), so the smaller k must win. */
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 1.0);
-    tdm_cost_observe_verify(&c, 3, 0.75);
-    tdm_cost_observe_draft(&c, 0.25);
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 6, 0);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 1);
-    tdm_ctrl_init(&ctl, 2, 6, 0); /* the same tie one step up: k = 2 vs 3 */
-    tdm_cost_observe_verify(&c, 4, 0.5);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2);
+/* ---- the length of a step (draft/length.h) ---- */
+
+static void seqs_at(tdm_len_seq *bs, int n, double alpha, int cap) {
+    for (int i = 0; i < n; i++) bs[i] = (tdm_len_seq){alpha, cap};
 }
 
-/* Back-off: costs of a 7B target with a small draft (t_verify(n) = 5.1 + 0.1 (n - 1)
- * ms, a draft step 0.67 ms).  At acceptance 0 the plan falls to plain steps (0)
- * with probes of k = 1 at gaps 8, 16, 32, 64, 64, ...; a probe that accepts makes the
- * next step a probe too, and a high acceptance speculates again; a fixed k never
- * backs off. */
-Test(controller, backs_off_and_probes) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    for (int n = 1; n <= 10; n++) tdm_cost_observe_verify(&c, n, 5.1e-3 + 0.1e-3 * (n - 1));
-    tdm_cost_observe_draft(&c, 0.67e-3);
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 8, 0);
-    ctl.alpha = 0.6;
-    double rate;
-    cr_assert_gt(tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), &rate), 1, "alpha 0.6 speculates");
-    cr_assert_gt(rate, 1.0 / 5.1e-3);
-    /* the draft is never right: alpha falls, then only probes speculate */
-    int steps = 0, spec_steps = 0, probes[8], n_probes = 0, last_probe = -1;
-    for (; steps < 400; steps++) {
-        const int32_t k = tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), &rate);
-        cr_assert(k >= 0 && k <= 8);
-        if (k == 0) {
-            cr_assert_float_eq(rate, 1.0 / 5.1e-3, 1e-6, "a plain step's rate");
-            continue;
+/* A controller whose step costs at batch b are T[0..kmax], each measured twice. */
+static void measure_steps(tdm_len_ctrl *c, int b, const double *T, int kmax) {
+    for (int k = 0; k <= kmax; k++) tdm_len_observe_step(c, b, k, T[k]), tdm_len_observe_step(c, b, k, T[k]);
+}
+
+/* The brute-force best of E(k) / T(k) over k = 0 and [kmin, kmax], the shorter on
+ * ties (E from the sequences' alphas and caps, as length.h defines it). */
+static int brute_len(const tdm_len_seq *bs, int n, const double *T, int kmin, int kmax, double *best_rate) {
+    int best = 0;
+    double br = -1;
+    for (int k = 0; k <= kmax; k++) {
+        if (k > 0 && k < kmin) continue;
+        double e = 0;
+        for (int i = 0; i < n; i++) e += series(bs[i].alpha, k < bs[i].cap ? k : bs[i].cap);
+        const double r = e / T[k];
+        if (r > br * (1 + 1e-12)) br = r, best = k;
+    }
+    if (best_rate) *best_rate = br;
+    return best;
+}
+
+/* With every length measured the choice is the brute-force best, for a lone
+ * sequence and for batches, on cost curves of every shape, with mixed alphas and
+ * caps. */
+Test(controller, len_choice_matches_brute_force) {
+    static tdm_len_ctrl c;
+    uint64_t st = 5;
+    int checked = 0;
+    const int sizes[] = {1, 4, 16};
+    for (int curve = 0; curve < 5; curve++)
+        for (int trial = 0; trial < 150; trial++) {
+            const int n = sizes[trial % 3];
+            double T[TDM_CTRL_MAX_K + 1];
+            const double base = 0.005 + 0.05 * tdm_test_randu(&st), slope = 0.3 * tdm_test_randu(&st) * base;
+            for (int k = 0; k <= TDM_CTRL_MAX_K; k++) {
+                switch (curve) {
+                case 0: T[k] = base + 0.01 * slope * k; break;                 /* memory bound */
+                case 1: T[k] = base + slope * k; break;                        /* overhead + linear */
+                case 2: T[k] = base * (1 + k); break;                          /* compute bound */
+                case 3: T[k] = base + slope * k * k * 0.1; break;              /* convex */
+                default: T[k] = base * (1 + (k > 8) + (k > 16)) + slope * k;   /* steps (tiles) */
+                }
+            }
+            tdm_len_init(&c);
+            measure_steps(&c, n, T, TDM_CTRL_MAX_K);
+            tdm_len_seq bs[16];
+            for (int i = 0; i < n; i++)
+                bs[i] = (tdm_len_seq){trial % 10 == 0 ? 1.0 : tdm_test_randu(&st), 1 + (int)(tdm_test_rand(&st) % TDM_CTRL_MAX_K)};
+            const int kmin = 1 + (int)(tdm_test_rand(&st) % 3);
+            const int kmax = kmin + (int)(tdm_test_rand(&st) % (TDM_CTRL_MAX_K - kmin + 1));
+            tdm_len_choice ch;
+            tdm_len_choose(&c, bs, n, 0, kmin, kmax, &ch);
+            double br;
+            const int want = brute_len(bs, n, T, kmin, kmax, &br);
+            cr_assert_eq(ch.k, want, "curve %d batch %d k in [%d, %d]: chose %d, best %d", curve, n, kmin, kmax, ch.k, want);
+            cr_assert(!ch.trial && !ch.probe);
+            cr_assert_float_eq(ch.rate, br, 1e-9 * br, "the choice's rate");
+            cr_assert_float_eq(ch.rate_plain, n / T[0], 1e-9 * n / T[0], "a plain step's rate");
+            checked++;
         }
-        spec_steps++;
-        if (ctl.probing) {
-            cr_assert_eq(k, 1, "a probe drafts one token");
-            if (n_probes < 8) probes[n_probes++] = steps - last_probe - 1;
-            last_probe = steps;
-        }
-        tdm_ctrl_observe(&ctl, k, 0);
-    }
-    cr_assert_geq(n_probes, 5);
-    cr_assert_lt(spec_steps, 40, "%d of 400 steps speculated at acceptance 0", spec_steps);
-    /* gaps between probes: the first after the learning steps, then 8, 16, 32, 64 */
-    const int want[] = {16, 32, 64, 64};
-    for (int i = 0; i < 4; i++) cr_assert_eq(probes[i + 1], want[i], "gap %d: %d plain steps", i + 1, probes[i + 1]);
-    /* acceptance returns: probes accept, follow one another, and speculation resumes */
-    int first_long = -1;
-    for (int s = 0; s < 200 && first_long < 0; s++) {
-        const int32_t k = tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), NULL);
-        if (k == 0) continue;
-        if (k > 1 && !ctl.probing) first_long = s;
-        tdm_ctrl_observe(&ctl, k, k); /* every token accepted */
-    }
-    cr_assert_geq(first_long, 0, "speculation never resumed");
-    cr_assert_lt(first_long, 64 + 8, "speculation resumed only after %d steps", first_long);
-    /* a fixed k is the user's: never backed off */
-    tdm_ctrl_init(&ctl, 1, 8, 3);
-    ctl.alpha = 0.0;
-    for (int s = 0; s < 50; s++) {
-        cr_assert_eq(tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), NULL), 3);
-        tdm_ctrl_observe(&ctl, 3, 0);
-    }
+    cr_assert_eq(checked, 750);
 }
 
-/* ---- the batch's length (draft/batch_ctrl.h) ---- */
-
-static void batch_seqs(tdm_batch_seq *bs, int n, double alpha, int cap) {
-    for (int i = 0; i < n; i++) bs[i] = (tdm_batch_seq){alpha, cap};
+Test(controller, len_plain_step_first) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    tdm_len_seq bs[16];
+    seqs_at(bs, 16, 0.9, 8);
+    tdm_len_choice ch;
+    tdm_len_choose(&c, bs, 16, 0, 1, 8, &ch);
+    cr_assert_eq(ch.k, 0, "nothing measured: plain");
+    cr_assert(!ch.trial && !ch.probe);
+    cr_assert_eq(c.dec_explore, -1);
+    tdm_len_init(&c);
+    tdm_len_choose(&c, bs, 1, 0, 1, 8, &ch);
+    cr_assert_eq(ch.k, 0, "a lone sequence too");
 }
 
-Test(controller, batch_plain_step_first) {
-    tdm_batch_steps t;
-    tdm_rowcost ct, cd;
-    tdm_batch_steps_init(&t);
-    tdm_rowcost_init(&ct);
-    tdm_rowcost_init(&cd);
-    tdm_batch_seq bs[16];
-    batch_seqs(bs, 16, 0.9, 8);
-    bool trial = true;
-    int32_t ex = 5;
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, 16, 0, 8, &trial, &ex), 0, "nothing measured: plain");
-    cr_assert(!trial);
-    cr_assert_eq(ex, -1);
-}
-
-/* With measured step times the choice is the brute-force best of E(k) / T(k). */
-Test(controller, batch_choice_is_the_best_measured_rate) {
-    tdm_batch_steps t;
-    tdm_rowcost ct, cd;
-    tdm_batch_steps_init(&t);
-    tdm_rowcost_init(&ct);
-    tdm_rowcost_init(&cd);
+/* Neighbours to measure: one sampled once first, whatever its one sample says,
+ * then one expected within 10 % of the best, else, while speculating, either in
+ * turn; exploration takes 3 steps in every 256. */
+Test(controller, len_explores_neighbours) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
     const int B = 16;
     const double T[] = {10e-3, 22e-3, 30e-3, 37e-3, 45e-3};
-    for (int k = 0; k <= 4; k++) tdm_batch_steps_observe(&t, B, k, T[k]), tdm_batch_steps_observe(&t, B, k, T[k]);
-    tdm_batch_seq bs[16];
-    for (double a = 0.0; a <= 1.0; a += 0.05) {
-        batch_seqs(bs, B, a, 8);
-        int best = 0;
-        double best_rate = 0;
-        for (int k = 0; k <= 4; k++) {
-            const double r = B * series(a, k) / T[k];
-            if (r > best_rate + 1e-12) best_rate = r, best = k;
-        }
-        bool trial = true;
-        int32_t ex;
-        const int32_t k = tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, &trial, &ex);
-        cr_assert_eq(k, best, "alpha %.2f: chose %d, best %d", a, k, best);
-        cr_assert(!trial, "every length is measured");
-        if (ex >= 0) {
-            cr_assert(ex == k - 1 || ex == k + 1, "explores a neighbour");
-            cr_assert_geq(B * series(a, ex) / T[ex], 0.9 * best_rate - 1e-9, "a neighbour nearly as good");
-        }
+    measure_steps(&c, B, T, 4);
+    tdm_len_seq bs[16];
+    seqs_at(bs, B, 0.6, 8);
+    tdm_len_choice ch;
+    tdm_len_choose(&c, bs, B, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 0);
+    cr_assert_eq(c.dec_explore, -1, "not speculating: k = 1 (16 * 1.6 / 22 ms, below 16 / 10 ms) is left to the probes");
+    static tdm_len_ctrl c1; /* a lone sequence, alpha 0.9: k = 3 best (3.44 / 17 ms), k = 2 and 4 within 10 % */
+    tdm_len_init(&c1);
+    const double T1[] = {10e-3, 12e-3, 14e-3, 17e-3, 21e-3};
+    measure_steps(&c1, 1, T1, 4);
+    const tdm_len_seq one = {0.9, 8};
+    tdm_len_choose(&c1, &one, 1, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 3);
+    cr_assert_eq(c1.dec_explore, 2, "a neighbour nearly as good");
+    const double T2[] = {10e-3, 12e-3, 14e-3, 30e-3, 40e-3}; /* k = 2 best, k = 1 and 3 clearly worse */
+    tdm_len_init(&c1);
+    measure_steps(&c1, 1, T2, 4);
+    tdm_len_choose(&c1, &one, 1, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 2);
+    cr_assert(c1.dec_explore == 1 || c1.dec_explore == 3, "while speculating, a neighbour in turn (got %d)", c1.dec_explore);
+    tdm_len_init(&c);
+    tdm_len_observe_step(&c, B, 0, 10e-3);
+    tdm_len_observe_step(&c, B, 0, 10e-3);
+    tdm_len_observe_step(&c, B, 1, 80e-3);
+    tdm_len_choose(&c, bs, B, 0, 1, 4, &ch);
+    cr_assert_eq(ch.k, 0);
+    cr_assert_eq(c.dec_explore, 1, "k = 1 has one sample");
+    int explored = 0;
+    for (int s = 2; s <= 514; s++) { /* (decisions 256-258 and 512-514 explore) */
+        tdm_len_choose(&c, bs, B, 0, 1, 4, &ch);
+        explored += ch.k == 1 && !ch.probe;
     }
-    /* at alpha 0.6 k = 1 delivers 16 * 1.6 / 22 ms, well below 16 / 10 ms: never explored */
-    batch_seqs(bs, B, 0.6, 8);
-    int32_t ex;
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, NULL, &ex), 0);
-    cr_assert_eq(ex, -1, "a length expected to lose clearly is not explored");
-    /* a neighbour sampled once is measured again, whatever its one sample says */
-    tdm_batch_steps_init(&t);
-    tdm_batch_steps_observe(&t, B, 0, 10e-3);
-    tdm_batch_steps_observe(&t, B, 0, 10e-3);
-    tdm_batch_steps_observe(&t, B, 1, 80e-3);
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 4, NULL, &ex), 0);
-    cr_assert_eq(ex, 1, "k = 1 has one sample");
+    cr_assert_eq(explored, 6, "3 steps in every 256 explore (got %d in 514)", explored);
 }
 
 /* An unmeasured length is estimated from the nearest measured one plus the row
- * model's difference, and tried (trial) when that estimate wins. */
-Test(controller, batch_unmeasured_length_from_the_nearest) {
-    tdm_batch_steps t;
-    tdm_rowcost ct, cd;
-    tdm_batch_steps_init(&t);
-    tdm_rowcost_init(&ct);
-    tdm_rowcost_init(&cd);
+ * model's difference, and tried (a trial, held 3 steps) when that estimate wins. */
+Test(controller, len_unmeasured_length_from_the_nearest) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
     const int B = 4;
-    for (int r = 1; r <= 64; r++) tdm_rowcost_observe(&ct, r, 1e-3 + 1e-5 * r); /* nearly flat: memory-bound */
-    tdm_rowcost_observe(&cd, B, 0.1e-3);
-    tdm_batch_steps_observe(&t, B, 0, 1.5e-3); /* the step costs 0.5 ms more than its forward */
-    tdm_batch_seq bs[4];
-    batch_seqs(bs, B, 0.9, 8);
-    bool trial = false;
-    int32_t ex;
-    const int32_t k = tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 8, &trial, &ex);
+    for (int r = 1; r <= 64; r++) tdm_rowcost_observe(&c.cost.target, r, 1e-3 + 1e-5 * r); /* nearly flat: memory-bound */
+    tdm_rowcost_observe(&c.cost.draft, B, 0.1e-3);
+    tdm_len_observe_step(&c, B, 0, 1.5e-3); /* the step costs 0.5 ms more than its forward */
+    tdm_len_seq bs[4];
+    seqs_at(bs, B, 0.9, 8);
+    tdm_len_choice ch;
+    tdm_len_choose(&c, bs, B, 0, 1, 8, &ch);
+    const int k = ch.k;
     cr_assert_gt(k, 2, "cheap rows and alpha 0.9: a long chain (got %d)", k);
-    cr_assert(trial, "an unmeasured length is a trial");
+    cr_assert(ch.trial, "an unmeasured length is a trial");
+    const double want_t = 1.5e-3 + k * 0.1e-3 + (1e-3 + 1e-5 * (B + B * k)) - (1e-3 + 1e-5 * B);
+    cr_assert_float_eq(ch.rate, B * series(0.9, k) / want_t, 1e-6 * ch.rate, "T = T(0) + the model's difference");
+    for (int i = 0; i < 2; i++) {
+        tdm_len_choose(&c, bs, B, 0, 1, 8, &ch);
+        cr_assert_eq(ch.k, k, "a trial holds 3 steps");
+    }
     /* measured much dearer than the model thought: the choice falls back */
-    for (int i = 0; i < 40; i++) tdm_batch_steps_observe(&t, B, k, 40e-3);
     for (int j = 1; j <= 8; j++)
-        if (j != k) tdm_batch_steps_observe(&t, B, j, 40e-3);
-    cr_assert_eq(tdm_batch_choose_k_measured(&t, &ct, &cd, bs, B, 0, 8, &trial, NULL), 0);
-    cr_assert(!trial);
+        for (int i = 0; i < 40; i++) tdm_len_observe_step(&c, B, j, 40e-3);
+    tdm_len_choose(&c, bs, B, 0, 1, 8, &ch);
+    cr_assert_eq(ch.k, 0);
+    cr_assert(!ch.trial);
 }
 
-/* The second sample replaces the first (one-time work such as a graph capture);
- * later, a sample far from the estimate moves it as one twice (or half) as large
- * would. */
-Test(controller, batch_step_samples_are_clamped) {
-    tdm_batch_steps t;
-    tdm_batch_steps_init(&t);
-    tdm_batch_steps_observe(&t, 8, 0, 50e-3);
+/* A lone sequence decides every step (its acceptance swings with its text); a
+ * batch's choice holds 8 steps while the batch keeps its size and limit. */
+Test(controller, len_lone_decides_every_step_a_batch_holds) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    double T[TDM_CTRL_MAX_K + 1];
+    for (int k = 0; k <= TDM_CTRL_MAX_K; k++) T[k] = 10e-3 + 1e-3 * k;
+    measure_steps(&c, 1, T, TDM_CTRL_MAX_K);
+    measure_steps(&c, 4, T, TDM_CTRL_MAX_K);
+    tdm_len_seq hi = {0.95, 16}, lo = {0.05, 16};
+    tdm_len_choice ch;
+    tdm_len_choose(&c, &hi, 1, 0, 1, 16, &ch);
+    const int k_hi = ch.k;
+    tdm_len_choose(&c, &lo, 1, 0, 1, 16, &ch);
+    cr_assert_gt(k_hi, 3);
+    cr_assert_lt(ch.k, k_hi, "a lone sequence's next step follows its estimate");
+    tdm_len_seq b_hi[4], b_lo[4];
+    seqs_at(b_hi, 4, 0.95, 16);
+    seqs_at(b_lo, 4, 0.05, 16);
+    tdm_len_choose(&c, b_hi, 4, 0, 1, 16, &ch);
+    cr_assert_eq(ch.k, k_hi, "(the same costs)");
+    for (int s = 0; s < 7; s++) {
+        tdm_len_choose(&c, b_lo, 4, 0, 1, 16, &ch);
+        cr_assert_eq(ch.k, k_hi, "step %d: the batch's choice holds", s + 1);
+    }
+    tdm_len_choose(&c, b_lo, 4, 0, 1, 16, &ch);
+    cr_assert_lt(ch.k, k_hi, "then it is made again");
+}
+
+/* Back-off: a 7B target with a small draft (a plain step 5.1 ms, each drafted
+ * token 0.77 ms more).  At acceptance 0 the choice is plain steps, with probes at
+ * gaps 8, 16, 32, 64, 64, ...; probes that lift the estimate bring speculation
+ * back; where speculation loses for its cost alone (each token as dear as a
+ * step) nothing is probed. */
+Test(controller, len_backs_off_and_probes) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    double T[9];
+    for (int k = 0; k <= 8; k++) T[k] = 5.1e-3 + 0.77e-3 * k;
+    measure_steps(&c, 1, T, 8);
+    tdm_spec_ctrl ctl;
+    tdm_ctrl_init(&ctl, 1, 8, 0);
+    ctl.alpha = 0.6;
+    tdm_len_choice ch;
+    tdm_len_seq one = {ctl.alpha, 8};
+    tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+    cr_assert_gt(ch.k, 1, "alpha 0.6 speculates");
+    cr_assert_gt(ch.rate, 1.0 / 5.1e-3);
+    /* the draft is never right: alpha falls, then only probes speculate */
+    int spec_steps = 0, probes[8], n_probes = 0, last_probe = -1;
+    for (int s = 0; s < 400; s++) {
+        one.alpha = ctl.alpha;
+        tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+        cr_assert(ch.k >= 0 && ch.k <= 8);
+        if (ch.k == 0) {
+            cr_assert_float_eq(ch.rate, 1.0 / 5.1e-3, 1e-6, "a plain step's rate");
+            continue;
+        }
+        spec_steps++;
+        if (ch.probe) {
+            if (n_probes < 8) probes[n_probes++] = s - last_probe - 1;
+            last_probe = s;
+        }
+        tdm_ctrl_observe(&ctl, ch.k, 0);
+    }
+    cr_assert_geq(n_probes, 5);
+    cr_assert_lt(spec_steps, 40, "%d of 400 steps speculated at acceptance 0", spec_steps);
+    const int want[] = {16, 32, 64, 64};
+    for (int i = 0; i < 4; i++) cr_assert_eq(probes[i + 1], want[i], "gap %d: %d plain steps", i + 1, probes[i + 1]);
+    /* acceptance returns: probes lift the estimate, follow one another sooner, and
+     * speculation resumes */
+    int resumed = -1;
+    for (int s = 0; s < 400 && resumed < 0; s++) {
+        one.alpha = ctl.alpha;
+        tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+        if (ch.k == 0) continue;
+        if (!ch.probe) resumed = s;
+        tdm_ctrl_observe(&ctl, ch.k, ch.k); /* every token accepted */
+    }
+    cr_assert_geq(resumed, 0, "speculation never resumed");
+    cr_assert_lt(resumed, 64 + 4 * 8 + 8, "speculation resumed only after %d steps", resumed);
+    /* cost-bound: every drafted token as dear as a plain step, acceptance 0.9 */
+    tdm_len_init(&c);
+    for (int k = 0; k <= 8; k++) T[k] = 5.1e-3 * (1 + k);
+    measure_steps(&c, 1, T, 8);
+    one.alpha = 0.9;
+    int spec = 0;
+    for (int s = 0; s < 400; s++) {
+        tdm_len_choose(&c, &one, 1, 0, 1, 8, &ch);
+        spec += ch.k > 0;
+    }
+    cr_assert_leq(spec, 3, "nothing to probe where speculation loses on cost (%d speculative steps)", spec);
+}
+
+/* The lookup length (no draft model): the brute-force best of E / the step's cost. */
+Test(controller, lookup_length_matches_brute_force) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    for (int r = 1; r <= 40; r++) tdm_rowcost_observe(&c.cost.target, r, 1e-3 + (r > 1 ? 0.3e-3 * (r - 1) : 0));
+    tdm_len_observe_step(&c, 1, 0, 1.2e-3); /* (a step's host work is the same for every proposal: left out) */
+    for (double a = 0.0; a <= 0.95; a += 0.05)
+        for (int cap = 0; cap <= 12; cap += 3) {
+            int best = 0;
+            double br = -1;
+            for (int k = 1; k <= cap; k++) {
+                const double r = series(a, k) / (1e-3 + 0.3e-3 * k);
+                if (r > br * (1 + 1e-12)) br = r, best = k;
+            }
+            tdm_spec_ctrl ng;
+            tdm_ctrl_init(&ng, 1, 16, 0);
+            ng.alpha = a;
+            cr_assert_eq(tdm_len_lookup_k(&c, &ng, cap), best, "alpha %.2f cap %d", a, cap);
+            tdm_ctrl_init(&ng, 1, 16, 5);
+            cr_assert_eq(tdm_len_lookup_k(&c, &ng, cap), cap < 5 ? cap : 5, "a fixed k is the request's");
+        }
+}
+
+/* Step costs: the second sample replaces the first (one-time work such as a graph
+ * capture); later, a sample over twice the estimate moves it as one twice as large
+ * would, and one under half replaces it. */
+Test(controller, step_cost_samples_are_clamped) {
+    static tdm_step_costs t;
+    tdm_step_costs_init(&t);
+    tdm_step_costs_observe(&t, 8, 0, 50e-3);
     cr_assert_float_eq(t.t[8][0], 50e-3, 1e-12, "the first sample is the estimate");
-    tdm_batch_steps_observe(&t, 8, 0, 10e-3);
+    tdm_step_costs_observe(&t, 8, 0, 10e-3);
     cr_assert_float_eq(t.t[8][0], 10e-3, 1e-12, "the second replaces it");
-    tdm_batch_steps_observe(&t, 8, 0, 1.0);
+    tdm_step_costs_observe(&t, 8, 0, 1.0);
     cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a stall counts as twice the estimate");
-    tdm_batch_steps_observe(&t, 8, 0, 0.0);
+    tdm_step_costs_observe(&t, 8, 0, 0.0);
     cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a non-positive sample is ignored");
-    tdm_batch_steps_observe(&t, 8, 0, 1e-6);
-    cr_assert_float_eq(t.t[8][0], 12e-3 - 0.2 * 6e-3, 1e-12, "a tiny sample counts as half");
-    tdm_batch_steps_observe(&t, 100000, 0, 5e-3);
-    cr_assert_float_eq(t.t[TDM_BATCH_STEP_B][0], 5e-3, 1e-12, "a batch beyond the table is its last row");
-    tdm_batch_steps_observe(&t, 8, TDM_BATCH_STEP_K + 1, 5e-3); /* out of range: ignored */
+    tdm_step_costs_observe(&t, 8, 0, 7e-3);
+    cr_assert_float_eq(t.t[8][0], 12e-3 - 0.2 * 5e-3, 1e-12, "an EMA");
+    tdm_step_costs_observe(&t, 8, 0, 1e-3);
+    cr_assert_float_eq(t.t[8][0], 1e-3, 1e-12, "a sample under half the estimate replaces it (one-time work)");
+    tdm_step_costs_observe(&t, 100000, 0, 5e-3);
+    cr_assert_float_eq(t.t[TDM_STEP_COST_B][0], 5e-3, 1e-12, "a batch beyond the table is its last row");
+    tdm_step_costs_observe(&t, 8, TDM_CTRL_MAX_K + 1, 5e-3); /* out of range: ignored */
+    tdm_step_costs_observe(&t, 8, TDM_CTRL_MAX_K, 5e-3);
+    cr_assert_float_eq(t.t[8][TDM_CTRL_MAX_K], 5e-3, 1e-12, "every length up to the longest chain");
 }
 
 /* Row costs: the second sample replaces the first; between measured counts the
- * roofline guess max(t(lo), t(hi) * rows / hi), never above the straight line. */
+ * roofline guess max(t(lo), t(hi) * rows / hi), never above the straight line; the
+ * priors of an unmeasured pair. */
 Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost c;
     tdm_rowcost_init(&c);
@@ -482,25 +423,30 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 10, 1e-3);
     tdm_rowcost_observe(&c, 20, 10e-3); /* dearer than proportional: the straight line bounds it */
     cr_assert_float_eq(tdm_rowcost_get(&c, 15), 5.5e-3, 1e-12, "min(line 5.5 ms, roof 7.5 ms)");
+    static tdm_pair_costs pc;
+    tdm_pair_costs_init(&pc);
+    cr_assert_float_eq(tdm_cost_target(&pc, 7), 1.0, 1e-12, "the prior: 1");
+    cr_assert_float_eq(tdm_cost_draft(&pc, 3), 0.25, 1e-12, "a draft round a quarter of it");
 }
 
 /* Chain or tree (tdm_tree_choose): a tree's verification is weighed at its own
  * measured cost, not at a chain's of the same row count; a sequence that has not
  * measured a budget takes the engine's tokens for it; an unmeasured budget is tried. */
 Test(controller, tree_choice_weighs_the_trees_own_costs) {
-    tdm_cost_model cost;
-    tdm_cost_init(&cost);
-    tdm_cost_observe_draft(&cost, 100e-6);
-    for (int n = 1; n <= TDM_COST_MAX_N; n++) tdm_cost_observe_verify(&cost, n, 1e-3 + n * 5e-6);
+    static tdm_len_ctrl lc;
+    tdm_len_init(&lc);
+    tdm_pair_costs *cost = &lc.cost;
+    tdm_rowcost_observe(&cost->draft, 1, 100e-6);
+    for (int n = 1; n <= 65; n++) tdm_rowcost_observe(&cost->target, n, 1e-3 + n * 5e-6);
     const double alpha = 0.7;
     const int32_t k = 4;
-    const double chain = tdm_ctrl_rate(&cost, alpha, tdm_cost_draft(&cost), k);
+    const double chain = tdm_len_rate(&lc, 1, series(alpha, k), 1 + k, k);
     tdm_tree_cost tc;
     memset(&tc, 0, sizeof tc);
     tdm_tree_ctrl c;
     tdm_tree_ctrl_init(&c);
     /* nothing measured: the hopeful estimate picks some tree, to try it */
-    cr_assert_gt(tdm_tree_choose(&c, &tc, &cost, alpha, k, 8), 0);
+    cr_assert_gt(tdm_tree_choose(&c, &tc, cost, alpha, chain, 8), 0);
     /* budgets 4 and 8 measured: 5 tokens each, drafted in 0.3 ms, but verified in
      * 2.5 ms (masked rows): slower than the chain, which is chosen (the choice
      * every 8th step is the runner-up, so compare 7 in 8) */
@@ -511,15 +457,15 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
         tdm_tree_ctrl_observe(&c, 8, 5);
     }
     cr_assert_lt(5.0 / (300e-6 + 2.5e-3), chain, "(the case: the tree is slower)");
-    cr_assert_gt(5.0 / (300e-6 + tdm_cost_verify(&cost, 9)), chain, "(at a chain's verification it would win)");
+    cr_assert_gt(5.0 / (300e-6 + tdm_cost_target(cost, 9)), chain, "(at a chain's verification it would win)");
     int chains = 0;
-    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&c, &tc, &cost, alpha, k, 8) == 0;
+    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&c, &tc, cost, alpha, chain, 8) == 0;
     cr_assert_eq(chains, 7, "the chain in 7 of 8 steps, got %d", chains);
     /* a new sequence: no tokens of its own, the engine's make the trees lose too */
     tdm_tree_ctrl fresh;
     tdm_tree_ctrl_init(&fresh);
     chains = 0;
-    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&fresh, &tc, &cost, alpha, k, 8) == 0;
+    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&fresh, &tc, cost, alpha, chain, 8) == 0;
     cr_assert_eq(chains, 7, "a new sequence: the chain in 7 of 8 steps, got %d", chains);
     /* a tree far slower than the chain (verified in 6 ms): its re-check is rarer,
      * every 64th step */
@@ -528,20 +474,18 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
     tdm_tree_ctrl_init(&cs);
     for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&slow, 4, 300e-6, 6e-3, 5), tdm_tree_cost_observe(&slow, 8, 300e-6, 6e-3, 5);
     chains = 0;
-    for (int i = 0; i < 64; i++) chains += tdm_tree_choose(&cs, &slow, &cost, alpha, k, 8) == 0;
+    for (int i = 0; i < 64; i++) chains += tdm_tree_choose(&cs, &slow, cost, alpha, chain, 8) == 0;
     cr_assert_eq(chains, 63, "far slower trees: the chain in 63 of 64 steps, got %d", chains);
     /* a tree verified fast wins */
     for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&tc, 8, 300e-6, 1.0e-3, 5);
     for (int i = 0; i < 60; i++) tdm_tree_ctrl_observe(&c, 8, 5);
     tdm_tree_ctrl_init(&fresh);
-    cr_assert_eq(tdm_tree_choose(&fresh, &tc, &cost, alpha, k, 8), 8);
+    cr_assert_eq(tdm_tree_choose(&fresh, &tc, cost, alpha, chain, 8), 8);
     /* times that are not positive are not recorded */
     const double before = tc.t_verify[1];
     tdm_tree_cost_observe(&tc, 8, 0, -1, 0);
     cr_assert_float_eq(tc.t_verify[1], before, 0);
 }
-
-/* ---- payoff of lookups (draft/payoff.h) ---- */
 
 Test(payoff, rates_need_min_steps_and_follow_the_ema) {
     tdm_payoff p = {0};

@@ -1,0 +1,98 @@
+/* costs.c - measured forward and step costs (costs.h). */
+#include "costs.h"
+
+#include <math.h>
+
+#include "common.h"
+
+void tdm_rowcost_init(tdm_rowcost *c) {
+    for (int i = 0; i <= TDM_ROWCOST_MAX; i++) c->t[i] = 0.0, c->n[i] = 0;
+    c->ema = 0.2;
+    c->top = 0;
+}
+
+void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds) {
+    if (rows < 1 || !(seconds > 0.0) || isinf(seconds)) return;
+    if (rows > TDM_ROWCOST_MAX) rows = TDM_ROWCOST_MAX;
+    c->t[rows] = c->n[rows] < 2 ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
+    if (c->n[rows] < 2) c->n[rows]++;
+    if (rows > c->top) c->top = rows;
+}
+
+double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
+    if (rows < 1) rows = 1;
+    if (rows > TDM_ROWCOST_MAX) { /* beyond the table: proportional to the last entry's estimate */
+        const double t = tdm_rowcost_get(c, TDM_ROWCOST_MAX);
+        return t * (double)rows / TDM_ROWCOST_MAX;
+    }
+    if (c->t[rows] > 0.0) return c->t[rows];
+    int32_t lo = 0, hi = 0;
+    for (int32_t i = rows - 1; i >= 1; i--)
+        if (c->t[i] > 0.0) {
+            lo = i;
+            break;
+        }
+    for (int32_t i = rows + 1; i <= c->top; i++)
+        if (c->t[i] > 0.0) {
+            hi = i;
+            break;
+        }
+    if (lo && hi) {
+        const double line = c->t[lo] + (c->t[hi] - c->t[lo]) * (double)(rows - lo) / (double)(hi - lo);
+        const double roof = TDM_MAX(c->t[lo], c->t[hi] * (double)rows / (double)hi);
+        return TDM_MIN(line, roof);
+    }
+    if (hi) return c->t[hi]; /* below every measurement: no dearer than the next */
+    if (!lo) return 0.0;
+    /* above every measurement: the slope of the two highest points, at least flat */
+    int32_t lo2 = 0;
+    for (int32_t i = lo - 1; i >= 1; i--)
+        if (c->t[i] > 0.0) {
+            lo2 = i;
+            break;
+        }
+    double slope = lo2 ? (c->t[lo] - c->t[lo2]) / (double)(lo - lo2) : 0.0;
+    if (slope < 0.0) slope = 0.0;
+    return c->t[lo] + slope * (double)(rows - lo);
+}
+
+void tdm_step_costs_init(tdm_step_costs *t) {
+    for (int b = 0; b <= TDM_STEP_COST_B; b++)
+        for (int k = 0; k <= TDM_CTRL_MAX_K; k++) t->t[b][k] = 0.0, t->n[b][k] = 0;
+}
+
+void tdm_step_costs_observe(tdm_step_costs *t, int32_t batch, int32_t k, double seconds) {
+    if (batch < 1 || k < 0 || k > TDM_CTRL_MAX_K || !(seconds > 0.0) || isinf(seconds)) return;
+    if (batch > TDM_STEP_COST_B) batch = TDM_STEP_COST_B;
+    double *x = &t->t[batch][k];
+    if (t->n[batch][k] < 2) { /* (the first may include one-time work) */
+        *x = seconds;
+        t->n[batch][k]++;
+        return;
+    }
+    /* a step slowed by something else (another process, a page fault) moves the
+     * estimate by at most as much as a step twice as dear; one at less than half
+     * the estimate replaces it (the estimate held one-time work: nothing makes a
+     * step that much faster by chance) */
+    if (seconds < 0.5 * *x) {
+        *x = seconds;
+        return;
+    }
+    *x += 0.2 * ((seconds > 2.0 * *x ? 2.0 * *x : seconds) - *x);
+}
+
+void tdm_pair_costs_init(tdm_pair_costs *c) {
+    tdm_rowcost_init(&c->target);
+    tdm_rowcost_init(&c->draft);
+    tdm_step_costs_init(&c->steps);
+}
+
+double tdm_cost_target(const tdm_pair_costs *c, int32_t rows) {
+    const double t = c ? tdm_rowcost_get(&c->target, rows) : 0.0;
+    return t > 0.0 ? t : 1.0;
+}
+
+double tdm_cost_draft(const tdm_pair_costs *c, int32_t n) {
+    const double t = c ? tdm_rowcost_get(&c->draft, n) : 0.0;
+    return t > 0.0 ? t : tdm_cost_target(c, n) / 4.0;
+}
