@@ -17,7 +17,7 @@
  * draft: the greedy decoding sequences of a step draft their chains together (one
  * draft forward per round, draft/chain.h) and are verified by the step's
  * target forward, with one length for the batch from measured costs
- * (draft/batch_ctrl.h; 0 when it does not pay); a sequence that runs alone takes
+ * (draft/length.h; 0 when it does not pay); a sequence that runs alone takes
  * the single-sequence step (tdm_seq_step: n-gram lookup, device chains, its own
  * length), greedy, or sampled on an engine of one sequence (n_seq_max 1).
  *
