@@ -14,10 +14,13 @@ void tdm_rowcost_init(tdm_rowcost *c) {
 void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds) {
     if (rows < 1 || !(seconds > 0.0) || isinf(seconds)) return;
     if (rows > TDM_ROWCOST_MAX) rows = TDM_ROWCOST_MAX;
-    c->t[rows] = c->n[rows] < 2 ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
+    /* (a sample under half the estimate replaces it: the estimate held one-time work) */
+    c->t[rows] = c->n[rows] < 2 || seconds < 0.5 * c->t[rows] ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
     if (c->n[rows] < 2) c->n[rows]++;
     if (rows > c->top) c->top = rows;
 }
+
+static double rowcost_from_others(const tdm_rowcost *c, int32_t rows);
 
 double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
     if (rows < 1) rows = 1;
@@ -25,7 +28,15 @@ double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
         const double t = tdm_rowcost_get(c, TDM_ROWCOST_MAX);
         return t * (double)rows / TDM_ROWCOST_MAX;
     }
-    if (c->t[rows] > 0.0) return c->t[rows];
+    if (c->t[rows] > 0.0 && c->n[rows] >= 2) return c->t[rows];
+    const double o = rowcost_from_others(c, rows);
+    if (c->t[rows] > 0.0) return o > 0.0 && o < c->t[rows] ? o : c->t[rows]; /* (one sample: at most the others' estimate) */
+    return o;
+}
+
+/* The estimate for rows from the other measured counts (rows itself unmeasured or
+ * left out). */
+static double rowcost_from_others(const tdm_rowcost *c, int32_t rows) {
     int32_t lo = 0, hi = 0;
     for (int32_t i = rows - 1; i >= 1; i--)
         if (c->t[i] > 0.0) {

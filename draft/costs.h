@@ -5,7 +5,8 @@
  * target (rows verified) and for the draft (one round: one row per drafting
  * sequence), per row count up to TDM_ROWCOST_MAX.  The second sample replaces the
  * first, which may include one-time work such as capturing a CUDA graph; then an
- * EMA.  Between measured counts a roofline guess, extrapolated beyond them.
+ * EMA, except that a sample under half the estimate replaces it.  Between measured
+ * counts a roofline guess, extrapolated beyond them.
  *
  * Step costs: an EMA of the seconds of a whole speculative step (drafting,
  * verification, host work) by batch size and speculation length, measured on steps
@@ -35,7 +36,9 @@ typedef struct tdm_rowcost {
 
 void tdm_rowcost_init(tdm_rowcost *c);
 void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds);
-/* The estimate for rows: measured; between measured counts lo < rows < hi the
+/* The estimate for rows: measured (sampled twice; a count sampled once counts at
+ * the lesser of its sample and the estimate from the others, as the step costs
+ * below); between measured counts lo < rows < hi the
  * dearer of t(lo) and t(hi) * rows / hi (a forward costs what reading the weights
  * costs until its rows make it compute-bound, then grows with them; never above the
  * straight line between the two), which errs on the cheap side so that an

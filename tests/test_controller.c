@@ -362,7 +362,8 @@ Test(controller, len_backs_off_and_probes) {
 Test(controller, lookup_length_matches_brute_force) {
     static tdm_len_ctrl c;
     tdm_len_init(&c);
-    for (int r = 1; r <= 40; r++) tdm_rowcost_observe(&c.cost.target, r, 1e-3 + (r > 1 ? 0.3e-3 * (r - 1) : 0));
+    for (int i = 0; i < 2; i++) /* (each count sampled twice: measured) */
+        for (int r = 1; r <= 40; r++) tdm_rowcost_observe(&c.cost.target, r, 1e-3 + (r > 1 ? 0.3e-3 * (r - 1) : 0));
     tdm_len_observe_step(&c, 1, 0, 1.2e-3); /* (a step's host work is the same for every proposal: left out) */
     for (double a = 0.0; a <= 0.95; a += 0.05)
         for (int cap = 0; cap <= 12; cap += 3) {
@@ -423,6 +424,16 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 10, 1e-3);
     tdm_rowcost_observe(&c, 20, 10e-3); /* dearer than proportional: the straight line bounds it */
     cr_assert_float_eq(tdm_rowcost_get(&c, 15), 5.5e-3, 1e-12, "min(line 5.5 ms, roof 7.5 ms)");
+    /* a count sampled once counts at most at the others' estimate (its sample may
+     * hold a graph capture); a sample under half the estimate replaces it */
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 2, 1e-3), tdm_rowcost_observe(&c, 8, 1.6e-3);
+    tdm_rowcost_observe(&c, 5, 9e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.0e-3, 1e-12, "one inflated sample: the others' estimate (roofline 2..8)");
+    tdm_rowcost_observe(&c, 5, 1.35e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.35e-3, 1e-12, "the second sample replaces it");
+    tdm_rowcost_observe(&c, 8, 0.5e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.5e-3, 1e-12, "under half the estimate: replaces");
     static tdm_pair_costs pc;
     tdm_pair_costs_init(&pc);
     cr_assert_float_eq(tdm_cost_target(&pc, 7), 1.0, 1e-12, "the prior: 1");
