@@ -7,7 +7,9 @@
 # (bench_batch, the pycode pair).  Each build is a folder holding tandem, bench_spec
 # and bench_batch (bench/gpu-pack.sh's layout).
 # usage: bench/gpu-ab.sh OLD_DIR NEW_DIR OUT_DIR [MODELS_DIR] [STEPS]
-#   STEPS: comma-separated subset of spec,decode,batch,specbatch (default all)
+#   STEPS: comma-separated subset of spec,decode,batch,specbatch (default all), and
+#          speclog: each build's lone steps with n-gram lookups logged (TANDEM_SCHED_LOG=1,
+#          draft-xs, 30 prompts, one repetition; not in the default)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 A=$1 B=$2 out=$3 models=${4:-/dev/shm/tandem-ab} steps=${5:-spec,decode,batch,specbatch}
@@ -55,6 +57,15 @@ if has specbatch; then
     timeout 600 "$d/bench_batch" -m "$pyt" -d "$pyx" --prompts "$prompts" --backend cuda --batch 1,2,4,8,16,32,64 \
       --npp 128 --ntg 512 --reps 3 --json "$out/specbatch-$v.json" >"$out/specbatch-$v.md" 2>"$out/specbatch-$v.err" ||
       log "bench_batch pycode $v failed"
+  done
+fi
+if has speclog; then
+  for v in A B; do
+    d=${!v}
+    log "bench_spec with the lone steps logged, $v"
+    TANDEM_SCHED_LOG=1 timeout 300 "$d/bench_spec" -m "$pyt" -d "$pyx" --prompts "$prompts" -n 128 --reps 1 --limit 30 \
+      --ks 0 --ngram 4 --backend cuda >"$out/speclog-$v.txt" 2>"$out/speclog-$v.err" || log "bench_spec $v failed"
+    grep -E "^\| pycode" "$out/speclog-$v.txt" | tee -a "$out/log.txt"
   done
 fi
 log done

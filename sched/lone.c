@@ -22,6 +22,7 @@
 #include "chain.h"
 #include "commit.h"
 #include "kv_cache.h"
+#include "liblog.h"
 #include "ngram.h"
 
 /* An n-gram proposal for this step, or 0 when it is not expected to beat the other
@@ -194,6 +195,10 @@ static tandem_status verify_step(tdm_sched *sc, tdm_req *r, const int32_t *draft
     int32_t acc_look = TDM_MAX(acc - n_model, 0);
     if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&sr->ctrl_ng, n_look, acc_look);
     tdm_lone_observe(sc, nd + 1, t2 - t1, 0);
+    if (sc->ws->len.log) /* (TANDEM_SCHED_LOG=1: each lone step's proposal and what it yielded) */
+        tdm_log(TANDEM_LOG_INFO, "lone: k %d, proposed %d (model %d, looked up %d%s), accepted %d; alpha %.2f, lookups' %.2f; ms %.3f + %.3f",
+                (int)k_chosen, (int)nd, (int)n_model, (int)n_look, n_ng > 0 ? ", a lookup step" : "", (int)acc,
+                sr->ctrl.alpha, sr->ctrl_ng.alpha, (t1 - t0) * 1e3, (t2 - t1) * 1e3);
     if (n_model > 0 && n_model == nd && catch_up <= 1) tdm_len_observe_step(&sc->ws->len, 1, n_model, t2 - t0);
     /* (k_final: the controller's choice, before end-of-request clamping) */
     tdm_spec_stats_add(sr, &sc->pay, &(tdm_step_obs){.proposed = nd, .accepted = acc, .looked_up = n_look,
