@@ -16,14 +16,22 @@
  *             in R interleaved rounds
  *   --kv-attention R: only a decode row's attention of the real 1.5B target's shapes,
  *             f32 / f16 / q8_0 caches at contexts 512, 2048, 4096, R alternated rounds
+ *   --qgemv R: only the direct integer-dot kernel of a few x rows (qgemv_vnni.c, AVX-512
+ *             VNNI) on one thread, Q4_K / Q6_K / Q5_0 (or -d's), for the -n row counts
+ *             (1 .. 8): a [256][1536] weight that stays in L2 (the arithmetic alone) and
+ *             one of the real target's FFN size, [8960][1536], read from memory; the
+ *             median over R alternated rounds of the thread's CPU time (other processes
+ *             on a shared machine count less) per call and per x row and 256 weights
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend.h"
 #include "cpu_internal.h"
+#include "qdot.h"
 #include "qhead.h"
 
 static uint64_t rng_state = 12345;
@@ -364,6 +372,70 @@ static void bench_step(tdm_backend *b, const float *x, float *y, const int32_t *
     }
 }
 
+static double thread_cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* --qgemv: see the header. */
+static int bench_qgemv(const int32_t *ns, int n_ns, uint32_t only_types, int rounds) {
+#if defined(__x86_64__)
+    if (!__builtin_cpu_supports("avx512vnni")) {
+        fprintf(stderr, "bench_ops --qgemv: this CPU has no AVX-512 VNNI\n");
+        return 1;
+    }
+    for (int k = 0; k < n_ns; k++)
+        if (ns[k] > TDM_QGEMV_MAX) {
+            fprintf(stderr, "bench_ops --qgemv: -n values are 1 .. %d\n", TDM_QGEMV_MAX);
+            return 2;
+        }
+    if (rounds > 64) rounds = 64;
+    static const uint32_t types[] = {TDM_Q4_K, TDM_Q6_K, TDM_Q5_0};
+    const int64_t cols = 1536, shapes[2] = {256, 8960};
+    float *x = malloc((size_t)TDM_QGEMV_MAX * cols * sizeof(float));
+    float *y = malloc((size_t)TDM_QGEMV_MAX * 8960 * sizeof(float));
+    if (!x || !y) return 1;
+    for (int64_t i = 0; i < TDM_QGEMV_MAX * cols; i++) x[i] = frand();
+    for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++) {
+        if (only_types && !(only_types >> types[t] & 1)) continue;
+        for (int s = 0; s < 2; s++) {
+            const int64_t rows = shapes[s];
+            tdm_weight w = make_weight(types[t], rows, cols);
+            void *buf = tdm_alloc_aligned(tdm_xq_bytes(types[t], cols, TDM_QGEMV_MAX), 64);
+            double per_call[16][64];
+            for (int r = 0; r < rounds; r++)
+                for (int k = 0; k < n_ns; k++) {
+                    tdm_xq xq;
+                    tdm_xq_quantize(types[t], x, ns[k], cols, 0, ns[k], buf, &xq);
+                    tdm_qgemv_vnni(&w, &xq, ns[k], 0, rows, y, rows, false); /* (warm) */
+                    const int calls = rows > 1000 ? 8 : 200;
+                    const double t0 = thread_cpu_s();
+                    for (int c = 0; c < calls; c++) tdm_qgemv_vnni(&w, &xq, ns[k], 0, rows, y, rows, false);
+                    per_call[k][r] = (thread_cpu_s() - t0) / calls;
+                }
+            printf("%s [%lld][%lld] (%s):\n", tdm_dtype_name(types[t]), (long long)rows, (long long)cols,
+                   s == 0 ? "in L2" : "from memory");
+            for (int k = 0; k < n_ns; k++) {
+                qsort(per_call[k], (size_t)rounds, sizeof(double), cmp_double);
+                const double med = per_call[k][rounds / 2];
+                printf("  n=%d: %9.1f us per call, %6.2f ns per x row and 256 weights (median of %d)\n", ns[k],
+                       med * 1e6, med * 1e9 / ((double)rows * (double)(cols / 256) * ns[k]), rounds);
+            }
+            tdm_free_aligned((void *)w.data);
+            tdm_free_aligned(buf);
+        }
+    }
+    free(x);
+    free(y);
+    return 0;
+#else
+    (void)ns, (void)n_ns, (void)only_types, (void)rounds;
+    fprintf(stderr, "bench_ops --qgemv: x86-64 only\n");
+    return 1;
+#endif
+}
+
 int main(int argc, char **argv) {
     int n_threads = 2;
     int only_level = -1;
@@ -371,10 +443,12 @@ int main(int argc, char **argv) {
     double secs = 0.15;
     int32_t ns[16] = {1, 128};
     int n_ns = 2;
+    bool ns_given = false;
     bool attn_only = false;
     int step_rounds = 0; /* --step R: only the target step's layer matmuls, -n rows, R rounds */
     bool head_only = false; /* --head: only the quantised output head */
     int kv_rounds = 0;      /* --kv-attention R: only the KV cache types' attention, R rounds */
+    int qgemv_rounds = 0;   /* --qgemv R: only the direct integer-dot kernel, R rounds */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--step") && i + 1 < argc) step_rounds = atoi(argv[++i]);
@@ -382,6 +456,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--attention")) attn_only = true;
         else if (!strcmp(argv[i], "--head")) head_only = true;
         else if (!strcmp(argv[i], "--kv-attention") && i + 1 < argc) kv_rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--qgemv") && i + 1 < argc) qgemv_rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
             const char *l = argv[++i];
             only_level = !strcmp(l, "avx512") ? 2 : !strcmp(l, "avx2") ? 1 : 0;
@@ -391,6 +466,7 @@ int main(int argc, char **argv) {
                     if (tdm_dtype_supported(t) && !strcmp(d, tdm_dtype_name(t))) only_types |= 1u << t;
         } else if (!strcmp(argv[i], "-n") && i + 1 < argc) {
             n_ns = 0;
+            ns_given = true;
             for (char *q = argv[++i]; *q && n_ns < 16;) {
                 long v = strtol(q, &q, 10);
                 if (v < 1 || v > 128) break;
@@ -398,10 +474,14 @@ int main(int argc, char **argv) {
                 if (*q == ',') q++;
             }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention] [--head] [--step rounds] [--kv-attention rounds]\n",
+            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention] [--head] [--step rounds] [--kv-attention rounds] [--qgemv rounds]\n",
                     argv[0]);
             return 2;
         }
+    }
+    if (qgemv_rounds > 0) {
+        static const int32_t all[] = {1, 2, 3, 4, 5, 6, 7, 8}; /* (without -n: every count) */
+        return ns_given ? bench_qgemv(ns, n_ns, only_types, qgemv_rounds) : bench_qgemv(all, 8, only_types, qgemv_rounds);
     }
     static const uint32_t types[] = {TDM_F32,  TDM_F16,  TDM_BF16, TDM_Q8_0, TDM_Q4_0, TDM_Q4_1, TDM_Q5_0,
                                      TDM_Q5_1, TDM_Q2_K, TDM_Q3_K, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};

@@ -148,12 +148,15 @@ TANDEM_API void tandem_model_close(tandem_model *model);
 typedef struct tandem_model_info {
     const char *arch;     /* "llama", "qwen2"; owned by the model */
     const char *name;     /* general.name or ""; owned by the model */
-    int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv, n_ff;
+    int n_vocab, n_ctx_train, n_embd, n_layer, n_head, n_head_kv;
+    int n_ff;             /* FFN features (a mixture of experts: of each expert) */
     int32_t bos, eos;     /* -1 when the model has none */
     uint64_t n_params;
     uint64_t weight_bytes;
     uint64_t decode_bytes;       /* weight bytes one decode step reads: every matrix and
-                                    norm, but one row of the token embedding */
+                                    norm, but one row of the token embedding (a mixture of
+                                    experts: the router and expert_used_count experts of
+                                    each layer) */
     uint64_t kv_bytes_per_token; /* K and V bytes per position, all layers, in the cache
                                     type of the model's backend (f16 on the CPU and CUDA; an
                                     engine's kv_type may pick another); of a split model, on

@@ -157,7 +157,12 @@ static inline int64_t tdm_qhead_qidx(int64_t c4, int64_t r, int64_t k) {
 /* The weights of one llama-family transformer block (hd = head_dim). */
 typedef struct tdm_block_weights {
     const float *attn_norm; /* [n_embd] */
-    tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v */
+    tdm_weight wqkv;        /* [n_head*hd + 2*n_head_kv*hd][n_embd]: q rows, then k, then v; all
+                               zero (data NULL) when the three are kept apart (tdm_qkv_split) */
+    tdm_weight wq, wk, wv;  /* when tdm_qkv_split: [n_head*hd][n_embd], [n_head_kv*hd][n_embd],
+                               [n_head_kv*hd][n_embd], each of its file's type (a Q4_K_M file's
+                               Q4_K q and k with a Q6_K v): host-memory backends only (the model
+                               loader fuses mixed types into one f16 weight for the others) */
     const float *bqkv;      /* [n_head*hd + 2*n_head_kv*hd] or NULL */
     const float *q_norm;    /* [hd] RMSNorm of each q head before RoPE (qwen3, gemma3), or NULL */
     const float *k_norm;    /* [hd] the same for each k head, or NULL */
@@ -169,7 +174,16 @@ typedef struct tdm_block_weights {
     tdm_weight w2;          /* [n_embd][n_ff] */
     const float *ffn_post_norm; /* [n_embd] RMSNorm of the FFN output before the residual add
                                    (gemma3's post_ffw_norm), or NULL */
+    /* A mixture-of-experts FFN (qwen3moe, Mixtral) instead of w13 / w2 (which are then
+     * empty), n_expert experts of n_ff features each: */
+    tdm_weight router;      /* [n_expert][n_embd] the gate's logits (ffn_gate_inp) */
+    const tdm_weight *exp_w13; /* [n_expert] each [2*n_ff][n_embd]: the expert's gate rows, then
+                                  its up rows; NULL: a dense FFN */
+    const tdm_weight *exp_w2;  /* [n_expert] each [n_embd][n_ff] */
 } tdm_block_weights;
+
+/* Whether a block's q, k and v weights are three (wq, wk, wv) rather than one (wqkv). */
+static inline bool tdm_qkv_split(const tdm_block_weights *L) { return L->wqkv.data == NULL; }
 
 /* Every transformer block of a forward pass over a batch (the `blocks` op): per
  * block, what src/model/forward.c otherwise runs op by op. */
@@ -195,6 +209,21 @@ typedef struct tdm_blocks_args {
     float *x;                            /* [n_rows][n_embd]: in, the embeddings; out, the
                                             residual stream after the last block */
 } tdm_blocks_args;
+
+/* A mixture-of-experts layer's experts over a batch (the moe_experts op): for each
+ * row i and each of its experts e = ids[i][j] (j < k, distinct),
+ *   h = swiglu(x[i] W13_e^T),  out[i] = sum of w[i][j] * (h W2_e^T),
+ * the sum from 0 over the row's experts in ascending expert order, each term added
+ * as acc += w * y (as src/model/forward_moe.c computes it op by op). */
+typedef struct tdm_moe_args {
+    const float *x;        /* [n][n_embd] the normed rows */
+    int32_t n, n_embd, n_ff, n_expert, k;
+    const int32_t *ids;    /* [n][k] host memory: each row's experts */
+    const float *w;        /* [n][k] host memory: their weights */
+    const tdm_weight *w13; /* [n_expert] each [2*n_ff][n_embd]: gate rows, then up rows */
+    const tdm_weight *w2;  /* [n_expert] each [n_embd][n_ff] */
+    float *out;            /* [n][n_embd] */
+} tdm_moe_args;
 
 typedef struct tdm_backend_ops {
     const char *name;
@@ -349,6 +378,14 @@ typedef struct tdm_backend_ops {
      * mask (1 << its slot) | ((1 << depth) - 1).  k <= 16, n <= TDM_DTREE_LEVEL. */
     tandem_status (*tree_grow)(tdm_backend *b, tdm_dtree *t, const float *x, int32_t n, int32_t dim, int32_t k,
                                int32_t depth, int32_t width, int32_t want_exp, tdm_err *err);
+    /* Optional (NULL: forward_moe.c runs the experts op by op, through matmul, swiglu
+     * and gather_rows): tdm_moe_args's products in one call (the CPU: each thread
+     * takes whole experts' products for groups of rows, instead of every thread a
+     * part of each product in turn).  Each row's result is what the ops give, bit for
+     * bit on the CPU, and never depends on the other rows.  Returns
+     * TANDEM_ERR_UNSUPPORTED, having touched nothing, for a batch it leaves to the
+     * ops (on the CPU: fewer groups than threads). */
+    tandem_status (*moe_experts)(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
 } tdm_backend_ops;
 
 /* The topk op's k at most. */

@@ -146,6 +146,56 @@ tdm_tiny_cfg base_cfg(uint64_t seed) {
     return c;
 }
 
+tdm_tiny_cfg qwen3moe_cfg(uint64_t seed) {
+    tdm_tiny_cfg c = base_cfg(seed);
+    c.arch = "qwen3moe";
+    c.head_dim = 32;
+    c.n_ff = 32;
+    c.n_expert = 8;
+    c.n_expert_used = 2;
+    return c;
+}
+
+tdm_tiny_cfg mixtral_cfg(uint64_t seed) {
+    tdm_tiny_cfg c = base_cfg(seed);
+    c.n_layer = 3;
+    c.n_expert = 4;
+    c.n_expert_used = 2;
+    return c;
+}
+
+/* ------------------------------------------------------------ sharp comparisons */
+
+double cmp_err(const cmp *c) {
+    double *ref = ref_forward(&c->rm, c->tok, N_TOK);
+    int worst;
+    double e = max_rel_err(c->got, ref, N_TOK, c->rm.V, &worst);
+    free(ref);
+    return e;
+}
+
+void cmp_open(cmp *c, const tdm_tiny_cfg *cfg, const char *what) {
+    eng_open(&c->x, cfg, 0);
+    ref_load(c->x.path, &c->rm);
+    random_tokens(c->tok, N_TOK, c->rm.V, cfg->seed * 31 + 5);
+    c->got = eng_logits_prefixes(&c->x, c->tok, N_TOK);
+    double e = cmp_err(c);
+    cr_log_info("%s: %.3g", what, e);
+    cr_assert_lt(e, TOL_F32, "%s: normalised logit error %.3g", what, e);
+}
+
+void cmp_expect_far(const cmp *c, const char *what, double min) {
+    double e = cmp_err(c);
+    cr_log_info("reference %s: %.3g", what, e);
+    cr_assert_gt(e, min, "a reference %s agrees with the engine (%.3g)", what, e);
+}
+
+void cmp_close(cmp *c) {
+    free(c->got);
+    ref_free(&c->rm);
+    eng_close(&c->x);
+}
+
 /* ------------------------------------------------------------ batch invariance */
 
 void check_batch_invariance(const tdm_tiny_cfg *c, const char *what) {

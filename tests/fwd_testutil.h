@@ -6,6 +6,7 @@
 #define TDM_FWD_TESTUTIL_H
 
 #include "engine.h"
+#include "ref_forward.h"
 #include "tiny_model.h"
 
 #define N_TOK 40        /* prompt length: crosses KV blocks of 16 */
@@ -48,6 +49,22 @@ void check_batch_invariance(const tdm_tiny_cfg *c, const char *what);
  * decline; 2, it runs iff the weights are in the rows layout. */
 void check_tp(const char *what, const tdm_tiny_cfg *cfg, int threads, int runs_rule);
 
+/* An engine and the reference over one model (test_arch.c, test_moe.c), for checks
+ * that a changed reference no longer agrees (the comparison is sharp). */
+typedef struct cmp {
+    eng x;
+    ref_model rm;
+    int32_t tok[N_TOK];
+    float *got; /* [N_TOK][V] the engine's logits at every position */
+} cmp;
+/* Opens both sides and expects them to agree (to TOL_F32). */
+void cmp_open(cmp *c, const tdm_tiny_cfg *cfg, const char *what);
+/* The engine's logits against the reference as it now stands. */
+double cmp_err(const cmp *c);
+/* The error of a changed reference, which must exceed min. */
+void cmp_expect_far(const cmp *c, const char *what, double min);
+void cmp_close(cmp *c);
+
 /* Tolerances: the engine computes in f32 (on the same dequantised weights), the
  * reference in double; the measured errors are ~5e-7 (the brief allows 1e-4). */
 #define TOL_F32 2e-5
@@ -64,5 +81,10 @@ void check_tp(const char *what, const tdm_tiny_cfg *cfg, int threads, int runs_r
 double type_tol(uint32_t t);
 /* The default tiny model with a vocabulary of 48 and this seed. */
 tdm_tiny_cfg base_cfg(uint64_t seed);
+/* Mixtures of experts over base_cfg: qwen3moe with 8 experts of 32 features, 2 per
+ * row, heads of 32 (q 128 wide over n_embd 64); Mixtral's layout (llama with
+ * experts) with 4 experts of 96 features, 2 per row, 3 layers. */
+tdm_tiny_cfg qwen3moe_cfg(uint64_t seed);
+tdm_tiny_cfg mixtral_cfg(uint64_t seed);
 
 #endif

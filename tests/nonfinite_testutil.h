@@ -8,7 +8,8 @@
 
 #include "tandem.h"
 
-/* For every case (llama f32, q8_0 and f16, qwen2, gemma3 with soft-caps; each tensor of
+/* For every case (llama f32, q8_0 and f16, qwen2, gemma3 with soft-caps, qwen3moe's
+ * router and experts on the CPU; each tensor of
  * layer 0, one of layer 1, the output norm and the heads, tied and untied), NaN and
  * +inf planted in the target and then in the draft (a sound model of the same shape
  * beside it): generation fails with TANDEM_ERR_FORMAT "non-finite logits" naming the

@@ -34,6 +34,23 @@ static float *ref_tensor(const tdm_gguf *g, const char *name, int64_t cols, int6
     return out;
 }
 
+/* A 3-D tensor [ne2][ne1][ne0] dequantised to f32. */
+static float *ref_tensor3(const tdm_gguf *g, const char *name, int64_t ne0, int64_t ne1, int64_t ne2) {
+    const tdm_gguf_tensor *t = tdm_gguf_find_tensor(g, name);
+    cr_assert(t, "reference: tensor '%s' missing", name);
+    cr_assert(t->n_dims == 3 && t->ne[0] == ne0 && t->ne[1] == ne1 && t->ne[2] == ne2,
+              "reference: tensor '%s' is not [%lld, %lld, %lld]", name, (long long)ne0, (long long)ne1,
+              (long long)ne2);
+    uint64_t rb;
+    cr_assert(tdm_dtype_row_bytes(t->type, (uint64_t)ne0, &rb));
+    cr_assert_eq(rb * (uint64_t)(ne1 * ne2), t->nbytes);
+    float *out = malloc((size_t)(ne0 * ne1 * ne2) * sizeof(float));
+    cr_assert(out);
+    for (int64_t r = 0; r < ne1 * ne2; r++)
+        tdm_row_to_f32(t->type, (const uint8_t *)t->data + (uint64_t)r * rb, out + r * ne0, ne0);
+    return out;
+}
+
 static bool ref_has(const tdm_gguf *g, const char *arch, const char *suffix) {
     char key[128];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -68,13 +85,19 @@ void ref_load(const char *path, ref_model *m) {
     cr_assert(arch_s.len < sizeof m->arch);
     memcpy(m->arch, arch_s.ptr, arch_s.len);
     const char *arch = m->arch;
-    const bool llama = !strcmp(arch, "llama"), qwen2 = !strcmp(arch, "qwen2"), qwen3 = !strcmp(arch, "qwen3"),
-               gemma = !strcmp(arch, "gemma3");
+    const bool llama = !strcmp(arch, "llama"), qwen2 = !strcmp(arch, "qwen2"), qwen3moe = !strcmp(arch, "qwen3moe"),
+               qwen3 = !strcmp(arch, "qwen3") || qwen3moe, gemma = !strcmp(arch, "gemma3");
     cr_assert(llama || qwen2 || qwen3 || gemma, "reference: architecture %s", arch);
 
     m->E = (int)ref_u32(g, arch, "embedding_length");
     m->L = (int)ref_u32(g, arch, "block_count");
     m->F = (int)ref_u32(g, arch, "feed_forward_length");
+    if (ref_has(g, arch, "expert_count")) {
+        m->NE = (int)ref_u32(g, arch, "expert_count");
+        m->K = (int)ref_u32(g, arch, "expert_used_count");
+        if (qwen3moe) m->F = (int)ref_u32(g, arch, "expert_feed_forward_length");
+    }
+    cr_assert(!qwen3moe || m->NE > 0, "reference: qwen3moe without experts");
     m->H = (int)ref_u32(g, arch, "attention.head_count");
     m->Hkv = ref_has(g, arch, "attention.head_count_kv") ? (int)ref_u32(g, arch, "attention.head_count_kv") : m->H;
     m->hd = ref_has(g, arch, "attention.key_length") ? (int)ref_u32(g, arch, "attention.key_length") : m->E / m->H;
@@ -145,9 +168,16 @@ void ref_load(const char *path, ref_model *m) {
         }
         y->wo = ref_tensor(g, N("attn_output.weight"), qd, E, false);
         y->ffn_norm = ref_tensor(g, N("ffn_norm.weight"), E, 1, false);
-        y->wg = ref_tensor(g, N("ffn_gate.weight"), E, F, false);
-        y->wu = ref_tensor(g, N("ffn_up.weight"), E, F, false);
-        y->wd = ref_tensor(g, N("ffn_down.weight"), F, E, false);
+        if (m->NE > 0) {
+            y->router = ref_tensor(g, N("ffn_gate_inp.weight"), E, m->NE, false);
+            y->wg = ref_tensor3(g, N("ffn_gate_exps.weight"), E, F, m->NE);
+            y->wu = ref_tensor3(g, N("ffn_up_exps.weight"), E, F, m->NE);
+            y->wd = ref_tensor3(g, N("ffn_down_exps.weight"), F, E, m->NE);
+        } else {
+            y->wg = ref_tensor(g, N("ffn_gate.weight"), E, F, false);
+            y->wu = ref_tensor(g, N("ffn_up.weight"), E, F, false);
+            y->wd = ref_tensor(g, N("ffn_down.weight"), F, E, false);
+        }
         if (gemma) {
             y->post_attn = ref_tensor(g, N("post_attention_norm.weight"), E, 1, false);
             y->post_ffn = ref_tensor(g, N("post_ffw_norm.weight"), E, 1, false);
@@ -163,7 +193,7 @@ void ref_free(ref_model *m) {
     for (int l = 0; l < m->L; l++) {
         ref_layer *y = &m->layers[l];
         float *p[] = {y->attn_norm, y->ffn_norm, y->wq, y->wk, y->wv, y->bq, y->bk, y->bv,
-                      y->q_norm, y->k_norm, y->wo, y->post_attn, y->post_ffn, y->wg, y->wu, y->wd};
+                      y->q_norm, y->k_norm, y->wo, y->post_attn, y->post_ffn, y->wg, y->wu, y->wd, y->router};
         for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) free(p[i]);
     }
     free(m->layers);
@@ -250,6 +280,38 @@ static void rf_rope(const ref_model *m, double *v, int n_head, int pos, const do
 static double silu(double x) { return x / (1.0 + exp(-x)); }
 static double gelu_tanh(double x) { return 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
+/* A mixture-of-experts FFN on one normed row xb[E], added to x[E]: the router's
+ * softmax, the K most probable experts (ties to the lower index), their
+ * probabilities renormalised; g, u [F] and tmp [E] scratch. */
+static void rf_moe(const ref_model *m, const ref_layer *y, const double *xb, double *g, double *u, double *tmp,
+                   double *x) {
+    const int E = m->E, F = m->F, NE = m->NE;
+    double p[512], mx = -INFINITY, sum = 0;
+    cr_assert(NE <= 512);
+    rf_matvec(y->router, NULL, xb, NE, E, p);
+    for (int e = 0; e < NE; e++) mx = fmax(mx, p[e]);
+    for (int e = 0; e < NE; e++) sum += (p[e] = exp(p[e] - mx));
+    bool taken[512] = {0};
+    int ids[512];
+    double w[512], wsum = 0;
+    for (int j = 0; j < m->K; j++) {
+        int best = -1;
+        for (int e = 0; e < NE; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        taken[best] = true;
+        ids[j] = best;
+        wsum += (w[j] = p[best] / sum);
+    }
+    for (int j = 0; j < m->K; j++) {
+        const size_t e = (size_t)ids[j];
+        rf_matvec(y->wg + e * F * E, NULL, xb, F, E, g);
+        rf_matvec(y->wu + e * F * E, NULL, xb, F, E, u);
+        for (int i = 0; i < F; i++) g[i] = silu(g[i]) * u[i];
+        rf_matvec(y->wd + e * E * F, NULL, g, E, F, tmp);
+        for (int i = 0; i < E; i++) x[i] += w[j] / wsum * tmp[i];
+    }
+}
+
 double *ref_forward(const ref_model *m, const int32_t *tok, int n) {
     int E = m->E, F = m->F, hd = m->hd, qd = m->H * hd, kvd = m->Hkv * hd, V = m->V;
     int group = m->H / m->Hkv;
@@ -312,7 +374,11 @@ double *ref_forward(const ref_model *m, const int32_t *tok, int n) {
             if (y->post_attn) rf_rmsnorm(tmp, y->post_attn, E, m->eps, tmp);
             for (int i = 0; i < E; i++) x[(size_t)t * E + i] += tmp[i];
         }
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; t < n && m->NE > 0; t++) {
+            rf_rmsnorm(x + (size_t)t * E, y->ffn_norm, E, m->eps, xb);
+            rf_moe(m, y, xb, g, u, tmp, x + (size_t)t * E);
+        }
+        for (int t = 0; t < n && m->NE == 0; t++) {
             rf_rmsnorm(x + (size_t)t * E, y->ffn_norm, E, m->eps, xb);
             rf_matvec(y->wg, NULL, xb, F, E, g);
             rf_matvec(y->wu, NULL, xb, F, E, u);

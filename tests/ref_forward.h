@@ -1,7 +1,8 @@
 /* ref_forward.h - an independent reference forward pass for the tests: it reads a
  * GGUF itself (src/gguf/gguf.h), dequantises every weight with tdm_row_to_f32 and runs
  * the textbook llama / qwen2 / qwen3 / gemma3 forward in double precision over a
- * whole token sequence (causal attention, no KV cache), with its own RoPE frequency
+ * whole token sequence (causal attention, no KV cache; qwen3moe / Mixtral experts:
+ * softmax router, top k with ties to the lower index, renormalised weights), with its own RoPE frequency
  * tables (Llama 3's rope_freqs, linear and YaRN scaling, written after Hugging Face
  * transformers' rope utilities), sliding-window masks, soft-caps and GeGLU.
  *
@@ -23,14 +24,17 @@ typedef struct ref_layer {
     float *q_norm, *k_norm;      /* [hd] or NULL (qwen3, gemma3) */
     float *wo;                   /* [E][H*hd] */
     float *post_attn, *post_ffn; /* [E] or NULL (gemma3) */
-    float *wg, *wu;              /* [F][E] */
-    float *wd;                   /* [E][F] */
+    float *wg, *wu;              /* [F][E] (experts: [NE][F][E]) */
+    float *wd;                   /* [E][F] (experts: [NE][E][F]) */
+    float *router;               /* [NE][E] (mixture of experts), or NULL */
     bool swa;                    /* attends within the sliding window, with the local RoPE */
 } ref_layer;
 
 typedef struct ref_model {
     char arch[16];
     int E, L, H, Hkv, hd, F, V, n_rot;
+    int NE, K;         /* mixture of experts: experts per layer (0: dense) and per row; F is
+                          each expert's size */
     double eps;
     bool neox;         /* qwen2 / qwen3 / gemma3: rotate (i, i + n_rot/2); llama: (2i, 2i+1) */
     bool tied;         /* no output.weight: the head is token_embd */

@@ -9,9 +9,9 @@
  * mutation checks that the comparison sees a wrong window, base, scaling or
  * activation; batch invariance; the CPU tensor-parallel blocks (qwen3 runs there,
  * gemma3 is declined); speculative decoding equal to target-only decoding on
- * gemma3 and qwen3 pairs; the new ops against plain references; and every way such
- * a model can be refused (missing tensors and keys, bad values, a backend without
- * sliding-window attention) with an error naming the problem.
+ * gemma3, qwen3, qwen3moe and Mixtral pairs; the new ops against plain references;
+ * and every way such a model can be refused (missing tensors and keys, bad values, a
+ * backend without sliding-window attention) with an error naming the problem.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -49,48 +49,6 @@ static tdm_tiny_cfg gemma3_cfg(uint64_t seed) {
     c.sliding_window = 8;
     c.rope_base = 1e6f;
     return c;
-}
-
-/* An engine and the reference over one model, for checks that a changed reference
- * no longer agrees (the comparison is sharp). */
-typedef struct cmp {
-    eng x;
-    ref_model rm;
-    int32_t tok[N_TOK];
-    float *got; /* [N_TOK][V] the engine's logits at every position */
-} cmp;
-
-/* The engine's logits against the reference as it now stands. */
-static double cmp_err(const cmp *c) {
-    double *ref = ref_forward(&c->rm, c->tok, N_TOK);
-    int worst;
-    double e = max_rel_err(c->got, ref, N_TOK, c->rm.V, &worst);
-    free(ref);
-    return e;
-}
-
-/* Opens both sides and expects them to agree. */
-static void cmp_open(cmp *c, const tdm_tiny_cfg *cfg, const char *what) {
-    eng_open(&c->x, cfg, 0);
-    ref_load(c->x.path, &c->rm);
-    random_tokens(c->tok, N_TOK, c->rm.V, cfg->seed * 31 + 5);
-    c->got = eng_logits_prefixes(&c->x, c->tok, N_TOK);
-    double e = cmp_err(c);
-    cr_log_info("%s: %.3g", what, e);
-    cr_assert_lt(e, TOL_F32, "%s: normalised logit error %.3g", what, e);
-}
-
-/* The error of a changed reference, which must exceed min. */
-static void cmp_expect_far(const cmp *c, const char *what, double min) {
-    double e = cmp_err(c);
-    cr_log_info("reference %s: %.3g", what, e);
-    cr_assert_gt(e, min, "a reference %s agrees with the engine (%.3g)", what, e);
-}
-
-static void cmp_close(cmp *c) {
-    free(c->got);
-    ref_free(&c->rm);
-    eng_close(&c->x);
 }
 
 /* ------------------------------------------------------------ RoPE scalings */
@@ -369,4 +327,13 @@ Test(arch, speculative_equals_target_only, .timeout = 180) {
     tdm_tiny_cfg q = qwen3_cfg(291);
     q.n_layer = 3;
     check_spec_pair(&q, 1, "qwen3");
+}
+
+/* The same with mixture-of-experts targets (and drafts: their first layer). */
+Test(arch, speculative_moe_equals_target_only, .timeout = 180) {
+    tdm_tiny_cfg q = qwen3moe_cfg(292);
+    q.n_layer = 3;
+    check_spec_pair(&q, 1, "qwen3moe");
+    tdm_tiny_cfg m = mixtral_cfg(293);
+    check_spec_pair(&m, 1, "mixtral");
 }

@@ -326,7 +326,7 @@ static const struct refusal {
     {"a NaN rope_freqs divisor", "llama", NULL, NULL, "rope_freqs.weight", 0, "yarn", 32, TANDEM_ERR_FORMAT,
      "rope_freqs.weight"},
     {"architecture gemma2", "gemma2", NULL, NULL, NULL, 0, NULL, 0, TANDEM_ERR_UNSUPPORTED, "gemma2"},
-    {"architecture qwen3moe", "qwen3moe", NULL, NULL, NULL, 0, NULL, 0, TANDEM_ERR_UNSUPPORTED, "qwen3moe"},
+    {"architecture phi3", "phi3", NULL, NULL, NULL, 0, NULL, 0, TANDEM_ERR_UNSUPPORTED, "phi3"},
 };
 
 Test(arch_load, refused_models) {

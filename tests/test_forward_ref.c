@@ -134,13 +134,33 @@ Test(forward_ref, weight_types, .timeout = 300) {
     }
 }
 
-/* A Q4_K_M-like mix: Q4_K matrices, Q6_K attn_v (fused with q and k into an f16
- * weight) and ffn_down, Q5_0 rows where 256 does not divide them. */
+/* A Q4_K_M-like mix: Q4_K matrices, Q6_K attn_v and ffn_down, Q5_0 rows where 256
+ * does not divide them.  On the CPU the mixed q, k, v stay three weights of the
+ * file's types (tdm_qkv_split): the tensor-parallel blocks, the op-by-op forward (its
+ * products of several rows copied into the qkv rows, of one row written in place) and
+ * every batch shape against the reference and each other. */
 Test(forward_ref, mixed_types, .timeout = 120) {
     tdm_tiny_cfg c = type_cfg(TDM_Q4_K, 58);
     c.attn_v_type = TDM_Q6_K;
     c.ffn_down_type = TDM_Q6_K;
     check_case("llama q4_k + q6_k", &c, TOL_QDOTK);
+    c.n_embd = 512, c.n_ff = 512; /* (two threads' halves of Wo's and W2's columns: whole blocks) */
+    check_tp("llama q4_k + q6_k v", &c, 2, 1);
+    c.arch = "qwen2"; /* (q, k, v biases over the split products) */
+    c.untied_output = true;
+    check_case("qwen2 q4_k + q6_k", &c, TOL_QDOTK);
+    check_tp("qwen2 q4_k + q6_k v", &c, 2, 1);
+    {
+        eng k;
+        eng_open(&k, &c, 0);
+        const tdm_layer *L = &k.m->layers[0];
+        cr_assert(tdm_qkv_split(L) && !L->wqkv.data && L->wqkv.rows == 0, "mixed q, k, v stay apart on the CPU");
+        cr_assert(L->wq.type == TDM_Q4_K && L->wk.type == TDM_Q4_K && L->wv.type == TDM_Q6_K);
+        const int64_t hd = k.m->hp.head_dim;
+        cr_assert(L->wq.rows == k.m->hp.n_head * hd && L->wk.rows == k.m->hp.n_head_kv * hd &&
+                  L->wv.rows == L->wk.rows && L->wq.cols == k.m->hp.n_embd);
+        eng_close(&k);
+    }
     c = base_cfg(59);
     c.wtype = TDM_Q5_0;
     c.attn_v_type = TDM_Q8_0;
@@ -148,7 +168,7 @@ Test(forward_ref, mixed_types, .timeout = 120) {
     check_case("llama q5_0 + q8_0", &c, TOL_QDOT32);
     eng x;
     eng_open(&x, &c, 0);
-    cr_assert_eq(x.m->layers[0].wqkv.type, TDM_F16, "mixed q, k, v fuse into f16");
+    cr_assert(tdm_qkv_split(&x.m->layers[0]) && x.m->layers[0].wv.type == TDM_Q8_0, "mixed q, k, v stay apart");
     cr_assert_eq(x.m->layers[0].w2.type, TDM_Q5_0);
     eng_close(&x);
 }
@@ -242,6 +262,10 @@ static const tp_case tp_cases[] = {
     {"q4_k, 2 threads", 512, 8, 2, 512, 2, TDM_Q4_K, "llama", 1},
     {"qwen2 q6_k, 2 threads", 512, 8, 2, 512, 2, TDM_Q6_K, "qwen2", 1},
     {"q5_0, 4 threads", 256, 8, 4, 256, 4, TDM_Q5_0, "llama", 1},
+    /* FFN features that do not split evenly in whole blocks of W2's columns: shares of
+     * whole blocks as even as they go (the real 1.5B target's 35 Q4_K blocks: 17, 18) */
+    {"q4_k FFN of 3 super-blocks on 2 threads: 1 and 2", 512, 8, 2, 768, 2, TDM_Q4_K, "llama", 1},
+    {"qwen2 q5_0 FFN of 6 blocks on 4 threads: 1, 2, 1, 2", 256, 8, 4, 192, 4, TDM_Q5_0, "qwen2", 1},
 
     {"q4_k column slices of 128 (not whole super-blocks): declines", 256, 4, 2, 256, 2, TDM_Q4_K, "llama", 0},
 };

@@ -373,4 +373,9 @@ Test(quant, mix_rules) {
     cr_assert_eq(rule("q3_k_m", "blk.1.attn_v.weight", 4096, 2, 8, true), (uint32_t)TDM_Q5_K);
     cr_assert_eq(rule("q3_k_m", "blk.2.attn_v.weight", 4096, 2, 8, true), (uint32_t)TDM_Q4_K);
     cr_assert_null(tdm_quant_kind_find("q7_k"));
+    /* mixtures of experts: the router keeps its type, ffn_down_exps is ffn_down (llama.cpp's) */
+    cr_assert_eq(rule("q4_k_m", "blk.0.ffn_gate_inp.weight", 4096, 2, 8, true), (uint32_t)TDM_F16, "router");
+    cr_assert_eq(rule("q4_k_m", "blk.0.ffn_down_exps.weight", 4096, 3, 8, true), (uint32_t)TDM_Q6_K);
+    cr_assert_eq(rule("q4_k_m", "blk.1.ffn_down_exps.weight", 4096, 3, 8, true), (uint32_t)TDM_Q4_K);
+    cr_assert_eq(rule("q4_k_m", "blk.1.ffn_gate_exps.weight", 4096, 3, 8, true), (uint32_t)TDM_Q4_K);
 }

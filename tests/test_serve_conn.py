@@ -254,9 +254,13 @@ def run(name, body):
 long_req = {"prompt": PROMPT, "max_tokens": 1000, "temperature": 0}
 threads = [threading.Thread(target=run, args=("cut", long_req), daemon=True)]
 threads[0].start()
+# ("cut" runs before the stream is sent, and both before the queued ones are: the
+# threads' requests could otherwise reach the server in any order)
+wait_until(lambda: metrics(port).get("tandem_requests_running", 0) >= 1, 10)
 sc = connect(port=port, timeout=30)  # a running stream, read here
 sc.sendall(post_bytes(dict(long_req, stream=True)))
 first = sc.recv(65536)
+wait_until(lambda: metrics(port).get("tandem_requests_running", 0) == 2, 10)
 for name, body in (("queued", long_req), ("queued_stream", dict(long_req, stream=True))):
     threads.append(threading.Thread(target=run, args=(name, body), daemon=True))
     threads[-1].start()

@@ -52,6 +52,8 @@ Test(synth, shapes_have_the_published_sizes) {
         {"llama3.2-1b", 1235814400ull + 32}, {"qwen3-0.6b", 596049920ull}, {"gemma3-1b", 999885952ull},
         /* SmolLM2-135M (the real file's 134,515,008, test_real_model) */
         {"smollm2-135m", 134515008ull},
+        /* mixtures of experts: Qwen3-30B-A3B and Mixtral-8x7B */
+        {"qwen3-30b-a3b", 30532122624ull}, {"mixtral-8x7b", 46702792704ull},
     };
     for (size_t i = 0; i < TDM_ARRAY_LEN(want); i++) {
         tdm_synth_opts o = opts(want[i].name, TDM_Q4_0);
@@ -63,7 +65,8 @@ Test(synth, shapes_have_the_published_sizes) {
                      (unsigned long long)inf.n_params);
         const tdm_synth_shape *sh = o.shape;
         const bool qk = sh->arch != NULL, post = sh->arch && !strcmp(sh->arch, "gemma3");
-        cr_expect_eq(inf.n_tensors, 3 - sh->tied + sh->rope_freqs + (9 + 2 * qk + 2 * post) * (uint64_t)sh->n_layer,
+        const uint64_t ffn = sh->n_expert ? 4 : 3; /* (the router and 3 expert tensors) */
+        cr_expect_eq(inf.n_tensors, 3 - sh->tied + sh->rope_freqs + (6 + ffn + 2 * qk + 2 * post) * (uint64_t)sh->n_layer,
                      "%s: %llu tensors", want[i].name, (unsigned long long)inf.n_tensors);
         tdm_gguf_writer_free(w);
     }
@@ -326,5 +329,51 @@ Test(synth, files_are_never_left_partial) {
     rmdir(dir);
     free(path);
     free(tmp);
+    free(dir);
+}
+
+/* ------------------------------------------------------------ mixtures of experts */
+
+/* The test shapes written and loaded: metadata, tensor shapes and types (q4_k_m:
+ * the router stays f32, ffn_down_exps q6_k where llama.cpp's mix gives ffn_down
+ * more bits), and finite logits from tandem. */
+Test(synth, moe_models_load, .timeout = 120) {
+    static const char *names[] = {"tiny-qwen3moe", "tiny-mixtral"};
+    char *dir = tmp_dir();
+    for (size_t i = 0; i < TDM_ARRAY_LEN(names); i++) {
+        tdm_synth_opts o = opts(names[i], TDM_Q4_K);
+        o.kind = tdm_quant_kind_find("q4_k_m");
+        o.tile_bytes = 1 << 20;
+        const tdm_synth_shape *sh = o.shape;
+        const int64_t f = sh->n_ff_exp ? sh->n_ff_exp : sh->n_ff;
+        char *path = path_in(dir, "m.gguf");
+        tdm_err err = {0};
+        tdm_gguf *g = write_and_open(&o, path);
+        char key[96];
+        const char *arch = sh->arch ? sh->arch : "llama";
+        uint32_t v;
+        snprintf(key, sizeof key, "%s.expert_count", arch);
+        cr_assert(tdm_gguf_get_u32(g, key, &v, &err) == TANDEM_OK && v == (uint32_t)sh->n_expert, "%s", key);
+        snprintf(key, sizeof key, "%s.expert_used_count", arch);
+        cr_assert(tdm_gguf_get_u32(g, key, &v, &err) == TANDEM_OK && v == (uint32_t)sh->n_expert_used, "%s", key);
+        snprintf(key, sizeof key, "%s.expert_feed_forward_length", arch);
+        cr_assert_eq(tdm_gguf_find(g, key) != NULL, sh->n_ff_exp != 0, "%s", key);
+        const tdm_gguf_tensor *r = tdm_gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight");
+        cr_assert(r && r->type == TDM_F32 && r->n_dims == 2 && r->ne[0] == 256 && r->ne[1] == sh->n_expert);
+        const float *rv = r->data;
+        cr_assert(rv[0] != rv[1] && rv[0] != 1.0f, "%s: the router is random", names[i]);
+        const tdm_gguf_tensor *gx = tdm_gguf_find_tensor(g, "blk.0.ffn_gate_exps.weight");
+        const tdm_gguf_tensor *dx = tdm_gguf_find_tensor(g, "blk.1.ffn_down_exps.weight");
+        cr_assert(gx && gx->n_dims == 3 && gx->ne[0] == 256 && gx->ne[1] == f && gx->ne[2] == sh->n_expert);
+        cr_assert(dx && dx->n_dims == 3 && dx->ne[0] == f && dx->ne[1] == 256 && dx->ne[2] == sh->n_expert);
+        cr_assert_eq(gx->type, (uint32_t)TDM_Q4_K);
+        cr_assert_eq(dx->type, (uint32_t)TDM_Q6_K);
+        cr_assert_null(tdm_gguf_find_tensor(g, "blk.0.ffn_gate.weight"));
+        tdm_gguf_close(g);
+        check_logits(path, names[i], false);
+        unlink(path);
+        free(path);
+    }
+    rmdir(dir);
     free(dir);
 }

@@ -59,6 +59,33 @@ static void add_tensor(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *na
     add_tensor_ex(w, name, type, ne0, ne1, rng, scale, bias, skip, bad, nan ? &plant : NULL);
 }
 
+/* A random 3-D tensor [ne2][ne1][ne0] (experts), with the config's skip_tensor,
+ * bad_shape_tensor (one row more per expert), extra_expert_tensor, flat_tensor and
+ * nan_tensor (f32, f16, bf16). */
+static void add_tensor3(tdm_gguf_writer *w, const tdm_tiny_cfg *c, const char *name, uint32_t type, int64_t ne0,
+                        int64_t ne1, int64_t ne2, uint64_t *rng, float scale) {
+    const bool is = c->skip_tensor && !strcmp(c->skip_tensor, name);
+    if (c->bad_shape_tensor && !strcmp(c->bad_shape_tensor, name)) ne1++;
+    if (c->extra_expert_tensor && !strcmp(c->extra_expert_tensor, name)) ne2++;
+    const int64_t n = ne0 * ne1 * ne2;
+    float *f = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) f[i] = tdm_test_randf(rng, -scale, scale);
+    if (c->nan_tensor && !strcmp(c->nan_tensor, name)) {
+        cr_assert(type == TDM_F32 || type == TDM_F16 || type == TDM_BF16, "%s: no value planted in a %s", name,
+                  tdm_dtype_name(type));
+        f[0] = planted(c);
+    }
+    uint64_t rb;
+    cr_assert(tdm_dtype_row_bytes(type, (uint64_t)ne0, &rb));
+    uint8_t *data = malloc((size_t)(rb * (uint64_t)(ne1 * ne2)));
+    for (int64_t r = 0; r < ne1 * ne2; r++) tdm_row_from_f32(type, f + r * ne0, data + r * rb, ne0);
+    const bool flat = c->flat_tensor && !strcmp(c->flat_tensor, name);
+    int64_t ne[3] = {ne0, flat ? ne1 * ne2 : ne1, ne2};
+    if (!is) tdm_gguf_w_tensor(w, name, type, flat ? 2 : 3, ne, data, (size_t)(rb * (uint64_t)(ne1 * ne2)));
+    free(f);
+    free(data);
+}
+
 /* Llama 3's rope_freqs (as llama.cpp's converter computes them from the config's
  * rope_scaling): 1 for wavelengths below orig / 4, 8 above orig, smoothly between. */
 static void llama3_rope_freqs(int32_t n_rot, float base, int32_t orig, float *ff) {
@@ -78,7 +105,7 @@ static void llama3_rope_freqs(int32_t n_rot, float base, int32_t orig, float *ff
 char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     const char *arch = c->arch ? c->arch : "llama";
     bool qwen = strcmp(arch, "qwen2") == 0;
-    bool qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0;
+    bool qk_norm = strcmp(arch, "qwen3") == 0 || strcmp(arch, "gemma3") == 0 || strcmp(arch, "qwen3moe") == 0;
     bool post_norms = strcmp(arch, "gemma3") == 0;
     const float base = c->rope_base > 0 ? c->rope_base : 10000.0f;
     tdm_gguf_writer *w = tdm_gguf_writer_new(3, c->alignment ? c->alignment : 32);
@@ -90,7 +117,14 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
     tdm_gguf_w_u32(w, KEY("context_length"), c->context_length > 0 ? (uint32_t)c->context_length : 256);
     tdm_gguf_w_u32(w, KEY("embedding_length"), (uint32_t)c->n_embd);
     tdm_gguf_w_u32(w, KEY("block_count"), (uint32_t)c->n_layer);
-    tdm_gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)c->n_ff);
+    const bool qmoe = strcmp(arch, "qwen3moe") == 0;
+    /* (qwen3moe: the experts' size has its own key, as in Qwen3-30B-A3B's file) */
+    tdm_gguf_w_u32(w, KEY("feed_forward_length"), (uint32_t)(qmoe ? 3 * c->n_ff : c->n_ff));
+    if (c->n_expert) {
+        tdm_gguf_w_u32(w, KEY("expert_count"), (uint32_t)c->n_expert);
+        if (!c->no_expert_used_key) tdm_gguf_w_u32(w, KEY("expert_used_count"), (uint32_t)c->n_expert_used);
+        if (qmoe) tdm_gguf_w_u32(w, KEY("expert_feed_forward_length"), (uint32_t)c->n_ff);
+    }
     tdm_gguf_w_u32(w, KEY("attention.head_count"), (uint32_t)c->n_head);
     tdm_gguf_w_u32(w, KEY("attention.head_count_kv"), (uint32_t)c->n_head_kv);
     tdm_gguf_w_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
@@ -148,10 +182,19 @@ char *tdm_tiny_model_file(const tdm_tiny_cfg *c) {
         }
         add_tensor(w, c, T("attn_output.weight"), c->wtype, c->n_head * hd, E, &rng, c->scale, 0);
         add_tensor(w, c, T("ffn_norm.weight"), TDM_F32, E, 1, &rng, 0.1f, 1.0f);
-        add_tensor(w, c, T("ffn_gate.weight"), c->wtype, E, c->n_ff, &rng, c->scale, 0);
-        add_tensor(w, c, T("ffn_up.weight"), c->wtype, E, c->n_ff, &rng, c->scale, 0);
-        add_tensor(w, c, T("ffn_down.weight"), c->ffn_down_type ? c->ffn_down_type : c->wtype, c->n_ff, E, &rng,
-                   c->scale, 0);
+        if (c->n_expert) {
+            add_tensor(w, c, T("ffn_gate_inp.weight"), TDM_F32, E, c->n_expert, &rng, c->zero_router ? 0 : 0.5f, 0);
+            add_tensor3(w, c, T("ffn_gate_exps.weight"), c->wtype, E, c->n_ff, c->n_expert, &rng, c->scale);
+            add_tensor3(w, c, T("ffn_up_exps.weight"), c->exp_up_type ? c->exp_up_type : c->wtype, E, c->n_ff,
+                        c->n_expert, &rng, c->scale);
+            add_tensor3(w, c, T("ffn_down_exps.weight"), c->ffn_down_type ? c->ffn_down_type : c->wtype, c->n_ff, E,
+                        c->n_expert, &rng, c->scale);
+        } else {
+            add_tensor(w, c, T("ffn_gate.weight"), c->wtype, E, c->n_ff, &rng, c->scale, 0);
+            add_tensor(w, c, T("ffn_up.weight"), c->wtype, E, c->n_ff, &rng, c->scale, 0);
+            add_tensor(w, c, T("ffn_down.weight"), c->ffn_down_type ? c->ffn_down_type : c->wtype, c->n_ff, E,
+                       &rng, c->scale, 0);
+        }
         if (qk_norm) { /* (gemma3's norms as its converter stores them: 1 + the checkpoint's) */
             add_tensor(w, c, T("attn_q_norm.weight"), TDM_F32, hd, 1, &rng, 0.1f, 1.0f);
             add_tensor(w, c, T("attn_k_norm.weight"), TDM_F32, hd, 1, &rng, 0.1f, 1.0f);

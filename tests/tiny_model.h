@@ -1,4 +1,4 @@
-/* tiny_model.h - random-weight llama / qwen2 / qwen3 / gemma3 models built by the
+/* tiny_model.h - random-weight llama / qwen2 / qwen3 / gemma3 / qwen3moe models built by the
  * tests themselves (GGUF written in memory with gguf_write, then saved to a temp
  * file), with the tensors and keys llama.cpp's converter writes for each. */
 #ifndef TDM_TINY_MODEL_H
@@ -42,6 +42,16 @@ typedef struct tdm_tiny_cfg {
     float final_softcap;          /* > 0: final_logit_softcapping */
     uint32_t alignment;           /* general.alignment, a power of two (0: GGUF's default 32) */
     int32_t context_length;       /* > 0: the training context written (0: 256) */
+    /* A mixture of experts ("llama": Mixtral's layout; "qwen3moe" needs it): n_expert
+     * experts of n_ff features each per layer, n_expert_used per row; the router
+     * blk.N.ffn_gate_inp [n_embd][n_expert] (f32) and ffn_{gate,up,down}_exps
+     * instead of the dense FFN tensors. */
+    int32_t n_expert, n_expert_used;
+    bool zero_router;             /* the router's weights all 0: every expert ties */
+    bool no_expert_used_key;      /* leave expert_used_count out */
+    uint32_t exp_up_type;         /* ffn_up_exps's type (0: wtype) */
+    const char *extra_expert_tensor; /* a 3-D tensor written with one expert too many */
+    const char *flat_tensor;         /* a 3-D tensor written as 2-D [ne0, ne1 * ne2] */
 } tdm_tiny_cfg;
 
 tdm_tiny_cfg tdm_tiny_default(void);

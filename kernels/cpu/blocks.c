@@ -2,7 +2,10 @@
  * CPU backend's threads (the `blocks` op).
  *
  * Thread t of T owns a contiguous share of the heads (n_head / T query heads,
- * n_kv_head / T kv heads: whole GQA groups) and of the FFN features (n_ff / T).
+ * n_kv_head / T kv heads: whole GQA groups) and of the FFN features: n_ff / T, or,
+ * where that would cut W2's quantisation blocks (W2's columns are the features: the
+ * real 1.5B target's 8960 / 2 = 4480 is 17.5 Q4_K blocks), whole blocks as evenly as
+ * they go (17 and 18: the larger share about 3 % above the mean).
  * With fewer kv heads than threads (a draft with one kv head), T / n_kv_head
  * threads share each kv head: each computes its K and V (a few rows of Wqkv), the
  * first writes them to the cache, and a third barrier per block lets the others
@@ -47,7 +50,9 @@ typedef struct blocks_job {
     int32_t share;              /* threads per kv head: 1, or T / n_kv_head when the kv heads
                                    are fewer than the threads (replicated: each of them
                                    computes the kv head, the first writes the cache) */
-    int32_t ql, kl, qw, fl;     /* per thread: q width, k (= v) width, q+k+v width, FFN features */
+    int32_t ql, kl, qw;         /* per thread: q width, k (= v) width, q+k+v width */
+    int32_t f0[BLOCKS_MAX_T + 1]; /* thread t's FFN features: [f0[t], f0[t + 1]) */
+    int32_t fl_max;             /* the most features of a thread (its buffers' size) */
     int64_t n_tot_max;          /* visible slots of the widest row */
     const int32_t *slice;       /* [n_slices][2] attention slices */
     int32_t n_slices;
@@ -68,13 +73,16 @@ typedef struct block_views {
 static bool make_views(const blocks_job *j, const tdm_block_weights *L, int t, block_views *bv) {
     const tdm_blocks_args *a = j->a;
     const int64_t qd = (int64_t)a->n_head * a->head_dim, kvd = (int64_t)a->n_kv_head * a->head_dim;
-    return tdm_weight_rows_view(&L->wqkv, t * j->ql, j->ql, &bv->q) &&
-           tdm_weight_rows_view(&L->wqkv, qd + kv_head0(j, t) * a->head_dim, j->kl, &bv->k) &&
-           tdm_weight_rows_view(&L->wqkv, qd + kvd + kv_head0(j, t) * a->head_dim, j->kl, &bv->v) &&
+    const int64_t k0 = (int64_t)kv_head0(j, t) * a->head_dim, fl = j->f0[t + 1] - j->f0[t];
+    const bool split = tdm_qkv_split(L); /* (q, k, v kept apart: their rows from 0 each) */
+    const tdm_weight *wq = split ? &L->wq : &L->wqkv, *wk = split ? &L->wk : &L->wqkv, *wv = split ? &L->wv : &L->wqkv;
+    return tdm_weight_rows_view(wq, t * j->ql, j->ql, &bv->q) &&
+           tdm_weight_rows_view(wk, (split ? 0 : qd) + k0, j->kl, &bv->k) &&
+           tdm_weight_rows_view(wv, (split ? 0 : qd + kvd) + k0, j->kl, &bv->v) &&
            tdm_weight_cols_view(&L->wo, t * j->ql, j->ql, &bv->o) &&
-           tdm_weight_rows_view(&L->w13, (int64_t)t * j->fl, j->fl, &bv->gate) &&
-           tdm_weight_rows_view(&L->w13, (int64_t)a->n_ff + t * j->fl, j->fl, &bv->up) &&
-           tdm_weight_cols_view(&L->w2, (int64_t)t * j->fl, j->fl, &bv->down);
+           tdm_weight_rows_view(&L->w13, j->f0[t], fl, &bv->gate) &&
+           tdm_weight_rows_view(&L->w13, (int64_t)a->n_ff + j->f0[t], fl, &bv->up) &&
+           tdm_weight_cols_view(&L->w2, j->f0[t], fl, &bv->down);
 }
 
 /* x[n][E] += the partial sums of every thread (part p of each), in thread order. */
@@ -107,7 +115,7 @@ static void blocks_task(void *ctx, int64_t chunk, int t) {
     tdm_cpu *c = j->c;
     const tdm_cpu_kernels *k = c->k;
     const int32_t n = j->n, E = a->n_embd, hd = a->head_dim, half = a->rope->n_rot / 2;
-    const int32_t ql = j->ql, kl = j->kl, qw = j->qw, fl = j->fl;
+    const int32_t ql = j->ql, kl = j->kl, qw = j->qw, fl = j->f0[t + 1] - j->f0[t];
     float *buf = c->team[t].buf, *scratch = c->scratch[t].buf;
     float *x = buf + j->o_x, *xb = buf + j->o_xb, *qkv = buf + j->o_qkv, *att = buf + j->o_att;
     float *gu = buf + j->o_gu, *ff = buf + j->o_ff, *part = buf + j->o_part;
@@ -180,6 +188,14 @@ static void blocks_task(void *ctx, int64_t chunk, int t) {
     if (t == 0) memcpy(a->x, x, len * sizeof(float));
 }
 
+static int32_t gcd32(int32_t a, int32_t b) {
+    while (b) {
+        const int32_t r = a % b;
+        a = b, b = r;
+    }
+    return a;
+}
+
 static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
 
 /* Checks one block's weights against the shapes of a. */
@@ -192,8 +208,13 @@ static tandem_status check_block(const tdm_blocks_args *a, int32_t l, tdm_err *e
         const char *name;
         int64_t rows, cols;
     } ws[] = {{&L->wqkv, "wqkv", qd + 2 * kvd, E}, {&L->wo, "wo", E, qd}, {&L->w13, "w13", 2 * F, E},
-              {&L->w2, "w2", E, F}};
+              {&L->w2, "w2", E, F}, {&L->wq, "wq", qd, E}, {&L->wk, "wk", kvd, E}, {&L->wv, "wv", kvd, E}};
+    if (L->exp_w13)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: layer %d: mixture-of-experts layers run op by op",
+                          (int)l);
+    const bool split = tdm_qkv_split(L);
     for (size_t i = 0; i < TDM_ARRAY_LEN(ws); i++) {
+        if (i == 0 ? split : i >= 4 && !split) continue; /* (wqkv, or wq, wk and wv) */
         tandem_status st = tdm_cpu_check_weight(ws[i].w, "blocks", err);
         if (st) return st;
         if (ws[i].w->rows != ws[i].rows || ws[i].w->cols != ws[i].cols)
@@ -231,10 +252,22 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
     /* whole kv heads per thread, or threads per kv head (each with whole query heads) */
     const int32_t group = a->n_head / a->n_kv_head;
     const bool split = a->n_kv_head % T == 0, shared = T % a->n_kv_head == 0 && group % (T / a->n_kv_head) == 0;
-    if (!(split || shared) || a->n_ff % T != 0)
+    if (!(split || shared))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: %d threads split neither %d kv heads (%d query heads)",
+                          T, (int)a->n_kv_head, (int)a->n_head);
+    /* the FFN features in units W2's column views can start at (its blocks' elements:
+     * rows layout; any column of the element types' P64 layout) */
+    int32_t unit = 1;
+    for (int32_t l = 0; l < a->n_layer; l++) {
+        const tdm_weight *w2 = &a->layers[l].w2;
+        const int32_t u = w2->layout == TDM_LAYOUT_ROWS ? (int32_t)tdm_dtype_block_elems(w2->type) : 1;
+        if (u > 0) unit = unit / gcd32(unit, u) * u;
+    }
+    const int32_t units = a->n_ff % unit == 0 ? a->n_ff / unit : 0;
+    if (units < T)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
-                          "blocks: %d threads split neither %d kv heads (%d query heads) nor %d FFN features", T,
-                          (int)a->n_kv_head, (int)a->n_head, (int)a->n_ff);
+                          "blocks: %d threads cannot split %d FFN features in whole blocks of %d (W2's columns)", T,
+                          (int)a->n_ff, (int)unit);
     const tdm_batch *bt = a->batch;
     if (bt->n_rows < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: n_rows %d", (int)bt->n_rows);
 
@@ -245,7 +278,11 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
     j.ql = j.qh * a->head_dim;
     j.kl = j.kh * a->head_dim;
     j.qw = j.ql + 2 * j.kl;
-    j.fl = a->n_ff / T;
+    j.fl_max = 0;
+    for (int t = 0; t <= T; t++) { /* even, or whole units as evenly as they go */
+        j.f0[t] = (int32_t)((int64_t)t * units / T) * unit;
+        if (t > 0) j.fl_max = TDM_MAX(j.fl_max, j.f0[t] - j.f0[t - 1]);
+    }
     j.scale = a->attn_scale;
     tandem_status st;
     size_t mm_scratch = 0; /* floats a thread's matmuls need */
@@ -293,8 +330,8 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
     j.o_xb = off, off += round16(n * E);
     j.o_qkv = off, off += round16(n * (size_t)j.qw);
     j.o_att = off, off += round16(n * (size_t)j.ql);
-    j.o_gu = off, off += round16(n * 2 * (size_t)j.fl);
-    j.o_ff = off, off += round16(n * (size_t)j.fl);
+    j.o_gu = off, off += round16(n * 2 * (size_t)j.fl_max);
+    j.o_ff = off, off += round16(n * (size_t)j.fl_max);
     j.o_part = off, off += round16(2 * n * E);
     if ((st = tdm_cpu_scratch_grow(c->team, T, off, err))) return st;
     if ((st = tdm_cpu_scratch_reserve(c, TDM_MAX(mm_scratch, tdm_cpu_attn_scratch(&aa, j.n_tot_max)), err)))

@@ -169,6 +169,7 @@ static const tdm_backend_ops cpu_ops = {
     .add = tdm_cpu_add,
     .scale = tdm_cpu_scale,
     .softcap = tdm_cpu_softcap,
+    .moe_experts = tdm_cpu_moe_experts,
 };
 
 tdm_cpu *tdm_cpu_of(tdm_backend *b, const char *op, tdm_err *err) {
@@ -233,6 +234,7 @@ static void cpu_free_impl(tdm_cpu *c) {
     }
     tdm_free_aligned(c->head_buf);
     tdm_free_aligned(c->xq_buf);
+    tdm_free_aligned(c->moe_buf);
     free(c);
 }
 

@@ -197,6 +197,9 @@ typedef struct tdm_cpu {
     uint64_t blocks_runs;     /* forward passes the blocks op ran */
     int tp_mode;              /* 0: tensor-parallel blocks where they fit; -1: never
                                  (tdm_backend_cpu_set_tp) */
+    void *moe_buf;            /* moe_experts (moe.c): the experts' outputs and the routing
+                                 tables of a call (64-byte aligned) */
+    size_t moe_cap;           /* bytes */
 } tdm_cpu;
 
 /* Highest level this CPU supports. */
@@ -265,6 +268,7 @@ tandem_status tdm_cpu_gather_rows(tdm_backend *b, const float *x, const int32_t 
                                   int32_t dim, float *out, tdm_err *err);
 
 tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *err);
+tandem_status tdm_cpu_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
 
 /* The ops of the qwen3 / gemma3 blocks (ops_arch.c). */
 tandem_status tdm_cpu_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,

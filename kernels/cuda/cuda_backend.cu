@@ -316,6 +316,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .make_current = */ cu_make_current,
     /* .topk = */ tdm_cuda_topk,
     /* .tree_grow = */ tdm_cuda_tree_grow,
+    /* .moe_experts = */ NULL, /* (mixture-of-experts models are refused at load here) */
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

@@ -177,8 +177,16 @@ tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info
     uint64_t mats = (uint64_t)m->output.rows * m->output.row_bytes + m->tok_embd.row_bytes;
     for (int32_t l = 0; l < m->hp.n_layer; l++) {
         const tdm_layer *L = &m->layers[l];
-        const tdm_weight *w[] = {&L->wqkv, &L->wo, &L->w13, &L->w2};
+        const tdm_weight *w[] = {&L->wqkv, &L->wq, &L->wk, &L->wv, &L->wo, &L->w13, &L->w2}; /* (unused: zero) */
         for (size_t i = 0; i < TDM_ARRAY_LEN(w); i++) mats += (uint64_t)w[i]->rows * w[i]->row_bytes;
+        if (L->exp_w13) { /* the router and a token's experts (of the experts' mean size) */
+            uint64_t all = 0;
+            for (int32_t e = 0; e < m->hp.n_expert; e++)
+                all += (uint64_t)L->exp_w13[e].rows * L->exp_w13[e].row_bytes +
+                       (uint64_t)L->exp_w2[e].rows * L->exp_w2[e].row_bytes;
+            mats += (uint64_t)L->router.rows * L->router.row_bytes +
+                    all / (uint64_t)m->hp.n_expert * (uint64_t)m->hp.n_expert_used;
+        }
     }
     out->decode_bytes = mats + norms;
     const tdm_kv_layout kl = tdm_model_kv_layout(m, m->be->kv_type);

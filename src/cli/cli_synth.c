@@ -1,5 +1,6 @@
-/* cli_synth.c - `tandem synth`: writes a random-weight model (llama, qwen3, gemma3) with the shapes
- * of a real one (synth.h), for speed measurements with tandem and llama.cpp.
+/* cli_synth.c - `tandem synth`: writes a random-weight model (llama, qwen3, gemma3,
+ * and the mixtures of experts qwen3moe and Mixtral) with the shapes of a real one
+ * (synth.h), for speed measurements with tandem and llama.cpp.
  *
  * Progress goes to stderr: a bar on a terminal, a line every few seconds
  * otherwise.  The summary line goes to stdout.  Ctrl-C (SIGINT) or SIGTERM stops
@@ -100,7 +101,7 @@ int cli_synth(int argc, char **argv) {
     const char *shape_name = NULL, *type_name = NULL, *out = NULL;
     tdm_synth_opts o = {0};
     bool dry_run = false;
-    char shapes[160];
+    char shapes[256];
     shape_list(shapes, sizeof shapes);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;

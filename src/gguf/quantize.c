@@ -61,6 +61,7 @@ uint32_t tdm_quant_tensor_type(const tdm_quant_kind *k, const tdm_quant_model *m
     for (uint32_t d = 1; d < t->n_dims; d++) rows *= t->ne[d];
     if (t->n_dims < 2 || rows < 2 || !ends_with(t->name, ".weight")) return t->type; /* norms, biases */
     const char *nm = t->name;
+    if (strstr(nm, "ffn_gate_inp.weight")) return t->type; /* a mixture of experts' router (as llama.cpp) */
     int32_t layer = -1;
     if (sscanf(nm, "blk.%d.", &layer) != 1) layer = -1;
     const int32_t L = m->n_layer > 0 ? m->n_layer : 1;

@@ -18,6 +18,11 @@
  *   blk.N.ffn_gate.weight    [n_embd, n_ff]
  *   blk.N.ffn_up.weight      [n_embd, n_ff]
  *   blk.N.ffn_down.weight    [n_ff, n_embd]
+ *   or, with experts (f = n_ff_exp or n_ff, x = n_expert):
+ *   blk.N.ffn_gate_inp.weight  [n_embd, x]      f32, random (the router)
+ *   blk.N.ffn_gate_exps.weight [n_embd, f, x]
+ *   blk.N.ffn_up_exps.weight   [n_embd, f, x]
+ *   blk.N.ffn_down_exps.weight [f, n_embd, x]
  *   blk.N.attn_q_norm.weight, attn_k_norm.weight [hd]   f32, 1.0 (qwen3, gemma3)
  *   blk.N.post_attention_norm.weight, post_ffw_norm.weight [n_embd]  f32, 1.0 (gemma3)
  *
@@ -69,12 +74,32 @@ static const tdm_synth_shape shapes[] = {
      .sliding_window = 16},
     {.name = "tiny-llama3", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512, .n_vocab = 32000,
      .n_ctx = 2048, .rope_base = 500000.0f, .hidden = true, .tied = true, .rope_freqs = true},
+    /* mixtures of experts: Qwen3-30B-A3B and Mixtral-8x7B, a small qwen3moe for CPU
+     * measurements, and test shapes */
+    {.name = "qwen3-30b-a3b", .n_embd = 2048, .n_layer = 48, .n_head = 32, .n_head_kv = 4, .n_ff = 6144,
+     .n_vocab = 151936, .n_ctx = 40960, .rope_base = 1000000.0f, .arch = "qwen3moe", .head_dim = 128,
+     .n_expert = 128, .n_expert_used = 8, .n_ff_exp = 768},
+    {.name = "mixtral-8x7b", .n_embd = 4096, .n_layer = 32, .n_head = 32, .n_head_kv = 8, .n_ff = 14336,
+     .n_vocab = 32000, .n_ctx = 32768, .rope_base = 1000000.0f, .n_expert = 8, .n_expert_used = 2},
+    {.name = "qwen3moe-small", .n_embd = 1024, .n_layer = 8, .n_head = 16, .n_head_kv = 4, .n_ff = 2048,
+     .n_vocab = 32000, .n_ctx = 4096, .rope_base = 1000000.0f, .hidden = true, .arch = "qwen3moe", .head_dim = 64,
+     .n_expert = 32, .n_expert_used = 4, .n_ff_exp = 512},
+    {.name = "mixtral-small", .n_embd = 1024, .n_layer = 8, .n_head = 16, .n_head_kv = 4, .n_ff = 2048,
+     .n_vocab = 32000, .n_ctx = 4096, .rope_base = 1000000.0f, .hidden = true, .n_expert = 8, .n_expert_used = 2},
+    {.name = "tiny-qwen3moe", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 1024, .n_vocab = 32000,
+     .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .arch = "qwen3moe", .head_dim = 128, .n_expert = 8,
+     .n_expert_used = 2, .n_ff_exp = 256},
+    {.name = "tiny-mixtral", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512, .n_vocab = 32000,
+     .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .n_expert = 4, .n_expert_used = 2},
 };
 #undef LLAMA
 
 static const char *shape_arch(const tdm_synth_shape *s) { return s->arch ? s->arch : "llama"; }
 static int32_t shape_hd(const tdm_synth_shape *s) { return s->head_dim ? s->head_dim : s->n_embd / s->n_head; }
-static bool shape_qk_norm(const tdm_synth_shape *s) { return s->arch && (!strcmp(s->arch, "qwen3") || !strcmp(s->arch, "gemma3")); }
+static bool shape_qk_norm(const tdm_synth_shape *s) {
+    return s->arch && (!strcmp(s->arch, "qwen3") || !strcmp(s->arch, "gemma3") || !strcmp(s->arch, "qwen3moe"));
+}
+static int32_t shape_ff_exp(const tdm_synth_shape *s) { return s->n_ff_exp ? s->n_ff_exp : s->n_ff; }
 static bool shape_post_norms(const tdm_synth_shape *s) { return s->arch && !strcmp(s->arch, "gemma3"); }
 
 /* Llama 3.1's rope_freqs (llama.cpp's converter from rope_scaling {factor 32,
@@ -123,30 +148,39 @@ typedef struct tdesc {
     char name[48];
     uint32_t type;
     int64_t ne0, ne1; /* ne1 == 0: a vector of ne0 */
+    int64_t ne2;      /* > 1: a 3-D tensor of ne2 matrices [ne1][ne0] (experts); else 1 */
     uint64_t nbytes;
+    bool random;      /* an f32 matrix of random values (a router), not a norm of ones */
 } tdesc;
 
-static void desc(tdesc *d, const char *name, uint32_t type, int64_t ne0, int64_t ne1) {
+static void desc3(tdesc *d, const char *name, uint32_t type, int64_t ne0, int64_t ne1, int64_t ne2) {
     snprintf(d->name, sizeof d->name, "%s", name);
     d->type = type;
     d->ne0 = ne0;
     d->ne1 = ne1;
+    d->ne2 = ne2;
     uint64_t rb = 0;
     tdm_dtype_row_bytes(type, (uint64_t)ne0, &rb); /* shapes are multiples of the block */
-    d->nbytes = rb * (uint64_t)(ne1 ? ne1 : 1);
+    d->nbytes = rb * (uint64_t)(ne1 ? ne1 : 1) * (uint64_t)ne2;
 }
 
+static void desc(tdesc *d, const char *name, uint32_t type, int64_t ne0, int64_t ne1) {
+    desc3(d, name, type, ne0, ne1, 1);
+}
+
+static uint32_t tdesc_dims(const tdesc *d) { return d->ne2 > 1 ? 3 : d->ne1 ? 2 : 1; }
+
 /* The matrices' type (o->type, or the kind's rule for the tensor). */
-static uint32_t matrix_type(const tdm_synth_opts *o, const char *name, int64_t ne0, int64_t ne1) {
+static uint32_t matrix_type(const tdm_synth_opts *o, const char *name, int64_t ne0, int64_t ne1, int64_t ne2) {
     if (!o->kind) return o->type;
     const tdm_synth_shape *s = o->shape;
     tdm_quant_model qm = {.n_layer = s->n_layer, .gqa = s->n_head / s->n_head_kv, .has_output = !s->tied};
-    tdm_gguf_tensor t = {.name = (char *)name, .type = TDM_F32, .n_dims = 2, .ne = {ne0, ne1, 1, 1}};
+    tdm_gguf_tensor t = {.name = (char *)name, .type = TDM_F32, .n_dims = ne2 > 1 ? 3 : 2, .ne = {ne0, ne1, ne2, 1}};
     return tdm_quant_tensor_type(o->kind, &qm, &t);
 }
 
 /* The tensors in file order (*n of them: 3 + 9 per layer, fewer or more as the
- * header comment says); NULL when out of memory. */
+ * header comment says: 10 per layer with experts); NULL when out of memory. */
 static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
     const tdm_synth_shape *s = o->shape;
     size_t count = 4 + 13 * (size_t)s->n_layer;
@@ -155,7 +189,8 @@ static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
     int64_t E = s->n_embd, hd = shape_hd(s);
     int64_t qd = s->n_head * hd, kvd = s->n_head_kv * hd;
     size_t k = 0;
-#define MAT(nm, a, b) desc(&t[k++], nm, matrix_type(o, nm, a, b), a, b)
+#define MAT(nm, a, b) desc(&t[k++], nm, matrix_type(o, nm, a, b, 1), a, b)
+#define EXPS(nm, a, b) desc3(&t[k++], nm, matrix_type(o, nm, a, b, s->n_expert), a, b, s->n_expert)
     MAT("token_embd.weight", E, s->n_vocab);             /* [n_embd, n_vocab] */
     desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);  /* [n_embd] */
     if (!s->tied) MAT("output.weight", E, s->n_vocab);   /* [n_embd, n_vocab] */
@@ -169,9 +204,18 @@ static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
         MAT(NAME("attn_v.weight"), E, kvd);                      /* [n_embd, n_head_kv * hd] */
         MAT(NAME("attn_output.weight"), qd, E);                  /* [n_head * hd, n_embd] */
         desc(&t[k++], NAME("ffn_norm.weight"), TDM_F32, E, 0);   /* [n_embd] */
-        MAT(NAME("ffn_gate.weight"), E, s->n_ff);                /* [n_embd, n_ff] */
-        MAT(NAME("ffn_up.weight"), E, s->n_ff);                  /* [n_embd, n_ff] */
-        MAT(NAME("ffn_down.weight"), s->n_ff, E);                /* [n_ff, n_embd] */
+        if (s->n_expert) {
+            const int64_t f = shape_ff_exp(s);
+            desc(&t[k], NAME("ffn_gate_inp.weight"), TDM_F32, E, s->n_expert); /* [n_embd, x] */
+            t[k++].random = true;
+            EXPS(NAME("ffn_gate_exps.weight"), E, f);            /* [n_embd, f, x] */
+            EXPS(NAME("ffn_up_exps.weight"), E, f);              /* [n_embd, f, x] */
+            EXPS(NAME("ffn_down_exps.weight"), f, E);            /* [f, n_embd, x] */
+        } else {
+            MAT(NAME("ffn_gate.weight"), E, s->n_ff);            /* [n_embd, n_ff] */
+            MAT(NAME("ffn_up.weight"), E, s->n_ff);              /* [n_embd, n_ff] */
+            MAT(NAME("ffn_down.weight"), s->n_ff, E);            /* [n_ff, n_embd] */
+        }
         if (shape_qk_norm(s)) {
             desc(&t[k++], NAME("attn_q_norm.weight"), TDM_F32, hd, 0); /* [hd] */
             desc(&t[k++], NAME("attn_k_norm.weight"), TDM_F32, hd, 0); /* [hd] */
@@ -183,6 +227,7 @@ static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
 #undef NAME
     }
 #undef MAT
+#undef EXPS
     *n = k;
     return t;
 }
@@ -243,6 +288,11 @@ static tandem_status write_metadata(tdm_gguf_writer *w, const tdm_synth_opts *o,
     tdm_gguf_w_f32(w, KEY("rope.freq_base"), s->rope_base);
     tdm_gguf_w_u32(w, KEY("rope.dimension_count"), (uint32_t)shape_hd(s));
     if (s->sliding_window) tdm_gguf_w_u32(w, KEY("attention.sliding_window"), (uint32_t)s->sliding_window);
+    if (s->n_expert) {
+        tdm_gguf_w_u32(w, KEY("expert_count"), (uint32_t)s->n_expert);
+        tdm_gguf_w_u32(w, KEY("expert_used_count"), (uint32_t)s->n_expert_used);
+        if (s->n_ff_exp) tdm_gguf_w_u32(w, KEY("expert_feed_forward_length"), (uint32_t)s->n_ff_exp);
+    }
     tdm_gguf_w_u32(w, KEY("vocab_size"), (uint32_t)s->n_vocab);
 #undef KEY
     if (o->tokenizer_from) return copy_tokenizer(w, o->tokenizer_from, s, err);
@@ -267,9 +317,9 @@ tandem_status tdm_synth_plan(const tdm_synth_opts *o, tdm_gguf_writer **out, tdm
     tandem_status st = write_metadata(w, o, err);
     uint64_t n_params = 0;
     for (size_t i = 0; i < n && !st; i++) {
-        int64_t ne[2] = {t[i].ne0, t[i].ne1};
-        tdm_gguf_w_tensor_info(w, t[i].name, t[i].type, t[i].ne1 ? 2 : 1, ne, t[i].nbytes);
-        n_params += (uint64_t)t[i].ne0 * (uint64_t)(t[i].ne1 ? t[i].ne1 : 1);
+        int64_t ne[3] = {t[i].ne0, t[i].ne1, t[i].ne2};
+        tdm_gguf_w_tensor_info(w, t[i].name, t[i].type, tdesc_dims(&t[i]), ne, t[i].nbytes);
+        n_params += (uint64_t)t[i].ne0 * (uint64_t)(t[i].ne1 ? t[i].ne1 : 1) * (uint64_t)t[i].ne2;
     }
     free(t);
     uint64_t head = 0, total = 0;
@@ -389,7 +439,7 @@ static tandem_status write_data(tdm_gguf_writer *w, const tdm_synth_opts *o, uin
             st = write_chunk(w, ff, (size_t)d->nbytes, &done, total, o, err);
             continue;
         }
-        if (d->type == TDM_F32) { /* a norm: [n_embd] or [hd] of 1.0 */
+        if (d->type == TDM_F32 && !d->random) { /* a norm: [n_embd] or [hd] of 1.0 */
             st = write_chunk(w, ones, (size_t)d->nbytes, &done, total, o, err);
             continue;
         }

@@ -1,11 +1,13 @@
-/* synth.h - random-weight llama models with the shapes of real ones, for speed
+/* synth.h - random-weight models with the shapes of real ones, for speed
  * measurements (`tandem synth`).
  *
  * A synthetic model is a GGUF v3 file that tandem and llama.cpp both load: the
  * llama architecture (RMSNorm, RoPE in the "normal" GGUF layout, SwiGLU, no biases,
  * an untied output.weight unless the shape ties it; Llama 3.2's rope_freqs), or
  * the qwen3 / gemma3 architecture with their extra norms (f32 of 1.0, as the norms
- * of the other shapes), every matrix of one type (f16, q8_0, q4_0, q4_k, q5_k or
+ * of the other shapes), or a mixture of experts (qwen3moe, or llama with experts:
+ * Mixtral; llama.cpp's layout, the router f32 and random as llama.cpp's quantiser
+ * leaves it), every matrix of one type (f16, q8_0, q4_0, q4_k, q5_k or
  * q6_k) or the types of a quantize.h mix (q4_k_m, q5_k_m: q6_k output, attn_v and
  * ffn_down where llama.cpp's mix puts them), f32 norms of 1.0, and a tokenizer (synthesised, or copied from another GGUF).  Matrix
  * entries are uniform with standard deviation 0.5 / sqrt(cols), so activations stay
@@ -33,6 +35,11 @@ typedef struct tdm_synth_shape {
     bool rope_freqs;       /* llama: rope_freqs.weight, Llama 3.1's divisors (factor 32, low /
                               high frequency factors 1 / 4, original context 8192) */
     int32_t sliding_window; /* gemma3's attention.sliding_window */
+    int32_t n_expert;      /* > 0: a mixture of experts ("qwen3moe", or "llama" with experts:
+                              Mixtral) of this many experts per layer, instead of the dense FFN */
+    int32_t n_expert_used; /* experts per token (expert_used_count) */
+    int32_t n_ff_exp;      /* qwen3moe: each expert's features (expert_feed_forward_length; n_ff
+                              is then the feed_forward_length its files carry); 0: n_ff */
 } tdm_synth_shape;
 
 /* The shape table (*n entries) and a lookup by name (NULL when unknown). */

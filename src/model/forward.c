@@ -35,11 +35,18 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
         (void)tdm_backend_activate(s->be, NULL);
     }
     if (!s->be) return;
-    float **bufs[] = {&s->x, &s->xb, &s->qkv, &s->att, &s->gate_up, &s->ff, &s->tp_y, &s->tp_logits};
+    float **bufs[] = {&s->x,      &s->xb,         &s->qkv,   &s->att,  &s->gate_up, &s->ff,
+                      &s->tp_y,   &s->tp_logits,  &s->moe_logits, &s->moe_x, &s->moe_y, &s->moe_acc};
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
         if (*bufs[i]) s->be->ops->free(s->be, *bufs[i]);
         *bufs[i] = NULL;
     }
+    free(s->moe_ids);
+    free(s->moe_w);
+    free(s->moe_rows);
+    free(s->moe_rw);
+    s->moe_ids = s->moe_rows = NULL;
+    s->moe_w = s->moe_rw = NULL;
     free(s->ids);
     s->ids = NULL;
     free(s->host_logits);
@@ -54,7 +61,7 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
 }
 
 /* y[n][w->rows] (+)= x[n][w->cols] W^T, in slices of s->mm_rows rows when set. */
-static tandem_status fwd_matmul(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_weight *w, const float *x,
+tandem_status tdm_fwd_matmul(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_weight *w, const float *x,
                                 int32_t n, float *y, bool acc, tdm_err *err) {
     const int32_t step = s->mm_rows > 0 ? s->mm_rows : n;
     for (int32_t i = 0; i < n; i += step) {
@@ -79,15 +86,31 @@ tandem_status tdm_fwd_scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const
     int32_t cap = TDM_MAX(rows, s->cap_rows * 2);
     int64_t qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
     int64_t width = TDM_MAX((int64_t)hp->n_embd, qd);
+    const size_t ne = (size_t)hp->n_expert, moe_e = ne ? (size_t)hp->n_embd : 0; /* (dense: none) */
     size_t sizes[] = {(size_t)width, (size_t)width, (size_t)(qd + 2 * kvd), (size_t)qd,
-                      (size_t)2 * (size_t)hp->n_ff, (size_t)hp->n_ff};
-    float **bufs[] = {&s->x, &s->xb, &s->qkv, &s->att, &s->gate_up, &s->ff};
+                      (size_t)2 * (size_t)hp->n_ff, (size_t)hp->n_ff, ne, moe_e, moe_e, moe_e};
+    float **bufs[] = {&s->x, &s->xb, &s->qkv, &s->att, &s->gate_up, &s->ff,
+                      &s->moe_logits, &s->moe_x, &s->moe_y, &s->moe_acc};
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
         if (*bufs[i]) be->ops->free(be, *bufs[i]);
         *bufs[i] = NULL;
     }
     s->cap_rows = 0;
+    if (ne) { /* the routing, on the host */
+        const size_t k = (size_t)hp->n_expert_used;
+        free(s->moe_ids);
+        free(s->moe_w);
+        free(s->moe_rows);
+        free(s->moe_rw);
+        s->moe_ids = tdm_mallocarray((size_t)cap * k, sizeof *s->moe_ids);
+        s->moe_w = tdm_mallocarray((size_t)cap * k, sizeof *s->moe_w);
+        s->moe_rows = tdm_mallocarray((size_t)cap, sizeof *s->moe_rows);
+        s->moe_rw = tdm_mallocarray((size_t)cap, sizeof *s->moe_rw);
+        if (!s->moe_ids || !s->moe_w || !s->moe_rows || !s->moe_rw)
+            return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
+        if (sizes[i] == 0) continue;
         void *p;
         tandem_status st = be->ops->alloc(be, sizes[i] * (size_t)cap * sizeof(float), &p, err);
         if (st) return st;
@@ -132,6 +155,41 @@ tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const flo
     return be->ops->add(be, x, y, n, hp->n_embd, err);
 }
 
+/* s->qkv[n][qd + 2 kvd] = s->xb Wqkv^T: the fused weight's one product, or the three
+ * of q, k and v kept apart (tdm_qkv_split): one row's straight into its columns, more
+ * rows' each into a buffer free at this point (s->att: q; s->gate_up: k, v), then
+ * copied into the rows' columns. */
+static tandem_status qkv_product(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_layer *L, int32_t qd,
+                                 int32_t kvd, int32_t n, tdm_err *err) {
+    if (!tdm_qkv_split(L)) return tdm_fwd_matmul(be, s, &L->wqkv, s->xb, n, s->qkv, false, err);
+    const int32_t qkv_w = qd + 2 * kvd;
+    const tdm_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+    const int32_t col[3] = {0, qd, qd + kvd};
+    tandem_status st;
+    if (n == 1) {
+        for (int p = 0; p < 3; p++)
+            if ((st = tdm_fwd_matmul(be, s, w[p], s->xb, 1, s->qkv + col[p], false, err))) return st;
+        return TANDEM_OK;
+    }
+    /* (gate_up holds [rows][2 n_ff] floats: k and v fit wherever kvd <= n_ff, as in
+     * every model of the architectures tandem runs; a mixture of experts: each
+     * expert's n_ff) */
+    const int64_t ff = (L->exp_w13 ? L->exp_w13[0].rows : L->w13.rows) / 2;
+    if (kvd > ff)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: separate q, k, v weights with kv width %d above the "
+                          "FFN's %lld features", (int)kvd, (long long)ff);
+    float *out[3] = {s->att, s->gate_up, s->gate_up + (size_t)n * kvd};
+    for (int p = 0; p < 3; p++) {
+        if ((st = tdm_fwd_matmul(be, s, w[p], s->xb, n, out[p], false, err))) return st;
+        const size_t width = (size_t)w[p]->rows;
+        for (int32_t i = 0; i < n; i++)
+            if ((st = be->ops->copy(be, s->qkv + (size_t)i * qkv_w + col[p], out[p] + (size_t)i * width,
+                                    width * sizeof(float), err)))
+                return st;
+    }
+    return TANDEM_OK;
+}
+
 tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
                                  const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, int32_t l, float *y, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
@@ -144,7 +202,7 @@ tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_sto
     const bool swa = tdm_hparams_layer_swa(hp, l);
     const tdm_rope_params *rp = swa ? &hp->rope_swa : &hp->rope;
     if ((st = op->rmsnorm(be, s->x, L->attn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
-    if ((st = fwd_matmul(be, s, &L->wqkv, s->xb, n, s->qkv, false, err))) return st;
+    if ((st = qkv_product(be, s, L, qd, kvd, n, err))) return st;
     if (L->bqkv && (st = op->add_bias(be, s->qkv, L->bqkv, n, qkv_w, err))) return st;
     if (L->q_norm &&
         ((st = op->head_rmsnorm(be, s->qkv, n, qkv_w, hp->n_head, hp->head_dim, L->q_norm, hp->norm_eps, err)) ||
@@ -166,12 +224,12 @@ tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_sto
         .scale = hp->attn_scale, .window = swa ? hp->swa_window : 0, .softcap = hp->attn_softcap,
     };
     if ((st = op->attention(be, &aa, err))) return st;
-    if (y) return fwd_matmul(be, s, &L->wo, s->att, n, y, false, err);
+    if (y) return tdm_fwd_matmul(be, s, &L->wo, s->att, n, y, false, err);
     if (L->attn_post_norm)
-        return (st = fwd_matmul(be, s, &L->wo, s->att, n, s->xb, false, err))
+        return (st = tdm_fwd_matmul(be, s, &L->wo, s->att, n, s->xb, false, err))
                    ? st
                    : tdm_fwd_residual(be, hp, L->attn_post_norm, s->x, s->xb, n, err);
-    return fwd_matmul(be, s, &L->wo, s->att, n, s->x, true, err);
+    return tdm_fwd_matmul(be, s, &L->wo, s->att, n, s->x, true, err);
 }
 
 tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
@@ -181,17 +239,18 @@ tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scr
     const tdm_layer *L = &m->layers[l];
     const int32_t E = hp->n_embd, F = hp->n_ff;
     tandem_status st;
+    if (L->exp_w13) return tdm_fwd_layer_moe(m, be, s, n, l, y, err);
     if ((st = op->rmsnorm(be, s->x, L->ffn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
-    if ((st = fwd_matmul(be, s, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
+    if ((st = tdm_fwd_matmul(be, s, &L->w13, s->xb, n, s->gate_up, false, err))) return st;
     st = hp->ffn_act == TDM_ACT_GELU_TANH ? op->geglu(be, s->gate_up, n, F, s->ff, err)
                                            : op->swiglu(be, s->gate_up, n, F, s->ff, err);
     if (st) return st;
-    if (y) return fwd_matmul(be, s, &L->w2, s->ff, n, y, false, err);
+    if (y) return tdm_fwd_matmul(be, s, &L->w2, s->ff, n, y, false, err);
     if (L->ffn_post_norm)
-        return (st = fwd_matmul(be, s, &L->w2, s->ff, n, s->xb, false, err))
+        return (st = tdm_fwd_matmul(be, s, &L->w2, s->ff, n, s->xb, false, err))
                    ? st
                    : tdm_fwd_residual(be, hp, L->ffn_post_norm, s->x, s->xb, n, err);
-    return fwd_matmul(be, s, &L->w2, s->ff, n, s->x, true, err);
+    return tdm_fwd_matmul(be, s, &L->w2, s->ff, n, s->x, true, err);
 }
 
 /* Every block, op by op (backends without a `blocks` op, or shapes it does not run). */
@@ -212,7 +271,7 @@ static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
                                 const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                 tdm_fwd_scratch *s, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
-    if (be->ops->blocks && !s->blocks_declined) {
+    if (be->ops->blocks && !s->blocks_declined && hp->n_expert == 0) { /* (experts: by ops) */
         tdm_blocks_args a = {
             .batch = batch, .seqs = seqs, .layers = m->layers, .k_cache = kv->k, .v_cache = kv->v,
             .cache_type = kv->type, .block_size = kv->block_size, .n_layer = hp->n_layer,
@@ -302,7 +361,7 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
     int32_t nl;
     tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, tok_dev, &nl, err);
     if (st || nl == 0) return st;
-    if ((st = fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
+    if ((st = tdm_fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
     if ((st = final_softcap(m, be, logits, nl, err))) return st;
     return ids_dev ? op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err) : TANDEM_OK;
 }
@@ -340,7 +399,7 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         if ((st = op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err))) return st;
         return final_softcap(m, be, logits, nl, err);
     }
-    if ((st = fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
+    if ((st = tdm_fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
     return forward_tail(m, be, s, kind, logits, nl, ids, err);
 }
 

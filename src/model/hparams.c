@@ -1,5 +1,6 @@
 /* hparams.c - a model's hyperparameters from its GGUF metadata, read as llama.cpp
- * reads them for the architectures tandem runs (llama, qwen2, qwen3, gemma3; see
+ * reads them for the architectures tandem runs (llama, qwen2, qwen3, gemma3,
+ * qwen3moe, and llama with experts: Mixtral; see
  * docs/DESIGN.md, "Architectures").  Every key is "<arch>.<suffix>"; a missing
  * required key or a value out of range is a TANDEM_ERR_FORMAT error naming it, an
  * architecture or scaling tandem does not run a TANDEM_ERR_UNSUPPORTED one. */
@@ -61,7 +62,8 @@ static tandem_status get_pos_f32(const tdm_gguf *g, const char *arch, const char
 static const struct {
     const char *name;
     uint32_t id;
-} k_archs[] = {{"llama", TDM_ARCH_LLAMA}, {"qwen2", TDM_ARCH_QWEN2}, {"qwen3", TDM_ARCH_QWEN3}, {"gemma3", TDM_ARCH_GEMMA3}};
+} k_archs[] = {{"llama", TDM_ARCH_LLAMA}, {"qwen2", TDM_ARCH_QWEN2}, {"qwen3", TDM_ARCH_QWEN3}, {"gemma3", TDM_ARCH_GEMMA3},
+                {"qwen3moe", TDM_ARCH_QWEN3MOE}};
 
 /* The RoPE scaling: rope.scaling.type none / linear / yarn.  As in llama.cpp, an
  * absent type means linear with rope.scaling.factor (or the older
@@ -105,6 +107,39 @@ static tandem_status read_rope_scaling(const tdm_gguf *g, const char *a, uint32_
     return TANDEM_OK;
 }
 
+/* The mixture-of-experts keys, as llama.cpp reads them: expert_count (0 or absent:
+ * a dense FFN; qwen3moe needs experts, and only llama and qwen3moe run them) and
+ * expert_used_count in [1, expert_count]; qwen3moe's experts have
+ * expert_feed_forward_length features (absent: feed_forward_length /
+ * expert_used_count), Mixtral's feed_forward_length.  *n_ff is the experts'. */
+static tandem_status read_experts(const tdm_gguf *g, const char *a, tdm_hparams *hp, uint32_t *n_ff, bool has_ff,
+                                  tdm_err *err) {
+    uint32_t n_exp, n_used = 0, ff_exp;
+    tandem_status st;
+    if ((st = get_u32_key(g, a, "expert_count", hp->arch_id == TDM_ARCH_QWEN3MOE, 0, &n_exp, err)) ||
+        (st = check_range("expert_count", n_exp, hp->arch_id == TDM_ARCH_QWEN3MOE ? 1 : 0, TDM_MAX_EXPERTS, err)))
+        return st;
+    if (n_exp == 0) return TANDEM_OK;
+    if (hp->arch_id != TDM_ARCH_LLAMA && hp->arch_id != TDM_ARCH_QWEN3MOE)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "%s.expert_count is %u: tandem runs experts only in llama (Mixtral) and qwen3moe models", a,
+                          n_exp);
+    if ((st = get_u32_key(g, a, "expert_used_count", true, 0, &n_used, err)) ||
+        (st = check_range("expert_used_count", n_used, 1, n_exp, err)))
+        return st;
+    if (hp->arch_id == TDM_ARCH_QWEN3MOE) {
+        if (!has_key(g, a, "expert_feed_forward_length") && !has_ff)
+            return tdm_seterr(err, TANDEM_ERR_FORMAT, "missing key %s.expert_feed_forward_length", a);
+        if ((st = get_u32_key(g, a, "expert_feed_forward_length", false, *n_ff / n_used, &ff_exp, err)) ||
+            (st = check_range("expert_feed_forward_length", ff_exp, 1, MAX_FF, err)))
+            return st;
+        *n_ff = ff_exp;
+    }
+    hp->n_expert = (int32_t)n_exp;
+    hp->n_expert_used = (int32_t)n_used;
+    return TANDEM_OK;
+}
+
 /* gemma3's keys: the sliding window (required), the layer pattern and RoPE base of
  * its sliding-window layers (llama.cpp's constants), the optional soft-caps, the
  * attention scale. */
@@ -145,22 +180,24 @@ tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err)
         if (arch.len == strlen(k_archs[i].name) && memcmp(arch.ptr, k_archs[i].name, arch.len) == 0) ai = i;
     if (ai == TDM_ARRAY_LEN(k_archs))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
-                          "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3)",
+                          "unsupported architecture '%.*s' (supported: llama, qwen2, qwen3, gemma3, qwen3moe)",
                           (int)TDM_MIN(arch.len, 64), arch.ptr);
     memcpy(hp->arch, arch.ptr, arch.len);
     hp->arch_id = k_archs[ai].id;
     const char *a = hp->arch;
 
     uint32_t n_ctx, n_embd, n_layer, n_ff, n_head, n_head_kv, n_rot, key_len, val_len, n_vocab;
+    /* (qwen3moe: optional, its experts' size has its own key) */
+    const bool moe = hp->arch_id == TDM_ARCH_QWEN3MOE, has_ff = has_key(g, a, "feed_forward_length");
     if ((st = get_u32_key(g, a, "context_length", false, 4096, &n_ctx, err)) ||
         (st = get_u32_key(g, a, "embedding_length", true, 0, &n_embd, err)) ||
         (st = get_u32_key(g, a, "block_count", true, 0, &n_layer, err)) ||
-        (st = get_u32_key(g, a, "feed_forward_length", true, 0, &n_ff, err)) ||
+        (st = get_u32_key(g, a, "feed_forward_length", !moe, 0, &n_ff, err)) ||
         (st = get_u32_key(g, a, "attention.head_count", true, 0, &n_head, err)))
         return st;
     if ((st = check_range("embedding_length", n_embd, 1, MAX_EMBD, err)) ||
         (st = check_range("block_count", n_layer, 1, MAX_LAYER, err)) ||
-        (st = check_range("feed_forward_length", n_ff, 1, MAX_FF, err)) ||
+        ((!moe || has_ff) && (st = check_range("feed_forward_length", n_ff, 1, MAX_FF, err))) ||
         (st = check_range("attention.head_count", n_head, 1, MAX_HEAD, err)) ||
         (st = check_range("context_length", n_ctx, 1, MAX_CTX, err)))
         return st;
@@ -199,6 +236,7 @@ tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err)
     if (!(freq_base > 0 && isfinite(freq_base)))
         return tdm_seterr(err, TANDEM_ERR_FORMAT, "rope.freq_base %g is invalid", freq_base);
     if ((st = read_rope_scaling(g, a, n_ctx, &hp->rope_scaling, err))) return st;
+    if ((st = read_experts(g, a, hp, &n_ff, has_ff, err))) return st;
 
     hp->n_vocab = (int32_t)n_vocab;
     hp->n_ctx_train = (int32_t)n_ctx;
@@ -216,7 +254,7 @@ tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err)
     hp->rope.mscale = tdm_rope_mscale(&hp->rope_scaling, hp->rope.freq_scale);
     hp->rope_swa = hp->rope;
     hp->qkv_bias = hp->arch_id == TDM_ARCH_QWEN2;
-    hp->qk_norm = hp->arch_id == TDM_ARCH_QWEN3;
+    hp->qk_norm = hp->arch_id == TDM_ARCH_QWEN3 || hp->arch_id == TDM_ARCH_QWEN3MOE;
     hp->ffn_act = TDM_ACT_SILU;
     hp->embd_scale = 1.0f;
     hp->attn_scale = 1.0f / sqrtf((float)key_len);

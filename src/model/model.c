@@ -46,10 +46,12 @@ static tandem_status report_progress(const tdm_model *m, float done, tdm_err *er
     return TANDEM_OK;
 }
 
-/* Finds a tensor and checks its shape: ne0 x ne1 (ne1 = 0: a 1-D tensor).  Each
- * tensor found is a step of the load's progress (the hook may cancel here). */
-static tandem_status find_tensor(tdm_model *m, const char *name, int64_t ne0, int64_t ne1,
-                                 bool optional, const tdm_gguf_tensor **out, tdm_err *err) {
+/* Finds a tensor and checks its shape: ne0 x ne1 (ne1 = 0: a 1-D tensor), or with
+ * ne2 > 0 a 3-D ne0 x ne1 x ne2 (a mixture-of-experts layer's experts, one [ne1][ne0]
+ * matrix each; ne2 = 1 may be stored as 2-D).  Each tensor found is a step of the
+ * load's progress (the hook may cancel here). */
+static tandem_status find_tensor_nd(tdm_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t ne2,
+                                    bool optional, const tdm_gguf_tensor **out, tdm_err *err) {
     *out = NULL;
     const uint64_t n_tensors = m->gguf->n_tensors ? m->gguf->n_tensors : 1;
     tandem_status st = report_progress(m, (float)((double)m->n_found++ / (double)n_tensors), err);
@@ -59,9 +61,20 @@ static tandem_status find_tensor(tdm_model *m, const char *name, int64_t ne0, in
         if (optional) return TANDEM_OK;
         return tdm_seterr(err, TANDEM_ERR_FORMAT, "missing tensor '%s'", name);
     }
-    uint32_t want_dims = ne1 ? 2 : 1;
-    bool ok = t->ne[0] == ne0 && (ne1 ? t->ne[1] == ne1 : true) && t->ne[2] == 1 && t->ne[3] == 1 &&
-              (t->n_dims == want_dims || (ne1 == 0 && t->ne[1] == 1));
+    bool ok;
+    if (ne2 > 0)
+        ok = t->ne[0] == ne0 && t->ne[1] == ne1 && t->ne[2] == ne2 && t->ne[3] == 1 &&
+             (t->n_dims == 3 || (ne2 == 1 && t->n_dims == 2));
+    else {
+        uint32_t want_dims = ne1 ? 2 : 1;
+        ok = t->ne[0] == ne0 && (ne1 ? t->ne[1] == ne1 : true) && t->ne[2] == 1 && t->ne[3] == 1 &&
+             (t->n_dims == want_dims || (ne1 == 0 && t->ne[1] == 1));
+    }
+    if (!ok && ne2 > 0)
+        return tdm_seterr(err, TANDEM_ERR_FORMAT,
+                          "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
+                          (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)t->ne[3],
+                          (long long)ne0, (long long)ne1, (long long)ne2);
     if (!ok)
         return tdm_seterr(err, TANDEM_ERR_FORMAT,
                           "tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld%s%lld]", name,
@@ -77,6 +90,11 @@ static tandem_status find_tensor(tdm_model *m, const char *name, int64_t ne0, in
     }
     *out = t;
     return TANDEM_OK;
+}
+
+static tandem_status find_tensor(tdm_model *m, const char *name, int64_t ne0, int64_t ne1, bool optional,
+                                 const tdm_gguf_tensor **out, tdm_err *err) {
+    return find_tensor_nd(m, name, ne0, ne1, 0, optional, out, err);
 }
 
 /* Values [off, off + n) of a 1-D vector of n_full, converted to f32 in backend
@@ -208,13 +226,15 @@ static tandem_status load_mat_part(tdm_model *m, const char *name, int64_t cols,
 }
 
 /* Matrices with the same cols stacked by rows into one weight.  Parts of one type
- * are copied as they are; mixed types (a Q4_K_M file's Q4_K q and k with a Q6_K v)
- * are converted to f16, or to f32 when a value lies outside f16's range. */
-static bool mixed_fits_f16(const tdm_gguf_tensor *const *t, const int64_t *rows, int n, int64_t cols, float *tmp) {
+ * are copied as they are; mixed types (a Q4_K_M file's Q4_K q and k with a Q6_K v,
+ * on a backend other than the host's: load_qkv) are converted to f16, or to f32 when
+ * a value lies outside f16's range. */
+static bool mixed_fits_f16(const tdm_gguf_tensor *const *t, const int64_t *row0, const int64_t *rows, int n,
+                           int64_t cols, float *tmp) {
     for (int i = 0; i < n; i++) {
         uint64_t rb;
         tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &rb);
-        for (int64_t r = 0; r < rows[i]; r++) {
+        for (int64_t r = row0[i]; r < row0[i] + rows[i]; r++) {
             tdm_row_to_f32(t[i]->type, (const uint8_t *)t[i]->data + r * rb, tmp, cols);
             for (int64_t k = 0; k < cols; k++)
                 if (!(fabsf(tmp[k]) <= 65504.0f)) return false;
@@ -223,15 +243,15 @@ static bool mixed_fits_f16(const tdm_gguf_tensor *const *t, const int64_t *rows,
     return true;
 }
 
-/* Part i is rows [row0[i], row0[i] + rows[i]) of names[i] ([full_rows[i]][cols]). */
-static tandem_status load_fused(tdm_model *m, const char *const *names, const int64_t *full_rows, const int64_t *row0,
-                                const int64_t *rows, int n, int64_t cols, tdm_weight *w, tdm_err *err) {
-    const tdm_gguf_tensor *t[4];
+/* Part i is rows [row0[i], row0[i] + rows[i]) of tensor t[i] (found and checked:
+ * at least that many rows of cols, names[i] its name). */
+static tandem_status fuse_parts(tdm_model *m, const tdm_gguf_tensor *const *t, const char *const *names,
+                                const int64_t *row0, const int64_t *rows, int n, int64_t cols, tdm_weight *w,
+                                tdm_err *err) {
     tandem_status st;
     int64_t total_rows = 0;
     bool same = true;
     for (int i = 0; i < n; i++) {
-        if ((st = find_tensor(m, names[i], cols, full_rows[i], false, &t[i], err))) return st;
         total_rows += rows[i];
         if (t[i]->type != t[0]->type) same = false;
         uint64_t rb;
@@ -241,7 +261,7 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
     }
     float *tmp = same ? NULL : tdm_mallocarray((size_t)cols, sizeof(float));
     if (!same && !tmp) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory fusing '%s'", names[0]);
-    uint32_t type = same ? t[0]->type : mixed_fits_f16(t, full_rows, n, cols, tmp) ? TDM_F16 : TDM_F32;
+    uint32_t type = same ? t[0]->type : mixed_fits_f16(t, row0, rows, n, cols, tmp) ? TDM_F16 : TDM_F32;
     uint64_t rb;
     tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
     size_t bytes = (size_t)rb * (size_t)total_rows;
@@ -252,21 +272,22 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
     }
     size_t off = 0;
     for (int i = 0; i < n; i++) {
+        uint64_t src_rb;
+        tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &src_rb);
+        const uint8_t *src = (const uint8_t *)t[i]->data + (size_t)row0[i] * src_rb;
         if (same) {
-            memcpy(host + off, (const uint8_t *)t[i]->data + (size_t)row0[i] * rb, (size_t)rows[i] * rb);
+            memcpy(host + off, src, (size_t)rows[i] * rb);
             off += (size_t)rows[i] * rb;
-            tdm_gguf_release(m->gguf, t[i]->data, t[i]->nbytes);
         } else {
-            uint64_t src_rb;
-            tdm_dtype_row_bytes(t[i]->type, (uint64_t)cols, &src_rb);
-            for (int64_t r = row0[i]; r < row0[i] + rows[i]; r++) {
-                tdm_row_to_f32(t[i]->type, (const uint8_t *)t[i]->data + r * src_rb, tmp, cols);
+            for (int64_t r = 0; r < rows[i]; r++) {
+                tdm_row_to_f32(t[i]->type, src + (size_t)r * src_rb, tmp, cols);
                 tdm_row_from_f32(type, tmp, host + off, cols);
                 off += (size_t)rb;
             }
         }
+        tdm_gguf_release(m->gguf, src, (size_t)rows[i] * src_rb); /* (not read again) */
         m->n_params += (uint64_t)rows[i] * (uint64_t)cols;
-        m->weight_bytes += t[i]->nbytes / (uint64_t)full_rows[i] * (uint64_t)rows[i];
+        m->weight_bytes += src_rb * (uint64_t)rows[i];
     }
     free(tmp);
     w->type = type;
@@ -276,6 +297,87 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
     st = place_weight(m, host, true, type, total_rows, cols, bytes, true, w, err);
     free(host);
     return st;
+}
+
+/* Part i is rows [row0[i], row0[i] + rows[i]) of names[i] ([full_rows[i]][cols]). */
+static tandem_status load_fused(tdm_model *m, const char *const *names, const int64_t *full_rows, const int64_t *row0,
+                                const int64_t *rows, int n, int64_t cols, tdm_weight *w, tdm_err *err) {
+    const tdm_gguf_tensor *t[4];
+    tandem_status st;
+    for (int i = 0; i < n; i++)
+        if ((st = find_tensor(m, names[i], cols, full_rows[i], false, &t[i], err))) return st;
+    return fuse_parts(m, t, names, row0, rows, n, cols, w, err);
+}
+
+/* Layer l's mixture of experts (llama.cpp's layout): the router
+ * blk.l.ffn_gate_inp [n_embd, n_expert], and the experts' blk.l.ffn_gate_exps /
+ * ffn_up_exps [n_embd, n_ff, n_expert] and ffn_down_exps [n_ff, n_embd, n_expert],
+ * any supported type each (the sizes are the shapes' and the types', checked; the
+ * GGUF reader checked that each tensor's bytes lie in the file).  Each expert's gate
+ * and up rows are fused into one weight, its down matrix placed as it is. */
+static tandem_status load_experts(tdm_model *m, int32_t l, tdm_layer *L, tdm_weight *w13, tdm_weight *w2,
+                                  tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const int64_t E = hp->n_embd, F = hp->n_ff, NE = hp->n_expert;
+    char nr[96], ng[96], nu[96], nd[96];
+    snprintf(nr, sizeof nr, "blk.%d.ffn_gate_inp.weight", (int)l);
+    snprintf(ng, sizeof ng, "blk.%d.ffn_gate_exps.weight", (int)l);
+    snprintf(nu, sizeof nu, "blk.%d.ffn_up_exps.weight", (int)l);
+    snprintf(nd, sizeof nd, "blk.%d.ffn_down_exps.weight", (int)l);
+    tandem_status st;
+    if ((st = load_mat(m, nr, E, NE, true, &L->router, err))) return st;
+    const tdm_gguf_tensor *tg, *tu, *td;
+    if ((st = find_tensor_nd(m, ng, E, F, NE, false, &tg, err)) || (st = find_tensor_nd(m, nu, E, F, NE, false, &tu, err)) ||
+        (st = find_tensor_nd(m, nd, F, E, NE, false, &td, err)))
+        return st;
+    uint64_t rb_d;
+    if (!tdm_dtype_row_bytes(td->type, (uint64_t)F, &rb_d))
+        return tdm_seterr(err, TANDEM_ERR_FORMAT, "tensor '%s': row of %lld not a multiple of its block", nd,
+                          (long long)F);
+    const tdm_gguf_tensor *gu[2] = {tg, tu};
+    const char *names[2] = {ng, nu};
+    for (int64_t e = 0; e < NE; e++) {
+        const int64_t r0[2] = {e * F, e * F}, rows[2] = {F, F};
+        if ((st = fuse_parts(m, gu, names, r0, rows, 2, E, &w13[e], err))) return st;
+        tdm_weight *d = &w2[e];
+        d->type = td->type;
+        d->rows = E;
+        d->cols = F;
+        d->row_bytes = (size_t)rb_d;
+        const size_t bytes = (size_t)rb_d * (size_t)E;
+        if ((st = place_weight(m, (const uint8_t *)td->data + (size_t)e * bytes, false, td->type, E, F, bytes, true, d,
+                               err)))
+            return st;
+        m->n_params += (uint64_t)E * (uint64_t)F;
+        m->weight_bytes += bytes;
+    }
+    L->exp_w13 = w13;
+    L->exp_w2 = w2;
+    return TANDEM_OK;
+}
+
+/* A block's q, k and v weights (names[3], part i rows [row0[i], row0[i] + rows[i]) of
+ * [full_rows[i]][cols]): fused into wqkv when the three have one type, or the backend
+ * is not the host's (mixed types then become f16, load_fused); on the host, mixed
+ * types stay the file's, as wq, wk and wv (tdm_qkv_split): its direct kernels read a
+ * Q4_K_M file's Q4_K and Q6_K blocks in place, where an f16 copy of the three is about
+ * 3.4 times their bytes read per token. */
+static tandem_status load_qkv(tdm_model *m, const char *const *names, const int64_t *full_rows, const int64_t *row0,
+                              const int64_t *rows, int64_t cols, tdm_layer *L, tdm_err *err) {
+    bool same = true;
+    const tdm_gguf_tensor *t0 = tdm_gguf_find_tensor(m->gguf, names[0]);
+    for (int i = 1; i < 3 && t0; i++) {
+        const tdm_gguf_tensor *t = tdm_gguf_find_tensor(m->gguf, names[i]);
+        if (t && t->type != t0->type) same = false;
+    }
+    if (same || !is_host_backend(m->be)) return load_fused(m, names, full_rows, row0, rows, 3, cols, &L->wqkv, err);
+    memset(&L->wqkv, 0, sizeof L->wqkv);
+    tdm_weight *w[3] = {&L->wq, &L->wk, &L->wv};
+    for (int i = 0; i < 3; i++) {
+        tandem_status st = load_mat_part(m, names[i], cols, full_rows[i], row0[i], rows[i], 0, cols, true, w[i], err);
+        if (st) return st;
+    }
+    return TANDEM_OK;
 }
 
 /* The output head's quantised copy (qhead.h) on backends with int8 dot products,
@@ -381,6 +483,9 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
     if ((st = load_rope(m, err))) return st;
     m->layers = tdm_calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->layers) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    if (hp->n_expert > 0 &&
+        !(m->experts = tdm_calloc((size_t)hp->n_layer * 2 * (size_t)hp->n_expert, sizeof *m->experts)))
+        return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     char n0[96], n1[96], n2[96];
     for (int32_t l = 0; l < hp->n_layer; l++) {
         tdm_layer *L = &m->layers[l];
@@ -392,7 +497,7 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
         NAME(n2, "attn_v.weight");
         const char *qkv[3] = {n0, n1, n2};
         const int64_t qkv_full[3] = {qd_full, kvd_full, kvd_full}, qkv_0[3] = {q0, kv0, kv0}, qkv_n[3] = {qd, kvd, kvd};
-        if ((st = load_fused(m, qkv, qkv_full, qkv_0, qkv_n, 3, E, &L->wqkv, err))) return st;
+        if ((st = load_qkv(m, qkv, qkv_full, qkv_0, qkv_n, E, L, err))) return st;
         if (hp->qkv_bias) {
             const float *bq, *bk, *bv;
             NAME(n0, "attn_q.bias");
@@ -434,6 +539,11 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
         }
         NAME(n0, "ffn_norm.weight");
         if ((st = load_vec(m, n0, E, false, &L->ffn_norm, err))) return st;
+        if (hp->n_expert > 0) {
+            tdm_weight *w13 = m->experts + (size_t)l * 2 * (size_t)hp->n_expert;
+            if ((st = load_experts(m, l, L, w13, w13 + hp->n_expert, err))) return st;
+            continue;
+        }
         NAME(n0, "ffn_gate.weight");
         NAME(n1, "ffn_up.weight");
         const char *gu[2] = {n0, n1};
@@ -514,7 +624,8 @@ tandem_status tdm_model_check_backend(const tdm_model *m, const tdm_backend *be,
     const tdm_hparams *hp = &m->hp;
     const tdm_backend_ops *op = be->ops;
     const char *what = NULL, *missing = NULL;
-    if (hp->swa_window > 0 && !be->attn_window_softcap) what = "sliding-window attention";
+    if (hp->n_expert > 0 && !be->host_memory) what = "mixture of experts";
+    else if (hp->swa_window > 0 && !be->attn_window_softcap) what = "sliding-window attention";
     else if (hp->attn_softcap > 0 && !be->attn_window_softcap) what = "attention logit soft-capping";
     else if (hp->qk_norm && !op->head_rmsnorm) missing = "head_rmsnorm";
     else if (hp->ffn_act == TDM_ACT_GELU_TANH && !op->geglu) missing = "geglu";
@@ -555,6 +666,7 @@ void tdm_model_free(tdm_model *m) {
     for (int32_t i = 0; i < m->n_owned; i++) m->be->ops->free(m->be, m->owned[i]);
     free(m->owned);
     free(m->layers);
+    free(m->experts);
     tdm_tokenizer_free(m->tok);
     tdm_gguf_close(m->gguf);
     free(m);

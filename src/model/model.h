@@ -24,10 +24,14 @@ typedef enum tdm_arch_id {
     TDM_ARCH_QWEN2 = 1,
     TDM_ARCH_QWEN3 = 2,
     TDM_ARCH_GEMMA3 = 3,
+    TDM_ARCH_QWEN3MOE = 4, /* qwen3 attention, mixture-of-experts FFN */
 } tdm_arch_id;
 
+/* Most experts a mixture-of-experts layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
+#define TDM_MAX_EXPERTS 512
+
 typedef struct tdm_hparams {
-    char arch[16];          /* "llama", "qwen2", "qwen3" or "gemma3" */
+    char arch[16];          /* "llama", "qwen2", "qwen3", "gemma3" or "qwen3moe" */
     uint32_t arch_id;       /* tdm_arch_id */
     int32_t n_vocab;
     int32_t n_ctx_train;
@@ -36,7 +40,9 @@ typedef struct tdm_hparams {
     int32_t n_head;
     int32_t n_head_kv;
     int32_t head_dim;       /* n_embd / n_head unless key_length says otherwise */
-    int32_t n_ff;
+    int32_t n_ff;           /* FFN features; of each expert in a mixture-of-experts model */
+    int32_t n_expert;       /* experts per layer (<arch>.expert_count), 0: a dense FFN */
+    int32_t n_expert_used;  /* experts each row goes through (<arch>.expert_used_count) */
     float norm_eps;         /* RMSNorm epsilon */
     tdm_rope_params rope;   /* RoPE of the (global) layers; .freq is the model's table, set at
                                load (NULL from tdm_hparams_read alone) */
@@ -86,6 +92,8 @@ typedef struct tdm_model {
     const float *out_norm;  /* [n_embd] */
     tdm_weight output;      /* [n_vocab][n_embd] (== tok_embd when tied) */
     tdm_layer *layers;      /* [n_layer] */
+    tdm_weight *experts;    /* [n_layer][2][n_expert]: each layer's experts' w13 ([2*n_ff][n_embd]),
+                               then their w2 ([n_embd][n_ff]) (layers point into it); NULL: dense */
     tdm_qhead qhead;        /* output's row-quantised copy (backend memory), when has_qhead */
     bool has_qhead;         /* built at load on backends with int8 dot products */
     void **owned;           /* backend buffers to free */
@@ -176,6 +184,15 @@ typedef struct tdm_fwd_scratch {
     float *att;     /* [rows][q_dim] */
     float *gate_up; /* [rows][2 n_ff] */
     float *ff;      /* [rows][n_ff] */
+    /* mixture-of-experts layers (forward_moe.c; NULL for dense models) */
+    float *moe_logits; /* [rows][n_expert] the router's logits */
+    float *moe_x;      /* [rows][n_embd] the normed rows routed to one expert */
+    float *moe_y;      /* [rows][n_embd] that expert's outputs */
+    float *moe_acc;    /* [rows][n_embd] the weighted sum of each row's experts */
+    int32_t *moe_ids;  /* [rows][n_expert_used] each row's experts (host) */
+    float *moe_w;      /* [rows][n_expert_used] and their weights (host) */
+    int32_t *moe_rows; /* [rows] the rows of one expert (host) */
+    float *moe_rw;     /* [rows] and their weights for it (host) */
     int32_t *ids;   /* [rows] tokens / logit rows (host) */
     int32_t cap_ids;
     float *host_logits; /* [cap_host][n_vocab] host copy of logits (backends without host memory) */
@@ -208,6 +225,19 @@ tandem_status tdm_fwd_layer_attn(const tdm_model *m, tdm_backend *be, tdm_kv_sto
                                  const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, int32_t l, float *y, tdm_err *err);
 tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
                                 float *y, tdm_err *err);
+/* y[n][w->rows] (+)= x[n][w->cols] W^T (the matmul op), in slices of s->mm_rows rows
+ * when set. */
+tandem_status tdm_fwd_matmul(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_weight *w, const float *x,
+                             int32_t n, float *y, bool acc, tdm_err *err);
+/* layer_moe: layer l's mixture-of-experts FFN half (the FFN half of layer_ffn when
+ * the layer has experts; forward_moe.c).
+ * moe_by_ops: the moe_experts op's result (backend.h, tdm_moe_args; a->ids and a->w
+ *   host memory) through the matmul, swiglu and gather_rows ops, expert by expert:
+ *   backends without the op, batches it declines, and its reference in the tests;
+ *   s's MoE buffers for a->n rows as scratch (tdm_fwd_scratch_reserve). */
+tandem_status tdm_fwd_layer_moe(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
+                                float *y, tdm_err *err);
+tandem_status tdm_fwd_moe_by_ops(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_moe_args *a, tdm_err *err);
 tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
                                int32_t n, tdm_err *err);
 /* The batch against the model and the block tables (host side). */

@@ -10,6 +10,11 @@ tandem_status tdm_tp_check(const tdm_hparams *hp, int32_t n, tdm_err *err) {
     const tandem_status bad = TANDEM_ERR_INVALID_ARG;
     if (n < 1 || n > TDM_TP_MAX)
         return tdm_seterr(err, bad, "tensor parallel degree %d is out of range [1, %d]", (int)n, TDM_TP_MAX);
+    if (hp->n_expert > 0 && n > 1)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "cannot split the model %d ways: a mixture-of-experts model (%d experts) is not yet split "
+                          "between devices",
+                          (int)n, (int)hp->n_expert);
     if (hp->n_head % n)
         return tdm_seterr(err, bad, "cannot split the model %d ways: its %d attention heads do not divide by %d", (int)n,
                           (int)hp->n_head, (int)n);
