@@ -15,6 +15,9 @@ void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds) {
     if (rows < 1 || !(seconds > 0.0) || isinf(seconds)) return;
     if (rows > TDM_ROWCOST_MAX) rows = TDM_ROWCOST_MAX;
     /* (a sample under half the estimate replaces it: the estimate held one-time work) */
+    /* (a sample over twice the estimate moves it as one twice as dear would: another
+     * process or a page fault slowed that forward, not its row count) */
+    if (c->n[rows] >= 2 && seconds > 2.0 * c->t[rows]) seconds = 2.0 * c->t[rows];
     c->t[rows] = c->n[rows] < 2 || seconds < 0.5 * c->t[rows] ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
     if (c->n[rows] < 2) c->n[rows]++;
     if (rows > c->top) c->top = rows;
@@ -64,7 +67,11 @@ static double rowcost_from_others(const tdm_rowcost *c, int32_t rows) {
         }
     double slope = lo2 ? (c->t[lo] - c->t[lo2]) / (double)(lo - lo2) : 0.0;
     if (slope < 0.0) slope = 0.0;
-    return c->t[lo] + slope * (double)(rows - lo);
+    /* (at most proportional to the highest: a fixed overhead plus a cost per row
+     * lies between flat and proportional, and two close noisy points can give a
+     * slope steeper than that, which would keep longer proposals from ever being
+     * tried and measured) */
+    return TDM_MIN(c->t[lo] + slope * (double)(rows - lo), c->t[lo] * (double)rows / (double)lo);
 }
 
 void tdm_step_costs_init(tdm_step_costs *t) {

@@ -434,6 +434,16 @@ Test(controller, rowcost_roofline_between_measurements) {
     cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.35e-3, 1e-12, "the second sample replaces it");
     tdm_rowcost_observe(&c, 8, 0.5e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.5e-3, 1e-12, "under half the estimate: replaces");
+    /* above every measurement: the slope of the two highest, at most proportional
+     * to the highest; a sample over twice the estimate counts as twice */
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 4, 1e-3), tdm_rowcost_observe(&c, 5, 1.5e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 10), 3e-3, 1e-12, "slope 0.5 ms a row, capped at 1.5 * 10 / 5 ms");
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 4, 1e-3), tdm_rowcost_observe(&c, 5, 1.1e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 10), 1.6e-3, 1e-12, "the line below the roof");
+    tdm_rowcost_observe(&c, 5, 50e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.1e-3 + 0.2 * 1.1e-3, 1e-12, "an outlier moves it as twice the estimate");
     static tdm_pair_costs pc;
     tdm_pair_costs_init(&pc);
     cr_assert_float_eq(tdm_cost_target(&pc, 7), 1.0, 1e-12, "the prior: 1");
