@@ -450,10 +450,18 @@ Test(controller, rowcost_roofline_between_measurements) {
     cr_assert_float_eq(tdm_cost_draft(&pc, 3), 0.25, 1e-12, "a draft round a quarter of it");
 }
 
+/* A lone sequence's choice (the batch of one) at budgets up to max_budget; the
+ * decision counter is the caller's. */
+static int32_t choose1(const tdm_tree_ctrl *c, double alpha, const tdm_tree_cost *tc, const tdm_pair_costs *cost,
+                       double chain, int32_t max_budget, uint32_t *n_dec) {
+    return tdm_tree_choose(&c, &alpha, 1, tc, cost, chain, 0, max_budget, 1 << 20, n_dec);
+}
+
 /* Chain or tree (tdm_tree_choose): a tree's verification is weighed at its own
  * measured cost, not at a chain's of the same row count; a sequence that has not
  * measured a budget takes the engine's tokens for it; an unmeasured budget is tried. */
 Test(controller, tree_choice_weighs_the_trees_own_costs) {
+    uint32_t n_c = 0, n_fresh = 0, n_cs = 0;
     static tdm_len_ctrl lc;
     tdm_len_init(&lc);
     tdm_pair_costs *cost = &lc.cost;
@@ -467,7 +475,7 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
     tdm_tree_ctrl c;
     tdm_tree_ctrl_init(&c);
     /* nothing measured: the hopeful estimate picks some tree, to try it */
-    cr_assert_gt(tdm_tree_choose(&c, &tc, cost, alpha, chain, 8), 0);
+    cr_assert_gt(choose1(&c, alpha, &tc, cost, chain, 8, &n_c), 0);
     /* budgets 4 and 8 measured: 5 tokens each, drafted in 0.3 ms, but verified in
      * 2.5 ms (masked rows): slower than the chain, which is chosen (the choice
      * every 8th step is the runner-up, so compare 7 in 8) */
@@ -480,13 +488,13 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
     cr_assert_lt(5.0 / (300e-6 + 2.5e-3), chain, "(the case: the tree is slower)");
     cr_assert_gt(5.0 / (300e-6 + tdm_cost_target(cost, 9)), chain, "(at a chain's verification it would win)");
     int chains = 0;
-    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&c, &tc, cost, alpha, chain, 8) == 0;
+    for (int i = 0; i < 8; i++) chains += choose1(&c, alpha, &tc, cost, chain, 8, &n_c) == 0;
     cr_assert_eq(chains, 7, "the chain in 7 of 8 steps, got %d", chains);
     /* a new sequence: no tokens of its own, the engine's make the trees lose too */
     tdm_tree_ctrl fresh;
     tdm_tree_ctrl_init(&fresh);
     chains = 0;
-    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&fresh, &tc, cost, alpha, chain, 8) == 0;
+    for (int i = 0; i < 8; i++) chains += choose1(&fresh, alpha, &tc, cost, chain, 8, &n_fresh) == 0;
     cr_assert_eq(chains, 7, "a new sequence: the chain in 7 of 8 steps, got %d", chains);
     /* a tree far slower than the chain (verified in 6 ms): its re-check is rarer,
      * every 64th step */
@@ -495,13 +503,14 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
     tdm_tree_ctrl_init(&cs);
     for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&slow, 4, 300e-6, 6e-3, 5), tdm_tree_cost_observe(&slow, 8, 300e-6, 6e-3, 5);
     chains = 0;
-    for (int i = 0; i < 64; i++) chains += tdm_tree_choose(&cs, &slow, cost, alpha, chain, 8) == 0;
+    for (int i = 0; i < 64; i++) chains += choose1(&cs, alpha, &slow, cost, chain, 8, &n_cs) == 0;
     cr_assert_eq(chains, 63, "far slower trees: the chain in 63 of 64 steps, got %d", chains);
     /* a tree verified fast wins */
     for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&tc, 8, 300e-6, 1.0e-3, 5);
     for (int i = 0; i < 60; i++) tdm_tree_ctrl_observe(&c, 8, 5);
     tdm_tree_ctrl_init(&fresh);
-    cr_assert_eq(tdm_tree_choose(&fresh, &tc, cost, alpha, chain, 8), 8);
+    n_fresh = 0;
+    cr_assert_eq(choose1(&fresh, alpha, &tc, cost, chain, 8, &n_fresh), 8);
     /* times that are not positive are not recorded */
     const double before = tc.t_verify[1];
     tdm_tree_cost_observe(&tc, 8, 0, -1, 0);
