@@ -117,6 +117,8 @@ struct tdm_sched {
     step_item *items;          /* [cap] this step's plan */
     int32_t *k_of;             /* [cap] tokens each running sequence drafts this step */
     int32_t *look_of;          /* [cap] the longest lookup each may propose this step */
+    int32_t *plan_of;          /* [cap] the length the controller gave each (its statistics'
+                                  k_final; -1: none, it was out of the decision) */
     int32_t *roots;            /* [cap][TDM_TREE_DEPTH_MAX] the lookups trees hold */
     int32_t *tree_of;          /* [cap] the node budget of each running sequence's tree this
                                   step (0: a chain or nothing) */

@@ -171,7 +171,7 @@ static int32_t plan(tdm_sched *s, step_item *it) {
         if (r->state != TDM_REQ_RUNNING) continue;
         const int32_t p = r->s.n_tokens - 1, k = s->k_of[i], look = s->look_of[i];
         it[n] = (step_item){.r = r, .from = p, .to = p + 1 + TDM_MAX(k, look), .decode = true, .want = true, .k = k,
-                            .k_plan = k, .k_look = look, .n_model = k, .draft = s->drafts + (size_t)i * TDM_CTRL_MAX_K,
+                            .k_plan = s->e->draft ? s->plan_of[i] : -1, .k_look = look, .n_model = k, .draft = s->drafts + (size_t)i * TDM_CTRL_MAX_K,
                             .root = s->roots + (size_t)i * TDM_TREE_DEPTH_MAX,
                             .reject = r->s.sp.temperature > 0 && s->cap == 1 && e->draft};
         tdm_tree_cfg cfg;

@@ -37,6 +37,7 @@ void tdm_sched_choose_k(tdm_sched *s) {
     tdm_engine *e = s->e;
     memset(s->k_of, 0, (size_t)s->n_run * sizeof *s->k_of);
     memset(s->look_of, 0, (size_t)s->n_run * sizeof *s->look_of);
+    for (int32_t i = 0; i < s->n_run; i++) s->plan_of[i] = -1;
     memset(s->tree_of, 0, (size_t)s->n_run * sizeof *s->tree_of);
     memset(&s->len_ch, 0, sizeof s->len_ch);
     s->step_b = s->step_k = 0;
@@ -59,7 +60,7 @@ void tdm_sched_choose_k(tdm_sched *s) {
             continue;
         }
         if (ctrl->k_fixed > 0) { /* (its own length, out of the decision) */
-            s->k_of[i] = cap;
+            s->k_of[i] = s->plan_of[i] = cap;
             other += 1 + cap;
             continue;
         }
@@ -79,7 +80,10 @@ void tdm_sched_choose_k(tdm_sched *s) {
             tdm_len_choose(&s->ws->len, bs, nb, other, TDM_MIN(k_min, k_max), k_max, &s->len_ch);
             s->step_b = nb;
             s->step_k = s->len_ch.k;
-            for (int32_t j = 0; j < nb; j++) s->k_of[idx[j]] = TDM_MIN(s->step_k, bs[j].cap);
+            for (int32_t j = 0; j < nb; j++) {
+                s->k_of[idx[j]] = TDM_MIN(s->step_k, bs[j].cap);
+                s->plan_of[idx[j]] = s->step_k; /* (before end-of-request clamping) */
+            }
         }
     }
     /* the longest lookup each decoding sequence may propose (within a tree's budget) */
