@@ -2,7 +2,9 @@
  *   matmul: for each weight type (f16, q8_0, q4_0, q4_k, q6_k, ... in the layout the
  *     backend loads them in) and Llama-2-7B's matrix shapes, the row kernels and cuBLAS at each
  *     row count, so the crossover between the two is measured; time per call, the
- *     weight bytes read per second and the arithmetic rate;
+ *     weight bytes read per second and the arithmetic rate; for q4_k / q5_k / q6_k up
+ *     to 16 rows also their dequantising reference kernel (force_matmul 3: the row
+ *     kernel before the int8 ones), timed alternately with the int8 kernel;
  *   attention: 32 heads of 128 (and 32 / 8 grouped) over contexts of 128 .. 4096
  *     keys, for 1, 4, 13 rows (decode, verification) and a 512-row prefill;
  *   batched decode attention: 64 sequences of 256 / 1024 / 4096 keys, 1 or 5 rows
@@ -180,8 +182,8 @@ int main(int argc, char **argv) {
     const int64_t shapes[][2] = {{12288, 4096}, {4096, 4096}, {22016, 4096}, {4096, 11008}, {32000, 4096}};
     float *x = dev_random(be, (size_t)n_max * 11008 * 4, 1, true);
     float *y = dev_random(be, (size_t)n_max * 32000 * 4, 2, true);
-    printf("| type | shape | rows | row kernels us | GB/s | cuBLAS us | GB/s | TFLOP/s (faster) |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("| type | shape | rows | row kernels us | GB/s | cuBLAS us | GB/s | TFLOP/s (faster) | f32 reference us | GB/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (char *ts = (char *)types_arg; *ts && !attention_only;) {
         char name[16];
         size_t len = strcspn(ts, ",");
@@ -201,8 +203,20 @@ int main(int argc, char **argv) {
             c.w.data = dev_random(be, wbytes, 3 + s, false);
             for (int k = 0; k < n_ns; k++) {
                 c.n = ns[k];
-                double t_rows = -1, t_blas = -1;
-                if (c.n <= 64) {
+                double t_rows = -1, t_blas = -1, t_ref = -1;
+                const bool kq = (type == TDM_Q4_K || type == TDM_Q5_K || type == TDM_Q6_K) && c.n <= 16;
+                if (kq) { /* int8 kernel and reference alternated (A B A B), medians of each */
+                    double a[4], r[4];
+                    for (int k2 = 0; k2 < 4; k2++) {
+                        tdm_backend_cuda_force_matmul(be, 1);
+                        a[k2] = time_calls(be, mm_call, &c, 20, reps);
+                        tdm_backend_cuda_force_matmul(be, 3);
+                        r[k2] = time_calls(be, mm_call, &c, 20, reps);
+                    }
+                    qsort(a, 4, sizeof a[0], cmp_double);
+                    qsort(r, 4, sizeof r[0], cmp_double);
+                    t_rows = (a[1] + a[2]) / 2, t_ref = (r[1] + r[2]) / 2;
+                } else if (c.n <= 64) {
                     tdm_backend_cuda_force_matmul(be, 1);
                     t_rows = time_calls(be, mm_call, &c, 20, reps);
                 }
@@ -211,10 +225,13 @@ int main(int argc, char **argv) {
                 tdm_backend_cuda_force_matmul(be, 0);
                 const double best = t_rows > 0 && t_rows < t_blas ? t_rows : t_blas;
                 const double flop = 2.0 * (double)c.w.rows * (double)c.w.cols * c.n;
-                printf("| %s | [%lld][%lld] | %d | %s%.1f | %.0f | %.1f | %.0f | %.1f |\n", name, (long long)c.w.rows,
+                char ref[48] = "-";
+                if (t_ref > 0) snprintf(ref, sizeof ref, "%.1f | %.0f", t_ref * 1e6, wbytes / t_ref / 1e9);
+                else snprintf(ref, sizeof ref, "- | -");
+                printf("| %s | [%lld][%lld] | %d | %s%.1f | %.0f | %.1f | %.0f | %.1f | %s |\n", name, (long long)c.w.rows,
                        (long long)c.w.cols, c.n, t_rows > 0 ? "" : "(n/a) ", t_rows > 0 ? t_rows * 1e6 : 0.0,
                        t_rows > 0 ? wbytes / t_rows / 1e9 : 0.0, t_blas * 1e6, wbytes / t_blas / 1e9,
-                       flop / best / 1e12);
+                       flop / best / 1e12, ref);
                 fflush(stdout);
             }
             be->ops->free(be, (void *)c.w.data);

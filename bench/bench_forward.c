@@ -16,8 +16,12 @@
  * of thousands of tokens then takes no minutes of prefill; the same values for every
  * type, and written, so the cache is as resident as after a prefill).
  *
+ * --kq-ref (CUDA): Q4_K / Q5_K / Q6_K products on the row kernel that dequantises
+ * them to f32 instead of their int8 kernels (tdm_backend_cuda_force_matmul 3), for
+ * an A / B of the two in one binary.
+ *
  * usage: bench_forward -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8]
- *                      [-r R] [--argmax] [--tree] [--kv-type f32|f16|q8_0] [--fill]
+ *                      [-r R] [--argmax] [--tree] [--kv-type f32|f16|q8_0] [--fill] [--kq-ref]
  */
 #include <math.h>
 #include <stdio.h>
@@ -39,7 +43,7 @@ static void die(const char *what, const tdm_err *err) {
 int main(int argc, char **argv) {
     const char *model = NULL, *backend = "cpu", *ns_arg = "1,2,3,4,5,6,8";
     int threads = 2, prompt = 128, reps = 50;
-    bool argmax = false, tree = false, fill = false;
+    bool argmax = false, tree = false, fill = false, kq_ref = false;
     uint32_t kv_type = TDM_F16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
@@ -51,6 +55,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--argmax")) argmax = true;
         else if (!strcmp(argv[i], "--tree")) tree = true;
         else if (!strcmp(argv[i], "--fill")) fill = true;
+        else if (!strcmp(argv[i], "--kq-ref")) kq_ref = true;
         else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
             const char *v = argv[++i];
             kv_type = !strcmp(v, "f32") ? TDM_F32 : !strcmp(v, "f16") ? TDM_F16 : !strcmp(v, "q8_0") ? TDM_Q8_0 : 0xffff;
@@ -60,7 +65,7 @@ int main(int argc, char **argv) {
             }
         } else {
             fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax] [--tree] "
-                            "[--kv-type f32|f16|q8_0] [--fill]\n",
+                            "[--kv-type f32|f16|q8_0] [--fill] [--kq-ref]\n",
                     argv[0]);
             return 2;
         }
@@ -86,6 +91,13 @@ int main(int argc, char **argv) {
     tandem_status st = !strcmp(backend, "cuda") ? tdm_backend_cuda_create(0, &be, &err)
                                                 : tdm_backend_cpu_create(threads, &be, &err);
     if (st) die("backend", &err);
+    if (kq_ref) {
+        if (strcmp(backend, "cuda") != 0) {
+            fprintf(stderr, "bench_forward: --kq-ref needs --backend cuda\n");
+            return 2;
+        }
+        tdm_backend_cuda_force_matmul(be, 3);
+    }
     tdm_model *m = NULL;
     if (tdm_model_load(model, be, &m, &err)) die("model", &err);
     const int32_t bs = 16, n_blocks = (prompt + n_max + bs - 1) / bs, V = m->hp.n_vocab;

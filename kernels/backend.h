@@ -435,7 +435,9 @@ tandem_status tdm_backend_cuda_create(int32_t device, tdm_backend **out, tdm_err
  * captures (both 0 for other backends and builds without CUDA). */
 void tdm_backend_cuda_graph_stats(tdm_backend *b, uint64_t *replays, uint64_t *captures);
 /* For benchmarks of the matmul op: 0 = pick the path by rows (the default), 1 = the
- * row kernels wherever they read the weight (up to 64 rows), 2 = cuBLAS. */
+ * row kernels wherever they read the weight (up to 64 rows), 2 = cuBLAS, 3 = as 0
+ * but Q4_K / Q5_K / Q6_K rows on the row kernel that dequantises them to f32 (the
+ * reference of their int8 kernels; the fused forward too). */
 void tdm_backend_cuda_force_matmul(tdm_backend *b, int path);
 /* The attention kernels a CUDA backend takes (tests and benchmarks: each path is
  * the reference of the one before; no effect on other backends). */

@@ -97,7 +97,7 @@ static void check_fused_kv(uint32_t wtype, int32_t n_embd, int32_t n_head, int32
          * that later rows read); int8 activations (per 32-element block) for quantised
          * weights, exact against their own reference in cuda_gemv above */
         /* the CPU's other quantised types round x to int8 too (kernels/cpu/qdot.h), the
-         * GPU's read f32 x */
+         * GPU's q4_k / q5_k / q6_k kernels as well (the other types read f32 x) */
         const bool cpu_int8 = (wtype == TDM_Q8_0 || wtype == TDM_Q4_0) || tdm_dtype_block_elems(wtype) > 1;
         double tol_cpu = cpu_int8 ? 1e-1 : wtype == TDM_BF16 ? 2e-2 : big ? 3e-3 : 2e-3;
         /* q8_0 K / V: the GPU's f16 prefill activations move some quants a step from
@@ -153,8 +153,10 @@ Test(cuda_fused, q4_0_split_layout, .timeout = 300) { check_fused(TDM_Q4_0, 512,
 /* widths whose quantised rows are not 16-byte aligned (the generic kernels, rows
  * layout) and a head dim the tiled attention does not know (48: the op's) */
 Test(cuda_fused, q8_0_odd_width_generic, .timeout = 300) { check_fused(TDM_Q8_0, 96, 2, 1, 160, false); }
-/* the K-quants and Q5_0 (rows layout, dequantised in registers; f16 for cuBLAS) */
+/* the K-quants (rows layout: int8 kernels for q4_k / q5_k / q6_k, their SwiGLU
+ * epilogue too) and Q5_0 (dequantised in registers); f16 for cuBLAS */
 Test(cuda_fused, q4_k_rows, .timeout = 300) { check_fused(TDM_Q4_K, 512, 8, 2, 1024, true); }
+Test(cuda_fused, q5_k_rows, .timeout = 300) { check_fused(TDM_Q5_K, 512, 4, 2, 768, true); }
 Test(cuda_fused, q6_k_rows, .timeout = 300) { check_fused(TDM_Q6_K, 256, 4, 4, 512, true); }
 Test(cuda_fused, q5_0_rows, .timeout = 300) { check_fused(TDM_Q5_0, 256, 4, 2, 512, true); }
 

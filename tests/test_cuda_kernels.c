@@ -1,9 +1,11 @@
 /* test_cuda_kernels.c - the CUDA backend's fast paths against the reference ops
  * (tests/ref_ops.c) by normalised error, with outputs poisoned (NaN) before each
  * run so an unwritten element fails:
- *   - the row kernels (decode and verification products) for f16, bf16 and the
- *     split-layout q8_0 / q4_0, odd row counts, 1..16 input rows; every row of a
- *     batch equal bit for bit to the same row alone;
+ *   - the row kernels (decode and verification products) for f16, bf16, the
+ *     split-layout q8_0 / q4_0 and every other quantised type (the int8 kernels of
+ *     q4_k / q5_k / q6_k against x quantised the same way, and their dequantising
+ *     reference kernel), odd row counts, 1..16 input rows; every row of a batch
+ *     equal bit for bit to the same row alone;
  *   - cuBLAS for many rows (each type, activations rounded to 16 bits);
  *   - attention by tiles and splits: head dims 64, 80, 96, 128, 256, grouped
  *     queries, block sizes 8 / 16 / 32, contexts that are not a multiple of the
@@ -106,11 +108,75 @@ static const uint32_t fast_types[] = {TDM_F16,  TDM_BF16, TDM_Q8_0, TDM_Q4_0, TD
                                       TDM_Q5_1, TDM_Q2_K, TDM_Q3_K, TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
 
 static bool is_quant(uint32_t t) { return t == TDM_Q8_0 || t == TDM_Q4_0; }
+/* The types whose row kernels read x quantised to int8 per 32-element block: the
+ * split-layout q8_0 / q4_0 and the K-quants of cuda_gemv_kq.cu. */
+static bool is_kq_int8(uint32_t t) { return t == TDM_Q4_K || t == TDM_Q5_K || t == TDM_Q6_K; }
+static bool reads_xq(uint32_t t) { return is_quant(t) || is_kq_int8(t); }
+/* Normalised error bound against the reference with x quantised the same way: the
+ * q8_0 / q4_0 kernels sum whole blocks in integers (one f32 product a block); the
+ * K-quant kernels add two or four f32 products a chunk (scales, mins), more f32
+ * roundings (ny < 8: one or a few output values, each its own relative error). */
+static double xq_tol(uint32_t t, size_t ny) { return is_kq_int8(t) ? (ny < 8 ? 1e-3 : 2e-5) : 1e-5; }
+
+/* One product of n rows of x by dw (the device copy of w), stored or accumulated
+ * (stored: outputs poisoned first), checked: the types that read x quantised to
+ * int8 against x quantised the same way (xq_tol) and against f32 x (2e-2; the
+ * K-quants over 8 values or more: one value's own relative error from x's rounding
+ * can pass 2e-2 where the value is near zero), the others against f32 x (one
+ * output value: relative to that value, which the accumulated y0 can bring near
+ * zero; f32 sums stay within 2e-5 of it); rows 0, n / 2 and n - 1 alone bit for
+ * bit as in the batch.  kq_ref: the same product on the dequantising reference
+ * kernel (force_matmul 3, f32 x) as well, within f32 rounding of the f32
+ * reference. */
+static void check_product(tdm_backend *b, const tdm_weight *w, const tdm_weight *dw, int32_t n, int acc,
+                          uint64_t *rng, bool kq_ref) {
+    const size_t ny = (size_t)n * w->rows;
+    float *x = tdm_test_rand_vec(rng, (size_t)n * w->cols, -1, 1);
+    float *y0 = tdm_test_rand_vec(rng, ny, -1, 1), *ref = malloc(ny * 4), *ref32 = malloc(ny * 4);
+    memcpy(ref, y0, ny * 4);
+    memcpy(ref32, y0, ny * 4);
+    float *dx = tdm_cu_test_put(b, x, (size_t)n * w->cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
+    if (!acc) poison(b, dy, ny);
+    OK(b->ops->matmul(b, dw, dx, n, dy, acc, &err_));
+    float *y = tdm_cu_test_get(b, dy, ny * 4);
+    ref_matmul(w, x, n, ref32, acc);
+    const double e32 = ref_nrm_err(y, ref32, ny), tol32 = ny < 8 ? 2e-5 : 2e-6;
+    const char *name = tdm_dtype_name(w->type);
+    const long long rows = (long long)w->rows, cols = (long long)w->cols;
+    if (reads_xq(w->type)) {
+        ref_matmul_xq(w, x, n, ref, acc);
+        const double e = ref_nrm_err(y, ref, ny);
+        cr_assert(e < xq_tol(w->type, ny), "%s [%lld][%lld] n %d acc %d: err %g against quantised x", name, rows, cols,
+                  n, acc, e);
+        if (is_quant(w->type) || ny >= 8)
+            cr_assert(e32 < 2e-2, "%s [%lld][%lld] n %d: err %g against f32 x", name, rows, cols, n, e32);
+    } else {
+        cr_assert(e32 < tol32, "%s [%lld][%lld] n %d acc %d: err %g", name, rows, cols, n, acc, e32);
+    }
+    if (!acc && n > 1) {
+        const int32_t pick[] = {0, n / 2, n - 1};
+        rows_alone(b, dw, dx, y, n, pick, TDM_ARRAY_LEN(pick));
+    }
+    if (kq_ref) {
+        OK(b->ops->upload(b, dy, y0, ny * 4, &err_));
+        if (!acc) poison(b, dy, ny);
+        tdm_backend_cuda_force_matmul(b, 3);
+        OK(b->ops->matmul(b, dw, dx, n, dy, acc, &err_));
+        tdm_backend_cuda_force_matmul(b, 0);
+        float *yr = tdm_cu_test_get(b, dy, ny * 4);
+        const double er = ref_nrm_err(yr, ref32, ny);
+        cr_assert(er < tol32, "%s [%lld][%lld] n %d acc %d: reference kernel err %g", name, rows, cols, n, acc, er);
+        free(yr);
+    }
+    free(y), free(x), free(y0), free(ref), free(ref32);
+    b->ops->free(b, dx);
+    b->ops->free(b, dy);
+}
 
 /* Every fast type at shapes that take each column split of the f16 / bf16 kernels
  * (cuda_gemv.cu's gv_ksplit, on a GPU of 100+ multiprocessors: [1031][256] one part,
  * [67][768] two, [300][4096] and [2][11008] four), 1 to 16 rows, stored and
- * accumulated: against the reference, and rows alone bit for bit. */
+ * accumulated (check_product). */
 Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
     tdm_backend *b = tdm_cu_test_gpu();
     uint64_t rng = 41;
@@ -122,40 +188,32 @@ Test(cuda_gemv, types_shapes_rows, .timeout = 300) {
             tdm_weight dw = put_packed(b, &w);
             if (is_quant(w.type)) cr_assert_eq(dw.layout, TDM_LAYOUT_QSPLIT, "quantised weights load split");
             for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
-                for (int acc = 0; acc < 2; acc++) {
-                    const int32_t n = ns[k];
-                    const size_t ny = (size_t)n * w.rows;
-                    float *x = tdm_test_rand_vec(&rng, (size_t)n * w.cols, -1, 1);
-                    float *y0 = tdm_test_rand_vec(&rng, ny, -1, 1), *ref = malloc(ny * 4), *ref32 = malloc(ny * 4);
-                    memcpy(ref, y0, ny * 4);
-                    memcpy(ref32, y0, ny * 4);
-                    float *dx = tdm_cu_test_put(b, x, (size_t)n * w.cols * 4), *dy = tdm_cu_test_put(b, y0, ny * 4);
-                    if (!acc) poison(b, dy, ny);
-                    OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
-                    float *y = tdm_cu_test_get(b, dy, ny * 4);
-                    ref_matmul(&w, x, n, ref32, acc);
-                    double e32 = ref_nrm_err(y, ref32, ny);
-                    if (is_quant(w.type)) { /* exact against x quantised the same way; close to f32 x */
-                        ref_matmul_xq(&w, x, n, ref, acc);
-                        double e = ref_nrm_err(y, ref, ny);
-                        cr_assert(e < 1e-5, "%s [%lld][%lld] n %d acc %d: err %g against quantised x",
-                                  tdm_dtype_name(w.type), (long long)w.rows, (long long)w.cols, n, acc, e);
-                        cr_assert(e32 < 2e-2, "%s n %d: err %g against f32 x", tdm_dtype_name(w.type), n, e32);
-                    } else {
-                        /* (one output value: the error is relative to that one value, which the
-                         * accumulated y0 can bring near zero; f32 sums stay within 2e-5 of it) */
-                        const double tol = ny < 8 ? 2e-5 : 2e-6;
-                        cr_assert(e32 < tol, "%s [%lld][%lld] n %d acc %d: err %g", tdm_dtype_name(w.type),
-                                  (long long)w.rows, (long long)w.cols, n, acc, e32);
-                    }
-                    if (!acc && n > 1) { /* each of the first and last rows alone: bit for bit */
-                        const int32_t pick[2] = {0, n - 1};
-                        rows_alone(b, &dw, dx, y, n, pick, 2);
-                    }
-                    free(y), free(x), free(y0), free(ref), free(ref32);
-                    b->ops->free(b, dx);
-                    b->ops->free(b, dy);
-                }
+                for (int acc = 0; acc < 2; acc++) check_product(b, &w, &dw, ns[k], acc, &rng, false);
+            b->ops->free(b, (void *)dw.data);
+            free((void *)w.data);
+        }
+    tdm_backend_destroy(b);
+}
+
+/* The K-quant int8 kernels (cuda_gemv_kq.cu) at every row count of decode and
+ * verification, 1 to 9 (9: a full tile of 8 and a partial one, a launch of its own
+ * on the tall [2200][512]), on shapes that take each column split of theirs on a GPU
+ * of 100+ multiprocessors ([1031][256] and [2200][512] none, [600][2048] two parts,
+ * [300][4096] and [3][11008] four), stored and accumulated, with their reference
+ * kernel (check_product).  (The SwiGLU epilogue: test_cuda_fused.c's q4_k / q5_k /
+ * q6_k models, fused against op by op.) */
+Test(cuda_gemv, kquant_int8_rows_1_to_9, .timeout = 300) {
+    tdm_backend *b = tdm_cu_test_gpu();
+    uint64_t rng = 59;
+    const uint32_t types[] = {TDM_Q4_K, TDM_Q5_K, TDM_Q6_K};
+    const int64_t shapes[][2] = {{1031, 256}, {2200, 512}, {600, 2048}, {300, 4096}, {3, 11008}};
+    for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++)
+        for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+            tdm_weight w = tdm_test_weight(types[t], shapes[s][0], shapes[s][1], &rng);
+            tdm_weight dw = put_packed(b, &w);
+            cr_assert_eq(dw.layout, TDM_LAYOUT_ROWS, "K-quants load in their rows layout");
+            for (int32_t n = 1; n <= 9; n++)
+                for (int acc = 0; acc < 2; acc++) check_product(b, &w, &dw, n, acc, &rng, true);
             b->ops->free(b, (void *)dw.data);
             free((void *)w.data);
         }
@@ -183,10 +241,10 @@ Test(cuda_gemv, partial_tiles, .timeout = 300) {
             poison(b, dy, ny);
             OK(b->ops->matmul(b, &dw, dx, n, dy, false, &err_));
             float *y = tdm_cu_test_get(b, dy, ny * 4);
-            if (is_quant(w.type)) ref_matmul_xq(&w, x, n, ref, false);
+            if (reads_xq(w.type)) ref_matmul_xq(&w, x, n, ref, false);
             else ref_matmul(&w, x, n, ref, false);
             const double e = ref_nrm_err(y, ref, ny);
-            cr_assert(e < (is_quant(w.type) ? 1e-5 : 2e-6), "%s n %d: err %g", tdm_dtype_name(w.type), n, e);
+            cr_assert(e < (reads_xq(w.type) ? xq_tol(w.type, ny) : 2e-6), "%s n %d: err %g", tdm_dtype_name(w.type), n, e);
             const int32_t pick[] = {0, 8, n / 2, n - 2, n - 1};
             rows_alone(b, &dw, dx, y, n, pick, TDM_ARRAY_LEN(pick));
             free(y), free(x), free(ref);

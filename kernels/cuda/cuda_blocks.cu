@@ -83,7 +83,9 @@ static fwd_layout plan_buffers(uint8_t *base, const tdm_blocks_args *a, int32_t 
 /* What a product reads: f32 rows, 16-bit rows (cuBLAS), or int8 blocks. */
 typedef enum mm_in { IN_F32, IN_16, IN_Q8 } mm_in;
 
-static bool need_xq(const tdm_weight *w) { return w->layout == TDM_LAYOUT_QSPLIT && tdm_cuda_gemv_fast(w); }
+static bool need_xq(const tdm_cuda *c, const tdm_weight *w) {
+    return tdm_cuda_gemv_fast(w) && tdm_cuda_gemv_reads_xq(c, w);
+}
 
 static bool gemm_ok(const tdm_weight *w) {
     if (w->layout == TDM_LAYOUT_QSPLIT) return true;
@@ -91,8 +93,8 @@ static bool gemm_ok(const tdm_weight *w) {
 }
 
 /* The input kind a weight's product reads on the row path or the cuBLAS path. */
-static mm_in in_kind(const tdm_weight *w, bool rows_path) {
-    if (rows_path) return need_xq(w) ? IN_Q8 : IN_F32;
+static mm_in in_kind(const tdm_cuda *c, const tdm_weight *w, bool rows_path) {
+    if (rows_path) return need_xq(c, w) ? IN_Q8 : IN_F32;
     if (!gemm_ok(w)) return IN_F32;
     return tdm_cuda_gemm_act_type(w->type) == TDM_F32 ? IN_F32 : IN_16;
 }
@@ -110,10 +112,10 @@ typedef struct mm_bufs {
     float *gu;          /* SwiGLU through a separate product: gate / up rows */
 } mm_bufs;
 
-/* y (+)= in W^T (epi), from the input kind in_kind(w, rows_path) prepared in b. */
+/* y (+)= in W^T (epi), from the input kind in_kind(c, w, rows_path) prepared in b. */
 static tandem_status mm(tdm_cuda *c, const tdm_weight *w, bool rows_path, const mm_bufs *b, int32_t n, float *y,
                         int32_t ldy, tdm_gemv_epi epi, tdm_err *err) {
-    const mm_in k = in_kind(w, rows_path);
+    const mm_in k = in_kind(c, w, rows_path);
     tandem_status st;
     if (rows_path && tdm_cuda_gemv_fast(w)) return tdm_cuda_gemv(c, w, b->f32, &b->xq, n, y, ldy, epi, err);
     float *out = epi == TDM_EPI_SWIGLU ? b->gu : y;
@@ -144,7 +146,7 @@ typedef struct fwd_ctx {
  * into b (pointing at the layout's buffers). */
 static tandem_status prepare_input(const fwd_ctx *f, const tdm_weight *w, const float *x, int32_t dim, mm_bufs *b,
                                    tdm_err *err) {
-    const mm_in k = in_kind(w, f->rows_path);
+    const mm_in k = in_kind(f->c, w, f->rows_path);
     const int32_t n = f->fm.n_rows;
     b->f32 = x;
     if (k == IN_Q8) return tdm_cuda_quantize_x(f->c, x, n, dim, &b->xq, err);
@@ -155,7 +157,7 @@ static tandem_status prepare_input(const fwd_ctx *f, const tdm_weight *w, const 
 /* rmsnorm of the residual into what w's product reads. */
 static tandem_status norm_for(const fwd_ctx *f, const float *gamma, const tdm_weight *w, mm_bufs *b, tdm_err *err) {
     const tdm_blocks_args *a = f->a;
-    const mm_in k = in_kind(w, f->rows_path);
+    const mm_in k = in_kind(f->c, w, f->rows_path);
     b->f32 = f->L.xb;
     void *out = k == IN_16 ? f->L.a16 : (void *)f->L.xb;
     return tdm_cuda_rmsnorm_to(f->c, a->x, gamma, f->fm.n_rows, a->n_embd, a->norm_eps, in_type(w, k), out, &b->xq, err);
@@ -164,7 +166,7 @@ static tandem_status norm_for(const fwd_ctx *f, const float *gamma, const tdm_we
 static tandem_status attention(const fwd_ctx *f, int32_t l, const tdm_weight *wo, mm_bufs *b, tdm_err *err) {
     const tdm_blocks_args *a = f->a;
     const int32_t n = f->fm.n_rows, qd = a->n_head * a->head_dim, qkv_w = qd + 2 * a->n_kv_head * a->head_dim;
-    const mm_in k = in_kind(wo, f->rows_path);
+    const mm_in k = in_kind(f->c, wo, f->rows_path);
     if (f->flash) {
         tdm_flash_args fa;
         fa.rows = f->rows_d;
@@ -253,7 +255,7 @@ static tandem_status run_layers(const fwd_ctx *f, tdm_err *err) {
             if ((st = prepare_input(f, &W->w2, f->L.ff, F, &b, err))) return st;
         } else {
             if ((st = mm(c, &W->w13, false, &b, n, f->L.gu, 2 * F, TDM_EPI_STORE, err))) return st;
-            const mm_in k2 = in_kind(&W->w2, false);
+            const mm_in k2 = in_kind(c, &W->w2, false);
             b.f32 = f->L.ff;
             if ((st = tdm_cuda_swiglu_to(c, f->L.gu, n, F, in_type(&W->w2, k2), k2 == IN_16 ? f->L.a16 : (void *)f->L.ff,
                                          err)))

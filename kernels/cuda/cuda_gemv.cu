@@ -31,19 +31,22 @@
  *     block to int8 (tdm_cuda_quantize_x), int8 dot products (dp4a) per block, then
  *     acc += isum * (d_w * d_x) in f32; q4_0 subtracts its offset of 8 per block
  *     exactly (isum - 8 * sum q_x).
- *   q4_1, q5_0, q5_1, q2_k .. q6_k (rows layout): each lane dequantises groups of
- *     16 elements in registers (tdm_cu_deq16, the host's values exactly), f32 FMAs
- *     with f32 x; 32 lanes cover 512 consecutive elements per step.
+ *   q4_k, q5_k, q6_k (rows layout, whole super-blocks): x quantised as for q8_0,
+ *     int8 dot products per sub-block with the scales (and mins) applied in f32
+ *     (cuda_gemv_kq.cu, whose header tells the lanes' chunks).
+ *   q4_1, q5_0, q5_1, q2_k, q3_k (rows layout), and q4_k .. q6_k as the reference
+ *     (tdm_backend_cuda_force_matmul(b, 3)): each lane dequantises groups of 16
+ *     elements in registers (tdm_cu_deq16, the host's values exactly), f32 FMAs with
+ *     f32 x; 32 lanes cover 512 consecutive elements per step.  (This path streamed
+ *     a 7B Q4_K_M file at about a third of its roofline: the f32 work per weight byte
+ *     bound it, not memory.)
  */
 #include <cuda_fp16.h>
 
+#include "cuda_gemv.cuh"
 #include "cuda_internal.h"
 #include "cuda_reduce.cuh"
 #include "cuda_weights.cuh"
-
-#define GV_WARPS 4 /* warps per thread block */
-#define GV_KSPLIT_MAX 4 /* parts a weight's columns are split into at most (gv_ksplit) */
-#define GV_TILE 8  /* input rows per pass over W */
 
 /* 8 consecutive 16-bit elements (f16 or bf16) as f32. */
 template <uint32_t T> __device__ __forceinline__ void cvt8(const uint4 &u, float f[8]) {
@@ -58,101 +61,6 @@ template <uint32_t T> __device__ __forceinline__ void cvt8(const uint4 &u, float
             f[2 * i] = __uint_as_float(v[i] << 16);
             f[2 * i + 1] = __uint_as_float(v[i] & 0xffff0000u);
         }
-    }
-}
-
-/* The two W rows of a warp, and whether the second one exists (STORE / ACCUM: rows
- * 2w and 2w + 1; SWIGLU: gate row w and up row w + ff). */
-struct gv_rows {
-    int32_t ra, rb;
-    bool has_b, active;
-};
-
-template <int EPI> __device__ __forceinline__ gv_rows rows_of(int32_t n_out, int32_t ff, int32_t ks = 1) {
-    const int32_t warp = ((int32_t)blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5)) / ks; /* (its group) */
-    gv_rows r;
-    if (EPI == TDM_EPI_SWIGLU) {
-        r.ra = warp;
-        r.rb = warp + ff;
-        r.active = warp < n_out;
-        r.has_b = true;
-    } else {
-        r.ra = 2 * warp;
-        r.rb = r.ra + 1;
-        r.active = r.ra < n_out;
-        r.has_b = r.rb < n_out;
-        if (!r.has_b) r.rb = r.ra;
-    }
-    return r;
-}
-
-/* The last input row of this block's tile that exists: the tiles of a launch may end
- * with a partial one, whose missing rows read the x of row `last` (every row's sums
- * are computed by its own operations alone) and are never stored.  (Skipping them
- * instead, a branch per row in the unrolled loops, measured slower on the H200:
- * 7B shapes, 9 rows 11.5 -> 13.7 ms.) */
-template <int NR> __device__ __forceinline__ int32_t tile_last(int32_t n_rows) {
-    return min(NR, n_rows - (int32_t)blockIdx.x * GV_TILE) - 1;
-}
-
-/* The part of a weight's columns a warp sums (tdm_cuda_gemv's split of the columns
- * into ks parts, ks dividing GV_WARPS: warp w of the grid takes part w % ks of the
- * W rows of group w / ks, so a group's parts are warps of one block): chunks of 8
- * columns [lo, hi). */
-__device__ __forceinline__ void gv_part(int32_t n8, int32_t ks, int32_t *lo, int32_t *hi) {
-    const int32_t p = ((int32_t)blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5)) % ks;
-    *lo = p * n8 / ks;
-    *hi = (p + 1) * n8 / ks;
-}
-
-/* The sums of a group's ks parts (lane i: input row i's NW values v), added in part
- * order through shared memory (every warp of the block calls it: a barrier); true
- * for the warp that then holds the totals (the group's part 0). */
-template <int NW>
-__device__ __forceinline__ bool gv_combine(float v[NW], int32_t ks, float (*red)[GV_TILE][NW]) {
-    const int32_t warp = (int32_t)(threadIdx.x >> 5), lane = (int32_t)(threadIdx.x & 31);
-    if (lane < GV_TILE)
-#pragma unroll
-        for (int j = 0; j < NW; j++) red[warp][lane][j] = v[j];
-    __syncthreads();
-    if (warp % ks != 0) return false;
-    if (lane < GV_TILE)
-        for (int32_t p = 1; p < ks; p++)
-#pragma unroll
-            for (int j = 0; j < NW; j++) v[j] += red[warp + p][lane][j];
-    return true;
-}
-
-/* Reduces each input row's partial sums over the warp (every lane gets the same
- * sums; with ks parts, then over the group's parts) and writes them: lane i writes
- * input row i's outputs, so the rows' read-modify-writes (ACCUM) wait on memory
- * once, side by side, not one after another.  With ks > 1 every warp of the block
- * must call it. */
-template <int NR, int EPI>
-__device__ __forceinline__ void gv_store(const gv_rows &r, float sa[NR], float sb[NR], float *y, int32_t ldy,
-                                         int32_t last, int32_t ks = 1) {
-    const int lane = threadIdx.x & 31;
-    float v[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int i = 0; i < NR; i++) {
-        const float ai = tdm_cu_warp_sum(sa[i]), bi = tdm_cu_warp_sum(sb[i]);
-        if (lane == i) v[0] = ai, v[1] = bi;
-    }
-    if (ks > 1) {
-        __shared__ float red[GV_WARPS][GV_TILE][2];
-        if (!gv_combine<2>(v, ks, red)) return;
-    }
-    if (!r.active || lane >= NR || lane > last) return;
-    const float a = v[0], b = v[1];
-    float *yr = y + (size_t)lane * ldy;
-    if (EPI == TDM_EPI_SWIGLU) {
-        yr[r.ra] = a / (1.0f + expf(-a)) * b;
-    } else if (EPI == TDM_EPI_ACCUM) {
-        yr[r.ra] += a;
-        if (r.has_b) yr[r.rb] += b;
-    } else {
-        yr[r.ra] = a;
-        if (r.has_b) yr[r.rb] = b;
     }
 }
 
@@ -195,15 +103,6 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
         }
     }
     gv_store<NR, EPI>(r, sa, sb, y, ldy, last, ks);
-}
-
-/* The quantised x of this block's tile of input rows. */
-__device__ __forceinline__ tdm_cuda_xq tdm_gv_tile(tdm_cuda_xq xq, int32_t cols, int32_t nb) {
-    const size_t r0 = (size_t)blockIdx.x * GV_TILE;
-    xq.q += r0 * cols;
-    xq.d += r0 * nb;
-    xq.qs += r0 * nb;
-    return xq;
 }
 
 /* f16 / bf16 with four W rows a warp (STORE / ACCUM: rows 4w .. 4w + 3; SWIGLU:
@@ -310,6 +209,16 @@ static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
                                                                                                                 : 2;
 }
 
+/* Whether w's products take the K-quant kernels of cuda_gemv_kq.cu (int8 x): Q4_K,
+ * Q5_K and Q6_K rows, unless a benchmark asked for the dequantising reference
+ * kernel (tdm_backend_cuda_force_matmul(b, 3)). */
+static bool gv_kq(const tdm_cuda *c, const tdm_weight *w) { return c->force_mm != 3 && tdm_gemv_kq_takes(w); }
+
+bool tdm_cuda_gemv_reads_xq(const tdm_cuda *c, const tdm_weight *w) {
+    if (w->layout == TDM_LAYOUT_QSPLIT) return tdm_cuda_gemv_fast(w);
+    return gv_kq(c, w);
+}
+
 /* Parts the columns of an f16 / bf16 weight are summed in (1, 2 or 4; the kernels'
  * gv_part): a weight whose blocks of four W rows a warp would not fill the GPU twice
  * over (7B shapes: Wo and W2's 4096 rows, 0.48 waves; a 160m draft's 768-row
@@ -318,8 +227,15 @@ static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
  * the number of input rows, so a decode row and the same row in a verification still
  * get the same bits (cuda_gemv/types_shapes_rows checks).  (Measured against no
  * split, and against splitting while blocks number fewer than 4 per multiprocessor,
- * both slower: bench/RESULTS.md, 2026-12-05.) */
+ * both slower: bench/RESULTS.md, 2026-12-05.)  The K-quant kernels (two W rows a
+ * warp, chunks of 32 columns) split by the same rule counted in their own units. */
 static int32_t gv_ksplit(const tdm_cuda *c, const tdm_weight *w) {
+    if (gv_kq(c, w)) { /* the K-quant kernels: two W rows a warp, chunks of 32 elements */
+        const int64_t blocks = (w->rows + 2 * GV_WARPS - 1) / (2 * GV_WARPS), n32 = w->cols / 32;
+        int32_t ks = 1;
+        while (2 * ks <= GV_KSPLIT_MAX && blocks * ks < 2 * (int64_t)c->n_sm && n32 / (2 * ks) >= 32) ks *= 2;
+        return ks;
+    }
     if ((w->type != TDM_F16 && w->type != TDM_BF16) || w->layout != TDM_LAYOUT_ROWS) return 1;
     const int64_t blocks = (w->rows + 4 * GV_WARPS - 1) / (4 * GV_WARPS), n8 = w->cols / 8;
     int32_t ks = 1;
@@ -327,7 +243,6 @@ static int32_t gv_ksplit(const tdm_cuda *c, const tdm_weight *w) {
     return ks;
 }
 
-__device__ __forceinline__ int dp4a(uint32_t a, uint32_t b, int c) { return __dp4a((int)a, (int)b, c); }
 
 /* q8_0, QSPLIT rows: [cols] int8 quants, then [cols / 32] f16 scales.  Lane chunks
  * of 16 quants (half a block). */
@@ -540,7 +455,7 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
      * a token tree's verification up to TDM_CUDA_TREE_MAX_ROWS) */
     const int32_t max_rows = TDM_MAX(TDM_CUDA_GEMV_FORCED_MAX_ROWS, TDM_CUDA_TREE_MAX_ROWS);
     if (n <= 0 || n > max_rows) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: %d rows (1..%d)", (int)n, (int)max_rows);
-    const bool quant = w->layout == TDM_LAYOUT_QSPLIT;
+    const bool quant = tdm_cuda_gemv_reads_xq(c, w), kq = gv_kq(c, w);
     if (!y || (quant ? !xq || !xq->q : !x)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: NULL input or output");
     if (epi == TDM_EPI_SWIGLU && w->rows % 2 != 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "gemv: SwiGLU over %lld rows (gate and up halves)",
@@ -575,7 +490,8 @@ tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, co
         if (quant) xt = {xq->q + (size_t)i0 * cols, xq->d + (size_t)i0 * nb, xq->qs + (size_t)i0 * nb};
         const float *xi = quant ? NULL : x + (size_t)i0 * cols;
         float *yi = y + (size_t)i0 * ldy;
-        if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows, ks);
+        if (kq) tdm_gemv_kq_launch(c, w, grid, nr, epi, n_out, ff, xt, yi, ldy, rows, ks);
+        else if (epi == TDM_EPI_STORE) launch_epi<TDM_EPI_STORE>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows, ks);
         else if (epi == TDM_EPI_ACCUM) launch_epi<TDM_EPI_ACCUM>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows, ks);
         else launch_epi<TDM_EPI_SWIGLU>(c, w, grid, nr, n_out, ff, xi, xt, yi, ldy, rows, ks);
         TDM_CU_LAUNCHED("gemv");

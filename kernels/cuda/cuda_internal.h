@@ -65,7 +65,8 @@ typedef struct tdm_cuda {
     bool dl_off;
     tdm_cuda_prof *prof;     /* stage times (cuda_prof.cu), with TANDEM_CUDA_PROFILE=1 */
     int force_mm;        /* benchmarks (tdm_backend_cuda_force_matmul): 0 = pick by rows,
-                            1 = the row kernels (up to 64 rows), 2 = cuBLAS */
+                            1 = the row kernels (up to 64 rows), 2 = cuBLAS, 3 = pick by
+                            rows, Q4_K / Q5_K / Q6_K rows on the f32 reference kernel */
     tdm_cuda_attn_path attn_path; /* tests (tdm_backend_cuda_force_attention): the
                                      attention kernels taken; TDM_CUDA_ATTN_AUTO */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
@@ -179,7 +180,7 @@ void tdm_cuda_buf_free(tdm_cuda *c, tdm_cuda_buf *b);
  * (cuda_blocks.cu): decode, verification, token trees, draft tree levels. */
 #define TDM_CUDA_GRAPH_MAX_ROWS 64
 
-/* x quantised for the Q8_0 / Q4_0 kernels, per row and 32-element block:
+/* x quantised for the Q8_0 / Q4_0 / K-quant kernels, per row and 32-element block:
  * q[n][cols] int8 = round(x / d), d[n][cols / 32] = max |x| / 127, qs[n][cols / 32]
  * = sum of the block's q.  One device buffer: q, then d, then qs. */
 typedef struct tdm_cuda_xq {
@@ -199,9 +200,13 @@ typedef enum tdm_gemv_epi { TDM_EPI_STORE, TDM_EPI_ACCUM, TDM_EPI_SWIGLU } tdm_g
  * a multiple of 8, QSPLIT Q8_0 / Q4_0 whose rows are 16-byte aligned, or rows of
  * the other quantised types (Q4_1 .. Q6_K: dequantised 16 elements at a time). */
 bool tdm_cuda_gemv_fast(const tdm_weight *w);
+/* Whether the row kernels read w's input quantised (tdm_cuda_xq: QSPLIT Q8_0 / Q4_0,
+ * and Q4_K / Q5_K / Q6_K rows unless the dequantising reference kernel is forced,
+ * force_mm 3) rather than f32.  w must be tdm_cuda_gemv_fast. */
+bool tdm_cuda_gemv_reads_xq(const tdm_cuda *c, const tdm_weight *w);
 /* y[n][ldy] (+)= x[n][w->cols] W^T with the row kernels, n <= TDM_CUDA_GEMV_MAX_ROWS
- * (more rows run in tiles of 8).  QSPLIT weights read xq (x quantised, f32 x
- * unused); the others read x.  w must be tdm_cuda_gemv_fast. */
+ * (more rows run in tiles of 8).  Weights that tdm_cuda_gemv_reads_xq read xq (x
+ * quantised, f32 x unused); the others read x.  w must be tdm_cuda_gemv_fast. */
 tandem_status tdm_cuda_gemv(tdm_cuda *c, const tdm_weight *w, const float *x, const tdm_cuda_xq *xq, int32_t n,
                             float *y, int32_t ldy, tdm_gemv_epi epi, tdm_err *err);
 /* xq = x[n][cols] quantised (cols a multiple of 32). */

@@ -167,7 +167,7 @@ tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *
                                                  : n <= TDM_CUDA_GEMV_MAX_ROWS;
     if (rows_kernels && tdm_cuda_gemv_fast(w)) {
         tdm_cuda_xq xq = {NULL, NULL, NULL};
-        if (w->layout == TDM_LAYOUT_QSPLIT) {
+        if (tdm_cuda_gemv_reads_xq(c, w)) {
             void *buf = tdm_cuda_buf_get(c, &c->xq_buf, tdm_cuda_xq_bytes(n, cols), "matmul: quantised x", err);
             if (!buf) return err ? err->status : TANDEM_ERR_BACKEND;
             xq = tdm_cuda_xq_at(buf, n, cols);
