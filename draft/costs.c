@@ -23,7 +23,18 @@ void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds) {
     if (rows > c->top) c->top = rows;
 }
 
-static double rowcost_from_others(const tdm_rowcost *c, int32_t rows);
+static double rowcost_anchored(const tdm_rowcost *c, int32_t rows, uint8_t need);
+
+/* The estimate for rows from the other measured counts (rows itself unmeasured or
+ * left out): the lesser of the estimates anchored on every measured count and on
+ * those sampled at least twice (a count sampled once may hold one-time work, a CUDA
+ * graph captured: as an anchor it would make its neighbours look dear too, and they
+ * would never be tried and measured; an optimistic estimate is corrected by the
+ * first step that takes it). */
+static double rowcost_from_others(const tdm_rowcost *c, int32_t rows) {
+    const double all = rowcost_anchored(c, rows, 1), twice = rowcost_anchored(c, rows, 2);
+    return twice > 0.0 && (all <= 0.0 || twice < all) ? twice : all;
+}
 
 double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
     if (rows < 1) rows = 1;
@@ -37,17 +48,16 @@ double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
     return o;
 }
 
-/* The estimate for rows from the other measured counts (rows itself unmeasured or
- * left out). */
-static double rowcost_from_others(const tdm_rowcost *c, int32_t rows) {
+/* The estimate for rows from the other counts sampled at least `need` times. */
+static double rowcost_anchored(const tdm_rowcost *c, int32_t rows, uint8_t need) {
     int32_t lo = 0, hi = 0;
     for (int32_t i = rows - 1; i >= 1; i--)
-        if (c->t[i] > 0.0) {
+        if (c->t[i] > 0.0 && c->n[i] >= need) {
             lo = i;
             break;
         }
     for (int32_t i = rows + 1; i <= c->top; i++)
-        if (c->t[i] > 0.0) {
+        if (c->t[i] > 0.0 && c->n[i] >= need) {
             hi = i;
             break;
         }
@@ -61,7 +71,7 @@ static double rowcost_from_others(const tdm_rowcost *c, int32_t rows) {
     /* above every measurement: the slope of the two highest points, at least flat */
     int32_t lo2 = 0;
     for (int32_t i = lo - 1; i >= 1; i--)
-        if (c->t[i] > 0.0) {
+        if (c->t[i] > 0.0 && c->n[i] >= need) {
             lo2 = i;
             break;
         }

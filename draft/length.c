@@ -114,14 +114,18 @@ static int32_t best_of(const double *e, const double *t, int32_t k_min, int32_t 
 
 static void log_decision(const tdm_len_ctrl *c, int32_t n, int32_t other, int32_t k_max, int32_t k, bool trial,
                          double a_mean) {
-    char msg[1024];
+    char msg[2048];
     const int32_t nb = TDM_MIN(n, TDM_STEP_COST_B);
     int len = snprintf(msg, sizeof msg, "len: batch %d (+%d rows) k_max %d -> k %d%s, mean alpha %.2f, explore %d; step ms:",
                        (int)n, (int)other, (int)k_max, (int)k, trial ? " (trial)" : "", a_mean, (int)c->dec_explore);
     for (int32_t j = 0; j <= k_max && len > 0 && (size_t)len < sizeof msg; j++)
         len += snprintf(msg + len, sizeof msg - (size_t)len, " %.3f", c->cost.steps.t[nb][j] * 1e3);
     if (len > 0 && (size_t)len < sizeof msg)
-        snprintf(msg + len, sizeof msg - (size_t)len, "; draft round ms %.3f", tdm_rowcost_get(&c->cost.draft, n) * 1e3);
+        len += snprintf(msg + len, sizeof msg - (size_t)len, "; draft round ms %.3f; target ms by rows (samples):",
+                        tdm_rowcost_get(&c->cost.draft, n) * 1e3);
+    for (int32_t r = n; r <= n * (k_max + 1) && r <= TDM_ROWCOST_MAX && len > 0 && (size_t)len < sizeof msg; r++)
+        len += snprintf(msg + len, sizeof msg - (size_t)len, " %.3f(%d)", tdm_rowcost_get(&c->cost.target, r) * 1e3,
+                        (int)c->cost.target.n[r]);
     tdm_log(TANDEM_LOG_INFO, "%s", msg);
 }
 

@@ -417,6 +417,7 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 2, 0.2e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 2), 0.2e-3, 1e-12);
     tdm_rowcost_observe(&c, 256, 2e-3);
+    tdm_rowcost_observe(&c, 256, 2e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.2e-3, 1e-12, "flat while the weights dominate");
     cr_assert_float_eq(tdm_rowcost_get(&c, 128), 1e-3, 1e-12, "then proportional to the rows");
     cr_assert_float_eq(tdm_rowcost_get(&c, 1), 0.2e-3, 1e-12, "below every measurement: the next one");
@@ -434,6 +435,13 @@ Test(controller, rowcost_roofline_between_measurements) {
     cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.35e-3, 1e-12, "the second sample replaces it");
     tdm_rowcost_observe(&c, 8, 0.5e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.5e-3, 1e-12, "under half the estimate: replaces");
+    /* a count sampled once (with a graph capture: dear) does not make its neighbours
+     * dear: they take the lesser of the estimates with and without it */
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 4, 0.24e-3), tdm_rowcost_observe(&c, 5, 0.25e-3);
+    tdm_rowcost_observe(&c, 13, 0.95e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 9), 0.29e-3, 1e-12, "the twice-sampled slope, not the line to 0.95 ms");
+    cr_assert_float_eq(tdm_rowcost_get(&c, 13), 0.33e-3, 1e-12, "one dear sample: at most the others' estimate");
     /* above every measurement: the slope of the two highest, at most proportional
      * to the highest; a sample over twice the estimate counts as twice */
     tdm_rowcost_init(&c);
