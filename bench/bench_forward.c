@@ -11,6 +11,12 @@
  * (what tdm_verify_tree runs).  Prints the median of R repetitions per shape, after
  * warm-up.
  *
+ * --vocab N,... times the output head over part of the vocabulary (draft_vocab: ids
+ * [0, N) and the special tokens; 0 = the whole head), the values alternated
+ * repetition by repetition (A B A B) so that a shared machine's load falls on each
+ * alike; --approx takes the quantised copy's approximate logits where the model has
+ * one (what a sampled draft reads).
+ *
  * --kv-type picks the cache's element type (default f16).  --fill writes random
  * values in [-1, 1] over the K/V of the P positions instead of the prefill (a context
  * of thousands of tokens then takes no minutes of prefill; the same values for every
@@ -21,7 +27,8 @@
  * an A / B of the two in one binary.
  *
  * usage: bench_forward -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8]
- *                      [-r R] [--argmax] [--tree] [--kv-type f32|f16|q8_0] [--fill] [--kq-ref]
+ *                      [-r R] [--argmax | --approx] [--tree] [--kv-type f32|f16|q8_0] [--fill] [--kq-ref]
+ *                      [--vocab N,...]
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,6 +36,7 @@
 #include <string.h>
 
 #include "model.h"
+#include "vocab_head.h"
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -41,9 +49,9 @@ static void die(const char *what, const tdm_err *err) {
 }
 
 int main(int argc, char **argv) {
-    const char *model = NULL, *backend = "cpu", *ns_arg = "1,2,3,4,5,6,8";
+    const char *model = NULL, *backend = "cpu", *ns_arg = "1,2,3,4,5,6,8", *vocab_arg = "0";
     int threads = 2, prompt = 128, reps = 50;
-    bool argmax = false, tree = false, fill = false, kq_ref = false;
+    bool argmax = false, approx = false, tree = false, fill = false, kq_ref = false;
     uint32_t kv_type = TDM_F16;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-m") && i + 1 < argc) model = argv[++i];
@@ -53,6 +61,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-n") && i + 1 < argc) ns_arg = argv[++i];
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--argmax")) argmax = true;
+        else if (!strcmp(argv[i], "--approx")) approx = true;
+        else if (!strcmp(argv[i], "--vocab") && i + 1 < argc) vocab_arg = argv[++i];
         else if (!strcmp(argv[i], "--tree")) tree = true;
         else if (!strcmp(argv[i], "--fill")) fill = true;
         else if (!strcmp(argv[i], "--kq-ref")) kq_ref = true;
@@ -64,8 +74,8 @@ int main(int argc, char **argv) {
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax] [--tree] "
-                            "[--kv-type f32|f16|q8_0] [--fill] [--kq-ref]\n",
+            fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax | "
+                            "--approx] [--tree] [--kv-type f32|f16|q8_0] [--fill] [--kq-ref] [--vocab N,...]\n",
                     argv[0]);
             return 2;
         }
@@ -80,6 +90,15 @@ int main(int argc, char **argv) {
         n_max = ns[n_ns] > n_max ? ns[n_ns] : n_max;
         n_ns++;
         if (*s == ',') s++;
+    }
+    int vocabs[4], n_vocab_cfg = 0;
+    for (char *s = (char *)vocab_arg; *s && n_vocab_cfg < 4;) {
+        vocabs[n_vocab_cfg++] = (int)strtol(s, &s, 10);
+        if (*s == ',') s++;
+    }
+    if (argmax && approx) {
+        fprintf(stderr, "bench_forward: --argmax or --approx, not both\n");
+        return 2;
     }
     const int p_max = fill ? 1 << 17 : 2048;
     if (!model || prompt < 1 || reps < 1 || prompt + n_max > p_max) {
@@ -111,6 +130,16 @@ int main(int argc, char **argv) {
     if (be->ops->alloc(be, (size_t)(n_max > 1 ? n_max : 1) * V * 4, (void **)&logits_d, &err)) die("alloc", &err);
     tdm_batch bt;
     if (tdm_batch_init(&bt, prompt + n_max, &err)) die("batch", &err);
+    /* the heads over part of the vocabulary (--vocab; 0: the whole) */
+    tdm_vocab_head heads[4] = {0};
+    for (int v = 0; v < n_vocab_cfg; v++) {
+        if (vocabs[v] == 0) continue;
+        int32_t *vids, n_vids;
+        if (tdm_vocab_subset_ids(m->tok, V, vocabs[v], &vids, &n_vids, &err) ||
+            tdm_vocab_head_init(&heads[v], m, vids, n_vids, &err))
+            die("--vocab", &err);
+        free(vids);
+    }
 
     /* prefill (logits of the last row), or --fill: every value of the cache uniform
      * in [-1, 1] (q8_0: quants uniform in [-127, 127], scales 1/127), the same values
@@ -158,10 +187,14 @@ int main(int argc, char **argv) {
         printf("%s %s: prefill %d tokens: %.1f us (%.0f tok/s, best of 3)\n", backend, model, prompt, best * 1e6,
                prompt / best);
 
-    double *t = malloc((size_t)reps * sizeof(double));
+    double *tv = malloc((size_t)reps * (size_t)n_vocab_cfg * sizeof(double));
+    const tdm_fwd_kind kind = argmax ? TDM_FWD_ARGMAX : approx ? TDM_FWD_LOGITS_APPROX : TDM_FWD_LOGITS;
     for (int k = 0; k < n_ns; k++) {
         const int n = ns[k];
-        for (int r = -5; r < reps; r++) { /* 5 warm-up runs */
+        for (int rv = -5 * n_vocab_cfg; rv < reps * n_vocab_cfg; rv++) { /* 5 warm-up runs each */
+            const int v = (rv + 5 * n_vocab_cfg) % n_vocab_cfg, r = rv < 0 ? -1 : rv / n_vocab_cfg;
+            double *t = tv + (size_t)v * (size_t)reps;
+            fs.vhead = vocabs[v] ? &heads[v] : NULL;
             tdm_batch_clear(&bt);
             if (tree) {
                 /* the pending token, then the nodes below it */
@@ -178,20 +211,24 @@ int main(int argc, char **argv) {
                 for (int32_t i = 0; i < n; i++) tdm_batch_add(&bt, (i * 31 + 7) % V, prompt + i, 0, prompt + i, true);
             }
             double t0 = tdm_now();
-            if (argmax) {
-                if (tdm_model_forward_ex(m, be, &kv, &bt, sp, &fs, TDM_FWD_ARGMAX, logits_d, ids, &err))
-                    die("forward", &err);
-            } else {
-                if (tdm_model_forward(m, be, &kv, &bt, sp, &fs, logits_d, &err)) die("forward", &err);
-                if (be->ops->download(be, logits_h, logits_d, (size_t)n * V * 4, &err)) die("download", &err);
-            }
+            if (tdm_model_forward_ex(m, be, &kv, &bt, sp, &fs, kind, logits_d, ids, &err)) die("forward", &err);
+            if (!argmax && be->ops->download(be, logits_h, logits_d, (size_t)n * V * 4, &err)) die("download", &err);
             if (r >= 0) t[r] = tdm_now() - t0;
         }
-        qsort(t, (size_t)reps, sizeof *t, cmp_double);
-        printf("%s%s%s: %d rows: %.1f us per forward (median of %d; min %.1f, max %.1f)\n", backend, argmax ? " argmax" : "", tree ? " tree" : "", n,
-               t[reps / 2] * 1e6, reps, t[0] * 1e6, t[reps - 1] * 1e6);
+        for (int v = 0; v < n_vocab_cfg; v++) {
+            double *t = tv + (size_t)v * (size_t)reps;
+            qsort(t, (size_t)reps, sizeof *t, cmp_double);
+            char head[48] = "";
+            if (n_vocab_cfg > 1 || vocabs[v])
+                snprintf(head, sizeof head, " vocab %d (%d rows)", vocabs[v], vocabs[v] ? (int)heads[v].n : (int)V);
+            printf("%s%s%s%s: %d rows: %.1f us per forward (median of %d; min %.1f, max %.1f)\n", backend,
+                   argmax ? " argmax" : approx ? " approx" : "", tree ? " tree" : "", head, n, t[reps / 2] * 1e6, reps,
+                   t[0] * 1e6, t[reps - 1] * 1e6);
+        }
     }
-    free(t);
+    free(tv);
+    fs.vhead = NULL;
+    for (int v = 0; v < n_vocab_cfg; v++) tdm_vocab_head_free(&heads[v]);
     tdm_batch_free(&bt);
     free(logits_h);
     be->ops->free(be, logits_d);

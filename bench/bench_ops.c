@@ -8,7 +8,7 @@
  * vocab 8192 output head), f16 weights, as the forward would issue them.
  *
  * usage: bench_ops [-t threads] [-l scalar|avx2|avx512] [-d dtype[,dtype..]] [-s seconds] [-n 1,4,128]
- *                  [--attention] [--head] [--step rounds] [--kv-attention rounds]
+ *                  [--attention] [--head] [--step rounds] [--kv-attention rounds] [--scatter]
  *   -n: the input row counts of the single-shape runs (default 1,128)
  *   --attention: only the target's attention over 200 slots, for the -n row counts
  *   --head: only the quantised output heads ([8192][384] and [8192][128])
@@ -16,6 +16,9 @@
  *             in R interleaved rounds
  *   --kv-attention R: only a decode row's attention of the real 1.5B target's shapes,
  *             f32 / f16 / q8_0 caches at contexts 512, 2048, 4096, R alternated rounds
+ *   --scatter: only the scatter_cols op of a draft head over part of the vocabulary
+ *             (draft_vocab): 32791 logits a row (Qwen2.5's 32768 and specials) placed
+ *             into rows of 151936, the rest filled, for the -n row counts
  *   --qgemv R: only the direct integer-dot kernel of a few x rows (qgemv_vnni.c, AVX-512
  *             VNNI) on one thread, Q4_K / Q6_K / Q5_0 (or -d's), for the -n row counts
  *             (1 .. 8): a [256][1536] weight that stays in L2 (the arithmetic alone) and
@@ -333,6 +336,38 @@ static void bench_head(tdm_backend *b, int64_t V, int64_t E, double secs) {
     tdm_free_aligned((void *)w.data);
 }
 
+typedef struct scatter_ctx {
+    tdm_backend *b;
+    const float *x;
+    const int32_t *ids;
+    int32_t n, nx, dim;
+    float *y;
+} scatter_ctx;
+
+static void run_scatter(void *p) {
+    scatter_ctx *c = p;
+    tdm_err err;
+    if (c->b->ops->scatter_cols(c->b, c->x, c->n, c->nx, c->ids, c->dim, TDM_LOGIT_NONE, c->y, &err))
+        fprintf(stderr, "scatter_cols: %s\n", err.msg);
+}
+
+/* scatter_cols at the real draft's shapes: the first 32768 ids and 23 special ones of
+ * 151936, n rows. */
+static void bench_scatter(tdm_backend *b, const int32_t *ns, int n_ns, double secs) {
+    enum { DIM = 151936, NX = 32791 };
+    int32_t *ids = malloc(NX * sizeof *ids);
+    for (int32_t j = 0; j < NX; j++) ids[j] = j < 32768 ? j : 151643 + (j - 32768);
+    float *x = malloc((size_t)128 * NX * sizeof *x), *y = malloc((size_t)128 * DIM * sizeof *y);
+    for (size_t i = 0; i < (size_t)128 * NX; i++) x[i] = frand();
+    for (int k = 0; k < n_ns; k++) {
+        scatter_ctx c = {b, x, ids, ns[k], NX, DIM, y};
+        const double t = median_time(run_scatter, &c, secs);
+        printf("scatter_cols %d of %d logits, %3d rows: %8.1f us (%.1f GB/s written)\n", NX, DIM, ns[k], t * 1e6,
+               (double)ns[k] * DIM * 4 / t / 1e9);
+    }
+    free(ids), free(x), free(y);
+}
+
 static size_t weight_bytes(const tdm_weight *w) { return w->row_bytes * (size_t)w->rows; }
 
 /* One decode step of the target model as the engine loads it: 8 x (fused qkv, o,
@@ -447,6 +482,7 @@ int main(int argc, char **argv) {
     bool attn_only = false;
     int step_rounds = 0; /* --step R: only the target step's layer matmuls, -n rows, R rounds */
     bool head_only = false; /* --head: only the quantised output head */
+    bool scatter_only = false; /* --scatter: only scatter_cols */
     int kv_rounds = 0;      /* --kv-attention R: only the KV cache types' attention, R rounds */
     int qgemv_rounds = 0;   /* --qgemv R: only the direct integer-dot kernel, R rounds */
     for (int i = 1; i < argc; i++) {
@@ -455,6 +491,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-s") && i + 1 < argc) secs = atof(argv[++i]);
         else if (!strcmp(argv[i], "--attention")) attn_only = true;
         else if (!strcmp(argv[i], "--head")) head_only = true;
+        else if (!strcmp(argv[i], "--scatter")) scatter_only = true;
         else if (!strcmp(argv[i], "--kv-attention") && i + 1 < argc) kv_rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--qgemv") && i + 1 < argc) qgemv_rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-l") && i + 1 < argc) {
@@ -474,7 +511,7 @@ int main(int argc, char **argv) {
                 if (*q == ',') q++;
             }
         } else {
-            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention] [--head] [--step rounds] [--kv-attention rounds] [--qgemv rounds]\n",
+            fprintf(stderr, "usage: %s [-t threads] [-l scalar|avx2|avx512] [-d dtype] [-s seconds] [-n 1,4,128] [--attention] [--head] [--step rounds] [--kv-attention rounds] [--qgemv rounds] [--scatter]\n",
                     argv[0]);
             return 2;
         }
@@ -511,6 +548,11 @@ int main(int argc, char **argv) {
         }
         if (kv_rounds > 0) {
             bench_kv_attention(b, kv_rounds, secs);
+            tdm_backend_destroy(b);
+            continue;
+        }
+        if (scatter_only) {
+            if (lv == (int)tdm_cpu_best_level()) bench_scatter(b, ns, n_ns, secs);
             tdm_backend_destroy(b);
             continue;
         }

@@ -386,7 +386,24 @@ typedef struct tdm_backend_ops {
      * TANDEM_ERR_UNSUPPORTED, having touched nothing, for a batch it leaves to the
      * ops (on the CPU: fewer groups than threads). */
     tandem_status (*moe_experts)(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
+    /* Optional (NULL: a head over part of the vocabulary, src/model/vocab_head.h, is
+     * refused on this backend): the logits of such a head placed into whole-vocabulary
+     * rows, y[i][ids[j]] = x[i][j] for rows i < n and j < nx, every other entry of
+     * y[n][dim] = fill (TDM_LOGIT_NONE).  ids[nx] (backend memory) ascending, each in
+     * [0, dim): the CPU refuses others (TANDEM_ERR_INVALID_ARG, y then partly written),
+     * a GPU trusts its caller (tdm_vocab_head_init checked them).  Does not wait. */
+    tandem_status (*scatter_cols)(tdm_backend *b, const float *x, int32_t n, int32_t nx, const int32_t *ids,
+                                  int32_t dim, float fill, float *y, tdm_err *err);
 } tdm_backend_ops;
+
+/* The logit that a head over part of the vocabulary (scatter_cols) gives every token
+ * outside it.  Finite, so every check of logits for NaN or infinity passes (the
+ * engine's, the device sampling's ok flags, argmax's -1; a logit pushed down by
+ * -FLT_MAX, as the benchmark oracle does, stays finite too), yet exp(TDM_LOGIT_NONE -
+ * l) is 0 in float and double for any real logit l (and any temperature): softmax
+ * gives those tokens probability 0, and no argmax or top-k picks them while the row
+ * has a real logit. */
+#define TDM_LOGIT_NONE (-1e30f)
 
 /* The topk op's k at most. */
 #define TDM_TOPK_MAX 32
@@ -423,6 +440,9 @@ tandem_status tdm_check_ids(const int32_t *ids, int32_t n, int64_t limit, const 
  * NULL when n > 0.  A scale's factor finite; a soft-cap positive and finite
  * (positive).  head_rmsnorm's shape (heads inside a row), eps >= 0, pointers. */
 tandem_status tdm_check_rows(const char *op, const void *a, const void *b, int32_t n, int32_t dim, tdm_err *err);
+/* scatter_cols' shape: n >= 0, 0 < nx <= dim, x, ids and y not NULL when n > 0. */
+tandem_status tdm_check_scatter(const float *x, int32_t n, int32_t nx, const int32_t *ids, int32_t dim, const float *y,
+                                tdm_err *err);
 tandem_status tdm_check_factor(const char *op, float v, bool positive, tdm_err *err);
 tandem_status tdm_check_head_norm(const float *x, const float *gamma, int32_t n, int32_t row_stride, int32_t n_head,
                                   int32_t head_dim, float eps, tdm_err *err);

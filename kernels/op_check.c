@@ -9,6 +9,15 @@ tandem_status tdm_check_rows(const char *op, const void *a, const void *b, int32
     return TANDEM_OK;
 }
 
+tandem_status tdm_check_scatter(const float *x, int32_t n, int32_t nx, const int32_t *ids, int32_t dim, const float *y,
+                                tdm_err *err) {
+    if (n < 0 || nx <= 0 || nx > dim)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "scatter_cols: n = %d, nx = %d, dim = %d", (int)n, (int)nx,
+                          (int)dim);
+    if (n > 0 && (!x || !ids || !y)) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "scatter_cols: NULL pointer");
+    return TANDEM_OK;
+}
+
 tandem_status tdm_check_factor(const char *op, float v, bool positive, tdm_err *err) {
     if (!isfinite(v) || (positive && !(v > 0)))
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: %s %g", op, positive ? "cap" : "factor", (double)v);

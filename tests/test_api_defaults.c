@@ -56,6 +56,7 @@ static const field engine_fields[] = {
     F(tandem_engine_params, prefix_cache, K_BOOL),
     F(tandem_engine_params, batch_invariant, K_BOOL),
     F(tandem_engine_params, kv_type, K_INT),
+    F(tandem_engine_params, draft_vocab, K_INT),
 };
 static const field generate_fields[] = {
     F(tandem_generate_params, max_tokens, K_INT),
@@ -98,6 +99,7 @@ static const struct {
     {"TANDEM_BACKEND_CUDA", TANDEM_BACKEND_CUDA},
     {"TANDEM_KV_AUTO", TANDEM_KV_AUTO},
     {"TANDEM_SPEC_TREE_AUTO", TANDEM_SPEC_TREE_AUTO},
+    {"TANDEM_DRAFT_VOCAB_AUTO", TANDEM_DRAFT_VOCAB_AUTO},
 };
 
 static char *read_source(const char *rel) {

@@ -151,6 +151,34 @@ Test(cuda_ops, row_ops) {
     tdm_backend_destroy(b);
 }
 
+/* scatter_cols (a draft head over part of the vocabulary, draft_vocab) equals the CPU
+ * backend's op bit for bit: rows of the head's logits placed at their ids, the fill
+ * everywhere else; a bad shape is refused. */
+Test(cuda_ops, scatter_cols_equals_cpu) {
+    tdm_backend *b = gpu(), *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
+    uint64_t rng = 9;
+    const int32_t n = 3, dim = 5000;
+    int32_t ids[1100], nx = 0;
+    for (int32_t v = 0; v < dim && nx < 1100; v++)
+        if (v < 1024 || v % 97 == 5) ids[nx++] = v;
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * nx, -20, 20), *want = malloc((size_t)n * dim * 4);
+    float *dx = put(b, x, (size_t)n * nx * 4), *dy = put(b, NULL, (size_t)n * dim * 4);
+    int32_t *dids = put(b, ids, (size_t)nx * 4);
+    tdm_cu_test_poison(b, dy, (size_t)n * dim);
+    OK(b->ops->scatter_cols(b, dx, n, nx, dids, dim, TDM_LOGIT_NONE, dy, &err_));
+    OK(cpu->ops->scatter_cols(cpu, x, n, nx, ids, dim, TDM_LOGIT_NONE, want, &err_));
+    float *got = get(b, dy, (size_t)n * dim * 4);
+    cr_assert(memcmp(got, want, (size_t)n * dim * 4) == 0, "scatter_cols differs from the CPU's");
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->scatter_cols(b, dx, n, dim + 1, dids, dim, 0, dy, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->scatter_cols(b, dx, -1, nx, dids, dim, 0, dy, &err), TANDEM_ERR_INVALID_ARG);
+    OK(b->ops->scatter_cols(b, dx, 0, nx, dids, dim, 0, dy, &err_));
+    b->ops->free(b, dx), b->ops->free(b, dy), b->ops->free(b, dids);
+    free(x), free(want), free(got);
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
 /* Every type and several shapes and batch sizes against ref_matmul; up to the row
  * kernels' limit each row of a batch equals, bit for bit, the same row computed
  * alone. */
@@ -378,16 +406,20 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
  * test sets another). */
 static tdm_cuda_attn_path g_attn = TDM_CUDA_ATTN_AUTO;
 
+/* The pycode target and draft_file (under models/) opened on the GPU. */
+static void open_cuda_pair(const char *draft_file, tandem_model **target, tandem_model **draft) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, target), TANDEM_OK, "%s",
+                 tandem_last_error());
+    cr_assert_eq(tandem_model_open(tdm_test_model_path(draft_file), &mp, draft), TANDEM_OK, "%s", tandem_last_error());
+}
+
 static int cuda_spec_equality_gp(const tandem_engine_params *ep, const tdm_api_paths *paths,
                                  const tandem_generate_params *gp0, const char *what, uint64_t *accepted,
                                  uint64_t *drafted, uint64_t *trees) {
-    tandem_model_params mp = tandem_model_default_params();
-    mp.backend = TANDEM_BACKEND_CUDA;
     tandem_model *target = NULL, *draft = NULL;
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
-                 tandem_last_error());
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-xs-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
-                 tandem_last_error());
+    open_cuda_pair("pycode-draft-xs-f16.gguf", &target, &draft);
     tdm_backend_cuda_force_attention(tdm_api_model_backend(target), g_attn);
     tdm_backend_cuda_force_attention(tdm_api_model_backend(draft), g_attn);
     tandem_engine *plain = NULL, *spec = NULL;
@@ -511,6 +543,53 @@ Test(cuda_engine, q8_0_cache_speculative_equality, .timeout = 900) {
     cr_assert_gt(drafted, 0);
 }
 
+/* The draft's head over 1024 of pycode's 8192 tokens (draft_vocab) on the GPU: its
+ * logits placed into whole rows by scatter_cols, read by the device chains' argmax,
+ * the trees' topk and the device sampling: greedy speculative output equals
+ * target-only output on every prompt with chains and with trees, and in the oracle
+ * benchmark mode (whose -FLT_MAX push beside TDM_LOGIT_NONE stays finite). */
+Test(cuda_engine, draft_vocab_equality, .timeout = 900) {
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.draft_vocab = 1024;
+    uint64_t accepted, drafted, trees;
+    cuda_spec_equality(&ep, "draft_vocab 1024, chains", &accepted, &drafted);
+    cr_assert_gt(accepted, 0, "no draft token accepted");
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.spec_tree = 16;
+    cuda_spec_equality_gp(&ep, NULL, &gp, "draft_vocab 1024, trees", &accepted, &drafted, &trees);
+    cr_assert_gt(trees, 0, "no tree steps");
+    /* the oracle mode on a few prompts */
+    tandem_model *target = NULL, *draft = NULL;
+    open_cuda_pair("pycode-draft-s-f16.gguf", &target, &draft);
+    tandem_engine *e = NULL;
+    cr_assert_eq(tandem_engine_open(target, draft, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    for (size_t li = 0; li < n_lines; li += 20) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params g = tandem_generate_default_params();
+        g.max_tokens = 48;
+        g.spec_k = 4;
+        g.spec_ngram = 0;
+        tandem_result a, o;
+        cr_assert_eq(tandem_generate_ids(e, ids, n, &g, &a), TANDEM_OK, "%s", tandem_last_error());
+        g.bench_oracle_tokens = a.tokens;
+        g.bench_n_oracle = (int)a.n_tokens;
+        g.bench_oracle_alpha = 0.7f;
+        cr_assert_eq(tandem_generate_ids(e, ids, n, &g, &o), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert(o.n_tokens == a.n_tokens && !memcmp(o.tokens, a.tokens, a.n_tokens * sizeof(int32_t)),
+                  "prompt %zu, oracle: output differs", li);
+        tandem_result_free(&a);
+        tandem_result_free(&o);
+        free(ids);
+    }
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(e);
+    tandem_model_close(draft);
+    tandem_model_close(target);
+}
+
 /* Greedy drafting on the device (the chain's forwards queued back to back, one
  * wait per chain) proposes exactly what token-by-token drafting proposes: with a
  * fixed k the two engines draft and accept the same counts and emit the same
@@ -520,13 +599,8 @@ Test(cuda_engine, q8_0_cache_speculative_equality, .timeout = 900) {
  * candidates, the same draws), alpha 0 accepting nothing and 1 everything on the
  * target's path. */
 Test(cuda_engine, device_draft_chain_equals_host_chain, .timeout = 300) {
-    tandem_model_params mp = tandem_model_default_params();
-    mp.backend = TANDEM_BACKEND_CUDA;
     tandem_model *target = NULL, *draft = NULL;
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, &target), TANDEM_OK, "%s",
-                 tandem_last_error());
-    cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-draft-s-f16.gguf"), &mp, &draft), TANDEM_OK, "%s",
-                 tandem_last_error());
+    open_cuda_pair("pycode-draft-s-f16.gguf", &target, &draft);
     tandem_engine *dev = NULL, *host = NULL;
     cr_assert_eq(tandem_engine_open(target, draft, NULL, &dev), TANDEM_OK, "%s", tandem_last_error());
     const tdm_api_paths host_chain = {.ws = {.host_chain = true}};

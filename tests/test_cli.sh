@@ -259,7 +259,8 @@ expect_exit 0 "generate: --top-p 1e-30 --temp 1 (the smallest kept)" \
     "$TANDEM" generate -m "$TARGET" -p x -n 1 --temp 1 --top-p 1e-30
 
 # An option that takes effect only with another is refused without it.
-for opt in "--spec-k 3" "--spec-k-max 4" "--p-min 0.5" "--spec-ngram 3" "--spec-ngram=off" "--spec-tree 8"; do
+for opt in "--spec-k 3" "--spec-k-max 4" "--p-min 0.5" "--spec-ngram 3" "--spec-ngram=off" "--spec-tree 8" \
+    "--draft-vocab 2048"; do
     expect_exit 2 "generate: $opt without -d" "$TANDEM" generate -m "$TARGET" -p x $opt
     expect_err "option ${opt%%[ =]*} has no effect without -d DRAFT" "generate: $opt without -d"
 done
@@ -763,6 +764,28 @@ expect_exit 0 "generate --kv-type f16" "$TANDEM" generate -m "$TARGET" -p "def f
 expect_exit 0 "bench --kv-type q8_0" "$TANDEM" bench -m "$TARGET" -p 16 -n 4 --reps 1 --kv-type q8_0
 printf 'def add(a, b):\n/exit\n' >"$TMP/kvchat.in"
 STDIN="$TMP/kvchat.in" expect_exit 0 "chat --kv-type q8_0" "$TANDEM" chat -m "$TARGET" --chat-template chatml --kv-type q8_0 -n 4
+# --draft-vocab: the draft's head over 1024 of the 8192 tokens gives target-only tokens
+# (chains and trees); a bad value is refused, naming it
+"$TANDEM" generate -m "$TARGET" --prompts "$TMP/p12.jsonl" -n 10 --json 2>/dev/null | tokens >"$TMP/dvt"
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --draft-vocab 1024 2>/dev/null |
+    tokens >"$TMP/dvs"
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --draft-vocab=1024 --spec-tree 8 \
+    2>/dev/null | tokens >"$TMP/dvtree"
+[ "$(wc -l <"$TMP/dvt")" -eq 12 ] && cmp -s "$TMP/dvs" "$TMP/dvt" && cmp -s "$TMP/dvtree" "$TMP/dvt" &&
+    pass "generate --draft-vocab 1024: speculative tokens (chains, trees) equal target-only tokens" ||
+    fail "generate --draft-vocab 1024: $(diff "$TMP/dvs" "$TMP/dvt" | head -c 300)"
+expect_exit 0 "bench --draft-vocab 4096" "$TANDEM" bench -m "$TARGET" -d "$DRAFT" -p 16 -n 8 --reps 1 --draft-vocab 4096
+printf 'def f(x):\n' >"$TMP/dvchat.in"
+STDIN="$TMP/dvchat.in" expect_exit 0 "chat --draft-vocab auto" "$TANDEM" chat -m "$TARGET" -d "$DRAFT" \
+    --chat-template chatml --draft-vocab auto -n 4
+expect_exit 2 "generate --draft-vocab 100" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --draft-vocab 100
+expect_err "option --draft-vocab: '100' is not auto, 0 (the whole vocabulary) or a number of tokens >= 1024" \
+    "generate --draft-vocab 100"
+expect_exit 1 "generate --draft-vocab 8193" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p x --draft-vocab 8193
+expect_err "draft_vocab 8193 is out of range: -1 (auto), 0 (the whole vocabulary) or a number of tokens in [1024, 8192]" \
+    "generate --draft-vocab 8193"
+expect_exit 2 "serve --draft-vocab without -d" "$TANDEM" serve -m "$TARGET" --draft-vocab 2048
+expect_err "option --draft-vocab has no effect without -d DRAFT" "serve --draft-vocab without -d"
 expect_exit 2 "generate --kv-type q4" "$TANDEM" generate -m "$TARGET" -p x --kv-type q4
 expect_err "option --kv-type: unknown KV cache type 'q4' (expected auto, f32, f16 or q8_0)" "generate --kv-type q4"
 expect_exit 2 "bench --kv-type ''" "$TANDEM" bench -m "$TARGET" --kv-type ''

@@ -65,6 +65,17 @@ badcfg() { # DESCRIPTION TEXT-EXPECTED-IN-STDERR INI-CONTENT
     expect_err "$2" "run: $1"
 }
 ok_head="[model]\ntarget = $TARGET\n[job]\ninput = p12.jsonl\noutput = o.jsonl\n"
+# same_run DESCRIPTION SORTED-TOKENS-FILE --set ...: job.ini run with these settings
+# gives those tokens (compared sorted by id)
+same_run() {
+    local desc=$1 want=$2
+    shift 2
+    rm -f "$TMP/same.jsonl"
+    expect_exit 0 "run: $desc" "$TANDEM" run "$TMP/job.ini" "$@" --set job.output=same.jsonl
+    tokens <"$TMP/same.jsonl" | sort -n >"$TMP/same"
+    cmp -s "$want" "$TMP/same" && pass "run: $desc gives the expected tokens" ||
+        fail "run: $desc: $(diff "$want" "$TMP/same" | head -c 300)"
+}
 badcfg "unknown key" "bad.ini:7: [engine] colour: unknown key" "$ok_head[engine]\ncolour = red\n"
 badcfg "bad value" "bad.ini:7: [engine] max_batch: 'many' is not an integer in [1, 1024]" "$ok_head[engine]\nmax_batch = many\n"
 badcfg "unknown section" "bad.ini:7: [modle] x: unknown section [modle]" "$ok_head[modle]\nx = 1\n"
@@ -78,13 +89,18 @@ badcfg "tree without a draft" "[spec] tree: needs [model] draft" "$ok_head[spec]
 badcfg "bad tree" "bad.ini:7: [spec] tree: 'lots' is not off, auto, a node budget 1..64" "$ok_head[spec]\ntree = lots\n"
 badcfg "bad tree shape" "bad.ini:7: [spec] tree: tree shape '8,8' has 72 nodes; at most 64" "$ok_head[spec]\ntree = 8,8\n"
 badcfg "kv_type" "bad.ini:7: [engine] kv_type: 'int8' is not auto, f32, f16 or q8_0" "$ok_head[engine]\nkv_type = int8\n"
-rm -f "$TMP/q8run.jsonl"
-expect_exit 0 "run: [engine] kv_type = q8_0" "$TANDEM" run "$TMP/job.ini" --set engine.kv_type=q8_0 --set job.output=q8run.jsonl
-tokens <"$TMP/q8run.jsonl" | sort -n >"$TMP/q8r"
-sort -n "$TMP/q8s" -o "$TMP/q8s"
-cmp -s "$TMP/q8s" "$TMP/q8r" && pass "run: kv_type q8_0 gives generate --kv-type q8_0's tokens" ||
-    fail "run: kv_type q8_0: $(diff "$TMP/q8s" "$TMP/q8r" | head -c 300)"
+sort -n "$TMP/q8s" -o "$TMP/q8s" # (generate --kv-type q8_0's tokens)
+same_run "[engine] kv_type = q8_0" "$TMP/q8s" --set engine.kv_type=q8_0
 badcfg "tensor_parallel" "bad.ini:7: [engine] tensor_parallel: '0' is not an integer in [1, 8]" "$ok_head[engine]\ntensor_parallel = 0\n"
+badcfg "draft_vocab" "bad.ini:7: [engine] draft_vocab: '500' is not auto, 0 (the whole vocabulary) or a number of tokens >= 1024" \
+    "$ok_head[engine]\ndraft_vocab = 500\n"
+# [engine] draft_vocab reaches the engine: the draft's head over 1024 of pycode's 8192
+# tokens gives generate's tokens; a value past the vocabulary is the engine's error
+same_run "[engine] draft_vocab = 1024" "$TMP/b1s" --set engine.draft_vocab=1024
+rm -f "$TMP/dvrun.jsonl"
+expect_exit 1 "run: [engine] draft_vocab = 9000" "$TANDEM" run "$TMP/job.ini" --set engine.draft_vocab=9000 \
+    --set job.output=dvrun.jsonl
+expect_err "draft_vocab 9000 is out of range" "run: [engine] draft_vocab = 9000"
 badcfg "ctx" "bad.ini:7: [engine] ctx: '0' is not an integer in [1, 16777216]" "$ok_head[engine]\nctx = 0\n"
 # [engine] ctx reaches the engine: a context of 4 tokens fits none of the prompts
 rm -f "$TMP/ctxrun.jsonl"
@@ -93,12 +109,7 @@ grep -q 'does not fit the context of 4 ' "$TMP/ctxrun.jsonl" && pass "run: [engi
     fail "run: [engine] ctx = 4: $(head -c 300 "$TMP/ctxrun.jsonl")"
 # tensor parallelism (the target split 2 ways; on the CPU its shards run in turn):
 # the same tokens as the whole model, through run, generate and bench
-rm -f "$TMP/tprun.jsonl"
-expect_exit 0 "run: [engine] tensor_parallel = 2" "$TANDEM" run "$TMP/job.ini" --set engine.tensor_parallel=2 \
-    --set job.output=tprun.jsonl
-tokens <"$TMP/tprun.jsonl" | sort -n >"$TMP/tpr"
-cmp -s "$TMP/b1s" "$TMP/tpr" && pass "run: tensor_parallel 2 gives the whole model's tokens" ||
-    fail "run: tensor_parallel 2: $(diff "$TMP/b1s" "$TMP/tpr" | head -c 300)"
+same_run "[engine] tensor_parallel = 2" "$TMP/b1s" --set engine.tensor_parallel=2
 "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p "def add(a, b):" -n 16 --json 2>/dev/null | tokens >"$TMP/tpw"
 "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p "def add(a, b):" -n 16 --json --tensor-parallel 2 --spec-tree 8 \
     2>/dev/null | tokens >"$TMP/tps"

@@ -15,7 +15,9 @@
  *     activations of the quantised products may break either way);
  * and, against the target's own output:
  *   - greedy speculative decoding with the draft gives the target-only tokens on all
- *     20 prompts: chains and token trees, each with and without n-gram lookups;
+ *     20 prompts: chains and token trees, each with and without n-gram lookups, with
+ *     the draft's head over 65536 of the 151936 tokens (draft_vocab, the default),
+ *     and chains with its whole head;
  *   - the two models, of different head dims, share one paged KV cache: after every
  *     step of a speculative request the block table and the pool hold exactly the
  *     accepted positions, nothing leaks, and a batch under a KV budget too small for
@@ -182,9 +184,10 @@ Test(real_pair, chat_template_renders_as_jinja2) {
 }
 
 /* An engine of 2 threads, N_CTX positions a sequence, n_seq sequences, a KV budget of
- * kv_bytes (0: enough for all of them). */
-static tandem_engine *open_engine(tandem_model *draft, int n_seq, size_t kv_bytes) {
+ * kv_bytes (0: enough for all of them), the draft's head over draft_vocab tokens. */
+static tandem_engine *open_engine_dv(tandem_model *draft, int n_seq, size_t kv_bytes, int draft_vocab) {
     tandem_engine_params ep = tandem_engine_default_params();
+    ep.draft_vocab = draft_vocab;
     ep.n_threads = 2;
     ep.n_ctx = N_CTX;
     ep.n_seq_max = n_seq;
@@ -192,6 +195,10 @@ static tandem_engine *open_engine(tandem_model *draft, int n_seq, size_t kv_byte
     tandem_engine *e = NULL;
     cr_assert_eq(tandem_engine_open(g_target, draft, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
     return e;
+}
+
+static tandem_engine *open_engine(tandem_model *draft, int n_seq, size_t kv_bytes) {
+    return open_engine_dv(draft, n_seq, kv_bytes, TANDEM_DRAFT_VOCAB_AUTO);
 }
 
 /* The target's greedy output of the first n cases, all decoding at once (the CPU
@@ -217,24 +224,28 @@ Test(real_pair, target_follows_float32_reference_and_speculation_equals_it) {
                 g_n_case - (size_t)n_equal);
 
     /* Greedy speculation gives the same tokens: every prompt as a chain (adaptive k)
-     * and as a tree (at most 12 nodes a step), n-gram lookups on for odd prompts. */
-    tandem_engine *e = open_engine(g_draft, 1, 0);
+     * and as a tree (at most 12 nodes a step), n-gram lookups on for odd prompts, with
+     * the draft's head over 65536 tokens (c 0, 1); and as a chain with its whole head
+     * (c 2, counted with the chains). */
+    tandem_engine *e = open_engine_dv(g_draft, 1, 0, TANDEM_DRAFT_VOCAB_AUTO_N);
+    tandem_engine *whole = open_engine_dv(g_draft, 1, 0, 0);
     tandem_spec_stats sum[2][2] = {0}; /* [tree][n-gram] */
     for (size_t i = 0; i < g_n_case; i++) {
-        for (int tree = 0; tree < 2; tree++) {
+        for (int c = 0; c < 3; c++) {
+            const int tree = c == 1;
             int ng = (int)(i % 2);
             tandem_generate_params gp = real_case_request(&g_case[i]).params;
             gp.spec_tree = tree ? 12 : 0;
             gp.spec_ngram = ng ? 3 : 0;
             tandem_result got;
-            cr_assert_eq(tandem_generate_ids(e, g_case[i].prompt, g_case[i].n_prompt, &gp, &got), TANDEM_OK, "%s",
-                         tandem_last_error());
+            cr_assert_eq(tandem_generate_ids(c == 2 ? whole : e, g_case[i].prompt, g_case[i].n_prompt, &gp, &got),
+                         TANDEM_OK, "%s", tandem_last_error());
             size_t d = 0;
             while (d < got.n_tokens && d < plain[i].n_tokens && got.tokens[d] == plain[i].tokens[d]) d++;
             cr_expect(d == got.n_tokens && d == plain[i].n_tokens,
                       "%s case %zu (%s, n-gram %s): differs from target-only at token %zu (lengths %zu / %zu)",
-                      g_case[i].kind, i, tree ? "tree" : "chain", ng ? "on" : "off", d, got.n_tokens,
-                      plain[i].n_tokens);
+                      g_case[i].kind, i, c == 2 ? "chain, whole draft head" : tree ? "tree" : "chain", ng ? "on" : "off",
+                      d, got.n_tokens, plain[i].n_tokens);
             tandem_spec_stats *s = &sum[tree][ng];
             s->steps += got.spec.steps;
             s->drafted += got.spec.drafted;
@@ -262,6 +273,7 @@ Test(real_pair, target_follows_float32_reference_and_speculation_equals_it) {
         }
     cr_expect_gt(sum[0][1].ngram_drafted + sum[1][1].ngram_drafted, 0, "no n-gram lookup was proposed");
     tandem_engine_close(e);
+    tandem_engine_close(whole);
     for (size_t i = 0; i < g_n_case; i++) tandem_result_free(&plain[i]);
 }
 

@@ -21,20 +21,8 @@
 static tdm_backend *g_wbe;
 static tdm_model *g_target, *g_draft;
 
-static void setup(void) {
-    tdm_err err = {0};
-    cr_assert_eq(tdm_backend_cpu_create(1, &g_wbe, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-target-f16.gguf"), g_wbe, &g_target, &err), TANDEM_OK,
-                 "%s", err.msg);
-    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-draft-s-f16.gguf"), g_wbe, &g_draft, &err), TANDEM_OK,
-                 "%s", err.msg);
-}
-
-static void teardown(void) {
-    tdm_model_free(g_draft);
-    tdm_model_free(g_target);
-    tdm_backend_destroy(g_wbe);
-}
+static void setup(void) { tdm_test_pair_load("pycode-draft-s-f16.gguf", &g_wbe, &g_target, &g_draft); }
+static void teardown(void) { tdm_test_pair_free(g_wbe, g_target, g_draft); }
 
 TestSuite(tree, .init = setup, .fini = teardown, .timeout = 1200);
 

@@ -126,6 +126,20 @@ tdm_engine *tdm_test_engine(tdm_model *target, tdm_model *draft, int32_t n_threa
     return e;
 }
 
+void tdm_test_pair_load(const char *draft_file, tdm_backend **wbe, tdm_model **target, tdm_model **draft) {
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, wbe, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(tdm_test_model_path("pycode-target-f16.gguf"), *wbe, target, &err), TANDEM_OK, "%s",
+                 err.msg);
+    cr_assert_eq(tdm_model_load(tdm_test_model_path(draft_file), *wbe, draft, &err), TANDEM_OK, "%s", err.msg);
+}
+
+void tdm_test_pair_free(tdm_backend *wbe, tdm_model *target, tdm_model *draft) {
+    tdm_model_free(draft);
+    tdm_model_free(target);
+    tdm_backend_destroy(wbe);
+}
+
 void tdm_test_check_held(const tdm_engine *e, const tdm_seq *s) {
     const int32_t held = s->n_tokens - 1;
     cr_assert_eq(s->n_target, held);

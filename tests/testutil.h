@@ -59,6 +59,12 @@ void tdm_test_sample_counts(tdm_engine *e, const tandem_generate_params *base, c
 typedef struct tdm_model tdm_model;
 tdm_engine *tdm_test_engine(tdm_model *target, tdm_model *draft, int32_t n_threads);
 
+/* The pycode target and draft_file (under models/) loaded on a new CPU backend of one
+ * thread (fails the test otherwise); tdm_test_pair_free frees all three. */
+typedef struct tdm_backend tdm_backend;
+void tdm_test_pair_load(const char *draft_file, tdm_backend **wbe, tdm_model **target, tdm_model **draft);
+void tdm_test_pair_free(tdm_backend *wbe, tdm_model *target, tdm_model *draft);
+
 /* After a decode step of s (not done): the target holds the n - 1 positions before
  * the pending token, the draft at most as many, the block table exactly n - 1 and
  * the pool exactly the blocks for them (s alone on e). */

@@ -277,6 +277,8 @@ tandem_status tdm_cpu_geglu(tdm_backend *b, const float *gate_up, int32_t n, int
 tandem_status tdm_cpu_add(tdm_backend *b, float *y, const float *x, int32_t n, int32_t dim, tdm_err *err);
 tandem_status tdm_cpu_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, float s, tdm_err *err);
 tandem_status tdm_cpu_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err);
+tandem_status tdm_cpu_scatter_cols(tdm_backend *b, const float *x, int32_t n, int32_t nx, const int32_t *ids,
+                                   int32_t dim, float fill, float *y, tdm_err *err);
 /* gelu(g) * u for i < n, GELU's tanh approximation in f32 (the geglu op's row). */
 void tdm_cpu_geglu_row(const float *g, const float *u, float *o, int32_t n);
 

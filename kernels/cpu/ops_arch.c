@@ -121,3 +121,45 @@ tandem_status tdm_cpu_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, 
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, 4096), softcap_task, &j);
     return TANDEM_OK;
 }
+
+/* ---- scatter_cols -------------------------------------------------------------- */
+
+typedef struct scatter_job {
+    const float *x;
+    const int32_t *ids;
+    int32_t nx, dim;
+    float fill;
+    float *y;
+    _Atomic bool bad; /* an id out of order or range (each row's task checks) */
+} scatter_job;
+
+/* One row in one pass over it: the run of fill before each id, then the id's logit. */
+static void scatter_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    scatter_job *j = ctx;
+    const float *x = j->x + i * j->nx;
+    float *y = j->y + i * j->dim;
+    int32_t next = 0; /* first entry of y not yet written */
+    for (int32_t k = 0; k < j->nx; k++) {
+        const int32_t id = j->ids[k];
+        if (id < next || id >= j->dim) {
+            j->bad = true;
+            return;
+        }
+        for (int32_t v = next; v < id; v++) y[v] = j->fill;
+        y[id] = x[k];
+        next = id + 1;
+    }
+    for (int32_t v = next; v < j->dim; v++) y[v] = j->fill;
+}
+
+tandem_status tdm_cpu_scatter_cols(tdm_backend *b, const float *x, int32_t n, int32_t nx, const int32_t *ids,
+                                   int32_t dim, float fill, float *y, tdm_err *err) {
+    GET_CPU("scatter_cols");
+    tandem_status st = tdm_check_scatter(x, n, nx, ids, dim, y, err);
+    if (st || n == 0) return st;
+    scatter_job j = {x, ids, nx, dim, fill, y, false};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, 65536), scatter_task, &j);
+    if (j.bad) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "scatter_cols: ids not ascending in [0, %d)", (int)dim);
+    return TANDEM_OK;
+}

@@ -317,6 +317,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .topk = */ tdm_cuda_topk,
     /* .tree_grow = */ tdm_cuda_tree_grow,
     /* .moe_experts = */ NULL, /* (mixture-of-experts models are refused at load here) */
+    /* .scatter_cols = */ tdm_cuda_scatter_cols,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

@@ -242,6 +242,8 @@ tandem_status tdm_cuda_swiglu(tdm_backend *b, const float *gate_up, int32_t n, i
                               tdm_err *err);
 tandem_status tdm_cuda_gather_rows(tdm_backend *b, const float *x, const int32_t *rows, int32_t n, int32_t dim,
                                    float *out, tdm_err *err);
+tandem_status tdm_cuda_scatter_cols(tdm_backend *b, const float *x, int32_t n, int32_t nx, const int32_t *ids,
+                                    int32_t dim, float fill, float *y, tdm_err *err);
 /* The ops of the qwen3 / gemma3 blocks (cuda_archops.cu). */
 tandem_status tdm_cuda_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
                                     int32_t head_dim, const float *gamma, float eps, tdm_err *err);

@@ -117,6 +117,36 @@ tandem_status tdm_cuda_rmsnorm(tdm_backend *b, const float *x, const float *gamm
     return TANDEM_OK;
 }
 
+/* ---- scatter_cols ---------------------------------------------------------------- */
+
+/* Grid (column chunks, rows): y's rows all fill, then x's columns to their ids (the
+ * second kernel after the first in the stream). */
+__global__ void k_fill_rows(float *y, int32_t dim, float fill) {
+    TDM_PDL_ENTRY();
+    const int32_t k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < dim) y[(size_t)blockIdx.y * dim + k] = fill;
+}
+
+__global__ void k_scatter_cols(const float *x, int32_t nx, const int32_t *ids, int32_t dim, float *y) {
+    TDM_PDL_ENTRY();
+    const int32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < nx) y[(size_t)blockIdx.y * dim + ids[j]] = x[(size_t)blockIdx.y * nx + j];
+}
+
+tandem_status tdm_cuda_scatter_cols(tdm_backend *b, const float *x, int32_t n, int32_t nx, const int32_t *ids,
+                                    int32_t dim, float fill, float *y, tdm_err *err) {
+    GET_CUDA("scatter_cols");
+    tandem_status st = tdm_check_scatter(x, n, nx, ids, dim, y, err);
+    if (st || n == 0) return st;
+    if (n > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "scatter_cols: %d rows (at most 65535)", (int)n);
+    const int32_t t = TDM_CUDA_THREADS;
+    tdm_launch(k_fill_rows, dim3((unsigned)((dim + t - 1) / t), (unsigned)n), t, 0, c->stream, y, dim, fill);
+    TDM_CU_LAUNCHED("scatter_cols (fill)");
+    tdm_launch(k_scatter_cols, dim3((unsigned)((nx + t - 1) / t), (unsigned)n), t, 0, c->stream, x, nx, ids, dim, y);
+    TDM_CU_LAUNCHED("scatter_cols");
+    return TANDEM_OK;
+}
+
 /* ---- add_bias, swiglu, gather_rows --------------------------------------------- */
 
 __global__ void k_add_bias(float *y, const float *bias, int32_t dim) {

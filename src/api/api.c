@@ -378,7 +378,8 @@ struct tandem_engine {
 tandem_engine_params tandem_engine_default_params(void) {
     tandem_engine_params p = {.n_threads = 0, .kv_bytes = 0, .n_ctx = 0, .n_seq_max = 1, .kv_block_size = 16,
                               .gpu_mem = 0, .max_batch_tokens = 0, .prefix_cache = true,
-                              .batch_invariant = false, .kv_type = TANDEM_KV_AUTO};
+                              .batch_invariant = false, .kv_type = TANDEM_KV_AUTO,
+                              .draft_vocab = TANDEM_DRAFT_VOCAB_AUTO};
     return p;
 }
 
@@ -421,7 +422,7 @@ tandem_status tdm_api_engine_open(tandem_model *target, tandem_model *draft, con
         .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0, .gpu_mem = p.gpu_mem,
         .max_batch_tokens = p.max_batch_tokens, .prefix_cache = p.prefix_cache,
         .batch_invariant = p.batch_invariant, .kv_type = (int32_t)p.kv_type,
-        .host_sampling = paths && paths->host_sampling,
+        .host_sampling = paths && paths->host_sampling, .draft_vocab = p.draft_vocab,
     };
     tandem_engine *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");

@@ -98,7 +98,8 @@ bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, fl
  * ("option --spec-k has no effect without -d DRAFT"); returns CLI_EXIT_USAGE.  An
  * option that would be ignored is refused rather than silently dropped. */
 int cli_needs(const char *opt, const char *needed);
-/* True for the speculation options (--spec-k, --spec-k-max, --p-min, --spec-ngram, --spec-tree, as
+/* True for the speculation options (--spec-k, --spec-k-max, --p-min, --spec-ngram, --spec-tree,
+ * --spec-oracle, --draft-vocab, as
  * "--name" or "--name=value"): they need -d DRAFT. */
 bool cli_is_spec_opt(const char *arg);
 /* "cpu" or "cuda". */
@@ -109,6 +110,14 @@ bool cli_parse_tensor_parallel(const char *opt, const char *s, int *out);
  * nothing printed); shared by --kv-type and the job files' kv_type. */
 bool cli_kv_type_from_str(const char *s, tandem_kv_type *out);
 #define CLI_KV_TYPES "auto, f32, f16 or q8_0"
+/* A draft_vocab value: "auto" -> TANDEM_DRAFT_VOCAB_AUTO, "0" (the whole vocabulary) or
+ * N in [TANDEM_DRAFT_VOCAB_MIN, 2^30] (the engine checks it against the vocabulary's
+ * size); false for another, nothing printed.  Shared by --draft-vocab and the job
+ * files' draft_vocab. */
+bool cli_draft_vocab_from_str(const char *s, int *out);
+#define CLI_DRAFT_VOCAB "auto, 0 (the whole vocabulary) or a number of tokens >= 1024"
+/* --draft-vocab: cli_draft_vocab_from_str, a usage error naming the option otherwise. */
+bool cli_parse_draft_vocab(const char *opt, const char *s, int *out);
 /* --kv-type: cli_kv_type_from_str, a usage error naming the option otherwise. */
 bool cli_parse_kv_type(const char *opt, const char *s, tandem_kv_type *out);
 /* "auto" -> 0 (adaptive), or a fixed length 1..TANDEM_SPEC_K_MAX. */
@@ -313,6 +322,7 @@ typedef struct cli_job_cfg {
     long kv_mem_mb, gpu_mem_mb;
     int ctx;                 /* [engine] ctx: tokens per sequence; 0 = the engine's default */
     tandem_kv_type kv_type;  /* [engine] kv_type; default auto */
+    int draft_vocab;         /* [engine] draft_vocab (cli_draft_vocab_from_str); default auto */
     int tensor_parallel;     /* [engine] tensor_parallel: the target split across N ranks; default 1 */
     int spec_k, spec_k_max, spec_ngram;
     int spec_tree;               /* [spec] tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
@@ -385,6 +395,7 @@ typedef struct cli_gen_opts {
     int spec_tree;             /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
     const char *spec_tree_shape; /* --spec-tree as a static shape, NULL = none */
     tandem_kv_type kv_type;    /* --kv-type; default auto */
+    int draft_vocab;           /* --draft-vocab (cli_draft_vocab_from_str); default auto */
     int ctx;                   /* --ctx: tokens per sequence; 0 = the engine's default */
     size_t kv_mem;             /* --kv-mem: KV cache budget in bytes; 0 = ctx x batch */
     int tensor_parallel;       /* --tensor-parallel: the target split across N ranks; default 1 */

@@ -76,6 +76,7 @@ typedef struct bench_opts {
     tandem_backend_kind backend;
     size_t gpu_mem;          /* 0 = no budget */
     tandem_kv_type kv_type;  /* --kv-type; default auto */
+    int draft_vocab;         /* --draft-vocab; default auto */
     int ctx;                 /* --ctx; 0 = the engine's default */
     size_t kv_mem;           /* --kv-mem; 0 = ctx tokens */
     int tensor_parallel;     /* --tensor-parallel; default 1 */
@@ -96,7 +97,7 @@ typedef struct bench_run {
 
 static int parse_args(int argc, char **argv, bench_opts *o) {
     *o = (bench_opts){.prompt_tokens = 128, .new_tokens = 128, .backend = TANDEM_BACKEND_CPU, .oracle = -1,
-                      .tensor_parallel = 1,
+                      .tensor_parallel = 1, .draft_vocab = TANDEM_DRAFT_VOCAB_AUTO,
                       .spec_ngram = tandem_generate_default_params().spec_ngram};
     bool have_p = false;
     const char *spec_opt = NULL, *limit_opt = NULL; /* given: need -d / --prompts */
@@ -122,6 +123,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
+        else if (TAKE(NULL, "--draft-vocab")) ok = cli_parse_draft_vocab(a, v, &o->draft_vocab);
         else if (TAKE(NULL, "--ctx")) ok = cli_parse_int(a, v, 1, CLI_CTX_MAX, &o->ctx);
         else if (TAKE(NULL, "--kv-mem")) ok = cli_parse_size(a, v, &o->kv_mem);
         else if (TAKE(NULL, "--spec-k")) ok = cli_parse_spec_k(a, v, &o->spec_k);
@@ -403,6 +405,7 @@ int cli_bench(int argc, char **argv) {
     ep.n_threads = o.threads;
     ep.gpu_mem = o.gpu_mem;
     ep.kv_type = o.kv_type;
+    ep.draft_vocab = o.draft_vocab;
     ep.n_ctx = o.ctx;
     ep.kv_bytes = o.kv_mem;
     ep.prefix_cache = o.prefix_cache;

@@ -31,7 +31,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
     *o = (cli_gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
                     .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram, .batch = 1,
-                    .tensor_parallel = 1};
+                    .tensor_parallel = 1, .draft_vocab = TANDEM_DRAFT_VOCAB_AUTO};
     const char *spec_opt = NULL; /* the first speculation option given: needs -d */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -61,6 +61,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
+        else if (TAKE(NULL, "--draft-vocab")) ok = cli_parse_draft_vocab(a, v, &o->draft_vocab);
         else if (TAKE(NULL, "--ctx")) ok = cli_parse_int(a, v, 1, CLI_CTX_MAX, &o->ctx);
         else if (TAKE(NULL, "--kv-mem")) ok = cli_parse_size(a, v, &o->kv_mem);
         else if (!interactive && TAKE(NULL, "--batch")) ok = cli_parse_int(a, v, 1, CLI_BATCH_MAX, &o->batch);
@@ -360,6 +361,7 @@ int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *p
         ep.n_threads = o->threads;
         ep.gpu_mem = o->gpu_mem;
         ep.kv_type = o->kv_type;
+        ep.draft_vocab = o->draft_vocab;
         ep.n_ctx = o->ctx;
         ep.kv_bytes = o->kv_mem;
         ep.n_seq_max = o->batch;

@@ -375,6 +375,7 @@ int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), v
     ep.gpu_mem = (size_t)c->gpu_mem_mb << 20;
     ep.max_batch_tokens = c->max_batch_tokens;
     ep.kv_type = c->kv_type;
+    ep.draft_vocab = c->draft_vocab;
     if (c->prefix_cache >= 0) ep.prefix_cache = c->prefix_cache;
     if (c->batch_invariant >= 0) ep.batch_invariant = c->batch_invariant;
     if (!s) s = tandem_engine_open(*target, *draft, &ep, eng);

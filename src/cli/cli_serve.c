@@ -25,7 +25,7 @@
 /* The flags, each applied over the config (or the defaults) once it is read. */
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
-    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_CTX, O_KV_MEM, O_MAX_TOKENS, O_SPEC_K, O_SPEC_TREE, O_TP,
+    O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_CTX, O_KV_MEM, O_MAX_TOKENS, O_SPEC_K, O_DRAFT_VOCAB, O_SPEC_TREE, O_TP,
     O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_LOG_FORMAT, O_COUNT
 };
 
@@ -40,7 +40,7 @@ static const struct {
     [O_THREADS] = {"-t", "--threads"}, [O_MAX_BATCH] = {NULL, "--max-batch"}, [O_KV_TYPE] = {NULL, "--kv-type"},
     [O_CTX] = {NULL, "--ctx"}, [O_KV_MEM] = {NULL, "--kv-mem"},
     [O_MAX_TOKENS] = {"-n", "--max-tokens"}, [O_SPEC_K] = {NULL, "--spec-k"},
-    [O_SPEC_TREE] = {NULL, "--spec-tree"},
+    [O_DRAFT_VOCAB] = {NULL, "--draft-vocab"}, [O_SPEC_TREE] = {NULL, "--spec-tree"},
     [O_TP] = {NULL, "--tensor-parallel"}, [O_MAX_CONN] = {NULL, "--max-connections"},
     [O_MAX_CONN_IP] = {NULL, "--max-connections-per-ip"}, [O_READ_TIMEOUT] = {NULL, "--read-timeout"},
     [O_IDLE_TIMEOUT] = {NULL, "--idle-timeout"}, [O_LOG_FILE] = {NULL, "--log-file"},
@@ -152,6 +152,7 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
             if ((ok = cli_parse_int(opt, v, 1, CLI_COUNT_MAX, &n))) c->gp.max_tokens = n;
             break;
         case O_SPEC_K: ok = cli_parse_spec_k(opt, v, &c->spec_k); break;
+        case O_DRAFT_VOCAB: ok = cli_parse_draft_vocab(opt, v, &c->draft_vocab); break;
         case O_MAX_CONN: ok = cli_parse_int(opt, v, 1, CLI_CONNECTIONS_MAX, &sv->max_connections); break;
         case O_MAX_CONN_IP: ok = cli_parse_int(opt, v, 0, CLI_CONNECTIONS_MAX, &sv->max_connections_per_ip); break;
         case O_READ_TIMEOUT:

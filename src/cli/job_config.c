@@ -3,7 +3,8 @@
  *   [model]    target, draft
  *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb,
  *              tensor_parallel (1..8: the target split across that many GPUs),
- *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache, batch_invariant (true|false)
+ *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), draft_vocab (auto|0|N >= 1024),
+ *              prefix_cache, batch_invariant (true|false)
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off, auto, a node budget or a
  *              static shape such as 4,2,2,1)
  *   [sampling] temperature, top_k, top_p, min_p, seed, max_tokens,
@@ -140,6 +141,18 @@ bool cli_kv_type_from_str(const char *s, tandem_kv_type *out) {
     return false;
 }
 
+bool cli_draft_vocab_from_str(const char *s, int *out) {
+    if (!s) return false;
+    if (strcmp(s, "auto") == 0) {
+        *out = TANDEM_DRAFT_VOCAB_AUTO;
+        return true;
+    }
+    long x;
+    if (!parse_long(s, 0, 1L << 30, &x) || (x > 0 && x < TANDEM_DRAFT_VOCAB_MIN)) return false;
+    *out = (int)x;
+    return true;
+}
+
 static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *v) {
     if (!strcmp(k, "backend")) {
         if (!strcmp(v, "cpu")) c->backend = TANDEM_BACKEND_CPU;
@@ -164,6 +177,10 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
         if (!cli_kv_type_from_str(v, &c->kv_type)) return cfg_fail(c, s, k, "'%s' is not " CLI_KV_TYPES, v);
         return 1;
     }
+    if (!strcmp(k, "draft_vocab")) {
+        if (!cli_draft_vocab_from_str(v, &c->draft_vocab)) return cfg_fail(c, s, k, "'%s' is not " CLI_DRAFT_VOCAB, v);
+        return 1;
+    }
     if (!strcmp(k, "kv_mem_mb") || !strcmp(k, "gpu_mem_mb")) {
         long x;
         if (!parse_long(v, 1, 1L << 30, &x)) return cfg_fail(c, s, k, "'%s' is not a size in MiB in [1, 2^30]", v);
@@ -173,7 +190,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     }
     return cfg_fail(c, s, k,
                     "unknown key (known: backend, threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb, "
-                    "gpu_mem_mb, kv_type, prefix_cache, batch_invariant, tensor_parallel)");
+                    "gpu_mem_mb, kv_type, draft_vocab, prefix_cache, batch_invariant, tensor_parallel)");
 }
 
 static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v) {
@@ -373,6 +390,7 @@ static void cfg_init(cli_job_cfg *c, const char *path, const tandem_generate_par
     c->max_batch = 8;
     c->block_size = 16;
     c->tensor_parallel = 1;
+    c->draft_vocab = TANDEM_DRAFT_VOCAB_AUTO;
     c->prefix_cache = c->batch_invariant = -1; /* (not set: the engine's defaults) */
     c->file = path;
     const char *slash = strrchr(path, '/');

@@ -170,7 +170,7 @@ bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, fl
 
 bool cli_is_spec_opt(const char *arg) {
     static const char *const names[] = {"--spec-k", "--spec-k-max", "--p-min", "--spec-ngram", "--spec-tree",
-                                        "--spec-oracle"};
+                                        "--spec-oracle", "--draft-vocab"};
     for (size_t i = 0; i < sizeof names / sizeof *names; i++)
         if ((int)strlen(names[i]) == opt_len(arg) && strncmp(arg, names[i], strlen(names[i])) == 0) return true;
     return false;
@@ -193,6 +193,13 @@ bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out)
         return true;
     }
     cli_usage_error("option %.*s: unknown backend '%s' (expected cpu or cuda)", opt_len(opt), opt, s);
+    return false;
+}
+
+bool cli_parse_draft_vocab(const char *opt, const char *s, int *out) {
+    if (!s) return false;
+    if (cli_draft_vocab_from_str(s, out)) return true;
+    cli_usage_error("option %.*s: '%s' is not " CLI_DRAFT_VOCAB, opt_len(opt), opt, s);
     return false;
 }
 

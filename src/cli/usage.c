@@ -69,7 +69,11 @@ static const char help_generate[] =
     "      --spec-tree T     token trees instead of chains: NODES (a dynamic tree of at most\n"
     "                        NODES nodes, 1.." STR(TANDEM_SPEC_TREE_MAX) "), a static shape of branching factors\n"
     "                        per depth (4,2,2,1), auto (chain or tree and the budget from\n"
-    "                        measured acceptance and costs) or off (default off)\n";
+    "                        measured acceptance and costs) or off (default off)\n"
+    "      --draft-vocab N   the draft's logits over token ids [0, N) and the special tokens\n"
+    "                        only (its output head computes N rows; the output is unchanged),\n"
+    "                        N >= " STR(TANDEM_DRAFT_VOCAB_MIN) ", 0 = the whole vocabulary, auto = " STR(TANDEM_DRAFT_VOCAB_AUTO_N) " for a\n"
+    "                        vocabulary above " STR(TANDEM_DRAFT_VOCAB_AUTO_ABOVE) " tokens, else the whole (default auto)\n";
 
 static const char help_chat[] =
     "usage: tandem chat -m MODEL [-d DRAFT] [--chat-template T] [--system TEXT] [generate's sampling,\n"
@@ -101,7 +105,7 @@ static const char help_bench[] =
     "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T] [--ctx N] [--kv-mem SIZE]\n"
     "             [--tensor-parallel N]\n"
     "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--spec-tree T] [--reps R]\n"
-    "             [--spec-oracle A]\n"
+    "             [--spec-oracle A] [--draft-vocab N]\n"
     "             [--prefix-cache] [--json]\n"
     "  -p N                  synthetic prompt length in tokens, 1..2^20 (default 128)\n"
     "  -n N                  new tokens per run, 1..2^20 (default 128)\n"
@@ -122,7 +126,8 @@ static const char help_run[] =
     "usage: tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N] [--spec-tree T]\n"
     "  [model] target, draft; [engine] backend, threads, max_batch, max_batch_tokens,\n"
     "  block_size, ctx (as --ctx), kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache,\n"
-    "  batch_invariant (true|false), tensor_parallel (1..8, as --tensor-parallel);\n"
+    "  batch_invariant (true|false), tensor_parallel (1..8, as --tensor-parallel), draft_vocab\n"
+    "  (auto|0|N, as --draft-vocab);\n"
     "  [spec] k, k_max, ngram, p_min, tree (as --spec-tree; --spec-tree T is --set spec.tree=T); [sampling] temperature, top_k, top_p, min_p,\n"
     "  seed, max_tokens, stop (JSON: \"STR\" or [\"STR\", ...]); [job] input, output\n"
     "  (JSON lines; the input's ids unique; the output a regular file, locked for the run,\n"
@@ -156,7 +161,8 @@ static const char help_serve[] =
     "      --log-file PATH   append the log to PATH (time-stamped) instead of stderr\n"
     "      --log-format F    text (default) or json: one JSON object a line, with its time\n"
     "                        (a served request: client, method, path, status, tokens, seconds)\n"
-    "      --backend, -t, --kv-type, --ctx, --kv-mem, --spec-k, --spec-tree, --tensor-parallel\n"
+    "      --backend, -t, --kv-type, --ctx, --kv-mem, --spec-k, --spec-tree, --tensor-parallel,\n"
+    "      --draft-vocab\n"
     "                        as for generate (--kv-mem: default --ctx tokens of --max-batch sequences)\n"
     "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
     "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,\n"

@@ -100,6 +100,34 @@ bool tdm_engine_kv_dtype(const tdm_backend *be, int32_t kv_type, uint32_t *out) 
     }
 }
 
+int32_t tdm_draft_vocab_rows(int32_t draft_vocab, int32_t n_vocab) {
+    if (draft_vocab == TANDEM_DRAFT_VOCAB_AUTO)
+        return n_vocab > TANDEM_DRAFT_VOCAB_AUTO_ABOVE ? TANDEM_DRAFT_VOCAB_AUTO_N : 0;
+    if (draft_vocab == 0 || (draft_vocab >= TANDEM_DRAFT_VOCAB_MIN && draft_vocab <= n_vocab)) return draft_vocab;
+    return -2;
+}
+
+tandem_status tdm_engine_set_draft_vocab(tdm_engine *e, const int32_t *ids, int32_t n, tdm_err *err) {
+    if (!e->draft) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the engine has no draft model");
+    e->fs_d.vhead = NULL;
+    tdm_vocab_head_free(&e->vhead);
+    if (n == 0) return TANDEM_OK;
+    tandem_status st = tdm_vocab_head_init(&e->vhead, e->draft, ids, n, err);
+    if (!st) e->fs_d.vhead = &e->vhead;
+    return st;
+}
+
+/* The draft's head over the first n token ids and the target's special tokens
+ * (cfg.draft_vocab), unless that is every token. */
+static tandem_status draft_head(tdm_engine *e, int32_t n, tdm_err *err) {
+    int32_t *ids, n_ids;
+    tandem_status st = tdm_vocab_subset_ids(e->target->tok, e->n_vocab, n, &ids, &n_ids, err);
+    if (st) return st;
+    if (n_ids < e->n_vocab) st = tdm_engine_set_draft_vocab(e, ids, n_ids, err);
+    free(ids);
+    return st;
+}
+
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err) {
     *out = NULL;
@@ -112,6 +140,12 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the target is rank %d of a split model, not its rank 0",
                           (int)target->tp_rank);
     if (draft && (st = check_pair(target, draft, err))) return st;
+    const int32_t n_sub = tdm_draft_vocab_rows(cfg->draft_vocab, target->hp.n_vocab);
+    if (n_sub < 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                          "draft_vocab %d is out of range: %d (auto), 0 (the whole vocabulary) or a number of tokens "
+                          "in [%d, %d] (the vocabulary's size)",
+                          (int)cfg->draft_vocab, TANDEM_DRAFT_VOCAB_AUTO, TANDEM_DRAFT_VOCAB_MIN, (int)target->hp.n_vocab);
     tdm_engine *e = calloc(1, sizeof *e);
     if (!e) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     e->target = target;
@@ -166,7 +200,10 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     int64_t n_blocks;
     if (e->cfg.gpu_mem > 0 && !e->be->host_memory) {
         const uint64_t weights = target->weight_bytes + (draft ? draft->weight_bytes : 0);
-        const uint64_t work = tdm_engine_work_bytes(target, draft, e->max_rows, e->n_logit_rows);
+        uint64_t work = tdm_engine_work_bytes(target, draft, e->max_rows, e->n_logit_rows);
+        if (draft && n_sub > 0) /* the draft's head over part of the vocabulary (draft_head; its
+                                   special tokens counted as 1024 more rows at most) and its logits */
+            work += (uint64_t)(n_sub + 1024) * (draft->output.row_bytes + (uint64_t)e->n_logit_rows * sizeof(float) + 4);
         n_blocks = tdm_kv_budget_blocks(e->cfg.gpu_mem, weights, work, e->cfg.kv_bytes, bpb, err);
         if (n_blocks == 0) {
             st = err ? err->status : TANDEM_ERR_NOMEM;
@@ -256,6 +293,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if (draft && n_sub > 0 && (st = draft_head(e, n_sub, err))) goto fail;
     tdm_phase_init(&e->ph);
     *out = e;
     return TANDEM_OK;
@@ -270,6 +308,7 @@ void tdm_engine_free(tdm_engine *e) {
     if (e->be) {
         tdm_fwd_scratch_free(&e->fs_t);
         tdm_fwd_scratch_free(&e->fs_d);
+        tdm_vocab_head_free(&e->vhead);
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
         void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev};

@@ -19,6 +19,7 @@
 #include "sampling.h"
 #include "stop.h"
 #include "tokenizer.h"
+#include "vocab_head.h"
 
 /* Most rows of one forward that want logits (a verification of the longest chain);
  * an engine of many sequences holds TDM_ENGINE_BATCH_ROWS_PER_SEQ rows per sequence
@@ -59,7 +60,15 @@ typedef struct tdm_engine_cfg {
                                 the device (tests compare the two; default false) */
     int32_t kv_type;         /* tandem_kv_type of both caches; 0 = TANDEM_KV_AUTO, the
                                 backend's (tdm_backend.kv_type) */
+    int32_t draft_vocab;     /* tandem_engine_params.draft_vocab: the draft's head over the
+                                first N token ids and the special ones; 0 = the whole
+                                vocabulary, TANDEM_DRAFT_VOCAB_AUTO (-1) = tdm_draft_vocab_rows */
 } tdm_engine_cfg;
+
+/* The N of a draft_vocab value for a vocabulary of n_vocab tokens: auto (-1) gives
+ * TANDEM_DRAFT_VOCAB_AUTO_N when n_vocab > TANDEM_DRAFT_VOCAB_AUTO_ABOVE, else 0; 0
+ * and N in [TANDEM_DRAFT_VOCAB_MIN, n_vocab] give themselves; -2 for any other value. */
+int32_t tdm_draft_vocab_rows(int32_t draft_vocab, int32_t n_vocab);
 
 /* The cache element type (tdm_dtype) an engine on backend be makes for kv_type
  * (tandem_kv_type); false for a value outside the enum. */
@@ -93,6 +102,8 @@ typedef struct tdm_engine {
     tdm_kv_store kv_d;       /* draft K/V (draft only) */
     tdm_batch batch;
     tdm_fwd_scratch fs_t, fs_d;
+    tdm_vocab_head vhead;    /* the draft's head over part of the vocabulary (cfg.draft_vocab;
+                                fs_d.vhead points here), or zeroed: its whole head */
     int32_t n_vocab;
     int32_t max_rows;        /* batch capacity */
     int32_t n_logit_rows;    /* logits rows one forward may ask for */
@@ -174,6 +185,11 @@ typedef struct tdm_draw_row {
 tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
                               int32_t *tok, tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
+/* The draft's logits over ids[n] only (ascending token ids: a head over part of the
+ * vocabulary, vocab_head.h; cfg.draft_vocab's, or any other map of head rows to
+ * tokens), replacing the one it has; n = 0: its whole head again.  On failure the
+ * draft is left with its whole head.  Not while a request runs. */
+tandem_status tdm_engine_set_draft_vocab(tdm_engine *e, const int32_t *ids, int32_t n, tdm_err *err);
 
 /* Fills res from a finished sequence (tokens, text: moved out of s, timings in
  * milliseconds; res->spec zeroed: the scheduler fills it). */

@@ -21,6 +21,7 @@
 #include "model.h"
 #include "sampling.h"
 #include "tp.h"
+#include "vocab_head.h"
 
 void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     if (!s) return;
@@ -36,7 +37,8 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     }
     if (!s->be) return;
     float **bufs[] = {&s->x,      &s->xb,         &s->qkv,   &s->att,  &s->gate_up, &s->ff,
-                      &s->tp_y,   &s->tp_logits,  &s->moe_logits, &s->moe_x, &s->moe_y, &s->moe_acc};
+                      &s->tp_y,   &s->tp_logits,  &s->moe_logits, &s->moe_x, &s->moe_y, &s->moe_acc,
+                      &s->sub_logits};
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
         if (*bufs[i]) s->be->ops->free(s->be, *bufs[i]);
         *bufs[i] = NULL;
@@ -56,6 +58,7 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     s->cap_ids = 0;
     s->cap_tp_y = 0;
     s->cap_tp_logits = 0;
+    s->cap_sub = 0;
     s->blocks_declined = false;
     s->mm_rows = 0;
 }
@@ -343,10 +346,61 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     return TANDEM_OK;
 }
 
-/* Output logit soft-capping, where the model has it. */
-static tandem_status final_softcap(const tdm_model *m, tdm_backend *be, float *logits, int32_t nl, tdm_err *err) {
+/* Output logit soft-capping of logits[nl][width], where the model has it. */
+static tandem_status final_softcap(const tdm_model *m, tdm_backend *be, float *logits, int32_t nl, int32_t width,
+                                   tdm_err *err) {
     if (m->hp.final_softcap <= 0) return TANDEM_OK;
-    return be->ops->softcap(be, logits, nl, m->hp.n_vocab, m->hp.final_softcap, err);
+    return be->ops->softcap(be, logits, nl, width, m->hp.final_softcap, err);
+}
+
+static tandem_status argmax_rows(tdm_backend *be, tdm_fwd_scratch *s, const float *logits, int32_t nl, int32_t width,
+                                 int32_t *ids, tdm_err *err);
+
+/* The nl normed rows in s->xb through a head over part of the vocabulary (s->vhead):
+ * its logits (the quantised copy's for TDM_FWD_LOGITS_APPROX where it has one),
+ * soft-capped where the model says, placed into logits[nl][n_vocab] with
+ * TDM_LOGIT_NONE for every other token; for TDM_FWD_ARGMAX only ids, the argmax of
+ * those rows (the lowest id of a tie, as over the whole row: the head's ids ascend),
+ * found among the head's own logits (from the quantised copy's bounds when it has
+ * one) and mapped to token ids. */
+static tandem_status subset_head(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, tdm_fwd_kind kind,
+                                 float *logits, int32_t nl, int32_t *ids, tdm_err *err) {
+    const tdm_vocab_head *h = s->vhead;
+    const tdm_backend_ops *op = be->ops;
+    tandem_status st;
+    if (m->tp || h->n_vocab != m->hp.n_vocab || h->w.cols != m->hp.n_embd)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "forward: the head over part of the vocabulary does not fit "
+                          "model '%s'", tdm_model_label(m));
+    if (!op->scatter_cols)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: backend %s has no scatter_cols op", op->name);
+    const bool q = h->has_qhead && be->int8_dot;
+    if (kind == TDM_FWD_ARGMAX && q && m->hp.final_softcap <= 0) {
+        const int32_t step = s->mm_rows > 0 ? s->mm_rows : nl;
+        for (int32_t i = 0; i < nl; i += step)
+            if ((st = op->head_argmax(be, &h->w, &h->qh, s->xb + (size_t)i * m->hp.n_embd, TDM_MIN(step, nl - i),
+                                      ids + i, err)))
+                return st;
+    } else {
+        if (nl > s->cap_sub) {
+            if (s->sub_logits) op->free(be, s->sub_logits);
+            s->sub_logits = NULL;
+            s->cap_sub = 0;
+            void *p;
+            if ((st = op->alloc(be, (size_t)nl * (size_t)h->n * sizeof(float), &p, err))) return st;
+            s->sub_logits = p;
+            s->cap_sub = nl;
+        }
+        float *sub = s->sub_logits;
+        st = kind == TDM_FWD_LOGITS_APPROX && q ? op->qhead_logits(be, &h->qh, s->xb, nl, sub, err)
+                                                : tdm_fwd_matmul(be, s, &h->w, s->xb, nl, sub, false, err);
+        if (st || (st = final_softcap(m, be, sub, nl, h->n, err))) return st;
+        if (kind != TDM_FWD_ARGMAX)
+            return op->scatter_cols(be, sub, nl, h->n, h->ids_dev, h->n_vocab, TDM_LOGIT_NONE, logits, err);
+        if ((st = argmax_rows(be, s, sub, nl, h->n, ids, err))) return st;
+    }
+    for (int32_t i = 0; i < nl; i++)
+        if (ids[i] >= 0) ids[i] = h->ids[ids[i]];
+    return TANDEM_OK;
 }
 
 tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
@@ -361,8 +415,12 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
     int32_t nl;
     tandem_status st = forward_trunk(m, be, kv, batch, seqs, s, tok_dev, &nl, err);
     if (st || nl == 0) return st;
-    if ((st = tdm_fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
-    if ((st = final_softcap(m, be, logits, nl, err))) return st;
+    if (s->vhead) {
+        if ((st = subset_head(m, be, s, TDM_FWD_LOGITS, logits, nl, NULL, err))) return st;
+    } else {
+        if ((st = tdm_fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
+        if ((st = final_softcap(m, be, logits, nl, m->hp.n_vocab, err))) return st;
+    }
     return ids_dev ? op->argmax_dev(be, logits, nl, m->hp.n_vocab, ids_dev, top_dev, err) : TANDEM_OK;
 }
 
@@ -378,6 +436,10 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     int32_t nl;
     tandem_status st;
     if (kind == TDM_FWD_ARGMAX && !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "forward: NULL ids");
+    if (s->vhead) {
+        if ((st = forward_trunk(m, be, kv, batch, seqs, s, NULL, &nl, err)) || nl == 0) return st;
+        return subset_head(m, be, s, kind, logits, nl, ids, err);
+    }
     if (m->tp) { /* a split model: every rank's part of the logits gathered (no quantised head) */
         if ((st = tdm_tp_forward(m, be, kv, batch, seqs, s, logits, &nl, err)) || nl == 0) return st;
         return forward_tail(m, be, s, kind, logits, nl, ids, err);
@@ -397,7 +459,7 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     }
     if (kind == TDM_FWD_LOGITS_APPROX && q) {
         if ((st = op->qhead_logits(be, &m->qhead, s->xb, nl, logits, err))) return st;
-        return final_softcap(m, be, logits, nl, err);
+        return final_softcap(m, be, logits, nl, hp->n_vocab, err);
     }
     if ((st = tdm_fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
     return forward_tail(m, be, s, kind, logits, nl, ids, err);
@@ -406,26 +468,33 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
 /* After the exact logits: the final soft-cap, and for TDM_FWD_ARGMAX the ids. */
 static tandem_status forward_tail(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, tdm_fwd_kind kind,
                                   float *logits, int32_t nl, int32_t *ids, tdm_err *err) {
-    const tdm_hparams *hp = &m->hp;
+    tandem_status st;
+    if ((st = final_softcap(m, be, logits, nl, m->hp.n_vocab, err))) return st;
+    if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
+    return argmax_rows(be, s, logits, nl, m->hp.n_vocab, ids, err);
+}
+
+/* ids[i] = tdm_argmax_finite of row i of logits[nl][width] (backend memory): -1 for a
+ * row with a non-finite logit. */
+static tandem_status argmax_rows(tdm_backend *be, tdm_fwd_scratch *s, const float *logits, int32_t nl, int32_t width,
+                                 int32_t *ids, tdm_err *err) {
     const tdm_backend_ops *op = be->ops;
     tandem_status st;
-    if ((st = final_softcap(m, be, logits, nl, err))) return st;
-    if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
-    /* only the ids come back (-1 for a row with non-finite logits, as below) */
-    if (op->argmax) return op->argmax(be, logits, nl, hp->n_vocab, ids, err);
-    const size_t V = (size_t)hp->n_vocab;
+    /* only the ids come back */
+    if (op->argmax) return op->argmax(be, logits, nl, width, ids, err);
+    const size_t V = (size_t)width;
     const float *hl = logits;
     if (!be->host_memory) { /* the argmax reads a host copy */
-        if (nl > s->cap_host) {
+        if ((size_t)nl * V > s->cap_host) {
             float *nh = tdm_mallocarray((size_t)nl * V, sizeof(float));
             if (!nh) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
             free(s->host_logits);
             s->host_logits = nh;
-            s->cap_host = nl;
+            s->cap_host = (size_t)nl * V;
         }
         if ((st = op->download(be, s->host_logits, logits, (size_t)nl * V * sizeof(float), err))) return st;
         hl = s->host_logits;
     }
-    for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax_finite(hl + (size_t)i * V, hp->n_vocab);
+    for (int32_t i = 0; i < nl; i++) ids[i] = tdm_argmax_finite(hl + (size_t)i * V, width);
     return TANDEM_OK;
 }

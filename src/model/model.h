@@ -195,8 +195,8 @@ typedef struct tdm_fwd_scratch {
     float *moe_rw;     /* [rows] and their weights for it (host) */
     int32_t *ids;   /* [rows] tokens / logit rows (host) */
     int32_t cap_ids;
-    float *host_logits; /* [cap_host][n_vocab] host copy of logits (backends without host memory) */
-    int32_t cap_host;
+    float *host_logits; /* [cap_host] host copy of logits rows (backends without host memory) */
+    size_t cap_host;    /* floats */
     bool blocks_declined; /* the backend's blocks op declined this model (a matter of
                              shapes and configuration): the ops run one by one */
     int32_t mm_rows;      /* this forward's products in slices of this many rows (0: all
@@ -210,6 +210,12 @@ typedef struct tdm_fwd_scratch {
     size_t cap_tp_logits; /* floats */
     struct tdm_fwd_scratch *tp_rank; /* rank 0: [n - 1] the other ranks' scratch, or NULL */
     int32_t tp_n;
+    /* The output head the forwards on this scratch use: NULL, the model's own; else a
+     * head over part of the vocabulary (vocab_head.h; the engine sets it on its
+     * draft's scratch).  Not owned, and kept by tdm_fwd_scratch_free. */
+    const struct tdm_vocab_head *vhead;
+    float *sub_logits;    /* [cap_sub][vhead->n] that head's own logits (backend memory) */
+    int32_t cap_sub;      /* rows */
 } tdm_fwd_scratch;
 
 /* The pieces of one block (forward.c), for the split forward (forward_tp.c).

@@ -490,6 +490,11 @@ int32_t tdm_tok_eos(const tdm_tokenizer *t) { return t ? t->eos : -1; }
 bool tdm_tok_add_bos(const tdm_tokenizer *t) { return t && t->add_bos && t->bos >= 0; }
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t) { return t ? t->max_piece : 0; }
 
+bool tdm_tok_is_special(const tdm_tokenizer *t, int32_t id) {
+    if (!t || id < 0 || id >= t->n_vocab) return false;
+    return t->type[id] == TOK_TYPE_CONTROL || t->type[id] == TOK_TYPE_USER_DEFINED;
+}
+
 bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id) {
     if (!t || id < 0) return false;
     for (int32_t i = 0; i < t->n_eog; i++)

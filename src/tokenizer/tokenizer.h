@@ -39,6 +39,10 @@ bool tdm_tok_is_eog(const tdm_tokenizer *t, int32_t id);
 #define TDM_TOK_EOG_MAX 32 /* (the most tdm_tok_eog_ids can give: 6 ids + the texts) */
 /* The end-of-generation ids, ascending (at most TDM_TOK_EOG_MAX); returns the count. */
 int32_t tdm_tok_eog_ids(const tdm_tokenizer *t, const int32_t **ids);
+/* True for the vocabulary's special tokens: control tokens (tokenizer.ggml.token_type
+ * 3: <|im_end|>, <|endoftext|>, ...) and user-defined ones (4: tokens added to the
+ * vocabulary, such as Qwen's <tool_call>); false for other ids and out of range. */
+bool tdm_tok_is_special(const tdm_tokenizer *t, int32_t id);
 /* Longest output of tdm_token_to_piece over the vocabulary (render_special = true). */
 int32_t tdm_tok_max_piece(const tdm_tokenizer *t);
 /* The raw vocabulary string of a token (as stored in the GGUF); NULL if out of range. */
