@@ -36,8 +36,9 @@ static int32_t lookup_extension(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_
     if (!tdm_spec_lookup_n(sr) || k_ext <= len) return 0;
     int32_t m = tdm_ngram_propose(s->tokens, s->n_tokens + len, tdm_spec_lookup_n(sr), k_ext - len, draft + len);
     if (m == 0) return 0;
-    double rate_ng = tdm_ctrl_rate(&ws->cost, sr->ctrl_ng.alpha, 0.0, m);
-    double rate_d = tdm_ctrl_rate(&ws->cost, sr->ctrl.alpha, tdm_cost_draft(&ws->cost), TDM_MAX(k - len, 1));
+    const int32_t kd = TDM_MAX(k - len, 1); /* (what the model would still draft) */
+    const double rate_ng = tdm_len_rate(&ws->len, 1, tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, m), 1 + m, 0);
+    const double rate_d = tdm_len_rate(&ws->len, 1, tdm_ctrl_expected_tokens(sr->ctrl.alpha, kd), 1 + kd, kd);
     if (rate_ng < rate_d) return 0;
     tdm_draft_onehot_q(e, ws, s, draft, len, m);
     return m;

@@ -1,5 +1,5 @@
 /* chain.h - chain proposals by the draft model for one sequence or a batch of them
- * (chain.c): the one drafter of a lone sequence's step and of a batch's.
+ * (chain.c): the one drafter of every step's chains.
  *
  * Each drafting sequence first catches up on the committed tokens its draft has not
  * seen; then round d drafts token d of every sequence still drafting, one row each.

@@ -14,9 +14,26 @@ void tdm_rowcost_init(tdm_rowcost *c) {
 void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds) {
     if (rows < 1 || !(seconds > 0.0) || isinf(seconds)) return;
     if (rows > TDM_ROWCOST_MAX) rows = TDM_ROWCOST_MAX;
-    c->t[rows] = c->n[rows] < 2 ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
+    /* (a sample under half the estimate replaces it: the estimate held one-time work) */
+    /* (a sample over twice the estimate moves it as one twice as dear would: another
+     * process or a page fault slowed that forward, not its row count) */
+    if (c->n[rows] >= 2 && seconds > 2.0 * c->t[rows]) seconds = 2.0 * c->t[rows];
+    c->t[rows] = c->n[rows] < 2 || seconds < 0.5 * c->t[rows] ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
     if (c->n[rows] < 2) c->n[rows]++;
     if (rows > c->top) c->top = rows;
+}
+
+static double rowcost_anchored(const tdm_rowcost *c, int32_t rows, uint8_t need);
+
+/* The estimate for rows from the other measured counts (rows itself unmeasured or
+ * left out): the lesser of the estimates anchored on every measured count and on
+ * those sampled at least twice (a count sampled once may hold one-time work, a CUDA
+ * graph captured: as an anchor it would make its neighbours look dear too, and they
+ * would never be tried and measured; an optimistic estimate is corrected by the
+ * first step that takes it). */
+static double rowcost_from_others(const tdm_rowcost *c, int32_t rows) {
+    const double all = rowcost_anchored(c, rows, 1), twice = rowcost_anchored(c, rows, 2);
+    return twice > 0.0 && (all <= 0.0 || twice < all) ? twice : all;
 }
 
 double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
@@ -25,15 +42,22 @@ double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
         const double t = tdm_rowcost_get(c, TDM_ROWCOST_MAX);
         return t * (double)rows / TDM_ROWCOST_MAX;
     }
-    if (c->t[rows] > 0.0) return c->t[rows];
+    if (c->t[rows] > 0.0 && c->n[rows] >= 2) return c->t[rows];
+    const double o = rowcost_from_others(c, rows);
+    if (c->t[rows] > 0.0) return o > 0.0 && o < c->t[rows] ? o : c->t[rows]; /* (one sample: at most the others' estimate) */
+    return o;
+}
+
+/* The estimate for rows from the other counts sampled at least `need` times. */
+static double rowcost_anchored(const tdm_rowcost *c, int32_t rows, uint8_t need) {
     int32_t lo = 0, hi = 0;
     for (int32_t i = rows - 1; i >= 1; i--)
-        if (c->t[i] > 0.0) {
+        if (c->t[i] > 0.0 && c->n[i] >= need) {
             lo = i;
             break;
         }
     for (int32_t i = rows + 1; i <= c->top; i++)
-        if (c->t[i] > 0.0) {
+        if (c->t[i] > 0.0 && c->n[i] >= need) {
             hi = i;
             break;
         }
@@ -47,13 +71,17 @@ double tdm_rowcost_get(const tdm_rowcost *c, int32_t rows) {
     /* above every measurement: the slope of the two highest points, at least flat */
     int32_t lo2 = 0;
     for (int32_t i = lo - 1; i >= 1; i--)
-        if (c->t[i] > 0.0) {
+        if (c->t[i] > 0.0 && c->n[i] >= need) {
             lo2 = i;
             break;
         }
     double slope = lo2 ? (c->t[lo] - c->t[lo2]) / (double)(lo - lo2) : 0.0;
     if (slope < 0.0) slope = 0.0;
-    return c->t[lo] + slope * (double)(rows - lo);
+    /* (at most proportional to the highest: a fixed overhead plus a cost per row
+     * lies between flat and proportional, and two close noisy points can give a
+     * slope steeper than that, which would keep longer proposals from ever being
+     * tried and measured) */
+    return TDM_MIN(c->t[lo] + slope * (double)(rows - lo), c->t[lo] * (double)rows / (double)lo);
 }
 
 void tdm_step_costs_init(tdm_step_costs *t) {
@@ -87,12 +115,12 @@ void tdm_pair_costs_init(tdm_pair_costs *c) {
     tdm_step_costs_init(&c->steps);
 }
 
-double tdm_pair_cost_target(const tdm_pair_costs *c, int32_t rows) {
+double tdm_cost_target(const tdm_pair_costs *c, int32_t rows) {
     const double t = c ? tdm_rowcost_get(&c->target, rows) : 0.0;
     return t > 0.0 ? t : 1.0;
 }
 
-double tdm_pair_cost_draft(const tdm_pair_costs *c, int32_t n) {
+double tdm_cost_draft(const tdm_pair_costs *c, int32_t n) {
     const double t = c ? tdm_rowcost_get(&c->draft, n) : 0.0;
-    return t > 0.0 ? t : tdm_pair_cost_target(c, n) / 4.0;
+    return t > 0.0 ? t : tdm_cost_target(c, n) / 4.0;
 }

@@ -1,12 +1,12 @@
 /* costs.h - what a pair's forwards and speculative steps cost, measured (costs.c);
- * the batch's length controller (length.h) and its tree choice (sched/step_tree.c)
- * read it.
+ * the length controller (length.h) and the tree controller (tree_ctrl.h) read it.
  *
  * Row costs: the seconds of a forward as a function of its row count, for the
  * target (rows verified) and for the draft (one round: one row per drafting
  * sequence), per row count up to TDM_ROWCOST_MAX.  The second sample replaces the
  * first, which may include one-time work such as capturing a CUDA graph; then an
- * EMA.  Between measured counts a roofline guess, extrapolated beyond them.
+ * EMA, except that a sample under half the estimate replaces it.  Between measured
+ * counts a roofline guess, extrapolated beyond them.
  *
  * Step costs: an EMA of the seconds of a whole speculative step (drafting,
  * verification, host work) by batch size and speculation length, measured on steps
@@ -23,8 +23,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "controller.h" /* TDM_CTRL_MAX_K */
-
+#define TDM_CTRL_MAX_K 32     /* the longest chain a step drafts */
 #define TDM_ROWCOST_MAX 1024  /* rows the row costs keep apart (more: proportional) */
 #define TDM_STEP_COST_B 256   /* batch sizes the step costs keep apart (more: the last) */
 
@@ -37,7 +36,9 @@ typedef struct tdm_rowcost {
 
 void tdm_rowcost_init(tdm_rowcost *c);
 void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds);
-/* The estimate for rows: measured; between measured counts lo < rows < hi the
+/* The estimate for rows: measured (sampled twice; a count sampled once counts at
+ * the lesser of its sample and the estimate from the others, as the step costs
+ * below); between measured counts lo < rows < hi the
  * dearer of t(lo) and t(hi) * rows / hi (a forward costs what reading the weights
  * costs until its rows make it compute-bound, then grows with them; never above the
  * straight line between the two), which errs on the cheap side so that an
@@ -63,9 +64,9 @@ typedef struct tdm_pair_costs {
 void tdm_pair_costs_init(tdm_pair_costs *c);
 /* The target's forward of rows rows: tdm_rowcost_get, or 1 when nothing is measured
  * yet (a prior: only ratios of costs matter). */
-double tdm_pair_cost_target(const tdm_pair_costs *c, int32_t rows);
+double tdm_cost_target(const tdm_pair_costs *c, int32_t rows);
 /* One draft round of n sequences: measured (tdm_rowcost_get), else a quarter of the
  * target's forward of n rows (a prior). */
-double tdm_pair_cost_draft(const tdm_pair_costs *c, int32_t n);
+double tdm_cost_draft(const tdm_pair_costs *c, int32_t n);
 
 #endif

@@ -1,4 +1,5 @@
-/* length.c - the speculation length of a batch's step (length.h). */
+/* length.c - the speculation length of a step, a lone sequence's or a batch's
+ * (length.h). */
 #include "length.h"
 
 #include <math.h>
@@ -8,15 +9,48 @@
 #include "common.h"
 #include "liblog.h"
 
+#define ALPHA_PRIOR 0.6
+
+/* ------------------------------------------------------------- acceptance */
 
 static double clampd(double x, double lo, double hi) { return x < lo ? lo : x > hi ? hi : x; }
 
+void tdm_ctrl_init(tdm_spec_ctrl *c, int32_t k_min, int32_t k_max, int32_t k_fixed) {
+    if (!c) return;
+    k_min = TDM_MIN(TDM_MAX(k_min, 1), TDM_CTRL_MAX_K);
+    k_max = TDM_MIN(TDM_MAX(k_max, k_min), TDM_CTRL_MAX_K);
+    c->k_min = k_min;
+    c->k_max = k_max;
+    c->k_fixed = TDM_MIN(TDM_MAX(k_fixed, 0), TDM_CTRL_MAX_K);
+    c->alpha = ALPHA_PRIOR;
+    c->alpha_ema = 0.2;
+}
+
+double tdm_ctrl_expected_tokens(double alpha, int32_t k) {
+    if (k <= 0) return 1.0;
+    if (!(alpha > 0.0)) return 1.0; /* also NaN */
+    if (alpha >= 1.0) return (double)k + 1.0;
+    return (1.0 - pow(alpha, (double)k + 1.0)) / (1.0 - alpha);
+}
+
+void tdm_ctrl_observe(tdm_spec_ctrl *c, int32_t k, int32_t n_accepted) {
+    if (!c || k <= 0) return; /* nothing proposed: no information */
+    n_accepted = TDM_MIN(TDM_MAX(n_accepted, 0), k);
+    const int32_t evaluated = TDM_MIN(n_accepted + 1, k);
+    double w = c->alpha_ema;
+    if (!(w > 0.0 && w <= 1.0)) w = 0.2;
+    w *= (double)evaluated / (double)k;
+    const double a = isnan(c->alpha) ? ALPHA_PRIOR : clampd(c->alpha, 0.0, 1.0);
+    c->alpha = a + w * ((double)n_accepted / (double)evaluated - a);
+}
+
+/* ------------------------------------------------------------- the decision */
 
 void tdm_len_init(tdm_len_ctrl *c) {
     memset(c, 0, sizeof *c);
     tdm_pair_costs_init(&c->cost);
     c->dec_explore = c->explore_k = -1;
-    c->probe_gap = TDM_LEN_PROBE_MIN;
+    c->probe_gap = TDM_CTRL_PROBE_MIN;
 }
 
 void tdm_len_observe_step(tdm_len_ctrl *c, int32_t n, int32_t k, double seconds) {
@@ -25,8 +59,22 @@ void tdm_len_observe_step(tdm_len_ctrl *c, int32_t n, int32_t k, double seconds)
 
 double tdm_len_rate(const tdm_len_ctrl *c, int32_t n, double e, int32_t rows, int32_t rounds) {
     const tdm_pair_costs *pc = c ? &c->cost : NULL;
-    const double t = (rounds > 0 ? rounds * tdm_pair_cost_draft(pc, n) : 0.0) + tdm_pair_cost_target(pc, rows);
+    const double t = (rounds > 0 ? rounds * tdm_cost_draft(pc, n) : 0.0) + tdm_cost_target(pc, rows);
     return e / (t > 0.0 ? t : 1e-30);
+}
+
+int32_t tdm_len_lookup_k(const tdm_len_ctrl *c, const tdm_spec_ctrl *ng, int32_t cap) {
+    cap = TDM_MIN(TDM_MIN(cap, ng->k_max), TDM_CTRL_MAX_K);
+    if (cap < 1) return 0;
+    if (ng->k_fixed > 0) return TDM_MIN(ng->k_fixed, cap);
+    int32_t best = 0;
+    double best_rate = -1.0;
+    for (int32_t k = TDM_MIN(TDM_MAX(ng->k_min, 1), cap); k <= cap; k++) {
+        const double a = isnan(ng->alpha) ? 0.0 : clampd(ng->alpha, 0.0, 0.999);
+        const double r = tdm_len_rate(c, 1, tdm_ctrl_expected_tokens(a, k), 1 + k, 0);
+        if (r > best_rate * (1 + 1e-12)) best_rate = r, best = k; /* (ties keep the shorter) */
+    }
+    return best;
 }
 
 /* Expected tokens e[0..k_max] and target rows[0..k_max] of the sequences at each
@@ -66,14 +114,18 @@ static int32_t best_of(const double *e, const double *t, int32_t k_min, int32_t 
 
 static void log_decision(const tdm_len_ctrl *c, int32_t n, int32_t other, int32_t k_max, int32_t k, bool trial,
                          double a_mean) {
-    char msg[1024];
+    char msg[2048];
     const int32_t nb = TDM_MIN(n, TDM_STEP_COST_B);
     int len = snprintf(msg, sizeof msg, "len: batch %d (+%d rows) k_max %d -> k %d%s, mean alpha %.2f, explore %d; step ms:",
                        (int)n, (int)other, (int)k_max, (int)k, trial ? " (trial)" : "", a_mean, (int)c->dec_explore);
     for (int32_t j = 0; j <= k_max && len > 0 && (size_t)len < sizeof msg; j++)
         len += snprintf(msg + len, sizeof msg - (size_t)len, " %.3f", c->cost.steps.t[nb][j] * 1e3);
     if (len > 0 && (size_t)len < sizeof msg)
-        snprintf(msg + len, sizeof msg - (size_t)len, "; draft round ms %.3f", tdm_rowcost_get(&c->cost.draft, n) * 1e3);
+        len += snprintf(msg + len, sizeof msg - (size_t)len, "; draft round ms %.3f; target ms by rows (samples):",
+                        tdm_rowcost_get(&c->cost.draft, n) * 1e3);
+    for (int32_t r = n; r <= n * (k_max + 1) && r <= TDM_ROWCOST_MAX && len > 0 && (size_t)len < sizeof msg; r++)
+        len += snprintf(msg + len, sizeof msg - (size_t)len, " %.3f(%d)", tdm_rowcost_get(&c->cost.target, r) * 1e3,
+                        (int)c->cost.target.n[r]);
     tdm_log(TANDEM_LOG_INFO, "%s", msg);
 }
 
@@ -91,16 +143,16 @@ void tdm_len_choose(tdm_len_ctrl *c, const tdm_len_seq *seqs, int32_t n, int32_t
     double a_mean = 0;
     for (int32_t i = 0; i < n; i++) a_mean += (isnan(seqs[i].alpha) ? 0.0 : seqs[i].alpha) / n;
     if (c->probing) { /* the last step probed: did it lift the estimates? */
-        c->probe_gap = a_mean > c->probe_alpha + 1e-9 ? TDM_LEN_PROBE_MIN
-                                                       : TDM_MIN(TDM_MAX(2 * c->probe_gap, TDM_LEN_PROBE_MIN), TDM_LEN_PROBE_MAX);
+        c->probe_gap = a_mean > c->probe_alpha + 1e-9 ? TDM_CTRL_PROBE_MIN
+                                                       : TDM_MIN(TDM_MAX(2 * c->probe_gap, TDM_CTRL_PROBE_MIN), TDM_CTRL_PROBE_MAX);
         c->probing = false;
     }
     /* each length's expected tokens and rows, the model's cost and the measured */
     double e[TDM_CTRL_MAX_K + 1], model[TDM_CTRL_MAX_K + 1], t[TDM_CTRL_MAX_K + 1], rate[TDM_CTRL_MAX_K + 1];
     int32_t rows[TDM_CTRL_MAX_K + 1];
     expected(seqs, n, k_max, 0.0, e, rows);
-    const double td = tdm_pair_cost_draft(pc, n);
-    for (int32_t k = 0; k <= k_max; k++) model[k] = (double)k * td + tdm_pair_cost_target(pc, rows[k]);
+    const double td = tdm_cost_draft(pc, n);
+    for (int32_t k = 0; k <= k_max; k++) model[k] = (double)k * td + tdm_cost_target(pc, rows[k]);
     const bool plain_measured = meas[0] > 0.0;
     for (int32_t k = 0; k <= k_max; k++) {
         /* a length sampled twice is its measurement; else the nearest such length's
@@ -115,7 +167,7 @@ void tdm_len_choose(tdm_len_ctrl *c, const tdm_len_seq *seqs, int32_t n, int32_t
             }
         double tk = j >= 0 ? meas[j] + model[k] - model[j] : model[k];
         if (j != k && nm[k] >= 1) tk = TDM_MIN(tk, meas[k]);
-        if (other > 0) tk += TDM_MAX(tdm_pair_cost_target(pc, rows[k] + other) - tdm_pair_cost_target(pc, rows[k]), 0.0);
+        if (other > 0) tk += TDM_MAX(tdm_cost_target(pc, rows[k] + other) - tdm_cost_target(pc, rows[k]), 0.0);
         t[k] = tk;
     }
     int32_t best = best_of(e, t, k_min, k_max, rate);

@@ -1,11 +1,11 @@
-/* length.h - the speculation length of a batch's step: one k for its B speculating
- * sequences, from measured acceptance and measured costs (length.c).  (A lone
- * sequence's step still takes its own per-sequence controller, controller.h; the
- * decision below is written for any B >= 1 so that it can take that over.)
+/* length.h - the speculation length: one controller for a step of B >= 1
+ * speculating sequences (a lone sequence is the batch of one), from measured
+ * acceptance and measured costs (length.c).
  *
- * Per sequence: the draft model's acceptance estimate alpha (controller.h,
- * tdm_ctrl_observe) and its room.  Per pair (tdm_len_ctrl, the scheduler's): the
- * measured costs (costs.h) and the decision's state.
+ * Per sequence and proposer (the draft model, n-gram lookups): an estimate of the
+ * per-token acceptance alpha (tdm_ctrl_observe) and the request's bounds.
+ * Per pair (tdm_len_ctrl, the scheduler's): the measured costs (costs.h) and the
+ * decision's state.
  *
  * The decision (tdm_len_choose) for n sequences with acceptance alpha_i and room
  * cap_i (the tokens each may still draft), drafting k tokens each:
@@ -22,11 +22,11 @@
  *   - Plain first: until a plain step of this batch size is measured the step does
  *     not speculate.
  *   - Holding: a choice of a length sampled less than twice (a trial) holds 3 steps
- *     (the first may have to catch the draft up and include one-time work); in a
- *     batch of more than one any choice holds 8 steps while the batch keeps its size
- *     and limit (a batch's mean acceptance moves slowly, and each switch between
- *     speculating and not costs the draft's catching up); a batch of one decides
- *     every step (one sequence's acceptance swings with its text).
+ *     (the first may have to catch the draft up and include one-time work); in a batch of more
+ *     than one any choice holds 8 steps while the batch keeps its size and limit (a
+ *     batch's mean acceptance moves slowly, and each switch between speculating and
+ *     not costs the draft's catching up); a lone sequence decides every step (its
+ *     acceptance swings with its text).
  *   - Exploration: 3 steps in every 256 take a neighbouring length to measure, one
  *     sampled less than twice first, else one expected within 10 % of the best,
  *     else, while speculating, the lower and the higher in turn (a measurement that
@@ -37,22 +37,42 @@
  *     step probes for one step with the length that a hopeful estimate (alpha + 0.2,
  *     at most 0.95) would choose (at least k_min), so that a rising acceptance is
  *     seen, unless speculating would not beat a plain step by 10 % even at
- *     acceptance 0.95 (the cost decides there, and a probe only costs); the gap
- *     starts at TDM_LEN_PROBE_MIN, returns there after a probe that raised the mean
- *     estimate and doubles after one that did not, up to TDM_LEN_PROBE_MAX.
- * A request's fixed k (k_fixed) is its own: the scheduler gives it that length. */
+ *     acceptance 0.95 (the cost decides there, and a probe only costs); the gap starts at TDM_CTRL_PROBE_MIN, returns there after a probe that
+ *     raised the mean estimate and doubles after one that did not, up to
+ *     TDM_CTRL_PROBE_MAX.  At acceptance 0 this costs one short chain per gap instead
+ *     of one per token.
+ * A request's fixed k (k_fixed) is its own: the scheduler gives it that length and
+ * leaves it out of the decision. */
 #ifndef TDM_LENGTH_H
 #define TDM_LENGTH_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "controller.h"
 #include "costs.h"
 
-#define TDM_LEN_PROBE_MIN 8
-#define TDM_LEN_PROBE_MAX 64
+#define TDM_CTRL_PROBE_MIN 8
 #define TDM_LEN_SEQ_MAX 512 /* sequences one decision weighs at most (the rest count as rows only) */
+#define TDM_CTRL_PROBE_MAX 64
+
+/* A sequence's acceptance estimate for one proposer, and its request's bounds. */
+typedef struct tdm_spec_ctrl {
+    int32_t k_min, k_max; /* 1 <= k_min <= k_max <= TDM_CTRL_MAX_K */
+    int32_t k_fixed;      /* > 0: always this k */
+    double alpha;         /* EMA of the per-token acceptance probability */
+    double alpha_ema;     /* smoothing weight, default 0.2 */
+} tdm_spec_ctrl;
+
+void tdm_ctrl_init(tdm_spec_ctrl *c, int32_t k_min, int32_t k_max, int32_t k_fixed);
+/* Records a step: k proposed, n_accepted of them accepted.  A step that stopped
+ * early (p_min) counts only the tokens actually proposed.  A step that evaluated
+ * e = min(n_accepted + 1, k) tokens (Bernoulli(alpha) trials to the first
+ * rejection) moves alpha toward n_accepted / e with weight alpha_ema * e / k: by
+ * Wald's identity the expected update is zero exactly at the true alpha. */
+void tdm_ctrl_observe(tdm_spec_ctrl *c, int32_t k, int32_t n_accepted);
+/* Expected tokens of a step (the target's own included) at acceptance alpha with
+ * k proposed: (1 - alpha^(k+1)) / (1 - alpha), k + 1 at alpha 1, 1 at k = 0. */
+double tdm_ctrl_expected_tokens(double alpha, int32_t k);
 
 typedef struct tdm_len_seq {
     double alpha; /* acceptance estimate */
@@ -89,13 +109,18 @@ void tdm_len_init(tdm_len_ctrl *c);
  * above; updates the decision's state. */
 void tdm_len_choose(tdm_len_ctrl *c, const tdm_len_seq *seqs, int32_t n, int32_t other, int32_t k_min, int32_t k_max,
                     tdm_len_choice *out);
-/* A step of n speculating sequences at length k (no prompt chunk or tree in it,
- * the draft caught up) took seconds. */
+/* A step of n speculating sequences at length k (none of them a lookup or a tree,
+ * no prompt chunk, the draft caught up) took seconds. */
 void tdm_len_observe_step(tdm_len_ctrl *c, int32_t n, int32_t k, double seconds);
 /* Expected tokens per second of a proposal whose step commits e tokens (expected)
  * from rows target rows and rounds draft rounds of a batch of n: e over the row
  * model's cost (costs.h; a step's host work is left out: it is the same whichever
  * proposer proposes, and proposals are weighed against each other with this). */
 double tdm_len_rate(const tdm_len_ctrl *c, int32_t n, double e, int32_t rows, int32_t rounds);
+/* The length of a lone sequence's lookup proposal (it runs no model), ng its
+ * lookups' estimate and bounds: ng's fixed k, else the k in [ng's k_min, k_max]
+ * maximising tdm_len_rate(E[tokens](alpha, k), 1 + k rows, no round); at most cap,
+ * 0 when cap < 1. */
+int32_t tdm_len_lookup_k(const tdm_len_ctrl *c, const tdm_spec_ctrl *ng, int32_t cap);
 
 #endif

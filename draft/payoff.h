@@ -2,7 +2,7 @@
  * they stop proposing where they do not pay (payoff.c).
  *
  * The controllers choose between a lookup and the draft model from modelled rates
- * (controller.h: acceptance estimates and measured forward costs).  The model can be
+ * (length.h: acceptance estimates; costs.h: measured forward costs).  The model can be
  * wrong where it matters: on a real pair on a CPU (Qwen2.5-Coder 1.5B drafted by
  * 0.5B) the lookups were accepted 22-28 % of the time and lowered both the tokens
  * per target forward and the speed, while the model said they paid.  So every

@@ -5,21 +5,20 @@
 #ifndef TDM_SPEC_REC_H
 #define TDM_SPEC_REC_H
 
-#include "controller.h"
+#include "length.h"
 #include "payoff.h"
 #include "sampling.h"
 #include "tree.h"
 #include "tree_ctrl.h"
 
 typedef struct tdm_spec_rec {
-    tdm_spec_ctrl ctrl;      /* the draft model's acceptance estimate and length */
+    tdm_spec_ctrl ctrl;      /* the draft model's acceptance estimate, the request's k bounds */
     float spec_p_min;        /* drafting stops below this top probability (spec_p_min) */
     int32_t spec_ngram;      /* longest n-gram looked up, 0 = off */
     tdm_payoff pay;          /* what lookups and the draft model yield, measured (payoff.h) */
     bool lookups;            /* this step may propose lookups (tdm_spec_rec_step) */
-    tdm_spec_ctrl ctrl_ng;   /* acceptance / k of n-gram proposals */
+    tdm_spec_ctrl ctrl_ng;   /* the n-gram proposals' acceptance estimate */
     int32_t n_ngram_skips;   /* matches passed over for the draft model (exploration) */
-    int32_t n_spec_steps;    /* speculative steps so far (exploration schedule) */
     int32_t spec_tree;       /* 0 = chains, TANDEM_SPEC_TREE_AUTO, > 0 a tree budget */
     tdm_tree_cfg tree_shape; /* a static tree (n_shape > 0), else n_shape 0 */
     tdm_tree_ctrl tctrl;     /* tokens per tree step by budget */

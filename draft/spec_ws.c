@@ -70,7 +70,6 @@ tandem_status tdm_spec_ws_create(tdm_engine *e, const tdm_spec_ws_opts *opts, td
             }
         }
     }
-    tdm_cost_init(&ws->cost);
     tdm_len_init(&ws->len);
     ws->opts = *opts;
     if (ws->opts.lookup_cands == 0) ws->opts.lookup_cands = TDM_LOOKUP_CANDS;

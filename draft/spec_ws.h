@@ -1,13 +1,11 @@
 /* spec_ws.h - the speculation workspace (spec_ws.c): the buffers proposers and
  * verifiers work in beside an engine's own (drafted chains and their top
  * probabilities on the device, the draft's q rows, a tree's p / q rows, candidates
- * and the device-grown tree), and what a lone sequence's step measures (its cost
- * model, its tree costs, its tree).  The scheduler owns one per engine with a draft
- * model. */
+ * and the device-grown tree), and the length controller with the pair's measured
+ * costs.  The scheduler owns one per engine with a draft model. */
 #ifndef TDM_SPEC_WS_H
 #define TDM_SPEC_WS_H
 
-#include "controller.h"
 #include "length.h"
 #include "dtree.h"
 #include "engine.h"
@@ -27,8 +25,8 @@ typedef struct tdm_spec_ws_opts {
     bool host_chain;   /* greedy draft chains token by token through the host */
     bool host_topk;    /* greedy tree levels' candidates from host copies of the logits */
     bool host_tree;    /* a lone sequence's dynamic trees grown level by level through the host */
-    /* benchmark shapes of a lone sequence's lookups in trees (sched/lone_tree.c;
-     * docs/DESIGN.md, "Lookups in trees"); 0 / false: the library's choice */
+    /* benchmark shapes of lookups in trees (sched/step_tree.c; docs/DESIGN.md,
+     * "Lookups in trees"); 0 / false: the library's choice */
     int32_t lookup_cands;      /* continuations a lookup tree takes, 1..TDM_LOOKUP_CANDS (1: a
                                   lookup step verifies one chain); 0: TDM_LOOKUP_CANDS */
     int32_t lookup_tree_extra; /* > 0: a lookup tree holds at most this many nodes beyond its
@@ -63,12 +61,8 @@ typedef struct tdm_spec_ws {
                                 tree_topk_ids; tree_draft.c) */
     tdm_dtree *dtree_h;      /* host: its copy once grown */
     bool dtree_off;          /* the draft's forward took no device masks: host levels */
-    tdm_len_ctrl len;        /* a batch's speculation length and the pair's measured
-                                forward and step costs (length.h) */
-    /* a lone sequence's step (sched/lone.c) */
-    tdm_cost_model cost;     /* measured draft / verify costs */
-    tdm_tree_cost tree_cost; /* a tree step's measured seconds and tokens, by budget */
-    tdm_tree tree;           /* its tree */
+    tdm_len_ctrl len;        /* the speculation length and the pair's measured costs
+                                (length.h): the scheduler's, for every step */
 } tdm_spec_ws;
 
 /* The workspace for engine e (which has a draft model), on its backend; opts (NULL:

@@ -1,5 +1,5 @@
 /* commit.h - the one place where tokens are committed and the K/V rolled back
- * (commit.c): every step, batched or lone, chain or tree, ends here; and the one
+ * (commit.c): every step, of one sequence or many, chain or tree, ends here; and the one
  * place a step enters a request's speculation statistics. */
 #ifndef TDM_COMMIT_H
 #define TDM_COMMIT_H
@@ -42,8 +42,8 @@ typedef struct tdm_step_obs {
     double draft_s, verify_s;/* the step's drafting and verification seconds */
 } tdm_step_obs;
 /* Records a step of sr's sequence: its statistics, and, where its seconds are its
- * own (a lone sequence's step: pair is the scheduler's payoff; NULL for a batch's,
- * whose seconds every sequence of the step shares), what a chain step (or a lookup
+ * own (a step of that sequence alone: pair is the scheduler's payoff; NULL for a
+ * batch's, whose seconds every sequence of the step shares), what a chain step (or a lookup
  * step) yielded per second in the payoff of lookups and of the draft model
  * (draft/payoff.h), the sequence's and the pair's. */
 void tdm_spec_stats_add(tdm_spec_rec *sr, tdm_payoff *pair, const tdm_step_obs *o);

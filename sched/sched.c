@@ -1,5 +1,6 @@
 /* sched.c - the scheduler's edges: submission, cancellation, finishing, the
- * scheduler thread and the blocking run (scheduler.h).  One iteration is step.c. */
+ * scheduler thread and the blocking run (scheduler.h).  One iteration is step.c
+ * (with step_chain.c, step_tree.c and step_run.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,7 +12,7 @@
 static void free_arrays(tdm_sched *s) {
     free(s->run), free(s->g_seqs), free(s->g_rows), free(s->draws), free(s->g_tok);
     free(s->g_who), free(s->g_slot), free(s->drafts), free(s->k_of), free(s->items);
-    free(s->tree_of), free(s->trees);
+    free(s->tree_of), free(s->trees), free(s->look_of), free(s->roots), free(s->plan_of);
 }
 
 tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_sched **out, tdm_err *err) {
@@ -33,7 +34,10 @@ tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_
     s->items = calloc((size_t)s->cap, sizeof *s->items);
     s->tree_of = calloc((size_t)s->cap, sizeof *s->tree_of);
     s->trees = e->draft ? calloc((size_t)s->cap, sizeof *s->trees) : NULL;
-    if ((e->draft && !s->trees) || !s->tree_of || !s->run || !s->g_seqs || !s->g_rows || !s->draws || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
+    s->look_of = calloc((size_t)s->cap, sizeof *s->look_of);
+    s->plan_of = calloc((size_t)s->cap, sizeof *s->plan_of);
+    s->roots = calloc((size_t)s->cap * TDM_TREE_DEPTH_MAX, sizeof *s->roots);
+    if ((e->draft && !s->trees) || !s->look_of || !s->plan_of || !s->roots || !s->tree_of || !s->run || !s->g_seqs || !s->g_rows || !s->draws || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
         !s->items) {
         free_arrays(s);
         free(s);

@@ -1,5 +1,7 @@
 /* sched_internal.h - the scheduler's state, shared by its files (sched.c: inbox,
- * thread, finishing; step.c: one iteration; queue.c: the waiting heap). */
+ * thread, finishing; step.c: one iteration and its plan; step_chain.c: lengths and
+ * chains; step_tree.c: token trees; step_run.c: the forwards, verdicts and commits;
+ * queue.c: the waiting heap). */
 #ifndef TDM_SCHED_INTERNAL_H
 #define TDM_SCHED_INTERNAL_H
 
@@ -44,21 +46,32 @@ struct tdm_req {
     tdm_req *prev_live, *next_live; /* every unfinished request (under the lock) */
 };
 
-/* step.c: one sequence's rows of a step, positions [from, to) */
+/* One sequence's rows of a step (step.c plans them, step_chain.c and step_tree.c
+ * propose, step_run.c verifies and commits), positions [from, to). */
 typedef struct step_item {
     tdm_req *r;
-    int32_t from, to;
-    bool decode;   /* the pending token and k drafted ones (1 + k rows, all giving logits),
-                      else a prompt chunk */
-    bool want;     /* (a chunk) its last row's logits give the first token */
-    int32_t k;     /* (decode) drafted tokens verified by its rows */
-    bool ngram;    /* (decode) its chain comes from n-gram lookup, not the draft model */
-    int32_t *draft;/* (decode) [TDM_CTRL_MAX_K] its chain */
-    tdm_tree *tree;/* (decode) a token tree verified instead of a chain (k = 0), or NULL */
-    int32_t budget;/* (decode, tree) its node budget */
-    bool reject;   /* (decode) verified by rejection sampling against the draft's q rows
-                      (a lone sampled sequence: lone.c), not by agreement with the
-                      target's own draws */
+    int32_t from, to;  /* a decode item's `to` is first what its blocks must back (its
+                          longest proposal), then its rows' end once proposed */
+    bool decode;       /* the pending token and k proposed ones (1 + k rows, all giving
+                          logits), or a tree; else a prompt chunk */
+    bool want;         /* (a chunk) its last row's logits give the first token */
+    int32_t k;         /* (decode) tokens proposed as a chain, verified by its rows */
+    int32_t k_plan;    /* (decode) the length the controller gave it (-1: none) */
+    int32_t k_look;    /* (decode) the longest lookup it may propose this step (0: none) */
+    int32_t n_model;   /* (decode) of the chain, the draft model's first n_model tokens
+                          (the rest looked up) */
+    bool ngram;        /* (decode) the proposal is lookups alone, a chain or a tree */
+    int32_t *draft;    /* (decode) [TDM_CTRL_MAX_K] its chain */
+    tdm_tree *tree;    /* (decode) a token tree verified instead of a chain (k = 0), or NULL */
+    int32_t budget;    /* (decode, tree) its node budget */
+    int32_t *root;     /* (decode, tree) [TDM_TREE_DEPTH_MAX] the lookup its tree holds from
+                          the root, or a lookup tree's first continuation: what the lookups'
+                          estimate learns from */
+    int32_t n_root;
+    bool reject;       /* (decode, sampled) verified by rejection sampling against the
+                          draft's q rows (a sampled sequence on an engine of one sequence),
+                          not by agreement with the target's own draws; alone in its
+                          forward */
 } step_item;
 
 struct tdm_sched {
@@ -103,12 +116,19 @@ struct tdm_sched {
     int32_t *drafts;           /* [cap][TDM_CTRL_MAX_K] this step's drafted chains */
     step_item *items;          /* [cap] this step's plan */
     int32_t *k_of;             /* [cap] tokens each running sequence drafts this step */
+    int32_t *look_of;          /* [cap] the longest lookup each may propose this step */
+    int32_t *plan_of;          /* [cap] the length the controller gave each (its statistics'
+                                  k_final; -1: none, it was out of the decision) */
+    int32_t *roots;            /* [cap][TDM_TREE_DEPTH_MAX] the lookups trees hold */
     int32_t *tree_of;          /* [cap] the node budget of each running sequence's tree this
                                   step (0: a chain or nothing) */
     tdm_tree *trees;           /* [cap] this step's trees, by running sequence */
     tdm_tree_cost tree_cost;   /* drafting seconds of a batch's trees, by budget */
     uint32_t n_tree_decisions; /* auto tree choices so far (exploration schedule) */
     int32_t step_b, step_k;    /* this step's speculating batch and length (0: none) */
+    int32_t other_rows;        /* this step's target rows outside the decision (prompt
+                                  chunks, trees, fixed lengths) */
+    int32_t n_spec;            /* sequences that may draft a chain this step */
     tdm_len_choice len_ch;     /* this step's length decision (draft/length.h; the
                                   controller and the measured costs: ws->len) */
     tdm_spec_ctrl pair;        /* the pair's acceptance over every drafted chain (alpha):
@@ -117,6 +137,8 @@ struct tdm_sched {
     tdm_payoff pay;            /* what lookups and the draft model yield over every request
                                   (draft/payoff.h): a new request's starting figures */
     double t_draft, t_verify0; /* this step's drafting seconds; when its verification began */
+    bool step_own;             /* the step is one sequence's alone: its seconds are its own
+                                  (the payoff of lookups, draft/payoff.h) */
 };
 
 /* The drafting scratch (draft/chain.h) in the scheduler's buffers. */
@@ -127,24 +149,46 @@ static inline tdm_draft_scratch tdm_sched_draft_scratch(tdm_sched *s) {
  * check a running sequence between steps). */
 const tdm_req *tdm_sched_running_req(const tdm_sched *s, int32_t i);
 /* step.c */
-/* A lone sequence's verification (lone.c): one target forward over r's pending
- * token and draft[0..k), or its tree (k = 0; no tree and k = 0: a plain step), and
- * the verdict: greedy by agreement with the target's argmaxes; sampled by rejection
- * sampling against the draft's q rows (n_q_dev of them the model's on the device;
- * verify.h, tree_verify.h), a plain step's token drawn as without speculation.
- * Reserves the K/V the rows need; commits nothing (sched/commit.h). */
-tandem_status tdm_sched_verify_lone(tdm_sched *s, tdm_req *r, const int32_t *draft, int32_t k, int32_t n_q_dev,
-                                    const tdm_tree *tree, tdm_verdict *v, tdm_err *err);
 tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err);
 /* Marks r failed with st (the first failure wins); it finishes at the step's end. */
 void tdm_sched_fail(tdm_req *r, tandem_status st, const tdm_err *err);
+/* Rows up to which a forward computes each row as alone, 0 = any (or no need). */
+static inline int32_t tdm_sched_invariant_rows(const tdm_engine *e) {
+    return e->cfg.batch_invariant ? e->be->invariant_rows : 0;
+}
+/* The tokens q may still propose beyond the one the target adds: within its
+ * max_tokens, the context and the invariant rows. */
+static inline int32_t tdm_sched_room(const tdm_sched *s, const tdm_seq *q) {
+    const int32_t room = TDM_MIN(q->max_new - (q->n_tokens - q->n_prompt) - 1, s->e->cfg.n_ctx - q->n_tokens);
+    const int32_t inv = tdm_sched_invariant_rows(s->e);
+    return inv > 0 ? TDM_MIN(room, inv - 1) : room;
+}
+/* step_chain.c: this step's lengths (s->k_of, s->look_of; the trees' budgets,
+ * s->tree_of, through tdm_sched_choose_trees); the chains of the plan's items
+ * [0, n): lookups where they pay, the draft model's for the rest (false: drafting
+ * failed, its sequences failed); *catch_up: the rows the draft fed for tokens it had
+ * not seen. */
+void tdm_sched_choose_k(tdm_sched *s);
+bool tdm_sched_draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_up);
+/* A lookup of up to it->k_look tokens into it->draft, taken when the step's
+ * expected rate with it (tokens per second, draft/length.h) is at least rate_other
+ * (tdm_ngram_take's exploration aside): then the item verifies it as a chain
+ * (it->k, it->to set; q rows one-hot for rejection sampling) and true. */
+bool tdm_sched_lookup_chain(tdm_sched *s, step_item *it, int32_t nd, double rate_ng, double rate_other);
 /* step_tree.c: this step's tree budgets (s->tree_of) and the rows they take; the
- * configuration of a tree item; drafting the plan's trees (false: their sequences
- * failed); a tree item's verdict and commit from the target's tokens out[1 + nodes]. */
+ * configuration of a tree item; the plan's trees (a lookup alone instead where it
+ * pays; drafted together; false: their sequences failed); a tree item's verdict v
+ * (step_run.c's) committed, and what the step teaches. */
 int32_t tdm_sched_choose_trees(tdm_sched *s);
 bool tdm_sched_tree_cfg(const tdm_sched *s, const step_item *it, tdm_tree_cfg *cfg);
 bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n);
-void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out, double draft_s, double verify_s);
+void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const tdm_verdict *v, double draft_s, double verify_s);
+/* step_run.c: the plan's items [0, n) as forwards (grouped so that each row is
+ * computed as it would be alone), each item's verdict and commit. */
+void tdm_sched_run_plan(tdm_sched *s, const step_item *it, int32_t n);
+/* The n-gram controller learns from the lookup prop[0..n) proposed after position
+ * `before` as from a chain: how many of its tokens were committed. */
+void tdm_sched_observe_lookup(const tdm_seq *q, tdm_spec_rec *sr, const int32_t *prop, int32_t n, int32_t before);
 /* sched.c: ends a request (result built, blocks freed, on_finish called, freed).
  * reason NONE: from its sequence (done) or its fail_st. */
 void tdm_sched_finish(tdm_sched *s, tdm_req *r, tandem_finish_reason reason);

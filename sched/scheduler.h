@@ -14,12 +14,13 @@
  * invariant_rows rows, prompt chunks on fixed boundaries), so greedy output equals
  * one-at-a-time output; a sampled request draws from its own generator, so its
  * tokens do not depend on the rest of the batch.  Speculation, on an engine with a
- * draft: the greedy decoding sequences of a step draft their chains together (one
- * draft forward per round, draft/chain.h) and are verified by the step's
- * target forward, with one length for the batch from measured costs
- * (draft/length.h; 0 when it does not pay); a sequence that runs alone takes
- * the single-sequence step (tdm_seq_step: n-gram lookup, device chains, its own
- * length), greedy, or sampled on an engine of one sequence (n_seq_max 1).
+ * draft: one step for a lone sequence (the batch of one) and a batch alike
+ * (step.c): the decoding sequences' proposals (n-gram lookups where they pay, the
+ * draft model's chains drafted together, one draft forward per round,
+ * draft/chain.h, or token trees) are verified by the step's target forward, with
+ * one length for the step from measured costs (draft/length.h; 0 when it does not
+ * pay); a sampled sequence is verified by agreement with the target's own draws,
+ * or by rejection sampling on an engine of one sequence (n_seq_max 1).
  *
  * Threads: submit, cancel and stats may be called from any thread; step from one
  * thread at a time, and not while the scheduler's own thread (start) runs.
@@ -34,8 +35,9 @@
 typedef struct tdm_sched tdm_sched;
 
 tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_sched **out, tdm_err *err);
-/* The scheduler's speculation workspace (its lone step's cost model, ...), NULL
- * without a draft model: for tests that set what a step measured. */
+/* The scheduler's speculation workspace (the length controller and the measured
+ * costs, ...), NULL without a draft model: for tests that set what a step
+ * measured. */
 tdm_spec_ws *tdm_sched_ws(tdm_sched *s);
 /* Stops the thread, finishes every request still queued or running (cancelled,
  * on_finish called here) and frees.  NULL is a no-op. */

@@ -1,121 +1,236 @@
-/* step_tree.c - token trees in the scheduler's batched step (step.c): which
- * decoding sequences verify a tree this step and of how many nodes, their trees
- * drafted together (one draft forward per level for all, draft/tree_draft.h), and
- * each one's verdict after the step's target forward.
+/* step_tree.c - token trees in a step (step.c): which decoding sequences verify a
+ * tree this step and of how many nodes, n-gram lookups in and instead of them,
+ * the trees drafted together (one draft forward per level for all,
+ * draft/tree_draft.h), and each one's commit after the step's target forward.
  *
- * A greedy sequence with spec_tree > 0 takes a tree of that budget every step.  For
- * spec_tree auto the batch's auto sequences share one choice among chains (budget
- * 0, the batch's chain length) and the budgets of TDM_TREE_BUDGETS, by expected
- * tokens per second of the step:
- *     sum_i tokens_i(b) / (t_tree_draft(b) + t_target(other rows + sum_i (1 + b)))
- * with tokens_i(b) each sequence's measured tokens per tree step (tree_ctrl.h; a
- * hopeful prior until measured), t_tree_draft(b) the batch's measured drafting
- * seconds (until measured, depth(b) draft rounds of the row-cost model) and
- * t_target the target's measured seconds by row count (draft/costs.h): on the
- * CPU a forward's cost grows with its rows, on a GPU at small batch it hardly does,
- * and at large batch nothing is free - the measurements say which.  Every 16th
- * decision measures the runner-up.  A sampled sequence's tree is verified as a
- * chain is (step.c): every row draws the target's token with the uniform of the
- * position it predicts (the root's row the first uniform to come, a node at depth d
- * the (d + 2)-th), and the path whose every token equals the target's draw at its
- * parent is kept, so its output is what it would be alone and unspeculated.  (The
- * single-sequence step, lone_tree.c, uses multi-candidate rejection sampling
- * instead.)  With n-gram lookup on, every tree also holds its sequence's lookups
- * within its budget (tdm_spec_tree_lookups); lookup steps alone stay chains here. */
+ * A sequence with spec_tree > 0 takes a tree of that budget every step.  For
+ * spec_tree auto the step's auto sequences (a lone one is the batch of one) share
+ * one choice among chains (budget 0, the length controller's last length) and the
+ * budgets of TDM_TREE_BUDGETS (up to the workspace's tree_auto_max), by expected
+ * tokens per second of the step (draft/tree_ctrl.h: measured tokens per tree step,
+ * drafting seconds, a lone tree's verification seconds, else the target's row
+ * costs, draft/costs.h: on the CPU a forward's cost grows with its rows, on a GPU at
+ * small batch it hardly does, and at large batch nothing is free - the
+ * measurements say which).
+ *
+ * With n-gram lookup on (spec_ngram), a sequence's lookup replaces its tree when
+ * the lookup's expected rate (it runs no model) is at least the tree's; a greedy
+ * one then verifies the lookup with other matches' continuations beside it, as one
+ * tree of lookups (SpecInfer's merged tree of several speculators), when they
+ * branch off it.  A drafted tree also holds the sequence's lookups within its
+ * budget (tdm_sched_tree_lookups): the continuation of the committed text below the
+ * root, and that of the text and the tree's likeliest path below the path's end.
+ *
+ * Verdicts (step_run.c): a greedy tree by agreement with the target's argmaxes; a
+ * sampled one by agreement with the target's own draws (every row draws with the
+ * uniform of the position it predicts), or, on an engine of one sequence, by
+ * multi-candidate rejection sampling (children drawn from the draft without
+ * replacement; such a tree holds no lookups). */
 #include "sched_internal.h"
 
-#include "commit.h"
-#include "lone.h"
+#include <string.h>
 
+#include "commit.h"
 #include "kv_cache.h"
+#include "ngram.h"
 #include "tree_accept.h"
 #include "tree_draft.h"
 #include "tree_verify.h"
 
 static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0; }
 
-/* The most nodes a tree may have this step: its room, the invariant rows. */
-static int32_t room_of(const tdm_sched *s, const tdm_seq *q) {
-    const tdm_engine *e = s->e;
-    int32_t room = TDM_MIN(q->max_new - (q->n_tokens - q->n_prompt) - 1, e->cfg.n_ctx - q->n_tokens);
-    const int32_t inv = e->cfg.batch_invariant ? e->be->invariant_rows : 0;
-    return inv > 0 ? TDM_MIN(room, inv - 1) : room;
+/* The largest budget an auto choice weighs. */
+static int32_t auto_max(const tdm_sched *s) {
+    const int32_t m = s->ws->opts.tree_auto_max;
+    return m > 0 ? m : TDM_TREE_MAX;
 }
 
-/* The shared choice of the auto sequences (0: chains). */
-static int32_t choose_auto(tdm_sched *s, int32_t n_auto, double alpha_sum, int32_t other) {
-    const double t_chain_rows = tdm_rowcost_get(&s->ws->len.cost.target, other + n_auto * 2);
-    if (!(t_chain_rows > 0)) return 0; /* nothing measured yet: chains first */
-    const int32_t k = TDM_MAX(s->ws->len.dec_k, 1);
-    const double alpha = alpha_sum / n_auto;
-    const double t_round = tdm_rowcost_get(&s->ws->len.cost.draft, n_auto);
-    double best = n_auto * tdm_ctrl_expected_tokens(alpha, k) /
-                  (k * t_round + tdm_rowcost_get(&s->ws->len.cost.target, other + n_auto * (1 + k)) + 1e-12);
-    double second = -1;
-    int32_t pick = 0, runner = -1;
-    for (int32_t bi = 0; bi < TDM_TREE_N_BUDGETS; bi++) {
-        const int32_t b = TDM_TREE_BUDGETS[bi];
-        if (other + n_auto * (1 + b) > s->e->max_rows) break;
-        const tdm_tree_cfg cfg = tdm_tree_cfg_dynamic(b);
-        double tok = 0;
-        for (int32_t i = 0; i < s->n_run; i++) {
-            const tdm_req *r = s->run[i];
-            if (!tree_capable(r) || r->sr.spec_tree != TANDEM_SPEC_TREE_AUTO) continue;
-            const double m = r->sr.tctrl.tokens[bi];
-            tok += m > 0 ? m : tdm_ctrl_expected_tokens(TDM_MIN(r->sr.ctrl.alpha + 0.15, 0.95), cfg.depth);
-        }
-        const double td = s->tree_cost.t_draft[bi] > 0 ? s->tree_cost.t_draft[bi]
-                                                        : cfg.depth * tdm_rowcost_get(&s->ws->len.cost.draft, n_auto * cfg.width);
-        const double rate = tok / (td + tdm_rowcost_get(&s->ws->len.cost.target, other + n_auto * (1 + b)) + 1e-12);
-        if (rate > best) second = best, runner = pick, best = rate, pick = b;
-        else if (rate > second) second = rate, runner = b;
+/* A sequence's expected tokens per tree step at budget index bi (its own measure,
+ * else the engine's, else a hopeful chain's as deep: tree_ctrl.h). */
+static double tree_tokens(const tdm_sched *s, const tdm_req *r, int32_t bi, int32_t depth) {
+    const double m = r->sr.tctrl.tokens[bi] > 0 ? r->sr.tctrl.tokens[bi] : s->tree_cost.tokens[bi];
+    return m > 0 ? m : tdm_ctrl_expected_tokens(TDM_MIN(r->sr.ctrl.alpha + 0.15, 0.95), depth);
+}
+
+/* The drafting seconds of a step's trees at budget index bi, n of them. */
+static double tree_draft_s(const tdm_sched *s, int32_t bi, const tdm_tree_cfg *cfg, int32_t n) {
+    return s->tree_cost.t_draft[bi] > 0 ? s->tree_cost.t_draft[bi] : cfg->depth * tdm_cost_draft(&s->ws->len.cost, n * cfg->width);
+}
+
+/* The shared choice of the auto sequences (0: chains; draft/tree_ctrl.h), the
+ * chain at the length controller's last length. */
+static int32_t choose_auto(tdm_sched *s, int32_t n_auto, int32_t other) {
+    const tdm_pair_costs *pc = &s->ws->len.cost;
+    if (!(tdm_rowcost_get(&pc->target, other + n_auto * 2) > 0)) return 0; /* nothing measured yet: chains first */
+    const tdm_tree_ctrl *ctrl[TDM_ENGINE_BATCH_LOGITS_MAX];
+    double alpha[TDM_ENGINE_BATCH_LOGITS_MAX], a_sum = 0;
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_run && n < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
+        const tdm_req *r = s->run[i];
+        if (!tree_capable(r) || r->sr.spec_tree != TANDEM_SPEC_TREE_AUTO || tdm_sched_room(s, &r->s) <= 0) continue;
+        ctrl[n] = &r->sr.tctrl;
+        alpha[n] = r->sr.ctrl.alpha;
+        a_sum += alpha[n++];
     }
-    if ((++s->n_tree_decisions & 15) == 0 && runner >= 0) return runner;
-    return pick;
+    if (n == 0) return 0;
+    const int32_t k = TDM_MAX(s->ws->len.dec_k, 1);
+    const double chain = tdm_len_rate(&s->ws->len, n, n * tdm_ctrl_expected_tokens(a_sum / n, k), other + n * (1 + k), k);
+    return tdm_tree_choose(ctrl, alpha, n, &s->tree_cost, pc, chain, other, auto_max(s), s->e->max_rows,
+                           &s->n_tree_decisions);
 }
 
 int32_t tdm_sched_choose_trees(tdm_sched *s) {
     int32_t n_auto = 0, rows = 0, other = 0;
-    double alpha = 0;
     for (int32_t i = 0; i < s->n_run; i++) {
         const tdm_req *r = s->run[i];
         s->tree_of[i] = 0;
         if (r->state != TDM_REQ_RUNNING) other += TDM_MIN(r->n_goal - r->n_fed, s->e->cfg.prefill_chunk);
-        if (!tree_capable(r) || room_of(s, &r->s) <= 0) continue;
+        if (!tree_capable(r) || tdm_sched_room(s, &r->s) <= 0) continue;
         if (r->sr.spec_tree > 0) {
             s->tree_of[i] = r->sr.spec_tree;
             rows += 1 + r->sr.spec_tree;
         } else {
             n_auto++;
-            alpha += r->sr.ctrl.alpha;
         }
     }
-    const int32_t b = n_auto ? choose_auto(s, n_auto, alpha, other + rows) : 0;
+    const int32_t b = n_auto ? choose_auto(s, n_auto, other + rows) : 0;
     for (int32_t i = 0; i < s->n_run && b > 0; i++)
-        if (tree_capable(s->run[i]) && s->run[i]->sr.spec_tree == TANDEM_SPEC_TREE_AUTO && room_of(s, &s->run[i]->s) > 0)
+        if (tree_capable(s->run[i]) && s->run[i]->sr.spec_tree == TANDEM_SPEC_TREE_AUTO && tdm_sched_room(s, &s->run[i]->s) > 0)
             s->tree_of[i] = b;
     int32_t total = 0;
     for (int32_t i = 0; i < s->n_run; i++) total += s->tree_of[i] > 0 ? 1 + s->tree_of[i] : 0;
     return total;
 }
 
+/* The tree configuration of at most budget nodes, its depth within room tokens (a
+ * static shape cut to room depths); false when nothing fits. */
+static bool tree_cfg(const tdm_spec_rec *sr, int32_t budget, int32_t room, tdm_tree_cfg *out) {
+    if (room <= 0 || budget <= 0) return false;
+    room = TDM_MIN(room, TDM_TREE_DEPTH_MAX);
+    if (sr->tree_shape.n_shape > 0) {
+        tdm_tree_cfg c = sr->tree_shape;
+        c.n_shape = TDM_MIN(c.n_shape, room);
+        c.budget = tdm_tree_shape_nodes(c.shape, c.n_shape);
+        *out = c;
+        return true;
+    }
+    tdm_tree_cfg c = tdm_tree_cfg_dynamic(budget);
+    c.depth = TDM_MIN(c.depth, room);
+    *out = c;
+    return true;
+}
+
 bool tdm_sched_tree_cfg(const tdm_sched *s, const step_item *it, tdm_tree_cfg *cfg) {
-    return tdm_spec_tree_cfg(&it->r->sr, it->budget, room_of(s, &it->r->s), cfg);
+    return tree_cfg(&it->r->sr, it->budget, tdm_sched_room(s, &it->r->s), cfg);
+}
+
+/* The n-gram lookups' acceptance per token, as a tree weighs a lookup node (its
+ * parent's cumulative probability times this). */
+static float lookup_alpha(const tdm_spec_rec *sr) { return (float)TDM_MIN(TDM_MAX(sr->ctrl_ng.alpha, 0.05), 0.95); }
+
+/* Merges q's lookups into its drafted tree t of at most `budget` nodes, none deeper
+ * than max_depth - 1: the continuation of the committed text below the root (it
+ * follows the draft's nodes while they agree), and that of the text plus the
+ * spine below the spine's last node; each as long as the lookups' length
+ * (draft/length.h tdm_len_lookup_k).  A lookup node's weight is its parent's times
+ * the lookups' acceptance, and the tree then keeps the budget's best nodes of both
+ * speculators (tdm_tree_prune); the spine is recomputed.  root[0..*n_root) is the
+ * root's lookup. */
+static void tree_lookups(tdm_spec_ws *ws, tdm_seq *q, tdm_spec_rec *sr, tdm_tree *t, int32_t budget, int32_t max_depth,
+                         int32_t *root, int32_t *n_root) {
+    *n_root = 0;
+    if (tdm_spec_lookup_n(sr) <= 0 || sr->oracle || ws->opts.no_tree_lookups) return;
+    const int32_t k = tdm_len_lookup_k(&ws->len, &sr->ctrl_ng, TDM_TREE_DEPTH_MAX);
+    max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
+    if (k <= 0 || max_depth <= 0) return;
+    const float a = lookup_alpha(sr);
+    *n_root = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), k, root);
+    int32_t added = tdm_tree_merge_chain(t, -1, root, *n_root, a, TDM_TREE_MAX, max_depth);
+    const int32_t leaf = t->n_spine - 1; /* (spine node i: node i, at depth i) */
+    if (leaf >= 0 && leaf + 1 < max_depth) {
+        int32_t spine[TDM_TREE_DEPTH_MAX], out[TDM_TREE_DEPTH_MAX];
+        for (int32_t i = 0; i <= leaf; i++) spine[i] = t->token[i];
+        const int32_t m = tdm_ngram_propose_after(q->tokens, q->n_tokens, spine, leaf + 1, tdm_spec_lookup_n(sr), k, out);
+        added += tdm_tree_merge_chain(t, leaf, out, m, a, TDM_TREE_MAX, max_depth);
+    }
+    if (added == 0) return;
+    if (t->n > budget) tdm_tree_prune(t, budget);
+    tdm_tree_spine_first(t);
+}
+
+/* A tree of lookups alone into t, of at most `budget` nodes: first[0..n_first) (the
+ * lookup taken) and other matches' continuations (the workspace's lookup_cands in
+ * all) from the root, in that order while the budget lasts; whether the tree
+ * branches (else the item verifies first[] as a chain: the same proposal, a chain's
+ * rows). */
+static bool lookup_tree(const tdm_sched *s, tdm_seq *q, tdm_spec_rec *sr, tdm_tree *t, const int32_t *first,
+                        int32_t n_first, int32_t budget) {
+    const tdm_spec_ws *ws = s->ws;
+    const int32_t n = q->n_tokens;
+    const int32_t max_depth = TDM_MIN(tdm_sched_room(s, q), TDM_TREE_DEPTH_MAX), L = TDM_MIN(n_first, TDM_TREE_DEPTH_MAX);
+    tdm_tree_reset(t);
+    const int32_t cands = ws->opts.lookup_cands, extra = ws->opts.lookup_tree_extra;
+    if (L <= 0 || cands < 2) return false;
+    int32_t cand[TDM_LOOKUP_CANDS * TDM_TREE_DEPTH_MAX], lens[TDM_LOOKUP_CANDS];
+    const int32_t m = tdm_ngram_propose_multi(q->tokens, n, tdm_spec_lookup_n(sr), L, cands, cand, lens);
+    const int32_t max_nodes = TDM_MIN(TDM_MIN(budget, TDM_TREE_MAX), extra > 0 ? L + extra : TDM_TREE_MAX);
+    const float a = lookup_alpha(sr);
+    tdm_tree_merge_chain(t, -1, first, L, a, max_nodes, max_depth); /* (the spine) */
+    for (int32_t c = 0; c < m; c++) tdm_tree_merge_chain(t, -1, cand + c * L, lens[c], a, max_nodes, max_depth);
+    tdm_tree_spine_first(t);
+    return t->n > t->n_spine;
+}
+
+/* A lookup instead of the item's tree, where its rate beats the tree's (the
+ * sequence's own: its tokens per tree step over the tree's drafting and its rows,
+ * against the lookup's expected tokens over its rows); true when taken: the item
+ * is then a lookup tree (greedy, when other matches branch off it) or a lookup
+ * chain. */
+static bool lookup_instead(tdm_sched *s, step_item *it, const tdm_tree_cfg *cfg, int32_t n_trees) {
+    tdm_seq *q = &it->r->s;
+    tdm_spec_rec *sr = &it->r->sr;
+    if (it->k_look <= 0) return false;
+    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k_look, it->draft);
+    if (nd <= 0) return false;
+    const tdm_pair_costs *pc = &s->ws->len.cost;
+    const int32_t bi = tdm_tree_budget_index(cfg->budget);
+    const double tv = n_trees == 1 && s->tree_cost.t_verify[bi] > 0 ? s->tree_cost.t_verify[bi]
+                                                                     : tdm_cost_target(pc, 1 + cfg->budget);
+    const double rate_tree = tree_tokens(s, it->r, bi, cfg->depth) / (tree_draft_s(s, bi, cfg, n_trees) / n_trees + tv + 1e-12);
+    const double rate_ng = tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd) / (tdm_cost_target(pc, 1 + nd) + 1e-12);
+    if (!tdm_ngram_take(rate_ng, rate_tree, &sr->n_ngram_skips)) return false;
+    it->ngram = true;
+    if (q->sp.temperature <= 0 && nd <= TDM_TREE_DEPTH_MAX && lookup_tree(s, q, sr, it->tree, it->draft, nd, it->budget)) {
+        const int32_t L = TDM_MIN(nd, TDM_TREE_DEPTH_MAX);
+        memcpy(it->root, it->draft, (size_t)L * sizeof *it->root);
+        it->n_root = L;
+        it->reject = false; /* (greedy) */
+        return true;
+    }
+    it->tree = NULL; /* a lookup chain */
+    it->k = nd;
+    it->n_model = 0;
+    it->to = it->from + 1 + nd;
+    if (it->reject) tdm_draft_onehot_q(s->e, s->ws, q, it->draft, 0, nd);
+    return true;
 }
 
 bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
     tdm_engine *e = s->e;
     tdm_tree_job jobs[TDM_ENGINE_BATCH_LOGITS_MAX];
     step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
-    int32_t m = 0, budget = 0;
+    int32_t m = 0, budget = 0, n_trees = 0;
+    for (int32_t i = 0; i < n; i++) n_trees += it[i].tree != NULL;
     for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
         if (!it[i].tree) continue;
-        jobs[m] = (tdm_tree_job){&it[i].r->s, &it[i].r->sr, {0}, it[i].tree, false};
-        if (!tdm_sched_tree_cfg(s, &it[i], &jobs[m].cfg)) {
+        tdm_tree_job job = {&it[i].r->s, &it[i].r->sr, {0}, it[i].tree, it[i].reject};
+        if (!tdm_sched_tree_cfg(s, &it[i], &job.cfg)) {
             it[i].tree = NULL; /* (a plain step) */
             continue;
         }
-        budget = TDM_MAX(budget, jobs[m].cfg.budget);
+        if (lookup_instead(s, &it[i], &job.cfg, n_trees)) continue;
+        budget = TDM_MAX(budget, job.cfg.budget);
+        jobs[m] = job;
         who[m++] = &it[i];
     }
     if (m == 0) return true;
@@ -123,42 +238,51 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
     int32_t n_fwd;
     const double t0 = tdm_now();
     tandem_status st = tdm_draft_trees(e, s->ws, jobs, m, &n_fwd, &err);
-    if (!st) {
-        /* each tree also holds its sequence's n-gram lookups, within its budget
-         * (verified by the target's argmax or its own draws: any proposal keeps the
-         * output) */
-        for (int32_t j = 0; j < m; j++) {
-            int32_t root[TDM_TREE_DEPTH_MAX], n_root;
-            tdm_spec_tree_lookups(s->ws, jobs[j].s, jobs[j].sr, jobs[j].tree, jobs[j].cfg.budget, room_of(s, jobs[j].s), root, &n_root);
-        }
-        tdm_tree_cost_observe(&s->tree_cost, budget, tdm_now() - t0, 0, 0); /* (verification: the batch's row costs) */
-        return true;
+    if (st) {
+        for (int32_t j = 0; j < m; j++) tdm_sched_fail(who[j]->r, st, &err);
+        return false;
     }
-    for (int32_t j = 0; j < m; j++) tdm_sched_fail(who[j]->r, st, &err);
-    return false;
+    for (int32_t j = 0; j < m; j++) {
+        step_item *x = who[j];
+        /* a greedy tree, or one verified by the target's own draws, also holds the
+         * lookups (any proposal keeps the output); a tree for rejection sampling
+         * holds the draft's draws alone */
+        if (!jobs[j].sample)
+            tree_lookups(s->ws, jobs[j].s, jobs[j].sr, x->tree, jobs[j].cfg.budget, tdm_sched_room(s, jobs[j].s), x->root,
+                         &x->n_root);
+        if (x->tree->n == 0) x->tree = NULL, x->reject = false; /* (a plain step) */
+    }
+    tdm_tree_cost_observe(&s->tree_cost, budget, tdm_now() - t0, 0, 0); /* (verification: the row costs) */
+    return true;
 }
 
-void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const int32_t *out, double draft_s, double verify_s) {
+void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const tdm_verdict *v, double draft_s, double verify_s) {
     tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
     const tdm_tree *t = it->tree;
-    tdm_verdict v;
-    const int32_t before = q->n_tokens, m = tdm_tree_accept_match(t, out, v.path, &v.next);
-    v.n_acc = m;
+    const int32_t before = q->n_tokens, m = v->n_acc;
     tdm_err err = {0};
-    tandem_status st = tdm_commit_tree(s->e, q, t, &v, &err);
+    tandem_status st = tdm_commit_tree(s->e, q, t, v, &err);
     if (st) {
         tdm_sched_fail(it->r, st, &err);
         return;
     }
-    if (q->sp.temperature > 0) tdm_engine_consume(q, m + 1); /* the uniforms of the kept tokens */
-    tdm_tree_ctrl_observe(&sr->tctrl, it->budget, m + 1);
-    /* the chain controller sees the draft's part of the path (before any lookup
-     * node) as a chain's prefix */
-    const tdm_tree_share sh = tdm_tree_share_of(t, v.path, m);
-    tdm_ctrl_observe(&sr->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
-    tdm_spec_stats_add(sr, NULL, &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = sh.lookup_nodes,
-                                                 .looked_up_acc = sh.lookup_acc, .tree = true,
-                                                 .committed = q->n_tokens - before, .k_final = -1,
-                                                 .draft_s = draft_s, .verify_s = verify_s});
+    tdm_sched_observe_lookup(q, sr, it->root, it->n_root, before);
+    if (!it->ngram) {
+        tdm_tree_ctrl_observe(&sr->tctrl, it->budget, m + 1);
+        tdm_tree_cost_observe(&s->tree_cost, it->budget, 0, 0, m + 1);
+        /* the chain controller sees the draft's part of the path (before any lookup
+         * node) as a chain's prefix */
+        const tdm_tree_share sh = tdm_tree_share_of(t, v->path, m);
+        tdm_ctrl_observe(&sr->ctrl, TDM_MIN(sh.draft_run + 1, TDM_MAX(sh.draft_depth, 1)), sh.draft_run);
+        tdm_spec_stats_add(sr, NULL, &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = sh.lookup_nodes,
+                                                     .looked_up_acc = sh.lookup_acc, .tree = true,
+                                                     .committed = q->n_tokens - before, .k_final = -1,
+                                                     .draft_s = draft_s, .verify_s = verify_s});
+        return;
+    }
+    tdm_spec_stats_add(sr, s->step_own ? &s->pay : NULL,
+                       &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = t->n, .looked_up_acc = m,
+                                       .lookup_step = true, .tree = true, .committed = q->n_tokens - before,
+                                       .k_final = it->k_plan, .draft_s = draft_s, .verify_s = verify_s});
 }

@@ -122,6 +122,8 @@ static void expect_error(const nf_run *run, tandem_model *t, tandem_model *d, co
         gp.max_tokens = 8;
         gp.temperature = mode == 1 ? 0.8f : 0.0f;
         gp.spec_tree = mode == 2 ? 4 : 0;
+        if (d) gp.spec_k = 2; /* (the draft proposes at every step: the length controller would
+                                 measure plain steps first, and lookups may win every step of a short text) */
         tandem_result r;
         tandem_status st = tandem_generate_ids(e, ids, (size_t)run->n_prompt, &gp, &r);
         const char *msg = tandem_last_error();

@@ -1,21 +1,19 @@
-/* test_controller.c - adaptive speculation length: expected tokens, cost model
- * interpolation, choice of k against brute force, acceptance-rate estimation; the
- * batch's length from measured step times (draft/length.h, draft/costs.h): brute
- * force, unmeasured lengths, holding, exploration, back-off and probes; chain or tree from
- * a tree's own measured costs (draft/tree_ctrl.h); lookups that stop proposing
- * where their measured rate is below the draft model's (draft/payoff.h). */
+/* test_controller.c - the speculation length (draft/length.h): expected tokens,
+ * acceptance estimation, the choice of k for a batch of one and of many against
+ * brute force over measured step costs (draft/costs.h), unmeasured lengths from the
+ * row model, holding, exploration, back-off and probes; the lookup length; chain or
+ * tree from a tree's own measured costs (draft/tree_ctrl.h); lookups that stop
+ * proposing where their measured rate is below the draft model's (draft/payoff.h). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <string.h>
 
 #include "common.h"
-#include "controller.h"
 #include "costs.h"
 #include "length.h"
 #include "payoff.h"
 #include "testutil.h"
 #include "tree_ctrl.h"
-
 
 /* 1 + a + ... + a^k: the expected tokens of a step, summed term by term. */
 static double series(double a, int k) {
@@ -28,7 +26,7 @@ static double series(double a, int k) {
 }
 
 Test(controller, expected_tokens_formula) {
-    for (int k = 0; k <= TDM_CTRL_MAX_K; k++) {
+    for (int k = 0; k <= 12; k++) {
         cr_assert_float_eq(tdm_ctrl_expected_tokens(0.0, k), 1.0, 1e-12, "alpha 0, k %d", k);
         cr_assert_float_eq(tdm_ctrl_expected_tokens(1.0, k), k + 1.0, 1e-12, "alpha 1, k %d", k);
         cr_assert_float_eq(tdm_ctrl_expected_tokens(1.0 - 1e-9, k), k + 1.0, 1e-5, "alpha -> 1, k %d", k);
@@ -40,163 +38,6 @@ Test(controller, expected_tokens_formula) {
     cr_assert_float_eq(tdm_ctrl_expected_tokens(0.5, 2), 1.75, 1e-12);
     cr_assert_float_eq(tdm_ctrl_expected_tokens(-0.3, 4), 1.0, 1e-12);
     cr_assert_float_eq(tdm_ctrl_expected_tokens(NAN, 4), 1.0, 1e-12);
-}
-
-Test(controller, cost_interpolation_and_extrapolation) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    cr_assert_float_eq(c.ema, 0.1, 1e-12);
-    double prior = tdm_cost_verify(&c, 1);
-    cr_assert_gt(prior, 0);
-    cr_assert_float_eq(tdm_cost_verify(&c, 9), prior, 1e-12, "prior is flat");
-    tdm_cost_observe_verify(&c, 3, 0.030);
-    for (int n = 1; n <= 20; n++) cr_assert_float_eq(tdm_cost_verify(&c, n), 0.030, 1e-12, "one point: flat at n %d", n);
-    tdm_cost_observe_verify(&c, 7, 0.050);
-    cr_assert_float_eq(tdm_cost_verify(&c, 5), 0.040, 1e-12, "interpolated");
-    cr_assert_float_eq(tdm_cost_verify(&c, 4), 0.035, 1e-12);
-    cr_assert_float_eq(tdm_cost_verify(&c, 11), 0.070, 1e-12, "linear beyond: slope 0.005");
-    cr_assert_float_eq(tdm_cost_verify(&c, 1), 0.020, 1e-12, "linear below");
-    /* Clamps: extrapolation never goes below flat / above proportional. */
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 0.010);
-    tdm_cost_observe_verify(&c, 3, 0.030); /* steep: slope 0.02 per position */
-    cr_assert_float_eq(tdm_cost_verify(&c, 9), 0.030 * 9 / 3, 1e-12, "clamped to proportional");
-    cr_assert_float_eq(tdm_cost_verify(&c, 1), 0.005, 1e-12, "clamped to proportional below");
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 4, 0.050);
-    tdm_cost_observe_verify(&c, 5, 0.040); /* noisy: decreasing */
-    cr_assert_float_eq(tdm_cost_verify(&c, 8), 0.040, 1e-12, "never cheaper than the last point");
-    /* EMA of repeated samples. */
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 1.0);
-    tdm_cost_observe_verify(&c, 2, 2.0);
-    cr_assert_float_eq(c.t_verify[2], 1.1, 1e-12);
-    tdm_cost_observe_verify(&c, 0, 5.0);                   /* ignored */
-    tdm_cost_observe_verify(&c, TDM_COST_MAX_N + 1, 5.0);  /* ignored (out of range) */
-    tdm_cost_observe_verify(&c, 3, -1.0);                  /* ignored */
-    tdm_cost_observe_verify(&c, 3, NAN);                   /* ignored */
-    cr_assert_eq(c.t_verify[3], 0.0);
-    tdm_cost_observe_draft(&c, 0.004);
-    tdm_cost_observe_draft(&c, 0.014);
-    cr_assert_float_eq(c.t_draft, 0.005, 1e-12);
-}
-
-/* Brute-force optimum of E[tokens](k) / (k t_draft + t_verify(k + 1)), smaller k on ties. */
-static int brute_k(double alpha, int kmin, int kmax, double td, const double *tv) {
-    double a = alpha < 0 ? 0 : alpha > 0.999 ? 0.999 : alpha;
-    int best = kmin;
-    double br = -1;
-    for (int k = kmin; k <= kmax; k++) {
-        double r = series(a, k) / (k * td + tv[k + 1]);
-        if (r > br * (1 + 1e-12)) {
-            br = r;
-            best = k;
-        }
-    }
-    return best;
-}
-
-Test(controller, choose_k_matches_brute_force) {
-    uint64_t st = 5;
-    int checked = 0;
-    for (int curve = 0; curve < 5; curve++)
-        for (int trial = 0; trial < 400; trial++) {
-            double tv[TDM_CTRL_MAX_K + 2] = {0};
-            double base = 0.005 + 0.05 * tdm_test_randu(&st), slope = 0.02 * tdm_test_randu(&st) * base;
-            for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) {
-                switch (curve) {
-                case 0: tv[n] = base; break;                                  /* memory bound */
-                case 1: tv[n] = base + slope * n; break;                      /* overhead + linear */
-                case 2: tv[n] = base * n; break;                              /* compute bound */
-                case 3: tv[n] = base + slope * n * n * 0.1; break;            /* convex */
-                default: tv[n] = base * (1 + (n > 8) + (n > 16)); break;      /* steps (tiles) */
-                }
-            }
-            double td = base * (0.02 + 0.5 * tdm_test_randu(&st));
-            tdm_cost_model c;
-            tdm_cost_init(&c);
-            for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tdm_cost_observe_verify(&c, n, tv[n]);
-            tdm_cost_observe_draft(&c, td);
-            int kmin = 1 + (int)(tdm_test_rand(&st) % 3), kmax = kmin + (int)(tdm_test_rand(&st) % (TDM_CTRL_MAX_K - kmin + 1));
-            tdm_spec_ctrl ctl;
-            tdm_ctrl_init(&ctl, kmin, kmax, 0);
-            ctl.alpha = trial % 10 == 0 ? 1.0 : tdm_test_randu(&st); /* 1.0 exercises the 0.999 clamp */
-            int want = brute_k(ctl.alpha, kmin, kmax, td, tv);
-            int got = tdm_ctrl_choose_k(&ctl, &c);
-            cr_assert_eq(got, want, "curve %d alpha %g k in [%d, %d]: chose %d, best %d", curve, ctl.alpha, kmin,
-                         kmax, got, want);
-            cr_assert_eq(ctl.k_last, got);
-            checked++;
-        }
-    cr_assert_eq(checked, 2000);
-}
-
-Test(controller, choose_k_with_partial_measurements) {
-    /* Only n = 2 and n = 6 measured: the choice uses the interpolated curve. */
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 0.02);
-    tdm_cost_observe_verify(&c, 6, 0.06);
-    tdm_cost_observe_draft(&c, 0.001);
-    double tv[TDM_CTRL_MAX_K + 2];
-    for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tv[n] = tdm_cost_verify(&c, n);
-    for (double a = 0.0; a <= 1.0; a += 0.05) {
-        tdm_spec_ctrl ctl;
-        tdm_ctrl_init(&ctl, 1, 12, 0);
-        ctl.alpha = a;
-        cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), brute_k(a, 1, 12, 0.001, tv), "alpha %g", a);
-    }
-    /* No measurements at all: the prior (t_draft = t_verify(1) / 4, flat verify). */
-    tdm_cost_init(&c);
-    double p1 = tdm_cost_verify(&c, 1);
-    for (int n = 1; n <= TDM_CTRL_MAX_K + 1; n++) tv[n] = p1;
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 12, 0);
-    int k0 = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert_eq(k0, brute_k(ctl.alpha, 1, 12, p1 / 4, tv));
-    cr_assert(k0 >= 1 && k0 <= 12);
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, NULL), k0, "NULL cost model = the prior");
-}
-
-Test(controller, k_follows_alpha_and_costs) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    for (int n = 1; n <= 13; n++) tdm_cost_observe_verify(&c, n, 0.010 + 0.0002 * n); /* nearly flat */
-    tdm_cost_observe_draft(&c, 0.0005);                                               /* cheap drafts */
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 12, 0);
-    uint64_t st = 3;
-    /* High acceptance: k grows to the top of the range. */
-    for (int step = 0; step < 300; step++) {
-        int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
-        while (n < k && tdm_test_randu(&st) < 0.95) n++;
-        tdm_ctrl_observe(&ctl, k, n);
-    }
-    int k_high = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert_geq(k_high, 8, "alpha ~0.95 with cheap drafts should draft long chains (k = %d, alpha %g)", k_high,
-                  ctl.alpha);
-    /* Low acceptance: k shrinks to k_min. */
-    for (int step = 0; step < 300; step++) {
-        int k = tdm_ctrl_choose_k(&ctl, &c), n = 0;
-        while (n < k && tdm_test_randu(&st) < 0.1) n++;
-        tdm_ctrl_observe(&ctl, k, n);
-    }
-    int k_low = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert_eq(k_low, 1, "alpha ~0.1 should draft 1 token (k = %d, alpha %g)", k_low, ctl.alpha);
-    /* k is non-increasing as alpha falls, for fixed costs. */
-    int prev = 99;
-    for (double a = 0.999; a >= 0; a -= 0.01) {
-        ctl.alpha = a;
-        int k = tdm_ctrl_choose_k(&ctl, &c);
-        cr_assert_leq(k, prev, "k rose from %d to %d as alpha fell to %g", prev, k, a);
-        prev = k;
-    }
-    /* Expensive drafts (as costly as a verify) with the same high alpha: shorter chains. */
-    tdm_cost_model dear = c;
-    dear.t_draft = 0.012;
-    ctl.alpha = 0.95;
-    int k_cheap = tdm_ctrl_choose_k(&ctl, &c), k_dear = tdm_ctrl_choose_k(&ctl, &dear);
-    cr_assert_lt(k_dear, k_cheap, "expensive drafts: k %d should be below %d", k_dear, k_cheap);
 }
 
 /* Bernoulli acceptance process: each drafted token accepted with probability a, the
@@ -251,112 +92,21 @@ Test(controller, alpha_tracks_a_change) {
     cr_assert_gt(ctl.alpha, before);
 }
 
-Test(controller, k_fixed_and_init_clamps) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    for (int n = 1; n <= 13; n++) tdm_cost_observe_verify(&c, n, 0.01);
-    tdm_cost_observe_draft(&c, 0.0001);
+Test(controller, init_clamps) {
     tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 12, 5);
-    for (double a = 0; a <= 1.0; a += 0.25) {
-        ctl.alpha = a;
-        cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 5, "k_fixed must be honoured (alpha %g)", a);
-        cr_assert_eq(ctl.k_last, 5);
-    }
-    for (int s = 0; s < 50; s++) tdm_ctrl_observe(&ctl, 5, 5);
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 5);
     tdm_ctrl_init(&ctl, 0, 100, 0);
     cr_assert_eq(ctl.k_min, 1);
     cr_assert_eq(ctl.k_max, TDM_CTRL_MAX_K);
-    ctl.alpha = 1.0;
-    int k = tdm_ctrl_choose_k(&ctl, &c);
-    cr_assert(k >= 1 && k <= TDM_CTRL_MAX_K);
     tdm_ctrl_init(&ctl, 6, 3, 0);
     cr_assert(ctl.k_min == 6 && ctl.k_max == 6);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 6, "k stays within [k_min, k_max]");
-    tdm_ctrl_init(&ctl, 2, 9, 0);
+    tdm_ctrl_init(&ctl, 2, 9, 99);
+    cr_assert_eq(ctl.k_fixed, TDM_CTRL_MAX_K);
     cr_assert_float_eq(ctl.alpha_ema, 0.2, 1e-12);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2, "alpha 0: every k gives one token, the smallest is cheapest");
+    tdm_ctrl_init(&ctl, 2, 9, -3);
+    cr_assert_eq(ctl.k_fixed, 0);
 }
 
-Test(controller, exact_tie_prefers_smaller_k) {
-    /* alpha 0: one token for every k; k = 1 and k = 2 cost exactly the same
-     * (1 * 0.25 + 1.0 == 2 * 0.25 + 0.75), so the smaller k must win. */
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    tdm_cost_observe_verify(&c, 2, 1.0);
-    tdm_cost_observe_verify(&c, 3, 0.75);
-    tdm_cost_observe_draft(&c, 0.25);
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 6, 0);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 1);
-    tdm_ctrl_init(&ctl, 2, 6, 0); /* the same tie one step up: k = 2 vs 3 */
-    tdm_cost_observe_verify(&c, 4, 0.5);
-    ctl.alpha = 0.0;
-    cr_assert_eq(tdm_ctrl_choose_k(&ctl, &c), 2);
-}
-
-/* Back-off: costs of a 7B target with a small draft (t_verify(n) = 5.1 + 0.1 (n - 1)
- * ms, a draft step 0.67 ms).  At acceptance 0 the plan falls to plain steps (0)
- * with probes of k = 1 at gaps 8, 16, 32, 64, 64, ...; a probe that accepts makes the
- * next step a probe too, and a high acceptance speculates again; a fixed k never
- * backs off. */
-Test(controller, backs_off_and_probes) {
-    tdm_cost_model c;
-    tdm_cost_init(&c);
-    for (int n = 1; n <= 10; n++) tdm_cost_observe_verify(&c, n, 5.1e-3 + 0.1e-3 * (n - 1));
-    tdm_cost_observe_draft(&c, 0.67e-3);
-    tdm_spec_ctrl ctl;
-    tdm_ctrl_init(&ctl, 1, 8, 0);
-    ctl.alpha = 0.6;
-    double rate;
-    cr_assert_gt(tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), &rate), 1, "alpha 0.6 speculates");
-    cr_assert_gt(rate, 1.0 / 5.1e-3);
-    /* the draft is never right: alpha falls, then only probes speculate */
-    int steps = 0, spec_steps = 0, probes[8], n_probes = 0, last_probe = -1;
-    for (; steps < 400; steps++) {
-        const int32_t k = tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), &rate);
-        cr_assert(k >= 0 && k <= 8);
-        if (k == 0) {
-            cr_assert_float_eq(rate, 1.0 / 5.1e-3, 1e-6, "a plain step's rate");
-            continue;
-        }
-        spec_steps++;
-        if (ctl.probing) {
-            cr_assert_eq(k, 1, "a probe drafts one token");
-            if (n_probes < 8) probes[n_probes++] = steps - last_probe - 1;
-            last_probe = steps;
-        }
-        tdm_ctrl_observe(&ctl, k, 0);
-    }
-    cr_assert_geq(n_probes, 5);
-    cr_assert_lt(spec_steps, 40, "%d of 400 steps speculated at acceptance 0", spec_steps);
-    /* gaps between probes: the first after the learning steps, then 8, 16, 32, 64 */
-    const int want[] = {16, 32, 64, 64};
-    for (int i = 0; i < 4; i++) cr_assert_eq(probes[i + 1], want[i], "gap %d: %d plain steps", i + 1, probes[i + 1]);
-    /* acceptance returns: probes accept, follow one another, and speculation resumes */
-    int first_long = -1;
-    for (int s = 0; s < 200 && first_long < 0; s++) {
-        const int32_t k = tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), NULL);
-        if (k == 0) continue;
-        if (k > 1 && !ctl.probing) first_long = s;
-        tdm_ctrl_observe(&ctl, k, k); /* every token accepted */
-    }
-    cr_assert_geq(first_long, 0, "speculation never resumed");
-    cr_assert_lt(first_long, 64 + 8, "speculation resumed only after %d steps", first_long);
-    /* a fixed k is the user's: never backed off */
-    tdm_ctrl_init(&ctl, 1, 8, 3);
-    ctl.alpha = 0.0;
-    for (int s = 0; s < 50; s++) {
-        cr_assert_eq(tdm_ctrl_plan(&ctl, &c, tdm_cost_draft(&c), NULL), 3);
-        tdm_ctrl_observe(&ctl, 3, 0);
-    }
-}
-
-/* ---- the length of a batch's step (draft/length.h) ---- */
+/* ---- the length of a step (draft/length.h) ---- */
 
 static void seqs_at(tdm_len_seq *bs, int n, double alpha, int cap) {
     for (int i = 0; i < n; i++) bs[i] = (tdm_len_seq){alpha, cap};
@@ -608,6 +358,30 @@ Test(controller, len_backs_off_and_probes) {
     cr_assert_leq(spec, 3, "nothing to probe where speculation loses on cost (%d speculative steps)", spec);
 }
 
+/* The lookup length (no draft model): the brute-force best of E / the step's cost. */
+Test(controller, lookup_length_matches_brute_force) {
+    static tdm_len_ctrl c;
+    tdm_len_init(&c);
+    for (int i = 0; i < 2; i++) /* (each count sampled twice: measured) */
+        for (int r = 1; r <= 40; r++) tdm_rowcost_observe(&c.cost.target, r, 1e-3 + (r > 1 ? 0.3e-3 * (r - 1) : 0));
+    tdm_len_observe_step(&c, 1, 0, 1.2e-3); /* (a step's host work is the same for every proposal: left out) */
+    for (double a = 0.0; a <= 0.95; a += 0.05)
+        for (int cap = 0; cap <= 12; cap += 3) {
+            int best = 0;
+            double br = -1;
+            for (int k = 1; k <= cap; k++) {
+                const double r = series(a, k) / (1e-3 + 0.3e-3 * k);
+                if (r > br * (1 + 1e-12)) br = r, best = k;
+            }
+            tdm_spec_ctrl ng;
+            tdm_ctrl_init(&ng, 1, 16, 0);
+            ng.alpha = a;
+            cr_assert_eq(tdm_len_lookup_k(&c, &ng, cap), best, "alpha %.2f cap %d", a, cap);
+            tdm_ctrl_init(&ng, 1, 16, 5);
+            cr_assert_eq(tdm_len_lookup_k(&c, &ng, cap), cap < 5 ? cap : 5, "a fixed k is the request's");
+        }
+}
+
 /* Step costs: the second sample replaces the first (one-time work such as a graph
  * capture); later, a sample over twice the estimate moves it as one twice as large
  * would, and one under half replaces it. */
@@ -643,6 +417,7 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 2, 0.2e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 2), 0.2e-3, 1e-12);
     tdm_rowcost_observe(&c, 256, 2e-3);
+    tdm_rowcost_observe(&c, 256, 2e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.2e-3, 1e-12, "flat while the weights dominate");
     cr_assert_float_eq(tdm_rowcost_get(&c, 128), 1e-3, 1e-12, "then proportional to the rows");
     cr_assert_float_eq(tdm_rowcost_get(&c, 1), 0.2e-3, 1e-12, "below every measurement: the next one");
@@ -650,29 +425,65 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 10, 1e-3);
     tdm_rowcost_observe(&c, 20, 10e-3); /* dearer than proportional: the straight line bounds it */
     cr_assert_float_eq(tdm_rowcost_get(&c, 15), 5.5e-3, 1e-12, "min(line 5.5 ms, roof 7.5 ms)");
+    /* a count sampled once counts at most at the others' estimate (its sample may
+     * hold a graph capture); a sample under half the estimate replaces it */
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 2, 1e-3), tdm_rowcost_observe(&c, 8, 1.6e-3);
+    tdm_rowcost_observe(&c, 5, 9e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.0e-3, 1e-12, "one inflated sample: the others' estimate (roofline 2..8)");
+    tdm_rowcost_observe(&c, 5, 1.35e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.35e-3, 1e-12, "the second sample replaces it");
+    tdm_rowcost_observe(&c, 8, 0.5e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.5e-3, 1e-12, "under half the estimate: replaces");
+    /* a count sampled once (with a graph capture: dear) does not make its neighbours
+     * dear: they take the lesser of the estimates with and without it */
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 4, 0.24e-3), tdm_rowcost_observe(&c, 5, 0.25e-3);
+    tdm_rowcost_observe(&c, 13, 0.95e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 9), 0.29e-3, 1e-12, "the twice-sampled slope, not the line to 0.95 ms");
+    cr_assert_float_eq(tdm_rowcost_get(&c, 13), 0.33e-3, 1e-12, "one dear sample: at most the others' estimate");
+    /* above every measurement: the slope of the two highest, at most proportional
+     * to the highest; a sample over twice the estimate counts as twice */
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 4, 1e-3), tdm_rowcost_observe(&c, 5, 1.5e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 10), 3e-3, 1e-12, "slope 0.5 ms a row, capped at 1.5 * 10 / 5 ms");
+    tdm_rowcost_init(&c);
+    for (int i = 0; i < 2; i++) tdm_rowcost_observe(&c, 4, 1e-3), tdm_rowcost_observe(&c, 5, 1.1e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 10), 1.6e-3, 1e-12, "the line below the roof");
+    tdm_rowcost_observe(&c, 5, 50e-3);
+    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.1e-3 + 0.2 * 1.1e-3, 1e-12, "an outlier moves it as twice the estimate");
     static tdm_pair_costs pc;
     tdm_pair_costs_init(&pc);
-    cr_assert_float_eq(tdm_pair_cost_target(&pc, 7), 1.0, 1e-12, "the prior: 1");
-    cr_assert_float_eq(tdm_pair_cost_draft(&pc, 3), 0.25, 1e-12, "a draft round a quarter of it");
+    cr_assert_float_eq(tdm_cost_target(&pc, 7), 1.0, 1e-12, "the prior: 1");
+    cr_assert_float_eq(tdm_cost_draft(&pc, 3), 0.25, 1e-12, "a draft round a quarter of it");
+}
+
+/* A lone sequence's choice (the batch of one) at budgets up to max_budget; the
+ * decision counter is the caller's. */
+static int32_t choose1(const tdm_tree_ctrl *c, double alpha, const tdm_tree_cost *tc, const tdm_pair_costs *cost,
+                       double chain, int32_t max_budget, uint32_t *n_dec) {
+    return tdm_tree_choose(&c, &alpha, 1, tc, cost, chain, 0, max_budget, 1 << 20, n_dec);
 }
 
 /* Chain or tree (tdm_tree_choose): a tree's verification is weighed at its own
  * measured cost, not at a chain's of the same row count; a sequence that has not
  * measured a budget takes the engine's tokens for it; an unmeasured budget is tried. */
 Test(controller, tree_choice_weighs_the_trees_own_costs) {
-    tdm_cost_model cost;
-    tdm_cost_init(&cost);
-    tdm_cost_observe_draft(&cost, 100e-6);
-    for (int n = 1; n <= TDM_COST_MAX_N; n++) tdm_cost_observe_verify(&cost, n, 1e-3 + n * 5e-6);
+    uint32_t n_c = 0, n_fresh = 0, n_cs = 0;
+    static tdm_len_ctrl lc;
+    tdm_len_init(&lc);
+    tdm_pair_costs *cost = &lc.cost;
+    tdm_rowcost_observe(&cost->draft, 1, 100e-6);
+    for (int n = 1; n <= 65; n++) tdm_rowcost_observe(&cost->target, n, 1e-3 + n * 5e-6);
     const double alpha = 0.7;
     const int32_t k = 4;
-    const double chain = tdm_ctrl_rate(&cost, alpha, tdm_cost_draft(&cost), k);
+    const double chain = tdm_len_rate(&lc, 1, series(alpha, k), 1 + k, k);
     tdm_tree_cost tc;
     memset(&tc, 0, sizeof tc);
     tdm_tree_ctrl c;
     tdm_tree_ctrl_init(&c);
     /* nothing measured: the hopeful estimate picks some tree, to try it */
-    cr_assert_gt(tdm_tree_choose(&c, &tc, &cost, alpha, k, 8), 0);
+    cr_assert_gt(choose1(&c, alpha, &tc, cost, chain, 8, &n_c), 0);
     /* budgets 4 and 8 measured: 5 tokens each, drafted in 0.3 ms, but verified in
      * 2.5 ms (masked rows): slower than the chain, which is chosen (the choice
      * every 8th step is the runner-up, so compare 7 in 8) */
@@ -683,15 +494,15 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
         tdm_tree_ctrl_observe(&c, 8, 5);
     }
     cr_assert_lt(5.0 / (300e-6 + 2.5e-3), chain, "(the case: the tree is slower)");
-    cr_assert_gt(5.0 / (300e-6 + tdm_cost_verify(&cost, 9)), chain, "(at a chain's verification it would win)");
+    cr_assert_gt(5.0 / (300e-6 + tdm_cost_target(cost, 9)), chain, "(at a chain's verification it would win)");
     int chains = 0;
-    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&c, &tc, &cost, alpha, k, 8) == 0;
+    for (int i = 0; i < 8; i++) chains += choose1(&c, alpha, &tc, cost, chain, 8, &n_c) == 0;
     cr_assert_eq(chains, 7, "the chain in 7 of 8 steps, got %d", chains);
     /* a new sequence: no tokens of its own, the engine's make the trees lose too */
     tdm_tree_ctrl fresh;
     tdm_tree_ctrl_init(&fresh);
     chains = 0;
-    for (int i = 0; i < 8; i++) chains += tdm_tree_choose(&fresh, &tc, &cost, alpha, k, 8) == 0;
+    for (int i = 0; i < 8; i++) chains += choose1(&fresh, alpha, &tc, cost, chain, 8, &n_fresh) == 0;
     cr_assert_eq(chains, 7, "a new sequence: the chain in 7 of 8 steps, got %d", chains);
     /* a tree far slower than the chain (verified in 6 ms): its re-check is rarer,
      * every 64th step */
@@ -700,20 +511,19 @@ Test(controller, tree_choice_weighs_the_trees_own_costs) {
     tdm_tree_ctrl_init(&cs);
     for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&slow, 4, 300e-6, 6e-3, 5), tdm_tree_cost_observe(&slow, 8, 300e-6, 6e-3, 5);
     chains = 0;
-    for (int i = 0; i < 64; i++) chains += tdm_tree_choose(&cs, &slow, &cost, alpha, k, 8) == 0;
+    for (int i = 0; i < 64; i++) chains += choose1(&cs, alpha, &slow, cost, chain, 8, &n_cs) == 0;
     cr_assert_eq(chains, 63, "far slower trees: the chain in 63 of 64 steps, got %d", chains);
     /* a tree verified fast wins */
     for (int i = 0; i < 60; i++) tdm_tree_cost_observe(&tc, 8, 300e-6, 1.0e-3, 5);
     for (int i = 0; i < 60; i++) tdm_tree_ctrl_observe(&c, 8, 5);
     tdm_tree_ctrl_init(&fresh);
-    cr_assert_eq(tdm_tree_choose(&fresh, &tc, &cost, alpha, k, 8), 8);
+    n_fresh = 0;
+    cr_assert_eq(choose1(&fresh, alpha, &tc, cost, chain, 8, &n_fresh), 8);
     /* times that are not positive are not recorded */
     const double before = tc.t_verify[1];
     tdm_tree_cost_observe(&tc, 8, 0, -1, 0);
     cr_assert_float_eq(tc.t_verify[1], before, 0);
 }
-
-/* ---- payoff of lookups (draft/payoff.h) ---- */
 
 Test(payoff, rates_need_min_steps_and_follow_the_ema) {
     tdm_payoff p = {0};

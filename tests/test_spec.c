@@ -226,15 +226,20 @@ Test(spec, ngram_speculates_while_the_draft_backs_off) {
     tdm_engine *plain = make_engine(NULL), *e = make_engine(g_draft[1]);
     tdm_sched *sched;
     cr_assert_eq(tdm_sched_create(e, NULL, &sched, &err), TANDEM_OK, "%s", err.msg);
-    tdm_cost_model *cost = &tdm_sched_ws(sched)->cost;
+    tdm_len_ctrl *len = &tdm_sched_ws(sched)->len;
     uint64_t ng_steps = 0, ng_acc = 0, model = 0;
     for (size_t li = 0; li < 40 && li < n_lines; li += tdm_test_sanitized() ? 4 : 1) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
         tandem_result want, got;
         cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
-        cost->t_draft = 1.0; /* a second a draft token: never worth it */
-        for (int i = 1; i <= TDM_COST_MAX_N; i++) cost->t_verify[i] = 1e-3;
+        /* a second a draft token: never worth it (row costs and measured steps) */
+        tdm_len_init(len);
+        for (int i = 0; i < 2; i++) {
+            tdm_rowcost_observe(&len->cost.draft, 1, 1.0);
+            for (int r = 1; r <= 65; r++) tdm_rowcost_observe(&len->cost.target, r, 1e-3);
+            for (int k = 0; k <= TDM_CTRL_MAX_K; k++) tdm_len_observe_step(len, 1, k, 1e-3 + k * 1.0);
+        }
         const int32_t *prompt = ids, n_prompt = (int32_t)n;
         cr_assert_eq(tdm_sched_run(sched, &prompt, &n_prompt, &gp, NULL, NULL, 1, &got, &err), TANDEM_OK, "%s", err.msg);
         cr_assert_eq(got.status, TANDEM_OK, "%s", got.error ? got.error : "");

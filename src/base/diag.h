@@ -9,8 +9,8 @@
  *                                  its backend is destroyed
  *   TANDEM_SPEC_PHASES=0|1         1: wait at the end of each phase of a speculative
  *                                  step and log each phase's mean time at the end
- *   TANDEM_SCHED_LOG=0|1           1: log each speculation length a batch chooses, with
- *                                  the measured step times, and each lone step's
+ *   TANDEM_SCHED_LOG=0|1           1: log each speculation length a step chooses, with
+ *                                  the measured step times, and each sequence's
  *                                  proposal and what it yielded
  *
  * Unset or empty: the default (no cap, graphs, no profile, no phases).  A malformed

@@ -1,0 +1,229 @@
+/* step_run.c - the forwards of a step's plan (step.c), each item's verdict and
+ * its commit.
+ *
+ * The plan's rows are grouped into forwards so that each row is computed as it
+ * would be alone: one forward on a backend that is row-invariant at any size,
+ * groups of at most invariant_rows decode rows and one prompt chunk per forward
+ * otherwise; the draft model sees the prompt chunks too.  An item verified by
+ * rejection sampling goes alone in its forward (its rule reads the forward's
+ * logits rows).
+ *
+ * Verdicts (verify/): a greedy chain or tree by agreement with the target's
+ * argmaxes; a sampled one by agreement with the target's own draws, each row drawn
+ * with the uniform its position would use without speculation (the draft drew its
+ * tokens with the same uniforms), so that the output is exactly what it would be
+ * alone and unspeculated, whatever the batch; or, for a sampled sequence on an
+ * engine of one sequence (it->reject), by rejection sampling against the draft's q
+ * rows (Leviathan et al.; multi-candidate for trees), which keeps the distribution
+ * and accepts more.  Commits go through commit.h, the one place tokens leave; the
+ * step's observations (acceptance per proposer, statistics, the payoff of lookups)
+ * are entered there too. */
+#include <string.h>
+
+#include "accept.h"
+#include "commit.h"
+#include "kv_cache.h"
+#include "liblog.h"
+#include "sched_internal.h"
+#include "tree_accept.h"
+#include "tree_verify.h"
+#include "verify.h"
+
+static int32_t item_rows(const step_item *it) { return it->tree ? 1 + it->tree->n : it->to - it->from; }
+static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree->n : it->decode ? 1 + it->k : it->want; }
+
+/* What an item's verdict reads of the target's forward: tokens drawn per logits
+ * row (a greedy item's argmaxes, TDM_FWD_ARGMAX; a sampled item's draws with its
+ * uniforms, where the engine samples), or, for rejection sampling, the logits rows
+ * themselves where its rule runs: a chain's on the device with the draft's q rows
+ * there, a tree's on the host. */
+static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
+    const bool samples = it->r->s.sp.temperature > 0 && (it->tree || it->decode || it->want);
+    if (!samples) return TDM_FWD_ARGMAX;
+    if (it->reject) return !it->tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+}
+
+/* The rows of items [0, n) as one forward of the target (and one of the draft over
+ * the prompt chunks among them), and a token drawn for every logits row (s->g_tok,
+ * in row order) unless the item is verified by rejection sampling (then alone). */
+static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n, tdm_fwd_kind *kind_out,
+                                   tdm_err *err) {
+    tdm_engine *e = s->e;
+    const tdm_kv_seq **seqs = s->g_seqs;
+    tdm_draw_row *rows = s->g_rows;
+    int32_t m = 0;
+    bool any_chunk = false;
+    tdm_fwd_kind kind = TDM_FWD_ARGMAX; /* (the group's: its sampled items agree) */
+    tdm_batch *b = &e->batch;
+    tdm_batch_clear(b);
+    for (int32_t i = 0; i < n; i++) {
+        tdm_seq *q = &it[i].r->s;
+        seqs[i] = &q->kv;
+        /* row d of the item's logits draws with the d-th uniform to come (a tree's
+         * node at depth d with uniform d + 1: the position its logits predict) */
+        double u[TDM_MAX(TDM_CTRL_MAX_K, TDM_TREE_DEPTH_MAX) + 1] = {0};
+        const bool draws = q->sp.temperature > 0 && !it[i].reject;
+        if (it[i].tree) {
+            const tdm_tree *t = it[i].tree;
+            tdm_tree_rows(b, q, t, i);
+            int32_t deepest = -1;
+            for (int32_t x = 0; x < t->n; x++) deepest = TDM_MAX(deepest, t->depth[x]);
+            if (draws) tdm_engine_draws(q, deepest + 2, u);
+            rows[m++] = (tdm_draw_row){q, u[0]};
+            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1]};
+            if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
+            continue;
+        }
+        if (draws) tdm_engine_draws(q, item_logits(&it[i]), u);
+        for (int32_t p = it[i].from, d = 0; p < it[i].to; p++) {
+            const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
+            const int32_t tk = p < q->n_tokens ? q->tokens[p] : it[i].draft[p - q->n_tokens];
+            tdm_batch_add(b, tk, p, i, p, want);
+            if (want) rows[m++] = (tdm_draw_row){q, u[d++]};
+        }
+        if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
+        any_chunk |= !it[i].decode;
+    }
+    *kind_out = kind;
+    b->rows_shared = !e->cfg.batch_invariant && n > 1; /* (a lone sequence's rows stay its own) */
+    tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
+    const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
+    if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
+    if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
+        tdm_batch_clear(b);
+        for (int32_t i = 0; i < n; i++) {
+            if (it[i].decode) continue;
+            const tdm_seq *q = &it[i].r->s;
+            for (int32_t p = it[i].from; p < it[i].to; p++) tdm_batch_add(b, q->tokens[p], p, i, p, false);
+        }
+        b->rows_shared = true; /* (the draft's rows only propose) */
+        st = tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS, err);
+    }
+    return st;
+}
+
+void tdm_sched_observe_lookup(const tdm_seq *q, tdm_spec_rec *sr, const int32_t *prop, int32_t n, int32_t before) {
+    if (n <= 0) return;
+    int32_t m = 0;
+    while (m < n && before + m < q->n_tokens && prop[m] == q->tokens[before + m]) m++;
+    tdm_ctrl_observe(&sr->ctrl_ng, n, m);
+}
+
+/* A decode item's chain verdict v (its tokens not yet committed) committed, and what
+ * the step teaches: the model-drafted prefix and the looked-up rest update their
+ * own acceptance estimates (the pair's too, for the model's), and the request's
+ * statistics (with the payoff of lookups where the step's seconds are its own). */
+static void commit_chain_item(tdm_sched *s, const step_item *it, const tdm_verdict *v, double draft_s,
+                              double verify_s) {
+    tdm_seq *q = &it->r->s;
+    tdm_spec_rec *sr = &it->r->sr;
+    const int32_t k = it->k, n_model = TDM_MIN(it->n_model, k), n_look = k - n_model, before = q->n_tokens;
+    const int32_t acc = v->n_acc, acc_look = TDM_MAX(acc - n_model, 0);
+    tdm_commit_chain(s->e, q, it->draft, v);
+    if (n_model > 0) {
+        tdm_ctrl_observe(&sr->ctrl, n_model, TDM_MIN(acc, n_model));
+        tdm_ctrl_observe(&s->pair, n_model, TDM_MIN(acc, n_model));
+        s->pair_seen = true;
+    }
+    if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&sr->ctrl_ng, n_look, acc_look);
+    if (s->ws && s->ws->len.log && k > 0) /* (TANDEM_SCHED_LOG=1: each proposal and what it yielded) */
+        tdm_log(TANDEM_LOG_INFO, "step: request %llu, k %d, proposed %d (model %d, looked up %d%s), accepted %d; alpha %.2f, lookups' %.2f; ms %.3f + %.3f",
+                (unsigned long long)it->r->id, (int)it->k_plan, (int)k, (int)n_model, (int)n_look,
+                it->ngram ? ", a lookup step" : "", (int)acc, sr->ctrl.alpha, sr->ctrl_ng.alpha, draft_s * 1e3,
+                verify_s * 1e3);
+    tdm_spec_stats_add(sr, s->step_own ? &s->pay : NULL,
+                       &(tdm_step_obs){.proposed = k, .accepted = acc, .looked_up = n_look, .looked_up_acc = acc_look,
+                                       .lookup_step = it->ngram && k > 0, .committed = q->n_tokens - before,
+                                       .k_final = it->k_plan, .draft_s = draft_s, .verify_s = verify_s});
+}
+
+/* Runs items [0, n) as one forward (group_forward), then commits their results. */
+static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
+    tdm_engine *e = s->e;
+    int32_t *tok = s->g_tok;
+    tdm_err err = {0};
+    tdm_fwd_kind kind;
+    tandem_status st = group_forward(s, it, n, &kind, &err);
+    const double now = tdm_now();
+    const double draft_s = s->t_draft, verify_s = now - s->t_verify0;
+    for (int32_t i = 0, j = 0; i < n; i++) {
+        tdm_req *r = it[i].r;
+        tdm_seq *q = &r->s;
+        if (st) {
+            tdm_sched_fail(r, st, &err);
+            continue;
+        }
+        if (it[i].reject) { /* (alone in its forward: its rule reads the rows) */
+            tdm_verdict v;
+            if ((st = it[i].tree ? tdm_verify_tree_reject(e, s->ws, q, it[i].tree, 0, &v, &err)
+                                 : tdm_verify_reject(e, s->ws, q, it[i].draft, it[i].k, it[i].n_model, 0, kind, &v, &err))) {
+                tdm_sched_fail(r, st, &err);
+                continue;
+            }
+            if (it[i].tree) tdm_sched_commit_tree(s, &it[i], &v, draft_s, verify_s);
+            else commit_chain_item(s, &it[i], &v, draft_s, verify_s);
+            if (r->t_first == 0) r->t_first = now;
+            continue;
+        }
+        const int32_t n_out = item_logits(&it[i]);
+        const int32_t *out = tok + j, t = n_out ? out[n_out - 1] : 0;
+        j += n_out;
+        int32_t bad = -1;
+        for (int32_t x = 0; x < n_out && bad < 0; x++)
+            if (out[x] < 0) bad = x;
+        if (bad >= 0) {
+            tdm_err ferr;
+            tdm_engine_nonfinite(e, false, it[i].tree ? it[i].from : it[i].to - n_out + bad, &ferr);
+            tdm_sched_fail(r, TANDEM_ERR_FORMAT, &ferr);
+            continue;
+        }
+        if (it[i].tree) {
+            tdm_verdict v;
+            v.n_acc = tdm_tree_accept_match(it[i].tree, out, v.path, &v.next);
+            if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1); /* the uniforms of the kept tokens */
+            tdm_sched_commit_tree(s, &it[i], &v, draft_s, verify_s);
+            if (r->t_first == 0) r->t_first = now;
+            continue;
+        }
+        if (it[i].decode) { /* a verified chain, or the plain next token (k = 0) */
+            tdm_verdict v;
+            v.n_acc = tdm_accept_greedy(it[i].draft, it[i].k, out, &v.next);
+            if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
+            commit_chain_item(s, &it[i], &v, draft_s, verify_s);
+            if (r->t_first == 0) r->t_first = now;
+            continue;
+        }
+        q->n_target = it[i].to;
+        r->n_fed = it[i].to;
+        if (e->draft) q->n_draft = it[i].to;
+        if (r->n_fed < r->n_goal) continue;
+        r->state = TDM_REQ_RUNNING;
+        if (e->cfg.prefix_cache) tdm_kv_prefix_publish(e->pool, &q->kv, q->tokens, r->n_fed);
+        if (!it[i].want) continue; /* (a recomputation: its next token is pending) */
+        if (q->sp.temperature > 0) tdm_engine_consume(q, 1);
+        tdm_commit_token(e, q, t);
+        if (r->t_first == 0) r->t_first = now;
+    }
+}
+
+void tdm_sched_run_plan(tdm_sched *s, const step_item *it, int32_t n) {
+    tdm_engine *e = s->e;
+    const int32_t inv = tdm_sched_invariant_rows(e);
+    for (int32_t i = 0; i < n;) {
+        const int32_t cap_logits = TDM_MIN(e->n_logit_rows, TDM_ENGINE_BATCH_LOGITS_MAX);
+        int32_t rows = 0, logits = 0, j = i;
+        while (j < n) {
+            const step_item *x = &it[j];
+            if (j > i && (x->reject || it[i].reject)) break; /* (its rule reads the rows) */
+            if (inv > 0 && j > i && (!x->decode || !it[i].decode)) break; /* a chunk goes alone */
+            if (inv > 0 && j > i && x->decode && rows + item_rows(x) > inv) break;
+            if (j > i && (rows + item_rows(x) > e->max_rows || logits + item_logits(x) > cap_logits)) break;
+            rows += item_rows(x);
+            logits += item_logits(x);
+            j++;
+        }
+        run_group(s, it + i, j - i);
+        i = j;
+    }
+}
