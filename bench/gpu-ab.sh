@@ -8,7 +8,7 @@
 # and bench_batch (bench/gpu-pack.sh's layout).
 # usage: bench/gpu-ab.sh OLD_DIR NEW_DIR OUT_DIR [MODELS_DIR] [STEPS]
 #   STEPS: comma-separated subset of spec,decode,batch,specbatch (default all), and
-#          speclog: each build's lone steps with n-gram lookups logged (TANDEM_SCHED_LOG=1,
+#          speclog: each build's steps of a lone sequence with n-gram lookups logged (TANDEM_SCHED_LOG=1,
 #          draft-xs, 30 prompts, one repetition; not in the default)
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -62,7 +62,7 @@ fi
 if has speclog; then
   for v in A B; do
     d=${!v}
-    log "bench_spec with the lone steps logged, $v"
+    log "bench_spec with the steps logged, $v"
     TANDEM_SCHED_LOG=1 timeout 300 "$d/bench_spec" -m "$pyt" -d "$pyx" --prompts "$prompts" -n 128 --reps 1 --limit 30 \
       --ks 0 --ngram 4 --backend cuda >"$out/speclog-$v.txt" 2>"$out/speclog-$v.err" || log "bench_spec $v failed"
     grep -E "^\| pycode" "$out/speclog-$v.txt" | tee -a "$out/log.txt"
