@@ -55,6 +55,9 @@ struct srv_job {
     int phase;                   /* stream: what comes next */
     bool first_chunk;
     size_t n_sent_text;          /* stream: bytes of text sent so far */
+    char *acc;                   /* stream with tools: all the text so far (what may be
+                                    a call is held back: tdm_tool_calls_stream_safe) */
+    size_t n_acc, cap_acc;
     char *out;                   /* stream: bytes formatted, out_off of them given to MHD */
     size_t out_len, out_off;
     double t_out;                /* stream: when bytes were last given to MHD */
@@ -68,6 +71,7 @@ static void job_unref(srv_job *j) {
     if (left > 0) return;
     tandem_result_free(&j->res);
     free(j->pending);
+    free(j->acc);
     free(j->out);
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
@@ -173,10 +177,92 @@ static bool never_started(const srv_job *j) {
 
 /* ---- streaming ---- */
 
+/* A stream with tools: the text passed by moves to j->acc, and the part of it that
+ * cannot begin a call goes out as content; at the result the whole text is parsed: the
+ * rest of the content, then the calls (j->mu held).  *t the events formatted, or NULL
+ * with false when there is nothing to send yet. */
+static bool tool_event(srv_job *j, char **t, size_t *n, bool *oom) {
+    if (j->n_pending > 0) {
+        if (j->n_acc + j->n_pending > j->cap_acc) {
+            size_t nc = j->cap_acc ? j->cap_acc : 256;
+            while (nc < j->n_acc + j->n_pending) nc *= 2;
+            char *na = realloc(j->acc, nc);
+            if (!na) return *oom = true, false;
+            j->acc = na, j->cap_acc = nc;
+        }
+        memcpy(j->acc + j->n_acc, j->pending, j->n_pending);
+        j->n_acc += j->n_pending;
+        j->n_pending = 0;
+    }
+    if (!j->done) {
+        const size_t safe = tdm_tool_calls_stream_safe(j->meta.tool_format, j->acc, j->n_acc);
+        if (safe <= j->n_sent_text) return false;
+        *t = oai_chunk_sse(&j->meta, j->acc + j->n_sent_text, safe - j->n_sent_text, j->first_chunk, j->include_usage, n);
+        j->n_sent_text = safe;
+        j->first_chunk = false;
+        return *t ? true : (*oom = true, false);
+    }
+    j->phase = PH_FINAL;
+    const tandem_result *r = &j->res;
+    const char *text = r->status == TANDEM_OK && r->text ? r->text : "";
+    tdm_tool_parse p;
+    if (!oai_tool_parse(&j->meta, text, strlen(text), &p)) return *oom = true, false;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f) {
+        tdm_tool_parse_free(&p);
+        return *oom = true, false;
+    }
+    const size_t cl = p.content ? strlen(p.content) : 0;
+    if (cl > j->n_sent_text && memcmp(p.content, j->acc, j->n_sent_text) == 0) { /* (always: the hold-back rule) */
+        size_t k = 0;
+        char *c = oai_chunk_sse(&j->meta, p.content + j->n_sent_text, cl - j->n_sent_text, j->first_chunk,
+                                j->include_usage, &k);
+        if (c) fwrite(c, 1, k, f);
+        else *oom = true;
+        free(c);
+        j->n_sent_text = cl;
+        j->first_chunk = false;
+    }
+    if (p.n_calls) {
+        size_t k = 0;
+        char *c = oai_tool_calls_sse(&j->meta, &p, j->first_chunk, j->include_usage, &k);
+        if (c) fwrite(c, 1, k, f);
+        else *oom = true;
+        free(c);
+        j->first_chunk = false;
+        j->meta.called_tools = true;
+    }
+    tdm_tool_parse_free(&p);
+    const bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad || *oom) {
+        free(buf);
+        return *oom = true, false;
+    }
+    if (len == 0) {
+        free(buf);
+        return false;
+    }
+    *t = buf;
+    *n = len;
+    return true;
+}
+
 /* Formats the next event into j->out (j->mu held); false when there is none yet. */
 static bool next_event(srv_job *j, bool *oom) {
     size_t n = 0;
     char *t = NULL;
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE && (j->n_pending > 0 || j->phase == PH_TEXT)) {
+        if (tool_event(j, &t, &n, oom)) {
+            j->out = t;
+            j->out_len = n;
+            j->out_off = 0;
+            return true;
+        }
+        if (*oom || !j->done) return false;
+        return next_event(j, oom); /* (the result, with nothing left to say before its last chunk) */
+    }
     if (j->n_pending > 0) {
         t = oai_chunk_sse(&j->meta, j->pending, j->n_pending, j->first_chunk, j->include_usage, &n);
         j->n_sent_text += j->n_pending;
@@ -344,7 +430,7 @@ static bool prompt_ids(const srv_model *m, const oai_request *rq, int32_t **ids,
     *n = 0;
     if (rq->kind == OAI_CHAT) {
         char *text = NULL;
-        st = tandem_chat_render(m->target, m->chat_template, rq->messages, rq->n_messages, true, &text);
+        st = tandem_chat_render_json(m->target, m->chat_template, rq->chat_json, strlen(rq->chat_json), true, &text);
         if (st != TANDEM_OK)
             return oai_fail(e, st == TANDEM_ERR_NOMEM ? 500 : 400, "messages", "chat_template_error",
                             "the chat template cannot render these messages: %s", tandem_last_error());
@@ -379,7 +465,9 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
     j->first_chunk = true;
     j->t_arrival = j->t_out = t_arrival;
     j->meta = (oai_meta){.kind = rq->kind, .id = j->id_text, .created = (int64_t)time(NULL), .model = s->m.lim.model_id,
-                         .has_draft = s->m.lim.has_draft};
+                         .has_draft = s->m.lim.has_draft, .parallel_tool_calls = rq->parallel_tool_calls,
+                         .tool_format = rq->kind == OAI_CHAT && rq->n_tools > 0 && rq->tool_choice != OAI_TOOLS_NONE
+                                            ? s->m.tool_format : TDM_TOOL_FORMAT_NONE};
     return j;
 }
 

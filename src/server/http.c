@@ -396,8 +396,15 @@ void srv_set_progress(srv *s, float progress) {
 }
 
 void srv_set_ready(srv *s, const srv_model *m) {
+    char *probe = NULL;
+    tdm_tool_format f = TDM_TOOL_FORMAT_NONE;
+    if (tandem_chat_render_json(m->target, m->chat_template, tdm_tool_probe_json, strlen(tdm_tool_probe_json), true,
+                                &probe) == TANDEM_OK)
+        f = tdm_tool_format_detect(probe, strlen(probe));
+    tandem_free(probe);
     pthread_mutex_lock(&s->mu);
     s->m = *m;
+    s->m.tool_format = f;
     s->state = SRV_READY;
     pthread_mutex_unlock(&s->mu);
 }

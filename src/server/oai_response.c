@@ -79,20 +79,83 @@ static void usage(FILE *f, const oai_meta *m, const tandem_result *r) {
 }
 
 /* ", "finish_reason": ..." and the timeout mark. */
-static void finish(FILE *f, const tandem_result *r) {
+static void finish(FILE *f, const oai_meta *m, const tandem_result *r) {
     fputs(", \"finish_reason\": ", f);
-    str(f, oai_finish_reason(r->finish_reason));
+    const bool calls = m->called_tools && (r->finish_reason == TANDEM_FINISH_EOS || r->finish_reason == TANDEM_FINISH_STOP);
+    str(f, calls ? "tool_calls" : oai_finish_reason(r->finish_reason));
     if (r->finish_reason == TANDEM_FINISH_TIMEOUT) fputs(", \"tandem\": {\"timeout\": true}", f);
 }
 
-char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len) {
+bool oai_tool_parse(const oai_meta *m, const char *text, size_t len, tdm_tool_parse *p) {
+    if (tdm_tool_calls_parse(m->tool_format, text, len, p) != TANDEM_OK) return false;
+    if (!m->parallel_tool_calls)
+        while (p->n_calls > 1) {
+            p->n_calls--;
+            free(p->calls[p->n_calls].name);
+            free(p->calls[p->n_calls].arguments);
+        }
+    return true;
+}
+
+void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap) {
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the answer's id, then splitmix64 per character */
+    for (const char *c = m->id; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ ((uint64_t)k + 1)) * 0xff51afd7ed558ccdull; /* (murmur3's finalizer: call k's own sequence) */
+    h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    const bool mistral = m->tool_format == TDM_TOOL_FORMAT_MISTRAL;
+    const size_t n = mistral ? 9 : 24;
+    size_t at = (size_t)snprintf(buf, cap, "%s", mistral ? "" : "call_");
+    for (size_t i = 0; i < n && at + 1 < cap; i++) {
+        uint64_t z = (h += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        buf[at++] = digits[z % (sizeof digits - 1)];
+    }
+    if (cap) buf[at < cap ? at : cap - 1] = '\0';
+}
+
+/* "tool_calls": [...] of a whole message. */
+static void message_calls(FILE *f, const oai_meta *m, const tdm_tool_parse *p) {
+    fputs(", \"tool_calls\": [", f);
+    for (size_t k = 0; k < p->n_calls; k++) {
+        char id[40];
+        oai_tool_call_id(m, k, id, sizeof id);
+        fputs(k ? ", {\"id\": " : "{\"id\": ", f);
+        str(f, id);
+        fputs(", \"type\": \"function\", \"function\": {\"name\": ", f);
+        str(f, p->calls[k].name);
+        fputs(", \"arguments\": ", f);
+        str(f, p->calls[k].arguments);
+        fputs("}}", f);
+    }
+    fputc(']', f);
+}
+
+char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
     FILE *f = o.f;
     const char *text = r->text ? r->text : "";
     head(f, m, false);
     fputs(", \"choices\": [{\"index\": 0, ", f);
-    if (m->kind == OAI_CHAT) {
+    if (m->kind == OAI_CHAT && m->tool_format != TDM_TOOL_FORMAT_NONE) {
+        tdm_tool_parse p;
+        if (!oai_tool_parse(m, text, strlen(text), &p)) {
+            fclose(o.f);
+            free(o.buf);
+            return NULL;
+        }
+        fputs("\"message\": {\"role\": \"assistant\", \"content\": ", f);
+        if (p.content) str(f, p.content);
+        else fputs("null", f);
+        if (p.n_calls) message_calls(f, m, &p);
+        m->called_tools = p.n_calls > 0;
+        fputc('}', f);
+        tdm_tool_parse_free(&p);
+    } else if (m->kind == OAI_CHAT) {
         fputs("\"message\": {\"role\": \"assistant\", \"content\": ", f);
         str(f, text);
         fputc('}', f);
@@ -101,7 +164,7 @@ char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len) {
         str(f, text);
     }
     fputs(", \"logprobs\": null", f);
-    finish(f, r);
+    finish(f, m, r);
     fputs("}], ", f);
     usage(f, m, r);
     fputs("}", f);
@@ -135,6 +198,38 @@ char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool f
     return out_close(&o, len);
 }
 
+char *oai_tool_calls_sse(const oai_meta *m, const tdm_tool_parse *p, bool first, bool include_usage, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    FILE *f = o.f;
+    for (size_t k = 0; k < p->n_calls; k++) {
+        char id[40];
+        oai_tool_call_id(m, k, id, sizeof id);
+        for (int part = 0; part < 2; part++) {
+            fputs("data: ", f);
+            head(f, m, true);
+            fputs(", \"choices\": [{\"index\": 0, \"delta\": {", f);
+            if (first && k == 0 && part == 0) fputs("\"role\": \"assistant\", \"content\": null, ", f);
+            fprintf(f, "\"tool_calls\": [{\"index\": %zu, ", k);
+            if (part == 0) {
+                fputs("\"id\": ", f);
+                str(f, id);
+                fputs(", \"type\": \"function\", \"function\": {\"name\": ", f);
+                str(f, p->calls[k].name);
+                fputs(", \"arguments\": \"\"}}]}", f);
+            } else {
+                fputs("\"function\": {\"arguments\": ", f);
+                str(f, p->calls[k].arguments);
+                fputs("}}]}", f);
+            }
+            fputs(", \"logprobs\": null, \"finish_reason\": null}]", f);
+            if (include_usage) fputs(", \"usage\": null", f);
+            fputs("}\n\n", f);
+        }
+    }
+    return out_close(&o, len);
+}
+
 char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
@@ -146,7 +241,7 @@ char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool includ
     } else {
         chunk_open(f, m, "", 0, false);
     }
-    finish(f, r);
+    finish(f, m, r);
     fputs("}]", f);
     if (include_usage) fputs(", \"usage\": null", f);
     fputs("}\n\n", f);
