@@ -559,6 +559,7 @@ Test(serve_request, agent_history_and_tools) {
     oai_error e;
     cr_assert(parse(OAI_CHAT, AGENT_HISTORY ", \"parallel_tool_calls\": false}", &l, &r, &e), "%s", e.message);
     cr_expect_eq(r.n_tools, 1);
+    cr_expect_str_eq(r.tool_names[0], "get_weather");
     cr_expect_eq(r.tool_choice, OAI_TOOLS_AUTO);
     cr_expect(!r.parallel_tool_calls);
     tdm_json *j = json_of(r.chat_json, strlen(r.chat_json));

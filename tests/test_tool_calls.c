@@ -22,6 +22,8 @@ typedef struct call_case {
     const char *args[3];  /* as tdm_json_write writes them */
 } call_case;
 
+static const char *const tool_names[] = {"get_weather", "f", "a"}; /* the tools offered */
+
 static const call_case cases[] = {
     /* hermes: one, with text before, parallel, missing last closing tag, string arguments */
     {TDM_TOOL_FORMAT_HERMES, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
@@ -47,6 +49,15 @@ static const call_case cases[] = {
     {TDM_TOOL_FORMAT_HERMES, "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",
      "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", 0, {0}, {0}},
     {TDM_TOOL_FORMAT_HERMES, "no call here {\"name\": \"f\"}", "no call here {\"name\": \"f\"}", 0, {0}, {0}},
+    /* hermes without the tags (Qwen 2.5 Coder): the whole output, bare or fenced, naming tools offered */
+    {TDM_TOOL_FORMAT_HERMES, "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", NULL, 1, {"get_weather"},
+     {"{\"city\": \"Paris\"}"}},
+    {TDM_TOOL_FORMAT_HERMES, "```json\n{\n  \"name\": \"f\",\n  \"arguments\": {}\n}\n```", NULL, 1, {"f"}, {"{}"}},
+    {TDM_TOOL_FORMAT_HERMES, "\n{\"name\": \"f\"}\n{\"name\": \"a\"}", NULL, 2, {"f", "a"}, {"{}", "{}"}},
+    {TDM_TOOL_FORMAT_HERMES, "{\"name\": \"rm_rf\", \"arguments\": {}}", "{\"name\": \"rm_rf\", \"arguments\": {}}", 0, {0}, {0}},
+    {TDM_TOOL_FORMAT_HERMES, "```json\n{\"name\": \"f\"}\n```\nmore", "```json\n{\"name\": \"f\"}\n```\nmore", 0, {0}, {0}},
+    {TDM_TOOL_FORMAT_HERMES, "```python\nprint(1)\n```", "```python\nprint(1)\n```", 0, {0}, {0}},
+    {TDM_TOOL_FORMAT_HERMES, "Example: {\"name\": \"f\"}", "Example: {\"name\": \"f\"}", 0, {0}, {0}},
     /* llama3: bare, after <|python_tag|>, several; text first or after is not a call */
     {TDM_TOOL_FORMAT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}", NULL, 1,
      {"get_weather"}, {"{\"city\": \"Oslo\"}"}},
@@ -73,7 +84,7 @@ static const call_case cases[] = {
 
 static void check_parse(const call_case *c, size_t i) {
     tdm_tool_parse p;
-    cr_assert_eq(tdm_tool_calls_parse(c->f, c->text, strlen(c->text), &p), TANDEM_OK);
+    cr_assert_eq(tdm_tool_calls_parse(c->f, c->text, strlen(c->text), tool_names, 3, &p), TANDEM_OK);
     cr_expect_eq(p.n_calls, c->n_calls, "case %zu (%s): %zu calls, not %zu", i, c->text, p.n_calls, c->n_calls);
     if (c->content) cr_expect(p.content && strcmp(p.content, c->content) == 0, "case %zu: content [%s], not [%s]", i,
                               p.content ? p.content : "(null)", c->content);
@@ -97,7 +108,7 @@ Test(tool_calls, stream_prefix_at_every_boundary) {
         const call_case *c = &cases[i];
         const size_t len = strlen(c->text);
         tdm_tool_parse whole;
-        cr_assert_eq(tdm_tool_calls_parse(c->f, c->text, len, &whole), TANDEM_OK);
+        cr_assert_eq(tdm_tool_calls_parse(c->f, c->text, len, tool_names, 3, &whole), TANDEM_OK);
         const char *content = whole.content ? whole.content : "";
         for (size_t k = 0; k <= len; k++) {
             const size_t safe = tdm_tool_calls_stream_safe(c->f, c->text, k);

@@ -21,6 +21,19 @@ const char tdm_tool_probe_json[] =
     "\"tdm_probe_fn\", \"description\": \"probe\", \"parameters\": {\"type\": \"object\", \"properties\": "
     "{\"tdm_probe_arg\": {\"type\": \"integer\"}}}}}]}";
 
+size_t tdm_tool_format_markers(tdm_tool_format f, const char *const **out) {
+    static const char *const hermes[] = {HERMES_OPEN, HERMES_CLOSE}, *const llama3[] = {PYTHON_TAG},
+                             *const mistral[] = {MISTRAL_CALLS, MISTRAL_ARGS};
+    switch (f) {
+    case TDM_TOOL_FORMAT_HERMES: return *out = hermes, 2;
+    case TDM_TOOL_FORMAT_LLAMA3: return *out = llama3, 1;
+    case TDM_TOOL_FORMAT_MISTRAL: return *out = mistral, 2;
+    case TDM_TOOL_FORMAT_NONE: break;
+    }
+    *out = NULL;
+    return 0;
+}
+
 const char *tdm_tool_format_name(tdm_tool_format f) {
     switch (f) {
     case TDM_TOOL_FORMAT_HERMES: return "hermes";
@@ -213,9 +226,32 @@ static bool object_call_at(build *b, const char *s, size_t len, size_t at, size_
 
 /* ---- the formats: each fills b and returns false when the text is not calls ---- */
 
-static bool parse_hermes(build *b, const char *s, size_t len) {
+/* The whole output as call objects, bare or in one ```json / ``` fence, each naming
+ * one of names[n_names]. */
+static bool parse_bare(build *b, const char *s, size_t len, const char *const *names, size_t n_names) {
+    size_t at = skip_ws(s, len, 0);
+    bool fenced = false;
+    if (starts(s, len, at, "```json\n") || starts(s, len, at, "```\n")) {
+        fenced = true;
+        at = skip_ws(s, len, find(s, len, at, "\n"));
+    }
+    if (n_names == 0 || at == len || s[at] != '{') return false;
+    while (at < len && s[at] == '{') {
+        size_t end;
+        const size_t before = b->n;
+        if (!object_call_at(b, s, len, at, &end)) return false;
+        bool known = false;
+        for (size_t i = 0; b->n > before && i < n_names && !known; i++) known = !strcmp(b->calls[before].name, names[i]);
+        if (b->n > before && !known) return false;
+        at = skip_ws(s, len, end);
+    }
+    if (fenced && starts(s, len, at, "```")) at = skip_ws(s, len, at + 3);
+    return at == len;
+}
+
+static bool parse_hermes(build *b, const char *s, size_t len, const char *const *names, size_t n_names) {
     size_t m = find(s, len, 0, HERMES_OPEN), from = 0;
-    if (m == len) return false;
+    if (m == len) return parse_bare(b, s, len, names, n_names);
     while (m < len) {
         add_content(b, s, from, m);
         size_t at = skip_ws(s, len, m + strlen(HERMES_OPEN)), end;
@@ -282,12 +318,13 @@ static bool parse_mistral(build *b, const char *s, size_t len) {
     return true;
 }
 
-tandem_status tdm_tool_calls_parse(tdm_tool_format f, const char *text, size_t len, tdm_tool_parse *out) {
+tandem_status tdm_tool_calls_parse(tdm_tool_format f, const char *text, size_t len, const char *const *names,
+                                   size_t n_names, tdm_tool_parse *out) {
     memset(out, 0, sizeof *out);
     build b = {0};
     bool calls = false;
     switch (f) {
-    case TDM_TOOL_FORMAT_HERMES: calls = parse_hermes(&b, text, len); break;
+    case TDM_TOOL_FORMAT_HERMES: calls = parse_hermes(&b, text, len, names, n_names); break;
     case TDM_TOOL_FORMAT_LLAMA3: calls = parse_llama3(&b, text, len); break;
     case TDM_TOOL_FORMAT_MISTRAL: calls = parse_mistral(&b, text, len); break;
     case TDM_TOOL_FORMAT_NONE: break;
@@ -334,7 +371,15 @@ size_t tdm_tool_calls_stream_safe(tdm_tool_format f, const char *s, size_t len) 
     size_t safe = len;
     switch (f) {
     case TDM_TOOL_FORMAT_NONE: return len;
-    case TDM_TOOL_FORMAT_HERMES: safe = marker_or_tail(s, len, HERMES_OPEN); break;
+    case TDM_TOOL_FORMAT_HERMES: {
+        /* an output that begins as a bare call or a fence may be calls, whole */
+        const size_t first = skip_ws(s, len, 0), rest = len - first;
+        if (first == len || s[first] == '{' || memcmp(s + first, "```json\n", rest < 8 ? rest : 8) == 0 ||
+            memcmp(s + first, "```\n", rest < 4 ? rest : 4) == 0)
+            return 0;
+        safe = marker_or_tail(s, len, HERMES_OPEN);
+        break;
+    }
     case TDM_TOOL_FORMAT_MISTRAL: safe = marker_or_tail(s, len, MISTRAL_CALLS); break;
     case TDM_TOOL_FORMAT_LLAMA3: {
         const size_t first = skip_ws(s, len, 0);

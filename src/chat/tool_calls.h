@@ -7,7 +7,10 @@
  *            parallel calls, text around them allowed:
  *            <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>
  *            (a last block whose closing tag is missing at the end of the text counts
- *            when its JSON is whole: generation may stop at EOS right after it)
+ *            when its JSON is whole: generation may stop at EOS right after it);
+ *            without any <tool_call>, an output that is only call objects, bare or
+ *            in one ```json fence, each naming one of the tools offered, is calls
+ *            too (as llama.cpp's Hermes parser: Qwen 2.5 Coder writes them so)
  *   llama3   Llama 3.1+: the output is the call(s) alone, optionally after
  *            <|python_tag|>, separated by ';' or whitespace:
  *            {"name": "f", "parameters": {...}}
@@ -31,6 +34,13 @@ typedef enum tdm_tool_format {
     TDM_TOOL_FORMAT_LLAMA3,
     TDM_TOOL_FORMAT_MISTRAL,
 } tdm_tool_format;
+
+/* The marker texts of format f ("<tool_call>", "</tool_call>"; "<|python_tag|>";
+ * "[TOOL_CALLS]", "[ARGS]"): *out points to a static array; returns their count (at
+ * most TDM_TOOL_MARKERS_MAX).  A vocabulary may have them as control tokens, which
+ * decode to nothing: whoever builds the text to parse puts their text back. */
+#define TDM_TOOL_MARKERS_MAX 2
+size_t tdm_tool_format_markers(tdm_tool_format f, const char *const **out);
 
 /* "none", "hermes", "llama3", "mistral" */
 const char *tdm_tool_format_name(tdm_tool_format f);
@@ -56,12 +66,14 @@ typedef struct tdm_tool_parse {
     size_t n_calls;
 } tdm_tool_parse;
 
-/* Parses text[0..len) in format f into *out (free with tdm_tool_parse_free).  Without
+/* Parses text[0..len) in format f into *out (names[n_names]: the tools offered, for
+ * the hermes format's bare calls; n_names 0: none accepted) (free with tdm_tool_parse_free).  Without
  * a call (or when a call block does not parse) *out holds the whole text as content
  * and no call.  The content around calls: the pieces of text outside them, with the
  * whitespace next to a call removed, joined.  Fails only out of memory
  * (TANDEM_ERR_NOMEM; *out empty). */
-tandem_status tdm_tool_calls_parse(tdm_tool_format f, const char *text, size_t len, tdm_tool_parse *out);
+tandem_status tdm_tool_calls_parse(tdm_tool_format f, const char *text, size_t len, const char *const *names,
+                                   size_t n_names, tdm_tool_parse *out);
 void tdm_tool_parse_free(tdm_tool_parse *p);
 
 /* Streaming: of the text generated so far, text[0..len), how many leading bytes can

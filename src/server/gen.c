@@ -55,9 +55,14 @@ struct srv_job {
     int phase;                   /* stream: what comes next */
     bool first_chunk;
     size_t n_sent_text;          /* stream: bytes of text sent so far */
-    char *acc;                   /* stream with tools: all the text so far (what may be
-                                    a call is held back: tdm_tool_calls_stream_safe) */
+    char *acc;                   /* chat with tools: the output so far, with the text of
+                                    the call markers that are control tokens (NUL-
+                                    terminated); a stream holds back what may be a call
+                                    (tdm_tool_calls_stream_safe) */
     size_t n_acc, cap_acc;
+    size_t n_engine_text;        /* chat with tools: bytes of the engine's text in acc */
+    char **tool_names;           /* [n_tool_names] the request's (meta points here) */
+    size_t n_tool_names;
     char *out;                   /* stream: bytes formatted, out_off of them given to MHD */
     size_t out_len, out_off;
     double t_out;                /* stream: when bytes were last given to MHD */
@@ -72,6 +77,8 @@ static void job_unref(srv_job *j) {
     tandem_result_free(&j->res);
     free(j->pending);
     free(j->acc);
+    for (size_t i = 0; i < j->n_tool_names; i++) free(j->tool_names[i]);
+    free(j->tool_names);
     free(j->out);
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
@@ -105,8 +112,35 @@ static void job_cancel_unlock(srv_job *j) {
 
 /* ---- the engine's callbacks (on the scheduler's thread) ---- */
 
+/* Appends t[0..n) to *b (kept NUL-terminated); false out of memory. */
+static bool grow_append(char **b, size_t *len, size_t *cap, const char *t, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 256;
+        while (nc < *len + n + 1) nc *= 2;
+        char *nb = realloc(*b, nc);
+        if (!nb) return false;
+        *b = nb, *cap = nc;
+    }
+    memcpy(*b + *len, t, n);
+    *len += n;
+    (*b)[*len] = '\0';
+    return true;
+}
+
+/* Chat with tools (j->mu held): the piece, then the text of a marker that is a control
+ * token.  (The piece is the text before the token: with stop strings it may still hold
+ * some back, which then follows the marker; the parse skips whitespace there.) */
+static bool tool_text(srv_job *j, int32_t token, const char *text, size_t len) {
+    if (!grow_append(&j->acc, &j->n_acc, &j->cap_acc, text, len)) return false;
+    j->n_engine_text += len;
+    const srv_model *m = &j->s->m;
+    for (int i = 0; i < m->n_tool_markers; i++)
+        if (token == m->tool_marker_id[i])
+            return grow_append(&j->acc, &j->n_acc, &j->cap_acc, m->tool_marker_text[i], strlen(m->tool_marker_text[i]));
+    return true;
+}
+
 static bool on_token(int32_t token, const char *text, size_t len, void *user) {
-    (void)token;
     srv_job *j = user;
     const double now = tdm_now();
     pthread_mutex_lock(&j->mu);
@@ -116,7 +150,10 @@ static bool on_token(int32_t token, const char *text, size_t len, void *user) {
     j->n_tokens++;
     j->t_last = now;
     bool ok = !j->gone;
-    if (j->stream && len > 0 && ok) {
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE && ok) {
+        ok = tool_text(j, token, text, len);
+        if (j->stream) pthread_cond_signal(&j->cv);
+    } else if (j->stream && len > 0 && ok) {
         if (j->n_pending + len > j->cap_pending) {
             size_t nc = j->cap_pending ? j->cap_pending : 256;
             while (nc < j->n_pending + len) nc *= 2;
@@ -141,6 +178,14 @@ static void on_finish(tandem_request_id id, tandem_result *r, void *user) {
     srv *s = j->s;
     pthread_mutex_lock(&j->mu);
     j->res = *r;
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) { /* the text no callback passed (none, as the engine streams) */
+        const size_t tl = r->status == TANDEM_OK && r->text ? strlen(r->text) : 0;
+        if (tl > j->n_engine_text && !tool_text(j, -1, r->text + j->n_engine_text, tl - j->n_engine_text)) {
+            free(j->acc);
+            j->acc = NULL;
+            j->n_acc = j->cap_acc = 0;
+        }
+    }
     j->done = true;
     pthread_cond_broadcast(&j->cv);
     const double t0 = j->t_arrival;
@@ -182,18 +227,6 @@ static bool never_started(const srv_job *j) {
  * rest of the content, then the calls (j->mu held).  *t the events formatted, or NULL
  * with false when there is nothing to send yet. */
 static bool tool_event(srv_job *j, char **t, size_t *n, bool *oom) {
-    if (j->n_pending > 0) {
-        if (j->n_acc + j->n_pending > j->cap_acc) {
-            size_t nc = j->cap_acc ? j->cap_acc : 256;
-            while (nc < j->n_acc + j->n_pending) nc *= 2;
-            char *na = realloc(j->acc, nc);
-            if (!na) return *oom = true, false;
-            j->acc = na, j->cap_acc = nc;
-        }
-        memcpy(j->acc + j->n_acc, j->pending, j->n_pending);
-        j->n_acc += j->n_pending;
-        j->n_pending = 0;
-    }
     if (!j->done) {
         const size_t safe = tdm_tool_calls_stream_safe(j->meta.tool_format, j->acc, j->n_acc);
         if (safe <= j->n_sent_text) return false;
@@ -203,10 +236,9 @@ static bool tool_event(srv_job *j, char **t, size_t *n, bool *oom) {
         return *t ? true : (*oom = true, false);
     }
     j->phase = PH_FINAL;
-    const tandem_result *r = &j->res;
-    const char *text = r->status == TANDEM_OK && r->text ? r->text : "";
+    if (j->res.status == TANDEM_OK && !j->acc && j->n_engine_text) return *oom = true, false;
     tdm_tool_parse p;
-    if (!oai_tool_parse(&j->meta, text, strlen(text), &p)) return *oom = true, false;
+    if (!oai_tool_parse(&j->meta, j->acc ? j->acc : "", j->n_acc, &p)) return *oom = true, false;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -253,7 +285,7 @@ static bool tool_event(srv_job *j, char **t, size_t *n, bool *oom) {
 static bool next_event(srv_job *j, bool *oom) {
     size_t n = 0;
     char *t = NULL;
-    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE && (j->n_pending > 0 || j->phase == PH_TEXT)) {
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE && j->phase == PH_TEXT) {
         if (tool_event(j, &t, &n, oom)) {
             j->out = t;
             j->out_len = n;
@@ -374,7 +406,7 @@ static int send_stream(srv_job *j, struct MHD_Connection *c) {
 /* Waits (j->mu held) until the answer can begin: the result, or for a stream its first
  * text; a client gone meanwhile cancels the request (the wait goes on to its result). */
 static void wait_answer(srv_job *j) {
-    while (!j->done && !(j->stream && j->n_pending > 0)) {
+    while (!j->done && !(j->stream && (j->n_pending > 0 || j->n_acc > 0))) {
         wait_slice(j);
         if (!j->done && !j->gone && peer_gone(j->fd)) {
             job_cancel_unlock(j);
@@ -412,7 +444,11 @@ static int answer(srv_job *j, struct MHD_Connection *c, int *status) {
         r = srv_send_error(c, &e);
     } else {
         size_t n = 0;
-        char *body = oai_result_json(&j->meta, &j->res, &n);
+        tandem_result res = j->res;
+        if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) res.text = j->acc ? j->acc : (char *)"";
+        char *body = j->meta.tool_format != TDM_TOOL_FORMAT_NONE && !j->acc && j->n_engine_text
+                         ? NULL /* (out of memory) */
+                         : oai_result_json(&j->meta, &res, &n);
         *status = body ? 200 : 500;
         r = body ? srv_send(c, 200, "application/json", body, n) : MHD_NO;
     }
@@ -468,6 +504,13 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
                          .has_draft = s->m.lim.has_draft, .parallel_tool_calls = rq->parallel_tool_calls,
                          .tool_format = rq->kind == OAI_CHAT && rq->n_tools > 0 && rq->tool_choice != OAI_TOOLS_NONE
                                             ? s->m.tool_format : TDM_TOOL_FORMAT_NONE};
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) {
+        if (!(j->tool_names = calloc(rq->n_tools, sizeof *j->tool_names))) return job_unref(j), NULL;
+        for (; j->n_tool_names < rq->n_tools; j->n_tool_names++)
+            if (!(j->tool_names[j->n_tool_names] = strdup(rq->tool_names[j->n_tool_names]))) return job_unref(j), NULL;
+        j->meta.tool_names = (const char *const *)j->tool_names;
+        j->meta.n_tool_names = j->n_tool_names;
+    }
     return j;
 }
 

@@ -215,6 +215,16 @@ static bool get_tools(const tdm_json *j, oai_request *r, oai_error *e) {
                             "'tools'[%zu].function.strict: true needs grammar-constrained decoding, which this server "
                             "does not apply yet", k);
     }
+    if (t->n && !(r->tool_names = calloc(t->n, sizeof *r->tool_names))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t k = 0; k < t->n; k++) {
+        const tdm_json *name = tdm_json_get(tdm_json_get(&t->items[k], "function"), "name");
+        if (!(r->tool_names[k] = tdm_strndup(name->str, name->str_len))) {
+            for (size_t i = 0; i < k; i++) free(r->tool_names[i]);
+            free(r->tool_names);
+            r->tool_names = NULL;
+            return oai_fail(e, 500, NULL, NULL, "out of memory");
+        }
+    }
     r->n_tools = t->n;
     return true;
 }

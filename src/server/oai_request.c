@@ -356,6 +356,8 @@ void oai_request_free(oai_request *r) {
     }
     free(r->messages);
     free(r->chat_json);
+    for (size_t i = 0; i < r->n_tools; i++) free(r->tool_names[i]);
+    free(r->tool_names);
     tdm_arg_stop_free(r->stop, r->n_stop);
     memset(r, 0, sizeof *r);
 }

@@ -90,6 +90,7 @@ typedef struct oai_request {
                                     the members above (tool call arguments as objects),
                                     the tools unless tool_choice is none */
     size_t n_tools;              /* chat: tools given */
+    char **tool_names;           /* [n_tools] their function names (heap strings) */
     oai_tool_choice tool_choice; /* NONE: no tools offered, output not parsed for calls */
     bool parallel_tool_calls;    /* false: a response keeps its first call only */
     bool stream, include_usage;

@@ -87,7 +87,7 @@ static void finish(FILE *f, const oai_meta *m, const tandem_result *r) {
 }
 
 bool oai_tool_parse(const oai_meta *m, const char *text, size_t len, tdm_tool_parse *p) {
-    if (tdm_tool_calls_parse(m->tool_format, text, len, p) != TANDEM_OK) return false;
+    if (tdm_tool_calls_parse(m->tool_format, text, len, m->tool_names, m->n_tool_names, p) != TANDEM_OK) return false;
     if (!m->parallel_tool_calls)
         while (p->n_calls > 1) {
             p->n_calls--;

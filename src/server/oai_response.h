@@ -25,6 +25,8 @@ typedef struct oai_meta {
     tdm_tool_format tool_format; /* chat with tools offered: the format the output's
                                     calls are parsed in; NONE: the output is text */
     bool parallel_tool_calls;    /* false: only the first call is kept */
+    const char *const *tool_names; /* [n_tool_names] the tools offered (bare calls name one) */
+    size_t n_tool_names;
     bool called_tools;       /* calls were answered (set by oai_result_json, and by the
                                 streamer before the last chunk): finish_reason
                                 "tool_calls" where it would be "stop" */

@@ -51,6 +51,12 @@ typedef struct srv_model {
     tdm_tool_format tool_format; /* how the template writes tool calls (srv_set_ready
                                     finds it): the format a chat's output is parsed in
                                     when tools are offered */
+    int n_tool_markers;          /* the format's markers that are control tokens, which
+                                    the engine's text leaves out (Qwen's <tool_call>):
+                                    a tool request's output gets their text back at
+                                    their place, as llama-server's preserved tokens */
+    int32_t tool_marker_id[TDM_TOOL_MARKERS_MAX];
+    const char *tool_marker_text[TDM_TOOL_MARKERS_MAX];
 } srv_model;
 
 typedef struct srv_job srv_job;

@@ -105,6 +105,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         res.text = (char *)out;
         must_parse(oai_result_json(&m, &res, &n), n, 0);
         tdm_tool_parse p;
+        const char *names[] = {"w", "f", "a"};
+        m.tool_names = names;
+        m.n_tool_names = 3;
         if (!oai_tool_parse(&m, out, len, &p)) abort();
         if (p.n_calls) {
             char *ev = oai_tool_calls_sse(&m, &p, true, r.include_usage, &n);
