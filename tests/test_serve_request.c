@@ -608,6 +608,18 @@ Test(serve_request, agent_history_and_tools) {
 
 static tdm_json *first_choice(const tdm_json *j) { return &tdm_json_get(j, "choices")->items[0]; }
 
+/* The whole answer for output text (m->called_tools reset first), parsed. */
+static tdm_json *answer_of(oai_meta *m, const char *text, tandem_finish_reason fr) {
+    m->called_tools = false;
+    tandem_result r = result(text, fr);
+    size_t n;
+    char *t = oai_result_json(m, &r, &n);
+    cr_assert_not_null(t);
+    tdm_json *j = json_of(t, n);
+    free(t);
+    return j;
+}
+
 Test(serve_response, tool_calls_whole) {
     oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-7", .created = 5, .model = "pycode",
                   .tool_format = TDM_TOOL_FORMAT_HERMES, .parallel_tool_calls = true};
@@ -633,28 +645,20 @@ Test(serve_response, tool_calls_whole) {
 
     /* parallel_tool_calls false: the first call; only calls: content null */
     m.parallel_tool_calls = false;
-    m.called_tools = false;
-    r = result("<tool_call>{\"name\": \"a\"}</tool_call><tool_call>{\"name\": \"b\"}</tool_call>", TANDEM_FINISH_EOS);
-    t = oai_result_json(&m, &r, &n);
-    j = json_of(t, n);
+    j = answer_of(&m, "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>{\"name\": \"b\"}</tool_call>", TANDEM_FINISH_EOS);
     msg = tdm_json_get(first_choice(j), "message");
     cr_expect_eq(tdm_json_get(msg, "content")->type, TDM_JSON_NULL);
     cr_expect_eq(tdm_json_get(msg, "tool_calls")->n, 1);
     tdm_json_free(j);
-    free(t);
 
     /* a malformed call is text, finish_reason as it was; mistral ids are 9 characters */
     m.tool_format = TDM_TOOL_FORMAT_MISTRAL;
-    m.called_tools = false;
-    r = result("[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {", TANDEM_FINISH_LENGTH);
-    t = oai_result_json(&m, &r, &n);
-    j = json_of(t, n);
+    j = answer_of(&m, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {", TANDEM_FINISH_LENGTH);
     msg = tdm_json_get(first_choice(j), "message");
     cr_expect_str_eq(tdm_json_get(msg, "content")->str, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {");
     cr_expect_null(tdm_json_get(msg, "tool_calls"));
     cr_expect_str_eq(tdm_json_get(first_choice(j), "finish_reason")->str, "length");
     tdm_json_free(j);
-    free(t);
     char id[40];
     oai_tool_call_id(&m, 3, id, sizeof id);
     cr_expect_eq(strlen(id), 9, "%s", id);

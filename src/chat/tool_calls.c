@@ -108,12 +108,16 @@ typedef struct build {
     bool oom;
 } build;
 
-static void build_free(build *b) {
-    for (size_t i = 0; i < b->n; i++) {
-        free(b->calls[i].name);
-        free(b->calls[i].arguments);
+static void free_calls(tdm_tool_call *c, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        free(c[i].name);
+        free(c[i].arguments);
     }
-    free(b->calls);
+    free(c);
+}
+
+static void build_free(build *b) {
+    free_calls(b->calls, b->n);
     free(b->content);
     memset(b, 0, sizeof *b);
 }
@@ -348,11 +352,7 @@ tandem_status tdm_tool_calls_parse(tdm_tool_format f, const char *text, size_t l
 
 void tdm_tool_parse_free(tdm_tool_parse *p) {
     if (!p) return;
-    for (size_t i = 0; i < p->n_calls; i++) {
-        free(p->calls[i].name);
-        free(p->calls[i].arguments);
-    }
-    free(p->calls);
+    free_calls(p->calls, p->n_calls);
     free(p->content);
     memset(p, 0, sizeof *p);
 }
