@@ -504,10 +504,11 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
                          .has_draft = s->m.lim.has_draft, .parallel_tool_calls = rq->parallel_tool_calls,
                          .tool_format = rq->kind == OAI_CHAT && rq->n_tools > 0 && rq->tool_choice != OAI_TOOLS_NONE
                                             ? s->m.tool_format : TDM_TOOL_FORMAT_NONE};
-    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) {
-        if (!(j->tool_names = calloc(rq->n_tools, sizeof *j->tool_names))) return job_unref(j), NULL;
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) { /* (out of memory: the one reference dropped frees it) */
+        if (!(j->tool_names = calloc(rq->n_tools, sizeof *j->tool_names))) return j->refs = 1, job_unref(j), NULL;
         for (; j->n_tool_names < rq->n_tools; j->n_tool_names++)
-            if (!(j->tool_names[j->n_tool_names] = strdup(rq->tool_names[j->n_tool_names]))) return job_unref(j), NULL;
+            if (!(j->tool_names[j->n_tool_names] = strdup(rq->tool_names[j->n_tool_names])))
+                return j->refs = 1, job_unref(j), NULL;
         j->meta.tool_names = (const char *const *)j->tool_names;
         j->meta.n_tool_names = j->n_tool_names;
     }
