@@ -65,6 +65,8 @@ def chat(port, body):
 srv = Server(TANDEM, ["-m", TARGET, "-t", "1", "--chat-template", QWEN_TEMPLATE])
 port = srv.port
 base = {"max_tokens": 8, "temperature": 0}
+c.check(any("tool calls in the format hermes" in line for line in srv.log),
+        "the ready line names the template's tool call format (hermes)", "".join(srv.log)[-300:])
 
 st, r = chat(port, dict(base, messages=HISTORY, tools=[WEATHER]))
 c.check(st == 200 and r["choices"][0]["message"]["role"] == "assistant",
