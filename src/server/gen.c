@@ -247,7 +247,8 @@ static bool tool_event(srv_job *j, char **t, size_t *n, bool *oom) {
         return *oom = true, false;
     }
     const size_t cl = p.content ? strlen(p.content) : 0;
-    if (cl > j->n_sent_text && (!j->n_sent_text || memcmp(p.content, j->acc, j->n_sent_text) == 0)) { /* (always: the hold-back rule) */
+    /* the content not sent yet (what was sent is a prefix of it: the hold-back rule) */
+    if (cl > j->n_sent_text && (!j->n_sent_text || memcmp(p.content, j->acc, j->n_sent_text) == 0)) {
         size_t k = 0;
         char *c = oai_chunk_sse(&j->meta, p.content + j->n_sent_text, cl - j->n_sent_text, j->first_chunk,
                                 j->include_usage, &k);

@@ -136,7 +136,9 @@ static bool tool_calls(FILE *f, const tdm_json *tc, size_t i, oai_error *e) {
 bool oai_chat_messages(const tdm_json *j, oai_request *r, FILE *f, oai_error *e) {
     const tdm_json *m = member(j, "messages");
     if (!m) return oai_fail(e, 400, "messages", "missing_required_parameter", "'messages' is required");
-    if (m->type != TDM_JSON_ARRAY) return oai_fail(e, 400, "messages", "invalid_type", "'messages' must be an array of messages, not %s", type_name(m));
+    if (m->type != TDM_JSON_ARRAY)
+        return oai_fail(e, 400, "messages", "invalid_type", "'messages' must be an array of messages, not %s",
+                        type_name(m));
     if (m->n == 0) return oai_fail(e, 400, "messages", "invalid_value", "'messages' is empty");
     if (!(r->messages = calloc(m->n, sizeof *r->messages))) return oai_fail(e, 500, NULL, NULL, "out of memory");
     r->n_messages = m->n;
@@ -191,7 +193,8 @@ static bool get_tools(const tdm_json *j, oai_request *r, oai_error *e) {
         if (tool->type != TDM_JSON_OBJECT)
             return oai_fail(e, 400, "tools", "invalid_type", "'tools'[%zu] must be an object, not %s", k, type_name(tool));
         if (!type || type->type != TDM_JSON_STRING || strcmp(type->str, "function") != 0)
-            return oai_fail(e, 400, "tools", "unsupported_value", "'tools'[%zu].type must be \"function\" (the only tool type)", k);
+            return oai_fail(e, 400, "tools", "unsupported_value",
+                            "'tools'[%zu].type must be \"function\" (the only tool type)", k);
         if (!fn || fn->type != TDM_JSON_OBJECT)
             return oai_fail(e, 400, "tools", "invalid_type", "'tools'[%zu].function must be an object", k);
         const tdm_json *name = member(fn, "name"), *desc = member(fn, "description"), *params = member(fn, "parameters"),
