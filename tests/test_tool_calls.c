@@ -174,3 +174,65 @@ Test(tool_calls, detect_from_real_templates) {
     }
     tdm_json_free(probe);
 }
+
+/* Reasoning: the split of whole outputs, and at every byte boundary of a stream the
+ * reasoning and content it lets out are prefixes of the whole split's. */
+Test(tool_calls, think_split) {
+    static const struct {
+        const char *text, *reasoning, *content; /* reasoning NULL: none */
+    } cases[] = {
+        {"<think>\nLet me see.\n</think>\n\nThe answer.", "Let me see.", "The answer."},
+        {"\n<think>a</think>b", "a", "b"},
+        {"<think>\nstill thinking", "still thinking", ""},
+        {"<think></think>", "", ""},
+        {"No reasoning <think>x</think>", NULL, "No reasoning <think>x</think>"},
+        {"<thin", NULL, "<thin"},
+        {"", NULL, ""},
+        {"<think>\nx\n</think>\n\n<tool_call>{\"name\": \"f\"}</tool_call>", "x", "<tool_call>{\"name\": \"f\"}</tool_call>"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const char *s = cases[i].text;
+        const size_t len = strlen(s);
+        const tdm_think_split w = tdm_think_split_text(s, len, true);
+        cr_assert(w.decided);
+        cr_expect_eq(w.has, cases[i].reasoning != NULL, "case %zu", i);
+        if (w.has)
+            cr_expect(w.reason_len == strlen(cases[i].reasoning) && !memcmp(s + w.reason_at, cases[i].reasoning, w.reason_len),
+                      "case %zu: reasoning [%.*s]", i, (int)w.reason_len, s + w.reason_at);
+        cr_expect_str_eq(s + w.content_at, cases[i].content, "case %zu", i);
+        for (size_t k = 0; k <= len; k++) {
+            const tdm_think_split p = tdm_think_split_text(s, k, false);
+            if (!p.decided) continue;
+            cr_expect_eq(p.has, w.has, "case %zu at %zu", i, k);
+            if (p.has)
+                cr_expect(p.reason_safe <= w.reason_len && !memcmp(s + p.reason_at, s + w.reason_at, p.reason_safe),
+                          "case %zu at %zu: streamed reasoning [%.*s]", i, k, (int)p.reason_safe, s + p.reason_at);
+            if (p.content_at < k)
+                cr_expect_eq(p.content_at, w.content_at, "case %zu at %zu: the content begins at %zu, not %zu", i, k,
+                             p.content_at, w.content_at);
+        }
+    }
+}
+
+/* Reasoning templates: Qwen3 renders reasoning_content in <think>, Qwen 2.5 does not. */
+Test(tool_calls, think_detect_from_real_templates) {
+    tdm_json *probe = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_json_parse(tdm_think_probe_json, strlen(tdm_think_probe_json), &probe, &err), TANDEM_OK);
+    static const struct {
+        const char *name;
+        bool want;
+    } t[] = {{"qwen3", true}, {"qwen2.5", false}, {"llama3.1", false}};
+    for (size_t i = 0; i < sizeof t / sizeof *t; i++) {
+        char path[128], *src = NULL, *out = NULL;
+        size_t len = 0, n = 0;
+        snprintf(path, sizeof path, "chat/%s.jinja", t[i].name);
+        cr_assert_eq(tdm_read_file(tdm_test_data_path(path), &src, &len, &err), TANDEM_OK, "%s", err.msg);
+        tdm_chat_input in = {.messages = tdm_json_get(probe, "messages"), .bos_token = "<s>", .eos_token = "</s>"};
+        cr_assert_eq(tdm_chat_render(src, len, t[i].name, &in, NULL, &out, &n, &err), TANDEM_OK, "%s", err.msg);
+        cr_expect_eq(tdm_think_detect(out, n), t[i].want, "%s: %s", t[i].name, out);
+        free(out);
+        free(src);
+    }
+    tdm_json_free(probe);
+}

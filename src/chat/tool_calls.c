@@ -34,6 +34,13 @@ size_t tdm_tool_format_markers(tdm_tool_format f, const char *const **out) {
     return 0;
 }
 
+#define THINK_OPEN "<think>"
+#define THINK_CLOSE "</think>"
+
+const char tdm_think_probe_json[] =
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"probe\"}, {\"role\": \"assistant\", \"content\": "
+    "\"tdm_probe_answer\", \"reasoning_content\": \"tdm_probe_reasoning\"}]}";
+
 const char *tdm_tool_format_name(tdm_tool_format f) {
     switch (f) {
     case TDM_TOOL_FORMAT_HERMES: return "hermes";
@@ -75,6 +82,34 @@ static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\
 static size_t skip_ws(const char *s, size_t len, size_t at) {
     while (at < len && is_ws(s[at])) at++;
     return at;
+}
+
+bool tdm_think_detect(const char *r, size_t len) {
+    const size_t open = find(r, len, 0, THINK_OPEN), reason = find(r, len, open, "tdm_probe_reasoning");
+    return open < len && reason < len && find(r, len, reason, THINK_CLOSE) < len;
+}
+
+static size_t marker_or_tail(const char *s, size_t len, const char *marker);
+
+tdm_think_split tdm_think_split_text(const char *s, size_t len, bool whole) {
+    tdm_think_split t = {.content_at = 0};
+    const size_t first = skip_ws(s, len, 0), rest = len - first, n = strlen(THINK_OPEN);
+    if (!whole && rest < n && (rest == 0 || memcmp(s + first, THINK_OPEN, rest) == 0)) { /* (whitespace, part of <think>) */
+        t.content_at = len;
+        return t;
+    }
+    t.decided = true;
+    if (rest < n || memcmp(s + first, THINK_OPEN, n) != 0) return t;
+    t.has = true;
+    t.reason_at = skip_ws(s, len, first + n);
+    const size_t close = find(s, len, t.reason_at, THINK_CLOSE);
+    size_t end = close < len ? close : marker_or_tail(s, len, THINK_CLOSE);
+    if (close == len && end < t.reason_at) end = t.reason_at;
+    while (end > t.reason_at && is_ws(s[end - 1])) end--;
+    t.reason_len = end - t.reason_at;
+    t.reason_safe = t.reason_len;
+    t.content_at = close < len ? skip_ws(s, len, close + strlen(THINK_CLOSE)) : len;
+    return t;
 }
 
 /* The end (exclusive) of the JSON object or array that begins at s[at], found by its

@@ -54,6 +54,29 @@ tdm_tool_format tdm_tool_format_detect(const char *rendered, size_t len);
 /* {"messages": [...], "tools": [...]}: the probe conversation for tdm_tool_format_detect. */
 extern const char tdm_tool_probe_json[];
 
+/* ---- reasoning (Qwen3 style) ----
+ * A template that renders an assistant message's reasoning_content between <think> and
+ * </think> marks reasoning: tdm_think_detect says so from its rendering of
+ * tdm_think_probe_json.  Then an output that begins (after whitespace) with <think>
+ * holds its reasoning up to </think> (to the end when </think> never comes) and its
+ * content after it, both without the whitespace around them.  (An output whose
+ * <think> the template put in the prompt, as DeepSeek-R1's does, is not split.) */
+extern const char tdm_think_probe_json[];
+bool tdm_think_detect(const char *rendered, size_t len);
+
+typedef struct tdm_think_split {
+    bool decided;       /* false: the text so far may still begin <think> */
+    bool has;           /* the output begins with <think> */
+    size_t reason_at, reason_len; /* the reasoning, text[reason_at..+reason_len) */
+    size_t content_at;  /* the content begins here (len when there is none yet) */
+    size_t reason_safe; /* streaming: the reasoning up to here (from reason_at) can be
+                           sent now: before a tail that may begin </think> and before
+                           trailing whitespace */
+} tdm_think_split;
+
+/* Splits s[0..len): the whole output (whole: always decided), or a stream's text so far. */
+tdm_think_split tdm_think_split_text(const char *s, size_t len, bool whole);
+
 typedef struct tdm_tool_call {
     char *name;      /* NUL-terminated */
     char *arguments; /* a JSON object's text, NUL-terminated */
