@@ -713,3 +713,39 @@ Test(serve_response, tool_calls_stream) {
     tdm_json_free(j);
     free(t);
 }
+
+Test(serve_response, reasoning) {
+    oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-9", .created = 5, .model = "pycode", .reasoning = true};
+    tdm_json *j = answer_of(&m, "<think>\nThe user greets.\n</think>\n\nHello!", TANDEM_FINISH_EOS);
+    const tdm_json *msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_str_eq(tdm_json_get(msg, "reasoning_content")->str, "The user greets.");
+    cr_expect_str_eq(tdm_json_get(msg, "content")->str, "Hello!");
+    cr_expect_str_eq(tdm_json_get(first_choice(j), "finish_reason")->str, "stop");
+    tdm_json_free(j);
+    /* no <think> at the start: all content, no reasoning_content */
+    j = answer_of(&m, "Hello <think>", TANDEM_FINISH_EOS);
+    msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_str_eq(tdm_json_get(msg, "content")->str, "Hello <think>");
+    cr_expect_null(tdm_json_get(msg, "reasoning_content"));
+    tdm_json_free(j);
+    /* reasoning, then a call */
+    m.tool_format = TDM_TOOL_FORMAT_HERMES;
+    m.parallel_tool_calls = true;
+    j = answer_of(&m, "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>",
+                  TANDEM_FINISH_EOS);
+    msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_str_eq(tdm_json_get(msg, "reasoning_content")->str, "need weather");
+    cr_expect_eq(tdm_json_get(msg, "content")->type, TDM_JSON_NULL);
+    cr_expect_eq(tdm_json_get(msg, "tool_calls")->n, 1);
+    cr_expect_str_eq(tdm_json_get(first_choice(j), "finish_reason")->str, "tool_calls");
+    tdm_json_free(j);
+    size_t n;
+    char *t = oai_reasoning_chunk_sse(&m, "abc", 3, true, false, &n);
+    j = event_json(t, n);
+    const tdm_json *d = tdm_json_get(first_choice(j), "delta");
+    cr_expect_str_eq(tdm_json_get(d, "reasoning_content")->str, "abc");
+    cr_expect_str_eq(tdm_json_get(d, "role")->str, "assistant");
+    cr_expect_null(tdm_json_get(d, "content"));
+    tdm_json_free(j);
+    free(t);
+}

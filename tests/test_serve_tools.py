@@ -8,6 +8,8 @@ usage: python3 test_serve_tools.py TANDEM [full|reduced]
     prompt tokens) unless tool_choice is none; streamed and whole answers agree under
     tools; every refused input (tool_choice required / named, functions, strict tools,
     malformed histories and tools) is a 400 naming the member
+  - the pycode target with Qwen3's template: the reasoning split is found (the ready
+    line), and chat answers (which do not begin with <think>) stream as they answer whole
   - with the real Qwen2.5-Coder-1.5B-Instruct in models/real/ (skipped without it, and in
     the reduced mode): a weather question comes back as a parsed get_weather call,
     whole and streamed, and the round trip with the tool's answer is accepted
@@ -26,6 +28,7 @@ TANDEM = sys.argv[1]
 REDUCED = len(sys.argv) > 2 and sys.argv[2] == "reduced"
 HERE = os.path.dirname(os.path.abspath(__file__))
 QWEN_TEMPLATE = os.path.join(HERE, "data", "chat", "qwen2.5.jinja")
+QWEN3_TEMPLATE = os.path.join(HERE, "data", "chat", "qwen3.jinja")
 REAL = os.path.join(MODELS, "real", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf")
 
 c = Checks()
@@ -153,6 +156,29 @@ if openai_missing is None:
         c.check(e.status_code == 400 and "grammar" in str(e), "openai: tool_choice required is a BadRequestError", e)
 rc = srv.stop()
 c.check(rc == 0, "the server stops cleanly", "".join(srv.log)[-500:])
+
+# ---------------------------------------------------------------- pycode, Qwen3's template (reasoning)
+srv = Server(TANDEM, ["-m", TARGET, "-t", "1", "--chat-template", QWEN3_TEMPLATE])
+c.check(any("tool calls in the format hermes, reasoning split from <think>" in line for line in srv.log),
+        "Qwen3's template: the ready line names the hermes format and the reasoning split", "".join(srv.log)[-300:])
+if openai_missing is None:
+    cl = openai.OpenAI(base_url="http://%s:%d/v1" % (HOST, srv.port), api_key="x", max_retries=0, timeout=120)
+    for tools in ([], [WEATHER]):
+        msgs = [{"role": "user", "content": "def add(a, b):"}]
+        kw = dict(model=r_bare["model"], messages=msgs, max_tokens=12, temperature=0)
+        if tools:
+            kw["tools"] = tools
+        r = cl.chat.completions.create(**kw)
+        content, calls, finish = stream_message(cl, **kw)
+        m = r.choices[0].message
+        c.check((m.content or "") == content and finish == r.choices[0].finish_reason and
+                not getattr(m, "reasoning_content", None),
+                "Qwen3's template: streamed and whole answers agree, no reasoning without <think> (%s tools)"
+                % len(tools), "%r / %r" % (m, content))
+    st, r = chat(srv.port, dict(base, messages=HISTORY + [{"role": "assistant", "content": "18 C.",
+                                                           "reasoning_content": "The tool said 18."}]))
+    c.check(st == 200, "Qwen3's template: a history with reasoning_content is answered", r)
+srv.stop()
 
 # ---------------------------------------------------------------- the real Qwen2.5-Coder-1.5B
 real_skipped = None

@@ -54,11 +54,12 @@ struct srv_job {
     bool shut;                   /* cancelled by the server's shutdown */
     int phase;                   /* stream: what comes next */
     bool first_chunk;
-    size_t n_sent_text;          /* stream: bytes of text sent so far */
-    char *acc;                   /* chat with tools: the output so far, with the text of
-                                    the call markers that are control tokens (NUL-
-                                    terminated); a stream holds back what may be a call
-                                    (tdm_tool_calls_stream_safe) */
+    size_t n_sent_text;          /* stream: bytes of text sent so far (parsed: of the content) */
+    size_t n_sent_reason;        /* parsed stream: bytes of reasoning sent so far */
+    char *acc;                   /* parsed chat (tools, reasoning): the output so far, with
+                                    the text of the call markers that are control tokens
+                                    (NUL-terminated); a stream holds back what may be a
+                                    call or the end of the reasoning */
     size_t n_acc, cap_acc;
     size_t n_engine_text;        /* chat with tools: bytes of the engine's text in acc */
     char **tool_names;           /* [n_tool_names] the request's (meta points here) */
@@ -150,7 +151,7 @@ static bool on_token(int32_t token, const char *text, size_t len, void *user) {
     j->n_tokens++;
     j->t_last = now;
     bool ok = !j->gone;
-    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE && ok) {
+    if ((j->meta.tool_format != TDM_TOOL_FORMAT_NONE || j->meta.reasoning) && ok) { /* (parsed(j)) */
         ok = tool_text(j, token, text, len);
         if (j->stream) pthread_cond_signal(&j->cv);
     } else if (j->stream && len > 0 && ok) {
@@ -178,7 +179,8 @@ static void on_finish(tandem_request_id id, tandem_result *r, void *user) {
     srv *s = j->s;
     pthread_mutex_lock(&j->mu);
     j->res = *r;
-    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) { /* the text no callback passed (none, as the engine streams) */
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE || j->meta.reasoning) { /* the text no callback passed (none,
+                                                                               as the engine streams) */
         const size_t tl = r->status == TANDEM_OK && r->text ? strlen(r->text) : 0;
         if (tl > j->n_engine_text && !tool_text(j, -1, r->text + j->n_engine_text, tl - j->n_engine_text)) {
             free(j->acc);
@@ -222,52 +224,72 @@ static bool never_started(const srv_job *j) {
 
 /* ---- streaming ---- */
 
-/* A stream with tools: the text passed by moves to j->acc, and the part of it that
- * cannot begin a call goes out as content; at the result the whole text is parsed: the
- * rest of the content, then the calls (j->mu held).  *t the events formatted, or NULL
- * with false when there is nothing to send yet. */
-static bool tool_event(srv_job *j, char **t, size_t *n, bool *oom) {
-    if (!j->done) {
-        const size_t safe = tdm_tool_calls_stream_safe(j->meta.tool_format, j->acc, j->n_acc);
-        if (safe <= j->n_sent_text) return false;
-        *t = oai_chunk_sse(&j->meta, j->acc + j->n_sent_text, safe - j->n_sent_text, j->first_chunk, j->include_usage, n);
-        j->n_sent_text = safe;
-        j->first_chunk = false;
-        return *t ? true : (*oom = true, false);
-    }
-    j->phase = PH_FINAL;
-    if (j->res.status == TANDEM_OK && !j->acc && j->n_engine_text) return *oom = true, false;
-    tdm_tool_parse p;
-    if (!oai_tool_parse(&j->meta, j->acc ? j->acc : "", j->n_acc, &p)) return *oom = true, false;
+/* The chat's output is parsed (tools offered, or a template that marks reasoning): the
+ * text goes through j->acc. */
+static bool parsed(const srv_job *j) { return j->meta.tool_format != TDM_TOOL_FORMAT_NONE || j->meta.reasoning; }
+
+/* Writes a reasoning or content chunk of text[0..n) into f, if n > 0. */
+static void put_chunk(srv_job *j, FILE *f, bool reasoning, const char *text, size_t n, bool *oom) {
+    if (n == 0) return;
+    size_t k = 0;
+    char *c = reasoning ? oai_reasoning_chunk_sse(&j->meta, text, n, j->first_chunk, j->include_usage, &k)
+                        : oai_chunk_sse(&j->meta, text, n, j->first_chunk, j->include_usage, &k);
+    if (c) fwrite(c, 1, k, f);
+    else *oom = true;
+    free(c);
+    j->first_chunk = false;
+}
+
+/* A parsed stream's events (j->mu held): of the text so far in j->acc, the reasoning and
+ * the content that can go out (what may still be a call, or the end of the reasoning,
+ * is held back); at the result, the whole text split and parsed: the rest of the
+ * reasoning and the content, then the calls.  *t the events formatted, or false when
+ * there is nothing to send yet (or out of memory: *oom). */
+static bool parsed_event(srv_job *j, char **t, size_t *n, bool *oom) {
+    if (j->done) j->phase = PH_FINAL;
+    if (j->done && j->res.status == TANDEM_OK && !j->acc && j->n_engine_text) return *oom = true, false;
+    const char *acc = j->acc ? j->acc : "";
+    const tdm_think_split sp = j->meta.reasoning ? tdm_think_split_text(acc, j->n_acc, j->done)
+                                                 : (tdm_think_split){.decided = true};
+    if (!sp.decided) return false;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
-    if (!f) {
-        tdm_tool_parse_free(&p);
-        return *oom = true, false;
+    if (!f) return *oom = true, false;
+    const size_t reason_end = j->done ? sp.reason_len : sp.reason_safe;
+    if (sp.has && reason_end > j->n_sent_reason) {
+        put_chunk(j, f, true, acc + sp.reason_at + j->n_sent_reason, reason_end - j->n_sent_reason, oom);
+        j->n_sent_reason = reason_end;
     }
-    const size_t cl = p.content ? strlen(p.content) : 0;
-    /* the content not sent yet (what was sent is a prefix of it: the hold-back rule) */
-    if (cl > j->n_sent_text && (!j->n_sent_text || memcmp(p.content, j->acc, j->n_sent_text) == 0)) {
-        size_t k = 0;
-        char *c = oai_chunk_sse(&j->meta, p.content + j->n_sent_text, cl - j->n_sent_text, j->first_chunk,
-                                j->include_usage, &k);
-        if (c) fwrite(c, 1, k, f);
-        else *oom = true;
-        free(c);
-        j->n_sent_text = cl;
-        j->first_chunk = false;
+    const char *c = acc + sp.content_at;
+    const size_t cl = j->n_acc - sp.content_at;
+    if (!j->done) {
+        const size_t safe = tdm_tool_calls_stream_safe(j->meta.tool_format, c, cl);
+        if (safe > j->n_sent_text) put_chunk(j, f, false, c + j->n_sent_text, safe - j->n_sent_text, oom);
+        if (safe > j->n_sent_text) j->n_sent_text = safe;
+    } else {
+        tdm_tool_parse p;
+        if (!oai_tool_parse(&j->meta, c, cl, &p)) {
+            *oom = true;
+        } else {
+            /* the content not sent yet (what was sent is a prefix of it: the hold-back rule) */
+            const size_t pl = p.content ? strlen(p.content) : 0;
+            if (pl > j->n_sent_text && (!j->n_sent_text || memcmp(p.content, c, j->n_sent_text) == 0)) {
+                put_chunk(j, f, false, p.content + j->n_sent_text, pl - j->n_sent_text, oom);
+                j->n_sent_text = pl;
+            }
+            if (p.n_calls) {
+                size_t k = 0;
+                char *e = oai_tool_calls_sse(&j->meta, &p, j->first_chunk, j->include_usage, &k);
+                if (e) fwrite(e, 1, k, f);
+                else *oom = true;
+                free(e);
+                j->first_chunk = false;
+                j->meta.called_tools = true;
+            }
+            tdm_tool_parse_free(&p);
+        }
     }
-    if (p.n_calls) {
-        size_t k = 0;
-        char *c = oai_tool_calls_sse(&j->meta, &p, j->first_chunk, j->include_usage, &k);
-        if (c) fwrite(c, 1, k, f);
-        else *oom = true;
-        free(c);
-        j->first_chunk = false;
-        j->meta.called_tools = true;
-    }
-    tdm_tool_parse_free(&p);
     const bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad || *oom) {
         free(buf);
@@ -286,8 +308,8 @@ static bool tool_event(srv_job *j, char **t, size_t *n, bool *oom) {
 static bool next_event(srv_job *j, bool *oom) {
     size_t n = 0;
     char *t = NULL;
-    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE && j->phase == PH_TEXT) {
-        if (tool_event(j, &t, &n, oom)) {
+    if (parsed(j) && j->phase == PH_TEXT) {
+        if (parsed_event(j, &t, &n, oom)) {
             j->out = t;
             j->out_len = n;
             j->out_off = 0;
@@ -446,8 +468,8 @@ static int answer(srv_job *j, struct MHD_Connection *c, int *status) {
     } else {
         size_t n = 0;
         tandem_result res = j->res;
-        if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) res.text = j->acc ? j->acc : (char *)"";
-        char *body = j->meta.tool_format != TDM_TOOL_FORMAT_NONE && !j->acc && j->n_engine_text
+        if (parsed(j)) res.text = j->acc ? j->acc : (char *)"";
+        char *body = parsed(j) && !j->acc && j->n_engine_text
                          ? NULL /* (out of memory) */
                          : oai_result_json(&j->meta, &res, &n);
         *status = body ? 200 : 500;
@@ -504,7 +526,8 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
     j->meta = (oai_meta){.kind = rq->kind, .id = j->id_text, .created = (int64_t)time(NULL), .model = s->m.lim.model_id,
                          .has_draft = s->m.lim.has_draft, .parallel_tool_calls = rq->parallel_tool_calls,
                          .tool_format = rq->kind == OAI_CHAT && rq->n_tools > 0 && rq->tool_choice != OAI_TOOLS_NONE
-                                            ? s->m.tool_format : TDM_TOOL_FORMAT_NONE};
+                                            ? s->m.tool_format : TDM_TOOL_FORMAT_NONE,
+                         .reasoning = rq->kind == OAI_CHAT && s->m.reasoning};
     if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) { /* (out of memory: the one reference dropped frees it) */
         if (!(j->tool_names = calloc(rq->n_tools, sizeof *j->tool_names))) return j->refs = 1, job_unref(j), NULL;
         for (; j->n_tool_names < rq->n_tools; j->n_tool_names++)

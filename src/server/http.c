@@ -402,6 +402,12 @@ void srv_set_ready(srv *s, const srv_model *m) {
                                 &probe) == TANDEM_OK)
         f = tdm_tool_format_detect(probe, strlen(probe));
     tandem_free(probe);
+    probe = NULL;
+    bool reasoning = false;
+    if (tandem_chat_render_json(m->target, m->chat_template, tdm_think_probe_json, strlen(tdm_think_probe_json), false,
+                                &probe) == TANDEM_OK)
+        reasoning = tdm_think_detect(probe, strlen(probe));
+    tandem_free(probe);
     const char *const *markers;
     const size_t n_markers = tdm_tool_format_markers(f, &markers);
     int n_ctl = 0;
@@ -422,6 +428,7 @@ void srv_set_ready(srv *s, const srv_model *m) {
     pthread_mutex_lock(&s->mu);
     s->m = *m;
     s->m.tool_format = f;
+    s->m.reasoning = reasoning;
     s->m.n_tool_markers = n_ctl;
     for (int i = 0; i < n_ctl; i++) s->m.tool_marker_id[i] = ctl_id[i], s->m.tool_marker_text[i] = ctl_text[i];
     s->state = SRV_READY;

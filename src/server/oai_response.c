@@ -141,9 +141,11 @@ char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) {
     const char *text = r->text ? r->text : "";
     head(f, m, false);
     fputs(", \"choices\": [{\"index\": 0, ", f);
-    if (m->kind == OAI_CHAT && m->tool_format != TDM_TOOL_FORMAT_NONE) {
+    if (m->kind == OAI_CHAT && (m->tool_format != TDM_TOOL_FORMAT_NONE || m->reasoning)) {
+        const size_t tl = strlen(text);
+        const tdm_think_split t = m->reasoning ? tdm_think_split_text(text, tl, true) : (tdm_think_split){0};
         tdm_tool_parse p;
-        if (!oai_tool_parse(m, text, strlen(text), &p)) {
+        if (!oai_tool_parse(m, text + t.content_at, tl - t.content_at, &p)) {
             fclose(o.f);
             free(o.buf);
             return NULL;
@@ -151,6 +153,10 @@ char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) {
         fputs("\"message\": {\"role\": \"assistant\", \"content\": ", f);
         if (p.content) str(f, p.content);
         else fputs("null", f);
+        if (t.has) {
+            fputs(", \"reasoning_content\": ", f);
+            tdm_json_write_str(f, text + t.reason_at, t.reason_len);
+        }
         if (p.n_calls) message_calls(f, m, &p);
         m->called_tools = p.n_calls > 0;
         fputc('}', f);
@@ -172,12 +178,12 @@ char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) {
 }
 
 /* "data: " + a chunk's head and its one choice up to the piece of text. */
-static void chunk_open(FILE *f, const oai_meta *m, const char *text, size_t n, bool first) {
+static void chunk_open(FILE *f, const oai_meta *m, const char *field, const char *text, size_t n, bool first) {
     fputs("data: ", f);
     head(f, m, true);
     fputs(", \"choices\": [{\"index\": 0, ", f);
     if (m->kind == OAI_CHAT) {
-        fputs(first ? "\"delta\": {\"role\": \"assistant\", \"content\": " : "\"delta\": {\"content\": ", f);
+        fprintf(f, first ? "\"delta\": {\"role\": \"assistant\", \"%s\": " : "\"delta\": {\"%s\": ", field);
         tdm_json_write_str(f, text, n);
         fputc('}', f);
     } else {
@@ -187,15 +193,25 @@ static void chunk_open(FILE *f, const oai_meta *m, const char *text, size_t n, b
     fputs(", \"logprobs\": null", f);
 }
 
-char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
-                    size_t *len) {
+static char *chunk_sse(const oai_meta *m, const char *field, const char *text, size_t text_len, bool first,
+                       bool include_usage, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
-    chunk_open(o.f, m, text, text_len, first);
+    chunk_open(o.f, m, field, text, text_len, first);
     fputs(", \"finish_reason\": null}]", o.f);
     if (include_usage) fputs(", \"usage\": null", o.f);
     fputs("}\n\n", o.f);
     return out_close(&o, len);
+}
+
+char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                    size_t *len) {
+    return chunk_sse(m, "content", text, text_len, first, include_usage, len);
+}
+
+char *oai_reasoning_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                              size_t *len) {
+    return chunk_sse(m, "reasoning_content", text, text_len, first, include_usage, len);
 }
 
 char *oai_tool_calls_sse(const oai_meta *m, const tdm_tool_parse *p, bool first, bool include_usage, size_t *len) {
@@ -239,7 +255,7 @@ char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool includ
         head(f, m, true);
         fputs(", \"choices\": [{\"index\": 0, \"delta\": {}, \"logprobs\": null", f);
     } else {
-        chunk_open(f, m, "", 0, false);
+        chunk_open(f, m, "content", "", 0, false);
     }
     finish(f, m, r);
     fputs("}]", f);

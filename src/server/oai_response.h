@@ -27,6 +27,9 @@ typedef struct oai_meta {
     bool parallel_tool_calls;    /* false: only the first call is kept */
     const char *const *tool_names; /* [n_tool_names] the tools offered (bare calls name one) */
     size_t n_tool_names;
+    bool reasoning;          /* chat, the template marks reasoning: a <think> block at
+                                the output's start is the message's reasoning_content
+                                (tdm_think_split_text) */
     bool called_tools;       /* calls were answered (set by oai_result_json, and by the
                                 streamer before the last chunk): finish_reason
                                 "tool_calls" where it would be "stop" */
@@ -46,7 +49,8 @@ void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap);
  * request was generating; its text so far), error -> "error". */
 const char *oai_finish_reason(tandem_finish_reason r);
 
-/* The whole answer of a non-streaming request: text (chat with m->tool_format: the
+/* The whole answer of a non-streaming request: text (chat with m->reasoning: a <think>
+ * block at its start as the message's reasoning_content; chat with m->tool_format: the
  * message's content (null when only calls) and tool_calls [{id, type: "function",
  * function: {name, arguments: a JSON object's text}}], finish_reason "tool_calls"
  * for an answer that ended with its calls; sets m->called_tools), finish_reason, usage (plus
@@ -60,6 +64,10 @@ char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len);
  * include_usage adds "usage": null, as OpenAI does on every chunk but the last. */
 char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
                     size_t *len);
+/* A chunk of reasoning (chat): the delta carries reasoning_content (vLLM's and
+ * llama-server's member) in place of content. */
+char *oai_reasoning_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                              size_t *len);
 /* A stream's calls (chat): for each, a chunk whose delta carries tool_calls [{index,
  * id, type: "function", function: {name, arguments: ""}}], then one with its
  * arguments ({index, function: {arguments}}), as OpenAI streams them (the first

@@ -51,6 +51,9 @@ typedef struct srv_model {
     tdm_tool_format tool_format; /* how the template writes tool calls (srv_set_ready
                                     finds it): the format a chat's output is parsed in
                                     when tools are offered */
+    bool reasoning;              /* the template renders reasoning_content in <think>
+                                    (srv_set_ready finds it): a chat's output that begins
+                                    with <think> has its reasoning split off */
     int n_tool_markers;          /* the format's markers that are control tokens, which
                                     the engine's text leaves out (Qwen's <tool_call>):
                                     a tool request's output gets their text back at
