@@ -749,3 +749,115 @@ Test(serve_response, reasoning) {
     tdm_json_free(j);
     free(t);
 }
+
+/* What a client puts together from a parsed stream's events. */
+typedef struct assembled {
+    char reasoning[512], content[512], names[4][32], args[4][128];
+    size_t n_calls;
+} assembled;
+
+static void cat_str(char *dst, size_t cap, const tdm_json *v) {
+    if (!v || v->type != TDM_JSON_STRING) return;
+    cr_assert_lt(strlen(dst) + v->str_len, cap);
+    strcat(dst, v->str);
+}
+
+static void take_events(assembled *a, const char *t) {
+    while (t && *t) {
+        const char *end = strstr(t, "\n\n");
+        cr_assert_not_null(end);
+        char one[2048];
+        const size_t len = (size_t)(end + 2 - t);
+        cr_assert_lt(len, sizeof one);
+        memcpy(one, t, len);
+        one[len] = '\0';
+        tdm_json *j = event_json(one, len);
+        const tdm_json *d = tdm_json_get(first_choice(j), "delta");
+        cat_str(a->reasoning, sizeof a->reasoning, tdm_json_get(d, "reasoning_content"));
+        cat_str(a->content, sizeof a->content, tdm_json_get(d, "content"));
+        const tdm_json *tc = tdm_json_get(d, "tool_calls");
+        for (size_t k = 0; tc && k < tc->n; k++) {
+            const size_t i = (size_t)tdm_json_get(&tc->items[k], "index")->num;
+            cr_assert_lt(i, 4);
+            if (i + 1 > a->n_calls) a->n_calls = i + 1;
+            const tdm_json *fn = tdm_json_get(&tc->items[k], "function");
+            cat_str(a->names[i], sizeof a->names[i], tdm_json_get(fn, "name"));
+            cat_str(a->args[i], sizeof a->args[i], tdm_json_get(fn, "arguments"));
+        }
+        tdm_json_free(j);
+        t = end + 2;
+    }
+}
+
+/* A stream fed text[0..len) in pieces ending at cuts[0..n_cuts), then done. */
+static assembled stream_in_pieces(oai_meta *m, const char *text, size_t len, const size_t *cuts, size_t n_cuts) {
+    assembled a;
+    memset(&a, 0, sizeof a);
+    oai_stream_sent sent = {.first = true};
+    m->called_tools = false;
+    for (size_t i = 0; i <= n_cuts; i++) {
+        const bool done = i == n_cuts;
+        size_t n = 0;
+        bool oom = false;
+        char *t = oai_parsed_events(m, &sent, text, done ? len : cuts[i], done, false, &n, &oom);
+        cr_assert(!oom);
+        take_events(&a, t);
+        free(t);
+    }
+    return a;
+}
+
+/* Streamed in any pieces (one byte at a time, or two pieces cut at every byte), a parsed
+ * answer puts together into the whole answer's message. */
+Test(serve_response, parsed_stream_equals_whole) {
+    static const struct {
+        tdm_tool_format f;
+        bool reasoning;
+        const char *text;
+    } cases[] = {
+        {TDM_TOOL_FORMAT_HERMES, true,
+         "<think>\nweather needed\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"P\"}}\n"
+         "</tool_call>\n<tool_call>{\"name\": \"t\"}</tool_call>"},
+        {TDM_TOOL_FORMAT_HERMES, false, "Plain text with <b>tags</b> and <tool_ca"},
+        {TDM_TOOL_FORMAT_HERMES, false, "```json\n{\"name\": \"w\", \"arguments\": {}}\n```"},
+        {TDM_TOOL_FORMAT_HERMES, false, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": }}\n</tool_call>"},
+        {TDM_TOOL_FORMAT_NONE, true, "<think>a\nb</think>  c d  "},
+        {TDM_TOOL_FORMAT_NONE, true, "  <thinking> is not a tag here"},
+        {TDM_TOOL_FORMAT_LLAMA3, false, "<|python_tag|>{\"name\": \"w\", \"parameters\": {\"c\": 1}}"},
+        {TDM_TOOL_FORMAT_MISTRAL, false, "Sure [TOOL_CALLS][{\"name\": \"w\", \"arguments\": {}}]"},
+    };
+    static const char *const names[] = {"w", "t"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-10", .created = 5, .model = "pycode", .tool_format = cases[i].f,
+                      .reasoning = cases[i].reasoning, .parallel_tool_calls = true, .tool_names = names,
+                      .n_tool_names = 2};
+        const char *text = cases[i].text;
+        const size_t len = strlen(text);
+        tdm_json *j = answer_of(&m, text, TANDEM_FINISH_EOS);
+        const bool whole_called = m.called_tools;
+        const tdm_json *msg = tdm_json_get(first_choice(j), "message"), *rc = tdm_json_get(msg, "reasoning_content"),
+                       *cc = tdm_json_get(msg, "content"), *calls = tdm_json_get(msg, "tool_calls");
+        if (i == 0)
+            cr_expect(calls && calls->n == 2 && rc && !strcmp(rc->str, "weather needed") && !strcmp(cc->str, "Checking."),
+                      "the whole answer of case 0");
+        size_t cuts[512];
+        cr_assert_lt(len, 512);
+        for (size_t k = 0; k < len; k++) cuts[k] = k + 1;
+        for (size_t split = 0; split <= len + 1; split++) {
+            /* split == len + 1: byte by byte; else two pieces cut at split */
+            const size_t cut[1] = {split};
+            assembled a = split == len + 1 ? stream_in_pieces(&m, text, len, cuts, len)
+                                           : stream_in_pieces(&m, text, len, cut, 1);
+            cr_expect_str_eq(a.reasoning, rc ? rc->str : "", "case %zu split %zu", i, split);
+            cr_expect_str_eq(a.content, cc->type == TDM_JSON_STRING ? cc->str : "", "case %zu split %zu", i, split);
+            cr_expect_eq(a.n_calls, calls ? calls->n : 0, "case %zu split %zu", i, split);
+            cr_expect_eq(m.called_tools, whole_called, "case %zu split %zu", i, split);
+            for (size_t k = 0; calls && k < calls->n && k < a.n_calls; k++) {
+                const tdm_json *fn = tdm_json_get(&calls->items[k], "function");
+                cr_expect_str_eq(a.names[k], tdm_json_get(fn, "name")->str, "case %zu split %zu", i, split);
+                cr_expect_str_eq(a.args[k], tdm_json_get(fn, "arguments")->str, "case %zu split %zu", i, split);
+            }
+        }
+        tdm_json_free(j);
+    }
+}

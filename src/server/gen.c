@@ -54,8 +54,8 @@ struct srv_job {
     bool shut;                   /* cancelled by the server's shutdown */
     int phase;                   /* stream: what comes next */
     bool first_chunk;
-    size_t n_sent_text;          /* stream: bytes of text sent so far (parsed: of the content) */
-    size_t n_sent_reason;        /* parsed stream: bytes of reasoning sent so far */
+    size_t n_sent_text;          /* stream: bytes of text sent so far */
+    oai_stream_sent sent;        /* parsed stream: what went out */
     char *acc;                   /* parsed chat (tools, reasoning): the output so far, with
                                     the text of the call markers that are control tokens
                                     (NUL-terminated); a stream holds back what may be a
@@ -228,80 +228,12 @@ static bool never_started(const srv_job *j) {
  * text goes through j->acc. */
 static bool parsed(const srv_job *j) { return j->meta.tool_format != TDM_TOOL_FORMAT_NONE || j->meta.reasoning; }
 
-/* Writes a reasoning or content chunk of text[0..n) into f, if n > 0. */
-static void put_chunk(srv_job *j, FILE *f, bool reasoning, const char *text, size_t n, bool *oom) {
-    if (n == 0) return;
-    size_t k = 0;
-    char *c = reasoning ? oai_reasoning_chunk_sse(&j->meta, text, n, j->first_chunk, j->include_usage, &k)
-                        : oai_chunk_sse(&j->meta, text, n, j->first_chunk, j->include_usage, &k);
-    if (c) fwrite(c, 1, k, f);
-    else *oom = true;
-    free(c);
-    j->first_chunk = false;
-}
-
-/* A parsed stream's events (j->mu held): of the text so far in j->acc, the reasoning and
- * the content that can go out (what may still be a call, or the end of the reasoning,
- * is held back); at the result, the whole text split and parsed: the rest of the
- * reasoning and the content, then the calls.  *t the events formatted, or false when
- * there is nothing to send yet (or out of memory: *oom). */
+/* A parsed stream's events (j->mu held): oai_parsed_events over j->acc. */
 static bool parsed_event(srv_job *j, char **t, size_t *n, bool *oom) {
     if (j->done) j->phase = PH_FINAL;
     if (j->done && j->res.status == TANDEM_OK && !j->acc && j->n_engine_text) return *oom = true, false;
-    const char *acc = j->acc ? j->acc : "";
-    const tdm_think_split sp = j->meta.reasoning ? tdm_think_split_text(acc, j->n_acc, j->done)
-                                                 : (tdm_think_split){.decided = true};
-    if (!sp.decided) return false;
-    char *buf = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&buf, &len);
-    if (!f) return *oom = true, false;
-    const size_t reason_end = j->done ? sp.reason_len : sp.reason_safe;
-    if (sp.has && reason_end > j->n_sent_reason) {
-        put_chunk(j, f, true, acc + sp.reason_at + j->n_sent_reason, reason_end - j->n_sent_reason, oom);
-        j->n_sent_reason = reason_end;
-    }
-    const char *c = acc + sp.content_at;
-    const size_t cl = j->n_acc - sp.content_at;
-    if (!j->done) {
-        const size_t safe = tdm_tool_calls_stream_safe(j->meta.tool_format, c, cl);
-        if (safe > j->n_sent_text) put_chunk(j, f, false, c + j->n_sent_text, safe - j->n_sent_text, oom);
-        if (safe > j->n_sent_text) j->n_sent_text = safe;
-    } else {
-        tdm_tool_parse p;
-        if (!oai_tool_parse(&j->meta, c, cl, &p)) {
-            *oom = true;
-        } else {
-            /* the content not sent yet (what was sent is a prefix of it: the hold-back rule) */
-            const size_t pl = p.content ? strlen(p.content) : 0;
-            if (pl > j->n_sent_text && (!j->n_sent_text || memcmp(p.content, c, j->n_sent_text) == 0)) {
-                put_chunk(j, f, false, p.content + j->n_sent_text, pl - j->n_sent_text, oom);
-                j->n_sent_text = pl;
-            }
-            if (p.n_calls) {
-                size_t k = 0;
-                char *e = oai_tool_calls_sse(&j->meta, &p, j->first_chunk, j->include_usage, &k);
-                if (e) fwrite(e, 1, k, f);
-                else *oom = true;
-                free(e);
-                j->first_chunk = false;
-                j->meta.called_tools = true;
-            }
-            tdm_tool_parse_free(&p);
-        }
-    }
-    const bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad || *oom) {
-        free(buf);
-        return *oom = true, false;
-    }
-    if (len == 0) {
-        free(buf);
-        return false;
-    }
-    *t = buf;
-    *n = len;
-    return true;
+    *t = oai_parsed_events(&j->meta, &j->sent, j->acc ? j->acc : "", j->n_acc, j->done, j->include_usage, n, oom);
+    return *t != NULL;
 }
 
 /* Formats the next event into j->out (j->mu held); false when there is none yet. */
@@ -522,6 +454,7 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
     j->stream = rq->stream;
     j->include_usage = rq->include_usage;
     j->first_chunk = true;
+    j->sent.first = true;
     j->t_arrival = j->t_out = t_arrival;
     j->meta = (oai_meta){.kind = rq->kind, .id = j->id_text, .created = (int64_t)time(NULL), .model = s->m.lim.model_id,
                          .has_draft = s->m.lim.has_draft, .parallel_tool_calls = rq->parallel_tool_calls,

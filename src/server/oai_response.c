@@ -246,6 +246,77 @@ char *oai_tool_calls_sse(const oai_meta *m, const tdm_tool_parse *p, bool first,
     return out_close(&o, len);
 }
 
+/* Writes a reasoning or content chunk of text[0..n) into f, if n > 0. */
+static void put_chunk(const oai_meta *m, oai_stream_sent *sent, FILE *f, bool reasoning, const char *text, size_t n,
+                      bool include_usage, bool *oom) {
+    if (n == 0) return;
+    size_t k = 0;
+    char *c = chunk_sse(m, reasoning ? "reasoning_content" : "content", text, n, sent->first, include_usage, &k);
+    if (c) fwrite(c, 1, k, f);
+    else *oom = true;
+    free(c);
+    sent->first = false;
+}
+
+char *oai_parsed_events(oai_meta *m, oai_stream_sent *sent, const char *text, size_t len, bool done,
+                        bool include_usage, size_t *out_len, bool *oom) {
+    *oom = false;
+    const tdm_think_split sp = m->reasoning ? tdm_think_split_text(text, len, done) : (tdm_think_split){.decided = true};
+    if (!sp.decided) return NULL;
+    out o;
+    if (!out_open(&o)) return *oom = true, NULL;
+    FILE *f = o.f;
+    const size_t reason_end = done ? sp.reason_len : sp.reason_safe;
+    if (sp.has && reason_end > sent->reasoning) {
+        put_chunk(m, sent, f, true, text + sp.reason_at + sent->reasoning, reason_end - sent->reasoning, include_usage,
+                  oom);
+        sent->reasoning = reason_end;
+    }
+    const char *c = text + sp.content_at;
+    const size_t cl = len - sp.content_at;
+    if (!done) {
+        const size_t safe = tdm_tool_calls_stream_safe(m->tool_format, c, cl);
+        if (safe > sent->content) {
+            put_chunk(m, sent, f, false, c + sent->content, safe - sent->content, include_usage, oom);
+            sent->content = safe;
+        }
+    } else {
+        tdm_tool_parse p;
+        if (!oai_tool_parse(m, c, cl, &p)) {
+            *oom = true;
+        } else {
+            /* the content not sent yet (what was sent is a prefix of it: the hold-back rule) */
+            const size_t pl = p.content ? strlen(p.content) : 0;
+            if (pl > sent->content && (!sent->content || memcmp(p.content, c, sent->content) == 0)) {
+                put_chunk(m, sent, f, false, p.content + sent->content, pl - sent->content, include_usage, oom);
+                sent->content = pl;
+            }
+            if (p.n_calls) {
+                size_t k = 0;
+                char *e = oai_tool_calls_sse(m, &p, sent->first, include_usage, &k);
+                if (e) fwrite(e, 1, k, f);
+                else *oom = true;
+                free(e);
+                sent->first = false;
+                m->called_tools = true;
+            }
+            tdm_tool_parse_free(&p);
+        }
+    }
+    size_t n = 0;
+    char *t = out_close(&o, &n);
+    if (!t || *oom) {
+        free(t);
+        return *oom = true, NULL;
+    }
+    if (n == 0) {
+        free(t);
+        return NULL;
+    }
+    *out_len = n;
+    return t;
+}
+
 char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;

@@ -73,6 +73,20 @@ char *oai_reasoning_chunk_sse(const oai_meta *m, const char *text, size_t text_l
  * arguments ({index, function: {arguments}}), as OpenAI streams them (the first
  * chunk's delta also carries the role). */
 char *oai_tool_calls_sse(const oai_meta *m, const tdm_tool_parse *p, bool first, bool include_usage, size_t *len);
+/* A parsed chat stream (m->reasoning or m->tool_format): what went out so far. */
+typedef struct oai_stream_sent {
+    bool first;                  /* no chunk yet (the next carries the role): start true */
+    size_t reasoning, content;   /* bytes of reasoning / content sent */
+} oai_stream_sent;
+
+/* The events of a parsed chat stream whose output so far is text[0..len): the reasoning
+ * and the content that can go out now (what may still begin a call, or end the
+ * reasoning, is held back: tdm_think_split_text, tdm_tool_calls_stream_safe); when done
+ * (the output whole), the rest of them, then the calls (oai_tool_calls_sse; sets
+ * m->called_tools).  NULL with *oom false when there is nothing to send yet.  The
+ * deltas put together are the whole answer's message (oai_result_json). */
+char *oai_parsed_events(oai_meta *m, oai_stream_sent *sent, const char *text, size_t len, bool done,
+                        bool include_usage, size_t *out_len, bool *oom);
 /* The last chunk: an empty text / delta with the finish reason of r. */
 char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len);
 /* The usage chunk of stream_options.include_usage: "choices": [] and r's usage. */
