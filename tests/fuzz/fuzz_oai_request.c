@@ -16,7 +16,8 @@
  *     stream event built from the request parse back as JSON;
  *   - chat: the conversation for the template (chat_json) is JSON; the last message's
  *     content, as a model's output parsed for tool calls in the format bits 6-7 pick
- *     (src/chat/tool_calls.c), answers as JSON whole and streamed, and what streaming
+ *     (src/chat/tool_calls.c), answers as JSON whole and streamed (with and without the
+ *     reasoning split, bit 3), and what streaming
  *     lets out at each byte (up to 512) is a prefix of the parsed content. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,6 +115,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!ev || n < 8) abort();
             free(ev);
         }
+        /* the same output streamed in two pieces (cut where the body's length says), with
+           reasoning split as bit 3 says: every event parses as JSON */
+        m.reasoning = (data[0] & 8) != 0;
+        oai_stream_sent sent = {.first = true};
+        const size_t cut = len ? size % (len + 1) : 0;
+        for (int done = 0; done < 2; done++) {
+            bool oom = false;
+            char *ev = oai_parsed_events(&m, &sent, out, done ? len : cut, done, r.include_usage, &n, &oom);
+            if (oom || (ev && (n < 8 || strncmp(ev, "data: ", 6) != 0))) abort();
+            free(ev);
+        }
+        m.reasoning = false;
         const char *content = p.content ? p.content : "";
         for (size_t k = 0; k <= len && k <= 512; k++) {
             const size_t safe = tdm_tool_calls_stream_safe(m.tool_format, out, k);
