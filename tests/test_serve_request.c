@@ -664,6 +664,19 @@ Test(serve_response, tool_calls_whole) {
     cr_expect_eq(strlen(id), 9, "%s", id);
 }
 
+/* The event at *ev (one of several in a text), parsed; *ev moves past it. */
+static tdm_json *next_event_json(const char **ev) {
+    const char *end = strstr(*ev, "\n\n");
+    cr_assert_not_null(end);
+    char one[2048];
+    const size_t len = (size_t)(end + 2 - *ev);
+    cr_assert_lt(len, sizeof one);
+    memcpy(one, *ev, len);
+    one[len] = '\0';
+    *ev = end + 2;
+    return event_json(one, len);
+}
+
 Test(serve_response, tool_calls_stream) {
     oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-8", .created = 5, .model = "pycode",
                   .tool_format = TDM_TOOL_FORMAT_HERMES, .parallel_tool_calls = true};
@@ -676,14 +689,7 @@ Test(serve_response, tool_calls_stream) {
     /* four events: (id, name, "") and (arguments) per call */
     const char *ev = t;
     for (int k = 0; k < 4; k++) {
-        const char *end = strstr(ev, "\n\n");
-        cr_assert_not_null(end);
-        char one[1024];
-        const size_t len = (size_t)(end + 2 - ev);
-        cr_assert_lt(len, sizeof one);
-        memcpy(one, ev, len);
-        one[len] = '\0';
-        tdm_json *j = event_json(one, len);
+        tdm_json *j = next_event_json(&ev);
         const tdm_json *d = tdm_json_get(first_choice(j), "delta");
         const tdm_json *tc = &tdm_json_get(d, "tool_calls")->items[0], *fn = tdm_json_get(tc, "function");
         cr_expect_eq(tdm_json_get(tc, "index")->num, k / 2);
@@ -700,7 +706,6 @@ Test(serve_response, tool_calls_stream) {
             cr_expect_str_eq(tdm_json_get(fn, "arguments")->str, k == 1 ? "{\"x\": 1}" : "{}");
         }
         tdm_json_free(j);
-        ev = end + 2;
     }
     cr_expect_eq(*ev, '\0');
     free(t);
@@ -764,14 +769,7 @@ static void cat_str(char *dst, size_t cap, const tdm_json *v) {
 
 static void take_events(assembled *a, const char *t) {
     while (t && *t) {
-        const char *end = strstr(t, "\n\n");
-        cr_assert_not_null(end);
-        char one[2048];
-        const size_t len = (size_t)(end + 2 - t);
-        cr_assert_lt(len, sizeof one);
-        memcpy(one, t, len);
-        one[len] = '\0';
-        tdm_json *j = event_json(one, len);
+        tdm_json *j = next_event_json(&t);
         const tdm_json *d = tdm_json_get(first_choice(j), "delta");
         cat_str(a->reasoning, sizeof a->reasoning, tdm_json_get(d, "reasoning_content"));
         cat_str(a->content, sizeof a->content, tdm_json_get(d, "content"));
@@ -785,7 +783,6 @@ static void take_events(assembled *a, const char *t) {
             cat_str(a->args[i], sizeof a->args[i], tdm_json_get(fn, "arguments"));
         }
         tdm_json_free(j);
-        t = end + 2;
     }
 }
 
