@@ -41,7 +41,7 @@ sources() {
     chat_template) echo "${JINJA_SRC[@]}" ;;
     grammar) echo "${GRAMMAR_SRC[@]}" "${TOK_SRC[@]}" ;;
     json_schema) echo src/grammar/json_schema.c "${GRAMMAR_SRC[@]}" "${TOK_SRC[@]}" ;;
-    oai_request) echo src/server/oai_request.c src/server/oai_response.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
+    oai_request) echo src/server/oai_request.c src/server/oai_chat.c src/server/oai_response.c src/chat/tool_calls.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     esac
 }
 libs() { [ "$1" = config ] && pkg-config --libs inih; echo -lm; }
@@ -140,12 +140,16 @@ PY
             '{"prompt": ["x"], "max_tokens": 300, "logprobs": null, "echo": false, "best_of": 1, "presence_penalty": 0, "user": "u"}'
             '{"model": "pycode", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}, {"role": "assistant", "content": null}], "max_completion_tokens": 8, "stream": true}'
             '{"messages": [{"role": "user", "content": "\u00e9\ud83d\ude00"}], "stop": "\n", "response_format": {"type": "text"}}'
-            '{"model": "other", "prompt": "x", "n": 2, "max_tokens": "16"}')
+            '{"model": "other", "prompt": "x", "n": 2, "max_tokens": "16"}'
+            '{"messages": [{"role": "user", "content": "w?"}, {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "w", "arguments": "{\"c\": \"P\"}"}}]}, {"role": "tool", "tool_call_id": "call_1", "name": "w", "content": "18"}, {"role": "assistant", "content": "ok <tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": 1}}\n</tool_call><|python_tag|>{\"name\": \"w\", \"parameters\": {}}[TOOL_CALLS][{\"name\": \"w\", \"arguments\": {}}]"}], "tools": [{"type": "function", "function": {"name": "w", "description": "d", "parameters": {"type": "object"}}}], "tool_choice": "auto", "parallel_tool_calls": false}')
         for b in "${bodies[@]}"; do
             i=$((i + 1))
             { printf '\000'; printf '%s' "$b"; } >"$d/completion$i"
             { printf '\007'; printf '%s' "$b"; } >"$d/chat$i"
             { printf '\212'; printf '%s' "$b"; } >"$d/draft$i"
+            { printf '\107'; printf '%s' "$b"; } >"$d/hermes$i" # (bits 6-7: the tool call format)
+            { printf '\207'; printf '%s' "$b"; } >"$d/llama3$i"
+            { printf '\307'; printf '%s' "$b"; } >"$d/mistral$i"
         done ;;
     grammar) # the test grammars, one a file
         printf '%s\n' 'root ::= object' 'object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws' \

@@ -1,14 +1,18 @@
 /* test_serve_request.c - `tandem serve`'s request parser and validator (every bad
  * input it refuses, with its status, member and message), the context check, the
- * answers' JSON and server-sent events, and the metrics text. */
+ * answers' JSON and server-sent events, and the metrics text; tools: an agent's
+ * history and tools rendered by real templates, tool calls answered whole and streamed. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat.h"
 #include "json.h"
 #include "metrics.h"
 #include "oai_request.h"
 #include "oai_response.h"
+#include "testutil.h"
 
 static oai_limits limits(bool draft) {
     oai_limits l = {.model_id = "pycode", .n_ctx = 1024, .n_vocab = 8192, .has_draft = draft};
@@ -207,8 +211,32 @@ static const bad_case bad_cases[] = {
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 400, "messages",
      "'messages'[0].content[0] is not a text part"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\\u0000b\"}]}", 400, "messages", "NUL"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", 400,
-     "tools", "not supported"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", 400, "tools", "'tools'[0].function must be an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": {}}", 400, "tools", "'tools' must be an array, not an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"code_interpreter\"}]}", 400, "tools", "'tools'[0].type must be \"function\""},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]}", 400, "tools", "'tools'[0].function.name must be 1 to 64"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}, {\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", 400, "tools", "'tools'[1].function.name 'f' is given twice"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": []}}]}", 400, "tools", "'tools'[0].function.parameters must be an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": 1}}]}", 400, "tools", "description must be a string"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}", 400, "tools", "strict: true needs grammar-constrained decoding"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\"}", 400, "tool_choice", "\"required\" needs grammar-constrained decoding"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}}", 400, "tool_choice", "naming a function needs grammar-constrained decoding"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}", 400, "tool_choice", "\"required\" needs 'tools'"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"always\"}", 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\""},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"parallel_tool_calls\": 1}", 400, "parallel_tool_calls", "must be a boolean, not a number"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"functions\": [{\"name\": \"f\"}]}", 400, "functions", "deprecated by OpenAI"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"function_call\": \"auto\"}", 400, "function_call", "use 'tools' and 'tool_choice'"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\": {}}]}", 400, "messages", "'messages'[0].tool_calls must be an array, not an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": \"c\", \"type\": \"function\"}]}]}", 400, "messages", "'messages'[0].tool_calls[0].function must be an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"id\": 3, \"function\": {\"name\": \"f\"}}]}]}", 400, "messages", "'messages'[0].tool_calls[0].id must be a string"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"type\": \"x\", \"function\": {\"name\": \"f\"}}]}]}", 400, "messages", "'messages'[0].tool_calls[0].type must be \"function\""},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"\"}}]}]}", 400, "messages", "'messages'[0].tool_calls[0].function.name must be a non-empty string"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": \"{x\"}}]}]}", 400, "messages", "'messages'[0].tool_calls[0].function.arguments is not the text of a JSON object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\": {\"name\": \"f\", \"arguments\": 5}}]}]}", 400, "messages", "arguments must be a string, not a number"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"tool\", \"content\": \"1\", \"tool_call_id\": 7}]}", 400, "messages", "'messages'[0].tool_call_id must be a string, not a number"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"1\", \"name\": [\"a\"]}]}", 400, "messages", "'messages'[0].name must be a string, not an array"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"content\": \"1\", \"reasoning_content\": {}}]}", 400, "messages", "'messages'[0].reasoning_content must be a string"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"tools\": [1]}", 400, "tools", "not supported"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}}",
      400, "response_format", "only {\"type\": \"text\"}"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 0}", 400,
@@ -496,4 +524,337 @@ Test(serve_metrics, text) {
     cr_expect(strstr(t, "tandem_model_loaded 0\n") && !strstr(t, "tandem_requests_waiting"));
     free(t);
     srv_metrics_free(m);
+}
+
+/* ---- tools: the conversation of an agent, the tools, tool_choice ---- */
+
+#define AGENT_HISTORY                                                                                                   \
+    "{\"messages\": [{\"role\": \"system\", \"content\": \"You help.\"}, {\"role\": \"user\", \"content\": \"Weather in "  \
+    "Paris?\"}, {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"call_1\", \"type\": "           \
+    "\"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": \"{\\\"city\\\": \\\"Paris\\\"}\"}}]}, "       \
+    "{\"role\": \"tool\", \"tool_call_id\": \"call_1\", \"name\": \"get_weather\", \"content\": \"18 C\"}, {\"role\": "   \
+    "\"assistant\", \"content\": \"18 C.\", \"reasoning_content\": \"easy\"}, {\"role\": \"user\", \"content\": "         \
+    "\"And Oslo?\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "   \
+    "\"The weather\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}]"
+
+/* Renders a request's chat_json through tests/data/chat/NAME.jinja. */
+static char *render_with(const char *name, const oai_request *r) {
+    char path[128], *src = NULL, *out = NULL;
+    size_t len = 0, n = 0;
+    snprintf(path, sizeof path, "chat/%s.jinja", name);
+    tdm_err err = {0};
+    cr_assert_eq(tdm_read_file(tdm_test_data_path(path), &src, &len, &err), TANDEM_OK, "%s", err.msg);
+    tdm_json *j = json_of(r->chat_json, strlen(r->chat_json));
+    tdm_chat_input in = {.messages = tdm_json_get(j, "messages"), .tools = tdm_json_get(j, "tools"),
+                         .add_generation_prompt = true};
+    cr_assert_eq(tdm_chat_render(src, len, name, &in, NULL, &out, &n, &err), TANDEM_OK, "%s: %s", name, err.msg);
+    tdm_json_free(j);
+    free(src);
+    return out;
+}
+
+Test(serve_request, agent_history_and_tools) {
+    oai_limits l = limits(false);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_CHAT, AGENT_HISTORY ", \"parallel_tool_calls\": false}", &l, &r, &e), "%s", e.message);
+    cr_expect_eq(r.n_tools, 1);
+    cr_expect_str_eq(r.tool_names[0], "get_weather");
+    cr_expect_eq(r.tool_choice, OAI_TOOLS_AUTO);
+    cr_expect(!r.parallel_tool_calls);
+    tdm_json *j = json_of(r.chat_json, strlen(r.chat_json));
+    const tdm_json *msgs = tdm_json_get(j, "messages");
+    cr_assert_eq(msgs->n, 6);
+    const tdm_json *call = &tdm_json_get(&msgs->items[2], "tool_calls")->items[0];
+    cr_expect_str_eq(tdm_json_get(call, "id")->str, "call_1");
+    const tdm_json *args = tdm_json_get(tdm_json_get(call, "function"), "arguments");
+    cr_expect(args->type == TDM_JSON_OBJECT && !strcmp(tdm_json_get(args, "city")->str, "Paris"),
+              "the arguments' text became the object templates print");
+    cr_expect_eq(tdm_json_get(&msgs->items[2], "content")->type, TDM_JSON_NULL);
+    cr_expect_str_eq(tdm_json_get(&msgs->items[3], "tool_call_id")->str, "call_1");
+    cr_expect_str_eq(tdm_json_get(&msgs->items[3], "name")->str, "get_weather");
+    cr_expect_str_eq(tdm_json_get(&msgs->items[4], "reasoning_content")->str, "easy");
+    cr_expect_str_eq(tdm_json_get(&tdm_json_get(j, "tools")->items[0], "type")->str, "function");
+    tdm_json_free(j);
+    /* the real Qwen 2.5 template renders it: the call, the tool's answer, the tools */
+    char *text = render_with("qwen2.5", &r);
+    cr_expect(strstr(text, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
+              "%s", text);
+    cr_expect(strstr(text, "<tool_response>\n18 C\n</tool_response>"), "%s", text);
+    cr_expect(strstr(text, "\"description\": \"The weather\""), "%s", text);
+    free(text);
+    text = render_with("llama3.1", &r);
+    cr_expect(strstr(text, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}"), "%s", text);
+    free(text);
+    oai_request_free(&r);
+
+    /* tool_choice none: the tools are not shown to the model */
+    cr_assert(parse(OAI_CHAT, AGENT_HISTORY ", \"tool_choice\": \"none\"}", &l, &r, &e), "%s", e.message);
+    cr_expect_eq(r.tool_choice, OAI_TOOLS_NONE);
+    cr_expect(r.parallel_tool_calls);
+    j = json_of(r.chat_json, strlen(r.chat_json));
+    cr_expect_null(tdm_json_get(j, "tools"));
+    tdm_json_free(j);
+    text = render_with("qwen2.5", &r);
+    cr_expect_null(strstr(text, "\"description\": \"The weather\""), "%s", text);
+    free(text);
+    oai_request_free(&r);
+    /* tool_choice auto without tools, and an empty tools array: no tools */
+    cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [], \"tool_choice\": "
+                              "\"auto\"}", &l, &r, &e), "%s", e.message);
+    cr_expect(r.n_tools == 0 && r.tool_choice == OAI_TOOLS_NONE);
+    oai_request_free(&r);
+}
+
+static tdm_json *first_choice(const tdm_json *j) { return &tdm_json_get(j, "choices")->items[0]; }
+
+/* The whole answer for output text (m->called_tools reset first), parsed. */
+static tdm_json *answer_of(oai_meta *m, const char *text, tandem_finish_reason fr) {
+    m->called_tools = false;
+    tandem_result r = result(text, fr);
+    size_t n;
+    char *t = oai_result_json(m, &r, &n);
+    cr_assert_not_null(t);
+    tdm_json *j = json_of(t, n);
+    free(t);
+    return j;
+}
+
+Test(serve_response, tool_calls_whole) {
+    oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-7", .created = 5, .model = "pycode",
+                  .tool_format = TDM_TOOL_FORMAT_HERMES, .parallel_tool_calls = true};
+    tandem_result r = result("I'll check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n"
+                             "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>",
+                             TANDEM_FINISH_EOS);
+    size_t n;
+    char *t = oai_result_json(&m, &r, &n);
+    tdm_json *j = json_of(t, n);
+    const tdm_json *c = first_choice(j), *msg = tdm_json_get(c, "message");
+    cr_expect_str_eq(tdm_json_get(c, "finish_reason")->str, "tool_calls");
+    cr_expect_str_eq(tdm_json_get(msg, "content")->str, "I'll check.");
+    const tdm_json *calls = tdm_json_get(msg, "tool_calls");
+    cr_assert_eq(calls->n, 2);
+    const tdm_json *f0 = tdm_json_get(&calls->items[0], "function");
+    cr_expect_str_eq(tdm_json_get(f0, "name")->str, "get_weather");
+    cr_expect_str_eq(tdm_json_get(f0, "arguments")->str, "{\"city\": \"Oslo\"}");
+    cr_expect_str_eq(tdm_json_get(&calls->items[0], "type")->str, "function");
+    const char *id0 = tdm_json_get(&calls->items[0], "id")->str, *id1 = tdm_json_get(&calls->items[1], "id")->str;
+    cr_expect(strlen(id0) == 29 && !strncmp(id0, "call_", 5) && strcmp(id0, id1) != 0, "%s %s", id0, id1);
+    tdm_json_free(j);
+    free(t);
+
+    /* parallel_tool_calls false: the first call; only calls: content null */
+    m.parallel_tool_calls = false;
+    j = answer_of(&m, "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>{\"name\": \"b\"}</tool_call>", TANDEM_FINISH_EOS);
+    msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_eq(tdm_json_get(msg, "content")->type, TDM_JSON_NULL);
+    cr_expect_eq(tdm_json_get(msg, "tool_calls")->n, 1);
+    tdm_json_free(j);
+
+    /* a malformed call is text, finish_reason as it was; mistral ids are 9 characters */
+    m.tool_format = TDM_TOOL_FORMAT_MISTRAL;
+    j = answer_of(&m, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {", TANDEM_FINISH_LENGTH);
+    msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_str_eq(tdm_json_get(msg, "content")->str, "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {");
+    cr_expect_null(tdm_json_get(msg, "tool_calls"));
+    cr_expect_str_eq(tdm_json_get(first_choice(j), "finish_reason")->str, "length");
+    tdm_json_free(j);
+    char id[40];
+    oai_tool_call_id(&m, 3, id, sizeof id);
+    cr_expect_eq(strlen(id), 9, "%s", id);
+}
+
+/* The event at *ev (one of several in a text), parsed; *ev moves past it. */
+static tdm_json *next_event_json(const char **ev) {
+    const char *end = strstr(*ev, "\n\n");
+    cr_assert_not_null(end);
+    char one[2048];
+    const size_t len = (size_t)(end + 2 - *ev);
+    cr_assert_lt(len, sizeof one);
+    memcpy(one, *ev, len);
+    one[len] = '\0';
+    *ev = end + 2;
+    return event_json(one, len);
+}
+
+Test(serve_response, tool_calls_stream) {
+    oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-8", .created = 5, .model = "pycode",
+                  .tool_format = TDM_TOOL_FORMAT_HERMES, .parallel_tool_calls = true};
+    const char *text = "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": 1}}</tool_call>"
+                       "<tool_call>{\"name\": \"b\"}</tool_call>";
+    tdm_tool_parse p;
+    cr_assert(oai_tool_parse(&m, text, strlen(text), &p));
+    size_t n;
+    char *t = oai_tool_calls_sse(&m, &p, true, true, &n);
+    /* four events: (id, name, "") and (arguments) per call */
+    const char *ev = t;
+    for (int k = 0; k < 4; k++) {
+        tdm_json *j = next_event_json(&ev);
+        const tdm_json *d = tdm_json_get(first_choice(j), "delta");
+        const tdm_json *tc = &tdm_json_get(d, "tool_calls")->items[0], *fn = tdm_json_get(tc, "function");
+        cr_expect_eq(tdm_json_get(tc, "index")->num, k / 2);
+        cr_expect_eq(tdm_json_get(d, "role") != NULL, k == 0);
+        cr_expect_eq(tdm_json_get(j, "usage")->type, TDM_JSON_NULL);
+        if (k % 2 == 0) {
+            char id[40];
+            oai_tool_call_id(&m, (size_t)k / 2, id, sizeof id);
+            cr_expect_str_eq(tdm_json_get(tc, "id")->str, id);
+            cr_expect_str_eq(tdm_json_get(fn, "name")->str, k ? "b" : "a");
+            cr_expect_str_eq(tdm_json_get(fn, "arguments")->str, "");
+        } else {
+            cr_expect_null(tdm_json_get(tc, "id"));
+            cr_expect_str_eq(tdm_json_get(fn, "arguments")->str, k == 1 ? "{\"x\": 1}" : "{}");
+        }
+        tdm_json_free(j);
+    }
+    cr_expect_eq(*ev, '\0');
+    free(t);
+    tdm_tool_parse_free(&p);
+    m.called_tools = true;
+    tandem_result r = result(text, TANDEM_FINISH_EOS);
+    t = oai_final_chunk_sse(&m, &r, false, &n);
+    tdm_json *j = event_json(t, n);
+    cr_expect_str_eq(tdm_json_get(first_choice(j), "finish_reason")->str, "tool_calls");
+    tdm_json_free(j);
+    free(t);
+}
+
+Test(serve_response, reasoning) {
+    oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-9", .created = 5, .model = "pycode", .reasoning = true};
+    tdm_json *j = answer_of(&m, "<think>\nThe user greets.\n</think>\n\nHello!", TANDEM_FINISH_EOS);
+    const tdm_json *msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_str_eq(tdm_json_get(msg, "reasoning_content")->str, "The user greets.");
+    cr_expect_str_eq(tdm_json_get(msg, "content")->str, "Hello!");
+    cr_expect_str_eq(tdm_json_get(first_choice(j), "finish_reason")->str, "stop");
+    tdm_json_free(j);
+    /* no <think> at the start: all content, no reasoning_content */
+    j = answer_of(&m, "Hello <think>", TANDEM_FINISH_EOS);
+    msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_str_eq(tdm_json_get(msg, "content")->str, "Hello <think>");
+    cr_expect_null(tdm_json_get(msg, "reasoning_content"));
+    tdm_json_free(j);
+    /* reasoning, then a call */
+    m.tool_format = TDM_TOOL_FORMAT_HERMES;
+    m.parallel_tool_calls = true;
+    j = answer_of(&m, "<think>need weather</think>\n<tool_call>\n{\"name\": \"w\", \"arguments\": {}}\n</tool_call>",
+                  TANDEM_FINISH_EOS);
+    msg = tdm_json_get(first_choice(j), "message");
+    cr_expect_str_eq(tdm_json_get(msg, "reasoning_content")->str, "need weather");
+    cr_expect_eq(tdm_json_get(msg, "content")->type, TDM_JSON_NULL);
+    cr_expect_eq(tdm_json_get(msg, "tool_calls")->n, 1);
+    cr_expect_str_eq(tdm_json_get(first_choice(j), "finish_reason")->str, "tool_calls");
+    tdm_json_free(j);
+    size_t n;
+    char *t = oai_reasoning_chunk_sse(&m, "abc", 3, true, false, &n);
+    j = event_json(t, n);
+    const tdm_json *d = tdm_json_get(first_choice(j), "delta");
+    cr_expect_str_eq(tdm_json_get(d, "reasoning_content")->str, "abc");
+    cr_expect_str_eq(tdm_json_get(d, "role")->str, "assistant");
+    cr_expect_null(tdm_json_get(d, "content"));
+    tdm_json_free(j);
+    free(t);
+}
+
+/* What a client puts together from a parsed stream's events. */
+typedef struct assembled {
+    char reasoning[512], content[512], names[4][32], args[4][128];
+    size_t n_calls;
+} assembled;
+
+static void cat_str(char *dst, size_t cap, const tdm_json *v) {
+    if (!v || v->type != TDM_JSON_STRING) return;
+    cr_assert_lt(strlen(dst) + v->str_len, cap);
+    strcat(dst, v->str);
+}
+
+static void take_events(assembled *a, const char *t) {
+    while (t && *t) {
+        tdm_json *j = next_event_json(&t);
+        const tdm_json *d = tdm_json_get(first_choice(j), "delta");
+        cat_str(a->reasoning, sizeof a->reasoning, tdm_json_get(d, "reasoning_content"));
+        cat_str(a->content, sizeof a->content, tdm_json_get(d, "content"));
+        const tdm_json *tc = tdm_json_get(d, "tool_calls");
+        for (size_t k = 0; tc && k < tc->n; k++) {
+            const size_t i = (size_t)tdm_json_get(&tc->items[k], "index")->num;
+            cr_assert_lt(i, 4);
+            if (i + 1 > a->n_calls) a->n_calls = i + 1;
+            const tdm_json *fn = tdm_json_get(&tc->items[k], "function");
+            cat_str(a->names[i], sizeof a->names[i], tdm_json_get(fn, "name"));
+            cat_str(a->args[i], sizeof a->args[i], tdm_json_get(fn, "arguments"));
+        }
+        tdm_json_free(j);
+    }
+}
+
+/* A stream fed text[0..len) in pieces ending at cuts[0..n_cuts), then done. */
+static assembled stream_in_pieces(oai_meta *m, const char *text, size_t len, const size_t *cuts, size_t n_cuts) {
+    assembled a;
+    memset(&a, 0, sizeof a);
+    oai_stream_sent sent = {.first = true};
+    m->called_tools = false;
+    for (size_t i = 0; i <= n_cuts; i++) {
+        const bool done = i == n_cuts;
+        size_t n = 0;
+        bool oom = false;
+        char *t = oai_parsed_events(m, &sent, text, done ? len : cuts[i], done, false, &n, &oom);
+        cr_assert(!oom);
+        take_events(&a, t);
+        free(t);
+    }
+    return a;
+}
+
+/* Streamed in any pieces (one byte at a time, or two pieces cut at every byte), a parsed
+ * answer puts together into the whole answer's message. */
+Test(serve_response, parsed_stream_equals_whole) {
+    static const struct {
+        tdm_tool_format f;
+        bool reasoning;
+        const char *text;
+    } cases[] = {
+        {TDM_TOOL_FORMAT_HERMES, true,
+         "<think>\nweather needed\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"P\"}}\n"
+         "</tool_call>\n<tool_call>{\"name\": \"t\"}</tool_call>"},
+        {TDM_TOOL_FORMAT_HERMES, false, "Plain text with <b>tags</b> and <tool_ca"},
+        {TDM_TOOL_FORMAT_HERMES, false, "```json\n{\"name\": \"w\", \"arguments\": {}}\n```"},
+        {TDM_TOOL_FORMAT_HERMES, false, "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": }}\n</tool_call>"},
+        {TDM_TOOL_FORMAT_NONE, true, "<think>a\nb</think>  c d  "},
+        {TDM_TOOL_FORMAT_NONE, true, "  <thinking> is not a tag here"},
+        {TDM_TOOL_FORMAT_LLAMA3, false, "<|python_tag|>{\"name\": \"w\", \"parameters\": {\"c\": 1}}"},
+        {TDM_TOOL_FORMAT_MISTRAL, false, "Sure [TOOL_CALLS][{\"name\": \"w\", \"arguments\": {}}]"},
+    };
+    static const char *const names[] = {"w", "t"};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-10", .created = 5, .model = "pycode", .tool_format = cases[i].f,
+                      .reasoning = cases[i].reasoning, .parallel_tool_calls = true, .tool_names = names,
+                      .n_tool_names = 2};
+        const char *text = cases[i].text;
+        const size_t len = strlen(text);
+        tdm_json *j = answer_of(&m, text, TANDEM_FINISH_EOS);
+        const bool whole_called = m.called_tools;
+        const tdm_json *msg = tdm_json_get(first_choice(j), "message"), *rc = tdm_json_get(msg, "reasoning_content"),
+                       *cc = tdm_json_get(msg, "content"), *calls = tdm_json_get(msg, "tool_calls");
+        if (i == 0)
+            cr_expect(calls && calls->n == 2 && rc && !strcmp(rc->str, "weather needed") && !strcmp(cc->str, "Checking."),
+                      "the whole answer of case 0");
+        size_t cuts[512];
+        cr_assert_lt(len, 512);
+        for (size_t k = 0; k < len; k++) cuts[k] = k + 1;
+        for (size_t split = 0; split <= len + 1; split++) {
+            /* split == len + 1: byte by byte; else two pieces cut at split */
+            const size_t cut[1] = {split};
+            assembled a = split == len + 1 ? stream_in_pieces(&m, text, len, cuts, len)
+                                           : stream_in_pieces(&m, text, len, cut, 1);
+            cr_expect_str_eq(a.reasoning, rc ? rc->str : "", "case %zu split %zu", i, split);
+            cr_expect_str_eq(a.content, cc->type == TDM_JSON_STRING ? cc->str : "", "case %zu split %zu", i, split);
+            cr_expect_eq(a.n_calls, calls ? calls->n : 0, "case %zu split %zu", i, split);
+            cr_expect_eq(m.called_tools, whole_called, "case %zu split %zu", i, split);
+            for (size_t k = 0; calls && k < calls->n && k < a.n_calls; k++) {
+                const tdm_json *fn = tdm_json_get(&calls->items[k], "function");
+                cr_expect_str_eq(a.names[k], tdm_json_get(fn, "name")->str, "case %zu split %zu", i, split);
+                cr_expect_str_eq(a.args[k], tdm_json_get(fn, "arguments")->str, "case %zu split %zu", i, split);
+            }
+        }
+        tdm_json_free(j);
+    }
 }

@@ -305,9 +305,11 @@ static int run_ready(const cli_job_cfg *c, srv *s, srv_log *log, tandem_model *t
     m.lim = (oai_limits){.model_id = id, .n_ctx = tandem_engine_n_ctx(eng), .n_vocab = info.n_vocab, .has_draft = has_draft,
                          .defaults = cli_job_request(c, has_draft).params, .timeout_s = sv->request_timeout_s};
     srv_set_ready(s, &m);
-    srv_logf(log, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s", id,
+    srv_logf(log, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s%s%s%s", id,
              has_draft ? " with a draft" : "", m.lim.n_ctx, c->max_batch, sv->max_queue,
-             sv->api_key[0] ? ", API key required" : "");
+             sv->api_key[0] ? ", API key required" : "", s->m.tool_format ? ", tool calls in the format " : "",
+             s->m.tool_format ? tdm_tool_format_name(s->m.tool_format) : "",
+             s->m.reasoning ? ", reasoning split from <think>" : "");
     int sig = 0;
     while (sigwait(sigs, &sig) != 0) {}
     srv_logf(log, "serve: %s: draining (grace %.0f s)", sig == SIGTERM ? "SIGTERM" : "SIGINT", sv->shutdown_grace_s);

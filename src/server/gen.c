@@ -55,6 +55,15 @@ struct srv_job {
     int phase;                   /* stream: what comes next */
     bool first_chunk;
     size_t n_sent_text;          /* stream: bytes of text sent so far */
+    oai_stream_sent sent;        /* parsed stream: what went out */
+    char *acc;                   /* parsed chat (tools, reasoning): the output so far, with
+                                    the text of the call markers that are control tokens
+                                    (NUL-terminated); a stream holds back what may be a
+                                    call or the end of the reasoning */
+    size_t n_acc, cap_acc;
+    size_t n_engine_text;        /* chat with tools: bytes of the engine's text in acc */
+    char **tool_names;           /* [n_tool_names] the request's (meta points here) */
+    size_t n_tool_names;
     char *out;                   /* stream: bytes formatted, out_off of them given to MHD */
     size_t out_len, out_off;
     double t_out;                /* stream: when bytes were last given to MHD */
@@ -68,6 +77,9 @@ static void job_unref(srv_job *j) {
     if (left > 0) return;
     tandem_result_free(&j->res);
     free(j->pending);
+    free(j->acc);
+    for (size_t i = 0; i < j->n_tool_names; i++) free(j->tool_names[i]);
+    free(j->tool_names);
     free(j->out);
     pthread_cond_destroy(&j->cv);
     pthread_mutex_destroy(&j->mu);
@@ -101,8 +113,35 @@ static void job_cancel_unlock(srv_job *j) {
 
 /* ---- the engine's callbacks (on the scheduler's thread) ---- */
 
+/* Appends t[0..n) to *b (kept NUL-terminated); false out of memory. */
+static bool grow_append(char **b, size_t *len, size_t *cap, const char *t, size_t n) {
+    if (*len + n + 1 > *cap) {
+        size_t nc = *cap ? *cap : 256;
+        while (nc < *len + n + 1) nc *= 2;
+        char *nb = realloc(*b, nc);
+        if (!nb) return false;
+        *b = nb, *cap = nc;
+    }
+    memcpy(*b + *len, t, n);
+    *len += n;
+    (*b)[*len] = '\0';
+    return true;
+}
+
+/* Chat with tools (j->mu held): the piece, then the text of a marker that is a control
+ * token.  (The piece is the text before the token: with stop strings it may still hold
+ * some back, which then follows the marker; the parse skips whitespace there.) */
+static bool tool_text(srv_job *j, int32_t token, const char *text, size_t len) {
+    if (!grow_append(&j->acc, &j->n_acc, &j->cap_acc, text, len)) return false;
+    j->n_engine_text += len;
+    const srv_model *m = &j->s->m;
+    for (int i = 0; i < m->n_tool_markers; i++)
+        if (token == m->tool_marker_id[i])
+            return grow_append(&j->acc, &j->n_acc, &j->cap_acc, m->tool_marker_text[i], strlen(m->tool_marker_text[i]));
+    return true;
+}
+
 static bool on_token(int32_t token, const char *text, size_t len, void *user) {
-    (void)token;
     srv_job *j = user;
     const double now = tdm_now();
     pthread_mutex_lock(&j->mu);
@@ -112,7 +151,10 @@ static bool on_token(int32_t token, const char *text, size_t len, void *user) {
     j->n_tokens++;
     j->t_last = now;
     bool ok = !j->gone;
-    if (j->stream && len > 0 && ok) {
+    if ((j->meta.tool_format != TDM_TOOL_FORMAT_NONE || j->meta.reasoning) && ok) { /* (parsed(j)) */
+        ok = tool_text(j, token, text, len);
+        if (j->stream) pthread_cond_signal(&j->cv);
+    } else if (j->stream && len > 0 && ok) {
         if (j->n_pending + len > j->cap_pending) {
             size_t nc = j->cap_pending ? j->cap_pending : 256;
             while (nc < j->n_pending + len) nc *= 2;
@@ -137,6 +179,15 @@ static void on_finish(tandem_request_id id, tandem_result *r, void *user) {
     srv *s = j->s;
     pthread_mutex_lock(&j->mu);
     j->res = *r;
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE || j->meta.reasoning) { /* the text no callback passed (none,
+                                                                               as the engine streams) */
+        const size_t tl = r->status == TANDEM_OK && r->text ? strlen(r->text) : 0;
+        if (tl > j->n_engine_text && !tool_text(j, -1, r->text + j->n_engine_text, tl - j->n_engine_text)) {
+            free(j->acc);
+            j->acc = NULL;
+            j->n_acc = j->cap_acc = 0;
+        }
+    }
     j->done = true;
     pthread_cond_broadcast(&j->cv);
     const double t0 = j->t_arrival;
@@ -173,10 +224,32 @@ static bool never_started(const srv_job *j) {
 
 /* ---- streaming ---- */
 
+/* The chat's output is parsed (tools offered, or a template that marks reasoning): the
+ * text goes through j->acc. */
+static bool parsed(const srv_job *j) { return j->meta.tool_format != TDM_TOOL_FORMAT_NONE || j->meta.reasoning; }
+
+/* A parsed stream's events (j->mu held): oai_parsed_events over j->acc. */
+static bool parsed_event(srv_job *j, char **t, size_t *n, bool *oom) {
+    if (j->done) j->phase = PH_FINAL;
+    if (j->done && j->res.status == TANDEM_OK && !j->acc && j->n_engine_text) return *oom = true, false;
+    *t = oai_parsed_events(&j->meta, &j->sent, j->acc ? j->acc : "", j->n_acc, j->done, j->include_usage, n, oom);
+    return *t != NULL;
+}
+
 /* Formats the next event into j->out (j->mu held); false when there is none yet. */
 static bool next_event(srv_job *j, bool *oom) {
     size_t n = 0;
     char *t = NULL;
+    if (parsed(j) && j->phase == PH_TEXT) {
+        if (parsed_event(j, &t, &n, oom)) {
+            j->out = t;
+            j->out_len = n;
+            j->out_off = 0;
+            return true;
+        }
+        if (*oom || !j->done) return false;
+        return next_event(j, oom); /* (the result, with nothing left to say before its last chunk) */
+    }
     if (j->n_pending > 0) {
         t = oai_chunk_sse(&j->meta, j->pending, j->n_pending, j->first_chunk, j->include_usage, &n);
         j->n_sent_text += j->n_pending;
@@ -288,7 +361,7 @@ static int send_stream(srv_job *j, struct MHD_Connection *c) {
 /* Waits (j->mu held) until the answer can begin: the result, or for a stream its first
  * text; a client gone meanwhile cancels the request (the wait goes on to its result). */
 static void wait_answer(srv_job *j) {
-    while (!j->done && !(j->stream && j->n_pending > 0)) {
+    while (!j->done && !(j->stream && (j->n_pending > 0 || j->n_acc > 0))) {
         wait_slice(j);
         if (!j->done && !j->gone && peer_gone(j->fd)) {
             job_cancel_unlock(j);
@@ -326,7 +399,11 @@ static int answer(srv_job *j, struct MHD_Connection *c, int *status) {
         r = srv_send_error(c, &e);
     } else {
         size_t n = 0;
-        char *body = oai_result_json(&j->meta, &j->res, &n);
+        tandem_result res = j->res;
+        if (parsed(j)) res.text = j->acc ? j->acc : (char *)"";
+        char *body = parsed(j) && !j->acc && j->n_engine_text
+                         ? NULL /* (out of memory) */
+                         : oai_result_json(&j->meta, &res, &n);
         *status = body ? 200 : 500;
         r = body ? srv_send(c, 200, "application/json", body, n) : MHD_NO;
     }
@@ -344,7 +421,7 @@ static bool prompt_ids(const srv_model *m, const oai_request *rq, int32_t **ids,
     *n = 0;
     if (rq->kind == OAI_CHAT) {
         char *text = NULL;
-        st = tandem_chat_render(m->target, m->chat_template, rq->messages, rq->n_messages, true, &text);
+        st = tandem_chat_render_json(m->target, m->chat_template, rq->chat_json, strlen(rq->chat_json), true, &text);
         if (st != TANDEM_OK)
             return oai_fail(e, st == TANDEM_ERR_NOMEM ? 500 : 400, "messages", "chat_template_error",
                             "the chat template cannot render these messages: %s", tandem_last_error());
@@ -377,9 +454,21 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
     j->stream = rq->stream;
     j->include_usage = rq->include_usage;
     j->first_chunk = true;
+    j->sent.first = true;
     j->t_arrival = j->t_out = t_arrival;
     j->meta = (oai_meta){.kind = rq->kind, .id = j->id_text, .created = (int64_t)time(NULL), .model = s->m.lim.model_id,
-                         .has_draft = s->m.lim.has_draft};
+                         .has_draft = s->m.lim.has_draft, .parallel_tool_calls = rq->parallel_tool_calls,
+                         .tool_format = rq->kind == OAI_CHAT && rq->n_tools > 0 && rq->tool_choice != OAI_TOOLS_NONE
+                                            ? s->m.tool_format : TDM_TOOL_FORMAT_NONE,
+                         .reasoning = rq->kind == OAI_CHAT && s->m.reasoning};
+    if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) { /* (out of memory: the one reference dropped frees it) */
+        if (!(j->tool_names = calloc(rq->n_tools, sizeof *j->tool_names))) return j->refs = 1, job_unref(j), NULL;
+        for (; j->n_tool_names < rq->n_tools; j->n_tool_names++)
+            if (!(j->tool_names[j->n_tool_names] = strdup(rq->tool_names[j->n_tool_names])))
+                return j->refs = 1, job_unref(j), NULL;
+        j->meta.tool_names = (const char *const *)j->tool_names;
+        j->meta.n_tool_names = j->n_tool_names;
+    }
     return j;
 }
 

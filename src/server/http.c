@@ -396,8 +396,41 @@ void srv_set_progress(srv *s, float progress) {
 }
 
 void srv_set_ready(srv *s, const srv_model *m) {
+    char *probe = NULL;
+    tdm_tool_format f = TDM_TOOL_FORMAT_NONE;
+    if (tandem_chat_render_json(m->target, m->chat_template, tdm_tool_probe_json, strlen(tdm_tool_probe_json), true,
+                                &probe) == TANDEM_OK)
+        f = tdm_tool_format_detect(probe, strlen(probe));
+    tandem_free(probe);
+    probe = NULL;
+    bool reasoning = false;
+    if (tandem_chat_render_json(m->target, m->chat_template, tdm_think_probe_json, strlen(tdm_think_probe_json), false,
+                                &probe) == TANDEM_OK)
+        reasoning = tdm_think_detect(probe, strlen(probe));
+    tandem_free(probe);
+    const char *const *markers;
+    const size_t n_markers = tdm_tool_format_markers(f, &markers);
+    int n_ctl = 0;
+    int32_t ctl_id[TDM_TOOL_MARKERS_MAX];
+    const char *ctl_text[TDM_TOOL_MARKERS_MAX];
+    for (size_t i = 0; i < n_markers; i++) { /* a marker that is one token decoding to "" */
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char *text = NULL;
+        if (tandem_tokenize(m->target, markers[i], strlen(markers[i]), false, &ids, &n) == TANDEM_OK && n == 1 &&
+            tandem_detokenize(m->target, ids, 1, &text) == TANDEM_OK && text[0] == '\0') {
+            ctl_id[n_ctl] = ids[0];
+            ctl_text[n_ctl++] = markers[i];
+        }
+        tandem_free(ids);
+        tandem_free(text);
+    }
     pthread_mutex_lock(&s->mu);
     s->m = *m;
+    s->m.tool_format = f;
+    s->m.reasoning = reasoning;
+    s->m.n_tool_markers = n_ctl;
+    for (int i = 0; i < n_ctl; i++) s->m.tool_marker_id[i] = ctl_id[i], s->m.tool_marker_text[i] = ctl_text[i];
     s->state = SRV_READY;
     pthread_mutex_unlock(&s->mu);
 }

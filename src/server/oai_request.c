@@ -105,7 +105,8 @@ static bool check_unsupported(const tdm_json *j, oai_kind kind, oai_error *e) {
     if (v && !(v->type == TDM_JSON_NUMBER && v->num == 1))
         return oai_fail(e, 400, "best_of", "unsupported_parameter", "'best_of' is not supported by this server (only 1)");
     static const char *const absent[] = {"suffix", "tools", "functions"};
-    for (size_t i = 0; i < sizeof absent / sizeof *absent; i++)
+    const size_t n_absent = kind == OAI_CHAT ? 1 : 3; /* (chat: tools and functions are oai_chat.c's) */
+    for (size_t i = 0; i < n_absent; i++)
         if (member(j, absent[i]) && !(member(j, absent[i])->type == TDM_JSON_ARRAY && member(j, absent[i])->n == 0))
             return oai_fail(e, 400, absent[i], "unsupported_parameter", "'%s' is not supported by this server", absent[i]);
     if ((v = member(j, "logit_bias")) && !(v->type == TDM_JSON_OBJECT && v->n == 0))
@@ -148,62 +149,23 @@ static bool get_prompt(const tdm_json *j, const oai_limits *lim, oai_request *r,
     return true;
 }
 
-/* A message's content: a string, null, or text parts joined (heap; *out NULL for null). */
-static bool message_content(const tdm_json *c, size_t i, char **out, oai_error *e) {
-    *out = NULL;
-    if (!c || c->type == TDM_JSON_NULL) return true;
-    if (c->type == TDM_JSON_STRING) {
-        if (memchr(c->str, '\0', c->str_len))
-            return oai_fail(e, 400, "messages", "invalid_value", "'messages'[%zu].content holds a NUL character", i);
-        return (*out = tdm_strndup(c->str, c->str_len)) ? true : oai_fail(e, 500, NULL, NULL, "out of memory");
+/* chat: messages and tools (oai_chat.c) into r->chat_json. */
+static bool get_chat(const tdm_json *j, oai_request *r, oai_error *e) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    const bool ok = oai_chat_messages(j, r, f, e) && oai_chat_tools(j, r, f, e);
+    const bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad) {
+        free(buf);
+        return ok ? oai_fail(e, 500, NULL, NULL, "out of memory") : false;
     }
-    if (c->type != TDM_JSON_ARRAY)
-        return oai_fail(e, 400, "messages", "invalid_type",
-                        "'messages'[%zu].content must be a string, null or an array of text parts, not %s", i,
-                        type_name(c));
-    size_t total = 0;
-    for (size_t k = 0; k < c->n; k++) {
-        const tdm_json *part = &c->items[k], *t = tdm_json_get(part, "type"), *text = tdm_json_get(part, "text");
-        if (part->type != TDM_JSON_OBJECT || !t || t->type != TDM_JSON_STRING || strcmp(t->str, "text") != 0 ||
-            !text || text->type != TDM_JSON_STRING || memchr(text->str, '\0', text->str_len))
-            return oai_fail(e, 400, "messages", "unsupported_value",
-                            "'messages'[%zu].content[%zu] is not a text part ({\"type\": \"text\", \"text\": "
-                            "\"...\"}; only text is supported)", i, k);
-        total += text->str_len;
+    if (!ok) {
+        free(buf);
+        return false;
     }
-    char *s = malloc(total + 1);
-    if (!s) return oai_fail(e, 500, NULL, NULL, "out of memory");
-    size_t at = 0;
-    for (size_t k = 0; k < c->n; k++) {
-        const tdm_json *text = tdm_json_get(&c->items[k], "text");
-        memcpy(s + at, text->str, text->str_len);
-        at += text->str_len;
-    }
-    s[at] = '\0';
-    *out = s;
-    return true;
-}
-
-static bool get_messages(const tdm_json *j, oai_request *r, oai_error *e) {
-    const tdm_json *m = member(j, "messages");
-    if (!m) return oai_fail(e, 400, "messages", "missing_required_parameter", "'messages' is required");
-    if (m->type != TDM_JSON_ARRAY) return wrong_type(e, "messages", "an array of messages", m);
-    if (m->n == 0) return oai_fail(e, 400, "messages", "invalid_value", "'messages' is empty");
-    if (!(r->messages = calloc(m->n, sizeof *r->messages))) return oai_fail(e, 500, NULL, NULL, "out of memory");
-    r->n_messages = m->n;
-    for (size_t i = 0; i < m->n; i++) {
-        const tdm_json *msg = &m->items[i], *role = tdm_json_get(msg, "role");
-        if (msg->type != TDM_JSON_OBJECT)
-            return oai_fail(e, 400, "messages", "invalid_type", "'messages'[%zu] must be an object, not %s", i,
-                            type_name(msg));
-        if (!role || role->type != TDM_JSON_STRING || role->str_len == 0 || memchr(role->str, '\0', role->str_len))
-            return oai_fail(e, 400, "messages", "invalid_value", "'messages'[%zu].role must be a non-empty string", i);
-        char *content;
-        if (!message_content(tdm_json_get(msg, "content"), i, &content, e)) return false;
-        r->messages[i].content = content;
-        if (!(r->messages[i].role = tdm_strndup(role->str, role->str_len)))
-            return oai_fail(e, 500, NULL, NULL, "out of memory");
-    }
+    r->chat_json = buf;
     return true;
 }
 
@@ -359,7 +321,7 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
         else if (m && (m->str_len != strlen(lim->model_id) || memcmp(m->str, lim->model_id, m->str_len) != 0))
             ok = oai_fail(e, 404, "model", "model_not_found", "The model '%.*s' does not exist (this server serves '%s')",
                           (int)(m->str_len > 200 ? 200 : m->str_len), m->str, lim->model_id);
-        ok = ok && (kind == OAI_CHAT ? get_messages(j, r, e) : get_prompt(j, lim, r, e));
+        ok = ok && (kind == OAI_CHAT ? get_chat(j, r, e) : get_prompt(j, lim, r, e));
         ok = ok && check_unsupported(j, kind, e) && get_sampling(j, lim, r, e) && get_extensions(j, lim, r, e);
     }
     tdm_json_free(j);
@@ -393,6 +355,9 @@ void oai_request_free(oai_request *r) {
         free((char *)r->messages[i].content);
     }
     free(r->messages);
+    free(r->chat_json);
+    for (size_t i = 0; i < r->n_tools; i++) free(r->tool_names[i]);
+    free(r->tool_names);
     tdm_arg_stop_free(r->stop, r->n_stop);
     memset(r, 0, sizeof *r);
 }

@@ -10,7 +10,15 @@
  *   model (string, must be the served model's id; absent or null: it), prompt
  *   (completions: a string, an array of one string, or an array of token ids),
  *   messages (chat: an array of {role: string, content: string | null | [{type:
- *   "text", text: string}, ...]}), max_tokens / max_completion_tokens (integer >= 1),
+ *   "text", text: string}, ...], and for agents' histories name, tool_call_id,
+ *   reasoning_content (strings) and tool_calls ([{id, type: "function", function:
+ *   {name, arguments: a JSON object's text}}])}), tools (chat: [{type: "function",
+ *   function: {name (1-64 of [a-zA-Z0-9_-]), description, parameters (an object),
+ *   strict (false only)}}]), tool_choice ("auto", the default with tools, or "none":
+ *   the tools are then not shown to the model and its output is not parsed for
+ *   calls; "required" and a named function are refused until grammar-constrained
+ *   decoding is wired), parallel_tool_calls (bool, default true; false: only the
+ *   first call is kept), max_tokens / max_completion_tokens (integer >= 1),
  *   temperature [0, 1e6], top_p (0, 1], top_k (integer, -1 or 0 = off), min_p [0, 1],
  *   seed (integer in [-2^63, 2^64 - 1]: a uint64, a negative one modulo 2^64), stop
  *   (string or array of strings, null = none), n (1 only), stream (bool),
@@ -21,8 +29,9 @@
  *   node budget 1..TANDEM_SPEC_TREE_MAX as an integer or a string; a static shape
  *   such as "4,2,2,1"; needs a draft).  Members that would change the output in ways not
  *   supported are refused rather than ignored: logprobs, top_logprobs, echo, best_of
- *   > 1, suffix, presence_penalty / frequency_penalty != 0, logit_bias, tools,
- *   response_format other than text.
+ *   > 1, suffix, presence_penalty / frequency_penalty != 0, logit_bias, tools (completions),
+ *   functions and function_call (deprecated: use tools), response_format other
+ *   than text.
  */
 #ifndef TDM_OAI_REQUEST_H
 #define TDM_OAI_REQUEST_H
@@ -30,7 +39,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "json.h"
 #include "tandem.h"
 
 typedef enum oai_kind { OAI_COMPLETION = 0, OAI_CHAT = 1 } oai_kind;
@@ -62,6 +73,8 @@ typedef struct oai_limits {
                                     timeout_s may only shorten it */
 } oai_limits;
 
+typedef enum oai_tool_choice { OAI_TOOLS_NONE = 0, OAI_TOOLS_AUTO = 1 } oai_tool_choice;
+
 typedef struct oai_request {
     oai_kind kind;
     char *prompt;                /* completions with a text prompt: [prompt_len] bytes + NUL
@@ -72,6 +85,14 @@ typedef struct oai_request {
     tandem_chat_message *messages; /* chat: [n_messages]; role and content heap strings
                                     (content NULL for null) */
     size_t n_messages;
+    char *chat_json;             /* chat: {"messages": [...], "tools": [...]} as
+                                    tandem_chat_render_json takes it: the messages with
+                                    the members above (tool call arguments as objects),
+                                    the tools unless tool_choice is none */
+    size_t n_tools;              /* chat: tools given */
+    char **tool_names;           /* [n_tools] their function names (heap strings) */
+    oai_tool_choice tool_choice; /* NONE: no tools offered, output not parsed for calls */
+    bool parallel_tool_calls;    /* false: a response keeps its first call only */
     bool stream, include_usage;
     bool has_max_tokens;         /* max_tokens given (else params.max_tokens is the default,
                                     cut to what the context leaves: oai_fit_context) */
@@ -89,6 +110,11 @@ typedef struct oai_request {
 bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, oai_request *out,
                        oai_error *err);
 void oai_request_free(oai_request *r);
+
+/* oai_chat.c, for oai_request_parse: writes the messages ("{\"messages\": [...]"), then
+ * the tools and the closing brace, into f, filling r's chat members. */
+bool oai_chat_messages(const tdm_json *j, oai_request *r, FILE *f, oai_error *e);
+bool oai_chat_tools(const tdm_json *j, oai_request *r, FILE *f, oai_error *e);
 
 /* Checks a prompt of n_prompt tokens against the context: a prompt that leaves no
  * room (n_prompt >= n_ctx) or an explicit max_tokens that does not fit beside it is a

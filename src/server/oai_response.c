@@ -79,20 +79,89 @@ static void usage(FILE *f, const oai_meta *m, const tandem_result *r) {
 }
 
 /* ", "finish_reason": ..." and the timeout mark. */
-static void finish(FILE *f, const tandem_result *r) {
+static void finish(FILE *f, const oai_meta *m, const tandem_result *r) {
     fputs(", \"finish_reason\": ", f);
-    str(f, oai_finish_reason(r->finish_reason));
+    const bool calls = m->called_tools && (r->finish_reason == TANDEM_FINISH_EOS || r->finish_reason == TANDEM_FINISH_STOP);
+    str(f, calls ? "tool_calls" : oai_finish_reason(r->finish_reason));
     if (r->finish_reason == TANDEM_FINISH_TIMEOUT) fputs(", \"tandem\": {\"timeout\": true}", f);
 }
 
-char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len) {
+bool oai_tool_parse(const oai_meta *m, const char *text, size_t len, tdm_tool_parse *p) {
+    if (tdm_tool_calls_parse(m->tool_format, text, len, m->tool_names, m->n_tool_names, p) != TANDEM_OK) return false;
+    if (!m->parallel_tool_calls)
+        while (p->n_calls > 1) {
+            p->n_calls--;
+            free(p->calls[p->n_calls].name);
+            free(p->calls[p->n_calls].arguments);
+        }
+    return true;
+}
+
+void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap) {
+    static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the answer's id, then splitmix64 per character */
+    for (const char *c = m->id; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    h = (h ^ ((uint64_t)k + 1)) * 0xff51afd7ed558ccdull; /* (murmur3's finalizer: call k's own sequence) */
+    h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 33;
+    const bool mistral = m->tool_format == TDM_TOOL_FORMAT_MISTRAL;
+    const size_t n = mistral ? 9 : 24;
+    size_t at = (size_t)snprintf(buf, cap, "%s", mistral ? "" : "call_");
+    for (size_t i = 0; i < n && at + 1 < cap; i++) {
+        uint64_t z = (h += 0x9e3779b97f4a7c15ull);
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        buf[at++] = digits[z % (sizeof digits - 1)];
+    }
+    if (cap) buf[at < cap ? at : cap - 1] = '\0';
+}
+
+/* "tool_calls": [...] of a whole message. */
+static void message_calls(FILE *f, const oai_meta *m, const tdm_tool_parse *p) {
+    fputs(", \"tool_calls\": [", f);
+    for (size_t k = 0; k < p->n_calls; k++) {
+        char id[40];
+        oai_tool_call_id(m, k, id, sizeof id);
+        fputs(k ? ", {\"id\": " : "{\"id\": ", f);
+        str(f, id);
+        fputs(", \"type\": \"function\", \"function\": {\"name\": ", f);
+        str(f, p->calls[k].name);
+        fputs(", \"arguments\": ", f);
+        str(f, p->calls[k].arguments);
+        fputs("}}", f);
+    }
+    fputc(']', f);
+}
+
+char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
     FILE *f = o.f;
     const char *text = r->text ? r->text : "";
     head(f, m, false);
     fputs(", \"choices\": [{\"index\": 0, ", f);
-    if (m->kind == OAI_CHAT) {
+    if (m->kind == OAI_CHAT && (m->tool_format != TDM_TOOL_FORMAT_NONE || m->reasoning)) {
+        const size_t tl = strlen(text);
+        const tdm_think_split t = m->reasoning ? tdm_think_split_text(text, tl, true) : (tdm_think_split){0};
+        tdm_tool_parse p;
+        if (!oai_tool_parse(m, text + t.content_at, tl - t.content_at, &p)) {
+            fclose(o.f);
+            free(o.buf);
+            return NULL;
+        }
+        fputs("\"message\": {\"role\": \"assistant\", \"content\": ", f);
+        if (p.content) str(f, p.content);
+        else fputs("null", f);
+        if (t.has) {
+            fputs(", \"reasoning_content\": ", f);
+            tdm_json_write_str(f, text + t.reason_at, t.reason_len);
+        }
+        if (p.n_calls) message_calls(f, m, &p);
+        m->called_tools = p.n_calls > 0;
+        fputc('}', f);
+        tdm_tool_parse_free(&p);
+    } else if (m->kind == OAI_CHAT) {
         fputs("\"message\": {\"role\": \"assistant\", \"content\": ", f);
         str(f, text);
         fputc('}', f);
@@ -101,7 +170,7 @@ char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len) {
         str(f, text);
     }
     fputs(", \"logprobs\": null", f);
-    finish(f, r);
+    finish(f, m, r);
     fputs("}], ", f);
     usage(f, m, r);
     fputs("}", f);
@@ -109,12 +178,12 @@ char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len) {
 }
 
 /* "data: " + a chunk's head and its one choice up to the piece of text. */
-static void chunk_open(FILE *f, const oai_meta *m, const char *text, size_t n, bool first) {
+static void chunk_open(FILE *f, const oai_meta *m, const char *field, const char *text, size_t n, bool first) {
     fputs("data: ", f);
     head(f, m, true);
     fputs(", \"choices\": [{\"index\": 0, ", f);
     if (m->kind == OAI_CHAT) {
-        fputs(first ? "\"delta\": {\"role\": \"assistant\", \"content\": " : "\"delta\": {\"content\": ", f);
+        fprintf(f, first ? "\"delta\": {\"role\": \"assistant\", \"%s\": " : "\"delta\": {\"%s\": ", field);
         tdm_json_write_str(f, text, n);
         fputc('}', f);
     } else {
@@ -124,15 +193,128 @@ static void chunk_open(FILE *f, const oai_meta *m, const char *text, size_t n, b
     fputs(", \"logprobs\": null", f);
 }
 
-char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
-                    size_t *len) {
+static char *chunk_sse(const oai_meta *m, const char *field, const char *text, size_t text_len, bool first,
+                       bool include_usage, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
-    chunk_open(o.f, m, text, text_len, first);
+    chunk_open(o.f, m, field, text, text_len, first);
     fputs(", \"finish_reason\": null}]", o.f);
     if (include_usage) fputs(", \"usage\": null", o.f);
     fputs("}\n\n", o.f);
     return out_close(&o, len);
+}
+
+char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                    size_t *len) {
+    return chunk_sse(m, "content", text, text_len, first, include_usage, len);
+}
+
+char *oai_reasoning_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                              size_t *len) {
+    return chunk_sse(m, "reasoning_content", text, text_len, first, include_usage, len);
+}
+
+char *oai_tool_calls_sse(const oai_meta *m, const tdm_tool_parse *p, bool first, bool include_usage, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    FILE *f = o.f;
+    for (size_t k = 0; k < p->n_calls; k++) {
+        char id[40];
+        oai_tool_call_id(m, k, id, sizeof id);
+        for (int part = 0; part < 2; part++) {
+            fputs("data: ", f);
+            head(f, m, true);
+            fputs(", \"choices\": [{\"index\": 0, \"delta\": {", f);
+            if (first && k == 0 && part == 0) fputs("\"role\": \"assistant\", \"content\": null, ", f);
+            fprintf(f, "\"tool_calls\": [{\"index\": %zu, ", k);
+            if (part == 0) {
+                fputs("\"id\": ", f);
+                str(f, id);
+                fputs(", \"type\": \"function\", \"function\": {\"name\": ", f);
+                str(f, p->calls[k].name);
+                fputs(", \"arguments\": \"\"}}]}", f);
+            } else {
+                fputs("\"function\": {\"arguments\": ", f);
+                str(f, p->calls[k].arguments);
+                fputs("}}]}", f);
+            }
+            fputs(", \"logprobs\": null, \"finish_reason\": null}]", f);
+            if (include_usage) fputs(", \"usage\": null", f);
+            fputs("}\n\n", f);
+        }
+    }
+    return out_close(&o, len);
+}
+
+/* Writes a reasoning or content chunk of text[0..n) into f, if n > 0. */
+static void put_chunk(const oai_meta *m, oai_stream_sent *sent, FILE *f, bool reasoning, const char *text, size_t n,
+                      bool include_usage, bool *oom) {
+    if (n == 0) return;
+    size_t k = 0;
+    char *c = chunk_sse(m, reasoning ? "reasoning_content" : "content", text, n, sent->first, include_usage, &k);
+    if (c) fwrite(c, 1, k, f);
+    else *oom = true;
+    free(c);
+    sent->first = false;
+}
+
+char *oai_parsed_events(oai_meta *m, oai_stream_sent *sent, const char *text, size_t len, bool done,
+                        bool include_usage, size_t *out_len, bool *oom) {
+    *oom = false;
+    const tdm_think_split sp = m->reasoning ? tdm_think_split_text(text, len, done) : (tdm_think_split){.decided = true};
+    if (!sp.decided) return NULL;
+    out o;
+    if (!out_open(&o)) return *oom = true, NULL;
+    FILE *f = o.f;
+    const size_t reason_end = done ? sp.reason_len : sp.reason_safe;
+    if (sp.has && reason_end > sent->reasoning) {
+        put_chunk(m, sent, f, true, text + sp.reason_at + sent->reasoning, reason_end - sent->reasoning, include_usage,
+                  oom);
+        sent->reasoning = reason_end;
+    }
+    const char *c = text + sp.content_at;
+    const size_t cl = len - sp.content_at;
+    if (!done) {
+        const size_t safe = tdm_tool_calls_stream_safe(m->tool_format, c, cl);
+        if (safe > sent->content) {
+            put_chunk(m, sent, f, false, c + sent->content, safe - sent->content, include_usage, oom);
+            sent->content = safe;
+        }
+    } else {
+        tdm_tool_parse p;
+        if (!oai_tool_parse(m, c, cl, &p)) {
+            *oom = true;
+        } else {
+            /* the content not sent yet (what was sent is a prefix of it: the hold-back rule) */
+            const size_t pl = p.content ? strlen(p.content) : 0;
+            if (pl > sent->content && (!sent->content || memcmp(p.content, c, sent->content) == 0)) {
+                put_chunk(m, sent, f, false, p.content + sent->content, pl - sent->content, include_usage, oom);
+                sent->content = pl;
+            }
+            if (p.n_calls) {
+                size_t k = 0;
+                char *e = oai_tool_calls_sse(m, &p, sent->first, include_usage, &k);
+                if (e) fwrite(e, 1, k, f);
+                else *oom = true;
+                free(e);
+                sent->first = false;
+                m->called_tools = true;
+            }
+            tdm_tool_parse_free(&p);
+        }
+    }
+    size_t n = 0;
+    char *t = out_close(&o, &n);
+    if (!t || *oom) {
+        free(t);
+        return *oom = true, NULL;
+    }
+    if (n == 0) {
+        free(t);
+        return NULL;
+    }
+    *out_len = n;
+    return t;
 }
 
 char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len) {
@@ -144,9 +326,9 @@ char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool includ
         head(f, m, true);
         fputs(", \"choices\": [{\"index\": 0, \"delta\": {}, \"logprobs\": null", f);
     } else {
-        chunk_open(f, m, "", 0, false);
+        chunk_open(f, m, "content", "", 0, false);
     }
-    finish(f, r);
+    finish(f, m, r);
     fputs("}]", f);
     if (include_usage) fputs(", \"usage\": null", f);
     fputs("}\n\n", f);

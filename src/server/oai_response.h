@@ -13,6 +13,7 @@
 
 #include "oai_request.h"
 #include "tandem.h"
+#include "tool_calls.h"
 
 /* What every object of one answer shares. */
 typedef struct oai_meta {
@@ -21,24 +22,71 @@ typedef struct oai_meta {
     int64_t created;         /* Unix seconds */
     const char *model;       /* the served model's id */
     bool has_draft;          /* usage carries a "spec" object */
+    tdm_tool_format tool_format; /* chat with tools offered: the format the output's
+                                    calls are parsed in; NONE: the output is text */
+    bool parallel_tool_calls;    /* false: only the first call is kept */
+    const char *const *tool_names; /* [n_tool_names] the tools offered (bare calls name one) */
+    size_t n_tool_names;
+    bool reasoning;          /* chat, the template marks reasoning: a <think> block at
+                                the output's start is the message's reasoning_content
+                                (tdm_think_split_text) */
+    bool called_tools;       /* calls were answered (set by oai_result_json, and by the
+                                streamer before the last chunk): finish_reason
+                                "tool_calls" where it would be "stop" */
 } oai_meta;
+
+/* The output text[0..len) parsed for calls as m says (tdm_tool_calls_parse; without
+ * parallel_tool_calls the first call alone).  False out of memory. */
+bool oai_tool_parse(const oai_meta *m, const char *text, size_t len, tdm_tool_parse *p);
+
+/* Call k's id: OpenAI's "call_" and 24 letters and digits, or for the mistral format
+ * the 9 letters and digits its templates require; derived from the answer's id and
+ * k (unique per answer). */
+void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap);
 
 /* The finish_reason OpenAI's clients know: eos and stop strings -> "stop", length and
  * timeout -> "length", cancelled -> "abort" (vLLM's: the server shut down while the
  * request was generating; its text so far), error -> "error". */
 const char *oai_finish_reason(tandem_finish_reason r);
 
-/* The whole answer of a non-streaming request: text, finish_reason, usage (plus
+/* The whole answer of a non-streaming request: text (chat with m->reasoning: a <think>
+ * block at its start as the message's reasoning_content; chat with m->tool_format: the
+ * message's content (null when only calls) and tool_calls [{id, type: "function",
+ * function: {name, arguments: a JSON object's text}}], finish_reason "tool_calls"
+ * for an answer that ended with its calls; sets m->called_tools), finish_reason, usage (plus
  * "spec" with a draft: steps, drafted, accepted, acceptance_rate, forwards and
  * tokens_per_forward, the tokens each target forward committed, as `tandem generate
  * --json` gives them; a timed-out choice carries "tandem": {"timeout": true}). */
-char *oai_result_json(const oai_meta *m, const tandem_result *r, size_t *len);
+char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len);
 
 /* One streaming event "data: {...}\n\n": a chunk with the text piece
  * text[0..text_len) (chat: the first chunk's delta also carries the role).
  * include_usage adds "usage": null, as OpenAI does on every chunk but the last. */
 char *oai_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
                     size_t *len);
+/* A chunk of reasoning (chat): the delta carries reasoning_content (vLLM's and
+ * llama-server's member) in place of content. */
+char *oai_reasoning_chunk_sse(const oai_meta *m, const char *text, size_t text_len, bool first, bool include_usage,
+                              size_t *len);
+/* A stream's calls (chat): for each, a chunk whose delta carries tool_calls [{index,
+ * id, type: "function", function: {name, arguments: ""}}], then one with its
+ * arguments ({index, function: {arguments}}), as OpenAI streams them (the first
+ * chunk's delta also carries the role). */
+char *oai_tool_calls_sse(const oai_meta *m, const tdm_tool_parse *p, bool first, bool include_usage, size_t *len);
+/* A parsed chat stream (m->reasoning or m->tool_format): what went out so far. */
+typedef struct oai_stream_sent {
+    bool first;                  /* no chunk yet (the next carries the role): start true */
+    size_t reasoning, content;   /* bytes of reasoning / content sent */
+} oai_stream_sent;
+
+/* The events of a parsed chat stream whose output so far is text[0..len): the reasoning
+ * and the content that can go out now (what may still begin a call, or end the
+ * reasoning, is held back: tdm_think_split_text, tdm_tool_calls_stream_safe); when done
+ * (the output whole), the rest of them, then the calls (oai_tool_calls_sse; sets
+ * m->called_tools).  NULL with *oom false when there is nothing to send yet.  The
+ * deltas put together are the whole answer's message (oai_result_json). */
+char *oai_parsed_events(oai_meta *m, oai_stream_sent *sent, const char *text, size_t len, bool done,
+                        bool include_usage, size_t *out_len, bool *oom);
 /* The last chunk: an empty text / delta with the finish reason of r. */
 char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len);
 /* The usage chunk of stream_options.include_usage: "choices": [] and r's usage. */

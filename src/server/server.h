@@ -29,6 +29,7 @@
 #include "metrics.h"
 #include "oai_request.h"
 #include "tandem.h"
+#include "tool_calls.h"
 
 typedef struct srv_config {
     const char *host;            /* numeric address or name to bind; "127.0.0.1" */
@@ -47,6 +48,18 @@ typedef struct srv_model {
     tandem_engine *engine;       /* borrowed; its own scheduler thread runs */
     oai_limits lim;              /* model id, context, defaults (strings borrowed) */
     const char *chat_template;   /* for tandem_chat_render: NULL = the model's own */
+    tdm_tool_format tool_format; /* how the template writes tool calls (srv_set_ready
+                                    finds it): the format a chat's output is parsed in
+                                    when tools are offered */
+    bool reasoning;              /* the template renders reasoning_content in <think>
+                                    (srv_set_ready finds it): a chat's output that begins
+                                    with <think> has its reasoning split off */
+    int n_tool_markers;          /* the format's markers that are control tokens, which
+                                    the engine's text leaves out (Qwen's <tool_call>):
+                                    a tool request's output gets their text back at
+                                    their place, as llama-server's preserved tokens */
+    int32_t tool_marker_id[TDM_TOOL_MARKERS_MAX];
+    const char *tool_marker_text[TDM_TOOL_MARKERS_MAX];
 } srv_model;
 
 typedef struct srv_job srv_job;
@@ -77,6 +90,7 @@ bool srv_start(const srv_config *cfg, srv **out, char *err, size_t cap);
 int srv_port(const srv *s);
 /* While loading: the fraction loaded, in [0, 1] (/health's "progress"). */
 void srv_set_progress(srv *s, float progress);
+/* m's tool_format is found here, from the chat template's rendering of a call. */
 void srv_set_ready(srv *s, const srv_model *m);
 /* SIGTERM: stops taking connections and requests (/health 503), lets the requests in
  * flight finish for up to grace_s seconds, cancels the rest (those not started get

@@ -13,7 +13,12 @@
  *     of 1..TANDEM_STOP_LEN_MAX bytes, spec_k only with a draft, include_usage only
  *     with stream, a timeout no longer than the server's;
  *   - the context check passes or fails with 400; the error and every answer and
- *     stream event built from the request parse back as JSON. */
+ *     stream event built from the request parse back as JSON;
+ *   - chat: the conversation for the template (chat_json) is JSON; the last message's
+ *     content, as a model's output parsed for tool calls in the format bits 6-7 pick
+ *     (src/chat/tool_calls.c), answers as JSON whole and streamed (with and without the
+ *     reasoning split, bit 3), and what streaming
+ *     lets out at each byte (up to 512) is a prefix of the parsed content. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +26,7 @@
 #include "json.h"
 #include "oai_request.h"
 #include "oai_response.h"
+#include "tool_calls.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -36,7 +42,8 @@ static void must_parse(char *text, size_t n, size_t skip) {
 static void check_accepted(const oai_request *r, const oai_limits *l) {
     const tandem_generate_params *g = &r->params;
     if (r->kind == OAI_CHAT) {
-        if (!r->messages || r->n_messages == 0) abort();
+        if (!r->messages || r->n_messages == 0 || !r->chat_json) abort();
+        must_parse(strdup(r->chat_json), strlen(r->chat_json), 0);
         for (size_t i = 0; i < r->n_messages; i++)
             if (!r->messages[i].role || !r->messages[i].role[0]) abort();
     } else if (!(r->prompt && r->prompt_len > 0) && !(r->prompt_ids && r->n_prompt_ids > 0)) {
@@ -91,6 +98,42 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     must_parse(oai_chunk_sse(&m, res.text, strlen(res.text), data[0] & 8, r.include_usage, &n), n, 6);
     must_parse(oai_final_chunk_sse(&m, &res, r.include_usage, &n), n, 6);
     must_parse(oai_usage_chunk_sse(&m, &res, &n), n, 6);
+    if (kind == OAI_CHAT && r.messages[r.n_messages - 1].content) {
+        const char *out = r.messages[r.n_messages - 1].content;
+        const size_t len = strlen(out);
+        m.tool_format = (tdm_tool_format)((data[0] >> 6) & 3);
+        m.parallel_tool_calls = r.parallel_tool_calls;
+        res.text = (char *)out;
+        must_parse(oai_result_json(&m, &res, &n), n, 0);
+        tdm_tool_parse p;
+        const char *names[] = {"w", "f", "a"};
+        m.tool_names = names;
+        m.n_tool_names = 3;
+        if (!oai_tool_parse(&m, out, len, &p)) abort();
+        if (p.n_calls) {
+            char *ev = oai_tool_calls_sse(&m, &p, true, r.include_usage, &n);
+            if (!ev || n < 8) abort();
+            free(ev);
+        }
+        /* the same output streamed in two pieces (cut where the body's length says), with
+           reasoning split as bit 3 says: every event parses as JSON */
+        m.reasoning = (data[0] & 8) != 0;
+        oai_stream_sent sent = {.first = true};
+        const size_t cut = len ? size % (len + 1) : 0;
+        for (int done = 0; done < 2; done++) {
+            bool oom = false;
+            char *ev = oai_parsed_events(&m, &sent, out, done ? len : cut, done, r.include_usage, &n, &oom);
+            if (oom || (ev && (n < 8 || strncmp(ev, "data: ", 6) != 0))) abort();
+            free(ev);
+        }
+        m.reasoning = false;
+        const char *content = p.content ? p.content : "";
+        for (size_t k = 0; k <= len && k <= 512; k++) {
+            const size_t safe = tdm_tool_calls_stream_safe(m.tool_format, out, k);
+            if (safe > k || safe > strlen(content) || memcmp(out, content, safe) != 0) abort();
+        }
+        tdm_tool_parse_free(&p);
+    }
     oai_request_free(&r);
     return 0;
 }
