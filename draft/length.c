@@ -63,18 +63,31 @@ double tdm_len_rate(const tdm_len_ctrl *c, int32_t n, double e, int32_t rows, in
     return e / (t > 0.0 ? t : 1e-30);
 }
 
-int32_t tdm_len_lookup_k(const tdm_len_ctrl *c, const tdm_spec_ctrl *ng, int32_t cap) {
+void tdm_len_lookup_costs(const tdm_len_ctrl *c, double *t_rows) {
+    const tdm_pair_costs *pc = c ? &c->cost : NULL;
+    t_rows[0] = 0.0;
+    for (int32_t r = 1; r <= TDM_CTRL_MAX_K + 1; r++) t_rows[r] = tdm_cost_target(pc, r);
+}
+
+int32_t tdm_len_lookup_k_at(const double *t_rows, const tdm_spec_ctrl *ng, int32_t cap) {
     cap = TDM_MIN(TDM_MIN(cap, ng->k_max), TDM_CTRL_MAX_K);
     if (cap < 1) return 0;
     if (ng->k_fixed > 0) return TDM_MIN(ng->k_fixed, cap);
+    const double a = isnan(ng->alpha) ? 0.0 : clampd(ng->alpha, 0.0, 0.999);
     int32_t best = 0;
     double best_rate = -1.0;
     for (int32_t k = TDM_MIN(TDM_MAX(ng->k_min, 1), cap); k <= cap; k++) {
-        const double a = isnan(ng->alpha) ? 0.0 : clampd(ng->alpha, 0.0, 0.999);
-        const double r = tdm_len_rate(c, 1, tdm_ctrl_expected_tokens(a, k), 1 + k, 0);
+        const double t = t_rows[1 + k];
+        const double r = tdm_ctrl_expected_tokens(a, k) / (t > 0.0 ? t : 1e-30);
         if (r > best_rate * (1 + 1e-12)) best_rate = r, best = k; /* (ties keep the shorter) */
     }
     return best;
+}
+
+int32_t tdm_len_lookup_k(const tdm_len_ctrl *c, const tdm_spec_ctrl *ng, int32_t cap) {
+    double t_rows[TDM_CTRL_MAX_K + 2];
+    tdm_len_lookup_costs(c, t_rows);
+    return tdm_len_lookup_k_at(t_rows, ng, cap);
 }
 
 /* Expected tokens e[0..k_max] and target rows[0..k_max] of the sequences at each

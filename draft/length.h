@@ -117,10 +117,15 @@ void tdm_len_observe_step(tdm_len_ctrl *c, int32_t n, int32_t k, double seconds)
  * model's cost (costs.h; a step's host work is left out: it is the same whichever
  * proposer proposes, and proposals are weighed against each other with this). */
 double tdm_len_rate(const tdm_len_ctrl *c, int32_t n, double e, int32_t rows, int32_t rounds);
-/* The length of a lone sequence's lookup proposal (it runs no model), ng its
+/* The length of a sequence's lookup proposal (it runs no model), ng its
  * lookups' estimate and bounds: ng's fixed k, else the k in [ng's k_min, k_max]
  * maximising tdm_len_rate(E[tokens](alpha, k), 1 + k rows, no round); at most cap,
  * 0 when cap < 1. */
 int32_t tdm_len_lookup_k(const tdm_len_ctrl *c, const tdm_spec_ctrl *ng, int32_t cap);
+/* The same in two parts, for a step that chooses many sequences' lookups: the
+ * target's cost by rows, t_rows[r] for r in [1, TDM_CTRL_MAX_K + 1] (once per step),
+ * then each sequence's length from them. */
+void tdm_len_lookup_costs(const tdm_len_ctrl *c, double *t_rows);
+int32_t tdm_len_lookup_k_at(const double *t_rows, const tdm_spec_ctrl *ng, int32_t cap);
 
 #endif

@@ -30,8 +30,7 @@ void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double t_draft, dou
     if (tokens > 0) c->tokens[i] = ema(c->tokens[i], (double)tokens, 0.1);
 }
 
-/* The expected rate of the step's n trees at budget b (index i). */
-static double tree_rate(const tdm_tree_ctrl *const *ctrl, const double *alpha, int32_t n, const tdm_tree_cost *tc,
+double tdm_tree_rate(const tdm_tree_ctrl *const *ctrl, const double *alpha, int32_t n, const tdm_tree_cost *tc,
                         const tdm_pair_costs *cost, int32_t other, int32_t i) {
     const int32_t b = TDM_TREE_BUDGETS[i];
     const tdm_tree_cfg cfg = tdm_tree_cfg_dynamic(b);
@@ -57,7 +56,7 @@ int32_t tdm_tree_choose(const tdm_tree_ctrl *const *ctrl, const double *alpha, i
     int32_t pick = 0, runner = -1;
     for (int32_t i = 0; i < TDM_TREE_N_BUDGETS && TDM_TREE_BUDGETS[i] <= max_budget; i++) {
         if (other + n * (1 + TDM_TREE_BUDGETS[i]) > max_rows) break;
-        const double r = tree_rate(ctrl, alpha, n, tc, cost, other, i);
+        const double r = tdm_tree_rate(ctrl, alpha, n, tc, cost, other, i);
         if (r > best) {
             second = best, runner = pick;
             best = r, pick = TDM_TREE_BUDGETS[i];

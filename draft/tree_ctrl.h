@@ -47,6 +47,11 @@ void tdm_tree_ctrl_observe(tdm_tree_ctrl *c, int32_t budget, int32_t tokens);
 /* One tree step of the budget: its drafting and verification seconds and the tokens
  * it committed (a time that is not positive is not recorded). */
 void tdm_tree_cost_observe(tdm_tree_cost *c, int32_t budget, double t_draft, double t_verify, int32_t tokens);
+/* The expected rate (tokens per second) of a step of the n trees of ctrl[0..n)
+ * (acceptance estimates alpha[0..n)) at the budget of index i, beside `other` target
+ * rows, as tdm_tree_choose weighs it. */
+double tdm_tree_rate(const tdm_tree_ctrl *const *ctrl, const double *alpha, int32_t n, const tdm_tree_cost *tc,
+                     const tdm_pair_costs *cost, int32_t other, int32_t i);
 /* The step's choice for the tree-capable sequences ctrl[0..n) (acceptance
  * estimates alpha[0..n)), beside `other` target rows: 0 = chains (expected rate
  * chain_rate), else the budget of TDM_TREE_BUDGETS, at most max_budget and within

@@ -163,6 +163,8 @@ static inline int32_t tdm_sched_room(const tdm_sched *s, const tdm_seq *q) {
     const int32_t inv = tdm_sched_invariant_rows(s->e);
     return inv > 0 ? TDM_MIN(room, inv - 1) : room;
 }
+/* An item's target rows: a tree's pending token and nodes, else its positions. */
+static inline int32_t tdm_sched_item_rows(const step_item *it) { return it->tree ? 1 + it->tree->n : it->to - it->from; }
 /* step_chain.c: this step's lengths (s->k_of, s->look_of; the trees' budgets,
  * s->tree_of, through tdm_sched_choose_trees); the chains of the plan's items
  * [0, n): lookups where they pay, the draft model's for the rest (false: drafting
@@ -170,11 +172,10 @@ static inline int32_t tdm_sched_room(const tdm_sched *s, const tdm_seq *q) {
  * not seen. */
 void tdm_sched_choose_k(tdm_sched *s);
 bool tdm_sched_draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_up);
-/* A lookup of up to it->k_look tokens into it->draft, taken when the step's
- * expected rate with it (tokens per second, draft/length.h) is at least rate_other
- * (tdm_ngram_take's exploration aside): then the item verifies it as a chain
- * (it->k, it->to set; q rows one-hot for rejection sampling) and true. */
-bool tdm_sched_lookup_chain(tdm_sched *s, step_item *it, int32_t nd, double rate_ng, double rate_other);
+/* The item verifies the lookup it->draft[0..nd) as a chain instead of its model
+ * chain, plain step or tree (its rows, the lookup's one-hot q rows for rejection
+ * sampling). */
+void tdm_sched_take_lookup_chain(tdm_sched *s, step_item *it, int32_t nd);
 /* step_tree.c: this step's tree budgets (s->tree_of) and the rows they take; the
  * configuration of a tree item; the plan's trees (a lookup alone instead where it
  * pays; drafted together; false: their sequences failed); a tree item's verdict v
@@ -186,9 +187,7 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const tdm_verdict 
 /* step_run.c: the plan's items [0, n) as forwards (grouped so that each row is
  * computed as it would be alone), each item's verdict and commit. */
 void tdm_sched_run_plan(tdm_sched *s, const step_item *it, int32_t n);
-/* The n-gram controller learns from the lookup prop[0..n) proposed after position
- * `before` as from a chain: how many of its tokens were committed. */
-void tdm_sched_observe_lookup(const tdm_seq *q, tdm_spec_rec *sr, const int32_t *prop, int32_t n, int32_t before);
+
 /* sched.c: ends a request (result built, blocks freed, on_finish called, freed).
  * reason NONE: from its sequence (done) or its fail_st. */
 void tdm_sched_finish(tdm_sched *s, tdm_req *r, tandem_finish_reason reason);

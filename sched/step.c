@@ -292,13 +292,14 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
             s->t_verify0 = tdm_now();
             s->t_draft = s->t_verify0 - t0;
             int32_t rows = 0;
-            bool chunk = false, own = true; /* own: every chain the model's at the step's length */
+            bool chunk = false, trees = false, own = true; /* own: every chain the model's at the step's length */
             for (int32_t i = 0; i < n; i++) {
                 if (it[i].decode && !it[i].tree) { /* (its rows: the proposal's, which may be shorter) */
                     it[i].to = it[i].from + 1 + it[i].k;
                     if (it[i].k == 0) it[i].reject = false; /* (a plain step draws) */
                 }
-                rows += it[i].tree ? 1 + it[i].tree->n : it[i].to - it[i].from;
+                rows += tdm_sched_item_rows(&it[i]);
+                trees |= it[i].tree != NULL;
                 chunk |= !it[i].decode || it[i].tree; /* (a tree's step is not a chain length's) */
                 own &= !it[i].ngram && it[i].n_model == it[i].k;
             }
@@ -306,8 +307,6 @@ tandem_status tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
             const double t1 = tdm_now();
             if (e->draft) tdm_phase_mark(&e->ph, e->be, any_tree ? TDM_PH_TREE_KEEP : TDM_PH_CHAIN_VERIFY);
             /* the target's rows (a tree's masked rows are its own: draft/tree_ctrl.h) */
-            bool trees = false;
-            for (int32_t i = 0; i < n; i++) trees |= it[i].tree != NULL;
             if (s->ws && !trees) tdm_rowcost_observe(&s->ws->len.cost.target, rows, t1 - s->t_verify0);
             if (s->ws && n == 1 && it[0].tree && !it[0].ngram)
                 tdm_tree_cost_observe(&s->tree_cost, it[0].budget, 0, t1 - s->t_verify0, 0);

@@ -86,25 +86,26 @@ void tdm_sched_choose_k(tdm_sched *s) {
             }
         }
     }
-    /* the longest lookup each decoding sequence may propose (within a tree's budget) */
+    /* the longest lookup each decoding sequence may propose (within a tree's budget;
+     * the row costs looked up once for the step) */
+    double t_rows[TDM_CTRL_MAX_K + 2];
+    tdm_len_lookup_costs(&s->ws->len, t_rows);
     for (int32_t i = 0; i < s->n_run; i++) {
         tdm_req *r = s->run[i];
         if (r->state != TDM_REQ_RUNNING || !tdm_spec_lookup_n(&r->sr)) continue;
         int32_t cap = TDM_MIN(tdm_sched_room(s, &r->s), TDM_MAX(per_seq, s->k_of[i]));
         if (s->tree_of[i] > 0) cap = TDM_MIN(cap, s->tree_of[i]);
-        s->look_of[i] = tdm_len_lookup_k(&s->ws->len, &r->sr.ctrl_ng, cap);
+        s->look_of[i] = tdm_len_lookup_k_at(t_rows, &r->sr.ctrl_ng, cap);
     }
 }
 
-bool tdm_sched_lookup_chain(tdm_sched *s, step_item *it, int32_t nd, double rate_ng, double rate_other) {
-    tdm_spec_rec *sr = &it->r->sr;
-    if (!tdm_ngram_take(rate_ng, rate_other, &sr->n_ngram_skips)) return false;
+void tdm_sched_take_lookup_chain(tdm_sched *s, step_item *it, int32_t nd) {
+    it->tree = NULL;
     it->k = nd;
     it->n_model = 0;
     it->to = it->from + 1 + nd;
     it->ngram = true;
     if (it->reject) tdm_draft_onehot_q(s->e, s->ws, &it->r->s, it->draft, 0, nd);
-    return true;
 }
 
 /* A lookup instead of the item's model chain (or of its plain step, k = 0), where
@@ -128,7 +129,9 @@ static bool lookup_chain(tdm_sched *s, step_item *it) {
     const double rate_ng = tdm_len_rate(len, n, e_rest + tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd),
                                         rows - it->k + nd, rounds_ng);
     const double rate_d = tdm_len_rate(len, n, e_rest + e_d, rows, it->k > 0 ? rounds : 0);
-    return tdm_sched_lookup_chain(s, it, nd, rate_ng, rate_d);
+    if (!tdm_ngram_take(rate_ng, rate_d, &sr->n_ngram_skips)) return false;
+    tdm_sched_take_lookup_chain(s, it, nd);
+    return true;
 }
 
 bool tdm_sched_draft_chains(tdm_sched *s, step_item *it, int32_t n, int32_t *catch_up) {

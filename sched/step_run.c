@@ -29,7 +29,6 @@
 #include "tree_verify.h"
 #include "verify.h"
 
-static int32_t item_rows(const step_item *it) { return it->tree ? 1 + it->tree->n : it->to - it->from; }
 static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree->n : it->decode ? 1 + it->k : it->want; }
 
 /* What an item's verdict reads of the target's forward: tokens drawn per logits
@@ -101,13 +100,6 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
         st = tdm_engine_forward(e, true, b, seqs, TDM_FWD_LOGITS, err);
     }
     return st;
-}
-
-void tdm_sched_observe_lookup(const tdm_seq *q, tdm_spec_rec *sr, const int32_t *prop, int32_t n, int32_t before) {
-    if (n <= 0) return;
-    int32_t m = 0;
-    while (m < n && before + m < q->n_tokens && prop[m] == q->tokens[before + m]) m++;
-    tdm_ctrl_observe(&sr->ctrl_ng, n, m);
 }
 
 /* A decode item's chain verdict v (its tokens not yet committed) committed, and what
@@ -217,9 +209,9 @@ void tdm_sched_run_plan(tdm_sched *s, const step_item *it, int32_t n) {
             const step_item *x = &it[j];
             if (j > i && (x->reject || it[i].reject)) break; /* (its rule reads the rows) */
             if (inv > 0 && j > i && (!x->decode || !it[i].decode)) break; /* a chunk goes alone */
-            if (inv > 0 && j > i && x->decode && rows + item_rows(x) > inv) break;
-            if (j > i && (rows + item_rows(x) > e->max_rows || logits + item_logits(x) > cap_logits)) break;
-            rows += item_rows(x);
+            if (inv > 0 && j > i && x->decode && rows + tdm_sched_item_rows(x) > inv) break;
+            if (j > i && (rows + tdm_sched_item_rows(x) > e->max_rows || logits + item_logits(x) > cap_logits)) break;
+            rows += tdm_sched_item_rows(x);
             logits += item_logits(x);
             j++;
         }

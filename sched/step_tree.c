@@ -45,18 +45,6 @@ static int32_t auto_max(const tdm_sched *s) {
     return m > 0 ? m : TDM_TREE_MAX;
 }
 
-/* A sequence's expected tokens per tree step at budget index bi (its own measure,
- * else the engine's, else a hopeful chain's as deep: tree_ctrl.h). */
-static double tree_tokens(const tdm_sched *s, const tdm_req *r, int32_t bi, int32_t depth) {
-    const double m = r->sr.tctrl.tokens[bi] > 0 ? r->sr.tctrl.tokens[bi] : s->tree_cost.tokens[bi];
-    return m > 0 ? m : tdm_ctrl_expected_tokens(TDM_MIN(r->sr.ctrl.alpha + 0.15, 0.95), depth);
-}
-
-/* The drafting seconds of a step's trees at budget index bi, n of them. */
-static double tree_draft_s(const tdm_sched *s, int32_t bi, const tdm_tree_cfg *cfg, int32_t n) {
-    return s->tree_cost.t_draft[bi] > 0 ? s->tree_cost.t_draft[bi] : cfg->depth * tdm_cost_draft(&s->ws->len.cost, n * cfg->width);
-}
-
 /* The shared choice of the auto sequences (0: chains; draft/tree_ctrl.h), the
  * chain at the length controller's last length. */
 static int32_t choose_auto(tdm_sched *s, int32_t n_auto, int32_t other) {
@@ -182,21 +170,20 @@ static bool lookup_tree(const tdm_sched *s, tdm_seq *q, tdm_spec_rec *sr, tdm_tr
 }
 
 /* A lookup instead of the item's tree, where its rate beats the tree's (the
- * sequence's own: its tokens per tree step over the tree's drafting and its rows,
- * against the lookup's expected tokens over its rows); true when taken: the item
+ * sequence's own, tdm_tree_rate for one tree, against the lookup's expected tokens
+ * over its rows); true when taken: the item
  * is then a lookup tree (greedy, when other matches branch off it) or a lookup
  * chain. */
-static bool lookup_instead(tdm_sched *s, step_item *it, const tdm_tree_cfg *cfg, int32_t n_trees) {
+static bool lookup_instead(tdm_sched *s, step_item *it, const tdm_tree_cfg *cfg) {
     tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
     if (it->k_look <= 0) return false;
     const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k_look, it->draft);
     if (nd <= 0) return false;
     const tdm_pair_costs *pc = &s->ws->len.cost;
-    const int32_t bi = tdm_tree_budget_index(cfg->budget);
-    const double tv = n_trees == 1 && s->tree_cost.t_verify[bi] > 0 ? s->tree_cost.t_verify[bi]
-                                                                     : tdm_cost_target(pc, 1 + cfg->budget);
-    const double rate_tree = tree_tokens(s, it->r, bi, cfg->depth) / (tree_draft_s(s, bi, cfg, n_trees) / n_trees + tv + 1e-12);
+    const tdm_tree_ctrl *ctrl = &sr->tctrl;
+    const double alpha = sr->ctrl.alpha;
+    const double rate_tree = tdm_tree_rate(&ctrl, &alpha, 1, &s->tree_cost, pc, 0, tdm_tree_budget_index(cfg->budget));
     const double rate_ng = tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, nd) / (tdm_cost_target(pc, 1 + nd) + 1e-12);
     if (!tdm_ngram_take(rate_ng, rate_tree, &sr->n_ngram_skips)) return false;
     it->ngram = true;
@@ -207,20 +194,24 @@ static bool lookup_instead(tdm_sched *s, step_item *it, const tdm_tree_cfg *cfg,
         it->reject = false; /* (greedy) */
         return true;
     }
-    it->tree = NULL; /* a lookup chain */
-    it->k = nd;
-    it->n_model = 0;
-    it->to = it->from + 1 + nd;
-    if (it->reject) tdm_draft_onehot_q(s->e, s->ws, q, it->draft, 0, nd);
+    tdm_sched_take_lookup_chain(s, it, nd);
     return true;
+}
+
+/* The n-gram controller learns from the lookup prop[0..n) proposed after position
+ * `before` as from a chain: how many of its tokens were committed. */
+static void observe_lookup(const tdm_seq *q, tdm_spec_rec *sr, const int32_t *prop, int32_t n, int32_t before) {
+    if (n <= 0) return;
+    int32_t m = 0;
+    while (m < n && before + m < q->n_tokens && prop[m] == q->tokens[before + m]) m++;
+    tdm_ctrl_observe(&sr->ctrl_ng, n, m);
 }
 
 bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
     tdm_engine *e = s->e;
     tdm_tree_job jobs[TDM_ENGINE_BATCH_LOGITS_MAX];
     step_item *who[TDM_ENGINE_BATCH_LOGITS_MAX];
-    int32_t m = 0, budget = 0, n_trees = 0;
-    for (int32_t i = 0; i < n; i++) n_trees += it[i].tree != NULL;
+    int32_t m = 0, budget = 0;
     for (int32_t i = 0; i < n && m < TDM_ENGINE_BATCH_LOGITS_MAX; i++) {
         if (!it[i].tree) continue;
         tdm_tree_job job = {&it[i].r->s, &it[i].r->sr, {0}, it[i].tree, it[i].reject};
@@ -228,7 +219,7 @@ bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n) {
             it[i].tree = NULL; /* (a plain step) */
             continue;
         }
-        if (lookup_instead(s, &it[i], &job.cfg, n_trees)) continue;
+        if (lookup_instead(s, &it[i], &job.cfg)) continue;
         budget = TDM_MAX(budget, job.cfg.budget);
         jobs[m] = job;
         who[m++] = &it[i];
@@ -267,7 +258,7 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const tdm_verdict 
         tdm_sched_fail(it->r, st, &err);
         return;
     }
-    tdm_sched_observe_lookup(q, sr, it->root, it->n_root, before);
+    observe_lookup(q, sr, it->root, it->n_root, before);
     if (!it->ngram) {
         tdm_tree_ctrl_observe(&sr->tctrl, it->budget, m + 1);
         tdm_tree_cost_observe(&s->tree_cost, it->budget, 0, 0, m + 1);
