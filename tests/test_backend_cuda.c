@@ -179,6 +179,46 @@ Test(cuda_ops, scatter_cols_equals_cpu) {
     tdm_backend_destroy(b);
 }
 
+/* mask_rows (grammar-constrained decoding's token masks) equals the CPU backend's op
+ * bit for bit, which is tdm_logits_mask row by row: disallowed columns get the fill,
+ * the others keep their logits (a width not a multiple of 32, words of every kind);
+ * a bad shape is refused. */
+Test(cuda_ops, mask_rows_equals_cpu) {
+    tdm_backend *b = gpu(), *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
+    uint64_t rng = 11;
+    const int32_t n = 5, dim = 5003;
+    const size_t W = ((size_t)dim + 31) / 32;
+    uint32_t *mask = malloc((size_t)n * W * 4);
+    for (size_t i = 0; i < (size_t)n * W; i++) {
+        const uint64_t r = tdm_test_rand(&rng);
+        mask[i] = i % 7 == 0 ? 0xffffffffu : i % 5 == 0 ? 0 : (uint32_t)r;
+    }
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -20, 20), *want = malloc((size_t)n * dim * 4);
+    memcpy(want, x, (size_t)n * dim * 4);
+    float *dx = put(b, x, (size_t)n * dim * 4);
+    uint32_t *dm = put(b, mask, (size_t)n * W * 4);
+    OK(b->ops->mask_rows(b, dx, n, dim, dm, TDM_LOGIT_NONE, &err_));
+    OK(cpu->ops->mask_rows(cpu, want, n, dim, mask, TDM_LOGIT_NONE, &err_));
+    float *got = get(b, dx, (size_t)n * dim * 4);
+    cr_assert(memcmp(got, want, (size_t)n * dim * 4) == 0, "mask_rows differs from the CPU's");
+    int32_t masked = 0;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t v = 0; v < dim; v++) {
+            const bool on = mask[(size_t)i * W + (size_t)v / 32] >> (v % 32) & 1;
+            cr_assert_eq(got[(size_t)i * dim + v], on ? x[(size_t)i * dim + v] : TDM_LOGIT_NONE);
+            masked += !on;
+        }
+    cr_assert_gt(masked, 0);
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->mask_rows(b, dx, -1, dim, dm, 0, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->mask_rows(b, dx, n, 0, dm, 0, &err), TANDEM_ERR_INVALID_ARG);
+    OK(b->ops->mask_rows(b, dx, 0, dim, dm, 0, &err_));
+    b->ops->free(b, dx), b->ops->free(b, dm);
+    free(x), free(want), free(got), free(mask);
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
 /* Every type and several shapes and batch sizes against ref_matmul; up to the row
  * kernels' limit each row of a batch equals, bit for bit, the same row computed
  * alone. */
