@@ -14,6 +14,7 @@
 #include "backend_testutil.h"
 #include "cuda_testutil.h"
 #include "engine.h"
+#include "grammar.h"
 #include "model.h"
 #include "nonfinite_testutil.h"
 #include "ref_ops.h"
@@ -569,6 +570,59 @@ Test(cuda_engine, greedy_reference_and_speculative_equality, .timeout = 900) {
     const int matches = cuda_spec_equality(NULL, "f16 cache", &accepted, &drafted);
     cr_assert_gt(drafted, 0);
     cr_assert_geq(matches, 98, "only %d of 100 greedy continuations match the reference", matches);
+}
+
+/* Grammar-constrained decoding on the GPU (the masks uploaded and applied by the
+ * mask_rows op where the logits are, device sampling; the constrained draft's chains
+ * on the host): under a GBNF grammar and a JSON schema, greedy speculative output
+ * equals target-only output and parses under the grammar; sampled (an engine of one
+ * sequence), the speculative output equals the target-only output of the same seed. */
+Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
+    static const char *gram = "root ::= \"def \" [a-z_]+ \"(\" [a-z, ]* \"):\\n    return \" [a-z0-9_ +*]+ \"\\n\"";
+    static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 20},"
+                                " \"n\": {\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"], \"additionalProperties\": false}";
+    tandem_model *target = NULL, *draft = NULL;
+    open_cuda_pair("pycode-draft-xs-f16.gguf", &target, &draft);
+    tandem_engine *plain = NULL, *spec = NULL;
+    cr_assert_eq(tandem_engine_open(target, NULL, NULL, &plain), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_engine_open(target, draft, NULL, &spec), TANDEM_OK, "%s", tandem_last_error());
+    tdm_grammar *g;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_grammar_parse(gram, strlen(gram), &g, &err), TANDEM_OK, "%s", err.msg);
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    uint64_t drafted = 0;
+    for (size_t li = 0; li < 24; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 48;
+        gp.grammar = li % 2 ? NULL : gram;
+        gp.json_schema = li % 2 ? schema : NULL;
+        if (li % 3 == 2) gp.temperature = 0.8f, gp.seed = 500 + li;
+        tandem_result a, b;
+        cr_assert_eq(tandem_generate_ids(plain, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert(a.n_tokens == b.n_tokens && memcmp(a.tokens, b.tokens, a.n_tokens * sizeof(int32_t)) == 0,
+                  "prompt %zu (%s): constrained speculative decoding on the GPU differs from target-only", li,
+                  gp.temperature > 0 ? "sampled" : "greedy");
+        if (gp.grammar && a.finish_reason != TANDEM_FINISH_LENGTH) {
+            bool ok = false;
+            cr_assert_eq(tdm_grammar_matches(g, a.text, strlen(a.text), &ok, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert(ok, "prompt %zu: \"%s\" is not a sentence of the grammar", li, a.text);
+        }
+        drafted += b.spec.drafted;
+        tandem_result_free(&a);
+        tandem_result_free(&b);
+        free(ids);
+    }
+    cr_assert_gt(drafted, 0);
+    tdm_grammar_free(g);
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
+    tandem_model_close(draft);
+    tandem_model_close(target);
 }
 
 /* The same with q8_0 caches (both models): speculative output equals target-only
