@@ -34,8 +34,11 @@ static int32_t oracle_token(const tdm_seq *s, tdm_spec_rec *sr, const float *l, 
  * is sound: the proposal for a position may depend on everything before it. */
 static int32_t lookup_extension(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_spec_rec *sr, int32_t len, int32_t k, int32_t k_ext,
                                 int32_t *draft) {
-    if (!tdm_spec_lookup_n(sr) || k_ext <= len || s->con) return 0; /* (a constrained chain: the model's) */
+    if (!tdm_spec_lookup_n(sr) || k_ext <= len) return 0;
     int32_t m = tdm_ngram_propose(s->tokens, s->n_tokens + len, tdm_spec_lookup_n(sr), k_ext - len, draft + len);
+    /* a constrained chain's: cut at the first token the grammar refuses after draft[0..len)
+     * (the matcher's state while drafting) */
+    if (m > 0 && s->con) m = tdm_constraint_prefix(s, draft + len, m);
     if (m == 0) return 0;
     const int32_t kd = TDM_MAX(k - len, 1); /* (what the model would still draft) */
     const double rate_ng = tdm_len_rate(&ws->len, 1, tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, m), 1 + m, 0);
