@@ -472,8 +472,10 @@ typedef struct tandem_generate_params {
      * submitted: an invalid one fails it with TANDEM_ERR_INVALID_ARG naming where
      * ("grammar: line 3:7: ...", "json_schema: #/properties/a: ..."), as does one that no
      * token of the vocabulary can begin.  A constrained request verifies chains, not
-     * token trees (spec_tree is taken as 0), and a sampled one agreement with the
-     * target's own masked draws rather than rejection sampling. */
+     * token trees (spec_tree is taken as 0); a sampled one on an engine of one
+     * sequence by rejection sampling with masked target and draft distributions
+     * (where the draft's q rows are on the host: the CPU), else by agreement with the
+     * target's own masked draws. */
     const char *grammar;      /* GBNF text (llama.cpp's syntax, a `root` rule); NULL = none;
                                  default NULL */
     const char *json_schema;  /* a JSON schema (OpenAI's strict subset and more; the

@@ -104,6 +104,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
     const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
     if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
+    if (!st && m > 0 && rule_reads_rows) st = tdm_engine_mask_rows(e, false, rows, m, kind, err); /* (p masked) */
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);
         for (int32_t i = 0; i < n; i++) {

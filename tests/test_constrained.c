@@ -55,6 +55,16 @@ static void teardown(void) { tdm_test_pair_free(g_wbe, g_target, g_draft); }
 
 TestSuite(constrained, .init = setup, .fini = teardown, .timeout = 1800);
 
+/* An engine of n_seq sequences (2 threads): on an engine of one, a sampled sequence
+ * is verified by rejection sampling; on more, by agreement with the target's draws. */
+static tdm_engine *engine_of(tdm_model *draft, int32_t n_seq) {
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = 2, .n_seq_max = n_seq};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(g_target, draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    return e;
+}
+
 /* The text is a sentence of g (finished or ended by end of generation) or, when
  * max_tokens cut it, a prefix of one. */
 static void expect_text_fits(const tdm_grammar *g, const tandem_result *r, const char *what, size_t li) {
@@ -212,12 +222,13 @@ Test(constrained, finished_grammar_stops) {
     tdm_engine_free(e);
 }
 
-/* Sampled, on an engine of one sequence: the speculated output equals the target-only
- * output drawn with the same seed (agreement with the target's own masked draws). */
+/* Sampled, on an engine of two sequences (verification by agreement with the
+ * target's own masked draws): the speculated output equals the target-only output
+ * drawn with the same seed. */
 Test(constrained, sampled_spec_equals_target_only_same_seed) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
-    tdm_engine *plain = tdm_test_engine(g_target, NULL, 2), *spec = tdm_test_engine(g_target, g_draft, 2);
+    tdm_engine *plain = engine_of(NULL, 2), *spec = engine_of(g_draft, 2);
     tdm_err err = {0};
     uint64_t drafted = 0;
     for (size_t li = 0; li < 8; li++) {
@@ -271,9 +282,10 @@ static void masked_softmax(tdm_engine *e, const int32_t *ids, int32_t n, tdm_gma
 
 /* Sampled with speculation (k 1, so that the second token is a verified one): the
  * first token against the masked softmax after the prompt, and the second, given the
- * likeliest first, against the masked softmax after it. */
-Test(constrained, sampled_chi_square_masked_softmax) {
-    tdm_engine *spec = tdm_test_engine(g_target, g_draft, 2);
+ * likeliest first, against the masked softmax after it; on an engine of one sequence
+ * (rejection sampling with masked p and q rows) and of two (agreement). */
+static void chi_square(int32_t n_seq) {
+    tdm_engine *spec = engine_of(g_draft, n_seq);
     const int32_t V = spec->n_vocab;
     size_t n_lines, n;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
@@ -329,8 +341,8 @@ Test(constrained, sampled_chi_square_masked_softmax) {
     const double pv2 = tdm_stat_chi2_gof(second, p, V, &df);
     cr_assert_geq(pv2, 1e-3, "second token given %d (%llu runs): chi-square p = %g (df %d)", best,
                   (unsigned long long)first[best], pv2, df);
-    cr_log_info("chi-square: first p %.3f, second p %.3f (%llu runs of the first)", pv1, pv2,
-                (unsigned long long)first[best]);
+    cr_log_info("chi-square, %d sequence(s): first p %.3f, second p %.3f (%llu runs of the first)", (int)n_seq, pv1,
+                pv2, (unsigned long long)first[best]);
     free(ids2);
     free(p);
     free(pairs);
@@ -342,6 +354,9 @@ Test(constrained, sampled_chi_square_masked_softmax) {
     tdm_engine_free(spec);
     tdm_test_jsonl_free(refs, n_lines);
 }
+
+Test(constrained, sampled_chi_square_rejection) { chi_square(1); }
+Test(constrained, sampled_chi_square_agreement) { chi_square(2); }
 
 /* A random allowed token of the mask (-1: none). */
 static int32_t pick_allowed(const uint32_t *mask, int32_t V, uint64_t *rs) {

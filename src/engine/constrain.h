@@ -12,6 +12,11 @@
  * kept; a preemption or recomputation keeps the committed tokens, so the matcher
  * stays right.  End of generation is allowed only where the grammar is complete; a
  * finished grammar (no text can follow) ends the sequence, finish reason stop.
+ * Rejection sampling reads the target's masked rows (tdm_engine_mask_rows) and the
+ * draft's q rows drawn from its masked rows on the host; where the q rows live on
+ * the device (ws->q_dev), a constrained sampled sequence is verified by agreement
+ * instead (sched/step.c).  Token trees are not masked: a constrained sequence takes
+ * chains (sched/step_tree.c). 
  *
  * The vocabulary (tdm_gvocab) is the target tokenizer's, built once per engine at
  * the first constrained request; a mask row covers the model's n_vocab logits

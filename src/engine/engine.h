@@ -201,6 +201,13 @@ typedef struct tdm_draw_row {
  * forward: TANDEM_ERR_INTERNAL). */
 tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
                               int32_t *tok, tdm_err *err);
+/* The masks of rows [0, m) (those with one) applied to the latest forward's logits
+ * rows where they are (what tdm_engine_draw does first), for a rule that reads the
+ * rows itself (rejection sampling): host rows (TDM_FWD_LOGITS) with finite logits,
+ * or device rows (TDM_FWD_LOGITS_DEV) through the backend's mask_rows; a masked row
+ * of another kind is TANDEM_ERR_INTERNAL. */
+tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
+                                   tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
 /* The draft's logits over ids[n] only (ascending token ids: a head over part of the
  * vocabulary, vocab_head.h; cfg.draft_vocab's, or any other map of head rows to
