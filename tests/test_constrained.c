@@ -478,3 +478,56 @@ Test(constrained, bad_grammar_and_schema_through_the_api) {
     tandem_engine_close(e);
     tandem_model_close(t);
 }
+
+/* A KV pool for about two of four constrained sequences on a speculating engine: the
+ * scheduler preempts and recomputes, the matchers follow the kept tokens, and every
+ * request gets its solo target-only output. */
+Test(constrained, preemption_keeps_the_grammar) {
+    static const char *schema =
+        "{\"type\": \"array\", \"minItems\": 40, \"items\": {\"type\": \"object\", \"properties\": {\"id\": {\"type\": "
+        "\"integer\"}, \"name\": {\"type\": \"string\", \"maxLength\": 16}}, \"required\": [\"id\", \"name\"], "
+        "\"additionalProperties\": false}}";
+    tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
+    tandem_model_info mt, md;
+    cr_assert_eq(tandem_model_get_info(t, &mt), TANDEM_OK);
+    cr_assert_eq(tandem_model_get_info(d, &md), TANDEM_OK);
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 2;
+    ep.n_seq_max = 4;
+    ep.batch_invariant = true;
+    ep.kv_bytes = (size_t)(mt.kv_bytes_per_token + md.kv_bytes_per_token) * 2 * 170;
+    tandem_engine *e = api_open_engine(t, d, &ep), *plain = api_open_engine(t, NULL, NULL);
+    int32_t prompts[4][4];
+    tandem_request r[4];
+    tandem_result out[4], want[4];
+    for (int i = 0; i < 4; i++) {
+        const int32_t p[4] = {1, 822 + i, 1243, 2989 - i};
+        memcpy(prompts[i], p, sizeof p);
+        r[i] = tandem_request_default();
+        r[i].prompt_ids = prompts[i];
+        r[i].n_prompt_ids = 4;
+        r[i].params.max_tokens = 150;
+        r[i].params.ignore_eos = true;
+        if (i % 2) r[i].params.json_schema = schema;
+        else r[i].params.grammar = "root ::= (\"x\" [0-9]{1,3} \" = \" [a-z_]{1,12} \"\\n\"){60,}";
+        cr_assert_eq(tandem_generate_ids(plain, prompts[i], 4, &r[i].params, &want[i]), TANDEM_OK, "%s",
+                     tandem_last_error());
+    }
+    cr_assert_eq(tandem_generate_batch(e, r, 4, out), TANDEM_OK);
+    int preempted = 0;
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(out[i].status, TANDEM_OK, "request %d: %s", i, out[i].error ? out[i].error : "");
+        cr_assert(out[i].n_tokens == want[i].n_tokens &&
+                      memcmp(out[i].tokens, want[i].tokens, want[i].n_tokens * sizeof(int32_t)) == 0,
+                  "request %d differs from its solo output under preemption", i);
+        preempted += out[i].n_preemptions;
+        tandem_result_free(&out[i]);
+        tandem_result_free(&want[i]);
+    }
+    cr_assert_geq(preempted, 1, "no request was preempted");
+    cr_log_info("preemptions: %d", preempted);
+    tandem_engine_close(e);
+    tandem_engine_close(plain);
+    tandem_model_close(d);
+    tandem_model_close(t);
+}
