@@ -442,31 +442,32 @@ Test(constrained, rollback_fuzz_against_replay) {
 
 /* Bad constraints fail at submission through the public API, with the grammar
  * engine's message. */
+/* A request of grammar / schema on e fails with TANDEM_ERR_INVALID_ARG, its message
+ * holding each of the needles (NULL-terminated). */
+static void expect_refused(tandem_engine *e, const char *grammar, const char *schema, const char *const *needles) {
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 4;
+    gp.grammar = grammar;
+    gp.json_schema = schema;
+    tandem_result r;
+    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_ERR_INVALID_ARG, "%s / %s was accepted",
+                 grammar ? grammar : "-", schema ? schema : "-");
+    for (const char *const *x = needles; *x; x++)
+        cr_assert(strstr(tandem_last_error(), *x), "'%s' lacks '%s'", tandem_last_error(), *x);
+}
+
 Test(constrained, bad_grammar_and_schema_through_the_api) {
     tandem_model *t = api_open_model(TARGET);
     tandem_engine *e = api_open_engine(t, NULL, NULL);
+    expect_refused(e, "root ::= \"a\" undefined_rule", NULL, (const char *[]){"grammar: line 1:", "undefined_rule", NULL});
+    expect_refused(e, "root ::= (\"a\"", NULL, (const char *[]){"grammar: ", NULL});
+    expect_refused(e, NULL, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x+\"}}}",
+                   (const char *[]){"json_schema: ", "#/properties/a", NULL});
+    expect_refused(e, NULL, "{\"type\":", (const char *[]){"json_schema: ", NULL});
+    expect_refused(e, "root ::= \"a\"", "{\"type\":\"object\"}", (const char *[]){"both", NULL});
     tandem_generate_params gp = tandem_generate_default_params();
-    gp.max_tokens = 4;
     tandem_result r;
-    gp.grammar = "root ::= \"a\" undefined_rule";
-    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert(strstr(tandem_last_error(), "grammar: line 1:"), "%s", tandem_last_error());
-    cr_assert(strstr(tandem_last_error(), "undefined_rule"), "%s", tandem_last_error());
-    gp.grammar = "root ::= (\"a\"";
-    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert(strstr(tandem_last_error(), "grammar: "), "%s", tandem_last_error());
-    gp.grammar = NULL;
-    gp.json_schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x+\"}}}";
-    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert(strstr(tandem_last_error(), "json_schema: "), "%s", tandem_last_error());
-    cr_assert(strstr(tandem_last_error(), "#/properties/a"), "%s", tandem_last_error());
-    gp.json_schema = "{\"type\":";
-    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert(strstr(tandem_last_error(), "json_schema: "), "%s", tandem_last_error());
     gp.json_schema = "{\"type\":\"object\"}";
-    gp.grammar = "root ::= \"a\"";
-    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_ERR_INVALID_ARG);
-    cr_assert(strstr(tandem_last_error(), "both"), "%s", tandem_last_error());
     /* json_object mode: any JSON object */
     gp.grammar = NULL;
     gp.max_tokens = 24;
@@ -497,21 +498,17 @@ Test(constrained, preemption_keeps_the_grammar) {
     ep.batch_invariant = true;
     ep.kv_bytes = (size_t)(mt.kv_bytes_per_token + md.kv_bytes_per_token) * 2 * 170;
     tandem_engine *e = api_open_engine(t, d, &ep), *plain = api_open_engine(t, NULL, NULL);
-    int32_t prompts[4][4];
+    static const char *const prompts[4] = {"import os\n", "def main():\n", "class A:\n", "x = 1\n"};
     tandem_request r[4];
     tandem_result out[4], want[4];
     for (int i = 0; i < 4; i++) {
-        const int32_t p[4] = {1, 822 + i, 1243, 2989 - i};
-        memcpy(prompts[i], p, sizeof p);
         r[i] = tandem_request_default();
-        r[i].prompt_ids = prompts[i];
-        r[i].n_prompt_ids = 4;
+        r[i].prompt = prompts[i];
         r[i].params.max_tokens = 150;
         r[i].params.ignore_eos = true;
         if (i % 2) r[i].params.json_schema = schema;
         else r[i].params.grammar = "root ::= (\"x\" [0-9]{1,3} \" = \" [a-z_]{1,12} \"\\n\"){60,}";
-        cr_assert_eq(tandem_generate_ids(plain, prompts[i], 4, &r[i].params, &want[i]), TANDEM_OK, "%s",
-                     tandem_last_error());
+        cr_assert_eq(tandem_generate(plain, prompts[i], &r[i].params, &want[i]), TANDEM_OK, "%s", tandem_last_error());
     }
     cr_assert_eq(tandem_generate_batch(e, r, 4, out), TANDEM_OK);
     int preempted = 0;
