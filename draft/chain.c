@@ -285,12 +285,11 @@ static int32_t host_token(round_buf *r, int32_t i, int32_t d, float *l, bool *st
     *stop = false;
     if (s->con) { /* the row masked with the state after draft[0..d) (the matcher's now) */
         if (!tdm_logits_finite(l, V)) return -1;
-        uint32_t *mask = s->con->masks + (size_t)d * s->con->words;
         int32_t n_allowed = 0;
-        tandem_status st = tdm_constraint_mask_now(s, mask, &n_allowed, err);
+        tandem_status st = tdm_constraint_draft_mask(s, d, &n_allowed, err); /* (kept for the verification) */
         if (st) return *stop = true, -2;
         if (n_allowed == 0) return *stop = true, -1; /* (the grammar finished: nothing to propose) */
-        tdm_logits_mask(l, V, mask, TDM_LOGIT_NONE);
+        tdm_logits_mask(l, V, tdm_constraint_row(s, d), TDM_LOGIT_NONE);
     }
     if (s->sp.temperature <= 0) {
         if (d > 0 && p_min > 0 && tdm_top_prob(l, V) < p_min) return *stop = true, -1;

@@ -89,7 +89,17 @@ tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draf
         return tdm_seterr(err, TANDEM_ERR_INTERNAL, "masks of a chain of %d tokens, at most %d", (int)k, TDM_CON_ROWS - 1);
     const uint32_t mark = tdm_gmatch_mark(c->m);
     tandem_status st = TANDEM_OK;
-    int32_t d = 0;
+    /* the rows the drafting computed for this chain: the matcher brought past them */
+    int32_t d = TDM_MIN(c->n_valid, k);
+    c->n_valid = 0;
+    for (int32_t x = 0; x < d; x++) {
+        tdm_err aerr;
+        if (tdm_gmatch_accept_token(c->m, c->v, draft[x], &aerr)) { /* (never: the drafting accepted them) */
+            d = 0;
+            (void)tdm_gmatch_rollback(c->m, mark, &aerr);
+            break;
+        }
+    }
     for (; d <= k; d++) {
         uint32_t *row = c->masks + (size_t)d * c->words;
         int32_t n_allowed = 0;
@@ -124,7 +134,18 @@ int32_t tdm_constraint_prefix(tdm_seq *s, const int32_t *toks, int32_t n) {
     return i;
 }
 
-void tdm_constraint_draft_begin(tdm_seq *s) { s->con->mark = tdm_gmatch_mark(s->con->m); }
+void tdm_constraint_draft_begin(tdm_seq *s) {
+    s->con->mark = tdm_gmatch_mark(s->con->m);
+    s->con->n_valid = 0;
+}
+
+tandem_status tdm_constraint_draft_mask(tdm_seq *s, int32_t d, int32_t *n_allowed, tdm_err *err) {
+    tdm_constraint *c = s->con;
+    if (d < 0 || d >= TDM_CON_ROWS) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a chain slot %d, at most %d", (int)d, TDM_CON_ROWS - 1);
+    tandem_status st = tdm_constraint_mask_now(s, c->masks + (size_t)d * c->words, n_allowed, err);
+    c->n_valid = !st && c->n_valid == d ? d + 1 : 0; /* (rows in order, or none kept) */
+    return st;
+}
 
 bool tdm_constraint_draft_accept(tdm_seq *s, int32_t token) {
     tdm_err err;
@@ -139,6 +160,7 @@ void tdm_constraint_draft_end(tdm_seq *s) {
 bool tdm_constraint_commit(tdm_seq *s, int32_t token) {
     tdm_constraint *c = s->con;
     tdm_err err;
+    c->n_valid = 0;
     tandem_status st = tdm_gmatch_accept_token(c->m, c->v, token, &err);
     if (!st && tdm_gmatch_mark(c->m) >= TDM_CON_COMMIT_EVERY) st = tdm_gmatch_commit(c->m, &err);
     if (st && !c->fail_st) {

@@ -40,6 +40,9 @@ typedef struct tdm_constraint {
     uint32_t *masks;         /* [TDM_CON_ROWS][words] host: a step's rows' masks */
     size_t words;            /* (n_vocab + 31) / 32: a row of the model's logits */
     uint32_t mark;           /* the matcher's depth where a chain's drafting began */
+    int32_t n_valid;         /* masks[0..n_valid) are this step's chain's rows 0.. (the
+                                drafting computed them: row d after draft[0..d)); 0 after
+                                every commit and at each drafting's start */
     tandem_status fail_st;   /* a committed token the grammar refused, or its memory ran out */
     tdm_err fail_err;
 } tdm_constraint;
@@ -52,8 +55,8 @@ tandem_status tdm_constraint_init(tdm_engine *e, tdm_seq *s, const tandem_genera
 void tdm_constraint_free(tdm_seq *s); /* (no constraint: a no-op) */
 
 /* The rows' masks of a verified chain: row d (d = 0..k) after the committed text
- * and draft[0..d), into s->con->masks (tdm_constraint_row); the matcher is left
- * where it was.  A row after a draft token that leaves nothing to follow (the
+ * and draft[0..d), into s->con->masks (tdm_constraint_row; the rows the drafting
+ * computed for this chain are kept, n_valid); the matcher is left where it was.  A row after a draft token that leaves nothing to follow (the
  * grammar finished: that token ends the sequence, its row's token is never kept)
  * allows every token.  Row 0 allowing nothing: TANDEM_ERR_INVALID_ARG (the grammar
  * cannot go on with this vocabulary). */
@@ -64,6 +67,10 @@ static inline const uint32_t *tdm_constraint_row(const tdm_seq *s, int32_t d) {
 /* The mask of the matcher's current state into row (s->con->words words); *n_allowed
  * the count. */
 tandem_status tdm_constraint_mask_now(tdm_seq *s, uint32_t *row, int32_t *n_allowed, tdm_err *err);
+/* Drafting: the mask of chain slot d (the matcher after draft[0..d), rows 0..d-1
+ * computed before it in this drafting) into s->con->masks row d, kept for the
+ * verification (n_valid = d + 1). */
+tandem_status tdm_constraint_draft_mask(tdm_seq *s, int32_t d, int32_t *n_allowed, tdm_err *err);
 /* Of toks[0..n) after the committed text, the longest prefix the grammar allows
  * (the matcher left where it was): an n-gram lookup is cut there. */
 int32_t tdm_constraint_prefix(tdm_seq *s, const int32_t *toks, int32_t n);
