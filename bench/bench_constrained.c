@@ -13,8 +13,11 @@
  * (ignore_eos; the schema keeps the output open: the default is an array of at
  * least 40 records, or give --schema, say an object whose string must be long), so
  * they differ only in the constraint (a request that ends before max_tokens anyway
- * is reported: its wave then runs fewer sequences).  Prints the medians, the constrained / unconstrained ratio (the
- * overhead), and each engine's speculative speed-up with and without the schema.
+ * is reported: its wave then runs fewer sequences).  Prints the medians of the
+ * rates, and the medians over the repetitions of the ratios within one
+ * (constrained / unconstrained: the overhead; speculative / target-only: the
+ * speed-up, with and without the schema; and the share of the speed-up the schema
+ * keeps), which cancel what drifts between repetitions on a shared machine.
  *
  * usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16]
  *                          [--reps 5] [--threads 2] [--batch 1,8] [--schema JSON]
@@ -141,15 +144,22 @@ int main(int argc, char **argv) {
                     const int c = r % 2 ? 1 - o : o; /* A B, then B A */
                     rate[x][c][r] = run(eng[x], prompts, n, n_new, c ? schema : NULL, B, &acc[x][c][r]);
                 }
-        double med[2][2];
+        /* ratios within a repetition (its A and B ran back to back), then their median:
+         * what drifts between repetitions cancels */
+        double med[2][2], ratio[2][MAX_REPS], sp[2][MAX_REPS], kept[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            for (int x = 0; x < 2; x++) ratio[x][r] = rate[x][1][r] / rate[x][0][r];
+            for (int c = 0; c < 2; c++) sp[c][r] = rate[1][c][r] / rate[0][c][r];
+            kept[r] = sp[1][r] / sp[0][r];
+        }
         for (int x = 0; x < 2; x++) {
             for (int c = 0; c < 2; c++) med[x][c] = median(rate[x][c], reps);
             printf("| %d | %s | %.1f | %.1f | %.3f | %.3f, %.3f |\n", B, x ? "speculative (draft)" : "target only",
-                   med[x][0], med[x][1], med[x][1] / med[x][0], x ? median(acc[x][0], reps) : 0.0,
+                   med[x][0], med[x][1], median(ratio[x], reps), x ? median(acc[x][0], reps) : 0.0,
                    x ? median(acc[x][1], reps) : 0.0);
         }
-        printf("| %d | speed-up of the draft | %.2fx | %.2fx | kept %.0f %% | |\n", B, med[1][0] / med[0][0],
-               med[1][1] / med[0][1], 100.0 * (med[1][1] / med[0][1]) / (med[1][0] / med[0][0]));
+        const double sp0 = median(sp[0], reps), sp1 = median(sp[1], reps);
+        printf("| %d | speed-up of the draft | %.2fx | %.2fx | kept %.0f %% | |\n", B, sp0, sp1, 100.0 * median(kept, reps));
         fflush(stdout);
         tandem_engine_close(eng[0]);
         tandem_engine_close(eng[1]);
