@@ -58,8 +58,9 @@ tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_
             if (rows[j].mask) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a masked logits row in a forward of kind %d", (int)kind);
         return TANDEM_OK;
     }
-    /* each masked row's mask uploaded to its row's place in e->mask_dev, applied where
-     * the logits are, a run of consecutive masked rows per call */
+    /* each masked row's mask uploaded to its row's place in e->mask_dev (a run of rows
+     * whose masks lie one after the other on the host, a sequence's chain, in one
+     * upload), applied where the logits are, a run of consecutive masked rows per call */
     const tdm_backend_ops *op = e->be->ops;
     float *l = is_draft ? e->out_d : e->out_t;
     tandem_status st = TANDEM_OK;
@@ -71,8 +72,13 @@ tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_
         if (!e->mask_dev || !op->mask_rows)
             return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "this backend cannot mask logits rows (grammar-constrained decoding)");
         int32_t end = j;
-        for (; end < m && rows[end].mask && !st; end++)
-            st = op->upload(e->be, e->mask_dev + (size_t)end * W, rows[end].mask, W * sizeof(uint32_t), err);
+        while (end < m && rows[end].mask && !st) {
+            int32_t run = end + 1;
+            while (run < m && rows[run].mask == rows[run - 1].mask + W) run++;
+            st = op->upload(e->be, e->mask_dev + (size_t)end * W, rows[end].mask, (size_t)(run - end) * W * sizeof(uint32_t),
+                            err);
+            end = run;
+        }
         if (!st) st = op->mask_rows(e->be, l + (size_t)j * V, end - j, e->n_vocab, e->mask_dev + (size_t)j * W,
                                     TDM_LOGIT_NONE, err);
         j = end;
