@@ -189,11 +189,7 @@ Test(cuda_ops, mask_rows_equals_cpu) {
     uint64_t rng = 11;
     const int32_t n = 5, dim = 5003;
     const size_t W = ((size_t)dim + 31) / 32;
-    uint32_t *mask = malloc((size_t)n * W * 4);
-    for (size_t i = 0; i < (size_t)n * W; i++) {
-        const uint64_t r = tdm_test_rand(&rng);
-        mask[i] = i % 7 == 0 ? 0xffffffffu : i % 5 == 0 ? 0 : (uint32_t)r;
-    }
+    uint32_t *mask = tdm_test_rand_mask(&rng, (size_t)n * W);
     float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -20, 20), *want = malloc((size_t)n * dim * 4);
     memcpy(want, x, (size_t)n * dim * 4);
     float *dx = put(b, x, (size_t)n * dim * 4);

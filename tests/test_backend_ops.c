@@ -957,11 +957,7 @@ Test(ops, mask_rows_against_bits) {
     uint64_t rng = 21;
     const int32_t n = 7, dim = 1000;
     const size_t W = ((size_t)dim + 31) / 32;
-    uint32_t *mask = malloc((size_t)n * W * 4);
-    for (size_t i = 0; i < (size_t)n * W; i++) {
-        const uint64_t r = tdm_test_rand(&rng);
-        mask[i] = i % 5 == 0 ? 0xffffffffu : i % 7 == 0 ? 0 : (uint32_t)r;
-    }
+    uint32_t *mask = tdm_test_rand_mask(&rng, (size_t)n * W);
     float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -5, 5), *y = malloc((size_t)n * dim * 4);
     tdm_cpu_level lv[TDM_CPU_N_LEVELS];
     const int n_lv = tdm_test_levels(lv);
