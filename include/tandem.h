@@ -547,14 +547,16 @@ TANDEM_API tandem_request tandem_request_default(void);
  * blocks, and the next one (by priority, then array order) takes its place.  When
  * the KV cache is full the lowest-priority, newest sequence is preempted and
  * recomputed later (same output).
- * Speculation, with a draft: every greedy sequence drafts with the draft model and
- * the target verifies all chains in one batched forward, with one speculation
- * length for the batch chosen from measured costs (0 when verification costs more
- * than it saves, as at large batches); a lone greedy sequence takes the
- * single-sequence path (n-gram lookup, per-sequence length).  Sampled requests
- * step target-only in a batch, so a request's tokens never depend on the others
- * (same seed, same tokens); on an engine of one sequence (n_seq_max 1) they
- * decode speculatively (the same distribution, other draws).
+ * Speculation, with a draft: one step composes every sequence's proposal (the
+ * draft model's chain or tree, or n-gram lookups where they pay) and the target
+ * verifies them all in one batched forward, with one speculation length for the
+ * batch chosen from measured costs (0 when verification costs more than it saves,
+ * as at large batches); a lone request is the batch of one.  A sampled sequence
+ * drafts with the uniforms its positions would draw with and keeps the drafted
+ * tokens the target's own draws agree with, so a request's tokens never depend on
+ * the others (same seed, same tokens); on an engine of one sequence (n_seq_max 1)
+ * it is verified by rejection sampling instead (the same distribution, other
+ * draws, more accepted).
  * results[i] (free each with tandem_result_free) is request i's result; a request
  * with a bad prompt or parameters, or that cannot fit the KV cache even alone,
  * fails alone: its status and error say why (finish reason error), the others
