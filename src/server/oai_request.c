@@ -215,10 +215,9 @@ static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *
     if (!get_int(j, "top_k", -1, INT32_MAX, &has, &i, e)) return false;
     if (has) g->top_k = i < 0 ? 0 : (int)i;
     if (!get_seed(j, g, e)) return false;
-    if (!get_int(j, "n", 1, INT32_MAX, &has, &i, e)) return false;
-    if (has && i != 1)
-        return oai_fail(e, 400, "n", "unsupported_value", "'n' is %lld; this server generates one choice per request (n = 1)",
-                        (long long)i);
+    if (!get_int(j, "n", 1, OAI_N_MAX, &has, &i, e)) return false;
+    r->n = has ? (int)i : 1;
+    if (!get_bool(j, "ignore_eos", &g->ignore_eos, e)) return false;
     return get_stop(j, r, e);
 }
 
@@ -322,7 +321,7 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
             ok = oai_fail(e, 404, "model", "model_not_found", "The model '%.*s' does not exist (this server serves '%s')",
                           (int)(m->str_len > 200 ? 200 : m->str_len), m->str, lim->model_id);
         ok = ok && (kind == OAI_CHAT ? get_chat(j, r, e) : get_prompt(j, lim, r, e));
-        ok = ok && check_unsupported(j, kind, e) && get_sampling(j, lim, r, e) && get_extensions(j, lim, r, e);
+        ok = ok && check_unsupported(j, kind, e) && oai_check_refused(j, e) && get_sampling(j, lim, r, e) && get_extensions(j, lim, r, e);
     }
     tdm_json_free(j);
     if (!ok) oai_request_free(r);
