@@ -6,7 +6,8 @@ usage: python3 test_serve_surface.py TANDEM [full|reduced]
     choices' indices, greedy choices equal to the n = 1 answer, sampled choice i equal to
     an n = 1 request with seed + i, the usage summed (the prompt once, its blocks shared
     through the prefix cache: cached_tokens), streamed chunks indexed per choice with
-    one finish_reason each, then the include_usage chunk; n = 17 refused
+    one finish_reason each, then the include_usage chunk; with tools (parsed per choice);
+    a timeout and a client that goes away end every choice; n = 17 refused
   - ignore_eos: a prompt the model ends at once (its end token) runs to max_tokens
   - GET /v1/models/{id} (openai's models.retrieve), 404 with an error object for another id
   - POST /tokenize and /detokenize: the ids equal `tandem tokenize`'s (with and without
@@ -21,12 +22,14 @@ Prints 'N passed, N failed'; exits 1 on a failure, 77 when the openai package is
 """
 import json
 import os
+import socket
+import struct
 import subprocess
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from serve_util import DRAFT, HOST, TARGET, Checks, Server, post, request  # noqa: E402
+from serve_util import DRAFT, HOST, TARGET, Checks, Server, metrics, post, request, wait_until  # noqa: E402
 
 TANDEM = sys.argv[1]
 REDUCED = len(sys.argv) > 2 and sys.argv[2] == "reduced"
@@ -65,7 +68,8 @@ def sse(data):
     return events, done
 
 
-srv = Server(TANDEM, ["-m", TARGET, "-d", DRAFT, "-t", "1", "--max-batch", "4"])
+QWEN_TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "chat", "qwen2.5.jinja")
+srv = Server(TANDEM, ["-m", TARGET, "-d", DRAFT, "-t", "1", "--max-batch", "4", "--chat-template", QWEN_TEMPLATE])
 port = srv.port
 
 # ---------------------------------------------------------------- n > 1, raw
@@ -107,6 +111,59 @@ c.check(finishes == {0: ["length"], 1: ["length"], 2: ["length"]}, "n = 3 stream
 c.check(last.get("choices") == [] and last.get("usage", {}).get("completion_tokens") == 3 * N_TOK
         and all(ev.get("usage", 1) is None for ev in events[:-1]),
         "n = 3 streamed: include_usage's last chunk carries the summed usage (null before)", last)
+
+# n = 2 with tools (the output parsed per choice): whole and streamed agree, per index
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [WEATHER], "max_tokens": N_TOK,
+        "temperature": 0, "n": 2}
+st, _, data = post(port, CH, body)
+whole = [x["message"] for x in json.loads(data)["choices"]] if st == 200 else []
+st, _, data = post(port, CH, dict(body, stream=True))
+events, done = sse(data) if st == 200 else ([], False)
+streamed = {}
+for ev in events:
+    for x in ev["choices"]:
+        m = streamed.setdefault(x["index"], {"content": ""})
+        m["content"] += x["delta"].get("content") or ""
+        if x["delta"].get("tool_calls"):
+            m["calls"] = m.get("calls", 0) + 1
+c.check(len(whole) == 2 and whole[0] == whole[1] and done and sorted(streamed) == [0, 1]
+        and all(streamed[i]["content"] == (whole[i]["content"] or "") and bool(streamed[i].get("calls"))
+                == bool(whole[i].get("tool_calls")) for i in range(2)),
+        "n = 2 with tools: equal choices, each streamed under its index as answered whole", "%r / %r" % (whole, streamed))
+# a timeout ends every choice (those submitted after the first with what is left of it)
+st, _, data = post(port, C, {"prompt": LONG, "max_tokens": 900, "temperature": 0, "n": 3, "timeout_s": 0.05})
+ch = json.loads(data)["choices"] if st == 200 else []
+c.check(len(ch) == 3 and all(x["finish_reason"] == "length" and x.get("tandem", {}).get("timeout") for x in ch),
+        "n = 3 with timeout_s: every choice ends with finish_reason length and tandem.timeout", data[:400])
+
+# a client of n = 3 that goes away cancels every choice and frees their KV blocks
+def raw_send(body):
+    s = socket.create_connection((HOST, port), timeout=30)
+    b = json.dumps(body).encode()
+    s.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+               % (C, len(b))).encode() + b)
+    return s
+
+
+def cancelled():
+    return metrics(port).get('tandem_engine_requests_total{outcome="cancelled"}', 0)
+
+
+for stream in (True, False):
+    n0 = cancelled()
+    s = raw_send({"prompt": LONG, "max_tokens": 900, "temperature": 1.5, "seed": 3, "n": 3, "stream": stream})
+    running = wait_until(lambda: metrics(port).get("tandem_requests_running", 0) >= 3, 20, step=0.005)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # gone: the connection reset
+    s.close()
+    ok = wait_until(lambda: cancelled() >= n0 + 3, 10)
+    m = metrics(port)
+    c.check(running and ok and m.get("tandem_requests_running") == 0 and m.get("tandem_kv_blocks_used") == 0,
+            "n = 3 %s: a client that goes away cancels its three choices, their KV blocks freed"
+            % ("streamed" if stream else "whole"),
+            "running %s, cancelled %s, metrics %s" % (running, cancelled() - n0,
+                                                      {k: v for k, v in m.items() if "kv" in k or "running" in k}))
 
 # ignore_eos: the model ends a file's last line with its end token at once
 END = 'if __name__ == "__main__":\n    main()\n'
@@ -250,7 +307,7 @@ if openai_missing is None:
             if x.finish_reason:
                 finishes[x.index] = x.finish_reason
     c.check(sorted(texts) == [0, 1, 2] and all(t == one.choices[0].message.content for t in texts.values())
-            and roles == {0: 1, 1: 1, 2: 1} and finishes == {0: "length", 1: "length", 2: "length"},
+            and roles == {0: 1, 1: 1, 2: 1} and finishes == {i: one.choices[0].finish_reason for i in range(3)},
             "openai: streamed chat n = 3: each choice's role once, its text, its finish_reason",
             "%r %r %r" % (texts, roles, finishes))
     c.check(chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3 * one.usage.completion_tokens,

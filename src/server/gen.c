@@ -69,6 +69,7 @@ struct srv_job {
     oai_meta meta;
     bool stream, include_usage;
     double t_arrival;            /* tdm_now() at arrival */
+    double t_submit;             /* the first choice's submission */
     bool got_token;              /* any choice's first token (the time to first token) */
     uint64_t n_tokens;           /* tokens generated so far, all choices (the log line's) */
     int n_done;                  /* choices finished */
@@ -572,9 +573,17 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
     return j;
 }
 
-/* Choice i's engine request: req with its own seed (seed + i) and callback. */
+/* Choice i's engine request: req with its own seed (seed + i) and callback; its
+ * timeout counted from the first choice's submission (a choice submitted later has
+ * less left). */
 static tandem_request choice_request(srv_job *j, const tandem_request *req, int i) {
     tandem_request r = *req;
+    if (i == 0) {
+        j->t_submit = tdm_now();
+    } else if (r.timeout_ms > 0) {
+        const double left = r.timeout_ms - (tdm_now() - j->t_submit) * 1000.0;
+        r.timeout_ms = left > 1.0 ? left : 1.0;
+    }
     r.params.seed = req->params.seed + (uint64_t)i;
     r.params.on_token = on_token;
     r.params.user_data = &j->c[i];

@@ -116,6 +116,7 @@ void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap) {
     static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     uint64_t h = 1469598103934665603ull; /* FNV-1a of the answer's id, then splitmix64 per character */
     for (const char *c = m->id; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    if (m->index) h = (h ^ (uint64_t)m->index) * 1099511628211ull; /* (choice i's calls: ids of their own) */
     h = (h ^ ((uint64_t)k + 1)) * 0xff51afd7ed558ccdull; /* (murmur3's finalizer: call k's own sequence) */
     h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
     h ^= h >> 33;

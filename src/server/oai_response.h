@@ -41,8 +41,8 @@ typedef struct oai_meta {
 bool oai_tool_parse(const oai_meta *m, const char *text, size_t len, tdm_tool_parse *p);
 
 /* Call k's id: OpenAI's "call_" and 24 letters and digits, or for the mistral format
- * the 9 letters and digits its templates require; derived from the answer's id and
- * k (unique per answer). */
+ * the 9 letters and digits its templates require; derived from the answer's id, the
+ * choice's index and k (unique per answer). */
 void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap);
 
 /* The finish_reason OpenAI's clients know: eos and stop strings -> "stop", length and
