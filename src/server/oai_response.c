@@ -419,23 +419,27 @@ char *oai_done_sse(size_t *len) {
     return s;
 }
 
+/* A model object: {"id", "object": "model", "created", "owned_by", "max_model_len"}. */
+static void model_obj(FILE *f, const char *model, int64_t created, int n_ctx) {
+    fputs("{\"id\": ", f);
+    str(f, model);
+    fprintf(f, ", \"object\": \"model\", \"created\": %lld, \"owned_by\": \"tandem\", \"max_model_len\": %d}",
+            (long long)created, n_ctx);
+}
+
 char *oai_models_json(const char *model, int64_t created, int n_ctx, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
-    fputs("{\"object\": \"list\", \"data\": [{\"id\": ", o.f);
-    str(o.f, model);
-    fprintf(o.f, ", \"object\": \"model\", \"created\": %lld, \"owned_by\": \"tandem\", \"max_model_len\": %d}]}",
-            (long long)created, n_ctx);
+    fputs("{\"object\": \"list\", \"data\": [", o.f);
+    model_obj(o.f, model, created, n_ctx);
+    fputs("]}", o.f);
     return out_close(&o, len);
 }
 
 char *oai_model_json(const char *model, int64_t created, int n_ctx, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
-    fputs("{\"id\": ", o.f);
-    str(o.f, model);
-    fprintf(o.f, ", \"object\": \"model\", \"created\": %lld, \"owned_by\": \"tandem\", \"max_model_len\": %d}",
-            (long long)created, n_ctx);
+    model_obj(o.f, model, created, n_ctx);
     return out_close(&o, len);
 }
 
