@@ -170,6 +170,8 @@ static const bad_case bad_cases[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": -9223372036854775809}", 400, "seed", "in [-9223372036854775808,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 17}", 400, "n", "'n' is 17, out of range [1, 16]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"ignore_eos\": 1}", 400, "ignore_eos", "must be a boolean, not a number"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"continuous_usage_stats\": true}}", 400,
+     "stream_options", "'stream_options.continuous_usage_stats' is not supported by this server"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", 400, "n", "out of range [1,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": 3}", 400, "stop", "'stop' must be a string or an array of strings"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": [\"\"]}", 400, "stop", "'stop'[0]"},

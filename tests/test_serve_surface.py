@@ -255,6 +255,8 @@ for name, value in REFUSED:
         e = err_of(data)
         c.check(st == 400 and e.get("param") == name and "'%s' is not supported" % name in e.get("message", ""),
                 "%s: %s = %s -> 400 naming it" % (path, name, json.dumps(value)), "got %d %s" % (st, data[:300]))
+expect_error(port, C, {"prompt": "x", "stream": True, "stream_options": {"continuous_usage_stats": True}}, 400,
+             "stream_options", "'stream_options.continuous_usage_stats' is not supported", "continuous_usage_stats")
 st, _, data = post(port, C, {"prompt": "x", "max_tokens": 1, "repetition_penalty": 1, "min_tokens": 0,
                              "stop_token_ids": [], "mirostat": 0, "typical_p": 1, "cache_prompt": True,
                              "skip_special_tokens": True, "presence_penalty": 0, "user": "someone"})

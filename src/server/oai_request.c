@@ -279,6 +279,16 @@ static bool get_extensions(const tdm_json *j, const oai_limits *lim, oai_request
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
             return false;
         }
+        for (size_t k = 0; k < so->n; k++) { /* (include_obfuscation: this server pads nothing) */
+            const char *name = so->keys[k];
+            const tdm_json *v = &so->items[k];
+            const bool neutral = v->type == TDM_JSON_NULL || !strcmp(name, "include_usage") ||
+                                 (!strcmp(name, "include_obfuscation") && v->type == TDM_JSON_BOOL) ||
+                                 (!strcmp(name, "continuous_usage_stats") && v->type == TDM_JSON_BOOL && !v->b);
+            if (!neutral)
+                return oai_fail(e, 400, "stream_options", "unsupported_parameter",
+                                "'stream_options.%.40s' is not supported by this server (only include_usage)", name);
+        }
     }
     if (!get_int(j, "priority", INT32_MIN, INT32_MAX, &has, &i, e)) return false;
     if (has) r->priority = (int)i;

@@ -23,7 +23,8 @@
  *   seed (integer in [-2^63, 2^64 - 1]: a uint64, a negative one modulo 2^64), stop
  *   (string or array of strings, null = none), n (choices, 1..OAI_N_MAX: each its own
  *   engine request with the seed seed + its index), stream (bool),
- *   stream_options.include_usage (bool; with stream only), ignore_eos (bool, vLLM's and
+ *   stream_options.include_usage (bool; with stream only; other members refused but
+ *   include_obfuscation and continuous_usage_stats false), ignore_eos (bool, vLLM's and
  *   llama-server's: generate max_tokens tokens whatever they are);
  *   the tandem extensions priority (integer), timeout_s [0, 1e9], spec_k (0 = adaptive,
  *   or 1..TANDEM_SPEC_K_MAX; needs a draft), spec_tree ("off", false, null or 0:
