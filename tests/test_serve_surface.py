@@ -244,7 +244,9 @@ REFUSED = [("repetition_penalty", 1.1), ("min_tokens", 4), ("stop_token_ids", [2
            ("dynatemp_range", 0.5), ("samplers", ["top_k"]), ("cache_prompt", False), ("id_slot", 1),
            ("t_max_predict_ms", 100), ("post_sampling_probs", True), ("reasoning_format", "deepseek"),
            ("logprobs", True), ("top_logprobs", 3), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
-           ("logit_bias", {"5": 10}), ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "low")]
+           ("logit_bias", {"5": 10}), ("prediction", {"type": "content", "content": "x"}), ("reasoning_effort", "low"),
+           ("guided_json", {"type": "object"}), ("guided_regex", "a+"), ("guided_choice", ["a", "b"]),
+           ("structured_outputs", {"json": {}})]
 if REDUCED:
     REFUSED = REFUSED[::3]
 for name, value in REFUSED:

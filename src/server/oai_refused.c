@@ -56,6 +56,16 @@ static const refused refused_members[] = {
     {"prompt_embeds", NEUTRAL_NONE, 0, ""},
     {"kv_transfer_params", NEUTRAL_NONE, 0, ""},
     {"vllm_xargs", NEUTRAL_EMPTY, 0, ""},
+    /* vLLM's structured output members (the grammar members this server takes are
+     * response_format, grammar and json_schema, parsed with the request) */
+    {"guided_json", NEUTRAL_NONE, 0, " (use 'response_format')"},
+    {"guided_regex", NEUTRAL_NONE, 0, ""},
+    {"guided_choice", NEUTRAL_NONE, 0, ""},
+    {"guided_grammar", NEUTRAL_NONE, 0, " (use 'response_format')"},
+    {"guided_decoding_backend", NEUTRAL_NONE, 0, ""},
+    {"guided_whitespace_pattern", NEUTRAL_NONE, 0, ""},
+    {"structural_tag", NEUTRAL_NONE, 0, ""},
+    {"structured_outputs", NEUTRAL_NONE, 0, " (use 'response_format')"},
     /* llama-server's */
     {"n_predict", NEUTRAL_NONE, 0, " (use 'max_tokens')"},
     {"n_probs", NEUTRAL_NUM, 0, ""},

@@ -196,8 +196,10 @@ static bool get_seed(const tdm_json *j, tandem_generate_params *g, oai_error *e)
     return true;
 }
 
-/* The sampling members, over the server's defaults. */
+/* The sampling members, over the server's defaults (the other servers' members that
+ * this one does not implement refused first: oai_refused.c). */
 static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    if (!oai_check_refused(j, e)) return false;
     tandem_generate_params *g = &r->params;
     bool has;
     int64_t i;
@@ -331,7 +333,7 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
             ok = oai_fail(e, 404, "model", "model_not_found", "The model '%.*s' does not exist (this server serves '%s')",
                           (int)(m->str_len > 200 ? 200 : m->str_len), m->str, lim->model_id);
         ok = ok && (kind == OAI_CHAT ? get_chat(j, r, e) : get_prompt(j, lim, r, e));
-        ok = ok && check_unsupported(j, kind, e) && oai_check_refused(j, e) && get_sampling(j, lim, r, e) && get_extensions(j, lim, r, e);
+        ok = ok && check_unsupported(j, kind, e) && get_sampling(j, lim, r, e) && get_extensions(j, lim, r, e);
     }
     tdm_json_free(j);
     if (!ok) oai_request_free(r);

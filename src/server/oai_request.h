@@ -34,9 +34,7 @@
  *   supported are refused rather than ignored: logprobs, top_logprobs, echo, best_of
  *   > 1, suffix, presence_penalty / frequency_penalty != 0, logit_bias, tools (completions),
  *   functions and function_call (deprecated: use tools), response_format other
- *   than text; and vLLM's, llama-server's and OpenAI's members that are not
- *   implemented (repetition_penalty, min_tokens, mirostat, ...: oai_refused.c) unless
- *   they hold their neutral value.
+ *   than text.
  */
 #ifndef TDM_OAI_REQUEST_H
 #define TDM_OAI_REQUEST_H
@@ -121,7 +119,8 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
 void oai_request_free(oai_request *r);
 
 /* oai_refused.c: the members of vLLM, llama-server and OpenAI that this server does
- * not implement, refused (400 naming the member) unless they hold their neutral value. */
+ * not implement (repetition_penalty, min_tokens, mirostat, ...), refused (400 naming
+ * the member) unless they hold their neutral value; get_sampling checks them. */
 bool oai_check_refused(const tdm_json *j, oai_error *e);
 
 /* oai_chat.c, for oai_request_parse: writes the messages ("{\"messages\": [...]"), then
