@@ -966,4 +966,3 @@ Test(serve_response, parsed_stream_equals_whole) {
         tdm_json_free(j);
     }
 }
-
