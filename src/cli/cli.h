@@ -306,7 +306,14 @@ typedef struct cli_server_cfg {
     double idle_timeout_s;       /* idle_timeout_s: a kept-alive connection; default 75 */
     char log_file[PATH_MAX];     /* log_file: "" = stderr */
     bool log_json;               /* log_format: text (default) or json (one JSON object a line) */
+    char cors_origin[1024];      /* cors_origin: "" = no CORS (default); "*" or comma-separated
+                                    origins (scheme://host[:port]) allowed to call the API
+                                    from a browser (cli_cors_origin_check) */
 } cli_server_cfg;
+
+/* A cors_origin value: "*", or origins "http(s)://host[:port]" separated by commas
+ * (no path, no spaces).  False with why set. */
+bool cli_cors_origin_check(const char *v, char *why, size_t cap);
 
 /* A `tandem run` job file (job_config.c: the sections and keys are listed there), or
  * with serve set a `tandem serve` config: [server] instead of [job]. */

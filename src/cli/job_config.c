@@ -14,7 +14,7 @@
  *   [server]   (`tandem serve`, in place of [job]) host, port, api_key, max_queue,
  *              max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,
  *              max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s,
- *              log_file, log_format
+ *              log_file, log_format, cors_origin
  *
  * Paths are relative to the config file; `--set section.key=value` overrides a key.
  * Every unknown section or key, bad value, over-long line and missing file is
@@ -296,6 +296,11 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
         return 1;
     }
     if (!strcmp(k, "model_name")) return set_str(c, s, k, v, sv->model_name, sizeof sv->model_name);
+    if (!strcmp(k, "cors_origin")) {
+        char why[160];
+        if (!cli_cors_origin_check(v, why, sizeof why)) return cfg_fail(c, s, k, "%s", why);
+        return set_str(c, s, k, v, sv->cors_origin, sizeof sv->cors_origin);
+    }
     if (!strcmp(k, "chat_template")) return set_str(c, s, k, v, c->chat_template, sizeof c->chat_template);
     INT_KEY("port", 0, 65535, sv->port)
     INT_KEY("max_queue", 0, INT_MAX, sv->max_queue)
@@ -319,7 +324,26 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
     return cfg_fail(c, s, k,
                     "unknown key (known: host, port, api_key, max_queue, max_body_kb, request_timeout_s, "
                     "shutdown_grace_s, model_name, chat_template, max_connections, max_connections_per_ip, "
-                    "read_timeout_s, idle_timeout_s, log_file, log_format)");
+                    "read_timeout_s, idle_timeout_s, log_file, log_format, cors_origin)");
+}
+
+bool cli_cors_origin_check(const char *v, char *why, size_t cap) {
+    if (!strcmp(v, "*")) return true;
+    if (!*v) return snprintf(why, cap, "empty (leave it out for no CORS, or \"*\" for any origin)"), false;
+    for (const char *p = v; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        const size_t scheme = !strncmp(p, "http://", 7) ? 7 : !strncmp(p, "https://", 8) ? 8 : 0;
+        bool ok = scheme && n > scheme;
+        for (size_t i = scheme; ok && i < n; i++)
+            ok = (unsigned char)p[i] > 0x20 && p[i] != 0x7f && p[i] != '/' && p[i] != '*';
+        if (!ok)
+            return snprintf(why, cap, "'%.*s' is not an origin (http://host[:port] or https://..., no path; or \"*\" "
+                            "alone)", (int)(n > 100 ? 100 : n), p), false;
+        p += n + (end != NULL);
+        if (end && !*p) return snprintf(why, cap, "a comma with no origin after it"), false;
+    }
+    return true;
 }
 
 static int on_key(void *user, const char *s, const char *k, const char *v) {

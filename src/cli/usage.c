@@ -141,7 +141,8 @@ static const char help_run[] =
 static const char help_serve[] =
     "usage: tandem serve (-m MODEL [-d DRAFT] | CONFIG.ini [--set SECTION.KEY=VALUE]...) [options]\n"
     "  an OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
-    "  (streaming with \"stream\": true), GET /v1/models, /health, /metrics\n"
+    "  (streaming with \"stream\": true), GET /v1/models[/ID], /health, /metrics,\n"
+    "  POST /tokenize, /detokenize\n"
     "      --host H          address to bind (default 127.0.0.1)\n"
     "      --port P          port (default 8080; 0 = any free one, printed)\n"
     "      --api-key KEY     require \"Authorization: Bearer KEY\" on /v1/ (not empty)\n"
@@ -161,13 +162,15 @@ static const char help_serve[] =
     "      --log-file PATH   append the log to PATH (time-stamped) instead of stderr\n"
     "      --log-format F    text (default) or json: one JSON object a line, with its time\n"
     "                        (a served request: client, method, path, status, tokens, seconds)\n"
+    "      --cors-origin O   let browsers of origin O call the API (CORS headers, OPTIONS\n"
+    "                        preflights): \"*\", or http(s)://host[:port],... (default off)\n"
     "      --backend, -t, --kv-type, --ctx, --kv-mem, --spec-k, --spec-tree, --tensor-parallel,\n"
     "      --draft-vocab\n"
     "                        as for generate (--kv-mem: default --ctx tokens of --max-batch sequences)\n"
     "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
     "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,\n"
     "  max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s, log_file,\n"
-    "  log_format)\n"
+    "  log_format, cors_origin)\n"
     "  in place of [job]; flags override it.  SIGTERM: drain, then exit 0\n";
 
 static const char help_merge[] =
