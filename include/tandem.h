@@ -109,6 +109,17 @@ typedef enum tandem_backend_kind {
     TANDEM_BACKEND_CUDA = 1,
 } tandem_backend_kind;
 
+/* The format the weights are computed in (tandem_model_params.weights). */
+typedef enum tandem_weights {
+    TANDEM_WEIGHTS_NATIVE = 0, /* as the file stores them */
+    TANDEM_WEIGHTS_FP8 = 1,    /* the transformer blocks' dense F16 / BF16 / F32 / Q8_0
+                                  matrices quantised at load to FP8 E4M3 with a scale per
+                                  output row (as vLLM's dynamic FP8): half the bytes of
+                                  F16, FP8 tensor cores on Hopper.  The embedding, the
+                                  output head, MoE routers and experts, norms and the
+                                  4- to 6-bit types stay as stored */
+} tandem_weights;
+
 typedef struct tandem_model_params {
     tandem_backend_kind backend; /* where the weights live, and so where an engine on this
                                     model computes; default TANDEM_BACKEND_CPU.  CUDA fails with
@@ -136,6 +147,8 @@ typedef struct tandem_model_params {
                                     TANDEM_ERR_CANCELLED, everything it allocated freed.
                                     Default NULL: no calls */
     void *progress_callback_user_data; /* default NULL */
+    tandem_weights weights;      /* default TANDEM_WEIGHTS_NATIVE; another value than the
+                                    enum's: TANDEM_ERR_INVALID_ARG */
 } tandem_model_params;
 
 TANDEM_API tandem_model_params tandem_model_default_params(void);

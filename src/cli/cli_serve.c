@@ -26,7 +26,7 @@
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
     O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_CTX, O_KV_MEM, O_MAX_TOKENS, O_SPEC_K, O_DRAFT_VOCAB, O_SPEC_TREE, O_TP,
-    O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_LOG_FORMAT, O_CORS, O_COUNT
+    O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_LOG_FORMAT, O_CORS, O_WEIGHTS, O_COUNT
 };
 
 static const struct {
@@ -44,7 +44,7 @@ static const struct {
     [O_TP] = {NULL, "--tensor-parallel"}, [O_MAX_CONN] = {NULL, "--max-connections"},
     [O_MAX_CONN_IP] = {NULL, "--max-connections-per-ip"}, [O_READ_TIMEOUT] = {NULL, "--read-timeout"},
     [O_IDLE_TIMEOUT] = {NULL, "--idle-timeout"}, [O_LOG_FILE] = {NULL, "--log-file"},
-    [O_LOG_FORMAT] = {NULL, "--log-format"}, [O_CORS] = {NULL, "--cors-origin"},
+    [O_LOG_FORMAT] = {NULL, "--log-format"}, [O_CORS] = {NULL, "--cors-origin"}, [O_WEIGHTS] = {NULL, "--weights"},
 };
 
 typedef struct serve_args {
@@ -141,6 +141,7 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         case O_THREADS: ok = cli_parse_int(opt, v, 0, TANDEM_THREADS_MAX, &c->threads); break;
         case O_MAX_BATCH: ok = cli_parse_int(opt, v, 1, CLI_BATCH_MAX, &c->max_batch); break;
         case O_KV_TYPE: ok = cli_parse_kv_type(opt, v, &c->kv_type); break;
+        case O_WEIGHTS: ok = cli_parse_weights(opt, v, &c->weights); break;
         case O_CTX: ok = cli_parse_int(opt, v, 1, CLI_CTX_MAX, &c->ctx); break;
         case O_KV_MEM: {
             size_t bytes;

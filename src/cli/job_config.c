@@ -3,7 +3,7 @@
  *   [model]    target, draft
  *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb,
  *              tensor_parallel (1..8: the target split across that many GPUs),
- *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), draft_vocab (auto|0|N >= 1024),
+ *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), weights (native|fp8), draft_vocab (auto|0|N >= 1024),
  *              prefix_cache, batch_invariant (true|false)
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off, auto, a node budget or a
  *              static shape such as 4,2,2,1)
@@ -141,6 +141,13 @@ bool cli_kv_type_from_str(const char *s, tandem_kv_type *out) {
     return false;
 }
 
+bool cli_weights_from_str(const char *s, tandem_weights *out) {
+    if (s && !strcmp(s, "native")) *out = TANDEM_WEIGHTS_NATIVE;
+    else if (s && !strcmp(s, "fp8")) *out = TANDEM_WEIGHTS_FP8;
+    else return false;
+    return true;
+}
+
 bool cli_draft_vocab_from_str(const char *s, int *out) {
     if (!s) return false;
     if (strcmp(s, "auto") == 0) {
@@ -177,6 +184,10 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
         if (!cli_kv_type_from_str(v, &c->kv_type)) return cfg_fail(c, s, k, "'%s' is not " CLI_KV_TYPES, v);
         return 1;
     }
+    if (!strcmp(k, "weights")) {
+        if (!cli_weights_from_str(v, &c->weights)) return cfg_fail(c, s, k, "'%s' is not " CLI_WEIGHTS, v);
+        return 1;
+    }
     if (!strcmp(k, "draft_vocab")) {
         if (!cli_draft_vocab_from_str(v, &c->draft_vocab)) return cfg_fail(c, s, k, "'%s' is not " CLI_DRAFT_VOCAB, v);
         return 1;
@@ -190,7 +201,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     }
     return cfg_fail(c, s, k,
                     "unknown key (known: backend, threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb, "
-                    "gpu_mem_mb, kv_type, draft_vocab, prefix_cache, batch_invariant, tensor_parallel)");
+                    "gpu_mem_mb, kv_type, weights, draft_vocab, prefix_cache, batch_invariant, tensor_parallel)");
 }
 
 static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v) {
