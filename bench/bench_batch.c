@@ -6,10 +6,11 @@
  *   bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128] [--tensor-parallel N]
  *               [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]
  *               [--max-batch-tokens N] [--json OUT.json] [--no-spec] [--invariant]
- *               [--temp T]
+ *               [--temp T] [--weights native|fp8]
  *   --threads: CPU threads (default 0 = all cores); --max-batch-tokens: the engine's
  *   max_batch_tokens (default 0 = its own); --no-spec: ignore -d; --temp: sample at
- *   temperature T (top-p 0.95, request i seeded i + 1) instead of greedy decoding.
+ *   temperature T (top-p 0.95, request i seeded i + 1) instead of greedy decoding;
+ *   --weights fp8: both models with FP8 weights (tandem_model_params.weights).
  *
  * For each batch size B: an engine with n_seq_max = B and n_ctx = npp + ntg + 64
  * (kv_bytes 0: the KV cache holds n_ctx tokens of each of the B sequences, both
@@ -171,7 +172,7 @@ static int usage(const char *msg, const char *arg) {
     fprintf(stderr, "usage: bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128]\n"
                     "                   [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]\n"
                     "                   [--max-batch-tokens N] [--json OUT.json] [--no-spec]\n"
-                    "                   [--invariant] [--temp T] [--tensor-parallel N]\n");
+                    "                   [--invariant] [--temp T] [--tensor-parallel N] [--weights native|fp8]\n");
     return 2;
 }
 
@@ -211,6 +212,10 @@ static int parse_args(int argc, char **argv, opts *o) {
             char *end;
             o->temp = strtof(v, &end);
             ok = end != v && !*end && o->temp >= 0.0f && o->temp <= 100.0f;
+        }
+        else if (!strcmp(a, "--weights")) {
+            ok = !strcmp(v, "native") || !strcmp(v, "fp8");
+            o->mp.weights = strcmp(v, "fp8") ? TANDEM_WEIGHTS_NATIVE : TANDEM_WEIGHTS_FP8;
         }
         else if (!strcmp(a, "--backend")) {
             ok = !strcmp(v, "cpu") || !strcmp(v, "cuda");

@@ -105,7 +105,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_kv: unknown cache type %s (f32, f16, q8_0)\n", name);
             return 2;
         }
-        kvq_opts o = {model, threads, TANDEM_KV_F16, kv_types[k].api, T, G, margin, cuda};
+        kvq_opts o = {model, threads, TANDEM_KV_F16, kv_types[k].api, T, G, margin, cuda, false};
         kvq_stats st;
         tdm_err err = {0};
         if (!kvq_run(&o, prompts, n_prompts, &st, &err)) die("run", &err);

@@ -13,10 +13,11 @@ typedef struct kvq_engine {
     tdm_engine *e;
 } kvq_engine;
 
-static bool kvq_open(kvq_engine *k, const kvq_opts *o, tandem_kv_type type, tdm_err *err) {
+static bool kvq_open(kvq_engine *k, const kvq_opts *o, tandem_kv_type type, bool fp8, tdm_err *err) {
     memset(k, 0, sizeof *k);
     tandem_status st = o->cuda ? tdm_backend_cuda_create(0, &k->be, err) : tdm_backend_cpu_create(1, &k->be, err);
-    if (st || tdm_model_load(o->model, k->be, &k->m, err)) return false;
+    const tdm_load_progress opt = {.fp8 = fp8};
+    if (st || tdm_model_load_progress(o->model, k->be, &opt, &k->m, err)) return false;
     tdm_engine_cfg ec = {.n_threads = o->threads, .block_size = 16, .kv_type = (int32_t)type};
     return tdm_engine_create(k->m, NULL, &ec, &k->e, err) == TANDEM_OK;
 }
@@ -65,7 +66,7 @@ bool kvq_run(const kvq_opts *o, char *const *prompts, int n_prompts, kvq_stats *
     }
     kvq_engine r, t;
     memset(&t, 0, sizeof t);
-    bool ok = kvq_open(&r, o, o->ref_type, err) && kvq_open(&t, o, o->test_type, err);
+    bool ok = kvq_open(&r, o, o->ref_type, false, err) && kvq_open(&t, o, o->test_type, o->test_fp8, err);
     const int32_t V = ok ? r.m->hp.n_vocab : 0, G = o->n_gen;
     int32_t *tok = ok ? malloc(((size_t)o->prompt_tokens + (size_t)G) * sizeof(int32_t)) : NULL;
     float *lr = ok ? malloc((size_t)G * V * sizeof(float)) : NULL, *lt = ok ? malloc((size_t)G * V * sizeof(float)) : NULL;
@@ -97,10 +98,14 @@ bool kvq_run(const kvq_opts *o, char *const *prompts, int n_prompts, kvq_stats *
             for (int32_t v = 0; v < V; v++) sn += ((double)b[v] - a[v]) * ((double)b[v] - a[v]), sd += (double)a[v] * a[v];
             num += sn, den += sd;
             if (sd > 0 && sqrt(sn / sd) > st->logits_err_max) st->logits_err_max = sqrt(sn / sd);
-            if (dep < 0 && tdm_argmax(b, V) != tok[P + i]) dep = i;
+            const bool agree = tdm_argmax(b, V) == tok[P + i];
+            st->n_steps++;
+            st->n_agree += agree;
+            if (dep < 0 && !agree) dep = i;
         }
         if (!ok) break;
         st->n_prompts++;
+        st->prefix_sum += (uint64_t)(dep < 0 ? G : dep);
         if (dep < 0) {
             st->n_equal++;
             continue;

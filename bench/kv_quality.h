@@ -7,6 +7,7 @@
  * context, and the first step whose argmax differs from the reference's token is
  * where the test engine's own greedy output would first depart.  A departure is a
  * near tie when the reference's top-two logit margin there is below tie_margin.
+ * The same compares a model with FP8 weights against the stored ones (test_fp8).
  * Both engines are target-only, one prompt at a time, on the CPU or (cuda) the GPU. */
 #ifndef TDM_KV_QUALITY_H
 #define TDM_KV_QUALITY_H
@@ -22,6 +23,8 @@ typedef struct kvq_opts {
     int n_gen;                /* greedy tokens per prompt, >= 1 */
     float tie_margin;         /* near tie: the reference's top-two margin below this */
     bool cuda;                /* the models (and so the engines) on the CUDA backend */
+    bool test_fp8;            /* the test engine's model with FP8 weights (tandem_weights);
+                                 the reference's as stored (bench_fp8) */
 } kvq_opts;
 
 typedef struct kvq_stats {
@@ -33,6 +36,9 @@ typedef struct kvq_stats {
     double logits_err;        /* ||L_test - L_ref|| / ||L_ref|| over every step of every prompt */
     double logits_err_max;    /* the largest error of one step */
     uint64_t bytes_per_token[2]; /* the caches' K/V bytes per position (ref, test), both models */
+    uint64_t n_steps, n_agree;   /* teacher-forced steps, and those whose test argmax is the
+                                    reference's token (top-1 agreement) */
+    uint64_t prefix_sum;         /* the greedy outputs' common prefixes, summed (tokens) */
 } kvq_stats;
 
 /* Runs the comparison over prompts[0 .. n_prompts); false with err set on failure. */

@@ -109,6 +109,17 @@ typedef enum tandem_backend_kind {
     TANDEM_BACKEND_CUDA = 1,
 } tandem_backend_kind;
 
+/* The format the weights are computed in (tandem_model_params.weights). */
+typedef enum tandem_weights {
+    TANDEM_WEIGHTS_NATIVE = 0, /* as the file stores them */
+    TANDEM_WEIGHTS_FP8 = 1,    /* the transformer blocks' dense F16 / BF16 / F32 / Q8_0
+                                  matrices quantised at load to FP8 E4M3 with a scale per
+                                  output row (as vLLM's dynamic FP8): half the bytes of
+                                  F16, FP8 tensor cores on Hopper.  The embedding, the
+                                  output head, MoE routers and experts, norms and the
+                                  4- to 6-bit types stay as stored */
+} tandem_weights;
+
 typedef struct tandem_model_params {
     tandem_backend_kind backend; /* where the weights live, and so where an engine on this
                                     model computes; default TANDEM_BACKEND_CPU.  CUDA fails with
@@ -136,6 +147,8 @@ typedef struct tandem_model_params {
                                     TANDEM_ERR_CANCELLED, everything it allocated freed.
                                     Default NULL: no calls */
     void *progress_callback_user_data; /* default NULL */
+    tandem_weights weights;      /* default TANDEM_WEIGHTS_NATIVE; another value than the
+                                    enum's: TANDEM_ERR_INVALID_ARG */
 } tandem_model_params;
 
 TANDEM_API tandem_model_params tandem_model_default_params(void);
@@ -566,14 +579,16 @@ TANDEM_API tandem_request tandem_request_default(void);
  * blocks, and the next one (by priority, then array order) takes its place.  When
  * the KV cache is full the lowest-priority, newest sequence is preempted and
  * recomputed later (same output).
- * Speculation, with a draft: every greedy sequence drafts with the draft model and
- * the target verifies all chains in one batched forward, with one speculation
- * length for the batch chosen from measured costs (0 when verification costs more
- * than it saves, as at large batches); a lone greedy sequence takes the
- * single-sequence path (n-gram lookup, per-sequence length).  Sampled requests
- * step target-only in a batch, so a request's tokens never depend on the others
- * (same seed, same tokens); on an engine of one sequence (n_seq_max 1) they
- * decode speculatively (the same distribution, other draws).
+ * Speculation, with a draft: one step composes every sequence's proposal (the
+ * draft model's chain or tree, or n-gram lookups where they pay) and the target
+ * verifies them all in one batched forward, with one speculation length for the
+ * batch chosen from measured costs (0 when verification costs more than it saves,
+ * as at large batches); a lone request is the batch of one.  A sampled sequence
+ * drafts with the uniforms its positions would draw with and keeps the drafted
+ * tokens the target's own draws agree with, so a request's tokens never depend on
+ * the others (same seed, same tokens); on an engine of one sequence (n_seq_max 1)
+ * it is verified by rejection sampling instead (the same distribution, other
+ * draws, more accepted).
  * results[i] (free each with tandem_result_free) is request i's result; a request
  * with a bad prompt or parameters, or that cannot fit the KV cache even alone,
  * fails alone: its status and error say why (finish reason error), the others

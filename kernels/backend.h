@@ -38,6 +38,8 @@ typedef struct tdm_weight {
                           apart, data at element c0 * 64 of the first block) */
     const void *data;  /* backend memory */
     uint32_t layout;   /* tdm_layout; 0 = TDM_LAYOUT_ROWS */
+    const float *scale; /* [rows] backend memory: TDM_F8_E4M3's per-row scales (element
+                           (r, c) = e4m3 value * scale[r]); NULL for every other type */
 } tdm_weight;
 
 /* Views of part of a weight (no copy; kernels/weight_view.c): *v = rows [r0, r0 +

@@ -8,6 +8,7 @@ bool tdm_weight_rows_view(const tdm_weight *w, int64_t r0, int64_t nr, tdm_weigh
     *v = *w;
     v->rows = nr;
     v->data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes; /* (P64: r0 / 64 blocks) */
+    if (w->scale) v->scale = w->scale + r0;
     return true;
 }
 

@@ -41,7 +41,7 @@ sources() {
     chat_template) echo "${JINJA_SRC[@]}" ;;
     grammar) echo "${GRAMMAR_SRC[@]}" "${TOK_SRC[@]}" ;;
     json_schema) echo src/grammar/json_schema.c "${GRAMMAR_SRC[@]}" "${TOK_SRC[@]}" ;;
-    oai_request) echo src/server/oai_request.c src/server/oai_chat.c src/server/oai_response.c src/chat/tool_calls.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
+    oai_request) echo src/server/oai_request.c src/server/oai_chat.c src/server/oai_refused.c src/server/oai_response.c src/chat/tool_calls.c src/request/spec_tree_arg.c draft/tree_shape.c "${PROMPT_SRC[@]}" ;;
     esac
 }
 libs() { [ "$1" = config ] && pkg-config --libs inih; echo -lm; }

@@ -287,6 +287,71 @@ Test(cuda_matmul, types_shapes_batches) {
     tdm_backend_destroy(b);
 }
 
+/* FP8 E4M3 weights with per-row scales: the row kernels (up to the row-kernel count,
+ * f32 x) equal the CPU's product of the same weight up to f32 rounding, and a row
+ * alone equals it in a batch; more rows take cuBLASLt's FP8 tensor-core product, x
+ * quantised per row to E4M3 (as vLLM's dynamic FP8), within a few percent. */
+Test(cuda_matmul, fp8_rows_and_gemm) {
+    tdm_backend *b = gpu(), *cpu = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, &cpu, &err), TANDEM_OK, "%s", err.msg);
+    uint64_t rng = 11;
+    const int64_t shapes[][2] = {{67, 96}, {384, 384}, {1030, 128}, {8, 1024}, {13, 112}, {4096, 256}};
+    const int32_t ns[] = {1, 3, 8, 9, 20, 64, 300};
+    for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+        const int64_t rows = shapes[s][0], cols = shapes[s][1];
+        float *wf = tdm_test_rand_vec(&rng, (size_t)(rows * cols), -1, 1), *sc = malloc((size_t)rows * 4);
+        uint8_t *q = malloc((size_t)(rows * cols));
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t c = 0; c < cols; c++) wf[r * cols + c] *= (float)(1 + r % 7); /* rows of other scales */
+            cr_assert(tdm_row_to_e4m3(wf + r * cols, cols, q + r * cols, &sc[r]));
+        }
+        const tdm_weight w = {.type = TDM_F8_E4M3, .rows = rows, .cols = cols, .row_bytes = (size_t)cols, .data = q,
+                              .scale = sc};
+        tdm_weight dw = w;
+        dw.data = put(b, q, (size_t)(rows * cols));
+        dw.scale = put(b, sc, (size_t)rows * 4);
+        for (size_t k = 0; k < TDM_ARRAY_LEN(ns); k++)
+            for (int acc = 0; acc < 2; acc++) {
+                const int32_t n = ns[k];
+                const size_t ny = (size_t)n * rows;
+                float *x = tdm_test_rand_vec(&rng, (size_t)n * cols, -1, 1), *y0 = tdm_test_rand_vec(&rng, ny, -1, 1);
+                float *ref = malloc(ny * 4);
+                memcpy(ref, y0, ny * 4);
+                OK(cpu->ops->matmul(cpu, &w, x, n, ref, acc, &err_));
+                float *dx = put(b, x, (size_t)n * cols * 4), *dy = put(b, y0, ny * 4);
+                OK(b->ops->matmul(b, &dw, dx, n, dy, acc, &err_));
+                float *y = get(b, dy, ny * 4);
+                const bool rows_kernels = n <= TDM_TEST_CUDA_GEMV_MAX_ROWS;
+                const double e = ref_nrm_err(y, ref, ny), tol = rows_kernels ? 2e-6 : 6e-2;
+                cr_assert(e < tol, "fp8 matmul [%lld][%lld] n %d acc %d: err %g", (long long)rows, (long long)cols,
+                          (int)n, acc, e);
+                if (!acc && n > 1 && rows_kernels) { /* the last row alone */
+                    float *dy1 = put(b, NULL, (size_t)rows * 4);
+                    OK(b->ops->matmul(b, &dw, dx + (size_t)(n - 1) * cols, 1, dy1, false, &err_));
+                    float *y1 = get(b, dy1, (size_t)rows * 4);
+                    cr_assert(memcmp(y1, y + (size_t)(n - 1) * rows, (size_t)rows * 4) == 0,
+                              "fp8 matmul n %d: a row alone differs from the batch", n);
+                    free(y1);
+                    b->ops->free(b, dy1);
+                }
+                free(y), free(x), free(y0), free(ref);
+                b->ops->free(b, dx);
+                b->ops->free(b, dy);
+            }
+        tdm_weight bad = dw; /* without its scales: refused */
+        bad.scale = NULL;
+        float *dx = put(b, NULL, (size_t)cols * 4), *dy = put(b, NULL, (size_t)rows * 4);
+        cr_assert_eq(b->ops->matmul(b, &bad, dx, 1, dy, false, &err), TANDEM_ERR_INVALID_ARG);
+        b->ops->free(b, dx), b->ops->free(b, dy);
+        b->ops->free(b, (void *)dw.data);
+        b->ops->free(b, (void *)dw.scale);
+        free(wf), free(sc), free(q);
+    }
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
 /* ---- paged KV cache ------------------------------------------------------------ */
 
 typedef struct attn_case {
@@ -444,9 +509,13 @@ Test(cuda_forward, target_matches_cpu, .timeout = 300) {
 static tdm_cuda_attn_path g_attn = TDM_CUDA_ATTN_AUTO;
 
 /* The pycode target and draft_file (under models/) opened on the GPU. */
+/* The weights open_cuda_pair loads both models with (a test may set FP8). */
+static tandem_weights g_weights = TANDEM_WEIGHTS_NATIVE;
+
 static void open_cuda_pair(const char *draft_file, tandem_model **target, tandem_model **draft) {
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = TANDEM_BACKEND_CUDA;
+    mp.weights = g_weights;
     cr_assert_eq(tandem_model_open(tdm_test_model_path("pycode-target-f16.gguf"), &mp, target), TANDEM_OK, "%s",
                  tandem_last_error());
     cr_assert_eq(tandem_model_open(tdm_test_model_path(draft_file), &mp, draft), TANDEM_OK, "%s", tandem_last_error());
@@ -625,6 +694,18 @@ Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
  * output with the same cache (the flash, decode and fused RoPE + K/V kernels on
  * int8); the continuations equal to the reference are reported, not required (a
  * q8_0 cache departs from f16 at near ties: bench_kv). */
+/* Both models with FP8 weights on the GPU: speculation (chains, n-gram lookups)
+ * still gives exactly the target-only tokens of the FP8 target, and FP8 keeps most
+ * reference continuations (printed). */
+Test(cuda_engine, fp8_weights_speculative_equality, .timeout = 900) {
+    uint64_t acc, dr;
+    g_weights = TANDEM_WEIGHTS_FP8;
+    const int matches = cuda_spec_equality(NULL, "fp8 weights", &acc, &dr);
+    g_weights = TANDEM_WEIGHTS_NATIVE;
+    cr_assert_gt(acc, 0, "no drafted token was accepted with FP8 weights");
+    cr_assert_gt(matches, 0, "no FP8 continuation equals the F16 reference");
+}
+
 Test(cuda_engine, q8_0_cache_speculative_equality, .timeout = 900) {
     tandem_engine_params ep = tandem_engine_default_params();
     ep.kv_type = TANDEM_KV_Q8_0;

@@ -360,7 +360,7 @@ Test(cuda_ops, argmax_dev_top_prob_and_device_ids) {
     cr_assert_eq(ids[3], 0);
     /* embed [ids[0], -1 (row 2's), ids[1]] from device memory */
     float *wh = tdm_test_rand_vec(&rng, (size_t)D * E, -1, 1);
-    const tdm_weight wt = {TDM_F32, D, E, E * 4, wh, 0};
+    const tdm_weight wt = {TDM_F32, D, E, E * 4, wh, 0, NULL};
     const tdm_weight emb_w = tdm_cu_test_put_weight(b, &wt);
     int32_t want_ids[3] = {ids[0], -1, ids[1]};
     int32_t *dwant = tdm_cu_test_put(b, want_ids, sizeof want_ids);

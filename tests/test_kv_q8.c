@@ -549,7 +549,7 @@ Test(kv_q8_engine, greedy_against_f16) {
     int n = 0;
     char **prompts = bench_prompts_read(tdm_test_data_path("prompts-dev.jsonl"), san ? 3 : 10, &n);
     kvq_opts o = {tdm_test_model_path("pycode-target-f16.gguf"), 2, TANDEM_KV_F16, TANDEM_KV_Q8_0, 128, san ? 12 : 32,
-                  0.5f, false};
+                  0.5f, false, false};
     kvq_stats st;
     tdm_err err = {0};
     cr_assert(kvq_run(&o, prompts, n, &st, &err), "%s", err.msg);

@@ -7,7 +7,7 @@ usage: python3 test_serve.py TANDEM [full|reduced]
     stream_options.include_usage; the API key (401 without it); /v1/models
   - every bad input with its status code and message (raw HTTP): malformed JSON, wrong
     types, unknown model, max_tokens out of range, a body over the limit (413), a prompt
-    longer than the context (400 with the numbers), unsupported n, unknown endpoints
+    longer than the context (400 with the numbers), n over its limit, unknown endpoints
   - a request over its timeout_s ends with finish_reason "length" and tandem.timeout
   - a client that disconnects (streaming, or a reset connection) cancels its request:
     its KV blocks are freed (/metrics); seeds over the whole uint64 range;
@@ -190,10 +190,10 @@ if openai_missing is None:
     except openai.NotFoundError as e:
         c.check(e.status_code == 404 and "gpt-4" in str(e), "openai: an unknown model is NotFoundError (404)")
     try:
-        cl.completions.create(model=MODEL, prompt="x", max_tokens=4, n=2)
-        c.check(False, "openai: n=2 is refused")
+        cl.completions.create(model=MODEL, prompt="x", max_tokens=4, n=17)
+        c.check(False, "openai: n=17 is refused")
     except openai.BadRequestError as e:
-        c.check(e.status_code == 400 and "n = 1" in str(e), "openai: n=2 is BadRequestError (400)")
+        c.check(e.status_code == 400 and "[1, 16]" in str(e), "openai: n=17 is BadRequestError (400)")
 
 # ---------------------------------------------------------------- bad input, raw
 C, CH = "/v1/completions", "/v1/chat/completions"
@@ -214,8 +214,7 @@ expect_error(port, C, {"prompt": "x", "max_tokens": 0}, 400, "'max_tokens' is 0,
              "max_tokens 0")
 expect_error(port, C, {"prompt": "x", "max_tokens": 5000}, 400, "'max_tokens' is 5000, out of range [1, 1023]",
              "max_tokens beyond the context")
-expect_error(port, C, {"prompt": "x", "n": 2}, 400, "'n' is 2; this server generates one choice per request",
-             "unsupported n", param="n")
+expect_error(port, C, {"prompt": "x", "n": 17}, 400, "'n' is 17, out of range [1, 16]", "n over its limit", param="n")
 expect_error(port, C, {"prompt": "x", "top_p": 0}, 400, "'top_p' is 0, out of range (0, 1]", "top_p 0")
 expect_error(port, C, {"prompt": "x", "stop": [1]}, 400, "'stop'[0]", "a stop list with a number")
 expect_error(port, C, {"prompt": "x", "spec_tree": "2x2"}, 400, "'2x2' is not off, auto, a node budget",

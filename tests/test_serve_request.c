@@ -168,7 +168,10 @@ static const bad_case bad_cases[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": 18446744073709551616}", 400, "seed",
      "'seed' must be an integer in [-9223372036854775808, 18446744073709551615], not 18446744073709551616"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"seed\": -9223372036854775809}", 400, "seed", "in [-9223372036854775808,"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 2}", 400, "n", "'n' is 2; this server generates one choice"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 17}", 400, "n", "'n' is 17, out of range [1, 16]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"ignore_eos\": 1}", 400, "ignore_eos", "must be a boolean, not a number"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"stream\": true, \"stream_options\": {\"continuous_usage_stats\": true}}", 400,
+     "stream_options", "'stream_options.continuous_usage_stats' is not supported by this server"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 0}", 400, "n", "out of range [1,"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": 3}", 400, "stop", "'stop' must be a string or an array of strings"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"stop\": [\"\"]}", 400, "stop", "'stop'[0]"},
@@ -487,6 +490,111 @@ Test(serve_response, errors_and_models) {
     j = json_of(t, n);
     cr_expect_str_eq(tdm_json_get(j, "status")->str, "loading");
     cr_expect_eq(tdm_json_get(j, "progress")->num, 0.25);
+    tdm_json_free(j);
+    free(t);
+}
+
+/* n choices, ignore_eos; the members of vLLM, llama-server and OpenAI that are not
+ * implemented: refused naming them, unless neutral */
+Test(serve_request, choices_and_refused_members) {
+    oai_limits l = limits(true);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"n\": 16, \"ignore_eos\": true}", &l, &r, &e), "%s", e.message);
+    cr_expect_eq(r.n, 16);
+    cr_expect(r.params.ignore_eos);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}", &l, &r, &e), "%s", e.message);
+    cr_expect_eq(r.n, 1);
+    cr_expect_not(r.params.ignore_eos);
+    oai_request_free(&r);
+    /* neutral values are answered (the answer is the one asked for) */
+    cr_assert(parse(OAI_COMPLETION,
+                    "{\"prompt\": \"x\", \"repetition_penalty\": 1, \"min_tokens\": 0, \"stop_token_ids\": [], "
+                    "\"skip_special_tokens\": true, \"mirostat\": 0, \"typical_p\": 1, \"top_n_sigma\": -1, "
+                    "\"cache_prompt\": true, \"chat_template_kwargs\": {}, \"n_probs\": 0, \"user\": \"u\"}",
+                    &l, &r, &e),
+              "%s", e.message);
+    oai_request_free(&r);
+    static const struct {
+        const char *body, *param, *msg;
+    } bad[] = {
+        {"\"repetition_penalty\": 1.2", "repetition_penalty", "'repetition_penalty' is not supported by this server (only 1)"},
+        {"\"repeat_penalty\": 1.1", "repeat_penalty", "(only 1)"},
+        {"\"min_tokens\": 5", "min_tokens", "'min_tokens' is not supported by this server (only 0)"},
+        {"\"stop_token_ids\": [2]", "stop_token_ids", "(only empty) (use 'stop' strings)"},
+        {"\"include_stop_str_in_output\": true", "include_stop_str_in_output", "(only false)"},
+        {"\"skip_special_tokens\": false", "skip_special_tokens", "(only true)"},
+        {"\"use_beam_search\": true", "use_beam_search", "not supported"},
+        {"\"mirostat\": 2", "mirostat", "not supported"},
+        {"\"typical_p\": 0.9", "typical_p", "not supported"},
+        {"\"dry_multiplier\": 0.8", "dry_multiplier", "not supported"},
+        {"\"xtc_probability\": 0.5", "xtc_probability", "not supported"},
+        {"\"n_predict\": 5", "n_predict", "use 'max_tokens'"},
+        {"\"chat_template\": \"{{x}}\"", "chat_template", "--chat-template"},
+        {"\"chat_template_kwargs\": {\"enable_thinking\": false}", "chat_template_kwargs", "not supported"},
+        {"\"cache_prompt\": false", "cache_prompt", "(only true)"},
+        {"\"add_generation_prompt\": false", "add_generation_prompt", "(only true)"},
+        {"\"truncate_prompt_tokens\": 5", "truncate_prompt_tokens", "not supported"},
+        {"\"prompt_logprobs\": 1", "prompt_logprobs", "not supported"},
+        {"\"allowed_token_ids\": [1]", "allowed_token_ids", "not supported"},
+        {"\"prediction\": {\"type\": \"content\", \"content\": \"x\"}", "prediction", "not supported"},
+        {"\"reasoning_effort\": \"low\"", "reasoning_effort", "not supported"},
+        {"\"presence_penalty\": 0.5", "presence_penalty", "not supported"},
+        {"\"frequency_penalty\": 0.5", "frequency_penalty", "not supported"},
+        {"\"logit_bias\": {\"5\": 1}", "logit_bias", "not supported"},
+        {"\"top_logprobs\": 2", "top_logprobs", "not supported"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "{\"prompt\": \"x\", %s}", bad[i].body);
+        cr_assert_not(parse(OAI_COMPLETION, body, &l, &r, &e), "%s was accepted", body);
+        cr_expect_eq(e.status, 400, "%s", body);
+        cr_expect_str_eq(e.param, bad[i].param, "%s", body);
+        cr_expect(strstr(e.message, bad[i].msg) != NULL, "%s: '%s' lacks '%s'", body, e.message, bad[i].msg);
+    }
+}
+
+/* n choices in one answer: each with its index, the usage summed (the prompt once,
+ * cached_tokens the most a choice took from the cache), their stream chunks indexed */
+Test(serve_response, choices) {
+    oai_meta ms[3];
+    tandem_result rs[3];
+    for (int i = 0; i < 3; i++) {
+        ms[i] = (oai_meta){.kind = OAI_CHAT, .id = "chatcmpl-1", .created = 5, .model = "pycode", .has_draft = true,
+                           .index = i};
+        rs[i] = result(i == 1 ? "b" : "a", i == 2 ? TANDEM_FINISH_LENGTH : TANDEM_FINISH_EOS);
+        rs[i].n_cached_tokens = i ? 16 : 0;
+    }
+    size_t n;
+    char *t = oai_results_json(ms, rs, 3, &n);
+    tdm_json *j = json_of(t, n);
+    const tdm_json *ch = tdm_json_get(j, "choices");
+    cr_assert_eq(ch->n, 3);
+    for (int i = 0; i < 3; i++) cr_expect_eq(tdm_json_get(&ch->items[i], "index")->num, i);
+    cr_expect_str_eq(tdm_json_get(tdm_json_get(&ch->items[1], "message"), "content")->str, "b");
+    cr_expect_str_eq(tdm_json_get(&ch->items[2], "finish_reason")->str, "length");
+    const tdm_json *u = tdm_json_get(j, "usage");
+    cr_expect_eq(tdm_json_get(u, "prompt_tokens")->num, 7);
+    cr_expect_eq(tdm_json_get(u, "completion_tokens")->num, 9);
+    cr_expect_eq(tdm_json_get(u, "total_tokens")->num, 16);
+    cr_expect_eq(tdm_json_get(tdm_json_get(u, "prompt_tokens_details"), "cached_tokens")->num, 16);
+    cr_expect_eq(tdm_json_get(tdm_json_get(u, "spec"), "drafted")->num, 12);
+    tdm_json_free(j);
+    free(t);
+    t = oai_usage_chunks_sse(&ms[0], rs, 3, &n);
+    j = event_json(t, n);
+    cr_expect_eq(tdm_json_get(tdm_json_get(j, "usage"), "completion_tokens")->num, 9);
+    tdm_json_free(j);
+    free(t);
+    t = oai_chunk_sse(&ms[2], "x", 1, true, false, &n);
+    j = event_json(t, n);
+    cr_expect_eq(tdm_json_get(&tdm_json_get(j, "choices")->items[0], "index")->num, 2);
+    tdm_json_free(j);
+    free(t);
+    t = oai_final_chunk_sse(&ms[1], &rs[1], false, &n);
+    j = event_json(t, n);
+    cr_expect_eq(tdm_json_get(&tdm_json_get(j, "choices")->items[0], "index")->num, 1);
     tdm_json_free(j);
     free(t);
 }

@@ -192,9 +192,12 @@ const tdm_cpu_kernels tdm_cpu_kernels_scalar = {
 
 tandem_status tdm_cpu_check_weight(const tdm_weight *w, const char *op, tdm_err *err) {
     if (!w) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: NULL weight", op);
-    if (!tdm_dtype_supported(w->type))
+    if (!tdm_dtype_supported(w->type) && w->type != TDM_F8_E4M3)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: unsupported weight type %u", op,
                           (unsigned)w->type);
+    if (w->type == TDM_F8_E4M3 && (!w->scale || w->layout != TDM_LAYOUT_ROWS))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: an fp8_e4m3 weight needs its row scales and the rows layout",
+                          op);
     if (w->rows < 0 || w->cols <= 0 || w->cols > INT32_MAX)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: bad weight shape [%lld][%lld]", op,
                           (long long)w->rows, (long long)w->cols);
@@ -248,6 +251,9 @@ static void mm_tile_rows_run(const tdm_cpu_kernels *k, const tdm_weight *w, int6
                              int64_t ld, const float *x, int32_t n, float *y, int64_t ldy, bool acc) {
     int64_t padded = (nr + TDM_MM_RB - 1) / TDM_MM_RB * TDM_MM_RB;
     k->convert_rows(w, r0, nr, tile, ld);
+    if (w->type == TDM_F8_E4M3) /* (the rows' scales: tdm_weight.scale) */
+        for (int64_t i = 0; i < nr; i++)
+            for (int64_t c = 0; c < w->cols; c++) tile[i * ld + c] *= w->scale[r0 + i];
     if (padded > nr) memset(tile + nr * ld, 0, (size_t)((padded - nr) * ld) * sizeof(float));
     k->gemm(x, w->cols, n, tile, ld, nr, w->cols, y + r0, ldy, acc);
 }

@@ -98,6 +98,11 @@ tandem_status tdm_cuda_check_weight(const tdm_weight *w, const char *op, tdm_err
     case TDM_F32: case TDM_F16: case TDM_BF16: case TDM_Q8_0: case TDM_Q4_0:
     case TDM_Q4_1: case TDM_Q5_0: case TDM_Q5_1: case TDM_Q2_K: case TDM_Q3_K: case TDM_Q4_K: case TDM_Q5_K:
     case TDM_Q6_K: break;
+    case TDM_F8_E4M3:
+        if (!w->scale || w->layout != TDM_LAYOUT_ROWS)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: an fp8_e4m3 weight needs its row scales and the rows layout",
+                              op);
+        break;
     default:
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "%s: weight type %s is not supported by the CUDA backend",
                           op, tdm_dtype_name(w->type));

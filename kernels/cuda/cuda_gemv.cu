@@ -42,6 +42,7 @@
  *     bound it, not memory.)
  */
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include "cuda_gemv.cuh"
 #include "cuda_internal.h"
@@ -64,18 +65,48 @@ template <uint32_t T> __device__ __forceinline__ void cvt8(const uint4 &u, float
     }
 }
 
+/* 8 bytes from global memory, bypassing L1 (as tdm_cu_ld_stream). */
+__device__ __forceinline__ uint2 ld_stream8(const void *p) {
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+/* Elements 8 k8 .. 8 k8 + 7 of W row wr as f32: 16 bytes of f16 / bf16, or 8 bytes
+ * of FP8 E4M3 (unscaled: the kernels multiply a row's sums by its scale). */
+template <uint32_t T> __device__ __forceinline__ void ld8(const uint8_t *wr, int32_t k8, float f[8]) {
+    if (T == TDM_F8_E4M3) {
+        const uint2 u = ld_stream8(wr + (size_t)k8 * 8);
+        const uint32_t v[2] = {u.x, u.y};
+#pragma unroll
+        for (int i = 0; i < 2; i++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const __half2_raw hr =
+                    __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v[i] >> (16 * h)), __NV_E4M3);
+                const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+                f[4 * i + 2 * h] = p.x;
+                f[4 * i + 2 * h + 1] = p.y;
+            }
+    } else {
+        cvt8<T>(tdm_cu_ld_stream((const uint4 *)wr + k8), f);
+    }
+}
+
+/* f16 / bf16 / fp8_e4m3 (its per-row scales in wscale, NULL for the others) with two
+ * W rows a warp. */
 template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-         const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
+         const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows, int32_t ks,
+         const float *__restrict__ wscale) {
     TDM_PDL_ENTRY();
     const gv_rows r = rows_of<EPI>(n_out, ff, ks);
     if (!r.active && ks == 1) return; /* (with parts, every warp reaches the barrier) */
     x += (size_t)blockIdx.x * GV_TILE * cols; /* (this block's tile of input rows) */
     y += (size_t)blockIdx.x * GV_TILE * ldy;
     const int32_t lane = (int32_t)(threadIdx.x & 31), last = tile_last<NR>(n_rows);
-    const uint4 *wa = (const uint4 *)(w + (size_t)r.ra * row_bytes);
-    const uint4 *wb = (const uint4 *)(w + (size_t)r.rb * row_bytes);
+    const uint8_t *wa = w + (size_t)r.ra * row_bytes, *wb = w + (size_t)r.rb * row_bytes;
     float sa[NR], sb[NR];
 #pragma unroll
     for (int i = 0; i < NR; i++) sa[i] = sb[i] = 0.0f;
@@ -85,8 +116,8 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
 #pragma unroll 4
     for (int32_t k8 = lo + lane; k8 < hi; k8 += 32) {
         float fa[8], fb[8];
-        cvt8<T>(tdm_cu_ld_stream(wa + k8), fa);
-        cvt8<T>(tdm_cu_ld_stream(wb + k8), fb);
+        ld8<T>(wa, k8, fa);
+        ld8<T>(wb, k8, fb);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             const float4 *xp = (const float4 *)(x + (size_t)min(i, last) * cols) + 2 * k8;
@@ -102,6 +133,14 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
             sb[i] = v;
         }
     }
+    if (T == TDM_F8_E4M3 && r.active) {
+        const float ca = wscale[r.ra], cb = wscale[r.rb];
+#pragma unroll
+        for (int i = 0; i < NR; i++) {
+            sa[i] *= ca;
+            sb[i] *= cb;
+        }
+    }
     gv_store<NR, EPI>(r, sa, sb, y, ldy, last, ks);
 }
 
@@ -114,7 +153,8 @@ k_gemv16(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t
 template <uint32_t T, int NR, int EPI>
 __global__ void __launch_bounds__(GV_WARPS * 32)
 k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_t cols, int32_t ff,
-          const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows, int32_t ks) {
+          const float *__restrict__ x, float *y, int32_t ldy, int32_t n_rows, int32_t ks,
+          const float *__restrict__ wscale) {
     TDM_PDL_ENTRY();
     const int32_t warp = ((int32_t)blockIdx.y * GV_WARPS + (int32_t)(threadIdx.x >> 5)) / ks; /* (its group) */
     int32_t row[4], out[4];
@@ -137,9 +177,9 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     x += (size_t)blockIdx.x * GV_TILE * cols;
     y += (size_t)blockIdx.x * GV_TILE * ldy;
     const int32_t lane = (int32_t)(threadIdx.x & 31), last = tile_last<NR>(n_rows);
-    const uint4 *wr[4];
+    const uint8_t *wr[4];
 #pragma unroll
-    for (int j = 0; j < 4; j++) wr[j] = (const uint4 *)(w + (size_t)row[j] * row_bytes);
+    for (int j = 0; j < 4; j++) wr[j] = w + (size_t)row[j] * row_bytes;
     float acc[4][NR];
 #pragma unroll
     for (int j = 0; j < 4; j++)
@@ -152,7 +192,7 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
     for (int32_t k8 = lo + lane; k8 < hi; k8 += 32) {
         float f[4][8];
 #pragma unroll
-        for (int j = 0; j < 4; j++) cvt8<T>(tdm_cu_ld_stream(wr[j] + k8), f[j]);
+        for (int j = 0; j < 4; j++) ld8<T>(wr[j], k8, f[j]);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
             const float4 *xp = (const float4 *)(x + (size_t)min(i, last) * cols) + 2 * k8;
@@ -167,6 +207,13 @@ k_gemv16w(const uint8_t *__restrict__ w, size_t row_bytes, int32_t n_out, int32_
             }
         }
     }
+    if (T == TDM_F8_E4M3 && has[0])
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float cj = wscale[row[j]];
+#pragma unroll
+            for (int i = 0; i < NR; i++) acc[j][i] *= cj;
+        }
     /* lane i: input row i's sums (as gv_store) */
     float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -205,8 +252,8 @@ static bool gv_tall(const tdm_cuda *c, const tdm_weight *w) {
  * wide kernel from three rows of a tall weight; decode keeps two, for more warps in
  * flight.  (Either gives the same bits.) */
 static int gv_rows_per_warp(const tdm_cuda *c, const tdm_weight *w, int nr) {
-    return (w->type == TDM_F16 || w->type == TDM_BF16) && w->layout == TDM_LAYOUT_ROWS && nr >= 3 && gv_tall(c, w) ? 4
-                                                                                                                : 2;
+    const bool t16 = w->type == TDM_F16 || w->type == TDM_BF16 || w->type == TDM_F8_E4M3;
+    return t16 && w->layout == TDM_LAYOUT_ROWS && nr >= 3 && gv_tall(c, w) ? 4 : 2;
 }
 
 /* Whether w's products take the K-quant kernels of cuda_gemv_kq.cu (int8 x): Q4_K,
@@ -236,7 +283,8 @@ static int32_t gv_ksplit(const tdm_cuda *c, const tdm_weight *w) {
         while (2 * ks <= GV_KSPLIT_MAX && blocks * ks < 2 * (int64_t)c->n_sm && n32 / (2 * ks) >= 32) ks *= 2;
         return ks;
     }
-    if ((w->type != TDM_F16 && w->type != TDM_BF16) || w->layout != TDM_LAYOUT_ROWS) return 1;
+    if ((w->type != TDM_F16 && w->type != TDM_BF16 && w->type != TDM_F8_E4M3) || w->layout != TDM_LAYOUT_ROWS)
+        return 1;
     const int64_t blocks = (w->rows + 4 * GV_WARPS - 1) / (4 * GV_WARPS), n8 = w->cols / 8;
     int32_t ks = 1;
     while (2 * ks <= GV_KSPLIT_MAX && blocks * ks < 2 * (int64_t)c->n_sm && n8 / (2 * ks) >= 32) ks *= 2;
@@ -394,6 +442,8 @@ bool tdm_cuda_gemv_fast(const tdm_weight *w) {
     const uintptr_t a = (uintptr_t)w->data;
     if (w->layout == TDM_LAYOUT_ROWS && (w->type == TDM_F16 || w->type == TDM_BF16))
         return w->cols % 8 == 0 && w->row_bytes % 16 == 0 && a % 16 == 0;
+    if (w->layout == TDM_LAYOUT_ROWS && w->type == TDM_F8_E4M3)
+        return w->scale && w->cols % 8 == 0 && w->row_bytes % 8 == 0 && a % 8 == 0;
     if (w->layout == TDM_LAYOUT_QSPLIT && (w->type == TDM_Q8_0 || w->type == TDM_Q4_0))
         return w->cols % TDM_QK == 0 && w->row_bytes % 16 == 0 && a % 16 == 0;
     return false;
@@ -408,15 +458,21 @@ static void launch_nr(tdm_cuda *c, const tdm_weight *w, dim3 grid, int32_t n_out
     const int32_t cols = (int32_t)w->cols;
     const unsigned th = GV_WARPS * 32;
     const bool wide = gv_rows_per_warp(c, w, NR) == 4;
+    const float *ws = w->scale; /* (fp8_e4m3's; NULL for the others) */
     switch (w->type) {
-    case TDM_F16:
-        if (wide) tdm_launch(k_gemv16w<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
-        else tdm_launch(k_gemv16<TDM_F16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
+#define T16(T)                                                                                                   \
+    case T:                                                                                                      \
+        if (wide)                                                                                                \
+            tdm_launch(k_gemv16w<T, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, \
+                       n_rows, ks, ws);                                                                          \
+        else                                                                                                     \
+            tdm_launch(k_gemv16<T, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy,  \
+                       n_rows, ks, ws);                                                                          \
         break;
-    case TDM_BF16:
-        if (wide) tdm_launch(k_gemv16w<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
-        else tdm_launch(k_gemv16<TDM_BF16, NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, x, y, ldy, n_rows, ks);
-        break;
+        T16(TDM_F16)
+        T16(TDM_BF16)
+        T16(TDM_F8_E4M3)
+#undef T16
     case TDM_Q8_0:
         tdm_launch(k_gemv_q8<NR, EPI>, grid, th, 0, c->stream, wd, w->row_bytes, n_out, cols, ff, xq, y, ldy, n_rows);
         break;

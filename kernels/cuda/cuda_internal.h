@@ -57,8 +57,13 @@ typedef struct tdm_cuda {
     /* cuBLAS (cuda_gemm.cu): created at the first many-row matmul */
     cublasHandle_t cublas;
     void *cublas_ws;     /* its workspace (fixed, so GEMMs can be captured in graphs) */
+    void *cublaslt;      /* cublasLtHandle_t for the FP8 products (cuda_gemm.cu), the same
+                            workspace; created at the first */
+    int fp8_outer;       /* whether cuBLASLt scales FP8 products by row vectors here: 0 not
+                            asked yet, 1 yes, -1 no (a separate scaling pass then) */
     /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
     tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf, tree_buf;
+    tdm_cuda_buf f8x_buf, f8d_buf; /* FP8 products: x as E4M3 rows + scales; unscaled sums */
     tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
     void *dl_h;          /* pinned staging of small downloads [TDM_CUDA_DL_PINNED] (NULL until
                             the first; dl_off: its allocation failed, downloads go direct) */

@@ -175,6 +175,8 @@ tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *
         }
         return tdm_cuda_gemv(c, w, x, &xq, n, y, (int32_t)w->rows, epi, err);
     }
+    if (w->type == TDM_F8_E4M3) /* (the row kernels when fast; else cuBLASLt, x quantised there) */
+        return tdm_cuda_gemm(c, w, x, n, y, accumulate, err);
     const bool dequant_gemm = w->layout == TDM_LAYOUT_ROWS && tdm_dtype_block_elems(w->type) > 1 &&
                               w->type != TDM_Q8_0 && w->type != TDM_Q4_0; /* (dequantised to f16) */
     if (!rows_kernels && (w->layout == TDM_LAYOUT_QSPLIT || w->type == TDM_F16 || w->type == TDM_BF16 || dequant_gemm)) {

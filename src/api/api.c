@@ -110,7 +110,8 @@ static tandem_status open_split(const char *path, const tandem_model_params *p, 
         (void)tdm_backend_activate(h->be, NULL);
         return st;
     }
-    const tdm_load_progress pr = {p->progress_callback, p->progress_callback_user_data, 0.0f, 1.0f};
+    const tdm_load_progress pr = {p->progress_callback, p->progress_callback_user_data, 0.0f, 1.0f,
+                                  p->weights == TANDEM_WEIGHTS_FP8};
     return tdm_model_load_tp(path, bes, n, cuda, coll, &pr, &h->m, err);
 }
 
@@ -123,9 +124,12 @@ tandem_status tandem_model_open(const char *path, const tandem_model_params *par
     tandem_model *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
     h->kind = p.backend;
-    const tdm_load_progress pr = {p.progress_callback, p.progress_callback_user_data, 0.0f, 1.0f};
+    const tdm_load_progress pr = {p.progress_callback, p.progress_callback_user_data, 0.0f, 1.0f,
+                                  p.weights == TANDEM_WEIGHTS_FP8};
     tandem_status st = TANDEM_OK;
-    if (pr.fn && !pr.fn(0.0f, pr.user))
+    if (p.weights != TANDEM_WEIGHTS_NATIVE && p.weights != TANDEM_WEIGHTS_FP8)
+        st = tdm_seterr(&err, TANDEM_ERR_INVALID_ARG, "weights %d is not a tandem_weights value", (int)p.weights);
+    else if (pr.fn && !pr.fn(0.0f, pr.user))
         st = tdm_seterr(&err, TANDEM_ERR_CANCELLED, "the model load was cancelled by its progress callback (at 0%%)");
     else if (p.backend == TANDEM_BACKEND_CPU)
         st = tdm_backend_cpu_create(1, &h->be, &err);

@@ -6,6 +6,43 @@
 
 #include "dtype_quant.h"
 
+/* Every E4M3 code's value (tdm_e4m3_to_f32): a table, so converting rows is a load a
+ * value. */
+static const float e4m3_values[256] = {
+    0.0f, 0x1p-9f, 0x1p-8f, 0x1.8p-8f, 0x1p-7f, 0x1.4p-7f, 0x1.8p-7f, 0x1.cp-7f,
+    0x1p-6f, 0x1.2p-6f, 0x1.4p-6f, 0x1.6p-6f, 0x1.8p-6f, 0x1.ap-6f, 0x1.cp-6f, 0x1.ep-6f,
+    0x1p-5f, 0x1.2p-5f, 0x1.4p-5f, 0x1.6p-5f, 0x1.8p-5f, 0x1.ap-5f, 0x1.cp-5f, 0x1.ep-5f,
+    0x1p-4f, 0x1.2p-4f, 0x1.4p-4f, 0x1.6p-4f, 0x1.8p-4f, 0x1.ap-4f, 0x1.cp-4f, 0x1.ep-4f,
+    0x1p-3f, 0x1.2p-3f, 0x1.4p-3f, 0x1.6p-3f, 0x1.8p-3f, 0x1.ap-3f, 0x1.cp-3f, 0x1.ep-3f,
+    0x1p-2f, 0x1.2p-2f, 0x1.4p-2f, 0x1.6p-2f, 0x1.8p-2f, 0x1.ap-2f, 0x1.cp-2f, 0x1.ep-2f,
+    0x1p-1f, 0x1.2p-1f, 0x1.4p-1f, 0x1.6p-1f, 0x1.8p-1f, 0x1.ap-1f, 0x1.cp-1f, 0x1.ep-1f,
+    0x1p+0f, 0x1.2p+0f, 0x1.4p+0f, 0x1.6p+0f, 0x1.8p+0f, 0x1.ap+0f, 0x1.cp+0f, 0x1.ep+0f,
+    0x1p+1f, 0x1.2p+1f, 0x1.4p+1f, 0x1.6p+1f, 0x1.8p+1f, 0x1.ap+1f, 0x1.cp+1f, 0x1.ep+1f,
+    0x1p+2f, 0x1.2p+2f, 0x1.4p+2f, 0x1.6p+2f, 0x1.8p+2f, 0x1.ap+2f, 0x1.cp+2f, 0x1.ep+2f,
+    0x1p+3f, 0x1.2p+3f, 0x1.4p+3f, 0x1.6p+3f, 0x1.8p+3f, 0x1.ap+3f, 0x1.cp+3f, 0x1.ep+3f,
+    0x1p+4f, 0x1.2p+4f, 0x1.4p+4f, 0x1.6p+4f, 0x1.8p+4f, 0x1.ap+4f, 0x1.cp+4f, 0x1.ep+4f,
+    0x1p+5f, 0x1.2p+5f, 0x1.4p+5f, 0x1.6p+5f, 0x1.8p+5f, 0x1.ap+5f, 0x1.cp+5f, 0x1.ep+5f,
+    0x1p+6f, 0x1.2p+6f, 0x1.4p+6f, 0x1.6p+6f, 0x1.8p+6f, 0x1.ap+6f, 0x1.cp+6f, 0x1.ep+6f,
+    0x1p+7f, 0x1.2p+7f, 0x1.4p+7f, 0x1.6p+7f, 0x1.8p+7f, 0x1.ap+7f, 0x1.cp+7f, 0x1.ep+7f,
+    0x1p+8f, 0x1.2p+8f, 0x1.4p+8f, 0x1.6p+8f, 0x1.8p+8f, 0x1.ap+8f, 0x1.cp+8f, NAN,
+    -0.0f, -0x1p-9f, -0x1p-8f, -0x1.8p-8f, -0x1p-7f, -0x1.4p-7f, -0x1.8p-7f, -0x1.cp-7f,
+    -0x1p-6f, -0x1.2p-6f, -0x1.4p-6f, -0x1.6p-6f, -0x1.8p-6f, -0x1.ap-6f, -0x1.cp-6f, -0x1.ep-6f,
+    -0x1p-5f, -0x1.2p-5f, -0x1.4p-5f, -0x1.6p-5f, -0x1.8p-5f, -0x1.ap-5f, -0x1.cp-5f, -0x1.ep-5f,
+    -0x1p-4f, -0x1.2p-4f, -0x1.4p-4f, -0x1.6p-4f, -0x1.8p-4f, -0x1.ap-4f, -0x1.cp-4f, -0x1.ep-4f,
+    -0x1p-3f, -0x1.2p-3f, -0x1.4p-3f, -0x1.6p-3f, -0x1.8p-3f, -0x1.ap-3f, -0x1.cp-3f, -0x1.ep-3f,
+    -0x1p-2f, -0x1.2p-2f, -0x1.4p-2f, -0x1.6p-2f, -0x1.8p-2f, -0x1.ap-2f, -0x1.cp-2f, -0x1.ep-2f,
+    -0x1p-1f, -0x1.2p-1f, -0x1.4p-1f, -0x1.6p-1f, -0x1.8p-1f, -0x1.ap-1f, -0x1.cp-1f, -0x1.ep-1f,
+    -0x1p+0f, -0x1.2p+0f, -0x1.4p+0f, -0x1.6p+0f, -0x1.8p+0f, -0x1.ap+0f, -0x1.cp+0f, -0x1.ep+0f,
+    -0x1p+1f, -0x1.2p+1f, -0x1.4p+1f, -0x1.6p+1f, -0x1.8p+1f, -0x1.ap+1f, -0x1.cp+1f, -0x1.ep+1f,
+    -0x1p+2f, -0x1.2p+2f, -0x1.4p+2f, -0x1.6p+2f, -0x1.8p+2f, -0x1.ap+2f, -0x1.cp+2f, -0x1.ep+2f,
+    -0x1p+3f, -0x1.2p+3f, -0x1.4p+3f, -0x1.6p+3f, -0x1.8p+3f, -0x1.ap+3f, -0x1.cp+3f, -0x1.ep+3f,
+    -0x1p+4f, -0x1.2p+4f, -0x1.4p+4f, -0x1.6p+4f, -0x1.8p+4f, -0x1.ap+4f, -0x1.cp+4f, -0x1.ep+4f,
+    -0x1p+5f, -0x1.2p+5f, -0x1.4p+5f, -0x1.6p+5f, -0x1.8p+5f, -0x1.ap+5f, -0x1.cp+5f, -0x1.ep+5f,
+    -0x1p+6f, -0x1.2p+6f, -0x1.4p+6f, -0x1.6p+6f, -0x1.8p+6f, -0x1.ap+6f, -0x1.cp+6f, -0x1.ep+6f,
+    -0x1p+7f, -0x1.2p+7f, -0x1.4p+7f, -0x1.6p+7f, -0x1.8p+7f, -0x1.ap+7f, -0x1.cp+7f, -0x1.ep+7f,
+    -0x1p+8f, -0x1.2p+8f, -0x1.4p+8f, -0x1.6p+8f, -0x1.8p+8f, -0x1.ap+8f, -0x1.cp+8f, NAN,
+};
+
 _Static_assert(sizeof(tdm_block_q4_1) == 20 && sizeof(tdm_block_q5_0) == 22 && sizeof(tdm_block_q5_1) == 24,
                "32-element block sizes");
 _Static_assert(sizeof(tdm_block_q2_K) == 84 && sizeof(tdm_block_q3_K) == 110 && sizeof(tdm_block_q4_K) == 144 &&
@@ -36,13 +73,14 @@ const char *tdm_dtype_name(uint32_t type) {
     case TDM_Q4_K: return "q4_k";
     case TDM_Q5_K: return "q5_k";
     case TDM_Q6_K: return "q6_k";
+    case TDM_F8_E4M3: return "fp8_e4m3";
     default: return "unknown";
     }
 }
 
 uint32_t tdm_dtype_block_elems(uint32_t type) {
     switch (type) {
-    case TDM_F32: case TDM_F16: case TDM_BF16: return 1;
+    case TDM_F32: case TDM_F16: case TDM_BF16: case TDM_F8_E4M3: return 1;
     case TDM_Q8_0: case TDM_Q4_0: case TDM_Q4_1: case TDM_Q5_0: case TDM_Q5_1: return TDM_QK;
     case TDM_Q2_K: case TDM_Q3_K: case TDM_Q4_K: case TDM_Q5_K: case TDM_Q6_K: return TDM_QK_K;
     default: return 0;
@@ -53,6 +91,7 @@ uint32_t tdm_dtype_block_bytes(uint32_t type) {
     switch (type) {
     case TDM_F32: return 4;
     case TDM_F16: case TDM_BF16: return 2;
+    case TDM_F8_E4M3: return 1;
     case TDM_Q8_0: return sizeof(tdm_block_q8_0);
     case TDM_Q4_0: return sizeof(tdm_block_q4_0);
     case TDM_Q4_1: return sizeof(tdm_block_q4_1);
@@ -157,6 +196,11 @@ void tdm_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n) {
         }
         break;
     }
+    case TDM_F8_E4M3: {
+        const uint8_t *s = src;
+        for (int64_t i = 0; i < n; i++) dst[i] = e4m3_values[s[i]];
+        break;
+    }
     case TDM_Q8_0: {
         const uint8_t *s = src;
         for (int64_t b = 0; b < n / TDM_QK; b++) {
@@ -203,6 +247,9 @@ void tdm_row_from_f32(uint32_t type, const float *src, void *dst, int64_t n) {
             uint16_t h = tdm_f32_to_bf16(src[i]);
             memcpy(d8 + 2 * i, &h, 2);
         }
+        break;
+    case TDM_F8_E4M3:
+        for (int64_t i = 0; i < n; i++) d8[i] = tdm_f32_to_e4m3(src[i]);
         break;
     case TDM_Q8_0:
         for (int64_t b = 0; b < n / TDM_QK; b++) {
@@ -350,4 +397,39 @@ float tdm_weight_elem(uint32_t type, uint32_t layout, int64_t cols, size_t row_b
     float tmp[TDM_QK_K]; /* the largest block */
     tdm_row_to_f32(type, p + (size_t)r * row_bytes + (size_t)(c / be) * bb, tmp, be);
     return tmp[c % be];
+}
+
+/* ---- FP8 E4M3 ---- */
+
+float tdm_e4m3_to_f32(uint8_t b) { return e4m3_values[b]; }
+
+uint8_t tdm_f32_to_e4m3(float f) {
+    if (isnan(f)) return 0x7f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    const uint8_t sign = (uint8_t)(u >> 24 & 0x80u);
+    u &= 0x7fffffffu;
+    if (u >= 0x43e00000u) return sign | 0x7e; /* |f| >= 448: saturate (448 = 0x7e) */
+    if (u < 0x3c800000u) {                    /* |f| < 2^-6: multiples of 2^-9 (n = 8: 2^-6, code 8) */
+        float a;
+        memcpy(&a, &u, 4);
+        return sign | (uint8_t)nearbyintf(a * 512.0f); /* (exact scaling; round to nearest even) */
+    }
+    /* normal: keep 3 mantissa bits, rounding the 20 dropped ones to nearest even (a
+     * carry into the exponent is right) */
+    u += 0x7ffffu + (u >> 20 & 1u);
+    const uint32_t e = (u >> 23) - 127 + 7, m = u >> 20 & 7u;
+    return sign | (uint8_t)(e << 3 | m); /* (below 448 rounds to at most 448: e 15, m 6) */
+}
+
+bool tdm_row_to_e4m3(const float *x, int64_t n, uint8_t *dst, float *scale) {
+    float amax = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(x[i])) return false;
+        amax = fmaxf(amax, fabsf(x[i]));
+    }
+    const float s = amax > 0 ? amax / TDM_E4M3_MAX : 1.0f;
+    for (int64_t i = 0; i < n; i++) dst[i] = tdm_f32_to_e4m3(x[i] / s);
+    *scale = s;
+    return true;
 }

@@ -44,7 +44,16 @@ typedef enum tdm_dtype {
     TDM_Q5_K = 13,
     TDM_Q6_K = 14,
     TDM_BF16 = 30,
+    /* FP8 E4M3 (OCP: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities,
+     * 0x7f / 0xff NaN, largest 448) with a scale per row: element (r, c) is
+     * tdm_e4m3_to_f32(byte) * tdm_weight.scale[r].  Never in a file (tdm_dtype_supported
+     * is false for it): the model loader makes such weights from F16 / BF16 / F32 /
+     * Q8_0 ones when asked for FP8 weights (tandem_model_params.weights).  One byte
+     * per element; tdm_row_to_f32 gives the unscaled values. */
+    TDM_F8_E4M3 = 100,
 } tdm_dtype;
+
+#define TDM_E4M3_MAX 448.0f /* the largest finite E4M3 value */
 
 #define TDM_QK 32    /* elements per Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1 block */
 #define TDM_QK_K 256 /* elements per K-quant super-block */
@@ -131,6 +140,14 @@ static inline float tdm_bf16_to_f32(uint16_t h) {
     return f;
 }
 uint16_t tdm_f32_to_bf16(float f);
+/* E4M3 (TDM_F8_E4M3): exact decoding; encoding rounds to nearest even, saturates to
+ * +-TDM_E4M3_MAX (as the hardware's satfinite conversion does), NaN to 0x7f. */
+float tdm_e4m3_to_f32(uint8_t b);
+uint8_t tdm_f32_to_e4m3(float f);
+/* One row of n values as E4M3 with its scale: *scale = max |x| / TDM_E4M3_MAX (1 for
+ * a row of zeros), dst[i] = e4m3(x[i] / *scale).  Non-finite values: false (dst and
+ * scale undefined). */
+bool tdm_row_to_e4m3(const float *x, int64_t n, uint8_t *dst, float *scale);
 
 /* Dequantise / convert one row of n elements (n a multiple of the block size). */
 void tdm_row_to_f32(uint32_t type, const void *src, float *dst, int64_t n);

@@ -109,6 +109,12 @@ bool cli_parse_tensor_parallel(const char *opt, const char *s, int *out);
 /* A KV cache type's name: "auto", "f32", "f16" or "q8_0" (false for another,
  * nothing printed); shared by --kv-type and the job files' kv_type. */
 bool cli_kv_type_from_str(const char *s, tandem_kv_type *out);
+/* "native" / "fp8" (tandem_model_params.weights); false for anything else (nothing
+ * printed); shared by --weights and the job files' weights. */
+#define CLI_WEIGHTS "native or fp8"
+bool cli_weights_from_str(const char *s, tandem_weights *out);
+/* --weights: cli_weights_from_str, a usage error naming the option otherwise. */
+bool cli_parse_weights(const char *opt, const char *s, tandem_weights *out);
 #define CLI_KV_TYPES "auto, f32, f16 or q8_0"
 /* A draft_vocab value: "auto" -> TANDEM_DRAFT_VOCAB_AUTO, "0" (the whole vocabulary) or
  * N in [TANDEM_DRAFT_VOCAB_MIN, 2^30] (the engine checks it against the vocabulary's
@@ -310,7 +316,14 @@ typedef struct cli_server_cfg {
     double idle_timeout_s;       /* idle_timeout_s: a kept-alive connection; default 75 */
     char log_file[PATH_MAX];     /* log_file: "" = stderr */
     bool log_json;               /* log_format: text (default) or json (one JSON object a line) */
+    char cors_origin[1024];      /* cors_origin: "" = no CORS (default); "*" or comma-separated
+                                    origins (scheme://host[:port]) allowed to call the API
+                                    from a browser (cli_cors_origin_check) */
 } cli_server_cfg;
+
+/* A cors_origin value: "*", or origins "http(s)://host[:port]" separated by commas
+ * (no path, no spaces).  False with why set. */
+bool cli_cors_origin_check(const char *v, char *why, size_t cap);
 
 /* A `tandem run` job file (job_config.c: the sections and keys are listed there), or
  * with serve set a `tandem serve` config: [server] instead of [job]. */
@@ -326,6 +339,7 @@ typedef struct cli_job_cfg {
     long kv_mem_mb, gpu_mem_mb;
     int ctx;                 /* [engine] ctx: tokens per sequence; 0 = the engine's default */
     tandem_kv_type kv_type;  /* [engine] kv_type; default auto */
+    tandem_weights weights;  /* [engine] weights: native / fp8, both models; default native */
     int draft_vocab;         /* [engine] draft_vocab (cli_draft_vocab_from_str); default auto */
     int tensor_parallel;     /* [engine] tensor_parallel: the target split across N ranks; default 1 */
     int spec_k, spec_k_max, spec_ngram;
@@ -399,6 +413,7 @@ typedef struct cli_gen_opts {
     int spec_tree;             /* --spec-tree: 0 = off, TANDEM_SPEC_TREE_AUTO, a budget */
     const char *spec_tree_shape; /* --spec-tree as a static shape, NULL = none */
     tandem_kv_type kv_type;    /* --kv-type; default auto */
+    tandem_weights weights;    /* --weights: native / fp8, both models; default native */
     int draft_vocab;           /* --draft-vocab (cli_draft_vocab_from_str); default auto */
     int ctx;                   /* --ctx: tokens per sequence; 0 = the engine's default */
     size_t kv_mem;             /* --kv-mem: KV cache budget in bytes; 0 = ctx x batch */

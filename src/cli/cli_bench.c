@@ -76,6 +76,7 @@ typedef struct bench_opts {
     tandem_backend_kind backend;
     size_t gpu_mem;          /* 0 = no budget */
     tandem_kv_type kv_type;  /* --kv-type; default auto */
+    tandem_weights weights;  /* --weights; default native */
     int draft_vocab;         /* --draft-vocab; default auto */
     int ctx;                 /* --ctx; 0 = the engine's default */
     size_t kv_mem;           /* --kv-mem; 0 = ctx tokens */
@@ -123,6 +124,7 @@ static int parse_args(int argc, char **argv, bench_opts *o) {
         else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
+        else if (TAKE(NULL, "--weights")) ok = cli_parse_weights(a, v, &o->weights);
         else if (TAKE(NULL, "--draft-vocab")) ok = cli_parse_draft_vocab(a, v, &o->draft_vocab);
         else if (TAKE(NULL, "--ctx")) ok = cli_parse_int(a, v, 1, CLI_CTX_MAX, &o->ctx);
         else if (TAKE(NULL, "--kv-mem")) ok = cli_parse_size(a, v, &o->kv_mem);
@@ -397,6 +399,7 @@ int cli_bench(int argc, char **argv) {
     }
     tandem_model_params mp = tandem_model_default_params();
     mp.backend = o.backend;
+    mp.weights = o.weights;
     mp.tensor_parallel = o.tensor_parallel; /* (the target only) */
     if ((s = tandem_model_open(o.model, &mp, &target)) != TANDEM_OK) goto fail;
     mp.tensor_parallel = 1;

@@ -90,6 +90,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
         else if (TAKE(NULL, "--tensor-parallel")) ok = cli_parse_tensor_parallel(a, v, &o->tensor_parallel);
         else if (TAKE(NULL, "--kv-type")) ok = cli_parse_kv_type(a, v, &o->kv_type);
+        else if (TAKE(NULL, "--weights")) ok = cli_parse_weights(a, v, &o->weights);
         else if (TAKE(NULL, "--draft-vocab")) ok = cli_parse_draft_vocab(a, v, &o->draft_vocab);
         else if (TAKE(NULL, "--ctx")) ok = cli_parse_int(a, v, 1, CLI_CTX_MAX, &o->ctx);
         else if (TAKE(NULL, "--kv-mem")) ok = cli_parse_size(a, v, &o->kv_mem);
@@ -386,6 +387,7 @@ int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *p
     mp.progress_callback = progress;
     mp.progress_callback_user_data = progress_user;
     mp.backend = o->backend;
+    mp.weights = o->weights; /* (both models) */
     mp.tensor_parallel = o->tensor_parallel; /* (the target only: a draft runs whole) */
     tandem_status s = tandem_model_open(o->model, &mp, target);
     mp.tensor_parallel = 1;

@@ -362,6 +362,7 @@ int cli_job_open_engine(const cli_job_cfg *c, bool (*progress)(float, void *), v
     mp.backend = c->backend;
     mp.progress_callback = progress;
     mp.progress_callback_user_data = progress_user;
+    mp.weights = c->weights; /* (both models) */
     mp.tensor_parallel = c->tensor_parallel > 0 ? c->tensor_parallel : 1; /* (the target only) */
     tandem_status s = tandem_model_open(c->target, &mp, target);
     mp.tensor_parallel = 1;

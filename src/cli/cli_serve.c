@@ -26,7 +26,7 @@
 enum {
     O_MODEL, O_DRAFT, O_HOST, O_PORT, O_BACKEND, O_API_KEY, O_MAX_QUEUE, O_MAX_BODY, O_TIMEOUT, O_GRACE,
     O_MODEL_NAME, O_CHAT_TEMPLATE, O_THREADS, O_MAX_BATCH, O_KV_TYPE, O_CTX, O_KV_MEM, O_MAX_TOKENS, O_SPEC_K, O_DRAFT_VOCAB, O_SPEC_TREE, O_TP,
-    O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_LOG_FORMAT, O_COUNT
+    O_MAX_CONN, O_MAX_CONN_IP, O_READ_TIMEOUT, O_IDLE_TIMEOUT, O_LOG_FILE, O_LOG_FORMAT, O_CORS, O_WEIGHTS, O_COUNT
 };
 
 static const struct {
@@ -44,7 +44,7 @@ static const struct {
     [O_TP] = {NULL, "--tensor-parallel"}, [O_MAX_CONN] = {NULL, "--max-connections"},
     [O_MAX_CONN_IP] = {NULL, "--max-connections-per-ip"}, [O_READ_TIMEOUT] = {NULL, "--read-timeout"},
     [O_IDLE_TIMEOUT] = {NULL, "--idle-timeout"}, [O_LOG_FILE] = {NULL, "--log-file"},
-    [O_LOG_FORMAT] = {NULL, "--log-format"},
+    [O_LOG_FORMAT] = {NULL, "--log-format"}, [O_CORS] = {NULL, "--cors-origin"}, [O_WEIGHTS] = {NULL, "--weights"},
 };
 
 typedef struct serve_args {
@@ -141,6 +141,7 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
         case O_THREADS: ok = cli_parse_int(opt, v, 0, TANDEM_THREADS_MAX, &c->threads); break;
         case O_MAX_BATCH: ok = cli_parse_int(opt, v, 1, CLI_BATCH_MAX, &c->max_batch); break;
         case O_KV_TYPE: ok = cli_parse_kv_type(opt, v, &c->kv_type); break;
+        case O_WEIGHTS: ok = cli_parse_weights(opt, v, &c->weights); break;
         case O_CTX: ok = cli_parse_int(opt, v, 1, CLI_CTX_MAX, &c->ctx); break;
         case O_KV_MEM: {
             size_t bytes;
@@ -167,6 +168,12 @@ static bool apply_flags(const serve_args *a, cli_job_cfg *c) {
                 cli_usage_error("option %s: '%s' is not text or json", opt, v);
             sv->log_json = !strcmp(v, "json");
             break;
+        case O_CORS: {
+            char why[160];
+            if (!(ok = cli_cors_origin_check(v, why, sizeof why))) cli_usage_error("option %s: %s", opt, why);
+            else ok = set_str_flag(opt, v, sv->cors_origin, sizeof sv->cors_origin);
+            break;
+        }
         case O_SPEC_TREE: {
             char msg[300];
             if (!(ok = tdm_arg_spec_tree_into(v, &c->spec_tree, c->spec_tree_shape, sizeof c->spec_tree_shape, msg,
@@ -301,13 +308,13 @@ static int run_ready(const cli_job_cfg *c, srv *s, srv_log *log, tandem_model *t
     if (st != TANDEM_OK) return cli_status_error(st, NULL);
     char id[256];
     model_id(c, id, sizeof id);
-    srv_model m = {.target = target, .engine = eng, .chat_template = tmpl};
+    srv_model m = {.target = target, .engine = eng, .chat_template = tmpl, .prefix_cache = c->prefix_cache != 0};
     m.lim = (oai_limits){.model_id = id, .n_ctx = tandem_engine_n_ctx(eng), .n_vocab = info.n_vocab, .has_draft = has_draft,
                          .defaults = cli_job_request(c, has_draft).params, .timeout_s = sv->request_timeout_s};
     srv_set_ready(s, &m);
-    srv_logf(log, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s%s%s%s", id,
+    srv_logf(log, "serve: ready: model '%s'%s, context %d, %d sequences at once, max_queue %d%s%s%s%s%s%s", id,
              has_draft ? " with a draft" : "", m.lim.n_ctx, c->max_batch, sv->max_queue,
-             sv->api_key[0] ? ", API key required" : "", s->m.tool_format ? ", tool calls in the format " : "",
+             sv->api_key[0] ? ", API key required" : "", sv->cors_origin[0] ? ", CORS for " : "", sv->cors_origin, s->m.tool_format ? ", tool calls in the format " : "",
              s->m.tool_format ? tdm_tool_format_name(s->m.tool_format) : "",
              s->m.reasoning ? ", reasoning split from <think>" : "");
     int sig = 0;
@@ -340,6 +347,7 @@ static int serve(const cli_job_cfg *c) {
     }
     srv_config scfg = {.host = sv->host, .port = sv->port, .api_key = sv->api_key[0] ? sv->api_key : NULL,
                        .max_queue = sv->max_queue, .max_body = (size_t)sv->max_body_kb * 1024, .log = log,
+                       .cors_origin = sv->cors_origin[0] ? sv->cors_origin : NULL,
                        .conns = {.max_connections = sv->max_connections, .max_per_ip = sv->max_connections_per_ip,
                                  .read_timeout_s = sv->read_timeout_s, .idle_timeout_s = sv->idle_timeout_s}};
     srv *s = NULL;

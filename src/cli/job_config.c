@@ -3,7 +3,7 @@
  *   [model]    target, draft
  *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb,
  *              tensor_parallel (1..8: the target split across that many GPUs),
- *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), draft_vocab (auto|0|N >= 1024),
+ *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), weights (native|fp8), draft_vocab (auto|0|N >= 1024),
  *              prefix_cache, batch_invariant (true|false)
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off, auto, a node budget or a
  *              static shape such as 4,2,2,1)
@@ -14,7 +14,7 @@
  *   [server]   (`tandem serve`, in place of [job]) host, port, api_key, max_queue,
  *              max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,
  *              max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s,
- *              log_file, log_format
+ *              log_file, log_format, cors_origin
  *
  * Paths are relative to the config file; `--set section.key=value` overrides a key.
  * Every unknown section or key, bad value, over-long line and missing file is
@@ -141,6 +141,13 @@ bool cli_kv_type_from_str(const char *s, tandem_kv_type *out) {
     return false;
 }
 
+bool cli_weights_from_str(const char *s, tandem_weights *out) {
+    if (s && !strcmp(s, "native")) *out = TANDEM_WEIGHTS_NATIVE;
+    else if (s && !strcmp(s, "fp8")) *out = TANDEM_WEIGHTS_FP8;
+    else return false;
+    return true;
+}
+
 bool cli_draft_vocab_from_str(const char *s, int *out) {
     if (!s) return false;
     if (strcmp(s, "auto") == 0) {
@@ -177,6 +184,10 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
         if (!cli_kv_type_from_str(v, &c->kv_type)) return cfg_fail(c, s, k, "'%s' is not " CLI_KV_TYPES, v);
         return 1;
     }
+    if (!strcmp(k, "weights")) {
+        if (!cli_weights_from_str(v, &c->weights)) return cfg_fail(c, s, k, "'%s' is not " CLI_WEIGHTS, v);
+        return 1;
+    }
     if (!strcmp(k, "draft_vocab")) {
         if (!cli_draft_vocab_from_str(v, &c->draft_vocab)) return cfg_fail(c, s, k, "'%s' is not " CLI_DRAFT_VOCAB, v);
         return 1;
@@ -190,7 +201,7 @@ static int key_engine(cli_job_cfg *c, const char *s, const char *k, const char *
     }
     return cfg_fail(c, s, k,
                     "unknown key (known: backend, threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb, "
-                    "gpu_mem_mb, kv_type, draft_vocab, prefix_cache, batch_invariant, tensor_parallel)");
+                    "gpu_mem_mb, kv_type, weights, draft_vocab, prefix_cache, batch_invariant, tensor_parallel)");
 }
 
 static int key_spec(cli_job_cfg *c, const char *s, const char *k, const char *v) {
@@ -296,6 +307,11 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
         return 1;
     }
     if (!strcmp(k, "model_name")) return set_str(c, s, k, v, sv->model_name, sizeof sv->model_name);
+    if (!strcmp(k, "cors_origin")) {
+        char why[160];
+        if (!cli_cors_origin_check(v, why, sizeof why)) return cfg_fail(c, s, k, "%s", why);
+        return set_str(c, s, k, v, sv->cors_origin, sizeof sv->cors_origin);
+    }
     if (!strcmp(k, "chat_template")) return set_str(c, s, k, v, c->chat_template, sizeof c->chat_template);
     INT_KEY("port", 0, 65535, sv->port)
     INT_KEY("max_queue", 0, INT_MAX, sv->max_queue)
@@ -319,7 +335,26 @@ static int key_server(cli_job_cfg *c, const char *s, const char *k, const char *
     return cfg_fail(c, s, k,
                     "unknown key (known: host, port, api_key, max_queue, max_body_kb, request_timeout_s, "
                     "shutdown_grace_s, model_name, chat_template, max_connections, max_connections_per_ip, "
-                    "read_timeout_s, idle_timeout_s, log_file, log_format)");
+                    "read_timeout_s, idle_timeout_s, log_file, log_format, cors_origin)");
+}
+
+bool cli_cors_origin_check(const char *v, char *why, size_t cap) {
+    if (!strcmp(v, "*")) return true;
+    if (!*v) return snprintf(why, cap, "empty (leave it out for no CORS, or \"*\" for any origin)"), false;
+    for (const char *p = v; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t n = end ? (size_t)(end - p) : strlen(p);
+        const size_t scheme = !strncmp(p, "http://", 7) ? 7 : !strncmp(p, "https://", 8) ? 8 : 0;
+        bool ok = scheme && n > scheme;
+        for (size_t i = scheme; ok && i < n; i++)
+            ok = (unsigned char)p[i] > 0x20 && p[i] != 0x7f && p[i] != '/' && p[i] != '*';
+        if (!ok)
+            return snprintf(why, cap, "'%.*s' is not an origin (http://host[:port] or https://..., no path; or \"*\" "
+                            "alone)", (int)(n > 100 ? 100 : n), p), false;
+        p += n + (end != NULL);
+        if (end && !*p) return snprintf(why, cap, "a comma with no origin after it"), false;
+    }
+    return true;
 }
 
 static int on_key(void *user, const char *s, const char *k, const char *v) {

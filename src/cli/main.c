@@ -203,6 +203,13 @@ bool cli_parse_draft_vocab(const char *opt, const char *s, int *out) {
     return false;
 }
 
+bool cli_parse_weights(const char *opt, const char *s, tandem_weights *out) {
+    if (!s) return false;
+    if (cli_weights_from_str(s, out)) return true;
+    cli_usage_error("option %.*s: '%s' is not " CLI_WEIGHTS, opt_len(opt), opt, s);
+    return false;
+}
+
 bool cli_parse_kv_type(const char *opt, const char *s, tandem_kv_type *out) {
     if (!s) return false;
     if (cli_kv_type_from_str(s, out)) return true;

@@ -56,6 +56,10 @@ static const char help_generate[] =
     "                        results print in input order; a failed prompt does not stop the others\n"
     "      --gpu-mem SIZE    device memory budget (e.g. 24G): weights, buffers, and the KV cache\n"
     "                        in what is left (cuda only; default: a cache for one full context)\n"
+    "      --weights W       native (as the files store them) or fp8: both models' block\n"
+    "                        matrices of F16 / BF16 / F32 / Q8_0 quantised at load to FP8\n"
+    "                        E4M3 with a scale per output row (FP8 tensor cores on cuda;\n"
+    "                        the CPU computes them too, slowly) (default native)\n"
     "      --kv-type T       KV cache type of both models: auto (f16 on the CPU and cuda),\n"
     "                        f32, f16, or q8_0 (int8 with a scale per position and head:\n"
     "                        about half of f16) (default auto)\n"
@@ -109,7 +113,7 @@ static const char help_info[] =
 static const char help_bench[] =
     "usage: tandem bench -m MODEL [-d DRAFT] [--prompts FILE [--limit L]] [-p PROMPT_TOKENS]\n"
     "             [-n N] [--threads N] [--backend B] [--gpu-mem SIZE] [--kv-type T] [--ctx N] [--kv-mem SIZE]\n"
-    "             [--tensor-parallel N]\n"
+    "             [--tensor-parallel N] [--weights W]\n"
     "             [--spec-k N|auto] [--spec-k-max N] [--spec-ngram N] [--spec-tree T] [--reps R]\n"
     "             [--spec-oracle A] [--draft-vocab N]\n"
     "             [--prefix-cache] [--json]\n"
@@ -131,7 +135,8 @@ static const char help_bench[] =
 static const char help_run[] =
     "usage: tandem run JOB.ini [--set SECTION.KEY=VALUE]... [--shard I/N] [--spec-tree T]\n"
     "  [model] target, draft; [engine] backend, threads, max_batch, max_batch_tokens,\n"
-    "  block_size, ctx (as --ctx), kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), prefix_cache,\n"
+    "  block_size, ctx (as --ctx), kv_mem_mb, gpu_mem_mb, kv_type (auto|f32|f16|q8_0), weights\n"
+    "  (native|fp8, as --weights), prefix_cache,\n"
     "  batch_invariant (true|false), tensor_parallel (1..8, as --tensor-parallel), draft_vocab\n"
     "  (auto|0|N, as --draft-vocab);\n"
     "  [spec] k, k_max, ngram, p_min, tree (as --spec-tree; --spec-tree T is --set spec.tree=T); [sampling] temperature, top_k, top_p, min_p,\n"
@@ -148,7 +153,8 @@ static const char help_run[] =
 static const char help_serve[] =
     "usage: tandem serve (-m MODEL [-d DRAFT] | CONFIG.ini [--set SECTION.KEY=VALUE]...) [options]\n"
     "  an OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions\n"
-    "  (streaming with \"stream\": true), GET /v1/models, /health, /metrics\n"
+    "  (streaming with \"stream\": true), GET /v1/models[/ID], /health, /metrics,\n"
+    "  POST /tokenize, /detokenize\n"
     "      --host H          address to bind (default 127.0.0.1)\n"
     "      --port P          port (default 8080; 0 = any free one, printed)\n"
     "      --api-key KEY     require \"Authorization: Bearer KEY\" on /v1/ (not empty)\n"
@@ -168,13 +174,15 @@ static const char help_serve[] =
     "      --log-file PATH   append the log to PATH (time-stamped) instead of stderr\n"
     "      --log-format F    text (default) or json: one JSON object a line, with its time\n"
     "                        (a served request: client, method, path, status, tokens, seconds)\n"
+    "      --cors-origin O   let browsers of origin O call the API (CORS headers, OPTIONS\n"
+    "                        preflights): \"*\", or http(s)://host[:port],... (default off)\n"
     "      --backend, -t, --kv-type, --ctx, --kv-mem, --spec-k, --spec-tree, --tensor-parallel,\n"
-    "      --draft-vocab\n"
+    "      --draft-vocab, --weights\n"
     "                        as for generate (--kv-mem: default --ctx tokens of --max-batch sequences)\n"
     "  CONFIG.ini: the sections of run, with [server] (host, port, api_key, max_queue,\n"
     "  max_body_kb, request_timeout_s, shutdown_grace_s, model_name, chat_template,\n"
     "  max_connections, max_connections_per_ip, read_timeout_s, idle_timeout_s, log_file,\n"
-    "  log_format)\n"
+    "  log_format, cors_origin)\n"
     "  in place of [job]; flags override it.  SIGTERM: drain, then exit 0\n";
 
 static const char help_merge[] =

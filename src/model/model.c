@@ -128,6 +128,54 @@ static tandem_status load_vec(tdm_model *m, const char *name, int64_t n, bool op
     return TANDEM_OK;
 }
 
+/* What a weight is read by (place_weight): matmul only, so the backend may ask for
+ * another layout; a transformer block's dense weight, made FP8 when the model is
+ * loaded with FP8 weights. */
+enum { W_MATMUL = 1, W_BLOCK = 2 };
+
+/* Whether a block weight of this type becomes FP8 (tandem_model_params.weights):
+ * the 16- and 8-bit types; 4- to 6-bit K-quants and the like stay (FP8 would be
+ * more bytes). */
+static bool fp8_source(uint32_t type) {
+    return type == TDM_F32 || type == TDM_F16 || type == TDM_BF16 || type == TDM_Q8_0;
+}
+
+/* w = the rows-layout matrix at host memory src ([rows] rows of type) as FP8 E4M3
+ * with per-row scales (tdm_row_to_e4m3), in backend memory. */
+static tandem_status place_fp8(tdm_model *m, const void *src, uint32_t type, int64_t rows, int64_t cols,
+                               tdm_weight *w, tdm_err *err) {
+    uint64_t rb;
+    tdm_dtype_row_bytes(type, (uint64_t)cols, &rb);
+    uint8_t *q = tdm_mallocarray((size_t)rows, (size_t)cols);
+    float *sc = tdm_mallocarray((size_t)rows, sizeof(float)), *tmp = tdm_mallocarray((size_t)cols, sizeof(float));
+    tandem_status st = TANDEM_OK;
+    if (!q || !sc || !tmp) st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory making a weight FP8");
+    for (int64_t r = 0; r < rows && !st; r++) {
+        tdm_row_to_f32(type, (const uint8_t *)src + (size_t)r * rb, tmp, cols);
+        if (!tdm_row_to_e4m3(tmp, cols, q + (size_t)r * (size_t)cols, &sc[r]))
+            st = tdm_seterr(err, TANDEM_ERR_FORMAT,
+                            "row %lld of a %lld x %lld %s weight holds a non-finite value: it cannot be made FP8",
+                            (long long)r, (long long)rows, (long long)cols, tdm_dtype_name(type));
+    }
+    void *dq = NULL, *ds = NULL;
+    if (!st) st = alloc_owned(m, (size_t)rows * (size_t)cols, &dq, err);
+    if (!st) st = m->be->ops->upload(m->be, dq, q, (size_t)rows * (size_t)cols, err);
+    if (!st) st = alloc_owned(m, (size_t)rows * sizeof(float), &ds, err);
+    if (!st) st = m->be->ops->upload(m->be, ds, sc, (size_t)rows * sizeof(float), err);
+    free(q);
+    free(sc);
+    free(tmp);
+    if (st) return st;
+    w->type = TDM_F8_E4M3;
+    w->row_bytes = (size_t)cols;
+    w->layout = TDM_LAYOUT_ROWS;
+    w->data = dq;
+    w->scale = ds;
+    /* (the callers count the source's bytes: count the difference) */
+    m->weight_bytes += (uint64_t)rows * ((uint64_t)cols + sizeof(float)) - rb * (uint64_t)rows;
+    return TANDEM_OK;
+}
+
 /* Places a matmul weight whose rows-layout bytes are at host memory src in backend
  * memory, in the layout the backend asks for (zero-copy on the CPU backend when that
  * is the rows layout and src is the mapped file, i.e. when src_owned is false, and
@@ -135,10 +183,16 @@ static tandem_status load_vec(tdm_model *m, const char *name, int64_t n, bool op
  * may start a tensor at any byte, where the kernels' typed loads would be misaligned,
  * so such a tensor is copied into the backend's aligned memory). */
 static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned, uint32_t type, int64_t rows,
-                                  int64_t cols, size_t bytes, bool matmul_only, tdm_weight *w, tdm_err *err) {
+                                  int64_t cols, size_t bytes, unsigned use, tdm_weight *w, tdm_err *err) {
     tandem_status st;
+    if ((use & W_BLOCK) && m->fp8 && fp8_source(type)) {
+        if ((st = place_fp8(m, src, type, rows, cols, w, err))) return st;
+        if (!src_owned) tdm_gguf_release(m->gguf, src, bytes);
+        return TANDEM_OK;
+    }
+    w->scale = NULL;
     uint32_t layout = TDM_LAYOUT_ROWS;
-    if ((matmul_only || m->be->any_layout) && m->be->ops->weight_layout)
+    if (((use & W_MATMUL) || m->be->any_layout) && m->be->ops->weight_layout)
         layout = m->be->ops->weight_layout(m->be, type, rows, cols);
     if (!tdm_layout_fits(layout, type, rows, cols)) layout = TDM_LAYOUT_ROWS;
     w->layout = layout;
@@ -165,10 +219,10 @@ static tandem_status place_weight(tdm_model *m, const void *src, bool src_owned,
     return TANDEM_OK;
 }
 
-/* A matrix [rows][cols]; matmul_only: read only by matmul, so the backend may ask
+/* A matrix [rows][cols]; use: W_MATMUL, read only by matmul, so the backend may ask
  * for another layout (the embedding and the output head only on backends whose
- * get_rows reads every layout too: any_layout). */
-static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows, bool matmul_only,
+ * get_rows reads every layout too: any_layout); W_BLOCK, a block's dense weight. */
+static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows, unsigned use,
                               tdm_weight *w, tdm_err *err) {
     const tdm_gguf_tensor *t;
     tandem_status st = find_tensor(m, name, cols, rows, false, &t, err);
@@ -181,7 +235,7 @@ static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int6
     w->rows = rows;
     w->cols = cols;
     w->row_bytes = (size_t)rb;
-    if ((st = place_weight(m, t->data, false, t->type, rows, cols, t->nbytes, matmul_only, w, err))) return st;
+    if ((st = place_weight(m, t->data, false, t->type, rows, cols, t->nbytes, use, w, err))) return st;
     m->n_params += (uint64_t)rows * (uint64_t)cols;
     m->weight_bytes += t->nbytes;
     return TANDEM_OK;
@@ -191,8 +245,8 @@ static tandem_status load_mat(tdm_model *m, const char *name, int64_t cols, int6
  * part of a split model, tp.h; the whole matrix: load_mat).  The columns must be
  * whole blocks of the tensor's type. */
 static tandem_status load_mat_part(tdm_model *m, const char *name, int64_t cols, int64_t rows, int64_t r0, int64_t nr,
-                                   int64_t c0, int64_t nc, bool matmul_only, tdm_weight *w, tdm_err *err) {
-    if (r0 == 0 && nr == rows && c0 == 0 && nc == cols) return load_mat(m, name, cols, rows, matmul_only, w, err);
+                                   int64_t c0, int64_t nc, unsigned use, tdm_weight *w, tdm_err *err) {
+    if (r0 == 0 && nr == rows && c0 == 0 && nc == cols) return load_mat(m, name, cols, rows, use, w, err);
     const tdm_gguf_tensor *t;
     tandem_status st = find_tensor(m, name, cols, rows, false, &t, err);
     if (st) return st;
@@ -218,7 +272,7 @@ static tandem_status load_mat_part(tdm_model *m, const char *name, int64_t cols,
     w->rows = nr;
     w->cols = nc;
     w->row_bytes = (size_t)rb;
-    st = place_weight(m, host, true, t->type, nr, nc, bytes, matmul_only, w, err);
+    st = place_weight(m, host, true, t->type, nr, nc, bytes, use, w, err);
     free(host);
     m->n_params += (uint64_t)nr * (uint64_t)nc;
     m->weight_bytes += bytes;
@@ -246,8 +300,8 @@ static bool mixed_fits_f16(const tdm_gguf_tensor *const *t, const int64_t *row0,
 /* Part i is rows [row0[i], row0[i] + rows[i]) of tensor t[i] (found and checked:
  * at least that many rows of cols, names[i] its name). */
 static tandem_status fuse_parts(tdm_model *m, const tdm_gguf_tensor *const *t, const char *const *names,
-                                const int64_t *row0, const int64_t *rows, int n, int64_t cols, tdm_weight *w,
-                                tdm_err *err) {
+                                const int64_t *row0, const int64_t *rows, int n, int64_t cols, unsigned use,
+                                tdm_weight *w, tdm_err *err) {
     tandem_status st;
     int64_t total_rows = 0;
     bool same = true;
@@ -294,7 +348,7 @@ static tandem_status fuse_parts(tdm_model *m, const tdm_gguf_tensor *const *t, c
     w->rows = total_rows;
     w->cols = cols;
     w->row_bytes = (size_t)rb;
-    st = place_weight(m, host, true, type, total_rows, cols, bytes, true, w, err);
+    st = place_weight(m, host, true, type, total_rows, cols, bytes, use, w, err);
     free(host);
     return st;
 }
@@ -306,7 +360,7 @@ static tandem_status load_fused(tdm_model *m, const char *const *names, const in
     tandem_status st;
     for (int i = 0; i < n; i++)
         if ((st = find_tensor(m, names[i], cols, full_rows[i], false, &t[i], err))) return st;
-    return fuse_parts(m, t, names, row0, rows, n, cols, w, err);
+    return fuse_parts(m, t, names, row0, rows, n, cols, W_MATMUL | W_BLOCK, w, err);
 }
 
 /* Layer l's mixture of experts (llama.cpp's layout): the router
@@ -325,7 +379,7 @@ static tandem_status load_experts(tdm_model *m, int32_t l, tdm_layer *L, tdm_wei
     snprintf(nu, sizeof nu, "blk.%d.ffn_up_exps.weight", (int)l);
     snprintf(nd, sizeof nd, "blk.%d.ffn_down_exps.weight", (int)l);
     tandem_status st;
-    if ((st = load_mat(m, nr, E, NE, true, &L->router, err))) return st;
+    if ((st = load_mat(m, nr, E, NE, W_MATMUL, &L->router, err))) return st;
     const tdm_gguf_tensor *tg, *tu, *td;
     if ((st = find_tensor_nd(m, ng, E, F, NE, false, &tg, err)) || (st = find_tensor_nd(m, nu, E, F, NE, false, &tu, err)) ||
         (st = find_tensor_nd(m, nd, F, E, NE, false, &td, err)))
@@ -338,14 +392,14 @@ static tandem_status load_experts(tdm_model *m, int32_t l, tdm_layer *L, tdm_wei
     const char *names[2] = {ng, nu};
     for (int64_t e = 0; e < NE; e++) {
         const int64_t r0[2] = {e * F, e * F}, rows[2] = {F, F};
-        if ((st = fuse_parts(m, gu, names, r0, rows, 2, E, &w13[e], err))) return st;
+        if ((st = fuse_parts(m, gu, names, r0, rows, 2, E, W_MATMUL, &w13[e], err))) return st;
         tdm_weight *d = &w2[e];
         d->type = td->type;
         d->rows = E;
         d->cols = F;
         d->row_bytes = (size_t)rb_d;
         const size_t bytes = (size_t)rb_d * (size_t)E;
-        if ((st = place_weight(m, (const uint8_t *)td->data + (size_t)e * bytes, false, td->type, E, F, bytes, true, d,
+        if ((st = place_weight(m, (const uint8_t *)td->data + (size_t)e * bytes, false, td->type, E, F, bytes, W_MATMUL, d,
                                err)))
             return st;
         m->n_params += (uint64_t)E * (uint64_t)F;
@@ -374,7 +428,7 @@ static tandem_status load_qkv(tdm_model *m, const char *const *names, const int6
     memset(&L->wqkv, 0, sizeof L->wqkv);
     tdm_weight *w[3] = {&L->wq, &L->wk, &L->wv};
     for (int i = 0; i < 3; i++) {
-        tandem_status st = load_mat_part(m, names[i], cols, full_rows[i], row0[i], rows[i], 0, cols, true, w[i], err);
+        tandem_status st = load_mat_part(m, names[i], cols, full_rows[i], row0[i], rows[i], 0, cols, W_MATMUL | W_BLOCK, w[i], err);
         if (st) return st;
     }
     return TANDEM_OK;
@@ -465,18 +519,18 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
     const int64_t qd = (int64_t)hp->n_head * hd, kvd = (int64_t)hp->n_head_kv * hd, F = hp->n_ff;
     const int64_t q0 = r * qd, kv0 = r * kvd, f0 = r * F;
 
-    if ((st = load_mat(m, "token_embd.weight", E, V, false, &m->tok_embd, err))) return st;
+    if ((st = load_mat(m, "token_embd.weight", E, V, 0, &m->tok_embd, err))) return st;
     if ((st = load_vec(m, "output_norm.weight", E, false, &m->out_norm, err))) return st;
     if (split) { /* its vocabulary rows of the head (tied: of the embedding) */
         int32_t v0, nv;
         tdm_tp_vocab_part(hp->n_vocab, m->tp_size, m->tp_rank, &v0, &nv);
         m->vocab0 = v0;
-        if ((st = load_mat_part(m, hp->tied_output ? "token_embd.weight" : "output.weight", E, V, v0, nv, 0, E, false,
+        if ((st = load_mat_part(m, hp->tied_output ? "token_embd.weight" : "output.weight", E, V, v0, nv, 0, E, 0,
                                 &m->output, err)))
             return st;
     } else if (hp->tied_output) {
         m->output = m->tok_embd;
-    } else if ((st = load_mat(m, "output.weight", E, V, false, &m->output, err))) {
+    } else if ((st = load_mat(m, "output.weight", E, V, 0, &m->output, err))) {
         return st;
     }
     if (!split && (st = load_qhead(m, err))) return st;
@@ -529,7 +583,7 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
                 return st;
         }
         NAME(n0, "attn_output.weight");
-        if ((st = load_mat_part(m, n0, qd_full, E, 0, E, q0, qd, true, &L->wo, err))) return st;
+        if ((st = load_mat_part(m, n0, qd_full, E, 0, E, q0, qd, W_MATMUL | W_BLOCK, &L->wo, err))) return st;
         if (hp->post_norms) {
             NAME(n0, "post_attention_norm.weight");
             NAME(n1, "post_ffw_norm.weight");
@@ -550,7 +604,7 @@ static tandem_status load_weights(tdm_model *m, tdm_err *err) {
         const int64_t gu_full[2] = {F_full, F_full}, gu_0[2] = {f0, f0}, gu_n[2] = {F, F};
         if ((st = load_fused(m, gu, gu_full, gu_0, gu_n, 2, E, &L->w13, err))) return st;
         NAME(n0, "ffn_down.weight");
-        if ((st = load_mat_part(m, n0, F_full, E, 0, E, f0, F, true, &L->w2, err))) return st;
+        if ((st = load_mat_part(m, n0, F_full, E, 0, E, f0, F, W_MATMUL | W_BLOCK, &L->w2, err))) return st;
 #undef NAME
     }
     return TANDEM_OK;
@@ -571,6 +625,7 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
     m->gguf = g;
     m->be = be;
     m->progress = pr;
+    m->fp8 = pr && pr->fp8;
     tandem_status st = tdm_hparams_read(g, &m->hp, err);
     m->hp_full = m->hp;
     if (!st && rank >= 0) { /* the rank's shape (tp.h) */

@@ -81,6 +81,8 @@ typedef struct tdm_load_progress {
     bool (*fn)(float progress, void *user);
     void *user;
     float base, scale;
+    bool fp8;  /* (not progress: the load's one option) the blocks' dense F16 / BF16 / F32 /
+                  Q8_0 weights made FP8 E4M3 with per-row scales (tandem_model_params.weights) */
 } tdm_load_progress;
 
 typedef struct tdm_model {
@@ -110,6 +112,7 @@ typedef struct tdm_model {
     tdm_hparams hp_full;       /* == hp when whole */
     struct tdm_tp_group *tp;   /* rank 0 of a split model: its group (tp.h); else NULL */
     const tdm_load_progress *progress; /* while loading: the hook (NULL: none) */
+    bool fp8;               /* the blocks' dense weights were made FP8 at load */
     uint64_t n_found;          /* while loading: tensors found so far (the progress) */
 } tdm_model;
 

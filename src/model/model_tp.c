@@ -62,7 +62,7 @@ tandem_status tdm_model_load_tp(const char *path, tdm_backend *const *bes, int32
         if ((st = tdm_backend_activate(bes[r], err))) break;
         if ((st = tdm_gguf_open(path, &gg, err))) break;
         tdm_load_progress rp = {0}; /* rank r: its share of the whole load */
-        if (pr) rp = (tdm_load_progress){pr->fn, pr->user, pr->base + pr->scale * (float)r / (float)n, pr->scale / (float)n};
+        if (pr) rp = (tdm_load_progress){pr->fn, pr->user, pr->base + pr->scale * (float)r / (float)n, pr->scale / (float)n, pr->fp8};
         if ((st = tdm_model_load_rank(gg, bes[r], r, n, pr ? &rp : NULL, &g->rank[r], err))) break;
         snprintf(g->rank[r]->file, sizeof g->rank[r]->file, "%s", base ? base + 1 : path);
     }

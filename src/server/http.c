@@ -48,10 +48,37 @@ typedef struct conn_ctx {
     srv_job *job;                /* a generation's job, for the log line's tokens (a reference) */
 } conn_ctx;
 
+/* The origin a CORS answer allows for the request's Origin header: "*", the origin
+ * itself when cors_origin lists it, or NULL (no CORS headers). */
+static const char *cors_allowed(const srv *s, struct MHD_Connection *c) {
+    const char *list = s->cfg.cors_origin;
+    if (!list) return NULL;
+    if (!strcmp(list, "*")) return "*";
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!origin || !*origin) return NULL;
+    const size_t n = strlen(origin);
+    for (const char *p = list; *p;) {
+        const char *end = strchr(p, ',');
+        const size_t k = end ? (size_t)(end - p) : strlen(p);
+        if (k == n && !memcmp(p, origin, n)) return origin;
+        p += k + (end != NULL);
+    }
+    return NULL;
+}
+
+void srv_cors_headers(const srv *s, struct MHD_Connection *c, struct MHD_Response *r) {
+    const char *origin = cors_allowed(s, c);
+    if (s->cfg.cors_origin && strcmp(s->cfg.cors_origin, "*") != 0)
+        MHD_add_response_header(r, "Vary", "Origin"); /* (the answer depends on it: caches keep them apart) */
+    if (!origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", origin);
+    MHD_add_response_header(r, "Access-Control-Expose-Headers", "Retry-After");
+}
+
 /* Queues an answer (body taken over); allow: the Allow header of a 405, close: close the
  * connection after it. */
-static int respond(struct MHD_Connection *c, int status, const char *type, char *body, size_t len, const char *allow,
-                   bool close) {
+static int respond(srv *s, struct MHD_Connection *c, int status, const char *type, char *body, size_t len,
+                   const char *allow, bool close) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(body);
@@ -62,23 +89,42 @@ static int respond(struct MHD_Connection *c, int status, const char *type, char 
     if (status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     if (close) MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    srv_cors_headers(s, c, r);
     const enum MHD_Result q = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     return q;
 }
 
-int srv_send(struct MHD_Connection *c, int status, const char *type, char *body, size_t len) {
-    return respond(c, status, type, body, len, NULL, false);
+int srv_send(srv *s, struct MHD_Connection *c, int status, const char *type, char *body, size_t len) {
+    return respond(s, c, status, type, body, len, NULL, false);
 }
 
-static int send_error_ex(struct MHD_Connection *c, const oai_error *e, const char *allow, bool close) {
+static int send_error_ex(srv *s, struct MHD_Connection *c, const oai_error *e, const char *allow, bool close) {
     size_t n = 0;
     char *body = oai_error_json(e, &n);
     if (!body) return MHD_NO;
-    return respond(c, e->status, "application/json", body, n, allow, close);
+    return respond(s, c, e->status, "application/json", body, n, allow, close);
 }
 
-int srv_send_error(struct MHD_Connection *c, const oai_error *e) { return send_error_ex(c, e, NULL, false); }
+int srv_send_error(srv *s, struct MHD_Connection *c, const oai_error *e) {
+    return send_error_ex(s, c, e, NULL, false);
+}
+
+/* An OPTIONS preflight of an endpoint with CORS on: 204 with the methods it takes and
+ * the headers the browser asks to send (Authorization, Content-Type). */
+static int preflight(srv *s, struct MHD_Connection *c, const char *methods, int *status) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!r) return MHD_NO;
+    srv_cors_headers(s, c, r);
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", methods);
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", h && *h ? h : "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "86400");
+    *status = 204;
+    const enum MHD_Result q = MHD_queue_response(c, 204, r);
+    MHD_destroy_response(r);
+    return q;
+}
 
 /* "Authorization: Bearer KEY" must name the server's key (when it has one). */
 static bool authorized(const srv *s, struct MHD_Connection *c) {
@@ -102,7 +148,7 @@ static int health(srv *s, struct MHD_Connection *c, int *status) {
     char *body = oai_health_json(state == SRV_READY ? "ok" : state == SRV_LOADING ? "loading" : "shutting_down", model,
                                  state == SRV_LOADING ? progress : -1.0f, &n);
     *status = state == SRV_READY ? 200 : 503;
-    return body ? srv_send(c, *status, "application/json", body, n) : MHD_NO;
+    return body ? srv_send(s, c, *status, "application/json", body, n) : MHD_NO;
 }
 
 static int metrics(srv *s, struct MHD_Connection *c, int *status) {
@@ -114,10 +160,12 @@ static int metrics(srv *s, struct MHD_Connection *c, int *status) {
     size_t n = 0;
     char *body = srv_metrics_text(s->metrics, have ? &st : NULL, &n);
     *status = body ? 200 : 500;
-    return body ? srv_send(c, 200, "text/plain; version=0.0.4; charset=utf-8", body, n) : MHD_NO;
+    return body ? srv_send(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", body, n) : MHD_NO;
 }
 
-static int models(srv *s, struct MHD_Connection *c, int *status) {
+/* GET /v1/models, or with id (the rest of /v1/models/{id}) that one model: the
+ * served one, else 404. */
+static int models(srv *s, struct MHD_Connection *c, const char *id, int *status) {
     pthread_mutex_lock(&s->mu);
     const bool ready = s->state != SRV_LOADING;
     pthread_mutex_unlock(&s->mu);
@@ -125,18 +173,48 @@ static int models(srv *s, struct MHD_Connection *c, int *status) {
     if (!ready) {
         oai_fail(&e, 503, NULL, "unavailable", "the model is loading");
         *status = 503;
-        return srv_send_error(c, &e);
+        return srv_send_error(s, c, &e);
+    }
+    if (id && strcmp(id, s->m.lim.model_id) != 0) {
+        oai_fail(&e, 404, "model", "model_not_found", "The model '%.200s' does not exist (this server serves '%s')", id,
+                 s->m.lim.model_id);
+        *status = 404;
+        return srv_send_error(s, c, &e);
     }
     size_t n = 0;
-    char *body = oai_models_json(s->m.lim.model_id, s->created, s->m.lim.n_ctx, &n);
+    char *body = id ? oai_model_json(s->m.lim.model_id, s->created, s->m.lim.n_ctx, &n)
+                    : oai_models_json(s->m.lim.model_id, s->created, s->m.lim.n_ctx, &n);
     *status = body ? 200 : 500;
-    return body ? srv_send(c, 200, "application/json", body, n) : MHD_NO;
+    return body ? srv_send(s, c, 200, "application/json", body, n) : MHD_NO;
 }
+
+/* POST /tokenize and /detokenize with the served model's tokenizer. */
+static int tokens(srv *s, struct MHD_Connection *c, bool detok, const conn_ctx *x, int *status) {
+    pthread_mutex_lock(&s->mu);
+    const bool ready = s->state != SRV_LOADING;
+    pthread_mutex_unlock(&s->mu);
+    oai_error e = {0};
+    size_t n = 0;
+    char *body = NULL;
+    if (!ready) oai_fail(&e, 503, NULL, "unavailable", "the model is loading");
+    else if (detok) body = oai_detokenize_json(s->m.target, &s->m.lim, x->body ? x->body : "", x->len, &n, &e);
+    else body = oai_tokenize_json(s->m.target, &s->m.lim, x->body ? x->body : "", x->len, &n, &e);
+    if (!body) {
+        *status = e.status ? e.status : 500;
+        return srv_send_error(s, c, &e);
+    }
+    *status = 200;
+    return srv_send(s, c, 200, "application/json", body, n);
+}
+
+#define MODELS_PREFIX "/v1/models/"
 
 static srv_endpoint endpoint_of(const char *url) {
     if (!strcmp(url, "/v1/completions")) return SRV_EP_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return SRV_EP_CHAT;
-    if (!strcmp(url, "/v1/models")) return SRV_EP_MODELS;
+    if (!strcmp(url, "/v1/models") || !strncmp(url, MODELS_PREFIX, strlen(MODELS_PREFIX))) return SRV_EP_MODELS;
+    if (!strcmp(url, "/tokenize")) return SRV_EP_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return SRV_EP_DETOKENIZE;
     if (!strcmp(url, "/health")) return SRV_EP_HEALTH;
     if (!strcmp(url, "/metrics")) return SRV_EP_METRICS;
     return SRV_EP_OTHER;
@@ -145,16 +223,20 @@ static srv_endpoint endpoint_of(const char *url) {
 /* The answer of a request whose body is complete. */
 static int route(srv *s, struct MHD_Connection *c, const char *url, const char *method, conn_ctx *x, int *status) {
     const srv_endpoint ep = endpoint_of(url);
-    const bool post = ep == SRV_EP_COMPLETIONS || ep == SRV_EP_CHAT;
+    const bool post = ep == SRV_EP_COMPLETIONS || ep == SRV_EP_CHAT || ep == SRV_EP_TOKENIZE || ep == SRV_EP_DETOKENIZE;
     const bool allowed = post ? !strcmp(method, "POST") : !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    const bool cors = s->cfg.cors_origin != NULL;
+    const char *allow = post ? (cors ? "POST, OPTIONS" : "POST") : (cors ? "GET, HEAD, OPTIONS" : "GET, HEAD");
     oai_error e;
     if (ep == SRV_EP_OTHER) {
         oai_fail(&e, 404, NULL, "not_found", "no such endpoint: %s %.200s", method, url);
+    } else if (cors && !strcmp(method, "OPTIONS")) {
+        return preflight(s, c, allow, status);
     } else if (!allowed) {
-        oai_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s, not %s", url, post ? "POST" : "GET or HEAD",
-                 method);
+        oai_fail(&e, 405, NULL, "method_not_allowed", "%.200s takes %s, not %s", url,
+                 post ? "POST" : "GET or HEAD", method);
         *status = e.status;
-        return send_error_ex(c, &e, post ? "POST" : "GET, HEAD", false);
+        return send_error_ex(s, c, &e, allow, false);
     } else if (ep == SRV_EP_HEALTH) {
         return health(s, c, status);
     } else if (ep == SRV_EP_METRICS) {
@@ -162,16 +244,18 @@ static int route(srv *s, struct MHD_Connection *c, const char *url, const char *
     } else if (!authorized(s, c)) {
         oai_fail(&e, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer KEY)");
     } else if (ep == SRV_EP_MODELS) {
-        return models(s, c, status);
+        return models(s, c, strcmp(url, "/v1/models") ? url + strlen(MODELS_PREFIX) : NULL, status);
     } else if (x->too_big) {
         oai_fail(&e, 413, NULL, "request_too_large", "the request body is larger than the limit of %zu bytes (max_body_kb)",
                  s->cfg.max_body);
+    } else if (ep == SRV_EP_TOKENIZE || ep == SRV_EP_DETOKENIZE) {
+        return tokens(s, c, ep == SRV_EP_DETOKENIZE, x, status);
     } else {
         return srv_generate(s, c, ep == SRV_EP_CHAT ? OAI_CHAT : OAI_COMPLETION, x->body ? x->body : "", x->len,
                             x->t_arrival, status, &x->job);
     }
     *status = e.status;
-    return srv_send_error(c, &e);
+    return srv_send_error(s, c, &e);
 }
 
 /* Appends a piece of the body (over the limit: dropped, and the request marked). */
@@ -260,7 +344,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (bad_framing(c, &e)) {
             x->status = e.status;
             srv_metrics_request(s->metrics, endpoint_of(url), e.status);
-            return send_error_ex(c, &e, NULL, true) == MHD_YES ? MHD_YES : MHD_NO;
+            return send_error_ex(s, c, &e, NULL, true) == MHD_YES ? MHD_YES : MHD_NO;
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) x->too_big = true;

@@ -11,7 +11,7 @@
 #define N_BUCKETS 14
 
 static const char *const ep_names[SRV_EP_COUNT] = {"completions", "chat_completions", "models",
-                                                   "health", "metrics", "other"};
+                                                   "health", "metrics", "tokenize", "detokenize", "other"};
 
 typedef struct hist {
     const char *name, *help;

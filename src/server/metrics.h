@@ -18,6 +18,8 @@ typedef enum srv_endpoint {
     SRV_EP_MODELS,
     SRV_EP_HEALTH,
     SRV_EP_METRICS,
+    SRV_EP_TOKENIZE,             /* POST /tokenize */
+    SRV_EP_DETOKENIZE,           /* POST /detokenize */
     SRV_EP_OTHER,
     SRV_EP_COUNT
 } srv_endpoint;

@@ -190,8 +190,10 @@ static bool get_seed(const tdm_json *j, tandem_generate_params *g, oai_error *e)
     return true;
 }
 
-/* The sampling members, over the server's defaults. */
+/* The sampling members, over the server's defaults (the other servers' members that
+ * this one does not implement refused first: oai_refused.c). */
 static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    if (!oai_check_refused(j, e)) return false;
     tandem_generate_params *g = &r->params;
     bool has;
     int64_t i;
@@ -209,10 +211,9 @@ static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *
     if (!get_int(j, "top_k", -1, INT32_MAX, &has, &i, e)) return false;
     if (has) g->top_k = i < 0 ? 0 : (int)i;
     if (!get_seed(j, g, e)) return false;
-    if (!get_int(j, "n", 1, INT32_MAX, &has, &i, e)) return false;
-    if (has && i != 1)
-        return oai_fail(e, 400, "n", "unsupported_value", "'n' is %lld; this server generates one choice per request (n = 1)",
-                        (long long)i);
+    if (!get_int(j, "n", 1, OAI_N_MAX, &has, &i, e)) return false;
+    r->n = has ? (int)i : 1;
+    if (!get_bool(j, "ignore_eos", &g->ignore_eos, e)) return false;
     return get_stop(j, r, e);
 }
 
@@ -273,6 +274,16 @@ static bool get_extensions(const tdm_json *j, const oai_limits *lim, oai_request
         if (!get_bool(so, "include_usage", &r->include_usage, e)) {
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
             return false;
+        }
+        for (size_t k = 0; k < so->n; k++) { /* (include_obfuscation: this server pads nothing) */
+            const char *name = so->keys[k];
+            const tdm_json *v = &so->items[k];
+            const bool neutral = v->type == TDM_JSON_NULL || !strcmp(name, "include_usage") ||
+                                 (!strcmp(name, "include_obfuscation") && v->type == TDM_JSON_BOOL) ||
+                                 (!strcmp(name, "continuous_usage_stats") && v->type == TDM_JSON_BOOL && !v->b);
+            if (!neutral)
+                return oai_fail(e, 400, "stream_options", "unsupported_parameter",
+                                "'stream_options.%.40s' is not supported by this server (only include_usage)", name);
         }
     }
     if (!get_int(j, "priority", INT32_MIN, INT32_MAX, &has, &i, e)) return false;

@@ -21,8 +21,11 @@
  *   first call is kept), max_tokens / max_completion_tokens (integer >= 1),
  *   temperature [0, 1e6], top_p (0, 1], top_k (integer, -1 or 0 = off), min_p [0, 1],
  *   seed (integer in [-2^63, 2^64 - 1]: a uint64, a negative one modulo 2^64), stop
- *   (string or array of strings, null = none), n (1 only), stream (bool),
- *   stream_options.include_usage (bool; with stream only);
+ *   (string or array of strings, null = none), n (choices, 1..OAI_N_MAX: each its own
+ *   engine request with the seed seed + its index), stream (bool),
+ *   stream_options.include_usage (bool; with stream only; other members refused but
+ *   include_obfuscation and continuous_usage_stats false), ignore_eos (bool, vLLM's and
+ *   llama-server's: generate max_tokens tokens whatever they are);
  *   the tandem extensions priority (integer), timeout_s [0, 1e9], spec_k (0 = adaptive,
  *   or 1..TANDEM_SPEC_K_MAX; needs a draft), spec_tree ("off", false, null or 0:
  *   chains only; "auto" or true: chain or tree as the controller expects faster; a
@@ -48,6 +51,8 @@
 
 #include "json.h"
 #include "tandem.h"
+
+#define OAI_N_MAX 16 /* n: choices of one request at most */
 
 typedef enum oai_kind { OAI_COMPLETION = 0, OAI_CHAT = 1 } oai_kind;
 
@@ -99,6 +104,8 @@ typedef struct oai_request {
     oai_tool_choice tool_choice; /* NONE: no tools offered, output not parsed for calls */
     bool parallel_tool_calls;    /* false: a response keeps its first call only */
     bool stream, include_usage;
+    int n;                       /* choices [1, OAI_N_MAX]: n engine requests, choice i with
+                                    the seed params.seed + i */
     bool has_max_tokens;         /* max_tokens given (else params.max_tokens is the default,
                                     cut to what the context leaves: oai_fit_context) */
     tandem_generate_params params; /* the sampling, speculation and stop parameters (stop
@@ -117,6 +124,11 @@ typedef struct oai_request {
 bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, oai_request *out,
                        oai_error *err);
 void oai_request_free(oai_request *r);
+
+/* oai_refused.c: the members of vLLM, llama-server and OpenAI that this server does
+ * not implement (repetition_penalty, min_tokens, mirostat, ...), refused (400 naming
+ * the member) unless they hold their neutral value; get_sampling checks them. */
+bool oai_check_refused(const tdm_json *j, oai_error *e);
 
 /* oai_chat.c, for oai_request_parse: writes the messages ("{\"messages\": [...]"), then
  * the tools and the closing brace, into f, filling r's chat members. */

@@ -62,17 +62,32 @@ static void head(FILE *f, const oai_meta *m, bool chunk) {
     str(f, m->model);
 }
 
-static void usage(FILE *f, const oai_meta *m, const tandem_result *r) {
-    fprintf(f, "\"usage\": {\"prompt_tokens\": %zu, \"completion_tokens\": %zu, \"total_tokens\": %zu",
-            r->n_prompt_tokens, r->n_tokens, r->n_prompt_tokens + r->n_tokens);
-    if (r->n_cached_tokens) fprintf(f, ", \"prompt_tokens_details\": {\"cached_tokens\": %zu}", r->n_cached_tokens);
+/* The usage of an answer's n choices: the prompt counted once (as OpenAI counts it),
+ * the completions' tokens and the speculation's counts summed; cached_tokens the most
+ * any choice took from the prefix cache (the choices after the first share the first's
+ * prompt blocks). */
+static void usage(FILE *f, const oai_meta *m, const tandem_result *rs, size_t n) {
+    size_t done = 0, cached = 0;
+    tandem_spec_stats s = {0};
+    for (size_t i = 0; i < n; i++) {
+        done += rs[i].n_tokens;
+        if (rs[i].n_cached_tokens > cached) cached = rs[i].n_cached_tokens;
+        s.steps += rs[i].spec.steps;
+        s.drafted += rs[i].spec.drafted;
+        s.accepted += rs[i].spec.accepted;
+        s.forwards += rs[i].spec.forwards;
+        s.forward_tokens += rs[i].spec.forward_tokens;
+    }
+    const size_t prompt = n ? rs[0].n_prompt_tokens : 0;
+    fprintf(f, "\"usage\": {\"prompt_tokens\": %zu, \"completion_tokens\": %zu, \"total_tokens\": %zu", prompt, done,
+            prompt + done);
+    if (cached) fprintf(f, ", \"prompt_tokens_details\": {\"cached_tokens\": %zu}", cached);
     if (m->has_draft) {
-        const tandem_spec_stats *s = &r->spec;
         fprintf(f, ", \"spec\": {\"steps\": %llu, \"drafted\": %llu, \"accepted\": %llu, \"acceptance_rate\": ",
-                (unsigned long long)s->steps, (unsigned long long)s->drafted, (unsigned long long)s->accepted);
-        num(f, s->drafted ? (double)s->accepted / (double)s->drafted : 0.0);
-        fprintf(f, ", \"forwards\": %llu, \"tokens_per_forward\": ", (unsigned long long)s->forwards);
-        num(f, s->forwards ? (double)s->forward_tokens / (double)s->forwards : 0.0);
+                (unsigned long long)s.steps, (unsigned long long)s.drafted, (unsigned long long)s.accepted);
+        num(f, s.drafted ? (double)s.accepted / (double)s.drafted : 0.0);
+        fprintf(f, ", \"forwards\": %llu, \"tokens_per_forward\": ", (unsigned long long)s.forwards);
+        num(f, s.forwards ? (double)s.forward_tokens / (double)s.forwards : 0.0);
         fputc('}', f);
     }
     fputc('}', f);
@@ -101,6 +116,7 @@ void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap) {
     static const char digits[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
     uint64_t h = 1469598103934665603ull; /* FNV-1a of the answer's id, then splitmix64 per character */
     for (const char *c = m->id; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    if (m->index) h = (h ^ (uint64_t)m->index) * 1099511628211ull; /* (choice i's calls: ids of their own) */
     h = (h ^ ((uint64_t)k + 1)) * 0xff51afd7ed558ccdull; /* (murmur3's finalizer: call k's own sequence) */
     h = (h ^ (h >> 33)) * 0xc4ceb9fe1a85ec53ull;
     h ^= h >> 33;
@@ -134,22 +150,16 @@ static void message_calls(FILE *f, const oai_meta *m, const tdm_tool_parse *p) {
     fputc(']', f);
 }
 
-char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) {
-    out o;
-    if (!out_open(&o)) return NULL;
-    FILE *f = o.f;
+/* One choice of a whole answer: {"index": ..., "message" or "text", "logprobs", finish}
+ * (sets m->called_tools); false out of memory. */
+static bool choice_json(FILE *f, oai_meta *m, const tandem_result *r) {
     const char *text = r->text ? r->text : "";
-    head(f, m, false);
-    fputs(", \"choices\": [{\"index\": 0, ", f);
+    fprintf(f, "{\"index\": %d, ", m->index);
     if (m->kind == OAI_CHAT && (m->tool_format != TDM_TOOL_FORMAT_NONE || m->reasoning)) {
         const size_t tl = strlen(text);
         const tdm_think_split t = m->reasoning ? tdm_think_split_text(text, tl, true) : (tdm_think_split){0};
         tdm_tool_parse p;
-        if (!oai_tool_parse(m, text + t.content_at, tl - t.content_at, &p)) {
-            fclose(o.f);
-            free(o.buf);
-            return NULL;
-        }
+        if (!oai_tool_parse(m, text + t.content_at, tl - t.content_at, &p)) return false;
         fputs("\"message\": {\"role\": \"assistant\", \"content\": ", f);
         if (p.content) str(f, p.content);
         else fputs("null", f);
@@ -171,17 +181,37 @@ char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) {
     }
     fputs(", \"logprobs\": null", f);
     finish(f, m, r);
-    fputs("}], ", f);
-    usage(f, m, r);
+    fputc('}', f);
+    return true;
+}
+
+char *oai_results_json(oai_meta *ms, const tandem_result *rs, size_t n, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    FILE *f = o.f;
+    head(f, &ms[0], false);
+    fputs(", \"choices\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        if (i) fputs(", ", f);
+        if (!choice_json(f, &ms[i], &rs[i])) {
+            fclose(o.f);
+            free(o.buf);
+            return NULL;
+        }
+    }
+    fputs("], ", f);
+    usage(f, &ms[0], rs, n);
     fputs("}", f);
     return out_close(&o, len);
 }
+
+char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len) { return oai_results_json(m, r, 1, len); }
 
 /* "data: " + a chunk's head and its one choice up to the piece of text. */
 static void chunk_open(FILE *f, const oai_meta *m, const char *field, const char *text, size_t n, bool first) {
     fputs("data: ", f);
     head(f, m, true);
-    fputs(", \"choices\": [{\"index\": 0, ", f);
+    fprintf(f, ", \"choices\": [{\"index\": %d, ", m->index);
     if (m->kind == OAI_CHAT) {
         fprintf(f, first ? "\"delta\": {\"role\": \"assistant\", \"%s\": " : "\"delta\": {\"%s\": ", field);
         tdm_json_write_str(f, text, n);
@@ -224,7 +254,7 @@ char *oai_tool_calls_sse(const oai_meta *m, const tdm_tool_parse *p, bool first,
         for (int part = 0; part < 2; part++) {
             fputs("data: ", f);
             head(f, m, true);
-            fputs(", \"choices\": [{\"index\": 0, \"delta\": {", f);
+            fprintf(f, ", \"choices\": [{\"index\": %d, \"delta\": {", m->index);
             if (first && k == 0 && part == 0) fputs("\"role\": \"assistant\", \"content\": null, ", f);
             fprintf(f, "\"tool_calls\": [{\"index\": %zu, ", k);
             if (part == 0) {
@@ -324,7 +354,7 @@ char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool includ
     if (m->kind == OAI_CHAT) { /* an empty delta */
         fputs("data: ", f);
         head(f, m, true);
-        fputs(", \"choices\": [{\"index\": 0, \"delta\": {}, \"logprobs\": null", f);
+        fprintf(f, ", \"choices\": [{\"index\": %d, \"delta\": {}, \"logprobs\": null", m->index);
     } else {
         chunk_open(f, m, "content", "", 0, false);
     }
@@ -335,15 +365,19 @@ char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool includ
     return out_close(&o, len);
 }
 
-char *oai_usage_chunk_sse(const oai_meta *m, const tandem_result *r, size_t *len) {
+char *oai_usage_chunks_sse(const oai_meta *m, const tandem_result *rs, size_t n, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
     fputs("data: ", o.f);
     head(o.f, m, true);
     fputs(", \"choices\": [], ", o.f);
-    usage(o.f, m, r);
+    usage(o.f, m, rs, n);
     fputs("}\n\n", o.f);
     return out_close(&o, len);
+}
+
+char *oai_usage_chunk_sse(const oai_meta *m, const tandem_result *r, size_t *len) {
+    return oai_usage_chunks_sse(m, r, 1, len);
 }
 
 static void error_obj(FILE *f, const oai_error *e) {
@@ -385,13 +419,27 @@ char *oai_done_sse(size_t *len) {
     return s;
 }
 
+/* A model object: {"id", "object": "model", "created", "owned_by", "max_model_len"}. */
+static void model_obj(FILE *f, const char *model, int64_t created, int n_ctx) {
+    fputs("{\"id\": ", f);
+    str(f, model);
+    fprintf(f, ", \"object\": \"model\", \"created\": %lld, \"owned_by\": \"tandem\", \"max_model_len\": %d}",
+            (long long)created, n_ctx);
+}
+
 char *oai_models_json(const char *model, int64_t created, int n_ctx, size_t *len) {
     out o;
     if (!out_open(&o)) return NULL;
-    fputs("{\"object\": \"list\", \"data\": [{\"id\": ", o.f);
-    str(o.f, model);
-    fprintf(o.f, ", \"object\": \"model\", \"created\": %lld, \"owned_by\": \"tandem\", \"max_model_len\": %d}]}",
-            (long long)created, n_ctx);
+    fputs("{\"object\": \"list\", \"data\": [", o.f);
+    model_obj(o.f, model, created, n_ctx);
+    fputs("]}", o.f);
+    return out_close(&o, len);
+}
+
+char *oai_model_json(const char *model, int64_t created, int n_ctx, size_t *len) {
+    out o;
+    if (!out_open(&o)) return NULL;
+    model_obj(o.f, model, created, n_ctx);
     return out_close(&o, len);
 }
 

@@ -19,6 +19,7 @@
 typedef struct oai_meta {
     oai_kind kind;
     const char *id;          /* "cmpl-..." / "chatcmpl-..." */
+    int index;               /* the choice's index (n > 1: each choice has its meta) */
     int64_t created;         /* Unix seconds */
     const char *model;       /* the served model's id */
     bool has_draft;          /* usage carries a "spec" object */
@@ -40,8 +41,8 @@ typedef struct oai_meta {
 bool oai_tool_parse(const oai_meta *m, const char *text, size_t len, tdm_tool_parse *p);
 
 /* Call k's id: OpenAI's "call_" and 24 letters and digits, or for the mistral format
- * the 9 letters and digits its templates require; derived from the answer's id and
- * k (unique per answer). */
+ * the 9 letters and digits its templates require; derived from the answer's id, the
+ * choice's index and k (unique per answer). */
 void oai_tool_call_id(const oai_meta *m, size_t k, char *buf, size_t cap);
 
 /* The finish_reason OpenAI's clients know: eos and stop strings -> "stop", length and
@@ -58,6 +59,10 @@ const char *oai_finish_reason(tandem_finish_reason r);
  * tokens_per_forward, the tokens each target forward committed, as `tandem generate
  * --json` gives them; a timed-out choice carries "tandem": {"timeout": true}). */
 char *oai_result_json(oai_meta *m, const tandem_result *r, size_t *len);
+/* The same for a request of n choices: ms[i] and rs[i] choice i's (ms[i].index = i), the
+ * head from ms[0]; usage: the prompt's tokens once, the completions' and the
+ * speculation's summed, cached_tokens the most a choice took from the prefix cache. */
+char *oai_results_json(oai_meta *ms, const tandem_result *rs, size_t n, size_t *len);
 
 /* One streaming event "data: {...}\n\n": a chunk with the text piece
  * text[0..text_len) (chat: the first chunk's delta also carries the role).
@@ -91,6 +96,8 @@ char *oai_parsed_events(oai_meta *m, oai_stream_sent *sent, const char *text, si
 char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool include_usage, size_t *len);
 /* The usage chunk of stream_options.include_usage: "choices": [] and r's usage. */
 char *oai_usage_chunk_sse(const oai_meta *m, const tandem_result *r, size_t *len);
+/* The same for n choices' results (their usage as oai_results_json sums it). */
+char *oai_usage_chunks_sse(const oai_meta *m, const tandem_result *rs, size_t n, size_t *len);
 /* An error inside a stream, after the 200 went out: "data: {"error": {...}}\n\n". */
 char *oai_error_sse(const oai_error *e, size_t *len);
 /* "data: [DONE]\n\n" */
@@ -101,6 +108,24 @@ char *oai_error_json(const oai_error *e, size_t *len);
 /* GET /v1/models: {"object": "list", "data": [{"id", "object": "model", "created",
  * "owned_by": "tandem", "max_model_len"}]} */
 char *oai_models_json(const char *model, int64_t created, int n_ctx, size_t *len);
+
+/* GET /v1/models/{id}: {"id", "object": "model", "created", "owned_by": "tandem",
+ * "max_model_len"} (the served model's; another id is a 404 in http.c). */
+char *oai_model_json(const char *model, int64_t created, int n_ctx, size_t *len);
+
+/* POST /tokenize (oai_tokenize.c): {"content": TEXT (llama-server's; add_special
+ * defaults to false) or "prompt": TEXT (vLLM's; add_special_tokens defaults to true),
+ * "add_special" / "add_special_tokens": bool (the BOS / EOS the tokenizer asks for),
+ * "with_pieces": bool, "parse_special": true only, "model": the served id} ->
+ * {"tokens": [id, ...] or with_pieces [{"id", "piece": text, or its bytes when not
+ * whole UTF-8}], "count", "max_model_len"}.  Any other member, a wrong type or another
+ * model is refused (e set: 400 naming it, 404 for the model); NULL then. */
+char *oai_tokenize_json(const tandem_model *model, const oai_limits *lim, const char *body, size_t len, size_t *out_len,
+                        oai_error *e);
+/* POST /detokenize: {"tokens": [id, ...], "model"?} -> {"content": TEXT, "prompt": TEXT}
+ * (llama-server's member and vLLM's); an id outside [0, n_vocab) is a 400 naming it. */
+char *oai_detokenize_json(const tandem_model *model, const oai_limits *lim, const char *body, size_t len,
+                          size_t *out_len, oai_error *e);
 
 /* GET /health: {"status": "ok", "model": ID} (model NULL: {"status": STATUS}), with
  * "progress" (the fraction of the models loaded) when progress >= 0. */

@@ -40,6 +40,11 @@ typedef struct srv_config {
     size_t max_body;             /* bytes of a request body at most (413 beyond) */
     srv_conn_limits conns;       /* connections at once, per address, their deadlines */
     srv_log *log;                /* borrowed; NULL: stderr */
+    const char *cors_origin;     /* NULL: no CORS (no such header, OPTIONS a 405); "*" or
+                                    comma-separated origins: answers to a request from one
+                                    of them (its Origin header; any with "*") carry
+                                    Access-Control-Allow-Origin, and OPTIONS preflights
+                                    of the endpoints are answered 204 */
 } srv_config;
 
 /* What the server serves, once loaded (srv_set_ready). */
@@ -48,6 +53,9 @@ typedef struct srv_model {
     tandem_engine *engine;       /* borrowed; its own scheduler thread runs */
     oai_limits lim;              /* model id, context, defaults (strings borrowed) */
     const char *chat_template;   /* for tandem_chat_render: NULL = the model's own */
+    bool prefix_cache;           /* the engine's prefix cache is on: the choices of a
+                                    request of n > 1 after the first are submitted once
+                                    the first's prompt is computed, and share its blocks */
     tdm_tool_format tool_format; /* how the template writes tool calls (srv_set_ready
                                     finds it): the format a chat's output is parsed in
                                     when tools are offered */
@@ -104,8 +112,11 @@ void srv_free(srv *s);
 
 struct MHD_Connection;
 /* An answer to queue: status, content type and body (taken over, heap). */
-int srv_send(struct MHD_Connection *c, int status, const char *type, char *body, size_t len);
-int srv_send_error(struct MHD_Connection *c, const oai_error *e);
+int srv_send(srv *s, struct MHD_Connection *c, int status, const char *type, char *body, size_t len);
+int srv_send_error(srv *s, struct MHD_Connection *c, const oai_error *e);
+/* The CORS headers of an answer to c (none unless cfg.cors_origin allows its Origin). */
+struct MHD_Response;
+void srv_cors_headers(const srv *s, struct MHD_Connection *c, struct MHD_Response *r);
 /* POST /v1/completions and /v1/chat/completions with its whole body: queues the
  * answer (or a stream) and returns MHD's result.  *status: the status answered.
  * *log_job: the request's job when one was submitted (else left as it is), for the log
