@@ -4,6 +4,7 @@
 
 #include <string.h>
 
+#include "constrain.h"
 #include "kv_cache.h"
 #include "ngram.h"
 #include "oracle.h"
@@ -35,6 +36,9 @@ static int32_t lookup_extension(tdm_engine *e, tdm_spec_ws *ws, tdm_seq *s, tdm_
                                 int32_t *draft) {
     if (!tdm_spec_lookup_n(sr) || k_ext <= len) return 0;
     int32_t m = tdm_ngram_propose(s->tokens, s->n_tokens + len, tdm_spec_lookup_n(sr), k_ext - len, draft + len);
+    /* a constrained chain's: cut at the first token the grammar refuses after draft[0..len)
+     * (the matcher's state while drafting) */
+    if (m > 0 && s->con) m = tdm_constraint_prefix(s, draft + len, m);
     if (m == 0) return 0;
     const int32_t kd = TDM_MAX(k - len, 1); /* (what the model would still draft) */
     const double rate_ng = tdm_len_rate(&ws->len, 1, tdm_ctrl_expected_tokens(sr->ctrl_ng.alpha, m), 1 + m, 0);
@@ -182,7 +186,8 @@ static bool device_rounds(const tdm_engine *e, const tdm_spec_ws *ws, const tdm_
     int32_t rows = 0;
     for (int32_t i = 0; i < n; i++) {
         const tdm_chain_req *q = &req[i];
-        if (q->s->sp.temperature > 0 || q->k != req[0].k || q->k_ext > q->k || q->sr->spec_p_min > 0 || q->sr->oracle)
+        if (q->s->sp.temperature > 0 || q->k != req[0].k || q->k_ext > q->k || q->sr->spec_p_min > 0 || q->sr->oracle ||
+            q->s->con)
             return false;
         rows += q->s->n_tokens - q->s->n_draft;
     }
@@ -248,14 +253,15 @@ typedef struct round_buf {
 } round_buf;
 
 static bool needs_host_logits(const tdm_chain_req *q) {
-    return (q->s->sp.temperature > 0 && !q->u) || q->sr->spec_p_min > 0 || (q->sr->oracle && q->s->sp.temperature <= 0);
+    return (q->s->sp.temperature > 0 && !q->u) || q->sr->spec_p_min > 0 || (q->sr->oracle && q->s->sp.temperature <= 0) ||
+           q->s->con; /* (masked on the host with the matcher's state along the chain) */
 }
 
 /* Sequence i's token d is x (or, stop, none: p_min cut the chain before it): kept,
  * the chain maybe completed by a lookup, its drafting over at k. */
 static void take(round_buf *r, int32_t i, int32_t d, int32_t x, bool stop) {
     tdm_chain_req *q = &r->req[i];
-    if (stop) {
+    if (stop || (q->s->con && !tdm_constraint_draft_accept(q->s, x))) { /* (a masked draw is allowed: never refused) */
         r->live[i] = false;
         return;
     }
@@ -270,13 +276,21 @@ static void take(round_buf *r, int32_t i, int32_t d, int32_t x, bool stop) {
 /* The token of logits row l for sequence i's slot d, from host logits: its argmax
  * (or the oracle's), a coupled draw, or an own draw from q (kept in ws->qprobs);
  * *stop when p_min cuts the chain before it. */
-static int32_t host_token(round_buf *r, int32_t i, int32_t d, const float *l, bool *stop) {
+static int32_t host_token(round_buf *r, int32_t i, int32_t d, float *l, bool *stop, tdm_err *err) {
     tdm_engine *e = r->e;
     const tdm_chain_req *q = &r->req[i];
     tdm_seq *s = q->s;
     const int32_t V = e->n_vocab;
     const float p_min = q->sr->spec_p_min;
     *stop = false;
+    if (s->con) { /* the row masked with the state after draft[0..d) (the matcher's now) */
+        if (!tdm_logits_finite(l, V)) return -1;
+        int32_t n_allowed = 0;
+        tandem_status st = tdm_constraint_draft_mask(s, d, &n_allowed, err); /* (kept for the verification) */
+        if (st) return *stop = true, -2;
+        if (n_allowed == 0) return *stop = true, -1; /* (the grammar finished: nothing to propose) */
+        tdm_logits_mask(l, V, tdm_constraint_row(s, d), TDM_LOGIT_NONE);
+    }
     if (s->sp.temperature <= 0) {
         if (d > 0 && p_min > 0 && tdm_top_prob(l, V) < p_min) return *stop = true, -1;
         return q->sr->oracle ? oracle_token(s, q->sr, l, V, q->draft, d) : tdm_argmax_finite(l, V);
@@ -302,14 +316,15 @@ static tandem_status flush(round_buf *r, tdm_err *err) {
     if (!st && !r->host) {
         for (int32_t j = 0; j < r->m; j++) {
             const tdm_chain_req *q = &r->req[scr->who[j]];
-            scr->rows[j] = (tdm_draw_row){q->s, q->u ? q->u[scr->slot[j]] : 0};
+            scr->rows[j] = (tdm_draw_row){q->s, q->u ? q->u[scr->slot[j]] : 0, NULL};
         }
         st = tdm_engine_draw(e, true, scr->rows, r->m, kind, scr->tok, err);
     }
     for (int32_t j = 0; j < r->m && !st; j++) {
         const int32_t i = scr->who[j], d = scr->slot[j];
         bool stop = false;
-        const int32_t x = r->host ? host_token(r, i, d, e->logits_d + (size_t)j * (size_t)e->n_vocab, &stop) : scr->tok[j];
+        const int32_t x = r->host ? host_token(r, i, d, e->logits_d + (size_t)j * (size_t)e->n_vocab, &stop, err) : scr->tok[j];
+        if (x == -2) return err->status ? err->status : TANDEM_ERR_INTERNAL; /* (a mask failed) */
         if (!stop && x < 0) return tdm_engine_nonfinite(e, true, r->req[i].s->n_tokens - 1 + d, err);
         r->req[i].n_forwards++;
         take(r, i, d, x, stop);
@@ -392,7 +407,7 @@ tandem_status tdm_draft_chains(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *re
         if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
     }
     if (n_own > 1) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "%d sequences drafting with q rows, at most 1", (int)n_own);
-    if (n == 1 && req[0].k > 0 && ws->chain_dev &&
+    if (n == 1 && req[0].k > 0 && ws->chain_dev && !req[0].s->con &&
         (req[0].s->sp.temperature <= 0 || (!req[0].u && ws->q_dev)))
         return chain_on_device(e, ws, &req[0], err);
     if (device_rounds(e, ws, req, n)) {
@@ -404,7 +419,11 @@ tandem_status tdm_draft_chains(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *re
         return TANDEM_OK;
     }
     round_buf r = {e, ws, scr, req, live, fed, 0, false, false};
+    for (int32_t i = 0; i < n; i++)
+        if (req[i].k > 0 && req[i].s->con) tdm_constraint_draft_begin(req[i].s);
     st = host_rounds(&r, n, err);
+    for (int32_t i = 0; i < n; i++)
+        if (req[i].k > 0 && req[i].s->con) tdm_constraint_draft_end(req[i].s);
     tdm_batch_clear(&e->batch);
     if (st) return st;
     /* the draft was fed the chain's tokens up to fed[i]: its K/V is consistent up to

@@ -22,6 +22,10 @@
  *   - n-gram extension (k_ext > k and the request's lookups on): once a drafted
  *     prefix makes a lookup match, the chain is completed from the match (up to
  *     k_ext tokens in all) when the lookups' expected rate beats the draft model's.
+ *   - a constrained sequence (constrain.h): each row masked on the host with the
+ *     grammar's state after the chain so far (the matcher marked at the start,
+ *     accepting each drafted token, rolled back at the end), a lookup's extension
+ *     cut at the first token the grammar refuses; it runs round by round on the host.
  * Where the backend keeps argmaxes and samples in its memory, a lone sequence's
  * forwards (greedy, or sampled with q rows on the device), and a batch of greedy
  * sequences with one k and neither p_min nor an extension nor the oracle, run back

@@ -475,6 +475,25 @@ typedef struct tandem_generate_params {
                                  before it (finish reason stop; tokens keep the one that
                                  completed it).  Copied when the request starts; default NULL */
     int n_stop;               /* [0, TANDEM_STOP_MAX]; default 0 */
+    /* Grammar-constrained decoding (at most one of the two; both set:
+     * TANDEM_ERR_INVALID_ARG).  Every token is drawn from the model's distribution
+     * restricted to the tokens the grammar allows next (greedy: the best of them), the
+     * draft's proposals and every verified position likewise, so that speculation
+     * keeps the constrained output exactly (greedy) or its distribution (sampled);
+     * end of generation only where the text is complete, and a text that nothing can
+     * follow ends the request (finish reason stop).  Compiled when the request is
+     * submitted: an invalid one fails it with TANDEM_ERR_INVALID_ARG naming where
+     * ("grammar: line 3:7: ...", "json_schema: #/properties/a: ..."), as does one that no
+     * token of the vocabulary can begin.  A constrained request verifies chains, not
+     * token trees (spec_tree is taken as 0); a sampled one on an engine of one
+     * sequence by rejection sampling with masked target and draft distributions
+     * (where the draft's q rows are on the host: the CPU), else by agreement with the
+     * target's own masked draws. */
+    const char *grammar;      /* GBNF text (llama.cpp's syntax, a `root` rule); NULL = none;
+                                 default NULL */
+    const char *json_schema;  /* a JSON schema (OpenAI's strict subset and more; the
+                                 keywords: src/grammar/json_schema.h); `{"type":"object"}`
+                                 is JSON mode (any JSON object); NULL = none; default NULL */
 } tandem_generate_params;
 
 TANDEM_API tandem_generate_params tandem_generate_default_params(void);

@@ -396,6 +396,13 @@ typedef struct tdm_backend_ops {
      * a GPU trusts its caller (tdm_vocab_head_init checked them).  Does not wait. */
     tandem_status (*scatter_cols)(tdm_backend *b, const float *x, int32_t n, int32_t nx, const int32_t *ids,
                                   int32_t dim, float fill, float *y, tdm_err *err);
+    /* Optional (NULL: constrained requests are refused where the engine samples on
+     * the device): token masks of grammar-constrained decoding, x[i][v] = fill for
+     * every row i < n and column v < dim whose bit is clear in mask[i] ((dim + 31) / 32
+     * words a row, bit v % 32 of word v / 32), the others unchanged: each row as
+     * tdm_logits_mask (sampling.h) makes it.  x and mask backend memory.  Does not wait. */
+    tandem_status (*mask_rows)(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
+                               tdm_err *err);
 } tdm_backend_ops;
 
 /* The logit that a head over part of the vocabulary (scatter_cols) gives every token

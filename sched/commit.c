@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "constrain.h"
 #include "kv_cache.h"
 
 static bool append_text(tdm_seq *s, const char *t, size_t n) {
@@ -29,12 +30,16 @@ bool tdm_commit_token(tdm_engine *e, tdm_seq *s, int32_t token) {
     int32_t nb = tdm_detok_push(&s->detok, tok, token, buf, e->piece_cap);
     if (nb > 0) append_text(s, buf, (size_t)nb);
     int32_t n_gen = s->n_tokens - s->n_prompt;
+    const bool refused = s->con && !tdm_constraint_commit(s, token); /* (the request fails: step.c) */
     if (!s->ignore_eos && tdm_tok_is_eog(tok, token)) {
         s->done = true;
         s->finish = TANDEM_FINISH_EOS;
     } else if (n_gen >= s->max_new || s->n_tokens >= e->cfg.n_ctx) {
         s->done = true;
         s->finish = TANDEM_FINISH_LENGTH;
+    } else if (refused || (s->con && tdm_constraint_finished(s))) { /* nothing can follow */
+        s->done = true;
+        s->finish = TANDEM_FINISH_STOP;
     }
     if (s->done) {
         int32_t nf = tdm_detok_flush(&s->detok, buf, e->piece_cap);

@@ -12,8 +12,9 @@
 /* Appends a token to the sequence and emits it: detokenised into the request's
  * text, end of generation (EOS, max_tokens, the context) and stop strings checked,
  * the text that can no longer begin a stop string passed to the token callback
- * (which may cancel).  Returns false when generation must stop (s->done is then
- * set). */
+ * (which may cancel); a constrained sequence's matcher accepts it, and a grammar
+ * that nothing can follow any more ends it (finish reason stop).  Returns false
+ * when generation must stop (s->done is then set). */
 bool tdm_commit_token(tdm_engine *e, tdm_seq *s, int32_t token);
 
 /* After a verdict on a chain draft[0..v->n_acc + ...) after s's n committed tokens:

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "constrain.h"
 #include "kv_cache.h"
 #include "sched_internal.h"
 #include "tree_draft.h"
@@ -173,7 +174,8 @@ static int32_t plan(tdm_sched *s, step_item *it) {
         it[n] = (step_item){.r = r, .from = p, .to = p + 1 + TDM_MAX(k, look), .decode = true, .want = true, .k = k,
                             .k_plan = s->e->draft ? s->plan_of[i] : -1, .k_look = look, .n_model = k, .draft = s->drafts + (size_t)i * TDM_CTRL_MAX_K,
                             .root = s->roots + (size_t)i * TDM_TREE_DEPTH_MAX,
-                            .reject = r->s.sp.temperature > 0 && s->cap == 1 && e->draft};
+                            .reject = r->s.sp.temperature > 0 && s->cap == 1 && e->draft &&
+                                      (!r->s.con || !s->ws->q_dev)};
         tdm_tree_cfg cfg;
         if (s->tree_of[i] > 0) {
             it[n].tree = &s->trees[i], it[n].budget = s->tree_of[i], it[n].k = it[n].n_model = 0;
@@ -257,6 +259,7 @@ static bool reserve(tdm_sched *s, const step_item *it, int32_t n) {
 static void finish_done(tdm_sched *s) {
     for (int32_t i = s->n_run - 1; i >= 0; i--) {
         tdm_req *r = s->run[i];
+        if (r->s.con && r->s.con->fail_st) tdm_sched_fail(r, r->s.con->fail_st, &r->s.con->fail_err);
         if (r->fail_st || r->s.done) tdm_sched_finish(s, r, TANDEM_FINISH_NONE);
     }
 }

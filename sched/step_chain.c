@@ -17,7 +17,8 @@
  * 0, when the step's expected rate with it, E[tokens] / cost (the row model,
  * tdm_len_rate; the lookup runs no model, and a lone sequence that takes it runs no
  * draft round at all), is at least the rate without it; every TDM_NGRAM_EXPLORE-th
- * match passed over is taken anyway, so that a low estimate can recover.
+ * match passed over is taken anyway, so that a low estimate can recover.  A
+ * constrained sequence's lookup is cut at the first token its grammar refuses.
  *
  * The draft model's chains are drafted together (draft/chain.h: one draft forward
  * per round for all; a sampled sequence's token drawn with the uniform its target
@@ -30,6 +31,7 @@
 #include <string.h>
 
 #include "chain.h"
+#include "constrain.h"
 #include "ngram.h"
 #include "sched_internal.h"
 
@@ -115,7 +117,9 @@ void tdm_sched_take_lookup_chain(tdm_sched *s, step_item *it, int32_t nd) {
 static bool lookup_chain(tdm_sched *s, step_item *it) {
     const tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
-    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k_look, it->draft);
+    int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k_look, it->draft);
+    if (nd > 0 && q->con) nd = tdm_constraint_prefix(&it->r->s, it->draft, nd); /* (cut at the first token the
+                                                                                      grammar refuses) */
     if (nd <= 0) return false;
     const tdm_len_choice *ch = &s->len_ch;
     const tdm_len_ctrl *len = &s->ws->len;

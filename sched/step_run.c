@@ -22,6 +22,7 @@
 
 #include "accept.h"
 #include "commit.h"
+#include "constrain.h"
 #include "kv_cache.h"
 #include "liblog.h"
 #include "sched_internal.h"
@@ -38,6 +39,8 @@ static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree
  * there, a tree's on the host. */
 static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
     const bool samples = it->r->s.sp.temperature > 0 && (it->tree || it->decode || it->want);
+    const bool masked = it->r->s.con && (it->decode || it->want); /* (its rows masked before the draw) */
+    if (masked && !samples) return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     if (!samples) return TDM_FWD_ARGMAX;
     if (it->reject) return !it->tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
@@ -69,17 +72,29 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             int32_t deepest = -1;
             for (int32_t x = 0; x < t->n; x++) deepest = TDM_MAX(deepest, t->depth[x]);
             if (draws) tdm_engine_draws(q, deepest + 2, u);
-            rows[m++] = (tdm_draw_row){q, u[0]};
-            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1]};
+            rows[m++] = (tdm_draw_row){q, u[0], NULL};
+            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1], NULL};
             if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
             continue;
         }
         if (draws) tdm_engine_draws(q, item_logits(&it[i]), u);
+        /* a constrained item's rows masked: row d with the grammar's state after the
+         * chain's first d tokens (a failure fails it alone: its rows draw unmasked and
+         * are dropped) */
+        const bool masked = q->con && (it[i].decode || it[i].want) && !it[i].r->fail_st;
+        if (masked) {
+            tdm_err merr = {0};
+            tandem_status mst = tdm_constraint_rows(e, q, it[i].draft, it[i].decode ? it[i].k : 0, &merr);
+            if (mst) tdm_sched_fail(it[i].r, mst, &merr);
+        }
         for (int32_t p = it[i].from, d = 0; p < it[i].to; p++) {
             const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
             const int32_t tk = p < q->n_tokens ? q->tokens[p] : it[i].draft[p - q->n_tokens];
             tdm_batch_add(b, tk, p, i, p, want);
-            if (want) rows[m++] = (tdm_draw_row){q, u[d++]};
+            if (want) {
+                rows[m] = (tdm_draw_row){q, u[d], masked && !it[i].r->fail_st ? tdm_constraint_row(q, d) : NULL};
+                m++, d++;
+            }
         }
         if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
         any_chunk |= !it[i].decode;
@@ -89,6 +104,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
     const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
     if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
+    if (!st && m > 0 && rule_reads_rows) st = tdm_engine_mask_rows(e, false, rows, m, kind, err); /* (p masked) */
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);
         for (int32_t i = 0; i < n; i++) {
@@ -161,6 +177,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
         const int32_t n_out = item_logits(&it[i]);
         const int32_t *out = tok + j, t = n_out ? out[n_out - 1] : 0;
         j += n_out;
+        if (r->fail_st) continue; /* (its masks failed) */
         int32_t bad = -1;
         for (int32_t x = 0; x < n_out && bad < 0; x++)
             if (out[x] < 0) bad = x;

@@ -37,7 +37,8 @@
 #include "tree_draft.h"
 #include "tree_verify.h"
 
-static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0; }
+/* (a constrained sequence verifies chains: its masks follow one path) */
+static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0 && !r->s.con; }
 
 /* The largest budget an auto choice weighs. */
 static int32_t auto_max(const tdm_sched *s) {

@@ -31,6 +31,16 @@ float *tdm_test_rand_vec(uint64_t *rng, size_t n, float lo, float hi) {
     return v;
 }
 
+uint32_t *tdm_test_rand_mask(uint64_t *rng, size_t n) {
+    uint32_t *m = malloc(n * sizeof(uint32_t));
+    cr_assert(m);
+    for (size_t i = 0; i < n; i++) {
+        const uint64_t r = tdm_test_rand(rng);
+        m[i] = i % 5 == 0 ? 0xffffffffu : i % 7 == 0 ? 0 : (uint32_t)r;
+    }
+    return m;
+}
+
 tdm_weight tdm_test_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng) {
     uint64_t rb;
     cr_assert(tdm_dtype_row_bytes(type, (uint64_t)cols, &rb));

@@ -12,6 +12,9 @@ int tdm_test_levels(tdm_cpu_level out[TDM_CPU_N_LEVELS]);
 tdm_backend *tdm_test_backend(tdm_cpu_level level, int nt);
 /* n floats uniform in [lo, hi) (malloc'd, 64 spare bytes). */
 float *tdm_test_rand_vec(uint64_t *rng, size_t n, float lo, float hi);
+/* n mask words (token masks, mask_rows): every 5th all ones, every 7th (else) all
+ * zeros, the others random (malloc'd). */
+uint32_t *tdm_test_rand_mask(uint64_t *rng, size_t n);
 /* A random weight [rows][cols] of the given type in the rows layout, values in
  * [-1, 1) rounded through tdm_row_from_f32 (data malloc'd). */
 tdm_weight tdm_test_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *rng);

@@ -80,6 +80,8 @@ static const field generate_fields[] = {
     F(tandem_generate_params, ignore_eos, K_BOOL),
     F(tandem_generate_params, stop, K_PTR),
     F(tandem_generate_params, n_stop, K_INT),
+    F(tandem_generate_params, grammar, K_PTR),
+    F(tandem_generate_params, json_schema, K_PTR),
 };
 static const field request_fields[] = {
     F(tandem_request, prompt, K_PTR),

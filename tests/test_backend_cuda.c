@@ -14,6 +14,7 @@
 #include "backend_testutil.h"
 #include "cuda_testutil.h"
 #include "engine.h"
+#include "grammar.h"
 #include "model.h"
 #include "nonfinite_testutil.h"
 #include "ref_ops.h"
@@ -175,6 +176,42 @@ Test(cuda_ops, scatter_cols_equals_cpu) {
     OK(b->ops->scatter_cols(b, dx, 0, nx, dids, dim, 0, dy, &err_));
     b->ops->free(b, dx), b->ops->free(b, dy), b->ops->free(b, dids);
     free(x), free(want), free(got);
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
+/* mask_rows (grammar-constrained decoding's token masks) equals the CPU backend's op
+ * bit for bit, which is tdm_logits_mask row by row: disallowed columns get the fill,
+ * the others keep their logits (a width not a multiple of 32, words of every kind);
+ * a bad shape is refused. */
+Test(cuda_ops, mask_rows_equals_cpu) {
+    tdm_backend *b = gpu(), *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
+    uint64_t rng = 11;
+    const int32_t n = 5, dim = 5003;
+    const size_t W = ((size_t)dim + 31) / 32;
+    uint32_t *mask = tdm_test_rand_mask(&rng, (size_t)n * W);
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -20, 20), *want = malloc((size_t)n * dim * 4);
+    memcpy(want, x, (size_t)n * dim * 4);
+    float *dx = put(b, x, (size_t)n * dim * 4);
+    uint32_t *dm = put(b, mask, (size_t)n * W * 4);
+    OK(b->ops->mask_rows(b, dx, n, dim, dm, TDM_LOGIT_NONE, &err_));
+    OK(cpu->ops->mask_rows(cpu, want, n, dim, mask, TDM_LOGIT_NONE, &err_));
+    float *got = get(b, dx, (size_t)n * dim * 4);
+    cr_assert(memcmp(got, want, (size_t)n * dim * 4) == 0, "mask_rows differs from the CPU's");
+    int32_t masked = 0;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t v = 0; v < dim; v++) {
+            const bool on = mask[(size_t)i * W + (size_t)v / 32] >> (v % 32) & 1;
+            cr_assert_eq(got[(size_t)i * dim + v], on ? x[(size_t)i * dim + v] : TDM_LOGIT_NONE);
+            masked += !on;
+        }
+    cr_assert_gt(masked, 0);
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->mask_rows(b, dx, -1, dim, dm, 0, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->mask_rows(b, dx, n, 0, dm, 0, &err), TANDEM_ERR_INVALID_ARG);
+    OK(b->ops->mask_rows(b, dx, 0, dim, dm, 0, &err_));
+    b->ops->free(b, dx), b->ops->free(b, dm);
+    free(x), free(want), free(got), free(mask);
     tdm_backend_destroy(cpu);
     tdm_backend_destroy(b);
 }
@@ -598,6 +635,59 @@ Test(cuda_engine, greedy_reference_and_speculative_equality, .timeout = 900) {
     const int matches = cuda_spec_equality(NULL, "f16 cache", &accepted, &drafted);
     cr_assert_gt(drafted, 0);
     cr_assert_geq(matches, 98, "only %d of 100 greedy continuations match the reference", matches);
+}
+
+/* Grammar-constrained decoding on the GPU (the masks uploaded and applied by the
+ * mask_rows op where the logits are, device sampling; the constrained draft's chains
+ * on the host): under a GBNF grammar and a JSON schema, greedy speculative output
+ * equals target-only output and parses under the grammar; sampled (an engine of one
+ * sequence), the speculative output equals the target-only output of the same seed. */
+Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
+    static const char *gram = "root ::= \"def \" [a-z_]+ \"(\" [a-z, ]* \"):\\n    return \" [a-z0-9_ +*]+ \"\\n\"";
+    static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 20},"
+                                " \"n\": {\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"], \"additionalProperties\": false}";
+    tandem_model *target = NULL, *draft = NULL;
+    open_cuda_pair("pycode-draft-xs-f16.gguf", &target, &draft);
+    tandem_engine *plain = NULL, *spec = NULL;
+    cr_assert_eq(tandem_engine_open(target, NULL, NULL, &plain), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_engine_open(target, draft, NULL, &spec), TANDEM_OK, "%s", tandem_last_error());
+    tdm_grammar *g;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_grammar_parse(gram, strlen(gram), &g, &err), TANDEM_OK, "%s", err.msg);
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    uint64_t drafted = 0;
+    for (size_t li = 0; li < 24; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 48;
+        gp.grammar = li % 2 ? NULL : gram;
+        gp.json_schema = li % 2 ? schema : NULL;
+        if (li % 3 == 2) gp.temperature = 0.8f, gp.seed = 500 + li;
+        tandem_result a, b;
+        cr_assert_eq(tandem_generate_ids(plain, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert(a.n_tokens == b.n_tokens && memcmp(a.tokens, b.tokens, a.n_tokens * sizeof(int32_t)) == 0,
+                  "prompt %zu (%s): constrained speculative decoding on the GPU differs from target-only", li,
+                  gp.temperature > 0 ? "sampled" : "greedy");
+        if (gp.grammar && a.finish_reason != TANDEM_FINISH_LENGTH) {
+            bool ok = false;
+            cr_assert_eq(tdm_grammar_matches(g, a.text, strlen(a.text), &ok, &err), TANDEM_OK, "%s", err.msg);
+            cr_assert(ok, "prompt %zu: \"%s\" is not a sentence of the grammar", li, a.text);
+        }
+        drafted += b.spec.drafted;
+        tandem_result_free(&a);
+        tandem_result_free(&b);
+        free(ids);
+    }
+    cr_assert_gt(drafted, 0);
+    tdm_grammar_free(g);
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
+    tandem_model_close(draft);
+    tandem_model_close(target);
 }
 
 /* The same with q8_0 caches (both models): speculative output equals target-only

@@ -948,3 +948,34 @@ Test(backend, threadpool_team_jobs) {
     }
 }
 
+
+/* mask_rows (grammar-constrained decoding's token masks) on every level and with
+ * threads: each row's disallowed columns get the fill, the others keep their values
+ * bit for bit, against a loop over the bits; a width not a multiple of 32, words all
+ * ones, all zeros and mixed; a bad shape is refused. */
+Test(ops, mask_rows_against_bits) {
+    uint64_t rng = 21;
+    const int32_t n = 7, dim = 1000;
+    const size_t W = ((size_t)dim + 31) / 32;
+    uint32_t *mask = tdm_test_rand_mask(&rng, (size_t)n * W);
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -5, 5), *y = malloc((size_t)n * dim * 4);
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    const int n_lv = tdm_test_levels(lv);
+    for (int l = 0; l < n_lv; l++)
+        for (int th = 1; th <= 2; th++) {
+            tdm_backend *b = tdm_test_backend(lv[l], th);
+            memcpy(y, x, (size_t)n * dim * 4);
+            tdm_err err = {0};
+            cr_assert_eq(b->ops->mask_rows(b, y, n, dim, mask, -7.0f, &err), TANDEM_OK, "%s", err.msg);
+            for (int32_t i = 0; i < n; i++)
+                for (int32_t v = 0; v < dim; v++) {
+                    const bool on = mask[(size_t)i * W + (size_t)v / 32] >> (v % 32) & 1;
+                    cr_assert_eq(y[(size_t)i * dim + v], on ? x[(size_t)i * dim + v] : -7.0f, "row %d column %d", i, v);
+                }
+            cr_assert_eq(b->ops->mask_rows(b, y, -1, dim, mask, 0, &err), TANDEM_ERR_INVALID_ARG);
+            cr_assert_eq(b->ops->mask_rows(b, y, n, 0, mask, 0, &err), TANDEM_ERR_INVALID_ARG);
+            cr_assert_eq(b->ops->mask_rows(b, y, n, dim, NULL, 0, &err), TANDEM_ERR_INVALID_ARG);
+            tdm_backend_destroy(b);
+        }
+    free(mask), free(x), free(y);
+}

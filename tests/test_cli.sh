@@ -909,4 +909,37 @@ expect_exit 0 "quantize --force q6_k" "$TANDEM" quantize --force "$TARGET" "$TMP
 "$TANDEM" info "$TMP/q.gguf" 2>/dev/null | grep -q "blk.0.ffn_down.weight *q6_k" && pass "quantize: q6_k rows of 1024" ||
     fail "quantize: q6_k tensor types"
 
+# ------------------------------------------------------------ grammar, json schema
+printf 'root ::= "def " [a-z_]+ "(" [a-z, ]* "):\\n    return " [a-z0-9_ +*]+ "\\n"\n' >"$TMP/g.gbnf"
+printf '{"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false}' >"$TMP/s.json"
+expect_exit 0 "generate --grammar" "$TANDEM" generate -m "$TARGET" -p "import os" --grammar "$TMP/g.gbnf" -n 40
+head -c 4 "$TMP/out" | grep -q '^def ' && pass "generate --grammar: the text follows the grammar" ||
+    fail "generate --grammar: $(head -c 200 "$TMP/out")"
+expect_exit 0 "generate --grammar with a draft" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p "import os" --grammar "$TMP/g.gbnf" -n 40
+cp "$TMP/out" "$TMP/g_spec.out"
+"$TANDEM" generate -m "$TARGET" -p "import os" --grammar "$TMP/g.gbnf" -n 40 >"$TMP/g_plain.out" 2>/dev/null
+cmp -s "$TMP/g_spec.out" "$TMP/g_plain.out" && pass "generate --grammar: the draft changes nothing (greedy)" ||
+    fail "generate --grammar: with and without a draft differ"
+expect_exit 0 "generate --json-schema" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p "x = " --json-schema "$TMP/s.json" -n 40 --json
+python3 -c 'import json,sys; t=json.loads(open(sys.argv[1]).read())["text"]; v=json.loads(t); assert list(v)==["n"] and isinstance(v["n"], int)' "$TMP/out" &&
+    pass "generate --json-schema: the text is the schema's JSON" || fail "generate --json-schema: $(head -c 300 "$TMP/out")"
+expect_exit 2 "generate: --grammar and --json-schema" "$TANDEM" generate -m "$TARGET" -p x --grammar "$TMP/g.gbnf" --json-schema "$TMP/s.json"
+expect_exit 1 "generate --grammar: a missing file" "$TANDEM" generate -m "$TARGET" -p x --grammar "$TMP/none.gbnf"
+printf 'root ::= "a" b\n' >"$TMP/bad.gbnf"
+expect_error "generate --grammar: an undefined rule" "grammar: line 1:" "$TANDEM" generate -m "$TARGET" -p x --grammar "$TMP/bad.gbnf"
+printf '%s\n' '{"id": 1, "prompt": "x = ", "json_schema": {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": false}, "max_tokens": 30}' \
+    '{"id": 2, "prompt": "import os", "grammar": "root ::= \"def \" [a-z]+", "max_tokens": 8}' \
+    '{"id": 3, "prompt": "import os", "max_tokens": 4}' >"$TMP/gp.jsonl"
+expect_exit 0 "generate --prompts with grammar / json_schema lines" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/gp.jsonl" --json
+python3 - "$TMP/out" <<'PY' && pass "prompts: each line's constraint" || fail "prompts: a line's constraint ($(head -c 300 "$TMP/out"))"
+import json, sys, re
+rs = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
+assert isinstance(json.loads(rs[1]["text"])["a"], bool)
+assert re.fullmatch(r"def [a-z]+", rs[2]["text"]), rs[2]["text"]
+PY
+check_bad_prompts "grammar and json_schema" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "grammar": "root ::= \"a\"", "json_schema": {}}'$'\n'
+expect_err 'give "grammar" or "json_schema", not both' "prompts: grammar and json_schema"
+check_bad_prompts "grammar not a string" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "grammar": 3}'$'\n'
+expect_err '"grammar" must be a string' "prompts: grammar 3"
+
 cli_done

@@ -48,6 +48,20 @@ grep -q "run: 7 requests (5 already done" "$TMP/err" && pass "run: the resumed j
 tokens <"$TMP/out.jsonl" | sort -n >"$TMP/r2"
 cmp -s "$TMP/b1s" "$TMP/r2" && pass "run: after the resume every id once, nothing cut" ||
     fail "run: resumed output: $(diff "$TMP/b1s" "$TMP/r2" | head -c 300)"
+# a line's grammar / json_schema constrains it in a job; a bad one fails that line alone
+printf '%s\n' '{"id": 1, "prompt": "x = ", "json_schema": {"type": "object", "properties": {"a": {"type": "boolean"}}, "required": ["a"], "additionalProperties": false}, "max_tokens": 30}' \
+    '{"id": 2, "prompt": "import os", "grammar": "root ::= \"def \" [a-z]+", "max_tokens": 8}' \
+    '{"id": 3, "prompt": "import os", "grammar": "root ::= undefined", "max_tokens": 8}' >"$TMP/pg.jsonl"
+rm -f "$TMP/g.jsonl"
+"$TANDEM" run "$TMP/job.ini" --set job.input=pg.jsonl --set job.output=g.jsonl >/dev/null 2>"$TMP/err"
+[ $? -eq 1 ] && python3 - "$TMP/g.jsonl" <<'PY' && pass "run: each line's grammar / json_schema; a bad one is that line's error" ||
+import json, sys, re
+rs = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
+assert isinstance(json.loads(rs[1]["text"])["a"], bool)
+assert re.fullmatch(r"def [a-z]+", rs[2]["text"]), rs[2]["text"]
+assert "grammar: line 1:" in rs[3]["error"], rs[3]
+PY
+    fail "run: constrained lines: $(head -c 400 "$TMP/g.jsonl") $(tail -c 200 "$TMP/err")"
 rm -f "$TMP/s0.jsonl" "$TMP/s1.jsonl"
 "$TANDEM" run "$TMP/job.ini" --shard 0/2 --set job.output=s0.jsonl 2>/dev/null
 "$TANDEM" run "$TMP/job.ini" --shard 1/2 --set job.output=s1.jsonl 2>/dev/null

@@ -240,8 +240,26 @@ static const bad_case bad_cases[] = {
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"1\", \"name\": [\"a\"]}]}", 400, "messages", "'messages'[0].name must be a string, not an array"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"assistant\", \"content\": \"1\", \"reasoning_content\": {}}]}", 400, "messages", "'messages'[0].reasoning_content must be a string"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"tools\": [1]}", 400, "tools", "not supported"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}}",
-     400, "response_format", "only {\"type\": \"text\"}"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"xml\"}}",
+     400, "response_format", "not \"xml\""},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": \"json\"}", 400,
+     "response_format", "must be an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\"}}",
+     400, "response_format", "'response_format.json_schema' must be an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {}}}}",
+     400, "response_format", "name' is required"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a b\"}}}",
+     400, "response_format", "name' must be 1 to 64"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"strict\": 1}}}",
+     400, "response_format", "strict' must be a boolean"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a\", \"schema\": [1]}}}",
+     400, "response_format", "schema' must be an object"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}, \"grammar\": \"root ::= \\\"a\\\"\"}",
+     400, "grammar", "give one of 'response_format', 'grammar' and 'json_schema'"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= \\\"a\\\"\", \"json_schema\": {}}", 400, "json_schema",
+     "give one of"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"grammar\": 1}", 400, "grammar", "must be a string of GBNF text"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"json_schema\": \"{}\"}", 400, "json_schema", "must be an object"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_completion_tokens\": 0}", 400,
      "max_completion_tokens", "out of range"},
 };
@@ -965,4 +983,42 @@ Test(serve_response, parsed_stream_equals_whole) {
         }
         tdm_json_free(j);
     }
+}
+
+/* The output's constraint: response_format json_object / json_schema and
+ * llama-server's grammar and json_schema into the engine's grammar / json_schema. */
+Test(serve_request, response_format_and_grammar) {
+    oai_limits l = limits(false);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"text\"}}", &l, &r, &e), "%s", e.message);
+    cr_expect(r.params.grammar == NULL && r.params.json_schema == NULL);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_object\"}}", &l, &r, &e), "%s", e.message);
+    cr_expect_str_eq(r.params.json_schema, "{\"type\":\"object\"}");
+    cr_expect_null(r.params.grammar);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_CHAT,
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\", "
+                    "\"json_schema\": {\"name\": \"pt\", \"strict\": true, \"schema\": {\"type\": \"object\", \"properties\": "
+                    "{\"x\": {\"type\": \"integer\"}}, \"required\": [\"x\"], \"additionalProperties\": false}}}}",
+                    &l, &r, &e),
+              "%s", e.message);
+    tdm_json *j = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_json_parse(r.params.json_schema, strlen(r.params.json_schema), &j, &err), TANDEM_OK, "%s", err.msg);
+    cr_expect_eq(tdm_json_get(j, "additionalProperties")->type, TDM_JSON_BOOL);
+    cr_expect_not_null(tdm_json_get(tdm_json_get(j, "properties"), "x"));
+    tdm_json_free(j);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"any\"}}}", &l, &r, &e), "%s", e.message);
+    cr_expect_str_eq(r.params.json_schema, "{}");
+    oai_request_free(&r);
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"grammar\": \"root ::= [a-z]+\"}", &l, &r, &e), "%s", e.message);
+    cr_expect_str_eq(r.params.grammar, "root ::= [a-z]+");
+    cr_expect_null(r.params.json_schema);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"boolean\"}}", &l, &r, &e), "%s", e.message);
+    cr_expect_str_eq(r.params.json_schema, "{\"type\": \"boolean\"}");
+    oai_request_free(&r);
 }

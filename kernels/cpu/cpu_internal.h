@@ -279,6 +279,8 @@ tandem_status tdm_cpu_scale(tdm_backend *b, float *x, int32_t n, int32_t dim, fl
 tandem_status tdm_cpu_softcap(tdm_backend *b, float *x, int32_t n, int32_t dim, float cap, tdm_err *err);
 tandem_status tdm_cpu_scatter_cols(tdm_backend *b, const float *x, int32_t n, int32_t nx, const int32_t *ids,
                                    int32_t dim, float fill, float *y, tdm_err *err);
+tandem_status tdm_cpu_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
+                                tdm_err *err);
 /* gelu(g) * u for i < n, GELU's tanh approximation in f32 (the geglu op's row). */
 void tdm_cpu_geglu_row(const float *g, const float *u, float *o, int32_t n);
 

@@ -163,3 +163,29 @@ tandem_status tdm_cpu_scatter_cols(tdm_backend *b, const float *x, int32_t n, in
     if (j.bad) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "scatter_cols: ids not ascending in [0, %d)", (int)dim);
     return TANDEM_OK;
 }
+
+/* ---- mask_rows ----------------------------------------------------------------- */
+
+typedef struct mask_job {
+    float *x;
+    const uint32_t *mask;
+    int32_t dim;
+    float fill;
+} mask_job;
+
+static void mask_task(void *ctx, int64_t i, int ith) {
+    (void)ith;
+    const mask_job *j = ctx;
+    const size_t words = ((size_t)j->dim + 31) / 32;
+    tdm_logits_mask(j->x + i * j->dim, j->dim, j->mask + (size_t)i * words, j->fill);
+}
+
+tandem_status tdm_cpu_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
+                                tdm_err *err) {
+    GET_CPU("mask_rows");
+    tandem_status st = tdm_check_rows("mask_rows", x, mask, n, dim, err);
+    if (st || n == 0) return st;
+    mask_job j = {x, mask, dim, fill};
+    tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, 65536), mask_task, &j);
+    return TANDEM_OK;
+}

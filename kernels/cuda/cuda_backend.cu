@@ -323,6 +323,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .tree_grow = */ tdm_cuda_tree_grow,
     /* .moe_experts = */ NULL, /* (mixture-of-experts models are refused at load here) */
     /* .scatter_cols = */ tdm_cuda_scatter_cols,
+    /* .mask_rows = */ tdm_cuda_mask_rows,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

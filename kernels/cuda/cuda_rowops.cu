@@ -147,6 +147,31 @@ tandem_status tdm_cuda_scatter_cols(tdm_backend *b, const float *x, int32_t n, i
     return TANDEM_OK;
 }
 
+/* ---- mask_rows ------------------------------------------------------------------- */
+
+/* Grid (column chunks, rows): a thread per column reads its word (neighbours share
+ * it through the cache) and writes fill where the bit is clear. */
+__global__ void k_mask_rows(float *x, int32_t dim, const uint32_t *mask, size_t words, float fill) {
+    TDM_PDL_ENTRY();
+    const int32_t v = blockIdx.x * blockDim.x + threadIdx.x;
+    if (v >= dim) return;
+    const uint32_t w = mask[(size_t)blockIdx.y * words + (size_t)(v >> 5)];
+    if (!(w >> (v & 31) & 1u)) x[(size_t)blockIdx.y * dim + v] = fill;
+}
+
+tandem_status tdm_cuda_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
+                                 tdm_err *err) {
+    GET_CUDA("mask_rows");
+    tandem_status st = tdm_check_rows("mask_rows", x, mask, n, dim, err);
+    if (st || n == 0) return st;
+    if (n > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "mask_rows: %d rows (at most 65535)", (int)n);
+    const int32_t t = TDM_CUDA_THREADS;
+    tdm_launch(k_mask_rows, dim3((unsigned)((dim + t - 1) / t), (unsigned)n), t, 0, c->stream, x, dim, mask,
+               ((size_t)dim + 31) / 32, fill);
+    TDM_CU_LAUNCHED("mask_rows");
+    return TANDEM_OK;
+}
+
 /* ---- add_bias, swiglu, gather_rows --------------------------------------------- */
 
 __global__ void k_add_bias(float *y, const float *bias, int32_t dim) {

@@ -315,6 +315,16 @@ int32_t tdm_argmax_finite(const float *logits, int32_t n) {
     return tdm_logits_finite(logits, n) ? tdm_argmax(logits, n) : -1;
 }
 
+void tdm_logits_mask(float *l, int32_t n, const uint32_t *mask, float fill) {
+    for (int32_t w = 0; w * 32 < n; w++) {
+        const uint32_t bits = mask[w];
+        if (bits == 0xffffffffu) continue;
+        const int32_t end = n - w * 32 < 32 ? n - w * 32 : 32;
+        for (int32_t b = 0; b < end; b++)
+            if (!(bits >> b & 1u)) l[w * 32 + b] = fill;
+    }
+}
+
 /* sum_i exp(l[i] - m) (m finite, the largest logit) without storing the terms:
  * chunks of 256 (a multiple of 8, so the lanes see what exp_shifted's would) go
  * through a stack buffer, so the exp loop vectorises as exp_shifted's does. */

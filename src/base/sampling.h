@@ -38,6 +38,10 @@ int32_t tdm_argmax(const float *logits, int32_t n); /* lowest index on ties; NaN
 bool tdm_logits_finite(const float *logits, int32_t n);
 /* tdm_argmax, or -1 when a logit is not finite (a broken model: no token). */
 int32_t tdm_argmax_finite(const float *logits, int32_t n);
+/* Token masks (grammar-constrained decoding): l[i] = fill for every i < n whose bit
+ * (i % 32 of mask[i / 32], (n + 31) / 32 words) is clear; the others unchanged.  The
+ * reference of the backends' mask_rows op. */
+void tdm_logits_mask(float *l, int32_t n, const uint32_t *mask, float fill);
 
 /* The largest probability of softmax(logits): 1 / sum_i exp(l_i - max), in one
  * vectorised pass without writing the distribution (the draft's p_min test).  NaN

@@ -177,6 +177,9 @@ typedef struct cli_prompt {
     bool has_stop;           /* "stop" given (possibly []: none) */
     char **stop;             /* [n_stop] NUL-terminated strings (heap) */
     int n_stop;
+    char *grammar;           /* "grammar": GBNF text (heap), NULL = the job's */
+    char *json_schema;       /* "json_schema": the schema's JSON text (heap; an object, or a
+                                string holding one), NULL = the job's */
     char *error;             /* cli_prompts_read_lenient: "FILE:LINE: problem" of a bad line
                                 (heap; the id is then the line's index), else NULL */
 } cli_prompt;
@@ -207,7 +210,8 @@ bool cli_messages_ok(const struct tdm_json *m);
 /* A JSON value as text (heap), or NULL when out of memory. */
 char *cli_json_text(const struct tdm_json *j);
 
-/* Puts p's own fields (seed, max_tokens, temperature, stop, priority, timeout) over
+/* Puts p's own fields (seed, max_tokens, temperature, stop, grammar or json_schema,
+ * priority, timeout) over
  * the request's (those of the command line or the job).  rq->params.stop then points
  * into p. */
 void cli_prompt_apply(const cli_prompt *p, tandem_request *rq);
@@ -414,6 +418,8 @@ typedef struct cli_gen_opts {
     int ctx;                   /* --ctx: tokens per sequence; 0 = the engine's default */
     size_t kv_mem;             /* --kv-mem: KV cache budget in bytes; 0 = ctx x batch */
     int tensor_parallel;       /* --tensor-parallel: the target split across N ranks; default 1 */
+    char *grammar;             /* --grammar FILE's text (heap, lives to the exit), NULL = none */
+    char *json_schema;         /* --json-schema FILE's text (heap, likewise), NULL = none */
     bool json;
 } cli_gen_opts;
 

@@ -26,6 +26,32 @@ static bool on_token_print(int32_t token, const char *text, size_t len, void *us
     return true;
 }
 
+/* The text of a --grammar / --json-schema FILE into *out (heap); false with the
+ * error printed. */
+static bool read_constraint(const char *opt, const char *path, char **out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        cli_error("%s %s: cannot open the file", opt, path);
+        return false;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    tdm_err err = {0};
+    tandem_status st = tdm_input_read_all(f, path, TDM_INPUT_TOTAL_MAX, &text, &len, &err);
+    fclose(f);
+    if (st) {
+        cli_error("%s %s", opt, err.msg);
+        return false;
+    }
+    if (strlen(text) != len) {
+        free(text);
+        cli_error("%s %s: the file holds a NUL byte", opt, path);
+        return false;
+    }
+    *out = text;
+    return true;
+}
+
 int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
     tandem_generate_params d = tandem_generate_default_params();
     *o = (cli_gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
@@ -33,6 +59,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
                     .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram, .batch = 1,
                     .tensor_parallel = 1, .draft_vocab = TANDEM_DRAFT_VOCAB_AUTO};
     const char *spec_opt = NULL; /* the first speculation option given: needs -d */
+    const char *grammar_file = NULL, *schema_file = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         bool ok = true, missing = false;
@@ -46,6 +73,8 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (!interactive && TAKE(NULL, "--messages")) o->messages_file = v;
         else if (TAKE(NULL, "--chat-template")) o->chat_template = v;
         else if (interactive && TAKE(NULL, "--system")) o->system = v;
+        else if (TAKE(NULL, "--grammar")) grammar_file = v;
+        else if (TAKE(NULL, "--json-schema")) schema_file = v;
         else if (TAKE("-m", "--model")) o->model = v;
         else if (TAKE("-d", "--draft")) o->draft = v;
         else if (!interactive && TAKE("-p", "--prompt")) o->prompt = v;
@@ -76,7 +105,10 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         if (missing || !ok) return CLI_EXIT_USAGE;
         if (!spec_opt && cli_is_spec_opt(a)) spec_opt = a;
     }
+    if (grammar_file && schema_file) return cli_usage_error("give --grammar or --json-schema, not both");
     if (!o->model) return cli_usage_error("missing required option -m MODEL");
+    if (grammar_file && !read_constraint("--grammar", grammar_file, &o->grammar)) return CLI_EXIT_ERROR;
+    if (schema_file && !read_constraint("--json-schema", schema_file, &o->json_schema)) return CLI_EXIT_ERROR;
     if (spec_opt && !o->draft) return cli_needs(spec_opt, "-d DRAFT");
     if (interactive) return -1;
     if (!!o->prompt + !!o->prompts_file + !!o->messages_file > 1)
@@ -138,6 +170,8 @@ tandem_request cli_gen_request(const cli_gen_opts *o) {
     gp->spec_ngram = o->spec_ngram;
     gp->spec_tree = o->spec_tree_shape ? 0 : o->spec_tree;
     gp->spec_tree_shape = o->spec_tree_shape;
+    gp->grammar = o->grammar;
+    gp->json_schema = o->json_schema;
     return rq;
 }
 

@@ -6,10 +6,14 @@
  *    "seed": <integer in [0, 2^64-1]>?, "max_tokens": <integer in [0, INT_MAX]>?,
  *    "temperature": <number in [0, FLT_MAX]>?,
  *    "priority": <integer in [INT_MIN, INT_MAX]>?, "timeout_s": <number in [0, 1e9]>?,
- *    "stop": <string | [string, ...]>?}
+ *    "stop": <string | [string, ...]>?, "grammar": <string>?,
+ *    "json_schema": <object | string>?}
  * (a message is an object with a string "role", as in OpenAI's API: the conversation
  * is rendered by the model's chat template; the ranges of --seed, -n and --temp; a stop list holds at most TANDEM_STOP_MAX
- * strings of 1..TANDEM_STOP_LEN_MAX bytes, and replaces the job's).  Other members
+ * strings of 1..TANDEM_STOP_LEN_MAX bytes, and replaces the job's; "grammar" (GBNF
+ * text) or "json_schema" (a JSON schema, or its text as a string; at most one of the
+ * two) constrains the line's output instead of the job's --grammar / --json-schema,
+ * checked when the request is submitted).  Other members
  * are ignored; a repeated member is an error (json.h); blank lines are skipped.  A
  * missing id becomes the 0-based index of the prompt; a numeric id is echoed as
  * written (9007199254740993, 1.50, 1e3 stay so) and must lie in a double's range, so
@@ -28,6 +32,8 @@
 
 static void prompt_free(cli_prompt *p) {
     tdm_arg_stop_free(p->stop, p->n_stop);
+    free(p->grammar);
+    free(p->json_schema);
     free(p->id_str);
     free(p->text);
     free(p->messages);
@@ -167,6 +173,19 @@ static bool request_from_json(const tdm_json *j, cli_prompt *p, const char *path
         if (!tdm_arg_stop_from_json(v, &p->stop, &p->n_stop, why, sizeof why))
             return line_err(err, cap, path, line, "\"stop\"%s", why);
         p->has_stop = true;
+    }
+    const tdm_json *g = tdm_json_get(j, "grammar"), *js = tdm_json_get(j, "json_schema");
+    if (g && js) return line_err(err, cap, path, line, "give \"grammar\" or \"json_schema\", not both");
+    if (g) {
+        if (g->type != TDM_JSON_STRING || strlen(g->str) != g->str_len)
+            return line_err(err, cap, path, line, "\"grammar\" must be a string of GBNF text (without NUL)");
+        if (!(p->grammar = tdm_strndup(g->str, g->str_len))) return line_err(err, cap, path, line, "out of memory");
+    }
+    if (js) {
+        if (js->type == TDM_JSON_STRING && strlen(js->str) == js->str_len) p->json_schema = tdm_strndup(js->str, js->str_len);
+        else if (js->type == TDM_JSON_OBJECT || js->type == TDM_JSON_BOOL) p->json_schema = cli_json_text(js);
+        else return line_err(err, cap, path, line, "\"json_schema\" must be a JSON schema (an object) or its text");
+        if (!p->json_schema) return line_err(err, cap, path, line, "out of memory");
     }
     return true;
 }
@@ -372,6 +391,10 @@ void cli_prompt_apply(const cli_prompt *p, tandem_request *rq) {
     if (p->has_stop) {
         g->stop = (const char *const *)p->stop;
         g->n_stop = p->n_stop;
+    }
+    if (p->grammar || p->json_schema) { /* (the line's constraint replaces the job's) */
+        g->grammar = p->grammar;
+        g->json_schema = p->json_schema;
     }
     if (p->has_priority) rq->priority = p->priority;
     if (p->has_timeout) rq->timeout_ms = p->timeout_ms;

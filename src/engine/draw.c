@@ -43,6 +43,49 @@ static tandem_status draw_dev(tdm_engine *e, const float *l, const tdm_draw_row 
     return st;
 }
 
+tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
+                                   tdm_err *err) {
+    const size_t V = (size_t)e->n_vocab, W = e->mask_words;
+    if (kind == TDM_FWD_LOGITS) { /* (host rows; a non-finite row is left as it is, for its reader to refuse) */
+        float *l = is_draft ? e->logits_d : e->logits_t;
+        for (int32_t j = 0; j < m; j++)
+            if (rows[j].mask && tdm_logits_finite(l + (size_t)j * V, e->n_vocab))
+                tdm_logits_mask(l + (size_t)j * V, e->n_vocab, rows[j].mask, TDM_LOGIT_NONE);
+        return TANDEM_OK;
+    }
+    if (kind != TDM_FWD_LOGITS_DEV) {
+        for (int32_t j = 0; j < m; j++)
+            if (rows[j].mask) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a masked logits row in a forward of kind %d", (int)kind);
+        return TANDEM_OK;
+    }
+    /* each masked row's mask uploaded to its row's place in e->mask_dev (a run of rows
+     * whose masks lie one after the other on the host, a sequence's chain, in one
+     * upload), applied where the logits are, a run of consecutive masked rows per call */
+    const tdm_backend_ops *op = e->be->ops;
+    float *l = is_draft ? e->out_d : e->out_t;
+    tandem_status st = TANDEM_OK;
+    for (int32_t j = 0; j < m && !st;) {
+        if (!rows[j].mask) {
+            j++;
+            continue;
+        }
+        if (!e->mask_dev || !op->mask_rows)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "this backend cannot mask logits rows (grammar-constrained decoding)");
+        int32_t end = j;
+        while (end < m && rows[end].mask && !st) {
+            int32_t run = end + 1;
+            while (run < m && rows[run].mask == rows[run - 1].mask + W) run++;
+            st = op->upload(e->be, e->mask_dev + (size_t)end * W, rows[end].mask, (size_t)(run - end) * W * sizeof(uint32_t),
+                            err);
+            end = run;
+        }
+        if (!st) st = op->mask_rows(e->be, l + (size_t)j * V, end - j, e->n_vocab, e->mask_dev + (size_t)j * W,
+                                    TDM_LOGIT_NONE, err);
+        j = end;
+    }
+    return st;
+}
+
 tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
                               int32_t *tok, tdm_err *err) {
     if (m <= 0) return TANDEM_OK;
@@ -52,16 +95,27 @@ tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *
     const size_t V = (size_t)e->n_vocab;
     switch (kind) {
     case TDM_FWD_ARGMAX:
-        for (int32_t j = 0; j < m; j++) tok[j] = e->ids[j];
+        for (int32_t j = 0; j < m; j++) {
+            if (rows[j].mask) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a masked logits row in an argmax forward");
+            tok[j] = e->ids[j];
+        }
         return TANDEM_OK;
-    case TDM_FWD_LOGITS_DEV:
+    case TDM_FWD_LOGITS_DEV: {
         if (!e->draw_dev) break;
-        return draw_dev(e, is_draft ? e->out_d : e->out_t, rows, m, tok, err);
+        tandem_status st = tdm_engine_mask_rows(e, is_draft, rows, m, kind, err);
+        return st ? st : draw_dev(e, is_draft ? e->out_d : e->out_t, rows, m, tok, err);
+    }
     case TDM_FWD_LOGITS: {
-        const float *logits = is_draft ? e->logits_d : e->logits_t;
+        float *logits = is_draft ? e->logits_d : e->logits_t;
         for (int32_t j = 0; j < m; j++) {
             const tdm_seq *q = rows[j].s;
-            const float *l = logits + (size_t)j * V;
+            float *l = logits + (size_t)j * V;
+            if (rows[j].mask && !tdm_logits_finite(l, e->n_vocab)) { /* (checked before the mask,
+                                                                         which writes finite values) */
+                tok[j] = -1;
+                continue;
+            }
+            if (rows[j].mask) tdm_logits_mask(l, e->n_vocab, rows[j].mask, TDM_LOGIT_NONE);
             if (q->sp.temperature > 0) {
                 tdm_probs_from_logits(l, e->n_vocab, &q->sp, &e->ss, e->tmp);
                 tok[j] = tdm_sample_probs_u(e->tmp, e->n_vocab, rows[j].u);

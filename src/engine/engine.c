@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "constrain.h"
 #include "kv_cache.h"
 
 static void copy_block_cb(void *user, int32_t src, int32_t dst) {
@@ -246,6 +247,12 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         goto fail;
     if ((st = tdm_batch_init(&e->batch, e->max_rows, err))) goto fail;
 
+    e->mask_words = ((size_t)e->n_vocab + 31) / 32;
+    if (pthread_mutex_init(&e->gv_mu, NULL) != 0) {
+        st = tdm_seterr(err, TANDEM_ERR_NOMEM, "cannot create a mutex");
+        goto fail;
+    }
+    e->gv_mu_ok = true;
     /* logits rows: a feed asks for its last row only, a verification for k + 1 rows */
     size_t lbytes = (size_t)e->n_logit_rows * (size_t)e->n_vocab * sizeof(float);
     e->ids = tdm_calloc((size_t)e->n_logit_rows, sizeof(int32_t));
@@ -280,6 +287,10 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         e->samp_dev = p;
         if ((st = bo->alloc(e->be, 2 * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err))) goto fail;
         e->draw_dev = p;
+        if (bo->mask_rows) { /* (about 19 KB a row for a vocabulary of 150 K) */
+            if ((st = bo->alloc(e->be, (size_t)e->n_logit_rows * e->mask_words * sizeof(uint32_t), &p, err))) goto fail;
+            e->mask_dev = p;
+        }
     }
     e->tmp = tdm_calloc((size_t)e->n_vocab, sizeof(float));
     if (!e->tmp) {
@@ -311,7 +322,7 @@ void tdm_engine_free(tdm_engine *e) {
         tdm_vocab_head_free(&e->vhead);
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
-        void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev};
+        void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev, e->mask_dev};
         for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
             if (dev[i]) e->be->ops->free(e->be, dev[i]);
         if (!e->be->host_memory) {
@@ -327,6 +338,8 @@ void tdm_engine_free(tdm_engine *e) {
     free(e->tmp);
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
+    tdm_gvocab_free(e->gvocab);
+    if (e->gv_mu_ok) pthread_mutex_destroy(&e->gv_mu);
     if (!e->be_borrowed) tdm_backend_destroy(e->be);
     free(e);
 }
@@ -482,7 +495,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     if (!s->text) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     s->text[0] = 0;
     s->text_cap = 256;
-    return TANDEM_OK;
+    return tdm_constraint_init(e, s, gp, err);
 }
 
 void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
@@ -490,6 +503,7 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     free(s->tokens);
     free(s->text);
     tdm_stop_free(&s->stop);
+    tdm_constraint_free(s);
     s->tokens = NULL;
     s->text = NULL;
 }

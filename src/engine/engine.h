@@ -14,6 +14,8 @@
 #ifndef TDM_ENGINE_H
 #define TDM_ENGINE_H
 
+#include <pthread.h>
+
 #include "model.h"
 #include "phase_prof.h"
 #include "sampling.h"
@@ -127,6 +129,14 @@ typedef struct tdm_engine {
     char *piece;             /* [piece_cap] decoded text of one token */
     int32_t piece_cap;
     tdm_phase_prof ph;       /* TANDEM_SPEC_PHASES=1: speculative steps' phase times */
+    /* Constrained decoding (constrain.h) */
+    pthread_mutex_t gv_mu;   /* guards gvocab's creation (submissions come from any thread) */
+    bool gv_mu_ok;
+    struct tdm_gvocab *gvocab; /* the target tokenizer's vocabulary as byte strings, built at
+                                the first constrained request (then immutable), or NULL */
+    size_t mask_words;       /* (n_vocab + 31) / 32: a mask row of the logits */
+    uint32_t *mask_dev;      /* [n_logit_rows][mask_words] backend: a draw's rows' masks
+                                (with p_dev, where the backend has mask_rows), else NULL */
     tandem_status copy_status;
     tdm_err copy_err;
 } tdm_engine;
@@ -153,6 +163,7 @@ typedef struct tdm_seq {
     size_t text_len, text_cap;
     size_t emitted;          /* bytes of text passed to on_token */
     tdm_stop stop;           /* the request's stop strings */
+    struct tdm_constraint *con; /* its grammar (constrain.h), NULL: unconstrained */
 } tdm_seq;
 
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
@@ -175,15 +186,28 @@ tandem_status tdm_engine_nonfinite(const tdm_engine *e, bool is_draft, int32_t p
 typedef struct tdm_draw_row {
     const tdm_seq *s; /* its sequence: greedy, or its sampler parameters */
     double u;         /* the uniform a sampled row draws with */
+    const uint32_t *mask; /* host [e->mask_words]: the row's allowed tokens (grammar-
+                             constrained decoding, constrain.h; the others get
+                             TDM_LOGIT_NONE before the draw), or NULL: all */
 } tdm_draw_row;
 /* The token of each of the m <= e->n_logit_rows logits rows of the latest forward
  * of the target or the draft (row j is rows[j]'s, forward of the given kind): the
  * argmax when its sequence is greedy, else the token tdm_sample_probs_u draws with
  * rows[j].u from the sequence's processed distribution (on the device for
  * TDM_FWD_LOGITS_DEV); -1 for a row with non-finite logits.  Consumes nothing from
- * the generators (the caller knows how many draws it keeps). */
+ * the generators (the caller knows how many draws it keeps).  A row with a mask is
+ * masked where its logits are first (the logits rows keep the mask: a rule that
+ * reads them later sees the masked row); it needs a forward of logits (an argmax
+ * forward: TANDEM_ERR_INTERNAL). */
 tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
                               int32_t *tok, tdm_err *err);
+/* The masks of rows [0, m) (those with one) applied to the latest forward's logits
+ * rows where they are (what tdm_engine_draw does first), for a rule that reads the
+ * rows itself (rejection sampling): host rows (TDM_FWD_LOGITS) with finite logits,
+ * or device rows (TDM_FWD_LOGITS_DEV) through the backend's mask_rows; a masked row
+ * of another kind is TANDEM_ERR_INTERNAL. */
+tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
+                                   tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
 /* The draft's logits over ids[n] only (ascending token ids: a head over part of the
  * vocabulary, vocab_head.h; cfg.draft_vocab's, or any other map of head rows to

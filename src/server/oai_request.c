@@ -111,12 +111,6 @@ static bool check_unsupported(const tdm_json *j, oai_kind kind, oai_error *e) {
             return oai_fail(e, 400, absent[i], "unsupported_parameter", "'%s' is not supported by this server", absent[i]);
     if ((v = member(j, "logit_bias")) && !(v->type == TDM_JSON_OBJECT && v->n == 0))
         return oai_fail(e, 400, "logit_bias", "unsupported_parameter", "'logit_bias' is not supported by this server");
-    if ((v = member(j, "response_format"))) {
-        const tdm_json *t = v->type == TDM_JSON_OBJECT ? tdm_json_get(v, "type") : NULL;
-        if (!t || t->type != TDM_JSON_STRING || strcmp(t->str, "text") != 0)
-            return oai_fail(e, 400, "response_format", "unsupported_parameter",
-                            "'response_format' is not supported by this server (only {\"type\": \"text\"})");
-    }
     return true;
 }
 
@@ -308,6 +302,93 @@ static bool get_extensions(const tdm_json *j, const oai_limits *lim, oai_request
     return get_spec_tree(j, lim, r, e);
 }
 
+/* A JSON value as text (heap); false with e set when out of memory. */
+static bool json_text(const tdm_json *v, char **out, oai_error *e) {
+    size_t len = 0;
+    FILE *m = open_memstream(out, &len);
+    if (!m) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    tdm_json_write(m, v);
+    if (fclose(m) != 0) {
+        free(*out);
+        *out = NULL;
+        return oai_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    return true;
+}
+
+/* response_format json_schema's json_schema: {name, schema?, strict?, description?}. */
+static bool get_format_schema(const tdm_json *w, oai_request *r, oai_error *e) {
+    const char *P = "response_format";
+    if (!w || w->type != TDM_JSON_OBJECT)
+        return oai_fail(e, 400, P, "invalid_value",
+                        "'response_format.json_schema' must be an object {\"name\", \"schema\", \"strict\"}");
+    const tdm_json *name = member(w, "name"), *schema = member(w, "schema"), *strict = member(w, "strict"),
+                   *desc = member(w, "description");
+    if (!name || name->type != TDM_JSON_STRING)
+        return oai_fail(e, 400, P, "invalid_value", "'response_format.json_schema.name' is required (a string)");
+    bool name_ok = name->str_len >= 1 && name->str_len <= 64;
+    for (size_t i = 0; i < name->str_len && name_ok; i++) {
+        const char c = name->str[i];
+        name_ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+    }
+    if (!name_ok)
+        return oai_fail(e, 400, P, "invalid_value",
+                        "'response_format.json_schema.name' must be 1 to 64 of a-z, A-Z, 0-9, _ and -");
+    if (strict && strict->type != TDM_JSON_BOOL)
+        return oai_fail(e, 400, P, "invalid_type", "'response_format.json_schema.strict' must be a boolean");
+    if (desc && desc->type != TDM_JSON_STRING)
+        return oai_fail(e, 400, P, "invalid_type", "'response_format.json_schema.description' must be a string");
+    if (schema && schema->type != TDM_JSON_OBJECT && schema->type != TDM_JSON_BOOL)
+        return oai_fail(e, 400, P, "invalid_type", "'response_format.json_schema.schema' must be an object");
+    /* (enforced whether strict or not, as vLLM and llama-server do; no schema: any JSON) */
+    if (!schema) return (r->json_schema = tdm_strndup("{}", 2)) ? true : oai_fail(e, 500, NULL, NULL, "out of memory");
+    return json_text(schema, &r->json_schema, e);
+}
+
+/* The output's constraint: response_format ({"type": "text"}, {"type":
+ * "json_object"}: any JSON object, {"type": "json_schema", "json_schema": {...}}) or
+ * llama-server's extensions grammar (GBNF text) and json_schema (a schema object);
+ * at most one of them.  An invalid grammar or schema is the engine's 400 at
+ * submission, naming where. */
+static bool get_constraint(const tdm_json *j, oai_request *r, oai_error *e) {
+    const tdm_json *rf = member(j, "response_format"), *g = member(j, "grammar"), *js = member(j, "json_schema");
+    const char *from = NULL;
+    if (rf) {
+        const tdm_json *t = rf->type == TDM_JSON_OBJECT ? member(rf, "type") : NULL;
+        if (rf->type != TDM_JSON_OBJECT) return wrong_type(e, "response_format", "an object", rf);
+        if (!t || t->type != TDM_JSON_STRING)
+            return oai_fail(e, 400, "response_format", "invalid_value",
+                            "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"");
+        if (!strcmp(t->str, "json_object")) {
+            if (!(r->json_schema = tdm_strndup("{\"type\":\"object\"}", 17))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+            from = "response_format";
+        } else if (!strcmp(t->str, "json_schema")) {
+            if (!get_format_schema(tdm_json_get(rf, "json_schema"), r, e)) return false;
+            from = "response_format";
+        } else if (strcmp(t->str, "text") != 0) {
+            return oai_fail(e, 400, "response_format", "unsupported_value",
+                            "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", not \"%.64s\"",
+                            t->str);
+        }
+    }
+    if (g) {
+        if (from) return oai_fail(e, 400, "grammar", "invalid_value", "give one of 'response_format', 'grammar' and 'json_schema'");
+        if (g->type != TDM_JSON_STRING || strlen(g->str) != g->str_len)
+            return wrong_type(e, "grammar", "a string of GBNF text", g);
+        if (!(r->grammar = tdm_strndup(g->str, g->str_len))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+        from = "grammar";
+    }
+    if (js) {
+        if (from)
+            return oai_fail(e, 400, "json_schema", "invalid_value", "give one of 'response_format', 'grammar' and 'json_schema'");
+        if (js->type != TDM_JSON_OBJECT && js->type != TDM_JSON_BOOL) return wrong_type(e, "json_schema", "an object", js);
+        if (!json_text(js, &r->json_schema, e)) return false;
+    }
+    r->params.grammar = r->grammar;
+    r->params.json_schema = r->json_schema;
+    return true;
+}
+
 bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_limits *lim, oai_request *r,
                        oai_error *e) {
     memset(r, 0, sizeof *r);
@@ -318,6 +399,7 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
     r->params.n_stop = 0;
     r->params.on_token = NULL;
     r->params.user_data = NULL;
+    r->params.grammar = r->params.json_schema = NULL;
     tdm_json *j = NULL;
     tdm_err jerr = {0};
     if (tdm_json_parse(body, len, &j, &jerr) != TANDEM_OK)
@@ -334,6 +416,7 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
                           (int)(m->str_len > 200 ? 200 : m->str_len), m->str, lim->model_id);
         ok = ok && (kind == OAI_CHAT ? get_chat(j, r, e) : get_prompt(j, lim, r, e));
         ok = ok && check_unsupported(j, kind, e) && get_sampling(j, lim, r, e) && get_extensions(j, lim, r, e);
+        ok = ok && get_constraint(j, r, e);
     }
     tdm_json_free(j);
     if (!ok) oai_request_free(r);
@@ -370,5 +453,7 @@ void oai_request_free(oai_request *r) {
     for (size_t i = 0; i < r->n_tools; i++) free(r->tool_names[i]);
     free(r->tool_names);
     tdm_arg_stop_free(r->stop, r->n_stop);
+    free(r->grammar);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }

@@ -30,11 +30,16 @@
  *   or 1..TANDEM_SPEC_K_MAX; needs a draft), spec_tree ("off", false, null or 0:
  *   chains only; "auto" or true: chain or tree as the controller expects faster; a
  *   node budget 1..TANDEM_SPEC_TREE_MAX as an integer or a string; a static shape
- *   such as "4,2,2,1"; needs a draft).  Members that would change the output in ways not
- *   supported are refused rather than ignored: logprobs, top_logprobs, echo, best_of
- *   > 1, suffix, presence_penalty / frequency_penalty != 0, logit_bias, tools (completions),
- *   functions and function_call (deprecated: use tools), response_format other
- *   than text.
+ *   such as "4,2,2,1"; needs a draft); the output's constraint, at most one of:
+ *   response_format ({"type": "text"}; {"type": "json_object"}: any JSON object;
+ *   {"type": "json_schema", "json_schema": {name (1-64 of [a-zA-Z0-9_-]), schema (an
+ *   object; absent: any JSON), strict (bool; enforced either way), description}}),
+ *   and llama-server's grammar (GBNF text) and json_schema (a schema object); an
+ *   invalid grammar or schema is a 400 at submission naming where.  Members that
+ *   would change the output in ways not supported are refused rather than ignored:
+ *   logprobs, top_logprobs, echo, best_of > 1, suffix, presence_penalty /
+ *   frequency_penalty != 0, logit_bias, tools (completions), functions and
+ *   function_call (deprecated: use tools).
  */
 #ifndef TDM_OAI_REQUEST_H
 #define TDM_OAI_REQUEST_H
@@ -110,6 +115,8 @@ typedef struct oai_request {
     int priority;
     double timeout_ms;           /* 0 = none */
     char spec_tree_shape[64];    /* a static tree's shape (params.spec_tree_shape points here) */
+    char *grammar;               /* the output's GBNF grammar (heap; params.grammar), or NULL */
+    char *json_schema;           /* its JSON schema's text (heap; params.json_schema), or NULL */
 } oai_request;
 
 /* Parses body[0..len) as a request of kind.  False with *err set (and *out empty) on

@@ -1,0 +1,173 @@
+/* constrain.c - a request's grammar constraint (constrain.h). */
+#include "constrain.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "json_schema.h"
+
+/* The engine's vocabulary, built at the first constrained request. */
+static tandem_status engine_gvocab(tdm_engine *e, const tdm_gvocab **out, tdm_err *err) {
+    tandem_status st = TANDEM_OK;
+    pthread_mutex_lock(&e->gv_mu);
+    if (!e->gvocab) st = tdm_gvocab_create(e->target->tok, &e->gvocab, err);
+    *out = e->gvocab;
+    pthread_mutex_unlock(&e->gv_mu);
+    return st;
+}
+
+/* A grammar engine's error as the request's: TANDEM_ERR_INVALID_ARG (the request's
+ * value is wrong) naming the field, unless memory ran out. */
+static tandem_status bad_value(tandem_status st, const char *field, const tdm_err *gerr, tdm_err *err) {
+    const char *msg = strncmp(gerr->msg, "grammar ", 8) ? gerr->msg : gerr->msg + 8; /* ("grammar line 3:7: ...") */
+    if (st == TANDEM_ERR_NOMEM) return tdm_seterr(err, st, "%s: %s", field, msg);
+    return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: %s", field, msg);
+}
+
+tandem_status tdm_constraint_init(tdm_engine *e, tdm_seq *s, const tandem_generate_params *gp, tdm_err *err) {
+    s->con = NULL;
+    if (!gp->grammar && !gp->json_schema) return TANDEM_OK;
+    if (gp->grammar && gp->json_schema)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "grammar and json_schema are both set (at most one constrains a request)");
+    tdm_constraint *c = calloc(1, sizeof *c);
+    if (!c) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    s->con = c;
+    tdm_err gerr = {0};
+    tandem_status st = gp->grammar ? tdm_grammar_parse(gp->grammar, strlen(gp->grammar), &c->g, &gerr)
+                                   : tdm_json_schema_grammar(gp->json_schema, strlen(gp->json_schema), &c->g, &gerr);
+    if (st) return bad_value(st, gp->grammar ? "grammar" : "json_schema", &gerr, err);
+    if ((st = engine_gvocab(e, &c->v, err))) return st;
+    if ((st = tdm_gmatch_create(c->g, &c->m, err))) return st;
+    c->words = e->mask_words;
+    c->masks = tdm_calloc((size_t)TDM_CON_ROWS * c->words, sizeof(uint32_t));
+    if (!c->masks) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    /* refused before any token runs: a grammar the vocabulary cannot start */
+    int32_t n_allowed = 0;
+    if ((st = tdm_constraint_mask_now(s, c->masks, &n_allowed, &gerr))) return bad_value(st, gp->grammar ? "grammar" : "json_schema", &gerr, err);
+    if (n_allowed == 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%s: no token of the model's vocabulary can begin its text",
+                          gp->grammar ? "grammar" : "json_schema");
+    return TANDEM_OK;
+}
+
+void tdm_constraint_free(tdm_seq *s) {
+    tdm_constraint *c = s->con;
+    if (!c) return;
+    tdm_gmatch_free(c->m);
+    tdm_grammar_free(c->g);
+    free(c->masks);
+    free(c);
+    s->con = NULL;
+}
+
+tandem_status tdm_constraint_mask_now(tdm_seq *s, uint32_t *row, int32_t *n_allowed, tdm_err *err) {
+    tdm_constraint *c = s->con;
+    const size_t vw = tdm_gvocab_mask_words(c->v);
+    if (vw <= c->words) {
+        tandem_status st = tdm_gmatch_mask(c->m, c->v, row, n_allowed, err);
+        if (st) return st;
+        memset(row + vw, 0, (c->words - vw) * sizeof(uint32_t)); /* (ids past the tokenizer's) */
+        return TANDEM_OK;
+    }
+    /* a tokenizer larger than the model's head (never seen): its mask cut to the head */
+    uint32_t *full = malloc(vw * sizeof(uint32_t));
+    if (!full) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    tandem_status st = tdm_gmatch_mask(c->m, c->v, full, n_allowed, err);
+    if (!st) {
+        memcpy(row, full, c->words * sizeof(uint32_t));
+        *n_allowed = 0;
+        for (size_t w = 0; w < c->words; w++) *n_allowed += __builtin_popcount(row[w]);
+    }
+    free(full);
+    return st;
+}
+
+tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err) {
+    (void)e;
+    tdm_constraint *c = s->con;
+    if (k < 0 || k + 1 > TDM_CON_ROWS)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "masks of a chain of %d tokens, at most %d", (int)k, TDM_CON_ROWS - 1);
+    const uint32_t mark = tdm_gmatch_mark(c->m);
+    tandem_status st = TANDEM_OK;
+    /* the rows the drafting computed for this chain: the matcher brought past them */
+    int32_t d = TDM_MIN(c->n_valid, k);
+    c->n_valid = 0;
+    for (int32_t x = 0; x < d; x++) {
+        tdm_err aerr;
+        if (tdm_gmatch_accept_token(c->m, c->v, draft[x], &aerr)) { /* (never: the drafting accepted them) */
+            d = 0;
+            (void)tdm_gmatch_rollback(c->m, mark, &aerr);
+            break;
+        }
+    }
+    for (; d <= k; d++) {
+        uint32_t *row = c->masks + (size_t)d * c->words;
+        int32_t n_allowed = 0;
+        if ((st = tdm_constraint_mask_now(s, row, &n_allowed, err))) break;
+        if (n_allowed == 0) {
+            if (d == 0) {
+                st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
+                                "the grammar allows no token of the model's vocabulary after the text so far");
+                break;
+            }
+            memset(row, 0xff, c->words * sizeof(uint32_t)); /* (the sequence ends before this row's token) */
+        }
+        if (d == k) break;
+        tdm_err aerr;
+        if (tdm_gmatch_accept_token(c->m, c->v, draft[d], &aerr)) { /* (a proposal cut short: the rest never kept) */
+            for (int32_t x = d + 1; x <= k; x++) memset(c->masks + (size_t)x * c->words, 0xff, c->words * sizeof(uint32_t));
+            break;
+        }
+    }
+    tdm_err rerr;
+    (void)tdm_gmatch_rollback(c->m, mark, &rerr);
+    return st;
+}
+
+int32_t tdm_constraint_prefix(tdm_seq *s, const int32_t *toks, int32_t n) {
+    tdm_constraint *c = s->con;
+    const uint32_t mark = tdm_gmatch_mark(c->m);
+    int32_t i = 0;
+    tdm_err err;
+    while (i < n && !tdm_gmatch_is_finished(c->m) && !tdm_gmatch_accept_token(c->m, c->v, toks[i], &err)) i++;
+    (void)tdm_gmatch_rollback(c->m, mark, &err);
+    return i;
+}
+
+void tdm_constraint_draft_begin(tdm_seq *s) {
+    s->con->mark = tdm_gmatch_mark(s->con->m);
+    s->con->n_valid = 0;
+}
+
+tandem_status tdm_constraint_draft_mask(tdm_seq *s, int32_t d, int32_t *n_allowed, tdm_err *err) {
+    tdm_constraint *c = s->con;
+    if (d < 0 || d >= TDM_CON_ROWS) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a chain slot %d, at most %d", (int)d, TDM_CON_ROWS - 1);
+    tandem_status st = tdm_constraint_mask_now(s, c->masks + (size_t)d * c->words, n_allowed, err);
+    c->n_valid = !st && c->n_valid == d ? d + 1 : 0; /* (rows in order, or none kept) */
+    return st;
+}
+
+bool tdm_constraint_draft_accept(tdm_seq *s, int32_t token) {
+    tdm_err err;
+    return tdm_gmatch_accept_token(s->con->m, s->con->v, token, &err) == TANDEM_OK;
+}
+
+void tdm_constraint_draft_end(tdm_seq *s) {
+    tdm_err err;
+    (void)tdm_gmatch_rollback(s->con->m, s->con->mark, &err);
+}
+
+bool tdm_constraint_commit(tdm_seq *s, int32_t token) {
+    tdm_constraint *c = s->con;
+    tdm_err err;
+    c->n_valid = 0;
+    tandem_status st = tdm_gmatch_accept_token(c->m, c->v, token, &err);
+    if (!st && tdm_gmatch_mark(c->m) >= TDM_CON_COMMIT_EVERY) st = tdm_gmatch_commit(c->m, &err);
+    if (st && !c->fail_st) {
+        c->fail_st = st == TANDEM_ERR_INVALID_ARG ? TANDEM_ERR_INTERNAL : st;
+        tdm_seterr(&c->fail_err, c->fail_st, "grammar: committed token %d: %s", (int)token, err.msg);
+    }
+    return !st;
+}
+
+bool tdm_constraint_finished(const tdm_seq *s) { return tdm_gmatch_is_finished(s->con->m); }

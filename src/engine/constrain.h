@@ -1,0 +1,90 @@
+/* constrain.h - a request's grammar constraint (grammar-constrained decoding): the
+ * grammar compiled at submission (tandem_generate_params.grammar / .json_schema),
+ * its matcher after the committed tokens, and the token masks of a step's rows.
+ *
+ * The one rule: every logits row of a constrained sequence is masked before its
+ * draw (tokens the grammar refuses after the row's text get TDM_LOGIT_NONE), the
+ * draft's rows with the state along its chain, the target's verification row d with
+ * the state after the chain's first d tokens, so that what the target keeps is what
+ * it would draw alone under the grammar, speculated or not.  The matcher follows
+ * the committed tokens only: drafting and verification mark it, accept along the
+ * chain and roll back before the commit (tdm_constraint_commit) accepts what was
+ * kept; a preemption or recomputation keeps the committed tokens, so the matcher
+ * stays right.  End of generation is allowed only where the grammar is complete; a
+ * finished grammar (no text can follow) ends the sequence, finish reason stop.
+ * Rejection sampling reads the target's masked rows (tdm_engine_mask_rows) and the
+ * draft's q rows drawn from its masked rows on the host; where the q rows live on
+ * the device (ws->q_dev), a constrained sampled sequence is verified by agreement
+ * instead (sched/step.c).  Token trees are not masked: a constrained sequence takes
+ * chains (sched/step_tree.c). 
+ *
+ * The vocabulary (tdm_gvocab) is the target tokenizer's, built once per engine at
+ * the first constrained request; a mask row covers the model's n_vocab logits
+ * (ids past the tokenizer's are never allowed). */
+#ifndef TDM_CONSTRAIN_H
+#define TDM_CONSTRAIN_H
+
+#include "engine.h"
+#include "grammar.h"
+
+/* Mask rows a sequence keeps: a verified chain's (its pending token and the longest
+ * chain). */
+#define TDM_CON_ROWS (TANDEM_SPEC_K_MAX + 1)
+/* How many matcher states accepted between two commits of its history. */
+#define TDM_CON_COMMIT_EVERY 64u
+
+typedef struct tdm_constraint {
+    tdm_grammar *g;          /* compiled at submission (owned) */
+    tdm_gmatch *m;           /* the state after the committed tokens (between steps) */
+    const tdm_gvocab *v;     /* the engine's */
+    uint32_t *masks;         /* [TDM_CON_ROWS][words] host: a step's rows' masks */
+    size_t words;            /* (n_vocab + 31) / 32: a row of the model's logits */
+    uint32_t mark;           /* the matcher's depth where a chain's drafting began */
+    int32_t n_valid;         /* masks[0..n_valid) are this step's chain's rows 0.. (the
+                                drafting computed them: row d after draft[0..d)); 0 after
+                                every commit and at each drafting's start */
+    tandem_status fail_st;   /* a committed token the grammar refused, or its memory ran out */
+    tdm_err fail_err;
+} tdm_constraint;
+
+/* Compiles gp->grammar or gp->json_schema (both: TANDEM_ERR_INVALID_ARG) into s->con
+ * (NULL when neither is set); an invalid one is TANDEM_ERR_INVALID_ARG with the
+ * grammar engine's message ("grammar: line 3:7: ...", "json_schema: #/properties/a:
+ * ..."), a grammar that no token sequence of the vocabulary can start: likewise. */
+tandem_status tdm_constraint_init(tdm_engine *e, tdm_seq *s, const tandem_generate_params *gp, tdm_err *err);
+void tdm_constraint_free(tdm_seq *s); /* (no constraint: a no-op) */
+
+/* The rows' masks of a verified chain: row d (d = 0..k) after the committed text
+ * and draft[0..d), into s->con->masks (tdm_constraint_row; the rows the drafting
+ * computed for this chain are kept, n_valid); the matcher is left where it was.  A row after a draft token that leaves nothing to follow (the
+ * grammar finished: that token ends the sequence, its row's token is never kept)
+ * allows every token.  Row 0 allowing nothing: TANDEM_ERR_INVALID_ARG (the grammar
+ * cannot go on with this vocabulary). */
+tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err);
+static inline const uint32_t *tdm_constraint_row(const tdm_seq *s, int32_t d) {
+    return s->con->masks + (size_t)d * s->con->words;
+}
+/* The mask of the matcher's current state into row (s->con->words words); *n_allowed
+ * the count. */
+tandem_status tdm_constraint_mask_now(tdm_seq *s, uint32_t *row, int32_t *n_allowed, tdm_err *err);
+/* Drafting: the mask of chain slot d (the matcher after draft[0..d), rows 0..d-1
+ * computed before it in this drafting) into s->con->masks row d, kept for the
+ * verification (n_valid = d + 1). */
+tandem_status tdm_constraint_draft_mask(tdm_seq *s, int32_t d, int32_t *n_allowed, tdm_err *err);
+/* Of toks[0..n) after the committed text, the longest prefix the grammar allows
+ * (the matcher left where it was): an n-gram lookup is cut there. */
+int32_t tdm_constraint_prefix(tdm_seq *s, const int32_t *toks, int32_t n);
+/* Drafting: tdm_constraint_draft_begin marks the matcher, each drafted token is
+ * accepted (false: the grammar refused it, the chain must stop before it), and
+ * tdm_constraint_draft_end rolls the matcher back to the mark. */
+void tdm_constraint_draft_begin(tdm_seq *s);
+bool tdm_constraint_draft_accept(tdm_seq *s, int32_t token);
+void tdm_constraint_draft_end(tdm_seq *s);
+/* A committed token: accepted by the matcher (its history committed now and then).
+ * False when the grammar refused it or memory ran out (s->con->fail_st says which:
+ * the request fails). */
+bool tdm_constraint_commit(tdm_seq *s, int32_t token);
+/* Whether no text can follow the committed text. */
+bool tdm_constraint_finished(const tdm_seq *s);
+
+#endif

@@ -1,0 +1,530 @@
+/* test_constrained.c - grammar-constrained decoding (tandem_generate_params.grammar /
+ * .json_schema, src/engine/constrain.h) composed with speculation:
+ *   - greedy: under a GBNF grammar and under a JSON schema, over dev prompts, the
+ *     output with the draft (chains at fixed and adaptive lengths, n-gram lookups,
+ *     trees asked for: a constrained sequence takes chains) equals the target-only
+ *     constrained output token for token, every text a sentence (or, cut by
+ *     max_tokens, a prefix) of the grammar, and no KV block leaks;
+ *   - a batch of constrained and unconstrained requests on a speculating engine of
+ *     four sequences gives each its solo target-only output;
+ *   - sampled: the constrained target's distribution: the first token and the
+ *     speculated second (given the first) against the masked softmax of the
+ *     target's logits (chi-square), and the speculated output equal to the
+ *     target-only output drawn with the same seed;
+ *   - the matcher's mark / rollback as the step uses it, fuzzed against a matcher
+ *     replayed on the kept tokens;
+ *   - a grammar that finishes ends the request (finish reason stop); bad grammars
+ *     and schemas fail at submission through the public API with the grammar
+ *     engine's message. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_testutil.h"
+#include "constrain.h"
+#include "engine.h"
+#include "json_schema.h"
+#include "kv_cache.h"
+#include "scheduler.h"
+#include "stats.h"
+#include "tandem.h"
+#include "testutil.h"
+
+/* Python-like function definitions (the pycode pair writes Python). */
+static const char *G_PY =
+    "root ::= \"def \" name \"(\" params? \"):\\n\" body\n"
+    "name ::= [a-z_] [a-z0-9_]{0,15}\n"
+    "params ::= name (\",\" \" \"? name){0,4}\n"
+    "body ::= (\"    \" stmt \"\\n\"){1,4}\n"
+    "stmt ::= \"return \" expr | name \" = \" expr\n"
+    "expr ::= atom (\" \" op \" \" atom){0,3}\n"
+    "atom ::= name | [0-9]{1,4} | name \"(\" \")\"\n"
+    "op ::= [-+*/] | \"==\"\n";
+
+static const char *S_OBJ =
+    "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":20},"
+    "\"id\":{\"type\":\"integer\"},\"tags\":{\"type\":\"array\",\"items\":{\"type\":\"string\",\"maxLength\":10},"
+    "\"maxItems\":3}},\"required\":[\"name\",\"id\",\"tags\"],\"additionalProperties\":false}";
+
+static tdm_backend *g_wbe;
+static tdm_model *g_target, *g_draft;
+
+static void setup(void) { tdm_test_pair_load("pycode-draft-s-f16.gguf", &g_wbe, &g_target, &g_draft); }
+static void teardown(void) { tdm_test_pair_free(g_wbe, g_target, g_draft); }
+
+TestSuite(constrained, .init = setup, .fini = teardown, .timeout = 1800);
+
+/* An engine of n_seq sequences (2 threads): on an engine of one, a sampled sequence
+ * is verified by rejection sampling; on more, by agreement with the target's draws. */
+static tdm_engine *engine_of(tdm_model *draft, int32_t n_seq) {
+    tdm_err err = {0};
+    tdm_engine_cfg cfg = {.n_threads = 2, .n_seq_max = n_seq};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create(g_target, draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    return e;
+}
+
+/* The text is a sentence of g (finished or ended by end of generation) or, when
+ * max_tokens cut it, a prefix of one. */
+static void expect_text_fits(const tdm_grammar *g, const tandem_result *r, const char *what, size_t li) {
+    tdm_err err = {0};
+    if (r->finish_reason == TANDEM_FINISH_LENGTH) {
+        tdm_gmatch *m;
+        cr_assert_eq(tdm_gmatch_create(g, &m, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_gmatch_accept(m, r->text, strlen(r->text), &err), TANDEM_OK,
+                     "%s, prompt %zu: not a prefix of the grammar: \"%s\" (%s)", what, li, r->text, err.msg);
+        tdm_gmatch_free(m);
+        return;
+    }
+    bool ok = false;
+    cr_assert_eq(tdm_grammar_matches(g, r->text, strlen(r->text), &ok, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert(ok, "%s, prompt %zu (finish %d): not a sentence of the grammar: \"%s\"", what, li, (int)r->finish_reason,
+              r->text);
+}
+
+static void expect_same(const tandem_result *got, const tandem_result *want, const tdm_engine *e, const char *what,
+                        size_t li) {
+    size_t diff = 0;
+    while (diff < got->n_tokens && diff < want->n_tokens && got->tokens[diff] == want->tokens[diff]) diff++;
+    cr_assert(got->n_tokens == want->n_tokens && diff == want->n_tokens,
+              "prompt %zu, %s: output differs from target-only at token %zu (lengths %zu/%zu)", li, what, diff,
+              got->n_tokens, want->n_tokens);
+    cr_assert_eq(got->finish_reason, want->finish_reason, "prompt %zu, %s: finish reason", li, what);
+    cr_assert_str_eq(got->text, want->text);
+    cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "prompt %zu, %s: KV blocks leaked", li,
+                 what);
+}
+
+typedef struct spec_cfg {
+    const char *what;
+    int k, ngram, tree;
+} spec_cfg;
+
+/* Greedy equality over n_prompts dev prompts under one constraint. */
+static void greedy_equality(const char *grammar, const char *schema, size_t n_prompts) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    cr_assert_geq(n_lines, n_prompts);
+    tdm_engine *plain = tdm_test_engine(g_target, NULL, 2), *spec = tdm_test_engine(g_target, g_draft, 2);
+    tdm_grammar *g;
+    tdm_err err = {0};
+    cr_assert_eq(grammar ? tdm_grammar_parse(grammar, strlen(grammar), &g, &err)
+                         : tdm_json_schema_grammar(schema, strlen(schema), &g, &err),
+                 TANDEM_OK, "%s", err.msg);
+    static const spec_cfg cfgs[] = {
+        {"adaptive k, lookups", 0, 4, 0},
+        {"k 4, no lookups", 4, 0, 0},
+        {"k 1", 1, 0, 0},
+        {"lookups of 2", 0, 2, 0},
+        {"tree asked (chains)", 0, 4, TANDEM_SPEC_TREE_AUTO},
+        {"tree of 8 asked (chains)", 0, 0, 8},
+    };
+    uint64_t drafted = 0, accepted = 0;
+    const size_t stride = tdm_test_sanitized() ? 10 : 1;
+    for (size_t li = 0; li < n_prompts; li += stride) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 48;
+        gp.grammar = grammar;
+        gp.json_schema = schema;
+        tandem_result want;
+        cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_gt(want.n_tokens, 0);
+        expect_text_fits(g, &want, "target-only", li);
+        for (size_t c = 0; c < TDM_ARRAY_LEN(cfgs); c++) {
+            if (!tdm_test_sanitized() && (c + li) % 2) continue; /* (half the configurations per prompt) */
+            tandem_generate_params sp = gp;
+            sp.spec_k = cfgs[c].k;
+            sp.spec_ngram = cfgs[c].ngram;
+            sp.spec_tree = cfgs[c].tree;
+            tandem_result got;
+            cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &sp, &got, &err), TANDEM_OK, "%s", err.msg);
+            expect_same(&got, &want, spec, cfgs[c].what, li);
+            cr_assert_eq(got.spec.tree_steps, 0, "a constrained request verifies chains");
+            drafted += got.spec.drafted;
+            accepted += got.spec.accepted;
+            tandem_result_free(&got);
+        }
+        tandem_result_free(&want);
+        free(ids);
+    }
+    cr_assert_gt(drafted, 0, "nothing was drafted");
+    cr_assert_gt(accepted, 0, "nothing drafted was accepted");
+    cr_log_info("constrained greedy: %llu drafted, %llu accepted", (unsigned long long)drafted,
+                (unsigned long long)accepted);
+    tdm_grammar_free(g);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+Test(constrained, greedy_grammar_spec_equals_target_only) { greedy_equality(G_PY, NULL, 24); }
+
+Test(constrained, greedy_schema_spec_equals_target_only) { greedy_equality(NULL, S_OBJ, 24); }
+
+/* A batch of constrained (grammar, schema) and unconstrained greedy requests on a
+ * speculating engine of four sequences: each gets its solo target-only output. */
+Test(constrained, batch_mixed_equals_solo) {
+    tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
+    tandem_engine *plain = api_open_engine(t, NULL, NULL);
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 2;
+    ep.n_seq_max = 4;
+    ep.batch_invariant = true;
+    tandem_engine *batch = api_open_engine(t, d, &ep);
+    size_t n_lines;
+    tdm_json **items = tdm_test_jsonl(tdm_test_data_path("prompts-dev.jsonl"), &n_lines);
+    enum { N = 7 };
+    tandem_request req[N];
+    tandem_result want[N], got[N];
+    for (int i = 0; i < N; i++) {
+        req[i] = tandem_request_default();
+        req[i].prompt = tdm_json_get(items[30 + i], "prompt")->str;
+        req[i].params.max_tokens = 40;
+        if (i % 3 == 0) req[i].params.grammar = G_PY;
+        if (i % 3 == 1) req[i].params.json_schema = S_OBJ;
+        cr_assert_eq(tandem_generate(plain, req[i].prompt, &req[i].params, &want[i]), TANDEM_OK, "%s",
+                     tandem_last_error());
+    }
+    cr_assert_eq(tandem_generate_batch(batch, req, N, got), TANDEM_OK, "%s", tandem_last_error());
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
+        cr_assert_eq(got[i].n_tokens, want[i].n_tokens, "request %d: %zu tokens, solo %zu", i, got[i].n_tokens,
+                     want[i].n_tokens);
+        cr_assert_eq(memcmp(got[i].tokens, want[i].tokens, got[i].n_tokens * sizeof(int32_t)), 0,
+                     "request %d differs from its solo output", i);
+        cr_assert_str_eq(got[i].text, want[i].text);
+        tandem_result_free(&got[i]);
+        tandem_result_free(&want[i]);
+    }
+    tdm_test_jsonl_free(items, n_lines);
+    tandem_engine_close(batch);
+    tandem_engine_close(plain);
+    tandem_model_close(d);
+    tandem_model_close(t);
+}
+
+/* A grammar that nothing can follow ends the request at once, finish reason stop. */
+Test(constrained, finished_grammar_stops) {
+    tdm_engine *e = tdm_test_engine(g_target, g_draft, 2);
+    const int32_t prompt[] = {1, 2, 3, 4};
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 30;
+    gp.grammar = "root ::= \"def main():\"";
+    tandem_result r;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_generate_one(e, prompt, 4, &gp, &r, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_str_eq(r.text, "def main():");
+    cr_assert_eq(r.finish_reason, TANDEM_FINISH_STOP);
+    tandem_result_free(&r);
+    tdm_engine_free(e);
+}
+
+/* Sampled, on an engine of two sequences (verification by agreement with the
+ * target's own masked draws): the speculated output equals the target-only output
+ * drawn with the same seed. */
+Test(constrained, sampled_spec_equals_target_only_same_seed) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    tdm_engine *plain = engine_of(NULL, 2), *spec = engine_of(g_draft, 2);
+    tdm_err err = {0};
+    uint64_t drafted = 0;
+    for (size_t li = 0; li < 8; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 40;
+        gp.temperature = 0.7f;
+        gp.top_k = li % 2 ? 20 : 0;
+        gp.seed = 1000 + li;
+        gp.grammar = li % 2 ? NULL : G_PY;
+        gp.json_schema = li % 2 ? S_OBJ : NULL;
+        gp.spec_k = li % 3 == 0 ? 0 : 3;
+        tandem_result want, got;
+        cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
+        expect_same(&got, &want, spec, "sampled", li);
+        drafted += got.spec.drafted;
+        tandem_result_free(&want);
+        tandem_result_free(&got);
+        free(ids);
+    }
+    cr_assert_gt(drafted, 0);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+/* The masked softmax (temperature 1) of the target's logits after ids[n] under the
+ * state of m, into p[V]. */
+static void masked_softmax(tdm_engine *e, const int32_t *ids, int32_t n, tdm_gmatch *m, const tdm_gvocab *v,
+                           double *p) {
+    const int32_t V = e->n_vocab;
+    float *l = malloc((size_t)V * sizeof(float));
+    uint32_t *mask = calloc(e->mask_words, sizeof(uint32_t));
+    tdm_err err = {0};
+    cr_assert_eq(tdm_engine_score_last(e, false, ids, n, l, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_gmatch_mask(m, v, mask, NULL, &err), TANDEM_OK, "%s", err.msg);
+    double mx = -INFINITY, sum = 0;
+    for (int32_t i = 0; i < V; i++)
+        if (i < tdm_gvocab_n(v) && (mask[i / 32] >> (i % 32) & 1)) mx = fmax(mx, l[i]);
+    for (int32_t i = 0; i < V; i++) {
+        const bool ok = i < tdm_gvocab_n(v) && (mask[i / 32] >> (i % 32) & 1);
+        p[i] = ok ? exp((double)l[i] - mx) : 0;
+        sum += p[i];
+    }
+    for (int32_t i = 0; i < V; i++) p[i] /= sum;
+    free(l);
+    free(mask);
+}
+
+/* Sampled with speculation (k 1, so that the second token is a verified one): the
+ * first token against the masked softmax after the prompt, and the second, given the
+ * likeliest first, against the masked softmax after it; on an engine of one sequence
+ * (rejection sampling with masked p and q rows) and of two (agreement). */
+static void chi_square(int32_t n_seq) {
+    tdm_engine *spec = engine_of(g_draft, n_seq);
+    const int32_t V = spec->n_vocab;
+    size_t n_lines, n;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[3], "prompt_ids"), &n);
+    const int32_t np = (int32_t)TDM_MIN(n, 24);
+    const char *gram = "root ::= [a-z_ ]{16,40}";
+    tdm_grammar *g;
+    tdm_gmatch *m;
+    const tdm_gvocab *v;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_grammar_parse(gram, strlen(gram), &g, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_gmatch_create(g, &m, &err), TANDEM_OK, "%s", err.msg);
+    /* the engine's vocabulary (built at the first constrained request) */
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.temperature = 1.0f;
+    gp.grammar = gram;
+    gp.spec_k = 1;
+    gp.spec_ngram = 0;
+    gp.ignore_eos = true;
+    gp.max_tokens = 3;
+    const int runs = tdm_test_sanitized() ? 300 : 1500;
+    uint64_t *first = calloc((size_t)V, sizeof(uint64_t)), *second = calloc((size_t)V, sizeof(uint64_t));
+    int32_t *pairs = malloc((size_t)runs * 2 * sizeof(int32_t));
+    uint64_t drafted = 0;
+    for (int r = 0; r < runs; r++) {
+        gp.seed = 77 + (uint64_t)r;
+        tandem_result res;
+        cr_assert_eq(tdm_generate_one(spec, ids, np, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(res.n_tokens, 3);
+        first[res.tokens[0]]++;
+        pairs[2 * r] = res.tokens[0], pairs[2 * r + 1] = res.tokens[1];
+        drafted += res.spec.drafted;
+        tandem_result_free(&res);
+    }
+    cr_assert_gt(drafted, 0);
+    v = spec->gvocab;
+    cr_assert(v);
+    double *p = malloc((size_t)V * sizeof(double));
+    masked_softmax(spec, ids, np, m, v, p);
+    int df = 0;
+    const double pv1 = tdm_stat_chi2_gof(first, p, V, &df);
+    cr_assert_geq(pv1, 1e-3, "first token: chi-square p = %g (df %d)", pv1, df);
+    int32_t best = 0;
+    for (int32_t i = 0; i < V; i++)
+        if (first[i] > first[best]) best = i;
+    for (int r = 0; r < runs; r++)
+        if (pairs[2 * r] == best) second[pairs[2 * r + 1]]++;
+    int32_t *ids2 = malloc(((size_t)np + 1) * sizeof(int32_t));
+    memcpy(ids2, ids, (size_t)np * sizeof(int32_t));
+    ids2[np] = best;
+    cr_assert_eq(tdm_gmatch_accept_token(m, v, best, &err), TANDEM_OK, "%s", err.msg);
+    masked_softmax(spec, ids2, np + 1, m, v, p);
+    const double pv2 = tdm_stat_chi2_gof(second, p, V, &df);
+    cr_assert_geq(pv2, 1e-3, "second token given %d (%llu runs): chi-square p = %g (df %d)", best,
+                  (unsigned long long)first[best], pv2, df);
+    cr_log_info("chi-square, %d sequence(s): first p %.3f, second p %.3f (%llu runs of the first)", (int)n_seq, pv1,
+                pv2, (unsigned long long)first[best]);
+    free(ids2);
+    free(p);
+    free(pairs);
+    free(first);
+    free(second);
+    free(ids);
+    tdm_gmatch_free(m);
+    tdm_grammar_free(g);
+    tdm_engine_free(spec);
+    tdm_test_jsonl_free(refs, n_lines);
+}
+
+Test(constrained, sampled_chi_square_rejection) { chi_square(1); }
+Test(constrained, sampled_chi_square_agreement) { chi_square(2); }
+
+/* A random allowed token of the mask (-1: none). */
+static int32_t pick_allowed(const uint32_t *mask, int32_t V, uint64_t *rs) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < V; i++) n += mask[i / 32] >> (i % 32) & 1;
+    if (n == 0) return -1;
+    int32_t want = (int32_t)(tdm_test_rand(rs) % (uint64_t)n);
+    for (int32_t i = 0; i < V; i++)
+        if ((mask[i / 32] >> (i % 32) & 1) && want-- == 0) return i;
+    return -1;
+}
+
+/* Steps as the scheduler runs them (mark; a chain accepted token by token; rollback
+ * to mark + a random accepted length; the bonus token; now and then a commit of the
+ * history) against a matcher replayed on the kept tokens: the same masks, the same
+ * completeness. */
+Test(constrained, rollback_fuzz_against_replay) {
+    const tdm_tokenizer *tok = g_target->tok;
+    tdm_gvocab *v;
+    tdm_grammar *g;
+    tdm_gmatch *m;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_gvocab_create(tok, &v, &err), TANDEM_OK, "%s", err.msg);
+    const int32_t V = tdm_gvocab_n(v);
+    const size_t W = tdm_gvocab_mask_words(v);
+    uint32_t *mask = malloc(W * 4), *mask2 = malloc(W * 4);
+    const char *grams[] = {G_PY, NULL};
+    char *schema_gbnf = NULL;
+    cr_assert_eq(tdm_json_schema_to_gbnf(S_OBJ, strlen(S_OBJ), &schema_gbnf, &err), TANDEM_OK, "%s", err.msg);
+    grams[1] = schema_gbnf;
+    uint64_t rs = 12345;
+    int steps = 0;
+    for (int gi = 0; gi < 2; gi++) {
+        cr_assert_eq(tdm_grammar_parse(grams[gi], strlen(grams[gi]), &g, &err), TANDEM_OK, "%s", err.msg);
+        for (int run = 0; run < (tdm_test_sanitized() ? 4 : 30); run++) {
+            cr_assert_eq(tdm_gmatch_create(g, &m, &err), TANDEM_OK, "%s", err.msg);
+            int32_t kept[256];
+            int32_t n_kept = 0;
+            while (n_kept < 200 && !tdm_gmatch_is_finished(m)) {
+                const uint32_t mark = tdm_gmatch_mark(m);
+                const int32_t k = (int32_t)(tdm_test_rand(&rs) % 6);
+                int32_t chain[8], nc = 0;
+                for (; nc < k; nc++) { /* (a chain the grammar allows, as a masked draft draws it) */
+                    cr_assert_eq(tdm_gmatch_mask(m, v, mask, NULL, &err), TANDEM_OK, "%s", err.msg);
+                    const int32_t x = pick_allowed(mask, V, &rs);
+                    if (x < 0 || tdm_gvocab_is_eog(v, x)) break;
+                    cr_assert_eq(tdm_gmatch_accept_token(m, v, x, &err), TANDEM_OK, "%s", err.msg);
+                    chain[nc] = x;
+                }
+                const int32_t acc = nc ? (int32_t)(tdm_test_rand(&rs) % (uint64_t)(nc + 1)) : 0;
+                cr_assert_eq(tdm_gmatch_rollback(m, mark + (uint32_t)acc, &err), TANDEM_OK, "%s", err.msg);
+                for (int32_t i = 0; i < acc && n_kept < 256; i++) kept[n_kept++] = chain[i];
+                cr_assert_eq(tdm_gmatch_mask(m, v, mask, NULL, &err), TANDEM_OK, "%s", err.msg);
+                const int32_t bonus = pick_allowed(mask, V, &rs);
+                if (bonus < 0 || tdm_gvocab_is_eog(v, bonus)) break;
+                cr_assert_eq(tdm_gmatch_accept_token(m, v, bonus, &err), TANDEM_OK, "%s", err.msg);
+                kept[n_kept++] = bonus;
+                if (tdm_test_rand(&rs) % 4 == 0) cr_assert_eq(tdm_gmatch_commit(m, &err), TANDEM_OK, "%s", err.msg);
+                /* the replay */
+                tdm_gmatch *r;
+                cr_assert_eq(tdm_gmatch_create(g, &r, &err), TANDEM_OK, "%s", err.msg);
+                for (int32_t i = 0; i < n_kept; i++)
+                    cr_assert_eq(tdm_gmatch_accept_token(r, v, kept[i], &err), TANDEM_OK, "%s", err.msg);
+                cr_assert_eq(tdm_gmatch_mask(m, v, mask, NULL, &err), TANDEM_OK, "%s", err.msg);
+                cr_assert_eq(tdm_gmatch_mask(r, v, mask2, NULL, &err), TANDEM_OK, "%s", err.msg);
+                cr_assert_eq(memcmp(mask, mask2, W * 4), 0, "grammar %d, run %d: masks differ after %d kept tokens", gi,
+                             run, (int)n_kept);
+                cr_assert_eq(tdm_gmatch_is_complete(m), tdm_gmatch_is_complete(r));
+                tdm_gmatch_free(r);
+                steps++;
+            }
+            tdm_gmatch_free(m);
+        }
+        tdm_grammar_free(g);
+    }
+    cr_assert_gt(steps, 200);
+    cr_log_info("rollback fuzz: %d steps", steps);
+    free(schema_gbnf);
+    free(mask);
+    free(mask2);
+    tdm_gvocab_free(v);
+}
+
+/* Bad constraints fail at submission through the public API, with the grammar
+ * engine's message. */
+/* A request of grammar / schema on e fails with TANDEM_ERR_INVALID_ARG, its message
+ * holding each of the needles (NULL-terminated). */
+static void expect_refused(tandem_engine *e, const char *grammar, const char *schema, const char *const *needles) {
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = 4;
+    gp.grammar = grammar;
+    gp.json_schema = schema;
+    tandem_result r;
+    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_ERR_INVALID_ARG, "%s / %s was accepted",
+                 grammar ? grammar : "-", schema ? schema : "-");
+    for (const char *const *x = needles; *x; x++)
+        cr_assert(strstr(tandem_last_error(), *x), "'%s' lacks '%s'", tandem_last_error(), *x);
+}
+
+Test(constrained, bad_grammar_and_schema_through_the_api) {
+    tandem_model *t = api_open_model(TARGET);
+    tandem_engine *e = api_open_engine(t, NULL, NULL);
+    expect_refused(e, "root ::= \"a\" undefined_rule", NULL, (const char *[]){"grammar: line 1:", "undefined_rule", NULL});
+    expect_refused(e, "root ::= (\"a\"", NULL, (const char *[]){"grammar: ", NULL});
+    expect_refused(e, NULL, "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\",\"pattern\":\"x+\"}}}",
+                   (const char *[]){"json_schema: ", "#/properties/a", NULL});
+    expect_refused(e, NULL, "{\"type\":", (const char *[]){"json_schema: ", NULL});
+    expect_refused(e, "root ::= \"a\"", "{\"type\":\"object\"}", (const char *[]){"both", NULL});
+    tandem_generate_params gp = tandem_generate_default_params();
+    tandem_result r;
+    gp.json_schema = "{\"type\":\"object\"}";
+    /* json_object mode: any JSON object */
+    gp.grammar = NULL;
+    gp.max_tokens = 24;
+    cr_assert_eq(tandem_generate(e, "def f", &gp, &r), TANDEM_OK, "%s", tandem_last_error());
+    const char *x = r.text;
+    while (*x == ' ' || *x == '\n' || *x == '\t') x++;
+    cr_assert_eq(*x, '{', "%s", r.text);
+    tandem_result_free(&r);
+    tandem_engine_close(e);
+    tandem_model_close(t);
+}
+
+/* A KV pool for about two of four constrained sequences on a speculating engine: the
+ * scheduler preempts and recomputes, the matchers follow the kept tokens, and every
+ * request gets its solo target-only output. */
+Test(constrained, preemption_keeps_the_grammar) {
+    static const char *schema =
+        "{\"type\": \"array\", \"minItems\": 40, \"items\": {\"type\": \"object\", \"properties\": {\"id\": {\"type\": "
+        "\"integer\"}, \"name\": {\"type\": \"string\", \"maxLength\": 16}}, \"required\": [\"id\", \"name\"], "
+        "\"additionalProperties\": false}}";
+    tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
+    tandem_model_info mt, md;
+    cr_assert_eq(tandem_model_get_info(t, &mt), TANDEM_OK);
+    cr_assert_eq(tandem_model_get_info(d, &md), TANDEM_OK);
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 2;
+    ep.n_seq_max = 4;
+    ep.batch_invariant = true;
+    ep.kv_bytes = (size_t)(mt.kv_bytes_per_token + md.kv_bytes_per_token) * 2 * 170;
+    tandem_engine *e = api_open_engine(t, d, &ep), *plain = api_open_engine(t, NULL, NULL);
+    static const char *const prompts[4] = {"import os\n", "def main():\n", "class A:\n", "x = 1\n"};
+    tandem_request r[4];
+    tandem_result out[4], want[4];
+    for (int i = 0; i < 4; i++) {
+        r[i] = tandem_request_default();
+        r[i].prompt = prompts[i];
+        r[i].params.max_tokens = 150;
+        r[i].params.ignore_eos = true;
+        if (i % 2) r[i].params.json_schema = schema;
+        else r[i].params.grammar = "root ::= (\"x\" [0-9]{1,3} \" = \" [a-z_]{1,12} \"\\n\"){60,}";
+        cr_assert_eq(tandem_generate(plain, prompts[i], &r[i].params, &want[i]), TANDEM_OK, "%s", tandem_last_error());
+    }
+    cr_assert_eq(tandem_generate_batch(e, r, 4, out), TANDEM_OK);
+    int preempted = 0;
+    for (int i = 0; i < 4; i++) {
+        cr_assert_eq(out[i].status, TANDEM_OK, "request %d: %s", i, out[i].error ? out[i].error : "");
+        cr_assert(out[i].n_tokens == want[i].n_tokens &&
+                      memcmp(out[i].tokens, want[i].tokens, want[i].n_tokens * sizeof(int32_t)) == 0,
+                  "request %d differs from its solo output under preemption", i);
+        preempted += out[i].n_preemptions;
+        tandem_result_free(&out[i]);
+        tandem_result_free(&want[i]);
+    }
+    cr_assert_geq(preempted, 1, "no request was preempted");
+    cr_log_info("preemptions: %d", preempted);
+    tandem_engine_close(e);
+    tandem_engine_close(plain);
+    tandem_model_close(d);
+    tandem_model_close(t);
+}
