@@ -331,3 +331,395 @@ Test(eagle3, synth_head_loads_and_pairs) {
     tdm_model_free(t);
     tdm_backend_destroy(be);
 }
+
+/* ---- the target's feature export ---------------------------------------------- */
+
+typedef struct rig {
+    tdm_kv_store kv;
+    tdm_kv_seq seq;
+    int32_t blocks[4];
+} rig;
+
+static void rig_open(rig *r, const tdm_model *m, tdm_backend *be) {
+    tdm_err err = {0};
+    memset(r, 0, sizeof *r);
+    cr_assert_eq(tdm_kv_store_init(&r->kv, m, be, TDM_F32, 4, 16, &err), TANDEM_OK, "%s", err.msg);
+    for (int i = 0; i < 4; i++) r->blocks[i] = i;
+    r->seq = (tdm_kv_seq){.blocks = r->blocks, .n_blocks = 4, .cap_blocks = 4, .len = 64};
+}
+
+/* Rows [p0, p0 + n) of tok, causal, one sequence; logits for all or none. */
+static void fill_batch(tdm_batch *b, const int32_t *tok, int p0, int n, bool logits) {
+    tdm_batch_clear(b);
+    for (int i = 0; i < n; i++) cr_assert_geq(tdm_batch_add(b, tok[p0 + i], p0 + i, 0, p0 + i, logits), 0);
+}
+
+/* The export of the layers ids[n] from the pycode target over two forwards (a
+ * 20-row prefill, then 3 rows) against the residual stream of the same model cut
+ * after each layer, and the logits against a forward without the export. */
+static void check_export(const int32_t *ids, int n, bool by_ops) {
+    tdm_backend *be = cpu(2);
+    tdm_model *t = load_target(be);
+    const int E = t->hp.n_embd, V = t->hp.n_vocab;
+    tdm_err err = {0};
+    int32_t tok[23];
+    uint64_t rng = 17;
+    for (int i = 0; i < 23; i++) tok[i] = (int32_t)(tdm_test_rand(&rng) % (uint64_t)V);
+    const int p0[2] = {0, 20}, nr[2] = {20, 3};
+    tdm_batch b;
+    cr_assert_eq(tdm_batch_init(&b, 32, &err), TANDEM_OK);
+    /* with the export, and without */
+    float *feat[2], *logits[2][2];
+    for (int with = 0; with < 2; with++) {
+        rig r;
+        rig_open(&r, t, be);
+        tdm_fwd_scratch s = {0};
+        s.blocks_declined = by_ops;
+        if (with) cr_assert_eq(tdm_fwd_scratch_set_features(&s, ids, n, &err), TANDEM_OK, "%s", err.msg);
+        const tdm_kv_seq *seqs[1] = {&r.seq};
+        for (int k = 0; k < 2; k++) {
+            fill_batch(&b, tok, p0[k], nr[k], true);
+            logits[with][k] = malloc((size_t)nr[k] * (size_t)V * sizeof(float));
+            cr_assert_eq(tdm_model_forward(t, be, &r.kv, &b, seqs, &s, logits[with][k], &err), TANDEM_OK, "%s",
+                         err.msg);
+            if (with) {
+                const size_t sz = (size_t)nr[k] * (size_t)n * (size_t)E * sizeof(float);
+                feat[k] = malloc(sz);
+                memcpy(feat[k], s.feat, sz);
+            }
+        }
+        cr_assert_eq(s.blocks_declined, by_ops, "the fused blocks ran the model");
+        tdm_fwd_scratch_free(&s);
+        tdm_kv_store_free(&r.kv);
+    }
+    for (int k = 0; k < 2; k++)
+        cr_assert_eq(memcmp(logits[0][k], logits[1][k], (size_t)nr[k] * (size_t)V * sizeof(float)), 0,
+                     "forward %d: the export changed the logits", k);
+    /* the reference: the model cut after layer ids[j] */
+    for (int j = 0; j < n; j++) {
+        tdm_model cut = *t;
+        cut.hp.n_layer = ids[j];
+        rig r;
+        rig_open(&r, t, be);
+        tdm_kv_store kcut = r.kv;
+        kcut.n_layer = ids[j];
+        tdm_fwd_scratch s = {0};
+        s.blocks_declined = by_ops;
+        const tdm_kv_seq *seqs[1] = {&r.seq};
+        for (int k = 0; k < 2; k++) {
+            fill_batch(&b, tok, p0[k], nr[k], false);
+            cr_assert_eq(tdm_model_forward(&cut, be, &kcut, &b, seqs, &s, NULL, &err), TANDEM_OK, "%s", err.msg);
+            for (int i = 0; i < nr[k]; i++)
+                cr_assert_eq(memcmp(feat[k] + ((size_t)i * (size_t)n + (size_t)j) * (size_t)E, s.x + (size_t)i * E,
+                                    (size_t)E * sizeof(float)),
+                             0, "layer %d, forward %d, row %d: the exported stream differs (%s)", (int)ids[j], k, i,
+                             by_ops ? "ops" : "fused blocks");
+        }
+        tdm_fwd_scratch_free(&s);
+        tdm_kv_store_free(&r.kv);
+    }
+    for (int k = 0; k < 2; k++) {
+        free(feat[k]);
+        free(logits[0][k]);
+        free(logits[1][k]);
+    }
+    tdm_batch_free(&b);
+    tdm_model_free(t);
+    tdm_backend_destroy(be);
+}
+
+Test(eagle3, feature_export) {
+    const int32_t head[3] = {2, 4, 5}, edges[4] = {0, 8, 3, 3};
+    for (int by_ops = 0; by_ops < 2; by_ops++) {
+        check_export(head, 3, by_ops);
+        check_export(edges, 4, by_ops);
+    }
+    tdm_fwd_scratch s = {0};
+    tdm_err err = {0};
+    const int32_t bad[5] = {1, 2, 3, 4, 5}, neg[1] = {-1};
+    cr_assert_eq(tdm_fwd_scratch_set_features(&s, bad, 5, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(tdm_fwd_scratch_set_features(&s, neg, 1, &err), TANDEM_ERR_INVALID_ARG);
+    /* a layer beyond the model: the forward says so */
+    const int32_t beyond[1] = {9};
+    cr_assert_eq(tdm_fwd_scratch_set_features(&s, beyond, 1, &err), TANDEM_OK);
+    tdm_backend *be = cpu(1);
+    tdm_model *t = load_target(be);
+    rig r;
+    rig_open(&r, t, be);
+    tdm_batch b;
+    cr_assert_eq(tdm_batch_init(&b, 4, &err), TANDEM_OK);
+    const int32_t tok[1] = {5};
+    fill_batch(&b, tok, 0, 1, false);
+    const tdm_kv_seq *seqs[1] = {&r.seq};
+    cr_assert_eq(tdm_model_forward(t, be, &r.kv, &b, seqs, &s, NULL, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "layer 9"), "%s", err.msg);
+    tdm_fwd_scratch_free(&s);
+    tdm_batch_free(&b);
+    tdm_kv_store_free(&r.kv);
+    tdm_model_free(t);
+    tdm_backend_destroy(be);
+}
+
+/* ---- the head's forward against a double-precision reference ------------------ */
+
+/* The head's math in double, weights read from its file (and the target's embedding
+ * from the target's file when the head has none). */
+typedef struct rhead {
+    int E, H, KV, hd, F, V, Vd, T;
+    double eps, base;
+    bool nbf, nbr;
+    double *fc, *enc, *embd, *an, *hn, *wq, *wk, *wv, *wo, *fn, *wg, *wu, *wd, *on, *out;
+    int64_t *d2t;   /* [Vd] as the file has it (NULL: the identity) */
+    double *K, *Vc; /* [64][kvd] the reference's cache */
+} rhead;
+
+static double *read_mat(const tdm_gguf *g, const char *name, int64_t rows, int64_t cols) {
+    const tdm_gguf_tensor *t = tdm_gguf_find_tensor(g, name);
+    cr_assert_not_null(t, "%s", name);
+    uint64_t rb;
+    cr_assert(tdm_dtype_row_bytes(t->type, (uint64_t)cols, &rb));
+    double *d = malloc((size_t)(rows * cols) * sizeof *d);
+    float *f = malloc((size_t)cols * sizeof *f);
+    for (int64_t r = 0; r < rows; r++) {
+        tdm_row_to_f32(t->type, (const uint8_t *)t->data + (size_t)r * rb, f, cols);
+        for (int64_t c = 0; c < cols; c++) d[r * cols + c] = f[c];
+    }
+    free(f);
+    return d;
+}
+
+static void rhead_open(rhead *r, const tdm_gguf *g, const tdm_gguf *target, const tdm_eagle3 *h) {
+    const tdm_eagle3_hparams *ep = &h->ep;
+    *r = (rhead){.E = ep->n_embd, .H = ep->n_head, .KV = ep->n_head_kv, .hd = ep->head_dim, .F = ep->n_ff,
+                 .V = ep->n_vocab, .Vd = ep->n_draft_vocab, .T = ep->target_hidden, .eps = h->m->hp.norm_eps,
+                 .base = h->m->hp.rope.freq_base, .nbf = ep->norm_before_fc, .nbr = ep->norm_before_residual};
+    const int E = r->E, qd = r->H * r->hd, kvd = r->KV * r->hd;
+    r->fc = read_mat(g, "fc.weight", E, 3 * r->T);
+    if (r->nbf) r->enc = read_mat(g, "enc.output_norm.weight", 1, 3 * r->T);
+    r->embd = read_mat(ep->own_embd ? g : target, "token_embd.weight", r->V, E);
+    r->an = read_mat(g, "blk.0.attn_norm.weight", 1, E);
+    r->hn = read_mat(g, "blk.0.attn_norm_2.weight", 1, E);
+    r->wq = read_mat(g, "blk.0.attn_q.weight", qd, 2 * E);
+    r->wk = read_mat(g, "blk.0.attn_k.weight", kvd, 2 * E);
+    r->wv = read_mat(g, "blk.0.attn_v.weight", kvd, 2 * E);
+    r->wo = read_mat(g, "blk.0.attn_output.weight", E, qd);
+    r->fn = read_mat(g, "blk.0.ffn_norm.weight", 1, E);
+    r->wg = read_mat(g, "blk.0.ffn_gate.weight", r->F, E);
+    r->wu = read_mat(g, "blk.0.ffn_up.weight", r->F, E);
+    r->wd = read_mat(g, "blk.0.ffn_down.weight", E, r->F);
+    r->on = read_mat(g, "output_norm.weight", 1, E);
+    r->out = read_mat(g, "output.weight", r->Vd, E);
+    const tdm_gguf_tensor *d = tdm_gguf_find_tensor(g, "d2t");
+    if (d) {
+        r->d2t = malloc((size_t)r->Vd * sizeof *r->d2t);
+        memcpy(r->d2t, d->data, (size_t)r->Vd * 8);
+    }
+    r->K = calloc((size_t)64 * kvd, sizeof(double));
+    r->Vc = calloc((size_t)64 * kvd, sizeof(double));
+}
+
+static void rhead_close(rhead *r) {
+    double *p[] = {r->fc, r->enc, r->embd, r->an, r->hn, r->wq, r->wk, r->wv, r->wo, r->fn, r->wg, r->wu, r->wd,
+                   r->on, r->out, r->K, r->Vc};
+    for (size_t i = 0; i < sizeof p / sizeof *p; i++) free(p[i]);
+    free(r->d2t);
+}
+
+static void rms(const double *x, const double *w, int n, double eps, double *y) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const double s = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) y[i] = x[i] * s * w[i];
+}
+
+static void mv(const double *W, const double *x, int rows, int cols, double *y) {
+    for (int r = 0; r < rows; r++) {
+        double a = 0;
+        for (int c = 0; c < cols; c++) a += W[(size_t)r * cols + c] * x[c];
+        y[r] = a;
+    }
+}
+
+/* RoPE of n_head heads of hd at position p: adjacent pairs (GGUF "normal"). */
+static void rope(double *x, int n_head, int hd, int p, double base) {
+    for (int h = 0; h < n_head; h++)
+        for (int t = 0; t < hd / 2; t++) {
+            const double th = p * pow(base, -2.0 * t / hd), c = cos(th), s = sin(th);
+            double *v = x + h * hd + 2 * t, a = v[0], b = v[1];
+            v[0] = a * c - b * s;
+            v[1] = a * s + b * c;
+        }
+}
+
+static void rhead_fuse(const rhead *r, const float *feat, double *g) {
+    const int n = 3 * r->T;
+    double *x = malloc((size_t)n * sizeof *x);
+    for (int i = 0; i < n; i++) x[i] = feat[i];
+    if (r->nbf) rms(x, r->enc, n, r->eps, x);
+    mv(r->fc, x, r->E, n, g);
+    free(x);
+}
+
+/* One row at position p (the rows before it in the cache): h[E] and logits[V]. */
+static void rhead_row(rhead *r, int32_t token, const double *g, int p, double *h, double *logits) {
+    const int E = r->E, qd = r->H * r->hd, kvd = r->KV * r->hd, F = r->F;
+    double *cat = malloc((size_t)2 * E * sizeof *cat), *q = malloc((size_t)qd * sizeof *q);
+    double *att = calloc((size_t)qd, sizeof *att), *x = malloc((size_t)E * sizeof *x);
+    double *xn = malloc((size_t)E * sizeof *xn), *gu = malloc((size_t)2 * F * sizeof *gu);
+    double *y = malloc((size_t)E * sizeof *y), *ld = malloc((size_t)r->Vd * sizeof *ld);
+    rms(r->embd + (size_t)token * E, r->an, E, r->eps, cat);
+    rms(g, r->hn, E, r->eps, cat + E);
+    mv(r->wq, cat, qd, 2 * E, q);
+    mv(r->wk, cat, kvd, 2 * E, r->K + (size_t)p * kvd);
+    mv(r->wv, cat, kvd, 2 * E, r->Vc + (size_t)p * kvd);
+    rope(q, r->H, r->hd, p, r->base);
+    rope(r->K + (size_t)p * kvd, r->KV, r->hd, p, r->base);
+    for (int hh = 0; hh < r->H; hh++) {
+        const int kh = hh / (r->H / r->KV);
+        double *sc = malloc((size_t)(p + 1) * sizeof *sc), mx = -1e300, sum = 0;
+        for (int j = 0; j <= p; j++) {
+            double d = 0;
+            for (int i = 0; i < r->hd; i++) d += q[hh * r->hd + i] * r->K[(size_t)j * kvd + kh * r->hd + i];
+            sc[j] = d / sqrt((double)r->hd);
+            if (sc[j] > mx) mx = sc[j];
+        }
+        for (int j = 0; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
+        for (int j = 0; j <= p; j++)
+            for (int i = 0; i < r->hd; i++)
+                att[hh * r->hd + i] += sc[j] / sum * r->Vc[(size_t)j * kvd + kh * r->hd + i];
+        free(sc);
+    }
+    mv(r->wo, att, E, qd, x);
+    for (int i = 0; i < E; i++) x[i] += r->nbr ? cat[E + i] : g[i];
+    rms(x, r->fn, E, r->eps, xn);
+    mv(r->wg, xn, F, E, gu);
+    mv(r->wu, xn, F, E, gu + F);
+    for (int i = 0; i < F; i++) gu[i] = gu[i] / (1.0 + exp(-gu[i])) * gu[F + i];
+    mv(r->wd, gu, E, F, y);
+    for (int i = 0; i < E; i++) h[i] = x[i] + y[i];
+    rms(h, r->on, E, r->eps, xn);
+    mv(r->out, xn, r->Vd, E, ld);
+    for (int v = 0; v < r->V; v++) logits[v] = NAN;
+    for (int j = 0; j < r->Vd; j++) logits[r->d2t ? r->d2t[j] : j] = ld[j];
+    free(cat), free(q), free(att), free(x), free(xn), free(gu), free(y), free(ld);
+}
+
+/* ||a - b|| / ||b|| over n values. */
+static double rel(const float *a, const double *b, int n) {
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+    return sqrt(num / (den > 0 ? den : 1));
+}
+
+/* The logits row got[V] against the reference: the mapped ids within tol, every
+ * other id TDM_LOGIT_NONE. */
+static void expect_logits(const float *got, const double *want, int V, double tol, const char *what) {
+    double num = 0, den = 0;
+    int n_none = 0;
+    for (int v = 0; v < V; v++) {
+        if (isnan(want[v])) {
+            cr_assert_eq(got[v], TDM_LOGIT_NONE, "%s: token %d is not in the draft vocabulary", what, v);
+            n_none++;
+            continue;
+        }
+        num += (got[v] - want[v]) * (got[v] - want[v]);
+        den += want[v] * want[v];
+    }
+    cr_assert_gt(den, 0);
+    cr_assert_lt(sqrt(num / den), tol, "%s: logits error %g", what, sqrt(num / den));
+}
+
+/* Three forwards of the head (5 rows at positions 0-4 from fused features, 1 row,
+ * then 2 rows of which the first is a deeper level fed the previous row's output and
+ * only the second wants logits) against the reference. */
+static void check_forward(const uint8_t *buf, size_t len, const char *path, double tol) {
+    tdm_backend *be = cpu(2);
+    tdm_model *t = load_target(be);
+    tdm_err err = {0};
+    tdm_eagle3 *h;
+    if (buf) cr_assert_eq(load_mem(buf, len, be, &h, &err), TANDEM_OK, "%s", err.msg);
+    else cr_assert_eq(tdm_eagle3_load(path, be, &h, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_eagle3_pair(h, t, &err), TANDEM_OK, "%s", err.msg);
+    rhead r;
+    rhead_open(&r, h->m->gguf, t->gguf, h);
+    const int E = r.E, V = r.V, T3 = 3 * r.T, N = 8;
+    uint64_t rng = 99;
+    float *feat = malloc((size_t)N * T3 * sizeof *feat), *g = malloc((size_t)N * E * sizeof *g);
+    for (int i = 0; i < N * T3; i++) feat[i] = tdm_test_randf(&rng, -2.0f, 2.0f);
+    int32_t tok[8];
+    for (int i = 0; i < N; i++) tok[i] = (int32_t)(tdm_test_rand(&rng) % (uint64_t)V);
+    tdm_eagle3_scratch s = {0};
+    cr_assert_eq(tdm_eagle3_fuse(h, be, &s, feat, N, g, &err), TANDEM_OK, "%s", err.msg);
+    double *rg = malloc((size_t)N * E * sizeof *rg);
+    for (int i = 0; i < N; i++) rhead_fuse(&r, feat + (size_t)i * T3, rg + (size_t)i * E);
+    cr_assert_lt(rel(g, rg, N * E), 1e-5, "fused features: %g", rel(g, rg, N * E));
+
+    rig kv;
+    rig_open(&kv, h->m, be);
+    const tdm_kv_seq *seqs[1] = {&kv.seq};
+    tdm_batch b;
+    cr_assert_eq(tdm_batch_init(&b, 8, &err), TANDEM_OK);
+    float *logits = malloc((size_t)5 * V * sizeof *logits), *hout = malloc((size_t)5 * E * sizeof *hout);
+    double *rl = malloc((size_t)V * sizeof *rl), *rh = malloc((size_t)N * E * sizeof *rh);
+    char what[64];
+    /* 1: five rows */
+    fill_batch(&b, tok, 0, 5, true);
+    cr_assert_eq(tdm_eagle3_forward(h, be, &kv.kv, &b, seqs, &s, g, hout, logits, &err), TANDEM_OK, "%s", err.msg);
+    for (int i = 0; i < 5; i++) {
+        rhead_row(&r, tok[i], rg + (size_t)i * E, i, rh + (size_t)i * E, rl);
+        snprintf(what, sizeof what, "row %d", i);
+        expect_logits(logits + (size_t)i * V, rl, V, tol, what);
+        cr_assert_lt(rel(hout + (size_t)i * E, rh + (size_t)i * E, E), tol, "row %d: h", i);
+    }
+    /* 2: one row */
+    fill_batch(&b, tok, 5, 1, true);
+    cr_assert_eq(tdm_eagle3_forward(h, be, &kv.kv, &b, seqs, &s, g + (size_t)5 * E, hout, logits, &err), TANDEM_OK,
+                 "%s", err.msg);
+    rhead_row(&r, tok[5], rg + (size_t)5 * E, 5, rh + (size_t)5 * E, rl);
+    expect_logits(logits, rl, V, tol, "row 5");
+    /* 3: a deeper level's row (g = row 5's output), then a fused one wanting logits */
+    float g3[2 * 512];
+    cr_assert_leq(E, 512);
+    memcpy(g3, hout, (size_t)E * sizeof(float));
+    memcpy(g3 + E, g + (size_t)7 * E, (size_t)E * sizeof(float));
+    fill_batch(&b, tok, 6, 2, true);
+    b.want_logits[0] = 0;
+    cr_assert_eq(tdm_eagle3_forward(h, be, &kv.kv, &b, seqs, &s, g3, NULL, logits, &err), TANDEM_OK, "%s", err.msg);
+    double *g6 = malloc((size_t)E * sizeof *g6);
+    for (int i = 0; i < E; i++) g6[i] = hout[i]; /* (the engine's h, as the head reads it) */
+    rhead_row(&r, tok[6], g6, 6, rh + (size_t)6 * E, rl);
+    rhead_row(&r, tok[7], rg + (size_t)7 * E, 7, rh + (size_t)7 * E, rl);
+    expect_logits(logits, rl, V, tol, "row 7");
+    /* an unpaired head refuses to run */
+    h->paired = false;
+    cr_assert_eq(tdm_eagle3_forward(h, be, &kv.kv, &b, seqs, &s, g3, NULL, logits, &err), TANDEM_ERR_INVALID_ARG);
+    free(g6), free(rl), free(rh), free(logits), free(hout), free(rg), free(feat), free(g);
+    tdm_batch_free(&b);
+    tdm_kv_store_free(&kv.kv);
+    tdm_eagle3_scratch_free(&s);
+    rhead_close(&r);
+    tdm_eagle3_free(h);
+    tdm_model_free(t);
+    tdm_backend_destroy(be);
+}
+
+Test(eagle3, forward_every_option) {
+    hcfg c = full_cfg();
+    size_t len;
+    uint8_t *buf = build_head(&c, &len);
+    check_forward(buf, len, NULL, 2e-5);
+    free(buf);
+}
+
+Test(eagle3, forward_synth_head) {
+    char path[] = "/tmp/tdm_eagle3_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    tdm_synth_opts o = {.shape = tdm_synth_shape_find("eagle3-pycode"), .type = TDM_F16, .seed = 3,
+                        .tokenizer_from = tdm_test_model_path("pycode-target-f16.gguf"), .overwrite = true};
+    tdm_err err = {0};
+    cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
+    check_forward(NULL, 0, path, 2e-5);
+    unlink(path);
+}
