@@ -155,16 +155,16 @@ static int print_eagle3(const tdm_gguf *g) {
     return CLI_EXIT_OK;
 }
 
-/* `tandem info TARGET -d HEAD` with an EAGLE-3 head: the pair checked (as a load
- * pairs them); other drafts pass through. */
-static int check_eagle3_draft(const char *target, const char *draft) {
+int cli_eagle3_check(const char *target, const char *draft, bool *is_head, char *fit, size_t cap) {
     tdm_gguf *gd = NULL, *gt = NULL;
     tdm_err err = {0};
-    if (tdm_gguf_open(draft, &gd, &err)) return CLI_EXIT_OK; /* (the estimate says why) */
+    *is_head = false;
+    if (tdm_gguf_open(draft, &gd, &err)) return CLI_EXIT_OK; /* (not for us to say) */
     if (!tdm_gguf_is_eagle3(gd)) {
         tdm_gguf_close(gd);
         return CLI_EXIT_OK;
     }
+    *is_head = true;
     tdm_hparams hd, ht;
     tdm_eagle3_hparams ep;
     tandem_status st = tdm_eagle3_read_hparams(gd, &hd, &ep, &err);
@@ -178,9 +178,8 @@ static int check_eagle3_draft(const char *target, const char *draft) {
     const char *bd = strrchr(draft, '/'), *bt = strrchr(target, '/');
     if ((st = tdm_eagle3_check_target(&ep, &hd, bd ? bd + 1 : draft, &ht, bt ? bt + 1 : target, &err)))
         return cli_error("%s", err.msg);
-    printf("EAGLE-3 head %s fits target %s: features of layers %d, %d, %d of its %d; EAGLE-3 drafting: not yet "
-           "(the head is not a proposer of the step yet)\n",
-           draft, target, (int)ep.feat_layers[0], (int)ep.feat_layers[1], (int)ep.feat_layers[2], (int)ht.n_layer);
+    snprintf(fit, cap, "EAGLE-3 head %s fits target %s (the features entering layers %d, %d, %d of its %d)", draft,
+             target, (int)ep.feat_layers[0], (int)ep.feat_layers[1], (int)ep.feat_layers[2], (int)ht.n_layer);
     return CLI_EXIT_OK;
 }
 
@@ -295,9 +294,12 @@ int cli_info(int argc, char **argv) {
         return rc;
     }
     tdm_gguf_close(g);
-    if (draft) {
-        int rc = check_eagle3_draft(path, draft);
+    if (draft) { /* an EAGLE-3 head beside the target: the pair checked */
+        char fit[512];
+        bool is_head;
+        int rc = cli_eagle3_check(path, draft, &is_head, fit, sizeof fit);
         if (rc != CLI_EXIT_OK) return rc;
+        if (is_head) printf("%s; EAGLE-3 drafting: not yet (the head is not a proposer of the step yet)\n", fit);
     }
     print_estimate(path, draft, ctx);
     return CLI_EXIT_OK;
