@@ -22,6 +22,7 @@
 #include "eagle3.h"
 #include "gguf_write.h"
 #include "kv_cache.h"
+#include "quantize.h"
 #include "synth.h"
 #include "testutil.h"
 
@@ -304,16 +305,43 @@ Test(eagle3, pairing) {
     expect_pair(&c, TANDEM_ERR_MISMATCH, "borrows the target's token embedding");
 }
 
-Test(eagle3, synth_head_loads_and_pairs) {
-    char path[] = "/tmp/tdm_eagle3_XXXXXX";
+/* tandem synth's eagle3-pycode head of type `type` (kind: a mix, or NULL) in a
+ * temporary file whose path is written to path[32]. */
+static void synth_head(char *path, uint32_t type, const char *kind) {
+    strcpy(path, "/tmp/tdm_eagle3_XXXXXX");
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     close(fd);
-    tdm_synth_opts o = {.shape = tdm_synth_shape_find("eagle3-pycode"), .type = TDM_F16, .seed = 5,
+    tdm_synth_opts o = {.shape = tdm_synth_shape_find("eagle3-pycode"), .type = type, .seed = 5,
+                        .kind = kind ? tdm_quant_kind_find(kind) : NULL,
                         .tokenizer_from = tdm_test_model_path("pycode-target-f16.gguf"), .overwrite = true};
     cr_assert_not_null(o.shape);
     tdm_err err = {0};
     cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
+}
+
+Test(eagle3, synth_head_loads_and_pairs) {
+    char path[32];
+    tdm_err err = {0};
+    /* the quantised heads load and pair (q4_k and q6_k do not tile its 1152-value rows) */
+    const uint32_t types[3] = {TDM_Q8_0, TDM_Q4_0, TDM_Q4_K};
+    for (int i = 0; i < 3; i++) {
+        synth_head(path, types[i], i == 2 ? "q4_k_m" : NULL);
+        tdm_backend *be = cpu(1);
+        tdm_eagle3 *h;
+        cr_assert_eq(tdm_eagle3_load(path, be, &h, &err), TANDEM_OK, "%d: %s", i, err.msg);
+        unlink(path);
+        tdm_model *t = load_target(be);
+        cr_assert_eq(tdm_eagle3_pair(h, t, &err), TANDEM_OK, "%s", err.msg);
+        tdm_eagle3_free(h);
+        tdm_model_free(t);
+        tdm_backend_destroy(be);
+    }
+    tdm_synth_opts bad = {.shape = tdm_synth_shape_find("eagle3-pycode"), .type = TDM_Q4_K};
+    tdm_gguf_writer *w;
+    cr_assert_eq(tdm_synth_plan(&bad, &w, NULL, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert(strstr(err.msg, "not whole q4_k blocks"), "%s", err.msg);
+    synth_head(path, TDM_F16, NULL);
     tdm_backend *be = cpu(1);
     tdm_eagle3 *h;
     cr_assert_eq(tdm_eagle3_load(path, be, &h, &err), TANDEM_OK, "%s", err.msg);
@@ -712,14 +740,12 @@ Test(eagle3, forward_every_option) {
 }
 
 Test(eagle3, forward_synth_head) {
-    char path[] = "/tmp/tdm_eagle3_XXXXXX";
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
-    tdm_synth_opts o = {.shape = tdm_synth_shape_find("eagle3-pycode"), .type = TDM_F16, .seed = 3,
-                        .tokenizer_from = tdm_test_model_path("pycode-target-f16.gguf"), .overwrite = true};
-    tdm_err err = {0};
-    cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
+    char path[32];
+    synth_head(path, TDM_F16, NULL);
+    check_forward(NULL, 0, path, 2e-5);
+    unlink(path);
+    /* q8_0 weights (the reference reads them dequantised) */
+    synth_head(path, TDM_Q8_0, NULL);
     check_forward(NULL, 0, path, 2e-5);
     unlink(path);
 }

@@ -176,7 +176,7 @@ int cli_eagle3_check(const char *target, const char *draft, bool *is_head, char 
     }
     tdm_gguf_close(gt);
     const char *bd = strrchr(draft, '/'), *bt = strrchr(target, '/');
-    if ((st = tdm_eagle3_check_target(&ep, &hd, bd ? bd + 1 : draft, &ht, bt ? bt + 1 : target, &err)))
+    if ((st = tdm_eagle3_check_target(&ep, bd ? bd + 1 : draft, &ht, bt ? bt + 1 : target, &err)))
         return cli_error("%s", err.msg);
     snprintf(fit, cap, "EAGLE-3 head %s fits target %s (the features entering layers %d, %d, %d of its %d)", draft,
              target, (int)ep.feat_layers[0], (int)ep.feat_layers[1], (int)ep.feat_layers[2], (int)ht.n_layer);

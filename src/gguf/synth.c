@@ -357,7 +357,13 @@ tandem_status tdm_synth_plan(const tdm_synth_opts *o, tdm_gguf_writer **out, tdm
         free(t);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     }
-    tandem_status st = write_metadata(w, o, err);
+    tandem_status st = TANDEM_OK;
+    for (size_t i = 0; i < n && !st; i++) /* (a type's blocks must tile the rows: q4_k's 256 values, ...) */
+        if (t[i].type != GGML_I64 && t[i].ne0 % (int64_t)tdm_dtype_block_elems(t[i].type))
+            st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: shape %s: tensor '%s' has rows of %lld values, not "
+                            "whole %s blocks of %u", o->shape->name, t[i].name, (long long)t[i].ne0,
+                            tdm_dtype_name(t[i].type), (unsigned)tdm_dtype_block_elems(t[i].type));
+    if (!st) st = write_metadata(w, o, err);
     uint64_t n_params = 0;
     for (size_t i = 0; i < n && !st; i++) {
         int64_t ne[3] = {t[i].ne0, t[i].ne1, t[i].ne2};

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "dtype.h"
+#include "ggml_types.h"
 
 bool tdm_gguf_is_eagle3(const tdm_gguf *g) {
     tdm_gguf_str a;
@@ -33,8 +34,10 @@ static tandem_status find(const tdm_gguf *g, const char *name, int64_t ne0, int6
             return tdm_seterr(err, TANDEM_ERR_FORMAT, "eagle3: tensor '%s' must be i64 (%lld values)", name,
                               (long long)ne0);
     } else if (!tdm_dtype_supported(t->type)) {
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "eagle3: tensor '%s' has type %u, which tandem does not support",
-                          name, (unsigned)t->type);
+        char ty[64], list[256];
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
+                          "eagle3: tensor '%s' has type %s, which tandem does not support (supported: %s)", name,
+                          tdm_ggml_type_describe(t->type, ty, sizeof ty), tdm_ggml_supported_list(list, sizeof list));
     } else {
         uint64_t rb;
         if (!tdm_dtype_row_bytes(t->type, (uint64_t)ne0, &rb))
@@ -365,9 +368,8 @@ void tdm_eagle3_free(tdm_eagle3 *h) {
 
 /* ------------------------------------------------------------ pairing */
 
-tandem_status tdm_eagle3_check_target(const tdm_eagle3_hparams *ep, const tdm_hparams *hp_head, const char *head_name,
-                                      const tdm_hparams *t, const char *target_name, tdm_err *err) {
-    (void)hp_head;
+tandem_status tdm_eagle3_check_target(const tdm_eagle3_hparams *ep, const char *head_name, const tdm_hparams *t,
+                                      const char *target_name, tdm_err *err) {
 #define MISMATCH(...) tdm_seterr(err, TANDEM_ERR_MISMATCH, "EAGLE-3 head '%s' does not fit target '%s': " __VA_ARGS__)
     if (t->arch_id == TDM_ARCH_EAGLE3) return MISMATCH("the target is an EAGLE-3 head too", head_name, target_name);
     if (ep->n_vocab != t->n_vocab)
@@ -389,7 +391,7 @@ tandem_status tdm_eagle3_check_target(const tdm_eagle3_hparams *ep, const tdm_hp
 
 tandem_status tdm_eagle3_pair(tdm_eagle3 *h, const tdm_model *target, tdm_err *err) {
     const char *hn = h->file[0] ? h->file : "unnamed";
-    tandem_status st = tdm_eagle3_check_target(&h->ep, &h->m->hp, hn, &target->hp, tdm_model_label(target), err);
+    tandem_status st = tdm_eagle3_check_target(&h->ep, hn, &target->hp, tdm_model_label(target), err);
     if (st) return st;
     if (target->tp_size > 0 || target->be != h->m->be)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "EAGLE-3 head '%s': its target '%s' must be whole and on the "
