@@ -123,16 +123,10 @@ tandem_status tdm_eagle3_forward(const tdm_eagle3 *h, tdm_backend *be, tdm_kv_st
     if (h_out && (st = op->copy(be, h_out, s->x, (size_t)n * (size_t)E * sizeof(float), err))) return st;
 
     /* logits of the rows that want them */
-    int32_t nl = 0;
-    for (int32_t i = 0; i < n; i++)
-        if (batch->want_logits[i]) s->ids[nl++] = i;
-    if (nl == 0) return TANDEM_OK;
-    const float *src = s->x;
-    if (nl != n) {
-        if ((st = op->gather_rows(be, s->x, s->ids, nl, E, s->xe, err))) return st;
-        src = s->xe;
-    }
-    if ((st = op->rmsnorm(be, src, m->out_norm, nl, E, hp->norm_eps, s->xg, err))) return st;
+    int32_t nl;
+    if ((st = tdm_fwd_logit_rows(be, batch, s->x, m->out_norm, E, hp->norm_eps, s->ids, s->xe, s->xg, &nl, err)) ||
+        nl == 0)
+        return st;
     if (!ep->has_d2t) return op->matmul(be, &h->output, s->xg, nl, logits, false, err);
     if ((st = op->matmul(be, &h->output, s->xg, nl, s->sub, false, err))) return st;
     return op->scatter_cols(be, s->sub, nl, ep->n_draft_vocab, h->d2t_dev, ep->n_vocab, TDM_LOGIT_NONE, logits, err);

@@ -397,18 +397,25 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if ((st = run_blocks(m, be, kv, batch, seqs, s, err))) return st;
 
     /* logits for the rows that want them */
-    int32_t nl = 0;
+    return tdm_fwd_logit_rows(be, batch, s->x, m->out_norm, E, hp->norm_eps, s->ids, s->xb, s->xb, n_logits, err);
+}
+
+tandem_status tdm_fwd_logit_rows(tdm_backend *be, const tdm_batch *batch, const float *x, const float *out_norm,
+                                 int32_t E, float eps, int32_t *ids, float *tmp, float *out, int32_t *nl,
+                                 tdm_err *err) {
+    const tdm_backend_ops *op = be->ops;
+    tandem_status st;
+    const int32_t n = batch->n_rows;
+    *nl = 0;
     for (int32_t i = 0; i < n; i++)
-        if (batch->want_logits[i]) s->ids[nl++] = i;
-    if (nl == 0) return TANDEM_OK;
-    const float *src = s->x;
-    if (nl != n) {
-        if ((st = op->gather_rows(be, s->x, s->ids, nl, E, s->xb, err))) return st;
-        src = s->xb;
+        if (batch->want_logits[i]) ids[(*nl)++] = i;
+    if (*nl == 0) return TANDEM_OK;
+    const float *src = x;
+    if (*nl != n) {
+        if ((st = op->gather_rows(be, x, ids, *nl, E, tmp, err))) return st;
+        src = tmp;
     }
-    if ((st = op->rmsnorm(be, src, m->out_norm, nl, E, hp->norm_eps, s->xb, err))) return st;
-    *n_logits = nl;
-    return TANDEM_OK;
+    return op->rmsnorm(be, src, out_norm, *nl, E, eps, out, err);
 }
 
 /* Output logit soft-capping of logits[nl][width], where the model has it. */

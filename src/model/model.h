@@ -279,6 +279,12 @@ tandem_status tdm_fwd_layer_moe(const tdm_model *m, tdm_backend *be, tdm_fwd_scr
 tandem_status tdm_fwd_moe_by_ops(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_moe_args *a, tdm_err *err);
 tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
                                int32_t n, tdm_err *err);
+/* The rows of x[batch->n_rows][E] with want_logits, gathered into tmp when not all of
+ * them, then RMS-normed with out_norm into out[*nl][E] (out may be tmp); ids: host
+ * scratch of n_rows for their indices.  *nl = 0: nothing written. */
+tandem_status tdm_fwd_logit_rows(tdm_backend *be, const tdm_batch *batch, const float *x, const float *out_norm,
+                                 int32_t E, float eps, int32_t *ids, float *tmp, float *out, int32_t *nl,
+                                 tdm_err *err);
 /* The batch against the model and the block tables (host side). */
 tandem_status tdm_fwd_check_batch(const tdm_model *m, const tdm_kv_store *kv, const tdm_batch *b,
                                   const tdm_kv_seq *const *seqs, bool tokens_on_host, tdm_err *err);
