@@ -11,7 +11,7 @@
  *     double-precision reference of the same math, for the synthesised head (the
  *     target's embedding, f16) and an in-memory one with every option (its own
  *     embedding and head, a width unlike the target's, norm_before_fc,
- *     norm_before_residual, d2t not ascending). */
+ *     norm_before_residual, d2t not ascending, q / k / v of two types). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -50,6 +50,7 @@ typedef struct hcfg {
     int layers[3];
     bool nbf, nbr, own_embd, own_output, shuffle;
     uint32_t type;                 /* the matrices': TDM_F32 or TDM_F16 */
+    bool mixed;                    /* attn_k and ffn_up in f16, the others of `type` (f32) */
     /* corruptions */
     const char *drop_key, *drop_tensor, *bad_shape;
     int n_layer_ids;               /* target_layers' entries (0: 3) */
@@ -84,7 +85,8 @@ static void put_tensor(tdm_gguf_writer *w, const hcfg *c, const char *name, int6
     float *v = malloc((size_t)n * sizeof *v);
     const float a = norm ? 0.3f : 1.7f / sqrtf((float)ne0);
     for (int64_t i = 0; i < n; i++) v[i] = (norm ? 1.0f : 0.0f) + tdm_test_randf(rng, -a, a);
-    const uint32_t type = norm || ne1 == 0 ? TDM_F32 : c->type;
+    const bool f16 = c->mixed && (!strcmp(name, "blk.0.attn_k.weight") || !strcmp(name, "blk.0.ffn_up.weight"));
+    const uint32_t type = norm || ne1 == 0 ? TDM_F32 : f16 ? TDM_F16 : c->type;
     uint64_t rb;
     tdm_dtype_row_bytes(type, (uint64_t)ne0, &rb);
     uint8_t *data = malloc((size_t)rb * (size_t)(ne1 ? ne1 : 1));
@@ -735,6 +737,11 @@ Test(eagle3, forward_every_option) {
     hcfg c = full_cfg();
     size_t len;
     uint8_t *buf = build_head(&c, &len);
+    check_forward(buf, len, NULL, 2e-5);
+    free(buf);
+    /* q, k, v (and gate, up) of two types: fused in f32 at load */
+    c.mixed = true;
+    buf = build_head(&c, &len);
     check_forward(buf, len, NULL, 2e-5);
     free(buf);
 }
