@@ -309,18 +309,20 @@ Test(eagle3, pairing) {
 
 /* tandem synth's eagle3-pycode head of type `type` (kind: a mix, or NULL) in a
  * temporary file whose path is written to path[32]. */
-static void synth_head(char *path, uint32_t type, const char *kind) {
+static void synth_shape(char *path, const char *shape, uint32_t type, const char *kind) {
     strcpy(path, "/tmp/tdm_eagle3_XXXXXX");
     int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     close(fd);
-    tdm_synth_opts o = {.shape = tdm_synth_shape_find("eagle3-pycode"), .type = type, .seed = 5,
+    tdm_synth_opts o = {.shape = tdm_synth_shape_find(shape), .type = type, .seed = 5,
                         .kind = kind ? tdm_quant_kind_find(kind) : NULL,
                         .tokenizer_from = tdm_test_model_path("pycode-target-f16.gguf"), .overwrite = true};
     cr_assert_not_null(o.shape);
     tdm_err err = {0};
     cr_assert_eq(tdm_synth_write(&o, path, NULL, &err), TANDEM_OK, "%s", err.msg);
 }
+
+static void synth_head(char *path, uint32_t type, const char *kind) { synth_shape(path, "eagle3-pycode", type, kind); }
 
 Test(eagle3, synth_head_loads_and_pairs) {
     char path[32];
@@ -335,6 +337,20 @@ Test(eagle3, synth_head_loads_and_pairs) {
         unlink(path);
         tdm_model *t = load_target(be);
         cr_assert_eq(tdm_eagle3_pair(h, t, &err), TANDEM_OK, "%s", err.msg);
+        tdm_eagle3_free(h);
+        tdm_model_free(t);
+        tdm_backend_destroy(be);
+    }
+    { /* the hidden shape with its own embedding (what llama.cpp's examples run) */
+        synth_shape(path, "eagle3-pycode-embd", TDM_F16, NULL);
+        tdm_backend *be = cpu(1);
+        tdm_eagle3 *h;
+        cr_assert_eq(tdm_eagle3_load(path, be, &h, &err), TANDEM_OK, "%s", err.msg);
+        unlink(path);
+        tdm_model *t = load_target(be);
+        cr_assert(h->ep.own_embd && h->tok_embd.rows == 8192);
+        cr_assert_eq(tdm_eagle3_pair(h, t, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_neq(h->tok_embd.data, t->tok_embd.data, "its own embedding");
         tdm_eagle3_free(h);
         tdm_model_free(t);
         tdm_backend_destroy(be);

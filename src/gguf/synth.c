@@ -104,6 +104,11 @@ static const tdm_synth_shape shapes[] = {
      .feat_layers = {2, 16, 29}},
     {.name = "eagle3-pycode", .n_embd = 384, .n_layer = 1, .n_head = 6, .n_head_kv = 2, .n_ff = 1024, .n_vocab = 8192,
      .n_ctx = 1024, .rope_base = 10000.0f, .arch = "eagle3", .n_draft_vocab = 2048, .feat_layers = {2, 4, 5}},
+    /* (the same with its own token embedding: runs in llama.cpp's examples, which give a
+     * head no target to borrow from) */
+    {.name = "eagle3-pycode-embd", .n_embd = 384, .n_layer = 1, .n_head = 6, .n_head_kv = 2, .n_ff = 1024,
+     .n_vocab = 8192, .n_ctx = 1024, .rope_base = 10000.0f, .hidden = true, .arch = "eagle3", .n_draft_vocab = 2048,
+     .feat_layers = {2, 4, 5}, .own_embd = true},
 };
 #undef LLAMA
 
@@ -207,6 +212,7 @@ static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
 #define MAT(nm, a, b) desc(&t[k++], nm, matrix_type(o, nm, a, b, 1), a, b)
     if (shape_eagle3(s)) { /* (src/model/eagle3.h's layout) */
         MAT("fc.weight", 3 * E, E);                          /* [3 n_embd, n_embd] */
+        if (s->own_embd) MAT("token_embd.weight", E, s->n_vocab); /* [n_embd, n_vocab] */
         desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);  /* [n_embd] */
         MAT("output.weight", E, s->n_draft_vocab);           /* [n_embd, n_draft_vocab] */
         if (s->n_draft_vocab < s->n_vocab) {                 /* [n_draft_vocab] i64 */

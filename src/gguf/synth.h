@@ -47,6 +47,7 @@ typedef struct tdm_synth_shape {
      * the target ids floor(j * n_vocab / n_draft_vocab)) */
     int32_t n_draft_vocab;
     int32_t feat_layers[3]; /* eagle3.target_layers */
+    bool own_embd;          /* eagle3: its own token_embd.weight [n_embd, n_vocab] */
 } tdm_synth_shape;
 
 /* The shape table (*n entries) and a lookup by name (NULL when unknown). */
