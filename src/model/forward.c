@@ -269,35 +269,53 @@ static tandem_status blocks_by_ops(const tdm_model *m, tdm_backend *be, tdm_kv_s
     return TANDEM_OK;
 }
 
+/* The backend's `blocks` op over blocks [l0, l1), with the feature export in the op
+ * when feat (backends with blocks_feat); *ran false when there is none or it declined
+ * (the model's shape or the backend's configuration, and so remembered; a token-tree
+ * batch's may be the batch's, a backend whose blocks op has no tree attention: the
+ * next batch asks again).  (A part of the layers only where the op's layer pattern
+ * does not depend on the first layer's index: no sliding-window layers.) */
+static tandem_status try_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
+                                const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, int32_t l0, int32_t l1, bool feat,
+                                bool *ran, tdm_err *err) {
+    const tdm_hparams *hp = &m->hp;
+    const bool part = l0 > 0 || l1 < hp->n_layer;
+    *ran = false;
+    if (!be->ops->blocks || s->blocks_declined || hp->n_expert > 0 || (part && hp->swa_window > 0))
+        return TANDEM_OK; /* (experts: by ops) */
+    tdm_blocks_args a = {
+        .batch = batch, .seqs = seqs, .layers = m->layers + l0, .k_cache = kv->k + l0, .v_cache = kv->v + l0,
+        .cache_type = kv->type, .block_size = kv->block_size, .n_layer = l1 - l0,
+        .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
+        .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .attn_scale = hp->attn_scale,
+        .rope_swa = hp->swa_window > 0 ? &hp->rope_swa : NULL, .swa_window = hp->swa_window,
+        .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act, .x = s->x,
+    };
+    if (feat) {
+        a.feat = s->feat;
+        a.feat_layers = s->feat_layers;
+        a.n_feat = s->n_feat;
+    }
+    tdm_err probe = {0};
+    tandem_status st = be->ops->blocks(be, &a, &probe);
+    if (st != TANDEM_ERR_UNSUPPORTED) {
+        *ran = true;
+        if (st && err) *err = probe;
+        return st;
+    }
+    if (!batch->tree) s->blocks_declined = true;
+    return TANDEM_OK;
+}
+
 /* Blocks [l0, l1): the backend's `blocks` op when it runs this configuration, else
- * op by op.  (A part of the layers only where the op's layer pattern does not depend
- * on the first layer's index: no sliding-window layers.) */
+ * op by op. */
 static tandem_status run_block_range(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                      const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                      tdm_fwd_scratch *s, int32_t l0, int32_t l1, tdm_err *err) {
-    const tdm_hparams *hp = &m->hp;
     if (l0 == l1) return TANDEM_OK;
-    const bool part = l0 > 0 || l1 < hp->n_layer;
-    if (be->ops->blocks && !s->blocks_declined && hp->n_expert == 0 && !(part && hp->swa_window > 0)) {
-        tdm_blocks_args a = {
-            .batch = batch, .seqs = seqs, .layers = m->layers + l0, .k_cache = kv->k + l0, .v_cache = kv->v + l0,
-            .cache_type = kv->type, .block_size = kv->block_size, .n_layer = l1 - l0,
-            .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
-            .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .attn_scale = hp->attn_scale,
-            .rope_swa = hp->swa_window > 0 ? &hp->rope_swa : NULL, .swa_window = hp->swa_window,
-            .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act, .x = s->x,
-        };
-        tdm_err probe = {0};
-        tandem_status st = be->ops->blocks(be, &a, &probe);
-        if (st != TANDEM_ERR_UNSUPPORTED) {
-            if (st && err) *err = probe;
-            return st;
-        }
-        /* a decline is the model's shape or the backend's configuration, and so
-         * remembered; a token-tree batch's may be the batch's (a backend whose blocks
-         * op has no tree attention): the next batch asks again */
-        if (!batch->tree) s->blocks_declined = true;
-    }
+    bool ran;
+    tandem_status st = try_blocks(m, be, kv, batch, seqs, s, l0, l1, false, &ran, err);
+    if (st || ran) return st;
     if (batch->tree_mask_dev) /* (the ops read the host's stand-in masks) */
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
                           "forward: tree masks in backend memory need the backend's fused blocks");
@@ -331,8 +349,9 @@ static tandem_status export_features(const tdm_model *m, tdm_backend *be, tdm_fw
     return TANDEM_OK;
 }
 
-/* Every block; with the feature export on, in parts that end at the feature layers,
- * each part's stream exported before the next part runs. */
+/* Every block; with the feature export on, by a blocks op that writes the features
+ * itself (blocks_feat), else in parts that end at the feature layers, each part's
+ * stream exported before the next part runs. */
 static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                 const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                 tdm_fwd_scratch *s, tdm_err *err) {
@@ -352,6 +371,11 @@ static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
             return st;
         s->feat = p;
         s->cap_feat = n;
+    }
+    if (be->blocks_feat) { /* (the stream after the last layer: x itself) */
+        bool ran;
+        if ((st = try_blocks(m, be, kv, batch, seqs, s, 0, L, true, &ran, err))) return st;
+        if (ran) return export_features(m, be, s, n, L, err);
     }
     int32_t l0 = 0;
     for (;;) {
