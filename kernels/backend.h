@@ -210,6 +210,13 @@ typedef struct tdm_blocks_args {
     uint32_t ffn_act;                    /* tdm_ffn_act */
     float *x;                            /* [n_rows][n_embd]: in, the embeddings; out, the
                                             residual stream after the last block */
+    /* Optional, on backends with blocks_feat (NULL: none): for each k < n_feat, the
+     * residual stream entering block feat_layers[k] of every row into feat[row][k *
+     * n_embd ...] (rows n_feat * n_embd apart; ids from n_layer up are not written):
+     * an EAGLE-3 head's features (src/model/eagle3.h), written as the blocks run */
+    float *feat;
+    const int32_t *feat_layers;
+    int32_t n_feat;
 } tdm_blocks_args;
 
 /* A mixture-of-experts layer's experts over a batch (the moe_experts op): for each
@@ -439,6 +446,8 @@ struct tdm_backend {
                                whose larger batches take cuBLAS) */
     bool attn_window_softcap; /* attention honours tdm_attn_args.window and .softcap (else
                                  it refuses them: models that need them fail at load) */
+    bool blocks_feat;  /* the blocks op writes tdm_blocks_args.feat (else a forward that
+                          exports features runs it in parts ending at the feature layers) */
     void *impl;
 };
 

@@ -696,6 +696,21 @@ for ty in f16 q8_0 q4_0; do
     expect_exit 0 "generate with synth tiny $ty" "$TANDEM" generate -m "$out" -p "hello" -n 4
 done
 expect_exit 0 "bench with synth tiny q4_0" "$TANDEM" bench -m "$TMP/tiny-q4_0.gguf" -p 8 -n 4 --reps 1
+# an EAGLE-3 head (the pycode target's shapes and tokenizer): info describes it, -d
+# beside its target is checked, then refused as not yet drafting
+expect_exit 0 "synth eagle3-pycode" "$TANDEM" synth --shape eagle3-pycode --type f16 --tokenizer-from "$TARGET" \
+    "$TMP/e3.gguf"
+expect_exit 0 "info of an EAGLE-3 head" "$TANDEM" info "$TMP/e3.gguf"
+grep -q "^EAGLE-3 draft head" "$TMP/out" && grep -q "entering layers 2, 4, 5 (target hidden 384)" "$TMP/out" &&
+    grep -q "draft vocabulary 2048 (d2t" "$TMP/out" && ! grep -q "unsupported type" "$TMP/out" &&
+    pass "info describes the head" || fail "info of an EAGLE-3 head: $(grep -A5 EAGLE "$TMP/out")"
+expect_exit 0 "info: target -d HEAD" "$TANDEM" info "$TARGET" -d "$TMP/e3.gguf"
+grep -q "fits target" "$TMP/out" && pass "info: the pair checked" || fail "info: target -d HEAD: no fit line"
+expect_error "generate -d HEAD: checked, not yet" "EAGLE-3 drafting: not yet" \
+    "$TANDEM" generate -m "$TARGET" -d "$TMP/e3.gguf" -p "def f" -n 4
+expect_error "generate -d HEAD of another target" "does not fit target" \
+    "$TANDEM" generate -m "$DRAFT" -d "$TMP/e3.gguf" -p "def f" -n 4
+expect_error "a head as the model" "EAGLE-3 draft head" "$TANDEM" generate -m "$TMP/e3.gguf" -p "def f" -n 4
 expect_exit 1 "synth: refuses to overwrite" "$TANDEM" synth --shape tiny --type q4_0 "$TMP/tiny-q4_0.gguf"
 grep -q -- "--force" "$TMP/err" || fail "synth: the overwrite refusal mentions --force"
 cp "$TMP/tiny-q4_0.gguf" "$TMP/tiny-q4_0-seed0.gguf"

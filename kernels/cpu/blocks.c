@@ -108,6 +108,15 @@ static void rmsnorm_rows(const tdm_cpu_kernels *k, const float *x, const float *
     for (int32_t i = 0; i < n; i++) k->rmsnorm_row(x + (int64_t)i * E, g, E, eps, o + (int64_t)i * E);
 }
 
+/* The stream entering layer l (x: a thread's whole copy) into a->feat's columns of
+ * each feature whose layer is l. */
+static void export_feat(const tdm_blocks_args *a, int32_t l, const float *x, int32_t n) {
+    const size_t E = (size_t)a->n_embd, w = (size_t)a->n_feat * E;
+    for (int32_t k = 0; k < a->n_feat; k++)
+        if (a->feat_layers[k] == l)
+            for (int32_t i = 0; i < n; i++) memcpy(a->feat + (size_t)i * w + (size_t)k * E, x + (size_t)i * E, E * 4);
+}
+
 static void blocks_task(void *ctx, int64_t chunk, int t) {
     (void)chunk;
     blocks_job *j = ctx;
@@ -127,6 +136,7 @@ static void blocks_task(void *ctx, int64_t chunk, int t) {
         const tdm_block_weights *L = &a->layers[l];
         block_views bv;
         make_views(j, L, t, &bv); /* (checked for every layer by tdm_cpu_blocks) */
+        if (a->feat && t == 0) export_feat(a, l, x, n); /* (x is not written before the next sync) */
 
         /* attention */
         rmsnorm_rows(k, x, L->attn_norm, n, E, a->norm_eps, xb);
@@ -236,6 +246,8 @@ tandem_status tdm_cpu_blocks(tdm_backend *b, const tdm_blocks_args *a, tdm_err *
     if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG;
     if (!a || !a->batch || !a->layers || !a->k_cache || !a->v_cache || !a->rope || !a->x)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: NULL argument");
+    if (a->feat && (!a->feat_layers || a->n_feat <= 0))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: features without layers");
     const int T = c->n_threads;
     if (c->tp_mode < 0) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: tensor parallel blocks are off");
     if (a->swa_window || a->attn_softcap != 0 || a->ffn_act != TDM_ACT_SILU || (a->rope_swa && a->rope_swa != a->rope))

@@ -297,6 +297,7 @@ tandem_status tdm_backend_cpu_create_level(int32_t n_threads, tdm_cpu_level leve
     b->direct_types = c->k_qgemv ? (1u << TDM_Q4_K) | (1u << TDM_Q6_K) | (1u << TDM_Q5_0) : 0;
     b->host_memory = true;
     b->attn_window_softcap = true;
+    b->blocks_feat = true;
     b->kv_type = TDM_F16; /* half the bytes of f32; attention converts with F16C at no cost */
     b->impl = c;
     *out = b;

@@ -59,9 +59,15 @@ int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* cli_error with a va_list (cli_usage_error prints its error through it). */
 int cli_verror(const char *fmt, va_list ap);
 /* The error of opening a target/draft pair: a mismatch (TANDEM_ERR_MISMATCH, whose
- * message says what differs but not which files) names both files; any other status
- * is cli_status_error's.  Returns CLI_EXIT_ERROR. */
+ * message says what differs but not which files) names both files; a draft that is
+ * an EAGLE-3 head is checked against the target (cli_eagle3_check) and refused as not
+ * yet drafting; any other status is cli_status_error's.  Returns CLI_EXIT_ERROR. */
 int cli_pair_error(tandem_status st, const char *target, const char *draft);
+/* Whether draft is an EAGLE-3 head (*is_head), and if so whether it fits target
+ * (cli_info.c): CLI_EXIT_OK with a line saying so in fit[cap], or an error printed
+ * (an invalid head, or a mismatch naming both files); not a head: CLI_EXIT_OK,
+ * nothing printed. */
+int cli_eagle3_check(const char *target, const char *draft, bool *is_head, char *fit, size_t cap);
 /* Prints "error: <what>: <tandem_last_error() or the status string>"; returns
  * CLI_EXIT_ERROR.  what may be NULL. */
 int cli_status_error(tandem_status st, const char *what);

@@ -3,7 +3,10 @@
  * of the model (and the draft) takes on the CPU.  Reads the files with the GGUF
  * parser directly (no model load), so it describes any file whose metadata parses: a
  * tensor of a type tandem does not compute with is listed with its GGML type name and
- * marked unsupported, and a file without a model's hyperparameters gets no estimate. */
+ * marked unsupported, and a file without a model's hyperparameters gets no estimate.
+ * An EAGLE-3 draft head (architecture eagle3) is described as one (its shapes, the
+ * target's feature layers, its draft vocabulary); with -d HEAD beside a target, the
+ * pair is checked. */
 #include <stdio.h>
 #include <string.h>
 
@@ -15,6 +18,7 @@
 #include "gguf.h"
 #include "kv_layout.h"
 #include "model.h"
+#include "eagle3.h"
 
 #define INFO_MAX_ARRAY_ELEMS 8
 
@@ -122,6 +126,63 @@ static void print_estimate(const char *path, const char *draft_path, int ctx_opt
            mib(weights + kv_ctx + work), mib(weights + work));
 }
 
+/* An EAGLE-3 head's description (its keys and shapes checked as a load checks them):
+ * CLI_EXIT_OK, or an error naming what is wrong. */
+static int print_eagle3(const tdm_gguf *g) {
+    tdm_hparams hp;
+    tdm_eagle3_hparams ep;
+    tdm_err err = {0};
+    tandem_status st = tdm_eagle3_read_hparams(g, &hp, &ep, &err);
+    if (st) return cli_error("invalid EAGLE-3 head: %s", err.msg[0] ? err.msg : tandem_status_str(st));
+    uint64_t bytes = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++) bytes += g->tensors[i].nbytes;
+    printf("EAGLE-3 draft head (architecture eagle3, llama.cpp's layout):\n");
+    printf("  decoder: 1 layer, hidden %d, %d heads / %d KV heads of %d, FFN %d, attention input 2 x %d; RMSNorm eps "
+           "%g, RoPE base %g%s\n",
+           (int)ep.n_embd, (int)ep.n_head, (int)ep.n_head_kv, (int)ep.head_dim, (int)ep.n_ff, (int)ep.n_embd,
+           (double)hp.norm_eps, (double)hp.rope.freq_base, hp.rope_freqs ? " with rope_freqs" : "");
+    printf("  features: the target's residual stream entering layers %d, %d, %d (target hidden %d), fused by fc "
+           "[%d -> %d]%s%s\n",
+           (int)ep.feat_layers[0], (int)ep.feat_layers[1], (int)ep.feat_layers[2], (int)ep.target_hidden,
+           3 * (int)ep.target_hidden, (int)ep.n_embd, ep.norm_before_fc ? ", normed first (norm_before_fc)" : "",
+           ep.norm_before_residual ? "; residual from the normed features (norm_before_residual)" : "");
+    printf("  vocabulary: the target's %d tokens; draft vocabulary %d%s\n", (int)ep.n_vocab, (int)ep.n_draft_vocab,
+           ep.has_d2t ? " (d2t maps each to a target id)" : " (all of them)");
+    printf("  token embedding: %s; output head: %s\n", ep.own_embd ? "its own" : "the target's",
+           ep.own_output ? "its own" : "the target's");
+    printf("  weights: %.1f MiB; KV cache (f16): %.1f KiB per token\n", mib((double)bytes),
+           kv_per_token(&hp, TDM_F16) / 1024.0);
+    return CLI_EXIT_OK;
+}
+
+int cli_eagle3_check(const char *target, const char *draft, bool *is_head, char *fit, size_t cap) {
+    tdm_gguf *gd = NULL, *gt = NULL;
+    tdm_err err = {0};
+    *is_head = false;
+    if (tdm_gguf_open(draft, &gd, &err)) return CLI_EXIT_OK; /* (not for us to say) */
+    if (!tdm_gguf_is_eagle3(gd)) {
+        tdm_gguf_close(gd);
+        return CLI_EXIT_OK;
+    }
+    *is_head = true;
+    tdm_hparams hd, ht;
+    tdm_eagle3_hparams ep;
+    tandem_status st = tdm_eagle3_read_hparams(gd, &hd, &ep, &err);
+    tdm_gguf_close(gd);
+    if (st) return cli_error("%s: invalid EAGLE-3 head: %s", draft, err.msg);
+    if ((st = tdm_gguf_open(target, &gt, &err)) || (st = tdm_hparams_read(gt, &ht, &err))) {
+        tdm_gguf_close(gt);
+        return cli_error("%s: %s", target, err.msg);
+    }
+    tdm_gguf_close(gt);
+    const char *bd = strrchr(draft, '/'), *bt = strrchr(target, '/');
+    if ((st = tdm_eagle3_check_target(&ep, bd ? bd + 1 : draft, &ht, bt ? bt + 1 : target, &err)))
+        return cli_error("%s", err.msg);
+    snprintf(fit, cap, "EAGLE-3 head %s fits target %s (the features entering layers %d, %d, %d of its %d)", draft,
+             target, (int)ep.feat_layers[0], (int)ep.feat_layers[1], (int)ep.feat_layers[2], (int)ht.n_layer);
+    return CLI_EXIT_OK;
+}
+
 int cli_info(int argc, char **argv) {
     const char *path = NULL, *draft = NULL;
     int ctx = 0;
@@ -196,7 +257,7 @@ int cli_info(int argc, char **argv) {
         const tdm_gguf_tensor *t = &g->tensors[i];
         char shape[128], bytes[32], ty[16];
         print_shape(t, shape, sizeof shape);
-        bool ok = tdm_dtype_supported(t->type);
+        bool ok = tdm_dtype_supported(t->type) || (strcmp(t->name, "d2t") == 0 && tdm_gguf_is_eagle3(g));
         const char *name = ok ? tdm_dtype_name(t->type) : tdm_ggml_type_name(t->type);
         if (!name) {
             snprintf(ty, sizeof ty, "%u", (unsigned)t->type);
@@ -226,7 +287,20 @@ int cli_info(int argc, char **argv) {
                (unsigned long long)n_unsupported, n_unsupported == 1 ? " has" : "s have",
                tdm_ggml_supported_list(list, sizeof list));
     }
+    const bool head = tdm_gguf_is_eagle3(g);
+    if (head) {
+        int rc = print_eagle3(g);
+        tdm_gguf_close(g);
+        return rc;
+    }
     tdm_gguf_close(g);
+    if (draft) { /* an EAGLE-3 head beside the target: the pair checked */
+        char fit[512];
+        bool is_head;
+        int rc = cli_eagle3_check(path, draft, &is_head, fit, sizeof fit);
+        if (rc != CLI_EXIT_OK) return rc;
+        if (is_head) printf("%s; EAGLE-3 drafting: not yet (the head is not a proposer of the step yet)\n", fit);
+    }
     print_estimate(path, draft, ctx);
     return CLI_EXIT_OK;
 }

@@ -101,7 +101,7 @@ int cli_synth(int argc, char **argv) {
     const char *shape_name = NULL, *type_name = NULL, *out = NULL;
     tdm_synth_opts o = {0};
     bool dry_run = false;
-    char shapes[256];
+    char shapes[512];
     shape_list(shapes, sizeof shapes);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;

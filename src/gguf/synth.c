@@ -90,7 +90,25 @@ static const tdm_synth_shape shapes[] = {
      .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .arch = "qwen3moe", .head_dim = 128, .n_expert = 8,
      .n_expert_used = 2, .n_ff_exp = 256},
     {.name = "tiny-mixtral", .n_embd = 256, .n_layer = 2, .n_head = 4, .n_head_kv = 2, .n_ff = 512, .n_vocab = 32000,
-     .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .n_expert = 4, .n_expert_used = 2},
+     .n_ctx = 2048, .rope_base = 1000000.0f, .hidden = true, .n_expert = 4, .n_expert_used = 2},    /* EAGLE-3 heads with the shapes of published ones: Llama-3.1-8B-Instruct's
+     * (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B: one block of the target's width, a 32000-token
+     * draft vocabulary, the features entering layers 2, 16 and 29 = SGLang's and
+     * vLLM's default (2, L / 2, L - 3)), Vicuna / Llama-2-7B's (the whole 32000-token
+     * vocabulary: no d2t), and a small one for the pycode target (models/, 8 layers:
+     * 2, 4, 5) for tests */
+    {.name = "eagle3-llama3-8b", .n_embd = 4096, .n_layer = 1, .n_head = 32, .n_head_kv = 8, .n_ff = 14336,
+     .n_vocab = 128256, .n_ctx = 8192, .rope_base = 500000.0f, .arch = "eagle3", .n_draft_vocab = 32000,
+     .feat_layers = {2, 16, 29}},
+    {.name = "eagle3-llama2-7b", .n_embd = 4096, .n_layer = 1, .n_head = 32, .n_head_kv = 32, .n_ff = 11008,
+     .n_vocab = 32000, .n_ctx = 4096, .rope_base = 10000.0f, .arch = "eagle3", .n_draft_vocab = 32000,
+     .feat_layers = {2, 16, 29}},
+    {.name = "eagle3-pycode", .n_embd = 384, .n_layer = 1, .n_head = 6, .n_head_kv = 2, .n_ff = 1024, .n_vocab = 8192,
+     .n_ctx = 1024, .rope_base = 10000.0f, .arch = "eagle3", .n_draft_vocab = 2048, .feat_layers = {2, 4, 5}},
+    /* (the same with its own token embedding: runs in llama.cpp's examples, which give a
+     * head no target to borrow from) */
+    {.name = "eagle3-pycode-embd", .n_embd = 384, .n_layer = 1, .n_head = 6, .n_head_kv = 2, .n_ff = 1024,
+     .n_vocab = 8192, .n_ctx = 1024, .rope_base = 10000.0f, .hidden = true, .arch = "eagle3", .n_draft_vocab = 2048,
+     .feat_layers = {2, 4, 5}, .own_embd = true},
 };
 #undef LLAMA
 
@@ -101,6 +119,8 @@ static bool shape_qk_norm(const tdm_synth_shape *s) {
 }
 static int32_t shape_ff_exp(const tdm_synth_shape *s) { return s->n_ff_exp ? s->n_ff_exp : s->n_ff; }
 static bool shape_post_norms(const tdm_synth_shape *s) { return s->arch && !strcmp(s->arch, "gemma3"); }
+static bool shape_eagle3(const tdm_synth_shape *s) { return s->arch && !strcmp(s->arch, "eagle3"); }
+#define GGML_I64 27 /* (the d2t table's type: no tdm_dtype) */
 
 /* Llama 3.1's rope_freqs (llama.cpp's converter from rope_scaling {factor 32,
  * low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings 8192}):
@@ -190,6 +210,31 @@ static tdesc *tensor_list(const tdm_synth_opts *o, size_t *n) {
     int64_t qd = s->n_head * hd, kvd = s->n_head_kv * hd;
     size_t k = 0;
 #define MAT(nm, a, b) desc(&t[k++], nm, matrix_type(o, nm, a, b, 1), a, b)
+    if (shape_eagle3(s)) { /* (src/model/eagle3.h's layout) */
+        MAT("fc.weight", 3 * E, E);                          /* [3 n_embd, n_embd] */
+        if (s->own_embd) MAT("token_embd.weight", E, s->n_vocab); /* [n_embd, n_vocab] */
+        desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);  /* [n_embd] */
+        MAT("output.weight", E, s->n_draft_vocab);           /* [n_embd, n_draft_vocab] */
+        if (s->n_draft_vocab < s->n_vocab) {                 /* [n_draft_vocab] i64 */
+            snprintf(t[k].name, sizeof t[k].name, "d2t");
+            t[k].type = GGML_I64;
+            t[k].ne0 = s->n_draft_vocab;
+            t[k].ne2 = 1;
+            t[k++].nbytes = (uint64_t)s->n_draft_vocab * 8;
+        }
+        desc(&t[k++], "blk.0.attn_norm.weight", TDM_F32, E, 0);   /* [n_embd] */
+        desc(&t[k++], "blk.0.attn_norm_2.weight", TDM_F32, E, 0); /* [n_embd] */
+        MAT("blk.0.attn_q.weight", 2 * E, qd);                    /* [2 n_embd, n_head * hd] */
+        MAT("blk.0.attn_k.weight", 2 * E, kvd);                   /* [2 n_embd, n_head_kv * hd] */
+        MAT("blk.0.attn_v.weight", 2 * E, kvd);
+        MAT("blk.0.attn_output.weight", qd, E);                   /* [n_head * hd, n_embd] */
+        desc(&t[k++], "blk.0.ffn_norm.weight", TDM_F32, E, 0);
+        MAT("blk.0.ffn_gate.weight", E, s->n_ff);
+        MAT("blk.0.ffn_up.weight", E, s->n_ff);
+        MAT("blk.0.ffn_down.weight", s->n_ff, E);
+        *n = k;
+        return t;
+    }
 #define EXPS(nm, a, b) desc3(&t[k++], nm, matrix_type(o, nm, a, b, s->n_expert), a, b, s->n_expert)
     MAT("token_embd.weight", E, s->n_vocab);             /* [n_embd, n_vocab] */
     desc(&t[k++], "output_norm.weight", TDM_F32, E, 0);  /* [n_embd] */
@@ -264,7 +309,7 @@ static tandem_status copy_tokenizer(tdm_gguf_writer *w, const char *path, const 
 static tandem_status write_metadata(tdm_gguf_writer *w, const tdm_synth_opts *o, tdm_err *err) {
     const tdm_synth_shape *s = o->shape;
     const char *arch = shape_arch(s);
-    const bool llama = !s->arch;
+    const bool llama = !s->arch || shape_eagle3(s);
     char text[160], key[96];
     tdm_gguf_w_str(w, "general.architecture", arch);
     snprintf(text, sizeof text, "synth-%s-%s", s->name, o->kind ? o->kind->name : tdm_dtype_name(o->type));
@@ -294,6 +339,10 @@ static tandem_status write_metadata(tdm_gguf_writer *w, const tdm_synth_opts *o,
         if (s->n_ff_exp) tdm_gguf_w_u32(w, KEY("expert_feed_forward_length"), (uint32_t)s->n_ff_exp);
     }
     tdm_gguf_w_u32(w, KEY("vocab_size"), (uint32_t)s->n_vocab);
+    if (shape_eagle3(s)) {
+        tdm_gguf_w_arr_i32(w, KEY("target_layers"), s->feat_layers, 3);
+        tdm_gguf_w_u32(w, KEY("target_hidden_size"), (uint32_t)s->n_embd);
+    }
 #undef KEY
     if (o->tokenizer_from) return copy_tokenizer(w, o->tokenizer_from, s, err);
     return tdm_synth_vocab(w, s->n_vocab, err);
@@ -314,7 +363,13 @@ tandem_status tdm_synth_plan(const tdm_synth_opts *o, tdm_gguf_writer **out, tdm
         free(t);
         return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     }
-    tandem_status st = write_metadata(w, o, err);
+    tandem_status st = TANDEM_OK;
+    for (size_t i = 0; i < n && !st; i++) /* (a type's blocks must tile the rows: q4_k's 256 values, ...) */
+        if (t[i].type != GGML_I64 && t[i].ne0 % (int64_t)tdm_dtype_block_elems(t[i].type))
+            st = tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "synth: shape %s: tensor '%s' has rows of %lld values, not "
+                            "whole %s blocks of %u", o->shape->name, t[i].name, (long long)t[i].ne0,
+                            tdm_dtype_name(t[i].type), (unsigned)tdm_dtype_block_elems(t[i].type));
+    if (!st) st = write_metadata(w, o, err);
     uint64_t n_params = 0;
     for (size_t i = 0; i < n && !st; i++) {
         int64_t ne[3] = {t[i].ne0, t[i].ne1, t[i].ne2};
@@ -350,7 +405,7 @@ typedef struct tile {
     size_t n_blocks, block_bytes;
 } tile;
 
-#define MAX_TILES 8 /* (row length, type) pairs: 3 lengths x 2 types in a mix */
+#define MAX_TILES 12 /* (row length, type) pairs: 3 lengths x 2 types in a mix; an EAGLE-3 head's 5 lengths */
 #define GEN_CHUNK 4096 /* elements converted at a time (a multiple of the block) */
 
 /* Fills t with n_blocks blocks of `type` encoding uniform values for rows of cols. */
@@ -437,6 +492,16 @@ static tandem_status write_data(tdm_gguf_writer *w, const tdm_synth_opts *o, uin
             }
             llama3_rope_freqs((int32_t)d->ne0 * 2, o->shape->rope_base, ff);
             st = write_chunk(w, ff, (size_t)d->nbytes, &done, total, o, err);
+            continue;
+        }
+        if (d->type == GGML_I64) { /* d2t: target ids spread over the vocabulary, ascending */
+            const tdm_synth_shape *sh = o->shape;
+            for (int64_t j = 0; !st && j < d->ne0; j += 512) {
+                int64_t ids[512];
+                const int64_t m = TDM_MIN((int64_t)512, d->ne0 - j);
+                for (int64_t i = 0; i < m; i++) ids[i] = (j + i) * sh->n_vocab / sh->n_draft_vocab;
+                st = write_chunk(w, ids, (size_t)m * 8, &done, total, o, err);
+            }
             continue;
         }
         if (d->type == TDM_F32 && !d->random) { /* a norm: [n_embd] or [hd] of 1.0 */

@@ -9,7 +9,8 @@
  * Mixtral; llama.cpp's layout, the router f32 and random as llama.cpp's quantiser
  * leaves it), every matrix of one type (f16, q8_0, q4_0, q4_k, q5_k or
  * q6_k) or the types of a quantize.h mix (q4_k_m, q5_k_m: q6_k output, attn_v and
- * ffn_down where llama.cpp's mix puts them), f32 norms of 1.0, and a tokenizer (synthesised, or copied from another GGUF).  Matrix
+ * ffn_down where llama.cpp's mix puts them), f32 norms of 1.0, and a tokenizer (synthesised, or copied from another GGUF);
+ * or an EAGLE-3 draft head (architecture eagle3) for a target of such a shape.  Matrix
  * entries are uniform with standard deviation 0.5 / sqrt(cols), so activations stay
  * well-conditioned in f32 and in f16.  The data is a random tile per type and row
  * length, repeated through the tensors (each tensor starts at another block of its
@@ -40,6 +41,13 @@ typedef struct tdm_synth_shape {
     int32_t n_expert_used; /* experts per token (expert_used_count) */
     int32_t n_ff_exp;      /* qwen3moe: each expert's features (expert_feed_forward_length; n_ff
                               is then the feed_forward_length its files carry); 0: n_ff */
+    /* "eagle3": an EAGLE-3 draft head for a target of n_vocab tokens and hidden size
+     * n_embd (llama.cpp's layout, src/model/eagle3.h; n_layer 1, no token_embd: the
+     * target's), its lm_head over n_draft_vocab tokens (< n_vocab: with a d2t table,
+     * the target ids floor(j * n_vocab / n_draft_vocab)) */
+    int32_t n_draft_vocab;
+    int32_t feat_layers[3]; /* eagle3.target_layers */
+    bool own_embd;          /* eagle3: its own token_embd.weight [n_embd, n_vocab] */
 } tdm_synth_shape;
 
 /* The shape table (*n entries) and a lookup by name (NULL when unknown). */

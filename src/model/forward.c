@@ -38,7 +38,7 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     if (!s->be) return;
     float **bufs[] = {&s->x,      &s->xb,         &s->qkv,   &s->att,  &s->gate_up, &s->ff,
                       &s->tp_y,   &s->tp_logits,  &s->moe_logits, &s->moe_x, &s->moe_y, &s->moe_acc,
-                      &s->sub_logits};
+                      &s->sub_logits, &s->feat};
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
         if (*bufs[i]) s->be->ops->free(s->be, *bufs[i]);
         *bufs[i] = NULL;
@@ -59,6 +59,7 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     s->cap_tp_y = 0;
     s->cap_tp_logits = 0;
     s->cap_sub = 0;
+    s->cap_feat = 0;
     s->blocks_declined = false;
     s->mm_rows = 0;
 }
@@ -256,48 +257,136 @@ tandem_status tdm_fwd_layer_ffn(const tdm_model *m, tdm_backend *be, tdm_fwd_scr
     return tdm_fwd_matmul(be, s, &L->w2, s->ff, n, s->x, true, err);
 }
 
-/* Every block, op by op (backends without a `blocks` op, or shapes it does not run). */
+/* Blocks [l0, l1), op by op (backends without a `blocks` op, or shapes it does not run). */
 static tandem_status blocks_by_ops(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,
-                                   tdm_fwd_scratch *s, tdm_err *err) {
+                                   tdm_fwd_scratch *s, int32_t l0, int32_t l1, tdm_err *err) {
     tandem_status st;
-    for (int32_t l = 0; l < m->hp.n_layer; l++)
+    for (int32_t l = l0; l < l1; l++)
         if ((st = tdm_fwd_layer_attn(m, be, kv, batch, seqs, s, l, NULL, err)) ||
             (st = tdm_fwd_layer_ffn(m, be, s, batch->n_rows, l, NULL, err)))
             return st;
     return TANDEM_OK;
 }
 
-/* Every block: the backend's `blocks` op when it runs this configuration, else op
- * by op. */
-static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
-                                const tdm_batch *batch, const tdm_kv_seq *const *seqs,
-                                tdm_fwd_scratch *s, tdm_err *err) {
+/* The backend's `blocks` op over blocks [l0, l1), with the feature export in the op
+ * when feat (backends with blocks_feat); *ran false when there is none or it declined
+ * (the model's shape or the backend's configuration, and so remembered; a token-tree
+ * batch's may be the batch's, a backend whose blocks op has no tree attention: the
+ * next batch asks again).  (A part of the layers only where the op's layer pattern
+ * does not depend on the first layer's index: no sliding-window layers.) */
+static tandem_status try_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv, const tdm_batch *batch,
+                                const tdm_kv_seq *const *seqs, tdm_fwd_scratch *s, int32_t l0, int32_t l1, bool feat,
+                                bool *ran, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
-    if (be->ops->blocks && !s->blocks_declined && hp->n_expert == 0) { /* (experts: by ops) */
-        tdm_blocks_args a = {
-            .batch = batch, .seqs = seqs, .layers = m->layers, .k_cache = kv->k, .v_cache = kv->v,
-            .cache_type = kv->type, .block_size = kv->block_size, .n_layer = hp->n_layer,
-            .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
-            .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .attn_scale = hp->attn_scale,
-            .rope_swa = hp->swa_window > 0 ? &hp->rope_swa : NULL, .swa_window = hp->swa_window,
-            .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act, .x = s->x,
-        };
-        tdm_err probe = {0};
-        tandem_status st = be->ops->blocks(be, &a, &probe);
-        if (st != TANDEM_ERR_UNSUPPORTED) {
-            if (st && err) *err = probe;
-            return st;
-        }
-        /* a decline is the model's shape or the backend's configuration, and so
-         * remembered; a token-tree batch's may be the batch's (a backend whose blocks
-         * op has no tree attention): the next batch asks again */
-        if (!batch->tree) s->blocks_declined = true;
+    const bool part = l0 > 0 || l1 < hp->n_layer;
+    *ran = false;
+    if (!be->ops->blocks || s->blocks_declined || hp->n_expert > 0 || (part && hp->swa_window > 0))
+        return TANDEM_OK; /* (experts: by ops) */
+    tdm_blocks_args a = {
+        .batch = batch, .seqs = seqs, .layers = m->layers + l0, .k_cache = kv->k + l0, .v_cache = kv->v + l0,
+        .cache_type = kv->type, .block_size = kv->block_size, .n_layer = l1 - l0,
+        .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
+        .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .attn_scale = hp->attn_scale,
+        .rope_swa = hp->swa_window > 0 ? &hp->rope_swa : NULL, .swa_window = hp->swa_window,
+        .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act, .x = s->x,
+    };
+    if (feat) {
+        a.feat = s->feat;
+        a.feat_layers = s->feat_layers;
+        a.n_feat = s->n_feat;
     }
+    tdm_err probe = {0};
+    tandem_status st = be->ops->blocks(be, &a, &probe);
+    if (st != TANDEM_ERR_UNSUPPORTED) {
+        *ran = true;
+        if (st && err) *err = probe;
+        return st;
+    }
+    if (!batch->tree) s->blocks_declined = true;
+    return TANDEM_OK;
+}
+
+/* Blocks [l0, l1): the backend's `blocks` op when it runs this configuration, else
+ * op by op. */
+static tandem_status run_block_range(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                     const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                     tdm_fwd_scratch *s, int32_t l0, int32_t l1, tdm_err *err) {
+    if (l0 == l1) return TANDEM_OK;
+    bool ran;
+    tandem_status st = try_blocks(m, be, kv, batch, seqs, s, l0, l1, false, &ran, err);
+    if (st || ran) return st;
     if (batch->tree_mask_dev) /* (the ops read the host's stand-in masks) */
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED,
                           "forward: tree masks in backend memory need the backend's fused blocks");
-    return blocks_by_ops(m, be, kv, batch, seqs, s, err);
+    return blocks_by_ops(m, be, kv, batch, seqs, s, l0, l1, err);
+}
+
+tandem_status tdm_fwd_scratch_set_features(tdm_fwd_scratch *s, const int32_t *layers, int32_t n, tdm_err *err) {
+    if (n < 0 || n > (int32_t)TDM_ARRAY_LEN(s->feat_layers) || (n > 0 && !layers))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "features: %d layers (at most %d)", (int)n,
+                          (int)TDM_ARRAY_LEN(s->feat_layers));
+    for (int32_t k = 0; k < n; k++)
+        if (layers[k] < 0) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "features: layer %d", (int)layers[k]);
+    s->n_feat = n;
+    for (int32_t k = 0; k < n; k++) s->feat_layers[k] = layers[k];
+    return TANDEM_OK;
+}
+
+/* The residual stream entering layer l (s->x), of every row, into the feature
+ * columns of each k whose layer is l. */
+static tandem_status export_features(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, int32_t n, int32_t l,
+                                     tdm_err *err) {
+    const size_t E = (size_t)m->hp.n_embd, w = (size_t)s->n_feat * E;
+    tandem_status st;
+    for (int32_t k = 0; k < s->n_feat; k++) {
+        if (s->feat_layers[k] != l) continue;
+        for (int32_t i = 0; i < n; i++)
+            if ((st = be->ops->copy(be, s->feat + (size_t)i * w + (size_t)k * E, s->x + (size_t)i * E,
+                                    E * sizeof(float), err)))
+                return st;
+    }
+    return TANDEM_OK;
+}
+
+/* Every block; with the feature export on, by a blocks op that writes the features
+ * itself (blocks_feat), else in parts that end at the feature layers, each part's
+ * stream exported before the next part runs. */
+static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
+                                const tdm_batch *batch, const tdm_kv_seq *const *seqs,
+                                tdm_fwd_scratch *s, tdm_err *err) {
+    const int32_t L = m->hp.n_layer, n = batch->n_rows;
+    if (s->n_feat == 0) return run_block_range(m, be, kv, batch, seqs, s, 0, L, err);
+    tandem_status st;
+    for (int32_t k = 0; k < s->n_feat; k++)
+        if (s->feat_layers[k] > L)
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "features: layer %d of model '%s' with %d layers",
+                              (int)s->feat_layers[k], tdm_model_label(m), (int)L);
+    if (n > s->cap_feat) {
+        if (s->feat) be->ops->free(be, s->feat);
+        s->feat = NULL;
+        s->cap_feat = 0;
+        void *p;
+        if ((st = be->ops->alloc(be, (size_t)n * (size_t)s->n_feat * (size_t)m->hp.n_embd * sizeof(float), &p, err)))
+            return st;
+        s->feat = p;
+        s->cap_feat = n;
+    }
+    if (be->blocks_feat) { /* (the stream after the last layer: x itself) */
+        bool ran;
+        if ((st = try_blocks(m, be, kv, batch, seqs, s, 0, L, true, &ran, err))) return st;
+        if (ran) return export_features(m, be, s, n, L, err);
+    }
+    int32_t l0 = 0;
+    for (;;) {
+        if ((st = export_features(m, be, s, n, l0, err))) return st;
+        int32_t next = L; /* the next feature layer above l0 */
+        for (int32_t k = 0; k < s->n_feat; k++)
+            if (s->feat_layers[k] > l0 && s->feat_layers[k] < next) next = s->feat_layers[k];
+        if ((st = run_block_range(m, be, kv, batch, seqs, s, l0, next, err))) return st;
+        if (next == L) return export_features(m, be, s, n, L, err);
+        l0 = next;
+    }
 }
 
 /* Embedding, blocks, and the final norm of the rows that want logits into s->xb;
@@ -332,18 +421,25 @@ static tandem_status forward_trunk(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if ((st = run_blocks(m, be, kv, batch, seqs, s, err))) return st;
 
     /* logits for the rows that want them */
-    int32_t nl = 0;
+    return tdm_fwd_logit_rows(be, batch, s->x, m->out_norm, E, hp->norm_eps, s->ids, s->xb, s->xb, n_logits, err);
+}
+
+tandem_status tdm_fwd_logit_rows(tdm_backend *be, const tdm_batch *batch, const float *x, const float *out_norm,
+                                 int32_t E, float eps, int32_t *ids, float *tmp, float *out, int32_t *nl,
+                                 tdm_err *err) {
+    const tdm_backend_ops *op = be->ops;
+    tandem_status st;
+    const int32_t n = batch->n_rows;
+    *nl = 0;
     for (int32_t i = 0; i < n; i++)
-        if (batch->want_logits[i]) s->ids[nl++] = i;
-    if (nl == 0) return TANDEM_OK;
-    const float *src = s->x;
-    if (nl != n) {
-        if ((st = op->gather_rows(be, s->x, s->ids, nl, E, s->xb, err))) return st;
-        src = s->xb;
+        if (batch->want_logits[i]) ids[(*nl)++] = i;
+    if (*nl == 0) return TANDEM_OK;
+    const float *src = x;
+    if (*nl != n) {
+        if ((st = op->gather_rows(be, x, ids, *nl, E, tmp, err))) return st;
+        src = tmp;
     }
-    if ((st = op->rmsnorm(be, src, m->out_norm, nl, E, hp->norm_eps, s->xb, err))) return st;
-    *n_logits = nl;
-    return TANDEM_OK;
+    return op->rmsnorm(be, src, out_norm, *nl, E, eps, out, err);
 }
 
 /* Output logit soft-capping of logits[nl][width], where the model has it. */
@@ -440,6 +536,8 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         if ((st = forward_trunk(m, be, kv, batch, seqs, s, NULL, &nl, err)) || nl == 0) return st;
         return subset_head(m, be, s, kind, logits, nl, ids, err);
     }
+    if (m->tp && s->n_feat > 0)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: a split model (tensor parallel) exports no features");
     if (m->tp) { /* a split model: every rank's part of the logits gathered (no quantised head) */
         if ((st = tdm_tp_forward(m, be, kv, batch, seqs, s, logits, &nl, err)) || nl == 0) return st;
         return forward_tail(m, be, s, kind, logits, nl, ids, err);

@@ -63,7 +63,7 @@ static const struct {
     const char *name;
     uint32_t id;
 } k_archs[] = {{"llama", TDM_ARCH_LLAMA}, {"qwen2", TDM_ARCH_QWEN2}, {"qwen3", TDM_ARCH_QWEN3}, {"gemma3", TDM_ARCH_GEMMA3},
-                {"qwen3moe", TDM_ARCH_QWEN3MOE}};
+                {"qwen3moe", TDM_ARCH_QWEN3MOE}, {"eagle3", TDM_ARCH_EAGLE3}};
 
 /* The RoPE scaling: rope.scaling.type none / linear / yarn.  As in llama.cpp, an
  * absent type means linear with rope.scaling.factor (or the older
@@ -250,7 +250,9 @@ tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err)
     hp->rope.n_rot = (int32_t)n_rot;
     hp->rope.freq_base = freq_base;
     hp->rope.freq_scale = 1.0f / hp->rope_scaling.factor;
-    hp->rope.neox = hp->arch_id != TDM_ARCH_LLAMA;
+    /* (eagle3: llama.cpp's LLAMA_ROPE_TYPE_NORM, adjacent pairs, as llama) */
+    const bool llama_like = hp->arch_id == TDM_ARCH_LLAMA || hp->arch_id == TDM_ARCH_EAGLE3;
+    hp->rope.neox = !llama_like;
     hp->rope.mscale = tdm_rope_mscale(&hp->rope_scaling, hp->rope.freq_scale);
     hp->rope_swa = hp->rope;
     hp->qkv_bias = hp->arch_id == TDM_ARCH_QWEN2;
@@ -258,7 +260,7 @@ tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err)
     hp->ffn_act = TDM_ACT_SILU;
     hp->embd_scale = 1.0f;
     hp->attn_scale = 1.0f / sqrtf((float)key_len);
-    hp->rope_freqs = hp->arch_id == TDM_ARCH_LLAMA && tdm_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
+    hp->rope_freqs = llama_like && tdm_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
     hp->tied_output = tdm_gguf_find_tensor(g, "output.weight") == NULL;
     if (hp->arch_id == TDM_ARCH_GEMMA3 && (st = read_gemma3(g, a, hp, err))) return st;
     return TANDEM_OK;

@@ -639,6 +639,9 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
             m->hp.n_ff /= n;
         }
     }
+    if (!st && m->hp.arch_id == TDM_ARCH_EAGLE3)
+        st = tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "the file is an EAGLE-3 draft head (architecture eagle3), not a "
+                        "model: it drafts beside a target (-d FILE)");
     if (!st) st = tdm_model_check_backend(m, be, err);
     if (!st) st = tdm_tokenizer_load(g, &m->tok, err);
     if (!st && tdm_tok_n_vocab(m->tok) > m->hp.n_vocab)
@@ -725,4 +728,31 @@ void tdm_model_free(tdm_model *m) {
     tdm_tokenizer_free(m->tok);
     tdm_gguf_close(m->gguf);
     free(m);
+}
+
+/* ------------------------------------------------------------ for other formats */
+
+tandem_status tdm_model_load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows, bool matmul_only,
+                                 tdm_weight *w, tdm_err *err) {
+    return load_mat(m, name, cols, rows, matmul_only, w, err);
+}
+
+tandem_status tdm_model_load_vec(tdm_model *m, const char *name, int64_t n, bool optional, const float **out,
+                                 tdm_err *err) {
+    return load_vec(m, name, n, optional, out, err);
+}
+
+tandem_status tdm_model_place(tdm_model *m, const void *src, bool matmul_only, tdm_weight *w, tdm_err *err) {
+    const size_t bytes = w->row_bytes * (size_t)w->rows;
+    tandem_status st = place_weight(m, src, true, w->type, w->rows, w->cols, bytes, matmul_only, w, err);
+    if (st) return st;
+    m->n_params += (uint64_t)w->rows * (uint64_t)w->cols;
+    m->weight_bytes += bytes;
+    return TANDEM_OK;
+}
+
+tandem_status tdm_model_load_rope(tdm_model *m, tdm_err *err) { return load_rope(m, err); }
+
+tandem_status tdm_model_alloc(tdm_model *m, size_t bytes, void **out, tdm_err *err) {
+    return alloc_owned(m, bytes, out, err);
 }

@@ -25,13 +25,16 @@ typedef enum tdm_arch_id {
     TDM_ARCH_QWEN3 = 2,
     TDM_ARCH_GEMMA3 = 3,
     TDM_ARCH_QWEN3MOE = 4, /* qwen3 attention, mixture-of-experts FFN */
+    TDM_ARCH_EAGLE3 = 5,   /* an EAGLE-3 draft head (eagle3.h): its keys are read as llama's,
+                              its tensors by tdm_eagle3_load, never by tdm_model_load */
 } tdm_arch_id;
 
 /* Most experts a mixture-of-experts layer may have (llama.cpp's LLAMA_MAX_EXPERTS). */
 #define TDM_MAX_EXPERTS 512
 
 typedef struct tdm_hparams {
-    char arch[16];          /* "llama", "qwen2", "qwen3", "gemma3" or "qwen3moe" */
+    char arch[16];          /* "llama", "qwen2", "qwen3", "gemma3", "qwen3moe" (or "eagle3": a
+                               draft head, eagle3.h) */
     uint32_t arch_id;       /* tdm_arch_id */
     int32_t n_vocab;
     int32_t n_ctx_train;
@@ -135,6 +138,23 @@ tandem_status tdm_model_load_progress(const char *path, tdm_backend *be, const t
 tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out, tdm_err *err);
 void tdm_model_free(tdm_model *m);
 
+/* Weight placement for files that are not a whole model (an EAGLE-3 head, eagle3.c),
+ * on a model shell m whose gguf, be and hp are set (tensors found through m->gguf;
+ * every size checked against the file; memory owned by m, freed by tdm_model_free):
+ * load_mat: the matrix `name` [rows][cols] (GGUF ne = {cols, rows}) as it is;
+ * load_vec: the 1-D `name` [n] converted to f32 (optional: absent leaves *out NULL);
+ * place: the rows-layout bytes at host memory src (owned by the caller) as weight w of
+ *   type/rows/cols (w->type, rows, cols, row_bytes set by the caller);
+ * load_rope: m->hp.rope's table (rope_freqs.weight when hp.rope_freqs). */
+tandem_status tdm_model_load_mat(tdm_model *m, const char *name, int64_t cols, int64_t rows, bool matmul_only,
+                                 tdm_weight *w, tdm_err *err);
+tandem_status tdm_model_load_vec(tdm_model *m, const char *name, int64_t n, bool optional, const float **out,
+                                 tdm_err *err);
+tandem_status tdm_model_place(tdm_model *m, const void *src, bool matmul_only, tdm_weight *w, tdm_err *err);
+tandem_status tdm_model_load_rope(tdm_model *m, tdm_err *err);
+/* Backend memory owned by m (freed with it). */
+tandem_status tdm_model_alloc(tdm_model *m, size_t bytes, void **out, tdm_err *err);
+
 /* Reads and validates hyperparameters from metadata (src/model/hparams.c; no weights). */
 tandem_status tdm_hparams_read(const tdm_gguf *g, tdm_hparams *hp, tdm_err *err);
 /* TANDEM_ERR_UNSUPPORTED, naming the model, the backend and what it lacks, when be
@@ -219,7 +239,20 @@ typedef struct tdm_fwd_scratch {
     const struct tdm_vocab_head *vhead;
     float *sub_logits;    /* [cap_sub][vhead->n] that head's own logits (backend memory) */
     int32_t cap_sub;      /* rows */
+    /* The features an EAGLE-3 head drafts from (eagle3.h), off (n_feat 0) unless set
+     * (tdm_fwd_scratch_set_features): every forward on this scratch writes, for each
+     * of its rows i, the residual stream entering layer feat_layers[k] (the layer count:
+     * after the last layer, before the output norm) into feat[i][k * n_embd ...], as the
+     * blocks run (no extra pass).  Kept by tdm_fwd_scratch_free (the buffer is freed). */
+    int32_t n_feat;
+    int32_t feat_layers[4];
+    float *feat;          /* [cap_feat][n_feat * n_embd] backend memory: the last forward's rows */
+    int32_t cap_feat;     /* rows */
 } tdm_fwd_scratch;
+
+/* Turns the feature export on (n in [1, 4] layer ids, each in [0, the model's layer
+ * count], checked by the forward) or off (n = 0). */
+tandem_status tdm_fwd_scratch_set_features(tdm_fwd_scratch *s, const int32_t *layers, int32_t n, tdm_err *err);
 
 /* The pieces of one block (forward.c), for the split forward (forward_tp.c).
  * scratch_reserve: s's buffers for `rows` rows of model hp on be.
@@ -249,6 +282,12 @@ tandem_status tdm_fwd_layer_moe(const tdm_model *m, tdm_backend *be, tdm_fwd_scr
 tandem_status tdm_fwd_moe_by_ops(tdm_backend *be, const tdm_fwd_scratch *s, const tdm_moe_args *a, tdm_err *err);
 tandem_status tdm_fwd_residual(tdm_backend *be, const tdm_hparams *hp, const float *post_norm, float *x, float *y,
                                int32_t n, tdm_err *err);
+/* The rows of x[batch->n_rows][E] with want_logits, gathered into tmp when not all of
+ * them, then RMS-normed with out_norm into out[*nl][E] (out may be tmp); ids: host
+ * scratch of n_rows for their indices.  *nl = 0: nothing written. */
+tandem_status tdm_fwd_logit_rows(tdm_backend *be, const tdm_batch *batch, const float *x, const float *out_norm,
+                                 int32_t E, float eps, int32_t *ids, float *tmp, float *out, int32_t *nl,
+                                 tdm_err *err);
 /* The batch against the model and the block tables (host side). */
 tandem_status tdm_fwd_check_batch(const tdm_model *m, const tdm_kv_store *kv, const tdm_batch *b,
                                   const tdm_kv_seq *const *seqs, bool tokens_on_host, tdm_err *err);
