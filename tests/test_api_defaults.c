@@ -44,6 +44,7 @@ static const field model_fields[] = {
     F(tandem_model_params, tensor_parallel, K_INT),
     F(tandem_model_params, progress_callback, K_PTR),
     F(tandem_model_params, progress_callback_user_data, K_PTR),
+    F(tandem_model_params, weights, K_INT),
 };
 static const field engine_fields[] = {
     F(tandem_engine_params, n_threads, K_INT),
@@ -100,6 +101,7 @@ static const struct {
     {"TANDEM_BACKEND_CPU", TANDEM_BACKEND_CPU},
     {"TANDEM_BACKEND_CUDA", TANDEM_BACKEND_CUDA},
     {"TANDEM_KV_AUTO", TANDEM_KV_AUTO},
+    {"TANDEM_WEIGHTS_NATIVE", TANDEM_WEIGHTS_NATIVE},
     {"TANDEM_SPEC_TREE_AUTO", TANDEM_SPEC_TREE_AUTO},
     {"TANDEM_DRAFT_VOCAB_AUTO", TANDEM_DRAFT_VOCAB_AUTO},
 };
