@@ -58,7 +58,7 @@ typedef struct tdm_cuda {
     cublasHandle_t cublas;
     void *cublas_ws;     /* its workspace (fixed, so GEMMs can be captured in graphs) */
     /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
-    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf, tree_buf;
+    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf, tree_buf, moe_buf;
     tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
     void *dl_h;          /* pinned staging of small downloads [TDM_CUDA_DL_PINNED] (NULL until
                             the first; dl_off: its allocation failed, downloads go direct) */
@@ -270,6 +270,10 @@ tandem_status tdm_cuda_topk_dev(tdm_cuda *c, const float *x, int32_t n, int32_t 
 /* The tree_grow op (cuda_tree_grow.cu). */
 tandem_status tdm_cuda_tree_grow(tdm_backend *b, tdm_dtree *t, const float *x, int32_t n, int32_t dim, int32_t k,
                                  int32_t depth, int32_t width, int32_t want_exp, tdm_err *err);
+/* Mixture-of-experts layers (cuda_moe.cu): the moe_route and moe_experts ops. */
+tandem_status tdm_cuda_moe_route(tdm_backend *b, const float *logits, int32_t n, int32_t n_expert, int32_t k,
+                                 int32_t *ids, float *w, tdm_err *err);
+tandem_status tdm_cuda_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 /* Whether the tiled kernels (cuda_flash.cu) take the batches of the shapes they run:

@@ -49,6 +49,10 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     free(s->moe_rw);
     s->moe_ids = s->moe_rows = NULL;
     s->moe_w = s->moe_rw = NULL;
+    if (s->moe_ids_dev) s->be->ops->free(s->be, s->moe_ids_dev);
+    if (s->moe_w_dev) s->be->ops->free(s->be, s->moe_w_dev);
+    s->moe_ids_dev = NULL;
+    s->moe_w_dev = NULL;
     free(s->ids);
     s->ids = NULL;
     free(s->host_logits);
@@ -111,6 +115,18 @@ tandem_status tdm_fwd_scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const
         s->moe_rw = tdm_mallocarray((size_t)cap, sizeof *s->moe_rw);
         if (!s->moe_ids || !s->moe_w || !s->moe_rows || !s->moe_rw)
             return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        if (!be->host_memory) { /* the moe_route op's output, on the device */
+            if (s->moe_ids_dev) be->ops->free(be, s->moe_ids_dev);
+            if (s->moe_w_dev) be->ops->free(be, s->moe_w_dev);
+            s->moe_ids_dev = NULL;
+            s->moe_w_dev = NULL;
+            void *pi, *pw;
+            tandem_status st = be->ops->alloc(be, (size_t)cap * k * sizeof(int32_t), &pi, err);
+            if (st) return st;
+            s->moe_ids_dev = pi;
+            if ((st = be->ops->alloc(be, (size_t)cap * k * sizeof(float), &pw, err))) return st;
+            s->moe_w_dev = pw;
+        }
     }
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
         if (sizes[i] == 0) continue;
