@@ -206,6 +206,9 @@ typedef struct tdm_blocks_args {
                                             l % swa_pattern < swa_pattern - 1 */
     float attn_softcap;                  /* tdm_attn_args.softcap of every layer */
     uint32_t ffn_act;                    /* tdm_ffn_act */
+    int32_t n_expert, n_expert_used;     /* a mixture of experts (the layers' router,
+                                            exp_w13 and exp_w2; n_ff: each expert's):
+                                            experts per layer and per row; 0: dense */
     float *x;                            /* [n_rows][n_embd]: in, the embeddings; out, the
                                             residual stream after the last block */
 } tdm_blocks_args;

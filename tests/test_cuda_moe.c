@@ -9,7 +9,8 @@
  *   rows to the same experts (the others unused), and a batch invariance check
  *   (a row alone gives the bits it gets in the batch);
  *   tiny qwen3moe and Mixtral models' CUDA forwards (f32; and q4_k / q6_k under a
- *   zero router) (a 40-row prefill, then decode
+ *   zero router), through the fused blocks (decode replayed from CUDA graphs) and
+ *   op by op (a 40-row prefill, then decode
  *   steps) against the CPU forward: logits and greedy tokens;
  *   greedy speculative decoding with an MoE target and draft on the GPU equal to
  *   target-only decoding there.
@@ -298,39 +299,56 @@ Test(cuda_moe, experts_match_reference, .timeout = 600) {
 
 /* ------------------------------------------------------------ tiny models */
 
-/* A 40-row prefill with logits for every row, then three decode steps: the CUDA
- * forward against the CPU's, logits within tol normalised error, and (tokens) the
- * same greedy token each step.  (f32 weights where the routers decide: f16 products of 40 rows
- * through cuBLAS round their input to f16, enough to flip a close routing decision
- * between the backends, an O(1) difference that is no error.) */
+/* A 40-row prefill with logits for every row, then five decode steps: the CUDA
+ * forward (the fused blocks, whose decode steps replay a CUDA graph, and op by op)
+ * against the CPU's, logits within tol normalised error (the prefill's at least
+ * 1e-3: its dense products run through cuBLAS), and (tokens) the same greedy token
+ * each step.  (f32 weights where the routers decide: f16 products of 40 rows through
+ * cuBLAS round their input to f16, enough to flip a close routing decision between
+ * the backends, an O(1) difference that is no error.) */
 static void check_model(const tdm_tiny_cfg *cfg, const char *what, double tol, bool tokens) {
     char *path = tdm_tiny_model_file(cfg);
     tdm_err err = {0};
-    tdm_backend *cb = NULL;
-    cr_assert_eq(tdm_backend_cpu_create(1, &cb, &err), TANDEM_OK, "%s", err.msg);
-    tdm_cu_rig rc, rg;
-    tdm_cu_rig_open(&rc, cb, path, 8);
-    tdm_cu_rig_open(&rg, gpu(), path, 8);
-    const int32_t V = rc.m->hp.n_vocab;
-    uint64_t rng = cfg->seed;
-    tdm_batch bt;
-    cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
-    for (int32_t p = 0; p < 40; p++) tdm_batch_add(&bt, (int32_t)(tdm_test_rand(&rng) % (uint64_t)V), p, 0, p, true);
-    for (int step = 0; step < 4; step++) {
-        float *lc = tdm_cu_rig_forward(&rc, &bt, true), *lg = tdm_cu_rig_forward(&rg, &bt, false);
-        const int32_t nl = tdm_batch_n_logits(&bt);
-        const double e = ref_nrm_err(lg, lc, (size_t)nl * V);
-        cr_log_info("%s, step %d (%d rows): %.3g", what, step, (int)bt.n_rows, e);
-        cr_assert(e < tol, "%s step %d (%d rows): logits err %g", what, step, (int)bt.n_rows, e);
-        const int32_t next = tdm_argmax(lc + (size_t)(nl - 1) * V, V), pos = bt.pos[bt.n_rows - 1] + 1;
-        if (tokens) cr_assert_eq(tdm_argmax(lg + (size_t)(nl - 1) * V, V), next, "%s step %d: greedy token", what, step);
-        free(lc), free(lg);
-        tdm_batch_clear(&bt);
-        tdm_batch_add(&bt, next, pos, 0, pos, true);
+    for (int by_ops = 0; by_ops < 2; by_ops++) {
+        tdm_backend *cb = NULL;
+        cr_assert_eq(tdm_backend_cpu_create(1, &cb, &err), TANDEM_OK, "%s", err.msg);
+        tdm_cu_rig rc, rg;
+        tdm_cu_rig_open(&rc, cb, path, 8);
+        tdm_cu_rig_open(&rg, gpu(), path, 8);
+        const int32_t V = rc.m->hp.n_vocab;
+        const char *how = by_ops ? "op by op" : "blocks op";
+        uint64_t rng = cfg->seed;
+        tdm_batch bt;
+        cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);
+        for (int32_t p = 0; p < 40; p++)
+            tdm_batch_add(&bt, (int32_t)(tdm_test_rand(&rng) % (uint64_t)V), p, 0, p, true);
+        for (int step = 0; step < 6; step++) {
+            float *lc = tdm_cu_rig_forward(&rc, &bt, true), *lg = tdm_cu_rig_forward(&rg, &bt, by_ops);
+            cr_assert_eq(rg.fs.blocks_declined, (bool)by_ops, "%s: the blocks op %s", what,
+                         by_ops ? "ran" : "declined");
+            const int32_t nl = tdm_batch_n_logits(&bt);
+            const double e = ref_nrm_err(lg, lc, (size_t)nl * V), t = bt.n_rows > 16 ? TDM_MAX(tol, 1e-3) : tol;
+            cr_log_info("%s (%s), step %d (%d rows): %.3g", what, how, step, (int)bt.n_rows, e);
+            cr_assert(e < t, "%s (%s) step %d (%d rows): logits err %g", what, how, step, (int)bt.n_rows, e);
+            const int32_t next = tdm_argmax(lc + (size_t)(nl - 1) * V, V), pos = bt.pos[bt.n_rows - 1] + 1;
+            if (tokens)
+                cr_assert_eq(tdm_argmax(lg + (size_t)(nl - 1) * V, V), next, "%s (%s) step %d: greedy token", what,
+                             how, step);
+            free(lc), free(lg);
+            tdm_batch_clear(&bt);
+            tdm_batch_add(&bt, next, pos, 0, pos, true);
+        }
+        uint64_t replays, captures;
+        tdm_backend_cuda_graph_stats(rg.be, &replays, &captures);
+        cr_log_info("%s (%s): %llu graph replays, %llu captures", what, how, (unsigned long long)replays,
+                    (unsigned long long)captures);
+#ifndef TDM_TEST_CUDA_ON_CPU
+        cr_assert(by_ops || replays > 0, "%s: the decode steps replayed no CUDA graph", what);
+#endif
+        tdm_batch_free(&bt);
+        tdm_cu_rig_close(&rc);
+        tdm_cu_rig_close(&rg);
     }
-    tdm_batch_free(&bt);
-    tdm_cu_rig_close(&rc);
-    tdm_cu_rig_close(&rg);
     unlink(path);
     free(path);
 }

@@ -9,8 +9,9 @@
  *   wrong tie rule; batch invariance (one forward, chunks of 7 rows, one row at a
  *   time: the same bits);
  *   every way an expert tensor or key can be wrong, enumerated, each a clear error
- *   naming the tensor or key; a backend without host memory (CUDA) and a split
- *   between devices refused with TANDEM_ERR_UNSUPPORTED; decode_bytes;
+ *   naming the tensor or key; a backend without host memory and without the
+ *   device routing op, and a split between devices, refused with
+ *   TANDEM_ERR_UNSUPPORTED; decode_bytes;
  *   the CPU's moe_experts op bit for bit against the op-by-op path, every weight type;
  *   continuous batching (with and without a speculating draft) equal to one at a time.
  * (Speculative decoding with an MoE target: test_arch.c.) */
@@ -294,9 +295,10 @@ Test(moe, truncated_experts_refused) {
     free(path);
 }
 
-/* A backend whose memory is not the host's (the CUDA backend) refuses the model
- * with TANDEM_ERR_UNSUPPORTED naming the mixture of experts and the backend, at
- * load and at each forward; so does a split between devices. */
+/* A backend whose memory is not the host's and that has no moe_route op refuses
+ * the model with TANDEM_ERR_UNSUPPORTED naming the mixture of experts and the
+ * backend, at load and at each forward; so does a split between devices.  (The
+ * CUDA backend routes on the device: test_cuda_moe.c.) */
 Test(moe, other_backends_and_splits_refused) {
     tdm_tiny_cfg c = qwen3moe_cfg(580);
     eng x;

@@ -260,6 +260,7 @@ static void cu_destroy(tdm_backend *b) {
         tdm_cuda_prof_report(c);
         tdm_cuda_graphs_free(c);
         tdm_cuda_gemm_destroy(c);
+        tdm_cuda_moe_free(c);
         tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf, &c->topk_buf, &c->tree_buf,
                                 &c->moe_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tdm_cuda_buf_free(c, bufs[i]);

@@ -69,6 +69,8 @@ typedef struct tdm_cuda {
                             rows, Q4_K / Q5_K / Q6_K rows on the f32 reference kernel */
     tdm_cuda_attn_path attn_path; /* tests (tdm_backend_cuda_force_attention): the
                                      attention kernels taken; TDM_CUDA_ATTN_AUTO */
+    struct tdm_cuda_moe_tabs *moe_tabs; /* the experts' weight tables on the device
+                                           (cuda_moe.cu), kept for graphs */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
     size_t bytes_peak;   /* the most device memory in use seen after an allocation (the
@@ -274,6 +276,15 @@ tandem_status tdm_cuda_tree_grow(tdm_backend *b, tdm_dtree *t, const float *x, i
 tandem_status tdm_cuda_moe_route(tdm_backend *b, const float *logits, int32_t n, int32_t n_expert, int32_t k,
                                  int32_t *ids, float *w, tdm_err *err);
 tandem_status tdm_cuda_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
+/* The fused forward's mixture-of-experts FFN (cuda_blocks.cu): each row of the
+ * router's logits[n][n_expert] routed into ids / w ([n][k] device buffers), then
+ * x[n][n_embd] += the experts' weighted outputs for the normed rows xb, as the two
+ * ops compute them; launches only (no host wait, no allocation once the buffers
+ * have grown: capturable). */
+tandem_status tdm_cuda_moe_ffn(tdm_cuda *c, const tdm_weight *w13, const tdm_weight *w2, const float *xb,
+                               const float *logits, int32_t n, int32_t n_embd, int32_t n_ff, int32_t n_expert,
+                               int32_t k, int32_t *ids, float *w, float *x, tdm_err *err);
+void tdm_cuda_moe_free(tdm_cuda *c);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 /* Whether the tiled kernels (cuda_flash.cu) take the batches of the shapes they run:

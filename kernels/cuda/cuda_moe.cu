@@ -32,7 +32,10 @@
  *      the host's ops do.
  *   Weights are each expert's own tdm_weight (the loader places them apart); the
  *   experts of one product must share type, layout and row bytes (one file tensor
- *   gives them), their data pointers go to the device in the op's metadata.
+ *   gives them); their data pointers go to a device table kept per layer (rebuilt
+ *   when they change), so the launches replay in a CUDA graph.
+ * The fused forward (cuda_blocks.cu) runs the same kernels for a layer's experts
+ * (tdm_cuda_moe_ffn), adding the sum into the residual stream.
  *   The product kernels read every weight type the row kernels read, but the
  *   K-quants dequantised to f32 (the dense decode's int8 dp4a kernels are not yet
  *   grouped), and batches are f32 CUDA-core work (no tensor-core grouped GEMM yet).
@@ -283,7 +286,9 @@ k_moe_gemv(const uint8_t *const *wtab, size_t row_bytes, int32_t n_out, int32_t 
 }
 
 /* Row blockIdx.x: out = its experts' weighted outputs summed in ascending expert
- * order (acc + w * y, not fused; a pair without a slot adds nothing). */
+ * order (acc + w * y, not fused; a pair without a slot adds nothing), or with ACC
+ * out += that sum (the add op's one rounding). */
+template <bool ACC>
 __global__ void k_moe_sum(const int32_t *ids, const float *w, const int32_t *pair_slot, const float *y, int32_t k,
                           int32_t dim, float *out) {
     TDM_PDL_ENTRY();
@@ -306,7 +311,8 @@ __global__ void k_moe_sum(const int32_t *ids, const float *w, const int32_t *pai
             const int32_t j = order[s], slot = pair_slot[(size_t)i * k + j];
             if (slot >= 0) acc = __fadd_rn(acc, __fmul_rn(w[(size_t)i * k + j], y[(size_t)slot * dim + col]));
         }
-        out[(size_t)i * dim + col] = acc;
+        float *o = out + (size_t)i * dim + col;
+        *o = ACC ? __fadd_rn(*o, acc) : acc;
     }
 }
 
@@ -395,31 +401,123 @@ static tandem_status launch_product(tdm_cuda *c, const tdm_weight *w0, const uin
 
 static size_t al16(size_t b) { return (b + 15) & ~(size_t)15; }
 
-tandem_status tdm_cuda_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err *err) {
-    tdm_cuda *c = tdm_cuda_of(b, "moe_experts", err);
-    if (!c) return TANDEM_ERR_INVALID_ARG;
-    if (!a || !a->x || !a->ids || !a->w || !a->w13 || !a->w2 || !a->out)
-        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: NULL argument");
-    const int32_t n = a->n, K = a->k, NE = a->n_expert, E = a->n_embd, F = a->n_ff;
+/* ---- the experts' weight tables ------------------------------------------------- */
+
+/* One layer's table: its experts' data pointers, W13 then W2, on the device (a graph
+ * replays launches that read it, so it stays where it is while its weights do). */
+typedef struct moe_tab {
+    const tdm_weight *w13, *w2;
+    int32_t ne;
+    const uint8_t **host; /* [2 ne] the pointers uploaded */
+    const uint8_t **dev;  /* [2 ne] */
+} moe_tab;
+
+struct tdm_cuda_moe_tabs {
+    moe_tab *t;
+    int32_t n, cap;
+};
+
+void tdm_cuda_moe_free(tdm_cuda *c) {
+    struct tdm_cuda_moe_tabs *m = c->moe_tabs;
+    if (!m) return;
+    for (int32_t i = 0; i < m->n; i++) {
+        free(m->t[i].host);
+        cudaFree(m->t[i].dev);
+    }
+    free(m->t);
+    free(m);
+    c->moe_tabs = NULL;
+}
+
+/* The device table of these experts: the one kept for them while their data
+ * pointers are the ones it holds, else (re)built, which waits for the stream and
+ * cannot happen during a capture.  NULL with err set on failure. */
+static const uint8_t *const *moe_table(tdm_cuda *c, const tdm_weight *w13, const tdm_weight *w2, int32_t ne,
+                                       tdm_err *err) {
+    if (!c->moe_tabs && !(c->moe_tabs = (struct tdm_cuda_moe_tabs *)calloc(1, sizeof *c->moe_tabs))) {
+        tdm_seterr(err, TANDEM_ERR_NOMEM, "moe_experts: out of memory");
+        return NULL;
+    }
+    struct tdm_cuda_moe_tabs *m = c->moe_tabs;
+    moe_tab *t = NULL;
+    for (int32_t i = 0; i < m->n && !t; i++)
+        if (m->t[i].w13 == w13 && m->t[i].w2 == w2 && m->t[i].ne == ne) t = &m->t[i];
+    if (t) {
+        bool same = true;
+        for (int32_t e = 0; e < ne && same; e++)
+            same = t->host[e] == (const uint8_t *)w13[e].data && t->host[ne + e] == (const uint8_t *)w2[e].data;
+        if (same) return t->dev;
+    } else {
+        if (m->n == m->cap) {
+            const int32_t cap = m->cap ? 2 * m->cap : 64;
+            moe_tab *nt = (moe_tab *)realloc(m->t, (size_t)cap * sizeof *nt);
+            if (!nt) {
+                tdm_seterr(err, TANDEM_ERR_NOMEM, "moe_experts: out of memory");
+                return NULL;
+            }
+            m->t = nt;
+            m->cap = cap;
+        }
+        t = &m->t[m->n];
+        memset(t, 0, sizeof *t);
+        t->w13 = w13, t->w2 = w2, t->ne = ne;
+        t->host = (const uint8_t **)calloc((size_t)2 * ne, sizeof *t->host);
+        if (!t->host) {
+            tdm_seterr(err, TANDEM_ERR_NOMEM, "moe_experts: out of memory");
+            return NULL;
+        }
+        if (c->capturing) {
+            free(t->host);
+            tdm_seterr(err, TANDEM_ERR_BACKEND, "moe_experts: a new experts table during a graph capture");
+            return NULL;
+        }
+        cudaError_t e = cudaMalloc((void **)&t->dev, (size_t)2 * ne * sizeof(void *));
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            free(t->host);
+            tdm_cuda_status(e, "moe_experts: experts table", err);
+            return NULL;
+        }
+        m->n++;
+    }
+    if (c->capturing) {
+        tdm_seterr(err, TANDEM_ERR_BACKEND, "moe_experts: experts table changed during a graph capture");
+        return NULL;
+    }
+    for (int32_t e = 0; e < ne; e++) {
+        t->host[e] = (const uint8_t *)w13[e].data;
+        t->host[ne + e] = (const uint8_t *)w2[e].data;
+    }
+    cudaError_t e = cudaMemcpyAsync(t->dev, t->host, (size_t)2 * ne * sizeof(void *), cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream); /* (host is pageable and rewritten later) */
+    if (e != cudaSuccess) {
+        tdm_cuda_status(e, "moe_experts: experts table", err);
+        return NULL;
+    }
+    return t->dev;
+}
+
+/* ---- the experts op and the fused forward's layer -------------------------------- */
+
+static tandem_status check_args(int32_t n, int32_t E, int32_t F, int32_t NE, int32_t K, const tdm_weight *w13,
+                                const tdm_weight *w2, tdm_err *err) {
     if (n < 0 || E <= 0 || F <= 0 || NE <= 0 || NE > MOE_MAX_EXPERTS || K <= 0 || K > NE || K > MOE_MAX_K)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: n %d, n_embd %d, n_ff %d, %d of %d experts "
                           "(at most %d of %d)", (int)n, (int)E, (int)F, (int)K, (int)NE, MOE_MAX_K, MOE_MAX_EXPERTS);
-    if (n == 0) return TANDEM_OK;
     if ((int64_t)n * K > (int64_t)1 << 24)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "moe_experts: %d rows of %d experts", (int)n, (int)K);
     tandem_status st;
-    if ((st = check_experts(a->w13, NE, 2 * (int64_t)F, E, "gate and up", err)) ||
-        (st = check_experts(a->w2, NE, E, F, "down", err)))
+    if ((st = check_experts(w13, NE, 2 * (int64_t)F, E, "gate and up", err)) ||
+        (st = check_experts(w2, NE, E, F, "down", err)))
         return st;
-    /* the experts' data pointers, W13 then W2, in the metadata */
-    const size_t tab_bytes = (size_t)2 * NE * sizeof(void *);
-    const uint8_t **th = (const uint8_t **)tdm_cuda_meta_host(c, tab_bytes, err);
-    if (!th) return err ? err->status : TANDEM_ERR_BACKEND;
-    for (int32_t e = 0; e < NE; e++) {
-        th[e] = (const uint8_t *)a->w13[e].data;
-        th[NE + e] = (const uint8_t *)a->w2[e].data;
-    }
-    const uint8_t *const *td = (const uint8_t *const *)tdm_cuda_meta_upload(c, tab_bytes, err);
+    return TANDEM_OK;
+}
+
+/* The grouped products and the sum (ACC: into out as +=), n > 0, arguments checked. */
+static tandem_status run_experts(tdm_cuda *c, const float *x, int32_t n, int32_t E, int32_t F, int32_t NE, int32_t K,
+                                 const int32_t *ids, const float *wt, const tdm_weight *w13, const tdm_weight *w2,
+                                 float *out, bool acc, tdm_err *err) {
+    const uint8_t *const *td = moe_table(c, w13, w2, NE, err);
     if (!td) return err ? err->status : TANDEM_ERR_BACKEND;
     /* the call's buffer: slot_pair, pair_slot [np], n_tiles, tiles [bound], h [np][F],
      * y [np][E] */
@@ -432,16 +530,44 @@ tandem_status tdm_cuda_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_er
     int32_t *slot_pair = (int32_t *)buf, *pair_slot = (int32_t *)(buf + o_ps), *n_tiles = (int32_t *)(buf + o_nt);
     int4 *tiles = (int4 *)(buf + o_tl);
     float *h = (float *)(buf + o_h), *y = (float *)(buf + o_y);
-    tdm_launch(k_moe_sort, dim3(1), dim3(MOE_MAX_EXPERTS), 0, c->stream, a->ids, np, NE, slot_pair, pair_slot, tiles,
+    tdm_launch(k_moe_sort, dim3(1), dim3(MOE_MAX_EXPERTS), 0, c->stream, ids, np, NE, slot_pair, pair_slot, tiles,
                n_tiles);
     TDM_CU_LAUNCHED("moe_experts (grouping)");
     /* rows per tile: an expert takes at most one pair of a row (distinct experts) */
     const int nr = n == 1 ? 1 : n == 2 ? 2 : n <= 4 ? 4 : MOE_TILE;
-    if ((st = launch_product<true>(c, &a->w13[0], td, nr, bound, a->x, slot_pair, K, tiles, n_tiles, h, F, err)) ||
-        (st = launch_product<false>(c, &a->w2[0], td + NE, nr, bound, h, slot_pair, K, tiles, n_tiles, y, E, err)))
+    tandem_status st;
+    if ((st = launch_product<true>(c, &w13[0], td, nr, bound, x, slot_pair, K, tiles, n_tiles, h, F, err)) ||
+        (st = launch_product<false>(c, &w2[0], td + NE, nr, bound, h, slot_pair, K, tiles, n_tiles, y, E, err)))
         return st;
-    tdm_launch(k_moe_sum, dim3((unsigned)n), dim3(256), 0, c->stream, a->ids, a->w, (const int32_t *)pair_slot,
-               (const float *)y, K, E, a->out);
+    if (acc)
+        tdm_launch(k_moe_sum<true>, dim3((unsigned)n), dim3(256), 0, c->stream, ids, wt, (const int32_t *)pair_slot,
+                   (const float *)y, K, E, out);
+    else
+        tdm_launch(k_moe_sum<false>, dim3((unsigned)n), dim3(256), 0, c->stream, ids, wt, (const int32_t *)pair_slot,
+                   (const float *)y, K, E, out);
     TDM_CU_LAUNCHED("moe_experts (sum)");
     return TANDEM_OK;
+}
+
+tandem_status tdm_cuda_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err *err) {
+    tdm_cuda *c = tdm_cuda_of(b, "moe_experts", err);
+    if (!c) return TANDEM_ERR_INVALID_ARG;
+    if (!a || !a->x || !a->ids || !a->w || !a->w13 || !a->w2 || !a->out)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: NULL argument");
+    tandem_status st = check_args(a->n, a->n_embd, a->n_ff, a->n_expert, a->k, a->w13, a->w2, err);
+    if (st || a->n == 0) return st;
+    return run_experts(c, a->x, a->n, a->n_embd, a->n_ff, a->n_expert, a->k, a->ids, a->w, a->w13, a->w2, a->out,
+                       false, err);
+}
+
+tandem_status tdm_cuda_moe_ffn(tdm_cuda *c, const tdm_weight *w13, const tdm_weight *w2, const float *xb,
+                               const float *logits, int32_t n, int32_t n_embd, int32_t n_ff, int32_t n_expert,
+                               int32_t k, int32_t *ids, float *w, float *x, tdm_err *err) {
+    if (!w13 || !w2 || !xb || !logits || !ids || !w || !x)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "moe_experts: NULL argument");
+    tandem_status st = check_args(n, n_embd, n_ff, n_expert, k, w13, w2, err);
+    if (st || n == 0) return st;
+    tdm_launch(k_moe_route, dim3((unsigned)((n + 3) / 4)), dim3(128), 0, c->stream, logits, n, n_expert, k, ids, w);
+    TDM_CU_LAUNCHED("moe_route");
+    return run_experts(c, xb, n, n_embd, n_ff, n_expert, k, ids, w, w13, w2, x, true, err);
 }

@@ -290,14 +290,15 @@ static tandem_status run_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
                                 const tdm_batch *batch, const tdm_kv_seq *const *seqs,
                                 tdm_fwd_scratch *s, tdm_err *err) {
     const tdm_hparams *hp = &m->hp;
-    if (be->ops->blocks && !s->blocks_declined && hp->n_expert == 0) { /* (experts: by ops) */
+    if (be->ops->blocks && !s->blocks_declined) {
         tdm_blocks_args a = {
             .batch = batch, .seqs = seqs, .layers = m->layers, .k_cache = kv->k, .v_cache = kv->v,
             .cache_type = kv->type, .block_size = kv->block_size, .n_layer = hp->n_layer,
             .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
             .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .attn_scale = hp->attn_scale,
             .rope_swa = hp->swa_window > 0 ? &hp->rope_swa : NULL, .swa_window = hp->swa_window,
-            .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act, .x = s->x,
+            .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act,
+            .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used, .x = s->x,
         };
         tdm_err probe = {0};
         tandem_status st = be->ops->blocks(be, &a, &probe);
