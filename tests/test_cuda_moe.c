@@ -110,27 +110,10 @@ Test(cuda_moe, route_matches_host) {
  * device copy in the layout the CUDA loader gives it. */
 static tdm_weight rand_dev_weight(tdm_backend *b, uint32_t t, int64_t rows, int64_t cols, uint64_t *rng,
                                   uint8_t **host) {
-    uint64_t rb;
-    cr_assert(tdm_dtype_row_bytes(t, (uint64_t)cols, &rb));
-    uint8_t *data = malloc((size_t)(rb * (uint64_t)rows));
-    float *row = malloc((size_t)cols * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t c = 0; c < cols; c++) row[c] = tdm_test_randf(rng, -0.1f, 0.1f);
-        tdm_row_from_f32(t, row, data + r * rb, cols);
-    }
-    free(row);
-    tdm_weight w = {.type = t, .rows = rows, .cols = cols, .row_bytes = (size_t)rb, .data = data};
-    uint32_t layout = b->ops->weight_layout ? b->ops->weight_layout(b, t, rows, cols) : TDM_LAYOUT_ROWS;
-    uint8_t *packed = NULL;
-    if (layout != TDM_LAYOUT_ROWS && tdm_layout_fits(layout, t, rows, cols)) {
-        packed = malloc((size_t)(rb * (uint64_t)rows));
-        cr_assert(tdm_weight_pack(layout, t, rows, cols, data, packed));
-        w.data = packed;
-        w.layout = layout;
-    }
-    tdm_weight d = tdm_cu_test_put_weight(b, &w);
-    free(packed);
-    *host = data;
+    void *buf;
+    const tdm_weight w = tdm_test_rand_weight_for(b, t, rows, cols, rng, &buf, host);
+    const tdm_weight d = tdm_cu_test_put_weight(b, &w);
+    free(buf);
     return d;
 }
 
