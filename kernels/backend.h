@@ -208,6 +208,9 @@ typedef struct tdm_blocks_args {
                                             l % swa_pattern < swa_pattern - 1 */
     float attn_softcap;                  /* tdm_attn_args.softcap of every layer */
     uint32_t ffn_act;                    /* tdm_ffn_act */
+    int32_t n_expert, n_expert_used;     /* a mixture of experts (the layers' router,
+                                            exp_w13 and exp_w2; n_ff: each expert's):
+                                            experts per layer and per row; 0: dense */
     float *x;                            /* [n_rows][n_embd]: in, the embeddings; out, the
                                             residual stream after the last block */
     /* Optional, on backends with blocks_feat (NULL: none): for each k < n_feat, the
@@ -223,12 +226,14 @@ typedef struct tdm_blocks_args {
  * row i and each of its experts e = ids[i][j] (j < k, distinct),
  *   h = swiglu(x[i] W13_e^T),  out[i] = sum of w[i][j] * (h W2_e^T),
  * the sum from 0 over the row's experts in ascending expert order, each term added
- * as acc += w * y (as src/model/forward_moe.c computes it op by op). */
+ * as acc += w * y (as src/model/forward_moe.c computes it op by op).  ids and w are
+ * backend memory (the host's on host-memory backends; on the others the moe_route
+ * op's output, so that no step waits for the host). */
 typedef struct tdm_moe_args {
     const float *x;        /* [n][n_embd] the normed rows */
     int32_t n, n_embd, n_ff, n_expert, k;
-    const int32_t *ids;    /* [n][k] host memory: each row's experts */
-    const float *w;        /* [n][k] host memory: their weights */
+    const int32_t *ids;    /* [n][k] backend memory: each row's experts */
+    const float *w;        /* [n][k] backend memory: their weights */
     const tdm_weight *w13; /* [n_expert] each [2*n_ff][n_embd]: gate rows, then up rows */
     const tdm_weight *w2;  /* [n_expert] each [n_embd][n_ff] */
     float *out;            /* [n][n_embd] */
@@ -390,8 +395,10 @@ typedef struct tdm_backend_ops {
     /* Optional (NULL: forward_moe.c runs the experts op by op, through matmul, swiglu
      * and gather_rows): tdm_moe_args's products in one call (the CPU: each thread
      * takes whole experts' products for groups of rows, instead of every thread a
-     * part of each product in turn).  Each row's result is what the ops give, bit for
-     * bit on the CPU, and never depends on the other rows.  Returns
+     * part of each product in turn; CUDA: grouped products over every expert in one
+     * launch each, ids and w on the device).  Each row's result is what the ops give,
+     * bit for bit on the CPU (up to rounding elsewhere), and never depends on the
+     * other rows.  Returns
      * TANDEM_ERR_UNSUPPORTED, having touched nothing, for a batch it leaves to the
      * ops (on the CPU: fewer groups than threads). */
     tandem_status (*moe_experts)(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
@@ -410,6 +417,14 @@ typedef struct tdm_backend_ops {
      * tdm_logits_mask (sampling.h) makes it.  x and mask backend memory.  Does not wait. */
     tandem_status (*mask_rows)(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
                                tdm_err *err);
+    /* Optional (NULL: the host routes, src/model/moe.h; a backend without host memory
+     * then runs no mixture-of-experts model): each row of a mixture-of-experts
+     * router's logits[n][n_expert] (backend memory) routed as tdm_moe_route does
+     * (softmax, the k most probable with ties to the lower expert index, weights
+     * renormalised), into ids[n][k] and w[n][k] (backend memory), without waiting:
+     * the moe_experts op reads them there.  1 <= k <= n_expert <= 512, k <= 64. */
+    tandem_status (*moe_route)(tdm_backend *b, const float *logits, int32_t n, int32_t n_expert, int32_t k,
+                               int32_t *ids, float *w, tdm_err *err);
 } tdm_backend_ops;
 
 /* The logit that a head over part of the vocabulary (scatter_cols) gives every token

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dtype.h"
 #include "ref_ops.h"
 
 #include "testutil.h"
@@ -95,4 +96,33 @@ int32_t tdm_test_shuffled_seqs(uint64_t *rng, int n_seq, const int32_t *lens, in
     }
     free(perm);
     return n_blocks;
+}
+
+tdm_weight tdm_test_rand_weight_for(tdm_backend *be, uint32_t t, int64_t rows, int64_t cols, uint64_t *rng,
+                                    void **buf, uint8_t **rows_bytes) {
+    uint64_t rb;
+    cr_assert(tdm_dtype_row_bytes(t, (uint64_t)cols, &rb));
+    uint8_t *data = malloc((size_t)(rb * (uint64_t)rows));
+    float *row = malloc((size_t)cols * sizeof(float));
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t c = 0; c < cols; c++) row[c] = tdm_test_randf(rng, -0.1f, 0.1f);
+        tdm_row_from_f32(t, row, data + r * rb, cols);
+    }
+    free(row);
+    if (rows_bytes) {
+        *rows_bytes = malloc((size_t)(rb * (uint64_t)rows));
+        memcpy(*rows_bytes, data, (size_t)(rb * (uint64_t)rows));
+    }
+    tdm_weight w = {.type = t, .rows = rows, .cols = cols, .row_bytes = (size_t)rb, .data = data};
+    uint32_t layout = be->ops->weight_layout ? be->ops->weight_layout(be, t, rows, cols) : TDM_LAYOUT_ROWS;
+    if (layout != TDM_LAYOUT_ROWS && tdm_layout_fits(layout, t, rows, cols)) {
+        uint8_t *packed = malloc((size_t)(rb * (uint64_t)rows));
+        cr_assert(tdm_weight_pack(layout, t, rows, cols, data, packed));
+        free(data);
+        data = packed;
+        w.data = data;
+        w.layout = layout;
+    }
+    *buf = data;
+    return w;
 }

@@ -8,6 +8,11 @@
 
 /* The SIMD levels this machine has, lowest first; returns their count. */
 int tdm_test_levels(tdm_cpu_level out[TDM_CPU_N_LEVELS]);
+/* A random weight [rows][cols] of type t (elements in [-0.1, 0.1)) in the layout
+ * be's loader gives it (its weight_layout op); *buf: its memory (free), and when
+ * rows_bytes is not NULL, *rows_bytes a malloc'd copy in the rows layout. */
+tdm_weight tdm_test_rand_weight_for(tdm_backend *be, uint32_t t, int64_t rows, int64_t cols, uint64_t *rng,
+                                    void **buf, uint8_t **rows_bytes);
 /* A CPU backend at exactly this level with nt threads (fails the test otherwise). */
 tdm_backend *tdm_test_backend(tdm_cpu_level level, int nt);
 /* n floats uniform in [lo, hi) (malloc'd, 64 spare bytes). */

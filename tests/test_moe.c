@@ -9,8 +9,9 @@
  *   wrong tie rule; batch invariance (one forward, chunks of 7 rows, one row at a
  *   time: the same bits);
  *   every way an expert tensor or key can be wrong, enumerated, each a clear error
- *   naming the tensor or key; a backend without host memory (CUDA) and a split
- *   between devices refused with TANDEM_ERR_UNSUPPORTED; decode_bytes;
+ *   naming the tensor or key; a backend without host memory and without the
+ *   device routing op, and a split between devices, refused with
+ *   TANDEM_ERR_UNSUPPORTED; decode_bytes;
  *   the CPU's moe_experts op bit for bit against the op-by-op path, every weight type;
  *   continuous batching (with and without a speculating draft) equal to one at a time.
  * (Speculative decoding with an MoE target: test_arch.c.) */
@@ -21,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_testutil.h"
 #include "dtype.h"
 #include "fwd_testutil.h"
 #include "tandem.h"
@@ -294,9 +296,10 @@ Test(moe, truncated_experts_refused) {
     free(path);
 }
 
-/* A backend whose memory is not the host's (the CUDA backend) refuses the model
- * with TANDEM_ERR_UNSUPPORTED naming the mixture of experts and the backend, at
- * load and at each forward; so does a split between devices. */
+/* A backend whose memory is not the host's and that has no moe_route op refuses
+ * the model with TANDEM_ERR_UNSUPPORTED naming the mixture of experts and the
+ * backend, at load and at each forward; so does a split between devices.  (The
+ * CUDA backend routes on the device: test_cuda_moe.c.) */
 Test(moe, other_backends_and_splits_refused) {
     tdm_tiny_cfg c = qwen3moe_cfg(580);
     eng x;
@@ -336,32 +339,6 @@ Test(moe, decode_bytes_count_the_used_experts) {
 
 /* ------------------------------------------------------------ the CPU's moe_experts op */
 
-/* A random weight [rows][cols] of type t, in the layout the backend's loader would
- * give it (P64 for the element types at AVX-512); *buf: its memory. */
-static tdm_weight rand_weight(tdm_backend *be, uint32_t t, int64_t rows, int64_t cols, uint64_t *rng, void **buf) {
-    uint64_t rb;
-    cr_assert(tdm_dtype_row_bytes(t, (uint64_t)cols, &rb));
-    uint8_t *data = malloc((size_t)(rb * (uint64_t)rows));
-    float *row = malloc((size_t)cols * sizeof(float));
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t c = 0; c < cols; c++) row[c] = tdm_test_randf(rng, -0.1f, 0.1f);
-        tdm_row_from_f32(t, row, data + r * rb, cols);
-    }
-    free(row);
-    tdm_weight w = {.type = t, .rows = rows, .cols = cols, .row_bytes = (size_t)rb, .data = data};
-    uint32_t layout = be->ops->weight_layout ? be->ops->weight_layout(be, t, rows, cols) : TDM_LAYOUT_ROWS;
-    if (layout != TDM_LAYOUT_ROWS && tdm_layout_fits(layout, t, rows, cols)) {
-        uint8_t *packed = malloc((size_t)(rb * (uint64_t)rows));
-        cr_assert(tdm_weight_pack(layout, t, rows, cols, data, packed));
-        free(data);
-        data = packed;
-        w.data = data;
-        w.layout = layout;
-    }
-    *buf = data;
-    return w;
-}
-
 /* The op against the op-by-op path (tdm_fwd_moe_by_ops, its reference): the same
  * bits for every weight type the experts come in, batches of 1 to 40 rows, 2 and 3
  * threads; a batch of fewer groups of rows than threads is declined untouched. */
@@ -386,8 +363,8 @@ Test(moe, cpu_op_matches_ops_bitwise, .timeout = 120) {
             tdm_weight w13[NE], w2[NE];
             void *bufs[2 * NE];
             for (int e = 0; e < NE; e++) {
-                w13[e] = rand_weight(be, types[ti], 2 * F, E, &rng, &bufs[2 * e]);
-                w2[e] = rand_weight(be, types[ti], E, F, &rng, &bufs[2 * e + 1]);
+                w13[e] = tdm_test_rand_weight_for(be, types[ti], 2 * F, E, &rng, &bufs[2 * e], NULL);
+                w2[e] = tdm_test_rand_weight_for(be, types[ti], E, F, &rng, &bufs[2 * e + 1], NULL);
             }
             static const int ns[] = {1, 3, 17, N};
             for (size_t ni = 0; ni < TDM_ARRAY_LEN(ns); ni++) {

@@ -265,8 +265,9 @@ static void cu_destroy(tdm_backend *b) {
         tdm_cuda_prof_report(c);
         tdm_cuda_graphs_free(c);
         tdm_cuda_gemm_destroy(c);
+        tdm_cuda_moe_free(c);
         tdm_cuda_buf *bufs[] = {&c->xq_buf, &c->x16_buf, &c->wdeq_buf, &c->fwd_buf, &c->ids_buf, &c->att_buf, &c->topk_buf, &c->tree_buf,
-                                 &c->f8x_buf, &c->f8d_buf};
+                                &c->moe_buf, &c->f8x_buf, &c->f8d_buf};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) tdm_cuda_buf_free(c, bufs[i]);
         if (c->stream) cudaStreamDestroy(c->stream);
         free(c);
@@ -322,9 +323,10 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .make_current = */ cu_make_current,
     /* .topk = */ tdm_cuda_topk,
     /* .tree_grow = */ tdm_cuda_tree_grow,
-    /* .moe_experts = */ NULL, /* (mixture-of-experts models are refused at load here) */
+    /* .moe_experts = */ tdm_cuda_moe_experts,
     /* .scatter_cols = */ tdm_cuda_scatter_cols,
     /* .mask_rows = */ tdm_cuda_mask_rows,
+    /* .moe_route = */ tdm_cuda_moe_route,
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

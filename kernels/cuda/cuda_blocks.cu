@@ -15,6 +15,9 @@
  *     16-bit type:
  *       rmsnorm -> f16 -> Wqkv -> RoPE + K/V -> attention -> f16 -> x += Wo att
  *       -> rmsnorm -> f16 -> W13 -> SwiGLU -> f16 -> x += W2 ff
+ * A mixture-of-experts layer's FFN half: rmsnorm -> the router's product -> routing
+ * and the grouped expert products of cuda_moe.cu, whose sum x += (the same kernels
+ * as its ops, for every batch: each row computed as alone).
  * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 or q8_0 cache and the head dims it
  * knows, token-tree batches (a tree mask per row) included; batches with CSR extra
  * slots or other shapes use the op table's attention (not captured in graphs).  qwen3's q / k head norms run
@@ -49,6 +52,9 @@ typedef struct fwd_layout {
     void *xq;        /* tdm_cuda_xq_bytes(n, wide) */
     float2 *cs;      /* [n][n_rot / 2] RoPE cos / sin */
     float *part;     /* attention partials */
+    float *moe_logits; /* [n][n_expert] a mixture of experts' router logits */
+    int32_t *moe_ids;  /* [n][n_expert_used] each row's experts */
+    float *moe_w;      /* [n][n_expert_used] and their weights */
     size_t bytes;
 } fwd_layout;
 
@@ -73,6 +79,9 @@ static fwd_layout plan_buffers(uint8_t *base, const tdm_blocks_args *a, int32_t 
     CARVE(xq, void *, tdm_cuda_xq_bytes(n, (int32_t)wide));
     CARVE(cs, float2 *, (size_t)n * (a->rope->n_rot / 2) * sizeof(float2));
     CARVE(part, float *, tdm_flash_part_floats(n_splits, n, a->n_head, a->head_dim) * 4);
+    CARVE(moe_logits, float *, (size_t)n * a->n_expert * 4);
+    CARVE(moe_ids, int32_t *, (size_t)n * a->n_expert_used * 4);
+    CARVE(moe_w, float *, (size_t)n * a->n_expert_used * 4);
 #undef CARVE
     L.bytes = off;
     return L;
@@ -248,6 +257,17 @@ static tandem_status run_layers(const fwd_ctx *f, tdm_err *err) {
         tdm_cuda_prof_mark(c, TDM_PROF_WO);
         if ((st = mm(c, &W->wo, f->rows_path, &b, n, a->x, E, TDM_EPI_ACCUM, err))) return st;
         tdm_cuda_prof_mark(c, TDM_PROF_NORM2);
+        if (W->exp_w13) { /* a mixture of experts: the router's product, then cuda_moe.cu */
+            if ((st = tdm_cuda_rmsnorm_to(c, a->x, W->ffn_norm, n, E, a->norm_eps, TDM_F32, f->L.xb, NULL, err)) ||
+                (st = prepare_input(f, &W->router, f->L.xb, E, &b, err)) ||
+                (st = mm(c, &W->router, f->rows_path, &b, n, f->L.moe_logits, a->n_expert, TDM_EPI_STORE, err)))
+                return st;
+            tdm_cuda_prof_mark(c, TDM_PROF_W13);
+            if ((st = tdm_cuda_moe_ffn(c, W->exp_w13, W->exp_w2, f->L.xb, f->L.moe_logits, n, E, F, a->n_expert,
+                                       a->n_expert_used, f->L.moe_ids, f->L.moe_w, a->x, err)))
+                return st;
+            continue;
+        }
         if ((st = norm_for(f, W->ffn_norm, &W->w13, &b, err))) return st;
         tdm_cuda_prof_mark(c, TDM_PROF_W13);
         if (f->rows_path) {
@@ -291,6 +311,10 @@ tandem_status tdm_cuda_blocks(tdm_backend *be, const tdm_blocks_args *a, tdm_err
         (a->layers[0].q_norm && (a->layers[0].bqkv || !a->layers[0].k_norm)) || a->layers[0].attn_post_norm ||
         a->layers[0].ffn_post_norm)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "blocks: the gemma3 blocks run op by op");
+    if (a->n_expert < 0 || (a->n_expert > 0) != (a->layers[0].exp_w13 != NULL) ||
+        (a->n_expert > 0 && (a->n_expert_used <= 0 || a->n_expert_used > a->n_expert)))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "blocks: %d of %d experts for layers %s experts",
+                          (int)a->n_expert_used, (int)a->n_expert, a->layers[0].exp_w13 ? "with" : "without");
     fwd_ctx f;
     memset(&f, 0, sizeof f);
     f.c = c;

@@ -62,7 +62,7 @@ typedef struct tdm_cuda {
     int fp8_outer;       /* whether cuBLASLt scales FP8 products by row vectors here: 0 not
                             asked yet, 1 yes, -1 no (a separate scaling pass then) */
     /* grown-on-demand device buffers of the matmul paths (tdm_cuda_buf) */
-    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf, tree_buf;
+    tdm_cuda_buf xq_buf, x16_buf, wdeq_buf, fwd_buf, ids_buf, att_buf, topk_buf, tree_buf, moe_buf;
     tdm_cuda_buf f8x_buf, f8d_buf; /* FP8 products: x as E4M3 rows + scales; unscaled sums */
     tdm_cuda_graphs *graphs; /* captured forward passes (cuda_graph.cu) */
     void *dl_h;          /* pinned staging of small downloads [TDM_CUDA_DL_PINNED] (NULL until
@@ -74,6 +74,8 @@ typedef struct tdm_cuda {
                             rows, Q4_K / Q5_K / Q6_K rows on the f32 reference kernel */
     tdm_cuda_attn_path attn_path; /* tests (tdm_backend_cuda_force_attention): the
                                      attention kernels taken; TDM_CUDA_ATTN_AUTO */
+    struct tdm_cuda_moe_tabs *moe_tabs; /* the experts' weight tables on the device
+                                           (cuda_moe.cu), kept for graphs */
     bool capturing;      /* a stream capture is in progress: no synchronisation, no
                             allocation (ops that would need one fail instead) */
     size_t bytes_peak;   /* the most device memory in use seen after an allocation (the
@@ -277,6 +279,19 @@ tandem_status tdm_cuda_topk_dev(tdm_cuda *c, const float *x, int32_t n, int32_t 
 /* The tree_grow op (cuda_tree_grow.cu). */
 tandem_status tdm_cuda_tree_grow(tdm_backend *b, tdm_dtree *t, const float *x, int32_t n, int32_t dim, int32_t k,
                                  int32_t depth, int32_t width, int32_t want_exp, tdm_err *err);
+/* Mixture-of-experts layers (cuda_moe.cu): the moe_route and moe_experts ops. */
+tandem_status tdm_cuda_moe_route(tdm_backend *b, const float *logits, int32_t n, int32_t n_expert, int32_t k,
+                                 int32_t *ids, float *w, tdm_err *err);
+tandem_status tdm_cuda_moe_experts(tdm_backend *b, const tdm_moe_args *a, tdm_err *err);
+/* The fused forward's mixture-of-experts FFN (cuda_blocks.cu): each row of the
+ * router's logits[n][n_expert] routed into ids / w ([n][k] device buffers), then
+ * x[n][n_embd] += the experts' weighted outputs for the normed rows xb, as the two
+ * ops compute them; launches only (no host wait, no allocation once the buffers
+ * have grown: capturable). */
+tandem_status tdm_cuda_moe_ffn(tdm_cuda *c, const tdm_weight *w13, const tdm_weight *w2, const float *xb,
+                               const float *logits, int32_t n, int32_t n_embd, int32_t n_ff, int32_t n_expert,
+                               int32_t k, int32_t *ids, float *w, float *x, tdm_err *err);
+void tdm_cuda_moe_free(tdm_cuda *c);
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err);
 tandem_status tdm_cuda_attention(tdm_backend *b, const tdm_attn_args *a, tdm_err *err);
 /* Whether the tiled kernels (cuda_flash.cu) take the batches of the shapes they run:

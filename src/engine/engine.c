@@ -68,7 +68,11 @@ int64_t tdm_kv_budget_blocks(size_t budget, uint64_t weights, uint64_t work, siz
 uint64_t tdm_engine_fwd_scratch_bytes(const tdm_hparams *hp, int32_t rows) {
     const uint64_t qd = (uint64_t)hp->n_head * (uint64_t)hp->head_dim, kvd = (uint64_t)hp->n_head_kv * (uint64_t)hp->head_dim;
     const uint64_t width = TDM_MAX((uint64_t)hp->n_embd, qd);
-    const uint64_t moe = hp->n_expert ? (uint64_t)hp->n_expert + 3 * (uint64_t)hp->n_embd : 0; /* (forward_moe.c) */
+    /* (forward_moe.c; and the routing and the grouped products' slots of each row's
+     * experts where a GPU runs them, cuda_moe.cu) */
+    const uint64_t ku = (uint64_t)hp->n_expert_used;
+    const uint64_t moe = hp->n_expert ? (uint64_t)hp->n_expert + 3 * (uint64_t)hp->n_embd +
+                                            ku * (2 + (uint64_t)hp->n_ff + (uint64_t)hp->n_embd) : 0;
     const uint64_t per_row = 2 * width + qd + 2 * kvd + qd + 3 * (uint64_t)hp->n_ff + moe;
     return per_row * (uint64_t)rows * sizeof(float);
 }

@@ -49,6 +49,10 @@ void tdm_fwd_scratch_free(tdm_fwd_scratch *s) {
     free(s->moe_rw);
     s->moe_ids = s->moe_rows = NULL;
     s->moe_w = s->moe_rw = NULL;
+    if (s->moe_ids_dev) s->be->ops->free(s->be, s->moe_ids_dev);
+    if (s->moe_w_dev) s->be->ops->free(s->be, s->moe_w_dev);
+    s->moe_ids_dev = NULL;
+    s->moe_w_dev = NULL;
     free(s->ids);
     s->ids = NULL;
     free(s->host_logits);
@@ -112,6 +116,18 @@ tandem_status tdm_fwd_scratch_reserve(tdm_fwd_scratch *s, tdm_backend *be, const
         s->moe_rw = tdm_mallocarray((size_t)cap, sizeof *s->moe_rw);
         if (!s->moe_ids || !s->moe_w || !s->moe_rows || !s->moe_rw)
             return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        if (!be->host_memory) { /* the moe_route op's output, on the device */
+            if (s->moe_ids_dev) be->ops->free(be, s->moe_ids_dev);
+            if (s->moe_w_dev) be->ops->free(be, s->moe_w_dev);
+            s->moe_ids_dev = NULL;
+            s->moe_w_dev = NULL;
+            void *pi, *pw;
+            tandem_status st = be->ops->alloc(be, (size_t)cap * k * sizeof(int32_t), &pi, err);
+            if (st) return st;
+            s->moe_ids_dev = pi;
+            if ((st = be->ops->alloc(be, (size_t)cap * k * sizeof(float), &pw, err))) return st;
+            s->moe_w_dev = pw;
+        }
     }
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++) {
         if (sizes[i] == 0) continue;
@@ -281,15 +297,15 @@ static tandem_status try_blocks(const tdm_model *m, tdm_backend *be, tdm_kv_stor
     const tdm_hparams *hp = &m->hp;
     const bool part = l0 > 0 || l1 < hp->n_layer;
     *ran = false;
-    if (!be->ops->blocks || s->blocks_declined || hp->n_expert > 0 || (part && hp->swa_window > 0))
-        return TANDEM_OK; /* (experts: by ops) */
+    if (!be->ops->blocks || s->blocks_declined || (part && hp->swa_window > 0)) return TANDEM_OK;
     tdm_blocks_args a = {
         .batch = batch, .seqs = seqs, .layers = m->layers + l0, .k_cache = kv->k + l0, .v_cache = kv->v + l0,
         .cache_type = kv->type, .block_size = kv->block_size, .n_layer = l1 - l0,
         .n_embd = hp->n_embd, .n_ff = hp->n_ff, .n_head = hp->n_head, .n_kv_head = hp->n_head_kv,
         .head_dim = hp->head_dim, .norm_eps = hp->norm_eps, .rope = &hp->rope, .attn_scale = hp->attn_scale,
         .rope_swa = hp->swa_window > 0 ? &hp->rope_swa : NULL, .swa_window = hp->swa_window,
-        .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act, .x = s->x,
+        .swa_pattern = hp->swa_pattern, .attn_softcap = hp->attn_softcap, .ffn_act = hp->ffn_act,
+        .n_expert = hp->n_expert, .n_expert_used = hp->n_expert_used, .x = s->x,
     };
     if (feat) {
         a.feat = s->feat;

@@ -1,6 +1,5 @@
-/* forward_moe.c - the FFN half of a mixture-of-experts layer (qwen3moe, Mixtral)
- * on backends whose memory is the host's (the CPU backend; model.c's
- * tdm_model_check_backend refuses such models elsewhere):
+/* forward_moe.c - the FFN half of a mixture-of-experts layer (qwen3moe, Mixtral).
+ * On backends whose memory is the host's (the CPU backend):
  *   xb = rmsnorm(x);  logits = xb Router^T;  each row's k experts and weights
  *   (moe.h, on the host);  then expert by expert, in ascending order, over the rows
  *   routed to it: gu = xb_rows W13_e^T, out = swiglu(gu) W2_e^T (the backend's
@@ -12,6 +11,10 @@
  * rows route to, and the products compute each row as alone on backends with
  * invariant_rows 0 (the CPU) or within s->mm_rows slices otherwise, so a row's result
  * does not depend on the other rows of its forward, as the dense FFN promises.
+ * On backends without host memory (CUDA; model.c's tdm_model_check_backend refuses
+ * such models where the backend lacks the ops) the rows are routed where the logits
+ * are (the moe_route op) and the moe_experts op reads the routing there: nothing in
+ * the layer waits for the host.
  */
 #include <string.h>
 
@@ -57,19 +60,25 @@ tandem_status tdm_fwd_layer_moe(const tdm_model *m, tdm_backend *be, tdm_fwd_scr
     const tdm_layer *L = &m->layers[l];
     const int32_t E = hp->n_embd, NE = hp->n_expert, K = hp->n_expert_used;
     tandem_status st;
-    if (!be->host_memory)
+    const bool dev = !be->host_memory;
+    if (dev && (!op->moe_route || !op->moe_experts || !s->moe_ids_dev))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "mixture-of-experts layers are not yet on the %s backend",
                           op->name);
     if ((st = op->rmsnorm(be, s->x, L->ffn_norm, n, E, hp->norm_eps, s->xb, err))) return st;
     if ((st = tdm_fwd_matmul(be, s, &L->router, s->xb, n, s->moe_logits, false, err))) return st;
-    for (int32_t i = 0; i < n; i++)
-        tdm_moe_route(s->moe_logits + (size_t)i * NE, NE, K, s->moe_ids + (size_t)i * K, s->moe_w + (size_t)i * K);
+    if (dev) {
+        if ((st = op->moe_route(be, s->moe_logits, n, NE, K, s->moe_ids_dev, s->moe_w_dev, err))) return st;
+    } else {
+        for (int32_t i = 0; i < n; i++)
+            tdm_moe_route(s->moe_logits + (size_t)i * NE, NE, K, s->moe_ids + (size_t)i * K, s->moe_w + (size_t)i * K);
+    }
     float *acc = y ? y : s->moe_acc;
     tdm_moe_args ma = {.x = s->xb, .n = n, .n_embd = E, .n_ff = hp->n_ff, .n_expert = NE, .k = K,
-                       .ids = s->moe_ids, .w = s->moe_w, .w13 = L->exp_w13, .w2 = L->exp_w2, .out = acc};
+                       .ids = dev ? s->moe_ids_dev : s->moe_ids, .w = dev ? s->moe_w_dev : s->moe_w,
+                       .w13 = L->exp_w13, .w2 = L->exp_w2, .out = acc};
     tdm_err probe = {0};
     st = op->moe_experts ? op->moe_experts(be, &ma, &probe) : TANDEM_ERR_UNSUPPORTED;
-    if (st == TANDEM_ERR_UNSUPPORTED) {
+    if (st == TANDEM_ERR_UNSUPPORTED && !dev) {
         st = tdm_fwd_moe_by_ops(be, s, &ma, err); /* (declined, or no such op) */
     } else if (st && err) {
         *err = probe;

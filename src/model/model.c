@@ -682,7 +682,7 @@ tandem_status tdm_model_check_backend(const tdm_model *m, const tdm_backend *be,
     const tdm_hparams *hp = &m->hp;
     const tdm_backend_ops *op = be->ops;
     const char *what = NULL, *missing = NULL;
-    if (hp->n_expert > 0 && !be->host_memory) what = "mixture of experts";
+    if (hp->n_expert > 0 && !be->host_memory && (!op->moe_route || !op->moe_experts)) what = "mixture of experts";
     else if (hp->swa_window > 0 && !be->attn_window_softcap) what = "sliding-window attention";
     else if (hp->attn_softcap > 0 && !be->attn_window_softcap) what = "attention logit soft-capping";
     else if (hp->qk_norm && !op->head_rmsnorm) missing = "head_rmsnorm";

@@ -216,6 +216,9 @@ typedef struct tdm_fwd_scratch {
     float *moe_w;      /* [rows][n_expert_used] and their weights (host) */
     int32_t *moe_rows; /* [rows] the rows of one expert (host) */
     float *moe_rw;     /* [rows] and their weights for it (host) */
+    int32_t *moe_ids_dev; /* [rows][n_expert_used] each row's experts and their weights, */
+    float *moe_w_dev;     /* the moe_route op's output (backend memory; NULL on backends
+                             with host memory, where the host routes) */
     int32_t *ids;   /* [rows] tokens / logit rows (host) */
     int32_t cap_ids;
     float *host_logits; /* [cap_host] host copy of logits rows (backends without host memory) */
