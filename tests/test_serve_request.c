@@ -221,9 +221,10 @@ static const bad_case bad_cases[] = {
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}, {\"type\": \"function\", \"function\": {\"name\": \"f\"}}]}", 400, "tools", "'tools'[1].function.name 'f' is given twice"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": []}}]}", 400, "tools", "'tools'[0].function.parameters must be an object"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"description\": 1}}]}", 400, "tools", "description must be a string"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}", 400, "tools", "strict: true needs grammar-constrained decoding"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"required\"}", 400, "tool_choice", "\"required\" needs grammar-constrained decoding"},
-    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}}", 400, "tool_choice", "naming a function needs grammar-constrained decoding"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}]}", 400, "tools", "strict: true needs tool_choice \"required\" or a named function"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}}", 400, "tool_choice", "names 'g', which is not among 'tools'"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": {\"type\": \"function\"}}", 400, "tool_choice", "must be {\"type\": \"function\", \"function\": {\"name\": ...}}"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"strict\": true}}], \"tool_choice\": \"none\"}", 400, "tools", "with \"none\" the arguments would not be enforced"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}", 400, "tool_choice", "\"required\" needs 'tools'"},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"tool_choice\": \"always\"}", 400, "tool_choice", "'tool_choice' must be \"none\", \"auto\""},
     {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], \"parallel_tool_calls\": 1}", 400, "parallel_tool_calls", "must be a boolean, not a number"},
@@ -729,6 +730,18 @@ Test(serve_request, agent_history_and_tools) {
     cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [], \"tool_choice\": "
                               "\"auto\"}", &l, &r, &e), "%s", e.message);
     cr_expect(r.n_tools == 0 && r.tool_choice == OAI_TOOLS_NONE);
+    oai_request_free(&r);
+    /* required and a named function (of the tools; the grammar is built at submission,
+     * from the parameters' schemas kept as text); strict tools with them */
+    cr_assert(parse(OAI_CHAT, AGENT_HISTORY ", \"tool_choice\": \"required\"}", &l, &r, &e), "%s", e.message);
+    cr_expect_eq(r.tool_choice, OAI_TOOLS_REQUIRED);
+    cr_expect(r.tool_params[0] && strstr(r.tool_params[0], "\"city\""), "%s", r.tool_params[0]);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": "
+                              "\"function\", \"function\": {\"name\": \"f\"}}, {\"type\": \"function\", \"function\": "
+                              "{\"name\": \"g\", \"strict\": true}}], \"tool_choice\": {\"type\": \"function\", "
+                              "\"function\": {\"name\": \"g\"}}}", &l, &r, &e), "%s", e.message);
+    cr_expect(r.tool_choice == OAI_TOOLS_NAMED && r.tool_named == 1 && !r.tool_params[0] && !r.tool_params[1]);
     oai_request_free(&r);
 }
 

@@ -10,6 +10,7 @@
 
 #include "chat.h"
 #include "json.h"
+#include "grammar.h"
 #include "testutil.h"
 #include "tool_calls.h"
 
@@ -235,4 +236,61 @@ Test(tool_calls, think_detect_from_real_templates) {
         free(src);
     }
     tdm_json_free(probe);
+}
+
+/* ---- the calls' grammar (tool_choice required / named) ---- */
+
+static bool gmatches(const char *gbnf, const char *text) {
+    tdm_grammar *g = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_grammar_parse(gbnf, strlen(gbnf), &g, &err), TANDEM_OK, "%s\n%s", err.msg, gbnf);
+    bool ok = false;
+    cr_assert_eq(tdm_grammar_matches(g, text, strlen(text), &ok, &err), TANDEM_OK, "%s", err.msg);
+    tdm_grammar_free(g);
+    return ok;
+}
+
+Test(tool_grammar, hermes_and_llama3_calls) {
+    const char *names[] = {"set_unit", "switch_light"};
+    const char *params[] = {"{\"type\": \"object\", \"properties\": {\"unit\": {\"enum\": [\"c\", \"f\"]}}, "
+                            "\"required\": [\"unit\"], \"additionalProperties\": false}",
+                            NULL};
+    char *g = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_tool_grammar(TDM_TOOL_FORMAT_HERMES, names, params, 2, -1, true, &g, &err), TANDEM_OK, "%s",
+                 err.msg);
+    cr_assert(gmatches(g, "<tool_call>\n{\"name\": \"set_unit\", \"arguments\": {\"unit\": \"c\"}}\n</tool_call>"));
+    cr_assert(gmatches(g, "<tool_call>\n{\"name\": \"set_unit\", \"arguments\": {\"unit\": \"f\"}}\n</tool_call>\n"
+                          "<tool_call>\n{\"name\": \"switch_light\", \"arguments\": {\"on\": true}}\n</tool_call>"));
+    cr_assert_not(gmatches(g, "<tool_call>\n{\"name\": \"set_unit\", \"arguments\": {\"unit\": \"k\"}}\n</tool_call>"));
+    cr_assert_not(gmatches(g, "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"));
+    cr_assert_not(gmatches(g, "Sure! <tool_call>\n{\"name\": \"set_unit\", \"arguments\": {\"unit\": \"c\"}}\n</tool_call>"));
+    cr_assert_not(gmatches(g, "")); /* (at least one call) */
+    free(g);
+    /* one call of the named tool only */
+    cr_assert_eq(tdm_tool_grammar(TDM_TOOL_FORMAT_HERMES, names, params, 2, 1, false, &g, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert(gmatches(g, "<tool_call>\n{\"name\": \"switch_light\", \"arguments\": {}}\n</tool_call>"));
+    cr_assert_not(gmatches(g, "<tool_call>\n{\"name\": \"set_unit\", \"arguments\": {\"unit\": \"c\"}}\n</tool_call>"));
+    cr_assert_not(gmatches(g, "<tool_call>\n{\"name\": \"switch_light\", \"arguments\": {}}\n</tool_call>\n"
+                              "<tool_call>\n{\"name\": \"switch_light\", \"arguments\": {}}\n</tool_call>"));
+    free(g);
+    cr_assert_eq(tdm_tool_grammar(TDM_TOOL_FORMAT_LLAMA3, names, params, 2, -1, true, &g, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert(gmatches(g, "{\"name\": \"set_unit\", \"parameters\": {\"unit\": \"c\"}}; "
+                          "{\"name\": \"switch_light\", \"parameters\": {\"on\": false}}"));
+    cr_assert_not(gmatches(g, "{\"name\": \"set_unit\", \"arguments\": {\"unit\": \"c\"}}"));
+    free(g);
+}
+
+Test(tool_grammar, refusals) {
+    const char *names[] = {"f"}, *bad_names[] = {"a b"};
+    const char *params[] = {"{\"type\": \"string\", \"pattern\": \"a+\"}"};
+    char *g = (char *)1;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_tool_grammar(TDM_TOOL_FORMAT_MISTRAL, names, NULL, 1, -1, true, &g, &err), TANDEM_ERR_UNSUPPORTED);
+    cr_assert_null(g);
+    cr_assert(strstr(err.msg, "mistral"), "%s", err.msg);
+    cr_assert_neq(tdm_tool_grammar(TDM_TOOL_FORMAT_HERMES, names, params, 1, -1, true, &g, &err), TANDEM_OK);
+    cr_assert(strstr(err.msg, "pattern"), "%s", err.msg);
+    cr_assert_eq(tdm_tool_grammar(TDM_TOOL_FORMAT_HERMES, bad_names, NULL, 1, -1, true, &g, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(tdm_tool_grammar(TDM_TOOL_FORMAT_HERMES, names, NULL, 1, 3, true, &g, &err), TANDEM_ERR_INVALID_ARG);
 }

@@ -106,4 +106,16 @@ void tdm_tool_parse_free(tdm_tool_parse *p);
  * that tdm_tool_calls_parse gives for any continuation of the text.  NONE: len. */
 size_t tdm_tool_calls_stream_safe(tdm_tool_format f, const char *text, size_t len);
 
+/* tool_grammar.c: GBNF text (*out malloc'ed) that admits only tool calls in format f
+ * (tool_choice "required" or a named function): calls of the tools names[n] whose
+ * arguments follow params[i] (a JSON schema's text, as json_schema.h compiles it;
+ * NULL: any object), of tool `only` alone when only >= 0; one call, or with parallel
+ * several (hermes: blocks on lines of their own; llama3: separated by "; ").
+ * TANDEM_ERR_UNSUPPORTED for the mistral format (its [TOOL_CALLS] marker is a control
+ * token, which no grammar writes) and for a schema json_schema.h refuses (the message
+ * names the keyword and its path); TANDEM_ERR_INVALID_ARG for a name outside
+ * [A-Za-z0-9_-]{1,64}. */
+tandem_status tdm_tool_grammar(tdm_tool_format f, const char *const *names, const char *const *params, size_t n,
+                               int only, bool parallel, char **out, tdm_err *err);
+
 #endif

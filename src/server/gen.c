@@ -689,6 +689,31 @@ uint64_t srv_job_tokens(srv_job *j) {
     return n;
 }
 
+/* tool_choice "required" or a named function: the grammar of the calls in the
+ * template's format (tool_grammar.c) becomes the request's grammar. */
+static bool tool_grammar(const srv_model *m, oai_request *rq, oai_error *e) {
+    if (rq->tool_choice != OAI_TOOLS_REQUIRED && rq->tool_choice != OAI_TOOLS_NAMED) return true;
+    const char *what = rq->tool_choice == OAI_TOOLS_NAMED ? "naming a function" : "\"required\"";
+    if (rq->grammar || rq->json_schema)
+        return oai_fail(e, 400, "tool_choice", "invalid_value",
+                        "'tool_choice' %s cannot be combined with 'response_format', 'grammar' or 'json_schema': "
+                        "the calls are the output's format",
+                        what);
+    if (m->tool_format == TDM_TOOL_FORMAT_NONE)
+        return oai_fail(e, 400, "tool_choice", "unsupported_value",
+                        "'tool_choice' %s: the model's chat template writes no tool calls this server can parse", what);
+    tdm_err err = {0};
+    char *g = NULL;
+    if (tdm_tool_grammar(m->tool_format, (const char *const *)rq->tool_names, (const char *const *)rq->tool_params,
+                         rq->n_tools, rq->tool_choice == OAI_TOOLS_NAMED ? rq->tool_named : -1, rq->parallel_tool_calls,
+                         &g, &err))
+        return oai_fail(e, err.status == TANDEM_ERR_NOMEM ? 500 : 400, "tools", "unsupported_value",
+                        "'tool_choice' %s: %s", what, err.msg);
+    rq->grammar = g; /* (freed with the request, after every choice's submission copied it) */
+    rq->params.grammar = g;
+    return true;
+}
+
 void srv_job_release(srv_job *j) {
     if (j) job_unref(j);
 }
@@ -713,7 +738,8 @@ int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *bo
         return srv_send_error(s, c, &e);
     }
     srv_job *j = NULL;
-    bool ok = prompt_ids(m, &rq, &ids, &n_ids, &e) && oai_fit_context(&rq, n_ids, &m->lim, &e);
+    bool ok = prompt_ids(m, &rq, &ids, &n_ids, &e) && oai_fit_context(&rq, n_ids, &m->lim, &e) &&
+              tool_grammar(m, &rq, &e);
     if (ok) {
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         j = job_new(s, &rq, ci ? ci->connect_fd : -1, t_arrival);

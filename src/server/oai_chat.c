@@ -182,8 +182,23 @@ static bool good_name(const tdm_json *v) {
     return true;
 }
 
-/* tools: [{type: "function", function: {name, description?, parameters?, strict?}}]. */
-static bool get_tools(const tdm_json *j, oai_request *r, oai_error *e) {
+/* A JSON value's compact text (heap), NULL out of memory. */
+static char *json_text(const tdm_json *v) {
+    char *s = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&s, &n);
+    if (!f) return NULL;
+    tdm_json_write(f, v);
+    if (fclose(f) != 0) {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* tools: [{type: "function", function: {name, description?, parameters?, strict?}}];
+ * *any_strict: a tool asks for strict arguments. */
+static bool get_tools(const tdm_json *j, oai_request *r, bool *any_strict, oai_error *e) {
     const tdm_json *t = member(j, "tools");
     if (!t) return true;
     if (t->type != TDM_JSON_ARRAY)
@@ -213,28 +228,28 @@ static bool get_tools(const tdm_json *j, oai_request *r, oai_error *e) {
                             "'tools'[%zu].function.parameters must be an object (a JSON schema)", k);
         if (strict && strict->type != TDM_JSON_BOOL)
             return oai_fail(e, 400, "tools", "invalid_type", "'tools'[%zu].function.strict must be a boolean", k);
-        if (strict && strict->b)
-            return oai_fail(e, 400, "tools", "unsupported_value",
-                            "'tools'[%zu].function.strict: true needs grammar-constrained decoding, which this server "
-                            "does not apply yet", k);
+        if (strict && strict->b) *any_strict = true;
     }
-    if (t->n && !(r->tool_names = calloc(t->n, sizeof *r->tool_names))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    if (!t->n) return true;
+    r->tool_names = calloc(t->n, sizeof *r->tool_names);
+    r->tool_params = calloc(t->n, sizeof *r->tool_params);
+    r->n_tools = t->n; /* (oai_request_free frees what was made) */
+    if (!r->tool_names || !r->tool_params) return oai_fail(e, 500, NULL, NULL, "out of memory");
     for (size_t k = 0; k < t->n; k++) {
-        const tdm_json *name = tdm_json_get(tdm_json_get(&t->items[k], "function"), "name");
-        if (!(r->tool_names[k] = tdm_strndup(name->str, name->str_len))) {
-            for (size_t i = 0; i < k; i++) free(r->tool_names[i]);
-            free(r->tool_names);
-            r->tool_names = NULL;
+        const tdm_json *fn = tdm_json_get(&t->items[k], "function"), *name = tdm_json_get(fn, "name"),
+                       *params = tdm_json_get(fn, "parameters");
+        if (!(r->tool_names[k] = tdm_strndup(name->str, name->str_len)) || (params && !(r->tool_params[k] = json_text(params))))
             return oai_fail(e, 500, NULL, NULL, "out of memory");
-        }
     }
-    r->n_tools = t->n;
     return true;
 }
 
-/* tool_choice: "none", "auto", or (refused until grammars are applied) "required" / a
- * named function; parallel_tool_calls: a boolean. */
-static bool get_tool_choice(const tdm_json *j, oai_request *r, oai_error *e) {
+/* tool_choice: "none", "auto", "required" or a named function ({"type": "function",
+ * "function": {"name": one of the tools}}); parallel_tool_calls: a boolean.  Strict
+ * tools are enforced with "required" or a named function (the calls' grammar holds
+ * their schemas); with "auto" the model may answer in text, which no grammar bounds
+ * here: refused rather than not enforced. */
+static bool get_tool_choice(const tdm_json *j, oai_request *r, bool any_strict, oai_error *e) {
     r->tool_choice = r->n_tools ? OAI_TOOLS_AUTO : OAI_TOOLS_NONE;
     r->parallel_tool_calls = true;
     const tdm_json *v = member(j, "parallel_tool_calls");
@@ -245,20 +260,40 @@ static bool get_tool_choice(const tdm_json *j, oai_request *r, oai_error *e) {
         r->parallel_tool_calls = v->b;
     }
     const tdm_json *c = member(j, "tool_choice");
-    if (!c) return true;
-    if (c->type == TDM_JSON_STRING && !strcmp(c->str, "none")) {
+    const bool is_none = c && c->type == TDM_JSON_STRING && !strcmp(c->str, "none");
+    const bool is_auto = !c || (c->type == TDM_JSON_STRING && !strcmp(c->str, "auto"));
+    const bool named = c && c->type == TDM_JSON_OBJECT;
+    if (any_strict && (is_auto || is_none))
+        return oai_fail(e, 400, "tools", "unsupported_value",
+                        "a tool with strict: true needs tool_choice \"required\" or a named function (where a grammar "
+                        "holds the calls to their schemas); with \"%s\" the arguments would not be enforced",
+                        is_none ? "none" : "auto");
+    if (is_none) {
         r->tool_choice = OAI_TOOLS_NONE;
         return true;
     }
-    if (c->type == TDM_JSON_STRING && !strcmp(c->str, "auto")) return true;
-    const bool named = c->type == TDM_JSON_OBJECT;
+    if (is_auto) return true;
     if ((c->type == TDM_JSON_STRING && !strcmp(c->str, "required")) || named) {
         if (!r->n_tools)
             return oai_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' %s needs 'tools'",
                             named ? "naming a function" : "\"required\"");
-        return oai_fail(e, 400, "tool_choice", "unsupported_value",
-                        "'tool_choice' %s needs grammar-constrained decoding, which this server does not apply yet "
-                        "(\"auto\" and \"none\" are supported)", named ? "naming a function" : "\"required\"");
+        if (!named) {
+            r->tool_choice = OAI_TOOLS_REQUIRED;
+            return true;
+        }
+        const tdm_json *type = member(c, "type"), *fn = member(c, "function"), *name = fn ? member(fn, "name") : NULL;
+        if (!type || type->type != TDM_JSON_STRING || strcmp(type->str, "function") != 0 || !name ||
+            name->type != TDM_JSON_STRING)
+            return oai_fail(e, 400, "tool_choice", "invalid_value",
+                            "'tool_choice' naming a function must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
+        for (size_t k = 0; k < r->n_tools; k++)
+            if (!strcmp(r->tool_names[k], name->str)) {
+                r->tool_choice = OAI_TOOLS_NAMED;
+                r->tool_named = (int)k;
+                return true;
+            }
+        return oai_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' names '%s', which is not among 'tools'",
+                        name->str);
     }
     return oai_fail(e, 400, "tool_choice", "invalid_value",
                     "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": "
@@ -272,7 +307,8 @@ bool oai_chat_tools(const tdm_json *j, oai_request *r, FILE *f, oai_error *e) {
                         "'%s' (deprecated by OpenAI) is not supported by this server: use 'tools' and 'tool_choice'",
                         which);
     }
-    if (!get_tools(j, r, e) || !get_tool_choice(j, r, e)) return false;
+    bool any_strict = false;
+    if (!get_tools(j, r, &any_strict, e) || !get_tool_choice(j, r, any_strict, e)) return false;
     if (r->tool_choice != OAI_TOOLS_NONE) {
         fputs(", \"tools\": ", f);
         tdm_json_write(f, member(j, "tools"));

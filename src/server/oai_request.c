@@ -450,8 +450,12 @@ void oai_request_free(oai_request *r) {
     }
     free(r->messages);
     free(r->chat_json);
-    for (size_t i = 0; i < r->n_tools; i++) free(r->tool_names[i]);
+    for (size_t i = 0; i < r->n_tools; i++) {
+        free(r->tool_names[i]);
+        if (r->tool_params) free(r->tool_params[i]);
+    }
     free(r->tool_names);
+    free(r->tool_params);
     tdm_arg_stop_free(r->stop, r->n_stop);
     free(r->grammar);
     free(r->json_schema);

@@ -14,11 +14,12 @@
  *   reasoning_content (strings) and tool_calls ([{id, type: "function", function:
  *   {name, arguments: a JSON object's text}}])}), tools (chat: [{type: "function",
  *   function: {name (1-64 of [a-zA-Z0-9_-]), description, parameters (an object),
- *   strict (false only)}}]), tool_choice ("auto", the default with tools, or "none":
- *   the tools are then not shown to the model and its output is not parsed for
- *   calls; "required" and a named function are refused until grammar-constrained
- *   decoding is wired), parallel_tool_calls (bool, default true; false: only the
- *   first call is kept), max_tokens / max_completion_tokens (integer >= 1),
+ *   strict (bool: with "required" or a named function only)}}]), tool_choice ("auto",
+ *   the default with tools; "none": the tools are then not shown to the model and its
+ *   output is not parsed for calls; "required" or {"type": "function", "function":
+ *   {"name": one of the tools}}: the output held to calls by a grammar of the
+ *   template's call format, built at submission, gen.c), parallel_tool_calls (bool,
+ *   default true; false: one call, only the first call is kept), max_tokens / max_completion_tokens (integer >= 1),
  *   temperature [0, 1e6], top_p (0, 1], top_k (integer, -1 or 0 = off), min_p [0, 1],
  *   seed (integer in [-2^63, 2^64 - 1]: a uint64, a negative one modulo 2^64), stop
  *   (string or array of strings, null = none), n (choices, 1..OAI_N_MAX: each its own
@@ -83,7 +84,10 @@ typedef struct oai_limits {
                                     timeout_s may only shorten it */
 } oai_limits;
 
-typedef enum oai_tool_choice { OAI_TOOLS_NONE = 0, OAI_TOOLS_AUTO = 1 } oai_tool_choice;
+/* tool_choice: none, auto (the model chooses: text or calls), required (calls only,
+ * by a grammar of the template's call format: tool_grammar.c), or a named function
+ * (calls of it only). */
+typedef enum oai_tool_choice { OAI_TOOLS_NONE = 0, OAI_TOOLS_AUTO = 1, OAI_TOOLS_REQUIRED = 2, OAI_TOOLS_NAMED = 3 } oai_tool_choice;
 
 typedef struct oai_request {
     oai_kind kind;
@@ -101,7 +105,10 @@ typedef struct oai_request {
                                     the tools unless tool_choice is none */
     size_t n_tools;              /* chat: tools given */
     char **tool_names;           /* [n_tools] their function names (heap strings) */
+    char **tool_params;          /* [n_tools] their parameters' JSON schemas (heap strings;
+                                    NULL: none given, any object) */
     oai_tool_choice tool_choice; /* NONE: no tools offered, output not parsed for calls */
+    int tool_named;              /* NAMED: the index of the tool named */
     bool parallel_tool_calls;    /* false: a response keeps its first call only */
     bool stream, include_usage;
     int n;                       /* choices [1, OAI_N_MAX]: n engine requests, choice i with
