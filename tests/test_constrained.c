@@ -506,6 +506,8 @@ Test(constrained, preemption_keeps_the_grammar) {
         r[i].prompt = prompts[i];
         r[i].params.max_tokens = 150;
         r[i].params.ignore_eos = true;
+        r[i].params.spec_k = 4; /* (a fixed length and no lookups: the blocks the steps */
+        r[i].params.spec_ngram = 0; /* take, and so the preemptions, do not depend on measured costs) */
         if (i % 2) r[i].params.json_schema = schema;
         else r[i].params.grammar = "root ::= (\"x\" [0-9]{1,3} \" = \" [a-z_]{1,12} \"\\n\"){60,}";
         cr_assert_eq(tandem_generate(plain, prompts[i], &r[i].params, &want[i]), TANDEM_OK, "%s", tandem_last_error());

@@ -429,6 +429,8 @@ typedef struct cli_gen_opts {
     bool json;
 } cli_gen_opts;
 
+/* Frees what cli_gen_parse allocated (the --grammar / --json-schema texts). */
+void cli_gen_opts_free(cli_gen_opts *o);
 /* Parses the options (interactive: `tandem chat`'s, no prompt options); returns -1
  * to go on, else an exit code (usage errors printed). */
 int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o);

@@ -169,10 +169,20 @@ static int command(const char *line, size_t n, history *h, bool tty) {
 #undef IS
 }
 
+static int chat_main(cli_gen_opts *o_in);
+
 int cli_chat(int argc, char **argv) {
     cli_gen_opts o;
     int rc = cli_gen_parse(argc, argv, true, &o);
-    if (rc >= 0) return rc;
+    if (rc < 0) rc = chat_main(&o);
+    cli_gen_opts_free(&o);
+    return rc;
+}
+
+/* chat with the parsed options. */
+static int chat_main(cli_gen_opts *o_in) {
+    cli_gen_opts o = *o_in; /* (the constraints' texts stay the caller's to free) */
+    int rc;
     char *owned = NULL;
     const char *tmpl = cli_chat_template_arg(o.chat_template, &owned);
     if (o.chat_template && !tmpl) return CLI_EXIT_ERROR;

@@ -411,10 +411,26 @@ int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *p
     return rc;
 }
 
+void cli_gen_opts_free(cli_gen_opts *o) {
+    free(o->grammar);
+    free(o->json_schema);
+    o->grammar = o->json_schema = NULL;
+}
+
+static int generate_main(cli_gen_opts *o_in);
+
 int cli_generate(int argc, char **argv) {
     cli_gen_opts o;
     int rc = cli_gen_parse(argc, argv, false, &o);
-    if (rc >= 0) return rc;
+    if (rc < 0) rc = generate_main(&o);
+    cli_gen_opts_free(&o);
+    return rc;
+}
+
+/* generate with the parsed options. */
+static int generate_main(cli_gen_opts *o_in) {
+    cli_gen_opts o = *o_in; /* (the constraints' texts stay the caller's to free) */
+    int rc;
 
     cli_prompts prompts = {0};
     if (o.prompts_file) {
