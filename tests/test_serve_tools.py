@@ -15,7 +15,9 @@ usage: python3 test_serve_tools.py TANDEM [full|reduced]
     line), and chat answers (which do not begin with <think>) stream as they answer whole
   - with the real Qwen2.5-Coder-1.5B-Instruct in models/real/ (skipped without it, and in
     the reduced mode): a weather question comes back as a parsed get_weather call,
-    whole and streamed, and the round trip with the tool's answer is accepted
+    whole and streamed, and the round trip with the tool's answer is accepted; twenty
+    conversations over three tools are calls (at least 18 with tool_choice auto, all 20
+    with required) whose arguments follow the tools' parameters
 The model's output parsing itself is tested in C (tests/test_tool_calls.c, the answers in
 tests/test_serve_request.c).  Prints 'N passed, N failed'; exits 1 on a failure, 77 when
 the openai package is missing (after the other checks pass).
@@ -255,5 +257,53 @@ else:
         r2 = cl.chat.completions.create(model=r["model"], messages=hist, tools=[WEATHER], max_tokens=24, temperature=0)
         c.check(r2.choices[0].finish_reason in ("stop", "length", "tool_calls"),
                 "real Qwen2.5-Coder-1.5B: the round trip with the tool's answer is answered", r2)
+    # twenty conversations over three tools: with tool_choice auto the questions that need a
+    # tool come back as calls, and every call (auto or required) parses and its arguments
+    # follow the tool's parameters
+    TOOLS = [WEATHER, {"type": "function", "function": {
+        "name": "convert_currency", "description": "Convert an amount of money between currencies",
+        "parameters": {"type": "object", "properties": {
+            "amount": {"type": "number"}, "from": {"type": "string", "enum": ["USD", "EUR", "GBP", "JPY"]},
+            "to": {"type": "string", "enum": ["USD", "EUR", "GBP", "JPY"]}},
+            "required": ["amount", "from", "to"], "additionalProperties": False}}},
+        {"type": "function", "function": {
+            "name": "search_docs", "description": "Search the documentation",
+            "parameters": {"type": "object", "properties": {
+                "query": {"type": "string"}, "max_results": {"type": "integer"}},
+                "required": ["query"], "additionalProperties": False}}}]
+    ASKS = ["What is the weather in %s?" % x for x in ("Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Rome")] + \
+        ["Convert %d %s to %s." % x for x in ((100, "USD", "EUR"), (250, "EUR", "GBP"), (5000, "JPY", "USD"),
+                                             (12, "GBP", "JPY"), (80, "USD", "GBP"), (999, "EUR", "USD"))] + \
+        ["Search the documentation for %s." % x for x in ("asyncio timeouts", "list comprehensions", "dataclasses",
+                                                          "type hints", "context managers", "f-strings", "pathlib")]
+
+    def valid(name, args):
+        if name == "get_weather":
+            return set(args) == {"city"} and isinstance(args["city"], str)
+        if name == "convert_currency":
+            cur = ("USD", "EUR", "GBP", "JPY")
+            return set(args) == {"amount", "from", "to"} and isinstance(args["amount"], (int, float)) and \
+                args["from"] in cur and args["to"] in cur
+        if name == "search_docs":
+            return "query" in args and isinstance(args["query"], str) and set(args) <= {"query", "max_results"} and \
+                isinstance(args.get("max_results", 1), int)
+        return False
+
+    for mode in ("auto", "required"):
+        n_calls, bad = 0, []
+        for ask in ASKS:
+            st, r = chat(srv.port, {"messages": [{"role": "user", "content": ask}], "tools": TOOLS, "max_tokens": 80,
+                                    "temperature": 0, "tool_choice": mode, "parallel_tool_calls": False})
+            calls = r["choices"][0]["message"].get("tool_calls") if st == 200 else None
+            if calls:
+                n_calls += 1
+                args = json.loads(calls[0]["function"]["arguments"])
+                if not valid(calls[0]["function"]["name"], args):
+                    bad.append((ask, calls[0]["function"]))
+            elif mode == "required":
+                bad.append((ask, r))
+        c.check(not bad and n_calls >= (20 if mode == "required" else 18),
+                "real Qwen2.5-Coder-1.5B, tool_choice %s: %d of 20 conversations are calls, every one valid"
+                % (mode, n_calls), bad)
     srv.stop()
 c.finish(openai_missing or real_skipped)
