@@ -605,3 +605,17 @@ void tdm_json_write(FILE *f, const tdm_json *j) {
         break;
     }
 }
+
+char *tdm_json_text(const tdm_json *j) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return NULL;
+    tdm_json_write(f, j);
+    const bool bad = ferror(f) != 0;
+    if (fclose(f) != 0 || bad) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}

@@ -58,5 +58,8 @@ void tdm_json_write_str(FILE *f, const char *s, size_t len);
 /* Writes a whole value as JSON text (numbers as their literals; member names
  * holding a NUL are cut at it).  Parsing the text gives the same tree back. */
 void tdm_json_write(FILE *f, const tdm_json *j);
+/* A heap copy of j's compact text (as tdm_json_write writes it), NUL-terminated; NULL
+ * out of memory. */
+char *tdm_json_text(const tdm_json *j);
 
 #endif

@@ -177,21 +177,6 @@ static void add_content(build *b, const char *s, size_t a, size_t z) {
     b->content = c;
 }
 
-/* A heap copy of a JSON value's compact text; NULL out of memory. */
-static char *json_text(const tdm_json *v) {
-    char *buf = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&buf, &n);
-    if (!f) return NULL;
-    tdm_json_write(f, v);
-    const bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad) {
-        free(buf);
-        return NULL;
-    }
-    return buf;
-}
-
 /* Adds the call of name (a JSON string) and args (an object, a string holding one, or
  * NULL: {}); false when they are not a call. */
 static bool add_call_parts(build *b, const tdm_json *name, const tdm_json *args) {
@@ -201,13 +186,13 @@ static bool add_call_parts(build *b, const tdm_json *name, const tdm_json *args)
     if (!args || args->type == TDM_JSON_NULL) {
         a = strdup("{}");
     } else if (args->type == TDM_JSON_OBJECT) {
-        a = json_text(args);
+        a = tdm_json_text(args);
     } else if (args->type == TDM_JSON_STRING) {
         tdm_json *inner = NULL;
         tdm_err err = {0};
         if (tdm_json_parse(args->str, args->str_len, &inner, &err) != TANDEM_OK) return false;
         const bool obj = inner->type == TDM_JSON_OBJECT;
-        if (obj) a = json_text(inner);
+        if (obj) a = tdm_json_text(inner);
         tdm_json_free(inner);
         if (!obj) return false;
     } else {

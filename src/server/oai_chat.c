@@ -182,20 +182,6 @@ static bool good_name(const tdm_json *v) {
     return true;
 }
 
-/* A JSON value's compact text (heap), NULL out of memory. */
-static char *json_text(const tdm_json *v) {
-    char *s = NULL;
-    size_t n = 0;
-    FILE *f = open_memstream(&s, &n);
-    if (!f) return NULL;
-    tdm_json_write(f, v);
-    if (fclose(f) != 0) {
-        free(s);
-        return NULL;
-    }
-    return s;
-}
-
 /* tools: [{type: "function", function: {name, description?, parameters?, strict?}}];
  * *any_strict: a tool asks for strict arguments. */
 static bool get_tools(const tdm_json *j, oai_request *r, bool *any_strict, oai_error *e) {
@@ -238,7 +224,7 @@ static bool get_tools(const tdm_json *j, oai_request *r, bool *any_strict, oai_e
     for (size_t k = 0; k < t->n; k++) {
         const tdm_json *fn = tdm_json_get(&t->items[k], "function"), *name = tdm_json_get(fn, "name"),
                        *params = tdm_json_get(fn, "parameters");
-        if (!(r->tool_names[k] = tdm_strndup(name->str, name->str_len)) || (params && !(r->tool_params[k] = json_text(params))))
+        if (!(r->tool_names[k] = tdm_strndup(name->str, name->str_len)) || (params && !(r->tool_params[k] = tdm_json_text(params))))
             return oai_fail(e, 500, NULL, NULL, "out of memory");
     }
     return true;
