@@ -316,7 +316,7 @@ static tandem_status flush(round_buf *r, tdm_err *err) {
     if (!st && !r->host) {
         for (int32_t j = 0; j < r->m; j++) {
             const tdm_chain_req *q = &r->req[scr->who[j]];
-            scr->rows[j] = (tdm_draw_row){q->s, q->u ? q->u[scr->slot[j]] : 0, NULL};
+            scr->rows[j] = (tdm_draw_row){q->s, q->u ? q->u[scr->slot[j]] : 0, NULL, NULL, 0};
         }
         st = tdm_engine_draw(e, true, scr->rows, r->m, kind, scr->tok, err);
     }

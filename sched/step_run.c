@@ -25,6 +25,7 @@
 #include "constrain.h"
 #include "kv_cache.h"
 #include "liblog.h"
+#include "penalty.h"
 #include "sched_internal.h"
 #include "tree_accept.h"
 #include "tree_verify.h"
@@ -38,12 +39,47 @@ static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree
  * themselves where its rule runs: a chain's on the device with the draft's q rows
  * there, a tree's on the host. */
 static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
-    const bool samples = it->r->s.sp.temperature > 0 && (it->tree || it->decode || it->want);
-    const bool masked = it->r->s.con && (it->decode || it->want); /* (its rows masked before the draw) */
-    if (masked && !samples) return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    const tdm_seq *q = &it->r->s;
+    const bool samples = q->sp.temperature > 0 && (it->tree || it->decode || it->want);
+    /* (its rows masked or edited before the draw; a logprobs request's rows read on
+     * the host, where their summaries are taken) */
+    const bool rows_read = q->lp_top >= 0 && (it->decode || it->want);
+    const bool masked = (q->con || q->pen || rows_read) && (it->decode || it->want);
+    const tdm_fwd_kind logits = s->e->p_dev && !rows_read ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    if (masked && !samples) return logits;
     if (!samples) return TDM_FWD_ARGMAX;
     if (it->reject) return !it->tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
-    return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    return logits;
+}
+
+/* The logprobs summaries of the drawn rows [0, m) of logprobs requests (host rows,
+ * edited and masked by the draw), into their sequences' lp_rows in row order (a
+ * sequence's rows are consecutive, its chain's rows 0..k). */
+static void logprob_rows(tdm_engine *e, const tdm_draw_row *rows, int32_t m, const int32_t *tok) {
+    const size_t V = (size_t)e->n_vocab;
+    for (int32_t j = 0; j < m; j++) {
+        tdm_seq *q = (tdm_seq *)rows[j].s;
+        if (q->lp_top < 0) continue;
+        if (j == 0 || rows[j - 1].s != q) q->lp_next = q->lp_fill = 0;
+        if (q->lp_fill >= TANDEM_SPEC_K_MAX + 1) continue;
+        const float *l = e->logits_t + (size_t)j * V;
+        tdm_row_top top;
+        tdm_logits_row_top(l, e->n_vocab, q->lp_top, &top);
+        tdm_lp_row *r = &q->lp_rows[q->lp_fill++];
+        r->token = tok[j];
+        r->logit = tok[j] >= 0 ? l[tok[j]] : 0.0f;
+        r->lse = top.lse;
+        r->k = top.k;
+        memcpy(r->ids, top.ids, (size_t)top.k * sizeof r->ids[0]);
+        memcpy(r->val, top.val, (size_t)top.k * sizeof r->val[0]);
+    }
+}
+
+/* A group's forward kind from its items' (item_kind): host rows where any item
+ * reads them (every row can be drawn there), else device rows where any has them. */
+static tdm_fwd_kind group_kind(tdm_fwd_kind group, tdm_fwd_kind item) {
+    if (item == TDM_FWD_ARGMAX || group == TDM_FWD_LOGITS) return group;
+    return item;
 }
 
 /* The rows of items [0, n) as one forward of the target (and one of the draft over
@@ -72,9 +108,9 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             int32_t deepest = -1;
             for (int32_t x = 0; x < t->n; x++) deepest = TDM_MAX(deepest, t->depth[x]);
             if (draws) tdm_engine_draws(q, deepest + 2, u);
-            rows[m++] = (tdm_draw_row){q, u[0], NULL};
-            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1], NULL};
-            if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
+            rows[m++] = (tdm_draw_row){q, u[0], NULL, NULL, 0};
+            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1], NULL, NULL, 0};
+            kind = group_kind(kind, item_kind(s, &it[i]));
             continue;
         }
         if (draws) tdm_engine_draws(q, item_logits(&it[i]), u);
@@ -87,16 +123,26 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             tandem_status mst = tdm_constraint_rows(e, q, it[i].draft, it[i].decode ? it[i].k : 0, &merr);
             if (mst) tdm_sched_fail(it[i].r, mst, &merr);
         }
+        /* a penalised item's rows edited likewise: row d with the counts after the
+         * chain's first d tokens */
+        const bool edited = q->pen && (it[i].decode || it[i].want) && !it[i].r->fail_st;
+        if (edited) {
+            tdm_err perr = {0};
+            tandem_status pst = tdm_penalty_rows(q, it[i].draft, it[i].decode ? it[i].k : 0, &perr);
+            if (pst) tdm_sched_fail(it[i].r, pst, &perr);
+        }
         for (int32_t p = it[i].from, d = 0; p < it[i].to; p++) {
             const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
             const int32_t tk = p < q->n_tokens ? q->tokens[p] : it[i].draft[p - q->n_tokens];
             tdm_batch_add(b, tk, p, i, p, want);
             if (want) {
-                rows[m] = (tdm_draw_row){q, u[d], masked && !it[i].r->fail_st ? tdm_constraint_row(q, d) : NULL};
+                const bool ok = !it[i].r->fail_st;
+                rows[m] = (tdm_draw_row){q, u[d], masked && ok ? tdm_constraint_row(q, d) : NULL, NULL, 0};
+                if (edited && ok) rows[m].edit = tdm_penalty_row(q, d, &rows[m].n_edit);
                 m++, d++;
             }
         }
-        if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
+        kind = group_kind(kind, item_kind(s, &it[i]));
         any_chunk |= !it[i].decode;
     }
     *kind_out = kind;
@@ -104,6 +150,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
     const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
     if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
+    if (!st && m > 0 && !rule_reads_rows && kind == TDM_FWD_LOGITS) logprob_rows(e, rows, m, s->g_tok);
     if (!st && m > 0 && rule_reads_rows) st = tdm_engine_mask_rows(e, false, rows, m, kind, err); /* (p masked) */
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);

@@ -172,6 +172,35 @@ tandem_status tdm_cuda_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t di
     return TANDEM_OK;
 }
 
+/* ---- edit_rows ------------------------------------------------------------------- */
+
+/* Grid (1, rows): a block per row, its threads striding over the row's edits (ids
+ * distinct within a row: no two threads write one logit); the formula of
+ * tdm_logit_edit_apply (logit_edit.h). */
+__global__ void k_edit_rows(float *x, int32_t dim, const tdm_logit_edit *edits, const int32_t *off) {
+    TDM_PDL_ENTRY();
+    const int32_t r = blockIdx.y, end = off[r + 1];
+    for (int32_t j = off[r] + threadIdx.x; j < end; j += blockDim.x) {
+        const tdm_logit_edit ed = edits[j];
+        float *p = x + (size_t)r * dim + ed.id;
+        float y = *p + ed.bias;
+        y = y > 0 ? y * ed.pos : y * ed.neg;
+        *p = y + ed.add;
+    }
+}
+
+tandem_status tdm_cuda_edit_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits,
+                                 const int32_t *off, tdm_err *err) {
+    GET_CUDA("edit_rows");
+    if (n < 0 || dim <= 0 || (n > 0 && (!x || !off || !edits)))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "edit_rows: bad shape (n %d, dim %d)", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (n > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "edit_rows: %d rows (at most 65535)", (int)n);
+    tdm_launch(k_edit_rows, dim3(1u, (unsigned)n), TDM_CUDA_THREADS, 0, c->stream, x, dim, edits, off);
+    TDM_CU_LAUNCHED("edit_rows");
+    return TANDEM_OK;
+}
+
 /* ---- add_bias, swiglu, gather_rows --------------------------------------------- */
 
 __global__ void k_add_bias(float *y, const float *bias, int32_t dim) {
