@@ -216,6 +216,52 @@ Test(cuda_ops, mask_rows_equals_cpu) {
     tdm_backend_destroy(b);
 }
 
+/* edit_rows (penalties, logit_bias, min_tokens) equals the CPU backend's op bit for
+ * bit: rows of no edit, a few, and thousands (more than a block's threads), every
+ * kind of edit (bias, repetition's division / multiplication, subtraction,
+ * suppression); a bad shape is refused. */
+Test(cuda_ops, edit_rows_equals_cpu) {
+    tdm_backend *b = gpu(), *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
+    uint64_t rng = 17;
+    const int32_t n = 6, dim = 5003;
+    const int32_t per_row[6] = {0, 3, 1, 3000, 0, 257};
+    int32_t off[7] = {0};
+    for (int32_t i = 0; i < n; i++) off[i + 1] = off[i] + per_row[i];
+    tdm_logit_edit *ed = malloc((size_t)off[n] * sizeof *ed);
+    int32_t *perm = malloc((size_t)dim * sizeof *perm);
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t v = 0; v < dim; v++) perm[v] = v;
+        for (int32_t j = 0; j < per_row[i]; j++) { /* (distinct ids: a partial shuffle) */
+            const int32_t at = j + (int32_t)(tdm_test_rand(&rng) % (uint64_t)(dim - j));
+            const int32_t t = perm[at];
+            perm[at] = perm[j], perm[j] = t;
+            tdm_logit_edit *e = &ed[off[i] + j];
+            const float r = 1.0f + (float)(tdm_test_rand(&rng) % 100) / 50.0f;
+            *e = (tdm_logit_edit){t, (float)(tdm_test_rand(&rng) % 200) - 100.0f, 1.0f / r, r,
+                                  -(float)(tdm_test_rand(&rng) % 7) * 0.6f};
+            if (j % 11 == 5) *e = (tdm_logit_edit){t, 0, 0, 0, TDM_LOGIT_NONE};
+        }
+    }
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -20, 20), *want = malloc((size_t)n * dim * 4);
+    memcpy(want, x, (size_t)n * dim * 4);
+    float *dx = put(b, x, (size_t)n * dim * 4);
+    tdm_logit_edit *ded = put(b, ed, (size_t)off[n] * sizeof *ed);
+    int32_t *doff = put(b, off, sizeof off);
+    OK(b->ops->edit_rows(b, dx, n, dim, ded, doff, &err_));
+    OK(cpu->ops->edit_rows(cpu, want, n, dim, ed, off, &err_));
+    float *got = get(b, dx, (size_t)n * dim * 4);
+    cr_assert(memcmp(got, want, (size_t)n * dim * 4) == 0, "edit_rows differs from the CPU's");
+    cr_assert(memcmp(want, x, (size_t)n * dim * 4) != 0);
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->edit_rows(b, dx, -1, dim, ded, doff, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->edit_rows(b, dx, n, 0, ded, doff, &err), TANDEM_ERR_INVALID_ARG);
+    OK(b->ops->edit_rows(b, dx, 0, dim, ded, doff, &err_));
+    b->ops->free(b, dx), b->ops->free(b, ded), b->ops->free(b, doff);
+    free(x), free(want), free(got), free(ed), free(perm);
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
 /* Every type and several shapes and batch sizes against ref_matmul; up to the row
  * kernels' limit each row of a batch equals, bit for bit, the same row computed
  * alone. */

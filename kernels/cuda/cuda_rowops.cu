@@ -183,9 +183,9 @@ __global__ void k_edit_rows(float *x, int32_t dim, const tdm_logit_edit *edits, 
     for (int32_t j = off[r] + threadIdx.x; j < end; j += blockDim.x) {
         const tdm_logit_edit ed = edits[j];
         float *p = x + (size_t)r * dim + ed.id;
-        float y = *p + ed.bias;
-        y = y > 0 ? y * ed.pos : y * ed.neg;
-        *p = y + ed.add;
+        float y = __fadd_rn(*p, ed.bias); /* (no contraction into FMAs: the CPU's rounding) */
+        y = y > 0 ? __fmul_rn(y, ed.pos) : __fmul_rn(y, ed.neg);
+        *p = __fadd_rn(y, ed.add);
     }
 }
 
