@@ -525,9 +525,11 @@ typedef struct tandem_generate_params {
      * suppressed below min_tokens), and that edited distribution IS the one sampled
      * (greedy: its argmax).  Speculation stays lossless: verified row d of a drafted
      * chain is edited with the counts of the committed text plus the chain's first d
-     * tokens, exactly as without speculation; the draft's own rows are not edited
-     * (only acceptance may change).  A request with any of them on verifies chains,
-     * not token trees (spec_tree is taken as 0), as a grammar-constrained one does. */
+     * tokens, exactly as without speculation (the draft's rows are edited alike, for
+     * acceptance).  A request with any of them on verifies chains, not token trees
+     * (spec_tree is taken as 0), as a grammar-constrained one does; a sampled one on
+     * an engine of one sequence by rejection sampling where the draft's q rows are on
+     * the host (the CPU), else by agreement with the target's own draws. */
     float presence_penalty;   /* [-2, 2]: subtracted from the logit of every token that
                                  occurs in the generated text (OpenAI's; the prompt does
                                  not count); 0 = off; default 0 */

@@ -135,6 +135,40 @@ static tandem_status room(tdm_penalty *p, int32_t need, tdm_err *err) {
     return TANDEM_OK;
 }
 
+/* Row edits into ed (room for n_seen + d + n_bias + n_eog entries) for the row after
+ * the committed text and draft[0..d) (p->extra holding their counts); returns how
+ * many.  Every token edited at most once: the seen ones, the chain's new ones, the
+ * biased ones, the suppressed ones. */
+static int32_t build_row(const tdm_penalty *p, const int32_t *draft, int32_t d, bool suppress, tdm_logit_edit *ed) {
+    int32_t n = 0;
+    for (int32_t i = 0; i < p->n_seen; i++) {
+        const int32_t t = p->seen[i];
+        n += edit_of(p, t, p->count[t] + p->extra[t], suppress, &ed[n]);
+    }
+    for (int32_t x = 0; x < d; x++) {
+        const int32_t t = draft[x];
+        if (t < 0 || t >= p->n_vocab || (p->flag[t] & PEN_SEEN)) continue;
+        bool dup = false;
+        for (int32_t y = 0; y < x && !dup; y++) dup = draft[y] == t;
+        if (!dup) n += edit_of(p, t, p->extra[t], suppress, &ed[n]);
+    }
+    for (int32_t i = 0; i < p->n_bias; i++) {
+        const int32_t t = p->biased[i];
+        if (!(p->flag[t] & PEN_SEEN) && p->extra[t] == 0) n += edit_of(p, t, 0, suppress, &ed[n]);
+    }
+    if (suppress)
+        for (int32_t i = 0; i < p->n_eog; i++) {
+            const int32_t t = p->eog[i];
+            if (t < 0 || t >= p->n_vocab || (p->flag[t] & (PEN_SEEN | PEN_BIAS)) || p->extra[t] > 0) continue;
+            bool dup = false;
+            for (int32_t y = 0; y < i && !dup; y++) dup = p->eog[y] == t;
+            if (!dup) n += edit_of(p, t, 0, suppress, &ed[n]);
+        }
+    return n;
+}
+
+static int32_t row_room(const tdm_penalty *p, int32_t d) { return p->n_seen + d + p->n_bias + p->n_eog; }
+
 tandem_status tdm_penalty_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err) {
     tdm_penalty *p = s->pen;
     if (k < 0 || k + 1 > TDM_PEN_ROWS)
@@ -145,36 +179,24 @@ tandem_status tdm_penalty_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_
     for (int32_t d = 0; d <= k && !st; d++) {
         p->off[d] = n;
         if (d > 0 && draft[d - 1] >= 0 && draft[d - 1] < p->n_vocab) p->extra[draft[d - 1]]++;
-        const bool suppress = (int64_t)n_gen + d < p->min_tokens;
-        /* every token edited at most once: the seen ones, the chain's new ones, the
-         * biased ones, the suppressed ones */
-        if ((st = room(p, n + p->n_seen + d + p->n_bias + (suppress ? p->n_eog : 0), err))) break;
-        for (int32_t i = 0; i < p->n_seen; i++) {
-            const int32_t t = p->seen[i];
-            n += edit_of(p, t, p->count[t] + p->extra[t], suppress, &p->edits[n]);
-        }
-        for (int32_t x = 0; x < d; x++) {
-            const int32_t t = draft[x];
-            if (t < 0 || t >= p->n_vocab || (p->flag[t] & PEN_SEEN)) continue;
-            bool dup = false;
-            for (int32_t y = 0; y < x && !dup; y++) dup = draft[y] == t;
-            if (!dup) n += edit_of(p, t, p->extra[t], suppress, &p->edits[n]);
-        }
-        for (int32_t i = 0; i < p->n_bias; i++) {
-            const int32_t t = p->biased[i];
-            if (!(p->flag[t] & PEN_SEEN) && p->extra[t] == 0) n += edit_of(p, t, 0, suppress, &p->edits[n]);
-        }
-        if (suppress)
-            for (int32_t i = 0; i < p->n_eog; i++) {
-                const int32_t t = p->eog[i];
-                if (t < 0 || t >= p->n_vocab || (p->flag[t] & (PEN_SEEN | PEN_BIAS)) || p->extra[t] > 0) continue;
-                bool dup = false;
-                for (int32_t y = 0; y < i && !dup; y++) dup = p->eog[y] == t;
-                if (!dup) n += edit_of(p, t, 0, suppress, &p->edits[n]);
-            }
+        if ((st = room(p, n + row_room(p, d), err))) break;
+        n += build_row(p, draft, d, (int64_t)n_gen + d < p->min_tokens, p->edits + n);
     }
     p->off[k + 1] = n;
     for (int32_t x = 0; x < k; x++)
         if (draft[x] >= 0 && draft[x] < p->n_vocab) p->extra[draft[x]] = 0;
     return st;
+}
+
+tandem_status tdm_penalty_draft_row(tdm_seq *s, const int32_t *draft, int32_t d, float *l, tdm_err *err) {
+    tdm_penalty *p = s->pen;
+    tandem_status st = room(p, row_room(p, d), err);
+    if (st) return st;
+    for (int32_t x = 0; x < d; x++)
+        if (draft[x] >= 0 && draft[x] < p->n_vocab) p->extra[draft[x]]++;
+    const int32_t off[2] = {0, build_row(p, draft, d, (int64_t)(s->n_tokens - s->n_prompt) + d < p->min_tokens, p->edits)};
+    for (int32_t x = 0; x < d; x++)
+        if (draft[x] >= 0 && draft[x] < p->n_vocab) p->extra[draft[x]] = 0;
+    (void)tdm_logits_edit_rows(l, 1, p->n_vocab, p->edits, off);
+    return TANDEM_OK;
 }

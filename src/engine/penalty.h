@@ -7,7 +7,8 @@
  * of the committed text plus the chain's first d tokens, so that what the target
  * keeps is what it would draw alone, speculated or not.  Host rows are edited in
  * place, device rows by the backend's edit_rows op (tdm_engine_mask_rows).  The
- * draft's rows are not edited; a penalised sequence takes chains, not trees
+ * draft's rows are edited the same way on the host (draft/chain.c), for acceptance
+ * only; a penalised sequence takes chains, not trees
  * (sched/step_tree.c).  The counts follow the committed tokens only
  * (tdm_penalty_commit); a preemption keeps them. */
 #ifndef TDM_PENALTY_H
@@ -48,6 +49,11 @@ static inline const tdm_logit_edit *tdm_penalty_row(const tdm_seq *s, int32_t d,
     *n = s->pen->off[d + 1] - s->pen->off[d];
     return s->pen->edits + s->pen->off[d];
 }
+/* Drafting: the draft's host logits row l of chain slot d edited as the target's row
+ * d will be (after the committed text and draft[0..d)), so that the draft proposes
+ * from the penalised distribution too (acceptance; the verification does not depend
+ * on it).  Overwrites the step's row edits (tdm_penalty_rows rebuilds them). */
+tandem_status tdm_penalty_draft_row(tdm_seq *s, const int32_t *draft, int32_t d, float *l, tdm_err *err);
 /* A committed token counted. */
 void tdm_penalty_commit(tdm_seq *s, int32_t token);
 

@@ -1,0 +1,178 @@
+/* bench_penalties.c - what the logit edits cost (issue 47): decode speed of greedy
+ * requests without (A) and with (B) the penalties (presence 0.5, frequency 0.5,
+ * repetition 1.1 and a logit_bias of 4 tokens), or with logprobs (--arm logprobs: 5
+ * alternatives per token), target-only and speculative, at batch 1 and batch 8,
+ * alternated A/B in one process.
+ *
+ * As bench_constrained: per batch size B, a target-only engine and a speculative one
+ * of B sequences; per repetition every engine runs the prompts twice, A and B, the
+ * order A B in even repetitions and B A in odd ones; the prompts run in waves of B
+ * requests; the figure is decoded tokens (after each request's first) / the waves'
+ * decode seconds (a wave's: its longest request's).  Every request generates
+ * max_tokens tokens (ignore_eos).  Prints the medians of the rates and the medians
+ * over the repetitions of the ratios within one (B / A: the cost; speculative /
+ * target-only: the speed-up, and the share of it B keeps).
+ *
+ * usage: bench_penalties -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16]
+ *                        [--reps 5] [--threads 2] [--batch 1,8] [--arm penalties|logprobs]
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_prompts.h"
+#include "tandem.h"
+
+#define MAX_REPS 32
+
+static const tandem_logit_bias BIAS[] = {{13, 1.5f}, {220, -1.0f}, {7, 0.5f}, {198, -2.0f}};
+
+/* The B arm's parameters over p. */
+static void arm_b(tandem_generate_params *p, bool logprobs) {
+    if (logprobs) {
+        p->logprobs = true;
+        p->top_logprobs = 5;
+        return;
+    }
+    p->presence_penalty = 0.5f;
+    p->frequency_penalty = 0.5f;
+    p->repetition_penalty = 1.1f;
+    p->logit_bias = BIAS;
+    p->n_logit_bias = 4;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void die(const char *what) {
+    fprintf(stderr, "bench_penalties: %s: %s\n", what, tandem_last_error());
+    exit(1);
+}
+
+/* Runs the prompts on e in waves of batch and returns decoded tokens / decode
+ * seconds; *acc gets the acceptance of the drafted tokens. */
+static double run(tandem_engine *e, char **prompts, int n, int max_tokens, bool b, bool logprobs, int batch, double *acc) {
+    tandem_request *rq = calloc((size_t)n, sizeof *rq);
+    tandem_result *res = calloc((size_t)n, sizeof *res);
+    for (int i = 0; i < n; i++) {
+        rq[i] = tandem_request_default();
+        rq[i].prompt = prompts[i];
+        rq[i].params.max_tokens = max_tokens;
+        rq[i].params.ignore_eos = true;
+        if (b) arm_b(&rq[i].params, logprobs);
+    }
+    double tokens = 0, decode_s = 0, drafted = 0, accepted = 0;
+    int short_ = 0;
+    for (int w = 0; w < n; w += batch) {
+        const int m = n - w < batch ? n - w : batch;
+        if (tandem_generate_batch(e, rq + w, (size_t)m, res + w) != TANDEM_OK) die("generate");
+        double longest = 0;
+        for (int i = w; i < w + m; i++) {
+            if (res[i].status != TANDEM_OK) {
+                fprintf(stderr, "bench_penalties: request %d: %s\n", i, res[i].error ? res[i].error : "?");
+                exit(1);
+            }
+            tokens += res[i].n_tokens > 0 ? (double)res[i].n_tokens - 1 : 0;
+            short_ += res[i].n_tokens < (size_t)max_tokens;
+            longest = res[i].decode_ms > longest ? res[i].decode_ms : longest;
+            drafted += (double)res[i].spec.drafted;
+            accepted += (double)res[i].spec.accepted;
+            tandem_result_free(&res[i]);
+        }
+        decode_s += longest / 1e3;
+    }
+    free(rq);
+    free(res);
+    if (short_) fprintf(stderr, "bench_penalties: %d of %d requests ended before %d tokens\n", short_, n, max_tokens);
+    *acc = drafted > 0 ? accepted / drafted : 0;
+    return tokens / decode_s;
+}
+
+int main(int argc, char **argv) {
+    const char *target = NULL, *draft = NULL, *prompts_file = NULL, *arm = "penalties", *batches = "1,8";
+    int n_new = 64, limit = 16, reps = 5, threads = 2;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) {
+            fprintf(stderr, "bench_penalties: %s needs a value\n", a);
+            return 2;
+        }
+        if (!strcmp(a, "-m")) target = v;
+        else if (!strcmp(a, "-d")) draft = v;
+        else if (!strcmp(a, "--prompts")) prompts_file = v;
+        else if (!strcmp(a, "-n")) n_new = atoi(v);
+        else if (!strcmp(a, "--limit")) limit = atoi(v);
+        else if (!strcmp(a, "--reps")) reps = atoi(v);
+        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        else if (!strcmp(a, "--batch")) batches = v;
+        else if (!strcmp(a, "--arm")) arm = v;
+        else {
+            fprintf(stderr, "bench_penalties: unknown option %s\n", a);
+            return 2;
+        }
+        i++;
+    }
+    const bool logprobs = !strcmp(arm, "logprobs");
+    if (!target || !draft || !prompts_file || n_new < 2 || limit < 1 || reps < 1 || reps > MAX_REPS ||
+        (!logprobs && strcmp(arm, "penalties"))) {
+        fprintf(stderr, "usage: bench_penalties -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16] [--reps 5]"
+                        " [--threads 2] [--batch 1,8] [--arm penalties|logprobs]\n");
+        return 2;
+    }
+    int n = 0;
+    char **prompts = bench_prompts_read(prompts_file, limit, &n);
+    tandem_model *t = NULL, *d = NULL;
+    if (tandem_model_open(target, NULL, &t) != TANDEM_OK) die(target);
+    if (tandem_model_open(draft, NULL, &d) != TANDEM_OK) die(draft);
+    printf("| batch | engine | tok/s plain | tok/s %s | %s / plain | acceptance plain, %s |\n"
+           "|---|---|---|---|---|---|\n", arm, arm, arm);
+    char *bl = strdup(batches);
+    for (char *tok = strtok(bl, ","); tok; tok = strtok(NULL, ",")) {
+        const int B = atoi(tok);
+        tandem_engine_params ep = tandem_engine_default_params();
+        ep.n_threads = threads;
+        ep.n_seq_max = B;
+        tandem_engine *eng[2];
+        if (tandem_engine_open(t, NULL, &ep, &eng[0]) != TANDEM_OK) die("engine");
+        if (tandem_engine_open(t, d, &ep, &eng[1]) != TANDEM_OK) die("engine");
+        double rate[2][2][MAX_REPS], acc[2][2][MAX_REPS];
+        for (int r = 0; r < reps; r++)
+            for (int x = 0; x < 2; x++)
+                for (int o = 0; o < 2; o++) {
+                    const int c = r % 2 ? 1 - o : o; /* A B, then B A */
+                    rate[x][c][r] = run(eng[x], prompts, n, n_new, c != 0, logprobs, B, &acc[x][c][r]);
+                }
+        /* ratios within a repetition (its A and B ran back to back), then their median:
+         * what drifts between repetitions cancels */
+        double med[2][2], ratio[2][MAX_REPS], sp[2][MAX_REPS], kept[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            for (int x = 0; x < 2; x++) ratio[x][r] = rate[x][1][r] / rate[x][0][r];
+            for (int c = 0; c < 2; c++) sp[c][r] = rate[1][c][r] / rate[0][c][r];
+            kept[r] = sp[1][r] / sp[0][r];
+        }
+        for (int x = 0; x < 2; x++) {
+            for (int c = 0; c < 2; c++) med[x][c] = median(rate[x][c], reps);
+            printf("| %d | %s | %.1f | %.1f | %.3f | %.3f, %.3f |\n", B, x ? "speculative (draft)" : "target only",
+                   med[x][0], med[x][1], median(ratio[x], reps), x ? median(acc[x][0], reps) : 0.0,
+                   x ? median(acc[x][1], reps) : 0.0);
+        }
+        const double sp0 = median(sp[0], reps), sp1 = median(sp[1], reps);
+        printf("| %d | speed-up of the draft | %.2fx | %.2fx | kept %.0f %% | |\n", B, sp0, sp1, 100.0 * median(kept, reps));
+        fflush(stdout);
+        tandem_engine_close(eng[0]);
+        tandem_engine_close(eng[1]);
+    }
+    free(bl);
+    tandem_model_close(d);
+    tandem_model_close(t);
+    bench_prompts_free(prompts, n);
+    return 0;
+}
