@@ -552,8 +552,8 @@ typedef struct tandem_generate_params {
      * the speculated ones' from the verifying forward's rows.  A sampled request with
      * logprobs on is verified by agreement with the target's draws (not by rejection
      * sampling); like penalties, it verifies chains, not token trees. */
-    bool logprobs;            /* the results' logprobs array and on_token_lp's lp; default
-                                 false */
+    bool logprobs;            /* the results' logprobs array and on_token_lp's lp;
+                                 default false */
     int top_logprobs;         /* [0, TANDEM_TOP_LOGPROBS_MAX] alternatives per token (needs
                                  logprobs when > 0); default 0 */
     tandem_token_lp_cb on_token_lp; /* on_token with the token's log-probabilities (at
