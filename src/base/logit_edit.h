@@ -28,8 +28,9 @@ static inline float tdm_logit_edit_apply(const tdm_logit_edit *ed, float x) {
  * out of range.  The reference of the backends' edit_rows op. */
 bool tdm_logits_edit_rows(float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits, const int32_t *off);
 
-/* The logprobs summary of one logits row: its logsumexp (in double), and its k
- * largest entries (ids, values; decreasing, ties to the lower id; k <= 32). */
+/* The logprobs summary of one finite logits row: its logsumexp (the sum of the
+ * exponentials in double, within 1e-6), and its k <= TDM_ROW_TOP_MAX largest entries
+ * (ids, values; decreasing, ties to the lower id). */
 #define TDM_ROW_TOP_MAX 20
 typedef struct tdm_row_top {
     double lse;
