@@ -428,6 +428,14 @@ typedef struct tdm_backend_ops {
      * not wait. */
     tandem_status (*edit_rows)(tdm_backend *b, float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits,
                                const int32_t *off, tdm_err *err);
+    /* Optional (NULL: a logprobs request's rows are read on the host): each finite row
+     * x[i][0..dim) summarised into out[i] as tdm_logits_row_top (logit_edit.h) makes
+     * it (its logsumexp within 1e-6 relative; its k <= TDM_ROW_TOP_MAX largest entries,
+     * ids and logits, decreasing, ties to the lower id), and out[i].want = x[i][want[i]]
+     * (0 for an id out of range).  x, want[n] and out[n] backend memory: a few hundred
+     * bytes a row to read back, not the row.  Does not wait. */
+    tandem_status (*row_top)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, const int32_t *want,
+                             tdm_row_top *out, tdm_err *err);
     /* Optional (NULL: the host routes, src/model/moe.h; a backend without host memory
      * then runs no mixture-of-experts model): each row of a mixture-of-experts
      * router's logits[n][n_expert] (backend memory) routed as tdm_moe_route does

@@ -18,6 +18,7 @@
  * and accepts more.  Commits go through commit.h, the one place tokens leave; the
  * step's observations (acceptance per proposer, statistics, the payoff of lookups)
  * are entered there too. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "accept.h"
@@ -43,7 +44,7 @@ static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
     const bool samples = q->sp.temperature > 0 && (it->tree || it->decode || it->want);
     /* (its rows masked or edited before the draw; a logprobs request's rows read on
      * the host, where their summaries are taken) */
-    const bool rows_read = q->lp_top >= 0 && (it->decode || it->want);
+    const bool rows_read = q->lp_top >= 0 && (it->decode || it->want) && !s->e->lp_dev;
     const bool masked = (q->con || q->pen || rows_read) && (it->decode || it->want);
     const tdm_fwd_kind logits = s->e->p_dev && !rows_read ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     if (masked && !samples) return logits;
@@ -52,27 +53,63 @@ static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
     return logits;
 }
 
-/* The logprobs summaries of the drawn rows [0, m) of logprobs requests (host rows,
- * edited and masked by the draw), into their sequences' lp_rows in row order (a
- * sequence's rows are consecutive, its chain's rows 0..k). */
-static void logprob_rows(tdm_engine *e, const tdm_draw_row *rows, int32_t m, const int32_t *tok) {
+/* Row j's summary into its sequence's lp_rows (in row order: a sequence's rows are
+ * consecutive, its chain's rows 0..k). */
+static void keep_lp_row(const tdm_draw_row *rows, int32_t j, int32_t token, const tdm_row_top *top) {
+    tdm_seq *q = (tdm_seq *)rows[j].s;
+    if (j == 0 || rows[j - 1].s != q) q->lp_next = q->lp_fill = 0;
+    if (q->lp_fill >= TANDEM_SPEC_K_MAX + 1) return;
+    tdm_lp_row *r = &q->lp_rows[q->lp_fill++];
+    r->token = token;
+    r->logit = top->want;
+    r->lse = top->lse;
+    r->k = TDM_MIN(top->k, TANDEM_TOP_LOGPROBS_MAX);
+    memcpy(r->ids, top->ids, (size_t)r->k * sizeof r->ids[0]);
+    memcpy(r->val, top->val, (size_t)r->k * sizeof r->val[0]);
+}
+
+/* The logprobs summaries of the drawn rows [0, m) of logprobs requests (edited and
+ * masked by the draw): of host rows here; of device rows by the backend's row_top
+ * op (a run of a sequence's rows per call, the drawn tokens' logits read where the
+ * draw left them), a few hundred bytes a row read back. */
+static tandem_status logprob_rows(tdm_engine *e, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
+                                  const int32_t *tok, tdm_err *err) {
     const size_t V = (size_t)e->n_vocab;
-    for (int32_t j = 0; j < m; j++) {
-        tdm_seq *q = (tdm_seq *)rows[j].s;
-        if (q->lp_top < 0) continue;
-        if (j == 0 || rows[j - 1].s != q) q->lp_next = q->lp_fill = 0;
-        if (q->lp_fill >= TANDEM_SPEC_K_MAX + 1) continue;
-        const float *l = e->logits_t + (size_t)j * V;
-        tdm_row_top top;
-        tdm_logits_row_top(l, e->n_vocab, q->lp_top, &top);
-        tdm_lp_row *r = &q->lp_rows[q->lp_fill++];
-        r->token = tok[j];
-        r->logit = tok[j] >= 0 ? l[tok[j]] : 0.0f;
-        r->lse = top.lse;
-        r->k = top.k;
-        memcpy(r->ids, top.ids, (size_t)top.k * sizeof r->ids[0]);
-        memcpy(r->val, top.val, (size_t)top.k * sizeof r->val[0]);
+    if (kind == TDM_FWD_LOGITS) {
+        for (int32_t j = 0; j < m; j++) {
+            if (rows[j].s->lp_top < 0) continue;
+            const float *l = e->logits_t + (size_t)j * V;
+            tdm_row_top top;
+            tdm_logits_row_top(l, e->n_vocab, rows[j].s->lp_top, &top);
+            top.want = tok[j] >= 0 ? l[tok[j]] : 0.0f;
+            keep_lp_row(rows, j, tok[j], &top);
+        }
+        return TANDEM_OK;
     }
+    if (kind != TDM_FWD_LOGITS_DEV || !e->lp_dev || !e->draw_dev) return TANDEM_OK; /* (no logprobs row: item_kind) */
+    const tdm_backend_ops *op = e->be->ops;
+    int32_t lo = m, hi = 0;
+    tandem_status st = TANDEM_OK;
+    for (int32_t j = 0; j < m && !st;) {
+        if (rows[j].s->lp_top < 0) {
+            j++;
+            continue;
+        }
+        int32_t end = j + 1;
+        while (end < m && rows[end].s == rows[j].s) end++;
+        st = op->row_top(e->be, e->out_t + (size_t)j * V, end - j, e->n_vocab, rows[j].s->lp_top, e->draw_dev + j,
+                         e->lp_dev + j, err);
+        lo = TDM_MIN(lo, j), hi = end;
+        j = end;
+    }
+    if (st || lo >= hi) return st;
+    tdm_row_top *got = malloc((size_t)(hi - lo) * sizeof *got);
+    if (!got) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    if (!(st = op->download(e->be, got, e->lp_dev + lo, (size_t)(hi - lo) * sizeof *got, err)))
+        for (int32_t j = lo; j < hi; j++)
+            if (rows[j].s->lp_top >= 0) keep_lp_row(rows, j, tok[j], &got[j - lo]);
+    free(got);
+    return st;
 }
 
 /* A group's forward kind from its items' (item_kind): host rows where any item
@@ -150,7 +187,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
     const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
     if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
-    if (!st && m > 0 && !rule_reads_rows && kind == TDM_FWD_LOGITS) logprob_rows(e, rows, m, s->g_tok);
+    if (!st && m > 0 && !rule_reads_rows) st = logprob_rows(e, rows, m, kind, s->g_tok, err);
     if (!st && m > 0 && rule_reads_rows) st = tdm_engine_mask_rows(e, false, rows, m, kind, err); /* (p masked) */
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);

@@ -528,3 +528,39 @@ Test(penalties, cpu_edit_rows_equals_reference) {
     cr_assert_eq(b->ops->edit_rows(b, x, 1, D, out_of_range, off1, &err), TANDEM_ERR_INVALID_ARG);
     tdm_backend_destroy(b);
 }
+
+/* The CPU backend's row_top op (the logprobs summary of device rows) against a double
+ * reference: the logsumexp, the k largest entries with ties to the lower id, the
+ * logit of the token asked for; k 0 and an id out of range. */
+Test(penalties, cpu_row_top_equals_reference) {
+    tdm_backend *b;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(1, &b, &err), TANDEM_OK, "%s", err.msg);
+    enum { N = 3, D = 1000 };
+    float *x = malloc(N * D * sizeof(float));
+    for (int i = 0; i < N * D; i++) x[i] = (float)((i * 7919) % 997) / 40.0f - 12.0f; /* (many ties) */
+    x[D + 5] = TDM_LOGIT_NONE;
+    const int32_t want[N] = {17, -1, 999};
+    tdm_row_top out[N];
+    for (int k = 0; k <= TDM_ROW_TOP_MAX; k += 20) {
+        cr_assert_eq(b->ops->row_top(b, x, N, D, k, want, out, &err), TANDEM_OK, "%s", err.msg);
+        for (int i = 0; i < N; i++) {
+            const float *r = x + i * D;
+            double mx = -INFINITY, sum = 0;
+            for (int v = 0; v < D; v++) mx = fmax(mx, r[v]);
+            for (int v = 0; v < D; v++) sum += exp((double)r[v] - mx);
+            cr_assert_float_eq(out[i].lse, mx + log(sum), 1e-5);
+            cr_assert_eq(out[i].want, want[i] >= 0 ? r[want[i]] : 0.0f);
+            cr_assert_eq(out[i].k, k);
+            for (int j = 0; j < k; j++) { /* the j-th largest, ties to the lower id */
+                int rank = 0;
+                for (int v = 0; v < D; v++) rank += r[v] > r[out[i].ids[j]] || (r[v] == r[out[i].ids[j]] && v < out[i].ids[j]);
+                cr_assert_eq(rank, j, "row %d, entry %d: id %d ranks %d", i, j, out[i].ids[j], rank);
+                cr_assert_eq(out[i].val[j], r[out[i].ids[j]]);
+            }
+        }
+    }
+    cr_assert_eq(b->ops->row_top(b, x, N, D, TDM_ROW_TOP_MAX + 1, want, out, &err), TANDEM_ERR_INVALID_ARG);
+    free(x);
+    tdm_backend_destroy(b);
+}

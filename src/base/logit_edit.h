@@ -34,6 +34,7 @@ bool tdm_logits_edit_rows(float *x, int32_t n, int32_t dim, const tdm_logit_edit
 #define TDM_ROW_TOP_MAX 20
 typedef struct tdm_row_top {
     double lse;
+    float want;  /* the backends' row_top op: the logit of the token asked for (0 for none) */
     int32_t k;
     int32_t ids[TDM_ROW_TOP_MAX];
     float val[TDM_ROW_TOP_MAX];

@@ -292,6 +292,10 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         e->samp_dev = p;
         if ((st = bo->alloc(e->be, 2 * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err))) goto fail;
         e->draw_dev = p;
+        if (bo->row_top) {
+            if ((st = bo->alloc(e->be, (size_t)e->n_logit_rows * sizeof(tdm_row_top), &p, err))) goto fail;
+            e->lp_dev = p;
+        }
         if (bo->mask_rows) { /* (about 19 KB a row for a vocabulary of 150 K) */
             if ((st = bo->alloc(e->be, (size_t)e->n_logit_rows * e->mask_words * sizeof(uint32_t), &p, err))) goto fail;
             e->mask_dev = p;
@@ -327,7 +331,7 @@ void tdm_engine_free(tdm_engine *e) {
         tdm_vocab_head_free(&e->vhead);
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
-        void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev, e->mask_dev, e->edit_dev};
+        void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev, e->mask_dev, e->edit_dev, e->lp_dev};
         for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
             if (dev[i]) e->be->ops->free(e->be, dev[i]);
         if (!e->be->host_memory) {

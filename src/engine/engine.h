@@ -142,6 +142,9 @@ typedef struct tdm_engine {
      * the host, uploaded in one piece to edit_dev (both grown as needed) */
     void *edit_host, *edit_dev;
     size_t edit_cap;         /* bytes of each */
+    tdm_row_top *lp_dev;     /* [n_logit_rows] backend: the logprobs summaries of a draw's
+                                device rows (with p_dev, where the backend has row_top),
+                                else NULL */
     tandem_status copy_status;
     tdm_err copy_err;
 } tdm_engine;
