@@ -15,4 +15,9 @@ tandem_model *api_open_model(const char *file);
  * the defaults with 2 threads; fails the test on an error. */
 tandem_engine *api_open_engine(tandem_model *t, tandem_model *d, const tandem_engine_params *p);
 
+/* Runs req[0..n) one by one on a target-only engine of t (2 threads) and together on
+ * a speculating engine of t and d of four sequences (batch invariant): each request's
+ * batched output must be its solo one (fails the test otherwise). */
+void api_expect_batch_equals_solo(tandem_model *t, tandem_model *d, tandem_request *req, int n);
+
 #endif

@@ -168,40 +168,19 @@ Test(constrained, greedy_schema_spec_equals_target_only) { greedy_equality(NULL,
  * speculating engine of four sequences: each gets its solo target-only output. */
 Test(constrained, batch_mixed_equals_solo) {
     tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
-    tandem_engine *plain = api_open_engine(t, NULL, NULL);
-    tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = 2;
-    ep.n_seq_max = 4;
-    ep.batch_invariant = true;
-    tandem_engine *batch = api_open_engine(t, d, &ep);
     size_t n_lines;
     tdm_json **items = tdm_test_jsonl(tdm_test_data_path("prompts-dev.jsonl"), &n_lines);
     enum { N = 7 };
     tandem_request req[N];
-    tandem_result want[N], got[N];
     for (int i = 0; i < N; i++) {
         req[i] = tandem_request_default();
         req[i].prompt = tdm_json_get(items[30 + i], "prompt")->str;
         req[i].params.max_tokens = 40;
         if (i % 3 == 0) req[i].params.grammar = G_PY;
         if (i % 3 == 1) req[i].params.json_schema = S_OBJ;
-        cr_assert_eq(tandem_generate(plain, req[i].prompt, &req[i].params, &want[i]), TANDEM_OK, "%s",
-                     tandem_last_error());
     }
-    cr_assert_eq(tandem_generate_batch(batch, req, N, got), TANDEM_OK, "%s", tandem_last_error());
-    for (int i = 0; i < N; i++) {
-        cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
-        cr_assert_eq(got[i].n_tokens, want[i].n_tokens, "request %d: %zu tokens, solo %zu", i, got[i].n_tokens,
-                     want[i].n_tokens);
-        cr_assert_eq(memcmp(got[i].tokens, want[i].tokens, got[i].n_tokens * sizeof(int32_t)), 0,
-                     "request %d differs from its solo output", i);
-        cr_assert_str_eq(got[i].text, want[i].text);
-        tandem_result_free(&got[i]);
-        tandem_result_free(&want[i]);
-    }
+    api_expect_batch_equals_solo(t, d, req, N);
     tdm_test_jsonl_free(items, n_lines);
-    tandem_engine_close(batch);
-    tandem_engine_close(plain);
     tandem_model_close(d);
     tandem_model_close(t);
 }
