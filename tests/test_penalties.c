@@ -4,7 +4,8 @@
  *     of the edits applied to the target's own logits (a target-only forward);
  *   - greedy, over dev prompts: the output with the draft (adaptive chains with
  *     n-gram lookups, fixed k, trees asked for: a penalised request takes chains)
- *     equals the target-only penalised output, alone and in a batch of four;
+ *     equals the target-only penalised output (some under a grammar too), alone and
+ *     in a batch of four;
  *   - sampled: the first token (repetition penalty + logit_bias) and the speculated
  *     second (frequency / presence penalties of the first) against the edited
  *     softmax (chi-square), verified by rejection sampling and by agreement;
@@ -93,6 +94,9 @@ static void softmax_d(const double *x, int32_t n, double *p, double *lp) {
     }
 }
 
+/* Python-like definitions (the pycode pair writes Python). */
+static const char *G_DEF = "root ::= \"def \" [a-z_]+ \"(\" [a-z, ]* \"):\\n    return \" [a-z0-9_ +*()]+ \"\\n\"";
+
 static const tandem_logit_bias BIAS[] = {{13, 3.5f}, {220, -2.0f}, {7, 1.25f}, {198, -100.0f}};
 
 /* the parameter sets the tests cycle through */
@@ -180,6 +184,7 @@ Test(penalties, greedy_spec_equals_target_only) {
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
         tandem_generate_params gp = params_of((int)li);
         gp.max_tokens = 40;
+        if (li % 5 == 4) gp.grammar = G_DEF; /* (edits and a grammar's masks on one row) */
         tandem_generate_params off = tandem_generate_default_params();
         off.max_tokens = gp.max_tokens;
         tandem_result want, base;
