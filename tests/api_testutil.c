@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine.h"
+#include "scheduler.h"
 #include "testutil.h"
 
 tandem_model *api_open_model(const char *file) {
@@ -51,4 +53,33 @@ void api_expect_batch_equals_solo(tandem_model *t, tandem_model *d, tandem_reque
     free(got);
     tandem_engine_close(batch);
     tandem_engine_close(plain);
+}
+
+uint64_t api_first_two_tokens(tdm_engine *e, const int32_t *ids, int32_t n, const tandem_generate_params *gp, int runs,
+                              uint64_t seed0, uint64_t *first, uint64_t *second, int32_t *best) {
+    const int32_t V = e->n_vocab;
+    int32_t *pairs = malloc((size_t)runs * 2 * sizeof(int32_t));
+    cr_assert(pairs);
+    tandem_generate_params p = *gp;
+    p.max_tokens = 3;
+    p.ignore_eos = true;
+    uint64_t drafted = 0;
+    tdm_err err = {0};
+    for (int r = 0; r < runs; r++) {
+        p.seed = seed0 + (uint64_t)r;
+        tandem_result res;
+        cr_assert_eq(tdm_generate_one(e, ids, n, &p, &res, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(res.n_tokens, 3);
+        first[res.tokens[0]]++;
+        pairs[2 * r] = res.tokens[0], pairs[2 * r + 1] = res.tokens[1];
+        drafted += res.spec.drafted;
+        tandem_result_free(&res);
+    }
+    *best = 0;
+    for (int32_t i = 0; i < V; i++)
+        if (first[i] > first[*best]) *best = i;
+    for (int r = 0; r < runs; r++)
+        if (pairs[2 * r] == *best) second[pairs[2 * r + 1]]++;
+    free(pairs);
+    return drafted;
 }

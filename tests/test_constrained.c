@@ -283,23 +283,10 @@ static void chi_square(int32_t n_seq) {
     gp.grammar = gram;
     gp.spec_k = 1;
     gp.spec_ngram = 0;
-    gp.ignore_eos = true;
-    gp.max_tokens = 3;
     const int runs = tdm_test_sanitized() ? 300 : 1500;
     uint64_t *first = calloc((size_t)V, sizeof(uint64_t)), *second = calloc((size_t)V, sizeof(uint64_t));
-    int32_t *pairs = malloc((size_t)runs * 2 * sizeof(int32_t));
-    uint64_t drafted = 0;
-    for (int r = 0; r < runs; r++) {
-        gp.seed = 77 + (uint64_t)r;
-        tandem_result res;
-        cr_assert_eq(tdm_generate_one(spec, ids, np, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
-        cr_assert_eq(res.n_tokens, 3);
-        first[res.tokens[0]]++;
-        pairs[2 * r] = res.tokens[0], pairs[2 * r + 1] = res.tokens[1];
-        drafted += res.spec.drafted;
-        tandem_result_free(&res);
-    }
-    cr_assert_gt(drafted, 0);
+    int32_t best;
+    cr_assert_gt(api_first_two_tokens(spec, ids, np, &gp, runs, 77, first, second, &best), 0);
     v = spec->gvocab;
     cr_assert(v);
     double *p = malloc((size_t)V * sizeof(double));
@@ -307,11 +294,6 @@ static void chi_square(int32_t n_seq) {
     int df = 0;
     const double pv1 = tdm_stat_chi2_gof(first, p, V, &df);
     cr_assert_geq(pv1, 1e-3, "first token: chi-square p = %g (df %d)", pv1, df);
-    int32_t best = 0;
-    for (int32_t i = 0; i < V; i++)
-        if (first[i] > first[best]) best = i;
-    for (int r = 0; r < runs; r++)
-        if (pairs[2 * r] == best) second[pairs[2 * r + 1]]++;
     int32_t *ids2 = malloc(((size_t)np + 1) * sizeof(int32_t));
     memcpy(ids2, ids, (size_t)np * sizeof(int32_t));
     ids2[np] = best;
@@ -324,7 +306,6 @@ static void chi_square(int32_t n_seq) {
                 pv2, (unsigned long long)first[best]);
     free(ids2);
     free(p);
-    free(pairs);
     free(first);
     free(second);
     free(ids);
