@@ -90,7 +90,7 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE(NULL, "--frequency-penalty")) ok = cli_parse_float(a, v, -2, 2, &o->frequency);
         else if (TAKE(NULL, "--repetition-penalty")) ok = cli_parse_float_gt(a, v, 0, 100, &o->repetition);
         else if (TAKE(NULL, "--min-tokens")) ok = cli_parse_int(a, v, 0, CLI_COUNT_MAX, &o->min_tokens);
-        else if (TAKE(NULL, "--logprobs")) ok = cli_parse_int(a, v, 0, TANDEM_TOP_LOGPROBS_MAX, &o->logprobs);
+        else if (!interactive && TAKE(NULL, "--logprobs")) ok = cli_parse_int(a, v, 0, TANDEM_TOP_LOGPROBS_MAX, &o->logprobs);
         else if (TAKE(NULL, "--logit-bias")) {
             free(o->logit_bias);
             ok = cli_parse_logit_bias(a, v, &o->logit_bias, &o->n_logit_bias);
