@@ -40,7 +40,11 @@ static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree
 static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
     const bool samples = it->r->s.sp.temperature > 0 && (it->tree || it->decode || it->want);
     const bool masked = it->r->s.con && (it->decode || it->want); /* (its rows masked before the draw) */
-    if (masked && !samples) return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    /* (greedy: where the logits are host memory the forward's own argmax takes the
+     * masks, tdm_batch.logit_masks: the quantised head's bounds over the allowed
+     * tokens instead of every exact logit) */
+    if (masked && !samples) return s->e->be->host_memory && !s->e->target->tp ? TDM_FWD_ARGMAX
+                                   : s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     if (!samples) return TDM_FWD_ARGMAX;
     if (it->reject) return !it->tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
@@ -100,6 +104,11 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
         any_chunk |= !it[i].decode;
     }
     *kind_out = kind;
+    if (kind == TDM_FWD_ARGMAX) { /* (the masks of a greedy forward's rows go with it) */
+        bool any = false;
+        for (int32_t j = 0; j < m; j++) any |= (s->g_masks[j] = rows[j].mask) != NULL;
+        b->logit_masks = any ? s->g_masks : NULL;
+    }
     b->rows_shared = !e->cfg.batch_invariant && n > 1; /* (a lone sequence's rows stay its own) */
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
     const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
