@@ -289,7 +289,7 @@ static void run_qhead(void *p) {
 static void run_head_argmax(void *p) {
     head_ctx *c = p;
     tdm_err err;
-    if (c->b->ops->head_argmax(c->b, c->w, c->h, c->x, c->n, c->ids, &err) != TANDEM_OK) {
+    if (c->b->ops->head_argmax(c->b, c->w, c->h, c->x, c->n, NULL, c->ids, &err) != TANDEM_OK) {
         fprintf(stderr, "head_argmax failed: %s\n", err.msg);
         exit(1);
     }

@@ -81,8 +81,8 @@ static tandem_status w_gather(tdm_backend *b, const float *x, const int32_t *r, 
     WRAP_CALL(OP_GATHER, n, g_real->gather_rows(b, x, r, n, d, o, e));
 }
 static tandem_status w_head_argmax(tdm_backend *b, const tdm_weight *w, const tdm_qhead *h, const float *x,
-                                   int32_t n, int32_t *ids, tdm_err *e) {
-    WRAP_CALL(OP_HEAD_ARGMAX, n, g_real->head_argmax(b, w, h, x, n, ids, e));
+                                   int32_t n, const uint32_t *const *masks, int32_t *ids, tdm_err *e) {
+    WRAP_CALL(OP_HEAD_ARGMAX, n, g_real->head_argmax(b, w, h, x, n, masks, ids, e));
 }
 static tandem_status w_qhead(tdm_backend *b, const tdm_qhead *h, const float *x, int32_t n, float *y,
                              tdm_err *e) {

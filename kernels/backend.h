@@ -288,11 +288,16 @@ typedef struct tdm_backend_ops {
      * head_argmax: ids[i] = the first index of the largest logit of row i of
      * matmul(w, x), exactly as tdm_argmax_finite finds it on matmul's output (-1 when
      * a logit of the row is NaN or infinite), computing only the logits the bounds of
-     * A cannot rule out (qh is w's quantised copy). */
+     * A cannot rule out (qh is w's quantised copy).  masks: NULL, or [n] host
+     * pointers to rows of (w->rows + 31) / 32 words (NULL entries: that row
+     * unmasked): row i's id is then tdm_argmax_masked's (sampling.h) on matmul's
+     * row: the first largest logit among the tokens whose bit is set, -1 when a
+     * logit of the whole row is not finite or no token is allowed. */
     tandem_status (*qhead_logits)(tdm_backend *b, const tdm_qhead *qh, const float *x, int32_t n,
                                   float *y, tdm_err *err);
     tandem_status (*head_argmax)(tdm_backend *b, const tdm_weight *w, const tdm_qhead *qh,
-                                 const float *x, int32_t n, int32_t *ids, tdm_err *err);
+                                 const float *x, int32_t n, const uint32_t *const *masks, int32_t *ids,
+                                 tdm_err *err);
     /* Optional (NULL: forward.c runs the blocks op by op): all transformer blocks
      * in one call, so a backend can keep data where it was computed between ops
      * (the CPU backend splits heads and FFN features between its threads, tensor

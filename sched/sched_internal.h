@@ -110,6 +110,8 @@ struct tdm_sched {
     int32_t n_run, cap;
     const tdm_kv_seq **g_seqs; /* [cap] a forward's sequences */
     tdm_draw_row *g_rows;      /* [n_logit_rows] each logits row's sequence and uniform */
+    const uint32_t **g_masks;  /* [n_logit_rows] each logits row's grammar mask, for a masked
+                                  greedy forward (tdm_batch.logit_masks) */
     int32_t *g_tok;            /* [n_logit_rows] the token drawn for each logits row */
     double *draws;             /* [cap][TDM_CTRL_MAX_K + 1] drafting sequences' uniforms */
     int32_t *g_who, *g_slot;   /* [n_logit_rows] drafting scratch (draft/chain.h) */

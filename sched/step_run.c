@@ -44,10 +44,16 @@ static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
     const bool samples = q->sp.temperature > 0 && (it->tree || it->decode || it->want);
     /* (its rows masked or edited before the draw; a logprobs request's rows read on
      * the host, where their summaries are taken) */
-    const bool rows_read = q->lp_top >= 0 && (it->decode || it->want) && !s->e->lp_dev;
-    const bool masked = (q->con || q->pen || rows_read) && (it->decode || it->want);
+    const bool lp = q->lp_top >= 0 && (it->decode || it->want), rows_read = lp && !s->e->lp_dev;
+    const bool masked = q->con && (it->decode || it->want);
+    const bool edited = (q->pen && (it->decode || it->want)) || lp;
     const tdm_fwd_kind logits = s->e->p_dev && !rows_read ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
-    if (masked && !samples) return logits;
+    /* (greedy and masked only: where the logits are host memory the forward's own
+     * argmax takes the masks, tdm_batch.logit_masks: the quantised head's bounds over
+     * the allowed tokens instead of every exact logit; edited rows need the logits) */
+    if (masked && !edited && !samples)
+        return s->e->be->host_memory && !s->e->target->tp ? TDM_FWD_ARGMAX : logits;
+    if (edited && !samples) return logits;
     if (!samples) return TDM_FWD_ARGMAX;
     if (it->reject) return !it->tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
     return logits;
@@ -183,6 +189,11 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
         any_chunk |= !it[i].decode;
     }
     *kind_out = kind;
+    if (kind == TDM_FWD_ARGMAX) { /* (the masks of a greedy forward's rows go with it) */
+        bool any = false;
+        for (int32_t j = 0; j < m; j++) any |= (s->g_masks[j] = rows[j].mask) != NULL;
+        b->logit_masks = any ? s->g_masks : NULL;
+    }
     b->rows_shared = !e->cfg.batch_invariant && n > 1; /* (a lone sequence's rows stay its own) */
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
     const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;

@@ -215,7 +215,7 @@ Test(head, argmax_equals_argmax_of_matmul_logits) {
                 for (int32_t i = 0; i < n; i++) fill_x(x + i * E, &w, (int)((i + n + s) % N_KINDS), &rng);
                 tdm_err err = {0};
                 cr_assert_eq(b->ops->matmul(b, &w, x, n, y, false, &err), TANDEM_OK, "%s", err.msg);
-                cr_assert_eq(b->ops->head_argmax(b, &w, &q.h, x, n, ids, &err), TANDEM_OK, "%s", err.msg);
+                cr_assert_eq(b->ops->head_argmax(b, &w, &q.h, x, n, NULL, ids, &err), TANDEM_OK, "%s", err.msg);
                 for (int32_t i = 0; i < n; i++) {
                     int32_t want = tdm_argmax_finite(y + (size_t)i * V, (int32_t)V);
                     n_non_finite += want < 0;
@@ -233,6 +233,70 @@ Test(head, argmax_equals_argmax_of_matmul_logits) {
         }
     cr_assert_gt(n_cases, 400);
     cr_assert_gt(n_non_finite, 40); /* the NaN / inf rows of x (kinds 5, 6) are reported */
+    tdm_backend_destroy(b);
+}
+
+/* With a grammar's mask per row: the id is the first largest of matmul's logits
+ * among the allowed tokens (-1 when none is, or the row is not finite).  Masks: every token, a random half, a random few, one token, the
+ * duplicated rows (exact ties) only, none; a NULL entry leaves its row unmasked. */
+Test(head, masked_argmax_equals_masked_argmax_of_matmul_logits) {
+    tdm_backend *b = vnni_backend(2);
+    uint64_t rng = 7;
+    static const int64_t shapes[][2] = {{1000, 384}, {8192, 128}, {333, 96}, {64, 32}};
+    static const int64_t dups[] = {5, 64, 200, 301};
+    uint64_t n_cases = 0, n_masked = 0;
+    for (size_t t = 0; t < TDM_ARRAY_LEN(types); t++)
+        for (size_t s = 0; s < TDM_ARRAY_LEN(shapes); s++) {
+            int64_t V = shapes[s][0], E = shapes[s][1];
+            const int32_t W = (int32_t)((V + 31) / 32);
+            int nd = 0;
+            while (nd < 4 && dups[nd] < V) nd++;
+            tdm_weight w = mk_weight(types[t], V, E, &rng, nd, dups);
+            qh q = mk_qhead(&w);
+            for (int32_t n = 1; n <= 18; n += (n < 5 ? 1 : 13)) {
+                float *x = malloc((size_t)(n * E) * sizeof(float)), *y = malloc((size_t)(n * V) * sizeof(float));
+                int32_t *ids = malloc((size_t)n * sizeof(int32_t));
+                uint32_t *mk = calloc((size_t)n * (size_t)W, sizeof(uint32_t));
+                const uint32_t **masks = calloc((size_t)n, sizeof *masks);
+                for (int32_t i = 0; i < n; i++) {
+                    fill_x(x + i * E, &w, (int)((i + 2 * n + s) % N_KINDS), &rng);
+                    uint32_t *m = mk + (size_t)i * (size_t)W;
+                    const int kind = (int)((i + n + t) % 7);
+                    for (int64_t r = 0; r < V; r++) {
+                        uint64_t u = tdm_test_rand(&rng) % 100;
+                        bool on = kind == 0 ? true : kind == 1 ? u < 50 : kind == 2 ? u < 3 : kind == 3 ? r == V / 2
+                                  : kind == 4 ? (r == 0 || r == dups[0]) : false;
+                        if (on) m[r / 32] |= 1u << (r % 32);
+                    }
+                    masks[i] = kind == 6 ? NULL : m;
+                }
+                tdm_err err = {0};
+                cr_assert_eq(b->ops->matmul(b, &w, x, n, y, false, &err), TANDEM_OK, "%s", err.msg);
+                cr_assert_eq(b->ops->head_argmax(b, &w, &q.h, x, n, masks, ids, &err), TANDEM_OK, "%s", err.msg);
+                for (int32_t i = 0; i < n; i++) {
+                    float *yi = y + (size_t)i * V;
+                    int32_t want = tdm_argmax_finite(yi, (int32_t)V);
+                    if (want >= 0 && masks[i]) { /* (the first largest allowed; -1: none) */
+                        want = -1;
+                        for (int64_t r = 0; r < V; r++)
+                            if (masks[i][r / 32] >> (r % 32) & 1u && (want < 0 || yi[r] > yi[want])) want = (int32_t)r;
+                        n_masked++;
+                    }
+                    cr_assert_eq(ids[i], want, "%s [%lld][%lld] n=%d row %d (x kind %d, mask kind %d): %d vs %d (%g %g)", tdm_dtype_name(types[t]),
+                                 (long long)V, (long long)E, n, i, (int)((i + 2 * n + s) % N_KINDS), (int)((i + n + t) % 7), ids[i], want, ids[i] >= 0 ? yi[ids[i]] : 0.0, want >= 0 ? yi[want] : 0.0);
+                    n_cases++;
+                }
+                free(x);
+                free(y);
+                free(ids);
+                free(mk);
+                free(masks);
+            }
+            tdm_free_aligned(q.buf);
+            free((void *)w.data);
+        }
+    cr_assert_gt(n_cases, 400);
+    cr_assert_gt(n_masked, 200);
     tdm_backend_destroy(b);
 }
 
@@ -288,9 +352,9 @@ Test(head, rejects_bad_args) {
     float x[64] = {0}, y[128];
     int32_t id;
     tdm_err err = {0};
-    cr_assert_eq(b->ops->head_argmax(b, &w2, &q.h, x, 1, &id, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->head_argmax(b, &w2, &q.h, x, 1, NULL, &id, &err), TANDEM_ERR_INVALID_ARG);
     cr_assert(strstr(err.msg, "head_argmax"), "%s", err.msg);
-    cr_assert_eq(b->ops->head_argmax(b, &w, NULL, x, 1, &id, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->head_argmax(b, &w, NULL, x, 1, NULL, &id, &err), TANDEM_ERR_INVALID_ARG);
     cr_assert_eq(b->ops->qhead_logits(b, &q.h, NULL, 1, y, &err), TANDEM_ERR_INVALID_ARG);
     cr_assert_eq(b->ops->qhead_logits(b, &q.h, x, -1, y, &err), TANDEM_ERR_INVALID_ARG);
     cr_assert_eq(b->ops->qhead_logits(b, &q.h, x, 0, y, &err), TANDEM_OK);

@@ -254,7 +254,8 @@ tandem_status tdm_cpu_matmul(tdm_backend *b, const tdm_weight *w, const float *x
 tandem_status tdm_cpu_qhead_logits(tdm_backend *b, const tdm_qhead *h, const float *x, int32_t n,
                                    float *y, tdm_err *err);
 tandem_status tdm_cpu_head_argmax(tdm_backend *b, const tdm_weight *w, const tdm_qhead *h,
-                                  const float *x, int32_t n, int32_t *ids, tdm_err *err);
+                                  const float *x, int32_t n, const uint32_t *const *masks, int32_t *ids,
+                                  tdm_err *err);
 tandem_status tdm_cpu_add_bias(tdm_backend *b, float *y, const float *bias, int32_t n, int32_t dim,
                                tdm_err *err);
 tandem_status tdm_cpu_rope(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,

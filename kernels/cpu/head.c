@@ -202,6 +202,67 @@ tandem_status tdm_cpu_qhead_logits(tdm_backend *be, const tdm_qhead *h, const fl
     return st;
 }
 
+/* out[r] = the exact logit of W row r for x row xi, the value matmul computes. */
+static tandem_status exact_logit(tdm_cpu *c, const tdm_weight *w, const float *xi, int64_t r, float *out,
+                                 tdm_err *err) {
+    if (tdm_qdot_type(w->type)) { /* the integer-dot path: matmul of the row alone */
+        tdm_weight v;
+        return tdm_weight_rows_view(w, r, 1, &v) ? tdm_cpu_matmul_on(c, &v, xi, 1, out + r, false, err)
+                                                 : TANDEM_ERR_INVALID_ARG;
+    }
+    if (!c->k->gemv(w, xi, 1, r, r + 1, out, 0, false))
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: %s weights", tdm_dtype_name(w->type));
+    return TANDEM_OK;
+}
+
+/* Row i's answer among the tokens of mask (a grammar's): the allowed row of the
+ * largest upper bound r* gives a lower bound, its exact logit lo, of the largest
+ * allowed logit; every allowed row whose upper bound reaches lo is computed exactly
+ * (in increasing order: the first of a tie wins), the others are below lo.  -1 (the
+ * caller then decides on full logits) when nothing is allowed, a bound overflowed
+ * or a logit is not finite. */
+static tandem_status best_masked(tdm_cpu *c, const tdm_weight *w, const head_job *j, int32_t i, const float *xi,
+                                 const uint32_t *mask, int32_t *out, tdm_err *err) {
+    const int64_t rows = j->h->rows;
+    float *ub = j->out + i * j->ldo; /* (exact logits replace their bounds) */
+    int64_t top = -1;
+    *out = -1;
+    if (!tdm_logits_finite(ub, (int32_t)rows)) return TANDEM_OK; /* (a bound overflowed: an unallowed logit may not be finite) */
+    for (int64_t w0 = 0; w0 < rows; w0 += 32) {
+        uint32_t bits = mask[w0 / 32];
+        while (bits) {
+            const int64_t r = w0 + __builtin_ctz(bits);
+            bits &= bits - 1;
+            if (r < rows && (top < 0 || ub[r] > ub[top])) top = r;
+        }
+    }
+    if (top < 0) return TANDEM_OK;
+    tandem_status st = exact_logit(c, w, xi, top, ub, err);
+    if (st || !isfinite(ub[top])) return st;
+    const float lo = ub[top];
+    float best = -INFINITY;
+    int32_t idx = -1;
+    int64_t n_cand = 0;
+    for (int64_t w0 = 0; w0 < rows; w0 += 32) {
+        uint32_t bits = mask[w0 / 32];
+        while (bits) {
+            const int64_t r = w0 + __builtin_ctz(bits);
+            bits &= bits - 1;
+            if (r >= rows || !(ub[r] >= lo)) continue;
+            if (r != top) {
+                if ((st = exact_logit(c, w, xi, r, ub, err))) return st;
+                n_cand++;
+                if (!isfinite(ub[r])) return TANDEM_OK;
+            }
+            if (ub[r] > best) best = ub[r], idx = (int32_t)r;
+        }
+    }
+    c->head_rows++;
+    c->head_cands += (uint64_t)n_cand + 1;
+    *out = idx;
+    return TANDEM_OK;
+}
+
 /* The first of the largest exact logits among row i's candidates (rows whose upper
  * bound reaches lo; the exact logits overwrite their bounds), -1 when one is not finite. */
 static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_job *j, int32_t i,
@@ -219,14 +280,8 @@ static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_
         for (int64_t u = 0; finite && u < nr; u++) {
             int64_t r = scan ? u : cl[1 + u];
             if (!(ub[r] >= lo)) continue;
-            if (tdm_qdot_type(w->type)) { /* the integer-dot path: matmul of the row alone */
-                tdm_weight v;
-                tandem_status st = tdm_weight_rows_view(w, r, 1, &v) ? tdm_cpu_matmul_on(c, &v, xi, 1, ub + r, false, err)
-                                                                     : TANDEM_ERR_INVALID_ARG;
-                if (st) return st;
-            } else if (!c->k->gemv(w, xi, 1, r, r + 1, ub, 0, false)) {
-                return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "head_argmax: %s weights", tdm_dtype_name(w->type));
-            }
+            tandem_status st = exact_logit(c, w, xi, r, ub, err);
+            if (st) return st;
             n_cand++;
             finite = isfinite(ub[r]); /* NaN / inf: the full logits decide (and report it) */
             if (ub[r] > best) best = ub[r], idx = (int32_t)r;
@@ -240,7 +295,7 @@ static tandem_status best_candidate(tdm_cpu *c, const tdm_weight *w, const head_
 }
 
 tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const tdm_qhead *h, const float *x,
-                                  int32_t n, int32_t *ids, tdm_err *err) {
+                                  int32_t n, const uint32_t *const *masks, int32_t *ids, tdm_err *err) {
     tdm_cpu *c = tdm_cpu_of(be, "head_argmax", err);
     if (!c) return err ? err->status : TANDEM_ERR_INVALID_ARG;
     tandem_status st = check_head(c, h, x, n, ids, "head_argmax", err);
@@ -260,12 +315,15 @@ tandem_status tdm_cpu_head_argmax(tdm_backend *be, const tdm_weight *w, const td
             const float *xi = x + (i0 + i) * h->cols;
             float lo = -INFINITY;
             for (int64_t t = 0; t < j.tasks; t++) lo = fmaxf(lo, j.lo[t * XCHUNK + i]);
+            const uint32_t *mask = masks ? masks[i0 + i] : NULL;
             int32_t idx = -1;
-            if (ok[i] && isfinite(lo) && (st = best_candidate(c, w, &j, i, xi, lo, &idx, err))) return st;
+            if (ok[i] && isfinite(lo) &&
+                (st = mask ? best_masked(c, w, &j, i, xi, mask, &idx, err) : best_candidate(c, w, &j, i, xi, lo, &idx, err)))
+                return st;
             if (idx < 0) { /* non-finite x, an overflowing bound or a non-finite candidate: every logit */
                 float *full = j.out + i * j.ldo;
                 if ((st = tdm_cpu_matmul(be, w, xi, 1, full, false, err))) return st;
-                idx = tdm_argmax_finite(full, (int32_t)h->rows);
+                idx = mask ? tdm_argmax_masked(full, (int32_t)h->rows, mask) : tdm_argmax_finite(full, (int32_t)h->rows);
             }
             ids[i0 + i] = idx;
         }

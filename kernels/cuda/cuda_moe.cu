@@ -253,20 +253,7 @@ k_moe_gemv(const uint8_t *const *wtab, size_t row_bytes, int32_t n_out, int32_t 
         moe_deq16<T, QS>(rowb, cols, c, fb);
 #pragma unroll
         for (int i = 0; i < NR; i++) {
-            const float4 *xp = (const float4 *)(xr[i]) + 4 * c;
-            float u = sa[i], v = sb[i];
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                const float4 p = __ldg(xp + q);
-                const float xv[4] = {p.x, p.y, p.z, p.w};
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    u = fmaf(fa[4 * q + e], xv[e], u);
-                    v = fmaf(fb[4 * q + e], xv[e], v);
-                }
-            }
-            sa[i] = u;
-            sb[i] = v;
+            tdm_cu_dot16x2(fa, fb, (const float4 *)(xr[i]) + 4 * c, sa[i], sb[i]);
         }
     }
     float va = 0.0f, vb = 0.0f;

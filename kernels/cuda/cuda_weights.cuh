@@ -193,6 +193,23 @@ template <> __device__ __forceinline__ void tdm_cu_deq16<TDM_Q3_K>(const uint8_t
 TDM_CU_FOR_EACH_KTYPE(TDM_CU_WLOAD16)
 #undef TDM_CU_WLOAD16
 
+/* Two weight rows' 16 dequantised elements fa, fb against 16 activations at xp (four
+ * float4, read through the read-only cache): u += fa . x, v += fb . x, in element
+ * order (the row kernels' and the experts' products of the 16-element types). */
+__device__ __forceinline__ void tdm_cu_dot16x2(const float fa[16], const float fb[16], const float4 *xp, float &u,
+                                               float &v) {
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        const float4 p = __ldg(xp + q);
+        const float xv[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            u = fmaf(fa[4 * q + e], xv[e], u);
+            v = fmaf(fb[4 * q + e], xv[e], v);
+        }
+    }
+}
+
 /* Element k of a QSPLIT row of cols columns (Q8_0: [cols] int8 then [cols / 32] f16
  * scales; Q4_0: [cols / 2] bytes of nibbles in block order, then the scales). */
 template <uint32_t T> __device__ __forceinline__ float tdm_cu_wload_qsplit(const uint8_t *row, int32_t cols, int32_t k) {

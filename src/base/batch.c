@@ -41,6 +41,7 @@ void tdm_batch_clear(tdm_batch *b) {
     b->rows_shared = false;
     b->tree_mask_dev = NULL;
     b->tree = false;
+    b->logit_masks = NULL;
 }
 
 int32_t tdm_batch_add(tdm_batch *b, int32_t token, int32_t pos, int32_t seq, int32_t slot,

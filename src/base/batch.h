@@ -48,6 +48,11 @@ typedef struct tdm_batch {
                               host checks and plans by).  Only a backend's fused blocks
                               read them; a forward that cannot fails (cleared by
                               tdm_batch_clear) */
+    const uint32_t *const *logit_masks; /* NULL, or [rows with want_logits] in row order: a
+                              host mask of the vocabulary per logits row (NULL: that row
+                              unmasked; a grammar's allowed tokens), honoured by a forward
+                              of kind TDM_FWD_ARGMAX, whose ids are then the best allowed
+                              tokens (cleared by tdm_batch_clear) */
 } tdm_batch;
 
 tandem_status tdm_batch_init(tdm_batch *b, int32_t cap, tdm_err *err);

@@ -315,6 +315,20 @@ int32_t tdm_argmax_finite(const float *logits, int32_t n) {
     return tdm_logits_finite(logits, n) ? tdm_argmax(logits, n) : -1;
 }
 
+int32_t tdm_argmax_masked(const float *l, int32_t n, const uint32_t *mask) {
+    if (!tdm_logits_finite(l, n)) return -1;
+    int32_t best = -1;
+    for (int32_t w = 0; w * 32 < n; w++) {
+        uint32_t bits = mask[w];
+        while (bits) {
+            const int32_t i = w * 32 + __builtin_ctz(bits);
+            bits &= bits - 1;
+            if (i < n && (best < 0 || l[i] > l[best])) best = i;
+        }
+    }
+    return best;
+}
+
 void tdm_logits_mask(float *l, int32_t n, const uint32_t *mask, float fill) {
     for (int32_t w = 0; w * 32 < n; w++) {
         const uint32_t bits = mask[w];

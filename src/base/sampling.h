@@ -42,6 +42,10 @@ int32_t tdm_argmax_finite(const float *logits, int32_t n);
  * (i % 32 of mask[i / 32], (n + 31) / 32 words) is clear; the others unchanged.  The
  * reference of the backends' mask_rows op. */
 void tdm_logits_mask(float *l, int32_t n, const uint32_t *mask, float fill);
+/* The first largest logit among the tokens whose bit in mask is set (a grammar's
+ * greedy token), without writing l; -1 when a logit of the whole row is not finite
+ * or no token is allowed. */
+int32_t tdm_argmax_masked(const float *l, int32_t n, const uint32_t *mask);
 
 /* The largest probability of softmax(logits): 1 / sum_i exp(l_i - max), in one
  * vectorised pass without writing the distribution (the draft's p_min test).  NaN

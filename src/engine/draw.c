@@ -146,9 +146,11 @@ tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *
     const size_t V = (size_t)e->n_vocab;
     switch (kind) {
     case TDM_FWD_ARGMAX:
-        for (int32_t j = 0; j < m; j++) {
-            if (rows[j].mask || rows[j].n_edit)
-                return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a masked or edited logits row in an argmax forward");
+        for (int32_t j = 0; j < m; j++) { /* (a masked row's mask went with the forward: tdm_batch.logit_masks) */
+            if ((rows[j].mask && (is_draft || !e->batch.logit_masks || e->batch.logit_masks[j] != rows[j].mask)) ||
+                rows[j].n_edit)
+                return tdm_seterr(err, TANDEM_ERR_INTERNAL,
+                                  "a masked logits row without its mask, or an edited one, in an argmax forward");
             tok[j] = e->ids[j];
         }
         return TANDEM_OK;

@@ -489,7 +489,7 @@ static tandem_status subset_head(const tdm_model *m, tdm_backend *be, tdm_fwd_sc
     if (kind == TDM_FWD_ARGMAX && q && m->hp.final_softcap <= 0) {
         const int32_t step = s->mm_rows > 0 ? s->mm_rows : nl;
         for (int32_t i = 0; i < nl; i += step)
-            if ((st = op->head_argmax(be, &h->w, &h->qh, s->xb + (size_t)i * m->hp.n_embd, TDM_MIN(step, nl - i),
+            if ((st = op->head_argmax(be, &h->w, &h->qh, s->xb + (size_t)i * m->hp.n_embd, TDM_MIN(step, nl - i), NULL,
                                       ids + i, err)))
                 return st;
     } else {
@@ -537,7 +537,7 @@ tandem_status tdm_model_forward_dev(const tdm_model *m, tdm_backend *be, tdm_kv_
 }
 
 static tandem_status forward_tail(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, tdm_fwd_kind kind,
-                                  float *logits, int32_t nl, int32_t *ids, tdm_err *err);
+                                  float *logits, int32_t nl, const uint32_t *const *masks, int32_t *ids, tdm_err *err);
 
 tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_store *kv,
                                    const tdm_batch *batch, const tdm_kv_seq *const *seqs,
@@ -550,13 +550,15 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
     if (kind == TDM_FWD_ARGMAX && !ids) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "forward: NULL ids");
     if (s->vhead) {
         if ((st = forward_trunk(m, be, kv, batch, seqs, s, NULL, &nl, err)) || nl == 0) return st;
+        if (kind == TDM_FWD_ARGMAX && batch->logit_masks)
+            return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: a head over part of the vocabulary takes no masks");
         return subset_head(m, be, s, kind, logits, nl, ids, err);
     }
     if (m->tp && s->n_feat > 0)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: a split model (tensor parallel) exports no features");
     if (m->tp) { /* a split model: every rank's part of the logits gathered (no quantised head) */
         if ((st = tdm_tp_forward(m, be, kv, batch, seqs, s, logits, &nl, err)) || nl == 0) return st;
-        return forward_tail(m, be, s, kind, logits, nl, ids, err);
+        return forward_tail(m, be, s, kind, logits, nl, batch->logit_masks, ids, err);
     }
     st = forward_trunk(m, be, kv, batch, seqs, s, NULL, &nl, err);
     if (st || nl == 0) return st;
@@ -567,7 +569,7 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         const int32_t step = s->mm_rows > 0 ? s->mm_rows : nl;
         for (int32_t i = 0; i < nl; i += step)
             if ((st = op->head_argmax(be, &m->output, &m->qhead, s->xb + (size_t)i * hp->n_embd, TDM_MIN(step, nl - i),
-                                      ids + i, err)))
+                                      batch->logit_masks ? batch->logit_masks + i : NULL, ids + i, err)))
                 return st;
         return TANDEM_OK;
     }
@@ -576,16 +578,26 @@ tandem_status tdm_model_forward_ex(const tdm_model *m, tdm_backend *be, tdm_kv_s
         return final_softcap(m, be, logits, nl, hp->n_vocab, err);
     }
     if ((st = tdm_fwd_matmul(be, s, &m->output, s->xb, nl, logits, false, err))) return st;
-    return forward_tail(m, be, s, kind, logits, nl, ids, err);
+    return forward_tail(m, be, s, kind, logits, nl, batch->logit_masks, ids, err);
 }
 
 /* After the exact logits: the final soft-cap, and for TDM_FWD_ARGMAX the ids. */
 static tandem_status forward_tail(const tdm_model *m, tdm_backend *be, tdm_fwd_scratch *s, tdm_fwd_kind kind,
-                                  float *logits, int32_t nl, int32_t *ids, tdm_err *err) {
+                                  float *logits, int32_t nl, const uint32_t *const *masks, int32_t *ids, tdm_err *err) {
     tandem_status st;
     if ((st = final_softcap(m, be, logits, nl, m->hp.n_vocab, err))) return st;
     if (kind != TDM_FWD_ARGMAX) return TANDEM_OK;
-    return argmax_rows(be, s, logits, nl, m->hp.n_vocab, ids, err);
+    if (!masks) return argmax_rows(be, s, logits, nl, m->hp.n_vocab, ids, err);
+    /* masked rows (a grammar's): the best allowed token of each, read where the
+     * logits are (host memory) */
+    if (!be->host_memory)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "forward: backend %s takes no masks with an argmax", be->ops->name);
+    const int32_t V = m->hp.n_vocab;
+    for (int32_t i = 0; i < nl; i++) {
+        const float *l = logits + (size_t)i * (size_t)V;
+        ids[i] = masks[i] ? tdm_argmax_masked(l, V, masks[i]) : tdm_argmax_finite(l, V);
+    }
+    return TANDEM_OK;
 }
 
 /* ids[i] = tdm_argmax_finite of row i of logits[nl][width] (backend memory): -1 for a
