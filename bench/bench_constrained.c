@@ -1,6 +1,8 @@
 /* bench_constrained.c - what grammar-constrained decoding costs (issue 47): decode
  * speed with and without a JSON schema, target-only and speculative, at batch 1 and
- * batch 8, alternated A/B in one process.
+ * batch 8, alternated A/B in one process.  --arm penalties: with and without the
+ * logit edits instead (presence 0.5, frequency 0.5, repetition 1.1, a logit_bias of
+ * 4 tokens); --arm logprobs: with and without logprobs (5 alternatives per token).
  *
  * Per batch size B: a target-only engine and a speculative one, each of B sequences;
  * per repetition every engine runs the prompts twice, unconstrained (A) and under the
@@ -21,7 +23,9 @@
  *
  * usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16]
  *                          [--reps 5] [--threads 2] [--batch 1,8] [--schema JSON]
+ *                          [--arm schema|penalties|logprobs]
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +41,10 @@ static const char *SCHEMA_DEFAULT =
     "{\"type\": \"array\", \"minItems\": 40, \"items\": {\"type\": \"object\", \"properties\": {"
     "\"id\": {\"type\": \"integer\"}, \"name\": {\"type\": \"string\", \"maxLength\": 16}, \"ok\": {\"type\": "
     "\"boolean\"}}, \"required\": [\"id\", \"name\", \"ok\"], \"additionalProperties\": false}}";
+
+/* What a run adds: nothing (A), or the B arm's. */
+typedef enum arm { ARM_NONE, ARM_SCHEMA, ARM_PENALTIES, ARM_LOGPROBS } arm;
+static const tandem_logit_bias BIAS[] = {{13, 1.5f}, {220, -1.0f}, {7, 0.5f}, {198, -2.0f}};
 
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -55,7 +63,8 @@ static void die(const char *what) {
 
 /* Runs the prompts on e in waves of batch and returns decoded tokens / decode
  * seconds; *acc gets the acceptance of the drafted tokens. */
-static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const char *schema, int batch, double *acc) {
+static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const char *schema, arm b, int batch,
+                  double *acc) {
     tandem_request *rq = calloc((size_t)n, sizeof *rq);
     tandem_result *res = calloc((size_t)n, sizeof *res);
     for (int i = 0; i < n; i++) {
@@ -63,7 +72,14 @@ static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const
         rq[i].prompt = prompts[i];
         rq[i].params.max_tokens = max_tokens;
         rq[i].params.ignore_eos = true;
-        rq[i].params.json_schema = schema;
+        if (b == ARM_SCHEMA) rq[i].params.json_schema = schema;
+        if (b == ARM_PENALTIES) {
+            rq[i].params.presence_penalty = rq[i].params.frequency_penalty = 0.5f;
+            rq[i].params.repetition_penalty = 1.1f;
+            rq[i].params.logit_bias = BIAS;
+            rq[i].params.n_logit_bias = 4;
+        }
+        if (b == ARM_LOGPROBS) rq[i].params.logprobs = true, rq[i].params.top_logprobs = 5;
     }
     double tokens = 0, decode_s = 0, drafted = 0, accepted = 0;
     int short_ = 0;
@@ -94,6 +110,7 @@ static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const
 
 int main(int argc, char **argv) {
     const char *target = NULL, *draft = NULL, *prompts_file = NULL, *schema = SCHEMA_DEFAULT, *batches = "1,8";
+    const char *arm_name = "schema";
     int n_new = 64, limit = 16, reps = 5, threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -110,24 +127,28 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--threads")) threads = atoi(v);
         else if (!strcmp(a, "--batch")) batches = v;
         else if (!strcmp(a, "--schema")) schema = v;
+        else if (!strcmp(a, "--arm")) arm_name = v;
         else {
             fprintf(stderr, "bench_constrained: unknown option %s\n", a);
             return 2;
         }
         i++;
     }
-    if (!target || !draft || !prompts_file || n_new < 2 || limit < 1 || reps < 1 || reps > MAX_REPS) {
+    const arm b = !strcmp(arm_name, "penalties") ? ARM_PENALTIES : !strcmp(arm_name, "logprobs") ? ARM_LOGPROBS : ARM_SCHEMA;
+    if (!target || !draft || !prompts_file || n_new < 2 || limit < 1 || reps < 1 || reps > MAX_REPS ||
+        (b == ARM_SCHEMA && strcmp(arm_name, "schema"))) {
         fprintf(stderr, "usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16] [--reps 5]"
-                        " [--threads 2] [--batch 1,8] [--schema JSON]\n");
+                        " [--threads 2] [--batch 1,8] [--schema JSON] [--arm schema|penalties|logprobs]\n");
         return 2;
     }
+    const char *what = b == ARM_SCHEMA ? "JSON schema" : arm_name;
     int n = 0;
     char **prompts = bench_prompts_read(prompts_file, limit, &n);
     tandem_model *t = NULL, *d = NULL;
     if (tandem_model_open(target, NULL, &t) != TANDEM_OK) die(target);
     if (tandem_model_open(draft, NULL, &d) != TANDEM_OK) die(draft);
-    printf("| batch | engine | tok/s unconstrained | tok/s JSON schema | schema / free | acceptance free, schema |\n"
-           "|---|---|---|---|---|---|\n");
+    printf("| batch | engine | tok/s free | tok/s %s | %s / free | acceptance free, %s |\n"
+           "|---|---|---|---|---|---|\n", what, arm_name, arm_name);
     char *bl = strdup(batches);
     for (char *tok = strtok(bl, ","); tok; tok = strtok(NULL, ",")) {
         const int B = atoi(tok);
@@ -142,7 +163,7 @@ int main(int argc, char **argv) {
             for (int x = 0; x < 2; x++)
                 for (int o = 0; o < 2; o++) {
                     const int c = r % 2 ? 1 - o : o; /* A B, then B A */
-                    rate[x][c][r] = run(eng[x], prompts, n, n_new, c ? schema : NULL, B, &acc[x][c][r]);
+                    rate[x][c][r] = run(eng[x], prompts, n, n_new, schema, c ? b : ARM_NONE, B, &acc[x][c][r]);
                 }
         /* ratios within a repetition (its A and B ran back to back), then their median:
          * what drifts between repetitions cancels */

@@ -8,6 +8,7 @@
 #include "kv_cache.h"
 #include "ngram.h"
 #include "oracle.h"
+#include "penalty.h"
 #include "tree.h"
 
 static float max_of(const float *p, int32_t n) {
@@ -187,7 +188,7 @@ static bool device_rounds(const tdm_engine *e, const tdm_spec_ws *ws, const tdm_
     for (int32_t i = 0; i < n; i++) {
         const tdm_chain_req *q = &req[i];
         if (q->s->sp.temperature > 0 || q->k != req[0].k || q->k_ext > q->k || q->sr->spec_p_min > 0 || q->sr->oracle ||
-            q->s->con)
+            q->s->con || q->s->pen)
             return false;
         rows += q->s->n_tokens - q->s->n_draft;
     }
@@ -254,7 +255,7 @@ typedef struct round_buf {
 
 static bool needs_host_logits(const tdm_chain_req *q) {
     return (q->s->sp.temperature > 0 && !q->u) || q->sr->spec_p_min > 0 || (q->sr->oracle && q->s->sp.temperature <= 0) ||
-           q->s->con; /* (masked on the host with the matcher's state along the chain) */
+           q->s->con || q->s->pen; /* (masked / edited on the host with the state along the chain) */
 }
 
 /* Sequence i's token d is x (or, stop, none: p_min cut the chain before it): kept,
@@ -283,6 +284,10 @@ static int32_t host_token(round_buf *r, int32_t i, int32_t d, float *l, bool *st
     const int32_t V = e->n_vocab;
     const float p_min = q->sr->spec_p_min;
     *stop = false;
+    if (s->pen) { /* the row edited as the target's row d will be (acceptance only) */
+        if (!tdm_logits_finite(l, V)) return -1;
+        if (tdm_penalty_draft_row(s, q->draft, d, l, err)) return *stop = true, -2;
+    }
     if (s->con) { /* the row masked with the state after draft[0..d) (the matcher's now) */
         if (!tdm_logits_finite(l, V)) return -1;
         int32_t n_allowed = 0;
@@ -316,7 +321,7 @@ static tandem_status flush(round_buf *r, tdm_err *err) {
     if (!st && !r->host) {
         for (int32_t j = 0; j < r->m; j++) {
             const tdm_chain_req *q = &r->req[scr->who[j]];
-            scr->rows[j] = (tdm_draw_row){q->s, q->u ? q->u[scr->slot[j]] : 0, NULL};
+            scr->rows[j] = (tdm_draw_row){q->s, q->u ? q->u[scr->slot[j]] : 0, NULL, NULL, 0};
         }
         st = tdm_engine_draw(e, true, scr->rows, r->m, kind, scr->tok, err);
     }
@@ -407,7 +412,7 @@ tandem_status tdm_draft_chains(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *re
         if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
     }
     if (n_own > 1) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "%d sequences drafting with q rows, at most 1", (int)n_own);
-    if (n == 1 && req[0].k > 0 && ws->chain_dev && !req[0].s->con &&
+    if (n == 1 && req[0].k > 0 && ws->chain_dev && !req[0].s->con && !req[0].s->pen &&
         (req[0].s->sp.temperature <= 0 || (!req[0].u && ws->q_dev)))
         return chain_on_device(e, ws, &req[0], err);
     if (device_rounds(e, ws, req, n)) {

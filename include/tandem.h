@@ -410,6 +410,31 @@ TANDEM_API const char *tandem_finish_reason_str(tandem_finish_reason r); /* "eos
 typedef bool (*tandem_token_cb)(int32_t token, const char *text, size_t text_len,
                                 void *user_data);
 
+/* Log-probabilities of one generated token (tandem_generate_params.logprobs): under
+ * the distribution the target draws from after the request's penalties, logit_bias
+ * and grammar mask, at temperature 1 and before top_k / top_p / min_p (what vLLM
+ * returns by default): logprob = logit - logsumexp(logits) of that row. */
+#define TANDEM_TOP_LOGPROBS_MAX 20
+typedef struct tandem_token_logprob {
+    float logprob;       /* the generated token's */
+    int n_top;           /* entries in top_*: the request's top_logprobs */
+    int32_t top_ids[TANDEM_TOP_LOGPROBS_MAX];    /* [n_top] the likeliest tokens, most first
+                                                    (ties: the lower id first) */
+    float top_logprobs[TANDEM_TOP_LOGPROBS_MAX]; /* [n_top] their log-probabilities */
+} tandem_token_logprob;
+
+/* on_token with the token's log-probabilities (lp: valid during the call; NULL when
+ * the request asked none). */
+typedef bool (*tandem_token_lp_cb)(int32_t token, const char *text, size_t text_len,
+                                   const tandem_token_logprob *lp, void *user_data);
+
+/* One entry of tandem_generate_params.logit_bias. */
+typedef struct tandem_logit_bias {
+    int32_t token; /* [0, the model's vocabulary) */
+    float bias;    /* added to the token's logit, [-100, 100] */
+} tandem_logit_bias;
+#define TANDEM_LOGIT_BIAS_MAX 1024 /* n_logit_bias at most this */
+
 /* Bounds of the speculation parameters (tandem_generate_params). */
 #define TANDEM_SPEC_K_MAX 32    /* spec_k, spec_k_min, spec_k_max at most this */
 #define TANDEM_SPEC_NGRAM_MIN 2 /* spec_ngram: 0, or in [TANDEM_SPEC_NGRAM_MIN, _MAX] */
@@ -494,6 +519,45 @@ typedef struct tandem_generate_params {
     const char *json_schema;  /* a JSON schema (OpenAI's strict subset and more; the
                                  keywords: src/grammar/json_schema.h); `{"type":"object"}`
                                  is JSON mode (any JSON object); NULL = none; default NULL */
+    /* Penalties, logit_bias and min_tokens: the target's logits row of each generated
+     * token is edited before the draw (in this order: logit_bias added; repetition
+     * penalty; frequency and presence penalties subtracted; end-of-generation tokens
+     * suppressed below min_tokens), and that edited distribution IS the one sampled
+     * (greedy: its argmax).  Speculation stays lossless: verified row d of a drafted
+     * chain is edited with the counts of the committed text plus the chain's first d
+     * tokens, exactly as without speculation (the draft's rows are edited alike, for
+     * acceptance).  A request with any of them on verifies chains, not token trees
+     * (spec_tree is taken as 0), as a grammar-constrained one does; a sampled one on
+     * an engine of one sequence by rejection sampling where the draft's q rows are on
+     * the host (the CPU), else by agreement with the target's own draws. */
+    float presence_penalty;   /* [-2, 2]: subtracted from the logit of every token that
+                                 occurs in the generated text (OpenAI's; the prompt does
+                                 not count); 0 = off; default 0 */
+    float frequency_penalty;  /* [-2, 2]: times the token's count in the generated text,
+                                 subtracted (OpenAI's); 0 = off; default 0 */
+    float repetition_penalty; /* (0, 100]: every token that occurs in the prompt or the
+                                 generated text has its logit divided by it when positive,
+                                 multiplied when negative (vLLM's and llama.cpp's; the
+                                 window is the whole prompt + generated text); 1 = off;
+                                 default 1 */
+    const tandem_logit_bias *logit_bias; /* [n_logit_bias]: token ids each given a bias
+                                 (a token at most once); copied at submission; default NULL */
+    int n_logit_bias;         /* [0, TANDEM_LOGIT_BIAS_MAX]; default 0 */
+    int min_tokens;           /* [0, INT_MAX]: until this many tokens are generated,
+                                 end-of-generation tokens are suppressed (their logits
+                                 made unreachable) and stop strings are not looked for
+                                 (vLLM's); 0 = off; default 0 */
+    /* Log-probabilities of the generated tokens (tandem_token_logprob: under the
+     * edited, masked distribution at temperature 1, before top_k / top_p / min_p),
+     * the speculated ones' from the verifying forward's rows.  A sampled request with
+     * logprobs on is verified by agreement with the target's draws (not by rejection
+     * sampling); like penalties, it verifies chains, not token trees. */
+    bool logprobs;            /* the results' logprobs array and on_token_lp's lp;
+                                 default false */
+    int top_logprobs;         /* [0, TANDEM_TOP_LOGPROBS_MAX] alternatives per token (needs
+                                 logprobs when > 0); default 0 */
+    tandem_token_lp_cb on_token_lp; /* on_token with the token's log-probabilities (at
+                                 most one of on_token and on_token_lp is set); default NULL */
 } tandem_generate_params;
 
 TANDEM_API tandem_generate_params tandem_generate_default_params(void);
@@ -537,6 +601,8 @@ typedef struct tandem_result {
     size_t n_cached_tokens; /* prompt tokens whose K/V came from the prefix cache */
     int n_preemptions;      /* times it was preempted (blocks freed, recomputed later) */
     tandem_spec_stats spec; /* all zero without a draft */
+    tandem_token_logprob *logprobs; /* [n_tokens] with params.logprobs, else NULL (malloc'ed;
+                                       freed by tandem_result_free) */
 } tandem_result;
 
 /* Generates a completion of a text prompt (BOS added as the model asks).

@@ -17,6 +17,7 @@
 #include "dtype.h"
 #include "kv_cache.h"
 #include "kv_layout.h"
+#include "logit_edit.h"
 #include "sampling.h"
 
 typedef struct tdm_backend tdm_backend;
@@ -422,6 +423,24 @@ typedef struct tdm_backend_ops {
      * tdm_logits_mask (sampling.h) makes it.  x and mask backend memory.  Does not wait. */
     tandem_status (*mask_rows)(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
                                tdm_err *err);
+    /* Optional (NULL: penalised requests are refused where the engine samples on the
+     * device): per-row logit edits (penalties, logit_bias, min_tokens), row i of
+     * x[n][dim] gets edits[off[i] .. off[i + 1]) (ids in [0, dim), each at most once a
+     * row), x[i][id] = tdm_logit_edit_apply(edit, x[i][id]): each row as
+     * tdm_logits_edit_rows (logit_edit.h) makes it.  x, edits and off[n + 1] backend
+     * memory; the CPU refuses an id out of range (TANDEM_ERR_INVALID_ARG, rows partly
+     * edited), a GPU trusts its caller (the engine checked them at submission).  Does
+     * not wait. */
+    tandem_status (*edit_rows)(tdm_backend *b, float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits,
+                               const int32_t *off, tdm_err *err);
+    /* Optional (NULL: a logprobs request's rows are read on the host): each finite row
+     * x[i][0..dim) summarised into out[i] as tdm_logits_row_top (logit_edit.h) makes
+     * it (its logsumexp within 1e-6 relative; its k <= TDM_ROW_TOP_MAX largest entries,
+     * ids and logits, decreasing, ties to the lower id), and out[i].want = x[i][want[i]]
+     * (0 for an id out of range).  x, want[n] and out[n] backend memory: a few hundred
+     * bytes a row to read back, not the row.  Does not wait. */
+    tandem_status (*row_top)(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, const int32_t *want,
+                             tdm_row_top *out, tdm_err *err);
     /* Optional (NULL: the host routes, src/model/moe.h; a backend without host memory
      * then runs no mixture-of-experts model): each row of a mixture-of-experts
      * router's logits[n][n_expert] (backend memory) routed as tdm_moe_route does

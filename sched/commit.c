@@ -6,6 +6,7 @@
 
 #include "constrain.h"
 #include "kv_cache.h"
+#include "penalty.h"
 
 static bool append_text(tdm_seq *s, const char *t, size_t n) {
     if (s->text_len + n + 1 > s->text_cap) {
@@ -21,8 +22,30 @@ static bool append_text(tdm_seq *s, const char *t, size_t n) {
     return true;
 }
 
+/* The committed token's log-probabilities from its row (tdm_seq.lp_rows), into
+ * s->lp (sized at submission for every token the request can generate). */
+static const tandem_token_logprob *take_logprob(tdm_seq *s, int32_t token) {
+    const int32_t n_gen = s->n_tokens - s->n_prompt;
+    if (n_gen >= s->lp_cap) return NULL; /* (never) */
+    tandem_token_logprob *lp = &s->lp[n_gen];
+    memset(lp, 0, sizeof *lp);
+    if (s->lp_next < s->lp_fill) {
+        const tdm_lp_row *r = &s->lp_rows[s->lp_next++];
+        /* (the row's drawn token is the one committed: logprobs requests are verified by
+         * agreement, chains only) */
+        lp->logprob = r->token == token ? (float)((double)r->logit - r->lse) : 0.0f;
+        lp->n_top = TDM_MIN(r->k, s->lp_top);
+        for (int32_t j = 0; j < lp->n_top; j++) {
+            lp->top_ids[j] = r->ids[j];
+            lp->top_logprobs[j] = (float)((double)r->val[j] - r->lse);
+        }
+    }
+    return lp;
+}
+
 bool tdm_commit_token(tdm_engine *e, tdm_seq *s, int32_t token) {
     if (s->done) return false;
+    const tandem_token_logprob *lp = s->lp_top >= 0 ? take_logprob(s, token) : NULL;
     s->tokens[s->n_tokens++] = token;
     const tdm_tokenizer *tok = e->target->tok;
     const size_t before = s->text_len;
@@ -31,6 +54,7 @@ bool tdm_commit_token(tdm_engine *e, tdm_seq *s, int32_t token) {
     if (nb > 0) append_text(s, buf, (size_t)nb);
     int32_t n_gen = s->n_tokens - s->n_prompt;
     const bool refused = s->con && !tdm_constraint_commit(s, token); /* (the request fails: step.c) */
+    if (s->pen) tdm_penalty_commit(s, token);
     if (!s->ignore_eos && tdm_tok_is_eog(tok, token)) {
         s->done = true;
         s->finish = TANDEM_FINISH_EOS;
@@ -46,7 +70,7 @@ bool tdm_commit_token(tdm_engine *e, tdm_seq *s, int32_t token) {
         if (nf > 0) append_text(s, buf, (size_t)nf);
     }
     /* a stop string ends the text before it, whatever else ended it */
-    if (s->stop.n && s->text_len > before) {
+    if (s->stop.n && s->text_len > before && n_gen >= s->min_tokens) { /* (none before min_tokens) */
         ptrdiff_t at = tdm_stop_find(&s->stop, s->text, s->text_len, before);
         if (at >= 0) {
             s->text_len = (size_t)at;
@@ -61,7 +85,8 @@ bool tdm_commit_token(tdm_engine *e, tdm_seq *s, int32_t token) {
     const char *piece = s->text ? s->text + s->emitted : "";
     const size_t n_piece = safe - s->emitted;
     s->emitted = safe;
-    if (s->on_token && !s->on_token(token, piece, n_piece, s->user_data)) {
+    if ((s->on_token && !s->on_token(token, piece, n_piece, s->user_data)) ||
+        (s->on_token_lp && !s->on_token_lp(token, piece, n_piece, lp, s->user_data))) {
         if (!s->done) s->finish = TANDEM_FINISH_CANCELLED;
         s->done = true;
     }

@@ -18,6 +18,7 @@
  * and accepts more.  Commits go through commit.h, the one place tokens leave; the
  * step's observations (acceptance per proposer, statistics, the payoff of lookups)
  * are entered there too. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "accept.h"
@@ -25,6 +26,7 @@
 #include "constrain.h"
 #include "kv_cache.h"
 #include "liblog.h"
+#include "penalty.h"
 #include "sched_internal.h"
 #include "tree_accept.h"
 #include "tree_verify.h"
@@ -38,16 +40,89 @@ static int32_t item_logits(const step_item *it) { return it->tree ? 1 + it->tree
  * themselves where its rule runs: a chain's on the device with the draft's q rows
  * there, a tree's on the host. */
 static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
-    const bool samples = it->r->s.sp.temperature > 0 && (it->tree || it->decode || it->want);
-    const bool masked = it->r->s.con && (it->decode || it->want); /* (its rows masked before the draw) */
-    /* (greedy: where the logits are host memory the forward's own argmax takes the
-     * masks, tdm_batch.logit_masks: the quantised head's bounds over the allowed
-     * tokens instead of every exact logit) */
-    if (masked && !samples) return s->e->be->host_memory && !s->e->target->tp ? TDM_FWD_ARGMAX
-                                   : s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    const tdm_seq *q = &it->r->s;
+    const bool samples = q->sp.temperature > 0 && (it->tree || it->decode || it->want);
+    /* (its rows masked or edited before the draw; a logprobs request's rows read on
+     * the host, where their summaries are taken) */
+    const bool lp = q->lp_top >= 0 && (it->decode || it->want), rows_read = lp && !s->e->lp_dev;
+    const bool masked = q->con && (it->decode || it->want);
+    const bool edited = (q->pen && (it->decode || it->want)) || lp;
+    const tdm_fwd_kind logits = s->e->p_dev && !rows_read ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    /* (greedy and masked only: where the logits are host memory the forward's own
+     * argmax takes the masks, tdm_batch.logit_masks: the quantised head's bounds over
+     * the allowed tokens instead of every exact logit; edited rows need the logits) */
+    if (masked && !edited && !samples)
+        return s->e->be->host_memory && !s->e->target->tp ? TDM_FWD_ARGMAX : logits;
+    if (edited && !samples) return logits;
     if (!samples) return TDM_FWD_ARGMAX;
     if (it->reject) return !it->tree && s->ws && s->ws->q_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
-    return s->e->p_dev ? TDM_FWD_LOGITS_DEV : TDM_FWD_LOGITS;
+    return logits;
+}
+
+/* Row j's summary into its sequence's lp_rows (in row order: a sequence's rows are
+ * consecutive, its chain's rows 0..k). */
+static void keep_lp_row(const tdm_draw_row *rows, int32_t j, int32_t token, const tdm_row_top *top) {
+    tdm_seq *q = (tdm_seq *)rows[j].s;
+    if (j == 0 || rows[j - 1].s != q) q->lp_next = q->lp_fill = 0;
+    if (q->lp_fill >= TANDEM_SPEC_K_MAX + 1) return;
+    tdm_lp_row *r = &q->lp_rows[q->lp_fill++];
+    r->token = token;
+    r->logit = top->want;
+    r->lse = top->lse;
+    r->k = TDM_MIN(top->k, TANDEM_TOP_LOGPROBS_MAX);
+    memcpy(r->ids, top->ids, (size_t)r->k * sizeof r->ids[0]);
+    memcpy(r->val, top->val, (size_t)r->k * sizeof r->val[0]);
+}
+
+/* The logprobs summaries of the drawn rows [0, m) of logprobs requests (edited and
+ * masked by the draw): of host rows here; of device rows by the backend's row_top
+ * op (a run of a sequence's rows per call, the drawn tokens' logits read where the
+ * draw left them), a few hundred bytes a row read back. */
+static tandem_status logprob_rows(tdm_engine *e, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
+                                  const int32_t *tok, tdm_err *err) {
+    const size_t V = (size_t)e->n_vocab;
+    if (kind == TDM_FWD_LOGITS) {
+        for (int32_t j = 0; j < m; j++) {
+            if (rows[j].s->lp_top < 0) continue;
+            const float *l = e->logits_t + (size_t)j * V;
+            tdm_row_top top;
+            tdm_logits_row_top(l, e->n_vocab, rows[j].s->lp_top, &top);
+            top.want = tok[j] >= 0 ? l[tok[j]] : 0.0f;
+            keep_lp_row(rows, j, tok[j], &top);
+        }
+        return TANDEM_OK;
+    }
+    if (kind != TDM_FWD_LOGITS_DEV || !e->lp_dev || !e->draw_dev) return TANDEM_OK; /* (no logprobs row: item_kind) */
+    const tdm_backend_ops *op = e->be->ops;
+    int32_t lo = m, hi = 0;
+    tandem_status st = TANDEM_OK;
+    for (int32_t j = 0; j < m && !st;) {
+        if (rows[j].s->lp_top < 0) {
+            j++;
+            continue;
+        }
+        int32_t end = j + 1;
+        while (end < m && rows[end].s == rows[j].s) end++;
+        st = op->row_top(e->be, e->out_t + (size_t)j * V, end - j, e->n_vocab, rows[j].s->lp_top, e->draw_dev + j,
+                         e->lp_dev + j, err);
+        lo = TDM_MIN(lo, j), hi = end;
+        j = end;
+    }
+    if (st || lo >= hi) return st;
+    tdm_row_top *got = malloc((size_t)(hi - lo) * sizeof *got);
+    if (!got) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    if (!(st = op->download(e->be, got, e->lp_dev + lo, (size_t)(hi - lo) * sizeof *got, err)))
+        for (int32_t j = lo; j < hi; j++)
+            if (rows[j].s->lp_top >= 0) keep_lp_row(rows, j, tok[j], &got[j - lo]);
+    free(got);
+    return st;
+}
+
+/* A group's forward kind from its items' (item_kind): host rows where any item
+ * reads them (every row can be drawn there), else device rows where any has them. */
+static tdm_fwd_kind group_kind(tdm_fwd_kind group, tdm_fwd_kind item) {
+    if (item == TDM_FWD_ARGMAX || group == TDM_FWD_LOGITS) return group;
+    return item;
 }
 
 /* The rows of items [0, n) as one forward of the target (and one of the draft over
@@ -76,9 +151,9 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             int32_t deepest = -1;
             for (int32_t x = 0; x < t->n; x++) deepest = TDM_MAX(deepest, t->depth[x]);
             if (draws) tdm_engine_draws(q, deepest + 2, u);
-            rows[m++] = (tdm_draw_row){q, u[0], NULL};
-            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1], NULL};
-            if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
+            rows[m++] = (tdm_draw_row){q, u[0], NULL, NULL, 0};
+            for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1], NULL, NULL, 0};
+            kind = group_kind(kind, item_kind(s, &it[i]));
             continue;
         }
         if (draws) tdm_engine_draws(q, item_logits(&it[i]), u);
@@ -91,16 +166,26 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             tandem_status mst = tdm_constraint_rows(e, q, it[i].draft, it[i].decode ? it[i].k : 0, &merr);
             if (mst) tdm_sched_fail(it[i].r, mst, &merr);
         }
+        /* a penalised item's rows edited likewise: row d with the counts after the
+         * chain's first d tokens */
+        const bool edited = q->pen && (it[i].decode || it[i].want) && !it[i].r->fail_st;
+        if (edited) {
+            tdm_err perr = {0};
+            tandem_status pst = tdm_penalty_rows(q, it[i].draft, it[i].decode ? it[i].k : 0, &perr);
+            if (pst) tdm_sched_fail(it[i].r, pst, &perr);
+        }
         for (int32_t p = it[i].from, d = 0; p < it[i].to; p++) {
             const bool want = it[i].decode || (it[i].want && p == it[i].to - 1);
             const int32_t tk = p < q->n_tokens ? q->tokens[p] : it[i].draft[p - q->n_tokens];
             tdm_batch_add(b, tk, p, i, p, want);
             if (want) {
-                rows[m] = (tdm_draw_row){q, u[d], masked && !it[i].r->fail_st ? tdm_constraint_row(q, d) : NULL};
+                const bool ok = !it[i].r->fail_st;
+                rows[m] = (tdm_draw_row){q, u[d], masked && ok ? tdm_constraint_row(q, d) : NULL, NULL, 0};
+                if (edited && ok) rows[m].edit = tdm_penalty_row(q, d, &rows[m].n_edit);
                 m++, d++;
             }
         }
-        if (item_kind(s, &it[i]) != TDM_FWD_ARGMAX) kind = item_kind(s, &it[i]);
+        kind = group_kind(kind, item_kind(s, &it[i]));
         any_chunk |= !it[i].decode;
     }
     *kind_out = kind;
@@ -113,6 +198,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     tandem_status st = tdm_engine_forward(e, false, b, seqs, kind, err);
     const bool rule_reads_rows = n > 0 && it[0].reject && kind != TDM_FWD_ARGMAX;
     if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
+    if (!st && m > 0 && !rule_reads_rows) st = logprob_rows(e, rows, m, kind, s->g_tok, err);
     if (!st && m > 0 && rule_reads_rows) st = tdm_engine_mask_rows(e, false, rows, m, kind, err); /* (p masked) */
     if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
         tdm_batch_clear(b);

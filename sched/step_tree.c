@@ -37,8 +37,11 @@
 #include "tree_draft.h"
 #include "tree_verify.h"
 
-/* (a constrained sequence verifies chains: its masks follow one path) */
-static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0 && !r->s.con; }
+/* (a constrained, penalised or logprobs sequence verifies chains: its masks, edits
+ * and row summaries follow one path) */
+static bool tree_capable(const tdm_req *r) {
+    return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0 && !r->s.con && !r->s.pen && r->s.lp_top < 0;
+}
 
 /* The largest budget an auto choice weighs. */
 static int32_t auto_max(const tdm_sched *s) {

@@ -15,4 +15,18 @@ tandem_model *api_open_model(const char *file);
  * the defaults with 2 threads; fails the test on an error. */
 tandem_engine *api_open_engine(tandem_model *t, tandem_model *d, const tandem_engine_params *p);
 
+/* Runs req[0..n) one by one on a target-only engine of t (2 threads) and together on
+ * a speculating engine of t and d of four sequences (batch invariant): each request's
+ * batched output must be its solo one (fails the test otherwise). */
+void api_expect_batch_equals_solo(tandem_model *t, tandem_model *d, tandem_request *req, int n);
+
+/* Sampled outputs of 3 tokens (ignore_eos) of ids[0..n) on e under gp, runs of them
+ * with the seeds seed0 + r: first[e->n_vocab] += the counts of their first tokens,
+ * *best = the likeliest first, second[] += the counts of the second tokens after it
+ * (the chi-square tests of sampling under a grammar or penalties).  Returns the
+ * tokens the draft proposed. */
+typedef struct tdm_engine tdm_engine;
+uint64_t api_first_two_tokens(tdm_engine *e, const int32_t *ids, int32_t n, const tandem_generate_params *gp, int runs,
+                              uint64_t seed0, uint64_t *first, uint64_t *second, int32_t *best);
+
 #endif

@@ -83,6 +83,15 @@ static const field generate_fields[] = {
     F(tandem_generate_params, n_stop, K_INT),
     F(tandem_generate_params, grammar, K_PTR),
     F(tandem_generate_params, json_schema, K_PTR),
+    F(tandem_generate_params, presence_penalty, K_FLOAT),
+    F(tandem_generate_params, frequency_penalty, K_FLOAT),
+    F(tandem_generate_params, repetition_penalty, K_FLOAT),
+    F(tandem_generate_params, logit_bias, K_PTR),
+    F(tandem_generate_params, n_logit_bias, K_INT),
+    F(tandem_generate_params, min_tokens, K_INT),
+    F(tandem_generate_params, logprobs, K_BOOL),
+    F(tandem_generate_params, top_logprobs, K_INT),
+    F(tandem_generate_params, on_token_lp, K_PTR),
 };
 static const field request_fields[] = {
     F(tandem_request, prompt, K_PTR),

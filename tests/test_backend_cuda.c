@@ -216,6 +216,93 @@ Test(cuda_ops, mask_rows_equals_cpu) {
     tdm_backend_destroy(b);
 }
 
+/* edit_rows (penalties, logit_bias, min_tokens) equals the CPU backend's op bit for
+ * bit: rows of no edit, a few, and thousands (more than a block's threads), every
+ * kind of edit (bias, repetition's division / multiplication, subtraction,
+ * suppression); a bad shape is refused. */
+Test(cuda_ops, edit_rows_equals_cpu) {
+    tdm_backend *b = gpu(), *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
+    uint64_t rng = 17;
+    const int32_t n = 6, dim = 5003;
+    const int32_t per_row[6] = {0, 3, 1, 3000, 0, 257};
+    int32_t off[7] = {0};
+    for (int32_t i = 0; i < n; i++) off[i + 1] = off[i] + per_row[i];
+    tdm_logit_edit *ed = malloc((size_t)off[n] * sizeof *ed);
+    int32_t *perm = malloc((size_t)dim * sizeof *perm);
+    for (int32_t i = 0; i < n; i++) {
+        for (int32_t v = 0; v < dim; v++) perm[v] = v;
+        for (int32_t j = 0; j < per_row[i]; j++) { /* (distinct ids: a partial shuffle) */
+            const int32_t at = j + (int32_t)(tdm_test_rand(&rng) % (uint64_t)(dim - j));
+            const int32_t t = perm[at];
+            perm[at] = perm[j], perm[j] = t;
+            tdm_logit_edit *e = &ed[off[i] + j];
+            const float r = 1.0f + (float)(tdm_test_rand(&rng) % 100) / 50.0f;
+            *e = (tdm_logit_edit){t, (float)(tdm_test_rand(&rng) % 200) - 100.0f, 1.0f / r, r,
+                                  -(float)(tdm_test_rand(&rng) % 7) * 0.6f};
+            if (j % 11 == 5) *e = (tdm_logit_edit){t, 0, 0, 0, TDM_LOGIT_NONE};
+        }
+    }
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -20, 20), *want = malloc((size_t)n * dim * 4);
+    memcpy(want, x, (size_t)n * dim * 4);
+    float *dx = put(b, x, (size_t)n * dim * 4);
+    tdm_logit_edit *ded = put(b, ed, (size_t)off[n] * sizeof *ed);
+    int32_t *doff = put(b, off, sizeof off);
+    OK(b->ops->edit_rows(b, dx, n, dim, ded, doff, &err_));
+    OK(cpu->ops->edit_rows(cpu, want, n, dim, ed, off, &err_));
+    float *got = get(b, dx, (size_t)n * dim * 4);
+    cr_assert(memcmp(got, want, (size_t)n * dim * 4) == 0, "edit_rows differs from the CPU's");
+    cr_assert(memcmp(want, x, (size_t)n * dim * 4) != 0);
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->edit_rows(b, dx, -1, dim, ded, doff, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->edit_rows(b, dx, n, 0, ded, doff, &err), TANDEM_ERR_INVALID_ARG);
+    OK(b->ops->edit_rows(b, dx, 0, dim, ded, doff, &err_));
+    b->ops->free(b, dx), b->ops->free(b, ded), b->ops->free(b, doff);
+    free(x), free(want), free(got), free(ed), free(perm);
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
+/* row_top (the logprobs summary of device rows) equals the CPU backend's op: the
+ * same ids and logits bit for bit (ties to the lower id: a row of many ties), the
+ * logsumexp within 1e-6 relative, the asked-for logit; k 0, a row of masked logits,
+ * a width above the block's threads many times over; a bad k is refused. */
+Test(cuda_ops, row_top_equals_cpu) {
+    tdm_backend *b = gpu(), *cpu = tdm_test_backend(TDM_CPU_SCALAR, 1);
+    uint64_t rng = 23;
+    const int32_t n = 5, dim = 151936;
+    float *x = tdm_test_rand_vec(&rng, (size_t)n * dim, -20, 20);
+    for (int32_t v = 0; v < dim; v++) x[(size_t)dim + v] = (float)(v % 37); /* (ties) */
+    for (int32_t v = 0; v < dim; v += 3) x[2 * (size_t)dim + v] = TDM_LOGIT_NONE;
+    const int32_t want[5] = {0, 36, 151935, -1, 77};
+    float *dx = put(b, x, (size_t)n * dim * 4);
+    int32_t *dw = put(b, want, sizeof want);
+    tdm_row_top *dout = NULL, got[5], ref[5];
+    OK(b->ops->alloc(b, sizeof got, (void **)&dout, &err_));
+    for (int32_t k = 0; k <= TDM_ROW_TOP_MAX; k += 5) {
+        OK(b->ops->row_top(b, dx, n, dim, k, dw, dout, &err_));
+        OK(b->ops->download(b, got, dout, sizeof got, &err_));
+        OK(cpu->ops->row_top(cpu, x, n, dim, k, want, ref, &err_));
+        for (int32_t i = 0; i < n; i++) {
+            cr_assert_eq(got[i].k, k);
+            cr_assert(fabs(got[i].lse - ref[i].lse) <= 1e-6 * fmax(1.0, fabs(ref[i].lse)), "row %d: lse %.9g, CPU %.9g",
+                      (int)i, got[i].lse, ref[i].lse);
+            cr_assert_eq(got[i].want, ref[i].want, "row %d", (int)i);
+            for (int32_t j = 0; j < k; j++)
+                cr_assert(got[i].ids[j] == ref[i].ids[j] && got[i].val[j] == ref[i].val[j],
+                          "row %d, k %d, entry %d: %d (%g), CPU %d (%g)", (int)i, (int)k, (int)j, got[i].ids[j],
+                          got[i].val[j], ref[i].ids[j], ref[i].val[j]);
+        }
+    }
+    tdm_err err = {0};
+    cr_assert_eq(b->ops->row_top(b, dx, n, dim, TDM_ROW_TOP_MAX + 1, dw, dout, &err), TANDEM_ERR_INVALID_ARG);
+    cr_assert_eq(b->ops->row_top(b, dx, -1, dim, 1, dw, dout, &err), TANDEM_ERR_INVALID_ARG);
+    OK(b->ops->row_top(b, dx, 0, dim, 1, dw, dout, &err_));
+    b->ops->free(b, dx), b->ops->free(b, dw), b->ops->free(b, dout);
+    free(x);
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
 /* Every type and several shapes and batch sizes against ref_matmul; up to the row
  * kernels' limit each row of a batch equals, bit for bit, the same row computed
  * alone. */
@@ -683,6 +770,63 @@ Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
     }
     cr_assert_gt(drafted, 0);
     tdm_grammar_free(g);
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
+    tandem_model_close(draft);
+    tandem_model_close(target);
+}
+
+/* Penalties, logit_bias, min_tokens and logprobs on the GPU (the edits uploaded and
+ * applied by the edit_rows op where the logits are, the summaries by the row_top op;
+ * the penalised draft's chains on the host): greedy and sampled (an engine of one
+ * sequence: agreement with the target's draws), speculative output equals
+ * target-only output, logprobs within 1e-4, each greedy token its own top
+ * alternative. */
+Test(cuda_engine, penalties_and_logprobs_speculative_equality, .timeout = 900) {
+    tandem_model *target = NULL, *draft = NULL;
+    open_cuda_pair("pycode-draft-xs-f16.gguf", &target, &draft);
+    tandem_engine *plain = NULL, *spec = NULL;
+    cr_assert_eq(tandem_engine_open(target, NULL, NULL, &plain), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_engine_open(target, draft, NULL, &spec), TANDEM_OK, "%s", tandem_last_error());
+    static const tandem_logit_bias bias[] = {{13, 2.5f}, {220, -3.0f}, {198, -100.0f}};
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    uint64_t drafted = 0;
+    for (size_t li = 0; li < 16; li++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 40;
+        gp.presence_penalty = li % 2 ? 0.8f : 0.0f;
+        gp.frequency_penalty = li % 3 ? 0.5f : -0.5f;
+        gp.repetition_penalty = li % 4 ? 1.2f : 1.0f;
+        gp.min_tokens = li % 5 == 0 ? 20 : 0;
+        gp.logit_bias = bias;
+        gp.n_logit_bias = li % 2 ? 3 : 0;
+        gp.logprobs = li % 4 != 3;
+        gp.top_logprobs = gp.logprobs ? (int)(li % 21) : 0;
+        if (li % 3 == 2) gp.temperature = 0.8f, gp.seed = 900 + li;
+        tandem_result a, b;
+        cr_assert_eq(tandem_generate_ids(plain, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert(a.n_tokens == b.n_tokens && memcmp(a.tokens, b.tokens, a.n_tokens * sizeof(int32_t)) == 0,
+                  "prompt %zu (%s): penalised speculative decoding on the GPU differs from target-only", li,
+                  gp.temperature > 0 ? "sampled" : "greedy");
+        if (gp.min_tokens) cr_assert_geq(a.n_tokens, (size_t)TDM_MIN(gp.min_tokens, gp.max_tokens));
+        cr_assert_eq(!!a.logprobs, gp.logprobs);
+        for (size_t t = 0; gp.logprobs && t < a.n_tokens; t++) {
+            cr_assert_float_eq(a.logprobs[t].logprob, b.logprobs[t].logprob, 1e-4, "prompt %zu, token %zu", li, t);
+            cr_assert_leq(a.logprobs[t].logprob, 1e-6);
+            cr_assert_eq(a.logprobs[t].n_top, gp.top_logprobs);
+            if (gp.temperature == 0 && gp.top_logprobs > 0) cr_assert_eq(a.logprobs[t].top_ids[0], a.tokens[t]);
+        }
+        drafted += b.spec.drafted;
+        tandem_result_free(&a);
+        tandem_result_free(&b);
+        free(ids);
+    }
+    cr_assert_gt(drafted, 0);
     tdm_test_jsonl_free(refs, n_lines);
     tandem_engine_close(spec);
     tandem_engine_close(plain);

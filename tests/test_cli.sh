@@ -957,4 +957,45 @@ expect_err 'give "grammar" or "json_schema", not both' "prompts: grammar and jso
 check_bad_prompts "grammar not a string" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "grammar": 3}'$'\n'
 expect_err '"grammar" must be a string' "prompts: grammar 3"
 
+# ------------------------------------------------------------ penalties, logit_bias, min_tokens, logprobs
+PEN=(--presence-penalty 0.5 --frequency-penalty 0.8 --repetition-penalty 1.3 --min-tokens 5 --logit-bias 263=-100,7=2.5)
+expect_exit 0 "generate with the penalties and --logprobs 3" "$TANDEM" generate -m "$TARGET" -p "def fib(n):" -n 20 "${PEN[@]}" --logprobs 3 --json
+cp "$TMP/out" "$TMP/pen_plain.out"
+expect_exit 0 "generate with the penalties, a draft" "$TANDEM" generate -m "$TARGET" -d "$DRAFT" -p "def fib(n):" -n 20 "${PEN[@]}" --logprobs 3 --json
+python3 - "$TMP/pen_plain.out" "$TMP/out" <<'PY' && pass "generate --logprobs: an entry per token, 3 alternatives; the draft changes no token, no logprob (1e-4)" ||
+import json, sys
+a, b = (json.loads(open(f).read()) for f in sys.argv[1:3])
+assert a["tokens"] == b["tokens"] and 263 not in a["tokens"], (a["tokens"], b["tokens"])
+assert len(a["logprobs"]) == len(a["tokens"]) and all(len(e["top_logprobs"]) == 3 for e in a["logprobs"])
+assert all(abs(x["logprob"] - y["logprob"]) < 1e-4 for x, y in zip(a["logprobs"], b["logprobs"]))
+assert all(e["top_logprobs"][0]["id"] == t for e, t in zip(a["logprobs"], a["tokens"]))
+PY
+    fail "generate --logprobs: $(head -c 300 "$TMP/out")"
+expect_exit 0 "generate --logprobs (text)" "$TANDEM" generate -m "$TARGET" -p "def fib(n):" -n 3 --logprobs 1
+[ "$(grep -c '^\[logprobs\] ' "$TMP/err")" -eq 3 ] && pass "generate --logprobs: a line per token on stderr" ||
+    fail "generate --logprobs (text): $(head -c 300 "$TMP/err")"
+expect_exit 2 "generate --presence-penalty 3" "$TANDEM" generate -m "$TARGET" -p x --presence-penalty 3
+expect_err "--presence-penalty: 3 is out of range [-2, 2]" "generate --presence-penalty 3"
+expect_exit 2 "generate --repetition-penalty 0" "$TANDEM" generate -m "$TARGET" -p x --repetition-penalty 0
+expect_exit 2 "generate --logprobs 21" "$TANDEM" generate -m "$TARGET" -p x --logprobs 21
+expect_exit 2 "generate --logit-bias 5=101" "$TANDEM" generate -m "$TARGET" -p x --logit-bias 5=101
+expect_err "--logit-bias: '5=101'" "generate --logit-bias 5=101"
+expect_exit 2 "generate --logit-bias 5" "$TANDEM" generate -m "$TARGET" -p x --logit-bias 5
+expect_error "generate --logit-bias out of the vocabulary" "logit_bias: token 999999 is out of range" "$TANDEM" generate -m "$TARGET" -p x --logit-bias 999999=1
+printf '%s\n' '{"id": 1, "prompt": "def fib(n):", "max_tokens": 6, "logprobs": 2, "repetition_penalty": 1.5, "logit_bias": {"263": -100}}' \
+    '{"id": 2, "prompt": "def fib(n):", "max_tokens": 6}' >"$TMP/lp.jsonl"
+expect_exit 0 "generate --prompts with penalties / logprobs lines" "$TANDEM" generate -m "$TARGET" --prompts "$TMP/lp.jsonl" --json
+python3 - "$TMP/out" <<'PY' && pass "prompts: a line's logprobs, repetition_penalty and logit_bias" || fail "prompts: penalties ($(head -c 300 "$TMP/out"))"
+import json, sys
+rs = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
+assert len(rs[1]["logprobs"]) == len(rs[1]["tokens"]) and 263 not in rs[1]["tokens"]
+assert "logprobs" not in rs[2] and rs[2]["tokens"][0] == 263, rs[2]
+PY
+check_bad_prompts "logprobs 21" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "logprobs": 21}'$'\n'
+expect_err '"logprobs" must be an integer in [0, 20]' "prompts: logprobs 21"
+check_bad_prompts "logit_bias of a word" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "logit_bias": {"a": 1}}'$'\n'
+expect_err '"logit_bias": "a" must be a token id' "prompts: logit_bias {a: 1}"
+check_bad_prompts "presence_penalty 5" "$GOOD"$'\n\n''{"id": 2, "prompt": "x", "presence_penalty": 5}'$'\n'
+expect_err '"presence_penalty" must be a number in [-2, 2]' "prompts: presence_penalty 5"
+
 cli_done

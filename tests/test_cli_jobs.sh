@@ -62,6 +62,18 @@ assert re.fullmatch(r"def [a-z]+", rs[2]["text"]), rs[2]["text"]
 assert "grammar: line 1:" in rs[3]["error"], rs[3]
 PY
     fail "run: constrained lines: $(head -c 400 "$TMP/g.jsonl") $(tail -c 200 "$TMP/err")"
+# a line's penalties and logprobs in a job: the output line carries its logprobs
+printf '%s\n' '{"id": 1, "prompt": "def fib(n):", "max_tokens": 6, "logprobs": 2, "frequency_penalty": 1, "logit_bias": {"263": -100}}' \
+    '{"id": 2, "prompt": "def fib(n):", "max_tokens": 6, "min_tokens": 6}' >"$TMP/plp.jsonl"
+rm -f "$TMP/lp.jsonl"
+"$TANDEM" run "$TMP/job.ini" --set job.input=plp.jsonl --set job.output=lp.jsonl >/dev/null 2>"$TMP/err"
+[ $? -eq 0 ] && python3 - "$TMP/lp.jsonl" <<'PY' && pass "run: a line's penalties and logprobs; logprobs in its output line" ||
+import json, sys
+rs = {r["id"]: r for r in map(json.loads, open(sys.argv[1]))}
+assert len(rs[1]["logprobs"]) == len(rs[1]["tokens"]) and all(len(e["top_logprobs"]) == 2 for e in rs[1]["logprobs"])
+assert 263 not in rs[1]["tokens"] and "logprobs" not in rs[2] and len(rs[2]["tokens"]) == 6
+PY
+    fail "run: penalised lines: $(head -c 400 "$TMP/lp.jsonl") $(tail -c 200 "$TMP/err")"
 rm -f "$TMP/s0.jsonl" "$TMP/s1.jsonl"
 "$TANDEM" run "$TMP/job.ini" --shard 0/2 --set job.output=s0.jsonl 2>/dev/null
 "$TANDEM" run "$TMP/job.ini" --shard 1/2 --set job.output=s1.jsonl 2>/dev/null

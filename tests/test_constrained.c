@@ -168,40 +168,19 @@ Test(constrained, greedy_schema_spec_equals_target_only) { greedy_equality(NULL,
  * speculating engine of four sequences: each gets its solo target-only output. */
 Test(constrained, batch_mixed_equals_solo) {
     tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
-    tandem_engine *plain = api_open_engine(t, NULL, NULL);
-    tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = 2;
-    ep.n_seq_max = 4;
-    ep.batch_invariant = true;
-    tandem_engine *batch = api_open_engine(t, d, &ep);
     size_t n_lines;
     tdm_json **items = tdm_test_jsonl(tdm_test_data_path("prompts-dev.jsonl"), &n_lines);
     enum { N = 7 };
     tandem_request req[N];
-    tandem_result want[N], got[N];
     for (int i = 0; i < N; i++) {
         req[i] = tandem_request_default();
         req[i].prompt = tdm_json_get(items[30 + i], "prompt")->str;
         req[i].params.max_tokens = 40;
         if (i % 3 == 0) req[i].params.grammar = G_PY;
         if (i % 3 == 1) req[i].params.json_schema = S_OBJ;
-        cr_assert_eq(tandem_generate(plain, req[i].prompt, &req[i].params, &want[i]), TANDEM_OK, "%s",
-                     tandem_last_error());
     }
-    cr_assert_eq(tandem_generate_batch(batch, req, N, got), TANDEM_OK, "%s", tandem_last_error());
-    for (int i = 0; i < N; i++) {
-        cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
-        cr_assert_eq(got[i].n_tokens, want[i].n_tokens, "request %d: %zu tokens, solo %zu", i, got[i].n_tokens,
-                     want[i].n_tokens);
-        cr_assert_eq(memcmp(got[i].tokens, want[i].tokens, got[i].n_tokens * sizeof(int32_t)), 0,
-                     "request %d differs from its solo output", i);
-        cr_assert_str_eq(got[i].text, want[i].text);
-        tandem_result_free(&got[i]);
-        tandem_result_free(&want[i]);
-    }
+    api_expect_batch_equals_solo(t, d, req, N);
     tdm_test_jsonl_free(items, n_lines);
-    tandem_engine_close(batch);
-    tandem_engine_close(plain);
     tandem_model_close(d);
     tandem_model_close(t);
 }
@@ -304,23 +283,10 @@ static void chi_square(int32_t n_seq) {
     gp.grammar = gram;
     gp.spec_k = 1;
     gp.spec_ngram = 0;
-    gp.ignore_eos = true;
-    gp.max_tokens = 3;
     const int runs = tdm_test_sanitized() ? 300 : 1500;
     uint64_t *first = calloc((size_t)V, sizeof(uint64_t)), *second = calloc((size_t)V, sizeof(uint64_t));
-    int32_t *pairs = malloc((size_t)runs * 2 * sizeof(int32_t));
-    uint64_t drafted = 0;
-    for (int r = 0; r < runs; r++) {
-        gp.seed = 77 + (uint64_t)r;
-        tandem_result res;
-        cr_assert_eq(tdm_generate_one(spec, ids, np, &gp, &res, &err), TANDEM_OK, "%s", err.msg);
-        cr_assert_eq(res.n_tokens, 3);
-        first[res.tokens[0]]++;
-        pairs[2 * r] = res.tokens[0], pairs[2 * r + 1] = res.tokens[1];
-        drafted += res.spec.drafted;
-        tandem_result_free(&res);
-    }
-    cr_assert_gt(drafted, 0);
+    int32_t best;
+    cr_assert_gt(api_first_two_tokens(spec, ids, np, &gp, runs, 77, first, second, &best), 0);
     v = spec->gvocab;
     cr_assert(v);
     double *p = malloc((size_t)V * sizeof(double));
@@ -328,11 +294,6 @@ static void chi_square(int32_t n_seq) {
     int df = 0;
     const double pv1 = tdm_stat_chi2_gof(first, p, V, &df);
     cr_assert_geq(pv1, 1e-3, "first token: chi-square p = %g (df %d)", pv1, df);
-    int32_t best = 0;
-    for (int32_t i = 0; i < V; i++)
-        if (first[i] > first[best]) best = i;
-    for (int r = 0; r < runs; r++)
-        if (pairs[2 * r] == best) second[pairs[2 * r + 1]]++;
     int32_t *ids2 = malloc(((size_t)np + 1) * sizeof(int32_t));
     memcpy(ids2, ids, (size_t)np * sizeof(int32_t));
     ids2[np] = best;
@@ -345,7 +306,6 @@ static void chi_square(int32_t n_seq) {
                 pv2, (unsigned long long)first[best]);
     free(ids2);
     free(p);
-    free(pairs);
     free(first);
     free(second);
     free(ids);

@@ -219,7 +219,7 @@ expect_error(port, C, {"prompt": "x", "top_p": 0}, 400, "'top_p' is 0, out of ra
 expect_error(port, C, {"prompt": "x", "stop": [1]}, 400, "'stop'[0]", "a stop list with a number")
 expect_error(port, C, {"prompt": "x", "spec_tree": "2x2"}, 400, "'2x2' is not off, auto, a node budget",
              "a malformed spec_tree")
-expect_error(port, C, {"prompt": "x", "logprobs": 2}, 400, "'logprobs' is not supported", "logprobs")
+expect_error(port, C, {"prompt": "x", "logprobs": 21}, 400, "'logprobs' is 21, out of range [0, 20]", "logprobs over 20")
 expect_error(port, CH, {"messages": "hi"}, 400, "'messages' must be an array of messages", "messages as a string")
 expect_error(port, CH, {"messages": [{"content": "x"}]}, 400, "'messages'[0].role must be a non-empty string",
              "a message without a role")

@@ -196,13 +196,32 @@ static const bad_case bad_cases[] = {
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": 2.5}", 400, "spec_tree", "an integer in [1, 64]"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"4,0\"}", 400, "spec_tree", "'spec_tree': "},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"spec_tree\": \"16,16,16\"}", 400, "spec_tree", "'spec_tree': "},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 3}", 400, "logprobs", "not supported"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 21}", 400, "logprobs", "out of range [0, 20]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": true}", 400, "logprobs", "must be an integer"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"top_logprobs\": 2}", 400, "top_logprobs", "'logprobs': N"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 2}", 400, "top_logprobs",
+     "needs 'logprobs': true"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 21}", 400,
+     "top_logprobs", "out of range [0, 20]"},
+    {OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": 1}", 400, "logprobs",
+     "must be a boolean"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"echo\": true}", 400, "echo", "not supported"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"best_of\": 2}", 400, "best_of", "not supported"},
     {OAI_COMPLETION, "{\"prompt\": \"x\", \"suffix\": \"y\"}", 400, "suffix", "not supported"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"presence_penalty\": 0.5}", 400, "presence_penalty", "only 0"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"frequency_penalty\": 1}", 400, "frequency_penalty", "only 0"},
-    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1}}", 400, "logit_bias", "not supported"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"presence_penalty\": 2.5}", 400, "presence_penalty", "out of range [-2, 2]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"frequency_penalty\": -3}", 400, "frequency_penalty", "out of range [-2, 2]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"frequency_penalty\": \"1\"}", 400, "frequency_penalty", "must be a number"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"repetition_penalty\": 0}", 400, "repetition_penalty", "out of range (0, 100]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"repeat_penalty\": 101}", 400, "repeat_penalty", "out of range (0, 100]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"repetition_penalty\": 1.1, \"repeat_penalty\": 1.2}", 400, "repeat_penalty",
+     "give one of"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": -1}", 400, "min_tokens", "out of range"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"min_tokens\": 9, \"max_tokens\": 8}", 400, "min_tokens", "more than 'max_tokens' 8"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias", "not a token id"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"99999999\": 1}}", 400, "logit_bias", "not a token id"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias", "in [-100, 100]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", 400, "logit_bias", "in [-100, 100]"},
+    {OAI_COMPLETION, "{\"prompt\": \"x\", \"logit_bias\": [5]}", 400, "logit_bias", "must be an object"},
     {OAI_CHAT, "{}", 400, "messages", "'messages' is required"},
     {OAI_CHAT, "{\"messages\": []}", 400, "messages", "'messages' is empty"},
     {OAI_CHAT, "{\"messages\": \"hi\"}", 400, "messages", "must be an array of messages, not a string"},
@@ -520,9 +539,7 @@ Test(serve_request, choices_and_refused_members) {
     static const struct {
         const char *body, *param, *msg;
     } bad[] = {
-        {"\"repetition_penalty\": 1.2", "repetition_penalty", "'repetition_penalty' is not supported by this server (only 1)"},
-        {"\"repeat_penalty\": 1.1", "repeat_penalty", "(only 1)"},
-        {"\"min_tokens\": 5", "min_tokens", "'min_tokens' is not supported by this server (only 0)"},
+        {"\"length_penalty\": 1.2", "length_penalty", "'length_penalty' is not supported by this server (only 1)"},
         {"\"stop_token_ids\": [2]", "stop_token_ids", "(only empty) (use 'stop' strings)"},
         {"\"include_stop_str_in_output\": true", "include_stop_str_in_output", "(only false)"},
         {"\"skip_special_tokens\": false", "skip_special_tokens", "(only true)"},
@@ -541,10 +558,6 @@ Test(serve_request, choices_and_refused_members) {
         {"\"allowed_token_ids\": [1]", "allowed_token_ids", "not supported"},
         {"\"prediction\": {\"type\": \"content\", \"content\": \"x\"}", "prediction", "not supported"},
         {"\"reasoning_effort\": \"low\"", "reasoning_effort", "not supported"},
-        {"\"presence_penalty\": 0.5", "presence_penalty", "not supported"},
-        {"\"frequency_penalty\": 0.5", "frequency_penalty", "not supported"},
-        {"\"logit_bias\": {\"5\": 1}", "logit_bias", "not supported"},
-        {"\"top_logprobs\": 2", "top_logprobs", "not supported"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         char body[512];
@@ -1034,4 +1047,102 @@ Test(serve_request, response_format_and_grammar) {
     cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"json_schema\": {\"type\": \"boolean\"}}", &l, &r, &e), "%s", e.message);
     cr_expect_str_eq(r.params.json_schema, "{\"type\": \"boolean\"}");
     oai_request_free(&r);
+}
+
+/* Penalties, logit_bias, min_tokens and logprobs are taken into the engine request. */
+Test(serve_request, penalties_and_logprobs) {
+    oai_limits l = limits(false);
+    oai_request r;
+    oai_error e;
+    cr_assert(parse(OAI_COMPLETION,
+                    "{\"prompt\": \"x\", \"presence_penalty\": 0.5, \"frequency_penalty\": -1.25, \"repeat_penalty\": 1.3, "
+                    "\"min_tokens\": 4, \"max_tokens\": 9, \"logit_bias\": {\"5\": -100, \"17\": 2.5}, \"logprobs\": 3}",
+                    &l, &r, &e),
+              "%s", e.message);
+    cr_expect_float_eq(r.params.presence_penalty, 0.5f, 1e-7);
+    cr_expect_float_eq(r.params.frequency_penalty, -1.25f, 1e-7);
+    cr_expect_float_eq(r.params.repetition_penalty, 1.3f, 1e-6);
+    cr_expect_eq(r.params.min_tokens, 4);
+    cr_assert_eq(r.params.n_logit_bias, 2);
+    cr_expect_eq(r.params.logit_bias[0].token, 5);
+    cr_expect_eq(r.params.logit_bias[0].bias, -100.0f);
+    cr_expect_eq(r.params.logit_bias[1].token, 17);
+    cr_expect(r.params.logprobs);
+    cr_expect_eq(r.params.top_logprobs, 3);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_CHAT,
+                    "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": true, \"top_logprobs\": 20, "
+                    "\"repetition_penalty\": 0.8}",
+                    &l, &r, &e),
+              "%s", e.message);
+    cr_expect(r.params.logprobs);
+    cr_expect_eq(r.params.top_logprobs, 20);
+    cr_expect_float_eq(r.params.repetition_penalty, 0.8f, 1e-7);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_CHAT, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"logprobs\": false}", &l, &r, &e),
+              "%s", e.message);
+    cr_expect_not(r.params.logprobs);
+    oai_request_free(&r);
+    cr_assert(parse(OAI_COMPLETION, "{\"prompt\": \"x\", \"logprobs\": 0}", &l, &r, &e), "%s", e.message);
+    cr_expect(r.params.logprobs);
+    cr_expect_eq(r.params.top_logprobs, 0);
+    oai_request_free(&r);
+}
+
+/* logprobs in a whole answer and in stream chunks: chat's content list (token,
+ * logprob, bytes, top_logprobs), completions' four lists with text offsets running
+ * on across chunks. */
+Test(serve_response, logprobs_shapes) {
+    tandem_result r = result("ab", TANDEM_FINISH_LENGTH);
+    int32_t toks[3] = {11, 12, 13};
+    r.tokens = toks;
+    cr_assert_eq(r.n_tokens, 3);
+    tandem_token_logprob *lp = calloc(r.n_tokens, sizeof *lp);
+    for (size_t i = 0; i < r.n_tokens; i++) {
+        lp[i].logprob = -0.5f * (float)(i + 1);
+        lp[i].n_top = 2;
+        lp[i].top_ids[0] = r.tokens[i], lp[i].top_logprobs[0] = lp[i].logprob;
+        lp[i].top_ids[1] = 3, lp[i].top_logprobs[1] = -7.0f;
+    }
+    r.logprobs = lp;
+    oai_meta m = {.kind = OAI_CHAT, .id = "chatcmpl-1", .created = 5, .model = "pycode", .logprobs = true};
+    size_t n;
+    char *t = oai_result_json(&m, &r, &n);
+    tdm_json *j = json_of(t, n);
+    const tdm_json *c = tdm_json_get(tdm_json_get(&tdm_json_get(j, "choices")->items[0], "logprobs"), "content");
+    cr_assert(c && c->type == TDM_JSON_ARRAY && c->n == r.n_tokens, "%s", t);
+    cr_expect_float_eq(tdm_json_get(&c->items[1], "logprob")->num, -1.0, 1e-6);
+    cr_expect_eq(tdm_json_get(&c->items[0], "top_logprobs")->n, 2);
+    cr_expect(tdm_json_get(&c->items[0], "bytes")->type == TDM_JSON_ARRAY);
+    cr_expect(tdm_json_get(&c->items[0], "token")->type == TDM_JSON_STRING);
+    tdm_json_free(j);
+    free(t);
+    m.kind = OAI_COMPLETION, m.id = "cmpl-1";
+    t = oai_result_json(&m, &r, &n);
+    j = json_of(t, n);
+    const tdm_json *l = tdm_json_get(&tdm_json_get(j, "choices")->items[0], "logprobs");
+    cr_assert(l, "%s", t);
+    cr_expect_eq(tdm_json_get(l, "tokens")->n, r.n_tokens);
+    cr_expect_eq(tdm_json_get(l, "token_logprobs")->n, r.n_tokens);
+    cr_expect_eq(tdm_json_get(l, "top_logprobs")->n, r.n_tokens);
+    cr_expect_eq(tdm_json_get(l, "text_offset")->n, r.n_tokens);
+    tdm_json_free(j);
+    free(t);
+    /* a stream: the offsets run on; a chunk without tokens has empty lists */
+    size_t off = 0;
+    const oai_lp_span sp = {r.tokens, lp, 2};
+    m.lp_span = &sp, m.lp_offset = &off;
+    t = oai_chunk_sse(&m, "ab", 2, true, false, &n);
+    cr_assert(strstr(t, "\"token_logprobs\": [-0.5, -1]"), "%s", t);
+    cr_expect_eq(off, 0, "no model: the token texts are empty (offset %zu)", off);
+    free(t);
+    m.lp_span = NULL;
+    t = oai_final_chunk_sse(&m, &r, false, &n);
+    cr_assert(strstr(t, "\"tokens\": []"), "%s", t);
+    free(t);
+    m.logprobs = false;
+    t = oai_chunk_sse(&m, "ab", 2, true, false, &n);
+    cr_assert(strstr(t, "\"logprobs\": null"), "%s", t);
+    free(t);
+    free(lp);
 }

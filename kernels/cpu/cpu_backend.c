@@ -172,6 +172,8 @@ static const tdm_backend_ops cpu_ops = {
     .moe_experts = tdm_cpu_moe_experts,
     .scatter_cols = tdm_cpu_scatter_cols,
     .mask_rows = tdm_cpu_mask_rows,
+    .edit_rows = tdm_cpu_edit_rows,
+    .row_top = tdm_cpu_row_top,
 };
 
 tdm_cpu *tdm_cpu_of(tdm_backend *b, const char *op, tdm_err *err) {

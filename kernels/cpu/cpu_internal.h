@@ -282,6 +282,10 @@ tandem_status tdm_cpu_scatter_cols(tdm_backend *b, const float *x, int32_t n, in
                                    int32_t dim, float fill, float *y, tdm_err *err);
 tandem_status tdm_cpu_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
                                 tdm_err *err);
+tandem_status tdm_cpu_edit_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits,
+                                const int32_t *off, tdm_err *err);
+tandem_status tdm_cpu_row_top(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, const int32_t *want,
+                              tdm_row_top *out, tdm_err *err);
 /* gelu(g) * u for i < n, GELU's tanh approximation in f32 (the geglu op's row). */
 void tdm_cpu_geglu_row(const float *g, const float *u, float *o, int32_t n);
 

@@ -189,3 +189,32 @@ tandem_status tdm_cpu_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t dim
     tdm_threadpool_run(c->pool, n, tdm_cpu_nth(c, (int64_t)n * dim, 65536), mask_task, &j);
     return TANDEM_OK;
 }
+
+tandem_status tdm_cpu_edit_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits,
+                                const int32_t *off, tdm_err *err) {
+    GET_CPU("edit_rows");
+    (void)c;
+    if (n < 0 || dim <= 0 || (n > 0 && (!x || !off)))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "edit_rows: bad shape (n %d, dim %d)", (int)n, (int)dim);
+    for (int32_t i = 0; i < n; i++)
+        if (off[i + 1] < off[i] || (off[i + 1] > off[i] && !edits))
+            return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "edit_rows: bad offsets at row %d", (int)i);
+    if (!tdm_logits_edit_rows(x, n, dim, edits, off))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "edit_rows: a token id out of range [0, %d)", (int)dim);
+    return TANDEM_OK;
+}
+
+tandem_status tdm_cpu_row_top(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, const int32_t *want,
+                              tdm_row_top *out, tdm_err *err) {
+    GET_CPU("row_top");
+    (void)c;
+    if (n < 0 || dim <= 0 || k < 0 || k > TDM_ROW_TOP_MAX || k > dim || (n > 0 && (!x || !want || !out)))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "row_top: n = %d, dim = %d, k = %d (0..%d)", (int)n, (int)dim,
+                          (int)k, TDM_ROW_TOP_MAX);
+    for (int32_t i = 0; i < n; i++) {
+        const float *row = x + (size_t)i * (size_t)dim;
+        tdm_logits_row_top(row, dim, k, &out[i]);
+        out[i].want = want[i] >= 0 && want[i] < dim ? row[want[i]] : 0.0f;
+    }
+    return TANDEM_OK;
+}

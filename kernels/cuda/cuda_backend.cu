@@ -326,6 +326,8 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .moe_experts = */ tdm_cuda_moe_experts,
     /* .scatter_cols = */ tdm_cuda_scatter_cols,
     /* .mask_rows = */ tdm_cuda_mask_rows,
+    /* .edit_rows = */ tdm_cuda_edit_rows,
+    /* .row_top = */ tdm_cuda_row_top,
     /* .moe_route = */ tdm_cuda_moe_route,
 };
 

@@ -253,6 +253,10 @@ tandem_status tdm_cuda_scatter_cols(tdm_backend *b, const float *x, int32_t n, i
                                     int32_t dim, float fill, float *y, tdm_err *err);
 tandem_status tdm_cuda_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const uint32_t *mask, float fill,
                                  tdm_err *err);
+tandem_status tdm_cuda_edit_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits,
+                                 const int32_t *off, tdm_err *err);
+tandem_status tdm_cuda_row_top(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, const int32_t *want,
+                               tdm_row_top *out, tdm_err *err);
 /* The ops of the qwen3 / gemma3 blocks (cuda_archops.cu). */
 tandem_status tdm_cuda_head_rmsnorm(tdm_backend *b, float *x, int32_t n, int32_t row_stride, int32_t n_head,
                                     int32_t head_dim, const float *gamma, float eps, tdm_err *err);

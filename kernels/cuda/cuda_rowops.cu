@@ -172,6 +172,119 @@ tandem_status tdm_cuda_mask_rows(tdm_backend *b, float *x, int32_t n, int32_t di
     return TANDEM_OK;
 }
 
+/* ---- edit_rows ------------------------------------------------------------------- */
+
+/* Grid (1, rows): a block per row, its threads striding over the row's edits (ids
+ * distinct within a row: no two threads write one logit); the formula of
+ * tdm_logit_edit_apply (logit_edit.h). */
+__global__ void k_edit_rows(float *x, int32_t dim, const tdm_logit_edit *edits, const int32_t *off) {
+    TDM_PDL_ENTRY();
+    const int32_t r = blockIdx.y, end = off[r + 1];
+    for (int32_t j = off[r] + threadIdx.x; j < end; j += blockDim.x) {
+        const tdm_logit_edit ed = edits[j];
+        float *p = x + (size_t)r * dim + ed.id;
+        float y = __fadd_rn(*p, ed.bias); /* (no contraction into FMAs: the CPU's rounding) */
+        y = y > 0 ? __fmul_rn(y, ed.pos) : __fmul_rn(y, ed.neg);
+        *p = __fadd_rn(y, ed.add);
+    }
+}
+
+tandem_status tdm_cuda_edit_rows(tdm_backend *b, float *x, int32_t n, int32_t dim, const tdm_logit_edit *edits,
+                                 const int32_t *off, tdm_err *err) {
+    GET_CUDA("edit_rows");
+    if (n < 0 || dim <= 0 || (n > 0 && (!x || !off || !edits)))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "edit_rows: bad shape (n %d, dim %d)", (int)n, (int)dim);
+    if (n == 0) return TANDEM_OK;
+    if (n > 65535) return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "edit_rows: %d rows (at most 65535)", (int)n);
+    tdm_launch(k_edit_rows, dim3(1u, (unsigned)n), TDM_CUDA_THREADS, 0, c->stream, x, dim, edits, off);
+    TDM_CU_LAUNCHED("edit_rows");
+    return TANDEM_OK;
+}
+
+/* ---- row_top ---------------------------------------------------------------------- */
+
+#define ROW_TOP_THREADS 256
+
+/* (v, i) becomes the better of it and (ov, oi): the larger value, ties the lower id */
+__device__ __forceinline__ void rt_better(float &v, int32_t &i, float ov, int32_t oi) {
+    if (ov > v || (ov == v && oi < i)) v = ov, i = oi;
+}
+
+/* A block's best (v, i) to every thread. */
+__device__ void rt_block_best(float &v, int32_t &i, float *sv, int32_t *si) {
+    for (int o = 16; o > 0; o >>= 1) rt_better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __syncthreads(); /* (sv / si free from the previous call) */
+    if (lane == 0) sv[w] = v, si[w] = i;
+    __syncthreads();
+    v = sv[0], i = si[0];
+    for (int x = 1; x < ROW_TOP_THREADS / 32; x++) rt_better(v, i, sv[x], si[x]);
+}
+
+/* Grid (rows): a block per row.  Each thread keeps the k largest of its strided
+ * entries (in id order, so ties keep the lower id first) and the row's max; the sum
+ * of exp(x - max) in double; then k rounds of a block-wide best over the threads'
+ * list heads, the winner's head moving on. */
+__global__ void k_row_top(const float *x, int32_t dim, int32_t k, const int32_t *want, tdm_row_top *out) {
+    TDM_PDL_ENTRY();
+    __shared__ float sv[ROW_TOP_THREADS / 32];
+    __shared__ int32_t si[ROW_TOP_THREADS / 32];
+    __shared__ double sd[ROW_TOP_THREADS / 32];
+    const float *row = x + (size_t)blockIdx.x * dim;
+    float lv[TDM_ROW_TOP_MAX];
+    int32_t li[TDM_ROW_TOP_MAX];
+    int32_t have = 0;
+    float m = -INFINITY;
+    for (int32_t v = threadIdx.x; v < dim; v += blockDim.x) {
+        const float xv = row[v];
+        m = fmaxf(m, xv);
+        if (k > 0 && (have < k || xv > lv[k - 1])) {
+            int32_t at = have < k ? have++ : k - 1;
+            while (at > 0 && xv > lv[at - 1]) {
+                lv[at] = lv[at - 1], li[at] = li[at - 1];
+                at--;
+            }
+            lv[at] = xv, li[at] = v;
+        }
+    }
+    int32_t mi = 0;
+    rt_block_best(m, mi, sv, si);
+    double acc = 0;
+    for (int32_t v = threadIdx.x; v < dim; v += blockDim.x) acc += (double)expf(row[v] - m);
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if ((threadIdx.x & 31) == 0) sd[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    tdm_row_top *o = out + blockIdx.x;
+    if (threadIdx.x == 0) {
+        double sum = 0;
+        for (int w = 0; w < ROW_TOP_THREADS / 32; w++) sum += sd[w];
+        o->lse = (double)m + log(sum);
+        o->k = k;
+        const int32_t t = want[blockIdx.x];
+        o->want = t >= 0 && t < dim ? row[t] : 0.0f;
+    }
+    int32_t head = 0;
+    for (int32_t j = 0; j < k; j++) {
+        float bv = head < have ? lv[head] : -INFINITY;
+        int32_t bi = head < have ? li[head] : INT32_MAX;
+        rt_block_best(bv, bi, sv, si);
+        if (head < have && li[head] == bi) head++; /* (ids are distinct: one winner) */
+        if (threadIdx.x == 0) o->ids[j] = bi, o->val[j] = bv;
+    }
+}
+
+tandem_status tdm_cuda_row_top(tdm_backend *b, const float *x, int32_t n, int32_t dim, int32_t k, const int32_t *want,
+                               tdm_row_top *out, tdm_err *err) {
+    GET_CUDA("row_top");
+    if (n < 0 || dim <= 0 || k < 0 || k > TDM_ROW_TOP_MAX || k > dim || (n > 0 && (!x || !want || !out)))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "row_top: n = %d, dim = %d, k = %d (0..%d)", (int)n, (int)dim,
+                          (int)k, TDM_ROW_TOP_MAX);
+    if (n == 0) return TANDEM_OK;
+    tdm_launch(k_row_top, (unsigned)n, ROW_TOP_THREADS, 0, c->stream, x, dim, k, want, out);
+    TDM_CU_LAUNCHED("row_top");
+    return TANDEM_OK;
+}
+
 /* ---- add_bias, swiglu, gather_rows --------------------------------------------- */
 
 __global__ void k_add_bias(float *y, const float *bias, int32_t dim) {

@@ -28,7 +28,7 @@ tandem_generate_params tandem_generate_default_params(void) {
     tandem_generate_params p = {
         .max_tokens = 128, .temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .seed = 0,
         .spec_k = 0, .spec_k_min = 1, .spec_k_max = 12, .spec_p_min = 0.0f, .spec_ngram = 4, .on_token = NULL, .user_data = NULL, .ignore_eos = false,
-        .stop = NULL, .n_stop = 0,
+        .stop = NULL, .n_stop = 0, .repetition_penalty = 1.0f,
     };
     return p;
 }
@@ -38,5 +38,6 @@ void tandem_result_free(tandem_result *r) {
     free(r->tokens);
     free(r->text);
     free(r->error);
+    free(r->logprobs);
     memset(r, 0, sizeof *r);
 }

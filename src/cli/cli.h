@@ -98,6 +98,10 @@ bool cli_parse_u64(const char *opt, const char *s, uint64_t *out);
  * least 1 MiB. */
 bool cli_parse_size(const char *opt, const char *s, size_t *out);
 bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float *out);
+/* --logit-bias ID=B[,ID=B]...: ids >= 0 (the model checks the vocabulary), biases in
+ * [-100, 100], at most TANDEM_LOGIT_BIAS_MAX; *out heap.  False with the usage error
+ * printed. */
+bool cli_parse_logit_bias(const char *opt, const char *s, tandem_logit_bias **out, int *n);
 /* The same for the half-open range (lo, hi]. */
 bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, float *out);
 /* The usage error for an option given without the one it needs to take effect
@@ -186,6 +190,13 @@ typedef struct cli_prompt {
     char *grammar;           /* "grammar": GBNF text (heap), NULL = the job's */
     char *json_schema;       /* "json_schema": the schema's JSON text (heap; an object, or a
                                 string holding one), NULL = the job's */
+    bool has_presence, has_frequency, has_repetition, has_min_tokens, has_logprobs;
+    float presence, frequency, repetition; /* "presence_penalty", "frequency_penalty",
+                                "repetition_penalty" */
+    int min_tokens;          /* "min_tokens" */
+    int logprobs;            /* "logprobs": N alternatives, -1 = off (false) */
+    tandem_logit_bias *logit_bias; /* "logit_bias" {"ID": B}: [n_logit_bias] (heap), NULL = the job's */
+    int n_logit_bias;
     char *error;             /* cli_prompts_read_lenient: "FILE:LINE: problem" of a bad line
                                 (heap; the id is then the line's index), else NULL */
 } cli_prompt;
@@ -426,6 +437,12 @@ typedef struct cli_gen_opts {
     int tensor_parallel;       /* --tensor-parallel: the target split across N ranks; default 1 */
     char *grammar;             /* --grammar FILE's text (heap, lives to the exit), NULL = none */
     char *json_schema;         /* --json-schema FILE's text (heap, likewise), NULL = none */
+    float presence, frequency, repetition; /* --presence-penalty, --frequency-penalty,
+                                  --repetition-penalty; defaults 0, 0, 1 */
+    int min_tokens;            /* --min-tokens; default 0 */
+    tandem_logit_bias *logit_bias; /* --logit-bias ID=B,...: [n_logit_bias] (heap), NULL = none */
+    int n_logit_bias;
+    int logprobs;              /* --logprobs N: alternatives per token, -1 = off (default) */
     bool json;
 } cli_gen_opts;
 

@@ -57,7 +57,8 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
     *o = (cli_gen_opts){.max_tokens = 128, .temp = 0, .top_k = d.top_k, .top_p = d.top_p,
                     .min_p = d.min_p, .p_min = d.spec_p_min, .seed = 0, .threads = 0,
                     .backend = TANDEM_BACKEND_CPU, .spec_k = 0, .spec_k_max = 0, .spec_ngram = d.spec_ngram, .batch = 1,
-                    .tensor_parallel = 1, .draft_vocab = TANDEM_DRAFT_VOCAB_AUTO};
+                    .tensor_parallel = 1, .draft_vocab = TANDEM_DRAFT_VOCAB_AUTO, .repetition = d.repetition_penalty,
+                    .logprobs = -1};
     const char *spec_opt = NULL; /* the first speculation option given: needs -d */
     const char *grammar_file = NULL, *schema_file = NULL;
     for (int i = 1; i < argc; i++) {
@@ -85,6 +86,15 @@ int cli_gen_parse(int argc, char **argv, bool interactive, cli_gen_opts *o) {
         else if (TAKE(NULL, "--top-p")) ok = cli_parse_float_gt(a, v, 0, 1, &o->top_p);
         else if (TAKE(NULL, "--min-p")) ok = cli_parse_float(a, v, 0, 1, &o->min_p);
         else if (TAKE(NULL, "--seed")) ok = cli_parse_u64(a, v, &o->seed);
+        else if (TAKE(NULL, "--presence-penalty")) ok = cli_parse_float(a, v, -2, 2, &o->presence);
+        else if (TAKE(NULL, "--frequency-penalty")) ok = cli_parse_float(a, v, -2, 2, &o->frequency);
+        else if (TAKE(NULL, "--repetition-penalty")) ok = cli_parse_float_gt(a, v, 0, 100, &o->repetition);
+        else if (TAKE(NULL, "--min-tokens")) ok = cli_parse_int(a, v, 0, CLI_COUNT_MAX, &o->min_tokens);
+        else if (!interactive && TAKE(NULL, "--logprobs")) ok = cli_parse_int(a, v, 0, TANDEM_TOP_LOGPROBS_MAX, &o->logprobs);
+        else if (TAKE(NULL, "--logit-bias")) {
+            free(o->logit_bias);
+            ok = cli_parse_logit_bias(a, v, &o->logit_bias, &o->n_logit_bias);
+        }
         else if (TAKE("-t", "--threads")) ok = cli_parse_int(a, v, 0, TANDEM_THREADS_MAX, &o->threads);
         else if (TAKE(NULL, "--backend")) ok = cli_parse_backend(a, v, &o->backend);
         else if (TAKE(NULL, "--gpu-mem")) ok = cli_parse_size(a, v, &o->gpu_mem);
@@ -129,7 +139,19 @@ static void print_json_result(const cli_prompt *p, const tandem_result *r, bool 
     cli_json_result(stdout, p, r, has_draft);
 }
 
+/* Text mode with --logprobs: a line per token on stderr, "[logprobs] ID LOGPROB" and
+ * the alternatives "ID:LOGPROB". */
+static void print_logprobs(const tandem_result *r) {
+    for (size_t i = 0; r->logprobs && i < r->n_tokens; i++) {
+        const tandem_token_logprob *lp = &r->logprobs[i];
+        fprintf(stderr, "[logprobs] %d %.6f", (int)r->tokens[i], (double)lp->logprob);
+        for (int k = 0; k < lp->n_top; k++) fprintf(stderr, " %d:%.6f", (int)lp->top_ids[k], (double)lp->top_logprobs[k]);
+        fputc('\n', stderr);
+    }
+}
+
 static void print_speed_line(const cli_prompt *p, const tandem_result *r, bool has_draft) {
+    print_logprobs(r);
     fputs("[id ", stderr);
     cli_prompt_write_id(stderr, p, false);
     /* no token: the prompt did not run (max_tokens 0), so no prefill rate */
@@ -172,6 +194,14 @@ tandem_request cli_gen_request(const cli_gen_opts *o) {
     gp->spec_tree_shape = o->spec_tree_shape;
     gp->grammar = o->grammar;
     gp->json_schema = o->json_schema;
+    gp->presence_penalty = o->presence;
+    gp->frequency_penalty = o->frequency;
+    gp->repetition_penalty = o->repetition;
+    gp->min_tokens = o->min_tokens;
+    gp->logit_bias = o->logit_bias;
+    gp->n_logit_bias = o->n_logit_bias;
+    gp->logprobs = o->logprobs >= 0;
+    gp->top_logprobs = o->logprobs > 0 ? o->logprobs : 0;
     return rq;
 }
 
@@ -414,7 +444,10 @@ int cli_gen_open(const cli_gen_opts *o, bool (*progress)(float, void *), void *p
 void cli_gen_opts_free(cli_gen_opts *o) {
     free(o->grammar);
     free(o->json_schema);
+    free(o->logit_bias);
     o->grammar = o->json_schema = NULL;
+    o->logit_bias = NULL;
+    o->n_logit_bias = 0;
 }
 
 static int generate_main(cli_gen_opts *o_in);

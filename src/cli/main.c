@@ -173,6 +173,44 @@ bool cli_parse_float(const char *opt, const char *s, double lo, double hi, float
     return parse_float_range(opt, s, lo, false, hi, out);
 }
 
+bool cli_parse_logit_bias(const char *opt, const char *s, tandem_logit_bias **out, int *n) {
+    *out = NULL;
+    *n = 0;
+    if (!s || !*s) return cli_usage_error("option %.*s: empty (ID=BIAS[,ID=BIAS]...)", opt_len(opt), opt), false;
+    int cap = 1;
+    for (const char *p = s; *p; p++) cap += *p == ',';
+    if (cap > TANDEM_LOGIT_BIAS_MAX)
+        return cli_usage_error("option %.*s: %d entries, at most %d", opt_len(opt), opt, cap, TANDEM_LOGIT_BIAS_MAX), false;
+    tandem_logit_bias *b = calloc((size_t)cap, sizeof *b);
+    if (!b) return cli_error("out of memory"), false;
+    for (const char *p = s;;) {
+        char *end = NULL;
+        errno = 0;
+        const long id = isdigit((unsigned char)*p) ? strtol(p, &end, 10) : -1;
+        double bias = 0;
+        bool ok = id >= 0 && errno == 0 && id <= INT32_MAX && *end == '=';
+        if (ok) {
+            const char *q = end + 1;
+            bias = strtod(q, &end);
+            ok = end != q && (*end == ',' || *end == '\0') && bias >= -100 && bias <= 100;
+        }
+        for (int x = 0; ok && x < *n; x++) ok = b[x].token != (int32_t)id;
+        if (!ok) {
+            free(b);
+            *n = 0;
+            return cli_usage_error("option %.*s: '%s': each entry ID=BIAS, a token id >= 0 given once and a bias in "
+                                   "[-100, 100]",
+                                   opt_len(opt), opt, s),
+                   false;
+        }
+        b[(*n)++] = (tandem_logit_bias){(int32_t)id, (float)bias};
+        if (*end == '\0') break;
+        p = end + 1;
+    }
+    *out = b;
+    return true;
+}
+
 bool cli_parse_float_gt(const char *opt, const char *s, double lo, double hi, float *out) {
     return parse_float_range(opt, s, lo, true, hi, out);
 }
@@ -364,7 +402,24 @@ void cli_json_result(FILE *f, const cli_prompt *p, const tandem_result *r, bool 
     tdm_json_write_str(f, r->text ? r->text : "", r->text ? strlen(r->text) : 0);
     fputs(", \"tokens\": [", f);
     for (size_t i = 0; i < r->n_tokens; i++) fprintf(f, i ? ", %d" : "%d", (int)r->tokens[i]);
-    fputs("], \"finish_reason\": ", f);
+    fputs("]", f);
+    if (r->logprobs) { /* [{"logprob", "top_logprobs": [{"id", "logprob"}, ...]}], one per token */
+        fputs(", \"logprobs\": [", f);
+        for (size_t i = 0; i < r->n_tokens; i++) {
+            const tandem_token_logprob *lp = &r->logprobs[i];
+            fputs(i ? ", {\"logprob\": " : "{\"logprob\": ", f);
+            cli_json_num(f, lp->logprob, 6);
+            fputs(", \"top_logprobs\": [", f);
+            for (int k = 0; k < lp->n_top; k++) {
+                fprintf(f, "%s{\"id\": %d, \"logprob\": ", k ? ", " : "", (int)lp->top_ids[k]);
+                cli_json_num(f, lp->top_logprobs[k], 6);
+                fputc('}', f);
+            }
+            fputs("]}", f);
+        }
+        fputc(']', f);
+    }
+    fputs(", \"finish_reason\": ", f);
     const char *fr = tandem_finish_reason_str(r->finish_reason);
     tdm_json_write_str(f, fr ? fr : "none", fr ? strlen(fr) : 4);
     fprintf(f, ", \"prompt_tokens\": %zu, \"cached_tokens\": %zu, \"preemptions\": %d, \"queue_ms\": ",

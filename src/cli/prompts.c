@@ -7,13 +7,17 @@
  *    "temperature": <number in [0, FLT_MAX]>?,
  *    "priority": <integer in [INT_MIN, INT_MAX]>?, "timeout_s": <number in [0, 1e9]>?,
  *    "stop": <string | [string, ...]>?, "grammar": <string>?,
- *    "json_schema": <object | string>?}
+ *    "json_schema": <object | string>?, "presence_penalty": <number in [-2, 2]>?,
+ *    "frequency_penalty": <number in [-2, 2]>?, "repetition_penalty": <number in (0, 100]>?,
+ *    "min_tokens": <integer >= 0>?, "logit_bias": <{"token id": number in [-100, 100]}>?,
+ *    "logprobs": <integer in [0, 20] | false>?}
  * (a message is an object with a string "role", as in OpenAI's API: the conversation
  * is rendered by the model's chat template; the ranges of --seed, -n and --temp; a stop list holds at most TANDEM_STOP_MAX
  * strings of 1..TANDEM_STOP_LEN_MAX bytes, and replaces the job's; "grammar" (GBNF
  * text) or "json_schema" (a JSON schema, or its text as a string; at most one of the
  * two) constrains the line's output instead of the job's --grammar / --json-schema,
- * checked when the request is submitted).  Other members
+ * checked when the request is submitted; the penalties, logit_bias, min_tokens and
+ * logprobs (N alternatives per token in the output line) replace the job's).  Other members
  * are ignored; a repeated member is an error (json.h); blank lines are skipped.  A
  * missing id becomes the 0-based index of the prompt; a numeric id is echoed as
  * written (9007199254740993, 1.50, 1e3 stay so) and must lie in a double's range, so
@@ -34,6 +38,7 @@ static void prompt_free(cli_prompt *p) {
     tdm_arg_stop_free(p->stop, p->n_stop);
     free(p->grammar);
     free(p->json_schema);
+    free(p->logit_bias);
     free(p->id_str);
     free(p->text);
     free(p->messages);
@@ -190,6 +195,65 @@ static bool request_from_json(const tdm_json *j, cli_prompt *p, const char *path
     return true;
 }
 
+/* A number member in [lo, hi] (lo_open: (lo, hi]); *has whether given. */
+static bool num_member(const tdm_json *j, const char *name, double lo, bool lo_open, double hi, bool *has, float *out,
+                       const char *path, int line, char *err, size_t cap) {
+    const tdm_json *v = tdm_json_get(j, name);
+    if (!v) return true;
+    if (v->type != TDM_JSON_NUMBER || !(v->num <= hi) || (lo_open ? !(v->num > lo) : !(v->num >= lo)))
+        return line_err(err, cap, path, line, "\"%s\" must be a number in %c%g, %g]", name, lo_open ? '(' : '[', lo, hi);
+    *has = true;
+    *out = (float)v->num;
+    return true;
+}
+
+/* presence_penalty, frequency_penalty, repetition_penalty, min_tokens, logit_bias,
+ * logprobs. */
+static bool penalties_from_json(const tdm_json *j, cli_prompt *p, const char *path, int line, char *err, size_t cap) {
+    if (!num_member(j, "presence_penalty", -2, false, 2, &p->has_presence, &p->presence, path, line, err, cap) ||
+        !num_member(j, "frequency_penalty", -2, false, 2, &p->has_frequency, &p->frequency, path, line, err, cap) ||
+        !num_member(j, "repetition_penalty", 0, true, 100, &p->has_repetition, &p->repetition, path, line, err, cap))
+        return false;
+    const tdm_json *v = tdm_json_get(j, "min_tokens");
+    if (v) {
+        int64_t m;
+        if (!tdm_json_int(v, &m) || m < 0 || m > CLI_COUNT_MAX)
+            return line_err(err, cap, path, line, "\"min_tokens\" must be an integer in [0, %d]", CLI_COUNT_MAX);
+        p->has_min_tokens = true;
+        p->min_tokens = (int)m;
+    }
+    if ((v = tdm_json_get(j, "logprobs"))) {
+        int64_t m;
+        if (v->type == TDM_JSON_BOOL && !v->b) m = -1;
+        else if (!tdm_json_int(v, &m) || m < 0 || m > TANDEM_TOP_LOGPROBS_MAX)
+            return line_err(err, cap, path, line, "\"logprobs\" must be an integer in [0, %d] (alternatives per token) or false",
+                            TANDEM_TOP_LOGPROBS_MAX);
+        p->has_logprobs = true;
+        p->logprobs = (int)m;
+    }
+    if ((v = tdm_json_get(j, "logit_bias"))) {
+        if (v->type != TDM_JSON_OBJECT || v->n > TANDEM_LOGIT_BIAS_MAX)
+            return line_err(err, cap, path, line, "\"logit_bias\" must be an object of at most %d token ids to biases",
+                            TANDEM_LOGIT_BIAS_MAX);
+        if (v->n && !(p->logit_bias = calloc(v->n, sizeof *p->logit_bias)))
+            return line_err(err, cap, path, line, "out of memory");
+        for (size_t i = 0; i < v->n; i++) {
+            char *end = NULL;
+            const long id = strtol(v->keys[i], &end, 10);
+            const tdm_json *b = &v->items[i];
+            if (!v->keys[i][0] || *end || id < 0 || id > INT32_MAX || b->type != TDM_JSON_NUMBER ||
+                !(b->num >= -100 && b->num <= 100))
+                return line_err(err, cap, path, line,
+                                "\"logit_bias\": \"%.40s\" must be a token id given a number in [-100, 100]", v->keys[i]);
+            p->logit_bias[i] = (tandem_logit_bias){(int32_t)id, (float)b->num};
+        }
+        p->n_logit_bias = (int)v->n; /* (ids within the vocabulary, and once each: checked at submission) */
+        if (!p->logit_bias) p->logit_bias = calloc(1, sizeof *p->logit_bias); /* ({}: none, replacing the job's) */
+        if (!p->logit_bias) return line_err(err, cap, path, line, "out of memory");
+    }
+    return true;
+}
+
 /* Fills p from one parsed line; false with err set on a bad member. */
 static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, const char *path,
                              int line, char *err, size_t cap) {
@@ -203,7 +267,8 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
             return line_err(err, cap, path, line, "\"messages\" must be an array of objects with a string \"role\"");
         if (!(p->messages = cli_json_text(msgs)) || !(p->text = tdm_strndup("", 0)))
             return line_err(err, cap, path, line, "out of memory");
-        return sampling_from_json(j, p, path, line, err, cap) && request_from_json(j, p, path, line, err, cap);
+        return sampling_from_json(j, p, path, line, err, cap) && request_from_json(j, p, path, line, err, cap) &&
+               penalties_from_json(j, p, path, line, err, cap);
     }
     if (!pr) return line_err(err, cap, path, line, "missing \"prompt\" (or \"messages\")");
     if (pr->type != TDM_JSON_STRING)
@@ -211,7 +276,8 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
     p->text = tdm_strndup(pr->str, pr->str_len);
     p->len = pr->str_len;
     if (!p->text) return line_err(err, cap, path, line, "out of memory");
-    return sampling_from_json(j, p, path, line, err, cap) && request_from_json(j, p, path, line, err, cap);
+    return sampling_from_json(j, p, path, line, err, cap) && request_from_json(j, p, path, line, err, cap) &&
+           penalties_from_json(j, p, path, line, err, cap);
 }
 
 /* A line that did not parse (err holds why): lenient, an item carrying the error
@@ -395,6 +461,18 @@ void cli_prompt_apply(const cli_prompt *p, tandem_request *rq) {
     if (p->grammar || p->json_schema) { /* (the line's constraint replaces the job's) */
         g->grammar = p->grammar;
         g->json_schema = p->json_schema;
+    }
+    if (p->has_presence) g->presence_penalty = p->presence;
+    if (p->has_frequency) g->frequency_penalty = p->frequency;
+    if (p->has_repetition) g->repetition_penalty = p->repetition;
+    if (p->has_min_tokens) g->min_tokens = p->min_tokens;
+    if (p->logit_bias) {
+        g->logit_bias = p->logit_bias;
+        g->n_logit_bias = p->n_logit_bias;
+    }
+    if (p->has_logprobs) {
+        g->logprobs = p->logprobs >= 0;
+        g->top_logprobs = p->logprobs > 0 ? p->logprobs : 0;
     }
     if (p->has_priority) rq->priority = p->priority;
     if (p->has_timeout) rq->timeout_ms = p->timeout_ms;

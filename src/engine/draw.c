@@ -8,6 +8,9 @@
  * chain with the uniform that position would use without speculation. */
 #include "engine.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 /* rows [j, end) that one device call can take: the same sequence (sampler
  * parameters) when sampled, any greedy rows otherwise */
 static int32_t run_end(const tdm_draw_row *rows, int32_t j, int32_t m) {
@@ -43,27 +46,75 @@ static tandem_status draw_dev(tdm_engine *e, const float *l, const tdm_draw_row 
     return st;
 }
 
+/* A host row's edits, then its mask (a row with non-finite logits is left as it is,
+ * for its reader to refuse). */
+static void host_row(const tdm_engine *e, float *l, const tdm_draw_row *row) {
+    if ((!row->mask && !row->n_edit) || !tdm_logits_finite(l, e->n_vocab)) return;
+    if (row->n_edit) {
+        const int32_t off[2] = {0, row->n_edit};
+        (void)tdm_logits_edit_rows(l, 1, e->n_vocab, row->edit, off); /* (ids checked at submission) */
+    }
+    if (row->mask) tdm_logits_mask(l, e->n_vocab, row->mask, TDM_LOGIT_NONE);
+}
+
+/* The edits of device rows [0, m) in one upload (the rows' offsets, then the edits)
+ * and one edit_rows call. */
+static tandem_status edit_dev(tdm_engine *e, float *l, const tdm_draw_row *rows, int32_t m, tdm_err *err) {
+    const tdm_backend_ops *op = e->be->ops;
+    size_t n_ed = 0;
+    for (int32_t j = 0; j < m; j++) n_ed += (size_t)rows[j].n_edit;
+    if (n_ed == 0) return TANDEM_OK;
+    if (!op->edit_rows)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "this backend cannot edit logits rows (penalties, logit_bias, min_tokens)");
+    if (n_ed > INT32_MAX / 2) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "%zu logit edits in one step", n_ed);
+    const size_t head = ((size_t)(m + 1) * sizeof(int32_t) + 15) / 16 * 16;
+    const size_t bytes = head + n_ed * sizeof(tdm_logit_edit);
+    if (bytes > e->edit_cap) { /* (grown: both buffers at twice the size) */
+        const size_t cap = TDM_MAX(bytes, 2 * e->edit_cap);
+        void *h = malloc(cap), *d = NULL;
+        tandem_status st = h ? op->alloc(e->be, cap, &d, err) : tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        if (st) {
+            free(h);
+            return st;
+        }
+        free(e->edit_host);
+        if (e->edit_dev) op->free(e->be, e->edit_dev);
+        e->edit_host = h, e->edit_dev = d, e->edit_cap = cap;
+    }
+    int32_t *off = e->edit_host;
+    tdm_logit_edit *ed = (tdm_logit_edit *)((char *)e->edit_host + head);
+    off[0] = 0;
+    for (int32_t j = 0; j < m; j++) {
+        if (rows[j].n_edit) memcpy(ed + off[j], rows[j].edit, (size_t)rows[j].n_edit * sizeof *ed);
+        off[j + 1] = off[j] + rows[j].n_edit;
+    }
+    tandem_status st = op->upload(e->be, e->edit_dev, e->edit_host, bytes, err);
+    if (!st)
+        st = op->edit_rows(e->be, l, m, e->n_vocab, (const tdm_logit_edit *)((char *)e->edit_dev + head), e->edit_dev, err);
+    return st;
+}
+
 tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
                                    tdm_err *err) {
     const size_t V = (size_t)e->n_vocab, W = e->mask_words;
-    if (kind == TDM_FWD_LOGITS) { /* (host rows; a non-finite row is left as it is, for its reader to refuse) */
+    if (kind == TDM_FWD_LOGITS) { /* (host rows) */
         float *l = is_draft ? e->logits_d : e->logits_t;
-        for (int32_t j = 0; j < m; j++)
-            if (rows[j].mask && tdm_logits_finite(l + (size_t)j * V, e->n_vocab))
-                tdm_logits_mask(l + (size_t)j * V, e->n_vocab, rows[j].mask, TDM_LOGIT_NONE);
+        for (int32_t j = 0; j < m; j++) host_row(e, l + (size_t)j * V, &rows[j]);
         return TANDEM_OK;
     }
     if (kind != TDM_FWD_LOGITS_DEV) {
         for (int32_t j = 0; j < m; j++)
-            if (rows[j].mask) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a masked logits row in a forward of kind %d", (int)kind);
+            if (rows[j].mask || rows[j].n_edit)
+                return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a masked or edited logits row in a forward of kind %d", (int)kind);
         return TANDEM_OK;
     }
+    tandem_status st = edit_dev(e, is_draft ? e->out_d : e->out_t, rows, m, err);
+    if (st) return st;
     /* each masked row's mask uploaded to its row's place in e->mask_dev (a run of rows
      * whose masks lie one after the other on the host, a sequence's chain, in one
      * upload), applied where the logits are, a run of consecutive masked rows per call */
     const tdm_backend_ops *op = e->be->ops;
     float *l = is_draft ? e->out_d : e->out_t;
-    tandem_status st = TANDEM_OK;
     for (int32_t j = 0; j < m && !st;) {
         if (!rows[j].mask) {
             j++;
@@ -96,8 +147,10 @@ tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *
     switch (kind) {
     case TDM_FWD_ARGMAX:
         for (int32_t j = 0; j < m; j++) { /* (a masked row's mask went with the forward: tdm_batch.logit_masks) */
-            if (rows[j].mask && (is_draft || !e->batch.logit_masks || e->batch.logit_masks[j] != rows[j].mask))
-                return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a masked logits row in an argmax forward without its mask");
+            if ((rows[j].mask && (is_draft || !e->batch.logit_masks || e->batch.logit_masks[j] != rows[j].mask)) ||
+                rows[j].n_edit)
+                return tdm_seterr(err, TANDEM_ERR_INTERNAL,
+                                  "a masked logits row without its mask, or an edited one, in an argmax forward");
             tok[j] = e->ids[j];
         }
         return TANDEM_OK;
@@ -111,12 +164,12 @@ tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *
         for (int32_t j = 0; j < m; j++) {
             const tdm_seq *q = rows[j].s;
             float *l = logits + (size_t)j * V;
-            if (rows[j].mask && !tdm_logits_finite(l, e->n_vocab)) { /* (checked before the mask,
-                                                                         which writes finite values) */
+            if ((rows[j].mask || rows[j].n_edit) && !tdm_logits_finite(l, e->n_vocab)) { /* (checked before
+                                                                         the mask, which writes finite values) */
                 tok[j] = -1;
                 continue;
             }
-            if (rows[j].mask) tdm_logits_mask(l, e->n_vocab, rows[j].mask, TDM_LOGIT_NONE);
+            host_row(e, l, &rows[j]);
             if (q->sp.temperature > 0) {
                 tdm_probs_from_logits(l, e->n_vocab, &q->sp, &e->ss, e->tmp);
                 tok[j] = tdm_sample_probs_u(e->tmp, e->n_vocab, rows[j].u);

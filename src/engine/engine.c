@@ -9,6 +9,7 @@
 
 #include "constrain.h"
 #include "kv_cache.h"
+#include "penalty.h"
 
 static void copy_block_cb(void *user, int32_t src, int32_t dst) {
     tdm_engine *e = user;
@@ -291,6 +292,10 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         e->samp_dev = p;
         if ((st = bo->alloc(e->be, 2 * (size_t)e->n_logit_rows * sizeof(int32_t), &p, err))) goto fail;
         e->draw_dev = p;
+        if (bo->row_top) {
+            if ((st = bo->alloc(e->be, (size_t)e->n_logit_rows * sizeof(tdm_row_top), &p, err))) goto fail;
+            e->lp_dev = p;
+        }
         if (bo->mask_rows) { /* (about 19 KB a row for a vocabulary of 150 K) */
             if ((st = bo->alloc(e->be, (size_t)e->n_logit_rows * e->mask_words * sizeof(uint32_t), &p, err))) goto fail;
             e->mask_dev = p;
@@ -326,7 +331,7 @@ void tdm_engine_free(tdm_engine *e) {
         tdm_vocab_head_free(&e->vhead);
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
-        void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev, e->mask_dev};
+        void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev, e->mask_dev, e->edit_dev, e->lp_dev};
         for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++)
             if (dev[i]) e->be->ops->free(e->be, dev[i]);
         if (!e->be->host_memory) {
@@ -336,6 +341,7 @@ void tdm_engine_free(tdm_engine *e) {
         tdm_kv_store_free(&e->kv_t);
         tdm_kv_store_free(&e->kv_d);
     }
+    free(e->edit_host);
     tdm_kv_pool_free(e->pool);
     tdm_batch_free(&e->batch);
     free(e->ids);
@@ -499,6 +505,24 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     if (!s->text) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     s->text[0] = 0;
     s->text_cap = 256;
+    if ((st = tdm_penalty_init(e, s, gp, err))) return st;
+    s->min_tokens = gp->min_tokens;
+    if (!(gp->top_logprobs >= 0 && gp->top_logprobs <= TANDEM_TOP_LOGPROBS_MAX))
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "top_logprobs %d is out of range [0, %d]", gp->top_logprobs,
+                          TANDEM_TOP_LOGPROBS_MAX);
+    if (gp->top_logprobs > 0 && !gp->logprobs)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "top_logprobs %d needs logprobs", gp->top_logprobs);
+    if (gp->on_token && gp->on_token_lp)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "on_token and on_token_lp are both set (at most one)");
+    s->on_token_lp = gp->on_token_lp;
+    s->lp_top = -1;
+    if (gp->logprobs) {
+        s->lp_top = gp->top_logprobs;
+        s->lp_rows = calloc(TANDEM_SPEC_K_MAX + 1, sizeof *s->lp_rows);
+        s->lp_cap = TDM_MIN(s->max_new, e->cfg.n_ctx - n_prompt) + 1; /* (every token it can generate) */
+        s->lp = tdm_calloc((size_t)s->lp_cap, sizeof *s->lp);
+        if (!s->lp_rows || !s->lp) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
     return tdm_constraint_init(e, s, gp, err);
 }
 
@@ -508,6 +532,11 @@ void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     free(s->text);
     tdm_stop_free(&s->stop);
     tdm_constraint_free(s);
+    tdm_penalty_free(s);
+    free(s->lp);
+    free(s->lp_rows);
+    s->lp = NULL;
+    s->lp_rows = NULL;
     s->tokens = NULL;
     s->text = NULL;
 }
@@ -527,6 +556,12 @@ tandem_status tdm_seq_result(tdm_seq *s, double prefill_ms, double decode_ms, ta
     res->prefill_ms = n_gen > 0 ? prefill_ms : 0.0; /* no token: nothing ran */
     res->decode_ms = n_gen > 1 ? decode_ms : 0.0;   /* the first token is the prefill's */
     memset(&res->spec, 0, sizeof res->spec);
+    res->logprobs = NULL;
+    if (s->lp_top >= 0) { /* (one per generated token: every commit filled one) */
+        res->logprobs = s->lp ? s->lp : tdm_calloc(1, sizeof *res->logprobs);
+        s->lp = NULL;
+        if (!res->logprobs) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+    }
     return TANDEM_OK;
 }
 

@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 
+#include "logit_edit.h"
 #include "model.h"
 #include "phase_prof.h"
 #include "sampling.h"
@@ -137,6 +138,13 @@ typedef struct tdm_engine {
     size_t mask_words;       /* (n_vocab + 31) / 32: a mask row of the logits */
     uint32_t *mask_dev;      /* [n_logit_rows][mask_words] backend: a draw's rows' masks
                                 (with p_dev, where the backend has mask_rows), else NULL */
+    /* Logit edits of device rows (penalty.h): the rows' offsets and edits gathered on
+     * the host, uploaded in one piece to edit_dev (both grown as needed) */
+    void *edit_host, *edit_dev;
+    size_t edit_cap;         /* bytes of each */
+    tdm_row_top *lp_dev;     /* [n_logit_rows] backend: the logprobs summaries of a draw's
+                                device rows (with p_dev, where the backend has row_top),
+                                else NULL */
     tandem_status copy_status;
     tdm_err copy_err;
 } tdm_engine;
@@ -164,7 +172,28 @@ typedef struct tdm_seq {
     size_t emitted;          /* bytes of text passed to on_token */
     tdm_stop stop;           /* the request's stop strings */
     struct tdm_constraint *con; /* its grammar (constrain.h), NULL: unconstrained */
+    struct tdm_penalty *pen;    /* its penalties / logit_bias / min_tokens (penalty.h), NULL: none */
+    int32_t min_tokens;         /* stop strings are not looked for before this many tokens */
+    /* logprobs (tandem_generate_params.logprobs): lp_top < 0 off, else the alternatives
+     * per token; the scheduler fills lp_rows[d] (row d of the step's verified chain:
+     * its logsumexp, top entries and drawn token's logit) before committing, and each
+     * committed token takes the next row (lp_next) into lp[] */
+    int32_t lp_top;
+    tandem_token_lp_cb on_token_lp;
+    tandem_token_logprob *lp;   /* [lp_cap] one per generated token */
+    int32_t lp_cap, lp_next, lp_fill; /* lp_rows[lp_next .. lp_fill) not yet taken */
+    struct tdm_lp_row *lp_rows; /* [TANDEM_SPEC_K_MAX + 1] */
 } tdm_seq;
+
+/* A logits row's logprobs summary for the token drawn from it (tdm_seq.lp_rows). */
+typedef struct tdm_lp_row {
+    int32_t token;   /* the token drawn from the row */
+    float logit;     /* its logit */
+    double lse;      /* the row's logsumexp */
+    int32_t k;
+    int32_t ids[TANDEM_TOP_LOGPROBS_MAX];
+    float val[TANDEM_TOP_LOGPROBS_MAX]; /* their logits */
+} tdm_lp_row;
 
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err);
@@ -189,6 +218,9 @@ typedef struct tdm_draw_row {
     const uint32_t *mask; /* host [e->mask_words]: the row's allowed tokens (grammar-
                              constrained decoding, constrain.h; the others get
                              TDM_LOGIT_NONE before the draw), or NULL: all */
+    const tdm_logit_edit *edit; /* host [n_edit]: the row's logit edits (penalties,
+                             logit_bias, min_tokens: penalty.h), applied before the mask */
+    int32_t n_edit;
 } tdm_draw_row;
 /* The token of each of the m <= e->n_logit_rows logits rows of the latest forward
  * of the target or the draft (row j is rows[j]'s, forward of the given kind): the

@@ -56,6 +56,10 @@ typedef struct srv_choice {
                                     call or the end of the reasoning */
     size_t n_acc, cap_acc;
     size_t n_engine_text;        /* chat with tools: bytes of the engine's text in acc */
+    int32_t *lp_tok;             /* stream with logprobs: [n_lp] tokens not yet sent, and */
+    tandem_token_logprob *lp;    /* [n_lp] their log-probabilities (on_token_lp) */
+    size_t n_lp, cap_lp;
+    size_t lp_offset;            /* completions: the text offset of the next token */
 } srv_choice;
 
 struct srv_job {
@@ -98,6 +102,8 @@ static void job_unref(srv_job *j) {
         tandem_result_free(&j->c[i].res);
         free(j->c[i].pending);
         free(j->c[i].acc);
+        free(j->c[i].lp_tok);
+        free(j->c[i].lp);
     }
     for (size_t i = 0; i < j->n_tool_names; i++) free(j->tool_names[i]);
     free(j->tool_names);
@@ -175,7 +181,31 @@ static bool tool_text(srv_choice *c, int32_t token, const char *text, size_t len
     return true;
 }
 
+/* A stream's token and its log-probabilities kept for the next chunk (j->mu held);
+ * false out of memory. */
+static bool keep_logprob(srv_choice *c, int32_t token, const tandem_token_logprob *lp) {
+    if (!lp) return true;
+    if (c->n_lp == c->cap_lp) {
+        const size_t nc = c->cap_lp ? 2 * c->cap_lp : 16;
+        int32_t *nt = realloc(c->lp_tok, nc * sizeof *nt);
+        if (!nt) return false;
+        c->lp_tok = nt;
+        tandem_token_logprob *nl = realloc(c->lp, nc * sizeof *nl);
+        if (!nl) return false;
+        c->lp = nl, c->cap_lp = nc;
+    }
+    c->lp_tok[c->n_lp] = token;
+    c->lp[c->n_lp++] = *lp;
+    return true;
+}
+
+static bool on_token_lp(int32_t token, const char *text, size_t len, const tandem_token_logprob *lp, void *user);
+
 static bool on_token(int32_t token, const char *text, size_t len, void *user) {
+    return on_token_lp(token, text, len, NULL, user);
+}
+
+static bool on_token_lp(int32_t token, const char *text, size_t len, const tandem_token_logprob *lp, void *user) {
     srv_choice *c = user;
     srv_job *j = c->j;
     const double now = tdm_now();
@@ -193,6 +223,7 @@ static bool on_token(int32_t token, const char *text, size_t len, void *user) {
         ok = grow_append(&c->pending, &c->n_pending, &c->cap_pending, text, len); /* (out of memory: the stream
                                                                                     cannot go on) */
     }
+    if (j->stream && ok) ok = keep_logprob(c, token, lp);
     if (j->stream || (first && j->n > 1)) pthread_cond_signal(&j->cv); /* (the first: srv_generate submits the rest) */
     pthread_mutex_unlock(&j->mu);
     return ok;
@@ -286,9 +317,21 @@ static bool parsed_event(srv_job *j, srv_choice *c, char **t, size_t *n, bool *o
     return *t != NULL;
 }
 
+static char *choice_event_of(srv_job *j, srv_choice *c, size_t *n, bool *oom);
+
 /* Choice c's next event (j->mu held): its text, its last chunk (or its error); NULL
- * when it has none now (*oom set out of memory). */
+ * when it has none now (*oom set out of memory).  With logprobs, the tokens kept since
+ * the last chunk go with the next one. */
 static char *choice_event(srv_job *j, srv_choice *c, size_t *n, bool *oom) {
+    const oai_lp_span lps = {c->lp_tok, c->lp, c->n_lp};
+    c->meta.lp_span = &lps;
+    c->meta.lp_offset = &c->lp_offset;
+    char *t = choice_event_of(j, c, n, oom);
+    c->meta.lp_span = NULL;
+    return t;
+}
+
+static char *choice_event_of(srv_job *j, srv_choice *c, size_t *n, bool *oom) {
     char *t = NULL;
     if (parsed(j) && c->phase == CH_TEXT) {
         if (parsed_event(j, c, &t, n, oom)) return t;
@@ -297,6 +340,7 @@ static char *choice_event(srv_job *j, srv_choice *c, size_t *n, bool *oom) {
     }
     if (c->n_pending > 0) {
         t = oai_chunk_sse(&c->meta, c->pending, c->n_pending, c->first_chunk, j->include_usage, n);
+        c->n_lp = 0;
         c->n_sent_text += c->n_pending;
         c->n_pending = 0;
         c->first_chunk = false;
@@ -309,6 +353,7 @@ static char *choice_event(srv_job *j, srv_choice *c, size_t *n, bool *oom) {
         if (tl <= c->n_sent_text) return choice_event(j, c, n, oom);
         t = oai_chunk_sse(&c->meta, r->text + c->n_sent_text, tl - c->n_sent_text, c->first_chunk, j->include_usage,
                           n);
+        c->n_lp = 0;
         c->n_sent_text = tl;
         c->first_chunk = false;
     } else { /* CH_FINAL */
@@ -318,6 +363,7 @@ static char *choice_event(srv_job *j, srv_choice *c, size_t *n, bool *oom) {
             t = oai_error_sse(&e, n);
         } else {
             t = oai_final_chunk_sse(&c->meta, &c->res, j->include_usage, n);
+            c->n_lp = 0;
         }
         c->phase = CH_OVER;
     }
@@ -553,7 +599,8 @@ static srv_job *job_new(srv *s, const oai_request *rq, int fd, double t_arrival)
                          .has_draft = s->m.lim.has_draft, .parallel_tool_calls = rq->parallel_tool_calls,
                          .tool_format = rq->kind == OAI_CHAT && rq->n_tools > 0 && rq->tool_choice != OAI_TOOLS_NONE
                                             ? s->m.tool_format : TDM_TOOL_FORMAT_NONE,
-                         .reasoning = rq->kind == OAI_CHAT && s->m.reasoning};
+                         .reasoning = rq->kind == OAI_CHAT && s->m.reasoning,
+                         .logprobs = rq->params.logprobs, .lp_model = s->m.target};
     if (j->meta.tool_format != TDM_TOOL_FORMAT_NONE) { /* (out of memory: the one reference dropped frees it) */
         if (!(j->tool_names = calloc(rq->n_tools, sizeof *j->tool_names))) return j->refs = 1, job_unref(j), NULL;
         for (; j->n_tool_names < rq->n_tools; j->n_tool_names++)
@@ -585,7 +632,8 @@ static tandem_request choice_request(srv_job *j, const tandem_request *req, int 
         r.timeout_ms = left > 1.0 ? left : 1.0;
     }
     r.params.seed = req->params.seed + (uint64_t)i;
-    r.params.on_token = on_token;
+    r.params.on_token = req->params.logprobs ? NULL : on_token;
+    r.params.on_token_lp = req->params.logprobs ? on_token_lp : NULL;
     r.params.user_data = &j->c[i];
     return r;
 }
@@ -744,6 +792,10 @@ int srv_generate(srv *s, struct MHD_Connection *c, oai_kind kind, const char *bo
         const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
         j = job_new(s, &rq, ci ? ci->connect_fd : -1, t_arrival);
         if (!j) ok = oai_fail(&e, 500, NULL, NULL, "out of memory");
+        else if (rq.stream && rq.params.logprobs && parsed(j)) /* (its chunks are the parser's, not the tokens') */
+            ok = oai_fail(&e, 400, "logprobs", "unsupported_value",
+                          "'logprobs' with 'stream' is not supported where the output is parsed (tools offered, or a "
+                          "template that marks reasoning); ask without 'stream'");
     }
     tandem_request req = tandem_request_default();
     if (ok) {

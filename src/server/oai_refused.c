@@ -2,9 +2,9 @@
  * (and OpenAI's own) that tandem serve does not implement: refused with a 400 naming
  * the member, unless they hold the value that changes nothing (oai_request.h).
  *
- * A client that sends, say, repetition_penalty 1.2 or mirostat 2 to this server would
+ * A client that sends, say, length_penalty 1.2 or mirostat 2 to this server would
  * otherwise get an answer computed without it and never know; one that sends the
- * neutral value (repetition_penalty 1, mirostat 0, an empty stop_token_ids) is
+ * neutral value (length_penalty 1, mirostat 0, an empty stop_token_ids) is
  * answered, since the answer is the one it asked for.  Members outside this list and
  * outside the ones parsed (oai_request.h) are ignored, as OpenAI-compatible servers do
  * with members they do not know (user, metadata, store, ...). */
@@ -27,14 +27,13 @@ typedef struct refused {
     const char *hint;             /* appended to the message ("" = none) */
 } refused;
 
-/* (logprobs, top_logprobs, the OpenAI penalties, logit_bias, echo, best_of and suffix
- * are checked in oai_request.c; the grammar members by their own parser) */
+/* (echo, best_of and suffix are checked in oai_request.c, as are the penalties,
+ * logit_bias, min_tokens and logprobs it takes; the grammar members by their own
+ * parser) */
 static const refused refused_members[] = {
     /* vLLM's sampling extensions */
-    {"repetition_penalty", NEUTRAL_NUM, 1, ""},
     {"length_penalty", NEUTRAL_NUM, 1, ""},
     {"use_beam_search", NEUTRAL_BOOL, 0, ""},
-    {"min_tokens", NEUTRAL_NUM, 0, ""},
     {"stop_token_ids", NEUTRAL_EMPTY, 0, " (use 'stop' strings)"},
     {"include_stop_str_in_output", NEUTRAL_BOOL, 0, ""},
     {"skip_special_tokens", NEUTRAL_BOOL, 1, ""},
@@ -74,7 +73,6 @@ static const refused refused_members[] = {
     {"n_indent", NEUTRAL_NUM, 0, ""},
     {"typical_p", NEUTRAL_NUM, 1, ""},
     {"tfs_z", NEUTRAL_NUM, 1, ""},
-    {"repeat_penalty", NEUTRAL_NUM, 1, ""},
     {"repeat_last_n", NEUTRAL_NUM, 0, ""},
     {"penalize_nl", NEUTRAL_BOOL, 0, ""},
     {"mirostat", NEUTRAL_NUM, 0, ""},

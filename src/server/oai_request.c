@@ -83,25 +83,13 @@ static bool get_bool(const tdm_json *j, const char *name, bool *out, oai_error *
 /* Members that would change the answer in ways not implemented: refused unless they
  * hold their neutral value. */
 static bool check_unsupported(const tdm_json *j, oai_kind kind, oai_error *e) {
-    static const char *const off_if_true[] = {"logprobs", "echo"};
-    for (size_t i = 0; i < sizeof off_if_true / sizeof *off_if_true; i++) {
-        const tdm_json *v = member(j, off_if_true[i]);
-        if (!v) continue;
-        const bool neutral = (v->type == TDM_JSON_BOOL && !v->b) ||
-                             (kind == OAI_COMPLETION && !strcmp(off_if_true[i], "logprobs") &&
-                              v->type == TDM_JSON_NUMBER && v->num == 0);
-        if (!neutral)
-            return oai_fail(e, 400, off_if_true[i], "unsupported_parameter", "'%s' is not supported by this server",
-                            off_if_true[i]);
-    }
-    static const char *const zero[] = {"presence_penalty", "frequency_penalty", "top_logprobs"};
-    for (size_t i = 0; i < sizeof zero / sizeof *zero; i++) {
-        const tdm_json *v = member(j, zero[i]);
-        if (v && !(v->type == TDM_JSON_NUMBER && v->num == 0))
-            return oai_fail(e, 400, zero[i], "unsupported_parameter", "'%s' is not supported by this server (only 0)",
-                            zero[i]);
-    }
-    const tdm_json *v = member(j, "best_of");
+    const tdm_json *v = member(j, "echo");
+    if (v && !(v->type == TDM_JSON_BOOL && !v->b))
+        return oai_fail(e, 400, "echo", "unsupported_parameter", "'echo' is not supported by this server");
+    if (kind == OAI_COMPLETION && (v = member(j, "top_logprobs")) && !(v->type == TDM_JSON_NUMBER && v->num == 0))
+        return oai_fail(e, 400, "top_logprobs", "unsupported_parameter",
+                        "'top_logprobs' is a chat member: a completion takes 'logprobs': N");
+    v = member(j, "best_of");
     if (v && !(v->type == TDM_JSON_NUMBER && v->num == 1))
         return oai_fail(e, 400, "best_of", "unsupported_parameter", "'best_of' is not supported by this server (only 1)");
     static const char *const absent[] = {"suffix", "tools", "functions"};
@@ -109,8 +97,79 @@ static bool check_unsupported(const tdm_json *j, oai_kind kind, oai_error *e) {
     for (size_t i = 0; i < n_absent; i++)
         if (member(j, absent[i]) && !(member(j, absent[i])->type == TDM_JSON_ARRAY && member(j, absent[i])->n == 0))
             return oai_fail(e, 400, absent[i], "unsupported_parameter", "'%s' is not supported by this server", absent[i]);
-    if ((v = member(j, "logit_bias")) && !(v->type == TDM_JSON_OBJECT && v->n == 0))
-        return oai_fail(e, 400, "logit_bias", "unsupported_parameter", "'logit_bias' is not supported by this server");
+    return true;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100], ...} (at most TANDEM_LOGIT_BIAS_MAX). */
+static bool get_logit_bias(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    const tdm_json *v = member(j, "logit_bias");
+    if (!v) return true;
+    if (v->type != TDM_JSON_OBJECT) return wrong_type(e, "logit_bias", "an object of token ids to biases", v);
+    if (v->n == 0) return true;
+    if (v->n > TANDEM_LOGIT_BIAS_MAX)
+        return oai_fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' has %zu entries, at most %d", v->n,
+                        TANDEM_LOGIT_BIAS_MAX);
+    if (!(r->logit_bias = calloc(v->n, sizeof *r->logit_bias))) return oai_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < v->n; i++) {
+        const char *k = v->keys[i];
+        char *end = NULL;
+        const long id = strtol(k, &end, 10);
+        if (!*k || *end || id < 0 || id >= lim->n_vocab)
+            return oai_fail(e, 400, "logit_bias", "invalid_value", "'logit_bias': key \"%.40s\" is not a token id in [0, %d)",
+                            k, lim->n_vocab);
+        const tdm_json *b = &v->items[i];
+        if (b->type != TDM_JSON_NUMBER || !(b->num >= -100 && b->num <= 100))
+            return oai_fail(e, 400, "logit_bias", "invalid_value", "'logit_bias': the bias of token %ld must be a number in [-100, 100]",
+                            id);
+        for (size_t x = 0; x < i; x++)
+            if (r->logit_bias[x].token == (int32_t)id)
+                return oai_fail(e, 400, "logit_bias", "invalid_value", "'logit_bias': token %ld is given twice", id);
+        r->logit_bias[i] = (tandem_logit_bias){(int32_t)id, (float)b->num};
+    }
+    r->params.logit_bias = r->logit_bias;
+    r->params.n_logit_bias = (int)v->n;
+    return true;
+}
+
+/* The penalties (OpenAI's presence / frequency, vLLM's repetition_penalty or
+ * llama-server's repeat_penalty, vLLM's min_tokens), logit_bias and logprobs (chat:
+ * logprobs true and top_logprobs N; completions: logprobs N). */
+static bool get_penalties(const tdm_json *j, const oai_limits *lim, oai_request *r, oai_error *e) {
+    tandem_generate_params *g = &r->params;
+    bool has, has2;
+    double x, x2;
+    int64_t i;
+    if (!get_num(j, "presence_penalty", -2, false, 2, &has, &x, e)) return false;
+    if (has) g->presence_penalty = (float)x;
+    if (!get_num(j, "frequency_penalty", -2, false, 2, &has, &x, e)) return false;
+    if (has) g->frequency_penalty = (float)x;
+    if (!get_num(j, "repetition_penalty", 0, true, 100, &has, &x, e)) return false;
+    if (!get_num(j, "repeat_penalty", 0, true, 100, &has2, &x2, e)) return false;
+    if (has && has2 && x != x2)
+        return oai_fail(e, 400, "repeat_penalty", "invalid_value", "give one of 'repetition_penalty' and 'repeat_penalty'");
+    if (has || has2) g->repetition_penalty = (float)(has ? x : x2);
+    if (!get_int(j, "min_tokens", 0, lim->n_ctx > 1 ? lim->n_ctx - 1 : 1, &has, &i, e)) return false;
+    if (has) {
+        if (r->has_max_tokens && i > g->max_tokens)
+            return oai_fail(e, 400, "min_tokens", "invalid_value", "'min_tokens' %lld is more than 'max_tokens' %d",
+                            (long long)i, g->max_tokens);
+        g->min_tokens = (int)i;
+    }
+    if (!get_logit_bias(j, lim, r, e)) return false;
+    const tdm_json *lp = member(j, "logprobs");
+    if (r->kind == OAI_CHAT) {
+        bool on = false;
+        if (!get_bool(j, "logprobs", &on, e)) return false;
+        if (!get_int(j, "top_logprobs", 0, TANDEM_TOP_LOGPROBS_MAX, &has, &i, e)) return false;
+        if (has && i > 0 && !on)
+            return oai_fail(e, 400, "top_logprobs", "invalid_value", "'top_logprobs' needs 'logprobs': true");
+        g->logprobs = on;
+        g->top_logprobs = on && has ? (int)i : 0;
+    } else if (lp && !(lp->type == TDM_JSON_BOOL && !lp->b)) {
+        if (!get_int(j, "logprobs", 0, TANDEM_TOP_LOGPROBS_MAX, &has, &i, e)) return false;
+        g->logprobs = true;
+        g->top_logprobs = (int)i;
+    }
     return true;
 }
 
@@ -214,7 +273,7 @@ static bool get_sampling(const tdm_json *j, const oai_limits *lim, oai_request *
     if (!get_int(j, "n", 1, OAI_N_MAX, &has, &i, e)) return false;
     r->n = has ? (int)i : 1;
     if (!get_bool(j, "ignore_eos", &g->ignore_eos, e)) return false;
-    return get_stop(j, r, e);
+    return get_stop(j, r, e) && get_penalties(j, lim, r, e);
 }
 
 /* spec_tree: null, false, "off" or 0 = chains only; true or "auto" = the controller
@@ -400,6 +459,9 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
     r->params.on_token = NULL;
     r->params.user_data = NULL;
     r->params.grammar = r->params.json_schema = NULL;
+    r->params.logit_bias = NULL;
+    r->params.n_logit_bias = 0;
+    r->params.on_token_lp = NULL;
     tdm_json *j = NULL;
     tdm_err jerr = {0};
     if (tdm_json_parse(body, len, &j, &jerr) != TANDEM_OK)
@@ -457,6 +519,7 @@ void oai_request_free(oai_request *r) {
     free(r->tool_names);
     free(r->tool_params);
     tdm_arg_stop_free(r->stop, r->n_stop);
+    free(r->logit_bias);
     free(r->grammar);
     free(r->json_schema);
     memset(r, 0, sizeof *r);

@@ -36,11 +36,15 @@
  *   {"type": "json_schema", "json_schema": {name (1-64 of [a-zA-Z0-9_-]), schema (an
  *   object; absent: any JSON), strict (bool; enforced either way), description}}),
  *   and llama-server's grammar (GBNF text) and json_schema (a schema object); an
- *   invalid grammar or schema is a 400 at submission naming where.  Members that
- *   would change the output in ways not supported are refused rather than ignored:
- *   logprobs, top_logprobs, echo, best_of > 1, suffix, presence_penalty /
- *   frequency_penalty != 0, logit_bias, tools (completions), functions and
- *   function_call (deprecated: use tools).
+ *   invalid grammar or schema is a 400 at submission naming where; presence_penalty
+ *   and frequency_penalty [-2, 2], repetition_penalty (vLLM's) or repeat_penalty
+ *   (llama-server's; the window is the whole prompt + output) (0, 100], min_tokens
+ *   (vLLM's; integer, at most max_tokens), logit_bias ({"token id": bias in [-100,
+ *   100]}, at most TANDEM_LOGIT_BIAS_MAX), logprobs (chat: a boolean, with top_logprobs
+ *   0..TANDEM_TOP_LOGPROBS_MAX; completions: an integer 0..TANDEM_TOP_LOGPROBS_MAX, the
+ *   alternatives per token).  Members that would change the output in ways not
+ *   supported are refused rather than ignored: echo, best_of > 1, suffix, tools
+ *   (completions), functions and function_call (deprecated: use tools).
  */
 #ifndef TDM_OAI_REQUEST_H
 #define TDM_OAI_REQUEST_H
@@ -124,6 +128,7 @@ typedef struct oai_request {
     char spec_tree_shape[64];    /* a static tree's shape (params.spec_tree_shape points here) */
     char *grammar;               /* the output's GBNF grammar (heap; params.grammar), or NULL */
     char *json_schema;           /* its JSON schema's text (heap; params.json_schema), or NULL */
+    tandem_logit_bias *logit_bias; /* [params.n_logit_bias] (heap; params.logit_bias), or NULL */
 } oai_request;
 
 /* Parses body[0..len) as a request of kind.  False with *err set (and *out empty) on
@@ -133,7 +138,7 @@ bool oai_request_parse(oai_kind kind, const char *body, size_t len, const oai_li
 void oai_request_free(oai_request *r);
 
 /* oai_refused.c: the members of vLLM, llama-server and OpenAI that this server does
- * not implement (repetition_penalty, min_tokens, mirostat, ...), refused (400 naming
+ * not implement (length_penalty, mirostat, ...), refused (400 naming
  * the member) unless they hold their neutral value; get_sampling checks them. */
 bool oai_check_refused(const tdm_json *j, oai_error *e);
 

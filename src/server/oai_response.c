@@ -150,6 +150,108 @@ static void message_calls(FILE *f, const oai_meta *m, const tdm_tool_parse *p) {
     fputc(']', f);
 }
 
+/* ---- logprobs ---- */
+
+/* A token's text (tandem_free it), or NULL (none: an empty text). */
+static char *token_text(const oai_meta *m, int32_t id) {
+    char *t = NULL;
+    if (!m->lp_model || tandem_detokenize(m->lp_model, &id, 1, &t) != TANDEM_OK) return NULL;
+    return t;
+}
+
+static void lp_num(FILE *f, float x) { fprintf(f, "%.9g", isfinite(x) ? (double)x : -9999.0); }
+
+/* chat: {"token", "logprob", "bytes" of one token (left open) */
+static void chat_lp_entry(FILE *f, const oai_meta *m, int32_t id, float lp) {
+    char *t = token_text(m, id);
+    const char *s = t ? t : "";
+    fputs("{\"token\": ", f);
+    str(f, s);
+    fputs(", \"logprob\": ", f);
+    lp_num(f, lp);
+    fputs(", \"bytes\": [", f);
+    for (size_t i = 0; s[i]; i++) fprintf(f, i ? ", %u" : "%u", (unsigned)(unsigned char)s[i]);
+    fputc(']', f);
+    tandem_free(t);
+}
+
+/* ", "logprobs": ..." of the tokens of sp (NULL: none) */
+static void logprobs_json(FILE *f, const oai_meta *m, const oai_lp_span *sp) {
+    if (!m->logprobs) {
+        fputs(", \"logprobs\": null", f);
+        return;
+    }
+    const size_t n = sp ? sp->n : 0;
+    if (m->kind == OAI_CHAT) {
+        fputs(", \"logprobs\": {\"content\": [", f);
+        for (size_t i = 0; i < n; i++) {
+            const tandem_token_logprob *lp = &sp->lp[i];
+            if (i) fputs(", ", f);
+            chat_lp_entry(f, m, sp->tokens[i], lp->logprob);
+            fputs(", \"top_logprobs\": [", f);
+            for (int k = 0; k < lp->n_top; k++) {
+                if (k) fputs(", ", f);
+                chat_lp_entry(f, m, lp->top_ids[k], lp->top_logprobs[k]);
+                fputc('}', f);
+            }
+            fputs("]}", f);
+        }
+        fputs("], \"refusal\": null}", f);
+        return;
+    }
+    size_t off = m->lp_offset ? *m->lp_offset : 0;
+    fputs(", \"logprobs\": {\"tokens\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        char *t = token_text(m, sp->tokens[i]);
+        if (i) fputs(", ", f);
+        str(f, t ? t : "");
+        tandem_free(t);
+    }
+    fputs("], \"token_logprobs\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        if (i) fputs(", ", f);
+        lp_num(f, sp->lp[i].logprob);
+    }
+    fputs("], \"top_logprobs\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        const tandem_token_logprob *lp = &sp->lp[i];
+        /* {text: logprob} of the alternatives and the sampled token (vLLM's), a text
+         * once (two tokens of one text: the likelier) */
+        char *heap[TANDEM_TOP_LOGPROBS_MAX + 1];
+        const char *texts[TANDEM_TOP_LOGPROBS_MAX + 1];
+        int nt = 0;
+        fputs(i ? ", {" : "{", f);
+        for (int k = 0; k <= lp->n_top && k <= TANDEM_TOP_LOGPROBS_MAX; k++) {
+            const int32_t id = k < lp->n_top ? lp->top_ids[k] : sp->tokens[i];
+            const float v = k < lp->n_top ? lp->top_logprobs[k] : lp->logprob;
+            char *t = token_text(m, id);
+            const char *tt = t ? t : "";
+            bool seen = false;
+            for (int x = 0; x < nt && !seen; x++) seen = !strcmp(texts[x], tt);
+            if (seen) {
+                tandem_free(t);
+                continue;
+            }
+            if (nt) fputs(", ", f);
+            str(f, tt);
+            fputs(": ", f);
+            lp_num(f, v);
+            heap[nt] = t, texts[nt++] = tt;
+        }
+        for (int x = 0; x < nt; x++) tandem_free(heap[x]);
+        fputc('}', f);
+    }
+    fputs("], \"text_offset\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        char *t = token_text(m, sp->tokens[i]);
+        fprintf(f, i ? ", %zu" : "%zu", off);
+        off += t ? strlen(t) : 0;
+        tandem_free(t);
+    }
+    fputs("]}", f);
+    if (m->lp_offset) *m->lp_offset = off;
+}
+
 /* One choice of a whole answer: {"index": ..., "message" or "text", "logprobs", finish}
  * (sets m->called_tools); false out of memory. */
 static bool choice_json(FILE *f, oai_meta *m, const tandem_result *r) {
@@ -179,7 +281,8 @@ static bool choice_json(FILE *f, oai_meta *m, const tandem_result *r) {
         fputs("\"text\": ", f);
         str(f, text);
     }
-    fputs(", \"logprobs\": null", f);
+    const oai_lp_span sp = {r->tokens, r->logprobs, r->logprobs ? r->n_tokens : 0};
+    logprobs_json(f, m, &sp);
     finish(f, m, r);
     fputc('}', f);
     return true;
@@ -220,7 +323,7 @@ static void chunk_open(FILE *f, const oai_meta *m, const char *field, const char
         fputs("\"text\": ", f);
         tdm_json_write_str(f, text, n);
     }
-    fputs(", \"logprobs\": null", f);
+    logprobs_json(f, m, m->lp_span);
 }
 
 static char *chunk_sse(const oai_meta *m, const char *field, const char *text, size_t text_len, bool first,
@@ -354,7 +457,8 @@ char *oai_final_chunk_sse(const oai_meta *m, const tandem_result *r, bool includ
     if (m->kind == OAI_CHAT) { /* an empty delta */
         fputs("data: ", f);
         head(f, m, true);
-        fprintf(f, ", \"choices\": [{\"index\": %d, \"delta\": {}, \"logprobs\": null", m->index);
+        fprintf(f, ", \"choices\": [{\"index\": %d, \"delta\": {}", m->index);
+        logprobs_json(f, m, m->lp_span);
     } else {
         chunk_open(f, m, "content", "", 0, false);
     }

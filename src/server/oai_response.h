@@ -15,6 +15,14 @@
 #include "tandem.h"
 #include "tool_calls.h"
 
+/* Token log-probabilities to write with a choice or a chunk: tokens[i] and lp[i]
+ * (tandem_token_logprob) for i < n. */
+typedef struct oai_lp_span {
+    const int32_t *tokens;
+    const tandem_token_logprob *lp;
+    size_t n;
+} oai_lp_span;
+
 /* What every object of one answer shares. */
 typedef struct oai_meta {
     oai_kind kind;
@@ -34,6 +42,17 @@ typedef struct oai_meta {
     bool called_tools;       /* calls were answered (set by oai_result_json, and by the
                                 streamer before the last chunk): finish_reason
                                 "tool_calls" where it would be "stop" */
+    /* logprobs (the request's logprobs member; false: "logprobs": null).  A whole answer writes its result's; a chunk
+     * writes lp_span (NULL: an empty list).  Chat: {"content": [{token, logprob, bytes,
+     * top_logprobs: [{token, logprob, bytes}]}], "refusal": null}; completions:
+     * {tokens, token_logprobs, top_logprobs: [{text: logprob}] (the N likeliest and
+     * the sampled token, vLLM's), text_offset} with text_offset counted on from
+     * *lp_offset (a stream's running offset, advanced; NULL: from 0).  Every generated
+     * token has an entry (an end-of-generation token too, as vLLM gives it). */
+    bool logprobs;
+    const tandem_model *lp_model; /* token texts (tandem_detokenize) */
+    const oai_lp_span *lp_span;
+    size_t *lp_offset;
 } oai_meta;
 
 /* The output text[0..len) parsed for calls as m says (tdm_tool_calls_parse; without
