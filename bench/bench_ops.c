@@ -236,7 +236,7 @@ static void bench_kv_attention(tdm_backend *b, int rounds, double secs) {
                 if (ty == TDM_Q8_0)
                     for (int j = 0; j < BS; j++) {
                         const float d = 1.0f / 127.0f;
-                        memcpy(p + tdm_kv_q8_scale_off(BS, HD) + 4 * j, &d, 4);
+                        memcpy(p + tdm_kv_scale_off(BS, HD) + 4 * j, &d, 4);
                     }
             }
             ac[k].b = b;

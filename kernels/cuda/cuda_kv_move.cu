@@ -28,7 +28,7 @@ __global__ void k_kv_move(const int32_t *pairs, int32_t n, uint8_t *const *kc, u
             vd[(int64_t)p[3] * hd * esz + x] = vs[(int64_t)p[1] * hd * esz + x];
         }
         if (q8 && threadIdx.x < 4) {
-            const int64_t so = tdm_kv_q8_scale_off(bs, hd);
+            const int64_t so = tdm_kv_scale_off(bs, hd);
             kd[so + 4 * p[3] + threadIdx.x] = ks[so + 4 * p[1] + threadIdx.x];
             vd[so + 4 * p[3] + threadIdx.x] = vs[so + 4 * p[1] + threadIdx.x];
         }

@@ -4,7 +4,7 @@
  *
  * A cache is [n_blocks][n_kv_head] units of tdm_kv_unit_bytes(type, bs, hd) bytes:
  * f32 / f16 values (K [hd][bs], V [bs][hd]); q8_0 int8 quants in the same orders,
- * then f32 scales [bs] at tdm_kv_q8_scale_off(bs, hd).  The kernels take the cache
+ * then f32 scales [bs] at tdm_kv_scale_off(bs, hd).  The kernels take the cache
  * element type as a template parameter C: float, __half, or int8_t for q8_0. */
 #ifndef TDM_CUDA_KVQ8_CUH
 #define TDM_CUDA_KVQ8_CUH
@@ -28,7 +28,7 @@ __device__ __forceinline__ void tdm_cu_q8_write(const float *x, int32_t hd, uint
     const float sc = tdm_kv_q8_scale(m);
     int8_t *q = (int8_t *)unit;
     for (int32_t d = lane; d < hd; d += 32) q[is_k ? (size_t)d * bs + p : (size_t)p * hd + d] = tdm_kv_q8_quant(x[d], sc);
-    if (lane == 0) ((float *)(unit + tdm_kv_q8_scale_off(bs, hd)))[p] = sc;
+    if (lane == 0) ((float *)(unit + tdm_kv_scale_off(bs, hd)))[p] = sc;
 }
 
 /* The first byte of the (block, kv head g) unit of a cache. */
@@ -57,7 +57,7 @@ template <> __device__ __forceinline__ float2 tdm_cu_kv_val2<int8_t>(const int8_
  * times 1 is itself, so their arithmetic is unchanged). */
 template <typename C> __device__ __forceinline__ float tdm_cu_kv_scale(const uint8_t *unit, int32_t bs, int32_t hd,
                                                                         int32_t p) {
-    if constexpr (std::is_same<C, int8_t>::value) return ((const float *)(unit + tdm_kv_q8_scale_off(bs, hd)))[p];
+    if constexpr (std::is_same<C, int8_t>::value) return ((const float *)(unit + tdm_kv_scale_off(bs, hd)))[p];
     else return 1.0f;
 }
 

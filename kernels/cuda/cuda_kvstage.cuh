@@ -148,7 +148,7 @@ __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t 
                                              (const int8_t *)vc, unit, unit, Ks, Vs, mnv, mtree);
         float kd = 0.0f, vd = 0.0f;
         if (blk >= 0) {
-            const int64_t at = (blk * n_kv + kvh) * unit + tdm_kv_q8_scale_off(bs, HD) + 4 * (slot % bs);
+            const int64_t at = (blk * n_kv + kvh) * unit + tdm_kv_scale_off(bs, HD) + 4 * (slot % bs);
             kd = *(const float *)(kc + at);
             vd = *(const float *)(vc + at);
         }
@@ -161,7 +161,7 @@ __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t 
     const int32_t slot = base + lane;
     float kd = 0.0f, vd = 0.0f;
     if (slot < kv_len) {
-        const int64_t at = ((int64_t)tab[slot / bs] * n_kv + kvh) * unit + tdm_kv_q8_scale_off(bs, HD) + 4 * (slot % bs);
+        const int64_t at = ((int64_t)tab[slot / bs] * n_kv + kvh) * unit + tdm_kv_scale_off(bs, HD) + 4 * (slot % bs);
         kd = *(const float *)(kc + at);
         vd = *(const float *)(vc + at);
     }
