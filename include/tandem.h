@@ -291,7 +291,9 @@ typedef enum tandem_kv_type {
     TANDEM_KV_FP8 = 4,  /* FP8 E4M3 values, one f32 scale per (position, kv head) vector
                            (max |x| / 448, round to nearest even): the bytes of q8_0;
                            attention reads the E4M3 values directly (on Hopper
-                           GPUs, converted in hardware) */
+                           GPUs, converted in hardware); less exact than q8_0,
+                           most on models with outlier key channels such as
+                           Qwen2 (bench/RESULTS.md) */
 } tandem_kv_type;
 
 /* An engine's context when tandem_engine_params.n_ctx is 0: this many tokens per

@@ -18,8 +18,8 @@
  *     One scale per (position, kv head) vector rather than vLLM's one per tensor or
  *     head: no calibration, no overflow or underflow whatever a model's K/V
  *     magnitudes, and E4M3's 3 mantissa bits serve every vector at its own range;
- *     the scale is 3 % of the bytes at hd 128, 6 % at hd 64 (bench/RESULTS.md, "FP8 KV
- *     cache", measures the choice).
+ *     the scale is 3 % of the bytes at hd 128, 6 % at hd 64 (bench/RESULTS.md, "FP8 (E4M3)
+ *     KV cache", measures the choice).
  *
  * Quantisation of one head vector x[hd] (tdm_kv_q8_quant_vec):
  *   amax = max |x_i|;  d = amax / 127 (0 for a zero vector);
