@@ -27,7 +27,7 @@
  * an A / B of the two in one binary.
  *
  * usage: bench_forward -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8]
- *                      [-r R] [--argmax | --approx] [--tree] [--kv-type f32|f16|q8_0] [--fill] [--kq-ref]
+ *                      [-r R] [--argmax | --approx] [--tree] [--kv-type f32|f16|q8_0|fp8] [--fill] [--kq-ref]
  *                      [--vocab N,...]
  */
 #include <math.h>
@@ -68,14 +68,18 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--kq-ref")) kq_ref = true;
         else if (!strcmp(argv[i], "--kv-type") && i + 1 < argc) {
             const char *v = argv[++i];
-            kv_type = !strcmp(v, "f32") ? TDM_F32 : !strcmp(v, "f16") ? TDM_F16 : !strcmp(v, "q8_0") ? TDM_Q8_0 : 0xffff;
+            kv_type = !strcmp(v, "f32")    ? TDM_F32
+                      : !strcmp(v, "f16")  ? TDM_F16
+                      : !strcmp(v, "q8_0") ? TDM_Q8_0
+                      : !strcmp(v, "fp8")  ? TDM_F8_E4M3
+                                           : 0xffff;
             if (kv_type == 0xffff) {
-                fprintf(stderr, "bench_forward: --kv-type takes f32, f16 or q8_0, not '%s'\n", v);
+                fprintf(stderr, "bench_forward: --kv-type takes f32, f16, q8_0 or fp8, not '%s'\n", v);
                 return 2;
             }
         } else {
             fprintf(stderr, "usage: %s -m MODEL [--backend cpu|cuda] [--threads T] [-p P] [-n 1,2,4,8] [-r R] [--argmax | "
-                            "--approx] [--tree] [--kv-type f32|f16|q8_0] [--fill] [--kq-ref] [--vocab N,...]\n",
+                            "--approx] [--tree] [--kv-type f32|f16|q8_0|fp8] [--fill] [--kq-ref] [--vocab N,...]\n",
                     argv[0]);
             return 2;
         }
@@ -159,12 +163,13 @@ int main(int argc, char **argv) {
                 else if (kv.type == TDM_F16) {
                     const uint16_t h = tdm_f32_to_f16(x);
                     memcpy(p + 2 * i, &h, 2);
-                } else p[i] = (uint8_t)(int8_t)lrintf(x * 127.0f);
+                } else if (kv.type == TDM_F8_E4M3) p[i] = tdm_f32_to_e4m3(x * TDM_E4M3_MAX);
+                else p[i] = (uint8_t)(int8_t)lrintf(x * 127.0f);
             }
-            if (kv.type == TDM_Q8_0)
+            if (tdm_kv_scaled(kv.type))
                 for (int32_t j = 0; j < bs; j++) {
-                    const float d = 1.0f / 127.0f;
-                    memcpy(p + tdm_kv_q8_scale_off(bs, kv.head_dim) + 4 * j, &d, 4);
+                    const float d = kv.type == TDM_Q8_0 ? 1.0f / 127.0f : 1.0f / TDM_E4M3_MAX;
+                    memcpy(p + tdm_kv_scale_off(bs, kv.head_dim) + 4 * j, &d, 4);
                 }
         }
         for (int32_t l = 0; l < kv.n_layer; l++)

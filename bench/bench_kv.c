@@ -1,11 +1,12 @@
 /* bench_kv.c - the KV cache types side by side: bytes per position, and how far
- * greedy decoding with a q8_0 (or another) cache strays from the f16 cache's.
+ * greedy decoding with a q8_0 or fp8 (or another) cache strays from the f16 cache's.
  *
  * Prints two markdown tables: the K/V bytes per position of the target (and the
- * draft, -d) for f32, f16 and q8_0; then, per tested type against the f16 cache
- * (kv_quality.h: teacher-forced on the f16 run's greedy tokens), the prompts whose
- * greedy output equals f16's, those that first depart at a near tie (the f16 run's
- * top-two logit margin below --margin there), the other departures, and the
+ * draft, -d) for f32, f16, q8_0 and fp8; then, per tested type against the f16 cache
+ * (kv_quality.h: teacher-forced on the f16 run's greedy tokens), the top-1 agreement
+ * over every teacher-forced step, the prompts whose greedy output equals f16's, those
+ * that first depart at a near tie (the f16 run's top-two logit margin below --margin
+ * there), the other departures, the mean common prefix of the greedy outputs, and the
  * normalised logits error ||L - L_f16|| / ||L_f16|| over every step.  The issue's
  * criterion: at least 98 % of the prompts equal or near-tie departures; the exit
  * status is 1 when a tested type misses it.  --backend cuda runs the engines on the
@@ -19,7 +20,7 @@
  * logits error.
  *
  * usage: bench_kv [-m MODEL] [-d DRAFT] [--prompts FILE] [-P 100] [-T 128] [-G 64]
- *                 [--threads 2] [--margin 0.5] [--types q8_0,f32] [--weights fp8] [--backend cpu|cuda]
+ *                 [--threads 2] [--margin 0.5] [--types q8_0,fp8,f32] [--weights fp8] [--backend cpu|cuda]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,7 +33,8 @@ static const struct {
     const char *name;
     tandem_kv_type api;
     uint32_t dtype;
-} kv_types[] = {{"f32", TANDEM_KV_F32, TDM_F32}, {"f16", TANDEM_KV_F16, TDM_F16}, {"q8_0", TANDEM_KV_Q8_0, TDM_Q8_0}};
+} kv_types[] = {{"f32", TANDEM_KV_F32, TDM_F32}, {"f16", TANDEM_KV_F16, TDM_F16}, {"q8_0", TANDEM_KV_Q8_0, TDM_Q8_0},
+               {"fp8", TANDEM_KV_FP8, TDM_F8_E4M3}};
 #define N_KV_TYPES ((int)(sizeof kv_types / sizeof kv_types[0]))
 
 static void die(const char *what, const tdm_err *err) {
@@ -123,7 +125,7 @@ int main(int argc, char **argv) {
         else {
             fprintf(stderr,
                     "usage: %s [-m MODEL] [-d DRAFT] [--prompts FILE] [-P 100] [-T 128] [-G 64] [--threads 2] "
-                    "[--margin 0.5] [--types q8_0,f32] [--weights fp8] [--backend cpu|cuda]\n",
+                    "[--margin 0.5] [--types q8_0,fp8,f32] [--weights fp8] [--backend cpu|cuda]\n",
                     argv[0]);
             return 2;
         }
@@ -141,7 +143,7 @@ int main(int argc, char **argv) {
         bench_prompts_free(prompts, n_prompts);
         return status;
     }
-    printf("| model | f32 bytes/token | f16 | q8_0 | q8_0 / f16 |\n|---|---|---|---|---|\n");
+    printf("| model | f32 bytes/token | f16 | q8_0 | fp8 | q8_0, fp8 / f16 |\n|---|---|---|---|---|---|\n");
     bytes_row("target", model);
     if (draft) bytes_row("draft", draft);
     printf("\n");
@@ -151,14 +153,15 @@ int main(int argc, char **argv) {
     printf("greedy on the %s, %d prompts of up to %d tokens, %d new tokens each, against the f16 cache "
            "(near tie: f16 top-two margin < %.2f)\n\n",
            cuda ? "GPU" : "CPU", n_prompts, T, G, (double)margin);
-    printf("| cache | prompts equal | near-tie departures | other departures | largest margin at a departure | "
-           "logits error (all steps) | worst step |\n|---|---|---|---|---|---|---|\n");
+    printf("| cache | top-1 agreement | prompts equal | near-tie departures | other departures | "
+           "largest margin at a departure | mean common prefix | logits error (all steps) | worst step |\n"
+           "|---|---|---|---|---|---|---|---|---|\n");
     int status = 0;
     for (char *name = strtok(types, ","); name; name = strtok(NULL, ",")) {
         int k = 0;
         while (k < N_KV_TYPES && strcmp(kv_types[k].name, name)) k++;
         if (k == N_KV_TYPES) {
-            fprintf(stderr, "bench_kv: unknown cache type %s (f32, f16, q8_0)\n", name);
+            fprintf(stderr, "bench_kv: unknown cache type %s (f32, f16, q8_0, fp8)\n", name);
             return 2;
         }
         kvq_opts o = {model, threads, TANDEM_KV_F16, kv_types[k].api, T, G, margin, cuda, false};
@@ -166,8 +169,10 @@ int main(int argc, char **argv) {
         tdm_err err = {0};
         if (!kvq_run(&o, prompts, n_prompts, &st, &err)) die("run", &err);
         const bool pass = 100 * (st.n_equal + st.n_near_tie) >= 98 * st.n_prompts;
-        printf("| %s | %d / %d | %d | %d | %.3f | %.5f | %.5f |\n", name, st.n_equal, st.n_prompts, st.n_near_tie,
-               st.n_other, st.worst_margin, st.logits_err, st.logits_err_max);
+        printf("| %s | %.2f %% (%llu / %llu) | %d / %d | %d | %d | %.3f | %.1f of %d | %.5f | %.5f |\n", name,
+               st.n_steps ? 100.0 * (double)st.n_agree / (double)st.n_steps : 0.0, (unsigned long long)st.n_agree,
+               (unsigned long long)st.n_steps, st.n_equal, st.n_prompts, st.n_near_tie, st.n_other, st.worst_margin,
+               st.n_prompts ? (double)st.prefix_sum / st.n_prompts : 0.0, G, st.logits_err, st.logits_err_max);
         fprintf(stderr, "bench_kv: %s: %s (equal + near ties %d of %d, at least 98 %% wanted)\n", name,
                 pass ? "PASS" : "FAIL", st.n_equal + st.n_near_tie, st.n_prompts);
         fflush(stdout);

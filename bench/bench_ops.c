@@ -15,7 +15,7 @@
  *   --step R: only the target's 32 layer matmuls (no head), for the -n row counts,
  *             in R interleaved rounds
  *   --kv-attention R: only a decode row's attention of the real 1.5B target's shapes,
- *             f32 / f16 / q8_0 caches at contexts 512, 2048, 4096, R alternated rounds
+ *             f32 / f16 / q8_0 / fp8 caches at contexts 512, 2048, 4096, R alternated rounds
  *   --scatter: only the scatter_cols op of a draft head over part of the vocabulary
  *             (draft_vocab): 32791 logits a row (Qwen2.5's 32768 and specials) placed
  *             into rows of 151936, the rest filled, for the -n row counts
@@ -202,8 +202,8 @@ static int cmp_dbl(const void *a, const void *b) {
 }
 
 static void bench_kv_attention(tdm_backend *b, int rounds, double secs) {
-    enum { NL = 28, NH = 12, NKV = 2, HD = 128, BS = 16, NT = 3, NC = 3 };
-    const uint32_t types[NT] = {TDM_F32, TDM_F16, TDM_Q8_0};
+    enum { NL = 28, NH = 12, NKV = 2, HD = 128, BS = 16, NT = 4, NC = 3 };
+    const uint32_t types[NT] = {TDM_F32, TDM_F16, TDM_Q8_0, TDM_F8_E4M3};
     const int32_t ctxs[NC] = {512, 2048, 4096};
     double *t = calloc((size_t)rounds * NT * NC, sizeof(double));
     for (int c = 0; c < NC; c++) {
@@ -231,12 +231,13 @@ static void bench_kv_attention(tdm_backend *b, int rounds, double secs) {
                     else if (ty == TDM_F16) {
                         const uint16_t h = tdm_f32_to_f16(x);
                         memcpy(p + 2 * i, &h, 2);
-                    } else p[i] = (uint8_t)(int8_t)lrintf(x * 127.0f);
+                    } else if (ty == TDM_F8_E4M3) p[i] = tdm_f32_to_e4m3(x * TDM_E4M3_MAX);
+                    else p[i] = (uint8_t)(int8_t)lrintf(x * 127.0f);
                 }
-                if (ty == TDM_Q8_0)
+                if (tdm_kv_scaled(ty))
                     for (int j = 0; j < BS; j++) {
-                        const float d = 1.0f / 127.0f;
-                        memcpy(p + tdm_kv_q8_scale_off(BS, HD) + 4 * j, &d, 4);
+                        const float d = ty == TDM_Q8_0 ? 1.0f / 127.0f : 1.0f / TDM_E4M3_MAX;
+                        memcpy(p + tdm_kv_scale_off(BS, HD) + 4 * j, &d, 4);
                     }
             }
             ac[k].b = b;

@@ -9,7 +9,7 @@
  * the comparison with llama.cpp's peak see bench/mem_real.sh.
  *
  * usage: bench_rss -m MODEL [-d DRAFT] [-p PROMPT_TOKENS] [-n NEW] [--ctx N]
- *                  [--kv-type f32|f16|q8_0|auto] [-t THREADS] [--maps]
+ *                  [--kv-type f32|f16|q8_0|fp8|auto] [-t THREADS] [--maps]
  *   --maps: then every mapping with more than 1 MiB resident, largest first
  */
 #include <stdbool.h>
@@ -107,6 +107,7 @@ int main(int argc, char **argv) {
             if (!strcmp(v, "f32")) kv = TANDEM_KV_F32;
             else if (!strcmp(v, "f16")) kv = TANDEM_KV_F16;
             else if (!strcmp(v, "q8_0")) kv = TANDEM_KV_Q8_0;
+            else if (!strcmp(v, "fp8")) kv = TANDEM_KV_FP8;
             else if (strcmp(v, "auto")) goto usage;
         } else goto usage;
         i++;
@@ -165,6 +166,6 @@ int main(int argc, char **argv) {
     return 0;
 usage:
     fprintf(stderr, "usage: bench_rss -m MODEL [-d DRAFT] [-p PROMPT_TOKENS] [-n NEW] [--ctx N] "
-                    "[--kv-type f32|f16|q8_0|auto] [-t THREADS] [--maps]\n");
+                    "[--kv-type f32|f16|q8_0|fp8|auto] [-t THREADS] [--maps]\n");
     return 2;
 }

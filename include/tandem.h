@@ -279,7 +279,8 @@ typedef struct tandem_engine tandem_engine;
 
 /* The element type of an engine's KV cache (tandem_engine_params.kv_type); both
  * models' caches take it.  Bytes per position (K and V, all layers) of a model with
- * L layers, H kv heads of D dims: f32 8 L H D, f16 4 L H D, q8_0 about 2 L H (D + 4). */
+ * L layers, H kv heads of D dims: f32 8 L H D, f16 4 L H D, q8_0 and fp8 about
+ * 2 L H (D + 4). */
 typedef enum tandem_kv_type {
     TANDEM_KV_AUTO = 0, /* the backend's: f16 on the CPU and on a GPU */
     TANDEM_KV_F32 = 1,  /* 4 bytes per value */
@@ -287,6 +288,12 @@ typedef enum tandem_kv_type {
     TANDEM_KV_Q8_0 = 3, /* int8 values, one f32 scale per (position, kv head) vector
                            (max |x| / 127, round to nearest): about half of f16;
                            attention reads the int8 values directly */
+    TANDEM_KV_FP8 = 4,  /* FP8 E4M3 values, one f32 scale per (position, kv head) vector
+                           (max |x| / 448, round to nearest even): the bytes of q8_0;
+                           attention reads the E4M3 values directly (on Hopper
+                           GPUs, converted in hardware); less exact than q8_0,
+                           most on models with outlier key channels such as
+                           Qwen2 (bench/RESULTS.md) */
 } tandem_kv_type;
 
 /* An engine's context when tandem_engine_params.n_ctx is 0: this many tokens per

@@ -85,7 +85,7 @@ typedef struct tdm_kv_write_args {
                                         16 slots per vector); q8_0: plus per-slot scales in
                                         each (block, kv head) unit (kv_layout.h) */
     void *v_cache;                   /* [n_blocks][n_kv_head][block_size][head_dim] (q8_0: the same) */
-    uint32_t cache_type;             /* TDM_F32, TDM_F16 or TDM_Q8_0 (kv_layout.h) */
+    uint32_t cache_type;             /* TDM_F32, TDM_F16, TDM_Q8_0 or TDM_F8_E4M3 (kv_layout.h) */
     int32_t n_kv_head, head_dim, block_size;
 } tdm_kv_write_args;
 
@@ -98,7 +98,7 @@ typedef struct tdm_attn_args {
     float *out;                      /* [n_rows][n_head * head_dim] */
     const void *k_cache;             /* [n_blocks][n_kv_head][head_dim][block_size] (+ q8_0 scales) */
     const void *v_cache;             /* [n_blocks][n_kv_head][block_size][head_dim] (+ q8_0 scales) */
-    uint32_t cache_type;             /* TDM_F32, TDM_F16 or TDM_Q8_0 (kv_layout.h) */
+    uint32_t cache_type;             /* TDM_F32, TDM_F16, TDM_Q8_0 or TDM_F8_E4M3 (kv_layout.h) */
     int32_t n_head, n_kv_head, head_dim, block_size; /* n_head % n_kv_head == 0 (GQA) */
     float scale;                     /* softmax scale, usually 1/sqrt(head_dim) */
     int32_t window;                  /* > 0: sliding window - of the slots [0, n_visible) a row at
@@ -124,7 +124,7 @@ typedef struct tdm_kv_move_args {
     void *const *k_cache;    /* [n_layer] K caches (layout: tdm_kv_write_args) */
     void *const *v_cache;    /* [n_layer] V caches */
     int32_t n_layer;
-    uint32_t cache_type;     /* TDM_F32, TDM_F16 or TDM_Q8_0 */
+    uint32_t cache_type;     /* TDM_F32, TDM_F16, TDM_Q8_0 or TDM_F8_E4M3 */
     int32_t n_kv_head, head_dim, block_size;
 } tdm_kv_move_args;
 
@@ -196,7 +196,7 @@ typedef struct tdm_blocks_args {
     const tdm_block_weights *layers;     /* [n_layer] */
     void *const *k_cache;                /* [n_layer] K caches (layout: tdm_kv_write_args) */
     void *const *v_cache;                /* [n_layer] V caches */
-    uint32_t cache_type;                 /* TDM_F32, TDM_F16 or TDM_Q8_0 (kv_layout.h) */
+    uint32_t cache_type;                 /* TDM_F32, TDM_F16, TDM_Q8_0 or TDM_F8_E4M3 (kv_layout.h) */
     int32_t block_size;
     int32_t n_layer, n_embd, n_ff, n_head, n_kv_head, head_dim;
     float norm_eps;

@@ -87,8 +87,8 @@ static size_t ref_k_index(const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t 
     return ((block * n_kv_head + g) * head_dim + d) * block_size + pos;
 }
 
-/* q8_0 (src/base/kv_layout.h): the (block, kv head) unit of a slot, its quant of
- * element d (K: [hd][bs], V: [bs][hd]) and its scale. */
+/* q8_0 and fp8 (src/base/kv_layout.h): the (block, kv head) unit of a slot, its
+ * quant / code of element d (K: [hd][bs], V: [bs][hd]) and its scale. */
 typedef struct ref_q8_at {
     uint8_t *unit;
     size_t q;      /* byte of the quant in the unit */
@@ -97,15 +97,15 @@ typedef struct ref_q8_at {
 
 static ref_q8_at ref_q8(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t d,
                         int32_t n_kv_head, int32_t bs, int32_t hd) {
-    size_t unit = (size_t)tdm_kv_unit_bytes(TDM_Q8_0, bs, hd), pos = (size_t)(slot % bs);
+    size_t unit = (size_t)tdm_kv_unit_bytes(TDM_Q8_0, bs, hd) /* (fp8's too) */, pos = (size_t)(slot % bs);
     size_t block = (size_t)s->blocks[slot / bs];
     ref_q8_at at = {(uint8_t *)cache + (block * n_kv_head + g) * unit,
                     is_k ? (size_t)d * bs + pos : pos * hd + d,
-                    (size_t)tdm_kv_q8_scale_off(bs, hd) + 4 * pos};
+                    (size_t)tdm_kv_scale_off(bs, hd) + 4 * pos};
     return at;
 }
 
-float ref_kv_q8_scale(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t n_kv_head,
+float ref_kv_scale(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t n_kv_head,
                       int32_t bs, int32_t hd) {
     ref_q8_at at = ref_q8(cache, is_k, s, slot, g, 0, n_kv_head, bs, hd);
     float sc;
@@ -115,35 +115,40 @@ float ref_kv_q8_scale(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t
 
 double ref_kv_get(const void *cache, uint32_t type, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g,
                          int32_t d, int32_t n_kv_head, int32_t bs, int32_t hd) {
-    if (type == TDM_Q8_0) {
+    if (tdm_kv_scaled(type)) {
         ref_q8_at at = ref_q8(cache, is_k, s, slot, g, d, n_kv_head, bs, hd);
-        return (double)ref_kv_q8_scale(cache, is_k, s, slot, g, n_kv_head, bs, hd) * (int8_t)at.unit[at.q];
+        const double q = type == TDM_Q8_0 ? (double)(int8_t)at.unit[at.q] : (double)tdm_e4m3_to_f32(at.unit[at.q]);
+        return (double)ref_kv_scale(cache, is_k, s, slot, g, n_kv_head, bs, hd) * q;
     }
     size_t i = is_k ? ref_k_index(s, slot, g, d, n_kv_head, bs, hd) : ref_cache_index(s, slot, g, d, n_kv_head, bs, hd);
     if (type == TDM_F16) return tdm_f16_to_f32(((const uint16_t *)cache)[i]);
     return ((const float *)cache)[i];
 }
 
-/* q8_0: one head vector x[hd] into (slot, g) of a cache, as kv_layout.h defines it. */
-static void ref_q8_write(void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, const float *x,
-                         int32_t n_kv_head, int32_t bs, int32_t hd) {
+/* q8_0 / fp8 (type): one head vector x[hd] into (slot, g) of a cache, as kv_layout.h
+ * defines it (fp8: the E4M3 conversion is dtype.c's, checked against a nearest-code
+ * search by tests/test_fp8.c). */
+static void ref_q8_write(uint32_t type, void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g,
+                         const float *x, int32_t n_kv_head, int32_t bs, int32_t hd) {
     float amax = 0;
     bool finite = true;
     for (int32_t d = 0; d < hd; d++) {
         finite = finite && isfinite(x[d]);
         if (fabsf(x[d]) > amax) amax = fabsf(x[d]);
     }
-    const float sc = finite ? amax / 127.0f : NAN;
+    const float sc = finite ? amax / (type == TDM_Q8_0 ? 127.0f : 448.0f) : NAN;
     for (int32_t d = 0; d < hd; d++) {
         ref_q8_at at = ref_q8(cache, is_k, s, slot, g, d, n_kv_head, bs, hd);
         long q = 0;
-        if (sc > 0) {
+        if (type == TDM_F8_E4M3) {
+            at.unit[at.q] = sc > 0 ? tdm_f32_to_e4m3(x[d] / sc) : 0;
+        } else if (sc > 0) {
             q = lrintf(fminf(fmaxf(x[d] / sc, -127.0f), 127.0f)); /* (ties to even; the clamp first
                                                                       keeps lrintf in range) */
             if (q > 127) q = 127;
             if (q < -127) q = -127;
         }
-        at.unit[at.q] = (uint8_t)(int8_t)q;
+        if (type == TDM_Q8_0) at.unit[at.q] = (uint8_t)(int8_t)q;
         if (d == 0) memcpy(at.unit + at.scale, &sc, 4);
     }
 }
@@ -155,9 +160,10 @@ void ref_kv_write(const tdm_kv_write_args *a) {
         for (int32_t g = 0; g < a->n_kv_head; g++) {
             const float *kr = a->k + (size_t)r * a->row_stride + (size_t)g * a->head_dim;
             const float *vr = a->v + (size_t)r * a->row_stride + (size_t)g * a->head_dim;
-            if (a->cache_type == TDM_Q8_0) {
-                ref_q8_write(a->k_cache, true, s, slot, g, kr, a->n_kv_head, a->block_size, a->head_dim);
-                ref_q8_write(a->v_cache, false, s, slot, g, vr, a->n_kv_head, a->block_size, a->head_dim);
+            if (tdm_kv_scaled(a->cache_type)) {
+                const int32_t nkv = a->n_kv_head, bs = a->block_size, hd = a->head_dim;
+                ref_q8_write(a->cache_type, a->k_cache, true, s, slot, g, kr, nkv, bs, hd);
+                ref_q8_write(a->cache_type, a->v_cache, false, s, slot, g, vr, nkv, bs, hd);
                 continue;
             }
             for (int32_t d = 0; d < a->head_dim; d++) {

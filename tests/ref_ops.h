@@ -18,14 +18,15 @@ void ref_rope(float *x, int32_t n, int32_t row_stride, int32_t n_head, int32_t h
 void ref_swiglu(const float *gate_up, int32_t n, int32_t ff, float *out);
 void ref_gather_rows(const float *x, const int32_t *rows, int32_t n, int32_t dim, float *out);
 /* kv_write and attention for every cache type (src/base/kv_layout.h); attention in
- * double over the cache's values (q8_0: scale * quant, dequantised on the fly). */
+ * double over the cache's values (q8_0, fp8: scale * quant / code value, dequantised
+ * on the fly). */
 void ref_kv_write(const tdm_kv_write_args *a);
 void ref_attention(const tdm_attn_args *a); /* (window and softcap as backend.h defines them) */
 /* The value of K (is_k) or V at (slot, kv head g, element d) of sequence s's blocks
- * in a host cache of any type, in double; and a q8_0 cache's scale of that slot. */
+ * in a host cache of any type, in double; and a q8_0 or fp8 cache's scale of that slot. */
 double ref_kv_get(const void *cache, uint32_t type, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g,
                   int32_t d, int32_t n_kv_head, int32_t bs, int32_t hd);
-float ref_kv_q8_scale(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t n_kv_head,
+float ref_kv_scale(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, int32_t n_kv_head,
                       int32_t bs, int32_t hd);
 
 /* ||a - b|| / ||b|| (0 when both are zero; 1e30 if a has a NaN or b is zero and a not). */

@@ -543,6 +543,85 @@ Test(cuda_attention, q8_0_tiles_and_tree_rows) {
     run_attn(&t3, 6);
 }
 
+/* An fp8 cache: kv_write's bytes are the CPU reference's (the GPU's satfinite E4M3
+ * conversion rounds as tdm_f32_to_e4m3), attention on the tiles (hd 64, 128: the
+ * real pair's) and on the op's kernels (tree rows with CSR extras, hd 40, block size
+ * 8) against the reference over the dequantised cache. */
+Test(cuda_attention, fp8_tiles_and_tree_rows) {
+    attn_case t1 = {6, 2, 64, 16, TDM_F8_E4M3, 3, {200, 17, 64}, false};
+    run_attn(&t1, 14);
+    attn_case t2 = {8, 2, 40, 8, TDM_F8_E4M3, 2, {45, 300}, true};
+    run_attn(&t2, 15);
+    attn_case t3 = {12, 2, 128, 16, TDM_F8_E4M3, 2, {301, 37}, false};
+    run_attn(&t3, 16);
+    attn_case t4 = {14, 2, 64, 16, TDM_F8_E4M3, 1, {77}, true};
+    run_attn(&t4, 17);
+}
+
+/* The same K / V (written by the GPU's kv_write) in an f16 and an fp8 cache, the same
+ * queries: the GPU's fp8 attention equals the CPU backend's over the same fp8 bytes
+ * (1e-5), and stays within 8e-2 of the GPU's f16 attention by normalised error (E4M3
+ * keeps 3 mantissa bits, about 2.6 % rms per value, in K and in V; these cases
+ * measured 4.5 to 4.9 % on the CPU backend); outputs poisoned with NaN first, odd
+ * lengths, decode, verification and prefill rows. */
+static void fp8_against_f16(int32_t n_head, int32_t nkv, int32_t hd, int32_t len, int32_t n_rows, uint64_t rng) {
+    tdm_backend *b = gpu(), *cpu = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_backend_cpu_create(2, &cpu, &err), TANDEM_OK, "%s", err.msg);
+    const int32_t bs = 16, stride = nkv * hd;
+    tdm_kv_seq seq = {0};
+    const tdm_kv_seq *sp[1];
+    const int32_t n_blocks = tdm_test_shuffled_seqs(&rng, 1, &len, bs, 2, &seq, sp);
+    const uint32_t types[2] = {TDM_F16, TDM_F8_E4M3};
+    tdm_batch wb;
+    cr_assert_eq(tdm_batch_init(&wb, len, NULL), TANDEM_OK);
+    for (int32_t i = 0; i < len; i++) tdm_batch_add(&wb, 0, i, 0, i, false);
+    float *k = tdm_test_rand_vec(&rng, (size_t)len * stride, -3, 3), *v = tdm_test_rand_vec(&rng, (size_t)len * stride, -3, 3);
+    float *dk = put(b, k, (size_t)len * stride * 4), *dv = put(b, v, (size_t)len * stride * 4);
+    tdm_batch bt;
+    cr_assert_eq(tdm_batch_init(&bt, n_rows, NULL), TANDEM_OK);
+    for (int32_t p = len - n_rows; p < len; p++) tdm_batch_add(&bt, 0, p, 0, p, false);
+    const int32_t q_stride = n_head * hd;
+    const size_t n_out = (size_t)n_rows * n_head * hd;
+    float *q = tdm_test_rand_vec(&rng, (size_t)n_rows * q_stride, -2, 2), *dq = put(b, q, n_out * 4);
+    float *out[2], *dout = put(b, NULL, n_out * 4);
+    const float scale = 1.0f / sqrtf((float)hd);
+    void *kc8 = NULL, *vc8 = NULL; /* the fp8 cache, on the host */
+    for (int t = 0; t < 2; t++) {
+        const size_t cbytes = (size_t)n_blocks * nkv * (size_t)tdm_kv_unit_bytes(types[t], bs, hd);
+        void *kc = put(b, NULL, cbytes), *vc = put(b, NULL, cbytes);
+        tdm_kv_write_args wa = {&wb, sp, dk, dv, stride, kc, vc, types[t], nkv, hd, bs};
+        OK(b->ops->kv_write(b, &wa, &err_));
+        tdm_cu_test_poison(b, dout, n_out);
+        tdm_attn_args a = {&bt, sp, dq, q_stride, dout, kc, vc, types[t], n_head, nkv, hd, bs, scale, 0, 0};
+        OK(b->ops->attention(b, &a, &err_));
+        out[t] = get(b, dout, n_out * 4);
+        if (t == 1) kc8 = get(b, kc, cbytes), vc8 = get(b, vc, cbytes);
+        b->ops->free(b, kc), b->ops->free(b, vc);
+    }
+    float *oc = calloc(n_out, 4);
+    tdm_attn_args ac = {&bt, sp, q, q_stride, oc, kc8, vc8, TDM_F8_E4M3, n_head, nkv, hd, bs, scale, 0, 0};
+    OK(cpu->ops->attention(cpu, &ac, &err_));
+    const double e_cpu = ref_nrm_err(out[1], oc, n_out), e_f16 = ref_nrm_err(out[1], out[0], n_out);
+    cr_log_info("fp8 attention heads %d/%d hd %d, %d keys, %d rows: against the CPU's fp8 %.3g, against f16 %.4f",
+                n_head, nkv, hd, len, n_rows, e_cpu, e_f16);
+    cr_assert(e_cpu < 1e-5, "hd %d: the GPU's fp8 attention against the CPU's: %g", hd, e_cpu);
+    cr_assert(e_f16 < 8e-2, "hd %d: fp8 against f16 attention: %g", hd, e_f16);
+    void *dev[] = {dk, dv, dq, dout};
+    for (size_t i = 0; i < TDM_ARRAY_LEN(dev); i++) b->ops->free(b, dev[i]);
+    free(k), free(v), free(q), free(out[0]), free(out[1]), free(oc), free(kc8), free(vc8), free(seq.blocks);
+    tdm_batch_free(&wb), tdm_batch_free(&bt);
+    tdm_backend_destroy(cpu);
+    tdm_backend_destroy(b);
+}
+
+Test(cuda_attention, fp8_against_cpu_and_f16) {
+    fp8_against_f16(12, 2, 128, 333, 1, 31); /* the real target's shape: decode */
+    fp8_against_f16(12, 2, 128, 1029, 5, 32); /* verification, several splits */
+    fp8_against_f16(14, 2, 64, 200, 64, 33);  /* the real draft's: prefill rows */
+    fp8_against_f16(8, 8, 80, 47, 3, 34);     /* MHA, an odd length */
+}
+
 /* ---- the real model ------------------------------------------------------------ */
 
 /* A prefill of 40 tokens with logits for every row, then two decode steps: the
@@ -834,10 +913,6 @@ Test(cuda_engine, penalties_and_logprobs_speculative_equality, .timeout = 900) {
     tandem_model_close(target);
 }
 
-/* The same with q8_0 caches (both models): speculative output equals target-only
- * output with the same cache (the flash, decode and fused RoPE + K/V kernels on
- * int8); the continuations equal to the reference are reported, not required (a
- * q8_0 cache departs from f16 at near ties: bench_kv). */
 /* Both models with FP8 weights on the GPU: speculation (chains, n-gram lookups)
  * still gives exactly the target-only tokens of the FP8 target, and FP8 keeps most
  * reference continuations (printed). */
@@ -850,12 +925,25 @@ Test(cuda_engine, fp8_weights_speculative_equality, .timeout = 900) {
     cr_assert_gt(matches, 0, "no FP8 continuation equals the F16 reference");
 }
 
-Test(cuda_engine, q8_0_cache_speculative_equality, .timeout = 900) {
+/* Caches of type kv (both models): speculative output equals target-only
+ * output with the same cache (the flash, decode and fused RoPE + K/V kernels on
+ * its values); the continuations equal to the reference are reported, not required (a
+ * quantised cache departs from f16 at near ties: bench_kv). */
+static void cache_speculative_equality(tandem_kv_type kv, const char *what) {
     tandem_engine_params ep = tandem_engine_default_params();
-    ep.kv_type = TANDEM_KV_Q8_0;
+    ep.kv_type = kv;
     uint64_t accepted, drafted;
-    cuda_spec_equality(&ep, "q8_0 cache", &accepted, &drafted);
+    cuda_spec_equality(&ep, what, &accepted, &drafted);
     cr_assert_gt(drafted, 0);
+}
+
+Test(cuda_engine, q8_0_cache_speculative_equality, .timeout = 900) {
+    cache_speculative_equality(TANDEM_KV_Q8_0, "q8_0 cache");
+}
+/* The same with fp8 caches (both models): the flash, decode and fused RoPE + K/V
+ * kernels on E4M3 codes. */
+Test(cuda_engine, fp8_cache_speculative_equality, .timeout = 900) {
+    cache_speculative_equality(TANDEM_KV_FP8, "fp8 cache");
 }
 
 /* The draft's head over 1024 of pycode's 8192 tokens (draft_vocab) on the GPU: its

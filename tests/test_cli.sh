@@ -768,13 +768,19 @@ expect_err "pbad.jsonl:3: prompt of" "generate --batch: a prompt longer than the
     fail "generate --batch: $(wc -l <"$TMP/out") result lines"
 expect_exit 2 "generate --batch 0" "$TANDEM" generate -m "$TARGET" -p x --batch 0
 
-# --kv-type: a q8_0 cache gives the same speculative tokens as target-only with a q8_0
-# cache; f16 on the CPU; chat and bench take it; bad values name the option and value
+# --kv-type: a q8_0 (an fp8) cache gives the same speculative tokens as target-only with
+# a q8_0 (an fp8) cache; f16 on the CPU; chat and bench take it; bad values name the
+# option and value
 "$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type q8_0 2>/dev/null | tokens >"$TMP/q8s"
 "$TANDEM" generate -m "$TARGET" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type=q8_0 2>/dev/null | tokens >"$TMP/q8t"
 [ "$(wc -l <"$TMP/q8s")" -eq 12 ] && cmp -s "$TMP/q8s" "$TMP/q8t" &&
     pass "generate --kv-type q8_0: speculative tokens equal target-only tokens" ||
     fail "generate --kv-type q8_0: $(diff "$TMP/q8s" "$TMP/q8t" | head -c 300)"
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type fp8 2>/dev/null | tokens >"$TMP/f8s"
+"$TANDEM" generate -m "$TARGET" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type=fp8 2>/dev/null | tokens >"$TMP/f8t"
+[ "$(wc -l <"$TMP/f8s")" -eq 12 ] && cmp -s "$TMP/f8s" "$TMP/f8t" &&
+    pass "generate --kv-type fp8: speculative tokens equal target-only tokens" ||
+    fail "generate --kv-type fp8: $(diff "$TMP/f8s" "$TMP/f8t" | head -c 300)"
 expect_exit 0 "generate --kv-type f16" "$TANDEM" generate -m "$TARGET" -p "def f(x):" -n 4 --kv-type f16
 expect_exit 0 "bench --kv-type q8_0" "$TANDEM" bench -m "$TARGET" -p 16 -n 4 --reps 1 --kv-type q8_0
 printf 'def add(a, b):\n/exit\n' >"$TMP/kvchat.in"
@@ -802,7 +808,7 @@ expect_err "draft_vocab 8193 is out of range: -1 (auto), 0 (the whole vocabulary
 expect_exit 2 "serve --draft-vocab without -d" "$TANDEM" serve -m "$TARGET" --draft-vocab 2048
 expect_err "option --draft-vocab has no effect without -d DRAFT" "serve --draft-vocab without -d"
 expect_exit 2 "generate --kv-type q4" "$TANDEM" generate -m "$TARGET" -p x --kv-type q4
-expect_err "option --kv-type: unknown KV cache type 'q4' (expected auto, f32, f16 or q8_0)" "generate --kv-type q4"
+expect_err "option --kv-type: unknown KV cache type 'q4' (expected auto, f32, f16, q8_0 or fp8)" "generate --kv-type q4"
 expect_exit 2 "bench --kv-type ''" "$TANDEM" bench -m "$TARGET" --kv-type ''
 expect_exit 2 "chat --kv-type Q8_0" "$TANDEM" chat -m "$TARGET" --kv-type Q8_0
 expect_err "unknown KV cache type 'Q8_0'" "chat --kv-type Q8_0"

@@ -13,7 +13,10 @@ head -n 12 "$DATA/prompts-dev.jsonl" >"$TMP/p12.jsonl"
 "$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json 2>/dev/null | tokens >"$TMP/b1"
 "$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type q8_0 2>/dev/null |
     tokens >"$TMP/q8s"
-[ "$(wc -l <"$TMP/b1")" -eq 12 ] && [ "$(wc -l <"$TMP/q8s")" -eq 12 ] || { echo "FAIL - generate's reference tokens"; exit 1; }
+"$TANDEM" generate -m "$TARGET" -d "$DRAFT" --prompts "$TMP/p12.jsonl" -n 10 --json --kv-type fp8 2>/dev/null |
+    tokens >"$TMP/f8s"
+[ "$(wc -l <"$TMP/b1")" -eq 12 ] && [ "$(wc -l <"$TMP/q8s")" -eq 12 ] && [ "$(wc -l <"$TMP/f8s")" -eq 12 ] ||
+    { echo "FAIL - generate's reference tokens"; exit 1; }
 
 # tandem run JOB.ini: the same tokens as generate; resumable; shards; bad configs
 cat >"$TMP/job.ini" <<EOF
@@ -114,9 +117,11 @@ badcfg "k without a draft" "[spec] k: needs [model] draft" "$ok_head[spec]\nk = 
 badcfg "tree without a draft" "[spec] tree: needs [model] draft" "$ok_head[spec]\ntree = 16\n"
 badcfg "bad tree" "bad.ini:7: [spec] tree: 'lots' is not off, auto, a node budget 1..64" "$ok_head[spec]\ntree = lots\n"
 badcfg "bad tree shape" "bad.ini:7: [spec] tree: tree shape '8,8' has 72 nodes; at most 64" "$ok_head[spec]\ntree = 8,8\n"
-badcfg "kv_type" "bad.ini:7: [engine] kv_type: 'int8' is not auto, f32, f16 or q8_0" "$ok_head[engine]\nkv_type = int8\n"
+badcfg "kv_type" "bad.ini:7: [engine] kv_type: 'int8' is not auto, f32, f16, q8_0 or fp8" "$ok_head[engine]\nkv_type = int8\n"
 sort -n "$TMP/q8s" -o "$TMP/q8s" # (generate --kv-type q8_0's tokens)
 same_run "[engine] kv_type = q8_0" "$TMP/q8s" --set engine.kv_type=q8_0
+sort -n "$TMP/f8s" -o "$TMP/f8s" # (generate --kv-type fp8's tokens)
+same_run "[engine] kv_type = fp8" "$TMP/f8s" --set engine.kv_type=fp8
 badcfg "tensor_parallel" "bad.ini:7: [engine] tensor_parallel: '0' is not an integer in [1, 8]" "$ok_head[engine]\ntensor_parallel = 0\n"
 badcfg "draft_vocab" "bad.ini:7: [engine] draft_vocab: '500' is not auto, 0 (the whole vocabulary) or a number of tokens >= 1024" \
     "$ok_head[engine]\ndraft_vocab = 500\n"

@@ -104,7 +104,10 @@ static void check_fused_kv(uint32_t wtype, int32_t n_embd, int32_t n_head, int32
          * the CPU's; fused (RoPE + quantisation in one kernel) and op by op may too,
          * where a value lands a rounding away from a half step */
         if (kv_type == TDM_Q8_0) tol_cpu = TDM_MAX(tol_cpu, 2e-2);
-        const double tol_ops = kv_type == TDM_Q8_0 ? 1e-4 : 1e-5;
+        /* fp8 K / V: a code a step away is 2^-3 of its value (q8_0: 1/127 of the
+         * vector's largest), so the same moves weigh more */
+        if (kv_type == TDM_F8_E4M3) tol_cpu = TDM_MAX(tol_cpu, 5e-2);
+        const double tol_ops = kv_type == TDM_Q8_0 ? 1e-4 : kv_type == TDM_F8_E4M3 ? 1e-3 : 1e-5;
         cr_assert(e_ops < tol_ops, "%s, %s cache, step %zu (%d rows): fused vs ops err %g", tdm_dtype_name(wtype),
                   tdm_dtype_name(kv_type), k, (int)bt.n_rows, e_ops);
         cr_assert(e_cpu < tol_cpu, "%s step %zu (%d rows): GPU vs CPU err %g", tdm_dtype_name(wtype), k, (int)bt.n_rows,
@@ -147,6 +150,9 @@ Test(cuda_fused, f16_gqa_hd128, .timeout = 300) { check_fused(TDM_F16, 512, 4, 1
 Test(cuda_fused, f16_weights_q8_0_cache, .timeout = 300) { check_fused_kv(TDM_F16, 512, 4, 1, 768, true, TDM_Q8_0); }
 Test(cuda_fused, q8_0_weights_q8_0_cache, .timeout = 300) { check_fused_kv(TDM_Q8_0, 512, 4, 2, 768, true, TDM_Q8_0); }
 Test(cuda_fused, q8_0_cache_odd_width, .timeout = 300) { check_fused_kv(TDM_Q8_0, 96, 2, 1, 160, false, TDM_Q8_0); }
+/* an fp8 cache: the same kernels with E4M3 codes (Hopper's conversions) */
+Test(cuda_fused, f16_weights_fp8_cache, .timeout = 300) { check_fused_kv(TDM_F16, 512, 4, 1, 768, true, TDM_F8_E4M3); }
+Test(cuda_fused, fp8_cache_odd_width, .timeout = 300) { check_fused_kv(TDM_Q8_0, 96, 2, 1, 160, false, TDM_F8_E4M3); }
 Test(cuda_fused, bf16_mha_hd64, .timeout = 300) { check_fused(TDM_BF16, 256, 4, 4, 512, true); }
 Test(cuda_fused, q8_0_split_layout, .timeout = 300) { check_fused(TDM_Q8_0, 512, 4, 2, 768, true); }
 Test(cuda_fused, q4_0_split_layout, .timeout = 300) { check_fused(TDM_Q4_0, 512, 8, 2, 1024, true); }
@@ -207,9 +213,12 @@ static void check_fused_tree(uint32_t wtype, int32_t n_head, int32_t n_head_kv, 
             float *lc = tdm_cu_rig_forward(&rc, &bt, false);
             const double e_ops = ref_nrm_err(lg, lo, nv), e_cpu = ref_nrm_err(lg, lc, nv);
             const bool int8 = wtype == TDM_Q8_0 || wtype == TDM_Q4_0;
-            const double tol_cpu = int8 ? 1e-1 : kv_type == TDM_Q8_0 ? 2e-2 : 3e-3;
+            const double tol_cpu = int8 ? 1e-1 : kv_type == TDM_Q8_0 ? 2e-2 : kv_type == TDM_F8_E4M3 ? 5e-2 : 3e-3;
             /* (op by op, more than GEMV_MAX_ROWS rows take cuBLAS with 16-bit activations) */
-            const double tol_ops = n + 1 > GEMV_MAX_ROWS ? tol_cpu : kv_type == TDM_Q8_0 ? 1e-4 : 1e-5;
+            const double tol_ops = n + 1 > GEMV_MAX_ROWS ? tol_cpu
+                                   : kv_type == TDM_Q8_0 ? 1e-4
+                                   : kv_type == TDM_F8_E4M3 ? 1e-3
+                                                            : 1e-5;
             cr_assert(e_ops < tol_ops, "%s tree of %d: fused vs ops err %g", tdm_dtype_name(wtype), (int)n, e_ops);
             cr_assert(e_cpu < tol_cpu, "%s tree of %d: GPU vs CPU err %g", tdm_dtype_name(wtype), (int)n, e_cpu);
             if (!first) first = lg, lg = NULL;
@@ -237,6 +246,7 @@ static void check_fused_tree(uint32_t wtype, int32_t n_head, int32_t n_head_kv, 
 
 Test(cuda_fused, tree_f16_gqa, .timeout = 300) { check_fused_tree(TDM_F16, 4, 1, TDM_F16); }
 Test(cuda_fused, tree_q8_0_weights_q8_0_cache, .timeout = 300) { check_fused_tree(TDM_Q8_0, 8, 2, TDM_Q8_0); }
+Test(cuda_fused, tree_f16_weights_fp8_cache, .timeout = 300) { check_fused_tree(TDM_F16, 8, 2, TDM_F8_E4M3); }
 Test(cuda_fused, tree_q4_0_mha, .timeout = 300) { check_fused_tree(TDM_Q4_0, 4, 4, TDM_F16); }
 
 /* ---- argmax -------------------------------------------------------------------- */

@@ -11,6 +11,7 @@
  *     queries, block sizes 8 / 16 / 32, contexts that are not a multiple of the
  *     block size, up to 4099 keys, many sequences of different lengths in a batch;
  *     a row alone equal bit for bit to the same row in a batch;
+ *   - f16, q8_0 and fp8 caches (fp8: E4M3 codes with their scales) throughout;
  *   - batched decode and verification attention (64 sequences of 1 .. 4099 keys,
  *     1 or 5 rows each, every head dim, MHA and GQA, block sizes 8 / 16 / 32): the
  *     decode kernel against ref_attention, the tiled kernel and each row alone, bit
@@ -342,10 +343,14 @@ typedef struct flash_case {
     bool q8;              /* a q8_0 cache (src/base/kv_layout.h) instead of f16 */
     int32_t window;       /* tdm_attn_args.window (gemma3's sliding layers; the tiled kernels) */
     float softcap;        /* tdm_attn_args.softcap */
+    bool fp8;             /* an fp8 cache (src/base/kv_layout.h) instead of f16 */
 } flash_case;
 
+/* The cache type of a case. */
+static uint32_t case_type(bool q8, bool fp8) { return fp8 ? TDM_F8_E4M3 : q8 ? TDM_Q8_0 : TDM_F16; }
+
 /* Random K / V in [-2, 2] for every slot of n_seq sequences, written into the
- * host caches kr / vr (type ct: f16 or q8_0, the layouts of kernels/backend.h). */
+ * host caches kr / vr (type ct: f16, q8_0 or fp8, the layouts of kernels/backend.h). */
 static void fill_caches(uint64_t *rng, int n_seq, const int32_t *lens, const tdm_kv_seq **sp, int32_t nkv, int32_t hd,
                         int32_t bs, uint32_t ct, void *kr, void *vr) {
     const int32_t stride = nkv * hd;
@@ -371,7 +376,7 @@ static void run_flash(const flash_case *tc, uint64_t rng) {
     tdm_kv_seq seqs[4] = {0};
     const tdm_kv_seq *sp[4];
     const int32_t n_blocks = tdm_test_shuffled_seqs(&rng, tc->n_seq, tc->lens, bs, 3, seqs, sp);
-    const uint32_t ct = tc->q8 ? TDM_Q8_0 : TDM_F16;
+    const uint32_t ct = case_type(tc->q8, tc->fp8);
     const size_t cbytes = (size_t)n_blocks * nkv * (size_t)tdm_kv_unit_bytes(ct, bs, hd);
     void *kr = calloc(1, cbytes), *vr = calloc(1, cbytes);
     fill_caches(&rng, tc->n_seq, tc->lens, sp, nkv, hd, bs, ct, kr, vr);
@@ -576,6 +581,10 @@ static void run_tree(const tdm_tree_case *tc, uint64_t seed) {
 
 Test(cuda_tree, f16_gqa_three_trees) { run_tree(&(tdm_tree_case){8, 2, 64, 16, TDM_F16, 3, {300, 20, 57}, {64, 9, 33}}, 1); }
 Test(cuda_tree, q8_0_hd128) { run_tree(&(tdm_tree_case){4, 4, 128, 16, TDM_Q8_0, 2, {129, 40}, {48, 64}}, 2); }
+Test(cuda_tree, fp8_hd128_and_hd64) {
+    run_tree(&(tdm_tree_case){12, 2, 128, 16, TDM_F8_E4M3, 2, {129, 40}, {48, 64}}, 21);
+    run_tree(&(tdm_tree_case){14, 2, 64, 16, TDM_F8_E4M3, 3, {300, 20, 57}, {64, 9, 33}}, 22);
+}
 Test(cuda_tree, f32_hd96_block8) { run_tree(&(tdm_tree_case){6, 3, 96, 8, TDM_F32, 1, {1000}, {40}}, 3); }
 Test(cuda_tree, f16_hd256_and_hd32) {
     run_tree(&(tdm_tree_case){4, 1, 256, 16, TDM_F16, 1, {70}, {64}}, 4);
@@ -613,18 +622,36 @@ Test(cuda_flash, q8_group_of_three) { run_flash(&(flash_case){6, 2, 64, 16, 4, {
 Test(cuda_flash, q8_prefill_hd64) { run_flash(&(flash_case){12, 12, 64, 16, 1, {64}, 64, true}, 44); }
 Test(cuda_flash, q8_prefill_hd96_block32) { run_flash(&(flash_case){6, 2, 96, 32, 2, {70, 20}, 20, true}, 45); }
 Test(cuda_flash, q8_prefill_hd256) { run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, true}, 46); }
+/* an fp8 cache: E4M3 codes staged with their scales, converted in pairs, against the
+ * reference over the dequantised cache; the real pair's shapes (12 / 2 heads of 128,
+ * 14 / 2 of 64) among them */
+Test(cuda_flash, fp8_gqa_8_chains_three_sequences) {
+    run_flash(&(flash_case){32, 8, 128, 16, 3, {1000, 37, 129}, 5, .fp8 = true}, 61);
+}
+Test(cuda_flash, fp8_qwen_target_and_draft_shapes) {
+    run_flash(&(flash_case){12, 2, 128, 16, 2, {700, 33}, 5, .fp8 = true}, 62);
+    run_flash(&(flash_case){14, 2, 64, 16, 2, {300, 1}, 5, .fp8 = true}, 63);
+}
+Test(cuda_flash, fp8_hd80_block8) { run_flash(&(flash_case){8, 2, 80, 8, 2, {45, 300}, 3, .fp8 = true}, 64); }
+Test(cuda_flash, fp8_prefill_hd64) { run_flash(&(flash_case){12, 12, 64, 16, 1, {64}, 64, .fp8 = true}, 65); }
+Test(cuda_flash, fp8_prefill_hd96_block32) { run_flash(&(flash_case){6, 2, 96, 32, 2, {70, 20}, 20, .fp8 = true}, 66); }
+Test(cuda_flash, fp8_prefill_hd256_window_softcap) {
+    run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, .fp8 = true}, 67);
+    run_flash(&(flash_case){8, 2, 128, 16, 3, {1000, 37, 9}, 5, false, 100, 0, true}, 68);
+    run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, false, 64, 2.0f, true}, 69);
+}
 /* gemma3's attention: a sliding window shorter than the context (decode, verification
  * and prefill rows, windows cutting blocks mid-way) and logit soft-capping, alone and
  * together, f16 and q8_0, head dims 256 and 128 (the tiled kernels) */
 Test(cuda_flash, window_decode_and_prefill) {
-    run_flash(&(flash_case){4, 1, 256, 16, 2, {300, 31}, 40, false, 37, 0}, 51);
-    run_flash(&(flash_case){8, 2, 128, 16, 3, {1000, 37, 9}, 5, false, 512, 0}, 52);
-    run_flash(&(flash_case){8, 2, 128, 16, 3, {1000, 37, 9}, 5, true, 100, 0}, 53);
+    run_flash(&(flash_case){4, 1, 256, 16, 2, {300, 31}, 40, false, 37, 0, false}, 51);
+    run_flash(&(flash_case){8, 2, 128, 16, 3, {1000, 37, 9}, 5, false, 512, 0, false}, 52);
+    run_flash(&(flash_case){8, 2, 128, 16, 3, {1000, 37, 9}, 5, true, 100, 0, false}, 53);
 }
 Test(cuda_flash, softcap_and_window_with_softcap) {
-    run_flash(&(flash_case){8, 2, 128, 16, 2, {200, 64}, 13, false, 0, 1.5f}, 54);
-    run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, false, 64, 2.0f}, 55);
-    run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, true, 64, 2.0f}, 56);
+    run_flash(&(flash_case){8, 2, 128, 16, 2, {200, 64}, 13, false, 0, 1.5f, false}, 54);
+    run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, false, 64, 2.0f, false}, 55);
+    run_flash(&(flash_case){4, 1, 256, 16, 1, {300}, 33, true, 64, 2.0f, false}, 56);
 }
 
 /* Batched decode / verification attention (the decode kernel, cuda_decode_attn.cu):
@@ -634,7 +661,8 @@ Test(cuda_flash, softcap_and_window_with_softcap) {
  * the tiled kernel (TDM_CUDA_ATTN_TILED). */
 typedef struct decode_case {
     int32_t n_head, n_kv_head, head_dim, block_size, rows_per_seq;
-    bool q8; /* a q8_0 cache instead of f16 */
+    bool q8;  /* a q8_0 cache instead of f16 */
+    bool fp8; /* an fp8 cache instead of f16 */
 } decode_case;
 
 static void run_decode_batch(const decode_case *tc, uint64_t rng) {
@@ -648,7 +676,7 @@ static void run_decode_batch(const decode_case *tc, uint64_t rng) {
     tdm_kv_seq seqs[N_SEQ];
     const tdm_kv_seq *sp[N_SEQ];
     const int32_t n_blocks = tdm_test_shuffled_seqs(&rng, N_SEQ, lens, bs, 3, seqs, sp);
-    const uint32_t ct = tc->q8 ? TDM_Q8_0 : TDM_F16;
+    const uint32_t ct = case_type(tc->q8, tc->fp8);
     const size_t cbytes = (size_t)n_blocks * nkv * (size_t)tdm_kv_unit_bytes(ct, bs, hd);
     void *kr = calloc(1, cbytes), *vr = calloc(1, cbytes);
     cr_assert(kr && vr);
@@ -732,5 +760,12 @@ DECODE_TEST(q8_gqa_32_8_hd128_bs16_verify5, 51, 32, 8, 128, 16, 5, true)
 DECODE_TEST(q8_mha_8_hd64_bs8_decode, 52, 8, 8, 64, 8, 1, true)
 DECODE_TEST(q8_gqa_8_2_hd80_bs32_verify5, 53, 8, 2, 80, 32, 5, true)
 DECODE_TEST(q8_gqa_8_2_hd256_bs16_decode, 54, 8, 2, 256, 16, 1, true)
+/* fp8 caches (the real pair's shapes: 12 / 2 heads of 128, 14 / 2 of 64) */
+DECODE_TEST(fp8_gqa_12_2_hd128_bs16_decode, 61, 12, 2, 128, 16, 1, false, true)
+DECODE_TEST(fp8_gqa_12_2_hd128_bs16_verify5, 62, 12, 2, 128, 16, 5, false, true)
+DECODE_TEST(fp8_gqa_14_2_hd64_bs16_decode, 63, 14, 2, 64, 16, 1, false, true)
+DECODE_TEST(fp8_mha_8_hd64_bs8_verify5, 64, 8, 8, 64, 8, 5, false, true)
+DECODE_TEST(fp8_gqa_8_2_hd80_bs32_verify5, 65, 8, 2, 80, 32, 5, false, true)
+DECODE_TEST(fp8_gqa_8_2_hd256_bs16_decode, 66, 8, 2, 256, 16, 1, false, true)
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

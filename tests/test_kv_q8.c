@@ -1,7 +1,9 @@
-/* test_kv_q8.c - the q8_0 KV cache (src/base/kv_layout.h): int8 values with one f32
- * scale per (position, kv head).
+/* test_kv_q8.c - the quantised KV caches (src/base/kv_layout.h): q8_0 (int8 values)
+ * and fp8 (E4M3 values), each with one f32 scale per (position, kv head); every test
+ * runs for both (suites kv_q8 / kv_fp8, kv_q8_engine / kv_fp8_engine).
  *
  * ops (the CPU backend, every SIMD level this machine has):
+ *   the SIMD levels' E4M3 reads of all 256 codes against dtype.c's table;
  *   kv_write byte-exact against the reference, with zero, huge, tiny, subnormal,
  *   tied and non-finite vectors, and the quantisation's own error bound;
  *   attention against the double-precision reference over the dequantised cache
@@ -10,7 +12,7 @@
  *   the rows that see it; the tensor-parallel blocks op against the op-by-op forward.
  * engine (the pycode models):
  *   K/V bytes per position of each cache type; speculative output equals
- *   target-only output with the same q8_0 cache (both drafts); prefix-cache hits
+ *   target-only output with the same quantised cache (both drafts); prefix-cache hits
  *   and a forked sequence's copy-on-write give the tokens and logits of a cold
  *   computation; greedy output against the f16 cache's (bench_kv runs the 100
  *   prompts of the issue's criterion). */
@@ -24,6 +26,7 @@
 #include "../bench/kv_quality.h"
 #include "api_testutil.h"
 #include "backend_testutil.h"
+#include "cpu_internal.h"
 #include "engine.h"
 #include "ref_ops.h"
 #include "testutil.h"
@@ -37,10 +40,12 @@ static void *cache_new(uint32_t type, int32_t n_blocks, int32_t nkv, int32_t bs,
 
 /* ---- kv_write ------------------------------------------------------------------- */
 
-/* Head vector of kind `kind`: 0 random, 1 zeros, 2 huge (up to 3.4e38), 3 tiny, 4
- * subnormal, 5 ties (scale exactly 1, halves round to even), 6 one non-zero value, 7
- * non-finite (K: a NaN, V: an infinity). */
-static void fill_vec(float *x, int32_t hd, int kind, bool is_k, uint64_t *rng) {
+/* Head vector of kind `kind` for a cache of type `type`: 0 random, 1 zeros, 2 huge
+ * (up to 3.4e38), 3 tiny, 4 subnormal, 5 ties (scale exactly 1; q8_0: halves, fp8:
+ * midpoints between codes, round to even), 6 one non-zero value, 7 non-finite (K: a
+ * NaN, V: an infinity). */
+static void fill_vec(uint32_t type, float *x, int32_t hd, int kind, bool is_k, uint64_t *rng) {
+    const bool f8 = type == TDM_F8_E4M3;
     for (int32_t d = 0; d < hd; d++) x[d] = tdm_test_randf(rng, -1, 1);
     for (int32_t d = 0; d < hd; d++) {
         switch (kind) {
@@ -48,32 +53,39 @@ static void fill_vec(float *x, int32_t hd, int kind, bool is_k, uint64_t *rng) {
         case 2: x[d] *= 1e30f; break;
         case 3: x[d] *= 1e-30f; break;
         case 4: x[d] *= 1e-40f; break;
-        case 5: x[d] = (float)(d % 9) - 4.0f + 0.5f; break;
+        case 5: /* fp8: (1 + (2m + 1) / 16) between codes 1 + m / 8 and 1 + (m + 1) / 8 */
+            x[d] = f8 ? (d % 2 ? -1.0f : 1.0f) * (1.0f + (float)(2 * (d % 8) + 1) / 16.0f) : (float)(d % 9) - 3.5f;
+            break;
         case 6: x[d] = d == hd - 1 ? -3.0f : 0.0f; break;
         default: break;
         }
     }
     if (kind == 2) x[0] = 3.4e38f;
-    if (kind == 5) x[0] = 127.0f;
+    if (kind == 5) x[0] = f8 ? TDM_E4M3_MAX : 127.0f;
     if (kind == 7) x[hd / 2] = is_k ? NAN : INFINITY;
 }
 
-/* The stored vector of (slot, g) against its input x: scale = max|x| / 127 (0 for
- * zeros), each value within half a step of x; NaN scale for a non-finite x. */
-static void check_quantised(const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g, const float *x,
-                            int32_t nkv, int32_t bs, int32_t hd) {
+/* The stored vector of (slot, g) against its input x: scale = max|x| / 127 (q8_0)
+ * or / 448 (fp8) (0 for zeros), each value within half a step of x (q8_0: half the
+ * scale; fp8: 2^-4 |x|, 3 mantissa bits, or half the subnormal step 2^-9 scale);
+ * NaN scale for a non-finite x. */
+static void check_quantised(uint32_t type, const void *cache, bool is_k, const tdm_kv_seq *s, int32_t slot, int32_t g,
+                            const float *x, int32_t nkv, int32_t bs, int32_t hd) {
     float amax = 0;
     bool finite = true;
     for (int32_t d = 0; d < hd; d++) finite = finite && isfinite(x[d]), amax = fmaxf(amax, fabsf(x[d]));
-    const float sc = ref_kv_q8_scale(cache, is_k, s, slot, g, nkv, bs, hd);
+    const float sc = ref_kv_scale(cache, is_k, s, slot, g, nkv, bs, hd);
+    const bool f8 = type == TDM_F8_E4M3;
     if (!finite) {
         cr_assert(isnan(sc), "slot %d head %d: a non-finite vector's scale is %g", slot, g, (double)sc);
         return;
     }
-    cr_assert(sc == amax / 127.0f, "slot %d head %d: scale %g for max %g", slot, g, (double)sc, (double)amax);
+    cr_assert(sc == amax / (f8 ? TDM_E4M3_MAX : 127.0f), "slot %d head %d: scale %g for max %g", slot, g, (double)sc,
+              (double)amax);
     for (int32_t d = 0; d < hd; d++) {
-        const double v = ref_kv_get(cache, TDM_Q8_0, is_k, s, slot, g, d, nkv, bs, hd);
-        const double bound = 0.5 * sc + 1e-6 * fabs(x[d]) + 128.0 * FLT_TRUE_MIN;
+        const double v = ref_kv_get(cache, type, is_k, s, slot, g, d, nkv, bs, hd);
+        const double step = f8 ? fmax(0x1p-4 * fabs(x[d]), 0x1p-10 * sc) : 0.5 * sc;
+        const double bound = step + 1e-6 * fabs(x[d]) + 512.0 * FLT_TRUE_MIN;
         cr_assert(fabs(v - x[d]) <= bound, "slot %d head %d d %d: %g stored as %g (scale %g)", slot, g, d, (double)x[d],
                   v, (double)sc);
     }
@@ -82,7 +94,7 @@ static void check_quantised(const void *cache, bool is_k, const tdm_kv_seq *s, i
 /* Every level writes the reference's bytes, and what it writes is the quantisation
  * of kv_layout.h, for every kind of vector and odd shapes (head dim 1, 13, 100; block
  * size 1, 5). */
-Test(kv_q8, kv_write_extremes_all_levels) {
+static void kv_write_extremes(uint32_t type) {
     static const struct {
         int32_t nkv, hd, bs, len;
     } shapes[] = {{2, 64, 16, 37}, {3, 13, 5, 23}, {1, 1, 1, 4}, {2, 100, 8, 17}};
@@ -98,18 +110,18 @@ Test(kv_q8, kv_write_extremes_all_levels) {
         float *k = calloc((size_t)len * stride, 4), *v = calloc((size_t)len * stride, 4);
         for (int32_t r = 0; r < len; r++)
             for (int32_t g = 0; g < nkv; g++) {
-                fill_vec(k + (size_t)r * stride + (size_t)g * hd, hd, (r + g) % 8, true, &rng);
-                fill_vec(v + (size_t)r * stride + (size_t)g * hd, hd, (r + 3 * g) % 8, false, &rng);
+                fill_vec(type, k + (size_t)r * stride + (size_t)g * hd, hd, (r + g) % 8, true, &rng);
+                fill_vec(type, v + (size_t)r * stride + (size_t)g * hd, hd, (r + 3 * g) % 8, false, &rng);
             }
         tdm_batch bt;
         cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
         for (int32_t r = 0; r < len; r++) tdm_batch_add(&bt, 0, r, 0, (r * 5 + 2) % len, false); /* scrambled slots */
-        const size_t bytes = (size_t)n_blocks * nkv * (size_t)tdm_kv_unit_bytes(TDM_Q8_0, bs, hd);
-        void *kr = cache_new(TDM_Q8_0, n_blocks, nkv, bs, hd), *vr = cache_new(TDM_Q8_0, n_blocks, nkv, bs, hd);
-        tdm_kv_write_args ar = {&bt, sp, k, v, stride, kr, vr, TDM_Q8_0, nkv, hd, bs};
+        const size_t bytes = (size_t)n_blocks * nkv * (size_t)tdm_kv_unit_bytes(type, bs, hd);
+        void *kr = cache_new(type, n_blocks, nkv, bs, hd), *vr = cache_new(type, n_blocks, nkv, bs, hd);
+        tdm_kv_write_args ar = {&bt, sp, k, v, stride, kr, vr, type, nkv, hd, bs};
         ref_kv_write(&ar);
         for (int l = 0; l < nl; l++) {
-            void *kc = cache_new(TDM_Q8_0, n_blocks, nkv, bs, hd), *vc = cache_new(TDM_Q8_0, n_blocks, nkv, bs, hd);
+            void *kc = cache_new(type, n_blocks, nkv, bs, hd), *vc = cache_new(type, n_blocks, nkv, bs, hd);
             tdm_kv_write_args a = ar;
             a.k_cache = kc, a.v_cache = vc;
             tdm_backend *b = tdm_test_backend(lv[l], 2);
@@ -122,11 +134,55 @@ Test(kv_q8, kv_write_extremes_all_levels) {
         }
         for (int32_t r = 0; r < len; r++)
             for (int32_t g = 0; g < nkv; g++) {
-                check_quantised(kr, true, &seq, bt.slot[r], g, k + (size_t)r * stride + (size_t)g * hd, nkv, bs, hd);
-                check_quantised(vr, false, &seq, bt.slot[r], g, v + (size_t)r * stride + (size_t)g * hd, nkv, bs, hd);
+                check_quantised(type, kr, true, &seq, bt.slot[r], g, k + (size_t)r * stride + (size_t)g * hd, nkv,
+                                bs, hd);
+                check_quantised(type, vr, false, &seq, bt.slot[r], g, v + (size_t)r * stride + (size_t)g * hd, nkv,
+                                bs, hd);
             }
         free(kr), free(vr), free(k), free(v), free(seq.blocks);
         tdm_batch_free(&bt);
+    }
+}
+
+Test(kv_q8, kv_write_extremes_all_levels) { kv_write_extremes(TDM_Q8_0); }
+Test(kv_fp8, kv_write_extremes_all_levels) { kv_write_extremes(TDM_F8_E4M3); }
+
+/* Every level reads each of the 256 E4M3 codes as dtype.c's table value (NaN codes
+ * as NaN), in scores (attn_qk, a one-hot query: the score is the key's element) and
+ * in weighted sums of V (attn_pv, weight 1), at every position of a 16-wide vector
+ * (the scores' codes at 13 to 16 keys: the masked tails too). */
+Test(kv_fp8, codes_all_levels) {
+    enum { HD = 19, BS = 16 }; /* (an odd head dim: the kernels' tails) */
+    uint8_t kblk[HD * BS], vrow[256 + HD];
+    for (int i = 0; i < 256 + HD; i++) vrow[i] = (uint8_t)(i * 7 + 3);
+    tdm_cpu_level lv[TDM_CPU_N_LEVELS];
+    const int nl = tdm_test_levels(lv);
+    for (int l = 0; l < nl; l++) {
+        const tdm_cpu_kernels *k = tdm_cpu_kernels_for(lv[l]);
+        for (int c0 = 0; c0 < 256; c0 += BS)
+            for (int d = 0; d < HD; d++) { /* codes c0 .. c0 + 15 at element d, zeros elsewhere */
+                memset(kblk, 0, sizeof kblk);
+                for (int j = 0; j < BS; j++) kblk[d * BS + j] = (uint8_t)(c0 + j);
+                const void *kt[1] = {kblk};
+                float q[HD] = {0}, sc[BS];
+                q[d] = 1.0f;
+                const int cnt = BS - d % 4; /* (and masked tails) */
+                k->attn_qk(q, HD, 1, kt, TDM_F8_E4M3, BS, cnt, HD, 1.0f, sc, BS);
+                for (int j = 0; j < cnt; j++) {
+                    const float want = tdm_e4m3_to_f32(kblk[d * BS + j]);
+                    cr_assert(isnan(want) ? isnan(sc[j]) : sc[j] == want, "level %d code 0x%02x: score %g, value %g",
+                              lv[l], kblk[d * BS + j], (double)sc[j], (double)want);
+                }
+            }
+        for (int c0 = 0; c0 < 256; c0++) {
+            float acc[HD] = {0}, one = 1.0f;
+            k->attn_pv(acc, &one, 1, 1, vrow + c0, TDM_F8_E4M3, 1, HD);
+            for (int d = 0; d < HD; d++) {
+                const float want = tdm_e4m3_to_f32(vrow[c0 + d]);
+                cr_assert(isnan(want) ? isnan(acc[d]) : acc[d] == want, "level %d code 0x%02x: %g, value %g", lv[l],
+                          vrow[c0 + d], (double)acc[d], (double)want);
+            }
+        }
     }
 }
 
@@ -137,8 +193,10 @@ typedef struct acase {
     bool tree; /* rows see a prefix plus scattered extra slots */
 } acase;
 
-/* A case's sequences, caches (q8_0 and f32 of the same K/V), rows and queries. */
+/* A case's sequences, caches (quantised, of type `type`, and f32 of the same K/V),
+ * rows and queries. */
 typedef struct afix {
+    uint32_t type;
     tdm_kv_seq seqs[3];
     const tdm_kv_seq *sp[3];
     void *kq, *vq, *kf, *vf;
@@ -153,12 +211,13 @@ typedef struct afix {
  * before it is written. */
 typedef void (*row_mod)(float *x, int32_t nkv, int32_t hd, int32_t s, int32_t slot, uint64_t *rng);
 
-static void afix_init(afix *f, const acase *c, uint64_t seed, row_mod kmod, row_mod vmod) {
+static void afix_init(afix *f, uint32_t type, const acase *c, uint64_t seed, row_mod kmod, row_mod vmod) {
     memset(f, 0, sizeof *f);
+    f->type = type;
     uint64_t rng = seed;
     const int32_t nkv = c->nkv, hd = c->hd, bs = c->bs;
     const int32_t n_blocks = tdm_test_shuffled_seqs(&rng, c->n_seq, c->lens, bs, 2, f->seqs, f->sp);
-    f->kq = cache_new(TDM_Q8_0, n_blocks, nkv, bs, hd), f->vq = cache_new(TDM_Q8_0, n_blocks, nkv, bs, hd);
+    f->kq = cache_new(type, n_blocks, nkv, bs, hd), f->vq = cache_new(type, n_blocks, nkv, bs, hd);
     f->kf = cache_new(TDM_F32, n_blocks, nkv, bs, hd), f->vf = cache_new(TDM_F32, n_blocks, nkv, bs, hd);
     tdm_backend *b = tdm_test_backend(TDM_CPU_SCALAR, 1);
     for (int s = 0; s < c->n_seq; s++) {
@@ -171,7 +230,7 @@ static void afix_init(afix *f, const acase *c, uint64_t seed, row_mod kmod, row_
         tdm_batch wb;
         cr_assert_eq(tdm_batch_init(&wb, len, NULL), TANDEM_OK);
         for (int32_t p = 0; p < len; p++) tdm_batch_add(&wb, 0, p, s, p, false);
-        tdm_kv_write_args a = {&wb, f->sp, k, v, stride, f->kq, f->vq, TDM_Q8_0, nkv, hd, bs};
+        tdm_kv_write_args a = {&wb, f->sp, k, v, stride, f->kq, f->vq, type, nkv, hd, bs};
         tdm_err err = {0};
         cr_assert_eq(b->ops->kv_write(b, &a, &err), TANDEM_OK, "%s", err.msg);
         a.k_cache = f->kf, a.v_cache = f->vf, a.cache_type = TDM_F32;
@@ -205,9 +264,9 @@ static void afix_free(afix *f, const acase *c) {
     free(f->kq), free(f->vq), free(f->kf), free(f->vf), free(f->q);
 }
 
-static tdm_attn_args afix_args(const afix *f, const acase *c, bool q8, float *out) {
-    tdm_attn_args a = {&f->bt, f->sp, f->q, f->q_stride, out, q8 ? f->kq : f->kf, q8 ? f->vq : f->vf,
-                       q8 ? TDM_Q8_0 : TDM_F32, c->n_head, c->nkv, c->hd, c->bs, 1.0f / sqrtf((float)c->hd), 0, 0};
+static tdm_attn_args afix_args(const afix *f, const acase *c, bool quant, float *out) {
+    tdm_attn_args a = {&f->bt, f->sp, f->q, f->q_stride, out, quant ? f->kq : f->kf, quant ? f->vq : f->vf,
+                       quant ? f->type : TDM_F32, c->n_head, c->nkv, c->hd, c->bs, 1.0f / sqrtf((float)c->hd), 0, 0};
     return a;
 }
 
@@ -225,7 +284,7 @@ static double err_finite(const float *a, const float *b, size_t n, size_t *nan_m
     return den > 0 ? sqrt(num / den) : (num > 0 ? 1e30 : 0);
 }
 
-/* The backend's attention on the q8_0 cache at every level (2 threads): against
+/* The backend's attention on the quantised cache at every level (2 threads): against
  * the reference over the dequantised cache within tight (NaN where it is NaN), and,
  * when loose > 0, against the reference over the f32 cache within loose; all_finite:
  * every output finite.  Returns the largest error against the f32 cache. */
@@ -263,8 +322,9 @@ static double run_case(const acase *c, const afix *f, double tight, double loose
 }
 
 /* GQA ratios 1, 2, 4, 8 (and 4 with head dim 128), block sizes 4 to 32 crossed by
- * the lengths, several sequences, tree rows. */
-Test(kv_q8, attention_against_references) {
+ * the lengths, several sequences, tree rows: within 1e-5 of the reference over the
+ * dequantised cache, and within `loose` of the f32 cache's (normalised errors). */
+static void attention_against_references(uint32_t type, double loose) {
     static const acase cases[] = {
         {4, 4, 64, 16, 2, {70, 33}, false}, {4, 2, 64, 4, 1, {50}, false},       {8, 2, 40, 32, 2, {100, 7}, false},
         {8, 1, 64, 16, 1, {45}, true},      {12, 3, 128, 16, 1, {80}, false},    {6, 2, 24, 8, 3, {19, 40, 1}, true},
@@ -272,12 +332,17 @@ Test(kv_q8, attention_against_references) {
     double worst = 0;
     for (size_t i = 0; i < TDM_ARRAY_LEN(cases); i++) {
         afix f;
-        afix_init(&f, &cases[i], 7 + i, NULL, NULL);
-        worst = fmax(worst, run_case(&cases[i], &f, 1e-5, 2e-2, true));
+        afix_init(&f, type, &cases[i], 7 + i, NULL, NULL);
+        worst = fmax(worst, run_case(&cases[i], &f, 1e-5, loose, true));
         afix_free(&f, &cases[i]);
     }
-    cr_log_info("q8_0 attention against the f32 cache: largest normalised error %.4g", worst);
+    cr_log_info("%s attention against the f32 cache: largest normalised error %.4g", tdm_dtype_name(type), worst);
 }
+
+Test(kv_q8, attention_against_references) { attention_against_references(TDM_Q8_0, 2e-2); }
+/* (E4M3 keeps 3 mantissa bits: each value within 2^-4 relative, about 2 % rms, and
+ * the largest error measured over these cases is about 3 %) */
+Test(kv_fp8, attention_against_references) { attention_against_references(TDM_F8_E4M3, 6e-2); }
 
 /* Huge keys (scores of 1e15: one-hot softmax), zero keys and values, values of
  * 1e30: the same as the reference over the dequantised cache, finite. */
@@ -295,10 +360,10 @@ static void nan_k(float *x, int32_t nkv, int32_t hd, int32_t s, int32_t slot, ui
     if (slot == 39) x[hd / 3] = NAN;
 }
 
-Test(kv_q8, attention_extremes) {
+static void attention_extremes(uint32_t type) {
     const acase c = {4, 2, 64, 16, 1, {40}, false};
     afix f;
-    afix_init(&f, &c, 21, huge_k, huge_v);
+    afix_init(&f, type, &c, 21, huge_k, huge_v);
     run_case(&c, &f, 1e-5, 0, true);
     afix_free(&f, &c);
 
@@ -306,7 +371,7 @@ Test(kv_q8, attention_extremes) {
      * same NaN, at every level (levels differ: the scalar softmax passes NaN on, the
      * vector ones clamp it away); the outputs it cannot reach (the rows before slot
      * 39, kv head 1's heads) match the reference */
-    afix_init(&f, &c, 22, nan_k, NULL);
+    afix_init(&f, type, &c, 22, nan_k, NULL);
     float *out = calloc(f.n_out, 4), *outf = calloc(f.n_out, 4), *ref = calloc(f.n_out, 4);
     tdm_attn_args ar = afix_args(&f, &c, true, ref);
     ref_attention(&ar);
@@ -340,6 +405,9 @@ Test(kv_q8, attention_extremes) {
     afix_free(&f, &c);
 }
 
+Test(kv_q8, attention_extremes) { attention_extremes(TDM_Q8_0); }
+Test(kv_fp8, attention_extremes) { attention_extremes(TDM_F8_E4M3); }
+
 /* ---- the pycode models ---------------------------------------------------------- */
 
 static tdm_backend *g_wbe;
@@ -358,23 +426,28 @@ static void models_teardown(void) {
 }
 
 TestSuite(kv_q8_engine, .init = models_setup, .fini = models_teardown, .timeout = 600);
+TestSuite(kv_fp8_engine, .init = models_setup, .fini = models_teardown, .timeout = 600);
 
-static tdm_engine *engine_q8(tdm_model *draft, bool tp) {
+/* The cache type of a tandem_kv_type of these tests. */
+static uint32_t kv_dtype(tandem_kv_type kv) { return kv == TANDEM_KV_FP8 ? TDM_F8_E4M3 : TDM_Q8_0; }
+
+static tdm_engine *engine_kv(tandem_kv_type kv, tdm_model *draft, bool tp) {
     tdm_err err = {0};
-    tdm_engine_cfg cfg = {.n_threads = 2, .kv_type = TANDEM_KV_Q8_0};
+    tdm_engine_cfg cfg = {.n_threads = 2, .kv_type = kv};
     tdm_engine *e = NULL;
     cr_assert_eq(tdm_engine_create(g_target, draft, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(e->kv_t.type, TDM_Q8_0);
+    cr_assert_eq(e->kv_t.type, kv_dtype(kv));
     tdm_backend_cpu_set_tp(e->be, tp);
     return e;
 }
 
-/* Bytes per position: f32 8 L H D, f16 4 L H D, q8_0 2 L H (D + 4) (block size 16). */
+/* Bytes per position: f32 8 L H D, f16 4 L H D, q8_0 and fp8 2 L H (D + 4) (block
+ * size 16). */
 Test(kv_q8_engine, bytes_per_token) {
     const tdm_hparams *hp = &g_target->hp;
-    const uint32_t types[3] = {TDM_F32, TDM_F16, TDM_Q8_0};
-    uint64_t b[3];
-    for (int i = 0; i < 3; i++) {
+    const uint32_t types[4] = {TDM_F32, TDM_F16, TDM_Q8_0, TDM_F8_E4M3};
+    uint64_t b[4];
+    for (int i = 0; i < 4; i++) {
         const tdm_kv_layout l = tdm_model_kv_layout(g_target, types[i]);
         b[i] = tdm_kv_bytes_per_token(&l, 16);
     }
@@ -382,6 +455,7 @@ Test(kv_q8_engine, bytes_per_token) {
     cr_assert_eq(b[0], lh * (uint64_t)hp->head_dim * 4);
     cr_assert_eq(b[1], lh * (uint64_t)hp->head_dim * 2);
     cr_assert_eq(b[2], lh * ((uint64_t)hp->head_dim + 4));
+    cr_assert_eq(b[3], b[2]);
     cr_assert(2 * b[2] < b[1] * 1.1, "q8_0 %llu bytes against f16 %llu", (unsigned long long)b[2], (unsigned long long)b[1]);
     cr_log_info("pycode target K/V bytes per position: f32 %llu, f16 %llu, q8_0 %llu (%.3f of f16)",
                 (unsigned long long)b[0], (unsigned long long)b[1], (unsigned long long)b[2], (double)b[2] / (double)b[1]);
@@ -397,17 +471,17 @@ static float *prefix_logits(tdm_engine *e, const int32_t *tok, int32_t n) {
     return out;
 }
 
-/* The tensor-parallel blocks op on a q8_0 cache: runs, and gives the op-by-op
+/* The tensor-parallel blocks op on a quantised cache: runs, and gives the op-by-op
  * forward's logits up to f32 rounding. */
-Test(kv_q8_engine, blocks_op_matches_ops) {
-    tdm_engine *tp = engine_q8(NULL, true), *ops = engine_q8(NULL, false);
+static void blocks_op_matches_ops(tandem_kv_type kv) {
+    tdm_engine *tp = engine_kv(kv, NULL, true), *ops = engine_kv(kv, NULL, false);
     enum { N = 24 };
     int32_t tok[N];
     uint64_t rng = 5;
     for (int i = 0; i < N; i++) tok[i] = (int32_t)(tdm_test_rand(&rng) % (uint64_t)g_target->hp.n_vocab);
     const uint64_t runs0 = tdm_backend_cpu_blocks_runs(tp->be);
     float *a = prefix_logits(tp, tok, N), *b = prefix_logits(ops, tok, N);
-    cr_assert_gt(tdm_backend_cpu_blocks_runs(tp->be), runs0, "the blocks op declined the q8_0 cache");
+    cr_assert_gt(tdm_backend_cpu_blocks_runs(tp->be), runs0, "the blocks op declined the quantised cache");
     cr_assert_eq(tdm_backend_cpu_blocks_runs(ops->be), 0);
     const size_t n = (size_t)N * g_target->hp.n_vocab;
     cr_assert(ref_nrm_err(a, b, n) < 1e-4, "tensor parallel vs op by op: %g", ref_nrm_err(a, b, n));
@@ -415,11 +489,14 @@ Test(kv_q8_engine, blocks_op_matches_ops) {
     tdm_engine_free(tp), tdm_engine_free(ops);
 }
 
+Test(kv_q8_engine, blocks_op_matches_ops) { blocks_op_matches_ops(TANDEM_KV_Q8_0); }
+Test(kv_fp8_engine, blocks_op_matches_ops) { blocks_op_matches_ops(TANDEM_KV_FP8); }
+
 /* A forked sequence shares every block of its parent, the last one half full; its
  * own tokens copy that block (with its scales) before writing into it, so parent
  * and child then give the logits of sequences computed from scratch. */
-Test(kv_q8_engine, fork_copy_on_write) {
-    tdm_engine *e = engine_q8(NULL, true);
+static void fork_copy_on_write(tandem_kv_type kv) {
+    tdm_engine *e = engine_kv(kv, NULL, true);
     enum { P = 40, C = 8 }; /* 2.5 blocks shared, 8 own tokens each */
     const int32_t V = g_target->hp.n_vocab;
     int32_t ta[P + C], tb[P + C];
@@ -452,6 +529,9 @@ Test(kv_q8_engine, fork_copy_on_write) {
     tdm_engine_free(e);
 }
 
+Test(kv_q8_engine, fork_copy_on_write) { fork_copy_on_write(TANDEM_KV_Q8_0); }
+Test(kv_fp8_engine, fork_copy_on_write) { fork_copy_on_write(TANDEM_KV_FP8); }
+
 /* ---- through the public API ----------------------------------------------------- */
 
 static tandem_engine *api_engine(tandem_model *t, tandem_model *d, tandem_kv_type kv, bool prefix_cache) {
@@ -466,15 +546,15 @@ static void assert_same_tokens(const tandem_result *a, const tandem_result *b, c
         cr_assert_eq(a->tokens[i], b->tokens[i], "%s, prompt %d: token %zu differs", what, p, i);
 }
 
-/* Greedy speculative decoding with a q8_0 cache (both models' caches q8_0) gives
- * the target-only output with the same cache, for both drafts. */
-Test(kv_q8_engine, spec_equals_target_only) {
+/* Greedy speculative decoding with a quantised cache (both models' caches of that
+ * type) gives the target-only output with the same cache, for both drafts. */
+static void spec_equals_target_only(tandem_kv_type kv) {
     const int n_prompts = tdm_test_sanitized() ? 2 : 5;
     int n = 0;
     char **prompts = bench_prompts_read(tdm_test_data_path("prompts-dev.jsonl"), n_prompts, &n);
     tandem_model *t = api_open_model("pycode-target-f16.gguf");
     const char *drafts[2] = {"pycode-draft-xs-f16.gguf", "pycode-draft-s-f16.gguf"};
-    tandem_engine *plain = api_engine(t, NULL, TANDEM_KV_Q8_0, false);
+    tandem_engine *plain = api_engine(t, NULL, kv, false);
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = 40;
     tandem_result *want = calloc((size_t)n, sizeof *want);
@@ -483,7 +563,7 @@ Test(kv_q8_engine, spec_equals_target_only) {
     tandem_engine_close(plain);
     for (int d = 0; d < 2; d++) {
         tandem_model *dm = api_open_model(drafts[d]);
-        tandem_engine *spec = api_engine(t, dm, TANDEM_KV_Q8_0, false);
+        tandem_engine *spec = api_engine(t, dm, kv, false);
         tandem_generate_params sp = gp;
         sp.spec_k = d == 0 ? 4 : 0; /* fixed, and adaptive */
         uint64_t drafted = 0;
@@ -504,15 +584,18 @@ Test(kv_q8_engine, spec_equals_target_only) {
     bench_prompts_free(prompts, n);
 }
 
-/* The prefix cache on a q8_0 cache: a repeated prompt takes its blocks from the
+Test(kv_q8_engine, spec_equals_target_only) { spec_equals_target_only(TANDEM_KV_Q8_0); }
+Test(kv_fp8_engine, spec_equals_target_only) { spec_equals_target_only(TANDEM_KV_FP8); }
+
+/* The prefix cache on a quantised cache: a repeated prompt takes its blocks from the
  * cache and generates what a cold engine does; a prompt sharing only a prefix
  * too.  Bad kv_type values are refused. */
-Test(kv_q8_engine, prefix_cache) {
+static void prefix_cache(tandem_kv_type kv) {
     int n = 0;
     char **prompts = bench_prompts_read(tdm_test_data_path("prompts-dev.jsonl"), 1, &n);
     cr_assert_eq(n, 1);
     tandem_model *t = api_open_model("pycode-target-f16.gguf");
-    tandem_engine *warm = api_engine(t, NULL, TANDEM_KV_Q8_0, true), *cold = api_engine(t, NULL, TANDEM_KV_Q8_0, false);
+    tandem_engine *warm = api_engine(t, NULL, kv, true), *cold = api_engine(t, NULL, kv, false);
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = 24;
     const size_t len = strlen(prompts[0]);
@@ -530,7 +613,7 @@ Test(kv_q8_engine, prefix_cache) {
     tandem_engine_close(warm), tandem_engine_close(cold);
     tandem_engine_params ep = tandem_engine_default_params();
     tandem_engine *e = NULL;
-    ep.kv_type = (tandem_kv_type)4;
+    ep.kv_type = (tandem_kv_type)(TANDEM_KV_FP8 + 1);
     cr_assert_eq(tandem_engine_open(t, NULL, &ep, &e), TANDEM_ERR_INVALID_ARG);
     cr_assert(strstr(tandem_last_error(), "kv_type"), "%s", tandem_last_error());
     ep.kv_type = (tandem_kv_type)-1;
@@ -541,25 +624,32 @@ Test(kv_q8_engine, prefix_cache) {
     bench_prompts_free(prompts, n);
 }
 
+Test(kv_q8_engine, prefix_cache) { prefix_cache(TANDEM_KV_Q8_0); }
+Test(kv_fp8_engine, prefix_cache) { prefix_cache(TANDEM_KV_FP8); }
+
 /* The issue's criterion on a few prompts (bench_kv: all 100, 64 tokens): greedy
- * output with the q8_0 cache equals the f16 cache's or first departs at a near tie
- * (f16 top-two margin below 0.5), and the logits stay close. */
-Test(kv_q8_engine, greedy_against_f16) {
+ * output with the quantised cache equals the f16 cache's or first departs at a near
+ * tie (f16 top-two margin below 0.5), and the logits stay close. */
+static void greedy_against_f16(tandem_kv_type kv) {
     const bool san = tdm_test_sanitized();
     int n = 0;
     char **prompts = bench_prompts_read(tdm_test_data_path("prompts-dev.jsonl"), san ? 3 : 10, &n);
-    kvq_opts o = {tdm_test_model_path("pycode-target-f16.gguf"), 2, TANDEM_KV_F16, TANDEM_KV_Q8_0, 128, san ? 12 : 32,
+    kvq_opts o = {tdm_test_model_path("pycode-target-f16.gguf"), 2, TANDEM_KV_F16, kv, 128, san ? 12 : 32,
                   0.5f, false, false};
     kvq_stats st;
     tdm_err err = {0};
     cr_assert(kvq_run(&o, prompts, n, &st, &err), "%s", err.msg);
-    cr_log_info("q8_0 against f16, %d prompts x %d tokens: %d equal, %d near-tie departures, %d other; logits error "
+    cr_log_info("%s against f16, %d prompts x %d tokens: %d equal, %d near-tie departures, %d other; logits error "
                 "%.5f (worst step %.5f); bytes per position %llu against %llu",
-                st.n_prompts, o.n_gen, st.n_equal, st.n_near_tie, st.n_other, st.logits_err, st.logits_err_max,
-                (unsigned long long)st.bytes_per_token[1], (unsigned long long)st.bytes_per_token[0]);
+                tdm_dtype_name(kv_dtype(kv)), st.n_prompts, o.n_gen, st.n_equal, st.n_near_tie, st.n_other,
+                st.logits_err, st.logits_err_max, (unsigned long long)st.bytes_per_token[1],
+                (unsigned long long)st.bytes_per_token[0]);
     cr_assert_eq(st.n_prompts, n);
     cr_assert_leq(st.n_other, n / 10, "%d of %d prompts depart from f16 away from a near tie", st.n_other, n);
     cr_assert_lt(st.logits_err, 0.02);
-    cr_assert(st.bytes_per_token[1] * 10 < st.bytes_per_token[0] * 6, "q8_0 is not about half of f16");
+    cr_assert(st.bytes_per_token[1] * 10 < st.bytes_per_token[0] * 6, "the cache is not about half of f16");
     bench_prompts_free(prompts, n);
 }
+
+Test(kv_q8_engine, greedy_against_f16) { greedy_against_f16(TANDEM_KV_Q8_0); }
+Test(kv_fp8_engine, greedy_against_f16) { greedy_against_f16(TANDEM_KV_FP8); }

@@ -126,8 +126,8 @@ void tdm_test_kv_copy_slot(const void *ks, const void *vs, const tdm_kv_seq *s, 
         for (int32_t x = 0; x < hd; x++) /* K: [hd][bs] */
             memcpy(kw + ((int64_t)x * bs + pd) * esz, ku + ((int64_t)x * bs + ps) * esz, (size_t)esz);
         memcpy(vw + (int64_t)pd * hd * esz, vu + (int64_t)ps * hd * esz, (size_t)hd * esz); /* V: [bs][hd] */
-        if (type == TDM_Q8_0) {
-            const int64_t so = tdm_kv_q8_scale_off(bs, hd);
+        if (tdm_kv_scaled(type)) { /* (q8_0, fp8: the slot's scales) */
+            const int64_t so = tdm_kv_scale_off(bs, hd);
             memcpy(kw + so + 4 * pd, ku + so + 4 * ps, 4);
             memcpy(vw + so + 4 * pd, vu + so + 4 * ps, 4);
         }

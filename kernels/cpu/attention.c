@@ -63,18 +63,18 @@ static inline int64_t unit_offset(const tdm_attn_args *a, const tdm_kv_seq *s, i
     return ((int64_t)s->blocks[slot / a->block_size] * a->n_kv_head + g) * unit;
 }
 
-/* q8_0: the scale of slot `slot` of kv head g in a cache (K or V). */
-static inline float q8_scale(const void *cache, const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g,
+/* q8_0, fp8: the scale of slot `slot` of kv head g in a cache (K or V). */
+static inline float slot_scale(const void *cache, const tdm_attn_args *a, const tdm_kv_seq *s, int32_t slot, int32_t g,
                              int64_t unit) {
     float d;
     memcpy(&d,
            (const uint8_t *)cache + unit_offset(a, s, slot, g, unit) +
-               tdm_kv_q8_scale_off(a->block_size, a->head_dim) + 4 * (int64_t)(slot % a->block_size),
+               tdm_kv_scale_off(a->block_size, a->head_dim) + 4 * (int64_t)(slot % a->block_size),
            4);
     return d;
 }
 
-/* q8_0: x[h * ld + j] *= sc[j] for h < nh, j < n. */
+/* q8_0, fp8: x[h * ld + j] *= sc[j] for h < nh, j < n. */
 static void scale_cols(float *x, int64_t ld, int32_t nh, const float *sc, int32_t n) {
     for (int32_t h = 0; h < nh; h++)
         for (int32_t j = 0; j < n; j++) x[h * ld + j] *= sc[j];
@@ -84,11 +84,11 @@ static void scale_cols(float *x, int64_t ld, int32_t nh, const float *sc, int32_
  * are read and outputs written at kv group gq of io (q and out rows; gq = g for the
  * op's own arguments).  Scratch (tdm_cpu_attn_scratch): qbuf [nr * group][hd],
  * scores [nr * group][n_tot_max], acc [nr * group][hd], kt [blocks of the widest
- * row] (K block pointers), inv [nr * group], ksc and vsc [n_tot_max] (q8_0: the
- * scales of the slots of the widest row).
+ * row] (K block pointers), inv [nr * group], ksc and vsc [n_tot_max] (q8_0, fp8:
+ * the scales of the slots of the widest row).
  *
- * q8_0 caches: the kernels read the int8 quants as values, and the slot scales
- * are applied here: score = (scale * q . kq) * kscale, then after the softmax
+ * q8_0 and fp8 caches: the kernels read the int8 quants / E4M3 codes as values, and
+ * the slot scales are applied here: score = (scale * q . kq) * kscale, then after the softmax
  * numerators p (whose sum is the normaliser) the weights p * vscale. */
 static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const tdm_attn_io *io, int64_t ld,
                        int32_t r0, int32_t nr, int32_t g, int32_t gq, float *qbuf, float *scores, float *acc,
@@ -97,7 +97,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
     const tdm_kv_seq *s = a->seqs[bt->seq[r0]];
     const int32_t hd = a->head_dim, group = a->n_head / a->n_kv_head, bs = a->block_size;
     const uint32_t type = a->cache_type;
-    const bool q8 = type == TDM_Q8_0;
+    const bool q8 = tdm_kv_scaled(type); /* (q8_0 or fp8) */
     const int64_t esz = tdm_kv_elem_bytes(type), unit = tdm_kv_unit_bytes(type, bs, hd);
     const float scale = a->scale;
     int32_t max_vis = 0;
@@ -125,12 +125,12 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
     }
     if (q8)
         for (int32_t j = 0; j < max_vis; j++) {
-            ksc[j] = q8_scale(a->k_cache, a, s, j, g, unit);
-            vsc[j] = q8_scale(a->v_cache, a, s, j, g, unit);
+            ksc[j] = slot_scale(a->k_cache, a, s, j, g, unit);
+            vsc[j] = slot_scale(a->v_cache, a, s, j, g, unit);
         }
 
     /* per row: extra slots (one by one, after the row's own visible ones), softmax
-     * numerators in place (q8_0: then weighted by the V scales) */
+     * numerators in place (q8_0, fp8: then weighted by the V scales) */
     for (int32_t ri = 0; ri < nr; ri++) {
         const int32_t r = r0 + ri;
         const int32_t n_vis = bt->n_visible[r], n_extra = row_n_extra(a, r), n_tot = n_vis + n_extra;
@@ -145,7 +145,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
             const void *col = (const uint8_t *)a->k_cache + unit_offset(a, s, extra[e], g, unit) + (extra[e] % bs) * esz;
             k->attn_qk(q, hd, group, &col, type, bs, 1, hd, scale, sc + n_vis + e, ld);
             if (q8) {
-                const float d = q8_scale(a->k_cache, a, s, extra[e], g, unit);
+                const float d = slot_scale(a->k_cache, a, s, extra[e], g, unit);
                 scale_cols(sc + n_vis + e, ld, group, &d, 1);
             }
         }
@@ -162,7 +162,7 @@ static void attn_slice(const tdm_cpu_kernels *k, const tdm_attn_args *a, const t
         if (q8) { /* (slots outside the window keep probability 0, whatever their scale) */
             scale_cols(sc + lo, ld, group, vsc + lo, n_vis - lo);
             for (int32_t e = 0; e < n_extra; e++) {
-                const float d = q8_scale(a->v_cache, a, s, extra[e], g, unit);
+                const float d = slot_scale(a->v_cache, a, s, extra[e], g, unit);
                 scale_cols(sc + n_vis + e, ld, group, &d, 1);
             }
         }
@@ -225,7 +225,7 @@ static void attn_scratch_parts(const tdm_attn_args *a, int64_t ld, int64_t parts
     parts[2] = attn_round16(TDM_ATTN_SLICE * group * hd);
     parts[3] = attn_round16(TDM_ATTN_SLICE * group * ld);
     parts[4] = attn_round16(TDM_ATTN_SLICE * group);
-    parts[5] = parts[6] = a->cache_type == TDM_Q8_0 ? attn_round16(ld) : 0;
+    parts[5] = parts[6] = tdm_kv_scaled(a->cache_type) ? attn_round16(ld) : 0;
 }
 
 size_t tdm_cpu_attn_scratch(const tdm_attn_args *a, int64_t n_tot_max) {

@@ -74,8 +74,9 @@ typedef struct tdm_cpu_kernels {
     /* Attention scores from K blocks in the CPU cache layout of K (per block and kv
      * head [hd][bs]: the block's bs keys side by side for each d).  For q < nq and
      * the first cnt slots j of the blocks kt[0], kt[1], ... (bs slots each; element
-     * type TDM_F32, TDM_F16 or TDM_Q8_0: int8 quants read as their integer values,
-     * the caller applies the q8_0 cache's scales, attention.c):
+     * type TDM_F32, TDM_F16, TDM_Q8_0: int8 quants read as their integer values, or
+     * TDM_F8_E4M3: E4M3 codes read as their values; the caller applies the q8_0 and
+     * fp8 caches' scales, attention.c):
      *   s[q * lds + j] = scale * sum_{d < hd} qv[q * ldq + d] * K_j[d],
      *   K_j[d] = kt[j / bs][d * bs + j % bs],
      * the sum formed in increasing d, one fused multiply-add per d starting from 0
@@ -85,8 +86,8 @@ typedef struct tdm_cpu_kernels {
     void (*attn_qk)(const float *qv, int64_t ldq, int32_t nq, const void *const *kt, uint32_t type,
                     int32_t bs, int32_t cnt, int32_t hd, float scale, float *s, int64_t lds);
     /* acc[h][d] += sum_{i < cnt} p[h * ldp + i] * v[i][d] for h < nh, d < hd, summed in
-     * order of i; v: cnt contiguous rows of hd elements of type TDM_F32, TDM_F16 or
-     * TDM_Q8_0 (int8 quants as integers, as attn_qk). */
+     * order of i; v: cnt contiguous rows of hd elements of type TDM_F32, TDM_F16,
+     * TDM_Q8_0 or TDM_F8_E4M3 (quants and codes as attn_qk reads them). */
     void (*attn_pv)(float *acc, const float *p, int64_t ldp, int32_t nh, const void *v,
                     uint32_t type, int32_t cnt, int32_t hd);
     /* x[i] = exp(x[i] - max(x)) for i < n (n >= 1); returns the sum of the new x. */

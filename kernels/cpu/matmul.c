@@ -106,10 +106,12 @@ static bool sc_gemv(const tdm_weight *w, const float *x, int32_t n, int64_t r0, 
     return true;
 }
 
-/* Element e of a K/V cache array of type f32, f16 or q8_0 (the int8 quant). */
+/* Element e of a K/V cache array of type f32, f16, q8_0 (the int8 quant) or fp8
+ * (the E4M3 code's value). */
 static inline float sc_kv_get(uint32_t type, const void *p, size_t e) {
     if (type == TDM_F16) return sc_h2f(((const uint16_t *)p)[e]);
     if (type == TDM_Q8_0) return (float)((const int8_t *)p)[e];
+    if (type == TDM_F8_E4M3) return tdm_e4m3_to_f32(((const uint8_t *)p)[e]);
     return ((const float *)p)[e];
 }
 

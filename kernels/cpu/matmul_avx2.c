@@ -316,15 +316,35 @@ static inline __m256 load_i8_tail(const void *p, int64_t rem) {
     return load_i8(t);
 }
 
-/* 8 cache values from element k of p: f32, f16 or q8_0 quants (kv_layout.h). */
+/* 8 E4M3 codes (dtype.h) as their f32 values, exactly: each code's sign and 7
+ * exponent-mantissa bits moved to an f16's (bit 7 to 15, bits 0-6 to 7-13: the same
+ * 3 mantissa bits, an exponent biased by 15 instead of 7, subnormals included), that
+ * half converted and multiplied by 2^8; the NaN codes (magnitude 0x7f) become an f16
+ * NaN. */
+static inline __m256 load_e4m3(const void *p) {
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i nan = _mm_cmpeq_epi16(_mm_and_si128(x, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7f));
+    const __m128i h = _mm_slli_epi16(_mm_add_epi16(x, _mm_and_si128(x, _mm_set1_epi16(0x80))), 7);
+    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_blendv_epi8(h, _mm_set1_epi16(0x7e00), nan)), _mm256_set1_ps(256.0f));
+}
+static inline __m256 load_e4m3_tail(const void *p, int64_t rem) {
+    uint8_t t[V] = {0};
+    memcpy(t, p, (size_t)rem);
+    return load_e4m3(t);
+}
+
+/* 8 cache values from element k of p: f32, f16, q8_0 quants or fp8 codes' values
+ * (kv_layout.h). */
 static inline __attribute__((always_inline)) __m256 kvload(const uint32_t type, const uint8_t *p, int64_t k) {
     if (type == TDM_F16) return load_f16(p + 2 * k);
     if (type == TDM_Q8_0) return load_i8(p + k);
+    if (type == TDM_F8_E4M3) return load_e4m3(p + k);
     return _mm256_loadu_ps((const float *)(const void *)p + k);
 }
 static inline __attribute__((always_inline)) __m256 kvload_tail(const uint32_t type, const uint8_t *p, int64_t rem) {
     if (type == TDM_F16) return load_f16_tail(p, rem);
     if (type == TDM_Q8_0) return load_i8_tail(p, rem);
+    if (type == TDM_F8_E4M3) return load_e4m3_tail(p, rem);
     return load_f32_tail(p, rem);
 }
 
@@ -386,6 +406,7 @@ static void k_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *cons
     if (nq <= 0) return;
     if (type == TDM_F16) qk_rows(TDM_F16, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
     else if (type == TDM_Q8_0) qk_rows(TDM_Q8_0, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
+    else if (type == TDM_F8_E4M3) qk_rows(TDM_F8_E4M3, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
     else qk_rows(TDM_F32, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
 }
 
@@ -427,6 +448,8 @@ pv_rows(const uint32_t type, float *acc, const float *p, int32_t cnt, const uint
                 x = _cvtsh_ss(h);
             } else if (type == TDM_Q8_0) {
                 x = (float)*(const int8_t *)vp;
+            } else if (type == TDM_F8_E4M3) {
+                x = tdm_e4m3_to_f32(*vp);
             } else {
                 memcpy(&x, vp, 4);
             }
@@ -441,6 +464,7 @@ static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const
     for (int32_t h = 0; h < nh; h++) {
         if (type == TDM_F16) pv_rows(TDM_F16, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
         else if (type == TDM_Q8_0) pv_rows(TDM_Q8_0, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
+        else if (type == TDM_F8_E4M3) pv_rows(TDM_F8_E4M3, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
         else pv_rows(TDM_F32, acc + (int64_t)h * hd, p + h * ldp, cnt, v, hd);
     }
 }

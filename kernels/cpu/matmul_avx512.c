@@ -443,15 +443,29 @@ static bool k_gemv_p64(const tdm_weight *w, const float *x, int32_t n, int64_t b
 
 /* 16 cache values (lanes of m) from element k of p: f32, f16 or q8_0 quants
  * (kv_layout.h; not the weights' Q8_0 blocks). */
+/* 16 E4M3 codes (dtype.h) as their f32 values, exactly: each code's sign and 7
+ * exponent-mantissa bits moved to an f16's (bit 7 to 15, bits 0-6 to 7-13: the same
+ * 3 mantissa bits, an exponent biased by 15 instead of 7, subnormals included), that
+ * half converted and multiplied by 2^8; the NaN codes (magnitude 0x7f) become an f16
+ * NaN. */
+static inline __m512 e4m3_to_ps(__m128i b) {
+    const __m256i x = _mm256_cvtepu8_epi16(b), mag = _mm256_and_si256(x, _mm256_set1_epi16(0x7f));
+    __m256i h = _mm256_slli_epi16(_mm256_add_epi16(x, _mm256_and_si256(x, _mm256_set1_epi16(0x80))), 7);
+    h = _mm256_mask_mov_epi16(h, _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f)), _mm256_set1_epi16(0x7e00));
+    return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+}
+
 static inline __attribute__((always_inline)) __m512 kvload_mask(const uint32_t type, const uint8_t *p, int64_t k,
                                                                 __mmask16 m) {
     if (type == TDM_F16) return load_f16_mask(p + 2 * k, m);
     if (type == TDM_Q8_0) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, p + k)));
+    if (type == TDM_F8_E4M3) return e4m3_to_ps(_mm_maskz_loadu_epi8(m, p + k));
     return _mm512_maskz_loadu_ps(m, (const float *)(const void *)p + k);
 }
 static inline __attribute__((always_inline)) __m512 kvload(const uint32_t type, const uint8_t *p, int64_t k) {
     if (type == TDM_F16) return load_f16(p + 2 * k);
     if (type == TDM_Q8_0) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + k))));
+    if (type == TDM_F8_E4M3) return e4m3_to_ps(_mm_loadu_si128((const __m128i *)(p + k)));
     return _mm512_loadu_ps((const float *)(const void *)p + k);
 }
 
@@ -511,6 +525,7 @@ static void k_attn_qk(const float *qv, int64_t ldq, int32_t nq, const void *cons
     if (nq <= 0) return;
     if (type == TDM_F16) qk_rows(TDM_F16, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
     else if (type == TDM_Q8_0) qk_rows(TDM_Q8_0, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
+    else if (type == TDM_F8_E4M3) qk_rows(TDM_F8_E4M3, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
     else qk_rows(TDM_F32, qv, ldq, nq, kt, bs, cnt, hd, scale, s, lds);
 }
 
@@ -572,6 +587,7 @@ static void k_attn_pv(float *acc, const float *p, int64_t ldp, int32_t nh, const
                       uint32_t type, int32_t cnt, int32_t hd) {
     if (type == TDM_F16) pv_heads(TDM_F16, acc, p, ldp, nh, v, cnt, hd);
     else if (type == TDM_Q8_0) pv_heads(TDM_Q8_0, acc, p, ldp, nh, v, cnt, hd);
+    else if (type == TDM_F8_E4M3) pv_heads(TDM_F8_E4M3, acc, p, ldp, nh, v, cnt, hd);
     else pv_heads(TDM_F32, acc, p, ldp, nh, v, cnt, hd);
 }
 

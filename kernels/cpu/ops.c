@@ -319,7 +319,7 @@ void tdm_cpu_kv_write_heads(const tdm_cpu *c, const tdm_kv_write_args *a, int32_
     const tdm_batch *bt = a->batch;
     const int32_t bs = a->block_size, hd = a->head_dim, nkv = a->n_kv_head;
     const uint32_t type = a->cache_type;
-    const int64_t unit = tdm_kv_unit_bytes(type, bs, hd), soff = tdm_kv_q8_scale_off(bs, hd);
+    const int64_t unit = tdm_kv_unit_bytes(type, bs, hd), soff = tdm_kv_scale_off(bs, hd);
     for (int32_t r = 0; r < bt->n_rows; r++) {
         const tdm_kv_seq *s = a->seqs[bt->seq[r]];
         int32_t slot = bt->slot[r], block = s->blocks[slot / bs], p = slot % bs;
@@ -341,9 +341,12 @@ void tdm_cpu_kv_write_heads(const tdm_cpu *c, const tdm_kv_write_args *a, int32_
                     for (int32_t d = 0; d < n; d++) kc[(int64_t)(d0 + d) * bs] = tmp[d];
                 }
                 c->k->to_f16(vg, (uint16_t *)(void *)vu + (int64_t)p * hd, hd);
-            } else { /* q8_0: quants, then the slot's scale */
-                const float dk = tdm_kv_q8_quant_vec(kg, hd, (int8_t *)ku + p, bs);
-                const float dv = tdm_kv_q8_quant_vec(vg, hd, (int8_t *)vu + (int64_t)p * hd, 1);
+            } else { /* q8_0, fp8: quants / codes, then the slot's scale */
+                const bool f8 = type == TDM_F8_E4M3;
+                const float dk = f8 ? tdm_kv_fp8_quant_vec(kg, hd, ku + p, bs)
+                                    : tdm_kv_q8_quant_vec(kg, hd, (int8_t *)ku + p, bs);
+                const float dv = f8 ? tdm_kv_fp8_quant_vec(vg, hd, vu + (int64_t)p * hd, 1)
+                                    : tdm_kv_q8_quant_vec(vg, hd, (int8_t *)vu + (int64_t)p * hd, 1);
                 memcpy(ku + soff + 4 * (int64_t)p, &dk, 4);
                 memcpy(vu + soff + 4 * (int64_t)p, &dv, 4);
             }

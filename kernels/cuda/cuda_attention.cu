@@ -9,8 +9,8 @@
  * copy of the block tables of the batch's sequences (checked there: every slot a
  * row reads or writes is backed by a block), and uploads it once per op.
  *
- * attention: batches (token-tree batches among them) on an f16 or q8_0 cache of a
- * head dim the tiled kernels know go to cuda_flash.cu (tiles of rows, split key
+ * attention: batches (token-tree batches among them) on an f16, q8_0 or fp8 cache of
+ * a head dim the tiled kernels know go to cuda_flash.cu (tiles of rows, split key
  * ranges, online softmax).  The others (rows with CSR extra slots, f32 caches,
  * other head dims, every batch under TDM_CUDA_ATTN_SCORES; token trees: their masks as
  * extra slots in rank order, cuda_fused.h) run two kernels here: scores (a thread per (row, head, slot): scale * q.K, d in
@@ -18,9 +18,10 @@
  * the softmax (max subtracted) and the weighted sum of V.  Scores live in global
  * memory, so any context length works.
  *
- * q8_0 caches (src/base/kv_layout.h): kv_write quantises each head vector by one warp
- * (cuda_kvq8.cuh); attention reads the int8 quants as values and applies the slot
- * scales: score = (scale * q . kq) * kscale, weights p * vscale (as the CPU does).
+ * q8_0 and fp8 caches (src/base/kv_layout.h): kv_write quantises each head vector by
+ * one warp (cuda_kvq8.cuh); attention reads the int8 quants / E4M3 codes as values and
+ * applies the slot scales: score = (scale * q . kq) * kscale, weights p * vscale (as
+ * the CPU does).
  */
 #include <cuda_fp16.h>
 #include <math.h>
@@ -150,17 +151,18 @@ __global__ void k_kv_write(const float *k, const float *v, int32_t row_stride, c
     }
 }
 
-/* q8_0: one warp per block (row r, kv head g): K and V of the row quantised into
- * its slot with their scales. */
+/* q8_0 (C int8_t), fp8 (C __nv_fp8_e4m3): one warp per block (row r, kv head g): K
+ * and V of the row quantised into its slot with their scales. */
+template <typename C>
 __global__ void k_kv_write_q8(const float *k, const float *v, int32_t row_stride, const int32_t *dst, uint8_t *kc,
                               uint8_t *vc, int32_t n_kv, int32_t hd, int32_t bs) {
     TDM_PDL_ENTRY();
     const int32_t r = blockIdx.x, g = blockIdx.y;
-    const int64_t blk = dst[2 * r], unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, hd);
+    const int64_t blk = dst[2 * r], unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, hd); /* (fp8's too) */
     const int32_t p = dst[2 * r + 1];
     const float *kr = k + (size_t)r * row_stride + (size_t)g * hd, *vr = v + (size_t)r * row_stride + (size_t)g * hd;
-    tdm_cu_q8_write(kr, hd, kc + (blk * n_kv + g) * unit, bs, p, true, threadIdx.x);
-    tdm_cu_q8_write(vr, hd, vc + (blk * n_kv + g) * unit, bs, p, false, threadIdx.x);
+    tdm_cu_kv8_write<C>(kr, hd, kc + (blk * n_kv + g) * unit, bs, p, true, threadIdx.x);
+    tdm_cu_kv8_write<C>(vr, hd, vc + (blk * n_kv + g) * unit, bs, p, false, threadIdx.x);
 }
 
 tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_err *err) {
@@ -198,8 +200,11 @@ tandem_status tdm_cuda_kv_write(tdm_backend *b, const tdm_kv_write_args *a, tdm_
     const dim3 grid((unsigned)n, (unsigned)a->n_kv_head);
     const unsigned threads = (unsigned)TDM_MIN(a->head_dim, 256);
     if (a->cache_type == TDM_Q8_0)
-        tdm_launch(k_kv_write_q8, grid, 32, 0, c->stream, a->k, a->v, a->row_stride, d, (uint8_t *)a->k_cache,
-                                                  (uint8_t *)a->v_cache, a->n_kv_head, a->head_dim, bs);
+        tdm_launch(k_kv_write_q8<int8_t>, grid, 32, 0, c->stream, a->k, a->v, a->row_stride, d, (uint8_t *)a->k_cache,
+                   (uint8_t *)a->v_cache, a->n_kv_head, a->head_dim, bs);
+    else if (a->cache_type == TDM_F8_E4M3)
+        tdm_launch(k_kv_write_q8<__nv_fp8_e4m3>, grid, 32, 0, c->stream, a->k, a->v, a->row_stride, d,
+                   (uint8_t *)a->k_cache, (uint8_t *)a->v_cache, a->n_kv_head, a->head_dim, bs);
     else if (a->cache_type == TDM_F16)
         tdm_launch(k_kv_write<__half>, grid, threads, 0, c->stream, a->k, a->v, a->row_stride, d, (__half *)a->k_cache,
                                                            (__half *)a->v_cache, a->n_kv_head, a->head_dim, bs);
@@ -218,7 +223,7 @@ __device__ __forceinline__ int32_t slot_of(const attn_meta &m, const int32_t *ri
 }
 
 /* Grid (row * n_head + head, slot chunk): scores[rh][j] = scale * q . K[slot j],
- * d in increasing order (q8_0: times the slot's scale); q staged in shared memory
+ * d in increasing order (q8_0, fp8: times the slot's scale); q staged in shared memory
  * (hd floats).  unit: bytes of a (block, kv head) unit of the cache. */
 template <typename C>
 __global__ void k_scores(const float *q, int32_t q_stride, const void *kc, int64_t unit, attn_meta m, int32_t n_head,
@@ -266,7 +271,7 @@ __device__ float block_reduce(float v, bool is_max) {
 #define PV_D 256 /* output dimensions per pass (8 per lane) */
 
 /* Block (row * n_head + head): softmax of the row's scores (in place, as
- * numerators), then out = sum_j p_j V[slot j] / sum_j p_j (q8_0: the weights p_j
+ * numerators), then out = sum_j p_j V[slot j] / sum_j p_j (q8_0, fp8: the weights p_j
  * times the slots' scales).  Warp w sums the slots j = w, w + PV_WARPS, ... (lanes
  * over d, so each V row is one coalesced read) and the warps' partial sums are
  * added in warp order. */
@@ -327,7 +332,7 @@ __global__ void k_softmax_pv(const void *vc, int64_t unit, attn_meta m, int32_t 
 bool tdm_cuda_flash_enabled(const tdm_cuda *c) { return c->attn_path != TDM_CUDA_ATTN_SCORES; }
 
 /* The attention op by tiles and splits (cuda_flash.cu), for batches (token trees
- * among them) on an f16 or q8_0 cache of a head dim it knows: metadata through
+ * among them) on an f16, q8_0 or fp8 cache of a head dim it knows: metadata through
  * the ring. */
 static tandem_status flash_op(tdm_cuda *c, const tdm_attn_args *a, tdm_err *err) {
     const tdm_batch *bt = a->batch;
@@ -468,6 +473,7 @@ tandem_status tdm_cuda_attention_on(tdm_cuda *c, const tdm_attn_args *a, tdm_err
     switch (a->cache_type) {
     case TDM_F16: return tiled_attention<__half>(c, a, m, g1, qbytes, scores, ld, err);
     case TDM_Q8_0: return tiled_attention<int8_t>(c, a, m, g1, qbytes, scores, ld, err);
+    case TDM_F8_E4M3: return tiled_attention<__nv_fp8_e4m3>(c, a, m, g1, qbytes, scores, ld, err);
     default: return tiled_attention<float>(c, a, m, g1, qbytes, scores, ld, err);
     }
 }

@@ -18,7 +18,7 @@
  * A mixture-of-experts layer's FFN half: rmsnorm -> the router's product -> routing
  * and the grouped expert products of cuda_moe.cu, whose sum x += (the same kernels
  * as its ops, for every batch: each row computed as alone).
- * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16 or q8_0 cache and the head dims it
+ * Attention is tdm_cuda_flash (cuda_flash.cu) for an f16, q8_0 or fp8 cache and the head dims it
  * knows, token-tree batches (a tree mask per row) included; batches with CSR extra
  * slots or other shapes use the op table's attention (not captured in graphs).  qwen3's q / k head norms run
  * between Wqkv and RoPE; the gemma3 blocks (post norms, GeGLU, sliding windows,

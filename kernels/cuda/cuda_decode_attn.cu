@@ -1,5 +1,5 @@
 /* cuda_decode_attn.cu - attention of decode and verification rows (tiles of a few
- * rows of one sequence) over the paged f16 or q8_0 KV cache, with K / V read straight from
+ * rows of one sequence) over the paged f16, q8_0 or fp8 KV cache, with K / V read straight from
  * global memory: the same grid, arguments, partials and results (bit for bit) as
  * the tiled kernel k_flash (cuda_flash.cu), which stays for prefill tiles.
  *
@@ -11,7 +11,7 @@
  * loads overlap.
  *
  * Layouts (kernels/backend.h): per block and kv head, K as [HD][block_size] and V
- * as [block_size][HD], f16, or q8_0's int8 quants with per-slot scales
+ * as [block_size][HD], f16, or q8_0's int8 quants / fp8's E4M3 codes with per-slot scales
  * (src/base/kv_layout.h: score = (scale q.kq) kscale, weight p vscale, as k_flash).
  * Queries q[row][q_stride] f32, heads at h * HD.
  *
@@ -61,11 +61,12 @@ static_assert(TDM_FLASH_SPLIT == 2 * DA_THREADS, "two keys per thread cover a sp
 template <int HD> struct da_streams { static constexpr int n = HD >= 256 ? 4 : TDM_FLASH_SPLIT / 32; };
 int32_t tdm_flash_warps(int32_t head_dim); /* cuda_flash.cu */
 
-/* C: the cache element type, __half (f16) or int8_t (q8_0 quants). */
+/* C: the cache element type, __half (f16), int8_t (q8_0 quants) or __nv_fp8_e4m3 (fp8
+ * codes). */
 template <int HD, int QN, typename C>
 __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_args a, int32_t gh) {
     TDM_PDL_ENTRY();
-    constexpr bool q8 = std::is_same<C, int8_t>::value;
+    constexpr bool q8 = tdm_cu_kv_scaled<C>(); /* (q8_0 or fp8: with scales) */
     constexpr int W = da_streams<HD>::n;
     constexpr int HP = HD / 2;             /* dim pairs */
     constexpr int G = DA_THREADS / HP;     /* query-vector groups in step 3 */
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(DA_THREADS) k_flash_decode(const tdm_flash_arg
     __shared__ float Ms[QN][W], Ls[QN][W];             /* a stream's max and sum */
     __shared__ int32_t NVs[QN];
     __shared__ uint64_t TRs[QN];                       /* tree masks (cuda_fused.h) */
-    __shared__ float Vsc[q8 ? TDM_FLASH_SPLIT : 1];      /* q8_0: the split's V scales */
+    __shared__ float Vsc[q8 ? TDM_FLASH_SPLIT : 1];      /* q8_0, fp8: the split's V scales */
 
     const tdm_cuda_tile tile = a.tiles[blockIdx.x];
     const int32_t split0 = (int32_t)blockIdx.z * TDM_FLASH_SPLIT;
@@ -330,6 +331,8 @@ bool tdm_flash_decode_use(const tdm_cuda *c, int32_t tile_rows, int32_t heads_pe
 template <int HD, int QN>
 static tandem_status launch_decode(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, tdm_err *err) {
     if (a->cache_type == TDM_Q8_0) tdm_launch(k_flash_decode<HD, QN, int8_t>, grid, DA_THREADS, 0, c->stream, *a, a->heads_per_block);
+    else if (a->cache_type == TDM_F8_E4M3)
+        tdm_launch(k_flash_decode<HD, QN, __nv_fp8_e4m3>, grid, DA_THREADS, 0, c->stream, *a, a->heads_per_block);
     else tdm_launch(k_flash_decode<HD, QN, __half>, grid, DA_THREADS, 0, c->stream, *a, a->heads_per_block);
     TDM_CU_LAUNCHED("decode attention");
     return TANDEM_OK;

@@ -7,9 +7,9 @@
  * TDM_FLASH_SPLIT keys, so the tile's K / V are read once per split whatever the
  * number of rows and heads sharing them (grouped-query attention).  Its warps (one
  * per 32 keys of the split) take 32 keys each at a time: a warp stages them in its own shared memory (K as
- * [d][key], V as [key][d], f16, 16-byte loads; a q8_0 cache: the int8 quants, 8-byte
- * loads, and the keys' scales, applied as the CPU does: score = (scale q.kq) kscale,
- * weight p vscale), each lane scores one key against
+ * [d][key], V as [key][d], f16, 16-byte loads; a q8_0 or fp8 cache: the int8 quants
+ * or E4M3 codes, 8-byte loads, and the keys' scales, applied as the CPU does:
+ * score = (scale q.kq) kscale, weight p vscale), each lane scores one key against
  * every query vector (f32 FMAs, d in increasing order), the warp keeps a running
  * maximum, sum and weighted sum of V per query vector (online softmax), and the
  * warps' states are merged in warp order at the end.  A row whose keys fit one
@@ -75,21 +75,22 @@ int32_t tdm_flash_heads_per_block(const tdm_cuda *c, const tdm_batch *bt, int32_
 
 bool tdm_flash_supported(int32_t head_dim, int32_t block_size, uint32_t cache_type) {
     const bool hd = head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128 || head_dim == 256;
-    return hd && block_size > 0 && block_size % 8 == 0 && (cache_type == TDM_F16 || cache_type == TDM_Q8_0);
+    return hd && block_size > 0 && block_size % 8 == 0 && (cache_type == TDM_F16 || tdm_kv_scaled(cache_type));
 }
 
 size_t tdm_flash_part_floats(int32_t n_splits, int32_t n_rows, int32_t n_head, int32_t head_dim) {
     return (size_t)n_splits * (size_t)n_rows * (size_t)n_head * (size_t)(head_dim + 2);
 }
 
-/* C: the cache element type, __half (f16) or int8_t (q8_0 quants). */
+/* C: the cache element type, __half (f16), int8_t (q8_0 quants) or __nv_fp8_e4m3
+ * (fp8 codes). */
 template <int HD, int QN, typename C> struct fl_smem {
-    static constexpr bool q8 = std::is_same<C, int8_t>::value;
+    static constexpr bool q8 = tdm_cu_kv_scaled<C>(); /* (q8_0 or fp8: with scales) */
     static constexpr size_t q_bytes = (size_t)QN * HD * 4;
     static constexpr size_t nv_bytes = (size_t)QN * 16; /* [QN] nv, padding, [QN] tree masks */
     static constexpr size_t kv_bytes = (size_t)FL_CHUNK * HD * sizeof(C); /* K or V of one warp */
     static constexpr size_t p_bytes = (size_t)QN * FL_CHUNK * 4;
-    static constexpr size_t sc_bytes = q8 ? 2 * FL_CHUNK * 4 : 0; /* q8_0: the keys' K and V scales */
+    static constexpr size_t sc_bytes = q8 ? 2 * FL_CHUNK * 4 : 0; /* q8_0, fp8: the keys' K and V scales */
     static constexpr size_t warp_bytes = 2 * kv_bytes + p_bytes + sc_bytes;
     static constexpr size_t total = q_bytes + nv_bytes + fl_warps<HD>::n * warp_bytes;
     static_assert((size_t)QN * HD * 4 <= 2 * kv_bytes, "merge area fits a warp's K / V space");
@@ -110,7 +111,7 @@ k_flash(const tdm_flash_args a, int32_t gh) {
     C *Ks = (C *)wbase;                               /* [HD][32] */
     C *Vs = (C *)(wbase + S::kv_bytes);               /* [32][HD] */
     float *Ps = (float *)(wbase + 2 * S::kv_bytes);   /* [QN][32] */
-    float *Kd = (float *)(wbase + 2 * S::kv_bytes + S::p_bytes); /* q8_0: [32] K scales, then [32] V scales */
+    float *Kd = (float *)(wbase + 2 * S::kv_bytes + S::p_bytes); /* q8_0, fp8: [32] K scales, then [32] V scales */
     float *Vd = Kd + FL_CHUNK;
 
     const tdm_cuda_tile tile = a.tiles[blockIdx.x];
@@ -153,8 +154,8 @@ k_flash(const tdm_flash_args a, int32_t gh) {
         if (base >= tile.kv_len) break;
         /* stage K as [d][key] and V as [key][d]; keys past kv_len as zeros */
         if constexpr (S::q8)
-            tdm_kv_stage_q8<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const uint8_t *)a.k_cache,
-                                (const uint8_t *)a.v_cache, Ks, Vs, Kd, Vd, mnv, mtree);
+            tdm_kv_stage_q8<HD, C>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const uint8_t *)a.k_cache,
+                                   (const uint8_t *)a.v_cache, Ks, Vs, Kd, Vd, mnv, mtree);
         else
             tdm_kv_stage<HD>(lane, base, tile.kv_len, tab, bs, n_kv, kvh, (const __half *)a.k_cache,
                              (const __half *)a.v_cache, Ks, Vs, mnv, mtree);
@@ -327,12 +328,14 @@ static tandem_status launch_qn(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, 
 
 template <int HD> static tandem_status launch_hd(tdm_cuda *c, const tdm_flash_args *a, dim3 grid, int32_t gh,
                                                   tdm_err *err) {
-    return a->cache_type == TDM_Q8_0 ? launch_qn<HD, int8_t>(c, a, grid, gh, err) : launch_qn<HD, __half>(c, a, grid, gh, err);
+    if (a->cache_type == TDM_Q8_0) return launch_qn<HD, int8_t>(c, a, grid, gh, err);
+    if (a->cache_type == TDM_F8_E4M3) return launch_qn<HD, __nv_fp8_e4m3>(c, a, grid, gh, err);
+    return launch_qn<HD, __half>(c, a, grid, gh, err);
 }
 
 tandem_status tdm_cuda_flash(tdm_cuda *c, const tdm_flash_args *a, tdm_err *err) {
     if (a->n_rows <= 0) return TANDEM_OK;
-    if (a->cache_type != TDM_F16 && a->cache_type != TDM_Q8_0)
+    if (a->cache_type != TDM_F16 && !tdm_kv_scaled(a->cache_type))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "attention (tiles): cache type %s", tdm_dtype_name(a->cache_type));
     const int32_t gh = a->heads_per_block;
     if (gh <= 0 || (a->n_head / a->n_kv_head) % gh != 0 || a->tile_rows * gh > TDM_FLASH_QMAX || a->tile_rows <= 0)

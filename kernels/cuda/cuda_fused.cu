@@ -4,8 +4,8 @@
  *     blocks for the quantised kernels);
  *   the RoPE angles of a batch once per forward (shared by every layer and head);
  *   q/k/v bias, RoPE of q (in place) and of k, and the K / V writes into the paged
- *     cache, in one kernel (a q8_0 cache: k rotated in place too, then each k and v
- *     head quantised into the cache by a warp);
+ *     cache, in one kernel (a q8_0 or fp8 cache: k rotated in place too, then each k
+ *     and v head quantised into the cache by a warp);
  *   SwiGLU into the next product's input type.
  * Numerics follow the op kernels (cuda_rowops.cu): the sum of squares and the angles
  * in f64, everything else in f32. */
@@ -157,10 +157,12 @@ __global__ void k_rope_kv(float *qkv, int32_t stride, const float *bias, int32_t
     }
 }
 
-/* The same for a q8_0 cache (src/base/kv_layout.h), ROPE_HEADS warps per block: +
- * bias; q and k heads rotated in place (a thread per rotation pair, as q above);
- * then warp w quantises head h0 + w, when it is a k or a v head, into its slot of the
- * cache with its scale (cuda_kvq8.cuh). */
+/* The same for a q8_0 (C int8_t) or fp8 (C __nv_fp8_e4m3) cache
+ * (src/base/kv_layout.h), ROPE_HEADS warps per block: + bias; q and k heads rotated
+ * in place (a thread per rotation pair, as q above); then warp w quantises head
+ * h0 + w, when it is a k or a v head, into its slot of the cache with its scale
+ * (cuda_kvq8.cuh). */
+template <typename C>
 __global__ void k_rope_kv_q8(float *qkv, int32_t stride, const float *bias, int32_t n_head, int32_t n_kv, int32_t hd,
                              int32_t half, bool neox, const float2 *cs, const tdm_cuda_row *rows, uint8_t *kc,
                              uint8_t *vc, int32_t bs) {
@@ -171,13 +173,13 @@ __global__ void k_rope_kv_q8(float *qkv, int32_t stride, const float *bias, int3
     bias_rope_heads(row, bias, h0, h1, min(h1, n_head + n_kv), hd, half, neox, rc); /* q and k heads */
     __syncthreads();
     const tdm_cuda_row m = rows[blockIdx.x];
-    const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, hd);
+    const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, hd); /* (fp8's too) */
     const int32_t h = h0 + (int32_t)(threadIdx.x >> 5);
     if (h < n_head || h >= h1) return;
     const bool is_k = h < n_head + n_kv;
     const int32_t g = is_k ? h - n_head : h - n_head - n_kv;
-    tdm_cu_q8_write(row + (size_t)h * hd, hd, (is_k ? kc : vc) + ((int64_t)m.kv_blk * n_kv + g) * unit, bs, m.kv_off,
-                    is_k, (int)(threadIdx.x & 31));
+    tdm_cu_kv8_write<C>(row + (size_t)h * hd, hd, (is_k ? kc : vc) + ((int64_t)m.kv_blk * n_kv + g) * unit, bs,
+                        m.kv_off, is_k, (int)(threadIdx.x & 31));
 }
 
 tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t stride, const float *bias,
@@ -188,8 +190,11 @@ tandem_status tdm_cuda_rope_kv(tdm_cuda *c, float *qkv, int32_t n, int32_t strid
     const int32_t half = rp->n_rot / 2;
     const dim3 grid((unsigned)n, (unsigned)((n_head + 2 * n_kv + ROPE_HEADS - 1) / ROPE_HEADS));
     if (cache_type == TDM_Q8_0)
-        tdm_launch(k_rope_kv_q8, grid, 32 * ROPE_HEADS, 0, c->stream, qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs,
-                                                             rows, (uint8_t *)kc, (uint8_t *)vc, bs);
+        tdm_launch(k_rope_kv_q8<int8_t>, grid, 32 * ROPE_HEADS, 0, c->stream, qkv, stride, bias, n_head, n_kv, hd, half,
+                   rp->neox, cs, rows, (uint8_t *)kc, (uint8_t *)vc, bs);
+    else if (cache_type == TDM_F8_E4M3)
+        tdm_launch(k_rope_kv_q8<__nv_fp8_e4m3>, grid, 32 * ROPE_HEADS, 0, c->stream, qkv, stride, bias, n_head, n_kv, hd,
+                   half, rp->neox, cs, rows, (uint8_t *)kc, (uint8_t *)vc, bs);
     else if (cache_type == TDM_F16)
         tdm_launch(k_rope_kv<__half>, grid, 128, 0, c->stream, qkv, stride, bias, n_head, n_kv, hd, half, rp->neox, cs, rows,
                                                     (__half *)kc, (__half *)vc, bs);

@@ -19,8 +19,8 @@
  * i.e. row-major W) times x^T: GEMM(op(A) = T, op(B) = N, m = rows, n, k = cols). */
 #include <cublasLt.h>
 #include <cublas_v2.h>
-#include <cuda_fp8.h>
 
+#include "cuda_fp8.cuh"
 #include "cuda_internal.h"
 
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(256) k_quant_e4m3(const float *__restrict__ x,
     const float sc = m > 0.0f ? m / 448.0f : 1.0f, inv = 1.0f / sc;
     uint8_t *qr = q + (size_t)blockIdx.x * k;
     for (int32_t j = threadIdx.x; j < k; j += blockDim.x)
-        qr[j] = (uint8_t)__nv_cvt_float_to_fp8(xr[j] * inv, __NV_SATFINITE, __NV_E4M3);
+        qr[j] = tdm_cu_f32_to_e4m3(xr[j] * inv);
     if (threadIdx.x == 0) s[blockIdx.x] = sc;
 }
 

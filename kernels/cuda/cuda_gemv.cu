@@ -42,8 +42,8 @@
  *     bound it, not memory.)
  */
 #include <cuda_fp16.h>
-#include <cuda_fp8.h>
 
+#include "cuda_fp8.cuh"
 #include "cuda_gemv.cuh"
 #include "cuda_internal.h"
 #include "cuda_reduce.cuh"
@@ -82,9 +82,7 @@ template <uint32_t T> __device__ __forceinline__ void ld8(const uint8_t *wr, int
         for (int i = 0; i < 2; i++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const __half2_raw hr =
-                    __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(v[i] >> (16 * h)), __NV_E4M3);
-                const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+                const float2 p = tdm_cu_e4m3x2_to_float2((uint16_t)(v[i] >> (16 * h)));
                 f[4 * i + 2 * h] = p.x;
                 f[4 * i + 2 * h + 1] = p.y;
             }

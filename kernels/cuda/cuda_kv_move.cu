@@ -2,13 +2,13 @@
  * into consecutive slots (each model's caches, every layer, in one launch; the pairs
  * in order, kernels/backend.h).  Every
  * source and destination slot is checked against the sequence on the host; f32,
- * f16 and q8_0 caches (q8_0: the slot's scales move with its quants,
+ * f16, q8_0 and fp8 caches (q8_0, fp8: the slot's scales move with its quants,
  * src/base/kv_layout.h). */
 #include "cuda_internal.h"
 #include "cuda_kvq8.cuh"
 
 /* Block (layer l * n_kv + kv head): the n pairs in order, each slot src[i]'s K and V
- * (and q8_0 scales) to slot dst[i], bytes moved one element a thread, the block
+ * (and q8_0 / fp8 scales) to slot dst[i], bytes moved one element a thread, the block
  * synchronised between pairs (so a pair that overwrites a slot an earlier pair read
  * comes after that read: tdm_kv_move_args's in-order semantics; the (layer, head)
  * units of different blocks never overlap).  pairs: [n][4] = source block, source
@@ -28,7 +28,7 @@ __global__ void k_kv_move(const int32_t *pairs, int32_t n, uint8_t *const *kc, u
             vd[(int64_t)p[3] * hd * esz + x] = vs[(int64_t)p[1] * hd * esz + x];
         }
         if (q8 && threadIdx.x < 4) {
-            const int64_t so = tdm_kv_q8_scale_off(bs, hd);
+            const int64_t so = tdm_kv_scale_off(bs, hd);
             kd[so + 4 * p[3] + threadIdx.x] = ks[so + 4 * p[1] + threadIdx.x];
             vd[so + 4 * p[3] + threadIdx.x] = vs[so + 4 * p[1] + threadIdx.x];
         }
@@ -70,7 +70,7 @@ tandem_status tdm_cuda_kv_move(tdm_backend *b, const tdm_kv_move_args *a, tdm_er
     const unsigned grid = (unsigned)(a->n_layer * a->n_kv_head);
     tdm_launch(k_kv_move, grid, 128, 0, c->stream, (const int32_t *)dev, a->n, kp, vp, a->n_kv_head, a->head_dim, bs,
                                            tdm_kv_elem_bytes(a->cache_type), tdm_kv_unit_bytes(a->cache_type, bs, a->head_dim),
-                                           a->cache_type == TDM_Q8_0);
+                                           tdm_kv_scaled(a->cache_type));
     TDM_CU_LAUNCHED("kv_move");
     return TANDEM_OK;
 }

@@ -1,6 +1,6 @@
 /* cuda_kvstage.cuh - a warp's staging of 32 keys of the paged K / V cache into its
  * shared memory, for the tiled attention kernels (cuda_flash.cu): f16 caches, q8_0
- * caches as quants and scales. */
+ * and fp8 caches as quants / codes and scales. */
 #ifndef TDM_CUDA_KVSTAGE_CUH
 #define TDM_CUDA_KVSTAGE_CUH
 
@@ -14,8 +14,8 @@
 
 /* Keys [base, base + 32) of a tree row's chunk that reaches its ancestors' ranks
  * (cuda_fused.h: ranks past the row's nv map to slots through its mask), K as
- * Ks[HD][32] and V as Vs[32][HD], zeros for ranks >= kv_len (T the element, f16 or
- * int8 quants; V8 eight of them; a cache unit of kunit / vunit elements per block
+ * Ks[HD][32] and V as Vs[32][HD], zeros for ranks >= kv_len (T the element, f16,
+ * int8 quants or E4M3 codes; V8 eight of them; a cache unit of kunit / vunit elements per block
  * and kv head: K element (d, slot p) at d * bs + p, V's at p * HD + d).  Each lane
  * finds its key's slot and cache unit once; K goes lane = key, element by element,
  * V as the linear path's vectors with the key's unit from its lane; the loads are
@@ -63,7 +63,7 @@ __device__ __forceinline__ void tdm_kv_stage_tree(int lane, int32_t base, int32_
 }
 
 /* Keys [base, base + 32) at consecutive slots, K as Ks[HD][32] and V as Vs[32][HD]
- * (T the element, f16 or int8 quants; V8 eight of them; a cache unit of kunit /
+ * (T the element, f16, int8 quants or E4M3 codes; V8 eight of them; a cache unit of kunit /
  * vunit elements per block and kv head: K element (d, slot p) at d * bs + p, V's at
  * p * HD + d): each lane's HD / 8 loads of K and HD / 8 of V issued in batches of up
  * to 16 before any of them is stored, so a warp waits on memory once or twice per
@@ -132,23 +132,24 @@ __device__ __forceinline__ void tdm_kv_stage(int lane, int32_t base, int32_t kv_
                                            (int64_t)HD * bs, Ks, Vs);
 }
 
-/* The same keys of a q8_0 cache (src/base/kv_layout.h): K's int8 quants as
- * Ks[HD][32] (8 keys per 8-byte load), V's as Vs[32][HD] (8 values per load, zeros
- * for keys >= kv_len), and the keys' scales Kd[32], Vd[32] (0 for keys >= kv_len). */
-template <int HD>
+/* The same keys of a q8_0 (T int8_t) or fp8 (T __nv_fp8_e4m3) cache
+ * (src/base/kv_layout.h): K's quants / codes as Ks[HD][32] (8 keys per 8-byte load),
+ * V's as Vs[32][HD] (8 values per load, zeros for keys >= kv_len), and the keys'
+ * scales Kd[32], Vd[32] (0 for keys >= kv_len). */
+template <int HD, typename T>
 __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t kv_len, const int32_t *tab, int32_t bs,
-                                                int32_t n_kv, int32_t kvh, const uint8_t *kc, const uint8_t *vc,
-                                                int8_t *Ks, int8_t *Vs, float *Kd, float *Vd, int32_t mnv = 0,
-                                                uint64_t mtree = 0) {
-    const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, HD);
+                                                int32_t n_kv, int32_t kvh, const uint8_t *kc, const uint8_t *vc, T *Ks,
+                                                T *Vs, float *Kd, float *Vd, int32_t mnv = 0, uint64_t mtree = 0) {
+    static_assert(sizeof(T) == 1, "one byte a value");
+    const int64_t unit = tdm_kv_unit_bytes(TDM_Q8_0, bs, HD); /* (fp8's too) */
     if (!tdm_cu_keys_linear(mnv, mtree, base, TDM_KV_CHUNK)) {
         const int32_t key = base + lane, slot = tdm_cu_key_slot(mnv, mtree, key);
         const int64_t blk = key < kv_len ? tab[slot / bs] : -1;
-        tdm_kv_stage_tree<HD, int8_t, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const int8_t *)kc,
-                                             (const int8_t *)vc, unit, unit, Ks, Vs, mnv, mtree);
+        tdm_kv_stage_tree<HD, T, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const T *)kc, (const T *)vc, unit,
+                                        unit, Ks, Vs, mnv, mtree);
         float kd = 0.0f, vd = 0.0f;
         if (blk >= 0) {
-            const int64_t at = (blk * n_kv + kvh) * unit + tdm_kv_q8_scale_off(bs, HD) + 4 * (slot % bs);
+            const int64_t at = (blk * n_kv + kvh) * unit + tdm_kv_scale_off(bs, HD) + 4 * (slot % bs);
             kd = *(const float *)(kc + at);
             vd = *(const float *)(vc + at);
         }
@@ -156,12 +157,12 @@ __device__ __forceinline__ void tdm_kv_stage_q8(int lane, int32_t base, int32_t 
         Vd[lane] = vd;
         return;
     }
-    tdm_kv_stage_linear<HD, int8_t, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const int8_t *)kc,
-                                           (const int8_t *)vc, unit, unit, Ks, Vs);
+    tdm_kv_stage_linear<HD, T, uint2>(lane, base, kv_len, tab, bs, n_kv, kvh, (const T *)kc, (const T *)vc, unit, unit,
+                                      Ks, Vs);
     const int32_t slot = base + lane;
     float kd = 0.0f, vd = 0.0f;
     if (slot < kv_len) {
-        const int64_t at = ((int64_t)tab[slot / bs] * n_kv + kvh) * unit + tdm_kv_q8_scale_off(bs, HD) + 4 * (slot % bs);
+        const int64_t at = ((int64_t)tab[slot / bs] * n_kv + kvh) * unit + tdm_kv_scale_off(bs, HD) + 4 * (slot % bs);
         kd = *(const float *)(kc + at);
         vd = *(const float *)(vc + at);
     }

@@ -414,8 +414,8 @@ tandem_status tdm_api_engine_open(tandem_model *target, tandem_model *draft, con
                  p.max_batch_tokens);
         return TANDEM_ERR_INVALID_ARG;
     }
-    if ((int)p.kv_type < TANDEM_KV_AUTO || (int)p.kv_type > TANDEM_KV_Q8_0) {
-        snprintf(g_last_error, sizeof g_last_error, "kv_type %d is not a tandem_kv_type (0 auto .. 3 q8_0)",
+    if ((int)p.kv_type < TANDEM_KV_AUTO || (int)p.kv_type > TANDEM_KV_FP8) {
+        snprintf(g_last_error, sizeof g_last_error, "kv_type %d is not a tandem_kv_type (0 auto .. 4 fp8)",
                  (int)p.kv_type);
         return TANDEM_ERR_INVALID_ARG;
     }

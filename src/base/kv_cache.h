@@ -62,7 +62,7 @@ typedef struct tdm_kv_layout {
     int32_t n_layer;
     int32_t n_kv_head;
     int32_t head_dim;
-    uint32_t type;       /* the cache type: TDM_F32, TDM_F16 or TDM_Q8_0 */
+    uint32_t type;       /* the cache type: TDM_F32, TDM_F16, TDM_Q8_0 or TDM_F8_E4M3 */
 } tdm_kv_layout;
 
 /* Bytes one block costs in all the given models (K and V, every layer); 0 when it

@@ -116,7 +116,7 @@ bool cli_is_spec_opt(const char *arg);
 bool cli_parse_backend(const char *opt, const char *s, tandem_backend_kind *out);
 /* --tensor-parallel N: N in [1, 8] (the library checks that the model divides). */
 bool cli_parse_tensor_parallel(const char *opt, const char *s, int *out);
-/* A KV cache type's name: "auto", "f32", "f16" or "q8_0" (false for another,
+/* A KV cache type's name: "auto", "f32", "f16", "q8_0" or "fp8" (false for another,
  * nothing printed); shared by --kv-type and the job files' kv_type. */
 bool cli_kv_type_from_str(const char *s, tandem_kv_type *out);
 /* "native" / "fp8" (tandem_model_params.weights); false for anything else (nothing
@@ -125,7 +125,7 @@ bool cli_kv_type_from_str(const char *s, tandem_kv_type *out);
 bool cli_weights_from_str(const char *s, tandem_weights *out);
 /* --weights: cli_weights_from_str, a usage error naming the option otherwise. */
 bool cli_parse_weights(const char *opt, const char *s, tandem_weights *out);
-#define CLI_KV_TYPES "auto, f32, f16 or q8_0"
+#define CLI_KV_TYPES "auto, f32, f16, q8_0 or fp8"
 /* A draft_vocab value: "auto" -> TANDEM_DRAFT_VOCAB_AUTO, "0" (the whole vocabulary) or
  * N in [TANDEM_DRAFT_VOCAB_MIN, 2^30] (the engine checks it against the vocabulary's
  * size); false for another, nothing printed.  Shared by --draft-vocab and the job

@@ -113,8 +113,8 @@ static void print_estimate(const char *path, const char *draft_path, int ctx_opt
     printf("memory estimate (CPU, one sequence, the defaults):\n");
     for (int i = 0; i < 2 && ms[i]; i++)
         printf("  %s weights: %.1f MiB (the file's tensors)\n", names[i], mib((double)ms[i]->weights));
-    printf("  KV cache (f16): %.1f KiB per token%s; %.1f MiB at a context of %d (%s); q8_0 %.1f KiB per token, "
-           "f32 %.1f\n",
+    printf("  KV cache (f16): %.1f KiB per token%s; %.1f MiB at a context of %d (%s); q8_0 or fp8 %.1f KiB per "
+           "token, f32 %.1f\n",
            kv16 / 1024.0, draft_path ? " (both models)" : "", mib(kv_ctx), ctx,
            ctx_opt > 0 ? "--ctx" : "the default: min(4096, the model's training context)", kv8 / 1024.0,
            kv32 / 1024.0);

@@ -3,7 +3,7 @@
  *   [model]    target, draft
  *   [engine]   backend (cpu|cuda), threads, max_batch, max_batch_tokens, block_size, ctx, kv_mem_mb,
  *              tensor_parallel (1..8: the target split across that many GPUs),
- *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0), weights (native|fp8), draft_vocab (auto|0|N >= 1024),
+ *              gpu_mem_mb, kv_type (auto|f32|f16|q8_0|fp8), weights (native|fp8), draft_vocab (auto|0|N >= 1024),
  *              prefix_cache, batch_invariant (true|false)
  *   [spec]     k (a number or auto), k_max, ngram, p_min, tree (off, auto, a node budget or a
  *              static shape such as 4,2,2,1)
@@ -132,7 +132,8 @@ bool cli_kv_type_from_str(const char *s, tandem_kv_type *out) {
     static const struct {
         const char *name;
         tandem_kv_type type;
-    } names[] = {{"auto", TANDEM_KV_AUTO}, {"f32", TANDEM_KV_F32}, {"f16", TANDEM_KV_F16}, {"q8_0", TANDEM_KV_Q8_0}};
+    } names[] = {{"auto", TANDEM_KV_AUTO}, {"f32", TANDEM_KV_F32}, {"f16", TANDEM_KV_F16}, {"q8_0", TANDEM_KV_Q8_0},
+                 {"fp8", TANDEM_KV_FP8}};
     for (size_t i = 0; s && i < sizeof names / sizeof names[0]; i++)
         if (strcmp(s, names[i].name) == 0) {
             *out = names[i].type;

@@ -102,6 +102,7 @@ bool tdm_engine_kv_dtype(const tdm_backend *be, int32_t kv_type, uint32_t *out) 
     case TANDEM_KV_F32: *out = TDM_F32; return true;
     case TANDEM_KV_F16: *out = TDM_F16; return true;
     case TANDEM_KV_Q8_0: *out = TDM_Q8_0; return true;
+    case TANDEM_KV_FP8: *out = TDM_F8_E4M3; return true;
     default: return false;
     }
 }

@@ -177,7 +177,7 @@ static tandem_status move_slots_one(tdm_kv_store *s, const tdm_kv_seq *seq, cons
     }
     const int32_t bs = s->block_size, hd = s->head_dim;
     const int64_t unit = tdm_kv_unit_bytes(s->type, bs, hd), esz = tdm_kv_elem_bytes(s->type);
-    const int64_t so = tdm_kv_q8_scale_off(bs, hd);
+    const int64_t so = tdm_kv_scale_off(bs, hd);
     tandem_status st = TANDEM_OK;
     for (int32_t l = 0; l < s->n_layer && !st; l++)
         for (int32_t i = 0; i < n && !st; i++) {
@@ -194,8 +194,9 @@ static tandem_status move_slots_one(tdm_kv_store *s, const tdm_kv_seq *seq, cons
                 if (!st)
                     st = copy_bytes(s->be, v + du + (int64_t)pd * hd * esz, v + su + (int64_t)ps * hd * esz,
                                     (size_t)(hd * esz), err);
-                if (s->type == TDM_Q8_0 && !st) st = copy_bytes(s->be, k + du + so + 4 * pd, k + su + so + 4 * ps, 4, err);
-                if (s->type == TDM_Q8_0 && !st) st = copy_bytes(s->be, v + du + so + 4 * pd, v + su + so + 4 * ps, 4, err);
+                const bool scaled = tdm_kv_scaled(s->type); /* (q8_0, fp8: the slot's scales too) */
+                if (scaled && !st) st = copy_bytes(s->be, k + du + so + 4 * pd, k + su + so + 4 * ps, 4, err);
+                if (scaled && !st) st = copy_bytes(s->be, v + du + so + 4 * pd, v + su + so + 4 * ps, 4, err);
             }
         }
     return st;

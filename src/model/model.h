@@ -167,7 +167,7 @@ tandem_status tdm_model_check_backend(const tdm_model *m, const tdm_backend *be,
 /* One model's K/V storage for all blocks of a pool (see kv_cache.h). */
 typedef struct tdm_kv_store {
     tdm_backend *be;
-    uint32_t type;          /* TDM_F32, TDM_F16 or TDM_Q8_0 (src/base/kv_layout.h) */
+    uint32_t type;          /* TDM_F32, TDM_F16, TDM_Q8_0 or TDM_F8_E4M3 (src/base/kv_layout.h) */
     int32_t n_layer, n_kv_head, head_dim, block_size, n_blocks;
     void **k;               /* [n_layer] -> [n_blocks][n_kv_head] units of K: [head_dim][block_size]
                                values (q8_0: int8, then per-slot f32 scales; kv_layout.h) */
