@@ -175,7 +175,8 @@ static int32_t plan(tdm_sched *s, step_item *it) {
                             .k_plan = s->e->draft ? s->plan_of[i] : -1, .k_look = look, .n_model = k, .draft = s->drafts + (size_t)i * TDM_CTRL_MAX_K,
                             .root = s->roots + (size_t)i * TDM_TREE_DEPTH_MAX,
                             .reject = r->s.sp.temperature > 0 && s->cap == 1 && e->draft &&
-                                      (!r->s.con || !s->ws->q_dev)};
+                                      ((!r->s.con && !e->head) || !s->ws->q_dev)}; /* (q rows on the host
+                                      only: a constrained chain's, a head's) */
         tdm_tree_cfg cfg;
         if (s->tree_of[i] > 0) {
             it[n].tree = &s->trees[i], it[n].budget = s->tree_of[i], it[n].k = it[n].n_model = 0;

@@ -393,7 +393,9 @@ tandem_status tdm_eagle3_pair(tdm_eagle3 *h, const tdm_model *target, tdm_err *e
     const char *hn = h->file[0] ? h->file : "unnamed";
     tandem_status st = tdm_eagle3_check_target(&h->ep, hn, &target->hp, tdm_model_label(target), err);
     if (st) return st;
-    if (target->tp_size > 0 || target->be != h->m->be)
+    const bool host = target->be && h->m->be && target->be->host_memory && h->m->be->host_memory; /* (any CPU backend
+                                                                                                    reads host weights) */
+    if (target->tp_size > 0 || (target->be != h->m->be && !host))
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "EAGLE-3 head '%s': its target '%s' must be whole and on the "
                           "head's backend", hn, tdm_model_label(target));
     if (!h->ep.own_embd) h->tok_embd = target->tok_embd;
