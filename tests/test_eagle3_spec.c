@@ -4,7 +4,8 @@
  *     every request alone and four at a time (prompts of different lengths), with
  *     n-gram lookups off and on, adaptive and fixed lengths; alone with the oracle
  *     benchmark's arrangement (drafted chains accepted to random depths); four in a
- *     pool small enough to preempt; after a prefix-cache hit;
+ *     pool small enough to preempt; after a prefix-cache hit; chains cut by p_min and
+ *     grammar-constrained ones;
  *   - roll-back: along runs whose chains are accepted to random depths (the oracle at
  *     random acceptance, random fixed lengths, lookups on and off), after every step
  *     the sequence's pending feature rows equal the target's features recomputed from
@@ -178,6 +179,45 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
         free(r);
     }
     free_results(ref, p.count);
+    free_prompts(&p);
+    tandem_model_close(h);
+    tandem_model_close(t);
+    unlink(hpath);
+}
+
+/* Chains cut by p_min (the head's top probability) and grammar-constrained chains
+ * (masked on the host along the chain), greedy and sampled on an engine of one
+ * sequence (the sampled output: by rejection sampling, the same distribution with
+ * other draws; here only that it runs and keeps the grammar), against target-only. */
+Test(eagle3_spec, p_min_and_constrained, .timeout = 300) {
+    static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"n\": "
+                                "{\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"]}";
+    char hpath[32];
+    synth_head(hpath, TDM_F16, NULL);
+    tandem_model *t = open_model(tdm_test_model_path("pycode-target-f16.gguf")), *h = open_model(hpath);
+    prompts p = load_prompts(15);
+    tandem_engine *plain = open_engine(t, NULL, 1, 0, false), *spec = open_engine(t, h, 1, 0, false);
+    uint64_t drafted = 0;
+    for (size_t i = 0; i < p.count; i++)
+        for (int c = 0; c < 3; c++) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = N_NEW;
+            gp.spec_k = 4;
+            if (c == 0) gp.spec_p_min = 0.02f;
+            if (c >= 1) gp.json_schema = schema;
+            if (c == 2) gp.temperature = 0.8f, gp.seed = 7 + i;
+            tandem_result a, b;
+            cr_assert_eq(tandem_generate_ids(plain, p.ids[i], p.n[i], &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert_eq(tandem_generate_ids(spec, p.ids[i], p.n[i], &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+            if (c < 2) same_tokens(&a, &b, c ? "constrained" : "p_min", i);
+            else cr_assert(b.n_tokens > 0 && b.text[0] == '{', "sampled, constrained: '%s'", b.text);
+            drafted += b.spec.drafted;
+            tandem_result_free(&a);
+            tandem_result_free(&b);
+        }
+    cr_assert_gt(drafted, 0);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
     free_prompts(&p);
     tandem_model_close(h);
     tandem_model_close(t);

@@ -218,9 +218,15 @@ tandem_status tdm_engine_create_ex(tdm_model *target, tdm_model *draft, tdm_eagl
     if (e->cfg.gpu_mem > 0 && !e->be->host_memory) {
         const uint64_t weights = target->weight_bytes + (draft ? draft->weight_bytes : 0);
         uint64_t work = tdm_engine_work_bytes(target, draft, e->max_rows, e->n_logit_rows);
-        if (draft && n_sub > 0) /* the draft's head over part of the vocabulary (draft_head; its
+        if (draft && !head && n_sub > 0) /* the draft's head over part of the vocabulary (draft_head; its
                                    special tokens counted as 1024 more rows at most) and its logits */
             work += (uint64_t)(n_sub + 1024) * (draft->output.row_bytes + (uint64_t)e->n_logit_rows * sizeof(float) + 4);
+        if (head) { /* a head's rows (head.c: features, g, two h), the target's exported features
+                       and every sequence's pending ones */
+            const uint64_t F = 3 * (uint64_t)head->ep.target_hidden, E = (uint64_t)head->ep.n_embd;
+            work += ((uint64_t)(e->max_rows + TDM_HEAD_PENDING) * (F + 3 * E) + (uint64_t)e->max_rows * F +
+                     (uint64_t)e->cfg.n_seq_max * TDM_HEAD_PENDING * F) * sizeof(float);
+        }
         n_blocks = tdm_kv_budget_blocks(e->cfg.gpu_mem, weights, work, e->cfg.kv_bytes, bpb, err);
         if (n_blocks == 0) {
             st = err ? err->status : TANDEM_ERR_NOMEM;

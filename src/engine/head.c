@@ -18,9 +18,9 @@
  * the rest.
  *
  * A prefix-cache hit of c positions leaves the head without the feature of position
- * c - 1 (the target never computed it): that one slot keeps what the shared block
- * holds (the head's row of the sequence that published it), which only the
- * proposals see; the output is the target's. */
+ * c - 1 (the target never computed it): the sequence never writes that slot, which
+ * keeps what the shared block holds (the head's row of the sequence that published
+ * it), and only the proposals see it; the output is the target's. */
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
