@@ -109,7 +109,7 @@ wait_llama() {
 
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
-  for t in test_cuda_kernels test_cuda_fused test_backend_cuda test_cuda_arch; do
+  for t in test_cuda_kernels test_cuda_fused test_backend_cuda test_cuda_arch test_cuda_eagle3; do
     b=$(find_bin $t)
     [ -n "$b" ] || { log "$t: not built"; continue; }
     log "$t"

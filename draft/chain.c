@@ -401,7 +401,9 @@ tandem_status tdm_draft_chains(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *re
         live[i] = q->k > 0;
         fed[i] = 0;
         if (q->k <= 0) continue;
-        *catch_up += TDM_MAX(0, s->n_tokens - 1 - s->n_draft);
+        /* (an EAGLE-3 head always catches up on the last verified path, up to the chain's
+         * length: its level 1, not a catch-up) */
+        *catch_up += TDM_MAX(0, s->n_tokens - 1 - s->n_draft - (e->head ? q->k : 0));
         /* the chain writes the draft's K/V up to position n_tokens + k - 2 */
         if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, s->n_tokens + q->k - 1, err))) return st;
         if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
