@@ -333,36 +333,17 @@ static void head_sampling(int n_seq, int spec_k, int ngram) {
     tdm_model *t_cpu, *t_gpu;
     cr_assert_eq(tdm_model_load(tp, cpu, &t_cpu, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_model_load(tp, cu, &t_gpu, &err), TANDEM_OK, "%s", err.msg);
-    hcfg hc = {.E = 32, .H = 2, .KV = 1, .hd = 16, .F = 48, .V = tc.n_vocab, .Vd = 18, .T = tc.n_embd,
-               .layers = {0, 1, 2}, .own_embd = true, .own_output = true, .shuffle = true, .type = TDM_F32};
-    size_t len;
-    uint8_t *buf = build_head(&hc, &len);
-    tdm_eagle3 *hd;
-    cr_assert_eq(load_mem(buf, len, cu, &hd, &err), TANDEM_OK, "%s", err.msg);
+    uint8_t *buf;
+    tdm_eagle3 *hd = tiny_head(cu, &tc, 18, &buf);
     tdm_engine_cfg cfg = {.n_threads = 1, .n_seq_max = n_seq};
     tdm_engine *ref, *spec;
     cr_assert_eq(tdm_engine_create(t_cpu, NULL, &cfg, &ref, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_engine_create_ex(t_gpu, NULL, hd, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
-    const int32_t V = tc.n_vocab, runs = 10000, pos = 4;
-    uint64_t *a = calloc((size_t)(pos * V), 8), *b = calloc((size_t)(pos * V), 8);
     tandem_generate_params gp = tandem_generate_default_params();
-    gp.temperature = 0.9f;
-    gp.top_p = 0.95f;
-    gp.spec_k = spec_k;
-    gp.spec_ngram = ngram;
-    const int32_t prompt[] = {3, 7, 1, 9, 4, 3, 7, 1};
-    tandem_spec_stats agg = {0};
-    tdm_test_sample_counts(ref, &gp, prompt, 8, 1000000, runs, pos, V, a, NULL);
-    tdm_test_sample_counts(spec, &gp, prompt, 8, 2000000, runs, pos, V, b, &agg);
-    const double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
-    printf("cuda, EAGLE-3 head sampling, %d sequences, k %d, lookups %d: acceptance %.3f\n", n_seq, spec_k, ngram, acc);
-    cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: both outcomes must occur", acc);
-    for (int i = 0; i < pos; i++) {
-        const double pv = tdm_stat_chi2_two_sample(a + i * V, b + i * V, V);
-        printf("  position %d: p-value %.4f\n", i + 1, pv);
-        cr_assert_gt(pv, 1e-3, "position %d: sampling with the head on the GPU differs (p = %.2g)", i + 1, pv);
-    }
-    free(a), free(b);
+    gp.temperature = 0.9f, gp.top_p = 0.95f, gp.spec_k = spec_k, gp.spec_ngram = ngram;
+    char what[96];
+    snprintf(what, sizeof what, "cuda, EAGLE-3 head sampling, %d sequences, k %d, lookups %d", n_seq, spec_k, ngram);
+    check_same_distribution(ref, spec, &gp, 10000, 4, 1e-3, what);
     tdm_engine_free(spec);
     tdm_engine_free(ref);
     tdm_eagle3_free(hd);

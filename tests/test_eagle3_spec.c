@@ -22,6 +22,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api_testutil.h"
 #include "eagle3_testutil.h"
 #include "engine.h"
 #include "kv_cache.h"
@@ -67,15 +68,28 @@ static tandem_model *open_model(const char *path) {
     return m;
 }
 
+/* The pycode target and tandem synth's eagle3-pycode head (f16, a temporary file). */
+typedef struct pair {
+    char hpath[32];
+    tandem_model *t, *h;
+} pair;
+
+static void pair_open(pair *p) {
+    synth_head(p->hpath, TDM_F16, NULL);
+    p->t = open_model(tdm_test_model_path("pycode-target-f16.gguf"));
+    p->h = open_model(p->hpath);
+}
+
+static void pair_close(pair *p) {
+    tandem_model_close(p->h);
+    tandem_model_close(p->t);
+    unlink(p->hpath);
+}
+
 static tandem_engine *open_engine(tandem_model *t, tandem_model *d, int n_seq, size_t kv_bytes, bool prefix) {
     tandem_engine_params ep = tandem_engine_default_params();
-    ep.n_threads = 2;
-    ep.n_seq_max = n_seq;
-    ep.kv_bytes = kv_bytes;
-    ep.prefix_cache = prefix;
-    tandem_engine *e = NULL;
-    cr_assert_eq(tandem_engine_open(t, d, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
-    return e;
+    ep.n_threads = 2, ep.n_seq_max = n_seq, ep.kv_bytes = kv_bytes, ep.prefix_cache = prefix;
+    return api_open_engine(t, d, &ep);
 }
 
 static void same_tokens(const tandem_result *a, const tandem_result *b, const char *what, size_t i) {
@@ -118,9 +132,9 @@ static void free_results(tandem_result *r, size_t n) {
 }
 
 Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
-    char hpath[32];
-    synth_head(hpath, TDM_F16, NULL);
-    tandem_model *t = open_model(tdm_test_model_path("pycode-target-f16.gguf")), *h = open_model(hpath);
+    pair pr;
+    pair_open(&pr);
+    tandem_model *t = pr.t, *h = pr.h;
     prompts p = load_prompts(10);
     cr_assert_geq(p.count, 4);
     /* the reference: target-only, one at a time */
@@ -180,9 +194,7 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
     }
     free_results(ref, p.count);
     free_prompts(&p);
-    tandem_model_close(h);
-    tandem_model_close(t);
-    unlink(hpath);
+    pair_close(&pr);
 }
 
 /* Chains cut by p_min (the head's top probability) and grammar-constrained chains
@@ -192,9 +204,9 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
 Test(eagle3_spec, p_min_and_constrained, .timeout = 300) {
     static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"n\": "
                                 "{\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"]}";
-    char hpath[32];
-    synth_head(hpath, TDM_F16, NULL);
-    tandem_model *t = open_model(tdm_test_model_path("pycode-target-f16.gguf")), *h = open_model(hpath);
+    pair pr;
+    pair_open(&pr);
+    tandem_model *t = pr.t, *h = pr.h;
     prompts p = load_prompts(15);
     tandem_engine *plain = open_engine(t, NULL, 1, 0, false), *spec = open_engine(t, h, 1, 0, false);
     uint64_t drafted = 0;
@@ -219,18 +231,16 @@ Test(eagle3_spec, p_min_and_constrained, .timeout = 300) {
     tandem_engine_close(spec);
     tandem_engine_close(plain);
     free_prompts(&p);
-    tandem_model_close(h);
-    tandem_model_close(t);
-    unlink(hpath);
+    pair_close(&pr);
 }
 
 /* A prompt whose first blocks are in the prefix cache (published by an earlier
  * request with the same start): the head misses one feature, the output does not
  * change. */
 Test(eagle3_spec, prefix_cache_hit, .timeout = 300) {
-    char hpath[32];
-    synth_head(hpath, TDM_F16, NULL);
-    tandem_model *t = open_model(tdm_test_model_path("pycode-target-f16.gguf")), *h = open_model(hpath);
+    pair pr;
+    pair_open(&pr);
+    tandem_model *t = pr.t, *h = pr.h;
     prompts p = load_prompts(7);
     int32_t *longer = malloc((p.n[0] + p.n[1]) * sizeof *longer); /* prompt 0, then prompt 1 */
     memcpy(longer, p.ids[0], p.n[0] * sizeof *longer);
@@ -257,9 +267,7 @@ Test(eagle3_spec, prefix_cache_hit, .timeout = 300) {
     tandem_engine_close(e);
     free(longer);
     free_prompts(&p);
-    tandem_model_close(h);
-    tandem_model_close(t);
-    unlink(hpath);
+    pair_close(&pr);
 }
 
 /* ---- roll-back: pending features and the head's K/V against recomputations ---- */
@@ -426,50 +434,21 @@ Test(eagle3_spec, roll_back_keeps_features_exact, .timeout = 900) {
 #define N_POS 4
 
 /* n_seq > 1: a batch engine (verification by agreement with the target's draws);
- * 1: rejection sampling against the head's q rows. */
-static void check_lossless(float temp, int top_k, float top_p, int spec_k, int ngram, int n_seq) {
+ * 1: rejection sampling against the head's q rows.  gp: the sampler and speculation. */
+static void check_lossless(const tandem_generate_params *gp, int n_seq, const char *what) {
     tdm_err err = {0};
     tdm_tiny_cfg tc = tdm_tiny_default();
     char *tpath = tdm_tiny_model_file(&tc);
     tdm_backend *be = cpu(1);
     tdm_model *tm;
     cr_assert_eq(tdm_model_load(tpath, be, &tm, &err), TANDEM_OK, "%s", err.msg);
-    /* a head on the tiny target: width 32, features of layers 0, 1 and 2 (the last: after
-     * the last layer), 12 of the 16 tokens in its vocabulary (d2t) */
-    hcfg hc = {.E = 32, .H = 2, .KV = 1, .hd = 16, .F = 48, .V = tc.n_vocab, .Vd = 12, .T = tc.n_embd,
-               .layers = {0, 1, 2}, .own_embd = true, .own_output = true, .shuffle = true, .type = TDM_F32};
-    size_t len;
-    uint8_t *buf = build_head(&hc, &len);
-    tdm_eagle3 *hd;
-    cr_assert_eq(load_mem(buf, len, be, &hd, &err), TANDEM_OK, "%s", err.msg);
+    uint8_t *buf;
+    tdm_eagle3 *hd = tiny_head(be, &tc, 12, &buf); /* (12 of the 16 tokens in its vocabulary) */
     tdm_engine_cfg cfg = {.n_threads = 1, .n_seq_max = n_seq};
     tdm_engine *plain, *spec;
     cr_assert_eq(tdm_engine_create(tm, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
-    const int32_t V = tm->hp.n_vocab;
-    uint64_t *a = calloc((size_t)(N_POS * V), 8), *b = calloc((size_t)(N_POS * V), 8);
-    tandem_generate_params gp = tandem_generate_default_params();
-    gp.temperature = temp;
-    gp.top_k = top_k;
-    gp.top_p = top_p;
-    gp.spec_k = spec_k;
-    gp.spec_ngram = ngram;
-    /* REPEAT-like: P, its continuation, P again (lookups find proposals) */
-    const int32_t prompt[] = {3, 7, 1, 9, 4, 3, 7, 1};
-    tandem_spec_stats agg = {0};
-    tdm_test_sample_counts(plain, &gp, prompt, 8, 1000000, N_RUNS, N_POS, V, a, NULL);
-    tdm_test_sample_counts(spec, &gp, prompt, 8, 2000000, N_RUNS, N_POS, V, b, &agg);
-    const double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
-    cr_log_info("head, temp %.2f top_k %d top_p %.2f k %d lookups %d, %d sequences: acceptance %.3f, %.3f drafted per run",
-                temp, top_k, top_p, spec_k, ngram, n_seq, acc, (double)agg.drafted / N_RUNS);
-    cr_assert(acc > 0.05 && acc < 0.98, "acceptance %.3f: the pair does not exercise both outcomes", acc);
-    for (int i = 0; i < N_POS; i++) {
-        const double pv = tdm_stat_chi2_two_sample(a + i * V, b + i * V, V);
-        cr_log_info("  position %d: p-value %.4f", i + 1, pv);
-        cr_assert_gt(pv, 1e-4, "position %d: sampling with the head differs from target-only (p = %.2g)", i + 1, pv);
-    }
-    free(a);
-    free(b);
+    check_same_distribution(plain, spec, gp, N_RUNS, N_POS, 1e-4, what);
     tdm_engine_free(plain);
     tdm_engine_free(spec);
     tdm_eagle3_free(hd);
@@ -480,6 +459,26 @@ static void check_lossless(float temp, int top_k, float top_p, int spec_k, int n
     free(tpath);
 }
 
-Test(eagle3_spec, sampled_rejection_k3, .timeout = 900) { check_lossless(1.0f, 0, 1.0f, 3, 0, 1); }
-Test(eagle3_spec, sampled_rejection_adaptive_lookups, .timeout = 900) { check_lossless(0.8f, 8, 0.9f, 0, 2, 1); }
-Test(eagle3_spec, sampled_agreement_batch_k2, .timeout = 900) { check_lossless(0.9f, 0, 0.95f, 2, 0, 4); }
+/* sampling parameters: temperature, speculation length (0: adaptive), lookups */
+static tandem_generate_params sampled(float temp, int spec_k, int ngram) {
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.temperature = temp;
+    gp.spec_k = spec_k;
+    gp.spec_ngram = ngram;
+    return gp;
+}
+
+Test(eagle3_spec, sampled_rejection_k3, .timeout = 900) {
+    const tandem_generate_params gp = sampled(1.0f, 3, 0);
+    check_lossless(&gp, 1, "rejection sampling, k 3");
+}
+Test(eagle3_spec, sampled_rejection_adaptive_lookups, .timeout = 900) {
+    tandem_generate_params gp = sampled(0.8f, 0, 2);
+    gp.top_k = 8, gp.top_p = 0.9f;
+    check_lossless(&gp, 1, "rejection sampling, adaptive, lookups, top_k 8, top_p 0.9");
+}
+Test(eagle3_spec, sampled_agreement_batch_k2, .timeout = 900) {
+    tandem_generate_params gp = sampled(0.9f, 2, 0);
+    gp.top_p = 0.95f;
+    check_lossless(&gp, 4, "agreement (four sequences), k 2, top_p 0.95");
+}
