@@ -10,6 +10,10 @@
  *   - the block table backs max(n_target, n_draft) positions: after verification
  *     one truncate rolls both models back, so no K/V entry of a rejected token
  *     survives.
+ * With an EAGLE-3 head as the draft (head.c) the head's slot P holds the row of the
+ * draft's position P + 1 (n_draft counts as for a draft model), and the target's
+ * features of the committed positions the head has not consumed are kept per
+ * sequence (tdm_seq.feat).
  */
 #ifndef TDM_ENGINE_H
 #define TDM_ENGINE_H
