@@ -401,8 +401,12 @@ tandem_status tdm_engine_forward(tdm_engine *e, bool is_draft, const tdm_batch *
     if ((kind != TDM_FWD_ARGMAX || head) && host != out && nl > 0 &&
         (st = e->be->ops->download(e->be, host, out, (size_t)nl * (size_t)e->n_vocab * sizeof(float), err)))
         return st;
-    if (head && kind == TDM_FWD_ARGMAX)
-        for (int32_t i = 0; i < nl; i++) e->ids[i] = tdm_argmax_finite(host + (size_t)i * (size_t)e->n_vocab, e->n_vocab);
+    if (head && kind == TDM_FWD_ARGMAX) /* (a row's mask, tdm_batch.logit_masks, honoured as the forward's argmax does) */
+        for (int32_t i = 0; i < nl; i++) {
+            const float *l = host + (size_t)i * (size_t)e->n_vocab;
+            const uint32_t *mk = b->logit_masks ? b->logit_masks[i] : NULL;
+            e->ids[i] = !tdm_logits_finite(l, e->n_vocab) ? -1 : mk ? tdm_argmax_masked(l, e->n_vocab, mk) : tdm_argmax(l, e->n_vocab);
+        }
     return check_outputs(e, is_draft, b, kind, err);
 }
 
