@@ -13,7 +13,7 @@ out=$1
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/lib"
-for b in tandem bench/bench_spec bench/bench_batch bench/bench_forward bench/bench_eagle3 bench/bench_cuda bench/bench_kv tests/test_cuda_kernels tests/test_cuda_fused tests/test_backend_cuda tests/test_cuda_arch tests/test_cuda_moe; do
+for b in tandem bench/bench_spec bench/bench_batch bench/bench_forward bench/bench_eagle3 bench/bench_cuda bench/bench_kv tests/test_cuda_kernels tests/test_cuda_fused tests/test_backend_cuda tests/test_cuda_arch tests/test_cuda_moe tests/test_cuda_eagle3; do
   [ -x "$build/$b" ] || { echo "error: $build/$b not built" >&2; exit 1; }
   strip -o "$stage/$(basename "$b")" "$build/$b"
   ldd "$build/$b" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do

@@ -109,7 +109,7 @@ wait_llama() {
 
 # ---- tests -----------------------------------------------------------------------
 if has tests; then
-  for t in test_cuda_kernels test_cuda_fused test_backend_cuda test_cuda_arch; do
+  for t in test_cuda_kernels test_cuda_fused test_backend_cuda test_cuda_arch test_cuda_eagle3; do
     b=$(find_bin $t)
     [ -n "$b" ] || { log "$t: not built"; continue; }
     log "$t"
@@ -212,6 +212,21 @@ if has oracle; then
     timeout 900 "$b" -m "$models/$tgt.gguf" -d "$models/$dft.gguf" --prompts "$here/tests/data/prompts-dev.jsonl" \
       --limit 4 -n 96 --reps 1 --ks 0,4 --tree 16,32 --oracle-alpha 0,0.5,0.6,0.7,0.8,0.9 --backend cuda \
       >"$out/oracle-$tgt-$dft.txt" 2>"$out/oracle-$tgt-$dft.err" || log "oracle $tgt + $dft failed"
+  done
+  # EAGLE-3 heads of the published shapes as drafts (issue 46; chains: a head drafts no
+  # trees): beside the 160m draft at Llama-2-7B shapes, alone at Llama-3-8B shapes
+  for set in "llama2-7b-f16 llama2-7b llama-160m-f16" "llama3-8b-f16 llama3-8b"; do
+    read -r tgt hs dft <<<"$set"
+    head="eagle3-$hs-f16"
+    [ -f "$models/$tgt.gguf" ] || "$TANDEM" synth --shape "${tgt%-f16}" --type f16 "$models/$tgt.gguf" >>"$out/synth.log" 2>&1
+    [ -f "$models/$head.gguf" ] || "$TANDEM" synth --shape "eagle3-$hs" --type f16 "$models/$head.gguf" >>"$out/synth.log" 2>&1
+    [ -n "$b" ] && [ -f "$models/$tgt.gguf" ] && [ -f "$models/$head.gguf" ] || { log "oracle $tgt + $head: no files"; continue; }
+    drafts=(-d "$models/$head.gguf")
+    [ -n "$dft" ] && [ -f "$models/$dft.gguf" ] && drafts+=(-d "$models/$dft.gguf")
+    log "bench_spec oracle $tgt + $head${dft:+ and $dft}"
+    timeout 900 "$b" -m "$models/$tgt.gguf" "${drafts[@]}" --prompts "$here/tests/data/prompts-dev.jsonl" \
+      --limit 4 -n 96 --reps 1 --ks 0,4,6 --oracle-alpha 0,0.6,0.8,0.9 --backend cuda \
+      >"$out/oracle-$tgt-$head.txt" 2>"$out/oracle-$tgt-$head.err" || log "oracle $tgt + $head failed"
   done
 fi
 # tandem serve under load on the GPU (the pycode pair with speculation on and off, a

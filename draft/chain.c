@@ -183,7 +183,7 @@ static tandem_status chain_on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_r
  * oracle, round 0 within one forward: the rounds can run back to back on the device
  * (on_device below). */
 static bool device_rounds(const tdm_engine *e, const tdm_spec_ws *ws, const tdm_chain_req *req, int32_t n) {
-    if (!ws->bchain_dev || n > e->n_logit_rows || req[0].k < 1) return false;
+    if (!ws->bchain_dev || e->head || n > e->n_logit_rows || req[0].k < 1) return false;
     int32_t rows = 0;
     for (int32_t i = 0; i < n; i++) {
         const tdm_chain_req *q = &req[i];
@@ -406,13 +406,15 @@ tandem_status tdm_draft_chains(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *re
         live[i] = q->k > 0;
         fed[i] = 0;
         if (q->k <= 0) continue;
-        *catch_up += TDM_MAX(0, s->n_tokens - 1 - s->n_draft);
+        /* (an EAGLE-3 head always catches up on the last verified path, up to the chain's
+         * length: its level 1, not a catch-up) */
+        *catch_up += TDM_MAX(0, s->n_tokens - 1 - s->n_draft - (e->head ? q->k : 0));
         /* the chain writes the draft's K/V up to position n_tokens + k - 2 */
         if ((st = tdm_kv_seq_reserve(e->pool, &s->kv, s->n_tokens + q->k - 1, err))) return st;
         if (e->copy_status) return tdm_seterr(err, e->copy_status, "%s", e->copy_err.msg);
     }
     if (n_own > 1) return tdm_seterr(err, TANDEM_ERR_INTERNAL, "%d sequences drafting with q rows, at most 1", (int)n_own);
-    if (n == 1 && req[0].k > 0 && ws->chain_dev && !req[0].s->con && !req[0].s->pen &&
+    if (n == 1 && req[0].k > 0 && ws->chain_dev && !e->head && !req[0].s->con && !req[0].s->pen &&
         (req[0].s->sp.temperature <= 0 || (!req[0].u && ws->q_dev)))
         return chain_on_device(e, ws, &req[0], err);
     if (device_rounds(e, ws, req, n)) {

@@ -1,5 +1,7 @@
 /* chain.h - chain proposals by the draft model for one sequence or a batch of them
- * (chain.c): the one drafter of every step's chains.
+ * (chain.c): the one drafter of every step's chains, whether the engine's draft is a
+ * draft model or an EAGLE-3 head (src/engine/head.c: the head runs each round's rows
+ * as its own slots, fed the target's features or its previous level's output).
  *
  * Each drafting sequence first catches up on the committed tokens its draft has not
  * seen; then round d drafts token d of every sequence still drafting, one row each.
@@ -66,7 +68,9 @@ typedef struct tdm_draft_scratch {
  * draft writes (positions up to n_tokens + k - 2); each drafting sequence's n_draft
  * then counts the positions its draft holds consistent with the chain.  *catch_up
  * receives the rows fed for tokens the draft had not seen (before the last
- * committed one of each sequence). */
+ * committed one of each sequence; an EAGLE-3 head's beyond the k rows of the path it
+ * feeds at every level 1, engine.h).  With an EAGLE-3 head as the engine's draft
+ * the rounds run on the host (tdm_engine_forward runs the head). */
 tandem_status tdm_draft_chains(tdm_engine *e, tdm_spec_ws *ws, tdm_chain_req *req, int32_t n, const tdm_draft_scratch *scr,
                                int32_t *catch_up, tdm_err *err);
 /* Fills the q rows [from, from + n) of ws->qprobs one-hot on draft[from ..] (the

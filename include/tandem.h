@@ -153,7 +153,9 @@ typedef struct tandem_model_params {
 
 TANDEM_API tandem_model_params tandem_model_default_params(void);
 
-/* Opens a GGUF model file (validated; tensor data memory-mapped). */
+/* Opens a GGUF model file (validated; tensor data memory-mapped).  An EAGLE-3 draft
+ * head (architecture eagle3) opens too, as a draft for tandem_engine_open only: it
+ * has no tokenizer of its own (tandem_tokenize and the chat calls refuse it). */
 TANDEM_API tandem_status tandem_model_open(const char *path, const tandem_model_params *params,
                                            tandem_model **out);
 TANDEM_API void tandem_model_close(tandem_model *model);
@@ -378,9 +380,12 @@ typedef struct tandem_engine_params {
 
 TANDEM_API tandem_engine_params tandem_engine_default_params(void);
 
-/* draft may be NULL (target-only decoding).  The engine borrows both models: they
- * must outlive it.  Fails with TANDEM_ERR_MISMATCH when the vocabularies differ or
- * the two models are on different backends. */
+/* draft may be NULL (target-only decoding), a draft model, or an EAGLE-3 draft head
+ * (a file of architecture eagle3, opened by tandem_model_open), which drafts chains
+ * from the target's own features (no token trees: spec_tree is ignored).  The engine
+ * borrows both models: they must outlive it.  Fails with TANDEM_ERR_MISMATCH when the
+ * vocabularies differ (a head: its width, feature layers or vocabulary do not fit the
+ * target) or the two models are on different backends. */
 TANDEM_API tandem_status tandem_engine_open(tandem_model *target, tandem_model *draft,
                                             const tandem_engine_params *params, tandem_engine **out);
 TANDEM_API void tandem_engine_close(tandem_engine *engine);
@@ -472,7 +477,8 @@ typedef struct tandem_generate_params {
                              the earlier text and propose what followed, in the steps
                              where the controller expects that to beat the draft model
                              (lossless; runs no model); default 4 */
-    int spec_tree;        /* token trees (ignored without a draft): 0 = off (chains only),
+    int spec_tree;        /* token trees (ignored without a draft, and with an EAGLE-3
+                             head, which drafts chains only): 0 = off (chains only),
                              TANDEM_SPEC_TREE_AUTO = the controller chooses chain or tree
                              and the node budget from measured acceptance and costs, N in
                              [1, TANDEM_SPEC_TREE_MAX] = a tree of at most N draft nodes

@@ -174,8 +174,10 @@ static int32_t plan(tdm_sched *s, step_item *it) {
         it[n] = (step_item){.r = r, .from = p, .to = p + 1 + TDM_MAX(k, look), .decode = true, .want = true, .k = k,
                             .k_plan = s->e->draft ? s->plan_of[i] : -1, .k_look = look, .n_model = k, .draft = s->drafts + (size_t)i * TDM_CTRL_MAX_K,
                             .root = s->roots + (size_t)i * TDM_TREE_DEPTH_MAX,
+                            /* (device q rows only where no chain keeps its q rows on the host:
+                             * a constrained or penalised one's, a head's) */
                             .reject = r->s.sp.temperature > 0 && s->cap == 1 && e->draft &&
-                                      (!(r->s.con || r->s.pen) || !s->ws->q_dev) && r->s.lp_top < 0};
+                                      (!(r->s.con || r->s.pen || e->head) || !s->ws->q_dev) && r->s.lp_top < 0};
         tdm_tree_cfg cfg;
         if (s->tree_of[i] > 0) {
             it[n].tree = &s->trees[i], it[n].budget = s->tree_of[i], it[n].k = it[n].n_model = 0;

@@ -200,7 +200,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     if (!st && m > 0 && !rule_reads_rows) st = tdm_engine_draw(e, false, rows, m, kind, s->g_tok, err);
     if (!st && m > 0 && !rule_reads_rows) st = logprob_rows(e, rows, m, kind, s->g_tok, err);
     if (!st && m > 0 && rule_reads_rows) st = tdm_engine_mask_rows(e, false, rows, m, kind, err); /* (p masked) */
-    if (!st && e->draft && any_chunk) { /* the draft sees the prompt chunks */
+    if (!st && e->draft && !e->head && any_chunk) { /* the draft sees the prompt chunks (a head: run_group) */
         tdm_batch_clear(b);
         for (int32_t i = 0; i < n; i++) {
             if (it[i].decode) continue;
@@ -241,6 +241,18 @@ static void commit_chain_item(tdm_sched *s, const step_item *it, const tdm_verdi
                                        .k_final = it->k_plan, .draft_s = draft_s, .verify_s = verify_s});
 }
 
+/* An EAGLE-3 head's features of item x's committed rows (from row0 of the forward;
+ * before: its tokens before the commit): a prompt chunk's, or a chain's verified path
+ * (engine.h tdm_engine_head_keep). */
+static void head_keep(tdm_sched *s, const step_item *x, int32_t row0, int32_t before) {
+    tdm_seq *q = &x->r->s;
+    tdm_err err = {0};
+    const int32_t n = x->decode ? q->n_tokens - before : x->to - x->from; /* (a path: accepted + 1) */
+    if (x->r->fail_st || x->tree) return;
+    tandem_status st = tdm_engine_head_keep(s->e, q, row0, x->from, n, !x->decode, &err);
+    if (st) tdm_sched_fail(x->r, st, &err);
+}
+
 /* Runs items [0, n) as one forward (group_forward), then commits their results. */
 static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
     tdm_engine *e = s->e;
@@ -250,9 +262,10 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
     tandem_status st = group_forward(s, it, n, &kind, &err);
     const double now = tdm_now();
     const double draft_s = s->t_draft, verify_s = now - s->t_verify0;
-    for (int32_t i = 0, j = 0; i < n; i++) {
+    for (int32_t i = 0, j = 0, row0 = 0; i < n; row0 += tdm_sched_item_rows(&it[i]), i++) {
         tdm_req *r = it[i].r;
         tdm_seq *q = &r->s;
+        const int32_t before = q->n_tokens;
         if (st) {
             tdm_sched_fail(r, st, &err);
             continue;
@@ -266,6 +279,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             }
             if (it[i].tree) tdm_sched_commit_tree(s, &it[i], &v, draft_s, verify_s);
             else commit_chain_item(s, &it[i], &v, draft_s, verify_s);
+            if (e->head) head_keep(s, &it[i], row0, before);
             if (r->t_first == 0) r->t_first = now;
             continue;
         }
@@ -295,12 +309,14 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             v.n_acc = tdm_accept_greedy(it[i].draft, it[i].k, out, &v.next);
             if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
             commit_chain_item(s, &it[i], &v, draft_s, verify_s);
+            if (e->head) head_keep(s, &it[i], row0, before);
             if (r->t_first == 0) r->t_first = now;
             continue;
         }
+        if (e->head) head_keep(s, &it[i], row0, before); /* (sets n_draft) */
         q->n_target = it[i].to;
         r->n_fed = it[i].to;
-        if (e->draft) q->n_draft = it[i].to;
+        if (e->draft && !e->head) q->n_draft = it[i].to;
         if (r->n_fed < r->n_goal) continue;
         r->state = TDM_REQ_RUNNING;
         if (e->cfg.prefix_cache) tdm_kv_prefix_publish(e->pool, &q->kv, q->tokens, r->n_fed);

@@ -73,6 +73,7 @@ static int32_t choose_auto(tdm_sched *s, int32_t n_auto, int32_t other) {
 
 int32_t tdm_sched_choose_trees(tdm_sched *s) {
     int32_t n_auto = 0, rows = 0, other = 0;
+    if (s->e->head) return 0; /* (an EAGLE-3 head drafts chains only: its requests take chains) */
     for (int32_t i = 0; i < s->n_run; i++) {
         const tdm_req *r = s->run[i];
         s->tree_of[i] = 0;

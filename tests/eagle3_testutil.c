@@ -10,8 +10,10 @@
 #include "dtype.h"
 #include "gguf_write.h"
 #include "quantize.h"
+#include "stats.h"
 #include "synth.h"
 #include "testutil.h"
+#include "tiny_model.h"
 
 #define GGML_I64 27
 
@@ -161,6 +163,37 @@ void synth_shape(char *path, const char *shape, uint32_t type, const char *kind)
 void synth_head(char *path, uint32_t type, const char *kind) { synth_shape(path, "eagle3-pycode", type, kind); }
 
 
+
+tdm_eagle3 *tiny_head(tdm_backend *be, const tdm_tiny_cfg *tc, int vd, uint8_t **buf) {
+    const hcfg hc = {.E = 32, .H = 2, .KV = 1, .hd = 16, .F = 48, .V = tc->n_vocab, .Vd = vd, .T = tc->n_embd,
+                     .layers = {0, 1, 2}, .own_embd = true, .own_output = true, .shuffle = true, .type = TDM_F32};
+    size_t len;
+    *buf = build_head(&hc, &len);
+    tdm_eagle3 *h;
+    tdm_err err = {0};
+    cr_assert_eq(load_mem(*buf, len, be, &h, &err), TANDEM_OK, "%s", err.msg);
+    return h;
+}
+
+void check_same_distribution(tdm_engine *ref, tdm_engine *spec, const tandem_generate_params *gp, int runs, int n_pos,
+                             double bound, const char *what) {
+    const int32_t V = ref->n_vocab, prompt[] = {3, 7, 1, 9, 4, 3, 7, 1}; /* (lookups find proposals) */
+    uint64_t *a = calloc((size_t)(n_pos * V), 8), *b = calloc((size_t)(n_pos * V), 8);
+    tandem_spec_stats agg = {0};
+    tdm_test_sample_counts(ref, gp, prompt, 8, 1000000, runs, n_pos, V, a, NULL);
+    tdm_test_sample_counts(spec, gp, prompt, 8, 2000000, runs, n_pos, V, b, &agg);
+    const double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
+    cr_log_info("%s: acceptance %.3f, %.3f drafted per run", what, acc, (double)agg.drafted / runs);
+    cr_assert(acc > 0.05 && acc < 0.98, "%s: acceptance %.3f: both outcomes must occur", what, acc);
+    for (int i = 0; i < n_pos; i++) {
+        const double pv = tdm_stat_chi2_two_sample(a + i * V, b + i * V, V);
+        cr_log_info("  position %d: p-value %.4f", i + 1, pv);
+        cr_assert_gt(pv, bound, "%s, position %d: sampling with the head differs from target-only (p = %.2g)", what,
+                     i + 1, pv);
+    }
+    free(a);
+    free(b);
+}
 
 void rig_open(rig *r, const tdm_model *m, tdm_backend *be) {
     tdm_err err = {0};

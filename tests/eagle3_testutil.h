@@ -6,6 +6,8 @@
 #define TDM_EAGLE3_TESTUTIL_H
 
 #include "eagle3.h"
+#include "engine.h"
+#include "tiny_model.h"
 
 /* A CPU backend of `threads` threads; the pycode target on be. */
 tdm_backend *cpu(int threads);
@@ -42,6 +44,17 @@ tandem_status load_mem(const uint8_t *buf, size_t len, tdm_backend *be, tdm_eagl
  * synth_head: the eagle3-pycode shape. */
 void synth_shape(char *path, const char *shape, uint32_t type, const char *kind);
 void synth_head(char *path, uint32_t type, const char *kind);
+
+/* A head on a tiny random target of tc's shape (tiny_model.h), loaded on be: width
+ * 32, features of layers 0, 1 and 2, its own embedding and head, vd of the target's
+ * tokens in its vocabulary (d2t).  *buf holds the file's bytes (free after the head). */
+tdm_eagle3 *tiny_head(tdm_backend *be, const tdm_tiny_cfg *tc, int vd, uint8_t **buf);
+/* Sampling with a head keeps the target's distribution: the first n_pos tokens of
+ * runs continuations of the prompt {3, 7, 1, 9, 4, 3, 7, 1} under gp, ref's against
+ * spec's, two-sample chi-square p-value above bound at each position; the drafts must
+ * be accepted and rejected both (acceptance in (0.05, 0.98)).  Logs under `what`. */
+void check_same_distribution(tdm_engine *ref, tdm_engine *spec, const tandem_generate_params *gp, int runs, int n_pos,
+                             double bound, const char *what);
 
 /* One sequence of 64 positions over 4 blocks of 16, f32 K/V for model m. */
 typedef struct rig {

@@ -697,7 +697,7 @@ for ty in f16 q8_0 q4_0; do
 done
 expect_exit 0 "bench with synth tiny q4_0" "$TANDEM" bench -m "$TMP/tiny-q4_0.gguf" -p 8 -n 4 --reps 1
 # an EAGLE-3 head (the pycode target's shapes and tokenizer): info describes it, -d
-# beside its target is checked, then refused as not yet drafting
+# beside its target is checked and drafts (greedy: the target-only text)
 expect_exit 0 "synth eagle3-pycode" "$TANDEM" synth --shape eagle3-pycode --type f16 --tokenizer-from "$TARGET" \
     "$TMP/e3.gguf"
 expect_exit 0 "info of an EAGLE-3 head" "$TANDEM" info "$TMP/e3.gguf"
@@ -706,8 +706,12 @@ grep -q "^EAGLE-3 draft head" "$TMP/out" && grep -q "entering layers 2, 4, 5 (ta
     pass "info describes the head" || fail "info of an EAGLE-3 head: $(grep -A5 EAGLE "$TMP/out")"
 expect_exit 0 "info: target -d HEAD" "$TANDEM" info "$TARGET" -d "$TMP/e3.gguf"
 grep -q "fits target" "$TMP/out" && pass "info: the pair checked" || fail "info: target -d HEAD: no fit line"
-expect_error "generate -d HEAD: checked, not yet" "EAGLE-3 drafting: not yet" \
-    "$TANDEM" generate -m "$TARGET" -d "$TMP/e3.gguf" -p "def f" -n 4
+expect_exit 0 "generate -d HEAD" "$TANDEM" generate -m "$TARGET" -d "$TMP/e3.gguf" -p "def f" -n 16 --temp 0 \
+    --spec-k 3
+cp "$TMP/out" "$TMP/out-head"
+expect_exit 0 "generate target-only" "$TANDEM" generate -m "$TARGET" -p "def f" -n 16 --temp 0
+cmp -s "$TMP/out" "$TMP/out-head" && pass "generate -d HEAD: the target-only text" ||
+    fail "generate -d HEAD: '$(head -c 200 "$TMP/out-head")', target-only '$(head -c 200 "$TMP/out")'"
 expect_error "generate -d HEAD of another target" "does not fit target" \
     "$TANDEM" generate -m "$DRAFT" -d "$TMP/e3.gguf" -p "def f" -n 4
 expect_error "a head as the model" "EAGLE-3 draft head" "$TANDEM" generate -m "$TMP/e3.gguf" -p "def f" -n 4

@@ -7,7 +7,11 @@
  *   - the head's forward (tandem synth's eagle3-pycode head paired with the target,
  *     fused features, three forwards over its KV, a deeper level fed its own output,
  *     a row without logits): logits at the d2t ids and the pre-norm outputs match the
- *     CPU's, every other id TDM_LOGIT_NONE.
+ *     CPU's, every other id TDM_LOGIT_NONE;
+ *   - the head as the draft of the one step: greedy output equals target-only output
+ *     (alone: fixed length, adaptive with lookups, the oracle's arrangement; four at a
+ *     time), and sampled output keeps the target's distribution (chi-square against
+ *     the CPU's target-only sampling, with an in-memory head on the tiny target).
  *
  * Without a CUDA device (or in a build without CUDA) the program prints why and
  * exits with 77, which meson reports as skipped. */
@@ -20,6 +24,11 @@
 #include "cuda_testutil.h"
 #include "dtype.h"
 #include "eagle3.h"
+#include "eagle3_testutil.h"
+#include "engine.h"
+#include "stats.h"
+#include "tandem.h"
+#include "tiny_model.h"
 #include "ref_ops.h"
 #include "synth.h"
 #include "testutil.h"
@@ -224,5 +233,130 @@ Test(cuda_eagle3, head_matches_cpu, .timeout = 300) {
     hrig_close(&c);
     hrig_close(&g);
 }
+
+/* ---- the head as the draft of the one step (src/engine/head.c) --------------------- */
+
+static tandem_model *open_cuda(const char *path) {
+    tandem_model_params mp = tandem_model_default_params();
+    mp.backend = TANDEM_BACKEND_CUDA;
+    tandem_model *m = NULL;
+    cr_assert_eq(tandem_model_open(path, &mp, &m), TANDEM_OK, "%s", tandem_last_error());
+    return m;
+}
+
+static tandem_engine *open_engine(tandem_model *t, tandem_model *d, int n_seq) {
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_seq_max = n_seq;
+    tandem_engine *e = NULL;
+    cr_assert_eq(tandem_engine_open(t, d, &ep, &e), TANDEM_OK, "%s", tandem_last_error());
+    return e;
+}
+
+/* Greedy output with tandem synth's eagle3-pycode head on the GPU (its forward on the
+ * op table, the target's features by the parts path) equals target-only output on
+ * every 4th dev prompt: alone with a fixed length and no lookups, adaptive with
+ * lookups, with the oracle's arrangement (chains accepted to random depths), and
+ * four sequences at a time against each alone. */
+Test(cuda_eagle3, head_greedy_equals_target_only, .timeout = 900) {
+    char hpath[32];
+    synth_head(hpath, TDM_F16, NULL);
+    tandem_model *t = open_cuda(tdm_test_model_path("pycode-target-f16.gguf")), *h = open_cuda(hpath);
+    unlink(hpath);
+    tandem_engine *plain = open_engine(t, NULL, 1), *spec = open_engine(t, h, 1), *batch = open_engine(t, h, 4);
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    const size_t n_req = (n_lines + 3) / 4;
+    tandem_request *req = calloc(n_req, sizeof *req);
+    tandem_result *ref = calloc(n_req, sizeof *ref), *got = calloc(n_req, sizeof *got);
+    uint64_t drafted[4] = {0}, accepted[4] = {0};
+    for (size_t i = 0; i < n_req; i++) {
+        size_t n;
+        int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[4 * i], "prompt_ids"), &n);
+        req[i] = tandem_request_default();
+        req[i].prompt_ids = ids;
+        req[i].n_prompt_ids = n;
+        req[i].params.max_tokens = 32;
+        req[i].params.spec_k = 3;
+        req[i].params.spec_ngram = 0;
+        cr_assert_eq(tandem_generate_ids(plain, ids, n, &req[i].params, &ref[i]), TANDEM_OK, "%s", tandem_last_error());
+        for (int c = 0; c < 3; c++) {
+            tandem_generate_params gp = req[i].params;
+            if (c == 1) gp.spec_k = 0, gp.spec_ngram = 3;
+            if (c == 2) gp.spec_k = 4, gp.bench_oracle_tokens = ref[i].tokens, gp.bench_n_oracle = (int)ref[i].n_tokens,
+                gp.bench_oracle_alpha = 0.7f;
+            tandem_result b;
+            cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert(ref[i].n_tokens == b.n_tokens && memcmp(ref[i].tokens, b.tokens, b.n_tokens * sizeof(int32_t)) == 0,
+                      "case %d, prompt %zu: speculation with the head on the GPU differs from target-only", c, 4 * i);
+            drafted[c] += b.spec.drafted;
+            accepted[c] += b.spec.accepted;
+            tandem_result_free(&b);
+        }
+    }
+    cr_assert_eq(tandem_generate_batch(batch, req, n_req, got), TANDEM_OK, "%s", tandem_last_error());
+    for (size_t i = 0; i < n_req; i++) {
+        cr_assert(got[i].status == TANDEM_OK && ref[i].n_tokens == got[i].n_tokens &&
+                      memcmp(ref[i].tokens, got[i].tokens, got[i].n_tokens * sizeof(int32_t)) == 0,
+                  "prompt %zu, four at a time: speculation with the head on the GPU differs from target-only", 4 * i);
+        drafted[3] += got[i].spec.drafted;
+        accepted[3] += got[i].spec.accepted;
+    }
+    for (int c = 0; c < 4; c++)
+        printf("cuda, EAGLE-3 head, case %d: %llu drafted, %llu accepted\n", c, (unsigned long long)drafted[c],
+               (unsigned long long)accepted[c]);
+    cr_assert_gt(drafted[0], 0);
+    cr_assert_gt(accepted[2], 0, "the oracle's chains: none accepted");
+    for (size_t i = 0; i < n_req; i++) {
+        free((void *)req[i].prompt_ids);
+        tandem_result_free(&ref[i]);
+        tandem_result_free(&got[i]);
+    }
+    free(req), free(ref), free(got);
+    tdm_test_jsonl_free(refs, n_lines);
+    tandem_engine_close(batch);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
+    tandem_model_close(h);
+    tandem_model_close(t);
+}
+
+/* Sampling with a head on the GPU (device sampling; a head's q rows are on the host,
+ * so a lone sequence is verified by agreement with the target's draws, as a batch
+ * is): the first four tokens' distribution is the CPU's target-only one (two-sample
+ * chi-square, p > 1e-3), one sequence and four. */
+static void head_sampling(int n_seq, int spec_k, int ngram) {
+    tdm_err err = {0};
+    tdm_tiny_cfg tc = tdm_tiny_default();
+    tc.n_vocab = 24;
+    char *tp = tdm_tiny_model_file(&tc);
+    tdm_backend *cpu = cpu1(), *cu = tdm_cu_test_gpu();
+    tdm_model *t_cpu, *t_gpu;
+    cr_assert_eq(tdm_model_load(tp, cpu, &t_cpu, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_model_load(tp, cu, &t_gpu, &err), TANDEM_OK, "%s", err.msg);
+    uint8_t *buf;
+    tdm_eagle3 *hd = tiny_head(cu, &tc, 18, &buf);
+    tdm_engine_cfg cfg = {.n_threads = 1, .n_seq_max = n_seq};
+    tdm_engine *ref, *spec;
+    cr_assert_eq(tdm_engine_create(t_cpu, NULL, &cfg, &ref, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create_ex(t_gpu, NULL, hd, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.temperature = 0.9f, gp.top_p = 0.95f, gp.spec_k = spec_k, gp.spec_ngram = ngram;
+    char what[96];
+    snprintf(what, sizeof what, "cuda, EAGLE-3 head sampling, %d sequences, k %d, lookups %d", n_seq, spec_k, ngram);
+    check_same_distribution(ref, spec, &gp, 10000, 4, 1e-3, what);
+    tdm_engine_free(spec);
+    tdm_engine_free(ref);
+    tdm_eagle3_free(hd);
+    free(buf);
+    tdm_model_free(t_gpu);
+    tdm_model_free(t_cpu);
+    tdm_backend_destroy(cu);
+    tdm_backend_destroy(cpu);
+    unlink(tp);
+    free(tp);
+}
+
+Test(cuda_eagle3, head_sampling_lossless_alone_k3, .timeout = 600) { head_sampling(1, 3, 0); }
+Test(cuda_eagle3, head_sampling_lossless_batch_adaptive, .timeout = 600) { head_sampling(4, 0, 2); }
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }

@@ -77,10 +77,29 @@ void tandem_free(void *p) { free(p); }
 /* ---------------------------------------------------------------- models */
 
 struct tandem_model {
-    tdm_model *m;
+    tdm_model *m;    /* the model, or an EAGLE-3 head's shell (head->m) */
+    tdm_eagle3 *head; /* an EAGLE-3 draft head (a draft only), or NULL */
     tdm_backend *be; /* holds the weights */
     tandem_backend_kind kind;
 };
+
+/* A model without a tokenizer of its own (an EAGLE-3 head): the error of the calls
+ * that need one. */
+static tandem_status no_tok(const tandem_model *model) {
+    return model->m->tok ? TANDEM_OK
+                         : fail_msg(TANDEM_ERR_INVALID_ARG, "the model is an EAGLE-3 draft head: it has no tokenizer of its own");
+}
+
+/* Whether the file is an EAGLE-3 head (architecture eagle3); false where it cannot
+ * be read (the model's load then says why). */
+static bool is_head_file(const char *path) {
+    tdm_gguf *g;
+    tdm_err err = {0};
+    if (tdm_gguf_open(path, &g, &err)) return false;
+    const bool head = tdm_gguf_is_eagle3(g);
+    tdm_gguf_close(g);
+    return head;
+}
 
 tdm_backend *tdm_api_model_backend(tandem_model *model) { return model ? model->be : NULL; }
 
@@ -137,8 +156,13 @@ tandem_status tandem_model_open(const char *path, const tandem_model_params *par
         st = tdm_backend_cuda_create(p.cuda_device, &h->be, &err);
     else
         st = tdm_seterr(&err, TANDEM_ERR_INVALID_ARG, "unknown backend %d", (int)p.backend);
-    if (!st && p.tensor_parallel != 1) st = open_split(path, &p, h, &err);
-    else if (!st) st = tdm_model_load_progress(path, h->be, &pr, &h->m, &err);
+    const bool head = !st && is_head_file(path);
+    if (head && p.tensor_parallel != 1)
+        st = tdm_seterr(&err, TANDEM_ERR_INVALID_ARG, "an EAGLE-3 head is a draft: it is not split (tensor_parallel %d)",
+                        p.tensor_parallel);
+    else if (head && !(st = tdm_eagle3_load(path, h->be, &h->head, &err))) h->m = h->head->m;
+    else if (!st && p.tensor_parallel != 1) st = open_split(path, &p, h, &err);
+    else if (!st && !head) st = tdm_model_load_progress(path, h->be, &pr, &h->m, &err);
     if (st) {
         tandem_model_close(h);
         return fail(&err, st);
@@ -149,7 +173,8 @@ tandem_status tandem_model_open(const char *path, const tandem_model_params *par
 
 void tandem_model_close(tandem_model *model) {
     if (!model) return;
-    tdm_model_free(model->m);
+    if (model->head) tdm_eagle3_free(model->head); /* (its shell with it) */
+    else tdm_model_free(model->m);
     tdm_backend_destroy(model->be);
     free(model);
 }
@@ -168,8 +193,8 @@ tandem_status tandem_model_get_info(const tandem_model *model, tandem_model_info
     out->n_head = hf->n_head;
     out->n_head_kv = hf->n_head_kv;
     out->n_ff = hf->n_ff;
-    out->bos = tdm_tok_bos(m->tok);
-    out->eos = tdm_tok_eos(m->tok);
+    out->bos = m->tok ? tdm_tok_bos(m->tok) : -1;
+    out->eos = m->tok ? tdm_tok_eos(m->tok) : -1;
     out->n_params = m->n_params;
     out->weight_bytes = m->weight_bytes;
     out->tensor_parallel = m->tp ? m->tp->n : 1;
@@ -256,11 +281,13 @@ static tandem_status decode(const tdm_tokenizer *tok, const int32_t *ids, size_t
 tandem_status tandem_tokenize(const tandem_model *model, const char *text, size_t len, bool add_bos,
                               int32_t **out_ids, size_t *out_n) {
     if (!model) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL model");
+    if (no_tok(model)) return TANDEM_ERR_INVALID_ARG;
     return encode(model->m->tok, text, len, add_bos, out_ids, out_n);
 }
 
 tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n, char **out_text) {
     if (!model) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL model");
+    if (no_tok(model)) return TANDEM_ERR_INVALID_ARG;
     return decode(model->m->tok, ids, n, out_text);
 }
 
@@ -334,6 +361,7 @@ static tandem_status chat_render_msgs(const tdm_gguf *g, const tdm_tokenizer *to
 tandem_status tandem_chat_render(const tandem_model *model, const char *tmpl, const tandem_chat_message *msgs,
                                  size_t n, bool agp, char **out_text) {
     if (!model) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL model");
+    if (no_tok(model)) return TANDEM_ERR_INVALID_ARG;
     return chat_render_msgs(model->m->gguf, model->m->tok, tmpl, msgs, n, agp, out_text);
 }
 
@@ -348,6 +376,7 @@ tandem_status tandem_chat_render_json(const tandem_model *model, const char *tmp
     if (!out_text) return fail_msg(TANDEM_ERR_INVALID_ARG, "out_text is NULL");
     *out_text = NULL;
     if (!model || (!json && len)) return fail_msg(TANDEM_ERR_INVALID_ARG, "NULL argument");
+    if (no_tok(model)) return TANDEM_ERR_INVALID_ARG;
     tdm_err err = {0};
     tdm_json *j = NULL;
     tandem_status st = tdm_json_parse(json ? json : "", len, &j, &err);
@@ -364,7 +393,7 @@ tandem_status tandem_chat_render_json(const tandem_model *model, const char *tmp
 }
 
 size_t tandem_model_eog_tokens(const tandem_model *model, int32_t *out, size_t cap) {
-    if (!model) return 0;
+    if (!model || !model->m->tok) return 0;
     const int32_t *ids;
     size_t n = (size_t)tdm_tok_eog_ids(model->m->tok, &ids);
     for (size_t i = 0; out && i < n && i < cap; i++) out[i] = ids[i];
@@ -421,6 +450,7 @@ tandem_status tdm_api_engine_open(tandem_model *target, tandem_model *draft, con
     }
     if (draft && draft->kind != target->kind)
         return fail_msg(TANDEM_ERR_MISMATCH, "target and draft are on different backends");
+    if (target->head) return fail_msg(TANDEM_ERR_INVALID_ARG, "the target is an EAGLE-3 draft head");
     tdm_engine_cfg cfg = {
         .n_threads = p.n_threads, .n_ctx = p.n_ctx, .n_seq_max = p.n_seq_max,
         .block_size = p.kv_block_size, .kv_bytes = p.kv_bytes, .prefill_chunk = 0, .gpu_mem = p.gpu_mem,
@@ -431,7 +461,8 @@ tandem_status tdm_api_engine_open(tandem_model *target, tandem_model *draft, con
     tandem_engine *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
     tdm_err err = {0};
-    tandem_status st = tdm_engine_create(target->m, draft ? draft->m : NULL, &cfg, &h->e, &err);
+    tandem_status st = draft && draft->head ? tdm_engine_create_ex(target->m, NULL, draft->head, &cfg, &h->e, &err)
+                                            : tdm_engine_create(target->m, draft ? draft->m : NULL, &cfg, &h->e, &err);
     if (!st && (st = tdm_sched_create(h->e, paths ? &paths->ws : NULL, &h->sched, &err))) tdm_engine_free(h->e);
     if (st) {
         free(h);

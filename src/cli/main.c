@@ -37,14 +37,11 @@ int cli_status_error(tandem_status st, const char *what) {
 }
 
 int cli_pair_error(tandem_status st, const char *target, const char *draft) {
-    if (st && target && draft && *draft) { /* an EAGLE-3 head as the draft: checked, then not yet */
+    if (st && target && draft && *draft) { /* an EAGLE-3 head as the draft: its pairing's error names both */
         char fit[512];
         bool is_head;
         int rc = cli_eagle3_check(target, draft, &is_head, fit, sizeof fit);
-        if (is_head)
-            return rc != CLI_EXIT_OK ? rc
-                                     : cli_error("%s; EAGLE-3 drafting: not yet (a head is not a proposer of the "
-                                                 "speculative step yet: run without -d, or with a draft model)", fit);
+        if (is_head && rc != CLI_EXIT_OK) return rc;
     }
     if (st != TANDEM_ERR_MISMATCH || !target || !draft || !*draft) return cli_status_error(st, NULL);
     const char *msg = tandem_last_error();

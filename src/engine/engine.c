@@ -116,6 +116,7 @@ int32_t tdm_draft_vocab_rows(int32_t draft_vocab, int32_t n_vocab) {
 
 tandem_status tdm_engine_set_draft_vocab(tdm_engine *e, const int32_t *ids, int32_t n, tdm_err *err) {
     if (!e->draft) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the engine has no draft model");
+    if (e->head) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the engine's draft is an EAGLE-3 head (its vocabulary is its d2t)");
     e->fs_d.vhead = NULL;
     tdm_vocab_head_free(&e->vhead);
     if (n == 0) return TANDEM_OK;
@@ -137,8 +138,18 @@ static tandem_status draft_head(tdm_engine *e, int32_t n, tdm_err *err) {
 
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err) {
+    return tdm_engine_create_ex(target, draft, NULL, cfg, out, err);
+}
+
+tandem_status tdm_engine_create_ex(tdm_model *target, tdm_model *draft, tdm_eagle3 *head, const tdm_engine_cfg *cfg,
+                                   tdm_engine **out, tdm_err *err) {
     *out = NULL;
     tandem_status st;
+    if (head) { /* the head's shell stands for the draft (its KV layout, "has a draft") */
+        if (draft) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "a draft model and an EAGLE-3 head at once");
+        if ((st = tdm_eagle3_pair(head, target, err))) return st;
+        draft = head->m;
+    }
     if (draft && draft->tp_size > 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
                           "the draft model is split (tensor parallel %d): only a target can be; open the draft whole",
@@ -146,7 +157,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     if (target->tp_size > 0 && !target->tp)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the target is rank %d of a split model, not its rank 0",
                           (int)target->tp_rank);
-    if (draft && (st = check_pair(target, draft, err))) return st;
+    if (draft && !head && (st = check_pair(target, draft, err))) return st;
     const int32_t n_sub = tdm_draft_vocab_rows(cfg->draft_vocab, target->hp.n_vocab);
     if (n_sub < 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG,
@@ -157,6 +168,7 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     if (!e) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     e->target = target;
     e->draft = draft;
+    e->head = head;
     e->cfg = *cfg;
     if (e->cfg.n_ctx <= 0) e->cfg.n_ctx = TDM_MIN(TANDEM_CTX_DEFAULT, target->hp.n_ctx_train);
     if (e->cfg.n_seq_max <= 0) e->cfg.n_seq_max = 1;
@@ -208,9 +220,15 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
     if (e->cfg.gpu_mem > 0 && !e->be->host_memory) {
         const uint64_t weights = target->weight_bytes + (draft ? draft->weight_bytes : 0);
         uint64_t work = tdm_engine_work_bytes(target, draft, e->max_rows, e->n_logit_rows);
-        if (draft && n_sub > 0) /* the draft's head over part of the vocabulary (draft_head; its
+        if (draft && !head && n_sub > 0) /* the draft's head over part of the vocabulary (draft_head; its
                                    special tokens counted as 1024 more rows at most) and its logits */
             work += (uint64_t)(n_sub + 1024) * (draft->output.row_bytes + (uint64_t)e->n_logit_rows * sizeof(float) + 4);
+        if (head) { /* a head's rows (head.c: features, g, two h), the target's exported features
+                       and every sequence's pending ones */
+            const uint64_t F = 3 * (uint64_t)head->ep.target_hidden, E = (uint64_t)head->ep.n_embd;
+            work += ((uint64_t)(e->max_rows + TDM_HEAD_PENDING) * (F + 3 * E) + (uint64_t)e->max_rows * F +
+                     (uint64_t)e->cfg.n_seq_max * TDM_HEAD_PENDING * F) * sizeof(float);
+        }
         n_blocks = tdm_kv_budget_blocks(e->cfg.gpu_mem, weights, work, e->cfg.kv_bytes, bpb, err);
         if (n_blocks == 0) {
             st = err ? err->status : TANDEM_ERR_NOMEM;
@@ -314,7 +332,8 @@ tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_e
         st = tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if (draft && n_sub > 0 && (st = draft_head(e, n_sub, err))) goto fail;
+    if (draft && !head && n_sub > 0 && (st = draft_head(e, n_sub, err))) goto fail;
+    if (head && (st = tdm_engine_head_init(e, err))) goto fail;
     tdm_phase_init(&e->ph);
     *out = e;
     return TANDEM_OK;
@@ -330,6 +349,7 @@ void tdm_engine_free(tdm_engine *e) {
         tdm_fwd_scratch_free(&e->fs_t);
         tdm_fwd_scratch_free(&e->fs_d);
         tdm_vocab_head_free(&e->vhead);
+        if (e->head) tdm_engine_head_free(e);
         if (e->out_t) e->be->ops->free(e->be, e->out_t);
         if (e->out_d) e->be->ops->free(e->be, e->out_d);
         void *dev[] = {e->p_dev, e->samp_dev, e->draw_dev, e->mask_dev, e->edit_dev, e->lp_dev};
@@ -377,15 +397,23 @@ tandem_status tdm_engine_forward(tdm_engine *e, bool is_draft, const tdm_batch *
     float *out = is_draft ? e->out_d : e->out_t, *host = is_draft ? e->logits_d : e->logits_t;
     const tdm_model *m = is_draft ? e->draft : e->target;
     const bool on_dev = kind == TDM_FWD_LOGITS_DEV; /* (checked by the device sampling) */
-    tandem_status st = tdm_model_forward_ex(m, e->be, is_draft ? &e->kv_d : &e->kv_t, b, seqs,
-                                            is_draft ? &e->fs_d : &e->fs_t, on_dev ? TDM_FWD_LOGITS : kind, out,
-                                            e->ids, err);
+    const bool head = is_draft && e->head; /* (an EAGLE-3 head: logits rows, argmaxes taken here) */
+    tandem_status st = head ? tdm_engine_head_forward(e, b, seqs, err)
+                            : tdm_model_forward_ex(m, e->be, is_draft ? &e->kv_d : &e->kv_t, b, seqs,
+                                                   is_draft ? &e->fs_d : &e->fs_t, on_dev ? TDM_FWD_LOGITS : kind, out,
+                                                   e->ids, err);
     if (st || on_dev) return st;
     int32_t nl = tdm_batch_n_logits(b);
     /* the approximate kind is exact logits here (no quantised head on such backends) */
-    if (kind != TDM_FWD_ARGMAX && host != out && nl > 0 &&
+    if ((kind != TDM_FWD_ARGMAX || head) && host != out && nl > 0 &&
         (st = e->be->ops->download(e->be, host, out, (size_t)nl * (size_t)e->n_vocab * sizeof(float), err)))
         return st;
+    if (head && kind == TDM_FWD_ARGMAX) /* (a row's mask, tdm_batch.logit_masks, honoured as the forward's argmax does) */
+        for (int32_t i = 0; i < nl; i++) {
+            const float *l = host + (size_t)i * (size_t)e->n_vocab;
+            const uint32_t *mk = b->logit_masks ? b->logit_masks[i] : NULL;
+            e->ids[i] = !tdm_logits_finite(l, e->n_vocab) ? -1 : mk ? tdm_argmax_masked(l, e->n_vocab, mk) : tdm_argmax(l, e->n_vocab);
+        }
     return check_outputs(e, is_draft, b, kind, err);
 }
 
@@ -529,6 +557,8 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
 
 void tdm_seq_release(tdm_engine *e, tdm_seq *s) {
     tdm_kv_seq_free(e->pool, &s->kv);
+    if (s->feat) e->be->ops->free(e->be, s->feat);
+    s->feat = NULL;
     free(s->tokens);
     free(s->text);
     tdm_stop_free(&s->stop);
@@ -569,6 +599,8 @@ tandem_status tdm_seq_result(tdm_seq *s, double prefill_ms, double decode_ms, ta
 tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *ids, int32_t n, float *out,
                                     tdm_err *err) {
     if (draft && !e->draft) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the engine has no draft model");
+    if (draft && e->head)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "the engine's draft is an EAGLE-3 head: it scores from the target's features");
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = 1;
     tdm_seq s;

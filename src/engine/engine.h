@@ -10,6 +10,10 @@
  *   - the block table backs max(n_target, n_draft) positions: after verification
  *     one truncate rolls both models back, so no K/V entry of a rejected token
  *     survives.
+ * With an EAGLE-3 head as the draft (head.c) the head's slot P holds the row of the
+ * draft's position P + 1 (n_draft counts as for a draft model), and the target's
+ * features of the committed positions the head has not consumed are kept per
+ * sequence (tdm_seq.feat).
  */
 #ifndef TDM_ENGINE_H
 #define TDM_ENGINE_H
@@ -17,6 +21,7 @@
 #include <pthread.h>
 
 #include "logit_edit.h"
+#include "eagle3.h"
 #include "model.h"
 #include "phase_prof.h"
 #include "sampling.h"
@@ -92,9 +97,28 @@ int64_t tdm_kv_budget_blocks(size_t budget, uint64_t weights, uint64_t work, siz
 uint64_t tdm_engine_work_bytes(const tdm_model *target, const tdm_model *draft, int32_t prefill_chunk,
                                int32_t n_logit_rows);
 
+/* Feature rows a sequence keeps pending for an EAGLE-3 head (tdm_seq.feat): the
+ * longest verified path (a chain of TANDEM_SPEC_K_MAX tokens and its bonus row) and one
+ * more; a sequence that goes on without drafting (lookups, plain steps) past that
+ * has the head consume its oldest rows at once (head.c). */
+#define TDM_HEAD_PENDING (TANDEM_SPEC_K_MAX + 2)
+
 typedef struct tdm_engine {
     tdm_model *target;
-    tdm_model *draft;        /* NULL: target-only */
+    tdm_model *draft;        /* NULL: target-only; with an EAGLE-3 head, the head's shell
+                                (head->m: its one layer's shape, its KV layout) */
+    tdm_eagle3 *head;        /* an EAGLE-3 head as the draft (head.c), or NULL.  The
+                                draft's K/V (kv_d) are then the head's one layer, and the
+                                target's forward exports the head's features (fs_t) */
+    tdm_eagle3_scratch hs;   /* the head's activations */
+    tdm_batch hb;            /* [max_rows + TDM_HEAD_PENDING] a head forward's rows */
+    float *h_feat;           /* [hb cap][3 T] backend: a head forward's feature rows */
+    float *h_g;              /* [hb cap][head E] backend: its g rows (fc of the features,
+                                or a previous level's output h) */
+    float *h_out[2];         /* [hb cap][head E] backend: the latest forward's h rows
+                                (h_out[h_cur]) and the one before */
+    int32_t h_cur;
+    uint64_t h_gen;          /* head forwards so far (tdm_seq.h_gen) */
     tdm_backend *be;         /* compute backend: a CPU backend of n_threads (owned), or the
                                 target model's own when its memory is not host memory (a
                                 GPU: borrowed, be_borrowed) */
@@ -183,6 +207,17 @@ typedef struct tdm_seq {
     tandem_token_logprob *lp;   /* [lp_cap] one per generated token */
     int32_t lp_cap, lp_next, lp_fill; /* lp_rows[lp_next .. lp_fill) not yet taken */
     struct tdm_lp_row *lp_rows; /* [TANDEM_SPEC_K_MAX + 1] */
+    /* With an EAGLE-3 head (head.c).  The head's slot P holds (token P + 1, g of
+     * position P) at RoPE position P; in the draft's count, n_draft = P + 2 for its
+     * last valid slot P, so its catch-up rows (draft positions p in [n_draft, n)) are
+     * head slots p - 1, fed fc(feature p - 1).  Pending: the target's features of the
+     * committed positions [feat0, feat0 + n_feat) the head has not consumed. */
+    float *feat;             /* [TDM_HEAD_PENDING][3 T] backend, allocated at first use */
+    int32_t feat0, n_feat;
+    int32_t h_row;           /* row of e->h_out[e->h_cur] holding the output h of its last
+                                head row (slot h_pos), valid while h_gen == e->h_gen */
+    int32_t h_pos;
+    uint64_t h_gen;
 } tdm_seq;
 
 /* A logits row's logprobs summary for the token drawn from it (tdm_seq.lp_rows). */
@@ -197,6 +232,32 @@ typedef struct tdm_lp_row {
 
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err);
+/* The same with an EAGLE-3 head as the draft (draft NULL; head borrowed, paired with
+ * the target here: a mismatch is TANDEM_ERR_MISMATCH naming both).  Token trees are
+ * not drafted by a head: its requests take chains (spec_tree ignored). */
+tandem_status tdm_engine_create_ex(tdm_model *target, tdm_model *draft, tdm_eagle3 *head, const tdm_engine_cfg *cfg,
+                                   tdm_engine **out, tdm_err *err);
+
+/* ---- the EAGLE-3 head as the draft (head.c) ---- */
+/* The head's buffers and the target's feature export (from tdm_engine_create_ex). */
+tandem_status tdm_engine_head_init(tdm_engine *e, tdm_err *err);
+void tdm_engine_head_free(tdm_engine *e);
+/* A forward of the head over a draft batch (rows as the draft model's: token p at
+ * position p; seqs[i] must be tdm_seq kv fields): row p becomes head slot p - 1 (a
+ * row at position 0 has no slot and is skipped; it may not want logits), fed
+ * fc(feature p - 1) from the sequence's pending rows for a committed position, else
+ * the output h of the sequence's row at p - 1 in the previous head forward.  The
+ * logits rows over the whole vocabulary (the head's ids, TDM_LOGIT_NONE elsewhere)
+ * land in e->out_d. */
+tandem_status tdm_engine_head_forward(tdm_engine *e, const tdm_batch *b, const tdm_kv_seq *const *seqs, tdm_err *err);
+/* After a target forward whose rows [row, row + n) were positions [pos, pos + n) of s,
+ * now committed (a prompt chunk, or a verified path's rows): their features become
+ * pending, the head's slots from pos on are dropped (a drafted row's slot held the
+ * head's own h, not the target's feature), and the head consumes all but the last
+ * pending row at once when consume is set (prompt chunks) or the pending rows would
+ * exceed TDM_HEAD_PENDING.  Sets s->n_draft. */
+tandem_status tdm_engine_head_keep(tdm_engine *e, tdm_seq *s, int32_t row, int32_t pos, int32_t n, bool consume,
+                                   tdm_err *err);
 
 /* Device sampling helpers.  tdm_engine_draws: u[0..n) from a copy of the request's
  * generator (the generator itself moves on only by tdm_engine_consume, once the

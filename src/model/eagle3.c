@@ -393,9 +393,11 @@ tandem_status tdm_eagle3_pair(tdm_eagle3 *h, const tdm_model *target, tdm_err *e
     const char *hn = h->file[0] ? h->file : "unnamed";
     tandem_status st = tdm_eagle3_check_target(&h->ep, hn, &target->hp, tdm_model_label(target), err);
     if (st) return st;
-    if (target->tp_size > 0 || target->be != h->m->be)
-        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "EAGLE-3 head '%s': its target '%s' must be whole and on the "
-                          "head's backend", hn, tdm_model_label(target));
+    /* (backends of one kind: any CPU backend reads host weights, and an engine runs
+     * a model loaded by another CUDA backend of the device as it runs a draft) */
+    if (target->tp_size > 0 || !target->be || !h->m->be || target->be->ops != h->m->be->ops)
+        return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "EAGLE-3 head '%s': its target '%s' must be whole and on a backend of the "
+                          "head's kind", hn, tdm_model_label(target));
     if (!h->ep.own_embd) h->tok_embd = target->tok_embd;
     if (!h->ep.own_output) h->output = target->output;
     h->paired = true;

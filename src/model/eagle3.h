@@ -105,7 +105,8 @@ void tdm_eagle3_free(tdm_eagle3 *h);
  * target_name). */
 tandem_status tdm_eagle3_check_target(const tdm_eagle3_hparams *ep, const char *head_name, const tdm_hparams *target,
                                       const char *target_name, tdm_err *err);
-/* Pairs a loaded head with a loaded target (whole, same backend): the check above,
+/* Pairs a loaded head with a loaded target (whole, on a backend of the head's kind:
+ * an engine runs both on its own): the check above,
  * then the target's embedding / head where the file has none. */
 tandem_status tdm_eagle3_pair(tdm_eagle3 *h, const tdm_model *target, tdm_err *err);
 

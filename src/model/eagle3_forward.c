@@ -81,7 +81,8 @@ tandem_status tdm_eagle3_forward(const tdm_eagle3 *h, tdm_backend *be, tdm_kv_st
     if (!h->paired)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "eagle3: head '%s' is not paired with a target (tdm_eagle3_pair)",
                           tdm_model_label(m));
-    if (be != m->be) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "eagle3: the head runs on its own backend");
+    if (be->ops != m->be->ops) /* (a backend of its kind: an engine's, as for a draft model) */
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "eagle3: the head runs on a backend of its own kind");
     if (ep->has_d2t && !op->scatter_cols)
         return tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "eagle3: backend %s has no scatter_cols op", op->name);
     if (batch->tree_mask_dev)

@@ -1,0 +1,484 @@
+/* test_eagle3_spec.c - an EAGLE-3 head as the draft of the one step (issue 46,
+ * phase 2; src/engine/head.c, draft/chain.c):
+ *   - greedy output with tandem synth's eagle3-pycode head equals target-only output,
+ *     every request alone and four at a time (prompts of different lengths), with
+ *     n-gram lookups off and on, adaptive and fixed lengths; alone with the oracle
+ *     benchmark's arrangement (drafted chains accepted to random depths); four in a
+ *     pool small enough to preempt; after a prefix-cache hit; chains cut by p_min and
+ *     grammar-constrained ones;
+ *   - roll-back: along runs whose chains are accepted to random depths (the oracle at
+ *     random acceptance, random fixed lengths, lookups on and off), after every step
+ *     the sequence's pending feature rows equal the target's features recomputed from
+ *     scratch, and the head's K/V of every slot it holds equal a recomputation;
+ *   - sampled: the distribution of the first four tokens with a head (an in-memory
+ *     one on the tiny random target) is target-only sampling's (two-sample
+ *     chi-square, as test_spec_stat), by rejection sampling with the head's q rows
+ *     (an engine of one sequence) and by agreement with the target's draws (a batch).
+ * A random head accepts little (greedy: nothing on its own); the acceptance seen is
+ * logged. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api_testutil.h"
+#include "eagle3_testutil.h"
+#include "engine.h"
+#include "kv_cache.h"
+#include "scheduler.h"
+#include "sched_internal.h"
+#include "stats.h"
+#include "tandem.h"
+#include "testutil.h"
+#include "tiny_model.h"
+
+#define N_NEW 24
+
+/* ---- greedy equality through the public API ---- */
+
+typedef struct prompts {
+    int32_t **ids;
+    size_t *n;
+    size_t count;
+} prompts;
+
+/* Every `every`th dev prompt (a sanitizer build: at most 5). */
+static prompts load_prompts(size_t every) {
+    size_t n_lines;
+    tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
+    prompts p = {calloc(n_lines, sizeof(int32_t *)), calloc(n_lines, sizeof(size_t)), 0};
+    for (size_t li = 0; li < n_lines && (!tdm_test_sanitized() || p.count < 5); li += every) {
+        p.ids[p.count] = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &p.n[p.count]);
+        p.count++;
+    }
+    tdm_test_jsonl_free(refs, n_lines);
+    return p;
+}
+
+static void free_prompts(prompts *p) {
+    for (size_t i = 0; i < p->count; i++) free(p->ids[i]);
+    free(p->ids);
+    free(p->n);
+}
+
+static tandem_model *open_model(const char *path) {
+    tandem_model *m = NULL;
+    cr_assert_eq(tandem_model_open(path, NULL, &m), TANDEM_OK, "%s", tandem_last_error());
+    return m;
+}
+
+/* The pycode target and tandem synth's eagle3-pycode head (f16, a temporary file). */
+typedef struct pair {
+    char hpath[32];
+    tandem_model *t, *h;
+} pair;
+
+static void pair_open(pair *p) {
+    synth_head(p->hpath, TDM_F16, NULL);
+    p->t = open_model(tdm_test_model_path("pycode-target-f16.gguf"));
+    p->h = open_model(p->hpath);
+}
+
+static void pair_close(pair *p) {
+    tandem_model_close(p->h);
+    tandem_model_close(p->t);
+    unlink(p->hpath);
+}
+
+static tandem_engine *open_engine(tandem_model *t, tandem_model *d, int n_seq, size_t kv_bytes, bool prefix) {
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 2, ep.n_seq_max = n_seq, ep.kv_bytes = kv_bytes, ep.prefix_cache = prefix;
+    return api_open_engine(t, d, &ep);
+}
+
+static void same_tokens(const tandem_result *a, const tandem_result *b, const char *what, size_t i) {
+    cr_assert_eq(b->status, TANDEM_OK, "%s, request %zu: %s", what, i, b->error ? b->error : "");
+    size_t at = 0;
+    while (at < a->n_tokens && at < b->n_tokens && a->tokens[at] == b->tokens[at]) at++;
+    cr_assert(a->n_tokens == b->n_tokens && at == a->n_tokens && a->finish_reason == b->finish_reason,
+              "%s, request %zu: %zu tokens vs %zu target-only, first difference at %zu", what, i, b->n_tokens,
+              a->n_tokens, at);
+}
+
+typedef struct gcase {
+    const char *name;
+    int spec_k, ngram;
+    float oracle; /* > 0: the oracle's arrangement at this acceptance */
+} gcase;
+
+/* The cases' requests over p (the oracle's continuation: ref's tokens). */
+static tandem_request *requests(const prompts *p, const gcase *c, const tandem_result *ref) {
+    tandem_request *r = calloc(p->count, sizeof *r);
+    for (size_t i = 0; i < p->count; i++) {
+        r[i].prompt_ids = p->ids[i];
+        r[i].n_prompt_ids = p->n[i];
+        r[i].params = tandem_generate_default_params();
+        r[i].params.max_tokens = N_NEW;
+        r[i].params.spec_k = c->spec_k;
+        r[i].params.spec_ngram = c->ngram;
+        if (c->oracle > 0) {
+            r[i].params.bench_oracle_tokens = ref[i].tokens;
+            r[i].params.bench_n_oracle = (int)ref[i].n_tokens;
+            r[i].params.bench_oracle_alpha = c->oracle;
+        }
+    }
+    return r;
+}
+
+static void free_results(tandem_result *r, size_t n) {
+    for (size_t i = 0; i < n; i++) tandem_result_free(&r[i]);
+    free(r);
+}
+
+Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
+    pair pr;
+    pair_open(&pr);
+    tandem_model *t = pr.t, *h = pr.h;
+    prompts p = load_prompts(10);
+    cr_assert_geq(p.count, 4);
+    /* the reference: target-only, one at a time */
+    tandem_result *ref = calloc(p.count, sizeof *ref);
+    {
+        tandem_engine *e = open_engine(t, NULL, 1, 0, false);
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = N_NEW;
+        for (size_t i = 0; i < p.count; i++)
+            cr_assert_eq(tandem_generate_ids(e, p.ids[i], p.n[i], &gp, &ref[i]), TANDEM_OK, "%s", tandem_last_error());
+        tandem_engine_close(e);
+    }
+    tandem_model_info mi;
+    cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
+    const gcase cases[] = {{"k 3, no lookups", 3, 0, 0}, {"adaptive, lookups", 0, 3, 0}, {"k 4, lookups", 4, 2, 0},
+                           {"oracle 0.7, k 4, no lookups", 4, 0, 0.7f}, {"oracle 0.5, adaptive, lookups", 0, 3, 0.5f}};
+    for (size_t ci = 0; ci < TDM_ARRAY_LEN(cases); ci++) {
+        const gcase *c = &cases[ci];
+        tandem_request *r = requests(&p, c, ref);
+        /* 1: alone; 4: four at a time; -4: four in a pool of about two sequences (preempting) */
+        const int sizes[] = {1, 4, -4};
+        for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
+            const bool small = sizes[si] < 0;
+            if (c->oracle > 0 && sizes[si] != 1) continue; /* (the oracle: an engine of one sequence) */
+            if (small && c->spec_k == 0) continue;
+            const size_t kv = small ? (size_t)mi.kv_bytes_per_token * 2 * 160 : 0;
+            tandem_engine *e = open_engine(t, h, abs(sizes[si]), kv, true);
+            tandem_result *got = calloc(p.count, sizeof *got);
+            if (sizes[si] == 1) {
+                for (size_t i = 0; i < p.count; i++)
+                    cr_assert_eq(tandem_generate_ids(e, r[i].prompt_ids, r[i].n_prompt_ids, &r[i].params, &got[i]),
+                                 TANDEM_OK, "%s", tandem_last_error());
+            } else {
+                cr_assert_eq(tandem_generate_batch(e, r, p.count, got), TANDEM_OK, "%s", tandem_last_error());
+            }
+            tandem_engine_stats st;
+            cr_assert_eq(tandem_engine_get_stats(e, &st), TANDEM_OK);
+            if (small) cr_assert_gt(st.n_preemptions, 0, "%s: a pool for two of four sequences preempted none", c->name);
+            tandem_engine_close(e);
+            uint64_t drafted = 0, accepted = 0, ngram = 0;
+            for (size_t i = 0; i < p.count; i++) {
+                char what[96];
+                snprintf(what, sizeof what, "%s, batch %d%s", c->name, abs(sizes[si]), small ? ", small pool" : "");
+                same_tokens(&ref[i], &got[i], what, i);
+                drafted += got[i].spec.drafted;
+                accepted += got[i].spec.accepted;
+                ngram += got[i].spec.ngram_drafted;
+            }
+            cr_log_info("%s, batch %d%s: %llu drafted (%llu looked up), %llu accepted (%.3f)", c->name, abs(sizes[si]),
+                        small ? ", small pool" : "", (unsigned long long)drafted, (unsigned long long)ngram,
+                        (unsigned long long)accepted, drafted ? (double)accepted / (double)drafted : 0.0);
+            if (c->spec_k > 0) cr_assert_gt(drafted - ngram, 0, "%s: the head drafted nothing", c->name);
+            if (c->oracle > 0) cr_assert_gt(accepted, 0, "%s: nothing accepted", c->name);
+            free_results(got, p.count);
+        }
+        free(r);
+    }
+    free_results(ref, p.count);
+    free_prompts(&p);
+    pair_close(&pr);
+}
+
+/* Chains cut by p_min (the head's top probability) and grammar-constrained chains
+ * (masked on the host along the chain), greedy and sampled on an engine of one
+ * sequence (the sampled output: by rejection sampling, the same distribution with
+ * other draws; here only that it runs and keeps the grammar), against target-only. */
+Test(eagle3_spec, p_min_and_constrained, .timeout = 300) {
+    static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"n\": "
+                                "{\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"]}";
+    pair pr;
+    pair_open(&pr);
+    tandem_model *t = pr.t, *h = pr.h;
+    prompts p = load_prompts(15);
+    tandem_engine *plain = open_engine(t, NULL, 1, 0, false), *spec = open_engine(t, h, 1, 0, false);
+    uint64_t drafted = 0;
+    for (size_t i = 0; i < p.count; i++)
+        for (int c = 0; c < 3; c++) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = N_NEW;
+            gp.spec_k = 4;
+            if (c == 0) gp.spec_p_min = 0.02f;
+            if (c >= 1) gp.json_schema = schema;
+            if (c == 2) gp.temperature = 0.8f, gp.seed = 7 + i;
+            tandem_result a, b;
+            cr_assert_eq(tandem_generate_ids(plain, p.ids[i], p.n[i], &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+            cr_assert_eq(tandem_generate_ids(spec, p.ids[i], p.n[i], &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+            if (c < 2) same_tokens(&a, &b, c ? "constrained" : "p_min", i);
+            else cr_assert(b.n_tokens > 0 && b.text[0] == '{', "sampled, constrained: '%s'", b.text);
+            drafted += b.spec.drafted;
+            tandem_result_free(&a);
+            tandem_result_free(&b);
+        }
+    cr_assert_gt(drafted, 0);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
+    free_prompts(&p);
+    pair_close(&pr);
+}
+
+/* A prompt whose first blocks are in the prefix cache (published by an earlier
+ * request with the same start): the head misses one feature, the output does not
+ * change. */
+Test(eagle3_spec, prefix_cache_hit, .timeout = 300) {
+    pair pr;
+    pair_open(&pr);
+    tandem_model *t = pr.t, *h = pr.h;
+    prompts p = load_prompts(7);
+    int32_t *longer = malloc((p.n[0] + p.n[1]) * sizeof *longer); /* prompt 0, then prompt 1 */
+    memcpy(longer, p.ids[0], p.n[0] * sizeof *longer);
+    memcpy(longer + p.n[0], p.ids[1], p.n[1] * sizeof *longer);
+    cr_assert_geq(p.n[0], 32, "prompt 0 fills two blocks");
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = N_NEW;
+    gp.spec_k = 3;
+    tandem_result ref, a, b;
+    tandem_engine *e0 = open_engine(t, NULL, 1, 0, false);
+    cr_assert_eq(tandem_generate_ids(e0, longer, p.n[0] + p.n[1], &gp, &ref), TANDEM_OK, "%s", tandem_last_error());
+    tandem_engine_close(e0);
+    tandem_engine *e = open_engine(t, h, 1, 0, true);
+    cr_assert_eq(tandem_generate_ids(e, p.ids[0], p.n[0], &gp, &a), TANDEM_OK, "%s", tandem_last_error());
+    cr_assert_eq(tandem_generate_ids(e, longer, p.n[0] + p.n[1], &gp, &b), TANDEM_OK, "%s", tandem_last_error());
+    tandem_engine_stats st;
+    cr_assert_eq(tandem_engine_get_stats(e, &st), TANDEM_OK);
+    cr_assert_gt(st.prefix_hits, 0, "no prefix-cache hit");
+    same_tokens(&ref, &b, "after a prefix-cache hit", 1);
+    cr_assert_gt(b.spec.drafted, 0);
+    tandem_result_free(&ref);
+    tandem_result_free(&a);
+    tandem_result_free(&b);
+    tandem_engine_close(e);
+    free(longer);
+    free_prompts(&p);
+    pair_close(&pr);
+}
+
+/* ---- roll-back: pending features and the head's K/V against recomputations ---- */
+
+typedef struct fin {
+    bool done;
+    tandem_result res;
+} fin;
+
+static void on_fin(tandem_request_id id, tandem_result *res, void *user) {
+    (void)id;
+    fin *f = user;
+    f->res = *res;
+    f->done = true;
+}
+
+static float max_abs(const float *x, size_t n) {
+    float m = 0;
+    for (size_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+/* The sequence's pending features and the head's slots [0, n_draft - 1), against the
+ * target's features of its committed positions and the head run over them from
+ * scratch (f32 K/V both). */
+static void check_against_recompute(tdm_engine *e, tdm_backend *be, const tdm_seq *s) {
+    const tdm_model *tm = e->target;
+    const tdm_eagle3 *hd = e->head;
+    const int32_t n_t = s->n_target, h_n = TDM_MAX(s->n_draft - 1, 0), F = 3 * hd->ep.target_hidden;
+    tdm_err err = {0};
+    /* pending rows cover the head's catch-up: [h_n, n_target) */
+    cr_assert_leq(s->feat0, h_n, "pending rows start at %d, the head holds slots up to %d", (int)s->feat0, (int)h_n);
+    cr_assert_eq(s->feat0 + s->n_feat, n_t, "pending rows end at %d, the target holds %d", (int)(s->feat0 + s->n_feat),
+                 (int)n_t);
+    cr_assert_leq(s->n_feat, TDM_HEAD_PENDING);
+    /* the target's features from scratch */
+    const int32_t nb = (n_t + 15) / 16 + 1;
+    tdm_kv_store kt = {0}, kh = {0};
+    int32_t *blocks = malloc((size_t)nb * sizeof *blocks);
+    for (int32_t i = 0; i < nb; i++) blocks[i] = i;
+    tdm_kv_seq seq = {.blocks = blocks, .n_blocks = nb, .cap_blocks = nb, .len = nb * 16};
+    const tdm_kv_seq *seqs[1] = {&seq};
+    cr_assert_eq(tdm_kv_store_init(&kt, tm, be, TDM_F32, nb, 16, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_kv_store_init(&kh, hd->m, be, TDM_F32, nb, 16, &err), TANDEM_OK, "%s", err.msg);
+    tdm_fwd_scratch fs = {0};
+    cr_assert_eq(tdm_fwd_scratch_set_features(&fs, hd->ep.feat_layers, 3, &err), TANDEM_OK);
+    tdm_batch b;
+    cr_assert_eq(tdm_batch_init(&b, n_t + 1, &err), TANDEM_OK);
+    for (int32_t p = 0; p < n_t; p++) tdm_batch_add(&b, s->tokens[p], p, 0, p, p == n_t - 1);
+    float *logits = malloc((size_t)tm->hp.n_vocab * sizeof *logits);
+    cr_assert_eq(tdm_model_forward(tm, be, &kt, &b, seqs, &fs, logits, &err), TANDEM_OK, "%s", err.msg);
+    const float *pend = s->feat;
+    for (int32_t i = 0; i < s->n_feat; i++) {
+        const float *want = fs.feat + (size_t)(s->feat0 + i) * (size_t)F, *got = pend + (size_t)i * (size_t)F;
+        const float tol = 2e-3f * fmaxf(max_abs(want, (size_t)F), 1.0f);
+        for (int32_t j = 0; j < F; j++)
+            cr_assert(fabsf(want[j] - got[j]) <= tol, "pending feature of position %d, column %d: %g, recomputed %g",
+                      (int)(s->feat0 + i), (int)j, got[j], want[j]);
+    }
+    /* the head over slots [0, h_n): token P + 1 with fc(feature P) */
+    if (h_n > 0) {
+        tdm_eagle3_scratch hs = {0};
+        float *g;
+        cr_assert_eq(be->ops->alloc(be, (size_t)h_n * (size_t)hd->ep.n_embd * sizeof(float), (void **)&g, &err), TANDEM_OK);
+        cr_assert_eq(tdm_eagle3_fuse(hd, be, &hs, fs.feat, h_n, g, &err), TANDEM_OK, "%s", err.msg);
+        tdm_batch_clear(&b);
+        for (int32_t P = 0; P < h_n; P++) tdm_batch_add(&b, s->tokens[P + 1], P, 0, P, false);
+        cr_assert_eq(tdm_eagle3_forward(hd, be, &kh, &b, seqs, &hs, g, NULL, NULL, &err), TANDEM_OK, "%s", err.msg);
+        /* K unit: [head_dim][16] values, V unit: [16][head_dim] (f32), per block and KV head */
+        const int32_t hdim = hd->ep.head_dim, nkv = hd->ep.n_head_kv;
+        for (int32_t P = 0; P < h_n; P++) {
+            const int32_t eb = s->kv.blocks[P / 16], j = P % 16;
+            for (int32_t kvh = 0; kvh < nkv; kvh++)
+                for (int32_t d = 0; d < hdim; d++) {
+                    const size_t ko = ((size_t)(P / 16) * nkv + kvh) * (size_t)hdim * 16 + (size_t)d * 16 + j;
+                    const size_t ke = ((size_t)eb * nkv + kvh) * (size_t)hdim * 16 + (size_t)d * 16 + j;
+                    const size_t vo = (((size_t)(P / 16) * nkv + kvh) * 16 + j) * (size_t)hdim + d;
+                    const size_t ve = (((size_t)eb * nkv + kvh) * 16 + j) * (size_t)hdim + d;
+                    const float kw = ((const float *)kh.k[0])[ko], kg = ((const float *)e->kv_d.k[0])[ke];
+                    const float vw = ((const float *)kh.v[0])[vo], vg = ((const float *)e->kv_d.v[0])[ve];
+                    cr_assert(fabsf(kw - kg) <= 2e-3f * fmaxf(fabsf(kw), 1.0f) &&
+                                  fabsf(vw - vg) <= 2e-3f * fmaxf(fabsf(vw), 1.0f),
+                              "head slot %d (of %d), KV head %d, dim %d: K %g V %g, recomputed K %g V %g", (int)P,
+                              (int)h_n, (int)kvh, (int)d, kg, vg, kw, vw);
+                }
+        }
+        be->ops->free(be, g);
+        tdm_eagle3_scratch_free(&hs);
+    }
+    free(logits);
+    tdm_batch_free(&b);
+    tdm_fwd_scratch_free(&fs);
+    tdm_kv_store_free(&kt);
+    tdm_kv_store_free(&kh);
+    free(blocks);
+}
+
+Test(eagle3_spec, roll_back_keeps_features_exact, .timeout = 900) {
+    char hpath[32];
+    synth_head(hpath, TDM_F16, NULL);
+    tdm_backend *be = cpu(1);
+    tdm_model *tm = load_target(be);
+    tdm_eagle3 *hd;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_eagle3_load(hpath, be, &hd, &err), TANDEM_OK, "%s", err.msg);
+    tdm_engine_cfg cfg = {.n_threads = 1, .kv_type = TANDEM_KV_F32};
+    tdm_engine *plain, *e;
+    cr_assert_eq(tdm_engine_create(tm, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    prompts p = load_prompts(tdm_test_sanitized() ? 40 : 20);
+    uint64_t rng = 46;
+    int steps = 0;
+    uint64_t drafted = 0, accepted = 0;
+    int hist[8] = {0};
+    for (size_t i = 0; i < p.count; i++) {
+        tandem_generate_params gp = tandem_generate_default_params();
+        gp.max_tokens = 40;
+        tandem_result ref;
+        cr_assert_eq(tdm_generate_one(plain, p.ids[i], (int32_t)p.n[i], &gp, &ref, &err), TANDEM_OK, "%s", err.msg);
+        gp.spec_k = 1 + (int)(tdm_test_rand(&rng) % 6);
+        gp.spec_ngram = tdm_test_rand(&rng) % 2 ? 2 : 0;
+        gp.bench_oracle_tokens = ref.tokens;
+        gp.bench_n_oracle = (int)ref.n_tokens;
+        gp.bench_oracle_alpha = (float)(0.2 + 0.75 * tdm_test_randu(&rng));
+        tdm_sched *s;
+        cr_assert_eq(tdm_sched_create(e, NULL, &s, &err), TANDEM_OK, "%s", err.msg);
+        fin f = {0};
+        cr_assert_eq(tdm_sched_submit(s, p.ids[i], (int32_t)p.n[i], &gp, 0, 0, on_fin, &f, NULL, &err), TANDEM_OK, "%s",
+                     err.msg);
+        while (!f.done) {
+            cr_assert_eq(tdm_sched_step(s, NULL, &err), TANDEM_OK, "%s", err.msg);
+            const tdm_req *r = tdm_sched_running_req(s, 0);
+            if (!r || r->state != TDM_REQ_RUNNING) continue;
+            check_against_recompute(e, be, &r->s);
+            steps++;
+        }
+        cr_assert_eq(f.res.status, TANDEM_OK, "%s", f.res.error ? f.res.error : "");
+        same_tokens(&ref, &f.res, "oracle run", i);
+        drafted += f.res.spec.drafted;
+        accepted += f.res.spec.accepted;
+        for (int a = 0; a < 8; a++) hist[a] += (int)f.res.spec.accept_hist[a];
+        tandem_result_free(&f.res);
+        tandem_result_free(&ref);
+        tdm_sched_free(s);
+    }
+    cr_log_info("roll-back: %d steps checked, %llu drafted, %llu accepted; accepted per step 0..7: %d %d %d %d %d %d %d %d",
+                steps, (unsigned long long)drafted, (unsigned long long)accepted, hist[0], hist[1], hist[2], hist[3],
+                hist[4], hist[5], hist[6], hist[7]);
+    cr_assert_gt(hist[0], 0);
+    cr_assert_gt(hist[1] + hist[2], 0, "no chain was accepted in part");
+    cr_assert_gt(hist[3] + hist[4] + hist[5], 0, "no chain was accepted deeply");
+    free_prompts(&p);
+    tdm_engine_free(e);
+    tdm_engine_free(plain);
+    tdm_eagle3_free(hd);
+    tdm_model_free(tm);
+    tdm_backend_destroy(be);
+    unlink(hpath);
+}
+
+/* ---- sampled: chi-square against target-only sampling ---- */
+
+#define N_RUNS (tdm_test_sanitized() ? 2500 : 20000)
+#define N_POS 4
+
+/* n_seq > 1: a batch engine (verification by agreement with the target's draws);
+ * 1: rejection sampling against the head's q rows.  gp: the sampler and speculation. */
+static void check_lossless(const tandem_generate_params *gp, int n_seq, const char *what) {
+    tdm_err err = {0};
+    tdm_tiny_cfg tc = tdm_tiny_default();
+    char *tpath = tdm_tiny_model_file(&tc);
+    tdm_backend *be = cpu(1);
+    tdm_model *tm;
+    cr_assert_eq(tdm_model_load(tpath, be, &tm, &err), TANDEM_OK, "%s", err.msg);
+    uint8_t *buf;
+    tdm_eagle3 *hd = tiny_head(be, &tc, 12, &buf); /* (12 of the 16 tokens in its vocabulary) */
+    tdm_engine_cfg cfg = {.n_threads = 1, .n_seq_max = n_seq};
+    tdm_engine *plain, *spec;
+    cr_assert_eq(tdm_engine_create(tm, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
+    check_same_distribution(plain, spec, gp, N_RUNS, N_POS, 1e-4, what);
+    tdm_engine_free(plain);
+    tdm_engine_free(spec);
+    tdm_eagle3_free(hd);
+    free(buf);
+    tdm_model_free(tm);
+    tdm_backend_destroy(be);
+    unlink(tpath);
+    free(tpath);
+}
+
+/* sampling parameters: temperature, speculation length (0: adaptive), lookups */
+static tandem_generate_params sampled(float temp, int spec_k, int ngram) {
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.temperature = temp;
+    gp.spec_k = spec_k;
+    gp.spec_ngram = ngram;
+    return gp;
+}
+
+Test(eagle3_spec, sampled_rejection_k3, .timeout = 900) {
+    const tandem_generate_params gp = sampled(1.0f, 3, 0);
+    check_lossless(&gp, 1, "rejection sampling, k 3");
+}
+Test(eagle3_spec, sampled_rejection_adaptive_lookups, .timeout = 900) {
+    tandem_generate_params gp = sampled(0.8f, 0, 2);
+    gp.top_k = 8, gp.top_p = 0.9f;
+    check_lossless(&gp, 1, "rejection sampling, adaptive, lookups, top_k 8, top_p 0.9");
+}
+Test(eagle3_spec, sampled_agreement_batch_k2, .timeout = 900) {
+    tandem_generate_params gp = sampled(0.9f, 2, 0);
+    gp.top_p = 0.95f;
+    check_lossless(&gp, 4, "agreement (four sequences), k 2, top_p 0.95");
+}
