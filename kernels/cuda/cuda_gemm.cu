@@ -80,7 +80,9 @@ static cudaDataType_t cuda_type(uint32_t t) {
 /* ---- FP8 ---- */
 
 static tandem_status lt_status(cublasStatus_t s, const char *what, tdm_err *err) {
-    return tdm_seterr(err, TANDEM_ERR_BACKEND, "cublasLt: %s: %s (%d)", what, cublasGetStatusString(s), (int)s);
+    /* (NOT_SUPPORTED: no algorithm for this shape, TANDEM_ERR_UNSUPPORTED for the caller's fallback) */
+    return tdm_seterr(err, s == CUBLAS_STATUS_NOT_SUPPORTED ? TANDEM_ERR_UNSUPPORTED : TANDEM_ERR_BACKEND,
+                      "cublasLt: %s: %s (%d)", what, cublasGetStatusString(s), (int)s);
 }
 
 /* Row i of x[n][k] as E4M3 (q[i][k]) with its scale s[i] = max |x_i| / 448 (1 for a

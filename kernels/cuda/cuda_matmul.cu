@@ -175,8 +175,22 @@ tandem_status tdm_cuda_matmul(tdm_backend *b, const tdm_weight *w, const float *
         }
         return tdm_cuda_gemv(c, w, x, &xq, n, y, (int32_t)w->rows, epi, err);
     }
-    if (w->type == TDM_F8_E4M3) /* (the row kernels when fast; else cuBLASLt, x quantised there) */
-        return tdm_cuda_gemm(c, w, x, n, y, accumulate, err);
+    if (w->type == TDM_F8_E4M3) { /* (the row kernels when fast; else cuBLASLt, x quantised there) */
+        st = tdm_cuda_gemm(c, w, x, n, y, accumulate, err);
+        if (st != TANDEM_ERR_UNSUPPORTED || !tdm_cuda_gemv_fast(w) || c->capturing) return st;
+        /* cuBLASLt has no FP8 product of this shape (its layouts want the weight's
+         * rows in multiples of 16 bytes of output, say): the row kernels, a tile of
+         * rows at a time, exact in f32 x */
+        if (err) memset(err, 0, sizeof *err);
+        st = TANDEM_OK;
+        const int32_t step = TDM_CUDA_GEMV_MAX_ROWS;
+        for (int32_t i = 0; i < n && !st; i += step) {
+            tdm_cuda_xq xq = {NULL, NULL, NULL};
+            st = tdm_cuda_gemv(c, w, x + (size_t)i * (size_t)cols, &xq, TDM_MIN(step, n - i), y + (size_t)i * (size_t)w->rows,
+                               (int32_t)w->rows, epi, err);
+        }
+        return st;
+    }
     const bool dequant_gemm = w->layout == TDM_LAYOUT_ROWS && tdm_dtype_block_elems(w->type) > 1 &&
                               w->type != TDM_Q8_0 && w->type != TDM_Q4_0; /* (dequantised to f16) */
     if (!rows_kernels && (w->layout == TDM_LAYOUT_QSPLIT || w->type == TDM_F16 || w->type == TDM_BF16 || dequant_gemm)) {
