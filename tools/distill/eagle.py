@@ -99,14 +99,18 @@ class FDraft(torch.nn.Module):
 
     def ttt_attention(self, q, K, V, s):
         """Pass s, row p (base row b = p - s): the keys of pass 0 at positions <= b
-        (true features) and the key of pass j at position b + j for j = 1..s."""
+        (true features) and the key of pass j at position b + j for j = 1..s.  With
+        self.hide_bos (eagle3.py), row 0's key is hidden from every other row."""
         B, H, T, hd = q.shape
         rep = self.n_head // self.n_kv
         scale = 1.0 / math.sqrt(hd)
         p = torch.arange(T, device=q.device)
         K0, V0 = K[0].repeat_interleave(rep, 1), V[0].repeat_interleave(rep, 1)
         sc = (q @ K0.transpose(-1, -2)) * scale
-        sc = sc.masked_fill(~(p[None, :] <= p[:, None] - s), float("-inf"))
+        ok = p[None, :] <= p[:, None] - s
+        if getattr(self, "hide_bos", False):
+            ok = ok & ((p[None, :] >= 1) | (p[:, None] == 0))
+        sc = sc.masked_fill(~ok, float("-inf"))
         extra, vals = [], []
         for j in range(1, s + 1):
             d = s - j  # the key sits d rows above the query

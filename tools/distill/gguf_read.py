@@ -1,5 +1,6 @@
 """gguf_read.py - the few parts of a GGUF file distill.py and patch_gguf.py need:
-metadata, tensor infos (type, shape rows first, absolute offset) and f16/f32 data."""
+metadata, tensor infos (type, shape rows first, absolute offset) and f16/f32 data,
+and where the metadata lies (for patch_gguf.py's rewrite without some tensors)."""
 import struct
 
 import numpy as np
@@ -7,8 +8,9 @@ import numpy as np
 GGUF_TYPES = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 
 
-def read_gguf(path):
-    """(kv dict, {name: (ggml_type, shape rows-first, byte offset)}, bytes)."""
+def read_gguf(path, spans=None):
+    """(kv dict, {name: (ggml_type, shape rows-first, byte offset)}, bytes).  spans,
+    a dict if given, gets "version" and "kv" (the metadata's byte range)."""
     buf = open(path, "rb").read()
     off = 0
 
@@ -35,12 +37,15 @@ def read_gguf(path):
 
     assert buf[:4] == b"GGUF", path
     off = 4
-    take("I")  # version
+    version = take("I")
     n_tensors, n_kv = take("Q"), take("Q")
     kv = {}
+    kv0 = off
     for _ in range(n_kv):
         k = string()
         kv[k] = value(take("I"))
+    if spans is not None:
+        spans.update(version=version, kv=(kv0, off), n_kv=n_kv)
     infos = []
     for _ in range(n_tensors):
         name = string()
