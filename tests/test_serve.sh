@@ -20,7 +20,7 @@ if "$TANDEM" serve -m /nonexistent --port 0 2>&1 | grep -q "without HTTP support
 fi
 
 PY=python3
-if grep -q "^import openai\|^    import openai" "$SCRIPT"; then
+if grep -qE "^[[:space:]]*import openai" "$SCRIPT"; then
     (
         flock 9 # (the release and sanitizer builds have venvs of their own; tests in one build share it)
         if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c "import openai" 2>/dev/null; then
