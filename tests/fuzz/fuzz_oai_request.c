@@ -28,6 +28,16 @@
 #include "oai_response.h"
 #include "tool_calls.h"
 
+/* The answers' logprobs read tokens' text through the library (oai_response.c),
+ * which this harness does not link: no request here carries logprobs results, so
+ * these stand-ins are never reached with a token. */
+tandem_status tandem_detokenize(const tandem_model *model, const int32_t *ids, size_t n, char **out_text) {
+    (void)model, (void)ids, (void)n;
+    *out_text = NULL;
+    return TANDEM_ERR_UNSUPPORTED;
+}
+void tandem_free(void *p) { free(p); }
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static void must_parse(char *text, size_t n, size_t skip) {
