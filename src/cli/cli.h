@@ -224,8 +224,6 @@ void cli_prompts_free(cli_prompts *p);
 /* Whether m is a messages array: objects with a string "role" (what chat templates
  * need; the rest is the template's business). */
 bool cli_messages_ok(const struct tdm_json *m);
-/* A JSON value as text (heap), or NULL when out of memory. */
-char *cli_json_text(const struct tdm_json *j);
 
 /* Puts p's own fields (seed, max_tokens, temperature, stop, grammar or json_schema,
  * priority, timeout) over

@@ -92,18 +92,6 @@ bool cli_messages_ok(const tdm_json *m) {
     return true;
 }
 
-char *cli_json_text(const tdm_json *j) {
-    char *t = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&t, &len);
-    if (!m) return NULL;
-    tdm_json_write(m, j);
-    if (fclose(m) != 0) {
-        free(t);
-        return NULL;
-    }
-    return t;
-}
 
 /* The id member (absent: the prompt's index). */
 static bool id_from_json(const tdm_json *j, cli_prompt *p, size_t index, const char *path, int line, char *err,
@@ -188,7 +176,7 @@ static bool request_from_json(const tdm_json *j, cli_prompt *p, const char *path
     }
     if (js) {
         if (js->type == TDM_JSON_STRING && strlen(js->str) == js->str_len) p->json_schema = tdm_strndup(js->str, js->str_len);
-        else if (js->type == TDM_JSON_OBJECT || js->type == TDM_JSON_BOOL) p->json_schema = cli_json_text(js);
+        else if (js->type == TDM_JSON_OBJECT || js->type == TDM_JSON_BOOL) p->json_schema = tdm_json_text(js);
         else return line_err(err, cap, path, line, "\"json_schema\" must be a JSON schema (an object) or its text");
         if (!p->json_schema) return line_err(err, cap, path, line, "out of memory");
     }
@@ -265,7 +253,7 @@ static bool prompt_from_json(const tdm_json *j, cli_prompt *p, size_t index, con
     if (msgs) {
         if (!cli_messages_ok(msgs))
             return line_err(err, cap, path, line, "\"messages\" must be an array of objects with a string \"role\"");
-        if (!(p->messages = cli_json_text(msgs)) || !(p->text = tdm_strndup("", 0)))
+        if (!(p->messages = tdm_json_text(msgs)) || !(p->text = tdm_strndup("", 0)))
             return line_err(err, cap, path, line, "out of memory");
         return sampling_from_json(j, p, path, line, err, cap) && request_from_json(j, p, path, line, err, cap) &&
                penalties_from_json(j, p, path, line, err, cap);
