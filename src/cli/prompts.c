@@ -92,7 +92,6 @@ bool cli_messages_ok(const tdm_json *m) {
     return true;
 }
 
-
 /* The id member (absent: the prompt's index). */
 static bool id_from_json(const tdm_json *j, cli_prompt *p, size_t index, const char *path, int line, char *err,
                          size_t cap) {
