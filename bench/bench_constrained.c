@@ -3,6 +3,9 @@
  * batch 8, alternated A/B in one process.  --arm penalties: with and without the
  * logit edits instead (presence 0.5, frequency 0.5, repetition 1.1, a logit_bias of
  * 4 tokens); --arm logprobs: with and without logprobs (5 alternatives per token).
+ * --tree N|auto: the speculative engine alone, every request under the arm (the
+ * schema, penalties or logprobs), A verifying chains (spec_tree 0) and B token trees
+ * (spec_tree N, or the controller's choice), alternated the same way.
  *
  * Per batch size B: a target-only engine and a speculative one, each of B sequences;
  * per repetition every engine runs the prompts twice, unconstrained (A) and under the
@@ -23,7 +26,7 @@
  *
  * usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16]
  *                          [--reps 5] [--threads 2] [--batch 1,8] [--schema JSON]
- *                          [--arm schema|penalties|logprobs]
+ *                          [--arm schema|penalties|logprobs] [--tree N|auto]
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -63,8 +66,8 @@ static void die(const char *what) {
 
 /* Runs the prompts on e in waves of batch and returns decoded tokens / decode
  * seconds; *acc gets the acceptance of the drafted tokens. */
-static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const char *schema, arm b, int batch,
-                  double *acc) {
+static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const char *schema, arm b, int spec_tree,
+                  int batch, double *acc) {
     tandem_request *rq = calloc((size_t)n, sizeof *rq);
     tandem_result *res = calloc((size_t)n, sizeof *res);
     for (int i = 0; i < n; i++) {
@@ -72,6 +75,7 @@ static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const
         rq[i].prompt = prompts[i];
         rq[i].params.max_tokens = max_tokens;
         rq[i].params.ignore_eos = true;
+        rq[i].params.spec_tree = spec_tree;
         if (b == ARM_SCHEMA) rq[i].params.json_schema = schema;
         if (b == ARM_PENALTIES) {
             rq[i].params.presence_penalty = rq[i].params.frequency_penalty = 0.5f;
@@ -108,9 +112,39 @@ static double run(tandem_engine *e, char **prompts, int n, int max_tokens, const
     return tokens / decode_s;
 }
 
+/* --tree: per batch size, the speculative engine under the arm, chains (A) against
+ * trees (B), alternated A B / B A; the medians of the rates and of the ratios within
+ * a repetition. */
+static void trees_vs_chains(tandem_model *t, tandem_model *d, char **prompts, int n, int n_new, const char *schema, arm b,
+                            int tree, char *bl, int reps, int threads, const char *what, const char *tree_arg) {
+    printf("| batch | %s: tok/s chains | tok/s trees (%s) | trees / chains | acceptance chains, trees |\n"
+           "|---|---|---|---|---|\n", what, tree_arg);
+    for (char *tok = strtok(bl, ","); tok; tok = strtok(NULL, ",")) {
+        const int B = atoi(tok);
+        tandem_engine_params ep = tandem_engine_default_params();
+        ep.n_threads = threads;
+        ep.n_seq_max = B;
+        tandem_engine *e;
+        if (tandem_engine_open(t, d, &ep, &e) != TANDEM_OK) die("engine");
+        double rate[2][MAX_REPS], acc[2][MAX_REPS], ratio[MAX_REPS];
+        for (int r = 0; r < reps; r++) {
+            for (int o = 0; o < 2; o++) {
+                const int c = r % 2 ? 1 - o : o; /* A B, then B A */
+                rate[c][r] = run(e, prompts, n, n_new, schema, b, c ? tree : 0, B, &acc[c][r]);
+            }
+            ratio[r] = rate[1][r] / rate[0][r];
+        }
+        const double r_ratio = median(ratio, reps);
+        printf("| %d | %.1f | %.1f | %.3f | %.3f, %.3f |\n", B, median(rate[0], reps), median(rate[1], reps), r_ratio,
+               median(acc[0], reps), median(acc[1], reps));
+        fflush(stdout);
+        tandem_engine_close(e);
+    }
+}
+
 int main(int argc, char **argv) {
     const char *target = NULL, *draft = NULL, *prompts_file = NULL, *schema = SCHEMA_DEFAULT, *batches = "1,8";
-    const char *arm_name = "schema";
+    const char *arm_name = "schema", *tree_arg = NULL;
     int n_new = 64, limit = 16, reps = 5, threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -128,6 +162,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) batches = v;
         else if (!strcmp(a, "--schema")) schema = v;
         else if (!strcmp(a, "--arm")) arm_name = v;
+        else if (!strcmp(a, "--tree")) tree_arg = v;
         else {
             fprintf(stderr, "bench_constrained: unknown option %s\n", a);
             return 2;
@@ -135,10 +170,12 @@ int main(int argc, char **argv) {
         i++;
     }
     const arm b = !strcmp(arm_name, "penalties") ? ARM_PENALTIES : !strcmp(arm_name, "logprobs") ? ARM_LOGPROBS : ARM_SCHEMA;
+    const int tree = !tree_arg ? 0 : !strcmp(tree_arg, "auto") ? TANDEM_SPEC_TREE_AUTO : atoi(tree_arg);
     if (!target || !draft || !prompts_file || n_new < 2 || limit < 1 || reps < 1 || reps > MAX_REPS ||
-        (b == ARM_SCHEMA && strcmp(arm_name, "schema"))) {
+        (b == ARM_SCHEMA && strcmp(arm_name, "schema")) ||
+        (tree_arg && tree != TANDEM_SPEC_TREE_AUTO && (tree < 1 || tree > TANDEM_SPEC_TREE_MAX))) {
         fprintf(stderr, "usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16] [--reps 5]"
-                        " [--threads 2] [--batch 1,8] [--schema JSON] [--arm schema|penalties|logprobs]\n");
+                        " [--threads 2] [--batch 1,8] [--schema JSON] [--arm schema|penalties|logprobs] [--tree N|auto]\n");
         return 2;
     }
     const char *what = b == ARM_SCHEMA ? "JSON schema" : arm_name;
@@ -147,9 +184,17 @@ int main(int argc, char **argv) {
     tandem_model *t = NULL, *d = NULL;
     if (tandem_model_open(target, NULL, &t) != TANDEM_OK) die(target);
     if (tandem_model_open(draft, NULL, &d) != TANDEM_OK) die(draft);
+    char *bl = strdup(batches);
+    if (tree_arg) {
+        trees_vs_chains(t, d, prompts, n, n_new, schema, b, tree, bl, reps, threads, what, tree_arg);
+        free(bl);
+        tandem_model_close(d);
+        tandem_model_close(t);
+        bench_prompts_free(prompts, n);
+        return 0;
+    }
     printf("| batch | engine | tok/s free | tok/s %s | %s / free | acceptance free, %s |\n"
            "|---|---|---|---|---|---|\n", what, arm_name, arm_name);
-    char *bl = strdup(batches);
     for (char *tok = strtok(bl, ","); tok; tok = strtok(NULL, ",")) {
         const int B = atoi(tok);
         tandem_engine_params ep = tandem_engine_default_params();
@@ -163,7 +208,7 @@ int main(int argc, char **argv) {
             for (int x = 0; x < 2; x++)
                 for (int o = 0; o < 2; o++) {
                     const int c = r % 2 ? 1 - o : o; /* A B, then B A */
-                    rate[x][c][r] = run(eng[x], prompts, n, n_new, schema, c ? b : ARM_NONE, B, &acc[x][c][r]);
+                    rate[x][c][r] = run(eng[x], prompts, n, n_new, schema, c ? b : ARM_NONE, 0, B, &acc[x][c][r]);
                 }
         /* ratios within a repetition (its A and B ran back to back), then their median:
          * what drifts between repetitions cancels */

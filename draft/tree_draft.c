@@ -7,14 +7,18 @@
  * kept in ws->tree_q for verification) gives the children of its node.  When every
  * job is greedy and the backend has the topk op, the candidates come from the
  * device instead (e->tree_topk_*: ids and softmax probabilities, no logits rows
- * downloaded). */
+ * downloaded).  A constrained or penalised job's rows are masked and edited on the
+ * host first, each with the grammar state and the counts of its node's path
+ * (edit_row), so that its children are tokens the grammar allows there. */
 #include "tree_draft.h"
 
 #include <stddef.h>
 #include <string.h>
 
+#include "constrain.h"
 #include "kv_cache.h"
 #include "oracle.h"
+#include "penalty.h"
 
 int32_t tdm_tree_slots(const tdm_tree_cfg *c) {
     /* target nodes: the budget; draft nodes: those fed, at most TDM_TREE_MAX - 1 */
@@ -84,14 +88,46 @@ static tandem_status nonfinite(const lvl_buf *b, const tdm_tree_job *j, int32_t 
     return tdm_engine_nonfinite(b->e, true, j->s->n_tokens + (v < 0 ? -1 : j->tree->depth[v]), err);
 }
 
+/* Whether the job's draft rows are masked or edited (on the host: edit_row). */
+static bool job_edited(const tdm_tree_job *j) { return j->s->con || j->s->pen; }
+
+/* A constrained or penalised job's draft row l of node v (-1: the root) masked with
+ * the grammar's state after the committed text and v's path, and edited with the
+ * counts of both, as the target's row of v will be (constrain.h, penalty.h);
+ * *none when the grammar allows nothing there (v's token finished it: no children). */
+static tandem_status edit_row(const tdm_engine *e, const tdm_tree_job *j, int32_t v, float *l, bool *none, tdm_err *err) {
+    const tdm_tree *t = j->tree;
+    tdm_seq *s = j->s;
+    int32_t path[TDM_TREE_DEPTH_MAX + 1], d = 0;
+    *none = false;
+    for (int32_t a = v; a >= 0 && d <= TDM_TREE_DEPTH_MAX; a = t->parent[a]) path[d++] = t->token[a];
+    for (int32_t a = 0, z = d - 1; a < z; a++, z--) {
+        const int32_t tmp = path[a];
+        path[a] = path[z], path[z] = tmp;
+    }
+    tandem_status st;
+    if (s->pen && (st = tdm_penalty_draft_row(s, path, d, l, err))) return st;
+    if (!s->con) return TANDEM_OK;
+    int32_t n_allowed = 0;
+    if ((st = tdm_constraint_path_mask(s, path, d, &n_allowed, err))) return st;
+    *none = n_allowed == 0;
+    if (!*none) tdm_logits_mask(l, e->n_vocab, tdm_constraint_row(s, 0), TDM_LOGIT_NONE);
+    return TANDEM_OK;
+}
+
 /* The children of node v from the draft's logits row l (host memory). */
-static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l, tdm_err *err) {
+static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, float *l, tdm_err *err) {
     tdm_engine *e = b->e;
     tdm_spec_ws *ws = b->ws;
     tdm_tree *t = j->tree;
     const int32_t V = e->n_vocab, c = n_children(j, v);
     if (c <= 0) return TANDEM_OK;
     if (!tdm_logits_finite(l, V)) return nonfinite(b, j, v, err);
+    if (job_edited(j)) {
+        bool none;
+        tandem_status st = edit_row(e, j, v, l, &none, err);
+        if (st || none) return st;
+    }
     float *q = e->tmp;
     if (j->sample) { /* its q row stays for verification */
         const int32_t row = v < 0 ? 0 : 1 + t->dslot[v];
@@ -102,10 +138,12 @@ static tandem_status grow(lvl_buf *b, tdm_tree_job *j, int32_t v, const float *l
     const tdm_sampler_params soft = {1.0f, 0, 1.0f, 0.0f};
     tdm_probs_from_logits(l, V, j->sample ? &j->s->sp : &soft, &e->ss, q);
     int32_t ids[TDM_TREE_TOPK];
-    const int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
-                                  : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->sr->oracle ? 1 : 0), ids);
+    int32_t got = j->sample ? tdm_draw_distinct(q, V, TDM_MIN(c, 16), &j->s->rng, ids)
+                            : tdm_top_tokens(q, V, TDM_MIN(c, 16) + (j->sr->oracle ? 1 : 0), ids);
     float pr[TDM_TREE_TOPK]; /* the probability of each rank */
     for (int32_t i = 0; i < got; i++) pr[i] = q[ids[i]];
+    if (job_edited(j))
+        while (got > 0 && !(pr[got - 1] > 0)) got--; /* (fewer tokens allowed than children asked) */
     add_children(j, v, c, ids, pr, got);
     return TANDEM_OK;
 }
@@ -273,7 +311,7 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job
 tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
     /* a lone greedy dynamic tree: on the device when the backend grows one */
     if (n == 1 && ws->dtree && !ws->dtree_off && !jobs[0].sample && jobs[0].cfg.n_shape == 0 && !jobs[0].sr->oracle &&
-        jobs[0].cfg.depth <= TDM_TREE_DEPTH_MAX) {
+        !job_edited(&jobs[0]) && jobs[0].cfg.depth <= TDM_TREE_DEPTH_MAX) {
         tandem_status st = tree_on_device(e, ws, &jobs[0], n_forwards, err);
         if (st != TANDEM_ERR_UNSUPPORTED) return st;
         /* (a draft whose forward cannot take device masks: levels through the host) */
@@ -286,7 +324,8 @@ tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs
     if (n > TDM_ENGINE_BATCH_LOGITS_MAX) return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "%d trees at once", (int)n);
     int32_t max_depth = 0;
     for (int32_t i = 0; i < n; i++) {
-        if (jobs[i].sample) b.dev_topk = false; /* (its q rows: the whole distribution) */
+        if (jobs[i].sample || job_edited(&jobs[i])) b.dev_topk = false; /* (its q rows: the whole distribution;
+                                                                             its rows masked, edited on the host) */
         kv[i] = &jobs[i].s->kv;
         tdm_tree_reset(jobs[i].tree);
         max_depth = TDM_MAX(max_depth, jobs[i].cfg.n_shape > 0 ? jobs[i].cfg.n_shape : jobs[i].cfg.depth);

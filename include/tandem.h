@@ -522,11 +522,12 @@ typedef struct tandem_generate_params {
      * follow ends the request (finish reason stop).  Compiled when the request is
      * submitted: an invalid one fails it with TANDEM_ERR_INVALID_ARG naming where
      * ("grammar: line 3:7: ...", "json_schema: #/properties/a: ..."), as does one that no
-     * token of the vocabulary can begin.  A constrained request verifies chains, not
-     * token trees (spec_tree is taken as 0); a sampled one on an engine of one
-     * sequence by rejection sampling with masked target and draft distributions
-     * (where the draft's q rows are on the host: the CPU), else by agreement with the
-     * target's own masked draws. */
+     * token of the vocabulary can begin.  Token trees (spec_tree) too: each node's
+     * children are drafted under the grammar's state after its path, and its verified
+     * row is masked with that state.  A sampled one on an engine of one sequence is
+     * verified by rejection sampling with masked target and draft distributions
+     * (where the draft's q rows are on the host: the CPU; multi-candidate for a tree),
+     * else by agreement with the target's own masked draws. */
     const char *grammar;      /* GBNF text (llama.cpp's syntax, a `root` rule); NULL = none;
                                  default NULL */
     const char *json_schema;  /* a JSON schema (OpenAI's strict subset and more; the
@@ -539,10 +540,10 @@ typedef struct tandem_generate_params {
      * (greedy: its argmax).  Speculation stays lossless: verified row d of a drafted
      * chain is edited with the counts of the committed text plus the chain's first d
      * tokens, exactly as without speculation (the draft's rows are edited alike, for
-     * acceptance).  A request with any of them on verifies chains, not token trees
-     * (spec_tree is taken as 0), as a grammar-constrained one does; a sampled one on
-     * an engine of one sequence by rejection sampling where the draft's q rows are on
-     * the host (the CPU), else by agreement with the target's own draws. */
+     * acceptance); a token tree's node row with the counts of the committed text plus
+     * the node's path.  A sampled one on an engine of one sequence is verified by
+     * rejection sampling where the draft's q rows are on the host (the CPU), else by
+     * agreement with the target's own draws. */
     float presence_penalty;   /* [-2, 2]: subtracted from the logit of every token that
                                  occurs in the generated text (OpenAI's; the prompt does
                                  not count); 0 = off; default 0 */
@@ -564,7 +565,8 @@ typedef struct tandem_generate_params {
      * edited, masked distribution at temperature 1, before top_k / top_p / min_p),
      * the speculated ones' from the verifying forward's rows.  A sampled request with
      * logprobs on is verified by agreement with the target's draws (not by rejection
-     * sampling); like penalties, it verifies chains, not token trees. */
+     * sampling); with token trees, a token's from its accepted node's parent row
+     * (the bonus token's from the last accepted node's). */
     bool logprobs;            /* the results' logprobs array and on_token_lp's lp;
                                  default false */
     int top_logprobs;         /* [0, TANDEM_TOP_LOGPROBS_MAX] alternatives per token (needs

@@ -32,7 +32,7 @@ static const tandem_token_logprob *take_logprob(tdm_seq *s, int32_t token) {
     if (s->lp_next < s->lp_fill) {
         const tdm_lp_row *r = &s->lp_rows[s->lp_next++];
         /* (the row's drawn token is the one committed: logprobs requests are verified by
-         * agreement, chains only) */
+         * agreement, a tree's rows of its accepted path: tdm_commit_tree) */
         lp->logprob = r->token == token ? (float)((double)r->logit - r->lse) : 0.0f;
         lp->n_top = TDM_MIN(r->k, s->lp_top);
         for (int32_t j = 0; j < lp->n_top; j++) {
@@ -103,6 +103,16 @@ void tdm_commit_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, const tdm
     if (go) tdm_commit_token(e, s, v->next);
 }
 
+/* A tree's logprobs rows (its pending token's, then node i's at 1 + i, as verified)
+ * cut to its accepted path's: row 0 and the rows of path[0..m), which give the path's
+ * tokens after the first and the bonus token. */
+static void keep_path_lp_rows(tdm_seq *s, const tdm_tree *t, const int32_t *path, int32_t m) {
+    if (s->lp_top < 0 || s->lp_next != 0 || s->lp_fill != 1 + t->n) return; /* (not a tree's rows: none kept) */
+    for (int32_t j = 0; j < m; j++) s->lp_rows[1 + j] = s->lp_rows[1 + path[j]]; /* (path[j] >= j: a node's
+                                                                                  parent comes first) */
+    s->lp_fill = 1 + m;
+}
+
 tandem_status tdm_commit_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, const tdm_verdict *v, tdm_err *err) {
     const int32_t n = s->n_tokens, m = v->n_acc;
     const int32_t *path = v->path;
@@ -122,6 +132,7 @@ tandem_status tdm_commit_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, cons
     s->n_target = n + m;
     s->n_draft = TDM_MIN(s->n_draft, n) + (s->n_draft >= n ? f : 0);
     tdm_kv_seq_truncate(e->pool, &s->kv, n + m);
+    keep_path_lp_rows(s, t, path, m);
     bool go = true;
     for (int32_t j = 0; j < m && go; j++) go = tdm_commit_token(e, s, t->token[path[j]]);
     if (go) tdm_commit_token(e, s, v->next);

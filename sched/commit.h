@@ -26,8 +26,10 @@ void tdm_commit_chain(tdm_engine *e, tdm_seq *s, const int32_t *draft, const tdm
 
 /* After a verdict on s's tree t: the path's K/V of both models move to consecutive
  * slots n .. n + m - 1 (the draft's as far as it saw the path), one truncate to n +
- * m rolls everything else back, and the path's tokens and v->next are committed
- * (as far as the request takes them). */
+ * m rolls everything else back, a logprobs request's rows (the tree's, in node
+ * order) are cut to the path's, and the path's tokens and v->next are committed
+ * (as far as the request takes them; a grammar's matcher and the penalties' counts
+ * follow them as a chain's). */
 tandem_status tdm_commit_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, const tdm_verdict *v, tdm_err *err);
 
 /* One step as the request's speculation statistics (tandem_spec_stats) count it. */

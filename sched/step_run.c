@@ -60,11 +60,11 @@ static tdm_fwd_kind item_kind(const tdm_sched *s, const step_item *it) {
 }
 
 /* Row j's summary into its sequence's lp_rows (in row order: a sequence's rows are
- * consecutive, its chain's rows 0..k). */
+ * consecutive, its chain's rows 0..k, a tree's pending token's and its nodes'). */
 static void keep_lp_row(const tdm_draw_row *rows, int32_t j, int32_t token, const tdm_row_top *top) {
     tdm_seq *q = (tdm_seq *)rows[j].s;
     if (j == 0 || rows[j - 1].s != q) q->lp_next = q->lp_fill = 0;
-    if (q->lp_fill >= TANDEM_SPEC_K_MAX + 1) return;
+    if (q->lp_fill >= TDM_LP_ROWS) return;
     tdm_lp_row *r = &q->lp_rows[q->lp_fill++];
     r->token = token;
     r->logit = top->want;
@@ -118,6 +118,31 @@ static tandem_status logprob_rows(tdm_engine *e, const tdm_draw_row *rows, int32
     return st;
 }
 
+/* A constrained or penalised tree item's rows r0[0..1 + n) masked and edited: row 0
+ * (its pending token's) with the grammar's state and the counts after the committed
+ * text, node x's row with those after x's path (constrain.h, penalty.h), so that
+ * each row's argmax or draw is the target's own under the request's rules given that
+ * path.  A failure fails the request alone (its rows then draw as they are and are
+ * dropped). */
+static void tree_row_edits(const step_item *it, tdm_draw_row *r0) {
+    tdm_seq *q = &it->r->s;
+    const tdm_tree *t = it->tree;
+    tdm_err err = {0};
+    tandem_status st;
+    if (q->con && !it->r->fail_st) {
+        if ((st = tdm_constraint_tree_rows(q, t->token, t->parent, t->n, &err))) tdm_sched_fail(it->r, st, &err);
+        else
+            for (int32_t x = 0; x <= t->n; x++) r0[x].mask = tdm_constraint_row(q, x);
+    }
+    if (q->pen && !it->r->fail_st) {
+        if ((st = tdm_penalty_tree_rows(q, t->token, t->parent, t->n, &err))) tdm_sched_fail(it->r, st, &err);
+        else
+            for (int32_t x = 0; x <= t->n; x++) r0[x].edit = tdm_penalty_row(q, x, &r0[x].n_edit);
+    }
+    if (it->r->fail_st)
+        for (int32_t x = 0; x <= t->n; x++) r0[x].mask = NULL, r0[x].edit = NULL, r0[x].n_edit = 0;
+}
+
 /* A group's forward kind from its items' (item_kind): host rows where any item
  * reads them (every row can be drawn there), else device rows where any has them. */
 static tdm_fwd_kind group_kind(tdm_fwd_kind group, tdm_fwd_kind item) {
@@ -151,8 +176,10 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             int32_t deepest = -1;
             for (int32_t x = 0; x < t->n; x++) deepest = TDM_MAX(deepest, t->depth[x]);
             if (draws) tdm_engine_draws(q, deepest + 2, u);
+            tdm_draw_row *r0 = rows + m;
             rows[m++] = (tdm_draw_row){q, u[0], NULL, NULL, 0};
             for (int32_t x = 0; x < t->n; x++) rows[m++] = (tdm_draw_row){q, u[t->depth[x] + 1], NULL, NULL, 0};
+            tree_row_edits(&it[i], r0);
             kind = group_kind(kind, item_kind(s, &it[i]));
             continue;
         }
@@ -271,6 +298,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             continue;
         }
         if (it[i].reject) { /* (alone in its forward: its rule reads the rows) */
+            if (r->fail_st) continue; /* (its masks failed) */
             tdm_verdict v;
             if ((st = it[i].tree ? tdm_verify_tree_reject(e, s->ws, q, it[i].tree, 0, &v, &err)
                                  : tdm_verify_reject(e, s->ws, q, it[i].draft, it[i].k, it[i].n_model, 0, kind, &v, &err))) {

@@ -25,23 +25,27 @@
  * sampled one by agreement with the target's own draws (every row draws with the
  * uniform of the position it predicts), or, on an engine of one sequence, by
  * multi-candidate rejection sampling (children drawn from the draft without
- * replacement; such a tree holds no lookups). */
+ * replacement; such a tree holds no lookups).  A constrained or penalised
+ * sequence's rows, drafted and verified, are masked and edited per node with its
+ * path's grammar state and counts, so every verdict sees the distribution the
+ * target has alone after that path; its lookups are cut where the grammar refuses
+ * them (grammar_cut). */
 #include "sched_internal.h"
 
 #include <string.h>
 
 #include "commit.h"
+#include "constrain.h"
 #include "kv_cache.h"
 #include "ngram.h"
 #include "tree_accept.h"
 #include "tree_draft.h"
 #include "tree_verify.h"
 
-/* (a constrained, penalised or logprobs sequence verifies chains: its masks, edits
- * and row summaries follow one path) */
-static bool tree_capable(const tdm_req *r) {
-    return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0 && !r->s.con && !r->s.pen && r->s.lp_top < 0;
-}
+/* (a constrained, penalised or logprobs sequence too: its drafted rows are masked
+ * and edited per node, draft/tree_draft.c; its verified rows per node, step_run.c;
+ * the accepted path's logprobs rows kept, sched/commit.c) */
+static bool tree_capable(const tdm_req *r) { return r->state == TDM_REQ_RUNNING && r->sr.spec_tree != 0; }
 
 /* The largest budget an auto choice weighs. */
 static int32_t auto_max(const tdm_sched *s) {
@@ -121,6 +125,18 @@ bool tdm_sched_tree_cfg(const tdm_sched *s, const step_item *it, tdm_tree_cfg *c
  * parent's cumulative probability times this). */
 static float lookup_alpha(const tdm_spec_rec *sr) { return (float)TDM_MIN(TDM_MAX(sr->ctrl_ng.alpha, 0.05), 0.95); }
 
+/* Of a lookup toks[0..n) proposed after the committed text and after[0..n_after)
+ * (a path of the tree), the tokens a constrained sequence's grammar allows there (a
+ * prefix; the rest would only be refused by its rows' masks); n without a grammar. */
+static int32_t grammar_cut(tdm_seq *q, const int32_t *after, int32_t n_after, const int32_t *toks, int32_t n) {
+    if (!q->con || n <= 0) return n;
+    int32_t all[2 * TDM_TREE_DEPTH_MAX];
+    if (n_after + n > (int32_t)TDM_ARRAY_LEN(all)) n = (int32_t)TDM_ARRAY_LEN(all) - n_after;
+    if (n_after > 0) memcpy(all, after, (size_t)n_after * sizeof *all);
+    memcpy(all + n_after, toks, (size_t)n * sizeof *all);
+    return TDM_MAX(tdm_constraint_prefix(q, all, n_after + n) - n_after, 0);
+}
+
 /* Merges q's lookups into its drafted tree t of at most `budget` nodes, none deeper
  * than max_depth - 1: the continuation of the committed text below the root (it
  * follows the draft's nodes while they agree), and that of the text plus the
@@ -137,13 +153,14 @@ static void tree_lookups(tdm_spec_ws *ws, tdm_seq *q, tdm_spec_rec *sr, tdm_tree
     max_depth = TDM_MIN(max_depth, TDM_TREE_DEPTH_MAX);
     if (k <= 0 || max_depth <= 0) return;
     const float a = lookup_alpha(sr);
-    *n_root = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), k, root);
+    *n_root = grammar_cut(q, NULL, 0, root, tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), k, root));
     int32_t added = tdm_tree_merge_chain(t, -1, root, *n_root, a, TDM_TREE_MAX, max_depth);
     const int32_t leaf = t->n_spine - 1; /* (spine node i: node i, at depth i) */
     if (leaf >= 0 && leaf + 1 < max_depth) {
         int32_t spine[TDM_TREE_DEPTH_MAX], out[TDM_TREE_DEPTH_MAX];
         for (int32_t i = 0; i <= leaf; i++) spine[i] = t->token[i];
-        const int32_t m = tdm_ngram_propose_after(q->tokens, q->n_tokens, spine, leaf + 1, tdm_spec_lookup_n(sr), k, out);
+        const int32_t m = grammar_cut(q, spine, leaf + 1, out,
+                                      tdm_ngram_propose_after(q->tokens, q->n_tokens, spine, leaf + 1, tdm_spec_lookup_n(sr), k, out));
         added += tdm_tree_merge_chain(t, leaf, out, m, a, TDM_TREE_MAX, max_depth);
     }
     if (added == 0) return;
@@ -169,7 +186,8 @@ static bool lookup_tree(const tdm_sched *s, tdm_seq *q, tdm_spec_rec *sr, tdm_tr
     const int32_t max_nodes = TDM_MIN(TDM_MIN(budget, TDM_TREE_MAX), extra > 0 ? L + extra : TDM_TREE_MAX);
     const float a = lookup_alpha(sr);
     tdm_tree_merge_chain(t, -1, first, L, a, max_nodes, max_depth); /* (the spine) */
-    for (int32_t c = 0; c < m; c++) tdm_tree_merge_chain(t, -1, cand + c * L, lens[c], a, max_nodes, max_depth);
+    for (int32_t c = 0; c < m; c++)
+        tdm_tree_merge_chain(t, -1, cand + c * L, grammar_cut(q, NULL, 0, cand + c * L, lens[c]), a, max_nodes, max_depth);
     tdm_tree_spine_first(t);
     return t->n > t->n_spine;
 }
@@ -183,7 +201,8 @@ static bool lookup_instead(tdm_sched *s, step_item *it, const tdm_tree_cfg *cfg)
     tdm_seq *q = &it->r->s;
     tdm_spec_rec *sr = &it->r->sr;
     if (it->k_look <= 0) return false;
-    const int32_t nd = tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k_look, it->draft);
+    const int32_t nd = grammar_cut(q, NULL, 0, it->draft,
+                                   tdm_ngram_propose(q->tokens, q->n_tokens, tdm_spec_lookup_n(sr), it->k_look, it->draft));
     if (nd <= 0) return false;
     const tdm_pair_costs *pc = &s->ws->len.cost;
     const tdm_tree_ctrl *ctrl = &sr->tctrl;

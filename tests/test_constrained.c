@@ -2,17 +2,18 @@
  * .json_schema, src/engine/constrain.h) composed with speculation:
  *   - greedy: under a GBNF grammar and under a JSON schema, over dev prompts, the
  *     output with the draft (chains at fixed and adaptive lengths, n-gram lookups,
- *     trees asked for: a constrained sequence takes chains) equals the target-only
+ *     token trees of fixed budgets and auto ones) equals the target-only
  *     constrained output token for token, every text a sentence (or, cut by
  *     max_tokens, a prefix) of the grammar, and no KV block leaks;
  *   - a batch of constrained and unconstrained requests on a speculating engine of
- *     four sequences gives each its solo target-only output;
+ *     four sequences (chains, and trees) gives each its solo target-only output;
  *   - sampled: the constrained target's distribution: the first token and the
  *     speculated second (given the first) against the masked softmax of the
- *     target's logits (chi-square), and the speculated output equal to the
- *     target-only output drawn with the same seed;
+ *     target's logits (chi-square; chains and trees), and the speculated output
+ *     equal to the target-only output drawn with the same seed;
  *   - the matcher's mark / rollback as the step uses it, fuzzed against a matcher
- *     replayed on the kept tokens;
+ *     replayed on the kept tokens; a tree's rows (tdm_constraint_tree_rows) and the
+ *     commit of a random path of it, likewise;
  *   - a grammar that finishes ends the request (finish reason stop); bad grammars
  *     and schemas fail at submission through the public API with the grammar
  *     engine's message. */
@@ -117,10 +118,12 @@ static void greedy_equality(const char *grammar, const char *schema, size_t n_pr
         {"k 4, no lookups", 4, 0, 0},
         {"k 1", 1, 0, 0},
         {"lookups of 2", 0, 2, 0},
-        {"tree asked (chains)", 0, 4, TANDEM_SPEC_TREE_AUTO},
-        {"tree of 8 asked (chains)", 0, 0, 8},
+        {"auto trees, lookups", 0, 4, TANDEM_SPEC_TREE_AUTO},
+        {"tree of 8", 0, 0, 8},
+        {"tree of 16, lookups", 0, 4, 16},
+        {"tree of 32", 0, 0, 32},
     };
-    uint64_t drafted = 0, accepted = 0;
+    uint64_t drafted = 0, accepted = 0, tree_steps = 0;
     const size_t stride = tdm_test_sanitized() ? 10 : 1;
     for (size_t li = 0; li < n_prompts; li += stride) {
         size_t n;
@@ -142,7 +145,7 @@ static void greedy_equality(const char *grammar, const char *schema, size_t n_pr
             tandem_result got;
             cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &sp, &got, &err), TANDEM_OK, "%s", err.msg);
             expect_same(&got, &want, spec, cfgs[c].what, li);
-            cr_assert_eq(got.spec.tree_steps, 0, "a constrained request verifies chains");
+            if (cfgs[c].tree > 0) tree_steps += got.spec.tree_steps;
             drafted += got.spec.drafted;
             accepted += got.spec.accepted;
             tandem_result_free(&got);
@@ -152,8 +155,9 @@ static void greedy_equality(const char *grammar, const char *schema, size_t n_pr
     }
     cr_assert_gt(drafted, 0, "nothing was drafted");
     cr_assert_gt(accepted, 0, "nothing drafted was accepted");
-    cr_log_info("constrained greedy: %llu drafted, %llu accepted", (unsigned long long)drafted,
-                (unsigned long long)accepted);
+    cr_assert_gt(tree_steps, 0, "no tree was verified");
+    cr_log_info("constrained greedy: %llu drafted, %llu accepted, %llu tree steps", (unsigned long long)drafted,
+                (unsigned long long)accepted, (unsigned long long)tree_steps);
     tdm_grammar_free(g);
     tdm_engine_free(plain);
     tdm_engine_free(spec);
@@ -165,8 +169,9 @@ Test(constrained, greedy_grammar_spec_equals_target_only) { greedy_equality(G_PY
 Test(constrained, greedy_schema_spec_equals_target_only) { greedy_equality(NULL, S_OBJ, 24); }
 
 /* A batch of constrained (grammar, schema) and unconstrained greedy requests on a
- * speculating engine of four sequences: each gets its solo target-only output. */
-Test(constrained, batch_mixed_equals_solo) {
+ * speculating engine of four sequences: each gets its solo target-only output;
+ * tree: every request asks for trees of that budget (some with lookups). */
+static void batch_mixed(int tree) {
     tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
     size_t n_lines;
     tdm_json **items = tdm_test_jsonl(tdm_test_data_path("prompts-dev.jsonl"), &n_lines);
@@ -178,12 +183,18 @@ Test(constrained, batch_mixed_equals_solo) {
         req[i].params.max_tokens = 40;
         if (i % 3 == 0) req[i].params.grammar = G_PY;
         if (i % 3 == 1) req[i].params.json_schema = S_OBJ;
+        req[i].params.spec_tree = tree;
+        if (tree) req[i].params.spec_ngram = i % 2 ? 4 : 0;
     }
     api_expect_batch_equals_solo(t, d, req, N);
     tdm_test_jsonl_free(items, n_lines);
     tandem_model_close(d);
     tandem_model_close(t);
 }
+
+Test(constrained, batch_mixed_equals_solo) { batch_mixed(0); }
+Test(constrained, batch_mixed_trees_equals_solo) { batch_mixed(12); }
+Test(constrained, batch_mixed_auto_trees_equals_solo) { batch_mixed(TANDEM_SPEC_TREE_AUTO); }
 
 /* A grammar that nothing can follow ends the request at once, finish reason stop. */
 Test(constrained, finished_grammar_stops) {
@@ -202,8 +213,8 @@ Test(constrained, finished_grammar_stops) {
 }
 
 /* Sampled, on an engine of two sequences (verification by agreement with the
- * target's own masked draws): the speculated output equals the target-only output
- * drawn with the same seed. */
+ * target's own masked draws; chains and trees): the speculated output equals the
+ * target-only output drawn with the same seed. */
 Test(constrained, sampled_spec_equals_target_only_same_seed) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
@@ -221,6 +232,7 @@ Test(constrained, sampled_spec_equals_target_only_same_seed) {
         gp.grammar = li % 2 ? NULL : G_PY;
         gp.json_schema = li % 2 ? S_OBJ : NULL;
         gp.spec_k = li % 3 == 0 ? 0 : 3;
+        gp.spec_tree = li % 4 == 1 ? 8 : li % 4 == 2 ? TANDEM_SPEC_TREE_AUTO : 0;
         tandem_result want, got;
         cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
         cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
@@ -259,11 +271,13 @@ static void masked_softmax(tdm_engine *e, const int32_t *ids, int32_t n, tdm_gma
     free(mask);
 }
 
-/* Sampled with speculation (k 1, so that the second token is a verified one): the
- * first token against the masked softmax after the prompt, and the second, given the
+/* Sampled with speculation (k 1, or a tree of `tree` nodes: max_tokens 3 leaves it one
+ * level, the root's children, so that the second token is a verified one): the first
+ * token against the masked softmax after the prompt, and the second, given the
  * likeliest first, against the masked softmax after it; on an engine of one sequence
- * (rejection sampling with masked p and q rows) and of two (agreement). */
-static void chi_square(int32_t n_seq) {
+ * (rejection sampling with masked p and q rows, multi-candidate for a tree) and of
+ * two (agreement). */
+static void chi_square(int32_t n_seq, int tree) {
     tdm_engine *spec = engine_of(g_draft, n_seq);
     const int32_t V = spec->n_vocab;
     size_t n_lines, n;
@@ -283,10 +297,21 @@ static void chi_square(int32_t n_seq) {
     gp.grammar = gram;
     gp.spec_k = 1;
     gp.spec_ngram = 0;
+    gp.spec_tree = tree;
     const int runs = tdm_test_sanitized() ? 300 : 1500;
     uint64_t *first = calloc((size_t)V, sizeof(uint64_t)), *second = calloc((size_t)V, sizeof(uint64_t));
     int32_t best;
     cr_assert_gt(api_first_two_tokens(spec, ids, np, &gp, runs, 77, first, second, &best), 0);
+    if (tree) { /* (the verdicts were a tree's) */
+        tandem_generate_params one = gp;
+        one.max_tokens = 3;
+        one.ignore_eos = true;
+        tandem_result r1;
+        tdm_err e1 = {0};
+        cr_assert_eq(tdm_generate_one(spec, ids, np, &one, &r1, &e1), TANDEM_OK, "%s", e1.msg);
+        cr_assert_gt(r1.spec.tree_steps, 0, "no tree was verified");
+        tandem_result_free(&r1);
+    }
     v = spec->gvocab;
     cr_assert(v);
     double *p = malloc((size_t)V * sizeof(double));
@@ -302,8 +327,8 @@ static void chi_square(int32_t n_seq) {
     const double pv2 = tdm_stat_chi2_gof(second, p, V, &df);
     cr_assert_geq(pv2, 1e-3, "second token given %d (%llu runs): chi-square p = %g (df %d)", best,
                   (unsigned long long)first[best], pv2, df);
-    cr_log_info("chi-square, %d sequence(s): first p %.3f, second p %.3f (%llu runs of the first)", (int)n_seq, pv1,
-                pv2, (unsigned long long)first[best]);
+    cr_log_info("chi-square, %d sequence(s), tree %d: first p %.3f, second p %.3f (%llu runs of the first)", (int)n_seq,
+                tree, pv1, pv2, (unsigned long long)first[best]);
     free(ids2);
     free(p);
     free(first);
@@ -315,8 +340,10 @@ static void chi_square(int32_t n_seq) {
     tdm_test_jsonl_free(refs, n_lines);
 }
 
-Test(constrained, sampled_chi_square_rejection) { chi_square(1); }
-Test(constrained, sampled_chi_square_agreement) { chi_square(2); }
+Test(constrained, sampled_chi_square_rejection) { chi_square(1, 0); }
+Test(constrained, sampled_chi_square_agreement) { chi_square(2, 0); }
+Test(constrained, sampled_chi_square_tree_rejection) { chi_square(1, 4); }
+Test(constrained, sampled_chi_square_tree_agreement) { chi_square(2, 4); }
 
 /* A random allowed token of the mask (-1: none). */
 static int32_t pick_allowed(const uint32_t *mask, int32_t V, uint64_t *rs) {
@@ -398,6 +425,123 @@ Test(constrained, rollback_fuzz_against_replay) {
     free(mask);
     free(mask2);
     tdm_gvocab_free(v);
+}
+
+/* A fresh matcher of g fed a[0..na) then b[0..nb): its mask into mask (false, mask
+ * untouched, when the grammar refuses a token); *complete whether the text is a
+ * sentence. */
+static bool replay_mask(const tdm_grammar *g, const tdm_gvocab *v, const int32_t *a, int32_t na, const int32_t *b,
+                        int32_t nb, uint32_t *mask, int32_t *n_allowed, bool *complete) {
+    tdm_gmatch *r;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_gmatch_create(g, &r, &err), TANDEM_OK, "%s", err.msg);
+    bool ok = true;
+    for (int32_t i = 0; i < na; i++) cr_assert_eq(tdm_gmatch_accept_token(r, v, a[i], &err), TANDEM_OK, "%s", err.msg);
+    for (int32_t i = 0; i < nb && ok; i++) ok = tdm_gmatch_accept_token(r, v, b[i], &err) == TANDEM_OK;
+    if (ok) cr_assert_eq(tdm_gmatch_mask(r, v, mask, n_allowed, &err), TANDEM_OK, "%s", err.msg);
+    if (ok && complete) *complete = tdm_gmatch_is_complete(r);
+    tdm_gmatch_free(r);
+    return ok;
+}
+
+/* Node i's path (its ancestors' tokens, root first, then its own) into path; its length. */
+static int32_t tree_path(const int32_t *token, const int32_t *parent, int32_t i, int32_t *path) {
+    int32_t d = 0, tmp[64];
+    for (int32_t a = i; a >= 0; a = parent[a]) tmp[d++] = token[a];
+    for (int32_t x = 0; x < d; x++) path[x] = tmp[d - 1 - x];
+    return d;
+}
+
+/* Trees as the step verifies them: random trees below the committed text (each
+ * child a token the grammar allows after its parent's path, now and then one it may
+ * refuse, as an n-gram lookup's), their rows' masks (tdm_constraint_tree_rows)
+ * against matchers replayed on the committed text and each node's path (a refused
+ * or finished path: a row allowing everything), then a random accepted path and a
+ * bonus token committed (tdm_constraint_commit): the committed matcher's masks and
+ * completeness equal a replay's of the committed tokens. */
+Test(constrained, tree_rows_and_commit_fuzz_against_replay) {
+    tdm_engine *e = tdm_test_engine(g_target, NULL, 2);
+    tdm_err err = {0};
+    uint64_t rs = 777;
+    int steps = 0, refused_nodes = 0;
+    for (int gi = 0; gi < 2; gi++) {
+        for (int run = 0; run < (tdm_test_sanitized() ? 2 : 6); run++) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.grammar = gi == 0 ? G_PY : NULL;
+            gp.json_schema = gi == 1 ? S_OBJ : NULL;
+            tdm_seq q = {0};
+            cr_assert_eq(tdm_constraint_init(e, &q, &gp, &err), TANDEM_OK, "%s", err.msg);
+            const tdm_gvocab *v = q.con->v;
+            const tdm_grammar *g = q.con->g;
+            const int32_t V = tdm_gvocab_n(v);
+            const size_t W = q.con->words;
+            uint32_t *mask = calloc(W, 4), *all = malloc(W * 4);
+            memset(all, 0xff, W * 4);
+            int32_t kept[512], n_kept = 0;
+            while (n_kept < 160 && !tdm_constraint_finished(&q)) {
+                /* a random tree */
+                int32_t token[TDM_TREE_MAX_NODES], parent[TDM_TREE_MAX_NODES], depth[TDM_TREE_MAX_NODES], path[64];
+                const int32_t n = 1 + (int32_t)(tdm_test_rand(&rs) % 20);
+                for (int32_t i = 0; i < n; i++) {
+                    int32_t p = (int32_t)(tdm_test_rand(&rs) % (uint64_t)(i + 1)) - 1;
+                    while (p >= 0 && depth[p] >= 6) p = parent[p];
+                    parent[i] = p;
+                    depth[i] = p < 0 ? 0 : depth[p] + 1;
+                    const int32_t d = p < 0 ? 0 : tree_path(token, parent, p, path);
+                    int32_t x = -1, n_allowed = 0;
+                    if (tdm_test_rand(&rs) % 8 && replay_mask(g, v, kept, n_kept, path, d, mask, &n_allowed, NULL))
+                        x = pick_allowed(mask, V, &rs);
+                    token[i] = x >= 0 ? x : (int32_t)(tdm_test_rand(&rs) % (uint64_t)V); /* (maybe refused) */
+                }
+                cr_assert_eq(tdm_constraint_tree_rows(&q, token, parent, n, &err), TANDEM_OK, "%s", err.msg);
+                for (int32_t r = 0; r <= n; r++) {
+                    const int32_t d = r == 0 ? 0 : tree_path(token, parent, r - 1, path);
+                    int32_t n_allowed = 0;
+                    const bool ok = replay_mask(g, v, kept, n_kept, path, d, mask, &n_allowed, NULL);
+                    const uint32_t *want = ok && n_allowed > 0 ? mask : all;
+                    refused_nodes += !ok;
+                    cr_assert_eq(memcmp(tdm_constraint_row(&q, r), want, W * 4), 0,
+                                 "grammar %d, run %d, %d kept: the tree row %d differs from the replay's%s", gi, run,
+                                 (int)n_kept, (int)r, ok ? "" : " (a refused path)");
+                }
+                /* a random accepted path (as far as the grammar takes it), then a bonus */
+                const int32_t end = (int32_t)(tdm_test_rand(&rs) % (uint64_t)(n + 1)) - 1;
+                int32_t m = end < 0 ? 0 : tree_path(token, parent, end, path);
+                int32_t ok_len = 0, n_allowed = 0;
+                while (ok_len < m && replay_mask(g, v, kept, n_kept, path, ok_len + 1, mask, &n_allowed, NULL) &&
+                       n_allowed > 0)
+                    ok_len++;
+                m = (int32_t)(tdm_test_rand(&rs) % (uint64_t)(ok_len + 1));
+                for (int32_t i = 0; i < m; i++) {
+                    cr_assert(tdm_constraint_commit(&q, path[i]), "a path token the rows allowed was refused");
+                    kept[n_kept++] = path[i];
+                }
+                cr_assert(replay_mask(g, v, kept, n_kept, NULL, 0, mask, &n_allowed, NULL));
+                const int32_t bonus = pick_allowed(mask, V, &rs);
+                if (bonus < 0 || tdm_gvocab_is_eog(v, bonus)) break;
+                cr_assert(tdm_constraint_commit(&q, bonus));
+                kept[n_kept++] = bonus;
+                /* the committed state against the replay */
+                bool complete = false;
+                cr_assert(replay_mask(g, v, kept, n_kept, NULL, 0, mask, &n_allowed, &complete));
+                uint32_t *now = calloc(W, 4);
+                int32_t n_now = 0;
+                cr_assert_eq(tdm_constraint_mask_now(&q, now, &n_now, &err), TANDEM_OK, "%s", err.msg);
+                cr_assert_eq(memcmp(now, mask, W * 4), 0, "grammar %d, run %d: masks differ after %d kept tokens", gi,
+                             run, (int)n_kept);
+                cr_assert_eq(tdm_gmatch_is_complete(q.con->m), complete);
+                free(now);
+                steps++;
+            }
+            free(mask);
+            free(all);
+            tdm_constraint_free(&q);
+        }
+    }
+    cr_assert_gt(steps, 40);
+    cr_assert_gt(refused_nodes, 0, "no tree held a refused node");
+    cr_log_info("tree rollback fuzz: %d steps, %d refused paths", steps, refused_nodes);
+    tdm_engine_free(e);
 }
 
 /* Bad constraints fail at submission through the public API, with the grammar

@@ -3,16 +3,17 @@
  *   - greedy: the first two tokens are the argmax of a double-precision reference
  *     of the edits applied to the target's own logits (a target-only forward);
  *   - greedy, over dev prompts: the output with the draft (adaptive chains with
- *     n-gram lookups, fixed k, trees asked for: a penalised request takes chains)
- *     equals the target-only penalised output (some under a grammar too), alone and
- *     in a batch of four;
+ *     n-gram lookups, fixed k, token trees of fixed budgets and auto ones, with and
+ *     without lookups) equals the target-only penalised output (some under a
+ *     grammar too), alone and in a batch of four (chains, and trees);
  *   - sampled: the first token (repetition penalty + logit_bias) and the speculated
  *     second (frequency / presence penalties of the first) against the edited
- *     softmax (chi-square), verified by rejection sampling and by agreement;
+ *     softmax (chi-square), verified by rejection sampling and by agreement, chains
+ *     and trees;
  *   - min_tokens and logit_bias on the end-of-generation tokens;
  *   - logprobs: every token's logprob and top alternatives against a double
  *     log-softmax of the target's logits by a target-only forward, with and without
- *     the draft (same tokens, within 1e-4);
+ *     the draft, chains and trees (same tokens, within 1e-4);
  *   - bad values fail at submission naming the field;
  *   - the CPU backend's edit_rows op against the reference. */
 #include <criterion/criterion.h>
@@ -174,9 +175,13 @@ Test(penalties, greedy_spec_equals_target_only) {
     static const struct {
         const char *what;
         int k, ngram, tree;
-    } cfgs[] = {{"adaptive k, lookups", 0, 4, 0}, {"k 4", 4, 0, 0}, {"tree asked (chains)", 0, 4, TANDEM_SPEC_TREE_AUTO}};
+    } cfgs[] = {{"adaptive k, lookups", 0, 4, 0},
+                {"k 4", 4, 0, 0},
+                {"auto trees, lookups", 0, 4, TANDEM_SPEC_TREE_AUTO},
+                {"tree of 8", 0, 0, 8},
+                {"tree of 16, lookups", 0, 4, 16}};
     tdm_err err = {0};
-    uint64_t drafted = 0, accepted = 0;
+    uint64_t drafted = 0, accepted = 0, tree_steps = 0;
     int changed = 0;
     const size_t n_prompts = tdm_test_sanitized() ? 6 : 32;
     for (size_t li = 0; li < n_prompts; li++) {
@@ -199,7 +204,7 @@ Test(penalties, greedy_spec_equals_target_only) {
         tandem_result got;
         cr_assert_eq(tdm_generate_one(spec, ids, (int32_t)n, &sp, &got, &err), TANDEM_OK, "%s", err.msg);
         expect_same(&got, &want, spec, cfgs[c].what, li);
-        cr_assert_eq(got.spec.tree_steps, 0, "a penalised request verifies chains");
+        if (cfgs[c].tree > 0) tree_steps += got.spec.tree_steps;
         drafted += got.spec.drafted;
         accepted += got.spec.accepted;
         tandem_result_free(&got);
@@ -209,16 +214,19 @@ Test(penalties, greedy_spec_equals_target_only) {
     }
     cr_assert_gt(accepted, 0, "nothing drafted was accepted (%llu drafted)", (unsigned long long)drafted);
     cr_assert_gt(changed, (int)n_prompts / 4, "the penalties changed only %d outputs of %zu", changed, n_prompts);
-    cr_log_info("penalised greedy: %llu drafted, %llu accepted; %d of %zu outputs changed", (unsigned long long)drafted,
-                (unsigned long long)accepted, changed, n_prompts);
+    cr_assert_gt(tree_steps, 0, "no tree was verified");
+    cr_log_info("penalised greedy: %llu drafted, %llu accepted, %llu tree steps; %d of %zu outputs changed",
+                (unsigned long long)drafted, (unsigned long long)accepted, (unsigned long long)tree_steps, changed,
+                n_prompts);
     tdm_engine_free(plain);
     tdm_engine_free(spec);
     tdm_test_jsonl_free(refs, n_lines);
 }
 
 /* A batch of penalised and plain greedy requests on a speculating engine of four
- * sequences (batch invariant): each gets its solo target-only output. */
-Test(penalties, batch_mixed_equals_solo) {
+ * sequences (batch invariant): each gets its solo target-only output; tree: every
+ * request asks for trees of that budget (some with lookups). */
+static void batch_mixed(int tree) {
     tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
     size_t n_lines;
     tdm_json **items = tdm_test_jsonl(tdm_test_data_path("prompts-dev.jsonl"), &n_lines);
@@ -230,6 +238,8 @@ Test(penalties, batch_mixed_equals_solo) {
         if (i % 4 != 3) req[i].params = params_of(i);
         req[i].params.max_tokens = 40;
         req[i].params.logprobs = i % 2 == 0;
+        req[i].params.spec_tree = tree;
+        if (tree) req[i].params.spec_ngram = i % 3 ? 4 : 0;
     }
     api_expect_batch_equals_solo(t, d, req, N);
     tdm_test_jsonl_free(items, n_lines);
@@ -237,11 +247,15 @@ Test(penalties, batch_mixed_equals_solo) {
     tandem_model_close(t);
 }
 
+Test(penalties, batch_mixed_equals_solo) { batch_mixed(0); }
+Test(penalties, batch_mixed_trees_equals_solo) { batch_mixed(12); }
+Test(penalties, batch_mixed_auto_trees_equals_solo) { batch_mixed(TANDEM_SPEC_TREE_AUTO); }
+
 /* Sampled with speculation (k 1: the second token is a verified one): the first
  * token against the edited softmax after the prompt, the second (given the likeliest
  * first) against the edited softmax after it, where the frequency and presence
  * penalties of the first apply. */
-static void chi_square(int32_t n_seq) {
+static void chi_square(int32_t n_seq, int tree) {
     tdm_engine *spec = engine_of(g_draft, n_seq);
     const int32_t V = spec->n_vocab;
     size_t n_lines, n;
@@ -257,10 +271,21 @@ static void chi_square(int32_t n_seq) {
     gp.presence_penalty = 0.7f;
     gp.logit_bias = BIAS;
     gp.n_logit_bias = 3;
+    gp.spec_tree = tree; /* (max_tokens 3: one level, the root's children, a multi-candidate verdict) */
     const int runs = tdm_test_sanitized() ? 300 : 1500;
     uint64_t *first = calloc((size_t)V, sizeof(uint64_t)), *second = calloc((size_t)V, sizeof(uint64_t));
     int32_t best;
     cr_assert_gt(api_first_two_tokens(spec, ids, np, &gp, runs, 991, first, second, &best), 0);
+    if (tree) { /* (the verdicts were a tree's) */
+        tandem_generate_params one = gp;
+        one.max_tokens = 3;
+        one.ignore_eos = true;
+        tandem_result r1;
+        tdm_err e1 = {0};
+        cr_assert_eq(tdm_generate_one(spec, ids, np, &one, &r1, &e1), TANDEM_OK, "%s", e1.msg);
+        cr_assert_gt(r1.spec.tree_steps, 0, "no tree was verified");
+        tandem_result_free(&r1);
+    }
     double *x = malloc((size_t)V * sizeof(double)), *p = malloc((size_t)V * sizeof(double));
     edited_logits(spec, ids, np, np, &gp, x);
     softmax_d(x, V, p, NULL);
@@ -275,8 +300,8 @@ static void chi_square(int32_t n_seq) {
     const double pv2 = tdm_stat_chi2_gof(second, p, V, &df);
     cr_assert_geq(pv2, 1e-3, "second token given %d (%llu runs): chi-square p = %g (df %d)", best,
                   (unsigned long long)first[best], pv2, df);
-    cr_log_info("penalised chi-square, %d sequence(s): first p %.3f, second p %.3f (%llu runs of the first)",
-                (int)n_seq, pv1, pv2, (unsigned long long)first[best]);
+    cr_log_info("penalised chi-square, %d sequence(s), tree %d: first p %.3f, second p %.3f (%llu runs of the first)",
+                (int)n_seq, tree, pv1, pv2, (unsigned long long)first[best]);
     free(ids2);
     free(x);
     free(p);
@@ -287,8 +312,10 @@ static void chi_square(int32_t n_seq) {
     tdm_test_jsonl_free(refs, n_lines);
 }
 
-Test(penalties, sampled_chi_square_rejection) { chi_square(1); }
-Test(penalties, sampled_chi_square_agreement) { chi_square(2); }
+Test(penalties, sampled_chi_square_rejection) { chi_square(1, 0); }
+Test(penalties, sampled_chi_square_agreement) { chi_square(2, 0); }
+Test(penalties, sampled_chi_square_tree_rejection) { chi_square(1, 4); }
+Test(penalties, sampled_chi_square_tree_agreement) { chi_square(2, 4); }
 
 /* min_tokens holds back an end of generation that logit_bias +100 forces; logit_bias
  * -100 on every end-of-generation token keeps generation going to max_tokens. */
@@ -401,7 +428,9 @@ Test(penalties, logprobs_equal_the_targets_log_softmax) {
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     tdm_engine *plain = engine_of(NULL, 1), *spec = engine_of(g_draft, 1), *spec2 = engine_of(g_draft, 2);
     tdm_err err = {0};
-    for (int c = 0; c < 6; c++) {
+    uint64_t tree_steps = 0;
+    for (int ct = 0; ct < 12; ct++) { /* (sets 0..5 with chains, again with trees) */
+        const int c = ct % 6, tree = ct < 6 ? 0 : ct % 2 ? 8 : 16;
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[10 + c], "prompt_ids"), &n);
         tandem_generate_params gp = c % 2 ? params_of(c) : tandem_generate_default_params();
@@ -409,6 +438,8 @@ Test(penalties, logprobs_equal_the_targets_log_softmax) {
         gp.logprobs = true;
         gp.top_logprobs = c == 4 ? 0 : 5 + 3 * c;
         if (c == 5) gp.temperature = 0.8f, gp.seed = 5;
+        gp.spec_tree = tree;
+        gp.spec_ngram = tree == 16 ? 4 : 0;
         tandem_result want, got;
         cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
         check_logprobs(&want, plain, ids, (int32_t)n, &gp, "target-only");
@@ -420,8 +451,9 @@ Test(penalties, logprobs_equal_the_targets_log_softmax) {
         cr_assert_eq(tdm_generate_one(s, ids, (int32_t)n, &gp, &got, &err), TANDEM_OK, "%s", err.msg);
         cr_assert_eq(got.n_tokens, want.n_tokens);
         cr_assert_eq(memcmp(got.tokens, want.tokens, got.n_tokens * sizeof(int32_t)), 0, "set %d: tokens differ", c);
-        check_logprobs(&got, plain, ids, (int32_t)n, &gp, "speculated");
+        check_logprobs(&got, plain, ids, (int32_t)n, &gp, tree ? "speculated, trees" : "speculated");
         cr_assert_gt(got.spec.drafted, 0);
+        tree_steps += got.spec.tree_steps;
         cr_assert_eq(streamed->n, (int)got.n_tokens);
         for (size_t t = 0; t < got.n_tokens; t++)
             cr_assert_eq(memcmp(&streamed->lp[t], &got.logprobs[t], sizeof got.logprobs[t]), 0);
@@ -430,6 +462,7 @@ Test(penalties, logprobs_equal_the_targets_log_softmax) {
         tandem_result_free(&got);
         free(ids);
     }
+    cr_assert_gt(tree_steps, 0, "no tree was verified");
     tdm_engine_free(plain);
     tdm_engine_free(spec);
     tdm_engine_free(spec2);

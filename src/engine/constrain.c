@@ -124,6 +124,69 @@ tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draf
     return st;
 }
 
+/* One row that allows every token. */
+static void allow_all(tdm_constraint *c, int32_t row) { memset(c->masks + (size_t)row * c->words, 0xff, c->words * sizeof(uint32_t)); }
+
+/* The walk of tdm_constraint_tree_rows below node v (the matcher at v's path, mark
+ * `at`): each child's token accepted, its row masked, its own children walked, the
+ * matcher rolled back to `at` before the next child.  A refused child: rows that
+ * allow every token for it and (below) its subtree. */
+static tandem_status tree_walk(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n, int32_t v,
+                               uint32_t at, uint8_t *refused, tdm_err *err) {
+    tdm_constraint *c = s->con;
+    for (int32_t i = v + 1; i < n; i++) { /* (a child comes after its parent) */
+        if (parent[i] != v) continue;
+        tdm_err aerr;
+        if (tdm_gmatch_accept_token(c->m, c->v, token[i], &aerr)) {
+            refused[i] = 1;
+            continue;
+        }
+        int32_t n_allowed = 0;
+        tandem_status st = tdm_constraint_mask_now(s, c->masks + (size_t)(1 + i) * c->words, &n_allowed, err);
+        if (!st && n_allowed == 0) allow_all(c, 1 + i); /* (the grammar finished: node i ends the sequence) */
+        if (!st) st = tree_walk(s, token, parent, n, i, tdm_gmatch_mark(c->m), refused, err);
+        tdm_err rerr;
+        (void)tdm_gmatch_rollback(c->m, at, &rerr);
+        if (st) return st;
+    }
+    return TANDEM_OK;
+}
+
+tandem_status tdm_constraint_tree_rows(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n,
+                                       tdm_err *err) {
+    tdm_constraint *c = s->con;
+    if (n < 0 || n + 1 > TDM_CON_ROWS)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "masks of a tree of %d nodes, at most %d", (int)n, TDM_CON_ROWS - 1);
+    c->n_valid = 0; /* (a chain's drafted rows are overwritten) */
+    int32_t n_allowed = 0;
+    tandem_status st = tdm_constraint_mask_now(s, c->masks, &n_allowed, err);
+    if (st) return st;
+    if (n_allowed == 0)
+        return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the grammar allows no token of the model's vocabulary after the text so far");
+    uint8_t refused[TDM_CON_ROWS] = {0};
+    if ((st = tree_walk(s, token, parent, n, -1, tdm_gmatch_mark(c->m), refused, err))) return st;
+    for (int32_t i = 0; i < n; i++) {
+        if (parent[i] >= 0 && refused[parent[i]]) refused[i] = 1; /* (parents first) */
+        if (refused[i]) allow_all(c, 1 + i);
+    }
+    return TANDEM_OK;
+}
+
+tandem_status tdm_constraint_path_mask(tdm_seq *s, const int32_t *path, int32_t n, int32_t *n_allowed, tdm_err *err) {
+    tdm_constraint *c = s->con;
+    const uint32_t mark = tdm_gmatch_mark(c->m);
+    c->n_valid = 0;
+    *n_allowed = 0;
+    tandem_status st = TANDEM_OK;
+    int32_t i = 0;
+    tdm_err aerr;
+    while (i < n && !tdm_gmatch_accept_token(c->m, c->v, path[i], &aerr)) i++;
+    if (i == n) st = tdm_constraint_mask_now(s, c->masks, n_allowed, err);
+    tdm_err rerr;
+    (void)tdm_gmatch_rollback(c->m, mark, &rerr);
+    return st;
+}
+
 int32_t tdm_constraint_prefix(tdm_seq *s, const int32_t *toks, int32_t n) {
     tdm_constraint *c = s->con;
     const uint32_t mark = tdm_gmatch_mark(c->m);

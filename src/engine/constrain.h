@@ -15,8 +15,9 @@
  * Rejection sampling reads the target's masked rows (tdm_engine_mask_rows) and the
  * draft's q rows drawn from its masked rows on the host; where the q rows live on
  * the device (ws->q_dev), a constrained sampled sequence is verified by agreement
- * instead (sched/step.c).  Token trees are not masked: a constrained sequence takes
- * chains (sched/step_tree.c). 
+ * instead (sched/step.c).  A token tree's rows are masked alike, each with the state
+ * of its own path (tdm_constraint_tree_rows; the draft's rows of a tree with
+ * tdm_constraint_path_mask), and the commit accepts the kept path.
  *
  * The vocabulary (tdm_gvocab) is the target tokenizer's, built once per engine at
  * the first constrained request; a mask row covers the model's n_vocab logits
@@ -28,8 +29,8 @@
 #include "grammar.h"
 
 /* Mask rows a sequence keeps: a verified chain's (its pending token and the longest
- * chain). */
-#define TDM_CON_ROWS (TANDEM_SPEC_K_MAX + 1)
+ * chain) or a verified tree's (its pending token and every node). */
+#define TDM_CON_ROWS (TDM_MAX(TANDEM_SPEC_K_MAX, TDM_TREE_MAX_NODES) + 1)
 /* How many matcher states accepted between two commits of its history. */
 #define TDM_CON_COMMIT_EVERY 64u
 
@@ -64,6 +65,23 @@ tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draf
 static inline const uint32_t *tdm_constraint_row(const tdm_seq *s, int32_t d) {
     return s->con->masks + (size_t)d * s->con->words;
 }
+/* The rows' masks of a verified token tree of n nodes (parents before children:
+ * node i's token token[i], its parent parent[i], -1 = the root): row 0 after the
+ * committed text, row 1 + i after it and node i's path (its ancestors' tokens and
+ * its own), into s->con->masks (n + 1 <= TDM_CON_ROWS), each path's tokens accepted
+ * once (a walk of the tree, the matcher rolled back between branches; left where it
+ * was).  A node whose token the grammar refuses after its parent's path (an n-gram
+ * lookup's: its parent's row never keeps it), and every node below it, gets a row
+ * that allows every token, as does a node after which the grammar is finished (its
+ * token ends the sequence).  Row 0 allowing nothing: TANDEM_ERR_INVALID_ARG, as for a
+ * chain. */
+tandem_status tdm_constraint_tree_rows(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n,
+                                       tdm_err *err);
+/* Drafting a tree: the mask after the committed text and path[0..n) into
+ * s->con->masks row 0 (a scratch row until the verification's rows are made;
+ * *n_allowed the count, 0 also when the grammar refuses the path); the matcher is
+ * left where it was. */
+tandem_status tdm_constraint_path_mask(tdm_seq *s, const int32_t *path, int32_t n, int32_t *n_allowed, tdm_err *err);
 /* The mask of the matcher's current state into row (s->con->words words); *n_allowed
  * the count. */
 tandem_status tdm_constraint_mask_now(tdm_seq *s, uint32_t *row, int32_t *n_allowed, tdm_err *err);

@@ -547,7 +547,7 @@ tandem_status tdm_seq_init(tdm_engine *e, tdm_seq *s, const int32_t *prompt, int
     s->lp_top = -1;
     if (gp->logprobs) {
         s->lp_top = gp->top_logprobs;
-        s->lp_rows = calloc(TANDEM_SPEC_K_MAX + 1, sizeof *s->lp_rows);
+        s->lp_rows = calloc(TDM_LP_ROWS, sizeof *s->lp_rows);
         s->lp_cap = TDM_MIN(s->max_new, e->cfg.n_ctx - n_prompt) + 1; /* (every token it can generate) */
         s->lp = tdm_calloc((size_t)s->lp_cap, sizeof *s->lp);
         if (!s->lp_rows || !s->lp) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");

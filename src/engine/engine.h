@@ -200,13 +200,14 @@ typedef struct tdm_seq {
     int32_t min_tokens;         /* stop strings are not looked for before this many tokens */
     /* logprobs (tandem_generate_params.logprobs): lp_top < 0 off, else the alternatives
      * per token; the scheduler fills lp_rows[d] (row d of the step's verified chain:
-     * its logsumexp, top entries and drawn token's logit) before committing, and each
-     * committed token takes the next row (lp_next) into lp[] */
+     * its logsumexp, top entries and drawn token's logit; a tree's rows in node order,
+     * then its accepted path's moved to the front, tdm_commit_tree) before committing,
+     * and each committed token takes the next row (lp_next) into lp[] */
     int32_t lp_top;
     tandem_token_lp_cb on_token_lp;
     tandem_token_logprob *lp;   /* [lp_cap] one per generated token */
     int32_t lp_cap, lp_next, lp_fill; /* lp_rows[lp_next .. lp_fill) not yet taken */
-    struct tdm_lp_row *lp_rows; /* [TANDEM_SPEC_K_MAX + 1] */
+    struct tdm_lp_row *lp_rows; /* [TDM_LP_ROWS] */
     /* With an EAGLE-3 head (head.c).  The head's slot P holds (token P + 1, g of
      * position P) at RoPE position P; in the draft's count, n_draft = P + 2 for its
      * last valid slot P, so its catch-up rows (draft positions p in [n_draft, n)) are
@@ -220,6 +221,8 @@ typedef struct tdm_seq {
     uint64_t h_gen;
 } tdm_seq;
 
+/* A step's logits rows of one sequence at most: a verified chain's or tree's. */
+#define TDM_LP_ROWS (TDM_MAX(TANDEM_SPEC_K_MAX, TDM_TREE_MAX_NODES) + 1)
 /* A logits row's logprobs summary for the token drawn from it (tdm_seq.lp_rows). */
 typedef struct tdm_lp_row {
     int32_t token;   /* the token drawn from the row */

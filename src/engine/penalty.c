@@ -188,6 +188,32 @@ tandem_status tdm_penalty_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_
     return st;
 }
 
+tandem_status tdm_penalty_tree_rows(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n, tdm_err *err) {
+    tdm_penalty *p = s->pen;
+    if (n < 0 || n + 1 > TDM_PEN_ROWS)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "edits of a tree of %d nodes, at most %d", (int)n, TDM_PEN_ROWS - 1);
+    const int32_t n_gen = s->n_tokens - s->n_prompt;
+    tandem_status st = TANDEM_OK;
+    int32_t e = 0;
+    for (int32_t r = 0; r <= n && !st; r++) {
+        /* row r's path: node r - 1 and its ancestors, root first (row 0: none) */
+        int32_t path[TDM_PEN_ROWS], d = 0;
+        for (int32_t v = r - 1; v >= 0 && d < TDM_PEN_ROWS; v = parent[v]) path[d++] = token[v];
+        for (int32_t a = 0, b = d - 1; a < b; a++, b--) {
+            const int32_t tmp = path[a];
+            path[a] = path[b], path[b] = tmp;
+        }
+        p->off[r] = e;
+        for (int32_t x = 0; x < d; x++)
+            if (path[x] >= 0 && path[x] < p->n_vocab) p->extra[path[x]]++;
+        if (!(st = room(p, e + row_room(p, d), err))) e += build_row(p, path, d, (int64_t)n_gen + d < p->min_tokens, p->edits + e);
+        for (int32_t x = 0; x < d; x++)
+            if (path[x] >= 0 && path[x] < p->n_vocab) p->extra[path[x]] = 0;
+    }
+    p->off[n + 1] = e;
+    return st;
+}
+
 tandem_status tdm_penalty_draft_row(tdm_seq *s, const int32_t *draft, int32_t d, float *l, tdm_err *err) {
     tdm_penalty *p = s->pen;
     tandem_status st = room(p, row_room(p, d), err);

@@ -8,8 +8,8 @@
  * keeps is what it would draw alone, speculated or not.  Host rows are edited in
  * place, device rows by the backend's edit_rows op (tdm_engine_mask_rows).  The
  * draft's rows are edited the same way on the host (draft/chain.c), for acceptance
- * only; a penalised sequence takes chains, not trees
- * (sched/step_tree.c).  The counts follow the committed tokens only
+ * only.  A token tree's rows are edited alike, each with the counts of the
+ * committed text plus its own path (tdm_penalty_tree_rows).  The counts follow the committed tokens only
  * (tdm_penalty_commit); a preemption keeps them. */
 #ifndef TDM_PENALTY_H
 #define TDM_PENALTY_H
@@ -17,7 +17,7 @@
 #include "engine.h"
 #include "logit_edit.h"
 
-#define TDM_PEN_ROWS (TANDEM_SPEC_K_MAX + 1) /* a verified chain's rows at most */
+#define TDM_PEN_ROWS (TDM_MAX(TANDEM_SPEC_K_MAX, TDM_TREE_MAX_NODES) + 1) /* a verified chain's or tree's rows at most */
 
 typedef struct tdm_penalty {
     float presence, frequency, repetition;
@@ -45,6 +45,12 @@ tandem_status tdm_penalty_init(tdm_engine *e, tdm_seq *s, const tandem_generate_
 void tdm_penalty_free(tdm_seq *s);
 /* The edits of rows d = 0..k (row d after the committed text and draft[0..d)). */
 tandem_status tdm_penalty_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err);
+/* The edits of a verified token tree's rows (n nodes, parents before children: node
+ * i's token token[i], its parent parent[i], -1 = the root; n + 1 <= TDM_PEN_ROWS):
+ * row 0 after the committed text, row 1 + i after it and node i's path (its
+ * ancestors' tokens and its own), each with those counts (min_tokens: the path's
+ * length). */
+tandem_status tdm_penalty_tree_rows(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n, tdm_err *err);
 static inline const tdm_logit_edit *tdm_penalty_row(const tdm_seq *s, int32_t d, int32_t *n) {
     *n = s->pen->off[d + 1] - s->pen->off[d];
     return s->pen->edits + s->pen->off[d];
