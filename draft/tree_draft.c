@@ -109,9 +109,10 @@ static tandem_status edit_row(const tdm_engine *e, const tdm_tree_job *j, int32_
     if (s->pen && (st = tdm_penalty_draft_row(s, path, d, l, err))) return st;
     if (!s->con) return TANDEM_OK;
     int32_t n_allowed = 0;
-    if ((st = tdm_constraint_path_mask(s, path, d, &n_allowed, err))) return st;
+    const uint32_t *mask;
+    if ((st = tdm_constraint_path_mask(s, path, d, &mask, &n_allowed, err))) return st;
     *none = n_allowed == 0;
-    if (!*none) tdm_logits_mask(l, e->n_vocab, tdm_constraint_row(s, 0), TDM_LOGIT_NONE);
+    if (!*none) tdm_logits_mask(l, e->n_vocab, mask, TDM_LOGIT_NONE);
     return TANDEM_OK;
 }
 

@@ -454,8 +454,9 @@ static int32_t tree_path(const int32_t *token, const int32_t *parent, int32_t i,
 
 /* Trees as the step verifies them: random trees below the committed text (each
  * child a token the grammar allows after its parent's path, now and then one it may
- * refuse, as an n-gram lookup's), their rows' masks (tdm_constraint_tree_rows)
- * against matchers replayed on the committed text and each node's path (a refused
+ * refuse, as an n-gram lookup's), the drafting's masks of some paths
+ * (tdm_constraint_path_mask, kept) and the rows' masks (tdm_constraint_tree_rows,
+ * which reuse them) against matchers replayed on the committed text and each node's path (a refused
  * or finished path: a row allowing everything), then a random accepted path and a
  * bonus token committed (tdm_constraint_commit): the committed matcher's masks and
  * completeness equal a replay's of the committed tokens. */
@@ -492,6 +493,20 @@ Test(constrained, tree_rows_and_commit_fuzz_against_replay) {
                     if (tdm_test_rand(&rs) % 8 && replay_mask(g, v, kept, n_kept, path, d, mask, &n_allowed, NULL))
                         x = pick_allowed(mask, V, &rs);
                     token[i] = x >= 0 ? x : (int32_t)(tdm_test_rand(&rs) % (uint64_t)V); /* (maybe refused) */
+                }
+                /* the drafting's masks of some paths (kept, then reused by the rows) */
+                for (int32_t r = 0; r <= n; r++) {
+                    if (tdm_test_rand(&rs) % 2) continue;
+                    const int32_t d = r == 0 ? 0 : tree_path(token, parent, r - 1, path);
+                    const uint32_t *got = NULL;
+                    int32_t n_got = -1, n_allowed = 0;
+                    cr_assert_eq(tdm_constraint_path_mask(&q, path, d, &got, &n_got, &err), TANDEM_OK, "%s", err.msg);
+                    if (replay_mask(g, v, kept, n_kept, path, d, mask, &n_allowed, NULL)) {
+                        cr_assert_eq(n_got, n_allowed);
+                        cr_assert(got && memcmp(got, mask, W * 4) == 0, "the path mask of row %d differs", (int)r);
+                    } else {
+                        cr_assert(!got && n_got == 0, "a refused path's mask");
+                    }
                 }
                 cr_assert_eq(tdm_constraint_tree_rows(&q, token, parent, n, &err), TANDEM_OK, "%s", err.msg);
                 for (int32_t r = 0; r <= n; r++) {

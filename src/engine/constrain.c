@@ -56,6 +56,8 @@ void tdm_constraint_free(tdm_seq *s) {
     tdm_gmatch_free(c->m);
     tdm_grammar_free(c->g);
     free(c->masks);
+    free(c->pmasks);
+    free(c->key);
     free(c);
     s->con = NULL;
 }
@@ -124,6 +126,41 @@ tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draf
     return st;
 }
 
+/* The kept mask of path[0..n) (tdm_constraint.pmasks), or -1. */
+static int32_t path_find(const tdm_constraint *c, const int32_t *path, int32_t n) {
+    if (n > TDM_CON_PATH_MAX) return -1;
+    for (int32_t x = 0; x < c->n_paths; x++)
+        if (c->key_n[x] == n && !memcmp(c->key[x], path, (size_t)n * sizeof *path)) return x;
+    return -1;
+}
+
+/* The mask of the matcher's state (after path[0..n)) into a new kept entry where
+ * there is room (its index), else into masks row 0 (-1); *row where it is. */
+static tandem_status path_keep(tdm_seq *s, const int32_t *path, int32_t n, const uint32_t **row, int32_t *n_allowed,
+                               tdm_err *err) {
+    tdm_constraint *c = s->con;
+    if (!c->pmasks && n <= TDM_CON_PATH_MAX) {
+        c->pmasks = tdm_calloc((size_t)TDM_CON_ROWS * c->words, sizeof(uint32_t));
+        c->key = calloc(TDM_CON_ROWS, sizeof *c->key);
+        if (!c->pmasks || !c->key) {
+            free(c->pmasks), free(c->key);
+            c->pmasks = NULL, c->key = NULL;
+            return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
+        }
+    }
+    const bool keep = c->pmasks && n <= TDM_CON_PATH_MAX && c->n_paths < TDM_CON_ROWS;
+    uint32_t *out = keep ? c->pmasks + (size_t)c->n_paths * c->words : c->masks;
+    tandem_status st = tdm_constraint_mask_now(s, out, n_allowed, err);
+    if (st) return st;
+    if (keep) {
+        memcpy(c->key[c->n_paths], path, (size_t)n * sizeof *path);
+        c->key_n[c->n_paths] = n;
+        c->allowed[c->n_paths++] = *n_allowed;
+    }
+    *row = out;
+    return TANDEM_OK;
+}
+
 /* One row that allows every token. */
 static void allow_all(tdm_constraint *c, int32_t row) { memset(c->masks + (size_t)row * c->words, 0xff, c->words * sizeof(uint32_t)); }
 
@@ -132,7 +169,7 @@ static void allow_all(tdm_constraint *c, int32_t row) { memset(c->masks + (size_
  * matcher rolled back to `at` before the next child.  A refused child: rows that
  * allow every token for it and (below) its subtree. */
 static tandem_status tree_walk(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n, int32_t v,
-                               uint32_t at, uint8_t *refused, tdm_err *err) {
+                               uint32_t at, int32_t *path, int32_t d, uint8_t *refused, tdm_err *err) {
     tdm_constraint *c = s->con;
     for (int32_t i = v + 1; i < n; i++) { /* (a child comes after its parent) */
         if (parent[i] != v) continue;
@@ -141,10 +178,19 @@ static tandem_status tree_walk(tdm_seq *s, const int32_t *token, const int32_t *
             refused[i] = 1;
             continue;
         }
+        if (d < TDM_CON_ROWS) path[d] = token[i];
+        uint32_t *row = c->masks + (size_t)(1 + i) * c->words;
         int32_t n_allowed = 0;
-        tandem_status st = tdm_constraint_mask_now(s, c->masks + (size_t)(1 + i) * c->words, &n_allowed, err);
+        const int32_t x = path_find(c, path, d + 1);
+        tandem_status st = TANDEM_OK;
+        if (x >= 0) { /* (the drafting's) */
+            memcpy(row, c->pmasks + (size_t)x * c->words, c->words * sizeof(uint32_t));
+            n_allowed = c->allowed[x];
+        } else {
+            st = tdm_constraint_mask_now(s, row, &n_allowed, err);
+        }
         if (!st && n_allowed == 0) allow_all(c, 1 + i); /* (the grammar finished: node i ends the sequence) */
-        if (!st) st = tree_walk(s, token, parent, n, i, tdm_gmatch_mark(c->m), refused, err);
+        if (!st) st = tree_walk(s, token, parent, n, i, tdm_gmatch_mark(c->m), path, d + 1, refused, err);
         tdm_err rerr;
         (void)tdm_gmatch_rollback(c->m, at, &rerr);
         if (st) return st;
@@ -158,13 +204,19 @@ tandem_status tdm_constraint_tree_rows(tdm_seq *s, const int32_t *token, const i
     if (n < 0 || n + 1 > TDM_CON_ROWS)
         return tdm_seterr(err, TANDEM_ERR_INTERNAL, "masks of a tree of %d nodes, at most %d", (int)n, TDM_CON_ROWS - 1);
     c->n_valid = 0; /* (a chain's drafted rows are overwritten) */
-    int32_t n_allowed = 0;
-    tandem_status st = tdm_constraint_mask_now(s, c->masks, &n_allowed, err);
-    if (st) return st;
+    int32_t n_allowed = 0, path[TDM_CON_ROWS];
+    const int32_t x = path_find(c, path, 0);
+    tandem_status st = TANDEM_OK;
+    if (x >= 0) {
+        memcpy(c->masks, c->pmasks + (size_t)x * c->words, c->words * sizeof(uint32_t));
+        n_allowed = c->allowed[x];
+    } else if ((st = tdm_constraint_mask_now(s, c->masks, &n_allowed, err))) {
+        return st;
+    }
     if (n_allowed == 0)
         return tdm_seterr(err, TANDEM_ERR_INVALID_ARG, "the grammar allows no token of the model's vocabulary after the text so far");
     uint8_t refused[TDM_CON_ROWS] = {0};
-    if ((st = tree_walk(s, token, parent, n, -1, tdm_gmatch_mark(c->m), refused, err))) return st;
+    if ((st = tree_walk(s, token, parent, n, -1, tdm_gmatch_mark(c->m), path, 0, refused, err))) return st;
     for (int32_t i = 0; i < n; i++) {
         if (parent[i] >= 0 && refused[parent[i]]) refused[i] = 1; /* (parents first) */
         if (refused[i]) allow_all(c, 1 + i);
@@ -172,16 +224,24 @@ tandem_status tdm_constraint_tree_rows(tdm_seq *s, const int32_t *token, const i
     return TANDEM_OK;
 }
 
-tandem_status tdm_constraint_path_mask(tdm_seq *s, const int32_t *path, int32_t n, int32_t *n_allowed, tdm_err *err) {
+tandem_status tdm_constraint_path_mask(tdm_seq *s, const int32_t *path, int32_t n, const uint32_t **mask,
+                                       int32_t *n_allowed, tdm_err *err) {
     tdm_constraint *c = s->con;
-    const uint32_t mark = tdm_gmatch_mark(c->m);
     c->n_valid = 0;
     *n_allowed = 0;
+    *mask = NULL;
+    const int32_t x = path_find(c, path, n);
+    if (x >= 0) {
+        *mask = c->pmasks + (size_t)x * c->words;
+        *n_allowed = c->allowed[x];
+        return TANDEM_OK;
+    }
+    const uint32_t mark = tdm_gmatch_mark(c->m);
     tandem_status st = TANDEM_OK;
     int32_t i = 0;
     tdm_err aerr;
     while (i < n && !tdm_gmatch_accept_token(c->m, c->v, path[i], &aerr)) i++;
-    if (i == n) st = tdm_constraint_mask_now(s, c->masks, n_allowed, err);
+    if (i == n) st = path_keep(s, path, n, mask, n_allowed, err);
     tdm_err rerr;
     (void)tdm_gmatch_rollback(c->m, mark, &rerr);
     return st;
@@ -224,6 +284,7 @@ bool tdm_constraint_commit(tdm_seq *s, int32_t token) {
     tdm_constraint *c = s->con;
     tdm_err err;
     c->n_valid = 0;
+    c->n_paths = 0; /* (the kept masks were of the text before it) */
     tandem_status st = tdm_gmatch_accept_token(c->m, c->v, token, &err);
     if (!st && tdm_gmatch_mark(c->m) >= TDM_CON_COMMIT_EVERY) st = tdm_gmatch_commit(c->m, &err);
     if (st && !c->fail_st) {

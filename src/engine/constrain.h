@@ -31,6 +31,9 @@
 /* Mask rows a sequence keeps: a verified chain's (its pending token and the longest
  * chain) or a verified tree's (its pending token and every node). */
 #define TDM_CON_ROWS (TDM_MAX(TANDEM_SPEC_K_MAX, TDM_TREE_MAX_NODES) + 1)
+/* The longest path of a tree node whose mask is kept (tdm_constraint.pmasks): a
+ * tree's depth at most (TDM_TREE_DEPTH_MAX, draft/tree.h). */
+#define TDM_CON_PATH_MAX 16
 /* How many matcher states accepted between two commits of its history. */
 #define TDM_CON_COMMIT_EVERY 64u
 
@@ -44,6 +47,14 @@ typedef struct tdm_constraint {
     int32_t n_valid;         /* masks[0..n_valid) are this step's chain's rows 0.. (the
                                 drafting computed them: row d after draft[0..d)); 0 after
                                 every commit and at each drafting's start */
+    /* a tree's masks by path (the drafting's, reused by the verification's rows):
+     * entry x holds the mask after the committed text and path key[x][0..key_n[x]);
+     * emptied by every commit; allocated at the first tree */
+    uint32_t *pmasks;        /* [TDM_CON_ROWS][words] host */
+    int32_t (*key)[TDM_CON_PATH_MAX]; /* [TDM_CON_ROWS] */
+    int32_t key_n[TDM_CON_ROWS];
+    int32_t allowed[TDM_CON_ROWS]; /* each entry's count of allowed tokens */
+    int32_t n_paths;
     tandem_status fail_st;   /* a committed token the grammar refused, or its memory ran out */
     tdm_err fail_err;
 } tdm_constraint;
@@ -70,18 +81,19 @@ static inline const uint32_t *tdm_constraint_row(const tdm_seq *s, int32_t d) {
  * committed text, row 1 + i after it and node i's path (its ancestors' tokens and
  * its own), into s->con->masks (n + 1 <= TDM_CON_ROWS), each path's tokens accepted
  * once (a walk of the tree, the matcher rolled back between branches; left where it
- * was).  A node whose token the grammar refuses after its parent's path (an n-gram
+ * was), a path's mask the drafting made copied.  A node whose token the grammar refuses after its parent's path (an n-gram
  * lookup's: its parent's row never keeps it), and every node below it, gets a row
  * that allows every token, as does a node after which the grammar is finished (its
  * token ends the sequence).  Row 0 allowing nothing: TANDEM_ERR_INVALID_ARG, as for a
  * chain. */
 tandem_status tdm_constraint_tree_rows(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n,
                                        tdm_err *err);
-/* Drafting a tree: the mask after the committed text and path[0..n) into
- * s->con->masks row 0 (a scratch row until the verification's rows are made;
- * *n_allowed the count, 0 also when the grammar refuses the path); the matcher is
- * left where it was. */
-tandem_status tdm_constraint_path_mask(tdm_seq *s, const int32_t *path, int32_t n, int32_t *n_allowed, tdm_err *err);
+/* Drafting a tree: *mask the mask after the committed text and path[0..n) (kept
+ * for the verification's rows while the committed text stays; NULL with *n_allowed
+ * 0 when the grammar refuses the path; *n_allowed the count); the matcher is left
+ * where it was. */
+tandem_status tdm_constraint_path_mask(tdm_seq *s, const int32_t *path, int32_t n, const uint32_t **mask,
+                                       int32_t *n_allowed, tdm_err *err);
 /* The mask of the matcher's current state into row (s->con->words words); *n_allowed
  * the count. */
 tandem_status tdm_constraint_mask_now(tdm_seq *s, uint32_t *row, int32_t *n_allowed, tdm_err *err);
