@@ -5,7 +5,8 @@
  * 4 tokens); --arm logprobs: with and without logprobs (5 alternatives per token).
  * --tree N|auto: the speculative engine alone, every request under the arm (the
  * schema, penalties or logprobs), A verifying chains (spec_tree 0) and B token trees
- * (spec_tree N, or the controller's choice), alternated the same way.
+ * (spec_tree N, or the controller's choice), alternated the same way (--arm none:
+ * neither, the reference).
  *
  * Per batch size B: a target-only engine and a speculative one, each of B sequences;
  * per repetition every engine runs the prompts twice, unconstrained (A) and under the
@@ -26,7 +27,7 @@
  *
  * usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16]
  *                          [--reps 5] [--threads 2] [--batch 1,8] [--schema JSON]
- *                          [--arm schema|penalties|logprobs] [--tree N|auto]
+ *                          [--arm schema|penalties|logprobs] [--tree N|auto [--arm none]]
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -169,16 +170,17 @@ int main(int argc, char **argv) {
         }
         i++;
     }
-    const arm b = !strcmp(arm_name, "penalties") ? ARM_PENALTIES : !strcmp(arm_name, "logprobs") ? ARM_LOGPROBS : ARM_SCHEMA;
+    const arm b = !strcmp(arm_name, "penalties") ? ARM_PENALTIES : !strcmp(arm_name, "logprobs") ? ARM_LOGPROBS
+                : !strcmp(arm_name, "none") && tree_arg ? ARM_NONE : ARM_SCHEMA;
     const int tree = !tree_arg ? 0 : !strcmp(tree_arg, "auto") ? TANDEM_SPEC_TREE_AUTO : atoi(tree_arg);
     if (!target || !draft || !prompts_file || n_new < 2 || limit < 1 || reps < 1 || reps > MAX_REPS ||
         (b == ARM_SCHEMA && strcmp(arm_name, "schema")) ||
         (tree_arg && tree != TANDEM_SPEC_TREE_AUTO && (tree < 1 || tree > TANDEM_SPEC_TREE_MAX))) {
         fprintf(stderr, "usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16] [--reps 5]"
-                        " [--threads 2] [--batch 1,8] [--schema JSON] [--arm schema|penalties|logprobs] [--tree N|auto]\n");
+                        " [--threads 2] [--batch 1,8] [--schema JSON] [--arm schema|penalties|logprobs] [--tree N|auto [--arm none]]\n");
         return 2;
     }
-    const char *what = b == ARM_SCHEMA ? "JSON schema" : arm_name;
+    const char *what = b == ARM_SCHEMA ? "JSON schema" : b == ARM_NONE ? "unconstrained" : arm_name;
     int n = 0;
     char **prompts = bench_prompts_read(prompts_file, limit, &n);
     tandem_model *t = NULL, *d = NULL;
