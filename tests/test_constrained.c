@@ -3,8 +3,9 @@
  *   - greedy: under a GBNF grammar and under a JSON schema, over dev prompts, the
  *     output with the draft (chains at fixed and adaptive lengths, n-gram lookups,
  *     token trees of fixed budgets and auto ones) equals the target-only
- *     constrained output token for token, every text a sentence (or, cut by
- *     max_tokens, a prefix) of the grammar, and no KV block leaks;
+ *     constrained output token for token (and logprobs, on a third of the prompts,
+ *     within 1e-4), every text a sentence (or, cut by max_tokens, a prefix) of the
+ *     grammar, and no KV block leaks;
  *   - a batch of constrained and unconstrained requests on a speculating engine of
  *     four sequences (chains, and trees) gives each its solo target-only output;
  *   - sampled: the constrained target's distribution: the first token and the
@@ -93,6 +94,19 @@ static void expect_same(const tandem_result *got, const tandem_result *want, con
               got->n_tokens, want->n_tokens);
     cr_assert_eq(got->finish_reason, want->finish_reason, "prompt %zu, %s: finish reason", li, what);
     cr_assert_str_eq(got->text, want->text);
+    cr_assert_eq(!got->logprobs, !want->logprobs, "prompt %zu, %s: logprobs", li, what);
+    for (size_t t = 0; want->logprobs && t < want->n_tokens; t++) { /* (the speculated ones' from verified rows) */
+        const tandem_token_logprob *a = &got->logprobs[t], *b = &want->logprobs[t];
+        cr_assert_float_eq(a->logprob, b->logprob, 1e-4, "prompt %zu, %s, token %zu: logprob %g, target-only %g", li,
+                           what, t, a->logprob, b->logprob);
+        cr_assert_eq(a->n_top, b->n_top);
+        for (int j = 0; j < a->n_top; j++) { /* (the ids where no near tie could swap them) */
+            cr_assert_float_eq(a->top_logprobs[j], b->top_logprobs[j], 1e-4);
+            const bool tie = (j > 0 && b->top_logprobs[j - 1] - b->top_logprobs[j] < 1e-3f) ||
+                             (j + 1 < b->n_top && b->top_logprobs[j] - b->top_logprobs[j + 1] < 1e-3f);
+            if (!tie) cr_assert_eq(a->top_ids[j], b->top_ids[j], "prompt %zu, %s, token %zu: alternative %d", li, what, t, j);
+        }
+    }
     cr_assert_eq(tdm_kv_pool_n_free(e->pool), tdm_kv_pool_n_blocks(e->pool), "prompt %zu, %s: KV blocks leaked", li,
                  what);
 }
@@ -132,6 +146,8 @@ static void greedy_equality(const char *grammar, const char *schema, size_t n_pr
         gp.max_tokens = 48;
         gp.grammar = grammar;
         gp.json_schema = schema;
+        gp.logprobs = li % 3 == 0; /* (under the mask: the speculated tokens' from the verified rows) */
+        gp.top_logprobs = gp.logprobs ? 3 : 0;
         tandem_result want;
         cr_assert_eq(tdm_generate_one(plain, ids, (int32_t)n, &gp, &want, &err), TANDEM_OK, "%s", err.msg);
         cr_assert_gt(want.n_tokens, 0);
