@@ -83,3 +83,14 @@ uint64_t api_first_two_tokens(tdm_engine *e, const int32_t *ids, int32_t n, cons
     free(pairs);
     return drafted;
 }
+
+void api_expect_tree_steps(tdm_engine *e, const int32_t *ids, int32_t n, const tandem_generate_params *gp) {
+    tandem_generate_params one = *gp;
+    one.max_tokens = 3;
+    one.ignore_eos = true;
+    tandem_result r;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_generate_one(e, ids, n, &one, &r, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_gt(r.spec.tree_steps, 0, "no tree was verified");
+    tandem_result_free(&r);
+}

@@ -28,5 +28,8 @@ void api_expect_batch_equals_solo(tandem_model *t, tandem_model *d, tandem_reque
 typedef struct tdm_engine tdm_engine;
 uint64_t api_first_two_tokens(tdm_engine *e, const int32_t *ids, int32_t n, const tandem_generate_params *gp, int runs,
                               uint64_t seed0, uint64_t *first, uint64_t *second, int32_t *best);
+/* One request of gp (max_tokens 3, as api_first_two_tokens runs them) on e verifies
+ * at least one token tree (a chi-square test's verdicts were a tree's). */
+void api_expect_tree_steps(tdm_engine *e, const int32_t *ids, int32_t n, const tandem_generate_params *gp);
 
 #endif

@@ -276,16 +276,7 @@ static void chi_square(int32_t n_seq, int tree) {
     uint64_t *first = calloc((size_t)V, sizeof(uint64_t)), *second = calloc((size_t)V, sizeof(uint64_t));
     int32_t best;
     cr_assert_gt(api_first_two_tokens(spec, ids, np, &gp, runs, 991, first, second, &best), 0);
-    if (tree) { /* (the verdicts were a tree's) */
-        tandem_generate_params one = gp;
-        one.max_tokens = 3;
-        one.ignore_eos = true;
-        tandem_result r1;
-        tdm_err e1 = {0};
-        cr_assert_eq(tdm_generate_one(spec, ids, np, &one, &r1, &e1), TANDEM_OK, "%s", e1.msg);
-        cr_assert_gt(r1.spec.tree_steps, 0, "no tree was verified");
-        tandem_result_free(&r1);
-    }
+    if (tree) api_expect_tree_steps(spec, ids, np, &gp); /* (the verdicts were a tree's) */
     double *x = malloc((size_t)V * sizeof(double)), *p = malloc((size_t)V * sizeof(double));
     edited_logits(spec, ids, np, np, &gp, x);
     softmax_d(x, V, p, NULL);

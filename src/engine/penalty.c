@@ -169,25 +169,6 @@ static int32_t build_row(const tdm_penalty *p, const int32_t *draft, int32_t d, 
 
 static int32_t row_room(const tdm_penalty *p, int32_t d) { return p->n_seen + d + p->n_bias + p->n_eog; }
 
-tandem_status tdm_penalty_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err) {
-    tdm_penalty *p = s->pen;
-    if (k < 0 || k + 1 > TDM_PEN_ROWS)
-        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "edits of a chain of %d tokens, at most %d", (int)k, TDM_PEN_ROWS - 1);
-    const int32_t n_gen = s->n_tokens - s->n_prompt;
-    tandem_status st = TANDEM_OK;
-    int32_t n = 0;
-    for (int32_t d = 0; d <= k && !st; d++) {
-        p->off[d] = n;
-        if (d > 0 && draft[d - 1] >= 0 && draft[d - 1] < p->n_vocab) p->extra[draft[d - 1]]++;
-        if ((st = room(p, n + row_room(p, d), err))) break;
-        n += build_row(p, draft, d, (int64_t)n_gen + d < p->min_tokens, p->edits + n);
-    }
-    p->off[k + 1] = n;
-    for (int32_t x = 0; x < k; x++)
-        if (draft[x] >= 0 && draft[x] < p->n_vocab) p->extra[draft[x]] = 0;
-    return st;
-}
-
 tandem_status tdm_penalty_tree_rows(tdm_seq *s, const int32_t *token, const int32_t *parent, int32_t n, tdm_err *err) {
     tdm_penalty *p = s->pen;
     if (n < 0 || n + 1 > TDM_PEN_ROWS)
@@ -212,6 +193,14 @@ tandem_status tdm_penalty_tree_rows(tdm_seq *s, const int32_t *token, const int3
     }
     p->off[n + 1] = e;
     return st;
+}
+
+tandem_status tdm_penalty_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err) {
+    if (k < 0 || k + 1 > TDM_PEN_ROWS)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "edits of a chain of %d tokens, at most %d", (int)k, TDM_PEN_ROWS - 1);
+    int32_t parent[TDM_PEN_ROWS]; /* (a chain: the tree whose node d is draft[d], below node d - 1) */
+    for (int32_t d = 0; d < k; d++) parent[d] = d - 1;
+    return tdm_penalty_tree_rows(s, draft, parent, k, err);
 }
 
 tandem_status tdm_penalty_draft_row(tdm_seq *s, const int32_t *draft, int32_t d, float *l, tdm_err *err) {
