@@ -805,9 +805,10 @@ Test(cuda_engine, greedy_reference_and_speculative_equality, .timeout = 900) {
 
 /* Grammar-constrained decoding on the GPU (the masks uploaded and applied by the
  * mask_rows op where the logits are, device sampling; the constrained draft's chains
- * on the host): under a GBNF grammar and a JSON schema, greedy speculative output
- * equals target-only output and parses under the grammar; sampled (an engine of one
- * sequence), the speculative output equals the target-only output of the same seed. */
+ * on the host; chains and token trees): under a GBNF grammar and a JSON schema, greedy
+ * speculative output equals target-only output and parses under the grammar; sampled
+ * (an engine of one sequence), the speculative output equals the target-only output
+ * of the same seed. */
 Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
     static const char *gram = "root ::= \"def \" [a-z_]+ \"(\" [a-z, ]* \"):\\n    return \" [a-z0-9_ +*]+ \"\\n\"";
     static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"maxLength\": 20},"
@@ -822,7 +823,7 @@ Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
     cr_assert_eq(tdm_grammar_parse(gram, strlen(gram), &g, &err), TANDEM_OK, "%s", err.msg);
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
-    uint64_t drafted = 0;
+    uint64_t drafted = 0, tree_steps = 0;
     for (size_t li = 0; li < 24; li++) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
@@ -831,6 +832,7 @@ Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
         gp.grammar = li % 2 ? NULL : gram;
         gp.json_schema = li % 2 ? schema : NULL;
         if (li % 3 == 2) gp.temperature = 0.8f, gp.seed = 500 + li;
+        gp.spec_tree = li % 4 == 1 ? 8 : li % 4 == 2 ? TANDEM_SPEC_TREE_AUTO : 0; /* (trees' rows masked per node) */
         tandem_result a, b;
         cr_assert_eq(tandem_generate_ids(plain, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
         cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
@@ -843,11 +845,13 @@ Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
             cr_assert(ok, "prompt %zu: \"%s\" is not a sentence of the grammar", li, a.text);
         }
         drafted += b.spec.drafted;
+        tree_steps += b.spec.tree_steps;
         tandem_result_free(&a);
         tandem_result_free(&b);
         free(ids);
     }
     cr_assert_gt(drafted, 0);
+    cr_assert_gt(tree_steps, 0, "no tree was verified");
     tdm_grammar_free(g);
     tdm_test_jsonl_free(refs, n_lines);
     tandem_engine_close(spec);
@@ -858,7 +862,7 @@ Test(cuda_engine, constrained_speculative_equality, .timeout = 900) {
 
 /* Penalties, logit_bias, min_tokens and logprobs on the GPU (the edits uploaded and
  * applied by the edit_rows op where the logits are, the summaries by the row_top op;
- * the penalised draft's chains on the host): greedy and sampled (an engine of one
+ * the penalised draft's chains and trees on the host): greedy and sampled (an engine of one
  * sequence: agreement with the target's draws), speculative output equals
  * target-only output, logprobs within 1e-4, each greedy token its own top
  * alternative. */
@@ -871,7 +875,7 @@ Test(cuda_engine, penalties_and_logprobs_speculative_equality, .timeout = 900) {
     static const tandem_logit_bias bias[] = {{13, 2.5f}, {220, -3.0f}, {198, -100.0f}};
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
-    uint64_t drafted = 0;
+    uint64_t drafted = 0, tree_steps = 0;
     for (size_t li = 0; li < 16; li++) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[li], "prompt_ids"), &n);
@@ -886,6 +890,7 @@ Test(cuda_engine, penalties_and_logprobs_speculative_equality, .timeout = 900) {
         gp.logprobs = li % 4 != 3;
         gp.top_logprobs = gp.logprobs ? (int)(li % 21) : 0;
         if (li % 3 == 2) gp.temperature = 0.8f, gp.seed = 900 + li;
+        gp.spec_tree = li % 4 == 1 ? 8 : li % 4 == 2 ? TANDEM_SPEC_TREE_AUTO : 0; /* (trees' rows edited per node) */
         tandem_result a, b;
         cr_assert_eq(tandem_generate_ids(plain, ids, n, &gp, &a), TANDEM_OK, "%s", tandem_last_error());
         cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
@@ -901,11 +906,13 @@ Test(cuda_engine, penalties_and_logprobs_speculative_equality, .timeout = 900) {
             if (gp.temperature == 0 && gp.top_logprobs > 0) cr_assert_eq(a.logprobs[t].top_ids[0], a.tokens[t]);
         }
         drafted += b.spec.drafted;
+        tree_steps += b.spec.tree_steps;
         tandem_result_free(&a);
         tandem_result_free(&b);
         free(ids);
     }
     cr_assert_gt(drafted, 0);
+    cr_assert_gt(tree_steps, 0, "no tree was verified");
     tdm_test_jsonl_free(refs, n_lines);
     tandem_engine_close(spec);
     tandem_engine_close(plain);
