@@ -449,6 +449,13 @@ typedef struct tdm_backend_ops {
      * the moe_experts op reads them there.  1 <= k <= n_expert <= 512, k <= 64. */
     tandem_status (*moe_route)(tdm_backend *b, const float *logits, int32_t n, int32_t n_expert, int32_t k,
                                int32_t *ids, float *w, tdm_err *err);
+    /* Optional (NULL: the caller runs the tasks itself, in order): fn(user, i) once for
+     * every i in [0, n), on the backend's host threads (the calling thread among them),
+     * returning when every call has returned.  For host work of a step that is
+     * independent per sequence (a grammar's masks, src/engine/constrain.h): each call
+     * touches only its own i's data and never calls the backend.  Not reentrant; from
+     * the thread that issues the backend's ops, between them. */
+    void (*host_for)(tdm_backend *b, int32_t n, void (*fn)(void *user, int32_t i), void *user);
 } tdm_backend_ops;
 
 /* The logit that a head over part of the vocabulary (scatter_cols) gives every token

@@ -13,6 +13,7 @@ static void free_arrays(tdm_sched *s) {
     free(s->run), free(s->g_seqs), free(s->g_rows), free(s->g_masks), free(s->draws), free(s->g_tok);
     free(s->g_who), free(s->g_slot), free(s->drafts), free(s->k_of), free(s->items);
     free(s->tree_of), free(s->trees), free(s->look_of), free(s->roots), free(s->plan_of);
+    free(s->g_con), free(s->g_con_err);
 }
 
 tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_sched **out, tdm_err *err) {
@@ -28,6 +29,8 @@ tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_
     s->g_masks = calloc(L, sizeof *s->g_masks);
     s->draws = calloc((size_t)s->cap * (TDM_CTRL_MAX_K + 1), sizeof *s->draws);
     s->g_tok = calloc(L, sizeof *s->g_tok);
+    s->g_con = calloc((size_t)s->cap, sizeof *s->g_con);
+    s->g_con_err = calloc((size_t)s->cap, sizeof *s->g_con_err);
     s->g_who = calloc(L, sizeof *s->g_who);
     s->g_slot = calloc(L, sizeof *s->g_slot);
     s->drafts = calloc((size_t)s->cap * TDM_CTRL_MAX_K, sizeof *s->drafts);
@@ -38,7 +41,7 @@ tandem_status tdm_sched_create(tdm_engine *e, const tdm_spec_ws_opts *opts, tdm_
     s->look_of = calloc((size_t)s->cap, sizeof *s->look_of);
     s->plan_of = calloc((size_t)s->cap, sizeof *s->plan_of);
     s->roots = calloc((size_t)s->cap * TDM_TREE_DEPTH_MAX, sizeof *s->roots);
-    if ((e->draft && !s->trees) || !s->look_of || !s->plan_of || !s->roots || !s->tree_of || !s->run || !s->g_seqs || !s->g_rows || !s->g_masks || !s->draws || !s->g_tok || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
+    if ((e->draft && !s->trees) || !s->look_of || !s->plan_of || !s->roots || !s->tree_of || !s->run || !s->g_seqs || !s->g_rows || !s->g_masks || !s->draws || !s->g_tok || !s->g_con || !s->g_con_err || !s->g_who || !s->g_slot || !s->drafts || !s->k_of ||
         !s->items) {
         free_arrays(s);
         free(s);

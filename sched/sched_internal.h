@@ -113,6 +113,8 @@ struct tdm_sched {
     const uint32_t **g_masks;  /* [n_logit_rows] each logits row's grammar mask, for a masked
                                   greedy forward (tdm_batch.logit_masks) */
     int32_t *g_tok;            /* [n_logit_rows] the token drawn for each logits row */
+    int32_t *g_con;            /* [cap] a forward's items whose grammar masks it computes */
+    tdm_err *g_con_err;        /* [cap] and each one's outcome (status in .status) */
     double *draws;             /* [cap][TDM_CTRL_MAX_K + 1] drafting sequences' uniforms */
     int32_t *g_who, *g_slot;   /* [n_logit_rows] drafting scratch (draft/chain.h) */
     int32_t *drafts;           /* [cap][TDM_CTRL_MAX_K] this step's drafted chains */

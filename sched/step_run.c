@@ -150,6 +150,26 @@ static tdm_fwd_kind group_kind(tdm_fwd_kind group, tdm_fwd_kind item) {
     return item;
 }
 
+/* A forward's grammar masks (src/engine/constrain.h), the items in s->g_con computed
+ * side by side on the host threads: each touches only its own sequence's matcher. */
+typedef struct con_rows {
+    tdm_sched *s;
+    const step_item *it;
+} con_rows;
+
+static void con_rows_task(void *user, int32_t j) {
+    const con_rows *c = user;
+    const step_item *x = &c->it[c->s->g_con[j]];
+    tdm_err *err = &c->s->g_con_err[j];
+    err->status = tdm_constraint_rows(c->s->e, &x->r->s, x->draft, x->decode ? x->k : 0, err);
+}
+
+/* Whether item x's logits rows are masked by its grammar (a failure fails it alone:
+ * its rows draw unmasked and are dropped). */
+static bool item_masked(const step_item *x) {
+    return !x->tree && x->r->s.con && (x->decode || x->want) && !x->r->fail_st;
+}
+
 /* The rows of items [0, n) as one forward of the target (and one of the draft over
  * the prompt chunks among them), and a token drawn for every logits row (s->g_tok,
  * in row order) unless the item is verified by rejection sampling (then alone). */
@@ -163,6 +183,15 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     tdm_fwd_kind kind = TDM_FWD_ARGMAX; /* (the group's: its sampled items agree) */
     tdm_batch *b = &e->batch;
     tdm_batch_clear(b);
+    /* the constrained items' masks: row d with the grammar's state after the chain's
+     * first d tokens */
+    int32_t n_con = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (item_masked(&it[i])) s->g_con[n_con++] = i;
+    con_rows cr = {s, it};
+    tdm_engine_host_for(e, n_con, con_rows_task, &cr);
+    for (int32_t j = 0; j < n_con; j++)
+        if (s->g_con_err[j].status) tdm_sched_fail(it[s->g_con[j]].r, s->g_con_err[j].status, &s->g_con_err[j]);
     for (int32_t i = 0; i < n; i++) {
         tdm_seq *q = &it[i].r->s;
         seqs[i] = &q->kv;
@@ -184,15 +213,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
             continue;
         }
         if (draws) tdm_engine_draws(q, item_logits(&it[i]), u);
-        /* a constrained item's rows masked: row d with the grammar's state after the
-         * chain's first d tokens (a failure fails it alone: its rows draw unmasked and
-         * are dropped) */
-        const bool masked = q->con && (it[i].decode || it[i].want) && !it[i].r->fail_st;
-        if (masked) {
-            tdm_err merr = {0};
-            tandem_status mst = tdm_constraint_rows(e, q, it[i].draft, it[i].decode ? it[i].k : 0, &merr);
-            if (mst) tdm_sched_fail(it[i].r, mst, &merr);
-        }
+        const bool masked = q->con && (it[i].decode || it[i].want); /* (its masks above) */
         /* a penalised item's rows edited likewise: row d with the counts after the
          * chain's first d tokens */
         const bool edited = q->pen && (it[i].decode || it[i].want) && !it[i].r->fail_st;

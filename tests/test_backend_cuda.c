@@ -448,6 +448,22 @@ typedef struct attn_case {
     bool tree;
 } attn_case;
 
+/* Asserts a cache written by the GPU equals the reference's bytes; on a difference
+ * says where (unit, the byte's offset in it: a value's code or, from scale_off on, a
+ * slot's f32 scale), both bytes and how many differ. */
+static void cache_same(const void *got, const void *want, size_t n, int64_t unit, int64_t scale_off, const char *what) {
+    const uint8_t *g = got, *w = want;
+    size_t n_diff = 0, first = n;
+    for (size_t i = 0; i < n; i++)
+        if (g[i] != w[i]) n_diff++, first = first < n ? first : i;
+    if (n_diff == 0) return;
+    const int64_t at = (int64_t)(first % (size_t)unit);
+    cr_assert_fail("kv_write %s differs from the reference in %zu of %zu bytes; the first: unit %zu, byte %lld (%s), "
+                   "GPU 0x%02x, reference 0x%02x",
+                   what, n_diff, n, first / (size_t)unit, (long long)at, at >= scale_off ? "a scale" : "a value",
+                   g[first], w[first]);
+}
+
 /* Sequences over shuffled, interleaved blocks; every slot written by kv_write
  * (byte-exact against ref_kv_write); then the last rows of each sequence (tree:
  * a prefix plus scattered extra slots) attend, against ref_attention. */
@@ -476,8 +492,10 @@ static void run_attn(const attn_case *tc, uint64_t rng) {
         tdm_batch_free(&bt);
     }
     void *kh = get(b, kc, cbytes), *vh = get(b, vc, cbytes);
-    cr_assert(memcmp(kh, kr, cbytes) == 0, "kv_write K differs from the reference");
-    cr_assert(memcmp(vh, vr, cbytes) == 0, "kv_write V differs from the reference");
+    const int64_t unit = tdm_kv_unit_bytes(tc->cache_type, bs, hd);
+    const int64_t sc_off = tdm_kv_scaled(tc->cache_type) ? tdm_kv_scale_off(bs, hd) : unit;
+    cache_same(kh, kr, cbytes, unit, sc_off, "K");
+    cache_same(vh, vr, cbytes, unit, sc_off, "V");
 
     tdm_batch bt;
     cr_assert_eq(tdm_batch_init(&bt, 64, NULL), TANDEM_OK);

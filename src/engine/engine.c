@@ -610,3 +610,11 @@ tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *id
     tdm_seq_release(e, &s);
     return st;
 }
+
+void tdm_engine_host_for(tdm_engine *e, int32_t n, void (*fn)(void *user, int32_t i), void *user) {
+    if (n > 1 && e->be->ops->host_for) {
+        e->be->ops->host_for(e->be, n, fn, user);
+        return;
+    }
+    for (int32_t i = 0; i < n; i++) fn(user, i);
+}

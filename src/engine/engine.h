@@ -305,6 +305,11 @@ tandem_status tdm_engine_draw(tdm_engine *e, bool is_draft, const tdm_draw_row *
 tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_row *rows, int32_t m, tdm_fwd_kind kind,
                                    tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
+/* fn(user, i) for every i in [0, n), on the target backend's host threads where it
+ * has them (the backend op host_for), else in order on this thread; returns when
+ * all have returned.  For a step's host work that is independent per sequence (each
+ * call touches only its i's data and never the backend). */
+void tdm_engine_host_for(tdm_engine *e, int32_t n, void (*fn)(void *user, int32_t i), void *user);
 /* The draft's logits over ids[n] only (ascending token ids: a head over part of the
  * vocabulary, vocab_head.h; cfg.draft_vocab's, or any other map of head rows to
  * tokens), replacing the one it has; n = 0: its whole head again.  On failure the
