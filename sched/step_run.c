@@ -120,20 +120,17 @@ static tandem_status logprob_rows(tdm_engine *e, const tdm_draw_row *rows, int32
 
 /* A constrained or penalised tree item's rows r0[0..1 + n) masked and edited: row 0
  * (its pending token's) with the grammar's state and the counts after the committed
- * text, node x's row with those after x's path (constrain.h, penalty.h), so that
- * each row's argmax or draw is the target's own under the request's rules given that
- * path.  A failure fails the request alone (its rows then draw as they are and are
- * dropped). */
+ * text, node x's row with those after x's path (constrain.h, penalty.h; the masks
+ * made by group_forward), so that each row's argmax or draw is the target's own
+ * under the request's rules given that path.  A failure fails the request alone
+ * (its rows then draw as they are and are dropped). */
 static void tree_row_edits(const step_item *it, tdm_draw_row *r0) {
     tdm_seq *q = &it->r->s;
     const tdm_tree *t = it->tree;
     tdm_err err = {0};
     tandem_status st;
-    if (q->con && !it->r->fail_st) {
-        if ((st = tdm_constraint_tree_rows(q, t->token, t->parent, t->n, &err))) tdm_sched_fail(it->r, st, &err);
-        else
-            for (int32_t x = 0; x <= t->n; x++) r0[x].mask = tdm_constraint_row(q, x);
-    }
+    if (q->con && !it->r->fail_st)
+        for (int32_t x = 0; x <= t->n; x++) r0[x].mask = tdm_constraint_row(q, x);
     if (q->pen && !it->r->fail_st) {
         if ((st = tdm_penalty_tree_rows(q, t->token, t->parent, t->n, &err))) tdm_sched_fail(it->r, st, &err);
         else
@@ -160,14 +157,16 @@ typedef struct con_rows {
 static void con_rows_task(void *user, int32_t j) {
     const con_rows *c = user;
     const step_item *x = &c->it[c->s->g_con[j]];
+    const tdm_tree *t = x->tree;
     tdm_err *err = &c->s->g_con_err[j];
-    err->status = tdm_constraint_rows(c->s->e, &x->r->s, x->draft, x->decode ? x->k : 0, err);
+    err->status = t ? tdm_constraint_tree_rows(&x->r->s, t->token, t->parent, t->n, err)
+                    : tdm_constraint_rows(c->s->e, &x->r->s, x->draft, x->decode ? x->k : 0, err);
 }
 
 /* Whether item x's logits rows are masked by its grammar (a failure fails it alone:
  * its rows draw unmasked and are dropped). */
 static bool item_masked(const step_item *x) {
-    return !x->tree && x->r->s.con && (x->decode || x->want) && !x->r->fail_st;
+    return x->r->s.con && (x->decode || x->want) && !x->r->fail_st; /* (a tree's: decode) */
 }
 
 /* The rows of items [0, n) as one forward of the target (and one of the draft over
@@ -184,7 +183,7 @@ static tandem_status group_forward(tdm_sched *s, const step_item *it, int32_t n,
     tdm_batch *b = &e->batch;
     tdm_batch_clear(b);
     /* the constrained items' masks: row d with the grammar's state after the chain's
-     * first d tokens */
+     * first d tokens, a tree's row 1 + x with that after node x's path */
     int32_t n_con = 0;
     for (int32_t i = 0; i < n; i++)
         if (item_masked(&it[i])) s->g_con[n_con++] = i;
