@@ -65,8 +65,8 @@ static uint64_t weight_bytes(const char *path, bool fp8) {
     tdm_err err = {0};
     tdm_backend *be = NULL;
     tdm_model *m = NULL;
-    const tdm_load_progress opt = {.fp8 = fp8};
-    if (tdm_backend_cpu_create(1, &be, &err) || tdm_model_load_progress(path, be, &opt, &m, &err)) die(path, &err);
+    const tdm_load_opts opt = {.fp8 = fp8};
+    if (tdm_backend_cpu_create(1, &be, &err) || tdm_model_load_opts(path, be, &opt, &m, &err)) die(path, &err);
     const uint64_t b = m->weight_bytes;
     tdm_model_free(m);
     tdm_backend_destroy(be);

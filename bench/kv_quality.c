@@ -16,8 +16,8 @@ typedef struct kvq_engine {
 static bool kvq_open(kvq_engine *k, const kvq_opts *o, tandem_kv_type type, bool fp8, tdm_err *err) {
     memset(k, 0, sizeof *k);
     tandem_status st = o->cuda ? tdm_backend_cuda_create(0, &k->be, err) : tdm_backend_cpu_create(1, &k->be, err);
-    const tdm_load_progress opt = {.fp8 = fp8};
-    if (st || tdm_model_load_progress(o->model, k->be, &opt, &k->m, err)) return false;
+    const tdm_load_opts opt = {.fp8 = fp8};
+    if (st || tdm_model_load_opts(o->model, k->be, &opt, &k->m, err)) return false;
     tdm_engine_cfg ec = {.n_threads = o->threads, .block_size = 16, .kv_type = (int32_t)type};
     return tdm_engine_create(k->m, NULL, &ec, &k->e, err) == TANDEM_OK;
 }

@@ -18,6 +18,7 @@
  * and accepts more.  Commits go through commit.h, the one place tokens leave; the
  * step's observations (acceptance per proposer, statistics, the payoff of lookups)
  * are entered there too. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -277,11 +278,15 @@ static void commit_chain_item(tdm_sched *s, const step_item *it, const tdm_verdi
         s->pair_seen = true;
     }
     if (n_look > 0 && acc >= n_model) tdm_ctrl_observe(&sr->ctrl_ng, n_look, acc_look);
-    if (s->ws && s->ws->len.log && k > 0) /* (TANDEM_SCHED_LOG=1: each proposal and what it yielded) */
-        tdm_log(TANDEM_LOG_INFO, "step: request %llu, k %d, proposed %d (model %d, looked up %d%s), accepted %d; alpha %.2f, lookups' %.2f; ms %.3f + %.3f",
+    if (s->ws && s->ws->len.log && k > 0) { /* (TANDEM_SCHED_LOG=1: each proposal and what it yielded) */
+        char ids[TANDEM_SPEC_K_MAX * 12 + 1] = ""; /* the chain's ids (bench/xcheck_eagle3.py reads them) */
+        for (int32_t i = 0, at = 0; i < k && at < (int32_t)sizeof ids; i++)
+            at += snprintf(ids + at, sizeof ids - (size_t)at, i ? " %d" : "%d", (int)it->draft[i]);
+        tdm_log(TANDEM_LOG_INFO, "step: request %llu, k %d, proposed %d (model %d, looked up %d%s), accepted %d; alpha %.2f, lookups' %.2f; ms %.3f + %.3f; at %d, chain [%s]",
                 (unsigned long long)it->r->id, (int)it->k_plan, (int)k, (int)n_model, (int)n_look,
                 it->ngram ? ", a lookup step" : "", (int)acc, sr->ctrl.alpha, sr->ctrl_ng.alpha, draft_s * 1e3,
-                verify_s * 1e3);
+                verify_s * 1e3, (int)(before - q->n_prompt), ids);
+    }
     tdm_spec_stats_add(sr, s->step_own ? &s->pay : NULL,
                        &(tdm_step_obs){.proposed = k, .accepted = acc, .looked_up = n_look, .looked_up_acc = acc_look,
                                        .lookup_step = it->ngram && k > 0, .committed = q->n_tokens - before,

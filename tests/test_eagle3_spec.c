@@ -5,7 +5,8 @@
  *     n-gram lookups off and on, adaptive and fixed lengths; alone with the oracle
  *     benchmark's arrangement (drafted chains accepted to random depths); four in a
  *     pool small enough to preempt; after a prefix-cache hit; chains cut by p_min and
- *     grammar-constrained ones;
+ *     grammar-constrained ones; TANDEM_SCHED_LOG's step lines name each chain, its
+ *     place and what it accepted, as the output shows;
  *   - roll-back: along runs whose chains are accepted to random depths (the oracle at
  *     random acceptance, random fixed lengths, lookups on and off), after every step
  *     the sequence's pending feature rows equal the target's features recomputed from
@@ -228,6 +229,81 @@ Test(eagle3_spec, p_min_and_constrained, .timeout = 300) {
             tandem_result_free(&b);
         }
     cr_assert_gt(drafted, 0);
+    tandem_engine_close(spec);
+    tandem_engine_close(plain);
+    free_prompts(&p);
+    pair_close(&pr);
+}
+
+/* TANDEM_SCHED_LOG=1's step lines name each chain and its place (bench/xcheck_eagle3.py
+ * compares them with llama.cpp's drafts): for every step of a greedy oracle run, the
+ * line's chain holds the step's proposed tokens, its first `accepted` are the output's
+ * tokens from the line's place (tokens generated before the step) on, the next one
+ * is not, and the lines' proposals add up to the result's drafted count. */
+typedef struct step_log {
+    char *text;
+    size_t len;
+} step_log;
+
+static void keep_steps(tandem_log_level level, const char *msg, void *user) {
+    step_log *l = user;
+    if (level != TANDEM_LOG_INFO || strncmp(msg, "step: ", 6) != 0) return;
+    const size_t n = strlen(msg);
+    l->text = realloc(l->text, l->len + n + 2);
+    memcpy(l->text + l->len, msg, n);
+    l->len += n;
+    l->text[l->len++] = '\n';
+    l->text[l->len] = 0;
+}
+
+Test(eagle3_spec, sched_log_names_each_chain, .timeout = 300) {
+    cr_assert_eq(setenv("TANDEM_SCHED_LOG", "1", 1), 0); /* (read at the first engine's creation) */
+    pair pr;
+    pair_open(&pr);
+    prompts p = load_prompts(50);
+    tandem_result ref, got;
+    tandem_engine *plain = open_engine(pr.t, NULL, 1, 0, false), *spec = open_engine(pr.t, pr.h, 1, 0, false);
+    tandem_generate_params gp = tandem_generate_default_params();
+    gp.max_tokens = N_NEW;
+    cr_assert_eq(tandem_generate_ids(plain, p.ids[0], p.n[0], &gp, &ref), TANDEM_OK, "%s", tandem_last_error());
+    const gcase c = {"oracle 0.6, k 4", 4, 0, 0.6f};
+    tandem_request *r = requests(&p, &c, &ref);
+    step_log log = {0};
+    tandem_log_set(keep_steps, &log);
+    cr_assert_eq(tandem_generate_ids(spec, r[0].prompt_ids, r[0].n_prompt_ids, &r[0].params, &got), TANDEM_OK, "%s",
+                 tandem_last_error());
+    tandem_log_set(NULL, NULL);
+    same_tokens(&ref, &got, c.name, 0);
+    cr_assert_not_null(log.text, "no step line");
+    int steps = 0, proposed_sum = 0, accepted_sum = 0;
+    for (char *line = log.text; *line; line = strchr(line, '\n') + 1, steps++) {
+        int proposed, accepted, at, off;
+        const char *pp = strstr(line, "proposed "), *pa = strstr(line, "accepted "), *pt = strstr(line, "; at ");
+        cr_assert(pp && pa && pt, "a step line without its fields: %.200s", line);
+        cr_assert_eq(sscanf(pp, "proposed %d", &proposed), 1);
+        cr_assert_eq(sscanf(pa, "accepted %d", &accepted), 1);
+        cr_assert_eq(sscanf(pt, "; at %d, chain [%n", &at, &off), 1, "%.200s", line);
+        const char *q = pt + off;
+        for (int j = 0; j < proposed; j++) {
+            char *end;
+            const long id = strtol(q, &end, 10);
+            cr_assert(end != q, "step %d: the chain holds %d ids, proposed %d", steps, j, proposed);
+            q = end;
+            const size_t o = (size_t)at + (size_t)j;
+            if (j < accepted) cr_assert(o < got.n_tokens && got.tokens[o] == id, "step %d at %d: accepted id %d", steps, at, j);
+            if (j == accepted && o < got.n_tokens) cr_assert_neq(got.tokens[o], id, "step %d at %d: id %d rejected", steps, at, j);
+        }
+        cr_assert_eq(*q, ']', "step %d: more ids than the %d proposed", steps, proposed);
+        proposed_sum += proposed;
+        accepted_sum += accepted;
+    }
+    cr_assert_eq((uint64_t)proposed_sum, got.spec.drafted);
+    cr_assert_eq((uint64_t)accepted_sum, got.spec.accepted);
+    cr_assert_gt(accepted_sum, 0, "the oracle accepted nothing: the chains' tokens were not checked");
+    free(log.text);
+    free(r);
+    tandem_result_free(&got);
+    tandem_result_free(&ref);
     tandem_engine_close(spec);
     tandem_engine_close(plain);
     free_prompts(&p);

@@ -329,6 +329,7 @@ static const tdm_backend_ops cuda_ops_table = {
     /* .edit_rows = */ tdm_cuda_edit_rows,
     /* .row_top = */ tdm_cuda_row_top,
     /* .moe_route = */ tdm_cuda_moe_route,
+    /* .host_for = */ NULL, /* (the step's host work runs on the stepping thread) */
 };
 
 tdm_cuda *tdm_cuda_of(tdm_backend *b, const char *op, tdm_err *err) {

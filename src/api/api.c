@@ -129,7 +129,7 @@ static tandem_status open_split(const char *path, const tandem_model_params *p, 
         (void)tdm_backend_activate(h->be, NULL);
         return st;
     }
-    const tdm_load_progress pr = {p->progress_callback, p->progress_callback_user_data, 0.0f, 1.0f,
+    const tdm_load_opts pr = {p->progress_callback, p->progress_callback_user_data, 0.0f, 1.0f,
                                   p->weights == TANDEM_WEIGHTS_FP8};
     return tdm_model_load_tp(path, bes, n, cuda, coll, &pr, &h->m, err);
 }
@@ -143,7 +143,7 @@ tandem_status tandem_model_open(const char *path, const tandem_model_params *par
     tandem_model *h = calloc(1, sizeof *h);
     if (!h) return fail_msg(TANDEM_ERR_NOMEM, "out of memory");
     h->kind = p.backend;
-    const tdm_load_progress pr = {p.progress_callback, p.progress_callback_user_data, 0.0f, 1.0f,
+    const tdm_load_opts pr = {p.progress_callback, p.progress_callback_user_data, 0.0f, 1.0f,
                                   p.weights == TANDEM_WEIGHTS_FP8};
     tandem_status st = TANDEM_OK;
     if (p.weights != TANDEM_WEIGHTS_NATIVE && p.weights != TANDEM_WEIGHTS_FP8)
@@ -162,7 +162,7 @@ tandem_status tandem_model_open(const char *path, const tandem_model_params *par
                         p.tensor_parallel);
     else if (head && !(st = tdm_eagle3_load(path, h->be, &h->head, &err))) h->m = h->head->m;
     else if (!st && p.tensor_parallel != 1) st = open_split(path, &p, h, &err);
-    else if (!st && !head) st = tdm_model_load_progress(path, h->be, &pr, &h->m, &err);
+    else if (!st && !head) st = tdm_model_load_opts(path, h->be, &pr, &h->m, &err);
     if (st) {
         tandem_model_close(h);
         return fail(&err, st);

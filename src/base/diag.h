@@ -11,7 +11,7 @@
  *                                  step and log each phase's mean time at the end
  *   TANDEM_SCHED_LOG=0|1           1: log each speculation length a step chooses, with
  *                                  the measured step times, and each sequence's
- *                                  proposal and what it yielded
+ *                                  proposal (its chain's ids) and what it yielded
  *
  * Unset or empty: the default (no cap, graphs, no profile, no phases).  A malformed
  * value is an error naming the variable: every backend creation fails with it

@@ -10,6 +10,7 @@
 #include "constrain.h"
 #include "kv_cache.h"
 #include "penalty.h"
+#include "threadpool.h"
 
 static void copy_block_cb(void *user, int32_t src, int32_t dst) {
     tdm_engine *e = user;
@@ -370,6 +371,7 @@ void tdm_engine_free(tdm_engine *e) {
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
     tdm_gvocab_free(e->gvocab);
+    tdm_threadpool_destroy(e->host_pool);
     if (e->gv_mu_ok) pthread_mutex_destroy(&e->gv_mu);
     if (!e->be_borrowed) tdm_backend_destroy(e->be);
     free(e);
@@ -611,9 +613,31 @@ tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *id
     return st;
 }
 
+typedef struct host_task {
+    void (*fn)(void *user, int32_t i);
+    void *user;
+} host_task;
+
+static void host_task_run(void *ctx, int64_t chunk, int ith) {
+    (void)ith;
+    const host_task *h = ctx;
+    h->fn(h->user, (int32_t)chunk);
+}
+
 void tdm_engine_host_for(tdm_engine *e, int32_t n, void (*fn)(void *user, int32_t i), void *user) {
     if (n > 1 && e->be->ops->host_for) {
         e->be->ops->host_for(e->be, n, fn, user);
+        return;
+    }
+    if (n > 1 && !e->host_pool) {
+        const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        const int th = (int)TDM_MIN(cores > 0 ? cores : 1, TDM_ENGINE_HOST_THREADS);
+        tdm_err err;
+        if (th > 1 && tdm_threadpool_create(th, TDM_THREADPOOL_SPIN_US, &e->host_pool, &err)) e->host_pool = NULL;
+    }
+    if (n > 1 && e->host_pool) {
+        host_task h = {fn, user};
+        tdm_threadpool_run(e->host_pool, n, tdm_threadpool_size(e->host_pool), host_task_run, &h);
         return;
     }
     for (int32_t i = 0; i < n; i++) fn(user, i);

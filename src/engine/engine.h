@@ -48,6 +48,8 @@
  * 512 on a GPU, where a larger product keeps the tensor cores busier. */
 #define TDM_ENGINE_CHUNK_CPU 256
 #define TDM_ENGINE_CHUNK_GPU 512
+/* The most host threads of an engine on a backend without its own (tdm_engine_host_for). */
+#define TDM_ENGINE_HOST_THREADS 8
 
 /* Bytes of forward.c's scratch (tdm_fwd_scratch) for `rows` rows of a model of
  * these shapes: the CPU's forward buffers (a GPU keeps as much again). */
@@ -157,6 +159,9 @@ typedef struct tdm_engine {
     /* Constrained decoding (constrain.h) */
     pthread_mutex_t gv_mu;   /* guards gvocab's creation (submissions come from any thread) */
     bool gv_mu_ok;
+    struct tdm_threadpool *host_pool; /* a backend without host threads (a GPU's): the
+                                         step's host work (tdm_engine_host_for), made at
+                                         first use; NULL until then */
     struct tdm_gvocab *gvocab; /* the target tokenizer's vocabulary as byte strings, built at
                                 the first constrained request (then immutable), or NULL */
     size_t mask_words;       /* (n_vocab + 31) / 32: a mask row of the logits */
@@ -306,8 +311,9 @@ tandem_status tdm_engine_mask_rows(tdm_engine *e, bool is_draft, const tdm_draw_
                                    tdm_err *err);
 void tdm_engine_free(tdm_engine *e);
 /* fn(user, i) for every i in [0, n), on the target backend's host threads where it
- * has them (the backend op host_for), else in order on this thread; returns when
- * all have returned.  For a step's host work that is independent per sequence (each
+ * has them (the backend op host_for), else on the engine's own (host_pool: up to
+ * TDM_ENGINE_HOST_THREADS, the machine's cores permitting; in order on this thread
+ * when it cannot be made); returns when all have returned.  For a step's host work that is independent per sequence (each
  * call touches only its i's data and never the backend). */
 void tdm_engine_host_for(tdm_engine *e, int32_t n, void (*fn)(void *user, int32_t i), void *user);
 /* The draft's logits over ids[n] only (ascending token ids: a head over part of the

@@ -37,7 +37,7 @@ static tandem_status alloc_owned(tdm_model *m, size_t bytes, void **out, tdm_err
 /* Tells the load's progress hook (if any) that fraction done of the model is loaded;
  * TANDEM_ERR_CANCELLED when it says stop. */
 static tandem_status report_progress(const tdm_model *m, float done, tdm_err *err) {
-    const tdm_load_progress *pr = m->progress;
+    const tdm_load_opts *pr = m->load_opts;
     if (!pr || !pr->fn) return TANDEM_OK;
     if (done > 1.0f) done = 1.0f;
     if (!pr->fn(pr->base + pr->scale * done, pr->user))
@@ -614,7 +614,7 @@ tandem_status tdm_model_load_gguf(tdm_gguf *g, tdm_backend *be, tdm_model **out,
     return tdm_model_load_rank(g, be, -1, 0, NULL, out, err);
 }
 
-tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, const tdm_load_progress *pr,
+tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, const tdm_load_opts *pr,
                                   tdm_model **out, tdm_err *err) {
     *out = NULL;
     tdm_model *m = calloc(1, sizeof *m);
@@ -624,7 +624,7 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
     }
     m->gguf = g;
     m->be = be;
-    m->progress = pr;
+    m->load_opts = pr;
     m->fp8 = pr && pr->fp8;
     tandem_status st = tdm_hparams_read(g, &m->hp, err);
     m->hp_full = m->hp;
@@ -649,7 +649,7 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
                         (int)tdm_tok_n_vocab(m->tok), (int)m->hp.n_vocab);
     if (!st) st = load_weights(m, err);
     if (!st) st = report_progress(m, 1.0f, err);
-    m->progress = NULL;
+    m->load_opts = NULL;
     if (st) {
         tdm_model_free(m);
         return st;
@@ -663,10 +663,10 @@ tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, in
 }
 
 tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out, tdm_err *err) {
-    return tdm_model_load_progress(path, be, NULL, out, err);
+    return tdm_model_load_opts(path, be, NULL, out, err);
 }
 
-tandem_status tdm_model_load_progress(const char *path, tdm_backend *be, const tdm_load_progress *pr,
+tandem_status tdm_model_load_opts(const char *path, tdm_backend *be, const tdm_load_opts *pr,
                                       tdm_model **out, tdm_err *err) {
     *out = NULL;
     tdm_gguf *g;

@@ -77,16 +77,17 @@ static inline bool tdm_hparams_attn_ext(const tdm_hparams *hp) { return hp->swa_
 /* The weights of one block (the backend's description of them). */
 typedef tdm_block_weights tdm_layer;
 
-/* A load's progress hook (tandem_model_params' progress_callback): fn(base + scale *
- * done, user), done the fraction of this model's tensors placed so far; fn returning
- * false ends the load with TANDEM_ERR_CANCELLED. */
-typedef struct tdm_load_progress {
+/* A load's options: its progress hook (tandem_model_params' progress_callback):
+ * fn(base + scale * done, user), done the fraction of this model's tensors placed so
+ * far; fn returning false ends the load with TANDEM_ERR_CANCELLED (fn NULL: none); and
+ * how the weights are kept. */
+typedef struct tdm_load_opts {
     bool (*fn)(float progress, void *user);
     void *user;
     float base, scale;
-    bool fp8;  /* (not progress: the load's one option) the blocks' dense F16 / BF16 / F32 /
-                  Q8_0 weights made FP8 E4M3 with per-row scales (tandem_model_params.weights) */
-} tdm_load_progress;
+    bool fp8; /* the blocks' dense F16 / BF16 / F32 / Q8_0 weights made FP8 E4M3 with
+                 per-row scales (tandem_model_params.weights) */
+} tdm_load_opts;
 
 typedef struct tdm_model {
     tdm_gguf *gguf;
@@ -114,7 +115,7 @@ typedef struct tdm_model {
     int32_t vocab0;            /* output's rows are the vocabulary [vocab0, vocab0 + output.rows) */
     tdm_hparams hp_full;       /* == hp when whole */
     struct tdm_tp_group *tp;   /* rank 0 of a split model: its group (tp.h); else NULL */
-    const tdm_load_progress *progress; /* while loading: the hook (NULL: none) */
+    const tdm_load_opts *load_opts; /* while loading: its options (NULL: the defaults) */
     bool fp8;               /* the blocks' dense weights were made FP8 at load */
     uint64_t n_found;          /* while loading: tensors found so far (the progress) */
 } tdm_model;
@@ -124,14 +125,14 @@ const char *tdm_model_label(const tdm_model *m);
 
 /* Loads rank `rank` of `n` of a split model (tp.h) from an opened GGUF (ownership of
  * g passes to the model, also on failure): rank < 0 loads the whole model.  pr (may be
- * NULL) hears of the progress and may cancel. */
-tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, const tdm_load_progress *pr,
+ * NULL: the defaults) carries the options, its hook hears of the progress and may cancel. */
+tandem_status tdm_model_load_rank(tdm_gguf *g, tdm_backend *be, int32_t rank, int32_t n, const tdm_load_opts *pr,
                                   tdm_model **out, tdm_err *err);
 /* Loads a model from a GGUF file onto a backend (the model keeps `be` but does not
  * own it: the caller destroys it after the model). */
 tandem_status tdm_model_load(const char *path, tdm_backend *be, tdm_model **out, tdm_err *err);
-/* The same with a progress hook (pr may be NULL). */
-tandem_status tdm_model_load_progress(const char *path, tdm_backend *be, const tdm_load_progress *pr,
+/* The same with load options (pr may be NULL: the defaults). */
+tandem_status tdm_model_load_opts(const char *path, tdm_backend *be, const tdm_load_opts *pr,
                                       tdm_model **out, tdm_err *err);
 /* The same from an already opened GGUF (ownership of g passes to the model, also
  * on failure). */

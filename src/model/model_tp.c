@@ -37,7 +37,7 @@ void tdm_tp_vocab_part(int32_t n_vocab, int32_t n, int32_t r, int32_t *v0, int32
 }
 
 tandem_status tdm_model_load_tp(const char *path, tdm_backend *const *bes, int32_t n, bool owns_be,
-                                tdm_collective *coll, const tdm_load_progress *pr, tdm_model **out, tdm_err *err) {
+                                tdm_collective *coll, const tdm_load_opts *pr, tdm_model **out, tdm_err *err) {
     *out = NULL;
     tandem_status st = TANDEM_OK;
     if (n < 1 || n > TDM_TP_MAX)
@@ -61,8 +61,8 @@ tandem_status tdm_model_load_tp(const char *path, tdm_backend *const *bes, int32
         tdm_gguf *gg;
         if ((st = tdm_backend_activate(bes[r], err))) break;
         if ((st = tdm_gguf_open(path, &gg, err))) break;
-        tdm_load_progress rp = {0}; /* rank r: its share of the whole load */
-        if (pr) rp = (tdm_load_progress){pr->fn, pr->user, pr->base + pr->scale * (float)r / (float)n, pr->scale / (float)n, pr->fp8};
+        tdm_load_opts rp = {0}; /* rank r: its share of the whole load */
+        if (pr) rp = (tdm_load_opts){pr->fn, pr->user, pr->base + pr->scale * (float)r / (float)n, pr->scale / (float)n, pr->fp8};
         if ((st = tdm_model_load_rank(gg, bes[r], r, n, pr ? &rp : NULL, &g->rank[r], err))) break;
         snprintf(g->rank[r]->file, sizeof g->rank[r]->file, "%s", base ? base + 1 : path);
     }

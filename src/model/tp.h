@@ -50,7 +50,7 @@ void tdm_tp_vocab_part(int32_t n_vocab, int32_t n, int32_t r, int32_t *v0, int32
  * tdm_model_load.  *out is rank 0; tdm_model_free on it frees the whole group.  pr
  * (may be NULL) hears of the progress of the whole (each rank its share) and may cancel. */
 tandem_status tdm_model_load_tp(const char *path, tdm_backend *const *bes, int32_t n, bool owns_be,
-                                tdm_collective *coll, const tdm_load_progress *pr, tdm_model **out, tdm_err *err);
+                                tdm_collective *coll, const tdm_load_opts *pr, tdm_model **out, tdm_err *err);
 
 /* The rank's compute backend: its own unless its memory is host memory (then
  * `engine_be`, the engine's). */
