@@ -100,7 +100,10 @@ Test(api, greedy_speculative_equals_target_only, .timeout = 300) {
             cr_assert_str_eq(got.text, want.text);
             cr_assert_eq(got.finish_reason, want.finish_reason);
             cr_assert_eq(got.n_prompt_tokens, want.n_prompt_tokens);
-            cr_assert_gt(got.spec.steps, 0);
+            /* (a fixed length speculates every step; the automatic one (k 0) chooses by
+             * measured costs, and on a loaded machine may choose no speculation for a
+             * whole short request: it was so in an ASan run at load 10) */
+            if (ks[k] > 0) cr_assert_gt(got.spec.steps, 0, "prompt %zu, k=%d: no speculative step", i, ks[k]);
             cr_assert_leq(got.spec.accepted, got.spec.drafted);
             if (ks[k] > 0) cr_assert_leq(got.spec.drafted, (uint64_t)ks[k] * got.spec.steps);
             uint64_t hist = 0;
