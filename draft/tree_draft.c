@@ -1,4 +1,5 @@
-/* tree_draft.c - token trees from the draft model (tree_draft.h, tree.h).
+/* tree_draft.c - token trees from the draft model or an EAGLE-3 head (tree_draft.h,
+ * tree.h).
  *
  * Round 0 feeds every job's catch-up rows; each later round feeds the nodes that
  * get children, all jobs together in one draft forward (more only when the rows
@@ -309,15 +310,10 @@ static tandem_status tree_on_device(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job
     return TANDEM_OK;
 }
 
-tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
-    /* a lone greedy dynamic tree: on the device when the backend grows one */
-    if (n == 1 && ws->dtree && !ws->dtree_off && !jobs[0].sample && jobs[0].cfg.n_shape == 0 && !jobs[0].sr->oracle &&
-        !job_edited(&jobs[0]) && jobs[0].cfg.depth <= TDM_TREE_DEPTH_MAX) {
-        tandem_status st = tree_on_device(e, ws, &jobs[0], n_forwards, err);
-        if (st != TANDEM_ERR_UNSUPPORTED) return st;
-        /* (a draft whose forward cannot take device masks: levels through the host) */
-        ws->dtree_off = true;
-    }
+/* The levels planned on the host (one draft forward per level for every job, more
+ * when a level exceeds the batch or the logits rows). */
+static tandem_status host_levels(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards,
+                                 tdm_err *err) {
     const tdm_kv_seq *kv[TDM_ENGINE_BATCH_LOGITS_MAX];
     lvl_buf b = {.e = e, .ws = ws, .jobs = jobs, .kv = kv, .dev_topk = ws->tree_topk_ids != NULL};
     tandem_status st;
@@ -376,4 +372,32 @@ tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs
     tdm_phase_mark(&e->ph, e->be, TDM_PH_TREE_FINISH);
     *n_forwards = b.n_fwd;
     return TANDEM_OK;
+}
+
+/* An EAGLE-3 head's trees (src/engine/head.c): the host levels with the head in tree
+ * mode, which keeps every forward's h rows so that each fed node takes its parent's
+ * (the catch-up's last row for the root's children); the rows: every job's catch-up
+ * and at most TDM_TREE_MAX fed nodes.  The head's own levels are never grown on the
+ * device (tree_on_device runs a draft model's forward). */
+static tandem_status head_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards,
+                                tdm_err *err) {
+    int32_t rows = 0;
+    for (int32_t i = 0; i < n; i++) rows += TDM_MAX(jobs[i].s->n_tokens - jobs[i].s->n_draft, 0) + TDM_TREE_MAX;
+    tandem_status st = tdm_engine_head_tree_begin(e, rows, err);
+    if (!st) st = host_levels(e, ws, jobs, n, n_forwards, err);
+    tdm_engine_head_tree_end(e);
+    return st;
+}
+
+tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err) {
+    if (e->head) return head_trees(e, ws, jobs, n, n_forwards, err);
+    /* a lone greedy dynamic tree: on the device when the backend grows one */
+    if (n == 1 && ws->dtree && !ws->dtree_off && !jobs[0].sample && jobs[0].cfg.n_shape == 0 && !jobs[0].sr->oracle &&
+        !job_edited(&jobs[0]) && jobs[0].cfg.depth <= TDM_TREE_DEPTH_MAX) {
+        tandem_status st = tree_on_device(e, ws, &jobs[0], n_forwards, err);
+        if (st != TANDEM_ERR_UNSUPPORTED) return st;
+        /* (a draft whose forward cannot take device masks: levels through the host) */
+        ws->dtree_off = true;
+    }
+    return host_levels(e, ws, jobs, n, n_forwards, err);
 }

@@ -1,5 +1,5 @@
-/* tree_draft.h - drafting token trees with the draft model, for one sequence or
- * many at once (tree_draft.c). */
+/* tree_draft.h - drafting token trees with the draft model or an EAGLE-3 head, for
+ * one sequence or many at once (tree_draft.c). */
 #ifndef TDM_TREE_DRAFT_H
 #define TDM_TREE_DRAFT_H
 
@@ -28,8 +28,10 @@ int32_t tdm_tree_slots(const tdm_tree_cfg *c);
  * slot n + its draft slot, position n + its depth, seeing the prefix and its fed
  * ancestors (a tree mask), so the draft's K/V for tree nodes live in the
  * sequence's blocks.  Afterwards each sequence's draft holds [0, n) and its tree's
- * fed nodes (dslot).  Blocks must back n + tdm_tree_slots(cfg) slots.  *n_forwards:
- * draft forwards run. */
+ * fed nodes (dslot).  Blocks must back n + tdm_tree_slots(cfg) slots.  With an
+ * EAGLE-3 head as the draft the same levels run through the head (its rows one slot
+ * lower, each node fed its parent's h: src/engine/head.c).  *n_forwards: draft
+ * forwards run. */
 tandem_status tdm_draft_trees(tdm_engine *e, tdm_spec_ws *ws, tdm_tree_job *jobs, int32_t n, int32_t *n_forwards, tdm_err *err);
 
 #endif

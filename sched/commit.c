@@ -122,9 +122,10 @@ tandem_status tdm_commit_tree(tdm_engine *e, tdm_seq *s, const tdm_tree *t, cons
     for (int32_t j = 0; j < m; j++)
         if (path[j] != j) src[nm] = n + path[j], dst[nm++] = n + j;
     if ((st = tdm_kv_store_move_slots(&e->kv_t, &s->kv, src, dst, nm, err))) return st;
-    /* the draft saw a prefix of the path (a node it saw has every ancestor seen) */
+    /* the draft saw a prefix of the path (a node it saw has every ancestor seen); an
+     * EAGLE-3 head's drafted slots are dropped instead (its pending features, head.c) */
     nm = 0;
-    while (f < m && t->dslot[path[f]] >= 0) {
+    while (f < m && !e->head && t->dslot[path[f]] >= 0) {
         if (t->dslot[path[f]] != f) src[nm] = n + t->dslot[path[f]], dst[nm++] = n + f;
         f++;
     }

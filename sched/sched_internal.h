@@ -188,6 +188,11 @@ int32_t tdm_sched_choose_trees(tdm_sched *s);
 bool tdm_sched_tree_cfg(const tdm_sched *s, const step_item *it, tdm_tree_cfg *cfg);
 bool tdm_sched_draft_trees(tdm_sched *s, step_item *it, int32_t n);
 void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const tdm_verdict *v, double draft_s, double verify_s);
+/* An EAGLE-3 head's pending features after tree item it's verdict v was committed
+ * (the item's root row at row0 of the forward; before: its tokens before the commit):
+ * the accepted path's rows alone (engine.h tdm_engine_head_keep_path). */
+tandem_status tdm_sched_head_keep_tree(tdm_sched *s, const step_item *it, const tdm_verdict *v, int32_t row0,
+                                       int32_t before, tdm_err *err);
 /* step_run.c: the plan's items [0, n) as forwards (grouped so that each row is
  * computed as it would be alone), each item's verdict and commit. */
 void tdm_sched_run_plan(tdm_sched *s, const step_item *it, int32_t n);

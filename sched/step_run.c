@@ -294,14 +294,15 @@ static void commit_chain_item(tdm_sched *s, const step_item *it, const tdm_verdi
 }
 
 /* An EAGLE-3 head's features of item x's committed rows (from row0 of the forward;
- * before: its tokens before the commit): a prompt chunk's, or a chain's verified path
- * (engine.h tdm_engine_head_keep). */
-static void head_keep(tdm_sched *s, const step_item *x, int32_t row0, int32_t before) {
+ * before: its tokens before the commit): a prompt chunk's, a chain's verified path
+ * (engine.h tdm_engine_head_keep), or a tree's accepted path (v: its verdict). */
+static void head_keep(tdm_sched *s, const step_item *x, const tdm_verdict *v, int32_t row0, int32_t before) {
     tdm_seq *q = &x->r->s;
     tdm_err err = {0};
     const int32_t n = x->decode ? q->n_tokens - before : x->to - x->from; /* (a path: accepted + 1) */
-    if (x->r->fail_st || x->tree) return;
-    tandem_status st = tdm_engine_head_keep(s->e, q, row0, x->from, n, !x->decode, &err);
+    if (x->r->fail_st) return;
+    tandem_status st = x->tree ? tdm_sched_head_keep_tree(s, x, v, row0, before, &err)
+                               : tdm_engine_head_keep(s->e, q, row0, x->from, n, !x->decode, &err);
     if (st) tdm_sched_fail(x->r, st, &err);
 }
 
@@ -332,7 +333,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             }
             if (it[i].tree) tdm_sched_commit_tree(s, &it[i], &v, draft_s, verify_s);
             else commit_chain_item(s, &it[i], &v, draft_s, verify_s);
-            if (e->head) head_keep(s, &it[i], row0, before);
+            if (e->head) head_keep(s, &it[i], &v, row0, before);
             if (r->t_first == 0) r->t_first = now;
             continue;
         }
@@ -354,6 +355,7 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             v.n_acc = tdm_tree_accept_match(it[i].tree, out, v.path, &v.next);
             if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1); /* the uniforms of the kept tokens */
             tdm_sched_commit_tree(s, &it[i], &v, draft_s, verify_s);
+            if (e->head) head_keep(s, &it[i], &v, row0, before);
             if (r->t_first == 0) r->t_first = now;
             continue;
         }
@@ -362,11 +364,11 @@ static void run_group(tdm_sched *s, const step_item *it, int32_t n) {
             v.n_acc = tdm_accept_greedy(it[i].draft, it[i].k, out, &v.next);
             if (q->sp.temperature > 0) tdm_engine_consume(q, v.n_acc + 1);
             commit_chain_item(s, &it[i], &v, draft_s, verify_s);
-            if (e->head) head_keep(s, &it[i], row0, before);
+            if (e->head) head_keep(s, &it[i], NULL, row0, before);
             if (r->t_first == 0) r->t_first = now;
             continue;
         }
-        if (e->head) head_keep(s, &it[i], row0, before); /* (sets n_draft) */
+        if (e->head) head_keep(s, &it[i], NULL, row0, before); /* (sets n_draft) */
         q->n_target = it[i].to;
         r->n_fed = it[i].to;
         if (e->draft && !e->head) q->n_draft = it[i].to;

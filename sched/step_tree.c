@@ -77,7 +77,6 @@ static int32_t choose_auto(tdm_sched *s, int32_t n_auto, int32_t other) {
 
 int32_t tdm_sched_choose_trees(tdm_sched *s) {
     int32_t n_auto = 0, rows = 0, other = 0;
-    if (s->e->head) return 0; /* (an EAGLE-3 head drafts chains only: its requests take chains) */
     for (int32_t i = 0; i < s->n_run; i++) {
         const tdm_req *r = s->run[i];
         s->tree_of[i] = 0;
@@ -300,4 +299,12 @@ void tdm_sched_commit_tree(tdm_sched *s, const step_item *it, const tdm_verdict 
                        &(tdm_step_obs){.proposed = t->n, .accepted = m, .looked_up = t->n, .looked_up_acc = m,
                                        .lookup_step = true, .tree = true, .committed = q->n_tokens - before,
                                        .k_final = it->k_plan, .draft_s = draft_s, .verify_s = verify_s});
+}
+
+tandem_status tdm_sched_head_keep_tree(tdm_sched *s, const step_item *it, const tdm_verdict *v, int32_t row0,
+                                       int32_t before, tdm_err *err) {
+    tdm_seq *q = &it->r->s;
+    /* (the path's tokens and the next one, fewer where the request ended inside it) */
+    const int32_t n = TDM_MIN(q->n_tokens - before, v->n_acc + 1);
+    return tdm_engine_head_keep_path(s->e, q, row0, it->from, v->path, n, err);
 }

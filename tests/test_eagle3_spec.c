@@ -105,7 +105,9 @@ static void same_tokens(const tandem_result *a, const tandem_result *b, const ch
 typedef struct gcase {
     const char *name;
     int spec_k, ngram;
-    float oracle; /* > 0: the oracle's arrangement at this acceptance */
+    float oracle;      /* > 0: the oracle's arrangement at this acceptance */
+    int tree;          /* spec_tree: 0 chains, N a tree of N nodes, TANDEM_SPEC_TREE_AUTO */
+    const char *shape; /* spec_tree_shape, or NULL */
 } gcase;
 
 /* The cases' requests over p (the oracle's continuation: ref's tokens). */
@@ -118,6 +120,8 @@ static tandem_request *requests(const prompts *p, const gcase *c, const tandem_r
         r[i].params.max_tokens = N_NEW;
         r[i].params.spec_k = c->spec_k;
         r[i].params.spec_ngram = c->ngram;
+        r[i].params.spec_tree = c->tree;
+        r[i].params.spec_tree_shape = c->shape;
         if (c->oracle > 0) {
             r[i].params.bench_oracle_tokens = ref[i].tokens;
             r[i].params.bench_n_oracle = (int)ref[i].n_tokens;
@@ -132,7 +136,9 @@ static void free_results(tandem_result *r, size_t n) {
     free(r);
 }
 
-Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
+/* Every case over every 10th dev prompt, alone, four at a time and four in a pool
+ * of about two (preempting; not for adaptive chains), against target-only. */
+static void greedy_cases(const gcase *cases, size_t n_cases) {
     pair pr;
     pair_open(&pr);
     tandem_model *t = pr.t, *h = pr.h;
@@ -150,9 +156,7 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
     }
     tandem_model_info mi;
     cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
-    const gcase cases[] = {{"k 3, no lookups", 3, 0, 0}, {"adaptive, lookups", 0, 3, 0}, {"k 4, lookups", 4, 2, 0},
-                           {"oracle 0.7, k 4, no lookups", 4, 0, 0.7f}, {"oracle 0.5, adaptive, lookups", 0, 3, 0.5f}};
-    for (size_t ci = 0; ci < TDM_ARRAY_LEN(cases); ci++) {
+    for (size_t ci = 0; ci < n_cases; ci++) {
         const gcase *c = &cases[ci];
         tandem_request *r = requests(&p, c, ref);
         /* 1: alone; 4: four at a time; -4: four in a pool of about two sequences (preempting) */
@@ -160,7 +164,7 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
         for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
             const bool small = sizes[si] < 0;
             if (c->oracle > 0 && sizes[si] != 1) continue; /* (the oracle: an engine of one sequence) */
-            if (small && c->spec_k == 0) continue;
+            if (small && c->spec_k == 0 && c->tree == 0 && !c->shape) continue;
             const size_t kv = small ? (size_t)mi.kv_bytes_per_token * 2 * 160 : 0;
             tandem_engine *e = open_engine(t, h, abs(sizes[si]), kv, true);
             tandem_result *got = calloc(p.count, sizeof *got);
@@ -175,7 +179,7 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
             cr_assert_eq(tandem_engine_get_stats(e, &st), TANDEM_OK);
             if (small) cr_assert_gt(st.n_preemptions, 0, "%s: a pool for two of four sequences preempted none", c->name);
             tandem_engine_close(e);
-            uint64_t drafted = 0, accepted = 0, ngram = 0;
+            uint64_t drafted = 0, accepted = 0, ngram = 0, tree_steps = 0, deep = 0;
             for (size_t i = 0; i < p.count; i++) {
                 char what[96];
                 snprintf(what, sizeof what, "%s, batch %d%s", c->name, abs(sizes[si]), small ? ", small pool" : "");
@@ -183,12 +187,19 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
                 drafted += got[i].spec.drafted;
                 accepted += got[i].spec.accepted;
                 ngram += got[i].spec.ngram_drafted;
+                tree_steps += got[i].spec.tree_steps;
+                for (int a = 3; a < TANDEM_SPEC_HIST_MAX; a++) deep += got[i].spec.accept_hist[a];
             }
-            cr_log_info("%s, batch %d%s: %llu drafted (%llu looked up), %llu accepted (%.3f)", c->name, abs(sizes[si]),
-                        small ? ", small pool" : "", (unsigned long long)drafted, (unsigned long long)ngram,
-                        (unsigned long long)accepted, drafted ? (double)accepted / (double)drafted : 0.0);
-            if (c->spec_k > 0) cr_assert_gt(drafted - ngram, 0, "%s: the head drafted nothing", c->name);
+            cr_log_info("%s, batch %d%s: %llu drafted (%llu looked up), %llu accepted (%.3f); %llu tree steps, %llu "
+                        "steps accepting 3 or more",
+                        c->name, abs(sizes[si]), small ? ", small pool" : "", (unsigned long long)drafted,
+                        (unsigned long long)ngram, (unsigned long long)accepted,
+                        drafted ? (double)accepted / (double)drafted : 0.0, (unsigned long long)tree_steps,
+                        (unsigned long long)deep);
+            if (c->spec_k > 0 || c->tree > 0 || c->shape) cr_assert_gt(drafted - ngram, 0, "%s: the head drafted nothing", c->name);
+            if (c->tree > 0 || c->shape) cr_assert_gt(tree_steps, 0, "%s: no tree verified", c->name);
             if (c->oracle > 0) cr_assert_gt(accepted, 0, "%s: nothing accepted", c->name);
+            if (c->oracle >= 0.7f && (c->tree > 0 || c->shape)) cr_assert_gt(deep, 0, "%s: no deep path accepted", c->name);
             free_results(got, p.count);
         }
         free(r);
@@ -196,6 +207,29 @@ Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
     free_results(ref, p.count);
     free_prompts(&p);
     pair_close(&pr);
+}
+
+Test(eagle3_spec, greedy_equals_target_only, .timeout = 900) {
+    const gcase cases[] = {{"k 3, no lookups", 3, 0, 0, 0, NULL},
+                           {"adaptive, lookups", 0, 3, 0, 0, NULL},
+                           {"k 4, lookups", 4, 2, 0, 0, NULL},
+                           {"oracle 0.7, k 4, no lookups", 4, 0, 0.7f, 0, NULL},
+                           {"oracle 0.5, adaptive, lookups", 0, 3, 0.5f, 0, NULL}};
+    greedy_cases(cases, TDM_ARRAY_LEN(cases));
+}
+
+/* Token trees drafted by the head: fixed budgets, a static shape and the controller's
+ * choice, with and without lookups merged in, and the oracle's (deep paths accepted;
+ * an engine of one sequence: batched deep paths in roll_back_trees_batched). */
+Test(eagle3_spec, greedy_trees_equal_target_only, .timeout = 1200) {
+    const gcase cases[] = {{"tree 8, no lookups", 0, 0, 0, 8, NULL},
+                           {"tree 16, lookups", 0, 3, 0, 16, NULL},
+                           {"tree auto, lookups", 0, 3, 0, TANDEM_SPEC_TREE_AUTO, NULL},
+                           {"shape 4,2,2,1", 0, 0, 0, 0, "4,2,2,1"},
+                           {"oracle 0.8, tree 16", 0, 0, 0.8f, 16, NULL},
+                           {"oracle 0.7, shape 3,2,2,1,1,1", 0, 0, 0.7f, 0, "3,2,2,1,1,1"},
+                           {"oracle 0.8, tree auto", 0, 0, 0.8f, TANDEM_SPEC_TREE_AUTO, NULL}};
+    greedy_cases(cases, TDM_ARRAY_LEN(cases));
 }
 
 /* Chains cut by p_min (the head's top probability) and grammar-constrained chains

@@ -299,7 +299,7 @@ int cli_info(int argc, char **argv) {
         bool is_head;
         int rc = cli_eagle3_check(path, draft, &is_head, fit, sizeof fit);
         if (rc != CLI_EXIT_OK) return rc;
-        if (is_head) printf("%s; it drafts chains (no token trees) from the target's features\n", fit);
+        if (is_head) printf("%s; it drafts chains and token trees from the target's features\n", fit);
     }
     print_estimate(path, draft, ctx);
     return CLI_EXIT_OK;

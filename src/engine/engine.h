@@ -121,6 +121,13 @@ typedef struct tdm_engine {
                                 (h_out[h_cur]) and the one before */
     int32_t h_cur;
     uint64_t h_gen;          /* head forwards so far (tdm_seq.h_gen) */
+    /* A token tree's levels (head.c tree mode, between tdm_engine_head_tree_begin and
+     * _end): every head forward's h rows stay, one after another, so that a node's
+     * children read its parent's h whichever earlier level (or part of one) fed it */
+    float *h_tree;           /* [h_tree_cap][head E] backend, grown at a tree's begin */
+    int32_t h_tree_cap, h_tree_n; /* rows allocated / written this tree round */
+    bool h_tree_on;
+    uint64_t h_tree_round;   /* tree rounds so far (tdm_seq.h_round) */
     tdm_backend *be;         /* compute backend: a CPU backend of n_threads (owned), or the
                                 target model's own when its memory is not host memory (a
                                 GPU: borrowed, be_borrowed) */
@@ -224,6 +231,11 @@ typedef struct tdm_seq {
                                 head row (slot h_pos), valid while h_gen == e->h_gen */
     int32_t h_pos;
     uint64_t h_gen;
+    /* in a head's tree round (h_round == e->h_tree_round): row of e->h_tree holding the
+     * head's output for draft slot n_tokens - 1 + j (j = 0: the root's row, the last
+     * catch-up row; j = 1 + d: the tree node of draft slot d), -1: none */
+    int32_t h_node[TDM_TREE_MAX_NODES + 1];
+    uint64_t h_round;
 } tdm_seq;
 
 /* A step's logits rows of one sequence at most: a verified chain's or tree's. */
@@ -241,8 +253,8 @@ typedef struct tdm_lp_row {
 tandem_status tdm_engine_create(tdm_model *target, tdm_model *draft, const tdm_engine_cfg *cfg,
                                 tdm_engine **out, tdm_err *err);
 /* The same with an EAGLE-3 head as the draft (draft NULL; head borrowed, paired with
- * the target here: a mismatch is TANDEM_ERR_MISMATCH naming both).  Token trees are
- * not drafted by a head: its requests take chains (spec_tree ignored). */
+ * the target here: a mismatch is TANDEM_ERR_MISMATCH naming both).  The head drafts
+ * chains and token trees. */
 tandem_status tdm_engine_create_ex(tdm_model *target, tdm_model *draft, tdm_eagle3 *head, const tdm_engine_cfg *cfg,
                                    tdm_engine **out, tdm_err *err);
 
@@ -254,10 +266,18 @@ void tdm_engine_head_free(tdm_engine *e);
  * position p; seqs[i] must be tdm_seq kv fields): row p becomes head slot p - 1 (a
  * row at position 0 has no slot and is skipped; it may not want logits), fed
  * fc(feature p - 1) from the sequence's pending rows for a committed position, else
- * the output h of the sequence's row at p - 1 in the previous head forward.  The
- * logits rows over the whole vocabulary (the head's ids, TDM_LOGIT_NONE elsewhere)
- * land in e->out_d. */
+ * the output h of the sequence's row at p - 1 in the previous head forward.  In tree
+ * mode (below) a drafted row takes the h of its parent's row instead (a tree row's
+ * parent: its highest ancestor bit, else the root's row; a causal row's: the slot
+ * before it), and a tree row keeps its mask, one slot lower.  The logits rows over
+ * the whole vocabulary (the head's ids, TDM_LOGIT_NONE elsewhere) land in e->out_d. */
 tandem_status tdm_engine_head_forward(tdm_engine *e, const tdm_batch *b, const tdm_kv_seq *const *seqs, tdm_err *err);
+/* Tree mode for the head forwards until tdm_engine_head_tree_end (a token tree's
+ * levels, draft/tree_draft.c): every forward's h rows are kept (e->h_tree, grown to
+ * `rows`, the most rows the round's forwards hold together) and each sequence maps
+ * its root and tree nodes to them (tdm_seq.h_node). */
+tandem_status tdm_engine_head_tree_begin(tdm_engine *e, int32_t rows, tdm_err *err);
+void tdm_engine_head_tree_end(tdm_engine *e);
 /* After a target forward whose rows [row, row + n) were positions [pos, pos + n) of s,
  * now committed (a prompt chunk, or a verified path's rows): their features become
  * pending, the head's slots from pos on are dropped (a drafted row's slot held the
@@ -266,6 +286,13 @@ tandem_status tdm_engine_head_forward(tdm_engine *e, const tdm_batch *b, const t
  * exceed TDM_HEAD_PENDING.  Sets s->n_draft. */
 tandem_status tdm_engine_head_keep(tdm_engine *e, tdm_seq *s, int32_t row, int32_t pos, int32_t n, bool consume,
                                    tdm_err *err);
+/* The same after a verified token tree whose root row was `row` (node i at row + 1 +
+ * i, verify/tree_verify.h) and whose accepted path is path[0..n - 1) (n: the tokens
+ * committed, the path's and the next one): the path's feature rows are moved behind
+ * the root's (path indices only grow, so no source is overwritten before it is read),
+ * then kept as a chain's. */
+tandem_status tdm_engine_head_keep_path(tdm_engine *e, tdm_seq *s, int32_t row, int32_t pos, const int32_t *path,
+                                        int32_t n, tdm_err *err);
 
 /* Device sampling helpers.  tdm_engine_draws: u[0..n) from a copy of the request's
  * generator (the generator itself moves on only by tdm_engine_consume, once the

@@ -10,6 +10,16 @@
  * forward that computed it; a drafted row (deeper levels) the head's own output h
  * of the sequence's row before it, from the previous head forward.
  *
+ * Token trees (tree mode, tdm_engine_head_tree_begin / _end around a tree's levels,
+ * draft/tree_draft.c): a node's row is the draft's row one slot lower (draft slot
+ * n + d, mask over the draft slots n + j, becomes head slot n - 1 + d with the same
+ * mask over head slots n - 1 + j) and is fed its token with the h of its parent's
+ * row: every forward's h rows stay in e->h_tree, and each sequence maps its root (the
+ * last catch-up row) and its fed nodes to them (tdm_seq.h_node), so a parent fed in
+ * any earlier forward of the round (a level split over several) serves.  After the
+ * verification only the accepted path's features become pending
+ * (tdm_engine_head_keep_path), as a chain's.
+ *
  * Pending rows are the target's features of committed positions only: after a
  * verification only the accepted path's rows are kept (tdm_engine_head_keep), so a
  * rejected position never leaves a feature, and the head's own drafted slots are
@@ -47,11 +57,45 @@ tandem_status tdm_engine_head_init(tdm_engine *e, tdm_err *err) {
 }
 
 void tdm_engine_head_free(tdm_engine *e) {
-    float *bufs[] = {e->h_feat, e->h_g, e->h_out[0], e->h_out[1]};
+    float *bufs[] = {e->h_feat, e->h_g, e->h_out[0], e->h_out[1], e->h_tree};
     for (size_t i = 0; i < TDM_ARRAY_LEN(bufs); i++)
         if (bufs[i]) e->be->ops->free(e->be, bufs[i]);
     tdm_eagle3_scratch_free(&e->hs);
     tdm_batch_free(&e->hb);
+}
+
+/* Tree mode: the h rows of the forward just run (at e->h_tree_n) mapped to their
+ * sequences' root and nodes (draft slot n_tokens - 1 + j, j in [0, TDM_TREE_MAX_NODES]);
+ * a sequence's map starts empty at its first forward of the round. */
+static void tree_rows_out(tdm_engine *e, const tdm_kv_seq *const *seqs) {
+    const tdm_batch *hb = &e->hb;
+    for (int32_t i = 0; i < hb->n_rows; i++) {
+        tdm_seq *s = seq_of(seqs[hb->seq[i]]);
+        if (s->h_round != e->h_tree_round) {
+            for (size_t j = 0; j < TDM_ARRAY_LEN(s->h_node); j++) s->h_node[j] = -1;
+            s->h_round = e->h_tree_round;
+        }
+        const int32_t j = hb->slot[i] + 1 - (s->n_tokens - 1); /* (the draft's slot: one above the head's) */
+        if (j >= 0 && j < (int32_t)TDM_ARRAY_LEN(s->h_node)) s->h_node[j] = e->h_tree_n + i;
+    }
+    e->h_tree_n += hb->n_rows;
+}
+
+/* Tree mode: the row of e->h_tree a drafted row r of b is fed from (its parent's), or
+ * -1.  A tree row's parent is its highest ancestor bit besides its own (ancestors are
+ * fed before their descendants, so the parent has the highest draft slot), the root
+ * (slot n_visible - 1) when it has none; a causal row's is the slot before it. */
+static int32_t tree_src(const tdm_engine *e, const tdm_seq *s, const tdm_batch *b, int32_t r) {
+    const uint64_t mask = b->tree_mask ? b->tree_mask[r] : 0;
+    int32_t parent = b->slot[r] - 1;
+    if (mask) {
+        const int32_t own = b->slot[r] - b->n_visible[r];
+        const uint64_t up = own >= 0 && own < 64 ? mask & ~(1ull << own) : mask;
+        parent = up ? b->n_visible[r] + 63 - __builtin_clzll(up) : b->n_visible[r] - 1;
+    }
+    const int32_t j = parent - (s->n_tokens - 1);
+    if (s->h_round != e->h_tree_round || j < 0 || j >= (int32_t)TDM_ARRAY_LEN(s->h_node)) return -1;
+    return s->h_node[j];
 }
 
 /* Runs the head over e->hb (rows prepared, n of them): rows with feature rows in
@@ -67,16 +111,23 @@ static tandem_status run(tdm_engine *e, const tdm_kv_seq *const *seqs, const boo
     const size_t E = emb_w(e);
     tandem_status st;
     if (n == 0) return TANDEM_OK;
+    if (e->h_tree_on && e->h_tree_n + n > e->h_tree_cap)
+        return tdm_seterr(err, TANDEM_ERR_INTERNAL, "the head's tree rows are full (%d of %d, %d more)", (int)e->h_tree_n,
+                          (int)e->h_tree_cap, (int)n);
     if (any_feat && (st = tdm_eagle3_fuse(e->head, e->be, &e->hs, e->h_feat, n, e->h_g, err))) return st;
-    const float *prev = e->h_out[e->h_cur];
+    const float *prev = e->h_tree_on ? e->h_tree : e->h_out[e->h_cur];
     for (int32_t i = 0; i < n; i++)
         if (!has_feat[i] &&
             (st = op->copy(e->be, e->h_g + (size_t)i * E, prev + (size_t)src_row[i] * E, E * sizeof(float), err)))
             return st;
-    float *out = e->h_out[e->h_cur ^ 1];
+    float *out = e->h_tree_on ? e->h_tree + (size_t)e->h_tree_n * E : e->h_out[e->h_cur ^ 1];
     if ((st = tdm_eagle3_forward(e->head, e->be, &e->kv_d, hb, seqs, &e->hs, e->h_g, out, logits, err))) return st;
+    e->h_gen++; /* (in tree mode too: no chain drafts from these rows) */
+    if (e->h_tree_on) {
+        tree_rows_out(e, seqs);
+        return TANDEM_OK;
+    }
     e->h_cur ^= 1;
-    e->h_gen++;
     for (int32_t i = 0; i < n; i++) {
         tdm_seq *s = seq_of(seqs[hb->seq[i]]);
         s->h_row = i;
@@ -105,8 +156,8 @@ tandem_status tdm_engine_head_forward(tdm_engine *e, const tdm_batch *b, const t
             goto done;
         }
     }
-    if (b->tree) {
-        st = tdm_seterr(err, TANDEM_ERR_UNSUPPORTED, "an EAGLE-3 head drafts chains only (no token trees)");
+    if (b->tree && !e->h_tree_on) {
+        st = tdm_seterr(err, TANDEM_ERR_INTERNAL, "an EAGLE-3 head's tree rows outside tree mode");
         goto done;
     }
     tdm_batch_clear(hb);
@@ -120,7 +171,12 @@ tandem_status tdm_engine_head_forward(tdm_engine *e, const tdm_batch *b, const t
             }
             continue;
         }
-        const int32_t i = tdm_batch_add(hb, b->token[r], P, b->seq[r], P, b->want_logits[r]);
+        /* (the draft's slot, prefix and mask one slot lower: a tree row's mask bits name
+         * the same nodes) */
+        const bool tree_row = b->tree_mask && b->tree_mask[r];
+        const int32_t i = tree_row ? tdm_batch_add_tree(hb, b->token[r], P, b->seq[r], b->slot[r] - 1, b->n_visible[r] - 1,
+                                                        b->tree_mask[r], b->want_logits[r])
+                                   : tdm_batch_add(hb, b->token[r], P, b->seq[r], b->slot[r] - 1, b->want_logits[r]);
         if (i < 0) {
             st = tdm_seterr(err, TANDEM_ERR_INTERNAL, "the head's batch is full (%d rows)", (int)hb->cap);
             goto done;
@@ -137,6 +193,12 @@ tandem_status tdm_engine_head_forward(tdm_engine *e, const tdm_batch *b, const t
                                err)))
                 goto done;
             any_feat = true;
+        } else if (e->h_tree_on) {
+            if ((sr[i] = tree_src(e, s, b, r)) < 0) {
+                st = tdm_seterr(err, TANDEM_ERR_INTERNAL, "the EAGLE-3 head has no output of the parent of slot %d",
+                                (int)b->slot[r]);
+                goto done;
+            }
         } else {
             if (s->h_gen != e->h_gen || s->h_pos != P - 1) {
                 st = tdm_seterr(err, TANDEM_ERR_INTERNAL, "the EAGLE-3 head has no output of position %d to draft from",
@@ -209,4 +271,41 @@ tandem_status tdm_engine_head_keep(tdm_engine *e, tdm_seq *s, int32_t row, int32
     s->n_feat = 1;
     s->n_draft = pos + n;
     return TANDEM_OK;
+}
+
+tandem_status tdm_engine_head_tree_begin(tdm_engine *e, int32_t rows, tdm_err *err) {
+    if (rows > e->h_tree_cap) { /* (grown, never shrunk: the largest round so far) */
+        const int32_t cap = TDM_MAX(rows, 2 * e->h_tree_cap);
+        void *p;
+        if (e->h_tree) e->be->ops->free(e->be, e->h_tree);
+        e->h_tree = NULL, e->h_tree_cap = 0;
+        tandem_status st = e->be->ops->alloc(e->be, (size_t)cap * emb_w(e) * sizeof(float), &p, err);
+        if (st) return st;
+        e->h_tree = p;
+        e->h_tree_cap = cap;
+    }
+    e->h_tree_on = true;
+    e->h_tree_n = 0;
+    e->h_tree_round++;
+    return TANDEM_OK;
+}
+
+void tdm_engine_head_tree_end(tdm_engine *e) {
+    e->h_tree_on = false;
+    e->h_tree_round++; /* (no sequence's map outlives its round) */
+}
+
+tandem_status tdm_engine_head_keep_path(tdm_engine *e, tdm_seq *s, int32_t row, int32_t pos, const int32_t *path,
+                                        int32_t n, tdm_err *err) {
+    const size_t F = feat_w(e);
+    float *feat_t = e->fs_t.feat + (size_t)row * F;
+    for (int32_t j = 0; j + 1 < n; j++) {
+        if (path[j] < j)
+            return tdm_seterr(err, TANDEM_ERR_INTERNAL, "a tree path's node %d at depth %d", (int)path[j], (int)j);
+        tandem_status st;
+        if (path[j] != j && (st = e->be->ops->copy(e->be, feat_t + (size_t)(1 + j) * F, feat_t + (size_t)(1 + path[j]) * F,
+                                                   F * sizeof(float), err)))
+            return st;
+    }
+    return tdm_engine_head_keep(e, s, row, pos, n, false, err);
 }
