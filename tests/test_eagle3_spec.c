@@ -33,6 +33,7 @@
 #include "tandem.h"
 #include "testutil.h"
 #include "tiny_model.h"
+#include "tree_draft.h"
 
 #define N_NEW 24
 
@@ -532,6 +533,234 @@ Test(eagle3_spec, roll_back_keeps_features_exact, .timeout = 900) {
     free_prompts(&p);
     tdm_engine_free(e);
     tdm_engine_free(plain);
+    tdm_eagle3_free(hd);
+    tdm_model_free(tm);
+    tdm_backend_destroy(be);
+    unlink(hpath);
+}
+
+/* The oracle's arrangement (draft/oracle.h) given to a running request of a batch
+ * engine, which the public parameters refuse (an engine of one sequence): the test's
+ * way to get deep paths accepted in a batch of head trees. */
+static void poke_oracle(tdm_req *r, const tandem_result *ref, double alpha, uint64_t seed) {
+    r->sr.oracle = malloc(ref->n_tokens * sizeof(int32_t));
+    cr_assert_not_null(r->sr.oracle);
+    memcpy(r->sr.oracle, ref->tokens, ref->n_tokens * sizeof(int32_t));
+    r->sr.n_oracle = (int32_t)ref->n_tokens;
+    r->sr.oracle_alpha = alpha;
+    tdm_rng_seed(&r->sr.oracle_rng, seed);
+}
+
+/* Head trees accepted to random depths, one and four sequences at a time (random
+ * budgets, the controller's choice, static shapes, lookups on and off, the oracle at
+ * random acceptance): after every step each running sequence's pending features and
+ * the head's K/V equal recomputations (nothing of a rejected branch stays), and the
+ * outputs equal target-only. */
+Test(eagle3_spec, roll_back_trees_batched, .timeout = 900) {
+    char hpath[32];
+    synth_head(hpath, TDM_F16, NULL);
+    tdm_backend *be = cpu(1);
+    tdm_model *tm = load_target(be);
+    tdm_eagle3 *hd;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_eagle3_load(hpath, be, &hd, &err), TANDEM_OK, "%s", err.msg);
+    tdm_engine_cfg cfg = {.n_threads = 1, .kv_type = TANDEM_KV_F32}, cfg4 = cfg;
+    cfg4.n_seq_max = 4;
+    tdm_engine *plain, *e;
+    cr_assert_eq(tdm_engine_create(tm, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg4, &e, &err), TANDEM_OK, "%s", err.msg);
+    prompts p = load_prompts(tdm_test_sanitized() ? 25 : 8);
+    static const char *shapes[] = {"4,2,2,1", "2,2,2,2,2", "1,1,1,1,1,1,1,1,1,1", "6,3,1"};
+    static const int budgets[] = {2, 4, 8, 16, 32, 64, TANDEM_SPEC_TREE_AUTO};
+    uint64_t rng = 4646;
+    int steps = 0, checks = 0;
+    uint64_t drafted = 0, accepted = 0, tree_steps = 0;
+    int hist[8] = {0};
+    for (size_t i0 = 0, g = 0; i0 < p.count; g++) {
+        const size_t n = TDM_MIN(g % 2 ? 4 : 1, p.count - i0); /* (alone, then four at a time) */
+        tandem_result ref[4];
+        fin f[4] = {0};
+        uint64_t ids[4];
+        double alpha[4];
+        tdm_sched *s;
+        cr_assert_eq(tdm_sched_create(e, NULL, &s, &err), TANDEM_OK, "%s", err.msg);
+        for (size_t j = 0; j < n; j++) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = 40;
+            cr_assert_eq(tdm_generate_one(plain, p.ids[i0 + j], (int32_t)p.n[i0 + j], &gp, &ref[j], &err), TANDEM_OK,
+                         "%s", err.msg);
+            const uint64_t pick = tdm_test_rand(&rng) % (TDM_ARRAY_LEN(budgets) + TDM_ARRAY_LEN(shapes));
+            if (pick < TDM_ARRAY_LEN(budgets)) gp.spec_tree = budgets[pick];
+            else gp.spec_tree_shape = shapes[pick - TDM_ARRAY_LEN(budgets)];
+            gp.spec_ngram = tdm_test_rand(&rng) % 2 ? 2 : 0;
+            alpha[j] = tdm_test_rand(&rng) % 4 ? 0.3 + 0.65 * tdm_test_randu(&rng) : 0; /* (0: the head's own) */
+            cr_assert_eq(tdm_sched_submit(s, p.ids[i0 + j], (int32_t)p.n[i0 + j], &gp, 0, 0, on_fin, &f[j], &ids[j], &err),
+                         TANDEM_OK, "%s", err.msg);
+        }
+        for (bool all = false; !all;) {
+            cr_assert_eq(tdm_sched_step(s, NULL, &err), TANDEM_OK, "%s", err.msg);
+            steps++;
+            for (int32_t k = 0; k < 4; k++) {
+                tdm_req *r = (tdm_req *)tdm_sched_running_req(s, k);
+                if (!r) continue;
+                for (size_t j = 0; j < n; j++)
+                    if (r->id == ids[j] && alpha[j] > 0 && !r->sr.oracle) poke_oracle(r, &ref[j], alpha[j], ids[j] * 7 + 1);
+                if (r->state != TDM_REQ_RUNNING) continue;
+                check_against_recompute(e, be, &r->s);
+                checks++;
+            }
+            all = true;
+            for (size_t j = 0; j < n; j++) all &= f[j].done;
+        }
+        for (size_t j = 0; j < n; j++) {
+            cr_assert_eq(f[j].res.status, TANDEM_OK, "%s", f[j].res.error ? f[j].res.error : "");
+            same_tokens(&ref[j], &f[j].res, n > 1 ? "head trees, four at a time" : "head trees, alone", i0 + j);
+            drafted += f[j].res.spec.drafted;
+            accepted += f[j].res.spec.accepted;
+            tree_steps += f[j].res.spec.tree_steps;
+            for (int a = 0; a < 8; a++) hist[a] += (int)f[j].res.spec.accept_hist[a];
+            tandem_result_free(&f[j].res);
+            tandem_result_free(&ref[j]);
+        }
+        tdm_sched_free(s);
+        i0 += n;
+    }
+    cr_log_info("roll-back, trees: %d steps, %d sequences checked, %llu drafted, %llu accepted, %llu tree steps; "
+                "accepted per step 0..7: %d %d %d %d %d %d %d %d",
+                steps, checks, (unsigned long long)drafted, (unsigned long long)accepted, (unsigned long long)tree_steps,
+                hist[0], hist[1], hist[2], hist[3], hist[4], hist[5], hist[6], hist[7]);
+    cr_assert_gt(tree_steps, 0);
+    cr_assert_gt(hist[0], 0);
+    cr_assert_gt(hist[1] + hist[2], 0, "no tree was accepted in part");
+    cr_assert_gt(hist[3] + hist[4] + hist[5] + hist[6] + hist[7], 0, "no tree was accepted deeply");
+    free_prompts(&p);
+    tdm_engine_free(e);
+    tdm_engine_free(plain);
+    tdm_eagle3_free(hd);
+    tdm_model_free(tm);
+    tdm_backend_destroy(be);
+    unlink(hpath);
+}
+
+/* softmax(l[V]) into p (double sums). */
+static void softmax_ref(const float *l, int32_t V, double *p) {
+    float mx = l[0];
+    for (int32_t i = 1; i < V; i++) mx = fmaxf(mx, l[i]);
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++) sum += p[i] = exp((double)l[i] - mx);
+    for (int32_t i = 0; i < V; i++) p[i] /= sum;
+}
+
+/* The head's distribution after s's committed tokens and path[0..d) from a chain of
+ * head forwards (chain mode: the catch-up from n_draft0, then one row per token, each
+ * fed the h of the row before), into p. */
+static void chain_reference(tdm_engine *e, tdm_seq *s, int32_t n_draft0, const int32_t *path, int32_t d, double *p) {
+    const tdm_kv_seq *kv[1] = {&s->kv};
+    const int32_t n = s->n_tokens;
+    tdm_err err = {0};
+    tdm_batch b;
+    cr_assert_eq(tdm_batch_init(&b, n + 1, &err), TANDEM_OK);
+    s->n_draft = n_draft0;
+    for (int32_t p0 = n_draft0; p0 < n; p0++) tdm_batch_add(&b, s->tokens[p0], p0, 0, p0, p0 == n - 1);
+    cr_assert_eq(tdm_engine_forward(e, true, &b, kv, TDM_FWD_LOGITS, &err), TANDEM_OK, "%s", err.msg);
+    for (int32_t j = 0; j < d; j++) {
+        tdm_batch_clear(&b);
+        tdm_batch_add(&b, path[j], n + j, 0, n + j, true);
+        cr_assert_eq(tdm_engine_forward(e, true, &b, kv, TDM_FWD_LOGITS, &err), TANDEM_OK, "%s", err.msg);
+    }
+    softmax_ref(e->logits_d, e->n_vocab, p);
+    tdm_batch_free(&b);
+}
+
+/* The head's trees against chains of head forwards: after a few steps of three
+ * sequences, their trees are drafted together (tdm_draft_trees; static shapes and
+ * dynamic trees, once with levels split over several forwards by a small logits
+ * budget), and every node's children are the likeliest tokens of the head's
+ * distribution along the node's path computed as a chain, each with its probability
+ * (the child's cumulative weight over its parent's): the tree's rows one slot lower,
+ * their masks, and each node fed its parent's h. */
+Test(eagle3_spec, tree_nodes_match_chains, .timeout = 600) {
+    char hpath[32];
+    synth_head(hpath, TDM_F16, NULL);
+    tdm_backend *be = cpu(1);
+    tdm_model *tm = load_target(be);
+    tdm_eagle3 *hd;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_eagle3_load(hpath, be, &hd, &err), TANDEM_OK, "%s", err.msg);
+    tdm_engine_cfg cfg = {.n_threads = 1, .kv_type = TANDEM_KV_F32, .n_seq_max = 4};
+    tdm_engine *e;
+    cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+    const int32_t V = e->n_vocab, logit_rows = e->n_logit_rows;
+    double *pr = malloc((size_t)V * sizeof *pr);
+    prompts p = load_prompts(30);
+    cr_assert_geq(p.count, 3);
+    static const char *shapes[] = {"3,2,2", NULL, "2,2,2,2", NULL};
+    static const int budgets[] = {0, 16, 0, 32};
+    int checked = 0;
+    for (int pass = 0; pass < 4; pass++) {
+        tdm_sched *s;
+        cr_assert_eq(tdm_sched_create(e, NULL, &s, &err), TANDEM_OK, "%s", err.msg);
+        fin f[3] = {0};
+        for (int j = 0; j < 3; j++) {
+            tandem_generate_params gp = tandem_generate_default_params();
+            gp.max_tokens = 64;
+            gp.spec_k = 2 + j; /* (some chains first: pending rows of different counts) */
+            cr_assert_eq(tdm_sched_submit(s, p.ids[j], (int32_t)p.n[j], &gp, 0, 0, on_fin, &f[j], NULL, &err), TANDEM_OK,
+                         "%s", err.msg);
+        }
+        for (int st = 0; st < 6 + pass; st++) cr_assert_eq(tdm_sched_step(s, NULL, &err), TANDEM_OK, "%s", err.msg);
+        tdm_tree_job jobs[3];
+        static tdm_tree trees[3];
+        int32_t nd0[3], m = 0;
+        for (int32_t k = 0; k < 3; k++) {
+            tdm_req *r = (tdm_req *)tdm_sched_running_req(s, k);
+            cr_assert(r && r->state == TDM_REQ_RUNNING);
+            tdm_tree_cfg tc;
+            if (shapes[pass]) cr_assert(tdm_tree_cfg_parse_shape(shapes[pass], &tc, &err), "%s", err.msg);
+            else tc = tdm_tree_cfg_dynamic(budgets[pass]);
+            cr_assert_eq(tdm_kv_seq_reserve(e->pool, &r->s.kv, r->s.n_tokens + TDM_TREE_MAX, &err), TANDEM_OK);
+            nd0[m] = r->s.n_draft;
+            jobs[m++] = (tdm_tree_job){&r->s, &r->sr, tc, &trees[k], false};
+        }
+        if (pass == 3) e->n_logit_rows = 5; /* (levels of several forwards each) */
+        int32_t n_fwd;
+        cr_assert_eq(tdm_draft_trees(e, tdm_sched_ws(s), jobs, m, &n_fwd, &err), TANDEM_OK, "%s", err.msg);
+        e->n_logit_rows = logit_rows;
+        for (int32_t k = 0; k < m; k++) {
+            const tdm_tree *t = jobs[k].tree;
+            const tdm_tree_cfg *tc = &jobs[k].cfg;
+            cr_assert_gt(t->n, 1);
+            for (int32_t v = -1; v < t->n; v++) {
+                int32_t kids[TDM_TREE_POOL], path[TDM_TREE_DEPTH_MAX];
+                const int32_t nk = tdm_tree_children(t, v, kids), d = v < 0 ? 0 : t->depth[v] + 1;
+                if (nk == 0) continue;
+                for (int32_t a = v; a >= 0; a = t->parent[a]) path[t->depth[a]] = t->token[a];
+                chain_reference(e, jobs[k].s, nd0[k], path, d, pr);
+                const int32_t c = tc->n_shape > 0 ? tc->shape[d] : tc->topk; /* (the candidates per node) */
+                const double wv = v < 0 ? 1.0 : t->w[v];
+                for (int32_t x = 0; x < nk; x++) {
+                    const int32_t tok = t->token[kids[x]];
+                    const double got = t->w[kids[x]] / wv;
+                    cr_assert(fabs(got - pr[tok]) <= 1e-3 * pr[tok] + 1e-6,
+                              "pass %d, sequence %d, node %d (depth %d) child %d: probability %g, the chain's %g", pass,
+                              (int)k, (int)v, (int)d, (int)tok, got, pr[tok]);
+                    int32_t above = 0;
+                    for (int32_t i = 0; i < V; i++) above += pr[i] > pr[tok] * (1 + 1e-4) + 1e-9;
+                    cr_assert_lt(above, c, "pass %d, sequence %d, node %d: child %d is behind %d likelier tokens", pass,
+                                 (int)k, (int)v, (int)tok, (int)above);
+                    checked++;
+                }
+            }
+            jobs[k].s->n_draft = nd0[k]; /* (the head's slots as before the trees) */
+        }
+        tdm_sched_free(s);
+        for (int j = 0; j < 3; j++) tandem_result_free(&f[j].res);
+    }
+    cr_log_info("head trees against chains: %d children checked", checked);
+    cr_assert_gt(checked, 100);
+    free(pr);
+    free_prompts(&p);
+    tdm_engine_free(e);
     tdm_eagle3_free(hd);
     tdm_model_free(tm);
     tdm_backend_destroy(be);
