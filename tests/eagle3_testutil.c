@@ -183,11 +183,13 @@ void check_same_distribution(tdm_engine *ref, tdm_engine *spec, const tandem_gen
     tdm_test_sample_counts(ref, gp, prompt, 8, 1000000, runs, n_pos, V, a, NULL);
     tdm_test_sample_counts(spec, gp, prompt, 8, 2000000, runs, n_pos, V, b, &agg);
     const double acc = agg.drafted ? (double)agg.accepted / (double)agg.drafted : 0;
-    cr_log_info("%s: acceptance %.3f, %.3f drafted per run", what, acc, (double)agg.drafted / runs);
+    cr_log_info("%s: acceptance %.3f, %.3f drafted per run, %.3f tree steps per run", what, acc,
+                (double)agg.drafted / runs, (double)agg.tree_steps / runs);
     /* (the distributions are compared whatever the acceptance; where the head's tokens
      * were all kept or all refused, one of the verdict's branches went untested, said
      * in the log: the GPU's numerics give other acceptances than the CPU's) */
     cr_assert_gt(agg.drafted, 0, "%s: nothing drafted", what);
+    if (gp->spec_tree > 0 || gp->spec_tree_shape) cr_assert_gt(agg.tree_steps, 0, "%s: no tree verified", what);
     if (!(acc > 0.0 && acc < 1.0)) cr_log_warn("%s: acceptance %.3f: one outcome only", what, acc);
     for (int i = 0; i < n_pos; i++) {
         const double pv = tdm_stat_chi2_two_sample(a + i * V, b + i * V, V);

@@ -347,8 +347,8 @@ Test(eagle3_spec, sched_log_names_each_chain, .timeout = 300) {
 
 /* A prompt whose first blocks are in the prefix cache (published by an earlier
  * request with the same start): the head misses one feature, the output does not
- * change. */
-Test(eagle3_spec, prefix_cache_hit, .timeout = 300) {
+ * change; with chains and with head trees (tree 16 > 0). */
+static void prefix_hit(int tree) {
     pair pr;
     pair_open(&pr);
     tandem_model *t = pr.t, *h = pr.h;
@@ -360,6 +360,7 @@ Test(eagle3_spec, prefix_cache_hit, .timeout = 300) {
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = N_NEW;
     gp.spec_k = 3;
+    gp.spec_tree = tree;
     tandem_result ref, a, b;
     tandem_engine *e0 = open_engine(t, NULL, 1, 0, false);
     cr_assert_eq(tandem_generate_ids(e0, longer, p.n[0] + p.n[1], &gp, &ref), TANDEM_OK, "%s", tandem_last_error());
@@ -372,6 +373,7 @@ Test(eagle3_spec, prefix_cache_hit, .timeout = 300) {
     cr_assert_gt(st.prefix_hits, 0, "no prefix-cache hit");
     same_tokens(&ref, &b, "after a prefix-cache hit", 1);
     cr_assert_gt(b.spec.drafted, 0);
+    if (tree > 0) cr_assert_gt(b.spec.tree_steps, 0, "no tree verified");
     tandem_result_free(&ref);
     tandem_result_free(&a);
     tandem_result_free(&b);
@@ -380,6 +382,9 @@ Test(eagle3_spec, prefix_cache_hit, .timeout = 300) {
     free_prompts(&p);
     pair_close(&pr);
 }
+
+Test(eagle3_spec, prefix_cache_hit, .timeout = 300) { prefix_hit(0); }
+Test(eagle3_spec, prefix_cache_hit_trees, .timeout = 300) { prefix_hit(16); }
 
 /* ---- roll-back: pending features and the head's K/V against recomputations ---- */
 
@@ -820,4 +825,25 @@ Test(eagle3_spec, sampled_agreement_batch_k2, .timeout = 900) {
     tandem_generate_params gp = sampled(0.9f, 2, 0);
     gp.top_p = 0.95f;
     check_lossless(&gp, 4, "agreement (four sequences), k 2, top_p 0.95");
+}
+
+/* the same with head trees: SpecInfer's rejection sampling over children drawn from
+ * the head without replacement (one sequence), and agreement with the target's draws
+ * (a batch; the trees hold the lookups too) */
+Test(eagle3_spec, sampled_trees_rejection, .timeout = 900) {
+    tandem_generate_params gp = sampled(1.0f, 0, 0);
+    gp.spec_tree = 6;
+    check_lossless(&gp, 1, "head trees of 6, rejection sampling");
+}
+Test(eagle3_spec, sampled_trees_rejection_shape, .timeout = 900) {
+    tandem_generate_params gp = sampled(0.8f, 0, 0);
+    gp.spec_tree_shape = "3,2,1";
+    gp.top_k = 8;
+    check_lossless(&gp, 1, "head trees 3,2,1, rejection sampling, top_k 8");
+}
+Test(eagle3_spec, sampled_trees_agreement_batch, .timeout = 900) {
+    tandem_generate_params gp = sampled(0.9f, 0, 2);
+    gp.spec_tree = 8;
+    gp.top_p = 0.95f;
+    check_lossless(&gp, 4, "head trees of 8 (four sequences), agreement, lookups, top_p 0.95");
 }
