@@ -213,8 +213,8 @@ if has oracle; then
       --limit 4 -n 96 --reps 1 --ks 0,4 --tree 16,32 --oracle-alpha 0,0.5,0.6,0.7,0.8,0.9 --backend cuda \
       >"$out/oracle-$tgt-$dft.txt" 2>"$out/oracle-$tgt-$dft.err" || log "oracle $tgt + $dft failed"
   done
-  # EAGLE-3 heads of the published shapes as drafts (issue 46; chains: a head drafts no
-  # trees): beside the 160m draft at Llama-2-7B shapes, alone at Llama-3-8B shapes
+  # EAGLE-3 heads of the published shapes as drafts (issue 46; chains and head trees of
+  # 16 / 32): beside the 160m draft at Llama-2-7B shapes, alone at Llama-3-8B shapes
   for set in "llama2-7b-f16 llama2-7b llama-160m-f16" "llama3-8b-f16 llama3-8b"; do
     read -r tgt hs dft <<<"$set"
     head="eagle3-$hs-f16"
@@ -225,7 +225,7 @@ if has oracle; then
     [ -n "$dft" ] && [ -f "$models/$dft.gguf" ] && drafts+=(-d "$models/$dft.gguf")
     log "bench_spec oracle $tgt + $head${dft:+ and $dft}"
     timeout 900 "$b" -m "$models/$tgt.gguf" "${drafts[@]}" --prompts "$here/tests/data/prompts-dev.jsonl" \
-      --limit 4 -n 96 --reps 1 --ks 0,4,6 --oracle-alpha 0,0.6,0.8,0.9 --backend cuda \
+      --limit 4 -n 96 --reps 1 --ks 0,4,6 --tree 16,32 --oracle-alpha 0,0.6,0.8,0.9 --backend cuda \
       >"$out/oracle-$tgt-$head.txt" 2>"$out/oracle-$tgt-$head.err" || log "oracle $tgt + $head failed"
   done
 fi

@@ -382,7 +382,7 @@ TANDEM_API tandem_engine_params tandem_engine_default_params(void);
 
 /* draft may be NULL (target-only decoding), a draft model, or an EAGLE-3 draft head
  * (a file of architecture eagle3, opened by tandem_model_open), which drafts chains
- * from the target's own features (no token trees: spec_tree is ignored).  The engine
+ * and token trees (spec_tree) from the target's own features.  The engine
  * borrows both models: they must outlive it.  Fails with TANDEM_ERR_MISMATCH when the
  * vocabularies differ (a head: its width, feature layers or vocabulary do not fit the
  * target) or the two models are on different backends. */
@@ -477,8 +477,8 @@ typedef struct tandem_generate_params {
                              the earlier text and propose what followed, in the steps
                              where the controller expects that to beat the draft model
                              (lossless; runs no model); default 4 */
-    int spec_tree;        /* token trees (ignored without a draft, and with an EAGLE-3
-                             head, which drafts chains only): 0 = off (chains only),
+    int spec_tree;        /* token trees, from a draft model or an EAGLE-3 head
+                             (ignored without a draft): 0 = off (chains only),
                              TANDEM_SPEC_TREE_AUTO = the controller chooses chain or tree
                              and the node budget from measured acceptance and costs, N in
                              [1, TANDEM_SPEC_TREE_MAX] = a tree of at most N draft nodes

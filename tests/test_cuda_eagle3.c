@@ -9,9 +9,11 @@
  *     a row without logits): logits at the d2t ids and the pre-norm outputs match the
  *     CPU's, every other id TDM_LOGIT_NONE;
  *   - the head as the draft of the one step: greedy output equals target-only output
- *     (alone: fixed length, adaptive with lookups, the oracle's arrangement; four at a
- *     time), and sampled output keeps the target's distribution (chi-square against
- *     the CPU's target-only sampling, with an in-memory head on the tiny target).
+ *     (alone: fixed length, adaptive with lookups, the oracle's arrangement, head
+ *     trees of 16 (candidates by the device's topk) and the oracle's trees; four at a
+ *     time, chains and trees of 8), and sampled output keeps the target's
+ *     distribution (chi-square against the CPU's target-only sampling, with an
+ *     in-memory head on the tiny target; chains and head trees).
  *
  * Without a CUDA device (or in a build without CUDA) the program prints why and
  * exits with 77, which meson reports as skipped. */
@@ -255,8 +257,9 @@ static tandem_engine *open_engine(tandem_model *t, tandem_model *d, int n_seq) {
 /* Greedy output with tandem synth's eagle3-pycode head on the GPU (its forward on the
  * op table, the target's features by the parts path) equals target-only output on
  * every 4th dev prompt: alone with a fixed length and no lookups, adaptive with
- * lookups, with the oracle's arrangement (chains accepted to random depths), and
- * four sequences at a time against each alone. */
+ * lookups, with the oracle's arrangement (chains accepted to random depths), head
+ * trees of 16 and the oracle's trees of 16, and four sequences at a time (chains,
+ * then head trees of 8) against each alone. */
 Test(cuda_eagle3, head_greedy_equals_target_only, .timeout = 900) {
     char hpath[32];
     synth_head(hpath, TDM_F16, NULL);
@@ -268,7 +271,7 @@ Test(cuda_eagle3, head_greedy_equals_target_only, .timeout = 900) {
     const size_t n_req = (n_lines + 3) / 4;
     tandem_request *req = calloc(n_req, sizeof *req);
     tandem_result *ref = calloc(n_req, sizeof *ref), *got = calloc(n_req, sizeof *got);
-    uint64_t drafted[4] = {0}, accepted[4] = {0};
+    uint64_t drafted[7] = {0}, accepted[7] = {0};
     for (size_t i = 0; i < n_req; i++) {
         size_t n;
         int32_t *ids = tdm_test_json_ids(tdm_json_get(refs[4 * i], "prompt_ids"), &n);
@@ -279,11 +282,12 @@ Test(cuda_eagle3, head_greedy_equals_target_only, .timeout = 900) {
         req[i].params.spec_k = 3;
         req[i].params.spec_ngram = 0;
         cr_assert_eq(tandem_generate_ids(plain, ids, n, &req[i].params, &ref[i]), TANDEM_OK, "%s", tandem_last_error());
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < 5; c++) {
             tandem_generate_params gp = req[i].params;
             if (c == 1) gp.spec_k = 0, gp.spec_ngram = 3;
-            if (c == 2) gp.spec_k = 4, gp.bench_oracle_tokens = ref[i].tokens, gp.bench_n_oracle = (int)ref[i].n_tokens,
-                gp.bench_oracle_alpha = 0.7f;
+            if (c == 2 || c == 4) gp.spec_k = 4, gp.bench_oracle_tokens = ref[i].tokens, gp.bench_n_oracle = (int)ref[i].n_tokens,
+                gp.bench_oracle_alpha = c == 2 ? 0.7f : 0.8f;
+            if (c >= 3) gp.spec_tree = 16;
             tandem_result b;
             cr_assert_eq(tandem_generate_ids(spec, ids, n, &gp, &b), TANDEM_OK, "%s", tandem_last_error());
             cr_assert(ref[i].n_tokens == b.n_tokens && memcmp(ref[i].tokens, b.tokens, b.n_tokens * sizeof(int32_t)) == 0,
@@ -293,23 +297,29 @@ Test(cuda_eagle3, head_greedy_equals_target_only, .timeout = 900) {
             tandem_result_free(&b);
         }
     }
-    cr_assert_eq(tandem_generate_batch(batch, req, n_req, got), TANDEM_OK, "%s", tandem_last_error());
-    for (size_t i = 0; i < n_req; i++) {
-        cr_assert(got[i].status == TANDEM_OK && ref[i].n_tokens == got[i].n_tokens &&
-                      memcmp(ref[i].tokens, got[i].tokens, got[i].n_tokens * sizeof(int32_t)) == 0,
-                  "prompt %zu, four at a time: speculation with the head on the GPU differs from target-only", 4 * i);
-        drafted[3] += got[i].spec.drafted;
-        accepted[3] += got[i].spec.accepted;
+    for (int c = 5; c < 7; c++) { /* four at a time: chains, then head trees of 8 */
+        for (size_t i = 0; i < n_req; i++) req[i].params.spec_tree = c == 6 ? 8 : 0;
+        cr_assert_eq(tandem_generate_batch(batch, req, n_req, got), TANDEM_OK, "%s", tandem_last_error());
+        for (size_t i = 0; i < n_req; i++) {
+            cr_assert(got[i].status == TANDEM_OK && ref[i].n_tokens == got[i].n_tokens &&
+                          memcmp(ref[i].tokens, got[i].tokens, got[i].n_tokens * sizeof(int32_t)) == 0,
+                      "prompt %zu, four at a time%s: speculation with the head on the GPU differs from target-only", 4 * i,
+                      c == 6 ? ", trees" : "");
+            drafted[c] += got[i].spec.drafted;
+            accepted[c] += got[i].spec.accepted;
+            tandem_result_free(&got[i]);
+        }
     }
-    for (int c = 0; c < 4; c++)
+    for (int c = 0; c < 7; c++)
         printf("cuda, EAGLE-3 head, case %d: %llu drafted, %llu accepted\n", c, (unsigned long long)drafted[c],
                (unsigned long long)accepted[c]);
     cr_assert_gt(drafted[0], 0);
+    cr_assert_gt(drafted[3], 0, "the head's trees: nothing drafted");
     cr_assert_gt(accepted[2], 0, "the oracle's chains: none accepted");
+    cr_assert_gt(accepted[4], 0, "the oracle's trees: none accepted");
     for (size_t i = 0; i < n_req; i++) {
         free((void *)req[i].prompt_ids);
         tandem_result_free(&ref[i]);
-        tandem_result_free(&got[i]);
     }
     free(req), free(ref), free(got);
     tdm_test_jsonl_free(refs, n_lines);
@@ -324,7 +334,7 @@ Test(cuda_eagle3, head_greedy_equals_target_only, .timeout = 900) {
  * so a lone sequence is verified by agreement with the target's draws, as a batch
  * is): the first four tokens' distribution is the CPU's target-only one (two-sample
  * chi-square, p > 1e-3), one sequence and four. */
-static void head_sampling(int n_seq, int spec_k, int ngram) {
+static void head_sampling(int n_seq, int spec_k, int ngram, int tree) {
     tdm_err err = {0};
     tdm_tiny_cfg tc = tdm_tiny_default();
     tc.n_vocab = 24;
@@ -340,9 +350,10 @@ static void head_sampling(int n_seq, int spec_k, int ngram) {
     cr_assert_eq(tdm_engine_create(t_cpu, NULL, &cfg, &ref, &err), TANDEM_OK, "%s", err.msg);
     cr_assert_eq(tdm_engine_create_ex(t_gpu, NULL, hd, &cfg, &spec, &err), TANDEM_OK, "%s", err.msg);
     tandem_generate_params gp = tandem_generate_default_params();
-    gp.temperature = 0.9f, gp.top_p = 0.95f, gp.spec_k = spec_k, gp.spec_ngram = ngram;
-    char what[96];
-    snprintf(what, sizeof what, "cuda, EAGLE-3 head sampling, %d sequences, k %d, lookups %d", n_seq, spec_k, ngram);
+    gp.temperature = 0.9f, gp.top_p = 0.95f, gp.spec_k = spec_k, gp.spec_ngram = ngram, gp.spec_tree = tree;
+    char what[112];
+    snprintf(what, sizeof what, "cuda, EAGLE-3 head sampling, %d sequences, k %d, lookups %d, tree %d", n_seq, spec_k,
+             ngram, tree);
     check_same_distribution(ref, spec, &gp, 10000, 4, 1e-3, what);
     tdm_engine_free(spec);
     tdm_engine_free(ref);
@@ -356,7 +367,9 @@ static void head_sampling(int n_seq, int spec_k, int ngram) {
     free(tp);
 }
 
-Test(cuda_eagle3, head_sampling_lossless_alone_k3, .timeout = 600) { head_sampling(1, 3, 0); }
-Test(cuda_eagle3, head_sampling_lossless_batch_adaptive, .timeout = 600) { head_sampling(4, 0, 2); }
+Test(cuda_eagle3, head_sampling_lossless_alone_k3, .timeout = 600) { head_sampling(1, 3, 0, 0); }
+Test(cuda_eagle3, head_sampling_lossless_batch_adaptive, .timeout = 600) { head_sampling(4, 0, 2, 0); }
+Test(cuda_eagle3, head_sampling_lossless_trees_alone, .timeout = 600) { head_sampling(1, 0, 0, 6); }
+Test(cuda_eagle3, head_sampling_lossless_trees_batch, .timeout = 600) { head_sampling(4, 0, 2, 8); }
 
 int main(int argc, char *argv[]) { return tdm_cu_test_main(argc, argv); }
