@@ -22,7 +22,7 @@ static const char help_generate[] =
     "usage: tandem generate -m MODEL [-d DRAFT] (-p TEXT | --prompts FILE.jsonl | --messages FILE.json) [options]\n"
     "  -m, --model FILE      target model (GGUF)\n"
     "  -d, --draft FILE      draft model for speculative decoding, or an EAGLE-3 draft head\n"
-    "                        (architecture eagle3: chains from the target's features)\n"
+    "                        (architecture eagle3: chains and trees from the target's features)\n"
     "  -p, --prompt TEXT     prompt text (id 0)\n"
     "      --prompts FILE    JSON lines: {\"id\", \"prompt\" or \"messages\"[, \"seed\", \"max_tokens\",\n"
     "                        \"temperature\", \"priority\", \"timeout_s\", \"stop\": STRING or [STRING, ...],\n"
