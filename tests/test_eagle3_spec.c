@@ -481,18 +481,44 @@ static void check_against_recompute(tdm_engine *e, tdm_backend *be, const tdm_se
     free(blocks);
 }
 
-Test(eagle3_spec, roll_back_keeps_features_exact, .timeout = 900) {
+/* The engine-level tests' rig: tandem synth's eagle3-pycode head on the pycode target
+ * (one CPU thread, f32 K/V), an engine of n_seq sequences drafting with it and a
+ * target-only one of one sequence. */
+typedef struct head_rig {
     char hpath[32];
-    synth_head(hpath, TDM_F16, NULL);
-    tdm_backend *be = cpu(1);
-    tdm_model *tm = load_target(be);
+    tdm_backend *be;
+    tdm_model *tm;
     tdm_eagle3 *hd;
-    tdm_err err = {0};
-    cr_assert_eq(tdm_eagle3_load(hpath, be, &hd, &err), TANDEM_OK, "%s", err.msg);
-    tdm_engine_cfg cfg = {.n_threads = 1, .kv_type = TANDEM_KV_F32};
     tdm_engine *plain, *e;
-    cr_assert_eq(tdm_engine_create(tm, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
+} head_rig;
+
+static void head_rig_open(head_rig *r, int n_seq) {
+    tdm_err err = {0};
+    synth_head(r->hpath, TDM_F16, NULL);
+    r->be = cpu(1);
+    r->tm = load_target(r->be);
+    cr_assert_eq(tdm_eagle3_load(r->hpath, r->be, &r->hd, &err), TANDEM_OK, "%s", err.msg);
+    tdm_engine_cfg cfg = {.n_threads = 1, .kv_type = TANDEM_KV_F32}, cfg_e = cfg;
+    cfg_e.n_seq_max = n_seq;
+    cr_assert_eq(tdm_engine_create(r->tm, NULL, &cfg, &r->plain, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_engine_create_ex(r->tm, NULL, r->hd, &cfg_e, &r->e, &err), TANDEM_OK, "%s", err.msg);
+}
+
+static void head_rig_close(head_rig *r) {
+    tdm_engine_free(r->e);
+    tdm_engine_free(r->plain);
+    tdm_eagle3_free(r->hd);
+    tdm_model_free(r->tm);
+    tdm_backend_destroy(r->be);
+    unlink(r->hpath);
+}
+
+Test(eagle3_spec, roll_back_keeps_features_exact, .timeout = 900) {
+    head_rig hr;
+    head_rig_open(&hr, 1);
+    tdm_backend *be = hr.be;
+    tdm_engine *plain = hr.plain, *e = hr.e;
+    tdm_err err = {0};
     prompts p = load_prompts(tdm_test_sanitized() ? 40 : 20);
     uint64_t rng = 46;
     int steps = 0;
@@ -536,12 +562,7 @@ Test(eagle3_spec, roll_back_keeps_features_exact, .timeout = 900) {
     cr_assert_gt(hist[1] + hist[2], 0, "no chain was accepted in part");
     cr_assert_gt(hist[3] + hist[4] + hist[5], 0, "no chain was accepted deeply");
     free_prompts(&p);
-    tdm_engine_free(e);
-    tdm_engine_free(plain);
-    tdm_eagle3_free(hd);
-    tdm_model_free(tm);
-    tdm_backend_destroy(be);
-    unlink(hpath);
+    head_rig_close(&hr);
 }
 
 /* The oracle's arrangement (draft/oracle.h) given to a running request of a batch
@@ -562,18 +583,11 @@ static void poke_oracle(tdm_req *r, const tandem_result *ref, double alpha, uint
  * the head's K/V equal recomputations (nothing of a rejected branch stays), and the
  * outputs equal target-only. */
 Test(eagle3_spec, roll_back_trees_batched, .timeout = 900) {
-    char hpath[32];
-    synth_head(hpath, TDM_F16, NULL);
-    tdm_backend *be = cpu(1);
-    tdm_model *tm = load_target(be);
-    tdm_eagle3 *hd;
+    head_rig hr;
+    head_rig_open(&hr, 4);
+    tdm_backend *be = hr.be;
+    tdm_engine *plain = hr.plain, *e = hr.e;
     tdm_err err = {0};
-    cr_assert_eq(tdm_eagle3_load(hpath, be, &hd, &err), TANDEM_OK, "%s", err.msg);
-    tdm_engine_cfg cfg = {.n_threads = 1, .kv_type = TANDEM_KV_F32}, cfg4 = cfg;
-    cfg4.n_seq_max = 4;
-    tdm_engine *plain, *e;
-    cr_assert_eq(tdm_engine_create(tm, NULL, &cfg, &plain, &err), TANDEM_OK, "%s", err.msg);
-    cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg4, &e, &err), TANDEM_OK, "%s", err.msg);
     prompts p = load_prompts(tdm_test_sanitized() ? 25 : 8);
     static const char *shapes[] = {"4,2,2,1", "2,2,2,2,2", "1,1,1,1,1,1,1,1,1,1", "6,3,1"};
     static const int budgets[] = {2, 4, 8, 16, 32, 64, TANDEM_SPEC_TREE_AUTO};
@@ -639,12 +653,7 @@ Test(eagle3_spec, roll_back_trees_batched, .timeout = 900) {
     cr_assert_gt(hist[1] + hist[2], 0, "no tree was accepted in part");
     cr_assert_gt(hist[3] + hist[4] + hist[5] + hist[6] + hist[7], 0, "no tree was accepted deeply");
     free_prompts(&p);
-    tdm_engine_free(e);
-    tdm_engine_free(plain);
-    tdm_eagle3_free(hd);
-    tdm_model_free(tm);
-    tdm_backend_destroy(be);
-    unlink(hpath);
+    head_rig_close(&hr);
 }
 
 /* softmax(l[V]) into p (double sums). */
@@ -685,16 +694,10 @@ static void chain_reference(tdm_engine *e, tdm_seq *s, int32_t n_draft0, const i
  * (the child's cumulative weight over its parent's): the tree's rows one slot lower,
  * their masks, and each node fed its parent's h. */
 Test(eagle3_spec, tree_nodes_match_chains, .timeout = 600) {
-    char hpath[32];
-    synth_head(hpath, TDM_F16, NULL);
-    tdm_backend *be = cpu(1);
-    tdm_model *tm = load_target(be);
-    tdm_eagle3 *hd;
+    head_rig hr;
+    head_rig_open(&hr, 4);
+    tdm_engine *e = hr.e;
     tdm_err err = {0};
-    cr_assert_eq(tdm_eagle3_load(hpath, be, &hd, &err), TANDEM_OK, "%s", err.msg);
-    tdm_engine_cfg cfg = {.n_threads = 1, .kv_type = TANDEM_KV_F32, .n_seq_max = 4};
-    tdm_engine *e;
-    cr_assert_eq(tdm_engine_create_ex(tm, NULL, hd, &cfg, &e, &err), TANDEM_OK, "%s", err.msg);
     const int32_t V = e->n_vocab, logit_rows = e->n_logit_rows;
     double *pr = malloc((size_t)V * sizeof *pr);
     prompts p = load_prompts(30);
@@ -765,11 +768,7 @@ Test(eagle3_spec, tree_nodes_match_chains, .timeout = 600) {
     cr_assert_gt(checked, 100);
     free(pr);
     free_prompts(&p);
-    tdm_engine_free(e);
-    tdm_eagle3_free(hd);
-    tdm_model_free(tm);
-    tdm_backend_destroy(be);
-    unlink(hpath);
+    head_rig_close(&hr);
 }
 
 /* ---- sampled: chi-square against target-only sampling ---- */
