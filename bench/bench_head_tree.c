@@ -10,14 +10,17 @@
  * catch-up and one forward per level over every sequence's expanded nodes; a dynamic
  * tree of N nodes, or a static shape).  Each call starts from the same head state
  * (n_draft reset), so both redo the same catch-up.  Prints the medians of R calls:
- * microseconds per call, head forwards per call, and microseconds per level (per
- * forward).
+ * microseconds per call, head forwards per call, microseconds per level (per
+ * forward), and the calling thread's CPU microseconds per level (the figure to read
+ * on a loaded machine with --threads 1, where every op runs on this thread: a call
+ * longer than a time slice is also charged the other processes' turns).
  *
  * usage: bench_head_tree -m TARGET -e HEAD [--threads T] [-p P] [-b B] [-k K] [--tree N | --shape S] [-r R]
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "chain.h"
 #include "eagle3.h"
@@ -39,6 +42,13 @@ static double median(double *t, int n) {
 static void die(const char *what, const tdm_err *err) {
     fprintf(stderr, "bench_head_tree: %s: %s\n", what, err ? err->msg : "");
     exit(1);
+}
+
+/* This thread's CPU seconds. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void on_fin(tandem_request_id id, tandem_result *res, void *user) {
@@ -119,12 +129,13 @@ int main(int argc, char **argv) {
     const tdm_draft_scratch scr = tdm_sched_draft_scratch(s);
     double *t[2] = {malloc((size_t)reps * sizeof(double)), malloc((size_t)reps * sizeof(double))};
     double *lv[2] = {malloc((size_t)reps * sizeof(double)), malloc((size_t)reps * sizeof(double))};
+    double *cl[2] = {malloc((size_t)reps * sizeof(double)), malloc((size_t)reps * sizeof(double))};
     int32_t fwd[2] = {0, 0}, nodes = 0;
     for (int r = -3; r < reps; r++)
         for (int ab = 0; ab < 2; ab++) {
             for (int i = 0; i < n_seq; i++) reqs[i]->s.n_draft = nd0[i]; /* (the same state each time) */
             int32_t n_fwd = 0, catch_up = 0;
-            const double t0 = tdm_now();
+            const double t0 = tdm_now(), c0 = cpu_now();
             if (ab == 0) {
                 for (int i = 0; i < n_seq; i++)
                     creq[i] = (tdm_chain_req){&reqs[i]->s, &reqs[i]->sr, k, k, NULL, drafts + i * TDM_CTRL_MAX_K, 0, 0, 0};
@@ -136,9 +147,9 @@ int main(int argc, char **argv) {
                 nodes = 0;
                 for (int i = 0; i < n_seq; i++) nodes += trees[i].n;
             }
-            const double dt = tdm_now() - t0;
+            const double dt = tdm_now() - t0, dc = cpu_now() - c0;
             fwd[ab] = n_fwd;
-            if (r >= 0) t[ab][r] = dt, lv[ab][r] = dt / TDM_MAX(n_fwd, 1);
+            if (r >= 0) t[ab][r] = dt, lv[ab][r] = dt / TDM_MAX(n_fwd, 1), cl[ab][r] = dc / TDM_MAX(n_fwd, 1);
         }
     for (int i = 0; i < n_seq; i++) reqs[i]->s.n_draft = nd0[i];
     char what[64];
@@ -148,16 +159,18 @@ int main(int argc, char **argv) {
     printf("head %s (hidden %d, draft vocabulary %d of %d), %d sequence%s of %d tokens, %d threads, medians of %d "
            "alternated calls\n", head, (int)h->ep.n_embd, (int)h->ep.n_draft_vocab, (int)V, n_seq, n_seq > 1 ? "s" : "",
            prompt, threads, reps);
-    printf("| drafter | us per call | head forwards | us per level |\n|---|---|---|---|\n");
-    printf("| chain of %d | %.1f | %d | %.1f |\n", k, median(t[0], reps) * 1e6, (int)fwd[0], median(lv[0], reps) * 1e6);
-    printf("| %s, %d nodes | %.1f | %d | %.1f |\n", what, (int)nodes, median(t[1], reps) * 1e6, (int)fwd[1],
-           median(lv[1], reps) * 1e6);
+    printf("| drafter | us per call | head forwards | us per level | CPU us per level (this thread) |\n"
+           "|---|---|---|---|---|\n");
+    printf("| chain of %d | %.1f | %d | %.1f | %.1f |\n", k, median(t[0], reps) * 1e6, (int)fwd[0],
+           median(lv[0], reps) * 1e6, median(cl[0], reps) * 1e6);
+    printf("| %s, %d nodes | %.1f | %d | %.1f | %.1f |\n", what, (int)nodes, median(t[1], reps) * 1e6, (int)fwd[1],
+           median(lv[1], reps) * 1e6, median(cl[1], reps) * 1e6);
     tdm_sched_free(s);
     tdm_engine_free(e);
     tdm_eagle3_free(h);
     tdm_model_free(m);
     tdm_backend_destroy(be);
-    for (int ab = 0; ab < 2; ab++) free(t[ab]), free(lv[ab]);
+    for (int ab = 0; ab < 2; ab++) free(t[ab]), free(lv[ab]), free(cl[ab]);
     free(ids);
     return 0;
 }
