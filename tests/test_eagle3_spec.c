@@ -14,7 +14,15 @@
  *   - sampled: the distribution of the first four tokens with a head (an in-memory
  *     one on the tiny random target) is target-only sampling's (two-sample
  *     chi-square, as test_spec_stat), by rejection sampling with the head's q rows
- *     (an engine of one sequence) and by agreement with the target's draws (a batch).
+ *     (an engine of one sequence) and by agreement with the target's draws (a batch);
+ *   - token trees drafted by the head (head.c tree mode, draft/tree_draft.c): every
+ *     child's probability against a chain of head forwards along its path (static
+ *     and dynamic trees of three sequences drafted together, levels split over
+ *     forwards too); greedy equality with fixed budgets, a static shape and the
+ *     controller's choice, alone, four at a time and preempting, with lookups, the
+ *     oracle and after a prefix-cache hit; roll-back after every step of runs of one
+ *     and four sequences accepted to random depths (the oracle poked into a batch);
+ *     chi-square by rejection sampling and by agreement.
  * A random head accepts little (greedy: nothing on its own); the acceptance seen is
  * logged. */
 #include <criterion/criterion.h>
