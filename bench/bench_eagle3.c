@@ -19,22 +19,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_util.h"
 #include "eagle3.h"
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return t[n / 2];
-}
-
-static void die(const char *what, const tdm_err *err) {
-    fprintf(stderr, "bench_eagle3: %s: %s\n", what, err ? err->msg : "");
-    exit(1);
-}
+static void die(const char *what, const tdm_err *err) { bench_die("bench_eagle3", what, err); }
 
 static void sync_be(tdm_backend *be) {
     tdm_err err = {0};
@@ -134,8 +122,8 @@ int main(int argc, char **argv) {
             sync_be(be);
             if (r >= 0) (ab ? tb : ta)[r] = tdm_now() - t0;
         }
-    printf("target decode row: %.1f us; with the feature export: %.1f us\n", median(ta, reps) * 1e6,
-           median(tb, reps) * 1e6);
+    printf("target decode row: %.1f us; with the feature export: %.1f us\n", bench_median(ta, reps) * 1e6,
+           bench_median(tb, reps) * 1e6);
     /* the head by rows */
     for (int k = 0; k < n_ns; k++) {
         const int n = ns[k];
@@ -150,8 +138,8 @@ int main(int argc, char **argv) {
             sync_be(be);
             if (r >= 0) ta[r] = t1 - t0, tb[r] = tdm_now() - t1;
         }
-        printf("head, %3d rows: encoder %.1f us, decoder %.1f us (%.1f us a row)\n", n, median(ta, reps) * 1e6,
-               median(tb, reps) * 1e6, median(tb, reps) * 1e6 / n);
+        printf("head, %3d rows: encoder %.1f us, decoder %.1f us (%.1f us a row)\n", n, bench_median(ta, reps) * 1e6,
+               bench_median(tb, reps) * 1e6, bench_median(tb, reps) * 1e6 / n);
     }
     free(ta), free(tb);
     float *bufs[] = {logits, feat, g, hout};

@@ -22,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench_util.h"
 #include "chain.h"
 #include "eagle3.h"
 #include "engine.h"
@@ -29,20 +30,7 @@
 #include "scheduler.h"
 #include "tree_draft.h"
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *t, int n) {
-    qsort(t, (size_t)n, sizeof *t, cmp_double);
-    return t[n / 2];
-}
-
-static void die(const char *what, const tdm_err *err) {
-    fprintf(stderr, "bench_head_tree: %s: %s\n", what, err ? err->msg : "");
-    exit(1);
-}
+static void die(const char *what, const tdm_err *err) { bench_die("bench_head_tree", what, err); }
 
 /* This thread's CPU seconds. */
 static double cpu_now(void) {
@@ -161,10 +149,10 @@ int main(int argc, char **argv) {
            prompt, threads, reps);
     printf("| drafter | us per call | head forwards | us per level | CPU us per level (this thread) |\n"
            "|---|---|---|---|---|\n");
-    printf("| chain of %d | %.1f | %d | %.1f | %.1f |\n", k, median(t[0], reps) * 1e6, (int)fwd[0],
-           median(lv[0], reps) * 1e6, median(cl[0], reps) * 1e6);
-    printf("| %s, %d nodes | %.1f | %d | %.1f | %.1f |\n", what, (int)nodes, median(t[1], reps) * 1e6, (int)fwd[1],
-           median(lv[1], reps) * 1e6, median(cl[1], reps) * 1e6);
+    printf("| chain of %d | %.1f | %d | %.1f | %.1f |\n", k, bench_median(t[0], reps) * 1e6, (int)fwd[0],
+           bench_median(lv[0], reps) * 1e6, bench_median(cl[0], reps) * 1e6);
+    printf("| %s, %d nodes | %.1f | %d | %.1f | %.1f |\n", what, (int)nodes, bench_median(t[1], reps) * 1e6, (int)fwd[1],
+           bench_median(lv[1], reps) * 1e6, bench_median(cl[1], reps) * 1e6);
     tdm_sched_free(s);
     tdm_engine_free(e);
     tdm_eagle3_free(h);
