@@ -309,7 +309,7 @@ Test(eagle3_spec, sched_log_names_each_chain, .timeout = 300) {
     tandem_generate_params gp = tandem_generate_default_params();
     gp.max_tokens = N_NEW;
     cr_assert_eq(tandem_generate_ids(plain, p.ids[0], p.n[0], &gp, &ref), TANDEM_OK, "%s", tandem_last_error());
-    const gcase c = {"oracle 0.6, k 4", 4, 0, 0.6f};
+    const gcase c = {"oracle 0.6, k 4", 4, 0, 0.6f, 0, NULL};
     tandem_request *r = requests(&p, &c, &ref);
     step_log log = {0};
     tandem_log_set(keep_steps, &log);
