@@ -310,7 +310,9 @@ Test(eagle3_spec, sched_log_names_each_chain, .timeout = 300) {
     gp.max_tokens = N_NEW;
     cr_assert_eq(tandem_generate_ids(plain, p.ids[0], p.n[0], &gp, &ref), TANDEM_OK, "%s", tandem_last_error());
     const gcase c = {"oracle 0.6, k 4", 4, 0, 0.6f, 0, NULL};
-    tandem_request *r = requests(&p, &c, &ref);
+    prompts first = p; /* (prompt 0 alone: ref is its result only) */
+    first.count = 1;
+    tandem_request *r = requests(&first, &c, &ref);
     step_log log = {0};
     tandem_log_set(keep_steps, &log);
     cr_assert_eq(tandem_generate_ids(spec, r[0].prompt_ids, r[0].n_prompt_ids, &r[0].params, &got), TANDEM_OK, "%s",
