@@ -244,7 +244,8 @@ Test(eagle3_spec, greedy_trees_equal_target_only, .timeout = 1200) {
 /* Chains cut by p_min (the head's top probability) and grammar-constrained chains
  * (masked on the host along the chain), greedy and sampled on an engine of one
  * sequence (the sampled output: by rejection sampling, the same distribution with
- * other draws; here only that it runs and keeps the grammar), against target-only. */
+ * other draws; here only that it runs and keeps the grammar), and grammar-constrained
+ * head trees of 8 (greedy; rows masked per node), against target-only. */
 Test(eagle3_spec, p_min_and_constrained, .timeout = 300) {
     static const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"n\": "
                                 "{\"type\": \"integer\"}}, \"required\": [\"name\", \"n\"]}";
@@ -253,25 +254,28 @@ Test(eagle3_spec, p_min_and_constrained, .timeout = 300) {
     tandem_model *t = pr.t, *h = pr.h;
     prompts p = load_prompts(15);
     tandem_engine *plain = open_engine(t, NULL, 1, 0, false), *spec = open_engine(t, h, 1, 0, false);
-    uint64_t drafted = 0;
+    uint64_t drafted = 0, tree_steps = 0;
     for (size_t i = 0; i < p.count; i++)
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < 4; c++) {
             tandem_generate_params gp = tandem_generate_default_params();
             gp.max_tokens = N_NEW;
             gp.spec_k = 4;
             if (c == 0) gp.spec_p_min = 0.02f;
             if (c >= 1) gp.json_schema = schema;
             if (c == 2) gp.temperature = 0.8f, gp.seed = 7 + i;
+            if (c == 3) gp.spec_tree = 8;
             tandem_result a, b;
             cr_assert_eq(tandem_generate_ids(plain, p.ids[i], p.n[i], &gp, &a), TANDEM_OK, "%s", tandem_last_error());
             cr_assert_eq(tandem_generate_ids(spec, p.ids[i], p.n[i], &gp, &b), TANDEM_OK, "%s", tandem_last_error());
-            if (c < 2) same_tokens(&a, &b, c ? "constrained" : "p_min", i);
+            if (c != 2) same_tokens(&a, &b, c == 3 ? "constrained trees" : c ? "constrained" : "p_min", i);
             else cr_assert(b.n_tokens > 0 && b.text[0] == '{', "sampled, constrained: '%s'", b.text);
+            if (c == 3) tree_steps += b.spec.tree_steps;
             drafted += b.spec.drafted;
             tandem_result_free(&a);
             tandem_result_free(&b);
         }
     cr_assert_gt(drafted, 0);
+    cr_assert_gt(tree_steps, 0, "no constrained head tree verified");
     tandem_engine_close(spec);
     tandem_engine_close(plain);
     free_prompts(&p);
