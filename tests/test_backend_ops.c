@@ -895,6 +895,27 @@ Test(backend, threadpool_many_jobs) {
     }
 }
 
+/* tdm_threadpool_for and the CPU backend's host_for (what the step's grammar masks
+ * run on): every index exactly once, none past n, for n of 0, 1 and many. */
+static void for_task(void *user, int32_t i) { ((_Atomic int *)user)[i]++; }
+
+Test(backend, threadpool_for_and_host_for) {
+    tdm_threadpool *tp = test_pool(3, 1);
+    tdm_backend *b = NULL;
+    cr_assert_eq(tdm_backend_cpu_create(2, &b, NULL), TANDEM_OK);
+    cr_assert(b->ops->host_for);
+    for (int32_t n = 0; n < 70; n += 1 + n / 8) {
+        for (int via = 0; via < 2; via++) {
+            _Atomic int hits[72] = {0};
+            if (via) b->ops->host_for(b, n, for_task, hits);
+            else tdm_threadpool_for(tp, n, for_task, hits);
+            for (int32_t i = 0; i < 72; i++) cr_assert_eq(hits[i], i < n ? 1 : 0, "n %d, index %d (via %d)", n, i, via);
+        }
+    }
+    tdm_backend_destroy(b);
+    tdm_threadpool_destroy(tp);
+}
+
 /* A team task: each member counts its runs, then in every round adds one to a
  * shared counter and checks, between two barriers, that all members did. */
 #define TEAM_ROUNDS 20

@@ -142,27 +142,13 @@ static uint32_t cpu_weight_layout(tdm_backend *b, uint32_t type, int64_t rows, i
     return tdm_layout_fits(TDM_LAYOUT_P64, type, rows, cols) ? TDM_LAYOUT_P64 : TDM_LAYOUT_ROWS;
 }
 
-/* host_for: each task a chunk of the pool (claimed dynamically, so a thread the OS
- * has descheduled does fewer). */
-typedef struct host_for_ctx {
-    void (*fn)(void *user, int32_t i);
-    void *user;
-} host_for_ctx;
-
-static void host_for_task(void *ctx, int64_t chunk, int ith) {
-    (void)ith;
-    const host_for_ctx *h = ctx;
-    h->fn(h->user, (int32_t)chunk);
-}
-
 static void cpu_host_for(tdm_backend *b, int32_t n, void (*fn)(void *user, int32_t i), void *user) {
     tdm_cpu *c = tdm_cpu_of(b, "host_for", NULL);
     if (!c || !c->pool || n <= 1) {
         for (int32_t i = 0; i < n; i++) fn(user, i);
         return;
     }
-    host_for_ctx h = {fn, user};
-    tdm_threadpool_run(c->pool, n, tdm_threadpool_size(c->pool), host_for_task, &h);
+    tdm_threadpool_for(c->pool, n, fn, user); /* (each task a chunk, claimed dynamically) */
 }
 
 static const tdm_backend_ops cpu_ops = {

@@ -276,3 +276,19 @@ void tdm_team_sync(tdm_threadpool *tp, int ith) {
         }
     }
 }
+
+typedef struct for_ctx {
+    void (*fn)(void *user, int32_t i);
+    void *user;
+} for_ctx;
+
+static void for_task(void *ctx, int64_t chunk, int ith) {
+    (void)ith;
+    const for_ctx *f = ctx;
+    f->fn(f->user, (int32_t)chunk);
+}
+
+void tdm_threadpool_for(tdm_threadpool *tp, int32_t n, void (*fn)(void *user, int32_t i), void *user) {
+    for_ctx f = {fn, user};
+    tdm_threadpool_run(tp, n, tdm_threadpool_size(tp), for_task, &f);
+}

@@ -47,6 +47,9 @@ int tdm_threadpool_size(const tdm_threadpool *tp);
  * 1 thread, or more than TDM_THREADPOOL_MAX_CHUNKS chunks, runs inline in order. */
 void tdm_threadpool_run(tdm_threadpool *tp, int64_t n_chunks, int max_threads, tdm_task_fn fn,
                         void *ctx);
+/* fn(user, i) once for every i in [0, n) on all the pool's threads (a chunk each, as
+ * tdm_threadpool_run claims them), for tasks that need no thread index. */
+void tdm_threadpool_for(tdm_threadpool *tp, int32_t n, void (*fn)(void *user, int32_t i), void *user);
 /* Runs fn(ctx, ith, ith) once on each thread ith in [0, n), concurrently; returns
  * when all have returned (n = 1: inline).  Returns false, running nothing, unless
  * 1 <= n <= the pool size. */

@@ -613,17 +613,6 @@ tandem_status tdm_engine_score_last(tdm_engine *e, bool draft, const int32_t *id
     return st;
 }
 
-typedef struct host_task {
-    void (*fn)(void *user, int32_t i);
-    void *user;
-} host_task;
-
-static void host_task_run(void *ctx, int64_t chunk, int ith) {
-    (void)ith;
-    const host_task *h = ctx;
-    h->fn(h->user, (int32_t)chunk);
-}
-
 void tdm_engine_host_for(tdm_engine *e, int32_t n, void (*fn)(void *user, int32_t i), void *user) {
     if (n > 1 && e->be->ops->host_for) {
         e->be->ops->host_for(e->be, n, fn, user);
@@ -636,8 +625,7 @@ void tdm_engine_host_for(tdm_engine *e, int32_t n, void (*fn)(void *user, int32_
         if (th > 1 && tdm_threadpool_create(th, TDM_THREADPOOL_SPIN_US, &e->host_pool, &err)) e->host_pool = NULL;
     }
     if (n > 1 && e->host_pool) {
-        host_task h = {fn, user};
-        tdm_threadpool_run(e->host_pool, n, tdm_threadpool_size(e->host_pool), host_task_run, &h);
+        tdm_threadpool_for(e->host_pool, n, fn, user);
         return;
     }
     for (int32_t i = 0; i < n; i++) fn(user, i);
