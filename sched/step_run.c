@@ -161,7 +161,7 @@ static void con_rows_task(void *user, int32_t j) {
     const tdm_tree *t = x->tree;
     tdm_err *err = &c->s->g_con_err[j];
     err->status = t ? tdm_constraint_tree_rows(&x->r->s, t->token, t->parent, t->n, err)
-                    : tdm_constraint_rows(c->s->e, &x->r->s, x->draft, x->decode ? x->k : 0, err);
+                    : tdm_constraint_rows(&x->r->s, x->draft, x->decode ? x->k : 0, err);
 }
 
 /* Whether item x's logits rows are masked by its grammar (a failure fails it alone:

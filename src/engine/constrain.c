@@ -84,8 +84,7 @@ tandem_status tdm_constraint_mask_now(tdm_seq *s, uint32_t *row, int32_t *n_allo
     return st;
 }
 
-tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err) {
-    (void)e;
+tandem_status tdm_constraint_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err) {
     tdm_constraint *c = s->con;
     if (k < 0 || k + 1 > TDM_CON_ROWS)
         return tdm_seterr(err, TANDEM_ERR_INTERNAL, "masks of a chain of %d tokens, at most %d", (int)k, TDM_CON_ROWS - 1);

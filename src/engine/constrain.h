@@ -72,7 +72,7 @@ void tdm_constraint_free(tdm_seq *s); /* (no constraint: a no-op) */
  * grammar finished: that token ends the sequence, its row's token is never kept)
  * allows every token.  Row 0 allowing nothing: TANDEM_ERR_INVALID_ARG (the grammar
  * cannot go on with this vocabulary). */
-tandem_status tdm_constraint_rows(tdm_engine *e, tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err);
+tandem_status tdm_constraint_rows(tdm_seq *s, const int32_t *draft, int32_t k, tdm_err *err);
 static inline const uint32_t *tdm_constraint_row(const tdm_seq *s, int32_t d) {
     return s->con->masks + (size_t)d * s->con->words;
 }

@@ -618,7 +618,9 @@ void tdm_engine_host_for(tdm_engine *e, int32_t n, void (*fn)(void *user, int32_
         e->be->ops->host_for(e->be, n, fn, user);
         return;
     }
-    if (n > 1 && !e->host_pool) {
+    if (n > 1 && !e->host_pool && !e->host_pool_tried) { /* (once: a machine of one core, or a
+                                                              failed start, keeps the loop below) */
+        e->host_pool_tried = true;
         const long cores = sysconf(_SC_NPROCESSORS_ONLN);
         const int th = (int)TDM_MIN(cores > 0 ? cores : 1, TDM_ENGINE_HOST_THREADS);
         tdm_err err;

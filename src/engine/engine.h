@@ -169,6 +169,7 @@ typedef struct tdm_engine {
     struct tdm_threadpool *host_pool; /* a backend without host threads (a GPU's): the
                                          step's host work (tdm_engine_host_for), made at
                                          first use; NULL until then */
+    bool host_pool_tried;             /* its making was tried (not again each step) */
     struct tdm_gvocab *gvocab; /* the target tokenizer's vocabulary as byte strings, built at
                                 the first constrained request (then immutable), or NULL */
     size_t mask_words;       /* (n_vocab + 31) / 32: a mask row of the logits */
