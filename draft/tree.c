@@ -138,8 +138,10 @@ int32_t tdm_tree_children(const tdm_tree *t, int32_t v, int32_t *kids) {
     return k;
 }
 
-int32_t tdm_top_tokens(const float *d, int32_t n, int32_t k, int32_t *ids) {
-    k = TDM_MIN(k, n);
+/* k passes over d, each taking the largest not yet taken (the first on a tie): the
+ * definition, and the answer where d holds a NaN (whose comparisons a single pass
+ * cannot order the same way). */
+static int32_t top_tokens_passes(const float *d, int32_t n, int32_t k, int32_t *ids) {
     for (int32_t j = 0; j < k; j++) {
         int32_t best = -1;
         for (int32_t i = 0; i < n; i++) {
@@ -151,6 +153,37 @@ int32_t tdm_top_tokens(const float *d, int32_t n, int32_t k, int32_t *ids) {
         ids[j] = best;
     }
     return k;
+}
+
+#define TOP_ONE_PASS_MAX 32 /* (the kept list's room; more: the passes) */
+
+/* One pass keeping the k best so far in order (value descending, id ascending): a
+ * token enters when it beats the k-th strictly (an equal one comes later in id
+ * order, so it ranks below), after every kept one it does not beat; the same
+ * tokens in the same order as the k passes wherever d has no NaN. */
+int32_t tdm_top_tokens(const float *d, int32_t n, int32_t k, int32_t *ids) {
+    k = TDM_MIN(k, n);
+    if (k <= 0) return k;
+    if (k > TOP_ONE_PASS_MAX) return top_tokens_passes(d, n, k, ids);
+    int32_t m = 0;
+    float v[TOP_ONE_PASS_MAX];
+    for (int32_t i = 0; i < n; i++) {
+        const float x = d[i];
+        if (x != x) return top_tokens_passes(d, n, k, ids);
+        if (m == k && !(x > v[k - 1])) continue;
+        int32_t at = m < k ? m++ : k - 1;
+        while (at > 0 && x > v[at - 1]) {
+            v[at] = v[at - 1], ids[at] = ids[at - 1];
+            at--;
+        }
+        v[at] = x, ids[at] = i;
+    }
+    return k;
+}
+
+/* (the reference of the tests) */
+int32_t tdm_top_tokens_ref(const float *d, int32_t n, int32_t k, int32_t *ids) {
+    return top_tokens_passes(d, n, TDM_MIN(k, n), ids);
 }
 
 int32_t tdm_draw_distinct(const float *d, int32_t n, int32_t k, tdm_rng *rng, int32_t *ids) {

@@ -122,6 +122,8 @@ int32_t tdm_tree_children(const tdm_tree *t, int32_t v, int32_t *kids);
 /* The k likeliest tokens of d[n] (ties: the lower id), written in decreasing
  * probability to ids; returns min(k, n). */
 int32_t tdm_top_tokens(const float *d, int32_t n, int32_t k, int32_t *ids);
+/* The same by k passes over d (the definition; tests compare the two). */
+int32_t tdm_top_tokens_ref(const float *d, int32_t n, int32_t k, int32_t *ids);
 /* Draws k distinct tokens from d[n] without replacement (each the next draw from d
  * with the tokens drawn so far removed, renormalised), one uniform of rng each;
  * returns how many it drew (fewer when d has fewer positive entries). */

@@ -6,6 +6,7 @@
  * requests verifying trees in a batch give the target-only engine's tokens; the tree
  * structure's pruning and the shape parser. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -368,6 +369,33 @@ Test(tree, merge_chain) {
         const uint64_t want = (t.parent[i] < 0 ? 0 : t.mask[t.parent[i]]) | (1ull << i);
         cr_assert_eq(t.mask[i], want, "node %d", i);
         cr_assert_eq(t.lookup[i] != 0, t.token[i] >= 20, "node %d (token %d)", i, t.token[i]);
+    }
+}
+
+/* The one-pass top-k against the k passes that define it: values from a few levels
+ * (many ties), zeros (masked tokens), infinities, and rows with a NaN. */
+Test(tree, top_tokens_one_pass_equals_passes) {
+    enum { N = 300 };
+    float d[N];
+    uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (int trial = 0; trial < 400; trial++) {
+        const int32_t n = 1 + trial % N, levels = 1 + trial % 7;
+        for (int32_t i = 0; i < n; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            d[i] = (float)((x >> 33) % (uint64_t)levels) / (float)levels;
+            if (trial % 5 == 1 && (x >> 20) % 4 == 0) d[i] = 0.0f;
+        }
+        if (trial % 11 == 3) d[(trial * 7) % n] = INFINITY;
+        if (trial % 13 == 4) d[(trial * 5) % n] = -INFINITY;
+        if (trial % 17 == 5) d[(trial * 3) % n] = NAN;
+        for (int32_t k = 0; k <= 20; k++) {
+            int32_t got[N], want[N];
+            const int32_t a = tdm_top_tokens(d, n, k, got), b = tdm_top_tokens_ref(d, n, k, want);
+            cr_assert_eq(a, b, "trial %d k %d: %d tokens against %d", trial, k, a, b);
+            for (int32_t j = 0; j < a; j++)
+                cr_assert_eq(got[j], want[j], "trial %d n %d k %d rank %d: %d against %d", trial, n, k, j, got[j],
+                             want[j]);
+        }
     }
 }
 
