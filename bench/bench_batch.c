@@ -6,11 +6,12 @@
  *   bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128] [--tensor-parallel N]
  *               [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]
  *               [--max-batch-tokens N] [--json OUT.json] [--no-spec] [--invariant]
- *               [--temp T] [--weights native|fp8]
+ *               [--temp T] [--weights native|fp8] [--kv-type auto|f16|q8_0|fp8]
  *   --threads: CPU threads (default 0 = all cores); --max-batch-tokens: the engine's
  *   max_batch_tokens (default 0 = its own); --no-spec: ignore -d; --temp: sample at
  *   temperature T (top-p 0.95, request i seeded i + 1) instead of greedy decoding;
- *   --weights fp8: both models with FP8 weights (tandem_model_params.weights).
+ *   --weights fp8: both models with FP8 weights (tandem_model_params.weights);
+ *   --kv-type: the KV cache's element type (tandem_engine_params.kv_type, default auto).
  *
  * For each batch size B: an engine with n_seq_max = B and n_ctx = npp + ntg + 64
  * (kv_bytes 0: the KV cache holds n_ctx tokens of each of the B sequences, both
@@ -76,13 +77,14 @@ typedef struct opts {
     bool spec; /* also run with the draft */
     bool invariant; /* tandem_engine_params.batch_invariant (--invariant: true) */
     float temp;     /* sampling temperature, 0 = greedy */
+    tandem_kv_type kv_type; /* --kv-type (TANDEM_KV_AUTO: the backend's) */
 } opts;
 
 /* One timed run's figures (seconds, tokens per second). */
 typedef struct figures {
     double t_total, t_pp, t_tg, s_pp, s_tg, s_total;
     double n_tg;
-    double e2e_med, e2e_p90, tpot_med, tpot_p90, ttft_med, ttft_p90;
+    double e2e_med, e2e_p90, tpot_med, tpot_p90, ttft_med, ttft_p90, ttft_p99;
     double lib_queue_ms, lib_prefill_ms, lib_decode_ms; /* medians of tandem_result's */
     double drafted, accepted, steps, preemptions, cached;
 } figures;
@@ -172,7 +174,8 @@ static int usage(const char *msg, const char *arg) {
     fprintf(stderr, "usage: bench_batch -m TARGET [-d DRAFT] [--backend cpu|cuda] [--batch 1,8,32,64,128]\n"
                     "                   [--npp 128] [--ntg 128] [--reps 3] [--threads N] [--prompts FILE.jsonl]\n"
                     "                   [--max-batch-tokens N] [--json OUT.json] [--no-spec]\n"
-                    "                   [--invariant] [--temp T] [--tensor-parallel N] [--weights native|fp8]\n");
+                    "                   [--invariant] [--temp T] [--tensor-parallel N] [--weights native|fp8]\n"
+                    "                   [--kv-type auto|f16|q8_0|fp8]\n");
     return 2;
 }
 
@@ -216,6 +219,12 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--weights")) {
             ok = !strcmp(v, "native") || !strcmp(v, "fp8");
             o->mp.weights = strcmp(v, "fp8") ? TANDEM_WEIGHTS_NATIVE : TANDEM_WEIGHTS_FP8;
+        }
+        else if (!strcmp(a, "--kv-type")) {
+            static const char *const names[] = {"auto", "f32", "f16", "q8_0", "fp8"};
+            ok = false;
+            for (int k = 0; k < (int)(sizeof names / sizeof names[0]); k++)
+                if (!strcmp(v, names[k])) o->kv_type = (tandem_kv_type)k, ok = true;
         }
         else if (!strcmp(a, "--backend")) {
             ok = !strcmp(v, "cpu") || !strcmp(v, "cuda");
@@ -374,6 +383,7 @@ static bool run_figures(run_bufs *rb, const opts *o, double t0, double t_total, 
     spread(rb, &f->e2e_med, &f->e2e_p90);
     for (int i = 0; i < B; i++) rb->scratch[i] = rb->clk[i].t[0] - t0;
     spread(rb, &f->ttft_med, &f->ttft_p90);
+    f->ttft_p99 = quantile(rb->scratch, rb->B, 0.99);
     for (int i = 0; i < B; i++) rb->scratch[i] = (rb->clk[i].t[o->ntg - 1] - rb->clk[i].t[0]) / (o->ntg - 1);
     spread(rb, &f->tpot_med, &f->tpot_p90);
     f->lib_queue_ms = result_median(rb, offsetof(tandem_result, queue_ms));
@@ -425,6 +435,7 @@ static tandem_status open_engine(tandem_model *target, tandem_model *draft, int 
     ep.max_batch_tokens = o->max_batch_tokens;
     ep.prefix_cache = false; /* every figure from prompts computed in full */
     ep.batch_invariant = o->invariant;
+    ep.kv_type = o->kv_type;
     tandem_status st = tandem_engine_open(target, draft, &ep, out);
     if (st)
         fprintf(stderr, "error: engine for batch %d%s: %s: %s\n", B, draft ? " with the draft" : "",
@@ -478,15 +489,15 @@ static bool measure_batch(tandem_model *target, tandem_model *draft, int n_vocab
 
 static void print_tables(const opts *o, const cell *cells, int n_cells) {
     printf("| B | speculation | S_PP tok/s | S_TG tok/s | S_total tok/s | T_total s | end-to-end median / p90 s | "
-           "TPOT median / p90 ms | TTFT median ms | acceptance |\n");
+           "TPOT median / p90 ms | TTFT median / p99 ms | acceptance |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int c = 0; c < n_cells; c++) {
         const figures *f = &cells[c].med;
         char acc[32] = "-";
         if (cells[c].spec) snprintf(acc, sizeof acc, f->drafted > 0 ? "%.3f" : "none drafted", f->accepted / f->drafted);
-        printf("| %d | %s | %.1f | %.1f | %.1f | %.3f | %.3f / %.3f | %.2f / %.2f | %.1f | %s |\n", cells[c].batch,
+        printf("| %d | %s | %.1f | %.1f | %.1f | %.3f | %.3f / %.3f | %.2f / %.2f | %.1f / %.1f | %s |\n", cells[c].batch,
                cells[c].spec ? "on" : "off", f->s_pp, f->s_tg, f->s_total, f->t_total, f->e2e_med, f->e2e_p90,
-               1e3 * f->tpot_med, 1e3 * f->tpot_p90, 1e3 * f->ttft_med, acc);
+               1e3 * f->tpot_med, 1e3 * f->tpot_p90, 1e3 * f->ttft_med, 1e3 * f->ttft_p99, acc);
     }
     if (!o->spec) return;
     printf("\n| B | S_TG off | S_TG on | on / off | per repetition min-max | S_total off | S_total on | on / off |\n");
@@ -538,6 +549,7 @@ static void json_figures(FILE *f, const figures *x) {
     json_field(f, "e2e_median_s", x->e2e_med), json_field(f, "e2e_p90_s", x->e2e_p90);
     json_field(f, "tpot_median_ms", 1e3 * x->tpot_med), json_field(f, "tpot_p90_ms", 1e3 * x->tpot_p90);
     json_field(f, "ttft_median_ms", 1e3 * x->ttft_med), json_field(f, "ttft_p90_ms", 1e3 * x->ttft_p90);
+    json_field(f, "ttft_p99_ms", 1e3 * x->ttft_p99);
     json_field(f, "lib_queue_median_ms", x->lib_queue_ms), json_field(f, "lib_prefill_median_ms", x->lib_prefill_ms);
     json_field(f, "lib_decode_median_ms", x->lib_decode_ms);
     json_field(f, "spec_drafted", x->drafted), json_field(f, "spec_accepted", x->accepted);
@@ -616,6 +628,9 @@ static bool write_json(const opts *o, int argc, char **argv, const tandem_model_
     fprintf(f, ",\n \"npp\": %d, \"ntg\": %d, \"reps\": %d, \"threads\": %d, \"max_batch_tokens\": %d, \"n_ctx\": %d, \"batch_invariant\": %s, \"temperature\": %g",
             o->npp, o->ntg, o->reps, o->threads, o->max_batch_tokens, o->npp + o->ntg + CTX_SLACK,
             o->invariant ? "true" : "false", (double)o->temp);
+    static const char *const kv_names[] = {"auto", "f32", "f16", "q8_0", "fp8"};
+    fputs(", \"weights\": ", f), json_str(f, o->mp.weights == TANDEM_WEIGHTS_FP8 ? "fp8" : "native");
+    fputs(", \"kv_type\": ", f), json_str(f, kv_names[o->kv_type]);
     fputs(",\n \"definitions\": {"
           "\"t\": \"seconds from the tandem_generate_batch call; a token's time is when on_token receives it\", "
           "\"t_pp\": \"the time the last request receives its first token\", "
@@ -626,7 +641,7 @@ static bool write_json(const opts *o, int argc, char **argv, const tandem_model_
           "\"s_total\": \"B * (npp + ntg) / t_total (the whole call)\", "
           "\"e2e\": \"a request's last token time\", \"ttft\": \"a request's first token time\", "
           "\"tpot\": \"(last - first token time) / (ntg - 1)\", "
-          "\"aggregation\": \"median and p90 over a run's B requests; every figure the median over reps\"}",
+          "\"aggregation\": \"median and p90 (TTFT also p99) over a run's B requests; every figure the median over reps\"}",
           f);
     fputs(",\n \"runs\": [", f);
     for (int c = 0; c < n_cells; c++) {
