@@ -5,7 +5,8 @@
  *              [--temp T] [--ngram N] [--threads 1] [--prompts FILE.jsonl]
  *
  * For each batch size B: an engine with n_seq_max = B, n_ctx = npp + ntg + 64, the
- * prefix cache off; B requests of exactly npp prompt tokens (prompt i: the text of
+ * prefix cache off, max_batch_tokens B * (npp + 1) (every prompt prefilled in the
+ * first step, so that every sequence decodes from the second on); B requests of exactly npp prompt tokens (prompt i: the text of
  * line i mod n of the prompts file, tests/data/prompts-dev.jsonl by default,
  * tokenised and cut or padded with its own tokens to npp), max_tokens = ntg,
  * ignore_eos, greedy or sampled (--temp T: top-p 0.95, request i seeded i + 1),
@@ -299,6 +300,7 @@ int main(int argc, char **argv) {
         ep.n_ctx = npp + ntg + 64;
         ep.prefix_cache = false;
         ep.n_threads = threads;
+        ep.max_batch_tokens = B * (npp + 1) > 65536 ? 65536 : B * (npp + 1); /* (every prompt in the first step) */
         tandem_engine *eng = NULL;
         if (tandem_engine_open(mt, md, &ep, &eng)) {
             fprintf(stderr, "error: engine for batch %d: %s\n", B, tandem_last_error());
