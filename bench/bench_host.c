@@ -6,9 +6,10 @@
  *
  * For each batch size B: an engine with n_seq_max = B, n_ctx = npp + ntg + 64, the
  * prefix cache off, max_batch_tokens B * (npp + 1) (every prompt prefilled in the
- * first step, so that every sequence decodes from the second on); B requests of exactly npp prompt tokens (prompt i: the text of
- * line i mod n of the prompts file, tests/data/prompts-dev.jsonl by default,
- * tokenised and cut or padded with its own tokens to npp), max_tokens = ntg,
+ * first step, so that every sequence decodes from the second on); B requests of
+ * exactly npp prompt tokens (prompt i: the text of line i mod n of the prompts
+ * file, tests/data/prompts-dev.jsonl by default, tokenised and cut or repeated to
+ * npp), max_tokens = ntg,
  * ignore_eos, greedy or sampled (--temp T: top-p 0.95, request i seeded i + 1),
  * spec_ngram N (default 4, the API's; with -d), a token callback that counts (as a
  * server's would receive every piece), all given to one tandem_generate_batch call
@@ -37,7 +38,8 @@
  *
  * Only the steady decode steps count: those whose plan is B decode items and no
  * prompt chunk (the prefill steps, and the last step, where every request finishes,
- * are left out; finish is reported per request from every step).  Prints one
+ * are left out; finish is reported per request from every step, and the host
+ * time of the step where the most requests finished on its own).  Prints one
  * markdown row per B: steady steps, the step's median wall time, forward and draw
  * means, host median and mean per step and per sequence, and each host part's mean
  * per step (microseconds).  The wrapping costs two clock reads per wrapped call
@@ -157,6 +159,8 @@ typedef struct run_steps {
     int batch, n, cap;
     double *wall, *host;
     double part[N_PART];
+    long end_fin;    /* the most requests that finished in one step */
+    double end_host; /* that step's host seconds */
 } run_steps;
 static run_steps *g_run;
 
@@ -171,6 +175,10 @@ tandem_status __wrap_tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
     tandem_status st = __real_tdm_sched_iterate(s, err);
     const double wall = leave(P_OTHER);
     run_steps *r = g_run;
+    if (r && g_finishes - fin0 > r->end_fin) { /* (the step where the most requests finish) */
+        r->end_fin = g_finishes - fin0;
+        r->end_host = wall - g_part[P_FWD] - g_part[P_DRAW];
+    }
     if (r && g_dec == r->batch && g_chunks == 0 && g_finishes == fin0 && r->n < r->cap) {
         r->wall[r->n] = wall;
         r->host[r->n] = wall - g_part[P_FWD] - g_part[P_DRAW];
@@ -289,10 +297,10 @@ int main(int argc, char **argv) {
     printf("| B | steady steps | step ms (median) | forward ms | draw ms | host ms (median) | host ms (mean) | host us/seq |");
     for (int p = P_CHOOSE; p < N_PART; p++)
         if (p != P_FINISH) printf(" %s us |", part_names[p]);
-    printf(" finish us/req |\n|---|---|---|---|---|---|---|---|");
+    printf(" finish us/req | end step: finishes, host ms |\n|---|---|---|---|---|---|---|---|");
     for (int p = P_CHOOSE; p < N_PART; p++)
         if (p != P_FINISH) printf("---|");
-    printf("---|\n");
+    printf("---|---|\n");
     for (int bi = 0; bi < n_batch; bi++) {
         const int B = batch[bi];
         tandem_engine_params ep = tandem_engine_default_params();
@@ -319,7 +327,7 @@ int main(int argc, char **argv) {
         }
         for (int rep = 0; rep < 2; rep++) { /* warm-up, then the timed run */
             memset(&rs.part, 0, sizeof rs.part);
-            rs.n = 0, rs.batch = B;
+            rs.n = 0, rs.batch = B, rs.end_fin = 0, rs.end_host = 0;
             g_finish_s = 0, g_finishes = 0;
             g_run = rep ? &rs : NULL;
             if (tandem_generate_batch(eng, req, (size_t)B, res)) {
@@ -349,7 +357,8 @@ int main(int argc, char **argv) {
                rs.part[P_DRAW] / n * 1e3, host_med * 1e3, host_sum / n * 1e3, host_med / B * 1e6);
         for (int p = P_CHOOSE; p < N_PART; p++)
             if (p != P_FINISH) printf(" %.1f |", rs.part[p] / n * 1e6);
-        printf(" %.2f |\n", g_finishes ? g_finish_s / (double)g_finishes * 1e6 : 0.0);
+        printf(" %.2f | %ld, %.3f |\n", g_finishes ? g_finish_s / (double)g_finishes * 1e6 : 0.0, rs.end_fin,
+               rs.end_host * 1e3);
         fflush(stdout);
     }
     free(ids), free(req), free(res), free(rs.wall), free(rs.host);

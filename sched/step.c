@@ -179,7 +179,14 @@ static void admit(tdm_sched *s, double now) {
 /* Prompt chunks end on multiples of the engine's prefill chunk, so that a prompt
  * is cut the same way whatever else runs (on a backend whose rows depend on the
  * size of the product, the chunk's own forward then computes what it would alone);
- * on a backend that is row-invariant at any size the budget may cut them anywhere. */
+ * on a backend that is row-invariant at any size the budget may cut them anywhere.
+ *
+ * Neither side starves the other: every decoding sequence's rows are in every step
+ * (they come first, even past the budget), and the prompt chunks take what the
+ * budget leaves, in admission order, with at least one chunk (of at most
+ * prefill_chunk rows) in every step however many decode.  A decode step is thus
+ * lengthened by at most max(budget - its decode rows, one chunk) prompt rows, and a
+ * waiting prompt advances by at least one chunk a step. */
 static int32_t plan(tdm_sched *s, step_item *it) {
     tdm_engine *e = s->e;
     const int32_t budget = e->cfg.max_batch_tokens, pc = e->cfg.prefill_chunk;
