@@ -2,7 +2,7 @@
  * decode step of B sequences costs besides the forwards, on the CPU, no GPU needed.
  *
  *   bench_host -m TARGET [-d DRAFT] [--batch 64,128,256,512] [--npp 16] [--ntg 32]
- *              [--temp T] [--ngram N] [--threads 1] [--prompts FILE.jsonl]
+ *              [--temp T] [--ngram N] [--threads 1] [--prompts FILE.jsonl] [--kv-tokens N]
  *
  * For each batch size B: an engine with n_seq_max = B, n_ctx = npp + ntg + 64, the
  * prefix cache off, max_batch_tokens B * (npp + 1) (every prompt prefilled in the
@@ -13,7 +13,9 @@
  * ignore_eos, greedy or sampled (--temp T: top-p 0.95, request i seeded i + 1),
  * spec_ngram N (default 4, the API's; with -d), a token callback that counts (as a
  * server's would receive every piece), all given to one tandem_generate_batch call
- * after an untimed warm-up call of the same requests.
+ * after an untimed warm-up call of the same requests.  --kv-tokens N: a KV pool of
+ * N positions (kv_bytes, both models) instead of n_ctx for each sequence, so that
+ * admission waits for blocks and sequences are preempted.
  *
  * The library's functions that a step is made of are timed by wrapping them at link
  * time (the linker's --wrap, bench/meson.build): each call's time minus the time of
@@ -42,7 +44,8 @@
  * time of the step where the most requests finished on its own).  Prints one
  * markdown row per B: steady steps, the step's median wall time, forward and draw
  * means, host median and mean per step and per sequence, and each host part's mean
- * per step (microseconds).  The wrapping costs two clock reads per wrapped call
+ * per step (microseconds); on stderr, every step of the timed run: its host time
+ * in all and the most of one step, and the preemptions of both runs.  The wrapping costs two clock reads per wrapped call
  * (about 50 ns), included in the figures. */
 #include <math.h>
 #include <stdio.h>
@@ -161,6 +164,8 @@ typedef struct run_steps {
     double part[N_PART];
     long end_fin;    /* the most requests that finished in one step */
     double end_host; /* that step's host seconds */
+    int n_all;       /* every step of the run */
+    double all_host, max_host; /* their host seconds in all, and the most of one */
 } run_steps;
 static run_steps *g_run;
 
@@ -175,6 +180,12 @@ tandem_status __wrap_tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
     tandem_status st = __real_tdm_sched_iterate(s, err);
     const double wall = leave(P_OTHER);
     run_steps *r = g_run;
+    if (r) {
+        const double host = wall - g_part[P_FWD] - g_part[P_DRAW];
+        r->n_all++;
+        r->all_host += host;
+        if (host > r->max_host) r->max_host = host;
+    }
     if (r && g_finishes - fin0 > r->end_fin) { /* (the step where the most requests finish) */
         r->end_fin = g_finishes - fin0;
         r->end_host = wall - g_part[P_FWD] - g_part[P_DRAW];
@@ -211,7 +222,8 @@ static bool on_token(int32_t token, const char *text, size_t len, void *user_dat
 static int usage(const char *msg, const char *arg) {
     if (msg) fprintf(stderr, "error: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
     fprintf(stderr, "usage: bench_host -m TARGET [-d DRAFT] [--batch 64,128,256,512] [--npp 16] [--ntg 32]\n"
-                    "                  [--temp T] [--ngram N] [--threads 1] [--prompts FILE.jsonl]\n");
+                    "                  [--temp T] [--ngram N] [--threads 1] [--prompts FILE.jsonl]\n"
+                    "                  [--kv-tokens N]\n");
     return 2;
 }
 
@@ -226,6 +238,7 @@ static bool parse_int(const char *s, int lo, int hi, int *out) {
 int main(int argc, char **argv) {
     const char *target = NULL, *draft = NULL, *prompts = "tests/data/prompts-dev.jsonl";
     int batch[MAX_BATCHES] = {64, 128, 256, 512}, n_batch = 4, npp = 16, ntg = 32, threads = 1, ngram = 4;
+    int kv_tokens = 0;
     float temp = 0.0f;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[++i] : NULL;
@@ -237,6 +250,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--npp")) ok = parse_int(v, 1, 4096, &npp);
         else if (!strcmp(a, "--ntg")) ok = parse_int(v, 4, 4096, &ntg);
         else if (!strcmp(a, "--threads")) ok = parse_int(v, 0, 64, &threads);
+        else if (!strcmp(a, "--kv-tokens")) ok = parse_int(v, 1, 1 << 24, &kv_tokens);
         else if (!strcmp(a, "--ngram")) ok = parse_int(v, 0, TANDEM_SPEC_NGRAM_MAX, &ngram);
         else if (!strcmp(a, "--temp")) {
             char *end;
@@ -261,6 +275,12 @@ int main(int argc, char **argv) {
     if (tandem_model_open(target, &mp, &mt) || (draft && tandem_model_open(draft, &mp, &md))) {
         fprintf(stderr, "error: %s\n", tandem_last_error());
         return 1;
+    }
+    size_t kv_per_token = 0; /* (both models') */
+    for (tandem_model *m = mt; m; m = m == mt ? md : NULL) {
+        tandem_model_info mi;
+        if (tandem_model_get_info(m, &mi)) return 1;
+        kv_per_token += (size_t)mi.kv_bytes_per_token;
     }
     int n_text = 0;
     char **text = bench_prompts_read(prompts, 1000, &n_text);
@@ -307,6 +327,7 @@ int main(int argc, char **argv) {
         ep.n_seq_max = B;
         ep.n_ctx = npp + ntg + 64;
         ep.prefix_cache = false;
+        if (kv_tokens > 0) ep.kv_bytes = (size_t)kv_tokens * kv_per_token;
         ep.n_threads = threads;
         ep.max_batch_tokens = B * (npp + 1) > 65536 ? 65536 : B * (npp + 1); /* (every prompt in the first step) */
         tandem_engine *eng = NULL;
@@ -328,6 +349,7 @@ int main(int argc, char **argv) {
         for (int rep = 0; rep < 2; rep++) { /* warm-up, then the timed run */
             memset(&rs.part, 0, sizeof rs.part);
             rs.n = 0, rs.batch = B, rs.end_fin = 0, rs.end_host = 0;
+            rs.n_all = 0, rs.all_host = rs.max_host = 0;
             g_finish_s = 0, g_finishes = 0;
             g_run = rep ? &rs : NULL;
             if (tandem_generate_batch(eng, req, (size_t)B, res)) {
@@ -344,7 +366,11 @@ int main(int argc, char **argv) {
                 tandem_result_free(&res[i]);
             }
         }
+        tandem_engine_stats est;
+        if (tandem_engine_get_stats(eng, &est)) return 1;
         tandem_engine_close(eng);
+        fprintf(stderr, "B %d: all %d steps: host %.3f ms in all, %.3f ms at most in one step; %llu preemptions in both runs\n",
+                B, rs.n_all, rs.all_host * 1e3, rs.max_host * 1e3, (unsigned long long)est.n_preemptions);
         const int n = rs.n;
         if (n == 0) {
             printf("| %d | 0 (no steady decode step) |\n", B);

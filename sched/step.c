@@ -2,8 +2,8 @@
  * composed, for a lone sequence (a batch of one) and a batch alike:
  *   1. the inbox joins the queue; cancels and deadlines end their requests;
  *   2. admission: waiting requests join the running batch while a place is free and
- *      the KV pool holds their prompt besides the prompts of those admitted before
- *      and still prefilling (prefix-cache hits counted as held);
+ *      the KV pool holds their prompt besides the next rows of those running
+ *      (prefix-cache hits counted as held);
  *   3. the plan: every decoding sequence's length (step_chain.c: one decision for
  *      the step, draft/length.h) or token tree (step_tree.c), then prompt chunks of
  *      the prefilling ones under the step's token budget;
@@ -112,16 +112,19 @@ static void expire(tdm_sched *s, double now) {
 
 static bool fresh(const tdm_req *r) { return r->s.n_tokens == r->s.n_prompt; }
 
-/* The blocks the running sequences still prefilling take before their first
- * decode (their goal and the row after it) beyond those they hold: admission
- * leaves them free, so that the batch admitted is one the pool holds rather than
- * one the step's reservation then preempts back to the queue. */
+/* The blocks the running sequences take before their next decode row is backed
+ * (a prefilling one's: its goal and the row after it; a decoding one's: its pending
+ * token's row) beyond those they hold: admission leaves them free, so that the
+ * batch admitted is one the pool holds for its next step, rather than one the
+ * step's reservation preempts back to the queue (longer proposals, and growth
+ * beyond the next row, may still preempt). */
 static int32_t promised_blocks(const tdm_sched *s) {
     tdm_kv_pool *pool = s->e->pool;
     int32_t n = 0;
     for (int32_t i = 0; i < s->n_run; i++) {
         const tdm_req *r = s->run[i];
-        if (r->state == TDM_REQ_PREFILL) n += TDM_MAX(tdm_kv_blocks_for(pool, r->n_goal + 1) - r->s.kv.n_blocks, 0);
+        const int32_t rows = TDM_MAX(r->n_goal + 1, r->s.n_tokens);
+        n += TDM_MAX(tdm_kv_blocks_for(pool, rows) - r->s.kv.n_blocks, 0);
     }
     return n;
 }
