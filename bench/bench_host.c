@@ -43,8 +43,9 @@
  * are left out; finish is reported per request from every step, and the host
  * time of the step where the most requests finished on its own).  Prints one
  * markdown row per B: steady steps, the step's median wall time, forward and draw
- * means, host median and mean per step and per sequence, and each host part's mean
- * per step (microseconds); on stderr, every step of the timed run: its host time
+ * medians, host median and mean per step and the median per sequence, and each host
+ * part's median per step (microseconds; medians, since a busy machine's stray
+ * pauses land in one part or another: they need not add up to the host median); on stderr, every step of the timed run: its host time
  * in all and the most of one step, and the preemptions of both runs.  The wrapping costs two clock reads per wrapped call
  * (about 50 ns), included in the figures. */
 #include <math.h>
@@ -161,7 +162,7 @@ void __wrap_tdm_sched_run_plan(tdm_sched *s, const step_item *it, int32_t n) {
 typedef struct run_steps {
     int batch, n, cap;
     double *wall, *host;
-    double part[N_PART];
+    double *part[N_PART]; /* [cap] each steady step's seconds per part */
     long end_fin;    /* the most requests that finished in one step */
     double end_host; /* that step's host seconds */
     int n_all;       /* every step of the run */
@@ -193,8 +194,8 @@ tandem_status __wrap_tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
     if (r && g_dec == r->batch && g_chunks == 0 && g_finishes == fin0 && r->n < r->cap) {
         r->wall[r->n] = wall;
         r->host[r->n] = wall - g_part[P_FWD] - g_part[P_DRAW];
+        for (int p = 0; p < N_PART; p++) r->part[p][r->n] = g_part[p];
         r->n++;
-        for (int p = 0; p < N_PART; p++) r->part[p] += g_part[p];
     }
     return st;
 }
@@ -296,7 +297,9 @@ int main(int argc, char **argv) {
     run_steps rs = {.cap = 1 << 16};
     rs.wall = calloc((size_t)rs.cap, sizeof *rs.wall);
     rs.host = calloc((size_t)rs.cap, sizeof *rs.host);
-    if (!ids || !req || !res || !rs.wall || !rs.host) return 1;
+    bool parts_ok = true;
+    for (int p = 0; p < N_PART; p++) parts_ok &= (rs.part[p] = calloc((size_t)rs.cap, sizeof(double))) != NULL;
+    if (!ids || !req || !res || !rs.wall || !rs.host || !parts_ok) return 1;
     for (int i = 0; i < bmax; i++) { /* prompt i: text i mod n, cut or repeated to npp tokens */
         int32_t *t = NULL;
         size_t n = 0;
@@ -347,7 +350,6 @@ int main(int argc, char **argv) {
             if (temp > 0) gp->temperature = temp, gp->top_p = 0.95f, gp->seed = (uint64_t)i + 1;
         }
         for (int rep = 0; rep < 2; rep++) { /* warm-up, then the timed run */
-            memset(&rs.part, 0, sizeof rs.part);
             rs.n = 0, rs.batch = B, rs.end_fin = 0, rs.end_host = 0;
             rs.n_all = 0, rs.all_host = rs.max_host = 0;
             g_finish_s = 0, g_finishes = 0;
@@ -379,15 +381,17 @@ int main(int argc, char **argv) {
         double host_sum = 0;
         for (int i = 0; i < n; i++) host_sum += rs.host[i];
         const double wall_med = median(rs.wall, n), host_med = median(rs.host, n);
-        printf("| %d | %d | %.2f | %.2f | %.2f | %.3f | %.3f | %.2f |", B, n, wall_med * 1e3, rs.part[P_FWD] / n * 1e3,
-               rs.part[P_DRAW] / n * 1e3, host_med * 1e3, host_sum / n * 1e3, host_med / B * 1e6);
+        printf("| %d | %d | %.2f | %.2f | %.2f | %.3f | %.3f | %.2f |", B, n, wall_med * 1e3,
+               median(rs.part[P_FWD], n) * 1e3, median(rs.part[P_DRAW], n) * 1e3, host_med * 1e3, host_sum / n * 1e3,
+               host_med / B * 1e6);
         for (int p = P_CHOOSE; p < N_PART; p++)
-            if (p != P_FINISH) printf(" %.1f |", rs.part[p] / n * 1e6);
+            if (p != P_FINISH) printf(" %.1f |", median(rs.part[p], n) * 1e6);
         printf(" %.2f | %ld, %.3f |\n", g_finishes ? g_finish_s / (double)g_finishes * 1e6 : 0.0, rs.end_fin,
                rs.end_host * 1e3);
         fflush(stdout);
     }
     free(ids), free(req), free(res), free(rs.wall), free(rs.host);
+    for (int p = 0; p < N_PART; p++) free(rs.part[p]);
     tandem_model_close(md);
     tandem_model_close(mt);
     (void)g_tokens_seen;
