@@ -124,12 +124,14 @@ static void check_batches(float temperature) {
      * each as they grow (preempting) */
     const int sizes[] = {1, 8, 32, -8};
     cr_assert_gt(p.count, 3, "the small pool holds two sequences: more prompts are needed");
-    tandem_model_info mi;
+    tandem_model_info mi, mi_d;
     cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
+    cr_assert_eq(tandem_model_get_info(d, &mi_d), TANDEM_OK);
     for (int with_draft = 0; with_draft < 2; with_draft++) {
         for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
             const bool small = sizes[si] < 0;
-            const size_t kv = small ? (size_t)mi.kv_bytes_per_token * (with_draft ? 2 : 1) * 19 * 16 : 0;
+            const size_t per_token = (size_t)(mi.kv_bytes_per_token + (with_draft ? mi_d.kv_bytes_per_token : 0));
+            const size_t kv = small ? per_token * 19 * 16 : 0;
             tandem_engine *e = open_engine(t, with_draft ? d : NULL, abs(sizes[si]), kv);
             tandem_result *got = calloc(p.count, sizeof *got);
             cr_assert_eq(tandem_generate_batch(e, r, p.count, got), TANDEM_OK, "%s", tandem_last_error());
