@@ -3,6 +3,7 @@
  *
  *   bench_host -m TARGET [-d DRAFT] [--batch 64,128,256,512] [--npp 16] [--ntg 32]
  *              [--temp T] [--ngram N] [--threads 1] [--prompts FILE.jsonl] [--kv-tokens N]
+ *              [--backend cpu|cuda]
  *
  * For each batch size B: an engine with n_seq_max = B, n_ctx = npp + ntg + 64, the
  * prefix cache off, max_batch_tokens B * (npp + 1) (every prompt prefilled in the
@@ -15,7 +16,9 @@
  * server's would receive every piece), all given to one tandem_generate_batch call
  * after an untimed warm-up call of the same requests.  --kv-tokens N: a KV pool of
  * N positions (kv_bytes, both models) instead of n_ctx for each sequence, so that
- * admission waits for blocks and sequences are preempted.
+ * admission waits for blocks and sequences are preempted.  --backend cuda: both
+ * models on the GPU (there forward and draw include the launches and the waits for
+ * the device; host is still what the step adds to them).
  *
  * The library's functions that a step is made of are timed by wrapping them at link
  * time (the linker's --wrap, bench/meson.build): each call's time minus the time of
@@ -45,9 +48,10 @@
  * markdown row per B: steady steps, the step's median wall time, forward and draw
  * medians, host median and mean per step and the median per sequence, and each host
  * part's median per step (microseconds; medians, since a busy machine's stray
- * pauses land in one part or another: they need not add up to the host median); on stderr, every step of the timed run: its host time
- * in all and the most of one step, and the preemptions of both runs.  The wrapping costs two clock reads per wrapped call
- * (about 50 ns), included in the figures. */
+ * pauses land in one part or another: they need not add up to the host median);
+ * on stderr, every step of the timed run: its host time in all and the most of one
+ * step, and the preemptions of both runs.  The wrapping costs two clock reads per
+ * wrapped call (about 50 ns), included in the figures. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -224,7 +228,7 @@ static int usage(const char *msg, const char *arg) {
     if (msg) fprintf(stderr, "error: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
     fprintf(stderr, "usage: bench_host -m TARGET [-d DRAFT] [--batch 64,128,256,512] [--npp 16] [--ntg 32]\n"
                     "                  [--temp T] [--ngram N] [--threads 1] [--prompts FILE.jsonl]\n"
-                    "                  [--kv-tokens N]\n");
+                    "                  [--kv-tokens N] [--backend cpu|cuda]\n");
     return 2;
 }
 
@@ -241,6 +245,7 @@ int main(int argc, char **argv) {
     int batch[MAX_BATCHES] = {64, 128, 256, 512}, n_batch = 4, npp = 16, ntg = 32, threads = 1, ngram = 4;
     int kv_tokens = 0;
     float temp = 0.0f;
+    tandem_model_params mp = tandem_model_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[++i] : NULL;
         if (!v) return usage("a value is missing after", a);
@@ -252,6 +257,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--ntg")) ok = parse_int(v, 4, 4096, &ntg);
         else if (!strcmp(a, "--threads")) ok = parse_int(v, 0, 64, &threads);
         else if (!strcmp(a, "--kv-tokens")) ok = parse_int(v, 1, 1 << 24, &kv_tokens);
+        else if (!strcmp(a, "--backend")) {
+            ok = !strcmp(v, "cpu") || !strcmp(v, "cuda");
+            mp.backend = strcmp(v, "cuda") ? TANDEM_BACKEND_CPU : TANDEM_BACKEND_CUDA;
+        }
         else if (!strcmp(a, "--ngram")) ok = parse_int(v, 0, TANDEM_SPEC_NGRAM_MAX, &ngram);
         else if (!strcmp(a, "--temp")) {
             char *end;
@@ -271,7 +280,6 @@ int main(int argc, char **argv) {
         if (!ok) return usage("bad value", v);
     }
     if (!target) return usage("-m is required", NULL);
-    tandem_model_params mp = tandem_model_default_params();
     tandem_model *mt = NULL, *md = NULL;
     if (tandem_model_open(target, &mp, &mt) || (draft && tandem_model_open(draft, &mp, &md))) {
         fprintf(stderr, "error: %s\n", tandem_last_error());
@@ -315,9 +323,11 @@ int main(int argc, char **argv) {
     time_t now = time(NULL);
     char date[64];
     strftime(date, sizeof date, "%Y-%m-%d %H:%M UTC", gmtime(&now));
-    printf("bench_host %s%s%s, npp %d, ntg %d, %s, ngram %d, threads %d, %s\n\n", target, draft ? " + " : "",
-           draft ? draft : "", npp, ntg, temp > 0 ? "sampled" : "greedy", draft ? ngram : 0, threads, date);
-    printf("| B | steady steps | step ms (median) | forward ms | draw ms | host ms (median) | host ms (mean) | host us/seq |");
+    printf("bench_host %s%s%s, %s, npp %d, ntg %d, %s, ngram %d, threads %d, %s\n\n", target, draft ? " + " : "",
+           draft ? draft : "", mp.backend == TANDEM_BACKEND_CUDA ? "cuda" : "cpu", npp, ntg,
+           temp > 0 ? "sampled" : "greedy", draft ? ngram : 0, threads, date);
+    printf("| B | steady steps | step ms (median) | forward ms | draw ms | host ms (median) | host ms (mean) "
+           "| host us/seq |");
     for (int p = P_CHOOSE; p < N_PART; p++)
         if (p != P_FINISH) printf(" %s us |", part_names[p]);
     printf(" finish us/req | end step: finishes, host ms |\n|---|---|---|---|---|---|---|---|");
@@ -371,7 +381,8 @@ int main(int argc, char **argv) {
         tandem_engine_stats est;
         if (tandem_engine_get_stats(eng, &est)) return 1;
         tandem_engine_close(eng);
-        fprintf(stderr, "B %d: all %d steps: host %.3f ms in all, %.3f ms at most in one step; %llu preemptions in both runs\n",
+        fprintf(stderr,
+                "B %d: all %d steps: host %.3f ms in all, %.3f ms at most in one step; %llu preemptions in both runs\n",
                 B, rs.n_all, rs.all_host * 1e3, rs.max_host * 1e3, (unsigned long long)est.n_preemptions);
         const int n = rs.n;
         if (n == 0) {
