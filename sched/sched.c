@@ -167,7 +167,9 @@ tandem_status tdm_sched_cancel(tdm_sched *s, uint64_t id, tdm_err *err) {
 }
 
 void tdm_sched_unrun(tdm_sched *s, tdm_req *r) {
-    for (int32_t i = 0; i < s->n_run; i++)
+    /* (from the end: a step's finishes go from the last running request down, so
+     * each is found at once, and a batch that ends together costs O(n), not O(n^2)) */
+    for (int32_t i = s->n_run - 1; i >= 0; i--)
         if (s->run[i] == r) {
             memmove(s->run + i, s->run + i + 1, (size_t)(s->n_run - i - 1) * sizeof *s->run);
             s->n_run--;

@@ -2,7 +2,8 @@
  * composed, for a lone sequence (a batch of one) and a batch alike:
  *   1. the inbox joins the queue; cancels and deadlines end their requests;
  *   2. admission: waiting requests join the running batch while a place is free and
- *      the KV pool holds their prompt (prefix-cache hits counted as held);
+ *      the KV pool holds their prompt besides the next rows of those running
+ *      (prefix-cache hits counted as held);
  *   3. the plan: every decoding sequence's length (step_chain.c: one decision for
  *      the step, draft/length.h) or token tree (step_tree.c), then prompt chunks of
  *      the prefilling ones under the step's token budget;
@@ -111,13 +112,32 @@ static void expire(tdm_sched *s, double now) {
 
 static bool fresh(const tdm_req *r) { return r->s.n_tokens == r->s.n_prompt; }
 
+/* The blocks the running sequences take before their next decode row is backed
+ * (a prefilling one's: its goal and the row after it; a decoding one's: its pending
+ * token's row) beyond those they hold: admission leaves them free, so that the
+ * batch admitted is one the pool holds for its next step, rather than one the
+ * step's reservation preempts back to the queue (longer proposals, and growth
+ * beyond the next row, may still preempt). */
+static int32_t promised_blocks(const tdm_sched *s) {
+    tdm_kv_pool *pool = s->e->pool;
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_run; i++) {
+        const tdm_req *r = s->run[i];
+        const int32_t rows = TDM_MAX(r->n_goal + 1, r->s.n_tokens);
+        n += TDM_MAX(tdm_kv_blocks_for(pool, rows) - r->s.kv.n_blocks, 0);
+    }
+    return n;
+}
+
 static void admit(tdm_sched *s, double now) {
     tdm_engine *e = s->e;
     tdm_kv_pool *pool = e->pool;
     const int32_t bs = tdm_kv_pool_block_size(pool);
+    int32_t promised = -1; /* (counted at the first waiting request) */
     while (s->n_run < s->cap) {
         tdm_req *r = tdm_queue_top(&s->wait);
         if (!r) return;
+        if (promised < 0) promised = promised_blocks(s);
         tdm_seq *q = &r->s;
         const bool first = fresh(r);
         /* a fresh prompt is computed up to its last token (whose logits give the first
@@ -129,10 +149,11 @@ static void admit(tdm_sched *s, double now) {
             cached = tdm_kv_prefix_match(pool, q->tokens, goal, max_blocks, &q->kv);
         }
         const int32_t need = tdm_kv_blocks_for(pool, goal + 1) - q->kv.n_blocks;
-        if (s->n_run > 0 && need > tdm_kv_pool_n_free(pool)) { /* wait for blocks */
+        if (s->n_run > 0 && need > tdm_kv_pool_n_free(pool) - promised) { /* wait for blocks */
             tdm_kv_seq_free(pool, &q->kv);
             return;
         }
+        promised += need;
         tdm_queue_pop(&s->wait);
         r->state = TDM_REQ_PREFILL;
         r->n_goal = goal;
@@ -161,7 +182,14 @@ static void admit(tdm_sched *s, double now) {
 /* Prompt chunks end on multiples of the engine's prefill chunk, so that a prompt
  * is cut the same way whatever else runs (on a backend whose rows depend on the
  * size of the product, the chunk's own forward then computes what it would alone);
- * on a backend that is row-invariant at any size the budget may cut them anywhere. */
+ * on a backend that is row-invariant at any size the budget may cut them anywhere.
+ *
+ * Neither side starves the other: every decoding sequence's rows are in every step
+ * (they come first, even past the budget), and the prompt chunks take what the
+ * budget leaves, in admission order, with at least one chunk (of at most
+ * prefill_chunk rows) in every step however many decode.  A decode step is thus
+ * lengthened by at most max(budget - its decode rows, one chunk) prompt rows, and a
+ * waiting prompt advances by at least one chunk a step. */
 static int32_t plan(tdm_sched *s, step_item *it) {
     tdm_engine *e = s->e;
     const int32_t budget = e->cfg.max_batch_tokens, pc = e->cfg.prefill_chunk;

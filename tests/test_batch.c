@@ -50,7 +50,7 @@ static prompt_set load_prompts(size_t every) {
     size_t n_lines;
     tdm_json **refs = tdm_test_jsonl(tdm_test_data_path("refs-dev.jsonl"), &n_lines);
     prompt_set p = {calloc(n_lines, sizeof(int32_t *)), calloc(n_lines, sizeof(size_t)), 0};
-    /* a sanitizer build: 5 prompts (more than the small pool's three sequences, so
+    /* a sanitizer build: 5 prompts (more than the small pool's two sequences, so
      * that it preempts) */
     const size_t step = tdm_test_sanitized() ? 20 : every;
     for (size_t li = 0; li < n_lines; li += step) {
@@ -119,22 +119,26 @@ static void check_batches(float temperature) {
         ref = alone(e1, r, p.count);
         tandem_engine_close(e1);
     }
-    /* -8: eight at a time in a pool of about three sequences' blocks (preempting) */
+    /* -8: eight at a time in a pool of 19 blocks of 16 positions: admission takes two
+     * 129-token prompts (9 blocks each with the row after them), which then need 10
+     * each as they grow (preempting) */
     const int sizes[] = {1, 8, 32, -8};
-    cr_assert_gt(p.count, 3, "the small pool holds three sequences: more prompts are needed");
-    tandem_model_info mi;
+    cr_assert_gt(p.count, 3, "the small pool holds two sequences: more prompts are needed");
+    tandem_model_info mi, mi_d;
     cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
+    cr_assert_eq(tandem_model_get_info(d, &mi_d), TANDEM_OK);
     for (int with_draft = 0; with_draft < 2; with_draft++) {
         for (size_t si = 0; si < TDM_ARRAY_LEN(sizes); si++) {
             const bool small = sizes[si] < 0;
-            const size_t kv = small ? (size_t)mi.kv_bytes_per_token * (with_draft ? 2 : 1) * 3 * 128 : 0;
+            const size_t per_token = (size_t)(mi.kv_bytes_per_token + (with_draft ? mi_d.kv_bytes_per_token : 0));
+            const size_t kv = small ? per_token * 19 * 16 : 0;
             tandem_engine *e = open_engine(t, with_draft ? d : NULL, abs(sizes[si]), kv);
             tandem_result *got = calloc(p.count, sizeof *got);
             cr_assert_eq(tandem_generate_batch(e, r, p.count, got), TANDEM_OK, "%s", tandem_last_error());
             if (small) {
                 tandem_engine_stats st;
                 cr_assert_eq(tandem_engine_get_stats(e, &st), TANDEM_OK);
-                cr_assert_gt(st.n_preemptions, 0, "a pool for three of eight sequences preempted none");
+                cr_assert_gt(st.n_preemptions, 0, "a pool of 19 blocks for eight sequences preempted none");
             }
             tandem_engine_close(e);
             if (with_draft && sizes[si] > 1) { /* greedy and sampled sequences speculate */

@@ -10,15 +10,21 @@
  *     draft too): the same tokens as alone, cache hits counted;
  *   - random arrivals, cancels and deadlines on a KV pool small enough to preempt,
  *     against a simple model: every request ends exactly once, no block leaks;
- *   - greedy and sampled requests with a draft under preemption: each as alone. */
+ *   - greedy and sampled requests with a draft under preemption: each as alone;
+ *   - n_seq_max 512: 320 short requests in one scheduler, all running at once (or
+ *     as many as a small pool holds), each as alone;
+ *   - a long prompt beside 20 decoding sequences under a small token budget: the
+ *     decodes get a token every step, the prompt advances every step. */
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api_testutil.h"
 #include "tandem.h"
 #include "testutil.h"
+#include "tiny_model.h"
 
 #define MAX_REQ 64
 
@@ -484,4 +490,170 @@ Test(sched, mixed_greedy_sampled_with_draft_under_preemption) {
     tandem_engine_close(e);
     tandem_model_close(d);
     tandem_model_close(t);
+}
+
+/* ---- many sequences at once ---- */
+
+#define N_MANY 320
+
+typedef struct many_slot {
+    tandem_result res;
+    int finishes;
+} many_slot;
+
+static void many_finish(tandem_request_id id, tandem_result *r, void *user) {
+    (void)id;
+    many_slot *s = user; /* (every callback runs on the stepping thread: this one) */
+    s->res = *r;
+    s->finishes++;
+}
+
+/* A tiny random model (64 tokens, 32 wide): many requests in seconds under the
+ * sanitizers.  *path: its file (unlink and free). */
+static tandem_model *tiny_model(char **path) {
+    tdm_tiny_cfg c = tdm_tiny_default();
+    c.n_vocab = 64, c.n_embd = 32, c.n_head = 2, c.n_head_kv = 1, c.n_ff = 48;
+    *path = tdm_tiny_model_file(&c);
+    tandem_model *t = NULL;
+    cr_assert_eq(tandem_model_open(*path, NULL, &t), TANDEM_OK, "%s", tandem_last_error());
+    return t;
+}
+
+/* n_seq_max 512 (issue 45's largest batch): 320 short requests of varied lengths,
+ * greedy and sampled, in one scheduler.  With a pool for all of them every one is
+ * running after the first step; with a pool for about a third, as many as it holds
+ * (the others wait, or are preempted later); either way every request finishes
+ * once, with the tokens and text it gets alone on an engine of one sequence, and
+ * every block comes back.  A tiny random model, so that it takes seconds under
+ * the sanitizers. */
+Test(sched, max_batch_512_many_short_requests_as_alone) {
+    char *path = NULL;
+    tandem_model *t = tiny_model(&path);
+    tandem_model_info mi;
+    cr_assert_eq(tandem_model_get_info(t, &mi), TANDEM_OK);
+    int32_t(*ids)[12] = calloc(N_MANY, sizeof *ids);
+    tandem_request *r = calloc(N_MANY, sizeof *r);
+    tandem_result *want = calloc(N_MANY, sizeof *want);
+    many_slot *got = calloc(N_MANY, sizeof *got);
+    cr_assert(ids && r && want && got);
+    tandem_engine_params p = tandem_engine_default_params();
+    p.n_threads = 2, p.n_ctx = 32;
+    tandem_engine *e1 = api_open_engine(t, NULL, &p);
+    uint64_t rng = 45;
+    for (int i = 0; i < N_MANY; i++) {
+        const size_t n = 3 + (size_t)(i % 9);
+        for (size_t k = 0; k < n; k++) ids[i][k] = (int32_t)(1 + tdm_test_rand(&rng) % 63);
+        r[i] = request(ids[i], n, 1 + (i * 7) % 9);
+        if (i % 4 == 3) {
+            r[i].params.temperature = 0.8f, r[i].params.top_p = 0.95f;
+            r[i].params.seed = 7 + (uint64_t)i;
+        }
+        want[i] = alone(e1, &r[i]);
+    }
+    tandem_engine_close(e1);
+    for (int small = 0; small < 2; small++) {
+        memset(got, 0, N_MANY * sizeof *got);
+        p.n_seq_max = 512;
+        /* (small: 100 blocks of 16 positions, for about a third of the requests) */
+        p.kv_bytes = small ? (size_t)mi.kv_bytes_per_token * 16 * 100 : 0;
+        tandem_engine *e = api_open_engine(t, NULL, &p);
+        for (int i = 0; i < N_MANY; i++)
+            cr_assert_eq(tandem_engine_submit(e, &r[i], many_finish, &got[i], NULL), TANDEM_OK, "%s",
+                         tandem_last_error());
+        int pending = 0;
+        cr_assert_eq(tandem_engine_step(e, &pending), TANDEM_OK, "%s", tandem_last_error());
+        tandem_engine_stats st;
+        cr_assert_eq(tandem_engine_get_stats(e, &st), TANDEM_OK);
+        if (small)
+            cr_assert(st.n_running > 50 && st.n_running < 120, "%d running in a pool of 100 blocks (%llu preempted)",
+                      st.n_running, (unsigned long long)st.n_preemptions);
+        else
+            cr_assert_eq(st.n_running, N_MANY - (int)st.n_finished, "%d running, %d finished of %d",
+                         st.n_running, (int)st.n_finished, N_MANY);
+        drain(e);
+        for (int i = 0; i < N_MANY; i++) {
+            cr_assert_eq(got[i].finishes, 1, "request %d: %d on_finish calls", i, got[i].finishes);
+            same_as(&want[i], &got[i].res, small ? "small pool" : "512 sequences", i);
+            tandem_result_free(&got[i].res);
+        }
+        no_leak(e);
+        tandem_engine_close(e);
+    }
+    for (int i = 0; i < N_MANY; i++) tandem_result_free(&want[i]);
+    free(ids), free(r), free(want), free(got);
+    tandem_model_close(t);
+    unlink(path);
+    free(path);
+}
+
+/* Tokens a request has streamed (its on_token calls). */
+static bool count_token(int32_t token, const char *text, size_t len, void *user) {
+    (void)token, (void)text, (void)len;
+    ++*(int *)user;
+    return true;
+}
+
+/* A long prompt arriving while 20 sequences decode, under a budget of 24 rows a
+ * step: every decoding sequence still gets its token in every step (decodes come
+ * first), and the prompt, cut to the 4 rows the decodes leave, still advances every
+ * step, so that its first token comes within 200 / 4 steps; then it decodes beside
+ * them.  Every output is the one it gets alone. */
+Test(sched, prompt_chunks_and_decodes_do_not_starve_each_other) {
+    char *path = NULL;
+    tandem_model *t = tiny_model(&path);
+    tandem_engine_params p = tandem_engine_default_params();
+    p.n_threads = 2, p.n_ctx = 256, p.n_seq_max = 32, p.max_batch_tokens = 24, p.prefix_cache = false;
+    tandem_engine *e = api_open_engine(t, NULL, &p);
+    enum { N_DEC = 20, N_LONG = 200 };
+    int32_t ids[N_DEC + 1][N_LONG];
+    tandem_request r[N_DEC + 1];
+    many_slot got[N_DEC + 1];
+    int n_tok[N_DEC + 1] = {0};
+    memset(got, 0, sizeof got);
+    uint64_t rng = 46;
+    for (int i = 0; i <= N_DEC; i++) {
+        const size_t n = i < N_DEC ? 4 : N_LONG;
+        for (size_t k = 0; k < n; k++) ids[i][k] = (int32_t)(1 + tdm_test_rand(&rng) % 63);
+        r[i] = request(ids[i], n, i < N_DEC ? 120 : 8);
+        r[i].params.on_token = count_token;
+        r[i].params.user_data = &n_tok[i];
+    }
+    for (int i = 0; i < N_DEC; i++)
+        cr_assert_eq(tandem_engine_submit(e, &r[i], many_finish, &got[i], NULL), TANDEM_OK, "%s", tandem_last_error());
+    for (bool all = false; !all;) { /* until every one decodes */
+        cr_assert_eq(tandem_engine_step(e, NULL), TANDEM_OK);
+        all = true;
+        for (int i = 0; i < N_DEC; i++) all &= n_tok[i] > 0;
+    }
+    cr_assert_eq(tandem_engine_submit(e, &r[N_DEC], many_finish, &got[N_DEC], NULL), TANDEM_OK, "%s",
+                 tandem_last_error());
+    int steps = 0, first_at = -1;
+    for (int pending = 1; pending > 0; steps++) {
+        cr_assert(steps < 1000, "the scheduler does not finish");
+        int before[N_DEC];
+        memcpy(before, n_tok, sizeof before);
+        cr_assert_eq(tandem_engine_step(e, &pending), TANDEM_OK, "%s", tandem_last_error());
+        for (int i = 0; i < N_DEC; i++)
+            if (!got[i].finishes) /* (still decoding: one token a step, target only) */
+                cr_assert_eq(n_tok[i], before[i] + 1, "step %d: request %d got %d tokens", steps, i,
+                             n_tok[i] - before[i]);
+        if (first_at < 0 && n_tok[N_DEC] > 0) first_at = steps;
+    }
+    cr_assert(first_at >= 0 && first_at < N_LONG / 4, "the long prompt's first token came at step %d", first_at);
+    tandem_engine_params p1 = p;
+    p1.n_seq_max = 1;
+    tandem_engine *e1 = api_open_engine(t, NULL, &p1);
+    for (int i = 0; i <= N_DEC; i++) {
+        cr_assert_eq(got[i].finishes, 1, "request %d: %d on_finish calls", i, got[i].finishes);
+        tandem_result want = alone(e1, &r[i]);
+        same_as(&want, &got[i].res, "beside a long prompt", i);
+        tandem_result_free(&want);
+        tandem_result_free(&got[i].res);
+    }
+    no_leak(e);
+    tandem_engine_close(e1);
+    tandem_engine_close(e);
+    tandem_model_close(t);
+    unlink(path);
+    free(path);
 }
