@@ -11,12 +11,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* rows [j, end) that one device call can take: the same sequence (sampler
- * parameters) when sampled, any greedy rows otherwise */
+/* Whether two sequences' rows are drawn alike (every sampler parameter equal). */
+static bool same_sampler(const tdm_sampler_params *a, const tdm_sampler_params *b) {
+    return a->temperature == b->temperature && a->top_k == b->top_k && a->top_p == b->top_p && a->min_p == b->min_p;
+}
+
+/* rows [j, end) that one device call can take: sampled rows of the same sampler
+ * parameters (a batch of requests with the same settings: one call, not one a
+ * sequence; each row's probabilities and draw are its own whatever shares the
+ * call), any greedy rows otherwise */
 static int32_t run_end(const tdm_draw_row *rows, int32_t j, int32_t m) {
     const bool sampled = rows[j].s->sp.temperature > 0;
     int32_t end = j + 1;
-    while (end < m && (sampled ? rows[end].s == rows[j].s : rows[end].s->sp.temperature <= 0)) end++;
+    while (end < m && (sampled ? rows[end].s == rows[j].s || same_sampler(&rows[end].s->sp, &rows[j].s->sp)
+                               : rows[end].s->sp.temperature <= 0))
+        end++;
     return end;
 }
 
