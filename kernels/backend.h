@@ -337,7 +337,7 @@ typedef struct tdm_backend_ops {
      *   same filters, order and ties); ok[i] = 0 for a row with a NaN or infinite
      *   logit (its probs are then 0), else 1.
      * sample_dev: ids[i] = the token tdm_sample_probs draws from probs[i] with the
-     *   uniform u[i] (host, n <= 32), -1 when no entry is positive; and, when pmax
+     *   uniform u[i] (host, n <= TDM_SAMPLE_DEV_MAX_ROWS), -1 when no entry is positive; and, when pmax
      *   is not NULL, pmax[i] = the row's largest entry.
      * accept_dev: tdm_accept_sample's rule on p[k + 1][dim] and q[k][dim] (rows i >=
      *   n_q are one-hot on draft[i] and need not exist), with draft[k] and u[k + 1]
@@ -469,6 +469,8 @@ typedef struct tdm_backend_ops {
 
 /* The topk op's k at most. */
 #define TDM_TOPK_MAX 32
+/* The most rows one sample_dev call draws (its uniforms go by value). */
+#define TDM_SAMPLE_DEV_MAX_ROWS 32
 
 struct tdm_backend {
     const tdm_backend_ops *ops;

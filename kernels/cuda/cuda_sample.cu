@@ -273,7 +273,7 @@ __device__ int32_t blk_draw(const dist &d, int32_t V, double u, u64 *su) {
     return s_found;
 }
 
-#define SAMPLE_MAX_ROWS 32
+#define SAMPLE_MAX_ROWS TDM_SAMPLE_DEV_MAX_ROWS
 struct sample_args {
     double u[SAMPLE_MAX_ROWS];
 };

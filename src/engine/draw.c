@@ -43,7 +43,9 @@ static tandem_status draw_dev(tdm_engine *e, const float *l, const tdm_draw_row 
             float *pj = e->p_dev + (size_t)j * (size_t)V;
             for (int32_t i = j; i < end; i++) u[i] = rows[i].u;
             st = op->probs_dev(e->be, lj, n, V, &rows[j].s->sp, pj, ok_d + j, err);
-            if (!st) st = op->sample_dev(e->be, pj, n, V, u + j, ids_d + j, NULL, err);
+            for (int32_t i = 0; i < n && !st; i += TDM_SAMPLE_DEV_MAX_ROWS) /* (its uniforms travel by value) */
+                st = op->sample_dev(e->be, pj + (size_t)i * (size_t)V, TDM_MIN(n - i, TDM_SAMPLE_DEV_MAX_ROWS), V,
+                                    u + j + i, ids_d + j + i, NULL, err);
         } else {
             st = op->argmax_dev(e->be, lj, n, V, ids_d + j, NULL, err);
         }
