@@ -76,6 +76,20 @@ double tdm_test_matmul_err(tdm_backend *b, const tdm_weight *w, const tdm_weight
     return e;
 }
 
+static int32_t gcd32(int32_t a, int32_t b) {
+    while (b) {
+        const int32_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+int32_t tdm_test_scrambled_slot(int32_t i, int32_t len) {
+    int32_t m = 7;
+    while (gcd32(m, len) != 1) m++;
+    return (int32_t)(((int64_t)i * m + 3) % len);
+}
+
 int32_t tdm_test_shuffled_seqs(uint64_t *rng, int n_seq, const int32_t *lens, int32_t bs, int32_t spare,
                                tdm_kv_seq *seqs, const tdm_kv_seq **sp) {
     int32_t total = 0;

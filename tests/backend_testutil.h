@@ -28,6 +28,10 @@ tdm_weight tdm_test_weight(uint32_t type, int64_t rows, int64_t cols, uint64_t *
  * random permutation of n_seq's blocks plus `spare` unused ones, so sequences
  * interleave in the pool: seqs[s] is filled (blocks calloc'd; free each
  * seqs[s].blocks) and sp[s] points at it.  Returns the pool's block count. */
+/* The slot that row i of a sequence of len writes, in a scrambled order that visits
+ * every slot once: (i * m + 3) mod len, m the first step from 7 up coprime with len
+ * (two rows writing one slot would leave the order of their writes to chance). */
+int32_t tdm_test_scrambled_slot(int32_t i, int32_t len);
 int32_t tdm_test_shuffled_seqs(uint64_t *rng, int n_seq, const int32_t *lens, int32_t bs, int32_t spare,
                                tdm_kv_seq *seqs, const tdm_kv_seq **sp);
 

@@ -480,7 +480,7 @@ static void run_attn(const attn_case *tc, uint64_t rng) {
         tdm_batch bt;
         const int32_t len = tc->lens[s], stride = nkv * hd + 3;
         cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
-        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, (i * 7 + 3) % len, false);
+        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, tdm_test_scrambled_slot(i, len), false);
         float *k = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2), *v = tdm_test_rand_vec(&rng, (size_t)len * stride, -2, 2);
         float *dk = put(b, k, (size_t)len * stride * 4), *dv = put(b, v, (size_t)len * stride * 4);
         tdm_kv_write_args a = {&bt, sp, dk, dv, stride, kc, vc, tc->cache_type, nkv, hd, bs};

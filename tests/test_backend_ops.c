@@ -545,7 +545,7 @@ static void fill_cache(tdm_backend *b, kv_fixture *f, uint32_t ct, int32_t nkv, 
         int32_t len = f->seqs[s].len;
         cr_assert_eq(tdm_batch_init(&bt, len, NULL), TANDEM_OK);
         /* slots written in a scrambled order */
-        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, (i * 7 + 3) % len, false);
+        for (int32_t i = 0; i < len; i++) tdm_batch_add(&bt, 0, i, s, tdm_test_scrambled_slot(i, len), false);
         int32_t stride = nkv * hd + 3;
         float *k = tdm_test_rand_vec(rng, (size_t)len * stride, -1, 1), *v = tdm_test_rand_vec(rng, (size_t)len * stride, -1, 1);
         tdm_kv_write_args a = {&bt, f->seq_ptrs, k, v, stride, kc, vc, ct, nkv, hd, bs};
