@@ -14,12 +14,19 @@ void tdm_rowcost_init(tdm_rowcost *c) {
 void tdm_rowcost_observe(tdm_rowcost *c, int32_t rows, double seconds) {
     if (rows < 1 || !(seconds > 0.0) || isinf(seconds)) return;
     if (rows > TDM_ROWCOST_MAX) rows = TDM_ROWCOST_MAX;
-    /* (a sample under half the estimate replaces it: the estimate held one-time work) */
-    /* (a sample over twice the estimate moves it as one twice as dear would: another
-     * process or a page fault slowed that forward, not its row count) */
-    if (c->n[rows] >= 2 && seconds > 2.0 * c->t[rows]) seconds = 2.0 * c->t[rows];
-    c->t[rows] = c->n[rows] < 2 || seconds < 0.5 * c->t[rows] ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
-    if (c->n[rows] < 2) c->n[rows]++;
+    /* (the first two samples: the lesser, since one-time work (a CUDA graph captured
+     * for a new shape) only ever makes a forward dearer, and a count whose estimate
+     * stays too dear is never chosen again to be measured; then an EMA, where a
+     * sample under half the estimate replaces it (the estimate held one-time work)
+     * and one over twice the estimate moves it as one twice as dear would (another
+     * process or a page fault slowed that forward, not its row count)) */
+    if (c->n[rows] < 2) {
+        c->t[rows] = c->n[rows] == 0 || seconds < c->t[rows] ? seconds : c->t[rows];
+        c->n[rows]++;
+    } else {
+        if (seconds > 2.0 * c->t[rows]) seconds = 2.0 * c->t[rows];
+        c->t[rows] = seconds < 0.5 * c->t[rows] ? seconds : c->t[rows] + c->ema * (seconds - c->t[rows]);
+    }
     if (rows > c->top) c->top = rows;
 }
 
@@ -93,8 +100,8 @@ void tdm_step_costs_observe(tdm_step_costs *t, int32_t batch, int32_t k, double 
     if (batch < 1 || k < 0 || k > TDM_CTRL_MAX_K || !(seconds > 0.0) || isinf(seconds)) return;
     if (batch > TDM_STEP_COST_B) batch = TDM_STEP_COST_B;
     double *x = &t->t[batch][k];
-    if (t->n[batch][k] < 2) { /* (the first may include one-time work) */
-        *x = seconds;
+    if (t->n[batch][k] < 2) { /* (the lesser of the first two: either may include one-time work) */
+        *x = t->n[batch][k] == 0 || seconds < *x ? seconds : *x;
         t->n[batch][k]++;
         return;
     }

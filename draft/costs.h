@@ -3,14 +3,16 @@
  *
  * Row costs: the seconds of a forward as a function of its row count, for the
  * target (rows verified) and for the draft (one round: one row per drafting
- * sequence), per row count up to TDM_ROWCOST_MAX.  The second sample replaces the
- * first, which may include one-time work such as capturing a CUDA graph; then an
- * EMA, except that a sample under half the estimate replaces it.  Between measured
+ * sequence), per row count up to TDM_ROWCOST_MAX.  The lesser of the first two
+ * samples (either may include one-time work such as capturing a CUDA graph, which
+ * only makes a forward dearer: an estimate left too dear would never be chosen, so
+ * never measured again); then an EMA, except that a sample under half the estimate
+ * replaces it.  Between measured
  * counts a roofline guess, extrapolated beyond them.
  *
  * Step costs: an EMA of the seconds of a whole speculative step (drafting,
  * verification, host work) by batch size and speculation length, measured on steps
- * without prompt chunks or trees (the second sample replaces the first, as
+ * without prompt chunks or trees (the lesser of the first two samples, as
  * above; later ones are clamped to twice the estimate, so that a step slowed by
  * something else moves it little, and one under half the estimate replaces it: the
  * estimate held one-time work).  Where measured it has the last word:

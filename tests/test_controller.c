@@ -382,8 +382,8 @@ Test(controller, lookup_length_matches_brute_force) {
         }
 }
 
-/* Step costs: the second sample replaces the first (one-time work such as a graph
- * capture); later, a sample over twice the estimate moves it as one twice as large
+/* Step costs: the lesser of the first two samples (either may hold one-time work
+ * such as a graph capture); later, a sample over twice the estimate moves it as one twice as large
  * would, and one under half replaces it. */
 Test(controller, step_cost_samples_are_clamped) {
     static tdm_step_costs t;
@@ -391,7 +391,10 @@ Test(controller, step_cost_samples_are_clamped) {
     tdm_step_costs_observe(&t, 8, 0, 50e-3);
     cr_assert_float_eq(t.t[8][0], 50e-3, 1e-12, "the first sample is the estimate");
     tdm_step_costs_observe(&t, 8, 0, 10e-3);
-    cr_assert_float_eq(t.t[8][0], 10e-3, 1e-12, "the second replaces it");
+    cr_assert_float_eq(t.t[8][0], 10e-3, 1e-12, "the second, cheaper, replaces it");
+    tdm_step_costs_observe(&t, 9, 0, 10e-3);
+    tdm_step_costs_observe(&t, 9, 0, 50e-3);
+    cr_assert_float_eq(t.t[9][0], 10e-3, 1e-12, "a dearer second does not (it was seen stuck there on an H100)");
     tdm_step_costs_observe(&t, 8, 0, 1.0);
     cr_assert_float_eq(t.t[8][0], 12e-3, 1e-12, "a stall counts as twice the estimate");
     tdm_step_costs_observe(&t, 8, 0, 0.0);
@@ -407,7 +410,7 @@ Test(controller, step_cost_samples_are_clamped) {
     cr_assert_float_eq(t.t[8][TDM_CTRL_MAX_K], 5e-3, 1e-12, "every length up to the longest chain");
 }
 
-/* Row costs: the second sample replaces the first; between measured counts the
+/* Row costs: the lesser of the first two samples; between measured counts the
  * roofline guess max(t(lo), t(hi) * rows / hi), never above the straight line; the
  * priors of an unmeasured pair. */
 Test(controller, rowcost_roofline_between_measurements) {
@@ -432,7 +435,10 @@ Test(controller, rowcost_roofline_between_measurements) {
     tdm_rowcost_observe(&c, 5, 9e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.0e-3, 1e-12, "one inflated sample: the others' estimate (roofline 2..8)");
     tdm_rowcost_observe(&c, 5, 1.35e-3);
-    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.35e-3, 1e-12, "the second sample replaces it");
+    cr_assert_float_eq(tdm_rowcost_get(&c, 5), 1.35e-3, 1e-12, "the second sample, cheaper, replaces it");
+    tdm_rowcost_observe(&c, 6, 0.41e-3);
+    tdm_rowcost_observe(&c, 6, 1.12e-3); /* (a capture for a new shape after a plain forward) */
+    cr_assert_float_eq(tdm_rowcost_get(&c, 6), 0.41e-3, 1e-12, "a dearer second sample does not replace the first");
     tdm_rowcost_observe(&c, 8, 0.5e-3);
     cr_assert_float_eq(tdm_rowcost_get(&c, 8), 0.5e-3, 1e-12, "under half the estimate: replaces");
     /* a count sampled once (with a graph capture: dear) does not make its neighbours
