@@ -369,7 +369,9 @@ static tandem_status step_hashed(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint3
 
 /* The masks of the last GMASK_CACHE states, keyed by their stacks' node serials
  * (sorted) and the partial UTF-8 sequence: a state the matcher comes back to (inside
- * a string, after each ordinary token) costs a copy.  Keyed per vocabulary pointer. */
+ * a string, after each ordinary token) costs a copy.  Keyed per vocabulary pointer.
+ * A state not there is looked up next in the matcher's shared cache (gshare.c, by
+ * content: serials are the matcher's own), and its walked mask put there. */
 #define GMASK_CACHE 4
 
 typedef struct gmask_entry {
