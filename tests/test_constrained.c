@@ -242,7 +242,8 @@ Test(constrained, more_schemas_than_shared_places) {
     tandem_engine *plain = api_open_engine(t, NULL, NULL), *batch = api_open_engine(t, d, &ep);
     tandem_result want[N], got[N];
     for (int i = 0; i < N; i++)
-        cr_assert_eq(tandem_generate(plain, req[i].prompt, &req[i].params, &want[i]), TANDEM_OK, "%s", tandem_last_error());
+        cr_assert_eq(tandem_generate(plain, req[i].prompt, &req[i].params, &want[i]), TANDEM_OK, "%s",
+                     tandem_last_error());
     cr_assert_eq(tandem_generate_batch(batch, req, N, got), TANDEM_OK, "%s", tandem_last_error());
     for (int i = 0; i < N; i++) {
         cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
