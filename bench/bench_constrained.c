@@ -28,6 +28,9 @@
  * usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16]
  *                          [--reps 5] [--threads 2] [--batch 1,8] [--schema JSON]
  *                          [--arm schema|penalties|logprobs] [--tree N|auto [--arm none]]
+ *                          [--only target|spec,free|on]
+ * --only: one engine and one arm alone (for a profiler: perf record of what one arm
+ * runs); the other rows print 0 and the ratios mean nothing.
  */
 #include <stdbool.h>
 #include <stdio.h>
@@ -145,7 +148,7 @@ static void trees_vs_chains(tandem_model *t, tandem_model *d, char **prompts, in
 
 int main(int argc, char **argv) {
     const char *target = NULL, *draft = NULL, *prompts_file = NULL, *schema = SCHEMA_DEFAULT, *batches = "1,8";
-    const char *arm_name = "schema", *tree_arg = NULL;
+    const char *arm_name = "schema", *tree_arg = NULL, *only = NULL;
     int n_new = 64, limit = 16, reps = 5, threads = 2;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -164,6 +167,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--schema")) schema = v;
         else if (!strcmp(a, "--arm")) arm_name = v;
         else if (!strcmp(a, "--tree")) tree_arg = v;
+        else if (!strcmp(a, "--only")) only = v;
         else {
             fprintf(stderr, "bench_constrained: unknown option %s\n", a);
             return 2;
@@ -173,11 +177,20 @@ int main(int argc, char **argv) {
     const arm b = !strcmp(arm_name, "penalties") ? ARM_PENALTIES : !strcmp(arm_name, "logprobs") ? ARM_LOGPROBS
                 : !strcmp(arm_name, "none") && tree_arg ? ARM_NONE : ARM_SCHEMA;
     const int tree = !tree_arg ? 0 : !strcmp(tree_arg, "auto") ? TANDEM_SPEC_TREE_AUTO : atoi(tree_arg);
+    /* --only: the engine (0 target, 1 spec) and arm (0 free, 1 on) that run, -1 all */
+    int only_x = -1, only_c = -1;
+    if (only) {
+        only_x = !strncmp(only, "target,", 7) ? 0 : !strncmp(only, "spec,", 5) ? 1 : -2;
+        const char *c = strchr(only, ',');
+        only_c = !c ? -2 : !strcmp(c + 1, "free") ? 0 : !strcmp(c + 1, "on") ? 1 : -2;
+    }
     if (!target || !draft || !prompts_file || n_new < 2 || limit < 1 || reps < 1 || reps > MAX_REPS ||
         (b == ARM_SCHEMA && strcmp(arm_name, "schema")) ||
-        (tree_arg && tree != TANDEM_SPEC_TREE_AUTO && (tree < 1 || tree > TANDEM_SPEC_TREE_MAX))) {
+        (tree_arg && tree != TANDEM_SPEC_TREE_AUTO && (tree < 1 || tree > TANDEM_SPEC_TREE_MAX)) ||
+        only_x == -2 || only_c == -2 || (only && tree_arg)) {
         fprintf(stderr, "usage: bench_constrained -m TARGET -d DRAFT --prompts FILE [-n 64] [--limit 16] [--reps 5]"
-                        " [--threads 2] [--batch 1,8] [--schema JSON] [--arm schema|penalties|logprobs] [--tree N|auto [--arm none]]\n");
+                        " [--threads 2] [--batch 1,8] [--schema JSON] [--arm schema|penalties|logprobs] [--tree N|auto [--arm none]]"
+                        " [--only target|spec,free|on]\n");
         return 2;
     }
     const char *what = b == ARM_SCHEMA ? "JSON schema" : b == ARM_NONE ? "unconstrained" : arm_name;
@@ -210,6 +223,8 @@ int main(int argc, char **argv) {
             for (int x = 0; x < 2; x++)
                 for (int o = 0; o < 2; o++) {
                     const int c = r % 2 ? 1 - o : o; /* A B, then B A */
+                    rate[x][c][r] = acc[x][c][r] = 0;
+                    if ((only_x >= 0 && x != only_x) || (only_c >= 0 && c != only_c)) continue;
                     rate[x][c][r] = run(eng[x], prompts, n, n_new, schema, c ? b : ARM_NONE, 0, B, &acc[x][c][r]);
                 }
         /* ratios within a repetition (its A and B ran back to back), then their median:

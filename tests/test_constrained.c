@@ -212,6 +212,59 @@ Test(constrained, batch_mixed_equals_solo) { batch_mixed(0); }
 Test(constrained, batch_mixed_trees_equals_solo) { batch_mixed(12); }
 Test(constrained, batch_mixed_auto_trees_equals_solo) { batch_mixed(TANDEM_SPEC_TREE_AUTO); }
 
+/* More schemas than the engine shares (TDM_CON_SHARED): a speculating engine of 12
+ * sequences runs 12 requests of 10 schemas at once (two repeated: those share a
+ * grammar; with every place in use the rest compile their own), after 10 solo runs
+ * on a target-only engine (whose places are replaced as new schemas come); each
+ * batched output equals its solo one and fits its schema. */
+Test(constrained, more_schemas_than_shared_places) {
+    tandem_model *t = api_open_model(TARGET), *d = api_open_model(DRAFT);
+    size_t n_lines;
+    tdm_json **items = tdm_test_jsonl(tdm_test_data_path("prompts-dev.jsonl"), &n_lines);
+    enum { N = 12 };
+    char schema[N][256];
+    tandem_request req[N];
+    for (int i = 0; i < N; i++) {
+        const int k = i < 10 ? i : i - 10; /* (requests 10 and 11: the schemas of 0 and 1) */
+        snprintf(schema[i], sizeof schema[i],
+                 "{\"type\":\"object\",\"properties\":{\"n%d\":{\"type\":\"string\",\"maxLength\":%d},"
+                 "\"id\":{\"type\":\"integer\"}},\"required\":[\"n%d\",\"id\"],\"additionalProperties\":false}",
+                 k, 4 + k, k);
+        req[i] = tandem_request_default();
+        req[i].prompt = tdm_json_get(items[40 + i], "prompt")->str;
+        req[i].params.max_tokens = 20;
+        req[i].params.json_schema = schema[i];
+    }
+    tandem_engine_params ep = tandem_engine_default_params();
+    ep.n_threads = 2;
+    ep.n_seq_max = N;
+    ep.batch_invariant = true;
+    tandem_engine *plain = api_open_engine(t, NULL, NULL), *batch = api_open_engine(t, d, &ep);
+    tandem_result want[N], got[N];
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(tandem_generate(plain, req[i].prompt, &req[i].params, &want[i]), TANDEM_OK, "%s",
+                     tandem_last_error());
+    cr_assert_eq(tandem_generate_batch(batch, req, N, got), TANDEM_OK, "%s", tandem_last_error());
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(got[i].status, TANDEM_OK, "request %d: %s", i, got[i].error ? got[i].error : "");
+        cr_assert_eq(got[i].n_tokens, want[i].n_tokens, "request %d", i);
+        cr_assert_eq(memcmp(got[i].tokens, want[i].tokens, got[i].n_tokens * sizeof(int32_t)), 0,
+                     "request %d differs from its solo output", i);
+        tdm_grammar *g;
+        tdm_err err = {0};
+        cr_assert_eq(tdm_json_schema_grammar(schema[i], strlen(schema[i]), &g, &err), TANDEM_OK, "%s", err.msg);
+        expect_text_fits(g, &got[i], "batched", (size_t)i);
+        tdm_grammar_free(g);
+        tandem_result_free(&got[i]);
+        tandem_result_free(&want[i]);
+    }
+    tandem_engine_close(batch);
+    tandem_engine_close(plain);
+    tdm_test_jsonl_free(items, n_lines);
+    tandem_model_close(d);
+    tandem_model_close(t);
+}
+
 /* A grammar that nothing can follow ends the request at once, finish reason stop. */
 Test(constrained, finished_grammar_stops) {
     tdm_engine *e = tdm_test_engine(g_target, g_draft, 2);

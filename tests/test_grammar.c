@@ -220,7 +220,7 @@ static void brute_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mask) {
 /* Random walks through the grammar (tokens drawn among the allowed ones, preferring
  * those that move towards the end sometimes), checking the mask at every state. */
 static void check_masks(const tdm_grammar *g, const tdm_gvocab *v, int walks, int steps, uint64_t seed,
-                        const char *what) {
+                        tdm_gshare *sh, const char *what) {
     size_t nw = tdm_gvocab_mask_words(v);
     uint32_t *fast = calloc(nw, 4), *slow = calloc(nw, 4);
     int32_t *allowed = calloc((size_t)tdm_gvocab_n(v), sizeof(int32_t));
@@ -229,6 +229,7 @@ static void check_masks(const tdm_grammar *g, const tdm_gvocab *v, int walks, in
         tdm_gmatch *m;
         tdm_err err = {0};
         cr_assert_eq(tdm_gmatch_create(g, &m, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_gmatch_share(m, sh, &err), TANDEM_OK, "%s", err.msg);
         for (int s = 0; s < steps; s++) {
             int32_t n_allowed = -1;
             cr_assert_eq(tdm_gmatch_mask(m, v, fast, &n_allowed, &err), TANDEM_OK, "%s", err.msg);
@@ -293,7 +294,7 @@ static void mask_suite(const tdm_gvocab *v, int walks, int steps, const char *na
         tdm_grammar *g = compile(MASK_GRAMMARS[k] ? MASK_GRAMMARS[k] : JSON_GBNF);
         char what[64];
         snprintf(what, sizeof what, "%s, grammar %zu", name, k);
-        check_masks(g, v, walks, steps, 1234 + k, what);
+        check_masks(g, v, walks, steps, 1234 + k, NULL, what);
         tdm_grammar_free(g);
     }
 }
@@ -480,18 +481,21 @@ Test(grammar, eog_and_control_tokens) {
 }
 
 /* One grammar and one vocabulary shared by threads, each with its own matcher (and a
- * vocabulary built on each thread too): the masks equal the single-threaded ones. */
+ * vocabulary built on each thread too), then also one mask cache (tdm_gshare): the
+ * masks equal the single-threaded ones. */
 typedef struct shared {
     const tdm_grammar *g;
     const tdm_gvocab *v;
+    tdm_gshare *sh;
     const char *doc;
     uint64_t sum; /* a checksum of every mask along the document */
     bool ok;
 } shared;
 
-static uint64_t masks_along(const tdm_grammar *g, const tdm_gvocab *v, const char *doc) {
+static uint64_t masks_along(const tdm_grammar *g, const tdm_gvocab *v, tdm_gshare *sh, const char *doc) {
     tdm_gmatch *m;
     if (tdm_gmatch_create(g, &m, NULL) != TANDEM_OK) return 0;
+    if (sh && tdm_gmatch_share(m, sh, NULL) != TANDEM_OK) return tdm_gmatch_free(m), 0;
     size_t nw = tdm_gvocab_mask_words(v);
     uint32_t *mask = calloc(nw, 4);
     uint64_t sum = 1469598103934665603ull;
@@ -508,8 +512,8 @@ static uint64_t masks_along(const tdm_grammar *g, const tdm_gvocab *v, const cha
 static void *thread_main(void *arg) {
     shared *s = arg;
     tdm_gvocab *own = small_vocab();
-    s->sum = masks_along(s->g, s->v, s->doc);
-    s->ok = masks_along(s->g, own, s->doc) == s->sum;
+    s->sum = masks_along(s->g, s->v, s->sh, s->doc);
+    s->ok = masks_along(s->g, own, NULL, s->doc) == s->sum;
     tdm_gvocab_free(own);
     return NULL;
 }
@@ -518,20 +522,99 @@ Test(grammar, shared_across_threads) {
     tdm_grammar *g = compile(JSON_GBNF);
     tdm_gvocab *v = small_vocab();
     const char *doc = "{\"a\": [1, 2.5, {\"b\": \"x\u00e9y\"}], \"c\": null}";
-    uint64_t want = masks_along(g, v, doc);
-    shared s[4];
-    pthread_t th[4];
-    for (int k = 0; k < 4; k++) {
-        s[k] = (shared){g, v, doc, 0, false};
-        cr_assert_eq(pthread_create(&th[k], NULL, thread_main, &s[k]), 0);
+    uint64_t want = masks_along(g, v, NULL, doc);
+    tdm_gshare *sh = NULL;
+    cr_assert_eq(tdm_gshare_create(g, v, 1 << 20, &sh, NULL), TANDEM_OK);
+    for (int round = 0; round < 2; round++) { /* (round 1: the threads' matchers share sh) */
+        shared s[4];
+        pthread_t th[4];
+        for (int k = 0; k < 4; k++) {
+            s[k] = (shared){g, v, round ? sh : NULL, doc, 0, false};
+            cr_assert_eq(pthread_create(&th[k], NULL, thread_main, &s[k]), 0);
+        }
+        for (int k = 0; k < 4; k++) {
+            pthread_join(th[k], NULL);
+            cr_expect_eq(s[k].sum, want, "round %d thread %d", round, k);
+            cr_expect(s[k].ok, "round %d thread %d: its own vocabulary", round, k);
+        }
     }
-    for (int k = 0; k < 4; k++) {
-        pthread_join(th[k], NULL);
-        cr_expect_eq(s[k].sum, want, "thread %d", k);
-        cr_expect(s[k].ok, "thread %d: its own vocabulary", k);
-    }
+    uint64_t hits, misses;
+    tdm_gshare_counts(sh, &hits, &misses);
+    cr_expect_gt(hits, 0, "the threads' states met in the shared cache (%llu misses)", (unsigned long long)misses);
+    tdm_gshare_free(sh);
     tdm_gvocab_free(v);
     tdm_grammar_free(g);
+}
+
+/* A mask cache shared by matchers of one grammar: every mask along random walks of
+ * several matchers equals brute force, a cache of the fewest entries (16: entries
+ * replaced) included; a state reached along another history (other node ids) is
+ * found by its content; a cache of another grammar is refused. */
+Test(grammar, mask_shared_cache) {
+    tdm_gvocab *v = small_vocab();
+    for (size_t k = 0; k < TDM_ARRAY_LEN(MASK_GRAMMARS); k++) {
+        tdm_grammar *g = compile(MASK_GRAMMARS[k] ? MASK_GRAMMARS[k] : JSON_GBNF);
+        for (int small = 0; small < 2; small++) {
+            tdm_gshare *sh = NULL;
+            cr_assert_eq(tdm_gshare_create(g, v, small ? 1 : 1 << 20, &sh, NULL), TANDEM_OK);
+            char what[64];
+            snprintf(what, sizeof what, "shared cache%s, grammar %zu", small ? " (16 entries)" : "", k);
+            /* (the same seed twice: the second walks meet the first's states) */
+            check_masks(g, v, 4, 30, 99 + k, sh, what);
+            check_masks(g, v, 4, 30, 99 + k, sh, what);
+            uint64_t hits, misses;
+            tdm_gshare_counts(sh, &hits, &misses);
+            cr_expect_gt(hits, 0, "%s: hits (%llu misses)", what, (unsigned long long)misses);
+            tdm_gshare_free(sh);
+        }
+        tdm_grammar_free(g);
+    }
+    /* one state by two histories: byte by byte with a mask at each byte (its nodes
+     * made in that order, and the walks' made and dropped), and the text at once */
+    tdm_grammar *g = compile(JSON_GBNF);
+    tdm_gshare *sh = NULL;
+    tdm_err err = {0};
+    cr_assert_eq(tdm_gshare_create(g, v, 1 << 20, &sh, &err), TANDEM_OK, "%s", err.msg);
+    const char *doc = "{\"a\": [1, {\"b\": \"x";
+    const size_t nw = tdm_gvocab_mask_words(v);
+    uint32_t *ma = calloc(nw, 4), *mb = calloc(nw, 4), *slow = calloc(nw, 4);
+    tdm_gmatch *a, *b;
+    cr_assert_eq(tdm_gmatch_create(g, &a, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_gmatch_create(g, &b, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_gmatch_share(a, sh, &err), TANDEM_OK, "%s", err.msg);
+    cr_assert_eq(tdm_gmatch_share(b, sh, &err), TANDEM_OK, "%s", err.msg);
+    for (size_t i = 0; doc[i]; i++) {
+        cr_assert_eq(tdm_gmatch_accept(a, doc + i, 1, &err), TANDEM_OK, "%s", err.msg);
+        cr_assert_eq(tdm_gmatch_mask(a, v, ma, NULL, &err), TANDEM_OK, "%s", err.msg);
+    }
+    cr_assert_eq(tdm_gmatch_accept(b, doc, strlen(doc), &err), TANDEM_OK, "%s", err.msg);
+    uint64_t h0, m0, h1, m1;
+    tdm_gshare_counts(sh, &h0, &m0);
+    int32_t na = -1;
+    cr_assert_eq(tdm_gmatch_mask(b, v, mb, &na, &err), TANDEM_OK, "%s", err.msg);
+    tdm_gshare_counts(sh, &h1, &m1);
+    cr_expect_eq(h1, h0 + 1, "the state found by its content");
+    cr_expect_eq(m1, m0);
+    cr_expect_eq(memcmp(ma, mb, nw * 4), 0);
+    brute_mask(b, v, slow);
+    cr_expect_eq(memcmp(mb, slow, nw * 4), 0);
+    int32_t bits = 0;
+    for (size_t k = 0; k < nw; k++) bits += __builtin_popcount(mb[k]);
+    cr_expect_eq(na, bits);
+    /* another grammar's cache */
+    tdm_grammar *g2 = compile(JSON_GBNF);
+    tdm_gshare *sh2 = NULL;
+    cr_assert_eq(tdm_gshare_create(g2, v, 1 << 20, &sh2, &err), TANDEM_OK, "%s", err.msg);
+    cr_expect_eq(tdm_gmatch_share(a, sh2, &err), TANDEM_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "another grammar"), "%s", err.msg);
+    cr_expect_eq(tdm_gmatch_share(a, NULL, &err), TANDEM_OK);
+    tdm_gshare_free(sh2);
+    tdm_grammar_free(g2);
+    tdm_gmatch_free(a), tdm_gmatch_free(b);
+    free(ma), free(mb), free(slow);
+    tdm_gshare_free(sh);
+    tdm_grammar_free(g);
+    tdm_gvocab_free(v);
 }
 
 /* Token bytes from the tokenizers: SentencePiece byte-fallback tokens <0xHH> are that
@@ -558,7 +641,7 @@ Test(grammar, vocab_bytes) {
     cr_expect_eq(bytes_seen, 256);
     cr_expect_eq(spaces, 1);
     tdm_grammar *g = compile(JSON_GBNF);
-    check_masks(g, o.v, 2, 15, 7, "llama-spm");
+    check_masks(g, o.v, 2, 15, 7, NULL, "llama-spm");
     tdm_grammar_free(g);
     unload_vocab(&o);
     cr_assert(load_vocab(tdm_test_data_path("vocab/ggml-vocab-gpt-2.gguf"), &o));
@@ -575,7 +658,7 @@ Test(grammar, vocab_bytes) {
     }
     cr_expect_eq(mapped, 1);
     g = compile(MASK_GRAMMARS[2]);
-    check_masks(g, o.v, 2, 15, 8, "gpt-2");
+    check_masks(g, o.v, 2, 15, 8, NULL, "gpt-2");
     tdm_grammar_free(g);
     unload_vocab(&o);
 }

@@ -6,14 +6,117 @@
 
 #include "json_schema.h"
 
-/* The engine's vocabulary, built at the first constrained request. */
-static tandem_status engine_gvocab(tdm_engine *e, const tdm_gvocab **out, tdm_err *err) {
+/* One shared grammar: its text (a json_schema's or a GBNF grammar's), the compiled
+ * grammar and its mask cache, the requests on it, and when it was last taken. */
+struct tdm_con_entry {
+    bool schema;
+    char *text;
+    size_t len;
+    tdm_grammar *g;     /* NULL: a free place */
+    tdm_gshare *sh;
+    int32_t refs;
+    uint64_t used;
+};
+
+struct tdm_con_reg {
+    pthread_mutex_t mu;
+    tdm_con_entry e[TDM_CON_SHARED];
+    uint64_t clock;
+};
+
+static void entry_clear(tdm_con_entry *x) {
+    tdm_gshare_free(x->sh);
+    tdm_grammar_free(x->g);
+    free(x->text);
+    *x = (tdm_con_entry){0};
+}
+
+void tdm_constraint_reg_free(tdm_con_reg *r) {
+    if (!r) return;
+    for (int k = 0; k < TDM_CON_SHARED; k++) entry_clear(&r->e[k]);
+    pthread_mutex_destroy(&r->mu);
+    free(r);
+}
+
+/* The engine's vocabulary and shared grammars, made at the first constrained request
+ * (the registry's absence, out of memory, only leaves grammars unshared). */
+static tandem_status engine_gvocab(tdm_engine *e, const tdm_gvocab **out, tdm_con_reg **reg, tdm_err *err) {
     tandem_status st = TANDEM_OK;
     pthread_mutex_lock(&e->gv_mu);
     if (!e->gvocab) st = tdm_gvocab_create(e->target->tok, &e->gvocab, err);
+    if (!st && !e->con_reg && (e->con_reg = calloc(1, sizeof *e->con_reg)) &&
+        pthread_mutex_init(&e->con_reg->mu, NULL) != 0) {
+        free(e->con_reg);
+        e->con_reg = NULL;
+    }
     *out = e->gvocab;
+    *reg = e->con_reg;
     pthread_mutex_unlock(&e->gv_mu);
     return st;
+}
+
+/* The entry of this text in use or kept (its refs taken), or NULL; under r->mu. */
+static tdm_con_entry *entry_find(tdm_con_reg *r, bool schema, const char *text, size_t len) {
+    for (int k = 0; k < TDM_CON_SHARED; k++) {
+        tdm_con_entry *x = &r->e[k];
+        if (x->g && x->schema == schema && x->len == len && !memcmp(x->text, text, len)) {
+            x->refs++;
+            x->used = ++r->clock;
+            return x;
+        }
+    }
+    return NULL;
+}
+
+/* c->g: the shared grammar of this text, else compiled here (shared where a place is
+ * free or idle, else owned by c).  Errors: the grammar engine's (gerr). */
+static tandem_status constraint_grammar(tdm_constraint *c, const tdm_gvocab *v, bool schema, const char *text,
+                                        tdm_err *gerr) {
+    const size_t len = strlen(text);
+    tdm_con_reg *r = c->reg;
+    if (r) {
+        pthread_mutex_lock(&r->mu);
+        c->shared = entry_find(r, schema, text, len);
+        pthread_mutex_unlock(&r->mu);
+        if (c->shared) {
+            c->g = c->shared->g;
+            return TANDEM_OK;
+        }
+    }
+    tdm_grammar *g;
+    tandem_status st = schema ? tdm_json_schema_grammar(text, len, &g, gerr) : tdm_grammar_parse(text, len, &g, gerr);
+    if (st) return st;
+    c->g = g; /* (owned unless shared below) */
+    if (!r) return TANDEM_OK;
+    char *copy = tdm_strndup(text, len);
+    tdm_gshare *sh = NULL;
+    tdm_err serr;
+    if (!copy || tdm_gshare_create(g, v, TDM_CON_SHARE_BYTES, &sh, &serr)) {
+        free(copy);
+        return TANDEM_OK; /* (memory short: unshared) */
+    }
+    pthread_mutex_lock(&r->mu);
+    tdm_con_entry *x = entry_find(r, schema, text, len); /* (another request's, compiled meanwhile) */
+    if (!x) {
+        tdm_con_entry *place = NULL; /* a free place, else the idle one least recently taken */
+        for (int k = 0; k < TDM_CON_SHARED && !(place && !place->g); k++)
+            if (!r->e[k].g || (!r->e[k].refs && (!place || r->e[k].used < place->used))) place = &r->e[k];
+        if (place) {
+            entry_clear(place);
+            *place = (tdm_con_entry){schema, copy, len, g, sh, 1, ++r->clock};
+            copy = NULL, sh = NULL, g = NULL;
+            x = place;
+        }
+    }
+    pthread_mutex_unlock(&r->mu);
+    free(copy);
+    tdm_gshare_free(sh);
+    if (x) {
+        tdm_grammar_free(g); /* (NULL where it became the entry's) */
+        c->shared = x;
+        c->g = x->g;
+    }
+    return TANDEM_OK;
 }
 
 /* A grammar engine's error as the request's: TANDEM_ERR_INVALID_ARG (the request's
@@ -33,11 +136,13 @@ tandem_status tdm_constraint_init(tdm_engine *e, tdm_seq *s, const tandem_genera
     if (!c) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
     s->con = c;
     tdm_err gerr = {0};
-    tandem_status st = gp->grammar ? tdm_grammar_parse(gp->grammar, strlen(gp->grammar), &c->g, &gerr)
-                                   : tdm_json_schema_grammar(gp->json_schema, strlen(gp->json_schema), &c->g, &gerr);
-    if (st) return bad_value(st, gp->grammar ? "grammar" : "json_schema", &gerr, err);
-    if ((st = engine_gvocab(e, &c->v, err))) return st;
+    tandem_status st = engine_gvocab(e, &c->v, &c->reg, err);
+    if (st) return st;
+    const bool schema = !gp->grammar;
+    if ((st = constraint_grammar(c, c->v, schema, schema ? gp->json_schema : gp->grammar, &gerr)))
+        return bad_value(st, schema ? "json_schema" : "grammar", &gerr, err);
     if ((st = tdm_gmatch_create(c->g, &c->m, err))) return st;
+    if (c->shared && (st = tdm_gmatch_share(c->m, c->shared->sh, err))) return st;
     c->words = e->mask_words;
     c->masks = tdm_calloc((size_t)TDM_CON_ROWS * c->words, sizeof(uint32_t));
     if (!c->masks) return tdm_seterr(err, TANDEM_ERR_NOMEM, "out of memory");
@@ -54,7 +159,13 @@ void tdm_constraint_free(tdm_seq *s) {
     tdm_constraint *c = s->con;
     if (!c) return;
     tdm_gmatch_free(c->m);
-    tdm_grammar_free(c->g);
+    if (c->shared) {
+        pthread_mutex_lock(&c->reg->mu);
+        c->shared->refs--;
+        pthread_mutex_unlock(&c->reg->mu);
+    } else {
+        tdm_grammar_free(c->g);
+    }
     free(c->masks);
     free(c->pmasks);
     free(c->key);

@@ -37,8 +37,24 @@
 /* How many matcher states accepted between two commits of its history. */
 #define TDM_CON_COMMIT_EVERY 64u
 
+/* Requests of one grammar (the same grammar or json_schema text) share its compiled
+ * form and a mask cache (tdm_gshare: a state one sequence met costs the others a
+ * copy): the engine keeps up to TDM_CON_SHARED such grammars, each kept after its
+ * last request until a new grammar needs its place (the least recently used idle
+ * one); with every place in use a request compiles its own, unshared. */
+#define TDM_CON_SHARED 8
+/* The most bytes of masks each shared grammar's cache keeps. */
+#define TDM_CON_SHARE_BYTES ((size_t)8 << 20)
+
+typedef struct tdm_con_reg tdm_con_reg;
+typedef struct tdm_con_entry tdm_con_entry;
+/* Frees the engine's shared grammars (at its close: no constrained sequence left). */
+void tdm_constraint_reg_free(tdm_con_reg *r);
+
 typedef struct tdm_constraint {
-    tdm_grammar *g;          /* compiled at submission (owned) */
+    tdm_grammar *g;          /* compiled at submission: owned, or the shared entry's */
+    tdm_con_reg *reg;        /* the engine's shared grammars, and the entry of g there */
+    tdm_con_entry *shared;   /* (NULL: g is owned) */
     tdm_gmatch *m;           /* the state after the committed tokens (between steps) */
     const tdm_gvocab *v;     /* the engine's */
     uint32_t *masks;         /* [TDM_CON_ROWS][words] host: a step's rows' masks */

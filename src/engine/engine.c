@@ -370,6 +370,7 @@ void tdm_engine_free(tdm_engine *e) {
     free(e->tmp);
     free(e->piece);
     tdm_sampler_scratch_free(&e->ss);
+    tdm_constraint_reg_free(e->con_reg);
     tdm_gvocab_free(e->gvocab);
     tdm_threadpool_destroy(e->host_pool);
     if (e->gv_mu_ok) pthread_mutex_destroy(&e->gv_mu);

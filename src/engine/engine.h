@@ -172,6 +172,8 @@ typedef struct tdm_engine {
     bool host_pool_tried;             /* its making was tried (not again each step) */
     struct tdm_gvocab *gvocab; /* the target tokenizer's vocabulary as byte strings, built at
                                 the first constrained request (then immutable), or NULL */
+    struct tdm_con_reg *con_reg; /* grammars shared by constrained requests (constrain.h),
+                                    made with gvocab, or NULL */
     size_t mask_words;       /* (n_vocab + 31) / 32: a mask row of the logits */
     uint32_t *mask_dev;      /* [n_logit_rows][mask_words] backend: a draw's rows' masks
                                 (with p_dev, where the backend has mask_rows), else NULL */

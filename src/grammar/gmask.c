@@ -369,7 +369,9 @@ static tandem_status step_hashed(tdm_gmatch *m, gwalk_memo *w, uint32_t s, uint3
 
 /* The masks of the last GMASK_CACHE states, keyed by their stacks' node serials
  * (sorted) and the partial UTF-8 sequence: a state the matcher comes back to (inside
- * a string, after each ordinary token) costs a copy.  Keyed per vocabulary pointer. */
+ * a string, after each ordinary token) costs a copy.  Keyed per vocabulary pointer.
+ * A state not there is looked up next in the matcher's shared cache (gshare.c, by
+ * content: serials are the matcher's own), and its walked mask put there. */
 #define GMASK_CACHE 4
 
 typedef struct gmask_entry {
@@ -381,18 +383,75 @@ typedef struct gmask_entry {
     int32_t count;
 } gmask_entry;
 
+/* A state's key by content for the shared cache (tdm_gshare): [part.cp, part.left |
+ * part.total << 8, n stacks, then each stack as its depth and its element positions
+ * from the top], the stacks ordered by (hash of their positions, depth, positions).
+ * A state of more stacks or positions is not shared (computed as before). */
+#define SHARE_MAX_STACKS 64u
+#define SHARE_MAX_POS 4096u
+
+typedef struct share_stack {
+    uint64_t h;
+    uint32_t off, n; /* its positions: seq[off .. off + n) */
+} share_stack;
+
 typedef struct gmask_cache {
     gmask_entry e[GMASK_CACHE];
     uint32_t next;    /* the entry to replace */
     uint32_t *key;    /* scratch: the current state's key */
     uint32_t key_cap;
+    uint32_t *seq;    /* [SHARE_MAX_POS] scratch: the stacks' positions (made at the first
+                         shared mask) */
+    uint32_t *ckey;   /* [3 + SHARE_MAX_STACKS + SHARE_MAX_POS] the content key */
+    share_stack stk[SHARE_MAX_STACKS];
 } gmask_cache;
 
 void tdm_gm_cache_free(gmask_cache *c) {
     if (!c) return;
     for (int k = 0; k < GMASK_CACHE; k++) free(c->e[k].key), free(c->e[k].mask);
-    free(c->key);
+    free(c->key), free(c->seq), free(c->ckey);
     free(c);
+}
+
+static int cmp_stack(const uint32_t *seq, const share_stack *a, const share_stack *b) {
+    if (a->h != b->h) return a->h < b->h ? -1 : 1;
+    if (a->n != b->n) return a->n < b->n ? -1 : 1;
+    return memcmp(seq + a->off, seq + b->off, (size_t)a->n * sizeof(uint32_t));
+}
+
+/* The current state's content key into c->ckey: its length (0: not shared: too
+ * large, or out of memory), *h its hash. */
+static uint32_t content_key(const tdm_gmatch *m, gmask_cache *c, const gstate *cur, uint64_t *h) {
+    if (cur->n > SHARE_MAX_STACKS) return 0;
+    if (!c->seq && !(c->seq = tdm_mallocarray(SHARE_MAX_POS, sizeof(uint32_t)))) return 0;
+    if (!c->ckey && !(c->ckey = tdm_mallocarray(3 + SHARE_MAX_STACKS + SHARE_MAX_POS, sizeof(uint32_t)))) return 0;
+    uint32_t used = 0;
+    for (uint32_t k = 0; k < cur->n; k++) {
+        uint64_t hh = 0xCBF29CE484222325ull;
+        const uint32_t off = used;
+        for (uint32_t x = m->ids[cur->off + k]; x != 0; x = m->nodes[x].parent) {
+            if (used == SHARE_MAX_POS) return 0;
+            c->seq[used++] = m->nodes[x].pos;
+            hh = (hh ^ m->nodes[x].pos) * 0x100000001B3ull;
+        }
+        share_stack t = {hh, off, used - off};
+        uint32_t j = k; /* (insertion: at most SHARE_MAX_STACKS) */
+        while (j > 0 && cmp_stack(c->seq, &c->stk[j - 1], &t) > 0) c->stk[j] = c->stk[j - 1], j--;
+        c->stk[j] = t;
+    }
+    uint32_t *key = c->ckey, n = 0;
+    key[n++] = cur->part.cp;
+    key[n++] = (uint32_t)cur->part.left | (uint32_t)cur->part.total << 8;
+    key[n++] = cur->n;
+    for (uint32_t k = 0; k < cur->n; k++) {
+        key[n++] = c->stk[k].n;
+        memcpy(key + n, c->seq + c->stk[k].off, (size_t)c->stk[k].n * sizeof(uint32_t));
+        n += c->stk[k].n;
+    }
+    uint64_t hk = 0x9E3779B97F4A7C15ull ^ n;
+    for (uint32_t k = 0; k < n; k++) hk = (hk ^ key[k]) * 0x100000001B3ull;
+    *h = hk ^ (hk >> 31);
+    return n;
 }
 
 
@@ -438,9 +497,15 @@ tandem_status tdm_gmatch_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mask
             return TANDEM_OK;
         }
     }
+    /* the shared cache's (a state another matcher of this grammar met), else the walk */
+    uint64_t kh = 0;
+    const uint32_t kn = tdm_gshare_usable(m->share, m->g, v) ? content_key(m, c, &cur, &kh) : 0;
     int32_t count = 0;
-    tandem_status st = walk_mask(m, v, mask, &count, err);
-    if (st != TANDEM_OK) return st;
+    if (!kn || !tdm_gshare_get(m->share, kh, c->ckey, kn, mask, &count)) {
+        tandem_status st = walk_mask(m, v, mask, &count, err);
+        if (st != TANDEM_OK) return st;
+        if (kn) tdm_gshare_put(m->share, kh, c->ckey, kn, mask, count);
+    }
     if (n_allowed) *n_allowed = count;
     /* remember it (an allocation failure only skips the cache) */
     gmask_entry *e = &c->e[c->next];

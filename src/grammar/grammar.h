@@ -9,6 +9,10 @@
  *   tdm_gvocab   a vocabulary as byte strings, sorted for the mask walk: built once
  *                per tokenizer (tdm_gvocab_create) and immutable, shareable like the
  *                grammar.  It does not keep the tokenizer.
+ *   tdm_gshare   a mask cache shared by the matchers of one grammar over one
+ *                vocabulary (thread-safe): the masks of recent states keyed by the
+ *                states' content, so that sequences under one schema walk the
+ *                vocabulary once for a state any of them met (tdm_gmatch_share).
  *   tdm_gmatch   one sequence's matcher: the set of pushdown stacks after the text
  *                accepted so far, plus a history of states for rollback.  NOT
  *                thread-safe: one sequence, one thread at a time.  Computing a mask
@@ -58,6 +62,7 @@
 typedef struct tdm_grammar tdm_grammar;
 typedef struct tdm_gvocab tdm_gvocab;
 typedef struct tdm_gmatch tdm_gmatch;
+typedef struct tdm_gshare tdm_gshare;
 
 /* ---- grammars ---- */
 
@@ -134,9 +139,26 @@ tandem_status tdm_gmatch_commit(tdm_gmatch *m, tdm_err *err);
  * that never match never.  Cost: one walk over the vocabulary's sorted byte strings,
  * pruned at the first byte no stack allows, its transitions memoized; a copy for a
  * state among the matcher's last 4 (bench/RESULTS.md, issue 47 part, has the
- * measured costs).  *n_allowed (may be NULL): the count. */
+ * measured costs), or a copy from the matcher's shared cache (tdm_gmatch_share) for
+ * a state any matcher sharing it met recently.  *n_allowed (may be NULL): the count. */
 tandem_status tdm_gmatch_mask(tdm_gmatch *m, const tdm_gvocab *v, uint32_t *mask, int32_t *n_allowed,
                               tdm_err *err);
+
+/* ---- shared mask caches ---- */
+
+/* A cache of the masks of grammar g's states over vocabulary v, at most about
+ * max_bytes of masks (at least 16, at most TDM_GSHARE_MAX_ENTRIES masks), shared by
+ * any number of matchers on g on any threads.  g and v must outlive it; it must
+ * outlive its matchers. */
+tandem_status tdm_gshare_create(const tdm_grammar *g, const tdm_gvocab *v, size_t max_bytes, tdm_gshare **out,
+                                tdm_err *err);
+void tdm_gshare_free(tdm_gshare *sh); /* NULL is a no-op */
+/* Its lookups so far that found the state's mask (*hits) and that did not (*misses:
+ * walks); a state the matcher's own last 4 hold is not looked up. */
+void tdm_gshare_counts(tdm_gshare *sh, uint64_t *hits, uint64_t *misses);
+/* Makes m's masks over sh's vocabulary go through sh (NULL: none).  TANDEM_ERR_INVALID_ARG
+ * when sh is of another grammar than m's. */
+tandem_status tdm_gmatch_share(tdm_gmatch *m, tdm_gshare *sh, tdm_err *err);
 
 /* The number of stacks of the current state (for tests and diagnostics). */
 uint32_t tdm_gmatch_n_stacks(const tdm_gmatch *m);

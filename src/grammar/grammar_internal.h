@@ -147,6 +147,8 @@ struct tdm_gmatch {
     struct gwalk_memo *memo;
     uint32_t serial;  /* the next node's */
     struct gmask_cache *cache; /* masks of recent states (gmask.c) */
+    struct tdm_gshare *share;  /* masks of recent states of every matcher sharing it
+                                  (gshare.c; NULL: none) */
 };
 
 /* Appends to m->ids the stacks after code point cp from the set ids[in_off .. +n_in);
@@ -159,6 +161,19 @@ void tdm_gm_memo_free(struct gwalk_memo *w);
 void tdm_gm_cache_free(struct gmask_cache *c);
 /* Drops the nodes past n (the newest first). */
 void tdm_gm_truncate_nodes(tdm_gmatch *m, uint32_t n);
+
+/* ---- the shared mask cache (gshare.c) ---- */
+
+/* The most masks one shared cache keeps (its lookup scans them). */
+#define TDM_GSHARE_MAX_ENTRIES 512u
+
+/* Whether sh caches masks of grammar g over vocabulary v. */
+bool tdm_gshare_usable(const tdm_gshare *sh, const tdm_grammar *g, const tdm_gvocab *v);
+/* The mask and count of the state with content key[0..n) (hash h) into mask (the
+ * vocabulary's mask words) and *count: false when not cached. */
+bool tdm_gshare_get(tdm_gshare *sh, uint64_t h, const uint32_t *key, uint32_t n, uint32_t *mask, int32_t *count);
+/* Remembers a state's mask (an allocation failure only skips it). */
+void tdm_gshare_put(tdm_gshare *sh, uint64_t h, const uint32_t *key, uint32_t n, const uint32_t *mask, int32_t count);
 
 /* The checks after parsing (grammar_check.c): left recursion and an empty language.
  * names: [n_rules] the user's names (NULL for generated rules), pos: where each rule
