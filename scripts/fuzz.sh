@@ -23,7 +23,7 @@ FLAGS=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -D_G
 JSON_SRC=(src/base/json.c src/base/unicode.c src/base/unicode_data.c src/base/common.c)
 GGUF_SRC=(src/gguf/gguf.c src/gguf/ggml_types.c src/base/dtype.c src/base/dtype_quant.c src/base/dtype_kquant.c "${JSON_SRC[@]}")
 TOK_SRC=(src/tokenizer/tokenizer.c src/tokenizer/tok_bpe.c src/tokenizer/tok_spm.c src/tokenizer/tok_pretok.c src/tokenizer/tok_pretok_rules.c src/tokenizer/tok_pretok_names.c "${GGUF_SRC[@]}")
-GRAMMAR_SRC=(src/grammar/grammar_parse.c src/grammar/grammar_check.c src/grammar/gmatch.c src/grammar/gmask.c)
+GRAMMAR_SRC=(src/grammar/grammar_parse.c src/grammar/grammar_check.c src/grammar/gmatch.c src/grammar/gmask.c src/grammar/gshare.c)
 PROMPT_SRC=(src/cli/prompts.c src/cli/input.c src/request/stop_arg.c "${JSON_SRC[@]}")
 JINJA_SRC=(src/chat/jinja/lexer.c src/chat/jinja/parser.c src/chat/jinja/parse_stmt.c src/chat/jinja/eval.c src/chat/jinja/ops.c
     src/chat/jinja/value.c src/chat/jinja/strings.c src/chat/jinja/filters.c src/chat/jinja/tests.c src/chat/jinja/methods.c "${JSON_SRC[@]}")
