@@ -59,6 +59,7 @@
 #include <time.h>
 
 #include "bench_prompts.h"
+#include "bench_util.h"
 #include "commit.h"
 #include "kv_cache.h"
 #include "sched_internal.h"
@@ -205,17 +206,6 @@ tandem_status __wrap_tdm_sched_iterate(tdm_sched *s, tdm_err *err) {
 }
 
 /* ---- the run ---- */
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    if (n <= 0) return NAN;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static long g_tokens_seen;
 static bool on_token(int32_t token, const char *text, size_t len, void *user_data) {
@@ -391,12 +381,12 @@ int main(int argc, char **argv) {
         }
         double host_sum = 0;
         for (int i = 0; i < n; i++) host_sum += rs.host[i];
-        const double wall_med = median(rs.wall, n), host_med = median(rs.host, n);
+        const double wall_med = bench_median(rs.wall, n), host_med = bench_median(rs.host, n);
         printf("| %d | %d | %.2f | %.2f | %.2f | %.3f | %.3f | %.2f |", B, n, wall_med * 1e3,
-               median(rs.part[P_FWD], n) * 1e3, median(rs.part[P_DRAW], n) * 1e3, host_med * 1e3, host_sum / n * 1e3,
+               bench_median(rs.part[P_FWD], n) * 1e3, bench_median(rs.part[P_DRAW], n) * 1e3, host_med * 1e3, host_sum / n * 1e3,
                host_med / B * 1e6);
         for (int p = P_CHOOSE; p < N_PART; p++)
-            if (p != P_FINISH) printf(" %.1f |", median(rs.part[p], n) * 1e6);
+            if (p != P_FINISH) printf(" %.1f |", bench_median(rs.part[p], n) * 1e6);
         printf(" %.2f | %ld, %.3f |\n", g_finishes ? g_finish_s / (double)g_finishes * 1e6 : 0.0, rs.end_fin,
                rs.end_host * 1e3);
         fflush(stdout);
